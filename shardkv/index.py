@@ -1,0 +1,149 @@
+"""The shard index: where each inner chunk of a shard lives.
+
+The index is a ``uint64`` array of shape ``(*chunks_per_shard, 2)`` in
+row-major (C) order; entry ``[*local_coords, 0]`` is the chunk's byte
+``offset`` inside the shard and ``[*local_coords, 1]`` its ``nbytes``. An
+empty inner chunk has both fields set to ``2**64 - 1`` (draft 2022 "Binary
+shard format"; v1.0 codec "Binary shard format"). This module is pure: no I/O,
+no byte order (that is the layout's job, see :mod:`shardkv.layout`).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .errors import CorruptShardError
+
+__all__ = ["EMPTY", "ShardIndex"]
+
+EMPTY = np.uint64(2**64 - 1)
+"""The value of both ``offset`` and ``nbytes`` for an empty inner chunk."""
+
+
+class ShardIndex:
+    """Offsets and sizes of the inner chunks of one shard.
+
+    Parameters
+    ----------
+    entries : numpy.ndarray
+        ``uint64`` array of shape ``(*chunks_per_shard, 2)``; ``[..., 0]`` is the
+        offset (bytes from the start of the shard), ``[..., 1]`` the nbytes.
+
+    Raises
+    ------
+    ValueError
+        If ``entries`` is not of shape ``(..., 2)``.
+    """
+
+    __slots__ = ("entries",)
+
+    def __init__(self, entries: np.ndarray) -> None:
+        entries = np.asarray(entries, dtype=np.uint64)
+        if entries.ndim < 1 or entries.shape[-1] != 2:
+            raise ValueError(f"a shard index has shape (*chunks_per_shard, 2), got {entries.shape}")
+        self.entries = entries
+
+    @classmethod
+    def empty(cls, chunks_per_shard: Sequence[int]) -> ShardIndex:
+        """An index with every inner chunk empty."""
+        return cls(np.full((*tuple(chunks_per_shard), 2), EMPTY, dtype=np.uint64))
+
+    @property
+    def chunks_per_shard(self) -> tuple[int, ...]:
+        """Number of inner chunks along each dimension."""
+        return tuple(self.entries.shape[:-1])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ShardIndex) and np.array_equal(self.entries, other.entries)
+
+    def __repr__(self) -> str:
+        return f"ShardIndex(chunks_per_shard={self.chunks_per_shard}, present={self.count_present()})"
+
+    def copy(self) -> ShardIndex:
+        """An independent copy."""
+        return ShardIndex(self.entries.copy())
+
+    def get(self, local_coords: Sequence[int]) -> tuple[int, int] | None:
+        """``(offset, nbytes)`` of an inner chunk, or ``None`` when it is empty."""
+        offset, nbytes = self.entries[tuple(local_coords)]
+        if offset == EMPTY and nbytes == EMPTY:
+            return None
+        return int(offset), int(nbytes)
+
+    def set(self, local_coords: Sequence[int], offset: int, nbytes: int) -> None:
+        """Point an inner chunk at ``nbytes`` bytes starting at byte ``offset``."""
+        self.entries[tuple(local_coords)] = (offset, nbytes)
+
+    def clear(self, local_coords: Sequence[int]) -> None:
+        """Mark an inner chunk empty."""
+        self.entries[tuple(local_coords)] = (EMPTY, EMPTY)
+
+    def present_mask(self) -> np.ndarray:
+        """Boolean array of shape ``chunks_per_shard``: True where a chunk is stored."""
+        return ~((self.entries[..., 0] == EMPTY) & (self.entries[..., 1] == EMPTY))
+
+    def present(self) -> Iterator[tuple[int, ...]]:
+        """Local coords of the stored inner chunks, in row-major order."""
+        for coords in np.argwhere(self.present_mask()):
+            yield tuple(int(c) for c in coords)
+
+    def count_present(self) -> int:
+        """Number of stored inner chunks."""
+        return int(self.present_mask().sum())
+
+    def is_empty(self) -> bool:
+        """True when no inner chunk is stored."""
+        return not bool(self.present_mask().any())
+
+    def used_nbytes(self) -> int:
+        """Total bytes referenced by the stored inner chunks (overlaps counted twice)."""
+        mask = self.present_mask()
+        return int(self.entries[..., 1][mask].sum())
+
+    def validate(self, shard_key: str, data_start: int, data_stop: int | None) -> None:
+        """Check every entry against the bytes available for chunk data.
+
+        Parameters
+        ----------
+        shard_key : str
+            Named in the error.
+        data_start, data_stop : int, int or None
+            The half-open byte range (bytes from the shard start) where chunk
+            data may lie; ``data_stop=None`` when the shard size is not known
+            (then only the lower bound and half-empty entries are checked).
+
+        Raises
+        ------
+        CorruptShardError
+            If an entry has exactly one field set to ``2**64 - 1``, or points
+            outside ``[data_start, data_stop)``.
+        """
+        off = self.entries[..., 0]
+        nb = self.entries[..., 1]
+        off_empty = off == EMPTY
+        nb_empty = nb == EMPTY
+        half = off_empty ^ nb_empty
+        if half.any():
+            where = tuple(int(c) for c in np.argwhere(half)[0])
+            raise CorruptShardError(
+                shard_key, f"index entry {where} has only one of offset/nbytes set to 2**64-1"
+            )
+        present = ~off_empty
+        if not present.any():
+            return
+        offs = off[present]
+        ends = offs + nb[present]  # uint64: wraps only for corrupt values, caught below
+        bad = (offs < data_start) | (ends < offs)
+        if data_stop is not None:
+            bad |= ends > np.uint64(data_stop)
+        if bad.any():
+            k = int(np.argmax(bad))
+            where = tuple(int(c) for c in np.argwhere(present)[k])
+            limit = "end of shard" if data_stop is None else f"{data_stop}"
+            raise CorruptShardError(
+                shard_key,
+                f"index entry {where} points at bytes [{int(offs[k])}, {int(offs[k]) + int(nb[present][k])}) "
+                f"outside the chunk data region [{data_start}, {limit})",
+            )

@@ -1,0 +1,276 @@
+"""Binary shard layouts: how inner chunks and the index sit in one shard's bytes.
+
+Two layouts share one model, :class:`ShardLayout`:
+
+* the 2022 draft storage transformer's ``indexed`` format: index at the end,
+  little-endian ``uint64``, no checksum (:meth:`ShardLayout.draft_2022`);
+* the v1.0 ``sharding_indexed`` codec: index at the ``start`` or ``end``,
+  encoded by the ``bytes`` codec (little or big endian), optionally followed
+  by a ``crc32c`` checksum (:meth:`ShardLayout.v3`, shardkv's default for new
+  shards: end, little endian, crc32c).
+
+Byte layout with ``index_location="end"`` (``n`` = product of chunks_per_shard)::
+
+    +---------+---------+-----+----------------------------+-----------+
+    | chunk a | chunk b | ... | index: n x (offset, nbytes) | crc32c    |
+    | bytes   | bytes   |     | uint64 pairs, C order       | uint32 LE |
+    +---------+---------+-----+----------------------------+-----------+
+                                 16 * n bytes                  4 bytes (optional)
+
+With ``index_location="start"`` the index (and its checksum) comes first and
+offsets count from the start of the shard, so the first chunk starts at byte
+``index_nbytes``. Empty inner chunks have offset = nbytes = ``2**64 - 1``.
+Chunks may come in any order and unused bytes between them are allowed.
+This module is pure: bytes in, bytes out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from typing import Literal, Mapping, Sequence
+
+import crc32c as _crc32c
+import numpy as np
+
+from .errors import ChecksumError, ConfigurationError, CorruptShardError
+from .index import ShardIndex
+from .ranges import ByteRange
+
+__all__ = ["ShardLayout", "IndexLocation", "Endian", "crc32c_of"]
+
+IndexLocation = Literal["start", "end"]
+Endian = Literal["little", "big"]
+_CHECKSUM_NBYTES = 4
+
+
+def crc32c_of(data: bytes | memoryview) -> int:
+    """CRC32C (Castagnoli) of ``data`` as an unsigned 32-bit int."""
+    return _crc32c.crc32c(data)
+
+
+BytesLike = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class ShardLayout:
+    """Where the index goes and how it is encoded, for shards of one array.
+
+    Parameters
+    ----------
+    chunks_per_shard : tuple of int
+        Inner chunks per shard along each dimension (each >= 1).
+    index_location : {"start", "end"}
+        Where the index is stored (v1.0 codec ``index_location``).
+    index_endian : {"little", "big"}
+        Byte order of the ``uint64`` index entries (the ``bytes`` index codec).
+    index_checksum : bool
+        Whether a little-endian ``uint32`` CRC32C of the encoded index follows
+        it (the ``crc32c`` index codec).
+
+    Raises
+    ------
+    ConfigurationError
+        If a ``chunks_per_shard`` value is < 1 or an option is unknown.
+    """
+
+    chunks_per_shard: tuple[int, ...]
+    index_location: IndexLocation = "end"
+    index_endian: Endian = "little"
+    index_checksum: bool = True
+
+    def __post_init__(self) -> None:
+        cps = tuple(int(c) for c in self.chunks_per_shard)
+        if any(c < 1 for c in cps):
+            raise ConfigurationError(f"chunks_per_shard values must be >= 1, got {cps}")
+        object.__setattr__(self, "chunks_per_shard", cps)
+        if self.index_location not in ("start", "end"):
+            raise ConfigurationError(f"index_location must be 'start' or 'end', got {self.index_location!r}")
+        if self.index_endian not in ("little", "big"):
+            raise ConfigurationError(f"index endian must be 'little' or 'big', got {self.index_endian!r}")
+
+    @classmethod
+    def draft_2022(cls, chunks_per_shard: Sequence[int]) -> ShardLayout:
+        """The 2022 draft ``indexed`` format: end, little endian, no checksum."""
+        return cls(tuple(chunks_per_shard), "end", "little", False)
+
+    @classmethod
+    def v3(
+        cls,
+        chunks_per_shard: Sequence[int],
+        index_location: IndexLocation = "end",
+        index_endian: Endian = "little",
+        index_checksum: bool = True,
+    ) -> ShardLayout:
+        """A v1.0 ``sharding_indexed`` layout (default: end, little endian, crc32c)."""
+        return cls(tuple(chunks_per_shard), index_location, index_endian, index_checksum)
+
+    # -- sizes and ranges -------------------------------------------------
+
+    @property
+    def n_chunks(self) -> int:
+        """Inner chunks per shard (product of ``chunks_per_shard``)."""
+        return prod(self.chunks_per_shard)
+
+    @property
+    def index_nbytes(self) -> int:
+        """Size in bytes of the encoded index, including the 4-byte CRC32C if any."""
+        return 16 * self.n_chunks + (_CHECKSUM_NBYTES if self.index_checksum else 0)
+
+    def index_range(self) -> ByteRange:
+        """The byte range of the encoded index: a prefix, or a suffix read."""
+        if self.index_location == "start":
+            return ByteRange(0, self.index_nbytes)
+        return ByteRange.suffix(self.index_nbytes)
+
+    def data_region(self, shard_nbytes: int | None) -> tuple[int, int | None]:
+        """Half-open byte range where chunk data may lie in a shard of ``shard_nbytes`` bytes."""
+        if self.index_location == "start":
+            return self.index_nbytes, shard_nbytes
+        return 0, None if shard_nbytes is None else shard_nbytes - self.index_nbytes
+
+    # -- index ------------------------------------------------------------
+
+    def _dtype(self) -> np.dtype:
+        return np.dtype("<u8" if self.index_endian == "little" else ">u8")
+
+    def encode_index(self, index: ShardIndex) -> bytes:
+        """Encode an index (and its checksum) to ``index_nbytes`` bytes.
+
+        Raises
+        ------
+        ConfigurationError
+            If the index shape does not match ``chunks_per_shard``.
+        """
+        if index.chunks_per_shard != self.chunks_per_shard:
+            raise ConfigurationError(
+                f"index of shape {index.chunks_per_shard} does not match chunks_per_shard {self.chunks_per_shard}"
+            )
+        raw = np.ascontiguousarray(index.entries, dtype=self._dtype()).tobytes()
+        if self.index_checksum:
+            raw += crc32c_of(raw).to_bytes(4, "little")
+        return raw
+
+    def decode_index(
+        self, data: BytesLike, shard_key: str, shard_nbytes: int | None = None
+    ) -> ShardIndex:
+        """Decode and validate an encoded index.
+
+        Parameters
+        ----------
+        data : bytes-like
+            Exactly ``index_nbytes`` bytes, as stored.
+        shard_key : str
+            Named in errors.
+        shard_nbytes : int, optional
+            Size of the whole shard in bytes, when known: entries are then
+            checked to lie inside its chunk data region.
+
+        Returns
+        -------
+        ShardIndex
+            A writable index of shape ``(*chunks_per_shard, 2)``.
+
+        Raises
+        ------
+        CorruptShardError
+            If ``data`` has the wrong length (a truncated shard) or an entry
+            points outside the shard.
+        ChecksumError
+            If the stored CRC32C differs from the one computed.
+        """
+        data = memoryview(data).cast("B")
+        if len(data) != self.index_nbytes:
+            raise CorruptShardError(
+                shard_key,
+                f"expected an index of {self.index_nbytes} bytes at the {self.index_location}, "
+                f"got {len(data)} bytes (truncated shard?)",
+            )
+        body = data[: 16 * self.n_chunks]
+        if self.index_checksum:
+            stored = int.from_bytes(data[16 * self.n_chunks :], "little")
+            computed = crc32c_of(body)
+            if stored != computed:
+                raise ChecksumError(shard_key, stored, computed)
+        entries = np.frombuffer(body, dtype=self._dtype()).astype(np.uint64)
+        index = ShardIndex(entries.reshape(*self.chunks_per_shard, 2))
+        index.validate(shard_key, *self.data_region(shard_nbytes))
+        return index
+
+    # -- whole shards -----------------------------------------------------
+
+    def index_of_shard(self, shard: BytesLike, shard_key: str) -> ShardIndex:
+        """Decode and validate the index of a whole stored shard.
+
+        Raises
+        ------
+        CorruptShardError, ChecksumError
+            As :meth:`decode_index`; also when the shard is shorter than its index.
+        """
+        shard = memoryview(shard).cast("B")
+        n = self.index_nbytes
+        if len(shard) < n:
+            raise CorruptShardError(
+                shard_key, f"shard of {len(shard)} bytes is shorter than its {n}-byte index"
+            )
+        raw = shard[:n] if self.index_location == "start" else shard[len(shard) - n :]
+        return self.decode_index(raw, shard_key, len(shard))
+
+    def encode_shard(self, chunks: Mapping[tuple[int, ...], BytesLike]) -> bytes:
+        """Build a shard from encoded inner chunks, in linear time.
+
+        Parameters
+        ----------
+        chunks : mapping of local coords to bytes-like
+            The encoded inner chunks to store; coords absent from the mapping
+            are empty. Chunks are written in row-major order of local coords.
+
+        Returns
+        -------
+        bytes
+            The shard: chunks back to back and the index at ``index_location``.
+
+        Raises
+        ------
+        ConfigurationError
+            If a local coord lies outside ``chunks_per_shard``.
+        """
+        index = ShardIndex.empty(self.chunks_per_shard)
+        parts: list[BytesLike] = []
+        offset = self.index_nbytes if self.index_location == "start" else 0
+        for local in sorted(chunks):
+            if len(local) != len(self.chunks_per_shard) or any(
+                not 0 <= c < n for c, n in zip(local, self.chunks_per_shard)
+            ):
+                raise ConfigurationError(
+                    f"local coords {local} lie outside chunks_per_shard {self.chunks_per_shard}"
+                )
+            value = chunks[local]
+            nbytes = memoryview(value).nbytes
+            index.set(local, offset, nbytes)
+            parts.append(value)
+            offset += nbytes
+        encoded_index = self.encode_index(index)
+        if self.index_location == "start":
+            return b"".join([encoded_index, *parts])
+        parts.append(encoded_index)
+        return b"".join(parts)
+
+    def chunks_of_shard(
+        self, shard: BytesLike, shard_key: str, index: ShardIndex | None = None
+    ) -> dict[tuple[int, ...], memoryview]:
+        """All stored inner chunks of a whole shard, as zero-copy views.
+
+        Raises
+        ------
+        CorruptShardError, ChecksumError
+            As :meth:`index_of_shard`.
+        """
+        view = memoryview(shard).cast("B")
+        if index is None:
+            index = self.index_of_shard(view, shard_key)
+        out: dict[tuple[int, ...], memoryview] = {}
+        for local in index.present():
+            offset, nbytes = index.get(local)  # type: ignore[misc]
+            out[local] = view[offset : offset + nbytes]
+        return out

@@ -1,0 +1,703 @@
+"""``ShardedStore``: the MutableMapping proxy that stores chunks in shards.
+
+Code above the proxy (zarr-python 2, xarray, dask, scripts) reads and writes
+ordinary chunk keys (``temp/3.7``); the store below holds shards (``temp/0.1``)
+in the v1.0 ``sharding_indexed`` layout, each array's sharding described by a
+``zarr.json`` beside its ``.zarray`` (see :mod:`shardkv.meta`).
+
+Request plan (``n`` chunks in ``k`` shards, one call):
+
+* read, base store with ranged reads: 1 batched read of the ``k`` indexes
+  (prefix or suffix ranges), then 1 batched read of the ``n`` chunk ranges;
+* read, base store without ranged reads: 1 batched read of the ``k`` shards;
+* write: 1 batched read of the shards only partly covered by the call (none
+  when every in-grid chunk of each shard is written), then 1 batched write of
+  the ``k`` new shards. A shard is built in one ``b"".join`` (linear time).
+
+Concurrency: writers of one shard in one process are serialised by a lock per
+shard key, so no acknowledged write is lost to a concurrent read-modify-write.
+Several processes writing the same shard need the same care as zarr itself
+(a synchronizer, or shard-aligned work).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import MutableMapping
+from contextlib import ExitStack
+from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
+
+import numpy as np
+
+from . import _zarr2
+from .arrays import ChunkRef, ShardedArray
+from .errors import ConfigurationError, CorruptShardError, InvalidKeyError, ReservedKeyError
+from .index import ShardIndex
+from .keys import V2ChunkKeyEncoding, validate_key
+from .layout import ShardLayout
+from .meta import normalize_chunks_per_shard, sharding_spec_from_v3, v2_dimension_separator, v3_view_of_v2
+from .ranges import ByteRange
+from .stores import StoreAdapter, adapt
+
+__all__ = ["ShardedStore"]
+
+ChunksPerShard = int | Sequence[int] | Mapping[str, int | Sequence[int]] | None
+_CHUNKISH = re.compile(r"c?[0-9.]+")
+_META_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"})
+_NOT_ARRAY = "not an array"
+_UNSHARDED = "unsharded array"
+_BATCH = 4096  # shards whose indexes are read in one request batch while listing
+
+
+def _parent(key: str) -> tuple[str, str]:
+    path, _, name = key.rpartition("/")
+    return path, name
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}/{name}" if path else name
+
+
+def _as_buffer(key: str, value: Any) -> memoryview:
+    """A contiguous byte view of a chunk value, or ``TypeError`` naming the key."""
+    if isinstance(value, np.ndarray):
+        if value.dtype == object:
+            raise TypeError(f"value for key {key!r} is an object array, not bytes-like")
+        if not (value.flags.c_contiguous or value.flags.f_contiguous):
+            value = np.ascontiguousarray(value)
+        # F-contiguous arrays are taken in memory order, as zarr's own stores do
+        return memoryview(value.reshape(-1, order="A").view(np.uint8))
+    try:
+        return memoryview(value).cast("B")
+    except TypeError:
+        raise TypeError(
+            f"value for key {key!r} must be bytes-like (bytes, bytearray, memoryview, numpy array), "
+            f"got {type(value).__name__}"
+        ) from None
+
+
+class ShardedStore(MutableMapping):
+    """A MutableMapping of chunk keys whose chunks are stored in shards.
+
+    Parameters
+    ----------
+    store : MutableMapping, fsspec.FSMap, str or os.PathLike
+        The base store: a ``dict``, a zarr-python 2 store, an fsspec mapper, or
+        an fsspec URL / local path (opened with ``fsspec.get_mapper``).
+    chunks_per_shard : int, tuple of int, mapping or None
+        Sharding for arrays created through the proxy (when their ``.zarray``
+        is first written): an int (that many chunks per shard along every
+        dimension), a tuple (for every new array with that many dimensions;
+        others stay unsharded), or ``{array path: int or tuple}``. ``None``
+        shards nothing new. Arrays already sharded in the store are recognised
+        from their stored ``zarr.json`` whatever this says; unsharded arrays
+        pass through untouched. 0-d arrays are never sharded.
+    index_location : {"end", "start"}
+        Where new shards keep their index (v1.0 codec ``index_location``).
+    index_checksum : bool
+        Whether new shards protect their index with a CRC32C (``crc32c`` index codec).
+    storage_options : mapping, optional
+        fsspec options when ``store`` is a URL.
+
+    Raises
+    ------
+    ConfigurationError
+        If ``chunks_per_shard`` or an index option is invalid.
+    TypeError
+        If ``store`` cannot be used as a store.
+
+    Notes
+    -----
+    Errors per operation: a value that is not bytes-like raises ``TypeError``;
+    a malformed chunk key, a key with ``..`` or an empty segment, and a chunk
+    key outside the array's chunk grid raise :class:`InvalidKeyError` (a
+    ``ValueError``), except that deleting an out-of-grid chunk raises
+    ``KeyError`` (there is nothing stored there; zarr relies on it when
+    shrinking an array). A damaged shard raises :class:`CorruptShardError` or
+    :class:`ChecksumError`. Errors of the base store other than "not found"
+    propagate. Implements the v1.0 ``sharding_indexed`` binary format and the
+    2022 draft's key rewriting rule (shard coords = chunk coords //
+    chunks_per_shard).
+    """
+
+    _store_version = 2  # the zarr-python 2 store protocol this proxy speaks
+
+    def __init__(
+        self,
+        store: Any,
+        chunks_per_shard: ChunksPerShard = None,
+        *,
+        index_location: Literal["start", "end"] = "end",
+        index_checksum: bool = True,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._base: StoreAdapter = adapt(store, storage_options)
+        self._raw_store = store
+        if isinstance(chunks_per_shard, Mapping):
+            self._cps: Any = {str(k).strip("/"): v for k, v in chunks_per_shard.items()}
+        elif chunks_per_shard is None or isinstance(chunks_per_shard, (int, np.integer)):
+            self._cps = chunks_per_shard
+        else:
+            self._cps = tuple(chunks_per_shard)
+        ShardLayout((1,), index_location, "little", index_checksum)  # validates the options
+        self._index_location = index_location
+        self._index_checksum = bool(index_checksum)
+        self._states: dict[str, Any] = {}
+        self._views: dict[str, dict[str, Any]] = {}
+        self._lock = threading.RLock()
+        self._shard_locks: dict[str, threading.Lock] = {}
+        _zarr2.register(type(self))
+
+    # -- configuration ------------------------------------------------------
+
+    @property
+    def base(self) -> StoreAdapter:
+        """The adapter over the base store (for tools; writes here bypass the proxy)."""
+        return self._base
+
+    def _chunks_per_shard_for(self, path: str, ndim: int) -> tuple[int, ...] | None:
+        cps = self._cps
+        if isinstance(cps, dict):
+            if path not in cps:
+                return None
+            return normalize_chunks_per_shard(cps[path], ndim, path)
+        if cps is None or ndim == 0:
+            return None
+        if isinstance(cps, tuple) and len(cps) != ndim:
+            return None
+        return normalize_chunks_per_shard(cps, ndim, path)
+
+    def refresh(self) -> None:
+        """Forget cached array metadata (call after other writers changed the store)."""
+        with self._lock:
+            self._states.clear()
+            self._views.clear()
+
+    # -- array discovery ----------------------------------------------------
+
+    def _state(self, path: str) -> Any:
+        """``ShardedArray``, ``_UNSHARDED`` or ``_NOT_ARRAY`` for an array path (cached)."""
+        with self._lock:
+            if path in self._states:
+                return self._states[path]
+        zarray_key, zjson_key = _join(path, ".zarray"), _join(path, "zarr.json")
+        found = self._base.get_many([zarray_key, zjson_key])
+        state: Any = _NOT_ARRAY
+        if zarray_key in found:
+            zarray = json.loads(bytes(found[zarray_key]))
+            state = _UNSHARDED
+            if zjson_key in found:
+                view = json.loads(bytes(found[zjson_key]))
+                state = self._sharded_from_view(path, zarray, view)
+                with self._lock:
+                    self._views[path] = view
+        with self._lock:
+            self._states[path] = state
+        return state
+
+    def _sharded_from_view(self, path: str, zarray: Mapping[str, Any], view: Mapping[str, Any]) -> Any:
+        spec = sharding_spec_from_v3(view, path)
+        if spec is None:
+            return _UNSHARDED
+        if list(spec.chunks) != list(zarray["chunks"]):
+            raise ConfigurationError(
+                f"zarr.json inner chunk_shape {list(spec.chunks)} differs from .zarray chunks {zarray['chunks']}", path
+            )
+        sep = v2_dimension_separator(zarray)
+        return ShardedArray(
+            path=path,
+            key_prefix=f"{path}/" if path else "",
+            shape=tuple(int(s) for s in zarray["shape"]),
+            chunks=spec.chunks,
+            layout=spec.layout,
+            chunk_key_encoding=V2ChunkKeyEncoding(sep),  # type: ignore[arg-type]
+            shard_key_encoding=spec.shard_key_encoding,
+        )
+
+    def _owner(self, key: str) -> ShardedArray | None:
+        """The sharded array whose chunk (or shard) ``key`` names, if any.
+
+        Walks the key's prefixes from the root; the first array met owns the
+        key (arrays have no children). Only prefixes followed by chunk-like
+        segments are candidates.
+        """
+        segments = key.split("/")
+        if segments[-1] in _META_NAMES:
+            return None
+        first_chunkish = len(segments)
+        while first_chunkish > 0 and _CHUNKISH.fullmatch(segments[first_chunkish - 1]):
+            first_chunkish -= 1
+        for i in range(0, len(segments)):
+            path = "/".join(segments[:i])
+            state = self._state(path)
+            if state is _NOT_ARRAY:
+                continue
+            if state is _UNSHARDED or i < first_chunkish:
+                return None
+            return state
+        return None
+
+    def _route(self, key: str) -> ChunkRef | None:
+        validate_key(key)
+        arr = self._owner(key)
+        return None if arr is None else arr.locate(key)
+
+    def _is_hidden(self, key: str) -> bool:
+        """True for the ``zarr.json`` that shardkv manages beside a sharded array's ``.zarray``."""
+        path, name = _parent(key)
+        return name == "zarr.json" and isinstance(self._state(path), ShardedArray)
+
+    def _shard_lock(self, shard_key: str) -> threading.Lock:
+        with self._lock:
+            lock = self._shard_locks.get(shard_key)
+            if lock is None:
+                lock = self._shard_locks[shard_key] = threading.Lock()
+            return lock
+
+    # -- reads ----------------------------------------------------------------
+
+    def _read_indexes(
+        self, shards: Mapping[str, ShardedArray]
+    ) -> tuple[dict[str, ShardIndex], dict[str, bytes]]:
+        """Indexes of the stored shards among ``shards`` (one batched request).
+
+        Returns the indexes and, for a base store without ranged reads, the
+        whole shards that were read to get them.
+        """
+        keys = list(shards)
+        if not keys:
+            return {}, {}
+        if self._base.supports_ranges:
+            raw = self._base.get_ranges([(k, shards[k].layout.index_range()) for k in keys])
+            indexes = {}
+            for k, data in zip(keys, raw):
+                if data is not None:
+                    indexes[k] = shards[k].layout.decode_index(data, k)
+            return indexes, {}
+        blobs = self._base.get_many(keys)
+        return {k: shards[k].layout.index_of_shard(b, k) for k, b in blobs.items()}, blobs
+
+    def getitems(self, keys: Sequence[str], *, contexts: Any = None) -> dict[str, bytes]:
+        """Values of the stored keys among ``keys`` (missing keys are left out).
+
+        Chunks are read with one batched index read and one batched chunk read
+        per call (ranged reads), or one batched shard read.
+
+        Raises
+        ------
+        InvalidKeyError, ChunkOutOfGridError
+            For a malformed or out-of-grid chunk key.
+        CorruptShardError, ChecksumError
+            For a damaged shard.
+        """
+        plain: list[str] = []
+        refs: list[ChunkRef] = []
+        shards: dict[str, ShardedArray] = {}
+        for key in keys:
+            ref = self._route(key)
+            if ref is None:
+                if not self._is_hidden(key):
+                    plain.append(key)
+            else:
+                refs.append(ref)
+                shards[ref.shard_key] = self._owner(key)  # type: ignore[assignment]
+        out: dict[str, bytes] = dict(self._base.get_many(plain)) if plain else {}
+        if not refs:
+            return out
+        indexes, blobs = self._read_indexes(shards)
+        wanted: list[tuple[ChunkRef, int, int]] = []
+        for ref in refs:
+            index = indexes.get(ref.shard_key)
+            entry = None if index is None else index.get(ref.local_coords)
+            if entry is not None:
+                wanted.append((ref, *entry))
+        if blobs:
+            for ref, offset, nbytes in wanted:
+                blob = memoryview(blobs[ref.shard_key])
+                out[ref.chunk_key] = bytes(blob[offset : offset + nbytes])
+            return out
+        data = self._base.get_ranges([(r.shard_key, ByteRange(o, o + n)) for r, o, n in wanted])
+        for (ref, offset, nbytes), value in zip(wanted, data):
+            if value is None:
+                continue  # the shard was deleted between the two reads
+            if len(value) != nbytes:
+                raise CorruptShardError(
+                    ref.shard_key,
+                    f"index entry {ref.local_coords} points at bytes [{offset}, {offset + nbytes}) "
+                    f"but the shard ends after {offset + len(value)} bytes (truncated shard?)",
+                )
+            out[ref.chunk_key] = value
+        return out
+
+    def __getitem__(self, key: str) -> bytes:
+        ref = self._route(key)
+        if ref is None:
+            if self._is_hidden(key):
+                raise KeyError(key)
+            return self._base.get(key)
+        found = self.getitems([key])
+        if key not in found:
+            raise KeyError(key)
+        return found[key]
+
+    def __contains__(self, key: object) -> bool:
+        try:
+            ref = self._route(key)  # type: ignore[arg-type]
+        except (TypeError, InvalidKeyError):
+            return False
+        if ref is None:
+            return not self._is_hidden(key) and self._base.contains(key)  # type: ignore[arg-type]
+        arr = self._owner(ref.chunk_key)
+        indexes, _ = self._read_indexes({ref.shard_key: arr})  # type: ignore[dict-item]
+        index = indexes.get(ref.shard_key)
+        return index is not None and index.get(ref.local_coords) is not None
+
+    # -- writes -------------------------------------------------------------------
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.setitems({key: value})
+
+    def setitems(self, values: Mapping[str, Any]) -> None:
+        """Store several values; chunks of one shard are written with one shard write.
+
+        A shard whose every in-grid chunk is in ``values`` is built without
+        reading the old one; a partly covered shard is merged with what is
+        stored (read-modify-write).
+
+        Raises
+        ------
+        TypeError
+            If a value is not bytes-like (names the key).
+        InvalidKeyError, ChunkOutOfGridError, ReservedKeyError
+            If a key is malformed, out of the grid or managed by shardkv.
+        """
+        changes: dict[str, memoryview | None] = {}
+        for key, value in values.items():
+            validate_key(key)
+            changes[key] = _as_buffer(key, value)
+        self._apply(changes)
+
+    def __delitem__(self, key: str) -> None:
+        validate_key(key)
+        try:
+            ref = self._route(key)
+        except InvalidKeyError as exc:
+            if hasattr(exc, "grid_shape"):  # nothing can be stored outside the grid
+                raise KeyError(key) from exc
+            raise
+        if ref is None:
+            if self._is_hidden(key):
+                raise ReservedKeyError(key, "the zarr.json of a sharded array is managed by shardkv")
+            self._delete_metadata_side_effects(key)
+            self._base.delete(key)
+            return
+        if key not in self:
+            raise KeyError(key)
+        self._apply({key: None})
+
+    def delitems(self, keys: Iterable[str]) -> None:
+        """Delete the stored keys among ``keys`` (missing and out-of-grid chunk keys are ignored)."""
+        changes: dict[str, None] = {}
+        for key in keys:
+            validate_key(key)
+            try:
+                self._route(key)
+            except InvalidKeyError as exc:
+                if hasattr(exc, "grid_shape"):
+                    continue
+                raise
+            changes[key] = None
+        self._apply(changes)
+
+    def _apply(self, changes: Mapping[str, memoryview | None]) -> None:
+        plain_set: dict[str, memoryview] = {}
+        plain_del: list[str] = []
+        by_shard: dict[str, tuple[ShardedArray, tuple[int, ...], dict[tuple[int, ...], memoryview | None]]] = {}
+        for key, value in changes.items():
+            if _parent(key)[1] in _META_NAMES:
+                if value is None:
+                    self._delete_metadata_side_effects(key)
+                    plain_del.append(key)
+                else:
+                    self._set_metadata(key, value)
+                continue
+            ref = self._route(key)
+            if ref is None:
+                if value is None:
+                    plain_del.append(key)
+                else:
+                    plain_set[key] = value
+                continue
+            arr = self._owner(key)
+            entry = by_shard.setdefault(ref.shard_key, (arr, ref.shard_coords, {}))  # type: ignore[arg-type]
+            entry[2][ref.local_coords] = value
+        if plain_set:
+            self._base.set_many(plain_set)  # type: ignore[arg-type]
+        if plain_del:
+            self._base.delete_many(plain_del)
+        if by_shard:
+            self._write_shards(by_shard)
+
+    def _write_shards(
+        self,
+        by_shard: Mapping[str, tuple[ShardedArray, tuple[int, ...], dict[tuple[int, ...], memoryview | None]]],
+    ) -> None:
+        with ExitStack() as stack:
+            for shard_key in sorted(by_shard):
+                stack.enter_context(self._shard_lock(shard_key))
+            need_old = [
+                sk
+                for sk, (arr, coords, updates) in by_shard.items()
+                if not _covers_shard(arr, coords, updates)
+            ]
+            old = self._base.get_many(need_old) if need_old else {}
+            new_shards: dict[str, bytes] = {}
+            empty: list[str] = []
+            for shard_key, (arr, coords, updates) in by_shard.items():
+                chunks: dict[tuple[int, ...], memoryview] = {}
+                if shard_key in old:
+                    in_grid = {local for _, local in arr.chunks_in_shard(coords)}
+                    for local, view in arr.layout.chunks_of_shard(old[shard_key], shard_key).items():
+                        if local in in_grid:
+                            chunks[local] = view
+                for local, value in updates.items():
+                    if value is None:
+                        chunks.pop(local, None)
+                    else:
+                        chunks[local] = value
+                if chunks:
+                    new_shards[shard_key] = arr.layout.encode_shard(chunks)
+                elif shard_key in old:
+                    empty.append(shard_key)
+            self._base.set_many(new_shards)
+            if empty:
+                self._base.delete_many(empty)
+
+    # -- metadata -------------------------------------------------------------
+
+    def _set_metadata(self, key: str, value: memoryview) -> None:
+        path, name = _parent(key)
+        if name == ".zarray":
+            self._on_zarray(path, bytes(value))
+            return
+        if name == "zarr.json" and self._is_hidden(key):
+            raise ReservedKeyError(key, "the zarr.json of a sharded array is managed by shardkv")
+        if name == ".zattrs":
+            state = self._state(path)
+            if isinstance(state, ShardedArray):
+                view = dict(self._views[path])
+                view["attributes"] = json.loads(bytes(value))
+                self._base.set_many({key: bytes(value), _join(path, "zarr.json"): _dump(view)})
+                with self._lock:
+                    self._views[path] = view
+                return
+        if name == ".zgroup":
+            with self._lock:
+                self._states[path] = _NOT_ARRAY
+        self._base.set(key, bytes(value))
+
+    def _on_zarray(self, path: str, raw: bytes) -> None:
+        zarray = json.loads(raw)
+        state = self._state(path)
+        zjson_key = _join(path, "zarr.json")
+        if isinstance(state, ShardedArray):
+            if list(zarray["chunks"]) != list(state.chunks):
+                raise ConfigurationError(
+                    f"cannot change the chunks of a sharded array from {list(state.chunks)} to {zarray['chunks']}; "
+                    "delete the array first",
+                    path,
+                )
+            view = dict(self._views[path])
+            view["shape"] = [int(s) for s in zarray["shape"]]
+            new_state = state.with_shape(zarray["shape"])
+            self._base.set_many({zjson_key: _dump(view), _join(path, ".zarray"): raw})
+            with self._lock:
+                self._states[path] = new_state
+                self._views[path] = view
+            if any(n < o for n, o in zip(new_state.shape, state.shape)):
+                self._trim(state, new_state)
+            return
+        if state is _UNSHARDED:
+            self._base.set(_join(path, ".zarray"), raw)
+            return
+        cps = self._chunks_per_shard_for(path, len(zarray["shape"]))
+        if cps is None:
+            self._base.set(_join(path, ".zarray"), raw)
+            with self._lock:
+                self._states[path] = _UNSHARDED
+            return
+        layout = ShardLayout.v3(cps, self._index_location, "little", self._index_checksum)
+        try:
+            attrs = json.loads(bytes(self._base.get(_join(path, ".zattrs"))))
+        except KeyError:
+            attrs = {}
+        view = v3_view_of_v2(zarray, attrs, layout).metadata
+        self._base.set_many({_join(path, ".zarray"): raw, zjson_key: _dump(view)})
+        with self._lock:
+            self._states[path] = self._sharded_from_view(path, zarray, view)
+            self._views[path] = view
+
+    def _trim(self, old: ShardedArray, new: ShardedArray) -> None:
+        """Drop the chunks a shrinking resize left outside the chunk grid."""
+        import itertools
+
+        grid = new.chunk_grid_shape
+        affected = {}
+        for coords in itertools.product(*(range(n) for n in old.shard_grid_shape)):
+            if any((s + 1) * c > g for s, c, g in zip(coords, new.chunks_per_shard, grid)):
+                affected[new.shard_key(coords)] = (new, coords, {})
+        if affected:
+            self._write_shards(affected)
+
+    def _delete_metadata_side_effects(self, key: str) -> None:
+        path, name = _parent(key)
+        if name in (".zarray", ".zgroup"):
+            with self._lock:
+                self._states.pop(path, None)
+                self._views.pop(path, None)
+            if name == ".zarray":
+                self._base.delete_many([_join(path, "zarr.json")])
+
+    # -- listing ----------------------------------------------------------------
+
+    def _chunk_keys_of_shards(self, shards: Mapping[str, ShardedArray]) -> Iterator[str]:
+        keys = list(shards)
+        for start in range(0, len(keys), _BATCH):
+            batch = {k: shards[k] for k in keys[start : start + _BATCH]}
+            indexes, _ = self._read_indexes(batch)
+            for shard_key, index in indexes.items():
+                arr = batch[shard_key]
+                shard_coords = arr.shard_coords_of(shard_key)
+                grid = arr.chunk_grid_shape
+                for local in index.present():
+                    chunk = tuple(s * n + l for s, n, l in zip(shard_coords, arr.chunks_per_shard, local))  # type: ignore[arg-type]
+                    if all(c < g for c, g in zip(chunk, grid)):
+                        yield arr.chunk_key(chunk)
+
+    def _classify(self, keys: Iterable[str]) -> tuple[list[str], dict[str, ShardedArray]]:
+        plain: list[str] = []
+        shards: dict[str, ShardedArray] = {}
+        for key in keys:
+            arr = self._owner(key)
+            if arr is not None and arr.shard_coords_of(key) is not None:
+                shards[key] = arr
+            elif not self._is_hidden(key):
+                plain.append(key)
+        return plain, shards
+
+    def __iter__(self) -> Iterator[str]:
+        plain, shards = self._classify(self._base.iter_keys())
+        yield from plain
+        yield from self._chunk_keys_of_shards(shards)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def keys_under(self, path: str) -> Iterator[str]:
+        """Every logical key under ``path`` (a path, or ``""`` for all)."""
+        prefix = f"{path.strip('/')}/" if path.strip("/") else ""
+        plain, shards = self._classify(self._base.iter_keys(prefix))
+        yield from plain
+        yield from self._chunk_keys_of_shards(shards)
+
+    def listdir(self, path: str = "") -> list[str]:
+        """Names of the immediate children of ``path``, as code above the proxy sees them."""
+        path = path.strip("/")
+        inside = self._owner(_join(path, "0")) if path else None
+        if inside is None and not isinstance(self._state(path), ShardedArray):
+            names = self._base.list_dir(path)
+            return [n for n in names if not (n == "zarr.json" and self._is_hidden(_join(path, n)))]
+        prefix = f"{path}/" if path else ""
+        return sorted({k[len(prefix) :].split("/", 1)[0] for k in self.keys_under(path)})
+
+    def rmdir(self, path: str = "") -> None:
+        """Delete everything under ``path`` (the whole store for ``""``)."""
+        path = path.strip("/")
+        arr = self._owner(_join(path, "0")) if path else None
+        if arr is not None and arr.path != path:
+            self.delitems(list(self.keys_under(path)))  # a sub-path of a '/'-separated array
+            return
+        self._base.rmdir(path)
+        with self._lock:
+            for p in [p for p in self._states if p == path or p.startswith(f"{path}/") or not path]:
+                self._states.pop(p, None)
+                self._views.pop(p, None)
+
+    def getsize(self, path: str = "") -> int:
+        """Bytes stored under ``path`` in the base store (shards, not logical chunks)."""
+        path = path.strip("/")
+        if path and self._base.contains(path):
+            return self._base.size(path)
+        prefix = f"{path}/" if path else ""
+        return sum(self._base.size(k) for k in self._base.iter_keys(prefix))
+
+    def rename(self, src_path: str, dst_path: str) -> None:
+        """Move everything under ``src_path`` to ``dst_path`` (shards move whole)."""
+        src, dst = src_path.strip("/"), dst_path.strip("/")
+        keys = list(self._base.iter_keys(f"{src}/" if src else ""))
+        self._base.set_many({dst + k[len(src) :]: self._base.get(k) for k in keys})
+        self._base.delete_many(keys)
+        self.refresh()
+
+    # -- zarr-python 2 store protocol ----------------------------------------------
+
+    @property
+    def _metadata_class(self) -> Any:
+        from zarr.meta import Metadata2  # only zarr-python 2 asks for it
+
+        return Metadata2
+
+    def is_readable(self) -> bool:
+        return True
+
+    def is_writeable(self) -> bool:
+        return True
+
+    def is_listable(self) -> bool:
+        return True
+
+    def is_erasable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        """Close the base store if it has a ``close``."""
+        self._base.close()
+
+    def __enter__(self) -> ShardedStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return f"ShardedStore({self._raw_store!r}, chunks_per_shard={self._cps!r})"
+
+    # -- introspection ------------------------------------------------------------
+
+    def sharded_array(self, path: str) -> ShardedArray | None:
+        """The key mapping of the sharded array at ``path``, or ``None``."""
+        state = self._state(path.strip("/"))
+        return state if isinstance(state, ShardedArray) else None
+
+    def v3_metadata(self, path: str) -> dict[str, Any] | None:
+        """The ``zarr.json`` document of the sharded array at ``path``, or ``None``."""
+        if self.sharded_array(path) is None:
+            return None
+        return dict(self._views[path.strip("/")])
+
+
+def _covers_shard(arr: ShardedArray, shard_coords: tuple[int, ...], updates: Mapping[Any, Any]) -> bool:
+    """True when ``updates`` writes every in-grid chunk of the shard (no old bytes needed)."""
+    n = arr.n_chunks_in_shard(shard_coords)
+    return n > 0 and len(updates) == n and all(v is not None for v in updates.values())
+
+
+def _dump(doc: Mapping[str, Any]) -> bytes:
+    return json.dumps(doc, indent=4, sort_keys=True, ensure_ascii=True, allow_nan=False).encode()

@@ -1,0 +1,337 @@
+"""Array metadata: the Zarr v3 view of a sharded Zarr v2 array, and reading it back. Pure.
+
+shardkv keeps each sharded v2 array's sharding configuration next to its
+``.zarray`` as a ``zarr.json`` that describes the *same bytes* as a Zarr v3
+array (v3 core "Array metadata") whose only array -> bytes codec is
+``sharding_indexed`` (v1.0 codec):
+
+* ``chunk_grid``: regular, ``chunk_shape`` = shard shape = v2 ``chunks`` x ``chunks_per_shard``;
+* ``chunk_key_encoding``: ``v2`` with the array's ``dimension_separator``, so
+  the shard of shard coords ``(i, j)`` is stored at the v2 key ``i.j``;
+* inner ``chunk_shape`` = v2 ``chunks``; inner ``codecs`` translated from the v2
+  ``order`` (``transpose`` for F), ``dtype`` (``bytes`` with its endian) and
+  ``compressor`` (``gzip``, ``zstd``, ``blosc``; zlib, bz2, lz4 and v2 filters
+  as zarr-python 3's ``numcodecs.*`` codecs);
+* ``attributes`` mirror ``.zattrs``.
+
+Where a v2 array has no v3 equivalent (a dtype such as ``<U4``), the view
+names a data type or codec no v3 reader knows (``shardkv.*``), so v3 readers
+refuse the array instead of misreading it; :attr:`V3View.problems` says why.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .errors import ConfigurationError, UnsupportedError
+from .keys import ChunkKeyEncoding, V2ChunkKeyEncoding, chunk_key_encoding_from_metadata
+from .layout import ShardLayout
+
+__all__ = [
+    "V3View",
+    "SHARDING_CODEC",
+    "v3_view_of_v2",
+    "ShardingSpec",
+    "sharding_spec_from_v3",
+    "v2_dimension_separator",
+    "normalize_chunks_per_shard",
+]
+
+SHARDING_CODEC = "sharding_indexed"
+
+_V3_DTYPES = {
+    "b1": "bool",
+    "i1": "int8", "i2": "int16", "i4": "int32", "i8": "int64",
+    "u1": "uint8", "u2": "uint16", "u4": "uint32", "u8": "uint64",
+    "f2": "float16", "f4": "float32", "f8": "float64",
+    "c8": "complex64", "c16": "complex128",
+}  # fmt: skip
+
+_BLOSC_SHUFFLE = {0: "noshuffle", 1: "shuffle", 2: "bitshuffle"}
+
+
+@dataclass(frozen=True)
+class V3View:
+    """A v3 ``zarr.json`` document and the reasons it cannot be read by v3 readers, if any."""
+
+    metadata: dict[str, Any]
+    problems: tuple[str, ...] = field(default=())
+
+    @property
+    def translatable(self) -> bool:
+        """True when zarr-python 3 can read the array through this document."""
+        return not self.problems
+
+
+def v2_dimension_separator(zarray: Mapping[str, Any]) -> str:
+    """The chunk key separator of a v2 array (``"."`` unless ``dimension_separator`` says ``"/"``)."""
+    sep = zarray.get("dimension_separator") or "."
+    if sep not in (".", "/"):
+        raise ConfigurationError(f"dimension_separator must be '.' or '/', got {sep!r}")
+    return sep
+
+
+def normalize_chunks_per_shard(value: int | Sequence[int], ndim: int, path: str | None = None) -> tuple[int, ...]:
+    """Expand an int to every dimension and check a tuple's length and values.
+
+    Raises
+    ------
+    ConfigurationError
+        If the length differs from ``ndim`` or a value is < 1 or not an int.
+    """
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        cps = (int(value),) * ndim
+    else:
+        try:
+            cps = tuple(value)  # type: ignore[arg-type]
+        except TypeError:
+            raise ConfigurationError(f"chunks_per_shard must be an int or a tuple of ints, got {value!r}", path) from None
+        if len(cps) != ndim:
+            raise ConfigurationError(
+                f"chunks_per_shard {cps} has {len(cps)} value(s), the array has {ndim} dimension(s)", path
+            )
+    for c in cps:
+        if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1:
+            raise ConfigurationError(f"chunks_per_shard values must be ints >= 1, got {cps}", path)
+    return tuple(int(c) for c in cps)
+
+
+# -- v2 -> v3 ------------------------------------------------------------
+
+
+def _v3_fill_value(fill: Any, dtype: np.dtype) -> Any:
+    if fill is None:
+        return False if dtype.kind == "b" else ([0.0, 0.0] if dtype.kind == "c" else 0)
+    if dtype.kind == "f":
+        if isinstance(fill, str):
+            return fill  # "NaN", "Infinity", "-Infinity" are spelt the same in v3
+        if math.isnan(fill):
+            return "NaN"
+        if math.isinf(fill):
+            return "Infinity" if fill > 0 else "-Infinity"
+        return float(fill)
+    if dtype.kind == "c":
+        if isinstance(fill, (list, tuple)):
+            return [_v3_fill_value(v, np.dtype("f8")) for v in fill]
+        return [_v3_fill_value(float(np.real(fill)), np.dtype("f8")), _v3_fill_value(float(np.imag(fill)), np.dtype("f8"))]
+    if dtype.kind == "b":
+        return bool(fill)
+    return int(fill)
+
+
+def _compressor_codecs(compressor: Mapping[str, Any] | None, dtype: np.dtype) -> list[dict[str, Any]]:
+    if compressor is None:
+        return []
+    config = {k: v for k, v in compressor.items() if k != "id"}
+    cid = compressor["id"]
+    if cid == "gzip":
+        return [{"name": "gzip", "configuration": {"level": int(config.get("level", 1))}}]
+    if cid == "zstd":
+        return [{"name": "zstd", "configuration": {"level": int(config.get("level", 1)), "checksum": bool(config.get("checksum", False))}}]
+    if cid == "blosc":
+        shuffle = int(config.get("shuffle", 1))
+        if shuffle == -1:  # numcodecs AUTOSHUFFLE: bit shuffle for 1-byte items, else byte shuffle
+            shuffle = 2 if dtype.itemsize == 1 else 1
+        return [
+            {
+                "name": "blosc",
+                "configuration": {
+                    "cname": config.get("cname", "lz4"),
+                    "clevel": int(config.get("clevel", 5)),
+                    "shuffle": _BLOSC_SHUFFLE[shuffle],
+                    "typesize": dtype.itemsize,
+                    "blocksize": int(config.get("blocksize", 0)),
+                },
+            }
+        ]
+    return [{"name": f"numcodecs.{cid}", "configuration": config}]
+
+
+def v3_view_of_v2(
+    zarray: Mapping[str, Any],
+    zattrs: Mapping[str, Any] | None,
+    layout: ShardLayout,
+) -> V3View:
+    """The ``zarr.json`` that reads a sharded v2 array as a v3 array.
+
+    Parameters
+    ----------
+    zarray : mapping
+        The v2 ``.zarray`` document.
+    zattrs : mapping or None
+        The v2 ``.zattrs`` document (becomes ``attributes``).
+    layout : ShardLayout
+        ``chunks_per_shard`` (one per dimension) and index options of the shards.
+
+    Returns
+    -------
+    V3View
+        The document, and the reasons v3 readers cannot use it (empty when they can).
+
+    Raises
+    ------
+    ConfigurationError
+        If ``layout.chunks_per_shard`` does not have one value per dimension.
+    """
+    shape = [int(s) for s in zarray["shape"]]
+    chunks = [int(c) for c in zarray["chunks"]]
+    if len(layout.chunks_per_shard) != len(shape):
+        raise ConfigurationError(
+            f"chunks_per_shard {layout.chunks_per_shard} has {len(layout.chunks_per_shard)} value(s), "
+            f"the array has {len(shape)} dimension(s)"
+        )
+    problems: list[str] = []
+    dtype = np.dtype(zarray["dtype"])
+    dtype_key = f"{dtype.kind}{dtype.itemsize}"
+    data_type: Any = _V3_DTYPES.get(dtype_key) if dtype.fields is None else None
+    if data_type is None:
+        problems.append(f"dtype {zarray['dtype']!r} has no Zarr v3 core data type")
+        data_type = {"name": "shardkv.v2_dtype", "configuration": {"dtype": zarray["dtype"]}}
+        fill_value: Any = zarray.get("fill_value")
+    else:
+        fill_value = _v3_fill_value(zarray.get("fill_value"), dtype)
+
+    inner: list[dict[str, Any]] = []
+    if zarray.get("order", "C") == "F" and len(shape) > 1:
+        inner.append({"name": "transpose", "configuration": {"order": list(range(len(shape)))[::-1]}})
+    for f in zarray.get("filters") or []:
+        inner.append({"name": f"numcodecs.{f['id']}", "configuration": {k: v for k, v in f.items() if k != "id"}})
+        problems.append(f"v2 filter {f['id']!r} is not a Zarr v3 core codec (zarr-python 3 only, as numcodecs.{f['id']})")
+    if dtype.itemsize > 1 and dtype.byteorder != "|":
+        endian = "big" if dtype.byteorder == ">" or (dtype.byteorder == "=" and np.little_endian is False) else "little"
+        inner.append({"name": "bytes", "configuration": {"endian": endian}})
+    else:
+        inner.append({"name": "bytes"})
+    compressor_codecs = _compressor_codecs(zarray.get("compressor"), dtype)
+    for c in compressor_codecs:
+        if c["name"].startswith("numcodecs."):
+            problems.append(f"compressor {c['name'][10:]!r} is not a Zarr v3 core codec (zarr-python 3 only, as {c['name']})")
+    inner.extend(compressor_codecs)
+    if isinstance(data_type, dict):
+        # no v3 reader may decode these chunks as anything else: one opaque codec
+        inner = [{"name": "shardkv.v2_chunk", "configuration": {
+            "dtype": zarray["dtype"], "order": zarray.get("order", "C"),
+            "compressor": zarray.get("compressor"), "filters": zarray.get("filters"),
+        }}]  # fmt: skip
+
+    index_codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": layout.index_endian}}]
+    if layout.index_checksum:
+        index_codecs.append({"name": "crc32c"})
+    metadata = {
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": shape,
+        "data_type": data_type,
+        "chunk_grid": {
+            "name": "regular",
+            "configuration": {"chunk_shape": [c * n for c, n in zip(chunks, layout.chunks_per_shard)]},
+        },
+        "chunk_key_encoding": V2ChunkKeyEncoding(v2_dimension_separator(zarray)).to_metadata(),  # type: ignore[arg-type]
+        "fill_value": fill_value,
+        "codecs": [
+            {
+                "name": SHARDING_CODEC,
+                "configuration": {
+                    "chunk_shape": chunks,
+                    "codecs": inner,
+                    "index_codecs": index_codecs,
+                    "index_location": layout.index_location,
+                },
+            }
+        ],
+        "attributes": dict(zattrs or {}),
+    }
+    return V3View(metadata, tuple(problems))
+
+
+# -- v3 -> sharding spec ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShardingSpec:
+    """What the proxy needs to move bytes between chunk keys and shards of one array.
+
+    Attributes
+    ----------
+    shape : tuple of int
+        Array shape (elements).
+    chunks : tuple of int
+        Inner chunk shape (elements).
+    layout : ShardLayout
+        chunks_per_shard and the index layout.
+    shard_key_encoding : ChunkKeyEncoding
+        How shard coords become keys in the underlying store.
+    """
+
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    layout: ShardLayout
+    shard_key_encoding: ChunkKeyEncoding
+
+    @property
+    def chunks_per_shard(self) -> tuple[int, ...]:
+        return self.layout.chunks_per_shard
+
+    @property
+    def shard_shape(self) -> tuple[int, ...]:
+        """Shard shape (elements): ``chunks * chunks_per_shard``."""
+        return tuple(c * n for c, n in zip(self.chunks, self.layout.chunks_per_shard))
+
+
+def layout_from_codec_config(config: Mapping[str, Any], shard_shape: Sequence[int], path: str | None = None) -> tuple[tuple[int, ...], ShardLayout]:
+    """Inner chunk shape and layout from a ``sharding_indexed`` configuration.
+
+    Raises
+    ------
+    ConfigurationError
+        If the inner ``chunk_shape`` does not divide the shard shape, or
+        ``index_location`` is invalid.
+    UnsupportedError
+        If ``index_codecs`` is anything but ``bytes`` optionally followed by ``crc32c``.
+    """
+    inner = tuple(int(c) for c in config["chunk_shape"])
+    if len(inner) != len(shard_shape) or any(c < 1 or s % c for s, c in zip(shard_shape, inner)):
+        raise ConfigurationError(
+            f"inner chunk_shape {list(inner)} does not evenly divide the shard shape {list(shard_shape)}", path
+        )
+    names = [c.get("name") for c in config.get("index_codecs", [])]
+    if names not in (["bytes"], ["bytes", "crc32c"]):
+        raise UnsupportedError(f"index_codecs {names} are not supported; expected ['bytes'] or ['bytes', 'crc32c']")
+    endian = (config["index_codecs"][0].get("configuration") or {}).get("endian", "little")
+    location = config.get("index_location", "end")
+    if location not in ("start", "end"):
+        raise ConfigurationError(f"index_location must be 'start' or 'end', got {location!r}", path)
+    cps = tuple(s // c for s, c in zip(shard_shape, inner))
+    return inner, ShardLayout(cps, location, endian, len(names) == 2)
+
+
+def sharding_spec_from_v3(metadata: Mapping[str, Any], path: str | None = None) -> ShardingSpec | None:
+    """The sharding of a v3 array document, or ``None`` if it is not sharded.
+
+    An array is sharded when its first array -> bytes codec is
+    ``sharding_indexed`` and no array -> array codec precedes it.
+
+    Raises
+    ------
+    ConfigurationError, UnsupportedError
+        If the sharding configuration is invalid or not supported.
+    """
+    codecs = list(metadata.get("codecs", []))
+    if not codecs or codecs[0].get("name") != SHARDING_CODEC:
+        return None
+    if metadata.get("chunk_grid", {}).get("name") != "regular":
+        raise UnsupportedError(f"chunk grid {metadata.get('chunk_grid')!r} is not supported (regular only)")
+    shard_shape = tuple(int(c) for c in metadata["chunk_grid"]["configuration"]["chunk_shape"])
+    inner, layout = layout_from_codec_config(codecs[0].get("configuration") or {}, shard_shape, path)
+    return ShardingSpec(
+        shape=tuple(int(s) for s in metadata["shape"]),
+        chunks=inner,
+        layout=layout,
+        shard_key_encoding=chunk_key_encoding_from_metadata(
+            metadata.get("chunk_key_encoding") or {"name": "default"}
+        ),
+    )

@@ -1,0 +1,142 @@
+"""Byte ranges: a small frozen value type and the pure logic that merges them.
+
+One rule for every byte range in shardkv, the one Python slices follow:
+``start`` is the first byte, ``stop`` is one past the last (half-open), and a
+negative ``start`` with ``stop=None`` counts from the end of the object (a
+suffix read, used for an index at the end of a shard).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+__all__ = ["ByteRange", "CoalescedRead", "coalesce"]
+
+
+@dataclass(frozen=True, slots=True)
+class ByteRange:
+    """A half-open byte range ``[start, stop)`` of one stored object.
+
+    Parameters
+    ----------
+    start : int
+        First byte (bytes from the start of the object), or, when negative with
+        ``stop=None``, the number of bytes to read from the end (``-start``).
+    stop : int or None
+        One past the last byte; ``None`` reads to the end of the object.
+
+    Raises
+    ------
+    ValueError
+        If ``stop < start``, or a negative ``start`` is combined with a ``stop``.
+    """
+
+    start: int
+    stop: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.start < 0 and self.stop is not None:
+            raise ValueError(f"a suffix range (start={self.start}) takes no stop, got stop={self.stop}")
+        if self.stop is not None and self.stop < self.start:
+            raise ValueError(f"byte range stop {self.stop} lies before start {self.start}")
+
+    @classmethod
+    def suffix(cls, nbytes: int) -> ByteRange:
+        """The last ``nbytes`` bytes of an object (``nbytes`` > 0)."""
+        if nbytes <= 0:
+            raise ValueError(f"a suffix range needs nbytes > 0, got {nbytes}")
+        return cls(-nbytes, None)
+
+    @property
+    def is_suffix(self) -> bool:
+        """True for a range counted from the end of the object."""
+        return self.start < 0
+
+    @property
+    def nbytes(self) -> int | None:
+        """The length in bytes, or ``None`` when it depends on the object's size."""
+        if self.is_suffix:
+            return -self.start
+        if self.stop is None:
+            return None
+        return self.stop - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class CoalescedRead:
+    """One request that serves several wanted ranges of the same object.
+
+    ``members`` holds, for each wanted range served, its position in the input
+    sequence and its start relative to ``range.start``.
+    """
+
+    range: ByteRange
+    members: tuple[tuple[int, int, int], ...]  # (input position, relative start, nbytes)
+
+
+def coalesce(
+    ranges: Sequence[ByteRange],
+    *,
+    max_gap: int = 64 * 1024,
+    max_size: int = 16 * 1024 * 1024,
+) -> list[CoalescedRead]:
+    """Merge nearby explicit byte ranges of one object into fewer requests.
+
+    Ranges are sorted by start; a range joins the current request when the gap
+    to it is at most ``max_gap`` bytes and the merged request stays within
+    ``max_size`` bytes (a single range larger than ``max_size`` is still read
+    whole). Overlapping and duplicate ranges are served from one request.
+
+    Parameters
+    ----------
+    ranges : sequence of ByteRange
+        Explicit ranges (``start >= 0``, ``stop`` not None) of one object.
+    max_gap : int
+        Largest number of unwanted bytes (bytes) read to join two ranges.
+    max_size : int
+        Largest merged request (bytes).
+
+    Returns
+    -------
+    list of CoalescedRead
+        Requests in ascending order of start; every input position appears in
+        exactly one request's ``members``.
+
+    Raises
+    ------
+    ValueError
+        If a range is a suffix range or open-ended, or a limit is negative.
+    """
+    if max_gap < 0 or max_size < 0:
+        raise ValueError(f"max_gap and max_size must be >= 0, got {max_gap} and {max_size}")
+    order = sorted(range(len(ranges)), key=lambda i: (ranges[i].start, ranges[i].stop))
+    out: list[CoalescedRead] = []
+    cur_start = cur_stop = 0
+    cur_members: list[tuple[int, int]] = []
+
+    def flush() -> None:
+        if cur_members:
+            members = tuple(
+                (i, ranges[i].start - cur_start, ranges[i].stop - ranges[i].start)  # type: ignore[operator]
+                for i, _ in cur_members
+            )
+            out.append(CoalescedRead(ByteRange(cur_start, cur_stop), members))
+
+    for i in order:
+        r = ranges[i]
+        if r.is_suffix or r.stop is None:
+            raise ValueError(f"coalesce takes explicit ranges only, got {r}")
+        if cur_members and r.start - cur_stop <= max_gap and max(cur_stop, r.stop) - cur_start <= max_size:
+            cur_stop = max(cur_stop, r.stop)
+            cur_members.append((i, r.start))
+            continue
+        flush()
+        cur_start, cur_stop, cur_members = r.start, r.stop, [(i, r.start)]
+    flush()
+    return out
+
+
+def total_nbytes(ranges: Iterable[ByteRange]) -> int:
+    """Sum of the lengths (bytes) of explicit ranges."""
+    return sum(r.nbytes or 0 for r in ranges)

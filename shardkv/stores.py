@@ -1,0 +1,388 @@
+"""Adapters over the base store: the only module of shardkv that does I/O.
+
+:func:`adapt` turns whatever the user passes (a ``dict`` or any
+``MutableMapping``, a zarr-python 2 store, an fsspec ``FSMap``, an fsspec URL
+or a local path) into a :class:`StoreAdapter`, a small uniform interface of
+batch reads, ranged reads, batch writes and listings.
+
+* :class:`FSMapAdapter` uses the filesystem directly: ranged and suffix reads
+  (``cat_file(path, start, end)`` / ``cat_ranges``), concurrent batch reads and
+  writes (``cat`` / ``pipe``) and, on local disks, atomic writes (a temporary
+  file renamed over the target, so a crash never leaves a torn shard).
+* :class:`MappingAdapter` works with any ``MutableMapping``; it cannot read
+  ranges, so a ranged read fetches the whole value once and slices it. It uses
+  a zarr-python 2 store's own ``getitems``/``setitems``/``delitems``/``listdir``
+  when it has them.
+
+"Not found" becomes ``KeyError`` (chained with ``from``); every other error of
+the base store (permissions, network) propagates unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import MutableMapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import fsspec
+from fsspec.mapping import FSMap
+
+from .ranges import ByteRange
+
+__all__ = ["StoreAdapter", "MappingAdapter", "FSMapAdapter", "adapt", "TEMP_MARKER"]
+
+TEMP_MARKER = ".shardkv-tmp-"
+"""Part of the name of the temporary files of atomic local writes; never listed."""
+
+
+def _slice(value: bytes | memoryview, byte_range: ByteRange) -> bytes:
+    view = memoryview(value)
+    if byte_range.is_suffix:
+        return bytes(view[max(0, len(view) + byte_range.start) :])
+    return bytes(view[byte_range.start : byte_range.stop])
+
+
+class StoreAdapter(ABC):
+    """Uniform access to a base key/value store. Keys are ``/``-separated str.
+
+    Attributes
+    ----------
+    supports_ranges : bool
+        True when :meth:`get_ranges` reads only the bytes asked for.
+    """
+
+    supports_ranges: bool = False
+
+    @abstractmethod
+    def get(self, key: str) -> bytes:
+        """The whole value. Raises ``KeyError`` if ``key`` is not stored."""
+
+    @abstractmethod
+    def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
+        """The values of the stored keys among ``keys``; missing keys are left out."""
+
+    @abstractmethod
+    def get_ranges(self, requests: Sequence[tuple[str, ByteRange]]) -> list[bytes | None]:
+        """Byte ranges of values, in request order; ``None`` where the key is missing.
+
+        A range past the end of a value returns fewer bytes (callers check).
+        """
+
+    @abstractmethod
+    def set_many(self, values: Mapping[str, bytes]) -> None:
+        """Store several values (one batch where the store allows)."""
+
+    @abstractmethod
+    def delete_many(self, keys: Iterable[str]) -> None:
+        """Delete the stored keys among ``keys``; missing ones are ignored."""
+
+    @abstractmethod
+    def contains(self, key: str) -> bool:
+        """True if ``key`` is stored."""
+
+    @abstractmethod
+    def iter_keys(self, prefix: str = "") -> Iterator[str]:
+        """Every stored key that starts with ``prefix`` (a path ending in ``/``, or ``""``)."""
+
+    @abstractmethod
+    def list_dir(self, path: str = "") -> list[str]:
+        """Names of the immediate children (keys and sub-paths) of ``path``."""
+
+    def set(self, key: str, value: bytes) -> None:
+        """Store one value."""
+        self.set_many({key: value})
+
+    def delete(self, key: str) -> None:
+        """Delete one key. Raises ``KeyError`` if it is not stored."""
+        if not self.contains(key):
+            raise KeyError(key)
+        self.delete_many([key])
+
+    def rmdir(self, path: str) -> None:
+        """Delete every key under ``path`` (everything, for ``""``)."""
+        prefix = f"{path}/" if path else ""
+        self.delete_many(list(self.iter_keys(prefix)))
+
+    def size(self, key: str) -> int:
+        """Size of a stored value in bytes. Raises ``KeyError`` if missing."""
+        return len(self.get(key))
+
+    def close(self) -> None:
+        """Release resources of the base store, if it has any."""
+
+
+class MappingAdapter(StoreAdapter):
+    """A ``MutableMapping`` as base store (dict, zarr-python 2 store, user mapping).
+
+    Parameters
+    ----------
+    mapping : MutableMapping
+        The base store. Values may be any bytes-like object.
+    """
+
+    supports_ranges = False
+
+    def __init__(self, mapping: MutableMapping) -> None:
+        self.mapping = mapping
+
+    def get(self, key: str) -> bytes:
+        return self.mapping[key]
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
+        getitems = getattr(self.mapping, "getitems", None)
+        if getitems is not None and not isinstance(self.mapping, FSMap):
+            return dict(getitems(list(keys), contexts={}))
+        out = {}
+        for k in keys:
+            try:
+                out[k] = self.mapping[k]
+            except KeyError:
+                continue
+        return out
+
+    def get_ranges(self, requests: Sequence[tuple[str, ByteRange]]) -> list[bytes | None]:
+        values = self.get_many(list(dict.fromkeys(k for k, _ in requests)))
+        return [None if k not in values else _slice(values[k], r) for k, r in requests]
+
+    def set_many(self, values: Mapping[str, bytes]) -> None:
+        if not values:
+            return
+        setitems = getattr(self.mapping, "setitems", None)
+        if setitems is not None:
+            setitems(dict(values))
+        else:
+            for k, v in values.items():
+                self.mapping[k] = v
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        for k in keys:
+            try:
+                del self.mapping[k]
+            except KeyError:
+                continue
+
+    def contains(self, key: str) -> bool:
+        return key in self.mapping
+
+    def iter_keys(self, prefix: str = "") -> Iterator[str]:
+        for k in list(self.mapping.keys()):
+            if k.startswith(prefix):
+                yield k
+
+    def list_dir(self, path: str = "") -> list[str]:
+        listdir = getattr(self.mapping, "listdir", None)
+        if listdir is not None:
+            return sorted(listdir(path))
+        prefix = f"{path}/" if path else ""
+        return sorted({k[len(prefix) :].split("/", 1)[0] for k in self.iter_keys(prefix)})
+
+    def rmdir(self, path: str) -> None:
+        rmdir = getattr(self.mapping, "rmdir", None)
+        if rmdir is not None:
+            rmdir(path)
+        else:
+            super().rmdir(path)
+
+    def size(self, key: str) -> int:
+        return memoryview(self.mapping[key]).nbytes
+
+    def close(self) -> None:
+        close = getattr(self.mapping, "close", None)
+        if close is not None:
+            close()
+
+
+class FSMapAdapter(StoreAdapter):
+    """An fsspec filesystem under a root path as base store, with ranged reads.
+
+    Parameters
+    ----------
+    fs : fsspec.AbstractFileSystem
+        The filesystem.
+    root : str
+        The root path inside ``fs`` (no trailing ``/``).
+    missing_exceptions : tuple of exception types
+        Errors that mean "not found" (become ``KeyError``); by default those of
+        ``fsspec.FSMap``: ``FileNotFoundError``, ``IsADirectoryError``,
+        ``NotADirectoryError``.
+    """
+
+    supports_ranges = True
+
+    def __init__(
+        self,
+        fs: fsspec.AbstractFileSystem,
+        root: str,
+        missing_exceptions: tuple[type[BaseException], ...] = (
+            FileNotFoundError,
+            IsADirectoryError,
+            NotADirectoryError,
+        ),
+    ) -> None:
+        self.fs = fs
+        self.root = root.rstrip("/")
+        self.missing_exceptions = missing_exceptions
+        self._local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+    @classmethod
+    def from_fsmap(cls, fsmap: FSMap) -> FSMapAdapter:
+        return cls(fsmap.fs, fsmap.root, tuple(fsmap.missing_exceptions))
+
+    def _path(self, key: str) -> str:
+        return f"{self.root}/{key}" if key else self.root
+
+    def _key(self, path: str) -> str:
+        path = self.fs._strip_protocol(path)
+        root = self.fs._strip_protocol(self.root)
+        return path[len(root) :].lstrip("/")
+
+    def _check(self, key: str, result: Any) -> bytes | None:
+        if isinstance(result, BaseException):
+            if isinstance(result, self.missing_exceptions):
+                return None
+            raise result
+        return result
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self.fs.cat_file(self._path(key))
+        except self.missing_exceptions as exc:
+            raise KeyError(key) from exc
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
+        if not keys:
+            return {}
+        paths = [self._path(k) for k in keys]
+        results = self.fs.cat(paths, on_error="return")
+        if not isinstance(results, dict):  # a single path returns bytes
+            results = {paths[0]: results}
+        out = {}
+        for k, p in zip(keys, paths):
+            value = self._check(k, results.get(p, FileNotFoundError(p)))
+            if value is not None:
+                out[k] = value
+        return out
+
+    def get_ranges(self, requests: Sequence[tuple[str, ByteRange]]) -> list[bytes | None]:
+        if not requests:
+            return []
+        paths = [self._path(k) for k, _ in requests]
+        starts = [r.start for _, r in requests]
+        stops = [r.stop for _, r in requests]
+        results = self.fs.cat_ranges(paths, starts, stops, on_error="return")
+        return [self._check(k, res) for (k, _), res in zip(requests, results)]
+
+    def set_many(self, values: Mapping[str, bytes]) -> None:
+        if not values:
+            return
+        if self._local:
+            for k, v in values.items():
+                self._atomic_local_write(self._path(k), v)
+            return
+        paths = {self._path(k): (bytes(v) if not isinstance(v, bytes) else v) for k, v in values.items()}
+        for parent in {self.fs._parent(p) for p in paths}:
+            self.fs.makedirs(parent, exist_ok=True)
+        self.fs.pipe(paths)
+
+    def _atomic_local_write(self, path: str, value: bytes) -> None:
+        path = self.fs._strip_protocol(path)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = os.path.join(os.path.dirname(path), f"{TEMP_MARKER}{uuid.uuid4().hex}")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(value)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        paths = [self._path(k) for k in keys]
+        for p in paths:
+            try:
+                self.fs.rm_file(p)
+            except self.missing_exceptions:
+                continue
+
+    def contains(self, key: str) -> bool:
+        return self.fs.isfile(self._path(key))
+
+    def iter_keys(self, prefix: str = "") -> Iterator[str]:
+        base = self._path(prefix.rstrip("/")) if prefix else self.root
+        try:
+            paths = self.fs.find(base)
+        except self.missing_exceptions:
+            return
+        for p in sorted(paths):
+            key = self._key(p)
+            if key.startswith(prefix) and TEMP_MARKER not in key:
+                yield key
+
+    def list_dir(self, path: str = "") -> list[str]:
+        try:
+            entries = self.fs.ls(self._path(path), detail=False)
+        except self.missing_exceptions:
+            return []
+        names = []
+        for e in entries:
+            name = self._key(e).rsplit("/", 1)[-1]
+            if name and TEMP_MARKER not in name:
+                names.append(name)
+        return sorted(set(names))
+
+    def rmdir(self, path: str) -> None:
+        target = self._path(path)
+        try:
+            if path:
+                self.fs.rm(target, recursive=True)
+            else:
+                for child in self.fs.ls(target, detail=False):
+                    self.fs.rm(child, recursive=True)
+        except self.missing_exceptions:
+            return
+
+    def size(self, key: str) -> int:
+        try:
+            return int(self.fs.size(self._path(key)))
+        except self.missing_exceptions as exc:
+            raise KeyError(key) from exc
+
+
+def adapt(store: Any, storage_options: Mapping[str, Any] | None = None) -> StoreAdapter:
+    """Wrap a user's store in the best adapter for it.
+
+    Parameters
+    ----------
+    store : str, os.PathLike, fsspec.FSMap, MutableMapping or StoreAdapter
+        An fsspec URL (``"s3://bucket/data.zarr"``) or local path; an fsspec
+        mapper; a zarr-python 2 ``DirectoryStore`` or ``FSStore`` (their files
+        are read directly, with ranges); any other ``MutableMapping``.
+    storage_options : mapping, optional
+        Passed to fsspec for a URL.
+
+    Raises
+    ------
+    TypeError
+        If ``store`` is none of these.
+    """
+    if isinstance(store, StoreAdapter):
+        return store
+    if isinstance(store, os.PathLike):
+        store = os.fspath(store)
+    if isinstance(store, str):
+        return FSMapAdapter.from_fsmap(fsspec.get_mapper(store, **(storage_options or {})))
+    if isinstance(store, FSMap):
+        return FSMapAdapter.from_fsmap(store)
+    cls = type(store).__name__
+    if cls == "DirectoryStore" and isinstance(getattr(store, "path", None), str):
+        return FSMapAdapter(fsspec.filesystem("file"), store.path)
+    if cls == "FSStore" and getattr(store, "key_separator", None) is None and hasattr(store, "map"):
+        return FSMapAdapter.from_fsmap(store.map)
+    if isinstance(store, MutableMapping):
+        return MappingAdapter(store)
+    raise TypeError(
+        f"cannot use {cls} as a store: pass a MutableMapping, an fsspec FSMap, a URL or a path"
+    )

@@ -1,0 +1,1 @@
+"""Storage transformers (installed as ``shardkv.transformers``)."""
