@@ -61,13 +61,16 @@ def counting_store() -> CountingStore:
     return CountingStore()
 
 
-@pytest.fixture
-def shared_data(tmp_path: Path) -> Path:
-    """A private copy of ../shared/data; fails under CI when it is missing, skips elsewhere."""
+@pytest.fixture(scope="session")
+def shared_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A private copy of ../shared/data (one per test session; treat it as read-only).
+
+    Fails under CI (``CI`` set) when the data is missing, skips elsewhere.
+    """
     if not SHARED_DATA.is_dir():
         if os.environ.get("CI"):
             pytest.fail(f"shared data not found at {SHARED_DATA} (required under CI)")
         pytest.skip(f"shared data not found at {SHARED_DATA}")
-    dst = tmp_path / "shared-data"
+    dst = tmp_path_factory.mktemp("shared") / "data"
     shutil.copytree(SHARED_DATA, dst)
     return dst
