@@ -217,7 +217,11 @@ class ShardLayout:
         return self.decode_index(raw, shard_key, len(shard))
 
     def encode_shard(self, chunks: Mapping[tuple[int, ...], BytesLike]) -> bytes:
-        """Build a shard from encoded inner chunks, in linear time.
+        """Build a shard from encoded inner chunks, in linear time (see :meth:`encode_shard_with_index`)."""
+        return self.encode_shard_with_index(chunks)[0]
+
+    def encode_shard_with_index(self, chunks: Mapping[tuple[int, ...], BytesLike]) -> tuple[bytes, ShardIndex]:
+        """Build a shard from encoded inner chunks, in linear time, and return its index too.
 
         Parameters
         ----------
@@ -229,6 +233,8 @@ class ShardLayout:
         -------
         bytes
             The shard: chunks back to back and the index at ``index_location``.
+        ShardIndex
+            Its index.
 
         Raises
         ------
@@ -252,9 +258,9 @@ class ShardLayout:
             offset += nbytes
         encoded_index = self.encode_index(index)
         if self.index_location == "start":
-            return b"".join([encoded_index, *parts])
+            return b"".join([encoded_index, *parts]), index
         parts.append(encoded_index)
-        return b"".join(parts)
+        return b"".join(parts), index
 
     def chunks_of_shard(
         self, shard: BytesLike, shard_key: str, index: ShardIndex | None = None

@@ -33,13 +33,15 @@ import numpy as np
 
 from . import _zarr2
 from .arrays import ChunkRef, ShardedArray
+from .cache import IndexCache
 from .errors import ConfigurationError, CorruptShardError, InvalidKeyError, ReservedKeyError
 from .index import ShardIndex
 from .keys import V2ChunkKeyEncoding, validate_key
 from .layout import ShardLayout
 from .meta import normalize_chunks_per_shard, sharding_spec_from_v3, v2_dimension_separator, v3_view_of_v2
-from .ranges import ByteRange
+from .ranges import ByteRange, ReadPolicy, plan_reads
 from .stores import StoreAdapter, adapt
+from .writeback import PendingShard, WriteBuffer
 
 __all__ = ["ShardedStore"]
 
@@ -100,6 +102,29 @@ class ShardedStore(MutableMapping):
         Whether new shards protect their index with a CRC32C (``crc32c`` index codec).
     storage_options : mapping, optional
         fsspec options when ``store`` is a URL.
+    index_cache_bytes : int
+        Limit (bytes) of the cache of decoded shard indexes (default 64 MiB;
+        0 disables it). With the index cached, reading a chunk costs one
+        request. The proxy keeps the cache right across its own writes;
+        for data changed by other writers call :meth:`refresh`, or set
+        ``validate_index_cache``.
+    validate_index_cache : bool
+        Check a cached index against the shard's size and modification time
+        before using it, where the base store gives them without a request
+        (local files); elsewhere the cache is trusted until :meth:`refresh`.
+    read_policy : ReadPolicy, optional
+        How nearby chunk ranges of one shard merge into one request and when
+        the whole shard is read instead (default ``ReadPolicy()``: gaps up to
+        64 KiB, requests up to 16 MiB, whole shard from half its bytes).
+    buffer_bytes : int or None
+        Write-back mode: hold chunk writes per shard, up to this many bytes of
+        chunk data, and write each shard once: when all its in-grid chunks
+        are buffered, on :meth:`flush`, :meth:`close` or leaving a ``with``
+        block, or when the limit forces the oldest shard out (then merged
+        with what is stored). ``None`` (default) writes within each call.
+        Buffered writes are visible to reads through the proxy at once, and
+        reach the base store only when written: call :meth:`flush` (or use
+        ``with``) before other readers look.
 
     Raises
     ------
@@ -132,6 +157,10 @@ class ShardedStore(MutableMapping):
         index_location: Literal["start", "end"] = "end",
         index_checksum: bool = True,
         storage_options: Mapping[str, Any] | None = None,
+        index_cache_bytes: int = 64 * 2**20,
+        validate_index_cache: bool = False,
+        read_policy: ReadPolicy | None = None,
+        buffer_bytes: int | None = None,
     ) -> None:
         self._base: StoreAdapter = adapt(store, storage_options)
         self._raw_store = store
@@ -148,6 +177,10 @@ class ShardedStore(MutableMapping):
         self._views: dict[str, dict[str, Any]] = {}
         self._lock = threading.RLock()
         self._shard_locks: dict[str, threading.Lock] = {}
+        self._index_cache = IndexCache(index_cache_bytes)
+        self._validate_cache = bool(validate_index_cache)
+        self._read_policy = read_policy or ReadPolicy()
+        self._buffer = None if buffer_bytes is None else WriteBuffer(buffer_bytes)
         _zarr2.register(type(self))
 
     # -- configuration ------------------------------------------------------
@@ -170,10 +203,19 @@ class ShardedStore(MutableMapping):
         return normalize_chunks_per_shard(cps, ndim, path)
 
     def refresh(self) -> None:
-        """Forget cached array metadata (call after other writers changed the store)."""
+        """Forget cached array metadata and shard indexes (call after other writers changed the store).
+
+        Buffered writes (write-back mode) are kept.
+        """
         with self._lock:
             self._states.clear()
             self._views.clear()
+        self._index_cache.clear()
+
+    @property
+    def index_cache(self) -> IndexCache:
+        """The shard index cache (``hits``, ``misses``, ``nbytes``, ``clear()``)."""
+        return self._index_cache
 
     # -- array discovery ----------------------------------------------------
 
@@ -269,15 +311,27 @@ class ShardedStore(MutableMapping):
         keys = list(shards)
         if not keys:
             return {}, {}
-        if self._base.supports_ranges:
-            raw = self._base.get_ranges([(k, shards[k].layout.index_range()) for k in keys])
-            indexes = {}
-            for k, data in zip(keys, raw):
+        if not self._base.supports_ranges:
+            blobs = self._base.get_many(keys)
+            return {k: shards[k].layout.index_of_shard(b, k) for k, b in blobs.items()}, blobs
+        indexes: dict[str, ShardIndex] = {}
+        validators: dict[str, Any] = {}
+        missing: list[str] = []
+        for k in keys:
+            validator = self._base.validator(k) if self._validate_cache else None
+            cached = self._index_cache.get(k, validator)
+            if cached is None:
+                missing.append(k)
+                validators[k] = validator
+            else:
+                indexes[k] = cached
+        if missing:
+            raw = self._base.get_ranges([(k, shards[k].layout.index_range()) for k in missing])
+            for k, data in zip(missing, raw):
                 if data is not None:
-                    indexes[k] = shards[k].layout.decode_index(data, k)
-            return indexes, {}
-        blobs = self._base.get_many(keys)
-        return {k: shards[k].layout.index_of_shard(b, k) for k, b in blobs.items()}, blobs
+                    index = indexes[k] = shards[k].layout.decode_index(data, k)
+                    self._index_cache.put(k, index, validators[k])
+        return indexes, {}
 
     def getitems(self, keys: Sequence[str], *, contexts: Any = None) -> dict[str, bytes]:
         """Values of the stored keys among ``keys`` (missing keys are left out).
@@ -295,15 +349,24 @@ class ShardedStore(MutableMapping):
         plain: list[str] = []
         refs: list[ChunkRef] = []
         shards: dict[str, ShardedArray] = {}
+        out: dict[str, bytes] = {}
         for key in keys:
             ref = self._route(key)
             if ref is None:
                 if not self._is_hidden(key):
                     plain.append(key)
-            else:
-                refs.append(ref)
-                shards[ref.shard_key] = self._owner(key)  # type: ignore[assignment]
-        out: dict[str, bytes] = dict(self._base.get_many(plain)) if plain else {}
+                continue
+            if self._buffer is not None:
+                with self._buffer.lock:
+                    buffered, value = self._buffer.lookup(ref.shard_key, ref.local_coords)
+                if buffered:
+                    if value is not None:
+                        out[key] = value
+                    continue
+            refs.append(ref)
+            shards[ref.shard_key] = self._owner(key)  # type: ignore[assignment]
+        if plain:
+            out.update(self._base.get_many(plain))
         if not refs:
             return out
         indexes, blobs = self._read_indexes(shards)
@@ -318,17 +381,31 @@ class ShardedStore(MutableMapping):
                 blob = memoryview(blobs[ref.shard_key])
                 out[ref.chunk_key] = bytes(blob[offset : offset + nbytes])
             return out
-        data = self._base.get_ranges([(r.shard_key, ByteRange(o, o + n)) for r, o, n in wanted])
-        for (ref, offset, nbytes), value in zip(wanted, data):
+        by_shard: dict[str, list[tuple[ChunkRef, int, int]]] = {}
+        for item in wanted:
+            by_shard.setdefault(item[0].shard_key, []).append(item)
+        requests: list[tuple[str, ByteRange]] = []
+        plans = []
+        for shard_key, items in by_shard.items():
+            ranges = [ByteRange(o, o + n) for _, o, n in items]
+            for read in plan_reads(ranges, indexes[shard_key].used_nbytes(), self._read_policy):
+                requests.append((shard_key, read.range))
+                plans.append((items, read))
+        data = self._base.get_ranges(requests)
+        for (items, read), value in zip(plans, data):
             if value is None:
                 continue  # the shard was deleted between the two reads
-            if len(value) != nbytes:
-                raise CorruptShardError(
-                    ref.shard_key,
-                    f"index entry {ref.local_coords} points at bytes [{offset}, {offset + nbytes}) "
-                    f"but the shard ends after {offset + len(value)} bytes (truncated shard?)",
-                )
-            out[ref.chunk_key] = value
+            view = memoryview(value)
+            for i, rel, nbytes in read.members:
+                ref, offset, _ = items[i]
+                chunk = view[rel : rel + nbytes]
+                if len(chunk) != nbytes:
+                    raise CorruptShardError(
+                        ref.shard_key,
+                        f"index entry {ref.local_coords} points at bytes [{offset}, {offset + nbytes}) "
+                        f"but the shard ends after {read.range.start + len(value)} bytes (truncated shard?)",
+                    )
+                out[ref.chunk_key] = bytes(chunk)
         return out
 
     def __getitem__(self, key: str) -> bytes:
@@ -349,6 +426,11 @@ class ShardedStore(MutableMapping):
             return False
         if ref is None:
             return not self._is_hidden(key) and self._base.contains(key)  # type: ignore[arg-type]
+        if self._buffer is not None:
+            with self._buffer.lock:
+                buffered, value = self._buffer.lookup(ref.shard_key, ref.local_coords)
+            if buffered:
+                return value is not None
         arr = self._owner(ref.chunk_key)
         indexes, _ = self._read_indexes({ref.shard_key: arr})  # type: ignore[dict-item]
         index = indexes.get(ref.shard_key)
@@ -437,8 +519,44 @@ class ShardedStore(MutableMapping):
             self._base.set_many(plain_set)  # type: ignore[arg-type]
         if plain_del:
             self._base.delete_many(plain_del)
-        if by_shard:
+        if by_shard and self._buffer is not None:
+            self._buffer_shards(by_shard)
+        elif by_shard:
             self._write_shards(by_shard)
+
+    def _buffer_shards(
+        self,
+        by_shard: Mapping[str, tuple[ShardedArray, tuple[int, ...], dict[tuple[int, ...], memoryview | None]]],
+    ) -> None:
+        buf = self._buffer
+        with buf.lock:  # type: ignore[union-attr]
+            for shard_key, (arr, coords, updates) in by_shard.items():
+                for local, value in updates.items():
+                    buf.add(shard_key, arr, coords, local, None if value is None else bytes(value))  # type: ignore[union-attr]
+            ready = buf.pop_complete(list(by_shard))  # type: ignore[union-attr]
+            ready.update(buf.pop_over_limit())  # type: ignore[union-attr]
+        if ready:
+            self._write_pending(ready)
+
+    def _write_pending(self, pending: Mapping[str, PendingShard]) -> None:
+        self._write_shards({k: (p.array, p.shard_coords, p.updates) for k, p in pending.items()})  # type: ignore[misc]
+
+    def flush(self) -> None:
+        """Write every buffered shard to the base store (write-back mode; a no-op otherwise)."""
+        if self._buffer is None:
+            return
+        with self._buffer.lock:
+            pending = self._buffer.pop_all()
+        if pending:
+            self._write_pending(pending)
+
+    def _flush_array(self, path: str) -> None:
+        if self._buffer is None:
+            return
+        with self._buffer.lock:
+            pending = self._buffer.pop_all(path)
+        if pending:
+            self._write_pending(pending)
 
     def _write_shards(
         self,
@@ -454,6 +572,7 @@ class ShardedStore(MutableMapping):
             ]
             old = self._base.get_many(need_old) if need_old else {}
             new_shards: dict[str, bytes] = {}
+            new_indexes: dict[str, ShardIndex] = {}
             empty: list[str] = []
             for shard_key, (arr, coords, updates) in by_shard.items():
                 chunks: dict[tuple[int, ...], memoryview] = {}
@@ -468,12 +587,17 @@ class ShardedStore(MutableMapping):
                     else:
                         chunks[local] = value
                 if chunks:
-                    new_shards[shard_key] = arr.layout.encode_shard(chunks)
+                    new_shards[shard_key], new_indexes[shard_key] = arr.layout.encode_shard_with_index(chunks)
                 elif shard_key in old:
                     empty.append(shard_key)
+            for shard_key in by_shard:
+                self._index_cache.discard(shard_key)
             self._base.set_many(new_shards)
             if empty:
                 self._base.delete_many(empty)
+            if not self._validate_cache:
+                for shard_key, index in new_indexes.items():
+                    self._index_cache.put(shard_key, index)
 
     # -- metadata -------------------------------------------------------------
 
@@ -503,6 +627,7 @@ class ShardedStore(MutableMapping):
         state = self._state(path)
         zjson_key = _join(path, "zarr.json")
         if isinstance(state, ShardedArray):
+            self._flush_array(path)
             if list(zarray["chunks"]) != list(state.chunks):
                 raise ConfigurationError(
                     f"cannot change the chunks of a sharded array from {list(state.chunks)} to {zarray['chunks']}; "
@@ -588,6 +713,7 @@ class ShardedStore(MutableMapping):
         return plain, shards
 
     def __iter__(self) -> Iterator[str]:
+        self.flush()
         plain, shards = self._classify(self._base.iter_keys())
         yield from plain
         yield from self._chunk_keys_of_shards(shards)
@@ -597,6 +723,7 @@ class ShardedStore(MutableMapping):
 
     def keys_under(self, path: str) -> Iterator[str]:
         """Every logical key under ``path`` (a path, or ``""`` for all)."""
+        self.flush()
         prefix = f"{path.strip('/')}/" if path.strip("/") else ""
         plain, shards = self._classify(self._base.iter_keys(prefix))
         yield from plain
@@ -615,11 +742,13 @@ class ShardedStore(MutableMapping):
     def rmdir(self, path: str = "") -> None:
         """Delete everything under ``path`` (the whole store for ``""``)."""
         path = path.strip("/")
+        self.flush()
         arr = self._owner(_join(path, "0")) if path else None
         if arr is not None and arr.path != path:
             self.delitems(list(self.keys_under(path)))  # a sub-path of a '/'-separated array
             return
         self._base.rmdir(path)
+        self._index_cache.clear()
         with self._lock:
             for p in [p for p in self._states if p == path or p.startswith(f"{path}/") or not path]:
                 self._states.pop(p, None)
@@ -627,6 +756,7 @@ class ShardedStore(MutableMapping):
 
     def getsize(self, path: str = "") -> int:
         """Bytes stored under ``path`` in the base store (shards, not logical chunks)."""
+        self.flush()
         path = path.strip("/")
         if path and self._base.contains(path):
             return self._base.size(path)
@@ -635,6 +765,7 @@ class ShardedStore(MutableMapping):
 
     def rename(self, src_path: str, dst_path: str) -> None:
         """Move everything under ``src_path`` to ``dst_path`` (shards move whole)."""
+        self.flush()
         src, dst = src_path.strip("/"), dst_path.strip("/")
         keys = list(self._base.iter_keys(f"{src}/" if src else ""))
         self._base.set_many({dst + k[len(src) :]: self._base.get(k) for k in keys})
@@ -662,7 +793,8 @@ class ShardedStore(MutableMapping):
         return True
 
     def close(self) -> None:
-        """Close the base store if it has a ``close``."""
+        """Write buffered shards (write-back mode), then close the base store if it has a ``close``."""
+        self.flush()
         self._base.close()
 
     def __enter__(self) -> ShardedStore:

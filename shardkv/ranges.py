@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-__all__ = ["ByteRange", "CoalescedRead", "coalesce"]
+__all__ = ["ByteRange", "CoalescedRead", "ReadPolicy", "coalesce", "plan_reads", "total_nbytes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,3 +140,59 @@ def coalesce(
 def total_nbytes(ranges: Iterable[ByteRange]) -> int:
     """Sum of the lengths (bytes) of explicit ranges."""
     return sum(r.nbytes or 0 for r in ranges)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadPolicy:
+    """How the proxy turns wanted chunk ranges of one shard into requests.
+
+    Parameters
+    ----------
+    max_gap : int
+        Unwanted bytes (bytes) read at most to merge two neighbouring ranges.
+    max_request : int
+        Largest merged request (bytes).
+    whole_shard_fraction : float
+        Read the whole shard in one request when the wanted bytes are at least
+        this fraction of the bytes its present chunks occupy (0 < f <= 1;
+        values above 1 never read whole shards).
+    """
+
+    max_gap: int = 64 * 1024
+    max_request: int = 16 * 1024 * 1024
+    whole_shard_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.max_gap < 0 or self.max_request < 1 or self.whole_shard_fraction <= 0:
+            raise ValueError(
+                f"invalid read policy: max_gap={self.max_gap} (>= 0), max_request={self.max_request} (>= 1), "
+                f"whole_shard_fraction={self.whole_shard_fraction} (> 0)"
+            )
+
+
+def plan_reads(wanted: Sequence[ByteRange], stored_nbytes: int, policy: ReadPolicy) -> list[CoalescedRead]:
+    """Requests that serve ``wanted`` ranges of one shard.
+
+    Parameters
+    ----------
+    wanted : sequence of ByteRange
+        Explicit ranges of inner chunks to read.
+    stored_nbytes : int
+        Bytes referenced by all present chunks of the shard (from its index).
+    policy : ReadPolicy
+        Merge limits and the whole-shard threshold.
+
+    Returns
+    -------
+    list of CoalescedRead
+        One request ``ByteRange(0, None)`` for the whole shard when the wanted
+        bytes reach ``policy.whole_shard_fraction * stored_nbytes``; otherwise
+        the result of :func:`coalesce`.
+    """
+    if not wanted:
+        return []
+    want = sum(r.nbytes or 0 for r in wanted)
+    if stored_nbytes > 0 and want >= policy.whole_shard_fraction * stored_nbytes and len(wanted) > 1:
+        members = tuple((i, r.start, r.nbytes or 0) for i, r in enumerate(wanted))
+        return [CoalescedRead(ByteRange(0, None), members)]
+    return coalesce(wanted, max_gap=policy.max_gap, max_size=policy.max_request)

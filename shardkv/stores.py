@@ -24,7 +24,8 @@ import os
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import MutableMapping
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Hashable, Iterable, Iterator, Mapping, Sequence
 
 import fsspec
 from fsspec.mapping import FSMap
@@ -108,6 +109,14 @@ class StoreAdapter(ABC):
     def size(self, key: str) -> int:
         """Size of a stored value in bytes. Raises ``KeyError`` if missing."""
         return len(self.get(key))
+
+    def validator(self, key: str) -> Hashable:
+        """A cheap fingerprint of a stored value that changes when it is rewritten, or ``None``.
+
+        Only stores where it costs no request give one (local files: size and
+        modification time); ``None`` means "cannot tell cheaply".
+        """
+        return None
 
     def close(self) -> None:
         """Release resources of the base store, if it has any."""
@@ -271,8 +280,29 @@ class FSMapAdapter(StoreAdapter):
         paths = [self._path(k) for k, _ in requests]
         starts = [r.start for _, r in requests]
         stops = [r.stop for _, r in requests]
-        results = self.fs.cat_ranges(paths, starts, stops, on_error="return")
+        if self._local and len(requests) > 1:
+            # local reads release the GIL: run them side by side (async filesystems
+            # already run cat_ranges concurrently)
+            def one(i: int) -> Any:
+                try:
+                    return self.fs.cat_file(paths[i], starts[i], stops[i])
+                except Exception as exc:  # returned, then sorted into missing / raised by _check
+                    return exc
+
+            with ThreadPoolExecutor(max_workers=min(8, len(requests))) as pool:
+                results = list(pool.map(one, range(len(requests))))
+        else:
+            results = self.fs.cat_ranges(paths, starts, stops, on_error="return")
         return [self._check(k, res) for (k, _), res in zip(requests, results)]
+
+    def validator(self, key: str) -> Hashable:
+        if not self._local:
+            return None
+        try:
+            st = os.stat(self.fs._strip_protocol(self._path(key)))
+        except FileNotFoundError:
+            return "missing"
+        return (st.st_size, st.st_mtime_ns)
 
     def set_many(self, values: Mapping[str, bytes]) -> None:
         if not values:

@@ -1,0 +1,97 @@
+"""A bounded cache of decoded shard indexes (least recently used first out).
+
+Reading one chunk costs two requests (index, then chunk); with the index
+cached it costs one. The cache holds :class:`~shardkv.index.ShardIndex`
+objects keyed by shard key, with an optional *validator* (for example a
+local file's ``(size, mtime_ns)``) that the proxy compares before trusting
+an entry. Its size limit counts the bytes of the index arrays.
+
+Policy (documented for users in :class:`shardkv.ShardedStore`): the proxy
+replaces or drops the entry of every shard it writes or deletes, so its own
+writes never leave a stale entry. Changes made by *other* writers are seen
+after :meth:`IndexCache.clear` (``ShardedStore.refresh()``), or at once when
+validation is on (the proxy then checks each entry's validator first).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Hashable
+
+from .index import ShardIndex
+
+__all__ = ["IndexCache"]
+
+
+class IndexCache:
+    """LRU cache of shard indexes with a limit in bytes.
+
+    Parameters
+    ----------
+    max_bytes : int
+        Largest total size (bytes) of the cached index arrays; 0 disables the cache.
+
+    Raises
+    ------
+    ValueError
+        If ``max_bytes`` is negative.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"index cache size must be >= 0 bytes, got {max_bytes}")
+        self.max_bytes = int(max_bytes)
+        self._entries: OrderedDict[str, tuple[ShardIndex, Hashable]] = OrderedDict()
+        self._nbytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the cached index arrays."""
+        return self._nbytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, shard_key: str, validator: Hashable = None) -> ShardIndex | None:
+        """The cached index, or ``None`` when absent or when its validator differs."""
+        with self._lock:
+            entry = self._entries.get(shard_key)
+            if entry is None or (validator is not None and entry[1] != validator):
+                self.misses += 1
+                return None
+            self._entries.move_to_end(shard_key)
+            self.hits += 1
+            return entry[0]
+
+    def put(self, shard_key: str, index: ShardIndex, validator: Hashable = None) -> None:
+        """Cache an index (replacing any entry), evicting the least recently used beyond the limit."""
+        size = index.entries.nbytes
+        with self._lock:
+            self._drop(shard_key)
+            if size > self.max_bytes:
+                return
+            self._entries[shard_key] = (index, validator)
+            self._nbytes += size
+            while self._nbytes > self.max_bytes:
+                _, (old, _) = self._entries.popitem(last=False)
+                self._nbytes -= old.entries.nbytes
+
+    def discard(self, shard_key: str) -> None:
+        """Forget one shard's index."""
+        with self._lock:
+            self._drop(shard_key)
+
+    def clear(self) -> None:
+        """Forget every index."""
+        with self._lock:
+            self._entries.clear()
+            self._nbytes = 0
+
+    def _drop(self, shard_key: str) -> None:
+        entry = self._entries.pop(shard_key, None)
+        if entry is not None:
+            self._nbytes -= entry[0].entries.nbytes
