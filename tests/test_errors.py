@@ -1,0 +1,74 @@
+"""The error hierarchy: every shardkv error is a ShardKVError *and* the builtin it resembles,
+carries the data that explains it, and says so in its message."""
+
+from __future__ import annotations
+
+import pytest
+
+import shardkv
+from shardkv import errors
+
+
+@pytest.mark.parametrize(
+    "cls, builtin",
+    [
+        pytest.param(errors.InvalidKeyError, ValueError, id="InvalidKeyError-ValueError"),
+        pytest.param(errors.ChunkOutOfGridError, ValueError, id="ChunkOutOfGridError-ValueError"),
+        pytest.param(errors.ReservedKeyError, ValueError, id="ReservedKeyError-ValueError"),
+        pytest.param(errors.ConfigurationError, ValueError, id="ConfigurationError-ValueError"),
+        pytest.param(errors.CorruptShardError, ValueError, id="CorruptShardError-ValueError"),
+        pytest.param(errors.ChecksumError, ValueError, id="ChecksumError-ValueError"),
+        pytest.param(errors.UnsupportedError, NotImplementedError, id="UnsupportedError-NotImplementedError"),
+    ],
+)
+def test_every_error_is_a_shardkv_error_and_its_builtin(cls: type, builtin: type) -> None:
+    assert issubclass(cls, errors.ShardKVError)
+    assert issubclass(cls, builtin)
+    # never a KeyError: a KeyError means "missing chunk, use the fill value" to zarr
+    assert not issubclass(cls, KeyError)
+
+
+def test_key_errors_are_invalid_key_errors() -> None:
+    assert issubclass(errors.ChunkOutOfGridError, errors.InvalidKeyError)
+    assert issubclass(errors.ReservedKeyError, errors.InvalidKeyError)
+    assert issubclass(errors.ChecksumError, errors.CorruptShardError)
+
+
+def test_invalid_key_error_carries_key_and_reason() -> None:
+    exc = errors.InvalidKeyError("a/../b", "path segment '..' is not allowed")
+    assert exc.key == "a/../b"
+    assert exc.reason == "path segment '..' is not allowed"
+    assert "'a/../b'" in str(exc) and "'..'" in str(exc)
+
+
+def test_chunk_out_of_grid_error_names_coords_and_grid() -> None:
+    exc = errors.ChunkOutOfGridError("arr/7.1", (7, 1), (3, 4))
+    assert exc.key == "arr/7.1"
+    assert exc.chunk_coords == (7, 1)
+    assert exc.grid_shape == (3, 4)
+    assert "(7, 1)" in str(exc) and "(3, 4)" in str(exc) and "'arr/7.1'" in str(exc)
+
+
+def test_configuration_error_names_path_when_known() -> None:
+    assert str(errors.ConfigurationError("bad", "g/a")) == "array 'g/a': bad"
+    assert str(errors.ConfigurationError("bad")) == "bad"
+    assert errors.ConfigurationError("bad", "g/a").path == "g/a"
+
+
+def test_corrupt_shard_error_names_shard_key() -> None:
+    exc = errors.CorruptShardError("arr/0.1", "truncated")
+    assert exc.shard_key == "arr/0.1" and exc.reason == "truncated"
+    assert "'arr/0.1'" in str(exc) and "truncated" in str(exc)
+
+
+def test_checksum_error_shows_stored_and_computed() -> None:
+    exc = errors.ChecksumError("arr/0", 0xDEADBEEF, 0x01020304)
+    assert (exc.stored, exc.computed) == (0xDEADBEEF, 0x01020304)
+    assert exc.shard_key == "arr/0"
+    assert "0xdeadbeef" in str(exc) and "0x01020304" in str(exc)
+
+
+def test_public_names_are_exported() -> None:
+    for name in shardkv.__all__:
+        assert hasattr(shardkv, name), name
+    assert shardkv.EMPTY == 2**64 - 1
