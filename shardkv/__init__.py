@@ -4,6 +4,7 @@ Public names only; see the README for an overview.
 """
 
 from ._version import __version__
+from .codec import ShardingCodec
 from .errors import (
     ChecksumError,
     ChunkOutOfGridError,
@@ -21,6 +22,7 @@ from .mapping import ShardedStore
 __all__ = [
     "__version__",
     "ShardedStore",
+    "ShardingCodec",
     "ShardIndex",
     "ShardLayout",
     "EMPTY",

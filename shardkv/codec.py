@@ -1,0 +1,435 @@
+"""``ShardingCodec``: the v1.0 ``sharding_indexed`` array -> bytes codec. Pure.
+
+One shard (an array of the shard shape) becomes one byte string: each inner
+chunk of ``chunk_shape`` is encoded by the inner ``codecs`` pipeline, the
+chunks are written back to back in row-major order of their local coords, and
+the shard index (``offset``/``nbytes`` per inner chunk, encoded by
+``index_codecs``) goes at ``index_location``. The binary format itself is
+:class:`shardkv.layout.ShardLayout`'s; this module adds the array side.
+
+Inner chunks whose every element has the bytes of ``fill_value`` are stored as
+empty index entries (both fields ``2**64 - 1``) and decode to the fill value.
+The codec always works on whole shards of the shard shape: for an edge shard
+that overhangs the array, the caller pads with the fill value (zarr-python 3
+and tensorstore do the same).
+"""
+
+from __future__ import annotations
+
+import itertools
+from math import prod
+from typing import Any, Callable, Literal, Mapping, Sequence
+
+import numpy as np
+
+from .errors import ConfigurationError, CorruptShardError, UnsupportedError
+from .index import ShardIndex
+from .inner_codecs import BytesCodec, CodecPipeline, Crc32cCodec, codec_from_config, register_codec
+from .layout import IndexLocation, ShardLayout
+from .ranges import ByteRange
+
+__all__ = ["ShardingCodec", "ReadRange"]
+
+ReadRange = Callable[[ByteRange], "bytes | memoryview | None"]
+"""Reads one byte range of the shard; ``None`` when the shard is not stored."""
+
+Selection = Sequence["slice | int"]
+
+
+class ShardingCodec:
+    """The ``sharding_indexed`` codec (v1.0), usable as an array's codec or as an inner codec.
+
+    Parameters
+    ----------
+    chunk_shape : sequence of int
+        The inner chunk shape (elements); it must divide the shard shape.
+    codecs : sequence of codec objects or JSON objects, optional
+        Inner codecs; exactly one array -> bytes codec. Default ``[bytes little]``.
+    index_codecs : sequence, optional
+        ``bytes`` (little or big endian) optionally followed by ``crc32c``.
+        Default ``[bytes little, crc32c]`` (the spec's recommendation).
+    index_location : {"end", "start"}
+        Where the index is stored in the shard.
+
+    Raises
+    ------
+    ConfigurationError
+        If ``codecs`` or ``index_codecs`` do not contain exactly one
+        array -> bytes codec, an index codec has a variable-size output (a
+        compressor), or an option is invalid.
+    UnsupportedError
+        For fixed-size index codecs other than ``bytes`` + optional ``crc32c``.
+    """
+
+    name = "sharding_indexed"
+    kind = "array_to_bytes"
+    fixed_size = False
+
+    def __init__(
+        self,
+        chunk_shape: Sequence[int],
+        codecs: Sequence[Any] | None = None,
+        index_codecs: Sequence[Any] | None = None,
+        index_location: IndexLocation = "end",
+    ) -> None:
+        shape = tuple(chunk_shape)
+        if not shape or any(isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1 for c in shape):
+            raise ConfigurationError(f"chunk_shape must be a non-empty list of ints >= 1, got {list(chunk_shape)!r}")
+        self.chunk_shape = tuple(int(c) for c in shape)
+        self.codecs = CodecPipeline([BytesCodec("little")] if codecs is None else codecs, "codecs")
+        index = CodecPipeline(
+            [BytesCodec("little"), Crc32cCodec()] if index_codecs is None else index_codecs, "index_codecs"
+        )
+        variable = [c.get_config()["name"] for c in index.codecs if not c.fixed_size]
+        if variable:
+            raise ConfigurationError(
+                f"index_codecs must not produce variable-sized output (spec: MUST NOT), got {variable}"
+            )
+        names = [c.get_config()["name"] for c in index.codecs]
+        if names not in (["bytes"], ["bytes", "crc32c"]):
+            raise UnsupportedError(f"index_codecs {names} are not supported; expected ['bytes'] or ['bytes', 'crc32c']")
+        if index.codecs[0].endian is None:
+            raise ConfigurationError("the index bytes codec needs an endian (the index is uint64)")
+        self.index_codecs = index
+        if index_location not in ("start", "end"):
+            raise ConfigurationError(f"index_location must be 'start' or 'end', got {index_location!r}")
+        self.index_location: IndexLocation = index_location
+
+    # -- configuration -----------------------------------------------------------
+
+    def get_config(self) -> dict[str, Any]:
+        """The codec's JSON object, as in an array's ``codecs`` list (spec "Configuration parameters")."""
+        return {
+            "name": self.name,
+            "configuration": {
+                "chunk_shape": list(self.chunk_shape),
+                "codecs": self.codecs.get_config(),
+                "index_codecs": self.index_codecs.get_config(),
+                "index_location": self.index_location,
+            },
+        }
+
+    @classmethod
+    def from_config(cls, obj: Mapping[str, Any]) -> ShardingCodec:
+        """A codec from its JSON object (``{"name": "sharding_indexed", "configuration": {...}}``).
+
+        Raises
+        ------
+        ConfigurationError
+            If the name is not ``sharding_indexed``, ``codecs`` / ``index_codecs``
+            / ``chunk_shape`` are missing, or a member is unknown.
+        """
+        if obj.get("name") != cls.name:
+            raise ConfigurationError(f"expected a codec named 'sharding_indexed', got {obj.get('name')!r}")
+        extra = set(obj) - {"name", "configuration"}
+        config = obj.get("configuration")
+        if extra or not isinstance(config, Mapping):
+            raise ConfigurationError(f"sharding_indexed needs a configuration object and no other member, got {dict(obj)!r}")
+        unknown = set(config) - {"chunk_shape", "codecs", "index_codecs", "index_location"}
+        if unknown:
+            raise ConfigurationError(f"sharding_indexed: unknown configuration member(s) {sorted(unknown)}")
+        for required in ("chunk_shape", "codecs", "index_codecs"):
+            if required not in config:
+                raise ConfigurationError(f"sharding_indexed: configuration.{required} is required")
+        return cls(config["chunk_shape"], config["codecs"], config["index_codecs"], config.get("index_location", "end"))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ShardingCodec) and other.get_config() == self.get_config()
+
+    def __hash__(self) -> int:
+        return hash(repr(self.get_config()))
+
+    def __repr__(self) -> str:
+        return f"ShardingCodec({self.get_config()['configuration']!r})"
+
+    def layout(self, shard_shape: Sequence[int]) -> ShardLayout:
+        """The binary layout of shards of ``shard_shape`` (elements).
+
+        Raises
+        ------
+        ConfigurationError
+            If ``chunk_shape`` has another length than ``shard_shape`` or does
+            not evenly divide it.
+        """
+        shard_shape = tuple(int(s) for s in shard_shape)
+        if len(shard_shape) != len(self.chunk_shape) or any(s % c for s, c in zip(shard_shape, self.chunk_shape)):
+            raise ConfigurationError(
+                f"inner chunk_shape {list(self.chunk_shape)} does not evenly divide the shard shape {list(shard_shape)}"
+            )
+        cps = tuple(s // c for s, c in zip(shard_shape, self.chunk_shape))
+        bytes_codec = self.index_codecs.array_to_bytes
+        return ShardLayout.v3(cps, self.index_location, bytes_codec.endian, len(self.index_codecs.codecs) == 2)
+
+    def index_nbytes(self, shard_shape: Sequence[int]) -> int:
+        """Size (bytes) of the encoded index of a shard of ``shard_shape``, checksum included."""
+        return self.layout(shard_shape).index_nbytes
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _chunk_slices(self, local: tuple[int, ...]) -> tuple[slice, ...]:
+        return tuple(slice(l * c, (l + 1) * c) for l, c in zip(local, self.chunk_shape))
+
+    @staticmethod
+    def _fill_array(shape: tuple[int, ...], dtype: np.dtype, fill_value: Any) -> np.ndarray:
+        if fill_value is None:
+            return np.zeros(shape, dtype=dtype)
+        return np.full(shape, fill_value, dtype=dtype)
+
+    # -- encode ----------------------------------------------------------------
+
+    def encode(self, array: np.ndarray, fill_value: Any = None) -> bytes:
+        """Encode one whole shard.
+
+        Parameters
+        ----------
+        array : numpy.ndarray
+            The shard, of the shard shape (a multiple of ``chunk_shape`` along
+            each dimension), any numeric or bool dtype.
+        fill_value : scalar, optional
+            Inner chunks whose every element has exactly the bytes of
+            ``fill_value`` (in ``array.dtype``) are stored as empty entries;
+            ``None`` stores every inner chunk.
+
+        Returns
+        -------
+        bytes
+            The shard: encoded inner chunks in row-major order, and the index
+            at ``index_location``. A shard with no stored chunk is the index alone.
+
+        Raises
+        ------
+        ConfigurationError
+            If ``chunk_shape`` does not divide ``array.shape``.
+        """
+        array = np.asarray(array)
+        layout = self.layout(array.shape)
+        fill_row = None
+        if fill_value is not None:
+            fill_row = np.full(1, fill_value, dtype=array.dtype).view(np.uint8)
+        chunks: dict[tuple[int, ...], bytes] = {}
+        for local in itertools.product(*(range(n) for n in layout.chunks_per_shard)):
+            chunk = array[self._chunk_slices(local)]
+            if fill_row is not None and _all_equal_bytes(chunk, fill_row):
+                continue
+            chunks[local] = self.codecs.encode(chunk, fill_value)
+        return layout.encode_shard(chunks)
+
+    # -- decode ----------------------------------------------------------------
+
+    def decode(
+        self,
+        data: bytes | bytearray | memoryview,
+        shape: Sequence[int],
+        dtype: Any,
+        fill_value: Any = None,
+        shard_key: str = "<shard>",
+    ) -> np.ndarray:
+        """Decode one whole shard.
+
+        Parameters
+        ----------
+        data : bytes-like
+            The stored shard.
+        shape : sequence of int
+            The shard shape (elements).
+        dtype : numpy dtype
+            The dtype of the returned array (any byte order).
+        fill_value : scalar, optional
+            Value of empty inner chunks (``None``: zeros).
+        shard_key : str
+            Named in errors.
+
+        Returns
+        -------
+        numpy.ndarray
+            Array of ``shape`` and ``dtype``.
+
+        Raises
+        ------
+        CorruptShardError
+            If the shard is shorter than its index, an index entry points
+            outside the shard, or an inner chunk cannot be decoded.
+        ChecksumError
+            If a CRC32C (index or inner chunk) does not match.
+        """
+        shape = tuple(int(s) for s in shape)
+        dtype = np.dtype(dtype)
+        layout = self.layout(shape)
+        view = memoryview(data).cast("B")
+        index = layout.index_of_shard(view, shard_key)
+        out = self._fill_array(shape, dtype, fill_value)
+        for local in index.present():
+            offset, nbytes = index.get(local)  # type: ignore[misc]
+            out[self._chunk_slices(local)] = self._decode_chunk(
+                view[offset : offset + nbytes], dtype, fill_value, f"{shard_key} inner chunk {local}"
+            )
+        return out
+
+    def _decode_chunk(self, data: Any, dtype: np.dtype, fill_value: Any, key: str) -> np.ndarray:
+        return self.codecs.decode(data, self.chunk_shape, dtype, fill_value, key)
+
+    def read_index(self, read_range: ReadRange, shape: Sequence[int], *, shard_key: str = "<shard>") -> ShardIndex | None:
+        """Read and decode the index of a stored shard with one range request.
+
+        Returns
+        -------
+        ShardIndex or None
+            ``None`` when ``read_range`` reports the shard is not stored.
+
+        Raises
+        ------
+        CorruptShardError, ChecksumError
+            If the index is truncated, damaged or points before the chunk data.
+        """
+        layout = self.layout(shape)
+        raw = read_range(layout.index_range())
+        if raw is None:
+            return None
+        return layout.decode_index(raw, shard_key)
+
+    def decode_partial(
+        self,
+        read_range: ReadRange,
+        selection: Selection,
+        shape: Sequence[int],
+        dtype: Any,
+        fill_value: Any = None,
+        *,
+        shard_key: str = "<shard>",
+    ) -> np.ndarray:
+        """Decode part of a stored shard, reading only the index and the inner chunks the selection touches.
+
+        Parameters
+        ----------
+        read_range : callable
+            ``read_range(ByteRange) -> bytes | None``; ``None`` means the shard
+            is not stored (the result is then all fill value). One call reads
+            the index (a prefix or suffix range), then one call per touched,
+            stored inner chunk. Nested sharding codecs read inside their chunk
+            the same way.
+        selection : sequence of slice or int
+            One entry per leading dimension of the shard (missing ones select
+            everything); slices with a step >= 1, ints drop their dimension.
+        shape : sequence of int
+            The shard shape (elements).
+        dtype : numpy dtype
+            Dtype of the result.
+        fill_value : scalar, optional
+            Value of empty inner chunks (``None``: zeros).
+        shard_key : str
+            Named in errors.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``decode(shard)[selection]``.
+
+        Raises
+        ------
+        IndexError
+            If the selection does not fit the shard shape.
+        CorruptShardError, ChecksumError
+            If the index or a chunk is damaged, or a chunk read comes back short.
+        """
+        shape = tuple(int(s) for s in shape)
+        dtype = np.dtype(dtype)
+        per_dim, drop = _normalize_selection(selection, shape)
+        out = self._fill_array(tuple(len(ix) for ix in per_dim), dtype, fill_value)
+        index = self.read_index(read_range, shape, shard_key=shard_key)
+        if index is None:
+            return _drop_axes(out, drop)
+        # per dimension: touched chunk -> (positions in out, coords inside the chunk)
+        touched = []
+        for ix, c in zip(per_dim, self.chunk_shape):
+            groups: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+            chunk_ids = ix // c
+            for cid in np.unique(chunk_ids):
+                pos = np.nonzero(chunk_ids == cid)[0]
+                groups[int(cid)] = (pos, ix[pos] - cid * c)
+            touched.append(groups)
+        for local in itertools.product(*(sorted(g) for g in touched)):
+            entry = index.get(local)
+            if entry is None:
+                continue
+            offset, nbytes = entry
+            key = f"{shard_key} inner chunk {local}"
+            out_ix = np.ix_(*(touched[d][local[d]][0] for d in range(len(shape))))
+            in_sel = tuple(touched[d][local[d]][1] for d in range(len(shape)))
+            inner = self.codecs.array_to_bytes
+            if isinstance(inner, ShardingCodec) and not self.codecs.array_to_array and not self.codecs.bytes_to_bytes:
+                sub = inner.decode_partial(
+                    _sub_reader(read_range, offset, nbytes, key),
+                    tuple(_as_slice(i) for i in in_sel),
+                    self.chunk_shape, dtype, fill_value, shard_key=key,
+                )  # fmt: skip
+                out[out_ix] = sub
+                continue
+            raw = read_range(ByteRange(offset, offset + nbytes))
+            if raw is None or memoryview(raw).nbytes != nbytes:
+                got = "nothing (shard deleted?)" if raw is None else f"{memoryview(raw).nbytes} bytes"
+                raise CorruptShardError(
+                    shard_key,
+                    f"index entry {local} points at bytes [{offset}, {offset + nbytes}) but the read returned {got} "
+                    "(truncated shard or offset past the end)",
+                )
+            chunk = self._decode_chunk(raw, dtype, fill_value, key)
+            out[out_ix] = chunk[np.ix_(*in_sel)]
+        return _drop_axes(out, drop)
+
+
+register_codec(ShardingCodec.name, ShardingCodec.from_config)
+
+
+def _all_equal_bytes(chunk: np.ndarray, fill_row: np.ndarray) -> bool:
+    """True when every element of ``chunk`` has exactly the bytes in ``fill_row``."""
+    items = np.ascontiguousarray(chunk).view(np.uint8).reshape(-1, fill_row.size)
+    return bool((items == fill_row).all())
+
+
+def _normalize_selection(selection: Selection, shape: tuple[int, ...]) -> tuple[list[np.ndarray], list[int]]:
+    if not isinstance(selection, (tuple, list)):
+        selection = (selection,)
+    if len(selection) > len(shape):
+        raise IndexError(f"selection {selection!r} has more entries than the shard's {len(shape)} dimension(s)")
+    per_dim: list[np.ndarray] = []
+    drop: list[int] = []
+    for d, n in enumerate(shape):
+        s = selection[d] if d < len(selection) else slice(None)
+        if isinstance(s, (int, np.integer)) and not isinstance(s, bool):
+            i = int(s) + n if s < 0 else int(s)
+            if not 0 <= i < n:
+                raise IndexError(f"index {s} is out of bounds for shard dimension {d} of size {n}")
+            per_dim.append(np.array([i]))
+            drop.append(d)
+        elif isinstance(s, slice):
+            if s.step is not None and s.step < 1:
+                raise IndexError(f"slice steps must be >= 1, got {s.step} in dimension {d}")
+            per_dim.append(np.arange(*s.indices(n)))
+        else:
+            raise IndexError(f"selection entries must be slices or ints, got {s!r} in dimension {d}")
+    return per_dim, drop
+
+
+def _drop_axes(out: np.ndarray, drop: list[int]) -> np.ndarray:
+    return out.reshape([n for d, n in enumerate(out.shape) if d not in drop]) if drop else out
+
+
+def _as_slice(ix: np.ndarray) -> slice:
+    """The slice selecting the sorted, evenly spaced indices ``ix`` (what _normalize_selection produces)."""
+    step = int(ix[1] - ix[0]) if len(ix) > 1 else 1
+    return slice(int(ix[0]), int(ix[-1]) + 1, step)
+
+
+def _sub_reader(read_range: ReadRange, offset: int, nbytes: int, key: str) -> ReadRange:
+    """A reader of the byte range ``[offset, offset + nbytes)`` of a shard, as if it were a whole object."""
+
+    def read(r: ByteRange) -> bytes | memoryview | None:
+        if r.is_suffix:
+            start, stop = nbytes + r.start, nbytes
+        else:
+            start, stop = r.start, nbytes if r.stop is None else r.stop
+        if start < 0 or stop > nbytes:
+            raise CorruptShardError(key, f"nested shard of {nbytes} bytes has no byte range [{start}, {stop})")
+        return read_range(ByteRange(offset + start, offset + stop))
+
+    return read

@@ -1,0 +1,485 @@
+"""The Zarr v3 codecs an inner chunk (or a shard index) passes through, and their pipeline. Pure.
+
+Contract (v3 core "Codecs"): a codec list is zero or more array -> array
+codecs, exactly one array -> bytes codec, then zero or more bytes -> bytes
+codecs. Encoding runs the list forwards, decoding backwards. Each codec is a
+small class with a ``name``, a ``kind``, ``get_config()`` / ``from_config()``
+that round-trip its JSON object (``{"name": ..., "configuration": {...}}``),
+and whether its encoded size is fixed (``fixed_size``, what ``index_codecs``
+require).
+
+============================  ===============  ==============================
+v3 name                       kind             implementation
+============================  ===============  ==============================
+``transpose``                 array -> array   numpy axes permutation
+``bytes``                     array -> bytes   numpy, ``endian`` little / big
+``sharding_indexed``          array -> bytes   :class:`shardkv.codec.ShardingCodec`
+``gzip``                      bytes -> bytes   numcodecs ``GZip``
+``zstd``                      bytes -> bytes   numcodecs ``Zstd``
+``blosc``                     bytes -> bytes   numcodecs ``Blosc`` (typesize honoured)
+``crc32c``                    bytes -> bytes   4-byte little-endian CRC32C appended
+``numcodecs.<id>``            bytes -> bytes   any numcodecs codec (zarr-python 3's names)
+============================  ===============  ==============================
+
+Unknown names and unknown configuration members raise
+:class:`~shardkv.errors.ConfigurationError`; a CRC32C mismatch raises
+:class:`~shardkv.errors.ChecksumError`.
+"""
+
+from __future__ import annotations
+
+from math import prod
+from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence
+
+import numcodecs
+import numpy as np
+
+from .errors import ChecksumError, ConfigurationError, CorruptShardError
+from .layout import crc32c_of
+
+__all__ = [
+    "Codec",
+    "BytesCodec",
+    "TransposeCodec",
+    "GzipCodec",
+    "ZstdCodec",
+    "BloscCodec",
+    "Crc32cCodec",
+    "NumcodecsCodec",
+    "CodecPipeline",
+    "codec_from_config",
+    "register_codec",
+]
+
+CodecKind = Literal["array_to_array", "array_to_bytes", "bytes_to_bytes"]
+
+
+def _config_of(obj: Mapping[str, Any], allowed: Sequence[str]) -> dict[str, Any]:
+    """The ``configuration`` member of a codec object, checked against ``allowed`` names."""
+    if not isinstance(obj, Mapping) or not isinstance(obj.get("name"), str):
+        raise ConfigurationError(f"a codec is an object with a string 'name', got {obj!r}")
+    extra = set(obj) - {"name", "configuration"}
+    if extra:
+        raise ConfigurationError(f"codec {obj['name']!r} has unknown member(s) {sorted(extra)}")
+    config = obj.get("configuration") or {}
+    if not isinstance(config, Mapping):
+        raise ConfigurationError(f"codec {obj['name']!r}: configuration must be an object, got {config!r}")
+    unknown = set(config) - set(allowed)
+    if unknown:
+        raise ConfigurationError(
+            f"codec {obj['name']!r}: unknown configuration member(s) {sorted(unknown)}; expected {sorted(allowed)}"
+        )
+    return dict(config)
+
+
+class Codec:
+    """Base of the codecs. Subclasses set ``name``, ``kind`` and ``fixed_size``."""
+
+    name: ClassVar[str]
+    kind: ClassVar[CodecKind]
+    fixed_size: ClassVar[bool] = False
+
+    def get_config(self) -> dict[str, Any]:
+        """The codec's JSON object (``name`` and, when it has one, ``configuration``)."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_config(cls, obj: Mapping[str, Any]) -> Codec:
+        """A codec from its JSON object.
+
+        Raises
+        ------
+        ConfigurationError
+            If a member is unknown or a value invalid.
+        """
+        raise NotImplementedError
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.get_config() == self.get_config()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(repr(self.get_config()))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.get_config()!r})"
+
+
+# -- array -> array ----------------------------------------------------------
+
+
+class TransposeCodec(Codec):
+    """``transpose``: permute the axes; ``order[i]`` is the input axis that becomes output axis ``i``.
+
+    Parameters
+    ----------
+    order : sequence of int
+        A permutation of ``range(ndim)``.
+
+    Raises
+    ------
+    ConfigurationError
+        If ``order`` is not a permutation.
+    """
+
+    name = "transpose"
+    kind = "array_to_array"
+    fixed_size = True
+
+    def __init__(self, order: Sequence[int]) -> None:
+        if isinstance(order, str) or sorted(int(o) for o in order) != list(range(len(order))):
+            raise ConfigurationError(f"transpose order must be a permutation of 0..n-1, got {order!r}")
+        self.order = tuple(int(o) for o in order)
+
+    def get_config(self) -> dict[str, Any]:
+        return {"name": self.name, "configuration": {"order": list(self.order)}}
+
+    @classmethod
+    def from_config(cls, obj: Mapping[str, Any]) -> TransposeCodec:
+        config = _config_of(obj, ["order"])
+        if "order" not in config:
+            raise ConfigurationError("codec 'transpose' needs configuration.order")
+        return cls(config["order"])
+
+    def _check(self, ndim: int) -> None:
+        if len(self.order) != ndim:
+            raise ConfigurationError(f"transpose order {list(self.order)} does not fit a {ndim}-d chunk")
+
+    def resolve_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape after encoding."""
+        self._check(len(shape))
+        return tuple(shape[o] for o in self.order)
+
+    def encode(self, array: np.ndarray) -> np.ndarray:
+        self._check(array.ndim)
+        return np.transpose(array, self.order)
+
+    def decode(self, array: np.ndarray) -> np.ndarray:
+        self._check(array.ndim)
+        return np.transpose(array, np.argsort(self.order))
+
+
+# -- array -> bytes ----------------------------------------------------------
+
+
+class BytesCodec(Codec):
+    """``bytes``: the elements in C order, each in ``endian`` byte order.
+
+    Parameters
+    ----------
+    endian : {"little", "big"} or None
+        Byte order; ``None`` (configuration omitted) is allowed only for
+        1-byte data types.
+    """
+
+    name = "bytes"
+    kind = "array_to_bytes"
+    fixed_size = True
+
+    def __init__(self, endian: Literal["little", "big"] | None = "little") -> None:
+        if endian not in ("little", "big", None):
+            raise ConfigurationError(f"bytes endian must be 'little' or 'big', got {endian!r}")
+        self.endian = endian
+
+    def get_config(self) -> dict[str, Any]:
+        if self.endian is None:
+            return {"name": self.name}
+        return {"name": self.name, "configuration": {"endian": self.endian}}
+
+    @classmethod
+    def from_config(cls, obj: Mapping[str, Any]) -> BytesCodec:
+        return cls(_config_of(obj, ["endian"]).get("endian"))
+
+    def stored_dtype(self, dtype: np.dtype) -> np.dtype:
+        """The dtype of the stored elements (``dtype`` with this codec's byte order).
+
+        Raises
+        ------
+        ConfigurationError
+            If ``dtype`` is an object dtype, or multi-byte without an endian.
+        """
+        dtype = np.dtype(dtype)
+        if dtype.hasobject:
+            raise ConfigurationError(f"the bytes codec cannot store object dtype {dtype}")
+        if dtype.byteorder == "|" or dtype.itemsize == 1:
+            return dtype
+        if self.endian is None:
+            raise ConfigurationError(f"the bytes codec needs an endian for the {dtype.itemsize}-byte dtype {dtype}")
+        return dtype.newbyteorder("<" if self.endian == "little" else ">")
+
+    def encode(self, array: np.ndarray, fill_value: Any = None) -> bytes:
+        return np.asarray(array).astype(self.stored_dtype(array.dtype), copy=False).tobytes(order="C")
+
+    def decode(
+        self, data: bytes | memoryview, shape: tuple[int, ...], dtype: np.dtype, fill_value: Any = None, key: str = ""
+    ) -> np.ndarray:
+        stored = self.stored_dtype(dtype)
+        expected = prod(shape) * stored.itemsize
+        if memoryview(data).nbytes != expected:
+            raise CorruptShardError(
+                key, f"bytes codec expected {expected} bytes for shape {shape} {stored}, got {memoryview(data).nbytes}"
+            )
+        return np.frombuffer(data, dtype=stored).reshape(shape)
+
+    def encoded_size(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
+        """Bytes produced for a chunk of ``shape`` and ``dtype``."""
+        return prod(shape) * np.dtype(dtype).itemsize
+
+
+# -- bytes -> bytes ----------------------------------------------------------
+
+
+class _NumcodecsBacked(Codec):
+    kind = "bytes_to_bytes"
+    _impl: Any
+
+    def encode(self, data: bytes | memoryview) -> bytes:
+        return bytes(self._impl.encode(np.frombuffer(data, dtype=np.uint8)))
+
+    def decode(self, data: bytes | memoryview, key: str = "") -> bytes:
+        try:
+            return bytes(self._impl.decode(data))
+        except (RuntimeError, ValueError, OSError) as exc:  # numcodecs' decompression failures
+            raise CorruptShardError(key, f"{self.name} could not decode {memoryview(data).nbytes} bytes: {exc}") from exc
+
+
+class GzipCodec(_NumcodecsBacked):
+    """``gzip``: RFC 1952 gzip at ``level`` (0-9)."""
+
+    name = "gzip"
+
+    def __init__(self, level: int = 5) -> None:
+        if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= 9:
+            raise ConfigurationError(f"gzip level must be an int in 0..9, got {level!r}")
+        self.level = level
+        self._impl = numcodecs.GZip(level)
+
+    def get_config(self) -> dict[str, Any]:
+        return {"name": self.name, "configuration": {"level": self.level}}
+
+    @classmethod
+    def from_config(cls, obj: Mapping[str, Any]) -> GzipCodec:
+        config = _config_of(obj, ["level"])
+        if "level" not in config:
+            raise ConfigurationError("codec 'gzip' needs configuration.level")
+        return cls(config["level"])
+
+
+class ZstdCodec(_NumcodecsBacked):
+    """``zstd``: Zstandard at ``level``, with the frame ``checksum`` flag."""
+
+    name = "zstd"
+
+    def __init__(self, level: int = 0, checksum: bool = False) -> None:
+        if isinstance(level, bool) or not isinstance(level, int):
+            raise ConfigurationError(f"zstd level must be an int, got {level!r}")
+        self.level, self.checksum = level, bool(checksum)
+        self._impl = numcodecs.Zstd(level=level, checksum=self.checksum)
+
+    def get_config(self) -> dict[str, Any]:
+        return {"name": self.name, "configuration": {"level": self.level, "checksum": self.checksum}}
+
+    @classmethod
+    def from_config(cls, obj: Mapping[str, Any]) -> ZstdCodec:
+        config = _config_of(obj, ["level", "checksum"])
+        return cls(config.get("level", 0), config.get("checksum", False))
+
+
+_SHUFFLES = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+
+
+class BloscCodec(_NumcodecsBacked):
+    """``blosc``: Blosc 1 with ``cname``, ``clevel``, ``shuffle``, ``typesize`` (bytes) and ``blocksize`` (bytes, 0 = auto)."""
+
+    name = "blosc"
+
+    def __init__(
+        self, cname: str = "zstd", clevel: int = 5, shuffle: str = "noshuffle", typesize: int | None = None, blocksize: int = 0
+    ) -> None:
+        if cname not in ("blosclz", "lz4", "lz4hc", "snappy", "zlib", "zstd"):
+            raise ConfigurationError(f"blosc cname {cname!r} is not one of blosclz, lz4, lz4hc, snappy, zlib, zstd")
+        if shuffle not in _SHUFFLES:
+            raise ConfigurationError(f"blosc shuffle must be one of {sorted(_SHUFFLES)}, got {shuffle!r}")
+        if shuffle != "noshuffle" and not (isinstance(typesize, int) and typesize >= 1):
+            raise ConfigurationError(f"blosc with shuffle {shuffle!r} needs a typesize >= 1, got {typesize!r}")
+        self.cname, self.clevel, self.shuffle, self.blocksize = cname, int(clevel), shuffle, int(blocksize)
+        self.typesize = typesize
+        self._impl = numcodecs.Blosc(cname=cname, clevel=self.clevel, shuffle=_SHUFFLES[shuffle], blocksize=self.blocksize)
+
+    def get_config(self) -> dict[str, Any]:
+        config: dict[str, Any] = {"cname": self.cname, "clevel": self.clevel, "shuffle": self.shuffle}
+        if self.typesize is not None:
+            config["typesize"] = self.typesize
+        config["blocksize"] = self.blocksize
+        return {"name": self.name, "configuration": config}
+
+    @classmethod
+    def from_config(cls, obj: Mapping[str, Any]) -> BloscCodec:
+        config = _config_of(obj, ["cname", "clevel", "shuffle", "typesize", "blocksize"])
+        return cls(**config)
+
+    def encode(self, data: bytes | memoryview) -> bytes:
+        n = memoryview(data).nbytes
+        ts = self.typesize or 1
+        view = np.frombuffer(data, dtype=f"V{ts}" if n % ts == 0 and ts > 1 else np.uint8)
+        return bytes(self._impl.encode(view))
+
+
+class Crc32cCodec(Codec):
+    """``crc32c``: append the CRC32C (Castagnoli) of the bytes as a little-endian uint32 (4 bytes)."""
+
+    name = "crc32c"
+    kind = "bytes_to_bytes"
+    fixed_size = True
+
+    def get_config(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+    @classmethod
+    def from_config(cls, obj: Mapping[str, Any]) -> Crc32cCodec:
+        _config_of(obj, [])
+        return cls()
+
+    def encode(self, data: bytes | memoryview) -> bytes:
+        return bytes(data) + crc32c_of(data).to_bytes(4, "little")
+
+    def decode(self, data: bytes | memoryview, key: str = "") -> bytes:
+        view = memoryview(data).cast("B")
+        if len(view) < 4:
+            raise CorruptShardError(key, f"crc32c needs at least 4 bytes, got {len(view)}")
+        stored = int.from_bytes(view[-4:], "little")
+        computed = crc32c_of(view[:-4])
+        if stored != computed:
+            raise ChecksumError(key, stored, computed, what="inner chunk")
+        return bytes(view[:-4])
+
+
+class NumcodecsCodec(_NumcodecsBacked):
+    """``numcodecs.<id>``: a numcodecs codec under zarr-python 3's name (zlib, bz2, lz4, ...).
+
+    Raises
+    ------
+    ConfigurationError
+        If numcodecs does not know ``codec_id`` or rejects the configuration.
+    """
+
+    def __init__(self, codec_id: str, configuration: Mapping[str, Any] | None = None) -> None:
+        self.codec_id = codec_id
+        self.configuration = dict(configuration or {})
+        try:
+            self._impl = numcodecs.get_codec({"id": codec_id, **self.configuration})
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ConfigurationError(f"codec 'numcodecs.{codec_id}': {exc}") from exc
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"numcodecs.{self.codec_id}"
+
+    def get_config(self) -> dict[str, Any]:
+        return {"name": self.name, "configuration": dict(self.configuration)}
+
+    @classmethod
+    def from_config(cls, obj: Mapping[str, Any]) -> NumcodecsCodec:
+        name = obj.get("name", "")
+        config = obj.get("configuration") or {}
+        return cls(name[len("numcodecs.") :], {k: v for k, v in config.items() if k != "id"})
+
+
+# -- registry and pipeline -----------------------------------------------------
+
+_REGISTRY: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    c.name: c.from_config for c in (TransposeCodec, BytesCodec, GzipCodec, ZstdCodec, BloscCodec, Crc32cCodec)
+}
+
+
+def register_codec(name: str, from_config: Callable[[Mapping[str, Any]], Any]) -> None:
+    """Make ``codec_from_config`` build codecs named ``name`` (used by :mod:`shardkv.codec`)."""
+    _REGISTRY[name] = from_config
+
+
+def codec_from_config(obj: Any) -> Any:
+    """A codec object from its JSON object (codec objects pass through).
+
+    Raises
+    ------
+    ConfigurationError
+        If the name is unknown or the configuration invalid.
+    """
+    if isinstance(obj, Codec) or hasattr(obj, "kind") and hasattr(obj, "get_config"):
+        return obj
+    if not isinstance(obj, Mapping) or not isinstance(obj.get("name"), str):
+        raise ConfigurationError(f"a codec is an object with a string 'name', got {obj!r}")
+    name = obj["name"]
+    if name.startswith("numcodecs."):
+        return NumcodecsCodec.from_config(obj)
+    if name not in _REGISTRY:
+        raise ConfigurationError(f"unknown codec {name!r}; known: {sorted(_REGISTRY)} and numcodecs.<id>")
+    return _REGISTRY[name](obj)
+
+
+class CodecPipeline:
+    """A validated codec list: array -> array codecs, one array -> bytes codec, bytes -> bytes codecs.
+
+    Parameters
+    ----------
+    codecs : sequence of codec objects or JSON objects
+        In encoding order.
+
+    Raises
+    ------
+    ConfigurationError
+        If there is not exactly one array -> bytes codec, or the kinds are out of order.
+    """
+
+    def __init__(self, codecs: Sequence[Any], what: str = "codecs") -> None:
+        built = [codec_from_config(c) for c in codecs]
+        kinds = [c.kind for c in built]
+        n_ab = kinds.count("array_to_bytes")
+        if n_ab != 1:
+            names = [c.get_config()["name"] for c in built]
+            raise ConfigurationError(f"{what} must contain exactly one array -> bytes codec, got {n_ab} in {names}")
+        i = kinds.index("array_to_bytes")
+        if any(k != "array_to_array" for k in kinds[:i]) or any(k != "bytes_to_bytes" for k in kinds[i + 1 :]):
+            raise ConfigurationError(
+                f"{what} must be array -> array codecs, one array -> bytes codec, then bytes -> bytes codecs; got {kinds}"
+            )
+        self.codecs = built
+        self.array_to_array = built[:i]
+        self.array_to_bytes = built[i]
+        self.bytes_to_bytes = built[i + 1 :]
+
+    def get_config(self) -> list[dict[str, Any]]:
+        return [c.get_config() for c in self.codecs]
+
+    @property
+    def fixed_size(self) -> bool:
+        """True when every codec's output size depends only on the chunk shape and dtype."""
+        return all(c.fixed_size for c in self.codecs)
+
+    def encode(self, array: np.ndarray, fill_value: Any = None) -> bytes:
+        """Encode one chunk (shape = the inner chunk shape) to bytes."""
+        for c in self.array_to_array:
+            array = c.encode(array)
+        data = self.array_to_bytes.encode(array, fill_value)
+        for c in self.bytes_to_bytes:
+            data = c.encode(data)
+        return data
+
+    def decode(
+        self, data: bytes | memoryview, shape: tuple[int, ...], dtype: np.dtype, fill_value: Any = None, key: str = ""
+    ) -> np.ndarray:
+        """Decode one chunk to an array of ``shape`` and ``dtype``.
+
+        Raises
+        ------
+        CorruptShardError, ChecksumError
+            If the bytes cannot be decoded (``key`` is named in the error).
+        """
+        for c in reversed(self.bytes_to_bytes):
+            data = c.decode(data, key)
+        shapes = [tuple(shape)]
+        for c in self.array_to_array:
+            shapes.append(c.resolve_shape(shapes[-1]))
+        array = self.array_to_bytes.decode(data, shapes[-1], dtype, fill_value, key)
+        for c in reversed(self.array_to_array):
+            array = c.decode(array)
+        return array.astype(dtype, copy=False)
