@@ -220,7 +220,9 @@ class ShardLayout:
         """Build a shard from encoded inner chunks, in linear time (see :meth:`encode_shard_with_index`)."""
         return self.encode_shard_with_index(chunks)[0]
 
-    def encode_shard_with_index(self, chunks: Mapping[tuple[int, ...], BytesLike]) -> tuple[bytes, ShardIndex]:
+    def encode_shard_with_index(
+        self, chunks: Mapping[tuple[int, ...], BytesLike], slack_bytes: int = 0
+    ) -> tuple[bytes, ShardIndex]:
         """Build a shard from encoded inner chunks, in linear time, and return its index too.
 
         Parameters
@@ -228,6 +230,9 @@ class ShardLayout:
         chunks : mapping of local coords to bytes-like
             The encoded inner chunks to store; coords absent from the mapping
             are empty. Chunks are written in row-major order of local coords.
+        slack_bytes : int
+            Zero bytes left after each chunk (bytes), room for in-place rewrites
+            of a slightly larger encoding (see :mod:`shardkv.strategies`).
 
         Returns
         -------
@@ -255,7 +260,9 @@ class ShardLayout:
             nbytes = memoryview(value).nbytes
             index.set(local, offset, nbytes)
             parts.append(value)
-            offset += nbytes
+            if slack_bytes:
+                parts.append(bytes(slack_bytes))
+            offset += nbytes + slack_bytes
         encoded_index = self.encode_index(index)
         if self.index_location == "start":
             return b"".join([encoded_index, *parts]), index

@@ -41,6 +41,7 @@ from .layout import ShardLayout
 from .meta import normalize_chunks_per_shard, sharding_spec_from_v3, v2_dimension_separator, v3_view_of_v2
 from .ranges import ByteRange, ReadPolicy, plan_reads
 from .stores import StoreAdapter, adapt
+from .strategies import WriteStrategy, plan_append
 from .writeback import PendingShard, WriteBuffer
 
 __all__ = ["ShardedStore"]
@@ -125,6 +126,17 @@ class ShardedStore(MutableMapping):
         Buffered writes are visible to reads through the proxy at once, and
         reach the base store only when written: call :meth:`flush` (or use
         ``with``) before other readers look.
+    write_strategy : {"rewrite", "append", "inplace"}
+        How a stored shard is updated when a write does not replace it whole.
+        ``"rewrite"`` (default, atomic) writes a new shard through a temporary
+        object. On local files, ``"append"`` appends new chunks and a new index
+        and ``"inplace"`` also reuses a chunk's slot when the new encoding fits;
+        both cost I/O proportional to the change but are not crash-atomic (see
+        :mod:`shardkv.strategies`); :meth:`compact` reclaims the unused bytes.
+        Elsewhere they fall back to ``"rewrite"``. Never stored in metadata.
+    slack_bytes : int
+        With ``"inplace"``: zero bytes reserved after every chunk written
+        (bytes), so a slightly larger new encoding still fits its slot.
 
     Raises
     ------
@@ -161,6 +173,8 @@ class ShardedStore(MutableMapping):
         validate_index_cache: bool = False,
         read_policy: ReadPolicy | None = None,
         buffer_bytes: int | None = None,
+        write_strategy: WriteStrategy = "rewrite",
+        slack_bytes: int = 0,
     ) -> None:
         self._base: StoreAdapter = adapt(store, storage_options)
         self._raw_store = store
@@ -181,6 +195,12 @@ class ShardedStore(MutableMapping):
         self._validate_cache = bool(validate_index_cache)
         self._read_policy = read_policy or ReadPolicy()
         self._buffer = None if buffer_bytes is None else WriteBuffer(buffer_bytes)
+        if write_strategy not in ("rewrite", "append", "inplace"):
+            raise ConfigurationError(f"write_strategy must be 'rewrite', 'append' or 'inplace', got {write_strategy!r}")
+        if slack_bytes < 0:
+            raise ConfigurationError(f"slack_bytes must be >= 0, got {slack_bytes}")
+        self._write_strategy = write_strategy
+        self._slack_bytes = int(slack_bytes)
         _zarr2.register(type(self))
 
     # -- configuration ------------------------------------------------------
@@ -570,6 +590,9 @@ class ShardedStore(MutableMapping):
                 for sk, (arr, coords, updates) in by_shard.items()
                 if not _covers_shard(arr, coords, updates)
             ]
+            if need_old and self._write_strategy != "rewrite" and self._base.supports_append:
+                need_old = self._append_to_shards({sk: by_shard[sk] for sk in need_old})
+                by_shard = {sk: v for sk, v in by_shard.items() if sk in need_old or _covers_shard(*v)}
             old = self._base.get_many(need_old) if need_old else {}
             new_shards: dict[str, bytes] = {}
             new_indexes: dict[str, ShardIndex] = {}
@@ -587,7 +610,9 @@ class ShardedStore(MutableMapping):
                     else:
                         chunks[local] = value
                 if chunks:
-                    new_shards[shard_key], new_indexes[shard_key] = arr.layout.encode_shard_with_index(chunks)
+                    new_shards[shard_key], new_indexes[shard_key] = arr.layout.encode_shard_with_index(
+                        chunks, self._slack_bytes if self._write_strategy == "inplace" else 0
+                    )
                 elif shard_key in old:
                     empty.append(shard_key)
             for shard_key in by_shard:
@@ -598,6 +623,77 @@ class ShardedStore(MutableMapping):
             if not self._validate_cache:
                 for shard_key, index in new_indexes.items():
                     self._index_cache.put(shard_key, index)
+
+    def _append_to_shards(
+        self,
+        by_shard: Mapping[str, tuple[ShardedArray, tuple[int, ...], dict[tuple[int, ...], memoryview | None]]],
+    ) -> list[str]:
+        """Apply updates to stored shards by appending (see :mod:`shardkv.strategies`).
+
+        Called with the shards' locks held. Returns the shards that are not
+        stored yet (to be written whole).
+        """
+        indexes, _ = self._read_indexes({sk: v[0] for sk, v in by_shard.items()})
+        not_stored = [sk for sk in by_shard if sk not in indexes]
+        for shard_key, index in indexes.items():
+            arr, coords, updates = by_shard[shard_key]
+            changes: dict[tuple[int, ...], bytes | None] = {
+                local: None if v is None else bytes(v) for local, v in updates.items()
+            }
+            in_grid = {local for _, local in arr.chunks_in_shard(coords)}
+            for local in index.present():
+                if local not in in_grid:
+                    changes[local] = None  # left behind by a shrinking resize
+            plan = plan_append(
+                arr.layout, index, self._base.size(shard_key), changes,
+                inplace=self._write_strategy == "inplace", slack_bytes=self._slack_bytes,
+            )  # fmt: skip
+            self._index_cache.discard(shard_key)
+            if plan.index.is_empty():  # type: ignore[union-attr]
+                self._base.delete_many([shard_key])
+                continue
+            self._base.write_at(shard_key, [(w.offset, w.data) for w in plan.writes])
+            validator = self._base.validator(shard_key) if self._validate_cache else None
+            self._index_cache.put(shard_key, plan.index, validator)  # type: ignore[arg-type]
+        return not_stored
+
+    def compact(self, path: str | None = None) -> int:
+        """Rewrite shards that hold unused bytes (after appends, in-place writes or slack).
+
+        Parameters
+        ----------
+        path : str, optional
+            Only the sharded array at this path; every sharded array when ``None``.
+
+        Returns
+        -------
+        int
+            Bytes reclaimed in the base store.
+        """
+        self.flush()
+        paths = [path.strip("/")] if path is not None else sorted(
+            {self._owner(k).path for k in self._base.iter_keys() if self._owner(k) is not None}  # type: ignore[union-attr]
+        )
+        reclaimed = 0
+        for p in paths:
+            arr = self.sharded_array(p)
+            if arr is None:
+                continue
+            for shard_key, _ in arr.shard_keys():
+                with self._shard_lock(shard_key):
+                    try:
+                        blob = self._base.get(shard_key)
+                    except KeyError:
+                        continue
+                    index = arr.layout.index_of_shard(blob, shard_key)
+                    unused = len(blob) - arr.layout.index_nbytes - index.used_nbytes()
+                    if unused <= 0:
+                        continue
+                    new, new_index = arr.layout.encode_shard_with_index(arr.layout.chunks_of_shard(blob, shard_key, index))
+                    self._base.set(shard_key, new)
+                    self._index_cache.discard(shard_key)
+                    reclaimed += len(blob) - len(new)
+        return reclaimed
 
     # -- metadata -------------------------------------------------------------
 

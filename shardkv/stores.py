@@ -56,6 +56,15 @@ class StoreAdapter(ABC):
 
     supports_ranges: bool = False
 
+    @property
+    def supports_append(self) -> bool:
+        """True when :meth:`write_at` can update a stored value in place (local files)."""
+        return False
+
+    def write_at(self, key: str, writes: Sequence[tuple[int, bytes]]) -> None:
+        """Write ``(offset, bytes)`` pieces inside a stored value; only where :attr:`supports_append`."""
+        raise NotImplementedError(f"{type(self).__name__} cannot write inside a stored value ({key!r})")
+
     @abstractmethod
     def get(self, key: str) -> bytes:
         """The whole value. Raises ``KeyError`` if ``key`` is not stored."""
@@ -294,6 +303,25 @@ class FSMapAdapter(StoreAdapter):
         else:
             results = self.fs.cat_ranges(paths, starts, stops, on_error="return")
         return [self._check(k, res) for (k, _), res in zip(requests, results)]
+
+    @property
+    def supports_append(self) -> bool:
+        return self._local
+
+    def write_at(self, key: str, writes: Sequence[tuple[int, bytes]]) -> None:
+        """Write bytes at offsets inside an existing local file (append when offset = size).
+
+        Raises ``KeyError`` if the file does not exist.
+        """
+        path = self.fs._strip_protocol(self._path(key))
+        try:
+            f = open(path, "r+b")
+        except FileNotFoundError as exc:
+            raise KeyError(key) from exc
+        with f:
+            for offset, data in writes:
+                f.seek(offset)
+                f.write(data)
 
     def validator(self, key: str) -> Hashable:
         if not self._local:
