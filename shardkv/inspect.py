@@ -1,0 +1,495 @@
+"""What a Zarr v2 hierarchy holds: its arrays, their chunk keys, and their shards.
+
+Two jobs for the command line, both read-only:
+
+* :func:`read_hierarchy` lists a store once and sorts every key into the
+  array it belongs to (metadata, in-grid chunk keys, stale chunk keys outside
+  the chunk grid, other keys) or into the groups around the arrays. It also
+  detects the chunk key separator of arrays whose ``.zarray`` does not name
+  one (zarr-python's ``NestedDirectoryStore`` wrote ``0/0`` keys without
+  saying so): see :func:`detect_separator`. ``shardkv convert`` works from it.
+* :func:`inspect_store` is the data behind ``shardkv info``: per array its
+  grid, sharding, chunks present, shards, bytes stored, bytes unused inside
+  shards, and whether its ``zarr.json`` view can be read by Zarr v3 readers.
+
+The key sorting (:func:`classify_array`, :func:`detect_separator`) is pure;
+all I/O goes through :mod:`shardkv.stores` adapters.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from .errors import ConfigurationError
+from .keys import V2ChunkKeyEncoding, grid_shape
+from .meta import v2_dimension_separator, v3_view_of_v2
+from .stores import StoreAdapter, adapt
+
+__all__ = [
+    "META_NAMES",
+    "NotAHierarchyError",
+    "ArrayKeys",
+    "Hierarchy",
+    "detect_separator",
+    "classify_array",
+    "read_hierarchy",
+    "ArrayInfo",
+    "inspect_store",
+    "format_info",
+]
+
+META_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"})
+"""Names of the metadata documents of a Zarr v2 hierarchy (and shardkv's ``zarr.json`` view)."""
+
+_INDEX_BATCH = 1024  # shards whose indexes are read in one batched request
+
+
+class NotAHierarchyError(ConfigurationError):
+    """A store that is missing, empty, or not a Zarr v2 hierarchy (no root ``.zgroup`` or ``.zarray``)."""
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}/{name}" if path else name
+
+
+def _prefix(path: str) -> str:
+    return f"{path}/" if path else ""
+
+
+@dataclass
+class ArrayKeys:
+    """The stored keys of one Zarr v2 array, sorted by role.
+
+    Attributes
+    ----------
+    path : str
+        The array's path in the hierarchy (``""`` for a root array).
+    zarray : dict
+        The ``.zarray`` document as stored.
+    separator : {".", "/"}
+        The chunk key separator in use (from ``.zarray`` or detected).
+    separator_detected : bool
+        True when ``.zarray`` names no ``dimension_separator`` and ``"/"`` was
+        detected from the stored chunk keys.
+    chunk_keys : dict of tuple of int to str
+        In-grid chunk coords -> stored chunk key.
+    stale_keys : list of str
+        Chunk keys whose coords lie outside the chunk grid (left behind by a
+        shrinking resize, for example).
+    other_keys : list of str
+        Keys inside the array's directory that are neither metadata nor chunk keys.
+    meta_keys : list of str
+        ``.zarray``, ``.zattrs``, ``zarr.json`` ... of the array.
+    """
+
+    path: str
+    zarray: dict[str, Any]
+    separator: str
+    separator_detected: bool
+    chunk_keys: dict[tuple[int, ...], str] = field(default_factory=dict)
+    stale_keys: list[str] = field(default_factory=list)
+    other_keys: list[str] = field(default_factory=list)
+    meta_keys: list[str] = field(default_factory=list)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Array shape (elements)."""
+        return tuple(int(s) for s in self.zarray["shape"])
+
+    @property
+    def chunks(self) -> tuple[int, ...]:
+        """Chunk shape (elements)."""
+        return tuple(int(c) for c in self.zarray["chunks"])
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def chunk_grid_shape(self) -> tuple[int, ...]:
+        """Number of chunks along each dimension."""
+        return grid_shape(self.shape, self.chunks)
+
+    def all_keys(self) -> list[str]:
+        """Every stored key of the array."""
+        return [*self.meta_keys, *self.chunk_keys.values(), *self.stale_keys, *self.other_keys]
+
+
+@dataclass
+class Hierarchy:
+    """Every key of a Zarr v2 hierarchy, sorted into arrays and the groups around them.
+
+    Attributes
+    ----------
+    keys : list of str
+        Every stored key.
+    arrays : dict of str to ArrayKeys
+        Array path -> its keys, in path order.
+    group_keys : list of str
+        Keys outside every array (group metadata, other files).
+    """
+
+    keys: list[str]
+    arrays: dict[str, ArrayKeys]
+    group_keys: list[str]
+
+
+def _decodes(encoding: V2ChunkKeyEncoding, suffix: str, ndim: int) -> tuple[int, ...] | None:
+    try:
+        return encoding.decode(suffix, ndim)
+    except ValueError:
+        return None
+
+
+def detect_separator(path: str, zarray: Mapping[str, Any], suffixes: Iterable[str]) -> tuple[str, bool]:
+    """The chunk key separator of a v2 array, and whether it was detected from its keys.
+
+    A ``.zarray`` with a ``dimension_separator`` decides. Without one, zarr
+    means ``"."``, but arrays written through zarr-python's
+    ``NestedDirectoryStore`` store their chunks at ``0/0`` all the same; when
+    the array has 2 or more dimensions and its stored chunk keys (``suffixes``,
+    relative to the array path) are ``/``-separated, ``"/"`` is detected.
+
+    Parameters
+    ----------
+    path : str
+        The array path (named in errors).
+    zarray : mapping
+        The ``.zarray`` document.
+    suffixes : iterable of str
+        The stored keys of the array, relative to its path.
+
+    Returns
+    -------
+    separator : {".", "/"}
+    detected : bool
+        True when ``"/"`` was detected although ``.zarray`` does not say so.
+
+    Raises
+    ------
+    ConfigurationError
+        If ``.zarray`` names an invalid separator, or names none while the
+        stored chunk keys use both ``.`` and ``/``.
+    """
+    if zarray.get("dimension_separator") is not None:
+        return v2_dimension_separator(zarray), False
+    ndim = len(zarray["shape"])
+    if ndim < 2:
+        return ".", False  # one coordinate: both separators give the same keys
+    dot, slash = V2ChunkKeyEncoding("."), V2ChunkKeyEncoding("/")
+    n_dot = n_slash = 0
+    for suffix in suffixes:
+        if _decodes(dot, suffix, ndim) is not None:
+            n_dot += 1
+        elif _decodes(slash, suffix, ndim) is not None:
+            n_slash += 1
+    if n_dot and n_slash:
+        raise ConfigurationError(
+            f".zarray names no dimension_separator and the stored chunk keys use both '.' "
+            f"({n_dot} keys) and '/' ({n_slash} keys)",
+            path,
+        )
+    return ("/", True) if n_slash else (".", False)
+
+
+def classify_array(path: str, zarray: Mapping[str, Any], keys: Iterable[str]) -> ArrayKeys:
+    """Sort the stored keys of one array by role (pure).
+
+    Parameters
+    ----------
+    path : str
+        The array path (``""`` for a root array).
+    zarray : mapping
+        Its ``.zarray`` document.
+    keys : iterable of str
+        Every stored key under the array's path (full keys).
+
+    Raises
+    ------
+    ConfigurationError
+        As :func:`detect_separator`; also if ``shape`` and ``chunks`` differ in length.
+    """
+    if len(zarray["shape"]) != len(zarray["chunks"]):
+        raise ConfigurationError(f".zarray shape {zarray['shape']} and chunks {zarray['chunks']} differ in length", path)
+    prefix = _prefix(path)
+    keys = list(keys)
+    suffixes = [k[len(prefix) :] for k in keys]
+    separator, detected = detect_separator(path, zarray, suffixes)
+    out = ArrayKeys(path, dict(zarray), separator, detected)
+    encoding = V2ChunkKeyEncoding(separator)  # type: ignore[arg-type]
+    grid = out.chunk_grid_shape
+    ndim = out.ndim
+    for key, suffix in zip(keys, suffixes):
+        if suffix in META_NAMES:
+            out.meta_keys.append(key)
+            continue
+        coords = _decodes(encoding, suffix, ndim)
+        if coords is None:
+            out.other_keys.append(key)
+        elif all(c < g for c, g in zip(coords, grid)):
+            out.chunk_keys[coords] = key
+        else:
+            out.stale_keys.append(key)
+    return out
+
+
+def _array_of(key: str, array_paths: frozenset[str]) -> str | None:
+    """The path of the array that holds ``key`` (the shortest array path above it), if any."""
+    if "" in array_paths:
+        return ""
+    segments = key.split("/")
+    for i in range(1, len(segments)):
+        path = "/".join(segments[:i])
+        if path in array_paths:
+            return path
+    return None
+
+
+def read_hierarchy(store: StoreAdapter, name: str = "store") -> Hierarchy:
+    """List a Zarr v2 hierarchy once and sort its keys (one listing, one batched metadata read).
+
+    Parameters
+    ----------
+    store : StoreAdapter
+        The store holding the hierarchy.
+    name : str
+        How to call the store in errors (its URL or path).
+
+    Raises
+    ------
+    NotAHierarchyError
+        If the store holds no key, or has neither ``.zgroup`` nor ``.zarray`` at its root.
+    ConfigurationError
+        If a ``.zarray`` is not valid JSON or has an invalid separator (see
+        :func:`classify_array`).
+    """
+    keys = sorted(store.iter_keys())
+    if not keys:
+        raise NotAHierarchyError(f"{name} does not exist or is empty")
+    key_set = set(keys)
+    if ".zgroup" not in key_set and ".zarray" not in key_set:
+        hint = " (it has a zarr.json: Zarr v3?)" if "zarr.json" in key_set else ""
+        raise NotAHierarchyError(f"{name} is not a Zarr v2 hierarchy: no .zgroup or .zarray at its root{hint}")
+    zarray_keys = [k for k in keys if k.rpartition("/")[2] == ".zarray"]
+    docs = store.get_many(zarray_keys)
+    zarrays: dict[str, dict[str, Any]] = {}
+    for k in zarray_keys:
+        path = k.rpartition("/")[0]
+        try:
+            zarrays[path] = json.loads(bytes(docs[k]))
+        except (KeyError, ValueError) as exc:
+            raise ConfigurationError(f"cannot read {k!r} as a JSON .zarray document: {exc}", path) from exc
+    array_paths = frozenset(zarrays)
+    members: dict[str, list[str]] = {p: [] for p in sorted(array_paths)}
+    group_keys: list[str] = []
+    for k in keys:
+        owner = _array_of(k, array_paths)
+        if owner is None:
+            group_keys.append(k)
+        else:
+            members[owner].append(k)
+    arrays = {p: classify_array(p, zarrays[p], ks) for p, ks in members.items()}
+    return Hierarchy(keys, arrays, group_keys)
+
+
+# -- shardkv info -------------------------------------------------------------
+
+
+@dataclass
+class ArrayInfo:
+    """What ``shardkv info`` reports about one array.
+
+    Attributes
+    ----------
+    path : str
+        Array path (``""`` for a root array).
+    shape, chunks : tuple of int
+        Array shape and (inner) chunk shape, in elements.
+    dtype : str
+        The v2 dtype string.
+    shard_shape, chunks_per_shard : tuple of int or None
+        Shard shape (elements) and inner chunks per shard; ``None`` when unsharded.
+    index_location : {"start", "end"} or None
+    index_checksum : bool or None
+    chunks_present : int
+        Stored inner chunks inside the chunk grid.
+    shards : int
+        Stored shards (0 when unsharded).
+    objects : int
+        Stored data objects (shards, or chunks when unsharded), metadata excluded.
+    bytes_stored : int
+        Bytes of those data objects.
+    bytes_unused : int
+        Bytes inside shards that no present chunk and no index uses: shard
+        bytes - index bytes - bytes referenced by present chunks (0 when unsharded).
+    v3_readable : bool or None
+        Whether the ``zarr.json`` view can be read by Zarr v3 readers (``None`` when unsharded).
+    v3_problems : list of str
+        Why not, when it cannot.
+    """
+
+    path: str
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    dtype: str
+    shard_shape: tuple[int, ...] | None
+    chunks_per_shard: tuple[int, ...] | None
+    index_location: str | None
+    index_checksum: bool | None
+    chunks_present: int
+    shards: int
+    objects: int
+    bytes_stored: int
+    bytes_unused: int
+    v3_readable: bool | None
+    v3_problems: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (tuples become lists)."""
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
+
+
+def _sizes(store: StoreAdapter, keys: Sequence[str]) -> dict[str, int]:
+    return {k: store.size(k) for k in keys}
+
+
+def _sharded_info(store: StoreAdapter, keys: ArrayKeys, arr: Any, zattrs: Mapping[str, Any]) -> ArrayInfo:
+    shard_keys = [k for k in keys.all_keys() if k not in keys.meta_keys and arr.shard_coords_of(k) is not None]
+    grid = arr.chunk_grid_shape
+    present = used = index_bytes = stored = 0
+    layout = arr.layout
+    for start in range(0, len(shard_keys), _INDEX_BATCH):
+        batch = shard_keys[start : start + _INDEX_BATCH]
+        sizes = _sizes(store, batch)
+        raw = store.get_ranges([(k, layout.index_range()) for k in batch])
+        for k, data in zip(batch, raw):
+            if data is None:
+                continue  # deleted since the listing
+            index = layout.decode_index(data, k, sizes[k])
+            shard_coords = arr.shard_coords_of(k)
+            for local in index.present():
+                chunk = tuple(s * n + c for s, n, c in zip(shard_coords, arr.chunks_per_shard, local))
+                if all(c < g for c, g in zip(chunk, grid)):
+                    present += 1
+            used += index.used_nbytes()
+            index_bytes += layout.index_nbytes
+            stored += sizes[k]
+    view = v3_view_of_v2(keys.zarray, zattrs, layout)
+    return ArrayInfo(
+        path=keys.path,
+        shape=keys.shape,
+        chunks=keys.chunks,
+        dtype=str(keys.zarray.get("dtype")),
+        shard_shape=arr.shard_shape,
+        chunks_per_shard=arr.chunks_per_shard,
+        index_location=layout.index_location,
+        index_checksum=layout.index_checksum,
+        chunks_present=present,
+        shards=len(shard_keys),
+        objects=len(shard_keys),
+        bytes_stored=stored,
+        bytes_unused=stored - index_bytes - used,
+        v3_readable=view.translatable,
+        v3_problems=list(view.problems),
+    )
+
+
+def inspect_store(store: Any, storage_options: Mapping[str, Any] | None = None) -> list[ArrayInfo]:
+    """Per-array facts about a (sharded or not) Zarr v2 hierarchy, for ``shardkv info``.
+
+    Parameters
+    ----------
+    store : str, os.PathLike, MutableMapping, fsspec.FSMap or StoreAdapter
+        The hierarchy (any store :func:`shardkv.stores.adapt` accepts).
+    storage_options : mapping, optional
+        fsspec options when ``store`` is a URL.
+
+    Returns
+    -------
+    list of ArrayInfo
+        One per array, in path order.
+
+    Raises
+    ------
+    NotAHierarchyError
+        If the store is missing, empty or not a Zarr v2 hierarchy.
+    ConfigurationError, UnsupportedError
+        If an array's metadata or sharding cannot be used.
+    CorruptShardError, ChecksumError
+        If a shard's index is damaged.
+    """
+    from .mapping import ShardedStore  # the proxy decides which arrays are sharded
+
+    adapter = adapt(store, storage_options)
+    hierarchy = read_hierarchy(adapter, str(store))
+    proxy = ShardedStore(adapter)
+    infos = []
+    for path, keys in hierarchy.arrays.items():
+        arr = proxy.sharded_array(path)
+        if arr is not None:
+            view = proxy.v3_metadata(path) or {}
+            infos.append(_sharded_info(adapter, keys, arr, view.get("attributes") or {}))
+            continue
+        data_keys = [*keys.chunk_keys.values(), *keys.stale_keys]
+        infos.append(
+            ArrayInfo(
+                path=path,
+                shape=keys.shape,
+                chunks=keys.chunks,
+                dtype=str(keys.zarray.get("dtype")),
+                shard_shape=None,
+                chunks_per_shard=None,
+                index_location=None,
+                index_checksum=None,
+                chunks_present=len(keys.chunk_keys),
+                shards=0,
+                objects=len(data_keys),
+                bytes_stored=sum(_sizes(adapter, data_keys).values()),
+                bytes_unused=0,
+                v3_readable=None,
+                v3_problems=[],
+            )
+        )
+    return infos
+
+
+def _dims(values: Sequence[int] | None) -> str:
+    if values is None:
+        return "-"
+    return "(" + ", ".join(str(v) for v in values) + ")"
+
+
+def format_info(infos: Sequence[ArrayInfo]) -> str:
+    """The ``shardkv info`` table: one line per array, then totals.
+
+    The ``v3`` column says ``yes`` when v3 readers can open the sharded array
+    through its ``zarr.json``, ``no: <why>`` when they cannot, ``-`` when the
+    array is unsharded.
+    """
+    header = ("array", "shape", "chunks", "shard shape", "chunks present", "shards", "bytes stored", "bytes unused", "v3 view")
+    rows = []
+    for i in infos:
+        if i.shard_shape is None:
+            shard, v3 = "unsharded", "-"
+        else:
+            shard = f"{_dims(i.shard_shape)} = {'x'.join(str(n) for n in i.chunks_per_shard or ())} chunks"
+            v3 = "yes" if i.v3_readable else "no: " + "; ".join(i.v3_problems)
+        rows.append((
+            i.path or "/", _dims(i.shape), _dims(i.chunks), shard, str(i.chunks_present),
+            str(i.shards), str(i.bytes_stored), str(i.bytes_unused) if i.shard_shape else "-", v3,
+        ))  # fmt: skip
+    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header) - 1)]
+    lines = []
+    for r in [header, *rows]:
+        cells = [r[c].rjust(widths[c]) if 4 <= c <= 7 else r[c].ljust(widths[c]) for c in range(len(widths))]
+        lines.append("  ".join([*cells, r[-1]]).rstrip())
+    n_sharded = sum(1 for i in infos if i.shard_shape is not None)
+    lines.append(
+        f"{len(infos)} arrays ({n_sharded} sharded, {len(infos) - n_sharded} unsharded), "
+        f"{sum(i.chunks_present for i in infos)} chunks in {sum(i.objects for i in infos)} objects, "
+        f"{sum(i.bytes_stored for i in infos)} bytes stored, "
+        f"{sum(i.bytes_unused for i in infos)} bytes unused inside shards"
+    )
+    return "\n".join(lines)
