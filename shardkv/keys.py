@@ -225,8 +225,9 @@ def shard_to_chunks(
 def validate_key(key: object) -> str:
     """Check the rules every key obeys and return it.
 
-    A key is a ``str`` of ``/``-separated segments, none empty, none ``.`` or
-    ``..``, with no leading or trailing ``/`` (v3 core "Storage keys").
+    A key is a ``str`` of ``/``-separated segments, none empty, none made of
+    periods only (``.``, ``..``), with no leading or trailing ``/`` (v3 core
+    "Node names").
 
     Raises
     ------
@@ -242,8 +243,8 @@ def validate_key(key: object) -> str:
     for segment in key.split("/"):
         if segment == "":
             raise InvalidKeyError(key, "empty path segment (leading, trailing or doubled '/')")
-        if segment in (".", ".."):
-            raise InvalidKeyError(key, f"path segment {segment!r} is not allowed")
+        if set(segment) == {"."}:
+            raise InvalidKeyError(key, f"path segment {segment!r} (only periods) is not allowed")
     return key
 
 
