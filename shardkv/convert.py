@@ -120,11 +120,11 @@ def parse_chunks_per_shard(text: str) -> ChunksPerShard:
     parts = [p.strip() for p in text.split(",")]
     if not all(p.isascii() and p.isdigit() for p in parts):
         raise ConfigurationError(
-            f"--chunks-per-shard must be an int >= 1 or a comma-separated list of them (like 2,2,1), got {text!r}"
+            f"expected an int >= 1 or a comma-separated list of ints >= 1 (like 2,2,1), got {text!r}"
         )
     values = tuple(int(p) for p in parts)
     if any(v < 1 for v in values):
-        raise ConfigurationError(f"--chunks-per-shard values must be >= 1, got {text!r}")
+        raise ConfigurationError(f"chunks per shard must be >= 1, got {text!r}")
     return values[0] if len(values) == 1 and "," not in text else values
 
 
