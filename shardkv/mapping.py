@@ -47,7 +47,8 @@ from .writeback import PendingShard, WriteBuffer
 __all__ = ["ShardedStore"]
 
 ChunksPerShard = int | Sequence[int] | Mapping[str, int | Sequence[int]] | None
-_CHUNKISH = re.compile(r"c?[0-9.]+")
+# chunk-like key segments; signs included so "-1.0" is refused as a malformed chunk key, not stored
+_CHUNKISH = re.compile(r"c?[0-9.+-]+")
 _META_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"})
 _NOT_ARRAY = "not an array"
 _UNSHARDED = "unsharded array"
