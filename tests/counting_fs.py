@@ -1,0 +1,207 @@
+"""Counting fsspec filesystems and local-write probes for the performance tests.
+
+Vocabulary used by the tests:
+
+* a **request** is one call that moves the bytes of one stored object:
+  ``cat_file`` (a whole or ranged read) or ``pipe_file`` (a whole write);
+  local writes made outside fsspec (atomic rewrites and positional writes of
+  :class:`shardkv.stores.FSMapAdapter`) are recorded as requests too, by
+  :func:`record_local_writes`;
+* a **batch** is one call the proxy makes on the filesystem: ``cat``,
+  ``cat_ranges``, ``pipe``, or a ``cat_file`` / ``pipe_file`` that no batch
+  call made.
+
+Every request records the key (path relative to the root), the requested
+``start``/``end`` and the bytes actually moved, so tests assert both request
+counts and byte counts.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
+
+import fsspec
+import pytest
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.memory import MemoryFileSystem
+
+from shardkv.stores import FSMapAdapter
+
+__all__ = [
+    "Request",
+    "CountingMemoryFS",
+    "CountingLocalFS",
+    "memory_mapper",
+    "local_mapper",
+    "record_local_writes",
+    "is_meta",
+]
+
+_META = (".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json")
+
+
+def is_meta(key: str) -> bool:
+    """True for metadata keys (``.zarray``, ``zarr.json``, ...), false for shard and chunk keys."""
+    return key.rsplit("/", 1)[-1] in _META
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request on one stored object (``nbytes``: bytes read or written)."""
+
+    op: Literal["read", "write"]
+    key: str
+    start: int | None
+    end: int | None
+    nbytes: int
+
+
+class _CountingMixin:
+    """Records requests and batches; put it before an fsspec filesystem class."""
+
+    count_root: str = ""
+
+    def _counting_init(self) -> None:
+        self.requests: list[Request] = []
+        self.batches: list[str] = []
+        self._depth = threading.local()
+        self._log_lock = threading.Lock()
+
+    def reset(self) -> None:
+        with self._log_lock:
+            self.requests.clear()
+            self.batches.clear()
+
+    def _key(self, path: str) -> str:
+        path = self._strip_protocol(path)  # type: ignore[attr-defined]
+        root = self._strip_protocol(self.count_root)  # type: ignore[attr-defined]
+        return path[len(root) :].lstrip("/") if path.startswith(root) else path
+
+    def _enter(self, name: str) -> bool:
+        depth = getattr(self._depth, "n", 0)
+        self._depth.n = depth + 1
+        if depth == 0:
+            with self._log_lock:
+                self.batches.append(name)
+        return depth == 0
+
+    def _leave(self) -> None:
+        self._depth.n -= 1
+
+    def _record(self, request: Request) -> None:
+        with self._log_lock:
+            self.requests.append(request)
+
+    def _wrap(self, name: str, call: Callable[[], Any]) -> Any:
+        self._enter(name)
+        try:
+            return call()
+        finally:
+            self._leave()
+
+    # -- the recorded methods --------------------------------------------------
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
+        def call() -> bytes:
+            data = super(_CountingMixin, self).cat_file(path, start, end, **kwargs)  # type: ignore[misc]
+            self._record(Request("read", self._key(path), start, end, len(data)))
+            return data
+
+        return self._wrap("cat_file", call)
+
+    def cat_ranges(self, paths: Any, starts: Any, ends: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._wrap("cat_ranges", lambda: super(_CountingMixin, self).cat_ranges(paths, starts, ends, *args, **kwargs))  # type: ignore[misc]
+
+    def cat(self, path: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._wrap("cat", lambda: super(_CountingMixin, self).cat(path, *args, **kwargs))  # type: ignore[misc]
+
+    def pipe_file(self, path: str, value: bytes, *args: Any, **kwargs: Any) -> Any:
+        def call() -> Any:
+            out = super(_CountingMixin, self).pipe_file(path, value, *args, **kwargs)  # type: ignore[misc]
+            self._record(Request("write", self._key(path), None, None, len(value)))
+            return out
+
+        return self._wrap("pipe_file", call)
+
+    def pipe(self, path: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._wrap("pipe", lambda: super(_CountingMixin, self).pipe(path, *args, **kwargs))  # type: ignore[misc]
+
+    # -- summaries -------------------------------------------------------------
+
+    def reads(self, data_only: bool = True) -> list[Request]:
+        """Read requests (of shard/chunk objects only, unless ``data_only`` is false)."""
+        return [r for r in self.requests if r.op == "read" and not (data_only and is_meta(r.key))]
+
+    def writes(self, data_only: bool = True) -> list[Request]:
+        """Write requests (of shard/chunk objects only, unless ``data_only`` is false)."""
+        return [r for r in self.requests if r.op == "write" and not (data_only and is_meta(r.key))]
+
+
+class CountingMemoryFS(_CountingMixin, MemoryFileSystem):
+    """fsspec's in-memory filesystem, counting requests (no ``write_at``: strategies fall back)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._counting_init()
+
+
+class CountingLocalFS(_CountingMixin, LocalFileSystem):
+    """fsspec's local filesystem, counting read requests made through fsspec."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._counting_init()
+
+
+def memory_mapper() -> tuple[fsspec.FSMap, CountingMemoryFS]:
+    """A fresh counting in-memory filesystem and an ``FSMap`` on a unique root.
+
+    The memory filesystem's store is global: callers remove the root when done
+    (``fs.rm(fs.count_root, recursive=True)``).
+    """
+    fs = CountingMemoryFS(skip_instance_cache=True)
+    fs.count_root = f"/shardkv-perf-{uuid.uuid4().hex}"
+    fs.mkdir(fs.count_root)
+    return fsspec.FSMap(fs.count_root, fs), fs
+
+
+def local_mapper(root: str) -> tuple[fsspec.FSMap, CountingLocalFS]:
+    """A counting local filesystem and an ``FSMap`` on the directory ``root``."""
+    fs = CountingLocalFS(skip_instance_cache=True)
+    fs.count_root = root
+    fs.makedirs(root, exist_ok=True)
+    return fsspec.FSMap(root, fs), fs
+
+
+def record_local_writes(monkeypatch: pytest.MonkeyPatch) -> list[Request]:
+    """Record the local writes of every :class:`FSMapAdapter` made outside fsspec.
+
+    Atomic whole-object writes become ``Request("write", key, None, None, n)``;
+    each positional piece of ``write_at`` becomes ``Request("write", key,
+    offset, offset + n, n)``. Keys are paths relative to the adapter's root.
+    """
+    log: list[Request] = []
+    atomic = FSMapAdapter._atomic_local_write
+    write_at = FSMapAdapter.write_at
+
+    def key_of(adapter: FSMapAdapter, path: str) -> str:
+        path = adapter.fs._strip_protocol(path)
+        root = adapter.fs._strip_protocol(adapter.root)
+        return path[len(root) :].lstrip("/")
+
+    def recording_atomic(self: FSMapAdapter, path: str, value: bytes) -> None:
+        atomic(self, path, value)
+        log.append(Request("write", key_of(self, path), None, None, len(value)))
+
+    def recording_write_at(self: FSMapAdapter, key: str, writes: Any) -> None:
+        writes = list(writes)
+        write_at(self, key, writes)
+        for offset, data in writes:
+            log.append(Request("write", key, offset, offset + len(data), len(data)))
+
+    monkeypatch.setattr(FSMapAdapter, "_atomic_local_write", recording_atomic)
+    monkeypatch.setattr(FSMapAdapter, "write_at", recording_write_at)
+    return log
