@@ -1,0 +1,107 @@
+"""The abstract store interface over a shardkv store adapter (the bottom of a stack).
+
+:class:`AdapterStore` gives any :class:`shardkv.stores.StoreAdapter` (a dict,
+a zarr-python 2 store, an fsspec mapper, a URL, all through
+:func:`shardkv.stores.adapt`) the operations of
+:class:`~shardkv.transformers.api.AbstractStore`. Each operation is one call
+on the adapter where the adapter has a batch form:
+
+=======================  ==============================================
+operation                adapter call(s)
+=======================  ==============================================
+``get_partial_values``   1 ``get_ranges`` (ranged reads where supported)
+``set_values``           1 ``set_many``
+``set_partial_values``   1 ``get_many`` of the old values, 1 ``set_many``
+``erase_values``         1 ``delete_many``
+``erase_prefix``         1 listing, 1 ``delete_many``
+``list_prefix``          1 listing
+``list_dir``             1 listing
+=======================  ==============================================
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+from shardkv.ranges import ByteRange
+from shardkv.stores import StoreAdapter, adapt
+
+from .api import AbstractStore, BytesLike, KeyRange, KeyStartValue, apply_partial_writes, normalize_prefix
+
+__all__ = ["AdapterStore"]
+
+
+class AdapterStore(AbstractStore):
+    """A :class:`~shardkv.stores.StoreAdapter` seen through the abstract store interface.
+
+    Parameters
+    ----------
+    store : StoreAdapter or anything :func:`shardkv.stores.adapt` takes
+        The storage at the bottom of the stack.
+    storage_options : mapping, optional
+        fsspec options when ``store`` is a URL.
+
+    Raises
+    ------
+    TypeError
+        If ``store`` cannot be used as a store.
+    """
+
+    def __init__(self, store: Any, storage_options: Mapping[str, Any] | None = None) -> None:
+        self.adapter: StoreAdapter = adapt(store, storage_options)
+
+    def __repr__(self) -> str:
+        return f"AdapterStore({self.adapter!r})"
+
+    def get_partial_values(self, key_ranges: Sequence[KeyRange]) -> list[bytes | None]:
+        requests = []
+        for key, byte_range in key_ranges:
+            if not isinstance(byte_range, ByteRange):
+                raise TypeError(f"range for {key!r} must be a ByteRange, got {type(byte_range).__name__}")
+            requests.append((key, byte_range))
+        if not requests:
+            return []
+        return [None if v is None else bytes(v) for v in self.adapter.get_ranges(requests)]
+
+    def contains(self, key: str) -> bool:
+        return self.adapter.contains(key)
+
+    def get(self, key: str) -> bytes:
+        return bytes(self.adapter.get(key))
+
+    def set_values(self, values: Mapping[str, BytesLike]) -> None:
+        if values:
+            self.adapter.set_many({k: bytes(v) for k, v in values.items()})
+
+    def set_partial_values(self, key_start_values: Sequence[KeyStartValue]) -> None:
+        by_key: dict[str, list[tuple[int, BytesLike]]] = {}
+        for key, start, value in key_start_values:
+            by_key.setdefault(key, []).append((int(start), value))
+        if not by_key:
+            return
+        old = self.adapter.get_many(list(by_key))
+        self.adapter.set_many({k: apply_partial_writes(k, old.get(k), w) for k, w in by_key.items()})
+
+    def erase_values(self, keys: Iterable[str]) -> None:
+        self.adapter.delete_many(list(keys))
+
+    def erase_prefix(self, prefix: str) -> None:
+        self.adapter.delete_many(self.list_prefix(prefix))
+
+    def list_prefix(self, prefix: str) -> list[str]:
+        prefix = normalize_prefix(prefix)
+        # the adapter lists by directory; a partial last segment is filtered here
+        directory = prefix[: prefix.rfind("/") + 1]
+        return [k for k in self.adapter.iter_keys(directory) if k.startswith(prefix)]
+
+    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
+        prefix = normalize_prefix(prefix)
+        keys: set[str] = set()
+        prefixes: set[str] = set()
+        for k in self.list_prefix(prefix):
+            rest = k[len(prefix) :]
+            if "/" in rest:
+                prefixes.add(prefix + rest.split("/", 1)[0] + "/")
+            else:
+                keys.add(k)
+        return sorted(keys), sorted(prefixes)

@@ -1,0 +1,189 @@
+"""The abstract store interface that storage transformers implement and stack on.
+
+The 2022 draft storage transformer ("API implementation") defines sharding
+in terms of the Zarr v3 core draft's *abstract store interface*, in its
+``StoreWithPartialAccess`` form. :class:`AbstractStore` is that interface in
+Python. Every storage transformer is an :class:`AbstractStore` over an
+*underlying store*, which is either the next transformer of the stack or a
+store adapter (:class:`shardkv.transformers.adapter.AdapterStore`).
+
+Conventions (one rule each, the ones of :mod:`shardkv.ranges`):
+
+* a byte range is a :class:`~shardkv.ranges.ByteRange`: half-open
+  ``[start, stop)``; ``stop=None`` reads to the end; a negative ``start`` with
+  ``stop=None`` reads the last ``-start`` bytes (a suffix);
+* ``set_partial_values`` takes ``(key, start, value)`` triples; a negative
+  ``start`` counts from the current end of the value and the value then ends
+  the stored value (the 2022 draft store interface);
+* a *prefix* is a plain string prefix of keys; ``""`` and ``"/"`` both mean
+  "every key" (the draft's ``list()`` is ``list_prefix("/")``);
+* ``list_dir(prefix)`` returns ``(keys, prefixes)``: the stored keys that
+  start with ``prefix`` and have no ``/`` after it, and the distinct
+  ``prefix + name + "/"`` of the deeper ones.
+
+Beyond the draft's operations, :meth:`AbstractStore.set_values` sets several
+whole values in one call (the draft only has ``set`` of one value; a batch
+lets a transformer write the ``k`` shards of one request with one call).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Iterable, Mapping, Sequence, Tuple, Union
+
+from shardkv.ranges import ByteRange
+
+__all__ = [
+    "AbstractStore",
+    "BytesLike",
+    "KeyRange",
+    "KeyStartValue",
+    "normalize_prefix",
+    "apply_partial_writes",
+]
+
+BytesLike = Union[bytes, bytearray, memoryview]
+KeyRange = Tuple[str, ByteRange]
+"""``(key, byte range)``: one request of ``get_partial_values``."""
+KeyStartValue = Tuple[str, int, BytesLike]
+"""``(key, start, value)``: one write of ``set_partial_values`` (``start`` in bytes)."""
+
+
+def normalize_prefix(prefix: str) -> str:
+    """``""`` for the root prefixes ``""`` and ``"/"``; other prefixes unchanged.
+
+    Raises
+    ------
+    TypeError
+        If ``prefix`` is not a ``str``.
+    """
+    if not isinstance(prefix, str):
+        raise TypeError(f"a key prefix is a str, got {type(prefix).__name__}: {prefix!r}")
+    return "" if prefix == "/" else prefix
+
+
+def apply_partial_writes(key: str, old: BytesLike | None, writes: Sequence[tuple[int, BytesLike]]) -> bytes:
+    """Apply ``(start, value)`` writes, in order, to the old value of ``key``.
+
+    Parameters
+    ----------
+    key : str
+        Named in errors.
+    old : bytes-like or None
+        The stored value, or ``None`` when ``key`` is not stored (then the
+        first write must start at byte 0).
+    writes : sequence of (int, bytes-like)
+        ``start`` in bytes from the beginning, or negative from the current end
+        (the value then ends the result).
+
+    Returns
+    -------
+    bytes
+        The new value.
+
+    Raises
+    ------
+    ValueError
+        If a write starts beyond the end of the current value (a gap), or a
+        negative start reaches before its beginning.
+    """
+    buf = bytearray(old) if old is not None else bytearray()
+    for start, value in writes:
+        value = memoryview(value).cast("B")
+        if start < 0:
+            if -start > len(buf):
+                raise ValueError(
+                    f"cannot write at start {start} of {key!r}: the value is only {len(buf)} bytes long"
+                )
+            start = len(buf) + start
+            buf[start:] = value
+            continue
+        if start > len(buf):
+            raise ValueError(
+                f"cannot write at start {start} of {key!r}: beyond its end at {len(buf)} bytes "
+                "(writes may not leave a gap)"
+            )
+        buf[start : start + len(value)] = value
+    return bytes(buf)
+
+
+class AbstractStore(ABC):
+    """The abstract store interface with partial access (2022 draft ``StoreWithPartialAccess``).
+
+    Keys are ``/``-separated ``str``; values are bytes. Missing keys read as
+    ``None`` in batch reads and raise ``KeyError(key)`` in single reads.
+    Errors of the storage below other than "not found" propagate unchanged.
+    """
+
+    # -- the draft's operations ---------------------------------------------
+
+    @abstractmethod
+    def get_partial_values(self, key_ranges: Sequence[KeyRange]) -> list[bytes | None]:
+        """Byte ranges of values, in request order; ``None`` where the key is not stored.
+
+        A key may occur several times with different ranges. A range reaching
+        past the end of a value returns the bytes up to the end.
+        """
+
+    @abstractmethod
+    def set_partial_values(self, key_start_values: Sequence[KeyStartValue]) -> None:
+        """Write values at byte offsets of stored values (see :func:`apply_partial_writes`)."""
+
+    @abstractmethod
+    def set_values(self, values: Mapping[str, BytesLike]) -> None:
+        """Set several whole values (a batch of the draft's ``set``)."""
+
+    @abstractmethod
+    def erase_values(self, keys: Iterable[str]) -> None:
+        """Erase the stored keys among ``keys``; keys not stored are ignored."""
+
+    @abstractmethod
+    def erase_prefix(self, prefix: str) -> None:
+        """Erase every key that starts with ``prefix``."""
+
+    @abstractmethod
+    def list_prefix(self, prefix: str) -> list[str]:
+        """Every stored key that starts with ``prefix``."""
+
+    @abstractmethod
+    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
+        """``(keys, prefixes)`` directly below ``prefix`` (see the module docstring)."""
+
+    # -- derived operations ---------------------------------------------------
+
+    def get(self, key: str) -> bytes:
+        """The whole value of ``key``.
+
+        Raises
+        ------
+        KeyError
+            If ``key`` is not stored.
+        """
+        value = self.get_partial_values([(key, ByteRange(0))])[0]
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def set(self, key: str, value: BytesLike) -> None:
+        """Set the whole value of ``key``."""
+        self.set_values({key: value})
+
+    def erase(self, key: str) -> None:
+        """Erase ``key``.
+
+        Raises
+        ------
+        KeyError
+            If ``key`` is not stored.
+        """
+        if not self.contains(key):
+            raise KeyError(key)
+        self.erase_values([key])
+
+    def contains(self, key: str) -> bool:
+        """True if ``key`` is stored (reads no value bytes)."""
+        return self.get_partial_values([(key, ByteRange(0, 0))])[0] is not None
+
+    def list(self) -> list[str]:
+        """Every stored key (the draft: ``list_prefix("/")``)."""
+        return self.list_prefix("/")

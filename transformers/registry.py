@@ -1,0 +1,150 @@
+"""From an array's ``storage_transformers`` metadata to a stack of transformers.
+
+A metadata entry names a transformer by ``extension`` (a URI) and ``type``.
+:func:`resolve` finds the class registered for the pair; an entry nobody
+registered is refused with :class:`UnknownStorageTransformerError`, never
+skipped (skipping a transformer would read its stored bytes as if they were
+the array's chunks). :func:`build_stack` builds the whole stack over a store:
+the first entry is the outermost transformer (closest to the array), as in
+zarr-python 2.18, and each transformer below a sharding transformer sees the
+shards above it as its chunks.
+
+A transformer class registers with :func:`register` and provides
+``from_metadata(entry, array_metadata, array_path, underlying, chunk_shape)``
+and ``outer_chunk_shape(entry, chunk_shape)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from shardkv.errors import ConfigurationError, UnsupportedError
+
+from .api import AbstractStore
+from .sharding import ShardingStorageTransformer
+
+__all__ = [
+    "UnknownStorageTransformerError",
+    "register",
+    "resolve",
+    "registered",
+    "build_stack",
+    "storage_transformer_entries",
+]
+
+
+class UnknownStorageTransformerError(UnsupportedError):
+    """A ``storage_transformers`` entry that no registered transformer implements.
+
+    Attributes
+    ----------
+    extension : str
+        The entry's ``extension`` URI, as stored.
+    type : str
+        The entry's ``type``, as stored.
+    path : str or None
+        The array the entry belongs to, where known.
+    """
+
+    def __init__(self, extension: Any, type: Any, path: str | None = None, known: Sequence[str] = ()) -> None:
+        self.extension = extension
+        self.type = type
+        self.path = path
+        where = f"array {path!r}: " if path is not None else ""
+        choices = ", ".join(known) or "none"
+        super().__init__(
+            f"{where}storage transformer {extension!r} of type {type!r} is not supported, so the array "
+            f"cannot be read or written safely (registered: {choices})"
+        )
+
+
+_REGISTRY: dict[tuple[str, str], type] = {}
+
+
+def register(cls: type, extension: str | None = None, types: Sequence[str] | None = None) -> type:
+    """Register a transformer class for an extension URI and its types (returns ``cls``)."""
+    ext = extension if extension is not None else cls.extension  # type: ignore[attr-defined]
+    for t in types if types is not None else cls.types:  # type: ignore[attr-defined]
+        _REGISTRY[(ext, t)] = cls
+    return cls
+
+
+def registered() -> list[tuple[str, str]]:
+    """The registered ``(extension, type)`` pairs."""
+    return sorted(_REGISTRY)
+
+
+def resolve(entry: Mapping[str, Any], path: str | None = None) -> type:
+    """The class registered for a ``storage_transformers`` entry.
+
+    Raises
+    ------
+    ConfigurationError
+        If ``entry`` is not an object with an ``extension``.
+    UnknownStorageTransformerError
+        If no class is registered for its ``extension`` and ``type``.
+    """
+    if not isinstance(entry, Mapping) or "extension" not in entry:
+        raise ConfigurationError(f"a storage_transformers entry is an object with an 'extension', got {entry!r}", path)
+    key = (entry["extension"], entry.get("type"))
+    cls = _REGISTRY.get(key)  # type: ignore[arg-type]
+    if cls is None:
+        raise UnknownStorageTransformerError(
+            entry["extension"], entry.get("type"), path, [f"{e} ({t})" for e, t in registered()]
+        )
+    return cls
+
+
+def storage_transformer_entries(array_metadata: Mapping[str, Any], path: str | None = None) -> list[dict[str, Any]]:
+    """The ``storage_transformers`` list of array metadata (``[]`` when absent).
+
+    Raises
+    ------
+    ConfigurationError
+        If the field is present but not a list.
+    """
+    entries = array_metadata.get("storage_transformers") or []
+    if not isinstance(entries, list):
+        raise ConfigurationError(f"storage_transformers must be a list, got {entries!r}", path)
+    return [dict(e) if isinstance(e, Mapping) else e for e in entries]
+
+
+def build_stack(
+    entries: Sequence[Mapping[str, Any]],
+    array_metadata: Mapping[str, Any],
+    array_path: str,
+    store: AbstractStore,
+) -> AbstractStore:
+    """The transformers of ``entries`` stacked over ``store``; ``store`` itself for no entries.
+
+    Parameters
+    ----------
+    entries : sequence of mapping
+        ``storage_transformers`` entries, outermost first.
+    array_metadata : mapping
+        The array's 2022 draft metadata (``shape``, ``chunk_grid``).
+    array_path : str
+        The array's path in the hierarchy.
+    store : AbstractStore
+        The store at the bottom of the stack.
+
+    Raises
+    ------
+    UnknownStorageTransformerError
+        If an entry is not registered (every entry is resolved before any is built).
+    ConfigurationError
+        If an entry's configuration does not fit the array.
+    """
+    classes = [resolve(e, array_path) for e in entries]
+    chunk_shape = list((array_metadata.get("chunk_grid") or {}).get("chunk_shape", []))
+    seen = []
+    for cls, entry in zip(classes, entries):
+        seen.append(chunk_shape)
+        chunk_shape = cls.outer_chunk_shape(entry, chunk_shape)  # type: ignore[attr-defined]
+    top = store
+    for cls, entry, shape in reversed(list(zip(classes, entries, seen))):
+        top = cls.from_metadata(entry, array_metadata, array_path, top, shape)  # type: ignore[attr-defined]
+    return top
+
+
+register(ShardingStorageTransformer)
