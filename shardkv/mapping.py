@@ -162,11 +162,22 @@ class ShardedStore(MutableMapping):
 
     _store_version = 2  # the zarr-python 2 store protocol this proxy speaks
 
+    def __new__(cls, store: Any = None, *args: Any, layout: Literal["draft2022"] | None = None, **kwargs: Any) -> Any:
+        # 2022 draft mode (shardkv.draft) when layout="draft2022" or the store holds a draft hierarchy
+        if cls is ShardedStore:
+            from .draft import open_draft_if_wanted
+
+            draft = open_draft_if_wanted(store, layout, *args, **kwargs)
+            if draft is not None:
+                return draft
+        return super().__new__(cls)
+
     def __init__(
         self,
         store: Any,
         chunks_per_shard: ChunksPerShard = None,
         *,
+        layout: Literal["draft2022"] | None = None,  # see __new__ (shardkv.draft)
         index_location: Literal["start", "end"] = "end",
         index_checksum: bool = True,
         storage_options: Mapping[str, Any] | None = None,
