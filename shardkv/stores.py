@@ -122,8 +122,8 @@ class StoreAdapter(ABC):
     def validator(self, key: str) -> Hashable:
         """A cheap fingerprint of a stored value that changes when it is rewritten, or ``None``.
 
-        Only stores where it costs no request give one (local files: size and
-        modification time); ``None`` means "cannot tell cheaply".
+        Only stores where it costs no request give one (local files: size,
+        modification time and inode); ``None`` means "cannot tell cheaply".
         """
         return None
 
@@ -330,7 +330,9 @@ class FSMapAdapter(StoreAdapter):
             st = os.stat(self.fs._strip_protocol(self._path(key)))
         except FileNotFoundError:
             return "missing"
-        return (st.st_size, st.st_mtime_ns)
+        # the inode too: an atomic rewrite (temporary file renamed over the shard) gets a new
+        # one, so a same-size rewrite within the file system's timestamp granularity is seen
+        return (st.st_size, st.st_mtime_ns, st.st_ino)
 
     def set_many(self, values: Mapping[str, bytes]) -> None:
         if not values:
