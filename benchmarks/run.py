@@ -1,0 +1,393 @@
+"""Run every shardkv benchmark and print one table of side-by-side ratios.
+
+    python benchmarks/run.py [--size tiny|small|full] [--repeat N] [--make-envs]
+
+Each workload (``benchmarks/workloads/<name>.py``) runs as a subprocess in the
+test environment it needs: ``.venv-zarr2`` (zarr-python 2.18 + shardkv) or
+``.venv-zarr3`` (zarr-python 3), the two environments ``bash tests/run.sh``
+builds (``--make-envs`` builds missing ones the same way). A workload prints
+one JSON line with every repetition; this runner takes the medians, prints a
+Markdown table with the machine's facts and writes the same text to
+``benchmarks/results/latest.md``. A missing environment or a proxy feature
+that is not there yet shows as ``n/a``; a workload that fails makes the exit
+status 1. Uses the standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOADS = ROOT / "benchmarks" / "workloads"
+ENVS = {"zarr2": (".venv-zarr2", "test-zarr2"), "zarr3": (".venv-zarr3", "test-zarr3")}
+DEFAULT_REPEAT = {"tiny": 1, "small": 2, "full": 5}
+MiB = 1 << 20
+
+
+class Missing:
+    """A measurement that could not be made, with the reason shown in the table."""
+
+    def __init__(self, reason: str, failed: bool = False) -> None:
+        self.reason = reason
+        self.failed = failed
+
+    def __str__(self) -> str:
+        return f"n/a ({self.reason})"
+
+
+# -- environments -----------------------------------------------------------------
+
+
+def make_env(name: str, python: str = "python3") -> None:
+    """Create ``.venv-<name>`` the way ``tests/run.sh`` does (venv, pip upgrade, editable install)."""
+    directory, extra = ENVS[name]
+    env_python = ROOT / directory / "bin" / "python"
+    if not env_python.exists():
+        subprocess.run([python, "-m", "venv", str(ROOT / directory)], check=True)
+    pip = [str(env_python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, "--upgrade", "pip"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([*pip, "-e", f".[{extra}]"], check=True, cwd=ROOT)
+
+
+def find_python(name: str, override: str | None) -> str | None:
+    """The interpreter of an environment: ``override``, else ``<repo>/.venv-<name>/bin/python``."""
+    if override:
+        return override
+    candidate = ROOT / ENVS[name][0] / "bin" / "python"
+    return str(candidate) if candidate.exists() else None
+
+
+# -- workloads ----------------------------------------------------------------------
+
+
+def run_workload(python: str | None, workload: str, impl: str, args: argparse.Namespace, repeat: int) -> Any:
+    """Run one workload subprocess; its JSON result, or ``Missing``."""
+    if python is None:
+        return Missing("env missing")
+    cmd = [python, str(WORKLOADS / f"{workload}.py"), "--json", "--size", args.size]
+    cmd += ["--repeat", str(repeat), "--impl", impl, "--seed", str(args.seed)]
+    t0 = time.perf_counter()
+    log(f"  {workload} --impl {impl} ...")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        log(f"    timed out after {args.timeout} s")
+        return Missing(f"timed out after {args.timeout} s", failed=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        log(f"    FAILED (exit {proc.returncode}): {tail}")
+        for line in proc.stderr.strip().splitlines()[-15:]:
+            log(f"    | {line}")
+        return Missing(f"failed: {tail[:80]}", failed=True)
+    result = json.loads(lines[-1])
+    log(f"    done in {time.perf_counter() - t0:.1f} s")
+    if "unavailable" in result:
+        return Missing(result["unavailable"])
+    return result
+
+
+def collect(args: argparse.Namespace, py2: str | None, py3: str | None) -> dict[str, Any]:
+    """Every workload result, keyed ``workload/impl``."""
+    rep = args.repeat
+    res: dict[str, Any] = {}
+    res["write_read/shardkv"] = run_workload(py2, "write_read", "shardkv", args, rep)
+    res["write_read/zarr3"] = run_workload(py3, "write_read", "zarr3", args, rep)
+    for impl in ("shardkv-writeback", "shardkv", "zarr2-transformer"):
+        res[f"chunkwise_write/{impl}"] = run_workload(py2, "chunkwise_write", impl, args, rep)
+    res["random_reads/shardkv"] = run_workload(py2, "random_reads", "shardkv", args, rep)
+    res["random_reads/zarr3"] = run_workload(py3, "random_reads", "zarr3", args, rep)
+    res["proxy_overhead/shardkv"] = run_workload(py2, "proxy_overhead", "shardkv", args, rep)
+    # peak RSS is per process: one process per repetition, samples merged
+    runs = [run_workload(py2, "peak_memory", "shardkv", args, 1) for _ in range(rep)]
+    merged = next((r for r in runs if isinstance(r, Missing)), None)
+    if merged is None:
+        merged = dict(runs[0])
+        merged["samples"] = {k: [s for r in runs for s in r["samples"][k]] for k in runs[0]["samples"]}
+    res["peak_memory/shardkv"] = merged
+    return res
+
+
+# -- the table ------------------------------------------------------------------------
+
+
+def median(result: Any, key: str) -> float | Missing:
+    if isinstance(result, Missing):
+        return result
+    return statistics.median(result["samples"][key])
+
+
+def median_sum(result: Any, keys: tuple[str, ...]) -> float | Missing:
+    """Median over repetitions of the sum of several samples of the same repetition."""
+    if isinstance(result, Missing):
+        return result
+    return statistics.median(sum(vals) for vals in zip(*(result["samples"][k] for k in keys)))
+
+
+def fmt_s(x: Any) -> str:
+    return str(x) if isinstance(x, Missing) else f"{x:.3g} s"
+
+
+def fmt_bytes(n: float) -> str:
+    return f"{n / MiB:.1f} MiB" if n >= MiB else f"{n / 1024:.1f} KiB"
+
+
+def ratio_row(rid: str, what: str, sk: Any, peer: Any, peer_label: str, fmt: Any, goal: float | None) -> list[str]:
+    """A row whose ratio is shardkv / peer and whose goal is ``ratio <= goal``."""
+    peer_cell = str(peer) if isinstance(peer, Missing) else f"{fmt(peer)} ({peer_label})"
+    if isinstance(sk, Missing) or isinstance(peer, Missing):
+        return [rid, what, fmt(sk) if not isinstance(sk, Missing) else str(sk), peer_cell, "n/a", goal_text(goal), "n/a"]
+    ratio = sk / peer
+    return [rid, what, fmt(sk), peer_cell, f"{ratio:.2f}", goal_text(goal), met(ratio, goal)]
+
+
+def value_row(rid: str, what: str, sk_cell: str, peer_cell: str, value: Any, goal: float | None, goal_note: str = "") -> list[str]:
+    """A row whose ratio column is shardkv's own figure (goal: ``value <= goal``)."""
+    if isinstance(value, Missing):
+        return [rid, what, str(value), peer_cell, "n/a", goal_text(goal, goal_note), "n/a"]
+    return [rid, what, sk_cell, peer_cell, f"{value:.2f}", goal_text(goal, goal_note), met(value, goal)]
+
+
+def goal_text(goal: float | None, note: str = "") -> str:
+    if goal is None:
+        return "— (for information)"
+    return f"<= {goal:g}" + (f" ({note})" if note else "")
+
+
+def met(value: float, goal: float | None) -> str:
+    if goal is None:
+        return "—"
+    return "yes" if value <= goal + 1e-12 else "no"
+
+
+def build_rows(res: dict[str, Any]) -> list[list[str]]:
+    rows: list[list[str]] = []
+    wr_sk, wr_z3 = res["write_read/shardkv"], res["write_read/zarr3"]
+    p1 = _shape_text(wr_sk, wr_z3)
+    rows.append(ratio_row("P1", f"full write {p1}: zarr 2.18 + ShardedStore(dir) vs zarr 3 ShardingCodec; time",
+                          median(wr_sk, "write_s"), median(wr_z3, "write_s"), "zarr 3", fmt_s, 0.8))
+
+    transformer = res["chunkwise_write/zarr2-transformer"]
+    if isinstance(transformer, Missing):
+        tr_cell = str(transformer)
+    else:
+        tr = median(transformer, "bytes_written")
+        tr_cell = f"{fmt_bytes(tr)} = {tr / transformer['array_bytes']:.2f} (zarr 2.18 draft transformer)"
+    for rid, impl, label, goal in (
+        ("P2", "shardkv-writeback", "write-back (buffer_bytes = half the array)", 1.1),
+        ("P2-direct", "shardkv", "no write-back (default)", None),
+    ):
+        r = res[f"chunkwise_write/{impl}"]
+        what = f"chunk-by-chunk write {_shape_text(r, transformer)}, {label}: bytes written / array bytes"
+        if isinstance(r, Missing):
+            rows.append(value_row(rid, what, "", tr_cell, r, goal))
+            continue
+        bw = median(r, "bytes_written")
+        rows.append(value_row(rid, what, f"{fmt_bytes(bw)} written", tr_cell, bw / r["array_bytes"], goal))
+
+    rr_sk, rr_z3 = res["random_reads/shardkv"], res["random_reads/zarr3"]
+    n = next((r["reads_per_pass"] for r in (rr_sk, rr_z3) if not isinstance(r, Missing)), "?")
+    for rid, name, goal in (("P3", "warm", 1.0), ("P3-cold", "cold", None)):
+        sk = median(rr_sk, f"{name}_requests_per_chunk")
+        z3 = median(rr_z3, f"{name}_requests_per_chunk")
+        z3_cell = str(z3) if isinstance(z3, Missing) else f"{z3:.2f} req/chunk (zarr 3, counted)"
+        what = f"{n} random single-chunk reads, {name} ({'same' if name == 'warm' else 'new'} store object): base-store requests per chunk"
+        sk_cell = "" if isinstance(sk, Missing) else f"{sk:.2f} req/chunk"
+        rows.append(value_row(rid, what, sk_cell, z3_cell, sk, goal))
+
+    rows.append(ratio_row("P4", f"whole-array read {p1}: zarr 2.18 + ShardedStore(dir) vs zarr 3 ShardingCodec; time",
+                          median(wr_sk, "read_s"), median(wr_z3, "read_s"), "zarr 3", fmt_s, 0.8))
+
+    po = res["proxy_overhead/shardkv"]
+    rows.append(ratio_row("P5", f"proxy overhead {_shape_text(po)}: zarr 2.18 on ShardedStore(dict) vs plain dict; write + read time",
+                          median_sum(po, ("sharded_write_s", "sharded_read_s")),
+                          median_sum(po, ("plain_write_s", "plain_read_s")), "plain dict", fmt_s, 1.15))
+
+    pm = res["peak_memory/shardkv"]
+    if isinstance(pm, Missing):
+        rows.append(value_row("P6", "peak RSS of a write-back write, chunk row by chunk row", "", "—", pm, 1.0))
+    else:
+        peak = median(pm, "peak_above_baseline_bytes")
+        what = (f"peak RSS above baseline writing {_shape_text(pm)} chunk row by chunk row, write-back "
+                f"(buffer_bytes = {fmt_bytes(pm['buffer_bytes'])}); ratio = peak / (buffer + 2 shards)")
+        note = f"{fmt_bytes(pm['limit_bytes'])}"
+        rows.append(value_row("P6", what, fmt_bytes(peak), "—", peak / pm["limit_bytes"], 1.0, note))
+    return rows
+
+
+def _shape_text(*results: Any) -> str:
+    for r in results:
+        if not isinstance(r, Missing):
+            shape = r["shape"]
+            nbytes = r.get("array_bytes", shape[0] * shape[1] * 4)
+            return f"{shape[0]}x{shape[1]} f32 ({fmt_bytes(nbytes)})"
+    return "(size unknown)"
+
+
+def markdown_table(rows: list[list[str]]) -> str:
+    header = ["id", "what", "shardkv", "peer", "ratio", "goal", "met?"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# -- machine facts ------------------------------------------------------------------------
+
+
+def machine_facts(res: dict[str, Any], py2: str | None, py3: str | None) -> list[str]:
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    ram = "unknown"
+    try:
+        with open("/proc/meminfo") as f:
+            kib = next(int(ln.split()[1]) for ln in f if ln.startswith("MemTotal"))
+        ram = f"{kib / 1024 / 1024:.1f} GiB"
+    except (OSError, StopIteration):
+        pass
+    facts = [
+        f"- CPU: {cpu}; {os.cpu_count()} logical cores; RAM {ram}; {platform.system()} {platform.release()}",
+        f"- load average (1, 5, 15 min) at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())} "
+        "(other processes on the machine skew timings; counts and bytes are exact)",
+        f"- git: {git_describe()}",
+    ]
+    for env, py in (("zarr2", py2), ("zarr3", py3)):
+        versions = next((r["versions"] for k, r in res.items() if not isinstance(r, Missing) and _env_of(k) == env), None)
+        if versions is None:
+            facts.append(f"- {ENVS[env][0]}: {'missing' if py is None else 'no successful workload'}")
+        else:
+            v = ", ".join(f"{k} {versions[k]}" for k in ("python", "zarr", "numcodecs", "numpy", "shardkv") if k in versions)
+            facts.append(f"- {ENVS[env][0]} ({py}): {v}")
+    params = next((r.get("shardkv_params") for r in res.values() if not isinstance(r, Missing) and r.get("shardkv_params")), None)
+    if params:
+        facts.append(f"- ShardedStore parameters found: {', '.join(params)}")
+    return facts
+
+
+def _env_of(key: str) -> str:
+    return "zarr3" if key.endswith("/zarr3") else "zarr2"
+
+
+def git_describe() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "shardkv"], capture_output=True, text=True, cwd=ROOT)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + (" (shardkv/ has uncommitted changes)" if dirty.stdout.strip() else "")
+
+
+def notes(res: dict[str, Any]) -> list[str]:
+    out = [
+        "- Times are medians over the repetitions; a ratio is median(shardkv) / median(peer). "
+        "P2, P3 and P6 show shardkv's own figure in the ratio column.",
+        "- Data: seeded standard normal float32; blosc lz4, clevel 5, byte shuffle; inner chunks 64x64, "
+        "shards 512x512 (8x8 chunks), index at the end with crc32c. Local directories in a temp dir "
+        "(page cache warm for both sides). zarr 3 uses its default async/thread settings; zarr 2.18 is single-threaded "
+        "above blosc.",
+    ]
+    for key in ("chunkwise_write/shardkv-writeback", "chunkwise_write/shardkv", "chunkwise_write/zarr2-transformer"):
+        r = res[key]
+        if not isinstance(r, Missing):
+            written, stored = median(r, "bytes_written"), median(r, "stored_bytes")
+            out.append(f"- {key}: {fmt_bytes(written)} written in {median(r, 'writes'):.0f} writes; "
+                       f"{fmt_bytes(stored)} stored at the end; written / stored = {written / stored:.2f}")
+    for key in ("random_reads/shardkv", "random_reads/zarr3"):
+        r = res[key]
+        if not isinstance(r, Missing):
+            if r.get("uncounted_methods"):
+                out.append(f"- WARNING {key}: store methods not counted as requests: {', '.join(r['uncounted_methods'])}")
+            out.append(f"- {key}: {median(r, 'cold_s_per_chunk') * 1e6:.0f} µs per chunk cold, "
+                       f"{median(r, 'warm_s_per_chunk') * 1e6:.0f} µs warm")
+    po = res["proxy_overhead/shardkv"]
+    if not isinstance(po, Missing):
+        out.append("- P5 split: " + ", ".join(f"{k} {fmt_s(median(po, k))}" for k in po["samples"]))
+    return out
+
+
+def raw_samples(res: dict[str, Any]) -> list[str]:
+    out = []
+    for key, r in res.items():
+        if isinstance(r, Missing):
+            out.append(f"- {key}: {r}")
+            continue
+        parts = [f"{k}=[{', '.join(f'{v:.4g}' for v in vals)}]" for k, vals in r["samples"].items()]
+        out.append(f"- {key}: {'; '.join(parts)}")
+    return out
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=["tiny", "small", "full"], default="small",
+                        help="tiny: seconds (smoke test); small: ~a minute; full: the README numbers")
+    parser.add_argument("--repeat", type=int, default=None, help="repetitions (default: 5 full, 2 small, 1 tiny)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--make-envs", action="store_true", help="create missing .venv-zarr2/.venv-zarr3 like tests/run.sh")
+    parser.add_argument("--zarr2-python", help="interpreter of the zarr-python 2.18 environment (default: .venv-zarr2)")
+    parser.add_argument("--zarr3-python", help="interpreter of the zarr-python 3 environment (default: .venv-zarr3)")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "latest.md")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per workload process")
+    args = parser.parse_args(argv)
+    if args.repeat is None:
+        args.repeat = DEFAULT_REPEAT[args.size]
+    if args.repeat < 1:
+        parser.error(f"--repeat must be >= 1, got {args.repeat}")
+
+    if args.make_envs:
+        for name, override in (("zarr2", args.zarr2_python), ("zarr3", args.zarr3_python)):
+            if override is None and find_python(name, None) is None:
+                log(f"creating {ENVS[name][0]} ...")
+                make_env(name)
+    py2, py3 = find_python("zarr2", args.zarr2_python), find_python("zarr3", args.zarr3_python)
+    for name, py in (("zarr2", py2), ("zarr3", py3)):
+        if py is None:
+            log(f"{ENVS[name][0]} not found: its columns show n/a (create it with --make-envs or bash tests/run.sh)")
+
+    started = time.perf_counter()
+    log(f"shardkv benchmarks, size {args.size}, {args.repeat} repetition(s)")
+    res = collect(args, py2, py3)
+    elapsed = time.perf_counter() - started
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    doc = "\n".join([
+        f"# shardkv benchmarks (size {args.size}, {args.repeat} repetition(s), {stamp}, {elapsed:.0f} s)",
+        "",
+        f"Command: `python benchmarks/run.py --size {args.size} --repeat {args.repeat}`",
+        "",
+        markdown_table(build_rows(res)),
+        "",
+        "Machine:",
+        *machine_facts(res, py2, py3),
+        "",
+        "Notes:",
+        *notes(res),
+        "",
+        "Raw samples (every repetition):",
+        *raw_samples(res),
+        "",
+    ])
+    print(doc)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(doc)
+    log(f"written to {args.out}")
+    return 1 if any(isinstance(r, Missing) and r.failed for r in res.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

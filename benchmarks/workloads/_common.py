@@ -1,0 +1,287 @@
+"""Shared pieces of the benchmark workloads: sizes, data, counters, output.
+
+Each workload is a script run by ``benchmarks/run.py`` in one of the two test
+environments (zarr-python 2.18 or zarr-python 3); it prints one JSON line of
+raw measurements (every repetition, no summary) on stdout. This module imports
+neither zarr nor shardkv at import time, so every workload can use it in either
+environment.
+
+Array layout shared by every workload: 2-D float32, inner chunks 64 x 64,
+shards 512 x 512 (``chunks_per_shard`` 8 x 8), blosc lz4 clevel 5 byte shuffle.
+Data: standard normal float32 noise (seeded), which blosc compresses only a
+little, so stored bytes stay close to array bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, MutableMapping
+from typing import Any
+
+import numpy as np
+
+CHUNKS = (64, 64)
+SHARD_SHAPE = (512, 512)
+CHUNKS_PER_SHARD = 8
+DTYPE = "float32"
+MiB = 1 << 20
+
+# Array shapes per size. p2 (chunk-by-chunk writes) uses a smaller array at
+# full size: every chunk is one zarr call, and the mode without write-back
+# rewrites a whole shard per chunk (quadratic in chunks per shard).
+SIZES: dict[str, dict[str, Any]] = {
+    "tiny": {"p1_shape": (512, 512), "p2_shape": (512, 512), "p3_reads": 20, "p6_shape": (1024, 1024)},
+    "small": {"p1_shape": (1024, 1024), "p2_shape": (1024, 1024), "p3_reads": 200, "p6_shape": (4096, 4096)},
+    "full": {"p1_shape": (8192, 8192), "p2_shape": (2048, 2048), "p3_reads": 200, "p6_shape": (16384, 16384)},
+}
+
+
+def p6_buffer_bytes(shape: tuple[int, ...]) -> int:
+    """Write-back buffer of the peak-memory workload: 64 MiB, or a quarter of a smaller array.
+
+    At full size (1 GiB) this is the 64 MiB of the issue; the smaller sizes
+    scale it down so that the buffer still has to be flushed while writing.
+    """
+    array_bytes = int(np.prod(shape)) * np.dtype(DTYPE).itemsize
+    return min(64 * MiB, array_bytes // 4)
+
+
+def parse_args(description: str, impls: tuple[str, ...]) -> argparse.Namespace:
+    """The command line shared by the workloads."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--json", action="store_true", help="print one JSON line (for benchmarks/run.py)")
+    parser.add_argument("--size", choices=sorted(SIZES), default="small")
+    parser.add_argument("--repeat", type=int, default=1, help="repetitions inside this process")
+    parser.add_argument("--impl", choices=impls, default=impls[0])
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error(f"--repeat must be >= 1, got {args.repeat}")
+    return args
+
+
+def make_data(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    """Seeded standard normal float32 data of ``shape``."""
+    return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+
+
+def numcodecs_blosc() -> Any:
+    """The numcodecs (zarr-python 2) form of the benchmark compressor."""
+    from numcodecs import Blosc
+
+    return Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE)
+
+
+def zarr3_blosc() -> Any:
+    """The zarr-python 3 form of the benchmark compressor."""
+    from zarr.codecs import BloscCodec
+
+    return BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", typesize=4)
+
+
+def chunk_blocks(shape: tuple[int, int]) -> Iterator[tuple[slice, slice]]:
+    """Selections of every inner chunk of a 2-D array, in row-major order."""
+    for i in range(0, shape[0], CHUNKS[0]):
+        for j in range(0, shape[1], CHUNKS[1]):
+            yield slice(i, i + CHUNKS[0]), slice(j, j + CHUNKS[1])
+
+
+class TempDir:
+    """A fresh temporary directory per use (``with TempDir() as path``), removed afterwards."""
+
+    def __enter__(self) -> str:
+        self.path = tempfile.mkdtemp(prefix="shardkv-bench-")
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def dir_bytes(path: str) -> int:
+    """Total size in bytes of the files under ``path``."""
+    total = 0
+    for root, _, files in os.walk(path):
+        total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+    return total
+
+
+# -- shardkv feature detection -------------------------------------------------
+
+
+def shardkv_features() -> dict[str, Any]:
+    """What the installed ``ShardedStore`` offers, read from its signature.
+
+    ``write_back`` is True when the constructor takes ``buffer_bytes`` and the
+    class has ``flush``. When ``inspect.signature(ShardedStore)`` shows only
+    ``*args``/``**kwargs`` for some options (a ``__new__`` that dispatches),
+    the parameters of ``__init__`` are added.
+    """
+    from shardkv import ShardedStore
+
+    sig = inspect.signature(ShardedStore)
+    params = [p.name for p in sig.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if len(params) < len(sig.parameters):
+        init = inspect.signature(ShardedStore.__init__).parameters.values()
+        params += [p.name for p in init if p.name != "self" and p.name not in params
+                   and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return {
+        "params": params,
+        "write_back": "buffer_bytes" in params and callable(getattr(ShardedStore, "flush", None)),
+    }
+
+
+# -- counting wrappers -----------------------------------------------------------
+
+
+class CountingMapping(MutableMapping):
+    """A ``dict``-backed store counting bytes written and requests made.
+
+    ``bytes_written`` sums the length of every value stored (metadata and
+    data); ``writes`` and ``reads`` count calls per key.
+    """
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+        self.bytes_written = 0
+        self.writes = 0
+        self.reads = 0
+
+    def __getitem__(self, key: str) -> bytes:
+        self.reads += 1
+        return self.data[key]
+
+    def __contains__(self, key: object) -> bool:
+        self.reads += 1
+        return key in self.data
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        value = bytes(memoryview(value).cast("B"))
+        self.writes += 1
+        self.bytes_written += len(value)
+        self.data[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self.data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self.data))
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def stored_bytes(self) -> int:
+        return sum(len(v) for v in self.data.values())
+
+
+# Read requests made by one call of each StoreAdapter method: one per key or
+# byte range (each would be one GET on an object store).
+_READ_COST: dict[str, Callable[..., int]] = {
+    "get": lambda *a, **k: 1,
+    "contains": lambda *a, **k: 1,
+    "size": lambda *a, **k: 1,
+    "get_many": lambda keys, *a, **k: len(keys),
+    "get_ranges": lambda requests, *a, **k: len(requests),
+}
+_NOT_READS = {"set", "set_many", "write_at", "delete", "delete_many", "rmdir", "close", "iter_keys", "list_dir"}
+_STATS = {"validator"}  # answered without a request (local stat) or not at all
+
+
+def counting_adapter(inner: Any) -> Any:
+    """Wrap a shardkv ``StoreAdapter`` so that every read request is counted.
+
+    The wrapper is a ``StoreAdapter`` subclass made at run time (so it keeps
+    working when the adapter interface grows): known read methods add their
+    request count to ``.requests``; any other public method is delegated and
+    its name recorded in ``counter["uncounted"]`` (the runner prints a
+    warning then). ``validator`` calls (a local ``stat``, no request) are
+    counted apart in ``counter["stats"]``.
+    """
+    from shardkv.stores import StoreAdapter
+
+    state: dict[str, Any] = {"requests": 0, "calls": 0, "stats": 0, "uncounted": set()}
+
+    def make(name: str) -> Callable[..., Any]:
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if name in _READ_COST:
+                state["requests"] += _READ_COST[name](*args, **kwargs)
+                state["calls"] += 1
+            elif name in _STATS:
+                state["stats"] += 1
+            elif name not in _NOT_READS:
+                state["uncounted"].add(name)
+            return getattr(inner, name)(*args, **kwargs)
+
+        method.__name__ = name
+        return method
+
+    names = {n for n in dir(StoreAdapter) if not n.startswith("_") and callable(getattr(StoreAdapter, n))}
+    names |= {n for n in dir(type(inner)) if not n.startswith("_") and callable(getattr(type(inner), n))}
+    attrs: dict[str, Any] = {n: make(n) for n in names}
+    attrs["__init__"] = lambda self: None
+    attrs["__getattr__"] = lambda self, attr: getattr(inner, attr)
+    attrs["supports_ranges"] = inner.supports_ranges
+    cls = type(f"Counting{type(inner).__name__}", (type(inner),), attrs)
+    wrapper = cls()
+    wrapper.counter = state  # type: ignore[attr-defined]
+    return wrapper
+
+
+# -- memory -----------------------------------------------------------------------
+
+
+def rss_now_bytes() -> int:
+    """Current resident set size of this process, in bytes (Linux ``/proc/self/statm``)."""
+    with open("/proc/self/statm") as f:
+        resident_pages = int(f.read().split()[1])
+    return resident_pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far, in bytes (``ru_maxrss`` is KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# -- output -----------------------------------------------------------------------
+
+
+def versions() -> dict[str, str]:
+    """Python and library versions of this environment (missing libraries are left out)."""
+    out = {"python": platform.python_version()}
+    for name in ("zarr", "numcodecs", "numpy", "shardkv"):
+        try:
+            out[name] = str(importlib.import_module(name).__version__)
+        except ImportError:
+            continue
+    return out
+
+
+def emit(args: argparse.Namespace, workload: str, result: dict[str, Any]) -> None:
+    """Print the result: one JSON line with ``--json``, else indented JSON for people."""
+    doc = {"workload": workload, "impl": args.impl, "size": args.size, "repeat": args.repeat, "versions": versions()}
+    doc.update(result)
+    if args.json:
+        sys.stdout.write(json.dumps(doc, default=_jsonable) + "\n")
+    else:
+        sys.stdout.write(json.dumps(doc, default=_jsonable, indent=2) + "\n")
+        for key, samples in doc.get("samples", {}).items():
+            if samples and all(isinstance(s, (int, float)) for s in samples):
+                sys.stdout.write(f"median {key}: {statistics.median(samples):.4g}\n")
+    sys.stdout.flush()
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, (set, frozenset, tuple)):
+        return sorted(obj) if isinstance(obj, (set, frozenset)) else list(obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"cannot encode {type(obj).__name__} as JSON")
