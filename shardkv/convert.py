@@ -406,6 +406,12 @@ def convert(
     src_name, dst_name = _name(src), _name(dst)
     source, target = adapt(src, storage_options), adapt(dst, storage_options)
     _check_distinct(source, target, src_name, dst_name)
+    from .draft import is_draft_hierarchy  # a 2022 draft hierarchy gets the draft's sharding transformer
+
+    if is_draft_hierarchy(source):
+        from .draft_convert import convert_draft
+
+        return convert_draft(source, target, cps, progress, overwrite=overwrite, src_name=src_name, dst_name=dst_name)  # type: ignore[return-value]
     hierarchy = read_hierarchy(source, src_name)
     if next(iter(target.iter_keys()), None) is not None:
         if not overwrite:

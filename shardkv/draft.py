@@ -96,8 +96,14 @@ def open_draft_if_wanted(store: Any, layout: str | None, *args: Any, **kwargs: A
     if layout not in (None, "draft2022"):
         raise ConfigurationError(f"layout must be 'draft2022' or None (detect from the store), got {layout!r}")
     if layout == "draft2022" or (store is not None and is_draft_hierarchy(store, kwargs.get("storage_options"))):
+        unknown = sorted(set(kwargs) - _DRAFT_OPTIONS)
+        if unknown:
+            raise ConfigurationError(f"option(s) {unknown} do not apply to the 2022 draft mode (it takes {sorted(_DRAFT_OPTIONS)})")
         return DraftShardedStore(store, *args, **kwargs)
     return None
+
+
+_DRAFT_OPTIONS = frozenset({"chunks_per_shard", "index_location", "index_checksum", "storage_options"})
 
 
 @dataclass
