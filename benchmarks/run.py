@@ -60,9 +60,12 @@ def make_env(name: str, python: str = "python3") -> None:
 
 
 def find_python(name: str, override: str | None) -> str | None:
-    """The interpreter of an environment: ``override``, else ``<repo>/.venv-<name>/bin/python``."""
+    """The interpreter of an environment: ``override``, else ``<repo>/.venv-<name>/bin/python``.
+
+    ``None`` when that file does not exist (the environment's columns then show n/a).
+    """
     if override:
-        return override
+        return override if Path(override).exists() else None
     candidate = ROOT / ENVS[name][0] / "bin" / "python"
     return str(candidate) if candidate.exists() else None
 
