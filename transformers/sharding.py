@@ -346,7 +346,7 @@ class ShardingStorageTransformer(AbstractStore):
         for i, value in zip(relayed, first[len(shard_keys) :]):
             out[i] = value
         indexes = {k: self._decode_index(k, d) for k, d in zip(shard_keys, first[: len(shard_keys)])}
-        wanted: list[tuple[int, str, int, int]] = []  # (position, shard key, start, stop) in the shard
+        wanted: list[tuple[int, str, int, int, bool]] = []  # (position, shard key, start, stop, to chunk end)
         for i, loc in enumerate(located):
             if loc is None:
                 continue
@@ -361,20 +361,28 @@ class ShardingStorageTransformer(AbstractStore):
             else:
                 start = min(r.start, nbytes)
                 stop = nbytes if r.stop is None else min(r.stop, nbytes)
-            wanted.append((i, loc[0], offset + start, offset + stop))
+            wanted.append((i, loc[0], offset + start, offset + stop, stop == nbytes))
         if not wanted:
             return out
-        second = self.underlying.get_partial_values([(sk, ByteRange(a, b)) for _, sk, a, b in wanted])
-        for (i, shard_key, start, stop), value in zip(wanted, second):
+        # a read reaching the end of a chunk also asks for the index_nbytes bytes after it: at
+        # least the index follows every chunk, so fewer bytes mean a truncated shard or an entry
+        # pointing into the index, never bytes returned as a chunk
+        guard = self.layout.index_nbytes
+        second = self.underlying.get_partial_values(
+            [(sk, ByteRange(a, b + guard if to_end else b)) for _, sk, a, b, to_end in wanted]
+        )
+        for (i, shard_key, start, stop, to_end), value in zip(wanted, second):
             if value is None:
                 continue  # the shard was erased between the two reads
-            if len(value) != stop - start:
+            expected = stop - start + (guard if to_end else 0)
+            if len(value) != expected:
                 raise CorruptShardError(
                     shard_key,
-                    f"the index points at bytes [{start}, {stop}) for chunk {key_ranges[i][0]!r} but only "
-                    f"{len(value)} of them are stored (truncated shard?)",
+                    f"the index points at bytes [{start}, {stop}) for chunk {key_ranges[i][0]!r}, which must "
+                    f"lie before the {guard}-byte index, but the shard ends {expected - len(value)} bytes "
+                    "too early (truncated shard or entry pointing into the index)",
                 )
-            out[i] = value
+            out[i] = value[: stop - start] if to_end else value
         return out
 
     def contains(self, key: str) -> bool:
@@ -443,7 +451,9 @@ class ShardingStorageTransformer(AbstractStore):
                 whole = all(op[0] == "set" for op in updates.values())
                 if not (whole and avail and avail <= updates.keys()):
                     need_old.append(shard_key)
-            old = dict(zip(need_old, self.underlying.get_partial_values([(k, ByteRange(0)) for k in need_old])))
+            old: dict[str, bytes | None] = {}
+            if need_old:
+                old = dict(zip(need_old, self.underlying.get_partial_values([(k, ByteRange(0)) for k in need_old])))
             new_shards: dict[str, bytes] = {}
             emptied: list[str] = []
             for shard_key, updates in by_shard.items():
