@@ -1,0 +1,190 @@
+"""Stateful test: ShardedStore against a ``dict`` model of its chunk keys.
+
+Hypothesis drives random sequences of set / batch set / delete / batch delete / get /
+contains / iterate / reopen over a small 2-D sharded array with edge shards (shape
+(5, 7), inner chunks (2, 2), chunks_per_shard (2, 3): a 3 x 4 chunk grid in 2 x 2
+shards), and checks after every step that the proxy and the model are the same mapping.
+Variants check that the base store holds exactly the expected shard keys, run over an
+fsspec ``memory://`` store (ranged reads and the index cache), and in write-back mode.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import fsspec
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from shardkv import ShardedStore
+
+SHAPE, CHUNKS, CPS, GRID = (5, 7), (2, 2), (2, 3), (3, 4)
+META = (".zarray", ".zgroup", ".zattrs", "zarr.json")
+
+coords = st.tuples(st.integers(0, GRID[0] - 1), st.integers(0, GRID[1] - 1))
+values = st.binary(max_size=12)
+
+
+def zarray(sep: str) -> bytes:
+    return json.dumps(
+        {"zarr_format": 2, "shape": list(SHAPE), "chunks": list(CHUNKS), "dtype": "|u1", "compressor": None,
+         "fill_value": 0, "filters": None, "order": "C", "dimension_separator": sep}
+    ).encode()  # fmt: skip
+
+
+class ShardedStoreMachine(RuleBasedStateMachine):
+    """The proxy over a dict, root array with '.' separator."""
+
+    path, sep = "", "."
+    proxy_options: dict[str, Any] = {}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.base = self.make_base()
+        self.store = ShardedStore(self.base, chunks_per_shard=CPS, **self.proxy_options)
+        self.store[self.meta_key] = zarray(self.sep)
+        self.model: dict[str, bytes] = {}
+
+    def make_base(self) -> Any:
+        return {}
+
+    @property
+    def meta_key(self) -> str:
+        return f"{self.path}/.zarray" if self.path else ".zarray"
+
+    def key(self, c: tuple[int, int]) -> str:
+        suffix = self.sep.join(map(str, c))
+        return f"{self.path}/{suffix}" if self.path else suffix
+
+    def chunk_keys_of_proxy(self) -> set[str]:
+        return {k for k in self.store if k.rsplit("/", 1)[-1] not in META}
+
+    # -- rules -----------------------------------------------------------------
+
+    @rule(c=coords, value=values)
+    def set_chunk(self, c: tuple[int, int], value: bytes) -> None:
+        self.store[self.key(c)] = value
+        self.model[self.key(c)] = value
+
+    @rule(items=st.dictionaries(coords, values, max_size=8))
+    def set_many(self, items: dict[tuple[int, int], bytes]) -> None:
+        batch = {self.key(c): v for c, v in items.items()}
+        self.store.setitems(batch)
+        self.model.update(batch)
+
+    @rule(c=coords)
+    def delete_chunk(self, c: tuple[int, int]) -> None:
+        key = self.key(c)
+        if key in self.model:
+            del self.store[key]
+            del self.model[key]
+        else:
+            with pytest.raises(KeyError):
+                del self.store[key]
+
+    @rule(cs=st.lists(coords, max_size=6))
+    def delete_many(self, cs: list[tuple[int, int]]) -> None:
+        keys = [self.key(c) for c in cs]
+        self.store.delitems(keys)
+        for k in keys:
+            self.model.pop(k, None)
+
+    @precondition(lambda self: bool(self.model))
+    @rule(data=st.data())
+    def delete_existing(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(sorted(self.model)))
+        del self.store[key]
+        del self.model[key]
+
+    @rule(c=coords)
+    def get(self, c: tuple[int, int]) -> None:
+        key = self.key(c)
+        if key in self.model:
+            assert self.store[key] == self.model[key]
+        else:
+            with pytest.raises(KeyError):
+                self.store[key]
+
+    @rule(cs=st.lists(coords, max_size=6))
+    def get_many(self, cs: list[tuple[int, int]]) -> None:
+        keys = [self.key(c) for c in cs]
+        assert self.store.getitems(keys) == {k: self.model[k] for k in keys if k in self.model}
+
+    @rule(c=coords)
+    def contains(self, c: tuple[int, int]) -> None:
+        assert (self.key(c) in self.store) == (self.key(c) in self.model)
+
+    @rule()
+    def iterate(self) -> None:
+        assert self.chunk_keys_of_proxy() == set(self.model)
+        assert len(self.store) == len(self.model) + 1  # + .zarray
+
+    @rule()
+    def reopen(self) -> None:
+        """A new proxy over the same base store (no chunks_per_shard: read from zarr.json)."""
+        self.store.flush()
+        self.store = ShardedStore(self.base, **{k: v for k, v in self.proxy_options.items() if k == "buffer_bytes"})
+
+    # -- invariants ------------------------------------------------------------
+
+    @invariant()
+    def proxy_equals_model(self) -> None:
+        keys = self.chunk_keys_of_proxy()
+        assert keys == set(self.model)
+        assert {k: self.store[k] for k in keys} == self.model
+
+
+class ShardKeysMachine(ShardedStoreMachine):
+    """Also: the base store holds exactly one shard per shard with a stored chunk."""
+
+    @invariant()
+    def base_holds_expected_shards(self) -> None:
+        self.store.flush()
+        stored = {k for k in self.store.base.iter_keys() if k.rsplit("/", 1)[-1] not in META}
+        expected = set()
+        for key in self.model:
+            r, c = (int(x) for x in key[len(self.path) + 1 if self.path else 0 :].split(self.sep))
+            expected.add(self.key((r // CPS[0], c // CPS[1])))
+        assert stored == expected
+        meta = {k for k in self.store.base.iter_keys() if k.rsplit("/", 1)[-1] in META}
+        assert meta == {self.meta_key, self.meta_key.replace(".zarray", "zarr.json")}
+
+
+class MemoryFSMachine(ShardKeysMachine):
+    """Over fsspec memory:// (ranged reads, index cache), nested '/'-separated array, index at start."""
+
+    path, sep = "g/arr", "/"
+    proxy_options = {"index_location": "start"}
+
+    def make_base(self) -> Any:
+        self.root = f"memory://shardkv-stateful-{uuid.uuid4().hex}"
+        return self.root
+
+    def teardown(self) -> None:
+        fs = fsspec.filesystem("memory")
+        if fs.exists(self.root):
+            fs.rm(self.root, recursive=True)
+
+
+class WriteBackMachine(ShardKeysMachine):
+    """Write-back mode with a tiny buffer, so shards are also forced out by the limit."""
+
+    proxy_options = {"buffer_bytes": 24, "index_checksum": False}
+
+
+_settings = settings(
+    max_examples=40, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+TestShardedStoreStateful = ShardedStoreMachine.TestCase
+TestShardedStoreStateful.settings = _settings
+TestShardKeysStateful = ShardKeysMachine.TestCase
+TestShardKeysStateful.settings = _settings
+TestMemoryFSStateful = MemoryFSMachine.TestCase
+TestMemoryFSStateful.settings = _settings
+TestWriteBackStateful = WriteBackMachine.TestCase
+TestWriteBackStateful.settings = _settings
