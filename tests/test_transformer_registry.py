@@ -1,0 +1,89 @@
+"""The registry: storage_transformers metadata entries -> classes -> stacks; unknown ones refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardkv.errors import ConfigurationError, UnsupportedError
+from shardkv.transformers import (
+    SHARDING_EXTENSION,
+    AdapterStore,
+    ShardingStorageTransformer,
+    UnknownStorageTransformerError,
+    build_stack,
+    registered,
+    resolve,
+    storage_transformer_entries,
+)
+
+META = {"shape": [8, 8], "chunk_grid": {"type": "regular", "chunk_shape": [2, 2], "separator": "/"}}
+
+
+def entry(cps, type="indexed", extension=SHARDING_EXTENSION):
+    return {"extension": extension, "type": type, "configuration": {"chunks_per_shard": cps}}
+
+
+def test_the_sharding_transformer_is_registered():
+    assert (SHARDING_EXTENSION, "indexed") in registered()
+    assert resolve(entry([2, 2])) is ShardingStorageTransformer
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [entry([2, 2], extension="https://example.org/unknown/1.0"), entry([2, 2], type="hashed")],
+    ids=["unknown-extension", "unknown-type"],
+)
+def test_unknown_transformers_are_refused_with_their_name(bad):
+    with pytest.raises(UnknownStorageTransformerError) as info:
+        resolve(bad, "arr")
+    assert info.value.extension == bad["extension"] and info.value.type == bad["type"]
+    assert info.value.path == "arr"
+    assert isinstance(info.value, UnsupportedError) and isinstance(info.value, NotImplementedError)
+    assert bad["extension"] in str(info.value) and "indexed" in str(info.value)
+
+
+def test_a_stack_with_one_unknown_entry_is_refused_whole():
+    with pytest.raises(UnknownStorageTransformerError):
+        build_stack([entry([2, 2]), entry([1, 1], type="other")], META, "a", AdapterStore({}))
+
+
+def test_malformed_entries():
+    with pytest.raises(ConfigurationError, match="extension"):
+        resolve({"type": "indexed"})
+    with pytest.raises(ConfigurationError, match="must be a list"):
+        storage_transformer_entries({"storage_transformers": {"extension": SHARDING_EXTENSION}})
+    assert storage_transformer_entries({}) == []
+
+
+@pytest.mark.parametrize("cps", [[2], [2, 2, 2], [0, 2], [2, "2"], None, [True, 2]])
+def test_chunks_per_shard_must_have_one_positive_int_per_dimension(cps):
+    with pytest.raises(ConfigurationError, match="chunks_per_shard"):
+        build_stack([entry(cps)], META, "a", AdapterStore({}))
+
+
+def test_build_stack_order_outermost_first_and_chunk_shapes_propagate():
+    base = AdapterStore({})
+    top = build_stack([entry([1, 2]), entry([2, 1])], META, "a", base)
+    assert isinstance(top, ShardingStorageTransformer) and top.chunks_per_shard == (1, 2)
+    lower = top.underlying
+    assert isinstance(lower, ShardingStorageTransformer) and lower.chunks_per_shard == (2, 1)
+    assert lower.underlying is base
+    # the lower transformer sees the upper one's shards (2 x 4 elements) as its chunks: grid 4 x 2
+    assert top.chunk_grid_shape == (4, 4) and lower.chunk_grid_shape == (4, 2)
+    values = {top.chunk_key((i, j)): bytes([i, j]) for i in range(4) for j in range(4)}
+    top.set_values(values)
+    assert sorted(base.list()) == [f"data/root/a/c{i}/{j}" for i in range(2) for j in range(2)]
+    assert {k: top.get(k) for k in values} == values
+
+
+def test_no_entries_is_the_store_itself():
+    base = AdapterStore({})
+    assert build_stack([], META, "a", base) is base
+
+
+def test_metadata_round_trip():
+    t = ShardingStorageTransformer.from_metadata(entry([4, 1]), META, "x/y", AdapterStore({}))
+    assert t.to_metadata() == entry([4, 1])
+    assert t.key_prefix == "data/root/x/y/" and t.encoding.separator == "/"
+    root = ShardingStorageTransformer(AdapterStore({}), (2,))
+    assert root.key_prefix == "data/root/" and root.chunk_key((3,)) == "data/root/c3"
