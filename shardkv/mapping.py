@@ -609,6 +609,8 @@ class ShardedStore(MutableMapping):
             new_shards: dict[str, bytes] = {}
             new_indexes: dict[str, ShardIndex] = {}
             empty: list[str] = []
+            # slack only where in-place writes can use it (elsewhere "inplace" falls back to rewrite)
+            slack = self._slack_bytes if self._write_strategy == "inplace" and self._base.supports_append else 0
             for shard_key, (arr, coords, updates) in by_shard.items():
                 chunks: dict[tuple[int, ...], memoryview] = {}
                 if shard_key in old:
@@ -623,7 +625,7 @@ class ShardedStore(MutableMapping):
                         chunks[local] = value
                 if chunks:
                     new_shards[shard_key], new_indexes[shard_key] = arr.layout.encode_shard_with_index(
-                        chunks, self._slack_bytes if self._write_strategy == "inplace" else 0
+                        chunks, slack
                     )
                 elif shard_key in old:
                     empty.append(shard_key)

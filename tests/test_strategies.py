@@ -1,0 +1,357 @@
+"""Write strategies ("rewrite", "append", "inplace"), slack, compact() and the fallback to rewrite.
+
+Shards are checked with an independent reader (:func:`parse_shard`: numpy on
+the raw bytes, following the v1.0 ``sharding_indexed`` layout: ``uint64``
+little-endian ``(offset, nbytes)`` pairs, 4-byte CRC32C after them, the index
+at the start or the end), not with shardkv's own decoder.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import fsspec
+import numcodecs
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import zarr
+from shardkv import ShardedStore, ShardIndex
+from shardkv.layout import ShardLayout
+from shardkv.stores import FSMapAdapter
+from shardkv.strategies import plan_append
+
+EMPTY = 2**64 - 1
+
+
+def parse_shard(blob: bytes, n_chunks: int, index_location: str) -> tuple[dict[int, bytes], np.ndarray]:
+    """Chunks (by row-major local position) and raw ``(n_chunks, 2)`` index of a v1.0 shard with CRC32C."""
+    index_nbytes = 16 * n_chunks + 4
+    raw = blob[-index_nbytes:] if index_location == "end" else blob[:index_nbytes]
+    entries = np.frombuffer(raw[: 16 * n_chunks], dtype="<u8").reshape(n_chunks, 2)
+    chunks = {i: blob[int(o) : int(o) + int(n)] for i, (o, n) in enumerate(entries) if o != EMPTY}
+    return chunks, entries
+
+
+def assert_compact(blob: bytes, n_chunks: int, index_location: str) -> None:
+    """No unused byte: chunks back to back, the index at its end, nothing else."""
+    chunks, entries = parse_shard(blob, n_chunks, index_location)
+    index_nbytes = 16 * n_chunks + 4
+    assert len(blob) == index_nbytes + sum(len(c) for c in chunks.values())
+    spans = sorted((int(o), int(o) + int(n)) for o, n in entries if o != EMPTY)
+    cursor = index_nbytes if index_location == "start" else 0
+    for start, stop in spans:
+        assert start == cursor
+        cursor = stop
+
+
+# -- plan_append (pure) ----------------------------------------------------------------------
+
+
+def stored_shard(layout: ShardLayout, chunks: dict[tuple[int, ...], bytes], slack: int = 0) -> bytes:
+    return layout.encode_shard_with_index(chunks, slack)[0]
+
+
+def apply_plan(blob: bytes, plan: Any) -> bytes:
+    out = bytearray(blob)
+    for w in plan.writes:
+        end = w.offset + len(w.data)
+        if end > len(out):
+            out.extend(bytes(end - len(out)))
+        out[w.offset : end] = w.data
+    return bytes(out)
+
+
+@pytest.mark.parametrize("index_location", ["end", "start"])
+@pytest.mark.parametrize("inplace", [False, True], ids=["append", "inplace"])
+def test_plan_append_result_parses_to_the_updated_chunks(index_location: str, inplace: bool) -> None:
+    layout = ShardLayout.v3((4,), index_location)
+    before = {(0,): b"aaaa", (1,): b"bbbbbb", (2,): b"cc"}
+    blob = stored_shard(layout, before)
+    index = layout.index_of_shard(blob, "s")
+    updates = {(0,): b"AA", (1,): b"BBBBBBBB", (2,): None, (3,): b"dd"}
+    plan = plan_append(layout, index, len(blob), updates, inplace=inplace)
+    after = apply_plan(blob, plan)
+    assert len(after) == plan.new_nbytes
+    chunks, _ = parse_shard(after, 4, index_location)
+    assert chunks == {0: b"AA", 1: b"BBBBBBBB", 3: b"dd"}
+    assert layout.index_of_shard(after, "s") == plan.index
+    appended = sum(len(w.data) for w in plan.writes)
+    assert appended == 2 + 8 + 2 + layout.index_nbytes  # new chunk bytes and one index, never the whole shard
+    old_offset = index.get((0,))[0]  # type: ignore[index]
+    if inplace:  # chunk 0 fits its old slot; chunks 1 and 3 are appended
+        assert plan.index.get((0,))[0] == old_offset  # type: ignore[union-attr, index]
+        assert len(after) == len(blob) + 10 + (layout.index_nbytes if index_location == "end" else 0)
+    else:
+        assert plan.index.get((0,))[0] != old_offset  # type: ignore[union-attr, index]
+        assert len(after) == len(blob) + 12 + (layout.index_nbytes if index_location == "end" else 0)
+
+
+def test_plan_inplace_uses_gaps_up_to_the_next_chunk() -> None:
+    layout = ShardLayout.v3((3,), "end")
+    blob = stored_shard(layout, {(0,): b"x" * 4, (1,): b"y" * 4, (2,): b"z" * 4})
+    index = layout.index_of_shard(blob, "s")
+    shrink = plan_append(layout, index, len(blob), {(0,): b"X"}, inplace=True)
+    blob = apply_plan(blob, shrink)
+    index = shrink.index
+    assert len(blob) == shrink.new_nbytes == 12 + layout.index_nbytes
+    regrow = plan_append(layout, index, len(blob), {(0,): b"X" * 4}, inplace=True)  # the slot is still 4 bytes
+    assert regrow.new_nbytes == len(blob)
+    too_big = plan_append(layout, index, len(blob), {(0,): b"X" * 5}, inplace=True)
+    assert too_big.new_nbytes == len(blob) + 5 + layout.index_nbytes
+
+
+def test_plan_rejects_negative_slack() -> None:
+    layout = ShardLayout.v3((2,))
+    with pytest.raises(ValueError, match="slack_bytes"):
+        plan_append(layout, ShardIndex.empty((2,)), layout.index_nbytes, {}, inplace=True, slack_bytes=-1)
+
+
+# -- the proxy on a local directory ---------------------------------------------------------
+
+CPS = 4
+
+
+def zarray(n_chunks: int = 16, chunk: int = 64) -> bytes:
+    doc = {
+        "zarr_format": 2, "shape": [n_chunks * chunk], "chunks": [chunk], "dtype": "|u1",
+        "compressor": None, "fill_value": 0, "filters": None, "order": "C",
+    }  # fmt: skip
+    return json.dumps(doc).encode()
+
+
+def local_store(root: Path, **kwargs: Any) -> ShardedStore:
+    store = ShardedStore(str(root), chunks_per_shard=CPS, **kwargs)
+    if "a/.zarray" not in store:
+        store["a/.zarray"] = zarray()
+    return store
+
+
+def shard_size(root: Path, shard: str = "0") -> int:
+    return os.path.getsize(root / "a" / shard)
+
+
+@pytest.mark.parametrize("index_location", ["end", "start"])
+def test_inplace_reuses_the_slot_when_the_encoding_fits(tmp_path: Path, index_location: str) -> None:
+    store = local_store(tmp_path, write_strategy="inplace", index_location=index_location)
+    store.setitems({f"a/{i}": b"0123456789" for i in range(CPS)})
+    size = shard_size(tmp_path)
+    index_nbytes = 16 * CPS + 4
+    store["a/1"] = b"abc"  # smaller: fits
+    assert shard_size(tmp_path) == size
+    store["a/1"] = b"ABCDEFGHIJ"  # back to the slot's full 10 bytes: fits
+    assert shard_size(tmp_path) == size
+    store["a/1"] = b"ABCDEFGHIJK"  # 11 bytes: appended
+    growth = 11 + (index_nbytes if index_location == "end" else 0)
+    assert shard_size(tmp_path) == size + growth
+    expected = {f"a/{i}": b"0123456789" for i in range(CPS)} | {"a/1": b"ABCDEFGHIJK"}
+    fresh = ShardedStore(str(tmp_path))
+    assert fresh.getitems(list(expected)) == expected
+
+
+@pytest.mark.parametrize("index_location", ["end", "start"])
+def test_slack_lets_a_slightly_larger_encoding_fit(tmp_path: Path, index_location: str) -> None:
+    slack = 6
+    store = local_store(tmp_path, write_strategy="inplace", slack_bytes=slack, index_location=index_location)
+    store.setitems({f"a/{i}": b"0123456789" for i in range(CPS)})
+    index_nbytes = 16 * CPS + 4
+    size = shard_size(tmp_path)
+    assert size == index_nbytes + CPS * (10 + slack)  # slack after every chunk
+    store["a/2"] = b"x" * (10 + slack)
+    assert shard_size(tmp_path) == size
+    store["a/2"] = b"y" * (10 + slack + 1)  # beyond the slack: appended, with fresh slack
+    assert shard_size(tmp_path) == size + 17 + slack + (index_nbytes if index_location == "end" else 0)
+    assert ShardedStore(str(tmp_path))["a/2"] == b"y" * 17
+
+    no_slack = local_store(tmp_path / "other", write_strategy="inplace", index_location=index_location)
+    no_slack.setitems({f"a/{i}": b"0123456789" for i in range(CPS)})
+    size = shard_size(tmp_path / "other")
+    no_slack["a/2"] = b"x" * 11
+    assert shard_size(tmp_path / "other") > size
+
+
+@pytest.mark.parametrize("index_location", ["end", "start"])
+@pytest.mark.parametrize("write_strategy", ["append", "inplace"])
+def test_compact_leaves_no_unused_bytes_and_the_data_unchanged(
+    tmp_path: Path, write_strategy: str, index_location: str
+) -> None:
+    store = local_store(tmp_path, write_strategy=write_strategy, slack_bytes=3, index_location=index_location)
+    store.setitems({f"a/{i}": bytes([i]) * (5 + i) for i in range(16)})  # 4 complete shards
+    for step in range(12):  # grow, shrink and delete chunks of shards 0 and 1
+        i = (step * 3) % 8
+        if step % 5 == 4:
+            store.delitems([f"a/{i}"])
+        else:
+            store[f"a/{i}"] = bytes([100 + step]) * (1 + 7 * (step % 3))
+    expected = {k: store[k] for k in store.keys_under("a") if not k.endswith(".zarray")}
+    sizes = {s: shard_size(tmp_path, s) for s in "0123"}
+    for s in "01":
+        blob = (tmp_path / "a" / s).read_bytes()
+        chunks, _ = parse_shard(blob, CPS, index_location)
+        assert len(blob) > 16 * CPS + 4 + sum(len(c) for c in chunks.values())  # unused bytes to reclaim
+
+    reclaimed = store.compact()
+    assert reclaimed == sum(sizes.values()) - sum(shard_size(tmp_path, s) for s in "0123")
+    assert reclaimed > 0
+    for s in "0123":
+        assert_compact((tmp_path / "a" / s).read_bytes(), CPS, index_location)
+    fresh = ShardedStore(str(tmp_path))
+    assert {k: fresh[k] for k in fresh.keys_under("a") if not k.endswith(".zarray")} == expected
+    assert store.compact() == 0
+    assert store.compact("a") == 0
+
+
+def test_compact_of_one_array(tmp_path: Path) -> None:
+    store = ShardedStore(str(tmp_path), chunks_per_shard=CPS, write_strategy="append")
+    store["a/.zarray"] = zarray()
+    store["b/.zarray"] = zarray()
+    for path in "ab":
+        store.setitems({f"{path}/{i}": b"v" * 8 for i in range(CPS)})
+        store[f"{path}/0"] = b"w" * 8
+    assert store.compact("a") > 0
+    assert_compact((tmp_path / "a" / "0").read_bytes(), CPS, "end")
+    with pytest.raises(AssertionError):
+        assert_compact((tmp_path / "b" / "0").read_bytes(), CPS, "end")
+    assert store["a/0"] == store["b/0"] == b"w" * 8
+
+
+# -- fallback to rewrite -------------------------------------------------------------------
+
+
+@pytest.fixture(params=["dict", "memory"])
+def no_append_base(request: pytest.FixtureRequest) -> Iterator[Any]:
+    if request.param == "dict":
+        yield {}
+    else:
+        url = f"memory://shardkv-strat-{uuid.uuid4().hex}"
+        yield url
+        fs = fsspec.filesystem("memory")
+        if fs.exists(url):
+            fs.rm(url, recursive=True)
+
+
+@pytest.mark.parametrize("write_strategy", ["append", "inplace"])
+def test_strategies_fall_back_to_rewrite_without_append(
+    no_append_base: Any, write_strategy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(self: Any, key: str, writes: Any) -> None:
+        raise AssertionError(f"write_at called for {key}")
+
+    monkeypatch.setattr(FSMapAdapter, "write_at", refuse)
+    store = ShardedStore(no_append_base, chunks_per_shard=CPS, write_strategy=write_strategy, slack_bytes=4)
+    store["a/.zarray"] = zarray()
+    assert store.base.supports_append is False
+    store.setitems({f"a/{i}": b"v" * 8 for i in range(CPS)})
+    store["a/1"] = b"w" * 20
+    store["a/2"] = b"x"
+    del store["a/3"]
+    blob = bytes(store.base.get("a/0"))
+    chunks, _ = parse_shard(blob, CPS, "end")
+    assert chunks == {0: b"v" * 8, 1: b"w" * 20, 2: b"x"}
+    assert_compact(blob, CPS, "end")  # rewritten whole, without slack: nothing to reclaim
+    assert store.compact() == 0
+    assert store.getitems(["a/0", "a/1", "a/2", "a/3"]) == {"a/0": b"v" * 8, "a/1": b"w" * 20, "a/2": b"x"}
+
+
+# -- every mode reads back equal under zarr-python 2.18 ------------------------------------
+
+
+def zarr_ops(z: Any) -> None:
+    """Partial and whole writes whose encodings change size (zlib), so slots are reused and outgrown."""
+    rng = np.random.default_rng(11)
+    z[:] = 1
+    z[3:17, 2:9] = rng.integers(0, 1000, (14, 7))  # noisy: larger encodings
+    z[0:5, 0:30] = 2
+    z[10:30, 20:30] = rng.integers(0, 5, (20, 10))
+    z[12:14, 21:29] = 0
+    z[25:30, 0:30] = rng.integers(0, 1000, (5, 30))
+    z.resize(27, 30)
+    z[26, :] = 9
+
+
+MODES = list(itertools.product(["rewrite", "append", "inplace"], [None, 600], ["end", "start"]))
+
+
+@pytest.mark.parametrize(
+    "write_strategy, buffer_bytes, index_location",
+    MODES,
+    ids=[f"{s}-{'buffer' if b else 'direct'}-{loc}" for s, b, loc in MODES],
+)
+def test_every_mode_reads_back_equal_under_zarr2(
+    tmp_path: Path, write_strategy: str, buffer_bytes: int | None, index_location: str
+) -> None:
+    root = str(tmp_path / "store")
+    kwargs = dict(write_strategy=write_strategy, buffer_bytes=buffer_bytes, index_location=index_location)
+    store = ShardedStore(root, chunks_per_shard=(2, 3), slack_bytes=2 if write_strategy == "inplace" else 0, **kwargs)
+    oracle: dict[str, bytes] = {}
+    arrays = [
+        zarr.open_array(s, mode="w", path="a", shape=(30, 30), chunks=(4, 4), dtype="i4", fill_value=-1,
+                        compressor=numcodecs.Zlib(level=1))  # fmt: skip
+        for s in (store, oracle)
+    ]
+    for z in arrays:
+        zarr_ops(z)
+    expected = arrays[1][:]
+    np.testing.assert_array_equal(arrays[0][:], expected)
+    store.close()
+    np.testing.assert_array_equal(zarr.open_array(ShardedStore(root), mode="r", path="a")[:], expected)
+    ShardedStore(root).compact()
+    np.testing.assert_array_equal(zarr.open_array(ShardedStore(root), mode="r", path="a")[:], expected)
+
+
+# -- property: any sequence of writes and deletes equals a dict model ------------------------
+
+ops = st.lists(
+    st.tuples(st.integers(0, 11), st.one_of(st.none(), st.binary(min_size=1, max_size=24))),
+    min_size=1,
+    max_size=30,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    ops=ops,
+    write_strategy=st.sampled_from(["rewrite", "append", "inplace"]),
+    index_location=st.sampled_from(["end", "start"]),
+    slack=st.integers(0, 4),
+    batch=st.integers(1, 3),
+)
+def test_random_writes_and_deletes_then_compact_equal_a_dict(
+    ops: list[tuple[int, bytes | None]], write_strategy: str, index_location: str, slack: int, batch: int
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        store = ShardedStore(
+            tmp, chunks_per_shard=CPS, write_strategy=write_strategy, index_location=index_location, slack_bytes=slack
+        )
+        store["a/.zarray"] = zarray(n_chunks=12)
+        model: dict[str, bytes] = {}
+        for start in range(0, len(ops), batch):
+            group = dict((f"a/{i}", v) for i, v in ops[start : start + batch])
+            store.setitems({k: v for k, v in group.items() if v is not None})
+            store.delitems([k for k, v in group.items() if v is None])
+            model.update({k: v for k, v in group.items() if v is not None})
+            for k, v in group.items():
+                if v is None:
+                    model.pop(k, None)
+
+        def content(s: ShardedStore) -> dict[str, bytes]:
+            return {k: s[k] for k in s.keys_under("a") if not k.endswith(".zarray")}
+
+        assert content(store) == model
+        assert content(ShardedStore(tmp)) == model
+        store.compact()
+        assert content(ShardedStore(tmp)) == model
+        for shard in range(3):
+            path = Path(tmp) / "a" / str(shard)
+            if path.exists():
+                assert_compact(path.read_bytes(), CPS, index_location)
+            else:
+                assert not any(f"a/{i}" in model for i in range(shard * CPS, (shard + 1) * CPS))
