@@ -314,3 +314,15 @@ def test_memory_url_and_progress_bar(capsys):
         np.testing.assert_array_equal(_read(store, name), data)
     assert report.objects_after == len(fsspec.get_mapper("memory://shardkv-test-convert/out.zarr"))
     fsspec.filesystem("memory").rm("/shardkv-test-convert", recursive=True)
+
+
+def test_root_array():
+    src: dict = {}
+    z = zarr.create(shape=(10, 10), chunks=(3, 3), dtype="<u2", store=src)
+    data = np.arange(100, dtype="<u2").reshape(10, 10)
+    z[...] = data
+    dst: dict = {}
+    report = convert(src, dst, 2)
+    assert [(a.path, a.sharded, a.shards) for a in report.arrays] == [("", True, 4)]
+    assert "zarr.json" in dst and "0.0" in dst and "3.3" not in dst
+    np.testing.assert_array_equal(zarr.open_array(ShardedStore(dst), mode="r")[...], data)
