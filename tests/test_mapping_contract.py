@@ -489,11 +489,13 @@ def test_permission_error_propagates_and_is_not_key_error(placement: str, denied
     path, sep, _ = PLACEMENTS[placement]
     stored, empty = chunk_key(path, sep, (0, 0)), chunk_key(path, sep, (0, 1))
     store[stored] = b"secret"
+    fresh = ShardedStore(base)  # nothing cached: discovers the array under the denial
     if denied == "shards":
         base.deny = lambda key: key.rsplit("/", 1)[-1] not in (".zarray", ".zgroup", "zarr.json")
     else:
         base.deny = lambda key: True
-    fresh = ShardedStore(base)
+        with pytest.raises(PermissionError):
+            ShardedStore(base)[stored]
     for proxy in (store, fresh):
         for key in (stored, empty):
             with pytest.raises(PermissionError) as info:
