@@ -113,7 +113,8 @@ class _CountingMixin:
         return self._wrap("cat_file", call)
 
     def cat_ranges(self, paths: Any, starts: Any, ends: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._wrap("cat_ranges", lambda: super(_CountingMixin, self).cat_ranges(paths, starts, ends, *args, **kwargs))  # type: ignore[misc]
+        parent = super(_CountingMixin, self)
+        return self._wrap("cat_ranges", lambda: parent.cat_ranges(paths, starts, ends, *args, **kwargs))  # type: ignore[misc]
 
     def cat(self, path: Any, *args: Any, **kwargs: Any) -> Any:
         return self._wrap("cat", lambda: super(_CountingMixin, self).cat(path, *args, **kwargs))  # type: ignore[misc]

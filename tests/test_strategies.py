@@ -323,13 +323,24 @@ ops = st.lists(
     index_location=st.sampled_from(["end", "start"]),
     slack=st.integers(0, 4),
     batch=st.integers(1, 3),
+    buffer_bytes=st.sampled_from([None, 0, 40]),
 )
 def test_random_writes_and_deletes_then_compact_equal_a_dict(
-    ops: list[tuple[int, bytes | None]], write_strategy: str, index_location: str, slack: int, batch: int
+    ops: list[tuple[int, bytes | None]],
+    write_strategy: str,
+    index_location: str,
+    slack: int,
+    batch: int,
+    buffer_bytes: int | None,
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         store = ShardedStore(
-            tmp, chunks_per_shard=CPS, write_strategy=write_strategy, index_location=index_location, slack_bytes=slack
+            tmp,
+            chunks_per_shard=CPS,
+            write_strategy=write_strategy,
+            index_location=index_location,
+            slack_bytes=slack,
+            buffer_bytes=buffer_bytes,
         )
         store["a/.zarray"] = zarray(n_chunks=12)
         model: dict[str, bytes] = {}
@@ -345,7 +356,7 @@ def test_random_writes_and_deletes_then_compact_equal_a_dict(
         def content(s: ShardedStore) -> dict[str, bytes]:
             return {k: s[k] for k in s.keys_under("a") if not k.endswith(".zarray")}
 
-        assert content(store) == model
+        assert content(store) == model  # listing flushes the buffer
         assert content(ShardedStore(tmp)) == model
         store.compact()
         assert content(ShardedStore(tmp)) == model

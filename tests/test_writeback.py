@@ -27,7 +27,9 @@ from shardkv.writeback import WriteBuffer
 # -- the buffer's books ------------------------------------------------------------------
 
 
-def sharded_array(shape: tuple[int, ...] = (16,), chunks: tuple[int, ...] = (2,), cps: tuple[int, ...] = (4,), path: str = "a") -> ShardedArray:
+def sharded_array(
+    shape: tuple[int, ...] = (16,), chunks: tuple[int, ...] = (2,), cps: tuple[int, ...] = (4,), path: str = "a"
+) -> ShardedArray:
     return ShardedArray(
         path=path,
         key_prefix=f"{path}/",
@@ -244,7 +246,9 @@ def test_resize_with_buffered_chunks_matches_zarr_on_a_dict(base: Any, buffer_by
     store = ShardedStore(base, chunks_per_shard=(2, 2), buffer_bytes=buffer_bytes)
     oracle: dict[str, bytes] = {}
     arrays = [
-        zarr.open_array(s, mode="w", path="a", shape=(20, 20), chunks=(3, 4), dtype="i4", fill_value=-9, compressor=None)
+        zarr.open_array(
+            s, mode="w", path="a", shape=(20, 20), chunks=(3, 4), dtype="i4", fill_value=-9, compressor=None
+        )
         for s in (store, oracle)
     ]
     for z in arrays:
