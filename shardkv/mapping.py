@@ -41,6 +41,7 @@ from .layout import ShardLayout
 from .meta import normalize_chunks_per_shard, sharding_spec_from_v3, v2_dimension_separator, v3_view_of_v2
 from .ranges import ByteRange, ReadPolicy, plan_reads
 from .stores import StoreAdapter, adapt
+from .v3compat import PresentingAdapter
 from .strategies import WriteStrategy, plan_append
 from .writeback import PendingShard, WriteBuffer
 
@@ -48,7 +49,7 @@ __all__ = ["ShardedStore"]
 
 ChunksPerShard = int | Sequence[int] | Mapping[str, int | Sequence[int]] | None
 # chunk-like key segments; signs included so "-1.0" is refused as a malformed chunk key, not stored
-_CHUNKISH = re.compile(r"c?[0-9.+-]+")
+_CHUNKISH = re.compile(r"c|c?[0-9.+-]+")  # "c" alone: v3 default shard keys c/1/2
 _META_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"})
 _NOT_ARRAY = "not an array"
 _UNSHARDED = "unsharded array"
@@ -188,7 +189,8 @@ class ShardedStore(MutableMapping):
         write_strategy: WriteStrategy = "rewrite",
         slack_bytes: int = 0,
     ) -> None:
-        self._base: StoreAdapter = adapt(store, storage_options)
+        # v3-only sharded arrays and groups (zarr.json, no .zarray) appear with derived v2 documents
+        self._base: StoreAdapter = PresentingAdapter(adapt(store, storage_options))
         self._raw_store = store
         if isinstance(chunks_per_shard, Mapping):
             self._cps: Any = {str(k).strip("/"): v for k, v in chunks_per_shard.items()}

@@ -18,8 +18,9 @@ make_env() {  # make_env DIR EXTRA
   "$dir/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[$extra]"
 }
 
-make_env .venv-zarr2 test-zarr2
+# zarr3 first: tests/test_v3_reverse.py (zarr2 run) writes its v3 arrays with .venv-zarr3's python
 make_env .venv-zarr3 test-zarr3
+make_env .venv-zarr2 test-zarr2
 
 status=0
 echo "== environment 1: zarr-python 2.18 (core, proxy, CLI, draft transformer)"
