@@ -293,7 +293,7 @@ def git_describe() -> str:
     return head.stdout.strip() + (" (shardkv/ has uncommitted changes)" if dirty.stdout.strip() else "")
 
 
-def notes(res: dict[str, Any]) -> list[str]:
+def notes(res: dict[str, Any], size: str) -> list[str]:
     out = [
         "- Times are medians over the repetitions; a ratio is median(shardkv) / median(peer). "
         "P2, P3 and P6 show shardkv's own figure in the ratio column.",
@@ -302,6 +302,9 @@ def notes(res: dict[str, Any]) -> list[str]:
         "(page cache warm for both sides). zarr 3 uses its default async/thread settings; zarr 2.18 is single-threaded "
         "above blosc.",
     ]
+    if size != "full":
+        out.append(f"- Size {size}: timed operations last milliseconds, so time ratios swing with machine load; "
+                   "quote `--size full` timings. Counts, bytes and memory do not depend on load.")
     for key in ("chunkwise_write/shardkv-writeback", "chunkwise_write/shardkv", "chunkwise_write/zarr2-transformer"):
         r = res[key]
         if not isinstance(r, Missing):
@@ -379,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         *machine_facts(res, py2, py3),
         "",
         "Notes:",
-        *notes(res),
+        *notes(res, args.size),
         "",
         "Raw samples (every repetition):",
         *raw_samples(res),
