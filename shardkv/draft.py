@@ -25,64 +25,31 @@ when its metadata or data is accessed
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import threading
 from collections.abc import MutableMapping
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from .draft_meta import (
+    DRAFT_ZARR_FORMAT,
+    META_ROOT,
+    DraftArray,
+    dump_metadata,
+    is_draft_hierarchy,
+    register_with_zarr2,
+    to_bytes,
+)
 from .errors import ConfigurationError
 from .keys import validate_key
 from .meta import normalize_chunks_per_shard
 from .ranges import ByteRange
-from .transformers import (
-    DATA_ROOT,
-    SHARDING_EXTENSION,
-    AbstractStore,
-    AdapterStore,
-    build_stack,
-    storage_transformer_entries,
-)
-from .transformers.api import normalize_prefix
+from .transformers import DATA_ROOT, SHARDING_EXTENSION, AbstractStore, AdapterStore, build_stack
+from .transformers import storage_transformer_entries
+from .transformers.api import apply_partial_writes, normalize_prefix
 
 __all__ = ["DraftShardedStore", "DRAFT_ZARR_FORMAT", "is_draft_hierarchy", "open_draft_if_wanted"]
-
-DRAFT_ZARR_FORMAT = "https://purl.org/zarr/spec/protocol/core/3.0"
-"""The ``zarr_format`` of a 2022 draft hierarchy's root ``zarr.json``."""
-META_ROOT = "meta/root/"
-_registered: set[type] = set()
-
-
-def _register_with_zarr2(cls: type) -> None:
-    """Make ``cls`` a virtual ``StoreV3`` of zarr-python 2 (if installed) so its v3 API takes it as is."""
-    if cls in _registered:
-        return
-    _registered.add(cls)
-    if importlib.util.find_spec("zarr") is None:
-        return
-    zarr = importlib.import_module("zarr")
-    if str(getattr(zarr, "__version__", "")).startswith("2."):
-        importlib.import_module("zarr._storage.store").StoreV3.register(cls)
-
-
-def _dump(doc: Mapping[str, Any]) -> bytes:
-    return json.dumps(doc, indent=4, sort_keys=True, ensure_ascii=True, separators=(",", ": ")).encode()
-
-
-def is_draft_hierarchy(store: Any, storage_options: Mapping[str, Any] | None = None) -> bool:
-    """True when ``store`` holds a root ``zarr.json`` of the 2022 draft (``zarr_format`` URI)."""
-    base = store if isinstance(store, AbstractStore) else AdapterStore(store, storage_options)
-    try:
-        doc = json.loads(bytes(base.get("zarr.json")))
-    except KeyError:
-        return False
-    except ValueError:
-        return False
-    return isinstance(doc, dict) and doc.get("zarr_format") == DRAFT_ZARR_FORMAT
 
 
 def open_draft_if_wanted(store: Any, layout: str | None, *args: Any, **kwargs: Any) -> DraftShardedStore | None:
@@ -104,30 +71,6 @@ def open_draft_if_wanted(store: Any, layout: str | None, *args: Any, **kwargs: A
 
 
 _DRAFT_OPTIONS = frozenset({"chunks_per_shard", "index_location", "index_checksum", "storage_options"})
-
-
-@dataclass
-class _Array:
-    """One array of the hierarchy as the proxy knows it."""
-
-    path: str
-    stored: dict[str, Any]
-    entries: list[dict[str, Any]]
-    stack: AbstractStore | None  # None when the entries could not be resolved
-    error: Exception | None = None
-    key_prefix: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.key_prefix = f"{DATA_ROOT}{self.path}/" if self.path else DATA_ROOT
-
-    @property
-    def sharded(self) -> bool:
-        return bool(self.entries)
-
-    def top(self) -> AbstractStore:
-        if self.error is not None:
-            raise self.error
-        return self.stack  # type: ignore[return-value]
 
 
 class DraftShardedStore(MutableMapping):
@@ -181,10 +124,10 @@ class DraftShardedStore(MutableMapping):
             self._cps = chunks_per_shard
         else:
             self._cps = tuple(int(c) for c in chunks_per_shard)
-        self._arrays: dict[str, _Array | None] = {}
+        self._arrays: dict[str, DraftArray | None] = {}
         self._suffix: str | None = None
         self._lock = threading.RLock()
-        _register_with_zarr2(type(self))
+        register_with_zarr2(type(self))
 
     # -- configuration and discovery -------------------------------------------------
 
@@ -231,7 +174,7 @@ class DraftShardedStore(MutableMapping):
             return key[len(META_ROOT) : -len(tail)]
         return None
 
-    def _array(self, path: str) -> _Array | None:
+    def _array(self, path: str) -> DraftArray | None:
         with self._lock:
             if path in self._arrays:
                 return self._arrays[path]
@@ -245,17 +188,17 @@ class DraftShardedStore(MutableMapping):
             self._arrays[path] = state
         return state
 
-    def _make_state(self, path: str, stored: dict[str, Any]) -> _Array:
+    def _make_state(self, path: str, stored: dict[str, Any]) -> DraftArray:
         entries = storage_transformer_entries(stored, path)
         try:
             stack = build_stack(entries, stored, path, self._api) if entries else self._api
         except ConfigurationError as exc:  # includes unknown transformers (UnsupportedError is not one)
-            return _Array(path, stored, entries, None, exc)
+            return DraftArray(path, stored, entries, None, exc)
         except NotImplementedError as exc:
-            return _Array(path, stored, entries, None, exc)
-        return _Array(path, stored, entries, stack)
+            return DraftArray(path, stored, entries, None, exc)
+        return DraftArray(path, stored, entries, stack)
 
-    def _data_owner(self, key: str) -> _Array | None:
+    def _data_owner(self, key: str) -> DraftArray | None:
         """The sharded array whose data area holds ``key`` (first array met from the root)."""
         if not key.startswith(DATA_ROOT):
             return None
@@ -268,7 +211,7 @@ class DraftShardedStore(MutableMapping):
                 return state if state.sharded else None
         return None
 
-    def _prefix_owner(self, prefix: str) -> _Array | None:
+    def _prefix_owner(self, prefix: str) -> DraftArray | None:
         """The sharded array whose data area contains every key starting with ``prefix``."""
         if not prefix.startswith(DATA_ROOT):
             return None
@@ -287,7 +230,7 @@ class DraftShardedStore(MutableMapping):
             return raw
         state.top()  # refuses unknown transformers
         doc = {k: v for k, v in state.stored.items() if k != "storage_transformers"}
-        return _dump(doc)
+        return dump_metadata(doc)
 
     def _set_metadata(self, path: str, key: str, raw: bytes) -> None:
         doc = json.loads(raw)
@@ -322,9 +265,9 @@ class DraftShardedStore(MutableMapping):
             stored["storage_transformers"] = entries
             state = self._make_state(path, stored)
             state.top()
-            self._api.set(key, _dump(stored))
+            self._api.set(key, dump_metadata(stored))
         else:
-            state = _Array(path, doc, [], self._api)
+            state = DraftArray(path, doc, [], self._api)
             self._api.set(key, raw)
         with self._lock:
             self._arrays[path] = state
@@ -427,7 +370,7 @@ class DraftShardedStore(MutableMapping):
         groups: dict[int, tuple[AbstractStore, dict[str, bytes]]] = {}
         for key, value in values.items():
             validate_key(key)
-            data = value if isinstance(value, bytes) else _to_bytes(key, value)
+            data = value if isinstance(value, bytes) else to_bytes(key, value)
             kind, what = self._classify(key)
             if kind == "meta":
                 self._set_metadata(what, key, data)
@@ -447,12 +390,10 @@ class DraftShardedStore(MutableMapping):
         for key, start, value in key_start_values:
             kind, what = self._classify(key)
             if kind == "meta":
-                from .transformers.api import apply_partial_writes
-
                 self[key] = apply_partial_writes(key, self.get_partial_values([(key, ByteRange(0))])[0], [(start, value)])
             else:
                 store = what.top() if kind == "array" else self._api
-                store.set_partial_values([(key, start, _to_bytes(key, value))])
+                store.set_partial_values([(key, start, to_bytes(key, value))])
 
     def delitems(self, keys: Iterable[str]) -> None:
         """Delete the stored keys among ``keys`` (missing ones are ignored)."""
@@ -505,7 +446,7 @@ class DraftShardedStore(MutableMapping):
         if owner is not None:
             return owner.top().list_prefix(prefix)
         out: list[str] = []
-        arrays: dict[str, _Array] = {}
+        arrays: dict[str, DraftArray] = {}
         for key in self._api.list_prefix(prefix):
             state = self._data_owner(key)
             if state is None:
@@ -642,19 +583,3 @@ class DraftShardedStore(MutableMapping):
         """The top of the transformer stack of the sharded array at ``path``, or ``None``."""
         state = self._array(path.strip("/"))
         return state.top() if state is not None and state.sharded else None
-
-
-def _to_bytes(key: str, value: Any) -> bytes:
-    if isinstance(value, np.ndarray):
-        if value.dtype == object:
-            raise TypeError(f"value for key {key!r} is an object array, not bytes-like")
-        if not (value.flags.c_contiguous or value.flags.f_contiguous):
-            value = np.ascontiguousarray(value)
-        return value.reshape(-1, order="A").view(np.uint8).tobytes()  # memory order, as zarr's stores
-    try:
-        return bytes(memoryview(value).cast("B"))
-    except TypeError:
-        raise TypeError(
-            f"value for key {key!r} must be bytes-like (bytes, bytearray, memoryview, numpy array), "
-            f"got {type(value).__name__}"
-        ) from None

@@ -207,7 +207,7 @@ def _pack(
             report.stale_chunks += 1
             bar.update(1)
             continue
-        located = transformer._locate(key)
+        located = transformer.locate(key)
         by_shard.setdefault(located[0], []).append(key)  # type: ignore[index]
     pending: dict[str, bytes] = {}
     pending_nbytes = 0

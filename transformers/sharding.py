@@ -37,18 +37,18 @@ the array shape is known, else all ``chunks_per_shard`` of them.
 
 from __future__ import annotations
 
-import itertools
 import threading
 from contextlib import ExitStack
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from shardkv.errors import ConfigurationError, CorruptShardError, InvalidKeyError
+from shardkv.errors import ConfigurationError, CorruptShardError
 from shardkv.index import ShardIndex
-from shardkv.keys import Draft2022ChunkKeyEncoding, chunk_to_shard, grid_shape
+from shardkv.keys import Draft2022ChunkKeyEncoding, grid_shape
 from shardkv.layout import ShardLayout
 from shardkv.ranges import ByteRange
 
 from .api import AbstractStore, BytesLike, KeyRange, KeyStartValue, apply_partial_writes, normalize_prefix
+from .keyspace import Local, ShardKeySpace
 
 __all__ = ["ShardingStorageTransformer", "SHARDING_EXTENSION", "DATA_ROOT"]
 
@@ -58,13 +58,6 @@ DATA_ROOT = "data/root/"
 """Keys starting with this are data keys (v3 core draft "Storage keys")."""
 _BATCH = 4096  # shards whose indexes are read in one request while listing
 
-Local = tuple[int, ...]
-
-
-def _canonical_int(text: str) -> int | None:
-    if text.isdigit() and text.isascii() and (len(text) == 1 or text[0] != "0"):
-        return int(text)
-    return None
 
 
 class ShardingStorageTransformer(AbstractStore):
@@ -132,6 +125,7 @@ class ShardingStorageTransformer(AbstractStore):
                     array_path,
                 )
             self.chunk_grid_shape = grid_shape(shape, chunk_shape)
+        self.keys = ShardKeySpace(self.key_prefix, self.encoding, self.layout.chunks_per_shard, self.chunk_grid_shape)
         self._lock = threading.Lock()
         self._shard_locks: dict[str, threading.Lock] = {}
 
@@ -225,60 +219,25 @@ class ShardingStorageTransformer(AbstractStore):
             f"underlying={self.underlying!r})"
         )
 
-    # -- keys -----------------------------------------------------------------------
+    # -- keys (see ShardKeySpace) ------------------------------------------------------
 
-    def _locate(self, key: str) -> tuple[str, Local] | None:
+    def chunk_key(self, chunk_coords: Sequence[int]) -> str:
+        """The key of a chunk as code above the transformer uses it."""
+        return self.keys.chunk_key(chunk_coords)
+
+    def shard_key(self, shard_coords: Sequence[int]) -> str:
+        """The key of a shard in the underlying store."""
+        return self.keys.shard_key(shard_coords)
+
+    def locate(self, key: str) -> tuple[str, Local] | None:
         """``(shard_key, local_coords)`` of a chunk key of this array, ``None`` for other keys.
 
         Raises
         ------
         InvalidKeyError
-            If ``key`` lies under the array's data prefix but is not one of
-            its chunk keys.
+            If ``key`` lies under the array's data prefix but is not one of its chunk keys.
         """
-        if not isinstance(key, str):
-            raise TypeError(f"store keys are str, got {type(key).__name__}: {key!r}")
-        if not key.startswith(self.key_prefix):
-            return None
-        try:
-            coords = self.encoding.decode(key[len(self.key_prefix) :], self.ndim)
-        except ValueError as exc:
-            raise InvalidKeyError(
-                key,
-                f"under the data prefix {self.key_prefix!r} of a sharded {self.ndim}-d array but not one of "
-                f"its chunk keys ('c' and {self.ndim} coordinate(s) separated by "
-                f"{self.encoding.separator!r}): {exc}",
-            ) from None
-        shard_coords, local = chunk_to_shard(coords, self.chunks_per_shard)
-        return self.shard_key(shard_coords), local
-
-    def shard_key(self, shard_coords: Sequence[int]) -> str:
-        """The key of a shard in the underlying store."""
-        return self.key_prefix + self.encoding.encode(shard_coords)
-
-    def chunk_key(self, chunk_coords: Sequence[int]) -> str:
-        """The key of a chunk as code above the transformer uses it."""
-        return self.key_prefix + self.encoding.encode(chunk_coords)
-
-    def shard_coords_of(self, key: str) -> tuple[int, ...] | None:
-        """Shard coords of an underlying key, or ``None`` if it is not a shard key of this array."""
-        if not key.startswith(self.key_prefix):
-            return None
-        try:
-            return self.encoding.decode(key[len(self.key_prefix) :], self.ndim)
-        except ValueError:
-            return None
-
-    def _chunk_coords(self, shard_coords: Sequence[int], local: Sequence[int]) -> tuple[int, ...]:
-        return tuple(s * n + l for s, n, l in zip(shard_coords, self.chunks_per_shard, local))
-
-    def available(self, shard_coords: Sequence[int]) -> set[Local]:
-        """Local coords of the shard's available chunks (inside the chunk grid when known)."""
-        ranges = []
-        for d, (s, n) in enumerate(zip(shard_coords, self.chunks_per_shard)):
-            stop = n if self.chunk_grid_shape is None else max(0, min(n, self.chunk_grid_shape[d] - s * n))
-            ranges.append(range(stop))
-        return set(itertools.product(*ranges))
+        return self.keys.locate(key)
 
     def _shard_lock(self, shard_key: str) -> threading.Lock:
         with self._lock:
@@ -306,9 +265,9 @@ class ShardingStorageTransformer(AbstractStore):
         return out
 
     def _present_chunk_keys(self, shard_key: str, index: ShardIndex) -> Iterator[str]:
-        shard_coords = self.shard_coords_of(shard_key)
+        shard_coords = self.keys.shard_coords_of(shard_key)
         for local in index.present():
-            yield self.chunk_key(self._chunk_coords(shard_coords, local))  # type: ignore[arg-type]
+            yield self.keys.chunk_key(self.keys.chunk_coords(shard_coords, local))  # type: ignore[arg-type]
 
     def _unshard(self, shard_keys: Sequence[str], prefix: str) -> list[str]:
         """Chunk keys (starting with ``prefix``) of the chunks stored in ``shard_keys``."""
@@ -335,7 +294,7 @@ class ShardingStorageTransformer(AbstractStore):
             For an index of the wrong size, pointing at bytes past the end of
             its shard.
         """
-        located: list[tuple[str, Local] | None] = [self._locate(k) for k, _ in key_ranges]
+        located: list[tuple[str, Local] | None] = [self.keys.locate(k) for k, _ in key_ranges]
         shard_keys = list(dict.fromkeys(loc[0] for loc in located if loc is not None))
         relayed = [i for i, loc in enumerate(located) if loc is None]
         suffix = self.layout.index_range()
@@ -386,7 +345,7 @@ class ShardingStorageTransformer(AbstractStore):
         return out
 
     def contains(self, key: str) -> bool:
-        loc = self._locate(key)
+        loc = self.keys.locate(key)
         if loc is None:
             return self.underlying.contains(key)
         index = self._read_indexes([loc[0]]).get(loc[0])
@@ -405,7 +364,7 @@ class ShardingStorageTransformer(AbstractStore):
         relayed: dict[str, BytesLike] = {}
         by_shard: dict[str, dict[Local, Any]] = {}
         for key, value in values.items():
-            loc = self._locate(key)
+            loc = self.keys.locate(key)
             if loc is None:
                 relayed[key] = value
             else:
@@ -428,7 +387,7 @@ class ShardingStorageTransformer(AbstractStore):
         relayed: list[KeyStartValue] = []
         by_shard: dict[str, dict[Local, Any]] = {}
         for key, start, value in key_start_values:
-            loc = self._locate(key)
+            loc = self.keys.locate(key)
             if loc is None:
                 relayed.append((key, start, value))
                 continue
@@ -447,7 +406,7 @@ class ShardingStorageTransformer(AbstractStore):
                 stack.enter_context(self._shard_lock(shard_key))
             need_old = []
             for shard_key, updates in by_shard.items():
-                avail = self.available(self.shard_coords_of(shard_key))  # type: ignore[arg-type]
+                avail = self.keys.available(self.keys.shard_coords_of(shard_key))  # type: ignore[arg-type]
                 whole = all(op[0] == "set" for op in updates.values())
                 if not (whole and avail and avail <= updates.keys()):
                     need_old.append(shard_key)
@@ -488,7 +447,7 @@ class ShardingStorageTransformer(AbstractStore):
         relayed: list[str] = []
         by_shard: dict[str, set[Local]] = {}
         for key in keys:
-            loc = self._locate(key)
+            loc = self.keys.locate(key)
             if loc is None:
                 relayed.append(key)
             else:
@@ -502,7 +461,7 @@ class ShardingStorageTransformer(AbstractStore):
                 stack.enter_context(self._shard_lock(shard_key))
             whole, partial = [], []
             for shard_key, locals_ in by_shard.items():
-                avail = self.available(self.shard_coords_of(shard_key))  # type: ignore[arg-type]
+                avail = self.keys.available(self.keys.shard_coords_of(shard_key))  # type: ignore[arg-type]
                 (whole if avail and avail <= locals_ else partial).append(shard_key)
             indexes = self._read_indexes(partial)
             writes: list[KeyStartValue] = []
@@ -521,37 +480,6 @@ class ShardingStorageTransformer(AbstractStore):
 
     # -- prefixes -----------------------------------------------------------------------
 
-    def _split_prefix(self, prefix: str) -> tuple[list[int], bool] | None:
-        """Complete chunk coords named by a prefix inside the chunk-grid part of the keys.
-
-        Returns ``None`` when ``prefix`` does not reach into the chunk-grid
-        part, else ``(coords, ok)`` where ``ok`` is False when no chunk key of
-        the array can start with ``prefix``.
-        """
-        if not prefix.startswith(self.key_prefix) or len(prefix) == len(self.key_prefix):
-            return None
-        part = prefix[len(self.key_prefix) :]
-        if not part.startswith("c"):
-            return [], False
-        pieces = part[1:].split(self.encoding.separator)
-        coords = []
-        for piece in pieces[:-1]:
-            value = _canonical_int(piece)
-            if value is None:
-                return [], False
-            coords.append(value)
-        if len(coords) >= max(self.ndim, 1):
-            return [], False
-        return coords, True
-
-    def _shard_prefix(self, coords: Sequence[int]) -> str:
-        """The underlying prefix covering the shards of the chunks whose keys start with ``coords``."""
-        if not coords:
-            return self.key_prefix + "c"
-        shard = [c // n for c, n in zip(coords, self.chunks_per_shard)]
-        sep = self.encoding.separator
-        return self.key_prefix + "c" + sep.join(str(s) for s in shard) + sep
-
     def list_prefix(self, prefix: str) -> list[str]:
         """Stored keys starting with ``prefix``; shards are listed as their stored chunks.
 
@@ -560,14 +488,14 @@ class ShardingStorageTransformer(AbstractStore):
         ``get_partial_values`` of indexes per 4096 listed shards.
         """
         prefix = normalize_prefix(prefix)
-        split = self._split_prefix(prefix)
+        split = self.keys.split_prefix(prefix)
         if split is not None and not split[1]:
             listed = self.underlying.list_prefix(prefix)  # no chunk key can match
-            return [k for k in listed if self.shard_coords_of(k) is None]
-        translated = prefix if split is None else self._shard_prefix(split[0])
+            return [k for k in listed if self.keys.shard_coords_of(k) is None]
+        translated = prefix if split is None else self.keys.shard_prefix(split[0])
         plain, shards = [], []
         for key in self.underlying.list_prefix(translated):
-            if self.shard_coords_of(key) is not None:
+            if self.keys.shard_coords_of(key) is not None:
                 shards.append(key)
             elif key.startswith(prefix):
                 plain.append(key)
@@ -585,49 +513,29 @@ class ShardingStorageTransformer(AbstractStore):
         if not prefix.startswith(self.key_prefix):
             return self.underlying.list_dir(prefix)
         directory = prefix[: prefix.rfind("/") + 1]
-        split = self._split_prefix(directory)
+        split = self.keys.split_prefix(directory)
         if split is not None and not split[1]:
             keys, prefixes = self.underlying.list_dir(prefix)
-            return [k for k in keys if self.shard_coords_of(k) is None], prefixes
+            return [k for k in keys if self.keys.shard_coords_of(k) is None], prefixes
         dir_coords = [] if split is None else split[0]
-        translated = directory if split is None else self._shard_prefix(dir_coords)
+        translated = directory if split is None else self.keys.shard_prefix(dir_coords)
         keys, prefixes = self.underlying.list_dir(translated)
         out_keys, shards = [], []
         for key in keys:
-            if self.shard_coords_of(key) is not None:
+            if self.keys.shard_coords_of(key) is not None:
                 shards.append(key)
             elif key.startswith(prefix):
                 out_keys.append(key)
         out_keys.extend(self._unshard(shards, prefix))
         out_prefixes: set[str] = set()
         for p in prefixes:
-            expanded = self._expand_shard_prefix(p, dir_coords)
+            expanded = self.keys.expand_shard_prefix(p, dir_coords)
             if expanded is None:
                 if p.startswith(prefix):
                     out_prefixes.add(p)
                 continue
             out_prefixes.update(e for e in expanded if e.startswith(prefix))
         return sorted(out_keys), sorted(out_prefixes)
-
-    def _expand_shard_prefix(self, shard_prefix: str, fixed: Sequence[int]) -> list[str] | None:
-        """Chunk-key prefixes covering a retrieved partial shard key (``None`` if it is not one)."""
-        part = shard_prefix[len(self.key_prefix) :].rstrip("/")
-        if self.encoding.separator != "/" or not part.startswith("c"):
-            return None
-        coords = [_canonical_int(p) for p in part[1:].split("/")]
-        if any(c is None for c in coords) or not 0 < len(coords) < self.ndim:
-            return None
-        choices = []
-        for d, s in enumerate(coords):
-            n = self.chunks_per_shard[d]
-            stop = (s + 1) * n
-            if self.chunk_grid_shape is not None:
-                stop = min(stop, self.chunk_grid_shape[d])
-            if d < len(fixed):
-                choices.append([fixed[d]] if s * n <= fixed[d] < (s + 1) * n else [])
-            else:
-                choices.append(range(s * n, stop))
-        return [self.key_prefix + "c" + "/".join(map(str, c)) + "/" for c in itertools.product(*choices)]
 
     def erase_prefix(self, prefix: str) -> None:
         """Erase every key starting with ``prefix``.
@@ -640,26 +548,26 @@ class ShardingStorageTransformer(AbstractStore):
         :meth:`erase_values` on this transformer.
         """
         prefix = normalize_prefix(prefix)
-        split = self._split_prefix(prefix)
+        split = self.keys.split_prefix(prefix)
         if split is None:
             self.underlying.erase_prefix(prefix)
             return
         if not split[1]:
             listed = self.underlying.list_prefix(prefix)
-            self.underlying.erase_values([k for k in listed if self.shard_coords_of(k) is None])
+            self.underlying.erase_values([k for k in listed if self.keys.shard_coords_of(k) is None])
             return
         plain, whole, partial_keys = [], [], []
         shards = []
-        for key in self.underlying.list_prefix(self._shard_prefix(split[0])):
-            if self.shard_coords_of(key) is not None:
+        for key in self.underlying.list_prefix(self.keys.shard_prefix(split[0])):
+            if self.keys.shard_coords_of(key) is not None:
                 shards.append(key)
             elif key.startswith(prefix):
                 plain.append(key)
         for shard_key in shards:
-            coords = self.shard_coords_of(shard_key)
-            avail = self.available(coords)  # type: ignore[arg-type]
+            coords = self.keys.shard_coords_of(shard_key)
+            avail = self.keys.available(coords)  # type: ignore[arg-type]
             if avail and all(
-                self.chunk_key(self._chunk_coords(coords, local)).startswith(prefix)  # type: ignore[arg-type]
+                self.keys.chunk_key(self.keys.chunk_coords(coords, local)).startswith(prefix)  # type: ignore[arg-type]
                 for local in avail
             ):
                 whole.append(shard_key)
