@@ -400,3 +400,45 @@ def test_decode_encode_round_trip(case, data) -> None:
 def test_pipeline_refuses_codecs_out_of_order() -> None:
     with pytest.raises(ConfigurationError):
         CodecPipeline([LE, {"name": "transpose", "configuration": {"order": [0]}}])
+
+
+# -- spec clauses not covered above -------------------------------------------------
+
+
+def test_name_must_be_sharding_indexed() -> None:
+    with pytest.raises(ConfigurationError, match="sharding_indexed"):
+        ShardingCodec.from_config({**SPEC_EXAMPLE, "name": "sharding"})
+    with pytest.raises(ConfigurationError, match="codecs is required"):
+        ShardingCodec.from_config({"name": "sharding_indexed", "configuration": {"chunk_shape": [2], "index_codecs": [LE]}})
+
+
+def test_default_index_codecs_are_the_recommended_ones() -> None:
+    config = ShardingCodec((4,)).get_config()["configuration"]
+    assert config["index_codecs"] == [LE, CRC] and config["index_location"] == "end"
+
+
+def test_any_chunk_order_and_unused_bytes_between_chunks_decode() -> None:
+    """Spec: unused space between inner chunks is allowed and the order of chunk content is not fixed."""
+    codec = ShardingCodec((2,), codecs=[LE], index_codecs=[LE, CRC])
+    x = np.array([1, 2, 3, 4, 5, 6], dtype="<u2")
+    layout = codec.layout(x.shape)
+    chunks = [x[i : i + 2].tobytes() for i in (0, 2, 4)]
+    # chunk 2 first, then 7 junk bytes, chunk 0, then chunk 1; index at the end
+    body = chunks[2] + b"JUNKJUN" + chunks[0] + chunks[1]
+    from shardkv import ShardIndex
+
+    index = ShardIndex.empty((3,))
+    index.set((2,), 0, 4)
+    index.set((0,), 11, 4)
+    index.set((1,), 15, 4)
+    blob = body + layout.encode_index(index)
+    np.testing.assert_array_equal(codec.decode(blob, x.shape, x.dtype), x)
+    np.testing.assert_array_equal(codec.decode_partial(CountingReader(blob), (slice(1, 5),), x.shape, x.dtype), x[1:5])
+
+
+def test_half_empty_index_entry_is_corrupt() -> None:
+    codec = ShardingCodec((2,), index_codecs=[LE])
+    blob = bytearray(codec.encode(np.arange(4, dtype="u1")))
+    struct.pack_into("<Q", blob, len(blob) - 32, 2**64 - 1)  # chunk (0,) offset only
+    with pytest.raises(CorruptShardError, match="only one of offset/nbytes"):
+        codec.decode(bytes(blob), (4,), "u1")
