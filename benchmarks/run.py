@@ -316,6 +316,9 @@ def notes(res: dict[str, Any], size: str) -> list[str]:
         if not isinstance(r, Missing):
             if r.get("uncounted_methods"):
                 out.append(f"- WARNING {key}: store methods not counted as requests: {', '.join(r['uncounted_methods'])}")
+            if r.get("stat_calls"):
+                out.append(f"- {key}: also {r['stat_calls']} request-free size/validator look-ups "
+                           "(local stat; stores without them answer None) over all passes")
             out.append(f"- {key}: {median(r, 'cold_s_per_chunk') * 1e6:.0f} µs per chunk cold, "
                        f"{median(r, 'warm_s_per_chunk') * 1e6:.0f} µs warm")
     po = res["proxy_overhead/shardkv"]

@@ -193,7 +193,7 @@ _READ_COST: dict[str, Callable[..., int]] = {
     "get_ranges": lambda requests, *a, **k: len(requests),
 }
 _NOT_READS = {"set", "set_many", "write_at", "delete", "delete_many", "rmdir", "close", "iter_keys", "list_dir"}
-_STATS = {"validator"}  # answered without a request (local stat) or not at all
+_STATS = {"validator", "size_if_free"}  # by contract answered without a request (local stat) or not at all
 
 
 def counting_adapter(inner: Any) -> Any:
@@ -203,8 +203,9 @@ def counting_adapter(inner: Any) -> Any:
     working when the adapter interface grows): known read methods add their
     request count to ``.requests``; any other public method is delegated and
     its name recorded in ``counter["uncounted"]`` (the runner prints a
-    warning then). ``validator`` calls (a local ``stat``, no request) are
-    counted apart in ``counter["stats"]``.
+    warning then). ``validator`` and ``size_if_free`` calls (a local
+    ``stat`` by contract, never a request) are counted apart in
+    ``counter["stats"]``.
     """
     from shardkv.stores import StoreAdapter
 
