@@ -363,7 +363,9 @@ class ShardedStore(MutableMapping):
             raw = self._base.get_ranges([(k, shards[k].layout.index_range()) for k in missing])
             for k, data in zip(missing, raw):
                 if data is not None:
-                    index = indexes[k] = shards[k].layout.decode_index(data, k)
+                    # checked against the shard's size where that is free: a suffix read
+                    # alone cannot tell a truncated shard from an intact one
+                    index = indexes[k] = shards[k].layout.decode_index(data, k, self._base.size_if_free(k))
                     self._index_cache.put(k, index, validators[k])
         return indexes, {}
 

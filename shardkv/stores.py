@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Hashable, Iterable, Iterator, Mapping, Sequence
 
 import fsspec
+from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.mapping import FSMap
 
 from .ranges import ByteRange
@@ -118,6 +119,16 @@ class StoreAdapter(ABC):
     def size(self, key: str) -> int:
         """Size of a stored value in bytes. Raises ``KeyError`` if missing."""
         return len(self.get(key))
+
+    def size_if_free(self, key: str) -> int | None:
+        """Size (bytes) of a stored value when the store knows it without a request, else ``None``.
+
+        Lets an index read on its own (a suffix read) be checked against the
+        shard's real size, so a truncated shard is reported rather than served
+        (local files, in-memory filesystems). ``None`` for missing keys and for
+        stores where asking would cost a request.
+        """
+        return None
 
     def validator(self, key: str) -> Hashable:
         """A cheap fingerprint of a stored value that changes when it is rewritten, or ``None``.
@@ -409,6 +420,16 @@ class FSMapAdapter(StoreAdapter):
             return int(self.fs.size(self._path(key)))
         except self.missing_exceptions as exc:
             raise KeyError(key) from exc
+
+    def size_if_free(self, key: str) -> int | None:
+        try:
+            if self._local:
+                return os.stat(self.fs._strip_protocol(self._path(key))).st_size
+            if isinstance(self.fs, MemoryFileSystem):
+                return int(self.fs.size(self._path(key)))
+        except self.missing_exceptions:
+            return None
+        return None
 
 
 def adapt(store: Any, storage_options: Mapping[str, Any] | None = None) -> StoreAdapter:

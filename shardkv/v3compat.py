@@ -402,6 +402,9 @@ class PresentingAdapter(StoreAdapter):
     def validator(self, key: str) -> Hashable:
         return self.inner.validator(key)
 
+    def size_if_free(self, key: str) -> int | None:
+        return self.inner.size_if_free(key)
+
     # -- writes ------------------------------------------------------------
 
     def _refuse_presented(self, keys: Iterable[str]) -> None:

@@ -511,3 +511,37 @@ def test_permission_error_propagates_and_is_not_key_error(placement: str, denied
             proxy[chunk_key(path, sep, (1, 1))] = b"needs the old shard"
     base.deny = lambda key: False
     assert fresh[stored] == b"secret"  # nothing was lost or rewritten
+
+
+# -- damaged shards are never served as data ------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["dict", "memory", "local"])
+@pytest.mark.parametrize("location", ["end", "start"])
+@pytest.mark.parametrize("damage", ["flip-index-bit", "truncate-chunk-data"])
+def test_damaged_shard_raises_corrupt_shard_error(
+    kind: str, location: str, damage: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    from shardkv import ChecksumError, CorruptShardError
+
+    base = make_base(kind, tmp_path, request)
+    store, _ = sharded_store(base, "root-dot", index_location=location)
+    store.update({"0.0": b"a" * 10, "0.1": b"b" * 10, "1.2": b"c" * 10})  # all in shard "0.0"
+    shard = bytearray(store.base.get("0.0"))
+    index_nbytes = 16 * CPS[0] * CPS[1] + 4
+    if damage == "flip-index-bit":
+        shard[3 if location == "start" else len(shard) - index_nbytes + 3] ^= 0x01
+        expected: type = ChecksumError
+    elif location == "start":
+        del shard[-4:]  # the tail of the last chunk
+        expected = CorruptShardError
+    else:
+        del shard[26:30]  # the tail of the last chunk, before the index
+        expected = CorruptShardError
+    store.base.set("0.0", bytes(shard))
+    fresh = ShardedStore(base)
+    with pytest.raises(expected) as info:
+        fresh["1.2"]
+    assert info.value.shard_key == "0.0"
+    assert "'0.0'" in str(info.value)
+    assert not isinstance(info.value, KeyError)

@@ -207,3 +207,14 @@ def test_directory_store_files_are_shared(tmp_path: Path) -> None:
 def test_adapt_rejects(store: object) -> None:
     with pytest.raises(TypeError, match="cannot use"):
         adapt(store)
+
+
+def test_size_if_free(adapter: StoreAdapter) -> None:
+    """Sizes that cost no request (local files, in-memory filesystems) are given; others are None."""
+    adapter.set("s/0", b"0123456789")
+    size = adapter.size_if_free("s/0")
+    if isinstance(adapter, FSMapAdapter):
+        assert size == 10
+        assert adapter.size_if_free("s/missing") is None
+    else:
+        assert size is None
