@@ -295,3 +295,19 @@ def test_existing_unsharded_array_stays_unsharded() -> None:
     assert proxy.sharded_array("arr") is None
     assert set(base) == set(before)
     np.testing.assert_array_equal(zarr.open_array(base, path="arr")[...], [0, 1, 2, 3, -1, -1, 6, 7, 8, 9])
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("compressor", [None, numcodecs.Zlib(level=1)], ids=["raw", "zlib"])
+@pytest.mark.parametrize("dtype", ["<i4", ">f8", "|u1"])
+def test_chunk_bytes_equal_zarrs_for_order_and_dtype(order: str, compressor: Any, dtype: str) -> None:
+    """Raw F-order chunks reach the proxy as numpy arrays: they must be stored in memory order, as zarr's stores do."""
+    oracle: dict[str, bytes] = {}
+    proxy = ShardedStore({}, chunks_per_shard=(2, 1))
+    data = (np.arange(48).reshape(6, 8) % 251).astype(dtype)
+    for store in (oracle, proxy):
+        z = zarr.open_array(store, path="arr", mode="w", shape=(6, 8), chunks=(3, 4), dtype=dtype, order=order, compressor=compressor)
+        z[...] = data
+        z[0:3, 4:8] = data[3:6, 0:4]
+    assert chunk_items(proxy, "arr") == chunk_items(oracle, "arr")
+    np.testing.assert_array_equal(zarr.open_array(proxy, path="arr", mode="r")[...], zarr.open_array(oracle, path="arr", mode="r")[...])
