@@ -28,6 +28,7 @@ Unknown names and unknown configuration members raise
 
 from __future__ import annotations
 
+import zlib
 from math import prod
 from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence
 
@@ -238,7 +239,7 @@ class _NumcodecsBacked(Codec):
     def decode(self, data: bytes | memoryview, key: str = "") -> bytes:
         try:
             return bytes(self._impl.decode(data))
-        except (RuntimeError, ValueError, OSError) as exc:  # numcodecs' decompression failures
+        except (RuntimeError, ValueError, OSError, EOFError, zlib.error) as exc:  # decompression failures
             raise CorruptShardError(key, f"{self.name} could not decode {memoryview(data).nbytes} bytes: {exc}") from exc
 
 

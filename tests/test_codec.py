@@ -340,6 +340,14 @@ def test_offset_past_the_end_raises() -> None:
         codec.decode_partial(CountingReader(bytes(blob)), (3,), (4,), "u1")
 
 
+@pytest.mark.parametrize("name", ["gzip", "zstd", "numcodecs.zlib", "numcodecs.bz2"])
+def test_undecodable_bytes_raise_corrupt_shard_error_naming_the_codec(name: str) -> None:
+    codec = codec_from_config({"name": name, "configuration": {"level": 1}})
+    with pytest.raises(CorruptShardError, match=name) as info:
+        codec.decode(b"not compressed at all", "a/c/0")
+    assert info.value.shard_key == "a/c/0"
+
+
 def test_undecodable_compressed_chunk_raises_corrupt_shard_error() -> None:
     codec = ShardingCodec((4,), codecs=[LE, GZIP], index_codecs=[LE])
     blob = bytearray(codec.encode(np.arange(8, dtype="<i4")))
