@@ -12,6 +12,7 @@ coords ``(1, 1)``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Iterator, Sequence
 
 from .errors import ChunkOutOfGridError, InvalidKeyError
@@ -30,6 +31,7 @@ class ChunkRef:
     shard_key: str
     shard_coords: tuple[int, ...]
     local_coords: tuple[int, ...]
+    array: ShardedArray
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ class ShardedArray:
         """Shard shape (elements)."""
         return tuple(c * n for c, n in zip(self.chunks, self.chunks_per_shard))
 
-    @property
+    @cached_property
     def chunk_grid_shape(self) -> tuple[int, ...]:
         """Number of inner chunks along each dimension."""
         return grid_shape(self.shape, self.chunks)
@@ -126,7 +128,15 @@ class ShardedArray:
         if any(c >= g for c, g in zip(coords, grid)):
             raise ChunkOutOfGridError(chunk_key, coords, grid)
         shard_coords, local = chunk_to_shard(coords, self.chunks_per_shard)
-        return ChunkRef(chunk_key, coords, self.shard_key(shard_coords), shard_coords, local)
+        shard_key = self._shard_keys.get(shard_coords)
+        if shard_key is None:
+            shard_key = self._shard_keys[shard_coords] = self.shard_key(shard_coords)
+        return ChunkRef(chunk_key, coords, shard_key, shard_coords, local, self)
+
+    @cached_property
+    def _shard_keys(self) -> dict[tuple[int, ...], str]:
+        """Memo of shard keys by shard coords (one entry per shard touched)."""
+        return {}
 
     def shard_coords_of(self, shard_key: str) -> tuple[int, ...] | None:
         """Shard coords of a stored key, or ``None`` if it is not a shard key of this array."""

@@ -1,4 +1,4 @@
-"""The ``shardkv`` command line: ``convert``, ``info`` and ``demo``.
+"""The ``shardkv`` command line: ``convert``, ``info``, ``compact`` and ``demo``.
 
 Argument parsing only; the work is done by :mod:`shardkv.convert`,
 :mod:`shardkv.inspect` and :mod:`shardkv.demo`. Bad input ends with exit
@@ -24,6 +24,7 @@ examples:
   shardkv convert s3://bucket/in.zarr s3://bucket/out.zarr --chunks-per-shard 2,2,1 --index-location start
   shardkv info data/sharded.zarr
   shardkv info data/sharded.zarr --json
+  shardkv compact data/sharded.zarr                       # reclaim unused bytes inside shards
 """
 
 _CONVERT_HELP = """\
@@ -35,6 +36,12 @@ read the result. Chunks outside an array's grid are skipped and counted. An
 array stored with '/' chunk keys but no dimension_separator in .zarray
 (zarr-python's NestedDirectoryStore) is detected, and the destination .zarray
 says "dimension_separator": "/".
+
+A 2022-draft Zarr v3 hierarchy (root zarr.json of the draft protocol,
+meta/root/..., data/root/...) is converted into a draft-sharded copy instead:
+each array's metadata gets the sharding storage transformer, and shards use
+the draft's fixed "indexed" layout (index at the end, no checksum), so
+--index-location start and --no-checksum are refused for such a source.
 """
 
 _CONVERT_EXAMPLES = """\
@@ -123,6 +130,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser(
+        "compact",
+        help="rewrite shards that hold unused bytes (after append-only or in-place writes, or slack)",
+        description="Rewrite every shard of the sharded arrays in STORE (or of one array) that holds bytes no "
+        "index entry references, leaving chunks back to back and the index in place. The data is unchanged; "
+        "each shard is replaced whole (atomically on local disks).",
+        epilog="examples:\n  shardkv compact data/sharded.zarr\n  shardkv compact data/sharded.zarr --array temp\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("store", metavar="STORE", help="a sharded hierarchy: a path or an fsspec URL")
+    p.add_argument("--array", metavar="PATH", default=None, help="only the array at PATH (default: every array)")
+
+    p = sub.add_parser(
         "demo",
         help="make a small Zarr v2 hierarchy, convert it, inspect it, and read it back",
         description="Create a small Zarr v2 hierarchy in DIR (with zarr-python 2 if installed, else with "
@@ -158,6 +177,13 @@ def _run(args: argparse.Namespace) -> int:
             print(json.dumps({"store": args.store, "arrays": [i.to_json() for i in infos]}, indent=2))
         else:
             print(format_info(infos))
+        return 0
+    if args.command == "compact":
+        from .mapping import ShardedStore
+
+        with ShardedStore(args.store) as store:
+            reclaimed = store.compact(args.array)
+        print(f"compacted {args.store}: {reclaimed} bytes reclaimed")
         return 0
     from .demo import run_demo
 

@@ -411,6 +411,12 @@ def convert(
     if is_draft_hierarchy(source):
         from .draft_convert import convert_draft
 
+        if index_location != "end" or not index_checksum:
+            raise ConfigurationError(
+                f"{src_name} is a 2022 draft hierarchy: its shards use the draft's fixed 'indexed' layout "
+                "(index at the end, no checksum), so --index-location start / --no-checksum do not apply"
+            )
+
         return convert_draft(source, target, cps, progress, overwrite=overwrite, src_name=src_name, dst_name=dst_name)  # type: ignore[return-value]
     hierarchy = read_hierarchy(source, src_name)
     if next(iter(target.iter_keys()), None) is not None:

@@ -49,12 +49,10 @@ def _decode_ints(text: str, separator: str, ndim: int) -> tuple[int, ...]:
     parts = text.split(separator)
     if len(parts) != ndim:
         raise ValueError(f"expected {ndim} coordinate(s) separated by {separator!r}, got {len(parts)}")
-    out = []
     for p in parts:
-        if not p.isdigit() or not p.isascii() or (len(p) > 1 and p[0] == "0"):
+        if not (p.isascii() and p.isdigit()) or (p[0] == "0" and len(p) > 1):
             raise ValueError(f"coordinate {p!r} is not a canonical non-negative decimal integer")
-        out.append(int(p))
-    return tuple(out)
+    return tuple(map(int, parts))
 
 
 @dataclass(frozen=True, slots=True)

@@ -202,6 +202,7 @@ class ShardedStore(MutableMapping):
         self._index_location = index_location
         self._index_checksum = bool(index_checksum)
         self._states: dict[str, Any] = {}
+        self._owner_memo: dict[str, ShardedArray | None] = {}
         self._views: dict[str, dict[str, Any]] = {}
         self._lock = threading.RLock()
         self._shard_locks: dict[str, threading.Lock] = {}
@@ -244,6 +245,7 @@ class ShardedStore(MutableMapping):
         with self._lock:
             self._states.clear()
             self._views.clear()
+            self._owner_memo.clear()
         self._index_cache.clear()
 
     @property
@@ -299,10 +301,23 @@ class ShardedStore(MutableMapping):
         key (arrays have no children). Only prefixes followed by chunk-like
         segments are candidates.
         """
-        segments = key.split("/")
-        if segments[-1] in _META_NAMES:
-            return None
-        first_chunkish = len(segments)
+        parent, _, name = key.rpartition("/")
+        if name in _META_NAMES or not _CHUNKISH.fullmatch(name):
+            return None  # the last segment of a chunk or shard key is always chunk-like
+        memo = self._owner_memo.get(parent, _NOT_ARRAY)
+        if memo is not _NOT_ARRAY:
+            return memo
+        owner = self._owner_of_parent(parent)
+        with self._lock:
+            if len(self._owner_memo) > 100_000:
+                self._owner_memo.clear()
+            self._owner_memo[parent] = owner
+        return owner
+
+    def _owner_of_parent(self, parent: str) -> ShardedArray | None:
+        """:meth:`_owner` for every key ``parent/<chunk-like name>`` (memoised by the caller)."""
+        segments = (parent.split("/") if parent else []) + ["0"]
+        first_chunkish = len(segments) - 1
         while first_chunkish > 0 and _CHUNKISH.fullmatch(segments[first_chunkish - 1]):
             first_chunkish -= 1
         for i in range(0, len(segments)):
@@ -315,8 +330,20 @@ class ShardedStore(MutableMapping):
             return state
         return None
 
-    def _route(self, key: str) -> ChunkRef | None:
-        validate_key(key)
+    def _set_state(self, path: str, state: Any) -> None:
+        """Record what ``path`` is (called with ``self._lock`` held); owners may change."""
+        self._states[path] = state
+        self._owner_memo.clear()
+
+    def _forget_state(self, path: str) -> None:
+        """Forget what ``path`` is (called with ``self._lock`` held)."""
+        self._states.pop(path, None)
+        self._views.pop(path, None)
+        self._owner_memo.clear()
+
+    def _route(self, key: str, validated: bool = False) -> ChunkRef | None:
+        if not validated:
+            validate_key(key)
         arr = self._owner(key)
         return None if arr is None else arr.locate(key)
 
@@ -400,7 +427,7 @@ class ShardedStore(MutableMapping):
                         out[key] = value
                     continue
             refs.append(ref)
-            shards[ref.shard_key] = self._owner(key)  # type: ignore[assignment]
+            shards[ref.shard_key] = ref.array
         if plain:
             out.update(self._base.get_many(plain))
         if not refs:
@@ -467,8 +494,7 @@ class ShardedStore(MutableMapping):
                 buffered, value = self._buffer.lookup(ref.shard_key, ref.local_coords)
             if buffered:
                 return value is not None
-        arr = self._owner(ref.chunk_key)
-        indexes, _ = self._read_indexes({ref.shard_key: arr})  # type: ignore[dict-item]
+        indexes, _ = self._read_indexes({ref.shard_key: ref.array})
         index = indexes.get(ref.shard_key)
         return index is not None and index.get(ref.local_coords) is not None
 
@@ -541,15 +567,14 @@ class ShardedStore(MutableMapping):
                 else:
                     self._set_metadata(key, value)
                 continue
-            ref = self._route(key)
+            ref = self._route(key, validated=True)
             if ref is None:
                 if value is None:
                     plain_del.append(key)
                 else:
                     plain_set[key] = value
                 continue
-            arr = self._owner(key)
-            entry = by_shard.setdefault(ref.shard_key, (arr, ref.shard_coords, {}))  # type: ignore[arg-type]
+            entry = by_shard.setdefault(ref.shard_key, (ref.array, ref.shard_coords, {}))
             entry[2][ref.local_coords] = value
         if plain_set:
             self._base.set_many(plain_set)  # type: ignore[arg-type]
@@ -733,7 +758,7 @@ class ShardedStore(MutableMapping):
                 return
         if name == ".zgroup":
             with self._lock:
-                self._states[path] = _NOT_ARRAY
+                self._set_state(path, _NOT_ARRAY)
         self._base.set(key, bytes(value))
 
     def _on_zarray(self, path: str, raw: bytes) -> None:
@@ -753,7 +778,7 @@ class ShardedStore(MutableMapping):
             new_state = state.with_shape(zarray["shape"])
             self._base.set_many({zjson_key: _dump(view), _join(path, ".zarray"): raw})
             with self._lock:
-                self._states[path] = new_state
+                self._set_state(path, new_state)
                 self._views[path] = view
             if any(n < o for n, o in zip(new_state.shape, state.shape)):
                 self._trim(state, new_state)
@@ -765,7 +790,7 @@ class ShardedStore(MutableMapping):
         if cps is None:
             self._base.set(_join(path, ".zarray"), raw)
             with self._lock:
-                self._states[path] = _UNSHARDED
+                self._set_state(path, _UNSHARDED)
             return
         layout = ShardLayout.v3(cps, self._index_location, "little", self._index_checksum)
         try:
@@ -775,7 +800,7 @@ class ShardedStore(MutableMapping):
         view = v3_view_of_v2(zarray, attrs, layout).metadata
         self._base.set_many({_join(path, ".zarray"): raw, zjson_key: _dump(view)})
         with self._lock:
-            self._states[path] = self._sharded_from_view(path, zarray, view)
+            self._set_state(path, self._sharded_from_view(path, zarray, view))
             self._views[path] = view
 
     def _trim(self, old: ShardedArray, new: ShardedArray) -> None:
@@ -794,10 +819,16 @@ class ShardedStore(MutableMapping):
         path, name = _parent(key)
         if name in (".zarray", ".zgroup"):
             with self._lock:
-                self._states.pop(path, None)
-                self._views.pop(path, None)
+                self._forget_state(path)
             if name == ".zarray":
+                self._discard_buffered(path)
                 self._base.delete_many([_join(path, "zarr.json")])
+
+    def _discard_buffered(self, path: str) -> None:
+        """Drop buffered writes of arrays being deleted, so a later flush cannot resurrect them."""
+        if self._buffer is not None:
+            with self._buffer.lock:
+                self._buffer.discard_under(path)
 
     # -- listing ----------------------------------------------------------------
 
@@ -856,17 +887,16 @@ class ShardedStore(MutableMapping):
     def rmdir(self, path: str = "") -> None:
         """Delete everything under ``path`` (the whole store for ``""``)."""
         path = path.strip("/")
-        self.flush()
         arr = self._owner(_join(path, "0")) if path else None
         if arr is not None and arr.path != path:
             self.delitems(list(self.keys_under(path)))  # a sub-path of a '/'-separated array
             return
+        self._discard_buffered(path)
         self._base.rmdir(path)
         self._index_cache.clear()
         with self._lock:
             for p in [p for p in self._states if p == path or p.startswith(f"{path}/") or not path]:
-                self._states.pop(p, None)
-                self._views.pop(p, None)
+                self._forget_state(p)
 
     def getsize(self, path: str = "") -> int:
         """Bytes stored under ``path`` in the base store (shards, not logical chunks)."""

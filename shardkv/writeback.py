@@ -119,3 +119,16 @@ class WriteBuffer:
         """Remove and return every buffered shard (of the array at ``path`` only, if given)."""
         keys = [k for k, p in self._pending.items() if path is None or p.array.path == path]
         return {k: self.pop(k) for k in keys}
+
+    def discard_under(self, path: str) -> int:
+        """Drop, unwritten, the updates of arrays at or below ``path`` (every array for ``""``).
+
+        Used when those arrays are deleted. Returns the number of shards dropped.
+        """
+        keys = [
+            k for k, p in self._pending.items()
+            if not path or p.array.path == path or p.array.path.startswith(f"{path}/")
+        ]  # fmt: skip
+        for k in keys:
+            self.pop(k)
+        return len(keys)

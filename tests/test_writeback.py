@@ -259,3 +259,20 @@ def test_resize_with_buffered_chunks_matches_zarr_on_a_dict(base: Any, buffer_by
     np.testing.assert_array_equal(reread[:], arrays[1][:])
     chunk_keys = sorted(k for k in ShardedStore(base).keys_under("a") if not k.rsplit("/", 1)[-1].startswith("."))
     assert chunk_keys == sorted(k for k in oracle if not k.rsplit("/", 1)[-1].startswith("."))
+
+
+@pytest.mark.parametrize("how", ["rmdir", "del-zarray"])
+def test_deleted_array_is_not_resurrected_by_a_later_flush(how: str) -> None:
+    """Buffered writes of an array that is then deleted are dropped, not flushed into the new array."""
+    base: dict = {}
+    store = ShardedStore(base, chunks_per_shard=4, buffer_bytes=10**9)
+    z = zarr.create(shape=(100,), chunks=(10,), dtype="i4", store=store, path="a")
+    z[:5] = 1
+    if how == "rmdir":
+        store.rmdir("a")
+    else:
+        del store["a/.zarray"]
+    fresh = zarr.create(shape=(100,), chunks=(10,), dtype="i4", store=store, path="a", overwrite=True)
+    store.flush()
+    assert (fresh[:] == 0).all()
+    assert not [k for k in base if k.startswith("a/") and k.split("/")[-1][0].isdigit()]
