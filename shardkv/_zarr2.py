@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-__all__ = ["register"]
+__all__ = ["register", "StoreCapabilities"]
 
 _done: set[type] = set()
 
@@ -29,3 +29,19 @@ def register(cls: type) -> None:
         return
     store_module = importlib.import_module("zarr._storage.store")
     store_module.BaseStore.register(cls)
+
+
+class StoreCapabilities:
+    """The capability checks zarr-python 2 asks every store (``BaseStore`` protocol): all true."""
+
+    def is_readable(self) -> bool:
+        return True
+
+    def is_writeable(self) -> bool:
+        return True
+
+    def is_listable(self) -> bool:
+        return True
+
+    def is_erasable(self) -> bool:
+        return True

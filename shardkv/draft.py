@@ -41,6 +41,7 @@ from .draft_meta import (
     register_with_zarr2,
     to_bytes,
 )
+from ._zarr2 import StoreCapabilities
 from .errors import ConfigurationError
 from .keys import validate_key
 from .meta import normalize_chunks_per_shard
@@ -73,7 +74,7 @@ def open_draft_if_wanted(store: Any, layout: str | None, *args: Any, **kwargs: A
 _DRAFT_OPTIONS = frozenset({"chunks_per_shard", "index_location", "index_checksum", "storage_options"})
 
 
-class DraftShardedStore(MutableMapping):
+class DraftShardedStore(StoreCapabilities, MutableMapping):
     """A zarr-python 2.18 v3 store over a 2022 draft hierarchy with sharded arrays.
 
     Parameters
@@ -539,18 +540,6 @@ class DraftShardedStore(MutableMapping):
 
     def supports_efficient_set_partial_values(self) -> bool:
         return False
-
-    def is_readable(self) -> bool:
-        return True
-
-    def is_writeable(self) -> bool:
-        return True
-
-    def is_listable(self) -> bool:
-        return True
-
-    def is_erasable(self) -> bool:
-        return True
 
     def close(self) -> None:
         """Close the base store if it has a ``close``."""

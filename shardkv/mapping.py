@@ -83,7 +83,7 @@ def _as_buffer(key: str, value: Any) -> memoryview:
         ) from None
 
 
-class ShardedStore(MutableMapping):
+class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
     """A MutableMapping of chunk keys whose chunks are stored in shards.
 
     Parameters
@@ -923,18 +923,6 @@ class ShardedStore(MutableMapping):
         from zarr.meta import Metadata2  # only zarr-python 2 asks for it
 
         return Metadata2
-
-    def is_readable(self) -> bool:
-        return True
-
-    def is_writeable(self) -> bool:
-        return True
-
-    def is_listable(self) -> bool:
-        return True
-
-    def is_erasable(self) -> bool:
-        return True
 
     def close(self) -> None:
         """Write buffered shards (write-back mode), then close the base store if it has a ``close``."""
