@@ -5,14 +5,11 @@ ordinary chunk keys (``temp/3.7``); the store below holds shards (``temp/0.1``)
 in the v1.0 ``sharding_indexed`` layout, each array's sharding described by a
 ``zarr.json`` beside its ``.zarray`` (see :mod:`shardkv.meta`).
 
-Request plan (``n`` chunks in ``k`` shards, one call):
-
-* read, base store with ranged reads: 1 batched read of the ``k`` indexes
-  (prefix or suffix ranges), then 1 batched read of the ``n`` chunk ranges;
-* read, base store without ranged reads: 1 batched read of the ``k`` shards;
-* write: 1 batched read of the shards only partly covered by the call (none
-  when every in-grid chunk of each shard is written), then 1 batched write of
-  the ``k`` new shards. A shard is built in one ``b"".join`` (linear time).
+This module maps keys (which array owns a key, which shard holds a chunk),
+handles metadata (new arrays, resize, attributes) and the write-back buffer;
+the requests themselves are planned by :class:`shardkv.shardio.ShardIO`
+(one batched index read and one batched chunk read per call; one batched
+write per call; a shard is built in one ``b"".join``, linear time).
 
 Concurrency: writers of one shard in one process are serialised by a lock per
 shard key, so no acknowledged write is lost to a concurrent read-modify-write.
@@ -26,7 +23,6 @@ import json
 import re
 import threading
 from collections.abc import MutableMapping
-from contextlib import ExitStack
 from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
 
 import numpy as np
@@ -34,15 +30,15 @@ import numpy as np
 from . import _zarr2
 from .arrays import ChunkRef, ShardedArray
 from .cache import IndexCache
-from .errors import ConfigurationError, CorruptShardError, InvalidKeyError, ReservedKeyError
-from .index import ShardIndex
+from .shardio import ShardIO
+from .errors import ConfigurationError, InvalidKeyError, ReservedKeyError
 from .keys import V2ChunkKeyEncoding, validate_key
 from .layout import ShardLayout
 from .meta import normalize_chunks_per_shard, sharding_spec_from_v3, v2_dimension_separator, v3_view_of_v2
-from .ranges import ByteRange, ReadPolicy, plan_reads
+from .ranges import ReadPolicy
 from .stores import StoreAdapter, adapt
 from .v3compat import PresentingAdapter
-from .strategies import WriteStrategy, plan_append
+from .strategies import WriteStrategy
 from .writeback import PendingShard, WriteBuffer
 
 __all__ = ["ShardedStore"]
@@ -205,17 +201,15 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         self._owner_memo: dict[str, ShardedArray | None] = {}
         self._views: dict[str, dict[str, Any]] = {}
         self._lock = threading.RLock()
-        self._shard_locks: dict[str, threading.Lock] = {}
-        self._index_cache = IndexCache(index_cache_bytes)
-        self._validate_cache = bool(validate_index_cache)
-        self._read_policy = read_policy or ReadPolicy()
+        self._io = ShardIO(
+            self._base,
+            index_cache_bytes=index_cache_bytes,
+            validate_index_cache=validate_index_cache,
+            read_policy=read_policy or ReadPolicy(),
+            write_strategy=write_strategy,
+            slack_bytes=slack_bytes,
+        )
         self._buffer = None if buffer_bytes is None else WriteBuffer(buffer_bytes)
-        if write_strategy not in ("rewrite", "append", "inplace"):
-            raise ConfigurationError(f"write_strategy must be 'rewrite', 'append' or 'inplace', got {write_strategy!r}")
-        if slack_bytes < 0:
-            raise ConfigurationError(f"slack_bytes must be >= 0, got {slack_bytes}")
-        self._write_strategy = write_strategy
-        self._slack_bytes = int(slack_bytes)
         _zarr2.register(type(self))
 
     # -- configuration ------------------------------------------------------
@@ -246,12 +240,12 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
             self._states.clear()
             self._views.clear()
             self._owner_memo.clear()
-        self._index_cache.clear()
+        self._io.index_cache.clear()
 
     @property
     def index_cache(self) -> IndexCache:
         """The shard index cache (``hits``, ``misses``, ``nbytes``, ``clear()``)."""
-        return self._index_cache
+        return self._io.index_cache
 
     # -- array discovery ----------------------------------------------------
 
@@ -352,49 +346,7 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         path, name = _parent(key)
         return name == "zarr.json" and isinstance(self._state(path), ShardedArray)
 
-    def _shard_lock(self, shard_key: str) -> threading.Lock:
-        with self._lock:
-            lock = self._shard_locks.get(shard_key)
-            if lock is None:
-                lock = self._shard_locks[shard_key] = threading.Lock()
-            return lock
-
     # -- reads ----------------------------------------------------------------
-
-    def _read_indexes(
-        self, shards: Mapping[str, ShardedArray]
-    ) -> tuple[dict[str, ShardIndex], dict[str, bytes]]:
-        """Indexes of the stored shards among ``shards`` (one batched request).
-
-        Returns the indexes and, for a base store without ranged reads, the
-        whole shards that were read to get them.
-        """
-        keys = list(shards)
-        if not keys:
-            return {}, {}
-        if not self._base.supports_ranges:
-            blobs = self._base.get_many(keys)
-            return {k: shards[k].layout.index_of_shard(b, k) for k, b in blobs.items()}, blobs
-        indexes: dict[str, ShardIndex] = {}
-        validators: dict[str, Any] = {}
-        missing: list[str] = []
-        for k in keys:
-            validator = self._base.validator(k) if self._validate_cache else None
-            cached = self._index_cache.get(k, validator)
-            if cached is None:
-                missing.append(k)
-                validators[k] = validator
-            else:
-                indexes[k] = cached
-        if missing:
-            raw = self._base.get_ranges([(k, shards[k].layout.index_range()) for k in missing])
-            for k, data in zip(missing, raw):
-                if data is not None:
-                    # checked against the shard's size where that is free: a suffix read
-                    # alone cannot tell a truncated shard from an intact one
-                    index = indexes[k] = shards[k].layout.decode_index(data, k, self._base.size_if_free(k))
-                    self._index_cache.put(k, index, validators[k])
-        return indexes, {}
 
     def getitems(self, keys: Sequence[str], *, contexts: Any = None) -> dict[str, bytes]:
         """Values of the stored keys among ``keys`` (missing keys are left out).
@@ -411,7 +363,6 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         """
         plain: list[str] = []
         refs: list[ChunkRef] = []
-        shards: dict[str, ShardedArray] = {}
         out: dict[str, bytes] = {}
         for key in keys:
             ref = self._route(key)
@@ -427,48 +378,9 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
                         out[key] = value
                     continue
             refs.append(ref)
-            shards[ref.shard_key] = ref.array
         if plain:
             out.update(self._base.get_many(plain))
-        if not refs:
-            return out
-        indexes, blobs = self._read_indexes(shards)
-        wanted: list[tuple[ChunkRef, int, int]] = []
-        for ref in refs:
-            index = indexes.get(ref.shard_key)
-            entry = None if index is None else index.get(ref.local_coords)
-            if entry is not None:
-                wanted.append((ref, *entry))
-        if blobs:
-            for ref, offset, nbytes in wanted:
-                blob = memoryview(blobs[ref.shard_key])
-                out[ref.chunk_key] = bytes(blob[offset : offset + nbytes])
-            return out
-        by_shard: dict[str, list[tuple[ChunkRef, int, int]]] = {}
-        for item in wanted:
-            by_shard.setdefault(item[0].shard_key, []).append(item)
-        requests: list[tuple[str, ByteRange]] = []
-        plans = []
-        for shard_key, items in by_shard.items():
-            ranges = [ByteRange(o, o + n) for _, o, n in items]
-            for read in plan_reads(ranges, indexes[shard_key].used_nbytes(), self._read_policy):
-                requests.append((shard_key, read.range))
-                plans.append((items, read))
-        data = self._base.get_ranges(requests)
-        for (items, read), value in zip(plans, data):
-            if value is None:
-                continue  # the shard was deleted between the two reads
-            view = memoryview(value)
-            for i, rel, nbytes in read.members:
-                ref, offset, _ = items[i]
-                chunk = view[rel : rel + nbytes]
-                if len(chunk) != nbytes:
-                    raise CorruptShardError(
-                        ref.shard_key,
-                        f"index entry {ref.local_coords} points at bytes [{offset}, {offset + nbytes}) "
-                        f"but the shard ends after {read.range.start + len(value)} bytes (truncated shard?)",
-                    )
-                out[ref.chunk_key] = bytes(chunk)
+        out.update(self._io.read_chunks(refs))
         return out
 
     def __getitem__(self, key: str) -> bytes:
@@ -494,7 +406,7 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
                 buffered, value = self._buffer.lookup(ref.shard_key, ref.local_coords)
             if buffered:
                 return value is not None
-        indexes, _ = self._read_indexes({ref.shard_key: ref.array})
+        indexes, _ = self._io.read_indexes({ref.shard_key: ref.array})
         index = indexes.get(ref.shard_key)
         return index is not None and index.get(ref.local_coords) is not None
 
@@ -583,7 +495,7 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         if by_shard and self._buffer is not None:
             self._buffer_shards(by_shard)
         elif by_shard:
-            self._write_shards(by_shard)
+            self._io.write_shards(by_shard)
 
     def _buffer_shards(
         self,
@@ -600,7 +512,7 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
             self._write_pending(ready)
 
     def _write_pending(self, pending: Mapping[str, PendingShard]) -> None:
-        self._write_shards({k: (p.array, p.shard_coords, p.updates) for k, p in pending.items()})  # type: ignore[misc]
+        self._io.write_shards({k: (p.array, p.shard_coords, p.updates) for k, p in pending.items()})  # type: ignore[misc]
 
     def flush(self) -> None:
         """Write every buffered shard to the base store (write-back mode; a no-op otherwise)."""
@@ -619,87 +531,6 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         if pending:
             self._write_pending(pending)
 
-    def _write_shards(
-        self,
-        by_shard: Mapping[str, tuple[ShardedArray, tuple[int, ...], dict[tuple[int, ...], memoryview | None]]],
-    ) -> None:
-        with ExitStack() as stack:
-            for shard_key in sorted(by_shard):
-                stack.enter_context(self._shard_lock(shard_key))
-            need_old = [
-                sk
-                for sk, (arr, coords, updates) in by_shard.items()
-                if not _covers_shard(arr, coords, updates)
-            ]
-            if need_old and self._write_strategy != "rewrite" and self._base.supports_append:
-                need_old = self._append_to_shards({sk: by_shard[sk] for sk in need_old})
-                by_shard = {sk: v for sk, v in by_shard.items() if sk in need_old or _covers_shard(*v)}
-            old = self._base.get_many(need_old) if need_old else {}
-            new_shards: dict[str, bytes] = {}
-            new_indexes: dict[str, ShardIndex] = {}
-            empty: list[str] = []
-            # slack only where in-place writes can use it (elsewhere "inplace" falls back to rewrite)
-            slack = self._slack_bytes if self._write_strategy == "inplace" and self._base.supports_append else 0
-            for shard_key, (arr, coords, updates) in by_shard.items():
-                chunks: dict[tuple[int, ...], memoryview] = {}
-                if shard_key in old:
-                    in_grid = {local for _, local in arr.chunks_in_shard(coords)}
-                    for local, view in arr.layout.chunks_of_shard(old[shard_key], shard_key).items():
-                        if local in in_grid:
-                            chunks[local] = view
-                for local, value in updates.items():
-                    if value is None:
-                        chunks.pop(local, None)
-                    else:
-                        chunks[local] = value
-                if chunks:
-                    new_shards[shard_key], new_indexes[shard_key] = arr.layout.encode_shard_with_index(
-                        chunks, slack
-                    )
-                elif shard_key in old:
-                    empty.append(shard_key)
-            for shard_key in by_shard:
-                self._index_cache.discard(shard_key)
-            self._base.set_many(new_shards)
-            if empty:
-                self._base.delete_many(empty)
-            if not self._validate_cache:
-                for shard_key, index in new_indexes.items():
-                    self._index_cache.put(shard_key, index)
-
-    def _append_to_shards(
-        self,
-        by_shard: Mapping[str, tuple[ShardedArray, tuple[int, ...], dict[tuple[int, ...], memoryview | None]]],
-    ) -> list[str]:
-        """Apply updates to stored shards by appending (see :mod:`shardkv.strategies`).
-
-        Called with the shards' locks held. Returns the shards that are not
-        stored yet (to be written whole).
-        """
-        indexes, _ = self._read_indexes({sk: v[0] for sk, v in by_shard.items()})
-        not_stored = [sk for sk in by_shard if sk not in indexes]
-        for shard_key, index in indexes.items():
-            arr, coords, updates = by_shard[shard_key]
-            changes: dict[tuple[int, ...], bytes | None] = {
-                local: None if v is None else bytes(v) for local, v in updates.items()
-            }
-            in_grid = {local for _, local in arr.chunks_in_shard(coords)}
-            for local in index.present():
-                if local not in in_grid:
-                    changes[local] = None  # left behind by a shrinking resize
-            plan = plan_append(
-                arr.layout, index, self._base.size(shard_key), changes,
-                inplace=self._write_strategy == "inplace", slack_bytes=self._slack_bytes,
-            )  # fmt: skip
-            self._index_cache.discard(shard_key)
-            if plan.index.is_empty():  # type: ignore[union-attr]
-                self._base.delete_many([shard_key])
-                continue
-            self._base.write_at(shard_key, [(w.offset, w.data) for w in plan.writes])
-            validator = self._base.validator(shard_key) if self._validate_cache else None
-            self._index_cache.put(shard_key, plan.index, validator)  # type: ignore[arg-type]
-        return not_stored
-
     def compact(self, path: str | None = None) -> int:
         """Rewrite shards that hold unused bytes (after appends, in-place writes or slack).
 
@@ -717,26 +548,8 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         paths = [path.strip("/")] if path is not None else sorted(
             {self._owner(k).path for k in self._base.iter_keys() if self._owner(k) is not None}  # type: ignore[union-attr]
         )
-        reclaimed = 0
-        for p in paths:
-            arr = self.sharded_array(p)
-            if arr is None:
-                continue
-            for shard_key, _ in arr.shard_keys():
-                with self._shard_lock(shard_key):
-                    try:
-                        blob = self._base.get(shard_key)
-                    except KeyError:
-                        continue
-                    index = arr.layout.index_of_shard(blob, shard_key)
-                    unused = len(blob) - arr.layout.index_nbytes - index.used_nbytes()
-                    if unused <= 0:
-                        continue
-                    new, new_index = arr.layout.encode_shard_with_index(arr.layout.chunks_of_shard(blob, shard_key, index))
-                    self._base.set(shard_key, new)
-                    self._index_cache.discard(shard_key)
-                    reclaimed += len(blob) - len(new)
-        return reclaimed
+        arrays = [self.sharded_array(p) for p in paths]
+        return sum(self._io.compact_array(arr) for arr in arrays if arr is not None)
 
     # -- metadata -------------------------------------------------------------
 
@@ -813,7 +626,7 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
             if any((s + 1) * c > g for s, c, g in zip(coords, new.chunks_per_shard, grid)):
                 affected[new.shard_key(coords)] = (new, coords, {})
         if affected:
-            self._write_shards(affected)
+            self._io.write_shards(affected)
 
     def _delete_metadata_side_effects(self, key: str) -> None:
         path, name = _parent(key)
@@ -836,7 +649,7 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         keys = list(shards)
         for start in range(0, len(keys), _BATCH):
             batch = {k: shards[k] for k in keys[start : start + _BATCH]}
-            indexes, _ = self._read_indexes(batch)
+            indexes, _ = self._io.read_indexes(batch)
             for shard_key, index in indexes.items():
                 arr = batch[shard_key]
                 shard_coords = arr.shard_coords_of(shard_key)
@@ -893,7 +706,7 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
             return
         self._discard_buffered(path)
         self._base.rmdir(path)
-        self._index_cache.clear()
+        self._io.index_cache.clear()
         with self._lock:
             for p in [p for p in self._states if p == path or p.startswith(f"{path}/") or not path]:
                 self._forget_state(p)
@@ -955,12 +768,6 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         if self.sharded_array(path) is None:
             return None
         return dict(self._views[path.strip("/")])
-
-
-def _covers_shard(arr: ShardedArray, shard_coords: tuple[int, ...], updates: Mapping[Any, Any]) -> bool:
-    """True when ``updates`` writes every in-grid chunk of the shard (no old bytes needed)."""
-    n = arr.n_chunks_in_shard(shard_coords)
-    return n > 0 and len(updates) == n and all(v is not None for v in updates.values())
 
 
 def _dump(doc: Mapping[str, Any]) -> bytes:
