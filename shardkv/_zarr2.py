@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from typing import Any, Self
 
 __all__ = ["register", "StoreCapabilities"]
 
@@ -32,7 +33,32 @@ def register(cls: type) -> None:
 
 
 class StoreCapabilities:
-    """The capability checks zarr-python 2 asks every store (``BaseStore`` protocol): all true."""
+    """What both proxies share as zarr-python 2 stores.
+
+    The ``BaseStore`` capability checks (all true), use as a context manager
+    (``close()`` on exit), identity equality, and a ``repr`` naming the base
+    store and ``chunks_per_shard`` (``_raw_store`` and ``_cps`` of the subclass).
+    """
+
+    _raw_store: Any
+    _cps: Any
+
+    def close(self) -> None:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._raw_store!r}, chunks_per_shard={self._cps!r})"
 
     def is_readable(self) -> bool:
         return True

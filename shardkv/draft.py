@@ -547,19 +547,6 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
         if adapter is not None:
             adapter.close()
 
-    def __enter__(self) -> DraftShardedStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __eq__(self, other: object) -> bool:
-        return self is other
-
-    __hash__ = object.__hash__
-
-    def __repr__(self) -> str:
-        return f"DraftShardedStore({self._raw_store!r}, chunks_per_shard={self._cps!r})"
 
     # -- introspection ---------------------------------------------------------------------------------
 

@@ -742,19 +742,6 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         self.flush()
         self._base.close()
 
-    def __enter__(self) -> ShardedStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __eq__(self, other: object) -> bool:
-        return self is other
-
-    __hash__ = object.__hash__
-
-    def __repr__(self) -> str:
-        return f"ShardedStore({self._raw_store!r}, chunks_per_shard={self._cps!r})"
 
     # -- introspection ------------------------------------------------------------
 
