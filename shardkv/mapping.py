@@ -545,9 +545,11 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
             Bytes reclaimed in the base store.
         """
         self.flush()
-        paths = [path.strip("/")] if path is not None else sorted(
-            {self._owner(k).path for k in self._base.iter_keys() if self._owner(k) is not None}  # type: ignore[union-attr]
-        )
+        if path is not None:
+            paths = [path.strip("/")]
+        else:
+            owners = (self._owner(k) for k in self._base.iter_keys())
+            paths = sorted({arr.path for arr in owners if arr is not None})
         arrays = [self.sharded_array(p) for p in paths]
         return sum(self._io.compact_array(arr) for arr in arrays if arr is not None)
 

@@ -191,7 +191,7 @@ def plan_reads(wanted: Sequence[ByteRange], stored_nbytes: int, policy: ReadPoli
     """
     if not wanted:
         return []
-    want = sum(r.nbytes or 0 for r in wanted)
+    want = total_nbytes(wanted)
     if stored_nbytes > 0 and want >= policy.whole_shard_fraction * stored_nbytes and len(wanted) > 1:
         members = tuple((i, r.start, r.nbytes or 0) for i, r in enumerate(wanted))
         return [CoalescedRead(ByteRange(0, None), members)]

@@ -89,6 +89,30 @@ def zarr3_blosc() -> Any:
     return BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", typesize=4)
 
 
+def zarr2_array(store: Any, shape: tuple[int, ...]) -> Any:
+    """A new zarr-python 2 array ``arr`` of the benchmark layout (chunks, dtype, blosc) in ``store``."""
+    import zarr
+
+    return zarr.create(shape=shape, chunks=CHUNKS, dtype=DTYPE, compressor=numcodecs_blosc(), store=store, path="arr")
+
+
+def zarr3_array(root: str, shape: tuple[int, ...]) -> Any:
+    """A new zarr-python 3 array ``arr`` of the benchmark layout, sharded by zarr 3 itself, in a local dir."""
+    import zarr
+    from zarr.storage import LocalStore
+
+    return zarr.create_array(
+        store=LocalStore(root),
+        name="arr",
+        shape=shape,
+        chunks=CHUNKS,
+        shards=SHARD_SHAPE,
+        dtype=DTYPE,
+        compressors=zarr3_blosc(),
+        fill_value=0,
+    )
+
+
 def chunk_blocks(shape: tuple[int, int]) -> Iterator[tuple[slice, slice]]:
     """Selections of every inner chunk of a 2-D array, in row-major order."""
     for i in range(0, shape[0], CHUNKS[0]):

@@ -40,6 +40,7 @@ from _common import (
     numcodecs_blosc,
     parse_args,
     shardkv_features,
+    zarr2_array,
 )
 
 
@@ -51,7 +52,7 @@ def _shardkv(data: np.ndarray, buffer_bytes: int | None) -> tuple[CountingMappin
     base = CountingMapping()
     extra = {} if buffer_bytes is None else {"buffer_bytes": buffer_bytes}
     store = ShardedStore(base, chunks_per_shard=CHUNKS_PER_SHARD, **extra)
-    z = zarr.create(shape=data.shape, chunks=CHUNKS, dtype=DTYPE, compressor=numcodecs_blosc(), store=store, path="arr")
+    z = zarr2_array(store, data.shape)
     t0 = time.perf_counter()
     for sel in chunk_blocks(data.shape):
         z[sel] = data[sel]

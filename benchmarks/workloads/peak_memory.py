@@ -29,12 +29,12 @@ from _common import (
     SIZES,
     TempDir,
     emit,
-    numcodecs_blosc,
     p6_buffer_bytes,
     parse_args,
     peak_rss_bytes,
     rss_now_bytes,
     shardkv_features,
+    zarr2_array,
 )
 
 
@@ -68,7 +68,7 @@ def main() -> None:
     with TempDir() as tmp:
         root = os.path.join(tmp, "data.zarr")
         store = ShardedStore(root, chunks_per_shard=CHUNKS_PER_SHARD, buffer_bytes=buffer_bytes)
-        z = zarr.create(shape=shape, chunks=CHUNKS, dtype=DTYPE, compressor=numcodecs_blosc(), store=store, path="arr")
+        z = zarr2_array(store, shape)
         block = np.empty((CHUNKS[0], shape[1]), dtype=DTYPE)
         _fill(block, args.seed, 0)
         baseline = rss_now_bytes()

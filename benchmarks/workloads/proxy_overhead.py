@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from _common import CHUNKS, CHUNKS_PER_SHARD, DTYPE, SIZES, emit, make_data, numcodecs_blosc, parse_args
+from _common import CHUNKS_PER_SHARD, SIZES, emit, make_data, parse_args, zarr2_array
 
 
 def _round(data: np.ndarray, sharded: bool) -> tuple[float, float]:
@@ -26,7 +26,7 @@ def _round(data: np.ndarray, sharded: bool) -> tuple[float, float]:
 
     base: dict[str, Any] = {}
     store: Any = ShardedStore(base, chunks_per_shard=CHUNKS_PER_SHARD) if sharded else base
-    z = zarr.create(shape=data.shape, chunks=CHUNKS, dtype=DTYPE, compressor=numcodecs_blosc(), store=store, path="arr")
+    z = zarr2_array(store, data.shape)
     t0 = time.perf_counter()
     z[...] = data
     write_s = time.perf_counter() - t0

@@ -28,27 +28,24 @@ import numpy as np
 from _common import (
     CHUNKS,
     CHUNKS_PER_SHARD,
-    DTYPE,
-    SHARD_SHAPE,
     SIZES,
     TempDir,
     counting_adapter,
     emit,
     make_data,
-    numcodecs_blosc,
     parse_args,
-    zarr3_blosc,
+    zarr2_array,
+    zarr3_array,
 )
 
 
 class _Shardkv:
     def write(self, root: str, data: np.ndarray) -> None:
-        import zarr
 
         from shardkv import ShardedStore
 
         store = ShardedStore(root, chunks_per_shard=CHUNKS_PER_SHARD)
-        z = zarr.create(shape=data.shape, chunks=CHUNKS, dtype=DTYPE, compressor=numcodecs_blosc(), store=store, path="arr")
+        z = zarr2_array(store, data.shape)
         z[...] = data
         store.close()
 
@@ -65,19 +62,7 @@ class _Shardkv:
 
 class _Zarr3:
     def write(self, root: str, data: np.ndarray) -> None:
-        import zarr
-        from zarr.storage import LocalStore
-
-        z = zarr.create_array(
-            store=LocalStore(root),
-            name="arr",
-            shape=data.shape,
-            chunks=CHUNKS,
-            shards=SHARD_SHAPE,
-            dtype=DTYPE,
-            compressors=zarr3_blosc(),
-            fill_value=0,
-        )
+        z = zarr3_array(root, data.shape)
         z[...] = data
 
     def open(self, root: str) -> tuple[Any, dict[str, Any]]:

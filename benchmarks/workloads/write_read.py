@@ -22,18 +22,15 @@ from typing import Any
 import numpy as np
 
 from _common import (
-    CHUNKS,
     CHUNKS_PER_SHARD,
-    DTYPE,
-    SHARD_SHAPE,
     SIZES,
     TempDir,
     dir_bytes,
     emit,
     make_data,
-    numcodecs_blosc,
     parse_args,
-    zarr3_blosc,
+    zarr2_array,
+    zarr3_array,
 )
 
 
@@ -42,14 +39,7 @@ def _shardkv(root: str, data: np.ndarray) -> tuple[float, float]:
 
     from shardkv import ShardedStore
 
-    z = zarr.create(
-        shape=data.shape,
-        chunks=CHUNKS,
-        dtype=DTYPE,
-        compressor=numcodecs_blosc(),
-        store=ShardedStore(root, chunks_per_shard=CHUNKS_PER_SHARD),
-        path="arr",
-    )
+    z = zarr2_array(ShardedStore(root, chunks_per_shard=CHUNKS_PER_SHARD), data.shape)
     t0 = time.perf_counter()
     z[...] = data
     write_s = time.perf_counter() - t0
@@ -65,16 +55,7 @@ def _zarr3(root: str, data: np.ndarray) -> tuple[float, float]:
     import zarr
     from zarr.storage import LocalStore
 
-    z = zarr.create_array(
-        store=LocalStore(root),
-        name="arr",
-        shape=data.shape,
-        chunks=CHUNKS,
-        shards=SHARD_SHAPE,
-        dtype=DTYPE,
-        compressors=zarr3_blosc(),
-        fill_value=0,
-    )
+    z = zarr3_array(root, data.shape)
     t0 = time.perf_counter()
     z[...] = data
     write_s = time.perf_counter() - t0
