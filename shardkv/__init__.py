@@ -3,9 +3,9 @@
 Public names only; see the README for an overview.
 """
 
-from ._version import __version__
-from .codec import ShardingCodec
-from .errors import (
+from shardkv._version import __version__
+from shardkv.codecs.sharding import ShardingCodec
+from shardkv.errors import (
     ChecksumError,
     ChunkOutOfGridError,
     ConfigurationError,
@@ -15,9 +15,9 @@ from .errors import (
     ShardKVError,
     UnsupportedError,
 )
-from .index import EMPTY, ShardIndex
-from .layout import ShardLayout
-from .mapping import ShardedStore
+from shardkv.format.index import EMPTY, ShardIndex
+from shardkv.format.layout import ShardLayout
+from shardkv.proxy.store import ShardedStore
 
 __all__ = [
     "__version__",

@@ -1,7 +1,7 @@
-"""``python -m shardkv``: the command line (see :mod:`shardkv.cli`)."""
+"""``python -m shardkv``: the command line (see :mod:`shardkv.cli.main`)."""
 
 from __future__ import annotations
 
-from .cli import main
+from shardkv.cli.main import main
 
 raise SystemExit(main())

@@ -5,7 +5,7 @@ Vocabulary used by the tests:
 * a **request** is one call that moves the bytes of one stored object:
   ``cat_file`` (a whole or ranged read) or ``pipe_file`` (a whole write);
   local writes made outside fsspec (atomic rewrites and positional writes of
-  :class:`shardkv.stores.FSMapAdapter`) are recorded as requests too, by
+  :class:`shardkv.storage.adapters.FSMapAdapter`) are recorded as requests too, by
   :func:`record_local_writes`;
 * a **batch** is one call the proxy makes on the filesystem: ``cat``,
   ``cat_ranges``, ``pipe``, or a ``cat_file`` / ``pipe_file`` that no batch
@@ -28,7 +28,7 @@ import pytest
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from shardkv.stores import FSMapAdapter
+from shardkv.storage.adapters import FSMapAdapter
 
 __all__ = [
     "Request",

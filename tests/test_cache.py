@@ -1,6 +1,6 @@
 """The shard index cache: LRU bounded by bytes, counters, and when cached indexes are trusted.
 
-Unit tests drive :class:`shardkv.cache.IndexCache` directly; the proxy tests
+Unit tests drive :class:`shardkv.engine.cache.IndexCache` directly; the proxy tests
 count index requests on a local directory (1-d float64 array, inner chunks of
 8 elements = 64 bytes, 8 chunks per shard: each index is 8 x 2 uint64 = 128
 bytes in memory, 132 bytes stored with its CRC32C).
@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 import zarr
 from counting_fs import local_mapper
+
 from shardkv import ShardedStore, ShardIndex
-from shardkv.cache import IndexCache
+from shardkv.engine.cache import IndexCache
 
 CPS = 8
 INDEX_MEM_NBYTES = CPS * 2 * 8

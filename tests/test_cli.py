@@ -1,5 +1,5 @@
 """The ``shardkv`` command line, run as users run it (``python -m shardkv`` in a subprocess),
-and the data behind ``shardkv info`` (:mod:`shardkv.inspect`)."""
+and the data behind ``shardkv info`` (:mod:`shardkv.cli.info`)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import zarr
 
-from shardkv import ShardedStore, ShardLayout, ShardIndex
-from shardkv.inspect import inspect_store
+from shardkv import ShardedStore, ShardIndex, ShardLayout
+from shardkv.cli.info import inspect_store
 
 ASTRONAUT = "zarr_implementations/examples/zarr.zr"
 
@@ -239,7 +239,7 @@ def test_info_on_an_unsharded_store(shared_data):
 
 # -- demo ----------------------------------------------------------------------------
 
-_WITHOUT_ZARR = "import sys; sys.modules['zarr'] = None; from shardkv.cli import main; sys.exit(main(sys.argv[1:]))"
+_WITHOUT_ZARR = "import sys; sys.modules['zarr'] = None; from shardkv.cli.main import main; sys.exit(main(sys.argv[1:]))"
 
 
 @pytest.mark.parametrize("code", [None, _WITHOUT_ZARR], ids=["with-zarr", "without-zarr"])

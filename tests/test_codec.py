@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardkv import ChecksumError, ConfigurationError, CorruptShardError, ShardingCodec, UnsupportedError
-from shardkv.inner_codecs import CodecPipeline, codec_from_config
-from shardkv.ranges import ByteRange
+from shardkv.codecs.inner import CodecPipeline, codec_from_config
+from shardkv.format.ranges import ByteRange
 
 LE = {"name": "bytes", "configuration": {"endian": "little"}}
 BE = {"name": "bytes", "configuration": {"endian": "big"}}

@@ -1,4 +1,4 @@
-"""shardkv.convert on small hierarchies written by zarr-python 2.18 (the oracle).
+"""shardkv.cli.convert on small hierarchies written by zarr-python 2.18 (the oracle).
 
 The strongest check: converting a hierarchy gives exactly the store that
 ShardedStore writes when zarr-python creates the same arrays through it.
@@ -13,15 +13,15 @@ import pytest
 import zarr
 
 from shardkv import ConfigurationError, ShardedStore
-from shardkv import convert as convert_module
-from shardkv.convert import (
+from shardkv.cli import convert as convert_module
+from shardkv.cli.convert import (
     DestinationNotEmptyError,
     SameLocationError,
     check_chunks_per_shard,
     convert,
     parse_chunks_per_shard,
 )
-from shardkv.inspect import NotAHierarchyError
+from shardkv.cli.info import NotAHierarchyError
 
 ARRAYS = {
     # name: (shape, chunks, dtype, compressor)

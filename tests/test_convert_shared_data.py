@@ -20,7 +20,7 @@ import pytest
 import zarr
 
 from shardkv import ShardedStore
-from shardkv.convert import convert
+from shardkv.cli.convert import convert
 
 CASES = {
     # id: (dataset, chunks_per_shard, index_location, index_checksum)

@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardkv.convert import DestinationNotEmptyError
-from shardkv.draft import DraftShardedStore
-from shardkv.draft_convert import convert_draft
+from shardkv.cli.convert import DestinationNotEmptyError
+from shardkv.cli.convert_draft import convert_draft
 from shardkv.errors import ConfigurationError
-from shardkv.stores import adapt
+from shardkv.proxy.draft import DraftShardedStore
+from shardkv.storage.adapters import adapt
 
 SHARDING = "https://purl.org/zarr/spec/storage_transformers/sharding/1.0"
 ZR3_ARRAYS = ["raw", "gzip", "zlib", "blosc/lz4"]

@@ -12,8 +12,8 @@ from collections import Counter
 import pytest
 
 from shardkv import ShardedStore
-from shardkv.draft import DRAFT_ZARR_FORMAT, DraftShardedStore
 from shardkv.errors import ConfigurationError
+from shardkv.proxy.draft import DRAFT_ZARR_FORMAT, DraftShardedStore
 from shardkv.transformers import AdapterStore, UnknownStorageTransformerError
 
 SHARDING = "https://purl.org/zarr/spec/storage_transformers/sharding/1.0"

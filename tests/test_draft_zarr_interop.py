@@ -140,7 +140,7 @@ PHASE2_SHARDKV = COMMON + textwrap.dedent(
     """
     import os, zarr
     from shardkv import ShardedStore
-    from shardkv.draft import DraftShardedStore
+    from shardkv.proxy.draft import DraftShardedStore
     assert "ZARR_V3_SHARDING" not in os.environ
     report = {}
     for name, case in cfg["cases"].items():

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shardkv import ConfigurationError, InvalidKeyError
-from shardkv.keys import (
+from shardkv.keys.encodings import (
     DefaultChunkKeyEncoding,
     Draft2022ChunkKeyEncoding,
     V2ChunkKeyEncoding,

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardkv import ChecksumError, ConfigurationError, CorruptShardError, ShardIndex, ShardLayout
-from shardkv.ranges import ByteRange
+from shardkv.format.ranges import ByteRange
 
 EMPTY = 2**64 - 1
 

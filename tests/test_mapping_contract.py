@@ -19,8 +19,8 @@ from typing import Any, Callable, Iterator
 
 import fsspec
 import pytest
-
 import zarr
+
 from shardkv import ChunkOutOfGridError, InvalidKeyError, ReservedKeyError, ShardedStore
 
 # The test array: shape (5, 7), inner chunks (2, 2) -> chunk grid (3, 4);

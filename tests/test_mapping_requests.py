@@ -16,11 +16,11 @@ from typing import Any
 import fsspec
 import numpy as np
 import pytest
+import zarr
 from fsspec.implementations.memory import MemoryFileSystem
 
-import zarr
 from shardkv import ShardedStore
-from shardkv.ranges import ReadPolicy
+from shardkv.format.ranges import ReadPolicy
 
 # 16 x 16 elements in 2 x 2 chunks: a grid of 8 x 8 = 64 chunks; 4 x 4 chunks per shard: 4 shards
 SHAPE, CHUNKS, CPS = (16, 16), (2, 2), (4, 4)

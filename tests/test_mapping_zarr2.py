@@ -18,8 +18,8 @@ import fsspec
 import numcodecs
 import numpy as np
 import pytest
-
 import zarr
+
 from shardkv import ConfigurationError, ShardedStore
 
 META = (".zarray", ".zgroup", ".zattrs", "zarr.json")

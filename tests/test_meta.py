@@ -13,11 +13,11 @@ from typing import Any
 import numcodecs
 import numpy as np
 import pytest
-
 import zarr
+
 from shardkv import ConfigurationError, ShardLayout, UnsupportedError
-from shardkv.keys import V2ChunkKeyEncoding
-from shardkv.meta import (
+from shardkv.keys.encodings import V2ChunkKeyEncoding
+from shardkv.metadata.v3_view import (
     SHARDING_CODEC,
     normalize_chunks_per_shard,
     sharding_spec_from_v3,
@@ -273,7 +273,7 @@ def _sharded_doc(**config: Any) -> dict[str, Any]:
 
 
 def test_v3_document_default_encoding() -> None:
-    from shardkv.keys import DefaultChunkKeyEncoding
+    from shardkv.keys.encodings import DefaultChunkKeyEncoding
 
     spec = sharding_spec_from_v3(_sharded_doc())
     assert spec is not None

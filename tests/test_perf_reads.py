@@ -15,11 +15,11 @@ from typing import Any, Iterator
 
 import numpy as np
 import pytest
-
 import zarr
 from counting_fs import CountingMemoryFS, is_meta, local_mapper, memory_mapper
+
 from shardkv import ShardedStore
-from shardkv.ranges import ReadPolicy
+from shardkv.format.ranges import ReadPolicy
 
 N, CHUNK, CPS = 192, 8, 8
 CHUNK_NBYTES = CHUNK * 8

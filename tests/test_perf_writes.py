@@ -20,9 +20,9 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import pytest
-
 import zarr
 from counting_fs import Request, local_mapper, memory_mapper, record_local_writes
+
 from shardkv import ShardedStore
 
 SHAPE, CHUNKS, CPS = (32, 48), (8, 8), (2, 3)

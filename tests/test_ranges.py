@@ -7,8 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardkv.ranges import ByteRange, coalesce, total_nbytes
-
+from shardkv.format.ranges import ByteRange, coalesce, total_nbytes
 
 # -- ByteRange ---------------------------------------------------------------
 

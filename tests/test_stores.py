@@ -11,11 +11,11 @@ from typing import Iterator
 
 import fsspec
 import pytest
+import zarr
 from fsspec.implementations.memory import MemoryFileSystem
 
-import zarr
-from shardkv.ranges import ByteRange
-from shardkv.stores import TEMP_MARKER, FSMapAdapter, MappingAdapter, StoreAdapter, adapt
+from shardkv.format.ranges import ByteRange
+from shardkv.storage.adapters import TEMP_MARKER, FSMapAdapter, MappingAdapter, StoreAdapter, adapt
 
 
 @pytest.fixture(params=["dict", "memory", "local", "zarr-DirectoryStore"])

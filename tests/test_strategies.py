@@ -20,14 +20,14 @@ import fsspec
 import numcodecs
 import numpy as np
 import pytest
+import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import zarr
 from shardkv import ShardedStore, ShardIndex
-from shardkv.layout import ShardLayout
-from shardkv.stores import FSMapAdapter
-from shardkv.strategies import plan_append
+from shardkv.engine.strategies import plan_append
+from shardkv.format.layout import ShardLayout
+from shardkv.storage.adapters import FSMapAdapter
 
 EMPTY = 2**64 - 1
 

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardkv.errors import CorruptShardError, InvalidKeyError
-from shardkv.ranges import ByteRange
+from shardkv.format.ranges import ByteRange
 from shardkv.transformers import AbstractStore, AdapterStore, ShardingStorageTransformer
 
 EMPTY = 2**64 - 1

@@ -1,5 +1,5 @@
 """Zarr v3 sharded arrays written by zarr-python 3 and tensorstore, read by zarr-python 2.18
-through ShardedStore (shardkv.v3compat presents them as v2 arrays of inner chunks).
+through ShardedStore (shardkv.metadata.v2_view presents them as v2 arrays of inner chunks).
 
 The writers run in the zarr3 environment as a subprocess (tests/v3/write_v3_arrays.py); its
 python is $SHARDKV_ZARR3_PYTHON or the repository's .venv-zarr3 (required under CI).
@@ -17,7 +17,7 @@ import pytest
 import zarr
 
 from shardkv import ReservedKeyError, ShardedStore, ShardingCodec
-from shardkv.v3compat import fill_value_from_v3, numpy_dtype_of_v3, v2_view_of_v3
+from shardkv.metadata.v2_view import fill_value_from_v3, numpy_dtype_of_v3, v2_view_of_v3
 
 ROOT = Path(__file__).resolve().parents[1]
 WRITER = ROOT / "tests" / "v3" / "write_v3_arrays.py"

@@ -1,6 +1,6 @@
 """Write-back mode (``buffer_bytes``): what is buffered, when it is written, and that nothing is lost.
 
-The buffer's books are tested directly (:class:`shardkv.writeback.WriteBuffer`);
+The buffer's books are tested directly (:class:`shardkv.engine.writeback.WriteBuffer`);
 the proxy is tested black-box: a second proxy without a buffer, over the same
 base store, shows what has reached the base store.
 """
@@ -16,13 +16,13 @@ from typing import Any, Iterator
 import fsspec
 import numpy as np
 import pytest
-
 import zarr
+
 from shardkv import ShardedStore
-from shardkv.arrays import ShardedArray
-from shardkv.keys import V2ChunkKeyEncoding
-from shardkv.layout import ShardLayout
-from shardkv.writeback import WriteBuffer
+from shardkv.engine.writeback import WriteBuffer
+from shardkv.format.layout import ShardLayout
+from shardkv.keys.encodings import V2ChunkKeyEncoding
+from shardkv.keys.space import ShardedArray
 
 # -- the buffer's books ------------------------------------------------------------------
 

@@ -1,8 +1,8 @@
 """The abstract store interface over a shardkv store adapter (the bottom of a stack).
 
-:class:`AdapterStore` gives any :class:`shardkv.stores.StoreAdapter` (a dict,
+:class:`AdapterStore` gives any :class:`shardkv.storage.adapters.StoreAdapter` (a dict,
 a zarr-python 2 store, an fsspec mapper, a URL, all through
-:func:`shardkv.stores.adapt`) the operations of
+:func:`shardkv.storage.adapters.adapt`) the operations of
 :class:`~shardkv.transformers.api.AbstractStore`. Each operation is one call
 on the adapter where the adapter has a batch form:
 
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
-from shardkv.ranges import ByteRange
-from shardkv.stores import StoreAdapter, adapt
+from shardkv.format.ranges import ByteRange
+from shardkv.storage.adapters import StoreAdapter, adapt
 
 from .api import AbstractStore, BytesLike, KeyRange, KeyStartValue, apply_partial_writes, normalize_prefix
 
@@ -32,11 +32,11 @@ __all__ = ["AdapterStore"]
 
 
 class AdapterStore(AbstractStore):
-    """A :class:`~shardkv.stores.StoreAdapter` seen through the abstract store interface.
+    """A :class:`~shardkv.storage.adapters.StoreAdapter` seen through the abstract store interface.
 
     Parameters
     ----------
-    store : StoreAdapter or anything :func:`shardkv.stores.adapt` takes
+    store : StoreAdapter or anything :func:`shardkv.storage.adapters.adapt` takes
         The storage at the bottom of the stack.
     storage_options : mapping, optional
         fsspec options when ``store`` is a URL.

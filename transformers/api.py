@@ -7,9 +7,9 @@ Python. Every storage transformer is an :class:`AbstractStore` over an
 *underlying store*, which is either the next transformer of the stack or a
 store adapter (:class:`shardkv.transformers.adapter.AdapterStore`).
 
-Conventions (one rule each, the ones of :mod:`shardkv.ranges`):
+Conventions (one rule each, the ones of :mod:`shardkv.format.ranges`):
 
-* a byte range is a :class:`~shardkv.ranges.ByteRange`: half-open
+* a byte range is a :class:`~shardkv.format.ranges.ByteRange`: half-open
   ``[start, stop)``; ``stop=None`` reads to the end; a negative ``start`` with
   ``stop=None`` reads the last ``-start`` bytes (a suffix);
 * ``set_partial_values`` takes ``(key, start, value)`` triples; a negative
@@ -31,7 +31,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Iterable, Mapping, Sequence, Tuple, Union
 
-from shardkv.ranges import ByteRange
+from shardkv.format.ranges import ByteRange
 
 __all__ = [
     "AbstractStore",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from shardkv.errors import InvalidKeyError
-from shardkv.keys import Draft2022ChunkKeyEncoding, chunk_to_shard
+from shardkv.keys.encodings import Draft2022ChunkKeyEncoding, chunk_to_shard
 
 __all__ = ["ShardKeySpace", "Local"]
 

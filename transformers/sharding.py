@@ -7,7 +7,7 @@ shard in one value of the underlying store, at the shard key (chunk coords
 floor-divided by ``chunks_per_shard``, same separator: chunk ``c96/18`` with
 ``chunks_per_shard=[32, 2]`` lives in shard ``c3/9``). Every other key is
 relayed unchanged. The shard bytes are the draft's ``indexed`` format
-(:meth:`shardkv.layout.ShardLayout.draft_2022`)::
+(:meth:`shardkv.format.layout.ShardLayout.draft_2022`)::
 
     +---------+---------+-----+----------------------------------------+
     | chunk a | chunk b | ... | index: n x (offset, nbytes)             |
@@ -42,10 +42,10 @@ from contextlib import ExitStack
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from shardkv.errors import ConfigurationError, CorruptShardError
-from shardkv.index import ShardIndex
-from shardkv.keys import Draft2022ChunkKeyEncoding, grid_shape
-from shardkv.layout import ShardLayout
-from shardkv.ranges import ByteRange
+from shardkv.format.index import ShardIndex
+from shardkv.format.layout import ShardLayout
+from shardkv.format.ranges import ByteRange
+from shardkv.keys.encodings import Draft2022ChunkKeyEncoding, grid_shape
 
 from .api import AbstractStore, BytesLike, KeyRange, KeyStartValue, apply_partial_writes, normalize_prefix
 from .keyspace import Local, ShardKeySpace

@@ -231,7 +231,7 @@ def counting_adapter(inner: Any) -> Any:
     ``stat`` by contract, never a request) are counted apart in
     ``counter["stats"]``.
     """
-    from shardkv.stores import StoreAdapter
+    from shardkv.storage.adapters import StoreAdapter
 
     state: dict[str, Any] = {"requests": 0, "calls": 0, "stats": 0, "uncounted": set()}
 

@@ -27,7 +27,6 @@ import time
 from typing import Any
 
 import numpy as np
-
 from _common import (
     CHUNKS,
     CHUNKS_PER_SHARD,

@@ -20,7 +20,6 @@ import os
 import time
 
 import numpy as np
-
 from _common import (
     CHUNKS,
     CHUNKS_PER_SHARD,

@@ -15,7 +15,6 @@ import time
 from typing import Any
 
 import numpy as np
-
 from _common import CHUNKS_PER_SHARD, SIZES, emit, make_data, parse_args, zarr2_array
 
 

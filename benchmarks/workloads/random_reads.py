@@ -24,7 +24,6 @@ import time
 from typing import Any
 
 import numpy as np
-
 from _common import (
     CHUNKS,
     CHUNKS_PER_SHARD,
@@ -53,7 +52,7 @@ class _Shardkv:
         import zarr
 
         from shardkv import ShardedStore
-        from shardkv.stores import adapt
+        from shardkv.storage.adapters import adapt
 
         base = counting_adapter(adapt(root))
         z = zarr.open_array(store=ShardedStore(base), path="arr", mode="r")

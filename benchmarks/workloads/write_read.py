@@ -20,7 +20,6 @@ import time
 from typing import Any
 
 import numpy as np
-
 from _common import (
     CHUNKS_PER_SHARD,
     SIZES,

@@ -10,8 +10,6 @@ import numpy as np
 import pytest
 import tensorstore as ts
 import zarr
-
-from shardkv import ShardingCodec
 from v3_helpers import (
     array_metadata,
     padded_shard,
@@ -21,6 +19,8 @@ from v3_helpers import (
     shard_files,
     write_with_shardkv,
 )
+
+from shardkv import ShardingCodec
 
 pytestmark = pytest.mark.zarr3
 

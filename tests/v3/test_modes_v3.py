@@ -20,8 +20,8 @@ from pathlib import Path
 import numcodecs
 import numpy as np
 import pytest
-
 import zarr
+
 from shardkv import ShardedStore
 
 SHAPE, CHUNKS, CPS = (30, 22), (4, 4), (2, 3)

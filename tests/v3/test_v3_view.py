@@ -17,8 +17,8 @@ import tensorstore as ts
 import zarr
 
 from shardkv import ShardedStore
-from shardkv.layout import ShardLayout
-from shardkv.meta import v3_view_of_v2
+from shardkv.format.layout import ShardLayout
+from shardkv.metadata.v3_view import v3_view_of_v2
 
 pytestmark = pytest.mark.zarr3
 
@@ -175,7 +175,7 @@ def _arrays(root: Path) -> list[str]:
 @pytest.mark.shared_data
 @pytest.mark.parametrize("dataset,cps", [("zarr-python-fixture", 2), ("zarr_implementations/examples/zarr.zr", 3)])
 def test_converted_shared_data_reads_in_zarr3_and_tensorstore(shared_data: Path, tmp_path: Path, dataset: str, cps: int) -> None:
-    from shardkv.convert import convert
+    from shardkv.cli.convert import convert
 
     src = shared_data / dataset
     dst = tmp_path / "dst"

@@ -3,11 +3,11 @@
 Code above the proxy (zarr-python 2, xarray, dask, scripts) reads and writes
 ordinary chunk keys (``temp/3.7``); the store below holds shards (``temp/0.1``)
 in the v1.0 ``sharding_indexed`` layout, each array's sharding described by a
-``zarr.json`` beside its ``.zarray`` (see :mod:`shardkv.meta`).
+``zarr.json`` beside its ``.zarray`` (see :mod:`shardkv.metadata.v3_view`).
 
 This module maps keys (which array owns a key, which shard holds a chunk),
 handles metadata (new arrays, resize, attributes) and the write-back buffer;
-the requests themselves are planned by :class:`shardkv.shardio.ShardIO`
+the requests themselves are planned by :class:`shardkv.engine.planner.ShardIO`
 (one batched index read and one batched chunk read per call; one batched
 write per call; a shard is built in one ``b"".join``, linear time).
 
@@ -27,19 +27,24 @@ from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
 
 import numpy as np
 
-from . import _zarr2
-from .arrays import ChunkRef, ShardedArray
-from .cache import IndexCache
-from .shardio import ShardIO
-from .errors import ConfigurationError, InvalidKeyError, ReservedKeyError
-from .keys import V2ChunkKeyEncoding, validate_key
-from .layout import ShardLayout
-from .meta import normalize_chunks_per_shard, sharding_spec_from_v3, v2_dimension_separator, v3_view_of_v2
-from .ranges import ReadPolicy
-from .stores import StoreAdapter, adapt
-from .v3compat import PresentingAdapter
-from .strategies import WriteStrategy
-from .writeback import PendingShard, WriteBuffer
+from shardkv.engine.cache import IndexCache
+from shardkv.engine.planner import ShardIO
+from shardkv.engine.strategies import WriteStrategy
+from shardkv.engine.writeback import PendingShard, WriteBuffer
+from shardkv.errors import ConfigurationError, InvalidKeyError, ReservedKeyError
+from shardkv.format.layout import ShardLayout
+from shardkv.format.ranges import ReadPolicy
+from shardkv.keys.encodings import V2ChunkKeyEncoding, validate_key
+from shardkv.keys.space import ChunkRef, ShardedArray
+from shardkv.metadata.v2_view import PresentingAdapter
+from shardkv.metadata.v3_view import (
+    normalize_chunks_per_shard,
+    sharding_spec_from_v3,
+    v2_dimension_separator,
+    v3_view_of_v2,
+)
+from shardkv.proxy import _zarr2
+from shardkv.storage.adapters import StoreAdapter, adapt
 
 __all__ = ["ShardedStore"]
 
@@ -130,7 +135,7 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         object. On local files, ``"append"`` appends new chunks and a new index
         and ``"inplace"`` also reuses a chunk's slot when the new encoding fits;
         both cost I/O proportional to the change but are not crash-atomic (see
-        :mod:`shardkv.strategies`); :meth:`compact` reclaims the unused bytes.
+        :mod:`shardkv.engine.strategies`); :meth:`compact` reclaims the unused bytes.
         Elsewhere they fall back to ``"rewrite"``. Never stored in metadata.
     slack_bytes : int
         With ``"inplace"``: zero bytes reserved after every chunk written
@@ -160,9 +165,9 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
     _store_version = 2  # the zarr-python 2 store protocol this proxy speaks
 
     def __new__(cls, store: Any = None, *args: Any, layout: Literal["draft2022"] | None = None, **kwargs: Any) -> Any:
-        # 2022 draft mode (shardkv.draft) when layout="draft2022" or the store holds a draft hierarchy
+        # 2022 draft mode (shardkv.proxy.draft) when layout="draft2022" or the store holds a draft hierarchy
         if cls is ShardedStore:
-            from .draft import open_draft_if_wanted
+            from shardkv.proxy.draft import open_draft_if_wanted
 
             draft = open_draft_if_wanted(store, layout, *args, **kwargs)
             if draft is not None:
@@ -174,7 +179,7 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         store: Any,
         chunks_per_shard: ChunksPerShard = None,
         *,
-        layout: Literal["draft2022"] | None = None,  # see __new__ (shardkv.draft)
+        layout: Literal["draft2022"] | None = None,  # see __new__ (shardkv.proxy.draft)
         index_location: Literal["start", "end"] = "end",
         index_checksum: bool = True,
         storage_options: Mapping[str, Any] | None = None,

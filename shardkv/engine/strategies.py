@@ -32,8 +32,8 @@ from typing import Literal, Mapping
 
 import numpy as np
 
-from .index import ShardIndex
-from .layout import ShardLayout
+from shardkv.format.index import ShardIndex
+from shardkv.format.layout import ShardLayout
 
 __all__ = ["WriteStrategy", "PositionalWrite", "AppendPlan", "plan_append", "slot_capacities"]
 

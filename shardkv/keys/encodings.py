@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from math import ceil
 from typing import Any, Iterator, Literal, Sequence
 
-from .errors import ConfigurationError, InvalidKeyError
+from shardkv.errors import ConfigurationError, InvalidKeyError
 
 __all__ = [
     "ChunkKeyEncoding",

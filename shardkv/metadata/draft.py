@@ -3,7 +3,7 @@
 The draft hierarchy's entry point test, the zarr-python 2.18 ``StoreV3``
 registration, how array metadata is serialised (as zarr 2.18 does: sorted
 keys, 4-space indent), what the proxy knows about one array, and the
-bytes-like check of values. Used by :mod:`shardkv.draft`.
+bytes-like check of values. Used by :mod:`shardkv.proxy.draft`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .transformers import DATA_ROOT, AbstractStore, AdapterStore
+from shardkv.transformers import DATA_ROOT, AbstractStore, AdapterStore
 
 __all__ = ["DRAFT_ZARR_FORMAT", "META_ROOT", "DraftArray", "is_draft_hierarchy", "register_with_zarr2", "dump_metadata", "to_bytes"]
 

@@ -1,18 +1,18 @@
 """Shard I/O: reading indexes and inner chunks from shards, and writing shards, over a base store.
 
 :class:`ShardIO` is the proxy's I/O planner. It knows nothing of keys above
-the proxy: it works on :class:`~shardkv.arrays.ChunkRef` (which shard, where
+the proxy: it works on :class:`~shardkv.keys.space.ChunkRef` (which shard, where
 in it) and on updates grouped by shard. Request plan:
 
 * read, base store with ranged reads: one batched read of the indexes not in
-  the :class:`~shardkv.cache.IndexCache` (prefix or suffix ranges), then one
+  the :class:`~shardkv.engine.cache.IndexCache` (prefix or suffix ranges), then one
   batched read of chunk ranges, merged per shard by a
-  :class:`~shardkv.ranges.ReadPolicy` (or the whole shard when most is wanted);
+  :class:`~shardkv.format.ranges.ReadPolicy` (or the whole shard when most is wanted);
 * read, base store without ranged reads: one batched read of whole shards;
 * write: one batched read of the shards a call covers only in part (none for
   shards whose every in-grid chunk is written), then one batched write. With
   the ``append``/``inplace`` strategies on local files, partly covered shards
-  get positional writes instead (:mod:`shardkv.strategies`).
+  get positional writes instead (:mod:`shardkv.engine.strategies`).
 
 Writers of one shard are serialised by a lock per shard key.
 """
@@ -23,13 +23,13 @@ import threading
 from contextlib import ExitStack
 from typing import Any, Mapping, Sequence
 
-from .arrays import ChunkRef, ShardedArray
-from .cache import IndexCache
-from .errors import ConfigurationError, CorruptShardError
-from .index import ShardIndex
-from .ranges import ByteRange, ReadPolicy, plan_reads
-from .stores import StoreAdapter
-from .strategies import WriteStrategy, plan_append
+from shardkv.engine.cache import IndexCache
+from shardkv.engine.strategies import WriteStrategy, plan_append
+from shardkv.errors import ConfigurationError, CorruptShardError
+from shardkv.format.index import ShardIndex
+from shardkv.format.ranges import ByteRange, ReadPolicy, plan_reads
+from shardkv.keys.space import ChunkRef, ShardedArray
+from shardkv.storage.adapters import StoreAdapter
 
 __all__ = ["ShardIO", "ShardUpdates"]
 
@@ -235,7 +235,7 @@ class ShardIO:
                     self.index_cache.put(shard_key, index)
 
     def _append_to_shards(self, by_shard: ShardUpdates) -> list[str]:
-        """Apply updates to stored shards by positional writes (see :mod:`shardkv.strategies`).
+        """Apply updates to stored shards by positional writes (see :mod:`shardkv.engine.strategies`).
 
         Called with the shards' locks held. Returns the shards that are not
         stored yet (to be written whole).

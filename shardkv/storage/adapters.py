@@ -31,7 +31,7 @@ import fsspec
 from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.mapping import FSMap
 
-from .ranges import ByteRange
+from shardkv.format.ranges import ByteRange
 
 __all__ = ["StoreAdapter", "MappingAdapter", "FSMapAdapter", "adapt", "TEMP_MARKER"]
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ShardKVError
+from shardkv.errors import ShardKVError
 
 __all__ = ["DemoError", "make_demo_input", "run_demo", "zarr2_available", "DEMO_MARKER"]
 
@@ -182,7 +182,7 @@ def make_demo_input(directory: str | Path, use_zarr: bool | None = None) -> dict
 
 def _read_back(input_dir: Path, output_dir: Path, expected: dict[str, np.ndarray], use_zarr: bool) -> list[str]:
     """Compare the sharded copy with the input; returns one line per array."""
-    from .mapping import ShardedStore
+    from shardkv.proxy.store import ShardedStore
 
     store = ShardedStore(str(output_dir))
     lines = []
@@ -213,8 +213,8 @@ def run_demo(directory: str | Path = "shardkv-demo/input", use_zarr: bool | None
     DemoError
         If the input or output directory holds something the demo did not make.
     """
-    from .convert import convert
-    from .inspect import format_info, inspect_store
+    from shardkv.cli.convert import convert
+    from shardkv.cli.info import format_info, inspect_store
 
     input_dir = Path(directory).absolute()
     output_dir = input_dir.parent / "sharded"

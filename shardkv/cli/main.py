@@ -1,7 +1,7 @@
 """The ``shardkv`` command line: ``convert``, ``info``, ``compact`` and ``demo``.
 
-Argument parsing only; the work is done by :mod:`shardkv.convert`,
-:mod:`shardkv.inspect` and :mod:`shardkv.demo`. Bad input ends with exit
+Argument parsing only; the work is done by :mod:`shardkv.cli.convert`,
+:mod:`shardkv.cli.info` and :mod:`shardkv.cli.demo`. Bad input ends with exit
 status 2 (usage) or 1 (the job failed) and one line on stderr, never a traceback.
 """
 
@@ -12,8 +12,8 @@ import json
 import sys
 from typing import NoReturn, Sequence
 
-from ._version import __version__
-from .errors import ShardKVError
+from shardkv._version import __version__
+from shardkv.errors import ShardKVError
 
 __all__ = ["main", "build_parser"]
 
@@ -68,7 +68,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _chunks_per_shard(text: str) -> int | tuple[int, ...]:
-    from .convert import parse_chunks_per_shard
+    from shardkv.cli.convert import parse_chunks_per_shard
 
     try:
         return parse_chunks_per_shard(text)
@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "convert":
-        from .convert import convert
+        from shardkv.cli.convert import convert
 
         report = convert(
             args.src,
@@ -170,7 +170,7 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_json(), indent=2) if args.json else report.summary())
         return 0
     if args.command == "info":
-        from .inspect import format_info, inspect_store
+        from shardkv.cli.info import format_info, inspect_store
 
         infos = inspect_store(args.store)
         if args.json:
@@ -179,13 +179,13 @@ def _run(args: argparse.Namespace) -> int:
             print(format_info(infos))
         return 0
     if args.command == "compact":
-        from .mapping import ShardedStore
+        from shardkv.proxy.store import ShardedStore
 
         with ShardedStore(args.store) as store:
             reclaimed = store.compact(args.array)
         print(f"compacted {args.store}: {reclaimed} bytes reclaimed")
         return 0
-    from .demo import run_demo
+    from shardkv.cli.demo import run_demo
 
     return run_demo(args.dir)
 

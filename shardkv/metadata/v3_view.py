@@ -27,9 +27,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .errors import ConfigurationError, UnsupportedError
-from .keys import ChunkKeyEncoding, V2ChunkKeyEncoding, chunk_key_encoding_from_metadata
-from .layout import ShardLayout
+from shardkv.errors import ConfigurationError, UnsupportedError
+from shardkv.format.layout import ShardLayout
+from shardkv.keys.encodings import ChunkKeyEncoding, V2ChunkKeyEncoding, chunk_key_encoding_from_metadata
 
 __all__ = [
     "V3View",

@@ -2,11 +2,11 @@
 
 Chunks are moved as stored: their bytes are never decoded or re-encoded,
 only placed side by side in shards (v1.0 ``sharding_indexed`` layout, see
-:class:`shardkv.layout.ShardLayout`). The result is exactly what
+:class:`shardkv.format.layout.ShardLayout`). The result is exactly what
 :class:`shardkv.ShardedStore` would have written had the arrays been created
 through it: the same shards under the same keys, the same ``.zarray``,
 ``.zattrs`` and ``.zgroup`` documents, and beside each sharded array's
-``.zarray`` the ``zarr.json`` view of :func:`shardkv.meta.v3_view_of_v2`.
+``.zarray`` the ``zarr.json`` view of :func:`shardkv.metadata.v3_view.v3_view_of_v2`.
 
 Rules
 -----
@@ -19,7 +19,7 @@ Rules
   key outside the arrays is copied as it is. Unsharded arrays are copied verbatim.
 * An array whose ``.zarray`` names no ``dimension_separator`` but whose chunks
   are stored at ``/``-separated keys (zarr-python's ``NestedDirectoryStore``)
-  is detected from its keys (:func:`shardkv.inspect.detect_separator`); its
+  is detected from its keys (:func:`shardkv.cli.info.detect_separator`); its
   destination ``.zarray`` then says ``"dimension_separator": "/"``, so any
   reader finds the shards (and consolidated ``.zmetadata`` says the same).
 * Metadata is written last, so an interrupted conversion leaves no array that
@@ -39,13 +39,13 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Mapping, Sequence
 
-from .errors import ConfigurationError, ShardKVError
-from .inspect import META_NAMES, ArrayKeys, read_hierarchy
-from .keys import V2ChunkKeyEncoding, chunk_to_shard
-from .layout import ShardLayout
-from .mapping import _dump
-from .meta import sharding_spec_from_v3, v3_view_of_v2
-from .stores import FSMapAdapter, StoreAdapter, adapt
+from shardkv.cli.info import META_NAMES, ArrayKeys, read_hierarchy
+from shardkv.errors import ConfigurationError, ShardKVError
+from shardkv.format.layout import ShardLayout
+from shardkv.keys.encodings import V2ChunkKeyEncoding, chunk_to_shard
+from shardkv.metadata.v3_view import sharding_spec_from_v3, v3_view_of_v2
+from shardkv.proxy.store import _dump
+from shardkv.storage.adapters import FSMapAdapter, StoreAdapter, adapt
 
 __all__ = [
     "ChunksPerShard",
@@ -366,7 +366,7 @@ def convert(
     ----------
     src, dst : str, os.PathLike, MutableMapping or fsspec.FSMap
         Source hierarchy and destination (an fsspec URL, a local path, or a
-        store :func:`shardkv.stores.adapt` accepts). ``dst`` must be empty.
+        store :func:`shardkv.storage.adapters.adapt` accepts). ``dst`` must be empty.
     chunks_per_shard : int or sequence of int
         Inner chunks per shard: an int for every dimension of every array, or
         one value per dimension for the arrays with that many dimensions
@@ -406,10 +406,10 @@ def convert(
     src_name, dst_name = _name(src), _name(dst)
     source, target = adapt(src, storage_options), adapt(dst, storage_options)
     _check_distinct(source, target, src_name, dst_name)
-    from .draft import is_draft_hierarchy  # a 2022 draft hierarchy gets the draft's sharding transformer
+    from shardkv.proxy.draft import is_draft_hierarchy  # a 2022 draft hierarchy gets the draft's sharding transformer
 
     if is_draft_hierarchy(source):
-        from .draft_convert import convert_draft
+        from shardkv.cli.convert_draft import convert_draft
 
         if index_location != "end" or not index_checksum:
             raise ConfigurationError(

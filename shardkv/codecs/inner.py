@@ -13,7 +13,7 @@ v3 name                       kind             implementation
 ============================  ===============  ==============================
 ``transpose``                 array -> array   numpy axes permutation
 ``bytes``                     array -> bytes   numpy, ``endian`` little / big
-``sharding_indexed``          array -> bytes   :class:`shardkv.codec.ShardingCodec`
+``sharding_indexed``          array -> bytes   :class:`shardkv.codecs.sharding.ShardingCodec`
 ``gzip``                      bytes -> bytes   numcodecs ``GZip``
 ``zstd``                      bytes -> bytes   numcodecs ``Zstd``
 ``blosc``                     bytes -> bytes   numcodecs ``Blosc`` (typesize honoured)
@@ -35,8 +35,8 @@ from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence
 import numcodecs
 import numpy as np
 
-from .errors import ChecksumError, ConfigurationError, CorruptShardError
-from .layout import crc32c_of
+from shardkv.errors import ChecksumError, ConfigurationError, CorruptShardError
+from shardkv.format.layout import crc32c_of
 
 __all__ = [
     "Codec",
@@ -393,7 +393,7 @@ _REGISTRY: dict[str, Callable[[Mapping[str, Any]], Any]] = {
 
 
 def register_codec(name: str, from_config: Callable[[Mapping[str, Any]], Any]) -> None:
-    """Make ``codec_from_config`` build codecs named ``name`` (used by :mod:`shardkv.codec`)."""
+    """Make ``codec_from_config`` build codecs named ``name`` (used by :mod:`shardkv.codecs.sharding`)."""
     _REGISTRY[name] = from_config
 
 

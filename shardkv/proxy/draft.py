@@ -32,7 +32,10 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .draft_meta import (
+from shardkv.errors import ConfigurationError
+from shardkv.format.ranges import ByteRange
+from shardkv.keys.encodings import validate_key
+from shardkv.metadata.draft import (
     DRAFT_ZARR_FORMAT,
     META_ROOT,
     DraftArray,
@@ -41,14 +44,17 @@ from .draft_meta import (
     register_with_zarr2,
     to_bytes,
 )
-from ._zarr2 import StoreCapabilities
-from .errors import ConfigurationError
-from .keys import validate_key
-from .meta import normalize_chunks_per_shard
-from .ranges import ByteRange
-from .transformers import DATA_ROOT, SHARDING_EXTENSION, AbstractStore, AdapterStore, build_stack
-from .transformers import storage_transformer_entries
-from .transformers.api import apply_partial_writes, normalize_prefix
+from shardkv.metadata.v3_view import normalize_chunks_per_shard
+from shardkv.proxy._zarr2 import StoreCapabilities
+from shardkv.transformers import (
+    DATA_ROOT,
+    SHARDING_EXTENSION,
+    AbstractStore,
+    AdapterStore,
+    build_stack,
+    storage_transformer_entries,
+)
+from shardkv.transformers.api import apply_partial_writes, normalize_prefix
 
 __all__ = ["DraftShardedStore", "DRAFT_ZARR_FORMAT", "is_draft_hierarchy", "open_draft_if_wanted"]
 

@@ -5,7 +5,7 @@ row-major (C) order; entry ``[*local_coords, 0]`` is the chunk's byte
 ``offset`` inside the shard and ``[*local_coords, 1]`` its ``nbytes``. An
 empty inner chunk has both fields set to ``2**64 - 1`` (draft 2022 "Binary
 shard format"; v1.0 codec "Binary shard format"). This module is pure: no I/O,
-no byte order (that is the layout's job, see :mod:`shardkv.layout`).
+no byte order (that is the layout's job, see :mod:`shardkv.format.layout`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .errors import CorruptShardError
+from shardkv.errors import CorruptShardError
 
 __all__ = ["EMPTY", "ShardIndex"]
 

@@ -3,7 +3,7 @@
 The source is a 2022-era Zarr v3 draft hierarchy (root ``zarr.json`` with the
 draft ``zarr_format`` URI, ``meta/root/<path>.array.json``, chunks under
 ``data/root/<path>/c...``), such as ``zarrita.zr3`` of zarr_implementations.
-It is read through :class:`shardkv.draft.DraftShardedStore`, so a source
+It is read through :class:`shardkv.proxy.draft.DraftShardedStore`, so a source
 whose arrays are already sharded is read chunk by chunk too.
 
 Chunks are copied as stored: their bytes are never decoded or re-encoded,
@@ -23,10 +23,10 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
-from .draft import DraftShardedStore, is_draft_hierarchy
-from .errors import ConfigurationError, InvalidKeyError
-from .stores import StoreAdapter, adapt
-from .transformers import AdapterStore, ShardingStorageTransformer
+from shardkv.errors import ConfigurationError, InvalidKeyError
+from shardkv.proxy.draft import DraftShardedStore, is_draft_hierarchy
+from shardkv.storage.adapters import StoreAdapter, adapt
+from shardkv.transformers import AdapterStore, ShardingStorageTransformer
 
 __all__ = ["DraftConvertReport", "convert_draft"]
 
@@ -94,10 +94,10 @@ def convert_draft(
 
     Parameters
     ----------
-    src_adapter, dst_adapter : StoreAdapter or anything :func:`shardkv.stores.adapt` takes
+    src_adapter, dst_adapter : StoreAdapter or anything :func:`shardkv.storage.adapters.adapt` takes
         Source hierarchy and (empty) destination.
     chunks_per_shard : int, tuple of int or mapping
-        As :class:`shardkv.draft.DraftShardedStore` takes it: an int for every
+        As :class:`shardkv.proxy.draft.DraftShardedStore` takes it: an int for every
         dimension, a tuple for arrays with that many dimensions, or
         ``{array path: int or tuple}``.
     progress : bool
@@ -122,7 +122,7 @@ def convert_draft(
     """
     from tqdm import tqdm
 
-    from .convert import DestinationNotEmptyError
+    from shardkv.cli.convert import DestinationNotEmptyError
 
     source, target = adapt(src_adapter), adapt(dst_adapter)
     src_name = src_name or repr(src_adapter)

@@ -33,9 +33,9 @@ from typing import Literal, Mapping, Sequence
 import crc32c as _crc32c
 import numpy as np
 
-from .errors import ChecksumError, ConfigurationError, CorruptShardError
-from .index import ShardIndex
-from .ranges import ByteRange
+from shardkv.errors import ChecksumError, ConfigurationError, CorruptShardError
+from shardkv.format.index import ShardIndex
+from shardkv.format.ranges import ByteRange
 
 __all__ = ["ShardLayout", "IndexLocation", "Endian", "crc32c_of"]
 
@@ -232,7 +232,7 @@ class ShardLayout:
             are empty. Chunks are written in row-major order of local coords.
         slack_bytes : int
             Zero bytes left after each chunk (bytes), room for in-place rewrites
-            of a slightly larger encoding (see :mod:`shardkv.strategies`).
+            of a slightly larger encoding (see :mod:`shardkv.engine.strategies`).
 
         Returns
         -------

@@ -13,7 +13,7 @@ Two jobs for the command line, both read-only:
   shards, and whether its ``zarr.json`` view can be read by Zarr v3 readers.
 
 The key sorting (:func:`classify_array`, :func:`detect_separator`) is pure;
-all I/O goes through :mod:`shardkv.stores` adapters.
+all I/O goes through :mod:`shardkv.storage.adapters` adapters.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from .errors import ConfigurationError
-from .keys import V2ChunkKeyEncoding, grid_shape
-from .meta import v2_dimension_separator, v3_view_of_v2
-from .stores import StoreAdapter, adapt
+from shardkv.errors import ConfigurationError
+from shardkv.keys.encodings import V2ChunkKeyEncoding, grid_shape
+from shardkv.metadata.v3_view import v2_dimension_separator, v3_view_of_v2
+from shardkv.storage.adapters import StoreAdapter, adapt
 
 __all__ = [
     "META_NAMES",
@@ -402,7 +402,7 @@ def inspect_store(store: Any, storage_options: Mapping[str, Any] | None = None) 
     Parameters
     ----------
     store : str, os.PathLike, MutableMapping, fsspec.FSMap or StoreAdapter
-        The hierarchy (any store :func:`shardkv.stores.adapt` accepts).
+        The hierarchy (any store :func:`shardkv.storage.adapters.adapt` accepts).
     storage_options : mapping, optional
         fsspec options when ``store`` is a URL.
 
@@ -420,7 +420,7 @@ def inspect_store(store: Any, storage_options: Mapping[str, Any] | None = None) 
     CorruptShardError, ChecksumError
         If a shard's index is damaged.
     """
-    from .mapping import ShardedStore  # the proxy decides which arrays are sharded
+    from shardkv.proxy.store import ShardedStore  # the proxy decides which arrays are sharded
 
     adapter = adapt(store, storage_options)
     hierarchy = read_hierarchy(adapter, str(store))

@@ -5,7 +5,7 @@ chunk of ``chunk_shape`` is encoded by the inner ``codecs`` pipeline, the
 chunks are written back to back in row-major order of their local coords, and
 the shard index (``offset``/``nbytes`` per inner chunk, encoded by
 ``index_codecs``) goes at ``index_location``. The binary format itself is
-:class:`shardkv.layout.ShardLayout`'s; this module adds the array side.
+:class:`shardkv.format.layout.ShardLayout`'s; this module adds the array side.
 
 Inner chunks whose every element has the bytes of ``fill_value`` are stored as
 empty index entries (both fields ``2**64 - 1``) and decode to the fill value.
@@ -22,11 +22,11 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
-from .errors import ConfigurationError, CorruptShardError, UnsupportedError
-from .index import ShardIndex
-from .inner_codecs import BytesCodec, CodecPipeline, Crc32cCodec, codec_from_config, register_codec
-from .layout import IndexLocation, ShardLayout
-from .ranges import ByteRange
+from shardkv.codecs.inner import BytesCodec, CodecPipeline, Crc32cCodec, codec_from_config, register_codec
+from shardkv.errors import ConfigurationError, CorruptShardError, UnsupportedError
+from shardkv.format.index import ShardIndex
+from shardkv.format.layout import IndexLocation, ShardLayout
+from shardkv.format.ranges import ByteRange
 
 __all__ = ["ShardingCodec", "ReadRange"]
 

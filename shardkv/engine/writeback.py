@@ -16,7 +16,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from .arrays import ShardedArray
+from shardkv.keys.space import ShardedArray
 
 __all__ = ["WriteBuffer", "PendingShard"]
 

@@ -41,9 +41,8 @@ from typing import Any, Hashable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from . import codec as _codec  # noqa: F401  (registers sharding_indexed, so nested sharding is named in problems)
-from .errors import ConfigurationError, ReservedKeyError, ShardKVError
-from .inner_codecs import (
+from shardkv.codecs import sharding as _codec  # noqa: F401  (registers sharding_indexed, so nested sharding is named in problems)
+from shardkv.codecs.inner import (
     BloscCodec,
     BytesCodec,
     CodecPipeline,
@@ -53,9 +52,10 @@ from .inner_codecs import (
     TransposeCodec,
     ZstdCodec,
 )
-from .meta import SHARDING_CODEC, sharding_spec_from_v3
-from .ranges import ByteRange
-from .stores import StoreAdapter
+from shardkv.errors import ConfigurationError, ReservedKeyError, ShardKVError
+from shardkv.format.ranges import ByteRange
+from shardkv.metadata.v3_view import SHARDING_CODEC, sharding_spec_from_v3
+from shardkv.storage.adapters import StoreAdapter
 
 __all__ = ["V2View", "v2_view_of_v3", "numpy_dtype_of_v3", "fill_value_from_v3", "PresentingAdapter"]
 

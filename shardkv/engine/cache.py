@@ -1,7 +1,7 @@
 """A bounded cache of decoded shard indexes (least recently used first out).
 
 Reading one chunk costs two requests (index, then chunk); with the index
-cached it costs one. The cache holds :class:`~shardkv.index.ShardIndex`
+cached it costs one. The cache holds :class:`~shardkv.format.index.ShardIndex`
 objects keyed by shard key, with an optional *validator* (for example a
 local file's ``(size, mtime_ns)``) that the proxy compares before trusting
 an entry. Its size limit counts the bytes of the index arrays.
@@ -19,7 +19,7 @@ import threading
 from collections import OrderedDict
 from typing import Hashable
 
-from .index import ShardIndex
+from shardkv.format.index import ShardIndex
 
 __all__ = ["IndexCache"]
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterator, Sequence
 
-from .errors import ChunkOutOfGridError, InvalidKeyError
-from .keys import ChunkKeyEncoding, chunk_to_shard, grid_shape, shard_to_chunks
-from .layout import ShardLayout
+from shardkv.errors import ChunkOutOfGridError, InvalidKeyError
+from shardkv.format.layout import ShardLayout
+from shardkv.keys.encodings import ChunkKeyEncoding, chunk_to_shard, grid_shape, shard_to_chunks
 
 __all__ = ["ShardedArray", "ChunkRef"]
 

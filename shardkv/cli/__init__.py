@@ -1,0 +1,1 @@
+"""The command line and its jobs: convert, info, compact, demo."""

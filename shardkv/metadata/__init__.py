@@ -1,0 +1,1 @@
+"""Metadata views, pure logic: the v3 zarr.json of a sharded v2 array, the v2 documents presented for v3 arrays, the 2022 draft metadata."""

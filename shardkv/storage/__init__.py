@@ -1,0 +1,1 @@
+"""Adapters over the base store: the only code that touches a store (fsspec, mappings, zarr-python 2 stores)."""
