@@ -242,21 +242,20 @@ _settings = settings(
     max_examples=40, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
-TestShardedStoreStateful = ShardedStoreMachine.TestCase
-TestShardedStoreStateful.settings = _settings
-TestShardKeysStateful = ShardKeysMachine.TestCase
-TestShardKeysStateful.settings = _settings
-TestMemoryFSStateful = MemoryFSMachine.TestCase
-TestMemoryFSStateful.settings = _settings
-TestWriteBackStateful = WriteBackMachine.TestCase
-TestWriteBackStateful.settings = _settings
 
+def _test_case(machine: type[RuleBasedStateMachine], chosen: settings) -> Any:
+    case = machine.TestCase
+    case.settings = chosen
+    return case
+
+
+TestShardedStoreStateful = _test_case(ShardedStoreMachine, _settings)
+TestShardKeysStateful = _test_case(ShardKeysMachine, _settings)
+TestMemoryFSStateful = _test_case(MemoryFSMachine, _settings)
+TestWriteBackStateful = _test_case(WriteBackMachine, _settings)
 _transformer_settings = settings(
     max_examples=15, stateful_step_count=15, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
-TestTransformerStateful = TransformerMachine.TestCase
-TestTransformerStateful.settings = _transformer_settings
-TestTransformerMemoryFSStateful = TransformerMemoryFSMachine.TestCase
-TestTransformerMemoryFSStateful.settings = _transformer_settings
-TestTransformerLocalStateful = TransformerLocalMachine.TestCase
-TestTransformerLocalStateful.settings = _transformer_settings
+TestTransformerStateful = _test_case(TransformerMachine, _transformer_settings)
+TestTransformerMemoryFSStateful = _test_case(TransformerMemoryFSMachine, _transformer_settings)
+TestTransformerLocalStateful = _test_case(TransformerLocalMachine, _transformer_settings)

@@ -180,3 +180,51 @@ def test_every_path_stores_the_same_chunk_bytes() -> None:
     assert all(r == results["transformer"] for r in results.values())
     draft, transformed = via_draft_proxy({})[0], via_transformer({})[0]
     assert draft == transformed  # same layout, same merge: the same bytes
+
+
+# -- the backend interface ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["dict", "memory"])
+def test_store_adapters_and_the_underlying_backend_satisfy_the_engine_interface(kind: str, counted) -> None:
+    from shardkv.engine.backend import ShardBackend
+    from shardkv.storage.adapters import adapt
+    from shardkv.transformers import UnderlyingBackend
+
+    base = {} if kind == "dict" else counted[0]
+    assert isinstance(adapt(base), ShardBackend)
+    backend = UnderlyingBackend(AdapterStore(base))
+    assert isinstance(backend, ShardBackend)
+    backend.set_many({"k": b"0123456789"})
+    backend.write_at("k", [(2, b"ab"), (-3, b"XYZ")])  # a negative offset counts from the end
+    assert backend.get("k") == b"01ab456XYZ" and backend.size("k") == 10
+    assert backend.get_ranges([("k", ByteRange(1, 3)), ("k", ByteRange.suffix(2)), ("nope", ByteRange(0))]) == [
+        b"1a", b"YZ", None,
+    ]  # fmt: skip
+    backend.delete_many(["k", "nope"])
+    assert backend.get_many(["k"]) == {}
+
+
+# -- write strategies and compaction through the transformer ------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["rewrite", "append"])
+def test_transformer_write_strategies_over_local_files(tmp_path, strategy: str) -> None:
+    under = AdapterStore(str(tmp_path / "store"))
+    t = transformer(under, write_strategy=strategy)
+    t.set_values({t.chunk_key((i, j)): value_for((i, j)) for i in range(2) for j in range(3)})
+    shard_key = t.shard_key((0, 0))
+    before = under.adapter.get(shard_key)
+    t.set(t.chunk_key((1, 1)), value_for((1, 1), b"new"))  # a partly covered shard
+    after = under.adapter.get(shard_key)
+    if strategy == "append":  # the old bytes stay; the chunk and a new index are appended
+        assert after[: len(before)] == before and len(after) == len(before) + CHUNK_NBYTES + 16 * 6
+    else:
+        assert len(after) == len(before)
+    fresh = transformer(under)
+    assert fresh.get(fresh.chunk_key((1, 1))) == value_for((1, 1), b"new")
+    assert fresh.get(fresh.chunk_key((1, 2))) == value_for((1, 2))
+    reclaimed = t.compact()
+    assert reclaimed == (len(after) - len(before) if strategy == "append" else 0)
+    assert len(under.adapter.get(shard_key)) == len(before)
+    assert {c: t.get(t.chunk_key(c)) for c in [(1, 1), (0, 0)]} == {(1, 1): value_for((1, 1), b"new"), (0, 0): value_for((0, 0))}

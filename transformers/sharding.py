@@ -48,20 +48,20 @@ the array shape is known, else all ``chunks_per_shard`` of them.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from shardkv.engine.merge import ChunkPatch
 from shardkv.engine.planner import ShardIO
 from shardkv.engine.strategies import WriteStrategy
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
-from shardkv.format.ranges import ByteRange, ReadPolicy
+from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.encodings import Draft2022ChunkKeyEncoding
-from shardkv.keys.prefixes import expand_shard_prefix, shard_prefix, split_prefix
 from shardkv.keys.space import ChunkRef, ShardedArray
 
-from .api import AbstractStore, BytesLike, KeyRange, KeyStartValue, normalize_prefix
+from .api import AbstractStore, BytesLike, KeyRange, KeyStartValue
 from .backend import UnderlyingBackend
+from .prefix_ops import PrefixOperations
 
 __all__ = ["ShardingStorageTransformer", "SHARDING_EXTENSION", "DATA_ROOT"]
 
@@ -72,7 +72,7 @@ DATA_ROOT = "data/root/"
 Local = tuple[int, ...]
 
 
-class ShardingStorageTransformer(AbstractStore):
+class ShardingStorageTransformer(PrefixOperations, AbstractStore):
     """Sharding of one array's chunk keys over an underlying store (2022 draft).
 
     Parameters
@@ -184,6 +184,7 @@ class ShardingStorageTransformer(AbstractStore):
         array_path: str,
         underlying: AbstractStore,
         chunk_shape: Sequence[int] | None = None,
+        **options: Any,
     ) -> ShardingStorageTransformer:
         """Build the transformer an array's ``storage_transformers`` entry describes.
 
@@ -201,6 +202,10 @@ class ShardingStorageTransformer(AbstractStore):
             The chunk shape this transformer sees (elements); by default the
             array's ``chunk_grid.chunk_shape`` (a transformer lower in a stack
             of sharding transformers sees the shards of the ones above).
+        **options
+            Runtime options of the constructor (``index_cache_bytes``,
+            ``validate_index_cache``, ``read_policy``, ``write_strategy``,
+            ``slack_bytes``); never part of the metadata.
 
         Raises
         ------
@@ -233,6 +238,7 @@ class ShardingStorageTransformer(AbstractStore):
             shape=shape,
             chunk_shape=list(chunk_shape if chunk_shape is not None else grid.get("chunk_shape", [])),
             type=entry.get("type", "indexed"),
+            **options,
         )
 
     @classmethod
@@ -311,9 +317,6 @@ class ShardingStorageTransformer(AbstractStore):
         ref = self._ref(key)
         return None if ref is None else (ref.shard_key, ref.local_coords)
 
-    def _is_shard(self, key: str) -> bool:
-        return self.array.shard_coords_of(key) is not None
-
     # -- reads ----------------------------------------------------------------------
 
     def get_partial_values(self, key_ranges: Sequence[KeyRange]) -> list[bytes | None]:
@@ -351,8 +354,10 @@ class ShardingStorageTransformer(AbstractStore):
 
     # -- writes -----------------------------------------------------------------------
 
-    def _group(self, keys: Iterable[str]) -> tuple[list[str], dict[str, tuple[ShardedArray, tuple[int, ...], dict[Local, Any]]]]:
-        """Relayed keys, and this array's chunk keys grouped by shard (for :class:`ShardIO`)."""
+    def _group(
+        self, keys: Iterable[str], update: Callable[[str], Any]
+    ) -> tuple[list[str], dict[str, tuple[ShardedArray, tuple[int, ...], dict[Local, Any]]]]:
+        """Relayed keys, and this array's chunk keys grouped by shard with ``update(key)`` (for :class:`ShardIO`)."""
         relayed: list[str] = []
         by_shard: dict[str, tuple[ShardedArray, tuple[int, ...], dict[Local, Any]]] = {}
         for key in keys:
@@ -360,7 +365,7 @@ class ShardingStorageTransformer(AbstractStore):
             if ref is None:
                 relayed.append(key)
             else:
-                by_shard.setdefault(ref.shard_key, (self.array, ref.shard_coords, {}))[2][ref.local_coords] = key
+                by_shard.setdefault(ref.shard_key, (self.array, ref.shard_coords, {}))[2][ref.local_coords] = update(key)
         return relayed, by_shard
 
     def set_values(self, values: Mapping[str, BytesLike]) -> None:
@@ -371,17 +376,14 @@ class ShardingStorageTransformer(AbstractStore):
         InvalidKeyError
             For a key under the array's data prefix that is not a chunk key.
         """
-        relayed, by_shard = self._group(values)
+        relayed, by_shard = self._group(values, lambda key: memoryview(values[key]).cast("B"))
         if relayed:
             self.underlying.set_values({k: values[k] for k in relayed})
-        for _, _, updates in by_shard.values():
-            for local, key in updates.items():
-                updates[local] = memoryview(values[key]).cast("B")
         if by_shard:
             self.io.write_shards(by_shard)
 
     def set_partial_values(self, key_start_values: Sequence[KeyStartValue]) -> None:
-        """Write byte ranges inside values; a chunk's old bytes come from its shard.
+        """Write byte ranges inside values; a chunk's old bytes come from its shard (merged in one write).
 
         Raises
         ------
@@ -390,16 +392,12 @@ class ShardingStorageTransformer(AbstractStore):
         ValueError
             If a write would leave a gap in a chunk.
         """
-        relayed, by_shard = self._group(dict.fromkeys(k for k, _, _ in key_start_values))
+        patches: dict[str, ChunkPatch] = {}
+        for key, start, value in key_start_values:
+            patches.setdefault(key, ChunkPatch(key)).writes.append((int(start), value))
+        relayed, by_shard = self._group(patches, patches.__getitem__)
         if relayed:
             self.underlying.set_partial_values([w for w in key_start_values if w[0] in set(relayed)])
-        patches: dict[str, ChunkPatch] = {}
-        for _, _, updates in by_shard.values():
-            for local, key in updates.items():
-                updates[local] = patches[key] = ChunkPatch(key)
-        for key, start, value in key_start_values:
-            if key in patches:
-                patches[key].writes.append((int(start), value))
         if by_shard:
             self.io.write_shards(by_shard)
 
@@ -411,7 +409,7 @@ class ShardingStorageTransformer(AbstractStore):
         InvalidKeyError
             For a key under the array's data prefix that is not a chunk key.
         """
-        relayed, by_shard = self._group(keys)
+        relayed, by_shard = self._group(keys, lambda key: None)
         if relayed:
             self.underlying.erase_values(relayed)
         if by_shard:
@@ -427,99 +425,3 @@ class ShardingStorageTransformer(AbstractStore):
         """
         shards = [k for k in self.underlying.list_prefix(self.key_prefix) if self._is_shard(k)]
         return self.io.compact_shards(self.array, shards)
-
-    # -- prefixes -----------------------------------------------------------------------
-
-    def _unshard(self, shard_keys: Sequence[str], prefix: str) -> list[str]:
-        """Chunk keys (starting with ``prefix``) of the chunks stored in ``shard_keys``."""
-        found = self.io.chunk_keys({k: self.array for k in shard_keys}, in_grid_only=False)
-        return [k for k in found if k.startswith(prefix)]
-
-    def _listed(self, keys: Iterable[str], prefix: str) -> tuple[list[str], list[str]]:
-        """Listed underlying keys split into plain keys starting with ``prefix``, and shard keys."""
-        plain, shards = [], []
-        for key in keys:
-            if self._is_shard(key):
-                shards.append(key)
-            elif key.startswith(prefix):
-                plain.append(key)
-        return plain, shards
-
-    def list_prefix(self, prefix: str) -> list[str]:
-        """Stored keys starting with ``prefix``; shards are listed as their stored chunks.
-
-        One ``list_prefix`` on the underlying store (with the prefix translated
-        to shard coords where it names chunk coords), then one
-        ``get_partial_values`` of the indexes not cached per 4096 listed shards.
-        """
-        prefix = normalize_prefix(prefix)
-        split = split_prefix(self.array, prefix)
-        if split is not None and not split[1]:
-            return [k for k in self.underlying.list_prefix(prefix) if not self._is_shard(k)]  # no chunk key can match
-        translated = prefix if split is None else shard_prefix(self.array, split[0])
-        plain, shards = self._listed(self.underlying.list_prefix(translated), prefix)
-        return plain + self._unshard(shards, prefix)
-
-    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
-        """Keys and prefixes directly below ``prefix``, as seen above the transformer.
-
-        Retrieved shard keys are replaced by the keys of their stored chunks
-        (their indexes are read); retrieved prefixes of partial shard keys are
-        replaced by the prefixes of every chunk the shard can hold, without
-        checking that any is stored (draft note: listed prefixes may be empty).
-        """
-        prefix = normalize_prefix(prefix)
-        if not prefix.startswith(self.key_prefix):
-            return self.underlying.list_dir(prefix)
-        directory = prefix[: prefix.rfind("/") + 1]
-        split = split_prefix(self.array, directory)
-        if split is not None and not split[1]:
-            keys, prefixes = self.underlying.list_dir(prefix)
-            return [k for k in keys if not self._is_shard(k)], prefixes
-        fixed = [] if split is None else split[0]
-        keys, prefixes = self.underlying.list_dir(directory if split is None else shard_prefix(self.array, fixed))
-        out_keys, shards = self._listed(keys, prefix)
-        out_keys.extend(self._unshard(shards, prefix))
-        out_prefixes: set[str] = set()
-        for p in prefixes:
-            expanded = expand_shard_prefix(self.array, p, fixed)
-            if expanded is None:
-                expanded = [p]
-            out_prefixes.update(e for e in expanded if e.startswith(prefix))
-        return sorted(out_keys), sorted(out_prefixes)
-
-    def erase_prefix(self, prefix: str) -> None:
-        """Erase every key starting with ``prefix``.
-
-        A prefix that does not reach into the chunk-grid part of the keys is
-        relayed (it covers whole shards). Otherwise the shards that can hold
-        matching chunks are listed: shards all of whose available chunks match
-        are erased without a read, the matching chunks of the others as by
-        :meth:`erase_values`.
-        """
-        prefix = normalize_prefix(prefix)
-        split = split_prefix(self.array, prefix)
-        if split is None:
-            self.underlying.erase_prefix(prefix)
-            self.io.index_cache.clear()  # shards of this array may be gone
-            return
-        if not split[1]:
-            self.underlying.erase_values([k for k in self.underlying.list_prefix(prefix) if not self._is_shard(k)])
-            return
-        plain, shards = self._listed(self.underlying.list_prefix(shard_prefix(self.array, split[0])), prefix)
-        erasures: dict[str, tuple[ShardedArray, tuple[int, ...], list[Local]]] = {}
-        partial = []
-        for shard_key in shards:
-            coords = self.array.shard_coords_of(shard_key)
-            available = [(self.array.chunk_key(c), local) for c, local in self.array.chunks_in_shard(coords)]  # type: ignore[arg-type]
-            if available and all(k.startswith(prefix) for k, _ in available):
-                erasures[shard_key] = (self.array, coords, [local for _, local in available])  # type: ignore[assignment]
-            else:
-                partial.append(shard_key)
-        for key in self._unshard(partial, prefix):
-            ref = self.array.locate(key, check_grid=False)
-            erasures.setdefault(ref.shard_key, (self.array, ref.shard_coords, []))[2].append(ref.local_coords)
-        if plain:
-            self.underlying.erase_values(plain)
-        if erasures:
-            self.io.erase_chunks(erasures)

@@ -68,7 +68,14 @@ class ShardBackend(Protocol):
         ...
 
     def write_at(self, key: str, writes: Sequence[tuple[int, bytes]]) -> None:
-        """Write ``(offset, bytes)`` pieces inside a stored value (offsets in bytes from its start)."""
+        """Write ``(offset, bytes)`` pieces inside a stored value (offsets in bytes from its start).
+
+        Used by the ``append``/``inplace`` strategies (only where
+        :attr:`supports_append`) and by :meth:`ShardIO.erase_chunks`, which
+        passes a negative offset (from the end) where :meth:`size_if_free`
+        gives ``None``: a backend whose sizes are not free and whose
+        ``write_at`` works must accept it.
+        """
         ...
 
     def size(self, key: str) -> int:

@@ -33,7 +33,7 @@ from typing import Iterator, Sequence
 
 from shardkv.errors import ChunkOutOfGridError, InvalidKeyError
 from shardkv.format.layout import ShardLayout
-from shardkv.keys.encodings import ChunkKeyEncoding, chunk_to_shard, grid_shape, shard_to_chunks
+from shardkv.keys.encodings import ChunkKeyEncoding, chunk_to_shard, grid_shape, shard_to_chunk, shard_to_chunks
 
 __all__ = ["ShardedArray", "ChunkRef"]
 
@@ -198,7 +198,7 @@ class ShardedArray:
 
     def chunk_coords(self, shard_coords: Sequence[int], local_coords: Sequence[int]) -> tuple[int, ...]:
         """Chunk coords of the inner chunk at ``local_coords`` of a shard."""
-        return tuple(s * n + l for s, n, l in zip(shard_coords, self.chunks_per_shard, local_coords))
+        return shard_to_chunk(shard_coords, self.chunks_per_shard, local_coords)
 
     def in_grid(self, chunk_coords: Sequence[int]) -> bool:
         """True when the chunk lies inside the chunk grid (always, when the grid is unknown)."""
