@@ -397,7 +397,8 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
             patches.setdefault(key, ChunkPatch(key)).writes.append((int(start), value))
         relayed, by_shard = self._group(patches, patches.__getitem__)
         if relayed:
-            self.underlying.set_partial_values([w for w in key_start_values if w[0] in set(relayed)])
+            relayed_keys = set(relayed)
+            self.underlying.set_partial_values([w for w in key_start_values if w[0] in relayed_keys])
         if by_shard:
             self.io.write_shards(by_shard)
 
