@@ -198,11 +198,16 @@ def test_getitems_two_requests_per_sharded_array():
     make_array(proxy)
     keys = [f"data/root/a/b/c{i}/{j}" for i in range(5) for j in range(6)]
     proxy.setitems({k: k.encode() for k in keys})
+    reader = DraftShardedStore(under)  # nothing cached
+    reader.getitems(["zarr.json"])  # reads the hierarchy's metadata
     under.calls.clear()
-    got = proxy.getitems(keys + ["zarr.json"])
+    got = reader.getitems(keys + ["zarr.json"])
     assert got == {**{k: k.encode() for k in keys}, "zarr.json": ENTRY_POINT}
     # 30 chunks in 6 shards: one index round and one chunk round; the plain key its own request
     assert under.calls == Counter({"get_partial_values": 3})
+    under.calls.clear()
+    assert reader.getitems(keys) == {k: k.encode() for k in keys}
+    assert under.calls == Counter({"get_partial_values": 1})  # indexes cached: the chunk round only
 
 
 def test_listing_through_the_proxy(base):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardkv import ConfigurationError, InvalidKeyError
@@ -180,6 +180,7 @@ def grids(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return cps, grid
 
 
+@settings(deadline=None)  # up to 729 chunks, each looked up in its shard: timing varies on a loaded 2-core CI
 @given(g=grids())
 def test_chunk_to_shard_and_shard_to_chunks_are_inverse(g) -> None:
     cps, grid = g

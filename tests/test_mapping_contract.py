@@ -1,10 +1,12 @@
-"""The MutableMapping contract, applied to ShardedStore over every kind of base store.
+"""The MutableMapping contract, applied to ShardedStore and the draft transformer over every kind of base store.
 
 :class:`MutableMappingContract` is a reusable suite: a subclass provides a ``mapping``
 fixture, the ``initial`` items it holds and ``items`` to add. It runs once against a
 plain ``dict`` (so the suite itself is known to describe real mapping semantics) and
 then against ``ShardedStore`` over ``dict``, fsspec ``memory://``, a local directory and
-a zarr-python 2 ``DirectoryStore``, with a sharded array created by writing a ``.zarray``.
+a zarr-python 2 ``DirectoryStore``, with a sharded array created by writing a ``.zarray``,
+and against the 2022 draft sharding transformer (through :class:`TransformerMapping`)
+over ``dict``, ``memory://`` and a local directory.
 :class:`TestShardedStoreRules` adds the proxy's own rules (bad input, hidden metadata,
 shards appearing and disappearing in the base store).
 """
@@ -20,8 +22,12 @@ from typing import Any, Callable, Iterator
 import fsspec
 import pytest
 import zarr
+from transformer_mapping import META_KEY as TRANSFORMER_META_KEY
+from transformer_mapping import TransformerMapping, transformer_over
+from transformer_mapping import chunk_key as transformer_chunk_key
 
 from shardkv import ChunkOutOfGridError, InvalidKeyError, ReservedKeyError, ShardedStore
+
 
 # The test array: shape (5, 7), inner chunks (2, 2) -> chunk grid (3, 4);
 # chunks_per_shard (2, 3) -> shard grid (2, 2), edge shards in both dimensions
@@ -259,6 +265,39 @@ class TestContractOnShardedStore(MutableMappingContract):
         _, _, path, sep, _ = proxy_case
         # (0,0),(0,1) share shard (0,0); (2,3) is alone in edge shard (1,1); (1,2) in shard (0,0); (2,0) in (1,0)
         return [(chunk_key(path, sep, c), value_for(c)) for c in [(0, 0), (0, 1), (2, 3), (1, 2), (2, 0)]]
+
+    def test_clear_empties_the_base_store(self, mapping, items) -> None:
+        for k, v in items:
+            mapping[k] = v
+        mapping.clear()
+        assert list(mapping.base.iter_keys()) == []
+
+
+# -- the contract on the 2022 draft sharding transformer (one engine, same contract) ----------
+
+
+@pytest.fixture(params=["dict", "memory", "local"])
+def transformer_case(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[TransformerMapping, dict[str, bytes]]:
+    base = make_base(request.param, tmp_path, request)
+    mapping = TransformerMapping(transformer_over(base))
+    initial = {TRANSFORMER_META_KEY: b"{}"}  # a relayed key, stored as it is
+    mapping.update(initial)
+    return mapping, initial
+
+
+class TestContractOnShardingTransformer(MutableMappingContract):
+    @pytest.fixture
+    def mapping(self, transformer_case) -> TransformerMapping:
+        return transformer_case[0]
+
+    @pytest.fixture
+    def initial(self, transformer_case) -> dict[str, bytes]:
+        return transformer_case[1]
+
+    @pytest.fixture
+    def items(self) -> list[tuple[str, bytes]]:
+        # the same chunks as for the proxy: shared shards, an edge shard, two shards of one row
+        return [(transformer_chunk_key(c), value_for(c)) for c in [(0, 0), (0, 1), (2, 3), (1, 2), (2, 0)]]
 
     def test_clear_empties_the_base_store(self, mapping, items) -> None:
         for k, v in items:

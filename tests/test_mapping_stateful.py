@@ -5,12 +5,16 @@ contains / iterate / reopen over a small 2-D sharded array with edge shards (sha
 (5, 7), inner chunks (2, 2), chunks_per_shard (2, 3): a 3 x 4 chunk grid in 2 x 2
 shards), and checks after every step that the proxy and the model are the same mapping.
 Variants check that the base store holds exactly the expected shard keys, run over an
-fsspec ``memory://`` store (ranged reads and the index cache), and in write-back mode.
+fsspec ``memory://`` store (ranged reads and the index cache), and in write-back mode;
+the same machine drives the 2022 draft sharding transformer (the same engine, through
+``TransformerMapping``) over a dict, ``memory://`` and a local directory.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import uuid
 from typing import Any
 
@@ -19,6 +23,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from transformer_mapping import META_KEY as TRANSFORMER_META_KEY
+from transformer_mapping import TransformerMapping, transformer_over
+from transformer_mapping import chunk_key as transformer_chunk_key
 
 from shardkv import ShardedStore
 
@@ -45,12 +52,19 @@ class ShardedStoreMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.base = self.make_base()
-        self.store = ShardedStore(self.base, chunks_per_shard=CPS, **self.proxy_options)
-        self.store[self.meta_key] = zarray(self.sep)
+        self.store = self.open_store(new=True)
         self.model: dict[str, bytes] = {}
 
     def make_base(self) -> Any:
         return {}
+
+    def open_store(self, new: bool) -> Any:
+        """The mapping under test over ``self.base``: a new array, or one found in the store."""
+        if not new:  # no chunks_per_shard: read from zarr.json
+            return ShardedStore(self.base, **{k: v for k, v in self.proxy_options.items() if k == "buffer_bytes"})
+        store = ShardedStore(self.base, chunks_per_shard=CPS, **self.proxy_options)
+        store[self.meta_key] = zarray(self.sep)
+        return store
 
     @property
     def meta_key(self) -> str:
@@ -127,7 +141,7 @@ class ShardedStoreMachine(RuleBasedStateMachine):
     def reopen(self) -> None:
         """A new proxy over the same base store (no chunks_per_shard: read from zarr.json)."""
         self.store.flush()
-        self.store = ShardedStore(self.base, **{k: v for k, v in self.proxy_options.items() if k == "buffer_bytes"})
+        self.store = self.open_store(new=False)
 
     # -- invariants ------------------------------------------------------------
 
@@ -176,15 +190,72 @@ class WriteBackMachine(ShardKeysMachine):
     proxy_options = {"buffer_bytes": 24, "index_checksum": False}
 
 
+class TransformerMachine(ShardedStoreMachine):
+    """The 2022 draft sharding transformer (through TransformerMapping) over a dict; same rules, same model.
+
+    Its base store holds the relayed array metadata key and exactly one shard
+    per shard with a stored chunk.
+    """
+
+    def open_store(self, new: bool) -> Any:
+        store = TransformerMapping(transformer_over(self.base))  # reopened: a cold index cache
+        if new:
+            store[self.meta_key] = b"{}"
+        return store
+
+    @property
+    def meta_key(self) -> str:
+        return TRANSFORMER_META_KEY
+
+    def key(self, c: tuple[int, int]) -> str:
+        return transformer_chunk_key(c)
+
+    def chunk_keys_of_proxy(self) -> set[str]:
+        return {k for k in self.store if k != TRANSFORMER_META_KEY}
+
+    @invariant()
+    def base_holds_expected_shards(self) -> None:
+        coords = (tuple(int(x) for x in k[len(transformer_chunk_key(())) :].split("/")) for k in self.model)
+        expected = {transformer_chunk_key((r // CPS[0], c // CPS[1])) for r, c in coords}
+        assert set(self.store.base.iter_keys()) == expected | {TRANSFORMER_META_KEY}
+
+
+class TransformerMemoryFSMachine(TransformerMachine):
+    """The transformer over fsspec memory:// (ranged reads, sizes free: no read guard)."""
+
+    make_base = MemoryFSMachine.make_base
+    teardown = MemoryFSMachine.teardown
+
+
+class TransformerLocalMachine(TransformerMachine):
+    """The transformer over a local directory (atomic rewrites, positional index writes on erase)."""
+
+    def make_base(self) -> Any:
+        self.root = tempfile.mkdtemp(prefix="shardkv-stateful-")
+        return self.root
+
+    def teardown(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
 _settings = settings(
     max_examples=40, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
-TestShardedStoreStateful = ShardedStoreMachine.TestCase
-TestShardedStoreStateful.settings = _settings
-TestShardKeysStateful = ShardKeysMachine.TestCase
-TestShardKeysStateful.settings = _settings
-TestMemoryFSStateful = MemoryFSMachine.TestCase
-TestMemoryFSStateful.settings = _settings
-TestWriteBackStateful = WriteBackMachine.TestCase
-TestWriteBackStateful.settings = _settings
+
+def _test_case(machine: type[RuleBasedStateMachine], chosen: settings) -> Any:
+    case = machine.TestCase
+    case.settings = chosen
+    return case
+
+
+TestShardedStoreStateful = _test_case(ShardedStoreMachine, _settings)
+TestShardKeysStateful = _test_case(ShardKeysMachine, _settings)
+TestMemoryFSStateful = _test_case(MemoryFSMachine, _settings)
+TestWriteBackStateful = _test_case(WriteBackMachine, _settings)
+_transformer_settings = settings(
+    max_examples=15, stateful_step_count=15, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+TestTransformerStateful = _test_case(TransformerMachine, _transformer_settings)
+TestTransformerMemoryFSStateful = _test_case(TransformerMemoryFSMachine, _transformer_settings)
+TestTransformerLocalStateful = _test_case(TransformerLocalMachine, _transformer_settings)

@@ -11,17 +11,23 @@ operation                adapter call(s)
 =======================  ==============================================
 ``get_partial_values``   1 ``get_ranges`` (ranged reads where supported)
 ``set_values``           1 ``set_many``
-``set_partial_values``   1 ``get_many`` of the old values, 1 ``set_many``
+``set_partial_values``   1 ``get_many`` of the old values, 1 ``set_many``;
+                         positional ``write_at`` where the adapter has them
 ``erase_values``         1 ``delete_many``
 ``erase_prefix``         1 listing, 1 ``delete_many``
 ``list_prefix``          1 listing
 ``list_dir``             1 listing
 =======================  ==============================================
+
+The adapter's capabilities pass on (``supports_positional_writes`` = its
+``supports_append``, ``size_if_free``, ``validator``), so a sharding
+transformer over local files gets the append/in-place write strategies and
+index cache validation the proxy has.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.adapters import StoreAdapter, adapt
@@ -29,6 +35,22 @@ from shardkv.storage.adapters import StoreAdapter, adapt
 from .api import AbstractStore, BytesLike, KeyRange, KeyStartValue, apply_partial_writes, normalize_prefix
 
 __all__ = ["AdapterStore"]
+
+
+def _in_place(size: int, writes: Sequence[tuple[int, BytesLike]]) -> bool:
+    """True when positional writes give what :func:`apply_partial_writes` gives for a value of ``size`` bytes.
+
+    A write may start anywhere up to the end; a negative start must replace
+    the value's tail exactly (a positional write cannot shorten a file).
+    """
+    for start, value in writes:
+        nbytes = memoryview(value).nbytes
+        if start < 0 and (nbytes != -start or -start > size):
+            return False
+        if start > size:
+            return False
+        size = max(size, (start if start >= 0 else size + start) + nbytes)
+    return True
 
 
 class AdapterStore(AbstractStore):
@@ -79,8 +101,24 @@ class AdapterStore(AbstractStore):
             by_key.setdefault(key, []).append((int(start), value))
         if not by_key:
             return
+        if self.adapter.supports_append:
+            sizes = {k: self.adapter.size(k) for k in by_key if self.adapter.contains(k)}
+            if all(k in sizes and _in_place(sizes[k], w) for k, w in by_key.items()):
+                for key, writes in by_key.items():
+                    self.adapter.write_at(key, [(s if s >= 0 else sizes[key] + s, bytes(v)) for s, v in writes])
+                return
         old = self.adapter.get_many(list(by_key))
         self.adapter.set_many({k: apply_partial_writes(k, old.get(k), w) for k, w in by_key.items()})
+
+    @property
+    def supports_positional_writes(self) -> bool:
+        return self.adapter.supports_append
+
+    def size_if_free(self, key: str) -> int | None:
+        return self.adapter.size_if_free(key)
+
+    def validator(self, key: str) -> Hashable:
+        return self.adapter.validator(key)
 
     def erase_values(self, keys: Iterable[str]) -> None:
         self.adapter.delete_many(list(keys))

@@ -23,14 +23,20 @@ Conventions (one rule each, the ones of :mod:`shardkv.format.ranges`):
 
 Beyond the draft's operations, :meth:`AbstractStore.set_values` sets several
 whole values in one call (the draft only has ``set`` of one value; a batch
-lets a transformer write the ``k`` shards of one request with one call).
+lets a transformer write the ``k`` shards of one request with one call), and
+three optional capability hooks let the shard engine below a transformer use
+what the bottom store offers (:class:`~shardkv.transformers.adapter.AdapterStore`
+passes its adapter's on): :attr:`~AbstractStore.supports_positional_writes`,
+:meth:`~AbstractStore.size_if_free` and :meth:`~AbstractStore.validator`.
+``apply_partial_writes`` is :func:`shardkv.engine.merge.apply_partial_writes`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Iterable, Mapping, Sequence, Tuple, Union
+from typing import Hashable, Iterable, Mapping, Sequence, Tuple, Union
 
+from shardkv.engine.merge import apply_partial_writes
 from shardkv.format.ranges import ByteRange
 
 __all__ = [
@@ -60,51 +66,6 @@ def normalize_prefix(prefix: str) -> str:
     if not isinstance(prefix, str):
         raise TypeError(f"a key prefix is a str, got {type(prefix).__name__}: {prefix!r}")
     return "" if prefix == "/" else prefix
-
-
-def apply_partial_writes(key: str, old: BytesLike | None, writes: Sequence[tuple[int, BytesLike]]) -> bytes:
-    """Apply ``(start, value)`` writes, in order, to the old value of ``key``.
-
-    Parameters
-    ----------
-    key : str
-        Named in errors.
-    old : bytes-like or None
-        The stored value, or ``None`` when ``key`` is not stored (then the
-        first write must start at byte 0).
-    writes : sequence of (int, bytes-like)
-        ``start`` in bytes from the beginning, or negative from the current end
-        (the value then ends the result).
-
-    Returns
-    -------
-    bytes
-        The new value.
-
-    Raises
-    ------
-    ValueError
-        If a write starts beyond the end of the current value (a gap), or a
-        negative start reaches before its beginning.
-    """
-    buf = bytearray(old) if old is not None else bytearray()
-    for start, value in writes:
-        value = memoryview(value).cast("B")
-        if start < 0:
-            if -start > len(buf):
-                raise ValueError(
-                    f"cannot write at start {start} of {key!r}: the value is only {len(buf)} bytes long"
-                )
-            start = len(buf) + start
-            buf[start:] = value
-            continue
-        if start > len(buf):
-            raise ValueError(
-                f"cannot write at start {start} of {key!r}: beyond its end at {len(buf)} bytes "
-                "(writes may not leave a gap)"
-            )
-        buf[start : start + len(value)] = value
-    return bytes(buf)
 
 
 class AbstractStore(ABC):
@@ -187,3 +148,18 @@ class AbstractStore(ABC):
     def list(self) -> list[str]:
         """Every stored key (the draft: ``list_prefix("/")``)."""
         return self.list_prefix("/")
+
+    # -- optional capabilities (shardkv additions; the defaults promise nothing) ----
+
+    @property
+    def supports_positional_writes(self) -> bool:
+        """True when :meth:`set_partial_values` writes in place, with I/O proportional to the bytes written."""
+        return False
+
+    def size_if_free(self, key: str) -> int | None:
+        """Size (bytes) of a stored value when known without a request, else ``None``."""
+        return None
+
+    def validator(self, key: str) -> Hashable:
+        """A cheap fingerprint of a stored value that changes when it is rewritten, or ``None``."""
+        return None

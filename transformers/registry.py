@@ -10,7 +10,7 @@ zarr-python 2.18, and each transformer below a sharding transformer sees the
 shards above it as its chunks.
 
 A transformer class registers with :func:`register` and provides
-``from_metadata(entry, array_metadata, array_path, underlying, chunk_shape)``
+``from_metadata(entry, array_metadata, array_path, underlying, chunk_shape, **options)``
 and ``outer_chunk_shape(entry, chunk_shape)``.
 """
 
@@ -114,6 +114,7 @@ def build_stack(
     array_metadata: Mapping[str, Any],
     array_path: str,
     store: AbstractStore,
+    **options: Any,
 ) -> AbstractStore:
     """The transformers of ``entries`` stacked over ``store``; ``store`` itself for no entries.
 
@@ -127,6 +128,10 @@ def build_stack(
         The array's path in the hierarchy.
     store : AbstractStore
         The store at the bottom of the stack.
+    **options
+        Runtime options passed to every transformer's ``from_metadata`` (for
+        the sharding transformer: ``index_cache_bytes``, ``read_policy``,
+        ``write_strategy``, ...).
 
     Raises
     ------
@@ -143,7 +148,7 @@ def build_stack(
         chunk_shape = cls.outer_chunk_shape(entry, chunk_shape)  # type: ignore[attr-defined]
     top = store
     for cls, entry, shape in reversed(list(zip(classes, entries, seen))):
-        top = cls.from_metadata(entry, array_metadata, array_path, top, shape)  # type: ignore[attr-defined]
+        top = cls.from_metadata(entry, array_metadata, array_path, top, shape, **options)  # type: ignore[attr-defined]
     return top
 
 

@@ -17,19 +17,30 @@ relayed unchanged. The shard bytes are the draft's ``indexed`` format
 
 Empty chunks have offset = nbytes = ``2**64 - 1``.
 
-Request plan on the underlying store (draft "API implementation"):
+The transformer is a thin layer: the array's keys are a
+:class:`~shardkv.keys.space.ShardedArray` (draft chunk key encoding), prefixes
+are translated by :mod:`shardkv.keys.prefixes`, and every shard read and
+write goes through the shard engine the proxy uses,
+:class:`~shardkv.engine.planner.ShardIO`, over the underlying store
+(:class:`~shardkv.transformers.backend.UnderlyingBackend`). Request plan on
+the underlying store (draft "API implementation"):
 
-* ``get_partial_values``: one ``get_partial_values`` for the indexes of the
-  shards involved (together with the relayed keys), one for the chunk ranges;
+* ``get_partial_values``: one ``get_partial_values`` for the indexes not in
+  the index cache (together with the relayed keys), one for the chunk ranges,
+  merged per shard by the read policy (one request for adjacent chunks of a
+  shard, or the whole shard when most of it is wanted); with every index
+  cached, the first is left out (or holds only the relayed keys);
 * ``set_values`` / ``set_partial_values``: shards whose every available chunk
   is set whole are built directly; the others are read completely with one
-  ``get_partial_values`` (the draft's simplification); then one ``set_values``
-  writes every new shard (write strategy: compact rewrite, chunks in row-major
-  order);
+  ``get_partial_values`` (the draft's simplification) and merged (chunks
+  outside the chunk grid dropped); then one ``set_values`` writes every new
+  shard. With ``write_strategy="append"``/``"inplace"`` over a store with
+  positional writes (local files), partly covered shards are updated by
+  ``set_partial_values`` instead (:mod:`shardkv.engine.strategies`);
 * ``erase_values``: shards whose every available chunk is erased are erased
-  with one ``erase_values``; for the others one ``get_partial_values`` reads the
-  indexes and one ``set_partial_values`` rewrites them in place at the end of
-  the shard (a shard left without chunks is erased instead).
+  with one ``erase_values``; for the others one ``get_partial_values`` reads
+  the indexes (unless cached) and one ``set_partial_values`` rewrites them in
+  place at the end of the shard (a shard left without chunks is erased instead).
 
 "Available" chunks are the shard's chunks inside the array's chunk grid when
 the array shape is known, else all ``chunks_per_shard`` of them.
@@ -37,18 +48,20 @@ the array shape is known, else all ``chunks_per_shard`` of them.
 
 from __future__ import annotations
 
-import threading
-from contextlib import ExitStack
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from shardkv.errors import ConfigurationError, CorruptShardError
-from shardkv.format.index import ShardIndex
+from shardkv.engine.merge import ChunkPatch
+from shardkv.engine.planner import ShardIO
+from shardkv.engine.strategies import WriteStrategy
+from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
-from shardkv.format.ranges import ByteRange
-from shardkv.keys.encodings import Draft2022ChunkKeyEncoding, grid_shape
+from shardkv.format.ranges import ReadPolicy
+from shardkv.keys.encodings import Draft2022ChunkKeyEncoding
+from shardkv.keys.space import ChunkRef, ShardedArray
 
-from .api import AbstractStore, BytesLike, KeyRange, KeyStartValue, apply_partial_writes, normalize_prefix
-from .keyspace import Local, ShardKeySpace
+from .api import AbstractStore, BytesLike, KeyRange, KeyStartValue
+from .backend import UnderlyingBackend
+from .prefix_ops import PrefixOperations
 
 __all__ = ["ShardingStorageTransformer", "SHARDING_EXTENSION", "DATA_ROOT"]
 
@@ -56,11 +69,10 @@ SHARDING_EXTENSION = "https://purl.org/zarr/spec/storage_transformers/sharding/1
 """The ``extension`` of the sharding transformer's metadata entry."""
 DATA_ROOT = "data/root/"
 """Keys starting with this are data keys (v3 core draft "Storage keys")."""
-_BATCH = 4096  # shards whose indexes are read in one request while listing
+Local = tuple[int, ...]
 
 
-
-class ShardingStorageTransformer(AbstractStore):
+class ShardingStorageTransformer(PrefixOperations, AbstractStore):
     """Sharding of one array's chunk keys over an underlying store (2022 draft).
 
     Parameters
@@ -78,15 +90,34 @@ class ShardingStorageTransformer(AbstractStore):
     shape, chunk_shape : sequence of int, optional
         Array shape and chunk shape (elements), from the array metadata; with
         them, shards at the edge of the array count only their in-grid chunks
-        as available.
+        as available, and merging a shard drops chunks outside the grid.
     type : {"indexed"}
         The binary shard format.
+    index_cache_bytes : int
+        Limit (bytes) of the cache of decoded shard indexes (default 64 MiB;
+        0 disables it). The transformer keeps it right across its own writes;
+        after other writers changed the underlying store call :meth:`refresh`
+        (or set ``validate_index_cache`` where the store has validators).
+    validate_index_cache : bool
+        Check a cached index against the underlying store's cheap validator
+        (local files: size, mtime, inode) before using it.
+    read_policy : ReadPolicy, optional
+        How nearby chunk ranges of one shard merge into one request, and when
+        the whole shard is read instead (default ``ReadPolicy()``).
+    write_strategy : {"rewrite", "append", "inplace"}
+        How a stored shard is updated when a write does not replace it whole
+        (as :class:`shardkv.ShardedStore`); ``"append"``/``"inplace"`` only
+        where the underlying store has cheap positional writes, else rewrite.
+        Never stored in metadata (draft "Binary shard format").
+    slack_bytes : int
+        With ``"inplace"``: zero bytes reserved after every chunk written (bytes).
 
     Raises
     ------
     ConfigurationError
         If ``type`` is not ``"indexed"``, a ``chunks_per_shard`` value is < 1,
-        or ``shape`` / ``chunk_shape`` do not match its length.
+        ``shape`` / ``chunk_shape`` do not match its length, or a write
+        option is invalid.
     """
 
     extension = SHARDING_EXTENSION
@@ -102,6 +133,11 @@ class ShardingStorageTransformer(AbstractStore):
         shape: Sequence[int] | None = None,
         chunk_shape: Sequence[int] | None = None,
         type: str = "indexed",
+        index_cache_bytes: int = 64 * 2**20,
+        validate_index_cache: bool = False,
+        read_policy: ReadPolicy | None = None,
+        write_strategy: WriteStrategy = "rewrite",
+        slack_bytes: int = 0,
     ) -> None:
         if type not in self.types:
             raise ConfigurationError(
@@ -115,7 +151,6 @@ class ShardingStorageTransformer(AbstractStore):
         self.key_prefix = f"{DATA_ROOT}{self.array_path}/" if self.array_path else DATA_ROOT
         self.encoding = Draft2022ChunkKeyEncoding(separator)  # type: ignore[arg-type]
         ndim = len(self.layout.chunks_per_shard)
-        self.chunk_grid_shape: tuple[int, ...] | None = None
         if shape is not None and chunk_shape is not None:
             if len(shape) != ndim or len(chunk_shape) != ndim:
                 raise ConfigurationError(
@@ -124,10 +159,20 @@ class ShardingStorageTransformer(AbstractStore):
                     f"{len(chunk_shape)}",
                     array_path,
                 )
-            self.chunk_grid_shape = grid_shape(shape, chunk_shape)
-        self.keys = ShardKeySpace(self.key_prefix, self.encoding, self.layout.chunks_per_shard, self.chunk_grid_shape)
-        self._lock = threading.Lock()
-        self._shard_locks: dict[str, threading.Lock] = {}
+            shape, chunk_shape = tuple(int(s) for s in shape), tuple(int(c) for c in chunk_shape)
+        else:
+            shape = chunk_shape = None
+        self.array = ShardedArray(
+            self.array_path, self.key_prefix, shape, chunk_shape, self.layout, self.encoding, self.encoding  # type: ignore[arg-type]
+        )
+        self.io = ShardIO(
+            UnderlyingBackend(underlying),
+            index_cache_bytes=index_cache_bytes,
+            validate_index_cache=validate_index_cache,
+            read_policy=read_policy or ReadPolicy(),
+            write_strategy=write_strategy,
+            slack_bytes=slack_bytes,
+        )
 
     # -- configuration ------------------------------------------------------------
 
@@ -139,6 +184,7 @@ class ShardingStorageTransformer(AbstractStore):
         array_path: str,
         underlying: AbstractStore,
         chunk_shape: Sequence[int] | None = None,
+        **options: Any,
     ) -> ShardingStorageTransformer:
         """Build the transformer an array's ``storage_transformers`` entry describes.
 
@@ -156,6 +202,10 @@ class ShardingStorageTransformer(AbstractStore):
             The chunk shape this transformer sees (elements); by default the
             array's ``chunk_grid.chunk_shape`` (a transformer lower in a stack
             of sharding transformers sees the shards of the ones above).
+        **options
+            Runtime options of the constructor (``index_cache_bytes``,
+            ``validate_index_cache``, ``read_policy``, ``write_strategy``,
+            ``slack_bytes``); never part of the metadata.
 
         Raises
         ------
@@ -188,6 +238,7 @@ class ShardingStorageTransformer(AbstractStore):
             shape=shape,
             chunk_shape=list(chunk_shape if chunk_shape is not None else grid.get("chunk_shape", [])),
             type=entry.get("type", "indexed"),
+            **options,
         )
 
     @classmethod
@@ -219,15 +270,41 @@ class ShardingStorageTransformer(AbstractStore):
             f"underlying={self.underlying!r})"
         )
 
-    # -- keys (see ShardKeySpace) ------------------------------------------------------
+    @property
+    def chunk_grid_shape(self) -> tuple[int, ...] | None:
+        """Chunks along each dimension, when the array shape is known."""
+        return self.array.chunk_grid_shape
+
+    @property
+    def index_cache(self) -> Any:
+        """The shard index cache (``hits``, ``misses``, ``nbytes``, ``clear()``)."""
+        return self.io.index_cache
+
+    def refresh(self) -> None:
+        """Forget cached shard indexes (call after other writers changed the underlying store)."""
+        self.io.index_cache.clear()
+
+    # -- keys (see ShardedArray) ------------------------------------------------------
 
     def chunk_key(self, chunk_coords: Sequence[int]) -> str:
         """The key of a chunk as code above the transformer uses it."""
-        return self.keys.chunk_key(chunk_coords)
+        return self.array.chunk_key(chunk_coords)
 
     def shard_key(self, shard_coords: Sequence[int]) -> str:
         """The key of a shard in the underlying store."""
-        return self.keys.shard_key(shard_coords)
+        return self.array.shard_key(shard_coords)
+
+    def _ref(self, key: str) -> ChunkRef | None:
+        """Where a chunk key of this array lives, ``None`` for other (relayed) keys.
+
+        Chunks outside the grid are located too: they may be stored (written
+        with a larger shape) and stay readable until their shard is merged.
+        """
+        if not isinstance(key, str):
+            raise TypeError(f"store keys are str, got {type(key).__name__}: {key!r}")
+        if not self.array.owns(key):
+            return None
+        return self.array.locate(key, check_grid=False)
 
     def locate(self, key: str) -> tuple[str, Local] | None:
         """``(shard_key, local_coords)`` of a chunk key of this array, ``None`` for other keys.
@@ -237,46 +314,8 @@ class ShardingStorageTransformer(AbstractStore):
         InvalidKeyError
             If ``key`` lies under the array's data prefix but is not one of its chunk keys.
         """
-        return self.keys.locate(key)
-
-    def _shard_lock(self, shard_key: str) -> threading.Lock:
-        with self._lock:
-            lock = self._shard_locks.get(shard_key)
-            if lock is None:
-                lock = self._shard_locks[shard_key] = threading.Lock()
-            return lock
-
-    # -- indexes --------------------------------------------------------------------
-
-    def _decode_index(self, shard_key: str, data: bytes | None) -> ShardIndex | None:
-        return None if data is None else self.layout.decode_index(data, shard_key)
-
-    def _read_indexes(self, shard_keys: Sequence[str]) -> dict[str, ShardIndex]:
-        """Indexes of the stored shards among ``shard_keys`` (one ``get_partial_values``)."""
-        if not shard_keys:
-            return {}
-        suffix = self.layout.index_range()
-        raw = self.underlying.get_partial_values([(k, suffix) for k in shard_keys])
-        out = {}
-        for k, data in zip(shard_keys, raw):
-            index = self._decode_index(k, data)
-            if index is not None:
-                out[k] = index
-        return out
-
-    def _present_chunk_keys(self, shard_key: str, index: ShardIndex) -> Iterator[str]:
-        shard_coords = self.keys.shard_coords_of(shard_key)
-        for local in index.present():
-            yield self.keys.chunk_key(self.keys.chunk_coords(shard_coords, local))  # type: ignore[arg-type]
-
-    def _unshard(self, shard_keys: Sequence[str], prefix: str) -> list[str]:
-        """Chunk keys (starting with ``prefix``) of the chunks stored in ``shard_keys``."""
-        out: list[str] = []
-        for start in range(0, len(shard_keys), _BATCH):
-            batch = list(shard_keys[start : start + _BATCH])
-            for shard_key, index in self._read_indexes(batch).items():
-                out.extend(k for k in self._present_chunk_keys(shard_key, index) if k.startswith(prefix))
-        return out
+        ref = self._ref(key)
+        return None if ref is None else (ref.shard_key, ref.local_coords)
 
     # -- reads ----------------------------------------------------------------------
 
@@ -284,74 +323,50 @@ class ShardingStorageTransformer(AbstractStore):
         """Byte ranges of values; chunk ranges are ranges inside the chunk.
 
         Two ``get_partial_values`` calls on the underlying store at most: the
-        shard indexes together with the relayed keys, then the chunk ranges.
+        shard indexes not cached together with the relayed keys, then the
+        chunk ranges (see :meth:`shardkv.engine.planner.ShardIO.read_ranges`).
 
         Raises
         ------
         InvalidKeyError
             For a key under the array's data prefix that is not a chunk key.
         CorruptShardError
-            For an index of the wrong size, pointing at bytes past the end of
-            its shard.
+            For an index of the wrong size, or pointing at bytes past the end
+            of its shard's chunk data.
         """
-        located: list[tuple[str, Local] | None] = [self.keys.locate(k) for k, _ in key_ranges]
-        shard_keys = list(dict.fromkeys(loc[0] for loc in located if loc is not None))
-        relayed = [i for i, loc in enumerate(located) if loc is None]
-        suffix = self.layout.index_range()
-        first = self.underlying.get_partial_values(
-            [(k, suffix) for k in shard_keys] + [key_ranges[i] for i in relayed]
+        refs = [self._ref(k) for k, _ in key_ranges]
+        chunks = [i for i, ref in enumerate(refs) if ref is not None]
+        relayed = [i for i, ref in enumerate(refs) if ref is None]
+        values = self.io.read_ranges(
+            [(refs[i], key_ranges[i][1]) for i in chunks], [key_ranges[i] for i in relayed]  # type: ignore[misc]
         )
         out: list[bytes | None] = [None] * len(key_ranges)
-        for i, value in zip(relayed, first[len(shard_keys) :]):
+        for i, value in zip(chunks + relayed, values):
             out[i] = value
-        indexes = {k: self._decode_index(k, d) for k, d in zip(shard_keys, first[: len(shard_keys)])}
-        wanted: list[tuple[int, str, int, int, bool]] = []  # (position, shard key, start, stop, to chunk end)
-        for i, loc in enumerate(located):
-            if loc is None:
-                continue
-            index = indexes[loc[0]]
-            entry = None if index is None else index.get(loc[1])
-            if entry is None:
-                continue
-            offset, nbytes = entry
-            r = key_ranges[i][1]
-            if r.is_suffix:
-                start, stop = max(0, nbytes + r.start), nbytes
-            else:
-                start = min(r.start, nbytes)
-                stop = nbytes if r.stop is None else min(r.stop, nbytes)
-            wanted.append((i, loc[0], offset + start, offset + stop, stop == nbytes))
-        if not wanted:
-            return out
-        # a read reaching the end of a chunk also asks for the index_nbytes bytes after it: at
-        # least the index follows every chunk, so fewer bytes mean a truncated shard or an entry
-        # pointing into the index, never bytes returned as a chunk
-        guard = self.layout.index_nbytes
-        second = self.underlying.get_partial_values(
-            [(sk, ByteRange(a, b + guard if to_end else b)) for _, sk, a, b, to_end in wanted]
-        )
-        for (i, shard_key, start, stop, to_end), value in zip(wanted, second):
-            if value is None:
-                continue  # the shard was erased between the two reads
-            expected = stop - start + (guard if to_end else 0)
-            if len(value) != expected:
-                raise CorruptShardError(
-                    shard_key,
-                    f"the index points at bytes [{start}, {stop}) for chunk {key_ranges[i][0]!r}, which must "
-                    f"lie before the {guard}-byte index, but the shard ends {expected - len(value)} bytes "
-                    "too early (truncated shard or entry pointing into the index)",
-                )
-            out[i] = value[: stop - start] if to_end else value
         return out
 
     def contains(self, key: str) -> bool:
-        loc = self.keys.locate(key)
-        if loc is None:
+        ref = self._ref(key)
+        if ref is None:
             return self.underlying.contains(key)
-        index = self._read_indexes([loc[0]]).get(loc[0])
-        return index is not None and index.get(loc[1]) is not None
+        index = self.io.read_indexes({ref.shard_key: self.array})[0].get(ref.shard_key)
+        return index is not None and index.get(ref.local_coords) is not None
 
     # -- writes -----------------------------------------------------------------------
+
+    def _group(
+        self, keys: Iterable[str], update: Callable[[str], Any]
+    ) -> tuple[list[str], dict[str, tuple[ShardedArray, tuple[int, ...], dict[Local, Any]]]]:
+        """Relayed keys, and this array's chunk keys grouped by shard with ``update(key)`` (for :class:`ShardIO`)."""
+        relayed: list[str] = []
+        by_shard: dict[str, tuple[ShardedArray, tuple[int, ...], dict[Local, Any]]] = {}
+        for key in keys:
+            ref = self._ref(key)
+            if ref is None:
+                relayed.append(key)
+            else:
+                by_shard.setdefault(ref.shard_key, (self.array, ref.shard_coords, {}))[2][ref.local_coords] = update(key)
+        return relayed, by_shard
 
     def set_values(self, values: Mapping[str, BytesLike]) -> None:
         """Set whole values; the chunks of one shard are written with one shard write.
@@ -361,21 +376,14 @@ class ShardingStorageTransformer(AbstractStore):
         InvalidKeyError
             For a key under the array's data prefix that is not a chunk key.
         """
-        relayed: dict[str, BytesLike] = {}
-        by_shard: dict[str, dict[Local, Any]] = {}
-        for key, value in values.items():
-            loc = self.keys.locate(key)
-            if loc is None:
-                relayed[key] = value
-            else:
-                by_shard.setdefault(loc[0], {})[loc[1]] = ("set", memoryview(value).cast("B"))
+        relayed, by_shard = self._group(values, lambda key: memoryview(values[key]).cast("B"))
         if relayed:
-            self.underlying.set_values(relayed)
+            self.underlying.set_values({k: values[k] for k in relayed})
         if by_shard:
-            self._rewrite(by_shard)
+            self.io.write_shards(by_shard)
 
     def set_partial_values(self, key_start_values: Sequence[KeyStartValue]) -> None:
-        """Write byte ranges inside values; a chunk's old bytes come from its shard.
+        """Write byte ranges inside values; a chunk's old bytes come from its shard (merged in one write).
 
         Raises
         ------
@@ -384,57 +392,15 @@ class ShardingStorageTransformer(AbstractStore):
         ValueError
             If a write would leave a gap in a chunk.
         """
-        relayed: list[KeyStartValue] = []
-        by_shard: dict[str, dict[Local, Any]] = {}
+        patches: dict[str, ChunkPatch] = {}
         for key, start, value in key_start_values:
-            loc = self.keys.locate(key)
-            if loc is None:
-                relayed.append((key, start, value))
-                continue
-            updates = by_shard.setdefault(loc[0], {})
-            op = updates.setdefault(loc[1], ("patch", key, []))
-            op[2].append((int(start), value))
+            patches.setdefault(key, ChunkPatch(key)).writes.append((int(start), value))
+        relayed, by_shard = self._group(patches, patches.__getitem__)
         if relayed:
-            self.underlying.set_partial_values(relayed)
+            relayed_keys = set(relayed)
+            self.underlying.set_partial_values([w for w in key_start_values if w[0] in relayed_keys])
         if by_shard:
-            self._rewrite(by_shard)
-
-    def _rewrite(self, by_shard: Mapping[str, dict[Local, Any]]) -> None:
-        """Build and set the new shards: at most one read round and one write."""
-        with ExitStack() as stack:
-            for shard_key in sorted(by_shard):
-                stack.enter_context(self._shard_lock(shard_key))
-            need_old = []
-            for shard_key, updates in by_shard.items():
-                avail = self.keys.available(self.keys.shard_coords_of(shard_key))  # type: ignore[arg-type]
-                whole = all(op[0] == "set" for op in updates.values())
-                if not (whole and avail and avail <= updates.keys()):
-                    need_old.append(shard_key)
-            old: dict[str, bytes | None] = {}
-            if need_old:
-                old = dict(zip(need_old, self.underlying.get_partial_values([(k, ByteRange(0)) for k in need_old])))
-            new_shards: dict[str, bytes] = {}
-            emptied: list[str] = []
-            for shard_key, updates in by_shard.items():
-                blob = old.get(shard_key)
-                chunks: dict[Local, BytesLike] = {}
-                if blob is not None:
-                    chunks.update(self.layout.chunks_of_shard(blob, shard_key))
-                for local, op in updates.items():
-                    if op[0] == "set":
-                        chunks[local] = op[1]
-                    elif op[0] == "patch":
-                        chunks[local] = apply_partial_writes(op[1], chunks.get(local), op[2])
-                    else:
-                        chunks.pop(local, None)
-                if chunks:
-                    new_shards[shard_key] = self.layout.encode_shard(chunks)
-                elif blob is not None:
-                    emptied.append(shard_key)
-            if new_shards:
-                self.underlying.set_values(new_shards)
-            if emptied:
-                self.underlying.erase_values(emptied)
+            self.io.write_shards(by_shard)
 
     def erase_values(self, keys: Iterable[str]) -> None:
         """Erase chunks; whole shards go with one ``erase_values``, others get an in-place index.
@@ -444,137 +410,19 @@ class ShardingStorageTransformer(AbstractStore):
         InvalidKeyError
             For a key under the array's data prefix that is not a chunk key.
         """
-        relayed: list[str] = []
-        by_shard: dict[str, set[Local]] = {}
-        for key in keys:
-            loc = self.keys.locate(key)
-            if loc is None:
-                relayed.append(key)
-            else:
-                by_shard.setdefault(loc[0], set()).add(loc[1])
+        relayed, by_shard = self._group(keys, lambda key: None)
         if relayed:
             self.underlying.erase_values(relayed)
-        if not by_shard:
-            return
-        with ExitStack() as stack:
-            for shard_key in sorted(by_shard):
-                stack.enter_context(self._shard_lock(shard_key))
-            whole, partial = [], []
-            for shard_key, locals_ in by_shard.items():
-                avail = self.keys.available(self.keys.shard_coords_of(shard_key))  # type: ignore[arg-type]
-                (whole if avail and avail <= locals_ else partial).append(shard_key)
-            indexes = self._read_indexes(partial)
-            writes: list[KeyStartValue] = []
-            for shard_key, index in indexes.items():
-                before = index.count_present()
-                for local in by_shard[shard_key]:
-                    index.clear(local)
-                if index.is_empty():
-                    whole.append(shard_key)
-                elif index.count_present() != before:
-                    writes.append((shard_key, -self.layout.index_nbytes, self.layout.encode_index(index)))
-            if whole:
-                self.underlying.erase_values(whole)
-            if writes:
-                self.underlying.set_partial_values(writes)
+        if by_shard:
+            self.io.erase_chunks({sk: (arr, coords, list(updates)) for sk, (arr, coords, updates) in by_shard.items()})
 
-    # -- prefixes -----------------------------------------------------------------------
+    def compact(self) -> int:
+        """Rewrite the array's stored shards that hold unused bytes (after erases or appends).
 
-    def list_prefix(self, prefix: str) -> list[str]:
-        """Stored keys starting with ``prefix``; shards are listed as their stored chunks.
-
-        One ``list_prefix`` on the underlying store (with the prefix translated
-        to shard coords where it names chunk coords), then one
-        ``get_partial_values`` of indexes per 4096 listed shards.
+        Returns
+        -------
+        int
+            Bytes reclaimed in the underlying store.
         """
-        prefix = normalize_prefix(prefix)
-        split = self.keys.split_prefix(prefix)
-        if split is not None and not split[1]:
-            listed = self.underlying.list_prefix(prefix)  # no chunk key can match
-            return [k for k in listed if self.keys.shard_coords_of(k) is None]
-        translated = prefix if split is None else self.keys.shard_prefix(split[0])
-        plain, shards = [], []
-        for key in self.underlying.list_prefix(translated):
-            if self.keys.shard_coords_of(key) is not None:
-                shards.append(key)
-            elif key.startswith(prefix):
-                plain.append(key)
-        return plain + self._unshard(shards, prefix)
-
-    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
-        """Keys and prefixes directly below ``prefix``, as seen above the transformer.
-
-        Retrieved shard keys are replaced by the keys of their stored chunks
-        (their indexes are read); retrieved prefixes of partial shard keys are
-        replaced by the prefixes of every chunk the shard can hold, without
-        checking that any is stored (draft note: listed prefixes may be empty).
-        """
-        prefix = normalize_prefix(prefix)
-        if not prefix.startswith(self.key_prefix):
-            return self.underlying.list_dir(prefix)
-        directory = prefix[: prefix.rfind("/") + 1]
-        split = self.keys.split_prefix(directory)
-        if split is not None and not split[1]:
-            keys, prefixes = self.underlying.list_dir(prefix)
-            return [k for k in keys if self.keys.shard_coords_of(k) is None], prefixes
-        dir_coords = [] if split is None else split[0]
-        translated = directory if split is None else self.keys.shard_prefix(dir_coords)
-        keys, prefixes = self.underlying.list_dir(translated)
-        out_keys, shards = [], []
-        for key in keys:
-            if self.keys.shard_coords_of(key) is not None:
-                shards.append(key)
-            elif key.startswith(prefix):
-                out_keys.append(key)
-        out_keys.extend(self._unshard(shards, prefix))
-        out_prefixes: set[str] = set()
-        for p in prefixes:
-            expanded = self.keys.expand_shard_prefix(p, dir_coords)
-            if expanded is None:
-                if p.startswith(prefix):
-                    out_prefixes.add(p)
-                continue
-            out_prefixes.update(e for e in expanded if e.startswith(prefix))
-        return sorted(out_keys), sorted(out_prefixes)
-
-    def erase_prefix(self, prefix: str) -> None:
-        """Erase every key starting with ``prefix``.
-
-        A prefix that does not reach into the chunk-grid part of the keys is
-        relayed (it covers whole shards). Otherwise the shards that can hold
-        matching chunks are listed and their indexes read: shards all of whose
-        available chunks match are erased with one ``erase_values`` on the
-        underlying store, the matching chunks of the others with
-        :meth:`erase_values` on this transformer.
-        """
-        prefix = normalize_prefix(prefix)
-        split = self.keys.split_prefix(prefix)
-        if split is None:
-            self.underlying.erase_prefix(prefix)
-            return
-        if not split[1]:
-            listed = self.underlying.list_prefix(prefix)
-            self.underlying.erase_values([k for k in listed if self.keys.shard_coords_of(k) is None])
-            return
-        plain, whole, partial_keys = [], [], []
-        shards = []
-        for key in self.underlying.list_prefix(self.keys.shard_prefix(split[0])):
-            if self.keys.shard_coords_of(key) is not None:
-                shards.append(key)
-            elif key.startswith(prefix):
-                plain.append(key)
-        for shard_key in shards:
-            coords = self.keys.shard_coords_of(shard_key)
-            avail = self.keys.available(coords)  # type: ignore[arg-type]
-            if avail and all(
-                self.keys.chunk_key(self.keys.chunk_coords(coords, local)).startswith(prefix)  # type: ignore[arg-type]
-                for local in avail
-            ):
-                whole.append(shard_key)
-            else:
-                partial_keys.append(shard_key)
-        matching = self._unshard(partial_keys, prefix)
-        if plain or whole:
-            self.underlying.erase_values(plain + whole)
-        if matching:
-            self.erase_values(matching)
+        shards = [k for k in self.underlying.list_prefix(self.key_prefix) if self._is_shard(k)]
+        return self.io.compact_shards(self.array, shards)

@@ -16,6 +16,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from shardkv.engine.merge import covers_shard
 from shardkv.keys.space import ShardedArray
 
 __all__ = ["WriteBuffer", "PendingShard"]
@@ -32,8 +33,7 @@ class PendingShard:
 
     def is_complete(self) -> bool:
         """True when every in-grid chunk of the shard is buffered with bytes (a write needs no read)."""
-        n = self.array.n_chunks_in_shard(self.shard_coords)
-        return n > 0 and len(self.updates) == n and all(v is not None for v in self.updates.values())
+        return covers_shard(self.array, self.shard_coords, self.updates)
 
 
 class WriteBuffer:

@@ -33,6 +33,7 @@ __all__ = [
     "grid_shape",
     "chunk_to_shard",
     "shard_to_chunks",
+    "shard_to_chunk",
     "validate_key",
     "join_path",
 ]
@@ -214,7 +215,14 @@ def shard_to_chunks(
         stop = n if chunk_grid_shape is None else max(0, min(n, chunk_grid_shape[d] - s * n))
         ranges.append(range(stop))
     for local in itertools.product(*ranges):
-        yield tuple(s * n + l for s, n, l in zip(shard_coords, chunks_per_shard, local)), local
+        yield shard_to_chunk(shard_coords, chunks_per_shard, local), local
+
+
+def shard_to_chunk(
+    shard_coords: Sequence[int], chunks_per_shard: Sequence[int], local_coords: Sequence[int]
+) -> tuple[int, ...]:
+    """Chunk coords of the inner chunk at ``local_coords`` of a shard (the inverse of :func:`chunk_to_shard`)."""
+    return tuple(s * n + l for s, n, l in zip(shard_coords, chunks_per_shard, local_coords))
 
 
 # -- key hygiene ---------------------------------------------------------

@@ -54,7 +54,6 @@ _CHUNKISH = re.compile(r"c|c?[0-9.+-]+")  # "c" alone: v3 default shard keys c/1
 _META_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"})
 _NOT_ARRAY = "not an array"
 _UNSHARDED = "unsharded array"
-_BATCH = 4096  # shards whose indexes are read in one request batch while listing
 
 
 def _parent(key: str) -> tuple[str, str]:
@@ -653,18 +652,7 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
     # -- listing ----------------------------------------------------------------
 
     def _chunk_keys_of_shards(self, shards: Mapping[str, ShardedArray]) -> Iterator[str]:
-        keys = list(shards)
-        for start in range(0, len(keys), _BATCH):
-            batch = {k: shards[k] for k in keys[start : start + _BATCH]}
-            indexes, _ = self._io.read_indexes(batch)
-            for shard_key, index in indexes.items():
-                arr = batch[shard_key]
-                shard_coords = arr.shard_coords_of(shard_key)
-                grid = arr.chunk_grid_shape
-                for local in index.present():
-                    chunk = tuple(s * n + l for s, n, l in zip(shard_coords, arr.chunks_per_shard, local))  # type: ignore[arg-type]
-                    if all(c < g for c, g in zip(chunk, grid)):
-                        yield arr.chunk_key(chunk)
+        return self._io.chunk_keys(shards)  # in-grid chunks; indexes read 4096 shards per request
 
     def _classify(self, keys: Iterable[str]) -> tuple[list[str], dict[str, ShardedArray]]:
         plain: list[str] = []

@@ -1,0 +1,140 @@
+"""Merging chunk updates into a shard: the one rule every path follows. Pure.
+
+An update of one inner chunk is its new encoded bytes, ``None`` (delete), or
+a :class:`ChunkPatch` (byte writes inside the chunk's old bytes: the 2022
+draft's ``set_partial_values`` on a chunk key). A shard is merged as:
+
+1. the stored chunks that lie inside the array's chunk grid (when the grid
+   is known; chunks a shrinking resize, or a writer with a larger shape,
+   left outside it are dropped);
+2. then the updates, in order: set, delete, or patch the old bytes.
+
+A shard whose every available chunk is set whole needs no old bytes
+(:func:`covers_shard`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from shardkv.keys.space import ShardedArray
+
+__all__ = ["ChunkPatch", "apply_partial_writes", "covers_shard", "merge_chunks", "out_of_grid"]
+
+BytesLike = bytes | bytearray | memoryview
+Local = tuple[int, ...]
+
+
+def apply_partial_writes(key: str, old: BytesLike | None, writes: Sequence[tuple[int, BytesLike]]) -> bytes:
+    """Apply ``(start, value)`` writes, in order, to the old value of ``key``.
+
+    Parameters
+    ----------
+    key : str
+        Named in errors.
+    old : bytes-like or None
+        The stored value, or ``None`` when ``key`` is not stored (then the
+        first write must start at byte 0).
+    writes : sequence of (int, bytes-like)
+        ``start`` in bytes from the beginning, or negative from the current end
+        (the value then ends the result).
+
+    Returns
+    -------
+    bytes
+        The new value.
+
+    Raises
+    ------
+    ValueError
+        If a write starts beyond the end of the current value (a gap), or a
+        negative start reaches before its beginning.
+    """
+    buf = bytearray(old) if old is not None else bytearray()
+    for start, value in writes:
+        value = memoryview(value).cast("B")
+        if start < 0:
+            if -start > len(buf):
+                raise ValueError(f"cannot write at start {start} of {key!r}: the value is only {len(buf)} bytes long")
+            buf[len(buf) + start :] = value
+            continue
+        if start > len(buf):
+            raise ValueError(
+                f"cannot write at start {start} of {key!r}: beyond its end at {len(buf)} bytes "
+                "(writes may not leave a gap)"
+            )
+        buf[start : start + len(value)] = value
+    return bytes(buf)
+
+
+@dataclass
+class ChunkPatch:
+    """Byte writes inside one chunk's old bytes (see :func:`apply_partial_writes`).
+
+    Attributes
+    ----------
+    chunk_key : str
+        Named in errors.
+    writes : list of (int, bytes-like)
+        ``(start, bytes)`` in order; ``start`` in bytes, negative from the end.
+    """
+
+    chunk_key: str
+    writes: list[tuple[int, BytesLike]] = field(default_factory=list)
+
+    def apply(self, old: BytesLike | None) -> bytes:
+        return apply_partial_writes(self.chunk_key, old, self.writes)
+
+
+def covers_shard(arr: ShardedArray, shard_coords: Sequence[int], updates: Mapping[Local, Any]) -> bool:
+    """True when ``updates`` sets every available chunk of the shard whole (no old bytes needed)."""
+    n = arr.n_chunks_in_shard(shard_coords)
+    return (
+        n > 0
+        and len(updates) == n
+        and all(v is not None and not isinstance(v, ChunkPatch) for v in updates.values())
+    )
+
+
+def out_of_grid(arr: ShardedArray, shard_coords: Sequence[int], present: Sequence[Local]) -> list[Local]:
+    """The local coords among ``present`` whose chunks lie outside the chunk grid (none if it is unknown)."""
+    if arr.chunk_grid_shape is None:
+        return []
+    return [local for local in present if not arr.in_grid(arr.chunk_coords(shard_coords, local))]
+
+
+def merge_chunks(
+    arr: ShardedArray,
+    shard_coords: Sequence[int],
+    old: Mapping[Local, BytesLike],
+    updates: Mapping[Local, Any],
+) -> dict[Local, BytesLike]:
+    """The chunks of a shard after ``updates`` (see the module docstring for the rule).
+
+    Parameters
+    ----------
+    arr : ShardedArray
+        The array (its grid decides which old chunks are kept).
+    shard_coords : sequence of int
+        The shard's coords.
+    old : mapping of local coords to bytes-like
+        The stored chunks (empty for a shard not stored).
+    updates : mapping of local coords to bytes-like, None or ChunkPatch
+        The changes.
+
+    Raises
+    ------
+    ValueError
+        If a patch would leave a gap in its chunk.
+    """
+    dropped = set(out_of_grid(arr, shard_coords, list(old)))
+    chunks: dict[Local, BytesLike] = {local: v for local, v in old.items() if local not in dropped}
+    for local, value in updates.items():
+        if value is None:
+            chunks.pop(local, None)
+        elif isinstance(value, ChunkPatch):
+            chunks[local] = value.apply(chunks.get(local))
+        else:
+            chunks[local] = value
+    return chunks
