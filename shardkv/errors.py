@@ -22,6 +22,8 @@ __all__ = [
     "CorruptShardError",
     "ChecksumError",
     "UnsupportedError",
+    "LockTimeoutError",
+    "ConcurrentUpdateError",
 ]
 
 
@@ -119,3 +121,46 @@ class ChecksumError(CorruptShardError):
 
 class UnsupportedError(ShardKVError, NotImplementedError):
     """A valid feature that this version of shardkv does not implement (named in the message)."""
+
+
+class LockTimeoutError(ShardKVError, TimeoutError):
+    """A shard lock that was not obtained in time (another writer holds it).
+
+    Attributes
+    ----------
+    what : str
+        The lock: a lock file path, or the stripe and location of an in-process lock.
+    timeout : float
+        How long (seconds) shardkv waited.
+    """
+
+    def __init__(self, what: str, timeout: float) -> None:
+        self.what = what
+        self.timeout = float(timeout)
+        super().__init__(f"could not lock {what} within {self.timeout:g} s (another writer holds it)")
+
+
+class ConcurrentUpdateError(ShardKVError, RuntimeError):
+    """A conditional (compare-and-swap) update that kept losing to other writers.
+
+    Nothing was written by the failed update; the stored value is some other
+    writer's complete one.
+
+    Attributes
+    ----------
+    key : str
+        The key of the value (a shard key) in the base store.
+    attempts : int
+        How many read-merge-write rounds were tried.
+    precondition_failures : int
+        How many of them the store refused because the value had changed.
+    """
+
+    def __init__(self, key: str, attempts: int, precondition_failures: int) -> None:
+        self.key = key
+        self.attempts = int(attempts)
+        self.precondition_failures = int(precondition_failures)
+        super().__init__(
+            f"conditional update of {key!r} failed: {self.precondition_failures} of {self.attempts} attempts "
+            "found the value changed by another writer (raise max_attempts, or write shard-aligned)"
+        )

@@ -1,0 +1,548 @@
+"""Generation-conditional reads and writes (compare-and-swap) over a base store (issue 9).
+
+Object stores cannot hold a lock across processes, but they can refuse a
+write when the stored object changed since it was read. A shard update then
+becomes an optimistic loop: read the shard *and its generation*, merge the
+new chunks into it, write it back *only if the generation is unchanged*, and
+start over when the store says it changed (:func:`update_with_retry`).
+
+A *generation* is an opaque token that changes whenever the stored value
+changes; ``None`` stands for "not stored". :class:`ConditionalStore` is the
+interface; implementations:
+
+* :class:`S3Conditional` — S3 and S3-protocol servers through s3fs: the
+  generation is the ETag returned by the same ``GetObject`` that reads the
+  bytes; writes send ``If-Match: <etag>`` (or ``If-None-Match: *`` for "must
+  not exist yet"); a ``412 Precondition Failed`` (or ``409
+  ConditionalRequestConflict``, S3's answer to two conditional writes in
+  flight at once) is a lost race, every other error propagates.
+* :class:`InProcessConditional` — fsspec ``memory://`` (one store for the
+  whole process) and plain mappings (``dict``, zarr-python 2 stores):
+  compare-and-swap emulated under a lock striped by key, shared by every
+  user of the same location in the process. The generation is a BLAKE2b
+  digest of the stored bytes, not a counter: a counter would only see
+  writes made through this class, the digest sees every write (a direct
+  ``d[key] = value`` included). Two equal values have one generation; for a
+  merge that is exactly right (what was merged is what is stored). Only
+  writers in this process are covered.
+
+:func:`conditional_store_for` picks the implementation for an adapter (or
+``None``: local and network file systems use lock files instead, see
+:mod:`shardkv.engine.locks`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Hashable, Mapping, MutableMapping, TypeVar
+
+from shardkv.errors import ConcurrentUpdateError, ConfigurationError
+from shardkv.format.ranges import ByteRange
+from shardkv.storage.location import StoreLocation, fs_location, location_of
+
+__all__ = [
+    "Generation",
+    "ConditionalStore",
+    "S3Conditional",
+    "InProcessConditional",
+    "conditional_store_for",
+    "supports_conditional_writes",
+    "is_precondition_failure",
+    "Backoff",
+    "RetryStats",
+    "update_with_retry",
+]
+
+Generation = Hashable
+"""An opaque token that changes whenever a stored value changes; ``None`` = not stored."""
+
+_PRECONDITION_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict"})
+_PRECONDITION_STATUS = frozenset({409, 412})
+_MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+
+
+def _client_errors(exc: BaseException) -> list[Any]:
+    """The botocore ``ClientError``-like errors in ``exc``'s chain (``__cause__`` / ``__context__``)."""
+    found = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(seen) < 32:
+        seen.add(id(current))
+        if isinstance(getattr(current, "response", None), Mapping):
+            found.append(current)
+        current = current.__cause__ or current.__context__
+    return found
+
+
+def _error_code(client_error: Any) -> tuple[str, int | None]:
+    response = client_error.response
+    code = str((response.get("Error") or {}).get("Code", ""))
+    status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+    return code, None if status is None else int(status)
+
+
+def is_precondition_failure(exc: BaseException) -> bool:
+    """True when an S3 error says a conditional write lost a race (412, or 409 ConditionalRequestConflict).
+
+    Looks at the botocore error in the exception chain (s3fs re-raises it as
+    ``OSError`` / ``FileExistsError``), never at message text.
+    """
+    for error in _client_errors(exc):
+        code, status = _error_code(error)
+        if code in _PRECONDITION_CODES or (status in _PRECONDITION_STATUS and code in ("", "412", "409")):
+            return True
+    return False
+
+
+def _is_missing(exc: BaseException) -> bool:
+    if isinstance(exc, FileNotFoundError):
+        return True
+    return any(_error_code(e)[0] in _MISSING_CODES for e in _client_errors(exc))
+
+
+class ConditionalStore(ABC):
+    """Reads that return a generation, and writes that happen only if the generation still holds.
+
+    Keys are those of the adapter the store was made for (relative to its root).
+    """
+
+    location: StoreLocation | None = None
+
+    @abstractmethod
+    def read_with_generation(self, key: str, byte_range: ByteRange | None = None) -> tuple[bytes | None, Generation]:
+        """The value (or a byte range of it) and its generation; ``(None, None)`` when not stored.
+
+        The bytes and the generation come from one consistent read: the bytes
+        are those of that generation.
+
+        Raises
+        ------
+        OSError
+            Errors of the store other than "not found" (permissions, network).
+        """
+
+    @abstractmethod
+    def swap(self, key: str, value: bytes, expected: Generation) -> tuple[bool, Generation]:
+        """Store ``value`` only if the stored generation is ``expected`` (``None``: only if not stored).
+
+        Returns ``(True, new generation)``, or ``(False, None)`` when the
+        stored value changed (a precondition failure; nothing was written).
+
+        Raises
+        ------
+        OSError
+            Errors of the store other than a precondition failure.
+        """
+
+    def write_if_generation(self, key: str, value: bytes, expected: Generation) -> bool:
+        """:meth:`swap` without the new generation: False on a precondition failure."""
+        return self.swap(key, value, expected)[0]
+
+    @abstractmethod
+    def delete_if_generation(self, key: str, expected: Generation) -> bool:
+        """Delete the value only if its generation is ``expected``; False when it changed.
+
+        True as well when the value is already gone and ``expected`` is ``None``.
+        """
+
+
+# -- in-process emulation --------------------------------------------------------
+
+_STRIPES = 256
+_POOLS: dict[tuple[Any, ...], list[threading.Lock]] = {}
+_POOLS_GUARD = threading.Lock()
+
+
+def _pool(namespace: tuple[Any, ...]) -> list[threading.Lock]:
+    with _POOLS_GUARD:
+        pool = _POOLS.get(namespace)
+        if pool is None:
+            pool = _POOLS[namespace] = [threading.Lock() for _ in range(_STRIPES)]
+        return pool
+
+
+def _reset_pools_after_fork() -> None:
+    global _POOLS_GUARD
+    _POOLS_GUARD = threading.Lock()
+    _POOLS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_pools_after_fork)
+
+
+def _digest(value: bytes | memoryview) -> bytes:
+    return hashlib.blake2b(value, digest_size=16).digest()
+
+
+def _cut(value: bytes, byte_range: ByteRange | None) -> bytes:
+    if byte_range is None:
+        return bytes(value)
+    view = memoryview(value)
+    if byte_range.is_suffix:
+        return bytes(view[max(0, len(view) + byte_range.start) :])
+    return bytes(view[byte_range.start : byte_range.stop])
+
+
+class InProcessConditional(ConditionalStore):
+    """Compare-and-swap emulated in this process for ``memory://`` and plain mappings.
+
+    Parameters
+    ----------
+    get : callable
+        ``get(key) -> bytes``; raises ``KeyError`` / ``FileNotFoundError`` when not stored.
+    put : callable
+        ``put(key, value)``.
+    delete : callable
+        ``delete(key)``; may raise ``KeyError`` / ``FileNotFoundError`` when not stored.
+    location : StoreLocation
+        The data's location: the lock stripe of a key is chosen by its full path in the namespace.
+    """
+
+    def __init__(
+        self,
+        get: Callable[[str], bytes],
+        put: Callable[[str, bytes], None],
+        delete: Callable[[str], None],
+        location: StoreLocation,
+    ) -> None:
+        self._get = get
+        self._put = put
+        self._delete = delete
+        self.location = location
+
+    @classmethod
+    def for_mapping(cls, mapping: MutableMapping[str, Any], location: StoreLocation | None = None) -> InProcessConditional:
+        """The emulation over a mapping (location: that mapping object)."""
+
+        def delete(key: str) -> None:
+            del mapping[key]
+
+        return cls(mapping.__getitem__, mapping.__setitem__, delete, location or StoreLocation(("mapping", id(mapping)), ""))
+
+    @classmethod
+    def for_fs(cls, fs: Any, root: str, location: StoreLocation) -> InProcessConditional:
+        """The emulation over an fsspec filesystem held in this process (``memory://``)."""
+        root = root.rstrip("/")
+
+        def path(key: str) -> str:
+            return f"{root}/{key}" if root else key
+
+        return cls(
+            lambda k: fs.cat_file(path(k)),
+            lambda k, v: fs.pipe_file(path(k), v),
+            lambda k: fs.rm_file(path(k)),
+            location,
+        )
+
+    def _lock(self, key: str) -> threading.Lock:
+        location = self.location
+        return _pool(location.namespace)[hash(location.full_path(key)) % _STRIPES]
+
+    def _current(self, key: str) -> bytes | None:
+        try:
+            return self._get(key)
+        except (KeyError, FileNotFoundError):
+            return None
+
+    def read_with_generation(self, key: str, byte_range: ByteRange | None = None) -> tuple[bytes | None, Generation]:
+        with self._lock(key):
+            value = self._current(key)
+        if value is None:
+            return None, None
+        return _cut(value, byte_range), _digest(value)
+
+    def swap(self, key: str, value: bytes, expected: Generation) -> tuple[bool, Generation]:
+        with self._lock(key):
+            current = self._current(key)
+            if (None if current is None else _digest(current)) != expected:
+                return False, None
+            self._put(key, value)
+        return True, _digest(value)
+
+    def delete_if_generation(self, key: str, expected: Generation) -> bool:
+        with self._lock(key):
+            current = self._current(key)
+            if (None if current is None else _digest(current)) != expected:
+                return False
+            if current is not None:
+                try:
+                    self._delete(key)
+                except (KeyError, FileNotFoundError):
+                    pass  # gone meanwhile: a writer outside this class; the goal (not stored) holds
+        return True
+
+
+# -- S3 ---------------------------------------------------------------------------
+
+
+class S3Conditional(ConditionalStore):
+    """Conditional reads and writes on S3 (or an S3-protocol server) through s3fs.
+
+    Parameters
+    ----------
+    fs : s3fs.S3FileSystem
+        The filesystem (its client, credentials and endpoint are used).
+    root : str
+        ``bucket/prefix`` of the store, without protocol or trailing ``/``.
+
+    Notes
+    -----
+    One request per call: ``GetObject`` (with a ``Range`` header for a byte
+    range) returns the bytes and the ETag together, ``PutObject`` with
+    ``IfMatch`` / ``IfNoneMatch`` returns the new ETag. Whole-object writes
+    only (no multipart upload): S3 allows up to 5 GiB per ``PutObject``.
+    """
+
+    def __init__(self, fs: Any, root: str) -> None:
+        from fsspec.asyn import sync  # fsspec is a core dependency; s3fs is not
+
+        self.fs = fs
+        self.root = fs._strip_protocol(root).rstrip("/")
+        self._sync = sync
+        self.location = fs_location(fs, self.root)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.fs, self.root))
+
+    def _bucket_key(self, key: str) -> tuple[str, str]:
+        path = f"{self.root}/{key}" if self.root else key
+        bucket, _, object_key = path.partition("/")
+        return bucket, object_key
+
+    def _call(self, method: str, **kwargs: Any) -> Any:
+        return self._sync(self.fs.loop, self.fs._call_s3, method, **kwargs)
+
+    def read_with_generation(self, key: str, byte_range: ByteRange | None = None) -> tuple[bytes | None, Generation]:
+        bucket, object_key = self._bucket_key(key)
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": object_key}
+        if byte_range is not None:
+            if byte_range.is_suffix:
+                kwargs["Range"] = f"bytes={byte_range.start}"  # start is negative: "bytes=-N"
+            elif byte_range.stop is None:
+                kwargs["Range"] = f"bytes={byte_range.start}-"
+            elif byte_range.stop == byte_range.start:
+                generation = self._head_generation(bucket, object_key)
+                return (None, None) if generation is None else (b"", generation)
+            else:
+                kwargs["Range"] = f"bytes={byte_range.start}-{byte_range.stop - 1}"  # HTTP ranges are inclusive
+        try:
+            response = self._call("get_object", **kwargs)
+        except Exception as exc:  # sorted: "not stored" becomes (None, None), anything else propagates
+            if _is_missing(exc):
+                return None, None
+            if byte_range is not None and any(_error_code(e)[1] == 416 for e in _client_errors(exc)):
+                # a range past the end of the object: nothing of it, but the object exists
+                return b"", self._head_generation(bucket, object_key)
+            raise
+        body = response["Body"]
+
+        async def _read() -> bytes:
+            async with body:
+                return await body.read()
+
+        data = self._sync(self.fs.loop, _read)
+        return data, response["ETag"]
+
+    def _head_generation(self, bucket: str, object_key: str) -> Generation:
+        try:
+            return self._call("head_object", Bucket=bucket, Key=object_key)["ETag"]
+        except Exception as exc:
+            if _is_missing(exc):
+                return None
+            raise
+
+    def swap(self, key: str, value: bytes, expected: Generation) -> tuple[bool, Generation]:
+        bucket, object_key = self._bucket_key(key)
+        condition = {"IfNoneMatch": "*"} if expected is None else {"IfMatch": str(expected)}
+        try:
+            response = self._call("put_object", Bucket=bucket, Key=object_key, Body=bytes(value), **condition)
+        except Exception as exc:  # a lost race is an answer (False); anything else propagates
+            if is_precondition_failure(exc):
+                return False, None
+            raise
+        finally:
+            self.fs.invalidate_cache(f"{bucket}/{object_key}")
+        return True, response["ETag"]
+
+    def delete_if_generation(self, key: str, expected: Generation) -> bool:
+        bucket, object_key = self._bucket_key(key)
+        if expected is None:
+            return self._head_generation(bucket, object_key) is None
+        try:
+            self._call("delete_object", Bucket=bucket, Key=object_key, IfMatch=str(expected))
+        except Exception as exc:
+            if is_precondition_failure(exc):
+                return False
+            if _is_missing(exc):
+                return False  # deleted by another writer: its generation was not ours
+            raise
+        finally:
+            self.fs.invalidate_cache(f"{bucket}/{object_key}")
+        return True
+
+
+# -- choosing an implementation ------------------------------------------------------
+
+
+def conditional_store_for(adapter: Any) -> ConditionalStore | None:
+    """The :class:`ConditionalStore` for a store adapter, or ``None`` when the store offers none.
+
+    s3fs filesystems get :class:`S3Conditional`; fsspec ``memory://`` and plain
+    mappings get :class:`InProcessConditional`. Local and network file systems
+    get ``None`` (they use lock files, :class:`shardkv.engine.locks.ShardLocks`),
+    and so does every other store.
+    """
+    inner = adapter
+    for _ in range(16):
+        nested = getattr(inner, "__dict__", {}).get("inner")
+        if nested is None:
+            break
+        inner = nested
+    state = getattr(inner, "__dict__", {})
+    location = location_of(inner)
+    if "mapping" in state and location is not None:
+        return InProcessConditional.for_mapping(state["mapping"], location)
+    fs, root = state.get("fs"), state.get("root")
+    if fs is None or not isinstance(root, str) or location is None:
+        return None
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    if "memory" in protocols:
+        return InProcessConditional.for_fs(fs, root, location)
+    if ("s3" in protocols or "s3a" in protocols) and hasattr(fs, "_call_s3"):
+        return S3Conditional(fs, root)
+    return None
+
+
+def supports_conditional_writes(adapter: Any) -> bool:
+    """True when :func:`conditional_store_for` gives a conditional store for ``adapter``."""
+    return conditional_store_for(adapter) is not None
+
+
+# -- the optimistic update loop -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Waits between attempts: ``initial * factor**n`` seconds, at most ``maximum``, with full jitter.
+
+    Parameters
+    ----------
+    initial : float
+        First wait (seconds).
+    factor : float
+        Growth per attempt (≥ 1).
+    maximum : float
+        Longest single wait (seconds).
+    jitter : bool
+        Wait a uniformly random part of the delay (spreads writers that collided).
+
+    Raises
+    ------
+    ConfigurationError
+        For negative times or a factor below 1.
+    """
+
+    initial: float = 0.005
+    factor: float = 2.0
+    maximum: float = 0.5
+    jitter: bool = True
+
+    def __post_init__(self) -> None:
+        if self.initial < 0 or self.maximum < 0 or self.factor < 1:
+            raise ConfigurationError(
+                f"backoff needs initial >= 0, maximum >= 0 (seconds) and factor >= 1, got {self!r}"
+            )
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (1 for the first)."""
+        base = min(self.maximum, self.initial * self.factor ** max(0, attempt - 1))
+        return (rng or random).uniform(0.0, base) if self.jitter else base
+
+
+T = TypeVar("T")
+V = TypeVar("V")
+
+
+@dataclass
+class RetryStats(Generic[V]):
+    """What :func:`update_with_retry` did: attempts, precondition failures and the value written."""
+
+    attempts: int = 0
+    precondition_failures: int = 0
+    value: Any = None
+    generation: Generation = None
+    waited: float = field(default=0.0)
+
+
+def update_with_retry(
+    read_fn: Callable[[], tuple[T, Generation]],
+    merge_fn: Callable[[T], V],
+    write_fn: Callable[[V, Generation], bool | tuple[bool, Generation]],
+    *,
+    max_attempts: int = 16,
+    backoff: Backoff = Backoff(),
+    key: str = "",
+    sleep: Callable[[float], None] = time.sleep,
+) -> RetryStats[V]:
+    """Read, merge, conditionally write; on a precondition failure wait and start over (bounded).
+
+    Parameters
+    ----------
+    read_fn : callable
+        ``read_fn() -> (current, generation)``; ``generation`` is ``None`` when
+        nothing is stored.
+    merge_fn : callable
+        ``merge_fn(current) -> new``: the value to write, computed from what was
+        read (called again after every lost race, so it must be pure).
+    write_fn : callable
+        ``write_fn(new, generation) -> bool`` (or ``(bool, new generation)``,
+        as :meth:`ConditionalStore.swap` returns): False when the store refused
+        because the generation changed.
+    max_attempts : int
+        Read-merge-write rounds at most (≥ 1).
+    backoff : Backoff
+        Waits between rounds.
+    key : str
+        Named in the error when every attempt failed.
+    sleep : callable
+        ``sleep(seconds)``; tests may pass a recorder.
+
+    Returns
+    -------
+    RetryStats
+        ``attempts`` (rounds run), ``precondition_failures``, the ``value``
+        written and its ``generation`` (where ``write_fn`` gives it).
+
+    Raises
+    ------
+    ConcurrentUpdateError
+        When all ``max_attempts`` rounds lost their race (nothing was written).
+    ConfigurationError
+        For ``max_attempts`` below 1.
+    """
+    if max_attempts < 1:
+        raise ConfigurationError(f"max_attempts must be >= 1, got {max_attempts}")
+    stats: RetryStats[V] = RetryStats()
+    for attempt in range(1, max_attempts + 1):
+        stats.attempts = attempt
+        current, generation = read_fn()
+        new = merge_fn(current)
+        outcome = write_fn(new, generation)
+        ok, new_generation = outcome if isinstance(outcome, tuple) else (bool(outcome), None)
+        if ok:
+            stats.value = new
+            stats.generation = new_generation
+            return stats
+        stats.precondition_failures += 1
+        if attempt < max_attempts:
+            wait = backoff.delay(attempt)
+            stats.waited += wait
+            sleep(wait)
+    raise ConcurrentUpdateError(key, stats.attempts, stats.precondition_failures)
