@@ -13,6 +13,8 @@ are never turned into ``KeyError``; they propagate unchanged.
 
 from __future__ import annotations
 
+import pickle
+
 __all__ = [
     "ShardKVError",
     "InvalidKeyError",
@@ -24,6 +26,7 @@ __all__ = [
     "UnsupportedError",
     "LockTimeoutError",
     "ConcurrentUpdateError",
+    "UnflushedWritesError",
 ]
 
 
@@ -163,4 +166,27 @@ class ConcurrentUpdateError(ShardKVError, RuntimeError):
         super().__init__(
             f"conditional update of {key!r} failed: {self.precondition_failures} of {self.attempts} attempts "
             "found the value changed by another writer (raise max_attempts, or write shard-aligned)"
+        )
+
+
+class UnflushedWritesError(ShardKVError, pickle.PicklingError):
+    """A store asked to pickle itself while it holds buffered (write-back) writes.
+
+    Pickling never flushes as a side effect and never drops data: call
+    ``flush()`` first.
+
+    Attributes
+    ----------
+    n_shards : int
+        Shards with buffered writes.
+    nbytes : int
+        Bytes of buffered chunk data.
+    """
+
+    def __init__(self, n_shards: int, nbytes: int) -> None:
+        self.n_shards = int(n_shards)
+        self.nbytes = int(nbytes)
+        super().__init__(
+            f"cannot pickle a store with unflushed writes ({self.n_shards} shards, {self.nbytes} bytes): "
+            "call flush() first"
         )
