@@ -49,10 +49,10 @@ def _join_all(procs: list[Any], timeout: float) -> None:
 
 
 def _counter_worker(root: str, n_increments: int, barrier: Any) -> None:
+    import fsspec
+
     from shardkv.engine.locks import ShardLocks
     from shardkv.storage.adapters import FSMapAdapter
-
-    import fsspec
 
     locks = ShardLocks.for_adapter(FSMapAdapter(fsspec.filesystem("file"), root), timeout=30.0)
     path = os.path.join(root, "counter")
@@ -73,7 +73,10 @@ def run_counter_processes(root: str, n_procs: int, n_increments: int, timeout: f
     with open(os.path.join(root, "counter"), "wb") as f:
         f.write(b"0")
     barrier = SPAWN.Barrier(n_procs)
-    procs = [SPAWN.Process(target=_counter_worker, args=(root, n_increments, barrier), name=f"counter-{i}") for i in range(n_procs)]
+    procs = [
+        SPAWN.Process(target=_counter_worker, args=(root, n_increments, barrier), name=f"counter-{i}")
+        for i in range(n_procs)
+    ]
     for p in procs:
         p.start()
     _join_all(procs, timeout)
@@ -97,7 +100,9 @@ def _chunk_value(chunk_index: int, chunk_len: int) -> np.ndarray:
     return np.full(chunk_len, chunk_index + 1, dtype="i4")
 
 
-def _writer(path: str, worker: int, n_workers: int, n_chunks: int, chunk_len: int, options: dict, barrier: Any, errors: Any) -> None:
+def _writer(
+    path: str, worker: int, n_workers: int, n_chunks: int, chunk_len: int, options: dict, barrier: Any, errors: Any
+) -> None:
     try:
         import zarr
 
@@ -161,7 +166,8 @@ def run_sharded_writers(
     except Exception as exc:  # a torn shard is a finding, not a harness failure
         return LostUpdates(n_chunks, n_chunks, (*child_errors, f"reading back: {exc!r}"))
     lost = sum(
-        not np.array_equal(data[c * chunk_len : (c + 1) * chunk_len], _chunk_value(c, chunk_len)) for c in range(n_chunks)
+        not np.array_equal(data[c * chunk_len : (c + 1) * chunk_len], _chunk_value(c, chunk_len))
+        for c in range(n_chunks)
     )
     return LostUpdates(int(lost), n_chunks, tuple(child_errors))
 
@@ -208,7 +214,11 @@ def moto_s3() -> Iterator[MotoS3]:
         endpoint = f"http://127.0.0.1:{port}"
         bucket = f"shardkv-{uuid.uuid4().hex[:8]}"
         client = boto3.client(
-            "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing", aws_secret_access_key="testing"
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
         )
         client.create_bucket(Bucket=bucket)
         yield MotoS3(endpoint, bucket)

@@ -60,10 +60,15 @@ def test_compare_and_swap_contract(cond: ConditionalStore) -> None:
     assert cond.read_with_generation("a/0.0", ByteRange.suffix(5)) == (b"world", g1)
     assert cond.read_with_generation("a/0.0", ByteRange(2, 5)) == (b"llo", g1)
     assert cond.read_with_generation("a/0.0", ByteRange(6)) == (b"world", g1)
+    # reads pinned to a generation (index read first, chunk bytes after)
+    assert cond.read_if_generation("a/0.0", ByteRange(0, 5), g1) == (True, b"hello")
+    assert cond.read_if_generation("a/0.0", ByteRange(0, 5), "stale-generation") == (False, None)
+    assert cond.read_if_generation("nothing", None, g1) == (False, None)
     assert cond.write_if_generation("a/0.0", b"new", "stale-generation") is False
     assert cond.read_with_generation("a/0.0")[0] == b"hello world"  # a refused write writes nothing
     ok, g2 = cond.swap("a/0.0", b"new", g1)
     assert ok and g2 != g1 and cond.read_with_generation("a/0.0") == (b"new", g2)
+    assert cond.read_if_generation("a/0.0", ByteRange(0, 5), g1) == (False, None)  # an index of g1 is stale now
     assert cond.delete_if_generation("a/0.0", g1) is False
     assert cond.read_with_generation("a/0.0")[0] == b"new"
     assert cond.delete_if_generation("a/0.0", g2) is True

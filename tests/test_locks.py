@@ -169,3 +169,33 @@ def test_forked_child_does_not_inherit_a_held_lock(tmp_path) -> None:
         child.join(20)
     assert child.exitcode == 0
     assert queue.get(timeout=5) == "ok"
+
+
+# -- the concurrency= option (shardkv.engine.concurrency) ------------------------------------
+
+
+class _PlainFS(fsspec.AbstractFileSystem):
+    """An fsspec filesystem with neither a local directory nor conditional writes."""
+
+    protocol = "plainfs"
+    cachable = False
+
+
+def test_auto_concurrency_picks_files_conditional_or_refuses(tmp_path) -> None:
+    from shardkv.engine.concurrency import plan_concurrency
+
+    local = plan_concurrency(_local(str(tmp_path)))
+    assert local.mode == "files" and local.locks.cross_process and local.conditional is None
+    mapping = plan_concurrency(MappingAdapter({}))
+    assert mapping.mode == "conditional" and not mapping.locks.cross_process and mapping.conditional is not None
+    assert plan_concurrency(adapt("memory://plan"), "auto").mode == "conditional"
+    # a store with neither (stands for gcs/abfs/http here): never a silent choice
+    other = FSMapAdapter(_PlainFS(), "bucket/x")
+    with pytest.raises(ConfigurationError, match="neither lock files nor conditional writes"):
+        plan_concurrency(other)
+    assert plan_concurrency(other, "process").mode == "process"
+    assert plan_concurrency(other, "none").locks is None
+    with pytest.raises(ConfigurationError, match="needs a store in a directory"):
+        plan_concurrency(other, "files")
+    with pytest.raises(ConfigurationError, match="concurrency must be one of"):
+        plan_concurrency(MappingAdapter({}), "sometimes")

@@ -8,10 +8,11 @@ one location shares it, however many stores, adapters or threads there are.
 
 Two layers, taken in this order:
 
-1. **In the process**: a process-wide registry keeps, per location
-   namespace, a fixed pool of ``threading.Lock`` *stripes*; a shard uses the
-   stripe chosen by a stable hash of its full path. The pool is bounded
-   (``thread_stripes`` locks per namespace, whatever the number of shards).
+1. **In the process**: a process-wide registry keeps one fixed pool of
+   ``threading.Lock`` *stripes* (per stripe count, so normally one pool of
+   1024 locks for the whole process); a shard uses the stripe chosen by a
+   stable hash of its location namespace and full path. The registry is
+   bounded whatever the number of stores, locations or shards.
 2. **Across processes** (local and network file systems, the default where the
    location has a ``local_dir``): one ``filelock.FileLock`` per *file stripe*,
    lock files ``<root>/.shardkv-locks/<stripe>.lock`` (``file_stripes`` files at
@@ -82,7 +83,7 @@ class _Registry:
     def __init__(self) -> None:
         self._guard = threading.Lock()
         self._pid = os.getpid()
-        self._thread_pools: dict[tuple[Any, ...], list[threading.Lock]] = {}
+        self._thread_pools: dict[int, list[threading.Lock]] = {}
         self._file_locks: dict[tuple[str, int], tuple[threading.Lock, filelock.BaseFileLock]] = {}
         self._inherited: list[Any] = []
 
@@ -98,13 +99,12 @@ class _Registry:
         if self._pid != os.getpid():  # forked without the at-fork hook (should not happen)
             self.reset_after_fork()
 
-    def thread_pool(self, namespace: tuple[Any, ...], n_stripes: int) -> list[threading.Lock]:
+    def thread_pool(self, n_stripes: int) -> list[threading.Lock]:
         self._check_pid()
-        key = (namespace, n_stripes)
         with self._guard:
-            pool = self._thread_pools.get(key)
+            pool = self._thread_pools.get(n_stripes)
             if pool is None:
-                pool = self._thread_pools[key] = [threading.Lock() for _ in range(n_stripes)]
+                pool = self._thread_pools[n_stripes] = [threading.Lock() for _ in range(n_stripes)]
             return pool
 
     def file_lock(self, lock_dir: str, stripe: int) -> tuple[threading.Lock, filelock.BaseFileLock]:
@@ -175,6 +175,8 @@ class ShardLocks:
             )
         if timeout is not None and timeout < 0:
             raise ConfigurationError(f"lock timeout must be >= 0 seconds or None, got {timeout}")
+        if lock_root is not None:
+            lock_root = os.path.realpath(lock_root)  # one spelling: one FileLock object per file and process
         root_dir = lock_root if lock_root is not None else (location.local_dir if location is not None else None)
         if cross_process is None:
             cross_process = root_dir is not None
@@ -190,8 +192,7 @@ class ShardLocks:
         self.lock_root = lock_root
         self.timeout = timeout
         self.lock_dir = os.path.join(os.path.abspath(root_dir), LOCK_DIR) if self.cross_process else None  # type: ignore[arg-type]
-        namespace = location.namespace if location is not None else ("object", id(self))
-        self._pool_namespace = namespace
+        self._prefix = f"{location.namespace!r}\0" if location is not None else ""
         self._private_pool = [threading.Lock() for _ in range(thread_stripes)] if location is None else None
 
     @classmethod
@@ -220,9 +221,11 @@ class ShardLocks:
     # -- stripes --------------------------------------------------------------
 
     def thread_stripes_of(self, shard_keys: Iterable[str]) -> list[int]:
-        """Ascending distinct in-process stripes of the shards (by full path in the namespace)."""
-        full = self.location.full_path if self.location is not None else (lambda k: k)
-        return sorted({stripe_of(full(k), self.thread_stripes) for k in shard_keys})
+        """Ascending distinct in-process stripes of the shards (by namespace and full path)."""
+        location = self.location
+        if location is None:
+            return sorted({stripe_of(k, self.thread_stripes) for k in shard_keys})
+        return sorted({stripe_of(self._prefix + location.full_path(k), self.thread_stripes) for k in shard_keys})
 
     def file_stripes_of(self, shard_keys: Iterable[str]) -> list[int]:
         """Ascending distinct lock-file stripes of the shards (by key relative to the root); [] without files."""
@@ -233,7 +236,7 @@ class ShardLocks:
     def _pool(self) -> list[threading.Lock]:
         if self._private_pool is not None:
             return self._private_pool
-        return _REGISTRY.thread_pool(self._pool_namespace, self.thread_stripes)
+        return _REGISTRY.thread_pool(self.thread_stripes)
 
     # -- holding --------------------------------------------------------------
 

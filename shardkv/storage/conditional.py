@@ -44,7 +44,8 @@ from typing import Any, Callable, Generic, Hashable, Mapping, MutableMapping, Ty
 
 from shardkv.errors import ConcurrentUpdateError, ConfigurationError
 from shardkv.format.ranges import ByteRange
-from shardkv.storage.location import StoreLocation, fs_location, location_of
+from shardkv.storage.adapters import FSMapAdapter, MappingAdapter
+from shardkv.storage.location import StoreLocation, fs_location
 
 __all__ = [
     "Generation",
@@ -145,6 +146,23 @@ class ConditionalStore(ABC):
         return self.swap(key, value, expected)[0]
 
     @abstractmethod
+    def read_if_generation(
+        self, key: str, byte_range: ByteRange | None, expected: Generation
+    ) -> tuple[bool, bytes | None]:
+        """A byte range of the value only if its generation is still ``expected`` (not ``None``).
+
+        Returns ``(True, bytes)``, or ``(False, None)`` when the value changed or
+        is gone: a reader that took offsets from an index of generation
+        ``expected`` reads chunk bytes of that same generation, or learns that
+        it must read the index again (never a mix of an old index and new data).
+
+        Raises
+        ------
+        OSError
+            Errors of the store other than a changed or missing value.
+        """
+
+    @abstractmethod
     def delete_if_generation(self, key: str, expected: Generation) -> bool:
         """Delete the value only if its generation is ``expected``; False when it changed.
 
@@ -155,26 +173,18 @@ class ConditionalStore(ABC):
 # -- in-process emulation --------------------------------------------------------
 
 _STRIPES = 256
-_POOLS: dict[tuple[Any, ...], list[threading.Lock]] = {}
-_POOLS_GUARD = threading.Lock()
+_POOL: list[threading.Lock] = [threading.Lock() for _ in range(_STRIPES)]
+"""Compare-and-swap locks of the emulation: one bounded pool for the process, by (namespace, path)."""
 
 
-def _pool(namespace: tuple[Any, ...]) -> list[threading.Lock]:
-    with _POOLS_GUARD:
-        pool = _POOLS.get(namespace)
-        if pool is None:
-            pool = _POOLS[namespace] = [threading.Lock() for _ in range(_STRIPES)]
-        return pool
-
-
-def _reset_pools_after_fork() -> None:
-    global _POOLS_GUARD
-    _POOLS_GUARD = threading.Lock()
-    _POOLS.clear()
+def _reset_pool_after_fork() -> None:
+    # a lock held by a parent thread at the fork would stay held forever in the child
+    global _POOL
+    _POOL = [threading.Lock() for _ in range(_STRIPES)]
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_pools_after_fork)
+    os.register_at_fork(after_in_child=_reset_pool_after_fork)
 
 
 def _digest(value: bytes | memoryview) -> bytes:
@@ -218,13 +228,17 @@ class InProcessConditional(ConditionalStore):
         self.location = location
 
     @classmethod
-    def for_mapping(cls, mapping: MutableMapping[str, Any], location: StoreLocation | None = None) -> InProcessConditional:
+    def for_mapping(
+        cls, mapping: MutableMapping[str, Any], location: StoreLocation | None = None
+    ) -> InProcessConditional:
         """The emulation over a mapping (location: that mapping object)."""
 
         def delete(key: str) -> None:
             del mapping[key]
 
-        return cls(mapping.__getitem__, mapping.__setitem__, delete, location or StoreLocation(("mapping", id(mapping)), ""))
+        return cls(
+            mapping.__getitem__, mapping.__setitem__, delete, location or StoreLocation(("mapping", id(mapping)), "")
+        )
 
     @classmethod
     def for_fs(cls, fs: Any, root: str, location: StoreLocation) -> InProcessConditional:
@@ -243,7 +257,7 @@ class InProcessConditional(ConditionalStore):
 
     def _lock(self, key: str) -> threading.Lock:
         location = self.location
-        return _pool(location.namespace)[hash(location.full_path(key)) % _STRIPES]
+        return _POOL[hash((location.namespace, location.full_path(key))) % _STRIPES]
 
     def _current(self, key: str) -> bytes | None:
         try:
@@ -257,6 +271,15 @@ class InProcessConditional(ConditionalStore):
         if value is None:
             return None, None
         return _cut(value, byte_range), _digest(value)
+
+    def read_if_generation(
+        self, key: str, byte_range: ByteRange | None, expected: Generation
+    ) -> tuple[bool, bytes | None]:
+        with self._lock(key):
+            current = self._current(key)
+        if current is None or _digest(current) != expected:
+            return False, None
+        return True, _cut(current, byte_range)
 
     def swap(self, key: str, value: bytes, expected: Generation) -> tuple[bool, Generation]:
         with self._lock(key):
@@ -319,27 +342,33 @@ class S3Conditional(ConditionalStore):
     def _call(self, method: str, **kwargs: Any) -> Any:
         return self._sync(self.fs.loop, self.fs._call_s3, method, **kwargs)
 
-    def read_with_generation(self, key: str, byte_range: ByteRange | None = None) -> tuple[bytes | None, Generation]:
+    @staticmethod
+    def _range_header(byte_range: ByteRange | None) -> str | None:
+        """The HTTP ``Range`` header of a byte range (HTTP ranges include their last byte); None: all."""
+        if byte_range is None:
+            return None
+        if byte_range.is_suffix:
+            return f"bytes={byte_range.start}"  # start is negative: "bytes=-N"
+        if byte_range.stop is None:
+            return f"bytes={byte_range.start}-"
+        return f"bytes={byte_range.start}-{byte_range.stop - 1}"
+
+    def _get(self, key: str, byte_range: ByteRange | None, **conditions: Any) -> tuple[bytes, Generation]:
+        """``GetObject``: the bytes and the ETag of one consistent read (errors propagate)."""
         bucket, object_key = self._bucket_key(key)
-        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": object_key}
-        if byte_range is not None:
-            if byte_range.is_suffix:
-                kwargs["Range"] = f"bytes={byte_range.start}"  # start is negative: "bytes=-N"
-            elif byte_range.stop is None:
-                kwargs["Range"] = f"bytes={byte_range.start}-"
-            elif byte_range.stop == byte_range.start:
-                generation = self._head_generation(bucket, object_key)
-                return (None, None) if generation is None else (b"", generation)
-            else:
-                kwargs["Range"] = f"bytes={byte_range.start}-{byte_range.stop - 1}"  # HTTP ranges are inclusive
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": object_key, **conditions}
+        if byte_range is not None and byte_range.stop == byte_range.start:
+            etag = self._call("head_object", **kwargs)["ETag"]  # an empty range: HTTP cannot ask for one
+            return b"", etag
+        header = self._range_header(byte_range)
+        if header is not None:
+            kwargs["Range"] = header
         try:
             response = self._call("get_object", **kwargs)
-        except Exception as exc:  # sorted: "not stored" becomes (None, None), anything else propagates
-            if _is_missing(exc):
-                return None, None
+        except Exception as exc:
             if byte_range is not None and any(_error_code(e)[1] == 416 for e in _client_errors(exc)):
                 # a range past the end of the object: nothing of it, but the object exists
-                return b"", self._head_generation(bucket, object_key)
+                return b"", self._call("head_object", Bucket=bucket, Key=object_key, **conditions)["ETag"]
             raise
         body = response["Body"]
 
@@ -347,8 +376,28 @@ class S3Conditional(ConditionalStore):
             async with body:
                 return await body.read()
 
-        data = self._sync(self.fs.loop, _read)
-        return data, response["ETag"]
+        return self._sync(self.fs.loop, _read), response["ETag"]
+
+    def read_with_generation(self, key: str, byte_range: ByteRange | None = None) -> tuple[bytes | None, Generation]:
+        try:
+            return self._get(key, byte_range)
+        except Exception as exc:  # sorted: "not stored" becomes (None, None), anything else propagates
+            if _is_missing(exc):
+                return None, None
+            raise
+
+    def read_if_generation(
+        self, key: str, byte_range: ByteRange | None, expected: Generation
+    ) -> tuple[bool, bytes | None]:
+        if expected is None:
+            return False, None
+        try:
+            data, _ = self._get(key, byte_range, IfMatch=str(expected))
+        except Exception as exc:  # changed (412) or gone: the caller reads the index again
+            if is_precondition_failure(exc) or _is_missing(exc):
+                return False, None
+            raise
+        return True, data
 
     def _head_generation(self, bucket: str, object_key: str) -> Generation:
         try:
@@ -397,26 +446,25 @@ def conditional_store_for(adapter: Any) -> ConditionalStore | None:
     s3fs filesystems get :class:`S3Conditional`; fsspec ``memory://`` and plain
     mappings get :class:`InProcessConditional`. Local and network file systems
     get ``None`` (they use lock files, :class:`shardkv.engine.locks.ShardLocks`),
-    and so does every other store.
+    and so does every other store. Wrapping adapters (with an ``inner``
+    adapter) are looked through.
     """
-    inner = adapter
-    for _ in range(16):
-        nested = getattr(inner, "__dict__", {}).get("inner")
-        if nested is None:
+    for _ in range(16):  # wrappers nest a few levels at most
+        if isinstance(adapter, (FSMapAdapter, MappingAdapter)):
             break
-        inner = nested
-    state = getattr(inner, "__dict__", {})
-    location = location_of(inner)
-    if "mapping" in state and location is not None:
-        return InProcessConditional.for_mapping(state["mapping"], location)
-    fs, root = state.get("fs"), state.get("root")
-    if fs is None or not isinstance(root, str) or location is None:
+        adapter = getattr(adapter, "inner", None)
+        if adapter is None:
+            return None
+    if isinstance(adapter, MappingAdapter):
+        return InProcessConditional.for_mapping(adapter.mapping, adapter.location)
+    if not isinstance(adapter, FSMapAdapter):
         return None
+    fs = adapter.fs
     protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
     if "memory" in protocols:
-        return InProcessConditional.for_fs(fs, root, location)
+        return InProcessConditional.for_fs(fs, adapter.root, adapter.location)
     if ("s3" in protocols or "s3a" in protocols) and hasattr(fs, "_call_s3"):
-        return S3Conditional(fs, root)
+        return S3Conditional(fs, adapter.root)
     return None
 
 
