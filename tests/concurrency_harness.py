@@ -100,8 +100,30 @@ def _chunk_value(chunk_index: int, chunk_len: int) -> np.ndarray:
     return np.full(chunk_len, chunk_index + 1, dtype="i4")
 
 
+def _hold_shared_locks(store: Any) -> None:
+    """Wrap ``store``'s shard writes in :class:`ShardLocks` of its location (a stand-in for the engine wiring)."""
+    from shardkv.engine.locks import ShardLocks
+
+    locks = ShardLocks.for_adapter(store.base, timeout=30.0)
+    write_shards = store._io.write_shards
+
+    def locked(by_shard: Any) -> None:
+        with locks.hold(by_shard):
+            write_shards(by_shard)
+
+    store._io.write_shards = locked
+
+
 def _writer(
-    path: str, worker: int, n_workers: int, n_chunks: int, chunk_len: int, options: dict, barrier: Any, errors: Any
+    path: str,
+    worker: int,
+    n_workers: int,
+    n_chunks: int,
+    chunk_len: int,
+    options: dict,
+    shared_locks: bool,
+    barrier: Any,
+    errors: Any,
 ) -> None:
     try:
         import zarr
@@ -109,6 +131,8 @@ def _writer(
         from shardkv import ShardedStore
 
         store = ShardedStore(path, **options)
+        if shared_locks:
+            _hold_shared_locks(store)
         arr = zarr.open_array(store=store, mode="r+")
         barrier.wait(30)
         for c in range(worker, n_chunks, n_workers):  # chunk c belongs to worker c % n_workers
@@ -126,6 +150,7 @@ def run_sharded_writers(
     chunk_len: int = 8,
     chunks_per_shard: int = 16,
     write_strategy: str = "rewrite",
+    shared_locks: bool = False,
     timeout: float = JOIN_TIMEOUT_S,
 ) -> LostUpdates:
     """``n_procs`` spawned processes, one ``ShardedStore`` each, write disjoint chunks of one array.
@@ -135,6 +160,12 @@ def run_sharded_writers(
     store reads the array back and counts the chunks that do not hold what
     their writer wrote (lost updates). Errors in the children (a
     ``CorruptShardError``, say) are returned, not raised.
+
+    ``shared_locks=True`` wraps each store's ``ShardIO.write_shards`` in
+    :class:`~shardkv.engine.locks.ShardLocks` of the store's location: what
+    the engine will do once the locks are wired in ("rewrite" strategy only:
+    "append" also needs the index re-read under the lock, not taken from the
+    per-process index cache).
     """
     import zarr
 
@@ -149,7 +180,7 @@ def run_sharded_writers(
     procs = [
         SPAWN.Process(
             target=_writer,
-            args=(path, w, n_procs, n_chunks, chunk_len, options, barrier, errors),
+            args=(path, w, n_procs, n_chunks, chunk_len, options, shared_locks, barrier, errors),
             name=f"writer-{w}",
         )
         for w in range(n_procs)

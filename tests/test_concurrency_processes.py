@@ -36,6 +36,15 @@ def test_four_processes_writing_disjoint_chunks_lose_nothing(tmp_path) -> None:
     assert result.lost == 0, f"{result.lost} of {result.total} chunk updates lost"
 
 
+def test_shared_locks_around_shard_writes_lose_nothing(tmp_path) -> None:
+    """The same run with ShardLocks held around each store's shard writes (the wiring to come)."""
+    result = run_sharded_writers(
+        str(tmp_path / "data.zarr"), n_procs=4, n_chunks=256, chunks_per_shard=16, shared_locks=True
+    )
+    assert result.child_errors == ()
+    assert result.lost == 0, f"{result.lost} of {result.total} chunk updates lost"
+
+
 def test_adapters_pickle_to_the_same_location(tmp_path) -> None:
     local = adapt(str(tmp_path))
     memory = adapt("memory://pickled-root")
