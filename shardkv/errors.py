@@ -27,6 +27,7 @@ __all__ = [
     "LockTimeoutError",
     "ConcurrentUpdateError",
     "UnflushedWritesError",
+    "LostRaceError",
 ]
 
 
@@ -190,3 +191,20 @@ class UnflushedWritesError(ShardKVError, pickle.PicklingError):
             f"cannot pickle a store with unflushed writes ({self.n_shards} shards, {self.nbytes} bytes): "
             "call flush() first"
         )
+
+
+class LostRaceError(ShardKVError, RuntimeError):
+    """A conditional write inside a shard-write transaction found its value changed by another writer.
+
+    Control flow inside :func:`shardkv.engine.cas.run_conditionally`, which
+    re-runs the write; it escapes only from a write run outside it.
+
+    Attributes
+    ----------
+    key : str
+        The key (a shard key) whose value changed since it was read.
+    """
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(f"{key!r} changed since it was read (another writer): read, merge and write again")

@@ -114,6 +114,30 @@ def _hold_shared_locks(store: Any) -> None:
     store._io.write_shards = locked
 
 
+def use_conditional_writes(store: Any, stats: Any) -> None:
+    """Route ``store``'s shard writes through compare-and-swap transactions (a stand-in for the engine wiring).
+
+    The base adapter (inside the proxy's presenting wrapper) is wrapped in a
+    :class:`~shardkv.engine.cas.GenerationTrackingAdapter` and each
+    ``ShardIO.write_shards`` call runs under
+    :func:`~shardkv.engine.cas.run_conditionally`; ``stats`` (a
+    ``RetryStats``) collects attempts and lost races.
+    """
+    from shardkv.engine.cas import GenerationTrackingAdapter, run_conditionally
+    from shardkv.storage.conditional import Backoff, conditional_store_for
+
+    presenting = store._base
+    tracker = GenerationTrackingAdapter(presenting.inner, conditional_store_for(presenting.inner))
+    presenting.inner = tracker
+    write_shards = store._io.write_shards
+    backoff = Backoff(0.002, 2.0, 0.05)
+
+    def conditional(by_shard: Any) -> None:
+        run_conditionally(lambda: write_shards(by_shard), tracker, max_attempts=50, backoff=backoff, stats=stats)
+
+    store._io.write_shards = conditional
+
+
 def _writer(
     path: str,
     worker: int,
