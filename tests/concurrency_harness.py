@@ -124,7 +124,8 @@ def use_conditional_writes(store: Any, stats: Any) -> None:
     ``RetryStats``) collects attempts and lost races.
     """
     from shardkv.engine.cas import GenerationTrackingAdapter, run_conditionally
-    from shardkv.storage.conditional import Backoff, conditional_store_for
+    from shardkv.engine.retry import Backoff
+    from shardkv.storage.conditional import conditional_store_for
 
     presenting = store._base
     tracker = GenerationTrackingAdapter(presenting.inner, conditional_store_for(presenting.inner))

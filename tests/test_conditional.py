@@ -19,18 +19,17 @@ import fsspec
 import pytest
 from concurrency_harness import MotoS3, moto_s3  # noqa: F401  (fixture)
 
+from shardkv.engine.retry import Backoff, RetryStats, update_with_retry
 from shardkv.errors import ConcurrentUpdateError, ShardKVError
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.adapters import FSMapAdapter, MappingAdapter, adapt
 from shardkv.storage.conditional import (
-    Backoff,
     ConditionalStore,
     InProcessConditional,
     S3Conditional,
     conditional_store_for,
     is_precondition_failure,
     supports_conditional_writes,
-    update_with_retry,
 )
 
 NO_WAIT = Backoff(initial=0.0, maximum=0.0, jitter=False)
@@ -240,7 +239,6 @@ def test_two_sharded_stores_on_s3_with_cas_lose_no_chunk(moto_s3) -> None:  # no
     from concurrency_harness import use_conditional_writes
 
     from shardkv import ShardedStore
-    from shardkv.storage.conditional import RetryStats
 
     url = f"s3://{moto_s3.bucket}/cas-{uuid.uuid4().hex[:8]}"
     options = {
@@ -249,8 +247,8 @@ def test_two_sharded_stores_on_s3_with_cas_lose_no_chunk(moto_s3) -> None:  # no
         "client_kwargs": {"endpoint_url": moto_s3.endpoint_url, "region_name": "us-east-1"},
         "skip_instance_cache": True,  # one client per store, as in separate processes
     }
-    n_chunks, chunk_len = 24, 4
-    setup = ShardedStore(url, chunks_per_shard=12, storage_options=options)
+    n_chunks, chunk_len = 16, 4
+    setup = ShardedStore(url, chunks_per_shard=8, storage_options=options)
     zarr.open_array(store=setup, mode="w", shape=(n_chunks * chunk_len,), chunks=(chunk_len,), dtype="i4", fill_value=0)
     barrier = threading.Barrier(2, timeout=30)
     stats = {w: RetryStats() for w in range(2)}
@@ -258,7 +256,7 @@ def test_two_sharded_stores_on_s3_with_cas_lose_no_chunk(moto_s3) -> None:  # no
 
     def writer(w: int) -> None:
         try:
-            store = ShardedStore(url, chunks_per_shard=12, storage_options=options)
+            store = ShardedStore(url, chunks_per_shard=8, storage_options=options)
             use_conditional_writes(store, stats[w])
             arr = zarr.open_array(store=store, mode="r+")
             barrier.wait()
@@ -282,7 +280,6 @@ def test_two_sharded_stores_on_s3_with_cas_lose_no_chunk(moto_s3) -> None:  # no
 def test_tracking_adapter_retries_a_whole_write_after_a_lost_race() -> None:
     from shardkv.engine.cas import GenerationTrackingAdapter, run_conditionally
     from shardkv.errors import LostRaceError
-    from shardkv.storage.conditional import RetryStats
 
     shared = {"s/0": b"a"}
     inner = MappingAdapter(shared)

@@ -28,10 +28,11 @@ import threading
 import time
 from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
+from shardkv.engine.retry import Backoff, RetryStats
 from shardkv.errors import ConcurrentUpdateError, ConfigurationError, LostRaceError
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.adapters import StoreAdapter
-from shardkv.storage.conditional import Backoff, ConditionalStore, RetryStats
+from shardkv.storage.conditional import ConditionalStore
 
 __all__ = ["GenerationTrackingAdapter", "run_conditionally"]
 

@@ -4,7 +4,7 @@ Object stores cannot hold a lock across processes, but they can refuse a
 write when the stored object changed since it was read. A shard update then
 becomes an optimistic loop: read the shard *and its generation*, merge the
 new chunks into it, write it back *only if the generation is unchanged*, and
-start over when the store says it changed (:func:`update_with_retry`).
+start over when the store says it changed (:func:`shardkv.engine.retry.update_with_retry`).
 
 A *generation* is an opaque token that changes whenever the stored value
 changes; ``None`` stands for "not stored". :class:`ConditionalStore` is the
@@ -35,14 +35,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import random
 import threading
-import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Hashable, Mapping, MutableMapping, TypeVar
+from typing import Any, Callable, Hashable, Mapping, MutableMapping
 
-from shardkv.errors import ConcurrentUpdateError, ConfigurationError
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.adapters import FSMapAdapter, MappingAdapter
 from shardkv.storage.location import StoreLocation, fs_location
@@ -55,9 +51,6 @@ __all__ = [
     "conditional_store_for",
     "supports_conditional_writes",
     "is_precondition_failure",
-    "Backoff",
-    "RetryStats",
-    "update_with_retry",
 ]
 
 Generation = Hashable
@@ -471,126 +464,3 @@ def conditional_store_for(adapter: Any) -> ConditionalStore | None:
 def supports_conditional_writes(adapter: Any) -> bool:
     """True when :func:`conditional_store_for` gives a conditional store for ``adapter``."""
     return conditional_store_for(adapter) is not None
-
-
-# -- the optimistic update loop -------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Waits between attempts: ``initial * factor**n`` seconds, at most ``maximum``, with full jitter.
-
-    Parameters
-    ----------
-    initial : float
-        First wait (seconds).
-    factor : float
-        Growth per attempt (≥ 1).
-    maximum : float
-        Longest single wait (seconds).
-    jitter : bool
-        Wait a uniformly random part of the delay (spreads writers that collided).
-
-    Raises
-    ------
-    ConfigurationError
-        For negative times or a factor below 1.
-    """
-
-    initial: float = 0.005
-    factor: float = 2.0
-    maximum: float = 0.5
-    jitter: bool = True
-
-    def __post_init__(self) -> None:
-        if self.initial < 0 or self.maximum < 0 or self.factor < 1:
-            raise ConfigurationError(
-                f"backoff needs initial >= 0, maximum >= 0 (seconds) and factor >= 1, got {self!r}"
-            )
-
-    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
-        """Seconds to wait after failed attempt number ``attempt`` (1 for the first)."""
-        base = min(self.maximum, self.initial * self.factor ** max(0, attempt - 1))
-        return (rng or random).uniform(0.0, base) if self.jitter else base
-
-
-T = TypeVar("T")
-V = TypeVar("V")
-
-
-@dataclass
-class RetryStats(Generic[V]):
-    """What :func:`update_with_retry` did: attempts, precondition failures and the value written."""
-
-    attempts: int = 0
-    precondition_failures: int = 0
-    value: Any = None
-    generation: Generation = None
-    waited: float = field(default=0.0)
-
-
-def update_with_retry(
-    read_fn: Callable[[], tuple[T, Generation]],
-    merge_fn: Callable[[T], V],
-    write_fn: Callable[[V, Generation], bool | tuple[bool, Generation]],
-    *,
-    max_attempts: int = 16,
-    backoff: Backoff = Backoff(),
-    key: str = "",
-    sleep: Callable[[float], None] = time.sleep,
-) -> RetryStats[V]:
-    """Read, merge, conditionally write; on a precondition failure wait and start over (bounded).
-
-    Parameters
-    ----------
-    read_fn : callable
-        ``read_fn() -> (current, generation)``; ``generation`` is ``None`` when
-        nothing is stored.
-    merge_fn : callable
-        ``merge_fn(current) -> new``: the value to write, computed from what was
-        read (called again after every lost race, so it must be pure).
-    write_fn : callable
-        ``write_fn(new, generation) -> bool`` (or ``(bool, new generation)``,
-        as :meth:`ConditionalStore.swap` returns): False when the store refused
-        because the generation changed.
-    max_attempts : int
-        Read-merge-write rounds at most (≥ 1).
-    backoff : Backoff
-        Waits between rounds.
-    key : str
-        Named in the error when every attempt failed.
-    sleep : callable
-        ``sleep(seconds)``; tests may pass a recorder.
-
-    Returns
-    -------
-    RetryStats
-        ``attempts`` (rounds run), ``precondition_failures``, the ``value``
-        written and its ``generation`` (where ``write_fn`` gives it).
-
-    Raises
-    ------
-    ConcurrentUpdateError
-        When all ``max_attempts`` rounds lost their race (nothing was written).
-    ConfigurationError
-        For ``max_attempts`` below 1.
-    """
-    if max_attempts < 1:
-        raise ConfigurationError(f"max_attempts must be >= 1, got {max_attempts}")
-    stats: RetryStats[V] = RetryStats()
-    for attempt in range(1, max_attempts + 1):
-        stats.attempts = attempt
-        current, generation = read_fn()
-        new = merge_fn(current)
-        outcome = write_fn(new, generation)
-        ok, new_generation = outcome if isinstance(outcome, tuple) else (bool(outcome), None)
-        if ok:
-            stats.value = new
-            stats.generation = new_generation
-            return stats
-        stats.precondition_failures += 1
-        if attempt < max_attempts:
-            wait = backoff.delay(attempt)
-            stats.waited += wait
-            sleep(wait)
-    raise ConcurrentUpdateError(key, stats.attempts, stats.precondition_failures)
