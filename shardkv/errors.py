@@ -13,6 +13,8 @@ are never turned into ``KeyError``; they propagate unchanged.
 
 from __future__ import annotations
 
+import pickle
+
 __all__ = [
     "ShardKVError",
     "InvalidKeyError",
@@ -22,6 +24,10 @@ __all__ = [
     "CorruptShardError",
     "ChecksumError",
     "UnsupportedError",
+    "LockTimeoutError",
+    "ConcurrentUpdateError",
+    "UnflushedWritesError",
+    "LostRaceError",
 ]
 
 
@@ -119,3 +125,86 @@ class ChecksumError(CorruptShardError):
 
 class UnsupportedError(ShardKVError, NotImplementedError):
     """A valid feature that this version of shardkv does not implement (named in the message)."""
+
+
+class LockTimeoutError(ShardKVError, TimeoutError):
+    """A shard lock that was not obtained in time (another writer holds it).
+
+    Attributes
+    ----------
+    what : str
+        The lock: a lock file path, or the stripe and location of an in-process lock.
+    timeout : float
+        How long (seconds) shardkv waited.
+    """
+
+    def __init__(self, what: str, timeout: float) -> None:
+        self.what = what
+        self.timeout = float(timeout)
+        super().__init__(f"could not lock {what} within {self.timeout:g} s (another writer holds it)")
+
+
+class ConcurrentUpdateError(ShardKVError, RuntimeError):
+    """A conditional (compare-and-swap) update that kept losing to other writers.
+
+    Nothing was written by the failed update; the stored value is some other
+    writer's complete one.
+
+    Attributes
+    ----------
+    key : str
+        The key of the value (a shard key) in the base store.
+    attempts : int
+        How many read-merge-write rounds were tried.
+    precondition_failures : int
+        How many of them the store refused because the value had changed.
+    """
+
+    def __init__(self, key: str, attempts: int, precondition_failures: int) -> None:
+        self.key = key
+        self.attempts = int(attempts)
+        self.precondition_failures = int(precondition_failures)
+        super().__init__(
+            f"conditional update of {key!r} failed: {self.precondition_failures} of {self.attempts} attempts "
+            "found the value changed by another writer (raise max_attempts, or write shard-aligned)"
+        )
+
+
+class UnflushedWritesError(ShardKVError, pickle.PicklingError):
+    """A store asked to pickle itself while it holds buffered (write-back) writes.
+
+    Pickling never flushes as a side effect and never drops data: call
+    ``flush()`` first.
+
+    Attributes
+    ----------
+    n_shards : int
+        Shards with buffered writes.
+    nbytes : int
+        Bytes of buffered chunk data.
+    """
+
+    def __init__(self, n_shards: int, nbytes: int) -> None:
+        self.n_shards = int(n_shards)
+        self.nbytes = int(nbytes)
+        super().__init__(
+            f"cannot pickle a store with unflushed writes ({self.n_shards} shards, {self.nbytes} bytes): "
+            "call flush() first"
+        )
+
+
+class LostRaceError(ShardKVError, RuntimeError):
+    """A conditional write inside a shard-write transaction found its value changed by another writer.
+
+    Control flow inside :func:`shardkv.engine.cas.run_conditionally`, which
+    re-runs the write; it escapes only from a write run outside it.
+
+    Attributes
+    ----------
+    key : str
+        The key (a shard key) whose value changed since it was read.
+    """
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(f"{key!r} changed since it was read (another writer): read, merge and write again")

@@ -32,11 +32,20 @@ from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.mapping import FSMap
 
 from shardkv.format.ranges import ByteRange
+from shardkv.storage.location import StoreLocation, fs_location
 
-__all__ = ["StoreAdapter", "MappingAdapter", "FSMapAdapter", "adapt", "TEMP_MARKER"]
+__all__ = ["StoreAdapter", "MappingAdapter", "FSMapAdapter", "adapt", "TEMP_MARKER", "LOCK_DIR"]
 
 TEMP_MARKER = ".shardkv-tmp-"
 """Part of the name of the temporary files of atomic local writes; never listed."""
+
+LOCK_DIR = ".shardkv-locks"
+"""Directory in a store root that holds the cross-process lock files (shardkv.engine.locks); never listed."""
+
+
+def _hidden(key: str) -> bool:
+    """True for the files shardkv keeps in a store for itself (temporary writes, lock files)."""
+    return TEMP_MARKER in key or key == LOCK_DIR or key.startswith(LOCK_DIR + "/") or f"/{LOCK_DIR}/" in key
 
 
 def _slice(value: bytes | memoryview, byte_range: ByteRange) -> bytes:
@@ -156,6 +165,19 @@ class MappingAdapter(StoreAdapter):
     def __init__(self, mapping: MutableMapping) -> None:
         self.mapping = mapping
 
+    # -- identity and pickling (issue 9) --------------------------------------
+
+    @property
+    def location(self) -> StoreLocation:
+        """This mapping object's data: stores over the same mapping object share locks."""
+        return StoreLocation(("mapping", id(self.mapping)), "")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the mapping pickles itself (a dict is copied: the copy is a new location)
+        return (type(self), (self.mapping,))
+
+    # -- I/O ------------------------------------------------------------------
+
     def get(self, key: str) -> bytes:
         return self.mapping[key]
 
@@ -258,6 +280,19 @@ class FSMapAdapter(StoreAdapter):
     @classmethod
     def from_fsmap(cls, fsmap: FSMap) -> FSMapAdapter:
         return cls(fsmap.fs, fsmap.root, tuple(fsmap.missing_exceptions))
+
+    # -- identity and pickling (issue 9) --------------------------------------
+
+    @property
+    def location(self) -> StoreLocation:
+        """The data under the root: protocol (and endpoint) plus the resolved root path."""
+        return fs_location(self.fs, self.root)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # fsspec filesystems pickle as (class, storage options); nothing else is carried
+        return (type(self), (self.fs, self.root, self.missing_exceptions))
+
+    # -- I/O ------------------------------------------------------------------
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if key else self.root
@@ -389,7 +424,7 @@ class FSMapAdapter(StoreAdapter):
             return
         for p in sorted(paths):
             key = self._key(p)
-            if key.startswith(prefix) and TEMP_MARKER not in key:
+            if key.startswith(prefix) and not _hidden(key):
                 yield key
 
     def list_dir(self, path: str = "") -> list[str]:
@@ -400,7 +435,7 @@ class FSMapAdapter(StoreAdapter):
         names = []
         for e in entries:
             name = self._key(e).rsplit("/", 1)[-1]
-            if name and TEMP_MARKER not in name:
+            if name and not _hidden(name):
                 names.append(name)
         return sorted(set(names))
 

@@ -1,0 +1,76 @@
+"""What a pickled ``ShardedStore`` carries, and how it is rebuilt (issue 9, item 5).
+
+``dask.distributed`` and ``multiprocessing`` send the store to other
+processes, so ``pickle.loads(pickle.dumps(store))`` must give an equivalent
+store: the same base location, the same options, and, through the location,
+the same locks (:mod:`shardkv.engine.locks`). It must not carry what belongs
+to one process: threading locks, the index cache, memoised array states, and
+the write-back buffer.
+
+``ShardedStore.__reduce__`` is meant to be ``return reduce_sharded_store(self)``.
+
+What is carried:
+
+* the adapter that does the I/O (``FSMapAdapter`` pickles as filesystem
+  class + storage options + root; ``MappingAdapter`` as its mapping, which
+  for a ``dict`` is a *copy*, a new location);
+* the options of ``ShardedStore.__init__`` that change behaviour:
+  ``chunks_per_shard``, ``index_location``, ``index_checksum``,
+  ``index_cache_bytes``, ``validate_index_cache``, ``read_policy``,
+  ``buffer_bytes``, ``write_strategy``, ``slack_bytes``.
+
+Unflushed write-back data is refused, not silently dropped or silently
+flushed as a side effect of pickling: :class:`~shardkv.errors.UnflushedWritesError`
+says to call ``flush()`` first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardkv.errors import UnflushedWritesError
+
+__all__ = ["reduce_sharded_store", "rebuild_sharded_store", "sharded_store_options"]
+
+
+def _io_adapter(store: Any) -> Any:
+    base = store._base
+    return getattr(base, "inner", base)  # the presenting wrapper is rebuilt by __init__
+
+
+def sharded_store_options(store: Any) -> dict[str, Any]:
+    """The ``ShardedStore.__init__`` keyword options of ``store`` (everything but the base store)."""
+    io = store._io
+    buffer = store._buffer
+    return {
+        "chunks_per_shard": store._cps,
+        "index_location": store._index_location,
+        "index_checksum": store._index_checksum,
+        "index_cache_bytes": io.index_cache.max_bytes,
+        "validate_index_cache": io.validate_index_cache,
+        "read_policy": io.read_policy,
+        "buffer_bytes": None if buffer is None else buffer.max_bytes,
+        "write_strategy": io.write_strategy,
+        "slack_bytes": io.slack_bytes,
+    }
+
+
+def reduce_sharded_store(store: Any) -> tuple[Any, tuple[Any, ...]]:
+    """``__reduce__`` of a ``ShardedStore``: ``(rebuild_sharded_store, (adapter, options))``.
+
+    Raises
+    ------
+    UnflushedWritesError
+        If the store holds buffered writes not yet in the base store.
+    """
+    buffer = store._buffer
+    if buffer is not None and len(buffer):
+        raise UnflushedWritesError(len(buffer), buffer.nbytes)
+    return (rebuild_sharded_store, (_io_adapter(store), sharded_store_options(store)))
+
+
+def rebuild_sharded_store(adapter: Any, options: dict[str, Any]) -> Any:
+    """A new ``ShardedStore`` over ``adapter`` with ``options`` (the inverse of :func:`reduce_sharded_store`)."""
+    from shardkv.proxy.store import ShardedStore  # the proxy layer sits above the engine
+
+    return ShardedStore(adapter, **options)

@@ -1,0 +1,90 @@
+"""Where a base store keeps its data: the identity that locks and generations belong to.
+
+Two ``ShardedStore`` objects over the same data must share their per-shard
+locks, whatever Python objects they were built from (two ``fsspec`` mappers of
+one directory, a path string and a zarr ``DirectoryStore``). A
+:class:`StoreLocation` names the data, not the object:
+
+* ``namespace`` identifies the backend in which paths are unique: ``("file",)``
+  for the local file system, ``("memory",)`` for fsspec's process-global
+  ``memory://``, ``("s3", endpoint_url)`` for an object store,
+  ``("mapping", id(mapping))`` for one in-process mapping object;
+* ``root`` is the store's root path inside that namespace (``""`` for a mapping).
+
+Locks are chosen by the *full* path (``root/key``) inside the namespace, so two
+stores whose roots nest (``/data`` and ``/data/array``) still lock the same
+shard alike within one process.
+
+Pure: no I/O beyond ``os.path.realpath`` of a local root.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Hashable
+
+__all__ = ["StoreLocation", "location_of", "fs_location"]
+
+
+@dataclass(frozen=True)
+class StoreLocation:
+    """The identity of a base store's data.
+
+    Parameters
+    ----------
+    namespace : tuple of hashable
+        The backend in which paths are unique (see the module docstring).
+    root : str
+        The store root inside the namespace, without a trailing ``/``.
+    local_dir : str or None
+        The absolute directory of the root when the data lives on a file system
+        that the operating system mounts (cross-process file locks can live there).
+    """
+
+    namespace: tuple[Hashable, ...]
+    root: str
+    local_dir: str | None = None
+
+    def full_path(self, key: str) -> str:
+        """The path of ``key`` inside the namespace (``root/key``)."""
+        return f"{self.root}/{key}" if self.root else key
+
+
+def fs_location(fs: Any, root: str) -> StoreLocation:
+    """The location of ``root`` inside an fsspec filesystem ``fs``.
+
+    Local paths are resolved (``realpath``) so that symlinked and relative
+    spellings of one directory are one location. Object stores add their
+    endpoint to the namespace, so one bucket name on two servers is two locations.
+    """
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    protocol = protocols[0]
+    stripped = fs._strip_protocol(root).rstrip("/")
+    if "file" in protocols or "local" in protocols:
+        real = os.path.realpath(stripped or "/")
+        return StoreLocation(("file",), real, real)
+    if protocol == "memory":
+        return StoreLocation(("memory",), stripped)
+    extra: Hashable = None
+    client_kwargs = getattr(fs, "client_kwargs", None) or {}
+    endpoint = getattr(fs, "endpoint_url", None) or client_kwargs.get("endpoint_url")
+    if endpoint is not None:
+        extra = str(endpoint)
+    return StoreLocation((str(protocol), extra), stripped)
+
+
+def location_of(adapter: Any) -> StoreLocation | None:
+    """The :class:`StoreLocation` of a store adapter, or ``None`` when it has none.
+
+    Looks through wrapping adapters (those with an ``inner`` adapter, such as
+    the proxy's presenting adapter) to the adapter that does the I/O.
+    """
+    seen = 0
+    while adapter is not None and seen < 16:  # wrappers nest a few levels at most
+        location = getattr(type(adapter), "location", None)
+        if location is not None:
+            return adapter.location
+        adapter = getattr(adapter, "inner", None)
+        seen += 1
+    return None

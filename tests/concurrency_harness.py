@@ -1,0 +1,302 @@
+"""Helpers and fixtures for the concurrency proofs of issue 9 (zero lost updates).
+
+* :func:`run_counter_processes` — N spawned processes increment a counter file
+  under :class:`shardkv.engine.locks.ShardLocks` (a non-atomic
+  read-sleep-write, so any gap in the locking loses increments).
+* :func:`run_sharded_writers` — N spawned processes, each with its own
+  ``ShardedStore``, write disjoint chunks of one zarr-python 2 array whose
+  shards they share; returns how many chunk updates were lost.
+* fixtures ``moto_s3`` (a moto S3 server on 127.0.0.1, a bucket, an s3fs
+  factory) and ``local_cluster`` (a ``dask.distributed`` cluster of worker
+  processes); import them into a test module to use them.
+
+Every loop is bounded in count, every wait in time; child processes are
+joined with a timeout and terminated if they overrun.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+SPAWN = multiprocessing.get_context("spawn")
+JOIN_TIMEOUT_S = 60.0
+
+
+def _join_all(procs: list[Any], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+            p.join(5)
+    late = [p.name for p in procs if p.exitcode != 0]
+    if late:
+        raise RuntimeError(f"child processes failed or overran {timeout:g} s: {late}")
+
+
+# -- counter under ShardLocks -----------------------------------------------------
+
+
+def _counter_worker(root: str, n_increments: int, barrier: Any) -> None:
+    import fsspec
+
+    from shardkv.engine.locks import ShardLocks
+    from shardkv.storage.adapters import FSMapAdapter
+
+    locks = ShardLocks.for_adapter(FSMapAdapter(fsspec.filesystem("file"), root), timeout=30.0)
+    path = os.path.join(root, "counter")
+    barrier.wait(30)
+    for _ in range(n_increments):
+        with locks.hold(["counter"]):
+            with open(path, "rb") as f:
+                value = int(f.read() or b"0")
+            time.sleep(0.0005)  # widen the read-modify-write window
+            tmp = f"{path}.{os.getpid()}"
+            with open(tmp, "wb") as f:
+                f.write(str(value + 1).encode())
+            os.replace(tmp, path)
+
+
+def run_counter_processes(root: str, n_procs: int, n_increments: int, timeout: float = JOIN_TIMEOUT_S) -> int:
+    """Spawn ``n_procs`` processes that each add 1 to ``root/counter`` ``n_increments`` times; the final value."""
+    with open(os.path.join(root, "counter"), "wb") as f:
+        f.write(b"0")
+    barrier = SPAWN.Barrier(n_procs)
+    procs = [
+        SPAWN.Process(target=_counter_worker, args=(root, n_increments, barrier), name=f"counter-{i}")
+        for i in range(n_procs)
+    ]
+    for p in procs:
+        p.start()
+    _join_all(procs, timeout)
+    with open(os.path.join(root, "counter"), "rb") as f:
+        return int(f.read())
+
+
+# -- disjoint chunk writes through ShardedStore ----------------------------------------
+
+
+@dataclass(frozen=True)
+class LostUpdates:
+    """What :func:`run_sharded_writers` found."""
+
+    lost: int
+    total: int
+    child_errors: tuple[str, ...]
+
+
+def _chunk_value(chunk_index: int, chunk_len: int) -> np.ndarray:
+    return np.full(chunk_len, chunk_index + 1, dtype="i4")
+
+
+def _hold_shared_locks(store: Any) -> None:
+    """Wrap ``store``'s shard writes in :class:`ShardLocks` of its location (a stand-in for the engine wiring)."""
+    from shardkv.engine.locks import ShardLocks
+
+    locks = ShardLocks.for_adapter(store.base, timeout=30.0)
+    write_shards = store._io.write_shards
+
+    def locked(by_shard: Any) -> None:
+        with locks.hold(by_shard):
+            write_shards(by_shard)
+
+    store._io.write_shards = locked
+
+
+def use_conditional_writes(store: Any, stats: Any) -> None:
+    """Route ``store``'s shard writes through compare-and-swap transactions (a stand-in for the engine wiring).
+
+    The base adapter (inside the proxy's presenting wrapper) is wrapped in a
+    :class:`~shardkv.engine.cas.GenerationTrackingAdapter` and each
+    ``ShardIO.write_shards`` call runs under
+    :func:`~shardkv.engine.cas.run_conditionally`; ``stats`` (a
+    ``RetryStats``) collects attempts and lost races.
+    """
+    from shardkv.engine.cas import GenerationTrackingAdapter, run_conditionally
+    from shardkv.engine.retry import Backoff
+    from shardkv.storage.conditional import conditional_store_for
+
+    presenting = store._base
+    tracker = GenerationTrackingAdapter(presenting.inner, conditional_store_for(presenting.inner))
+    presenting.inner = tracker
+    write_shards = store._io.write_shards
+    backoff = Backoff(0.002, 2.0, 0.05)
+
+    def conditional(by_shard: Any) -> None:
+        run_conditionally(lambda: write_shards(by_shard), tracker, max_attempts=50, backoff=backoff, stats=stats)
+
+    store._io.write_shards = conditional
+
+
+def _writer(
+    path: str,
+    worker: int,
+    n_workers: int,
+    n_chunks: int,
+    chunk_len: int,
+    options: dict,
+    shared_locks: bool,
+    barrier: Any,
+    errors: Any,
+) -> None:
+    try:
+        import zarr
+
+        from shardkv import ShardedStore
+
+        store = ShardedStore(path, **options)
+        if shared_locks:
+            _hold_shared_locks(store)
+        arr = zarr.open_array(store=store, mode="r+")
+        barrier.wait(30)
+        for c in range(worker, n_chunks, n_workers):  # chunk c belongs to worker c % n_workers
+            arr[c * chunk_len : (c + 1) * chunk_len] = _chunk_value(c, chunk_len)
+        store.close()
+    except Exception:  # reported to the parent, which fails the run with the traceback
+        errors.put(f"worker {worker}: {traceback.format_exc()}")
+
+
+def run_sharded_writers(
+    path: str,
+    *,
+    n_procs: int = 4,
+    n_chunks: int = 256,
+    chunk_len: int = 8,
+    chunks_per_shard: int = 16,
+    write_strategy: str = "rewrite",
+    shared_locks: bool = False,
+    timeout: float = JOIN_TIMEOUT_S,
+) -> LostUpdates:
+    """``n_procs`` spawned processes, one ``ShardedStore`` each, write disjoint chunks of one array.
+
+    Worker ``w`` writes every chunk ``c`` with ``c % n_procs == w``, one chunk
+    per call, so every shard is updated by every worker. Afterwards a fresh
+    store reads the array back and counts the chunks that do not hold what
+    their writer wrote (lost updates). Errors in the children (a
+    ``CorruptShardError``, say) are returned, not raised.
+
+    ``shared_locks=True`` wraps each store's ``ShardIO.write_shards`` in
+    :class:`~shardkv.engine.locks.ShardLocks` of the store's location: what
+    the engine will do once the locks are wired in ("rewrite" strategy only:
+    "append" also needs the index re-read under the lock, not taken from the
+    per-process index cache).
+    """
+    import zarr
+
+    from shardkv import ShardedStore
+
+    options = {"chunks_per_shard": chunks_per_shard, "write_strategy": write_strategy}
+    setup = ShardedStore(path, **options)
+    zarr.open_array(store=setup, mode="w", shape=(n_chunks * chunk_len,), chunks=(chunk_len,), dtype="i4", fill_value=0)
+    setup.close()
+    barrier = SPAWN.Barrier(n_procs)
+    errors = SPAWN.Queue()
+    procs = [
+        SPAWN.Process(
+            target=_writer,
+            args=(path, w, n_procs, n_chunks, chunk_len, options, shared_locks, barrier, errors),
+            name=f"writer-{w}",
+        )
+        for w in range(n_procs)
+    ]
+    for p in procs:
+        p.start()
+    _join_all(procs, timeout)
+    child_errors = []
+    while not errors.empty() and len(child_errors) < n_procs:
+        child_errors.append(errors.get(timeout=5))
+    check = ShardedStore(path, **options)
+    try:
+        data = zarr.open_array(store=check, mode="r")[:]
+    except Exception as exc:  # a torn shard is a finding, not a harness failure
+        return LostUpdates(n_chunks, n_chunks, (*child_errors, f"reading back: {exc!r}"))
+    lost = sum(
+        not np.array_equal(data[c * chunk_len : (c + 1) * chunk_len], _chunk_value(c, chunk_len))
+        for c in range(n_chunks)
+    )
+    return LostUpdates(int(lost), n_chunks, tuple(child_errors))
+
+
+# -- fixtures -------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class MotoS3:
+    """A running moto S3 server: its endpoint, a bucket, and a factory of s3fs filesystems."""
+
+    endpoint_url: str
+    bucket: str
+
+    def filesystem(self) -> Any:
+        """A new s3fs filesystem (own client) on the server."""
+        import s3fs
+
+        return s3fs.S3FileSystem(
+            key="testing",
+            secret="testing",
+            client_kwargs={"endpoint_url": self.endpoint_url, "region_name": "us-east-1"},
+            skip_instance_cache=True,
+        )
+
+
+@pytest.fixture(scope="module")
+def moto_s3() -> Iterator[MotoS3]:
+    """A moto S3 server on 127.0.0.1 (a free port) with one bucket; stopped after the module."""
+    pytest.importorskip("s3fs")
+    boto3 = pytest.importorskip("boto3")
+    server_mod = pytest.importorskip("moto.server")
+    port = free_port()
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        bucket = f"shardkv-{uuid.uuid4().hex[:8]}"
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+        client.create_bucket(Bucket=bucket)
+        yield MotoS3(endpoint, bucket)
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def local_cluster() -> Iterator[Any]:
+    """A ``dask.distributed`` client on 2 worker processes (1 thread each), closed after the module."""
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(
+        n_workers=2,
+        processes=True,
+        threads_per_worker=1,
+        host="127.0.0.1",
+        dashboard_address=None,
+        worker_dashboard_address=None,
+    )
+    client = distributed.Client(cluster, timeout=30)
+    try:
+        yield client
+    finally:
+        client.close(timeout=30)
+        cluster.close(timeout=30)
