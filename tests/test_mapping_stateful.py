@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from shardkv import ShardedStore
+from shardkv.proxy.draft import DraftShardedStore
 
 SHAPE, CHUNKS, CPS, GRID = (5, 7), (2, 2), (2, 3), (3, 4)
 META = (".zarray", ".zgroup", ".zattrs", "zarr.json")
@@ -42,15 +43,20 @@ class ShardedStoreMachine(RuleBasedStateMachine):
     path, sep = "", "."
     proxy_options: dict[str, Any] = {}
 
+    n_metadata_keys = 1  # keys the proxy lists besides chunks (.zarray)
+
     def __init__(self) -> None:
         super().__init__()
         self.base = self.make_base()
         self.store = ShardedStore(self.base, chunks_per_shard=CPS, **self.proxy_options)
-        self.store[self.meta_key] = zarray(self.sep)
+        self.store[self.meta_key] = self.array_metadata()
         self.model: dict[str, bytes] = {}
 
     def make_base(self) -> Any:
         return {}
+
+    def array_metadata(self) -> bytes:
+        return zarray(self.sep)
 
     @property
     def meta_key(self) -> str:
@@ -121,7 +127,7 @@ class ShardedStoreMachine(RuleBasedStateMachine):
     @rule()
     def iterate(self) -> None:
         assert self.chunk_keys_of_proxy() == set(self.model)
-        assert len(self.store) == len(self.model) + 1  # + .zarray
+        assert len(self.store) == len(self.model) + self.n_metadata_keys
 
     @rule()
     def reopen(self) -> None:
@@ -176,6 +182,37 @@ class WriteBackMachine(ShardKeysMachine):
     proxy_options = {"buffer_bytes": 24, "index_checksum": False}
 
 
+class DraftMachine(ShardedStoreMachine):
+    """The same rules on the 2022 draft proxy (ShardedStore detects the draft hierarchy), nested array."""
+
+    n_metadata_keys = 2  # zarr.json entry point, array metadata
+
+    def make_base(self) -> Any:
+        return {"zarr.json": json.dumps({"zarr_format": "https://purl.org/zarr/spec/protocol/core/3.0",
+                                         "metadata_encoding": "https://purl.org/zarr/spec/protocol/core/3.0",
+                                         "metadata_key_suffix": ".json", "extensions": []}).encode()}  # fmt: skip
+
+    def array_metadata(self) -> bytes:
+        return json.dumps(
+            {"shape": list(SHAPE), "data_type": "|u1", "chunk_grid": {"type": "regular", "chunk_shape": list(CHUNKS),
+             "separator": "/"}, "chunk_memory_layout": "C", "fill_value": 0, "extensions": [], "attributes": {}}
+        ).encode()  # fmt: skip
+
+    @property
+    def meta_key(self) -> str:
+        return "meta/root/g/arr.array.json"
+
+    def key(self, c: tuple[int, int]) -> str:
+        return f"data/root/g/arr/c{c[0]}/{c[1]}"
+
+    def chunk_keys_of_proxy(self) -> set[str]:
+        return {k for k in self.store if k.startswith("data/")}
+
+    @invariant()
+    def opened_as_draft_proxy(self) -> None:
+        assert isinstance(self.store, DraftShardedStore)
+
+
 _settings = settings(
     max_examples=40, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
@@ -188,3 +225,5 @@ TestMemoryFSStateful = MemoryFSMachine.TestCase
 TestMemoryFSStateful.settings = _settings
 TestWriteBackStateful = WriteBackMachine.TestCase
 TestWriteBackStateful.settings = _settings
+TestDraftStateful = DraftMachine.TestCase
+TestDraftStateful.settings = _settings

@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from shardkv.codecs.inner import BLOSC_SHUFFLE_IDS
 from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.format.layout import ShardLayout
 from shardkv.keys.encodings import ChunkKeyEncoding, V2ChunkKeyEncoding, chunk_key_encoding_from_metadata
@@ -38,7 +39,6 @@ __all__ = [
     "ShardingSpec",
     "sharding_spec_from_v3",
     "v2_dimension_separator",
-    "normalize_chunks_per_shard",
 ]
 
 SHARDING_CODEC = "sharding_indexed"
@@ -51,7 +51,7 @@ _V3_DTYPES = {
     "c8": "complex64", "c16": "complex128",
 }  # fmt: skip
 
-_BLOSC_SHUFFLE = {0: "noshuffle", 1: "shuffle", 2: "bitshuffle"}
+_BLOSC_SHUFFLE = {i: name for name, i in BLOSC_SHUFFLE_IDS.items()}  # numcodecs id -> v3 name
 
 
 @dataclass(frozen=True)
@@ -73,31 +73,6 @@ def v2_dimension_separator(zarray: Mapping[str, Any]) -> str:
     if sep not in (".", "/"):
         raise ConfigurationError(f"dimension_separator must be '.' or '/', got {sep!r}")
     return sep
-
-
-def normalize_chunks_per_shard(value: int | Sequence[int], ndim: int, path: str | None = None) -> tuple[int, ...]:
-    """Expand an int to every dimension and check a tuple's length and values.
-
-    Raises
-    ------
-    ConfigurationError
-        If the length differs from ``ndim`` or a value is < 1 or not an int.
-    """
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        cps = (int(value),) * ndim
-    else:
-        try:
-            cps = tuple(value)  # type: ignore[arg-type]
-        except TypeError:
-            raise ConfigurationError(f"chunks_per_shard must be an int or a tuple of ints, got {value!r}", path) from None
-        if len(cps) != ndim:
-            raise ConfigurationError(
-                f"chunks_per_shard {cps} has {len(cps)} value(s), the array has {ndim} dimension(s)", path
-            )
-    for c in cps:
-        if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1:
-            raise ConfigurationError(f"chunks_per_shard values must be ints >= 1, got {cps}", path)
-    return tuple(int(c) for c in cps)
 
 
 # -- v2 -> v3 ------------------------------------------------------------
