@@ -1,14 +1,10 @@
-"""Pieces of the proxy's 2022 draft mode that do no store I/O of their own.
+"""The 2022 draft hierarchy: its entry point test (one read) and what the proxy knows about one array.
 
-The draft hierarchy's entry point test, the zarr-python 2.18 ``StoreV3``
-registration, and what the proxy knows about one array. Used by
-:mod:`shardkv.proxy.draft`.
+Used by :mod:`shardkv.proxy.draft` and :mod:`shardkv.proxy.layouts`.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -16,24 +12,11 @@ from shardkv.errors import MetadataError
 from shardkv.metadata.documents import load_json
 from shardkv.transformers import DATA_ROOT, AbstractStore, AdapterStore
 
-__all__ = ["DRAFT_ZARR_FORMAT", "META_ROOT", "DraftArray", "is_draft_hierarchy", "register_with_zarr2"]
+__all__ = ["DRAFT_ZARR_FORMAT", "META_ROOT", "DraftArray", "is_draft_hierarchy"]
 
 DRAFT_ZARR_FORMAT = "https://purl.org/zarr/spec/protocol/core/3.0"
 """The ``zarr_format`` of a 2022 draft hierarchy's root ``zarr.json``."""
 META_ROOT = "meta/root/"
-_registered: set[type] = set()
-
-
-def register_with_zarr2(cls: type) -> None:
-    """Make ``cls`` a virtual ``StoreV3`` of zarr-python 2 (if installed) so its v3 API takes it as is."""
-    if cls in _registered:
-        return
-    _registered.add(cls)
-    if importlib.util.find_spec("zarr") is None:
-        return
-    zarr = importlib.import_module("zarr")
-    if str(getattr(zarr, "__version__", "")).startswith("2."):
-        importlib.import_module("zarr._storage.store").StoreV3.register(cls)
 
 
 def is_draft_hierarchy(store: Any, storage_options: Mapping[str, Any] | None = None) -> bool:

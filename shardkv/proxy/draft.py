@@ -32,7 +32,8 @@ from shardkv.errors import ConfigurationError
 from shardkv.format.ranges import ByteRange
 from shardkv.keys.encodings import validate_key
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
-from shardkv.metadata.draft import DRAFT_ZARR_FORMAT, META_ROOT, DraftArray, is_draft_hierarchy, register_with_zarr2
+from shardkv.metadata.draft import DRAFT_ZARR_FORMAT, META_ROOT, DraftArray, is_draft_hierarchy
+from shardkv.proxy import _zarr2
 from shardkv.proxy._zarr2 import StoreCapabilities
 from shardkv.proxy.draft_nodes import DraftNodes
 from shardkv.proxy.values import to_bytes
@@ -93,7 +94,7 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
         self._cps = rule.value  # shown by repr
         self._api = store if isinstance(store, AbstractStore) else AdapterStore(store, storage_options)
         self._nodes = DraftNodes(self._api, rule)
-        register_with_zarr2(type(self))
+        _zarr2.register(type(self), "StoreV3")
 
     # -- configuration and discovery -------------------------------------------------
 
