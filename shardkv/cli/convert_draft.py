@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from shardkv.errors import ConfigurationError, DestinationNotEmptyError, InvalidKeyError
 from shardkv.keys.paths import owning_array
@@ -141,13 +141,7 @@ def convert_draft(
     reader = DraftShardedStore(source)
     report = DraftConvertReport(src_name, dst_name)
     keys = reader.list()
-    arrays = {p: k for k in keys if (p := reader.array_path_of(k)) is not None}
-    owner_of: dict[str, str] = {}
-    for key in keys:
-        if key.startswith(DATA_ROOT):
-            owner = owning_array(key[len(DATA_ROOT) :], arrays, lambda segment: segment.startswith("c"))
-            if owner is not None:
-                owner_of[key] = owner
+    arrays, owner_of = _owners(reader, keys)
     meta_out: dict[str, bytes] = {}
     plain = [k for k in keys if k not in owner_of and reader.array_path_of(k) is None]
     report.groups = sum(1 for k in plain if k.startswith("meta/") and ".group" in k)
@@ -167,6 +161,31 @@ def convert_draft(
             _pack(reader, transformer, chunk_keys, report, bar)
             report.sharded_arrays += 1
             meta_out[meta_key] = dump_json({**doc, "storage_transformers": [transformer.to_metadata()]}, key=meta_key)
+    _copy_as_stored(reader, target, plain, owner_of, meta_out, report)
+    # metadata last: array and group documents, then the entry point
+    target.set_many({k: v for k, v in meta_out.items() if k != "zarr.json"})
+    if "zarr.json" in meta_out:
+        target.set_many({"zarr.json": meta_out["zarr.json"]})
+    return report
+
+
+def _owners(reader: DraftShardedStore, keys: Sequence[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """``({array path: metadata key}, {chunk key: array path})`` of a listing."""
+    arrays = {p: k for k in keys if (p := reader.array_path_of(k)) is not None}
+    owner_of: dict[str, str] = {}
+    for key in keys:
+        if key.startswith(DATA_ROOT):
+            owner = owning_array(key[len(DATA_ROOT) :], arrays, lambda segment: segment.startswith("c"))
+            if owner is not None:
+                owner_of[key] = owner
+    return arrays, owner_of
+
+
+def _copy_as_stored(
+    reader: DraftShardedStore, target: StoreAdapter, plain: Sequence[str], owner_of: Mapping[str, str],
+    meta_out: dict[str, bytes], report: DraftConvertReport,
+) -> None:  # fmt: skip
+    """Copy keys as they are, in batches; metadata documents are kept in ``meta_out`` to be written last."""
     for start in range(0, len(plain), _BATCH_KEYS):
         batch = plain[start : start + _BATCH_KEYS]
         values = reader.getitems(batch)
@@ -175,11 +194,6 @@ def convert_draft(
         target.set_many(data)
         report.chunks += sum(1 for k in data if k in owner_of)
         report.other_keys += sum(1 for k in values if k not in owner_of)
-    # metadata last: array and group documents, then the entry point
-    target.set_many({k: v for k, v in meta_out.items() if k != "zarr.json"})
-    if "zarr.json" in meta_out:
-        target.set_many({"zarr.json": meta_out["zarr.json"]})
-    return report
 
 
 def _pack(

@@ -174,6 +174,49 @@ def _v2_codec(codec: Any, dtype: np.dtype) -> dict[str, Any] | None:
     return None
 
 
+def _structure_problems(metadata: Mapping[str, Any], codecs: list[Any]) -> list[str]:
+    """Why a v3 array cannot be presented at all (transformers, not sharded, codecs on whole shards, 0-d)."""
+    problems: list[str] = []
+    if metadata.get("storage_transformers"):
+        problems.append("storage transformers have no v2 equivalent")
+    if not codecs or codecs[0].get("name") != SHARDING_CODEC:
+        problems.append("the array is not sharded (its first codec is not sharding_indexed)")
+    elif len(codecs) > 1:
+        problems.append(f"codecs after sharding_indexed ({[c.get('name') for c in codecs[1:]]}) encode whole shards")
+    if not metadata.get("shape"):
+        problems.append("0-d arrays are not presented")
+    return problems
+
+
+def _v2_order(inner: CodecPipeline, ndim: int, problems: list[str]) -> str:
+    """The v2 ``order`` the inner array -> array codecs amount to (only transposes to F order have one)."""
+    order = "C"
+    for c in inner.array_to_array:
+        if isinstance(c, TransposeCodec) and c.order == tuple(range(ndim))[::-1]:
+            order = "F" if order == "C" else "C"
+        elif isinstance(c, TransposeCodec) and c.order == tuple(range(ndim)):
+            continue
+        else:
+            problems.append(f"inner codec {c.get_config()} has no v2 equivalent (only transpose to F order)")
+    return order
+
+
+def _v2_dtype_and_fill(metadata: Mapping[str, Any], inner: CodecPipeline, problems: list[str]) -> tuple[np.dtype, Any]:
+    """The v2 ``dtype`` (with the ``bytes`` codec's endian) and ``fill_value``; ``(u1, 0)`` after a problem."""
+    if not isinstance(inner.array_to_bytes, BytesCodec):
+        name = inner.array_to_bytes.get_config()["name"]
+        problems.append(f"inner array -> bytes codec {name!r} has no v2 equivalent (nested sharding?)")
+        endian = None
+    else:
+        endian = inner.array_to_bytes.endian
+    try:
+        dtype = numpy_dtype_of_v3(metadata.get("data_type"), endian)
+        return dtype, _v2_fill(fill_value_from_v3(metadata.get("fill_value"), dtype), dtype)
+    except ConfigurationError as exc:
+        problems.append(exc.reason)
+        return np.dtype("u1"), 0
+
+
 def v2_view_of_v3(metadata: Mapping[str, Any], path: str = "") -> V2View:
     """The v2 documents that present a v3 ``zarr.json`` to zarr-python 2, or why there are none.
 
@@ -200,16 +243,8 @@ def v2_view_of_v3(metadata: Mapping[str, Any], path: str = "") -> V2View:
         return V2View(docs)
     if metadata.get("node_type") != "array":
         return V2View(problems=(f"{where}node_type {metadata.get('node_type')!r} is neither array nor group",))
-    problems: list[str] = []
     codecs = list(metadata.get("codecs") or [])
-    if metadata.get("storage_transformers"):
-        problems.append("storage transformers have no v2 equivalent")
-    if not codecs or codecs[0].get("name") != SHARDING_CODEC:
-        problems.append("the array is not sharded (its first codec is not sharding_indexed)")
-    elif len(codecs) > 1:
-        problems.append(f"codecs after sharding_indexed ({[c.get('name') for c in codecs[1:]]}) encode whole shards")
-    if not metadata.get("shape"):
-        problems.append("0-d arrays are not presented")
+    problems = _structure_problems(metadata, codecs)
     if problems:
         return V2View(problems=tuple(where + p for p in problems))
     try:
@@ -219,27 +254,8 @@ def v2_view_of_v3(metadata: Mapping[str, Any], path: str = "") -> V2View:
         return V2View(problems=(f"{where}invalid sharding configuration: {exc}",))
     if spec is None:  # pragma: no cover - excluded above
         return V2View(problems=(f"{where}not sharded",))
-    ndim = len(spec.shape)
-    order = "C"
-    for c in inner.array_to_array:
-        if isinstance(c, TransposeCodec) and c.order == tuple(range(ndim))[::-1]:
-            order = "F" if order == "C" else "C"
-        elif isinstance(c, TransposeCodec) and c.order == tuple(range(ndim)):
-            continue
-        else:
-            problems.append(f"inner codec {c.get_config()} has no v2 equivalent (only transpose to F order)")
-    if not isinstance(inner.array_to_bytes, BytesCodec):
-        name = inner.array_to_bytes.get_config()["name"]
-        problems.append(f"inner array -> bytes codec {name!r} has no v2 equivalent (nested sharding?)")
-        endian = None
-    else:
-        endian = inner.array_to_bytes.endian
-    try:
-        dtype = numpy_dtype_of_v3(metadata.get("data_type"), endian)
-        fill = _v2_fill(fill_value_from_v3(metadata.get("fill_value"), dtype), dtype)
-    except ConfigurationError as exc:
-        problems.append(exc.reason)
-        dtype, fill = np.dtype("u1"), 0
+    order = _v2_order(inner, len(spec.shape), problems)
+    dtype, fill = _v2_dtype_and_fill(metadata, inner, problems)
     numcodecs_configs = []
     for c in inner.bytes_to_bytes:
         conf = _v2_codec(c, dtype)

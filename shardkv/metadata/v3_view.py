@@ -126,6 +126,26 @@ def _compressor_codecs(compressor: Mapping[str, Any] | None, dtype: np.dtype) ->
     return [{"name": f"numcodecs.{cid}", "configuration": config}]
 
 
+def _inner_codecs(zarray: Mapping[str, Any], dtype: np.dtype, ndim: int, problems: list[str]) -> list[dict[str, Any]]:
+    """The v3 inner codecs of a v2 array with a v3 core data type; what v3 readers lack goes to ``problems``."""
+    inner: list[dict[str, Any]] = []
+    if zarray.get("order", "C") == "F" and ndim > 1:
+        inner.append({"name": "transpose", "configuration": {"order": list(range(ndim))[::-1]}})
+    for f in zarray.get("filters") or []:
+        inner.append({"name": f"numcodecs.{f['id']}", "configuration": {k: v for k, v in f.items() if k != "id"}})
+        problems.append(f"v2 filter {f['id']!r} is not a Zarr v3 core codec (zarr-python 3 only, as numcodecs.{f['id']})")
+    if dtype.itemsize > 1 and dtype.byteorder != "|":
+        endian = "big" if dtype.byteorder == ">" or (dtype.byteorder == "=" and np.little_endian is False) else "little"
+        inner.append({"name": "bytes", "configuration": {"endian": endian}})
+    else:
+        inner.append({"name": "bytes"})
+    compressor_codecs = _compressor_codecs(zarray.get("compressor"), dtype)
+    for c in compressor_codecs:
+        if c["name"].startswith("numcodecs."):
+            problems.append(f"compressor {c['name'][10:]!r} is not a Zarr v3 core codec (zarr-python 3 only, as {c['name']})")
+    return inner + compressor_codecs
+
+
 def v3_view_of_v2(
     zarray: Mapping[str, Any],
     zattrs: Mapping[str, Any] | None,
@@ -161,37 +181,20 @@ def v3_view_of_v2(
         )
     problems: list[str] = []
     dtype = np.dtype(zarray["dtype"])
-    dtype_key = f"{dtype.kind}{dtype.itemsize}"
-    data_type: Any = _V3_DTYPES.get(dtype_key) if dtype.fields is None else None
+    data_type: Any = _V3_DTYPES.get(f"{dtype.kind}{dtype.itemsize}") if dtype.fields is None else None
     if data_type is None:
         problems.append(f"dtype {zarray['dtype']!r} has no Zarr v3 core data type")
         data_type = {"name": "shardkv.v2_dtype", "configuration": {"dtype": zarray["dtype"]}}
         fill_value: Any = zarray.get("fill_value")
-    else:
-        fill_value = _v3_fill_value(zarray.get("fill_value"), dtype)
-
-    inner: list[dict[str, Any]] = []
-    if zarray.get("order", "C") == "F" and len(shape) > 1:
-        inner.append({"name": "transpose", "configuration": {"order": list(range(len(shape)))[::-1]}})
-    for f in zarray.get("filters") or []:
-        inner.append({"name": f"numcodecs.{f['id']}", "configuration": {k: v for k, v in f.items() if k != "id"}})
-        problems.append(f"v2 filter {f['id']!r} is not a Zarr v3 core codec (zarr-python 3 only, as numcodecs.{f['id']})")
-    if dtype.itemsize > 1 and dtype.byteorder != "|":
-        endian = "big" if dtype.byteorder == ">" or (dtype.byteorder == "=" and np.little_endian is False) else "little"
-        inner.append({"name": "bytes", "configuration": {"endian": endian}})
-    else:
-        inner.append({"name": "bytes"})
-    compressor_codecs = _compressor_codecs(zarray.get("compressor"), dtype)
-    for c in compressor_codecs:
-        if c["name"].startswith("numcodecs."):
-            problems.append(f"compressor {c['name'][10:]!r} is not a Zarr v3 core codec (zarr-python 3 only, as {c['name']})")
-    inner.extend(compressor_codecs)
-    if isinstance(data_type, dict):
+        _inner_codecs(zarray, dtype, len(shape), problems)  # its problems are reported all the same
         # no v3 reader may decode these chunks as anything else: one opaque codec
-        inner = [{"name": "shardkv.v2_chunk", "configuration": {
+        inner: list[dict[str, Any]] = [{"name": "shardkv.v2_chunk", "configuration": {
             "dtype": zarray["dtype"], "order": zarray.get("order", "C"),
             "compressor": zarray.get("compressor"), "filters": zarray.get("filters"),
         }}]  # fmt: skip
+    else:
+        fill_value = _v3_fill_value(zarray.get("fill_value"), dtype)
+        inner = _inner_codecs(zarray, dtype, len(shape), problems)
 
     index_codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": layout.index_endian}}]
     if layout.index_checksum:
