@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from shardkv.errors import ConfigurationError, NotAHierarchyError
 from shardkv.keys.encodings import V2ChunkKeyEncoding, grid_shape
-from shardkv.keys.paths import owning_array
+from shardkv.keys.paths import owning_array, path_prefix
 from shardkv.metadata.v3_view import v2_dimension_separator, v3_view_of_v2
 from shardkv.storage.adapters import StoreAdapter, adapt
 
@@ -45,14 +45,6 @@ META_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.jso
 """Names of the metadata documents of a Zarr v2 hierarchy (and shardkv's ``zarr.json`` view)."""
 
 _INDEX_BATCH = 1024  # shards whose indexes are read in one batched request
-
-
-def _join(path: str, name: str) -> str:
-    return f"{path}/{name}" if path else name
-
-
-def _prefix(path: str) -> str:
-    return f"{path}/" if path else ""
 
 
 @dataclass
@@ -210,7 +202,7 @@ def classify_array(path: str, zarray: Mapping[str, Any], keys: Iterable[str]) ->
     """
     if len(zarray["shape"]) != len(zarray["chunks"]):
         raise ConfigurationError(f".zarray shape {zarray['shape']} and chunks {zarray['chunks']} differ in length", path)
-    prefix = _prefix(path)
+    prefix = path_prefix(path)
     keys = list(keys)
     suffixes = [k[len(prefix) :] for k in keys]
     separator, detected = detect_separator(path, zarray, suffixes)
