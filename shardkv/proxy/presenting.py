@@ -75,14 +75,18 @@ class PresentingAdapter(StoreAdapter):
 
     # -- reads -------------------------------------------------------------
 
+    def _presented_or_missing(self, key: str) -> bytes:
+        """The derived document at ``key``; ``KeyError`` when there is none (called on an inner miss)."""
+        value = self._presented(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
     def get(self, key: str) -> bytes:
         try:
             return self.inner.get(key)
         except KeyError:
-            value = self._presented(key)
-            if value is None:
-                raise
-            return value
+            return self._presented_or_missing(key)
 
     def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
         out = self.inner.get_many(keys)
@@ -130,10 +134,7 @@ class PresentingAdapter(StoreAdapter):
         try:
             return self.inner.size(key)
         except KeyError:
-            value = self._presented(key)
-            if value is None:
-                raise
-            return len(value)
+            return len(self._presented_or_missing(key))
 
     def validator(self, key: str) -> Hashable:
         return self.inner.validator(key)
