@@ -134,8 +134,9 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
     _store_version = 2  # the zarr-python 2 store protocol this proxy speaks
 
     def __new__(cls, store: Any = None, *args: Any, layout: Layout | None = None, **kwargs: Any) -> Any:
-        # the draft hierarchy proxy when layout="draft2022" or the store holds one (the same choice as open_store)
-        if cls is ShardedStore:
+        # the draft hierarchy proxy when layout="draft2022" or the store holds one (the same choice as open_store);
+        # no store: unpickling (object.__reduce_ex__ calls __new__ with the class alone)
+        if cls is ShardedStore and store is not None:
             draft = open_unless_v2(store, layout, args, kwargs)
             if draft is not None:
                 return draft
