@@ -17,11 +17,13 @@ from shardkv.errors import (
 )
 from shardkv.format.index import EMPTY, ShardIndex
 from shardkv.format.layout import ShardLayout
+from shardkv.proxy.factory import open_store
 from shardkv.proxy.store import ShardedStore
 
 __all__ = [
     "__version__",
     "ShardedStore",
+    "open_store",
     "ShardingCodec",
     "ShardIndex",
     "ShardLayout",

@@ -14,6 +14,7 @@ are never turned into ``KeyError``; they propagate unchanged.
 from __future__ import annotations
 
 import pickle
+from typing import Any, Sequence
 
 __all__ = [
     "ShardKVError",
@@ -24,11 +25,18 @@ __all__ = [
     "CorruptShardError",
     "ChecksumError",
     "UnsupportedError",
+    "MetadataError",
+    "UnknownStorageTransformerError",
+    "NotAHierarchyError",
+    "DestinationNotEmptyError",
+    "SameLocationError",
+    "DemoError",
     "LockTimeoutError",
     "ConcurrentUpdateError",
     "UnflushedWritesError",
     "LostRaceError",
 ]
+
 
 
 class ShardKVError(Exception):
@@ -125,6 +133,71 @@ class ChecksumError(CorruptShardError):
 
 class UnsupportedError(ShardKVError, NotImplementedError):
     """A valid feature that this version of shardkv does not implement (named in the message)."""
+
+
+class MetadataError(ConfigurationError):
+    """A stored metadata document that cannot be read (not JSON, or not a JSON object).
+
+    Attributes
+    ----------
+    key : str
+        The key of the document in the store.
+    """
+
+    def __init__(self, key: str, reason: str, path: str | None = None) -> None:
+        self.key = key
+        super().__init__(f"metadata document {key!r}: {reason}", path)
+
+
+class UnknownStorageTransformerError(UnsupportedError):
+    """A ``storage_transformers`` entry that no registered transformer implements.
+
+    Attributes
+    ----------
+    extension : str
+        The entry's ``extension`` URI, as stored.
+    type : str
+        The entry's ``type``, as stored.
+    path : str or None
+        The array the entry belongs to, where known.
+    """
+
+    def __init__(self, extension: Any, type: Any, path: str | None = None, known: Sequence[str] = ()) -> None:
+        self.extension = extension
+        self.type = type
+        self.path = path
+        where = f"array {path!r}: " if path is not None else ""
+        choices = ", ".join(known) or "none"
+        super().__init__(
+            f"{where}storage transformer {extension!r} of type {type!r} is not supported, so the array "
+            f"cannot be read or written safely (registered: {choices})"
+        )
+
+
+class NotAHierarchyError(ConfigurationError):
+    """A store that is missing, empty, or not a Zarr v2 hierarchy (no root ``.zgroup`` or ``.zarray``)."""
+
+
+class DestinationNotEmptyError(ShardKVError, FileExistsError):
+    """The destination of a conversion already holds keys (pass ``overwrite=True`` to replace them).
+
+    Attributes
+    ----------
+    dst : str
+        The destination, as given.
+    """
+
+    def __init__(self, dst: str) -> None:
+        self.dst = dst
+        super().__init__(f"destination {dst} is not empty (use --overwrite / overwrite=True to replace it)")
+
+
+class SameLocationError(ShardKVError, ValueError):
+    """Source and destination of a conversion are the same place, or one lies inside the other."""
+
+
+class DemoError(ShardKVError, FileExistsError):
+    """The demo's input or output directory exists and was not made by the demo."""
 
 
 class LockTimeoutError(ShardKVError, TimeoutError):

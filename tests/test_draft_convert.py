@@ -19,9 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardkv.cli.convert import DestinationNotEmptyError
 from shardkv.cli.convert_draft import convert_draft
-from shardkv.errors import ConfigurationError
+from shardkv.errors import ConfigurationError, DestinationNotEmptyError
 from shardkv.proxy.draft import DraftShardedStore
 from shardkv.storage.adapters import adapt
 

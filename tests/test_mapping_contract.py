@@ -27,7 +27,7 @@ from transformer_mapping import TransformerMapping, transformer_over
 from transformer_mapping import chunk_key as transformer_chunk_key
 
 from shardkv import ChunkOutOfGridError, InvalidKeyError, ReservedKeyError, ShardedStore
-
+from shardkv.proxy.draft import DraftShardedStore
 
 # The test array: shape (5, 7), inner chunks (2, 2) -> chunk grid (3, 4);
 # chunks_per_shard (2, 3) -> shard grid (2, 2), edge shards in both dimensions
@@ -242,35 +242,78 @@ PROXY_CASES = [
 ]
 
 
-@pytest.fixture(params=PROXY_CASES)
-def proxy_case(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[ShardedStore, dict[str, bytes], str, str, Any]:
-    kind, placement, kwargs = request.param
+def _proxy_case(param: Any, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[Any, dict[str, bytes], str, str, Any]:
+    kind, placement, kwargs = param
     base = make_base(kind, tmp_path, request)
+    if placement == "draft2022":
+        return (*draft_store(base), "", "", base)
     store, initial = sharded_store(base, placement, **kwargs)
     path, sep, _ = PLACEMENTS[placement]
     return store, initial, path, sep, base
 
 
+@pytest.fixture(params=PROXY_CASES)
+def proxy_case(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[ShardedStore, dict[str, bytes], str, str, Any]:
+    return _proxy_case(request.param, tmp_path, request)
+
+
+# the 2022 draft proxy (DraftShardedStore, found by ShardedStore's layout detection) under the same contract
+DRAFT_CASES = [pytest.param((base, "draft2022", {}), id=f"draft2022-{base}") for base in ("dict", "memory")]
+DRAFT_ENTRY_POINT = json.dumps(
+    {"zarr_format": "https://purl.org/zarr/spec/protocol/core/3.0", "metadata_key_suffix": ".json", "extensions": [],
+     "metadata_encoding": "https://purl.org/zarr/spec/protocol/core/3.0"}
+).encode()  # fmt: skip
+
+
+def draft_store(base: Any) -> tuple[Any, dict[str, bytes]]:
+    """The proxy over a new draft hierarchy holding one empty sharded array at ``g/a``; and its initial items."""
+    if isinstance(base, str):
+        fsspec.get_mapper(base)["zarr.json"] = DRAFT_ENTRY_POINT
+    else:
+        base["zarr.json"] = DRAFT_ENTRY_POINT
+    store = ShardedStore(base, chunks_per_shard=CPS)
+    assert isinstance(store, DraftShardedStore)
+    store["meta/root/g/a.array.json"] = json.dumps(
+        {"shape": list(SHAPE), "data_type": "|u1", "chunk_grid": {"type": "regular", "chunk_shape": list(CHUNKS),
+         "separator": "/"}, "chunk_memory_layout": "C", "fill_value": 0, "extensions": [], "attributes": {}}
+    ).encode()  # fmt: skip
+    assert store.storage_transformers("g/a") != []
+    return store, {"zarr.json": DRAFT_ENTRY_POINT, "meta/root/g/a.array.json": store["meta/root/g/a.array.json"]}
+
+
+@pytest.fixture(params=PROXY_CASES + DRAFT_CASES)
+def contract_case(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Any, dict[str, bytes], str, str, Any]:
+    return _proxy_case(request.param, tmp_path, request)
+
+
+def _base_keys(mapping: Any) -> list[str]:
+    base = mapping.base
+    return list(base.iter_keys()) if hasattr(base, "iter_keys") else base.list_prefix("")
+
+
 class TestContractOnShardedStore(MutableMappingContract):
     @pytest.fixture
-    def mapping(self, proxy_case) -> ShardedStore:
-        return proxy_case[0]
+    def mapping(self, contract_case) -> ShardedStore:
+        return contract_case[0]
 
     @pytest.fixture
-    def initial(self, proxy_case) -> dict[str, bytes]:
-        return proxy_case[1]
+    def initial(self, contract_case) -> dict[str, bytes]:
+        return contract_case[1]
 
     @pytest.fixture
-    def items(self, proxy_case) -> list[tuple[str, bytes]]:
-        _, _, path, sep, _ = proxy_case
+    def items(self, contract_case) -> list[tuple[str, bytes]]:
+        store, _, path, sep, _ = contract_case
+        coords = [(0, 0), (0, 1), (2, 3), (1, 2), (2, 0)]
+        if isinstance(store, DraftShardedStore):
+            return [(f"data/root/g/a/c{r}/{c}", value_for((r, c))) for r, c in coords]
         # (0,0),(0,1) share shard (0,0); (2,3) is alone in edge shard (1,1); (1,2) in shard (0,0); (2,0) in (1,0)
-        return [(chunk_key(path, sep, c), value_for(c)) for c in [(0, 0), (0, 1), (2, 3), (1, 2), (2, 0)]]
+        return [(chunk_key(path, sep, c), value_for(c)) for c in coords]
 
     def test_clear_empties_the_base_store(self, mapping, items) -> None:
         for k, v in items:
             mapping[k] = v
         mapping.clear()
-        assert list(mapping.base.iter_keys()) == []
+        assert _base_keys(mapping) == []
 
 
 # -- the contract on the 2022 draft sharding transformer (one engine, same contract) ----------

@@ -28,6 +28,7 @@ from transformer_mapping import TransformerMapping, transformer_over
 from transformer_mapping import chunk_key as transformer_chunk_key
 
 from shardkv import ShardedStore
+from shardkv.proxy.draft import DraftShardedStore
 
 SHAPE, CHUNKS, CPS, GRID = (5, 7), (2, 2), (2, 3), (3, 4)
 META = (".zarray", ".zgroup", ".zattrs", "zarr.json")
@@ -49,6 +50,8 @@ class ShardedStoreMachine(RuleBasedStateMachine):
     path, sep = "", "."
     proxy_options: dict[str, Any] = {}
 
+    n_metadata_keys = 1  # keys the proxy lists besides chunks (.zarray)
+
     def __init__(self) -> None:
         super().__init__()
         self.base = self.make_base()
@@ -63,8 +66,11 @@ class ShardedStoreMachine(RuleBasedStateMachine):
         if not new:  # no chunks_per_shard: read from zarr.json
             return ShardedStore(self.base, **{k: v for k, v in self.proxy_options.items() if k == "buffer_bytes"})
         store = ShardedStore(self.base, chunks_per_shard=CPS, **self.proxy_options)
-        store[self.meta_key] = zarray(self.sep)
+        store[self.meta_key] = self.array_metadata()
         return store
+
+    def array_metadata(self) -> bytes:
+        return zarray(self.sep)
 
     @property
     def meta_key(self) -> str:
@@ -135,7 +141,7 @@ class ShardedStoreMachine(RuleBasedStateMachine):
     @rule()
     def iterate(self) -> None:
         assert self.chunk_keys_of_proxy() == set(self.model)
-        assert len(self.store) == len(self.model) + 1  # + .zarray
+        assert len(self.store) == len(self.model) + self.n_metadata_keys
 
     @rule()
     def reopen(self) -> None:
@@ -238,6 +244,37 @@ class TransformerLocalMachine(TransformerMachine):
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+class DraftMachine(ShardedStoreMachine):
+    """The same rules on the 2022 draft proxy (ShardedStore detects the draft hierarchy), nested array."""
+
+    n_metadata_keys = 2  # zarr.json entry point, array metadata
+
+    def make_base(self) -> Any:
+        return {"zarr.json": json.dumps({"zarr_format": "https://purl.org/zarr/spec/protocol/core/3.0",
+                                         "metadata_encoding": "https://purl.org/zarr/spec/protocol/core/3.0",
+                                         "metadata_key_suffix": ".json", "extensions": []}).encode()}  # fmt: skip
+
+    def array_metadata(self) -> bytes:
+        return json.dumps(
+            {"shape": list(SHAPE), "data_type": "|u1", "chunk_grid": {"type": "regular", "chunk_shape": list(CHUNKS),
+             "separator": "/"}, "chunk_memory_layout": "C", "fill_value": 0, "extensions": [], "attributes": {}}
+        ).encode()  # fmt: skip
+
+    @property
+    def meta_key(self) -> str:
+        return "meta/root/g/arr.array.json"
+
+    def key(self, c: tuple[int, int]) -> str:
+        return f"data/root/g/arr/c{c[0]}/{c[1]}"
+
+    def chunk_keys_of_proxy(self) -> set[str]:
+        return {k for k in self.store if k.startswith("data/")}
+
+    @invariant()
+    def opened_as_draft_proxy(self) -> None:
+        assert isinstance(self.store, DraftShardedStore)
+
+
 _settings = settings(
     max_examples=40, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
@@ -259,3 +296,4 @@ _transformer_settings = settings(
 TestTransformerStateful = _test_case(TransformerMachine, _transformer_settings)
 TestTransformerMemoryFSStateful = _test_case(TransformerMemoryFSMachine, _transformer_settings)
 TestTransformerLocalStateful = _test_case(TransformerLocalMachine, _transformer_settings)
+TestDraftStateful = _test_case(DraftMachine, _settings)

@@ -17,9 +17,9 @@ import zarr
 
 from shardkv import ConfigurationError, ShardLayout, UnsupportedError
 from shardkv.keys.encodings import V2ChunkKeyEncoding
+from shardkv.metadata.chunks_per_shard import normalize_chunks_per_shard
 from shardkv.metadata.v3_view import (
     SHARDING_CODEC,
-    normalize_chunks_per_shard,
     sharding_spec_from_v3,
     v2_dimension_separator,
     v3_view_of_v2,

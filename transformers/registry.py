@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from shardkv.errors import ConfigurationError, UnsupportedError
+from shardkv.errors import ConfigurationError, UnknownStorageTransformerError, UnsupportedError
 
 from .api import AbstractStore
 from .sharding import ShardingStorageTransformer
@@ -31,31 +31,6 @@ __all__ = [
     "build_stack",
     "storage_transformer_entries",
 ]
-
-
-class UnknownStorageTransformerError(UnsupportedError):
-    """A ``storage_transformers`` entry that no registered transformer implements.
-
-    Attributes
-    ----------
-    extension : str
-        The entry's ``extension`` URI, as stored.
-    type : str
-        The entry's ``type``, as stored.
-    path : str or None
-        The array the entry belongs to, where known.
-    """
-
-    def __init__(self, extension: Any, type: Any, path: str | None = None, known: Sequence[str] = ()) -> None:
-        self.extension = extension
-        self.type = type
-        self.path = path
-        where = f"array {path!r}: " if path is not None else ""
-        choices = ", ".join(known) or "none"
-        super().__init__(
-            f"{where}storage transformer {extension!r} of type {type!r} is not supported, so the array "
-            f"cannot be read or written safely (registered: {choices})"
-        )
 
 
 _REGISTRY: dict[tuple[str, str], type] = {}

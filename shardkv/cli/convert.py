@@ -40,11 +40,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Mapping, Sequence
 
 from shardkv.cli.info import META_NAMES, ArrayKeys, read_hierarchy
-from shardkv.errors import ConfigurationError, ShardKVError
+from shardkv.errors import ConfigurationError, DestinationNotEmptyError, SameLocationError
 from shardkv.format.layout import ShardLayout
 from shardkv.keys.encodings import V2ChunkKeyEncoding, chunk_to_shard
+from shardkv.metadata.chunks_per_shard import check_chunks_per_shard
+from shardkv.metadata.documents import dump_json
+from shardkv.metadata.draft import is_draft_hierarchy
 from shardkv.metadata.v3_view import sharding_spec_from_v3, v3_view_of_v2
-from shardkv.proxy.store import _dump
 from shardkv.storage.adapters import FSMapAdapter, StoreAdapter, adapt
 
 __all__ = [
@@ -65,48 +67,7 @@ _WRITE_BATCH_OBJECTS = 64  # shards held before one batched write
 _COPY_BATCH_KEYS = 32  # keys copied as they are per batched read + write
 
 
-class DestinationNotEmptyError(ShardKVError, FileExistsError):
-    """The destination of a conversion already holds keys (pass ``overwrite=True`` to replace them).
-
-    Attributes
-    ----------
-    dst : str
-        The destination, as given.
-    """
-
-    def __init__(self, dst: str) -> None:
-        self.dst = dst
-        super().__init__(f"destination {dst} is not empty (use --overwrite / overwrite=True to replace it)")
-
-
-class SameLocationError(ShardKVError, ValueError):
-    """Source and destination of a conversion are the same place, or one lies inside the other."""
-
-
 # -- options ---------------------------------------------------------------
-
-
-def check_chunks_per_shard(value: Any) -> ChunksPerShard:
-    """Validate ``chunks_per_shard``: an int >= 1, or a non-empty sequence of ints >= 1.
-
-    Raises
-    ------
-    ConfigurationError
-        Naming the value received.
-    """
-    if isinstance(value, bool):
-        raise ConfigurationError(f"chunks_per_shard must be an int >= 1 or a tuple of them, got {value!r}")
-    if isinstance(value, int):
-        if value < 1:
-            raise ConfigurationError(f"chunks_per_shard must be >= 1, got {value}")
-        return value
-    try:
-        values = tuple(value)
-    except TypeError:
-        raise ConfigurationError(f"chunks_per_shard must be an int >= 1 or a tuple of them, got {value!r}") from None
-    if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
-        raise ConfigurationError(f"chunks_per_shard values must be ints >= 1, got {value!r}")
-    return values
 
 
 def parse_chunks_per_shard(text: str) -> ChunksPerShard:
@@ -323,11 +284,6 @@ def _copy(src: StoreAdapter, keys: Sequence[str], writer: _Writer, progress: Any
     return nbytes
 
 
-def _json_bytes(doc: Any) -> bytes:
-    """A v2 metadata document as zarr-python 2 writes it (4-space indent, sorted keys)."""
-    return json.dumps(doc, indent=4, sort_keys=True, ensure_ascii=True).encode()
-
-
 def _plan(
     keys: ArrayKeys, meta: Mapping[str, bytes], chunks_per_shard: ChunksPerShard
 ) -> tuple[tuple[int, ...] | None, str | None]:
@@ -406,9 +362,7 @@ def convert(
     src_name, dst_name = _name(src), _name(dst)
     source, target = adapt(src, storage_options), adapt(dst, storage_options)
     _check_distinct(source, target, src_name, dst_name)
-    from shardkv.proxy.draft import is_draft_hierarchy  # a 2022 draft hierarchy gets the draft's sharding transformer
-
-    if is_draft_hierarchy(source):
+    if is_draft_hierarchy(source):  # a 2022 draft hierarchy gets the draft's sharding transformer
         from shardkv.cli.convert_draft import convert_draft
 
         if index_location != "end" or not index_checksum:
@@ -508,11 +462,11 @@ def _array_metadata(
     zarray = dict(keys.zarray)
     if keys.separator_detected:
         zarray["dimension_separator"] = keys.separator
-        out[prefix + ".zarray"] = _json_bytes(zarray)
+        out[prefix + ".zarray"] = dump_json(zarray)
         amended[keys.path] = zarray
     zattrs_raw = meta.get(prefix + ".zattrs")
     zattrs = json.loads(bytes(zattrs_raw)) if zattrs_raw is not None else {}
-    out[prefix + "zarr.json"] = _dump(v3_view_of_v2(zarray, zattrs, layout).metadata)
+    out[prefix + "zarr.json"] = dump_json(v3_view_of_v2(zarray, zattrs, layout).metadata, strict=True)
     return out
 
 
@@ -536,7 +490,7 @@ def _amend_consolidated(meta_out: dict[str, bytes], amended: Mapping[str, dict[s
                 entries[entry] = zarray
                 changed = True
         if changed:
-            meta_out[key] = _json_bytes(doc)
+            meta_out[key] = dump_json(doc)
 
 
 def _metadata_order(key: str) -> tuple[int, int, str]:

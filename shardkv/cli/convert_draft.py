@@ -18,15 +18,18 @@ chunk grid (stale chunks) are skipped and counted.
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
-from shardkv.errors import ConfigurationError, InvalidKeyError
-from shardkv.proxy.draft import DraftShardedStore, is_draft_hierarchy
+from shardkv.errors import ConfigurationError, DestinationNotEmptyError, InvalidKeyError
+from shardkv.keys.paths import owning_array
+from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
+from shardkv.metadata.documents import dump_json, load_json
+from shardkv.metadata.draft import is_draft_hierarchy
+from shardkv.proxy.draft import DraftShardedStore
 from shardkv.storage.adapters import StoreAdapter, adapt
-from shardkv.transformers import AdapterStore, ShardingStorageTransformer
+from shardkv.transformers import DATA_ROOT, AdapterStore, ShardingStorageTransformer
 
 __all__ = ["DraftConvertReport", "convert_draft"]
 
@@ -83,7 +86,7 @@ class DraftConvertReport:
 def convert_draft(
     src_adapter: StoreAdapter | Any,
     dst_adapter: StoreAdapter | Any,
-    chunks_per_shard: int | Sequence[int] | Mapping[str, Any],
+    chunks_per_shard: ChunksPerShardOption,
     progress: bool = False,
     *,
     overwrite: bool = False,
@@ -122,8 +125,6 @@ def convert_draft(
     """
     from tqdm import tqdm
 
-    from shardkv.cli.convert import DestinationNotEmptyError
-
     source, target = adapt(src_adapter), adapt(dst_adapter)
     src_name = src_name or repr(src_adapter)
     dst_name = dst_name or repr(dst_adapter)
@@ -136,26 +137,20 @@ def convert_draft(
         if not overwrite:
             raise DestinationNotEmptyError(dst_name)
         target.rmdir("")
+    rule = ChunksPerShardRule.parse(chunks_per_shard)
     reader = DraftShardedStore(source)
-    planner = DraftShardedStore(target, chunks_per_shard)  # only its chunks_per_shard rules are used
     report = DraftConvertReport(src_name, dst_name)
     keys = reader.list()
-    arrays = {p: k for k in keys if (p := reader._meta_path(k)) is not None}
-    owner_of: dict[str, str] = {}
-    for key in keys:
-        if key.startswith("data/root/"):
-            state = _owner(reader, key, arrays)
-            if state is not None:
-                owner_of[key] = state
+    arrays, owner_of = _owners(reader, keys)
     meta_out: dict[str, bytes] = {}
-    plain = [k for k in keys if k not in owner_of and reader._meta_path(k) is None]
+    plain = [k for k in keys if k not in owner_of and reader.array_path_of(k) is None]
     report.groups = sum(1 for k in plain if k.startswith("meta/") and ".group" in k)
     with tqdm(total=len(owner_of), disable=not progress, file=sys.stderr, unit="chunk", desc="shardkv convert") as bar:
         for path, meta_key in sorted(arrays.items()):
-            doc = json.loads(reader[meta_key])
+            doc = load_json(meta_key, reader[meta_key])
             report.arrays += 1
             chunk_keys = [k for k, p in owner_of.items() if p == path]
-            cps = planner._chunks_per_shard_for(path, len(doc.get("shape", [])))
+            cps = rule.for_array(path, len(doc.get("shape", [])))
             if cps is None:
                 plain.extend(chunk_keys)
                 meta_out[meta_key] = reader[meta_key]
@@ -165,7 +160,32 @@ def convert_draft(
             )
             _pack(reader, transformer, chunk_keys, report, bar)
             report.sharded_arrays += 1
-            meta_out[meta_key] = _dump({**doc, "storage_transformers": [transformer.to_metadata()]})
+            meta_out[meta_key] = dump_json({**doc, "storage_transformers": [transformer.to_metadata()]}, key=meta_key)
+    _copy_as_stored(reader, target, plain, owner_of, meta_out, report)
+    # metadata last: array and group documents, then the entry point
+    target.set_many({k: v for k, v in meta_out.items() if k != "zarr.json"})
+    if "zarr.json" in meta_out:
+        target.set_many({"zarr.json": meta_out["zarr.json"]})
+    return report
+
+
+def _owners(reader: DraftShardedStore, keys: Sequence[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """``({array path: metadata key}, {chunk key: array path})`` of a listing."""
+    arrays = {p: k for k in keys if (p := reader.array_path_of(k)) is not None}
+    owner_of: dict[str, str] = {}
+    for key in keys:
+        if key.startswith(DATA_ROOT):
+            owner = owning_array(key[len(DATA_ROOT) :], arrays, lambda segment: segment.startswith("c"))
+            if owner is not None:
+                owner_of[key] = owner
+    return arrays, owner_of
+
+
+def _copy_as_stored(
+    reader: DraftShardedStore, target: StoreAdapter, plain: Sequence[str], owner_of: Mapping[str, str],
+    meta_out: dict[str, bytes], report: DraftConvertReport,
+) -> None:  # fmt: skip
+    """Copy keys as they are, in batches; metadata documents are kept in ``meta_out`` to be written last."""
     for start in range(0, len(plain), _BATCH_KEYS):
         batch = plain[start : start + _BATCH_KEYS]
         values = reader.getitems(batch)
@@ -174,21 +194,6 @@ def convert_draft(
         target.set_many(data)
         report.chunks += sum(1 for k in data if k in owner_of)
         report.other_keys += sum(1 for k in values if k not in owner_of)
-    # metadata last: array and group documents, then the entry point
-    target.set_many({k: v for k, v in meta_out.items() if k != "zarr.json"})
-    if "zarr.json" in meta_out:
-        target.set_many({"zarr.json": meta_out["zarr.json"]})
-    return report
-
-
-def _owner(reader: DraftShardedStore, key: str, arrays: Mapping[str, str]) -> str | None:
-    """The path of the array whose data area holds ``key`` (first array met from the root)."""
-    segments = key[len("data/root/") :].split("/")
-    for i in range(len(segments)):
-        path = "/".join(segments[:i])
-        if path in arrays and segments[i].startswith("c"):
-            return path
-    return None
 
 
 def _pack(
@@ -224,6 +229,3 @@ def _pack(
         transformer.set_values(pending)
     report.shards += len(by_shard)
 
-
-def _dump(doc: Mapping[str, Any]) -> bytes:
-    return json.dumps(doc, indent=4, sort_keys=True, ensure_ascii=True, separators=(",", ": ")).encode()

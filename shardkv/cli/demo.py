@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from shardkv.errors import ShardKVError
+from shardkv.errors import DemoError
 
 __all__ = ["DemoError", "make_demo_input", "run_demo", "zarr2_available", "DEMO_MARKER"]
 
@@ -35,10 +35,6 @@ DEMO_MARKER = "shardkv_demo"
 """Key of the root ``.zattrs`` entry that marks a directory made by the demo."""
 
 CHUNKS_PER_SHARD = 4
-
-
-class DemoError(ShardKVError, FileExistsError):
-    """The demo's input or output directory exists and was not made by the demo."""
 
 
 def zarr2_available() -> bool:

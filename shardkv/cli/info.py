@@ -22,8 +22,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from shardkv.errors import ConfigurationError
+from shardkv.errors import ConfigurationError, NotAHierarchyError
 from shardkv.keys.encodings import V2ChunkKeyEncoding, grid_shape
+from shardkv.keys.paths import owning_array, path_prefix
 from shardkv.metadata.v3_view import v2_dimension_separator, v3_view_of_v2
 from shardkv.storage.adapters import StoreAdapter, adapt
 
@@ -44,18 +45,6 @@ META_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.jso
 """Names of the metadata documents of a Zarr v2 hierarchy (and shardkv's ``zarr.json`` view)."""
 
 _INDEX_BATCH = 1024  # shards whose indexes are read in one batched request
-
-
-class NotAHierarchyError(ConfigurationError):
-    """A store that is missing, empty, or not a Zarr v2 hierarchy (no root ``.zgroup`` or ``.zarray``)."""
-
-
-def _join(path: str, name: str) -> str:
-    return f"{path}/{name}" if path else name
-
-
-def _prefix(path: str) -> str:
-    return f"{path}/" if path else ""
 
 
 @dataclass
@@ -213,7 +202,7 @@ def classify_array(path: str, zarray: Mapping[str, Any], keys: Iterable[str]) ->
     """
     if len(zarray["shape"]) != len(zarray["chunks"]):
         raise ConfigurationError(f".zarray shape {zarray['shape']} and chunks {zarray['chunks']} differ in length", path)
-    prefix = _prefix(path)
+    prefix = path_prefix(path)
     keys = list(keys)
     suffixes = [k[len(prefix) :] for k in keys]
     separator, detected = detect_separator(path, zarray, suffixes)
@@ -233,18 +222,6 @@ def classify_array(path: str, zarray: Mapping[str, Any], keys: Iterable[str]) ->
         else:
             out.stale_keys.append(key)
     return out
-
-
-def _array_of(key: str, array_paths: frozenset[str]) -> str | None:
-    """The path of the array that holds ``key`` (the shortest array path above it), if any."""
-    if "" in array_paths:
-        return ""
-    segments = key.split("/")
-    for i in range(1, len(segments)):
-        path = "/".join(segments[:i])
-        if path in array_paths:
-            return path
-    return None
 
 
 def read_hierarchy(store: StoreAdapter, name: str = "store") -> Hierarchy:
@@ -285,7 +262,7 @@ def read_hierarchy(store: StoreAdapter, name: str = "store") -> Hierarchy:
     members: dict[str, list[str]] = {p: [] for p in sorted(array_paths)}
     group_keys: list[str] = []
     for k in keys:
-        owner = _array_of(k, array_paths)
+        owner = owning_array(k, array_paths)
         if owner is None:
             group_keys.append(k)
         else:

@@ -50,6 +50,7 @@ __all__ = [
     "CodecPipeline",
     "codec_from_config",
     "register_codec",
+    "BLOSC_SHUFFLE_IDS",
 ]
 
 CodecKind = Literal["array_to_array", "array_to_bytes", "bytes_to_bytes"]
@@ -285,7 +286,8 @@ class ZstdCodec(_NumcodecsBacked):
         return cls(config.get("level", 0), config.get("checksum", False))
 
 
-_SHUFFLES = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+BLOSC_SHUFFLE_IDS = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+"""Blosc ``shuffle`` names of Zarr v3 and the numcodecs ``shuffle`` ids of Zarr v2 (the one table)."""
 
 
 class BloscCodec(_NumcodecsBacked):
@@ -298,13 +300,13 @@ class BloscCodec(_NumcodecsBacked):
     ) -> None:
         if cname not in ("blosclz", "lz4", "lz4hc", "snappy", "zlib", "zstd"):
             raise ConfigurationError(f"blosc cname {cname!r} is not one of blosclz, lz4, lz4hc, snappy, zlib, zstd")
-        if shuffle not in _SHUFFLES:
-            raise ConfigurationError(f"blosc shuffle must be one of {sorted(_SHUFFLES)}, got {shuffle!r}")
+        if shuffle not in BLOSC_SHUFFLE_IDS:
+            raise ConfigurationError(f"blosc shuffle must be one of {sorted(BLOSC_SHUFFLE_IDS)}, got {shuffle!r}")
         if shuffle != "noshuffle" and not (isinstance(typesize, int) and typesize >= 1):
             raise ConfigurationError(f"blosc with shuffle {shuffle!r} needs a typesize >= 1, got {typesize!r}")
         self.cname, self.clevel, self.shuffle, self.blocksize = cname, int(clevel), shuffle, int(blocksize)
         self.typesize = typesize
-        self._impl = numcodecs.Blosc(cname=cname, clevel=self.clevel, shuffle=_SHUFFLES[shuffle], blocksize=self.blocksize)
+        self._impl = numcodecs.Blosc(cname=cname, clevel=self.clevel, shuffle=BLOSC_SHUFFLE_IDS[shuffle], blocksize=self.blocksize)
 
     def get_config(self) -> dict[str, Any]:
         config: dict[str, Any] = {"cname": self.cname, "clevel": self.clevel, "shuffle": self.shuffle}

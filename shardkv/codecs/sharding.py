@@ -17,12 +17,11 @@ and tensorstore do the same).
 from __future__ import annotations
 
 import itertools
-from math import prod
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from shardkv.codecs.inner import BytesCodec, CodecPipeline, Crc32cCodec, codec_from_config, register_codec
+from shardkv.codecs.inner import BytesCodec, CodecPipeline, Crc32cCodec
 from shardkv.errors import ConfigurationError, CorruptShardError, UnsupportedError
 from shardkv.format.index import ShardIndex
 from shardkv.format.layout import IndexLocation, ShardLayout
@@ -377,8 +376,6 @@ class ShardingCodec:
         return _drop_axes(out, drop)
 
 
-register_codec(ShardingCodec.name, ShardingCodec.from_config)
-
 
 def _all_equal_bytes(chunk: np.ndarray, fill_row: np.ndarray) -> bool:
     """True when every element of ``chunk`` has exactly the bytes in ``fill_row``."""
@@ -424,10 +421,7 @@ def _sub_reader(read_range: ReadRange, offset: int, nbytes: int, key: str) -> Re
     """A reader of the byte range ``[offset, offset + nbytes)`` of a shard, as if it were a whole object."""
 
     def read(r: ByteRange) -> bytes | memoryview | None:
-        if r.is_suffix:
-            start, stop = nbytes + r.start, nbytes
-        else:
-            start, stop = r.start, nbytes if r.stop is None else r.stop
+        start, stop = r.resolve(nbytes, clamp=False)
         if start < 0 or stop > nbytes:
             raise CorruptShardError(key, f"nested shard of {nbytes} bytes has no byte range [{start}, {stop})")
         return read_range(ByteRange(offset + start, offset + stop))

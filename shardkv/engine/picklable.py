@@ -41,11 +41,11 @@ def _io_adapter(store: Any) -> Any:
 def sharded_store_options(store: Any) -> dict[str, Any]:
     """The ``ShardedStore.__init__`` keyword options of ``store`` (everything but the base store)."""
     io = store._io
-    buffer = store._buffer
+    buffer = store._writer.buffer
     return {
         "chunks_per_shard": store._cps,
-        "index_location": store._index_location,
-        "index_checksum": store._index_checksum,
+        "index_location": store._mirror.index_location,
+        "index_checksum": store._mirror.index_checksum,
         "index_cache_bytes": io.index_cache.max_bytes,
         "validate_index_cache": io.validate_index_cache,
         "read_policy": io.read_policy,
@@ -63,7 +63,7 @@ def reduce_sharded_store(store: Any) -> tuple[Any, tuple[Any, ...]]:
     UnflushedWritesError
         If the store holds buffered writes not yet in the base store.
     """
-    buffer = store._buffer
+    buffer = store._writer.buffer
     if buffer is not None and len(buffer):
         raise UnflushedWritesError(len(buffer), buffer.nbytes)
     return (rebuild_sharded_store, (_io_adapter(store), sharded_store_options(store)))

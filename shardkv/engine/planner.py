@@ -56,14 +56,6 @@ ShardErasures = Mapping[str, tuple[ShardedArray, tuple[int, ...], Iterable[tuple
 _BATCH = 4096  # shards whose indexes are read in one request while listing
 
 
-def _clip(byte_range: ByteRange, nbytes: int) -> tuple[int, int]:
-    """``[start, stop)`` of a range inside a value of ``nbytes`` bytes (clipped to it)."""
-    if byte_range.is_suffix:
-        return max(0, nbytes + byte_range.start), nbytes
-    start = min(byte_range.start, nbytes)
-    return start, nbytes if byte_range.stop is None else max(start, min(byte_range.stop, nbytes))
-
-
 class ShardIO:
     """Batched shard reads and writes over one backend.
 
@@ -221,7 +213,7 @@ class ShardIO:
             entry = None if index is None else index.get(ref.local_coords)
             if entry is None:
                 continue
-            start, stop = _clip(byte_range, entry[1])
+            start, stop = byte_range.resolve(entry[1])
             if start == stop:
                 out[i] = b""
             elif ref.shard_key in blobs:  # whole shards, their indexes checked against their sizes

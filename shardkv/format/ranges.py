@@ -53,6 +53,33 @@ class ByteRange:
         """True for a range counted from the end of the object."""
         return self.start < 0
 
+    def resolve(self, size: int, *, clamp: bool = True) -> tuple[int, int]:
+        """The absolute half-open ``(start, stop)`` of this range in an object of ``size`` bytes.
+
+        Parameters
+        ----------
+        size : int
+            Length of the object (bytes).
+        clamp : bool
+            Clip both ends to ``[0, size]``, as slicing does (default). With
+            ``False`` the ends are returned as the range states them, so a
+            caller can refuse a range that does not fit (``start < 0`` or
+            ``stop > size``).
+
+        Returns
+        -------
+        tuple of int
+            ``(start, stop)``, with ``start <= stop`` when clamped.
+        """
+        if self.is_suffix:
+            start, stop = size + self.start, size
+        else:
+            start, stop = self.start, size if self.stop is None else self.stop
+        if clamp:
+            start = min(max(0, start), size)
+            stop = max(start, min(stop, size))
+        return start, stop
+
     @property
     def nbytes(self) -> int | None:
         """The length in bytes, or ``None`` when it depends on the object's size."""

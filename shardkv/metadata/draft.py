@@ -1,55 +1,30 @@
-"""Pieces of the proxy's 2022 draft mode that do no store I/O of their own.
+"""The 2022 draft hierarchy: its entry point test (one read) and what the proxy knows about one array.
 
-The draft hierarchy's entry point test, the zarr-python 2.18 ``StoreV3``
-registration, how array metadata is serialised (as zarr 2.18 does: sorted
-keys, 4-space indent), what the proxy knows about one array, and the
-bytes-like check of values. Used by :mod:`shardkv.proxy.draft`.
+Used by :mod:`shardkv.proxy.draft` and :mod:`shardkv.proxy.layouts`.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-import numpy as np
-
+from shardkv.errors import MetadataError
+from shardkv.metadata.documents import load_json
 from shardkv.transformers import DATA_ROOT, AbstractStore, AdapterStore
 
-__all__ = ["DRAFT_ZARR_FORMAT", "META_ROOT", "DraftArray", "is_draft_hierarchy", "register_with_zarr2", "dump_metadata", "to_bytes"]
+__all__ = ["DRAFT_ZARR_FORMAT", "META_ROOT", "DraftArray", "is_draft_hierarchy"]
 
 DRAFT_ZARR_FORMAT = "https://purl.org/zarr/spec/protocol/core/3.0"
 """The ``zarr_format`` of a 2022 draft hierarchy's root ``zarr.json``."""
 META_ROOT = "meta/root/"
-_registered: set[type] = set()
-
-
-def register_with_zarr2(cls: type) -> None:
-    """Make ``cls`` a virtual ``StoreV3`` of zarr-python 2 (if installed) so its v3 API takes it as is."""
-    if cls in _registered:
-        return
-    _registered.add(cls)
-    if importlib.util.find_spec("zarr") is None:
-        return
-    zarr = importlib.import_module("zarr")
-    if str(getattr(zarr, "__version__", "")).startswith("2."):
-        importlib.import_module("zarr._storage.store").StoreV3.register(cls)
-
-
-def dump_metadata(doc: Mapping[str, Any]) -> bytes:
-    return json.dumps(doc, indent=4, sort_keys=True, ensure_ascii=True, separators=(",", ": ")).encode()
 
 
 def is_draft_hierarchy(store: Any, storage_options: Mapping[str, Any] | None = None) -> bool:
     """True when ``store`` holds a root ``zarr.json`` of the 2022 draft (``zarr_format`` URI)."""
     base = store if isinstance(store, AbstractStore) else AdapterStore(store, storage_options)
     try:
-        doc = json.loads(bytes(base.get("zarr.json")))
-    except KeyError:
-        return False
-    except ValueError:
+        doc = load_json("zarr.json", base.get("zarr.json"))
+    except (KeyError, MetadataError):
         return False
     return isinstance(doc, dict) and doc.get("zarr_format") == DRAFT_ZARR_FORMAT
 
@@ -76,19 +51,3 @@ class DraftArray:
         if self.error is not None:
             raise self.error
         return self.stack  # type: ignore[return-value]
-
-
-def to_bytes(key: str, value: Any) -> bytes:
-    if isinstance(value, np.ndarray):
-        if value.dtype == object:
-            raise TypeError(f"value for key {key!r} is an object array, not bytes-like")
-        if not (value.flags.c_contiguous or value.flags.f_contiguous):
-            value = np.ascontiguousarray(value)
-        return value.reshape(-1, order="A").view(np.uint8).tobytes()  # memory order, as zarr's stores
-    try:
-        return bytes(memoryview(value).cast("B"))
-    except TypeError:
-        raise TypeError(
-            f"value for key {key!r} must be bytes-like (bytes, bytearray, memoryview, numpy array), "
-            f"got {type(value).__name__}"
-        ) from None

@@ -25,24 +25,20 @@ Anything else (nested sharding, other transposes, codecs after
 ``sharding_indexed``, extension data types, 0-d arrays, storage transformers)
 is not presented; :attr:`V2View.problems` says why (``shardkv info`` reports it).
 
-:class:`PresentingAdapter` is the one hook into :class:`~shardkv.ShardedStore`:
-it wraps the base store adapter and serves the derived documents for paths
-whose ``zarr.json`` is a v3 document with neither ``.zarray`` nor ``.zgroup``
-beside it. Those documents are read-only (writing them raises
-:class:`~shardkv.errors.ReservedKeyError`); chunk writes go to the shards.
+:class:`shardkv.proxy.presenting.PresentingAdapter` serves these documents to
+:class:`~shardkv.ShardedStore`.
 """
 
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 
-from shardkv.codecs import sharding as _codec  # noqa: F401  (registers sharding_indexed, so nested sharding is named in problems)
 from shardkv.codecs.inner import (
+    BLOSC_SHUFFLE_IDS,
     BloscCodec,
     BytesCodec,
     CodecPipeline,
@@ -52,20 +48,16 @@ from shardkv.codecs.inner import (
     TransposeCodec,
     ZstdCodec,
 )
-from shardkv.errors import ConfigurationError, ReservedKeyError, ShardKVError
-from shardkv.format.ranges import ByteRange
+from shardkv.errors import ConfigurationError, ShardKVError
 from shardkv.metadata.v3_view import SHARDING_CODEC, sharding_spec_from_v3
-from shardkv.storage.adapters import StoreAdapter
 
-__all__ = ["V2View", "v2_view_of_v3", "numpy_dtype_of_v3", "fill_value_from_v3", "PresentingAdapter"]
+__all__ = ["V2View", "v2_view_of_v3", "numpy_dtype_of_v3", "fill_value_from_v3"]
 
 _V3_TO_NUMPY = {
     "bool": "b1", "int8": "i1", "int16": "i2", "int32": "i4", "int64": "i8",
     "uint8": "u1", "uint16": "u2", "uint32": "u4", "uint64": "u8",
     "float16": "f2", "float32": "f4", "float64": "f8", "complex64": "c8", "complex128": "c16",
 }  # fmt: skip
-_SHUFFLE_IDS = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
-_PRESENTED = (".zarray", ".zattrs", ".zgroup")
 
 
 @dataclass(frozen=True)
@@ -173,13 +165,56 @@ def _v2_codec(codec: Any, dtype: np.dtype) -> dict[str, Any] | None:
     if isinstance(codec, BloscCodec):
         return {
             "id": "blosc", "cname": codec.cname, "clevel": codec.clevel,
-            "shuffle": _SHUFFLE_IDS[codec.shuffle], "blocksize": codec.blocksize,
+            "shuffle": BLOSC_SHUFFLE_IDS[codec.shuffle], "blocksize": codec.blocksize,
         }  # fmt: skip
     if isinstance(codec, Crc32cCodec):
         return {"id": "crc32c"}  # numcodecs CRC32C: little-endian checksum at the end, as v3
     if isinstance(codec, NumcodecsCodec):
         return {"id": codec.codec_id, **codec.configuration}
     return None
+
+
+def _structure_problems(metadata: Mapping[str, Any], codecs: list[Any]) -> list[str]:
+    """Why a v3 array cannot be presented at all (transformers, not sharded, codecs on whole shards, 0-d)."""
+    problems: list[str] = []
+    if metadata.get("storage_transformers"):
+        problems.append("storage transformers have no v2 equivalent")
+    if not codecs or codecs[0].get("name") != SHARDING_CODEC:
+        problems.append("the array is not sharded (its first codec is not sharding_indexed)")
+    elif len(codecs) > 1:
+        problems.append(f"codecs after sharding_indexed ({[c.get('name') for c in codecs[1:]]}) encode whole shards")
+    if not metadata.get("shape"):
+        problems.append("0-d arrays are not presented")
+    return problems
+
+
+def _v2_order(inner: CodecPipeline, ndim: int, problems: list[str]) -> str:
+    """The v2 ``order`` the inner array -> array codecs amount to (only transposes to F order have one)."""
+    order = "C"
+    for c in inner.array_to_array:
+        if isinstance(c, TransposeCodec) and c.order == tuple(range(ndim))[::-1]:
+            order = "F" if order == "C" else "C"
+        elif isinstance(c, TransposeCodec) and c.order == tuple(range(ndim)):
+            continue
+        else:
+            problems.append(f"inner codec {c.get_config()} has no v2 equivalent (only transpose to F order)")
+    return order
+
+
+def _v2_dtype_and_fill(metadata: Mapping[str, Any], inner: CodecPipeline, problems: list[str]) -> tuple[np.dtype, Any]:
+    """The v2 ``dtype`` (with the ``bytes`` codec's endian) and ``fill_value``; ``(u1, 0)`` after a problem."""
+    if not isinstance(inner.array_to_bytes, BytesCodec):
+        name = inner.array_to_bytes.get_config()["name"]
+        problems.append(f"inner array -> bytes codec {name!r} has no v2 equivalent (nested sharding?)")
+        endian = None
+    else:
+        endian = inner.array_to_bytes.endian
+    try:
+        dtype = numpy_dtype_of_v3(metadata.get("data_type"), endian)
+        return dtype, _v2_fill(fill_value_from_v3(metadata.get("fill_value"), dtype), dtype)
+    except ConfigurationError as exc:
+        problems.append(exc.reason)
+        return np.dtype("u1"), 0
 
 
 def v2_view_of_v3(metadata: Mapping[str, Any], path: str = "") -> V2View:
@@ -208,16 +243,8 @@ def v2_view_of_v3(metadata: Mapping[str, Any], path: str = "") -> V2View:
         return V2View(docs)
     if metadata.get("node_type") != "array":
         return V2View(problems=(f"{where}node_type {metadata.get('node_type')!r} is neither array nor group",))
-    problems: list[str] = []
     codecs = list(metadata.get("codecs") or [])
-    if metadata.get("storage_transformers"):
-        problems.append("storage transformers have no v2 equivalent")
-    if not codecs or codecs[0].get("name") != SHARDING_CODEC:
-        problems.append("the array is not sharded (its first codec is not sharding_indexed)")
-    elif len(codecs) > 1:
-        problems.append(f"codecs after sharding_indexed ({[c.get('name') for c in codecs[1:]]}) encode whole shards")
-    if not metadata.get("shape"):
-        problems.append("0-d arrays are not presented")
+    problems = _structure_problems(metadata, codecs)
     if problems:
         return V2View(problems=tuple(where + p for p in problems))
     try:
@@ -227,27 +254,8 @@ def v2_view_of_v3(metadata: Mapping[str, Any], path: str = "") -> V2View:
         return V2View(problems=(f"{where}invalid sharding configuration: {exc}",))
     if spec is None:  # pragma: no cover - excluded above
         return V2View(problems=(f"{where}not sharded",))
-    ndim = len(spec.shape)
-    order = "C"
-    for c in inner.array_to_array:
-        if isinstance(c, TransposeCodec) and c.order == tuple(range(ndim))[::-1]:
-            order = "F" if order == "C" else "C"
-        elif isinstance(c, TransposeCodec) and c.order == tuple(range(ndim)):
-            continue
-        else:
-            problems.append(f"inner codec {c.get_config()} has no v2 equivalent (only transpose to F order)")
-    if not isinstance(inner.array_to_bytes, BytesCodec):
-        name = inner.array_to_bytes.get_config()["name"]
-        problems.append(f"inner array -> bytes codec {name!r} has no v2 equivalent (nested sharding?)")
-        endian = None
-    else:
-        endian = inner.array_to_bytes.endian
-    try:
-        dtype = numpy_dtype_of_v3(metadata.get("data_type"), endian)
-        fill = _v2_fill(fill_value_from_v3(metadata.get("fill_value"), dtype), dtype)
-    except ConfigurationError as exc:
-        problems.append(exc.reason)
-        dtype, fill = np.dtype("u1"), 0
+    order = _v2_order(inner, len(spec.shape), problems)
+    dtype, fill = _v2_dtype_and_fill(metadata, inner, problems)
     numcodecs_configs = []
     for c in inner.bytes_to_bytes:
         conf = _v2_codec(c, dtype)
@@ -274,168 +282,3 @@ def v2_view_of_v3(metadata: Mapping[str, Any], path: str = "") -> V2View:
     if attrs:
         docs[".zattrs"] = attrs
     return V2View(docs)
-
-
-def _dump(doc: Mapping[str, Any]) -> bytes:
-    return json.dumps(doc, indent=4, sort_keys=True, allow_nan=False).encode()
-
-
-def _split(key: str) -> tuple[str, str]:
-    path, _, name = key.rpartition("/")
-    return path, name
-
-
-def _join(path: str, name: str) -> str:
-    return f"{path}/{name}" if path else name
-
-
-class PresentingAdapter(StoreAdapter):
-    """A store adapter that adds the v2 documents of v3 nodes to what the base adapter holds.
-
-    Parameters
-    ----------
-    inner : StoreAdapter
-        The adapter over the base store; every call is passed to it, and a
-        read of ``.zarray`` / ``.zattrs`` / ``.zgroup`` that it misses is
-        answered from the sibling ``zarr.json`` when that is a v3 document
-        with neither ``.zarray`` nor ``.zgroup`` beside it.
-    """
-
-    def __init__(self, inner: StoreAdapter) -> None:
-        self.inner = inner
-        self.supports_ranges = inner.supports_ranges
-
-    # -- presentation ------------------------------------------------------
-
-    def _view(self, path: str, zarr_json: bytes | None = None) -> V2View | None:
-        """The v2 view of the v3 node at ``path``, or None when it is not a v3-only node."""
-        if zarr_json is None:
-            found = self.inner.get_many([_join(path, "zarr.json")])
-            zarr_json = found.get(_join(path, "zarr.json"))
-            if zarr_json is None:
-                return None
-        try:
-            doc = json.loads(bytes(zarr_json))
-        except ValueError:
-            return None
-        if not isinstance(doc, dict) or doc.get("zarr_format") != 3:
-            return None
-        if self.inner.contains(_join(path, ".zarray")) or self.inner.contains(_join(path, ".zgroup")):
-            return None  # a v2 node (a sharded v2 array's zarr.json is shardkv's own view)
-        return v2_view_of_v3(doc, path)
-
-    def _presented(self, key: str, zarr_json: bytes | None = None) -> bytes | None:
-        path, name = _split(key)
-        if name not in _PRESENTED:
-            return None
-        view = self._view(path, zarr_json)
-        if view is None or name not in view.documents:
-            return None
-        return _dump(view.documents[name])
-
-    def view_of(self, path: str) -> V2View | None:
-        """The v2 view of the v3-only node at ``path`` (``None`` if there is none)."""
-        return self._view(path.strip("/"))
-
-    # -- reads -------------------------------------------------------------
-
-    def get(self, key: str) -> bytes:
-        try:
-            return self.inner.get(key)
-        except KeyError:
-            value = self._presented(key)
-            if value is None:
-                raise
-            return value
-
-    def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
-        out = self.inner.get_many(keys)
-        for key in keys:
-            if key not in out and _split(key)[1] in _PRESENTED:
-                sibling = _join(_split(key)[0], "zarr.json")
-                value = self._presented(key, out.get(sibling))
-                if value is not None:
-                    out[key] = value
-        return out
-
-    def get_ranges(self, requests: Sequence[tuple[str, ByteRange]]) -> list[bytes | None]:
-        return self.inner.get_ranges(requests)
-
-    def contains(self, key: str) -> bool:
-        return self.inner.contains(key) or self._presented(key) is not None
-
-    def iter_keys(self, prefix: str = "") -> Iterator[str]:
-        zarr_jsons: list[str] = []
-        v2_meta: set[str] = set()
-        for key in self.inner.iter_keys(prefix):
-            path, name = _split(key)
-            if name == "zarr.json":
-                zarr_jsons.append(path)
-            elif name in _PRESENTED:
-                v2_meta.add(key)
-            yield key
-        for path in zarr_jsons:
-            if _join(path, ".zarray") in v2_meta or _join(path, ".zgroup") in v2_meta:
-                continue
-            view = self._view(path)
-            for name in view.documents if view is not None else ():
-                if _join(path, name) not in v2_meta:
-                    yield _join(path, name)
-
-    def list_dir(self, path: str = "") -> list[str]:
-        names = self.inner.list_dir(path)
-        if "zarr.json" in names and ".zarray" not in names and ".zgroup" not in names:
-            view = self._view(path)
-            if view is not None:
-                names = sorted(set(names) | set(view.documents))
-        return names
-
-    def size(self, key: str) -> int:
-        try:
-            return self.inner.size(key)
-        except KeyError:
-            value = self._presented(key)
-            if value is None:
-                raise
-            return len(value)
-
-    def validator(self, key: str) -> Hashable:
-        return self.inner.validator(key)
-
-    def size_if_free(self, key: str) -> int | None:
-        return self.inner.size_if_free(key)
-
-    # -- writes ------------------------------------------------------------
-
-    def _refuse_presented(self, keys: Iterable[str]) -> None:
-        for key in keys:
-            path, name = _split(key)
-            if name in _PRESENTED and self._view(path) is not None:
-                raise ReservedKeyError(
-                    key, "the v2 documents of a Zarr v3 node are read-only; change its zarr.json with a v3 library"
-                )
-
-    def set_many(self, values: Mapping[str, bytes]) -> None:
-        self._refuse_presented(values)
-        self.inner.set_many(values)
-
-    def delete_many(self, keys: Iterable[str]) -> None:
-        keys = list(keys)
-        self._refuse_presented(keys)
-        self.inner.delete_many(keys)
-
-    def rmdir(self, path: str) -> None:
-        self.inner.rmdir(path)
-
-    @property
-    def supports_append(self) -> bool:
-        return self.inner.supports_append
-
-    def write_at(self, key: str, writes: Sequence[tuple[int, bytes]]) -> None:
-        self.inner.write_at(key, writes)
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def __getattr__(self, name: str) -> Any:  # anything else a concrete adapter offers
-        return getattr(self.inner, name)

@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from shardkv.codecs.inner import BLOSC_SHUFFLE_IDS
 from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.format.layout import ShardLayout
 from shardkv.keys.encodings import ChunkKeyEncoding, V2ChunkKeyEncoding, chunk_key_encoding_from_metadata
@@ -38,7 +39,6 @@ __all__ = [
     "ShardingSpec",
     "sharding_spec_from_v3",
     "v2_dimension_separator",
-    "normalize_chunks_per_shard",
 ]
 
 SHARDING_CODEC = "sharding_indexed"
@@ -51,7 +51,7 @@ _V3_DTYPES = {
     "c8": "complex64", "c16": "complex128",
 }  # fmt: skip
 
-_BLOSC_SHUFFLE = {0: "noshuffle", 1: "shuffle", 2: "bitshuffle"}
+_BLOSC_SHUFFLE = {i: name for name, i in BLOSC_SHUFFLE_IDS.items()}  # numcodecs id -> v3 name
 
 
 @dataclass(frozen=True)
@@ -73,31 +73,6 @@ def v2_dimension_separator(zarray: Mapping[str, Any]) -> str:
     if sep not in (".", "/"):
         raise ConfigurationError(f"dimension_separator must be '.' or '/', got {sep!r}")
     return sep
-
-
-def normalize_chunks_per_shard(value: int | Sequence[int], ndim: int, path: str | None = None) -> tuple[int, ...]:
-    """Expand an int to every dimension and check a tuple's length and values.
-
-    Raises
-    ------
-    ConfigurationError
-        If the length differs from ``ndim`` or a value is < 1 or not an int.
-    """
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        cps = (int(value),) * ndim
-    else:
-        try:
-            cps = tuple(value)  # type: ignore[arg-type]
-        except TypeError:
-            raise ConfigurationError(f"chunks_per_shard must be an int or a tuple of ints, got {value!r}", path) from None
-        if len(cps) != ndim:
-            raise ConfigurationError(
-                f"chunks_per_shard {cps} has {len(cps)} value(s), the array has {ndim} dimension(s)", path
-            )
-    for c in cps:
-        if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1:
-            raise ConfigurationError(f"chunks_per_shard values must be ints >= 1, got {cps}", path)
-    return tuple(int(c) for c in cps)
 
 
 # -- v2 -> v3 ------------------------------------------------------------
@@ -151,6 +126,26 @@ def _compressor_codecs(compressor: Mapping[str, Any] | None, dtype: np.dtype) ->
     return [{"name": f"numcodecs.{cid}", "configuration": config}]
 
 
+def _inner_codecs(zarray: Mapping[str, Any], dtype: np.dtype, ndim: int, problems: list[str]) -> list[dict[str, Any]]:
+    """The v3 inner codecs of a v2 array with a v3 core data type; what v3 readers lack goes to ``problems``."""
+    inner: list[dict[str, Any]] = []
+    if zarray.get("order", "C") == "F" and ndim > 1:
+        inner.append({"name": "transpose", "configuration": {"order": list(range(ndim))[::-1]}})
+    for f in zarray.get("filters") or []:
+        inner.append({"name": f"numcodecs.{f['id']}", "configuration": {k: v for k, v in f.items() if k != "id"}})
+        problems.append(f"v2 filter {f['id']!r} is not a Zarr v3 core codec (zarr-python 3 only, as numcodecs.{f['id']})")
+    if dtype.itemsize > 1 and dtype.byteorder != "|":
+        endian = "big" if dtype.byteorder == ">" or (dtype.byteorder == "=" and np.little_endian is False) else "little"
+        inner.append({"name": "bytes", "configuration": {"endian": endian}})
+    else:
+        inner.append({"name": "bytes"})
+    compressor_codecs = _compressor_codecs(zarray.get("compressor"), dtype)
+    for c in compressor_codecs:
+        if c["name"].startswith("numcodecs."):
+            problems.append(f"compressor {c['name'][10:]!r} is not a Zarr v3 core codec (zarr-python 3 only, as {c['name']})")
+    return inner + compressor_codecs
+
+
 def v3_view_of_v2(
     zarray: Mapping[str, Any],
     zattrs: Mapping[str, Any] | None,
@@ -186,37 +181,20 @@ def v3_view_of_v2(
         )
     problems: list[str] = []
     dtype = np.dtype(zarray["dtype"])
-    dtype_key = f"{dtype.kind}{dtype.itemsize}"
-    data_type: Any = _V3_DTYPES.get(dtype_key) if dtype.fields is None else None
+    data_type: Any = _V3_DTYPES.get(f"{dtype.kind}{dtype.itemsize}") if dtype.fields is None else None
     if data_type is None:
         problems.append(f"dtype {zarray['dtype']!r} has no Zarr v3 core data type")
         data_type = {"name": "shardkv.v2_dtype", "configuration": {"dtype": zarray["dtype"]}}
         fill_value: Any = zarray.get("fill_value")
-    else:
-        fill_value = _v3_fill_value(zarray.get("fill_value"), dtype)
-
-    inner: list[dict[str, Any]] = []
-    if zarray.get("order", "C") == "F" and len(shape) > 1:
-        inner.append({"name": "transpose", "configuration": {"order": list(range(len(shape)))[::-1]}})
-    for f in zarray.get("filters") or []:
-        inner.append({"name": f"numcodecs.{f['id']}", "configuration": {k: v for k, v in f.items() if k != "id"}})
-        problems.append(f"v2 filter {f['id']!r} is not a Zarr v3 core codec (zarr-python 3 only, as numcodecs.{f['id']})")
-    if dtype.itemsize > 1 and dtype.byteorder != "|":
-        endian = "big" if dtype.byteorder == ">" or (dtype.byteorder == "=" and np.little_endian is False) else "little"
-        inner.append({"name": "bytes", "configuration": {"endian": endian}})
-    else:
-        inner.append({"name": "bytes"})
-    compressor_codecs = _compressor_codecs(zarray.get("compressor"), dtype)
-    for c in compressor_codecs:
-        if c["name"].startswith("numcodecs."):
-            problems.append(f"compressor {c['name'][10:]!r} is not a Zarr v3 core codec (zarr-python 3 only, as {c['name']})")
-    inner.extend(compressor_codecs)
-    if isinstance(data_type, dict):
+        _inner_codecs(zarray, dtype, len(shape), problems)  # its problems are reported all the same
         # no v3 reader may decode these chunks as anything else: one opaque codec
-        inner = [{"name": "shardkv.v2_chunk", "configuration": {
+        inner: list[dict[str, Any]] = [{"name": "shardkv.v2_chunk", "configuration": {
             "dtype": zarray["dtype"], "order": zarray.get("order", "C"),
             "compressor": zarray.get("compressor"), "filters": zarray.get("filters"),
         }}]  # fmt: skip
+    else:
+        fill_value = _v3_fill_value(zarray.get("fill_value"), dtype)
+        inner = _inner_codecs(zarray, dtype, len(shape), problems)
 
     index_codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": layout.index_endian}}]
     if layout.index_checksum:

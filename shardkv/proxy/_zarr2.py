@@ -11,25 +11,28 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 __all__ = ["register", "StoreCapabilities"]
 
-_done: set[type] = set()
+_done: set[tuple[type, str]] = set()
 
 
-def register(cls: type) -> None:
-    """Register ``cls`` as a zarr-python 2 ``BaseStore`` if zarr 2 is installed (idempotent)."""
-    if cls in _done:
+def register(cls: type, protocol: Literal["BaseStore", "StoreV3"] = "BaseStore") -> None:
+    """Register ``cls`` as a virtual subclass of zarr-python 2's ``protocol`` ABC, if zarr 2 is installed.
+
+    ``"BaseStore"`` for the v2 proxy; ``"StoreV3"`` for the draft proxy, so
+    zarr-python 2.18's experimental v3 API takes it as it is. Idempotent.
+    """
+    if (cls, protocol) in _done:
         return
-    _done.add(cls)
+    _done.add((cls, protocol))
     if importlib.util.find_spec("zarr") is None:
         return
     zarr = importlib.import_module("zarr")
     if not str(getattr(zarr, "__version__", "")).startswith("2."):
         return
-    store_module = importlib.import_module("zarr._storage.store")
-    store_module.BaseStore.register(cls)
+    getattr(importlib.import_module("zarr._storage.store"), protocol).register(cls)
 
 
 class StoreCapabilities:

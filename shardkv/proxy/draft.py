@@ -25,59 +25,25 @@ when its metadata or data is accessed
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import MutableMapping
 from typing import Any, Iterable, Iterator, Mapping, Sequence
-
-import numpy as np
 
 from shardkv.errors import ConfigurationError
 from shardkv.format.ranges import ByteRange
 from shardkv.keys.encodings import validate_key
-from shardkv.metadata.draft import (
-    DRAFT_ZARR_FORMAT,
-    META_ROOT,
-    DraftArray,
-    dump_metadata,
-    is_draft_hierarchy,
-    register_with_zarr2,
-    to_bytes,
-)
-from shardkv.metadata.v3_view import normalize_chunks_per_shard
+from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
+from shardkv.metadata.draft import DRAFT_ZARR_FORMAT, META_ROOT, DraftArray, is_draft_hierarchy
+from shardkv.proxy import _zarr2
 from shardkv.proxy._zarr2 import StoreCapabilities
-from shardkv.transformers import (
-    DATA_ROOT,
-    SHARDING_EXTENSION,
-    AbstractStore,
-    AdapterStore,
-    build_stack,
-    storage_transformer_entries,
-)
+from shardkv.proxy.draft_nodes import DraftNodes
+from shardkv.proxy.values import to_bytes
+from shardkv.transformers import DATA_ROOT, AbstractStore, AdapterStore
 from shardkv.transformers.api import apply_partial_writes, normalize_prefix
 
-__all__ = ["DraftShardedStore", "DRAFT_ZARR_FORMAT", "is_draft_hierarchy", "open_draft_if_wanted"]
+__all__ = ["DraftShardedStore", "DRAFT_ZARR_FORMAT", "DRAFT_OPTIONS", "is_draft_hierarchy"]
 
-
-def open_draft_if_wanted(store: Any, layout: str | None, *args: Any, **kwargs: Any) -> DraftShardedStore | None:
-    """The draft-mode proxy when ``layout="draft2022"`` or ``store`` holds a draft hierarchy, else ``None``.
-
-    Raises
-    ------
-    ConfigurationError
-        If ``layout`` is neither ``None`` (detect) nor ``"draft2022"``.
-    """
-    if layout not in (None, "draft2022"):
-        raise ConfigurationError(f"layout must be 'draft2022' or None (detect from the store), got {layout!r}")
-    if layout == "draft2022" or (store is not None and is_draft_hierarchy(store, kwargs.get("storage_options"))):
-        unknown = sorted(set(kwargs) - _DRAFT_OPTIONS)
-        if unknown:
-            raise ConfigurationError(f"option(s) {unknown} do not apply to the 2022 draft mode (it takes {sorted(_DRAFT_OPTIONS)})")
-        return DraftShardedStore(store, *args, **kwargs)
-    return None
-
-
-_DRAFT_OPTIONS = frozenset({"chunks_per_shard", "index_location", "index_checksum", "storage_options"})
+DRAFT_OPTIONS = frozenset({"chunks_per_shard", "index_location", "index_checksum", "storage_options"})
+"""The options the draft proxy takes (the others of :class:`shardkv.ShardedStore` do not apply)."""
 
 
 class DraftShardedStore(StoreCapabilities, MutableMapping):
@@ -112,7 +78,7 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
     def __init__(
         self,
         store: Any,
-        chunks_per_shard: int | Sequence[int] | Mapping[str, Any] | None = None,
+        chunks_per_shard: ChunksPerShardOption = None,
         *,
         index_location: str = "end",
         index_checksum: bool = False,
@@ -123,18 +89,12 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
                 "the 2022 draft 'indexed' format keeps its index at the end without a checksum; "
                 f"got index_location={index_location!r}, index_checksum={index_checksum!r}"
             )
+        rule = ChunksPerShardRule.parse(chunks_per_shard)
         self._raw_store = store
+        self._cps = rule.value  # shown by repr
         self._api = store if isinstance(store, AbstractStore) else AdapterStore(store, storage_options)
-        if isinstance(chunks_per_shard, Mapping):
-            self._cps: Any = {str(k).strip("/"): v for k, v in chunks_per_shard.items()}
-        elif chunks_per_shard is None or isinstance(chunks_per_shard, (int, np.integer)):
-            self._cps = chunks_per_shard
-        else:
-            self._cps = tuple(int(c) for c in chunks_per_shard)
-        self._arrays: dict[str, DraftArray | None] = {}
-        self._suffix: str | None = None
-        self._lock = threading.RLock()
-        register_with_zarr2(type(self))
+        self._nodes = DraftNodes(self._api, rule)
+        _zarr2.register(type(self), "StoreV3")
 
     # -- configuration and discovery -------------------------------------------------
 
@@ -145,156 +105,16 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
 
     def refresh(self) -> None:
         """Forget cached metadata (call after other writers changed the store)."""
-        with self._lock:
-            self._arrays.clear()
-            self._suffix = None
-
-    def _chunks_per_shard_for(self, path: str, ndim: int) -> tuple[int, ...] | None:
-        cps = self._cps
-        if isinstance(cps, dict):
-            return normalize_chunks_per_shard(cps[path], ndim, path) if path in cps else None
-        if cps is None or ndim == 0 or (isinstance(cps, tuple) and len(cps) != ndim):
-            return None
-        return normalize_chunks_per_shard(cps, ndim, path)
-
-    def _metadata_suffix(self) -> str:
-        if self._suffix is None:
-            try:
-                doc = json.loads(bytes(self._api.get("zarr.json")))
-                suffix = doc.get("metadata_key_suffix", ".json")
-            except KeyError:
-                suffix = ".json"
-            with self._lock:
-                self._suffix = suffix
-        return self._suffix
-
-    def _array_key(self, path: str) -> str:
-        sfx = self._metadata_suffix()
-        return f"{META_ROOT}{path}.array{sfx}" if path else f"meta/root.array{sfx}"
-
-    def _meta_path(self, key: str) -> str | None:
-        """The array path of an array metadata key, ``None`` for other keys."""
-        tail = ".array" + self._metadata_suffix()
-        if key == "meta/root" + tail:
-            return ""
-        if key.startswith(META_ROOT) and key.endswith(tail) and len(key) > len(META_ROOT) + len(tail):
-            return key[len(META_ROOT) : -len(tail)]
-        return None
-
-    def _array(self, path: str) -> DraftArray | None:
-        with self._lock:
-            if path in self._arrays:
-                return self._arrays[path]
-        try:
-            raw = self._api.get(self._array_key(path))
-        except KeyError:
-            state = None
-        else:
-            state = self._make_state(path, json.loads(bytes(raw)))
-        with self._lock:
-            self._arrays[path] = state
-        return state
-
-    def _make_state(self, path: str, stored: dict[str, Any]) -> DraftArray:
-        entries = storage_transformer_entries(stored, path)
-        try:
-            stack = build_stack(entries, stored, path, self._api) if entries else self._api
-        except ConfigurationError as exc:  # includes unknown transformers (UnsupportedError is not one)
-            return DraftArray(path, stored, entries, None, exc)
-        except NotImplementedError as exc:
-            return DraftArray(path, stored, entries, None, exc)
-        return DraftArray(path, stored, entries, stack)
-
-    def _data_owner(self, key: str) -> DraftArray | None:
-        """The sharded array whose data area holds ``key`` (first array met from the root)."""
-        if not key.startswith(DATA_ROOT):
-            return None
-        segments = key[len(DATA_ROOT) :].split("/")
-        for i in range(len(segments)):
-            if not segments[i].startswith("c"):
-                continue
-            state = self._array("/".join(segments[:i]))
-            if state is not None:
-                return state if state.sharded else None
-        return None
-
-    def _prefix_owner(self, prefix: str) -> DraftArray | None:
-        """The sharded array whose data area contains every key starting with ``prefix``."""
-        if not prefix.startswith(DATA_ROOT):
-            return None
-        complete = prefix[len(DATA_ROOT) :].split("/")[:-1]
-        for i in range(len(complete) + 1):
-            state = self._array("/".join(complete[:i]))
-            if state is not None:
-                return state if state.sharded else None
-        return None
-
-    # -- metadata ------------------------------------------------------------------------
-
-    def _visible_metadata(self, path: str, raw: bytes) -> bytes:
-        state = self._array(path)
-        if state is None or not state.sharded:
-            return raw
-        state.top()  # refuses unknown transformers
-        doc = {k: v for k, v in state.stored.items() if k != "storage_transformers"}
-        return dump_metadata(doc)
-
-    def _set_metadata(self, path: str, key: str, raw: bytes) -> None:
-        doc = json.loads(raw)
-        if doc.get("storage_transformers"):
-            raise ConfigurationError(
-                f"metadata written to {key!r} lists storage_transformers {doc['storage_transformers']!r}; "
-                "shardkv applies the array's transformers itself (pass chunks_per_shard to the proxy)",
-                path,
-            )
-        old = self._array(path)
-        grid = doc.get("chunk_grid") or {}
-        if old is not None and old.sharded:
-            old.top()
-            old_grid = old.stored.get("chunk_grid") or {}
-            if (
-                list(grid.get("chunk_shape", [])) != list(old_grid.get("chunk_shape", []))
-                or grid.get("separator") != old_grid.get("separator")
-            ):
-                raise ConfigurationError(
-                    f"cannot change the chunk grid of a sharded array from {old_grid} to {grid}; "
-                    "delete the array first",
-                    path,
-                )
-            entries = old.entries
-        else:
-            cps = self._chunks_per_shard_for(path, len(doc.get("shape", [])))
-            entries = [] if cps is None else [
-                {"extension": SHARDING_EXTENSION, "type": "indexed", "configuration": {"chunks_per_shard": list(cps)}}
-            ]
-        if entries:
-            stored = dict(doc)
-            stored["storage_transformers"] = entries
-            state = self._make_state(path, stored)
-            state.top()
-            self._api.set(key, dump_metadata(stored))
-        else:
-            state = DraftArray(path, doc, [], self._api)
-            self._api.set(key, raw)
-        with self._lock:
-            self._arrays[path] = state
-
-    def _forget(self, key: str) -> None:
-        path = self._meta_path(key)
-        with self._lock:
-            if path is not None:
-                self._arrays.pop(path, None)
-            if key == "zarr.json":
-                self._suffix = None
+        self._nodes.refresh()
 
     # -- classification -------------------------------------------------------------------
 
     def _classify(self, key: str) -> tuple[str, Any]:
         """``("meta", path)``, ``("array", state)`` or ``("plain", None)``."""
-        path = self._meta_path(key)
+        path = self._nodes.meta_path(key)
         if path is not None:
             return "meta", path
-        owner = self._data_owner(key)
+        owner = self._nodes.data_owner(key)
         if owner is not None:
             return "array", owner
         return "plain", None
@@ -326,11 +146,11 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
             kind, what = self._classify(key)
             if kind == "meta":
                 try:
-                    value = self._visible_metadata(what, self._api.get(key))
+                    value = self._nodes.visible_metadata(what, self._api.get(key))
                 except KeyError:
                     continue
-                r = ranges[i]
-                out[i] = value[r.start :] if r.is_suffix else value[r.start : r.stop]
+                start, stop = ranges[i].resolve(len(value))
+                out[i] = value[start:stop]
                 continue
             store = what.top() if kind == "array" else self._api
             groups.setdefault(id(store), (store, []))[1].append(i)
@@ -377,13 +197,13 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
         groups: dict[int, tuple[AbstractStore, dict[str, bytes]]] = {}
         for key, value in values.items():
             validate_key(key)
-            data = value if isinstance(value, bytes) else to_bytes(key, value)
+            data = to_bytes(key, value)
             kind, what = self._classify(key)
             if kind == "meta":
-                self._set_metadata(what, key, data)
+                self._nodes.store_metadata(what, key, data)
                 continue
             if key == "zarr.json":
-                self._forget(key)
+                self._nodes.forget(key)
             store = what.top() if kind == "array" else self._api
             groups.setdefault(id(store), (store, {}))[1][key] = data
         for store, batch in groups.values():
@@ -408,7 +228,7 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
         for key in keys:
             kind, what = self._classify(key)
             if kind == "meta" or key == "zarr.json":
-                self._forget(key)
+                self._nodes.forget(key)
             store = what.top() if kind == "array" else self._api
             groups.setdefault(id(store), (store, []))[1].append(key)
         for store, batch in groups.values():
@@ -420,7 +240,7 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
             what.top().erase(key)
             return
         self._api.erase(key)
-        self._forget(key)
+        self._nodes.forget(key)
 
     def erase(self, key: str) -> None:
         """Erase ``key`` (``KeyError`` if it is not stored)."""
@@ -433,7 +253,7 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
     def erase_prefix(self, prefix: str) -> None:
         """Erase every key that starts with ``prefix`` (``"/"``: everything)."""
         prefix = normalize_prefix(prefix)
-        owner = self._prefix_owner(prefix)
+        owner = self._nodes.prefix_owner(prefix)
         if owner is not None:
             owner.top().erase_prefix(prefix)
             return
@@ -449,13 +269,13 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
     def list_prefix(self, prefix: str) -> list[str]:
         """Every key starting with ``prefix``, chunks of sharded arrays listed by chunk key."""
         prefix = normalize_prefix(prefix)
-        owner = self._prefix_owner(prefix)
+        owner = self._nodes.prefix_owner(prefix)
         if owner is not None:
             return owner.top().list_prefix(prefix)
         out: list[str] = []
         arrays: dict[str, DraftArray] = {}
         for key in self._api.list_prefix(prefix):
-            state = self._data_owner(key)
+            state = self._nodes.data_owner(key)
             if state is None:
                 out.append(key)
             else:
@@ -471,7 +291,7 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
         """``(keys, prefixes)`` directly below ``prefix``."""
         prefix = normalize_prefix(prefix)
-        owner = self._prefix_owner(prefix)
+        owner = self._nodes.prefix_owner(prefix)
         if owner is not None:
             return owner.top().list_dir(prefix)
         return self._api.list_dir(prefix)
@@ -494,7 +314,7 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
         path = (path or "").strip("/")
         self.erase_prefix(f"{DATA_ROOT}{path}/" if path else DATA_ROOT)
         self._api.erase_prefix(f"{META_ROOT}{path}/" if path else META_ROOT)
-        sfx = self._metadata_suffix()
+        sfx = self._nodes.metadata_suffix()
         base = f"{META_ROOT}{path}" if path else "meta/root"
         self._api.erase_values([f"{base}.array{sfx}", f"{base}.group{sfx}"])
         self.refresh()
@@ -508,7 +328,7 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
             If nothing is stored at ``src_path``.
         """
         src, dst = src_path.strip("/"), dst_path.strip("/")
-        sfx = self._metadata_suffix()
+        sfx = self._nodes.metadata_suffix()
         moves = {}
         for root in (META_ROOT, DATA_ROOT):
             for key in self._api.list_prefix(f"{root}{src}/"):
@@ -547,6 +367,9 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
     def supports_efficient_set_partial_values(self) -> bool:
         return False
 
+    def flush(self) -> None:
+        """Nothing to write: the draft proxy writes within each call (for symmetry with ``ShardedStore``)."""
+
     def close(self) -> None:
         """Close the base store if it has a ``close``."""
         adapter = getattr(self._api, "adapter", None)
@@ -556,12 +379,16 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
 
     # -- introspection ---------------------------------------------------------------------------------
 
+    def array_path_of(self, key: str) -> str | None:
+        """The path of the array whose metadata document ``key`` is, or ``None`` for any other key."""
+        return self._nodes.meta_path(key)
+
     def storage_transformers(self, path: str) -> list[dict[str, Any]]:
         """The stored ``storage_transformers`` entries of the array at ``path`` (``[]`` if none)."""
-        state = self._array(path.strip("/"))
+        state = self._nodes.array(path.strip("/"))
         return [] if state is None else [dict(e) for e in state.entries]
 
     def transformer(self, path: str) -> AbstractStore | None:
         """The top of the transformer stack of the sharded array at ``path``, or ``None``."""
-        state = self._array(path.strip("/"))
+        state = self._nodes.array(path.strip("/"))
         return state.top() if state is not None and state.sharded else None

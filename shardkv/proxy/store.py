@@ -5,11 +5,14 @@ ordinary chunk keys (``temp/3.7``); the store below holds shards (``temp/0.1``)
 in the v1.0 ``sharding_indexed`` layout, each array's sharding described by a
 ``zarr.json`` beside its ``.zarray`` (see :mod:`shardkv.metadata.v3_view`).
 
-This module maps keys (which array owns a key, which shard holds a chunk),
-handles metadata (new arrays, resize, attributes) and the write-back buffer;
-the requests themselves are planned by :class:`shardkv.engine.planner.ShardIO`
-(one batched index read and one batched chunk read per call; one batched
-write per call; a shard is built in one ``b"".join``, linear time).
+This module routes each key: a chunk of a sharded array goes to its shard
+(:class:`~shardkv.keys.space.ShardedArray`), anything else to the base store.
+The other jobs live beside it: what each path is
+(:mod:`shardkv.proxy.nodes`), the ``zarr.json`` view kept in step with
+``.zarray`` writes (:mod:`shardkv.proxy.mirror`), write-back
+(:mod:`shardkv.proxy.writes`), listing (:mod:`shardkv.proxy.listing`), and the
+requests themselves (:class:`shardkv.engine.planner.ShardIO`: one batched
+index read and one batched chunk read per call; one batched write per call).
 
 Concurrency: writers of one shard in one process are serialised by a lock per
 shard key, so no acknowledged write is lost to a concurrent read-modify-write.
@@ -19,68 +22,30 @@ Several processes writing the same shard need the same care as zarr itself
 
 from __future__ import annotations
 
-import json
-import re
-import threading
 from collections.abc import MutableMapping
 from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
-
-import numpy as np
 
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.planner import ShardIO
 from shardkv.engine.strategies import WriteStrategy
-from shardkv.engine.writeback import PendingShard, WriteBuffer
-from shardkv.errors import ConfigurationError, InvalidKeyError, ReservedKeyError
+from shardkv.errors import ChunkOutOfGridError, ConfigurationError, InvalidKeyError, ReservedKeyError
 from shardkv.format.layout import ShardLayout
 from shardkv.format.ranges import ReadPolicy
-from shardkv.keys.encodings import V2ChunkKeyEncoding, validate_key
+from shardkv.keys.encodings import validate_key
+from shardkv.keys.paths import join_path, path_prefix, split_key
 from shardkv.keys.space import ChunkRef, ShardedArray
-from shardkv.metadata.v2_view import PresentingAdapter
-from shardkv.metadata.v3_view import (
-    normalize_chunks_per_shard,
-    sharding_spec_from_v3,
-    v2_dimension_separator,
-    v3_view_of_v2,
-)
+from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
 from shardkv.proxy import _zarr2
+from shardkv.proxy.layouts import Layout, open_unless_v2
+from shardkv.proxy.listing import logical_keys
+from shardkv.proxy.mirror import MetadataMirror
+from shardkv.proxy.nodes import META_NAMES, NodeCache
+from shardkv.proxy.presenting import PresentingAdapter
+from shardkv.proxy.values import as_buffer
+from shardkv.proxy.writes import ShardWriter
 from shardkv.storage.adapters import StoreAdapter, adapt
 
 __all__ = ["ShardedStore"]
-
-ChunksPerShard = int | Sequence[int] | Mapping[str, int | Sequence[int]] | None
-# chunk-like key segments; signs included so "-1.0" is refused as a malformed chunk key, not stored
-_CHUNKISH = re.compile(r"c|c?[0-9.+-]+")  # "c" alone: v3 default shard keys c/1/2
-_META_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"})
-_NOT_ARRAY = "not an array"
-_UNSHARDED = "unsharded array"
-
-
-def _parent(key: str) -> tuple[str, str]:
-    path, _, name = key.rpartition("/")
-    return path, name
-
-
-def _join(path: str, name: str) -> str:
-    return f"{path}/{name}" if path else name
-
-
-def _as_buffer(key: str, value: Any) -> memoryview:
-    """A contiguous byte view of a chunk value, or ``TypeError`` naming the key."""
-    if isinstance(value, np.ndarray):
-        if value.dtype == object:
-            raise TypeError(f"value for key {key!r} is an object array, not bytes-like")
-        if not (value.flags.c_contiguous or value.flags.f_contiguous):
-            value = np.ascontiguousarray(value)
-        # F-contiguous arrays are taken in memory order, as zarr's own stores do
-        return memoryview(value.reshape(-1, order="A").view(np.uint8))
-    try:
-        return memoryview(value).cast("B")
-    except TypeError:
-        raise TypeError(
-            f"value for key {key!r} must be bytes-like (bytes, bytearray, memoryview, numpy array), "
-            f"got {type(value).__name__}"
-        ) from None
 
 
 class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
@@ -99,6 +64,11 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         shards nothing new. Arrays already sharded in the store are recognised
         from their stored ``zarr.json`` whatever this says; unsharded arrays
         pass through untouched. 0-d arrays are never sharded.
+    layout : {"v2", "draft2022"} or None
+        Which proxy the store needs; ``None`` detects it (one read of the root
+        ``zarr.json``). For ``"draft2022"`` (given or detected) the result is
+        a :class:`~shardkv.proxy.draft.DraftShardedStore`, exactly as from
+        :func:`shardkv.open_store`, the explicit way to open any layout.
     index_location : {"end", "start"}
         Where new shards keep their index (v1.0 codec ``index_location``).
     index_checksum : bool
@@ -143,7 +113,7 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
     Raises
     ------
     ConfigurationError
-        If ``chunks_per_shard`` or an index option is invalid.
+        If ``chunks_per_shard``, ``layout`` or an index option is invalid.
     TypeError
         If ``store`` cannot be used as a store.
 
@@ -163,12 +133,11 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
 
     _store_version = 2  # the zarr-python 2 store protocol this proxy speaks
 
-    def __new__(cls, store: Any = None, *args: Any, layout: Literal["draft2022"] | None = None, **kwargs: Any) -> Any:
-        # 2022 draft mode (shardkv.proxy.draft) when layout="draft2022" or the store holds a draft hierarchy
-        if cls is ShardedStore:
-            from shardkv.proxy.draft import open_draft_if_wanted
-
-            draft = open_draft_if_wanted(store, layout, *args, **kwargs)
+    def __new__(cls, store: Any = None, *args: Any, layout: Layout | None = None, **kwargs: Any) -> Any:
+        # the draft hierarchy proxy when layout="draft2022" or the store holds one (the same choice as open_store);
+        # no store: unpickling (object.__reduce_ex__ calls __new__ with the class alone)
+        if cls is ShardedStore and store is not None:
+            draft = open_unless_v2(store, layout, args, kwargs)
             if draft is not None:
                 return draft
         return super().__new__(cls)
@@ -176,9 +145,9 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
     def __init__(
         self,
         store: Any,
-        chunks_per_shard: ChunksPerShard = None,
+        chunks_per_shard: ChunksPerShardOption = None,
         *,
-        layout: Literal["draft2022"] | None = None,  # see __new__ (shardkv.proxy.draft)
+        layout: Layout | None = None,  # the choice is made in __new__
         index_location: Literal["start", "end"] = "end",
         index_checksum: bool = True,
         storage_options: Mapping[str, Any] | None = None,
@@ -189,22 +158,15 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         write_strategy: WriteStrategy = "rewrite",
         slack_bytes: int = 0,
     ) -> None:
+        if layout not in (None, "v2"):
+            raise ConfigurationError(f"{type(self).__name__} opens the 'v2' layout only, got layout={layout!r}")
+        rule = ChunksPerShardRule.parse(chunks_per_shard)
+        ShardLayout((1,), index_location, "little", index_checksum)  # validates the options
         # v3-only sharded arrays and groups (zarr.json, no .zarray) appear with derived v2 documents
         self._base: StoreAdapter = PresentingAdapter(adapt(store, storage_options))
         self._raw_store = store
-        if isinstance(chunks_per_shard, Mapping):
-            self._cps: Any = {str(k).strip("/"): v for k, v in chunks_per_shard.items()}
-        elif chunks_per_shard is None or isinstance(chunks_per_shard, (int, np.integer)):
-            self._cps = chunks_per_shard
-        else:
-            self._cps = tuple(chunks_per_shard)
-        ShardLayout((1,), index_location, "little", index_checksum)  # validates the options
-        self._index_location = index_location
-        self._index_checksum = bool(index_checksum)
-        self._states: dict[str, Any] = {}
-        self._owner_memo: dict[str, ShardedArray | None] = {}
-        self._views: dict[str, dict[str, Any]] = {}
-        self._lock = threading.RLock()
+        self._cps = rule.value  # shown by repr
+        self._nodes = NodeCache(self._base)
         self._io = ShardIO(
             self._base,
             index_cache_bytes=index_cache_bytes,
@@ -213,7 +175,8 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
             write_strategy=write_strategy,
             slack_bytes=slack_bytes,
         )
-        self._buffer = None if buffer_bytes is None else WriteBuffer(buffer_bytes)
+        self._writer = ShardWriter(self._io, buffer_bytes)
+        self._mirror = MetadataMirror(self._base, self._nodes, self._writer, rule, index_location, bool(index_checksum))
         _zarr2.register(type(self))
 
     # -- configuration ------------------------------------------------------
@@ -223,27 +186,12 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         """The adapter over the base store (for tools; writes here bypass the proxy)."""
         return self._base
 
-    def _chunks_per_shard_for(self, path: str, ndim: int) -> tuple[int, ...] | None:
-        cps = self._cps
-        if isinstance(cps, dict):
-            if path not in cps:
-                return None
-            return normalize_chunks_per_shard(cps[path], ndim, path)
-        if cps is None or ndim == 0:
-            return None
-        if isinstance(cps, tuple) and len(cps) != ndim:
-            return None
-        return normalize_chunks_per_shard(cps, ndim, path)
-
     def refresh(self) -> None:
         """Forget cached array metadata and shard indexes (call after other writers changed the store).
 
         Buffered writes (write-back mode) are kept.
         """
-        with self._lock:
-            self._states.clear()
-            self._views.clear()
-            self._owner_memo.clear()
+        self._nodes.clear()
         self._io.index_cache.clear()
 
     @property
@@ -251,104 +199,20 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         """The shard index cache (``hits``, ``misses``, ``nbytes``, ``clear()``)."""
         return self._io.index_cache
 
-    # -- array discovery ----------------------------------------------------
-
-    def _state(self, path: str) -> Any:
-        """``ShardedArray``, ``_UNSHARDED`` or ``_NOT_ARRAY`` for an array path (cached)."""
-        with self._lock:
-            if path in self._states:
-                return self._states[path]
-        zarray_key, zjson_key = _join(path, ".zarray"), _join(path, "zarr.json")
-        found = self._base.get_many([zarray_key, zjson_key])
-        state: Any = _NOT_ARRAY
-        if zarray_key in found:
-            zarray = json.loads(bytes(found[zarray_key]))
-            state = _UNSHARDED
-            if zjson_key in found:
-                view = json.loads(bytes(found[zjson_key]))
-                state = self._sharded_from_view(path, zarray, view)
-                with self._lock:
-                    self._views[path] = view
-        with self._lock:
-            self._states[path] = state
-        return state
-
-    def _sharded_from_view(self, path: str, zarray: Mapping[str, Any], view: Mapping[str, Any]) -> Any:
-        spec = sharding_spec_from_v3(view, path)
-        if spec is None:
-            return _UNSHARDED
-        if list(spec.chunks) != list(zarray["chunks"]):
-            raise ConfigurationError(
-                f"zarr.json inner chunk_shape {list(spec.chunks)} differs from .zarray chunks {zarray['chunks']}", path
-            )
-        sep = v2_dimension_separator(zarray)
-        return ShardedArray(
-            path=path,
-            key_prefix=f"{path}/" if path else "",
-            shape=tuple(int(s) for s in zarray["shape"]),
-            chunks=spec.chunks,
-            layout=spec.layout,
-            chunk_key_encoding=V2ChunkKeyEncoding(sep),  # type: ignore[arg-type]
-            shard_key_encoding=spec.shard_key_encoding,
-        )
-
-    def _owner(self, key: str) -> ShardedArray | None:
-        """The sharded array whose chunk (or shard) ``key`` names, if any.
-
-        Walks the key's prefixes from the root; the first array met owns the
-        key (arrays have no children). Only prefixes followed by chunk-like
-        segments are candidates.
-        """
-        parent, _, name = key.rpartition("/")
-        if name in _META_NAMES or not _CHUNKISH.fullmatch(name):
-            return None  # the last segment of a chunk or shard key is always chunk-like
-        memo = self._owner_memo.get(parent, _NOT_ARRAY)
-        if memo is not _NOT_ARRAY:
-            return memo
-        owner = self._owner_of_parent(parent)
-        with self._lock:
-            if len(self._owner_memo) > 100_000:
-                self._owner_memo.clear()
-            self._owner_memo[parent] = owner
-        return owner
-
-    def _owner_of_parent(self, parent: str) -> ShardedArray | None:
-        """:meth:`_owner` for every key ``parent/<chunk-like name>`` (memoised by the caller)."""
-        segments = (parent.split("/") if parent else []) + ["0"]
-        first_chunkish = len(segments) - 1
-        while first_chunkish > 0 and _CHUNKISH.fullmatch(segments[first_chunkish - 1]):
-            first_chunkish -= 1
-        for i in range(0, len(segments)):
-            path = "/".join(segments[:i])
-            state = self._state(path)
-            if state is _NOT_ARRAY:
-                continue
-            if state is _UNSHARDED or i < first_chunkish:
-                return None
-            return state
-        return None
-
-    def _set_state(self, path: str, state: Any) -> None:
-        """Record what ``path`` is (called with ``self._lock`` held); owners may change."""
-        self._states[path] = state
-        self._owner_memo.clear()
-
-    def _forget_state(self, path: str) -> None:
-        """Forget what ``path`` is (called with ``self._lock`` held)."""
-        self._states.pop(path, None)
-        self._views.pop(path, None)
-        self._owner_memo.clear()
+    # -- routing ----------------------------------------------------------------
 
     def _route(self, key: str, validated: bool = False) -> ChunkRef | None:
+        """The chunk of a sharded array that ``key`` names, or ``None`` for a key stored as it is.
+
+        Raises
+        ------
+        InvalidKeyError, ChunkOutOfGridError
+            For a malformed key, or a chunk key outside the array's grid.
+        """
         if not validated:
             validate_key(key)
-        arr = self._owner(key)
+        arr = self._nodes.owner(key)
         return None if arr is None else arr.locate(key)
-
-    def _is_hidden(self, key: str) -> bool:
-        """True for the ``zarr.json`` that shardkv manages beside a sharded array's ``.zarray``."""
-        path, name = _parent(key)
-        return name == "zarr.json" and isinstance(self._state(path), ShardedArray)
 
     # -- reads ----------------------------------------------------------------
 
@@ -371,17 +235,14 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         for key in keys:
             ref = self._route(key)
             if ref is None:
-                if not self._is_hidden(key):
+                if not self._nodes.is_hidden(key):
                     plain.append(key)
                 continue
-            if self._buffer is not None:
-                with self._buffer.lock:
-                    buffered, value = self._buffer.lookup(ref.shard_key, ref.local_coords)
-                if buffered:
-                    if value is not None:
-                        out[key] = value
-                    continue
-            refs.append(ref)
+            buffered, value = self._writer.lookup(ref.shard_key, ref.local_coords)
+            if not buffered:
+                refs.append(ref)
+            elif value is not None:
+                out[key] = value
         if plain:
             out.update(self._base.get_many(plain))
         out.update(self._io.read_chunks(refs))
@@ -390,7 +251,7 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
     def __getitem__(self, key: str) -> bytes:
         ref = self._route(key)
         if ref is None:
-            if self._is_hidden(key):
+            if self._nodes.is_hidden(key):
                 raise KeyError(key)
             return self._base.get(key)
         found = self.getitems([key])
@@ -404,12 +265,10 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         except (TypeError, InvalidKeyError):
             return False
         if ref is None:
-            return not self._is_hidden(key) and self._base.contains(key)  # type: ignore[arg-type]
-        if self._buffer is not None:
-            with self._buffer.lock:
-                buffered, value = self._buffer.lookup(ref.shard_key, ref.local_coords)
-            if buffered:
-                return value is not None
+            return not self._nodes.is_hidden(key) and self._base.contains(key)  # type: ignore[arg-type]
+        buffered, value = self._writer.lookup(ref.shard_key, ref.local_coords)
+        if buffered:
+            return value is not None
         indexes, _ = self._io.read_indexes({ref.shard_key: ref.array})
         index = indexes.get(ref.shard_key)
         return index is not None and index.get(ref.local_coords) is not None
@@ -436,21 +295,18 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         changes: dict[str, memoryview | None] = {}
         for key, value in values.items():
             validate_key(key)
-            changes[key] = _as_buffer(key, value)
+            changes[key] = as_buffer(key, value)
         self._apply(changes)
 
     def __delitem__(self, key: str) -> None:
-        validate_key(key)
         try:
             ref = self._route(key)
-        except InvalidKeyError as exc:
-            if hasattr(exc, "grid_shape"):  # nothing can be stored outside the grid
-                raise KeyError(key) from exc
-            raise
+        except ChunkOutOfGridError as exc:  # nothing can be stored outside the grid
+            raise KeyError(key) from exc
         if ref is None:
-            if self._is_hidden(key):
+            if self._nodes.is_hidden(key):
                 raise ReservedKeyError(key, "the zarr.json of a sharded array is managed by shardkv")
-            self._delete_metadata_side_effects(key)
+            self._mirror.before_delete(key)
             self._base.delete(key)
             return
         if key not in self:
@@ -461,79 +317,43 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         """Delete the stored keys among ``keys`` (missing and out-of-grid chunk keys are ignored)."""
         changes: dict[str, None] = {}
         for key in keys:
-            validate_key(key)
             try:
                 self._route(key)
-            except InvalidKeyError as exc:
-                if hasattr(exc, "grid_shape"):
-                    continue
-                raise
+            except ChunkOutOfGridError:
+                continue
             changes[key] = None
         self._apply(changes)
 
     def _apply(self, changes: Mapping[str, memoryview | None]) -> None:
-        plain_set: dict[str, memoryview] = {}
+        plain_set: dict[str, bytes] = {}
         plain_del: list[str] = []
         by_shard: dict[str, tuple[ShardedArray, tuple[int, ...], dict[tuple[int, ...], memoryview | None]]] = {}
         for key, value in changes.items():
-            if _parent(key)[1] in _META_NAMES:
+            if split_key(key)[1] in META_NAMES:
                 if value is None:
-                    self._delete_metadata_side_effects(key)
+                    self._mirror.before_delete(key)
                     plain_del.append(key)
                 else:
-                    self._set_metadata(key, value)
+                    self._mirror.set(key, bytes(value))
                 continue
             ref = self._route(key, validated=True)
             if ref is None:
                 if value is None:
                     plain_del.append(key)
                 else:
-                    plain_set[key] = value
+                    plain_set[key] = value  # type: ignore[assignment]
                 continue
             entry = by_shard.setdefault(ref.shard_key, (ref.array, ref.shard_coords, {}))
             entry[2][ref.local_coords] = value
         if plain_set:
-            self._base.set_many(plain_set)  # type: ignore[arg-type]
+            self._base.set_many(plain_set)
         if plain_del:
             self._base.delete_many(plain_del)
-        if by_shard and self._buffer is not None:
-            self._buffer_shards(by_shard)
-        elif by_shard:
-            self._io.write_shards(by_shard)
-
-    def _buffer_shards(
-        self,
-        by_shard: Mapping[str, tuple[ShardedArray, tuple[int, ...], dict[tuple[int, ...], memoryview | None]]],
-    ) -> None:
-        buf = self._buffer
-        with buf.lock:  # type: ignore[union-attr]
-            for shard_key, (arr, coords, updates) in by_shard.items():
-                for local, value in updates.items():
-                    buf.add(shard_key, arr, coords, local, None if value is None else bytes(value))  # type: ignore[union-attr]
-            ready = buf.pop_complete(list(by_shard))  # type: ignore[union-attr]
-            ready.update(buf.pop_over_limit())  # type: ignore[union-attr]
-        if ready:
-            self._write_pending(ready)
-
-    def _write_pending(self, pending: Mapping[str, PendingShard]) -> None:
-        self._io.write_shards({k: (p.array, p.shard_coords, p.updates) for k, p in pending.items()})  # type: ignore[misc]
+        self._writer.write(by_shard)
 
     def flush(self) -> None:
         """Write every buffered shard to the base store (write-back mode; a no-op otherwise)."""
-        if self._buffer is None:
-            return
-        with self._buffer.lock:
-            pending = self._buffer.pop_all()
-        if pending:
-            self._write_pending(pending)
-
-    def _flush_array(self, path: str) -> None:
-        if self._buffer is None:
-            return
-        with self._buffer.lock:
-            pending = self._buffer.pop_all(path)
-        if pending:
-            self._write_pending(pending)
+        self._writer.flush()
 
     def compact(self, path: str | None = None) -> int:
         """Rewrite shards that hold unused bytes (after appends, in-place writes or slack).
@@ -552,124 +372,16 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         if path is not None:
             paths = [path.strip("/")]
         else:
-            owners = (self._owner(k) for k in self._base.iter_keys())
+            owners = (self._nodes.owner(k) for k in self._base.iter_keys())
             paths = sorted({arr.path for arr in owners if arr is not None})
         arrays = [self.sharded_array(p) for p in paths]
         return sum(self._io.compact_array(arr) for arr in arrays if arr is not None)
 
-    # -- metadata -------------------------------------------------------------
-
-    def _set_metadata(self, key: str, value: memoryview) -> None:
-        path, name = _parent(key)
-        if name == ".zarray":
-            self._on_zarray(path, bytes(value))
-            return
-        if name == "zarr.json" and self._is_hidden(key):
-            raise ReservedKeyError(key, "the zarr.json of a sharded array is managed by shardkv")
-        if name == ".zattrs":
-            state = self._state(path)
-            if isinstance(state, ShardedArray):
-                view = dict(self._views[path])
-                view["attributes"] = json.loads(bytes(value))
-                self._base.set_many({key: bytes(value), _join(path, "zarr.json"): _dump(view)})
-                with self._lock:
-                    self._views[path] = view
-                return
-        if name == ".zgroup":
-            with self._lock:
-                self._set_state(path, _NOT_ARRAY)
-        self._base.set(key, bytes(value))
-
-    def _on_zarray(self, path: str, raw: bytes) -> None:
-        zarray = json.loads(raw)
-        state = self._state(path)
-        zjson_key = _join(path, "zarr.json")
-        if isinstance(state, ShardedArray):
-            self._flush_array(path)
-            if list(zarray["chunks"]) != list(state.chunks):
-                raise ConfigurationError(
-                    f"cannot change the chunks of a sharded array from {list(state.chunks)} to {zarray['chunks']}; "
-                    "delete the array first",
-                    path,
-                )
-            view = dict(self._views[path])
-            view["shape"] = [int(s) for s in zarray["shape"]]
-            new_state = state.with_shape(zarray["shape"])
-            self._base.set_many({zjson_key: _dump(view), _join(path, ".zarray"): raw})
-            with self._lock:
-                self._set_state(path, new_state)
-                self._views[path] = view
-            if any(n < o for n, o in zip(new_state.shape, state.shape)):
-                self._trim(state, new_state)
-            return
-        if state is _UNSHARDED:
-            self._base.set(_join(path, ".zarray"), raw)
-            return
-        cps = self._chunks_per_shard_for(path, len(zarray["shape"]))
-        if cps is None:
-            self._base.set(_join(path, ".zarray"), raw)
-            with self._lock:
-                self._set_state(path, _UNSHARDED)
-            return
-        layout = ShardLayout.v3(cps, self._index_location, "little", self._index_checksum)
-        try:
-            attrs = json.loads(bytes(self._base.get(_join(path, ".zattrs"))))
-        except KeyError:
-            attrs = {}
-        view = v3_view_of_v2(zarray, attrs, layout).metadata
-        self._base.set_many({_join(path, ".zarray"): raw, zjson_key: _dump(view)})
-        with self._lock:
-            self._set_state(path, self._sharded_from_view(path, zarray, view))
-            self._views[path] = view
-
-    def _trim(self, old: ShardedArray, new: ShardedArray) -> None:
-        """Drop the chunks a shrinking resize left outside the chunk grid."""
-        import itertools
-
-        grid = new.chunk_grid_shape
-        affected = {}
-        for coords in itertools.product(*(range(n) for n in old.shard_grid_shape)):
-            if any((s + 1) * c > g for s, c, g in zip(coords, new.chunks_per_shard, grid)):
-                affected[new.shard_key(coords)] = (new, coords, {})
-        if affected:
-            self._io.write_shards(affected)
-
-    def _delete_metadata_side_effects(self, key: str) -> None:
-        path, name = _parent(key)
-        if name in (".zarray", ".zgroup"):
-            with self._lock:
-                self._forget_state(path)
-            if name == ".zarray":
-                self._discard_buffered(path)
-                self._base.delete_many([_join(path, "zarr.json")])
-
-    def _discard_buffered(self, path: str) -> None:
-        """Drop buffered writes of arrays being deleted, so a later flush cannot resurrect them."""
-        if self._buffer is not None:
-            with self._buffer.lock:
-                self._buffer.discard_under(path)
-
     # -- listing ----------------------------------------------------------------
-
-    def _chunk_keys_of_shards(self, shards: Mapping[str, ShardedArray]) -> Iterator[str]:
-        return self._io.chunk_keys(shards)  # in-grid chunks; indexes read 4096 shards per request
-
-    def _classify(self, keys: Iterable[str]) -> tuple[list[str], dict[str, ShardedArray]]:
-        plain: list[str] = []
-        shards: dict[str, ShardedArray] = {}
-        for key in keys:
-            arr = self._owner(key)
-            if arr is not None and arr.shard_coords_of(key) is not None:
-                shards[key] = arr
-            elif not self._is_hidden(key):
-                plain.append(key)
-        return plain, shards
 
     def __iter__(self) -> Iterator[str]:
         self.flush()
-        plain, shards = self._classify(self._base.iter_keys())
-        yield from plain
-        yield from self._chunk_keys_of_shards(shards)
+        return logical_keys(self._nodes, self._io, self._base.iter_keys())
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
@@ -677,34 +389,29 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
     def keys_under(self, path: str) -> Iterator[str]:
         """Every logical key under ``path`` (a path, or ``""`` for all)."""
         self.flush()
-        prefix = f"{path.strip('/')}/" if path.strip("/") else ""
-        plain, shards = self._classify(self._base.iter_keys(prefix))
-        yield from plain
-        yield from self._chunk_keys_of_shards(shards)
+        return logical_keys(self._nodes, self._io, self._base.iter_keys(path_prefix(path.strip("/"))))
 
     def listdir(self, path: str = "") -> list[str]:
         """Names of the immediate children of ``path``, as code above the proxy sees them."""
         path = path.strip("/")
-        inside = self._owner(_join(path, "0")) if path else None
-        if inside is None and not isinstance(self._state(path), ShardedArray):
+        inside = self._nodes.owner(join_path(path, "0")) if path else None
+        if inside is None and self._nodes.sharded(path) is None:
             names = self._base.list_dir(path)
-            return [n for n in names if not (n == "zarr.json" and self._is_hidden(_join(path, n)))]
-        prefix = f"{path}/" if path else ""
+            return [n for n in names if not (n == "zarr.json" and self._nodes.is_hidden(join_path(path, n)))]
+        prefix = path_prefix(path)
         return sorted({k[len(prefix) :].split("/", 1)[0] for k in self.keys_under(path)})
 
     def rmdir(self, path: str = "") -> None:
         """Delete everything under ``path`` (the whole store for ``""``)."""
         path = path.strip("/")
-        arr = self._owner(_join(path, "0")) if path else None
+        arr = self._nodes.owner(join_path(path, "0")) if path else None
         if arr is not None and arr.path != path:
             self.delitems(list(self.keys_under(path)))  # a sub-path of a '/'-separated array
             return
-        self._discard_buffered(path)
+        self._writer.discard_under(path)
         self._base.rmdir(path)
         self._io.index_cache.clear()
-        with self._lock:
-            for p in [p for p in self._states if p == path or p.startswith(f"{path}/") or not path]:
-                self._forget_state(p)
+        self._nodes.forget_under(path)
 
     def getsize(self, path: str = "") -> int:
         """Bytes stored under ``path`` in the base store (shards, not logical chunks)."""
@@ -712,14 +419,13 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         path = path.strip("/")
         if path and self._base.contains(path):
             return self._base.size(path)
-        prefix = f"{path}/" if path else ""
-        return sum(self._base.size(k) for k in self._base.iter_keys(prefix))
+        return sum(self._base.size(k) for k in self._base.iter_keys(path_prefix(path)))
 
     def rename(self, src_path: str, dst_path: str) -> None:
         """Move everything under ``src_path`` to ``dst_path`` (shards move whole)."""
         self.flush()
         src, dst = src_path.strip("/"), dst_path.strip("/")
-        keys = list(self._base.iter_keys(f"{src}/" if src else ""))
+        keys = list(self._base.iter_keys(path_prefix(src)))
         self._base.set_many({dst + k[len(src) :]: self._base.get(k) for k in keys})
         self._base.delete_many(keys)
         self.refresh()
@@ -737,20 +443,14 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         self.flush()
         self._base.close()
 
-
     # -- introspection ------------------------------------------------------------
 
     def sharded_array(self, path: str) -> ShardedArray | None:
         """The key mapping of the sharded array at ``path``, or ``None``."""
-        state = self._state(path.strip("/"))
-        return state if isinstance(state, ShardedArray) else None
+        node = self._nodes.sharded(path.strip("/"))
+        return None if node is None else node.array
 
     def v3_metadata(self, path: str) -> dict[str, Any] | None:
         """The ``zarr.json`` document of the sharded array at ``path``, or ``None``."""
-        if self.sharded_array(path) is None:
-            return None
-        return dict(self._views[path.strip("/")])
-
-
-def _dump(doc: Mapping[str, Any]) -> bytes:
-    return json.dumps(doc, indent=4, sort_keys=True, ensure_ascii=True, allow_nan=False).encode()
+        node = self._nodes.sharded(path.strip("/"))
+        return None if node is None else dict(node.view)

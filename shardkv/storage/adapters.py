@@ -50,9 +50,8 @@ def _hidden(key: str) -> bool:
 
 def _slice(value: bytes | memoryview, byte_range: ByteRange) -> bytes:
     view = memoryview(value)
-    if byte_range.is_suffix:
-        return bytes(view[max(0, len(view) + byte_range.start) :])
-    return bytes(view[byte_range.start : byte_range.stop])
+    start, stop = byte_range.resolve(len(view))
+    return bytes(view[start:stop])
 
 
 class StoreAdapter(ABC):

@@ -1,0 +1,151 @@
+"""``chunks_per_shard`` as users give it, and what it means for one array. Pure.
+
+The proxies and the converters take the same option: an int (that many inner
+chunks per shard along every dimension of every new array), a sequence of
+ints (for arrays with that many dimensions; others stay unsharded), a mapping
+``{array path: int or sequence}``, or ``None`` (shard nothing new). 0-d
+arrays are never sharded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence, Union
+
+import numpy as np
+
+from shardkv.errors import ConfigurationError
+
+__all__ = ["ChunksPerShardOption", "ChunksPerShardRule", "normalize_chunks_per_shard", "check_chunks_per_shard"]
+
+ChunksPerShardOption = Union[int, Sequence[int], Mapping[str, Union[int, Sequence[int]]], None]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def normalize_chunks_per_shard(value: int | Sequence[int], ndim: int, path: str | None = None) -> tuple[int, ...]:
+    """Expand an int to every dimension and check a tuple's length and values.
+
+    Parameters
+    ----------
+    value : int or sequence of int
+        Inner chunks per shard (>= 1).
+    ndim : int
+        Dimensions of the array.
+    path : str, optional
+        The array's path (named in errors).
+
+    Raises
+    ------
+    ConfigurationError
+        If the length differs from ``ndim`` or a value is < 1 or not an int.
+    """
+    if _is_int(value):
+        cps = (int(value),) * ndim  # type: ignore[arg-type]
+    else:
+        try:
+            cps = tuple(value)  # type: ignore[arg-type]
+        except TypeError:
+            raise ConfigurationError(f"chunks_per_shard must be an int or a tuple of ints, got {value!r}", path) from None
+        if len(cps) != ndim:
+            raise ConfigurationError(
+                f"chunks_per_shard {cps} has {len(cps)} value(s), the array has {ndim} dimension(s)", path
+            )
+    for c in cps:
+        if not _is_int(c) or c < 1:
+            raise ConfigurationError(f"chunks_per_shard values must be ints >= 1, got {cps}", path)
+    return tuple(int(c) for c in cps)
+
+
+def check_chunks_per_shard(value: Any, path: str | None = None) -> int | tuple[int, ...]:
+    """Validate one ``chunks_per_shard`` value: an int >= 1, or a non-empty sequence of ints >= 1.
+
+    Raises
+    ------
+    ConfigurationError
+        Naming the value received.
+    """
+    if _is_int(value):
+        if value < 1:
+            raise ConfigurationError(f"chunks_per_shard must be >= 1, got {value}", path)
+        return int(value)
+    if isinstance(value, (str, bytes, bool)):
+        raise ConfigurationError(f"chunks_per_shard must be an int >= 1 or a tuple of them, got {value!r}", path)
+    try:
+        values = tuple(value)
+    except TypeError:
+        raise ConfigurationError(f"chunks_per_shard must be an int >= 1 or a tuple of them, got {value!r}", path) from None
+    if not values or any(not _is_int(v) or v < 1 for v in values):
+        raise ConfigurationError(f"chunks_per_shard values must be ints >= 1, got {value!r}", path)
+    return tuple(int(v) for v in values)
+
+
+def _as_tuple(value: Any) -> tuple[Any, ...]:
+    if isinstance(value, (str, bytes, bool)):
+        raise ConfigurationError(f"chunks_per_shard must be an int or a tuple of ints, got {value!r}")
+    try:
+        return tuple(value)
+    except TypeError:
+        raise ConfigurationError(f"chunks_per_shard must be an int or a tuple of ints, got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class ChunksPerShardRule:
+    """A validated ``chunks_per_shard`` option.
+
+    Attributes
+    ----------
+    value : None, int, tuple, or dict of str to (int or tuple)
+        The option (sequences as tuples; mapping keys are array paths without
+        leading or trailing ``/``).
+    """
+
+    value: Any
+
+    @classmethod
+    def parse(cls, option: ChunksPerShardOption) -> ChunksPerShardRule:
+        """Take an option as users give it; values are checked per array, by :meth:`for_array`.
+
+        (So a mapping entry that does not fit its array fails when that array
+        is created, naming it, and nothing of the array is written.)
+
+        Raises
+        ------
+        ConfigurationError
+            If ``option`` is neither ``None``, an int, a sequence nor a mapping.
+        """
+        if option is None or _is_int(option):
+            return cls(option)
+        if isinstance(option, Mapping):
+            return cls({str(k).strip("/"): v if _is_int(v) else _as_tuple(v) for k, v in option.items()})
+        return cls(_as_tuple(option))
+
+    def for_array(self, path: str, ndim: int) -> tuple[int, ...] | None:
+        """``chunks_per_shard`` of a new array with ``ndim`` dimensions at ``path``, or ``None`` (unsharded).
+
+        Raises
+        ------
+        ConfigurationError
+            If the mapping names ``path`` with a tuple of another length.
+        """
+        return None if self.why_unsharded(path, ndim) else normalize_chunks_per_shard(self._value_for(path), ndim, path)
+
+    def why_unsharded(self, path: str, ndim: int) -> str | None:
+        """Why a new array at ``path`` stays unsharded, or ``None`` when the rule shards it."""
+        value = self.value
+        if isinstance(value, dict) and path not in value:
+            return "not named in chunks_per_shard"
+        if value is None:
+            return "no chunks_per_shard"
+        if ndim == 0:
+            return "0-d"
+        value = self._value_for(path)
+        if isinstance(value, tuple) and len(value) != ndim and not isinstance(self.value, dict):
+            spec = ",".join(str(c) for c in value)
+            return f"{ndim}-d; chunks_per_shard {spec} is for {len(value)}-d arrays"
+        return None
+
+    def _value_for(self, path: str) -> Any:
+        return self.value[path] if isinstance(self.value, dict) else self.value

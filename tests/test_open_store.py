@@ -1,0 +1,93 @@
+"""``shardkv.open_store`` and ``ShardedStore(...)``: one layout choice, made with one read."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import pytest
+
+import shardkv
+from shardkv import ConfigurationError, ShardedStore, open_store
+from shardkv.proxy.draft import DraftShardedStore
+
+DRAFT_ENTRY_POINT = json.dumps(
+    {"zarr_format": "https://purl.org/zarr/spec/protocol/core/3.0", "metadata_key_suffix": ".json",
+     "metadata_encoding": "https://purl.org/zarr/spec/protocol/core/3.0", "extensions": []}
+).encode()  # fmt: skip
+V3_GROUP = json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}).encode()
+
+
+class CountingDict(dict):
+    """A dict base store that counts reads per key."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.reads: Counter[str] = Counter()
+
+    def __getitem__(self, key: str) -> Any:
+        self.reads[key] += 1
+        return super().__getitem__(key)
+
+
+ENTRY_POINTS = {
+    "empty": ({}, ShardedStore),
+    "zarr-v2": ({".zgroup": b'{"zarr_format": 2}'}, ShardedStore),
+    "zarr-v3": ({"zarr.json": V3_GROUP}, ShardedStore),
+    "draft2022": ({"zarr.json": DRAFT_ENTRY_POINT}, DraftShardedStore),
+}
+
+
+@pytest.mark.parametrize("entry", [shardkv.open_store, ShardedStore], ids=["open_store", "ShardedStore"])
+@pytest.mark.parametrize("hierarchy", sorted(ENTRY_POINTS))
+def test_layout_is_detected_with_one_read(entry: Any, hierarchy: str) -> None:
+    contents, expected = ENTRY_POINTS[hierarchy]
+    base = CountingDict(contents)
+    proxy = entry(base, 2)
+    assert type(proxy) is expected
+    assert base.reads == Counter({"zarr.json": 1})  # one read (a miss, for v2 and empty stores)
+
+
+@pytest.mark.parametrize("entry", [shardkv.open_store, ShardedStore], ids=["open_store", "ShardedStore"])
+def test_a_given_layout_is_not_detected(entry: Any) -> None:
+    draft = CountingDict({"zarr.json": DRAFT_ENTRY_POINT})
+    assert type(entry(draft, 2, layout="v2")) is ShardedStore  # what the caller asked for, no read
+    assert draft.reads == Counter()
+    empty = CountingDict()
+    assert type(entry(empty, 2, layout="draft2022")) is DraftShardedStore
+    assert empty.reads == Counter()
+
+
+@pytest.mark.parametrize("entry", [shardkv.open_store, ShardedStore], ids=["open_store", "ShardedStore"])
+def test_unknown_layout_is_refused(entry: Any) -> None:
+    with pytest.raises(ConfigurationError, match="draft2023"):
+        entry({}, 2, layout="draft2023")
+
+
+def test_options_of_the_v2_proxy_are_refused_in_draft_mode() -> None:
+    with pytest.raises(ConfigurationError, match="buffer_bytes"):
+        open_store({"zarr.json": DRAFT_ENTRY_POINT}, 2, buffer_bytes=1024)
+
+
+def test_options_reach_the_chosen_proxy() -> None:
+    proxy = open_store({}, (2, 3), index_location="start", buffer_bytes=1024)
+    proxy[".zarray"] = json.dumps(
+        {"zarr_format": 2, "shape": [8, 9], "chunks": [2, 2], "dtype": "|u1", "compressor": None,
+         "fill_value": 0, "filters": None, "order": "C"}
+    ).encode()  # fmt: skip
+    config = proxy.v3_metadata("")["codecs"][0]["configuration"]
+    assert config["index_location"] == "start"
+    assert proxy.sharded_array("").chunks_per_shard == (2, 3)
+    proxy["0.0"] = b"x"
+    assert list(proxy.base.iter_keys()) == [".zarray", "zarr.json"]  # buffered (write-back) until flush
+    proxy.flush()
+    assert "0.0" in set(proxy.base.iter_keys())
+
+
+def test_the_v2_proxy_refuses_the_draft_layout_when_subclassed() -> None:
+    class Mine(ShardedStore):
+        pass
+
+    with pytest.raises(ConfigurationError, match="draft2022"):
+        Mine({}, 2, layout="draft2022")
