@@ -25,7 +25,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from shardkv.errors import ConfigurationError
 from shardkv.keys.encodings import V2ChunkKeyEncoding, grid_shape
 from shardkv.metadata.v3_view import v2_dimension_separator, v3_view_of_v2
-from shardkv.storage.adapters import StoreAdapter, adapt
+from shardkv.storage.adapters import StoreAdapter
 
 __all__ = [
     "META_NAMES",
@@ -355,11 +355,13 @@ def _sizes(store: StoreAdapter, keys: Sequence[str]) -> dict[str, int]:
     return {k: store.size(k) for k in keys}
 
 
-def _sharded_info(store: StoreAdapter, keys: ArrayKeys, arr: Any, zattrs: Mapping[str, Any]) -> ArrayInfo:
-    shard_keys = [k for k in keys.all_keys() if k not in keys.meta_keys and arr.shard_coords_of(k) is not None]
-    grid = arr.chunk_grid_shape
+def shard_stats(
+    store: StoreAdapter, shard_keys: Sequence[str], coords_of: Any, layout: Any, grid: Sequence[int]
+) -> tuple[int, int, int, int]:
+    """Read the indexes of ``shard_keys`` in batches; returns (in-grid chunks present, bytes used by
+    chunks, index bytes, shard bytes). ``coords_of(key)`` gives a shard key's shard coords."""
     present = used = index_bytes = stored = 0
-    layout = arr.layout
+    cps = layout.chunks_per_shard
     for start in range(0, len(shard_keys), _INDEX_BATCH):
         batch = shard_keys[start : start + _INDEX_BATCH]
         sizes = _sizes(store, batch)
@@ -368,14 +370,21 @@ def _sharded_info(store: StoreAdapter, keys: ArrayKeys, arr: Any, zattrs: Mappin
             if data is None:
                 continue  # deleted since the listing
             index = layout.decode_index(data, k, sizes[k])
-            shard_coords = arr.shard_coords_of(k)
+            shard_coords = coords_of(k)
             for local in index.present():
-                chunk = tuple(s * n + c for s, n, c in zip(shard_coords, arr.chunks_per_shard, local))
+                chunk = tuple(s * n + c for s, n, c in zip(shard_coords, cps, local))
                 if all(c < g for c, g in zip(chunk, grid)):
                     present += 1
             used += index.used_nbytes()
             index_bytes += layout.index_nbytes
             stored += sizes[k]
+    return present, used, index_bytes, stored
+
+
+def _sharded_info(store: StoreAdapter, keys: ArrayKeys, arr: Any, zattrs: Mapping[str, Any]) -> ArrayInfo:
+    shard_keys = [k for k in keys.all_keys() if k not in keys.meta_keys and arr.shard_coords_of(k) is not None]
+    layout = arr.layout
+    present, used, index_bytes, stored = shard_stats(store, shard_keys, arr.shard_coords_of, layout, arr.chunk_grid_shape)
     view = v3_view_of_v2(keys.zarray, zattrs, layout)
     return ArrayInfo(
         path=keys.path,
@@ -397,12 +406,18 @@ def _sharded_info(store: StoreAdapter, keys: ArrayKeys, arr: Any, zattrs: Mappin
 
 
 def inspect_store(store: Any, storage_options: Mapping[str, Any] | None = None) -> list[ArrayInfo]:
-    """Per-array facts about a (sharded or not) Zarr v2 hierarchy, for ``shardkv info``.
+    """Per-array facts about a hierarchy shardkv reads, for ``shardkv info``.
+
+    Zarr v2 hierarchies (sharded by shardkv or not), 2022 draft hierarchies
+    (:func:`shardkv.cli.info_draft.inspect_draft`) and Zarr v3 hierarchies whose
+    arrays use the ``sharding_indexed`` codec (presented as v2 arrays of their
+    inner chunks, as :class:`~shardkv.ShardedStore` reads them).
 
     Parameters
     ----------
     store : str, os.PathLike, MutableMapping, fsspec.FSMap or StoreAdapter
-        The hierarchy (any store :func:`shardkv.storage.adapters.adapt` accepts).
+        The hierarchy (any store :func:`shardkv.storage.adapters.adapt` accepts;
+        URLs are checked by :func:`shardkv.cli.stores.open_store`).
     storage_options : mapping, optional
         fsspec options when ``store`` is a URL.
 
@@ -414,16 +429,27 @@ def inspect_store(store: Any, storage_options: Mapping[str, Any] | None = None) 
     Raises
     ------
     NotAHierarchyError
-        If the store is missing, empty or not a Zarr v2 hierarchy.
+        If the store is missing, empty or not a hierarchy shardkv reads.
+    StoreAccessError
+        If the store cannot be reached or used.
     ConfigurationError, UnsupportedError
         If an array's metadata or sharding cannot be used.
     CorruptShardError, ChecksumError
         If a shard's index is damaged.
     """
+    from shardkv.cli.stores import open_store
+    from shardkv.metadata.v2_view import PresentingAdapter
+    from shardkv.proxy.draft import is_draft_hierarchy
     from shardkv.proxy.store import ShardedStore  # the proxy decides which arrays are sharded
 
-    adapter = adapt(store, storage_options)
-    hierarchy = read_hierarchy(adapter, str(store))
+    name = store if isinstance(store, str) else repr(store)
+    adapter = open_store(store, storage_options)
+    if is_draft_hierarchy(adapter):
+        from shardkv.cli.info_draft import inspect_draft
+
+        return inspect_draft(adapter, name)
+    adapter = PresentingAdapter(adapter)  # v3 sharded arrays (zarr.json only) appear as v2 arrays
+    hierarchy = read_hierarchy(adapter, name)
     proxy = ShardedStore(adapter)
     infos = []
     for path, keys in hierarchy.arrays.items():
