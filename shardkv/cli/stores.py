@@ -151,6 +151,8 @@ def _check_bucket(fs: fsspec.AbstractFileSystem, root: str, name: str, role: str
         ) from None
     except PermissionError as exc:
         raise StoreAccessError(name, f"access to bucket {bucket!r} denied: {describe(exc)}") from None
+    except TypeError as exc:  # backends check their options when they first connect
+        raise StoreAccessError(name, f"storage options refused: {describe(exc)}") from None
     except store_errors() as exc:
         raise StoreAccessError(name, f"cannot reach the {role}: {describe(exc)}") from None
     finally:
