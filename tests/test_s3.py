@@ -185,6 +185,15 @@ def test_missing_bucket_is_one_line_and_never_created(s3, shared_data):
     assert_one_line_error(run("info", "s3://no-such-bucket-x/x.zarr", "--storage-options", opts), "does not exist")
 
 
+def test_sharded_store_never_creates_a_bucket(s3):
+    endpoint, options, fs = s3
+    store = ShardedStore("s3://typo-bucket-y/data.zarr", chunks_per_shard=2, storage_options=options)
+    with pytest.raises(FileNotFoundError):
+        zarr.create(shape=(4,), chunks=(2,), dtype="u1", store=store)
+    fs.invalidate_cache()
+    assert "typo-bucket-y" not in [b.rstrip("/") for b in fs.ls("")]
+
+
 def test_unreachable_endpoint_is_one_line(s3):
     dead = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
     options = {**_options(dead), "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2}}
