@@ -175,3 +175,19 @@ def test_normal_runs_print_nothing_on_stderr(shared_data, tmp_path):
 def test_bad_workers_is_a_usage_error(tmp_path, workers):
     proc = run("convert", "a", str(tmp_path / "b"), "--chunks-per-shard", "2", "--workers", workers)
     assert proc.returncode == 2 and "--workers" in proc.stderr
+
+
+def test_scheduler_runs_the_tasks_on_a_dask_cluster(shared_data, tmp_path):
+    distributed = pytest.importorskip("distributed")
+    from shardkv.cli.convert import convert
+
+    src = shared_data / ASTRONAUT
+    local, on_cluster = tmp_path / "local", tmp_path / "cluster"
+    convert(str(src), str(local), (2, 2, 1))
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, protocol="tcp", host="127.0.0.1", scheduler_port=0,
+        dashboard_address=None,
+    ) as cluster:  # listens on 127.0.0.1 only, on a free port
+        report = convert(str(src), str(on_cluster), (2, 2, 1), scheduler=cluster.scheduler_address, task_chunks=16)
+    assert report.workers == 0 and report.shards == 4 * 27
+    assert _files(on_cluster) == _files(local)
