@@ -335,6 +335,9 @@ def convert(
                 f"{src_name} is a 2022 draft hierarchy: its shards use the draft's fixed 'indexed' layout "
                 "(index at the end, no checksum), so --index-location start / --no-checksum do not apply"
             )
+        if workers > 1 or scheduler is not None:
+            raise ConfigurationError(f"{src_name} is a 2022 draft hierarchy: it is converted in one process "
+                                     "(--workers / --scheduler apply to Zarr v2 sources)")  # fmt: skip
         return convert_draft(source, target, cps, progress, overwrite=overwrite, src_name=src_name, dst_name=dst_name)  # type: ignore[return-value]
     remote = workers > 1 or scheduler is not None
     if remote and not (isinstance(src, str) and isinstance(dst, str)):
