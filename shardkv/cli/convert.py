@@ -283,7 +283,8 @@ def convert(
     skip_mismatched : bool
         Copy the arrays unsharded even when a ``chunks_per_shard`` tuple fits none of them.
     workers : int
-        Local processes writing shards (1: this process).
+        Local processes writing shards (1: this process). They are started the
+        ``spawn`` way: call from under ``if __name__ == "__main__":`` in a script.
     scheduler : str, optional
         Address of a dask.distributed scheduler whose workers write the shards.
     task_chunks : int
