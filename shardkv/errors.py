@@ -281,3 +281,88 @@ class LostRaceError(ShardKVError, RuntimeError):
     def __init__(self, key: str) -> None:
         self.key = key
         super().__init__(f"{key!r} changed since it was read (another writer): read, merge and write again")
+
+
+# -- command line and store access (issue 12) -----------------------------------------
+
+
+class StoreAccessError(ShardKVError, OSError):
+    """A store that cannot be reached or used: no endpoint, no bucket, no credentials, no permission.
+
+    Attributes
+    ----------
+    url : str
+        The store, as named by the user (URL or path).
+    reason : str
+        What went wrong, in one line (the backend's own message included).
+    """
+
+    def __init__(self, url: str, reason: str) -> None:
+        self.url = url
+        self.reason = reason
+        super().__init__(f"{url}: {reason}")
+
+
+class DestinationIsFileError(ShardKVError, FileExistsError):
+    """The destination of a conversion is a regular file; it is never deleted, not even with ``--overwrite``.
+
+    Attributes
+    ----------
+    dst : str
+        The destination, as given.
+    """
+
+    def __init__(self, dst: str) -> None:
+        self.dst = dst
+        super().__init__(f"destination {dst} is a regular file, not a hierarchy; refusing to replace it (remove it yourself)")
+
+
+class ChunksPerShardMismatchError(ConfigurationError):
+    """A ``chunks_per_shard`` that does not fit some (or every) array of a hierarchy.
+
+    Attributes
+    ----------
+    mismatched : list of (str, str)
+        ``(array path, why it does not fit)`` for each array it does not fit.
+    fits_none : bool
+        True when it fits no array at all.
+    """
+
+    def __init__(self, chunks_per_shard: str, mismatched: list[tuple[str, str]], fits_none: bool) -> None:
+        self.mismatched = list(mismatched)
+        self.fits_none = fits_none
+        listed = ", ".join(f"{p or '/'} ({why})" for p, why in self.mismatched[:10])
+        more = f", ... and {len(self.mismatched) - 10} more" if len(self.mismatched) > 10 else ""
+        what = "fits no array" if fits_none else f"does not fit {len(self.mismatched)} arrays"
+        hint = " (--skip-mismatched copies them unsharded)"
+        super().__init__(f"chunks per shard {chunks_per_shard} {what}{hint}: {listed}{more}")
+
+
+class ArrayNotFoundError(ShardKVError, LookupError):
+    """No (sharded) array at the path named in a store.
+
+    Attributes
+    ----------
+    store : str
+        The store, as named by the user.
+    path : str
+        The array path looked for.
+    """
+
+    def __init__(self, store: str, path: str, what: str = "array") -> None:
+        self.store = store
+        self.path = path
+        super().__init__(f"no {what} at {path!r} in {store}")
+
+
+class ManifestMismatchError(ConfigurationError):
+    """The destination holds the progress manifest of a different conversion (other source or options)."""
+
+
+__all__ += [
+    "StoreAccessError",
+    "DestinationIsFileError",
+    "ChunksPerShardMismatchError",
+    "ArrayNotFoundError",
+    "ManifestMismatchError",
+]

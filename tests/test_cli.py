@@ -245,7 +245,7 @@ _WITHOUT_ZARR = "import sys; sys.modules['zarr'] = None; from shardkv.cli.main i
 @pytest.mark.parametrize("code", [None, _WITHOUT_ZARR], ids=["with-zarr", "without-zarr"])
 def test_demo_runs_end_to_end_and_again(tmp_path, code):
     for _ in range(2):  # a second run replaces what the first one made
-        proc = run("demo", cwd=tmp_path, code=code)
+        proc = run("demo", "--out", "shardkv-demo", cwd=tmp_path, code=code)  # files kept only with --out
         assert proc.returncode == 0, proc.stderr
         assert "equal to the input" in proc.stdout and "DIFFERENT" not in proc.stdout
         assert ("zarr-python 2" in proc.stdout.splitlines()[0]) == (code is None)

@@ -12,8 +12,11 @@ Rules
 -----
 * ``chunks_per_shard`` as an int applies along every dimension of every
   array; as a tuple it applies to arrays with that many dimensions only, and
-  the others are copied unsharded (the report says which and why). 0-d arrays
-  and arrays that are already sharded are copied unsharded too.
+  the others are copied unsharded (the report says which and why). A tuple
+  that fits no array at all is an error
+  (:class:`~shardkv.errors.ChunksPerShardMismatchError`) unless
+  ``skip_mismatched``. 0-d arrays and arrays that are already sharded are
+  copied unsharded too.
 * Chunk keys outside an array's chunk grid (stale chunks) are skipped and
   counted; every other key of an array (its metadata, unknown files) and every
   key outside the arrays is copied as it is. Unsharded arrays are copied verbatim.
@@ -25,29 +28,43 @@ Rules
 * Metadata is written last, so an interrupted conversion leaves no array that
   looks complete.
 
+* Shards are written by shard-aligned tasks (:mod:`shardkv.cli.convert_tasks`),
+  here or in parallel (``workers``, ``scheduler``); a progress manifest
+  (:mod:`shardkv.cli.manifest`) in the destination lets the same conversion,
+  run again after an interruption, skip the shards already finished.
+
 Memory: one shard's chunks are read with one batched ``get_many``; finished
-shards are written in batches of at most ``_WRITE_BATCH_NBYTES`` bytes (or
-``_WRITE_BATCH_OBJECTS`` objects); other keys are copied
-``_COPY_BATCH_KEYS`` at a time. The whole array is never in memory; the key
-listing is.
+shards are written in batches (see :mod:`shardkv.cli.convert_tasks`); other
+keys are copied ``_COPY_BATCH_KEYS`` at a time. The whole array is never in
+memory; the key listing is.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Mapping, Sequence
 
+from shardkv.cli.convert_meta import amend_consolidated, array_metadata, metadata_order
+from shardkv.cli.convert_report import ArrayReport, ConvertReport
+from shardkv.cli.convert_tasks import ShardTask, TaskResult, execute, group_tasks
 from shardkv.cli.info import META_NAMES, ArrayKeys, read_hierarchy
-from shardkv.errors import ConfigurationError, DestinationNotEmptyError, SameLocationError
+from shardkv.cli.manifest import MANIFEST_KEY as _MANIFEST_KEY
+from shardkv.cli.manifest import Manifest, open_destination, skippable_shards
+from shardkv.cli.stores import open_store, refuse_regular_file
+from shardkv.errors import (
+    ChunksPerShardMismatchError,
+    ConfigurationError,
+    DestinationNotEmptyError,
+    SameLocationError,
+    ShardKVError,
+)
 from shardkv.format.layout import ShardLayout
-from shardkv.keys.encodings import V2ChunkKeyEncoding, chunk_to_shard
+from shardkv.keys.encodings import chunk_to_shard
 from shardkv.metadata.chunks_per_shard import check_chunks_per_shard
-from shardkv.metadata.documents import dump_json
 from shardkv.metadata.draft import is_draft_hierarchy
-from shardkv.metadata.v3_view import sharding_spec_from_v3, v3_view_of_v2
-from shardkv.storage.adapters import FSMapAdapter, StoreAdapter, adapt
+from shardkv.metadata.v3_view import sharding_spec_from_v3
+from shardkv.storage.adapters import FSMapAdapter, StoreAdapter
 
 __all__ = [
     "ChunksPerShard",
@@ -62,9 +79,11 @@ __all__ = [
 
 ChunksPerShard = int | tuple[int, ...]
 
-_WRITE_BATCH_NBYTES = 64 * 2**20  # bytes of finished shards held before one batched write
-_WRITE_BATCH_OBJECTS = 64  # shards held before one batched write
+_WRITE_BATCH_NBYTES = 64 * 2**20  # bytes of finished shards / copied objects held before one batched write
+_WRITE_BATCH_OBJECTS = 64  # objects held before one batched write
 _COPY_BATCH_KEYS = 32  # keys copied as they are per batched read + write
+TASK_CHUNKS = 256  # source chunks per shard-aligned task (whole shards; at least one shard)
+_VERIFY_LAST = 4  # finished shards read back before a resumed run skips them (x workers)
 
 
 # -- options ---------------------------------------------------------------
@@ -87,136 +106,6 @@ def parse_chunks_per_shard(text: str) -> ChunksPerShard:
     if any(v < 1 for v in values):
         raise ConfigurationError(f"chunks per shard must be >= 1, got {text!r}")
     return values[0] if len(values) == 1 and "," not in text else values
-
-
-# -- report ------------------------------------------------------------------
-
-
-@dataclass
-class ArrayReport:
-    """What the conversion did with one array.
-
-    Attributes
-    ----------
-    path : str
-        Array path (``""`` for a root array).
-    ndim : int
-        Number of dimensions.
-    chunks_per_shard : tuple of int or None
-        Inner chunks per shard; ``None`` when the array was copied unsharded.
-    reason : str or None
-        Why the array was copied unsharded.
-    chunks : int
-        In-grid chunks stored in the source (packed into shards, or copied).
-    stale_chunks : int
-        Chunks outside the chunk grid that were skipped (sharded arrays only).
-    shards : int
-        Shards written.
-    separator : {".", "/"}
-        Chunk (and shard) key separator.
-    separator_detected : bool
-        True when ``"/"`` was detected from the stored keys and written to the destination ``.zarray``.
-    """
-
-    path: str
-    ndim: int
-    chunks_per_shard: tuple[int, ...] | None
-    reason: str | None
-    chunks: int
-    stale_chunks: int
-    shards: int
-    separator: str
-    separator_detected: bool
-
-    @property
-    def sharded(self) -> bool:
-        return self.chunks_per_shard is not None
-
-
-@dataclass
-class ConvertReport:
-    """The outcome of :func:`convert`.
-
-    Attributes
-    ----------
-    src, dst : str
-        Source and destination, as given.
-    arrays : list of ArrayReport
-        One per array, in path order.
-    objects_before, objects_after : int
-        Stored objects (keys) in the source, and written to the destination.
-    bytes_before, bytes_after : int
-        Their total size in bytes.
-    """
-
-    src: str
-    dst: str
-    arrays: list[ArrayReport] = field(default_factory=list)
-    objects_before: int = 0
-    objects_after: int = 0
-    bytes_before: int = 0
-    bytes_after: int = 0
-
-    @property
-    def sharded(self) -> list[ArrayReport]:
-        """The arrays packed into shards."""
-        return [a for a in self.arrays if a.sharded]
-
-    @property
-    def unsharded(self) -> list[ArrayReport]:
-        """The arrays copied unsharded."""
-        return [a for a in self.arrays if not a.sharded]
-
-    @property
-    def chunks(self) -> int:
-        """In-grid chunks of all arrays."""
-        return sum(a.chunks for a in self.arrays)
-
-    @property
-    def stale_chunks(self) -> int:
-        """Skipped chunks outside the chunk grid."""
-        return sum(a.stale_chunks for a in self.arrays)
-
-    @property
-    def shards(self) -> int:
-        """Shards written."""
-        return sum(a.shards for a in self.arrays)
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict of the report."""
-        doc = asdict(self)
-        for a, d in zip(self.arrays, doc["arrays"]):
-            d["sharded"] = a.sharded
-        return doc
-
-    def summary(self, max_listed: int = 10) -> str:
-        """A few human-readable lines: arrays, chunks, objects and bytes before and after."""
-        lines = [
-            f"converted {len(self.arrays)} arrays from {self.src} to {self.dst}: "
-            f"{len(self.sharded)} sharded, {len(self.unsharded)} copied unsharded"
-        ]
-        if self.unsharded:
-            names = [f"{a.path or '/'} ({a.reason})" for a in self.unsharded]
-            more = f", ... and {len(names) - max_listed} more" if len(names) > max_listed else ""
-            lines.append("  unsharded: " + ", ".join(names[:max_listed]) + more)
-        packed = sum(a.chunks for a in self.sharded)
-        lines.append(
-            f"  chunks: {self.chunks} ({packed} packed into {self.shards} shards, "
-            f"{self.chunks - packed} copied unsharded)"
-        )
-        if self.stale_chunks:
-            lines.append(f"  stale chunks outside the array grid, skipped: {self.stale_chunks}")
-        detected = [a.path or "/" for a in self.arrays if a.separator_detected]
-        if detected:
-            lines.append(
-                "  '/' dimension_separator detected from the stored keys and written to .zarray: "
-                + ", ".join(detected[:max_listed])
-                + (f", ... and {len(detected) - max_listed} more" if len(detected) > max_listed else "")
-            )
-        lines.append(f"  objects: {self.objects_before} -> {self.objects_after}")
-        ratio = f" ({100 * (self.bytes_after - self.bytes_before) / self.bytes_before:+.2f}%)" if self.bytes_before else ""
-        lines.append(f"  bytes: {self.bytes_before} -> {self.bytes_after}{ratio}")
-        return "\n".join(lines)
 
 
 # -- I/O helpers -----------------------------------------------------------------
@@ -302,6 +191,18 @@ def _plan(
     return tuple(chunks_per_shard), None
 
 
+def _check_fit(
+    plans: Mapping[str, tuple[tuple[int, ...] | None, str | None]], cps: ChunksPerShard, skip_mismatched: bool
+) -> None:
+    """Refuse a ``chunks_per_shard`` tuple that fits no array (unless ``skip_mismatched``)."""
+    if isinstance(cps, int) or skip_mismatched:
+        return
+    candidates = {p: r for p, (c, r) in plans.items() if r not in ("already sharded", "0-d")}
+    mismatched = [(p, r) for p, r in candidates.items() if r is not None]
+    if candidates and len(mismatched) == len(candidates):
+        raise ChunksPerShardMismatchError(",".join(str(c) for c in cps), mismatched, fits_none=True)
+
+
 # -- the conversion ----------------------------------------------------------------
 
 
@@ -315,6 +216,12 @@ def convert(
     *,
     overwrite: bool = False,
     storage_options: Mapping[str, Any] | None = None,
+    src_storage_options: Mapping[str, Any] | None = None,
+    dst_storage_options: Mapping[str, Any] | None = None,
+    skip_mismatched: bool = False,
+    workers: int = 1,
+    scheduler: str | None = None,
+    task_chunks: int = TASK_CHUNKS,
 ) -> ConvertReport:
     """Copy a Zarr v2 hierarchy, packing the chunks of its arrays into shards.
 
@@ -322,11 +229,12 @@ def convert(
     ----------
     src, dst : str, os.PathLike, MutableMapping or fsspec.FSMap
         Source hierarchy and destination (an fsspec URL, a local path, or a
-        store :func:`shardkv.storage.adapters.adapt` accepts). ``dst`` must be empty.
+        store :func:`shardkv.storage.adapters.adapt` accepts). ``dst`` must be
+        empty, or hold the progress manifest of the same conversion (resumed).
     chunks_per_shard : int or sequence of int
         Inner chunks per shard: an int for every dimension of every array, or
         one value per dimension for the arrays with that many dimensions
-        (others are copied unsharded).
+        (others are copied unsharded; fitting none is an error).
     index_location : {"end", "start"}
         Where each shard keeps its index (v1.0 codec ``index_location``).
     index_checksum : bool
@@ -334,33 +242,56 @@ def convert(
     progress : bool
         Show a tqdm progress bar on stderr.
     overwrite : bool
-        Delete everything in ``dst`` first instead of refusing a non-empty ``dst``.
+        Delete everything in ``dst`` first instead of refusing a non-empty ``dst``
+        (a local ``dst`` that is a regular file is always refused).
     storage_options : mapping, optional
-        fsspec options for URLs.
+        fsspec options for both URLs; ``src_storage_options`` /
+        ``dst_storage_options`` replace them for one side.
+    skip_mismatched : bool
+        Copy the arrays unsharded even when a ``chunks_per_shard`` tuple fits none of them.
+    workers : int
+        Local processes writing shards (1: this process). They are started the
+        ``spawn`` way: call from under ``if __name__ == "__main__":`` in a script.
+    scheduler : str, optional
+        Address of a dask.distributed scheduler whose workers write the shards.
+    task_chunks : int
+        Source chunks per shard-aligned task (whole shards, at least one).
 
     Returns
     -------
     ConvertReport
-        Arrays sharded and copied, chunks, stale chunks, objects and bytes before and after.
+        Arrays sharded and copied, chunks, stale chunks, objects and bytes before and after,
+        shards skipped by a resumed run.
 
     Raises
     ------
     ConfigurationError
-        If ``chunks_per_shard`` or ``index_location`` is invalid, or a
+        If ``chunks_per_shard``, ``index_location`` or ``workers`` is invalid, or a
         ``.zarray`` cannot be used.
+    ChunksPerShardMismatchError
+        If a ``chunks_per_shard`` tuple fits no array (and not ``skip_mismatched``).
     NotAHierarchyError
         If ``src`` is missing, empty or not a Zarr v2 hierarchy.
-    DestinationNotEmptyError
-        If ``dst`` holds keys and ``overwrite`` is false.
+    DestinationNotEmptyError, DestinationIsFileError
+        If ``dst`` holds keys (and no manifest of this conversion) and ``overwrite``
+        is false; if ``dst`` is a regular file.
+    ManifestMismatchError
+        If ``dst`` holds the manifest of another conversion.
     SameLocationError
         If ``src`` and ``dst`` overlap.
+    StoreAccessError
+        If a store cannot be reached or used (endpoint, bucket, credentials).
     """
-    from tqdm import tqdm
-
     cps = check_chunks_per_shard(chunks_per_shard)
     ShardLayout((1,), index_location, "little", index_checksum)  # validates the options
+    if workers < 1 or task_chunks < 1:
+        raise ConfigurationError(f"workers and task_chunks must be >= 1, got {workers} and {task_chunks}")
     src_name, dst_name = _name(src), _name(dst)
-    source, target = adapt(src, storage_options), adapt(dst, storage_options)
+    src_opts = dict(src_storage_options if src_storage_options is not None else storage_options or {})
+    dst_opts = dict(dst_storage_options if dst_storage_options is not None else storage_options or {})
+    if isinstance(dst, str):
+        refuse_regular_file(dst)
+    source, target = open_store(src, src_opts, role="source"), open_store(dst, dst_opts, role="destination")
     _check_distinct(source, target, src_name, dst_name)
     if is_draft_hierarchy(source):  # a 2022 draft hierarchy gets the draft's sharding transformer
         from shardkv.cli.convert_draft import convert_draft
@@ -370,130 +301,174 @@ def convert(
                 f"{src_name} is a 2022 draft hierarchy: its shards use the draft's fixed 'indexed' layout "
                 "(index at the end, no checksum), so --index-location start / --no-checksum do not apply"
             )
-
+        if workers > 1 or scheduler is not None:
+            raise ConfigurationError(f"{src_name} is a 2022 draft hierarchy: it is converted in one process "
+                                     "(--workers / --scheduler apply to Zarr v2 sources)")  # fmt: skip
         return convert_draft(source, target, cps, progress, overwrite=overwrite, src_name=src_name, dst_name=dst_name)  # type: ignore[return-value]
-    hierarchy = read_hierarchy(source, src_name)
-    if next(iter(target.iter_keys()), None) is not None:
-        if not overwrite:
-            raise DestinationNotEmptyError(dst_name)
-        target.rmdir("")
+    remote = workers > 1 or scheduler is not None
+    if remote and not (isinstance(src, str) and isinstance(dst, str)):
+        raise ConfigurationError("workers and scheduler need the source and destination as paths or URLs")
+    job = _Job(source, target, src_name, dst_name, cps, index_location, index_checksum, progress)
+    job.base = dict(
+        src=src_name, dst=dst_name, src_options=src_opts, dst_options=dst_opts,
+        index_location=index_location, index_checksum=index_checksum,
+    )  # fmt: skip
+    return job.run(overwrite, skip_mismatched, workers, scheduler, task_chunks)
 
-    report = ConvertReport(src_name, dst_name, objects_before=len(hierarchy.keys))
-    writer = _Writer(target, _WRITE_BATCH_NBYTES, _WRITE_BATCH_OBJECTS)
-    meta_out: dict[str, bytes] = {}
-    amended: dict[str, dict[str, Any]] = {}  # array path -> .zarray with the detected separator
-    bytes_before = 0
-    with tqdm(
-        total=len(hierarchy.keys), disable=not progress, file=sys.stderr, unit="obj", desc="shardkv convert"
-    ) as bar:
-        for path, keys in hierarchy.arrays.items():
-            meta = source.get_many(keys.meta_keys)
-            bytes_before += sum(len(v) for v in meta.values())
-            bar.update(len(keys.meta_keys))
-            array_cps, reason = _plan(keys, meta, cps)
-            if array_cps is None:
-                meta_out.update({k: bytes(v) for k, v in meta.items()})
-                data_keys = [*keys.chunk_keys.values(), *keys.stale_keys, *keys.other_keys]
-                bytes_before += _copy(source, data_keys, writer, bar)
-                report.arrays.append(
-                    ArrayReport(path, keys.ndim, None, reason, len(keys.chunk_keys), 0, 0, keys.separator, False)
-                )
-                continue
-            layout = ShardLayout.v3(array_cps, index_location, "little", index_checksum)
-            n_shards, nbytes = _write_shards(source, keys, layout, writer, bar)
-            bytes_before += nbytes
-            bytes_before += sum(source.size(k) for k in keys.stale_keys)
-            bar.update(len(keys.stale_keys))
-            bytes_before += _copy(source, keys.other_keys, writer, bar)
-            meta_out.update(_array_metadata(keys, meta, layout, amended))
-            report.arrays.append(
-                ArrayReport(
-                    path, keys.ndim, array_cps, None, len(keys.chunk_keys), len(keys.stale_keys), n_shards,
-                    keys.separator, keys.separator_detected,
-                )
-            )  # fmt: skip
+
+class _Job:
+    """One conversion of a Zarr v2 hierarchy (state shared by its steps)."""
+
+    def __init__(
+        self, source: StoreAdapter, target: StoreAdapter, src_name: str, dst_name: str, cps: ChunksPerShard,
+        index_location: str, index_checksum: bool, progress: bool,
+    ) -> None:  # fmt: skip
+        self.source, self.target = source, target
+        self.src_name, self.dst_name = src_name, dst_name
+        self.cps, self.index_location, self.index_checksum = cps, index_location, index_checksum
+        self.progress = progress
+        self.base: dict[str, Any] = {}
+        self.report = ConvertReport(src_name, dst_name)
+        self.writer = _Writer(target, _WRITE_BATCH_NBYTES, _WRITE_BATCH_OBJECTS)
+        self.bytes_before = 0
+        self.shard_objects = self.shard_bytes = 0
+
+    def options(self) -> dict[str, Any]:
+        """The options that shape the shards, as recorded in the manifest."""
+        cps = self.cps if isinstance(self.cps, int) else list(self.cps)
+        return {"chunks_per_shard": cps, "index_location": self.index_location, "index_checksum": self.index_checksum}
+
+    def run(self, overwrite: bool, skip_mismatched: bool, workers: int, scheduler: str | None, task_chunks: int) -> ConvertReport:
+        from tqdm import tqdm
+
+        source = self.source
+        hierarchy = read_hierarchy(source, self.src_name)
+        meta = source.get_many([k for keys in hierarchy.arrays.values() for k in keys.meta_keys])
+        plans = {path: _plan(keys, meta, self.cps) for path, keys in hierarchy.arrays.items()}
+        _check_fit(plans, self.cps, skip_mismatched)
+        manifest = open_destination(self.target, self.dst_name, self.src_name, self.options(), overwrite)
+        if manifest is None:
+            raise DestinationNotEmptyError(self.dst_name)
+        self.report.objects_before = len(hierarchy.keys)
+        self.report.workers = 0 if scheduler is not None else workers
+        meta_out: dict[str, bytes] = {}
+        amended: dict[str, dict[str, Any]] = {}  # array path -> .zarray with the detected separator
+        tasks: list[tuple[str, ShardTask]] = []
+        planned: dict[str, tuple[ShardLayout, int]] = {}  # shard key -> (layout, chunks in it)
+        with tqdm(
+            total=len(hierarchy.keys), disable=not self.progress, file=sys.stderr, unit="obj", desc="shardkv convert"
+        ) as bar:
+            for path, keys in hierarchy.arrays.items():
+                array_meta = {k: meta[k] for k in keys.meta_keys if k in meta}
+                self.bytes_before += sum(len(v) for v in array_meta.values())
+                bar.update(len(keys.meta_keys))
+                array_cps, reason = plans[path]
+                if array_cps is None:
+                    self._copy_unsharded(keys, array_meta, reason, meta_out, bar)
+                    continue
+                layout = ShardLayout.v3(array_cps, self.index_location, "little", self.index_checksum)  # type: ignore[arg-type]
+                tasks += [(path, t) for t in self._tasks(keys, layout, task_chunks, planned)]
+                self.bytes_before += sum(source.size(k) for k in keys.stale_keys)
+                bar.update(len(keys.stale_keys))
+                self.bytes_before += _copy(source, keys.other_keys, self.writer, bar)
+                meta_out.update(array_metadata(keys, array_meta, layout, amended))
+            self._copy_groups(hierarchy, meta_out, bar)
+            self.writer.flush()
+            self._write_shards(tasks, planned, manifest, workers, scheduler, bar)
+            amend_consolidated(meta_out, amended)
+            for key in sorted(meta_out, key=metadata_order):
+                self.writer.put(key, meta_out[key])
+            self.writer.flush()
+        manifest.remove()
+        report = self.report
+        report.bytes_before = self.bytes_before
+        report.objects_after = self.writer.objects + self.shard_objects
+        report.bytes_after = self.writer.nbytes + self.shard_bytes
+        return report
+
+    def _copy_unsharded(
+        self, keys: ArrayKeys, array_meta: Mapping[str, bytes], reason: str | None, meta_out: dict[str, bytes], bar: Any
+    ) -> None:
+        meta_out.update({k: bytes(v) for k, v in array_meta.items()})
+        data_keys = [*keys.chunk_keys.values(), *keys.stale_keys, *keys.other_keys]
+        self.bytes_before += _copy(self.source, data_keys, self.writer, bar)
+        self.report.arrays.append(
+            ArrayReport(keys.path, keys.ndim, None, reason, len(keys.chunk_keys), 0, 0, keys.separator, False)
+        )
+
+    def _tasks(
+        self, keys: ArrayKeys, layout: ShardLayout, task_chunks: int, planned: dict[str, tuple[ShardLayout, int]]
+    ) -> list[ShardTask]:
+        by_shard: dict[tuple[int, ...], dict[tuple[int, ...], str]] = {}
+        for coords, key in keys.chunk_keys.items():
+            shard_coords, local = chunk_to_shard(coords, layout.chunks_per_shard)
+            by_shard.setdefault(shard_coords, {})[local] = key
+        prefix = f"{keys.path}/" if keys.path else ""
+        base = {
+            **self.base, "chunks_per_shard": tuple(layout.chunks_per_shard),
+            "write_batch_nbytes": _WRITE_BATCH_NBYTES, "write_batch_objects": _WRITE_BATCH_OBJECTS,
+        }  # fmt: skip
+        tasks = list(group_tasks(by_shard, prefix, keys.separator, base, task_chunks))
+        for task in tasks:
+            for shard_key, members in task.shards:
+                planned[shard_key] = (layout, len(members))
+        self.report.arrays.append(
+            ArrayReport(
+                keys.path, keys.ndim, tuple(layout.chunks_per_shard), None, len(keys.chunk_keys), len(keys.stale_keys),
+                0, keys.separator, keys.separator_detected,
+            )
+        )  # fmt: skip
+        return tasks
+
+    def _copy_groups(self, hierarchy: Any, meta_out: dict[str, bytes], bar: Any) -> None:
         group_meta = [k for k in hierarchy.group_keys if k.rpartition("/")[2] in META_NAMES]
         group_meta_set = set(group_meta)
-        bytes_before += _copy(source, [k for k in hierarchy.group_keys if k not in group_meta_set], writer, bar)
-        values = source.get_many(group_meta)
-        bytes_before += sum(len(v) for v in values.values())
+        other = [k for k in hierarchy.group_keys if k not in group_meta_set and k != _MANIFEST_KEY]
+        self.bytes_before += _copy(self.source, other, self.writer, bar)
+        values = self.source.get_many(group_meta)
+        self.bytes_before += sum(len(v) for v in values.values())
         meta_out.update({k: bytes(v) for k, v in values.items()})
         bar.update(len(group_meta))
-        writer.flush()
-        _amend_consolidated(meta_out, amended)
-        for key in sorted(meta_out, key=_metadata_order):
-            writer.put(key, meta_out[key])
-        writer.flush()
-    report.bytes_before = bytes_before
-    report.objects_after = writer.objects
-    report.bytes_after = writer.nbytes
-    return report
+
+    def _write_shards(
+        self, tasks: list[tuple[str, ShardTask]], planned: Mapping[str, tuple[ShardLayout, int]],
+        manifest: Manifest, workers: int, scheduler: str | None, bar: Any,
+    ) -> None:  # fmt: skip
+        """Run the shard tasks, skipping the shards an earlier run finished; record progress."""
+        reports = {a.path: a for a in self.report.arrays}
+        skippable, verified = skippable_shards(self.target, manifest, planned, _VERIFY_LAST * max(workers, 1))
+        self.report.shards_verified = verified
+        todo: list[ShardTask] = []
+        path_of: dict[int, str] = {}
+        for path, task in tasks:
+            left = tuple(s for s in task.shards if s[0] not in skippable)
+            for shard_key, members in task.shards:
+                if shard_key in skippable:
+                    nbytes, nbytes_read = manifest.done[shard_key]
+                    self._count(reports[path], nbytes, nbytes_read)
+                    self.report.shards_skipped += 1
+                    bar.update(len(members))
+            if left:
+                todo.append(task if len(left) == len(task.shards) else _replace_shards(task, left))
+                path_of[id(todo[-1])] = path
+
+        def on_done(task: ShardTask, result: TaskResult) -> None:
+            for _, nbytes, nbytes_read in result.written:
+                self._count(reports[path_of[id(task)]], nbytes, nbytes_read)
+            manifest.record(result.written)
+            bar.update(result.n_chunks)
+
+        execute(todo, on_done, workers=workers, scheduler=scheduler, source=self.source, target=self.target)
+        manifest.flush()
+
+    def _count(self, array: ArrayReport, nbytes: int, nbytes_read: int) -> None:
+        array.shards += 1
+        self.shard_objects += 1
+        self.shard_bytes += nbytes
+        self.bytes_before += nbytes_read
 
 
-def _write_shards(
-    source: StoreAdapter, keys: ArrayKeys, layout: ShardLayout, writer: _Writer, bar: Any
-) -> tuple[int, int]:
-    """Pack the in-grid chunks of one array into shards; returns (shards written, bytes read)."""
-    by_shard: dict[tuple[int, ...], dict[tuple[int, ...], str]] = {}
-    for coords, key in keys.chunk_keys.items():
-        shard_coords, local = chunk_to_shard(coords, layout.chunks_per_shard)
-        by_shard.setdefault(shard_coords, {})[local] = key
-    encoding = V2ChunkKeyEncoding(keys.separator)  # type: ignore[arg-type]
-    prefix = f"{keys.path}/" if keys.path else ""
-    n_shards = nbytes = 0
-    for shard_coords in sorted(by_shard):
-        members = by_shard[shard_coords]
-        values = source.get_many(list(members.values()))
-        chunks = {local: values[k] for local, k in members.items() if k in values}
-        if chunks:
-            nbytes += sum(memoryview(v).nbytes for v in chunks.values())
-            writer.put(prefix + encoding.encode(shard_coords), layout.encode_shard(chunks))
-            n_shards += 1
-        bar.update(len(members))
-    return n_shards, nbytes
+def _replace_shards(task: ShardTask, shards: tuple[Any, ...]) -> ShardTask:
+    from dataclasses import replace
 
-
-def _array_metadata(
-    keys: ArrayKeys, meta: Mapping[str, bytes], layout: ShardLayout, amended: dict[str, dict[str, Any]]
-) -> dict[str, bytes]:
-    """The destination metadata of a sharded array: its documents, amended ``.zarray``, ``zarr.json``."""
-    prefix = f"{keys.path}/" if keys.path else ""
-    out = {k: bytes(v) for k, v in meta.items()}
-    zarray = dict(keys.zarray)
-    if keys.separator_detected:
-        zarray["dimension_separator"] = keys.separator
-        out[prefix + ".zarray"] = dump_json(zarray)
-        amended[keys.path] = zarray
-    zattrs_raw = meta.get(prefix + ".zattrs")
-    zattrs = json.loads(bytes(zattrs_raw)) if zattrs_raw is not None else {}
-    out[prefix + "zarr.json"] = dump_json(v3_view_of_v2(zarray, zattrs, layout).metadata, strict=True)
-    return out
-
-
-def _amend_consolidated(meta_out: dict[str, bytes], amended: Mapping[str, dict[str, Any]]) -> None:
-    """Put the amended ``.zarray`` documents into the consolidated ``.zmetadata`` above them."""
-    if not amended:
-        return
-    for key in [k for k in meta_out if k.rpartition("/")[2] == ".zmetadata"]:
-        group = key.rpartition("/")[0]
-        doc = json.loads(meta_out[key])
-        entries = doc.get("metadata")
-        if not isinstance(entries, dict):
-            continue
-        changed = False
-        for path, zarray in amended.items():
-            if group and not path.startswith(group + "/"):
-                continue
-            rel = path[len(group) + 1 :] if group else path
-            entry = f"{rel}/.zarray" if rel else ".zarray"
-            if entry in entries:
-                entries[entry] = zarray
-                changed = True
-        if changed:
-            meta_out[key] = dump_json(doc)
-
-
-def _metadata_order(key: str) -> tuple[int, int, str]:
-    """Deepest documents first, and in each directory ``.zarray`` / ``.zgroup`` last."""
-    name = key.rpartition("/")[2]
-    return (-key.count("/"), name in (".zarray", ".zgroup"), key)
+    return replace(task, shards=shards)

@@ -1,6 +1,7 @@
 """``shardkv demo``: the main job end to end, on a small local hierarchy, in about a second.
 
-1. Make a small Zarr v2 hierarchy in ``DIR`` (default ``./shardkv-demo/input``):
+1. Make a small Zarr v2 hierarchy in ``DIR`` (by default in a temporary
+   directory, removed at the end; ``--out OUT`` keeps it in ``OUT/input``):
    with zarr-python 2 when it is installed, otherwise by writing ``.zarray``
    documents and chunks with numpy and numcodecs (zarr-python is optional).
    Three arrays: a 2-d ``float32`` array with zlib chunks, a 3-d ``int16``
@@ -22,6 +23,7 @@ import importlib
 import importlib.util
 import json
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ import numpy as np
 
 from shardkv.errors import DemoError
 
-__all__ = ["DemoError", "make_demo_input", "run_demo", "zarr2_available", "DEMO_MARKER"]
+__all__ = ["DemoError", "make_demo_input", "run_demo", "run_demo_in", "zarr2_available", "DEMO_MARKER"]
 
 DEMO_MARKER = "shardkv_demo"
 """Key of the root ``.zattrs`` entry that marks a directory made by the demo."""
@@ -229,3 +231,33 @@ def run_demo(directory: str | Path = "shardkv-demo/input", use_zarr: bool | None
     lines = _read_back(input_dir, output_dir, expected, use_zarr)
     print("\n".join(lines))
     return 1 if any("DIFFERENT" in line for line in lines) else 0
+
+
+def run_demo_in(directory: str | Path | None = None, out: str | Path | None = None) -> int:
+    """Run the demo where the command line says: ``DIR``, ``--out OUT``, or a temporary directory.
+
+    Parameters
+    ----------
+    directory : str or Path, optional
+        Input hierarchy here, sharded copy in ``directory/../sharded`` (files kept).
+    out : str or Path, optional
+        Input in ``out/input``, sharded copy in ``out/sharded`` (files kept).
+
+    With neither, the demo runs in a new temporary directory that is removed at
+    the end, so it leaves nothing behind in the current directory.
+
+    Raises
+    ------
+    DemoError
+        If both are given, or a directory in the way was not made by the demo.
+    """
+    if directory is not None and out is not None:
+        raise DemoError(f"give DIR ({directory}) or --out ({out}), not both")
+    if directory is not None:
+        return run_demo(directory)
+    if out is not None:
+        return run_demo(Path(out) / "input")
+    with tempfile.TemporaryDirectory(prefix="shardkv-demo-") as tmp:
+        status = run_demo(Path(tmp) / "input")
+        print(f"\n(the demo ran in {tmp}, now removed; pass --out DIR to keep its files)")
+        return status

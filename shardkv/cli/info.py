@@ -22,11 +22,18 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+from shardkv.cli.info_draft import inspect_draft
+from shardkv.cli.info_format import format_info  # re-exported: the table lives there
+from shardkv.cli.info_model import ArrayInfo, _sizes, shard_stats
+from shardkv.cli.stores import open_store
 from shardkv.errors import ConfigurationError, NotAHierarchyError
 from shardkv.keys.encodings import V2ChunkKeyEncoding, grid_shape
 from shardkv.keys.paths import owning_array, path_prefix
+from shardkv.metadata.draft import is_draft_hierarchy
 from shardkv.metadata.v3_view import v2_dimension_separator, v3_view_of_v2
-from shardkv.storage.adapters import StoreAdapter, adapt
+from shardkv.proxy.presenting import PresentingAdapter
+from shardkv.proxy.store import ShardedStore
+from shardkv.storage.adapters import StoreAdapter
 
 __all__ = [
     "META_NAMES",
@@ -44,7 +51,6 @@ __all__ = [
 META_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"})
 """Names of the metadata documents of a Zarr v2 hierarchy (and shardkv's ``zarr.json`` view)."""
 
-_INDEX_BATCH = 1024  # shards whose indexes are read in one batched request
 
 
 @dataclass
@@ -274,85 +280,10 @@ def read_hierarchy(store: StoreAdapter, name: str = "store") -> Hierarchy:
 # -- shardkv info -------------------------------------------------------------
 
 
-@dataclass
-class ArrayInfo:
-    """What ``shardkv info`` reports about one array.
-
-    Attributes
-    ----------
-    path : str
-        Array path (``""`` for a root array).
-    shape, chunks : tuple of int
-        Array shape and (inner) chunk shape, in elements.
-    dtype : str
-        The v2 dtype string.
-    shard_shape, chunks_per_shard : tuple of int or None
-        Shard shape (elements) and inner chunks per shard; ``None`` when unsharded.
-    index_location : {"start", "end"} or None
-    index_checksum : bool or None
-    chunks_present : int
-        Stored inner chunks inside the chunk grid.
-    shards : int
-        Stored shards (0 when unsharded).
-    objects : int
-        Stored data objects (shards, or chunks when unsharded), metadata excluded.
-    bytes_stored : int
-        Bytes of those data objects.
-    bytes_unused : int
-        Bytes inside shards that no present chunk and no index uses: shard
-        bytes - index bytes - bytes referenced by present chunks (0 when unsharded).
-    v3_readable : bool or None
-        Whether the ``zarr.json`` view can be read by Zarr v3 readers (``None`` when unsharded).
-    v3_problems : list of str
-        Why not, when it cannot.
-    """
-
-    path: str
-    shape: tuple[int, ...]
-    chunks: tuple[int, ...]
-    dtype: str
-    shard_shape: tuple[int, ...] | None
-    chunks_per_shard: tuple[int, ...] | None
-    index_location: str | None
-    index_checksum: bool | None
-    chunks_present: int
-    shards: int
-    objects: int
-    bytes_stored: int
-    bytes_unused: int
-    v3_readable: bool | None
-    v3_problems: list[str]
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict (tuples become lists)."""
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
-
-
-def _sizes(store: StoreAdapter, keys: Sequence[str]) -> dict[str, int]:
-    return {k: store.size(k) for k in keys}
-
-
 def _sharded_info(store: StoreAdapter, keys: ArrayKeys, arr: Any, zattrs: Mapping[str, Any]) -> ArrayInfo:
     shard_keys = [k for k in keys.all_keys() if k not in keys.meta_keys and arr.shard_coords_of(k) is not None]
-    grid = arr.chunk_grid_shape
-    present = used = index_bytes = stored = 0
     layout = arr.layout
-    for start in range(0, len(shard_keys), _INDEX_BATCH):
-        batch = shard_keys[start : start + _INDEX_BATCH]
-        sizes = _sizes(store, batch)
-        raw = store.get_ranges([(k, layout.index_range()) for k in batch])
-        for k, data in zip(batch, raw):
-            if data is None:
-                continue  # deleted since the listing
-            index = layout.decode_index(data, k, sizes[k])
-            shard_coords = arr.shard_coords_of(k)
-            for local in index.present():
-                chunk = tuple(s * n + c for s, n, c in zip(shard_coords, arr.chunks_per_shard, local))
-                if all(c < g for c, g in zip(chunk, grid)):
-                    present += 1
-            used += index.used_nbytes()
-            index_bytes += layout.index_nbytes
-            stored += sizes[k]
+    present, used, index_bytes, stored = shard_stats(store, shard_keys, arr.shard_coords_of, layout, arr.chunk_grid_shape)
     view = v3_view_of_v2(keys.zarray, zattrs, layout)
     return ArrayInfo(
         path=keys.path,
@@ -374,12 +305,18 @@ def _sharded_info(store: StoreAdapter, keys: ArrayKeys, arr: Any, zattrs: Mappin
 
 
 def inspect_store(store: Any, storage_options: Mapping[str, Any] | None = None) -> list[ArrayInfo]:
-    """Per-array facts about a (sharded or not) Zarr v2 hierarchy, for ``shardkv info``.
+    """Per-array facts about a hierarchy shardkv reads, for ``shardkv info``.
+
+    Zarr v2 hierarchies (sharded by shardkv or not), 2022 draft hierarchies
+    (:func:`shardkv.cli.info_draft.inspect_draft`) and Zarr v3 hierarchies whose
+    arrays use the ``sharding_indexed`` codec (presented as v2 arrays of their
+    inner chunks, as :class:`~shardkv.ShardedStore` reads them).
 
     Parameters
     ----------
     store : str, os.PathLike, MutableMapping, fsspec.FSMap or StoreAdapter
-        The hierarchy (any store :func:`shardkv.storage.adapters.adapt` accepts).
+        The hierarchy (any store :func:`shardkv.storage.adapters.adapt` accepts;
+        URLs are checked by :func:`shardkv.cli.stores.open_store`).
     storage_options : mapping, optional
         fsspec options when ``store`` is a URL.
 
@@ -391,16 +328,20 @@ def inspect_store(store: Any, storage_options: Mapping[str, Any] | None = None) 
     Raises
     ------
     NotAHierarchyError
-        If the store is missing, empty or not a Zarr v2 hierarchy.
+        If the store is missing, empty or not a hierarchy shardkv reads.
+    StoreAccessError
+        If the store cannot be reached or used.
     ConfigurationError, UnsupportedError
         If an array's metadata or sharding cannot be used.
     CorruptShardError, ChecksumError
         If a shard's index is damaged.
     """
-    from shardkv.proxy.store import ShardedStore  # the proxy decides which arrays are sharded
-
-    adapter = adapt(store, storage_options)
-    hierarchy = read_hierarchy(adapter, str(store))
+    name = store if isinstance(store, str) else repr(store)
+    adapter = open_store(store, storage_options)
+    if is_draft_hierarchy(adapter):
+        return inspect_draft(adapter, name)
+    adapter = PresentingAdapter(adapter)  # v3 sharded arrays (zarr.json only) appear as v2 arrays
+    hierarchy = read_hierarchy(adapter, name)
     proxy = ShardedStore(adapter)
     infos = []
     for path, keys in hierarchy.arrays.items():
@@ -431,42 +372,3 @@ def inspect_store(store: Any, storage_options: Mapping[str, Any] | None = None) 
         )
     return infos
 
-
-def _dims(values: Sequence[int] | None) -> str:
-    if values is None:
-        return "-"
-    return "(" + ", ".join(str(v) for v in values) + ")"
-
-
-def format_info(infos: Sequence[ArrayInfo]) -> str:
-    """The ``shardkv info`` table: one line per array, then totals.
-
-    The ``v3`` column says ``yes`` when v3 readers can open the sharded array
-    through its ``zarr.json``, ``no: <why>`` when they cannot, ``-`` when the
-    array is unsharded.
-    """
-    header = ("array", "shape", "chunks", "shard shape", "chunks present", "shards", "bytes stored", "bytes unused", "v3 view")
-    rows = []
-    for i in infos:
-        if i.shard_shape is None:
-            shard, v3 = "unsharded", "-"
-        else:
-            shard = f"{_dims(i.shard_shape)} = {'x'.join(str(n) for n in i.chunks_per_shard or ())} chunks"
-            v3 = "yes" if i.v3_readable else "no: " + "; ".join(i.v3_problems)
-        rows.append((
-            i.path or "/", _dims(i.shape), _dims(i.chunks), shard, str(i.chunks_present),
-            str(i.shards), str(i.bytes_stored), str(i.bytes_unused) if i.shard_shape else "-", v3,
-        ))  # fmt: skip
-    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header) - 1)]
-    lines = []
-    for r in [header, *rows]:
-        cells = [r[c].rjust(widths[c]) if 4 <= c <= 7 else r[c].ljust(widths[c]) for c in range(len(widths))]
-        lines.append("  ".join([*cells, r[-1]]).rstrip())
-    n_sharded = sum(1 for i in infos if i.shard_shape is not None)
-    lines.append(
-        f"{len(infos)} arrays ({n_sharded} sharded, {len(infos) - n_sharded} unsharded), "
-        f"{sum(i.chunks_present for i in infos)} chunks in {sum(i.objects for i in infos)} objects, "
-        f"{sum(i.bytes_stored for i in infos)} bytes stored, "
-        f"{sum(i.bytes_unused for i in infos)} bytes unused inside shards"
-    )
-    return "\n".join(lines)

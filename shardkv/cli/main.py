@@ -1,8 +1,12 @@
-"""The ``shardkv`` command line: ``convert``, ``info``, ``compact`` and ``demo``.
+"""The ``shardkv`` command line: ``convert``, ``unshard``, ``info``, ``compact`` and ``demo``.
 
 Argument parsing only; the work is done by :mod:`shardkv.cli.convert`,
-:mod:`shardkv.cli.info` and :mod:`shardkv.cli.demo`. Bad input ends with exit
-status 2 (usage) or 1 (the job failed) and one line on stderr, never a traceback.
+:mod:`shardkv.cli.unshard`, :mod:`shardkv.cli.info` and
+:mod:`shardkv.cli.demo`. Each sub-command is one entry of :data:`COMMANDS`:
+a function that adds its parser and a function that runs it. Bad input ends
+with exit status 2 (usage) or 1 (the job failed) and one line on stderr,
+never a traceback; errors of a store (endpoint, bucket, credentials,
+permission) name the store's URL.
 """
 
 from __future__ import annotations
@@ -10,54 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import NoReturn, Sequence
+import warnings
+from typing import Any, Callable, NoReturn, Sequence
 
 from shardkv._version import __version__
-from shardkv.errors import ShardKVError
+from shardkv.cli import help_texts as texts
+from shardkv.errors import ArrayNotFoundError, ShardKVError, StoreAccessError
 
-__all__ = ["main", "build_parser"]
-
-_EXAMPLES = """\
-examples:
-  shardkv demo                                            # a small local example, end to end
-  shardkv convert data/in.zarr data/sharded.zarr --chunks-per-shard 4
-  shardkv convert s3://bucket/in.zarr s3://bucket/out.zarr --chunks-per-shard 2,2,1 --index-location start
-  shardkv info data/sharded.zarr
-  shardkv info data/sharded.zarr --json
-  shardkv compact data/sharded.zarr                       # reclaim unused bytes inside shards
-"""
-
-_CONVERT_HELP = """\
-Copy a Zarr v2 hierarchy, packing the chunks of every array into shards (v1.0
-sharding_indexed layout) without decoding or re-encoding a chunk. Metadata
-(.zgroup, .zattrs, .zarray, .zmetadata) is copied; each sharded array gets a
-zarr.json beside its .zarray, so shardkv.ShardedStore (and Zarr v3 readers)
-read the result. Chunks outside an array's grid are skipped and counted. An
-array stored with '/' chunk keys but no dimension_separator in .zarray
-(zarr-python's NestedDirectoryStore) is detected, and the destination .zarray
-says "dimension_separator": "/".
-
-A 2022-draft Zarr v3 hierarchy (root zarr.json of the draft protocol,
-meta/root/..., data/root/...) is converted into a draft-sharded copy instead:
-each array's metadata gets the sharding storage transformer, and shards use
-the draft's fixed "indexed" layout (index at the end, no checksum), so
---index-location start and --no-checksum are refused for such a source.
-"""
-
-_CONVERT_EXAMPLES = """\
-examples:
-  shardkv convert in.zarr out.zarr --chunks-per-shard 4        # 4 chunks along every dimension
-  shardkv convert in.zarr out.zarr --chunks-per-shard 2,2,1    # 3-d arrays only; others copied unsharded
-  shardkv convert in.zarr out.zarr --chunks-per-shard 8 --index-location start --no-checksum
-  shardkv convert in.zarr out.zarr --chunks-per-shard 4 --overwrite
-"""
-
-_INFO_HELP = """\
-Per array: path, shape, chunks, shard shape (or "unsharded"), chunks present,
-shards, bytes stored (shards or chunks, metadata excluded), bytes unused inside
-shards (shard bytes - index bytes - bytes of present chunks) and whether Zarr v3
-readers can read the array through its zarr.json view (and why not).
-"""
+__all__ = ["main", "build_parser", "COMMANDS"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -76,24 +40,64 @@ def _chunks_per_shard(text: str) -> int | tuple[int, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``shardkv`` argument parser (sub-commands ``convert``, ``info``, ``demo``)."""
-    parser = _Parser(
-        prog="shardkv",
-        description="Pack the chunks of Zarr v2 arrays into indexed shards, and inspect sharded stores.",
-        epilog=_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"shardkv {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+def _storage_options(text: str) -> dict[str, Any]:
+    from shardkv.cli.stores import parse_storage_options
 
-    p = sub.add_parser(
-        "convert",
-        help="shard every array of a Zarr v2 hierarchy (chunks are moved, not re-encoded)",
-        description=_CONVERT_HELP,
-        epilog=_CONVERT_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    try:
+        return parse_storage_options(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
+    return int(text)
+
+
+def _sub(sub: Any, name: str, help: str, description: str, epilog: str) -> argparse.ArgumentParser:
+    return sub.add_parser(
+        name, help=help, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+
+
+def _add_storage_options(p: argparse.ArgumentParser, two_stores: bool = False) -> None:
+    p.add_argument(
+        "--storage-options",
+        type=_storage_options,
+        default=None,
+        metavar="JSON",
+        help='fsspec options for the store URL(s), a JSON object: \'{"anon": true}\', '
+        '\'{"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}\', \'{"profile": "work"}\'',
+    )
+    if two_stores:
+        for side in ("source", "dest"):
+            p.add_argument(
+                f"--{side}-storage-options",
+                type=_storage_options,
+                default=None,
+                metavar="JSON",
+                help=f"like --storage-options, for the {'source' if side == 'source' else 'destination'} only",
+            )
+
+
+def _side_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "src_storage_options": args.source_storage_options if args.source_storage_options is not None else args.storage_options,
+        "dst_storage_options": args.dest_storage_options if args.dest_storage_options is not None else args.storage_options,
+    }
+
+
+def _print_report(report: Any, as_json: bool) -> None:
+    print(json.dumps(report.to_json(), indent=2) if as_json else report.summary())
+
+
+# -- convert -----------------------------------------------------------------------
+
+
+def _add_convert(sub: Any) -> None:
+    p = _sub(sub, "convert", "shard every array of a Zarr v2 hierarchy (chunks are moved, not re-encoded)",
+             texts.CONVERT_HELP, texts.CONVERT_EXAMPLES)  # fmt: skip
     p.add_argument("src", metavar="SRC", help="source Zarr v2 hierarchy: a local path or an fsspec URL")
     p.add_argument("dst", metavar="DST", help="destination (must be empty unless --overwrite): a path or an fsspec URL")
     p.add_argument(
@@ -102,102 +106,187 @@ def build_parser() -> argparse.ArgumentParser:
         type=_chunks_per_shard,
         metavar="N|N,N,...",
         help="inner chunks per shard: one int for every dimension of every array, or one per dimension "
-        "(like 2,2,1) for the arrays with that many dimensions; other arrays are copied unsharded",
+        "(like 2,2,1) for the arrays with that many dimensions; other arrays are copied unsharded, "
+        "and a list that fits no array is an error",
     )
     p.add_argument(
-        "--index-location",
-        choices=("start", "end"),
-        default="end",
-        help="where each shard keeps its index of (offset, nbytes) pairs (default: end)",
+        "--skip-mismatched",
+        action="store_true",
+        help="copy the arrays --chunks-per-shard does not fit unsharded even when it fits none of them",
     )
-    p.add_argument(
-        "--no-checksum",
-        dest="index_checksum",
-        action="store_false",
-        help="do not protect shard indexes with a CRC32C (default: protect them)",
-    )
-    p.add_argument("--overwrite", action="store_true", help="delete everything in DST first")
+    p.add_argument("--index-location", choices=("start", "end"), default="end",
+                   help="where each shard keeps its index of (offset, nbytes) pairs (default: end)")  # fmt: skip
+    p.add_argument("--no-checksum", dest="index_checksum", action="store_false",
+                   help="do not protect shard indexes with a CRC32C (default: protect them)")  # fmt: skip
+    p.add_argument("--overwrite", action="store_true", help="delete everything in DST first (never a regular file)")
+    p.add_argument("--workers", type=_positive, default=1, metavar="N",
+                   help="local processes writing shards in parallel (default: 1, this process)")  # fmt: skip
+    p.add_argument("--scheduler", metavar="ADDRESS", default=None,
+                   help="address of a running dask.distributed scheduler (tcp://host:8786) whose workers write "
+                   "the shards; SRC and DST must be reachable from them")  # fmt: skip
+    p.add_argument("--task-chunks", type=_positive, default=256, metavar="N",
+                   help="source chunks per parallel task (whole shards; default: 256)")  # fmt: skip
+    _add_storage_options(p, two_stores=True)
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a summary")
 
-    p = sub.add_parser(
-        "info",
-        help="per array: shape, chunks, shard shape, chunks present, shards, bytes, v3 readability",
-        description=_INFO_HELP,
-        epilog="examples:\n  shardkv info data/sharded.zarr\n  shardkv info s3://bucket/out.zarr --json\n",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+
+def _run_convert(args: argparse.Namespace) -> int:
+    from shardkv.cli.convert import convert
+
+    report = convert(
+        args.src,
+        args.dst,
+        args.chunks_per_shard,
+        index_location=args.index_location,
+        index_checksum=args.index_checksum,
+        progress=sys.stderr.isatty(),
+        overwrite=args.overwrite,
+        skip_mismatched=args.skip_mismatched,
+        workers=args.workers,
+        scheduler=args.scheduler,
+        task_chunks=args.task_chunks,
+        **_side_options(args),
     )
-    p.add_argument("store", metavar="STORE", help="a Zarr v2 hierarchy (sharded or not): a path or an fsspec URL")
+    _print_report(report, args.json)
+    return 0
+
+
+# -- unshard -----------------------------------------------------------------------
+
+
+def _add_unshard(sub: Any) -> None:
+    p = _sub(sub, "unshard", "turn a sharded hierarchy back into plain Zarr v2 chunks (no chunk is decoded)",
+             texts.UNSHARD_HELP, texts.UNSHARD_EXAMPLES)  # fmt: skip
+    p.add_argument("src", metavar="SRC", help="a hierarchy written by shardkv convert or ShardedStore: a path or URL")
+    p.add_argument("dst", metavar="DST", help="destination (must be empty unless --overwrite): a path or an fsspec URL")
+    p.add_argument("--overwrite", action="store_true", help="delete everything in DST first (never a regular file)")
+    _add_storage_options(p, two_stores=True)
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of a summary")
+
+
+def _run_unshard(args: argparse.Namespace) -> int:
+    from shardkv.cli.unshard import unshard
+
+    report = unshard(args.src, args.dst, overwrite=args.overwrite, progress=sys.stderr.isatty(), **_side_options(args))
+    _print_report(report, args.json)
+    return 0
+
+
+# -- info --------------------------------------------------------------------------
+
+
+def _add_info(sub: Any) -> None:
+    p = _sub(sub, "info", "per array: shape, chunks, shard shape, chunks present, shards, bytes, v3 readability",
+             texts.INFO_HELP, texts.INFO_EXAMPLES)  # fmt: skip
+    p.add_argument("store", metavar="STORE", help="a Zarr hierarchy (v2 sharded or not, 2022 draft, v3): a path or URL")
+    _add_storage_options(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
-    p = sub.add_parser(
-        "compact",
-        help="rewrite shards that hold unused bytes (after append-only or in-place writes, or slack)",
-        description="Rewrite every shard of the sharded arrays in STORE (or of one array) that holds bytes no "
-        "index entry references, leaving chunks back to back and the index in place. The data is unchanged; "
-        "each shard is replaced whole (atomically on local disks).",
-        epilog="examples:\n  shardkv compact data/sharded.zarr\n  shardkv compact data/sharded.zarr --array temp\n",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+
+def _run_info(args: argparse.Namespace) -> int:
+    from shardkv.cli.info import format_info, inspect_store
+
+    infos = inspect_store(args.store, args.storage_options)
+    if args.json:
+        print(json.dumps({"store": args.store, "arrays": [i.to_json() for i in infos]}, indent=2))
+    else:
+        print(format_info(infos))
+    return 0
+
+
+# -- compact -----------------------------------------------------------------------
+
+
+def _add_compact(sub: Any) -> None:
+    p = _sub(sub, "compact", "rewrite shards that hold unused bytes (after append-only or in-place writes, or slack)",
+             texts.COMPACT_HELP, texts.COMPACT_EXAMPLES)  # fmt: skip
     p.add_argument("store", metavar="STORE", help="a sharded hierarchy: a path or an fsspec URL")
     p.add_argument("--array", metavar="PATH", default=None, help="only the array at PATH (default: every array)")
+    _add_storage_options(p)
 
-    p = sub.add_parser(
-        "demo",
-        help="make a small Zarr v2 hierarchy, convert it, inspect it, and read it back",
-        description="Create a small Zarr v2 hierarchy in DIR (with zarr-python 2 if installed, else with "
-        "numpy), convert it into DIR/../sharded with --chunks-per-shard 4, print the summary and the info "
-        "table, and read an array back through ShardedStore to show it equals the input.",
-        epilog="example:\n  shardkv demo /tmp/shardkv-demo/input\n",
+
+def _run_compact(args: argparse.Namespace) -> int:
+    from shardkv.cli.info import read_hierarchy
+    from shardkv.cli.stores import open_store
+    from shardkv.proxy.store import ShardedStore
+
+    adapter = open_store(args.store, args.storage_options)
+    read_hierarchy(adapter, args.store)  # a missing or empty store, or no hierarchy, is an error
+    with ShardedStore(adapter) as store:
+        if args.array is not None and store.sharded_array(args.array) is None:
+            raise ArrayNotFoundError(args.store, args.array.strip("/"), "sharded array")
+        reclaimed = store.compact(args.array)
+    print(f"compacted {args.store}: {reclaimed} bytes reclaimed")
+    return 0
+
+
+# -- demo --------------------------------------------------------------------------
+
+
+def _add_demo(sub: Any) -> None:
+    p = _sub(sub, "demo", "make a small Zarr v2 hierarchy, convert it, inspect it, and read it back",
+             texts.DEMO_HELP, texts.DEMO_EXAMPLES)  # fmt: skip
+    p.add_argument("dir", metavar="DIR", nargs="?", default=None,
+                   help="write the input hierarchy here and the sharded copy beside it, in DIR/../sharded")  # fmt: skip
+    p.add_argument("--out", metavar="OUT", default=None,
+                   help="keep the files in OUT (OUT/input, OUT/sharded); default: a temporary directory, "
+                   "removed at the end")  # fmt: skip
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from shardkv.cli.demo import run_demo_in
+
+    return run_demo_in(args.dir, args.out)
+
+
+COMMANDS: dict[str, tuple[Callable[[Any], None], Callable[[argparse.Namespace], int]]] = {
+    "convert": (_add_convert, _run_convert),
+    "unshard": (_add_unshard, _run_unshard),
+    "info": (_add_info, _run_info),
+    "compact": (_add_compact, _run_compact),
+    "demo": (_add_demo, _run_demo),
+}
+"""Sub-command name -> (add its parser, run it). A new sub-command is one more entry."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``shardkv`` argument parser, one sub-parser per entry of :data:`COMMANDS`."""
+    parser = _Parser(
+        prog="shardkv",
+        description="Pack the chunks of Zarr v2 arrays into indexed shards, and inspect sharded stores.",
+        epilog=texts.EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("dir", metavar="DIR", nargs="?", default="shardkv-demo/input", help="default: ./shardkv-demo/input")
+    parser.add_argument("--version", action="version", version=f"shardkv {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add, _ in COMMANDS.values():
+        add(sub)
     return parser
 
 
-def _run(args: argparse.Namespace) -> int:
-    if args.command == "convert":
-        from shardkv.cli.convert import convert
-
-        report = convert(
-            args.src,
-            args.dst,
-            args.chunks_per_shard,
-            index_location=args.index_location,
-            index_checksum=args.index_checksum,
-            progress=sys.stderr.isatty(),
-            overwrite=args.overwrite,
-        )
-        print(json.dumps(report.to_json(), indent=2) if args.json else report.summary())
-        return 0
-    if args.command == "info":
-        from shardkv.cli.info import format_info, inspect_store
-
-        infos = inspect_store(args.store)
-        if args.json:
-            print(json.dumps({"store": args.store, "arrays": [i.to_json() for i in infos]}, indent=2))
-        else:
-            print(format_info(infos))
-        return 0
-    if args.command == "compact":
-        from shardkv.proxy.store import ShardedStore
-
-        with ShardedStore(args.store) as store:
-            reclaimed = store.compact(args.array)
-        print(f"compacted {args.store}: {reclaimed} bytes reclaimed")
-        return 0
-    from shardkv.cli.demo import run_demo
-
-    return run_demo(args.dir)
+def _stores_named(args: argparse.Namespace) -> str:
+    names = [getattr(args, a) for a in ("src", "dst", "store") if isinstance(getattr(args, a, None), str)]
+    return " -> ".join(names) or "the store"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 the job failed, 2 bad usage)."""
+    from shardkv.cli.stores import describe, store_errors
+
     args = build_parser().parse_args(argv)
     try:
-        return _run(args)
-    except (ShardKVError, OSError, ValueError, ImportError) as exc:
-        message = " ".join(str(exc).split()) or type(exc).__name__
+        with warnings.catch_warnings():
+            # dependencies' deprecation notices are for developers, not for a command's user
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", FutureWarning)
+            return COMMANDS[args.command][1](args)
+    except (ShardKVError, ValueError, ImportError) as exc:
+        message = describe(exc) if not isinstance(exc, ShardKVError) else " ".join(str(exc).split())
         print(f"shardkv {args.command}: error: {message}", file=sys.stderr)
+        return 1
+    except store_errors() as exc:
+        error = exc if isinstance(exc, StoreAccessError) else StoreAccessError(_stores_named(args), describe(exc))
+        print(f"shardkv {args.command}: error: {' '.join(str(error).split())}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"shardkv {args.command}: interrupted", file=sys.stderr)

@@ -387,8 +387,9 @@ class FSMapAdapter(StoreAdapter):
                 self._atomic_local_write(self._path(k), v)
             return
         paths = {self._path(k): (bytes(v) if not isinstance(v, bytes) else v) for k, v in values.items()}
-        for parent in {self.fs._parent(p) for p in paths}:
-            self.fs.makedirs(parent, exist_ok=True)
+        if not _has_buckets(self.fs):  # object stores need no directories; makedirs would create a bucket
+            for parent in {self.fs._parent(p) for p in paths}:
+                self.fs.makedirs(parent, exist_ok=True)
         self.fs.pipe(paths)
 
     def _atomic_local_write(self, path: str, value: bytes) -> None:
@@ -464,6 +465,15 @@ class FSMapAdapter(StoreAdapter):
         except self.missing_exceptions:
             return None
         return None
+
+
+_BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss"})
+
+
+def _has_buckets(fs: fsspec.AbstractFileSystem) -> bool:
+    """True for object stores whose first path segment is a bucket (never created by shardkv)."""
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return bool(_BUCKET_PROTOCOLS.intersection(protocols))
 
 
 def adapt(store: Any, storage_options: Mapping[str, Any] | None = None) -> StoreAdapter:

@@ -1,0 +1,69 @@
+"""The destination metadata of ``shardkv convert``: amended documents, ``zarr.json`` views, order.
+
+Pure functions over metadata documents (no I/O): the ``.zarray`` of an array
+whose ``/`` separator was detected from its keys, the consolidated
+``.zmetadata`` that must say the same, the ``zarr.json`` view of each sharded
+array, and the order in which documents are written (metadata last, deepest
+first, ``.zarray`` / ``.zgroup`` last in each directory).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+from shardkv.cli.info import ArrayKeys
+from shardkv.format.layout import ShardLayout
+from shardkv.metadata.documents import dump_json
+from shardkv.metadata.v3_view import v3_view_of_v2
+
+__all__ = ["array_metadata", "amend_consolidated", "metadata_order"]
+
+
+_MISMATCH = "mismatch"
+
+
+def array_metadata(
+    keys: ArrayKeys, meta: Mapping[str, bytes], layout: ShardLayout, amended: dict[str, dict[str, Any]]
+) -> dict[str, bytes]:
+    """The destination metadata of a sharded array: its documents, amended ``.zarray``, ``zarr.json``."""
+    prefix = f"{keys.path}/" if keys.path else ""
+    out = {k: bytes(v) for k, v in meta.items()}
+    zarray = dict(keys.zarray)
+    if keys.separator_detected:
+        zarray["dimension_separator"] = keys.separator
+        out[prefix + ".zarray"] = dump_json(zarray)
+        amended[keys.path] = zarray
+    zattrs_raw = meta.get(prefix + ".zattrs")
+    zattrs = json.loads(bytes(zattrs_raw)) if zattrs_raw is not None else {}
+    out[prefix + "zarr.json"] = dump_json(v3_view_of_v2(zarray, zattrs, layout).metadata, strict=True)
+    return out
+
+
+def amend_consolidated(meta_out: dict[str, bytes], amended: Mapping[str, dict[str, Any]]) -> None:
+    """Put the amended ``.zarray`` documents into the consolidated ``.zmetadata`` above them."""
+    if not amended:
+        return
+    for key in [k for k in meta_out if k.rpartition("/")[2] == ".zmetadata"]:
+        group = key.rpartition("/")[0]
+        doc = json.loads(meta_out[key])
+        entries = doc.get("metadata")
+        if not isinstance(entries, dict):
+            continue
+        changed = False
+        for path, zarray in amended.items():
+            if group and not path.startswith(group + "/"):
+                continue
+            rel = path[len(group) + 1 :] if group else path
+            entry = f"{rel}/.zarray" if rel else ".zarray"
+            if entry in entries:
+                entries[entry] = zarray
+                changed = True
+        if changed:
+            meta_out[key] = dump_json(doc)
+
+
+def metadata_order(key: str) -> tuple[int, int, str]:
+    """Deepest documents first, and in each directory ``.zarray`` / ``.zgroup`` last."""
+    name = key.rpartition("/")[2]
+    return (-key.count("/"), name in (".zarray", ".zgroup"), key)

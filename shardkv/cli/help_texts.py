@@ -1,0 +1,112 @@
+"""The long help texts and examples of the ``shardkv`` sub-commands (plain text, no logic)."""
+
+from __future__ import annotations
+
+EXAMPLES = """\
+examples:
+  shardkv demo                                            # a small example, end to end, in a temporary directory
+  shardkv convert data/in.zarr data/sharded.zarr --chunks-per-shard 4
+  shardkv convert data/in.zarr s3://bucket/out.zarr --chunks-per-shard 2,2,1 --workers 4 \\
+      --dest-storage-options '{"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}'
+  shardkv unshard data/sharded.zarr data/plain.zarr       # back to plain Zarr v2 chunks
+  shardkv info data/sharded.zarr --json
+  shardkv compact data/sharded.zarr                       # reclaim unused bytes inside shards
+
+Stores are local paths or fsspec URLs (s3://, gs://, az://, memory://, ...); --storage-options
+passes fsspec options (endpoint, credentials) as JSON. A bucket is never created.
+"""
+
+CONVERT_HELP = """\
+Copy a Zarr v2 hierarchy, packing the chunks of every array into shards (v1.0
+sharding_indexed layout) without decoding or re-encoding a chunk. Metadata
+(.zgroup, .zattrs, .zarray, .zmetadata) is copied; each sharded array gets a
+zarr.json beside its .zarray, so shardkv.ShardedStore (and Zarr v3 readers)
+read the result. Chunks outside an array's grid are skipped and counted. An
+array stored with '/' chunk keys but no dimension_separator in .zarray
+(zarr-python's NestedDirectoryStore) is detected, and the destination .zarray
+says "dimension_separator": "/".
+
+Shards are written by shard-aligned tasks (whole shards each, so no two tasks
+touch one shard): in this process, in N local processes (--workers N), or on a
+dask.distributed cluster (--scheduler ADDRESS). A progress manifest in DST
+records finished shards: after an interruption, run the same command again and
+it skips them (checking the last ones recorded). The manifest is removed when
+the conversion completes.
+
+A 2022-draft Zarr v3 hierarchy (root zarr.json of the draft protocol,
+meta/root/..., data/root/...) is converted into a draft-sharded copy instead:
+each array's metadata gets the sharding storage transformer, and shards use
+the draft's fixed "indexed" layout (index at the end, no checksum), so
+--index-location start and --no-checksum are refused for such a source.
+"""
+
+CONVERT_EXAMPLES = """\
+examples:
+  shardkv convert in.zarr out.zarr --chunks-per-shard 4        # 4 chunks along every dimension
+  shardkv convert in.zarr out.zarr --chunks-per-shard 2,2,1    # 3-d arrays only; others copied unsharded
+  shardkv convert in.zarr out.zarr --chunks-per-shard 2,2 --skip-mismatched   # even if no array is 2-d
+  shardkv convert in.zarr out.zarr --chunks-per-shard 8 --index-location start --no-checksum
+  shardkv convert in.zarr out.zarr --chunks-per-shard 4 --overwrite
+  shardkv convert in.zarr out.zarr --chunks-per-shard 4 --workers 4            # re-run it after a crash to resume
+  shardkv convert s3://bucket/in.zarr s3://bucket/out.zarr --chunks-per-shard 4 --scheduler tcp://10.0.0.5:8786
+  shardkv convert in.zarr s3://bucket/out.zarr --chunks-per-shard 4 \\
+      --dest-storage-options '{"key": "...", "secret": "...", "client_kwargs": {"endpoint_url": "https://minio:9000"}}'
+"""
+
+UNSHARD_HELP = """\
+The inverse of convert: copy a hierarchy whose arrays are sharded (v2 arrays
+with a sharding zarr.json, as shardkv writes them) into a plain Zarr v2
+hierarchy that zarr-python 2 reads without shardkv. Each inner chunk is copied
+as stored (never decoded) to its own chunk key; the zarr.json views are
+dropped; every other key is copied as it is.
+"""
+
+UNSHARD_EXAMPLES = """\
+examples:
+  shardkv unshard sharded.zarr plain.zarr
+  shardkv unshard s3://bucket/sharded.zarr plain.zarr --source-storage-options '{"anon": true}'
+"""
+
+INFO_HELP = """\
+Per array: path, shape, chunks, shard shape (or "unsharded"), chunks present,
+shards, bytes stored (shards or chunks, metadata excluded), bytes unused inside
+shards (shard bytes - index bytes - bytes of present chunks) and whether Zarr v3
+readers can read the array through its zarr.json view (and why not).
+Reads Zarr v2 hierarchies (sharded by shardkv or not), 2022 draft hierarchies
+(sharding storage transformer) and Zarr v3 hierarchies whose arrays use the
+sharding_indexed codec (written by zarr-python 3, tensorstore, ...).
+"""
+
+INFO_EXAMPLES = """\
+examples:
+  shardkv info data/sharded.zarr
+  shardkv info s3://bucket/out.zarr --json --storage-options '{"anon": true}'
+"""
+
+COMPACT_HELP = """\
+Rewrite every shard of the sharded arrays in STORE (or of one array) that holds
+bytes no index entry references, leaving chunks back to back and the index in
+place. The data is unchanged; each shard is replaced whole (atomically on local
+disks). A missing store, or an --array that is not a sharded array, is an error.
+"""
+
+COMPACT_EXAMPLES = """\
+examples:
+  shardkv compact data/sharded.zarr
+  shardkv compact data/sharded.zarr --array temp
+"""
+
+DEMO_HELP = """\
+Create a small Zarr v2 hierarchy (with zarr-python 2 if installed, else with
+numpy), convert it with --chunks-per-shard 4, print the summary and the info
+table, and read the arrays back through ShardedStore to show they equal the
+input. Runs in a temporary directory (removed at the end) unless --out OUT
+(files kept in OUT/input and OUT/sharded) or DIR (input in DIR, sharded copy in
+DIR/../sharded) is given. Never writes into the current directory by itself.
+"""
+
+DEMO_EXAMPLES = """\
+examples:
+  shardkv demo
+  shardkv demo --out /tmp/shardkv-demo
+"""

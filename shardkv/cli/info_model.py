@@ -1,0 +1,96 @@
+"""What ``shardkv info`` reports about one array, and the index statistics it is made of."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+from shardkv.storage.adapters import StoreAdapter
+
+__all__ = ["ArrayInfo", "shard_stats"]
+
+_INDEX_BATCH = 1024  # shards whose indexes are read in one batched request
+
+
+@dataclass
+class ArrayInfo:
+    """What ``shardkv info`` reports about one array.
+
+    Attributes
+    ----------
+    path : str
+        Array path (``""`` for a root array).
+    shape, chunks : tuple of int
+        Array shape and (inner) chunk shape, in elements.
+    dtype : str
+        The v2 dtype string.
+    shard_shape, chunks_per_shard : tuple of int or None
+        Shard shape (elements) and inner chunks per shard; ``None`` when unsharded.
+    index_location : {"start", "end"} or None
+    index_checksum : bool or None
+    chunks_present : int
+        Stored inner chunks inside the chunk grid.
+    shards : int
+        Stored shards (0 when unsharded).
+    objects : int
+        Stored data objects (shards, or chunks when unsharded), metadata excluded.
+    bytes_stored : int
+        Bytes of those data objects.
+    bytes_unused : int
+        Bytes inside shards that no present chunk and no index uses: shard
+        bytes - index bytes - bytes referenced by present chunks (0 when unsharded).
+    v3_readable : bool or None
+        Whether the ``zarr.json`` view can be read by Zarr v3 readers (``None`` when unsharded).
+    v3_problems : list of str
+        Why not, when it cannot.
+    """
+
+    path: str
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    dtype: str
+    shard_shape: tuple[int, ...] | None
+    chunks_per_shard: tuple[int, ...] | None
+    index_location: str | None
+    index_checksum: bool | None
+    chunks_present: int
+    shards: int
+    objects: int
+    bytes_stored: int
+    bytes_unused: int
+    v3_readable: bool | None
+    v3_problems: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (tuples become lists)."""
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
+
+
+def _sizes(store: StoreAdapter, keys: Sequence[str]) -> dict[str, int]:
+    return {k: store.size(k) for k in keys}
+
+
+def shard_stats(
+    store: StoreAdapter, shard_keys: Sequence[str], coords_of: Any, layout: Any, grid: Sequence[int]
+) -> tuple[int, int, int, int]:
+    """Read the indexes of ``shard_keys`` in batches; returns (in-grid chunks present, bytes used by
+    chunks, index bytes, shard bytes). ``coords_of(key)`` gives a shard key's shard coords."""
+    present = used = index_bytes = stored = 0
+    cps = layout.chunks_per_shard
+    for start in range(0, len(shard_keys), _INDEX_BATCH):
+        batch = shard_keys[start : start + _INDEX_BATCH]
+        sizes = _sizes(store, batch)
+        raw = store.get_ranges([(k, layout.index_range()) for k in batch])
+        for k, data in zip(batch, raw):
+            if data is None:
+                continue  # deleted since the listing
+            index = layout.decode_index(data, k, sizes[k])
+            shard_coords = coords_of(k)
+            for local in index.present():
+                chunk = tuple(s * n + c for s, n, c in zip(shard_coords, cps, local))
+                if all(c < g for c, g in zip(chunk, grid)):
+                    present += 1
+            used += index.used_nbytes()
+            index_bytes += layout.index_nbytes
+            stored += sizes[k]
+    return present, used, index_bytes, stored

@@ -1,0 +1,159 @@
+"""Opening the stores named on the command line: URLs, storage options, one-line errors.
+
+Every command that takes a store takes ``--storage-options JSON`` (a JSON
+object passed to fsspec, e.g. ``{"anon": false, "client_kwargs":
+{"endpoint_url": "http://127.0.0.1:9000"}}`` for an S3-compatible server).
+:func:`open_store` checks the store can be used before any work starts:
+
+* on object stores with buckets (``s3://``, ``gs://``, ``az://`` ...) it lists
+  the bucket once, so a missing endpoint, a missing bucket, missing or wrong
+  credentials and a denied permission are reported as one line naming the URL
+  (:class:`~shardkv.errors.StoreAccessError`); a bucket is never created;
+* a missing fsspec backend (``s3fs`` not installed) is reported the same way.
+
+Errors raised later by the backend (a connection dropped half way) are
+translated by :func:`store_errors` / :func:`describe` in ``shardkv.cli.main``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+import fsspec
+from fsspec.mapping import FSMap
+
+from shardkv.errors import ConfigurationError, DestinationIsFileError, StoreAccessError
+from shardkv.storage.adapters import FSMapAdapter, StoreAdapter, adapt
+
+__all__ = ["parse_storage_options", "open_store", "store_errors", "describe", "is_url", "refuse_regular_file"]
+
+BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss"})
+"""Protocols whose first path segment is a bucket (or container) that must already exist."""
+
+
+def parse_storage_options(text: str) -> dict[str, Any]:
+    """Parse ``--storage-options``: a JSON object (``'{"anon": true}'``).
+
+    Raises
+    ------
+    ConfigurationError
+        If ``text`` is not JSON, or not a JSON object.
+    """
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ConfigurationError(f"storage options must be a JSON object, got {text!r} ({exc})") from None
+    if not isinstance(value, dict):
+        raise ConfigurationError(f"storage options must be a JSON object like '{{\"anon\": true}}', got {text!r}")
+    return value
+
+
+def is_url(name: str) -> bool:
+    """True when ``name`` names a non-local fsspec protocol (``s3://...``, ``memory://...``)."""
+    return "://" in name and not name.startswith("file://")
+
+
+def store_errors() -> tuple[type[BaseException], ...]:
+    """Exception types that mean a store could not be used (backends' own types included when installed)."""
+    types: list[type[BaseException]] = [OSError]
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        types += [BotoCoreError, ClientError]
+    except ImportError:
+        pass
+    try:
+        from aiohttp import ClientError as AiohttpClientError
+
+        types.append(AiohttpClientError)
+    except ImportError:
+        pass
+    return tuple(types)
+
+
+def describe(exc: BaseException) -> str:
+    """One line for a backend error: its message on one line, or its type name when it has none."""
+    text = " ".join(str(exc).split())
+    name = type(exc).__name__
+    if not text:
+        return name
+    return text if isinstance(exc, ConfigurationError) or name in text else f"{text} ({name})"
+
+
+def refuse_regular_file(name: str) -> None:
+    """Refuse a local destination that is a regular file (never deleted, not even with ``--overwrite``).
+
+    Raises
+    ------
+    DestinationIsFileError
+        If ``name`` is a local path (or ``file://`` URL) of an existing regular file.
+    """
+    if is_url(name):
+        return
+    path = name[len("file://") :] if name.startswith("file://") else name
+    if os.path.isfile(path):
+        raise DestinationIsFileError(name)
+
+
+def open_store(
+    name: Any, storage_options: Mapping[str, Any] | None = None, *, role: str = "store"
+) -> StoreAdapter:
+    """Open a store named on the command line, checking first that it can be used.
+
+    Parameters
+    ----------
+    name : str or store
+        A local path or an fsspec URL; anything else is passed to
+        :func:`shardkv.storage.adapters.adapt` unchecked.
+    storage_options : mapping, optional
+        fsspec options for the URL's filesystem (endpoint, credentials ...).
+    role : str
+        How to call the store in messages (``"source"``, ``"destination"``).
+
+    Returns
+    -------
+    StoreAdapter
+
+    Raises
+    ------
+    StoreAccessError
+        If the backend package is missing, the options are refused, or (object
+        stores) the endpoint, bucket, credentials or permission fail when the
+        bucket is listed. The bucket is never created.
+    """
+    if not isinstance(name, str):
+        return adapt(name, storage_options)
+    options = dict(storage_options or {})
+    try:
+        fs, root = fsspec.core.url_to_fs(name, **options)
+    except ImportError as exc:
+        raise StoreAccessError(name, f"cannot open the {role}: {describe(exc)}") from None
+    except (TypeError, ValueError) as exc:
+        raise StoreAccessError(name, f"storage options {options} refused: {describe(exc)}") from None
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    if BUCKET_PROTOCOLS.intersection(protocols):
+        _check_bucket(fs, root, name, role)
+    return FSMapAdapter.from_fsmap(FSMap(root, fs))
+
+
+def _check_bucket(fs: fsspec.AbstractFileSystem, root: str, name: str, role: str) -> None:
+    """List the bucket once (never create it); any failure becomes one StoreAccessError."""
+    bucket = root.strip("/").split("/", 1)[0]
+    if not bucket:
+        raise StoreAccessError(name, f"the {role} URL names no bucket")
+    try:
+        fs.ls(bucket, detail=False)
+    except FileNotFoundError:
+        raise StoreAccessError(
+            name, f"bucket {bucket!r} does not exist (shardkv never creates a bucket: create it first)"
+        ) from None
+    except PermissionError as exc:
+        raise StoreAccessError(name, f"access to bucket {bucket!r} denied: {describe(exc)}") from None
+    except TypeError as exc:  # backends check their options when they first connect
+        raise StoreAccessError(name, f"storage options refused: {describe(exc)}") from None
+    except store_errors() as exc:
+        raise StoreAccessError(name, f"cannot reach the {role}: {describe(exc)}") from None
+    finally:
+        fs.invalidate_cache(bucket)

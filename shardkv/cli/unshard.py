@@ -1,0 +1,233 @@
+"""``shardkv unshard``: turn a sharded hierarchy back into plain Zarr v2 chunks, the inverse of convert.
+
+The source is a Zarr v2 hierarchy whose arrays are sharded the way shardkv
+shards them (a ``.zarray`` and, beside it, a ``zarr.json`` with the
+``sharding_indexed`` codec). Each shard is read whole, its index decoded, and
+every present inner chunk is written as stored (never decoded) to the chunk key
+zarr-python 2 expects (``path/1.7``, or ``path/1/7`` with the ``/``
+separator). Inner chunks outside the array's chunk grid are skipped and
+counted. The ``zarr.json`` views are dropped; every other key (metadata,
+unsharded arrays, other files) is copied as it is; metadata is written last.
+The result is read by zarr-python 2 without shardkv and equals the sharded
+hierarchy read through :class:`shardkv.ShardedStore`.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping, Sequence
+
+from shardkv.cli.convert import _check_distinct, _name
+from shardkv.cli.info import META_NAMES, read_hierarchy
+from shardkv.cli.stores import open_store, refuse_regular_file
+from shardkv.errors import DestinationNotEmptyError, UnsupportedError
+from shardkv.keys.space import ShardedArray
+from shardkv.storage.adapters import StoreAdapter
+
+__all__ = ["UnshardReport", "unshard"]
+
+_SHARD_BATCH = 16  # shards read per batched request
+_WRITE_BATCH = 256  # chunks written per batched request
+
+
+@dataclass
+class UnshardReport:
+    """The outcome of :func:`unshard`.
+
+    Attributes
+    ----------
+    src, dst : str
+        Source and destination, as given.
+    arrays, unsharded_arrays : int
+        Arrays copied; of which were sharded and are now plain.
+    shards : int
+        Shards read.
+    chunks : int
+        Chunks written from shards.
+    out_of_grid_chunks : int
+        Inner chunks outside their array's chunk grid, skipped.
+    objects_before, objects_after : int
+        Stored objects in the source, and written to the destination.
+    bytes_before, bytes_after : int
+        Their sizes in bytes.
+    """
+
+    src: str
+    dst: str
+    arrays: int = 0
+    unsharded_arrays: int = 0
+    shards: int = 0
+    chunks: int = 0
+    out_of_grid_chunks: int = 0
+    objects_before: int = 0
+    objects_after: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict of the report."""
+        return asdict(self)
+
+    def summary(self) -> str:
+        """Human-readable lines."""
+        lines = [
+            f"unsharded {self.src} into {self.dst}: {self.arrays} arrays, {self.unsharded_arrays} of them "
+            f"were sharded and are now plain Zarr v2",
+            f"  chunks: {self.chunks} taken out of {self.shards} shards",
+        ]
+        if self.out_of_grid_chunks:
+            lines.append(f"  chunks outside the array grid, skipped: {self.out_of_grid_chunks}")
+        lines.append(f"  objects: {self.objects_before} -> {self.objects_after}")
+        lines.append(f"  bytes: {self.bytes_before} -> {self.bytes_after}")
+        return "\n".join(lines)
+
+
+class _Out:
+    """Batched writes to the destination, counted."""
+
+    def __init__(self, store: StoreAdapter) -> None:
+        self.store = store
+        self.pending: dict[str, bytes] = {}
+        self.objects = self.nbytes = 0
+
+    def put(self, key: str, value: bytes) -> None:
+        self.pending[key] = value
+        if len(self.pending) >= _WRITE_BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        self.store.set_many(self.pending)
+        self.objects += len(self.pending)
+        self.nbytes += sum(len(v) for v in self.pending.values())
+        self.pending = {}
+
+
+def unshard(
+    src: Any,
+    dst: Any,
+    *,
+    overwrite: bool = False,
+    progress: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
+    src_storage_options: Mapping[str, Any] | None = None,
+    dst_storage_options: Mapping[str, Any] | None = None,
+) -> UnshardReport:
+    """Copy a sharded Zarr v2 hierarchy into a plain one, chunks as stored.
+
+    Parameters
+    ----------
+    src, dst : str, os.PathLike, MutableMapping or fsspec.FSMap
+        The sharded hierarchy and the (empty) destination.
+    overwrite : bool
+        Delete everything in ``dst`` first (a local regular file is always refused).
+    progress : bool
+        Show a tqdm progress bar (objects) on stderr.
+    storage_options, src_storage_options, dst_storage_options : mapping, optional
+        fsspec options for both URLs, or for one side.
+
+    Returns
+    -------
+    UnshardReport
+
+    Raises
+    ------
+    NotAHierarchyError
+        If ``src`` is missing, empty or not a Zarr v2 hierarchy.
+    UnsupportedError
+        If ``src`` is a 2022 draft hierarchy.
+    DestinationNotEmptyError, DestinationIsFileError, SameLocationError, StoreAccessError
+        As :func:`shardkv.cli.convert.convert`.
+    CorruptShardError, ChecksumError
+        If a shard cannot be decoded.
+    """
+    from tqdm import tqdm
+
+    from shardkv.proxy.draft import is_draft_hierarchy
+    from shardkv.proxy.store import ShardedStore
+
+    src_name, dst_name = _name(src), _name(dst)
+    src_opts = src_storage_options if src_storage_options is not None else storage_options
+    dst_opts = dst_storage_options if dst_storage_options is not None else storage_options
+    if isinstance(dst, str):
+        refuse_regular_file(dst)
+    source, target = open_store(src, src_opts, role="source"), open_store(dst, dst_opts, role="destination")
+    _check_distinct(source, target, src_name, dst_name)
+    if is_draft_hierarchy(source):
+        raise UnsupportedError(f"{src_name} is a 2022 draft hierarchy; unshard reads Zarr v2 hierarchies only")
+    hierarchy = read_hierarchy(source, src_name)
+    if next(iter(target.iter_keys()), None) is not None:
+        if not overwrite:
+            raise DestinationNotEmptyError(dst_name)
+        target.rmdir("")
+    proxy = ShardedStore(source)
+    report = UnshardReport(src_name, dst_name, objects_before=len(hierarchy.keys))
+    out = _Out(target)
+    meta: list[str] = [k for k in hierarchy.group_keys if k.rpartition("/")[2] in META_NAMES]
+    plain: list[str] = [k for k in hierarchy.group_keys if k.rpartition("/")[2] not in META_NAMES]
+    with tqdm(total=len(hierarchy.keys), disable=not progress, file=sys.stderr, unit="obj", desc="shardkv unshard") as bar:
+        for path, keys in hierarchy.arrays.items():
+            report.arrays += 1
+            arr = proxy.sharded_array(path)
+            array_meta = [k for k in keys.meta_keys if not (arr is not None and k.rpartition("/")[2] == "zarr.json")]
+            meta += array_meta
+            data = [k for k in keys.all_keys() if k not in keys.meta_keys]
+            if arr is None:
+                plain += data
+                continue
+            report.unsharded_arrays += 1
+            shard_keys = [k for k in data if arr.shard_coords_of(k) is not None]
+            shard_set = set(shard_keys)
+            plain += [k for k in data if k not in shard_set]
+            _unpack(source, arr, shard_keys, out, report, bar)
+        report.bytes_before += _copy(source, plain, out, bar)
+        out.flush()
+        report.bytes_before += _copy(source, sorted(meta, key=lambda k: (-k.count("/"), k)), out, bar)
+        out.flush()
+    report.objects_before = len(hierarchy.keys)
+    report.objects_after, report.bytes_after = out.objects, out.nbytes
+    return report
+
+
+def _unpack(
+    source: StoreAdapter, arr: ShardedArray, shard_keys: Sequence[str], out: _Out, report: UnshardReport, bar: Any
+) -> None:
+    """Write every present in-grid inner chunk of the shards of one array to its own chunk key."""
+    grid = arr.chunk_grid_shape
+    cps = arr.chunks_per_shard
+    for start in range(0, len(shard_keys), _SHARD_BATCH):
+        batch = shard_keys[start : start + _SHARD_BATCH]
+        blobs = source.get_many(batch)
+        for key in batch:
+            blob = blobs.get(key)
+            if blob is None:
+                continue  # deleted since the listing
+            report.shards += 1
+            report.bytes_before += len(blob)
+            index = arr.layout.index_of_shard(blob, key)
+            shard_coords = arr.shard_coords_of(key)
+            view = memoryview(blob)
+            for local in index.present():
+                coords = tuple(s * n + c for s, n, c in zip(shard_coords, cps, local))  # type: ignore[arg-type]
+                if any(c >= g for c, g in zip(coords, grid)):
+                    report.out_of_grid_chunks += 1
+                    continue
+                offset, nbytes = index.get(local)  # type: ignore[misc]
+                out.put(arr.chunk_key(coords), bytes(view[offset : offset + nbytes]))
+                report.chunks += 1
+        bar.update(len(batch))
+
+
+def _copy(source: StoreAdapter, keys: Sequence[str], out: _Out, bar: Any) -> int:
+    """Copy keys as they are, a batch at a time; returns the bytes read."""
+    nbytes = 0
+    for start in range(0, len(keys), _WRITE_BATCH):
+        batch = list(keys[start : start + _WRITE_BATCH])
+        values = source.get_many(batch)
+        for k in batch:
+            if k in values:
+                value = bytes(values[k])
+                nbytes += len(value)
+                out.put(k, value)
+        bar.update(len(batch))
+    return nbytes
