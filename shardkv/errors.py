@@ -22,6 +22,7 @@ __all__ = [
     "CorruptShardError",
     "ChecksumError",
     "UnsupportedError",
+    "JournalCorruptError",
 ]
 
 
@@ -119,3 +120,23 @@ class ChecksumError(CorruptShardError):
 
 class UnsupportedError(ShardKVError, NotImplementedError):
     """A valid feature that this version of shardkv does not implement (named in the message)."""
+
+
+class JournalCorruptError(ShardKVError, ValueError):
+    """A write-back journal damaged before its last record (not a torn tail), or not a journal at all.
+
+    Attributes
+    ----------
+    path : str
+        The journal file.
+    offset : int
+        Byte offset of the first frame that does not check (bytes from the file start).
+    reason : str
+        What was found there.
+    """
+
+    def __init__(self, path: str, offset: int, reason: str) -> None:
+        self.path = path
+        self.offset = int(offset)
+        self.reason = reason
+        super().__init__(f"corrupt journal {path!r} at byte {self.offset}: {reason}")

@@ -25,6 +25,7 @@ examples:
   shardkv info data/sharded.zarr
   shardkv info data/sharded.zarr --json
   shardkv compact data/sharded.zarr                       # reclaim unused bytes inside shards
+  shardkv verify data/sharded.zarr --decode               # check every shard; exit status 1 on damage
 """
 
 _CONVERT_HELP = """\
@@ -151,10 +152,18 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("dir", metavar="DIR", nargs="?", default="shardkv-demo/input", help="default: ./shardkv-demo/input")
+
+    from shardkv.cli import verify as verify_cli  # the verify sub-command lives whole in cli/verify.py
+
+    verify_cli.add_parser(sub)
     return parser
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command == "verify":
+        from shardkv.cli.verify import run
+
+        return run(args)
     if args.command == "convert":
         from shardkv.cli.convert import convert
 
