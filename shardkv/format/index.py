@@ -21,9 +21,10 @@ __all__ = ["EMPTY", "ShardIndex", "MAX_SHARD_NBYTES", "DEFAULT_MAX_CHUNK_NBYTES"
 EMPTY = np.uint64(2**64 - 1)
 """The value of both ``offset`` and ``nbytes`` for an empty inner chunk."""
 
-MAX_SHARD_NBYTES = 2**62
-"""Largest ``offset + nbytes`` (bytes) an index entry may reach: far beyond any real object,
-small enough that every range is a valid ``off_t`` and nothing overflows."""
+MAX_SHARD_NBYTES = 2**43
+"""Largest ``offset + nbytes`` (bytes) an index entry may reach (8 TiB): above the largest
+object of the common object stores (S3: 5 TiB), below the largest file ext4 allows
+(16 TiB), so a bogus offset is a :class:`CorruptShardError`, never ``EINVAL`` from a seek."""
 
 DEFAULT_MAX_CHUNK_NBYTES = 2**31
 """Default bound (bytes) on an entry's ``nbytes`` when the shard's size is unknown."""
