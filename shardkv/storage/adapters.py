@@ -8,7 +8,8 @@ batch reads, ranged reads, batch writes and listings.
 * :class:`FSMapAdapter` uses the filesystem directly: ranged and suffix reads
   (``cat_file(path, start, end)`` / ``cat_ranges``), concurrent batch reads and
   writes (``cat`` / ``pipe``) and, on local disks, atomic writes (a temporary
-  file renamed over the target, so a crash never leaves a torn shard).
+  file, fsync'd, renamed over the target, the directory fsync'd: a crash
+  never leaves a torn shard), positional updates included (:meth:`FSMapAdapter.write_at`).
 * :class:`MappingAdapter` works with any ``MutableMapping``; it cannot read
   ranges, so a ranged read fetches the whole value once and slices it. It uses
   a zarr-python 2 store's own ``getitems``/``setitems``/``delitems``/``listdir``
