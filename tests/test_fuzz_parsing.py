@@ -4,8 +4,8 @@ A zarr-python 2 array is stored in shards on a ``dict``, a local directory,
 an fsspec ``memory://`` store, a ``memory://`` store that does not tell
 sizes, and local files behind fsspec's ``DirFileSystem`` (as a remote store,
 neither tells sizes for free: index entries can then be checked only against
-``max_chunk_nbytes``; the latter also allocates ``nbytes`` for a ranged read). Shard ``a/0`` is then replaced by fuzzed bytes,
-by the valid shard with fuzzed index entries (re-checksummed, so the range
+``max_chunk_nbytes``; the latter also allocates ``nbytes`` for a ranged read).
+Shard ``a/0`` is then replaced by fuzzed bytes, by the valid shard with fuzzed index entries (re-checksummed, so the range
 checks are what stands between a bogus entry and a read), or by the valid
 shard with flipped bytes, and every chunk of the shard is read back.
 """
@@ -19,11 +19,11 @@ from typing import Any, Iterator
 
 import crc32c
 import fsspec
-from fsspec.implementations.dirfs import DirFileSystem
-from fsspec.mapping import FSMap
 import numpy as np
 import pytest
 import zarr
+from fsspec.implementations.dirfs import DirFileSystem
+from fsspec.mapping import FSMap
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
