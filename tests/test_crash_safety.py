@@ -227,3 +227,25 @@ def test_failed_writes_raise_and_leave_the_old_chunk(
     assert verify_store(fresh, decode=True).ok
     np.testing.assert_array_equal(zarr.open_array(fresh, mode="r")[:], model)
     assert find_stale_temporaries(fresh.base, 0) == []  # failed writers clean up after themselves
+
+
+@pytest.mark.parametrize("how", ["exdev", "missing"])
+def test_copy_on_write_without_copy_file_range(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    def refuse(*args: Any) -> int:
+        raise OSError(errno.EXDEV, "cross-device")
+
+    if how == "exdev":
+        monkeypatch.setattr(os, "copy_file_range", refuse)
+    else:
+        monkeypatch.delattr(os, "copy_file_range")
+    root = tmp_path / "store"
+    create(root, "append")
+    z = zarr.open_array(open_store(root, "append"), mode="r+")
+    z[:] = np.arange(CHUNK * N_CHUNKS, dtype="i4")
+    z[CHUNK : 2 * CHUNK] = value_of(3)  # a partial shard update: copied through user space
+    expected = np.arange(CHUNK * N_CHUNKS, dtype="i4")
+    expected[CHUNK : 2 * CHUNK] = value_of(3)
+    monkeypatch.undo()
+    fresh = open_store(root, "append")
+    assert verify_store(fresh, decode=True).ok
+    np.testing.assert_array_equal(zarr.open_array(fresh, mode="r")[:], expected)

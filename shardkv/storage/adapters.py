@@ -59,6 +59,8 @@ def _copy_all(src: int, dst: int, size: int) -> None:
     """Copy the first ``size`` bytes of ``src`` to the same offsets of ``dst``."""
     done = 0
     try:
+        if not hasattr(os, "copy_file_range"):  # not Linux: copy through user space
+            raise OSError(errno.ENOSYS, "copy_file_range is not available")
         while done < size:
             n = os.copy_file_range(src, dst, size - done, done, done)
             if n == 0:
