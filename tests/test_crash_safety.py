@@ -249,3 +249,29 @@ def test_copy_on_write_without_copy_file_range(tmp_path: Path, monkeypatch: pyte
     fresh = open_store(root, "append")
     assert verify_store(fresh, decode=True).ok
     np.testing.assert_array_equal(zarr.open_array(fresh, mode="r")[:], expected)
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_fsync_policy_of_local_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durable: bool) -> None:
+    """Each shard file is fsync'd before its rename, each directory once per batch after; none when off."""
+    import stat
+
+    synced: list[str] = []
+    real = os.fsync
+
+    def counting(fd: int) -> None:
+        synced.append("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real(fd)
+
+    store = ShardedStore(str(tmp_path), chunks_per_shard=2, write_strategy="append")
+    store["a/.zarray"] = b'{"zarr_format": 2, "shape": [8], "chunks": [1], "dtype": "|u1", "compressor": null,' \
+        b' "fill_value": 0, "filters": null, "order": "C"}'  # fmt: skip
+    inner = store.base.inner  # type: ignore[attr-defined]
+    inner.fsync = durable
+    monkeypatch.setattr(os, "fsync", counting)
+    store.setitems({f"a/{i}": b"x" for i in range(0, 8, 2)})  # four new shards in one directory
+    assert synced == (["file"] * 4 + ["dir"] if durable else [])
+    synced.clear()
+    store["a/1"] = b"y"  # a partial update: copy on write
+    assert synced == (["file", "dir"] if durable else [])
+    assert store["a/1"] == b"y" and store["a/0"] == b"x"
