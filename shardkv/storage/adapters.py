@@ -445,22 +445,20 @@ class FSMapAdapter(StoreAdapter):
         if not values:
             return
         if self._local:
-            written = []
             for k, v in values.items():
-                written.append(self._atomic_local_write(self._path(k), v))
+                self._atomic_local_write(self._path(k), v)
             if self.fsync:
-                _fsync_dirs(written)
+                _fsync_dirs(self.fs._strip_protocol(self._path(k)) for k in values)
             return
         paths = {self._path(k): (bytes(v) if not isinstance(v, bytes) else v) for k, v in values.items()}
         for parent in {self.fs._parent(p) for p in paths}:
             self.fs.makedirs(parent, exist_ok=True)
         self.fs.pipe(paths)
 
-    def _atomic_local_write(self, path: str, value: bytes) -> str:
+    def _atomic_local_write(self, path: str, value: bytes) -> None:
         path = self.fs._strip_protocol(path)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         _replace_atomically(path, lambda fd: _pwrite_all(fd, memoryview(value).cast("B"), 0), self.fsync)
-        return path
 
     def delete_many(self, keys: Iterable[str]) -> None:
         paths = [self._path(k) for k in keys]
