@@ -35,8 +35,13 @@ __all__ = [
     "ConcurrentUpdateError",
     "UnflushedWritesError",
     "LostRaceError",
+    "StoreAccessError",
+    "DestinationIsFileError",
+    "ChunksPerShardMismatchError",
+    "ArrayNotFoundError",
+    "ManifestMismatchError",
+    "JournalCorruptError",
 ]
-
 
 
 class ShardKVError(Exception):
@@ -359,10 +364,21 @@ class ManifestMismatchError(ConfigurationError):
     """The destination holds the progress manifest of a different conversion (other source or options)."""
 
 
-__all__ += [
-    "StoreAccessError",
-    "DestinationIsFileError",
-    "ChunksPerShardMismatchError",
-    "ArrayNotFoundError",
-    "ManifestMismatchError",
-]
+class JournalCorruptError(ShardKVError, ValueError):
+    """A write-back journal damaged before its last record (not a torn tail), or not a journal at all.
+
+    Attributes
+    ----------
+    path : str
+        The journal file.
+    offset : int
+        Byte offset of the first frame that does not check (bytes from the file start).
+    reason : str
+        What was found there.
+    """
+
+    def __init__(self, path: str, offset: int, reason: str) -> None:
+        self.path = path
+        self.offset = int(offset)
+        self.reason = reason
+        super().__init__(f"corrupt journal {path!r} at byte {self.offset}: {reason}")

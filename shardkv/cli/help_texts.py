@@ -11,6 +11,7 @@ examples:
   shardkv unshard data/sharded.zarr data/plain.zarr       # back to plain Zarr v2 chunks
   shardkv info data/sharded.zarr --json
   shardkv compact data/sharded.zarr                       # reclaim unused bytes inside shards
+  shardkv verify data/sharded.zarr --decode               # check every shard; exit status 1 on damage
 
 Stores are local paths or fsspec URLs (s3://, gs://, az://, memory://, ...); --storage-options
 passes fsspec options (endpoint, credentials) as JSON. A bucket is never created.

@@ -239,11 +239,27 @@ def _run_demo(args: argparse.Namespace) -> int:
     return run_demo_in(args.dir, args.out)
 
 
+# -- verify ------------------------------------------------------------------------
+
+
+def _add_verify(sub: Any) -> None:
+    from shardkv.cli import verify
+
+    _add_storage_options(verify.add_parser(sub))
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from shardkv.cli import verify
+
+    return verify.run(args)
+
+
 COMMANDS: dict[str, tuple[Callable[[Any], None], Callable[[argparse.Namespace], int]]] = {
     "convert": (_add_convert, _run_convert),
     "unshard": (_add_unshard, _run_unshard),
     "info": (_add_info, _run_info),
     "compact": (_add_compact, _run_compact),
+    "verify": (_add_verify, _run_verify),
     "demo": (_add_demo, _run_demo),
 }
 """Sub-command name -> (add its parser, run it). A new sub-command is one more entry."""

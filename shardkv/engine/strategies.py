@@ -1,28 +1,44 @@
 """Write strategies for stores that can append to and write inside an object. Pure planning.
 
 The default strategy rewrites a shard whole (atomically, through a temporary
-object). On local files two cheaper strategies exist (draft 2022 and v1.0
+object). On local files two strategies that re-encode no unchanged chunk exist (draft 2022 and v1.0
 codec, "Binary shard format": chunk order and unused space are free, write
 strategies are runtime options never stored in metadata):
 
 * ``"append"``: new chunk bytes and then a new index are appended; replaced
   chunks and the old index become unused bytes (``shardkv compact`` reclaims
-  them). With the index at the start it is rewritten in place instead.
+  them). With the index at the start the new index replaces it (in the copy, see below).
 * ``"inplace"``: like append, but a chunk whose new encoding fits the slot of
   the one it replaces (its bytes plus any unused bytes up to the next chunk)
   is written into that slot. ``slack_bytes`` reserves room after every chunk
   written so later, slightly larger encodings still fit (the BLZ format's
   slack space).
 
-Both trade the atomicity of a rewrite for I/O proportional to the change: a
-crash in the middle of an append can leave the shard without a valid index at
-its end. Use them for bulk writes you can redo.
+Neither ever writes into the live shard. The positional writes of a plan are
+applied by :meth:`shardkv.storage.adapters.FSMapAdapter.write_at` to a copy
+of the shard (``copy_file_range``: shared extents on file systems with
+reflinks, an in-kernel copy elsewhere), which is fsync'd and renamed over the
+shard. So a failed or killed writer leaves the previous shard whole (the
+index it points to and every byte that index references), with either index
+location: a new index at the ``start`` is written into the copy too. The
+cost is a copy of the shard per update, without decoding or re-encoding any
+chunk; on reflink file systems it is proportional to the change. An
+append-in-place scheme cannot offer this: extending a file is not atomic, and
+with the index at the end a partly written append leaves a file whose last
+bytes are no index (an invalid shard for every reader) until it is repaired.
+
+In-place slot reuse therefore only ever overwrites bytes of the private copy.
+A reader in another process that holds the old index and reads chunk bytes
+after the rename can still see the new bytes of a reused slot (as with
+``"rewrite"``, which moves every chunk): cross-process readers of a shard
+being written need ``validate_index_cache`` or :meth:`ShardedStore.refresh`.
 
 Byte picture of one append (index at the end)::
 
-    before: | chunks ... | index0 |
-    after:  | chunks ... | index0 | new chunk(s) + slack | index1 |
+    before: | chunks ... | index0 |                                    (live file)
+    copy:   | chunks ... | index0 | new chunk(s) + slack | index1 |    (temporary file)
                            (unused)                        (valid)
+    then:   fsync(copy); rename(copy -> shard); fsync(directory)
 """
 
 from __future__ import annotations

@@ -16,10 +16,20 @@ import numpy as np
 
 from shardkv.errors import CorruptShardError
 
-__all__ = ["EMPTY", "ShardIndex"]
+__all__ = ["EMPTY", "ShardIndex", "MAX_SHARD_NBYTES", "DEFAULT_MAX_CHUNK_NBYTES"]
 
 EMPTY = np.uint64(2**64 - 1)
 """The value of both ``offset`` and ``nbytes`` for an empty inner chunk."""
+
+MAX_SHARD_NBYTES = 2**43
+"""Largest ``offset + nbytes`` (bytes) an index entry may reach (8 TiB): above the largest
+object of the common object stores (S3: 5 TiB), below the largest file ext4 allows
+(16 TiB), so a bogus offset is a :class:`CorruptShardError`, never ``EINVAL`` from a seek."""
+
+DEFAULT_MAX_CHUNK_NBYTES = 2**31
+"""Default bound (bytes) on an entry's ``nbytes`` when the shard's size is unknown."""
+
+_MAX = np.uint64(MAX_SHARD_NBYTES)
 
 
 class ShardIndex:
@@ -102,8 +112,14 @@ class ShardIndex:
         mask = self.present_mask()
         return int(self.entries[..., 1][mask].sum())
 
-    def validate(self, shard_key: str, data_start: int, data_stop: int | None) -> None:
-        """Check every entry against the bytes available for chunk data.
+    def validate(
+        self,
+        shard_key: str,
+        data_start: int,
+        data_stop: int | None,
+        max_chunk_nbytes: int | None = None,
+    ) -> None:
+        """Check every entry against the bytes available for chunk data, before any read.
 
         Parameters
         ----------
@@ -111,14 +127,19 @@ class ShardIndex:
             Named in the error.
         data_start, data_stop : int, int or None
             The half-open byte range (bytes from the shard start) where chunk
-            data may lie; ``data_stop=None`` when the shard size is not known
-            (then only the lower bound and half-empty entries are checked).
+            data may lie; ``data_stop=None`` when the shard size is not known.
+        max_chunk_nbytes : int, optional
+            Largest plausible encoded inner chunk (bytes), checked when
+            ``data_stop`` is None (default :data:`DEFAULT_MAX_CHUNK_NBYTES`),
+            so a bogus entry never turns into a huge read or allocation.
 
         Raises
         ------
         CorruptShardError
-            If an entry has exactly one field set to ``2**64 - 1``, or points
-            outside ``[data_start, data_stop)``.
+            If an entry has exactly one field set to ``2**64 - 1``; if
+            ``offset + nbytes`` overflows or passes :data:`MAX_SHARD_NBYTES`;
+            if it points outside ``[data_start, data_stop)``; or, with the size
+            unknown, if ``nbytes`` exceeds ``max_chunk_nbytes``.
         """
         off = self.entries[..., 0]
         nb = self.entries[..., 1]
@@ -134,16 +155,37 @@ class ShardIndex:
         if not present.any():
             return
         offs = off[present]
-        ends = offs + nb[present]  # uint64: wraps only for corrupt values, caught below
-        bad = (offs < data_start) | (ends < offs)
+        nbs = nb[present]
+        # compared before adding, so nothing wraps: offset + nbytes <= MAX_SHARD_NBYTES
+        bad = (offs < data_start) | (offs > _MAX) | (nbs > _MAX - np.minimum(offs, _MAX))
         if data_stop is not None:
-            bad |= ends > np.uint64(data_stop)
+            stop = np.uint64(max(data_stop, 0))
+            bad |= (offs > stop) | (nbs > stop - np.minimum(offs, stop))
+        else:
+            limit = DEFAULT_MAX_CHUNK_NBYTES if max_chunk_nbytes is None else int(max_chunk_nbytes)
+            bad |= nbs > np.uint64(limit)
         if bad.any():
             k = int(np.argmax(bad))
             where = tuple(int(c) for c in np.argwhere(present)[k])
-            limit = "end of shard" if data_stop is None else f"{data_stop}"
+            o, n = int(offs[k]), int(nbs[k])
+            if data_stop is None:
+                region = f"[{data_start}, {MAX_SHARD_NBYTES}) with nbytes <= {limit}"
+            else:
+                region = f"[{data_start}, {data_stop})"
             raise CorruptShardError(
                 shard_key,
-                f"index entry {where} points at bytes [{int(offs[k])}, {int(offs[k]) + int(nb[present][k])}) "
-                f"outside the chunk data region [{data_start}, {limit})",
+                f"index entry {where} points at bytes [{o}, {o + n}) outside the chunk data region {region}",
             )
+
+    def overlaps(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """Local coords of two stored chunks whose byte ranges overlap, or ``None``.
+
+        Zero-length chunks overlap nothing. Valid shards written by shardkv
+        never have overlapping entries; :mod:`shardkv.engine.verify` reports them.
+        """
+        coords = [c for c in self.present() if self.get(c)[1] > 0]  # type: ignore[index]
+        spans = sorted((*self.get(c), c) for c in coords)  # type: ignore[misc]
+        for (o1, n1, c1), (o2, _, c2) in zip(spans, spans[1:]):
+            if o2 < o1 + n1:
+                return c1, c2
+        return None

@@ -67,6 +67,12 @@ class ShardLayout:
     index_checksum : bool
         Whether a little-endian ``uint32`` CRC32C of the encoded index follows
         it (the ``crc32c`` index codec).
+    max_chunk_nbytes : int, optional
+        Largest plausible encoded inner chunk (bytes). Index entries are
+        checked against it when the shard's size is unknown (an index read on
+        its own from a store that does not tell sizes for free); default
+        :data:`shardkv.format.index.DEFAULT_MAX_CHUNK_NBYTES` (2 GiB). A caller
+        that knows the decoded chunk size may pass e.g. ``2 * nbytes + 64 KiB``.
 
     Raises
     ------
@@ -78,6 +84,7 @@ class ShardLayout:
     index_location: IndexLocation = "end"
     index_endian: Endian = "little"
     index_checksum: bool = True
+    max_chunk_nbytes: int | None = None
 
     def __post_init__(self) -> None:
         cps = tuple(int(c) for c in self.chunks_per_shard)
@@ -88,6 +95,8 @@ class ShardLayout:
             raise ConfigurationError(f"index_location must be 'start' or 'end', got {self.index_location!r}")
         if self.index_endian not in ("little", "big"):
             raise ConfigurationError(f"index endian must be 'little' or 'big', got {self.index_endian!r}")
+        if self.max_chunk_nbytes is not None and self.max_chunk_nbytes < 0:
+            raise ConfigurationError(f"max_chunk_nbytes must be >= 0, got {self.max_chunk_nbytes}")
 
     @classmethod
     def draft_2022(cls, chunks_per_shard: Sequence[int]) -> ShardLayout:
@@ -175,7 +184,9 @@ class ShardLayout:
         ------
         CorruptShardError
             If ``data`` has the wrong length (a truncated shard) or an entry
-            points outside the shard.
+            points outside the shard (see :meth:`ShardIndex.validate`: with
+            ``shard_nbytes`` unknown, entries are bounded by
+            ``max_chunk_nbytes``).
         ChecksumError
             If the stored CRC32C differs from the one computed.
         """
@@ -194,7 +205,7 @@ class ShardLayout:
                 raise ChecksumError(shard_key, stored, computed)
         entries = np.frombuffer(body, dtype=self._dtype()).astype(np.uint64)
         index = ShardIndex(entries.reshape(*self.chunks_per_shard, 2))
-        index.validate(shard_key, *self.data_region(shard_nbytes))
+        index.validate(shard_key, *self.data_region(shard_nbytes), self.max_chunk_nbytes)
         return index
 
     # -- whole shards -----------------------------------------------------

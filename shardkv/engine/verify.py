@@ -1,0 +1,330 @@
+"""Checking a sharded store end to end, and removing what crashed writers left behind.
+
+:func:`verify_store` reads every stored shard of every sharded array of a
+:class:`~shardkv.proxy.store.ShardedStore` and checks, per shard (v1.0 codec
+"Binary shard format"):
+
+* the index: its length (a truncated shard), its CRC32C where the layout has
+  one, no half-empty entry, every entry inside the chunk data region (so not
+  overlapping the index) and no ``offset + nbytes`` overflow
+  (:meth:`~shardkv.format.layout.ShardLayout.index_of_shard`);
+* no two entries sharing bytes (:meth:`~shardkv.format.index.ShardIndex.overlaps`);
+* with ``decode=True``, that every stored inner chunk decodes with the
+  array's v2 compressor and filters (numcodecs) to exactly one chunk's bytes.
+
+It also lists keys that look like chunk keys but belong to no shard
+(:attr:`VerifyReport.stray_keys`: coords outside an array's shard grid),
+chunk-like keys under paths that are no longer arrays
+(:attr:`VerifyReport.orphan_keys`: shards of deleted arrays) and temporary
+files of killed writers (:func:`find_stale_temporaries`). With
+``repair=True`` only the orphans and the stale temporaries are removed: a
+damaged shard may still hold chunks someone wants, so it is reported, never
+deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from math import prod
+from typing import Any, Iterable
+
+import numpy as np
+
+from shardkv.errors import CorruptShardError
+from shardkv.keys.space import ShardedArray
+from shardkv.storage.adapters import TEMP_MARKER, FSMapAdapter, StoreAdapter
+
+__all__ = [
+    "ShardReport",
+    "VerifyReport",
+    "verify_store",
+    "find_stale_temporaries",
+    "remove_stale_temporaries",
+    "DEFAULT_TEMP_AGE",
+]
+
+DEFAULT_TEMP_AGE = 3600.0
+"""Seconds a temporary file must have been left untouched before it counts as stale.
+A live writer finishes a shard in far less; a killed one never comes back."""
+
+_META = (".zarray", "zarr.json")
+_CHUNKISH = re.compile(r"c|c?[0-9]+([./][0-9]+)*")
+
+
+@dataclass
+class ShardReport:
+    """What :func:`verify_store` found in one shard.
+
+    Attributes
+    ----------
+    shard_key : str
+        Key of the shard in the base store.
+    array_path : str
+        Path of the array it belongs to.
+    nbytes : int
+        Size of the shard (bytes).
+    chunks : int
+        Inner chunks its index lists as stored (0 when the index is unreadable).
+    problems : list of str
+        One line per kind of damage; empty for a sound shard.
+    """
+
+    shard_key: str
+    array_path: str
+    nbytes: int = 0
+    chunks: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass
+class VerifyReport:
+    """The result of :func:`verify_store`.
+
+    Attributes
+    ----------
+    shards : list of ShardReport
+        One per stored shard, in key order.
+    stray_keys : list of str
+        Chunk-like keys of sharded arrays outside their shard grid (reported only).
+    orphan_keys : list of str
+        Chunk-like keys under paths that hold no array metadata any more.
+    stale_temporaries : list of str
+        Temporary files of atomic local writes older than the age guard (paths).
+    removed : list of str
+        What ``repair=True`` removed (keys, or paths for temporaries).
+    """
+
+    shards: list[ShardReport] = field(default_factory=list)
+    stray_keys: list[str] = field(default_factory=list)
+    orphan_keys: list[str] = field(default_factory=list)
+    stale_temporaries: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+
+    @property
+    def damaged(self) -> list[ShardReport]:
+        """The shards with at least one problem."""
+        return [s for s in self.shards if not s.ok]
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing is damaged and nothing removable is left behind."""
+        left = set(self.orphan_keys) | set(self.stale_temporaries)
+        return not self.damaged and not self.stray_keys and left <= set(self.removed)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-serialisable summary (the CLI's ``--json`` output)."""
+        return {
+            "ok": self.ok,
+            "shards": len(self.shards),
+            "damaged": [
+                {"shard_key": s.shard_key, "array": s.array_path, "nbytes": s.nbytes, "problems": s.problems}
+                for s in self.damaged
+            ],
+            "stray_keys": self.stray_keys,
+            "orphan_keys": self.orphan_keys,
+            "stale_temporaries": self.stale_temporaries,
+            "removed": self.removed,
+        }
+
+
+# -- temporary files ------------------------------------------------------------------
+
+
+def _innermost(adapter: StoreAdapter) -> StoreAdapter:
+    seen = 0
+    while hasattr(adapter, "inner") and seen < 8:  # presenting wrappers keep the real adapter as .inner
+        adapter = adapter.inner
+        seen += 1
+    return adapter
+
+
+def find_stale_temporaries(adapter: StoreAdapter, min_age_seconds: float = DEFAULT_TEMP_AGE) -> list[str]:
+    """Temporary files of atomic local writes not modified for ``min_age_seconds`` seconds.
+
+    Parameters
+    ----------
+    adapter : StoreAdapter
+        The base store (as :attr:`ShardedStore.base`; wrappers are looked through).
+    min_age_seconds : float
+        Age guard (seconds since the last modification): a live writer's
+        temporary file is younger and is left alone.
+
+    Returns
+    -------
+    list of str
+        Local paths, sorted. Empty for stores other than local directories
+        (only they get temporary files: other stores write whole objects).
+    """
+    adapter = _innermost(adapter)
+    if not isinstance(adapter, FSMapAdapter) or not adapter.supports_append:
+        return []
+    root = adapter.fs._strip_protocol(adapter.root)
+    now = time.time()
+    out = []
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            if TEMP_MARKER not in name:
+                continue
+            path = os.path.join(dirpath, name)
+            try:
+                age = now - os.stat(path).st_mtime
+            except FileNotFoundError:  # its writer just renamed or removed it
+                continue
+            if age >= min_age_seconds:
+                out.append(path)
+    return sorted(out)
+
+
+def remove_stale_temporaries(adapter: StoreAdapter, min_age_seconds: float = DEFAULT_TEMP_AGE) -> list[str]:
+    """Remove the files :func:`find_stale_temporaries` finds; returns the paths removed.
+
+    Called by ``shardkv verify --repair``; meant for ``compact`` and opening
+    for write as well. Files that vanish meanwhile are skipped.
+    """
+    removed = []
+    for path in find_stale_temporaries(adapter, min_age_seconds):
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            continue
+        removed.append(path)
+    return removed
+
+
+# -- shards -----------------------------------------------------------------------------
+
+
+def _parent(key: str) -> tuple[str, str]:
+    path, _, name = key.rpartition("/")
+    return path, name
+
+
+def _ancestors(key: str) -> Iterable[str]:
+    path = key
+    while path:
+        path = path.rpartition("/")[0]
+        yield path
+
+
+def _v2_decoder(base: StoreAdapter, arr: ShardedArray) -> tuple[Any, int | None]:
+    """A function decoding one chunk with the array's compressor and filters, and the chunk's nbytes."""
+    import numcodecs
+
+    key = f"{arr.path}/.zarray" if arr.path else ".zarray"
+    meta = json.loads(bytes(base.get(key)))
+    codecs = [numcodecs.get_codec(c) for c in (meta.get("filters") or [])]
+    compressor = meta.get("compressor")
+    if compressor is not None:
+        codecs.append(numcodecs.get_codec(compressor))
+    dtype = np.dtype(meta["dtype"]) if isinstance(meta["dtype"], str) else None
+    nbytes = None if dtype is None or dtype.hasobject else prod(meta["chunks"]) * dtype.itemsize
+
+    def decode(data: bytes) -> bytes:
+        for codec in reversed(codecs):
+            data = codec.decode(data)
+        return bytes(memoryview(np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data).cast("B"))
+
+    return decode, nbytes
+
+
+def _check_shard(report: ShardReport, blob: bytes, arr: ShardedArray, decoder: Any) -> None:
+    layout = arr.layout
+    try:
+        index = layout.index_of_shard(blob, report.shard_key)
+    except CorruptShardError as exc:
+        report.problems.append(exc.reason)
+        return
+    report.chunks = index.count_present()
+    pair = index.overlaps()
+    if pair is not None:
+        report.problems.append(f"inner chunks {pair[0]} and {pair[1]} share bytes")
+    if decoder is None:
+        return
+    decode, nbytes = decoder
+    view = memoryview(blob)
+    for local in index.present():
+        offset, size = index.get(local)  # type: ignore[misc]
+        try:
+            out = decode(bytes(view[offset : offset + size]))
+        except Exception as exc:  # any codec's own error type: reported, not raised
+            report.problems.append(f"inner chunk {local} does not decode: {type(exc).__name__}: {exc}")
+            continue
+        if nbytes is not None and len(out) != nbytes:
+            report.problems.append(f"inner chunk {local} decodes to {len(out)} bytes, expected {nbytes}")
+
+
+def verify_store(
+    store: Any,
+    *,
+    decode: bool = False,
+    repair: bool = False,
+    min_temp_age: float = DEFAULT_TEMP_AGE,
+) -> VerifyReport:
+    """Check every shard of every sharded array of ``store``.
+
+    Parameters
+    ----------
+    store : ShardedStore
+        The proxy (its :attr:`~ShardedStore.base` and
+        :meth:`~ShardedStore.sharded_array` are used; nothing is written through it).
+    decode : bool
+        Also decode every stored inner chunk (v2 compressor and filters).
+    repair : bool
+        Remove stale temporary files and chunk-like keys of deleted arrays.
+    min_temp_age : float
+        Age guard (seconds) for temporary files, see :func:`find_stale_temporaries`.
+
+    Returns
+    -------
+    VerifyReport
+        Per-shard results and what was found (and removed) besides shards.
+    """
+    base: StoreAdapter = store.base
+    keys = sorted(base.iter_keys())
+    key_set = set(keys)
+    array_paths = {_parent(k)[0] for k in keys if _parent(k)[1] in _META}
+    report = VerifyReport()
+    arrays = {p: store.sharded_array(p) for p in sorted(array_paths)}
+    decoders = {}
+    for key in keys:
+        path, name = _parent(key)
+        if name in _META or name in (".zattrs", ".zgroup", ".zmetadata"):
+            continue
+        owner = next((a for a in _ancestors(key) if a in array_paths), None)
+        if owner is None:
+            # a chunk-like key directly under neither an array nor a group: left by a deleted array
+            if path and _CHUNKISH.fullmatch(name) and f"{path}/.zgroup" not in key_set:
+                report.orphan_keys.append(key)
+            continue
+        arr = arrays.get(owner)
+        if arr is None:
+            continue  # a chunk of an unsharded array
+        coords = arr.shard_coords_of(key)
+        if coords is None:
+            continue
+        if any(c >= n for c, n in zip(coords, arr.shard_grid_shape)):
+            report.stray_keys.append(key)
+            continue
+        blob = bytes(base.get(key))
+        shard = ShardReport(key, owner, nbytes=len(blob))
+        decoder = None
+        if decode:
+            if owner not in decoders:
+                decoders[owner] = _v2_decoder(base, arr)
+            decoder = decoders[owner]
+        _check_shard(shard, blob, arr, decoder)
+        report.shards.append(shard)
+    report.stale_temporaries = find_stale_temporaries(base, min_temp_age)
+    if repair:
+        base.delete_many(report.orphan_keys)
+        report.removed.extend(report.orphan_keys)
+        report.removed.extend(remove_stale_temporaries(base, min_temp_age))
+    return report

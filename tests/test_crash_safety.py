@@ -1,0 +1,277 @@
+"""Write strategies under SIGKILL and injected I/O errors: no torn shard, no acknowledged chunk lost.
+
+A forked child writes random whole chunks through ``ShardedStore(local dir,
+write_strategy=...)`` with zarr-python 2 (write ``seq`` stores the value
+``seq + 1`` in chunk ``chunk_of(seq)``) and logs each acknowledged ``seq`` to
+an fsync'd file; it is killed at a random moment, the store is reopened, and
+every shard must pass :func:`shardkv.engine.verify.verify_store` and every
+chunk must hold its last acknowledged value (or the value of the one write
+that was in flight). A second test makes a share of the low-level writes fail
+with ``EIO`` (after writing part of their bytes) and checks that each failed
+call raises and leaves the old value, each successful one the new.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import numcodecs
+import numpy as np
+import pytest
+import zarr
+
+from shardkv import ShardedStore
+from shardkv.engine.verify import find_stale_temporaries, remove_stale_temporaries, verify_store
+from shardkv.storage import adapters
+
+CHUNK = 512  # 2 KiB of int32 noise per chunk
+N_CHUNKS = 12  # 3 shards of 4 chunks
+STRATEGIES = ["rewrite", "append", "inplace"]
+
+
+def chunk_of(seq: int) -> int:
+    return (seq * 7919 + seq // 3) % N_CHUNKS
+
+
+def value_of(seq: int) -> np.ndarray:
+    """Chunk data of write ``seq``: its value in every element, noise so the encoded size varies."""
+    rng = np.random.default_rng(seq)
+    return (seq + 1) * 1000 + rng.integers(0, 2**20 + seq % 900, CHUNK, dtype="i4")
+
+
+def open_store(root: Path, strategy: str) -> ShardedStore:
+    return ShardedStore(str(root), chunks_per_shard=4, write_strategy=strategy,
+                        slack_bytes=8 if strategy == "inplace" else 0)  # fmt: skip
+
+
+def create(root: Path, strategy: str) -> None:
+    zarr.open_array(open_store(root, strategy), mode="w", shape=(CHUNK * N_CHUNKS,), chunks=(CHUNK,),
+                    dtype="i4", fill_value=0, compressor=numcodecs.Zlib(level=1))  # fmt: skip
+
+
+class KillingWrites:
+    """In the child: a share of low-level writes stop after a random prefix of their bytes and SIGKILL
+    the process, as a kill inside the ``write`` system call would; renames are killed around too."""
+
+    def __init__(self, seed: int, rate: float) -> None:
+        self.rng = random.Random(seed)
+        self.rate = rate
+        self.real_write = adapters._pwrite_all
+        self.real_replace = os.replace
+
+    def write(self, fd: int, data: memoryview, offset: int) -> None:
+        if self.rng.random() < self.rate:
+            self.real_write(fd, data[: self.rng.randrange(len(data) + 1)], offset)
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.real_write(fd, data, offset)
+
+    def replace(self, src: str, dst: str) -> None:
+        if self.rng.random() < self.rate / 2:
+            os.kill(os.getpid(), signal.SIGKILL)  # before the rename: a temporary file is left
+        self.real_replace(src, dst)
+        if self.rng.random() < self.rate / 2:
+            os.kill(os.getpid(), signal.SIGKILL)  # after it, before the directory fsync
+
+    def install(self) -> None:
+        adapters._pwrite_all = self.write  # the child is a forked copy: nothing leaks into pytest
+        os.replace = self.replace
+
+
+def writer(root: Path, strategy: str, acks: Path, first_seq: int, killer: KillingWrites | None) -> None:
+    """The killed child: write chunks (bounded), logging each acknowledged seq."""
+    z = zarr.open_array(open_store(root, strategy), mode="r+")
+    fd = os.open(acks, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    if killer is not None:
+        killer.install()
+    deadline = time.monotonic() + 5.0
+    for seq in range(first_seq, first_seq + 100000):
+        if time.monotonic() > deadline:
+            break
+        c = chunk_of(seq)
+        z[c * CHUNK : (c + 1) * CHUNK] = value_of(seq)
+        os.write(fd, f"{seq}\n".encode())
+        os.fsync(fd)
+
+
+def run_and_kill(target: Any, delay: float) -> int:
+    """Fork a child running ``target``; SIGKILL it after ``delay`` seconds unless it died already."""
+    pid = os.fork()
+    if pid == 0:  # the child never returns into pytest
+        code = 0
+        try:
+            target()
+        except BaseException:  # reported through the exit status only
+            code = 3
+        os._exit(code)
+    deadline = time.monotonic() + delay
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.005)
+    os.kill(pid, signal.SIGKILL)
+    return os.waitpid(pid, 0)[1]
+
+
+def check_chunks(data: np.ndarray, acked: list[int], in_flight: set[int]) -> None:
+    """Every chunk holds its last acknowledged write or a later write that was in flight at a kill; never a mix."""
+    last = {chunk_of(s): s for s in sorted(acked)}
+    for c in range(N_CHUNKS):
+        got = data[c * CHUNK : (c + 1) * CHUNK]
+        allowed = [value_of(last[c])] if c in last else [np.zeros(CHUNK, dtype="i4")]
+        allowed += [value_of(s) for s in in_flight if chunk_of(s) == c and s > last.get(c, -1)]
+        assert any(np.array_equal(got, a) for a in allowed), f"chunk {c} holds {got[:3]}...: lost or torn"
+
+
+def crash_rounds(root: Path, strategy: str, rounds: int, seed: int) -> int:
+    """Kill a writer ``rounds`` times (bounded in time too), checking the store after each kill; returns kills."""
+    create(root, strategy)
+    acks = root.parent / "acks"
+    rng = random.Random(seed)
+    started = time.monotonic()
+    kills = first = 0
+    in_flight: set[int] = set()
+    for i in range(rounds):
+        if time.monotonic() - started > 15:
+            break
+        # odd rounds: killed inside a write or around a rename; even rounds: killed at a random time
+        killer = KillingWrites(seed * 100 + i, 0.08) if i % 2 else None
+        status = run_and_kill(lambda: writer(root, strategy, acks, first, killer), rng.uniform(0.05, 0.3))
+        kills += os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+        acked = [int(x) for x in acks.read_text().split()] if acks.exists() else []
+        this_round = [s for s in acked if s >= first]
+        in_flight.add(max(this_round) + 1 if this_round else first)  # may or may not have landed
+        first = max(in_flight) + 1
+        store = open_store(root, strategy)
+        report = verify_store(store, decode=True)
+        assert report.ok, report.to_json()  # 0 torn shards (temporaries this young are not stale)
+        check_chunks(zarr.open_array(store, mode="r")[:], acked, in_flight)  # 0 acknowledged chunks lost
+        remove_stale_temporaries(store.base, 0)  # what a killed writer left (the child is dead)
+    assert len(acked) > 10  # the children did write
+    return kills
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_sigkill_leaves_no_torn_shard_and_loses_no_acknowledged_chunk(tmp_path: Path, strategy: str) -> None:
+    kills = crash_rounds(tmp_path / "store", strategy, rounds=10, seed=STRATEGIES.index(strategy))
+    assert kills >= 5, f"only {kills} kills"
+    assert find_stale_temporaries(open_store(tmp_path / "store", "rewrite").base, 0) == []
+
+
+def naive_write_at(self: Any, key: str, writes: Any) -> None:
+    """The pre-issue-10 local writer: positional writes straight into the live file."""
+    fd = os.open(self.fs._strip_protocol(self._path(key)), os.O_RDWR)
+    try:
+        for offset, data in writes:
+            adapters._pwrite_all(fd, memoryview(data), offset)
+    finally:
+        os.close(fd)
+
+
+def test_the_kill_harness_catches_a_writer_that_tears(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Proof that the test above can fail: the same rounds against in-place appends find a torn shard."""
+    monkeypatch.setattr(adapters.FSMapAdapter, "write_at", naive_write_at)
+    with pytest.raises(AssertionError, match="crc32c mismatch|outside the chunk data region|lost or torn"):
+        crash_rounds(tmp_path / "store", "append", rounds=16, seed=5)
+
+
+class FlakyWrites:
+    """Replaces ``adapters._pwrite_all``: a share of calls write half their bytes, then raise EIO."""
+
+    def __init__(self, rate: float, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.rate = rate
+        self.fired = 0
+        self.real = adapters._pwrite_all
+
+    def __call__(self, fd: int, data: memoryview, offset: int) -> None:
+        if self.rng.random() < self.rate:
+            self.fired += 1
+            self.real(fd, data[: len(data) // 2], offset)
+            raise OSError(errno.EIO, "injected EIO")
+        self.real(fd, data, offset)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_failed_writes_raise_and_leave_the_old_chunk(
+    tmp_path: Path, strategy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "store"
+    create(root, strategy)
+    z = zarr.open_array(open_store(root, strategy), mode="r+")
+    flaky = FlakyWrites(0.25, seed=len(strategy))
+    monkeypatch.setattr(adapters, "_pwrite_all", flaky)
+    model = np.zeros(CHUNK * N_CHUNKS, dtype="i4")
+    failures = 0
+    for seq in range(80):
+        c = chunk_of(seq)
+        before = flaky.fired
+        try:
+            z[c * CHUNK : (c + 1) * CHUNK] = value_of(seq)
+        except OSError as exc:
+            assert exc.errno == errno.EIO and flaky.fired > before
+            failures += 1
+        else:
+            assert flaky.fired == before, "an injected error was swallowed"
+            model[c * CHUNK : (c + 1) * CHUNK] = value_of(seq)
+        np.testing.assert_array_equal(z[c * CHUNK : (c + 1) * CHUNK], model[c * CHUNK : (c + 1) * CHUNK])
+    monkeypatch.undo()
+    assert failures >= 5
+    fresh = open_store(root, strategy)
+    assert verify_store(fresh, decode=True).ok
+    np.testing.assert_array_equal(zarr.open_array(fresh, mode="r")[:], model)
+    assert find_stale_temporaries(fresh.base, 0) == []  # failed writers clean up after themselves
+
+
+@pytest.mark.parametrize("how", ["exdev", "missing"])
+def test_copy_on_write_without_copy_file_range(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    def refuse(*args: Any) -> int:
+        raise OSError(errno.EXDEV, "cross-device")
+
+    if how == "exdev":
+        monkeypatch.setattr(os, "copy_file_range", refuse)
+    else:
+        monkeypatch.delattr(os, "copy_file_range")
+    root = tmp_path / "store"
+    create(root, "append")
+    z = zarr.open_array(open_store(root, "append"), mode="r+")
+    z[:] = np.arange(CHUNK * N_CHUNKS, dtype="i4")
+    z[CHUNK : 2 * CHUNK] = value_of(3)  # a partial shard update: copied through user space
+    expected = np.arange(CHUNK * N_CHUNKS, dtype="i4")
+    expected[CHUNK : 2 * CHUNK] = value_of(3)
+    monkeypatch.undo()
+    fresh = open_store(root, "append")
+    assert verify_store(fresh, decode=True).ok
+    np.testing.assert_array_equal(zarr.open_array(fresh, mode="r")[:], expected)
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_fsync_policy_of_local_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durable: bool) -> None:
+    """Each shard file is fsync'd before its rename, each directory once per batch after; none when off."""
+    import stat
+
+    synced: list[str] = []
+    real = os.fsync
+
+    def counting(fd: int) -> None:
+        synced.append("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real(fd)
+
+    store = ShardedStore(str(tmp_path), chunks_per_shard=2, write_strategy="append")
+    store["a/.zarray"] = b'{"zarr_format": 2, "shape": [8], "chunks": [1], "dtype": "|u1", "compressor": null,' \
+        b' "fill_value": 0, "filters": null, "order": "C"}'  # fmt: skip
+    inner = store.base.inner  # type: ignore[attr-defined]
+    inner.fsync = durable
+    monkeypatch.setattr(os, "fsync", counting)
+    store.setitems({f"a/{i}": b"x" for i in range(0, 8, 2)})  # four new shards in one directory
+    assert synced == (["file"] * 4 + ["dir"] if durable else [])
+    synced.clear()
+    store["a/1"] = b"y"  # a partial update: copy on write
+    assert synced == (["file", "dir"] if durable else [])
+    assert store["a/1"] == b"y" and store["a/0"] == b"x"
