@@ -7,8 +7,10 @@ batch reads, ranged reads, batch writes and listings.
 
 * :class:`FSMapAdapter` uses the filesystem directly: ranged and suffix reads
   (``cat_file(path, start, end)`` / ``cat_ranges``), concurrent batch reads and
-  writes (``cat`` / ``pipe``) and, on local disks, atomic writes (a temporary
-  file renamed over the target, so a crash never leaves a torn shard).
+  writes (``cat`` / ``pipe``). On local disks it bypasses fsspec's file
+  objects: reads are ``open`` + ``pread`` + ``close`` and writes are atomic (a
+  temporary file written with ``os.writev`` from the value's parts, then
+  renamed over the target, so a crash never leaves a torn shard).
 * :class:`MappingAdapter` works with any ``MutableMapping``; it cannot read
   ranges, so a ranged read fetches the whole value once and slices it. It uses
   a zarr-python 2 store's own ``getitems``/``setitems``/``delitems``/``listdir``
@@ -16,6 +18,11 @@ batch reads, ranged reads, batch writes and listings.
 
 "Not found" becomes ``KeyError`` (chained with ``from``); every other error of
 the base store (permissions, network) propagates unchanged.
+
+A value given to :meth:`StoreAdapter.set_many` is either one bytes-like object
+or a ``list``/``tuple`` of them, its *parts* in order (a shard's chunks and
+index): adapters that can write parts without joining them (local files,
+``os.writev``) do so; the others join them once.
 """
 
 from __future__ import annotations
@@ -25,25 +32,117 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import MutableMapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Hashable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Hashable, Iterable, Iterator, Mapping, Sequence, Union
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.mapping import FSMap
 
 from shardkv.format.ranges import ByteRange
 
-__all__ = ["StoreAdapter", "MappingAdapter", "FSMapAdapter", "adapt", "TEMP_MARKER"]
+__all__ = ["StoreAdapter", "MappingAdapter", "FSMapAdapter", "adapt", "TEMP_MARKER", "Value", "join_parts"]
 
 TEMP_MARKER = ".shardkv-tmp-"
 """Part of the name of the temporary files of atomic local writes; never listed."""
 
+BytesLike = Union[bytes, bytearray, memoryview]
+Value = Union[BytesLike, Sequence[BytesLike]]
+"""A value to store: one bytes-like object, or a ``list``/``tuple`` of its parts in order."""
 
-def _slice(value: bytes | memoryview, byte_range: ByteRange) -> bytes:
+_IOV_MAX = 1024  # buffers per writev call (Linux's IOV_MAX; os.sysconf may not know it)
+_READ_POOL: ThreadPoolExecutor | None = None
+
+
+def _read_pool() -> ThreadPoolExecutor:
+    """One thread pool for concurrent local reads, made on first use (threads are not free)."""
+    global _READ_POOL
+    if _READ_POOL is None:
+        _READ_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="shardkv-read")
+    return _READ_POOL
+
+
+def _byte_parts(value: Value) -> list[memoryview]:
+    """The parts of ``value`` as flat byte views (no copy); one part for a plain bytes-like value."""
+    parts = value if isinstance(value, (list, tuple)) else (value,)
+    out = []
+    for part in parts:
+        view = memoryview(part)
+        if view.ndim != 1 or view.format != "B":
+            view = view.cast("B")  # a contiguous array of another item type
+        if view.nbytes:
+            out.append(view)
+    return out
+
+
+def join_parts(value: Value) -> bytes:
+    """``value`` as one ``bytes`` object: joined when it is parts, unchanged when it already is ``bytes``."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (list, tuple)):
+        if len(value) == 1 and isinstance(value[0], bytes):
+            return value[0]
+        return b"".join(value)
+    return memoryview(value).tobytes()
+
+
+def _slice(value: Any, byte_range: ByteRange) -> bytes | memoryview:
+    """``value[byte_range]``: a view when ``value`` is immutable ``bytes`` (no copy), else a copy."""
     view = memoryview(value)
+    if view.ndim != 1 or view.format != "B":
+        view = view.cast("B")
     if byte_range.is_suffix:
-        return bytes(view[max(0, len(view) + byte_range.start) :])
-    return bytes(view[byte_range.start : byte_range.stop])
+        part = view[max(0, len(view) + byte_range.start) :]
+    else:
+        part = view[byte_range.start : byte_range.stop]
+    return part if isinstance(value, bytes) else bytes(part)
+
+
+def _write_all(fd: int, parts: list[memoryview]) -> None:
+    """Write every part to ``fd`` with as few ``writev`` calls as the kernel allows."""
+    while parts:
+        batch = parts[:_IOV_MAX]
+        written = os.writev(fd, batch)
+        # drop the parts written in full, keep the rest of a part written in part
+        i = 0
+        while i < len(batch) and written >= batch[i].nbytes:
+            written -= batch[i].nbytes
+            i += 1
+        rest = parts[i:]
+        if written:
+            rest[0] = rest[0][written:]
+        parts = rest
+
+
+def _pread_file(path: str, start: int, stop: int | None) -> bytes:
+    """Bytes ``[start, stop)`` of a local file (negative ``start``: from the end; ``stop`` None: to the end).
+
+    One ``open``, one ``pread`` (more only for a short read) and one ``close``;
+    a suffix or open-ended range adds one ``fstat``.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if start < 0 or stop is None:
+            size = os.fstat(fd).st_size
+            if start < 0:
+                start = max(0, size + start)
+            if stop is None or stop > size:
+                stop = size
+        want = max(0, stop - start)
+        data = os.pread(fd, want, start)
+        if len(data) == want or not data:
+            return data
+        chunks = [data]  # a short read (a file growing or a slow device): read the rest
+        got = len(data)
+        while got < want:
+            more = os.pread(fd, want - got, start + got)
+            if not more:
+                break
+            chunks.append(more)
+            got += len(more)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 class StoreAdapter(ABC):
@@ -75,15 +174,24 @@ class StoreAdapter(ABC):
         """The values of the stored keys among ``keys``; missing keys are left out."""
 
     @abstractmethod
-    def get_ranges(self, requests: Sequence[tuple[str, ByteRange]]) -> list[bytes | None]:
+    def get_ranges(self, requests: Sequence[tuple[str, ByteRange]]) -> list[bytes | memoryview | None]:
         """Byte ranges of values, in request order; ``None`` where the key is missing.
 
         A range past the end of a value returns fewer bytes (callers check).
+        A range may come back as a read-only ``memoryview`` into a buffer the
+        adapter holds (no copy).
         """
 
     @abstractmethod
-    def set_many(self, values: Mapping[str, bytes]) -> None:
-        """Store several values (one batch where the store allows)."""
+    def set_many(self, values: Mapping[str, Value]) -> None:
+        """Store several values (one batch where the store allows).
+
+        Parameters
+        ----------
+        values : mapping of str to bytes-like or sequence of bytes-like
+            Each value is one bytes-like object or a ``list``/``tuple`` of its
+            parts in order, stored as their concatenation.
+        """
 
     @abstractmethod
     def delete_many(self, keys: Iterable[str]) -> None:
@@ -101,8 +209,8 @@ class StoreAdapter(ABC):
     def list_dir(self, path: str = "") -> list[str]:
         """Names of the immediate children (keys and sub-paths) of ``path``."""
 
-    def set(self, key: str, value: bytes) -> None:
-        """Store one value."""
+    def set(self, key: str, value: Value) -> None:
+        """Store one value (bytes-like, or a ``list``/``tuple`` of its parts)."""
         self.set_many({key: value})
 
     def delete(self, key: str) -> None:
@@ -171,18 +279,20 @@ class MappingAdapter(StoreAdapter):
                 continue
         return out
 
-    def get_ranges(self, requests: Sequence[tuple[str, ByteRange]]) -> list[bytes | None]:
+    def get_ranges(self, requests: Sequence[tuple[str, ByteRange]]) -> list[bytes | memoryview | None]:
         values = self.get_many(list(dict.fromkeys(k for k, _ in requests)))
         return [None if k not in values else _slice(values[k], r) for k, r in requests]
 
-    def set_many(self, values: Mapping[str, bytes]) -> None:
+    def set_many(self, values: Mapping[str, Value]) -> None:
         if not values:
             return
+        # a mapping stores one object per key: parts are joined here, once
+        joined = {k: join_parts(v) if isinstance(v, (list, tuple)) else v for k, v in values.items()}
         setitems = getattr(self.mapping, "setitems", None)
         if setitems is not None:
-            setitems(dict(values))
+            setitems(joined)
         else:
-            for k, v in values.items():
+            for k, v in joined.items():
                 self.mapping[k] = v
 
     def delete_many(self, keys: Iterable[str]) -> None:
@@ -254,6 +364,9 @@ class FSMapAdapter(StoreAdapter):
         self.root = root.rstrip("/")
         self.missing_exceptions = missing_exceptions
         self._local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+        # reads bypass fsspec's file objects (open + pread + close) only on fsspec's own
+        # local filesystem: a subclass may change what a read does (or count it)
+        self._direct_reads = type(fs) is LocalFileSystem
 
     @classmethod
     def from_fsmap(cls, fsmap: FSMap) -> FSMapAdapter:
@@ -274,7 +387,35 @@ class FSMapAdapter(StoreAdapter):
             raise result
         return result
 
+    def _local_path(self, key: str) -> str:
+        return self.fs._strip_protocol(self._path(key))
+
+    def _local_read(self, key: str, start: int = 0, stop: int | None = None) -> Any:
+        """A local read as ``cat_file`` would do it, errors returned (sorted by :meth:`_check`)."""
+        try:
+            return _pread_file(self._local_path(key), start, stop)
+        except Exception as exc:  # returned, then sorted into missing / raised by _check
+            return exc
+
+    def _fs_read(self, key: str, byte_range: ByteRange) -> Any:
+        """One ranged read through the filesystem's ``cat_file``, errors returned."""
+        try:
+            return self.fs.cat_file(self._path(key), byte_range.start, byte_range.stop)
+        except Exception as exc:  # returned, then sorted into missing / raised by _check
+            return exc
+
+    def _local_reads(self, requests: Sequence[tuple[str, int, int | None]]) -> list[Any]:
+        if len(requests) == 1:
+            return [self._local_read(*requests[0])]
+        # local reads release the GIL: run them side by side
+        return list(_read_pool().map(lambda r: self._local_read(*r), requests))
+
     def get(self, key: str) -> bytes:
+        if self._direct_reads:
+            value = self._check(key, self._local_read(key))
+            if value is None:
+                raise KeyError(key)
+            return value
         try:
             return self.fs.cat_file(self._path(key))
         except self.missing_exceptions as exc:
@@ -283,6 +424,9 @@ class FSMapAdapter(StoreAdapter):
     def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
         if not keys:
             return {}
+        if self._direct_reads:
+            results = self._local_reads([(k, 0, None) for k in keys])
+            return {k: v for k, v in ((k, self._check(k, r)) for k, r in zip(keys, results)) if v is not None}
         paths = [self._path(k) for k in keys]
         results = self.fs.cat(paths, on_error="return")
         if not isinstance(results, dict):  # a single path returns bytes
@@ -297,21 +441,14 @@ class FSMapAdapter(StoreAdapter):
     def get_ranges(self, requests: Sequence[tuple[str, ByteRange]]) -> list[bytes | None]:
         if not requests:
             return []
-        paths = [self._path(k) for k, _ in requests]
-        starts = [r.start for _, r in requests]
-        stops = [r.stop for _, r in requests]
-        if self._local and len(requests) > 1:
-            # local reads release the GIL: run them side by side (async filesystems
-            # already run cat_ranges concurrently)
-            def one(i: int) -> Any:
-                try:
-                    return self.fs.cat_file(paths[i], starts[i], stops[i])
-                except Exception as exc:  # returned, then sorted into missing / raised by _check
-                    return exc
-
-            with ThreadPoolExecutor(max_workers=min(8, len(requests))) as pool:
-                results = list(pool.map(one, range(len(requests))))
-        else:
+        if self._direct_reads:
+            results = self._local_reads([(k, r.start, r.stop) for k, r in requests])
+        elif self._local and len(requests) > 1:
+            results = list(_read_pool().map(lambda req: self._fs_read(*req), requests))
+        else:  # async filesystems run cat_ranges concurrently
+            paths = [self._path(k) for k, _ in requests]
+            starts = [r.start for _, r in requests]
+            stops = [r.stop for _, r in requests]
             results = self.fs.cat_ranges(paths, starts, stops, on_error="return")
         return [self._check(k, res) for (k, _), res in zip(requests, results)]
 
@@ -345,25 +482,37 @@ class FSMapAdapter(StoreAdapter):
         # one, so a same-size rewrite within the file system's timestamp granularity is seen
         return (st.st_size, st.st_mtime_ns, st.st_ino)
 
-    def set_many(self, values: Mapping[str, bytes]) -> None:
+    def set_many(self, values: Mapping[str, Value]) -> None:
         if not values:
             return
         if self._local:
             for k, v in values.items():
                 self._atomic_local_write(self._path(k), v)
             return
-        paths = {self._path(k): (bytes(v) if not isinstance(v, bytes) else v) for k, v in values.items()}
+        paths = {self._path(k): join_parts(v) for k, v in values.items()}
         for parent in {self.fs._parent(p) for p in paths}:
             self.fs.makedirs(parent, exist_ok=True)
         self.fs.pipe(paths)
 
-    def _atomic_local_write(self, path: str, value: bytes) -> None:
+    def _atomic_local_write(self, path: str, value: Value) -> None:
+        """Write ``value`` (bytes-like or parts) to a temporary file, then rename it over ``path``.
+
+        The parts go to the kernel with ``os.writev``, never joined; the parent
+        directory is made only when the first ``open`` finds it missing.
+        """
         path = self.fs._strip_protocol(path)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = os.path.join(os.path.dirname(path), f"{TEMP_MARKER}{uuid.uuid4().hex}")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         try:
-            with open(tmp, "wb") as f:
-                f.write(value)
+            fd = os.open(tmp, flags, 0o666)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(tmp, flags, 0o666)
+        try:
+            try:
+                _write_all(fd, _byte_parts(value))
+            finally:
+                os.close(fd)
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):
@@ -437,27 +586,42 @@ def adapt(store: Any, storage_options: Mapping[str, Any] | None = None) -> Store
 
     Parameters
     ----------
-    store : str, os.PathLike, fsspec.FSMap, MutableMapping or StoreAdapter
+    store : str, os.PathLike, fsspec.FSMap, obstore store, MutableMapping or StoreAdapter
         An fsspec URL (``"s3://bucket/data.zarr"``) or local path; an fsspec
-        mapper; a zarr-python 2 ``DirectoryStore`` or ``FSStore`` (their files
-        are read directly, with ranges); any other ``MutableMapping``.
+        mapper; an obstore store object (``obstore.store.S3Store``, ...); a
+        zarr-python 2 ``DirectoryStore`` or ``FSStore`` (their files are read
+        directly, with ranges); any other ``MutableMapping``.
     storage_options : mapping, optional
-        Passed to fsspec for a URL.
+        Passed to fsspec for a URL. With ``"client": "obstore"`` the URL is
+        opened with obstore instead, and the other options go to
+        ``obstore.store.from_url``.
 
     Raises
     ------
     TypeError
         If ``store`` is none of these.
+    ConfigurationError
+        If obstore is asked for and not installed.
     """
     if isinstance(store, StoreAdapter):
         return store
     if isinstance(store, os.PathLike):
         store = os.fspath(store)
+    options = dict(storage_options or {})
+    if isinstance(store, str) and options.get("client") == "obstore":
+        from shardkv.storage.obstore_adapter import from_url
+
+        options.pop("client")
+        return from_url(store, options)
     if isinstance(store, str):
-        return FSMapAdapter.from_fsmap(fsspec.get_mapper(store, **(storage_options or {})))
+        return FSMapAdapter.from_fsmap(fsspec.get_mapper(store, **options))
     if isinstance(store, FSMap):
         return FSMapAdapter.from_fsmap(store)
     cls = type(store).__name__
+    from shardkv.storage.obstore_adapter import ObstoreAdapter, is_obstore_store
+
+    if is_obstore_store(store):
+        return ObstoreAdapter(store)
     if cls == "DirectoryStore" and isinstance(getattr(store, "path", None), str):
         return FSMapAdapter(fsspec.filesystem("file"), store.path)
     if cls == "FSStore" and getattr(store, "key_separator", None) is None and hasattr(store, "map"):
