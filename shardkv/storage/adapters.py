@@ -41,7 +41,7 @@ from fsspec.mapping import FSMap
 
 from shardkv.format.ranges import ByteRange
 
-__all__ = ["StoreAdapter", "MappingAdapter", "FSMapAdapter", "adapt", "TEMP_MARKER", "Value", "join_parts"]
+__all__ = ["StoreAdapter", "MappingAdapter", "FSMapAdapter", "adapt", "TEMP_MARKER", "Value", "join_parts", "byte_parts"]
 
 TEMP_MARKER = ".shardkv-tmp-"
 """Part of the name of the temporary files of atomic local writes; never listed."""
@@ -62,7 +62,7 @@ def _read_pool() -> ThreadPoolExecutor:
     return _READ_POOL
 
 
-def _byte_parts(value: Value) -> list[memoryview]:
+def byte_parts(value: Value) -> list[memoryview]:
     """The parts of ``value`` as flat byte views (no copy); one part for a plain bytes-like value."""
     parts = value if isinstance(value, (list, tuple)) else (value,)
     out = []
@@ -510,7 +510,7 @@ class FSMapAdapter(StoreAdapter):
             fd = os.open(tmp, flags, 0o666)
         try:
             try:
-                _write_all(fd, _byte_parts(value))
+                _write_all(fd, byte_parts(value))
             finally:
                 os.close(fd)
             os.replace(tmp, path)

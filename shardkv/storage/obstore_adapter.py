@@ -32,7 +32,7 @@ from typing import Any
 
 from shardkv.errors import ConfigurationError, PreconditionFailedError
 from shardkv.format.ranges import ByteRange
-from shardkv.storage.adapters import TEMP_MARKER, StoreAdapter, Value
+from shardkv.storage.adapters import TEMP_MARKER, StoreAdapter, Value, byte_parts
 
 __all__ = ["ObstoreAdapter", "Version", "is_obstore_store", "from_url"]
 
@@ -194,7 +194,8 @@ class ObstoreAdapter(StoreAdapter):
     # -- writes --------------------------------------------------------------------
 
     def _put(self, key: str, value: Value, mode: Any = None) -> Any:
-        body: Any = list(value) if isinstance(value, (list, tuple)) else value
+        parts = byte_parts(value)  # flat uint8 views, as obstore wants them; no copy
+        body: Any = parts[0] if len(parts) == 1 else (parts or b"")
         # one PUT: parts are assembled by obstore (use_multipart=False), never by Python
         return self._obs.put(self.store, key, body, mode=mode, use_multipart=False)
 
