@@ -325,7 +325,9 @@ def main() -> None:
             return f"s3://{new_bucket(args.s3_endpoint)}/data.zarr"
         return os.path.join(tmp, "data.zarr")
 
-    warm_args = argparse.Namespace(**{**vars(args), "backend": "local"})
+    # the S3-only client warms up as plain shardkv, on local disk
+    warm_impl = "shardkv" if args.impl == "shardkv-obstore" else args.impl
+    warm_args = argparse.Namespace(**{**vars(args), "backend": "local", "impl": warm_impl})
     with TempDir() as tmp:  # warm-up: imports, codec set-up (local, tiny), not recorded
         run_sample(warm_args, os.path.join(tmp, "warm.zarr"), (args.layout * 4, args.layout * 4), 2)
     with TempDir() as tmp:

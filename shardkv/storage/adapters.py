@@ -367,6 +367,7 @@ class FSMapAdapter(StoreAdapter):
         # reads bypass fsspec's file objects (open + pread + close) only on fsspec's own
         # local filesystem: a subclass may change what a read does (or count it)
         self._direct_reads = type(fs) is LocalFileSystem
+        self._remote = not self._local and not isinstance(fs, MemoryFileSystem)
 
     @classmethod
     def from_fsmap(cls, fsmap: FSMap) -> FSMapAdapter:
@@ -410,9 +411,26 @@ class FSMapAdapter(StoreAdapter):
         # local reads release the GIL: run them side by side
         return list(_read_pool().map(lambda r: self._local_read(*r), requests))
 
+    def _whole_again(self, path: str, result: Any) -> Any:
+        """A whole-object read that failed as a range other than by a missing key, read plainly.
+
+        (A range of an empty object is unsatisfiable on S3.)
+        """
+        if isinstance(result, BaseException) and not isinstance(result, self.missing_exceptions):
+            try:
+                return self.fs.cat_file(path)
+            except Exception as exc:  # returned, then sorted into missing / raised by _check
+                return exc
+        return result
+
     def get(self, key: str) -> bytes:
         if self._direct_reads:
             value = self._check(key, self._local_read(key))
+            if value is None:
+                raise KeyError(key)
+            return value
+        if self._remote:
+            value = self._check(key, self.get_many([key]).get(key, FileNotFoundError(key)))
             if value is None:
                 raise KeyError(key)
             return value
@@ -428,9 +446,16 @@ class FSMapAdapter(StoreAdapter):
             results = self._local_reads([(k, 0, None) for k in keys])
             return {k: v for k, v in ((k, self._check(k, r)) for k, r in zip(keys, results)) if v is not None}
         paths = [self._path(k) for k in keys]
-        results = self.fs.cat(paths, on_error="return")
-        if not isinstance(results, dict):  # a single path returns bytes
-            results = {paths[0]: results}
+        if self._remote:
+            # one GET per key, as the range "from byte 0": ``cat`` would first expand the
+            # paths and s3fs sizes a whole-object read first (a HEAD per key, and a LIST
+            # per missing one)
+            found = self.fs.cat_ranges(paths, [0] * len(paths), [None] * len(paths), on_error="return")
+            results = {p: self._whole_again(p, r) for p, r in zip(paths, found)}
+        else:
+            results = self.fs.cat(paths, on_error="return")
+            if not isinstance(results, dict):  # a single path returns bytes
+                results = {paths[0]: results}
         out = {}
         for k, p in zip(keys, paths):
             value = self._check(k, results.get(p, FileNotFoundError(p)))
@@ -528,7 +553,17 @@ class FSMapAdapter(StoreAdapter):
                 continue
 
     def contains(self, key: str) -> bool:
-        return self.fs.isfile(self._path(key))
+        if not self._remote:
+            return self.fs.isfile(self._path(key))
+        # an object store: one ranged GET of the first byte, where ``isfile`` costs a HEAD
+        # and, for a missing key (zarr probes many), a LIST too
+        try:
+            self.fs.cat_file(self._path(key), 0, 1)
+        except self.missing_exceptions:
+            return False
+        except OSError:  # an empty object (a range of it is unsatisfiable) or a store that refuses ranges
+            return self.fs.isfile(self._path(key))
+        return True
 
     def iter_keys(self, prefix: str = "") -> Iterator[str]:
         base = self._path(prefix.rstrip("/")) if prefix else self.root
