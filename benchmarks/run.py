@@ -120,6 +120,11 @@ def collect(args: argparse.Namespace, py2: str | None, py3: str | None) -> dict[
     """Every workload result, keyed ``workload/impl``."""
     rep = args.repeat
     res: dict[str, Any] = {}
+    if getattr(args, "peers_only", False):
+        names = ["write_read/shardkv", "write_read/zarr3", "chunkwise_write/shardkv-writeback", "chunkwise_write/shardkv",
+                 "chunkwise_write/zarr2-transformer", "random_reads/shardkv", "random_reads/zarr3",
+                 "proxy_overhead/shardkv", "peak_memory/shardkv"]
+        return {name: Missing("skipped: --peers-only") for name in names}
     res["write_read/shardkv"] = run_workload(py2, "write_read", "shardkv", args, rep)
     res["write_read/zarr3"] = run_workload(py3, "write_read", "zarr3", args, rep)
     for impl in ("shardkv-writeback", "shardkv", "zarr2-transformer"):
@@ -369,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--make-envs", action="store_true", help="create missing .venv-zarr2/.venv-zarr3 like tests/run.sh")
     parser.add_argument("--zarr2-python", help="interpreter of the zarr-python 2.18 environment (default: .venv-zarr2)")
     parser.add_argument("--zarr3-python", help="interpreter of the zarr-python 3 environment (default: .venv-zarr3)")
+    parser.add_argument("--peers-only", action="store_true", help="run only the peer matrix (P rows show n/a)")
     parser.add_argument("--bench-python", help="interpreter of the peer environment (default: .venv-bench)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "latest.md")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per workload process")
@@ -408,7 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     doc = "\n".join([
         f"# shardkv benchmarks (size {args.size}, {args.repeat} repetition(s), {stamp}, {elapsed:.0f} s)",
         "",
-        f"Command: `python benchmarks/run.py --size {args.size} --repeat {args.repeat}`",
+        f"Command: `python benchmarks/run.py --size {args.size} --repeat {args.repeat}"
+        f"{' --peers-only' if args.peers_only else ''}`",
         "",
         markdown_table(build_rows(res) + peers_matrix.goal_rows(
             peers, ratio_row, value_row, fmt_s, lambda r: isinstance(r, Missing))),

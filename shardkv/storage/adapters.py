@@ -31,8 +31,7 @@ import os
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import MutableMapping
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Hashable, Iterable, Iterator, Mapping, Sequence, Union
+from typing import Any, Hashable, Iterable, Iterator, Mapping, Sequence
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -40,110 +39,20 @@ from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.mapping import FSMap
 
 from shardkv.format.ranges import ByteRange
+from shardkv.storage.buffers import (
+    Value,
+    byte_parts,
+    join_parts,
+    pread_file,
+    read_pool,
+    slice_value,
+    write_parts,
+)
 
 __all__ = ["StoreAdapter", "MappingAdapter", "FSMapAdapter", "adapt", "TEMP_MARKER", "Value", "join_parts", "byte_parts"]
 
 TEMP_MARKER = ".shardkv-tmp-"
 """Part of the name of the temporary files of atomic local writes; never listed."""
-
-BytesLike = Union[bytes, bytearray, memoryview]
-Value = Union[BytesLike, Sequence[BytesLike]]
-"""A value to store: one bytes-like object, or a ``list``/``tuple`` of its parts in order."""
-
-_IOV_MAX = 1024  # buffers per writev call (Linux's IOV_MAX; os.sysconf may not know it)
-_READ_POOL: ThreadPoolExecutor | None = None
-
-
-def _read_pool() -> ThreadPoolExecutor:
-    """One thread pool for concurrent local reads, made on first use (threads are not free)."""
-    global _READ_POOL
-    if _READ_POOL is None:
-        _READ_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="shardkv-read")
-    return _READ_POOL
-
-
-def byte_parts(value: Value) -> list[memoryview]:
-    """The parts of ``value`` as flat byte views (no copy); one part for a plain bytes-like value."""
-    parts = value if isinstance(value, (list, tuple)) else (value,)
-    out = []
-    for part in parts:
-        view = memoryview(part)
-        if view.ndim != 1 or view.format != "B":
-            view = view.cast("B")  # a contiguous array of another item type
-        if view.nbytes:
-            out.append(view)
-    return out
-
-
-def join_parts(value: Value) -> bytes:
-    """``value`` as one ``bytes`` object: joined when it is parts, unchanged when it already is ``bytes``."""
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, (list, tuple)):
-        if len(value) == 1 and isinstance(value[0], bytes):
-            return value[0]
-        return b"".join(value)
-    return memoryview(value).tobytes()
-
-
-def _slice(value: Any, byte_range: ByteRange) -> bytes | memoryview:
-    """``value[byte_range]``: a view when ``value`` is immutable ``bytes`` (no copy), else a copy."""
-    view = memoryview(value)
-    if view.ndim != 1 or view.format != "B":
-        view = view.cast("B")
-    if byte_range.is_suffix:
-        part = view[max(0, len(view) + byte_range.start) :]
-    else:
-        part = view[byte_range.start : byte_range.stop]
-    return part if isinstance(value, bytes) else bytes(part)
-
-
-def _write_all(fd: int, parts: list[memoryview]) -> None:
-    """Write every part to ``fd`` with as few ``writev`` calls as the kernel allows."""
-    while parts:
-        batch = parts[:_IOV_MAX]
-        written = os.writev(fd, batch)
-        # drop the parts written in full, keep the rest of a part written in part
-        i = 0
-        while i < len(batch) and written >= batch[i].nbytes:
-            written -= batch[i].nbytes
-            i += 1
-        rest = parts[i:]
-        if written:
-            rest[0] = rest[0][written:]
-        parts = rest
-
-
-def _pread_file(path: str, start: int, stop: int | None) -> bytes:
-    """Bytes ``[start, stop)`` of a local file (negative ``start``: from the end; ``stop`` None: to the end).
-
-    One ``open``, one ``pread`` (more only for a short read) and one ``close``;
-    a suffix or open-ended range adds one ``fstat``.
-    """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    try:
-        if start < 0 or stop is None:
-            size = os.fstat(fd).st_size
-            if start < 0:
-                start = max(0, size + start)
-            if stop is None or stop > size:
-                stop = size
-        want = max(0, stop - start)
-        data = os.pread(fd, want, start)
-        if len(data) == want or not data:
-            return data
-        chunks = [data]  # a short read (a file growing or a slow device): read the rest
-        got = len(data)
-        while got < want:
-            more = os.pread(fd, want - got, start + got)
-            if not more:
-                break
-            chunks.append(more)
-            got += len(more)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
 
 class StoreAdapter(ABC):
     """Uniform access to a base key/value store. Keys are ``/``-separated str.
@@ -281,7 +190,7 @@ class MappingAdapter(StoreAdapter):
 
     def get_ranges(self, requests: Sequence[tuple[str, ByteRange]]) -> list[bytes | memoryview | None]:
         values = self.get_many(list(dict.fromkeys(k for k, _ in requests)))
-        return [None if k not in values else _slice(values[k], r) for k, r in requests]
+        return [None if k not in values else slice_value(values[k], r) for k, r in requests]
 
     def set_many(self, values: Mapping[str, Value]) -> None:
         if not values:
@@ -394,7 +303,7 @@ class FSMapAdapter(StoreAdapter):
     def _local_read(self, key: str, start: int = 0, stop: int | None = None) -> Any:
         """A local read as ``cat_file`` would do it, errors returned (sorted by :meth:`_check`)."""
         try:
-            return _pread_file(self._local_path(key), start, stop)
+            return pread_file(self._local_path(key), start, stop)
         except Exception as exc:  # returned, then sorted into missing / raised by _check
             return exc
 
@@ -409,7 +318,7 @@ class FSMapAdapter(StoreAdapter):
         if len(requests) == 1:
             return [self._local_read(*requests[0])]
         # local reads release the GIL: run them side by side
-        return list(_read_pool().map(lambda r: self._local_read(*r), requests))
+        return list(read_pool().map(lambda r: self._local_read(*r), requests))
 
     def _whole_again(self, path: str, result: Any) -> Any:
         """A whole-object read that failed as a range other than by a missing key, read plainly.
@@ -469,7 +378,7 @@ class FSMapAdapter(StoreAdapter):
         if self._direct_reads:
             results = self._local_reads([(k, r.start, r.stop) for k, r in requests])
         elif self._local and len(requests) > 1:
-            results = list(_read_pool().map(lambda req: self._fs_read(*req), requests))
+            results = list(read_pool().map(lambda req: self._fs_read(*req), requests))
         else:  # async filesystems run cat_ranges concurrently
             paths = [self._path(k) for k, _ in requests]
             starts = [r.start for _, r in requests]
@@ -535,7 +444,7 @@ class FSMapAdapter(StoreAdapter):
             fd = os.open(tmp, flags, 0o666)
         try:
             try:
-                _write_all(fd, byte_parts(value))
+                write_parts(fd, byte_parts(value))
             finally:
                 os.close(fd)
             os.replace(tmp, path)
