@@ -3,9 +3,11 @@
     python benchmarks/run.py [--size tiny|small|full] [--repeat N] [--make-envs]
 
 Each workload (``benchmarks/workloads/<name>.py``) runs as a subprocess in the
-test environment it needs: ``.venv-zarr2`` (zarr-python 2.18 + shardkv) or
+environment it needs: ``.venv-zarr2`` (zarr-python 2.18 + shardkv) or
 ``.venv-zarr3`` (zarr-python 3), the two environments ``bash tests/run.sh``
-builds (``--make-envs`` builds missing ones the same way). A workload prints
+builds, or ``.venv-bench`` (Python 3.12: newest zarr 3, zarrs, tensorstore,
+obstore, s3fs, moto) for the peer matrix (:mod:`peers_matrix`); ``--make-envs``
+builds missing ones the same way. A workload prints
 one JSON line with every repetition; this runner takes the medians, prints a
 Markdown table with the machine's facts and writes the same text to
 ``benchmarks/results/latest.md``. A missing environment or a proxy feature
@@ -20,6 +22,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -27,10 +30,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import peers_matrix
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ROOT / "benchmarks" / "workloads"
-ENVS = {"zarr2": (".venv-zarr2", "test-zarr2"), "zarr3": (".venv-zarr3", "test-zarr3")}
-DEFAULT_REPEAT = {"tiny": 1, "small": 2, "full": 5}
+ENVS = {"zarr2": (".venv-zarr2", "test-zarr2"), "zarr3": (".venv-zarr3", "test-zarr3"),
+        "bench": (".venv-bench", "bench-peers")}
+# the interpreter .venv-bench is made with (pyenv's 3.12), else python3.12 on PATH
+BENCH_PYTHON = (str(Path.home() / ".pyenv" / "versions" / "3.12.1" / "bin" / "python"), "python3.12")
+# 3 at full size (not 5): the whole run, peer matrix included, fits in about 10 minutes
+DEFAULT_REPEAT = {"tiny": 1, "small": 2, "full": 3}
 MiB = 1 << 20
 
 
@@ -49,9 +58,14 @@ class Missing:
 
 
 def make_env(name: str, python: str = "python3") -> None:
-    """Create ``.venv-<name>`` the way ``tests/run.sh`` does (venv, pip upgrade, editable install)."""
+    """Create ``.venv-<name>`` the way ``tests/run.sh`` does (venv, pip upgrade, editable install).
+
+    ``.venv-bench`` is made with Python 3.12 (``BENCH_PYTHON``), whatever ``python`` says.
+    """
     directory, extra = ENVS[name]
     env_python = ROOT / directory / "bin" / "python"
+    if name == "bench":
+        python = next((p for p in BENCH_PYTHON if Path(p).exists() or shutil.which(p)), python)
     if not env_python.exists():
         subprocess.run([python, "-m", "venv", str(ROOT / directory)], check=True)
     pip = [str(env_python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
@@ -73,14 +87,16 @@ def find_python(name: str, override: str | None) -> str | None:
 # -- workloads ----------------------------------------------------------------------
 
 
-def run_workload(python: str | None, workload: str, impl: str, args: argparse.Namespace, repeat: int) -> Any:
-    """Run one workload subprocess; its JSON result, or ``Missing``."""
+def run_workload(python: str | None, workload: str, impl: str, args: argparse.Namespace, repeat: int,
+                 extra: list[str] | None = None) -> Any:
+    """Run one workload subprocess (``extra``: more arguments); its JSON result, or ``Missing``."""
     if python is None:
         return Missing("env missing")
     cmd = [python, str(WORKLOADS / f"{workload}.py"), "--json", "--size", args.size]
-    cmd += ["--repeat", str(repeat), "--impl", impl, "--seed", str(args.seed)]
+    cmd += ["--repeat", str(repeat), "--impl", impl, "--seed", str(args.seed), *(extra or [])]
     t0 = time.perf_counter()
-    log(f"  {workload} --impl {impl} ...")
+    shown = [a for a in (extra or []) if not a.startswith(("http:", "/"))]  # not the server's address and log
+    log(f"  {workload} --impl {impl} {' '.join(shown)} ...")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -104,6 +120,11 @@ def collect(args: argparse.Namespace, py2: str | None, py3: str | None) -> dict[
     """Every workload result, keyed ``workload/impl``."""
     rep = args.repeat
     res: dict[str, Any] = {}
+    if getattr(args, "peers_only", False):
+        names = ["write_read/shardkv", "write_read/zarr3", "chunkwise_write/shardkv-writeback", "chunkwise_write/shardkv",
+                 "chunkwise_write/zarr2-transformer", "random_reads/shardkv", "random_reads/zarr3",
+                 "proxy_overhead/shardkv", "peak_memory/shardkv"]
+        return {name: Missing("skipped: --peers-only") for name in names}
     res["write_read/shardkv"] = run_workload(py2, "write_read", "shardkv", args, rep)
     res["write_read/zarr3"] = run_workload(py3, "write_read", "zarr3", args, rep)
     for impl in ("shardkv-writeback", "shardkv", "zarr2-transformer"):
@@ -187,7 +208,7 @@ def build_rows(res: dict[str, Any]) -> list[list[str]]:
         tr = median(transformer, "bytes_written")
         tr_cell = f"{fmt_bytes(tr)} = {tr / transformer['array_bytes']:.2f} (zarr 2.18 draft transformer)"
     for rid, impl, label, goal in (
-        ("P2", "shardkv-writeback", "write-back (buffer_bytes = half the array)", 1.1),
+        ("P2", "shardkv-writeback", "write-back (buffer_bytes = half the array)", 1.05),
         ("P2-direct", "shardkv", "no write-back (default)", None),
     ):
         r = res[f"chunkwise_write/{impl}"]
@@ -346,11 +367,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=["tiny", "small", "full"], default="small",
                         help="tiny: seconds (smoke test); small: ~a minute; full: the README numbers")
-    parser.add_argument("--repeat", type=int, default=None, help="repetitions (default: 5 full, 2 small, 1 tiny)")
+    parser.add_argument("--repeat", type=int, default=None, help="repetitions (default: 3 full, 2 small, 1 tiny)")
+    parser.add_argument("--peer-samples", type=int, default=None,
+                        help="fresh processes per peer-matrix case (default: 3 full, 1 small/tiny)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--make-envs", action="store_true", help="create missing .venv-zarr2/.venv-zarr3 like tests/run.sh")
     parser.add_argument("--zarr2-python", help="interpreter of the zarr-python 2.18 environment (default: .venv-zarr2)")
     parser.add_argument("--zarr3-python", help="interpreter of the zarr-python 3 environment (default: .venv-zarr3)")
+    parser.add_argument("--peers-only", action="store_true", help="run only the peer matrix (P rows show n/a)")
+    parser.add_argument("--bench-python", help="interpreter of the peer environment (default: .venv-bench)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "latest.md")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per workload process")
     args = parser.parse_args(argv)
@@ -359,43 +384,66 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
 
+    overrides = {"zarr2": args.zarr2_python, "zarr3": args.zarr3_python, "bench": args.bench_python}
     if args.make_envs:
-        for name, override in (("zarr2", args.zarr2_python), ("zarr3", args.zarr3_python)):
+        for name, override in overrides.items():
             if override is None and find_python(name, None) is None:
                 log(f"creating {ENVS[name][0]} ...")
                 make_env(name)
-    py2, py3 = find_python("zarr2", args.zarr2_python), find_python("zarr3", args.zarr3_python)
-    for name, py in (("zarr2", py2), ("zarr3", py3)):
+    pythons = {name: find_python(name, override) for name, override in overrides.items()}
+    py2, py3 = pythons["zarr2"], pythons["zarr3"]
+    for name, py in pythons.items():
         if py is None:
             log(f"{ENVS[name][0]} not found: its columns show n/a (create it with --make-envs or bash tests/run.sh)")
 
     started = time.perf_counter()
+    load_start = os.getloadavg()
     log(f"shardkv benchmarks, size {args.size}, {args.repeat} repetition(s)")
     res = collect(args, py2, py3)
+    log("peer matrix (one process per sample) ...")
+    server = peers_matrix.S3Server(pythons["bench"] or py2, args.out.parent)
+    try:
+        peers = peers_matrix.collect(
+            args.size, pythons, server,
+            lambda py, workload, impl, extra: run_workload(py, workload, impl, args, 1, extra),
+            args.peer_samples, Missing)
+    finally:
+        server.stop()
     elapsed = time.perf_counter() - started
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     doc = "\n".join([
         f"# shardkv benchmarks (size {args.size}, {args.repeat} repetition(s), {stamp}, {elapsed:.0f} s)",
         "",
-        f"Command: `python benchmarks/run.py --size {args.size} --repeat {args.repeat}`",
+        f"Command: `python benchmarks/run.py --size {args.size} --repeat {args.repeat}"
+        f"{' --peers-only' if args.peers_only else ''}`",
         "",
-        markdown_table(build_rows(res)),
+        markdown_table(build_rows(res) + peers_matrix.goal_rows(
+            peers, ratio_row, value_row, fmt_s, lambda r: isinstance(r, Missing))),
+        "",
+        f"## Peer matrix: seconds, median [min-max] of {args.peer_samples or peers_matrix.SAMPLES[args.size]} "
+        "fresh process(es) per cell; S3 cells add the requests the server saw (median)",
+        "",
+        peers_matrix.matrix_table(peers, args.size),
         "",
         "Machine:",
+        f"- load average (1, 5, 15 min) at the start: {', '.join(f'{x:.2f}' for x in load_start)}",
         *machine_facts(res, py2, py3),
+        *peers_matrix.versions_text(peers),
         "",
         "Notes:",
         *notes(res, args.size),
         "",
         "Raw samples (every repetition):",
         *raw_samples(res),
+        *raw_samples({"peers/" + "/".join(map(str, k)): r for k, r in peers.items()}),
         "",
     ])
     print(doc)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(doc)
     log(f"written to {args.out}")
-    return 1 if any(isinstance(r, Missing) and r.failed for r in res.values()) else 0
+    everything = list(res.values()) + list(peers.values())
+    return 1 if any(isinstance(r, Missing) and r.failed for r in everything) else 0
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ __all__ = [
     "ArrayNotFoundError",
     "ManifestMismatchError",
     "JournalCorruptError",
+    "PreconditionFailedError",
 ]
 
 
@@ -382,3 +383,22 @@ class JournalCorruptError(ShardKVError, ValueError):
         self.offset = int(offset)
         self.reason = reason
         super().__init__(f"corrupt journal {path!r} at byte {self.offset}: {reason}")
+
+
+class PreconditionFailedError(ShardKVError, RuntimeError):
+    """A conditional write refused because the stored value is not the one expected.
+
+    Attributes
+    ----------
+    key : str
+        The key written.
+    reason : {"exists", "changed"}
+        ``"exists"``: a create-only write found the key stored; ``"changed"``:
+        the stored value was rewritten since the version given was read.
+    """
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+        expected = "no stored value" if reason == "exists" else "the version read before"
+        super().__init__(f"conditional write of {key!r} refused: expected {expected}, the store says {reason!r}")

@@ -28,7 +28,7 @@ import zarr
 
 from shardkv import ShardedStore
 from shardkv.engine.verify import find_stale_temporaries, remove_stale_temporaries, verify_store
-from shardkv.storage import adapters
+from shardkv.storage import adapters, fsmap_adapter
 
 CHUNK = 512  # 2 KiB of int32 noise per chunk
 N_CHUNKS = 12  # 3 shards of 4 chunks
@@ -62,7 +62,7 @@ class KillingWrites:
     def __init__(self, seed: int, rate: float) -> None:
         self.rng = random.Random(seed)
         self.rate = rate
-        self.real_write = adapters._pwrite_all
+        self.real_write = fsmap_adapter._pwrite_all
         self.real_replace = os.replace
 
     def write(self, fd: int, data: memoryview, offset: int) -> None:
@@ -79,7 +79,7 @@ class KillingWrites:
             os.kill(os.getpid(), signal.SIGKILL)  # after it, before the directory fsync
 
     def install(self) -> None:
-        adapters._pwrite_all = self.write  # the child is a forked copy: nothing leaks into pytest
+        fsmap_adapter._pwrite_all = self.write  # the child is a forked copy: nothing leaks into pytest
         os.replace = self.replace
 
 
@@ -169,7 +169,7 @@ def naive_write_at(self: Any, key: str, writes: Any) -> None:
     fd = os.open(self.fs._strip_protocol(self._path(key)), os.O_RDWR)
     try:
         for offset, data in writes:
-            adapters._pwrite_all(fd, memoryview(data), offset)
+            fsmap_adapter._pwrite_all(fd, memoryview(data), offset)
     finally:
         os.close(fd)
 
@@ -182,13 +182,13 @@ def test_the_kill_harness_catches_a_writer_that_tears(tmp_path: Path, monkeypatc
 
 
 class FlakyWrites:
-    """Replaces ``adapters._pwrite_all``: a share of calls write half their bytes, then raise EIO."""
+    """Replaces ``fsmap_adapter._pwrite_all``: a share of calls write half their bytes, then raise EIO."""
 
     def __init__(self, rate: float, seed: int) -> None:
         self.rng = random.Random(seed)
         self.rate = rate
         self.fired = 0
-        self.real = adapters._pwrite_all
+        self.real = fsmap_adapter._pwrite_all
 
     def __call__(self, fd: int, data: memoryview, offset: int) -> None:
         if self.rng.random() < self.rate:
@@ -206,7 +206,7 @@ def test_failed_writes_raise_and_leave_the_old_chunk(
     create(root, strategy)
     z = zarr.open_array(open_store(root, strategy), mode="r+")
     flaky = FlakyWrites(0.25, seed=len(strategy))
-    monkeypatch.setattr(adapters, "_pwrite_all", flaky)
+    monkeypatch.setattr(fsmap_adapter, "_pwrite_all", flaky)
     model = np.zeros(CHUNK * N_CHUNKS, dtype="i4")
     failures = 0
     for seq in range(80):

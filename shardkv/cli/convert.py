@@ -52,6 +52,7 @@ from shardkv.cli.info import META_NAMES, ArrayKeys, read_hierarchy
 from shardkv.cli.manifest import MANIFEST_KEY as _MANIFEST_KEY
 from shardkv.cli.manifest import Manifest, open_destination, skippable_shards
 from shardkv.cli.stores import open_store, refuse_regular_file
+from shardkv.engine.verify import remove_stale_temporaries
 from shardkv.errors import (
     ChunksPerShardMismatchError,
     ConfigurationError,
@@ -436,6 +437,9 @@ class _Job:
     ) -> None:  # fmt: skip
         """Run the shard tasks, skipping the shards an earlier run finished; record progress."""
         reports = {a.path: a for a in self.report.arrays}
+        # the writers of an interrupted run are gone (the manifest is this conversion's): their
+        # temporary files are stale whatever their age
+        remove_stale_temporaries(self.target, min_age_seconds=0)
         skippable, verified = skippable_shards(self.target, manifest, planned, _VERIFY_LAST * max(workers, 1))
         self.report.shards_verified = verified
         todo: list[ShardTask] = []
