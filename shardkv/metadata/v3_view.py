@@ -165,6 +165,13 @@ def v3_data_type(dtype: np.dtype) -> tuple[Any, str | None]:
     return length, str(length["name"])
 
 
+def _numpy_dtype(v2_dtype: Any) -> np.dtype:
+    """The numpy dtype of a v2 ``dtype`` (a string, or a structured dtype's list of fields)."""
+    if isinstance(v2_dtype, list):
+        return np.dtype([tuple(f) for f in v2_dtype])
+    return np.dtype(v2_dtype)
+
+
 def _null_fill_value(dtype: np.dtype) -> Any:
     """The v3 fill value that stands for a v2 ``null`` (see spec_notes, clause M7)."""
     if dtype.kind == "b":
@@ -275,7 +282,7 @@ def v3_view_of_v2(
             f"the array has {len(shape)} dimension(s)"
         )
     problems: list[str] = []
-    dtype = np.dtype(zarray["dtype"])
+    dtype = _numpy_dtype(zarray["dtype"])
     data_type, extension = v3_data_type(dtype)
     opaque = data_type is None
     if opaque:

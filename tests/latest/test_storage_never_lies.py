@@ -134,34 +134,47 @@ def _dtype_data(dtype: str, data: Any) -> np.ndarray:
     return np.arange(10).astype(dt.newbyteorder("=")).astype(dt)
 
 
-@pytest.mark.parametrize("case", list(DTYPE_CASES), ids=list(DTYPE_CASES))
-def test_v2_data_types_read_equal_in_newest_zarr3(tmp_path: Path, reader: Reader, case: str) -> None:
-    dtype, fill, values = DTYPE_CASES[case]
-    data = _dtype_data(dtype, values)
-    root = tmp_path / "s"
+@pytest.fixture(scope="module")
+def dtype_store(tmp_path_factory: pytest.TempPathFactory, latest_python: str) -> dict[str, Any]:
+    """One array per case, written by zarr 2 through the proxy, moved to the new layout and read
+    by the newest zarr 3 in one subprocess."""
+    root = tmp_path_factory.mktemp("dtypes") / "s"
     store = ShardedStore(str(root), chunks_per_shard=2)
-    arr = zarr.open_array(store, path="g/a", mode="w", shape=(12,), chunks=(3,), dtype=dtype, fill_value=fill)
-    arr[:10] = data  # the last two elements: fill where there is one, never-written chunk data otherwise
-    if fill is None:
-        arr[10:] = data[:2]
-    expected = arr[...]
+    expected, written = {}, {}
+    for case, (dtype, fill, values) in DTYPE_CASES.items():
+        data = _dtype_data(dtype, values)
+        arr = zarr.open_array(store, path=f"g/{case}", mode="w", shape=(12,), chunks=(3,), dtype=dtype, fill_value=fill)
+        arr[:10] = data  # the last two elements: fill where there is one, never-written chunk data otherwise
+        if fill is None:
+            arr[10:] = data[:2]
+        expected[case] = arr[...]
     store.close()
-    written = json.loads((root / "g/a/.zarray").read_text())
+    written = {case: json.loads((root / "g" / case / ".zarray").read_text()) for case in DTYPE_CASES}
     migrate(root)
-    doc = json.loads((root / "g/a/zarr.json").read_text())
-    assert (V2_FILL_FIELD in doc) == (fill is None)
+    read = Reader(latest_python, root.parent / "out").run("zarr3", root, *(f"g/{c}" for c in DTYPE_CASES))
+    return {"root": root, "expected": expected, "written": written, "read": read}
 
-    read = reader.run("zarr3", root, "g/a")["g/a"]
+
+@pytest.mark.parametrize("case", list(DTYPE_CASES), ids=list(DTYPE_CASES))
+def test_v2_data_types_read_equal_in_newest_zarr3(dtype_store: dict[str, Any], case: str) -> None:
+    dtype, fill, _ = DTYPE_CASES[case]
+    root, path = dtype_store["root"], f"g/{case}"
+    expected, written = dtype_store["expected"][case], dtype_store["written"][case]
+    doc = json.loads((root / path / "zarr.json").read_text())
+    assert (V2_FILL_FIELD in doc) == (fill is None)
+    assert isinstance(doc["data_type"], str) == (np.dtype(dtype).kind in "bf")
+
+    read = dtype_store["read"][path]
     assert read["ok"], read.get("error")
     np.testing.assert_array_equal(read["data"], expected)
     assert np.dtype(read["data"].dtype).kind == np.dtype(dtype).kind
 
     # through the proxy, zarr 2 sees the array as written: dtype, fill_value (null included), values
-    presented = json.loads(ShardedStore(str(root))["g/a/.zarray"])
+    presented = json.loads(ShardedStore(str(root))[f"{path}/.zarray"])
     assert presented["dtype"] == dtype and presented["fill_value"] == written["fill_value"]
     assert (written["fill_value"] is None) == (fill is None)
-    np.testing.assert_array_equal(zarr.open_array(ShardedStore(str(root)), path="g/a", mode="r")[...], expected)
-    _assert_zarr2_refuses(root, ["g/a"])
+    np.testing.assert_array_equal(zarr.open_array(ShardedStore(str(root)), path=path, mode="r")[...], expected)
+    _assert_zarr2_refuses(root, [path])
 
 
 # -- xarray, consolidated metadata ---------------------------------------------------------------
