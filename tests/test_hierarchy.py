@@ -23,8 +23,10 @@ from shardkv.metadata.hierarchy import (
     group_document,
     group_paths,
     plan_attributes,
+    plan_group,
     plan_migration,
     plan_sharded_array,
+    plan_zarray_update,
     present,
     presented_zmetadata,
     stored_zmetadata,
@@ -175,3 +177,28 @@ def test_migration_leaves_unsharded_arrays_alone() -> None:
     plan = plan_migration(docs)
     assert not any(k.startswith("plain/") for k in [*plan.writes, *plan.deletes])
     assert plan.writes[".zmetadata"]["metadata"]["g/a/.zarray"] == REFUSED_ZARRAY
+
+
+def test_resize_keeps_layout_attributes_and_dimension_names() -> None:
+    store = _v2_hierarchy()
+    zarray = _doc(store, "g/a/.zarray")
+    doc = array_document(zarray, _doc(store, "g/a/.zattrs"), LAYOUT)
+    plan = plan_zarray_update("g/a", doc, {**zarray, "shape": [9, 4]})
+    new = plan.writes["g/a/zarr.json"]
+    assert new == {**doc, "shape": [9, 4]}
+    assert plan.deletes == {"g/a/.zarray"}
+    assert present(new)[".zarray"] == {**zarray, "shape": [9, 4]}
+    with pytest.raises(ConfigurationError, match="chunks"):
+        plan_zarray_update("g/a", doc, {**zarray, "chunks": [3, 2]})
+    with pytest.raises(ConfigurationError, match="sharded"):
+        plan_zarray_update("g", group_document(), zarray)
+
+
+def test_new_group_in_a_v3_hierarchy_is_a_v3_group() -> None:
+    plan = plan_group("h/i", {"k": 1}, {"": {"title": "demo"}})
+    assert plan.writes == {
+        "h/i/zarr.json": group_document({"k": 1}),
+        "h/zarr.json": group_document(),
+        "zarr.json": group_document({"title": "demo"}),
+    }
+    assert plan.deletes == {"h/i/.zgroup", "h/i/.zattrs", "h/.zgroup", "h/.zattrs", ".zgroup", ".zattrs"}

@@ -20,7 +20,21 @@ sharded array and ``.zgroup``/``.zattrs`` of each v3 group, derived from
 as arrays written by zarr-python 3 and tensorstore), and the full ``.zmetadata``.
 
 A :class:`MetadataPlan` lists the keys to write and to delete; applying it in
-one ``set_many`` + ``delete_many`` is the proxy's job.
+one ``set_many`` + ``delete_many`` is the proxy's job:
+
+=====================================  ==============================================
+zarr 2 writes through the proxy        plan
+=====================================  ==============================================
+``.zarray`` of a new sharded array     :func:`plan_sharded_array`
+``.zarray`` of a sharded array         :func:`plan_zarray_update` (resize, append)
+``.zattrs`` of a v3 node               :func:`plan_attributes`
+``.zgroup`` under a v3 root            :func:`plan_group`
+``.zmetadata``                         :func:`stored_zmetadata` + root
+                                       :func:`with_consolidated_metadata`
+reads of ``.zarray``/``.zattrs``/      :func:`present`, :func:`presented_zmetadata`
+``.zgroup``/``.zmetadata``
+a hierarchy in the old layout          :func:`plan_migration` (``convert``, a migrate command)
+=====================================  ==============================================
 """
 
 from __future__ import annotations
@@ -42,6 +56,8 @@ __all__ = [
     "array_document",
     "plan_sharded_array",
     "plan_attributes",
+    "plan_group",
+    "plan_zarray_update",
     "present",
     "stored_zmetadata",
     "presented_zmetadata",
@@ -187,6 +203,50 @@ def plan_attributes(path: str, stored: Mapping[str, Any], zattrs: Mapping[str, A
             raise ConfigurationError(f"{_DIMENSIONS} must be one string per dimension, got {names!r}", path)
     doc["attributes"] = attrs
     return MetadataPlan({_join(path, ZARR_JSON): doc}, frozenset({_join(path, ".zattrs")}))
+
+
+def plan_group(path: str, zattrs: Mapping[str, Any] | None, groups: Mapping[str, Mapping[str, Any] | None]) -> MetadataPlan:
+    """The documents to store when ``.zgroup`` is written inside a hierarchy whose root is v3.
+
+    The group and every group above it are stored as v3 groups (zarr-python 3
+    lists only v3 children of a v3 group); ``groups`` gives the attributes of
+    the groups above, as in :func:`plan_sharded_array`.
+    """
+    path = path.strip("/")
+    writes = {_join(path, ZARR_JSON): group_document(zattrs)}
+    deletes = {_join(path, ".zgroup"), _join(path, ".zattrs")}
+    for group in group_paths(path):
+        writes[_join(group, ZARR_JSON)] = group_document(groups.get(group))
+        deletes.update({_join(group, ".zgroup"), _join(group, ".zattrs")})
+    return MetadataPlan(writes, frozenset(deletes))
+
+
+def plan_zarray_update(path: str, stored: Mapping[str, Any], zarray: Mapping[str, Any]) -> MetadataPlan:
+    """The documents to store when ``.zarray`` is rewritten for a sharded array (resize, append).
+
+    The new ``.zarray`` is translated with the stored layout, attributes and
+    ``dimension_names``; only what ``.zarray`` says changes.
+
+    Raises
+    ------
+    ConfigurationError
+        If ``stored`` is not a sharded v3 array, or the inner chunks change
+        (that re-shards every chunk: delete the array first).
+    """
+    spec = sharding_spec_from_v3(stored, path) if stored.get("node_type") == "array" else None
+    if spec is None:
+        raise ConfigurationError("not a sharded v3 array document", path)
+    if [int(c) for c in zarray["chunks"]] != list(spec.chunks):
+        raise ConfigurationError(
+            f"cannot change the chunks of a sharded array from {list(spec.chunks)} to {list(zarray['chunks'])}; "
+            "delete the array first",
+            path,
+        )
+    attrs = dict(stored.get("attributes") or {})
+    if stored.get("dimension_names") is not None:
+        attrs[_DIMENSIONS] = list(stored["dimension_names"])
+    doc = array_document(zarray, attrs, spec.layout)
+    return MetadataPlan({_join(path, ZARR_JSON): doc}, frozenset({_join(path, ".zarray")}))
 
 
 def present(stored: Mapping[str, Any], path: str = "") -> dict[str, dict[str, Any]]:
