@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# The whole test suite, on a fresh machine: builds the two test environments
-# (zarr-python 2.18 and zarr-python 3 + tensorstore cannot share one) and runs
-# pytest in each. Exit status is non-zero when any test fails.
+# The whole test suite, on a fresh machine: builds the three test environments
+# (zarr-python 2.18 and zarr-python 3 + tensorstore cannot share one; the third,
+# .venv-latest, holds the newest zarr 3, tensorstore and xarray on Python 3.12
+# WITHOUT shardkv, as readers that tests/latest drives in subprocesses) and runs
+# pytest in the first two. Exit status is non-zero when any test fails.
+#   LATEST_PYTHON=/path/to/python3.12 overrides where Python 3.12 is looked for.
 #   bash tests/run.sh            # everything
 #   bash tests/run.sh -k layout  # extra arguments go to both pytest runs
 set -euo pipefail
@@ -18,12 +21,27 @@ make_env() {  # make_env DIR EXTRA
   "$dir/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[$extra]"
 }
 
+# the readers without shardkv (tests/latest): Python 3.12 and the newest releases
+latest_py="${LATEST_PYTHON:-$HOME/.pyenv/versions/3.12.1/bin/python}"
+if [ ! -x "$latest_py" ]; then
+  latest_py="$(command -v python3.12 || true)"
+fi
+if [ -z "$latest_py" ] || ! "$latest_py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
+  echo "tests/run.sh: Python 3.12 is required for .venv-latest (set LATEST_PYTHON)" >&2
+  exit 2
+fi
+if [ ! -x .venv-latest/bin/python ]; then
+  "$latest_py" -m venv .venv-latest
+fi
+.venv-latest/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
+.venv-latest/bin/python -m pip install --quiet --disable-pip-version-check --upgrade -r tests/latest/requirements.txt
+
 # zarr3 first: tests/test_v3_reverse.py (zarr2 run) writes its v3 arrays with .venv-zarr3's python
 make_env .venv-zarr3 test-zarr3
 make_env .venv-zarr2 test-zarr2
 
 status=0
-echo "== environment 1: zarr-python 2.18 (core, proxy, CLI, draft transformer)"
+echo "== environment 1: zarr-python 2.18 (core, proxy, CLI, draft transformer; tests/latest drives .venv-latest)"
 .venv-zarr2/bin/python -m pytest tests --ignore=tests/v3 -n 2 -q "$@" || status=$?
 echo "== environment 2: zarr-python 3 + tensorstore (v1.0 codec interop)"
 .venv-zarr3/bin/python -m pytest tests/v3 -n 2 -q "$@" || status=$?

@@ -18,8 +18,10 @@ import zarr
 from shardkv import ConfigurationError, ShardLayout, UnsupportedError
 from shardkv.keys.encodings import V2ChunkKeyEncoding
 from shardkv.metadata.chunks_per_shard import normalize_chunks_per_shard
+from shardkv.metadata.v2_view import fill_value_from_v3, v2_view_of_v3
 from shardkv.metadata.v3_view import (
     SHARDING_CODEC,
+    V2_FILL_FIELD,
     sharding_spec_from_v3,
     v2_dimension_separator,
     v3_view_of_v2,
@@ -200,17 +202,66 @@ def test_raw_float_fill_values_are_spelled_as_v3_strings() -> None:
         assert v3_view_of_v2(zarray, None, ShardLayout.v3((2,))).metadata["fill_value"] == spelled
 
 
-def test_unicode_dtype_has_no_v3_equivalent() -> None:
-    zarray = zarray_of(dtype="<U4", fill_value="", compressor=None)
+@pytest.mark.parametrize(
+    "dtype,data_type,endian",
+    [
+        ("<U4", {"name": "fixed_length_utf32", "configuration": {"length_bytes": 16}}, "little"),
+        (">U4", {"name": "fixed_length_utf32", "configuration": {"length_bytes": 16}}, "big"),
+        ("|S8", {"name": "null_terminated_bytes", "configuration": {"length_bytes": 8}}, None),
+        ("|V2", {"name": "raw_bytes", "configuration": {"length_bytes": 2}}, None),
+        ("<M8[ns]", {"name": "numpy.datetime64", "configuration": {"unit": "ns", "scale_factor": 1}}, "little"),
+        (">m8[10s]", {"name": "numpy.timedelta64", "configuration": {"unit": "s", "scale_factor": 10}}, "big"),
+    ],
+    ids=["U4", "U4-big", "S8", "V2", "datetime-ns", "timedelta-10s"],
+)
+def test_v2_dtypes_without_core_type_use_zarr3_extension_names(dtype: str, data_type: dict, endian: str | None) -> None:
+    """Issue 11: the names zarr-python 3 registers (it reads them: tests/latest); tensorstore refuses them."""
+    zarray = zarray_of(dtype=dtype, compressor=None)
     view = v3_view_of_v2(zarray, None, ShardLayout.v3((1, 1)))
     assert not view.translatable
-    assert any("'<U4'" in p for p in view.problems)
+    assert any(repr(dtype) in p and data_type["name"] in p for p in view.problems)
+    assert view.metadata["data_type"] == data_type
+    bytes_codec = sharding(view.metadata)["codecs"][0]
+    assert bytes_codec == ({"name": "bytes", "configuration": {"endian": endian}} if endian else {"name": "bytes"})
+    # and back: the presented .zarray has the dtype and fill value zarr 2 wrote
+    presented = v2_view_of_v3(view.metadata).documents[".zarray"]
+    assert presented["dtype"] == zarray["dtype"] and presented["fill_value"] == zarray["fill_value"]
+
+
+def test_structured_dtype_has_no_v3_equivalent() -> None:
+    zarray = zarray_of(dtype=[("a", "<i4"), ("b", "<f8")], fill_value=None, compressor=None)
+    view = v3_view_of_v2(zarray, None, ShardLayout.v3((1, 1)))
+    assert not view.translatable
+    assert any("no Zarr v3 core data type" in p for p in view.problems)
     meta = view.metadata
-    assert meta["data_type"] == {"name": "shardkv.v2_dtype", "configuration": {"dtype": "<U4"}}
+    assert meta["data_type"] == {"name": "shardkv.v2_dtype", "configuration": {"dtype": zarray["dtype"]}}
     # one opaque codec: no v3 reader may decode the chunks as something else
     assert [c["name"] for c in sharding(meta)["codecs"]] == ["shardkv.v2_chunk"]
     # the sharding itself is still readable by shardkv
     assert sharding_spec_from_v3(meta).chunks == (2, 3)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("dtype", ["<i4", "<f8", "|b1", "<c16", "<U3", "|S2", "|V4", "<M8[s]"])
+def test_null_fill_value_is_the_zero_of_the_type_and_comes_back_as_null(dtype: str) -> None:
+    zarray = zarray_of(dtype=dtype, fill_value=None, compressor=None)
+    assert zarray["fill_value"] is None
+    meta = v3_view_of_v2(zarray, None, ShardLayout.v3((1, 1))).metadata
+    assert meta[V2_FILL_FIELD] == {"must_understand": False, "fill_value": None}
+    zero = np.zeros((), dtype=dtype)[()]
+    assert fill_value_from_v3(meta["fill_value"], np.dtype(dtype)) == zero
+    assert v2_view_of_v3(meta).documents[".zarray"]["fill_value"] is None
+    # a writer that drops the marker (zarr 3 rewriting the document) leaves the zero
+    del meta[V2_FILL_FIELD]
+    assert v2_view_of_v3(meta).documents[".zarray"]["fill_value"] is not None
+
+
+def test_non_string_fill_of_a_string_dtype_is_what_zarr2_fills_with() -> None:
+    """The shared fixture's |S1 and <U4 arrays say fill_value 0: zarr 2 fills with b"0" and "0"."""
+    for dtype, spelled, value in [("|S1", "MA==", b"0"), ("<U4", "0", "0")]:
+        zarray = {**zarray_of(dtype=dtype, compressor=None), "fill_value": 0}
+        meta = v3_view_of_v2(zarray, None, ShardLayout.v3((1, 1))).metadata
+        assert meta["fill_value"] == spelled
+        assert fill_value_from_v3(spelled, np.dtype(dtype)) == value
 
 
 def test_filters_are_problems() -> None:

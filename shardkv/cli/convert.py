@@ -58,7 +58,6 @@ from shardkv.errors import (
     ConfigurationError,
     DestinationNotEmptyError,
     SameLocationError,
-    ShardKVError,
 )
 from shardkv.format.layout import ShardLayout
 from shardkv.keys.encodings import chunk_to_shard

@@ -19,8 +19,8 @@ all I/O goes through :mod:`shardkv.storage.adapters` adapters.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
 
 from shardkv.cli.info_draft import inspect_draft
 from shardkv.cli.info_format import format_info  # re-exported: the table lives there

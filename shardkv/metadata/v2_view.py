@@ -31,6 +31,8 @@ is not presented; :attr:`V2View.problems` says why (``shardkv info`` reports it)
 
 from __future__ import annotations
 
+import base64
+import binascii
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -49,7 +51,7 @@ from shardkv.codecs.inner import (
     ZstdCodec,
 )
 from shardkv.errors import ConfigurationError, ShardKVError
-from shardkv.metadata.v3_view import SHARDING_CODEC, sharding_spec_from_v3
+from shardkv.metadata.v3_view import SHARDING_CODEC, V2_FILL_FIELD, sharding_spec_from_v3
 
 __all__ = ["V2View", "v2_view_of_v3", "numpy_dtype_of_v3", "fill_value_from_v3"]
 
@@ -81,24 +83,54 @@ class V2View:
         return bool(self.documents)
 
 
+_EXTENSION_KINDS = {"fixed_length_utf32": "U", "null_terminated_bytes": "S", "raw_bytes": "V"}
+_TIME_KINDS = {"numpy.datetime64": "M8", "numpy.timedelta64": "m8"}
+
+
 def numpy_dtype_of_v3(data_type: Any, endian: str | None = "little") -> np.dtype:
-    """The numpy dtype of a v3 core ``data_type`` stored with the ``bytes`` codec's ``endian``.
+    """The numpy dtype of a v3 ``data_type`` stored with the ``bytes`` codec's ``endian``.
+
+    Core numeric and bool types, and the zarr-python 3 extension types that
+    :func:`shardkv.metadata.v3_view.v3_data_type` writes (fixed-size strings,
+    bytes, void, datetime64, timedelta64).
 
     Raises
     ------
     ConfigurationError
-        If ``data_type`` is not a v3 core data type (``r<N>`` and extensions included).
+        If ``data_type`` is neither (``r<N>`` and other extensions included).
     """
+    order = "<" if endian != "big" else ">"
+    if isinstance(data_type, Mapping):
+        name = data_type.get("name")
+        config = data_type.get("configuration") or {}
+        if name in _EXTENSION_KINDS:
+            n = config.get("length_bytes")
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ConfigurationError(f"data_type {data_type!r}: length_bytes must be an int >= 1")
+            if name == "fixed_length_utf32":
+                if n % 4:
+                    raise ConfigurationError(f"data_type {data_type!r}: length_bytes must be a multiple of 4")
+                return np.dtype(f"{order}U{n // 4}")
+            return np.dtype(f"|{_EXTENSION_KINDS[name]}{n}")
+        if name in _TIME_KINDS:
+            unit, scale = config.get("unit"), config.get("scale_factor", 1)
+            try:
+                return np.dtype(f"{order}{_TIME_KINDS[name]}[{'' if scale == 1 else int(scale)}{unit}]")
+            except (TypeError, ValueError):
+                raise ConfigurationError(f"data_type {data_type!r}: unknown unit or scale_factor") from None
     if not isinstance(data_type, str) or data_type not in _V3_TO_NUMPY:
         raise ConfigurationError(f"data_type {data_type!r} is not a Zarr v3 core numeric or bool type")
     code = _V3_TO_NUMPY[data_type]
     if code in ("b1", "i1", "u1"):
         return np.dtype("|" + code)
-    return np.dtype(("<" if endian != "big" else ">") + code)
+    return np.dtype(order + code)
 
 
 def fill_value_from_v3(fill: Any, dtype: np.dtype) -> Any:
     """A v3 JSON ``fill_value`` as a numpy scalar of ``dtype`` (v3 core "fill_value").
+
+    Strings are kept as they are, bytes and void are base64, datetime64 and
+    timedelta64 are integers (zarr-python 3's spellings).
 
     Raises
     ------
@@ -111,13 +143,26 @@ def fill_value_from_v3(fill: Any, dtype: np.dtype) -> Any:
             if not isinstance(fill, bool):
                 raise ValueError("expected true or false")
             return np.bool_(fill)
-        if dtype.kind in "iu":
+        if dtype.kind in "iuMm":
             if isinstance(fill, bool) or not isinstance(fill, int):
                 raise ValueError("expected an integer")
-            info = np.iinfo(dtype)
+            info = np.iinfo(dtype) if dtype.kind in "iu" else np.iinfo(np.int64)
             if not info.min <= fill <= info.max:
                 raise ValueError(f"outside [{info.min}, {info.max}]")
+            if dtype.kind in "Mm":
+                return np.array(fill, dtype="<i8").view(dtype.newbyteorder("<"))[()]
             return dtype.type(fill)
+        if dtype.kind == "U":
+            if not isinstance(fill, str) or len(fill) > dtype.itemsize // 4:
+                raise ValueError(f"expected a string of at most {dtype.itemsize // 4} characters")
+            return np.str_(fill)
+        if dtype.kind in "SV":
+            if not isinstance(fill, str):
+                raise ValueError("expected a base64 string")
+            raw = base64.standard_b64decode(fill.encode("ascii"))
+            if len(raw) > dtype.itemsize or (dtype.kind == "V" and len(raw) != dtype.itemsize):
+                raise ValueError(f"base64 of {len(raw)} bytes for a {dtype.itemsize}-byte type")
+            return np.bytes_(raw) if dtype.kind == "S" else np.void(raw.ljust(dtype.itemsize, b"\0"))
         if dtype.kind == "f":
             return dtype.type(_float_from_v3(fill, dtype.itemsize))
         if dtype.kind == "c":
@@ -125,7 +170,7 @@ def fill_value_from_v3(fill: Any, dtype: np.dtype) -> Any:
                 raise ValueError("expected [real, imag]")
             half = dtype.itemsize // 2
             return dtype.type(complex(_float_from_v3(fill[0], half), _float_from_v3(fill[1], half)))
-    except (ValueError, TypeError, OverflowError) as exc:
+    except (ValueError, TypeError, OverflowError, binascii.Error) as exc:
         raise ConfigurationError(f"fill_value {fill!r} is not a valid {dtype} fill value: {exc}") from None
     raise ConfigurationError(f"no fill value rule for dtype {dtype}")
 
@@ -146,6 +191,12 @@ def _float_from_v3(value: Any, itemsize: int) -> float:
 
 def _v2_fill(value: Any, dtype: np.dtype) -> Any:
     """A numpy fill value in zarr-python 2's ``.zarray`` JSON spelling."""
+    if dtype.kind == "U":
+        return str(value)
+    if dtype.kind in "SV":
+        return base64.standard_b64encode(bytes(value)).decode("ascii")
+    if dtype.kind in "Mm":
+        return int(np.asarray(value, dtype=dtype.newbyteorder("=")).view(np.int64))
     if dtype.kind == "b":
         return bool(value)
     if dtype.kind in "iu":
@@ -211,7 +262,11 @@ def _v2_dtype_and_fill(metadata: Mapping[str, Any], inner: CodecPipeline, proble
         endian = inner.array_to_bytes.endian
     try:
         dtype = numpy_dtype_of_v3(metadata.get("data_type"), endian)
-        return dtype, _v2_fill(fill_value_from_v3(metadata.get("fill_value"), dtype), dtype)
+        fill = _v2_fill(fill_value_from_v3(metadata.get("fill_value"), dtype), dtype)
+        marker = metadata.get(V2_FILL_FIELD)
+        if isinstance(marker, Mapping) and "fill_value" in marker and marker["fill_value"] is None:
+            fill = None  # a v2 null fill, kept by the writer of this document
+        return dtype, fill
     except ConfigurationError as exc:
         problems.append(exc.reason)
         return np.dtype("u1"), 0

@@ -14,13 +14,24 @@ array (v3 core "Array metadata") whose only array -> bytes codec is
   as zarr-python 3's ``numcodecs.*`` codecs);
 * ``attributes`` mirror ``.zattrs``.
 
-Where a v2 array has no v3 equivalent (a dtype such as ``<U4``), the view
-names a data type or codec no v3 reader knows (``shardkv.*``), so v3 readers
-refuse the array instead of misreading it; :attr:`V3View.problems` says why.
+Fixed-size strings, bytes, void, datetime64 and timedelta64 (``<U4``, ``|S8``,
+``|V2``, ``<M8[ns]``) have no core v3 type: the view names the extension types
+zarr-python 3 registers (``fixed_length_utf32``, ``null_terminated_bytes``,
+``raw_bytes``, ``numpy.datetime64``/``numpy.timedelta64``; see
+:func:`v3_data_type`), which zarr-python 3 reads with the same values and
+tensorstore refuses. Where no reader has a type (structured, object), the view
+names a data type and codec no v3 reader knows (``shardkv.*``), so v3 readers
+refuse the array instead of misreading it. :attr:`V3View.problems` says why.
+
+A v2 ``fill_value: null`` becomes the type's zero (``0``, ``false``, ``""``,
+zero bytes) plus the field ``"shardkv.v2_fill_value": {"must_understand":
+false, "fill_value": null}`` (:data:`V2_FILL_FIELD`), which v3 readers skip and
+:func:`shardkv.metadata.v2_view.v2_view_of_v3` turns back into ``null``.
 """
 
 from __future__ import annotations
 
+import base64
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -35,6 +46,8 @@ from shardkv.keys.encodings import ChunkKeyEncoding, V2ChunkKeyEncoding, chunk_k
 __all__ = [
     "V3View",
     "SHARDING_CODEC",
+    "V2_FILL_FIELD",
+    "v3_data_type",
     "v3_view_of_v2",
     "ShardingSpec",
     "sharding_spec_from_v3",
@@ -78,9 +91,93 @@ def v2_dimension_separator(zarray: Mapping[str, Any]) -> str:
 # -- v2 -> v3 ------------------------------------------------------------
 
 
+V2_FILL_FIELD = "shardkv.v2_fill_value"
+"""The ``zarr.json`` field that records a v2 ``fill_value: null`` (``must_understand: false``)."""
+
+
+def v3_data_type(dtype: np.dtype) -> tuple[Any, str | None]:
+    """The v3 ``data_type`` of a numpy dtype, and whether it is a core type.
+
+    Core numeric and bool types map to their v3 core names; fixed-size
+    strings, bytes, void, datetime64 and timedelta64 map to the extension
+    names zarr-python 3 registers (``fixed_length_utf32``,
+    ``null_terminated_bytes``, ``raw_bytes``, ``numpy.datetime64``,
+    ``numpy.timedelta64``), which zarr-python 3 reads with the same bytes.
+
+    Parameters
+    ----------
+    dtype : numpy.dtype
+        The v2 dtype (its byte order goes to the ``bytes`` codec, not here).
+
+    Returns
+    -------
+    data_type : str or dict or None
+        The v3 ``data_type``; ``None`` when no reader has one (structured,
+        object, unit-less datetime).
+    extension : str or None
+        The extension name when ``data_type`` is not a core type, else ``None``.
+    """
+    if dtype.fields is not None:
+        return None, None
+    core = _V3_DTYPES.get(f"{dtype.kind}{dtype.itemsize}")
+    if core is not None:
+        return core, None
+    length = {"name": None, "configuration": {"length_bytes": dtype.itemsize}}
+    if dtype.kind == "U" and dtype.itemsize:
+        length["name"] = "fixed_length_utf32"
+    elif dtype.kind == "S" and dtype.itemsize:
+        length["name"] = "null_terminated_bytes"
+    elif dtype.kind == "V" and dtype.itemsize:
+        length["name"] = "raw_bytes"
+    elif dtype.kind in "Mm":
+        unit, scale = np.datetime_data(dtype)
+        if unit == "generic":
+            return None, None
+        name = "numpy.datetime64" if dtype.kind == "M" else "numpy.timedelta64"
+        return {"name": name, "configuration": {"unit": unit, "scale_factor": int(scale)}}, name
+    else:
+        return None, None
+    return length, str(length["name"])
+
+
+def _numpy_dtype(v2_dtype: Any) -> np.dtype:
+    """The numpy dtype of a v2 ``dtype`` (a string, or a structured dtype's list of fields)."""
+    if isinstance(v2_dtype, list):
+        return np.dtype([tuple(f) for f in v2_dtype])
+    return np.dtype(v2_dtype)
+
+
+def _null_fill_value(dtype: np.dtype) -> Any:
+    """The v3 fill value that stands for a v2 ``null`` (see spec_notes, clause M7)."""
+    if dtype.kind == "b":
+        return False
+    if dtype.kind == "c":
+        return [0.0, 0.0]
+    if dtype.kind in "US":
+        return ""
+    if dtype.kind == "V":
+        return base64.standard_b64encode(bytes(dtype.itemsize)).decode("ascii")
+    return 0
+
+
 def _v3_fill_value(fill: Any, dtype: np.dtype) -> Any:
     if fill is None:
-        return False if dtype.kind == "b" else ([0.0, 0.0] if dtype.kind == "c" else 0)
+        return _null_fill_value(dtype)
+    if dtype.kind in "USV":
+        if isinstance(fill, str):
+            return fill  # v2 and v3 spell these alike: the string, or base64 of the bytes
+        if dtype.kind == "V":
+            raise ConfigurationError(f"fill_value {fill!r} of a {dtype.str} array must be a base64 string")
+        # zarr-python 2 fills with numpy's conversion: 0 becomes "0" (U) or b"0" (S)
+        try:
+            value = np.array(fill, dtype=dtype)[()]
+        except (TypeError, ValueError):
+            raise ConfigurationError(f"fill_value {fill!r} does not convert to {dtype.str}") from None
+        return str(value) if dtype.kind == "U" else base64.standard_b64encode(bytes(value)).decode("ascii")
+    if dtype.kind in "Mm":
+        if isinstance(fill, bool) or not isinstance(fill, int):
+            raise ConfigurationError(f"fill_value {fill!r} of a {dtype.str} array must be an integer")
+        return fill
     if dtype.kind == "f":
         if isinstance(fill, str):
             return fill  # "NaN", "Infinity", "-Infinity" are spelt the same in v3
@@ -180,9 +277,10 @@ def v3_view_of_v2(
             f"the array has {len(shape)} dimension(s)"
         )
     problems: list[str] = []
-    dtype = np.dtype(zarray["dtype"])
-    data_type: Any = _V3_DTYPES.get(f"{dtype.kind}{dtype.itemsize}") if dtype.fields is None else None
-    if data_type is None:
+    dtype = _numpy_dtype(zarray["dtype"])
+    data_type, extension = v3_data_type(dtype)
+    opaque = data_type is None
+    if opaque:
         problems.append(f"dtype {zarray['dtype']!r} has no Zarr v3 core data type")
         data_type = {"name": "shardkv.v2_dtype", "configuration": {"dtype": zarray["dtype"]}}
         fill_value: Any = zarray.get("fill_value")
@@ -193,6 +291,11 @@ def v3_view_of_v2(
             "compressor": zarray.get("compressor"), "filters": zarray.get("filters"),
         }}]  # fmt: skip
     else:
+        if extension is not None:
+            problems.append(
+                f"dtype {zarray['dtype']!r} has no Zarr v3 core data type; stored as the zarr-python 3 "
+                f"extension {extension!r} (zarr-python 3 only)"
+            )
         fill_value = _v3_fill_value(zarray.get("fill_value"), dtype)
         inner = _inner_codecs(zarray, dtype, len(shape), problems)
 
@@ -223,6 +326,9 @@ def v3_view_of_v2(
         ],
         "attributes": dict(zattrs or {}),
     }
+    if zarray.get("fill_value") is None and not opaque:
+        # v3 has no null fill: the type's zero stands for it, and this marker brings null back
+        metadata[V2_FILL_FIELD] = {"must_understand": False, "fill_value": None}
     return V3View(metadata, tuple(problems))
 
 

@@ -8,7 +8,7 @@ reads the indexes in batches, one request each).
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Iterator
 
 from shardkv.engine.planner import ShardIO
 from shardkv.keys.space import ShardedArray

@@ -1,0 +1,403 @@
+"""Which metadata documents a sharded hierarchy stores, and which v2 documents it presents. Pure.
+
+Issue 11 ("storage never lies"): on storage every sharded array is a Zarr v3
+array and nothing else, so no reader that bypasses shardkv can take a shard
+for a v2 chunk. This module plans the documents; the proxy does the I/O.
+
+Stored (what any reader sees)::
+
+    zarr.json             v3 group, attributes inside, consolidated_metadata (optional)
+    .zmetadata            optional; sharded arrays' ".zarray" replaced by REFUSED_ZARRAY
+    grp/zarr.json         v3 group on the path of a sharded array (no .zgroup/.zattrs)
+    grp/temp/zarr.json    v3 array: sharding_indexed, v2 chunk key encoding,
+                          attributes inside, dimension_names from _ARRAY_DIMENSIONS
+    grp/temp/0.0          a shard
+    plain/.zarray         an unsharded v2 array: untouched
+
+Presented to zarr-python 2 through the proxy: ``.zarray``/``.zattrs`` of each
+sharded array and ``.zgroup``/``.zattrs`` of each v3 group, derived from
+``zarr.json`` by :func:`shardkv.metadata.v2_view.v2_view_of_v3` (the same path
+as arrays written by zarr-python 3 and tensorstore), and the full ``.zmetadata``.
+
+A :class:`MetadataPlan` lists the keys to write and to delete; applying it in
+one ``set_many`` + ``delete_many`` is the proxy's job:
+
+=====================================  ==============================================
+zarr 2 writes through the proxy        plan
+=====================================  ==============================================
+``.zarray`` of a new sharded array     :func:`plan_sharded_array`
+``.zarray`` of a sharded array         :func:`plan_zarray_update` (resize, append)
+``.zattrs`` of a v3 node               :func:`plan_attributes`
+``.zgroup`` under a v3 root            :func:`plan_group`
+``.zmetadata``                         :func:`stored_zmetadata` + root
+                                       :func:`with_consolidated_metadata`
+reads of ``.zarray``/``.zattrs``/      :func:`present`, :func:`presented_zmetadata`
+``.zgroup``/``.zmetadata``
+a hierarchy in the old layout          :func:`plan_migration` (``convert``, a migrate command)
+=====================================  ==============================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from shardkv.errors import ConfigurationError
+from shardkv.format.layout import ShardLayout
+from shardkv.metadata.v2_view import v2_view_of_v3
+from shardkv.metadata.v3_view import sharding_spec_from_v3, v3_view_of_v2
+
+__all__ = [
+    "ZARR_JSON",
+    "REFUSED_ZARRAY",
+    "MetadataPlan",
+    "group_paths",
+    "group_document",
+    "array_document",
+    "plan_sharded_array",
+    "plan_attributes",
+    "plan_group",
+    "plan_zarray_update",
+    "present",
+    "stored_zmetadata",
+    "presented_zmetadata",
+    "with_consolidated_metadata",
+    "plan_migration",
+]
+
+ZARR_JSON = "zarr.json"
+_DIMENSIONS = "_ARRAY_DIMENSIONS"  # xarray's v2 attribute; v3 has dimension_names
+
+REFUSED_ZARRAY: dict[str, Any] = {
+    "zarr_format": 3,
+    "node_type": "array",
+    "shardkv": "a sharded array: its zarr.json is a Zarr v3 array; read it with a v3 reader or through shardkv",
+}
+"""The ``.zarray`` a stored ``.zmetadata`` holds for a sharded array: zarr-python 2
+refuses it (``zarr_format`` is not 2), so consolidated reads raise, never misread."""
+
+
+@dataclass(frozen=True)
+class MetadataPlan:
+    """Keys to write and keys to delete in the base store, applied together.
+
+    Attributes
+    ----------
+    writes : dict of str to dict
+        Store key (``path/zarr.json``) -> JSON document.
+    deletes : frozenset of str
+        Store keys to remove (``.zarray``/``.zattrs``/``.zgroup`` a v3 document replaces).
+    """
+
+    writes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    deletes: frozenset[str] = frozenset()
+
+    def merged(self, other: MetadataPlan) -> MetadataPlan:
+        """Both plans, ``other``'s writes winning; a key written is never deleted."""
+        writes = {**self.writes, **other.writes}
+        return MetadataPlan(writes, frozenset((self.deletes | other.deletes) - writes.keys()))
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}/{name}" if path else name
+
+
+def group_paths(path: str) -> list[str]:
+    """The groups on the path of a node, root first: ``"a/b/c"`` -> ``["", "a", "a/b"]``."""
+    parts = [p for p in path.split("/") if p]
+    return ["/".join(parts[:i]) for i in range(len(parts))]
+
+
+def group_document(attributes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The v3 group ``zarr.json`` holding ``attributes`` (the group's ``.zattrs``)."""
+    return {"zarr_format": 3, "node_type": "group", "attributes": dict(attributes or {})}
+
+
+def array_document(zarray: Mapping[str, Any], zattrs: Mapping[str, Any] | None, layout: ShardLayout) -> dict[str, Any]:
+    """The stored v3 ``zarr.json`` of a sharded array written as ``.zarray`` + ``.zattrs``.
+
+    :func:`~shardkv.metadata.v3_view.v3_view_of_v2`, with xarray's
+    ``_ARRAY_DIMENSIONS`` attribute moved to ``dimension_names`` (where v3
+    readers and xarray look); :func:`present` moves it back.
+
+    Raises
+    ------
+    ConfigurationError
+        If ``layout`` does not fit the array, or ``_ARRAY_DIMENSIONS`` is not
+        one string per dimension.
+    """
+    attrs = dict(zattrs or {})
+    names = attrs.pop(_DIMENSIONS, None)
+    doc = v3_view_of_v2(zarray, attrs, layout).metadata
+    if names is not None:
+        if not isinstance(names, list) or len(names) != len(doc["shape"]) or not all(isinstance(n, str) for n in names):
+            raise ConfigurationError(f"{_DIMENSIONS} must be one string per dimension, got {names!r}")
+        doc["dimension_names"] = list(names)
+    return doc
+
+
+def plan_sharded_array(
+    path: str,
+    zarray: Mapping[str, Any],
+    zattrs: Mapping[str, Any] | None,
+    layout: ShardLayout,
+    groups: Mapping[str, Mapping[str, Any] | None],
+) -> MetadataPlan:
+    """The documents to store when a sharded array is created or its ``.zarray`` rewritten.
+
+    Parameters
+    ----------
+    path : str
+        The array's path ("" is not allowed: the root is a group).
+    zarray, zattrs : mapping
+        The v2 documents the client wrote (``zattrs`` None when it has none).
+    layout : ShardLayout
+        The sharding decision (chunks_per_shard, index options).
+    groups : mapping of str to mapping or None
+        For each group on the path (:func:`group_paths`), its current
+        attributes (from its stored ``zarr.json`` or ``.zattrs``); a group
+        missing here is stored with no attributes.
+
+    Returns
+    -------
+    MetadataPlan
+        Writes the array's and every group's ``zarr.json``; deletes their
+        ``.zarray``, ``.zattrs`` and ``.zgroup``.
+
+    Raises
+    ------
+    ConfigurationError
+        If ``path`` is the root, or the documents are invalid (see :func:`array_document`).
+    """
+    if not path.strip("/"):
+        raise ConfigurationError("the root of a hierarchy is a group; a sharded array needs a path", path)
+    writes = {_join(path, ZARR_JSON): array_document(zarray, zattrs, layout)}
+    deletes = {_join(path, ".zarray"), _join(path, ".zattrs")}
+    for group in group_paths(path):
+        writes[_join(group, ZARR_JSON)] = group_document(groups.get(group))
+        deletes.update({_join(group, ".zgroup"), _join(group, ".zattrs")})
+    return MetadataPlan(writes, frozenset(deletes))
+
+
+def plan_attributes(path: str, stored: Mapping[str, Any], zattrs: Mapping[str, Any]) -> MetadataPlan:
+    """The documents to store when ``.zattrs`` is written for a node stored as v3.
+
+    ``_ARRAY_DIMENSIONS`` of an array goes to ``dimension_names``.
+
+    Raises
+    ------
+    ConfigurationError
+        If ``stored`` is not a v3 document or ``_ARRAY_DIMENSIONS`` does not fit.
+    """
+    if stored.get("zarr_format") != 3 or stored.get("node_type") not in ("array", "group"):
+        raise ConfigurationError(f"not a v3 array or group document: {dict(stored)!r}", path)
+    doc = dict(stored)
+    attrs = dict(zattrs)
+    if doc["node_type"] == "array":
+        names = attrs.pop(_DIMENSIONS, None)
+        if names is None:
+            doc.pop("dimension_names", None)
+        elif isinstance(names, list) and len(names) == len(doc["shape"]) and all(isinstance(n, str) for n in names):
+            doc["dimension_names"] = list(names)
+        else:
+            raise ConfigurationError(f"{_DIMENSIONS} must be one string per dimension, got {names!r}", path)
+    doc["attributes"] = attrs
+    return MetadataPlan({_join(path, ZARR_JSON): doc}, frozenset({_join(path, ".zattrs")}))
+
+
+def plan_group(path: str, zattrs: Mapping[str, Any] | None, groups: Mapping[str, Mapping[str, Any] | None]) -> MetadataPlan:
+    """The documents to store when ``.zgroup`` is written inside a hierarchy whose root is v3.
+
+    The group and every group above it are stored as v3 groups (zarr-python 3
+    lists only v3 children of a v3 group); ``groups`` gives the attributes of
+    the groups above, as in :func:`plan_sharded_array`.
+    """
+    path = path.strip("/")
+    writes = {_join(path, ZARR_JSON): group_document(zattrs)}
+    deletes = {_join(path, ".zgroup"), _join(path, ".zattrs")}
+    for group in group_paths(path):
+        writes[_join(group, ZARR_JSON)] = group_document(groups.get(group))
+        deletes.update({_join(group, ".zgroup"), _join(group, ".zattrs")})
+    return MetadataPlan(writes, frozenset(deletes))
+
+
+def plan_zarray_update(path: str, stored: Mapping[str, Any], zarray: Mapping[str, Any]) -> MetadataPlan:
+    """The documents to store when ``.zarray`` is rewritten for a sharded array (resize, append).
+
+    The new ``.zarray`` is translated with the stored layout, attributes and
+    ``dimension_names``; only what ``.zarray`` says changes.
+
+    Raises
+    ------
+    ConfigurationError
+        If ``stored`` is not a sharded v3 array, or the inner chunks change
+        (that re-shards every chunk: delete the array first).
+    """
+    spec = sharding_spec_from_v3(stored, path) if stored.get("node_type") == "array" else None
+    if spec is None:
+        raise ConfigurationError("not a sharded v3 array document", path)
+    if [int(c) for c in zarray["chunks"]] != list(spec.chunks):
+        raise ConfigurationError(
+            f"cannot change the chunks of a sharded array from {list(spec.chunks)} to {list(zarray['chunks'])}; "
+            "delete the array first",
+            path,
+        )
+    attrs = dict(stored.get("attributes") or {})
+    if stored.get("dimension_names") is not None:
+        attrs[_DIMENSIONS] = list(stored["dimension_names"])
+    doc = array_document(zarray, attrs, spec.layout)
+    return MetadataPlan({_join(path, ZARR_JSON): doc}, frozenset({_join(path, ".zarray")}))
+
+
+def present(stored: Mapping[str, Any], path: str = "") -> dict[str, dict[str, Any]]:
+    """The v2 documents (``.zarray``/``.zgroup`` and ``.zattrs``) that present a stored v3 node.
+
+    :func:`~shardkv.metadata.v2_view.v2_view_of_v3`; an array stored with the
+    ``v2`` chunk key encoding keeps its separator as ``dimension_separator``,
+    so the chunk keys zarr-python 2 uses are the keys it wrote. Empty when the
+    node cannot be presented (``v2_view_of_v3(...).problems`` says why).
+    """
+    docs = {k: dict(v) for k, v in v2_view_of_v3(stored, path).documents.items()}
+    encoding = stored.get("chunk_key_encoding") or {}
+    if ".zarray" in docs and encoding.get("name") == "v2":
+        docs[".zarray"]["dimension_separator"] = (encoding.get("configuration") or {}).get("separator", ".")
+    return docs
+
+
+# -- consolidated metadata ---------------------------------------------------
+
+
+def stored_zmetadata(presented: Mapping[str, Any], sharded: Iterable[str]) -> dict[str, Any]:
+    """The ``.zmetadata`` to store, from the one zarr-python 2 wrote through the proxy.
+
+    Each sharded array's ``.zarray`` becomes :data:`REFUSED_ZARRAY` and its
+    ``.zattrs`` is left out: zarr-python 2 without shardkv lists the array and
+    raises on opening it. Groups and unsharded arrays stay as written.
+
+    Parameters
+    ----------
+    presented : mapping
+        ``{"zarr_consolidated_format": 1, "metadata": {key: document}}``.
+    sharded : iterable of str
+        Paths of the sharded arrays.
+
+    Raises
+    ------
+    ConfigurationError
+        If ``presented`` is not a version 1 consolidated document.
+    """
+    if presented.get("zarr_consolidated_format") != 1 or not isinstance(presented.get("metadata"), Mapping):
+        raise ConfigurationError(f"not a zarr_consolidated_format 1 document: keys {sorted(presented)}")
+    hidden = set(sharded)
+    metadata: dict[str, Any] = {}
+    for key, doc in presented["metadata"].items():
+        path, _, name = key.rpartition("/")
+        if path in hidden and name == ".zattrs":
+            continue
+        metadata[key] = dict(REFUSED_ZARRAY) if path in hidden and name == ".zarray" else doc
+    for path in hidden:
+        metadata[_join(path, ".zarray")] = dict(REFUSED_ZARRAY)
+    return {**presented, "metadata": metadata}
+
+
+def presented_zmetadata(stored: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The ``.zmetadata`` the proxy presents: the stored one with v3 nodes presented in v2.
+
+    Parameters
+    ----------
+    stored : mapping
+        The stored ``.zmetadata`` (see :func:`stored_zmetadata`).
+    nodes : mapping of str to mapping
+        Path -> stored v3 ``zarr.json`` of each sharded array and v3 group.
+    """
+    metadata = {
+        k: v for k, v in stored.get("metadata", {}).items() if v != REFUSED_ZARRAY and k.rpartition("/")[0] not in nodes
+    }
+    for path, doc in nodes.items():
+        for name, v2doc in present(doc, path).items():
+            metadata[_join(path, name)] = v2doc
+    return {**stored, "metadata": metadata}
+
+
+def _inline(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    return {"kind": "inline", "must_understand": False, "metadata": dict(metadata)}
+
+
+def with_consolidated_metadata(root: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The root group's ``zarr.json`` with zarr-python 3's inline ``consolidated_metadata``.
+
+    The same shape zarr-python 3's ``consolidate_metadata`` writes: one flat
+    object of every v3 node below the root by path, each group in it with an
+    empty inline block of its own.
+
+    Parameters
+    ----------
+    root : mapping
+        The root's v3 group document.
+    nodes : mapping of str to mapping
+        Path -> stored v3 ``zarr.json`` of every v3 node below the root (v2 nodes
+        are not part of a v3 hierarchy and are left out by the caller).
+
+    Raises
+    ------
+    ConfigurationError
+        If ``root`` is not a v3 group document.
+    """
+    if root.get("zarr_format") != 3 or root.get("node_type") != "group":
+        raise ConfigurationError(f"the root must be a v3 group document, got {dict(root)!r}")
+    flat: dict[str, Any] = {}
+    for path in sorted(p.strip("/") for p in nodes):
+        doc = {k: v for k, v in nodes[path].items() if k != "consolidated_metadata"}
+        if doc.get("node_type") == "group":
+            doc["consolidated_metadata"] = _inline({})
+        flat[path] = doc
+    out = {k: v for k, v in root.items() if k != "consolidated_metadata"}
+    out["consolidated_metadata"] = _inline(flat)
+    return out
+
+
+# -- the layout before issue 11 -> the layout after ---------------------------------
+
+
+def plan_migration(documents: Mapping[str, Mapping[str, Any]]) -> MetadataPlan:
+    """The plan that moves a hierarchy stored the old way (``.zarray`` beside ``zarr.json``) to v3.
+
+    Parameters
+    ----------
+    documents : mapping of str to mapping
+        Every metadata document of the hierarchy by store key (``.zarray``,
+        ``.zattrs``, ``.zgroup``, ``zarr.json``, ``.zmetadata``), parsed.
+
+    Returns
+    -------
+    MetadataPlan
+        The sharded arrays and their groups stored as v3 (:func:`plan_sharded_array`);
+        a ``.zmetadata`` made safe (:func:`stored_zmetadata`) and, with it, the
+        root ``zarr.json`` with consolidated metadata. Unsharded arrays are untouched.
+
+    Raises
+    ------
+    ConfigurationError, UnsupportedError
+        If a sharded array's ``zarr.json`` is invalid.
+    """
+    plan = MetadataPlan()
+    sharded: list[str] = []
+    for key in sorted(documents):
+        path, _, name = key.rpartition("/")
+        zjson = documents.get(_join(path, ZARR_JSON))
+        if name != ".zarray" or zjson is None:
+            continue
+        spec = sharding_spec_from_v3(zjson, path)
+        if spec is None:
+            continue
+        sharded.append(path)
+        groups = {g: documents.get(_join(g, ".zattrs")) for g in group_paths(path)}
+        plan = plan.merged(
+            plan_sharded_array(path, documents[key], documents.get(_join(path, ".zattrs")), spec.layout, groups)
+        )
+    zmetadata = documents.get(".zmetadata")
+    if zmetadata is not None and sharded:
+        nodes = {k.rpartition("/")[0]: v for k, v in plan.writes.items() if k != ZARR_JSON}
+        root = with_consolidated_metadata(plan.writes[ZARR_JSON], nodes)
+        plan = plan.merged(MetadataPlan({".zmetadata": stored_zmetadata(zmetadata, sharded), ZARR_JSON: root}))
+    return plan

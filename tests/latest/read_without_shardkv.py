@@ -1,0 +1,114 @@
+"""Readers without shardkv: run by .venv-latest's python (the newest zarr 3, tensorstore, xarray).
+
+    python read_without_shardkv.py zarr3 ROOT OUT PATH...        zarr.open_group(ROOT)[PATH][...]
+    python read_without_shardkv.py zarr3-consolidated ROOT      open_group(use_consolidated=True): members
+    python read_without_shardkv.py tensorstore ROOT OUT PATH... the zarr3 driver on ROOT/PATH
+    python read_without_shardkv.py xarray ROOT OUT              xr.open_zarr(ROOT): each variable
+
+Arrays go to OUT/<n>.npy; stdout is one JSON object: for each PATH (or variable)
+``{"ok": true, "file": ..., "dtype": ...}`` or ``{"ok": false, "error": ...}``.
+Exit status 3 when shardkv is importable here (the point is a reader without it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+
+def _save(out: Path, i: int, data: np.ndarray) -> dict:
+    name = f"{i}.npy"
+    np.save(out / name, np.asarray(data), allow_pickle=False)
+    return {"ok": True, "file": name, "dtype": np.asarray(data).dtype.str}
+
+
+def _zarr3(root: str, out: Path, paths: list[str]) -> dict:
+    import zarr
+
+    group = zarr.open_group(root, mode="r")
+    result = {}
+    for i, path in enumerate(paths):
+        try:
+            result[path] = _save(out, i, group[path][...])
+        except Exception as exc:  # noqa: BLE001 - the reader's refusal is the result
+            result[path] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+    return result
+
+
+def _zarr3_consolidated(root: str) -> dict:
+    import zarr
+
+    group = zarr.open_group(root, mode="r", use_consolidated=True)
+    consolidated = group.metadata.consolidated_metadata
+    members = {}
+    for path, node in group.members(max_depth=None):
+        members[path] = {
+            "node_type": "array" if isinstance(node, zarr.Array) else "group",
+            "attributes": dict(node.attrs),
+            "shape": list(node.shape) if isinstance(node, zarr.Array) else None,
+        }
+    return {
+        "consolidated": consolidated is not None,
+        "consolidated_paths": sorted(consolidated.flattened_metadata) if consolidated is not None else [],
+        "members": members,
+        "attributes": dict(group.attrs),
+    }
+
+
+def _tensorstore(root: str, out: Path, paths: list[str]) -> dict:
+    import tensorstore as ts
+
+    result = {}
+    for i, path in enumerate(paths):
+        try:
+            spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(Path(root) / path) + "/"}}
+            result[path] = _save(out, i, ts.open(spec, read=True).result().read().result())
+        except Exception as exc:  # noqa: BLE001 - the reader's refusal is the result
+            result[path] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+    return result
+
+
+def _xarray(root: str, out: Path) -> dict:
+    import xarray as xr
+
+    ds = xr.open_zarr(root)
+    result = {}
+    for i, (name, var) in enumerate(ds.variables.items()):
+        entry = _save(out, i, var.values)
+        entry.update(dims=list(var.dims), attrs={k: v for k, v in var.attrs.items() if isinstance(v, (str, int, float, list))})
+        result[str(name)] = entry
+    result["__attrs__"] = {k: v for k, v in ds.attrs.items() if isinstance(v, (str, int, float, list))}
+    return result
+
+
+def main(argv: list[str]) -> int:
+    if importlib.util.find_spec("shardkv") is not None:
+        print("shardkv is importable in the reader environment", file=sys.stderr)
+        return 3
+    warnings.simplefilter("ignore")
+    command, root = argv[0], argv[1]
+    if command == "zarr3-consolidated":
+        result = _zarr3_consolidated(root)
+    else:
+        out = Path(argv[2])
+        out.mkdir(parents=True, exist_ok=True)
+        if command == "zarr3":
+            result = _zarr3(root, out, argv[3:])
+        elif command == "tensorstore":
+            result = _tensorstore(root, out, argv[3:])
+        elif command == "xarray":
+            result = _xarray(root, out)
+        else:
+            print(f"unknown command {command!r}", file=sys.stderr)
+            return 2
+    json.dump(result, sys.stdout, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
