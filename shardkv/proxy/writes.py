@@ -25,8 +25,8 @@ buffered) when it grows well past the buffer.
 
 from __future__ import annotations
 
-import threading
 import os
+import threading
 from os import PathLike
 from typing import Callable, Iterator, Mapping
 
