@@ -80,7 +80,7 @@ def retry(call: Callable[[], Any], failures: list[str]) -> None:
     raise AssertionError("200 attempts in a row failed")
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, 2])
 def test_failed_flushes_and_evictions_lose_no_acknowledged_chunk(seed: int) -> None:
     base = FaultyStore(rate=0.3, seed=seed)
     st = ShardedStore(base, chunks_per_shard=2, buffer_bytes=400)  # ~6 chunks of 64 bytes: evictions
@@ -91,8 +91,8 @@ def test_failed_flushes_and_evictions_lose_no_acknowledged_chunk(seed: int) -> N
     write_failures: list[str] = []
     flush_failures: list[str] = []
     started = time.monotonic()
-    for step in range(150):
-        if time.monotonic() - started > 20:
+    for step in range(120):
+        if time.monotonic() - started > 15:
             break
         r0, c0 = int(rng.integers(0, 29)), int(rng.integers(0, 33))
         r1, c1 = int(rng.integers(r0 + 1, 31)), int(rng.integers(c0 + 1, 35))
@@ -276,3 +276,35 @@ def test_stale_temporaries_are_removed_young_ones_kept(tmp_path: Path, when: str
     else:
         st.compact()
     assert not old.exists() and young.exists()
+
+
+def crash(store: ShardedStore) -> None:
+    """Drop the store as a kill would: its journal file closed (lock released), nothing flushed."""
+    assert store._writer.journal is not None
+    store._writer.journal.close()
+
+
+@pytest.mark.parametrize("how", ["rmdir", "shrink"])
+def test_replay_does_not_resurrect_chunks_of_a_deleted_or_shrunk_array(tmp_path: Path, how: str) -> None:
+    root, journal = tmp_path / "store", tmp_path / "j"
+    st = open_journalled(root, journal)
+    shape, chunks = (CHUNK * N_CHUNKS,), (CHUNK,)
+    b = zarr.open_array(st, mode="w", path="b", shape=shape, chunks=chunks, dtype="i4", fill_value=0)
+    a = zarr.open_array(st, mode="w", path="a", shape=shape, chunks=chunks, dtype="i4", fill_value=0)
+    b[:CHUNK] = 9  # stays buffered throughout: the journal is never simply reset
+    if how == "rmdir":
+        a[: 2 * CHUNK] = 5
+        st.rmdir("a")  # its buffered chunks are dropped, and so must their journal records be
+        a = zarr.open_array(st, mode="w", path="a", shape=shape, chunks=chunks, dtype="i4", fill_value=0)
+    else:
+        a[12 * CHUNK : 13 * CHUNK] = 7
+        a.resize(10 * CHUNK)  # flushes a, then trims chunk 12 from its shard
+        a.resize(CHUNK * N_CHUNKS)
+    a[CHUNK : 2 * CHUNK] = 8  # still buffered at the crash
+    assert st._writer.buffer is not None and len(st._writer.buffer) == 2
+    crash(st)
+    st = open_journalled(root, journal)
+    expected = np.zeros(CHUNK * N_CHUNKS, dtype="i4")
+    expected[CHUNK : 2 * CHUNK] = 8
+    assert np.array_equal(zarr.open_array(st, mode="r", path="a")[:], expected)
+    assert np.array_equal(zarr.open_array(st, mode="r", path="b")[:CHUNK], np.full(CHUNK, 9))

@@ -106,9 +106,17 @@ class ShardWriter:
         self._drain(lambda: {**buf.take_complete(keys), **buf.take_over_limit()})
 
     def write_now(self, changes: ShardChanges) -> None:
-        """Write chunk changes at once, bypassing the buffer (resize trims)."""
-        if changes:
-            self.io.write_shards(changes)  # type: ignore[arg-type]
+        """Write chunk changes at once, bypassing the buffer (resize trims).
+
+        The journal is compacted afterwards, so that no older record of a
+        trimmed chunk can come back on replay should the array grow again.
+        """
+        if not changes:
+            return
+        self.io.write_shards(changes)  # type: ignore[arg-type]
+        if self.journal is not None and self.buffer is not None:
+            with self.buffer.lock:
+                self.journal.reset(self._buffered_records())
 
     def _drain(self, select: Callable[[], dict[str, PendingShard]]) -> None:
         """Write the shards ``select`` picks (under the buffer lock) and settle those written."""
@@ -175,7 +183,7 @@ class ShardWriter:
         """Drop buffered writes of arrays being deleted, so a later flush (or replay) cannot resurrect them."""
         if self.buffer is None:
             return
-        with self.buffer.lock:
+        with self._io_lock, self.buffer.lock:  # a flush under way finishes first: it cannot write them after
             if self.buffer.discard_under(path) and self.journal is not None:
                 self.journal.reset(self._buffered_records())
 
