@@ -138,14 +138,16 @@ class Journal:
 
     # -- file ---------------------------------------------------------------------------
 
-    def _create(self, start_seq: int) -> None:
-        """Atomically make ``path`` an empty journal starting at ``start_seq``."""
+    def _create(self, start_seq: int, frames: bytes = b"") -> None:
+        """Atomically make ``path`` a journal starting at ``start_seq`` holding ``frames``."""
         body = _HEADER.pack(_MAGIC, start_seq)
         tmp = f"{self.path}.{uuid.uuid4().hex}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             try:
-                os.write(fd, body + struct.pack("<I", crc32c_of(body)))
+                data = memoryview(body + struct.pack("<I", crc32c_of(body)) + frames)
+                while len(data):
+                    data = data[os.write(fd, data) :]
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -269,20 +271,44 @@ class Journal:
         records, _, _ = self._scan(on_corrupt)
         yield from records
 
-    def reset(self) -> None:
+    def reset(self, keep: Iterable[tuple[str, bytes | None]] = ()) -> None:
         """Drop every record (call once their shards are durable); sequence numbers go on.
 
-        The journal is replaced atomically by an empty one whose header starts
-        at :attr:`next_seq`.
+        The journal is replaced atomically by one whose header starts at
+        :attr:`next_seq` and that holds only the records ``keep`` (as
+        :meth:`append` takes them, fsync'd before the replacement): a crash
+        leaves either the old journal or the new one, never a mix.
+
+        Parameters
+        ----------
+        keep : iterable of (str, bytes or None)
+            Writes still to be kept (not yet durable elsewhere).
         """
-        self._create(self._next_seq)
+        start = self._next_seq
+        batch = [
+            JournalRecord(start + i, key, None if value is None else bytes(memoryview(value).cast("B")))
+            for i, (key, value) in enumerate(keep)
+        ]
+        frames = b"".join(_encode_frame(r) for r in batch)
+        self._create(start, frames)
         fd = os.open(self.path, os.O_RDWR)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.close(self._fd)
         self._fd = fd
-        self._start_seq = self._next_seq
-        self._end = _HEADER_NBYTES
+        self._start_seq = start
+        self._next_seq = start + len(batch)
+        self._end = _HEADER_NBYTES + len(frames)
         self.torn_tail_nbytes = 0
+
+    @property
+    def empty(self) -> bool:
+        """True when the journal holds no record (nor a torn tail)."""
+        return self._end == _HEADER_NBYTES and not self.torn_tail_nbytes
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the journal file up to the end of its last record."""
+        return self._end
 
     truncate = reset
 

@@ -7,7 +7,11 @@ shard) rewrites. With a buffer, each shard is written when it is complete
 when the memory limit forces it out (oldest shard first; then merged with
 what is stored). The total bytes written approach the array's encoded size.
 
-This module only keeps the books (pure); the proxy does the I/O.
+This module only keeps the books (pure); the proxy does the I/O. Nothing
+leaves the buffer because it is *about* to be written: the ``take_*``
+methods hand out copies, and :meth:`WriteBuffer.settle` removes what a
+successful write stored. A failed write therefore loses nothing: the
+updates stay buffered (and visible to readers) for the next attempt.
 """
 
 from __future__ import annotations
@@ -101,6 +105,52 @@ class WriteBuffer:
         pending = self._pending.pop(shard_key)
         self._nbytes -= pending.nbytes
         return pending
+
+    def _copy(self, shard_key: str) -> PendingShard:
+        p = self._pending[shard_key]
+        return PendingShard(p.array, p.shard_coords, dict(p.updates), p.nbytes)
+
+    def take_complete(self, shard_keys: list[str]) -> dict[str, PendingShard]:
+        """Copies of those of ``shard_keys`` that are complete (they stay buffered until settled)."""
+        return {k: self._copy(k) for k in shard_keys if k in self._pending and self._pending[k].is_complete()}
+
+    def take_over_limit(self) -> dict[str, PendingShard]:
+        """Copies of the oldest shards whose writing brings the buffer within its limit (they stay buffered)."""
+        out: dict[str, PendingShard] = {}
+        left = self._nbytes
+        for key, pending in self._pending.items():
+            if left <= self.max_bytes:
+                break
+            out[key] = self._copy(key)
+            left -= pending.nbytes
+        return out
+
+    def take_all(self, path: str | None = None) -> dict[str, PendingShard]:
+        """Copies of every buffered shard (of the array at ``path`` only, if given); they stay buffered."""
+        return {k: self._copy(k) for k, p in self._pending.items() if path is None or p.array.path == path}
+
+    def settle(self, shard_key: str, written: PendingShard) -> None:
+        """Forget the updates of ``written`` (a copy from ``take_*``) now stored in the shard.
+
+        An update buffered again since the copy was taken (a newer value,
+        compared by identity) stays buffered; a shard with no update left
+        leaves the buffer.
+        """
+        pending = self._pending.get(shard_key)
+        if pending is None:
+            return
+        for local, value in written.updates.items():
+            if local in pending.updates and pending.updates[local] is value:
+                nbytes = 0 if value is None else len(value)
+                del pending.updates[local]
+                pending.nbytes -= nbytes
+                self._nbytes -= nbytes
+        if not pending.updates:
+            self.pop(shard_key)
+
+    def items(self) -> list[tuple[str, PendingShard]]:
+        """``(shard_key, record)`` of every buffered shard, oldest first (the live records)."""
+        return list(self._pending.items())
 
     def pop_complete(self, shard_keys: list[str]) -> dict[str, PendingShard]:
         """Remove and return those of ``shard_keys`` that are complete."""

@@ -11,7 +11,60 @@ from __future__ import annotations
 
 from typing import Callable, Container, Iterator
 
-__all__ = ["split_key", "join_path", "path_prefix", "owner_candidates", "owning_array"]
+from shardkv.errors import InvalidKeyError
+
+__all__ = ["split_key", "join_path", "path_prefix", "owner_candidates", "owning_array", "validate_path"]
+
+_FORBIDDEN_CHARS = {"\\": "a backslash", "\x00": "a NUL character"}
+
+
+def validate_path(path: object, *, what: str = "path") -> str:
+    """Check a hierarchy path given to a path-taking method and return it normalised.
+
+    The one gate for every method that takes a path rather than a key
+    (``rmdir``, ``rename``, ``getsize``, ``listdir``, ``keys_under``, ...):
+    whatever it returns names something inside the store. ``None``, ``""``
+    and ``"/"`` name the root (returned as ``""``); one trailing ``/`` is
+    dropped (``"g/a/"`` -> ``"g/a"``, as zarr's prefixes end). Everything else
+    must be a valid key (see :func:`shardkv.keys.encodings.validate_key`).
+
+    Parameters
+    ----------
+    path : str or None
+        The path as received.
+    what : str
+        How the error names the argument (``"path"``, ``"src_path"``, ...).
+
+    Returns
+    -------
+    str
+        The path relative to the store root, without leading or trailing ``/``.
+
+    Raises
+    ------
+    TypeError
+        If ``path`` is neither a ``str`` nor ``None``.
+    InvalidKeyError
+        If ``path`` is absolute (leading ``/``), holds an empty segment
+        (``a//b``), a segment of periods only (``.``, ``..``), a backslash
+        or a NUL character. The error names the path as received.
+    """
+    if path is None or path in ("", "/"):
+        return ""
+    if not isinstance(path, str):
+        raise TypeError(f"a {what} is a str, got {type(path).__name__}: {path!r}")
+    for char, name in _FORBIDDEN_CHARS.items():
+        if char in path:
+            raise InvalidKeyError(path, f"{what} holds {name}")
+    if path.startswith("/"):
+        raise InvalidKeyError(path, f"absolute {what} (leading '/'); paths are relative to the store root")
+    body = path[:-1] if path.endswith("/") else path
+    for segment in body.split("/"):
+        if segment == "":
+            raise InvalidKeyError(path, f"{what} has an empty segment (doubled or trailing '/')")
+        if set(segment) == {"."}:
+            raise InvalidKeyError(path, f"{what} segment {segment!r} (only periods) is not allowed")
+    return body
 
 
 def split_key(key: str) -> tuple[str, str]:

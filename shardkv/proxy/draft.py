@@ -31,6 +31,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 from shardkv.errors import ConfigurationError
 from shardkv.format.ranges import ByteRange
 from shardkv.keys.encodings import validate_key
+from shardkv.keys.paths import validate_path
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
 from shardkv.metadata.draft import DRAFT_ZARR_FORMAT, META_ROOT, DraftArray, is_draft_hierarchy
 from shardkv.proxy import _zarr2
@@ -252,7 +253,7 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
 
     def erase_prefix(self, prefix: str) -> None:
         """Erase every key that starts with ``prefix`` (``"/"``: everything)."""
-        prefix = normalize_prefix(prefix)
+        prefix = _checked_prefix(prefix)
         owner = self._nodes.prefix_owner(prefix)
         if owner is not None:
             owner.top().erase_prefix(prefix)
@@ -268,7 +269,7 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
 
     def list_prefix(self, prefix: str) -> list[str]:
         """Every key starting with ``prefix``, chunks of sharded arrays listed by chunk key."""
-        prefix = normalize_prefix(prefix)
+        prefix = _checked_prefix(prefix)
         owner = self._nodes.prefix_owner(prefix)
         if owner is not None:
             return owner.top().list_prefix(prefix)
@@ -290,7 +291,7 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
 
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
         """``(keys, prefixes)`` directly below ``prefix``."""
-        prefix = normalize_prefix(prefix)
+        prefix = _checked_prefix(prefix)
         owner = self._nodes.prefix_owner(prefix)
         if owner is not None:
             return owner.top().list_dir(prefix)
@@ -298,7 +299,7 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
 
     def listdir(self, path: str = "") -> list[str]:
         """Names of the immediate children of ``path``."""
-        path = (path or "").strip("/")
+        path = validate_path(path)
         prefix = f"{path}/" if path else ""
         keys, prefixes = self.list_dir(prefix)
         return sorted({k[len(prefix) :] for k in keys} | {p[len(prefix) :].rstrip("/") for p in prefixes})
@@ -311,7 +312,7 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
 
     def rmdir(self, path: str | None = None) -> None:
         """Remove an array or group: its metadata and everything under it (zarr 2.18 v3 semantics)."""
-        path = (path or "").strip("/")
+        path = validate_path(path)
         self.erase_prefix(f"{DATA_ROOT}{path}/" if path else DATA_ROOT)
         self._api.erase_prefix(f"{META_ROOT}{path}/" if path else META_ROOT)
         sfx = self._nodes.metadata_suffix()
@@ -326,8 +327,11 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
         ------
         ValueError
             If nothing is stored at ``src_path``.
+        InvalidKeyError
+            If a path leaves the store (as for every path- or prefix-taking
+            method: :func:`~shardkv.keys.paths.validate_path`).
         """
-        src, dst = src_path.strip("/"), dst_path.strip("/")
+        src, dst = validate_path(src_path, what="src_path"), validate_path(dst_path, what="dst_path")
         sfx = self._nodes.metadata_suffix()
         moves = {}
         for root in (META_ROOT, DATA_ROOT):
@@ -345,7 +349,7 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
 
     def getsize(self, path: str = "") -> int:
         """Bytes stored under ``path`` (shards, not logical chunks), as zarr 2.18 sums them."""
-        path = (path or "").strip("/")
+        path = validate_path(path)
         total = 0
         for key in self._api.list_prefix(DATA_ROOT + path) + self._api.list_prefix(META_ROOT + path):
             value = self._api.get_partial_values([(key, ByteRange(0))])[0]
@@ -385,10 +389,16 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
 
     def storage_transformers(self, path: str) -> list[dict[str, Any]]:
         """The stored ``storage_transformers`` entries of the array at ``path`` (``[]`` if none)."""
-        state = self._nodes.array(path.strip("/"))
+        state = self._nodes.array(validate_path(path))
         return [] if state is None else [dict(e) for e in state.entries]
 
     def transformer(self, path: str) -> AbstractStore | None:
         """The top of the transformer stack of the sharded array at ``path``, or ``None``."""
-        state = self._nodes.array(path.strip("/"))
+        state = self._nodes.array(validate_path(path))
         return state.top() if state is not None and state.sharded else None
+
+
+def _checked_prefix(prefix: str) -> str:
+    """``prefix`` normalised (:func:`normalize_prefix`) once :func:`validate_path` accepts it."""
+    validate_path(prefix, what="prefix")
+    return normalize_prefix(prefix)

@@ -23,16 +23,18 @@ Several processes writing the same shard need the same care as zarr itself
 from __future__ import annotations
 
 from collections.abc import MutableMapping
+from os import PathLike
 from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
 
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.planner import ShardIO
 from shardkv.engine.strategies import WriteStrategy
+from shardkv.engine.verify import DEFAULT_TEMP_AGE, remove_stale_temporaries
 from shardkv.errors import ChunkOutOfGridError, ConfigurationError, InvalidKeyError, ReservedKeyError
 from shardkv.format.layout import ShardLayout
 from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.encodings import validate_key
-from shardkv.keys.paths import join_path, path_prefix, split_key
+from shardkv.keys.paths import join_path, path_prefix, split_key, validate_path
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
 from shardkv.proxy import _zarr2
@@ -97,7 +99,16 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         with what is stored). ``None`` (default) writes within each call.
         Buffered writes are visible to reads through the proxy at once, and
         reach the base store only when written: call :meth:`flush` (or use
-        ``with``) before other readers look.
+        ``with``) before other readers look. A shard whose write fails stays
+        buffered (the error propagates; the next :meth:`flush` writes it).
+    journal : str or os.PathLike, optional
+        With ``buffer_bytes``: a local file where every buffered chunk write
+        is appended and fsync'd before the call returns, so a crash loses no
+        acknowledged write. Opening a store with the same ``journal`` replays
+        what a killed run left (through the normal write path), writes it,
+        and resets the journal; it is also reset after every flush that
+        empties the buffer. See :mod:`shardkv.engine.journal` and the user
+        guide ("Write-back") for the fsync policy.
     write_strategy : {"rewrite", "append", "inplace"}
         How a stored shard is updated when a write does not replace it whole.
         ``"rewrite"`` (default, atomic) writes a new shard through a temporary
@@ -113,9 +124,12 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
     Raises
     ------
     ConfigurationError
-        If ``chunks_per_shard``, ``layout`` or an index option is invalid.
+        If ``chunks_per_shard``, ``layout`` or an index option is invalid, or
+        ``journal`` is given without ``buffer_bytes``.
     TypeError
         If ``store`` cannot be used as a store.
+    JournalCorruptError
+        If ``journal`` is damaged before its last record.
 
     Notes
     -----
@@ -157,6 +171,7 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         buffer_bytes: int | None = None,
         write_strategy: WriteStrategy = "rewrite",
         slack_bytes: int = 0,
+        journal: str | PathLike[str] | None = None,
     ) -> None:
         if layout not in (None, "v2"):
             raise ConfigurationError(f"{type(self).__name__} opens the 'v2' layout only, got layout={layout!r}")
@@ -178,6 +193,8 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         self._writer = ShardWriter(self._io, buffer_bytes)
         self._mirror = MetadataMirror(self._base, self._nodes, self._writer, rule, index_location, bool(index_checksum))
         _zarr2.register(type(self))
+        self._temps_swept = False  # stale temporaries are removed on the first write
+        self._writer.attach_journal(journal, self._route)  # replays what a killed run left
 
     # -- configuration ------------------------------------------------------
 
@@ -325,6 +342,9 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         self._apply(changes)
 
     def _apply(self, changes: Mapping[str, memoryview | None]) -> None:
+        if not self._temps_swept:
+            self._temps_swept = True
+            remove_stale_temporaries(self._base, DEFAULT_TEMP_AGE)
         plain_set: dict[str, bytes] = {}
         plain_del: list[str] = []
         by_shard: dict[str, tuple[ShardedArray, tuple[int, ...], dict[tuple[int, ...], memoryview | None]]] = {}
@@ -367,10 +387,18 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         -------
         int
             Bytes reclaimed in the base store.
+
+        Raises
+        ------
+        InvalidKeyError
+            If ``path`` leaves the store (see :func:`~shardkv.keys.paths.validate_path`).
         """
+        if path is not None:
+            path = validate_path(path)
+        remove_stale_temporaries(self._base, DEFAULT_TEMP_AGE)
         self.flush()
         if path is not None:
-            paths = [path.strip("/")]
+            paths = [path]
         else:
             owners = (self._nodes.owner(k) for k in self._base.iter_keys())
             paths = sorted({arr.path for arr in owners if arr is not None})
@@ -387,13 +415,18 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         return sum(1 for _ in self)
 
     def keys_under(self, path: str) -> Iterator[str]:
-        """Every logical key under ``path`` (a path, or ``""`` for all)."""
+        """Every logical key under ``path`` (a path, or ``""`` for all).
+
+        Every path-taking method raises :class:`InvalidKeyError` for a path
+        that would leave the store (``..``, absolute, empty segment, backslash).
+        """
+        path = validate_path(path)
         self.flush()
-        return logical_keys(self._nodes, self._io, self._base.iter_keys(path_prefix(path.strip("/"))))
+        return logical_keys(self._nodes, self._io, self._base.iter_keys(path_prefix(path)))
 
     def listdir(self, path: str = "") -> list[str]:
         """Names of the immediate children of ``path``, as code above the proxy sees them."""
-        path = path.strip("/")
+        path = validate_path(path)
         inside = self._nodes.owner(join_path(path, "0")) if path else None
         if inside is None and self._nodes.sharded(path) is None:
             names = self._base.list_dir(path)
@@ -403,7 +436,7 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
 
     def rmdir(self, path: str = "") -> None:
         """Delete everything under ``path`` (the whole store for ``""``)."""
-        path = path.strip("/")
+        path = validate_path(path)
         arr = self._nodes.owner(join_path(path, "0")) if path else None
         if arr is not None and arr.path != path:
             self.delitems(list(self.keys_under(path)))  # a sub-path of a '/'-separated array
@@ -415,16 +448,16 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
 
     def getsize(self, path: str = "") -> int:
         """Bytes stored under ``path`` in the base store (shards, not logical chunks)."""
+        path = validate_path(path)
         self.flush()
-        path = path.strip("/")
         if path and self._base.contains(path):
             return self._base.size(path)
         return sum(self._base.size(k) for k in self._base.iter_keys(path_prefix(path)))
 
     def rename(self, src_path: str, dst_path: str) -> None:
         """Move everything under ``src_path`` to ``dst_path`` (shards move whole)."""
+        src, dst = validate_path(src_path, what="src_path"), validate_path(dst_path, what="dst_path")
         self.flush()
-        src, dst = src_path.strip("/"), dst_path.strip("/")
         keys = list(self._base.iter_keys(path_prefix(src)))
         self._base.set_many({dst + k[len(src) :]: self._base.get(k) for k in keys})
         self._base.delete_many(keys)
@@ -439,18 +472,19 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         return Metadata2
 
     def close(self) -> None:
-        """Write buffered shards (write-back mode), then close the base store if it has a ``close``."""
+        """Write buffered shards (write-back mode), close the journal, then the base store if it has a ``close``."""
         self.flush()
+        self._writer.close()
         self._base.close()
 
     # -- introspection ------------------------------------------------------------
 
     def sharded_array(self, path: str) -> ShardedArray | None:
         """The key mapping of the sharded array at ``path``, or ``None``."""
-        node = self._nodes.sharded(path.strip("/"))
+        node = self._nodes.sharded(validate_path(path))
         return None if node is None else node.array
 
     def v3_metadata(self, path: str) -> dict[str, Any] | None:
         """The ``zarr.json`` document of the sharded array at ``path``, or ``None``."""
-        node = self._nodes.sharded(path.strip("/"))
+        node = self._nodes.sharded(validate_path(path))
         return None if node is None else dict(node.view)
