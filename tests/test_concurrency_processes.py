@@ -1,9 +1,9 @@
-"""Issue 9 proofs with several processes: lost updates, pickled adapters and stores in worker processes.
+"""Issue 9 proofs with several processes: no lost updates, pickled adapters and stores in worker processes.
 
-Today's engine serialises writers of a shard only inside one ShardIO object,
-so these fail (chunk updates are lost) until the engine takes the shared
-locks of :mod:`shardkv.engine.locks`; they are marked ``xfail(strict=True)``
-so that wiring the locks in turns them into failures to flip.
+Every ``ShardedStore`` of one directory takes the same lock files
+(:mod:`shardkv.engine.locks`) around each shard read-modify-write, so
+spawned processes writing disjoint chunks of shared shards lose nothing,
+whatever the write strategy.
 """
 
 from __future__ import annotations
@@ -29,17 +29,10 @@ if not zarr.__version__.startswith("2."):
     pytest.skip("zarr-python 2 only", allow_module_level=True)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 9: engine does not yet use shared locks")
-def test_four_processes_writing_disjoint_chunks_lose_nothing(tmp_path) -> None:
-    result = run_sharded_writers(str(tmp_path / "data.zarr"), n_procs=4, n_chunks=256, chunks_per_shard=16)
-    assert result.child_errors == ()
-    assert result.lost == 0, f"{result.lost} of {result.total} chunk updates lost"
-
-
-def test_shared_locks_around_shard_writes_lose_nothing(tmp_path) -> None:
-    """The same run with ShardLocks held around each store's shard writes (the wiring to come)."""
+@pytest.mark.parametrize("write_strategy", ["rewrite", "append", "inplace"])
+def test_four_processes_writing_disjoint_chunks_lose_nothing(tmp_path, write_strategy) -> None:
     result = run_sharded_writers(
-        str(tmp_path / "data.zarr"), n_procs=4, n_chunks=256, chunks_per_shard=16, shared_locks=True
+        str(tmp_path / "data.zarr"), n_procs=4, n_chunks=128, chunks_per_shard=16, write_strategy=write_strategy
     )
     assert result.child_errors == ()
     assert result.lost == 0, f"{result.lost} of {result.total} chunk updates lost"
@@ -119,7 +112,7 @@ def test_adapters_and_rebuilt_stores_work_in_worker_processes(tmp_path, local_cl
     store = ShardedStore(str(tmp_path), chunks_per_shard=2)
     zarr.open_array(store=store, mode="w", shape=(20,), chunks=(5,), dtype="i4", fill_value=-1)
     reduced = reduce_sharded_store(store)
-    # one shard per task (chunks 0-1 and 2-3): no shared shard, so no lock is needed yet
+    # one shard per task (chunks 0-1 and 2-3)
     futures = [local_cluster.submit(_write_through_rebuilt_store, reduced, s, pure=False) for s in (0, 10)]
     pids = {f.result(timeout=60) for f in futures}
     assert os.getpid() not in pids  # really other processes
