@@ -183,11 +183,12 @@ class ShardIO(ShardWrites):
         missing: list[str] = []
         for k in keys:
             validator = self.base.validator(k) if self.validate_index_cache else None
-            cached = None if fresh else self.index_cache.get(k, validator)
+            ticket = self.epochs.ticket(k)  # before the read: a write after it refuses our put
+            cached = None if fresh or not self.epochs.is_current(k, ticket) else self.index_cache.get(k, validator)
             if cached is None:
                 missing.append(k)
                 validators[k] = validator
-                tickets[k] = self.epochs.ticket(k)  # before the read: a write after it refuses our put
+                tickets[k] = ticket
             else:
                 indexes[k] = cached
         if not missing and not relayed:
@@ -252,6 +253,7 @@ class ShardIO(ShardWrites):
         shards = {ref.shard_key: ref.array for ref, _ in requests}
         changed: set[str] = set()
         for _ in range(_READ_ATTEMPTS):
+            tickets = {k: self.epochs.ticket(k) for k in shards}  # writes of this object in between show here
             before = {k: self.base.validator(k) for k in shards} if self.base.supports_ranges else {}
             try:
                 out, extra, changed = self._read_ranges_once(requests, relayed, shards)
@@ -259,6 +261,7 @@ class ShardIO(ShardWrites):
             except CorruptShardError as exc:  # damaged, or torn by a rewrite: the validators tell
                 out, extra, changed, damage = [], [], set(), exc
             changed |= {k for k, v in before.items() if v is not None and self.base.validator(k) != v}
+            changed |= {k for k, t in tickets.items() if self.epochs.changed_since(k, t)}
             if damage is not None and not changed:
                 raise damage
             if not changed:

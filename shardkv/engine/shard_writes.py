@@ -10,8 +10,8 @@ or delete in the write epochs before caching the new index.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Iterable, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any, Iterable, Iterator, Mapping
 
 from shardkv.engine.backend import ShardBackend
 from shardkv.engine.cas import run_conditionally
@@ -51,6 +51,19 @@ class ShardWrites:
         locks = self.plan.locks
         return nullcontext() if locks is None else locks.hold(shard_keys)
 
+    @contextmanager
+    def _writing(self, shard_keys: Iterable[str]) -> Iterator[None]:
+        """Hold the shards' locks and mark their write in flight (no reader caches their indexes meanwhile)."""
+        keys = list(shard_keys)
+        with self.hold(keys):
+            self.epochs.begin(keys)
+            try:
+                for shard_key in keys:
+                    self.index_cache.discard(shard_key)
+                yield
+            finally:
+                self.epochs.end(keys)
+
     def _stored(self, shard_keys: Iterable[str], indexes: Mapping[str, ShardIndex] | None = None) -> None:
         """Record that this object stored or deleted shards, then cache their new indexes."""
         for shard_key in shard_keys:
@@ -79,7 +92,7 @@ class ShardWrites:
         """
         if not by_shard:
             return
-        with self.hold(by_shard):
+        with self._writing(by_shard):
             rw = self._rw
             if rw is None:
                 self._write_locked(by_shard, self.base)
@@ -181,7 +194,7 @@ class ShardWrites:
         if self._rw is not None:
             self.write_shards({sk: (arr, c, dict.fromkeys(locals_)) for sk, (arr, c, locals_) in erasures.items()})
             return
-        with self.hold(erasures):
+        with self._writing(erasures):
             whole, partial = [], {}
             for shard_key, (arr, coords, locals_) in erasures.items():
                 available = {local for _, local in arr.chunks_in_shard(coords)}
@@ -230,7 +243,7 @@ class ShardWrites:
         """
         reclaimed = 0
         for shard_key in shard_keys:
-            with self.hold([shard_key]):
+            with self._writing([shard_key]):
                 reclaimed += self._compact_one(arr, shard_key)
         return reclaimed
 
