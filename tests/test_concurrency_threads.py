@@ -169,3 +169,22 @@ def test_pickling_a_store_with_unflushed_writes_raises(tmp_path) -> None:
         pickle.dumps(store)
     store.flush()
     np.testing.assert_array_equal(zarr.open_array(store=pickle.loads(pickle.dumps(store)), mode="r")[:7], 1)
+
+
+def test_rechunk_to_shards_gives_whole_shard_blocks(tmp_path) -> None:
+    da = pytest.importorskip("dask.array")
+    from shardkv import rechunk_to_shards
+    from shardkv.errors import ConfigurationError
+
+    store = ShardedStore(str(tmp_path / "r.zarr"), chunks_per_shard=(4, 2))
+    z = zarr.create(shape=(300, 100), chunks=(16, 10), dtype="i4", store=store, path="a")
+    source = np.arange(300 * 100, dtype="i4").reshape(300, 100)
+    x = rechunk_to_shards(da.from_array(source, chunks=(7, 9)), z)
+    assert x.chunks == ((64,) * 4 + (44,), (20,) * 5)  # 4 x 16 and 2 x 10 elements per shard
+    assert rechunk_to_shards(x, store, "a").chunks == x.chunks
+    x.store(z, lock=False)
+    np.testing.assert_array_equal(z[:], source)
+    with pytest.raises(ConfigurationError):
+        rechunk_to_shards(da.zeros((4,)), z)  # 1-d data, 2-d shards
+    with pytest.raises(ConfigurationError):
+        rechunk_to_shards(x, store, "missing")
