@@ -45,6 +45,7 @@ so an acknowledged chunk is never returned as missing.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Iterator, Mapping, Sequence
 
 from shardkv.engine.backend import ShardBackend
@@ -53,7 +54,7 @@ from shardkv.engine.cas import GenerationTrackingAdapter
 from shardkv.engine.concurrency import Concurrency, plan_concurrency
 from shardkv.engine.epochs import WriteEpochs
 from shardkv.engine.merge import covers_shard
-from shardkv.engine.retry import RetryStats
+from shardkv.engine.retry import Backoff, RetryStats
 from shardkv.engine.shard_writes import ShardErasures, ShardUpdates, ShardWrites
 from shardkv.engine.strategies import WriteStrategy
 from shardkv.errors import ConcurrentUpdateError, ConfigurationError, CorruptShardError
@@ -65,7 +66,8 @@ from shardkv.storage.conditional import InProcessConditional
 __all__ = ["ShardIO", "ShardUpdates", "ShardErasures", "covers_shard"]
 
 _BATCH = 4096  # shards whose indexes are read in one request while listing
-_READ_ATTEMPTS = 4  # reads of one request whose shards keep changing under it, at most
+_READ_ATTEMPTS = 8  # reads of one request whose shards keep changing under it, at most
+_READ_BACKOFF = Backoff(0.001, 2.0, 0.05)  # waits between them (seconds; 0.2 s in all at most)
 
 
 class ShardIO(ShardWrites):
@@ -241,7 +243,7 @@ class ShardIO(ShardWrites):
             For a damaged shard (an index entry past the shard's data included).
         ConcurrentUpdateError
             If a shard changed between its index read and its chunk read in
-            every one of 4 attempts (a writer rewriting it without pause).
+            every one of 8 attempts (a writer rewriting it without pause).
 
         Notes
         -----
@@ -252,7 +254,7 @@ class ShardIO(ShardWrites):
         """
         shards = {ref.shard_key: ref.array for ref, _ in requests}
         changed: set[str] = set()
-        for _ in range(_READ_ATTEMPTS):
+        for attempt in range(1, _READ_ATTEMPTS + 1):
             tickets = {k: self.epochs.ticket(k) for k in shards}  # writes of this object in between show here
             before = {k: self.base.validator(k) for k in shards} if self.base.supports_ranges else {}
             try:
@@ -261,13 +263,15 @@ class ShardIO(ShardWrites):
             except CorruptShardError as exc:  # damaged, or torn by a rewrite: the validators tell
                 out, extra, changed, damage = [], [], set(), exc
             changed |= {k for k, v in before.items() if v is not None and self.base.validator(k) != v}
-            changed |= {k for k, t in tickets.items() if self.epochs.changed_since(k, t)}
+            # without a validator, a write of this object in between is what can be seen
+            changed |= {k for k, t in tickets.items() if before.get(k) is None and self.epochs.changed_since(k, t)}
             if damage is not None and not changed:
                 raise damage
             if not changed:
                 return out + extra
             for shard_key in changed:
                 self.index_cache.discard(shard_key)
+            time.sleep(_READ_BACKOFF.delay(attempt))
         raise ConcurrentUpdateError(sorted(changed)[0], _READ_ATTEMPTS, _READ_ATTEMPTS)
 
     def _read_ranges_once(
