@@ -19,11 +19,13 @@ from shardkv.format.index import EMPTY, ShardIndex
 from shardkv.format.layout import ShardLayout
 from shardkv.proxy.factory import open_store
 from shardkv.proxy.store import ShardedStore
+from shardkv.rechunk import rechunk_to_shards
 
 __all__ = [
     "__version__",
     "ShardedStore",
     "open_store",
+    "rechunk_to_shards",
     "ShardingCodec",
     "ShardIndex",
     "ShardLayout",

@@ -100,45 +100,6 @@ def _chunk_value(chunk_index: int, chunk_len: int) -> np.ndarray:
     return np.full(chunk_len, chunk_index + 1, dtype="i4")
 
 
-def _hold_shared_locks(store: Any) -> None:
-    """Wrap ``store``'s shard writes in :class:`ShardLocks` of its location (a stand-in for the engine wiring)."""
-    from shardkv.engine.locks import ShardLocks
-
-    locks = ShardLocks.for_adapter(store.base, timeout=30.0)
-    write_shards = store._io.write_shards
-
-    def locked(by_shard: Any) -> None:
-        with locks.hold(by_shard):
-            write_shards(by_shard)
-
-    store._io.write_shards = locked
-
-
-def use_conditional_writes(store: Any, stats: Any) -> None:
-    """Route ``store``'s shard writes through compare-and-swap transactions (a stand-in for the engine wiring).
-
-    The base adapter (inside the proxy's presenting wrapper) is wrapped in a
-    :class:`~shardkv.engine.cas.GenerationTrackingAdapter` and each
-    ``ShardIO.write_shards`` call runs under
-    :func:`~shardkv.engine.cas.run_conditionally`; ``stats`` (a
-    ``RetryStats``) collects attempts and lost races.
-    """
-    from shardkv.engine.cas import GenerationTrackingAdapter, run_conditionally
-    from shardkv.engine.retry import Backoff
-    from shardkv.storage.conditional import conditional_store_for
-
-    presenting = store._base
-    tracker = GenerationTrackingAdapter(presenting.inner, conditional_store_for(presenting.inner))
-    presenting.inner = tracker
-    write_shards = store._io.write_shards
-    backoff = Backoff(0.002, 2.0, 0.05)
-
-    def conditional(by_shard: Any) -> None:
-        run_conditionally(lambda: write_shards(by_shard), tracker, max_attempts=50, backoff=backoff, stats=stats)
-
-    store._io.write_shards = conditional
-
-
 def _writer(
     path: str,
     worker: int,
@@ -146,7 +107,6 @@ def _writer(
     n_chunks: int,
     chunk_len: int,
     options: dict,
-    shared_locks: bool,
     barrier: Any,
     errors: Any,
 ) -> None:
@@ -156,8 +116,6 @@ def _writer(
         from shardkv import ShardedStore
 
         store = ShardedStore(path, **options)
-        if shared_locks:
-            _hold_shared_locks(store)
         arr = zarr.open_array(store=store, mode="r+")
         barrier.wait(30)
         for c in range(worker, n_chunks, n_workers):  # chunk c belongs to worker c % n_workers
@@ -175,7 +133,7 @@ def run_sharded_writers(
     chunk_len: int = 8,
     chunks_per_shard: int = 16,
     write_strategy: str = "rewrite",
-    shared_locks: bool = False,
+    concurrency: str = "auto",
     timeout: float = JOIN_TIMEOUT_S,
 ) -> LostUpdates:
     """``n_procs`` spawned processes, one ``ShardedStore`` each, write disjoint chunks of one array.
@@ -185,18 +143,12 @@ def run_sharded_writers(
     store reads the array back and counts the chunks that do not hold what
     their writer wrote (lost updates). Errors in the children (a
     ``CorruptShardError``, say) are returned, not raised.
-
-    ``shared_locks=True`` wraps each store's ``ShardIO.write_shards`` in
-    :class:`~shardkv.engine.locks.ShardLocks` of the store's location: what
-    the engine will do once the locks are wired in ("rewrite" strategy only:
-    "append" also needs the index re-read under the lock, not taken from the
-    per-process index cache).
     """
     import zarr
 
     from shardkv import ShardedStore
 
-    options = {"chunks_per_shard": chunks_per_shard, "write_strategy": write_strategy}
+    options = {"chunks_per_shard": chunks_per_shard, "write_strategy": write_strategy, "concurrency": concurrency}
     setup = ShardedStore(path, **options)
     zarr.open_array(store=setup, mode="w", shape=(n_chunks * chunk_len,), chunks=(chunk_len,), dtype="i4", fill_value=0)
     setup.close()
@@ -205,7 +157,7 @@ def run_sharded_writers(
     procs = [
         SPAWN.Process(
             target=_writer,
-            args=(path, w, n_procs, n_chunks, chunk_len, options, shared_locks, barrier, errors),
+            args=(path, w, n_procs, n_chunks, chunk_len, options, barrier, errors),
             name=f"writer-{w}",
         )
         for w in range(n_procs)

@@ -1,20 +1,21 @@
-"""Issue 9 proofs with several processes: lost updates, pickled adapters and stores in worker processes.
+"""Issue 9 proofs with several processes: no lost updates, pickled adapters and stores in worker processes.
 
-Today's engine serialises writers of a shard only inside one ShardIO object,
-so these fail (chunk updates are lost) until the engine takes the shared
-locks of :mod:`shardkv.engine.locks`; they are marked ``xfail(strict=True)``
-so that wiring the locks in turns them into failures to flip.
+Every ``ShardedStore`` of one directory takes the same lock files
+(:mod:`shardkv.engine.locks`) around each shard read-modify-write, so
+spawned processes writing disjoint chunks of shared shards lose nothing,
+whatever the write strategy.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import uuid
 
 import fsspec
 import numpy as np
 import pytest
-from concurrency_harness import local_cluster, run_sharded_writers  # noqa: F401  (fixture)
+from concurrency_harness import local_cluster, moto_s3, run_sharded_writers  # noqa: F401  (fixtures)
 
 from shardkv import ShardedStore
 from shardkv.engine.locks import ShardLocks
@@ -29,17 +30,10 @@ if not zarr.__version__.startswith("2."):
     pytest.skip("zarr-python 2 only", allow_module_level=True)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 9: engine does not yet use shared locks")
-def test_four_processes_writing_disjoint_chunks_lose_nothing(tmp_path) -> None:
-    result = run_sharded_writers(str(tmp_path / "data.zarr"), n_procs=4, n_chunks=256, chunks_per_shard=16)
-    assert result.child_errors == ()
-    assert result.lost == 0, f"{result.lost} of {result.total} chunk updates lost"
-
-
-def test_shared_locks_around_shard_writes_lose_nothing(tmp_path) -> None:
-    """The same run with ShardLocks held around each store's shard writes (the wiring to come)."""
+@pytest.mark.parametrize("write_strategy", ["rewrite", "append", "inplace"])
+def test_four_processes_writing_disjoint_chunks_lose_nothing(tmp_path, write_strategy) -> None:
     result = run_sharded_writers(
-        str(tmp_path / "data.zarr"), n_procs=4, n_chunks=256, chunks_per_shard=16, shared_locks=True
+        str(tmp_path / "data.zarr"), n_procs=4, n_chunks=128, chunks_per_shard=16, write_strategy=write_strategy
     )
     assert result.child_errors == ()
     assert result.lost == 0, f"{result.lost} of {result.total} chunk updates lost"
@@ -119,10 +113,74 @@ def test_adapters_and_rebuilt_stores_work_in_worker_processes(tmp_path, local_cl
     store = ShardedStore(str(tmp_path), chunks_per_shard=2)
     zarr.open_array(store=store, mode="w", shape=(20,), chunks=(5,), dtype="i4", fill_value=-1)
     reduced = reduce_sharded_store(store)
-    # one shard per task (chunks 0-1 and 2-3): no shared shard, so no lock is needed yet
+    # one shard per task (chunks 0-1 and 2-3)
     futures = [local_cluster.submit(_write_through_rebuilt_store, reduced, s, pure=False) for s in (0, 10)]
     pids = {f.result(timeout=60) for f in futures}
     assert os.getpid() not in pids  # really other processes
     store.refresh()
     expected = np.array([0] * 5 + [-1] * 5 + [10] * 5 + [-1] * 5)
     np.testing.assert_array_equal(zarr.open_array(store=store, mode="r")[:], expected)
+
+
+# -- dask.distributed writing a sharded array from worker processes ------------------------------
+
+SIDE, CHUNK, CPS = 1024, 64, 4  # 16 x 16 chunks of 64 x 64, 4 x 4 chunks per shard: 16 shards
+
+
+def _dask_round_trip(make_store, client) -> None:
+    da = pytest.importorskip("dask.array")
+    source = np.random.default_rng(9).integers(0, 1 << 30, size=(SIDE, SIDE), dtype="i4")
+    # one task per 64 x 64 chunk: 16 tasks per shard, spread over both worker processes
+    da.to_zarr(da.from_array(source, chunks=(CHUNK, CHUNK)), make_store(), overwrite=True, compute=True)
+    written = zarr.open_array(store=make_store(), mode="r")
+    assert written.chunks == (CHUNK, CHUNK)
+    np.testing.assert_array_equal(written[:], source)
+
+
+def test_dask_cluster_writes_a_sharded_array_on_a_local_dir(tmp_path, local_cluster) -> None:  # noqa: F811
+    path = str(tmp_path / "dask.zarr")
+    _dask_round_trip(lambda: ShardedStore(path, chunks_per_shard=CPS), local_cluster)
+    assert len([n for n in os.listdir(path) if n[0].isdigit()]) == 16  # shards, not chunks
+
+
+def _s3_options(moto_s3) -> dict:  # noqa: F811
+    return {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": moto_s3.endpoint_url, "region_name": "us-east-1"},
+        "skip_instance_cache": True,
+    }
+
+
+def test_dask_cluster_writes_a_sharded_array_on_s3(moto_s3, local_cluster) -> None:  # noqa: F811
+    url = f"s3://{moto_s3.bucket}/dask-{uuid.uuid4().hex[:8]}"
+    options = {**_s3_options(moto_s3), "skip_instance_cache": False}  # one client per worker, not per task
+    assert ShardedStore(url, storage_options=options)._io.plan.mode == "conditional"
+    _dask_round_trip(lambda: ShardedStore(url, chunks_per_shard=CPS, storage_options=options), local_cluster)
+
+
+def test_a_forced_race_on_s3_is_refused_with_412_and_retried(moto_s3) -> None:  # noqa: F811
+    url = f"s3://{moto_s3.bucket}/race-{uuid.uuid4().hex[:8]}"
+    options = _s3_options(moto_s3)
+    store = ShardedStore(url, chunks_per_shard=4, storage_options=options)
+    arr = zarr.open_array(store=store, mode="w", shape=(16,), chunks=(2,), dtype="i4", fill_value=0)
+    arr[0:2] = 1
+    # another process's writer: takes none of this process's locks
+    other = zarr.open_array(store=ShardedStore(url, storage_options=options, concurrency="none"), mode="r+")
+    conditional = store._io._rw.conditional
+    read = conditional.read_with_generation
+    raced: list[str] = []
+
+    def read_then_lose_the_race(key, byte_range=None):
+        found = read(key, byte_range)
+        if not raced:  # the other writer stores shard 0 between our read and our write
+            raced.append(key)
+            other[2:4] = 2
+        return found
+
+    conditional.read_with_generation = read_then_lose_the_race
+    arr[4:6] = 3
+    stats = store._io.retry_stats
+    assert raced == ["0"] and stats.precondition_failures >= 1, stats  # the 412 answer
+    check = zarr.open_array(store=ShardedStore(url, storage_options=options), mode="r")
+    np.testing.assert_array_equal(check[:8], [1, 1, 2, 2, 3, 3, 0, 0])  # both writers' chunks kept

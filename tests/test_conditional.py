@@ -236,8 +236,6 @@ def test_two_sharded_stores_on_s3_with_cas_lose_no_chunk(moto_s3) -> None:  # no
     zarr = pytest.importorskip("zarr")
     if not zarr.__version__.startswith("2."):
         pytest.skip("zarr-python 2 only")
-    from concurrency_harness import use_conditional_writes
-
     from shardkv import ShardedStore
 
     url = f"s3://{moto_s3.bucket}/cas-{uuid.uuid4().hex[:8]}"
@@ -251,13 +249,14 @@ def test_two_sharded_stores_on_s3_with_cas_lose_no_chunk(moto_s3) -> None:  # no
     setup = ShardedStore(url, chunks_per_shard=8, storage_options=options)
     zarr.open_array(store=setup, mode="w", shape=(n_chunks * chunk_len,), chunks=(chunk_len,), dtype="i4", fill_value=0)
     barrier = threading.Barrier(2, timeout=30)
-    stats = {w: RetryStats() for w in range(2)}
+    stats: dict[int, RetryStats] = {}
     errors: list[BaseException] = []
 
     def writer(w: int) -> None:
         try:
             store = ShardedStore(url, chunks_per_shard=8, storage_options=options)
-            use_conditional_writes(store, stats[w])
+            assert store._io.plan.mode == "conditional"  # chosen by "auto" for s3fs
+            stats[w] = store._io.retry_stats
             arr = zarr.open_array(store=store, mode="r+")
             barrier.wait()
             for c in range(w, n_chunks, 2):  # interleaved: both writers update both shards

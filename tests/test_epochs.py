@@ -75,3 +75,17 @@ def test_stripes_are_bounded() -> None:
     for i in range(1000):
         epochs.bump(f"a/{i}")
     assert len(epochs._counters) == 4
+
+
+def test_no_index_is_cached_while_a_write_is_in_flight() -> None:
+    cache, epochs = IndexCache(1 << 20), WriteEpochs()
+    before = epochs.ticket("a/0")  # a reader started before the write ...
+    epochs.begin(["a/0"])
+    during = epochs.ticket("a/0")  # ... and one during it: it may read either shard
+    assert epochs.changed_since("a/0", before) and not epochs.is_current("a/0", during)
+    assert epochs.put_if_current(cache, "a/0", during, _index(0)) is False
+    epochs.end(["a/0"])
+    assert epochs.put_if_current(cache, "a/0", during, _index(0)) is False  # taken before the end
+    after = epochs.ticket("a/0")
+    assert not epochs.changed_since("a/0", after)
+    assert epochs.put_if_current(cache, "a/0", after, _index(8)) is True and cache.get("a/0") == _index(8)

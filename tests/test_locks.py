@@ -199,3 +199,22 @@ def test_auto_concurrency_picks_files_conditional_or_refuses(tmp_path) -> None:
         plan_concurrency(other, "files")
     with pytest.raises(ConfigurationError, match="concurrency must be one of"):
         plan_concurrency(MappingAdapter({}), "sometimes")
+
+
+def test_engines_of_the_proxy_and_the_transformer_take_their_locks_from_the_location(tmp_path) -> None:
+    from shardkv import ShardedStore
+    from shardkv.transformers import AdapterStore, ShardingStorageTransformer
+
+    proxy = ShardedStore(str(tmp_path), chunks_per_shard=2)
+    assert proxy._io.plan.mode == "files" and proxy._io.plan.locks.lock_dir == os.path.join(
+        os.path.realpath(str(tmp_path)), ".shardkv-locks"
+    )
+    assert ShardedStore({}, concurrency="none")._io.plan.locks is None
+    over_dir = ShardingStorageTransformer(AdapterStore(str(tmp_path)), [2])
+    assert over_dir.io.plan.mode == "files"
+    assert over_dir.io.plan.locks.lock_dir == proxy._io.plan.locks.lock_dir  # one directory, one set of locks
+    assert ShardingStorageTransformer(AdapterStore({}), [2]).io.plan.mode == "conditional"
+    stacked = ShardingStorageTransformer(over_dir, [2])  # location unknown: this object's own locks
+    assert stacked.io.plan.mode == "process" and stacked.io.plan.locks.location is None
+    with pytest.raises(ConfigurationError):
+        ShardingStorageTransformer(over_dir, [2], concurrency="auto")

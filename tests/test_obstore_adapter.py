@@ -21,7 +21,7 @@ from moto.server import ThreadedMotoServer
 from obstore.store import MemoryStore, S3Store
 
 from shardkv import ShardedStore
-from shardkv.errors import PreconditionFailedError
+from shardkv.errors import ConfigurationError, PreconditionFailedError
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.adapters import adapt
 from shardkv.storage.obstore_adapter import ObstoreAdapter, Version, is_obstore_store
@@ -165,12 +165,16 @@ def test_put_if_compare_and_swap(adapter: ObstoreAdapter) -> None:
 
 def test_zarr2_through_sharded_store(endpoint: str, bucket: str) -> None:
     data = np.arange(64 * 48, dtype="float32").reshape(64, 48)
-    store = ShardedStore(s3_store(endpoint, bucket, "data.zarr"), chunks_per_shard=2)
+    with pytest.raises(ConfigurationError, match="concurrency="):  # neither lock files nor CAS wired for obstore
+        ShardedStore(s3_store(endpoint, bucket, "data.zarr"), chunks_per_shard=2)
+    store = ShardedStore(s3_store(endpoint, bucket, "data.zarr"), chunks_per_shard=2, concurrency="process")
     z = zarr.create(shape=data.shape, chunks=(16, 16), dtype="float32", store=store, path="arr")
     z[...] = data
     keys = sorted(ObstoreAdapter(s3_store(endpoint, bucket, "data.zarr")).iter_keys("arr/"))
     assert [k for k in keys if not k.rsplit("/", 1)[-1].startswith((".z", "zarr"))] == [
         "arr/0.0", "arr/0.1", "arr/1.0", "arr/1.1"]  # 4 x 3 chunks in 2 x 2 shards
-    reread = zarr.open_array(store=ShardedStore(s3_store(endpoint, bucket, "data.zarr")), path="arr", mode="r")
+    reread = zarr.open_array(
+        store=ShardedStore(s3_store(endpoint, bucket, "data.zarr"), concurrency="process"), path="arr", mode="r"
+    )
     np.testing.assert_array_equal(reread[...], data)
     np.testing.assert_array_equal(reread[20:40, 5:30], data[20:40, 5:30])

@@ -23,7 +23,7 @@ always works, so the draft's in-place index update on erase does too.
 
 from __future__ import annotations
 
-from typing import Hashable, Iterable, Mapping, Sequence
+from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 from shardkv.format.ranges import ByteRange
 
@@ -49,6 +49,15 @@ class UnderlyingBackend:
 
     def __repr__(self) -> str:
         return f"UnderlyingBackend({self.store!r})"
+
+    @property
+    def inner(self) -> Any:
+        """The store adapter under an :class:`~shardkv.transformers.adapter.AdapterStore` (same keys), else ``None``.
+
+        Through it the engine finds the data's location, hence its locks and
+        conditional writes (:func:`shardkv.engine.concurrency.plan_concurrency`).
+        """
+        return getattr(self.store, "adapter", None)
 
     @property
     def supports_append(self) -> bool:

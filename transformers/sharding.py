@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from shardkv.engine.concurrency import Concurrency
 from shardkv.engine.merge import ChunkPatch
 from shardkv.engine.planner import ShardIO
 from shardkv.engine.strategies import WriteStrategy
@@ -58,6 +59,7 @@ from shardkv.format.layout import ShardLayout
 from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.encodings import Draft2022ChunkKeyEncoding
 from shardkv.keys.space import ChunkRef, ShardedArray
+from shardkv.storage.location import location_of
 
 from .api import AbstractStore, BytesLike, KeyRange, KeyStartValue
 from .backend import UnderlyingBackend
@@ -111,6 +113,17 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
         Never stored in metadata (draft "Binary shard format").
     slack_bytes : int
         With ``"inplace"``: zero bytes reserved after every chunk written (bytes).
+    concurrency : {"auto", "files", "conditional", "process", "none"} or None
+        How writers of one shard are serialised (as :class:`shardkv.ShardedStore`).
+        ``None`` (default): ``"auto"`` over an
+        :class:`~shardkv.transformers.adapter.AdapterStore` (its data's
+        location is known: lock files for a directory, conditional writes on
+        S3, in-process locks for ``memory://`` and mappings), ``"process"``
+        over any other store (another transformer of a stack, a custom
+        ``AbstractStore``): then only the users of this transformer object
+        are serialised.
+    lock_timeout : float or None
+        Longest wait (seconds) for a shard lock; ``None`` waits as long as it takes.
 
     Raises
     ------
@@ -138,6 +151,8 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
         read_policy: ReadPolicy | None = None,
         write_strategy: WriteStrategy = "rewrite",
         slack_bytes: int = 0,
+        concurrency: Concurrency | None = None,
+        lock_timeout: float | None = None,
     ) -> None:
         if type not in self.types:
             raise ConfigurationError(
@@ -165,13 +180,18 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
         self.array = ShardedArray(
             self.array_path, self.key_prefix, shape, chunk_shape, self.layout, self.encoding, self.encoding  # type: ignore[arg-type]
         )
+        backend = UnderlyingBackend(underlying)
+        if concurrency is None:
+            concurrency = "process" if location_of(backend) is None else "auto"
         self.io = ShardIO(
-            UnderlyingBackend(underlying),
+            backend,
             index_cache_bytes=index_cache_bytes,
             validate_index_cache=validate_index_cache,
             read_policy=read_policy or ReadPolicy(),
             write_strategy=write_strategy,
             slack_bytes=slack_bytes,
+            concurrency=concurrency,
+            lock_timeout=lock_timeout,
         )
 
     # -- configuration ------------------------------------------------------------

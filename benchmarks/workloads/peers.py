@@ -116,7 +116,8 @@ class Zarr2(Impl):
             base = S3Store(bucket, prefix=prefix, endpoint=self.args.s3_endpoint, region=REGION,
                            access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY,
                            client_options={"allow_http": True})
-            return ShardedStore(base, **kwargs)
+            # one writer per benchmark; obstore stores offer no shardkv locks or CAS yet
+            return ShardedStore(base, concurrency="process", **kwargs)
         if self.s3:
             return ShardedStore(self.location, storage_options=self.s3_options(), **kwargs)
         return ShardedStore(self.location, **kwargs)

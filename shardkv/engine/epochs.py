@@ -16,7 +16,11 @@ may cache only if no write of that shard happened since::
     epochs.put_if_current(cache, shard_key, ticket, index, validator)
 
 and the writer calls ``epochs.bump(shard_key)`` once its shard is stored,
-before putting the new index. Counters are striped (a fixed array, by hash
+before putting the new index; better, it brackets the store with
+``epochs.begin(keys)`` and ``epochs.end(keys)``: while a write is in flight no
+index of its stripe is cached at all (a reader that read the old index just
+before the store would otherwise cache it until the writer's own ``put``).
+Counters are striped (a fixed array, by hash
 of the shard key), so memory is bounded; a bump of a stripe also refuses
 tickets of other shards in the stripe, which only skips a cache fill.
 """
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import threading
 import zlib
-from typing import Any, Hashable
+from typing import Any, Hashable, Iterable
 
 __all__ = ["WriteEpochs"]
 
@@ -48,6 +52,7 @@ class WriteEpochs:
         if n_stripes < 1:
             raise ValueError(f"n_stripes must be >= 1, got {n_stripes}")
         self._counters = [0] * n_stripes
+        self._in_flight = [0] * n_stripes
         self._lock = threading.Lock()
 
     def _stripe(self, shard_key: str) -> int:
@@ -63,10 +68,32 @@ class WriteEpochs:
         with self._lock:
             self._counters[self._stripe(shard_key)] += 1
 
-    def is_current(self, shard_key: str, ticket: int) -> bool:
-        """True when no write of the shard's stripe happened since ``ticket`` was taken."""
+    def begin(self, shard_keys: Iterable[str]) -> None:
+        """A write of the shards starts: older tickets are refused, and no index of theirs is cached until :meth:`end`."""
         with self._lock:
-            return self._counters[self._stripe(shard_key)] == ticket
+            for shard_key in shard_keys:
+                stripe = self._stripe(shard_key)
+                self._counters[stripe] += 1
+                self._in_flight[stripe] += 1
+
+    def end(self, shard_keys: Iterable[str]) -> None:
+        """The write :meth:`begin` announced is over (stored, or failed): tickets taken during it are refused."""
+        with self._lock:
+            for shard_key in shard_keys:
+                stripe = self._stripe(shard_key)
+                self._counters[stripe] += 1
+                self._in_flight[stripe] = max(0, self._in_flight[stripe] - 1)
+
+    def changed_since(self, shard_key: str, ticket: int) -> bool:
+        """True when a write of the shard's stripe began or ended since ``ticket`` was taken."""
+        with self._lock:
+            return self._counters[self._stripe(shard_key)] != ticket
+
+    def is_current(self, shard_key: str, ticket: int) -> bool:
+        """True when no write of the shard's stripe happened since ``ticket`` was taken, and none is in flight."""
+        with self._lock:
+            stripe = self._stripe(shard_key)
+            return self._counters[stripe] == ticket and not self._in_flight[stripe]
 
     def put_if_current(self, cache: Any, shard_key: str, ticket: int, index: Any, validator: Hashable = None) -> bool:
         """``cache.put(shard_key, index, validator)`` only if ``ticket`` is current; True when cached.
@@ -75,7 +102,8 @@ class WriteEpochs:
         slip in between (writers bump before they put their own index).
         """
         with self._lock:
-            if self._counters[self._stripe(shard_key)] != ticket:
+            stripe = self._stripe(shard_key)
+            if self._counters[stripe] != ticket or self._in_flight[stripe]:
                 return False
             cache.put(shard_key, index, validator)
             return True

@@ -17,7 +17,8 @@ What is carried:
 * the options of ``ShardedStore.__init__`` that change behaviour:
   ``chunks_per_shard``, ``index_location``, ``index_checksum``,
   ``index_cache_bytes``, ``validate_index_cache``, ``read_policy``,
-  ``buffer_bytes``, ``write_strategy``, ``slack_bytes``.
+  ``buffer_bytes``, ``write_strategy``, ``slack_bytes``, ``concurrency``,
+  ``lock_timeout`` (the locks themselves are found again by location).
 
 Unflushed write-back data is refused, not silently dropped or silently
 flushed as a side effect of pickling: :class:`~shardkv.errors.UnflushedWritesError`
@@ -52,11 +53,13 @@ def sharded_store_options(store: Any) -> dict[str, Any]:
         "buffer_bytes": None if buffer is None else buffer.max_bytes,
         "write_strategy": io.write_strategy,
         "slack_bytes": io.slack_bytes,
+        "concurrency": io.concurrency,
+        "lock_timeout": io.lock_timeout,
     }
 
 
 def reduce_sharded_store(store: Any) -> tuple[Any, tuple[Any, ...]]:
-    """``__reduce__`` of a ``ShardedStore``: ``(rebuild_sharded_store, (adapter, options))``.
+    """``__reduce__`` of a ``ShardedStore``: ``(rebuild_sharded_store, (class, adapter, options))``.
 
     Raises
     ------
@@ -66,11 +69,12 @@ def reduce_sharded_store(store: Any) -> tuple[Any, tuple[Any, ...]]:
     buffer = store._writer.buffer
     if buffer is not None and len(buffer):
         raise UnflushedWritesError(len(buffer), buffer.nbytes)
-    return (rebuild_sharded_store, (_io_adapter(store), sharded_store_options(store)))
+    return (rebuild_sharded_store, (type(store), _io_adapter(store), sharded_store_options(store)))
 
 
-def rebuild_sharded_store(adapter: Any, options: dict[str, Any]) -> Any:
-    """A new ``ShardedStore`` over ``adapter`` with ``options`` (the inverse of :func:`reduce_sharded_store`)."""
-    from shardkv.proxy.store import ShardedStore  # the proxy layer sits above the engine
+def rebuild_sharded_store(cls: type, adapter: Any, options: dict[str, Any]) -> Any:
+    """A new ``cls`` (a ``ShardedStore``) over ``adapter`` with ``options`` (the inverse of :func:`reduce_sharded_store`).
 
-    return ShardedStore(adapter, **options)
+    The class travels with the pickle, so the engine never imports the proxy layer above it.
+    """
+    return cls(adapter, **options)

@@ -28,35 +28,49 @@ Request plan:
   read; the others get one index read (unless cached) and one positional
   write of the new index.
 
-Writers of one shard are serialised by a lock per shard key.
+Concurrent writers (issue 9): every shard read-modify-write holds the
+shard's lock of the base store's *location*
+(:class:`~shardkv.engine.locks.ShardLocks`, chosen by
+:func:`~shardkv.engine.concurrency.plan_concurrency`): in-process stripes
+shared by every ``ShardIO`` of that location, plus lock files for a
+directory. On S3 (``"conditional"``) the write also runs as a compare-and-swap
+transaction (:func:`~shardkv.engine.cas.run_conditionally`): a shard changed
+by another process since it was read is re-read, re-merged and written again.
+Readers never cache an index older than one this object wrote
+(:class:`~shardkv.engine.epochs.WriteEpochs`), and a chunk read whose shard
+changed or vanished between the index read and the chunk read (seen by the
+backend's validator, or by the ranged read finding nothing) is read again,
+so an acknowledged chunk is never returned as missing.
 """
 
 from __future__ import annotations
 
-import threading
-from contextlib import ExitStack, contextmanager
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+import time
+from typing import Any, Iterator, Mapping, Sequence
 
 from shardkv.engine.backend import ShardBackend
 from shardkv.engine.cache import IndexCache
-from shardkv.engine.merge import ChunkPatch, covers_shard, merge_chunks, out_of_grid
-from shardkv.engine.strategies import WriteStrategy, plan_append
-from shardkv.errors import ConfigurationError, CorruptShardError
+from shardkv.engine.cas import GenerationTrackingAdapter
+from shardkv.engine.concurrency import Concurrency, plan_concurrency
+from shardkv.engine.epochs import WriteEpochs
+from shardkv.engine.merge import covers_shard
+from shardkv.engine.retry import Backoff, RetryStats
+from shardkv.engine.shard_writes import ShardErasures, ShardUpdates, ShardWrites
+from shardkv.engine.strategies import WriteStrategy
+from shardkv.errors import ConcurrentUpdateError, ConfigurationError, CorruptShardError
 from shardkv.format.index import ShardIndex
-from shardkv.format.layout import ShardLayout
 from shardkv.format.ranges import ByteRange, CoalescedRead, ReadPolicy, plan_reads
 from shardkv.keys.space import ChunkRef, ShardedArray
+from shardkv.storage.conditional import InProcessConditional
 
 __all__ = ["ShardIO", "ShardUpdates", "ShardErasures", "covers_shard"]
 
-ShardUpdates = Mapping[str, tuple[ShardedArray, tuple[int, ...], Mapping[tuple[int, ...], Any]]]
-"""shard key -> (array, shard coords, {local coords: encoded chunk bytes, ChunkPatch, or None to delete})."""
-ShardErasures = Mapping[str, tuple[ShardedArray, tuple[int, ...], Iterable[tuple[int, ...]]]]
-"""shard key -> (array, shard coords, local coords of the chunks to erase)."""
 _BATCH = 4096  # shards whose indexes are read in one request while listing
+_READ_ATTEMPTS = 8  # reads of one request whose shards keep changing under it, at most
+_READ_BACKOFF = Backoff(0.001, 2.0, 0.05)  # waits between them (seconds; 0.2 s in all at most)
 
 
-class ShardIO:
+class ShardIO(ShardWrites):
     """Batched shard reads and writes over one backend.
 
     Parameters
@@ -75,11 +89,26 @@ class ShardIO:
         backend supports positional writes).
     slack_bytes : int
         Zero bytes after each chunk written with ``"inplace"`` (bytes).
+    concurrency : {"auto", "files", "conditional", "process", "none"}
+        How writers of one shard in other objects, threads and processes are
+        excluded (:mod:`shardkv.engine.concurrency`).
+    lock_timeout : float or None
+        Longest wait (seconds) for a shard lock; ``None`` waits as long as it takes.
+
+    Attributes
+    ----------
+    plan : ConcurrencyPlan
+        The resolved concurrency mode and its locks.
+    retry_stats : RetryStats
+        Compare-and-swap attempts and lost races (``precondition_failures``:
+        the 412 answers of S3) of this object's shard writes.
 
     Raises
     ------
     ConfigurationError
-        For an unknown strategy or a negative slack.
+        For an unknown strategy or a negative slack; for a concurrency mode the
+        store cannot give (``"auto"`` where it offers neither lock files nor
+        conditional writes).
     """
 
     def __init__(
@@ -91,6 +120,8 @@ class ShardIO:
         read_policy: ReadPolicy,
         write_strategy: WriteStrategy,
         slack_bytes: int,
+        concurrency: Concurrency = "auto",
+        lock_timeout: float | None = None,
     ) -> None:
         if write_strategy not in ("rewrite", "append", "inplace"):
             raise ConfigurationError(f"write_strategy must be 'rewrite', 'append' or 'inplace', got {write_strategy!r}")
@@ -102,43 +133,45 @@ class ShardIO:
         self.read_policy = read_policy
         self.write_strategy = write_strategy
         self.slack_bytes = int(slack_bytes)
-        self._lock = threading.Lock()
-        self._shard_locks: dict[str, threading.Lock] = {}
-
-    def shard_lock(self, shard_key: str) -> threading.Lock:
-        """The lock that serialises writers of one shard in this process."""
-        with self._lock:
-            lock = self._shard_locks.get(shard_key)
-            if lock is None:
-                lock = self._shard_locks[shard_key] = threading.Lock()
-            return lock
-
-    @contextmanager
-    def _locked(self, shard_keys: Iterable[str]) -> Iterator[None]:
-        """Hold the locks of several shards (taken in sorted order: no deadlock between writers)."""
-        with ExitStack() as stack:
-            for shard_key in sorted(set(shard_keys)):
-                stack.enter_context(self.shard_lock(shard_key))
-            yield
+        self.concurrency = concurrency
+        self.lock_timeout = lock_timeout
+        self.plan = plan_concurrency(base, concurrency, timeout=lock_timeout)
+        self.epochs = WriteEpochs()
+        self.retry_stats = RetryStats()
+        # compare-and-swap where other processes can reach the data (S3); the in-process
+        # emulation (memory://, mappings) adds nothing to the stripe locks every writer holds
+        cas = self.plan.conditional is not None and not isinstance(self.plan.conditional, InProcessConditional)
+        self._rw: GenerationTrackingAdapter | None = GenerationTrackingAdapter(base, self.plan.conditional) if cas else None  # type: ignore[arg-type]
 
     # -- reads ------------------------------------------------------------------
 
-    def read_indexes(self, shards: Mapping[str, ShardedArray]) -> tuple[dict[str, ShardIndex], dict[str, bytes]]:
+    def read_indexes(
+        self, shards: Mapping[str, ShardedArray], *, fresh: bool = False
+    ) -> tuple[dict[str, ShardIndex], dict[str, bytes]]:
         """Indexes of the stored shards among ``shards`` (at most one batched request).
 
         Returns the indexes and, for a backend without ranged reads, the
         whole shards that were read to get them.
+
+        Parameters
+        ----------
+        shards : mapping of shard key to ShardedArray
+            The shards and their arrays.
+        fresh : bool
+            Read every index from the store (not from the cache): what a
+            writer holding the shards' locks must do, since other processes
+            may have changed them.
 
         Raises
         ------
         CorruptShardError, ChecksumError
             For a damaged index.
         """
-        indexes, blobs, _ = self._read_indexes(shards, ())
+        indexes, blobs, _ = self._read_indexes(shards, (), fresh=fresh)
         return indexes, blobs
 
     def _read_indexes(
-        self, shards: Mapping[str, ShardedArray], relayed: Sequence[tuple[str, ByteRange]]
+        self, shards: Mapping[str, ShardedArray], relayed: Sequence[tuple[str, ByteRange]], *, fresh: bool = False
     ) -> tuple[dict[str, ShardIndex], dict[str, bytes], list[bytes | None]]:
         """:meth:`read_indexes`, with ``relayed`` ranges of other keys read in the same batch."""
         keys = list(shards)
@@ -148,13 +181,16 @@ class ShardIO:
             return {k: shards[k].layout.index_of_shard(b, k) for k, b in blobs.items()}, blobs, extra
         indexes: dict[str, ShardIndex] = {}
         validators: dict[str, Any] = {}
+        tickets: dict[str, int] = {}
         missing: list[str] = []
         for k in keys:
             validator = self.base.validator(k) if self.validate_index_cache else None
-            cached = self.index_cache.get(k, validator)
+            ticket = self.epochs.ticket(k)  # before the read: a write after it refuses our put
+            cached = None if fresh or not self.epochs.is_current(k, ticket) else self.index_cache.get(k, validator)
             if cached is None:
                 missing.append(k)
                 validators[k] = validator
+                tickets[k] = ticket
             else:
                 indexes[k] = cached
         if not missing and not relayed:
@@ -165,7 +201,7 @@ class ShardIO:
                 # checked against the shard's size where that is free: a suffix read
                 # alone cannot tell a truncated shard from an intact one
                 index = indexes[k] = shards[k].layout.decode_index(data, k, self.base.size_if_free(k))
-                self.index_cache.put(k, index, validators[k])
+                self.epochs.put_if_current(self.index_cache, k, tickets[k], index, validators[k])
         return indexes, {}, list(raw[len(missing) :])
 
     def read_chunks(self, refs: Sequence[ChunkRef]) -> dict[str, bytes]:
@@ -175,6 +211,8 @@ class ShardIO:
         ------
         CorruptShardError, ChecksumError
             For a damaged shard (an index entry past the shard's end included).
+        ConcurrentUpdateError
+            If the shards kept changing between index and chunk reads.
         """
         values = self.read_ranges([(ref, ByteRange(0)) for ref in refs])
         return {ref.chunk_key: v for ref, v in zip(refs, values) if v is not None}
@@ -203,8 +241,46 @@ class ShardIO:
         ------
         CorruptShardError, ChecksumError
             For a damaged shard (an index entry past the shard's data included).
+        ConcurrentUpdateError
+            If a shard changed between its index read and its chunk read in
+            every one of 8 attempts (a writer rewriting it without pause).
+
+        Notes
+        -----
+        A shard that another writer replaced between the index read and the
+        chunk read (its validator changed: local files, where a rewrite is a
+        new inode) or deleted (the ranged read found nothing) is read again,
+        index first, so neither a torn mix nor a missing chunk is returned.
         """
         shards = {ref.shard_key: ref.array for ref, _ in requests}
+        changed: set[str] = set()
+        for attempt in range(1, _READ_ATTEMPTS + 1):
+            tickets = {k: self.epochs.ticket(k) for k in shards}  # writes of this object in between show here
+            before = {k: self.base.validator(k) for k in shards} if self.base.supports_ranges else {}
+            try:
+                out, extra, changed = self._read_ranges_once(requests, relayed, shards)
+                damage = None
+            except CorruptShardError as exc:  # damaged, or torn by a rewrite: the validators tell
+                out, extra, changed, damage = [], [], set(), exc
+            changed |= {k for k, v in before.items() if v is not None and self.base.validator(k) != v}
+            # without a validator, a write of this object in between is what can be seen
+            changed |= {k for k, t in tickets.items() if before.get(k) is None and self.epochs.changed_since(k, t)}
+            if damage is not None and not changed:
+                raise damage
+            if not changed:
+                return out + extra
+            for shard_key in changed:
+                self.index_cache.discard(shard_key)
+            time.sleep(_READ_BACKOFF.delay(attempt))
+        raise ConcurrentUpdateError(sorted(changed)[0], _READ_ATTEMPTS, _READ_ATTEMPTS)
+
+    def _read_ranges_once(
+        self,
+        requests: Sequence[tuple[ChunkRef, ByteRange]],
+        relayed: Sequence[tuple[str, ByteRange]],
+        shards: Mapping[str, ShardedArray],
+    ) -> tuple[list[bytes | None], list[bytes | None], set[str]]:
+        """One index read and one chunk read; the shards whose chunk ranges had vanished are returned."""
         indexes, blobs, extra = self._read_indexes(shards, relayed)
         out: list[bytes | None] = [None] * len(requests)
         wanted: list[tuple[int, ChunkRef, int, int]] = []  # (position, ref, start, stop) in the shard
@@ -220,14 +296,13 @@ class ShardIO:
                 out[i] = bytes(memoryview(blobs[ref.shard_key])[entry[0] + start : entry[0] + stop])
             else:
                 wanted.append((i, ref, entry[0] + start, entry[0] + stop))
-        if wanted:
-            self._read_wanted(wanted, indexes, out)
-        return out + extra
+        vanished = self._read_wanted(wanted, indexes, out) if wanted else set()
+        return out, extra, vanished
 
     def _read_wanted(
         self, wanted: list[tuple[int, ChunkRef, int, int]], indexes: Mapping[str, ShardIndex], out: list[Any]
-    ) -> None:
-        """One batched read of the wanted shard ranges, merged per shard by the read policy."""
+    ) -> set[str]:
+        """One batched read of the wanted shard ranges, merged per shard by the read policy; the vanished shards."""
         by_shard: dict[str, list[tuple[int, ChunkRef, int, int]]] = {}
         for item in wanted:
             by_shard.setdefault(item[1].shard_key, []).append(item)
@@ -243,9 +318,11 @@ class ShardIO:
                 r = read.range
                 requests.append((shard_key, r if r.stop is None else ByteRange(r.start, r.stop + guard)))
                 plans.append((items, read, guard))
+        vanished: set[str] = set()
         for (items, read, guard), value in zip(plans, self.base.get_ranges(requests)):
-            if value is None:
-                continue  # the shard was deleted between the two reads
+            if value is None:  # deleted (or being replaced) between the two reads: read again
+                vanished.add(items[0][1].shard_key)
+                continue
             layout = items[0][1].array.layout
             limit = read.range.start + len(value)  # the end of the chunk data the read proves
             if read.range.stop is None and layout.index_location == "end":
@@ -263,6 +340,7 @@ class ShardIO:
                         f"{stop - limit} bytes too early (truncated shard, or an entry pointing into the index)",
                     )
                 out[i] = bytes(view[rel : rel + nbytes])
+        return vanished
 
     def chunk_keys(self, shards: Mapping[str, ShardedArray], *, in_grid_only: bool = True) -> Iterator[str]:
         """Keys of the chunks stored in ``shards`` (indexes read 4096 shards per request).
@@ -285,148 +363,3 @@ class ShardIO:
                     chunk = arr.chunk_coords(shard_coords, local)  # type: ignore[arg-type]
                     if not in_grid_only or arr.in_grid(chunk):
                         yield arr.chunk_key(chunk)
-
-    # -- writes -----------------------------------------------------------------
-
-    def write_shards(self, by_shard: ShardUpdates) -> None:
-        """Apply chunk updates grouped by shard: one batched read (partly covered shards), one batched write.
-
-        A shard left with no chunk is deleted. Chunks outside the chunk grid
-        are dropped (:func:`~shardkv.engine.merge.merge_chunks`).
-
-        Raises
-        ------
-        ValueError
-            If a :class:`~shardkv.engine.merge.ChunkPatch` would leave a gap in its chunk.
-        """
-        with self._locked(by_shard):
-            need_old = [sk for sk, (arr, coords, updates) in by_shard.items() if not covers_shard(arr, coords, updates)]
-            if need_old and self.write_strategy != "rewrite" and self.base.supports_append:
-                positional = [sk for sk in need_old if not any(isinstance(v, ChunkPatch) for v in by_shard[sk][2].values())]
-                done = set(positional) - set(self._append_to_shards({sk: by_shard[sk] for sk in positional}))
-                by_shard = {sk: v for sk, v in by_shard.items() if sk not in done}
-                need_old = [sk for sk in need_old if sk not in done]
-            old = self.base.get_many(need_old) if need_old else {}
-            new_shards: dict[str, bytes] = {}
-            new_indexes: dict[str, ShardIndex] = {}
-            empty: list[str] = []
-            # slack only where in-place writes can use it (elsewhere "inplace" falls back to rewrite)
-            slack = self.slack_bytes if self.write_strategy == "inplace" and self.base.supports_append else 0
-            for shard_key, (arr, coords, updates) in by_shard.items():
-                stored = arr.layout.chunks_of_shard(old[shard_key], shard_key) if shard_key in old else {}
-                chunks = merge_chunks(arr, coords, stored, updates)
-                if chunks:
-                    new_shards[shard_key], new_indexes[shard_key] = arr.layout.encode_shard_with_index(chunks, slack)
-                elif shard_key in old:
-                    empty.append(shard_key)
-            for shard_key in by_shard:
-                self.index_cache.discard(shard_key)
-            self.base.set_many(new_shards)
-            if empty:
-                self.base.delete_many(empty)
-            if not self.validate_index_cache:
-                for shard_key, index in new_indexes.items():
-                    self.index_cache.put(shard_key, index)
-
-    def _append_to_shards(self, by_shard: ShardUpdates) -> list[str]:
-        """Apply updates to stored shards by positional writes (see :mod:`shardkv.engine.strategies`).
-
-        Called with the shards' locks held. Returns the shards that are not
-        stored yet (to be written whole).
-        """
-        indexes, _ = self.read_indexes({sk: v[0] for sk, v in by_shard.items()})
-        not_stored = [sk for sk in by_shard if sk not in indexes]
-        for shard_key, index in indexes.items():
-            arr, coords, updates = by_shard[shard_key]
-            changes: dict[tuple[int, ...], bytes | None] = {
-                local: None if v is None else bytes(v) for local, v in updates.items()
-            }
-            for local in out_of_grid(arr, coords, list(index.present())):
-                changes[local] = None  # left behind by a shrinking resize
-            plan = plan_append(
-                arr.layout, index, self.base.size(shard_key), changes,
-                inplace=self.write_strategy == "inplace", slack_bytes=self.slack_bytes,
-            )  # fmt: skip
-            self._store_positional(shard_key, plan.index, [(w.offset, w.data) for w in plan.writes])  # type: ignore[arg-type]
-        return not_stored
-
-    def _store_positional(self, shard_key: str, index: ShardIndex, writes: list[tuple[int, bytes]]) -> None:
-        """Write pieces of a stored shard whose new index is ``index`` (deleted when it is empty)."""
-        self.index_cache.discard(shard_key)
-        if index.is_empty():
-            self.base.delete_many([shard_key])
-            return
-        self.base.write_at(shard_key, writes)
-        validator = self.base.validator(shard_key) if self.validate_index_cache else None
-        self.index_cache.put(shard_key, index, validator)
-
-    def erase_chunks(self, by_shard: ShardErasures) -> None:
-        """Erase chunks, updating each shard's index in place (the 2022 draft's ``erase_values`` plan).
-
-        A shard that loses every available chunk is deleted without a read
-        (one batched delete). The others get their index read (one batched
-        request, unless cached), the erased entries (and those of chunks
-        outside the chunk grid) set empty, and the new index written in place
-        with :meth:`ShardBackend.write_at` (the chunk bytes stay, unused); a
-        shard left without chunks is deleted.
-
-        Notes
-        -----
-        With the index at the end, the backend must accept a negative
-        ``write_at`` offset (from the end) where its sizes are not free.
-        """
-        erasures = {sk: (arr, coords, set(locals_)) for sk, (arr, coords, locals_) in by_shard.items()}
-        with self._locked(erasures):
-            whole, partial = [], {}
-            for shard_key, (arr, coords, locals_) in erasures.items():
-                available = {local for _, local in arr.chunks_in_shard(coords)}
-                if available and available <= locals_:
-                    whole.append(shard_key)
-                else:
-                    partial[shard_key] = arr
-            indexes, _ = self.read_indexes(partial)
-            for shard_key, index in indexes.items():
-                arr, coords, locals_ = erasures[shard_key]
-                new = index.copy()
-                for local in locals_ | set(out_of_grid(arr, coords, list(index.present()))):
-                    new.clear(local)
-                if new.is_empty():
-                    whole.append(shard_key)
-                elif new != index:
-                    offset = self._index_offset(shard_key, arr.layout)
-                    self._store_positional(shard_key, new, [(offset, arr.layout.encode_index(new))])
-            for shard_key in whole:
-                self.index_cache.discard(shard_key)
-            if whole:
-                self.base.delete_many(whole)
-
-    def _index_offset(self, shard_key: str, layout: ShardLayout) -> int:
-        """Where a shard's index starts: from the start, or negative from the end when the size is not free."""
-        if layout.index_location == "start":
-            return 0
-        size = self.base.size_if_free(shard_key)
-        return -layout.index_nbytes if size is None else size - layout.index_nbytes
-
-    # -- maintenance --------------------------------------------------------------
-
-    def compact_array(self, arr: ShardedArray) -> int:
-        """Rewrite the array's shards that hold unused bytes; returns the bytes reclaimed."""
-        return self.compact_shards(arr, (shard_key for shard_key, _ in arr.shard_keys()))
-
-    def compact_shards(self, arr: ShardedArray, shard_keys: Iterable[str]) -> int:
-        """Rewrite the stored shards among ``shard_keys`` that hold unused bytes; returns the bytes reclaimed."""
-        reclaimed = 0
-        for shard_key in shard_keys:
-            with self.shard_lock(shard_key):
-                try:
-                    blob = self.base.get(shard_key)
-                except KeyError:
-                    continue
-                index = arr.layout.index_of_shard(blob, shard_key)
-                if len(blob) - arr.layout.index_nbytes - index.used_nbytes() <= 0:
-                    continue
-                new = arr.layout.encode_shard(arr.layout.chunks_of_shard(blob, shard_key, index))
-                self.base.set(shard_key, new)
-                self.index_cache.discard(shard_key)
-                reclaimed += len(blob) - len(new)
-        return reclaimed

@@ -14,10 +14,9 @@ The other jobs live beside it: what each path is
 requests themselves (:class:`shardkv.engine.planner.ShardIO`: one batched
 index read and one batched chunk read per call; one batched write per call).
 
-Concurrency: writers of one shard in one process are serialised by a lock per
-shard key, so no acknowledged write is lost to a concurrent read-modify-write.
-Several processes writing the same shard need the same care as zarr itself
-(a synchronizer, or shard-aligned work).
+Concurrency: no acknowledged chunk write is lost to another writer's
+read-modify-write of the same shard, whichever store, thread or process made
+it, as the ``concurrency`` option of :class:`ShardedStore` describes.
 """
 
 from __future__ import annotations
@@ -27,6 +26,8 @@ from os import PathLike
 from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
 
 from shardkv.engine.cache import IndexCache
+from shardkv.engine.concurrency import Concurrency
+from shardkv.engine.picklable import reduce_sharded_store
 from shardkv.engine.planner import ShardIO
 from shardkv.engine.strategies import WriteStrategy
 from shardkv.engine.verify import DEFAULT_TEMP_AGE, remove_stale_temporaries
@@ -120,12 +121,23 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
     slack_bytes : int
         With ``"inplace"``: zero bytes reserved after every chunk written
         (bytes), so a slightly larger new encoding still fits its slot.
+    concurrency : {"auto", "files", "conditional", "process", "none"}
+        How writers of one shard (threads, stores, processes) keep each
+        other's chunks. ``"auto"``: lock files in ``<root>/.shardkv-locks/``
+        on local and network file systems; compare-and-swap writes (ETag
+        ``If-Match``, retried on 412) on S3 via s3fs; locks shared in this
+        process for ``memory://`` and mappings; ``ConfigurationError`` for
+        other stores, which need ``"process"`` (this process only) or
+        ``"none"`` (shard-aligned writers). See the user guide, "Concurrency".
+    lock_timeout : float or None
+        Longest wait (seconds) for a shard lock (then ``LockTimeoutError``).
 
     Raises
     ------
     ConfigurationError
-        If ``chunks_per_shard``, ``layout`` or an index option is invalid, or
-        ``journal`` is given without ``buffer_bytes``.
+        If ``chunks_per_shard``, ``layout``, an index option or
+        ``concurrency`` is invalid, ``concurrency`` asks for what the store
+        cannot give, or ``journal`` is given without ``buffer_bytes``.
     TypeError
         If ``store`` cannot be used as a store.
     JournalCorruptError
@@ -143,6 +155,10 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
     propagate. Implements the v1.0 ``sharding_indexed`` binary format and the
     2022 draft's key rewriting rule (shard coords = chunk coords //
     chunks_per_shard).
+
+    A store pickles (``multiprocessing``, ``dask.distributed``) as its base
+    store's location and options; the copy finds the same locks. With
+    unflushed write-back data it raises ``UnflushedWritesError`` instead.
     """
 
     _store_version = 2  # the zarr-python 2 store protocol this proxy speaks
@@ -172,6 +188,8 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         write_strategy: WriteStrategy = "rewrite",
         slack_bytes: int = 0,
         journal: str | PathLike[str] | None = None,
+        concurrency: Concurrency = "auto",
+        lock_timeout: float | None = None,
     ) -> None:
         if layout not in (None, "v2"):
             raise ConfigurationError(f"{type(self).__name__} opens the 'v2' layout only, got layout={layout!r}")
@@ -189,12 +207,18 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
             read_policy=read_policy or ReadPolicy(),
             write_strategy=write_strategy,
             slack_bytes=slack_bytes,
+            concurrency=concurrency,
+            lock_timeout=lock_timeout,
         )
         self._writer = ShardWriter(self._io, buffer_bytes)
         self._mirror = MetadataMirror(self._base, self._nodes, self._writer, rule, index_location, bool(index_checksum))
         _zarr2.register(type(self))
         self._temps_swept = False  # stale temporaries are removed on the first write
         self._writer.attach_journal(journal, self._route)  # replays what a killed run left
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as location and options (:mod:`shardkv.engine.picklable`); ``UnflushedWritesError`` if buffered."""
+        return reduce_sharded_store(self)
 
     # -- configuration ------------------------------------------------------
 

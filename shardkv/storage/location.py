@@ -60,6 +60,9 @@ def fs_location(fs: Any, root: str) -> StoreLocation:
     """
     protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
     protocol = protocols[0]
+    inner, prefix = getattr(fs, "fs", None), getattr(fs, "path", None)
+    if protocol == "dir" and inner is not None and isinstance(prefix, str):  # DirFileSystem: its target
+        return fs_location(inner, fs._join(root))
     stripped = fs._strip_protocol(root).rstrip("/")
     if "file" in protocols or "local" in protocols:
         real = os.path.realpath(stripped or "/")

@@ -1,0 +1,190 @@
+"""Issue 9 proofs inside one process: separate stores of one location share their shard locks.
+
+* 8 threads, each with its own ``ShardedStore`` over one local directory /
+  one ``memory://`` root / one ``dict``, write disjoint chunks of shared
+  shards: nothing is lost;
+* a writer holding a shard's lock makes another store's writer of that shard
+  wait (here: time out), so the stores really share the lock;
+* readers racing a rewriting writer see only complete values;
+* a store pickles to an equivalent store, and refuses with unflushed data.
+
+Every loop is bounded in count and time; threads are joined with a timeout.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from shardkv import ShardedStore
+from shardkv.engine.picklable import sharded_store_options
+from shardkv.errors import LockTimeoutError, UnflushedWritesError
+from shardkv.storage.location import location_of
+
+zarr = pytest.importorskip("zarr")
+if not zarr.__version__.startswith("2."):
+    pytest.skip("zarr-python 2 only", allow_module_level=True)
+
+N_THREADS = 8
+CHUNK_LEN = 4
+N_CHUNKS = 128  # 8 shards of 16 chunks: every thread writes 2 chunks of every shard
+JOIN_S = 60.0
+
+
+def _run_threads(target, n: int) -> list[BaseException]:
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(n, timeout=30)
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait()
+            target(i)
+        except BaseException as exc:  # reported to the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + JOIN_S
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() for t in threads):
+        errors.append(TimeoutError(f"threads still running after {JOIN_S:g} s"))
+    return errors
+
+
+def _base(kind: str, tmp_path):
+    if kind == "local":
+        return str(tmp_path / "data.zarr")
+    if kind == "memory":
+        return f"memory://threads-{uuid.uuid4().hex[:8]}"
+    return {}  # one dict object, shared by every store
+
+
+@pytest.mark.parametrize("kind", ["local", "memory", "dict"])
+def test_eight_threads_with_separate_stores_lose_nothing(tmp_path, kind) -> None:
+    base = _base(kind, tmp_path)
+    setup = ShardedStore(base, chunks_per_shard=16)
+    zarr.open_array(store=setup, mode="w", shape=(N_CHUNKS * CHUNK_LEN,), chunks=(CHUNK_LEN,), dtype="i4", fill_value=0)
+    stores = [ShardedStore(base, chunks_per_shard=16) for _ in range(N_THREADS)]
+    assert {location_of(s.base) for s in stores} == {location_of(setup.base)}
+
+    def write(w: int) -> None:
+        arr = zarr.open_array(store=stores[w], mode="r+")
+        for c in range(w, N_CHUNKS, N_THREADS):  # one chunk per call: one shard read-modify-write each
+            arr[c * CHUNK_LEN : (c + 1) * CHUNK_LEN] = c + 1
+
+    assert _run_threads(write, N_THREADS) == []
+    data = zarr.open_array(store=ShardedStore(base), mode="r")[:]
+    lost = [c for c in range(N_CHUNKS) if not (data[c * CHUNK_LEN : (c + 1) * CHUNK_LEN] == c + 1).all()]
+    assert lost == [], f"{len(lost)} of {N_CHUNKS} chunk updates lost"
+
+
+@pytest.mark.parametrize("kind", ["local", "memory", "dict"])
+def test_a_held_shard_lock_excludes_another_stores_writer(tmp_path, kind) -> None:
+    base = _base(kind, tmp_path)
+    holder = ShardedStore(base, chunks_per_shard=4)
+    zarr.open_array(store=holder, mode="w", shape=(16,), chunks=(2,), dtype="i4", fill_value=0)
+    other = ShardedStore(base, chunks_per_shard=4, lock_timeout=0.2)
+    arr = zarr.open_array(store=other, mode="r+")
+    with holder._io.hold(["0"]):  # shard 0 holds chunks 0-3 (elements 0-7)
+        started = time.monotonic()
+        with pytest.raises(LockTimeoutError):
+            arr[0:2] = 5
+        assert time.monotonic() - started >= 0.15
+        arr[8:10] = 7  # shard 1: another lock stripe, no wait
+    arr[0:2] = 5
+    np.testing.assert_array_equal(zarr.open_array(store=holder, mode="r")[:10], [5, 5, 0, 0, 0, 0, 0, 0, 7, 7])
+
+
+@pytest.mark.parametrize("shared_proxy", [True, False], ids=["same-store", "own-store"])
+def test_readers_racing_a_writer_see_only_complete_values(tmp_path, shared_proxy) -> None:
+    path = str(tmp_path / "race.zarr")
+    writer_store = ShardedStore(path, chunks_per_shard=8)
+    arr = zarr.open_array(
+        store=writer_store, mode="w", shape=(16 * 64,), chunks=(64,), dtype="i8", fill_value=-1
+    )
+    arr[:] = 0  # every chunk acknowledged before the readers start
+    n_rounds, stop = 12, threading.Event()
+    problems: list[str] = []
+
+    def write() -> None:
+        try:
+            for version in range(1, n_rounds + 1):
+                for c in range(16):  # one chunk per call: every call rewrites a shard
+                    arr[c * 64 : (c + 1) * 64] = version
+        finally:
+            stop.set()
+
+    def read(r: int) -> None:
+        store = writer_store if shared_proxy else ShardedStore(path, validate_index_cache=True)
+        view = zarr.open_array(store=store, mode="r")
+        seen = [0] * 16
+        deadline = time.monotonic() + 30
+        for _ in range(5000):
+            if stop.is_set() or time.monotonic() > deadline:
+                break
+            c = (r * 7 + _) % 16
+            chunk = view[c * 64 : (c + 1) * 64]
+            if (chunk == -1).any():
+                problems.append(f"reader {r}: chunk {c} read as fill after it was written")
+            elif len(set(chunk.tolist())) != 1:
+                problems.append(f"reader {r}: chunk {c} torn: {sorted(set(chunk.tolist()))}")
+            elif chunk[0] < seen[c]:
+                problems.append(f"reader {r}: chunk {c} went back from {seen[c]} to {chunk[0]}")
+            else:
+                seen[c] = int(chunk[0])
+
+    def run(i: int) -> None:
+        write() if i == 0 else read(i)
+
+    assert _run_threads(run, 4) == []
+    assert problems == []
+    np.testing.assert_array_equal(zarr.open_array(store=ShardedStore(path), mode="r")[:], n_rounds)
+
+
+def test_store_pickles_to_an_equivalent_store(tmp_path) -> None:
+    store = ShardedStore(str(tmp_path), chunks_per_shard=4, write_strategy="append", lock_timeout=5.0)
+    arr = zarr.open_array(store=store, mode="w", shape=(40,), chunks=(5,), dtype="i2")
+    arr[:] = np.arange(40)
+    clone = pickle.loads(pickle.dumps(store))
+    assert type(clone) is ShardedStore and clone is not store
+    assert sharded_store_options(clone) == sharded_store_options(store)
+    assert clone._io.plan.mode == store._io.plan.mode == "files"
+    assert clone._io.plan.locks.lock_dir == store._io.plan.locks.lock_dir
+    np.testing.assert_array_equal(zarr.open_array(store=clone, mode="r")[:], np.arange(40))
+    assert sorted(clone) == sorted(store)
+
+
+def test_pickling_a_store_with_unflushed_writes_raises(tmp_path) -> None:
+    store = ShardedStore(str(tmp_path), chunks_per_shard=4, buffer_bytes=1 << 20)
+    arr = zarr.open_array(store=store, mode="w", shape=(40,), chunks=(5,), dtype="i2")
+    arr[:7] = 1  # buffered: shard 0 is not complete
+    with pytest.raises(UnflushedWritesError):
+        pickle.dumps(store)
+    store.flush()
+    np.testing.assert_array_equal(zarr.open_array(store=pickle.loads(pickle.dumps(store)), mode="r")[:7], 1)
+
+
+def test_rechunk_to_shards_gives_whole_shard_blocks(tmp_path) -> None:
+    da = pytest.importorskip("dask.array")
+    from shardkv import rechunk_to_shards
+    from shardkv.errors import ConfigurationError
+
+    store = ShardedStore(str(tmp_path / "r.zarr"), chunks_per_shard=(4, 2))
+    z = zarr.create(shape=(300, 100), chunks=(16, 10), dtype="i4", store=store, path="a")
+    source = np.arange(300 * 100, dtype="i4").reshape(300, 100)
+    x = rechunk_to_shards(da.from_array(source, chunks=(7, 9)), z)
+    assert x.chunks == ((64,) * 4 + (44,), (20,) * 5)  # 4 x 16 and 2 x 10 elements per shard
+    assert rechunk_to_shards(x, store, "a").chunks == x.chunks
+    x.store(z, lock=False)
+    np.testing.assert_array_equal(z[:], source)
+    with pytest.raises(ConfigurationError):
+        rechunk_to_shards(da.zeros((4,)), z)  # 1-d data, 2-d shards
+    with pytest.raises(ConfigurationError):
+        rechunk_to_shards(x, store, "missing")
