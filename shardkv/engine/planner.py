@@ -217,7 +217,9 @@ class ShardIO:
             if start == stop:
                 out[i] = b""
             elif ref.shard_key in blobs:  # whole shards, their indexes checked against their sizes
-                out[i] = bytes(memoryview(blobs[ref.shard_key])[entry[0] + start : entry[0] + stop])
+                blob = memoryview(blobs[ref.shard_key])
+                part = blob[entry[0] + start : entry[0] + stop]
+                out[i] = part if blob.readonly else bytes(part)  # a view (no copy) unless the blob is mutable
             else:
                 wanted.append((i, ref, entry[0] + start, entry[0] + stop))
         if wanted:
@@ -262,7 +264,8 @@ class ShardIO:
                         f"[{start}, {stop}) but the chunk data ends at byte {limit}: the shard ends "
                         f"{stop - limit} bytes too early (truncated shard, or an entry pointing into the index)",
                     )
-                out[i] = bytes(view[rel : rel + nbytes])
+                part = view[rel : rel + nbytes]
+                out[i] = part if view.readonly else bytes(part)  # a view (no copy) unless the value is mutable
 
     def chunk_keys(self, shards: Mapping[str, ShardedArray], *, in_grid_only: bool = True) -> Iterator[str]:
         """Keys of the chunks stored in ``shards`` (indexes read 4096 shards per request).
@@ -307,7 +310,7 @@ class ShardIO:
                 by_shard = {sk: v for sk, v in by_shard.items() if sk not in done}
                 need_old = [sk for sk in need_old if sk not in done]
             old = self.base.get_many(need_old) if need_old else {}
-            new_shards: dict[str, bytes] = {}
+            new_shards: dict[str, list[Any]] = {}  # shard key -> parts (written without joining)
             new_indexes: dict[str, ShardIndex] = {}
             empty: list[str] = []
             # slack only where in-place writes can use it (elsewhere "inplace" falls back to rewrite)
