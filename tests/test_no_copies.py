@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shardkv import ShardedStore
 from shardkv.errors import ChunkOutOfGridError, ConfigurationError, InvalidKeyError
@@ -229,3 +231,27 @@ def test_proxy_batches_of_mixed_keys_route_each_key() -> None:
     store.setitems({"a/.zattrs": b'{"x": 1}', **{k: bytes(got[k]) for k in keys[2:]}})
     assert store["a/.zattrs"] == b'{"x": 1}'
     assert store.getitems(["a/zarr.json"] + keys[2:]).keys() == set(keys[2:])  # the managed zarr.json stays hidden
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    name=st.sampled_from(sorted(ARRAYS)),
+    coords=st.lists(st.tuples(st.integers(0, 8), st.integers(0, 6), st.integers(0, 4)), min_size=1, max_size=40),
+    mutation=st.sampled_from(["", "0", "x", ".", "/", "\n"]),
+    where=st.integers(0, 39),
+)
+def test_locate_batch_is_locate_or_declines(name: str, coords: list, mutation: str, where: int) -> None:
+    arr = _array(name)
+    keys = [arr.chunk_key(c) for c in coords]
+    if mutation:
+        i = where % len(keys)
+        keys[i] = keys[i][: where % (len(keys[i]) + 1)] + mutation + keys[i][where % (len(keys[i]) + 1) :]
+    batch = arr.locate_batch(keys)
+    try:
+        one_by_one = [arr.locate(k) for k in keys]
+    except (InvalidKeyError, ChunkOutOfGridError):
+        assert batch is None
+        return
+    assert batch is None or batch == one_by_one
+    if not mutation:
+        assert batch == one_by_one  # in-grid canonical keys always take the batch path
