@@ -29,6 +29,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from shardkv.storage.adapters import FSMapAdapter
+from shardkv.storage.buffers import byte_parts
 
 __all__ = [
     "Request",
@@ -193,9 +194,9 @@ def record_local_writes(monkeypatch: pytest.MonkeyPatch) -> list[Request]:
         root = adapter.fs._strip_protocol(adapter.root)
         return path[len(root) :].lstrip("/")
 
-    def recording_atomic(self: FSMapAdapter, path: str, value: bytes) -> None:
-        atomic(self, path, value)
-        log.append(Request("write", key_of(self, path), None, None, len(value)))
+    def recording_atomic(self: FSMapAdapter, path: str, value: Any) -> None:
+        atomic(self, path, value)  # one bytes-like value, or a list of its parts
+        log.append(Request("write", key_of(self, path), None, None, sum(p.nbytes for p in byte_parts(value))))
 
     def recording_write_at(self: FSMapAdapter, key: str, writes: Any) -> None:
         writes = list(writes)

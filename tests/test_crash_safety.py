@@ -71,6 +71,10 @@ class KillingWrites:
             os.kill(os.getpid(), signal.SIGKILL)
         self.real_write(fd, data, offset)
 
+    def write_parts(self, fd: int, parts: list[memoryview]) -> None:
+        """The ``writev`` path (a shard written from its parts): the same faults, on the parts joined."""
+        self.write(fd, memoryview(b"".join(parts)), os.lseek(fd, 0, os.SEEK_CUR))
+
     def replace(self, src: str, dst: str) -> None:
         if self.rng.random() < self.rate / 2:
             os.kill(os.getpid(), signal.SIGKILL)  # before the rename: a temporary file is left
@@ -80,6 +84,7 @@ class KillingWrites:
 
     def install(self) -> None:
         fsmap_adapter._pwrite_all = self.write  # the child is a forked copy: nothing leaks into pytest
+        fsmap_adapter.write_parts = self.write_parts
         os.replace = self.replace
 
 
@@ -182,7 +187,7 @@ def test_the_kill_harness_catches_a_writer_that_tears(tmp_path: Path, monkeypatc
 
 
 class FlakyWrites:
-    """Replaces ``fsmap_adapter._pwrite_all``: a share of calls write half their bytes, then raise EIO."""
+    """Replaces ``fsmap_adapter._pwrite_all`` (and ``write_parts``): a share of calls write half their bytes, then raise EIO."""
 
     def __init__(self, rate: float, seed: int) -> None:
         self.rng = random.Random(seed)
@@ -197,6 +202,10 @@ class FlakyWrites:
             raise OSError(errno.EIO, "injected EIO")
         self.real(fd, data, offset)
 
+    def write_parts(self, fd: int, parts: list[memoryview]) -> None:
+        """The ``writev`` path (a shard written from its parts): the same faults, on the parts joined."""
+        self(fd, memoryview(b"".join(parts)), os.lseek(fd, 0, os.SEEK_CUR))
+
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_failed_writes_raise_and_leave_the_old_chunk(
@@ -207,6 +216,7 @@ def test_failed_writes_raise_and_leave_the_old_chunk(
     z = zarr.open_array(open_store(root, strategy), mode="r+")
     flaky = FlakyWrites(0.25, seed=len(strategy))
     monkeypatch.setattr(fsmap_adapter, "_pwrite_all", flaky)
+    monkeypatch.setattr(fsmap_adapter, "write_parts", flaky.write_parts)
     model = np.zeros(CHUNK * N_CHUNKS, dtype="i4")
     failures = 0
     for seq in range(80):

@@ -57,7 +57,7 @@ def assert_compact(blob: bytes, n_chunks: int, index_location: str) -> None:
 
 
 def stored_shard(layout: ShardLayout, chunks: dict[tuple[int, ...], bytes], slack: int = 0) -> bytes:
-    return layout.encode_shard_with_index(chunks, slack)[0]
+    return b"".join(layout.encode_shard_with_index(chunks, slack)[0])
 
 
 def apply_plan(blob: bytes, plan: Any) -> bytes:

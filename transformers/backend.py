@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 from shardkv.format.ranges import ByteRange
+from shardkv.storage.buffers import join_parts
 
 from .api import AbstractStore
 
@@ -79,9 +80,9 @@ class UnderlyingBackend:
     def set(self, key: str, value: bytes) -> None:
         self.store.set_values({key: value})
 
-    def set_many(self, values: Mapping[str, bytes]) -> None:
-        if values:
-            self.store.set_values(values)
+    def set_many(self, values: Mapping[str, bytes | list[bytes]]) -> None:
+        if values:  # the underlying store takes one object per key: shard parts are joined here, once
+            self.store.set_values({k: join_parts(v) if isinstance(v, (list, tuple)) else v for k, v in values.items()})
 
     def delete_many(self, keys: Iterable[str]) -> None:
         keys = list(keys)

@@ -32,6 +32,7 @@ from shardkv.engine.retry import Backoff, RetryStats
 from shardkv.errors import ConcurrentUpdateError, ConfigurationError, LostRaceError
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.adapters import StoreAdapter
+from shardkv.storage.buffers import join_parts
 from shardkv.storage.conditional import ConditionalStore
 
 __all__ = ["GenerationTrackingAdapter", "run_conditionally"]
@@ -113,7 +114,7 @@ class GenerationTrackingAdapter(StoreAdapter):
             if key not in self._tx.generations:
                 blind[key] = value
                 continue
-            ok, generation = self.conditional.swap(key, bytes(value), self._tx.generations[key])
+            ok, generation = self.conditional.swap(key, join_parts(value), self._tx.generations[key])
             if not ok:
                 raise LostRaceError(key)
             self._tx.generations[key] = generation  # a second write in one transaction builds on ours

@@ -293,7 +293,9 @@ class ShardIO(ShardWrites):
             if start == stop:
                 out[i] = b""
             elif ref.shard_key in blobs:  # whole shards, their indexes checked against their sizes
-                out[i] = bytes(memoryview(blobs[ref.shard_key])[entry[0] + start : entry[0] + stop])
+                blob = memoryview(blobs[ref.shard_key])
+                part = blob[entry[0] + start : entry[0] + stop]
+                out[i] = part if blob.readonly else bytes(part)  # a view (no copy) unless the blob is mutable
             else:
                 wanted.append((i, ref, entry[0] + start, entry[0] + stop))
         vanished = self._read_wanted(wanted, indexes, out) if wanted else set()
@@ -339,7 +341,8 @@ class ShardIO(ShardWrites):
                         f"[{start}, {stop}) but the chunk data ends at byte {limit}: the shard ends "
                         f"{stop - limit} bytes too early (truncated shard, or an entry pointing into the index)",
                     )
-                out[i] = bytes(view[rel : rel + nbytes])
+                part = view[rel : rel + nbytes]
+                out[i] = part if view.readonly else bytes(part)  # a view (no copy) unless the value is mutable
         return vanished
 
     def chunk_keys(self, shards: Mapping[str, ShardedArray], *, in_grid_only: bool = True) -> Iterator[str]:

@@ -110,7 +110,7 @@ class ShardWrites:
             by_shard = {sk: v for sk, v in by_shard.items() if sk not in done}
             need_old = [sk for sk in need_old if sk not in done]
         old = rw.get_many(need_old) if need_old else {}
-        new_shards: dict[str, bytes] = {}
+        new_shards: dict[str, list[Any]] = {}  # shard key -> parts (written without joining)
         new_indexes: dict[str, ShardIndex] = {}
         empty: list[str] = []
         # slack only where in-place writes can use it (elsewhere "inplace" falls back to rewrite)

@@ -228,13 +228,18 @@ class ShardLayout:
         return self.decode_index(raw, shard_key, len(shard))
 
     def encode_shard(self, chunks: Mapping[tuple[int, ...], BytesLike]) -> bytes:
-        """Build a shard from encoded inner chunks, in linear time (see :meth:`encode_shard_with_index`)."""
-        return self.encode_shard_with_index(chunks)[0]
+        """Build a shard as one ``bytes`` object, in linear time (see :meth:`encode_shard_with_index`).
+
+        For callers that need one object; writers that can take the parts
+        (:meth:`StoreAdapter.set_many <shardkv.storage.base.StoreAdapter.set_many>`)
+        should use :meth:`encode_shard_with_index` and skip this copy.
+        """
+        return b"".join(self.encode_shard_with_index(chunks)[0])
 
     def encode_shard_with_index(
         self, chunks: Mapping[tuple[int, ...], BytesLike], slack_bytes: int = 0
-    ) -> tuple[bytes, ShardIndex]:
-        """Build a shard from encoded inner chunks, in linear time, and return its index too.
+    ) -> tuple[list[BytesLike], ShardIndex]:
+        """The parts of a shard built from encoded inner chunks, in order, and its index (no copy).
 
         Parameters
         ----------
@@ -247,8 +252,11 @@ class ShardLayout:
 
         Returns
         -------
-        bytes
-            The shard: chunks back to back and the index at ``index_location``.
+        list of bytes-like
+            The shard as parts whose concatenation is its bytes: the chunk
+            values themselves (not copied), slack, and the encoded index at
+            ``index_location``. Hand them to a store that takes parts, or
+            ``b"".join`` them (:meth:`encode_shard`).
         ShardIndex
             Its index.
 
@@ -257,28 +265,55 @@ class ShardLayout:
         ConfigurationError
             If a local coord lies outside ``chunks_per_shard``.
         """
-        index = ShardIndex.empty(self.chunks_per_shard)
+        order = sorted(chunks)
+        cps = self.chunks_per_shard
+        index = ShardIndex.empty(cps)
         parts: list[BytesLike] = []
-        offset = self.index_nbytes if self.index_location == "start" else 0
-        for local in sorted(chunks):
-            if len(local) != len(self.chunks_per_shard) or any(
-                not 0 <= c < n for c, n in zip(local, self.chunks_per_shard)
-            ):
-                raise ConfigurationError(
-                    f"local coords {local} lie outside chunks_per_shard {self.chunks_per_shard}"
-                )
-            value = chunks[local]
-            nbytes = memoryview(value).nbytes
-            index.set(local, offset, nbytes)
-            parts.append(value)
+        start = self.index_nbytes if self.index_location == "start" else 0
+        if order:
+            flat = self._flat_positions(order)
+            nbytes = [len(v) if type(v) is bytes else memoryview(v).nbytes for v in map(chunks.__getitem__, order)]
+            sizes = np.array(nbytes, dtype=np.uint64)
+            ends = np.cumsum(sizes + np.uint64(slack_bytes), dtype=np.uint64) + np.uint64(start)
+            entries = index.entries.reshape(-1, 2)
+            entries[flat, 0] = ends - sizes - np.uint64(slack_bytes)
+            entries[flat, 1] = sizes
             if slack_bytes:
-                parts.append(bytes(slack_bytes))
-            offset += nbytes + slack_bytes
+                pad = bytes(slack_bytes)
+                for local in order:
+                    parts.append(chunks[local])
+                    parts.append(pad)
+            else:
+                parts.extend(map(chunks.__getitem__, order))
         encoded_index = self.encode_index(index)
         if self.index_location == "start":
-            return b"".join([encoded_index, *parts]), index
-        parts.append(encoded_index)
-        return b"".join(parts), index
+            parts.insert(0, encoded_index)
+        else:
+            parts.append(encoded_index)
+        return parts, index
+
+    def _flat_positions(self, order: Sequence[tuple[int, ...]]) -> np.ndarray:
+        """Row-major positions in the index of local coords, as an ``intp`` array.
+
+        Raises
+        ------
+        ConfigurationError
+            If a local coord lies outside ``chunks_per_shard`` (the first one, in order).
+        """
+        cps = self.chunks_per_shard
+        strides = np.array([prod(cps[d + 1 :]) for d in range(len(cps))], dtype=np.int64)
+        try:
+            coords = np.array(order, dtype=np.int64).reshape(len(order), len(cps))
+        except (ValueError, TypeError, OverflowError):  # ragged or not integers: checked one by one below
+            coords = None
+        if coords is not None and ((coords >= 0) & (coords < np.array(cps, dtype=np.int64))).all():
+            return (coords @ strides).astype(np.intp)
+        flat = []
+        for local in order:
+            if len(local) != len(cps) or any(not 0 <= c < n for c, n in zip(local, cps)):
+                raise ConfigurationError(f"local coords {local} lie outside chunks_per_shard {cps}")
+            flat.append(sum(int(c) * int(s) for c, s in zip(local, strides)))
+        return np.array(flat, dtype=np.intp)
 
     def chunks_of_shard(
         self, shard: BytesLike, shard_key: str, index: ShardIndex | None = None

@@ -26,28 +26,46 @@ array's shape): then every chunk key is in the grid and every shard has all
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from math import prod
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
+
+import numpy as np
 
 from shardkv.errors import ChunkOutOfGridError, InvalidKeyError
 from shardkv.format.layout import ShardLayout
-from shardkv.keys.encodings import ChunkKeyEncoding, chunk_to_shard, grid_shape, shard_to_chunk, shard_to_chunks
+from shardkv.keys.encodings import (
+    ChunkKeyEncoding,
+    DefaultChunkKeyEncoding,
+    Draft2022ChunkKeyEncoding,
+    V2ChunkKeyEncoding,
+    chunk_to_shard,
+    grid_shape,
+    shard_to_chunk,
+    shard_to_chunks,
+)
 
 __all__ = ["ShardedArray", "ChunkRef"]
 
+# a canonical coordinate below 10**18 (parsed as int64 without overflow); longer ones take the slow path
+_COORD = r"(?:0|[1-9][0-9]{0,17})"
 
-@dataclass(frozen=True, slots=True)
-class ChunkRef:
-    """Where one inner chunk lives: its shard's key and its place in the shard."""
+
+class ChunkRef(NamedTuple):
+    """Where one inner chunk lives: its shard's key and its place in the shard (a tuple: cheap to make)."""
 
     chunk_key: str
-    chunk_coords: tuple[int, ...]
     shard_key: str
     shard_coords: tuple[int, ...]
     local_coords: tuple[int, ...]
     array: ShardedArray
+
+    @property
+    def chunk_coords(self) -> tuple[int, ...]:
+        """The chunk's coords in the array's chunk grid."""
+        return shard_to_chunk(self.shard_coords, self.array.chunks_per_shard, self.local_coords)
 
 
 @dataclass(frozen=True)
@@ -175,15 +193,107 @@ class ShardedArray:
         if check_grid and grid is not None and any(c >= g for c, g in zip(coords, grid)):
             raise ChunkOutOfGridError(chunk_key, coords, grid)
         shard_coords, local = chunk_to_shard(coords, self.chunks_per_shard)
-        shard_key = self._shard_keys.get(shard_coords)
-        if shard_key is None:
-            shard_key = self._shard_keys[shard_coords] = self.shard_key(shard_coords)
-        return ChunkRef(chunk_key, coords, shard_key, shard_coords, local, self)
+        shard_key = self._shard_keys.get(shard_coords) or self._remember_shard_key(shard_coords)
+        return ChunkRef(chunk_key, shard_key, shard_coords, local, self)
 
     @cached_property
     def _shard_keys(self) -> dict[tuple[int, ...], str]:
         """Memo of shard keys by shard coords (one entry per shard touched)."""
         return {}
+
+    def locate_many(self, chunk_keys: Sequence[str], *, check_grid: bool = True) -> list[ChunkRef]:
+        """:meth:`locate` of every key, in order (vectorised when the keys allow, see :meth:`locate_batch`).
+
+        Raises
+        ------
+        InvalidKeyError, ChunkOutOfGridError
+            As :meth:`locate`, for the first key in order that is not a chunk key (in the grid) of this array.
+        """
+        refs = self.locate_batch(chunk_keys, check_grid=check_grid)
+        if refs is None:
+            refs = [self.locate(key, check_grid=check_grid) for key in chunk_keys]
+        return refs
+
+    def locate_batch(self, chunk_keys: Sequence[str], *, check_grid: bool = True) -> list[ChunkRef] | None:
+        """:meth:`locate` of every key at once, or ``None`` when one key needs :meth:`locate` to say why not.
+
+        One pass over all keys: the keys are joined into one text that one
+        regular expression checks (this array's prefix, then canonical
+        coordinates), numpy parses the coordinates in one call and computes
+        shard and local coords as arrays, and each distinct shard or local
+        coords becomes one tuple shared by its keys (shard keys come from the
+        per-array memo). Returns ``None`` (nothing is raised) when any key is
+        not a canonical chunk key of this array, lies outside the grid (with
+        ``check_grid``) or has a coordinate of 19 digits or more, and for a 0-d
+        array or an unknown encoding: callers then locate key by key, which
+        raises the error of the first bad key.
+
+        Parameters
+        ----------
+        chunk_keys : sequence of str
+            Chunk keys of this array (usually all keys of one zarr call).
+        check_grid : bool
+            As for :meth:`locate`.
+        """
+        coords = self._parse_batch(chunk_keys)
+        if coords is None:
+            return None
+        grid = self.chunk_grid_shape
+        if check_grid and grid is not None and (coords >= np.array(grid, dtype=np.int64)).any():
+            return None
+        shards, local = np.divmod(coords, self._cps_array)
+        low = shards.min(axis=0)
+        span = [int(n) for n in shards.max(axis=0) - low + 1]
+        if prod(span) >= 2**62:  # shard coords too far apart to number in int64
+            return None
+        shard_ids, shard_of_id = _distinct_rows(shards, (shards - low) @ _strides(span))
+        local_ids, local_of_id = _distinct_rows(local, local @ self._local_strides)
+        memo = self._shard_keys
+        key_of_id = {i: memo.get(sc) or self._remember_shard_key(sc) for i, sc in shard_of_id.items()}
+        return list(
+            map(ChunkRef, chunk_keys, map(key_of_id.__getitem__, shard_ids), map(shard_of_id.__getitem__, shard_ids),
+                map(local_of_id.__getitem__, local_ids), itertools.repeat(self))
+        )  # fmt: skip
+
+    @cached_property
+    def _cps_array(self) -> np.ndarray:
+        return np.array(self.chunks_per_shard, dtype=np.int64)
+
+    @cached_property
+    def _local_strides(self) -> np.ndarray:
+        return _strides(self.chunks_per_shard)
+
+    def _parse_batch(self, chunk_keys: Sequence[str]) -> np.ndarray | None:
+        """Chunk coords of canonical chunk keys of this array, ``int64`` of shape ``(len(keys), ndim)``, or ``None``."""
+        pattern = self._batch_pattern
+        if pattern is None or not chunk_keys:
+            return None
+        try:
+            text = "\n".join(chunk_keys)
+        except TypeError:  # a key that is not a str
+            return None
+        if pattern.fullmatch(text) is None:
+            return None
+        head = self.key_prefix + _key_head(self.chunk_key_encoding)  # type: ignore[operator]
+        digits = text.replace("\n" + head, " ")[len(head) :].replace(self.chunk_key_encoding.separator, " ")
+        flat = np.fromstring(digits, dtype=np.int64, sep=" ")
+        if flat.size != len(chunk_keys) * self.ndim:  # a key holding a line break that mimics several keys
+            return None
+        return flat.reshape(len(chunk_keys), self.ndim)
+
+    def _remember_shard_key(self, shard_coords: tuple[int, ...]) -> str:
+        shard_key = self._shard_keys[shard_coords] = self.shard_key(shard_coords)
+        return shard_key
+
+    @cached_property
+    def _batch_pattern(self) -> re.Pattern[str] | None:
+        """The expression every key of a :meth:`locate_batch` text matches, or ``None`` (no batch path)."""
+        head = _key_head(self.chunk_key_encoding)
+        if head is None or self.ndim == 0:
+            return None
+        sep = re.escape(self.chunk_key_encoding.separator)
+        row = re.escape(self.key_prefix + head) + _COORD + (sep + _COORD) * (self.ndim - 1)
+        return re.compile(f"{row}(?:\n{row})*")
 
     def shard_coords_of(self, shard_key: str) -> tuple[int, ...] | None:
         """Shard coords of a stored key, or ``None`` if it is not a shard key of this array."""
@@ -232,3 +342,26 @@ class ShardedArray:
             raise ValueError(f"the shard grid of array {self.path!r} is unknown (no shape or chunk shape)")
         for coords in itertools.product(*(range(n) for n in grid)):
             yield self.shard_key(coords), coords
+
+
+def _key_head(encoding: ChunkKeyEncoding) -> str | None:
+    """What precedes the coordinates in a chunk key suffix, or ``None`` for an encoding without a batch path."""
+    if type(encoding) is V2ChunkKeyEncoding:
+        return ""
+    if type(encoding) is DefaultChunkKeyEncoding:
+        return "c" + encoding.separator
+    if type(encoding) is Draft2022ChunkKeyEncoding:
+        return "c"
+    return None
+
+
+def _strides(shape: Sequence[int]) -> np.ndarray:
+    """Row-major strides (in elements) of an array of ``shape``, as ``int64``."""
+    return np.array([prod(shape[d + 1 :]) for d in range(len(shape))], dtype=np.int64)
+
+
+def _distinct_rows(rows: np.ndarray, ids: np.ndarray) -> tuple[list[int], dict[int, tuple[int, ...]]]:
+    """Each row's id as an int, and one tuple per distinct id (rows of equal ids are equal)."""
+    id_list = ids.tolist()
+    first = dict(zip(reversed(id_list), range(len(id_list) - 1, -1, -1)))  # id -> its first row
+    return id_list, dict(zip(first, map(tuple, rows[list(first.values())].tolist())))

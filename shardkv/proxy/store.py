@@ -21,6 +21,7 @@ it, as the ``concurrency`` option of :class:`ShardedStore` describes.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import MutableMapping
 from os import PathLike
 from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
@@ -44,6 +45,7 @@ from shardkv.proxy.listing import logical_keys
 from shardkv.proxy.mirror import MetadataMirror
 from shardkv.proxy.nodes import META_NAMES, NodeCache
 from shardkv.proxy.presenting import PresentingAdapter
+from shardkv.proxy.routing import group_by_shard, route_batch
 from shardkv.proxy.values import as_buffer
 from shardkv.proxy.writes import ShardWriter
 from shardkv.storage.adapters import StoreAdapter, adapt
@@ -257,11 +259,12 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
 
     # -- reads ----------------------------------------------------------------
 
-    def getitems(self, keys: Sequence[str], *, contexts: Any = None) -> dict[str, bytes]:
+    def getitems(self, keys: Sequence[str], *, contexts: Any = None) -> dict[str, bytes | memoryview]:
         """Values of the stored keys among ``keys`` (missing keys are left out).
 
         Chunks are read with one batched index read and one batched chunk read
-        per call (ranged reads), or one batched shard read.
+        per call (ranged reads), or one batched shard read. Chunk values are
+        read-only views into the bytes read (no copy).
 
         Raises
         ------
@@ -270,32 +273,44 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         CorruptShardError, ChecksumError
             For a damaged shard.
         """
-        plain: list[str] = []
-        refs: list[ChunkRef] = []
-        out: dict[str, bytes] = {}
-        for key in keys:
-            ref = self._route(key)
-            if ref is None:
-                if not self._nodes.is_hidden(key):
+        keys = keys if isinstance(keys, list) else list(keys)
+        refs = route_batch(self._nodes.owner, keys)
+        out: dict[str, bytes | memoryview] = {}
+        if refs is None:
+            plain: list[str] = []
+            refs = []
+            for key in keys:
+                ref = self._route(key)
+                if ref is not None:
+                    refs.append(ref)
+                elif not self._nodes.is_hidden(key):
                     plain.append(key)
-                continue
-            buffered, value = self._writer.lookup(ref.shard_key, ref.local_coords)
-            if not buffered:
-                refs.append(ref)
-            elif value is not None:
-                out[key] = value
-        if plain:
-            out.update(self._base.get_many(plain))
-        out.update(self._io.read_chunks(refs))
+            if plain:
+                out.update(self._base.get_many(plain))
+        return self._read_chunks(refs, out)
+
+    def _read_chunks(self, refs: list[ChunkRef], out: dict[str, Any]) -> dict[str, Any]:
+        """Add the stored chunks among ``refs`` to ``out``: buffered ones (write-back mode), then one batched read."""
+        if self._writer.buffer is not None:
+            unbuffered = []
+            for ref in refs:
+                buffered, value = self._writer.lookup(ref.shard_key, ref.local_coords)
+                if not buffered:
+                    unbuffered.append(ref)
+                elif value is not None:
+                    out[ref.chunk_key] = value
+            refs = unbuffered
+        if refs:
+            out.update(self._io.read_chunks(refs))
         return out
 
-    def __getitem__(self, key: str) -> bytes:
+    def __getitem__(self, key: str) -> bytes | memoryview:
         ref = self._route(key)
         if ref is None:
             if self._nodes.is_hidden(key):
                 raise KeyError(key)
             return self._base.get(key)
-        found = self.getitems([key])
+        found = self._read_chunks([ref], {})
         if key not in found:
             raise KeyError(key)
         return found[key]
@@ -324,7 +339,8 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
 
         A shard whose every in-grid chunk is in ``values`` is built without
         reading the old one; a partly covered shard is merged with what is
-        stored (read-modify-write).
+        stored (read-modify-write). Values are not copied (``bytes`` are
+        kept as they are, other bytes-like values as views).
 
         Raises
         ------
@@ -333,11 +349,18 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         InvalidKeyError, ChunkOutOfGridError, ReservedKeyError
             If a key is malformed, out of the grid or managed by shardkv.
         """
-        changes: dict[str, memoryview | None] = {}
+        keys = list(values)
+        refs = route_batch(self._nodes.owner, keys)
+        changes: dict[str, bytes | memoryview | None] = {}
         for key, value in values.items():
-            validate_key(key)
-            changes[key] = as_buffer(key, value)
-        self._apply(changes)
+            if refs is None:
+                validate_key(key)
+            changes[key] = value if type(value) is bytes else as_buffer(key, value)
+        if refs is None:
+            self._apply(changes)
+        else:
+            self._sweep_temporaries_once()
+            self._writer.write(group_by_shard(refs, changes.values()))
 
     def __delitem__(self, key: str) -> None:
         try:
@@ -352,10 +375,15 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
             return
         if key not in self:
             raise KeyError(key)
-        self._apply({key: None})
+        self._writer.write(group_by_shard([ref], [None]))
 
     def delitems(self, keys: Iterable[str]) -> None:
         """Delete the stored keys among ``keys`` (missing and out-of-grid chunk keys are ignored)."""
+        keys = list(keys)
+        refs = route_batch(self._nodes.owner, keys)
+        if refs is not None:
+            self._writer.write(group_by_shard(refs, itertools.repeat(None)))
+            return
         changes: dict[str, None] = {}
         for key in keys:
             try:
@@ -365,13 +393,13 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
             changes[key] = None
         self._apply(changes)
 
-    def _apply(self, changes: Mapping[str, memoryview | None]) -> None:
-        if not self._temps_swept:
-            self._temps_swept = True
-            remove_stale_temporaries(self._base, DEFAULT_TEMP_AGE)
-        plain_set: dict[str, bytes] = {}
+    def _apply(self, changes: Mapping[str, bytes | memoryview | None]) -> None:
+        """Write ``changes`` (``None``: delete), routing key by key."""
+        self._sweep_temporaries_once()
+        plain_set: dict[str, bytes | memoryview] = {}
         plain_del: list[str] = []
-        by_shard: dict[str, tuple[ShardedArray, tuple[int, ...], dict[tuple[int, ...], memoryview | None]]] = {}
+        located: list[ChunkRef] = []
+        located_values: list[bytes | memoryview | None] = []
         for key, value in changes.items():
             if split_key(key)[1] in META_NAMES:
                 if value is None:
@@ -381,19 +409,24 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
                     self._mirror.set(key, bytes(value))
                 continue
             ref = self._route(key, validated=True)
-            if ref is None:
-                if value is None:
-                    plain_del.append(key)
-                else:
-                    plain_set[key] = value  # type: ignore[assignment]
-                continue
-            entry = by_shard.setdefault(ref.shard_key, (ref.array, ref.shard_coords, {}))
-            entry[2][ref.local_coords] = value
+            if ref is not None:
+                located.append(ref)
+                located_values.append(value)
+            elif value is None:
+                plain_del.append(key)
+            else:
+                plain_set[key] = value
         if plain_set:
             self._base.set_many(plain_set)
         if plain_del:
             self._base.delete_many(plain_del)
-        self._writer.write(by_shard)
+        self._writer.write(group_by_shard(located, located_values))
+
+    def _sweep_temporaries_once(self) -> None:
+        """Remove stale temporary files of killed writers (older than an hour) before the first write."""
+        if not self._temps_swept:
+            self._temps_swept = True
+            remove_stale_temporaries(self._base, DEFAULT_TEMP_AGE)
 
     def flush(self) -> None:
         """Write every buffered shard to the base store (write-back mode; a no-op otherwise)."""
@@ -512,3 +545,4 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         """The ``zarr.json`` document of the sharded array at ``path``, or ``None``."""
         node = self._nodes.sharded(validate_path(path))
         return None if node is None else dict(node.view)
+

@@ -4,8 +4,9 @@ On local disks it bypasses fsspec's file objects: reads are ``open`` + ``pread``
 ``close``, and every write is atomic (a temporary file beside the target written
 from the value's parts, fsync'd, renamed over the target, the directory fsync'd),
 positional updates included (copy on write, :meth:`FSMapAdapter.write_at`).
-:func:`_pwrite_all` is the one low-level write of single buffers (the crash and
-fault-injection tests replace it)."""
+:func:`_pwrite_all` is the one low-level write of single buffers and
+:func:`~shardkv.storage.buffers.write_parts` (looked up here) the one of parts
+(the crash and fault-injection tests replace both)."""
 
 from __future__ import annotations
 

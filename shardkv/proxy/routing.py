@@ -1,0 +1,68 @@
+"""Routing many keys at once: the batch path of the proxies' chunk reads and writes. Pure.
+
+zarr-python hands the proxy all the chunk keys of one selection in one call
+(``getitems``, ``setitems``, ``delitems``); they nearly always belong to one
+array. :func:`route_batch` locates them together (one owner lookup, one
+vectorised parse, see :meth:`ShardedArray.locate_batch`) and says ``None``
+whenever key-by-key routing is needed, which keeps every error exactly as
+routing one key raises it. :func:`group_by_shard` turns located changes into
+the per-shard updates of :class:`~shardkv.proxy.writes.ShardWriter`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Sequence
+
+from shardkv.errors import InvalidKeyError
+from shardkv.keys.encodings import validate_key
+from shardkv.keys.space import ChunkRef, ShardedArray
+
+__all__ = ["BATCH_MIN_KEYS", "route_batch", "group_by_shard"]
+
+BATCH_MIN_KEYS = 8
+"""Fewer keys are routed one by one (the batch path's fixed cost is a few microseconds)."""
+
+Value = bytes | memoryview | None
+Updates = dict[str, tuple[ShardedArray, tuple[int, ...], dict[tuple[int, ...], Value]]]
+
+
+def route_batch(owner: Callable[[str], ShardedArray | None], keys: Sequence[str]) -> list[ChunkRef] | None:
+    """The chunks ``keys`` name when all are in-grid chunk keys of one sharded array, else ``None``.
+
+    Parameters
+    ----------
+    owner : callable
+        The sharded array that owns a (valid) key, or ``None``
+        (:meth:`NodeCache.owner <shardkv.proxy.nodes.NodeCache.owner>`).
+    keys : sequence of str
+        The keys of one call.
+
+    Notes
+    -----
+    The first key is validated and its owner looked up as for one key; the
+    others are checked and located together by
+    :meth:`~shardkv.keys.space.ShardedArray.locate_batch`: a key made of the
+    owner's prefix and canonical chunk coords is a valid key with the same
+    owner. ``None`` (nothing raised) sends the caller to key-by-key routing,
+    which raises the error of the first bad key.
+    """
+    if len(keys) < BATCH_MIN_KEYS:
+        return None
+    first = keys[0]
+    try:
+        validate_key(first)
+    except (TypeError, InvalidKeyError):
+        return None
+    arr = owner(first)
+    return None if arr is None else arr.locate_batch(keys)
+
+
+def group_by_shard(refs: Sequence[ChunkRef], values: Iterable[Value]) -> Updates:
+    """``{shard_key: (array, shard_coords, {local_coords: value})}`` of located chunk changes, in order."""
+    by_shard: Updates = {}
+    for ref, value in zip(refs, values):
+        entry = by_shard.get(ref.shard_key)
+        if entry is None:
+            entry = by_shard[ref.shard_key] = (ref.array, ref.shard_coords, {})
+        entry[2][ref.local_coords] = value
+    return by_shard
