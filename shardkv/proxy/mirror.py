@@ -38,10 +38,10 @@ from shardkv.metadata.chunks_per_shard import ChunksPerShardRule
 from shardkv.metadata.hierarchy import (
     ZARR_JSON,
     MetadataPlan,
-    array_document,
     group_paths,
     plan_attributes,
     plan_group,
+    plan_root_array,
     plan_sharded_array,
     plan_zarray_update,
     stored_zmetadata,
@@ -235,8 +235,7 @@ class MetadataMirror:
         if path:
             plan = plan_sharded_array(path, zarray, zattrs, layout, self._group_attributes(group_paths(path)))
         else:
-            doc = array_document(zarray, zattrs, layout)
-            plan = MetadataPlan({ZARR_JSON: doc}, frozenset({".zarray", ".zattrs"}))
+            plan = plan_root_array(zarray, zattrs, layout)
         self._apply(plan)
         self._nodes.set(path, sharded_node(path, zarray, plan.writes[join_path(path, ZARR_JSON)]))
 

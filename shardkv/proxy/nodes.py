@@ -20,6 +20,7 @@ from shardkv.keys.encodings import V2ChunkKeyEncoding
 from shardkv.keys.paths import join_path, owner_candidates, split_key
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.documents import load_json
+from shardkv.metadata.hierarchy import present
 from shardkv.metadata.v3_view import sharding_spec_from_v3, v2_dimension_separator
 from shardkv.storage.adapters import StoreAdapter
 
@@ -137,11 +138,15 @@ class NodeCache:
         zarray_key, zjson_key = join_path(path, ".zarray"), join_path(path, "zarr.json")
         found = self._base.get_many([zarray_key, zjson_key])
         state: NodeState = NOT_ARRAY
-        if zarray_key in found:
+        if zjson_key in found:
+            view = load_json(zjson_key, found[zjson_key])
+            zarray = present(view, path).get(".zarray") if isinstance(view, dict) else None
+            if zarray is not None:  # a v3 sharded array, stored as v3 only (issue 11)
+                state = sharded_node(path, zarray, view)
+            elif zarray_key in found:  # the layout before issue 11: .zarray beside zarr.json
+                state = sharded_node(path, load_json(zarray_key, found[zarray_key]), view)
+        elif zarray_key in found:
             state = UNSHARDED
-            if zjson_key in found:
-                zarray = load_json(zarray_key, found[zarray_key])
-                state = sharded_node(path, zarray, load_json(zjson_key, found[zjson_key]))
         with self.lock:
             self._states[path] = state
         return state

@@ -26,6 +26,7 @@ from shardkv.errors import MetadataError, ReservedKeyError
 from shardkv.format.ranges import ByteRange
 from shardkv.keys.paths import join_path, split_key
 from shardkv.metadata.documents import dump_json, load_json
+from shardkv.metadata.v2_view import V2View, v2_view_of_v3
 from shardkv.metadata.hierarchy import REFUSED_ZARRAY, ZARR_JSON, MetadataPlan, present, presented_zmetadata
 from shardkv.storage.adapters import StoreAdapter
 
@@ -188,10 +189,10 @@ class PresentingAdapter(StoreAdapter):
         docs = {p: found[join_path(prefix, p).strip("/")].doc for p in refused if join_path(prefix, p).strip("/") in found}
         return dump_json(presented_zmetadata(stored, docs), key=key)
 
-    def view_of(self, path: str) -> dict[str, dict[str, Any]] | None:
-        """The v2 documents presenting the v3 node at ``path`` (``None`` if there are none)."""
+    def view_of(self, path: str) -> V2View | None:
+        """The v2 view of the v3 node at ``path`` (documents, or why it is not presented); ``None`` if none."""
         node = self.node(path)
-        return present(node.doc, path.strip("/")) or None if node is not None else None
+        return None if node is None else v2_view_of_v3(node.doc, path.strip("/"))
 
     # -- reads -------------------------------------------------------------
 
@@ -212,10 +213,10 @@ class PresentingAdapter(StoreAdapter):
                     out[key] = raw
                 continue
             node = self.node(path) if name in _PRESENTED else None
-            if node is None or not node.documents:
+            if node is not None and name in node.documents:
+                out[key] = node.documents[name]
+            else:
                 rest.append(key)
-            elif name in node.documents:
-                out[key] = node.documents[name]  # a presented name missing here cannot be stored
         if rest:
             found = self.inner.get_many(rest)
             for key, value in found.items():
@@ -229,8 +230,8 @@ class PresentingAdapter(StoreAdapter):
 
     def contains(self, key: str) -> bool:
         path, name = split_key(key)
-        if self._presents(key):
-            return name in self.node(path).documents  # type: ignore[union-attr]
+        if self._presents(key) and name in self.node(path).documents:  # type: ignore[union-attr]
+            return True
         return self.inner.contains(key)
 
     def iter_keys(self, prefix: str = "") -> Iterator[str]:

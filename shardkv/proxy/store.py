@@ -185,8 +185,8 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
 
     @property
     def base(self) -> StoreAdapter:
-        """The adapter over the base store (for tools; writes here bypass the proxy)."""
-        return self._base
+        """The adapter over the base store: what is stored (for tools; writes here bypass the proxy)."""
+        return self._base.inner  # type: ignore[attr-defined,no-any-return]
 
     def refresh(self) -> None:
         """Forget cached array metadata and shard indexes (call after other writers changed the store).
