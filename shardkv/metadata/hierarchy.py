@@ -130,6 +130,8 @@ def array_document(zarray: Mapping[str, Any], zattrs: Mapping[str, Any] | None, 
     attrs = dict(zattrs or {})
     names = attrs.pop(_DIMENSIONS, None)
     doc = v3_view_of_v2(zarray, attrs, layout).metadata
+    if zarray.get("dimension_separator") is None:  # the v2 default, unnamed: zarr 2 leaves it out of .zarray
+        doc["chunk_key_encoding"] = {"name": "v2"}  # separator "." by default (v3 core, chunk_key_encoding)
     if names is not None:
         if not isinstance(names, list) or len(names) != len(doc["shape"]) or not all(isinstance(n, str) for n in names):
             raise ConfigurationError(f"{_DIMENSIONS} must be one string per dimension, got {names!r}")
@@ -269,7 +271,11 @@ def present(stored: Mapping[str, Any], path: str = "") -> dict[str, dict[str, An
     docs = {k: dict(v) for k, v in v2_view_of_v3(stored, path).documents.items()}
     encoding = stored.get("chunk_key_encoding") or {}
     if ".zarray" in docs and encoding.get("name") == "v2":
-        docs[".zarray"]["dimension_separator"] = (encoding.get("configuration") or {}).get("separator", ".")
+        separator = (encoding.get("configuration") or {}).get("separator")
+        if separator is None:
+            docs[".zarray"].pop("dimension_separator", None)  # as zarr 2 wrote it: the default, unnamed
+        else:
+            docs[".zarray"]["dimension_separator"] = separator
     return docs
 
 

@@ -205,6 +205,7 @@ class PresentingAdapter(StoreAdapter):
     def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
         out: dict[str, bytes] = {}
         rest: list[str] = []
+        self.nodes(split_key(k)[0] for k in keys if split_key(k)[1] in _PRESENTED)  # one batch of probes
         for key in keys:
             path, name = split_key(key)
             if name == ZARR_JSON and path in self._nodes:
