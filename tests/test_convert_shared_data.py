@@ -157,6 +157,17 @@ def test_object_count_drops_as_the_grids_predict(converted):
     assert report.bytes_before == sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
 
 
+def _codecs_normalised(zarray: dict) -> dict:
+    import numcodecs
+
+    def norm(conf):
+        return None if conf is None else numcodecs.get_codec(dict(conf)).get_config()
+
+    filters = [norm(f) for f in zarray.get("filters") or []] or None
+    order = "C" if len(zarray["shape"]) <= 1 else zarray["order"]  # the same bytes for 0-d and 1-d
+    return {**zarray, "compressor": norm(zarray.get("compressor")), "filters": filters, "order": order}
+
+
 def test_metadata_is_copied(converted):
     """Documents stored as they were, or (sharded arrays and their groups, issue 11) presented equal."""
     src, dst, _, _, _, _ = converted
@@ -173,6 +184,8 @@ def test_metadata_is_copied(converted):
             assert p.name == ".zattrs" and json.loads(p.read_text()) == {}, p
             continue
         before, after = json.loads(p.read_text()), json.loads(copy.read_text() if copy.exists() else proxy[key])
+        if p.name == ".zarray" and not copy.exists():  # presented: codecs as numcodecs configures them
+            before, after = _codecs_normalised(before), _codecs_normalised(after)
         if p.name == ".zarray" and after != before:
             # only a detected '/' separator may be added (nested_legacy)
             assert "dimension_separator" not in before and after.pop("dimension_separator") == "/", p

@@ -297,7 +297,7 @@ def convert(
         refuse_regular_file(dst)
     source, target = open_store(src, src_opts, role="source"), open_store(dst, dst_opts, role="destination")
     _check_distinct(source, target, src_name, dst_name)
-    if not is_draft_hierarchy(source):
+    if not is_draft_hierarchy(source) and (source.contains(".zgroup") or source.contains(".zarray")):
         source = PresentingAdapter(source)  # arrays already sharded (zarr.json only) appear with a .zarray
     if is_draft_hierarchy(source):  # a 2022 draft hierarchy gets the draft's sharding transformer
         from shardkv.cli.convert_draft import convert_draft

@@ -140,11 +140,10 @@ class NodeCache:
         state: NodeState = NOT_ARRAY
         if zjson_key in found:
             view = load_json(zjson_key, found[zjson_key])
-            zarray = present(view, path).get(".zarray") if isinstance(view, dict) else None
-            if zarray is not None:  # a v3 sharded array, stored as v3 only (issue 11)
-                state = sharded_node(path, zarray, view)
-            elif zarray_key in found:  # the layout before issue 11: .zarray beside zarr.json
+            if zarray_key in found:  # presented from zarr.json, or (before issue 11) stored beside it
                 state = sharded_node(path, load_json(zarray_key, found[zarray_key]), view)
+            elif isinstance(view, dict) and ".zarray" in (docs := present(view, path)):  # zarr.json alone
+                state = sharded_node(path, docs[".zarray"], view)
         elif zarray_key in found:
             state = UNSHARDED
         with self.lock:

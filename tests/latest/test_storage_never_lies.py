@@ -25,7 +25,6 @@ from shardkv import ShardedStore
 from shardkv.metadata.hierarchy import REFUSED_ZARRAY
 from shardkv.metadata.v3_view import V2_FILL_FIELD, sharding_spec_from_v3
 
-PROXY = pytest.mark.xfail(strict=True, reason="issue 11: proxy still stores .zarray")
 # what zarr-python 2.18 raises for a node it cannot read (MetadataError for zarr_format 3)
 ZARR2_REFUSALS = (zarr.errors.MetadataError, KeyError, ValueError)
 
@@ -229,7 +228,6 @@ def test_migrated_dataset_opens_in_newest_xarray_and_zarr3_consolidated(tmp_path
 # -- the proxy itself (issue 11): these pass once ShardedStore stores the new layout -----------------
 
 
-@PROXY
 def test_proxy_stores_sharded_arrays_as_v3_only(tmp_path: Path) -> None:
     root = tmp_path / "s"
     store = ShardedStore(str(root), chunks_per_shard=2)
@@ -248,7 +246,6 @@ def test_proxy_stores_sharded_arrays_as_v3_only(tmp_path: Path) -> None:
     _assert_zarr2_refuses(root, ["g/a"])
 
 
-@PROXY
 def test_dataset_written_through_the_proxy_opens_in_newest_xarray(tmp_path: Path, reader: Reader) -> None:
     root = tmp_path / "ds.zarr"
     ds = _write_dataset(root)
@@ -256,7 +253,6 @@ def test_dataset_written_through_the_proxy_opens_in_newest_xarray(tmp_path: Path
     _assert_zarr2_refuses(root, sorted(ds.variables))
 
 
-@PROXY
 def test_consolidated_through_the_proxy_opens_no_back_door(tmp_path: Path, reader: Reader) -> None:
     root = tmp_path / "s"
     store = ShardedStore(str(root), chunks_per_shard=2)
@@ -281,7 +277,6 @@ def _assert_in_step(root: Path, path: str) -> None:
     assert {k: v for k, v in attrs.items() if k != "_ARRAY_DIMENSIONS"} == doc["attributes"]
 
 
-@PROXY
 def test_round_trips_keep_v3_and_presented_documents_in_step(tmp_path: Path, reader: Reader) -> None:
     root = tmp_path / "s"
     store = ShardedStore(str(root), chunks_per_shard=2)
