@@ -165,7 +165,10 @@ def _codecs_normalised(zarray: dict) -> dict:
 
     filters = [norm(f) for f in zarray.get("filters") or []] or None
     order = "C" if len(zarray["shape"]) <= 1 else zarray["order"]  # the same bytes for 0-d and 1-d
-    return {**zarray, "compressor": norm(zarray.get("compressor")), "filters": filters, "order": order}
+    dtype = np.dtype(zarray["dtype"] if isinstance(zarray["dtype"], str) else [tuple(f) for f in zarray["dtype"]])
+    fill = zarr.meta.Metadata2.decode_fill_value(zarray["fill_value"], dtype)  # the value zarr 2 reads
+    fill = repr(np.asarray(fill, dtype=dtype).tobytes()) if fill is not None else None
+    return {**zarray, "compressor": norm(zarray.get("compressor")), "filters": filters, "order": order, "fill_value": fill}
 
 
 def test_metadata_is_copied(converted):

@@ -181,6 +181,7 @@ class MemoryFSMachine(ShardKeysMachine):
 
     path, sep = "g/arr", "/"
     proxy_options = {"index_location": "start"}
+    n_metadata_keys = 3  # .zarray, and the .zgroup of "" and "g" (v3 groups, issue 11)
 
     def make_base(self) -> Any:
         self.root = f"memory://shardkv-stateful-{uuid.uuid4().hex}"
