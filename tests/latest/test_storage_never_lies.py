@@ -4,9 +4,8 @@ Writers run here (zarr-python 2.18, xarray <= 2026.2.0, shardkv); the readers ar
 the newest zarr-python 3, tensorstore and xarray in .venv-latest, and zarr-python
 2.18 over a plain DirectoryStore, none of which goes through shardkv.
 
-Until the proxy stores the new layout, the hierarchies here are moved to it with
-``migrate`` (shardkv.metadata.hierarchy.plan_migration, the pure plan the proxy
-and ``convert`` will apply); the proofs that need the proxy itself are xfail.
+The proxy and ``convert`` store the new layout themselves; ``migrate``
+(shardkv.metadata.hierarchy.plan_migration) moves hierarchies written the old way.
 """
 
 from __future__ import annotations
