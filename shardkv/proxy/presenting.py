@@ -75,6 +75,14 @@ def _parse(path: str, raw: bytes | None) -> V3Node | None:
         return V3Node(path, bytes(raw), {})
 
 
+def _cannot_be_stored(node: V3Node, name: str) -> bool:
+    """True for a v2 document that no store holds beside a presented v3 node (no request needed).
+
+    Only an array's ``.zattrs`` may be stored beside its ``zarr.json`` (the layout before issue 11).
+    """
+    return bool(node.documents) and not (name == ".zattrs" and ".zarray" in node.documents)
+
+
 class PresentingAdapter(StoreAdapter):
     """A store adapter that adds the v2 documents of v3 nodes to what the base adapter holds.
 
@@ -216,7 +224,7 @@ class PresentingAdapter(StoreAdapter):
             node = self.node(path) if name in _PRESENTED else None
             if node is not None and name in node.documents:
                 out[key] = node.documents[name]
-            else:
+            elif node is None or not _cannot_be_stored(node, name):
                 rest.append(key)
         if rest:
             found = self.inner.get_many(rest)
@@ -231,8 +239,12 @@ class PresentingAdapter(StoreAdapter):
 
     def contains(self, key: str) -> bool:
         path, name = split_key(key)
-        if self._presents(key) and name in self.node(path).documents:  # type: ignore[union-attr]
-            return True
+        if self._presents(key):
+            node = self.node(path)
+            if name in node.documents:  # type: ignore[union-attr]
+                return True
+            if _cannot_be_stored(node, name):  # type: ignore[arg-type]
+                return False
         return self.inner.contains(key)
 
     def iter_keys(self, prefix: str = "") -> Iterator[str]:
