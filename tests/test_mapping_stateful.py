@@ -27,8 +27,8 @@ from transformer_mapping import META_KEY as TRANSFORMER_META_KEY
 from transformer_mapping import TransformerMapping, transformer_over
 from transformer_mapping import chunk_key as transformer_chunk_key
 
-from shardkv.metadata.hierarchy import group_paths
 from shardkv import ShardedStore
+from shardkv.metadata.hierarchy import group_paths
 from shardkv.proxy.draft import DraftShardedStore
 
 SHAPE, CHUNKS, CPS, GRID = (5, 7), (2, 2), (2, 3), (3, 4)

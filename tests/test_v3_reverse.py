@@ -17,8 +17,8 @@ import pytest
 import zarr
 
 from shardkv import ReservedKeyError, ShardedStore, ShardingCodec
-from shardkv.proxy.presenting import PresentingAdapter
 from shardkv.metadata.v2_view import fill_value_from_v3, numpy_dtype_of_v3, v2_view_of_v3
+from shardkv.proxy.presenting import PresentingAdapter
 
 ROOT = Path(__file__).resolve().parents[1]
 WRITER = ROOT / "tests" / "v3" / "write_v3_arrays.py"

@@ -12,8 +12,8 @@ from typing import Any
 
 from shardkv.cli.info import read_hierarchy
 from shardkv.cli.stores import open_store
-from shardkv.proxy.presenting import PresentingAdapter
 from shardkv.engine.verify import verify_store
+from shardkv.proxy.presenting import PresentingAdapter
 from shardkv.proxy.store import ShardedStore
 
 __all__ = ["add_parser", "run"]

@@ -35,6 +35,7 @@ from shardkv.format.layout import ShardLayout
 from shardkv.keys.paths import join_path, path_prefix, split_key
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardRule
+from shardkv.metadata.documents import load_object, load_zarray
 from shardkv.metadata.hierarchy import (
     ZARR_JSON,
     MetadataPlan,
@@ -48,8 +49,15 @@ from shardkv.metadata.hierarchy import (
     with_consolidated_metadata,
 )
 from shardkv.metadata.v3_view import v2_dimension_separator
-from shardkv.metadata.documents import load_object, load_zarray
-from shardkv.proxy.nodes import NOT_ARRAY, UNSHARDED, NodeCache, ShardedNode, UnshardedArray, chunkish_under, sharded_node
+from shardkv.proxy.nodes import (
+    NOT_ARRAY,
+    UNSHARDED,
+    NodeCache,
+    ShardedNode,
+    UnshardedArray,
+    chunkish_under,
+    sharded_node,
+)
 from shardkv.proxy.presenting import PresentingAdapter, V3Node
 from shardkv.proxy.writes import ShardWriter
 

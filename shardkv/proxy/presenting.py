@@ -26,8 +26,8 @@ from shardkv.errors import MetadataError, ReservedKeyError
 from shardkv.format.ranges import ByteRange
 from shardkv.keys.paths import join_path, split_key
 from shardkv.metadata.documents import dump_json, load_json
-from shardkv.metadata.v2_view import V2View, v2_view_of_v3
 from shardkv.metadata.hierarchy import REFUSED_ZARRAY, ZARR_JSON, MetadataPlan, present, presented_zmetadata
+from shardkv.metadata.v2_view import V2View, v2_view_of_v3
 from shardkv.storage.adapters import StoreAdapter
 
 __all__ = ["PresentingAdapter", "V3Node"]
