@@ -427,9 +427,10 @@ class ShardedStore(_zarr2.StoreCapabilities, MutableMapping):
         """Move everything under ``src_path`` to ``dst_path`` (shards move whole)."""
         self.flush()
         src, dst = src_path.strip("/"), dst_path.strip("/")
-        keys = list(self._base.iter_keys(path_prefix(src)))
-        self._base.set_many({dst + k[len(src) :]: self._base.get(k) for k in keys})
-        self._base.delete_many(keys)
+        stored = self.base  # what is stored: v3 documents move as they are, presented ones are not written
+        keys = list(stored.iter_keys(path_prefix(src)))
+        stored.set_many({dst + k[len(src) :]: stored.get(k) for k in keys})
+        stored.delete_many(keys)
         self.refresh()
 
     # -- zarr-python 2 store protocol ----------------------------------------------
