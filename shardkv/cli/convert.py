@@ -162,6 +162,16 @@ def _check_distinct(src: StoreAdapter, dst: StoreAdapter, src_name: str, dst_nam
             )
 
 
+def _stores_v2_arrays(source: StoreAdapter) -> bool:
+    """A Zarr v2 root, or a hierarchy shardkv stored as v3 (arrays with the ``v2`` chunk key encoding)."""
+    if source.contains(".zgroup") or source.contains(".zarray"):
+        return True
+    presenting = PresentingAdapter(source)
+    paths = [k.rpartition("/")[0] for k in source.iter_keys() if k.rpartition("/")[2] == "zarr.json"]
+    nodes = presenting.nodes(paths).values()
+    return any((n.doc.get("chunk_key_encoding") or {}).get("name") == "v2" and ".zarray" in n.documents for n in nodes)
+
+
 def _copy(src: StoreAdapter, keys: Sequence[str], writer: _Writer, progress: Any) -> int:
     """Copy keys as they are, a batch at a time; returns the bytes read."""
     nbytes = 0
@@ -297,7 +307,7 @@ def convert(
         refuse_regular_file(dst)
     source, target = open_store(src, src_opts, role="source"), open_store(dst, dst_opts, role="destination")
     _check_distinct(source, target, src_name, dst_name)
-    if not is_draft_hierarchy(source) and (source.contains(".zgroup") or source.contains(".zarray")):
+    if not is_draft_hierarchy(source) and _stores_v2_arrays(source):
         source = PresentingAdapter(source)  # arrays already sharded (zarr.json only) appear with a .zarray
     if is_draft_hierarchy(source):  # a 2022 draft hierarchy gets the draft's sharding transformer
         from shardkv.cli.convert_draft import convert_draft
