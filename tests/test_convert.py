@@ -152,8 +152,10 @@ def test_nested_keys_without_separator_are_detected():
     report = convert(src, dst, 2)
     (arr,) = report.arrays
     assert arr.separator == "/" and arr.separator_detected and arr.chunks == 20
-    assert json.loads(dst["n/.zarray"])["dimension_separator"] == "/"
-    assert json.loads(dst[".zmetadata"])["metadata"]["n/.zarray"]["dimension_separator"] == "/"
+    # issue 11: stored as v3 only; zarr 2 reads the .zarray and .zmetadata presented through the proxy
+    assert json.loads(dst["n/zarr.json"])["chunk_key_encoding"] == {"name": "v2", "configuration": {"separator": "/"}}
+    assert json.loads(ShardedStore(dst)["n/.zarray"])["dimension_separator"] == "/"
+    assert json.loads(ShardedStore(dst)[".zmetadata"])["metadata"]["n/.zarray"]["dimension_separator"] == "/"
     assert "n/0/0" in dst and "n/0.0" not in dst
     np.testing.assert_array_equal(_read(ShardedStore(dst), "n"), data)
     np.testing.assert_array_equal(zarr.open_consolidated(ShardedStore(dst), mode="r")["n"][...], data)
@@ -191,7 +193,7 @@ def test_reads_one_shard_per_request_and_writes_in_batches(monkeypatch):
     src = _RecordingStore(plain)
     dst = _RecordingStore()
     report = convert(src, dst, 2)
-    chunk_batches = [b for b in src.get_batches if not any(k.rpartition("/")[2].startswith(".") for k in b)]
+    chunk_batches = [b for b in src.get_batches if not any(k.rpartition("/")[2].startswith((".", "zarr")) for k in b)]
     # one batched read per shard, holding exactly that shard's chunks
     assert len(chunk_batches) == report.shards
     for batch in chunk_batches:
@@ -201,8 +203,8 @@ def test_reads_one_shard_per_request_and_writes_in_batches(monkeypatch):
     assert all(len(b) <= 2 for b in dst.set_batches[:-1])  # shard batches are bounded
     shards_written = [k for b in dst.set_batches for k in b if not k.rpartition("/")[2].startswith((".", "zarr"))]
     assert len(shards_written) == len(set(shards_written)) == report.shards
-    # metadata last: nothing is written after the first .zarray
-    first_meta = next(i for i, b in enumerate(dst.set_batches) if any(k.endswith(".zarray") for k in b))
+    # metadata last: nothing is written after the first .zarray or zarr.json (issue 11: sharded arrays have no .zarray)
+    first_meta = next(i for i, b in enumerate(dst.set_batches) if any(k.endswith((".zarray", "zarr.json")) for k in b))
     assert all(k.rpartition("/")[2] in {".zarray", ".zattrs", ".zgroup", "zarr.json"} for b in dst.set_batches[first_meta:] for k in b)
 
 

@@ -276,7 +276,7 @@ def test_fsync_policy_of_local_writes(tmp_path: Path, monkeypatch: pytest.Monkey
     store = ShardedStore(str(tmp_path), chunks_per_shard=2, write_strategy="append")
     store["a/.zarray"] = b'{"zarr_format": 2, "shape": [8], "chunks": [1], "dtype": "|u1", "compressor": null,' \
         b' "fill_value": 0, "filters": null, "order": "C"}'  # fmt: skip
-    inner = store.base.inner  # type: ignore[attr-defined]
+    inner = store.base  # the stored adapter (issue 11: base is what is stored, under the presenting layer)
     inner.fsync = durable
     monkeypatch.setattr(os, "fsync", counting)
     store.setitems({f"a/{i}": b"x" for i in range(0, 8, 2)})  # four new shards in one directory

@@ -28,6 +28,7 @@ from transformer_mapping import TransformerMapping, transformer_over
 from transformer_mapping import chunk_key as transformer_chunk_key
 
 from shardkv import ShardedStore
+from shardkv.metadata.hierarchy import group_paths
 from shardkv.proxy.draft import DraftShardedStore
 
 SHAPE, CHUNKS, CPS, GRID = (5, 7), (2, 2), (2, 3), (3, 4)
@@ -171,7 +172,8 @@ class ShardKeysMachine(ShardedStoreMachine):
             expected.add(self.key((r // CPS[0], c // CPS[1])))
         assert stored == expected
         meta = {k for k in self.store.base.iter_keys() if k.rsplit("/", 1)[-1] in META}
-        assert meta == {self.meta_key, self.meta_key.replace(".zarray", "zarr.json")}
+        groups = {f"{g}/zarr.json" if g else "zarr.json" for g in group_paths(self.path)} if self.path else set()
+        assert meta == {self.meta_key.replace(".zarray", "zarr.json")} | groups  # v3 only (issue 11)
 
 
 class MemoryFSMachine(ShardKeysMachine):
@@ -179,6 +181,7 @@ class MemoryFSMachine(ShardKeysMachine):
 
     path, sep = "g/arr", "/"
     proxy_options = {"index_location": "start"}
+    n_metadata_keys = 3  # .zarray, and the .zgroup of "" and "g" (v3 groups, issue 11)
 
     def make_base(self) -> Any:
         self.root = f"memory://shardkv-stateful-{uuid.uuid4().hex}"

@@ -169,7 +169,7 @@ def test_same_as_zarr_on_a_dict(
     assert proxy["arr/.zarray"] == oracle["arr/.zarray"]
     # the base store holds the metadata and exactly one shard per touched shard
     stored = base_keys(proxy)
-    assert {k for k in stored if is_meta(k)} == {".zgroup", "arr/.zarray", "arr/zarr.json"}
+    assert {k for k in stored if is_meta(k)} == {"zarr.json", "arr/zarr.json"}  # issue 11: v3 only
     assert {k for k in stored if not is_meta(k)} == expected_shard_keys(set(oracle_chunks), "arr", sep, cps)
     # a fresh proxy (no caches, no chunks_per_shard) reads the same array
     fresh = zarr.open_array(ShardedStore(base), path="arr", mode="r")
@@ -226,11 +226,14 @@ def test_groups_with_several_arrays(tmp_path: Path) -> None:
     assert {k: bytes(v) for k, v in proxy.items()} == oracle
     # unsharded arrays pass through untouched: their keys are in the base store as zarr wrote them
     for k, v in oracle.items():
-        if k.startswith(("c/", "e/")) or k in (".zgroup", ".zattrs", "sub/.zgroup"):
+        if k.startswith(("c/", "e/")):
             assert base[k] == v
+    # groups above sharded arrays are v3 groups (issue 11), their attributes inside
+    assert json.loads(base["zarr.json"])["attributes"] == {"title": "several arrays"}
+    assert json.loads(base["sub/zarr.json"])["node_type"] == "group" and "sub/.zgroup" not in base
     assert "c/zarr.json" not in base and "e/zarr.json" not in base
     # sharded arrays: metadata plus shards only
-    assert sorted(k for k in base if k.startswith("b/")) == ["b/.zarray", "b/0", "b/1", "b/zarr.json"]  # chunks 1..7 -> shards 0, 1
+    assert sorted(k for k in base if k.startswith("b/")) == ["b/0", "b/1", "b/zarr.json"]  # chunks 1..7 -> shards 0, 1
     assert json.loads(base["sub/d/zarr.json"])["attributes"] == {"units": "m"}
     reread = zarr.open_group(ShardedStore(base), mode="r")
     expected = zarr.open_group(oracle, mode="r")

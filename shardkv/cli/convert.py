@@ -4,9 +4,11 @@ Chunks are moved as stored: their bytes are never decoded or re-encoded,
 only placed side by side in shards (v1.0 ``sharding_indexed`` layout, see
 :class:`shardkv.format.layout.ShardLayout`). The result is exactly what
 :class:`shardkv.ShardedStore` would have written had the arrays been created
-through it: the same shards under the same keys, the same ``.zarray``,
-``.zattrs`` and ``.zgroup`` documents, and beside each sharded array's
-``.zarray`` the ``zarr.json`` view of :func:`shardkv.metadata.v3_view.v3_view_of_v2`.
+through it: the same shards under the same keys; each sharded array stored as
+a Zarr v3 array and nothing else (its ``zarr.json``, attributes inside, no
+``.zarray``/``.zattrs``), every group above it a v3 group, and a consolidated
+``.zmetadata`` that zarr-python 2 without shardkv cannot misread
+(:func:`shardkv.cli.convert_meta.store_as_v3`); unsharded arrays as they were.
 
 Rules
 -----
@@ -45,7 +47,7 @@ import json
 import sys
 from typing import Any, Literal, Mapping, Sequence
 
-from shardkv.cli.convert_meta import amend_consolidated, array_metadata, metadata_order
+from shardkv.cli.convert_meta import amend_consolidated, array_metadata, metadata_order, store_as_v3
 from shardkv.cli.convert_report import ArrayReport, ConvertReport
 from shardkv.cli.convert_tasks import ShardTask, TaskResult, execute, group_tasks
 from shardkv.cli.info import META_NAMES, ArrayKeys, read_hierarchy
@@ -64,6 +66,7 @@ from shardkv.keys.encodings import chunk_to_shard
 from shardkv.metadata.chunks_per_shard import check_chunks_per_shard
 from shardkv.metadata.draft import is_draft_hierarchy
 from shardkv.metadata.v3_view import sharding_spec_from_v3
+from shardkv.proxy.presenting import PresentingAdapter
 from shardkv.storage.adapters import FSMapAdapter, StoreAdapter
 
 __all__ = [
@@ -146,6 +149,7 @@ def _name(store: Any) -> str:
 
 
 def _check_distinct(src: StoreAdapter, dst: StoreAdapter, src_name: str, dst_name: str) -> None:
+    src, dst = getattr(src, "inner", src), getattr(dst, "inner", dst)  # through a PresentingAdapter
     same_mapping = hasattr(src, "mapping") and hasattr(dst, "mapping") and src.mapping is dst.mapping
     if src is dst or same_mapping:
         raise SameLocationError(f"source and destination are the same store ({src_name})")
@@ -156,6 +160,16 @@ def _check_distinct(src: StoreAdapter, dst: StoreAdapter, src_name: str, dst_nam
             raise SameLocationError(
                 f"source {src_name} and destination {dst_name} overlap (one lies inside the other)"
             )
+
+
+def _stores_v2_arrays(source: StoreAdapter) -> bool:
+    """A Zarr v2 root, or a hierarchy shardkv stored as v3 (arrays with the ``v2`` chunk key encoding)."""
+    if source.contains(".zgroup") or source.contains(".zarray"):
+        return True
+    presenting = PresentingAdapter(source)
+    paths = [k.rpartition("/")[0] for k in source.iter_keys() if k.rpartition("/")[2] == "zarr.json"]
+    nodes = presenting.nodes(paths).values()
+    return any((n.doc.get("chunk_key_encoding") or {}).get("name") == "v2" and ".zarray" in n.documents for n in nodes)
 
 
 def _copy(src: StoreAdapter, keys: Sequence[str], writer: _Writer, progress: Any) -> int:
@@ -293,6 +307,8 @@ def convert(
         refuse_regular_file(dst)
     source, target = open_store(src, src_opts, role="source"), open_store(dst, dst_opts, role="destination")
     _check_distinct(source, target, src_name, dst_name)
+    if not is_draft_hierarchy(source) and _stores_v2_arrays(source):
+        source = PresentingAdapter(source)  # arrays already sharded (zarr.json only) appear with a .zarray
     if is_draft_hierarchy(source):  # a 2022 draft hierarchy gets the draft's sharding transformer
         from shardkv.cli.convert_draft import convert_draft
 
@@ -376,6 +392,7 @@ class _Job:
             self.writer.flush()
             self._write_shards(tasks, planned, manifest, workers, scheduler, bar)
             amend_consolidated(meta_out, amended)
+            store_as_v3(meta_out)
             for key in sorted(meta_out, key=metadata_order):
                 self.writer.put(key, meta_out[key])
             self.writer.flush()

@@ -14,10 +14,11 @@ from typing import Any, Mapping
 
 from shardkv.cli.info import ArrayKeys
 from shardkv.format.layout import ShardLayout
-from shardkv.metadata.documents import dump_json
+from shardkv.metadata.documents import dump_json, load_json
+from shardkv.metadata.hierarchy import ZARR_JSON, plan_migration
 from shardkv.metadata.v3_view import v3_view_of_v2
 
-__all__ = ["array_metadata", "amend_consolidated", "metadata_order"]
+__all__ = ["array_metadata", "amend_consolidated", "metadata_order", "store_as_v3"]
 
 
 _MISMATCH = "mismatch"
@@ -64,6 +65,26 @@ def amend_consolidated(meta_out: dict[str, bytes], amended: Mapping[str, dict[st
 
 
 def metadata_order(key: str) -> tuple[int, int, str]:
-    """Deepest documents first, and in each directory ``.zarray`` / ``.zgroup`` last."""
+    """Deepest documents first, and in each directory ``.zarray`` / ``.zgroup`` / ``zarr.json`` last."""
     name = key.rpartition("/")[2]
-    return (-key.count("/"), name in (".zarray", ".zgroup"), key)
+    return (-key.count("/"), name in (".zarray", ".zgroup", ZARR_JSON), key)
+
+
+_DOCUMENTS = (".zarray", ".zattrs", ".zgroup", ZARR_JSON, ".zmetadata")
+
+
+def store_as_v3(meta_out: dict[str, bytes]) -> None:
+    """Store each sharded array and the groups above it as Zarr v3 only (issue 11), in place.
+
+    ``meta_out`` holds the documents of the old layout (a ``.zarray`` beside
+    each sharded array's ``zarr.json``); :func:`shardkv.metadata.hierarchy.plan_migration`
+    says what replaces them: the sharded arrays' and their groups' ``zarr.json``,
+    a ``.zmetadata`` that zarr-python 2 cannot misread, and the root's
+    consolidated block. Unsharded arrays are untouched.
+    """
+    docs = {k: load_json(k, v) for k, v in meta_out.items() if k.rpartition("/")[2] in _DOCUMENTS}
+    plan = plan_migration(docs)
+    for key in plan.deletes:
+        meta_out.pop(key, None)
+    for key, doc in plan.writes.items():
+        meta_out[key] = dump_json(doc, key=key, strict=key.rpartition("/")[2] == ZARR_JSON)

@@ -75,10 +75,13 @@ def _demo_arrays() -> dict[str, dict[str, Any]]:
 
 
 def _is_demo_dir(path: Path) -> bool:
-    try:
-        return bool(json.loads((path / ".zattrs").read_text()).get(DEMO_MARKER))
-    except (FileNotFoundError, ValueError, AttributeError):
-        return False
+    for doc, attrs in ((".zattrs", lambda d: d), ("zarr.json", lambda d: d.get("attributes") or {})):
+        try:
+            if attrs(json.loads((path / doc).read_text())).get(DEMO_MARKER):
+                return True
+        except (FileNotFoundError, ValueError, AttributeError):
+            continue
+    return False
 
 
 def _clear(path: Path) -> None:

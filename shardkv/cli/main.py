@@ -208,10 +208,11 @@ def _add_compact(sub: Any) -> None:
 def _run_compact(args: argparse.Namespace) -> int:
     from shardkv.cli.info import read_hierarchy
     from shardkv.cli.stores import open_store
+    from shardkv.proxy.presenting import PresentingAdapter
     from shardkv.proxy.store import ShardedStore
 
     adapter = open_store(args.store, args.storage_options)
-    read_hierarchy(adapter, args.store)  # a missing or empty store, or no hierarchy, is an error
+    read_hierarchy(PresentingAdapter(adapter), args.store)  # a missing or empty store, or no hierarchy, is an error
     with ShardedStore(adapter) as store:
         if args.array is not None and store.sharded_array(args.array) is None:
             raise ArrayNotFoundError(args.store, args.array.strip("/"), "sharded array")

@@ -1,12 +1,13 @@
 """``shardkv unshard``: turn a sharded hierarchy back into plain Zarr v2 chunks, the inverse of convert.
 
-The source is a Zarr v2 hierarchy whose arrays are sharded the way shardkv
-shards them (a ``.zarray`` and, beside it, a ``zarr.json`` with the
-``sharding_indexed`` codec). Each shard is read whole, its index decoded, and
+The source is a hierarchy whose arrays are sharded the way shardkv shards
+them (a v3 ``zarr.json`` with the ``sharding_indexed`` codec, read with the
+``.zarray`` presented from it; the older layout kept a ``.zarray`` beside it). Each shard is read whole, its index decoded, and
 every present inner chunk is written as stored (never decoded) to the chunk key
 zarr-python 2 expects (``path/1.7``, or ``path/1/7`` with the ``/``
 separator). Inner chunks outside the array's chunk grid are skipped and
-counted. The ``zarr.json`` views are dropped; every other key (metadata,
+counted. The ``zarr.json`` documents of sharded arrays and v3 groups are dropped (their
+``.zarray``/``.zattrs``/``.zgroup`` are written instead); every other key (metadata,
 unsharded arrays, other files) is copied as it is; metadata is written last.
 The result is read by zarr-python 2 without shardkv and equals the sharded
 hierarchy read through :class:`shardkv.ShardedStore`.
@@ -23,6 +24,7 @@ from shardkv.cli.info import META_NAMES, read_hierarchy
 from shardkv.cli.stores import open_store, refuse_regular_file
 from shardkv.errors import DestinationNotEmptyError, UnsupportedError
 from shardkv.keys.space import ShardedArray
+from shardkv.proxy.presenting import PresentingAdapter
 from shardkv.storage.adapters import StoreAdapter
 
 __all__ = ["UnshardReport", "unshard"]
@@ -155,15 +157,16 @@ def unshard(
     _check_distinct(source, target, src_name, dst_name)
     if is_draft_hierarchy(source):
         raise UnsupportedError(f"{src_name} is a 2022 draft hierarchy; unshard reads Zarr v2 hierarchies only")
+    proxy = ShardedStore(source)
+    source = PresentingAdapter(source)  # sharded arrays and v3 groups (zarr.json only) appear in v2
     hierarchy = read_hierarchy(source, src_name)
     if next(iter(target.iter_keys()), None) is not None:
         if not overwrite:
             raise DestinationNotEmptyError(dst_name)
         target.rmdir("")
-    proxy = ShardedStore(source)
     report = UnshardReport(src_name, dst_name, objects_before=len(hierarchy.keys))
     out = _Out(target)
-    meta: list[str] = [k for k in hierarchy.group_keys if k.rpartition("/")[2] in META_NAMES]
+    meta: list[str] = [k for k in hierarchy.group_keys if k.rpartition("/")[2] in META_NAMES and not _v3_node(source, k)]
     plain: list[str] = [k for k in hierarchy.group_keys if k.rpartition("/")[2] not in META_NAMES]
     with tqdm(total=len(hierarchy.keys), disable=not progress, file=sys.stderr, unit="obj", desc="shardkv unshard") as bar:
         for path, keys in hierarchy.arrays.items():
@@ -187,6 +190,13 @@ def unshard(
     report.objects_before = len(hierarchy.keys)
     report.objects_after, report.bytes_after = out.objects, out.nbytes
     return report
+
+
+def _v3_node(source: PresentingAdapter, key: str) -> bool:
+    """True for the ``zarr.json`` of a node presented in v2 (dropped: the result is plain Zarr v2)."""
+    path, _, name = key.rpartition("/")
+    node = source.node(path) if name == "zarr.json" else None
+    return node is not None and bool(node.documents)
 
 
 def _unpack(

@@ -13,6 +13,7 @@ from typing import Any
 from shardkv.cli.info import read_hierarchy
 from shardkv.cli.stores import open_store
 from shardkv.engine.verify import verify_store
+from shardkv.proxy.presenting import PresentingAdapter
 from shardkv.proxy.store import ShardedStore
 
 __all__ = ["add_parser", "run"]
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         If the store cannot be reached or used.
     """
     adapter = open_store(args.store, args.storage_options)
-    read_hierarchy(adapter, args.store)  # a missing or empty store, or no hierarchy, is an error
+    read_hierarchy(PresentingAdapter(adapter), args.store)  # a missing or empty store, or no hierarchy, is an error
     store = ShardedStore(adapter)
     try:
         report = verify_store(store, decode=args.decode, repair=args.repair, min_temp_age=args.temp_age)

@@ -287,10 +287,12 @@ def verify_store(
     VerifyReport
         Per-shard results and what was found (and removed) besides shards.
     """
-    base: StoreAdapter = store.base
+    from shardkv.proxy.presenting import PresentingAdapter
+
+    base: StoreAdapter = PresentingAdapter(store.base)  # v3-only nodes listed with their v2 documents
     keys = sorted(base.iter_keys())
     key_set = set(keys)
-    array_paths = {_parent(k)[0] for k in keys if _parent(k)[1] in _META}
+    array_paths = {_parent(k)[0] for k in keys if _parent(k)[1] == ".zarray"}  # v3-only arrays: presented
     report = VerifyReport()
     arrays = {p: store.sharded_array(p) for p in sorted(array_paths)}
     decoders = {}

@@ -15,7 +15,7 @@ from typing import Any
 
 from shardkv.errors import MetadataError
 
-__all__ = ["dump_json", "load_json"]
+__all__ = ["dump_json", "load_json", "load_object", "load_zarray"]
 
 
 def dump_json(doc: Any, *, key: str | None = None, strict: bool = False) -> bytes:
@@ -74,3 +74,50 @@ def load_json(key: str, raw: bytes | bytearray | memoryview | str) -> Any:
         return json.loads(raw if isinstance(raw, str) else bytes(raw))
     except (UnicodeDecodeError, ValueError) as exc:
         raise MetadataError(key, f"is not valid JSON: {exc}") from exc
+
+
+def load_object(key: str, raw: bytes | bytearray | memoryview | str) -> dict[str, Any]:
+    """Parse a stored document that must be a JSON object (``.zattrs``, ``.zgroup``, ``.zmetadata``).
+
+    Raises
+    ------
+    MetadataError
+        If the bytes are not JSON, or not a JSON object.
+    """
+    doc = load_json(key, raw)
+    if not isinstance(doc, dict):
+        raise MetadataError(key, f"must be a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def _int_list(key: str, doc: dict[str, Any], name: str, minimum: int) -> list[int]:
+    value = doc.get(name)
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise MetadataError(key, f"field {name!r} must be a list of integers, got {value!r}")
+    if any(v < minimum for v in value):
+        raise MetadataError(key, f"field {name!r} must hold integers >= {minimum}, got {value!r}")
+    return value
+
+
+def load_zarray(key: str, raw: bytes | bytearray | memoryview | str) -> dict[str, Any]:
+    """Parse a ``.zarray`` and check the types of the fields shardkv relies on.
+
+    ``shape`` (ints >= 0) and ``chunks`` (ints >= 1, as many) must be lists
+    of integers, ``dtype`` a string or a list (structured), and
+    ``dimension_separator`` (when present) ``"."`` or ``"/"``.
+
+    Raises
+    ------
+    MetadataError
+        Naming the key and the field, for JSON that is not a ``.zarray`` zarr-python 2 can use.
+    """
+    doc = load_object(key, raw)
+    shape = _int_list(key, doc, "shape", 0)
+    chunks = _int_list(key, doc, "chunks", 1)
+    if len(shape) != len(chunks):
+        raise MetadataError(key, f"fields 'shape' {shape} and 'chunks' {chunks} must have the same length")
+    if not isinstance(doc.get("dtype"), (str, list)):
+        raise MetadataError(key, f"field 'dtype' must be a string or a list, got {doc.get('dtype')!r}")
+    if doc.get("dimension_separator", ".") not in (".", "/", None):
+        raise MetadataError(key, f"field 'dimension_separator' must be '.' or '/', got {doc['dimension_separator']!r}")
+    return doc

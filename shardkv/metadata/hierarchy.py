@@ -55,6 +55,7 @@ __all__ = [
     "group_document",
     "array_document",
     "plan_sharded_array",
+    "plan_root_array",
     "plan_attributes",
     "plan_group",
     "plan_zarray_update",
@@ -129,6 +130,8 @@ def array_document(zarray: Mapping[str, Any], zattrs: Mapping[str, Any] | None, 
     attrs = dict(zattrs or {})
     names = attrs.pop(_DIMENSIONS, None)
     doc = v3_view_of_v2(zarray, attrs, layout).metadata
+    if zarray.get("dimension_separator") is None:  # the v2 default, unnamed: zarr 2 leaves it out of .zarray
+        doc["chunk_key_encoding"] = {"name": "v2"}  # separator "." by default (v3 core, chunk_key_encoding)
     if names is not None:
         if not isinstance(names, list) or len(names) != len(doc["shape"]) or not all(isinstance(n, str) for n in names):
             raise ConfigurationError(f"{_DIMENSIONS} must be one string per dimension, got {names!r}")
@@ -177,6 +180,14 @@ def plan_sharded_array(
         writes[_join(group, ZARR_JSON)] = group_document(groups.get(group))
         deletes.update({_join(group, ".zgroup"), _join(group, ".zattrs")})
     return MetadataPlan(writes, frozenset(deletes))
+
+
+def plan_root_array(zarray: Mapping[str, Any], zattrs: Mapping[str, Any] | None, layout: ShardLayout) -> MetadataPlan:
+    """The documents to store for a sharded array at the root of a store (a store holding one array).
+
+    Its ``zarr.json`` (:func:`array_document`); its ``.zarray`` and ``.zattrs`` deleted.
+    """
+    return MetadataPlan({ZARR_JSON: array_document(zarray, zattrs, layout)}, frozenset({".zarray", ".zattrs"}))
 
 
 def plan_attributes(path: str, stored: Mapping[str, Any], zattrs: Mapping[str, Any]) -> MetadataPlan:
@@ -260,7 +271,11 @@ def present(stored: Mapping[str, Any], path: str = "") -> dict[str, dict[str, An
     docs = {k: dict(v) for k, v in v2_view_of_v3(stored, path).documents.items()}
     encoding = stored.get("chunk_key_encoding") or {}
     if ".zarray" in docs and encoding.get("name") == "v2":
-        docs[".zarray"]["dimension_separator"] = (encoding.get("configuration") or {}).get("separator", ".")
+        separator = (encoding.get("configuration") or {}).get("separator")
+        if separator is None:
+            docs[".zarray"].pop("dimension_separator", None)  # as zarr 2 wrote it: the default, unnamed
+        else:
+            docs[".zarray"]["dimension_separator"] = separator
     return docs
 
 
@@ -359,6 +374,14 @@ def with_consolidated_metadata(root: Mapping[str, Any], nodes: Mapping[str, Mapp
 # -- the layout before issue 11 -> the layout after ---------------------------------
 
 
+def _group_attributes(documents: Mapping[str, Mapping[str, Any]], group: str) -> Mapping[str, Any] | None:
+    """A group's attributes: its v3 ``zarr.json``'s, else its ``.zattrs`` (a hierarchy already in the new layout)."""
+    zjson = documents.get(_join(group, ZARR_JSON))
+    if zjson is not None and zjson.get("zarr_format") == 3 and zjson.get("node_type") == "group":
+        return zjson.get("attributes") or {}
+    return documents.get(_join(group, ".zattrs"))
+
+
 def plan_migration(documents: Mapping[str, Mapping[str, Any]]) -> MetadataPlan:
     """The plan that moves a hierarchy stored the old way (``.zarray`` beside ``zarr.json``) to v3.
 
@@ -391,12 +414,14 @@ def plan_migration(documents: Mapping[str, Mapping[str, Any]]) -> MetadataPlan:
         if spec is None:
             continue
         sharded.append(path)
-        groups = {g: documents.get(_join(g, ".zattrs")) for g in group_paths(path)}
-        plan = plan.merged(
-            plan_sharded_array(path, documents[key], documents.get(_join(path, ".zattrs")), spec.layout, groups)
-        )
+        zattrs = documents.get(_join(path, ".zattrs"))
+        if not path:
+            plan = plan.merged(plan_root_array(documents[key], zattrs, spec.layout))
+            continue
+        groups = {g: _group_attributes(documents, g) for g in group_paths(path)}
+        plan = plan.merged(plan_sharded_array(path, documents[key], zattrs, spec.layout, groups))
     zmetadata = documents.get(".zmetadata")
-    if zmetadata is not None and sharded:
+    if zmetadata is not None and sharded and plan.writes.get(ZARR_JSON, {}).get("node_type") == "group":
         nodes = {k.rpartition("/")[0]: v for k, v in plan.writes.items() if k != ZARR_JSON}
         root = with_consolidated_metadata(plan.writes[ZARR_JSON], nodes)
         plan = plan.merged(MetadataPlan({".zmetadata": stored_zmetadata(zmetadata, sharded), ZARR_JSON: root}))

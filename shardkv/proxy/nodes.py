@@ -20,16 +20,25 @@ from shardkv.keys.encodings import V2ChunkKeyEncoding
 from shardkv.keys.paths import join_path, owner_candidates, split_key
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.documents import load_json
+from shardkv.metadata.hierarchy import present
 from shardkv.metadata.v3_view import sharding_spec_from_v3, v2_dimension_separator
 from shardkv.storage.adapters import StoreAdapter
 
-__all__ = ["NotArray", "UnshardedArray", "ShardedNode", "NodeState", "NOT_ARRAY", "UNSHARDED", "NodeCache", "META_NAMES"]
+__all__ = ["NotArray", "UnshardedArray", "ShardedNode", "NodeState", "NOT_ARRAY", "UNSHARDED", "NodeCache", "META_NAMES", "chunkish_under"]
 
 META_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"})
 """Names of metadata documents: never chunk keys."""
 # chunk-like key segments; signs included so "-1.0" is refused as a malformed chunk key, not stored
 _CHUNKISH = re.compile(r"c|c?[0-9.+-]+")  # "c" alone: v3 default shard keys c/1/2
 _MEMO_LIMIT = 100_000  # parents whose owner is remembered before the memo starts over
+
+
+def chunkish_under(path: str, key: str) -> bool:
+    """True if ``key`` lies under ``path`` and every segment after it is chunk-like (a chunk or shard key)."""
+    prefix = f"{path}/" if path else ""
+    if not key.startswith(prefix) or len(key) == len(prefix):
+        return False
+    return all(_CHUNKISH.fullmatch(s) for s in key[len(prefix) :].split("/"))
 
 
 @dataclass(frozen=True)
@@ -129,11 +138,14 @@ class NodeCache:
         zarray_key, zjson_key = join_path(path, ".zarray"), join_path(path, "zarr.json")
         found = self._base.get_many([zarray_key, zjson_key])
         state: NodeState = NOT_ARRAY
-        if zarray_key in found:
+        if zjson_key in found:
+            view = load_json(zjson_key, found[zjson_key])
+            if zarray_key in found:  # presented from zarr.json, or (before issue 11) stored beside it
+                state = sharded_node(path, load_json(zarray_key, found[zarray_key]), view)
+            elif isinstance(view, dict) and ".zarray" in (docs := present(view, path)):  # zarr.json alone
+                state = sharded_node(path, docs[".zarray"], view)
+        elif zarray_key in found:
             state = UNSHARDED
-            if zjson_key in found:
-                zarray = load_json(zarray_key, found[zarray_key])
-                state = sharded_node(path, zarray, load_json(zjson_key, found[zjson_key]))
         with self.lock:
             self._states[path] = state
         return state
@@ -154,6 +166,15 @@ class NodeCache:
         with self.lock:
             self._states.pop(path, None)
             self._owners.clear()
+        self._forget_documents(path, below=False)
+
+    def _forget_documents(self, path: str, below: bool = True) -> None:
+        """Drop the documents the base adapter keeps (a :class:`PresentingAdapter`) for ``path``."""
+        forget = getattr(self._base, "forget", None)
+        if forget is not None and below:
+            forget(path)
+        elif forget is not None:
+            self._base.forget_node(path)  # type: ignore[attr-defined]
 
     def forget_under(self, path: str) -> None:
         """Forget ``path`` and every path below it (everything for ``""``)."""
@@ -161,17 +182,25 @@ class NodeCache:
             for p in [p for p in self._states if not path or p == path or p.startswith(f"{path}/")]:
                 self._states.pop(p)
             self._owners.clear()
+        self._forget_documents(path)
 
     def clear(self) -> None:
         """Forget everything."""
         with self.lock:
             self._states.clear()
             self._owners.clear()
+        self._forget_documents("")
 
     def is_hidden(self, key: str) -> bool:
-        """True for the ``zarr.json`` that shardkv manages beside a sharded array's ``.zarray``."""
+        """True for the ``zarr.json`` of a node presented in v2 (a sharded array, a v3 group)."""
         path, name = split_key(key)
-        return name == "zarr.json" and isinstance(self.state(path), ShardedNode)
+        if name != "zarr.json":
+            return False
+        if isinstance(self.state(path), ShardedNode):
+            return True
+        node = getattr(self._base, "node", None)
+        presented = node(path) if node is not None else None
+        return presented is not None and bool(presented.documents)
 
     def owner(self, key: str) -> ShardedArray | None:
         """The sharded array whose chunk (or shard) ``key`` names, if any.

@@ -26,6 +26,7 @@ class PathMethods:
     _nodes: Any
     _io: Any
     _writer: Any
+    base: Any
 
     def compact(self, path: str | None = None) -> int:
         """Rewrite shards that hold unused bytes (after appends, in-place writes or slack).
@@ -110,7 +111,8 @@ class PathMethods:
         """Move everything under ``src_path`` to ``dst_path`` (shards move whole)."""
         src, dst = validate_path(src_path, what="src_path"), validate_path(dst_path, what="dst_path")
         self.flush()
-        keys = list(self._base.iter_keys(path_prefix(src)))
-        self._base.set_many({dst + k[len(src) :]: self._base.get(k) for k in keys})
-        self._base.delete_many(keys)
+        stored = self.base  # what is stored: v3 documents move as they are, presented ones are not written
+        keys = list(stored.iter_keys(path_prefix(src)))
+        stored.set_many({dst + k[len(src) :]: stored.get(k) for k in keys})
+        stored.delete_many(keys)
         self.refresh()

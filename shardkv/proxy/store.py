@@ -3,13 +3,14 @@
 Code above the proxy (zarr-python 2, xarray, dask, scripts) reads and writes
 ordinary chunk keys (``temp/3.7``); the store below holds shards (``temp/0.1``)
 in the v1.0 ``sharding_indexed`` layout, each array's sharding described by a
-``zarr.json`` beside its ``.zarray`` (see :mod:`shardkv.metadata.v3_view`).
+``zarr.json``, a Zarr v3 array and nothing else (issue 11; zarr-python 2 sees
+the ``.zarray`` presented from it, see :mod:`shardkv.proxy.presenting`).
 
 This module routes each key: a chunk of a sharded array goes to its shard
 (:class:`~shardkv.keys.space.ShardedArray`), anything else to the base store.
 The other jobs live beside it: what each path is
-(:mod:`shardkv.proxy.nodes`), the ``zarr.json`` view kept in step with
-``.zarray`` writes (:mod:`shardkv.proxy.mirror`), write-back
+(:mod:`shardkv.proxy.nodes`), the v3 documents kept in step with
+``.zarray``/``.zattrs``/``.zgroup`` writes (:mod:`shardkv.proxy.mirror`), write-back
 (:mod:`shardkv.proxy.writes`), listing (:mod:`shardkv.proxy.listing`), and the
 requests themselves (:class:`shardkv.engine.planner.ShardIO`: one batched
 index read and one batched chunk read per call; one batched write per call).
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import MutableMapping
+from contextlib import suppress
 from os import PathLike
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
@@ -32,7 +34,7 @@ from shardkv.engine.picklable import reduce_sharded_store
 from shardkv.engine.planner import ShardIO
 from shardkv.engine.strategies import WriteStrategy
 from shardkv.engine.verify import DEFAULT_TEMP_AGE, remove_stale_temporaries
-from shardkv.errors import ChunkOutOfGridError, ConfigurationError, InvalidKeyError, ReservedKeyError
+from shardkv.errors import ChunkOutOfGridError, ConfigurationError, InvalidKeyError
 from shardkv.format.layout import ShardLayout
 from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.encodings import validate_key
@@ -226,8 +228,8 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
 
     @property
     def base(self) -> StoreAdapter:
-        """The adapter over the base store (for tools; writes here bypass the proxy)."""
-        return self._base
+        """The adapter over the base store: what is stored (for tools; writes here bypass the proxy)."""
+        return self._base.inner  # type: ignore[attr-defined,no-any-return]
 
     def refresh(self) -> None:
         """Forget cached array metadata and shard indexes (call after other writers changed the store).
@@ -368,10 +370,10 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
         except ChunkOutOfGridError as exc:  # nothing can be stored outside the grid
             raise KeyError(key) from exc
         if ref is None:
-            if self._nodes.is_hidden(key):
-                raise ReservedKeyError(key, "the zarr.json of a sharded array is managed by shardkv")
-            self._mirror.before_delete(key)
-            self._base.delete(key)
+            if split_key(key)[1] in META_NAMES:
+                self._mirror.delete(key)  # a sharded array's .zarray takes its zarr.json along
+            else:
+                self._base.delete(key)
             return
         if key not in self:
             raise KeyError(key)
@@ -403,8 +405,8 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
         for key, value in changes.items():
             if split_key(key)[1] in META_NAMES:
                 if value is None:
-                    self._mirror.before_delete(key)
-                    plain_del.append(key)
+                    with suppress(KeyError):  # deleting what is not stored is no error in a batch
+                        self._mirror.delete(key)
                 else:
                     self._mirror.set(key, bytes(value))
                 continue

@@ -4,9 +4,8 @@ Writers run here (zarr-python 2.18, xarray <= 2026.2.0, shardkv); the readers ar
 the newest zarr-python 3, tensorstore and xarray in .venv-latest, and zarr-python
 2.18 over a plain DirectoryStore, none of which goes through shardkv.
 
-Until the proxy stores the new layout, the hierarchies here are moved to it with
-``migrate`` (shardkv.metadata.hierarchy.plan_migration, the pure plan the proxy
-and ``convert`` will apply); the proofs that need the proxy itself are xfail.
+The proxy and ``convert`` store the new layout themselves; ``migrate``
+(shardkv.metadata.hierarchy.plan_migration) moves hierarchies written the old way.
 """
 
 from __future__ import annotations
@@ -22,10 +21,9 @@ import zarr
 from latest_helpers import Reader, migrate, stored_documents
 
 from shardkv import ShardedStore
-from shardkv.metadata.hierarchy import REFUSED_ZARRAY
+from shardkv.metadata.hierarchy import REFUSED_ZARRAY, MetadataPlan
 from shardkv.metadata.v3_view import V2_FILL_FIELD, sharding_spec_from_v3
 
-PROXY = pytest.mark.xfail(strict=True, reason="issue 11: proxy still stores .zarray")
 # what zarr-python 2.18 raises for a node it cannot read (MetadataError for zarr_format 3)
 ZARR2_REFUSALS = (zarr.errors.MetadataError, KeyError, ValueError)
 
@@ -40,7 +38,10 @@ def _sharded_paths(root: Path) -> list[str]:
 
 
 def _v2_arrays(root: Path) -> list[str]:
-    return sorted(p.parent.relative_to(root).as_posix() for p in root.rglob(".zarray"))
+    """Arrays zarr 2 sees through the proxy: stored .zarray, or a v3 array zarr.json (presented)."""
+    v3 = {p for p, d in ((k.rpartition("/")[0], d) for k, d in stored_documents(root).items() if k.endswith("zarr.json"))
+          if d.get("node_type") == "array"}  # fmt: skip
+    return sorted(v3 | {p.parent.relative_to(root).as_posix() for p in root.rglob(".zarray")})
 
 
 def _assert_zarr2_refuses(root: Path, paths: list[str]) -> None:
@@ -71,12 +72,12 @@ def test_converted_shared_data(shared_data: Path, tmp_path: Path, reader: Reader
     zarr.consolidate_metadata(ShardedStore(str(dst)))  # today's .zmetadata: the back door
     through_proxy = zarr.open_group(ShardedStore(str(dst)), mode="r")
     expected = {p: through_proxy[p][...] for p in _v2_arrays(dst)}  # equal to the source: test_convert_shared_data
-    plan = migrate(dst)
+    assert migrate(dst) == MetadataPlan()  # convert and the proxy already store the new layout
     sharded = _sharded_paths(dst)
     assert sharded and set(sharded) <= set(expected)
     assert not any((dst / p / ".zarray").exists() or (dst / p / ".zattrs").exists() for p in sharded)
     assert json.loads((dst / "zarr.json").read_text())["node_type"] == "group"
-    assert all(plan.writes[f"{p}/zarr.json"]["node_type"] == "array" for p in sharded)
+    assert all(json.loads((dst / p / "zarr.json").read_text())["node_type"] == "array" for p in sharded)
 
     _assert_zarr2_refuses(dst, sharded)
 
@@ -149,7 +150,7 @@ def dtype_store(tmp_path_factory: pytest.TempPathFactory, latest_python: str) ->
             arr[10:] = data[:2]
         expected[case] = arr[...]
     store.close()
-    written = {case: json.loads((root / "g" / case / ".zarray").read_text()) for case in DTYPE_CASES}
+    written = {case: json.loads(ShardedStore(str(root))[f"g/{case}/.zarray"]) for case in DTYPE_CASES}  # presented
     migrate(root)
     read = Reader(latest_python, root.parent / "out").run("zarr3", root, *(f"g/{c}" for c in DTYPE_CASES))
     return {"root": root, "expected": expected, "written": written, "read": read}
@@ -229,7 +230,6 @@ def test_migrated_dataset_opens_in_newest_xarray_and_zarr3_consolidated(tmp_path
 # -- the proxy itself (issue 11): these pass once ShardedStore stores the new layout -----------------
 
 
-@PROXY
 def test_proxy_stores_sharded_arrays_as_v3_only(tmp_path: Path) -> None:
     root = tmp_path / "s"
     store = ShardedStore(str(root), chunks_per_shard=2)
@@ -248,7 +248,6 @@ def test_proxy_stores_sharded_arrays_as_v3_only(tmp_path: Path) -> None:
     _assert_zarr2_refuses(root, ["g/a"])
 
 
-@PROXY
 def test_dataset_written_through_the_proxy_opens_in_newest_xarray(tmp_path: Path, reader: Reader) -> None:
     root = tmp_path / "ds.zarr"
     ds = _write_dataset(root)
@@ -256,7 +255,6 @@ def test_dataset_written_through_the_proxy_opens_in_newest_xarray(tmp_path: Path
     _assert_zarr2_refuses(root, sorted(ds.variables))
 
 
-@PROXY
 def test_consolidated_through_the_proxy_opens_no_back_door(tmp_path: Path, reader: Reader) -> None:
     root = tmp_path / "s"
     store = ShardedStore(str(root), chunks_per_shard=2)
@@ -281,7 +279,6 @@ def _assert_in_step(root: Path, path: str) -> None:
     assert {k: v for k, v in attrs.items() if k != "_ARRAY_DIMENSIONS"} == doc["attributes"]
 
 
-@PROXY
 def test_round_trips_keep_v3_and_presented_documents_in_step(tmp_path: Path, reader: Reader) -> None:
     root = tmp_path / "s"
     store = ShardedStore(str(root), chunks_per_shard=2)
