@@ -29,6 +29,7 @@ from shardkv.cli.stores import open_store
 from shardkv.errors import ConfigurationError, NotAHierarchyError
 from shardkv.keys.encodings import V2ChunkKeyEncoding, grid_shape
 from shardkv.keys.paths import owning_array, path_prefix
+from shardkv.metadata.documents import META_NAMES
 from shardkv.metadata.draft import is_draft_hierarchy
 from shardkv.metadata.v3_view import v2_dimension_separator, v3_view_of_v2
 from shardkv.proxy.presenting import PresentingAdapter
@@ -48,8 +49,6 @@ __all__ = [
     "format_info",
 ]
 
-META_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"})
-"""Names of the metadata documents of a Zarr v2 hierarchy (and shardkv's ``zarr.json`` view)."""
 
 
 

@@ -15,7 +15,10 @@ from typing import Any
 
 from shardkv.errors import MetadataError
 
-__all__ = ["dump_json", "load_json", "load_object", "load_zarray"]
+__all__ = ["META_NAMES", "dump_json", "load_json", "load_object", "load_zarray"]
+
+META_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"})
+"""Names of the metadata documents of a Zarr v2 hierarchy, and of a v3 node's ``zarr.json``."""
 
 
 def dump_json(doc: Any, *, key: str | None = None, strict: bool = False) -> bytes:

@@ -19,15 +19,13 @@ from shardkv.errors import ConfigurationError
 from shardkv.keys.encodings import V2ChunkKeyEncoding
 from shardkv.keys.paths import join_path, owner_candidates, split_key
 from shardkv.keys.space import ShardedArray
-from shardkv.metadata.documents import load_json
+from shardkv.metadata.documents import META_NAMES, load_json
 from shardkv.metadata.hierarchy import present
 from shardkv.metadata.v3_view import sharding_spec_from_v3, v2_dimension_separator
 from shardkv.storage.adapters import StoreAdapter
 
 __all__ = ["NotArray", "UnshardedArray", "ShardedNode", "NodeState", "NOT_ARRAY", "UNSHARDED", "NodeCache", "META_NAMES", "chunkish_under"]
 
-META_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"})
-"""Names of metadata documents: never chunk keys."""
 # chunk-like key segments; signs included so "-1.0" is refused as a malformed chunk key, not stored
 _CHUNKISH = re.compile(r"c|c?[0-9.+-]+")  # "c" alone: v3 default shard keys c/1/2
 _MEMO_LIMIT = 100_000  # parents whose owner is remembered before the memo starts over
