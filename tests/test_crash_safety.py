@@ -25,6 +25,7 @@ import numcodecs
 import numpy as np
 import pytest
 import zarr
+from kill_harness import acked_seqs, check_chunks, run_and_kill
 
 from shardkv import ShardedStore
 from shardkv.engine.verify import find_stale_temporaries, remove_stale_temporaries, verify_store
@@ -104,34 +105,8 @@ def writer(root: Path, strategy: str, acks: Path, first_seq: int, killer: Killin
         os.fsync(fd)
 
 
-def run_and_kill(target: Any, delay: float) -> int:
-    """Fork a child running ``target``; SIGKILL it after ``delay`` seconds unless it died already."""
-    pid = os.fork()
-    if pid == 0:  # the child never returns into pytest
-        code = 0
-        try:
-            target()
-        except BaseException:  # reported through the exit status only
-            code = 3
-        os._exit(code)
-    deadline = time.monotonic() + delay
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return status
-        time.sleep(0.005)
-    os.kill(pid, signal.SIGKILL)
-    return os.waitpid(pid, 0)[1]
 
 
-def check_chunks(data: np.ndarray, acked: list[int], in_flight: set[int]) -> None:
-    """Every chunk holds its last acknowledged write or a later write that was in flight at a kill; never a mix."""
-    last = {chunk_of(s): s for s in sorted(acked)}
-    for c in range(N_CHUNKS):
-        got = data[c * CHUNK : (c + 1) * CHUNK]
-        allowed = [value_of(last[c])] if c in last else [np.zeros(CHUNK, dtype="i4")]
-        allowed += [value_of(s) for s in in_flight if chunk_of(s) == c and s > last.get(c, -1)]
-        assert any(np.array_equal(got, a) for a in allowed), f"chunk {c} holds {got[:3]}...: lost or torn"
 
 
 def crash_rounds(root: Path, strategy: str, rounds: int, seed: int) -> int:
@@ -149,14 +124,14 @@ def crash_rounds(root: Path, strategy: str, rounds: int, seed: int) -> int:
         killer = KillingWrites(seed * 100 + i, 0.08) if i % 2 else None
         status = run_and_kill(lambda: writer(root, strategy, acks, first, killer), rng.uniform(0.05, 0.3))
         kills += os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-        acked = [int(x) for x in acks.read_text().split()] if acks.exists() else []
+        acked = acked_seqs(acks)
         this_round = [s for s in acked if s >= first]
         in_flight.add(max(this_round) + 1 if this_round else first)  # may or may not have landed
         first = max(in_flight) + 1
         store = open_store(root, strategy)
         report = verify_store(store, decode=True)
         assert report.ok, report.to_json()  # 0 torn shards (temporaries this young are not stale)
-        check_chunks(zarr.open_array(store, mode="r")[:], acked, in_flight)  # 0 acknowledged chunks lost
+        check_chunks(zarr.open_array(store, mode="r")[:], acked, in_flight, chunk_of, value_of, N_CHUNKS)  # 0 acknowledged chunks lost
         remove_stale_temporaries(store.base, 0)  # what a killed writer left (the child is dead)
     assert len(acked) > 10  # the children did write
     return kills

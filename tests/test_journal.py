@@ -7,11 +7,11 @@ import random
 import signal
 import time
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kill_harness import acked_seqs, run_and_kill
 
 from shardkv.engine.journal import Journal, JournalRecord
 from shardkv.errors import JournalCorruptError, ShardKVError
@@ -157,20 +157,6 @@ def journal_writer(journal: Path, acks: Path, limit: float) -> None:
         os.fsync(fd)
 
 
-def run_and_kill(target: Callable[[], None], delay: float) -> int:
-    """Fork a child running ``target``, SIGKILL it after ``delay`` seconds; returns its wait status."""
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        code = 0
-        try:
-            target()
-        except BaseException:  # reported through the exit status only
-            code = 3
-        os._exit(code)
-    time.sleep(delay)
-    os.kill(pid, signal.SIGKILL)
-    _, status = os.waitpid(pid, 0)
-    return status
 
 
 def test_sigkill_never_loses_an_acknowledged_record_nor_yields_a_torn_one(tmp_path: Path) -> None:
@@ -183,7 +169,7 @@ def test_sigkill_never_loses_an_acknowledged_record_nor_yields_a_torn_one(tmp_pa
             break
         status = run_and_kill(lambda: journal_writer(journal, acks, 2.0), rng.uniform(0.02, 0.3))
         kills += os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-        acked = [int(line) for line in acks.read_text().split()] if acks.exists() else []
+        acked = acked_seqs(acks)
         with Journal(journal) as j:
             records = list(j.replay())
         assert [r.seq for r in records] == list(range(len(records)))

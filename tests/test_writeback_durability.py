@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pytest
 import zarr
+from kill_harness import acked_seqs, check_chunks, run_and_kill
 
 from shardkv import ShardedStore
 from shardkv.engine.journal import Journal
@@ -172,38 +173,10 @@ def writer(root: Path, journal: Path | None, acks: Path, first_seq: int, seconds
         os.fsync(fd)
 
 
-def run_child(target: Callable[[], None], kill_after: float | None) -> int:
-    """Fork a child running ``target``; SIGKILL it after ``kill_after`` seconds; ``None``: it exits without flushing."""
-    pid = os.fork()
-    if pid == 0:  # the child never returns into pytest
-        code = 0
-        try:
-            target()
-        except BaseException:  # reported through the exit status only
-            code = 3
-        os._exit(code)  # no flush, no close: as abrupt as a kill for the buffer
-    deadline = time.monotonic() + (kill_after if kill_after is not None else 10.0)
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return status
-        time.sleep(0.005)
-    os.kill(pid, signal.SIGKILL)
-    return os.waitpid(pid, 0)[1]
 
 
-def acked_seqs(acks: Path) -> list[int]:
-    return [int(x) for x in acks.read_text().split()] if acks.exists() else []
 
 
-def check_chunks(data: np.ndarray, acked: list[int], in_flight: set[int]) -> None:
-    """Every chunk holds its last acknowledged write, or a later one that was in flight at a kill."""
-    last = {chunk_of(s): s for s in sorted(acked)}
-    for c in range(N_CHUNKS):
-        got = data[c * CHUNK : (c + 1) * CHUNK]
-        allowed = [value_of(last[c])] if c in last else [np.zeros(CHUNK, dtype="i4")]
-        allowed += [value_of(s) for s in in_flight if chunk_of(s) == c and s > last.get(c, -1)]
-        assert any(np.array_equal(got, a) for a in allowed), f"chunk {c} holds {got[:3]}...: acknowledged write lost"
 
 
 def test_sigkill_with_a_journal_loses_no_acknowledged_chunk(tmp_path: Path) -> None:
@@ -216,14 +189,14 @@ def test_sigkill_with_a_journal_loses_no_acknowledged_chunk(tmp_path: Path) -> N
     for _ in range(8):
         if time.monotonic() - started > 30:
             break
-        status = run_child(lambda: writer(root, journal, acks, first, 0.9), rng.uniform(0.1, 0.6))
+        status = run_and_kill(lambda: writer(root, journal, acks, first, 0.9), rng.uniform(0.1, 0.6))
         kills += os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
         this_round = [s for s in acked_seqs(acks) if s >= first]
         in_flight.add(max(this_round) + 1 if this_round else first)
         first = max(in_flight) + 1
         store = open_journalled(root, journal)  # replays the journal
         assert verify_store(store, decode=True).ok
-        check_chunks(zarr.open_array(ShardedStore(str(root)), mode="r")[:], acked_seqs(acks), in_flight)
+        check_chunks(zarr.open_array(ShardedStore(str(root)), mode="r")[:], acked_seqs(acks), in_flight, chunk_of, value_of, N_CHUNKS)
         store.close()  # releases the journal for the next child
         with Journal(journal) as j:
             assert j.empty  # the replayed data is durable: the journal was reset
@@ -237,7 +210,7 @@ def test_an_abrupt_exit_keeps_buffered_writes_only_with_a_journal(tmp_path: Path
     root, acks = tmp_path / "store", tmp_path / "acks"
     journal = tmp_path / "wb.journal" if with_journal else None
     create(root)
-    assert run_child(lambda: writer(root, journal, acks, 0, 0.3), None) == 0
+    assert run_and_kill(lambda: writer(root, journal, acks, 0, 0.3), None) == 0
     acked = acked_seqs(acks)
     assert acked
     if journal is not None:
@@ -245,10 +218,10 @@ def test_an_abrupt_exit_keeps_buffered_writes_only_with_a_journal(tmp_path: Path
             f.write(b"SKJR\x40\x00\x00\x00\x00\x00")
     data = zarr.open_array(open_journalled(root, journal), mode="r")[:]
     if with_journal:
-        check_chunks(data, acked, set())
+        check_chunks(data, acked, set(), chunk_of, value_of, N_CHUNKS)
     else:
         with pytest.raises(AssertionError, match="acknowledged write lost"):
-            check_chunks(data, acked, set())
+            check_chunks(data, acked, set(), chunk_of, value_of, N_CHUNKS)
 
 
 def test_journal_needs_buffer_bytes(tmp_path: Path) -> None:
