@@ -68,10 +68,8 @@ class WriteAdvisor:
         if not self.threshold:
             return
         for arr, shard_coords, updates in changes.values():
-            if covers_shard(arr, shard_coords, updates):
-                continue
             path = arr.path
-            if path in self._warned:
+            if path in self._warned or covers_shard(arr, shard_coords, updates):
                 continue
             with self._lock:
                 count = self._counts.get(path, 0) + 1
