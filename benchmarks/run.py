@@ -123,7 +123,7 @@ def collect(args: argparse.Namespace, py2: str | None, py3: str | None) -> dict[
     if getattr(args, "peers_only", False):
         names = ["write_read/shardkv", "write_read/zarr3", "chunkwise_write/shardkv-writeback", "chunkwise_write/shardkv",
                  "chunkwise_write/zarr2-transformer", "random_reads/shardkv", "random_reads/zarr3",
-                 "proxy_overhead/shardkv", "peak_memory/shardkv"]
+                 "proxy_overhead/shardkv", "peak_memory/shardkv", *(f"dask_writes/{i}" for i in DASK_IMPLS)]
         return {name: Missing("skipped: --peers-only") for name in names}
     res["write_read/shardkv"] = run_workload(py2, "write_read", "shardkv", args, rep)
     res["write_read/zarr3"] = run_workload(py3, "write_read", "zarr3", args, rep)
@@ -139,6 +139,9 @@ def collect(args: argparse.Namespace, py2: str | None, py3: str | None) -> dict[
         merged = dict(runs[0])
         merged["samples"] = {k: [s for r in runs for s in r["samples"][k]] for k in runs[0]["samples"]}
     res["peak_memory/shardkv"] = merged
+    for impl in DASK_IMPLS:
+        res[f"dask_writes/{impl}"] = (Missing("skipped: --skip-dask") if getattr(args, "skip_dask", False)
+                                      else run_workload(py2, "dask_writes", impl, args, rep))  # fmt: skip
     return res
 
 
@@ -246,6 +249,29 @@ def build_rows(res: dict[str, Any]) -> list[list[str]]:
                 f"(buffer_bytes = {fmt_bytes(pm['buffer_bytes'])}); ratio = peak / (buffer + 2 shards)")
         note = f"{fmt_bytes(pm['limit_bytes'])}"
         rows.append(value_row("P6", what, fmt_bytes(peak), "—", peak / pm["limit_bytes"], 1.0, note))
+    rows.extend(dask_rows(res))
+    return rows
+
+
+DASK_IMPLS = ("zarr2-threads", "shardkv", "shardkv-buffer", "zarr2-cluster", "shardkv-rechunk",
+              "xarray-zarr2", "xarray-shardkv", "xarray-shardkv-buffer")  # fmt: skip
+
+
+def dask_rows(res: dict[str, Any]) -> list[list[str]]:
+    """P7 rows: dask and xarray writes of 64 x 64 blocks through ShardedStore vs plain zarr 2 (issues 9 and 12)."""
+    rows: list[list[str]] = []
+    shape = _shape_text(*(res[f"dask_writes/{i}"] for i in DASK_IMPLS))
+    for rid, impl, peer, label in (
+        ("P7-dask", "shardkv", "zarr2-threads", "da.store, 64x64 blocks, threads, default (write-through)"),
+        ("P7-dask-buffer", "shardkv-buffer", "zarr2-threads", "da.store, 64x64 blocks, threads, buffer_bytes"),
+        ("P7-dask-rechunk", "shardkv-rechunk", "zarr2-cluster",
+         "rechunk_to_shards + da.store, LocalCluster 2 processes (zarr 2: 64x64 blocks, same cluster)"),
+        ("P7-xarray", "xarray-shardkv", "xarray-zarr2", "Dataset.to_zarr, 64x64 blocks, threads, default"),
+        ("P7-xarray-buffer", "xarray-shardkv-buffer", "xarray-zarr2", "Dataset.to_zarr, threads, buffer_bytes"),
+    ):
+        what = f"dask write {shape}, 8x8 chunks per shard, {label}: time vs plain zarr 2 DirectoryStore"
+        rows.append(ratio_row(rid, what, median(res[f"dask_writes/{impl}"], "write_s"),
+                              median(res[f"dask_writes/{peer}"], "write_s"), "zarr 2", fmt_s, None))
     return rows
 
 
@@ -332,6 +358,9 @@ def notes(res: dict[str, Any], size: str) -> list[str]:
             written, stored = median(r, "bytes_written"), median(r, "stored_bytes")
             out.append(f"- {key}: {fmt_bytes(written)} written in {median(r, 'writes'):.0f} writes; "
                        f"{fmt_bytes(stored)} stored at the end; written / stored = {written / stored:.2f}")
+    loads = [a for i in DASK_IMPLS if not isinstance(r := res[f"dask_writes/{i}"], Missing) for a in r["load_avg_1m"]]
+    if loads:
+        out.append(f"- P7 (dask_writes): 1-minute load average {min(loads):.2f} to {max(loads):.2f} during the runs.")
     for key in ("random_reads/shardkv", "random_reads/zarr3"):
         r = res[key]
         if not isinstance(r, Missing):
@@ -374,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--make-envs", action="store_true", help="create missing .venv-zarr2/.venv-zarr3 like tests/run.sh")
     parser.add_argument("--zarr2-python", help="interpreter of the zarr-python 2.18 environment (default: .venv-zarr2)")
     parser.add_argument("--zarr3-python", help="interpreter of the zarr-python 3 environment (default: .venv-zarr3)")
+    parser.add_argument("--skip-dask", action="store_true", help="leave out the dask/xarray write rows (P7 show n/a)")
     parser.add_argument("--peers-only", action="store_true", help="run only the peer matrix (P rows show n/a)")
     parser.add_argument("--bench-python", help="interpreter of the peer environment (default: .venv-bench)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "latest.md")

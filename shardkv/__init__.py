@@ -19,6 +19,7 @@ from shardkv.format.index import EMPTY, ShardIndex
 from shardkv.format.layout import ShardLayout
 from shardkv.proxy.factory import open_store
 from shardkv.proxy.store import ShardedStore
+from shardkv.proxy.write_advice import PartialShardWriteWarning
 from shardkv.rechunk import rechunk_to_shards
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "ShardedStore",
     "open_store",
     "rechunk_to_shards",
+    "PartialShardWriteWarning",
     "ShardingCodec",
     "ShardIndex",
     "ShardLayout",

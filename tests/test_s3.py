@@ -218,3 +218,29 @@ def test_bad_storage_options_are_usage_errors():
     assert proc.returncode == 2 and "--storage-options" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     proc = run("info", "s3://b/x.zarr", "--storage-options", "[1, 2]")
     assert proc.returncode == 2 and "JSON object" in proc.stderr
+
+
+def test_verify_on_s3_passes_a_converted_store_and_names_a_damaged_shard(s3, shared_data):
+    endpoint, options, fs = s3
+    url, opts = _unique("verify"), json.dumps(options)
+    assert run("convert", str(shared_data / ASTRONAUT), url, "--chunks-per-shard", "2", "--storage-options", opts).returncode == 0
+    clean = run("verify", url, "--decode", "--storage-options", opts)
+    assert clean.returncode == 0, clean.stderr
+    assert ", 0 damaged" in clean.stdout and clean.stdout.strip().endswith("ok")
+
+    shard = sorted(k for k in _objects(fs, url) if k.startswith("raw/") and k.rpartition("/")[2][0].isdigit())[0]
+    path = f"{url[len('s3://'):]}/{shard}"
+    blob = bytearray(fs.cat_file(path))
+    blob[-5] ^= 0xFF  # the last byte of the index entries (v1.0 index at the end, then its 4-byte CRC32C)
+    fs.pipe_file(path, bytes(blob))
+    damaged = run("verify", url, "--storage-options", opts)
+    assert damaged.returncode == 1, damaged.stderr
+    assert f"DAMAGED {shard}: " in damaged.stdout and "crc32c mismatch" in damaged.stdout
+    assert damaged.stdout.count("DAMAGED") == 1 and damaged.stdout.strip().endswith("damage found")
+
+
+def test_verify_on_a_missing_bucket_is_one_line(s3):
+    endpoint, options, fs = s3
+    proc = run("verify", "s3://no-such-bucket-v/x.zarr", "--storage-options", json.dumps(options))
+    assert_one_line_error(proc, "s3://no-such-bucket-v/x.zarr", "does not exist")
+    assert "Traceback" not in proc.stderr

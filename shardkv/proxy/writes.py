@@ -35,6 +35,7 @@ from shardkv.engine.planner import ShardIO
 from shardkv.engine.writeback import PendingShard, WriteBuffer
 from shardkv.errors import ConfigurationError, InvalidKeyError
 from shardkv.keys.space import ChunkRef, ShardedArray
+from shardkv.proxy.write_advice import WriteAdvisor
 
 __all__ = ["ShardWriter", "ShardChanges"]
 
@@ -68,6 +69,7 @@ class ShardWriter:
         self.io = io
         self.buffer = None if buffer_bytes is None else WriteBuffer(buffer_bytes)
         self.journal: Journal | None = None
+        self.advisor = WriteAdvisor()  # warns once per array about chunk-by-chunk rewrites (write-through)
         self._io_lock = threading.RLock()  # one thread writes buffered shards at a time
 
     def lookup(self, shard_key: str, local_coords: tuple[int, ...]) -> tuple[bool, bytes | None]:
@@ -91,6 +93,7 @@ class ShardWriter:
         buf = self.buffer
         if buf is None:
             self.io.write_shards(changes)  # type: ignore[arg-type]
+            self.advisor.observe(changes)  # type: ignore[arg-type]
             return
         with buf.lock:
             if self.journal is not None:

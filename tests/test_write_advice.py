@@ -1,0 +1,79 @@
+"""The once-per-array warning about write-through chunk-by-chunk writes (issue 12 item 5)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import zarr
+
+from shardkv import PartialShardWriteWarning, ShardedStore, rechunk_to_shards
+from shardkv.proxy.write_advice import DEFAULT_THRESHOLD
+
+pytestmark = pytest.mark.filterwarnings("error::shardkv.PartialShardWriteWarning")  # any unexpected one fails
+
+DATA = np.arange(64 * 64, dtype="<f4").reshape(64, 64)  # 8 x 8 chunks of 8 x 8, 2 x 2 shards of 4 x 4 chunks
+
+
+def _array(store: ShardedStore, name: str = "a") -> zarr.Array:
+    return zarr.create(shape=DATA.shape, chunks=(8, 8), dtype=DATA.dtype, store=store, path=name)
+
+
+def _chunk_by_chunk(z: zarr.Array) -> None:
+    for i in range(0, 64, 8):
+        for j in range(0, 64, 8):
+            z[i : i + 8, j : j + 8] = DATA[i : i + 8, j : j + 8]
+
+
+def test_unaligned_chunk_by_chunk_writes_warn_once_per_array(tmp_path):
+    store = ShardedStore(str(tmp_path / "s.zarr"), chunks_per_shard=4)
+    a, b = _array(store, "a"), _array(store, "b")
+    with pytest.warns(PartialShardWriteWarning) as record:
+        _chunk_by_chunk(a)
+        _chunk_by_chunk(a)  # a second pass over the same array adds no warning
+        _chunk_by_chunk(b)
+    assert [(w.message.path, w.message.rewrites) for w in record] == [("a", DEFAULT_THRESHOLD), ("b", DEFAULT_THRESHOLD)]
+    text = str(record[0].message)
+    assert "buffer_bytes" in text and "rechunk_to_shards" in text and "'a'" in text
+    np.testing.assert_array_equal(a[...], DATA)  # the advice changes nothing stored
+
+
+def test_whole_shard_and_buffered_writes_do_not_warn(tmp_path):
+    aligned = ShardedStore(str(tmp_path / "aligned.zarr"), chunks_per_shard=4)
+    z = _array(aligned)
+    for i in range(0, 64, 32):
+        for j in range(0, 64, 32):
+            z[i : i + 32, j : j + 32] = DATA[i : i + 32, j : j + 32]  # one whole shard per call
+    assert aligned._writer.advisor.rewrites("a") == 0
+
+    with ShardedStore(str(tmp_path / "buffered.zarr"), chunks_per_shard=4, buffer_bytes=2**20) as buffered:
+        _chunk_by_chunk(_array(buffered))
+    assert buffered._writer.advisor.rewrites("a") == 0
+    np.testing.assert_array_equal(zarr.open_array(ShardedStore(str(tmp_path / "buffered.zarr")), path="a")[...], DATA)
+
+
+def test_few_partial_writes_stay_quiet(tmp_path):
+    store = ShardedStore(str(tmp_path / "s.zarr"), chunks_per_shard=4)
+    z = _array(store)
+    for k in range(DEFAULT_THRESHOLD - 1):
+        z[8 * (k // 8) : 8 * (k // 8) + 8, 8 * (k % 8) : 8 * (k % 8) + 8] = 1.0
+    assert store._writer.advisor.rewrites("a") == DEFAULT_THRESHOLD - 1
+
+
+def test_dask_blocks_of_one_chunk_warn_and_rechunked_blocks_do_not(tmp_path):
+    da = pytest.importorskip("dask.array")
+    import dask
+
+    darr = da.from_array(DATA, chunks=(8, 8))
+    with dask.config.set(scheduler="synchronous"):
+        unaligned = ShardedStore(str(tmp_path / "u.zarr"), chunks_per_shard=4)
+        with pytest.warns(PartialShardWriteWarning, match="rechunk_to_shards"):
+            darr.to_zarr(unaligned, component="a")
+        aligned = ShardedStore(str(tmp_path / "al.zarr"), chunks_per_shard=4)
+        z = _array(aligned)
+        blocks = rechunk_to_shards(darr, z)
+        assert blocks.chunks == ((32, 32), (32, 32))
+        da.store(blocks, z, lock=False)
+        assert aligned._writer.advisor.rewrites("a") == 0
+    np.testing.assert_array_equal(z[...], DATA)
