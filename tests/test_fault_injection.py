@@ -85,7 +85,9 @@ class Faults:
             write = self.partial_writes(fsmap_adapter._pwrite_all)
             monkeypatch.setattr(fsmap_adapter, "_pwrite_all", write)
             monkeypatch.setattr(
-                fsmap_adapter, "write_parts", lambda fd, parts: write(fd, memoryview(b"".join(parts)), os.lseek(fd, 0, os.SEEK_CUR))
+                fsmap_adapter,
+                "write_parts",
+                lambda fd, parts: write(fd, memoryview(b"".join(parts)), os.lseek(fd, 0, os.SEEK_CUR)),
             )
 
 
@@ -173,7 +175,9 @@ def run_workload(st: ShardedStore, faults: Faults, seed: int, flush: bool) -> tu
     return model, errors
 
 
-def check_after(st_factory: Callable[[], ShardedStore], model: Model, errors: list[BaseException], faults: Faults) -> None:
+def check_after(
+    st_factory: Callable[[], ShardedStore], model: Model, errors: list[BaseException], faults: Faults
+) -> None:
     unexpected = [e for e in errors if not expected_error(e)]
     assert not unexpected, f"unexpected exception types: {[type(e).__name__ + ': ' + str(e) for e in unexpected]}"
     assert errors, "no fault surfaced as an error"
