@@ -50,12 +50,14 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+import numpy as np
+
 from shardkv.engine.concurrency import Concurrency
 from shardkv.engine.merge import ChunkPatch
 from shardkv.engine.planner import ShardIO
 from shardkv.engine.strategies import WriteStrategy
 from shardkv.errors import ConfigurationError
-from shardkv.format.layout import ShardLayout
+from shardkv.format.layout import ShardLayout, chunk_nbytes_bound
 from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.encodings import Draft2022ChunkKeyEncoding
 from shardkv.keys.space import ChunkRef, ShardedArray
@@ -72,6 +74,18 @@ SHARDING_EXTENSION = "https://purl.org/zarr/spec/storage_transformers/sharding/1
 DATA_ROOT = "data/root/"
 """Keys starting with this are data keys (v3 core draft "Storage keys")."""
 Local = tuple[int, ...]
+
+
+def _draft_itemsize(data_type: Any) -> int | None:
+    """Bytes per element of a 2022 draft ``data_type`` (``"<f8"``, ``"bool"``, ``"r16"``), or ``None``."""
+    if not isinstance(data_type, str):
+        return None
+    if data_type.startswith("r") and data_type[1:].isdigit() and int(data_type[1:]) % 8 == 0:
+        return int(data_type[1:]) // 8 or None
+    try:
+        return np.dtype(data_type).itemsize or None
+    except TypeError:
+        return None
 
 
 class ShardingStorageTransformer(PrefixOperations, AbstractStore):
@@ -124,6 +138,11 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
         are serialised.
     lock_timeout : float or None
         Longest wait (seconds) for a shard lock; ``None`` waits as long as it takes.
+    itemsize : int, optional
+        Bytes per element of the array's data type. With ``chunk_shape`` it
+        bounds each index entry's ``nbytes`` (see
+        :func:`shardkv.format.layout.chunk_nbytes_bound`); without it the
+        bound is the 2 GiB default.
 
     Raises
     ------
@@ -153,6 +172,7 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
         slack_bytes: int = 0,
         concurrency: Concurrency | None = None,
         lock_timeout: float | None = None,
+        itemsize: int | None = None,
     ) -> None:
         if type not in self.types:
             raise ConfigurationError(
@@ -161,7 +181,8 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
             )
         self.underlying = underlying
         self.type = type
-        self.layout = ShardLayout.draft_2022(tuple(int(c) for c in chunks_per_shard))
+        bound = chunk_nbytes_bound(chunk_shape, itemsize) if chunk_shape is not None else None
+        self.layout = ShardLayout.draft_2022(tuple(int(c) for c in chunks_per_shard), bound)
         self.array_path = array_path.strip("/")
         self.key_prefix = f"{DATA_ROOT}{self.array_path}/" if self.array_path else DATA_ROOT
         self.encoding = Draft2022ChunkKeyEncoding(separator)  # type: ignore[arg-type]
@@ -250,6 +271,7 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
                 array_path,
             )
         grid = array_metadata.get("chunk_grid") or {}
+        top = chunk_shape is None or list(chunk_shape) == list(grid.get("chunk_shape", []))
         return cls(
             underlying,
             cps,
@@ -258,6 +280,7 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
             shape=shape,
             chunk_shape=list(chunk_shape if chunk_shape is not None else grid.get("chunk_shape", [])),
             type=entry.get("type", "indexed"),
+            itemsize=_draft_itemsize(array_metadata.get("data_type")) if top else None,
             **options,
         )
 

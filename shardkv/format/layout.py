@@ -26,7 +26,7 @@ This module is pure: bytes in, bytes out.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
 from typing import Literal, Mapping, Sequence
 
@@ -37,7 +37,7 @@ from shardkv.errors import ChecksumError, ConfigurationError, CorruptShardError
 from shardkv.format.index import ShardIndex
 from shardkv.format.ranges import ByteRange
 
-__all__ = ["ShardLayout", "IndexLocation", "Endian", "crc32c_of"]
+__all__ = ["ShardLayout", "IndexLocation", "Endian", "crc32c_of", "chunk_nbytes_bound"]
 
 IndexLocation = Literal["start", "end"]
 Endian = Literal["little", "big"]
@@ -50,6 +50,40 @@ def crc32c_of(data: bytes | memoryview) -> int:
 
 
 BytesLike = bytes | bytearray | memoryview
+
+_COMPRESSOR_SLACK_NBYTES = 65536
+
+
+def chunk_nbytes_bound(chunk_shape: Sequence[int], itemsize: int | None) -> int | None:
+    """Largest plausible encoded size (bytes) of one inner chunk, or ``None`` if unknown.
+
+    Parameters
+    ----------
+    chunk_shape : sequence of int
+        Inner chunk shape (elements).
+    itemsize : int or None
+        Bytes per element of the array's data type; ``None`` (or < 1) for a
+        type whose size is not known here (extension or opaque types).
+
+    Returns
+    -------
+    int or None
+        ``prod(chunk_shape) * itemsize * 2 + 65536``; ``None`` when
+        ``itemsize`` is unknown, so the caller keeps the default bound
+        (:data:`shardkv.format.index.DEFAULT_MAX_CHUNK_NBYTES`).
+
+    Notes
+    -----
+    A decoded inner chunk holds ``prod(chunk_shape) * itemsize`` bytes. The
+    inner codecs usually shrink it, but a compressor given incompressible data
+    may grow it a little (blosc, zstd, gzip add headers and, at worst, a few
+    bytes per block). Twice the decoded size plus 64 KiB covers those
+    expansions with a wide margin, while still turning a corrupt index entry
+    that claims gigabytes for a kilobyte chunk into an error before any read.
+    """
+    if itemsize is None or itemsize < 1:
+        return None
+    return prod(int(c) for c in chunk_shape) * int(itemsize) * 2 + _COMPRESSOR_SLACK_NBYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +105,13 @@ class ShardLayout:
         Largest plausible encoded inner chunk (bytes). Index entries are
         checked against it when the shard's size is unknown (an index read on
         its own from a store that does not tell sizes for free); default
-        :data:`shardkv.format.index.DEFAULT_MAX_CHUNK_NBYTES` (2 GiB). A caller
-        that knows the decoded chunk size may pass e.g. ``2 * nbytes + 64 KiB``.
+        :data:`shardkv.format.index.DEFAULT_MAX_CHUNK_NBYTES` (2 GiB). Layouts
+        built from array metadata pass :func:`chunk_nbytes_bound`:
+        ``prod(inner chunk shape) * itemsize * 2 + 65536``, twice the decoded
+        chunk (a compressor may expand incompressible data slightly) plus
+        64 KiB for codec headers; types of unknown item size (opaque or
+        unregistered types) and nested shards keep the 2 GiB default. Not
+        part of equality: two layouts that describe the same bytes are equal.
 
     Raises
     ------
@@ -84,7 +123,7 @@ class ShardLayout:
     index_location: IndexLocation = "end"
     index_endian: Endian = "little"
     index_checksum: bool = True
-    max_chunk_nbytes: int | None = None
+    max_chunk_nbytes: int | None = field(default=None, compare=False)  # a reader's limit, not the format
 
     def __post_init__(self) -> None:
         cps = tuple(int(c) for c in self.chunks_per_shard)
@@ -99,9 +138,9 @@ class ShardLayout:
             raise ConfigurationError(f"max_chunk_nbytes must be >= 0, got {self.max_chunk_nbytes}")
 
     @classmethod
-    def draft_2022(cls, chunks_per_shard: Sequence[int]) -> ShardLayout:
+    def draft_2022(cls, chunks_per_shard: Sequence[int], max_chunk_nbytes: int | None = None) -> ShardLayout:
         """The 2022 draft ``indexed`` format: end, little endian, no checksum."""
-        return cls(tuple(chunks_per_shard), "end", "little", False)
+        return cls(tuple(chunks_per_shard), "end", "little", False, max_chunk_nbytes)
 
     @classmethod
     def v3(

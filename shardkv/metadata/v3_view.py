@@ -40,7 +40,7 @@ import numpy as np
 
 from shardkv.codecs.inner import BLOSC_SHUFFLE_IDS
 from shardkv.errors import ConfigurationError, UnsupportedError
-from shardkv.format.layout import ShardLayout
+from shardkv.format.layout import ShardLayout, chunk_nbytes_bound
 from shardkv.keys.encodings import ChunkKeyEncoding, V2ChunkKeyEncoding, chunk_key_encoding_from_metadata
 
 __all__ = [
@@ -366,8 +366,40 @@ class ShardingSpec:
         return tuple(c * n for c, n in zip(self.chunks, self.layout.chunks_per_shard))
 
 
-def layout_from_codec_config(config: Mapping[str, Any], shard_shape: Sequence[int], path: str | None = None) -> tuple[tuple[int, ...], ShardLayout]:
+_V3_ITEMSIZES = {name: int(code[1:]) for code, name in _V3_DTYPES.items()}
+_SIZED_EXTENSIONS = ("fixed_length_utf32", "null_terminated_bytes", "raw_bytes")
+_TIME_EXTENSIONS = ("numpy.datetime64", "numpy.timedelta64")
+
+
+def v3_itemsize(data_type: Any) -> int | None:
+    """Bytes per element of a v3 ``data_type``, or ``None`` when not known here.
+
+    Core numeric and bool types, the fixed-size extension types (by their
+    ``length_bytes``) and datetime64/timedelta64 (8 bytes); ``None`` for any
+    other (opaque or unknown) type.
+    """
+    if isinstance(data_type, str):
+        return _V3_ITEMSIZES.get(data_type)
+    if not isinstance(data_type, Mapping):
+        return None
+    name = data_type.get("name")
+    if name in _TIME_EXTENSIONS:
+        return 8
+    n = (data_type.get("configuration") or {}).get("length_bytes")
+    if name in _SIZED_EXTENSIONS and isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+        return n
+    return None
+
+
+def layout_from_codec_config(
+    config: Mapping[str, Any], shard_shape: Sequence[int], path: str | None = None, itemsize: int | None = None
+) -> tuple[tuple[int, ...], ShardLayout]:
     """Inner chunk shape and layout from a ``sharding_indexed`` configuration.
+
+    ``itemsize`` (bytes per element, ``None`` if unknown) bounds each index
+    entry's ``nbytes`` through :func:`shardkv.format.layout.chunk_nbytes_bound`;
+    inner codecs that nest another ``sharding_indexed`` keep the default bound
+    (a nested shard adds 16 bytes of index per sub-chunk).
 
     Raises
     ------
@@ -390,7 +422,9 @@ def layout_from_codec_config(config: Mapping[str, Any], shard_shape: Sequence[in
     if location not in ("start", "end"):
         raise ConfigurationError(f"index_location must be 'start' or 'end', got {location!r}", path)
     cps = tuple(s // c for s, c in zip(shard_shape, inner))
-    return inner, ShardLayout(cps, location, endian, len(names) == 2)
+    nested = any(isinstance(c, Mapping) and c.get("name") == SHARDING_CODEC for c in config.get("codecs") or [])
+    bound = None if nested else chunk_nbytes_bound(inner, itemsize)
+    return inner, ShardLayout(cps, location, endian, len(names) == 2, bound)
 
 
 def sharding_spec_from_v3(metadata: Mapping[str, Any], path: str | None = None) -> ShardingSpec | None:
@@ -410,7 +444,8 @@ def sharding_spec_from_v3(metadata: Mapping[str, Any], path: str | None = None) 
     if metadata.get("chunk_grid", {}).get("name") != "regular":
         raise UnsupportedError(f"chunk grid {metadata.get('chunk_grid')!r} is not supported (regular only)")
     shard_shape = tuple(int(c) for c in metadata["chunk_grid"]["configuration"]["chunk_shape"])
-    inner, layout = layout_from_codec_config(codecs[0].get("configuration") or {}, shard_shape, path)
+    itemsize = v3_itemsize(metadata.get("data_type"))
+    inner, layout = layout_from_codec_config(codecs[0].get("configuration") or {}, shard_shape, path, itemsize)
     return ShardingSpec(
         shape=tuple(int(s) for s in metadata["shape"]),
         chunks=inner,
