@@ -14,8 +14,8 @@ from typing import Any, Mapping
 
 from shardkv.cli.info import ArrayKeys
 from shardkv.format.layout import ShardLayout
-from shardkv.metadata.documents import dump_json, load_json
 from shardkv.metadata.all_v3 import plan_all_v3
+from shardkv.metadata.documents import dump_json, load_json
 from shardkv.metadata.hierarchy import ZARR_JSON, plan_migration
 from shardkv.metadata.v3_view import v3_view_of_v2
 
