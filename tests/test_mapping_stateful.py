@@ -300,3 +300,161 @@ TestTransformerStateful = _test_case(TransformerMachine, _transformer_settings)
 TestTransformerMemoryFSStateful = _test_case(TransformerMemoryFSMachine, _transformer_settings)
 TestTransformerLocalStateful = _test_case(TransformerLocalMachine, _transformer_settings)
 TestDraftStateful = _test_case(DraftMachine, _settings)
+
+
+# -- metadata through the proxy, with zarr-python 2 semantics -----------------------------------
+
+_NAMES = ("a", "b")
+_attrs = st.dictionaries(st.sampled_from(["x", "y", "units"]), st.integers(-3, 3) | st.text(max_size=3), max_size=2)
+_shapes = st.tuples(st.integers(0, 9), st.integers(0, 9))
+
+
+def _grid(shape: list[int]) -> tuple[int, int]:
+    return (-(-shape[0] // CHUNKS[0]), -(-shape[1] // CHUNKS[1]))
+
+
+class MetadataMachine(RuleBasedStateMachine):
+    """Groups, arrays, resizes, attributes and rmdir through the proxy over a dict, against a model.
+
+    The model holds the presented v2 documents by key (``.zgroup``, ``.zarray``,
+    ``.zattrs``) and the chunks by key. Arrays are 2-D and sharded (chunks
+    ``CHUNKS``, ``CPS`` per shard); resizing goes through zarr-python 2.18's
+    ``Array.resize`` (which rewrites ``.zarray`` and deletes the chunks outside the
+    new grid), deletion through zarr's ``rmdir``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.base: dict[str, bytes] = {}
+        self.store = ShardedStore(self.base, chunks_per_shard=CPS)
+        self.docs: dict[str, dict[str, Any]] = {}
+        self.chunks: dict[str, bytes] = {}
+        self._write(".zgroup", {"zarr_format": 2})
+
+    def _write(self, key: str, doc: dict[str, Any]) -> None:
+        self.store[key] = json.dumps(doc).encode()
+        self.docs[key] = doc
+
+    def _nodes(self, name: str) -> list[str]:
+        return sorted(k.rpartition("/")[0] for k in self.docs if k.rpartition("/")[2] == name)
+
+    def _arrays(self) -> list[str]:
+        return self._nodes(".zarray")
+
+    def _groups(self) -> list[str]:
+        return [g for g in self._nodes(".zgroup") if g]  # the root is never removed
+
+    def _free(self, path: str) -> bool:
+        return not any(k == path or k.startswith(path + "/") for k in [*self.docs, *self.chunks])
+
+    # -- rules -----------------------------------------------------------------
+
+    @rule(parent=st.sampled_from(["", "g"]), name=st.sampled_from(["g", "h"]))
+    def create_group(self, parent: str, name: str) -> None:
+        path = f"{parent}/{name}" if parent else name
+        if (parent and f"{parent}/.zgroup" not in self.docs) or not self._free(path):
+            return
+        self._write(f"{path}/.zgroup", {"zarr_format": 2})
+
+    @rule(parent=st.sampled_from(["", "g", "g/h"]), name=st.sampled_from(_NAMES), shape=_shapes)
+    def create_array(self, parent: str, name: str, shape: tuple[int, int]) -> None:
+        path = f"{parent}/{name}" if parent else name
+        if (parent and f"{parent}/.zgroup" not in self.docs) or not self._free(path):
+            return
+        doc = json.loads(zarray("."))
+        doc["shape"] = list(shape)
+        self._write(f"{path}/.zarray", doc)
+
+    @precondition(lambda self: bool(self._arrays()))
+    @rule(data=st.data(), value=values)
+    def set_chunk(self, data: st.DataObject, value: bytes) -> None:
+        path = data.draw(st.sampled_from(self._arrays()))
+        grid = _grid(self.docs[f"{path}/.zarray"]["shape"])
+        if 0 in grid:
+            return
+        c = data.draw(st.tuples(st.integers(0, grid[0] - 1), st.integers(0, grid[1] - 1)))
+        key = f"{path}/{c[0]}.{c[1]}"
+        self.store[key] = value
+        self.chunks[key] = value
+
+    @precondition(lambda self: bool(self._arrays()))
+    @rule(data=st.data(), shape=_shapes)
+    def resize(self, data: st.DataObject, shape: tuple[int, int]) -> None:
+        import zarr
+
+        path = data.draw(st.sampled_from(self._arrays()))
+        zarr.Array(self.store, path=path).resize(*shape)
+        self.docs[f"{path}/.zarray"]["shape"] = list(shape)
+        grid = _grid(list(shape))
+        for key in [k for k in self.chunks if k.rpartition("/")[0] == path]:
+            r, c = (int(x) for x in key.rpartition("/")[2].split("."))
+            if r >= grid[0] or c >= grid[1]:
+                del self.chunks[key]
+
+    @rule(data=st.data(), attrs=_attrs)
+    def set_attributes(self, data: st.DataObject, attrs: dict[str, Any]) -> None:
+        path = data.draw(st.sampled_from(["", *self._groups(), *self._arrays()]))
+        self._write(f"{path}/.zattrs" if path else ".zattrs", attrs)
+
+    @precondition(lambda self: bool(self._groups() or self._arrays()))
+    @rule(data=st.data())
+    def remove(self, data: st.DataObject) -> None:
+        from zarr.storage import rmdir
+
+        path = data.draw(st.sampled_from([*self._groups(), *self._arrays()]))
+        rmdir(self.store, path)
+        for model in (self.docs, self.chunks):
+            for key in [k for k in model if k.startswith(path + "/")]:
+                del model[key]
+
+    @rule()
+    def reopen(self) -> None:
+        self.store.flush()
+        self.store = ShardedStore(self.base, chunks_per_shard=CPS)  # new arrays sharded as before
+
+    # -- invariants ------------------------------------------------------------
+
+    @invariant()
+    def presented_documents_equal_the_model(self) -> None:
+        # zarr 2 reads a missing .zattrs as {}: empty attributes may be presented or not (v3 stores them inline)
+        listed = {k for k in self.store if k.rpartition("/")[2] in (".zarray", ".zattrs", ".zgroup")}
+        for key, doc in self.docs.items():
+            if key.endswith(".zattrs") and doc == {} and key not in listed:
+                assert key not in self.store, key
+                continue
+            assert key in listed and json.loads(self.store[key]) == doc, key
+        for key in listed - set(self.docs):
+            assert key.endswith(".zattrs") and json.loads(self.store[key]) == {}, key
+
+    @invariant()
+    def chunks_equal_the_model(self) -> None:
+        chunks = {k for k in self.store if k.rpartition("/")[2] not in META}
+        assert chunks == set(self.chunks)
+        assert {k: self.store[k] for k in chunks} == self.chunks
+
+    @invariant()
+    def stored_documents_agree(self) -> None:
+        self.store.flush()
+        for path in self._arrays():
+            prefix = f"{path}/"
+            assert prefix + ".zarray" not in self.base and prefix + ".zattrs" not in self.base, path
+            stored = json.loads(self.base[prefix + "zarr.json"])
+            assert stored["shape"] == self.docs[prefix + ".zarray"]["shape"], path
+            assert stored["attributes"] == self.docs.get(prefix + ".zattrs", {}), path
+            grid = _grid(stored["shape"])
+            shard_grid = (-(-grid[0] // CPS[0]), -(-grid[1] // CPS[1]))
+            for key in [k for k in self.base if k.rpartition("/")[0] == path and k.rpartition("/")[2] not in META]:
+                r, c = (int(x) for x in key.rpartition("/")[2].split("."))
+                assert r < shard_grid[0] and c < shard_grid[1], f"shard {key} outside the grid {grid}"
+        for key, raw in self.base.items():
+            path, _, name = key.rpartition("/")
+            doc = json.loads(raw) if name == "zarr.json" else None
+            if doc is not None and doc.get("node_type") == "group":
+                zattrs = f"{path}/.zattrs" if path else ".zattrs"
+                assert doc["attributes"] == self.docs.get(zattrs, {}), key
+
+
+TestMetadataStateful = _test_case(
+    MetadataMachine,
+    settings(max_examples=30, stateful_step_count=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]),
+)

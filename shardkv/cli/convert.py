@@ -236,6 +236,7 @@ def convert(
     workers: int = 1,
     scheduler: str | None = None,
     task_chunks: int = TASK_CHUNKS,
+    all_v3: bool = False,
 ) -> ConvertReport:
     """Copy a Zarr v2 hierarchy, packing the chunks of its arrays into shards.
 
@@ -258,6 +259,8 @@ def convert(
     overwrite : bool
         Delete everything in ``dst`` first instead of refusing a non-empty ``dst``
         (a local ``dst`` that is a regular file is always refused).
+    all_v3 : bool
+        Also give unsharded arrays and groups a v3 ``zarr.json`` (:mod:`shardkv.metadata.all_v3`).
     storage_options : mapping, optional
         fsspec options for both URLs; ``src_storage_options`` /
         ``dst_storage_options`` replace them for one side.
@@ -325,6 +328,7 @@ def convert(
     if remote and not (isinstance(src, str) and isinstance(dst, str)):
         raise ConfigurationError("workers and scheduler need the source and destination as paths or URLs")
     job = _Job(source, target, src_name, dst_name, cps, index_location, index_checksum, progress)
+    job.all_v3 = all_v3
     job.base = dict(
         src=src_name, dst=dst_name, src_options=src_opts, dst_options=dst_opts,
         index_location=index_location, index_checksum=index_checksum,
@@ -344,6 +348,7 @@ class _Job:
         self.cps, self.index_location, self.index_checksum = cps, index_location, index_checksum
         self.progress = progress
         self.base: dict[str, Any] = {}
+        self.all_v3 = False
         self.report = ConvertReport(src_name, dst_name)
         self.writer = _Writer(target, _WRITE_BATCH_NBYTES, _WRITE_BATCH_OBJECTS)
         self.bytes_before = 0
@@ -392,7 +397,7 @@ class _Job:
             self.writer.flush()
             self._write_shards(tasks, planned, manifest, workers, scheduler, bar)
             amend_consolidated(meta_out, amended)
-            store_as_v3(meta_out)
+            store_as_v3(meta_out, all_v3=self.all_v3)
             for key in sorted(meta_out, key=metadata_order):
                 self.writer.put(key, meta_out[key])
             self.writer.flush()

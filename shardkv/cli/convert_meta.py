@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from shardkv.cli.info import ArrayKeys
 from shardkv.format.layout import ShardLayout
+from shardkv.metadata.all_v3 import plan_all_v3
 from shardkv.metadata.documents import dump_json, load_json
 from shardkv.metadata.hierarchy import ZARR_JSON, plan_migration
 from shardkv.metadata.v3_view import v3_view_of_v2
@@ -73,14 +74,16 @@ def metadata_order(key: str) -> tuple[int, int, str]:
 _DOCUMENTS = (".zarray", ".zattrs", ".zgroup", ZARR_JSON, ".zmetadata")
 
 
-def store_as_v3(meta_out: dict[str, bytes]) -> None:
+def store_as_v3(meta_out: dict[str, bytes], all_v3: bool = False) -> None:
     """Store each sharded array and the groups above it as Zarr v3 only (issue 11), in place.
 
     ``meta_out`` holds the documents of the old layout (a ``.zarray`` beside
     each sharded array's ``zarr.json``); :func:`shardkv.metadata.hierarchy.plan_migration`
     says what replaces them: the sharded arrays' and their groups' ``zarr.json``,
     a ``.zmetadata`` that zarr-python 2 cannot misread, and the root's
-    consolidated block. Unsharded arrays are untouched.
+    consolidated block. Unsharded arrays are untouched unless ``all_v3``: then
+    :func:`shardkv.metadata.all_v3.plan_all_v3` adds the ``zarr.json`` of every
+    unsharded array and group (their v2 documents are kept).
     """
     docs = {k: load_json(k, v) for k, v in meta_out.items() if k.rpartition("/")[2] in _DOCUMENTS}
     plan = plan_migration(docs)
@@ -88,3 +91,7 @@ def store_as_v3(meta_out: dict[str, bytes]) -> None:
         meta_out.pop(key, None)
     for key, doc in plan.writes.items():
         meta_out[key] = dump_json(doc, key=key, strict=key.rpartition("/")[2] == ZARR_JSON)
+    if all_v3:
+        docs = {k: load_json(k, v) for k, v in meta_out.items() if k.rpartition("/")[2] in _DOCUMENTS}
+        for key, doc in plan_all_v3(docs).writes.items():
+            meta_out[key] = dump_json(doc, key=key, strict=True)

@@ -27,6 +27,15 @@ array stored with '/' chunk keys but no dimension_separator in .zarray
 (zarr-python's NestedDirectoryStore) is detected, and the destination .zarray
 says "dimension_separator": "/".
 
+--all-v3 describes the rest of the hierarchy in Zarr v3 as well: each unsharded
+array gets a zarr.json (regular chunk grid of its v2 chunks, v2 chunk key
+encoding with its separator, its compressor and filters as v3 codecs) and each
+group a v3 group zarr.json. Their .zarray/.zattrs/.zgroup are kept beside them:
+zarr-python 2 reads those as before, zarr-python 3 prefers zarr.json. Arrays
+whose data type has no v3 equivalent (structured, object) get no zarr.json, so
+zarr-python 3 refuses them instead of misreading them. Later edits of such an
+array's .zarray/.zattrs through zarr 2 do not update its zarr.json.
+
 Shards are written by shard-aligned tasks (whole shards each, so no two tasks
 touch one shard): in this process, in N local processes (--workers N), or on a
 dask.distributed cluster (--scheduler ADDRESS). A progress manifest in DST

@@ -126,6 +126,9 @@ def _add_convert(sub: Any) -> None:
                    "the shards; SRC and DST must be reachable from them")  # fmt: skip
     p.add_argument("--task-chunks", type=_positive, default=256, metavar="N",
                    help="source chunks per parallel task (whole shards; default: 256)")  # fmt: skip
+    p.add_argument("--all-v3", action="store_true",
+                   help="also give unsharded arrays and groups a v3 zarr.json (their v2 documents are kept), "
+                   "so zarr-python 3 opens the whole hierarchy at its root")  # fmt: skip
     _add_storage_options(p, two_stores=True)
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a summary")
 
@@ -145,6 +148,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         workers=args.workers,
         scheduler=args.scheduler,
         task_chunks=args.task_chunks,
+        all_v3=args.all_v3,
         **_side_options(args),
     )
     _print_report(report, args.json)

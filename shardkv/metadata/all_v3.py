@@ -1,0 +1,146 @@
+"""``--all-v3``: the v3 ``zarr.json`` of unsharded v2 arrays and of v2 groups. Pure.
+
+``shardkv convert`` stores sharded arrays as Zarr v3 only (issue 11). With
+``--all-v3`` the rest of the hierarchy is described in v3 too, so zarr-python 3
+opens every array from the root:
+
+* an unsharded v2 array gets a ``zarr.json`` beside its ``.zarray`` that reads
+  the *same chunk objects*: ``regular`` chunk grid of the v2 ``chunks``,
+  ``v2`` chunk key encoding with the array's separator, and the v2
+  ``order``/``dtype``/``filters``/``compressor`` as v3 codecs (the mapping of
+  :mod:`shardkv.metadata.v3_view`, without the ``sharding_indexed`` codec);
+* a v2 group gets a v3 group ``zarr.json`` with its ``.zattrs`` as attributes.
+
+The ``.zarray``/``.zattrs``/``.zgroup`` documents are kept: zarr-python 2 reads
+them as before, zarr-python 3 prefers ``zarr.json``. An array whose data type
+has no v3 equivalent (structured, object, unit-less datetime) gets no
+``zarr.json``: zarr-python 3 then refuses it, it never misreads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from shardkv.keys.encodings import V2ChunkKeyEncoding
+from shardkv.metadata.hierarchy import ZARR_JSON, group_document, with_consolidated_metadata
+from shardkv.metadata.v3_view import (
+    V2_FILL_FIELD,
+    V3View,
+    _inner_codecs,
+    _numpy_dtype,
+    _v3_fill_value,
+    v2_dimension_separator,
+    v3_data_type,
+)
+
+__all__ = ["AllV3Plan", "v3_view_of_unsharded_v2", "plan_all_v3"]
+
+
+def v3_view_of_unsharded_v2(zarray: Mapping[str, Any], zattrs: Mapping[str, Any] | None) -> V3View:
+    """The ``zarr.json`` that reads an unsharded v2 array's chunk objects as a v3 array.
+
+    Parameters
+    ----------
+    zarray : mapping
+        The v2 ``.zarray`` document.
+    zattrs : mapping or None
+        The v2 ``.zattrs`` document (becomes ``attributes``).
+
+    Returns
+    -------
+    V3View
+        The document and the reasons v3 readers other than zarr-python 3 may
+        not read it. ``metadata`` is empty when no v3 reader has the data type.
+
+    Raises
+    ------
+    ConfigurationError
+        If the separator or fill value is invalid for the dtype.
+    """
+    shape = [int(s) for s in zarray["shape"]]
+    dtype = _numpy_dtype(zarray["dtype"])
+    data_type, extension = v3_data_type(dtype)
+    if data_type is None:
+        return V3View({}, (f"dtype {zarray['dtype']!r} has no Zarr v3 data type",))
+    problems: list[str] = []
+    if extension is not None:
+        problems.append(f"dtype {zarray['dtype']!r} is the zarr-python 3 extension {extension!r}")
+    codecs = _inner_codecs(zarray, dtype, len(shape), problems)
+    encoding: dict[str, Any] = V2ChunkKeyEncoding(v2_dimension_separator(zarray)).to_metadata()  # type: ignore[arg-type]
+    metadata: dict[str, Any] = {
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": shape,
+        "data_type": data_type,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [int(c) for c in zarray["chunks"]]}},
+        "chunk_key_encoding": encoding,
+        "fill_value": _v3_fill_value(zarray.get("fill_value"), dtype),
+        "codecs": codecs,
+        "attributes": dict(zattrs or {}),
+    }
+    names = metadata["attributes"].pop("_ARRAY_DIMENSIONS", None)
+    if isinstance(names, list) and len(names) == len(shape) and all(isinstance(n, str) for n in names):
+        metadata["dimension_names"] = names
+    elif names is not None:
+        metadata["attributes"]["_ARRAY_DIMENSIONS"] = names
+    if zarray.get("fill_value") is None:
+        metadata[V2_FILL_FIELD] = {"must_understand": False, "fill_value": None}
+    return V3View(metadata, tuple(problems))
+
+
+@dataclass(frozen=True)
+class AllV3Plan:
+    """The ``zarr.json`` documents ``--all-v3`` adds, and the arrays left without one.
+
+    Attributes
+    ----------
+    writes : dict of str to dict
+        Store key -> v3 document (new ``zarr.json``; the root's, with its
+        consolidated block brought up to date, when it had one).
+    refused : dict of str to str
+        Array path -> why it has no v3 document (no v3 data type).
+    """
+
+    writes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}/{name}" if path else name
+
+
+def plan_all_v3(documents: Mapping[str, Mapping[str, Any]]) -> AllV3Plan:
+    """The v3 documents of every v2 node of a hierarchy that has no ``zarr.json`` yet.
+
+    Parameters
+    ----------
+    documents : mapping of str to mapping
+        Every metadata document by store key, parsed, after the sharded arrays
+        were stored as v3 (:func:`shardkv.metadata.hierarchy.plan_migration`).
+
+    Returns
+    -------
+    AllV3Plan
+    """
+    plan = AllV3Plan()
+    for key in sorted(documents):
+        path, _, name = key.rpartition("/")
+        if name not in (".zarray", ".zgroup") or _join(path, ZARR_JSON) in documents:
+            continue
+        zattrs = documents.get(_join(path, ".zattrs"))
+        if name == ".zgroup":
+            plan.writes[_join(path, ZARR_JSON)] = group_document(zattrs)
+            continue
+        view = v3_view_of_unsharded_v2(documents[key], zattrs)
+        if view.metadata:
+            plan.writes[_join(path, ZARR_JSON)] = view.metadata
+        else:
+            plan.refused[path] = "; ".join(view.problems)
+    root = plan.writes.get(ZARR_JSON) or documents.get(ZARR_JSON)
+    if root is not None and "consolidated_metadata" in root and root.get("node_type") == "group":
+        nodes = {k.rpartition("/")[0]: dict(v) for k, v in documents.items() if k.rpartition("/")[2] == ZARR_JSON}
+        nodes.update({k.rpartition("/")[0]: v for k, v in plan.writes.items()})
+        nodes.pop("", None)
+        plan.writes[ZARR_JSON] = with_consolidated_metadata(root, nodes)
+    return plan

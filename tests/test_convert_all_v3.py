@@ -1,0 +1,99 @@
+"""``convert --all-v3`` (issue 11): unsharded arrays and groups also described in v3.
+
+Oracles here: zarr-python 2.18 over a plain DirectoryStore reads the unsharded
+arrays unchanged; the proxy reads every array. tests/latest/test_all_v3.py has
+the newest zarr 3 open the converted shared fixture at its root.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from shardkv import ShardedStore
+from shardkv.cli.convert import convert
+from shardkv.cli.main import main
+from shardkv.metadata.all_v3 import plan_all_v3, v3_view_of_unsharded_v2
+from shardkv.metadata.v3_view import V2_FILL_FIELD
+
+
+def _source(root: Path) -> dict[str, np.ndarray]:
+    store = zarr.DirectoryStore(str(root))
+    g = zarr.group(store)
+    g.attrs["title"] = "t"
+    sub = g.create_group("sub")
+    sub.attrs["k"] = 1
+    data = {
+        "sub/plain": np.arange(30, dtype=">i4").reshape(5, 6),  # 2-d: unsharded under --chunks-per-shard 2
+        "flat": np.arange(10, dtype="<f8"),  # 1-d: sharded
+        "sub/nested": np.arange(24, dtype="<u2").reshape(4, 6),
+    }
+    zarr.array(data["sub/plain"], chunks=(2, 4), store=store, path="sub/plain", compressor=zarr.Zlib(level=3),
+               order="F").attrs["_ARRAY_DIMENSIONS"] = ["y", "x"]  # fmt: skip
+    zarr.array(data["flat"], chunks=(3,), store=store, path="flat")
+    nested = zarr.NestedDirectoryStore(str(root))
+    zarr.array(data["sub/nested"], chunks=(3, 3), store=nested, path="sub/nested", fill_value=None)
+    zarr.consolidate_metadata(store)
+    return data
+
+
+def test_all_v3_documents_and_zarr2_reads(tmp_path: Path) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    data = _source(src)
+    convert(str(src), str(dst), (2,), skip_mismatched=True, all_v3=True)
+    plain = zarr.DirectoryStore(str(dst))
+    for path in ("sub/plain", "sub/nested"):  # unsharded: v2 documents kept, zarr 2 reads them
+        assert (dst / path / ".zarray").is_file()
+        np.testing.assert_array_equal(zarr.open_array(plain, path=path, mode="r")[...], data[path])
+    np.testing.assert_array_equal(zarr.open_consolidated(plain, mode="r")["sub/plain"][...], data["sub/plain"])
+    doc = json.loads((dst / "sub/plain/zarr.json").read_text())
+    assert doc["chunk_grid"]["configuration"]["chunk_shape"] == [2, 4]
+    assert doc["chunk_key_encoding"] == {"name": "v2", "configuration": {"separator": "."}}
+    assert [c["name"] for c in doc["codecs"]] == ["transpose", "bytes", "numcodecs.zlib"]
+    assert doc["codecs"][1]["configuration"] == {"endian": "big"}
+    assert doc["dimension_names"] == ["y", "x"] and doc["attributes"] == {}
+    nested = json.loads((dst / "sub/nested/zarr.json").read_text())
+    assert nested["chunk_key_encoding"]["configuration"]["separator"] == "/"
+    assert nested[V2_FILL_FIELD] == {"must_understand": False, "fill_value": None}
+    assert json.loads((dst / "sub/zarr.json").read_text()) == {"zarr_format": 3, "node_type": "group", "attributes": {"k": 1}}
+    root = json.loads((dst / "zarr.json").read_text())
+    assert root["attributes"] == {"title": "t"}
+    assert sorted(root["consolidated_metadata"]["metadata"]) == ["flat", "sub", "sub/nested", "sub/plain"]
+    through = zarr.open_group(ShardedStore(str(dst)), mode="r")
+    for path, values in data.items():
+        np.testing.assert_array_equal(through[path][...], values)
+
+
+def test_without_all_v3_unsharded_arrays_get_no_zarr_json(tmp_path: Path) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _source(src)
+    convert(str(src), str(dst), (2,), skip_mismatched=True)
+    assert not (dst / "sub/plain/zarr.json").exists()
+
+
+def test_cli_all_v3(tmp_path: Path) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _source(src)
+    assert main(["convert", str(src), str(dst), "--chunks-per-shard", "2", "--skip-mismatched", "--all-v3"]) == 0
+    assert (dst / "sub/plain/zarr.json").is_file()
+
+
+def test_no_v3_data_type_no_document() -> None:
+    zarray = {"zarr_format": 2, "shape": [2], "chunks": [2], "dtype": [["a", "<i4"]], "compressor": None,
+              "fill_value": None, "filters": None, "order": "C"}  # fmt: skip
+    assert v3_view_of_unsharded_v2(zarray, None).metadata == {}
+    plan = plan_all_v3({"s/.zarray": zarray, ".zgroup": {"zarr_format": 2}})
+    assert plan.refused.keys() == {"s"} and "s/zarr.json" not in plan.writes
+    assert plan.writes["zarr.json"] == {"zarr_format": 3, "node_type": "group", "attributes": {}}
+
+
+@pytest.mark.parametrize("dtype", ["<U3", "|S2", "<M8[s]"])
+def test_extension_types_are_described(dtype: str) -> None:
+    zarray = {"zarr_format": 2, "shape": [2], "chunks": [2], "dtype": dtype, "compressor": None,
+              "fill_value": None, "filters": None, "order": "C"}  # fmt: skip
+    view = v3_view_of_unsharded_v2(zarray, {"a": 1})
+    assert view.metadata["attributes"] == {"a": 1} and view.problems
