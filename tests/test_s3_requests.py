@@ -21,6 +21,7 @@ pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
 
 from shardkv import ShardedStore  # noqa: E402
+from shardkv.errors import CorruptShardError  # noqa: E402
 
 BUCKET = "shardkv-requests"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # werkzeug colours its request lines
@@ -118,3 +119,20 @@ def test_a_few_chunks_of_a_shard_still_read_index_then_ranges(s3: Any) -> None:
     np.testing.assert_array_equal(z[0:8, 0:16], data[0:8, 0:16])  # 2 of the 16 chunks of shard 0.0
     shard_reads = [p for _, p in log.seen if not p.endswith("/zarr.json")]
     assert shard_reads == [f"/{BUCKET}/{root}/arr/0.0"] * 2  # the index, then one merged range
+
+
+def test_whole_shard_read_catches_a_truncated_shard(s3: Any) -> None:
+    import s3fs
+
+    options, log = s3
+    root, _ = _written(options)
+    reader = _store(options, root)
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
+    path = f"{BUCKET}/{root}/arr/0.0"
+    stored = fs.cat_file(path)
+    fs.pipe_file(path, stored[:100] + stored[164:])  # 64 bytes of chunk data gone, the index intact
+    z = zarr.open_array(reader, path="arr", mode="r")
+    log.seen.clear()
+    with pytest.raises(CorruptShardError, match="arr/0.0"):
+        z[:]
+    assert [p for _, p in log.seen].count(f"/{BUCKET}/{root}/arr/0.0") == 1  # caught by the whole read itself
