@@ -303,7 +303,8 @@ class ShardIO(ShardWrites):
         shards: Mapping[str, ShardedArray],
     ) -> tuple[list[bytes | None], list[bytes | None], set[str]]:
         """One index read and one chunk read; the shards whose chunk ranges had vanished are returned."""
-        whole = shards_to_read_whole(requests, self.read_policy) if self.base.supports_ranges else frozenset()
+        remote = self.base.supports_ranges and getattr(self.base, "round_trips", False)
+        whole = shards_to_read_whole(requests, self.read_policy) if remote else frozenset()
         indexes, blobs, extra = self._read_indexes(shards, relayed, whole=whole)
         out: list[bytes | None] = [None] * len(requests)
         wanted: list[tuple[int, ChunkRef, int, int]] = []  # (position, ref, start, stop) in the shard

@@ -10,10 +10,12 @@ writer can slip in between an index read and a chunk read.
 
 The choice is pure: :func:`shards_to_read_whole` looks only at the requests
 and the :class:`~shardkv.format.ranges.ReadPolicy`; the engine
-(:meth:`shardkv.engine.planner.ShardIO.read_ranges`) applies it to the shards
-whose index is not cached and whose size is not free (where the size is free,
-a local file or an in-memory filesystem, the index then the coalesced ranges
-cost no round trips worth saving).
+(:meth:`shardkv.engine.planner.ShardIO.read_ranges`) applies it on backends
+whose requests are round trips (``round_trips``: s3fs and other remote fsspec
+filesystems, obstore object stores) to the shards whose index is not cached
+and whose size is not free. On local files, in-memory filesystems and
+mappings the index then the coalesced ranges cost no round trips worth saving,
+and the plan there stays as it was.
 """
 
 from __future__ import annotations
