@@ -36,6 +36,11 @@ class _Requests(logging.Handler):
         super().__init__()
         self.seen: list[tuple[str, str]] = []
 
+    def reset(self) -> None:
+        """Forget the requests seen; log requests again (other modules' fixtures quiet werkzeug)."""
+        logging.getLogger("werkzeug").setLevel(logging.INFO)
+        self.seen.clear()
+
     def emit(self, record: logging.LogRecord) -> None:
         args = record.args
         if isinstance(args, tuple) and args:
@@ -94,7 +99,7 @@ def test_full_read_is_one_get_per_shard_and_open_costs_three_requests_at_most(s3
     root, data = _written(options)
     reader = _store(options, root)  # fresh: nothing cached
 
-    log.seen.clear()
+    log.reset()
     z = zarr.open_array(reader, path="arr", mode="r")
     np.testing.assert_array_equal(z[:], data)
     shard_paths = {f"/{BUCKET}/{root}/{k}" for k in SHARDS}
@@ -105,7 +110,7 @@ def test_full_read_is_one_get_per_shard_and_open_costs_three_requests_at_most(s3
     assert len(metadata) <= 3, metadata
     assert all(method == "GET" and path.endswith("/zarr.json") for method, path in metadata), metadata
 
-    log.seen.clear()  # the indexes are cached now: a second read costs chunk ranges, no index read
+    log.reset()  # the indexes are cached now: a second read costs chunk ranges, no index read
     np.testing.assert_array_equal(z[:], data)
     assert len(log.seen) == len(SHARDS), log.seen
 
@@ -115,7 +120,7 @@ def test_a_few_chunks_of_a_shard_still_read_index_then_ranges(s3: Any) -> None:
     root, data = _written(options)
     reader = _store(options, root)
     z = zarr.open_array(reader, path="arr", mode="r")
-    log.seen.clear()
+    log.reset()
     np.testing.assert_array_equal(z[0:8, 0:16], data[0:8, 0:16])  # 2 of the 16 chunks of shard 0.0
     shard_reads = [p for _, p in log.seen if not p.endswith("/zarr.json")]
     assert shard_reads == [f"/{BUCKET}/{root}/arr/0.0"] * 2  # the index, then one merged range
@@ -132,7 +137,7 @@ def test_whole_shard_read_catches_a_truncated_shard(s3: Any) -> None:
     stored = fs.cat_file(path)
     fs.pipe_file(path, stored[:100] + stored[164:])  # 64 bytes of chunk data gone, the index intact
     z = zarr.open_array(reader, path="arr", mode="r")
-    log.seen.clear()
+    log.reset()
     with pytest.raises(CorruptShardError, match="arr/0.0"):
         z[:]
     assert [p for _, p in log.seen].count(f"/{BUCKET}/{root}/arr/0.0") == 1  # caught by the whole read itself
