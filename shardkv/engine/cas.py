@@ -66,6 +66,7 @@ class GenerationTrackingAdapter(StoreAdapter):
         self.inner = inner
         self.conditional = conditional
         self.supports_ranges = inner.supports_ranges
+        self.round_trips = getattr(inner, "round_trips", False)
         self._tx = _Transaction()
 
     # -- transactions -----------------------------------------------------------

@@ -12,7 +12,10 @@ Request plan:
   the :class:`~shardkv.engine.cache.IndexCache` (prefix or suffix ranges;
   keys the caller relays ride along), then one batched read of chunk ranges,
   merged per shard by a :class:`~shardkv.format.ranges.ReadPolicy` (or the
-  whole shard when most is wanted). Where a shard's size is not free and its
+  whole shard when most is wanted). Shards whose index is not cached, whose
+  size is not free (object stores) and of which the batch wants most chunks
+  are read whole in the first batch instead, index included: one request per
+  shard (:mod:`shardkv.engine.whole_reads`). Where a shard's size is not free and its
   index is at the end, each range also asks for the ``index_nbytes`` bytes
   after it: at least the index follows every chunk, so fewer bytes mean a
   truncated shard or an entry pointing into the index (never served as data);
@@ -57,6 +60,7 @@ from shardkv.engine.merge import covers_shard
 from shardkv.engine.retry import Backoff, RetryStats
 from shardkv.engine.shard_writes import ShardErasures, ShardUpdates, ShardWrites
 from shardkv.engine.strategies import WriteStrategy
+from shardkv.engine.whole_reads import shards_to_read_whole
 from shardkv.errors import ConcurrentUpdateError, ConfigurationError, CorruptShardError
 from shardkv.format.index import ShardIndex
 from shardkv.format.ranges import ByteRange, CoalescedRead, ReadPolicy, plan_reads
@@ -171,9 +175,19 @@ class ShardIO(ShardWrites):
         return indexes, blobs
 
     def _read_indexes(
-        self, shards: Mapping[str, ShardedArray], relayed: Sequence[tuple[str, ByteRange]], *, fresh: bool = False
+        self,
+        shards: Mapping[str, ShardedArray],
+        relayed: Sequence[tuple[str, ByteRange]],
+        *,
+        fresh: bool = False,
+        whole: frozenset[str] = frozenset(),
     ) -> tuple[dict[str, ShardIndex], dict[str, bytes], list[bytes | None]]:
-        """:meth:`read_indexes`, with ``relayed`` ranges of other keys read in the same batch."""
+        """:meth:`read_indexes`, with ``relayed`` ranges of other keys read in the same batch.
+
+        The shards in ``whole`` whose index is not cached and whose size is
+        not free are read whole instead (their index from the object, checked
+        against its size) and returned among the blobs.
+        """
         keys = list(shards)
         if not self.base.supports_ranges:
             blobs = self.base.get_many(keys) if keys else {}
@@ -183,6 +197,7 @@ class ShardIO(ShardWrites):
         validators: dict[str, Any] = {}
         tickets: dict[str, int] = {}
         missing: list[str] = []
+        blobs: dict[str, bytes] = {}
         for k in keys:
             validator = self.base.validator(k) if self.validate_index_cache else None
             ticket = self.epochs.ticket(k)  # before the read: a write after it refuses our put
@@ -195,14 +210,21 @@ class ShardIO(ShardWrites):
                 indexes[k] = cached
         if not missing and not relayed:
             return indexes, {}, []
-        raw = self.base.get_ranges([(k, shards[k].layout.index_range()) for k in missing] + list(relayed))
+        sizes = {k: self.base.size_if_free(k) for k in missing}
+        taken_whole = {k for k in missing if k in whole and sizes[k] is None}
+        ranges = [(k, ByteRange(0) if k in taken_whole else shards[k].layout.index_range()) for k in missing]
+        raw = self.base.get_ranges(ranges + list(relayed))
         for k, data in zip(missing, raw):
-            if data is not None:
+            if data is not None and k in taken_whole:  # one request: index and chunks of one object
+                index = indexes[k] = shards[k].layout.index_of_shard(data, k)
+                blobs[k] = data
+                self.epochs.put_if_current(self.index_cache, k, tickets[k], index, validators[k])
+            elif data is not None:
                 # checked against the shard's size where that is free: a suffix read
                 # alone cannot tell a truncated shard from an intact one
-                index = indexes[k] = shards[k].layout.decode_index(data, k, self.base.size_if_free(k))
+                index = indexes[k] = shards[k].layout.decode_index(data, k, sizes[k])
                 self.epochs.put_if_current(self.index_cache, k, tickets[k], index, validators[k])
-        return indexes, {}, list(raw[len(missing) :])
+        return indexes, blobs, list(raw[len(missing) :])
 
     def read_chunks(self, refs: Sequence[ChunkRef]) -> dict[str, bytes]:
         """Encoded bytes of the stored chunks among ``refs``, by chunk key (missing ones left out).
@@ -281,7 +303,9 @@ class ShardIO(ShardWrites):
         shards: Mapping[str, ShardedArray],
     ) -> tuple[list[bytes | None], list[bytes | None], set[str]]:
         """One index read and one chunk read; the shards whose chunk ranges had vanished are returned."""
-        indexes, blobs, extra = self._read_indexes(shards, relayed)
+        remote = self.base.supports_ranges and getattr(self.base, "round_trips", False)
+        whole = shards_to_read_whole(requests, self.read_policy) if remote else frozenset()
+        indexes, blobs, extra = self._read_indexes(shards, relayed, whole=whole)
         out: list[bytes | None] = [None] * len(requests)
         wanted: list[tuple[int, ChunkRef, int, int]] = []  # (position, ref, start, stop) in the shard
         for i, (ref, byte_range) in enumerate(requests):

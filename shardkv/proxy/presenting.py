@@ -103,6 +103,7 @@ class PresentingAdapter(StoreAdapter):
     def __init__(self, inner: StoreAdapter) -> None:
         self.inner = inner
         self.supports_ranges = inner.supports_ranges
+        self.round_trips = inner.round_trips
         self._nodes: dict[str, tuple[bytes | None, V3Node | None]] = {}
         self._lock = threading.RLock()
 

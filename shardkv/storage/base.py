@@ -32,9 +32,14 @@ class StoreAdapter(ABC):
     ----------
     supports_ranges : bool
         True when :meth:`get_ranges` reads only the bytes asked for.
+    round_trips : bool
+        True when every request is a round trip over the network (object
+        stores): the engine then reads a shard of which a batch wants most
+        chunks whole, index included, rather than its index first.
     """
 
     supports_ranges: bool = False
+    round_trips: bool = False
 
     @property
     def supports_append(self) -> bool:

@@ -154,6 +154,7 @@ class FSMapAdapter(StoreAdapter):
         # local filesystem: a subclass may change what a read does (or count it)
         self._direct_reads = type(fs) is LocalFileSystem
         self._remote = not self._local and not isinstance(fs, MemoryFileSystem)
+        self.round_trips = self._remote
 
     @classmethod
     def from_fsmap(cls, fsmap: FSMap) -> FSMapAdapter:

@@ -122,6 +122,7 @@ class ObstoreAdapter(StoreAdapter):
         self._not_found = (NotFoundError, FileNotFoundError)  # obstore raises the builtin for a missing key
         self._conflict = (PreconditionError, AlreadyExistsError)
         self._max_concurrency = max(1, int(max_concurrency))
+        self.round_trips = type(store).__name__ not in ("MemoryStore", "LocalStore")  # an object store
         self._pool: ThreadPoolExecutor | None = None
 
     # -- concurrency ---------------------------------------------------------------
