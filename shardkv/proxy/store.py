@@ -119,8 +119,8 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
         ``"rewrite"`` (default, atomic) writes a new shard through a temporary
         object. On local files, ``"append"`` appends new chunks and a new index
         and ``"inplace"`` also reuses a chunk's slot when the new encoding fits;
-        both cost I/O proportional to the change but are not crash-atomic (see
-        :mod:`shardkv.engine.strategies`); :meth:`compact` reclaims the unused bytes.
+        both are crash-safe (copy on write, see :mod:`shardkv.engine.strategies`);
+        :meth:`compact` reclaims the unused bytes.
         Elsewhere they fall back to ``"rewrite"``. Never stored in metadata.
     slack_bytes : int
         With ``"inplace"``: zero bytes reserved after every chunk written
