@@ -11,11 +11,11 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["run_and_kill", "acked_seqs", "check_chunks"]
+__all__ = ["run_and_kill", "acked_seqs", "check_chunks", "write_and_ack"]
 
 
 def run_and_kill(target: Callable[[], None], delay: float | None) -> int:
@@ -63,3 +63,29 @@ def check_chunks(
         allowed = [value_of(last[c])] if c in last else [np.zeros(chunk, dtype=data.dtype)]
         allowed += [value_of(s) for s in in_flight if chunk_of(s) == c and s > last.get(c, -1)]
         assert any(np.array_equal(got, a) for a in allowed), f"chunk {c} holds {got[:3]}...: acknowledged write lost or torn"
+
+
+def write_and_ack(
+    z: Any,
+    acks: Path,
+    first_seq: int,
+    seconds: float,
+    chunk_of: Callable[[int], int],
+    value_of: Callable[[int], np.ndarray],
+    before: Callable[[], None] | None = None,
+) -> None:
+    """The child's loop: write chunk ``chunk_of(seq)`` of the 1-d array ``z`` for ``seconds`` (bounded),
+    appending each acknowledged ``seq`` to ``acks`` with an fsync. ``before`` runs once after ``acks``
+    is open (e.g. to install a fault injector)."""
+    chunk = z.chunks[0]
+    fd = os.open(acks, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    if before is not None:
+        before()
+    deadline = time.monotonic() + seconds
+    for seq in range(first_seq, first_seq + 100000):
+        if time.monotonic() > deadline:
+            break
+        c = chunk_of(seq)
+        z[c * chunk : (c + 1) * chunk] = value_of(seq)
+        os.write(fd, f"{seq}\n".encode())
+        os.fsync(fd)

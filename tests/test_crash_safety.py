@@ -25,7 +25,7 @@ import numcodecs
 import numpy as np
 import pytest
 import zarr
-from kill_harness import acked_seqs, check_chunks, run_and_kill
+from kill_harness import acked_seqs, check_chunks, run_and_kill, write_and_ack
 
 from shardkv import ShardedStore
 from shardkv.engine.verify import find_stale_temporaries, remove_stale_temporaries, verify_store
@@ -92,17 +92,7 @@ class KillingWrites:
 def writer(root: Path, strategy: str, acks: Path, first_seq: int, killer: KillingWrites | None) -> None:
     """The killed child: write chunks (bounded), logging each acknowledged seq."""
     z = zarr.open_array(open_store(root, strategy), mode="r+")
-    fd = os.open(acks, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    if killer is not None:
-        killer.install()
-    deadline = time.monotonic() + 5.0
-    for seq in range(first_seq, first_seq + 100000):
-        if time.monotonic() > deadline:
-            break
-        c = chunk_of(seq)
-        z[c * CHUNK : (c + 1) * CHUNK] = value_of(seq)
-        os.write(fd, f"{seq}\n".encode())
-        os.fsync(fd)
+    write_and_ack(z, acks, first_seq, 5.0, chunk_of, value_of, None if killer is None else killer.install)
 
 
 

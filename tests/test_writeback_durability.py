@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pytest
 import zarr
-from kill_harness import acked_seqs, check_chunks, run_and_kill
+from kill_harness import acked_seqs, check_chunks, run_and_kill, write_and_ack
 
 from shardkv import ShardedStore
 from shardkv.engine.journal import Journal
@@ -162,15 +162,7 @@ def create(root: Path) -> None:
 def writer(root: Path, journal: Path | None, acks: Path, first_seq: int, seconds: float) -> None:
     """The child: write chunks through the journalled store, logging each acknowledged seq (fsync'd)."""
     z = zarr.open_array(open_journalled(root, journal), mode="r+")
-    fd = os.open(acks, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    deadline = time.monotonic() + seconds
-    for seq in range(first_seq, first_seq + 100000):
-        if time.monotonic() > deadline:
-            break
-        c = chunk_of(seq)
-        z[c * CHUNK : (c + 1) * CHUNK] = value_of(seq)
-        os.write(fd, f"{seq}\n".encode())
-        os.fsync(fd)
+    write_and_ack(z, acks, first_seq, seconds, chunk_of, value_of)
 
 
 
