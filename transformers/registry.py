@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from shardkv.errors import ConfigurationError, UnknownStorageTransformerError, UnsupportedError
+from shardkv.errors import ConfigurationError, UnknownStorageTransformerError
 
 from .api import AbstractStore
 from .sharding import ShardingStorageTransformer
