@@ -25,11 +25,12 @@ from typing import Any, Mapping
 from shardkv.keys.encodings import V2ChunkKeyEncoding
 from shardkv.metadata.hierarchy import ZARR_JSON, group_document, with_consolidated_metadata
 from shardkv.metadata.v3_view import (
-    V2_FILL_FIELD,
     V3View,
     _inner_codecs,
     _numpy_dtype,
     _v3_fill_value,
+    dimension_names_of,
+    mark_null_fill,
     v2_dimension_separator,
     v3_data_type,
 )
@@ -79,13 +80,11 @@ def v3_view_of_unsharded_v2(zarray: Mapping[str, Any], zattrs: Mapping[str, Any]
         "codecs": codecs,
         "attributes": dict(zattrs or {}),
     }
-    names = metadata["attributes"].pop("_ARRAY_DIMENSIONS", None)
-    if isinstance(names, list) and len(names) == len(shape) and all(isinstance(n, str) for n in names):
+    names = dimension_names_of(metadata["attributes"].get("_ARRAY_DIMENSIONS"), len(shape))
+    if names is not None:  # a malformed one stays an attribute
+        metadata["attributes"].pop("_ARRAY_DIMENSIONS")
         metadata["dimension_names"] = names
-    elif names is not None:
-        metadata["attributes"]["_ARRAY_DIMENSIONS"] = names
-    if zarray.get("fill_value") is None:
-        metadata[V2_FILL_FIELD] = {"must_understand": False, "fill_value": None}
+    mark_null_fill(metadata, zarray)
     return V3View(metadata, tuple(problems))
 
 

@@ -45,7 +45,7 @@ from typing import Any, Iterable, Mapping
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
 from shardkv.metadata.v2_view import v2_view_of_v3
-from shardkv.metadata.v3_view import sharding_spec_from_v3, v3_view_of_v2
+from shardkv.metadata.v3_view import dimension_names_of, sharding_spec_from_v3, v3_view_of_v2
 
 __all__ = [
     "ZARR_JSON",
@@ -133,9 +133,10 @@ def array_document(zarray: Mapping[str, Any], zattrs: Mapping[str, Any] | None, 
     if zarray.get("dimension_separator") is None:  # the v2 default, unnamed: zarr 2 leaves it out of .zarray
         doc["chunk_key_encoding"] = {"name": "v2"}  # separator "." by default (v3 core, chunk_key_encoding)
     if names is not None:
-        if not isinstance(names, list) or len(names) != len(doc["shape"]) or not all(isinstance(n, str) for n in names):
+        dimension_names = dimension_names_of(names, len(doc["shape"]))
+        if dimension_names is None:
             raise ConfigurationError(f"{_DIMENSIONS} must be one string per dimension, got {names!r}")
-        doc["dimension_names"] = list(names)
+        doc["dimension_names"] = dimension_names
     return doc
 
 
@@ -208,8 +209,8 @@ def plan_attributes(path: str, stored: Mapping[str, Any], zattrs: Mapping[str, A
         names = attrs.pop(_DIMENSIONS, None)
         if names is None:
             doc.pop("dimension_names", None)
-        elif isinstance(names, list) and len(names) == len(doc["shape"]) and all(isinstance(n, str) for n in names):
-            doc["dimension_names"] = list(names)
+        elif (dimension_names := dimension_names_of(names, len(doc["shape"]))) is not None:
+            doc["dimension_names"] = dimension_names
         else:
             raise ConfigurationError(f"{_DIMENSIONS} must be one string per dimension, got {names!r}", path)
     doc["attributes"] = attrs

@@ -326,10 +326,26 @@ def v3_view_of_v2(
         ],
         "attributes": dict(zattrs or {}),
     }
-    if zarray.get("fill_value") is None and not opaque:
-        # v3 has no null fill: the type's zero stands for it, and this marker brings null back
-        metadata[V2_FILL_FIELD] = {"must_understand": False, "fill_value": None}
+    if not opaque:
+        mark_null_fill(metadata, zarray)
     return V3View(metadata, tuple(problems))
+
+
+def mark_null_fill(metadata: dict[str, Any], zarray: Mapping[str, Any]) -> None:
+    """Add the :data:`V2_FILL_FIELD` marker to a v3 array document when the v2 ``fill_value`` is null.
+
+    v3 has no null fill: the type's zero stands for it, and the marker (which
+    v3 readers skip, ``must_understand: false``) brings null back to zarr 2.
+    """
+    if zarray.get("fill_value") is None:
+        metadata[V2_FILL_FIELD] = {"must_understand": False, "fill_value": None}
+
+
+def dimension_names_of(names: Any, ndim: int) -> list[str] | None:
+    """xarray's v2 ``_ARRAY_DIMENSIONS`` attribute as v3 ``dimension_names``, or ``None`` if it is not one str per dimension."""
+    if isinstance(names, list) and len(names) == ndim and all(isinstance(n, str) for n in names):
+        return list(names)
+    return None
 
 
 # -- v3 -> sharding spec ---------------------------------------------------
