@@ -37,7 +37,7 @@ import hashlib
 import os
 import threading
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Hashable, Mapping, MutableMapping
+from typing import Any, Callable, Hashable, Mapping, MutableMapping, Sequence
 
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.adapters import FSMapAdapter, MappingAdapter
@@ -107,6 +107,37 @@ class ConditionalStore(ABC):
     """
 
     location: StoreLocation | None = None
+    remote: bool = False
+    """True when processes other than this one can change the data (object stores): readers
+    must then check generations (``read_many_if_generation``) between an index read and
+    its chunk reads. False for the in-process emulation."""
+    supports_conditional_delete: bool = True
+    """False when the store cannot delete only-if-unchanged: the engine then stores an
+    empty shard (an index with every entry missing) by :meth:`swap` instead of deleting."""
+
+    def read_many_with_generation(
+        self, requests: Sequence[tuple[str, ByteRange | None]]
+    ) -> list[tuple[bytes | None, Generation]]:
+        """:meth:`read_with_generation` of every ``(key, byte_range)``, in order (concurrent where the store can).
+
+        Raises
+        ------
+        OSError
+            Errors of the store other than "not found".
+        """
+        return [self.read_with_generation(key, byte_range) for key, byte_range in requests]
+
+    def read_many_if_generation(
+        self, requests: Sequence[tuple[str, ByteRange | None, Generation]]
+    ) -> list[tuple[bool, bytes | None]]:
+        """:meth:`read_if_generation` of every ``(key, byte_range, expected)``, in order.
+
+        Raises
+        ------
+        OSError
+            Errors of the store other than a changed or missing value.
+        """
+        return [self.read_if_generation(key, byte_range, expected) for key, byte_range, expected in requests]
 
     @abstractmethod
     def read_with_generation(self, key: str, byte_range: ByteRange | None = None) -> tuple[bytes | None, Generation]:
@@ -315,6 +346,8 @@ class S3Conditional(ConditionalStore):
     ``IfMatch`` / ``IfNoneMatch`` returns the new ETag. Whole-object writes
     only (no multipart upload): S3 allows up to 5 GiB per ``PutObject``.
     """
+
+    remote = True
 
     def __init__(self, fs: Any, root: str) -> None:
         from fsspec.asyn import sync  # fsspec is a core dependency; s3fs is not
