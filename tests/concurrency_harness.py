@@ -109,6 +109,7 @@ def _writer(
     options: dict,
     barrier: Any,
     errors: Any,
+    array_path: str = "",
 ) -> None:
     try:
         import zarr
@@ -116,7 +117,7 @@ def _writer(
         from shardkv import ShardedStore
 
         store = ShardedStore(path, **options)
-        arr = zarr.open_array(store=store, mode="r+")
+        arr = zarr.open_array(store=store, path=array_path or None, mode="r+")
         barrier.wait(30)
         for c in range(worker, n_chunks, n_workers):  # chunk c belongs to worker c % n_workers
             arr[c * chunk_len : (c + 1) * chunk_len] = _chunk_value(c, chunk_len)
@@ -135,6 +136,7 @@ def run_sharded_writers(
     write_strategy: str = "rewrite",
     concurrency: str = "auto",
     timeout: float = JOIN_TIMEOUT_S,
+    views: tuple[tuple[str, str], ...] = (),
 ) -> LostUpdates:
     """``n_procs`` spawned processes, one ``ShardedStore`` each, write disjoint chunks of one array.
 
@@ -143,21 +145,29 @@ def run_sharded_writers(
     store reads the array back and counts the chunks that do not hold what
     their writer wrote (lost updates). Errors in the children (a
     ``CorruptShardError``, say) are returned, not raised.
+
+    ``views``: ``(store root, array path)`` pairs that all name one array,
+    given to the workers in turn (default: the array at the root of ``path``);
+    the array is created through the first.
     """
     import zarr
 
     from shardkv import ShardedStore
 
+    views = views or ((path, ""),)
     options = {"chunks_per_shard": chunks_per_shard, "write_strategy": write_strategy, "concurrency": concurrency}
-    setup = ShardedStore(path, **options)
-    zarr.open_array(store=setup, mode="w", shape=(n_chunks * chunk_len,), chunks=(chunk_len,), dtype="i4", fill_value=0)
+    setup = ShardedStore(views[0][0], **options)
+    zarr.open_array(
+        store=setup, path=views[0][1] or None, mode="w", shape=(n_chunks * chunk_len,), chunks=(chunk_len,),
+        dtype="i4", fill_value=0,
+    )
     setup.close()
     barrier = SPAWN.Barrier(n_procs)
     errors = SPAWN.Queue()
     procs = [
         SPAWN.Process(
             target=_writer,
-            args=(path, w, n_procs, n_chunks, chunk_len, options, barrier, errors),
+            args=(views[w % len(views)][0], w, n_procs, n_chunks, chunk_len, options, barrier, errors, views[w % len(views)][1]),
             name=f"writer-{w}",
         )
         for w in range(n_procs)
@@ -168,9 +178,9 @@ def run_sharded_writers(
     child_errors = []
     while not errors.empty() and len(child_errors) < n_procs:
         child_errors.append(errors.get(timeout=5))
-    check = ShardedStore(path, **options)
+    check = ShardedStore(views[0][0], **options)
     try:
-        data = zarr.open_array(store=check, mode="r")[:]
+        data = zarr.open_array(store=check, path=views[0][1] or None, mode="r")[:]
     except Exception as exc:  # a torn shard is a finding, not a harness failure
         return LostUpdates(n_chunks, n_chunks, (*child_errors, f"reading back: {exc!r}"))
     lost = sum(

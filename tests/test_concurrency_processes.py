@@ -18,7 +18,7 @@ import pytest
 from concurrency_harness import local_cluster, moto_s3, run_sharded_writers  # noqa: F401  (fixtures)
 
 from shardkv import ShardedStore
-from shardkv.engine.locks import ShardLocks
+from shardkv.engine.locks import LOCK_DIR, ShardLocks
 from shardkv.engine.picklable import reduce_sharded_store, sharded_store_options
 from shardkv.errors import UnflushedWritesError
 from shardkv.format.ranges import ReadPolicy
@@ -37,6 +37,18 @@ def test_four_processes_writing_disjoint_chunks_lose_nothing(tmp_path, write_str
     )
     assert result.child_errors == ()
     assert result.lost == 0, f"{result.lost} of {result.total} chunk updates lost"
+
+
+def test_writers_that_open_the_hierarchy_at_different_roots_lose_nothing(tmp_path) -> None:
+    # two workers open the store at the hierarchy's root, two at its group: a shard has one lock file
+    root = tmp_path / "nested.zarr"
+    zarr.group(store=ShardedStore(str(root)), path="g")
+    views = ((str(root), "g/arr"), (str(root / "g"), "arr"))
+    found = run_sharded_writers(str(root), n_procs=4, n_chunks=128, views=views)
+    assert found.child_errors == ()
+    assert found.lost == 0, f"{found.lost} of {found.total} chunk updates lost"
+    assert sorted(os.listdir(root / LOCK_DIR))  # the hierarchy's lock files, at its top ...
+    assert not (root / "g" / LOCK_DIR).exists() and not (root / "g" / "arr" / LOCK_DIR).exists()  # ... only
 
 
 def test_adapters_pickle_to_the_same_location(tmp_path) -> None:

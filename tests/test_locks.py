@@ -131,6 +131,30 @@ def test_lock_files_are_bounded_and_never_listed(tmp_path) -> None:
     assert locks.remove_lock_files() >= 1 and not lock_dir.exists()
 
 
+def test_stores_opened_below_the_top_of_a_hierarchy_take_its_lock_files(tmp_path) -> None:
+    top = tmp_path / "h.zarr"
+    (top / "g" / "arr").mkdir(parents=True)
+    at_group = ShardLocks.for_adapter(_local(str(top / "g")), file_stripes=16)
+    assert at_group.lock_dir == str(top / "g" / LOCK_DIR)  # no group above yet: its own root
+    (top / "g" / "zarr.json").write_text("{}")
+    assert at_group.lock_dir == str(top / "g" / LOCK_DIR)  # still: the parent is no group
+    (top / "zarr.json").write_text("{}")  # now the parent is a group: the top moves up
+    at_top = ShardLocks.for_adapter(_local(str(top)), file_stripes=16)
+    at_array = ShardLocks.for_adapter(_local(str(top / "g" / "arr")), file_stripes=16)
+    assert at_group.lock_dir == at_top.lock_dir == at_array.lock_dir == str(top / LOCK_DIR)
+    for i in range(20):  # one shard, one stripe, from every root
+        assert at_top.file_stripes_of([f"g/arr/c/{i}"]) == at_group.file_stripes_of([f"arr/c/{i}"])
+        assert at_top.file_stripes_of([f"g/arr/c/{i}"]) == at_array.file_stripes_of([f"c/{i}"])
+    with at_array.hold(["c/0"]):
+        pass
+    assert (top / LOCK_DIR).is_dir() and not (top / "g" / "arr" / LOCK_DIR).exists()
+    (top / "zarr.json").unlink()
+    (top / ".zgroup").write_text("{}")  # a zarr 2 group counts as well
+    assert at_array.lock_dir == str(top / LOCK_DIR)
+    pinned = ShardLocks.for_adapter(_local(str(top / "g")), lock_root=str(top / "g"))
+    assert pinned.lock_dir == os.path.join(os.path.realpath(top / "g"), LOCK_DIR)  # lock_root is taken as given
+
+
 def test_cross_process_needs_a_directory() -> None:
     with pytest.raises(ConfigurationError, match="directory for lock files"):
         ShardLocks(StoreLocation(("s3", None), "bucket/data"), cross_process=True)

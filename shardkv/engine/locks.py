@@ -15,10 +15,17 @@ Two layers, taken in this order:
    bounded whatever the number of stores, locations or shards.
 2. **Across processes** (local and network file systems, the default where the
    location has a ``local_dir``): one ``filelock.FileLock`` per *file stripe*,
-   lock files ``<root>/.shardkv-locks/<stripe>.lock`` (``file_stripes`` files at
-   most per store, never listed by the store adapters). The stripe is chosen by
-   a stable hash of the key relative to the root, so processes that mount the
-   directory at different paths agree.
+   lock files ``<top>/.shardkv-locks/<stripe>.lock`` (``file_stripes`` files at
+   most per hierarchy, never listed by the store adapters). ``<top>`` is the
+   top of the Zarr hierarchy the store root belongs to: the root itself, or
+   the highest directory reached by going up through parents that are Zarr
+   groups (hold a ``zarr.json`` or ``.zgroup``), looked up at every
+   :meth:`ShardLocks.hold`. The stripe is chosen by a stable hash of the shard
+   key relative to ``<top>``. So stores opened at different roots of one
+   hierarchy (``/data`` and ``/data/group``) take the same lock file for a
+   shard, and so do processes that mount the directory at different paths.
+   Lock files stay out of the arrays' own directories, which other readers
+   (zarr 2.18's transformer) list.
 
 Why stripes are safe: a stripe lock covers a fixed set of shards, and every
 writer of a shard takes the stripe of that shard, so two writers of one shard
@@ -59,13 +66,34 @@ from shardkv.errors import ConfigurationError, LockTimeoutError
 from shardkv.storage.adapters import LOCK_DIR
 from shardkv.storage.location import StoreLocation, location_of
 
-__all__ = ["ShardLocks", "LOCK_DIR", "stripe_of", "DEFAULT_THREAD_STRIPES", "DEFAULT_FILE_STRIPES"]
+__all__ = ["ShardLocks", "LOCK_DIR", "stripe_of", "hierarchy_top", "DEFAULT_THREAD_STRIPES", "DEFAULT_FILE_STRIPES"]
 
 DEFAULT_THREAD_STRIPES = 1024
 """Thread lock stripes per location namespace (bytes of memory: about 100 per lock)."""
 
 DEFAULT_FILE_STRIPES = 64
-"""Lock files per store root (empty files in ``<root>/.shardkv-locks/``)."""
+"""Lock files per hierarchy (empty files in ``<top>/.shardkv-locks/``)."""
+
+_GROUP_MARKERS = ("zarr.json", ".zgroup")
+"""A directory holding one of these is a Zarr group: a store root below it shares its locks."""
+_MAX_DEPTH = 64  # parents looked at, at most
+
+
+def hierarchy_top(root: str) -> tuple[str, str]:
+    """The top directory of the Zarr hierarchy ``root`` belongs to, and ``root``'s key prefix under it.
+
+    Goes up from ``root`` while the parent is a Zarr group (holds a
+    ``zarr.json`` or ``.zgroup``). Returns ``(top, prefix)`` with ``prefix``
+    ``""`` when ``root`` is the top, else ``"group/sub/"``.
+    """
+    top = os.path.abspath(root)
+    for _ in range(_MAX_DEPTH):
+        parent = os.path.dirname(top)
+        if parent == top or not any(os.path.isfile(os.path.join(parent, m)) for m in _GROUP_MARKERS):
+            break
+        top = parent
+    rel = os.path.relpath(os.path.abspath(root), top)
+    return top, "" if rel == "." else rel.replace(os.sep, "/") + "/"
 
 
 def stripe_of(path: str, n_stripes: int) -> int:
@@ -147,8 +175,9 @@ class ShardLocks:
     file_stripes : int
         Number of lock files (stripes) in the store's lock directory.
     lock_root : str or None
-        Directory that holds ``.shardkv-locks/`` (default: the store root).
-        Every process must use the same one.
+        Directory that holds ``.shardkv-locks/`` (default: the top of the
+        hierarchy the store root belongs to, :func:`hierarchy_top`); shard
+        keys are then hashed as given. Every process must use the same one.
     timeout : float or None
         Longest wait (seconds) for each lock; ``None`` waits as long as it takes.
 
@@ -191,7 +220,7 @@ class ShardLocks:
         self.file_stripes = int(file_stripes)
         self.lock_root = lock_root
         self.timeout = timeout
-        self.lock_dir = os.path.join(os.path.abspath(root_dir), LOCK_DIR) if self.cross_process else None  # type: ignore[arg-type]
+        self._root_dir = os.path.abspath(root_dir) if self.cross_process else None  # type: ignore[arg-type]
         self._prefix = f"{location.namespace!r}\0" if location is not None else ""
         self._private_pool = [threading.Lock() for _ in range(thread_stripes)] if location is None else None
 
@@ -214,6 +243,20 @@ class ShardLocks:
             ),
         )
 
+    @property
+    def lock_dir(self) -> str | None:
+        """The directory of the lock files (looked up now: the hierarchy may have grown), or ``None``."""
+        home = self._lock_home()
+        return None if home is None else os.path.join(home[0], LOCK_DIR)
+
+    def _lock_home(self) -> tuple[str, str] | None:
+        """``(directory holding .shardkv-locks, prefix of the store root's keys there)``; ``None`` without files."""
+        if self._root_dir is None:
+            return None
+        if self.lock_root is not None:
+            return self._root_dir, ""
+        return hierarchy_top(self._root_dir)
+
     def __repr__(self) -> str:
         layer = f"files in {self.lock_dir!r}" if self.cross_process else "this process only"
         return f"ShardLocks({self.location!r}, {layer})"
@@ -227,11 +270,17 @@ class ShardLocks:
             return sorted({stripe_of(k, self.thread_stripes) for k in shard_keys})
         return sorted({stripe_of(self._prefix + location.full_path(k), self.thread_stripes) for k in shard_keys})
 
-    def file_stripes_of(self, shard_keys: Iterable[str]) -> list[int]:
-        """Ascending distinct lock-file stripes of the shards (by key relative to the root); [] without files."""
+    def file_stripes_of(self, shard_keys: Iterable[str], prefix: str | None = None) -> list[int]:
+        """Ascending distinct lock-file stripes of the shards (by key relative to the hierarchy's top); [] without files.
+
+        ``prefix``: the store root's key prefix under the top (looked up when ``None``).
+        """
         if not self.cross_process:
             return []
-        return sorted({stripe_of(k, self.file_stripes) for k in shard_keys})
+        if prefix is None:
+            home = self._lock_home()
+            prefix = "" if home is None else home[1]
+        return sorted({stripe_of(prefix + k, self.file_stripes) for k in shard_keys})
 
     def _pool(self) -> list[threading.Lock]:
         if self._private_pool is not None:
@@ -263,11 +312,12 @@ class ShardLocks:
                 if not lock.acquire(timeout=-1 if self.timeout is None else self.timeout):
                     raise LockTimeoutError(f"thread stripe {stripe} of {self.location!r}", self.timeout or 0.0)
                 stack.callback(lock.release)
-            stripes = self.file_stripes_of(keys)
-            if stripes and self.lock_dir is not None:
-                os.makedirs(self.lock_dir, exist_ok=True)
-                for stripe in stripes:
-                    self._hold_file_stripe(stack, self.lock_dir, stripe)
+            home = self._lock_home() if keys else None
+            if home is not None:
+                lock_dir = os.path.join(home[0], LOCK_DIR)
+                os.makedirs(lock_dir, exist_ok=True)
+                for stripe in self.file_stripes_of(keys, home[1]):
+                    self._hold_file_stripe(stack, lock_dir, stripe)
             yield
 
     def _hold_file_stripe(self, stack: ExitStack, lock_dir: str, stripe: int) -> None:
@@ -289,18 +339,19 @@ class ShardLocks:
         Only safe when no process uses the store: a writer that still holds or
         is about to open a lock file would no longer exclude the others.
         """
-        if self.lock_dir is None or not os.path.isdir(self.lock_dir):
+        lock_dir = self.lock_dir
+        if lock_dir is None or not os.path.isdir(lock_dir):
             return 0
         removed = 0
-        for name in os.listdir(self.lock_dir):
+        for name in os.listdir(lock_dir):
             if name.endswith(".lock"):
                 try:
-                    os.remove(os.path.join(self.lock_dir, name))
+                    os.remove(os.path.join(lock_dir, name))
                     removed += 1
                 except FileNotFoundError:
                     continue
         try:
-            os.rmdir(self.lock_dir)
+            os.rmdir(lock_dir)
         except OSError:
             pass  # something else lives there: leave it
         return removed
