@@ -18,6 +18,8 @@ only in write-through mode, next to a shard read and a shard write.
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import warnings
 from typing import Any, Mapping
@@ -77,11 +79,32 @@ class WriteAdvisor:
                 if count < self.threshold or path in self._warned:
                     continue
                 self._warned.add(path)
-            warnings.warn(PartialShardWriteWarning(_message(arr, count), path, count), stacklevel=4)
+            warnings.warn(PartialShardWriteWarning(_message(arr, count), path, count), stacklevel=_caller_level())
 
     def rewrites(self, path: str) -> int:
         """Partial-shard rewrites counted so far for the array at ``path`` (counting stops after the warning)."""
         return self._counts.get(path, 0)
+
+
+def _caller_level(limit: int = 64) -> int:
+    """The ``stacklevel`` of the first frame outside shardkv and zarr: the warning names the user's line.
+
+    Counted from the caller of :func:`warnings.warn` (level 1 is the frame that warns); a frame
+    limit keeps the walk bounded.
+    """
+    dirs = tuple(
+        os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+        for m in (sys.modules.get("shardkv"), sys.modules.get("zarr"))
+        if m is not None and getattr(m, "__file__", None)
+    )
+    frame = sys._getframe(2)  # the frame that called warn's caller
+    level = 2
+    while frame is not None and level < limit:
+        if not os.path.abspath(frame.f_code.co_filename).startswith(dirs):
+            return level
+        frame = frame.f_back
+        level += 1
+    return 1
 
 
 def _message(arr: Any, count: int) -> str:
