@@ -155,6 +155,19 @@ def test_stores_opened_below_the_top_of_a_hierarchy_take_its_lock_files(tmp_path
     assert pinned.lock_dir == os.path.join(os.path.realpath(top / "g"), LOCK_DIR)  # lock_root is taken as given
 
 
+def test_deleting_everything_keeps_the_lock_files(tmp_path) -> None:
+    # zarr's mode="w" at the root deletes every key; a writer elsewhere may hold a lock file meanwhile
+    from shardkv import ShardedStore
+
+    zarr = pytest.importorskip("zarr")
+    store = ShardedStore(str(tmp_path), chunks_per_shard=2)
+    z = zarr.open_array(store=store, mode="w", path="a", shape=(8,), chunks=(2,), dtype="i4")
+    z[:] = 1
+    assert (tmp_path / LOCK_DIR).is_dir()
+    store.rmdir("")
+    assert os.listdir(tmp_path) == [LOCK_DIR] and list(store) == []
+
+
 def test_cross_process_needs_a_directory() -> None:
     with pytest.raises(ConfigurationError, match="directory for lock files"):
         ShardLocks(StoreLocation(("s3", None), "bucket/data"), cross_process=True)

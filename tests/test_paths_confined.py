@@ -133,6 +133,7 @@ def test_good_paths_still_work_on_both_proxies(outer: Path) -> None:
     assert st.getsize("a/") == st.getsize("a") > 0
     st.rename("a/", "b")
     assert np.array_equal(zarr.open_array(st, mode="r", path="b")[:], np.arange(64).reshape(8, 8))
+    assert not (outer / "store" / "a").exists()  # no empty directory left behind
     st.rmdir("b/")
     assert "b" not in st.listdir() and (outer / "precious").exists()
     draft = draft_store(outer)

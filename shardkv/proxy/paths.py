@@ -115,4 +115,6 @@ class PathMethods:
         keys = list(stored.iter_keys(path_prefix(src)))
         stored.set_many({dst + k[len(src) :]: stored.get(k) for k in keys})
         stored.delete_many(keys)
+        if src and keys and not any(True for _ in stored.iter_keys(path_prefix(src))):
+            stored.rmdir(src)  # the emptied directories too (local files), as zarr 2's own rename leaves none
         self.refresh()

@@ -22,7 +22,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.mapping import FSMap
 
 from shardkv.format.ranges import ByteRange
-from shardkv.storage.base import TEMP_MARKER, StoreAdapter
+from shardkv.storage.base import LOCK_DIR, TEMP_MARKER, StoreAdapter
 from shardkv.storage.base import hidden as _hidden
 from shardkv.storage.buffers import (
     Value,
@@ -401,9 +401,10 @@ class FSMapAdapter(StoreAdapter):
         try:
             if path:
                 self.fs.rm(target, recursive=True)
-            else:
+            else:  # everything but the lock files, which writers in other processes may hold
                 for child in self.fs.ls(target, detail=False):
-                    self.fs.rm(child, recursive=True)
+                    if child.rstrip("/").rsplit("/", 1)[-1] != LOCK_DIR:
+                        self.fs.rm(child, recursive=True)
         except self.missing_exceptions:
             return
 
