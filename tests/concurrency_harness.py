@@ -134,6 +134,7 @@ def run_sharded_writers(
     chunks_per_shard: int = 16,
     write_strategy: str = "rewrite",
     concurrency: str = "auto",
+    storage_options: dict | None = None,
     timeout: float = JOIN_TIMEOUT_S,
 ) -> LostUpdates:
     """``n_procs`` spawned processes, one ``ShardedStore`` each, write disjoint chunks of one array.
@@ -142,13 +143,17 @@ def run_sharded_writers(
     per call, so every shard is updated by every worker. Afterwards a fresh
     store reads the array back and counts the chunks that do not hold what
     their writer wrote (lost updates). Errors in the children (a
-    ``CorruptShardError``, say) are returned, not raised.
+    ``CorruptShardError``, say) are returned, not raised. ``storage_options``
+    go to every ``ShardedStore`` (``{"client": "obstore", ...}`` opens
+    ``path`` with obstore).
     """
     import zarr
 
     from shardkv import ShardedStore
 
     options = {"chunks_per_shard": chunks_per_shard, "write_strategy": write_strategy, "concurrency": concurrency}
+    if storage_options is not None:
+        options["storage_options"] = dict(storage_options)
     setup = ShardedStore(path, **options)
     zarr.open_array(store=setup, mode="w", shape=(n_chunks * chunk_len,), chunks=(chunk_len,), dtype="i4", fill_value=0)
     setup.close()
