@@ -91,6 +91,9 @@ def test_conditional_reads_and_swaps_refuse_a_changed_value(moto_s3) -> None:  #
     assert cond.swap("k", b"stale", first) == (False, None)  # If-Match on the old ETag: 412
     ok, data = cond.read_if_generation("k", ByteRange(0, 2), second)
     assert ok and bytes(data) == b"tw"
+    for empty in (ByteRange(1, 1), ByteRange(5, 9)):  # a HEAD-like GET; a range past the end
+        ok, data = cond.read_if_generation("k", empty, second)
+        assert ok and bytes(data) == b"", empty
     assert cond.read_if_generation("k", None, first) == (False, None)
     assert cond.read_if_generation("gone", None, first) == (False, None)
     assert cond.read_if_generation("k", None, None) == (False, None)
@@ -140,6 +143,8 @@ def test_adapters_of_one_bucket_and_prefix_share_a_location(moto_s3, tmp_path) -
     assert bytes(clone.get("k")) == b"v"
     cond = pickle.loads(pickle.dumps(conditional_store_for(a)))
     assert isinstance(cond, ObstoreConditional) and bytes(cond.read_with_generation("k")[0]) == b"v"
+    store = pickle.loads(pickle.dumps(ShardedStore(_s3(moto_s3, prefix))))  # a dask task's copy
+    assert store._io.plan.mode == "conditional" and location_of(store._io.base) == a.location
     local = ObstoreAdapter(obstore_store.LocalStore(str(tmp_path)))
     assert local.location == location_of(adapt(str(tmp_path)))  # the same lock files as fsspec writers
 
