@@ -135,6 +135,7 @@ def run_sharded_writers(
     chunks_per_shard: int = 16,
     write_strategy: str = "rewrite",
     concurrency: str = "auto",
+    storage_options: dict | None = None,
     timeout: float = JOIN_TIMEOUT_S,
     views: tuple[tuple[str, str], ...] = (),
 ) -> LostUpdates:
@@ -144,7 +145,9 @@ def run_sharded_writers(
     per call, so every shard is updated by every worker. Afterwards a fresh
     store reads the array back and counts the chunks that do not hold what
     their writer wrote (lost updates). Errors in the children (a
-    ``CorruptShardError``, say) are returned, not raised.
+    ``CorruptShardError``, say) are returned, not raised. ``storage_options``
+    go to every ``ShardedStore`` (``{"client": "obstore", ...}`` opens
+    ``path`` with obstore).
 
     ``views``: ``(store root, array path)`` pairs that all name one array,
     given to the workers in turn (default: the array at the root of ``path``);
@@ -156,6 +159,8 @@ def run_sharded_writers(
 
     views = views or ((path, ""),)
     options = {"chunks_per_shard": chunks_per_shard, "write_strategy": write_strategy, "concurrency": concurrency}
+    if storage_options is not None:
+        options["storage_options"] = dict(storage_options)
     setup = ShardedStore(views[0][0], **options)
     zarr.open_array(
         store=setup, path=views[0][1] or None, mode="w", shape=(n_chunks * chunk_len,), chunks=(chunk_len,),

@@ -23,13 +23,12 @@ from shardkv.engine.retry import Backoff, RetryStats, update_with_retry
 from shardkv.errors import ConcurrentUpdateError, ShardKVError
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.adapters import FSMapAdapter, MappingAdapter, adapt
+from shardkv.storage.choose_conditional import conditional_store_for, supports_conditional_writes
 from shardkv.storage.conditional import (
     ConditionalStore,
     InProcessConditional,
     S3Conditional,
-    conditional_store_for,
     is_precondition_failure,
-    supports_conditional_writes,
 )
 
 NO_WAIT = Backoff(initial=0.0, maximum=0.0, jitter=False)

@@ -21,7 +21,7 @@ from moto.server import ThreadedMotoServer
 from obstore.store import MemoryStore, S3Store
 
 from shardkv import ShardedStore
-from shardkv.errors import ConfigurationError, PreconditionFailedError
+from shardkv.errors import PreconditionFailedError
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.adapters import adapt
 from shardkv.storage.obstore_adapter import ObstoreAdapter, Version, is_obstore_store
@@ -165,9 +165,8 @@ def test_put_if_compare_and_swap(adapter: ObstoreAdapter) -> None:
 
 def test_zarr2_through_sharded_store(endpoint: str, bucket: str) -> None:
     data = np.arange(64 * 48, dtype="float32").reshape(64, 48)
-    with pytest.raises(ConfigurationError, match="concurrency="):  # neither lock files nor CAS wired for obstore
-        ShardedStore(s3_store(endpoint, bucket, "data.zarr"), chunks_per_shard=2)
-    store = ShardedStore(s3_store(endpoint, bucket, "data.zarr"), chunks_per_shard=2, concurrency="process")
+    store = ShardedStore(s3_store(endpoint, bucket, "data.zarr"), chunks_per_shard=2)
+    assert store._io.plan.mode == "conditional"  # compare-and-swap: tests/test_concurrency_obstore.py
     z = zarr.create(shape=data.shape, chunks=(16, 16), dtype="float32", store=store, path="arr")
     z[...] = data
     keys = sorted(ObstoreAdapter(s3_store(endpoint, bucket, "data.zarr")).iter_keys("arr/"))

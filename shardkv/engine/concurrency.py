@@ -8,12 +8,18 @@ how; what the user gets is never left implicit:
     In-process stripe locks plus lock files in ``<root>/.shardkv-locks/``
     (:class:`~shardkv.engine.locks.ShardLocks`): every writer of the
     directory, in any process (on any machine that mounts it with working
-    ``flock``), is excluded. Local and network file systems.
+    ``flock``), is excluded. Local and network file systems (obstore's
+    ``LocalStore`` too: it offers no conditional update).
 ``"conditional"``
     In-process stripe locks (so threads of one process do not race each
     other) plus compare-and-swap writes (:mod:`shardkv.storage.conditional`):
     a writer whose shard changed since it read it re-reads, re-merges and
-    retries. S3 (ETag, ``If-Match``), ``memory://`` and mappings (emulated:
+    retries. S3 through s3fs (ETag, ``If-Match``); obstore ``S3Store``,
+    ``GCSStore``, ``AzureStore`` and ``MemoryStore``
+    (:mod:`shardkv.storage.obstore_conditional`: ``PutMode`` puts; an
+    ``S3Store`` with ``conditional_put="disabled"`` is refused, never
+    downgraded; a shard emptied there stays as an empty shard object, obstore
+    having no conditional delete); ``memory://`` and mappings (emulated:
     writers in this process only).
 ``"process"``
     In-process stripe locks only: threads and stores of this process are
@@ -34,7 +40,8 @@ from typing import Any, Literal
 
 from shardkv.engine.locks import ShardLocks
 from shardkv.errors import ConfigurationError
-from shardkv.storage.conditional import ConditionalStore, conditional_store_for
+from shardkv.storage.choose_conditional import conditional_store_for
+from shardkv.storage.conditional import ConditionalStore
 from shardkv.storage.location import location_of
 
 __all__ = ["Concurrency", "ConcurrencyPlan", "plan_concurrency", "CONCURRENCY_MODES"]

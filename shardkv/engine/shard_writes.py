@@ -30,6 +30,18 @@ ShardErasures = Mapping[str, tuple[ShardedArray, tuple[int, ...], Iterable[tuple
 _WRITE_ATTEMPTS = 16  # compare-and-swap runs of one shard write, at most
 
 
+def _keeps_empty_shards(rw: Any) -> bool:
+    """True when ``rw`` writes conditionally but cannot delete conditionally (obstore).
+
+    An unconditional delete there could remove a concurrent writer's new
+    chunks, so a shard left with no chunk is stored as an *empty shard* (an
+    index with every entry missing, which zarr 3 and tensorstore read as fill
+    values) by a compare-and-swap write instead.
+    """
+    conditional = getattr(rw, "conditional", None)
+    return conditional is not None and not getattr(conditional, "supports_conditional_delete", True)
+
+
 class ShardWrites:
     """The write half of :class:`~shardkv.engine.planner.ShardIO` (a mixin: ``ShardIO`` holds the state)."""
 
@@ -75,7 +87,11 @@ class ShardWrites:
     def write_shards(self, by_shard: ShardUpdates) -> None:
         """Apply chunk updates grouped by shard: one batched read (partly covered shards), one batched write.
 
-        A shard left with no chunk is deleted. Chunks outside the chunk grid
+        A shard left with no chunk is deleted, except on stores without a
+        conditional delete (obstore) in ``"conditional"`` mode: there it is
+        stored as an empty shard (every index entry missing; listed chunk
+        keys: none; read: fill values), so a concurrent writer's chunks are
+        never deleted. Chunks outside the chunk grid
         are dropped (:func:`~shardkv.engine.merge.merge_chunks`). The shards'
         locks are held throughout; in ``"conditional"`` mode the write runs as
         a compare-and-swap transaction, re-run (up to 16 times) when another
@@ -120,8 +136,10 @@ class ShardWrites:
             chunks = merge_chunks(arr, coords, stored, updates)
             if chunks:
                 new_shards[shard_key], new_indexes[shard_key] = arr.layout.encode_shard_with_index(chunks, slack)
-            elif shard_key in old:
+            elif shard_key in old and not _keeps_empty_shards(rw):
                 empty.append(shard_key)
+            elif shard_key in old and stored:  # no conditional delete: an empty shard, swapped in
+                new_shards[shard_key], new_indexes[shard_key] = arr.layout.encode_shard_with_index({})
         for shard_key in by_shard:
             self.index_cache.discard(shard_key)
         try:

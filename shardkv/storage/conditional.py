@@ -26,8 +26,9 @@ interface; implementations:
   merge that is exactly right (what was merged is what is stored). Only
   writers in this process are covered.
 
-:func:`conditional_store_for` picks the implementation for an adapter (or
-``None``: local and network file systems use lock files instead, see
+:func:`shardkv.storage.choose_conditional.conditional_store_for` picks the
+implementation for an adapter (obstore stores: :mod:`shardkv.storage.obstore_conditional`;
+``None`` for local and network file systems, which use lock files instead, see
 :mod:`shardkv.engine.locks`).
 """
 
@@ -40,7 +41,6 @@ from abc import ABC, abstractmethod
 from typing import Any, Callable, Hashable, Mapping, MutableMapping, Sequence
 
 from shardkv.format.ranges import ByteRange
-from shardkv.storage.adapters import FSMapAdapter, MappingAdapter
 from shardkv.storage.location import StoreLocation, fs_location
 
 __all__ = [
@@ -48,8 +48,6 @@ __all__ = [
     "ConditionalStore",
     "S3Conditional",
     "InProcessConditional",
-    "conditional_store_for",
-    "supports_conditional_writes",
     "is_precondition_failure",
 ]
 
@@ -461,39 +459,3 @@ class S3Conditional(ConditionalStore):
         finally:
             self.fs.invalidate_cache(f"{bucket}/{object_key}")
         return True
-
-
-# -- choosing an implementation ------------------------------------------------------
-
-
-def conditional_store_for(adapter: Any) -> ConditionalStore | None:
-    """The :class:`ConditionalStore` for a store adapter, or ``None`` when the store offers none.
-
-    s3fs filesystems get :class:`S3Conditional`; fsspec ``memory://`` and plain
-    mappings get :class:`InProcessConditional`. Local and network file systems
-    get ``None`` (they use lock files, :class:`shardkv.engine.locks.ShardLocks`),
-    and so does every other store. Wrapping adapters (with an ``inner``
-    adapter) are looked through.
-    """
-    for _ in range(16):  # wrappers nest a few levels at most
-        if isinstance(adapter, (FSMapAdapter, MappingAdapter)):
-            break
-        adapter = getattr(adapter, "inner", None)
-        if adapter is None:
-            return None
-    if isinstance(adapter, MappingAdapter):
-        return InProcessConditional.for_mapping(adapter.mapping, adapter.location)
-    if not isinstance(adapter, FSMapAdapter):
-        return None
-    fs = adapter.fs
-    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    if "memory" in protocols:
-        return InProcessConditional.for_fs(fs, adapter.root, adapter.location)
-    if ("s3" in protocols or "s3a" in protocols) and hasattr(fs, "_call_s3"):
-        return S3Conditional(fs, adapter.root)
-    return None
-
-
-def supports_conditional_writes(adapter: Any) -> bool:
-    """True when :func:`conditional_store_for` gives a conditional store for ``adapter``."""
-    return conditional_store_for(adapter) is not None

@@ -16,7 +16,12 @@
   obstore as they are; it assembles the single PUT body itself.
 * :meth:`ObstoreAdapter.get_versioned` and :meth:`ObstoreAdapter.put_if` give
   compare-and-swap on one key (``PutMode``): create only if absent, or
-  replace only if the stored version is still the one read.
+  replace only if the stored version is still the one read; the engine's
+  shard transactions use :class:`shardkv.storage.obstore_conditional.ObstoreConditional`.
+* :attr:`ObstoreAdapter.location` names the data (bucket, prefix, endpoint),
+  so every adapter over it shares the in-process shard locks; an adapter
+  pickles as its store (S3, GCS, Azure, local stores pickle; ``MemoryStore``
+  does not).
 
 "Not found" (``obstore.exceptions.NotFoundError``) becomes ``KeyError``;
 other errors propagate. This module imports ``obstore`` only when an adapter
@@ -25,6 +30,7 @@ is made, so shardkv works without it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,10 +38,11 @@ from typing import Any
 
 from shardkv.errors import ConfigurationError, PreconditionFailedError
 from shardkv.format.ranges import ByteRange
-from shardkv.storage.base import TEMP_MARKER, StoreAdapter
+from shardkv.storage.base import StoreAdapter, hidden
 from shardkv.storage.buffers import Value, byte_parts
+from shardkv.storage.location import StoreLocation
 
-__all__ = ["ObstoreAdapter", "Version", "is_obstore_store", "from_url"]
+__all__ = ["ObstoreAdapter", "Version", "is_obstore_store", "from_url", "store_location"]
 
 _MAX_CONCURRENCY = 16  # requests in flight per batch
 
@@ -84,6 +91,29 @@ def from_url(url: str, options: Mapping[str, Any] | None = None) -> ObstoreAdapt
     return ObstoreAdapter(obstore_from_url(url, **dict(options or {})))
 
 
+def _root(*parts: Any) -> str:
+    return "/".join(str(p).strip("/") for p in parts if p and str(p).strip("/"))
+
+
+def store_location(store: Any) -> StoreLocation:
+    """The :class:`StoreLocation` of an obstore store object (see :attr:`ObstoreAdapter.location`)."""
+    kind = type(store).__name__
+    config = getattr(store, "config", None) or {}
+    prefix = getattr(store, "prefix", None)
+    if kind == "S3Store":
+        return StoreLocation(("s3", config.get("endpoint")), _root(config.get("bucket"), prefix))
+    if kind == "GCSStore":
+        return StoreLocation(("gs", None), _root(config.get("bucket"), prefix))
+    if kind == "AzureStore":
+        return StoreLocation(("az", config.get("account_name")), _root(config.get("container_name"), prefix))
+    if kind == "HTTPStore":
+        return StoreLocation(("http", str(getattr(store, "url", ""))), "")
+    if kind == "LocalStore":
+        real = os.path.realpath(str(prefix) if prefix else "/")
+        return StoreLocation(("file",), real, real)
+    return StoreLocation(("obstore", kind, id(store)), "")  # MemoryStore: this object's data
+
+
 def _obstore() -> Any:
     try:
         import obstore
@@ -124,6 +154,24 @@ class ObstoreAdapter(StoreAdapter):
         self._max_concurrency = max(1, int(max_concurrency))
         self.round_trips = type(store).__name__ not in ("MemoryStore", "LocalStore")  # an object store
         self._pool: ThreadPoolExecutor | None = None
+
+    # -- identity and pickling (issue 9) ------------------------------------------
+
+    @property
+    def location(self) -> StoreLocation:
+        """The data the store reaches, for shared locks (see :mod:`shardkv.storage.location`).
+
+        Object stores: ``("s3", endpoint)`` (as for s3fs, so s3fs and obstore
+        writers of one bucket in a process share locks), ``("gs", None)``,
+        ``("az", account)``, ``("http", url)``, with root ``bucket/prefix``.
+        ``LocalStore``: ``("file",)`` and the resolved directory (a
+        ``local_dir``: lock files work there). ``MemoryStore``: that store object.
+        """
+        return store_location(self.store)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the store pickles as its configuration (obstore >= 0.5); the pool and module are rebuilt
+        return (type(self), (self.store, self._max_concurrency))
 
     # -- concurrency ---------------------------------------------------------------
 
@@ -184,14 +232,14 @@ class ObstoreAdapter(StoreAdapter):
         for batch in self._obs.list(self.store, base or None):
             for meta in batch:
                 key = meta["path"]
-                if key.startswith(prefix) and TEMP_MARKER not in key:
+                if key.startswith(prefix) and not hidden(key):
                     yield key
 
     def list_dir(self, path: str = "") -> list[str]:
         result = self._obs.list_with_delimiter(self.store, path.strip("/") or None)
         names = {p.rstrip("/").rsplit("/", 1)[-1] for p in result["common_prefixes"]}
         names |= {m["path"].rsplit("/", 1)[-1] for m in result["objects"]}
-        return sorted(n for n in names if n and TEMP_MARKER not in n)
+        return sorted(n for n in names if n and not hidden(n))
 
     # -- writes --------------------------------------------------------------------
 

@@ -1,0 +1,259 @@
+"""Issue 9, item 3 on obstore stores: compare-and-swap shard writes against moto's S3 server.
+
+* :class:`ObstoreConditional` reads a value and its version in one GET,
+  reads only if unchanged (``If-Match``), and swaps with ``PutMode``;
+* ``concurrency="auto"`` gives ``"conditional"`` for an obstore ``S3Store``,
+  lock files for a ``LocalStore``, and refuses an ``S3Store`` whose
+  conditional puts are disabled;
+* a forced race is refused by the server and retried; spawned processes and
+  threads, each with its own store, writing disjoint chunks of shared shards
+  lose nothing;
+* a shard emptied by erasing stays as an empty shard object (obstore has no
+  conditional delete), so a concurrent writer's chunk is never deleted.
+
+Every loop is bounded in count and time; threads and processes are joined with a timeout.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import uuid
+
+import numpy as np
+import pytest
+from concurrency_harness import MotoS3, moto_s3, run_sharded_writers  # noqa: F401  (fixture)
+
+from shardkv import ShardedStore
+from shardkv.engine.concurrency import plan_concurrency
+from shardkv.errors import ConfigurationError
+from shardkv.format.index import EMPTY
+from shardkv.format.ranges import ByteRange
+from shardkv.storage.adapters import FSMapAdapter, adapt
+from shardkv.storage.choose_conditional import conditional_store_for
+from shardkv.storage.location import location_of
+from shardkv.storage.obstore_adapter import ObstoreAdapter, Version
+from shardkv.storage.obstore_conditional import ObstoreConditional
+
+zarr = pytest.importorskip("zarr")
+obstore_store = pytest.importorskip("obstore.store")
+if not zarr.__version__.startswith("2."):
+    pytest.skip("zarr-python 2 only", allow_module_level=True)
+
+REGION = "us-east-1"
+N_THREADS = 8
+JOIN_S = 60.0
+
+
+def _s3(moto_s3: MotoS3, prefix: str, **config) -> object:  # noqa: F811
+    return obstore_store.S3Store(
+        moto_s3.bucket, prefix=prefix, endpoint=moto_s3.endpoint_url, region=REGION, access_key_id="testing",
+        secret_access_key="testing", client_options={"allow_http": True}, **config,
+    )  # fmt: skip
+
+
+def _url_options(moto_s3: MotoS3) -> dict:  # noqa: F811
+    return {"client": "obstore", "endpoint": moto_s3.endpoint_url, "region": REGION, "access_key_id": "testing",
+            "secret_access_key": "testing", "client_options": {"allow_http": True}}  # fmt: skip
+
+
+def _prefix(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+# -- the conditional store ------------------------------------------------------------------
+
+
+def test_reads_return_bytes_and_version_of_one_get(moto_s3) -> None:  # noqa: F811
+    cond = conditional_store_for(adapt(_s3(moto_s3, _prefix("reads"))))
+    assert isinstance(cond, ObstoreConditional) and cond.remote and not cond.supports_conditional_delete
+    assert cond.read_with_generation("k") == (None, None)
+    ok, version = cond.swap("k", b"hello world", None)
+    assert ok and isinstance(version, Version) and version.e_tag
+    cases = {
+        None: b"hello world", ByteRange(1, 3): b"el", ByteRange(-5, None): b"world", ByteRange(6, None): b"world",
+        ByteRange(4, 4): b"", ByteRange(11, 20): b"", ByteRange(8, 20): b"rld",
+    }  # fmt: skip
+    for byte_range, expected in cases.items():
+        data, generation = cond.read_with_generation("k", byte_range)
+        assert bytes(data) == expected and generation == version, byte_range
+    assert [bytes(d) for d, _ in cond.read_many_with_generation([("k", ByteRange(0, 5)), ("k", None)])] == [
+        b"hello", b"hello world"]  # fmt: skip
+    assert cond.read_many_with_generation([("missing", None)]) == [(None, None)]
+
+
+def test_conditional_reads_and_swaps_refuse_a_changed_value(moto_s3) -> None:  # noqa: F811
+    cond = conditional_store_for(adapt(_s3(moto_s3, _prefix("swap"))))
+    _, first = cond.swap("k", b"one", None)
+    assert cond.swap("k", b"again", None) == (False, None)  # create-only: it exists
+    ok, second = cond.swap("k", b"two", first)
+    assert ok and second != first
+    assert cond.swap("k", b"stale", first) == (False, None)  # If-Match on the old ETag: 412
+    ok, data = cond.read_if_generation("k", ByteRange(0, 2), second)
+    assert ok and bytes(data) == b"tw"
+    for empty in (ByteRange(1, 1), ByteRange(5, 9)):  # a HEAD-like GET; a range past the end
+        ok, data = cond.read_if_generation("k", empty, second)
+        assert ok and bytes(data) == b"", empty
+    assert cond.read_if_generation("k", None, first) == (False, None)
+    assert cond.read_if_generation("gone", None, first) == (False, None)
+    assert cond.read_if_generation("k", None, None) == (False, None)
+    results = cond.read_many_if_generation([("k", None, second), ("k", None, first)])
+    assert [(ok, None if d is None else bytes(d)) for ok, d in results] == [(True, b"two"), (False, None)]
+    with pytest.raises(NotImplementedError, match="no conditional delete"):
+        cond.delete_if_generation("k", second)
+
+
+# -- choosing the guarantee -----------------------------------------------------------------
+
+
+def test_auto_is_conditional_for_an_obstore_s3_store(moto_s3, tmp_path) -> None:  # noqa: F811
+    prefix = _prefix("auto")
+    plan = plan_concurrency(adapt(_s3(moto_s3, prefix)))
+    assert plan.mode == "conditional" and isinstance(plan.conditional, ObstoreConditional)
+    assert ShardedStore(_s3(moto_s3, prefix))._io.plan.mode == "conditional"
+    by_url = ShardedStore(f"s3://{moto_s3.bucket}/{prefix}", storage_options=_url_options(moto_s3))
+    assert by_url._io.plan.mode == "conditional"
+    memory = plan_concurrency(adapt(obstore_store.MemoryStore()))  # real, atomic PutMode in the process
+    assert memory.mode == "conditional" and not memory.conditional.remote
+    local = plan_concurrency(adapt(obstore_store.LocalStore(str(tmp_path))))  # no PutMode update: lock files
+    assert local.mode == "files" and conditional_store_for(adapt(obstore_store.LocalStore(str(tmp_path)))) is None
+
+
+def test_disabled_conditional_puts_are_refused_not_downgraded(moto_s3, monkeypatch) -> None:  # noqa: F811
+    with pytest.raises(ConfigurationError, match="conditional_put='etag'"):
+        plan_concurrency(adapt(_s3(moto_s3, _prefix("off"), conditional_put="disabled")))
+    monkeypatch.setenv("AWS_CONDITIONAL_PUT", "disabled")
+    with pytest.raises(ConfigurationError, match="AWS_CONDITIONAL_PUT"):
+        ShardedStore(_s3(moto_s3, _prefix("off-env")))
+    assert plan_concurrency(adapt(_s3(moto_s3, _prefix("off"))), "process").mode == "process"
+
+
+def test_adapters_of_one_bucket_and_prefix_share_a_location(moto_s3, tmp_path) -> None:  # noqa: F811
+    prefix = _prefix("loc")
+    a, b = ObstoreAdapter(_s3(moto_s3, prefix)), ObstoreAdapter(_s3(moto_s3, prefix + "/"))
+    assert a.location == b.location and hash(a.location) == hash(b.location)
+    assert a.location != ObstoreAdapter(_s3(moto_s3, _prefix("other"))).location
+    by_url = adapt(f"s3://{moto_s3.bucket}/{prefix}", _url_options(moto_s3))
+    assert by_url.location == a.location
+    s3fs_adapter = FSMapAdapter(moto_s3.filesystem(), f"{moto_s3.bucket}/{prefix}")  # s3fs writers share locks too
+    assert location_of(s3fs_adapter) == a.location
+    clone = pickle.loads(pickle.dumps(a))  # dask workers get the store's configuration
+    assert isinstance(clone, ObstoreAdapter) and clone.location == a.location
+    a.set("k", b"v")
+    assert bytes(clone.get("k")) == b"v"
+    cond = pickle.loads(pickle.dumps(conditional_store_for(a)))
+    assert isinstance(cond, ObstoreConditional) and bytes(cond.read_with_generation("k")[0]) == b"v"
+    store = pickle.loads(pickle.dumps(ShardedStore(_s3(moto_s3, prefix))))  # a dask task's copy
+    assert store._io.plan.mode == "conditional" and location_of(store._io.base) == a.location
+    local = ObstoreAdapter(obstore_store.LocalStore(str(tmp_path)))
+    assert local.location == location_of(adapt(str(tmp_path)))  # the same lock files as fsspec writers
+
+
+def test_lock_files_of_a_local_store_are_not_listed(tmp_path) -> None:
+    store = ShardedStore(obstore_store.LocalStore(str(tmp_path)), chunks_per_shard=4)
+    arr = zarr.open_array(store=store, mode="w", shape=(16,), chunks=(2,), dtype="i4", fill_value=0)
+    arr[:] = 3
+    assert (tmp_path / ".shardkv-locks").is_dir()
+    assert not [k for k in store.keys() if "shardkv" in k]
+    assert not [k for k in adapt(obstore_store.LocalStore(str(tmp_path))).iter_keys() if "shardkv" in k]
+
+
+# -- races --------------------------------------------------------------------------------
+
+
+def _race_once(store: ShardedStore, other_write) -> list[str]:
+    """Make the next generation read of ``store`` run ``other_write`` right after it (once)."""
+    conditional = store._io._rw.conditional
+    read = conditional.read_with_generation
+    raced: list[str] = []
+
+    def read_then_lose_the_race(key, byte_range=None):
+        found = read(key, byte_range)
+        if not raced:  # the other writer stores the shard between our read and our write
+            raced.append(key)
+            other_write()
+        return found
+
+    conditional.read_with_generation = read_then_lose_the_race
+    return raced
+
+
+def test_a_forced_race_is_refused_and_retried(moto_s3) -> None:  # noqa: F811
+    prefix = _prefix("race")
+    store = ShardedStore(_s3(moto_s3, prefix), chunks_per_shard=4)
+    arr = zarr.open_array(store=store, mode="w", shape=(16,), chunks=(2,), dtype="i4", fill_value=0)
+    arr[0:2] = 1
+    other = zarr.open_array(store=ShardedStore(_s3(moto_s3, prefix), concurrency="none"), mode="r+")
+    raced = _race_once(store, lambda: other.__setitem__(slice(2, 4), 2))
+    arr[4:6] = 3
+    stats = store._io.retry_stats
+    assert raced == ["0"] and stats.precondition_failures >= 1, stats
+    check = zarr.open_array(store=ShardedStore(_s3(moto_s3, prefix)), mode="r")
+    np.testing.assert_array_equal(check[:8], [1, 1, 2, 2, 3, 3, 0, 0])  # both writers' chunks kept
+
+
+def test_four_processes_writing_disjoint_chunks_lose_nothing(moto_s3) -> None:  # noqa: F811
+    url = f"s3://{moto_s3.bucket}/{_prefix('procs')}"
+    result = run_sharded_writers(url, n_procs=4, n_chunks=64, chunks_per_shard=16, storage_options=_url_options(moto_s3))
+    assert result.child_errors == ()
+    assert result.lost == 0, f"{result.lost} of {result.total} chunk updates lost"
+
+
+def test_eight_threads_with_their_own_stores_lose_nothing(moto_s3) -> None:  # noqa: F811
+    prefix, chunk_len, n_chunks = _prefix("threads"), 4, 64  # 4 shards of 16 chunks
+    setup = ShardedStore(_s3(moto_s3, prefix), chunks_per_shard=16)
+    zarr.open_array(store=setup, mode="w", shape=(n_chunks * chunk_len,), chunks=(chunk_len,), dtype="i4", fill_value=0)
+    barrier, errors = threading.Barrier(N_THREADS), []
+
+    def writer(w: int) -> None:
+        try:
+            arr = zarr.open_array(store=ShardedStore(_s3(moto_s3, prefix), chunks_per_shard=16), mode="r+")
+            barrier.wait(30)
+            for c in range(w, n_chunks, N_THREADS):
+                arr[c * chunk_len : (c + 1) * chunk_len] = c + 1
+        except Exception as exc:  # reported below with the others
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(w,), daemon=True) for w in range(N_THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(JOIN_S)
+    assert not any(t.is_alive() for t in threads) and errors == []
+    data = zarr.open_array(store=ShardedStore(_s3(moto_s3, prefix)), mode="r")[:]
+    np.testing.assert_array_equal(data, np.repeat(np.arange(1, n_chunks + 1, dtype="i4"), chunk_len))
+
+
+# -- empty shards instead of deletes ---------------------------------------------------------
+
+
+def test_erasing_every_chunk_leaves_an_empty_shard(moto_s3) -> None:  # noqa: F811
+    prefix = _prefix("erase")
+    store = ShardedStore(_s3(moto_s3, prefix), chunks_per_shard=4)
+    arr = zarr.open_array(store=store, mode="w", shape=(16,), chunks=(2,), dtype="i4", fill_value=7)
+    arr[0:10] = 1  # shard 0 whole, shard 1 one chunk
+    for key in ("0", "1", "2", "3"):
+        del store[key]
+    raw = ObstoreAdapter(_s3(moto_s3, prefix))
+    assert raw.contains("0")  # kept: an unconditional delete could remove a concurrent writer's chunks
+    entries = np.frombuffer(bytes(raw.get("0"))[: 4 * 2 * 8], dtype="<u8")
+    assert raw.size("0") == 4 * 2 * 8 + 4 and (entries == EMPTY).all()  # the index (+ CRC32C) alone
+    fresh = ShardedStore(_s3(moto_s3, prefix))
+    np.testing.assert_array_equal(zarr.open_array(store=fresh, mode="r")[:], [7] * 8 + [1, 1] + [7] * 6)
+    assert sorted(k for k in fresh.keys() if not k.startswith(".")) == ["4"]  # no chunk keys of shard 0
+    assert zarr.open_array(store=fresh, mode="r").nchunks_initialized == 1
+    arr[0:2] = 5  # an empty shard takes new chunks like any other
+    np.testing.assert_array_equal(zarr.open_array(store=ShardedStore(_s3(moto_s3, prefix)), mode="r")[:4], [5, 5, 7, 7])
+
+
+def test_a_writer_racing_an_erase_keeps_its_chunk(moto_s3) -> None:  # noqa: F811
+    prefix = _prefix("erase-race")
+    store = ShardedStore(_s3(moto_s3, prefix), chunks_per_shard=4)
+    arr = zarr.open_array(store=store, mode="w", shape=(16,), chunks=(2,), dtype="i4", fill_value=0)
+    arr[0:2] = 1  # shard 0 holds chunk 0 only: erasing it empties the shard
+    other = zarr.open_array(store=ShardedStore(_s3(moto_s3, prefix), concurrency="none"), mode="r+")
+    raced = _race_once(store, lambda: other.__setitem__(slice(2, 4), 2))
+    del store["0"]
+    check = zarr.open_array(store=ShardedStore(_s3(moto_s3, prefix)), mode="r")
+    np.testing.assert_array_equal(check[:4], [0, 0, 2, 2])  # erased, and the racing chunk kept
+    assert raced == ["0"] and store._io.retry_stats.precondition_failures >= 1
