@@ -227,20 +227,36 @@ def test_journal_needs_buffer_bytes(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("when", ["first_write", "compact"])
 def test_stale_temporaries_are_removed_young_ones_kept(tmp_path: Path, when: str) -> None:
+    from shardkv.engine import temporaries
+
     root = tmp_path / "store"
     create(root)
-    old, young = root / f"{TEMP_MARKER}old", root / f"{TEMP_MARKER}young"
-    old.write_bytes(b"left by a killed writer")
-    young.write_bytes(b"a live writer's")
+    z = zarr.open_array(ShardedStore(str(root)), mode="r+")
+    z[:CHUNK] = 1  # the first shard exists: a killed writer leaves its temporary beside it
+    shard_dir = next(p.parent for p in root.rglob("0") if p.is_file())
+    elsewhere = root / "elsewhere"
+    elsewhere.mkdir()
+    old, young, far = shard_dir / f"{TEMP_MARKER}old", shard_dir / f"{TEMP_MARKER}young", elsewhere / f"{TEMP_MARKER}x"
+    for path in (old, young, far):
+        path.write_bytes(b"left by a writer")
     hour_ago = time.time() - 3700
-    os.utime(old, (hour_ago, hour_ago))
+    for path in (old, far):
+        os.utime(path, (hour_ago, hour_ago))
+    temporaries._SWEPT.forget()  # as in a new process (this one swept the shard's directory a moment ago)
     st = ShardedStore(str(root), chunks_per_shard=4)
     assert old.exists()  # opening alone touches nothing
     if when == "first_write":
         zarr.open_array(st, mode="r+")[:CHUNK] = 7
+        assert not old.exists() and young.exists()
+        assert far.exists()  # a write looks only in the directories it writes into
+        old.write_bytes(b"again")
+        os.utime(old, (hour_ago, hour_ago))
+        zarr.open_array(ShardedStore(str(root)), mode="r+")[:CHUNK] = 8
+        assert old.exists()  # swept once per hour and process, whichever store writes
     else:
         st.compact()
-    assert not old.exists() and young.exists()
+        assert not old.exists() and young.exists()
+        assert not far.exists()  # compact walks the whole store
 
 
 def crash(store: ShardedStore) -> None:

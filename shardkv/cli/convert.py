@@ -54,7 +54,7 @@ from shardkv.cli.info import META_NAMES, ArrayKeys, read_hierarchy
 from shardkv.cli.manifest import MANIFEST_KEY as _MANIFEST_KEY
 from shardkv.cli.manifest import Manifest, open_destination, skippable_shards
 from shardkv.cli.stores import open_store, refuse_regular_file
-from shardkv.engine.verify import remove_stale_temporaries
+from shardkv.engine.temporaries import remove_stale_temporaries
 from shardkv.errors import (
     ChunksPerShardMismatchError,
     ConfigurationError,

@@ -34,9 +34,10 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from shardkv.engine.temporaries import DEFAULT_TEMP_AGE, find_stale_temporaries, remove_stale_temporaries
 from shardkv.errors import CorruptShardError
 from shardkv.keys.space import ShardedArray
-from shardkv.storage.adapters import TEMP_MARKER, FSMapAdapter, StoreAdapter
+from shardkv.storage.adapters import StoreAdapter
 
 __all__ = [
     "ShardReport",
@@ -47,9 +48,6 @@ __all__ = [
     "DEFAULT_TEMP_AGE",
 ]
 
-DEFAULT_TEMP_AGE = 3600.0
-"""Seconds a temporary file must have been left untouched before it counts as stale.
-A live writer finishes a shard in far less; a killed one never comes back."""
 
 _META = (".zarray", "zarr.json")
 _CHUNKISH = re.compile(r"c|c?[0-9]+([./][0-9]+)*")
@@ -133,70 +131,6 @@ class VerifyReport:
             "stale_temporaries": self.stale_temporaries,
             "removed": self.removed,
         }
-
-
-# -- temporary files ------------------------------------------------------------------
-
-
-def _innermost(adapter: StoreAdapter) -> StoreAdapter:
-    seen = 0
-    while hasattr(adapter, "inner") and seen < 8:  # presenting wrappers keep the real adapter as .inner
-        adapter = adapter.inner
-        seen += 1
-    return adapter
-
-
-def find_stale_temporaries(adapter: StoreAdapter, min_age_seconds: float = DEFAULT_TEMP_AGE) -> list[str]:
-    """Temporary files of atomic local writes not modified for ``min_age_seconds`` seconds.
-
-    Parameters
-    ----------
-    adapter : StoreAdapter
-        The base store (as :attr:`ShardedStore.base`; wrappers are looked through).
-    min_age_seconds : float
-        Age guard (seconds since the last modification): a live writer's
-        temporary file is younger and is left alone.
-
-    Returns
-    -------
-    list of str
-        Local paths, sorted. Empty for stores other than local directories
-        (only they get temporary files: other stores write whole objects).
-    """
-    adapter = _innermost(adapter)
-    if not isinstance(adapter, FSMapAdapter) or not adapter.supports_append:
-        return []
-    root = adapter.fs._strip_protocol(adapter.root)
-    now = time.time()
-    out = []
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            if TEMP_MARKER not in name:
-                continue
-            path = os.path.join(dirpath, name)
-            try:
-                age = now - os.stat(path).st_mtime
-            except FileNotFoundError:  # its writer just renamed or removed it
-                continue
-            if age >= min_age_seconds:
-                out.append(path)
-    return sorted(out)
-
-
-def remove_stale_temporaries(adapter: StoreAdapter, min_age_seconds: float = DEFAULT_TEMP_AGE) -> list[str]:
-    """Remove the files :func:`find_stale_temporaries` finds; returns the paths removed.
-
-    Called by ``shardkv verify --repair``; meant for ``compact`` and opening
-    for write as well. Files that vanish meanwhile are skipped.
-    """
-    removed = []
-    for path in find_stale_temporaries(adapter, min_age_seconds):
-        try:
-            os.remove(path)
-        except FileNotFoundError:
-            continue
-        removed.append(path)
-    return removed
 
 
 # -- shards -----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from shardkv.engine.verify import DEFAULT_TEMP_AGE, remove_stale_temporaries
+from shardkv.engine.temporaries import DEFAULT_TEMP_AGE, remove_stale_temporaries
 from shardkv.keys.paths import join_path, path_prefix, validate_path
 from shardkv.proxy.listing import logical_keys
 

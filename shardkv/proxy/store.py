@@ -33,7 +33,7 @@ from shardkv.engine.concurrency import Concurrency
 from shardkv.engine.picklable import reduce_sharded_store
 from shardkv.engine.planner import ShardIO
 from shardkv.engine.strategies import WriteStrategy
-from shardkv.engine.verify import DEFAULT_TEMP_AGE, remove_stale_temporaries
+from shardkv.engine.temporaries import DirectorySweeper
 from shardkv.errors import ChunkOutOfGridError, ConfigurationError, InvalidKeyError
 from shardkv.format.layout import ShardLayout
 from shardkv.format.ranges import ReadPolicy
@@ -217,7 +217,7 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
         self._writer = ShardWriter(self._io, buffer_bytes)
         self._mirror = MetadataMirror(self._base, self._nodes, self._writer, rule, index_location, bool(index_checksum))
         _zarr2.register(type(self))
-        self._temps_swept = False  # stale temporaries are removed on the first write
+        self._sweeper = DirectorySweeper(self._base)  # stale temporaries, per directory written into
         self._writer.attach_journal(journal, self._route)  # replays what a killed run left
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -361,7 +361,7 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
         if refs is None:
             self._apply(changes)
         else:
-            self._sweep_temporaries_once()
+            self._sweeper.before_writing([ref.shard_key for ref in refs])
             self._writer.write(group_by_shard(refs, changes.values()))
 
     def __delitem__(self, key: str) -> None:
@@ -397,7 +397,6 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
 
     def _apply(self, changes: Mapping[str, bytes | memoryview | None]) -> None:
         """Write ``changes`` (``None``: delete), routing key by key."""
-        self._sweep_temporaries_once()
         plain_set: dict[str, bytes | memoryview] = {}
         plain_del: list[str] = []
         located: list[ChunkRef] = []
@@ -418,17 +417,12 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
                 plain_del.append(key)
             else:
                 plain_set[key] = value
+        self._sweeper.before_writing([*changes, *(ref.shard_key for ref in located)])
         if plain_set:
             self._base.set_many(plain_set)
         if plain_del:
             self._base.delete_many(plain_del)
         self._writer.write(group_by_shard(located, located_values))
-
-    def _sweep_temporaries_once(self) -> None:
-        """Remove stale temporary files of killed writers (older than an hour) before the first write."""
-        if not self._temps_swept:
-            self._temps_swept = True
-            remove_stale_temporaries(self._base, DEFAULT_TEMP_AGE)
 
     def flush(self) -> None:
         """Write every buffered shard to the base store (write-back mode; a no-op otherwise)."""
