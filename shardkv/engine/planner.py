@@ -203,6 +203,7 @@ class ShardIO(ShardWrites):
         fresh: bool = False,
         whole: frozenset[str] = frozenset(),
         pinned: PinnedReads | None = None,
+        contended: frozenset[str] = frozenset(),
     ) -> tuple[dict[str, ShardIndex], dict[str, bytes], list[bytes | None]]:
         """:meth:`read_indexes`, with ``relayed`` ranges of other keys read in the same batch.
 
@@ -210,7 +211,8 @@ class ShardIO(ShardWrites):
         not free are read whole instead (their index from the object, checked
         against its size) and returned among the blobs. With ``pinned``, the
         indexes are read (or taken from the cache) with their generations,
-        and cached with them; ``relayed`` ranges are then read apart.
+        and cached with them; ``relayed`` ranges are then read apart. The
+        ``contended`` shards not cached are read whole whatever their size.
         """
         keys = list(shards)
         if not self.base.supports_ranges:
@@ -240,7 +242,7 @@ class ShardIO(ShardWrites):
         if not missing and not relayed:
             return indexes, {}, []
         sizes = {k: self.base.size_if_free(k) for k in missing}
-        taken_whole = {k for k in missing if k in whole and sizes[k] is None}
+        taken_whole = {k for k in missing if (k in whole and sizes[k] is None) or k in contended}
         ranges = [(k, ByteRange(0) if k in taken_whole else shards[k].layout.index_range()) for k in missing]
         if pinned is None:
             raw = self.base.get_ranges(ranges + list(relayed))
@@ -307,16 +309,20 @@ class ShardIO(ShardWrites):
         new inode; its generation changed: object stores, where the chunk
         read is conditional, :mod:`shardkv.engine.generation_reads`) or
         deleted (the ranged read found nothing) is read again, index first,
-        so neither a torn mix nor a missing chunk is returned.
+        so neither a torn mix nor a missing chunk is returned. On object
+        stores a shard refused twice is then read whole (one request, index
+        and chunks of one generation), so a reader makes progress even
+        against a writer rewriting the shard without pause.
         """
         shards = {ref.shard_key: ref.array for ref, _ in requests}
         changed: set[str] = set()
+        contended: set[str] = set()  # pinned reads refused twice: read whole next (one self-consistent GET)
         for attempt in range(1, _READ_ATTEMPTS + 1):
             tickets = {k: self.epochs.ticket(k) for k in shards}  # writes of this object in between show here
             before = {k: self.base.validator(k) for k in shards} if self.base.supports_ranges else {}
             pinned = self._pinned_reads()
             try:
-                out, extra, changed = self._read_ranges_once(requests, relayed, shards, pinned)
+                out, extra, changed = self._read_ranges_once(requests, relayed, shards, pinned, frozenset(contended))
                 damage = None
             except CorruptShardError as exc:  # damaged, or torn by a rewrite: the validators tell
                 out, extra, changed, damage = [], [], set(), exc
@@ -325,8 +331,12 @@ class ShardIO(ShardWrites):
                     self.read_stats.attempts += 1
                     self.read_stats.precondition_failures += pinned.refused
             changed |= {k for k, v in before.items() if v is not None and self.base.validator(k) != v}
-            # without a validator, a write of this object in between is what can be seen
-            changed |= {k for k, t in tickets.items() if before.get(k) is None and self.epochs.changed_since(k, t)}
+            # without a validator, a write of this object in between is what can be seen (pinned
+            # reads need no such check: their bytes are those of their index's generation)
+            if pinned is None:
+                changed |= {k for k, t in tickets.items() if before.get(k) is None and self.epochs.changed_since(k, t)}
+            elif attempt > 1:
+                contended |= changed
             if damage is not None and not changed:
                 raise damage
             if not changed:
@@ -342,11 +352,16 @@ class ShardIO(ShardWrites):
         relayed: Sequence[tuple[str, ByteRange]],
         shards: Mapping[str, ShardedArray],
         pinned: PinnedReads | None = None,
+        contended: frozenset[str] = frozenset(),
     ) -> tuple[list[bytes | None], list[bytes | None], set[str]]:
-        """One index read and one chunk read; the shards whose chunk ranges had vanished (or changed) are returned."""
+        """One index read and one chunk read; the shards whose chunk ranges had vanished (or changed) are returned.
+
+        The ``contended`` shards (pinned reads refused again and again: a
+        writer rewriting them without pause) are read whole, index included.
+        """
         remote = self.base.supports_ranges and getattr(self.base, "round_trips", False)
         whole = shards_to_read_whole(requests, self.read_policy) if remote else frozenset()
-        indexes, blobs, extra = self._read_indexes(shards, relayed, whole=whole, pinned=pinned)
+        indexes, blobs, extra = self._read_indexes(shards, relayed, whole=whole, pinned=pinned, contended=contended)
         out: list[bytes | None] = [None] * len(requests)
         wanted: list[tuple[int, ChunkRef, int, int]] = []  # (position, ref, start, stop) in the shard
         for i, (ref, byte_range) in enumerate(requests):

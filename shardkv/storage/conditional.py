@@ -413,7 +413,7 @@ class S3Conditional(ConditionalStore):
     def read_many_with_generation(
         self, requests: Sequence[tuple[str, ByteRange | None]]
     ) -> list[tuple[bytes | None, Generation]]:
-        """One ``GetObject`` per request, run concurrently (32 in flight at most); errors as :meth:`read_with_generation`."""
+        """One ``GetObject`` per request, concurrent (32 in flight at most); errors as :meth:`read_with_generation`."""
         calls = [partial(self._read, key, byte_range) for key, byte_range in requests]
         return self._sync(self.fs.loop, gather_bounded, calls) if calls else []
 
