@@ -141,3 +141,15 @@ def test_whole_shard_read_catches_a_truncated_shard(s3: Any) -> None:
     with pytest.raises(CorruptShardError, match="arr/0.0"):
         z[:]
     assert [p for _, p in log.seen].count(f"/{BUCKET}/{root}/arr/0.0") == 1  # caught by the whole read itself
+
+
+def test_a_chunk_of_a_cached_shard_is_one_conditional_get(s3: Any) -> None:
+    options, log = s3
+    root, data = _written(options)
+    reader = _store(options, root, concurrency="none")  # reads are pinned whatever the writers' mode
+    z = zarr.open_array(reader, path="arr", mode="r")
+    np.testing.assert_array_equal(z[0:8, 0:8], data[0:8, 0:8])  # the index (with its ETag), then the chunk
+    log.reset()
+    np.testing.assert_array_equal(z[0:8, 8:16], data[0:8, 8:16])  # another chunk of the cached shard
+    assert log.seen == [("GET", f"/{BUCKET}/{root}/arr/0.0")]  # one GET (If-Match the cached index's ETag)
+    assert reader._io.read_stats.precondition_failures == 0

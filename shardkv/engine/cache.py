@@ -10,7 +10,11 @@ Policy (documented for users in :class:`shardkv.ShardedStore`): the proxy
 replaces or drops the entry of every shard it writes or deletes, so its own
 writes never leave a stale entry. Changes made by *other* writers are seen
 after :meth:`IndexCache.clear` (``ShardedStore.refresh()``), or at once when
-validation is on (the proxy then checks each entry's validator first).
+validation is on (the proxy then checks each entry's validator first). On
+object stores other processes can change, the validator stored with an entry
+is the generation (ETag) of the read that gave the index, and chunk reads
+are pinned to it (:mod:`shardkv.engine.generation_reads`): a stale entry
+costs one refused read, never a torn one.
 """
 
 from __future__ import annotations
@@ -66,6 +70,21 @@ class IndexCache:
             self._entries.move_to_end(shard_key)
             self.hits += 1
             return entry[0]
+
+    def get_generation(self, shard_key: str) -> tuple[ShardIndex, Hashable] | None:
+        """The cached index with the validator stored beside it (on object stores: its generation).
+
+        ``None`` (a miss) when absent or when cached without one: a reader
+        that pins its chunk reads to the index's generation cannot use it.
+        """
+        with self._lock:
+            entry = self._entries.get(shard_key)
+            if entry is None or entry[1] is None:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(shard_key)
+            self.hits += 1
+            return entry
 
     def put(self, shard_key: str, index: ShardIndex, validator: Hashable = None) -> None:
         """Cache an index (replacing any entry), evicting the least recently used beyond the limit."""

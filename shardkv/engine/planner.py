@@ -41,9 +41,16 @@ transaction (:func:`~shardkv.engine.cas.run_conditionally`): a shard changed
 by another process since it was read is re-read, re-merged and written again.
 Readers never cache an index older than one this object wrote
 (:class:`~shardkv.engine.epochs.WriteEpochs`), and a chunk read whose shard
-changed or vanished between the index read and the chunk read (seen by the
-backend's validator, or by the ranged read finding nothing) is read again,
-so an acknowledged chunk is never returned as missing.
+changed or vanished between the index read and the chunk read is read
+again, index first, so a chunk read returns the value of some completed
+write, never a mix of an old index and new bytes, and an acknowledged chunk
+is never returned as missing. The change is seen by the backend's validator
+(local files: inode, mtime, size; ``memory://``: the stored object), by the
+ranged read finding nothing, or, on object stores that other processes
+write (S3, obstore: a ``remote`` conditional store, whatever the
+``concurrency=`` mode), by generations: indexes are read and cached with
+their ETag and chunk ranges are read with ``If-Match``, a ``412`` meaning
+"changed" (:mod:`shardkv.engine.generation_reads`; the same request counts).
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ from shardkv.engine.cache import IndexCache
 from shardkv.engine.cas import GenerationTrackingAdapter
 from shardkv.engine.concurrency import Concurrency, plan_concurrency
 from shardkv.engine.epochs import WriteEpochs
+from shardkv.engine.generation_reads import PinnedReads, pinned_store_for
 from shardkv.engine.merge import covers_shard
 from shardkv.engine.retry import Backoff, RetryStats
 from shardkv.engine.shard_writes import ShardErasures, ShardUpdates, ShardWrites
@@ -106,6 +114,11 @@ class ShardIO(ShardWrites):
     retry_stats : RetryStats
         Compare-and-swap attempts and lost races (``precondition_failures``:
         the 412 answers of S3) of this object's shard writes.
+    read_stats : RetryStats
+        Chunk reads on object stores (:mod:`shardkv.engine.generation_reads`):
+        ``attempts`` (index-then-chunk rounds) and ``precondition_failures``
+        (chunk ranges refused because their shard changed since its index was
+        read; the read was then made again).
 
     Raises
     ------
@@ -142,6 +155,10 @@ class ShardIO(ShardWrites):
         self.plan = plan_concurrency(base, concurrency, timeout=lock_timeout)
         self.epochs = WriteEpochs()
         self.retry_stats = RetryStats()
+        self.read_stats = RetryStats()
+        # chunk reads pinned to their index's generation wherever other processes can change the
+        # shards (object stores), whatever the writers' concurrency mode
+        self._pinned_store = pinned_store_for(base)
         # compare-and-swap where other processes can reach the data (S3); the in-process
         # emulation (memory://, mappings) adds nothing to the stripe locks every writer holds
         cas = self.plan.conditional is not None and not isinstance(self.plan.conditional, InProcessConditional)
@@ -171,8 +188,12 @@ class ShardIO(ShardWrites):
         CorruptShardError, ChecksumError
             For a damaged index.
         """
-        indexes, blobs, _ = self._read_indexes(shards, (), fresh=fresh)
+        indexes, blobs, _ = self._read_indexes(shards, (), fresh=fresh, pinned=self._pinned_reads())
         return indexes, blobs
+
+    def _pinned_reads(self) -> PinnedReads | None:
+        """The bookkeeping of one read attempt pinned to generations, where the store needs it."""
+        return None if self._pinned_store is None else PinnedReads(self._pinned_store)
 
     def _read_indexes(
         self,
@@ -181,12 +202,17 @@ class ShardIO(ShardWrites):
         *,
         fresh: bool = False,
         whole: frozenset[str] = frozenset(),
+        pinned: PinnedReads | None = None,
+        contended: frozenset[str] = frozenset(),
     ) -> tuple[dict[str, ShardIndex], dict[str, bytes], list[bytes | None]]:
         """:meth:`read_indexes`, with ``relayed`` ranges of other keys read in the same batch.
 
         The shards in ``whole`` whose index is not cached and whose size is
         not free are read whole instead (their index from the object, checked
-        against its size) and returned among the blobs.
+        against its size) and returned among the blobs. With ``pinned``, the
+        indexes are read (or taken from the cache) with their generations,
+        and cached with them; ``relayed`` ranges are then read apart. The
+        ``contended`` shards not cached are read whole whatever their size.
         """
         keys = list(shards)
         if not self.base.supports_ranges:
@@ -201,7 +227,12 @@ class ShardIO(ShardWrites):
         for k in keys:
             validator = self.base.validator(k) if self.validate_index_cache else None
             ticket = self.epochs.ticket(k)  # before the read: a write after it refuses our put
-            cached = None if fresh or not self.epochs.is_current(k, ticket) else self.index_cache.get(k, validator)
+            if fresh or not self.epochs.is_current(k, ticket):
+                cached = None
+            elif pinned is not None:
+                cached = pinned.cached(self.index_cache, k)
+            else:
+                cached = self.index_cache.get(k, validator)
             if cached is None:
                 missing.append(k)
                 validators[k] = validator
@@ -211,9 +242,13 @@ class ShardIO(ShardWrites):
         if not missing and not relayed:
             return indexes, {}, []
         sizes = {k: self.base.size_if_free(k) for k in missing}
-        taken_whole = {k for k in missing if k in whole and sizes[k] is None}
+        taken_whole = {k for k in missing if (k in whole and sizes[k] is None) or k in contended}
         ranges = [(k, ByteRange(0) if k in taken_whole else shards[k].layout.index_range()) for k in missing]
-        raw = self.base.get_ranges(ranges + list(relayed))
+        if pinned is None:
+            raw = self.base.get_ranges(ranges + list(relayed))
+        else:  # relayed keys are not shards: no generation to pin
+            raw = pinned.read_indexes(ranges) + (self.base.get_ranges(relayed) if relayed else [])
+            validators = pinned.generations
         for k, data in zip(missing, raw):
             if data is not None and k in taken_whole:  # one request: index and chunks of one object
                 index = indexes[k] = shards[k].layout.index_of_shard(data, k)
@@ -271,22 +306,37 @@ class ShardIO(ShardWrites):
         -----
         A shard that another writer replaced between the index read and the
         chunk read (its validator changed: local files, where a rewrite is a
-        new inode) or deleted (the ranged read found nothing) is read again,
-        index first, so neither a torn mix nor a missing chunk is returned.
+        new inode; its generation changed: object stores, where the chunk
+        read is conditional, :mod:`shardkv.engine.generation_reads`) or
+        deleted (the ranged read found nothing) is read again, index first,
+        so neither a torn mix nor a missing chunk is returned. On object
+        stores a shard refused twice is then read whole (one request, index
+        and chunks of one generation), so a reader makes progress even
+        against a writer rewriting the shard without pause.
         """
         shards = {ref.shard_key: ref.array for ref, _ in requests}
         changed: set[str] = set()
+        contended: set[str] = set()  # pinned reads refused twice: read whole next (one self-consistent GET)
         for attempt in range(1, _READ_ATTEMPTS + 1):
             tickets = {k: self.epochs.ticket(k) for k in shards}  # writes of this object in between show here
             before = {k: self.base.validator(k) for k in shards} if self.base.supports_ranges else {}
+            pinned = self._pinned_reads()
             try:
-                out, extra, changed = self._read_ranges_once(requests, relayed, shards)
+                out, extra, changed = self._read_ranges_once(requests, relayed, shards, pinned, frozenset(contended))
                 damage = None
             except CorruptShardError as exc:  # damaged, or torn by a rewrite: the validators tell
                 out, extra, changed, damage = [], [], set(), exc
+            finally:
+                if pinned is not None:
+                    self.read_stats.attempts += 1
+                    self.read_stats.precondition_failures += pinned.refused
             changed |= {k for k, v in before.items() if v is not None and self.base.validator(k) != v}
-            # without a validator, a write of this object in between is what can be seen
-            changed |= {k for k, t in tickets.items() if before.get(k) is None and self.epochs.changed_since(k, t)}
+            # without a validator, a write of this object in between is what can be seen (pinned
+            # reads need no such check: their bytes are those of their index's generation)
+            if pinned is None:
+                changed |= {k for k, t in tickets.items() if before.get(k) is None and self.epochs.changed_since(k, t)}
+            elif attempt > 1:
+                contended |= changed
             if damage is not None and not changed:
                 raise damage
             if not changed:
@@ -301,11 +351,17 @@ class ShardIO(ShardWrites):
         requests: Sequence[tuple[ChunkRef, ByteRange]],
         relayed: Sequence[tuple[str, ByteRange]],
         shards: Mapping[str, ShardedArray],
+        pinned: PinnedReads | None = None,
+        contended: frozenset[str] = frozenset(),
     ) -> tuple[list[bytes | None], list[bytes | None], set[str]]:
-        """One index read and one chunk read; the shards whose chunk ranges had vanished are returned."""
+        """One index read and one chunk read; the shards whose chunk ranges had vanished (or changed) are returned.
+
+        The ``contended`` shards (pinned reads refused again and again: a
+        writer rewriting them without pause) are read whole, index included.
+        """
         remote = self.base.supports_ranges and getattr(self.base, "round_trips", False)
         whole = shards_to_read_whole(requests, self.read_policy) if remote else frozenset()
-        indexes, blobs, extra = self._read_indexes(shards, relayed, whole=whole)
+        indexes, blobs, extra = self._read_indexes(shards, relayed, whole=whole, pinned=pinned, contended=contended)
         out: list[bytes | None] = [None] * len(requests)
         wanted: list[tuple[int, ChunkRef, int, int]] = []  # (position, ref, start, stop) in the shard
         for i, (ref, byte_range) in enumerate(requests):
@@ -322,13 +378,21 @@ class ShardIO(ShardWrites):
                 out[i] = part if blob.readonly else bytes(part)  # a view (no copy) unless the blob is mutable
             else:
                 wanted.append((i, ref, entry[0] + start, entry[0] + stop))
-        vanished = self._read_wanted(wanted, indexes, out) if wanted else set()
+        vanished = self._read_wanted(wanted, indexes, out, pinned) if wanted else set()
         return out, extra, vanished
 
     def _read_wanted(
-        self, wanted: list[tuple[int, ChunkRef, int, int]], indexes: Mapping[str, ShardIndex], out: list[Any]
+        self,
+        wanted: list[tuple[int, ChunkRef, int, int]],
+        indexes: Mapping[str, ShardIndex],
+        out: list[Any],
+        pinned: PinnedReads | None = None,
     ) -> set[str]:
-        """One batched read of the wanted shard ranges, merged per shard by the read policy; the vanished shards."""
+        """One batched read of the wanted shard ranges, merged per shard by the read policy; the vanished shards.
+
+        With ``pinned``, each range is read only if its shard's generation is
+        still that of its index; a changed shard counts as vanished.
+        """
         by_shard: dict[str, list[tuple[int, ChunkRef, int, int]]] = {}
         for item in wanted:
             by_shard.setdefault(item[1].shard_key, []).append(item)
@@ -345,8 +409,9 @@ class ShardIO(ShardWrites):
                 requests.append((shard_key, r if r.stop is None else ByteRange(r.start, r.stop + guard)))
                 plans.append((items, read, guard))
         vanished: set[str] = set()
-        for (items, read, guard), value in zip(plans, self.base.get_ranges(requests)):
-            if value is None:  # deleted (or being replaced) between the two reads: read again
+        values = self.base.get_ranges(requests) if pinned is None else pinned.read_ranges(requests)
+        for (items, read, guard), value in zip(plans, values):
+            if value is None:  # deleted, being replaced, or (pinned) changed since the index read: read again
                 vanished.add(items[0][1].shard_key)
                 continue
             layout = items[0][1].array.layout

@@ -38,10 +38,12 @@ import hashlib
 import os
 import threading
 from abc import ABC, abstractmethod
+from functools import partial
 from typing import Any, Callable, Hashable, Mapping, MutableMapping, Sequence
 
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.location import StoreLocation, fs_location
+from shardkv.storage.s3_requests import gather_bounded, range_header
 
 __all__ = [
     "Generation",
@@ -339,7 +341,7 @@ class S3Conditional(ConditionalStore):
 
     Notes
     -----
-    One request per call: ``GetObject`` (with a ``Range`` header for a byte
+    One request per value (batched reads concurrent): ``GetObject`` (with a ``Range`` header for a byte
     range) returns the bytes and the ETag together, ``PutObject`` with
     ``IfMatch`` / ``IfNoneMatch`` returns the new ETag. Whole-object writes
     only (no multipart upload): S3 allows up to 5 GiB per ``PutObject``.
@@ -366,62 +368,60 @@ class S3Conditional(ConditionalStore):
     def _call(self, method: str, **kwargs: Any) -> Any:
         return self._sync(self.fs.loop, self.fs._call_s3, method, **kwargs)
 
-    @staticmethod
-    def _range_header(byte_range: ByteRange | None) -> str | None:
-        """The HTTP ``Range`` header of a byte range (HTTP ranges include their last byte); None: all."""
-        if byte_range is None:
-            return None
-        if byte_range.is_suffix:
-            return f"bytes={byte_range.start}"  # start is negative: "bytes=-N"
-        if byte_range.stop is None:
-            return f"bytes={byte_range.start}-"
-        return f"bytes={byte_range.start}-{byte_range.stop - 1}"
-
-    def _get(self, key: str, byte_range: ByteRange | None, **conditions: Any) -> tuple[bytes, Generation]:
-        """``GetObject``: the bytes and the ETag of one consistent read (errors propagate)."""
+    async def _get(self, key: str, byte_range: ByteRange | None, **conditions: Any) -> tuple[bytes, Generation]:
+        """``GetObject`` on the filesystem's loop: the bytes and the ETag of one consistent read (errors propagate)."""
         bucket, object_key = self._bucket_key(key)
         kwargs: dict[str, Any] = {"Bucket": bucket, "Key": object_key, **conditions}
+        call = self.fs._call_s3
         if byte_range is not None and byte_range.stop == byte_range.start:
-            etag = self._call("head_object", **kwargs)["ETag"]  # an empty range: HTTP cannot ask for one
-            return b"", etag
-        header = self._range_header(byte_range)
+            return b"", (await call("head_object", **kwargs))["ETag"]  # an empty range: HTTP cannot ask for one
+        header = range_header(byte_range)
         if header is not None:
             kwargs["Range"] = header
         try:
-            response = self._call("get_object", **kwargs)
+            response = await call("get_object", **kwargs)
         except Exception as exc:
             if byte_range is not None and any(_error_code(e)[1] == 416 for e in _client_errors(exc)):
                 # a range past the end of the object: nothing of it, but the object exists
-                return b"", self._call("head_object", Bucket=bucket, Key=object_key, **conditions)["ETag"]
+                return b"", (await call("head_object", Bucket=bucket, Key=object_key, **conditions))["ETag"]
             raise
         body = response["Body"]
+        async with body:
+            return await body.read(), response["ETag"]
 
-        async def _read() -> bytes:
-            async with body:
-                return await body.read()
-
-        return self._sync(self.fs.loop, _read), response["ETag"]
-
-    def read_with_generation(self, key: str, byte_range: ByteRange | None = None) -> tuple[bytes | None, Generation]:
+    async def _read(self, key: str, byte_range: ByteRange | None, *if_match: Generation) -> tuple[Any, Generation]:
+        """:meth:`_get` (only if the ETag is ``if_match[0]``, when given); ``(None, None)``: not stored, or changed."""
+        if if_match and if_match[0] is None:
+            return None, None
         try:
-            return self._get(key, byte_range)
-        except Exception as exc:  # sorted: "not stored" becomes (None, None), anything else propagates
-            if _is_missing(exc):
+            return await self._get(key, byte_range, **({"IfMatch": str(if_match[0])} if if_match else {}))
+        except Exception as exc:  # "not stored" and "changed" (412) are answers; anything else propagates
+            if _is_missing(exc) or (if_match and is_precondition_failure(exc)):
                 return None, None
             raise
+
+    def read_with_generation(self, key: str, byte_range: ByteRange | None = None) -> tuple[bytes | None, Generation]:
+        return self.read_many_with_generation([(key, byte_range)])[0]
 
     def read_if_generation(
         self, key: str, byte_range: ByteRange | None, expected: Generation
     ) -> tuple[bool, bytes | None]:
-        if expected is None:
-            return False, None
-        try:
-            data, _ = self._get(key, byte_range, IfMatch=str(expected))
-        except Exception as exc:  # changed (412) or gone: the caller reads the index again
-            if is_precondition_failure(exc) or _is_missing(exc):
-                return False, None
-            raise
-        return True, data
+        return self.read_many_if_generation([(key, byte_range, expected)])[0]
+
+    def read_many_with_generation(
+        self, requests: Sequence[tuple[str, ByteRange | None]]
+    ) -> list[tuple[bytes | None, Generation]]:
+        """One ``GetObject`` per request, concurrent (32 in flight at most); errors as :meth:`read_with_generation`."""
+        calls = [partial(self._read, key, byte_range) for key, byte_range in requests]
+        return self._sync(self.fs.loop, gather_bounded, calls) if calls else []
+
+    def read_many_if_generation(
+        self, requests: Sequence[tuple[str, ByteRange | None, Generation]]
+    ) -> list[tuple[bool, bytes | None]]:
+        """One ``GetObject`` with ``If-Match`` per request, run concurrently (32 in flight at most)."""
+        calls = [partial(self._read, key, byte_range, expected) for key, byte_range, expected in requests]
+        found = self._sync(self.fs.loop, gather_bounded, calls) if calls else []
+        return [(data is not None, data) for data, _ in found]
 
     def _head_generation(self, bucket: str, object_key: str) -> Generation:
         try:

@@ -14,6 +14,7 @@ import contextlib
 import errno
 import os
 import uuid
+import weakref
 from typing import Any, Hashable, Iterable, Iterator, Mapping, Sequence
 
 import fsspec
@@ -112,6 +113,29 @@ def _fsync_dirs(paths: Iterable[str]) -> None:
         finally:
             os.close(dir_fd)
 
+
+class _Identity:
+    """A validator equal only to a validator of the very same stored object (``is``, not ``==``).
+
+    It holds a weak reference: a cached validator keeps no replaced shard
+    alive, and a dead reference (the object was replaced and freed) equals
+    nothing, so a recycled ``id`` is never mistaken for the old object.
+    """
+
+    __slots__ = ("_ref", "_id")
+
+    def __init__(self, obj: Any) -> None:
+        self._ref = weakref.ref(obj)
+        self._id = id(obj)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _Identity):
+            return NotImplemented
+        mine = self._ref()
+        return mine is not None and mine is other._ref()
+
+    def __hash__(self) -> int:
+        return self._id
 
 
 class FSMapAdapter(StoreAdapter):
@@ -313,6 +337,17 @@ class FSMapAdapter(StoreAdapter):
             _fsync_dirs([path])
 
     def validator(self, key: str) -> Hashable:
+        """A cheap fingerprint that changes when the value is rewritten; ``None`` where there is none.
+
+        Local files: ``(size, mtime_ns, inode)`` (``"missing"`` when absent).
+        ``memory://``: the identity of the stored file object (every write
+        stores a new one; ``"missing"`` when absent). Remote filesystems:
+        ``None`` (their readers pin chunk reads to generations instead,
+        :mod:`shardkv.engine.generation_reads`).
+        """
+        if isinstance(self.fs, MemoryFileSystem):
+            stored = self.fs.store.get(self.fs._strip_protocol(self._path(key)))
+            return "missing" if stored is None else _Identity(stored)
         if not self._local:
             return None
         try:

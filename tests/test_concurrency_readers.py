@@ -1,0 +1,342 @@
+"""Issue 9, item 4: readers never see a torn state.
+
+A chunk read returns the value of some completed write of that chunk: never
+a mix of an old index and new bytes, never the fill value for an
+acknowledged chunk, never an older value than one the same reader saw.
+
+* S3 (moto on 127.0.0.1), readers in two spawned processes racing a writer
+  process, with their indexes cached: every chunk read is pinned to the
+  generation (ETag) of the index it uses (:mod:`shardkv.engine.generation_reads`);
+* a deterministic S3 case: an index cached by one store, the shard replaced
+  by another (``concurrency="none"`` on both), the next read gets a ``412``,
+  re-reads the index and returns the new value;
+* ``memory://`` (separate stores in one process: the stored object's
+  identity is the validator) and ``dict`` (no ranged reads: every shard is
+  read whole, self-consistent) with reader threads racing a writer thread.
+
+The writer moves chunks inside their shards: besides rewriting each data
+chunk with a growing version (one chunk per call, so every call rewrites a
+shard), it makes the first chunk of the shard come and go, which shifts the
+offset of every other chunk. Uncompressed chunks make a torn read silently
+wrong numbers; the value ``1000 * version + chunk`` tells whose bytes a read
+returned. Every loop is bounded in count and time; processes and threads are
+joined with a timeout.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+import uuid
+from typing import Any
+
+import numpy as np
+import pytest
+from concurrency_harness import SPAWN, MotoS3, moto_s3  # noqa: F401  (fixture)
+
+from shardkv import ShardedStore
+from shardkv.storage.adapters import adapt
+
+zarr = pytest.importorskip("zarr")
+if not zarr.__version__.startswith("2."):
+    pytest.skip("zarr-python 2 only", allow_module_level=True)
+pytestmark = pytest.mark.filterwarnings("ignore::shardkv.PartialShardWriteWarning")  # chunk-by-chunk on purpose
+
+L = 16  # elements per chunk (int64: 128 bytes uncompressed)
+CPS = 8  # chunks per shard
+N_CHUNKS = 32  # 4 shards
+SCRATCH = [c for c in range(N_CHUNKS) if c % CPS == 0]  # come and go: every other offset of the shard moves
+DATA_CHUNKS = [c for c in range(N_CHUNKS) if c % CPS]
+FILL = -1
+MAX_READS = 20_000  # per reader
+MAX_PROBLEMS = 20
+JOIN_S = 90.0
+
+
+def _value(c: int, version: int) -> int:
+    return 1000 * version + c
+
+
+def _compressor(name: str) -> Any:
+    if name == "raw":
+        return None
+    import numcodecs
+
+    return numcodecs.Zlib(level=1)
+
+
+def _create(store: Any, compressor: str) -> None:
+    arr = zarr.open_array(
+        store=store, mode="w", shape=(N_CHUNKS * L,), chunks=(L,), dtype="i8", fill_value=FILL,
+        compressor=_compressor(compressor), write_empty_chunks=False,
+    )  # fmt: skip
+    arr[:] = np.repeat([_value(c, 0) for c in range(N_CHUNKS)], L)  # every chunk acknowledged first
+
+
+def _write_rounds(store: Any, rounds: int, budget_s: float) -> int:
+    """Rewrite every data chunk ``rounds`` times (one chunk per call); the last complete round."""
+    arr = zarr.open_array(store=store, mode="r+", write_empty_chunks=False)
+    present = dict.fromkeys(SCRATCH, True)
+    deadline = time.monotonic() + budget_s
+    done = 0
+    for version in range(1, rounds + 1):
+        for c in DATA_CHUNKS:
+            if time.monotonic() > deadline:
+                return done
+            arr[c * L : (c + 1) * L] = _value(c, version)
+            s = c - c % CPS  # the shard's scratch chunk: deleted (fill) or stored again
+            arr[s * L : (s + 1) * L] = FILL if present[s] else _value(s, version)
+            present[s] = not present[s]
+        done = version
+    return done
+
+
+def _check(c: int, chunk: np.ndarray, seen: dict[int, int]) -> str | None:
+    if (chunk == FILL).any():
+        return f"chunk {c} read as fill after it was written"
+    first = int(chunk[0])
+    if (chunk != first).any():
+        return f"chunk {c} torn: {sorted(set(chunk.tolist()))[:4]}"
+    if first % 1000 != c:
+        return f"chunk {c} returned the bytes of chunk {first % 1000} (value {first}): old offsets into new data"
+    if first < seen.get(c, 0):
+        return f"chunk {c} went back from {seen[c]} to {first}"
+    seen[c] = first
+    return None
+
+
+def _read_loop(store: Any, r: int, stop: Any, budget_s: float) -> tuple[int, list[str]]:
+    """Read data chunks until ``stop`` (or the budget, or MAX_READS); reads made and problems seen."""
+    view = zarr.open_array(store=store, mode="r")
+    deadline = time.monotonic() + budget_s
+    problems: list[str] = []
+    seen: dict[int, int] = {}
+    n = 0
+    for i in range(MAX_READS):
+        if stop.is_set() or time.monotonic() > deadline or len(problems) >= MAX_PROBLEMS:
+            break
+        c = DATA_CHUNKS[(r * 7 + i) % len(DATA_CHUNKS)]
+        try:
+            problem = _check(c, view[c * L : (c + 1) * L], seen)
+        except Exception as exc:  # a decode error of torn bytes, or a corrupt-shard error: a finding
+            problem = f"chunk {c}: {exc!r}"
+        if problem is not None:
+            problems.append(f"reader {r}: {problem}")
+        n += 1
+    return n, problems
+
+
+def _final_check(store: Any, last_round: int) -> None:
+    data = zarr.open_array(store=store, mode="r")[:]
+    for c in DATA_CHUNKS:
+        chunk = data[c * L : (c + 1) * L]
+        assert _check(c, chunk, {}) is None, (c, chunk)
+        assert int(chunk[0]) // 1000 in (last_round, last_round + 1), (c, chunk)
+
+
+# -- S3: readers in other processes --------------------------------------------------------
+
+
+def _s3_store(endpoint: str, bucket: str, root: str, **options: Any) -> ShardedStore:
+    return ShardedStore(MotoS3(endpoint, bucket).filesystem().get_mapper(f"{bucket}/{root}"), **options)
+
+
+def _s3_reader(endpoint: str, bucket: str, root: str, r: int, barrier: Any, stop: Any, results: Any) -> None:
+    try:
+        store = _s3_store(endpoint, bucket, root)  # its own index cache, kept across reads
+        barrier.wait(60)
+        n, problems = _read_loop(store, r, stop, budget_s=40.0)
+        results.put((f"reader {r}", n, store._io.read_stats.precondition_failures, problems))
+    except Exception:  # reported to the parent, which fails the test with the traceback
+        results.put((f"reader {r}", 0, 0, [traceback.format_exc()]))
+
+
+def _s3_writer(endpoint: str, bucket: str, root: str, barrier: Any, stop: Any, results: Any) -> None:
+    try:
+        store = _s3_store(endpoint, bucket, root, chunks_per_shard=CPS)
+        barrier.wait(60)
+        done = _write_rounds(store, rounds=6, budget_s=8.0)
+        results.put(("writer", done, 0, []))
+    except Exception:  # reported to the parent
+        results.put(("writer", -1, 0, [traceback.format_exc()]))
+    finally:
+        stop.set()
+
+
+@pytest.mark.parametrize("compressor", ["raw", "zlib"])
+def test_s3_readers_in_other_processes_never_see_a_torn_chunk(moto_s3, compressor) -> None:  # noqa: F811
+    root = f"readers-{uuid.uuid4().hex[:8]}"
+    _create(_s3_store(moto_s3.endpoint_url, moto_s3.bucket, root, chunks_per_shard=CPS), compressor)
+    barrier, stop, results = SPAWN.Barrier(3), SPAWN.Event(), SPAWN.Queue()
+    args = (moto_s3.endpoint_url, moto_s3.bucket, root)
+    procs = [SPAWN.Process(target=_s3_reader, args=(*args, r, barrier, stop, results), name=f"r{r}") for r in (1, 2)]
+    procs.append(SPAWN.Process(target=_s3_writer, args=(*args, barrier, stop, results), name="writer"))
+    for p in procs:
+        p.start()
+    reports = {}
+    try:
+        for _ in procs:
+            name, n, refused, problems = results.get(timeout=JOIN_S)
+            reports[name] = (n, refused, problems)
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+    assert [p for _, _, problems in reports.values() for p in problems] == []
+    last_round = reports["writer"][0]
+    assert last_round >= 1, reports
+    assert all(reports[f"reader {r}"][0] >= 20 for r in (1, 2)), reports
+    # the race was run: cached indexes went stale and chunk reads were refused (412), then redone
+    assert sum(reports[f"reader {r}"][1] for r in (1, 2)) > 0, reports
+    _final_check(_s3_store(*args), last_round)
+
+
+# -- S3: deterministic ---------------------------------------------------------------------
+
+
+def test_a_cached_index_of_a_shard_replaced_elsewhere_is_refused_and_read_again(moto_s3) -> None:  # noqa: F811
+    root = f"{moto_s3.bucket}/pinned-{uuid.uuid4().hex[:8]}"
+    writer = ShardedStore(moto_s3.filesystem().get_mapper(root), chunks_per_shard=8, concurrency="none")
+    arr = zarr.open_array(
+        store=writer, mode="w", shape=(64,), chunks=(8,), dtype="i8", fill_value=-1, compressor=None,
+        write_empty_chunks=False,
+    )  # fmt: skip
+    arr[8:64] = np.repeat(np.arange(11, 18), 8)  # one shard: chunks 1..7 hold 11..17, chunk 0 absent
+    reader = ShardedStore(moto_s3.filesystem().get_mapper(root), concurrency="none")  # no locks, no CAS
+    view = zarr.open_array(store=reader, mode="r")
+    np.testing.assert_array_equal(view[24:32], 13)  # chunk 3 at bytes [128, 192); its index cached
+    stats = reader._io.read_stats
+    assert stats.precondition_failures == 0 and len(reader.index_cache) == 1
+
+    arr[0:32] = np.repeat([100, 101, 102, 103], 8)  # one call: chunk 0 appears, chunk 3 moves to [192, 256)
+    attempts = stats.attempts
+    # the old offsets would read chunk 2's new bytes (102); the pinned read is refused and redone
+    np.testing.assert_array_equal(view[24:32], 103)
+    assert stats.precondition_failures == 1 and stats.attempts == attempts + 2
+
+    arr[:] = -1  # every chunk fill: the shard is deleted
+    np.testing.assert_array_equal(view[24:32], -1)  # the cached index is refused again: not stored now
+    assert stats.precondition_failures == 2
+
+
+def test_readers_pin_generations_whatever_the_concurrency_mode(moto_s3) -> None:  # noqa: F811
+    from shardkv.storage.conditional import S3Conditional
+
+    mapper = moto_s3.filesystem().get_mapper(f"{moto_s3.bucket}/modes-{uuid.uuid4().hex[:8]}")
+    for mode in ("auto", "conditional", "process", "none"):
+        assert isinstance(ShardedStore(mapper, concurrency=mode)._io._pinned_store, S3Conditional), mode
+    assert ShardedStore("memory://modes-pinned")._io._pinned_store is None  # in-process: validators
+
+
+def test_s3_batched_generation_reads_keep_order_and_sort_answers(moto_s3) -> None:  # noqa: F811
+    from shardkv.format.ranges import ByteRange
+    from shardkv.storage.conditional import S3Conditional
+
+    cond = S3Conditional(moto_s3.filesystem(), f"{moto_s3.bucket}/batch-{uuid.uuid4().hex[:8]}")
+    generations = [cond.swap(f"k{i}", bytes([i]) * 10, None)[1] for i in range(40)]  # more than 32 in flight
+    found = cond.read_many_with_generation([(f"k{i}", ByteRange(i % 10)) for i in range(40)] + [("none", None)])
+    assert found == [(bytes([i]) * (10 - i % 10), generations[i]) for i in range(40)] + [(None, None)]
+    requests = [("k0", ByteRange(2, 4), generations[0]), ("k1", ByteRange(0, 2), "stale"), ("k2", None, None)]
+    requests += [("none", None, generations[3]), ("k3", ByteRange(20, 30), generations[3])]  # past the end
+    requests += [("k4", ByteRange(5, 5), generations[4])]  # an empty range
+    assert cond.read_many_if_generation(requests) == [
+        (True, b"\0\0"), (False, None), (False, None), (False, None), (True, b""), (True, b""),
+    ]  # fmt: skip
+
+
+# -- in one process: memory:// and dict with separate stores -------------------------------
+
+
+def _run_threads(target: Any, n: int) -> list[BaseException]:
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(n, timeout=30)
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait()
+            target(i)
+        except BaseException as exc:  # reported to the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + JOIN_S
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() for t in threads):
+        errors.append(TimeoutError(f"threads still running after {JOIN_S:g} s"))
+    return errors
+
+
+@pytest.mark.parametrize("kind", ["memory", "dict"])
+@pytest.mark.parametrize("compressor", ["raw", "zlib"])
+def test_readers_with_their_own_stores_racing_a_writer_see_only_complete_values(kind, compressor) -> None:
+    base: Any = f"memory://readers-{uuid.uuid4().hex[:8]}" if kind == "memory" else {}
+    _create(ShardedStore(base, chunks_per_shard=CPS), compressor)
+    stop = threading.Event()
+    problems: list[str] = []
+    last_round = [0]
+
+    def run(i: int) -> None:
+        if i == 0:
+            try:
+                last_round[0] = _write_rounds(ShardedStore(base, chunks_per_shard=CPS), rounds=6, budget_s=10.0)
+            finally:
+                stop.set()
+            return
+        # its own store (memory://: validated index cache; dict: no cache, whole shards)
+        n, found = _read_loop(ShardedStore(base, validate_index_cache=True), i, stop, budget_s=30.0)
+        problems.extend(found)
+        assert n >= 1
+
+    assert _run_threads(run, 3) == []
+    assert problems == []
+    _final_check(ShardedStore(base), last_round[0])
+
+
+def test_dict_and_memory_reads_are_consistent_by_construction() -> None:
+    # a mapping has no ranged reads: every shard is read whole, index and chunks from one value
+    assert adapt({}).supports_ranges is False
+    # memory://: a rewrite stores a new file object, and the validator is its identity
+    memory = adapt(f"memory://validator-{uuid.uuid4().hex[:8]}")
+    assert memory.validator("a") == "missing"
+    memory.set("a", b"1")
+    first = memory.validator("a")
+    assert first == memory.validator("a") and hash(first) == hash(memory.validator("a"))
+    memory.set("a", b"1")  # same bytes, new object: a rewrite is seen
+    assert memory.validator("a") != first
+
+
+class _AlwaysChanged:
+    """A remote conditional store whose pinned chunk reads are always refused (a writer without pause)."""
+
+    remote = True
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.whole_reads = 0
+
+    def read_many_with_generation(self, requests: Any) -> Any:
+        self.whole_reads += sum(byte_range is None for _, byte_range in requests)
+        return self.inner.read_many_with_generation(requests)
+
+    def read_many_if_generation(self, requests: Any) -> Any:
+        return [(False, None) for _ in requests]
+
+
+def test_a_shard_refused_twice_is_read_whole_so_the_reader_makes_progress() -> None:
+    from shardkv.storage.choose_conditional import conditional_store_for
+
+    base = f"memory://contended-{uuid.uuid4().hex[:8]}"
+    arr = zarr.open_array(store=ShardedStore(base, chunks_per_shard=8), mode="w", shape=(64,), chunks=(8,), dtype="i8")
+    arr[:] = np.arange(64)
+    reader = ShardedStore(base)
+    fake = reader._io._pinned_store = _AlwaysChanged(conditional_store_for(reader._io.base))
+    stats = reader._io.read_stats
+    np.testing.assert_array_equal(zarr.open_array(store=reader, mode="r")[8:16], np.arange(8, 16))
+    # index + refused range, twice; then the whole shard in one read (index and chunks of one generation)
+    assert (stats.attempts, stats.precondition_failures, fake.whole_reads) == (3, 2, 1)
