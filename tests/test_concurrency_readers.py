@@ -197,7 +197,7 @@ def test_s3_readers_in_other_processes_never_see_a_torn_chunk(moto_s3, compresso
 # -- S3: deterministic ---------------------------------------------------------------------
 
 
-def _s3_store(moto_s3, root: str, client: str, **options: Any) -> ShardedStore:  # noqa: F811
+def _client_store(moto_s3, root: str, client: str, **options: Any) -> ShardedStore:  # noqa: F811
     if client == "s3fs":
         return ShardedStore(moto_s3.filesystem().get_mapper(root), **options)
     obstore_options = {"client": "obstore", "endpoint": moto_s3.endpoint_url, "region": "us-east-1",
@@ -209,13 +209,13 @@ def _s3_store(moto_s3, root: str, client: str, **options: Any) -> ShardedStore: 
 @pytest.mark.parametrize("client", ["s3fs", "obstore"])
 def test_a_cached_index_of_a_shard_replaced_elsewhere_is_refused_and_read_again(moto_s3, client) -> None:  # noqa: F811
     root = f"{moto_s3.bucket}/pinned-{uuid.uuid4().hex[:8]}"
-    writer = _s3_store(moto_s3, root, client, chunks_per_shard=8, concurrency="none")
+    writer = _client_store(moto_s3, root, client, chunks_per_shard=8, concurrency="none")
     arr = zarr.open_array(
         store=writer, mode="w", shape=(64,), chunks=(8,), dtype="i8", fill_value=-1, compressor=None,
         write_empty_chunks=False,
     )  # fmt: skip
     arr[8:64] = np.repeat(np.arange(11, 18), 8)  # one shard: chunks 1..7 hold 11..17, chunk 0 absent
-    reader = _s3_store(moto_s3, root, client, concurrency="none")  # no locks, no CAS
+    reader = _client_store(moto_s3, root, client, concurrency="none")  # no locks, no CAS
     assert reader._io._pinned_store is not None and reader._io._pinned_store.remote
     view = zarr.open_array(store=reader, mode="r")
     np.testing.assert_array_equal(view[24:32], 13)  # chunk 3 at bytes [128, 192); its index cached
