@@ -114,8 +114,8 @@ def _read_loop(store: Any, r: int, stop: Any, budget_s: float) -> tuple[int, lis
     seen: dict[int, int] = {}
     n = 0
     for i in range(MAX_READS):
-        if stop.is_set() or time.monotonic() > deadline or len(problems) >= MAX_PROBLEMS:
-            break
+        if i and (stop.is_set() or time.monotonic() > deadline or len(problems) >= MAX_PROBLEMS):
+            break  # (one read at least: a fast writer may be done before a loaded reader starts)
         c = DATA_CHUNKS[(r * 7 + i) % len(DATA_CHUNKS)]
         try:
             problem = _check(c, view[c * L : (c + 1) * L], seen)
