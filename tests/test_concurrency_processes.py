@@ -180,17 +180,17 @@ def test_a_forced_race_on_s3_is_refused_with_412_and_retried(moto_s3) -> None:  
     # another process's writer: takes none of this process's locks
     other = zarr.open_array(store=ShardedStore(url, storage_options=options, concurrency="none"), mode="r+")
     conditional = store._io._rw.conditional
-    read = conditional.read_with_generation
+    read = conditional.read_many_with_generation
     raced: list[str] = []
 
-    def read_then_lose_the_race(key, byte_range=None):
-        found = read(key, byte_range)
+    def read_then_lose_the_race(requests):
+        found = read(requests)
         if not raced:  # the other writer stores shard 0 between our read and our write
-            raced.append(key)
+            raced.append(requests[0][0])
             other[2:4] = 2
         return found
 
-    conditional.read_with_generation = read_then_lose_the_race
+    conditional.read_many_with_generation = read_then_lose_the_race
     arr[4:6] = 3
     stats = store._io.retry_stats
     assert raced == ["0"] and stats.precondition_failures >= 1, stats  # the 412 answer

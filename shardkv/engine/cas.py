@@ -84,6 +84,16 @@ class GenerationTrackingAdapter(StoreAdapter):
     def _tracking(self) -> bool:
         return bool(getattr(self._tx, "active", False))
 
+    def generation_of(self, key: str) -> Hashable:
+        """The generation this thread's transaction last read or wrote for ``key``; ``None`` when unknown.
+
+        After a conditional write, the generation of the value written: an
+        index built for that value can be cached with it.
+        """
+        if not self._tracking():
+            return None
+        return self._tx.generations.get(key)
+
     # -- tracked calls ----------------------------------------------------------
 
     def get(self, key: str) -> bytes:
@@ -99,8 +109,9 @@ class GenerationTrackingAdapter(StoreAdapter):
         if not self._tracking():
             return self.inner.get_many(keys)
         out = {}
-        for key in keys:
-            value, generation = self.conditional.read_with_generation(key)
+        keys = list(keys)
+        found = self.conditional.read_many_with_generation([(key, None) for key in keys])  # concurrently
+        for key, (value, generation) in zip(keys, found):
             self._tx.generations[key] = generation  # None: "was not stored", also a condition
             if value is not None:
                 out[key] = value

@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Iterable, Iterator, Mapping
 
 from shardkv.engine.backend import ShardBackend
-from shardkv.engine.cas import run_conditionally
+from shardkv.engine.cas import GenerationTrackingAdapter, run_conditionally
 from shardkv.engine.merge import ChunkPatch, covers_shard, merge_chunks, out_of_grid
 from shardkv.engine.strategies import plan_append
 from shardkv.format.index import ShardIndex
@@ -76,13 +76,23 @@ class ShardWrites:
             finally:
                 self.epochs.end(keys)
 
-    def _stored(self, shard_keys: Iterable[str], indexes: Mapping[str, ShardIndex] | None = None) -> None:
-        """Record that this object stored or deleted shards, then cache their new indexes."""
+    def _stored(
+        self,
+        shard_keys: Iterable[str],
+        indexes: Mapping[str, ShardIndex] | None = None,
+        generations: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record that this object stored or deleted shards, then cache their new indexes.
+
+        ``generations``: the generation (ETag) of each shard as written, where a
+        conditional write returned one; cached beside its index, so a reader
+        that pins generations can use the index without reading it again.
+        """
         for shard_key in shard_keys:
             self.epochs.bump(shard_key)
         if indexes and not self.validate_index_cache:
             for shard_key, index in indexes.items():
-                self.index_cache.put(shard_key, index)
+                self.index_cache.put(shard_key, index, (generations or {}).get(shard_key))
 
     def write_shards(self, by_shard: ShardUpdates) -> None:
         """Apply chunk updates grouped by shard: one batched read (partly covered shards), one batched write.
@@ -148,7 +158,8 @@ class ShardWrites:
                 rw.delete_many(empty)
         finally:  # even a lost race may have stored some shards: older tickets must not cache
             self._stored(by_shard)
-        self._stored((), new_indexes)
+        generations = {k: rw.generation_of(k) for k in new_indexes} if isinstance(rw, GenerationTrackingAdapter) else None
+        self._stored((), new_indexes, generations)
 
     def _trust_cache_under_lock(self) -> bool:
         """True when an index cached by this object is known current while its shard's lock is held."""
