@@ -4,7 +4,7 @@ A forked child writes random whole chunks through ``ShardedStore(local dir,
 write_strategy=...)`` with zarr-python 2 (write ``seq`` stores the value
 ``seq + 1`` in chunk ``chunk_of(seq)``) and logs each acknowledged ``seq`` to
 an fsync'd file; it is killed at a random moment, the store is reopened, and
-every shard must pass :func:`shardkv.engine.verify.verify_store` and every
+every shard must pass :func:`shardkv.proxy.verify.verify_store` and every
 chunk must hold its last acknowledged value (or the value of the one write
 that was in flight). A second test makes a share of the low-level writes fail
 with ``EIO`` (after writing part of their bytes) and checks that each failed
@@ -28,7 +28,7 @@ import zarr
 from kill_harness import acked_seqs, check_chunks, run_and_kill, write_and_ack
 
 from shardkv import ShardedStore
-from shardkv.engine.verify import find_stale_temporaries, remove_stale_temporaries, verify_store
+from shardkv.proxy.verify import find_stale_temporaries, remove_stale_temporaries, verify_store
 from shardkv.storage import adapters, fsmap_adapter
 
 CHUNK = 512  # 2 KiB of int32 noise per chunk

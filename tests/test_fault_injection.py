@@ -31,8 +31,8 @@ import pytest
 import zarr
 
 from shardkv import ShardedStore
-from shardkv.engine.verify import verify_store
 from shardkv.errors import ShardKVError
+from shardkv.proxy.verify import verify_store
 from shardkv.storage import fsmap_adapter
 from shardkv.storage.adapters import FSMapAdapter, MappingAdapter
 

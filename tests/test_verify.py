@@ -1,4 +1,4 @@
-"""``shardkv verify`` and :mod:`shardkv.engine.verify`: each kind of injected damage is found, clean stores pass.
+"""``shardkv verify`` and :mod:`shardkv.proxy.verify`: each kind of injected damage is found, clean stores pass.
 
 Damage is made on the shard files with an independent writer (numpy/crc32c on
 raw bytes), then the store is verified through the command line (in process,
@@ -23,7 +23,7 @@ import zarr
 
 from shardkv import ShardedStore
 from shardkv.cli.main import main
-from shardkv.engine.verify import find_stale_temporaries, remove_stale_temporaries, verify_store
+from shardkv.proxy.verify import find_stale_temporaries, remove_stale_temporaries, verify_store
 from shardkv.storage.adapters import TEMP_MARKER
 
 CPS = 4

@@ -29,8 +29,8 @@ from kill_harness import acked_seqs, check_chunks, run_and_kill, write_and_ack
 
 from shardkv import ShardedStore
 from shardkv.engine.journal import Journal
-from shardkv.engine.verify import verify_store
 from shardkv.errors import ConfigurationError
+from shardkv.proxy.verify import verify_store
 from shardkv.storage.adapters import TEMP_MARKER
 
 # -- failing shard writes -----------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""``shardkv verify STORE``: check every shard of a sharded store (the work is in :mod:`shardkv.engine.verify`).
+"""``shardkv verify STORE``: check every shard of a sharded store (the work is in :mod:`shardkv.proxy.verify`).
 
 Exit status 0 when nothing is damaged (and nothing removable is left, or
 ``--repair`` removed it), 1 when damage is found or the store cannot be opened.
@@ -12,9 +12,9 @@ from typing import Any
 
 from shardkv.cli.info import read_hierarchy
 from shardkv.cli.stores import open_store
-from shardkv.engine.verify import verify_store
 from shardkv.proxy.presenting import PresentingAdapter
 from shardkv.proxy.store import ShardedStore
+from shardkv.proxy.verify import verify_store
 
 __all__ = ["add_parser", "run"]
 

@@ -181,7 +181,7 @@ class ShardIndex:
         """Local coords of two stored chunks whose byte ranges overlap, or ``None``.
 
         Zero-length chunks overlap nothing. Valid shards written by shardkv
-        never have overlapping entries; :mod:`shardkv.engine.verify` reports them.
+        never have overlapping entries; :mod:`shardkv.proxy.verify` reports them.
         """
         coords = [c for c in self.present() if self.get(c)[1] > 0]  # type: ignore[index]
         spans = sorted((*self.get(c), c) for c in coords)  # type: ignore[misc]

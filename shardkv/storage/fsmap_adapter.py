@@ -314,7 +314,7 @@ class FSMapAdapter(StoreAdapter):
         the copy, the copy is fsync'd and renamed over the shard, and the
         directory is fsync'd. A failed or killed writer leaves the previous
         shard whole (and at most a temporary file, see
-        :func:`shardkv.engine.verify.remove_stale_temporaries`).
+        :func:`shardkv.proxy.verify.remove_stale_temporaries`).
 
         Raises
         ------

@@ -37,6 +37,7 @@ import numpy as np
 from shardkv.engine.temporaries import DEFAULT_TEMP_AGE, find_stale_temporaries, remove_stale_temporaries
 from shardkv.errors import CorruptShardError
 from shardkv.keys.space import ShardedArray
+from shardkv.proxy.presenting import PresentingAdapter
 from shardkv.storage.adapters import StoreAdapter
 
 __all__ = [
@@ -221,8 +222,6 @@ def verify_store(
     VerifyReport
         Per-shard results and what was found (and removed) besides shards.
     """
-    from shardkv.proxy.presenting import PresentingAdapter
-
     base: StoreAdapter = PresentingAdapter(store.base)  # v3-only nodes listed with their v2 documents
     keys = sorted(base.iter_keys())
     key_set = set(keys)
