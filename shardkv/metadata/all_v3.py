@@ -26,13 +26,13 @@ from shardkv.keys.encodings import V2ChunkKeyEncoding
 from shardkv.metadata.hierarchy import ZARR_JSON, group_document, with_consolidated_metadata
 from shardkv.metadata.v3_view import (
     V3View,
-    _inner_codecs,
-    _numpy_dtype,
-    _v3_fill_value,
     dimension_names_of,
+    inner_codecs_of,
     mark_null_fill,
+    numpy_dtype_of,
     v2_dimension_separator,
     v3_data_type,
+    v3_fill_value,
 )
 
 __all__ = ["AllV3Plan", "v3_view_of_unsharded_v2", "plan_all_v3"]
@@ -60,14 +60,14 @@ def v3_view_of_unsharded_v2(zarray: Mapping[str, Any], zattrs: Mapping[str, Any]
         If the separator or fill value is invalid for the dtype.
     """
     shape = [int(s) for s in zarray["shape"]]
-    dtype = _numpy_dtype(zarray["dtype"])
+    dtype = numpy_dtype_of(zarray["dtype"])
     data_type, extension = v3_data_type(dtype)
     if data_type is None:
         return V3View({}, (f"dtype {zarray['dtype']!r} has no Zarr v3 data type",))
     problems: list[str] = []
     if extension is not None:
         problems.append(f"dtype {zarray['dtype']!r} is the zarr-python 3 extension {extension!r}")
-    codecs = _inner_codecs(zarray, dtype, len(shape), problems)
+    codecs = inner_codecs_of(zarray, dtype, len(shape), problems)
     encoding: dict[str, Any] = V2ChunkKeyEncoding(v2_dimension_separator(zarray)).to_metadata()  # type: ignore[arg-type]
     metadata: dict[str, Any] = {
         "zarr_format": 3,
@@ -76,7 +76,7 @@ def v3_view_of_unsharded_v2(zarray: Mapping[str, Any], zattrs: Mapping[str, Any]
         "data_type": data_type,
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [int(c) for c in zarray["chunks"]]}},
         "chunk_key_encoding": encoding,
-        "fill_value": _v3_fill_value(zarray.get("fill_value"), dtype),
+        "fill_value": v3_fill_value(zarray.get("fill_value"), dtype),
         "codecs": codecs,
         "attributes": dict(zattrs or {}),
     }

@@ -48,6 +48,9 @@ __all__ = [
     "SHARDING_CODEC",
     "V2_FILL_FIELD",
     "v3_data_type",
+    "numpy_dtype_of",
+    "v3_fill_value",
+    "inner_codecs_of",
     "v3_view_of_v2",
     "ShardingSpec",
     "sharding_spec_from_v3",
@@ -140,7 +143,7 @@ def v3_data_type(dtype: np.dtype) -> tuple[Any, str | None]:
     return length, str(length["name"])
 
 
-def _numpy_dtype(v2_dtype: Any) -> np.dtype:
+def numpy_dtype_of(v2_dtype: Any) -> np.dtype:
     """The numpy dtype of a v2 ``dtype`` (a string, or a structured dtype's list of fields)."""
     if isinstance(v2_dtype, list):
         return np.dtype([tuple(f) for f in v2_dtype])
@@ -160,7 +163,8 @@ def _null_fill_value(dtype: np.dtype) -> Any:
     return 0
 
 
-def _v3_fill_value(fill: Any, dtype: np.dtype) -> Any:
+def v3_fill_value(fill: Any, dtype: np.dtype) -> Any:
+    """The v3 ``fill_value`` of a v2 fill value ``fill`` of dtype ``dtype`` (``None``: see clause M7)."""
     if fill is None:
         return _null_fill_value(dtype)
     if dtype.kind in "USV":
@@ -188,8 +192,8 @@ def _v3_fill_value(fill: Any, dtype: np.dtype) -> Any:
         return float(fill)
     if dtype.kind == "c":
         if isinstance(fill, (list, tuple)):
-            return [_v3_fill_value(v, np.dtype("f8")) for v in fill]
-        return [_v3_fill_value(float(np.real(fill)), np.dtype("f8")), _v3_fill_value(float(np.imag(fill)), np.dtype("f8"))]
+            return [v3_fill_value(v, np.dtype("f8")) for v in fill]
+        return [v3_fill_value(float(np.real(fill)), np.dtype("f8")), v3_fill_value(float(np.imag(fill)), np.dtype("f8"))]
     if dtype.kind == "b":
         return bool(fill)
     return int(fill)
@@ -223,7 +227,7 @@ def _compressor_codecs(compressor: Mapping[str, Any] | None, dtype: np.dtype) ->
     return [{"name": f"numcodecs.{cid}", "configuration": config}]
 
 
-def _inner_codecs(zarray: Mapping[str, Any], dtype: np.dtype, ndim: int, problems: list[str]) -> list[dict[str, Any]]:
+def inner_codecs_of(zarray: Mapping[str, Any], dtype: np.dtype, ndim: int, problems: list[str]) -> list[dict[str, Any]]:
     """The v3 inner codecs of a v2 array with a v3 core data type; what v3 readers lack goes to ``problems``."""
     inner: list[dict[str, Any]] = []
     if zarray.get("order", "C") == "F" and ndim > 1:
@@ -277,14 +281,14 @@ def v3_view_of_v2(
             f"the array has {len(shape)} dimension(s)"
         )
     problems: list[str] = []
-    dtype = _numpy_dtype(zarray["dtype"])
+    dtype = numpy_dtype_of(zarray["dtype"])
     data_type, extension = v3_data_type(dtype)
     opaque = data_type is None
     if opaque:
         problems.append(f"dtype {zarray['dtype']!r} has no Zarr v3 core data type")
         data_type = {"name": "shardkv.v2_dtype", "configuration": {"dtype": zarray["dtype"]}}
         fill_value: Any = zarray.get("fill_value")
-        _inner_codecs(zarray, dtype, len(shape), problems)  # its problems are reported all the same
+        inner_codecs_of(zarray, dtype, len(shape), problems)  # its problems are reported all the same
         # no v3 reader may decode these chunks as anything else: one opaque codec
         inner: list[dict[str, Any]] = [{"name": "shardkv.v2_chunk", "configuration": {
             "dtype": zarray["dtype"], "order": zarray.get("order", "C"),
@@ -296,8 +300,8 @@ def v3_view_of_v2(
                 f"dtype {zarray['dtype']!r} has no Zarr v3 core data type; stored as the zarr-python 3 "
                 f"extension {extension!r} (zarr-python 3 only)"
             )
-        fill_value = _v3_fill_value(zarray.get("fill_value"), dtype)
-        inner = _inner_codecs(zarray, dtype, len(shape), problems)
+        fill_value = v3_fill_value(zarray.get("fill_value"), dtype)
+        inner = inner_codecs_of(zarray, dtype, len(shape), problems)
 
     index_codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": layout.index_endian}}]
     if layout.index_checksum:
