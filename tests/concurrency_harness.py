@@ -212,7 +212,8 @@ class MotoS3:
         )
 
 
-_MOTO_WRITE_METHODS = ("put_object", "delete_object")  # the S3Response methods that check If-Match / If-None-Match
+# the S3Response handlers that store or delete objects (_key_response_post completes multipart uploads)
+_MOTO_WRITE_METHODS = ("put_object", "delete_object", "_key_response_post")
 
 
 @contextmanager
