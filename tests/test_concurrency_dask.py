@@ -15,8 +15,16 @@ the zarr chunks equal to the dask blocks (irregular blocks are rechunked to
 regular ones, with a warning), and by rechunking to whole zarr chunks when
 given an existing ``zarr.Array``; xarray refuses unaligned blocks
 (``safe_chunks``). Blocks that cut chunks are safe only with a
-``synchronizer`` (``zarr.ProcessSynchronizer``: one lock file per chunk),
-which :func:`test_chunk_unaligned_blocks_with_a_process_synchronizer` shows.
+``synchronizer`` (``zarr.ProcessSynchronizer``: one lock file per chunk) and
+a validated index cache, which
+:func:`test_chunk_unaligned_blocks_with_a_process_synchronizer` shows.
+Measured once (300 x 260 int32, 32 x 32 chunks, 48 x 40 blocks, 2 worker
+processes, 3 runs each): a plain ``zarr.DirectoryStore`` lost 192 of 78,000
+elements in one run of three; ``ShardedStore`` without a synchronizer lost
+5,696 to 7,008 in every run (a shard read-modify-write is longer, so the
+chunk race is hit more often); with the synchronizer but the default
+(trusted) index cache, a task failed decoding another chunk's bytes; with
+the synchronizer and ``validate_index_cache=True``, 0.
 """
 
 from __future__ import annotations
@@ -177,7 +185,7 @@ def _open(path: str) -> "xr.Dataset":
         return xr.open_zarr(store).load()
 
 
-def test_xarray_to_zarr_append_and_region_from_worker_processes(tmp_path, local_cluster) -> None:  # noqa: F811
+def test_xarray_to_zarr_append_and_region_on_a_local_dir(tmp_path, local_cluster) -> None:  # noqa: F811
     assert dask.base.get_scheduler() == local_cluster.get  # xarray computes on the worker processes
     path = str(tmp_path / "ds.zarr")
     first = _dataset(192)  # 1.5 shards along y: shard row 1 holds 2 of its 4 chunk rows
@@ -203,3 +211,16 @@ def test_xarray_to_zarr_append_and_region_from_worker_processes(tmp_path, local_
     for name in ("temp", "count"):
         expected[name][64:160] = patch[name].values
     xr.testing.assert_identical(_open(path), expected)
+
+
+def test_xarray_to_zarr_append_and_region_on_s3(moto_s3, local_cluster) -> None:  # noqa: F811
+    make_store = _s3_store_factory(moto_s3)
+    first, more = _dataset(192), _dataset(108, y0=192, seed=4)
+    first.chunk({"y": 64, "x": 96}).to_zarr(make_store(), mode="w", encoding=_encoding(first))
+    more.chunk({"y": 32, "x": 96}).to_zarr(make_store(), append_dim="y")  # merged into shard row 1 by CAS
+    patch = _dataset(96, y0=64, seed=5).drop_vars(["x", "label"])
+    patch.chunk({"y": 32}).to_zarr(make_store(), region={"y": slice(64, 160)})
+    expected = xr.concat([first, more], dim="y", data_vars="all")
+    for name in ("temp", "count"):
+        expected[name][64:160] = patch[name].values
+    xr.testing.assert_identical(xr.open_zarr(make_store()).load(), expected)
