@@ -134,25 +134,7 @@ def test_adapters_and_rebuilt_stores_work_in_worker_processes(tmp_path, local_cl
     np.testing.assert_array_equal(zarr.open_array(store=store, mode="r")[:], expected)
 
 
-# -- dask.distributed writing a sharded array from worker processes ------------------------------
-
-SIDE, CHUNK, CPS = 1024, 64, 4  # 16 x 16 chunks of 64 x 64, 4 x 4 chunks per shard: 16 shards
-
-
-def _dask_round_trip(make_store, client) -> None:
-    da = pytest.importorskip("dask.array")
-    source = np.random.default_rng(9).integers(0, 1 << 30, size=(SIDE, SIDE), dtype="i4")
-    # one task per 64 x 64 chunk: 16 tasks per shard, spread over both worker processes
-    da.to_zarr(da.from_array(source, chunks=(CHUNK, CHUNK)), make_store(), overwrite=True, compute=True)
-    written = zarr.open_array(store=make_store(), mode="r")
-    assert written.chunks == (CHUNK, CHUNK)
-    np.testing.assert_array_equal(written[:], source)
-
-
-def test_dask_cluster_writes_a_sharded_array_on_a_local_dir(tmp_path, local_cluster) -> None:  # noqa: F811
-    path = str(tmp_path / "dask.zarr")
-    _dask_round_trip(lambda: ShardedStore(path, chunks_per_shard=CPS), local_cluster)
-    assert len([n for n in os.listdir(path) if n[0].isdigit()]) == 16  # shards, not chunks
+# -- S3 compare-and-swap ----------------------------------------------------------------------
 
 
 def _s3_options(moto_s3) -> dict:  # noqa: F811
@@ -162,13 +144,6 @@ def _s3_options(moto_s3) -> dict:  # noqa: F811
         "client_kwargs": {"endpoint_url": moto_s3.endpoint_url, "region_name": "us-east-1"},
         "skip_instance_cache": True,
     }
-
-
-def test_dask_cluster_writes_a_sharded_array_on_s3(moto_s3, local_cluster) -> None:  # noqa: F811
-    url = f"s3://{moto_s3.bucket}/dask-{uuid.uuid4().hex[:8]}"
-    options = {**_s3_options(moto_s3), "skip_instance_cache": False}  # one client per worker, not per task
-    assert ShardedStore(url, storage_options=options)._io.plan.mode == "conditional"
-    _dask_round_trip(lambda: ShardedStore(url, chunks_per_shard=CPS, storage_options=options), local_cluster)
 
 
 def test_a_forced_race_on_s3_is_refused_with_412_and_retried(moto_s3) -> None:  # noqa: F811

@@ -148,6 +148,23 @@ def test_readers_racing_a_writer_see_only_complete_values(tmp_path, shared_proxy
     np.testing.assert_array_equal(zarr.open_array(store=ShardedStore(path), mode="r")[:], n_rounds)
 
 
+def test_a_chunk_delete_sees_another_stores_write(tmp_path) -> None:
+    """zarr with a synchronizer deletes an all-fill chunk by ``del store[key]``: decided on the stored index.
+
+    Store ``a`` cached shard 0's index before store ``b`` (another process's,
+    say) wrote chunk 0; ``a``'s later write of fill values to chunk 0 must
+    still delete it, not find it missing in its cached index and keep ``b``'s.
+    """
+    path = str(tmp_path / "a.zarr")
+    kwargs = {"write_empty_chunks": False, "synchronizer": zarr.ThreadSynchronizer()}  # chunk by chunk
+    a = zarr.open_array(store=ShardedStore(path, chunks_per_shard=4), mode="w", shape=(16,), chunks=(4,), dtype="i4")
+    a = zarr.open_array(store=a.store, mode="r+", **kwargs)
+    a[4:8] = 2  # shard 0 stored; its index cached by store a
+    zarr.open_array(store=ShardedStore(path), mode="r+")[0:4] = 1
+    a[0:4] = 0  # all fill: zarr deletes chunk 0
+    np.testing.assert_array_equal(zarr.open_array(store=ShardedStore(path), mode="r")[:8], [0] * 4 + [2] * 4)
+
+
 def test_store_pickles_to_an_equivalent_store(tmp_path) -> None:
     store = ShardedStore(str(tmp_path), chunks_per_shard=4, write_strategy="append", lock_timeout=5.0)
     arr = zarr.open_array(store=store, mode="w", shape=(40,), chunks=(5,), dtype="i2")

@@ -324,10 +324,14 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
             return False
         if ref is None:
             return not self._nodes.is_hidden(key) and self._base.contains(key)  # type: ignore[arg-type]
+        return self._chunk_stored(ref)
+
+    def _chunk_stored(self, ref: ChunkRef, *, fresh: bool = False) -> bool:
+        """True when the chunk is stored (or buffered); ``fresh``: its shard's index read from the store."""
         buffered, value = self._writer.lookup(ref.shard_key, ref.local_coords)
         if buffered:
             return value is not None
-        indexes, _ = self._io.read_indexes({ref.shard_key: ref.array})
+        indexes, _ = self._io.read_indexes({ref.shard_key: ref.array}, fresh=fresh)
         index = indexes.get(ref.shard_key)
         return index is not None and index.get(ref.local_coords) is not None
 
@@ -375,7 +379,9 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
             else:
                 self._base.delete(key)
             return
-        if key not in self:
+        # a delete is a write: decided on the stored index, not on a cached one that another
+        # process's write may have outdated (zarr deletes chunk by chunk with a synchronizer)
+        if not self._chunk_stored(ref, fresh=True):
             raise KeyError(key)
         self._writer.write(group_by_shard([ref], [None]))
 
