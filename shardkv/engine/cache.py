@@ -9,8 +9,10 @@ an entry. Its size limit counts the bytes of the index arrays.
 Policy (documented for users in :class:`shardkv.ShardedStore`): the proxy
 replaces or drops the entry of every shard it writes or deletes, so its own
 writes never leave a stale entry. Changes made by *other* writers are seen
-after :meth:`IndexCache.clear` (``ShardedStore.refresh()``), or at once when
-validation is on (the proxy then checks each entry's validator first). On
+at once by chunk reads wherever a validator is free (local files, ``memory://``:
+the read path takes it anyway and compares it with the entry's), by every
+use when validation is on, and otherwise after :meth:`IndexCache.clear`
+(``ShardedStore.refresh()``). On
 object stores other processes can change, the validator stored with an entry
 is the generation (ETag) of the read that gave the index, and chunk reads
 are pinned to it (:mod:`shardkv.engine.generation_reads`): a stale entry

@@ -204,6 +204,8 @@ class ShardIO(ShardWrites):
         whole: frozenset[str] = frozenset(),
         pinned: PinnedReads | None = None,
         contended: frozenset[str] = frozenset(),
+        known: Mapping[str, Any] | None = None,
+        wanted: Mapping[str, set[tuple[int, ...]]] | None = None,
     ) -> tuple[dict[str, ShardIndex], dict[str, bytes], list[bytes | None]]:
         """:meth:`read_indexes`, with ``relayed`` ranges of other keys read in the same batch.
 
@@ -213,6 +215,14 @@ class ShardIO(ShardWrites):
         indexes are read (or taken from the cache) with their generations,
         and cached with them; ``relayed`` ranges are then read apart. The
         ``contended`` shards not cached are read whole whatever their size.
+        ``known`` validators (taken by the caller, so free here) are checked
+        against every cached index whatever ``validate_index_cache`` says: an
+        index another process made stale is never used to read chunk bytes.
+        With ``pinned``, a cached index is used only if it holds every chunk
+        ``wanted`` of its shard: a chunk read pinned to the index's generation
+        proves the index current, an absent entry proves nothing (a chunk
+        another process wrote since would read as missing, and zarr would
+        patch fill values over it), so such a shard's index is read again.
         """
         keys = list(shards)
         if not self.base.supports_ranges:
@@ -225,12 +235,17 @@ class ShardIO(ShardWrites):
         missing: list[str] = []
         blobs: dict[str, bytes] = {}
         for k in keys:
-            validator = self.base.validator(k) if self.validate_index_cache else None
+            if known is not None and known.get(k) is not None:
+                validator = known[k]
+            else:
+                validator = self.base.validator(k) if self.validate_index_cache else None
             ticket = self.epochs.ticket(k)  # before the read: a write after it refuses our put
             if fresh or not self.epochs.is_current(k, ticket):
                 cached = None
             elif pinned is not None:
                 cached = pinned.cached(self.index_cache, k)
+                if cached is not None and any(cached.get(c) is None for c in (wanted or {}).get(k, ())):
+                    cached = None  # an absent chunk is not proven by a pinned read: read the index again
             else:
                 cached = self.index_cache.get(k, validator)
             if cached is None:
@@ -322,7 +337,9 @@ class ShardIO(ShardWrites):
             before = {k: self.base.validator(k) for k in shards} if self.base.supports_ranges else {}
             pinned = self._pinned_reads()
             try:
-                out, extra, changed = self._read_ranges_once(requests, relayed, shards, pinned, frozenset(contended))
+                out, extra, changed = self._read_ranges_once(
+                    requests, relayed, shards, pinned, frozenset(contended), before
+                )
                 damage = None
             except CorruptShardError as exc:  # damaged, or torn by a rewrite: the validators tell
                 out, extra, changed, damage = [], [], set(), exc
@@ -353,15 +370,25 @@ class ShardIO(ShardWrites):
         shards: Mapping[str, ShardedArray],
         pinned: PinnedReads | None = None,
         contended: frozenset[str] = frozenset(),
+        known: Mapping[str, Any] | None = None,
     ) -> tuple[list[bytes | None], list[bytes | None], set[str]]:
         """One index read and one chunk read; the shards whose chunk ranges had vanished (or changed) are returned.
+
+        ``known``: the shards' validators, taken just before (a cached index is
+        used only if it was cached with the same validator).
 
         The ``contended`` shards (pinned reads refused again and again: a
         writer rewriting them without pause) are read whole, index included.
         """
         remote = self.base.supports_ranges and getattr(self.base, "round_trips", False)
         whole = shards_to_read_whole(requests, self.read_policy) if remote else frozenset()
-        indexes, blobs, extra = self._read_indexes(shards, relayed, whole=whole, pinned=pinned, contended=contended)
+        wanted_chunks: dict[str, set[tuple[int, ...]]] = {}
+        if pinned is not None:
+            for ref, _ in requests:
+                wanted_chunks.setdefault(ref.shard_key, set()).add(ref.local_coords)
+        indexes, blobs, extra = self._read_indexes(
+            shards, relayed, whole=whole, pinned=pinned, contended=contended, known=known, wanted=wanted_chunks
+        )
         out: list[bytes | None] = [None] * len(requests)
         wanted: list[tuple[int, ChunkRef, int, int]] = []  # (position, ref, start, stop) in the shard
         for i, (ref, byte_range) in enumerate(requests):

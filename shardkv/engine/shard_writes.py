@@ -91,8 +91,14 @@ class ShardWrites:
         for shard_key in shard_keys:
             self.epochs.bump(shard_key)
         if indexes and not self.validate_index_cache:
+            # under lock files (or the in-process compare-and-swap of memory:// and mappings) no other
+            # writer can have stored the shard since: its validator now is that of what we wrote
+            locked = self.plan.mode == "files" or (self.plan.mode == "conditional" and self._rw is None)
             for shard_key, index in indexes.items():
-                self.index_cache.put(shard_key, index, (generations or {}).get(shard_key))
+                tag = (generations or {}).get(shard_key)
+                if tag is None and locked:
+                    tag = self.base.validator(shard_key)
+                self.index_cache.put(shard_key, index, tag)
 
     def write_shards(self, by_shard: ShardUpdates) -> None:
         """Apply chunk updates grouped by shard: one batched read (partly covered shards), one batched write.

@@ -85,13 +85,15 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
     index_cache_bytes : int
         Limit (bytes) of the cache of decoded shard indexes (default 64 MiB;
         0 disables it). With the index cached, reading a chunk costs one
-        request. The proxy keeps the cache right across its own writes;
-        for data changed by other writers call :meth:`refresh`, or set
-        ``validate_index_cache``.
+        request. The proxy keeps the cache right across its own writes, and
+        chunk reads check entries against other writers' changes where the
+        store allows (see ``validate_index_cache``).
     validate_index_cache : bool
-        Check a cached index against the shard's size and modification time
-        before using it, where the base store gives them without a request
-        (local files); elsewhere the cache is trusted until :meth:`refresh`.
+        Also check cached indexes for listings, ``in`` and writes (chunk reads
+        always check them where the store allows: local files and
+        ``memory://`` compare the shard's identity, size and modification
+        time; S3 reads chunk bytes ``If-Match`` the index's ETag). Elsewhere
+        the cache is trusted until :meth:`refresh`.
     read_policy : ReadPolicy, optional
         How nearby chunk ranges of one shard merge into one request and when
         the whole shard is read instead (default ``ReadPolicy()``: gaps up to
