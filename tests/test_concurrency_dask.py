@@ -106,7 +106,7 @@ def test_chunk_aligned_irregular_blocks_on_s3(moto_s3, local_cluster) -> None:  
 
 # -- da.to_zarr: the zarr chunks are the dask blocks ---------------------------------------------
 
-SIDE, BLOCK = 512, 64  # 8 x 8 blocks of 64 x 64 (the zarr chunks), 4 x 4 chunks per shard: 4 shards
+SIDE, BLOCK = 1024, 64  # the set-up: 16 x 16 blocks of 64 x 64 (the zarr chunks), 4 x 4 chunks per shard: 16 shards
 
 
 def _dask_round_trip(make_store) -> None:
@@ -121,7 +121,7 @@ def _dask_round_trip(make_store) -> None:
 def test_dask_cluster_writes_a_sharded_array_on_a_local_dir(tmp_path, local_cluster) -> None:  # noqa: F811
     path = str(tmp_path / "dask.zarr")
     _dask_round_trip(lambda: ShardedStore(path, chunks_per_shard=CPS))
-    assert len([n for n in os.listdir(path) if n[0].isdigit()]) == 4  # shards, not chunks
+    assert len([n for n in os.listdir(path) if n[0].isdigit()]) == 16  # shards, not chunks
 
 
 def test_dask_cluster_writes_a_sharded_array_on_s3(moto_s3, local_cluster) -> None:  # noqa: F811
