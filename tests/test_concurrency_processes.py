@@ -47,8 +47,8 @@ def test_writers_that_open_the_hierarchy_at_different_roots_lose_nothing(tmp_pat
     found = run_sharded_writers(str(root), n_procs=4, n_chunks=128, views=views)
     assert found.child_errors == ()
     assert found.lost == 0, f"{found.lost} of {found.total} chunk updates lost"
-    assert sorted(os.listdir(root / LOCK_DIR))  # the hierarchy's lock files, at its top ...
-    assert not (root / "g" / LOCK_DIR).exists() and not (root / "g" / "arr" / LOCK_DIR).exists()  # ... only
+    assert sorted(os.listdir(root / "g" / "arr" / LOCK_DIR))  # the array's own lock files ...
+    assert not (root / LOCK_DIR).exists() and not (root / "g" / LOCK_DIR).exists()  # ... and no others
 
 
 def test_adapters_pickle_to_the_same_location(tmp_path) -> None:

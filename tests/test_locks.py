@@ -19,7 +19,7 @@ import fsspec
 import pytest
 from concurrency_harness import run_counter_processes
 
-from shardkv.engine.locks import LOCK_DIR, ShardLocks
+from shardkv.engine.locks import LOCK_DIR, ShardLocks, stripe_of
 from shardkv.errors import ConfigurationError, LockTimeoutError, ShardKVError
 from shardkv.storage.adapters import FSMapAdapter, MappingAdapter, adapt
 from shardkv.storage.location import StoreLocation, location_of
@@ -131,28 +131,84 @@ def test_lock_files_are_bounded_and_never_listed(tmp_path) -> None:
     assert locks.remove_lock_files() >= 1 and not lock_dir.exists()
 
 
-def test_stores_opened_below_the_top_of_a_hierarchy_take_its_lock_files(tmp_path) -> None:
-    top = tmp_path / "h.zarr"
-    (top / "g" / "arr").mkdir(parents=True)
-    at_group = ShardLocks.for_adapter(_local(str(top / "g")), file_stripes=16)
-    assert at_group.lock_dir == str(top / "g" / LOCK_DIR)  # no group above yet: its own root
-    (top / "g" / "zarr.json").write_text("{}")
-    assert at_group.lock_dir == str(top / "g" / LOCK_DIR)  # still: the parent is no group
-    (top / "zarr.json").write_text("{}")  # now the parent is a group: the top moves up
-    at_top = ShardLocks.for_adapter(_local(str(top)), file_stripes=16)
-    at_array = ShardLocks.for_adapter(_local(str(top / "g" / "arr")), file_stripes=16)
-    assert at_group.lock_dir == at_top.lock_dir == at_array.lock_dir == str(top / LOCK_DIR)
-    for i in range(20):  # one shard, one stripe, from every root
-        assert at_top.file_stripes_of([f"g/arr/c/{i}"]) == at_group.file_stripes_of([f"arr/c/{i}"])
-        assert at_top.file_stripes_of([f"g/arr/c/{i}"]) == at_array.file_stripes_of([f"c/{i}"])
-    with at_array.hold(["c/0"]):
+def test_lock_files_live_in_the_array_directory_whatever_the_root(tmp_path) -> None:
+    adapter = _local(str(tmp_path))
+    adapter.set_many({"g/arr/zarr.json": b"{}", "g/arr/c/0": b"x"})
+    at_root = ShardLocks.for_adapter(adapter, file_stripes=8)
+    at_group = ShardLocks.for_adapter(_local(str(tmp_path / "g")), file_stripes=8)
+    at_array = ShardLocks.for_adapter(_local(str(tmp_path / "g" / "arr")), file_stripes=8)
+    for i in range(20):  # one shard, one lock file (and one thread stripe), from every root
+        k = f"c/{i}"
+        views = [(at_root, f"g/arr/{k}", "g/arr/"), (at_group, f"arr/{k}", "arr/"), (at_array, k, "")]
+        assert len({repr(lk.file_stripes_by_dir([key], {key: p})) for lk, key, p in views}) == 1
+        assert len({tuple(lk.thread_stripes_of([key], {key: p})) for lk, key, p in views}) == 1
+    with at_root.hold(["g/arr/c/0"], {"g/arr/c/0": "g/arr/"}):
         pass
-    assert (top / LOCK_DIR).is_dir() and not (top / "g" / "arr" / LOCK_DIR).exists()
-    (top / "zarr.json").unlink()
-    (top / ".zgroup").write_text("{}")  # a zarr 2 group counts as well
-    assert at_array.lock_dir == str(top / LOCK_DIR)
-    pinned = ShardLocks.for_adapter(_local(str(top / "g")), lock_root=str(top / "g"))
-    assert pinned.lock_dir == os.path.join(os.path.realpath(top / "g"), LOCK_DIR)  # lock_root is taken as given
+    assert (tmp_path / "g" / "arr" / LOCK_DIR).is_dir() and not (tmp_path / LOCK_DIR).exists()
+    (tmp_path / "zarr.json").write_text("{}")  # a group appearing above changes nothing
+    assert at_group.lock_dir_for("arr/") == str(tmp_path / "g" / "arr" / LOCK_DIR)
+    assert sorted(adapter.iter_keys()) == ["g/arr/c/0", "g/arr/zarr.json", "zarr.json"]  # locks never listed
+    assert adapter.list_dir("g/arr") == ["c", "zarr.json"]
+    with pytest.raises(ConfigurationError, match="not under its array prefix"):
+        at_root.file_stripes_by_dir(["other/c/0"], {"other/c/0": "g/arr/"})
+    assert at_root.remove_lock_files("g/arr/") >= 1 and not (tmp_path / "g" / "arr" / LOCK_DIR).exists()
+
+
+def test_a_group_reached_through_a_symbolic_link_takes_the_same_locks(tmp_path) -> None:
+    real = tmp_path / "elsewhere" / "sub"
+    (real / "arr").mkdir(parents=True)
+    (tmp_path / "data.zarr").mkdir()
+    (tmp_path / "data.zarr" / "sub").symlink_to(real, target_is_directory=True)
+    via_root = ShardLocks.for_adapter(_local(str(tmp_path / "data.zarr")))
+    via_link = ShardLocks.for_adapter(_local(str(real)))
+    key_root, key_link = "sub/arr/c/0", "arr/c/0"
+    assert via_root.file_stripes_by_dir([key_root], {key_root: "sub/arr/"}) == via_link.file_stripes_by_dir(
+        [key_link], {key_link: "arr/"}
+    ) == {str(real / "arr" / LOCK_DIR): [stripe_of("c/0", 64)]}
+    assert via_root.thread_stripes_of([key_root], {key_root: "sub/arr/"}) == via_link.thread_stripes_of(
+        [key_link], {key_link: "arr/"}
+    )
+
+
+def test_a_hold_over_several_arrays_waits_holding_nothing(tmp_path) -> None:
+    # shards of two arrays: the second array's stripe is taken, so the hold backs off, letting
+    # go of the first array's stripe each time (never waiting while holding), then times out
+    adapter = _local(str(tmp_path))
+    keys, prefixes = ["a/c/0", "b/c/0"], {"a/c/0": "a/", "b/c/0": "b/"}
+    holder = ShardLocks.for_adapter(adapter, thread_stripes=1021)  # own thread pools: file locks tested
+    waiter = ShardLocks.for_adapter(adapter, timeout=0.3, thread_stripes=1019)
+    third = ShardLocks.for_adapter(adapter, timeout=2.0, thread_stripes=1013)
+    took_a: list[float] = []
+    with holder.hold(["b/c/0"], {"b/c/0": "b/"}):
+
+        def take_a() -> None:
+            time.sleep(0.1)  # while the waiter is backing off
+            with third.hold(["a/c/0"], {"a/c/0": "a/"}):
+                took_a.append(time.monotonic())
+
+        side = threading.Thread(target=take_a, daemon=True)
+        side.start()
+        started = time.monotonic()
+        with pytest.raises(LockTimeoutError):
+            with waiter.hold(keys, prefixes):
+                pass  # never reached
+        assert 0.25 <= time.monotonic() - started < 5
+        side.join(5)
+    assert took_a, "the first array's stripe stayed taken while the hold waited for the second"
+    with waiter.hold(keys, prefixes):  # both free now
+        pass
+
+
+def test_the_file_lock_table_stays_bounded(tmp_path, monkeypatch) -> None:
+    from shardkv.engine import locks as locks_module
+
+    monkeypatch.setattr(locks_module, "_MAX_FILE_LOCKS", 16)
+    locks = ShardLocks.for_adapter(_local(str(tmp_path)), file_stripes=4)
+    for i in range(40):  # 40 arrays, a lock directory each
+        key = f"arr{i}/c/{i}"
+        with locks.hold([key], {key: f"arr{i}/"}):
+            pass
+    assert len(locks_module._REGISTRY._file_locks) <= 16
 
 
 def test_deleting_everything_keeps_the_lock_files(tmp_path) -> None:
@@ -161,7 +217,7 @@ def test_deleting_everything_keeps_the_lock_files(tmp_path) -> None:
 
     zarr = pytest.importorskip("zarr")
     store = ShardedStore(str(tmp_path), chunks_per_shard=2)
-    z = zarr.open_array(store=store, mode="w", path="a", shape=(8,), chunks=(2,), dtype="i4")
+    z = zarr.open_array(store=store, mode="w", shape=(8,), chunks=(2,), dtype="i4")  # a root array
     z[:] = 1
     assert (tmp_path / LOCK_DIR).is_dir()
     store.rmdir("")

@@ -5,7 +5,7 @@ serialised, or must detect that they raced. What a base store allows decides
 how; what the user gets is never left implicit:
 
 ``"files"``
-    In-process stripe locks plus lock files in ``<root>/.shardkv-locks/``
+    In-process stripe locks plus lock files in each array's ``.shardkv-locks/``
     (:class:`~shardkv.engine.locks.ShardLocks`): every writer of the
     directory, in any process (on any machine that mounts it with working
     ``flock``), is excluded. Local and network file systems (obstore's

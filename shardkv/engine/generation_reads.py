@@ -14,9 +14,11 @@ before and after; an object store has no cheap one, but it has generations
   one ``GetObject`` per index, concurrent) and caches it with that
   generation (:meth:`~shardkv.engine.cache.IndexCache.get_generation`); a
   shard read whole gives its generation too;
-* takes a cached index only together with its generation (an entry cached
-  without one, by this object's own writes, which do not learn the new
-  ETag, counts as not cached);
+* takes a cached index only together with its generation (this object's
+  own compare-and-swap writes cache the ETag their ``PutObject`` returned;
+  an entry cached without one counts as not cached), and only when it holds
+  every chunk the read wants (an absent entry proves nothing: the planner
+  then reads the index again);
 * reads the chunk ranges only if the shard's generation is still the
   index's (:meth:`~shardkv.storage.conditional.ConditionalStore.read_many_if_generation`:
   ``If-Match``, one ``GetObject`` per merged range). A refusal (``412``)
@@ -24,8 +26,9 @@ before and after; an object store has no cheap one, but it has generations
   :meth:`shardkv.engine.planner.ShardIO.read_ranges` already treats as
   "changed": it drops the cached index and reads again, index first.
 
-Request counts stay those of the plain plan: one request per index not
-cached, one per merged chunk range. :class:`PinnedReads` is the bookkeeping
+Request counts stay those of the plain plan (one request per index not
+cached, one per merged chunk range), except that a read of a chunk the
+cached index lacks costs an index read. :class:`PinnedReads` is the bookkeeping
 of one read attempt (one per call, so threads sharing a ``ShardIO`` never
 share it); :func:`pinned_store_for` decides where it applies: wherever the
 base store's :class:`~shardkv.storage.conditional.ConditionalStore` is

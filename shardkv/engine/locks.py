@@ -15,17 +15,18 @@ Two layers, taken in this order:
    bounded whatever the number of stores, locations or shards.
 2. **Across processes** (local and network file systems, the default where the
    location has a ``local_dir``): one ``filelock.FileLock`` per *file stripe*,
-   lock files ``<top>/.shardkv-locks/<stripe>.lock`` (``file_stripes`` files at
-   most per hierarchy, never listed by the store adapters). ``<top>`` is the
-   top of the Zarr hierarchy the store root belongs to: the root itself, or
-   the highest directory reached by going up through parents that are Zarr
-   groups (hold a ``zarr.json`` or ``.zgroup``), looked up at every
-   :meth:`ShardLocks.hold`. The stripe is chosen by a stable hash of the shard
-   key relative to ``<top>``. So stores opened at different roots of one
-   hierarchy (``/data`` and ``/data/group``) take the same lock file for a
-   shard, and so do processes that mount the directory at different paths.
-   Lock files stay out of the arrays' own directories, which other readers
-   (zarr 2.18's transformer) list.
+   lock files ``<array>/.shardkv-locks/<stripe>.lock`` in the real directory
+   (symbolic links resolved) of the array that owns the shard
+   (``file_stripes`` files at most per array, never listed by the store
+   adapters). The stripe is chosen by a stable hash of the shard key relative
+   to the array. So every store that writes a shard takes the same lock file
+   for it, whatever root it was opened at (``/data`` or ``/data/group``, or
+   through a symbolic link), whatever later becomes a group above it, and on
+   whatever path a machine mounts the directory. Shards of the 2022 draft
+   layout, whose data lives apart from the metadata under ``data/root/``,
+   lock in ``<root>/.shardkv-locks/`` (zarr 2.18's transformer lists the data
+   directories; a draft hierarchy has one root). In-process stripes of a
+   local location are chosen by the same real path, so threads agree too.
 
 Why stripes are safe: a stripe lock covers a fixed set of shards, and every
 writer of a shard takes the stripe of that shard, so two writers of one shard
@@ -38,10 +39,14 @@ different inode), so :meth:`ShardLocks.remove_lock_files` is only for a store
 being deleted.
 
 Deadlock freedom: :meth:`ShardLocks.hold` takes all the thread stripes of the
-call in ascending order, then all its file stripes in ascending order, and
-gives them back in reverse. Every holder follows that one total order, and
-nothing waits for a thread stripe while holding a file stripe. ``hold`` is not
-re-entrant: do not nest two ``hold`` calls in one thread.
+call in ascending order, then its file stripes: those of one lock directory
+in ascending order, waiting for each. A call whose shards lock in several
+directories (several arrays) waits only for the stripes of its first
+directory and *tries* the others; if one is taken, it lets go of everything,
+backs off and starts again. So nothing waits for a lock while holding one it
+may not wait for, whatever order other processes see the directories in, and
+nothing waits for a thread stripe while holding a file stripe. ``hold`` is
+not re-entrant: do not nest two ``hold`` calls in one thread.
 
 Fork and spawn: locks are never pickled (a :class:`ShardLocks` pickles as its
 location and options and finds its locks again in the new process's registry).
@@ -54,11 +59,12 @@ open file, which the child shares).
 from __future__ import annotations
 
 import os
+import random
 import threading
 import time
 import zlib
 from contextlib import ExitStack, contextmanager
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 import filelock
 
@@ -66,34 +72,17 @@ from shardkv.errors import ConfigurationError, LockTimeoutError
 from shardkv.storage.adapters import LOCK_DIR
 from shardkv.storage.location import StoreLocation, location_of
 
-__all__ = ["ShardLocks", "LOCK_DIR", "stripe_of", "hierarchy_top", "DEFAULT_THREAD_STRIPES", "DEFAULT_FILE_STRIPES"]
+__all__ = ["ShardLocks", "LOCK_DIR", "stripe_of", "DEFAULT_THREAD_STRIPES", "DEFAULT_FILE_STRIPES"]
 
 DEFAULT_THREAD_STRIPES = 1024
 """Thread lock stripes per location namespace (bytes of memory: about 100 per lock)."""
 
 DEFAULT_FILE_STRIPES = 64
-"""Lock files per hierarchy (empty files in ``<top>/.shardkv-locks/``)."""
+"""Lock files per array (empty files in ``<array>/.shardkv-locks/``)."""
 
-_GROUP_MARKERS = ("zarr.json", ".zgroup")
-"""A directory holding one of these is a Zarr group: a store root below it shares its locks."""
-_MAX_DEPTH = 64  # parents looked at, at most
-
-
-def hierarchy_top(root: str) -> tuple[str, str]:
-    """The top directory of the Zarr hierarchy ``root`` belongs to, and ``root``'s key prefix under it.
-
-    Goes up from ``root`` while the parent is a Zarr group (holds a
-    ``zarr.json`` or ``.zgroup``). Returns ``(top, prefix)`` with ``prefix``
-    ``""`` when ``root`` is the top, else ``"group/sub/"``.
-    """
-    top = os.path.abspath(root)
-    for _ in range(_MAX_DEPTH):
-        parent = os.path.dirname(top)
-        if parent == top or not any(os.path.isfile(os.path.join(parent, m)) for m in _GROUP_MARKERS):
-            break
-        top = parent
-    rel = os.path.relpath(os.path.abspath(root), top)
-    return top, "" if rel == "." else rel.replace(os.sep, "/") + "/"
+_MAX_FILE_LOCKS = 4096
+"""``FileLock`` objects a process keeps at most; unheld ones are dropped beyond it."""
+_MAX_REAL_DIRS = 4096  # resolved array directories remembered per ShardLocks
 
 
 def stripe_of(path: str, n_stripes: int) -> int:
@@ -141,6 +130,8 @@ class _Registry:
         with self._guard:
             entry = self._file_locks.get(key)
             if entry is None:
+                if len(self._file_locks) >= _MAX_FILE_LOCKS:
+                    self._drop_unheld()
                 # one FileLock object per process and stripe, used by one thread at a time
                 # (the paired threading.Lock), so its re-entrance counter never hides a second thread
                 path = os.path.join(lock_dir, f"{stripe}.lock")
@@ -149,6 +140,20 @@ class _Registry:
                     filelock.FileLock(path, thread_local=False, is_singleton=False),
                 )
             return entry
+
+    def _drop_unheld(self) -> None:
+        """Forget the file locks no thread holds (guard held), so the table stays bounded.
+
+        Safe even for an entry a thread fetched and is about to use: a second
+        ``FileLock`` of the same file opens its own file description, and
+        ``flock`` locks of two descriptions exclude each other in one process too.
+        """
+        for key, (mutex, _) in list(self._file_locks.items()):
+            if mutex.acquire(blocking=False):
+                try:
+                    del self._file_locks[key]
+                finally:
+                    mutex.release()
 
 
 _REGISTRY = _Registry()
@@ -175,9 +180,9 @@ class ShardLocks:
     file_stripes : int
         Number of lock files (stripes) in the store's lock directory.
     lock_root : str or None
-        Directory that holds ``.shardkv-locks/`` (default: the top of the
-        hierarchy the store root belongs to, :func:`hierarchy_top`); shard
-        keys are then hashed as given. Every process must use the same one.
+        Directory that holds the one ``.shardkv-locks/`` of every shard, keys
+        hashed as given (default: each array's own directory, see the module
+        docstring). Every process must use the same one.
     timeout : float or None
         Longest wait (seconds) for each lock; ``None`` waits as long as it takes.
 
@@ -221,6 +226,7 @@ class ShardLocks:
         self.lock_root = lock_root
         self.timeout = timeout
         self._root_dir = os.path.abspath(root_dir) if self.cross_process else None  # type: ignore[arg-type]
+        self._real_dirs: dict[str, str] = {}  # array key prefix -> its real directory
         self._prefix = f"{location.namespace!r}\0" if location is not None else ""
         self._private_pool = [threading.Lock() for _ in range(thread_stripes)] if location is None else None
 
@@ -245,17 +251,33 @@ class ShardLocks:
 
     @property
     def lock_dir(self) -> str | None:
-        """The directory of the lock files (looked up now: the hierarchy may have grown), or ``None``."""
-        home = self._lock_home()
-        return None if home is None else os.path.join(home[0], LOCK_DIR)
+        """The lock directory of root-level keys (a root array's), or ``None`` without lock files."""
+        return None if self._root_dir is None else self.lock_dir_for("")
 
-    def _lock_home(self) -> tuple[str, str] | None:
-        """``(directory holding .shardkv-locks, prefix of the store root's keys there)``; ``None`` without files."""
+    def _real_dir(self, prefix: str) -> str:
+        """The real directory (symbolic links resolved) of the array at key prefix ``prefix``."""
+        found = self._real_dirs.get(prefix)
+        if found is None:
+            parts = [p for p in prefix.split("/") if p]
+            found = os.path.realpath(os.path.join(self._root_dir, *parts))  # type: ignore[arg-type]
+            if len(self._real_dirs) >= _MAX_REAL_DIRS:
+                self._real_dirs.clear()
+            self._real_dirs[prefix] = found
+        return found
+
+    def lock_dir_for(self, prefix: str = "") -> str:
+        """The lock directory of the shards of the array at key prefix ``prefix`` (``""``: the root's).
+
+        Raises
+        ------
+        ConfigurationError
+            For locks without lock files (``cross_process`` false).
+        """
         if self._root_dir is None:
-            return None
+            raise ConfigurationError(f"{self!r} keeps no lock files")
         if self.lock_root is not None:
-            return self._root_dir, ""
-        return hierarchy_top(self._root_dir)
+            return os.path.join(self._root_dir, LOCK_DIR)
+        return os.path.join(self._real_dir(prefix), LOCK_DIR)
 
     def __repr__(self) -> str:
         layer = f"files in {self.lock_dir!r}" if self.cross_process else "this process only"
@@ -263,24 +285,61 @@ class ShardLocks:
 
     # -- stripes --------------------------------------------------------------
 
-    def thread_stripes_of(self, shard_keys: Iterable[str]) -> list[int]:
-        """Ascending distinct in-process stripes of the shards (by namespace and full path)."""
+    def _split(self, key: str, prefixes: Mapping[str, str] | None) -> tuple[str, str]:
+        """``(array key prefix, key relative to the array)`` of a shard key."""
+        prefix = "" if prefixes is None or self.lock_root is not None else prefixes.get(key, "")
+        if not key.startswith(prefix):
+            raise ConfigurationError(f"shard key {key!r} is not under its array prefix {prefix!r}")
+        return prefix, key[len(prefix) :]
+
+    def thread_stripes_of(self, shard_keys: Iterable[str], prefixes: Mapping[str, str] | None = None) -> list[int]:
+        """Ascending distinct in-process stripes of the shards.
+
+        By namespace and full path; for lock files, by the real array
+        directory and the key in it (the file stripe's identity).
+        """
         location = self.location
         if location is None:
             return sorted({stripe_of(k, self.thread_stripes) for k in shard_keys})
+        if self._root_dir is not None:
+            found = set()
+            for key in shard_keys:
+                prefix, rel = self._split(key, prefixes)
+                found.add(stripe_of(f"{self._prefix}{self.lock_dir_for(prefix)}\0{rel}", self.thread_stripes))
+            return sorted(found)
         return sorted({stripe_of(self._prefix + location.full_path(k), self.thread_stripes) for k in shard_keys})
 
-    def file_stripes_of(self, shard_keys: Iterable[str], prefix: str | None = None) -> list[int]:
-        """Ascending distinct lock-file stripes of the shards (by key relative to the hierarchy's top); [] without files.
+    def file_stripes_of(self, shard_keys: Iterable[str], prefixes: Mapping[str, str] | None = None) -> list[int]:
+        """Ascending distinct lock-file stripes of the shards (all lock directories together); [] without files."""
+        by_dir = self.file_stripes_by_dir(shard_keys, prefixes)
+        return sorted({stripe for stripes in by_dir.values() for stripe in stripes})
 
-        ``prefix``: the store root's key prefix under the top (looked up when ``None``).
+    def file_stripes_by_dir(
+        self, shard_keys: Iterable[str], prefixes: Mapping[str, str] | None = None
+    ) -> dict[str, list[int]]:
+        """Lock directory -> ascending lock-file stripes of the shards, directories in ascending order.
+
+        Parameters
+        ----------
+        shard_keys : iterable of str
+            Shard keys relative to the store root.
+        prefixes : mapping of str to str, optional
+            Shard key -> key prefix of the array whose directory holds its lock
+            file (``"group/arr/"``; absent or ``""``: the root). The stripe is
+            chosen by the key after the prefix.
+
+        Raises
+        ------
+        ConfigurationError
+            If a shard key is not under its prefix.
         """
         if not self.cross_process:
-            return []
-        if prefix is None:
-            home = self._lock_home()
-            prefix = "" if home is None else home[1]
-        return sorted({stripe_of(prefix + k, self.file_stripes) for k in shard_keys})
+            return {}
+        by_dir: dict[str, set[int]] = {}
+        for key in shard_keys:
+            prefix, rel = self._split(key, prefixes)
+            by_dir.setdefault(self.lock_dir_for(prefix), set()).add(stripe_of(rel, self.file_stripes))
+        return {d: sorted(by_dir[d]) for d in sorted(by_dir)}
 
     def _pool(self) -> list[threading.Lock]:
         if self._private_pool is not None:
@@ -290,13 +349,17 @@ class ShardLocks:
     # -- holding --------------------------------------------------------------
 
     @contextmanager
-    def hold(self, shard_keys: Iterable[str]) -> Iterator[None]:
+    def hold(self, shard_keys: Iterable[str], prefixes: Mapping[str, str] | None = None) -> Iterator[None]:
         """Hold the locks of every shard in ``shard_keys`` for the ``with`` block.
 
         Parameters
         ----------
         shard_keys : iterable of str
             Shard keys relative to the store root (the keys the adapter uses).
+        prefixes : mapping of str to str, optional
+            Shard key -> key prefix of its array (:meth:`file_stripes_by_dir`):
+            its lock file is in that array's directory, the same file for
+            every store root.
 
         Raises
         ------
@@ -307,39 +370,70 @@ class ShardLocks:
         keys = list(shard_keys)
         with ExitStack() as stack:
             pool = self._pool()
-            for stripe in self.thread_stripes_of(keys):
+            for stripe in self.thread_stripes_of(keys, prefixes):
                 lock = pool[stripe]
                 if not lock.acquire(timeout=-1 if self.timeout is None else self.timeout):
                     raise LockTimeoutError(f"thread stripe {stripe} of {self.location!r}", self.timeout or 0.0)
                 stack.callback(lock.release)
-            home = self._lock_home() if keys else None
-            if home is not None:
-                lock_dir = os.path.join(home[0], LOCK_DIR)
+            by_dir = self.file_stripes_by_dir(keys, prefixes)
+            if len(by_dir) == 1:
+                ((lock_dir, stripes),) = by_dir.items()
                 os.makedirs(lock_dir, exist_ok=True)
-                for stripe in self.file_stripes_of(keys, home[1]):
-                    self._hold_file_stripe(stack, lock_dir, stripe)
+                for stripe in stripes:
+                    self._hold_file_stripe(stack, lock_dir, stripe, self.timeout)
+            elif by_dir:
+                stack.enter_context(self._hold_dirs(by_dir))
             yield
 
-    def _hold_file_stripe(self, stack: ExitStack, lock_dir: str, stripe: int) -> None:
+    @contextmanager
+    def _hold_dirs(self, by_dir: Mapping[str, list[int]]) -> Iterator[None]:
+        """Hold the stripes of several lock directories: wait for the first one's, try the others'."""
+        started = time.monotonic()
+        dirs = list(by_dir)
+        for lock_dir in dirs:
+            os.makedirs(lock_dir, exist_ok=True)
+        attempt = 0
+        while True:
+            attempt += 1
+            left = None if self.timeout is None else self.timeout - (time.monotonic() - started)
+            if left is not None and left < 0:
+                raise LockTimeoutError(dirs[-1], self.timeout or 0.0)
+            with ExitStack() as stack:
+                for stripe in by_dir[dirs[0]]:
+                    self._hold_file_stripe(stack, dirs[0], stripe, left)
+                try:
+                    for lock_dir in dirs[1:]:
+                        for stripe in by_dir[lock_dir]:
+                            self._hold_file_stripe(stack, lock_dir, stripe, 0.0)
+                except LockTimeoutError:
+                    pass  # taken by another writer: let go of everything, back off, start again
+                else:
+                    held = stack.pop_all()
+                    break
+            time.sleep(random.uniform(0.0, min(0.05, 0.001 * attempt)))
+        with held:
+            yield
+
+    def _hold_file_stripe(self, stack: ExitStack, lock_dir: str, stripe: int, timeout: float | None) -> None:
         mutex, flock = _REGISTRY.file_lock(lock_dir, stripe)
         started = time.monotonic()
-        if not mutex.acquire(timeout=-1 if self.timeout is None else self.timeout):
-            raise LockTimeoutError(os.path.join(lock_dir, f"{stripe}.lock"), self.timeout or 0.0)
+        if not mutex.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            raise LockTimeoutError(os.path.join(lock_dir, f"{stripe}.lock"), timeout or 0.0)
         stack.callback(mutex.release)
-        left = None if self.timeout is None else max(0.0, self.timeout - (time.monotonic() - started))
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
         try:
             flock.acquire(timeout=-1 if left is None else left, poll_interval=0.001)
         except filelock.Timeout as exc:
-            raise LockTimeoutError(flock.lock_file, self.timeout or 0.0) from exc
+            raise LockTimeoutError(flock.lock_file, timeout or 0.0) from exc
         stack.callback(flock.release)
 
-    def remove_lock_files(self) -> int:
-        """Delete the lock directory of a store that is being deleted; returns the files removed.
+    def remove_lock_files(self, prefix: str = "") -> int:
+        """Delete the lock directory of an array (``prefix``; ``""``: the root's) being deleted; the files removed.
 
-        Only safe when no process uses the store: a writer that still holds or
+        Only safe when no process uses the array: a writer that still holds or
         is about to open a lock file would no longer exclude the others.
         """
-        lock_dir = self.lock_dir
+        lock_dir = None if self._root_dir is None else self.lock_dir_for(prefix)
         if lock_dir is None or not os.path.isdir(lock_dir):
             return 0
         removed = 0

@@ -42,6 +42,17 @@ def _keeps_empty_shards(rw: Any) -> bool:
     return conditional is not None and not getattr(conditional, "supports_conditional_delete", True)
 
 
+def _lock_prefix(arr: ShardedArray) -> str:
+    """The key prefix of the directory whose ``.shardkv-locks`` holds the array's shard locks.
+
+    The array's own directory where its shards live beside its metadata (v2
+    and v3 layouts); the store root for the 2022 draft layout, whose data
+    directories other readers list.
+    """
+    own = f"{arr.path}/" if arr.path else ""
+    return arr.key_prefix if arr.key_prefix == own else ""
+
+
 class ShardWrites:
     """The write half of :class:`~shardkv.engine.planner.ShardIO` (a mixin: ``ShardIO`` holds the state)."""
 
@@ -55,19 +66,30 @@ class ShardWrites:
     slack_bytes: int
     _rw: Any
 
-    def hold(self, shard_keys: Iterable[str]) -> AbstractContextManager[Any]:
+    def hold(
+        self, shard_keys: Iterable[str], arrays: Mapping[str, ShardedArray] | None = None
+    ) -> AbstractContextManager[Any]:
         """The locks of ``shard_keys`` (see :meth:`ShardLocks.hold`; a no-op for ``concurrency="none"``).
 
-        Not re-entrant: never nest two ``hold`` calls (or a write) in one thread.
+        ``arrays`` (shard key -> its array) puts each shard's lock file in its
+        array's directory, the same for every store root. Not re-entrant:
+        never nest two ``hold`` calls (or a write) in one thread.
         """
         locks = self.plan.locks
-        return nullcontext() if locks is None else locks.hold(shard_keys)
+        if locks is None:
+            return nullcontext()
+        prefixes = None if arrays is None else {k: _lock_prefix(arr) for k, arr in arrays.items()}
+        return locks.hold(shard_keys, prefixes)
 
     @contextmanager
-    def _writing(self, shard_keys: Iterable[str]) -> Iterator[None]:
-        """Hold the shards' locks and mark their write in flight (no reader caches their indexes meanwhile)."""
-        keys = list(shard_keys)
-        with self.hold(keys):
+    def _writing(self, shards: Mapping[str, Any]) -> Iterator[None]:
+        """Hold the locks of ``shards`` (shard key -> its array, or a tuple led by it); mark their write in flight.
+
+        No reader caches their indexes meanwhile.
+        """
+        keys = list(shards)
+        arrays = {k: v if isinstance(v, ShardedArray) else v[0] for k, v in shards.items()}
+        with self.hold(keys, arrays):
             self.epochs.begin(keys)
             try:
                 for shard_key in keys:
@@ -278,7 +300,7 @@ class ShardWrites:
         """
         reclaimed = 0
         for shard_key in shard_keys:
-            with self._writing([shard_key]):
+            with self._writing({shard_key: arr}):
                 reclaimed += self._compact_one(arr, shard_key)
         return reclaimed
 

@@ -129,12 +129,14 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
         (bytes), so a slightly larger new encoding still fits its slot.
     concurrency : {"auto", "files", "conditional", "process", "none"}
         How writers of one shard (threads, stores, processes) keep each
-        other's chunks. ``"auto"``: lock files in ``<root>/.shardkv-locks/``
-        on local and network file systems; compare-and-swap writes (ETag
-        ``If-Match``, retried on 412) on S3 via s3fs; locks shared in this
-        process for ``memory://`` and mappings; ``ConfigurationError`` for
-        other stores, which need ``"process"`` (this process only) or
-        ``"none"`` (shard-aligned writers). See the user guide, "Concurrency".
+        other's chunks. ``"auto"``: lock files in each array's
+        ``.shardkv-locks/`` on local and network file systems;
+        compare-and-swap writes (ETag ``If-Match``, retried on 412) on S3
+        (s3fs or obstore) and obstore's GCS, Azure and memory stores; locks
+        shared in this process for ``memory://`` and in-memory mappings;
+        ``ConfigurationError`` for other stores, which need ``"process"``
+        (this process only) or ``"none"`` (shard-aligned writers). See the
+        user guide, "Concurrency".
     lock_timeout : float or None
         Longest wait (seconds) for a shard lock (then ``LockTimeoutError``).
 
