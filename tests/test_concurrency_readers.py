@@ -305,8 +305,8 @@ def test_readers_with_their_own_stores_racing_a_writer_see_only_complete_values(
             finally:
                 stop.set()
             return
-        # its own store (memory://: validated index cache; dict: no cache, whole shards)
-        n, found = _read_loop(ShardedStore(base, validate_index_cache=True), i, stop, budget_s=30.0)
+        # its own store, default options (memory://: cached indexes checked by identity; dict: whole shards)
+        n, found = _read_loop(ShardedStore(base), i, stop, budget_s=30.0)
         problems.extend(found)
         assert n >= 1
 

@@ -259,6 +259,28 @@ def test_stale_temporaries_are_removed_young_ones_kept(tmp_path: Path, when: str
         assert not far.exists()  # compact walks the whole store
 
 
+def test_a_stale_temporary_that_cannot_be_removed_warns_and_the_write_goes_on(tmp_path: Path, monkeypatch) -> None:
+    from shardkv.engine import temporaries
+
+    root = tmp_path / "store"
+    create(root)
+    stale = root / f"{TEMP_MARKER}other-users"
+    stale.write_bytes(b"x")
+    hour_ago = time.time() - 3700
+    os.utime(stale, (hour_ago, hour_ago))
+    temporaries._SWEPT.forget()
+
+    def refuse(path: str) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied", path)
+
+    monkeypatch.setattr(temporaries.os, "remove", refuse)
+    z = zarr.open_array(ShardedStore(str(root)), mode="r+")
+    with pytest.warns(RuntimeWarning, match="stale temporary"):
+        z[:CHUNK] = 5
+    monkeypatch.undo()
+    assert (z[:CHUNK] == 5).all() and stale.exists()
+
+
 def crash(store: ShardedStore) -> None:
     """Drop the store as a kill would: its journal file closed (lock released), nothing flushed."""
     assert store._writer.journal is not None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 from collections import OrderedDict
 from typing import Iterable
 
@@ -163,7 +164,9 @@ class DirectorySweeper:
         """Sweep the directories of ``keys`` (store keys about to be written) not yet swept; the paths removed.
 
         Costs one table lookup per distinct directory once each has been swept.
-        Errors listing a directory (missing: nothing written there yet) are ignored.
+        A missing directory (nothing written there yet) is skipped; any other
+        error listing a directory or removing a file (permissions) is a
+        ``RuntimeWarning``, never a failed write.
         """
         if self.root is None:
             return []
@@ -175,7 +178,13 @@ class DirectorySweeper:
                 continue
             try:
                 names = os.listdir(directory)
+                removed.extend(_remove(_stale_in(directory, names, now, self.min_age_seconds)))
             except (FileNotFoundError, NotADirectoryError):
-                continue
-            removed.extend(_remove(_stale_in(directory, names, now, self.min_age_seconds)))
+                continue  # nothing written there yet
+            except OSError as exc:  # housekeeping only: the user's write goes on
+                warnings.warn(
+                    f"shardkv: could not remove stale temporary files in {directory!r}: {exc}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
         return removed

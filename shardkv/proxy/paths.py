@@ -108,13 +108,17 @@ class PathMethods:
         return sum(self._base.size(k) for k in self._base.iter_keys(path_prefix(path)))
 
     def rename(self, src_path: str, dst_path: str) -> None:
-        """Move everything under ``src_path`` to ``dst_path`` (shards move whole)."""
+        """Move everything under ``src_path`` to ``dst_path`` (shards move whole).
+
+        Copies, then deletes the copied keys: not for a path other writers are
+        writing at the same time (as with zarr 2's own stores).
+        """
         src, dst = validate_path(src_path, what="src_path"), validate_path(dst_path, what="dst_path")
         self.flush()
         stored = self.base  # what is stored: v3 documents move as they are, presented ones are not written
         keys = list(stored.iter_keys(path_prefix(src)))
         stored.set_many({dst + k[len(src) :]: stored.get(k) for k in keys})
         stored.delete_many(keys)
-        if src and keys and not any(True for _ in stored.iter_keys(path_prefix(src))):
-            stored.rmdir(src)  # the emptied directories too (local files), as zarr 2's own rename leaves none
+        if src and keys:
+            stored.prune_empty_dirs(src)  # the emptied directories too (local files), as zarr 2's rename
         self.refresh()

@@ -104,6 +104,14 @@ class StoreAdapter(ABC):
             raise KeyError(key)
         self.delete_many([key])
 
+    def prune_empty_dirs(self, path: str) -> None:
+        """Remove the directories left empty under ``path``, and ``path`` itself if empty.
+
+        Never removes a file but lock files (in a ``.shardkv-locks`` directory
+        with nothing else). Stores without directories (object stores,
+        mappings) have nothing to do.
+        """
+
     def rmdir(self, path: str) -> None:
         """Delete every key under ``path`` (everything, for ``""``)."""
         prefix = f"{path}/" if path else ""

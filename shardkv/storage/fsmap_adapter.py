@@ -443,6 +443,18 @@ class FSMapAdapter(StoreAdapter):
         except self.missing_exceptions:
             return
 
+    def prune_empty_dirs(self, path: str) -> None:
+        if not self._local or not path:
+            return
+        top = self.fs._strip_protocol(self._path(path))
+        for dirpath, _, names in os.walk(top, topdown=False):
+            if os.path.basename(dirpath) == LOCK_DIR and all(n.endswith(".lock") for n in names):
+                for name in names:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(os.path.join(dirpath, name))
+            with contextlib.suppress(OSError):  # not empty (a racing writer's file): kept
+                os.rmdir(dirpath)
+
     def size(self, key: str) -> int:
         try:
             return int(self.fs.size(self._path(key)))
