@@ -122,7 +122,7 @@ def test_readers_racing_a_writer_see_only_complete_values(tmp_path, shared_proxy
             stop.set()
 
     def read(r: int) -> None:
-        store = writer_store if shared_proxy else ShardedStore(path, validate_index_cache=True)
+        store = writer_store if shared_proxy else ShardedStore(path)  # default options
         view = zarr.open_array(store=store, mode="r")
         seen = [0] * 16
         deadline = time.monotonic() + 30
