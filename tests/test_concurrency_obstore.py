@@ -128,6 +128,21 @@ def test_disabled_conditional_puts_are_refused_not_downgraded(moto_s3, monkeypat
     assert plan_concurrency(adapt(_s3(moto_s3, _prefix("off"))), "process").mode == "process"
 
 
+@pytest.mark.parametrize("mode", ["none", "process"])
+def test_a_store_with_disabled_conditional_puts_opens_writes_and_reads_with_an_explicit_mode(moto_s3, mode) -> None:  # noqa: F811
+    from shardkv.storage.obstore_conditional import ObstoreConditional
+
+    store = _s3(moto_s3, _prefix(f"off-{mode}"), conditional_put="disabled")
+    with pytest.raises(ConfigurationError, match="conditional_put='etag'"):
+        ShardedStore(store)  # auto: refused, never downgraded
+    sharded = ShardedStore(store, chunks_per_shard=4, concurrency=mode)
+    assert sharded._io.plan.mode == mode
+    assert isinstance(sharded._io._pinned_store, ObstoreConditional)  # reads are pinned: GET If-Match only
+    arr = zarr.open_array(store=sharded, mode="w", shape=(16,), chunks=(2,), dtype="i4", compressor=None)
+    arr[:] = np.arange(16)
+    np.testing.assert_array_equal(zarr.open_array(store=ShardedStore(store, concurrency=mode), mode="r")[:], np.arange(16))
+
+
 def test_adapters_of_one_bucket_and_prefix_share_a_location(moto_s3, tmp_path) -> None:  # noqa: F811
     prefix = _prefix("loc")
     a, b = ObstoreAdapter(_s3(moto_s3, prefix)), ObstoreAdapter(_s3(moto_s3, prefix + "/"))

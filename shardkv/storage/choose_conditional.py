@@ -19,7 +19,7 @@ __all__ = ["conditional_store_for", "supports_conditional_writes"]
 _BASES = (FSMapAdapter, MappingAdapter, ObstoreAdapter)
 
 
-def conditional_store_for(adapter: Any) -> ConditionalStore | None:
+def conditional_store_for(adapter: Any, for_writes: bool = True) -> ConditionalStore | None:
     """The :class:`ConditionalStore` for a store adapter, or ``None`` when the store offers none.
 
     s3fs filesystems get :class:`~shardkv.storage.conditional.S3Conditional`;
@@ -32,11 +32,21 @@ def conditional_store_for(adapter: Any) -> ConditionalStore | None:
     does every other store. Wrapping adapters (with an ``inner`` adapter) are
     looked through.
 
+    Parameters
+    ----------
+    adapter : StoreAdapter
+        The base store's adapter.
+    for_writes : bool
+        True (the default): the store is for compare-and-swap writes. False:
+        for reads pinned to generations only
+        (:func:`shardkv.engine.generation_reads.pinned_store_for`), which an
+        obstore ``S3Store`` with conditional puts disabled still offers.
+
     Raises
     ------
     ConfigurationError
-        For an obstore ``S3Store`` whose conditional puts are disabled
-        (:func:`~shardkv.storage.obstore_conditional.obstore_conditional_for`).
+        With ``for_writes``, for an obstore ``S3Store`` whose conditional puts
+        are disabled (:func:`~shardkv.storage.obstore_conditional.obstore_conditional_for`).
     """
     for _ in range(16):  # wrappers nest a few levels at most
         if isinstance(adapter, _BASES):
@@ -47,7 +57,7 @@ def conditional_store_for(adapter: Any) -> ConditionalStore | None:
     if isinstance(adapter, MappingAdapter):
         return InProcessConditional.for_mapping(adapter.mapping, adapter.location)
     if isinstance(adapter, ObstoreAdapter):
-        return obstore_conditional_for(adapter)
+        return obstore_conditional_for(adapter, for_writes)
     if not isinstance(adapter, FSMapAdapter):
         return None
     fs = adapter.fs

@@ -22,7 +22,12 @@ Which stores qualify (:func:`obstore_conditional_for`): ``S3Store`` unless its
 preconditions), and ``MemoryStore`` (atomic in the process). ``LocalStore``
 does not: obstore refuses ``PutMode`` updates there (``NotImplementedError``);
 its location is a directory, so ``concurrency="auto"`` takes lock files
-instead. ``HTTPStore`` offers neither.
+instead. ``HTTPStore`` offers neither. Readers pin their chunk reads to the
+index's generation (:mod:`shardkv.engine.generation_reads`) on the object
+stores, on a ``S3Store`` whose conditional puts are disabled too (reads-only:
+``obstore_conditional_for(adapter, for_writes=False)``), and on a
+``MemoryStore`` (:attr:`ObstoreConditional.pins_reads`: it has no validator,
+and several ``ShardedStore`` objects may share it).
 """
 
 from __future__ import annotations
@@ -55,20 +60,31 @@ def conditional_put_disabled(store: Any) -> bool:
     return str(mode).strip().lower() == "disabled"
 
 
-def obstore_conditional_for(adapter: ObstoreAdapter) -> ObstoreConditional | None:
+def obstore_conditional_for(adapter: ObstoreAdapter, for_writes: bool = True) -> ObstoreConditional | None:
     """The :class:`ObstoreConditional` of ``adapter``, or ``None`` when its store has no conditional puts.
+
+    Parameters
+    ----------
+    adapter : ObstoreAdapter
+        The store's adapter.
+    for_writes : bool
+        True (the default): for compare-and-swap writes, so an ``S3Store``
+        whose conditional puts are disabled is refused. False: for reads
+        pinned to generations only (``GET`` with ``If-Match`` needs no
+        conditional put), so that store gets one too.
 
     Raises
     ------
     ConfigurationError
-        For an ``S3Store`` made with ``conditional_put="disabled"`` (or
-        ``AWS_CONDITIONAL_PUT=disabled``): compare-and-swap would be refused,
-        and a weaker guarantee is never chosen silently.
+        With ``for_writes``, for an ``S3Store`` made with
+        ``conditional_put="disabled"`` (or ``AWS_CONDITIONAL_PUT=disabled``):
+        compare-and-swap would be refused, and a weaker guarantee is never
+        chosen silently.
     """
     kind = type(adapter.store).__name__
     if kind not in _CONDITIONAL_STORES:
         return None
-    if conditional_put_disabled(adapter.store):
+    if for_writes and conditional_put_disabled(adapter.store):
         raise ConfigurationError(
             f"the obstore S3Store at {adapter.location!r} has conditional puts disabled "
             "(conditional_put='disabled' or AWS_CONDITIONAL_PUT=disabled), so concurrent writers could lose "
@@ -103,6 +119,9 @@ class ObstoreConditional(ConditionalStore):
         self._obs = adapter._obs
         self.location = adapter.location
         self.remote = type(adapter.store).__name__ in _REMOTE_STORES
+        # a MemoryStore object may be shared by several ShardedStores and has no validator:
+        # its readers pin chunk reads to the index's e_tag like those of object stores
+        self._pins_reads = self.remote or type(adapter.store).__name__ == "MemoryStore"
         self._missing = (NotFoundError, FileNotFoundError)
         self._lost = (PreconditionError, AlreadyExistsError, NotFoundError, FileNotFoundError)
         self._stale = (PreconditionError, NotFoundError, FileNotFoundError)
@@ -110,6 +129,11 @@ class ObstoreConditional(ConditionalStore):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.adapter,))
+
+    @property
+    def pins_reads(self) -> bool:
+        """True for object stores and ``MemoryStore`` (see :attr:`ConditionalStore.pins_reads`)."""
+        return self._pins_reads
 
     # -- reads ------------------------------------------------------------------
 
