@@ -11,7 +11,8 @@ of an :class:`~shardkv.storage.obstore_adapter.ObstoreAdapter`:
   ``"create"`` (``If-None-Match: *``) when nothing may be stored yet, else
   ``{"e_tag": ..., "version": ...}`` (``If-Match``); a precondition failure
   (``PreconditionError``, ``AlreadyExistsError``, or ``NotFoundError`` for a
-  value deleted meanwhile) is a lost race;
+  value deleted meanwhile) is a lost race; ``NotFoundError`` on a create (a
+  missing bucket) is a ``FileNotFoundError``;
 * obstore (0.12) has no conditional delete: :attr:`supports_conditional_delete`
   is False and the engine stores an empty shard instead of deleting one
   (:meth:`shardkv.engine.shard_writes.ShardWrites.write_shards`).
@@ -32,6 +33,7 @@ and several ``ShardedStore`` objects may share it).
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any, Sequence
 
@@ -123,7 +125,7 @@ class ObstoreConditional(ConditionalStore):
         # its readers pin chunk reads to the index's e_tag like those of object stores
         self._pins_reads = self.remote or type(adapter.store).__name__ == "MemoryStore"
         self._missing = (NotFoundError, FileNotFoundError)
-        self._lost = (PreconditionError, AlreadyExistsError, NotFoundError, FileNotFoundError)
+        self._lost = (PreconditionError, AlreadyExistsError)
         self._stale = (PreconditionError, NotFoundError, FileNotFoundError)
         self._generic = GenericError
 
@@ -218,10 +220,15 @@ class ObstoreConditional(ConditionalStore):
         """Store ``value`` only if the stored version is ``expected`` (``None``: only if not stored).
 
         Returns ``(True, new Version)``, or ``(False, None)`` after a
-        precondition failure (nothing was written).
+        precondition failure (nothing was written), or when the value was
+        deleted since ``expected`` was read ("not found" on an update).
 
         Raises
         ------
+        FileNotFoundError
+            When creating (``expected`` None) and the store answers "not
+            found": its bucket (or container) does not exist. Never retried as
+            a lost race.
         ConfigurationError
             If the store refuses conditional puts (``NotImplementedError`` from
             obstore: an ``S3Store`` whose ``conditional_put`` is disabled, a ``LocalStore``).
@@ -238,6 +245,13 @@ class ObstoreConditional(ConditionalStore):
             result = self.adapter._put(key, value, mode)
         except self._lost:
             return False, None
+        except self._missing as exc:
+            if expected is None:  # nothing to lose a race with: the bucket (or container) is not there
+                raise FileNotFoundError(
+                    errno.ENOENT, f"cannot create {key!r}: the obstore store at {self.location!r} was not found "
+                    "(does its bucket exist?)",
+                ) from exc
+            return False, None  # the value was deleted since it was read: a lost race (the retry creates it)
         except NotImplementedError as exc:
             raise ConfigurationError(
                 f"the obstore store at {self.location!r} refused a conditional put ({exc}); for S3 make the "
