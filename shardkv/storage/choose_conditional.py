@@ -25,11 +25,19 @@ def conditional_store_for(adapter: Any, for_writes: bool = True) -> ConditionalS
     s3fs filesystems get :class:`~shardkv.storage.conditional.S3Conditional`;
     obstore S3, GCS, Azure and memory stores get
     :class:`~shardkv.storage.obstore_conditional.ObstoreConditional`; fsspec
-    ``memory://`` and plain mappings get
-    :class:`~shardkv.storage.conditional.InProcessConditional`. Local and
-    network file systems (obstore's ``LocalStore`` included) get ``None``
-    (they use lock files, :class:`shardkv.engine.locks.ShardLocks`), and so
-    does every other store. Wrapping adapters (with an ``inner`` adapter) are
+    ``memory://`` and in-memory mappings get
+    :class:`~shardkv.storage.conditional.InProcessConditional`, an emulation
+    that holds only among writers of this process: a ``dict``,
+    ``zarr.MemoryStore``, a ``KVStore`` over a ``dict``, and every mapping
+    that is not a zarr-python 2 store (shardkv cannot know where a
+    third-party mapping keeps its data: one shared by several processes is
+    the caller's to serialise, with ``concurrency="none"`` and shard-aligned
+    writes). Local and network file systems (obstore's ``LocalStore`` and
+    zarr's ``DirectoryStore`` subclasses included) get ``None`` (they use
+    lock files, :class:`shardkv.engine.locks.ShardLocks`), and so do the
+    zarr-python 2 stores that keep their data elsewhere (``SQLiteStore``,
+    ``ZipStore``, ``RedisStore``, ... :func:`~shardkv.storage.mapping_adapter.zarr2_kind`)
+    and every other store. Wrapping adapters (with an ``inner`` adapter) are
     looked through.
 
     Parameters
@@ -55,6 +63,8 @@ def conditional_store_for(adapter: Any, for_writes: bool = True) -> ConditionalS
         if adapter is None:
             return None
     if isinstance(adapter, MappingAdapter):
+        if adapter.kind != "memory":  # its data outlives this process: an in-process emulation would mislead
+            return None
         return InProcessConditional.for_mapping(adapter.mapping, adapter.location)
     if isinstance(adapter, ObstoreAdapter):
         return obstore_conditional_for(adapter, for_writes)
