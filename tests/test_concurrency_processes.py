@@ -82,7 +82,9 @@ def test_zarr2_stores_outside_a_directory_ask_for_an_explicit_mode(tmp_path) -> 
         np.testing.assert_array_equal(view[:], np.arange(16))
     sqlite.close()
     # in-memory stores and third-party mappings keep the in-process emulation
-    for memory in ({}, zarr.MemoryStore(), zarr.KVStore({})):
+    local_fsstore = zarr.storage.FSStore(str(tmp_path), key_separator="/")  # a local directory: lock files
+    assert ShardedStore(local_fsstore)._io.plan.mode == "files"
+    for memory in ({}, zarr.MemoryStore(), zarr.KVStore({}), zarr.storage.FSStore("memory://kinds", key_separator="/")):
         assert ShardedStore(memory)._io.plan.mode == "conditional", type(memory).__name__
 
 

@@ -25,7 +25,7 @@ how; what the user gets is never left implicit:
     (emulated: writers in this process only; a ``dict``, ``zarr.MemoryStore``,
     and any mapping that is not a zarr-python 2 store). The zarr-python 2
     stores that keep their data elsewhere (``SQLiteStore``, ``ZipStore``,
-    ``LMDBStore`` outside a directory, ``RedisStore``, an ``FSStore`` with a
+    ``DBMStore``, ``RedisStore``, a remote ``FSStore`` with a
     ``key_separator``, ...) get no emulation: ``"auto"`` asks for a choice.
 ``"process"``
     In-process stripe locks only: threads and stores of this process are

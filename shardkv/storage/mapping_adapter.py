@@ -5,16 +5,17 @@ guarantee concurrent writers get (:mod:`shardkv.engine.concurrency`):
 
 * ``"directory"``: a ``DirectoryStore`` subclass (``NestedDirectoryStore``,
   ``N5Store``, ``TempStore``), or any mapping whose ``path`` is an existing
-  local directory (``LMDBStore``): the location has a ``local_dir``, so
+  local directory (``LMDBStore``, a local ``FSStore`` with a
+  ``key_separator``): the location has a ``local_dir``, so
   ``concurrency="auto"`` takes lock files there, as for any local directory;
 * ``"persistent"``: another zarr-python 2 store that keeps its data outside
   this process (``SQLiteStore``, ``DBMStore``, ``ZipStore``, ``RedisStore``,
-  ``MongoDBStore``, ``ABSStore``, an ``FSStore`` with a ``key_separator``,
-  ...): no lock files, no conditional writes, so ``"auto"`` asks for an
-  explicit choice;
-* ``"memory"``: ``zarr.MemoryStore``, a ``KVStore`` over a ``dict``, and every
-  mapping that is not a zarr store (the in-process emulation of conditional
-  writes applies).
+  ``MongoDBStore``, ``ABSStore``, a remote ``FSStore`` with a
+  ``key_separator``, ...): no lock files, no conditional writes, so
+  ``"auto"`` asks for an explicit choice;
+* ``"memory"``: ``zarr.MemoryStore``, a ``KVStore`` over a ``dict``, an
+  ``FSStore`` over ``memory://``, and every mapping that is not a zarr
+  store (the in-process emulation of conditional writes applies).
 """
 
 from __future__ import annotations
@@ -51,10 +52,12 @@ def zarr2_kind(mapping: Any) -> str:
         cls = type(mapping)
         if any(c.__name__ == "DirectoryStore" and _is_zarr_class(c) for c in cls.__mro__):
             return "directory"
-        path = getattr(mapping, "path", None)
-        if isinstance(path, str) and path and os.path.isdir(path):
+        path, fs = getattr(mapping, "path", None), getattr(mapping, "fs", None)
+        protocol = getattr(fs, "protocol", "file")  # an FSStore's path is inside its filesystem
+        protocols = set(protocol if isinstance(protocol, tuple) else (protocol,))
+        if protocols & {"file", "local"} and isinstance(path, str) and path and os.path.isdir(path):
             return "directory"
-        if not _is_zarr_class(cls) or cls.__name__ == "MemoryStore":
+        if not _is_zarr_class(cls) or cls.__name__ == "MemoryStore" or "memory" in protocols:
             return "memory"
         inner = getattr(mapping, "_mutable_mapping", None) if cls.__name__ == "KVStore" else None
         if cls.__name__ == "LRUStoreCache":
