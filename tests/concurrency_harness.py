@@ -113,13 +113,14 @@ def _writer(
     barrier: Any,
     errors: Any,
     array_path: str = "",
+    make_base: Any = None,
 ) -> None:
     try:
         import zarr
 
         from shardkv import ShardedStore
 
-        store = ShardedStore(path, **options)
+        store = ShardedStore(path if make_base is None else make_base(path), **options)
         arr = zarr.open_array(store=store, path=array_path or None, mode="r+")
         barrier.wait(30)
         for c in range(worker, n_chunks, n_workers):  # chunk c belongs to worker c % n_workers
@@ -141,6 +142,7 @@ def run_sharded_writers(
     storage_options: dict | None = None,
     timeout: float = JOIN_TIMEOUT_S,
     views: tuple[tuple[str, str], ...] = (),
+    make_base: Any = None,
 ) -> LostUpdates:
     """``n_procs`` spawned processes, one ``ShardedStore`` each, write disjoint chunks of one array.
 
@@ -155,6 +157,10 @@ def run_sharded_writers(
     ``views``: ``(store root, array path)`` pairs that all name one array,
     given to the workers in turn (default: the array at the root of ``path``);
     the array is created through the first.
+
+    ``make_base``: a picklable callable (a class, a module-level function)
+    that makes every base store from its path (``zarr.NestedDirectoryStore``);
+    by default the path itself is the base store.
     """
     import zarr
 
@@ -164,7 +170,10 @@ def run_sharded_writers(
     options = {"chunks_per_shard": chunks_per_shard, "write_strategy": write_strategy, "concurrency": concurrency}
     if storage_options is not None:
         options["storage_options"] = dict(storage_options)
-    setup = ShardedStore(views[0][0], **options)
+    def base(root: str) -> Any:
+        return root if make_base is None else make_base(root)
+
+    setup = ShardedStore(base(views[0][0]), **options)
     zarr.open_array(
         store=setup, path=views[0][1] or None, mode="w", shape=(n_chunks * chunk_len,), chunks=(chunk_len,),
         dtype="i4", fill_value=0,
@@ -175,7 +184,10 @@ def run_sharded_writers(
     procs = [
         SPAWN.Process(
             target=_writer,
-            args=(views[w % len(views)][0], w, n_procs, n_chunks, chunk_len, options, barrier, errors, views[w % len(views)][1]),
+            args=(
+                views[w % len(views)][0], w, n_procs, n_chunks, chunk_len, options, barrier, errors,
+                views[w % len(views)][1], make_base,
+            ),  # fmt: skip
             name=f"writer-{w}",
         )
         for w in range(n_procs)
@@ -186,7 +198,7 @@ def run_sharded_writers(
     child_errors = []
     while not errors.empty() and len(child_errors) < n_procs:
         child_errors.append(errors.get(timeout=5))
-    check = ShardedStore(views[0][0], **options)
+    check = ShardedStore(base(views[0][0]), **options)
     try:
         data = zarr.open_array(store=check, path=views[0][1] or None, mode="r")[:]
     except Exception as exc:  # a torn shard is a finding, not a harness failure

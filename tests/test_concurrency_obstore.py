@@ -128,6 +128,49 @@ def test_disabled_conditional_puts_are_refused_not_downgraded(moto_s3, monkeypat
     assert plan_concurrency(adapt(_s3(moto_s3, _prefix("off"))), "process").mode == "process"
 
 
+@pytest.mark.parametrize("mode", ["none", "process"])
+def test_a_store_with_disabled_conditional_puts_opens_writes_and_reads_with_an_explicit_mode(moto_s3, mode) -> None:  # noqa: F811
+    from shardkv.storage.obstore_conditional import ObstoreConditional
+
+    store = _s3(moto_s3, _prefix(f"off-{mode}"), conditional_put="disabled")
+    with pytest.raises(ConfigurationError, match="conditional_put='etag'"):
+        ShardedStore(store)  # auto: refused, never downgraded
+    sharded = ShardedStore(store, chunks_per_shard=4, concurrency=mode)
+    assert sharded._io.plan.mode == mode
+    assert isinstance(sharded._io._pinned_store, ObstoreConditional)  # reads are pinned: GET If-Match only
+    arr = zarr.open_array(store=sharded, mode="w", shape=(16,), chunks=(2,), dtype="i4", compressor=None)
+    arr[:] = np.arange(16)
+    np.testing.assert_array_equal(zarr.open_array(store=ShardedStore(store, concurrency=mode), mode="r")[:], np.arange(16))
+
+
+def test_a_missing_bucket_is_an_error_not_a_lost_race(moto_s3) -> None:  # noqa: F811
+    from shardkv.storage.obstore_conditional import ObstoreConditional
+
+    boto3 = pytest.importorskip("boto3")
+    bucket = f"gone-{uuid.uuid4().hex[:8]}"
+    client = boto3.client(
+        "s3", endpoint_url=moto_s3.endpoint_url, region_name=REGION, aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )  # fmt: skip
+    client.create_bucket(Bucket=bucket)
+    s3 = obstore_store.S3Store(
+        bucket, endpoint=moto_s3.endpoint_url, region=REGION, access_key_id="testing", secret_access_key="testing",
+        client_options={"allow_http": True},
+    )  # fmt: skip
+    sharded = ShardedStore(s3, chunks_per_shard=4)
+    arr = zarr.open_array(store=sharded, mode="w", shape=(8,), chunks=(2,), dtype="i4", compressor=None)
+    for item in client.list_objects_v2(Bucket=bucket).get("Contents", []):
+        client.delete_object(Bucket=bucket, Key=item["Key"])
+    client.delete_bucket(Bucket=bucket)
+    with pytest.raises(FileNotFoundError, match=bucket):
+        ObstoreConditional(adapt(s3)).swap("k", b"x", None)  # a create: not a lost race
+    stats = sharded._io.retry_stats
+    before = stats.attempts
+    with pytest.raises(FileNotFoundError, match="does its bucket exist"):
+        arr[0:2] = 1
+    assert stats.attempts - before <= 1  # one attempt, not 16 retries of a "lost race"
+
+
 def test_adapters_of_one_bucket_and_prefix_share_a_location(moto_s3, tmp_path) -> None:  # noqa: F811
     prefix = _prefix("loc")
     a, b = ObstoreAdapter(_s3(moto_s3, prefix)), ObstoreAdapter(_s3(moto_s3, prefix + "/"))

@@ -51,6 +51,43 @@ def test_writers_that_open_the_hierarchy_at_different_roots_lose_nothing(tmp_pat
     assert not (root / LOCK_DIR).exists() and not (root / "g" / LOCK_DIR).exists()  # ... and no others
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # NestedDirectoryStore is deprecated in zarr 2.18
+def test_a_nested_directory_store_takes_lock_files_and_four_processes_lose_nothing(tmp_path) -> None:
+    path = str(tmp_path / "nested.zarr")
+    store = ShardedStore(zarr.NestedDirectoryStore(path))
+    assert store._io.plan.mode == "files"
+    assert location_of(store._io.base).local_dir == os.path.realpath(path)
+    found = run_sharded_writers(path, n_procs=4, n_chunks=64, chunks_per_shard=64, make_base=zarr.NestedDirectoryStore)
+    assert found.child_errors == ()
+    assert found.lost == 0, f"{found.lost} of {found.total} chunk updates lost"
+    assert os.listdir(os.path.join(path, LOCK_DIR))  # the lock files are there ...
+    keys = list(ShardedStore(zarr.NestedDirectoryStore(path)).keys())
+    assert keys and not [k for k in keys if LOCK_DIR in k]  # ... and never listed
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # SQLiteStore is deprecated in zarr 2.18
+def test_zarr2_stores_outside_a_directory_ask_for_an_explicit_mode(tmp_path) -> None:
+    from shardkv.errors import ConfigurationError
+
+    sqlite = zarr.SQLiteStore(str(tmp_path / "data.sqlite"))
+    with pytest.raises(ConfigurationError, match=r"SQLiteStore.*concurrency='process'.*concurrency='none'"):
+        ShardedStore(sqlite)
+    for mode in ("none", "process"):
+        arr = zarr.open_array(
+            store=ShardedStore(sqlite, chunks_per_shard=4, concurrency=mode), path=mode, mode="w", shape=(16,),
+            chunks=(2,), dtype="i4",
+        )  # fmt: skip
+        arr[:] = np.arange(16)
+        view = zarr.open_array(store=ShardedStore(sqlite, concurrency=mode), path=mode, mode="r")
+        np.testing.assert_array_equal(view[:], np.arange(16))
+    sqlite.close()
+    # in-memory stores and third-party mappings keep the in-process emulation
+    local_fsstore = zarr.storage.FSStore(str(tmp_path), key_separator="/")  # a local directory: lock files
+    assert ShardedStore(local_fsstore)._io.plan.mode == "files"
+    for memory in ({}, zarr.MemoryStore(), zarr.KVStore({}), zarr.storage.FSStore("memory://kinds", key_separator="/")):
+        assert ShardedStore(memory)._io.plan.mode == "conditional", type(memory).__name__
+
+
 def test_adapters_pickle_to_the_same_location(tmp_path) -> None:
     local = adapt(str(tmp_path))
     memory = adapt("memory://pickled-root")

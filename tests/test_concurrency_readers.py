@@ -248,6 +248,29 @@ def test_readers_pin_generations_whatever_the_concurrency_mode(moto_s3) -> None:
     assert ShardedStore("memory://modes-pinned")._io._pinned_store is None  # in-process: validators
 
 
+def test_obstore_memory_stores_pin_their_reads_and_local_stores_have_validators(tmp_path) -> None:
+    from shardkv.storage.obstore_conditional import ObstoreConditional
+
+    obstore_store = pytest.importorskip("obstore.store")
+    memory = obstore_store.MemoryStore()
+    for mode in ("auto", "conditional", "process", "none"):
+        pinned = ShardedStore(memory, concurrency=mode)._io._pinned_store
+        assert isinstance(pinned, ObstoreConditional) and pinned.pins_reads and not pinned.remote, mode
+    local = ShardedStore(obstore_store.LocalStore(str(tmp_path)))
+    assert local._io._pinned_store is None  # a local directory: validators
+    assert local._io.base.validator("absent") == "missing"
+
+
+def test_a_dir_filesystem_over_a_local_directory_is_that_local_directory(tmp_path) -> None:
+    from fsspec.implementations.dirfs import DirFileSystem
+    from fsspec.implementations.local import LocalFileSystem
+
+    store = ShardedStore(DirFileSystem(str(tmp_path), LocalFileSystem()).get_mapper("sub/data.zarr"))
+    base = store._io.base
+    assert type(base.fs) is LocalFileSystem and base.root == f"{tmp_path}/sub/data.zarr"
+    assert store._io.plan.mode == "files" and base.validator("absent") == "missing"
+
+
 def test_s3_batched_generation_reads_keep_order_and_sort_answers(moto_s3) -> None:  # noqa: F811
     from shardkv.format.ranges import ByteRange
     from shardkv.storage.conditional import S3Conditional
@@ -359,18 +382,49 @@ def test_a_shard_refused_twice_is_read_whole_so_the_reader_makes_progress() -> N
     assert (stats.attempts, stats.precondition_failures, fake.whole_reads) == (3, 2, 1)
 
 
-@pytest.mark.parametrize("kind", ["local", "memory"])
+_IN_PROCESS_KINDS = ["local", "memory", "obstore-local", "obstore-memory", "dirfs"]
+
+
+def _two_stores(tmp_path: Any, kind: str, **options: Any) -> tuple[ShardedStore, ShardedStore]:
+    """A writer (with ``options``) and a reader (defaults) over one store, each built from its own objects.
+
+    ``obstore-memory`` shares the one ``MemoryStore`` object (its data); every other kind
+    makes a new base store object for each (a path, a URL, a ``LocalStore``, a ``DirFileSystem`` mapper).
+    """
+    if kind == "local":
+        base = str(tmp_path / "two.zarr")
+        return ShardedStore(base, **options), ShardedStore(base)
+    if kind == "memory":
+        base = f"memory://two-{uuid.uuid4().hex[:8]}"
+        return ShardedStore(base, **options), ShardedStore(base)
+    if kind == "dirfs":
+        from fsspec.implementations.dirfs import DirFileSystem
+        from fsspec.implementations.local import LocalFileSystem
+
+        def make() -> Any:
+            return DirFileSystem(str(tmp_path), LocalFileSystem()).get_mapper("two.zarr")
+
+        return ShardedStore(make(), **options), ShardedStore(make())
+    obstore_store = pytest.importorskip("obstore.store")
+    if kind == "obstore-memory":
+        shared = obstore_store.MemoryStore()
+        return ShardedStore(shared, **options), ShardedStore(shared)
+    path = tmp_path / "two.zarr"
+    path.mkdir()
+    return ShardedStore(obstore_store.LocalStore(str(path)), **options), ShardedStore(obstore_store.LocalStore(str(path)))
+
+
+@pytest.mark.parametrize("kind", _IN_PROCESS_KINDS)
 def test_a_cached_index_of_a_local_shard_rewritten_by_another_store_is_not_trusted(tmp_path, kind) -> None:
     # another store (as another process would) moves chunk 3 inside the shard; the reader's
     # default index cache must not send it to the old offsets (they hold chunk 2's new bytes)
-    base = str(tmp_path / "cached.zarr") if kind == "local" else f"memory://cached-{uuid.uuid4().hex[:8]}"
-    writer = ShardedStore(base, chunks_per_shard=8)
+    writer, reader = _two_stores(tmp_path, kind, chunks_per_shard=8)
     arr = zarr.open_array(
         store=writer, mode="w", shape=(64,), chunks=(8,), dtype="i8", fill_value=-1, compressor=None,
         write_empty_chunks=False,
     )  # fmt: skip
     arr[8:64] = np.repeat(np.arange(11, 18), 8)  # chunk 0 absent
-    reader = ShardedStore(base)  # default options: validate_index_cache=False
+    # the reader has default options: validate_index_cache=False
     view = zarr.open_array(store=reader, mode="r")
     np.testing.assert_array_equal(view[24:32], 13)
     assert len(reader.index_cache) == 1
@@ -379,7 +433,7 @@ def test_a_cached_index_of_a_local_shard_rewritten_by_another_store_is_not_trust
     np.testing.assert_array_equal(view[:], np.concatenate([np.repeat([100, 101, 102, 103], 8), np.repeat(np.arange(14, 18), 8)]))
 
 
-@pytest.mark.parametrize("kind", ["local", "memory", "s3fs", "obstore"])
+@pytest.mark.parametrize("kind", [*_IN_PROCESS_KINDS, "s3fs", "obstore"])
 def test_a_chunk_absent_from_a_cached_index_but_written_since_is_read(tmp_path, moto_s3, kind) -> None:  # noqa: F811
     # zarr patches a partly written chunk from what a read returns: a stale "missing" would make it
     # write fill values over another process's chunk
@@ -388,8 +442,7 @@ def test_a_chunk_absent_from_a_cached_index_but_written_since_is_read(tmp_path, 
         writer = _client_store(moto_s3, root, kind, chunks_per_shard=8, concurrency="none")
         reader = _client_store(moto_s3, root, kind, concurrency="none")
     else:
-        base = str(tmp_path / "absent.zarr") if kind == "local" else f"memory://absent-{uuid.uuid4().hex[:8]}"
-        writer, reader = ShardedStore(base, chunks_per_shard=8), ShardedStore(base)
+        writer, reader = _two_stores(tmp_path, kind, chunks_per_shard=8)
     arr = zarr.open_array(
         store=writer, mode="w", shape=(64,), chunks=(8,), dtype="i8", fill_value=-1, compressor=None,
         write_empty_chunks=False,

@@ -9,7 +9,9 @@ how; what the user gets is never left implicit:
     (:class:`~shardkv.engine.locks.ShardLocks`): every writer of the
     directory, in any process (on any machine that mounts it with working
     ``flock``), is excluded. Local and network file systems (obstore's
-    ``LocalStore`` too: it offers no conditional update).
+    ``LocalStore`` too: it offers no conditional update; zarr-python 2's
+    ``DirectoryStore`` subclasses such as ``NestedDirectoryStore`` and
+    ``N5Store``; an fsspec ``DirFileSystem`` over a local directory).
 ``"conditional"``
     In-process stripe locks (so threads of one process do not race each
     other) plus compare-and-swap writes (:mod:`shardkv.storage.conditional`):
@@ -19,8 +21,12 @@ how; what the user gets is never left implicit:
     (:mod:`shardkv.storage.obstore_conditional`: ``PutMode`` puts; an
     ``S3Store`` with ``conditional_put="disabled"`` is refused, never
     downgraded; a shard emptied there stays as an empty shard object, obstore
-    having no conditional delete); ``memory://`` and mappings (emulated:
-    writers in this process only).
+    having no conditional delete); ``memory://`` and in-memory mappings
+    (emulated: writers in this process only; a ``dict``, ``zarr.MemoryStore``,
+    and any mapping that is not a zarr-python 2 store). The zarr-python 2
+    stores that keep their data elsewhere (``SQLiteStore``, ``ZipStore``,
+    ``DBMStore``, ``RedisStore``, a remote ``FSStore`` with a
+    ``key_separator``, ...) get no emulation: ``"auto"`` asks for a choice.
 ``"process"``
     In-process stripe locks only: threads and stores of this process are
     safe; other processes writing the same shards can lose updates. Never
@@ -106,8 +112,22 @@ def plan_concurrency(adapter: Any, concurrency: Concurrency = "auto", **lock_opt
     conditional = conditional_store_for(adapter)
     if conditional is None:
         raise ConfigurationError(
-            f"the store at {location!r} offers neither lock files nor conditional writes, so concurrent "
-            "writers of one shard could lose updates: pass concurrency='process' (safe within this "
-            "process only) or concurrency='none' (one writer per shard)"
+            f"the store {_store_name(adapter)} at {location!r} offers neither lock files nor conditional "
+            f"writes, so concurrent writers of one shard could lose updates: pass concurrency='process' "
+            "(safe within this process only) or concurrency='none' (one writer per shard)"
         )
     return ConcurrencyPlan("conditional", ShardLocks(location, cross_process=False, **lock_options), conditional)
+
+
+def _store_name(adapter: Any) -> str:
+    """The class of the user's store behind ``adapter`` (a mapping, an obstore store, a filesystem), for messages."""
+    for _ in range(16):  # wrappers nest a few levels at most
+        inner = getattr(adapter, "inner", None)
+        if inner is None:
+            break
+        adapter = inner
+    for attribute in ("mapping", "store", "fs"):
+        user = getattr(adapter, attribute, None)
+        if user is not None:
+            return type(user).__name__
+    return type(adapter).__name__

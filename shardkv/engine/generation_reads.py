@@ -31,9 +31,9 @@ cached, one per merged chunk range), except that a read of a chunk the
 cached index lacks costs an index read. :class:`PinnedReads` is the bookkeeping
 of one read attempt (one per call, so threads sharing a ``ShardIO`` never
 share it); :func:`pinned_store_for` decides where it applies: wherever the
-base store's :class:`~shardkv.storage.conditional.ConditionalStore` is
-``remote`` (S3 through s3fs, obstore object stores), whatever the
-``concurrency=`` mode of the writers.
+base store's :class:`~shardkv.storage.conditional.ConditionalStore`
+``pins_reads`` (S3 through s3fs, obstore object stores and ``MemoryStore``),
+whatever the ``concurrency=`` mode of the writers.
 """
 
 from __future__ import annotations
@@ -56,10 +56,15 @@ def pinned_store_for(base: Any) -> ConditionalStore | None:
 
     ``None`` where no other process can change the data behind this
     process's back unseen: local files (validators), ``memory://`` and
-    mappings (in-process), stores without conditional reads.
+    mappings (in-process), stores without conditional reads. Decided by
+    :attr:`~shardkv.storage.conditional.ConditionalStore.pins_reads` (object
+    stores; an obstore ``MemoryStore``, which has no validator). The store is
+    asked for reads only: an obstore ``S3Store`` whose conditional puts are
+    disabled still pins its reads (``If-Match`` GETs), whatever the
+    ``concurrency=`` mode.
     """
-    store = conditional_store_for(base)
-    return store if store is not None and store.remote else None
+    store = conditional_store_for(base, for_writes=False)
+    return store if store is not None and store.pins_reads else None
 
 
 class PinnedReads:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from typing import Hashable, Iterable, Iterator, Mapping, Sequence
 
@@ -10,7 +11,7 @@ from shardkv.storage.buffers import (
     Value,
 )
 
-__all__ = ["StoreAdapter", "TEMP_MARKER", "LOCK_DIR", "hidden"]
+__all__ = ["StoreAdapter", "TEMP_MARKER", "LOCK_DIR", "hidden", "file_validator"]
 
 TEMP_MARKER = ".shardkv-tmp-"
 """Part of the name of the temporary files of atomic local writes; never listed."""
@@ -23,6 +24,24 @@ def hidden(key: str) -> bool:
     """True for the files shardkv keeps in a store for itself (temporary writes, lock files)."""
     return TEMP_MARKER in key or key == LOCK_DIR or key.startswith(LOCK_DIR + "/") or f"/{LOCK_DIR}/" in key
 
+
+def file_validator(path: str) -> Hashable:
+    """The validator of a local file (:meth:`StoreAdapter.validator`): ``(size, mtime_ns, inode)``, or ``"missing"``.
+
+    The inode too: an atomic rewrite (a temporary file renamed over the target)
+    gets a new one, so a same-size rewrite within the file system's timestamp
+    granularity is seen.
+
+    Raises
+    ------
+    OSError
+        Errors of ``os.stat`` other than a missing file (permissions).
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "missing"
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 class StoreAdapter(ABC):

@@ -19,24 +19,42 @@ __all__ = ["conditional_store_for", "supports_conditional_writes"]
 _BASES = (FSMapAdapter, MappingAdapter, ObstoreAdapter)
 
 
-def conditional_store_for(adapter: Any) -> ConditionalStore | None:
+def conditional_store_for(adapter: Any, for_writes: bool = True) -> ConditionalStore | None:
     """The :class:`ConditionalStore` for a store adapter, or ``None`` when the store offers none.
 
     s3fs filesystems get :class:`~shardkv.storage.conditional.S3Conditional`;
     obstore S3, GCS, Azure and memory stores get
     :class:`~shardkv.storage.obstore_conditional.ObstoreConditional`; fsspec
-    ``memory://`` and plain mappings get
-    :class:`~shardkv.storage.conditional.InProcessConditional`. Local and
-    network file systems (obstore's ``LocalStore`` included) get ``None``
-    (they use lock files, :class:`shardkv.engine.locks.ShardLocks`), and so
-    does every other store. Wrapping adapters (with an ``inner`` adapter) are
+    ``memory://`` and in-memory mappings get
+    :class:`~shardkv.storage.conditional.InProcessConditional`, an emulation
+    that holds only among writers of this process: a ``dict``,
+    ``zarr.MemoryStore``, a ``KVStore`` over a ``dict``, and every mapping
+    that is not a zarr-python 2 store (shardkv cannot know where a
+    third-party mapping keeps its data: one shared by several processes is
+    the caller's to serialise, with ``concurrency="none"`` and shard-aligned
+    writes). Local and network file systems (obstore's ``LocalStore`` and
+    zarr's ``DirectoryStore`` subclasses included) get ``None`` (they use
+    lock files, :class:`shardkv.engine.locks.ShardLocks`), and so do the
+    zarr-python 2 stores that keep their data elsewhere (``SQLiteStore``,
+    ``ZipStore``, ``RedisStore``, ... :func:`~shardkv.storage.mapping_adapter.zarr2_kind`)
+    and every other store. Wrapping adapters (with an ``inner`` adapter) are
     looked through.
+
+    Parameters
+    ----------
+    adapter : StoreAdapter
+        The base store's adapter.
+    for_writes : bool
+        True (the default): the store is for compare-and-swap writes. False:
+        for reads pinned to generations only
+        (:func:`shardkv.engine.generation_reads.pinned_store_for`), which an
+        obstore ``S3Store`` with conditional puts disabled still offers.
 
     Raises
     ------
     ConfigurationError
-        For an obstore ``S3Store`` whose conditional puts are disabled
-        (:func:`~shardkv.storage.obstore_conditional.obstore_conditional_for`).
+        With ``for_writes``, for an obstore ``S3Store`` whose conditional puts
+        are disabled (:func:`~shardkv.storage.obstore_conditional.obstore_conditional_for`).
     """
     for _ in range(16):  # wrappers nest a few levels at most
         if isinstance(adapter, _BASES):
@@ -45,9 +63,11 @@ def conditional_store_for(adapter: Any) -> ConditionalStore | None:
         if adapter is None:
             return None
     if isinstance(adapter, MappingAdapter):
+        if adapter.kind != "memory":  # its data outlives this process: an in-process emulation would mislead
+            return None
         return InProcessConditional.for_mapping(adapter.mapping, adapter.location)
     if isinstance(adapter, ObstoreAdapter):
-        return obstore_conditional_for(adapter)
+        return obstore_conditional_for(adapter, for_writes)
     if not isinstance(adapter, FSMapAdapter):
         return None
     fs = adapter.fs

@@ -111,6 +111,17 @@ class ConditionalStore(ABC):
     """True when processes other than this one can change the data (object stores): readers
     must then check generations (``read_many_if_generation``) between an index read and
     its chunk reads. False for the in-process emulation."""
+
+    @property
+    def pins_reads(self) -> bool:
+        """True when readers must pin their chunk reads to the generation of the index they use.
+
+        :func:`shardkv.engine.generation_reads.pinned_store_for` reads it. By
+        default :attr:`remote`; a store that other *objects* of this process
+        can change unseen, and that has no validator (an obstore
+        ``MemoryStore`` shared by two ``ShardedStore`` objects), says True too.
+        """
+        return self.remote
     supports_conditional_delete: bool = True
     """False when the store cannot delete only-if-unchanged: the engine then stores an
     empty shard (an index with every entry missing) by :meth:`swap` instead of deleting."""

@@ -18,12 +18,13 @@ import weakref
 from typing import Any, Hashable, Iterable, Iterator, Mapping, Sequence
 
 import fsspec
+from fsspec.implementations.dirfs import DirFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.mapping import FSMap
 
 from shardkv.format.ranges import ByteRange
-from shardkv.storage.base import LOCK_DIR, TEMP_MARKER, StoreAdapter
+from shardkv.storage.base import LOCK_DIR, TEMP_MARKER, StoreAdapter, file_validator
 from shardkv.storage.base import hidden as _hidden
 from shardkv.storage.buffers import (
     Value,
@@ -182,7 +183,18 @@ class FSMapAdapter(StoreAdapter):
 
     @classmethod
     def from_fsmap(cls, fsmap: FSMap) -> FSMapAdapter:
-        return cls(fsmap.fs, fsmap.root, tuple(fsmap.missing_exceptions))
+        """The adapter of an fsspec mapper.
+
+        A ``DirFileSystem`` over the local file system is looked through: the
+        adapter is a plain local one over the directory it points to, so it
+        gets what any local directory gets (atomic writes, lock files,
+        validators of cached indexes).
+        """
+        fs, root = fsmap.fs, fsmap.root
+        inner, prefix = getattr(fs, "fs", None), getattr(fs, "path", None)
+        if isinstance(fs, DirFileSystem) and isinstance(inner, LocalFileSystem) and isinstance(prefix, str):
+            fs, root = inner, fs._join(root)
+        return cls(fs, root, tuple(fsmap.missing_exceptions))
 
     # -- identity and pickling (issue 9) --------------------------------------
 
@@ -350,13 +362,7 @@ class FSMapAdapter(StoreAdapter):
             return "missing" if stored is None else _Identity(stored)
         if not self._local:
             return None
-        try:
-            st = os.stat(self.fs._strip_protocol(self._path(key)))
-        except FileNotFoundError:
-            return "missing"
-        # the inode too: an atomic rewrite (temporary file renamed over the shard) gets a new
-        # one, so a same-size rewrite within the file system's timestamp granularity is seen
-        return (st.st_size, st.st_mtime_ns, st.st_ino)
+        return file_validator(self.fs._strip_protocol(self._path(key)))
 
     def set_many(self, values: Mapping[str, Value]) -> None:
         if not values:

@@ -34,11 +34,11 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Hashable
 
 from shardkv.errors import ConfigurationError, PreconditionFailedError
 from shardkv.format.ranges import ByteRange
-from shardkv.storage.base import StoreAdapter, hidden
+from shardkv.storage.base import StoreAdapter, file_validator, hidden
 from shardkv.storage.buffers import Value, byte_parts
 from shardkv.storage.location import StoreLocation
 
@@ -154,6 +154,7 @@ class ObstoreAdapter(StoreAdapter):
         self._max_concurrency = max(1, int(max_concurrency))
         self.round_trips = type(store).__name__ not in ("MemoryStore", "LocalStore")  # an object store
         self._pool: ThreadPoolExecutor | None = None
+        self._local_dir = store_location(store).local_dir  # LocalStore: its resolved directory
 
     # -- identity and pickling (issue 9) ------------------------------------------
 
@@ -168,6 +169,24 @@ class ObstoreAdapter(StoreAdapter):
         ``local_dir``: lock files work there). ``MemoryStore``: that store object.
         """
         return store_location(self.store)
+
+    def validator(self, key: str) -> Hashable:
+        """A cheap fingerprint that changes when the value is rewritten; ``None`` where there is none.
+
+        ``LocalStore`` (its location has a ``local_dir``): the file's
+        ``(size, mtime_ns, inode)``, ``"missing"`` when absent, as for local
+        fsspec files (:func:`~shardkv.storage.base.file_validator`). Other
+        stores: ``None`` (object stores pin chunk reads to generations instead,
+        :mod:`shardkv.engine.generation_reads`; so does ``MemoryStore``).
+
+        Raises
+        ------
+        OSError
+            Errors of ``os.stat`` other than a missing file.
+        """
+        if self._local_dir is None:
+            return None
+        return file_validator(os.path.join(self._local_dir, key))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # the store pickles as its configuration (obstore >= 0.5); the pool and module are rebuilt

@@ -11,7 +11,8 @@ of an :class:`~shardkv.storage.obstore_adapter.ObstoreAdapter`:
   ``"create"`` (``If-None-Match: *``) when nothing may be stored yet, else
   ``{"e_tag": ..., "version": ...}`` (``If-Match``); a precondition failure
   (``PreconditionError``, ``AlreadyExistsError``, or ``NotFoundError`` for a
-  value deleted meanwhile) is a lost race;
+  value deleted meanwhile) is a lost race; ``NotFoundError`` on a create (a
+  missing bucket) is a ``FileNotFoundError``;
 * obstore (0.12) has no conditional delete: :attr:`supports_conditional_delete`
   is False and the engine stores an empty shard instead of deleting one
   (:meth:`shardkv.engine.shard_writes.ShardWrites.write_shards`).
@@ -22,11 +23,17 @@ Which stores qualify (:func:`obstore_conditional_for`): ``S3Store`` unless its
 preconditions), and ``MemoryStore`` (atomic in the process). ``LocalStore``
 does not: obstore refuses ``PutMode`` updates there (``NotImplementedError``);
 its location is a directory, so ``concurrency="auto"`` takes lock files
-instead. ``HTTPStore`` offers neither.
+instead. ``HTTPStore`` offers neither. Readers pin their chunk reads to the
+index's generation (:mod:`shardkv.engine.generation_reads`) on the object
+stores, on a ``S3Store`` whose conditional puts are disabled too (reads-only:
+``obstore_conditional_for(adapter, for_writes=False)``), and on a
+``MemoryStore`` (:attr:`ObstoreConditional.pins_reads`: it has no validator,
+and several ``ShardedStore`` objects may share it).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any, Sequence
 
@@ -55,20 +62,31 @@ def conditional_put_disabled(store: Any) -> bool:
     return str(mode).strip().lower() == "disabled"
 
 
-def obstore_conditional_for(adapter: ObstoreAdapter) -> ObstoreConditional | None:
+def obstore_conditional_for(adapter: ObstoreAdapter, for_writes: bool = True) -> ObstoreConditional | None:
     """The :class:`ObstoreConditional` of ``adapter``, or ``None`` when its store has no conditional puts.
+
+    Parameters
+    ----------
+    adapter : ObstoreAdapter
+        The store's adapter.
+    for_writes : bool
+        True (the default): for compare-and-swap writes, so an ``S3Store``
+        whose conditional puts are disabled is refused. False: for reads
+        pinned to generations only (``GET`` with ``If-Match`` needs no
+        conditional put), so that store gets one too.
 
     Raises
     ------
     ConfigurationError
-        For an ``S3Store`` made with ``conditional_put="disabled"`` (or
-        ``AWS_CONDITIONAL_PUT=disabled``): compare-and-swap would be refused,
-        and a weaker guarantee is never chosen silently.
+        With ``for_writes``, for an ``S3Store`` made with
+        ``conditional_put="disabled"`` (or ``AWS_CONDITIONAL_PUT=disabled``):
+        compare-and-swap would be refused, and a weaker guarantee is never
+        chosen silently.
     """
     kind = type(adapter.store).__name__
     if kind not in _CONDITIONAL_STORES:
         return None
-    if conditional_put_disabled(adapter.store):
+    if for_writes and conditional_put_disabled(adapter.store):
         raise ConfigurationError(
             f"the obstore S3Store at {adapter.location!r} has conditional puts disabled "
             "(conditional_put='disabled' or AWS_CONDITIONAL_PUT=disabled), so concurrent writers could lose "
@@ -103,13 +121,21 @@ class ObstoreConditional(ConditionalStore):
         self._obs = adapter._obs
         self.location = adapter.location
         self.remote = type(adapter.store).__name__ in _REMOTE_STORES
+        # a MemoryStore object may be shared by several ShardedStores and has no validator:
+        # its readers pin chunk reads to the index's e_tag like those of object stores
+        self._pins_reads = self.remote or type(adapter.store).__name__ == "MemoryStore"
         self._missing = (NotFoundError, FileNotFoundError)
-        self._lost = (PreconditionError, AlreadyExistsError, NotFoundError, FileNotFoundError)
+        self._lost = (PreconditionError, AlreadyExistsError)
         self._stale = (PreconditionError, NotFoundError, FileNotFoundError)
         self._generic = GenericError
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.adapter,))
+
+    @property
+    def pins_reads(self) -> bool:
+        """True for object stores and ``MemoryStore`` (see :attr:`ConditionalStore.pins_reads`)."""
+        return self._pins_reads
 
     # -- reads ------------------------------------------------------------------
 
@@ -194,10 +220,15 @@ class ObstoreConditional(ConditionalStore):
         """Store ``value`` only if the stored version is ``expected`` (``None``: only if not stored).
 
         Returns ``(True, new Version)``, or ``(False, None)`` after a
-        precondition failure (nothing was written).
+        precondition failure (nothing was written), or when the value was
+        deleted since ``expected`` was read ("not found" on an update).
 
         Raises
         ------
+        FileNotFoundError
+            When creating (``expected`` None) and the store answers "not
+            found": its bucket (or container) does not exist. Never retried as
+            a lost race.
         ConfigurationError
             If the store refuses conditional puts (``NotImplementedError`` from
             obstore: an ``S3Store`` whose ``conditional_put`` is disabled, a ``LocalStore``).
@@ -214,6 +245,13 @@ class ObstoreConditional(ConditionalStore):
             result = self.adapter._put(key, value, mode)
         except self._lost:
             return False, None
+        except self._missing as exc:
+            if expected is None:  # nothing to lose a race with: the bucket (or container) is not there
+                raise FileNotFoundError(
+                    errno.ENOENT, f"cannot create {key!r}: the obstore store at {self.location!r} was not found "
+                    "(does its bucket exist?)",
+                ) from exc
+            return False, None  # the value was deleted since it was read: a lost race (the retry creates it)
         except NotImplementedError as exc:
             raise ConfigurationError(
                 f"the obstore store at {self.location!r} refused a conditional put ({exc}); for S3 make the "
