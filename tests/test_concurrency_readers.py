@@ -452,3 +452,28 @@ def test_a_chunk_absent_from_a_cached_index_but_written_since_is_read(tmp_path, 
     np.testing.assert_array_equal(view[0:16], [-1] * 8 + [11] * 8)  # the index is cached: chunk 0 absent
     arr[0:8] = 100  # written by another store
     np.testing.assert_array_equal(view[0:8], 100)
+
+
+def test_an_index_read_while_its_shard_appeared_is_not_cached_against_missing(tmp_path) -> None:
+    # validate_index_cache: the validator is taken before the index read; a shard stored in
+    # between must not be cached with the "missing" validator, which holds again once it is deleted
+    path = str(tmp_path / "appear.zarr")
+    writer = ShardedStore(path, chunks_per_shard=4)
+    arr = zarr.open_array(store=writer, mode="w", shape=(16,), chunks=(2,), dtype="i4", fill_value=0)
+    reader = ShardedStore(path, validate_index_cache=True)
+    zarr.open_array(store=reader, mode="r")  # metadata read before the race
+    io = reader._io
+    real_get_ranges = io.base.get_ranges
+    raced: list[bool] = []
+
+    def write_first(requests):
+        if not raced:
+            raced.append(True)
+            arr[0:2] = 7  # shard 0 appears between the validator and the index read
+        return real_get_ranges(requests)
+
+    io.base.get_ranges = write_first
+    assert "0" in reader and raced  # read through the race
+    io.base.get_ranges = real_get_ranges
+    del writer["0"]  # the shard's only chunk: the shard is deleted
+    assert "0" not in reader and "0" not in list(reader.keys())

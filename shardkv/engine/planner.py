@@ -73,6 +73,7 @@ from shardkv.errors import ConcurrentUpdateError, ConfigurationError, CorruptSha
 from shardkv.format.index import ShardIndex
 from shardkv.format.ranges import ByteRange, CoalescedRead, ReadPolicy, plan_reads
 from shardkv.keys.space import ChunkRef, ShardedArray
+from shardkv.storage.base import MISSING
 from shardkv.storage.conditional import InProcessConditional
 
 __all__ = ["ShardIO", "ShardUpdates", "ShardErasures", "covers_shard"]
@@ -265,14 +266,17 @@ class ShardIO(ShardWrites):
             raw = pinned.read_indexes(ranges) + (self.base.get_ranges(relayed) if relayed else [])
             validators = pinned.generations
         for k, data in zip(missing, raw):
-            if data is not None and k in taken_whole:  # one request: index and chunks of one object
+            if data is None:
+                continue
+            if k in taken_whole:  # one request: index and chunks of one object
                 index = indexes[k] = shards[k].layout.index_of_shard(data, k)
                 blobs[k] = data
-                self.epochs.put_if_current(self.index_cache, k, tickets[k], index, validators[k])
-            elif data is not None:
+            else:
                 # checked against the shard's size where that is free: a suffix read
                 # alone cannot tell a truncated shard from an intact one
                 index = indexes[k] = shards[k].layout.decode_index(data, k, sizes[k])
+            # a validator taken while the shard was not stored yet would match again once it is deleted
+            if validators[k] != MISSING:
                 self.epochs.put_if_current(self.index_cache, k, tickets[k], index, validators[k])
         return indexes, blobs, list(raw[len(missing) :])
 

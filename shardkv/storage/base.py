@@ -25,6 +25,10 @@ def hidden(key: str) -> bool:
     return TEMP_MARKER in key or key == LOCK_DIR or key.startswith(LOCK_DIR + "/") or f"/{LOCK_DIR}/" in key
 
 
+MISSING = "missing"
+"""The validator of a key that is not stored (never cached with an index: see the planner)."""
+
+
 def file_validator(path: str) -> Hashable:
     """The validator of a local file (:meth:`StoreAdapter.validator`): ``(size, mtime_ns, inode)``, or ``"missing"``.
 
@@ -40,7 +44,7 @@ def file_validator(path: str) -> Hashable:
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        return "missing"
+        return MISSING
     return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 

@@ -24,7 +24,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.mapping import FSMap
 
 from shardkv.format.ranges import ByteRange
-from shardkv.storage.base import LOCK_DIR, TEMP_MARKER, StoreAdapter, file_validator
+from shardkv.storage.base import LOCK_DIR, MISSING, TEMP_MARKER, StoreAdapter, file_validator
 from shardkv.storage.base import hidden as _hidden
 from shardkv.storage.buffers import (
     Value,
@@ -359,7 +359,7 @@ class FSMapAdapter(StoreAdapter):
         """
         if isinstance(self.fs, MemoryFileSystem):
             stored = self.fs.store.get(self.fs._strip_protocol(self._path(key)))
-            return "missing" if stored is None else _Identity(stored)
+            return MISSING if stored is None else _Identity(stored)
         if not self._local:
             return None
         return file_validator(self.fs._strip_protocol(self._path(key)))
