@@ -82,10 +82,14 @@ def test_zarr2_stores_outside_a_directory_ask_for_an_explicit_mode(tmp_path) -> 
         np.testing.assert_array_equal(view[:], np.arange(16))
     sqlite.close()
     # in-memory stores and third-party mappings keep the in-process emulation
-    local_fsstore = zarr.storage.FSStore(str(tmp_path), key_separator="/")  # a local directory: lock files
+    local_fsstore = zarr.storage.FSStore(str(tmp_path / "fsstore"))  # its files, read directly: lock files
     assert ShardedStore(local_fsstore)._io.plan.mode == "files"
-    for memory in ({}, zarr.MemoryStore(), zarr.KVStore({}), zarr.storage.FSStore("memory://kinds", key_separator="/")):
+    with pytest.raises(ConfigurationError, match="zarr/json"):  # it would rewrite the keys shardkv writes
+        ShardedStore(zarr.storage.FSStore(str(tmp_path / "fsstore"), key_separator="/"))
+    for memory in ({}, zarr.MemoryStore(), zarr.KVStore({}), zarr.storage.FSStore("memory://kinds")):
         assert ShardedStore(memory)._io.plan.mode == "conditional", type(memory).__name__
+    wrapped = zarr.LRUStoreCache(zarr.DirectoryStore(str(tmp_path / "wrapped")), max_size=1 << 20)
+    assert ShardedStore(wrapped)._io.plan.mode == "files"  # the wrapped directory's lock files
 
 
 def test_adapters_pickle_to_the_same_location(tmp_path) -> None:

@@ -77,10 +77,10 @@ def test_locks_follow_the_data_not_the_spelling(tmp_path) -> None:
     d1, d2 = {}, {}
     assert location_of(MappingAdapter(d1)) == location_of(MappingAdapter(d1))
     assert location_of(MappingAdapter(d1)) != location_of(MappingAdapter(d2))
-    # nested roots in one process lock a shard alike (full path in the namespace)
+    # nested roots in one process lock a shard alike (the real array directory and the key in it)
     outer = ShardLocks.for_adapter(_local(str(tmp_path / "real")), cross_process=False)
     inner = ShardLocks.for_adapter(_local(str(tmp_path / "real" / "arr")), cross_process=False)
-    assert outer.thread_stripes_of(["arr/0.0"]) == inner.thread_stripes_of(["0.0"])
+    assert outer.thread_stripes_of(["arr/0.0"], {"arr/0.0": "arr/"}) == inner.thread_stripes_of(["0.0"], {"0.0": ""})
 
 
 def test_multi_shard_holds_in_any_order_never_deadlock(tmp_path) -> None:
@@ -168,6 +168,25 @@ def test_a_group_reached_through_a_symbolic_link_takes_the_same_locks(tmp_path) 
     assert via_root.thread_stripes_of([key_root], {key_root: "sub/arr/"}) == via_link.thread_stripes_of(
         [key_link], {key_link: "arr/"}
     )
+
+
+def test_in_process_stripes_agree_with_or_without_lock_files_and_through_links(tmp_path) -> None:
+    # concurrency="process" takes no lock file: its thread stripe alone must match every other store's
+    real = tmp_path / "real"
+    (real / "arr").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(real, target_is_directory=True)
+    key, prefixes = "arr/c/0", {"arr/c/0": "arr/"}
+    views = [
+        ShardLocks.for_adapter(_local(str(real))),  # "files"
+        ShardLocks.for_adapter(_local(str(real)), cross_process=False),  # "process"
+        ShardLocks.for_adapter(_local(str(tmp_path / "link")), cross_process=False),  # "process", via the link
+    ]
+    assert len({tuple(v.thread_stripes_of([key], prefixes)) for v in views}) == 1
+    from shardkv import ShardedStore
+
+    stores = [ShardedStore(str(real)), ShardedStore(str(real), concurrency="process"),
+              ShardedStore(str(tmp_path / "link"), concurrency="process")]  # fmt: skip
+    assert len({tuple(s._io.plan.locks.thread_stripes_of([key], prefixes)) for s in stores}) == 1
 
 
 def test_a_hold_over_several_arrays_waits_holding_nothing(tmp_path) -> None:

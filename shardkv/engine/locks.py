@@ -225,7 +225,9 @@ class ShardLocks:
         self.file_stripes = int(file_stripes)
         self.lock_root = lock_root
         self.timeout = timeout
-        self._root_dir = os.path.abspath(root_dir) if self.cross_process else None  # type: ignore[arg-type]
+        # the data's directory (also without lock files: in-process stripes are chosen by real paths)
+        self._dir_root = os.path.abspath(root_dir) if root_dir is not None else None
+        self._root_dir = self._dir_root if self.cross_process else None  # where lock files go
         self._real_dirs: dict[str, str] = {}  # array key prefix -> its real directory
         self._prefix = f"{location.namespace!r}\0" if location is not None else ""
         self._private_pool = [threading.Lock() for _ in range(thread_stripes)] if location is None else None
@@ -259,7 +261,7 @@ class ShardLocks:
         found = self._real_dirs.get(prefix)
         if found is None:
             parts = [p for p in prefix.split("/") if p]
-            found = os.path.realpath(os.path.join(self._root_dir, *parts))  # type: ignore[arg-type]
+            found = os.path.realpath(os.path.join(self._dir_root, *parts))  # type: ignore[arg-type]
             if len(self._real_dirs) >= _MAX_REAL_DIRS:
                 self._real_dirs.clear()
             self._real_dirs[prefix] = found
@@ -295,17 +297,19 @@ class ShardLocks:
     def thread_stripes_of(self, shard_keys: Iterable[str], prefixes: Mapping[str, str] | None = None) -> list[int]:
         """Ascending distinct in-process stripes of the shards.
 
-        By namespace and full path; for lock files, by the real array
-        directory and the key in it (the file stripe's identity).
+        By namespace and full path; where the data is in a directory (with or
+        without lock files), by the real array directory and the key in it
+        (the file stripe's identity), so every store of the process agrees
+        whatever root or link it came through.
         """
         location = self.location
         if location is None:
             return sorted({stripe_of(k, self.thread_stripes) for k in shard_keys})
-        if self._root_dir is not None:
+        if self._dir_root is not None:
             found = set()
             for key in shard_keys:
                 prefix, rel = self._split(key, prefixes)
-                found.add(stripe_of(f"{self._prefix}{self.lock_dir_for(prefix)}\0{rel}", self.thread_stripes))
+                found.add(stripe_of(f"{self._prefix}{self._real_dir(prefix)}\0{rel}", self.thread_stripes))
             return sorted(found)
         return sorted({stripe_of(self._prefix + location.full_path(k), self.thread_stripes) for k in shard_keys})
 

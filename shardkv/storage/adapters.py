@@ -33,6 +33,7 @@ from typing import Any, Mapping
 import fsspec
 from fsspec.mapping import FSMap
 
+from shardkv.errors import ConfigurationError
 from shardkv.storage.base import LOCK_DIR, TEMP_MARKER, StoreAdapter
 from shardkv.storage.buffers import Value, byte_parts, join_parts
 from shardkv.storage.fsmap_adapter import FSMapAdapter
@@ -65,7 +66,8 @@ def adapt(store: Any, storage_options: Mapping[str, Any] | None = None) -> Store
     TypeError
         If ``store`` is none of these.
     ConfigurationError
-        If obstore is asked for and not installed.
+        If obstore is asked for and not installed; for a zarr ``FSStore`` that
+        rewrites keys (``key_separator="/"`` or ``normalize_keys``).
     """
     if isinstance(store, StoreAdapter):
         return store
@@ -84,8 +86,14 @@ def adapt(store: Any, storage_options: Mapping[str, Any] | None = None) -> Store
         return ObstoreAdapter(store)
     if cls == "DirectoryStore" and isinstance(getattr(store, "path", None), str):
         return FSMapAdapter(fsspec.filesystem("file"), store.path)
-    if cls == "FSStore" and getattr(store, "key_separator", None) is None and hasattr(store, "map"):
-        return FSMapAdapter.from_fsmap(store.map)
+    if cls == "FSStore" and hasattr(store, "map"):
+        if getattr(store, "key_separator", None) not in (None, ".") or getattr(store, "normalize_keys", False):
+            raise ConfigurationError(
+                f"an FSStore with key_separator={store.key_separator!r} or normalize_keys rewrites the keys shardkv "
+                "writes ('zarr.json' would be stored as 'zarr/json', unreadable by other Zarr readers): "
+                "pass its URL or its .map instead"
+            )
+        return FSMapAdapter.from_fsmap(store.map)  # keys as given: its files are read directly
     if isinstance(store, MutableMapping):
         return MappingAdapter(store)
     raise TypeError(

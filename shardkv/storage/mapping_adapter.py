@@ -42,30 +42,38 @@ def _is_zarr_class(cls: type) -> bool:
     return (cls.__module__ or "").split(".", 1)[0] == "zarr"
 
 
-def zarr2_kind(mapping: Any) -> str:
-    """``"directory"``, ``"persistent"`` or ``"memory"``: where a mapping keeps its data (see the module docstring).
-
-    Pure but for one ``os.path.isdir`` of a mapping's ``path``. Wrappers of
-    zarr-python 2 (``KVStore``, ``LRUStoreCache``) are looked through.
-    """
+def _classify(mapping: Any) -> tuple[str, str | None]:
+    """``(kind, directory)`` of a mapping: see :func:`zarr2_kind`; the directory of a ``"directory"`` one."""
     for _ in range(16):  # wrappers nest a few levels at most
         cls = type(mapping)
-        if any(c.__name__ == "DirectoryStore" and _is_zarr_class(c) for c in cls.__mro__):
-            return "directory"
         path, fs = getattr(mapping, "path", None), getattr(mapping, "fs", None)
+        if any(c.__name__ == "DirectoryStore" and _is_zarr_class(c) for c in cls.__mro__):
+            return "directory", path if isinstance(path, str) else None
+        if getattr(mapping, "key_separator", None) is not None:
+            return "persistent", None  # an FSStore that rewrites keys: not a plain directory of ours
         protocol = getattr(fs, "protocol", "file")  # an FSStore's path is inside its filesystem
         protocols = set(protocol if isinstance(protocol, tuple) else (protocol,))
         if protocols & {"file", "local"} and isinstance(path, str) and path and os.path.isdir(path):
-            return "directory"
+            return "directory", path
         if not _is_zarr_class(cls) or cls.__name__ == "MemoryStore" or "memory" in protocols:
-            return "memory"
+            return "memory", None
         inner = getattr(mapping, "_mutable_mapping", None) if cls.__name__ == "KVStore" else None
         if cls.__name__ == "LRUStoreCache":
             inner = getattr(mapping, "_store", None)
         if inner is None:
-            return "persistent"
+            return "persistent", None
         mapping = inner
-    return "persistent"
+    return "persistent", None
+
+
+def zarr2_kind(mapping: Any) -> str:
+    """``"directory"``, ``"persistent"`` or ``"memory"``: where a mapping keeps its data (see the module docstring).
+
+    Pure but for one ``os.path.isdir`` of a mapping's ``path``. Wrappers of
+    zarr-python 2 (``KVStore``, ``LRUStoreCache``) are looked through; an
+    ``FSStore`` with a key separator (it rewrites keys) is ``"persistent"``.
+    """
+    return _classify(mapping)[0]
 
 
 class MappingAdapter(StoreAdapter):
@@ -81,10 +89,9 @@ class MappingAdapter(StoreAdapter):
 
     def __init__(self, mapping: MutableMapping) -> None:
         self.mapping = mapping
-        self.kind = zarr2_kind(mapping)
+        self.kind, directory = _classify(mapping)
         """Where the mapping keeps its data: ``"directory"``, ``"persistent"`` or ``"memory"`` (:func:`zarr2_kind`)."""
-        path = getattr(mapping, "path", None)
-        self._local_dir = os.path.realpath(path) if self.kind == "directory" and isinstance(path, str) else None
+        self._local_dir = os.path.realpath(directory) if directory is not None else None
 
     # -- identity and pickling (issue 9) --------------------------------------
 
