@@ -48,6 +48,34 @@ def _join_all(procs: list[Any], timeout: float) -> None:
         raise RuntimeError(f"child processes failed or overran {timeout:g} s: {late}")
 
 
+def run_threads(target: Any, n: int, join_s: float = JOIN_TIMEOUT_S) -> list[BaseException]:
+    """Run ``target(i)`` for ``i`` in ``range(n)`` in ``n`` threads started together; the errors raised.
+
+    Threads wait at a barrier (30 s at most) so they start at once, and are
+    joined within ``join_s`` seconds in all; a thread still running then is
+    reported as a ``TimeoutError``.
+    """
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(n, timeout=30)
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait()
+            target(i)
+        except BaseException as exc:  # reported to the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + join_s
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() for t in threads):
+        errors.append(TimeoutError(f"threads still running after {join_s:g} s"))
+    return errors
+
+
 # -- counter under ShardLocks -----------------------------------------------------
 
 

@@ -22,7 +22,7 @@ import uuid
 
 import numpy as np
 import pytest
-from concurrency_harness import MotoS3, moto_s3, run_sharded_writers  # noqa: F401  (fixture)
+from concurrency_harness import MotoS3, moto_s3, run_sharded_writers, run_threads  # noqa: F401  (fixture)
 
 from shardkv import ShardedStore
 from shardkv.engine.concurrency import plan_concurrency
@@ -246,23 +246,14 @@ def test_eight_threads_with_their_own_stores_lose_nothing(moto_s3) -> None:  # n
     prefix, chunk_len, n_chunks = _prefix("threads"), 4, 64  # 4 shards of 16 chunks
     setup = ShardedStore(_s3(moto_s3, prefix), chunks_per_shard=16)
     zarr.open_array(store=setup, mode="w", shape=(n_chunks * chunk_len,), chunks=(chunk_len,), dtype="i4", fill_value=0)
-    barrier, errors = threading.Barrier(N_THREADS), []
+    stores = [ShardedStore(_s3(moto_s3, prefix), chunks_per_shard=16) for _ in range(N_THREADS)]
 
     def writer(w: int) -> None:
-        try:
-            arr = zarr.open_array(store=ShardedStore(_s3(moto_s3, prefix), chunks_per_shard=16), mode="r+")
-            barrier.wait(30)
-            for c in range(w, n_chunks, N_THREADS):
-                arr[c * chunk_len : (c + 1) * chunk_len] = c + 1
-        except Exception as exc:  # reported below with the others
-            errors.append(exc)
+        arr = zarr.open_array(store=stores[w], mode="r+")
+        for c in range(w, n_chunks, N_THREADS):
+            arr[c * chunk_len : (c + 1) * chunk_len] = c + 1
 
-    threads = [threading.Thread(target=writer, args=(w,), daemon=True) for w in range(N_THREADS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(JOIN_S)
-    assert not any(t.is_alive() for t in threads) and errors == []
+    assert run_threads(writer, N_THREADS, JOIN_S) == []
     data = zarr.open_array(store=ShardedStore(_s3(moto_s3, prefix)), mode="r")[:]
     np.testing.assert_array_equal(data, np.repeat(np.arange(1, n_chunks + 1, dtype="i4"), chunk_len))
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from concurrency_harness import SPAWN, MotoS3, moto_s3  # noqa: F401  (fixture)
+from concurrency_harness import SPAWN, MotoS3, moto_s3, run_threads  # noqa: F401  (fixture)
 
 from shardkv import ShardedStore
 from shardkv.storage.adapters import adapt
@@ -290,28 +290,6 @@ def test_s3_batched_generation_reads_keep_order_and_sort_answers(moto_s3) -> Non
 # -- in one process: memory:// and dict with separate stores -------------------------------
 
 
-def _run_threads(target: Any, n: int) -> list[BaseException]:
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(n, timeout=30)
-
-    def run(i: int) -> None:
-        try:
-            barrier.wait()
-            target(i)
-        except BaseException as exc:  # reported to the test
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + JOIN_S
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    if any(t.is_alive() for t in threads):
-        errors.append(TimeoutError(f"threads still running after {JOIN_S:g} s"))
-    return errors
-
-
 @pytest.mark.parametrize("kind", ["memory", "dict"])
 @pytest.mark.parametrize("compressor", ["raw", "zlib"])
 def test_readers_with_their_own_stores_racing_a_writer_see_only_complete_values(kind, compressor) -> None:
@@ -333,7 +311,7 @@ def test_readers_with_their_own_stores_racing_a_writer_see_only_complete_values(
         problems.extend(found)
         assert n >= 1
 
-    assert _run_threads(run, 3) == []
+    assert run_threads(run, 3, JOIN_S) == []
     assert problems == []
     _final_check(ShardedStore(base), last_round[0])
 

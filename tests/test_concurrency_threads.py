@@ -20,6 +20,7 @@ import uuid
 
 import numpy as np
 import pytest
+from concurrency_harness import run_threads
 
 from shardkv import ShardedStore
 from shardkv.engine.picklable import sharded_store_options
@@ -34,28 +35,6 @@ N_THREADS = 8
 CHUNK_LEN = 4
 N_CHUNKS = 128  # 8 shards of 16 chunks: every thread writes 2 chunks of every shard
 JOIN_S = 60.0
-
-
-def _run_threads(target, n: int) -> list[BaseException]:
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(n, timeout=30)
-
-    def run(i: int) -> None:
-        try:
-            barrier.wait()
-            target(i)
-        except BaseException as exc:  # reported to the test
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + JOIN_S
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    if any(t.is_alive() for t in threads):
-        errors.append(TimeoutError(f"threads still running after {JOIN_S:g} s"))
-    return errors
 
 
 def _base(kind: str, tmp_path):
@@ -79,7 +58,7 @@ def test_eight_threads_with_separate_stores_lose_nothing(tmp_path, kind) -> None
         for c in range(w, N_CHUNKS, N_THREADS):  # one chunk per call: one shard read-modify-write each
             arr[c * CHUNK_LEN : (c + 1) * CHUNK_LEN] = c + 1
 
-    assert _run_threads(write, N_THREADS) == []
+    assert run_threads(write, N_THREADS, JOIN_S) == []
     data = zarr.open_array(store=ShardedStore(base), mode="r")[:]
     lost = [c for c in range(N_CHUNKS) if not (data[c * CHUNK_LEN : (c + 1) * CHUNK_LEN] == c + 1).all()]
     assert lost == [], f"{len(lost)} of {N_CHUNKS} chunk updates lost"
@@ -143,7 +122,7 @@ def test_readers_racing_a_writer_see_only_complete_values(tmp_path, shared_proxy
     def run(i: int) -> None:
         write() if i == 0 else read(i)
 
-    assert _run_threads(run, 4) == []
+    assert run_threads(run, 4, JOIN_S) == []
     assert problems == []
     np.testing.assert_array_equal(zarr.open_array(store=ShardedStore(path), mode="r")[:], n_rounds)
 
