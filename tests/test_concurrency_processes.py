@@ -86,6 +86,9 @@ def test_zarr2_stores_outside_a_directory_ask_for_an_explicit_mode(tmp_path) -> 
     assert ShardedStore(local_fsstore)._io.plan.mode == "files"
     with pytest.raises(ConfigurationError, match="zarr/json"):  # it would rewrite the keys shardkv writes
         ShardedStore(zarr.storage.FSStore(str(tmp_path / "fsstore"), key_separator="/"))
+    for kind in (zarr.DirectoryStore, zarr.NestedDirectoryStore):  # lowercased keys: locks would miss their arrays
+        with pytest.raises(ConfigurationError, match="normalize_keys"):
+            ShardedStore(kind(str(tmp_path / "low"), normalize_keys=True))
     for memory in ({}, zarr.MemoryStore(), zarr.KVStore({}), zarr.storage.FSStore("memory://kinds")):
         assert ShardedStore(memory)._io.plan.mode == "conditional", type(memory).__name__
     wrapped = zarr.LRUStoreCache(zarr.DirectoryStore(str(tmp_path / "wrapped")), max_size=1 << 20)

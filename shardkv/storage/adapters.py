@@ -66,8 +66,9 @@ def adapt(store: Any, storage_options: Mapping[str, Any] | None = None) -> Store
     TypeError
         If ``store`` is none of these.
     ConfigurationError
-        If obstore is asked for and not installed; for a zarr ``FSStore`` that
-        rewrites keys (``key_separator="/"`` or ``normalize_keys``).
+        If obstore is asked for and not installed; for a zarr store that
+        rewrites keys (an ``FSStore`` with ``key_separator="/"``, any store
+        with ``normalize_keys=True``).
     """
     if isinstance(store, StoreAdapter):
         return store
@@ -84,12 +85,17 @@ def adapt(store: Any, storage_options: Mapping[str, Any] | None = None) -> Store
     cls = type(store).__name__
     if is_obstore_store(store):
         return ObstoreAdapter(store)
+    if getattr(store, "normalize_keys", False) is True:
+        raise ConfigurationError(
+            f"a {cls} with normalize_keys=True lowercases the keys shardkv writes (shards, zarr.json and the "
+            "lock directories would no longer match their arrays): open the store without it, or by path"
+        )
     if cls == "DirectoryStore" and isinstance(getattr(store, "path", None), str):
         return FSMapAdapter(fsspec.filesystem("file"), store.path)
     if cls == "FSStore" and hasattr(store, "map"):
-        if getattr(store, "key_separator", None) not in (None, ".") or getattr(store, "normalize_keys", False):
+        if getattr(store, "key_separator", None) not in (None, "."):
             raise ConfigurationError(
-                f"an FSStore with key_separator={store.key_separator!r} or normalize_keys rewrites the keys shardkv "
+                f"an FSStore with key_separator={store.key_separator!r} rewrites the keys shardkv "
                 "writes ('zarr.json' would be stored as 'zarr/json', unreadable by other Zarr readers): "
                 "pass its URL or its .map instead"
             )
