@@ -19,6 +19,7 @@ import pytest
 import zarr
 from moto.server import ThreadedMotoServer
 from obstore.store import MemoryStore, S3Store
+from range_cases import GET_RANGE_CASES, STORED
 
 from shardkv import ShardedStore
 from shardkv.errors import PreconditionFailedError
@@ -103,19 +104,9 @@ def test_get_many_concurrent_and_leaves_out_missing(adapter: ObstoreAdapter) -> 
     assert adapter.get_many([]) == {}
 
 
-@pytest.mark.parametrize(
-    "byte_range, expected",
-    [
-        pytest.param(ByteRange(0, 3), b"012", id="prefix"),
-        pytest.param(ByteRange(4, 7), b"456", id="middle"),
-        pytest.param(ByteRange.suffix(2), b"89", id="suffix"),
-        pytest.param(ByteRange(7), b"789", id="open-ended"),
-        pytest.param(ByteRange(8, 20), b"89", id="past-end-is-short"),
-        pytest.param(ByteRange(5, 5), b"", id="empty"),
-    ],
-)
+@pytest.mark.parametrize("byte_range, expected", GET_RANGE_CASES)
 def test_get_ranges(adapter: ObstoreAdapter, byte_range: ByteRange, expected: bytes) -> None:
-    adapter.set("s/0", b"0123456789")
+    adapter.set("s/0", STORED)
     out = adapter.get_ranges([("s/0", byte_range), ("s/missing", ByteRange(0, 1))])
     assert [None if v is None else bytes(v) for v in out] == [expected, None]
 

@@ -13,6 +13,7 @@ import fsspec
 import pytest
 import zarr
 from fsspec.implementations.memory import MemoryFileSystem
+from range_cases import GET_RANGE_CASES, STORED
 
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.adapters import TEMP_MARKER, FSMapAdapter, MappingAdapter, StoreAdapter, adapt
@@ -65,18 +66,9 @@ def test_get_many_leaves_out_missing(adapter: StoreAdapter) -> None:
     assert {k: bytes(v) for k, v in adapter.get_many(["x"]).items()} == {"x": b"1"}
 
 
-@pytest.mark.parametrize(
-    "byte_range, expected",
-    [
-        pytest.param(ByteRange(0, 3), b"012", id="prefix"),
-        pytest.param(ByteRange(4, 7), b"456", id="middle"),
-        pytest.param(ByteRange.suffix(2), b"89", id="suffix"),
-        pytest.param(ByteRange(8, 20), b"89", id="past-end-is-short"),
-        pytest.param(ByteRange(5, 5), b"", id="empty"),
-    ],
-)
+@pytest.mark.parametrize("byte_range, expected", GET_RANGE_CASES)
 def test_get_ranges(adapter: StoreAdapter, byte_range: ByteRange, expected: bytes) -> None:
-    adapter.set("s/0", b"0123456789")
+    adapter.set("s/0", STORED)
     out = adapter.get_ranges([("s/0", byte_range), ("s/missing", ByteRange(0, 1))])
     assert [None if v is None else bytes(v) for v in out] == [expected, None]
 
