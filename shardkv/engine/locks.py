@@ -313,11 +313,6 @@ class ShardLocks:
             return sorted(found)
         return sorted({stripe_of(self._prefix + location.full_path(k), self.thread_stripes) for k in shard_keys})
 
-    def file_stripes_of(self, shard_keys: Iterable[str], prefixes: Mapping[str, str] | None = None) -> list[int]:
-        """Ascending distinct lock-file stripes of the shards (all lock directories together); [] without files."""
-        by_dir = self.file_stripes_by_dir(shard_keys, prefixes)
-        return sorted({stripe for stripes in by_dir.values() for stripe in stripes})
-
     def file_stripes_by_dir(
         self, shard_keys: Iterable[str], prefixes: Mapping[str, str] | None = None
     ) -> dict[str, list[int]]:
