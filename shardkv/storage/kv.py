@@ -1,0 +1,322 @@
+"""The one store interface of shardkv: values with generations, in the kvstore style.
+
+Every base store (a local directory, S3 through s3fs, obstore, ``memory://``, a
+dict or a zarr-python 2 store) is reached through one :class:`KVStore`. The
+interface follows tensorstore's ``kvstore`` and zarr-python 3's ``Store``:
+
+* every read returns the value (or the byte ranges asked for) *and* a
+  :class:`Generation`, an opaque stamp of the stored value it came from;
+* every write may be conditioned on a generation (``if_generation``): it
+  happens only if what is stored still has that stamp, and returns the stamp of
+  what it stored;
+* "missing" is a state of a :class:`ReadResult` (``state="missing"``, generation
+  :data:`NO_VALUE`), never an exception. Every other error (permissions, network,
+  a directory where a file should be) propagates unchanged. Only the mapping faces
+  of the proxies turn "missing" into ``KeyError``.
+
+Three rules hold for every implementation, and ``tests/kv_contract.py`` checks them:
+
+1. a multi-range :meth:`KVStore.get_many` read of one key is consistent: all its
+   ranges come from one stored value, whose generation is returned;
+2. a read conditioned on a generation that no longer holds reads nothing and
+   returns ``state="stale"`` with the generation stored now (when the store
+   knows it for free) or :data:`ANY`;
+3. a conditional put or delete whose condition fails writes nothing and returns
+   ``None`` (put) / ``False`` (delete); a lost race is a result, not an error.
+
+Generations come from the store where it has them (local files: one ``fstat`` of
+the descriptor that reads; S3: the ETag; obstore: ``e_tag``/``version``) and, for
+stores without them (mappings, zarr 2 stores), from process stamps
+(:mod:`shardkv.storage.stamps`), which see every write made through shardkv in
+this process and nothing else. :attr:`Capabilities.stamps` says which.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Hashable, Iterator, Literal, Mapping, Sequence
+
+from shardkv.format.ranges import ByteRange
+from shardkv.storage.buffers import BytesLike, Value
+from shardkv.storage.location import StoreLocation
+
+__all__ = [
+    "Generation", "ANY", "NO_VALUE", "ReadResult", "ReadState", "Capabilities", "KVStore",
+    "ReadRequest", "MISSING_RESULT", "TEMP_MARKER", "LOCK_DIR", "hidden",
+]
+
+TEMP_MARKER = ".shardkv-tmp-"
+"""Part of the name of the temporary files of atomic local writes; never listed."""
+
+LOCK_DIR = ".shardkv-locks"
+"""Directory (in an array's directory) that holds the cross-process lock files; never listed."""
+
+
+def hidden(key: str) -> bool:
+    """True for the files shardkv keeps in a store for itself (temporary writes, lock files)."""
+    return TEMP_MARKER in key or key == LOCK_DIR or key.startswith(LOCK_DIR + "/") or f"/{LOCK_DIR}/" in key
+
+
+class _AnyToken:
+    """The token of :data:`ANY` (a singleton that survives pickling)."""
+
+    def __repr__(self) -> str:
+        return "ANY"
+
+    def __reduce__(self) -> str:
+        return "_ANY_TOKEN"
+
+
+_ANY_TOKEN = _AnyToken()
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """An opaque stamp of one stored value: equal generations mean the same stored value.
+
+    Parameters
+    ----------
+    token : hashable
+        What the store uses: ``(st_ino, st_mtime_ns, st_size)`` of a local file,
+        an S3 ETag, an obstore ``(e_tag, version)``, a process stamp; ``None`` for
+        :data:`NO_VALUE`; a private singleton for :data:`ANY`.
+
+    Notes
+    -----
+    As a *condition* (``if_generation=``), :data:`ANY` means "whatever is stored,
+    or nothing" (no condition) and :data:`NO_VALUE` means "only if nothing is
+    stored" (create). Any other generation means "only if the stored value still
+    has this stamp".
+    """
+
+    token: Hashable
+
+    @property
+    def is_any(self) -> bool:
+        """True for :data:`ANY` (no condition)."""
+        return self.token is _ANY_TOKEN
+
+    @property
+    def is_missing(self) -> bool:
+        """True for :data:`NO_VALUE` (the stamp of a missing key)."""
+        return self.token is None
+
+    def __repr__(self) -> str:
+        if self.is_any:
+            return "Generation(ANY)"
+        if self.is_missing:
+            return "Generation(NO_VALUE)"
+        return f"Generation({self.token!r})"
+
+
+ANY = Generation(_ANY_TOKEN)
+"""No condition; also the generation of a stale result when the store cannot say what is stored now."""
+
+NO_VALUE = Generation(None)
+"""The generation of a missing key; as a condition, "only if nothing is stored"."""
+
+ReadState = Literal["value", "missing", "stale"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """What one read of one key returned (tensorstore's ``ReadResult``).
+
+    Parameters
+    ----------
+    state : {"value", "missing", "stale"}
+        ``"value"``: read; ``"missing"``: the key is not stored (``values`` is
+        ``None``); ``"stale"``: the read was conditioned on a generation that no
+        longer holds, and nothing was read (``values`` is ``None``).
+    values : list of bytes-like or None
+        One read-only buffer (``bytes`` or a read-only ``memoryview``) per byte
+        range asked for, in order; ``[whole value]`` when no ranges were given.
+        A range past the end of the value returns fewer bytes (callers check).
+    generation : Generation
+        Of the value read; :data:`NO_VALUE` when missing; for ``"stale"``, of
+        what is stored now, or :data:`ANY` when the store cannot tell for free.
+    size : int or None
+        The stored value's total size (bytes) when the read learnt it for free
+        (a local ``fstat``, an HTTP ``Content-Range``), else ``None``.
+    """
+
+    state: ReadState
+    values: list[BytesLike] | None
+    generation: Generation
+    size: int | None = None
+
+    @property
+    def found(self) -> bool:
+        """True when the key was read (``state == "value"``)."""
+        return self.state == "value"
+
+    def whole(self) -> BytesLike:
+        """The value of a read made without byte ranges.
+
+        Raises
+        ------
+        ValueError
+            If the result holds no value (missing or stale) or several ranges.
+        """
+        if self.values is None or len(self.values) != 1:
+            raise ValueError(f"a read result in state {self.state!r} with "
+                             f"{0 if self.values is None else len(self.values)} buffers has no whole value")
+        return self.values[0]
+
+
+MISSING_RESULT = ReadResult("missing", None, NO_VALUE)
+"""The result of reading a key that is not stored."""
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a :class:`KVStore` can do, for the engine to plan with.
+
+    Parameters
+    ----------
+    ranged : bool
+        Byte-range reads read only the bytes asked for (else the whole value is
+        read and sliced; the engine then reads shards whole and caches nothing).
+    round_trips : bool
+        Every request is a network round trip (object stores): read a shard whole
+        when most of it is wanted, batch requests.
+    stamps : {"native", "process"}
+        Where generations come from: the store itself (ETag, fstat), seen by every
+        process; or process stamps, which see only this process's shardkv writes.
+    conditional_put : bool
+        ``put(..., if_generation=g)`` is atomic against other processes (S3
+        ``If-Match``, obstore ``PutMode``).
+    conditional_delete : bool
+        ``delete(..., if_generation=g)`` is atomic against other processes.
+    lock_dir : bool
+        The data lives in local (or mounted) directories where cross-process lock
+        files can be taken.
+    in_process : bool
+        The data lives only in this process (dict, ``memory://``): in-process
+        locks are a complete concurrency guarantee.
+    """
+
+    ranged: bool = False
+    round_trips: bool = False
+    stamps: Literal["native", "process"] = "process"
+    conditional_put: bool = False
+    conditional_delete: bool = False
+    lock_dir: bool = False
+    in_process: bool = False
+
+
+ReadRequest = tuple[str, "Sequence[ByteRange] | None", Generation]
+"""One read of :meth:`KVStore.get_many`: ``(key, byte ranges or None for the whole value, if_generation)``."""
+
+
+class KVStore(ABC):
+    """A base key/value store with generations. Keys are ``/``-separated ``str``.
+
+    Implementations give :meth:`get_many`, :meth:`put_many`, :meth:`list_prefix`,
+    :attr:`caps` and :attr:`location`; the single-key methods are built on them.
+    Nothing here raises ``KeyError``: a missing key is a result.
+
+    Attributes
+    ----------
+    caps : Capabilities
+        What the store can do.
+    location : shardkv.storage.location.StoreLocation
+        The identity of the data (locks, process stamps and pickling key on it).
+    """
+
+    caps: Capabilities
+
+    @property
+    @abstractmethod
+    def location(self) -> StoreLocation:
+        """The identity of the data this store reaches."""
+
+    @abstractmethod
+    def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
+        """Read several keys, each whole or by byte ranges, each conditioned on a generation.
+
+        Parameters
+        ----------
+        reads : sequence of (str, sequence of ByteRange or None, Generation)
+            ``(key, ranges, if_generation)``. ``ranges=None`` reads the whole
+            value; ``ranges=[]`` with a generation other than :data:`ANY` is the
+            cheap "is it still ``g``?" check (``"value"`` with no buffers, or
+            ``"stale"``/``"missing"``).
+
+        Returns
+        -------
+        list of ReadResult
+            In the order of ``reads``. All ranges of one result come from one
+            stored value.
+
+        Raises
+        ------
+        OSError
+            Any error of the store other than "not found" (permissions, network).
+        """
+
+    @abstractmethod
+    def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
+        """Store or delete several values, each conditioned on a generation.
+
+        Parameters
+        ----------
+        writes : mapping of str to (value or None, Generation)
+            ``value`` is one bytes-like object or a ``list``/``tuple`` of its parts
+            (stored as their concatenation); ``None`` deletes the key. The
+            generation is the condition (:data:`ANY`: none).
+
+        Returns
+        -------
+        dict of str to Generation or None
+            Per key: the generation of what is stored now (:data:`NO_VALUE` after
+            a delete), or ``None`` when the condition did not hold and nothing was
+            written for that key.
+
+        Raises
+        ------
+        OSError
+            Any error of the store (a full disk, a read-only file system, network).
+        """
+
+    @abstractmethod
+    def list_prefix(self, prefix: str) -> Iterator[str]:
+        """Every stored key that starts with ``prefix`` (``""``: all), never shardkv's hidden files."""
+
+    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
+        """The keys and the sub-prefixes directly below ``prefix`` (a path ending in ``/``, or ``""``).
+
+        Returns
+        -------
+        tuple of (list of str, list of str)
+            ``(names of keys, names of sub-prefixes)``, relative to ``prefix``, sorted.
+        """
+        keys: set[str] = set()
+        dirs: set[str] = set()
+        for key in self.list_prefix(prefix):
+            rest = key[len(prefix):]
+            head, sep, _ = rest.partition("/")
+            (dirs if sep else keys).add(head)
+        return sorted(keys), sorted(dirs)
+
+    def get(self, key: str, byte_ranges: Sequence[ByteRange] | None = None, *,
+            if_generation: Generation = ANY) -> ReadResult:
+        """Read one key (see :meth:`get_many`)."""
+        return self.get_many([(key, byte_ranges, if_generation)])[0]
+
+    def put(self, key: str, value: Value, *, if_generation: Generation = ANY) -> Generation | None:
+        """Store one value; the new generation, or ``None`` when ``if_generation`` did not hold."""
+        return self.put_many({key: (value, if_generation)})[key]
+
+    def delete(self, key: str, *, if_generation: Generation = ANY) -> bool:
+        """Delete one key; ``False`` when ``if_generation`` did not hold (deleting a missing key is ``True``)."""
+        return self.put_many({key: (None, if_generation)})[key] is not None
+
+    def values(self, keys: Sequence[str]) -> dict[str, BytesLike]:
+        """The whole values of the stored keys among ``keys`` (metadata, the CLI); missing ones are left out."""
+        results = self.get_many([(key, None, ANY) for key in keys])
+        return {key: r.whole() for key, r in zip(keys, results) if r.found}
+
+    def close(self) -> None:
+        """Release resources of the base store, if it has any."""
