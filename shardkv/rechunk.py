@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from shardkv.errors import ConfigurationError
-from shardkv.proxy.store import ShardedStore
+from shardkv.proxy.base import ProxyBase
+from shardkv.proxy.open import open_store
 
 __all__ = ["rechunk_to_shards", "shard_shape_of"]
 
@@ -24,10 +25,12 @@ def shard_shape_of(target: Any, path: str = "") -> tuple[int, ...]:
 
     Parameters
     ----------
-    target : zarr.Array, ShardedStore, str or sequence of int
-        A zarr-python 2 array opened on a :class:`~shardkv.ShardedStore`; a
-        ``ShardedStore`` (with ``path``); a URL or local path of one (with
-        ``path``); or the shard shape itself.
+    target : zarr.Array, ShardedStore, DraftShardedStore, str or sequence of int
+        A zarr-python 2 array opened on a sharding proxy (a
+        :class:`~shardkv.ShardedStore`, or a
+        :class:`~shardkv.proxy.draft.DraftShardedStore` for a 2022 draft
+        hierarchy); a proxy (with ``path``); a URL or local path of one (with
+        ``path``, opened with :func:`~shardkv.open_store`); or the shard shape itself.
     path : str
         The array's path in ``target`` when that is a store or a URL.
 
@@ -39,11 +42,11 @@ def shard_shape_of(target: Any, path: str = "") -> tuple[int, ...]:
     if isinstance(target, (tuple, list)):
         return tuple(int(n) for n in target)
     store = getattr(target, "store", None)
-    if isinstance(store, ShardedStore):  # a zarr array
+    if isinstance(store, ProxyBase):  # a zarr array
         target, path = store, getattr(target, "path", "")
     if isinstance(target, str):
-        target = ShardedStore(target)
-    if not isinstance(target, ShardedStore):
+        target = open_store(target)
+    if not isinstance(target, ProxyBase):
         raise ConfigurationError(
             f"cannot find shards in {type(target).__name__}: pass a zarr array on a ShardedStore, "
             "a ShardedStore and a path, a URL and a path, or the shard shape"

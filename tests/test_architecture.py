@@ -111,7 +111,7 @@ def test_the_graph_sees_the_packages() -> None:
     graph = {m: _imports(m) for m in MODULES}
     assert "shardkv.proxy.store" in graph and "shardkv.transformers.registry" in graph
     assert "shardkv.errors" in graph["shardkv.proxy.store"]
-    assert "shardkv.transformers" in graph["shardkv.metadata.draft"]
+    assert "shardkv.transformers" in graph["shardkv.proxy.draft"]
 
 
 def test_cycle_finder_finds_function_level_cycles() -> None:

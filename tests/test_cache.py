@@ -147,11 +147,10 @@ def test_proxy_without_usable_cache_reads_the_index_every_time(tmp_path: Path, l
 
 
 @pytest.mark.parametrize("index_location", ["end", "start"])
-@pytest.mark.parametrize("write_strategy", ["rewrite", "append", "inplace"])
-def test_own_writes_never_leave_a_stale_index(tmp_path: Path, write_strategy: str, index_location: str) -> None:
+def test_own_writes_never_leave_a_stale_index(tmp_path: Path, index_location: str) -> None:
     """Chunks of changing sizes written and deleted through one proxy, read back through it."""
     root = str(tmp_path / "s")
-    store = ShardedStore(root, chunks_per_shard=CPS, index_location=index_location, write_strategy=write_strategy)
+    store = ShardedStore(root, chunks_per_shard=CPS, index_location=index_location)
     zarr.open_array(store, mode="w", path="a", shape=(N,), chunks=(CHUNK,), dtype="u1", compressor=None)
     model: dict[str, bytes] = {}
     rng = random.Random(7)
@@ -172,6 +171,16 @@ def test_own_writes_never_leave_a_stale_index(tmp_path: Path, write_strategy: st
     assert {k: store[k] for k in model} == model
     fresh = ShardedStore(root)
     assert {k: fresh[k] for k in fresh.keys_under("a") if not k.endswith(".zarray")} == model
+
+
+def validating(store: ShardedStore) -> ShardedStore:
+    """The store with cached indexes checked on every use (the retired ``validate_index_cache=True``).
+
+    Interim private probe: the engine's generations make listings, ``in`` and
+    reads always current without an option (issue 18, item 3).
+    """
+    store._io.validate_index_cache = True
+    return store
 
 
 def rewrite_shard_zero(root: str, new: np.ndarray) -> None:
@@ -196,7 +205,7 @@ def test_other_writer_seen_after_refresh(tmp_path: Path) -> None:
 def test_other_writer_seen_at_once_with_validation(tmp_path: Path) -> None:
     root = str(tmp_path / "s")
     make_array(root)
-    store = ShardedStore(root, validate_index_cache=True)
+    store = validating(ShardedStore(root))
     assert store["a/1"] == chunk_bytes(1)
     assert store["a/2"] == chunk_bytes(2)
     assert store.index_cache.hits == 1  # the validated entry is used while the shard is unchanged
@@ -209,7 +218,7 @@ def test_other_writer_seen_at_once_with_validation(tmp_path: Path) -> None:
 def test_other_writer_same_size_seen_with_validation(tmp_path: Path) -> None:
     """A rewrite that keeps the shard's size but moves its chunks is still detected."""
     root = str(tmp_path / "s")
-    store = ShardedStore(root, chunks_per_shard=CPS, validate_index_cache=True)
+    store = validating(ShardedStore(root, chunks_per_shard=CPS))
     zarr.open_array(store, mode="w", path="a", shape=(N,), chunks=(CHUNK,), dtype="u1", compressor=None)
     store.setitems({"a/0": b"x" * 8, "a/1": b"y" * 8})
     assert store["a/1"] == b"y" * 8
@@ -217,25 +226,3 @@ def test_other_writer_same_size_seen_with_validation(tmp_path: Path) -> None:
     other.setitems({"a/0": b"z" * 12, "a/1": b"w" * 4})  # same total size, chunk 1 moved
     assert store["a/1"] == b"w" * 4
     assert store["a/0"] == b"z" * 12
-
-
-def test_validation_without_cheap_validators_trusts_until_refresh() -> None:
-    """Over memory:// there is no free validator: the entry is trusted (documented), refresh() drops it."""
-    import uuid
-
-    import fsspec
-
-    url = f"memory://shardkv-cache-{uuid.uuid4().hex}"
-    try:
-        make_array(url)
-        store = ShardedStore(url, validate_index_cache=True)
-        assert store["a/1"] == chunk_bytes(1)
-        assert len(store.index_cache) == 1  # cached although it cannot be validated
-        new = DATA + 1000
-        rewrite_shard_zero(url, new)
-        assert len(store.index_cache) == 1
-        store.refresh()
-        assert len(store.index_cache) == 0
-        assert store["a/1"] == chunk_bytes(1, new)
-    finally:
-        fsspec.filesystem("memory").rm(url.replace("memory://", "/"), recursive=True)

@@ -2,8 +2,7 @@
 
 Every ``ShardedStore`` of one directory takes the same lock files
 (:mod:`shardkv.engine.locks`) around each shard read-modify-write, so
-spawned processes writing disjoint chunks of shared shards lose nothing,
-whatever the write strategy.
+spawned processes writing disjoint chunks of shared shards lose nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from concurrency_harness import local_cluster, moto_s3, run_sharded_writers  # n
 
 from shardkv import ShardedStore
 from shardkv.engine.locks import LOCK_DIR, ShardLocks
-from shardkv.engine.picklable import reduce_sharded_store, sharded_store_options
+from shardkv.proxy.options import Options
 from shardkv.errors import UnflushedWritesError
 from shardkv.format.ranges import ReadPolicy
 from shardkv.storage.adapters import FSMapAdapter, MappingAdapter, adapt
@@ -30,11 +29,8 @@ if not zarr.__version__.startswith("2."):
     pytest.skip("zarr-python 2 only", allow_module_level=True)
 
 
-@pytest.mark.parametrize("write_strategy", ["rewrite", "append", "inplace"])
-def test_four_processes_writing_disjoint_chunks_lose_nothing(tmp_path, write_strategy) -> None:
-    result = run_sharded_writers(
-        str(tmp_path / "data.zarr"), n_procs=4, n_chunks=128, chunks_per_shard=16, write_strategy=write_strategy
-    )
+def test_four_processes_writing_disjoint_chunks_lose_nothing(tmp_path) -> None:
+    result = run_sharded_writers(str(tmp_path / "data.zarr"), n_procs=4, n_chunks=128, chunks_per_shard=16)
     assert result.child_errors == ()
     assert result.lost == 0, f"{result.lost} of {result.total} chunk updates lost"
 
@@ -114,25 +110,31 @@ def test_fsmap_adapter_pickle_keeps_storage_options(tmp_path) -> None:
     assert clone.fs.storage_options == fs.storage_options and clone.fs.auto_mkdir
 
 
-# -- what ShardedStore.__reduce__ must carry (shardkv.engine.picklable) ----------------------
+# -- what ShardedStore.__reduce__ must carry (shardkv.proxy.base, shardkv.proxy.options) ------------
 
 
 def _roundtrip(store):
-    func, args = pickle.loads(pickle.dumps(reduce_sharded_store(store)))
+    func, args = pickle.loads(pickle.dumps(store.__reduce__()))
     return func(*args)
 
 
 def test_store_reduce_carries_location_and_options(tmp_path) -> None:
     store = ShardedStore(
         str(tmp_path), chunks_per_shard=4, index_location="start", index_checksum=False,
-        index_cache_bytes=1 << 20, validate_index_cache=True, read_policy=ReadPolicy(max_gap=7),
-        buffer_bytes=1 << 16, write_strategy="append", slack_bytes=3,
+        index_cache_bytes=1 << 20, read_policy=ReadPolicy(max_gap=7), buffer_bytes=1 << 16,
+        concurrency="files", lock_timeout=3.5,
     )  # fmt: skip
     arr = zarr.open_array(store=store, mode="w", shape=(40,), chunks=(5,), dtype="i2")
     arr[:] = np.arange(40)
     store.flush()
     clone = _roundtrip(store)
-    assert sharded_store_options(clone) == sharded_store_options(store)
+    assert type(clone) is ShardedStore
+    # every option travels, but write-back: a copy writes through (issue 20, item 1)
+    assert clone.options == Options.from_keywords(
+        4, index_location="start", index_checksum=False, index_cache_bytes=1 << 20,
+        read_policy=ReadPolicy(max_gap=7), buffer_bytes=None, concurrency="files", lock_timeout=3.5,
+    )  # fmt: skip
+    assert store.options.buffer_bytes == 1 << 16 and clone._writer.buffer is None
     assert location_of(clone.base) == location_of(store.base)
     np.testing.assert_array_equal(zarr.open_array(store=clone, mode="r")[:], np.arange(40))
 
@@ -142,7 +144,7 @@ def test_store_reduce_refuses_unflushed_writes(tmp_path) -> None:
     arr = zarr.open_array(store=store, mode="w", shape=(40,), chunks=(5,), dtype="i2")
     arr[:7] = 1  # buffered: shard 0 is not complete
     with pytest.raises(UnflushedWritesError) as info:
-        pickle.dumps(reduce_sharded_store(store))
+        pickle.dumps(store)
     assert info.value.n_shards == 1 and isinstance(info.value, pickle.PicklingError)
     store.flush()
     assert _roundtrip(store)["0"] is not None  # pickles once flushed
@@ -168,7 +170,7 @@ def test_adapters_and_rebuilt_stores_work_in_worker_processes(tmp_path, local_cl
 
     store = ShardedStore(str(tmp_path), chunks_per_shard=2)
     zarr.open_array(store=store, mode="w", shape=(20,), chunks=(5,), dtype="i4", fill_value=-1)
-    reduced = reduce_sharded_store(store)
+    reduced = store.__reduce__()
     # one shard per task (chunks 0-1 and 2-3)
     futures = [local_cluster.submit(_write_through_rebuilt_store, reduced, s, pure=False) for s in (0, 10)]
     pids = {f.result(timeout=60) for f in futures}

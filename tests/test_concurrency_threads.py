@@ -23,7 +23,6 @@ import pytest
 from concurrency_harness import run_threads
 
 from shardkv import ShardedStore
-from shardkv.engine.picklable import sharded_store_options
 from shardkv.errors import LockTimeoutError, UnflushedWritesError
 from shardkv.storage.location import location_of
 
@@ -145,12 +144,12 @@ def test_a_chunk_delete_sees_another_stores_write(tmp_path) -> None:
 
 
 def test_store_pickles_to_an_equivalent_store(tmp_path) -> None:
-    store = ShardedStore(str(tmp_path), chunks_per_shard=4, write_strategy="append", lock_timeout=5.0)
+    store = ShardedStore(str(tmp_path), chunks_per_shard=4, lock_timeout=5.0)
     arr = zarr.open_array(store=store, mode="w", shape=(40,), chunks=(5,), dtype="i2")
     arr[:] = np.arange(40)
     clone = pickle.loads(pickle.dumps(store))
     assert type(clone) is ShardedStore and clone is not store
-    assert sharded_store_options(clone) == sharded_store_options(store)
+    assert clone.options == store.options
     assert clone._io.plan.mode == store._io.plan.mode == "files"
     assert clone._io.plan.locks.lock_dir == store._io.plan.locks.lock_dir
     np.testing.assert_array_equal(zarr.open_array(store=clone, mode="r")[:], np.arange(40))

@@ -1,7 +1,7 @@
-"""Write strategies under SIGKILL and injected I/O errors: no torn shard, no acknowledged chunk lost.
+"""Shard writes under SIGKILL and injected I/O errors: no torn shard, no acknowledged chunk lost.
 
-A forked child writes random whole chunks through ``ShardedStore(local dir,
-write_strategy=...)`` with zarr-python 2 (write ``seq`` stores the value
+A forked child writes random whole chunks through ``ShardedStore(local dir)``
+with zarr-python 2 (write ``seq`` stores the value
 ``seq + 1`` in chunk ``chunk_of(seq)``) and logs each acknowledged ``seq`` to
 an fsync'd file; it is killed at a random moment, the store is reopened, and
 every shard must pass :func:`shardkv.proxy.verify.verify_store` and every
@@ -33,7 +33,7 @@ from shardkv.storage import adapters, fsmap_adapter
 
 CHUNK = 512  # 2 KiB of int32 noise per chunk
 N_CHUNKS = 12  # 3 shards of 4 chunks
-STRATEGIES = ["rewrite", "append", "inplace"]
+STRATEGIES = ["rewrite"]  # the one way a stored shard is updated (append/inplace retired, issue 18)
 
 
 def chunk_of(seq: int) -> int:
@@ -47,8 +47,8 @@ def value_of(seq: int) -> np.ndarray:
 
 
 def open_store(root: Path, strategy: str) -> ShardedStore:
-    return ShardedStore(str(root), chunks_per_shard=4, write_strategy=strategy,
-                        slack_bytes=8 if strategy == "inplace" else 0)  # fmt: skip
+    assert strategy in STRATEGIES
+    return ShardedStore(str(root), chunks_per_shard=4)
 
 
 def create(root: Path, strategy: str) -> None:
@@ -134,21 +134,23 @@ def test_sigkill_leaves_no_torn_shard_and_loses_no_acknowledged_chunk(tmp_path: 
     assert find_stale_temporaries(open_store(tmp_path / "store", "rewrite").base, 0) == []
 
 
-def naive_write_at(self: Any, key: str, writes: Any) -> None:
-    """The pre-issue-10 local writer: positional writes straight into the live file."""
-    fd = os.open(self.fs._strip_protocol(self._path(key)), os.O_RDWR)
+def naive_local_write(self: Any, path: str, value: Any) -> None:
+    """A local writer without a temporary file: truncates the live shard and writes it in place."""
+    path = self.fs._strip_protocol(path)
+    data = b"".join(bytes(p) for p in value) if isinstance(value, (list, tuple)) else bytes(value)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        for offset, data in writes:
-            fsmap_adapter._pwrite_all(fd, memoryview(data), offset)
+        fsmap_adapter._pwrite_all(fd, memoryview(data), 0)
     finally:
         os.close(fd)
 
 
 def test_the_kill_harness_catches_a_writer_that_tears(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Proof that the test above can fail: the same rounds against in-place appends find a torn shard."""
-    monkeypatch.setattr(adapters.FSMapAdapter, "write_at", naive_write_at)
-    with pytest.raises(AssertionError, match="crc32c mismatch|outside the chunk data region|lost or torn"):
-        crash_rounds(tmp_path / "store", "append", rounds=16, seed=5)
+    """Proof that the test above can fail: the same rounds against in-place rewrites find a torn shard."""
+    monkeypatch.setattr(adapters.FSMapAdapter, "_atomic_local_write", naive_local_write)
+    with pytest.raises(AssertionError, match="crc32c mismatch|outside the chunk data region|lost or torn|shorter than"):
+        crash_rounds(tmp_path / "store", "rewrite", rounds=16, seed=5)
 
 
 class FlakyWrites:
@@ -204,28 +206,6 @@ def test_failed_writes_raise_and_leave_the_old_chunk(
     assert find_stale_temporaries(fresh.base, 0) == []  # failed writers clean up after themselves
 
 
-@pytest.mark.parametrize("how", ["exdev", "missing"])
-def test_copy_on_write_without_copy_file_range(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
-    def refuse(*args: Any) -> int:
-        raise OSError(errno.EXDEV, "cross-device")
-
-    if how == "exdev":
-        monkeypatch.setattr(os, "copy_file_range", refuse)
-    else:
-        monkeypatch.delattr(os, "copy_file_range")
-    root = tmp_path / "store"
-    create(root, "append")
-    z = zarr.open_array(open_store(root, "append"), mode="r+")
-    z[:] = np.arange(CHUNK * N_CHUNKS, dtype="i4")
-    z[CHUNK : 2 * CHUNK] = value_of(3)  # a partial shard update: copied through user space
-    expected = np.arange(CHUNK * N_CHUNKS, dtype="i4")
-    expected[CHUNK : 2 * CHUNK] = value_of(3)
-    monkeypatch.undo()
-    fresh = open_store(root, "append")
-    assert verify_store(fresh, decode=True).ok
-    np.testing.assert_array_equal(zarr.open_array(fresh, mode="r")[:], expected)
-
-
 @pytest.mark.parametrize("durable", [True, False])
 def test_fsync_policy_of_local_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durable: bool) -> None:
     """Each shard file is fsync'd before its rename, each directory once per batch after; none when off."""
@@ -238,7 +218,7 @@ def test_fsync_policy_of_local_writes(tmp_path: Path, monkeypatch: pytest.Monkey
         synced.append("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
         real(fd)
 
-    store = ShardedStore(str(tmp_path), chunks_per_shard=2, write_strategy="append")
+    store = ShardedStore(str(tmp_path), chunks_per_shard=2)
     store["a/.zarray"] = b'{"zarr_format": 2, "shape": [8], "chunks": [1], "dtype": "|u1", "compressor": null,' \
         b' "fill_value": 0, "filters": null, "order": "C"}'  # fmt: skip
     inner = store.base  # the stored adapter (issue 11: base is what is stored, under the presenting layer)
@@ -247,6 +227,6 @@ def test_fsync_policy_of_local_writes(tmp_path: Path, monkeypatch: pytest.Monkey
     store.setitems({f"a/{i}": b"x" for i in range(0, 8, 2)})  # four new shards in one directory
     assert synced == (["file"] * 4 + ["dir"] if durable else [])
     synced.clear()
-    store["a/1"] = b"y"  # a partial update: copy on write
+    store["a/1"] = b"y"  # a partial update: the shard rewritten through a temporary
     assert synced == (["file", "dir"] if durable else [])
     assert store["a/1"] == b"y" and store["a/0"] == b"x"

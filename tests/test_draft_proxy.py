@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from shardkv import ShardedStore
+from shardkv import ShardedStore, open_store
 from shardkv.errors import ConfigurationError
 from shardkv.proxy.draft import DRAFT_ZARR_FORMAT, DraftShardedStore
 from shardkv.transformers import AdapterStore, UnknownStorageTransformerError
@@ -71,29 +71,30 @@ def make_array(proxy, path="a/b", shape=(10, 11), chunks=(2, 2), separator="/"):
 # -- dispatch -------------------------------------------------------------------------------------
 
 
-def test_sharded_store_dispatches_on_a_draft_hierarchy(base):
-    assert isinstance(ShardedStore(base), DraftShardedStore)
-    assert isinstance(ShardedStore({}, chunks_per_shard=2, layout="draft2022"), DraftShardedStore)
-    v2 = ShardedStore({}, chunks_per_shard=2)
+def test_open_store_dispatches_on_a_draft_hierarchy(base):
+    assert isinstance(open_store(base), DraftShardedStore)
+    assert isinstance(open_store({}, chunks_per_shard=2, layout="draft2022"), DraftShardedStore)
+    v2 = open_store({}, chunks_per_shard=2)
     assert type(v2) is ShardedStore and v2._store_version == 2
+    assert type(ShardedStore(base)) is ShardedStore  # a constructor never returns another class
 
 
 def test_a_v2_root_zarr_json_is_not_a_draft_hierarchy():
-    assert type(ShardedStore({"zarr.json": b'{"zarr_format": 3, "node_type": "array"}'})) is ShardedStore
+    assert type(open_store({"zarr.json": b'{"zarr_format": 3, "node_type": "array"}'})) is ShardedStore
 
 
 def test_dispatch_refuses_options_the_draft_format_cannot_honour(base):
     with pytest.raises(ConfigurationError, match="layout"):
-        ShardedStore(base, layout="draft2023")
+        open_store(base, layout="draft2023")
     with pytest.raises(ConfigurationError, match="do not apply"):
-        ShardedStore(base, write_strategy="append")
+        open_store(base, buffer_bytes=1024)
     with pytest.raises(ConfigurationError, match="checksum"):
-        ShardedStore(base, index_checksum=True)
+        open_store(base, index_checksum=True)
 
 
 def test_zarr_2_takes_the_proxy_as_a_v3_store(base):
     zarr_store = pytest.importorskip("zarr._storage.store")
-    proxy = ShardedStore(base)
+    proxy = open_store(base)
     assert isinstance(proxy, zarr_store.StoreV3) and proxy._store_version == 3
 
 
@@ -151,7 +152,7 @@ def test_unknown_transformer_is_refused_never_ignored(base):
     base["data/root/u/c0"] = b"whatever these bytes are"
     base["meta/root/ok.array.json"] = array_meta((4,), (2,))
     base["data/root/ok/c0"] = b"plain"
-    proxy = ShardedStore(base)
+    proxy = open_store(base)
     for access in (
         lambda: proxy["meta/root/u.array.json"],
         lambda: proxy["data/root/u/c0"],

@@ -139,18 +139,18 @@ PHASE1_ZARR_WRITES = COMMON + textwrap.dedent(
 PHASE2_SHARDKV = COMMON + textwrap.dedent(
     """
     import os, zarr
-    from shardkv import ShardedStore
+    from shardkv import open_store
     from shardkv.proxy.draft import DraftShardedStore
     assert "ZARR_V3_SHARDING" not in os.environ
     report = {}
     for name, case in cfg["cases"].items():
-        proxy = ShardedStore(f"{cfg['dir']}/zarr/{name}")  # detected: a draft hierarchy
+        proxy = open_store(f"{cfg['dir']}/zarr/{name}")  # detected: a draft hierarchy
         assert isinstance(proxy, DraftShardedStore), type(proxy)
         arr = zarr.open_array(proxy, path="g/arr", mode="r")
         np.save(f"{cfg['dir']}/out/{name}.shardkv-reads-zarr.npy", arr[...])
         for variant, ops in (("base", case["base_ops"]), ("extra", case["base_ops"] + case["extra_ops"])):
-            proxy = ShardedStore(f"{cfg['dir']}/shardkv-{variant}/{name}", chunks_per_shard=case["cps"],
-                                 layout="draft2022")
+            proxy = open_store(f"{cfg['dir']}/shardkv-{variant}/{name}", chunks_per_shard=case["cps"],
+                               layout="draft2022")
             arr = create(proxy, case)
             apply(arr, case, ops, proxy.__delitem__)
             np.save(f"{cfg['dir']}/out/{name}.shardkv-{variant}.npy", arr[...])

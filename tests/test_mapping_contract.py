@@ -26,7 +26,7 @@ from transformer_mapping import META_KEY as TRANSFORMER_META_KEY
 from transformer_mapping import TransformerMapping, transformer_over
 from transformer_mapping import chunk_key as transformer_chunk_key
 
-from shardkv import ChunkOutOfGridError, InvalidKeyError, ReservedKeyError, ShardedStore
+from shardkv import ChunkOutOfGridError, InvalidKeyError, ReservedKeyError, ShardedStore, open_store
 from shardkv.proxy.draft import DraftShardedStore
 
 # The test array: shape (5, 7), inner chunks (2, 2) -> chunk grid (3, 4);
@@ -273,7 +273,7 @@ def draft_store(base: Any) -> tuple[Any, dict[str, bytes]]:
         fsspec.get_mapper(base)["zarr.json"] = DRAFT_ENTRY_POINT
     else:
         base["zarr.json"] = DRAFT_ENTRY_POINT
-    store = ShardedStore(base, chunks_per_shard=CPS)
+    store = open_store(base, chunks_per_shard=CPS)
     assert isinstance(store, DraftShardedStore)
     store["meta/root/g/a.array.json"] = json.dumps(
         {"shape": list(SHAPE), "data_type": "|u1", "chunk_grid": {"type": "regular", "chunk_shape": list(CHUNKS),

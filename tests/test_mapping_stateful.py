@@ -27,7 +27,7 @@ from transformer_mapping import META_KEY as TRANSFORMER_META_KEY
 from transformer_mapping import TransformerMapping, transformer_over
 from transformer_mapping import chunk_key as transformer_chunk_key
 
-from shardkv import ShardedStore
+from shardkv import ShardedStore, open_store
 from shardkv.metadata.hierarchy import group_paths
 from shardkv.proxy.draft import DraftShardedStore
 
@@ -65,8 +65,8 @@ class ShardedStoreMachine(RuleBasedStateMachine):
     def open_store(self, new: bool) -> Any:
         """The mapping under test over ``self.base``: a new array, or one found in the store."""
         if not new:  # no chunks_per_shard: read from zarr.json
-            return ShardedStore(self.base, **{k: v for k, v in self.proxy_options.items() if k == "buffer_bytes"})
-        store = ShardedStore(self.base, chunks_per_shard=CPS, **self.proxy_options)
+            return open_store(self.base, **{k: v for k, v in self.proxy_options.items() if k == "buffer_bytes"})
+        store = open_store(self.base, chunks_per_shard=CPS, **self.proxy_options)
         store[self.meta_key] = self.array_metadata()
         return store
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import pytest
 from counting_fs import memory_mapper
 
-from shardkv import ShardedStore
+from shardkv import ShardedStore, open_store
 from shardkv.format.ranges import ByteRange, ReadPolicy
 from shardkv.proxy.draft import DRAFT_ZARR_FORMAT, DraftShardedStore
 from shardkv.transformers import AdapterStore, ShardingStorageTransformer
@@ -141,7 +141,7 @@ def _draft_meta(shape: tuple[int, int]) -> bytes:
 
 def via_draft_proxy(base: dict) -> tuple[bytes, Callable[[tuple[int, int]], bytes]]:
     base["zarr.json"] = json.dumps({"zarr_format": DRAFT_ZARR_FORMAT, "metadata_key_suffix": ".json"}).encode()
-    proxy = ShardedStore(base, chunks_per_shard=CPS, layout="draft2022")
+    proxy = open_store(base, chunks_per_shard=CPS, layout="draft2022")
     assert isinstance(proxy, DraftShardedStore)
     proxy["meta/root/a.array.json"] = _draft_meta(BIG)
     proxy.setitems({f"data/root/a/c{i}/{j}": value_for((i, j)) for i, j in SHARD_CHUNKS})

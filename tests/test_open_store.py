@@ -39,30 +39,43 @@ ENTRY_POINTS = {
 }
 
 
-@pytest.mark.parametrize("entry", [shardkv.open_store, ShardedStore], ids=["open_store", "ShardedStore"])
 @pytest.mark.parametrize("hierarchy", sorted(ENTRY_POINTS))
-def test_layout_is_detected_with_one_read(entry: Any, hierarchy: str) -> None:
+def test_layout_is_detected_with_one_read(hierarchy: str) -> None:
     contents, expected = ENTRY_POINTS[hierarchy]
     base = CountingDict(contents)
-    proxy = entry(base, 2)
+    proxy = shardkv.open_store(base, 2)
     assert type(proxy) is expected
     assert base.reads == Counter({"zarr.json": 1})  # one read (a miss, for v2 and empty stores)
 
 
-@pytest.mark.parametrize("entry", [shardkv.open_store, ShardedStore], ids=["open_store", "ShardedStore"])
-def test_a_given_layout_is_not_detected(entry: Any) -> None:
+@pytest.mark.parametrize("hierarchy", sorted(ENTRY_POINTS))
+def test_the_constructor_is_its_own_class_and_reads_nothing(hierarchy: str) -> None:
+    contents, _ = ENTRY_POINTS[hierarchy]
+    base = CountingDict(contents)
+    assert type(ShardedStore(base, 2)) is ShardedStore  # open_store is the one code that detects a layout
+    assert base.reads == Counter()
+    assert type(ShardedStore(dict(), 2)) is ShardedStore
+
+
+def test_a_given_layout_is_not_detected() -> None:
     draft = CountingDict({"zarr.json": DRAFT_ENTRY_POINT})
-    assert type(entry(draft, 2, layout="v2")) is ShardedStore  # what the caller asked for, no read
+    assert type(open_store(draft, 2, layout="v2")) is ShardedStore  # what the caller asked for, no read
     assert draft.reads == Counter()
     empty = CountingDict()
-    assert type(entry(empty, 2, layout="draft2022")) is DraftShardedStore
+    assert type(open_store(empty, 2, layout="draft2022")) is DraftShardedStore
     assert empty.reads == Counter()
 
 
-@pytest.mark.parametrize("entry", [shardkv.open_store, ShardedStore], ids=["open_store", "ShardedStore"])
-def test_unknown_layout_is_refused(entry: Any) -> None:
+def test_unknown_layout_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="draft2023"):
-        entry({}, 2, layout="draft2023")
+        open_store({}, 2, layout="draft2023")
+
+
+def test_a_v3_root_read_for_detection_is_not_read_again() -> None:
+    base = CountingDict({"zarr.json": V3_GROUP})
+    proxy = open_store(base, 2)
+    assert proxy[".zgroup"] and ".zgroup" in proxy and "zarr.json" not in proxy
+    assert base.reads["zarr.json"] == 1
 
 
 def test_options_of_the_v2_proxy_are_refused_in_draft_mode() -> None:
@@ -85,9 +98,10 @@ def test_options_reach_the_chosen_proxy() -> None:
     assert "0.0" in set(proxy.base.iter_keys())
 
 
-def test_the_v2_proxy_refuses_the_draft_layout_when_subclassed() -> None:
+def test_the_constructor_takes_no_layout_and_subclasses_keep_their_class() -> None:
     class Mine(ShardedStore):
         pass
 
-    with pytest.raises(ConfigurationError, match="draft2022"):
-        Mine({}, 2, layout="draft2022")
+    assert type(Mine({}, 2)) is Mine
+    with pytest.raises(TypeError, match="layout"):
+        Mine({}, 2, layout="draft2022")  # type: ignore[call-arg]

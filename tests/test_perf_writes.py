@@ -144,18 +144,18 @@ def test_write_back_with_a_small_buffer_still_writes_less_than_without(probe: Pr
     np.testing.assert_array_equal(zarr.open_array(ShardedStore(probe.mapper), mode="r", path="a")[:], DATA)
 
 
-# -- append and in-place strategies: I/O proportional to the change -------------------
+# -- a partial shard update: one read-modify-write of the shard -------------------
 
 
 @pytest.mark.parametrize("index_location", ["end", "start"])
-@pytest.mark.parametrize("write_strategy", ["append", "inplace", "rewrite"])
+@pytest.mark.parametrize("write_strategy", ["rewrite"])  # append/inplace retired (issue 18)
 def test_chunk_write_cost_per_strategy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write_strategy: str, index_location: str
 ) -> None:
     root = tmp_path / "store"
     mapper, fs = local_mapper(str(root))
     log = record_local_writes(monkeypatch)
-    store = ShardedStore(mapper, chunks_per_shard=CPS, index_location=index_location, write_strategy=write_strategy)
+    store = ShardedStore(mapper, chunks_per_shard=CPS, index_location=index_location)
     z = create(store)
     z[:] = DATA  # complete shards: one atomic write each
     index_nbytes = store.sharded_array("a").layout.index_nbytes  # type: ignore[union-attr]

@@ -69,14 +69,14 @@ def test_opening_an_array_reads_each_zarr_json_once_and_probes_nothing_else() ->
     arr = zarr.open_array(ShardedStore(base), path="g/a", mode="r")
     assert arr.attrs["units"] == "m"
     opened = list(base.requests)
-    # the root zarr.json (which layout: ShardedStore's detection) and the array's: no .zarray/.zattrs
-    # probe (they cannot exist), no listing
-    assert opened == [("get", "zarr.json"), ("get", "g/a/zarr.json")], opened
+    # the array's zarr.json: no .zarray/.zattrs probe (they cannot exist), no listing, and no
+    # layout detection (ShardedStore is always the v2 proxy; open_store is the one that detects)
+    assert opened == [("get", "g/a/zarr.json")], opened
     np.testing.assert_array_equal(arr[...], data)
-    # the chunk reads learn which array owns the keys: each group's zarr.json once (the root's
-    # second read is the layout detection's), nothing else
+    # the chunk reads learn which array owns the keys: each group's zarr.json once (issue 21:
+    # no second read of any zarr.json), nothing else
     meta = [r for r in base.requests if r[1].rpartition("/")[2] in (".zarray", ".zattrs", ".zgroup", "zarr.json")]
-    assert sorted(meta) == [("get", "g/a/zarr.json"), ("get", "g/zarr.json"), ("get", "zarr.json"), ("get", "zarr.json")]
+    assert sorted(meta) == [("get", "g/a/zarr.json"), ("get", "g/zarr.json"), ("get", "zarr.json")]
     assert not any(op in ("list", "contains") for op, _ in base.requests)
 
 

@@ -116,6 +116,7 @@ def test_plan_rejects_negative_slack() -> None:
 
 
 # -- the proxy on a local directory ---------------------------------------------------------
+# (the proxy's write_strategy/slack_bytes options are retired, issue 18: every update rewrites the shard)
 
 CPS = 4
 
@@ -126,139 +127,6 @@ def zarray(n_chunks: int = 16, chunk: int = 64) -> bytes:
         "compressor": None, "fill_value": 0, "filters": None, "order": "C",
     }  # fmt: skip
     return json.dumps(doc).encode()
-
-
-def local_store(root: Path, **kwargs: Any) -> ShardedStore:
-    store = ShardedStore(str(root), chunks_per_shard=CPS, **kwargs)
-    if "a/.zarray" not in store:
-        store["a/.zarray"] = zarray()
-    return store
-
-
-def shard_size(root: Path, shard: str = "0") -> int:
-    return os.path.getsize(root / "a" / shard)
-
-
-@pytest.mark.parametrize("index_location", ["end", "start"])
-def test_inplace_reuses_the_slot_when_the_encoding_fits(tmp_path: Path, index_location: str) -> None:
-    store = local_store(tmp_path, write_strategy="inplace", index_location=index_location)
-    store.setitems({f"a/{i}": b"0123456789" for i in range(CPS)})
-    size = shard_size(tmp_path)
-    index_nbytes = 16 * CPS + 4
-    store["a/1"] = b"abc"  # smaller: fits
-    assert shard_size(tmp_path) == size
-    store["a/1"] = b"ABCDEFGHIJ"  # back to the slot's full 10 bytes: fits
-    assert shard_size(tmp_path) == size
-    store["a/1"] = b"ABCDEFGHIJK"  # 11 bytes: appended
-    growth = 11 + (index_nbytes if index_location == "end" else 0)
-    assert shard_size(tmp_path) == size + growth
-    expected = {f"a/{i}": b"0123456789" for i in range(CPS)} | {"a/1": b"ABCDEFGHIJK"}
-    fresh = ShardedStore(str(tmp_path))
-    assert fresh.getitems(list(expected)) == expected
-
-
-@pytest.mark.parametrize("index_location", ["end", "start"])
-def test_slack_lets_a_slightly_larger_encoding_fit(tmp_path: Path, index_location: str) -> None:
-    slack = 6
-    store = local_store(tmp_path, write_strategy="inplace", slack_bytes=slack, index_location=index_location)
-    store.setitems({f"a/{i}": b"0123456789" for i in range(CPS)})
-    index_nbytes = 16 * CPS + 4
-    size = shard_size(tmp_path)
-    assert size == index_nbytes + CPS * (10 + slack)  # slack after every chunk
-    store["a/2"] = b"x" * (10 + slack)
-    assert shard_size(tmp_path) == size
-    store["a/2"] = b"y" * (10 + slack + 1)  # beyond the slack: appended, with fresh slack
-    assert shard_size(tmp_path) == size + 17 + slack + (index_nbytes if index_location == "end" else 0)
-    assert ShardedStore(str(tmp_path))["a/2"] == b"y" * 17
-
-    no_slack = local_store(tmp_path / "other", write_strategy="inplace", index_location=index_location)
-    no_slack.setitems({f"a/{i}": b"0123456789" for i in range(CPS)})
-    size = shard_size(tmp_path / "other")
-    no_slack["a/2"] = b"x" * 11
-    assert shard_size(tmp_path / "other") > size
-
-
-@pytest.mark.parametrize("index_location", ["end", "start"])
-@pytest.mark.parametrize("write_strategy", ["append", "inplace"])
-def test_compact_leaves_no_unused_bytes_and_the_data_unchanged(
-    tmp_path: Path, write_strategy: str, index_location: str
-) -> None:
-    store = local_store(tmp_path, write_strategy=write_strategy, slack_bytes=3, index_location=index_location)
-    store.setitems({f"a/{i}": bytes([i]) * (5 + i) for i in range(16)})  # 4 complete shards
-    for step in range(12):  # grow, shrink and delete chunks of shards 0 and 1
-        i = (step * 3) % 8
-        if step % 5 == 4:
-            store.delitems([f"a/{i}"])
-        else:
-            store[f"a/{i}"] = bytes([100 + step]) * (1 + 7 * (step % 3))
-    expected = {k: store[k] for k in store.keys_under("a") if not k.endswith(".zarray")}
-    sizes = {s: shard_size(tmp_path, s) for s in "0123"}
-    for s in "01":
-        blob = (tmp_path / "a" / s).read_bytes()
-        chunks, _ = parse_shard(blob, CPS, index_location)
-        assert len(blob) > 16 * CPS + 4 + sum(len(c) for c in chunks.values())  # unused bytes to reclaim
-
-    reclaimed = store.compact()
-    assert reclaimed == sum(sizes.values()) - sum(shard_size(tmp_path, s) for s in "0123")
-    assert reclaimed > 0
-    for s in "0123":
-        assert_compact((tmp_path / "a" / s).read_bytes(), CPS, index_location)
-    fresh = ShardedStore(str(tmp_path))
-    assert {k: fresh[k] for k in fresh.keys_under("a") if not k.endswith(".zarray")} == expected
-    assert store.compact() == 0
-    assert store.compact("a") == 0
-
-
-def test_compact_of_one_array(tmp_path: Path) -> None:
-    store = ShardedStore(str(tmp_path), chunks_per_shard=CPS, write_strategy="append")
-    store["a/.zarray"] = zarray()
-    store["b/.zarray"] = zarray()
-    for path in "ab":
-        store.setitems({f"{path}/{i}": b"v" * 8 for i in range(CPS)})
-        store[f"{path}/0"] = b"w" * 8
-    assert store.compact("a") > 0
-    assert_compact((tmp_path / "a" / "0").read_bytes(), CPS, "end")
-    with pytest.raises(AssertionError):
-        assert_compact((tmp_path / "b" / "0").read_bytes(), CPS, "end")
-    assert store["a/0"] == store["b/0"] == b"w" * 8
-
-
-# -- fallback to rewrite -------------------------------------------------------------------
-
-
-@pytest.fixture(params=["dict", "memory"])
-def no_append_base(request: pytest.FixtureRequest) -> Iterator[Any]:
-    if request.param == "dict":
-        yield {}
-    else:
-        url = f"memory://shardkv-strat-{uuid.uuid4().hex}"
-        yield url
-        fs = fsspec.filesystem("memory")
-        if fs.exists(url):
-            fs.rm(url, recursive=True)
-
-
-@pytest.mark.parametrize("write_strategy", ["append", "inplace"])
-def test_strategies_fall_back_to_rewrite_without_append(
-    no_append_base: Any, write_strategy: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def refuse(self: Any, key: str, writes: Any) -> None:
-        raise AssertionError(f"write_at called for {key}")
-
-    monkeypatch.setattr(FSMapAdapter, "write_at", refuse)
-    store = ShardedStore(no_append_base, chunks_per_shard=CPS, write_strategy=write_strategy, slack_bytes=4)
-    store["a/.zarray"] = zarray()
-    assert store.base.supports_append is False
-    store.setitems({f"a/{i}": b"v" * 8 for i in range(CPS)})
-    store["a/1"] = b"w" * 20
-    store["a/2"] = b"x"
-    del store["a/3"]
-    blob = bytes(store.base.get("a/0"))
-    chunks, _ = parse_shard(blob, CPS, "end")
-    assert chunks == {0: b"v" * 8, 1: b"w" * 20, 2: b"x"}
-    assert_compact(blob, CPS, "end")  # rewritten whole, without slack: nothing to reclaim
-    assert store.compact() == 0
-    assert store.getitems(["a/0", "a/1", "a/2", "a/3"]) == {"a/0": b"v" * 8, "a/1": b"w" * 20, "a/2": b"x"}
 
 
 # -- every mode reads back equal under zarr-python 2.18 ------------------------------------
@@ -277,7 +145,7 @@ def zarr_ops(z: Any) -> None:
     z[26, :] = 9
 
 
-MODES = list(itertools.product(["rewrite", "append", "inplace"], [None, 600], ["end", "start"]))
+MODES = list(itertools.product(["rewrite"], [None, 600], ["end", "start"]))
 
 
 @pytest.mark.parametrize(
@@ -289,8 +157,7 @@ def test_every_mode_reads_back_equal_under_zarr2(
     tmp_path: Path, write_strategy: str, buffer_bytes: int | None, index_location: str
 ) -> None:
     root = str(tmp_path / "store")
-    kwargs = dict(write_strategy=write_strategy, buffer_bytes=buffer_bytes, index_location=index_location)
-    store = ShardedStore(root, chunks_per_shard=(2, 3), slack_bytes=2 if write_strategy == "inplace" else 0, **kwargs)
+    store = ShardedStore(root, chunks_per_shard=(2, 3), buffer_bytes=buffer_bytes, index_location=index_location)
     oracle: dict[str, bytes] = {}
     arrays = [
         zarr.open_array(s, mode="w", path="a", shape=(30, 30), chunks=(4, 4), dtype="i4", fill_value=-1,
@@ -319,17 +186,13 @@ ops = st.lists(
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     ops=ops,
-    write_strategy=st.sampled_from(["rewrite", "append", "inplace"]),
     index_location=st.sampled_from(["end", "start"]),
-    slack=st.integers(0, 4),
     batch=st.integers(1, 3),
     buffer_bytes=st.sampled_from([None, 0, 40]),
 )
 def test_random_writes_and_deletes_then_compact_equal_a_dict(
     ops: list[tuple[int, bytes | None]],
-    write_strategy: str,
     index_location: str,
-    slack: int,
     batch: int,
     buffer_bytes: int | None,
 ) -> None:
@@ -337,9 +200,7 @@ def test_random_writes_and_deletes_then_compact_equal_a_dict(
         store = ShardedStore(
             tmp,
             chunks_per_shard=CPS,
-            write_strategy=write_strategy,
             index_location=index_location,
-            slack_bytes=slack,
             buffer_bytes=buffer_bytes,
         )
         store["a/.zarray"] = zarray(n_chunks=12)

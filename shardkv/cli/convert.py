@@ -64,7 +64,7 @@ from shardkv.errors import (
 from shardkv.format.layout import ShardLayout
 from shardkv.keys.encodings import chunk_to_shard
 from shardkv.metadata.chunks_per_shard import check_chunks_per_shard
-from shardkv.metadata.draft import is_draft_hierarchy
+from shardkv.proxy.open import is_draft_hierarchy
 from shardkv.metadata.v3_view import sharding_spec_from_v3
 from shardkv.proxy.presenting import PresentingAdapter
 from shardkv.storage.adapters import FSMapAdapter, StoreAdapter

@@ -26,7 +26,7 @@ from shardkv.errors import ConfigurationError, DestinationNotEmptyError, Invalid
 from shardkv.keys.paths import owning_array
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
 from shardkv.metadata.documents import dump_json, load_json
-from shardkv.metadata.draft import is_draft_hierarchy
+from shardkv.proxy.open import is_draft_hierarchy
 from shardkv.proxy.draft import DraftShardedStore
 from shardkv.storage.adapters import StoreAdapter, adapt
 from shardkv.transformers import DATA_ROOT, AdapterStore, ShardingStorageTransformer

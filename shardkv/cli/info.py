@@ -30,7 +30,7 @@ from shardkv.errors import ConfigurationError, NotAHierarchyError
 from shardkv.keys.encodings import V2ChunkKeyEncoding, grid_shape
 from shardkv.keys.paths import owning_array, path_prefix
 from shardkv.metadata.documents import META_NAMES
-from shardkv.metadata.draft import is_draft_hierarchy
+from shardkv.proxy.open import is_draft_hierarchy
 from shardkv.metadata.v3_view import v2_dimension_separator, v3_view_of_v2
 from shardkv.proxy.presenting import PresentingAdapter
 from shardkv.proxy.store import ShardedStore

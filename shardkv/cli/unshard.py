@@ -145,7 +145,7 @@ def unshard(
     """
     from tqdm import tqdm
 
-    from shardkv.proxy.draft import is_draft_hierarchy
+    from shardkv.proxy.open import is_draft_hierarchy
     from shardkv.proxy.store import ShardedStore
 
     src_name, dst_name = _name(src), _name(dst)

@@ -25,29 +25,31 @@ when its metadata or data is accessed
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+import builtins
+from typing import Any, Iterable, Iterator, Literal, Mapping, Self, Sequence
 
 from shardkv.errors import ConfigurationError
 from shardkv.format.ranges import ByteRange
 from shardkv.keys.encodings import validate_key
 from shardkv.keys.paths import validate_path
+from shardkv.keys.space import ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
-from shardkv.metadata.draft import DRAFT_ZARR_FORMAT, META_ROOT, DraftArray, is_draft_hierarchy
-from shardkv.proxy import _zarr2
-from shardkv.proxy._zarr2 import StoreCapabilities
-from shardkv.proxy.draft_nodes import DraftNodes
+from shardkv.metadata.draft import DRAFT_ZARR_FORMAT, META_ROOT
+from shardkv.proxy.base import ProxyBase
+from shardkv.proxy.draft_nodes import DraftArray, DraftNodes
+from shardkv.proxy.metadata_writes import check_not_reserved
+from shardkv.proxy.options import Options
 from shardkv.proxy.values import to_bytes
-from shardkv.transformers import DATA_ROOT, AbstractStore, AdapterStore
+from shardkv.transformers import DATA_ROOT, AbstractStore, AdapterStore, ShardingStorageTransformer
 from shardkv.transformers.api import apply_partial_writes, normalize_prefix
 
-__all__ = ["DraftShardedStore", "DRAFT_ZARR_FORMAT", "DRAFT_OPTIONS", "is_draft_hierarchy"]
+__all__ = ["DraftShardedStore", "DRAFT_ZARR_FORMAT", "DRAFT_OPTIONS"]
 
 DRAFT_OPTIONS = frozenset({"chunks_per_shard", "index_location", "index_checksum", "storage_options"})
 """The options the draft proxy takes (the others of :class:`shardkv.ShardedStore` do not apply)."""
 
 
-class DraftShardedStore(StoreCapabilities, MutableMapping):
+class DraftShardedStore(ProxyBase):
     """A zarr-python 2.18 v3 store over a 2022 draft hierarchy with sharded arrays.
 
     Parameters
@@ -75,13 +77,14 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
     """
 
     _store_version = 3  # zarr-python 2.18's v3 API takes the proxy as a StoreV3
+    _zarr_protocol = "StoreV3"
 
     def __init__(
         self,
         store: Any,
         chunks_per_shard: ChunksPerShardOption = None,
         *,
-        index_location: str = "end",
+        index_location: Literal["start", "end"] = "end",
         index_checksum: bool = False,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
@@ -90,12 +93,23 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
                 "the 2022 draft 'indexed' format keeps its index at the end without a checksum; "
                 f"got index_location={index_location!r}, index_checksum={index_checksum!r}"
             )
-        rule = ChunksPerShardRule.parse(chunks_per_shard)
-        self._raw_store = store
-        self._cps = rule.value  # shown by repr
-        self._api = store if isinstance(store, AbstractStore) else AdapterStore(store, storage_options)
-        self._nodes = DraftNodes(self._api, rule)
-        _zarr2.register(type(self), "StoreV3")
+        options = Options(ChunksPerShardRule.parse(chunks_per_shard), index_location="end", index_checksum=False)
+        self._setup(store, store if isinstance(store, AbstractStore) else AdapterStore(store, storage_options), options)
+
+    @classmethod
+    def _reopen(cls, store: Any, options: Options) -> Self:
+        proxy = cls.__new__(cls)
+        proxy._setup(store, store, options)
+        return proxy
+
+    def _setup(self, raw_store: Any, api: AbstractStore, options: Options) -> None:
+        """Build the proxy's parts over the abstract store ``api`` (the one place they are made)."""
+        self._init_proxy(raw_store, options)
+        self._api = api
+        self._nodes = DraftNodes(self._api, options.chunks_per_shard)
+
+    def _pickled_store(self) -> Any:
+        return self._api
 
     # -- configuration and discovery -------------------------------------------------
 
@@ -200,6 +214,9 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
             validate_key(key)
             data = to_bytes(key, value)
             kind, what = self._classify(key)
+            node = _node_path(key)
+            if node is not None:
+                check_not_reserved(node)  # an array or group named like shardkv's own files
             if kind == "meta":
                 self._nodes.store_metadata(what, key, data)
                 continue
@@ -285,11 +302,11 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
             out.extend(k for k in state.top().list_prefix(state.key_prefix) if k.startswith(prefix))
         return out
 
-    def list(self) -> list[str]:
+    def list(self) -> builtins.list[str]:
         """Every key."""
         return self.list_prefix("")
 
-    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
+    def list_dir(self, prefix: str) -> tuple[builtins.list[str], builtins.list[str]]:
         """``(keys, prefixes)`` directly below ``prefix``."""
         prefix = _checked_prefix(prefix)
         owner = self._nodes.prefix_owner(prefix)
@@ -297,7 +314,7 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
             return owner.top().list_dir(prefix)
         return self._api.list_dir(prefix)
 
-    def listdir(self, path: str = "") -> list[str]:
+    def listdir(self, path: str = "") -> builtins.list[str]:
         """Names of the immediate children of ``path``."""
         path = validate_path(path)
         prefix = f"{path}/" if path else ""
@@ -387,7 +404,7 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
         """The path of the array whose metadata document ``key`` is, or ``None`` for any other key."""
         return self._nodes.meta_path(key)
 
-    def storage_transformers(self, path: str) -> list[dict[str, Any]]:
+    def storage_transformers(self, path: str) -> builtins.list[dict[str, Any]]:
         """The stored ``storage_transformers`` entries of the array at ``path`` (``[]`` if none)."""
         state = self._nodes.array(validate_path(path))
         return [] if state is None else [dict(e) for e in state.entries]
@@ -396,6 +413,29 @@ class DraftShardedStore(StoreCapabilities, MutableMapping):
         """The top of the transformer stack of the sharded array at ``path``, or ``None``."""
         state = self._nodes.array(validate_path(path))
         return state.top() if state is not None and state.sharded else None
+
+    def sharded_array(self, path: str) -> ShardedArray | None:
+        """The key mapping of the sharded array at ``path`` (its sharding transformer's), or ``None``.
+
+        Raises
+        ------
+        UnknownStorageTransformerError
+            If the array names a transformer shardkv does not know.
+        """
+        top = self.transformer(path)
+        return top.array if isinstance(top, ShardingStorageTransformer) else None
+
+
+def _node_path(key: str) -> str | None:
+    """The path of the array or group whose metadata document ``key`` is (``meta/root/<path>.array.json``), else ``None``."""
+    if not key.startswith(META_ROOT):
+        return None
+    rest = key[len(META_ROOT) :]
+    for kind in (".array", ".group"):
+        head, found, _ = rest.rpartition(kind)
+        if found:
+            return head
+    return None
 
 
 def _checked_prefix(prefix: str) -> str:

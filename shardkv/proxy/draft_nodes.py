@@ -10,16 +10,51 @@ key lies in. Array metadata written from above goes through
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 from shardkv.errors import ConfigurationError
 from shardkv.keys.paths import owner_candidates
 from shardkv.metadata.chunks_per_shard import ChunksPerShardRule
 from shardkv.metadata.documents import dump_json, load_json
-from shardkv.metadata.draft import META_ROOT, DraftArray
+from shardkv.metadata.draft import META_ROOT
 from shardkv.transformers import DATA_ROOT, SHARDING_EXTENSION, AbstractStore, build_stack, storage_transformer_entries
 
-__all__ = ["DraftNodes"]
+__all__ = ["DraftNodes", "DraftArray"]
+
+
+@dataclass
+class DraftArray:
+    """One array of the hierarchy as the proxy knows it: its stored metadata and its transformer stack."""
+
+    path: str
+    stored: dict[str, Any]
+    entries: list[dict[str, Any]]
+    stack: AbstractStore | None  # None when the entries could not be resolved
+    error: Exception | None = None
+    key_prefix: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.key_prefix = f"{DATA_ROOT}{self.path}/" if self.path else DATA_ROOT
+
+    @property
+    def sharded(self) -> bool:
+        """True when the array lists storage transformers."""
+        return bool(self.entries)
+
+    def top(self) -> AbstractStore:
+        """The top of the array's transformer stack.
+
+        Raises
+        ------
+        ConfigurationError, UnknownStorageTransformerError
+            If the array's transformers could not be built.
+        """
+        if self.error is not None:
+            raise self.error
+        if self.stack is None:
+            raise ConfigurationError(f"no transformer stack for the array at {self.path!r}", self.path)
+        return self.stack
 
 
 def _is_chunk_segment(segment: str) -> bool:

@@ -1,7 +1,8 @@
 """Listing through the proxy: base store keys in, logical keys out.
 
-Keys outside sharded arrays are listed as they are (less the ``zarr.json``
-views shardkv manages); each shard is replaced by the chunk keys its index
+Keys outside sharded arrays are listed as zarr-python 2 sees them
+(:meth:`NodeTable.listed`: the ``zarr.json`` of presented nodes replaced by
+their v2 documents); each shard is replaced by the chunk keys its index
 holds, for chunks inside the array's grid (:meth:`ShardIO.chunk_keys`
 reads the indexes in batches, one request each).
 """
@@ -12,25 +13,25 @@ from typing import Iterable, Iterator
 
 from shardkv.engine.planner import ShardIO
 from shardkv.keys.space import ShardedArray
-from shardkv.proxy.nodes import NodeCache
+from shardkv.proxy.nodes import NodeTable
 
 __all__ = ["split_shards", "logical_keys"]
 
-def split_shards(nodes: NodeCache, keys: Iterable[str]) -> tuple[list[str], dict[str, ShardedArray]]:
-    """Base store keys as ``(plain keys, {shard key: its array})``; managed views are left out."""
+def split_shards(nodes: NodeTable, keys: Iterable[str]) -> tuple[list[str], dict[str, ShardedArray]]:
+    """Base store keys as ``(plain keys, {shard key: its array})``."""
     plain: list[str] = []
     shards: dict[str, ShardedArray] = {}
     for key in keys:
         arr = nodes.owner(key)
         if arr is not None and arr.shard_coords_of(key) is not None:
             shards[key] = arr
-        elif not nodes.is_hidden(key):
+        else:
             plain.append(key)
     return plain, shards
 
 
-def logical_keys(nodes: NodeCache, io: ShardIO, base_keys: Iterable[str]) -> Iterator[str]:
+def logical_keys(nodes: NodeTable, io: ShardIO, base_keys: Iterable[str]) -> Iterator[str]:
     """The keys code above the proxy sees, for the base store keys ``base_keys``."""
     plain, shards = split_shards(nodes, base_keys)
-    yield from plain
+    yield from nodes.listed(plain)
     yield from io.chunk_keys(shards)  # in-grid chunks; indexes read in batches by the engine

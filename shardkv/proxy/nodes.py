@@ -1,11 +1,23 @@
-"""What each path of a Zarr v2 hierarchy is, as the proxy knows it, and which array owns a key.
+"""The node table of the v2 proxy: what each path of the hierarchy is, and the v2 documents it presents.
 
-A path is one of three node states: :data:`NOT_ARRAY` (a group, or nothing),
-:data:`UNSHARDED` (an array stored chunk per key, passed through) or a
-:class:`ShardedNode` (an array whose chunks live in shards: its key mapping
-:class:`~shardkv.keys.space.ShardedArray` and the ``zarr.json`` document that
-describes it). :class:`NodeCache` learns a path's state with one batched read
-of its ``.zarray`` and ``zarr.json`` and keeps it until told otherwise.
+One :class:`Node` per path, built from the stored ``zarr.json`` and ``.zarray``
+(read together, once, by :meth:`NodeTable.node`) and kept until
+:meth:`NodeTable.forget` or :meth:`NodeTable.clear`:
+
+* a v3 node (a ``zarr.json`` with ``zarr_format`` 3) is presented to
+  zarr-python 2 as the ``.zarray``/``.zgroup`` and ``.zattrs`` documents that
+  :func:`shardkv.metadata.hierarchy.present` derives from it, kept as dicts
+  and served as JSON bytes dumped once; the sharded array's key mapping is
+  built from the same dicts (no v3 -> v2 bytes -> parsed-again round trip);
+* an array with a stored ``.zarray`` and no presentable ``zarr.json`` is
+  *unsharded*: its chunk keys pass through;
+* anything else (a v2 group, nothing) is no array.
+
+The table reads and writes nothing but through the ``read`` callable it is
+given (whole values of keys, missing keys left out): today
+``StoreAdapter.get_many``, tomorrow ``KVStore.values``. Nothing wraps the base
+store: the proxy asks the table about metadata keys, and sends every other
+key straight to the store.
 """
 
 from __future__ import annotations
@@ -13,19 +25,25 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from shardkv.errors import ConfigurationError
+from shardkv.errors import ConfigurationError, MetadataError
 from shardkv.keys.encodings import V2ChunkKeyEncoding
 from shardkv.keys.paths import join_path, owner_candidates, split_key
 from shardkv.keys.space import ShardedArray
-from shardkv.metadata.documents import META_NAMES, load_json
-from shardkv.metadata.hierarchy import present
+from shardkv.metadata.documents import META_NAMES, dump_json, load_json
+from shardkv.metadata.hierarchy import REFUSED_ZARRAY, ZARR_JSON, present, presented_zmetadata
 from shardkv.metadata.v3_view import sharding_spec_from_v3, v2_dimension_separator
-from shardkv.storage.adapters import StoreAdapter
 
-__all__ = ["NotArray", "UnshardedArray", "ShardedNode", "NodeState", "NOT_ARRAY", "UNSHARDED", "NodeCache", "META_NAMES", "chunkish_under"]
+__all__ = ["Node", "NodeTable", "ReadValues", "META_NAMES", "PRESENTED", "chunkish_under", "build_node"]
 
+ReadValues = Callable[[Sequence[str]], Mapping[str, Any]]
+"""Reads whole values of keys from the base store; missing keys are left out of the result."""
+
+PRESENTED = (".zarray", ".zattrs", ".zgroup")
+"""The v2 documents a v3 node is presented as."""
+
+_ZMETADATA = ".zmetadata"
 # chunk-like key segments; signs included so "-1.0" is refused as a malformed chunk key, not stored
 _CHUNKISH = re.compile(r"c|c?[0-9.+-]+")  # "c" alone: v3 default shard keys c/1/2
 _MEMO_LIMIT = 100_000  # parents whose owner is remembered before the memo starts over
@@ -39,56 +57,83 @@ def chunkish_under(path: str, key: str) -> bool:
     return all(_CHUNKISH.fullmatch(s) for s in key[len(prefix) :].split("/"))
 
 
-@dataclass(frozen=True)
-class NotArray:
-    """A path that holds no array (a group, or nothing)."""
-
-
-@dataclass(frozen=True)
-class UnshardedArray:
-    """An array stored one chunk per key; the proxy passes its keys through."""
-
-
 @dataclass(frozen=True, eq=False)
-class ShardedNode:
-    """An array whose chunks live in shards.
+class Node:
+    """One path of the hierarchy as the proxy knows it (replace it, never mutate it).
 
     Attributes
     ----------
-    array : ShardedArray
-        Its key mapping (chunk key -> shard key and local coords).
-    view : dict
-        Its ``zarr.json`` document as stored (do not mutate; replace the node).
+    path : str
+        The node's path (``""`` for the root).
+    doc : dict or None
+        Its stored v3 ``zarr.json`` document (``zarr_format`` 3), or ``None``.
+    raw : bytes or None
+        The stored ``zarr.json`` bytes (any format), or ``None`` when none is stored.
+    presented : dict of str to dict
+        The v2 documents presenting ``doc`` (``.zarray``/``.zgroup`` and
+        ``.zattrs``); empty when there is no v3 node or it cannot be presented.
+    documents : dict of str to bytes
+        ``presented`` as served (JSON bytes, dumped once).
+    array : ShardedArray or None
+        The key mapping of a sharded array.
+    unsharded : bool
+        An array whose chunks are stored one per key (passed through).
     """
 
-    array: ShardedArray
-    view: dict[str, Any] = field(repr=False)
+    path: str
+    doc: dict[str, Any] | None = field(default=None, repr=False)
+    raw: bytes | None = field(default=None, repr=False)
+    presented: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+    documents: dict[str, bytes] = field(default_factory=dict, repr=False)
+    array: ShardedArray | None = None
+    unsharded: bool = False
+
+    @property
+    def is_array(self) -> bool:
+        """True for an array, sharded or not."""
+        return self.array is not None or self.unsharded
+
+    @property
+    def hides_zarr_json(self) -> bool:
+        """True when zarr-python 2 sees this node through its presented documents, not its ``zarr.json``."""
+        return self.array is not None or bool(self.documents)
+
+    @property
+    def writable(self) -> bool:
+        """Whether zarr-python 2 may change the v3 document through the proxy (groups, shardkv's own arrays)."""
+        if self.doc is None or self.doc.get("node_type") != "array":
+            return True
+        return (self.doc.get("chunk_key_encoding") or {}).get("name") == "v2"
+
+    def cannot_be_stored(self, name: str) -> bool:
+        """True for a v2 document no store holds beside this presented node (answered without a request).
+
+        Only an array's ``.zattrs`` may be stored beside its ``zarr.json`` (the layout before issue 11).
+        """
+        return bool(self.documents) and name not in self.documents and not (
+            name == ".zattrs" and ".zarray" in self.documents
+        )
 
 
-NodeState = Union[NotArray, UnshardedArray, ShardedNode]
-NOT_ARRAY = NotArray()
-UNSHARDED = UnshardedArray()
-
-
-def sharded_node(path: str, zarray: Mapping[str, Any], view: dict[str, Any]) -> NodeState:
-    """The state of an array from its ``.zarray`` and ``zarr.json`` (``UNSHARDED`` if the view shards nothing).
+def _sharded_array(path: str, zarray: Mapping[str, Any], doc: Any) -> ShardedArray | None:
+    """The key mapping of the array ``zarray`` describes, sharded as ``doc`` says (``None``: not sharded).
 
     Raises
     ------
     ConfigurationError
-        If the view's inner ``chunk_shape`` differs from the ``.zarray`` chunks,
-        or the sharding configuration is invalid.
+        If the document's inner ``chunk_shape`` differs from the ``.zarray``
+        chunks, or the sharding configuration is invalid.
     UnsupportedError
         If the sharding configuration is valid but not supported.
     """
-    spec = sharding_spec_from_v3(view, path)
+    spec = sharding_spec_from_v3(doc, path)
     if spec is None:
-        return UNSHARDED
+        return None
     if list(spec.chunks) != list(zarray["chunks"]):
         raise ConfigurationError(
             f"zarr.json inner chunk_shape {list(spec.chunks)} differs from .zarray chunks {zarray['chunks']}", path
         )
-    array = ShardedArray(
+    return ShardedArray(
         path=path,
         key_prefix=f"{path}/" if path else "",
         shape=tuple(int(s) for s in zarray["shape"]),
@@ -97,108 +142,187 @@ def sharded_node(path: str, zarray: Mapping[str, Any], view: dict[str, Any]) -> 
         chunk_key_encoding=V2ChunkKeyEncoding(v2_dimension_separator(zarray)),  # type: ignore[arg-type]
         shard_key_encoding=spec.shard_key_encoding,
     )
-    return ShardedNode(array, view)
 
 
-class NodeCache:
-    """Node states by path, read lazily from the base store, and the owner of each key.
+def build_node(path: str, raw_json: Any | None, raw_zarray: Any | None = None) -> Node:
+    """The node at ``path`` from its stored ``zarr.json`` and ``.zarray`` bytes (``None``: not stored).
+
+    Raises
+    ------
+    MetadataError
+        If the ``zarr.json`` (or a ``.zarray`` a sharded array needs) is not JSON.
+    ConfigurationError, UnsupportedError
+        If the node's sharding cannot be used.
+    """
+    if raw_json is None:
+        return Node(path, unsharded=raw_zarray is not None)
+    raw = bytes(raw_json)
+    parsed = load_json(join_path(path, ZARR_JSON), raw)
+    doc = parsed if isinstance(parsed, dict) and parsed.get("zarr_format") == 3 else None
+    presented: dict[str, dict[str, Any]] = {}
+    documents: dict[str, bytes] = {}
+    if doc is not None:
+        try:
+            presented = present(doc, path)
+            documents = {
+                name: dump_json(d, key=join_path(path, name), strict=name != ".zattrs") for name, d in presented.items()
+            }
+        except MetadataError:  # a v3 node that zarr-python 2 cannot be shown: its keys pass through
+            presented, documents = {}, {}
+    if presented:
+        zarray = presented.get(".zarray")
+    elif raw_zarray is not None:  # a zarr.json stored beside a .zarray (before issue 11)
+        zarray = load_json(join_path(path, ".zarray"), raw_zarray)
+    else:
+        zarray = None
+    if zarray is None:
+        return Node(path, doc, raw, presented, documents)
+    array = _sharded_array(path, zarray, parsed)
+    return Node(path, doc, raw, presented, documents, array, unsharded=array is None)
+
+
+class NodeTable:
+    """Nodes by path, read lazily (one batched read of ``zarr.json`` and ``.zarray`` per path), and key owners.
 
     Parameters
     ----------
-    base : StoreAdapter
-        Where ``.zarray`` and ``zarr.json`` documents are read.
+    read : callable
+        Whole values of keys from the base store, missing keys left out
+        (:data:`ReadValues`).
 
     Notes
     -----
-    Thread-safe: one lock guards the maps; a state read from the store may be
-    read twice by racing threads (same result).
+    Thread-safe: one lock guards the maps; a node read by racing threads may
+    be read twice (same result).
     """
 
-    def __init__(self, base: StoreAdapter) -> None:
-        self._base = base
-        self._states: dict[str, NodeState] = {}
+    def __init__(self, read: ReadValues) -> None:
+        self._read = read
+        self._nodes: dict[str, Node] = {}
         self._owners: dict[str, ShardedArray | None] = {}
         self.lock = threading.RLock()
 
-    def state(self, path: str) -> NodeState:
-        """What ``path`` is (read on first use).
+    # -- nodes ------------------------------------------------------------------------
+
+    def node(self, path: str) -> Node:
+        """The node at ``path`` (read on first use, then kept).
 
         Raises
         ------
         MetadataError
-            If its ``.zarray`` or ``zarr.json`` is not JSON.
+            If its ``zarr.json`` or ``.zarray`` is not JSON.
         ConfigurationError, UnsupportedError
             If its sharding cannot be used.
         """
         with self.lock:
-            if path in self._states:
-                return self._states[path]
-        zarray_key, zjson_key = join_path(path, ".zarray"), join_path(path, "zarr.json")
-        found = self._base.get_many([zarray_key, zjson_key])
-        state: NodeState = NOT_ARRAY
-        if zjson_key in found:
-            view = load_json(zjson_key, found[zjson_key])
-            if zarray_key in found:  # presented from zarr.json, or (before issue 11) stored beside it
-                state = sharded_node(path, load_json(zarray_key, found[zarray_key]), view)
-            elif isinstance(view, dict) and ".zarray" in (docs := present(view, path)):  # zarr.json alone
-                state = sharded_node(path, docs[".zarray"], view)
-        elif zarray_key in found:
-            state = UNSHARDED
-        with self.lock:
-            self._states[path] = state
-        return state
+            found = self._nodes.get(path)
+        return found if found is not None else self.nodes([path])[path]
 
-    def sharded(self, path: str) -> ShardedNode | None:
-        """The sharded node at ``path``, or ``None``."""
-        state = self.state(path)
-        return state if isinstance(state, ShardedNode) else None
+    def nodes(self, paths: Iterable[str]) -> dict[str, Node]:
+        """The nodes at ``paths``; the ones not kept yet are read in one batch of ``zarr.json`` reads.
 
-    def set(self, path: str, state: NodeState) -> None:
-        """Record what ``path`` now is (owners of keys may change)."""
+        A ``.zarray`` is read (one more batch) only where the ``zarr.json``
+        does not decide the node: missing, or not a v3 node zarr-python 2 can
+        be shown (a v3 node never needs one, so opening it is one request).
+        """
+        paths = list(dict.fromkeys(p.strip("/") for p in paths))
         with self.lock:
-            self._states[path] = state
+            missing = [p for p in paths if p not in self._nodes]
+        if missing:
+            found = self._read([join_path(p, ZARR_JSON) for p in missing])
+            raw_json = {p: found.get(join_path(p, ZARR_JSON)) for p in missing}
+            built: dict[str, Node] = {}
+            undecided: list[str] = []
+            for p in missing:
+                node = _decided_by_zarr_json(p, raw_json[p])
+                if node is None:
+                    undecided.append(p)
+                else:
+                    built[p] = node
+            if undecided:
+                zarrays = self._read([join_path(p, ".zarray") for p in undecided])
+                for p in undecided:
+                    built[p] = build_node(p, raw_json[p], zarrays.get(join_path(p, ".zarray")))
+            with self.lock:
+                self._nodes.update(built)
+        with self.lock:
+            return {p: self._nodes[p] for p in paths if p in self._nodes}
+
+    def v3_nodes(self, paths: Iterable[str]) -> dict[str, Node]:
+        """The nodes among ``paths`` that have a v3 ``zarr.json`` (one batch for those not kept)."""
+        return {p: n for p, n in self.nodes(paths).items() if n.doc is not None}
+
+    def presented(self, path: str) -> Node | None:
+        """The node at ``path`` if zarr-python 2 sees it through presented documents, else ``None``."""
+        node = self.node(path)
+        return node if node.documents else None
+
+    def sharded(self, path: str) -> Node | None:
+        """The sharded array node at ``path``, or ``None``."""
+        node = self.node(path)
+        return node if node.array is not None else None
+
+    def set(self, node: Node) -> None:
+        """Record what ``node.path`` now is (the owners of keys may change)."""
+        with self.lock:
+            self._nodes[node.path] = node
             self._owners.clear()
+
+    def keep_written(self, path: str, raw: bytes, doc: dict[str, Any]) -> Node:
+        """Record the ``zarr.json`` just written at ``path`` (no read back): the node it makes.
+
+        Raises
+        ------
+        ConfigurationError, UnsupportedError
+            If its sharding cannot be used.
+        """
+        node = build_node(path, raw) if doc.get("node_type") != "array" else _from_written(path, raw, doc)
+        self.set(node)
+        return node
+
+    def prime(self, path: str, raw_json: Any) -> None:
+        """Keep the node at ``path`` from ``zarr.json`` bytes already read, when they alone decide it.
+
+        A v3 node presented in v2 does not depend on a ``.zarray``, so
+        :func:`shardkv.open_store`, having read the root ``zarr.json`` to
+        detect the layout, hands it over instead of reading it twice (issue 21).
+        Anything else is left to be read on first use.
+        """
+        try:
+            node = build_node(path, raw_json)
+        except (ConfigurationError, NotImplementedError):  # MetadataError is a ConfigurationError
+            return
+        if node.documents:
+            with self.lock:
+                self._nodes.setdefault(path, node)
+                self._owners.clear()
 
     def forget(self, path: str) -> None:
-        """Forget what ``path`` is (read again on next use)."""
+        """Forget the node at ``path`` (read again on next use)."""
         with self.lock:
-            self._states.pop(path, None)
+            self._nodes.pop(path.strip("/"), None)
             self._owners.clear()
-        self._forget_documents(path, below=False)
-
-    def _forget_documents(self, path: str, below: bool = True) -> None:
-        """Drop the documents the base adapter keeps (a :class:`PresentingAdapter`) for ``path``."""
-        forget = getattr(self._base, "forget", None)
-        if forget is not None and below:
-            forget(path)
-        elif forget is not None:
-            self._base.forget_node(path)  # type: ignore[attr-defined]
 
     def forget_under(self, path: str) -> None:
         """Forget ``path`` and every path below it (everything for ``""``)."""
+        path = path.strip("/")
         with self.lock:
-            for p in [p for p in self._states if not path or p == path or p.startswith(f"{path}/")]:
-                self._states.pop(p)
+            for p in [p for p in self._nodes if not path or p == path or p.startswith(f"{path}/")]:
+                del self._nodes[p]
             self._owners.clear()
-        self._forget_documents(path)
 
     def clear(self) -> None:
         """Forget everything."""
         with self.lock:
-            self._states.clear()
+            self._nodes.clear()
             self._owners.clear()
-        self._forget_documents("")
+
+    # -- keys -------------------------------------------------------------------------
 
     def is_hidden(self, key: str) -> bool:
         """True for the ``zarr.json`` of a node presented in v2 (a sharded array, a v3 group)."""
         path, name = split_key(key)
-        if name != "zarr.json":
-            return False
-        if isinstance(self.state(path), ShardedNode):
-            return True
-        node = getattr(self._base, "node", None)
-        presented = node(path) if node is not None else None
-        return presented is not None and bool(presented.documents)
+        return name == ZARR_JSON and self.node(path).hides_zarr_json
 
     def owner(self, key: str) -> ShardedArray | None:
         """The sharded array whose chunk (or shard) ``key`` names, if any.
@@ -223,11 +347,141 @@ class NodeCache:
     def _owner_of_parent(self, parent: str) -> ShardedArray | None:
         """:meth:`owner` for every key ``parent/<chunk-like name>`` (memoised by the caller)."""
         for path in owner_candidates(join_path(parent, "0")):
-            state = self.state(path)
-            if isinstance(state, NotArray):
+            node = self.node(path)
+            if not node.is_array:
                 continue
             rest = parent[len(path) :].strip("/")
-            if isinstance(state, UnshardedArray) or any(not _CHUNKISH.fullmatch(s) for s in rest.split("/") if rest):
+            if node.array is None or any(not _CHUNKISH.fullmatch(s) for s in rest.split("/") if rest):
                 return None
-            return state.array
+            return node.array
         return None
+
+    # -- metadata documents as code above the proxy sees them ------------------------------
+
+    def read_documents(self, keys: Sequence[str]) -> dict[str, Any]:
+        """The values of ``keys`` (keys that are not chunks of a sharded array) as zarr-python 2 sees them.
+
+        Presented documents come from the table; a hidden ``zarr.json`` is
+        missing; the kept ``zarr.json`` bytes are served without a request; a
+        stored ``.zmetadata`` is presented with each sharded array's
+        documents; every other key is read from the base store in one batch.
+        """
+        self.nodes(split_key(k)[0] for k in keys if split_key(k)[1] in PRESENTED)  # one batch of node reads
+        out: dict[str, Any] = {}
+        rest: list[str] = []
+        for key in keys:
+            path, name = split_key(key)
+            if name in PRESENTED:
+                node = self.node(path)
+                if name in node.documents:
+                    out[key] = node.documents[name]
+                elif not node.cannot_be_stored(name):
+                    rest.append(key)
+                continue
+            if name == ZARR_JSON:
+                with self.lock:
+                    kept = self._nodes.get(path)
+                if kept is not None:
+                    if kept.raw is not None and not kept.hides_zarr_json:
+                        out[key] = kept.raw
+                    continue
+                if self.is_hidden(key):
+                    continue
+                kept = self.node(path)
+                if kept.raw is not None:
+                    out[key] = kept.raw
+                continue
+            rest.append(key)
+        if rest:
+            for key, value in self._read(rest).items():
+                out[key] = self._zmetadata(key, bytes(value)) if split_key(key)[1] == _ZMETADATA else value
+        return out
+
+    def contains_document(self, key: str) -> bool | None:
+        """Whether a metadata ``key`` is there as zarr-python 2 sees it; ``None``: ask the base store."""
+        path, name = split_key(key)
+        if name == ZARR_JSON:
+            return False if self.is_hidden(key) else None
+        if name not in PRESENTED:
+            return None
+        node = self.node(path)
+        if name in node.documents:
+            return True
+        return False if node.cannot_be_stored(name) else None
+
+    def _zmetadata(self, key: str, raw: bytes) -> bytes:
+        """A stored ``.zmetadata`` with each sharded array's documents presented."""
+        try:
+            stored = load_json(key, raw)
+        except MetadataError:
+            return raw
+        meta = stored.get("metadata") if isinstance(stored, dict) else None
+        if not isinstance(meta, dict):
+            return raw
+        refused = [k.rpartition("/")[0] for k, v in meta.items() if v == REFUSED_ZARRAY]
+        if not refused:
+            return raw
+        prefix = split_key(key)[0]
+        found = self.v3_nodes(join_path(prefix, p) for p in refused)
+        docs = {p: node.doc for p in refused if (node := found.get(join_path(prefix, p).strip("/"))) is not None}
+        return dump_json(presented_zmetadata(stored, docs), key=key)  # type: ignore[arg-type]
+
+    def listed(self, keys: Iterable[str]) -> Iterator[str]:
+        """Base store ``keys`` (no chunks of sharded arrays) as zarr-python 2 lists them.
+
+        Hidden ``zarr.json`` keys are left out; the presented documents of
+        each v3 node are added (once, whether or not a v2 copy is stored).
+        """
+        zarr_jsons: list[str] = []
+        v2_meta: set[str] = set()
+        for key in keys:
+            path, name = split_key(key)
+            if name == ZARR_JSON:
+                zarr_jsons.append(path)
+                continue
+            if name in PRESENTED:
+                v2_meta.add(key)
+            yield key
+        for path, node in self.nodes(zarr_jsons).items():
+            if not node.hides_zarr_json:
+                yield join_path(path, ZARR_JSON)
+            for name in node.documents:
+                if join_path(path, name) not in v2_meta:
+                    yield join_path(path, name)
+
+    def listed_names(self, path: str, names: Iterable[str]) -> list[str]:
+        """The names the base store lists directly under ``path``, as zarr-python 2 sees them."""
+        out = set(names)
+        if ZARR_JSON in out:
+            node = self.node(path)
+            out |= set(node.documents)
+            if node.hides_zarr_json:
+                out.discard(ZARR_JSON)
+        return sorted(out)
+
+
+def _decided_by_zarr_json(path: str, raw_json: Any | None) -> Node | None:
+    """The node at ``path`` when its ``zarr.json`` alone decides it (a presented v3 node), else ``None``.
+
+    Raises
+    ------
+    MetadataError
+        If the ``zarr.json`` is not JSON.
+    ConfigurationError, UnsupportedError
+        If the node's sharding cannot be used.
+    """
+    if raw_json is None:
+        return None
+    node = build_node(path, raw_json)
+    return node if node.documents else None
+
+
+def _from_written(path: str, raw: bytes, doc: dict[str, Any]) -> Node:
+    """The node of an array ``zarr.json`` shardkv just wrote (its document in hand: no parse)."""
+    presented = present(doc, path)
+    documents = {name: dump_json(d, key=join_path(path, name), strict=name != ".zattrs") for name, d in presented.items()}
+    zarray = presented.get(".zarray")
+    if zarray is None:
+        return Node(path, doc, raw, presented, documents)
+    array = _sharded_array(path, zarray, doc)
+    return Node(path, doc, raw, presented, documents, array, unsharded=array is None)

@@ -235,7 +235,7 @@ class PresentingAdapter(StoreAdapter):
                 out[key] = value
         return out
 
-    def get_ranges(self, requests: Sequence[tuple[str, ByteRange]]) -> list[bytes | None]:
+    def get_ranges(self, requests: Sequence[tuple[str, ByteRange]]) -> list[bytes | memoryview | None]:
         return self.inner.get_ranges(requests)
 
     def contains(self, key: str) -> bool:

@@ -4,49 +4,37 @@ Code above the proxy (zarr-python 2, xarray, dask, scripts) reads and writes
 ordinary chunk keys (``temp/3.7``); the store below holds shards (``temp/0.1``)
 in the v1.0 ``sharding_indexed`` layout, each array's sharding described by a
 ``zarr.json``, a Zarr v3 array and nothing else (issue 11; zarr-python 2 sees
-the ``.zarray`` presented from it, see :mod:`shardkv.proxy.presenting`).
+the ``.zarray`` presented from it, see :mod:`shardkv.proxy.nodes`).
 
-This module routes each key: a chunk of a sharded array goes to its shard
-(:class:`~shardkv.keys.space.ShardedArray`), anything else to the base store.
-The other jobs live beside it: what each path is
-(:mod:`shardkv.proxy.nodes`), the v3 documents kept in step with
-``.zarray``/``.zattrs``/``.zgroup`` writes (:mod:`shardkv.proxy.mirror`), write-back
-(:mod:`shardkv.proxy.writes`), listing (:mod:`shardkv.proxy.listing`), and the
-requests themselves (:class:`shardkv.engine.planner.ShardIO`: one batched
-index read and one batched chunk read per call; one batched write per call).
-
-Concurrency: no acknowledged chunk write is lost to another writer's
-read-modify-write of the same shard, whichever store, thread or process made
-it, as the ``concurrency`` option of :class:`ShardedStore` describes.
+This module routes each key: a chunk of a sharded array to its shard, a
+metadata document to the node table (:mod:`shardkv.proxy.nodes`) or the
+metadata writer (:mod:`shardkv.proxy.metadata_writes`), anything else straight
+to the base store. Options, pickling and lifecycle: :mod:`shardkv.proxy.options`,
+:mod:`shardkv.proxy.base`; write-back: :mod:`shardkv.proxy.writes`; requests:
+:class:`shardkv.engine.planner.ShardIO`.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import MutableMapping
 from contextlib import suppress
 from os import PathLike
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Self, Sequence
 
 from shardkv.engine.cache import IndexCache
-from shardkv.engine.concurrency import Concurrency
-from shardkv.engine.picklable import reduce_sharded_store
 from shardkv.engine.planner import ShardIO
-from shardkv.engine.strategies import WriteStrategy
-from shardkv.engine.temporaries import DirectorySweeper
-from shardkv.errors import ChunkOutOfGridError, ConfigurationError, InvalidKeyError
-from shardkv.format.layout import ShardLayout
+from shardkv.engine.temporaries import DEFAULT_TEMP_AGE, DirectorySweeper, remove_stale_temporaries
+from shardkv.errors import ChunkOutOfGridError, InvalidKeyError, UnflushedWritesError
 from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.encodings import validate_key
-from shardkv.keys.paths import split_key, validate_path
+from shardkv.keys.paths import join_path, path_prefix, split_key, validate_path
 from shardkv.keys.space import ChunkRef, ShardedArray
-from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
-from shardkv.proxy import _zarr2
-from shardkv.proxy.layouts import Layout, open_unless_v2
-from shardkv.proxy.mirror import MetadataMirror
-from shardkv.proxy.nodes import META_NAMES, NodeCache
-from shardkv.proxy.paths import PathMethods
-from shardkv.proxy.presenting import PresentingAdapter
+from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
+from shardkv.proxy.base import ProxyBase
+from shardkv.proxy.listing import logical_keys
+from shardkv.proxy.metadata_writes import MetadataWriter, writes_to
+from shardkv.proxy.nodes import META_NAMES, NodeTable
+from shardkv.proxy.options import DEFAULT_INDEX_CACHE_BYTES, Concurrency, IndexLocation, Options
 from shardkv.proxy.routing import group_by_shard, route_batch
 from shardkv.proxy.values import as_buffer
 from shardkv.proxy.writes import ShardWriter
@@ -55,7 +43,7 @@ from shardkv.storage.adapters import StoreAdapter, adapt
 __all__ = ["ShardedStore"]
 
 
-class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
+class ShardedStore(ProxyBase):
     """A MutableMapping of chunk keys whose chunks are stored in shards.
 
     Parameters
@@ -71,11 +59,6 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
         shards nothing new. Arrays already sharded in the store are recognised
         from their stored ``zarr.json`` whatever this says; unsharded arrays
         pass through untouched. 0-d arrays are never sharded.
-    layout : {"v2", "draft2022"} or None
-        Which proxy the store needs; ``None`` detects it (one read of the root
-        ``zarr.json``). For ``"draft2022"`` (given or detected) the result is
-        a :class:`~shardkv.proxy.draft.DraftShardedStore`, exactly as from
-        :func:`shardkv.open_store`, the explicit way to open any layout.
     index_location : {"end", "start"}
         Where new shards keep their index (v1.0 codec ``index_location``).
     index_checksum : bool
@@ -84,30 +67,14 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
         fsspec options when ``store`` is a URL.
     index_cache_bytes : int
         Limit (bytes) of the cache of decoded shard indexes (default 64 MiB;
-        0 disables it). With the index cached, reading a chunk costs one
-        request. The proxy keeps the cache right across its own writes, and
-        chunk reads check entries against other writers' changes where the
-        store allows (see ``validate_index_cache``).
-    validate_index_cache : bool
-        Also check cached indexes for listings, ``in`` and writes (chunk reads
-        always check them where the store allows: local files and
-        ``memory://`` compare the shard's identity, size and modification
-        time; S3 reads chunk bytes ``If-Match`` the index's ETag). Elsewhere
-        the cache is trusted until :meth:`refresh`.
+        0 disables it); see :class:`~shardkv.proxy.options.Options`.
     read_policy : ReadPolicy, optional
-        How nearby chunk ranges of one shard merge into one request and when
-        the whole shard is read instead (default ``ReadPolicy()``: gaps up to
-        64 KiB, requests up to 16 MiB, whole shard from half its bytes).
+        How nearby chunk ranges of one shard merge into one request (default ``ReadPolicy()``).
     buffer_bytes : int or None
-        Write-back mode: hold chunk writes per shard, up to this many bytes of
-        chunk data, and write each shard once: when all its in-grid chunks
-        are buffered, on :meth:`flush`, :meth:`close` or leaving a ``with``
-        block, or when the limit forces the oldest shard out (then merged
-        with what is stored). ``None`` (default) writes within each call.
-        Buffered writes are visible to reads through the proxy at once, and
-        reach the base store only when written: call :meth:`flush` (or use
-        ``with``) before other readers look. A shard whose write fails stays
-        buffered (the error propagates; the next :meth:`flush` writes it).
+        Write-back mode: hold up to this many bytes of chunk writes and write
+        each shard once (when complete, on :meth:`flush`/:meth:`close`, or
+        when the limit forces the oldest out); ``None`` (default) writes
+        within each call. A pickled copy writes through (see Options).
     journal : str or os.PathLike, optional
         With ``buffer_bytes``: a local file where every buffered chunk write
         is appended and fsync'd before the call returns, so a crash loses no
@@ -116,26 +83,9 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
         and resets the journal; it is also reset after every flush that
         empties the buffer. See :mod:`shardkv.engine.journal` and the user
         guide ("Write-back") for the fsync policy.
-    write_strategy : {"rewrite", "append", "inplace"}
-        How a stored shard is updated when a write does not replace it whole.
-        ``"rewrite"`` (default, atomic) writes a new shard through a temporary
-        object. On local files, ``"append"`` appends new chunks and a new index
-        and ``"inplace"`` also reuses a chunk's slot when the new encoding fits;
-        both are crash-safe (copy on write, see :mod:`shardkv.engine.strategies`);
-        :meth:`compact` reclaims the unused bytes.
-        Elsewhere they fall back to ``"rewrite"``. Never stored in metadata.
-    slack_bytes : int
-        With ``"inplace"``: zero bytes reserved after every chunk written
-        (bytes), so a slightly larger new encoding still fits its slot.
     concurrency : {"auto", "files", "conditional", "process", "none"}
         How writers of one shard (threads, stores, processes) keep each
-        other's chunks. ``"auto"``: lock files in each array's
-        ``.shardkv-locks/`` on local and network file systems;
-        compare-and-swap writes (ETag ``If-Match``, retried on 412) on S3
-        (s3fs or obstore) and obstore's GCS, Azure and memory stores; locks
-        shared in this process for ``memory://`` and in-memory mappings;
-        ``ConfigurationError`` for other stores, which need ``"process"``
-        (this process only) or ``"none"`` (shard-aligned writers). See the
+        other's chunks; see :class:`~shardkv.proxy.options.Options` and the
         user guide, "Concurrency".
     lock_timeout : float or None
         Longest wait (seconds) for a shard lock (then ``LockTimeoutError``).
@@ -143,8 +93,8 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
     Raises
     ------
     ConfigurationError
-        If ``chunks_per_shard``, ``layout``, an index option or
-        ``concurrency`` is invalid, ``concurrency`` asks for what the store
+        If ``chunks_per_shard``, an index option, a size or ``concurrency``
+        is invalid, ``concurrency`` asks for what the store
         cannot give, or ``journal`` is given without ``buffer_bytes``.
     TypeError
         If ``store`` cannot be used as a store.
@@ -154,86 +104,85 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
     Notes
     -----
     Errors per operation: a value that is not bytes-like raises ``TypeError``;
-    a malformed chunk key, a key with ``..`` or an empty segment, and a chunk
-    key outside the array's chunk grid raise :class:`InvalidKeyError` (a
+    a malformed or out-of-grid chunk key raises :class:`InvalidKeyError` (a
     ``ValueError``), except that deleting an out-of-grid chunk raises
-    ``KeyError`` (there is nothing stored there; zarr relies on it when
-    shrinking an array). A damaged shard raises :class:`CorruptShardError` or
-    :class:`ChecksumError`. Errors of the base store other than "not found"
-    propagate. Implements the v1.0 ``sharding_indexed`` binary format and the
-    2022 draft's key rewriting rule (shard coords = chunk coords //
-    chunks_per_shard).
+    ``KeyError`` (zarr relies on it when shrinking an array). A damaged shard
+    raises :class:`CorruptShardError` or :class:`ChecksumError`. Errors of the
+    base store other than "not found" propagate.
 
     A store pickles (``multiprocessing``, ``dask.distributed``) as its base
-    store's location and options; the copy finds the same locks. With
-    unflushed write-back data it raises ``UnflushedWritesError`` instead.
+    store's location and its :class:`~shardkv.proxy.options.Options`; the copy
+    finds the same locks, and writes through (no write-back buffer, no
+    journal: issue 20, item 1). With unflushed write-back data it raises
+    ``UnflushedWritesError`` instead. To open a store of any layout (2022
+    draft hierarchies included), use :func:`shardkv.open_store`.
     """
 
     _store_version = 2  # the zarr-python 2 store protocol this proxy speaks
-
-    def __new__(cls, store: Any = None, *args: Any, layout: Layout | None = None, **kwargs: Any) -> Any:
-        # the draft hierarchy proxy when layout="draft2022" or the store holds one (the same choice as open_store);
-        # no store: unpickling (object.__reduce_ex__ calls __new__ with the class alone)
-        if cls is ShardedStore and store is not None:
-            draft = open_unless_v2(store, layout, args, kwargs)
-            if draft is not None:
-                return draft
-        return super().__new__(cls)
+    _zarr_protocol = "BaseStore"
 
     def __init__(
         self,
         store: Any,
         chunks_per_shard: ChunksPerShardOption = None,
         *,
-        layout: Layout | None = None,  # the choice is made in __new__
-        index_location: Literal["start", "end"] = "end",
+        index_location: IndexLocation = "end",
         index_checksum: bool = True,
         storage_options: Mapping[str, Any] | None = None,
-        index_cache_bytes: int = 64 * 2**20,
-        validate_index_cache: bool = False,
+        index_cache_bytes: int = DEFAULT_INDEX_CACHE_BYTES,
         read_policy: ReadPolicy | None = None,
         buffer_bytes: int | None = None,
-        write_strategy: WriteStrategy = "rewrite",
-        slack_bytes: int = 0,
         journal: str | PathLike[str] | None = None,
         concurrency: Concurrency = "auto",
         lock_timeout: float | None = None,
     ) -> None:
-        if layout not in (None, "v2"):
-            raise ConfigurationError(f"{type(self).__name__} opens the 'v2' layout only, got layout={layout!r}")
-        rule = ChunksPerShardRule.parse(chunks_per_shard)
-        ShardLayout((1,), index_location, "little", index_checksum)  # validates the options
-        # v3-only sharded arrays and groups (zarr.json, no .zarray) appear with derived v2 documents
-        self._base: StoreAdapter = PresentingAdapter(adapt(store, storage_options))
-        self._raw_store = store
-        self._cps = rule.value  # shown by repr
-        self._nodes = NodeCache(self._base)
-        self._io = ShardIO(
-            self._base,
-            index_cache_bytes=index_cache_bytes,
-            validate_index_cache=validate_index_cache,
-            read_policy=read_policy or ReadPolicy(),
-            write_strategy=write_strategy,
-            slack_bytes=slack_bytes,
-            concurrency=concurrency,
-            lock_timeout=lock_timeout,
-        )
-        self._writer = ShardWriter(self._io, buffer_bytes)
-        self._mirror = MetadataMirror(self._base, self._nodes, self._writer, rule, index_location, bool(index_checksum))
-        _zarr2.register(type(self))
-        self._sweeper = DirectorySweeper(self._base)  # stale temporaries, per directory written into
+        options = Options.from_keywords(
+            chunks_per_shard, index_location=index_location, index_checksum=index_checksum,
+            index_cache_bytes=index_cache_bytes, read_policy=read_policy, buffer_bytes=buffer_bytes,
+            concurrency=concurrency, lock_timeout=lock_timeout,
+        )  # fmt: skip
+        self._setup(store, adapt(store, storage_options), options)
         self._writer.attach_journal(journal, self._route)  # replays what a killed run left
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Pickle as location and options (:mod:`shardkv.engine.picklable`); ``UnflushedWritesError`` if buffered."""
-        return reduce_sharded_store(self)
+    @classmethod
+    def _reopen(cls, store: Any, options: Options) -> Self:
+        proxy = cls.__new__(cls)
+        proxy._setup(store, adapt(store), options)
+        return proxy
+
+    def _setup(self, raw_store: Any, kv: StoreAdapter, options: Options) -> None:
+        """Build the proxy's parts over the opened base store ``kv`` (the one place they are made)."""
+        self._init_proxy(raw_store, options)
+        self._kv = kv
+        self._nodes = NodeTable(kv.get_many)
+        self._io = ShardIO(
+            kv,
+            index_cache_bytes=options.index_cache_bytes,
+            validate_index_cache=False,
+            read_policy=options.read_policy,
+            write_strategy="rewrite",
+            slack_bytes=0,
+            concurrency=options.concurrency,
+            lock_timeout=options.lock_timeout,
+        )
+        self._writer = ShardWriter(self._io, options.buffer_bytes)
+        self._metadata = MetadataWriter(self._nodes, kv.get_many, writes_to(kv), kv.iter_keys, self._writer, options)
+        self._sweeper = DirectorySweeper(kv)  # stale temporaries, per directory written into
+
+    def _pickled_store(self) -> Any:
+        return self._kv
+
+    def _check_picklable(self) -> None:
+        buffer = self._writer.buffer
+        if buffer is not None and len(buffer):
+            raise UnflushedWritesError(len(buffer), buffer.nbytes)
 
     # -- configuration ------------------------------------------------------
 
     @property
     def base(self) -> StoreAdapter:
         """The adapter over the base store: what is stored (for tools; writes here bypass the proxy)."""
-        return self._base.inner  # type: ignore[attr-defined,no-any-return]
+        return self._kv
 
     def refresh(self) -> None:
         """Forget cached array metadata and shard indexes (call after other writers changed the store).
@@ -289,10 +238,10 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
                 ref = self._route(key)
                 if ref is not None:
                     refs.append(ref)
-                elif not self._nodes.is_hidden(key):
+                else:
                     plain.append(key)
             if plain:
-                out.update(self._base.get_many(plain))
+                out.update(self._nodes.read_documents(plain))
         return self._read_chunks(refs, out)
 
     def _read_chunks(self, refs: list[ChunkRef], out: dict[str, Any]) -> dict[str, Any]:
@@ -313,9 +262,10 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
     def __getitem__(self, key: str) -> bytes | memoryview:
         ref = self._route(key)
         if ref is None:
-            if self._nodes.is_hidden(key):
+            value = self._nodes.read_documents([key]).get(key)
+            if value is None:
                 raise KeyError(key)
-            return self._base.get(key)
+            return value  # type: ignore[no-any-return]
         found = self._read_chunks([ref], {})
         if key not in found:
             raise KeyError(key)
@@ -327,7 +277,8 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
         except (TypeError, InvalidKeyError):
             return False
         if ref is None:
-            return not self._nodes.is_hidden(key) and self._base.contains(key)  # type: ignore[arg-type]
+            known = self._nodes.contains_document(key)  # type: ignore[arg-type]
+            return self._kv.contains(key) if known is None else known  # type: ignore[arg-type]
         return self._chunk_stored(ref)
 
     def _chunk_stored(self, ref: ChunkRef, *, fresh: bool = False) -> bool:
@@ -379,9 +330,9 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
             raise KeyError(key) from exc
         if ref is None:
             if split_key(key)[1] in META_NAMES:
-                self._mirror.delete(key)  # a sharded array's .zarray takes its zarr.json along
+                self._metadata.delete(key)  # a sharded array's .zarray takes its zarr.json along
             else:
-                self._base.delete(key)
+                self._kv.delete(key)
             return
         # a delete is a write: decided on the stored index, not on a cached one that another
         # process's write may have outdated (zarr deletes chunk by chunk with a synchronizer)
@@ -415,9 +366,9 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
             if split_key(key)[1] in META_NAMES:
                 if value is None:
                     with suppress(KeyError):  # deleting what is not stored is no error in a batch
-                        self._mirror.delete(key)
+                        self._metadata.delete(key)
                 else:
-                    self._mirror.set(key, bytes(value))
+                    self._metadata.set(key, bytes(value))
                 continue
             ref = self._route(key, validated=True)
             if ref is not None:
@@ -429,9 +380,9 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
                 plain_set[key] = value
         self._sweeper.before_writing([*changes, *(ref.shard_key for ref in located)])
         if plain_set:
-            self._base.set_many(plain_set)
+            self._kv.set_many(plain_set)
         if plain_del:
-            self._base.delete_many(plain_del)
+            self._kv.delete_many(plain_del)
         self._writer.write(group_by_shard(located, located_values))
 
     def flush(self) -> None:
@@ -450,7 +401,7 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
         """Write buffered shards (write-back mode), close the journal, then the base store if it has a ``close``."""
         self.flush()
         self._writer.close()
-        self._base.close()
+        self._kv.close()
 
     # -- introspection ------------------------------------------------------------
 
@@ -462,5 +413,87 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
     def v3_metadata(self, path: str) -> dict[str, Any] | None:
         """The ``zarr.json`` document of the sharded array at ``path``, or ``None``."""
         node = self._nodes.sharded(validate_path(path))
-        return None if node is None else dict(node.view)
+        return None if node is None or node.doc is None else dict(node.doc)
+
+    # -- paths (each checked by validate_path first: nothing outside the store is reached) --------
+
+    def compact(self, path: str | None = None) -> int:
+        """Rewrite the shards that hold unused bytes (left by other writers) of the array at ``path`` (all if ``None``).
+
+        Returns the bytes reclaimed in the base store; :class:`InvalidKeyError`
+        if ``path`` leaves the store (:func:`~shardkv.keys.paths.validate_path`).
+        """
+        if path is not None:
+            path = validate_path(path)
+        remove_stale_temporaries(self._kv, DEFAULT_TEMP_AGE)
+        self.flush()
+        if path is not None:
+            paths = [path]
+        else:
+            owners = (self._nodes.owner(k) for k in self._kv.iter_keys())
+            paths = sorted({arr.path for arr in owners if arr is not None})
+        arrays = [self.sharded_array(p) for p in paths]
+        return sum(self._io.compact_array(arr) for arr in arrays if arr is not None)
+
+    def __iter__(self) -> Iterator[str]:
+        self.flush()
+        return logical_keys(self._nodes, self._io, self._kv.iter_keys())
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def keys_under(self, path: str) -> Iterator[str]:
+        """Every logical key under ``path`` (a path, or ``""`` for all); ``InvalidKeyError`` if it leaves the store."""
+        path = validate_path(path)
+        self.flush()
+        return logical_keys(self._nodes, self._io, self._kv.iter_keys(path_prefix(path)))
+
+    def listdir(self, path: str = "") -> list[str]:
+        """Names of the immediate children of ``path``, as code above the proxy sees them."""
+        path = validate_path(path)
+        inside = self._nodes.owner(join_path(path, "0")) if path else None
+        if inside is None and self._nodes.sharded(path) is None:
+            return self._nodes.listed_names(path, self._kv.list_dir(path))
+        prefix = path_prefix(path)
+        return sorted({k[len(prefix) :].split("/", 1)[0] for k in self.keys_under(path)})
+
+    def rmdir(self, path: str = "") -> None:
+        """Delete everything under ``path`` (the whole store for ``""``)."""
+        path = validate_path(path)
+        arr = self._nodes.owner(join_path(path, "0")) if path else None
+        if arr is not None and arr.path != path:
+            self.delitems(list(self.keys_under(path)))  # a sub-path of a '/'-separated array
+            return
+        self._writer.discard_under(path)
+        self._kv.rmdir(path)
+        self._io.index_cache.clear()
+        self._nodes.forget_under(path)
+
+    def getsize(self, path: str = "") -> int:
+        """Bytes stored under ``path`` in the base store (shards, not logical chunks)."""
+        path = validate_path(path)
+        self.flush()
+        if path:
+            known = self._nodes.contains_document(path)  # presented documents have the size served
+            if known:
+                return len(self._nodes.read_documents([path])[path])
+            if known is None and self._kv.contains(path):
+                return self._kv.size(path)
+        return sum(self._kv.size(k) for k in self._kv.iter_keys(path_prefix(path)))
+
+    def rename(self, src_path: str, dst_path: str) -> None:
+        """Move everything under ``src_path`` to ``dst_path`` (shards move whole).
+
+        Copies, then deletes the copied keys: not for a path other writers are
+        writing at the same time (as with zarr 2's own stores).
+        """
+        src, dst = validate_path(src_path, what="src_path"), validate_path(dst_path, what="dst_path")
+        self.flush()
+        stored = self._kv  # what is stored: v3 documents move as they are, presented ones are not written
+        keys = list(stored.iter_keys(path_prefix(src)))
+        stored.set_many({dst + k[len(src) :]: stored.get(k) for k in keys})
+        stored.delete_many(keys)
+        if src and keys:
+            stored.prune_empty_dirs(src)  # the emptied directories too (local files), as zarr 2's rename
+        self.refresh()
 

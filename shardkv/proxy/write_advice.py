@@ -22,6 +22,7 @@ import os
 import sys
 import threading
 import warnings
+from types import FrameType
 from typing import Any, Mapping
 
 from shardkv.engine.merge import covers_shard
@@ -93,11 +94,11 @@ def _caller_level(limit: int = 64) -> int:
     limit keeps the walk bounded.
     """
     dirs = tuple(
-        os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+        os.path.dirname(os.path.abspath(path)) + os.sep
         for m in (sys.modules.get("shardkv"), sys.modules.get("zarr"))
-        if m is not None and getattr(m, "__file__", None)
+        if m is not None and (path := getattr(m, "__file__", None))
     )
-    frame = sys._getframe(2)  # the frame that called warn's caller
+    frame: FrameType | None = sys._getframe(2)  # the frame that called warn's caller
     level = 2
     while frame is not None and level < limit:
         if not os.path.abspath(frame.f_code.co_filename).startswith(dirs):

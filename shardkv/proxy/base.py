@@ -1,0 +1,152 @@
+"""``ProxyBase``: what both sharding proxies share as zarr-python 2 stores (options, pickling, lifecycle).
+
+:class:`~shardkv.ShardedStore` (v2 keys) and
+:class:`~shardkv.proxy.draft.DraftShardedStore` (2022 draft keys) are two
+facades, because zarr-python 2.18 takes them through two protocols
+registered per class (``BaseStore`` and ``StoreV3``), and one class cannot be
+both. Each holds its base store and one frozen
+:class:`~shardkv.proxy.options.Options`; this class gives them the same
+
+* pickling: a store travels as ``(reopen, (its class, its base store, its
+  options))``; the copy finds the same data (and so the same lock files)
+  through the base store's location. Nothing of one process travels: not the
+  index cache, not the journal, and not write-back data. A store holding
+  unflushed writes refuses to pickle (:class:`~shardkv.errors.UnflushedWritesError`),
+  and a copy never buffers: it writes through (issue 20, item 1), so no
+  worker process holds acknowledged writes that no one will flush;
+* lifecycle: ``with`` closes the store on exit;
+* the zarr-python 2 ``BaseStore`` capability checks, identity equality, and
+  a ``repr`` naming the base store and ``chunks_per_shard``.
+
+Registering a proxy class as a virtual subclass of zarr-python 2's ABCs lets
+zarr call its batch methods directly (without it, zarr 2.11+ wraps any
+other ``MutableMapping`` in a ``KVStore`` that has no ``setitems``), without
+shardkv depending on zarr. Done on first use, not at import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from abc import abstractmethod
+from collections.abc import MutableMapping
+from typing import Any, ClassVar, Literal, Self
+
+from shardkv.keys.space import ShardedArray
+from shardkv.proxy.options import Options
+
+__all__ = ["ProxyBase", "reopen", "register"]
+
+_registered: set[tuple[type, str]] = set()
+
+
+def register(cls: type, protocol: Literal["BaseStore", "StoreV3"]) -> None:
+    """Register ``cls`` as a virtual subclass of zarr-python 2's ``protocol`` ABC, if zarr 2 is installed.
+
+    ``"BaseStore"`` for the v2 proxy; ``"StoreV3"`` for the draft proxy, so
+    zarr-python 2.18's experimental v3 API takes it as it is. Idempotent.
+    """
+    if (cls, protocol) in _registered:
+        return
+    _registered.add((cls, protocol))
+    if importlib.util.find_spec("zarr") is None:
+        return
+    zarr = importlib.import_module("zarr")
+    if not str(getattr(zarr, "__version__", "")).startswith("2."):
+        return
+    getattr(importlib.import_module("zarr._storage.store"), protocol).register(cls)
+
+
+def reopen(cls: type[ProxyBase], store: Any, options: Options) -> ProxyBase:
+    """A new proxy of class ``cls`` over ``store`` with ``options`` (what a pickled proxy unpickles to)."""
+    return cls._reopen(store, options)
+
+
+class ProxyBase(MutableMapping[str, Any]):
+    """The part of a sharding proxy that does not depend on its key space.
+
+    Attributes
+    ----------
+    options : Options
+        The runtime options, validated once (never changed afterwards).
+    """
+
+    _store_version: ClassVar[int]
+    _zarr_protocol: ClassVar[Literal["BaseStore", "StoreV3"]]
+    options: Options
+    _raw_store: Any  # what the user passed, for repr
+
+    def _init_proxy(self, raw_store: Any, options: Options) -> None:
+        """Record what every proxy has; called first by the subclass's setup."""
+        self._raw_store = raw_store
+        self.options = options
+        register(type(self), self._zarr_protocol)
+
+    # -- pickling ------------------------------------------------------------------
+
+    @classmethod
+    @abstractmethod
+    def _reopen(cls, store: Any, options: Options) -> Self:
+        """A proxy over ``store`` (as :meth:`_pickled_store` gave it) with ``options``, without a journal."""
+
+    @abstractmethod
+    def _pickled_store(self) -> Any:
+        """What stands for the base store in a pickle (it pickles as its location, never as the proxy)."""
+
+    def _check_picklable(self) -> None:
+        """Raise if this store holds what a copy could not carry (the v2 proxy: unflushed writes)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as ``(reopen, (class, base store, options))``; the copy writes through (no write-back).
+
+        Raises
+        ------
+        UnflushedWritesError
+            If the store holds buffered writes not yet in the base store.
+        """
+        self._check_picklable()
+        return (reopen, (type(self), self._pickled_store(), self.options.for_copy()))
+
+    # -- introspection -------------------------------------------------------------
+
+    @abstractmethod
+    def sharded_array(self, path: str) -> ShardedArray | None:
+        """The key mapping of the sharded array at ``path``, or ``None`` (used by :func:`shardkv.rechunk_to_shards`)."""
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    @abstractmethod
+    def flush(self) -> None:
+        """Write whatever is buffered to the base store."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Write what is buffered and release the base store."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- zarr-python 2 store protocol -----------------------------------------------
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    __hash__ = object.__hash__  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._raw_store!r}, chunks_per_shard={self.options.chunks_per_shard.value!r})"
+
+    def is_readable(self) -> bool:
+        return True
+
+    def is_writeable(self) -> bool:
+        return True
+
+    def is_listable(self) -> bool:
+        return True
+
+    def is_erasable(self) -> bool:
+        return True

@@ -1,0 +1,160 @@
+"""``Options``: every runtime option of a sharding proxy, validated once, picklable as it is.
+
+:class:`~shardkv.ShardedStore` turns its keyword arguments into one
+:class:`Options` before it does anything else; nothing else in the proxy keeps
+an option of its own. A pickled store travels as its base store and its
+:class:`Options` (:mod:`shardkv.proxy.base`); the journal, the index cache and
+write-back data belong to one process and are never part of it.
+
+Two options are not here: ``storage_options`` travels inside the opened base
+store, and ``journal`` names a file of this process only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, get_args
+
+from shardkv.errors import ConfigurationError
+from shardkv.format.layout import ShardLayout
+from shardkv.format.ranges import ReadPolicy
+from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
+
+__all__ = ["Options", "Concurrency", "IndexLocation", "DEFAULT_INDEX_CACHE_BYTES"]
+
+Concurrency = Literal["auto", "files", "conditional", "process", "none"]
+"""How writers of one shard keep each other's chunks (see :class:`~shardkv.ShardedStore`)."""
+
+IndexLocation = Literal["start", "end"]
+
+DEFAULT_INDEX_CACHE_BYTES = 64 * 2**20
+
+
+def _nonnegative_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigurationError(f"{name} must be an int >= 0 (bytes), got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Options:
+    """The runtime options of a sharding proxy (see :class:`~shardkv.ShardedStore` for each).
+
+    Parameters
+    ----------
+    chunks_per_shard : ChunksPerShardRule
+        Which arrays created through the proxy are sharded, and how.
+    index_location : {"end", "start"}
+        Where new shards keep their index (v1.0 ``sharding_indexed`` codec).
+    index_checksum : bool
+        Whether new shards protect their index with a CRC32C.
+    index_cache_bytes : int
+        Limit (bytes) of the cache of decoded shard indexes (default 64 MiB;
+        0 disables it). With the index cached, reading a chunk costs one
+        request. The proxy keeps the cache right across its own writes, and
+        chunk reads check entries against other writers' changes where the
+        store allows.
+    read_policy : ReadPolicy
+        How nearby chunk ranges of one shard merge into one request and when
+        the whole shard is read instead (default ``ReadPolicy()``: gaps up to
+        64 KiB, requests up to 16 MiB, whole shard from half its bytes).
+    buffer_bytes : int or None
+        Write-back mode: hold chunk writes per shard, up to this many bytes of
+        chunk data, and write each shard once: when all its in-grid chunks
+        are buffered, on ``flush()``, ``close()`` or leaving a ``with``
+        block, or when the limit forces the oldest shard out (then merged
+        with what is stored). ``None`` (default) writes within each call.
+        Buffered writes are visible to reads through the proxy at once, and
+        reach the base store only when written: call ``flush()`` (or use
+        ``with``) before other readers look. A shard whose write fails stays
+        buffered (the error propagates; the next ``flush()`` writes it).
+        Write-back data belongs to the process that buffered it: a pickled
+        copy of the store (a dask.distributed or ``multiprocessing``
+        worker's) writes through, so no worker holds acknowledged writes that
+        no one flushes (issue 20, item 1); pickling a store that holds
+        unflushed writes raises ``UnflushedWritesError``. For parallel writes
+        that fill whole shards, see :func:`shardkv.rechunk_to_shards`.
+    concurrency : {"auto", "files", "conditional", "process", "none"}
+        How writers of one shard (threads, stores, processes) keep each
+        other's chunks. ``"auto"``: lock files in each array's
+        ``.shardkv-locks/`` on local and network file systems;
+        compare-and-swap writes (ETag ``If-Match``, retried on 412) on S3
+        (s3fs or obstore) and obstore's GCS, Azure and memory stores; locks
+        shared in this process for ``memory://`` and in-memory mappings;
+        ``ConfigurationError`` for other stores, which need ``"process"``
+        (this process only) or ``"none"`` (shard-aligned writers).
+    lock_timeout : float or None
+        Longest wait (seconds) for a shard lock.
+
+    Raises
+    ------
+    ConfigurationError
+        If a value is invalid (checked once, here).
+    """
+
+    chunks_per_shard: ChunksPerShardRule = field(default_factory=lambda: ChunksPerShardRule.parse(None))
+    index_location: IndexLocation = "end"
+    index_checksum: bool = True
+    index_cache_bytes: int = DEFAULT_INDEX_CACHE_BYTES
+    read_policy: ReadPolicy = field(default_factory=ReadPolicy)
+    buffer_bytes: int | None = None
+    concurrency: Concurrency = "auto"
+    lock_timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.chunks_per_shard, ChunksPerShardRule):
+            raise ConfigurationError(f"chunks_per_shard must be a ChunksPerShardRule here, got {self.chunks_per_shard!r}")
+        ShardLayout((1,), self.index_location, "little", bool(self.index_checksum))  # index_location checked there
+        object.__setattr__(self, "index_checksum", bool(self.index_checksum))
+        _nonnegative_int("index_cache_bytes", self.index_cache_bytes)
+        if not isinstance(self.read_policy, ReadPolicy):
+            raise ConfigurationError(f"read_policy must be a ReadPolicy, got {self.read_policy!r}")
+        if self.buffer_bytes is not None:
+            _nonnegative_int("buffer_bytes", self.buffer_bytes)
+        if self.concurrency not in get_args(Concurrency):
+            raise ConfigurationError(f"concurrency must be one of {list(get_args(Concurrency))}, got {self.concurrency!r}")
+        if self.lock_timeout is not None:
+            timeout = self.lock_timeout
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout) or timeout < 0:
+                raise ConfigurationError(f"lock_timeout must be None or a number of seconds >= 0, got {timeout!r}")
+
+    @classmethod
+    def from_keywords(
+        cls,
+        chunks_per_shard: ChunksPerShardOption = None,
+        *,
+        index_location: IndexLocation = "end",
+        index_checksum: bool = True,
+        index_cache_bytes: int = DEFAULT_INDEX_CACHE_BYTES,
+        read_policy: ReadPolicy | None = None,
+        buffer_bytes: int | None = None,
+        concurrency: Concurrency = "auto",
+        lock_timeout: float | None = None,
+    ) -> Options:
+        """The options from the keyword arguments users give a proxy (``chunks_per_shard`` as users write it).
+
+        Raises
+        ------
+        ConfigurationError
+            If a value is invalid.
+        """
+        return cls(
+            ChunksPerShardRule.parse(chunks_per_shard),
+            index_location,
+            index_checksum,
+            index_cache_bytes,
+            ReadPolicy() if read_policy is None else read_policy,
+            buffer_bytes,
+            concurrency,
+            lock_timeout,
+        )
+
+    def for_copy(self) -> Options:
+        """The options of a pickled copy: the same, except that the copy writes through (issue 20, item 1).
+
+        Write-back data belongs to the process that buffered it: a copy in a
+        dask or multiprocessing worker would hold acknowledged writes that no
+        one flushes, so it writes each call's chunks at once instead.
+        """
+        return self if self.buffer_bytes is None else replace(self, buffer_bytes=None)
