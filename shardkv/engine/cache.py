@@ -23,11 +23,30 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Hashable
+from typing import Any, Hashable, NamedTuple
 
 from shardkv.format.index import ShardIndex
 
-__all__ = ["IndexCache"]
+__all__ = ["IndexCache", "CacheEntry"]
+
+
+class CacheEntry(NamedTuple):
+    """One cached index: the decoded index, the generation of the shard it was read from, its size if known.
+
+    Attributes
+    ----------
+    index : ShardIndex
+        The decoded index.
+    generation : Generation
+        The :class:`~shardkv.storage.kv.Generation` of the stored shard the
+        index belongs to; chunk reads are conditioned on it.
+    size : int or None
+        The shard's size in bytes, when the read that gave the index knew it.
+    """
+
+    index: ShardIndex
+    generation: Any
+    size: int | None
 
 
 class IndexCache:
@@ -48,7 +67,7 @@ class IndexCache:
         if max_bytes < 0:
             raise ValueError(f"index cache size must be >= 0 bytes, got {max_bytes}")
         self.max_bytes = int(max_bytes)
-        self._entries: OrderedDict[str, tuple[ShardIndex, Hashable]] = OrderedDict()
+        self._entries: OrderedDict[str, CacheEntry] = OrderedDict()
         self._nbytes = 0
         self._lock = threading.Lock()
         self.hits = 0
@@ -73,6 +92,22 @@ class IndexCache:
             self.hits += 1
             return entry[0]
 
+    def entry(self, shard_key: str) -> CacheEntry | None:
+        """The cached entry of a shard (index, generation, size), or ``None``; counts a hit or a miss."""
+        with self._lock:
+            entry = self._entries.get(shard_key)
+            if entry is None:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(shard_key)
+            self.hits += 1
+            return entry
+
+    def peek(self, shard_key: str) -> CacheEntry | None:
+        """The cached entry of a shard, without counting or reordering (listings compare generations)."""
+        with self._lock:
+            return self._entries.get(shard_key)
+
     def get_generation(self, shard_key: str) -> tuple[ShardIndex, Hashable] | None:
         """The cached index with the validator stored beside it (on object stores: its generation).
 
@@ -86,19 +121,22 @@ class IndexCache:
                 return None
             self._entries.move_to_end(shard_key)
             self.hits += 1
-            return entry
+            return entry[0], entry[1]
 
-    def put(self, shard_key: str, index: ShardIndex, validator: Hashable = None) -> None:
-        """Cache an index (replacing any entry), evicting the least recently used beyond the limit."""
+    def put(self, shard_key: str, index: ShardIndex, validator: Hashable = None, size: int | None = None) -> None:
+        """Cache an index with the generation (or validator) of its shard and the shard's size (bytes) if known.
+
+        Replaces any entry; evicts the least recently used beyond the limit.
+        """
         size = index.entries.nbytes
         with self._lock:
             self._drop(shard_key)
             if size > self.max_bytes:
                 return
-            self._entries[shard_key] = (index, validator)
+            self._entries[shard_key] = CacheEntry(index, validator, size)
             self._nbytes += size
             while self._nbytes > self.max_bytes:
-                _, (old, _) = self._entries.popitem(last=False)
+                _, (old, _, _) = self._entries.popitem(last=False)
                 self._nbytes -= old.entries.nbytes
 
     def discard(self, shard_key: str) -> None:
