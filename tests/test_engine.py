@@ -244,3 +244,31 @@ def test_modes_resolve_from_capabilities() -> None:
     with pytest.raises(ConfigurationError):
         EngineOptions(index_cache_bytes=-1)
     assert files.caps.lock_dir
+
+
+def test_write_back_writes_each_shard_once_and_replays_its_journal(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from shardkv.engine.writeback import WriteBack
+
+    kv, arr = CountingKV(), array()
+    back = WriteBack(ShardEngine(kv), buffer_bytes=1 << 20)
+    assert back.attach_journal(tmp_path / "j", arr.locate) == 0
+    back.write(change(arr, {(0, 0): b"a", (0, 1): b"b"}))
+    assert kv.data == {} and back.lookup("a/0.0", (0, 1)) == (True, b"b")
+    back.write(change(arr, {(1, 0): b"c", (1, 1): b"d"}))  # the shard is complete: written once, unread
+    assert list(kv.data) == ["a/0.0"] and kv.gets() == []
+    back.write(change(arr, {(2, 2): b"e"}))
+    back.close()  # killed before a flush: the journal holds the chunk
+    again = WriteBack(ShardEngine(kv), buffer_bytes=1 << 20)
+    assert again.attach_journal(tmp_path / "j", arr.locate) == 1
+    assert read(ShardEngine(kv), arr, (2, 2)) == {"a/2.2": b"e"}
+    again.close()
+
+
+def test_write_through_reports_each_write() -> None:
+    from shardkv.engine.writeback import WriteBack
+
+    seen: list[list[str]] = []
+    kv, arr = CountingKV(), array()
+    back = WriteBack(ShardEngine(kv), None, on_write_through=lambda changes: seen.append(sorted(changes)))
+    back.write(change(arr, {(0, 0): b"a", (4, 4): b"b"}))
+    assert seen == [["a/0.0", "a/2.2"]] and back.lookup("a/0.0", (0, 0)) == (False, None)
