@@ -23,14 +23,16 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, Hashable, NamedTuple
+from dataclasses import dataclass
+from typing import Any, Hashable
 
 from shardkv.format.index import ShardIndex
 
 __all__ = ["IndexCache", "CacheEntry"]
 
 
-class CacheEntry(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class CacheEntry:
     """One cached index: the decoded index, the generation of the shard it was read from, its size if known.
 
     Attributes
@@ -85,12 +87,12 @@ class IndexCache:
         """The cached index, or ``None`` when absent or when its validator differs."""
         with self._lock:
             entry = self._entries.get(shard_key)
-            if entry is None or (validator is not None and entry[1] != validator):
+            if entry is None or (validator is not None and entry.generation != validator):
                 self.misses += 1
                 return None
             self._entries.move_to_end(shard_key)
             self.hits += 1
-            return entry[0]
+            return entry.index
 
     def entry(self, shard_key: str) -> CacheEntry | None:
         """The cached entry of a shard (index, generation, size), or ``None``; counts a hit or a miss."""
@@ -116,12 +118,12 @@ class IndexCache:
         """
         with self._lock:
             entry = self._entries.get(shard_key)
-            if entry is None or entry[1] is None:
+            if entry is None or entry.generation is None:
                 self.misses += 1
                 return None
             self._entries.move_to_end(shard_key)
             self.hits += 1
-            return entry[0], entry[1]
+            return entry.index, entry.generation
 
     def put(self, shard_key: str, index: ShardIndex, validator: Hashable = None, size: int | None = None) -> None:
         """Cache an index with the generation (or validator) of its shard and the shard's size (bytes) if known.
@@ -136,7 +138,8 @@ class IndexCache:
             self._entries[shard_key] = CacheEntry(index, validator, size)
             self._nbytes += size
             while self._nbytes > self.max_bytes:
-                _, (old, _, _) = self._entries.popitem(last=False)
+                _, evicted = self._entries.popitem(last=False)
+                old = evicted.index
                 self._nbytes -= old.entries.nbytes
 
     def discard(self, shard_key: str) -> None:
@@ -153,4 +156,4 @@ class IndexCache:
     def _drop(self, shard_key: str) -> None:
         entry = self._entries.pop(shard_key, None)
         if entry is not None:
-            self._nbytes -= entry[0].entries.nbytes
+            self._nbytes -= entry.index.entries.nbytes

@@ -198,7 +198,7 @@ def read_ranges(
         for k in order:
             if k not in pending or k not in entries:
                 continue
-            index, generation, size = entries[k]
+            index, generation, size = entries[k].index, entries[k].generation, entries[k].size
             layout = arrays[k].layout
             wanted: list[tuple[int, int, int]] = []  # (position, start, stop) in the shard
             absent = False

@@ -104,9 +104,9 @@ def _write_round(
         if generation is None:
             lost[shard_key] = changes[shard_key]
             continue
-        index, size = indexes[shard_key]
-        if index is not None:
-            cache.put(shard_key, index, generation, size)
+        new_index, size = indexes[shard_key]
+        if new_index is not None:
+            cache.put(shard_key, new_index, generation, size)
     return lost
 
 
