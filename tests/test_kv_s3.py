@@ -137,3 +137,16 @@ def test_without_conditional_delete_a_delete_is_checked_first(s3fs_fs: Any) -> N
     assert not kv.caps.conditional_delete
     assert kv.delete("k", if_generation=old) is False and kv.delete("k", if_generation=new) is True
     assert kv.get("k").state == "missing"
+
+
+def test_open_kv_gives_s3_stores(s3fs_fs: Any) -> None:
+    from shardkv.storage.open import open_kv
+
+    options = {"key": "testing", "secret": "testing", "client_kwargs": s3fs_fs.client_kwargs}
+    root = f"{BUCKET}/{uuid.uuid4().hex[:12]}"
+    by_url = open_kv(f"s3://{root}", options)
+    by_map = open_kv(s3fs_fs.get_mapper(root))
+    assert type(by_url) is type(by_map) is S3Store
+    assert by_url.location == by_map.location
+    g = by_url.put("k", b"v")
+    assert by_map.get("k").generation == g
