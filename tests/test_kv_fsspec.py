@@ -11,7 +11,7 @@ import fsspec
 import pytest
 from fsspec.implementations.dirfs import DirFileSystem
 from fsspec.implementations.local import LocalFileSystem
-from kv_contract import KVContract
+from kv_contract import KVContract, put_ok
 
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.fsspec import MEMORY_CAPS, FsspecStore
@@ -65,7 +65,7 @@ def test_memory_caps_and_generations(memory_root: str) -> None:
     fs = fsspec.filesystem("memory")
     kv = FsspecStore(fs, memory_root)
     assert kv.caps == MEMORY_CAPS and kv.location.namespace == ("memory",)
-    g = kv.put("k", b"0123456789")
+    g = put_ok(kv, "k", b"0123456789")
     fs.pipe_file(f"{memory_root}/k", b"0123456789")  # a write outside shardkv: a new object, seen
     r = kv.get("k", [ByteRange(0, 2)], if_generation=g)
     assert r.state == "stale" and r.generation != g

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
-from kv_contract import KVContract
+from kv_contract import KVContract, put_ok
 
 from shardkv.errors import InvalidKeyError
 from shardkv.format.ranges import ByteRange
@@ -61,7 +61,7 @@ class Syscalls:
 
 def test_warm_ranged_read_is_open_fstat_pread_per_range_close(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     kv = LocalStore(tmp_path)
-    g = kv.put("c/0/0", bytes(range(200)))
+    g = put_ok(kv, "c/0/0", bytes(range(200)))
     kv.get("c/0/0", [ByteRange(0, 1)])  # warm
     calls = Syscalls(monkeypatch)
     r = kv.get("c/0/0", [ByteRange(10, 20), ByteRange.suffix(16), ByteRange(100)], if_generation=g)
@@ -72,7 +72,7 @@ def test_warm_ranged_read_is_open_fstat_pread_per_range_close(tmp_path: Path, mo
 
 def test_stale_read_reads_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     kv = LocalStore(tmp_path)
-    old = kv.put("k", b"0123456789")
+    old = put_ok(kv, "k", b"0123456789")
     kv.put("k", b"9876543210")
     calls = Syscalls(monkeypatch)
     r = kv.get("k", [ByteRange(0, 4)], if_generation=old)
@@ -83,7 +83,7 @@ def test_stale_read_reads_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 def test_generation_is_the_files_fstat(tmp_path: Path) -> None:
     kv = LocalStore(tmp_path)
-    g = kv.put("a/k", [b"ab", b"cd"])
+    g = put_ok(kv, "a/k", [b"ab", b"cd"])
     st = os.stat(tmp_path / "a" / "k")
     assert g is not None and g.token == (st.st_ino, st.st_mtime_ns, st.st_size)
     assert dict(kv.list_generations("")) == {"a/k": g}
@@ -157,7 +157,7 @@ def test_permission_error_is_not_missing(tmp_path: Path) -> None:
 
 def test_failed_write_leaves_the_old_value_and_no_temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     kv = LocalStore(tmp_path)
-    g = kv.put("k", b"old")
+    g = put_ok(kv, "k", b"old")
 
     def fail(fd: int, data: Any, offset: int = 0) -> None:
         raise OSError(28, "No space left on device")
@@ -241,3 +241,25 @@ def test_list_prefix_inside_a_name(tmp_path: Path) -> None:
     assert _keys(kv.list_prefix("ab")) == ["ab", "abc/d"]
     assert _keys(kv.list_prefix("a")) == ["a/b", "ab", "abc/d"]
     assert _keys(kv.list_prefix("abc/")) == ["abc/d"]
+
+
+def _create_in_child(root: str, name: str, queue: Any) -> None:
+    kv = LocalStore(root)
+    queue.put((name, kv.put("k", name.encode(), if_generation=NO_VALUE) is not None))
+
+
+def test_create_only_is_atomic_between_processes(tmp_path: Path) -> None:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_create_in_child, args=(str(tmp_path), f"p{i}", queue)) for i in range(4)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    winners = [name for name, won in results.items() if won]
+    assert len(winners) == 1
+    assert (tmp_path / "k").read_bytes() == winners[0].encode()
+    assert sorted(os.listdir(tmp_path)) == ["k"]

@@ -54,7 +54,8 @@ class TestContractThroughOpenKV(KVContract):
 
 
 def test_mappings_and_memory(tmp_path: Path) -> None:
-    for mapping in ({}, zarr.storage.MemoryStore(), zarr.storage.KVStore({})):
+    mappings: list[Any] = [{}, zarr.storage.MemoryStore(), zarr.storage.KVStore({})]
+    for mapping in mappings:
         kv = open_kv(mapping)
         assert type(kv) is MappingStore and kv.caps.in_process and not kv.caps.ranged
     nested = open_kv(zarr.storage.NestedDirectoryStore(str(tmp_path)))  # rewrites keys: through its own methods

@@ -11,7 +11,8 @@ import uuid
 from typing import Any, Iterator
 
 import pytest
-from kv_contract import KVContract
+from concurrency_harness import serialised_moto_writes
+from kv_contract import KVContract, put_ok
 
 pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
@@ -37,6 +38,8 @@ def s3fs_fs() -> Iterator[Any]:
         port = s.getsockname()[1]
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
+    serialised = serialised_moto_writes()  # moto's conditional writes atomic, as real S3's are
+    serialised.__enter__()
     endpoint = f"http://127.0.0.1:{port}"
     boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
                  region_name="us-east-1").create_bucket(Bucket=BUCKET)
@@ -45,6 +48,7 @@ def s3fs_fs() -> Iterator[Any]:
     try:
         yield fs
     finally:
+        serialised.__exit__(None, None, None)
         server.stop()
 
 
@@ -75,7 +79,7 @@ class Requests:
 
 def test_warm_chunk_read_is_one_conditional_ranged_get(s3kv: S3Store, monkeypatch: pytest.MonkeyPatch) -> None:
     shard = bytes(range(256)) * 64
-    g = s3kv.put("a/c/0/0", shard)
+    g = put_ok(s3kv, "a/c/0/0", shard)
     requests = Requests(s3kv.fs, monkeypatch)
     r = s3kv.get("a/c/0/0", [ByteRange(1000, 1100)], if_generation=g)
     assert r.found and bytes(r.values[0]) == shard[1000:1100] and r.size == len(shard)  # type: ignore[index]
@@ -85,8 +89,8 @@ def test_warm_chunk_read_is_one_conditional_ranged_get(s3kv: S3Store, monkeypatc
 
 
 def test_stale_read_is_one_request_and_reads_nothing(s3kv: S3Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    old = s3kv.put("k", b"0123456789")
-    new = s3kv.put("k", b"9876543210")
+    old = put_ok(s3kv, "k", b"0123456789")
+    new = put_ok(s3kv, "k", b"9876543210")
     requests = Requests(s3kv.fs, monkeypatch)
     r = s3kv.get("k", [ByteRange(0, 4)], if_generation=old)
     assert r.state == "stale" and r.values is None and len(requests.calls) == 1
@@ -96,7 +100,7 @@ def test_stale_read_is_one_request_and_reads_nothing(s3kv: S3Store, monkeypatch:
 
 def test_conditional_writes_send_their_headers(s3kv: S3Store, monkeypatch: pytest.MonkeyPatch) -> None:
     requests = Requests(s3kv.fs, monkeypatch)
-    g = s3kv.put("k", [b"a", b"b"], if_generation=NO_VALUE)
+    g = put_ok(s3kv, "k", [b"a", b"b"], if_generation=NO_VALUE)
     assert g is not None and s3kv.put("k", b"c", if_generation=g) is not None
     assert s3kv.delete("k", if_generation=g) is False
     puts = [kw for m, kw in requests.calls if m == "put_object"]
@@ -114,7 +118,7 @@ def test_many_ranges_are_one_request_each_at_once(s3kv: S3Store, monkeypatch: py
 
 
 def test_listing_carries_etags(s3kv: S3Store) -> None:
-    g = s3kv.put("a/b", b"v")
+    g = put_ok(s3kv, "a/b", b"v")
     assert dict(s3kv.list_generations("a/")) == {"a/b": g}
 
 
@@ -127,13 +131,13 @@ def test_s3_caps(s3kv: S3Store) -> None:
     caps = s3kv.caps
     assert caps.ranged and caps.round_trips and caps.stamps == "native" and caps.conditional_put
     assert caps.conditional_delete and not caps.in_process and not caps.lock_dir
-    assert s3kv.location.namespace[0] == "s3" and s3kv.location.namespace[1].startswith("http://127.0.0.1:")
+    assert s3kv.location.namespace[0] == "s3" and str(s3kv.location.namespace[1]).startswith("http://127.0.0.1:")
 
 
 def test_without_conditional_delete_a_delete_is_checked_first(s3fs_fs: Any) -> None:
     kv = S3Store(s3fs_fs, f"{BUCKET}/{uuid.uuid4().hex[:12]}", conditional_delete=False)
-    old = kv.put("k", b"1")
-    new = kv.put("k", b"2")
+    old = put_ok(kv, "k", b"1")
+    new = put_ok(kv, "k", b"2")
     assert not kv.caps.conditional_delete
     assert kv.delete("k", if_generation=old) is False and kv.delete("k", if_generation=new) is True
     assert kv.get("k").state == "missing"
@@ -148,5 +152,5 @@ def test_open_kv_gives_s3_stores(s3fs_fs: Any) -> None:
     by_map = open_kv(s3fs_fs.get_mapper(root))
     assert type(by_url) is type(by_map) is S3Store
     assert by_url.location == by_map.location
-    g = by_url.put("k", b"v")
+    g = put_ok(by_url, "k", b"v")
     assert by_map.get("k").generation == g

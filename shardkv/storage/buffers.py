@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence, Union
+from typing import Any, Sequence, Union, cast
 
 from shardkv.format.ranges import ByteRange
 
@@ -67,7 +67,7 @@ def join_parts(value: Value) -> bytes:
         if len(value) == 1 and isinstance(value[0], bytes):
             return value[0]
         return b"".join(value)
-    return memoryview(value).tobytes()
+    return memoryview(cast(BytesLike, value)).tobytes()  # a bytearray or memoryview (parts were joined above)
 
 
 def slice_value(value: Any, byte_range: ByteRange) -> bytes | memoryview:

@@ -9,7 +9,10 @@
   one object.
 * any other filesystem (gcsfs, http, adlfs, a ``LocalFileSystem`` subclass,
   ...): generations are process stamps (:mod:`shardkv.storage.stamps`); reads
-  are one ``cat_ranges`` batch per call, writes ``pipe``.
+  are one ``cat_ranges`` batch per call, writes ``pipe``, except on local
+  files (a ``LocalFileSystem`` subclass, which may count or change reads):
+  they are written atomically as :class:`~shardkv.storage.local.LocalStore`
+  writes them.
 
 Local directories use :class:`shardkv.storage.local.LocalStore`, s3fs uses
 :class:`shardkv.storage.s3.S3Store` (``shardkv.storage.open.open_kv`` picks).
@@ -18,13 +21,14 @@ Local directories use :class:`shardkv.storage.local.LocalStore`, s3fs uses
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from typing import Any, Iterator, Mapping, Sequence
 
 import fsspec
 from fsspec.implementations.memory import MemoryFileSystem
 
-from shardkv.storage.buffers import BytesLike, Value, join_parts
+from shardkv.storage.buffers import BytesLike, Value, byte_parts, join_parts
 from shardkv.storage.kv import (
     ANY,
     MISSING_RESULT,
@@ -36,6 +40,7 @@ from shardkv.storage.kv import (
     ReadResult,
     hidden,
 )
+from shardkv.storage.local import FSYNC, atomic_write, fsync_dirs
 from shardkv.storage.location import StoreLocation, fs_location
 from shardkv.storage.stamps import STAMPS, Ticket
 
@@ -83,11 +88,14 @@ class FsspecStore(KVStore):
         self.fs = fs
         self.root = fs._strip_protocol(root).rstrip("/") if root else ""
         self._memory = isinstance(fs, MemoryFileSystem)
+        self._local = bool(set(_protocols(fs)) & _LOCAL_PROTOCOLS)
+        self.fsync = FSYNC
+        """Local files: fsync written files and their directories (as :attr:`LocalStore.fsync`)."""
         self._location = fs_location(fs, self.root)
         if self._memory:
             self.caps = MEMORY_CAPS
         else:
-            self.caps = Capabilities(ranged=True, round_trips=not set(_protocols(fs)) & _LOCAL_PROTOCOLS,
+            self.caps = Capabilities(ranged=True, round_trips=not self._local,
                                      stamps="process", lock_dir=self._location.local_dir is not None)
 
     @property
@@ -190,19 +198,10 @@ class FsspecStore(KVStore):
         with STAMPS.writing(self._location, writes) as stamped:
             ok = [k for k, (_, cond) in writes.items() if self._holds(k, cond, stamped.before[k])]
             stamped.begin(ok)
-            stores = {self._path(k): join_parts(v) for k in ok if (v := writes[k][0]) is not None}
-            if stores:
-                if not self._memory and not set(_protocols(self.fs)) & _BUCKET_PROTOCOLS:
-                    # object stores need no directories (makedirs would create a bucket)
-                    for parent in {self.fs._parent(p) for p in stores}:
-                        self.fs.makedirs(parent, exist_ok=True)
-                self.fs.pipe(stores)
-            for key in ok:
-                if writes[key][0] is None:
-                    try:
-                        self.fs.rm_file(self._path(key))
-                    except FileNotFoundError:
-                        continue
+            if self._local:
+                self._write_local({k: writes[k][0] for k in ok})
+            else:
+                self._write_fs({k: writes[k][0] for k in ok})
         for key in ok:
             if writes[key][0] is None:
                 out[key] = NO_VALUE
@@ -211,6 +210,38 @@ class FsspecStore(KVStore):
             else:
                 out[key] = stamped.after[key]
         return out
+
+    def _write_fs(self, values: Mapping[str, Value | None]) -> None:
+        """One ``pipe`` of the values to store, then the deletes (missing keys are no error)."""
+        stores = {self._path(k): join_parts(v) for k, v in values.items() if v is not None}
+        if stores:
+            if not self._memory and not set(_protocols(self.fs)) & _BUCKET_PROTOCOLS:
+                # object stores need no directories (makedirs would create a bucket)
+                for parent in {self.fs._parent(p) for p in stores}:
+                    self.fs.makedirs(parent, exist_ok=True)
+            self.fs.pipe(stores)
+        for key, value in values.items():
+            if value is None:
+                try:
+                    self.fs.rm_file(self._path(key))
+                except FileNotFoundError:
+                    continue
+
+    def _write_local(self, values: Mapping[str, Value | None]) -> None:
+        """Local files written as :class:`~shardkv.storage.local.LocalStore` writes them (atomic, durable)."""
+        written = []
+        for key, value in values.items():
+            path = self.fs._strip_protocol(self._path(key))
+            if value is None:
+                try:
+                    os.remove(path)
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+            else:
+                atomic_write(path, byte_parts(value), self.fsync)
+                written.append(path)
+        if self.fsync and written:
+            fsync_dirs(written)
 
     # -- listings -------------------------------------------------------------
 

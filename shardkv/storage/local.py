@@ -68,7 +68,7 @@ from shardkv.storage.kv import (
 from shardkv.storage.location import StoreLocation
 from shardkv.storage.stamps import STAMPS
 
-__all__ = ["LocalStore", "FSYNC", "DEFAULT_TEMP_AGE", "file_generation", "write_parts"]
+__all__ = ["LocalStore", "FSYNC", "DEFAULT_TEMP_AGE", "file_generation", "atomic_write", "fsync_dirs", "write_parts"]
 
 FSYNC = True
 """Default of :attr:`LocalStore.fsync`: fsync each written file before its rename and the
@@ -123,7 +123,7 @@ def _check_key(key: str) -> str:
     return key
 
 
-def _replace(path: str, parts: list[memoryview], fsync: bool, create_only: bool) -> Generation | None:
+def atomic_write(path: str, parts: list[memoryview], fsync: bool, create_only: bool = False) -> Generation | None:
     """Write ``parts`` to a temporary file beside ``path`` and move it there; its generation.
 
     ``create_only``: the temporary file is hard-linked to ``path`` (fails if
@@ -169,7 +169,7 @@ def _replace(path: str, parts: list[memoryview], fsync: bool, create_only: bool)
             os.remove(tmp)
 
 
-def _fsync_dirs(paths: Iterable[str]) -> None:
+def fsync_dirs(paths: Iterable[str]) -> None:
     """fsync the directories holding ``paths`` (each once): makes their renames durable."""
     for directory in sorted({os.path.dirname(p) for p in paths}):
         dir_fd = os.open(directory, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -339,7 +339,7 @@ class LocalStore(KVStore):
             return NO_VALUE
         if not cond.is_any and not cond.is_missing and self._current(path) != cond:
             return None
-        return _replace(path, byte_parts(value), self.fsync, create_only=cond.is_missing)
+        return atomic_write(path, byte_parts(value), self.fsync, create_only=cond.is_missing)
 
     def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
         for key in writes:  # refuse a bad key before any I/O
@@ -353,7 +353,7 @@ class LocalStore(KVStore):
                 out[key] = self._write_one(key, value, cond)
         written = [self._prefix + k for k, g in out.items() if g is not None and writes[k][0] is not None]
         if self.fsync and written:
-            _fsync_dirs(written)
+            fsync_dirs(written)
         return out
 
     # -- listings -------------------------------------------------------------
