@@ -135,10 +135,6 @@ def _generation(meta: Mapping[str, Any]) -> Generation:
     return Generation((meta.get("e_tag"), meta.get("version")))
 
 
-class _Stale(Exception):
-    """A condition did not hold (internal)."""
-
-
 class ObstoreStore(KVStore):
     """An obstore store as a :class:`KVStore` (see the module docstring).
 
@@ -202,11 +198,8 @@ class ObstoreStore(KVStore):
         return {"if_match": cond.token[0]}
 
     def _head(self, key: str, cond: Generation) -> Mapping[str, Any]:
-        """The object's metadata (one GET with ``head``); raises _Stale, or FileNotFoundError-like when missing."""
-        try:
-            return self._obs.get(self.store, key, options={**self._if_match(cond), "head": True}).meta
-        except self._precondition as exc:
-            raise _Stale() from exc
+        """The object's metadata (one GET with ``head``; errors propagate)."""
+        return self._obs.get(self.store, key, options={**self._if_match(cond), "head": True}).meta
 
     def _get(self, key: str, byte_range: ByteRange | None, cond: Generation) -> tuple[BytesLike, Mapping[str, Any]]:
         """One GET of a range (or the whole value): its bytes (a read-only view) and the object's metadata."""
@@ -217,8 +210,6 @@ class ObstoreStore(KVStore):
             options["range"] = _range_option(byte_range)
         try:
             result = self._obs.get(self.store, key, options=options or None)
-        except self._precondition as exc:
-            raise _Stale() from exc
         except self._generic:
             if byte_range is None:
                 raise
@@ -244,7 +235,9 @@ class ObstoreStore(KVStore):
                 self._map(lambda r: self._get(key, r, cond), list(ranges))
         except self._missing:
             return MISSING_RESULT
-        except _Stale:
+        except self._precondition:
+            if cond.is_any:
+                raise
             return ReadResult("stale", None, ANY)
         generations = {_generation(meta) for _, meta in got}
         if len(generations) > 1:  # replaced between the requests (unconditioned): one whole read instead

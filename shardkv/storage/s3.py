@@ -138,14 +138,6 @@ def _size_of(response: Mapping[str, Any]) -> int | None:
     return None if length is None else int(length)
 
 
-class _Stale(Exception):
-    """A condition did not hold (internal: becomes a ``"stale"`` result)."""
-
-
-class _Missing(Exception):
-    """The key is not stored (internal: becomes a ``"missing"`` result)."""
-
-
 class S3Store(KVStore):
     """S3 through an s3fs filesystem's client, with ETag generations.
 
@@ -200,15 +192,8 @@ class S3Store(KVStore):
         return {} if cond.is_any or cond.is_missing else {"IfMatch": str(cond.token)}
 
     async def _head(self, key: str, cond: Generation) -> tuple[Generation, int | None]:
-        """``HeadObject`` (with ``If-Match`` for a generation): the ETag and size; raises _Missing / _Stale."""
-        try:
-            response = await self._s3("head_object", key, **self._if_match(cond))
-        except Exception as exc:  # "not found" and "changed" are answers; anything else propagates
-            if is_precondition_failure(exc):
-                raise _Stale() from exc
-            if _is_missing(exc):
-                raise _Missing() from exc
-            raise
+        """``HeadObject`` (with ``If-Match`` for a generation): the ETag and size (errors propagate)."""
+        response = await self._s3("head_object", key, **self._if_match(cond))
         return Generation(response["ETag"]), _size_of(response)
 
     async def _get(self, key: str, byte_range: ByteRange | None, cond: Generation) -> tuple[bytes, Generation, int | None]:
@@ -222,10 +207,6 @@ class S3Store(KVStore):
         try:
             response = await self._s3("get_object", key, **kwargs)
         except Exception as exc:
-            if is_precondition_failure(exc):
-                raise _Stale() from exc
-            if _is_missing(exc):
-                raise _Missing() from exc
             if byte_range is not None and _unsatisfiable(exc):  # a range past the end (or of an empty object)
                 generation, size = await self._head(key, cond)
                 return b"", generation, size
@@ -247,10 +228,12 @@ class S3Store(KVStore):
                 data, generation, size = await self._get(key, None, cond)
                 return ReadResult("value", [data], generation, size)
             got = await gather_limited([lambda r=r: self._get(key, r, cond) for r in ranges])  # type: ignore[misc]
-        except _Missing:
-            return MISSING_RESULT
-        except _Stale:
-            return ReadResult("stale", None, ANY)
+        except Exception as exc:  # "not found" and "changed" (412) are answers; anything else propagates
+            if _is_missing(exc):
+                return MISSING_RESULT
+            if not cond.is_any and is_precondition_failure(exc):
+                return ReadResult("stale", None, ANY)
+            raise
         generations = {g for _, g, _ in got}
         if len(generations) > 1:  # replaced between the requests (unconditioned): one whole read instead
             return await self._whole_sliced(key, ranges)
@@ -261,8 +244,10 @@ class S3Store(KVStore):
     async def _whole_sliced(self, key: str, ranges: Sequence[ByteRange]) -> ReadResult:
         try:
             data, generation, size = await self._get(key, None, ANY)
-        except _Missing:
-            return MISSING_RESULT
+        except Exception as exc:
+            if _is_missing(exc):
+                return MISSING_RESULT
+            raise
         view = memoryview(data)
         values: list[BytesLike] = [view[slice(*r.resolve(len(data)))].toreadonly() for r in ranges]
         return ReadResult("value", values, generation, size)
@@ -292,7 +277,9 @@ class S3Store(KVStore):
             if not cond.is_any and not atomic:  # checked first: not atomic
                 try:
                     generation, _ = await self._head(key, ANY)
-                except _Missing:
+                except Exception as exc:
+                    if not _is_missing(exc):
+                        raise
                     return NO_VALUE if cond.is_missing else None
                 if generation != cond:
                     return None
