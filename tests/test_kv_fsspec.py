@@ -75,7 +75,8 @@ def test_memory_caps_and_generations(memory_root: str) -> None:
 
 def test_stamped_caps(memory_root: str, tmp_path: Path) -> None:
     dirfs = FsspecStore(DirFileSystem(memory_root, fsspec.filesystem("memory")), "")
-    assert dirfs.caps.stamps == "process" and not dirfs.caps.in_process and not dirfs.caps.lock_dir
+    assert dirfs.caps.stamps == "process" and dirfs.caps.in_process and not dirfs.caps.lock_dir
+    assert not dirfs.caps.round_trips and dirfs.location.namespace == ("memory",)
     local = FsspecStore(CountingLocal(skip_instance_cache=True), str(tmp_path))
     assert local.caps.lock_dir and not local.caps.round_trips and local.caps.stamps == "process"
     before = CountingLocal.cat_calls

@@ -95,8 +95,9 @@ class FsspecStore(KVStore):
         if self._memory:
             self.caps = MEMORY_CAPS
         else:
-            self.caps = Capabilities(ranged=True, round_trips=not self._local,
-                                     stamps="process", lock_dir=self._location.local_dir is not None)
+            in_memory = self._location.namespace == ("memory",)  # a DirFileSystem over memory://, say
+            self.caps = Capabilities(ranged=True, round_trips=not (self._local or in_memory), stamps="process",
+                                     lock_dir=self._location.local_dir is not None, in_process=in_memory)
 
     @property
     def location(self) -> StoreLocation:
