@@ -182,3 +182,13 @@ def test_pickle_keeps_the_mapping() -> None:
     copy = pickle.loads(pickle.dumps(store))
     assert isinstance(copy, MappingStore) and bytes(copy.get("k").whole()) == b"v"
     assert copy.location != store.location  # a copied dict is other data
+
+
+def test_nested_writes_on_one_stripe_do_not_deadlock() -> None:
+    stamps = ProcessStamps(n_stripes=1)  # every key of every store in one stripe
+    outer, inner = StoreLocation(("mapping", 1), ""), StoreLocation(("mapping", 2), "")
+    with stamps.writing(outer, ["a"]) as w1:
+        w1.begin(["a"])
+        with stamps.writing(inner, ["b"]) as w2:  # the same thread, the same stripe
+            w2.begin(["b"])
+    assert w2.after["b"] != w2.before["b"] and w1.after["a"] != w1.before["a"]

@@ -86,7 +86,9 @@ class ProcessStamps:
         self._counters = [0] * self._n
         self._in_flight = [0] * self._n
         self._guard = threading.Lock()  # guards counters and in-flight counts (held for a few ops)
-        self._writers = [threading.Lock() for _ in range(self._n)]  # serialise the writers of a stripe
+        # serialise the writers of a stripe; re-entrant, so a store nested in another (a mapping over a
+        # shardkv proxy) cannot deadlock on a shared stripe
+        self._writers = [threading.RLock() for _ in range(self._n)]
 
     def after_fork_in_child(self) -> None:
         """A forked child has none of its parent's writer threads: no write is in flight, every lock is free.
