@@ -54,6 +54,10 @@ def _base(kind: str, tmp_path: Path) -> MutableMapping:
         return zarr.storage.KVStore({})
     if kind == "SQLiteStore":
         return zarr.storage.SQLiteStore(str(tmp_path / "s.sqlite"))
+    if kind == "DBMStore":
+        import dbm.dumb
+
+        return zarr.storage.DBMStore(str(tmp_path / "s.dbm"), open=dbm.dumb.open)
     if kind == "ZipStore":  # appends only: no deletes, no overwrites, so not under the contract
         return zarr.storage.ZipStore(str(tmp_path / "s.zip"), mode="w")
     raise AssertionError(kind)
@@ -67,19 +71,19 @@ class TestMappingContract(KVContract):
         store.close()
 
 
-class TestSQLiteContract(KVContract):
+class TestPersistentContract(KVContract):
     thread_safe = False  # zarr 2's SQLiteStore shares one sqlite3 connection between threads (it crashes)
 
-    @pytest.fixture
-    def kv(self, tmp_path: Path) -> Iterator[KVStore]:
-        store = MappingStore(_base("SQLiteStore", tmp_path))
+    @pytest.fixture(params=["SQLiteStore", "DBMStore"])
+    def kv(self, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KVStore]:
+        store = MappingStore(_base(request.param, tmp_path))
         yield store
         store.close()
 
 
 @pytest.mark.parametrize(("kind", "in_process", "lock_dir"), [
     ("dict", True, False), ("user", True, False), ("MemoryStore", True, False), ("KVStore", True, False),
-    ("SQLiteStore", False, False), ("ZipStore", False, False),
+    ("SQLiteStore", False, False), ("DBMStore", False, False), ("ZipStore", False, False),
 ])  # fmt: skip
 def test_caps_per_kind(kind: str, in_process: bool, lock_dir: bool, tmp_path: Path) -> None:
     store = MappingStore(_base(kind, tmp_path))
