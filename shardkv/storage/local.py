@@ -137,6 +137,7 @@ def atomic_write(path: str, parts: list[memoryview], fsync: bool, create_only: b
     except FileNotFoundError:  # the directory is made only when it is missing (no stat per write)
         os.makedirs(directory, exist_ok=True)
         fd = os.open(tmp, _OPEN_TEMP, 0o666)
+    placed = False  # the temporary file was renamed away (nothing left to remove)
     try:
         try:
             if len(parts) == 1:
@@ -148,25 +149,24 @@ def atomic_write(path: str, parts: list[memoryview], fsync: bool, create_only: b
             generation = file_generation(os.fstat(fd))
         finally:
             os.close(fd)
-        if not create_only:
-            os.replace(tmp, path)
-            return generation
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return None
-        except OSError as exc:
-            if exc.errno not in _NO_LINKS:
-                raise
-            if os.path.lexists(path):  # no hard links here: checked, atomic within this process only
+        if create_only:
+            try:
+                os.link(tmp, path)  # fails if anything is at path: atomic against every process
+                return generation
+            except FileExistsError:
                 return None
-            os.replace(tmp, path)
-            return generation
-        os.remove(tmp)
+            except OSError as exc:
+                if exc.errno not in _NO_LINKS:
+                    raise
+                if os.path.lexists(path):  # no hard links here: checked, atomic within this process only
+                    return None
+        os.replace(tmp, path)
+        placed = True
         return generation
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
+        if not placed:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
 
 
 def fsync_dirs(paths: Iterable[str]) -> None:
