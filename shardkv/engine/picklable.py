@@ -16,8 +16,7 @@ What is carried:
   for a ``dict`` is a *copy*, a new location);
 * the options of ``ShardedStore.__init__`` that change behaviour:
   ``chunks_per_shard``, ``index_location``, ``index_checksum``,
-  ``index_cache_bytes``, ``validate_index_cache``, ``read_policy``,
-  ``buffer_bytes``, ``write_strategy``, ``slack_bytes``, ``concurrency``,
+  ``index_cache_bytes``, ``read_policy``, ``buffer_bytes``, ``concurrency``,
   ``lock_timeout`` (the locks themselves are found again by location).
 
 Unflushed write-back data is refused, not silently dropped or silently
@@ -41,20 +40,17 @@ def _io_adapter(store: Any) -> Any:
 
 def sharded_store_options(store: Any) -> dict[str, Any]:
     """The ``ShardedStore.__init__`` keyword options of ``store`` (everything but the base store)."""
-    io = store._io
+    engine = store._engine
     buffer = store._writer.buffer
     return {
         "chunks_per_shard": store._cps,
         "index_location": store._mirror.index_location,
         "index_checksum": store._mirror.index_checksum,
-        "index_cache_bytes": io.index_cache.max_bytes,
-        "validate_index_cache": io.validate_index_cache,
-        "read_policy": io.read_policy,
+        "index_cache_bytes": engine.options.index_cache_bytes,
+        "read_policy": engine.options.read_policy,
         "buffer_bytes": None if buffer is None else buffer.max_bytes,
-        "write_strategy": io.write_strategy,
-        "slack_bytes": io.slack_bytes,
-        "concurrency": io.concurrency,
-        "lock_timeout": io.lock_timeout,
+        "concurrency": engine.options.concurrency,
+        "lock_timeout": engine.options.lock_timeout,
     }
 
 

@@ -90,8 +90,8 @@ def _write_round(
             parts, index = arr.layout.encode_shard_with_index(merged)
             puts[shard_key] = (parts, condition)
             indexes[shard_key] = (index, sum(len(memoryview(p).cast("B")) for p in parts))
-        elif stored and guard.optimistic and not kv.caps.conditional_delete and not condition.is_any:
-            # a conditional delete is not possible: an empty shard, swapped in
+        elif stored and guard.optimistic and kv.caps.conditional_put and not kv.caps.conditional_delete:
+            # other processes write here and a delete cannot be conditioned (obstore): an empty shard, swapped in
             parts, index = arr.layout.encode_shard_with_index({})
             puts[shard_key] = (parts, condition)
             indexes[shard_key] = (index, sum(len(memoryview(p).cast("B")) for p in parts))

@@ -2,19 +2,21 @@
 
 Keys outside sharded arrays are listed as they are (less the ``zarr.json``
 views shardkv manages); each shard is replaced by the chunk keys its index
-holds, for chunks inside the array's grid (:meth:`ShardIO.chunk_keys`
-reads the indexes in batches, one request each).
+holds, for chunks inside the array's grid (:meth:`ShardEngine.chunk_keys
+<shardkv.engine.engine.ShardEngine.chunk_keys>` reads the indexes in batches,
+one request each, and builds each key once from the index with numpy).
+Counting (``len``) never builds a key.
 """
 
 from __future__ import annotations
 
 from typing import Iterable, Iterator
 
-from shardkv.engine.planner import ShardIO
+from shardkv.engine.engine import ShardEngine
 from shardkv.keys.space import ShardedArray
 from shardkv.proxy.nodes import NodeCache
 
-__all__ = ["split_shards", "logical_keys"]
+__all__ = ["split_shards", "logical_keys", "count_logical_keys"]
 
 def split_shards(nodes: NodeCache, keys: Iterable[str]) -> tuple[list[str], dict[str, ShardedArray]]:
     """Base store keys as ``(plain keys, {shard key: its array})``; managed views are left out."""
@@ -29,8 +31,14 @@ def split_shards(nodes: NodeCache, keys: Iterable[str]) -> tuple[list[str], dict
     return plain, shards
 
 
-def logical_keys(nodes: NodeCache, io: ShardIO, base_keys: Iterable[str]) -> Iterator[str]:
-    """The keys code above the proxy sees, for the base store keys ``base_keys``."""
+def logical_keys(nodes: NodeCache, engine: ShardEngine, base_keys: Iterable[str]) -> Iterator[str]:
+    """The keys code above the proxy sees, for the base store keys ``base_keys`` (enumerated once)."""
     plain, shards = split_shards(nodes, base_keys)
     yield from plain
-    yield from io.chunk_keys(shards)  # in-grid chunks; indexes read in batches by the engine
+    yield from engine.chunk_keys(shards)  # in-grid chunks; indexes read in batches by the engine
+
+
+def count_logical_keys(nodes: NodeCache, engine: ShardEngine, base_keys: Iterable[str]) -> int:
+    """How many keys :func:`logical_keys` would list (no chunk key is built)."""
+    plain, shards = split_shards(nodes, base_keys)
+    return len(plain) + engine.count_chunks(shards)

@@ -59,7 +59,8 @@ from shardkv.proxy.nodes import (
     sharded_node,
 )
 from shardkv.proxy.presenting import PresentingAdapter, V3Node
-from shardkv.proxy.writes import ShardWriter
+from shardkv.engine.merge import ShardChange
+from shardkv.engine.writeback import WriteBack
 
 __all__ = ["MetadataMirror"]
 
@@ -83,7 +84,7 @@ class MetadataMirror:
         The base store, presenting v3 nodes.
     nodes : NodeCache
         Node states, updated as documents are written.
-    writer : ShardWriter
+    writer : WriteBack
         Flushes and trims shards around metadata changes.
     rule : ChunksPerShardRule
         Which new arrays are sharded.
@@ -95,7 +96,7 @@ class MetadataMirror:
         self,
         base: PresentingAdapter,
         nodes: NodeCache,
-        writer: ShardWriter,
+        writer: WriteBack,
         rule: ChunksPerShardRule,
         index_location: Literal["start", "end"],
         index_checksum: bool,
@@ -253,7 +254,7 @@ class MetadataMirror:
         stale = [k for k in self._base.iter_keys(path_prefix(path)) if chunkish_under(path, k)]
         if stale:
             self._base.delete_many(stale)
-            self._writer.io.index_cache.clear()
+            self._writer.engine.forget()
 
     def _update(self, path: str, key: str, node: ShardedNode, zarray: dict[str, Any]) -> None:
         """A new ``.zarray`` for a sharded array: same chunks and separator, maybe another shape."""
@@ -287,5 +288,5 @@ class MetadataMirror:
         affected = {}
         for coords in itertools.product(*(range(n) for n in old.shard_grid_shape)):
             if any((s + 1) * c > g for s, c, g in zip(coords, new.chunks_per_shard, grid)):
-                affected[new.shard_key(coords)] = (new, coords, {})
+                affected[new.shard_key(coords)] = ShardChange(new, coords)
         self._writer.write_now(affected)

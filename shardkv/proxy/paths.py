@@ -3,7 +3,7 @@
 Every path is checked by :func:`~shardkv.keys.paths.validate_path` first, so
 no method reads or writes outside the store (``..``, absolute paths, empty
 segments and backslashes raise :class:`~shardkv.errors.InvalidKeyError`).
-A mixin: it works on the proxy's ``_base``, ``_nodes``, ``_io`` and
+A mixin: it works on the proxy's ``_base``, ``_nodes``, ``_engine`` and
 ``_writer`` and calls its ``flush``, ``delitems``, ``refresh`` and
 ``sharded_array``.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from shardkv.engine.temporaries import DEFAULT_TEMP_AGE, remove_stale_temporaries
 from shardkv.keys.paths import join_path, path_prefix, validate_path
-from shardkv.proxy.listing import logical_keys
+from shardkv.storage.local import LocalStore
+from shardkv.proxy.listing import count_logical_keys, logical_keys
 
 __all__ = ["PathMethods"]
 
@@ -24,12 +24,13 @@ class PathMethods:
 
     _base: Any
     _nodes: Any
-    _io: Any
+    _engine: Any
+    _kv: Any
     _writer: Any
     base: Any
 
     def compact(self, path: str | None = None) -> int:
-        """Rewrite shards that hold unused bytes (after appends, in-place writes or slack).
+        """Rewrite shards that hold unused bytes (written by other tools, or by versions that appended).
 
         Parameters
         ----------
@@ -48,7 +49,8 @@ class PathMethods:
         """
         if path is not None:
             path = validate_path(path)
-        remove_stale_temporaries(self._base, DEFAULT_TEMP_AGE)
+        if isinstance(self._kv, LocalStore):  # files a killed writer left, anywhere in the store
+            self._kv.remove_stale_temporaries()
         self.flush()
         if path is not None:
             paths = [path]
@@ -56,16 +58,17 @@ class PathMethods:
             owners = (self._nodes.owner(k) for k in self._base.iter_keys())
             paths = sorted({arr.path for arr in owners if arr is not None})
         arrays = [self.sharded_array(p) for p in paths]
-        return sum(self._io.compact_array(arr) for arr in arrays if arr is not None)
+        return sum(self._engine.compact(arr) for arr in arrays if arr is not None)
 
     # -- listing ----------------------------------------------------------------
 
     def __iter__(self) -> Iterator[str]:
         self.flush()
-        return logical_keys(self._nodes, self._io, self._base.iter_keys())
+        return logical_keys(self._nodes, self._engine, self._base.iter_keys())
 
     def __len__(self) -> int:
-        return sum(1 for _ in self)
+        self.flush()
+        return count_logical_keys(self._nodes, self._engine, self._base.iter_keys())
 
     def keys_under(self, path: str) -> Iterator[str]:
         """Every logical key under ``path`` (a path, or ``""`` for all).
@@ -75,7 +78,7 @@ class PathMethods:
         """
         path = validate_path(path)
         self.flush()
-        return logical_keys(self._nodes, self._io, self._base.iter_keys(path_prefix(path)))
+        return logical_keys(self._nodes, self._engine, self._base.iter_keys(path_prefix(path)))
 
     def listdir(self, path: str = "") -> list[str]:
         """Names of the immediate children of ``path``, as code above the proxy sees them."""
@@ -96,7 +99,7 @@ class PathMethods:
             return
         self._writer.discard_under(path)
         self._base.rmdir(path)
-        self._io.index_cache.clear()
+        self._engine.forget()
         self._nodes.forget_under(path)
 
     def getsize(self, path: str = "") -> int:

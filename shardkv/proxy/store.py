@@ -12,8 +12,9 @@ The other jobs live beside it: what each path is
 (:mod:`shardkv.proxy.nodes`), the v3 documents kept in step with
 ``.zarray``/``.zattrs``/``.zgroup`` writes (:mod:`shardkv.proxy.mirror`), write-back
 (:mod:`shardkv.proxy.writes`), listing (:mod:`shardkv.proxy.listing`), and the
-requests themselves (:class:`shardkv.engine.planner.ShardIO`: one batched
-index read and one batched chunk read per call; one batched write per call).
+requests themselves (:class:`shardkv.engine.engine.ShardEngine` over the
+store's :class:`~shardkv.storage.kv.KVStore`: one batched index read and one
+batched chunk read per call; one batched write per call).
 
 Concurrency: no acknowledged chunk write is lost to another writer's
 read-modify-write of the same shard, whichever store, thread or process made
@@ -29,11 +30,10 @@ from os import PathLike
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from shardkv.engine.cache import IndexCache
-from shardkv.engine.concurrency import Concurrency
+from shardkv.engine.engine import EngineOptions, ShardEngine
+from shardkv.engine.guard import Concurrency, Mode
 from shardkv.engine.picklable import reduce_sharded_store
-from shardkv.engine.planner import ShardIO
-from shardkv.engine.strategies import WriteStrategy
-from shardkv.engine.temporaries import DirectorySweeper
+from shardkv.engine.writeback import WriteBack
 from shardkv.errors import ChunkOutOfGridError, ConfigurationError, InvalidKeyError
 from shardkv.format.layout import ShardLayout
 from shardkv.format.ranges import ReadPolicy
@@ -49,8 +49,9 @@ from shardkv.proxy.paths import PathMethods
 from shardkv.proxy.presenting import PresentingAdapter
 from shardkv.proxy.routing import group_by_shard, route_batch
 from shardkv.proxy.values import as_buffer
-from shardkv.proxy.writes import ShardWriter
+from shardkv.proxy.write_advice import WriteAdvisor
 from shardkv.storage.adapters import StoreAdapter, adapt
+from shardkv.storage.open import open_kv
 
 __all__ = ["ShardedStore"]
 
@@ -85,15 +86,11 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
     index_cache_bytes : int
         Limit (bytes) of the cache of decoded shard indexes (default 64 MiB;
         0 disables it). With the index cached, reading a chunk costs one
-        request. The proxy keeps the cache right across its own writes, and
-        chunk reads check entries against other writers' changes where the
-        store allows (see ``validate_index_cache``).
-    validate_index_cache : bool
-        Also check cached indexes for listings, ``in`` and writes (chunk reads
-        always check them where the store allows: local files and
-        ``memory://`` compare the shard's identity, size and modification
-        time; S3 reads chunk bytes ``If-Match`` the index's ETag). Elsewhere
-        the cache is trusted until :meth:`refresh`.
+        request. Each entry keeps the generation of the shard it was read
+        from (local files: inode, modification time and size from the
+        ``fstat`` of the reading descriptor; S3: the ETag), and every chunk
+        read is conditioned on it, so reads, listings and ``in`` always see
+        other writers' changes: a changed shard costs one index read again.
     read_policy : ReadPolicy, optional
         How nearby chunk ranges of one shard merge into one request and when
         the whole shard is read instead (default ``ReadPolicy()``: gaps up to
@@ -116,17 +113,6 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
         and resets the journal; it is also reset after every flush that
         empties the buffer. See :mod:`shardkv.engine.journal` and the user
         guide ("Write-back") for the fsync policy.
-    write_strategy : {"rewrite", "append", "inplace"}
-        How a stored shard is updated when a write does not replace it whole.
-        ``"rewrite"`` (default, atomic) writes a new shard through a temporary
-        object. On local files, ``"append"`` appends new chunks and a new index
-        and ``"inplace"`` also reuses a chunk's slot when the new encoding fits;
-        both are crash-safe (copy on write, see :mod:`shardkv.engine.strategies`);
-        :meth:`compact` reclaims the unused bytes.
-        Elsewhere they fall back to ``"rewrite"``. Never stored in metadata.
-    slack_bytes : int
-        With ``"inplace"``: zero bytes reserved after every chunk written
-        (bytes), so a slightly larger new encoding still fits its slot.
     concurrency : {"auto", "files", "conditional", "process", "none"}
         How writers of one shard (threads, stores, processes) keep each
         other's chunks. ``"auto"``: lock files in each array's
@@ -190,11 +176,8 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
         index_checksum: bool = True,
         storage_options: Mapping[str, Any] | None = None,
         index_cache_bytes: int = 64 * 2**20,
-        validate_index_cache: bool = False,
         read_policy: ReadPolicy | None = None,
         buffer_bytes: int | None = None,
-        write_strategy: WriteStrategy = "rewrite",
-        slack_bytes: int = 0,
         journal: str | PathLike[str] | None = None,
         concurrency: Concurrency = "auto",
         lock_timeout: float | None = None,
@@ -208,20 +191,13 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
         self._raw_store = store
         self._cps = rule.value  # shown by repr
         self._nodes = NodeCache(self._base)
-        self._io = ShardIO(
-            self._base,
-            index_cache_bytes=index_cache_bytes,
-            validate_index_cache=validate_index_cache,
-            read_policy=read_policy or ReadPolicy(),
-            write_strategy=write_strategy,
-            slack_bytes=slack_bytes,
-            concurrency=concurrency,
-            lock_timeout=lock_timeout,
-        )
-        self._writer = ShardWriter(self._io, buffer_bytes)
+        self._kv = open_kv(self._base.inner)  # type: ignore[attr-defined]
+        self._engine = ShardEngine(self._kv, EngineOptions(
+            index_cache_bytes, read_policy or ReadPolicy(), concurrency, lock_timeout))
+        self._advisor = WriteAdvisor()  # warns once per array about chunk-by-chunk rewrites (write-through)
+        self._writer = WriteBack(self._engine, buffer_bytes, self._advisor.observe)
         self._mirror = MetadataMirror(self._base, self._nodes, self._writer, rule, index_location, bool(index_checksum))
         _zarr2.register(type(self))
-        self._sweeper = DirectorySweeper(self._base)  # stale temporaries, per directory written into
         self._writer.attach_journal(journal, self._route)  # replays what a killed run left
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -241,12 +217,22 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
         Buffered writes (write-back mode) are kept.
         """
         self._nodes.clear()
-        self._io.index_cache.clear()
+        self._engine.forget()
 
     @property
     def index_cache(self) -> IndexCache:
         """The shard index cache (``hits``, ``misses``, ``nbytes``, ``clear()``)."""
-        return self._io.index_cache
+        return self._engine.cache
+
+    @property
+    def concurrency_mode(self) -> Mode:
+        """The resolved ``concurrency`` mode: ``"files"``, ``"conditional"``, ``"process"`` or ``"none"``."""
+        return self._engine.concurrency_mode
+
+    @property
+    def engine(self) -> ShardEngine:
+        """The shard engine (``stats``: read rounds, refused reads, write rounds, lost races)."""
+        return self._engine
 
     # -- routing ----------------------------------------------------------------
 
@@ -307,7 +293,7 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
                     out[ref.chunk_key] = value
             refs = unbuffered
         if refs:
-            out.update(self._io.read_chunks(refs))
+            out.update(self._engine.read_chunks(refs))
         return out
 
     def __getitem__(self, key: str) -> bytes | memoryview:
@@ -330,14 +316,12 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
             return not self._nodes.is_hidden(key) and self._base.contains(key)  # type: ignore[arg-type]
         return self._chunk_stored(ref)
 
-    def _chunk_stored(self, ref: ChunkRef, *, fresh: bool = False) -> bool:
-        """True when the chunk is stored (or buffered); ``fresh``: its shard's index read from the store."""
+    def _chunk_stored(self, ref: ChunkRef) -> bool:
+        """True when the chunk is stored now (its shard's index confirmed current) or buffered."""
         buffered, value = self._writer.lookup(ref.shard_key, ref.local_coords)
         if buffered:
             return value is not None
-        indexes, _ = self._io.read_indexes({ref.shard_key: ref.array}, fresh=fresh)
-        index = indexes.get(ref.shard_key)
-        return index is not None and index.get(ref.local_coords) is not None
+        return self._engine.has_chunks([ref])[0]
 
     # -- writes -------------------------------------------------------------------
 
@@ -369,7 +353,6 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
         if refs is None:
             self._apply(changes)
         else:
-            self._sweeper.before_writing([ref.shard_key for ref in refs])
             self._writer.write(group_by_shard(refs, changes.values()))
 
     def __delitem__(self, key: str) -> None:
@@ -383,9 +366,8 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
             else:
                 self._base.delete(key)
             return
-        # a delete is a write: decided on the stored index, not on a cached one that another
-        # process's write may have outdated (zarr deletes chunk by chunk with a synchronizer)
-        if not self._chunk_stored(ref, fresh=True):
+        # a delete is a write: decided on the current index (the engine confirms a cached one)
+        if not self._chunk_stored(ref):
             raise KeyError(key)
         self._writer.write(group_by_shard([ref], [None]))
 
@@ -427,7 +409,6 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
                 plain_del.append(key)
             else:
                 plain_set[key] = value
-        self._sweeper.before_writing([*changes, *(ref.shard_key for ref in located)])
         if plain_set:
             self._base.set_many(plain_set)
         if plain_del:

@@ -24,7 +24,7 @@ import threading
 import warnings
 from typing import Any, Mapping
 
-from shardkv.engine.merge import covers_shard
+from shardkv.engine.merge import ShardChange
 
 __all__ = ["PartialShardWriteWarning", "WriteAdvisor", "DEFAULT_THRESHOLD"]
 
@@ -65,13 +65,13 @@ class WriteAdvisor:
         self._warned: set[str] = set()
         self._lock = threading.Lock()
 
-    def observe(self, changes: Mapping[str, tuple[Any, tuple[int, ...], Mapping[Any, Any]]]) -> None:
+    def observe(self, changes: Mapping[str, ShardChange]) -> None:
         """Count the shards of one write-through call that it covers only partly; warn at the threshold."""
         if not self.threshold:
             return
-        for arr, shard_coords, updates in changes.values():
-            path = arr.path
-            if path in self._warned or covers_shard(arr, shard_coords, updates):
+        for change in changes.values():
+            path = change.array.path
+            if path in self._warned or change.covers_shard():
                 continue
             with self._lock:
                 count = self._counts.get(path, 0) + 1

@@ -118,24 +118,55 @@ class FsspecStore(KVStore):
 
     def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
         if self._memory:
-            return [self._memory_read(r) for r in reads]
+            return self._memory_reads(reads)
         return self._stamped_reads(reads)
 
-    def _memory_read(self, request: ReadRequest) -> ReadResult:
-        key, ranges, cond = request
-        stored = self.fs.store.get(self._path(key))  # one lookup: every range comes from this object
-        if stored is None:
-            return MISSING_RESULT
-        generation = _identity(stored)
-        with stored.getbuffer() as view:
-            size = view.nbytes
-            if cond.is_missing or (not cond.is_any and cond != generation):
-                return ReadResult("stale", None, generation, size)
-            if ranges is None:
-                values: list[BytesLike] = [bytes(view)]
-            else:
-                values = [bytes(view[slice(*r.resolve(size))]) for r in ranges]
-        return ReadResult("value", values, generation, size)
+    def _memory_reads(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
+        """``memory://``: one ``cat_ranges`` of every range (what request-counting filesystems see), each
+        result checked to come from the object looked up before it: one generation for all ranges of a read."""
+        looked = [self.fs.store.get(self._path(key)) for key, _, _ in reads]
+        results: list[ReadResult | None] = [None] * len(reads)
+        paths: list[str] = []
+        starts: list[int | None] = []
+        stops: list[int | None] = []
+        owners: list[int] = []
+        sizes: list[int] = [0] * len(reads)
+        for i, ((key, ranges, cond), stored) in enumerate(zip(reads, looked)):
+            if stored is not None:
+                with stored.getbuffer() as view:
+                    sizes[i] = view.nbytes
+                if cond.is_missing or (not cond.is_any and cond != _identity(stored)):
+                    results[i] = ReadResult("stale", None, _identity(stored), sizes[i])
+                    continue
+            elif ranges == [] or (not cond.is_any and not cond.is_missing):
+                results[i] = MISSING_RESULT
+                continue
+            for r in ([None] if ranges is None else ranges):
+                paths.append(self._path(key))
+                starts.append(None if r is None else r.start)
+                stops.append(None if r is None else r.stop)
+                owners.append(i)
+        fetched = self.fs.cat_ranges(paths, starts, stops, on_error="return") if paths else []
+        per_read: dict[int, list[Any]] = {}
+        for owner, data in zip(owners, fetched):
+            per_read.setdefault(owner, []).append(data)
+        for i, (key, ranges, _) in enumerate(reads):
+            if results[i] is not None:
+                continue
+            stored = looked[i]
+            got = per_read.get(i, [])
+            errors = [d for d in got if isinstance(d, BaseException)]
+            if stored is None or any(isinstance(e, FileNotFoundError) for e in errors):
+                results[i] = MISSING_RESULT if self.fs.store.get(self._path(key)) is None else ReadResult(
+                    "stale", None, self._memory_generation(key))
+                continue
+            if errors:
+                raise errors[0]
+            if self.fs.store.get(self._path(key)) is not stored:  # replaced meanwhile
+                results[i] = ReadResult("stale", None, self._memory_generation(key))
+                continue
+            results[i] = ReadResult("value", [bytes(d) for d in got], _identity(stored), sizes[i])
+        return [r for r in results if r is not None]
 
     def _stamped_reads(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
         loc = self._location
