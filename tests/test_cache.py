@@ -173,16 +173,6 @@ def test_own_writes_never_leave_a_stale_index(tmp_path: Path, index_location: st
     assert {k: fresh[k] for k in fresh.keys_under("a") if not k.endswith(".zarray")} == model
 
 
-def validating(store: ShardedStore) -> ShardedStore:
-    """The store with cached indexes checked on every use (the retired ``validate_index_cache=True``).
-
-    Interim private probe: the engine's generations make listings, ``in`` and
-    reads always current without an option (issue 18, item 3).
-    """
-    store._io.validate_index_cache = True
-    return store
-
-
 def rewrite_shard_zero(root: str, new: np.ndarray) -> None:
     """Another writer: a second proxy rewrites shard 0 so that its chunk offsets move."""
     other = ShardedStore(root)
@@ -205,7 +195,7 @@ def test_other_writer_seen_after_refresh(tmp_path: Path) -> None:
 def test_other_writer_seen_at_once_with_validation(tmp_path: Path) -> None:
     root = str(tmp_path / "s")
     make_array(root)
-    store = validating(ShardedStore(root))
+    store = ShardedStore(root)  # listings, `in` and reads always current (no option)
     assert store["a/1"] == chunk_bytes(1)
     assert store["a/2"] == chunk_bytes(2)
     assert store.index_cache.hits == 1  # the validated entry is used while the shard is unchanged
@@ -218,7 +208,7 @@ def test_other_writer_seen_at_once_with_validation(tmp_path: Path) -> None:
 def test_other_writer_same_size_seen_with_validation(tmp_path: Path) -> None:
     """A rewrite that keeps the shard's size but moves its chunks is still detected."""
     root = str(tmp_path / "s")
-    store = validating(ShardedStore(root, chunks_per_shard=CPS))
+    store = ShardedStore(root, chunks_per_shard=CPS)
     zarr.open_array(store, mode="w", path="a", shape=(N,), chunks=(CHUNK,), dtype="u1", compressor=None)
     store.setitems({"a/0": b"x" * 8, "a/1": b"y" * 8})
     assert store["a/1"] == b"y" * 8

@@ -29,7 +29,7 @@ from kill_harness import acked_seqs, check_chunks, run_and_kill, write_and_ack
 
 from shardkv import ShardedStore
 from shardkv.proxy.verify import find_stale_temporaries, remove_stale_temporaries, verify_store
-from shardkv.storage import adapters, fsmap_adapter
+from shardkv.storage import fsmap_adapter, local
 
 CHUNK = 512  # 2 KiB of int32 noise per chunk
 N_CHUNKS = 12  # 3 shards of 4 chunks
@@ -63,7 +63,7 @@ class KillingWrites:
     def __init__(self, seed: int, rate: float) -> None:
         self.rng = random.Random(seed)
         self.rate = rate
-        self.real_write = fsmap_adapter._pwrite_all
+        self.real_write = local._pwrite_all
         self.real_replace = os.replace
 
     def write(self, fd: int, data: memoryview, offset: int) -> None:
@@ -86,6 +86,8 @@ class KillingWrites:
     def install(self) -> None:
         fsmap_adapter._pwrite_all = self.write  # the child is a forked copy: nothing leaks into pytest
         fsmap_adapter.write_parts = self.write_parts
+        local._pwrite_all = self.write  # shard writes (storage.local.LocalStore), metadata writes too
+        local.write_parts = self.write_parts
         os.replace = self.replace
 
 
@@ -134,33 +136,32 @@ def test_sigkill_leaves_no_torn_shard_and_loses_no_acknowledged_chunk(tmp_path: 
     assert find_stale_temporaries(open_store(tmp_path / "store", "rewrite").base, 0) == []
 
 
-def naive_local_write(self: Any, path: str, value: Any) -> None:
-    """A local writer without a temporary file: truncates the live shard and writes it in place."""
-    path = self.fs._strip_protocol(path)
-    data = b"".join(bytes(p) for p in value) if isinstance(value, (list, tuple)) else bytes(value)
+def naive_local_write(path: str, parts: list[memoryview], fsync: bool, create_only: bool = False) -> Any:
+    """A local writer without a temporary file: truncates the live file and writes it in place."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        fsmap_adapter._pwrite_all(fd, memoryview(data), 0)
+        local._pwrite_all(fd, memoryview(b"".join(bytes(p) for p in parts)), 0)
+        return local.file_generation(os.fstat(fd))
     finally:
         os.close(fd)
 
 
 def test_the_kill_harness_catches_a_writer_that_tears(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Proof that the test above can fail: the same rounds against in-place rewrites find a torn shard."""
-    monkeypatch.setattr(adapters.FSMapAdapter, "_atomic_local_write", naive_local_write)
+    monkeypatch.setattr(local, "atomic_write", naive_local_write)
     with pytest.raises(AssertionError, match="crc32c mismatch|outside the chunk data region|lost or torn|shorter than"):
         crash_rounds(tmp_path / "store", "rewrite", rounds=16, seed=5)
 
 
 class FlakyWrites:
-    """Replaces ``fsmap_adapter._pwrite_all`` (and ``write_parts``): a share of calls write half their bytes, then raise EIO."""
+    """Replaces ``_pwrite_all`` (and ``write_parts``) of the local stores: a share of calls write half their bytes, then raise EIO."""
 
     def __init__(self, rate: float, seed: int) -> None:
         self.rng = random.Random(seed)
         self.rate = rate
         self.fired = 0
-        self.real = fsmap_adapter._pwrite_all
+        self.real = local._pwrite_all
 
     def __call__(self, fd: int, data: memoryview, offset: int) -> None:
         if self.rng.random() < self.rate:
@@ -182,8 +183,9 @@ def test_failed_writes_raise_and_leave_the_old_chunk(
     create(root, strategy)
     z = zarr.open_array(open_store(root, strategy), mode="r+")
     flaky = FlakyWrites(0.25, seed=len(strategy))
-    monkeypatch.setattr(fsmap_adapter, "_pwrite_all", flaky)
-    monkeypatch.setattr(fsmap_adapter, "write_parts", flaky.write_parts)
+    for module in (fsmap_adapter, local):  # shard writes (storage.local), metadata writes (the adapter)
+        monkeypatch.setattr(module, "_pwrite_all", flaky)
+        monkeypatch.setattr(module, "write_parts", flaky.write_parts)
     model = np.zeros(CHUNK * N_CHUNKS, dtype="i4")
     failures = 0
     for seq in range(80):
@@ -221,8 +223,8 @@ def test_fsync_policy_of_local_writes(tmp_path: Path, monkeypatch: pytest.Monkey
     store = ShardedStore(str(tmp_path), chunks_per_shard=2)
     store["a/.zarray"] = b'{"zarr_format": 2, "shape": [8], "chunks": [1], "dtype": "|u1", "compressor": null,' \
         b' "fill_value": 0, "filters": null, "order": "C"}'  # fmt: skip
-    inner = store.base  # the stored adapter (issue 11: base is what is stored, under the presenting layer)
-    inner.fsync = durable
+    store.base.fsync = durable  # the adapter (metadata) and the KVStore the engine writes shards through
+    store.engine.kv.fsync = durable  # type: ignore[attr-defined]
     monkeypatch.setattr(os, "fsync", counting)
     store.setitems({f"a/{i}": b"x" for i in range(0, 8, 2)})  # four new shards in one directory
     assert synced == (["file"] * 4 + ["dir"] if durable else [])

@@ -1,21 +1,23 @@
 """Listing through the proxy: base store keys in, logical keys out.
 
 Keys outside sharded arrays are listed as zarr-python 2 sees them
-(:meth:`NodeTable.listed`: the ``zarr.json`` of presented nodes replaced by
-their v2 documents); each shard is replaced by the chunk keys its index
-holds, for chunks inside the array's grid (:meth:`ShardIO.chunk_keys`
-reads the indexes in batches, one request each).
+(:meth:`NodeTable.listed <shardkv.proxy.nodes.NodeTable.listed>`: the
+``zarr.json`` of presented nodes replaced by their v2 documents); each shard is replaced by the chunk keys its index
+holds, for chunks inside the array's grid (:meth:`ShardEngine.chunk_keys
+<shardkv.engine.engine.ShardEngine.chunk_keys>` reads the indexes in batches,
+one request each, and builds each key once from the index with numpy).
+Counting (``len``) never builds a key.
 """
 
 from __future__ import annotations
 
 from typing import Iterable, Iterator
 
-from shardkv.engine.planner import ShardIO
+from shardkv.engine.engine import ShardEngine
 from shardkv.keys.space import ShardedArray
 from shardkv.proxy.nodes import NodeTable
 
-__all__ = ["split_shards", "logical_keys"]
+__all__ = ["split_shards", "logical_keys", "count_logical_keys"]
 
 def split_shards(nodes: NodeTable, keys: Iterable[str]) -> tuple[list[str], dict[str, ShardedArray]]:
     """Base store keys as ``(plain keys, {shard key: its array})``."""
@@ -30,8 +32,14 @@ def split_shards(nodes: NodeTable, keys: Iterable[str]) -> tuple[list[str], dict
     return plain, shards
 
 
-def logical_keys(nodes: NodeTable, io: ShardIO, base_keys: Iterable[str]) -> Iterator[str]:
-    """The keys code above the proxy sees, for the base store keys ``base_keys``."""
+def logical_keys(nodes: NodeTable, engine: ShardEngine, base_keys: Iterable[str]) -> Iterator[str]:
+    """The keys code above the proxy sees, for the base store keys ``base_keys`` (enumerated once)."""
     plain, shards = split_shards(nodes, base_keys)
     yield from nodes.listed(plain)
-    yield from io.chunk_keys(shards)  # in-grid chunks; indexes read in batches by the engine
+    yield from engine.chunk_keys(shards)  # in-grid chunks; indexes read in batches by the engine
+
+
+def count_logical_keys(nodes: NodeTable, engine: ShardEngine, base_keys: Iterable[str]) -> int:
+    """How many keys :func:`logical_keys` would list (no chunk key is built)."""
+    plain, shards = split_shards(nodes, base_keys)
+    return sum(1 for _ in nodes.listed(plain)) + engine.count_chunks(shards)

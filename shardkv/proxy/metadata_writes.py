@@ -52,9 +52,9 @@ from shardkv.metadata.hierarchy import (
 from shardkv.metadata.v3_view import v2_dimension_separator
 from shardkv.proxy.nodes import Node, NodeTable, ReadValues, build_node, chunkish_under
 from shardkv.proxy.options import Options
-from shardkv.proxy.writes import ShardWriter
-from shardkv.storage.adapters import StoreAdapter
-from shardkv.storage.kv import LOCK_DIR, TEMP_MARKER
+from shardkv.engine.merge import ShardChange
+from shardkv.engine.writeback import WriteBack
+from shardkv.storage.kv import ANY, LOCK_DIR, TEMP_MARKER, KVStore
 
 __all__ = ["MetadataWriter", "WriteValues", "check_not_reserved", "writes_to"]
 
@@ -65,16 +65,12 @@ _HIDDEN_REASON = "the zarr.json of a sharded array is managed by shardkv"
 _READ_ONLY = "the metadata of a Zarr v3 array written by another library is read-only; change it with a v3 library"
 
 
-def writes_to(kv: StoreAdapter) -> WriteValues:
-    """The :data:`WriteValues` of a store adapter: one batch of sets, then one of deletes."""
+def writes_to(kv: KVStore) -> WriteValues:
+    """The :data:`WriteValues` of a store: one unconditional batch (``None`` deletes)."""
 
-    def write(values: Mapping[str, bytes | None]) -> None:
-        sets = {k: v for k, v in values.items() if v is not None}
-        deletes = [k for k, v in values.items() if v is None]
-        if sets:
-            kv.set_many(sets)
-        if deletes:
-            kv.delete_many(deletes)
+    def write(values: Mapping[str, Any]) -> None:
+        if values:
+            kv.put_many({key: (value, ANY) for key, value in values.items()})
 
     return write
 
@@ -110,7 +106,7 @@ class MetadataWriter:
         and writes to it (:data:`WriteValues`).
     list_keys : callable
         Every stored key under a prefix (to remove shards an earlier array left).
-    writer : ShardWriter
+    writer : WriteBack
         Flushes, discards and trims shards around metadata changes.
     options : Options
         Which new arrays are sharded, and their index options.
@@ -122,7 +118,7 @@ class MetadataWriter:
         read: ReadValues,
         write: WriteValues,
         list_keys: Callable[[str], Iterable[str]],
-        writer: ShardWriter,
+        writer: WriteBack,
         options: Options,
     ) -> None:
         self._nodes, self._read, self._write, self._list = nodes, read, write, list_keys
@@ -300,7 +296,7 @@ class MetadataWriter:
         stale = [k for k in self._list(f"{path}/" if path else "") if chunkish_under(path, k)]
         if stale:
             self._write(dict.fromkeys(stale))
-            self._writer.io.index_cache.clear()
+            self._writer.engine.forget()
 
     def _update(self, path: str, key: str, node: Node, zarray: dict[str, Any]) -> None:
         """A new ``.zarray`` for a sharded array: same chunks and separator, maybe another shape."""
@@ -338,8 +334,8 @@ class MetadataWriter:
         cps = new.chunks_per_shard
         if grid is None or cps is None or old.shard_grid_shape is None:
             return
-        affected: dict[str, tuple[ShardedArray, tuple[int, ...], dict[tuple[int, ...], memoryview | bytes | None]]] = {}
+        affected: dict[str, ShardChange] = {}
         for coords in itertools.product(*(range(n) for n in old.shard_grid_shape)):
             if any((s + 1) * c > g for s, c, g in zip(coords, cps, grid)):
-                affected[new.shard_key(coords)] = (new, coords, {})
+                affected[new.shard_key(coords)] = ShardChange(new, coords)
         self._writer.write_now(affected)

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
+from shardkv.engine.engine import EngineOptions
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
 from shardkv.format.ranges import ReadPolicy
@@ -149,6 +150,10 @@ class Options:
             concurrency,
             lock_timeout,
         )
+
+    def engine_options(self) -> EngineOptions:
+        """The options the shard engine takes (cache, read policy, concurrency, lock timeout)."""
+        return EngineOptions(self.index_cache_bytes, self.read_policy, self.concurrency, self.lock_timeout)
 
     def for_copy(self) -> Options:
         """The options of a pickled copy: the same, except that the copy writes through (issue 20, item 1).

@@ -6,13 +6,14 @@ array. :func:`route_batch` locates them together (one owner lookup, one
 vectorised parse, see :meth:`ShardedArray.locate_batch`) and says ``None``
 whenever key-by-key routing is needed, which keeps every error exactly as
 routing one key raises it. :func:`group_by_shard` turns located changes into
-the per-shard updates of :class:`~shardkv.proxy.writes.ShardWriter`.
+the per-shard changes the engine writes (:class:`~shardkv.engine.writeback.WriteBack`).
 """
 
 from __future__ import annotations
 
 from typing import Callable, Iterable, Sequence
 
+from shardkv.engine.merge import ShardChange
 from shardkv.errors import InvalidKeyError
 from shardkv.keys.encodings import validate_key
 from shardkv.keys.space import ChunkRef, ShardedArray
@@ -23,7 +24,6 @@ BATCH_MIN_KEYS = 8
 """Fewer keys are routed one by one (the batch path's fixed cost is a few microseconds)."""
 
 Value = bytes | memoryview | None
-Updates = dict[str, tuple[ShardedArray, tuple[int, ...], dict[tuple[int, ...], Value]]]
 
 
 def route_batch(owner: Callable[[str], ShardedArray | None], keys: Sequence[str]) -> list[ChunkRef] | None:
@@ -57,12 +57,12 @@ def route_batch(owner: Callable[[str], ShardedArray | None], keys: Sequence[str]
     return None if arr is None else arr.locate_batch(keys)
 
 
-def group_by_shard(refs: Sequence[ChunkRef], values: Iterable[Value]) -> Updates:
-    """``{shard_key: (array, shard_coords, {local_coords: value})}`` of located chunk changes, in order."""
-    by_shard: Updates = {}
+def group_by_shard(refs: Sequence[ChunkRef], values: Iterable[Value]) -> dict[str, ShardChange]:
+    """The :class:`~shardkv.engine.merge.ShardChange` of each shard that located chunk changes touch, in order."""
+    by_shard: dict[str, ShardChange] = {}
     for ref, value in zip(refs, values):
-        entry = by_shard.get(ref.shard_key)
-        if entry is None:
-            entry = by_shard[ref.shard_key] = (ref.array, ref.shard_coords, {})
-        entry[2][ref.local_coords] = value
+        change = by_shard.get(ref.shard_key)
+        if change is None:
+            change = by_shard[ref.shard_key] = ShardChange(ref.array, ref.shard_coords)
+        change.chunks[ref.local_coords] = value
     return by_shard

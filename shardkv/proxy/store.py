@@ -10,8 +10,8 @@ This module routes each key: a chunk of a sharded array to its shard, a
 metadata document to the node table (:mod:`shardkv.proxy.nodes`) or the
 metadata writer (:mod:`shardkv.proxy.metadata_writes`), anything else straight
 to the base store. Options, pickling and lifecycle: :mod:`shardkv.proxy.options`,
-:mod:`shardkv.proxy.base`; write-back: :mod:`shardkv.proxy.writes`; requests:
-:class:`shardkv.engine.planner.ShardIO`.
+:mod:`shardkv.proxy.base`; write-back: :class:`shardkv.engine.writeback.WriteBack`; requests:
+:class:`shardkv.engine.engine.ShardEngine` over the store's :class:`~shardkv.storage.kv.KVStore`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from os import PathLike
 from typing import Any, Iterable, Iterator, Mapping, Self, Sequence
 
 from shardkv.engine.cache import IndexCache
-from shardkv.engine.planner import ShardIO
-from shardkv.engine.temporaries import DEFAULT_TEMP_AGE, DirectorySweeper, remove_stale_temporaries
+from shardkv.engine.engine import ShardEngine
+from shardkv.engine.guard import Mode
+from shardkv.engine.writeback import WriteBack
 from shardkv.errors import ChunkOutOfGridError, InvalidKeyError, UnflushedWritesError
 from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.encodings import validate_key
@@ -31,14 +32,17 @@ from shardkv.keys.paths import join_path, path_prefix, split_key, validate_path
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
 from shardkv.proxy.base import ProxyBase
-from shardkv.proxy.listing import logical_keys
+from shardkv.proxy.listing import count_logical_keys, logical_keys
 from shardkv.proxy.metadata_writes import MetadataWriter, writes_to
 from shardkv.proxy.nodes import META_NAMES, NodeTable
+from shardkv.proxy.presenting import PresentingAdapter
 from shardkv.proxy.options import DEFAULT_INDEX_CACHE_BYTES, Concurrency, IndexLocation, Options
 from shardkv.proxy.routing import group_by_shard, route_batch
 from shardkv.proxy.values import as_buffer
-from shardkv.proxy.writes import ShardWriter
+from shardkv.proxy.write_advice import WriteAdvisor
 from shardkv.storage.adapters import StoreAdapter, adapt
+from shardkv.storage.local import LocalStore
+from shardkv.storage.open import open_kv
 
 __all__ = ["ShardedStore"]
 
@@ -150,39 +154,32 @@ class ShardedStore(ProxyBase):
         proxy._setup(store, adapt(store), options)
         return proxy
 
-    def _setup(self, raw_store: Any, kv: StoreAdapter, options: Options) -> None:
-        """Build the proxy's parts over the opened base store ``kv`` (the one place they are made)."""
+    def _setup(self, raw_store: Any, adapter: StoreAdapter, options: Options) -> None:
+        """Build the proxy's parts over the opened base store (the one place they are made)."""
         self._init_proxy(raw_store, options)
-        self._kv = kv
-        self._nodes = NodeTable(kv.get_many)
-        self._io = ShardIO(
-            kv,
-            index_cache_bytes=options.index_cache_bytes,
-            validate_index_cache=False,
-            read_policy=options.read_policy,
-            write_strategy="rewrite",
-            slack_bytes=0,
-            concurrency=options.concurrency,
-            lock_timeout=options.lock_timeout,
-        )
-        self._writer = ShardWriter(self._io, options.buffer_bytes)
-        self._metadata = MetadataWriter(self._nodes, kv.get_many, writes_to(kv), kv.iter_keys, self._writer, options)
-        self._sweeper = DirectorySweeper(kv)  # stale temporaries, per directory written into
+        if isinstance(adapter, PresentingAdapter):  # the CLI's read view: the proxy presents by itself
+            adapter = adapter.inner
+        self._adapter = adapter  # listings, sizes, rmdir, rename; pickles as the store's location
+        self._kv = open_kv(adapter)
+        self._nodes = NodeTable(self._kv.values)
+        self._engine = ShardEngine(self._kv, options.engine_options())
+        self._advisor = WriteAdvisor()  # warns once per array about chunk-by-chunk rewrites (write-through)
+        self._writer = WriteBack(self._engine, options.buffer_bytes, self._advisor.observe)
+        self._write = writes_to(self._kv)
+        self._metadata = MetadataWriter(self._nodes, self._kv.values, self._write, adapter.iter_keys, self._writer, options)
 
     def _pickled_store(self) -> Any:
-        return self._kv
+        return self._adapter
 
     def _check_picklable(self) -> None:
         buffer = self._writer.buffer
         if buffer is not None and len(buffer):
             raise UnflushedWritesError(len(buffer), buffer.nbytes)
 
-    # -- configuration ------------------------------------------------------
-
     @property
     def base(self) -> StoreAdapter:
         """The adapter over the base store: what is stored (for tools; writes here bypass the proxy)."""
-        return self._kv
+        return self._adapter
 
     def refresh(self) -> None:
         """Forget cached array metadata and shard indexes (call after other writers changed the store).
@@ -190,12 +187,22 @@ class ShardedStore(ProxyBase):
         Buffered writes (write-back mode) are kept.
         """
         self._nodes.clear()
-        self._io.index_cache.clear()
+        self._engine.forget()
 
     @property
     def index_cache(self) -> IndexCache:
         """The shard index cache (``hits``, ``misses``, ``nbytes``, ``clear()``)."""
-        return self._io.index_cache
+        return self._engine.cache
+
+    @property
+    def concurrency_mode(self) -> Mode:
+        """The resolved ``concurrency`` mode: ``"files"``, ``"conditional"``, ``"process"`` or ``"none"``."""
+        return self._engine.concurrency_mode
+
+    @property
+    def engine(self) -> ShardEngine:
+        """The shard engine (``stats``: read rounds, refused reads, write rounds, lost races)."""
+        return self._engine
 
     # -- routing ----------------------------------------------------------------
 
@@ -256,7 +263,7 @@ class ShardedStore(ProxyBase):
                     out[ref.chunk_key] = value
             refs = unbuffered
         if refs:
-            out.update(self._io.read_chunks(refs))
+            out.update(self._engine.read_chunks(refs))
         return out
 
     def __getitem__(self, key: str) -> bytes | memoryview:
@@ -278,17 +285,15 @@ class ShardedStore(ProxyBase):
             return False
         if ref is None:
             known = self._nodes.contains_document(key)  # type: ignore[arg-type]
-            return self._kv.contains(key) if known is None else known  # type: ignore[arg-type]
+            return self._adapter.contains(key) if known is None else known  # type: ignore[arg-type]
         return self._chunk_stored(ref)
 
-    def _chunk_stored(self, ref: ChunkRef, *, fresh: bool = False) -> bool:
-        """True when the chunk is stored (or buffered); ``fresh``: its shard's index read from the store."""
+    def _chunk_stored(self, ref: ChunkRef) -> bool:
+        """True when the chunk is stored now (its shard's index confirmed current) or buffered."""
         buffered, value = self._writer.lookup(ref.shard_key, ref.local_coords)
         if buffered:
             return value is not None
-        indexes, _ = self._io.read_indexes({ref.shard_key: ref.array}, fresh=fresh)
-        index = indexes.get(ref.shard_key)
-        return index is not None and index.get(ref.local_coords) is not None
+        return self._engine.has_chunks([ref])[0]
 
     # -- writes -------------------------------------------------------------------
 
@@ -320,7 +325,6 @@ class ShardedStore(ProxyBase):
         if refs is None:
             self._apply(changes)
         else:
-            self._sweeper.before_writing([ref.shard_key for ref in refs])
             self._writer.write(group_by_shard(refs, changes.values()))
 
     def __delitem__(self, key: str) -> None:
@@ -332,11 +336,10 @@ class ShardedStore(ProxyBase):
             if split_key(key)[1] in META_NAMES:
                 self._metadata.delete(key)  # a sharded array's .zarray takes its zarr.json along
             else:
-                self._kv.delete(key)
+                self._adapter.delete(key)
             return
-        # a delete is a write: decided on the stored index, not on a cached one that another
-        # process's write may have outdated (zarr deletes chunk by chunk with a synchronizer)
-        if not self._chunk_stored(ref, fresh=True):
+        # a delete is a write: decided on the current index (the engine confirms a cached one)
+        if not self._chunk_stored(ref):
             raise KeyError(key)
         self._writer.write(group_by_shard([ref], [None]))
 
@@ -378,11 +381,10 @@ class ShardedStore(ProxyBase):
                 plain_del.append(key)
             else:
                 plain_set[key] = value
-        self._sweeper.before_writing([*changes, *(ref.shard_key for ref in located)])
-        if plain_set:
-            self._kv.set_many(plain_set)
-        if plain_del:
-            self._kv.delete_many(plain_del)
+        plain: dict[str, bytes | memoryview | None] = {**plain_set}
+        plain.update(dict.fromkeys(plain_del))
+        if plain:
+            self._write(plain)
         self._writer.write(group_by_shard(located, located_values))
 
     def flush(self) -> None:
@@ -401,9 +403,7 @@ class ShardedStore(ProxyBase):
         """Write buffered shards (write-back mode), close the journal, then the base store if it has a ``close``."""
         self.flush()
         self._writer.close()
-        self._kv.close()
-
-    # -- introspection ------------------------------------------------------------
+        self._adapter.close()
 
     def sharded_array(self, path: str) -> ShardedArray | None:
         """The key mapping of the sharded array at ``path``, or ``None``."""
@@ -425,35 +425,37 @@ class ShardedStore(ProxyBase):
         """
         if path is not None:
             path = validate_path(path)
-        remove_stale_temporaries(self._kv, DEFAULT_TEMP_AGE)
+        if isinstance(self._kv, LocalStore):  # files a killed writer left, anywhere in the store
+            self._kv.remove_stale_temporaries()
         self.flush()
         if path is not None:
             paths = [path]
         else:
-            owners = (self._nodes.owner(k) for k in self._kv.iter_keys())
+            owners = (self._nodes.owner(k) for k in self._adapter.iter_keys())
             paths = sorted({arr.path for arr in owners if arr is not None})
         arrays = [self.sharded_array(p) for p in paths]
-        return sum(self._io.compact_array(arr) for arr in arrays if arr is not None)
+        return sum(self._engine.compact(arr) for arr in arrays if arr is not None)
 
     def __iter__(self) -> Iterator[str]:
         self.flush()
-        return logical_keys(self._nodes, self._io, self._kv.iter_keys())
+        return logical_keys(self._nodes, self._engine, self._adapter.iter_keys())
 
     def __len__(self) -> int:
-        return sum(1 for _ in self)
+        self.flush()
+        return count_logical_keys(self._nodes, self._engine, self._adapter.iter_keys())
 
     def keys_under(self, path: str) -> Iterator[str]:
         """Every logical key under ``path`` (a path, or ``""`` for all); ``InvalidKeyError`` if it leaves the store."""
         path = validate_path(path)
         self.flush()
-        return logical_keys(self._nodes, self._io, self._kv.iter_keys(path_prefix(path)))
+        return logical_keys(self._nodes, self._engine, self._adapter.iter_keys(path_prefix(path)))
 
     def listdir(self, path: str = "") -> list[str]:
         """Names of the immediate children of ``path``, as code above the proxy sees them."""
         path = validate_path(path)
         inside = self._nodes.owner(join_path(path, "0")) if path else None
         if inside is None and self._nodes.sharded(path) is None:
-            return self._nodes.listed_names(path, self._kv.list_dir(path))
+            return self._nodes.listed_names(path, self._adapter.list_dir(path))
         prefix = path_prefix(path)
         return sorted({k[len(prefix) :].split("/", 1)[0] for k in self.keys_under(path)})
 
@@ -465,8 +467,8 @@ class ShardedStore(ProxyBase):
             self.delitems(list(self.keys_under(path)))  # a sub-path of a '/'-separated array
             return
         self._writer.discard_under(path)
-        self._kv.rmdir(path)
-        self._io.index_cache.clear()
+        self._adapter.rmdir(path)
+        self._engine.forget()
         self._nodes.forget_under(path)
 
     def getsize(self, path: str = "") -> int:
@@ -477,9 +479,9 @@ class ShardedStore(ProxyBase):
             known = self._nodes.contains_document(path)  # presented documents have the size served
             if known:
                 return len(self._nodes.read_documents([path])[path])
-            if known is None and self._kv.contains(path):
-                return self._kv.size(path)
-        return sum(self._kv.size(k) for k in self._kv.iter_keys(path_prefix(path)))
+            if known is None and self._adapter.contains(path):
+                return self._adapter.size(path)
+        return sum(self._adapter.size(k) for k in self._adapter.iter_keys(path_prefix(path)))
 
     def rename(self, src_path: str, dst_path: str) -> None:
         """Move everything under ``src_path`` to ``dst_path`` (shards move whole).
@@ -489,7 +491,7 @@ class ShardedStore(ProxyBase):
         """
         src, dst = validate_path(src_path, what="src_path"), validate_path(dst_path, what="dst_path")
         self.flush()
-        stored = self._kv  # what is stored: v3 documents move as they are, presented ones are not written
+        stored = self._adapter  # what is stored: v3 documents move as they are, presented ones are not written
         keys = list(stored.iter_keys(path_prefix(src)))
         stored.set_many({dst + k[len(src) :]: stored.get(k) for k in keys})
         stored.delete_many(keys)

@@ -25,7 +25,7 @@ import warnings
 from types import FrameType
 from typing import Any, Mapping
 
-from shardkv.engine.merge import covers_shard
+from shardkv.engine.merge import ShardChange
 
 __all__ = ["PartialShardWriteWarning", "WriteAdvisor", "DEFAULT_THRESHOLD"]
 
@@ -66,13 +66,13 @@ class WriteAdvisor:
         self._warned: set[str] = set()
         self._lock = threading.Lock()
 
-    def observe(self, changes: Mapping[str, tuple[Any, tuple[int, ...], Mapping[Any, Any]]]) -> None:
+    def observe(self, changes: Mapping[str, ShardChange]) -> None:
         """Count the shards of one write-through call that it covers only partly; warn at the threshold."""
         if not self.threshold:
             return
-        for arr, shard_coords, updates in changes.values():
-            path = arr.path
-            if path in self._warned or covers_shard(arr, shard_coords, updates):
+        for change in changes.values():
+            path = change.array.path
+            if path in self._warned or change.covers_shard():
                 continue
             with self._lock:
                 count = self._counts.get(path, 0) + 1
@@ -80,7 +80,7 @@ class WriteAdvisor:
                 if count < self.threshold or path in self._warned:
                     continue
                 self._warned.add(path)
-            warnings.warn(PartialShardWriteWarning(_message(arr, count), path, count), stacklevel=_caller_level())
+            warnings.warn(PartialShardWriteWarning(_message(change.array, count), path, count), stacklevel=_caller_level())
 
     def rewrites(self, path: str) -> int:
         """Partial-shard rewrites counted so far for the array at ``path`` (counting stops after the warning)."""
