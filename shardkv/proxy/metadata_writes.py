@@ -58,7 +58,7 @@ from shardkv.storage.kv import ANY, LOCK_DIR, TEMP_MARKER, KVStore
 
 __all__ = ["MetadataWriter", "WriteValues", "check_not_reserved", "writes_to"]
 
-WriteValues = Callable[[Mapping[str, "bytes | None"]], None]
+WriteValues = Callable[[Mapping[str, "bytes | memoryview | None"]], None]
 """Writes values to the base store (``None``: delete; deleting a missing key is no error)."""
 
 _HIDDEN_REASON = "the zarr.json of a sharded array is managed by shardkv"

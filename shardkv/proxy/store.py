@@ -204,8 +204,6 @@ class ShardedStore(ProxyBase):
         """The shard engine (``stats``: read rounds, refused reads, write rounds, lost races)."""
         return self._engine
 
-    # -- routing ----------------------------------------------------------------
-
     def _route(self, key: str, validated: bool = False) -> ChunkRef | None:
         """The chunk of a sharded array that ``key`` names, or ``None`` for a key stored as it is.
 
@@ -390,8 +388,6 @@ class ShardedStore(ProxyBase):
     def flush(self) -> None:
         """Write every buffered shard to the base store (write-back mode; a no-op otherwise)."""
         self._writer.flush()
-
-    # -- zarr-python 2 store protocol ----------------------------------------------
 
     @property
     def _metadata_class(self) -> Any:
