@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
@@ -39,6 +40,7 @@ __all__ = [
     "local_mapper",
     "record_local_writes",
     "is_meta",
+    "CountingDict",
 ]
 
 _META = (".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json")
@@ -207,3 +209,15 @@ def record_local_writes(monkeypatch: pytest.MonkeyPatch) -> list[Request]:
     monkeypatch.setattr(FSMapAdapter, "_atomic_local_write", recording_atomic)
     monkeypatch.setattr(FSMapAdapter, "write_at", recording_write_at)
     return log
+
+
+class CountingDict(dict):
+    """A dict base store that counts reads per key (``reads``: hits and misses alike)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.reads: Counter[str] = Counter()
+
+    def __getitem__(self, key: str) -> Any:
+        self.reads[key] += 1
+        return super().__getitem__(key)

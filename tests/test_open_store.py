@@ -7,6 +7,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from counting_fs import CountingDict
 
 import shardkv
 from shardkv import ConfigurationError, ShardedStore, open_store
@@ -17,18 +18,6 @@ DRAFT_ENTRY_POINT = json.dumps(
      "metadata_encoding": "https://purl.org/zarr/spec/protocol/core/3.0", "extensions": []}
 ).encode()  # fmt: skip
 V3_GROUP = json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}).encode()
-
-
-class CountingDict(dict):
-    """A dict base store that counts reads per key."""
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.reads: Counter[str] = Counter()
-
-    def __getitem__(self, key: str) -> Any:
-        self.reads[key] += 1
-        return super().__getitem__(key)
 
 
 ENTRY_POINTS = {

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections import Counter
 from typing import Any
 
 import numpy as np
 import pytest
+from counting_fs import CountingDict
 
 from shardkv import ReservedKeyError, ShardedStore, open_store, rechunk_to_shards
 from shardkv.proxy.draft import DRAFT_ZARR_FORMAT, DraftShardedStore
@@ -20,18 +20,6 @@ ZARRAY = json.dumps(
     {"zarr_format": 2, "shape": [8, 8], "chunks": [2, 2], "dtype": "<i4", "compressor": None,
      "fill_value": 0, "filters": None, "order": "C"}
 ).encode()  # fmt: skip
-
-
-class CountingDict(dict):
-    """A dict base store that counts reads per key (hits and misses)."""
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.reads: Counter[str] = Counter()
-
-    def __getitem__(self, key: str) -> Any:
-        self.reads[key] += 1
-        return super().__getitem__(key)
 
 
 # -- issue 20, item 6: shardkv's internal names are refused on write --------------------------

@@ -35,7 +35,10 @@ from shardkv.metadata.documents import META_NAMES, dump_json, load_json
 from shardkv.metadata.hierarchy import REFUSED_ZARRAY, ZARR_JSON, present, presented_zmetadata
 from shardkv.metadata.v3_view import sharding_spec_from_v3, v2_dimension_separator
 
-__all__ = ["Node", "NodeTable", "ReadValues", "META_NAMES", "PRESENTED", "chunkish_under", "build_node"]
+__all__ = [
+    "Node", "NodeTable", "ReadValues", "META_NAMES", "PRESENTED", "chunkish_under", "build_node",
+    "present_stored_zmetadata",
+]
 
 ReadValues = Callable[[Sequence[str]], Mapping[str, Any]]
 """Reads whole values of keys from the base store; missing keys are left out of the result."""
@@ -411,20 +414,11 @@ class NodeTable:
 
     def _zmetadata(self, key: str, raw: bytes) -> bytes:
         """A stored ``.zmetadata`` with each sharded array's documents presented."""
-        try:
-            stored = load_json(key, raw)
-        except MetadataError:
-            return raw
-        meta = stored.get("metadata") if isinstance(stored, dict) else None
-        if not isinstance(meta, dict):
-            return raw
-        refused = [k.rpartition("/")[0] for k, v in meta.items() if v == REFUSED_ZARRAY]
-        if not refused:
-            return raw
-        prefix = split_key(key)[0]
-        found = self.v3_nodes(join_path(prefix, p) for p in refused)
-        docs = {p: node.doc for p in refused if (node := found.get(join_path(prefix, p).strip("/"))) is not None}
-        return dump_json(presented_zmetadata(stored, docs), key=key)  # type: ignore[arg-type]
+
+        def docs(paths: list[str]) -> dict[str, dict[str, Any]]:
+            return {p: n.doc for p, n in self.v3_nodes(paths).items() if n.doc is not None}
+
+        return present_stored_zmetadata(key, raw, docs)
 
     def listed(self, keys: Iterable[str]) -> Iterator[str]:
         """Base store ``keys`` (no chunks of sharded arrays) as zarr-python 2 lists them.
@@ -458,6 +452,29 @@ class NodeTable:
             if node.hides_zarr_json:
                 out.discard(ZARR_JSON)
         return sorted(out)
+
+
+def present_stored_zmetadata(key: str, raw: bytes, docs: Callable[[list[str]], Mapping[str, Any]]) -> bytes:
+    """A stored ``.zmetadata`` as zarr-python 2 reads it: each sharded array's documents presented.
+
+    ``docs`` gives the v3 documents of node paths (relative to the store). A
+    document that is not a consolidated ``.zmetadata``, or lists no sharded
+    array, is served as stored.
+    """
+    try:
+        stored = load_json(key, raw)
+    except MetadataError:
+        return raw
+    meta = stored.get("metadata") if isinstance(stored, dict) else None
+    if not isinstance(meta, dict):
+        return raw
+    refused = [k.rpartition("/")[0] for k, v in meta.items() if v == REFUSED_ZARRAY]
+    if not refused:
+        return raw
+    prefix = split_key(key)[0]
+    found = docs([join_path(prefix, p).strip("/") for p in refused])
+    by_entry = {p: doc for p in refused if (doc := found.get(join_path(prefix, p).strip("/"))) is not None}
+    return dump_json(presented_zmetadata(stored, by_entry), key=key)
 
 
 def _decided_by_zarr_json(path: str, raw_json: Any | None) -> Node | None:

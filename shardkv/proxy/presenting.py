@@ -26,8 +26,9 @@ from shardkv.errors import MetadataError, ReservedKeyError
 from shardkv.format.ranges import ByteRange
 from shardkv.keys.paths import join_path, split_key
 from shardkv.metadata.documents import dump_json, load_json
-from shardkv.metadata.hierarchy import REFUSED_ZARRAY, ZARR_JSON, MetadataPlan, present, presented_zmetadata
+from shardkv.metadata.hierarchy import ZARR_JSON, MetadataPlan, present
 from shardkv.metadata.v2_view import V2View, v2_view_of_v3
+from shardkv.proxy.nodes import present_stored_zmetadata
 from shardkv.storage.adapters import StoreAdapter
 
 __all__ = ["PresentingAdapter", "V3Node"]
@@ -183,20 +184,7 @@ class PresentingAdapter(StoreAdapter):
 
     def _zmetadata(self, key: str, raw: bytes) -> bytes:
         """The stored ``.zmetadata`` with each sharded array's documents presented."""
-        try:
-            stored = load_json(key, raw)
-        except MetadataError:
-            return raw
-        meta = stored.get("metadata") if isinstance(stored, dict) else None
-        if not isinstance(meta, dict):
-            return raw
-        prefix = split_key(key)[0]
-        refused = [k.rpartition("/")[0] for k, v in meta.items() if v == REFUSED_ZARRAY]
-        if not refused:
-            return raw
-        found = self.nodes(join_path(prefix, p) for p in refused)
-        docs = {p: found[join_path(prefix, p).strip("/")].doc for p in refused if join_path(prefix, p).strip("/") in found}
-        return dump_json(presented_zmetadata(stored, docs), key=key)
+        return present_stored_zmetadata(key, raw, lambda paths: {p: n.doc for p, n in self.nodes(paths).items()})
 
     def view_of(self, path: str) -> V2View | None:
         """The v2 view of the v3 node at ``path`` (documents, or why it is not presented); ``None`` if none."""
