@@ -165,7 +165,6 @@ def run_sharded_writers(
     n_chunks: int = 256,
     chunk_len: int = 8,
     chunks_per_shard: int = 16,
-    write_strategy: str = "rewrite",
     concurrency: str = "auto",
     storage_options: dict | None = None,
     timeout: float = JOIN_TIMEOUT_S,
@@ -195,7 +194,7 @@ def run_sharded_writers(
     from shardkv import ShardedStore
 
     views = views or ((path, ""),)
-    options = {"chunks_per_shard": chunks_per_shard, "write_strategy": write_strategy, "concurrency": concurrency}
+    options = {"chunks_per_shard": chunks_per_shard, "concurrency": concurrency}
     if storage_options is not None:
         options["storage_options"] = dict(storage_options)
     def base(root: str) -> Any:

@@ -30,10 +30,9 @@ if not zarr.__version__.startswith("2."):
     pytest.skip("zarr-python 2 only", allow_module_level=True)
 
 
-@pytest.mark.parametrize("write_strategy", ["rewrite", "append", "inplace"])
-def test_four_processes_writing_disjoint_chunks_lose_nothing(tmp_path, write_strategy) -> None:
+def test_four_processes_writing_disjoint_chunks_lose_nothing(tmp_path) -> None:
     result = run_sharded_writers(
-        str(tmp_path / "data.zarr"), n_procs=4, n_chunks=128, chunks_per_shard=16, write_strategy=write_strategy
+        str(tmp_path / "data.zarr"), n_procs=4, n_chunks=128, chunks_per_shard=16
     )
     assert result.child_errors == ()
     assert result.lost == 0, f"{result.lost} of {result.total} chunk updates lost"
@@ -125,8 +124,8 @@ def _roundtrip(store):
 def test_store_reduce_carries_location_and_options(tmp_path) -> None:
     store = ShardedStore(
         str(tmp_path), chunks_per_shard=4, index_location="start", index_checksum=False,
-        index_cache_bytes=1 << 20, validate_index_cache=True, read_policy=ReadPolicy(max_gap=7),
-        buffer_bytes=1 << 16, write_strategy="append", slack_bytes=3,
+        index_cache_bytes=1 << 20, read_policy=ReadPolicy(max_gap=7),
+        buffer_bytes=1 << 16,
     )  # fmt: skip
     arr = zarr.open_array(store=store, mode="w", shape=(40,), chunks=(5,), dtype="i2")
     arr[:] = np.arange(40)

@@ -438,7 +438,7 @@ def test_an_index_read_while_its_shard_appeared_is_not_cached_against_missing(tm
     path = str(tmp_path / "appear.zarr")
     writer = ShardedStore(path, chunks_per_shard=4)
     arr = zarr.open_array(store=writer, mode="w", shape=(16,), chunks=(2,), dtype="i4", fill_value=0)
-    reader = ShardedStore(path, validate_index_cache=True)
+    reader = ShardedStore(path)
     zarr.open_array(store=reader, mode="r")  # metadata read before the race
     io = reader._io
     real_get_ranges = io.base.get_ranges

@@ -145,7 +145,7 @@ def test_a_chunk_delete_sees_another_stores_write(tmp_path) -> None:
 
 
 def test_store_pickles_to_an_equivalent_store(tmp_path) -> None:
-    store = ShardedStore(str(tmp_path), chunks_per_shard=4, write_strategy="append", lock_timeout=5.0)
+    store = ShardedStore(str(tmp_path), chunks_per_shard=4, lock_timeout=5.0)
     arr = zarr.open_array(store=store, mode="w", shape=(40,), chunks=(5,), dtype="i2")
     arr[:] = np.arange(40)
     clone = pickle.loads(pickle.dumps(store))

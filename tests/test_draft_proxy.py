@@ -86,7 +86,7 @@ def test_dispatch_refuses_options_the_draft_format_cannot_honour(base):
     with pytest.raises(ConfigurationError, match="layout"):
         ShardedStore(base, layout="draft2023")
     with pytest.raises(ConfigurationError, match="do not apply"):
-        ShardedStore(base, write_strategy="append")
+        ShardedStore(base, buffer_bytes=1024)
     with pytest.raises(ConfigurationError, match="checksum"):
         ShardedStore(base, index_checksum=True)
 

@@ -107,6 +107,11 @@ def _read_unranged(
     return out
 
 
+def _relayed_values(results: Sequence[ReadResult]) -> list[BytesLike | None]:
+    """The value of each relayed read (one range each), ``None`` where the key is not stored."""
+    return [r.values[0] if r.found and r.values else None for r in results]
+
+
 def _decode(arr: ShardedArray, shard_key: str, result: ReadResult, whole: bool) -> tuple[ShardIndex, int | None]:
     """The index of an index read (or of a whole-shard read) and the shard's size when known."""
     if whole:
@@ -122,6 +127,7 @@ def read_ranges(
     policy: ReadPolicy,
     stats: EngineStats,
     requests: Sequence[tuple[ChunkRef, ByteRange]],
+    relayed: Sequence[tuple[str, ByteRange]] = (),
 ) -> list[BytesLike | None]:
     """Byte ranges inside chunks, each from the shard generation its index was read from.
 
@@ -138,11 +144,15 @@ def read_ranges(
     requests : sequence of (ChunkRef, ByteRange)
         A chunk and a range *inside its bytes* (clipped to the chunk; a suffix
         range counts from the chunk's end); ``ByteRange(0)`` is the whole chunk.
+    relayed : sequence of (str, ByteRange)
+        Ranges of keys that are not chunks, read along with the first index
+        reads (one request fewer for the draft transformer's relayed keys).
 
     Returns
     -------
     list of bytes-like or None
-        In the order of ``requests``; ``None`` where the chunk is not stored.
+        The values of ``requests`` then of ``relayed``, in order; ``None``
+        where the chunk or key is not stored.
 
     Raises
     ------
@@ -154,10 +164,10 @@ def read_ranges(
     by_shard: dict[str, list[int]] = {}
     for pos, (ref, _) in enumerate(requests):
         by_shard.setdefault(ref.shard_key, []).append(pos)
-    if not by_shard:
-        return []
-    if not kv.caps.ranged:
-        return _read_unranged(kv, requests, by_shard)
+    extra: list[ReadRequest] = [(key, [byte_range], ANY) for key, byte_range in relayed]
+    if not by_shard or not kv.caps.ranged:
+        values = _read_unranged(kv, requests, by_shard) if by_shard else []
+        return values + _relayed_values(kv.get_many(extra) if extra else [])
     arrays = {k: requests[positions[0]][0].array for k, positions in by_shard.items()}
     out: list[BytesLike | None] = [None] * len(requests)
     pending = set(by_shard)
@@ -175,11 +185,15 @@ def read_ranges(
                 entries[k] = cached
         need = [k for k in order if k not in entries]
         fresh: set[str] = set()
-        if need:
+        if need or extra:
             reads: list[ReadRequest] = [
                 (k, None if k in whole else [arrays[k].layout.index_range()], ANY) for k in need
             ]
-            for k, result in zip(need, kv.get_many(reads)):
+            answers = kv.get_many(reads + extra)
+            if extra:
+                out += _relayed_values(answers[len(need):])
+                extra = []
+            for k, result in zip(need, answers):
                 if not result.found:  # no shard: none of its chunks is stored
                     cache.discard(k)
                     pending.discard(k)
@@ -199,6 +213,8 @@ def read_ranges(
             if k not in pending or k not in entries:
                 continue
             index, generation, size = entries[k].index, entries[k].generation, entries[k].size
+            if kv.caps.stamps != "native" and not kv.caps.in_process:
+                size = None  # process stamps miss writes other processes made: the size is no proof
             layout = arrays[k].layout
             wanted: list[tuple[int, int, int]] = []  # (position, start, stop) in the shard
             absent = False

@@ -11,7 +11,7 @@ This module routes each key: a chunk of a sharded array goes to its shard
 The other jobs live beside it: what each path is
 (:mod:`shardkv.proxy.nodes`), the v3 documents kept in step with
 ``.zarray``/``.zattrs``/``.zgroup`` writes (:mod:`shardkv.proxy.mirror`), write-back
-(:mod:`shardkv.proxy.writes`), listing (:mod:`shardkv.proxy.listing`), and the
+(:mod:`shardkv.engine.writeback`), listing (:mod:`shardkv.proxy.listing`), and the
 requests themselves (:class:`shardkv.engine.engine.ShardEngine` over the
 store's :class:`~shardkv.storage.kv.KVStore`: one batched index read and one
 batched chunk read per call; one batched write per call).
