@@ -29,7 +29,8 @@ from kill_harness import acked_seqs, check_chunks, run_and_kill, write_and_ack
 
 from shardkv import ShardedStore
 from shardkv.proxy.verify import find_stale_temporaries, remove_stale_temporaries, verify_store
-from shardkv.storage import adapters, fsmap_adapter
+from shardkv.storage import adapters
+from shardkv.storage import local as fsmap_adapter  # the local-file writes and their fault seams
 
 CHUNK = 512  # 2 KiB of int32 noise per chunk
 N_CHUNKS = 12  # 3 shards of 4 chunks
@@ -133,21 +134,22 @@ def test_sigkill_leaves_no_torn_shard_and_loses_no_acknowledged_chunk(tmp_path: 
     assert find_stale_temporaries(open_store(tmp_path / "store", "rewrite").base, 0) == []
 
 
-def naive_write_at(self: Any, key: str, writes: Any) -> None:
-    """The pre-issue-10 local writer: positional writes straight into the live file."""
-    fd = os.open(self.fs._strip_protocol(self._path(key)), os.O_RDWR)
+def naive_write(path: str, parts: list[memoryview], fsync: bool, create_only: bool = False) -> Any:
+    """A writer without atomicity: the shard is written straight into the live file (truncated first)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
     try:
-        for offset, data in writes:
-            fsmap_adapter._pwrite_all(fd, memoryview(data), offset)
+        fsmap_adapter._pwrite_all(fd, memoryview(b"".join(parts)), 0)
+        return fsmap_adapter.file_generation(os.fstat(fd))
     finally:
         os.close(fd)
 
 
 def test_the_kill_harness_catches_a_writer_that_tears(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Proof that the test above can fail: the same rounds against in-place appends find a torn shard."""
-    monkeypatch.setattr(adapters.FSMapAdapter, "write_at", naive_write_at)
-    with pytest.raises(AssertionError, match="crc32c mismatch|outside the chunk data region|lost or torn"):
-        crash_rounds(tmp_path / "store", "append", rounds=16, seed=5)
+    """Proof that the test above can fail: the same rounds against writes into the live file find a torn shard."""
+    monkeypatch.setattr(fsmap_adapter, "atomic_write", naive_write)
+    with pytest.raises(AssertionError, match="crc32c mismatch|outside the chunk data region|lost or torn|expected an index|shorter than"):
+        crash_rounds(tmp_path / "store", "rewrite", rounds=16, seed=5)
 
 
 class FlakyWrites:

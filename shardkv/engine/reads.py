@@ -13,7 +13,7 @@ Per round (at most :data:`~shardkv.engine.retry.READ_ATTEMPTS`):
    on stores where every request is a round trip, shards of which most
    chunks are wanted are read whole instead (index and chunks of one
    generation in one request), and from round 3 on every shard still
-   changing is;
+   changing is, on every store;
 2. one batched ``get`` of the wanted chunk ranges, merged per shard
    (:func:`~shardkv.format.ranges.plan_reads`), each conditioned on its
    index's generation; a shard whose wanted chunks are all absent from a
@@ -175,7 +175,7 @@ def read_ranges(
     stale: set[str] = set()
     for attempt in attempts(READ_ATTEMPTS, READ_BACKOFF):
         stats.read_attempts += 1
-        if attempt >= 3 and kv.caps.round_trips:
+        if attempt >= 3:
             whole |= stale  # a shard rewritten without pause: one self-consistent request
         order = [k for k in by_shard if k in pending]
         entries: dict[str, CacheEntry] = {}
