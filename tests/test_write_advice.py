@@ -44,11 +44,11 @@ def test_whole_shard_and_buffered_writes_do_not_warn(tmp_path):
     for i in range(0, 64, 32):
         for j in range(0, 64, 32):
             z[i : i + 32, j : j + 32] = DATA[i : i + 32, j : j + 32]  # one whole shard per call
-    assert aligned._writer.advisor.rewrites("a") == 0
+    assert aligned._advisor.rewrites("a") == 0
 
     with ShardedStore(str(tmp_path / "buffered.zarr"), chunks_per_shard=4, buffer_bytes=2**20) as buffered:
         _chunk_by_chunk(_array(buffered))
-    assert buffered._writer.advisor.rewrites("a") == 0
+    assert buffered._advisor.rewrites("a") == 0
     np.testing.assert_array_equal(zarr.open_array(ShardedStore(str(tmp_path / "buffered.zarr")), path="a")[...], DATA)
 
 
@@ -57,7 +57,7 @@ def test_few_partial_writes_stay_quiet(tmp_path):
     z = _array(store)
     for k in range(DEFAULT_THRESHOLD - 1):
         z[8 * (k // 8) : 8 * (k // 8) + 8, 8 * (k % 8) : 8 * (k % 8) + 8] = 1.0
-    assert store._writer.advisor.rewrites("a") == DEFAULT_THRESHOLD - 1
+    assert store._advisor.rewrites("a") == DEFAULT_THRESHOLD - 1
 
 
 def test_dask_blocks_of_one_chunk_warn_and_rechunked_blocks_do_not(tmp_path):
@@ -74,5 +74,5 @@ def test_dask_blocks_of_one_chunk_warn_and_rechunked_blocks_do_not(tmp_path):
         blocks = rechunk_to_shards(darr, z)
         assert blocks.chunks == ((32, 32), (32, 32))
         da.store(blocks, z, lock=False)
-        assert aligned._writer.advisor.rewrites("a") == 0
+        assert aligned._advisor.rewrites("a") == 0
     np.testing.assert_array_equal(z[...], DATA)

@@ -242,8 +242,7 @@ class UnderlyingKV(KVStore):
             ok = [k for k, (_, cond) in writes.items()
                   if cond.is_any or (not cond.is_missing and stamped.before[k] == cond)
                   or (cond.is_missing and not self.store.contains(k))]
-            stores = {k: join_parts(v) if isinstance(v, (list, tuple)) else v
-                      for k in ok if (v := writes[k][0]) is not None}
+            stores = {k: join_parts(v) for k in ok if (v := writes[k][0]) is not None}
             deletes = [k for k in ok if writes[k][0] is None]
             stamped.begin(ok)
             if stores:

@@ -213,8 +213,6 @@ def read_ranges(
             if k not in pending or k not in entries:
                 continue
             index, generation, size = entries[k].index, entries[k].generation, entries[k].size
-            if kv.caps.stamps != "native" and not kv.caps.in_process:
-                size = None  # process stamps miss writes other processes made: the size is no proof
             layout = arrays[k].layout
             wanted: list[tuple[int, int, int]] = []  # (position, start, stop) in the shard
             absent = False
@@ -256,12 +254,15 @@ def _serve_ranges(
 ) -> None:
     """Slice the chunk bytes of one shard's ranged read into ``out``, refusing bytes the shard does not hold."""
     layout = arr.layout
+    data_end = None if result.size is None else layout.data_region(result.size)[1]
     for read, value in zip(coalesced, result.values or []):
         limit = read.range.start + len(value)  # the end of the chunk data the read proves
         if read.range.stop is None and layout.index_location == "end":
             limit -= layout.index_nbytes
         else:
             limit -= guard
+        if data_end is not None:  # the size the read itself found
+            limit = min(limit, data_end)
         for member, rel, nbytes in read.members:
             pos, start, stop = wanted[member]
             if stop > limit:

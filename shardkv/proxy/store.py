@@ -191,7 +191,10 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
         self._raw_store = store
         self._cps = rule.value  # shown by repr
         self._nodes = NodeCache(self._base)
-        self._kv = open_kv(self._base.inner)  # type: ignore[attr-defined]
+        stored = self._base.inner  # type: ignore[attr-defined]
+        while isinstance(stored, PresentingAdapter):  # a proxy's adapter handed to another proxy (CLI)
+            stored = stored.inner
+        self._kv = open_kv(stored)
         self._engine = ShardEngine(self._kv, EngineOptions(
             index_cache_bytes, read_policy or ReadPolicy(), concurrency, lock_timeout))
         self._advisor = WriteAdvisor()  # warns once per array about chunk-by-chunk rewrites (write-through)
