@@ -192,20 +192,20 @@ def test_other_writer_seen_after_refresh(tmp_path: Path) -> None:
     assert store.getitems([f"a/{i}" for i in range(1, CPS)]) == {f"a/{i}": chunk_bytes(i, new) for i in range(1, CPS)}
 
 
-def test_other_writer_seen_at_once_with_validation(tmp_path: Path) -> None:
+def test_other_writer_seen_at_once(tmp_path: Path) -> None:
     root = str(tmp_path / "s")
     make_array(root)
-    store = ShardedStore(root)  # listings, `in` and reads always current (no option)
+    store = ShardedStore(root)
     assert store["a/1"] == chunk_bytes(1)
     assert store["a/2"] == chunk_bytes(2)
-    assert store.index_cache.hits == 1  # the validated entry is used while the shard is unchanged
+    assert store.index_cache.hits == 1  # the entry is used while the shard is unchanged
     new = DATA + 1000
     rewrite_shard_zero(root, new)
     assert "a/0" not in store
     assert store.getitems([f"a/{i}" for i in range(1, CPS)]) == {f"a/{i}": chunk_bytes(i, new) for i in range(1, CPS)}
 
 
-def test_other_writer_same_size_seen_with_validation(tmp_path: Path) -> None:
+def test_other_writer_same_size_seen(tmp_path: Path) -> None:
     """A rewrite that keeps the shard's size but moves its chunks is still detected."""
     root = str(tmp_path / "s")
     store = ShardedStore(root, chunks_per_shard=CPS)
@@ -216,3 +216,25 @@ def test_other_writer_same_size_seen_with_validation(tmp_path: Path) -> None:
     other.setitems({"a/0": b"z" * 12, "a/1": b"w" * 4})  # same total size, chunk 1 moved
     assert store["a/1"] == b"w" * 4
     assert store["a/0"] == b"z" * 12
+
+
+def test_memory_entry_kept_until_used_or_refreshed() -> None:
+    """Over memory:// an entry stays cached until a read finds it stale, or refresh() drops it."""
+    import uuid
+
+    import fsspec
+
+    url = f"memory://shardkv-cache-{uuid.uuid4().hex}"
+    try:
+        make_array(url)
+        store = ShardedStore(url)
+        assert store["a/1"] == chunk_bytes(1)
+        assert len(store.index_cache) == 1
+        new = DATA + 1000
+        rewrite_shard_zero(url, new)
+        assert len(store.index_cache) == 1
+        store.refresh()
+        assert len(store.index_cache) == 0
+        assert store["a/1"] == chunk_bytes(1, new)
+    finally:
+        fsspec.filesystem("memory").rm(url.replace("memory://", "/"), recursive=True)

@@ -9,6 +9,8 @@ size; an entry at the bound is still requested.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import uuid
 from typing import Any, Iterator
@@ -23,7 +25,7 @@ from shardkv import ShardedStore
 from shardkv.errors import CorruptShardError
 from shardkv.format.layout import chunk_nbytes_bound
 from shardkv.metadata.v3_view import sharding_spec_from_v3
-from shardkv.storage.adapters import FSMapAdapter
+from shardkv.storage.fsspec import FsspecStore
 from transformers.sharding import ShardingStorageTransformer
 
 CPS = 4
@@ -36,15 +38,15 @@ BOUND = CHUNK * 1 * 2 + 65536  # u1 chunks of 8 elements
 def sizeless(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, list[int]]]:
     """A ``memory://`` root whose sizes are not free, and the lengths of every ranged read issued."""
     lengths: list[int] = []
-    original = FSMapAdapter.get_ranges
+    original = FsspecStore.get_many
 
-    def counting(self: FSMapAdapter, requests: Any) -> Any:
-        for _, r in requests:
-            lengths.append(-1 if r.stop is None else r.stop - r.start)
-        return original(self, requests)
+    def counting(self: FsspecStore, requests: Any) -> Any:
+        for _, ranges, _ in requests:
+            for r in ranges or ():
+                lengths.append(-1 if r.stop is None else r.stop - r.start)
+        return [dataclasses.replace(result, size=None) for result in original(self, requests)]  # sizes not free
 
-    monkeypatch.setattr(FSMapAdapter, "size_if_free", lambda self, key: None)
-    monkeypatch.setattr(FSMapAdapter, "get_ranges", counting)
+    monkeypatch.setattr(FsspecStore, "get_many", counting)
     root = f"memory://bound-{uuid.uuid4().hex}"
     yield root, lengths
     fs = fsspec.filesystem("memory")

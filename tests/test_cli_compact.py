@@ -17,18 +17,6 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "shardkv", *args], capture_output=True, text=True, timeout=120)
 
 
-def _pad_shard(store: ShardedStore, path: Path, pad: int) -> None:
-    """Rewrite one shard (index at the end) with ``pad`` unused bytes before its chunks, as other writers may leave."""
-    layout = store.sharded_array("").layout  # type: ignore[union-attr]
-    shard = path.read_bytes()
-    index = layout.index_of_shard(shard, path.name)
-    moved = index.copy()
-    for coords in index.present():
-        offset, nbytes = index.get(coords)  # type: ignore[misc]
-        moved.set(coords, offset + pad, nbytes)
-    path.write_bytes(b"\xff" * pad + shard[: len(shard) - layout.index_nbytes] + layout.encode_index(moved))
-
-
 def test_compact_reclaims_unused_bytes_and_keeps_the_data(tmp_path: Path) -> None:
     root = tmp_path / "store"
     store = ShardedStore(str(root), chunks_per_shard=4)
@@ -36,9 +24,11 @@ def test_compact_reclaims_unused_bytes_and_keeps_the_data(tmp_path: Path) -> Non
     data = np.arange(1600, dtype="i4").reshape(40, 40)
     z[:] = data
     shard = root / "0.0"
-    _pad_shard(store, shard, 1000)  # a shard with unused space, written by another tool
+    # unused bytes between the chunks and the index, as other writers (or earlier versions) leave them
+    layout = ShardedStore(str(root)).sharded_array("").layout
+    blob = shard.read_bytes()
+    shard.write_bytes(blob[: -layout.index_nbytes] + bytes(3000) + blob[-layout.index_nbytes :])
     before = os.path.getsize(shard)
-    np.testing.assert_array_equal(zarr.open_array(ShardedStore(str(root)), mode="r")[:], data)  # still read
     result = _run("compact", str(root))
     assert result.returncode == 0, result.stderr
     after = os.path.getsize(shard)

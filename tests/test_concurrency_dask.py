@@ -96,7 +96,7 @@ def _s3_store_factory(moto_s3):  # noqa: F811
         "secret": "testing",
         "client_kwargs": {"endpoint_url": moto_s3.endpoint_url, "region_name": "us-east-1"},
     }  # s3fs's instance cache: one client per worker process, not per task
-    assert ShardedStore(url, storage_options=options)._io.plan.mode == "conditional"
+    assert ShardedStore(url, storage_options=options).concurrency_mode == "conditional"
     return lambda: ShardedStore(url, chunks_per_shard=CPS, storage_options=options)
 
 

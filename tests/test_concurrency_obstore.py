@@ -110,9 +110,9 @@ def test_auto_is_conditional_for_an_obstore_s3_store(moto_s3, tmp_path) -> None:
     prefix = _prefix("auto")
     plan = plan_concurrency(adapt(_s3(moto_s3, prefix)))
     assert plan.mode == "conditional" and isinstance(plan.conditional, ObstoreConditional)
-    assert ShardedStore(_s3(moto_s3, prefix))._io.plan.mode == "conditional"
+    assert ShardedStore(_s3(moto_s3, prefix)).concurrency_mode == "conditional"
     by_url = ShardedStore(f"s3://{moto_s3.bucket}/{prefix}", storage_options=_url_options(moto_s3))
-    assert by_url._io.plan.mode == "conditional"
+    assert by_url.concurrency_mode == "conditional"
     memory = plan_concurrency(adapt(obstore_store.MemoryStore()))  # real, atomic PutMode in the process
     assert memory.mode == "conditional" and not memory.conditional.remote
     local = plan_concurrency(adapt(obstore_store.LocalStore(str(tmp_path))))  # no PutMode update: lock files
@@ -130,14 +130,12 @@ def test_disabled_conditional_puts_are_refused_not_downgraded(moto_s3, monkeypat
 
 @pytest.mark.parametrize("mode", ["none", "process"])
 def test_a_store_with_disabled_conditional_puts_opens_writes_and_reads_with_an_explicit_mode(moto_s3, mode) -> None:  # noqa: F811
-    from shardkv.storage.obstore_conditional import ObstoreConditional
-
     store = _s3(moto_s3, _prefix(f"off-{mode}"), conditional_put="disabled")
     with pytest.raises(ConfigurationError, match="conditional_put='etag'"):
         ShardedStore(store)  # auto: refused, never downgraded
     sharded = ShardedStore(store, chunks_per_shard=4, concurrency=mode)
-    assert sharded._io.plan.mode == mode
-    assert isinstance(sharded._io._pinned_store, ObstoreConditional)  # reads are pinned: GET If-Match only
+    assert sharded.concurrency_mode == mode
+    assert sharded.engine.kv.caps.stamps == "native"  # reads are conditioned: GET If-Match only
     arr = zarr.open_array(store=sharded, mode="w", shape=(16,), chunks=(2,), dtype="i4", compressor=None)
     arr[:] = np.arange(16)
     np.testing.assert_array_equal(zarr.open_array(store=ShardedStore(store, concurrency=mode), mode="r")[:], np.arange(16))
@@ -164,11 +162,11 @@ def test_a_missing_bucket_is_an_error_not_a_lost_race(moto_s3) -> None:  # noqa:
     client.delete_bucket(Bucket=bucket)
     with pytest.raises(FileNotFoundError, match=bucket):
         ObstoreConditional(adapt(s3)).swap("k", b"x", None)  # a create: not a lost race
-    stats = sharded._io.retry_stats
-    before = stats.attempts
+    stats = sharded.engine.stats
+    before = stats.write_attempts
     with pytest.raises(FileNotFoundError, match="does its bucket exist"):
         arr[0:2] = 1
-    assert stats.attempts - before <= 1  # one attempt, not 16 retries of a "lost race"
+    assert stats.write_attempts - before <= 1  # one attempt, not 16 retries of a "lost race"
 
 
 def test_adapters_of_one_bucket_and_prefix_share_a_location(moto_s3, tmp_path) -> None:  # noqa: F811
@@ -187,7 +185,7 @@ def test_adapters_of_one_bucket_and_prefix_share_a_location(moto_s3, tmp_path) -
     cond = pickle.loads(pickle.dumps(conditional_store_for(a)))
     assert isinstance(cond, ObstoreConditional) and bytes(cond.read_with_generation("k")[0]) == b"v"
     store = pickle.loads(pickle.dumps(ShardedStore(_s3(moto_s3, prefix))))  # a dask task's copy
-    assert store._io.plan.mode == "conditional" and location_of(store._io.base) == a.location
+    assert store.concurrency_mode == "conditional" and store.engine.kv.location == a.location
     local = ObstoreAdapter(obstore_store.LocalStore(str(tmp_path)))
     assert local.location == location_of(adapt(str(tmp_path)))  # the same lock files as fsspec writers
 
@@ -206,18 +204,18 @@ def test_lock_files_of_a_local_store_are_not_listed(tmp_path) -> None:
 
 def _race_once(store: ShardedStore, other_write) -> list[str]:
     """Make the next generation read of ``store`` run ``other_write`` right after it (once)."""
-    conditional = store._io._rw.conditional
-    read = conditional.read_with_generation
+    kv = store.engine.kv
+    read = kv.get_many
     raced: list[str] = []
 
-    def read_then_lose_the_race(key, byte_range=None):
-        found = read(key, byte_range)
-        if not raced:  # the other writer stores the shard between our read and our write
-            raced.append(key)
+    def read_then_lose_the_race(requests):
+        found = read(requests)
+        if not raced and requests and requests[0][1] is None:  # the shard read of the write
+            raced.append(requests[0][0])  # the other writer stores the shard between our read and our write
             other_write()
         return found
 
-    conditional.read_with_generation = read_then_lose_the_race
+    kv.get_many = read_then_lose_the_race
     return raced
 
 
@@ -229,8 +227,8 @@ def test_a_forced_race_is_refused_and_retried(moto_s3) -> None:  # noqa: F811
     other = zarr.open_array(store=ShardedStore(_s3(moto_s3, prefix), concurrency="none"), mode="r+")
     raced = _race_once(store, lambda: other.__setitem__(slice(2, 4), 2))
     arr[4:6] = 3
-    stats = store._io.retry_stats
-    assert raced == ["0"] and stats.precondition_failures >= 1, stats
+    stats = store.engine.stats
+    assert raced == ["0"] and stats.write_lost >= 1, stats
     check = zarr.open_array(store=ShardedStore(_s3(moto_s3, prefix)), mode="r")
     np.testing.assert_array_equal(check[:8], [1, 1, 2, 2, 3, 3, 0, 0])  # both writers' chunks kept
 
@@ -290,4 +288,4 @@ def test_a_writer_racing_an_erase_keeps_its_chunk(moto_s3) -> None:  # noqa: F81
     del store["0"]
     check = zarr.open_array(store=ShardedStore(_s3(moto_s3, prefix)), mode="r")
     np.testing.assert_array_equal(check[:4], [0, 0, 2, 2])  # erased, and the racing chunk kept
-    assert raced == ["0"] and store._io.retry_stats.precondition_failures >= 1
+    assert raced == ["0"] and store.engine.stats.write_lost >= 1

@@ -51,8 +51,8 @@ def test_writers_that_open_the_hierarchy_at_different_roots_lose_nothing(tmp_pat
 def test_a_nested_directory_store_takes_lock_files_and_four_processes_lose_nothing(tmp_path) -> None:
     path = str(tmp_path / "nested.zarr")
     store = ShardedStore(zarr.NestedDirectoryStore(path))
-    assert store._io.plan.mode == "files"
-    assert location_of(store._io.base).local_dir == os.path.realpath(path)
+    assert store.concurrency_mode == "files"
+    assert store.engine.kv.location.local_dir == os.path.realpath(path)
     found = run_sharded_writers(path, n_procs=4, n_chunks=64, chunks_per_shard=64, make_base=zarr.NestedDirectoryStore)
     assert found.child_errors == ()
     assert found.lost == 0, f"{found.lost} of {found.total} chunk updates lost"
@@ -79,16 +79,16 @@ def test_zarr2_stores_outside_a_directory_ask_for_an_explicit_mode(tmp_path) -> 
     sqlite.close()
     # in-memory stores and third-party mappings keep the in-process emulation
     local_fsstore = zarr.storage.FSStore(str(tmp_path / "fsstore"))  # its files, read directly: lock files
-    assert ShardedStore(local_fsstore)._io.plan.mode == "files"
+    assert ShardedStore(local_fsstore).concurrency_mode == "files"
     with pytest.raises(ConfigurationError, match="zarr/json"):  # it would rewrite the keys shardkv writes
         ShardedStore(zarr.storage.FSStore(str(tmp_path / "fsstore"), key_separator="/"))
     for kind in (zarr.DirectoryStore, zarr.NestedDirectoryStore):  # lowercased keys: locks would miss their arrays
         with pytest.raises(ConfigurationError, match="normalize_keys"):
             ShardedStore(kind(str(tmp_path / "low"), normalize_keys=True))
     for memory in ({}, zarr.MemoryStore(), zarr.KVStore({}), zarr.storage.FSStore("memory://kinds")):
-        assert ShardedStore(memory)._io.plan.mode == "conditional", type(memory).__name__
+        assert ShardedStore(memory).concurrency_mode == "conditional", type(memory).__name__
     wrapped = zarr.LRUStoreCache(zarr.DirectoryStore(str(tmp_path / "wrapped")), max_size=1 << 20)
-    assert ShardedStore(wrapped)._io.plan.mode == "files"  # the wrapped directory's lock files
+    assert ShardedStore(wrapped).concurrency_mode == "files"  # the wrapped directory's lock files
 
 
 def test_adapters_pickle_to_the_same_location(tmp_path) -> None:
@@ -200,20 +200,20 @@ def test_a_forced_race_on_s3_is_refused_with_412_and_retried(moto_s3) -> None:  
     arr[0:2] = 1
     # another process's writer: takes none of this process's locks
     other = zarr.open_array(store=ShardedStore(url, storage_options=options, concurrency="none"), mode="r+")
-    conditional = store._io._rw.conditional
-    read = conditional.read_many_with_generation
+    kv = store.engine.kv
+    read = kv.get_many
     raced: list[str] = []
 
     def read_then_lose_the_race(requests):
         found = read(requests)
-        if not raced:  # the other writer stores shard 0 between our read and our write
-            raced.append(requests[0][0])
+        if not raced and requests and requests[0][1] is None:  # the shard read of the write
+            raced.append(requests[0][0])  # the other writer stores shard 0 between our read and our write
             other[2:4] = 2
         return found
 
-    conditional.read_many_with_generation = read_then_lose_the_race
+    kv.get_many = read_then_lose_the_race
     arr[4:6] = 3
-    stats = store._io.retry_stats
-    assert raced == ["0"] and stats.precondition_failures >= 1, stats  # the 412 answer
+    stats = store.engine.stats
+    assert raced == ["0"] and stats.write_lost >= 1, stats  # the 412 answer
     check = zarr.open_array(store=ShardedStore(url, storage_options=options), mode="r")
     np.testing.assert_array_equal(check[:8], [1, 1, 2, 2, 3, 3, 0, 0])  # both writers' chunks kept

@@ -37,6 +37,7 @@ from concurrency_harness import SPAWN, MotoS3, moto_s3, run_threads  # noqa: F40
 
 from shardkv import ShardedStore
 from shardkv.storage.adapters import adapt
+from shardkv.storage.kv import ANY, KVStore, ReadResult
 
 zarr = pytest.importorskip("zarr")
 if not zarr.__version__.startswith("2."):
@@ -152,7 +153,7 @@ def _reader(where: tuple[str, ...], r: int, barrier: Any, stop: Any, results: An
         store = _open(where)  # its own index cache, kept across reads (default options)
         barrier.wait(60)
         n, problems = _read_loop(store, r, stop, budget_s=40.0)
-        results.put((f"reader {r}", n, store._io.read_stats.precondition_failures, problems))
+        results.put((f"reader {r}", n, store.engine.stats.read_stale, problems))
     except Exception:  # reported to the parent, which fails the test with the traceback
         results.put((f"reader {r}", 0, 0, [traceback.format_exc()]))
 
@@ -222,53 +223,59 @@ def test_a_cached_index_of_a_shard_replaced_elsewhere_is_refused_and_read_again(
     )  # fmt: skip
     arr[8:64] = np.repeat(np.arange(11, 18), 8)  # one shard: chunks 1..7 hold 11..17, chunk 0 absent
     reader = _client_store(moto_s3, root, client, concurrency="none")  # no locks, no CAS
-    assert reader._io._pinned_store is not None and reader._io._pinned_store.remote
+    assert reader.engine.kv.caps.stamps == "native" and reader.engine.kv.caps.round_trips
     view = zarr.open_array(store=reader, mode="r")
     np.testing.assert_array_equal(view[24:32], 13)  # chunk 3 at bytes [128, 192); its index cached
-    stats = reader._io.read_stats
-    assert stats.precondition_failures == 0 and len(reader.index_cache) == 1
+    stats = reader.engine.stats
+    assert stats.read_stale == 0 and len(reader.index_cache) == 1
 
     arr[0:32] = np.repeat([100, 101, 102, 103], 8)  # one call: chunk 0 appears, chunk 3 moves to [192, 256)
-    attempts = stats.attempts
+    attempts = stats.read_attempts
     # the old offsets would read chunk 2's new bytes (102); the pinned read is refused and redone
     np.testing.assert_array_equal(view[24:32], 103)
-    assert stats.precondition_failures == 1 and stats.attempts == attempts + 2
+    assert stats.read_stale == 1 and stats.read_attempts == attempts + 2
 
     arr[:] = -1  # every chunk fill: the shard is deleted
     np.testing.assert_array_equal(view[24:32], -1)  # the cached index is refused again: not stored now
-    assert stats.precondition_failures == 2
+    assert stats.read_stale == 2
 
 
 def test_readers_pin_generations_whatever_the_concurrency_mode(moto_s3) -> None:  # noqa: F811
-    from shardkv.storage.conditional import S3Conditional
+    from shardkv.storage.fsspec import FsspecStore
+    from shardkv.storage.s3 import S3Store
 
     mapper = moto_s3.filesystem().get_mapper(f"{moto_s3.bucket}/modes-{uuid.uuid4().hex[:8]}")
     for mode in ("auto", "conditional", "process", "none"):
-        assert isinstance(ShardedStore(mapper, concurrency=mode)._io._pinned_store, S3Conditional), mode
-    assert ShardedStore("memory://modes-pinned")._io._pinned_store is None  # in-process: validators
+        kv = ShardedStore(mapper, concurrency=mode).engine.kv  # chunk reads are conditioned on ETags
+        assert isinstance(kv, S3Store) and kv.caps.stamps == "native" and kv.caps.round_trips, mode
+    memory = ShardedStore("memory://modes-pinned").engine.kv  # in-process: the stored objects' identity
+    assert isinstance(memory, FsspecStore) and memory.caps.in_process and memory.caps.stamps == "native"
 
 
 def test_obstore_memory_stores_pin_their_reads_and_local_stores_have_validators(tmp_path) -> None:
-    from shardkv.storage.obstore_conditional import ObstoreConditional
+    from shardkv.storage.local import LocalStore
+    from shardkv.storage.obstore import ObstoreStore
 
     obstore_store = pytest.importorskip("obstore.store")
     memory = obstore_store.MemoryStore()
     for mode in ("auto", "conditional", "process", "none"):
-        pinned = ShardedStore(memory, concurrency=mode)._io._pinned_store
-        assert isinstance(pinned, ObstoreConditional) and pinned.pins_reads and not pinned.remote, mode
-    local = ShardedStore(obstore_store.LocalStore(str(tmp_path)))
-    assert local._io._pinned_store is None  # a local directory: validators
-    assert local._io.base.validator("absent") == "missing"
+        kv = ShardedStore(memory, concurrency=mode).engine.kv
+        assert isinstance(kv, ObstoreStore) and kv.caps.stamps == "native" and not kv.caps.round_trips, mode
+    local = ShardedStore(obstore_store.LocalStore(str(tmp_path))).engine.kv
+    assert isinstance(local, LocalStore)  # a local directory: generations from fstat
+    assert local.get("absent").state == "missing"
 
 
 def test_a_dir_filesystem_over_a_local_directory_is_that_local_directory(tmp_path) -> None:
     from fsspec.implementations.dirfs import DirFileSystem
     from fsspec.implementations.local import LocalFileSystem
 
+    from shardkv.storage.local import LocalStore
+
     store = ShardedStore(DirFileSystem(str(tmp_path), LocalFileSystem()).get_mapper("sub/data.zarr"))
-    base = store._io.base
-    assert type(base.fs) is LocalFileSystem and base.root == f"{tmp_path}/sub/data.zarr"
-    assert store._io.plan.mode == "files" and base.validator("absent") == "missing"
+    base = store.engine.kv
+    assert isinstance(base, LocalStore) and base.root == f"{tmp_path}/sub/data.zarr"
+    assert store.concurrency_mode == "files" and base.get("absent").state == "missing"
 
 
 def test_s3_batched_generation_reads_keep_order_and_sort_answers(moto_s3) -> None:  # noqa: F811
@@ -329,35 +336,41 @@ def test_dict_and_memory_reads_are_consistent_by_construction() -> None:
     assert memory.validator("a") != first
 
 
-class _AlwaysChanged:
-    """A remote conditional store whose pinned chunk reads are always refused (a writer without pause)."""
+class _AlwaysChanged(KVStore):
+    """A store whose chunk reads conditioned on a generation are always refused (a writer without pause)."""
 
-    remote = True
-
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: KVStore) -> None:
         self.inner = inner
+        self.caps = inner.caps
         self.whole_reads = 0
 
-    def read_many_with_generation(self, requests: Any) -> Any:
-        self.whole_reads += sum(byte_range is None for _, byte_range in requests)
-        return self.inner.read_many_with_generation(requests)
+    @property
+    def location(self) -> Any:
+        return self.inner.location
 
-    def read_many_if_generation(self, requests: Any) -> Any:
-        return [(False, None) for _ in requests]
+    def get_many(self, reads: Any) -> Any:
+        self.whole_reads += sum(ranges is None for _, ranges, _ in reads)
+        out = self.inner.get_many(reads)
+        return [ReadResult("stale", None, ANY) if not cond.is_any and ranges is not None else r
+                for (_, ranges, cond), r in zip(reads, out)]
+
+    def put_many(self, writes: Any) -> Any:
+        return self.inner.put_many(writes)
+
+    def list_prefix(self, prefix: str) -> Any:
+        return self.inner.list_prefix(prefix)
 
 
 def test_a_shard_refused_twice_is_read_whole_so_the_reader_makes_progress() -> None:
-    from shardkv.storage.choose_conditional import conditional_store_for
-
     base = f"memory://contended-{uuid.uuid4().hex[:8]}"
     arr = zarr.open_array(store=ShardedStore(base, chunks_per_shard=8), mode="w", shape=(64,), chunks=(8,), dtype="i8")
     arr[:] = np.arange(64)
     reader = ShardedStore(base)
-    fake = reader._io._pinned_store = _AlwaysChanged(conditional_store_for(reader._io.base))
-    stats = reader._io.read_stats
+    fake = reader.engine.kv = _AlwaysChanged(reader.engine.kv)
+    stats = reader.engine.stats
     np.testing.assert_array_equal(zarr.open_array(store=reader, mode="r")[8:16], np.arange(8, 16))
     # index + refused range, twice; then the whole shard in one read (index and chunks of one generation)
-    assert (stats.attempts, stats.precondition_failures, fake.whole_reads) == (3, 2, 1)
+    assert (stats.read_attempts, stats.read_stale, fake.whole_reads) == (3, 2, 1)
 
 
 _IN_PROCESS_KINDS = ["local", "memory", "obstore-local", "obstore-memory", "dirfs"]
@@ -433,25 +446,24 @@ def test_a_chunk_absent_from_a_cached_index_but_written_since_is_read(tmp_path, 
 
 
 def test_an_index_read_while_its_shard_appeared_is_not_cached_against_missing(tmp_path) -> None:
-    # validate_index_cache: the validator is taken before the index read; a shard stored in
-    # between must not be cached with the "missing" validator, which holds again once it is deleted
+    # a shard stored just before the index read, then deleted: never cached as missing
     path = str(tmp_path / "appear.zarr")
     writer = ShardedStore(path, chunks_per_shard=4)
     arr = zarr.open_array(store=writer, mode="w", shape=(16,), chunks=(2,), dtype="i4", fill_value=0)
-    reader = ShardedStore(path)  # listings and `in` always current (validate_index_cache retired)
+    reader = ShardedStore(path)
     zarr.open_array(store=reader, mode="r")  # metadata read before the race
-    io = reader._io
-    real_get_ranges = io.base.get_ranges
+    kv = reader.engine.kv
+    real_get_many = kv.get_many
     raced: list[bool] = []
 
     def write_first(requests):
         if not raced:
             raced.append(True)
-            arr[0:2] = 7  # shard 0 appears between the validator and the index read
-        return real_get_ranges(requests)
+            arr[0:2] = 7  # shard 0 appears just before the index read
+        return real_get_many(requests)
 
-    io.base.get_ranges = write_first
+    kv.get_many = write_first
     assert "0" in reader and raced  # read through the race
-    io.base.get_ranges = real_get_ranges
+    kv.get_many = real_get_many
     del writer["0"]  # the shard's only chunk: the shard is deleted
     assert "0" not in reader and "0" not in list(reader.keys())

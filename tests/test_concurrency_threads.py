@@ -70,7 +70,7 @@ def test_a_held_shard_lock_excludes_another_stores_writer(tmp_path, kind) -> Non
     zarr.open_array(store=holder, mode="w", shape=(16,), chunks=(2,), dtype="i4", fill_value=0)
     other = ShardedStore(base, chunks_per_shard=4, lock_timeout=0.2)
     arr = zarr.open_array(store=other, mode="r+")
-    with holder._io.hold(["0"]):  # shard 0 holds chunks 0-3 (elements 0-7)
+    with holder.engine.hold({"0": holder.sharded_array("")}):  # shard 0 holds chunks 0-3 (elements 0-7)
         started = time.monotonic()
         with pytest.raises(LockTimeoutError):
             arr[0:2] = 5
@@ -150,8 +150,8 @@ def test_store_pickles_to_an_equivalent_store(tmp_path) -> None:
     clone = pickle.loads(pickle.dumps(store))
     assert type(clone) is ShardedStore and clone is not store
     assert clone.options == store.options
-    assert clone._io.plan.mode == store._io.plan.mode == "files"
-    assert clone._io.plan.locks.lock_dir == store._io.plan.locks.lock_dir
+    assert clone.concurrency_mode == store.concurrency_mode == "files"
+    assert clone.engine.guard.locks.lock_dir == store.engine.guard.locks.lock_dir
     np.testing.assert_array_equal(zarr.open_array(store=clone, mode="r")[:], np.arange(40))
     assert sorted(clone) == sorted(store)
 

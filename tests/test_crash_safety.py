@@ -1,7 +1,7 @@
-"""Shard writes under SIGKILL and injected I/O errors: no torn shard, no acknowledged chunk lost.
+"""Write strategies under SIGKILL and injected I/O errors: no torn shard, no acknowledged chunk lost.
 
-A forked child writes random whole chunks through ``ShardedStore(local dir)``
-with zarr-python 2 (write ``seq`` stores the value
+A forked child writes random whole chunks through ``ShardedStore(local dir,
+write_strategy=...)`` with zarr-python 2 (write ``seq`` stores the value
 ``seq + 1`` in chunk ``chunk_of(seq)``) and logs each acknowledged ``seq`` to
 an fsync'd file; it is killed at a random moment, the store is reopened, and
 every shard must pass :func:`shardkv.proxy.verify.verify_store` and every
@@ -29,11 +29,12 @@ from kill_harness import acked_seqs, check_chunks, run_and_kill, write_and_ack
 
 from shardkv import ShardedStore
 from shardkv.proxy.verify import find_stale_temporaries, remove_stale_temporaries, verify_store
-from shardkv.storage import fsmap_adapter, local
+from shardkv.storage import adapters
+from shardkv.storage import local as fsmap_adapter  # the local-file writes and their fault seams
 
 CHUNK = 512  # 2 KiB of int32 noise per chunk
 N_CHUNKS = 12  # 3 shards of 4 chunks
-STRATEGIES = ["rewrite"]  # the one way a stored shard is updated (append/inplace retired, issue 18)
+STRATEGIES = ["rewrite"]  # the only way shards are updated (append/inplace were retired)
 
 
 def chunk_of(seq: int) -> int:
@@ -47,7 +48,6 @@ def value_of(seq: int) -> np.ndarray:
 
 
 def open_store(root: Path, strategy: str) -> ShardedStore:
-    assert strategy in STRATEGIES
     return ShardedStore(str(root), chunks_per_shard=4)
 
 
@@ -63,7 +63,7 @@ class KillingWrites:
     def __init__(self, seed: int, rate: float) -> None:
         self.rng = random.Random(seed)
         self.rate = rate
-        self.real_write = local._pwrite_all
+        self.real_write = fsmap_adapter._pwrite_all
         self.real_replace = os.replace
 
     def write(self, fd: int, data: memoryview, offset: int) -> None:
@@ -86,8 +86,6 @@ class KillingWrites:
     def install(self) -> None:
         fsmap_adapter._pwrite_all = self.write  # the child is a forked copy: nothing leaks into pytest
         fsmap_adapter.write_parts = self.write_parts
-        local._pwrite_all = self.write  # shard writes (storage.local.LocalStore), metadata writes too
-        local.write_parts = self.write_parts
         os.replace = self.replace
 
 
@@ -136,32 +134,32 @@ def test_sigkill_leaves_no_torn_shard_and_loses_no_acknowledged_chunk(tmp_path: 
     assert find_stale_temporaries(open_store(tmp_path / "store", "rewrite").base, 0) == []
 
 
-def naive_local_write(path: str, parts: list[memoryview], fsync: bool, create_only: bool = False) -> Any:
-    """A local writer without a temporary file: truncates the live file and writes it in place."""
+def naive_write(path: str, parts: list[memoryview], fsync: bool, create_only: bool = False) -> Any:
+    """A writer without atomicity: the shard is written straight into the live file (truncated first)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
     try:
-        local._pwrite_all(fd, memoryview(b"".join(bytes(p) for p in parts)), 0)
-        return local.file_generation(os.fstat(fd))
+        fsmap_adapter._pwrite_all(fd, memoryview(b"".join(parts)), 0)
+        return fsmap_adapter.file_generation(os.fstat(fd))
     finally:
         os.close(fd)
 
 
 def test_the_kill_harness_catches_a_writer_that_tears(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Proof that the test above can fail: the same rounds against in-place rewrites find a torn shard."""
-    monkeypatch.setattr(local, "atomic_write", naive_local_write)
-    with pytest.raises(AssertionError, match="crc32c mismatch|outside the chunk data region|lost or torn|shorter than"):
+    """Proof that the test above can fail: the same rounds against writes into the live file find a torn shard."""
+    monkeypatch.setattr(fsmap_adapter, "atomic_write", naive_write)
+    with pytest.raises(AssertionError, match="crc32c mismatch|outside the chunk data region|lost or torn|expected an index|shorter than"):
         crash_rounds(tmp_path / "store", "rewrite", rounds=16, seed=5)
 
 
 class FlakyWrites:
-    """Replaces ``_pwrite_all`` (and ``write_parts``) of the local stores: a share of calls write half their bytes, then raise EIO."""
+    """Replaces ``fsmap_adapter._pwrite_all`` (and ``write_parts``): a share of calls write half their bytes, then raise EIO."""
 
     def __init__(self, rate: float, seed: int) -> None:
         self.rng = random.Random(seed)
         self.rate = rate
         self.fired = 0
-        self.real = local._pwrite_all
+        self.real = fsmap_adapter._pwrite_all
 
     def __call__(self, fd: int, data: memoryview, offset: int) -> None:
         if self.rng.random() < self.rate:
@@ -183,9 +181,8 @@ def test_failed_writes_raise_and_leave_the_old_chunk(
     create(root, strategy)
     z = zarr.open_array(open_store(root, strategy), mode="r+")
     flaky = FlakyWrites(0.25, seed=len(strategy))
-    for module in (fsmap_adapter, local):  # shard writes (storage.local), metadata writes (the adapter)
-        monkeypatch.setattr(module, "_pwrite_all", flaky)
-        monkeypatch.setattr(module, "write_parts", flaky.write_parts)
+    monkeypatch.setattr(fsmap_adapter, "_pwrite_all", flaky)
+    monkeypatch.setattr(fsmap_adapter, "write_parts", flaky.write_parts)
     model = np.zeros(CHUNK * N_CHUNKS, dtype="i4")
     failures = 0
     for seq in range(80):
@@ -208,6 +205,28 @@ def test_failed_writes_raise_and_leave_the_old_chunk(
     assert find_stale_temporaries(fresh.base, 0) == []  # failed writers clean up after themselves
 
 
+@pytest.mark.parametrize("how", ["exdev", "missing"])
+def test_copy_on_write_without_copy_file_range(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    def refuse(*args: Any) -> int:
+        raise OSError(errno.EXDEV, "cross-device")
+
+    if how == "exdev":
+        monkeypatch.setattr(os, "copy_file_range", refuse)
+    else:
+        monkeypatch.delattr(os, "copy_file_range")
+    root = tmp_path / "store"
+    create(root, "append")
+    z = zarr.open_array(open_store(root, "append"), mode="r+")
+    z[:] = np.arange(CHUNK * N_CHUNKS, dtype="i4")
+    z[CHUNK : 2 * CHUNK] = value_of(3)  # a partial shard update: copied through user space
+    expected = np.arange(CHUNK * N_CHUNKS, dtype="i4")
+    expected[CHUNK : 2 * CHUNK] = value_of(3)
+    monkeypatch.undo()
+    fresh = open_store(root, "append")
+    assert verify_store(fresh, decode=True).ok
+    np.testing.assert_array_equal(zarr.open_array(fresh, mode="r")[:], expected)
+
+
 @pytest.mark.parametrize("durable", [True, False])
 def test_fsync_policy_of_local_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durable: bool) -> None:
     """Each shard file is fsync'd before its rename, each directory once per batch after; none when off."""
@@ -223,12 +242,11 @@ def test_fsync_policy_of_local_writes(tmp_path: Path, monkeypatch: pytest.Monkey
     store = ShardedStore(str(tmp_path), chunks_per_shard=2)
     store["a/.zarray"] = b'{"zarr_format": 2, "shape": [8], "chunks": [1], "dtype": "|u1", "compressor": null,' \
         b' "fill_value": 0, "filters": null, "order": "C"}'  # fmt: skip
-    store.base.fsync = durable  # the adapter (metadata) and the KVStore the engine writes shards through
-    store.engine.kv.fsync = durable  # type: ignore[attr-defined]
+    store.engine.kv.fsync = durable  # the store the engine writes shards through
     monkeypatch.setattr(os, "fsync", counting)
     store.setitems({f"a/{i}": b"x" for i in range(0, 8, 2)})  # four new shards in one directory
     assert synced == (["file"] * 4 + ["dir"] if durable else [])
     synced.clear()
-    store["a/1"] = b"y"  # a partial update: the shard rewritten through a temporary
+    store["a/1"] = b"y"  # a partial update: copy on write
     assert synced == (["file", "dir"] if durable else [])
     assert store["a/1"] == b"y" and store["a/0"] == b"x"

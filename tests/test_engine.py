@@ -272,3 +272,11 @@ def test_write_through_reports_each_write() -> None:
     back = WriteBack(ShardEngine(kv), None, on_write_through=lambda changes: seen.append(sorted(changes)))
     back.write(change(arr, {(0, 0): b"a", (4, 4): b"b"}))
     assert seen == [["a/0.0", "a/2.2"]] and back.lookup("a/0.0", (0, 0)) == (False, None)
+
+
+def test_cache_keeps_the_shard_size_the_write_returned() -> None:
+    kv, arr = CountingKV(), array()
+    engine = ShardEngine(kv)
+    engine.write(change(arr, {(0, 0): b"a" * 10, (0, 1): b"b" * 3}))
+    entry = engine.cache.peek("a/0.0")
+    assert entry is not None and entry.size == len(kv.data["a/0.0"][0])

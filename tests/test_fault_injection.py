@@ -33,8 +33,9 @@ import zarr
 from shardkv import ShardedStore
 from shardkv.errors import ShardKVError
 from shardkv.proxy.verify import verify_store
-from shardkv.storage import fsmap_adapter
-from shardkv.storage.adapters import FSMapAdapter, MappingAdapter
+from shardkv.storage import local as local_store
+from shardkv.storage.local import LocalStore
+from shardkv.storage.mapping import MappingStore
 
 CHUNK = 64  # int32 elements per chunk
 N_CHUNKS = 12  # 3 shards of 4 chunks
@@ -42,8 +43,8 @@ RATE = 0.15
 OPERATIONS = 60
 SECONDS = 8.0
 FILL = np.zeros(CHUNK, dtype="i4")
-READS = ("get", "get_many", "get_ranges")
-WRITES = ("set_many", "write_at", "delete_many")
+READS = ("get_many",)  # the KVStore methods every shard read and write goes through
+WRITES = ("put_many",)
 
 
 class Faults:
@@ -82,10 +83,10 @@ class Faults:
         for name in READS + WRITES:
             monkeypatch.setattr(adapter_class, name, self.wrap(name, getattr(adapter_class, name)))
         if local:
-            write = self.partial_writes(fsmap_adapter._pwrite_all)
-            monkeypatch.setattr(fsmap_adapter, "_pwrite_all", write)
+            write = self.partial_writes(local_store._pwrite_all)
+            monkeypatch.setattr(local_store, "_pwrite_all", write)
             monkeypatch.setattr(
-                fsmap_adapter,
+                local_store,
                 "write_parts",
                 lambda fd, parts: write(fd, memoryview(b"".join(parts)), os.lseek(fd, 0, os.SEEK_CUR)),
             )
@@ -190,13 +191,13 @@ def check_after(
         model.check(c, data[c * CHUNK : (c + 1) * CHUNK], "after the workload")
 
 
-@pytest.mark.parametrize("strategy", ["rewrite"])  # the one update path (append/inplace retired, issue 18)
+@pytest.mark.parametrize("strategy", ["rewrite"])
 def test_strategies_under_random_read_write_delete_faults(
     tmp_path: Path, strategy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = str(tmp_path / "store")
     faults = Faults(seed=len(strategy), rate=RATE)
-    faults.install(monkeypatch, FSMapAdapter, local=True)
+    faults.install(monkeypatch, LocalStore, local=True)
 
     def open_store() -> ShardedStore:
         return ShardedStore(root, chunks_per_shard=4)
@@ -210,7 +211,7 @@ def test_strategies_under_random_read_write_delete_faults(
 def test_write_back_under_random_read_write_delete_faults(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     base: dict[str, bytes] = {}
     faults = Faults(seed=seed, rate=RATE)
-    faults.install(monkeypatch, MappingAdapter, local=False)
+    faults.install(monkeypatch, MappingStore, local=False)
     st = ShardedStore(base, chunks_per_shard=4, buffer_bytes=5 * CHUNK * 4)  # ~5 chunks: evictions
     model, errors = run_workload(st, faults, seed=seed, flush=True)
     st.flush()  # faults off: what was acknowledged reaches the base store

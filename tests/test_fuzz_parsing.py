@@ -12,6 +12,8 @@ shard with flipped bytes, and every chunk of the shard is read back.
 
 from __future__ import annotations
 
+import dataclasses
+
 import resource
 import tempfile
 import uuid
@@ -29,6 +31,7 @@ from hypothesis import strategies as st
 from shardkv import ShardedStore
 from shardkv.errors import CorruptShardError
 from shardkv.storage.adapters import FSMapAdapter
+from shardkv.storage.fsspec import FsspecStore
 
 CPS = 4
 INDEX_NBYTES = 16 * CPS + 4
@@ -45,7 +48,7 @@ class Kind:
             self.base: Any = {}
         elif name == "local":
             self.base = tmp
-        elif name == "dirfs":  # local files behind a non-local protocol: no free sizes, ranged reads via read(n)
+        elif name == "dirfs":  # local files behind a non-local protocol
             # (the adapter is made directly: adapt() looks through a DirFileSystem over local files)
             self.base = FSMapAdapter(DirFileSystem(path=tmp, fs=fsspec.filesystem("file")), "")
         else:
@@ -74,11 +77,14 @@ class Kind:
 def kind(request: pytest.FixtureRequest) -> Iterator[Kind]:
     with tempfile.TemporaryDirectory() as tmp:
         patch = pytest.MonkeyPatch()
-        if request.param == "memory-no-size":
-            patch.setattr(FSMapAdapter, "size_if_free", lambda self, key: None)
+        if request.param == "memory-no-size":  # the store's reads tell no sizes
+            original = FsspecStore.get_many
+            patch.setattr(FsspecStore, "get_many",
+                          lambda self, reads: [dataclasses.replace(r, size=None) for r in original(self, reads)])
         try:
             made = Kind(request.param.replace("-no-size", ""), tmp)
-            made.size_known = request.param not in ("memory-no-size", "dirfs")
+            # a DirFileSystem over local files is read as local files: sizes from fstat
+            made.size_known = request.param != "memory-no-size"
             yield made
         finally:
             patch.undo()

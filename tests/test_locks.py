@@ -186,7 +186,7 @@ def test_in_process_stripes_agree_with_or_without_lock_files_and_through_links(t
 
     stores = [ShardedStore(str(real)), ShardedStore(str(real), concurrency="process"),
               ShardedStore(str(tmp_path / "link"), concurrency="process")]  # fmt: skip
-    assert len({tuple(s._io.plan.locks.thread_stripes_of([key], prefixes)) for s in stores}) == 1
+    assert len({tuple(s.engine.guard.locks.thread_stripes_of([key], prefixes)) for s in stores}) == 1
 
 
 def test_a_hold_over_several_arrays_waits_holding_nothing(tmp_path) -> None:
@@ -318,15 +318,16 @@ def test_engines_of_the_proxy_and_the_transformer_take_their_locks_from_the_loca
     from shardkv.transformers import AdapterStore, ShardingStorageTransformer
 
     proxy = ShardedStore(str(tmp_path), chunks_per_shard=2)
-    assert proxy._io.plan.mode == "files" and proxy._io.plan.locks.lock_dir == os.path.join(
+    assert proxy.concurrency_mode == "files" and proxy.engine.guard.locks.lock_dir == os.path.join(
         os.path.realpath(str(tmp_path)), ".shardkv-locks"
     )
-    assert ShardedStore({}, concurrency="none")._io.plan.locks is None
+    assert ShardedStore({}, concurrency="none").engine.guard.locks is None
     over_dir = ShardingStorageTransformer(AdapterStore(str(tmp_path)), [2])
-    assert over_dir.io.plan.mode == "files"
-    assert over_dir.io.plan.locks.lock_dir == proxy._io.plan.locks.lock_dir  # one directory, one set of locks
-    assert ShardingStorageTransformer(AdapterStore({}), [2]).io.plan.mode == "conditional"
+    assert over_dir.concurrency_mode == "files"
+    assert over_dir.engine.guard.locks.lock_dir == proxy.engine.guard.locks.lock_dir  # one directory, one set of locks
+    assert ShardingStorageTransformer(AdapterStore({}), [2]).concurrency_mode == "conditional"
     stacked = ShardingStorageTransformer(over_dir, [2])  # location unknown: this object's own locks
-    assert stacked.io.plan.mode == "process" and stacked.io.plan.locks.location is None
+    assert stacked.concurrency_mode == "process"
+    assert stacked.engine.kv.location.namespace == ("abstract-store", id(over_dir))  # the store object's own
     with pytest.raises(ConfigurationError):
         ShardingStorageTransformer(over_dir, [2], concurrency="auto")

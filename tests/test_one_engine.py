@@ -203,28 +203,3 @@ def test_store_adapters_and_the_underlying_backend_satisfy_the_engine_interface(
     ]  # fmt: skip
     backend.delete_many(["k", "nope"])
     assert backend.get_many(["k"]) == {}
-
-
-# -- write strategies and compaction through the transformer ------------------------------------------------
-
-
-@pytest.mark.parametrize("strategy", ["rewrite", "append"])
-def test_transformer_write_strategies_over_local_files(tmp_path, strategy: str) -> None:
-    under = AdapterStore(str(tmp_path / "store"))
-    t = transformer(under, write_strategy=strategy)
-    t.set_values({t.chunk_key((i, j)): value_for((i, j)) for i in range(2) for j in range(3)})
-    shard_key = t.shard_key((0, 0))
-    before = under.adapter.get(shard_key)
-    t.set(t.chunk_key((1, 1)), value_for((1, 1), b"new"))  # a partly covered shard
-    after = under.adapter.get(shard_key)
-    if strategy == "append":  # the old bytes stay; the chunk and a new index are appended
-        assert after[: len(before)] == before and len(after) == len(before) + CHUNK_NBYTES + 16 * 6
-    else:
-        assert len(after) == len(before)
-    fresh = transformer(under)
-    assert fresh.get(fresh.chunk_key((1, 1))) == value_for((1, 1), b"new")
-    assert fresh.get(fresh.chunk_key((1, 2))) == value_for((1, 2))
-    reclaimed = t.compact()
-    assert reclaimed == (len(after) - len(before) if strategy == "append" else 0)
-    assert len(under.adapter.get(shard_key)) == len(before)
-    assert {c: t.get(t.chunk_key(c)) for c in [(1, 1), (0, 0)]} == {(1, 1): value_for((1, 1), b"new"), (0, 0): value_for((0, 0))}

@@ -188,13 +188,13 @@ def test_different_shards_go_out_in_one_batch(memory: tuple[Any, CountingMemoryF
     write_array(mapper)
     store = reader(mapper)
     calls: list[int] = []
-    get_ranges = store.base.get_ranges
+    get_many = store.engine.kv.get_many
 
-    def counting_get_ranges(requests: Any) -> Any:
+    def counting_get_many(requests: Any) -> Any:
         calls.append(len(requests))
-        return get_ranges(requests)
+        return get_many(requests)
 
-    store.base.get_ranges = counting_get_ranges  # type: ignore[method-assign]
+    store.engine.kv.get_many = counting_get_many  # type: ignore[method-assign]
     keys = ["a/1", "a/9", "a/17"]  # one chunk in each of the three shards
     assert store.getitems(keys) == {k: chunk_bytes(int(k[2:])) for k in keys}
     assert calls == [3, 3]  # one batch of 3 index reads, one batch of 3 chunk reads
@@ -210,17 +210,18 @@ def test_different_shards_go_out_in_one_batch(memory: tuple[Any, CountingMemoryF
     assert [r.nbytes for r in fs.reads()] == [CHUNK_NBYTES] * 3
 
 
-def test_local_batch_is_one_get_ranges_call(tmp_path: Path) -> None:
+def test_local_batch_is_one_get_many_call(tmp_path: Path) -> None:
     mapper, fs = local_mapper(str(tmp_path / "store"))
     write_array(mapper)
     store = reader(mapper)
     calls: list[int] = []
-    get_ranges = store.base.get_ranges
-    def counting_get_ranges(requests: Any) -> Any:
-        calls.append(len(requests))
-        return get_ranges(requests)
+    get_many = store.engine.kv.get_many
 
-    store.base.get_ranges = counting_get_ranges  # type: ignore[method-assign]
+    def counting_get_many(requests: Any) -> Any:
+        calls.append(len(requests))
+        return get_many(requests)
+
+    store.engine.kv.get_many = counting_get_many  # type: ignore[method-assign]
     keys = ["a/1", "a/9", "a/17"]
     assert store.getitems(keys) == {k: chunk_bytes(int(k[2:])) for k in keys}
     assert calls == [3, 3]

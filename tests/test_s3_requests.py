@@ -152,7 +152,7 @@ def test_a_chunk_of_a_cached_shard_is_one_conditional_get(s3: Any) -> None:
     log.reset()
     np.testing.assert_array_equal(z[0:8, 8:16], data[0:8, 8:16])  # another chunk of the cached shard
     assert log.seen == [("GET", f"/{BUCKET}/{root}/arr/0.0")]  # one GET (If-Match the cached index's ETag)
-    assert reader._io.read_stats.precondition_failures == 0
+    assert reader.engine.stats.read_stale == 0
 
 
 def test_a_writer_caches_the_etag_it_wrote_so_its_next_chunk_read_is_one_get(s3: Any) -> None:
@@ -165,4 +165,4 @@ def test_a_writer_caches_the_etag_it_wrote_so_its_next_chunk_read_is_one_get(s3:
     np.testing.assert_array_equal(z[0:8, 8:16], data[0:8, 8:16])  # another chunk of the shard just written
     assert log.seen == [("GET", f"/{BUCKET}/{root}/arr/0.0")]  # no index GET: the written ETag pins the read
     np.testing.assert_array_equal(z[0:8, 0:8], -1)
-    assert store._io.read_stats.precondition_failures == 0
+    assert store.engine.stats.read_stale == 0

@@ -27,14 +27,21 @@ index cache validation the proxy has.
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Iterable, Mapping, Sequence
+from typing import Any, Hashable, Iterable, Iterator, Mapping, Sequence
 
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.adapters import StoreAdapter, adapt
+from shardkv.storage.buffers import Value, join_parts
+from shardkv.storage.kv import (
+    ANY, MISSING_RESULT, NO_VALUE, Capabilities, Generation, KVStore, ReadRequest, ReadResult, hidden,
+)
+from shardkv.storage.location import StoreLocation
+from shardkv.storage.open import open_kv
+from shardkv.storage.stamps import STAMPS
 
 from .api import AbstractStore, BytesLike, KeyRange, KeyStartValue, apply_partial_writes, normalize_prefix
 
-__all__ = ["AdapterStore"]
+__all__ = ["AdapterStore", "UnderlyingKV"]
 
 
 def _in_place(size: int, writes: Sequence[tuple[int, BytesLike]]) -> bool:
@@ -143,3 +150,115 @@ class AdapterStore(AbstractStore):
             else:
                 keys.add(k)
         return sorted(keys), sorted(prefixes)
+
+
+class UnderlyingKV(KVStore):
+    """Any :class:`~shardkv.transformers.api.AbstractStore` (a transformer of a stack, a custom store) as a KVStore.
+
+    The engine of a :class:`~shardkv.transformers.sharding.ShardingStorageTransformer`
+    over a store that is not an :class:`AdapterStore` reaches it through this
+    adapter. Generations are process stamps (:mod:`shardkv.storage.stamps`,
+    per adapter object): they see the writes made through this adapter and
+    nothing else, so the transformer's default ``concurrency`` there is
+    ``"process"``.
+
+    ====================  ==============================================
+    operation             call on the underlying store
+    ====================  ==============================================
+    ``get_many``          1 ``get_partial_values`` (whole values as ``ByteRange(0)``)
+    ``put_many``          1 ``set_values`` and 1 ``erase_values`` at most
+    ``list_prefix``       1 ``list_prefix``
+    ====================  ==============================================
+
+    Parameters
+    ----------
+    store : AbstractStore
+        The underlying store.
+    """
+
+    def __init__(self, store: AbstractStore) -> None:
+        self.store = store
+        self._location = StoreLocation(("abstract-store", id(store)), "")
+        self.caps = Capabilities(ranged=True, round_trips=False, stamps="process")
+        if isinstance(store, AdapterStore):  # the data's own location: its lock files, its stamps
+            kv = open_kv(store.adapter)
+            self._location = kv.location
+            self.caps = Capabilities(ranged=True, round_trips=kv.caps.round_trips, stamps="process",
+                                     conditional_put=False, lock_dir=kv.caps.lock_dir, in_process=kv.caps.in_process)
+
+    def __repr__(self) -> str:
+        return f"UnderlyingKV({self.store!r})"
+
+    @property
+    def location(self) -> StoreLocation:
+        """A location private to the underlying store object."""
+        return self._location
+
+    def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
+        loc = self._location
+        tickets = [STAMPS.begin_read(loc, key) for key, _, _ in reads]
+        results: list[ReadResult | None] = [None] * len(reads)
+        requests: list[KeyRange] = []
+        owners: list[int] = []
+        for i, ((key, ranges, cond), ticket) in enumerate(zip(reads, tickets)):
+            if not cond.is_any and not cond.is_missing:
+                if STAMPS.current(ticket) != cond:
+                    results[i] = ReadResult("stale", None, ANY)
+                    continue
+                if ranges == []:  # the stamp of a value read holds: still that value, no request needed
+                    results[i] = ReadResult("value", [], cond)
+                    continue
+            for r in ([ByteRange(0)] if ranges is None else (ranges or [ByteRange(0, 0)])):
+                requests.append((key, r))
+                owners.append(i)
+        fetched = self.store.get_partial_values(requests) if requests else []
+        per_read: dict[int, list[bytes | None]] = {}
+        for owner, data in zip(owners, fetched):
+            per_read.setdefault(owner, []).append(data)
+        for i, ((key, ranges, cond), ticket) in enumerate(zip(reads, tickets)):
+            if results[i] is not None:
+                continue
+            got = per_read.get(i, [])
+            if any(v is None for v in got):
+                results[i] = MISSING_RESULT
+                continue
+            generation = STAMPS.end_read(ticket)
+            if cond.is_missing or (not cond.is_any and generation != cond):
+                results[i] = ReadResult("stale", None, generation)
+                continue
+            values: list[BytesLike] = [] if ranges == [] else [v for v in got if v is not None]
+            if ranges is None:
+                size: int | None = len(values[0])
+            else:  # free only where the data lives in this process
+                size = self.store.size_if_free(key) if self.caps.in_process else None
+            results[i] = ReadResult("value", values, generation, size)
+        return [r for r in results if r is not None]
+
+    def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
+        out: dict[str, Generation | None] = {key: None for key in writes}
+        if not writes:
+            return out
+        with STAMPS.writing(self._location, writes) as stamped:
+            ok = [k for k, (_, cond) in writes.items()
+                  if cond.is_any or (not cond.is_missing and stamped.before[k] == cond)
+                  or (cond.is_missing and not self.store.contains(k))]
+            stores = {k: join_parts(v) for k in ok if (v := writes[k][0]) is not None}
+            deletes = [k for k in ok if writes[k][0] is None]
+            stamped.begin(ok)
+            if stores:
+                self.store.set_values(stores)
+            if deletes:
+                self.store.erase_values(deletes)
+        for key in ok:
+            out[key] = NO_VALUE if writes[key][0] is None else stamped.after[key]
+        return out
+
+    def patch(self, writes: Sequence[KeyStartValue]) -> None:
+        """``set_partial_values`` on the underlying store, stamped as a write of each key it touches."""
+        keys = list(dict.fromkeys(key for key, _, _ in writes))
+        with STAMPS.writing(self._location, keys) as stamped:
+            stamped.begin(keys)
+            self.store.set_partial_values(list(writes))
+
+    def list_prefix(self, prefix: str) -> Iterator[str]:
+        return iter([k for k in self.store.list_prefix(prefix) if not hidden(k)])

@@ -7,13 +7,14 @@ the keys of their stored chunks (their indexes read through the shard
 engine, 4096 shards per request, cached ones not at all); listed partial
 shard keys by every chunk-key prefix they can hold. :class:`PrefixOperations`
 is mixed into :class:`~shardkv.transformers.sharding.ShardingStorageTransformer`,
-which provides ``array``, ``io``, ``underlying``, ``key_prefix`` and ``_is_shard``.
+which provides ``array``, ``engine``, ``erase_chunks``, ``underlying``, ``key_prefix`` and ``_is_shard``.
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
+from shardkv.engine.merge import ShardChange
 from shardkv.keys.prefixes import expand_shard_prefix, shard_prefix, split_prefix
 from shardkv.keys.space import ShardedArray
 
@@ -28,7 +29,8 @@ class PrefixOperations:
     """``list_prefix``, ``list_dir`` and ``erase_prefix`` of a sharding transformer."""
 
     array: ShardedArray
-    io: Any
+    engine: Any
+    erase_chunks: Any
     underlying: Any
     key_prefix: str
 
@@ -37,7 +39,7 @@ class PrefixOperations:
 
     def _unshard(self, shard_keys: Sequence[str], prefix: str) -> list[str]:
         """Chunk keys (starting with ``prefix``) of the chunks stored in ``shard_keys``."""
-        found = self.io.chunk_keys({k: self.array for k in shard_keys}, in_grid_only=False)
+        found = self.engine.chunk_keys({k: self.array for k in shard_keys}, in_grid_only=False)
         return [k for k in found if k.startswith(prefix)]
 
     def _listed(self, keys: Iterable[str], prefix: str) -> tuple[list[str], list[str]]:
@@ -106,25 +108,25 @@ class PrefixOperations:
         split = split_prefix(self.array, prefix)
         if split is None:
             self.underlying.erase_prefix(prefix)
-            self.io.index_cache.clear()  # shards of this array may be gone
+            self.engine.forget()  # shards of this array may be gone
             return
         if not split[1]:
             self.underlying.erase_values([k for k in self.underlying.list_prefix(prefix) if not self._is_shard(k)])
             return
         plain, shards = self._listed(self.underlying.list_prefix(shard_prefix(self.array, split[0])), prefix)
-        erasures: dict[str, tuple[ShardedArray, tuple[int, ...], list[Local]]] = {}
+        erasures: dict[str, ShardChange] = {}
         partial = []
         for shard_key in shards:
             coords = self.array.shard_coords_of(shard_key)
             available = [(self.array.chunk_key(c), local) for c, local in self.array.chunks_in_shard(coords)]  # type: ignore[arg-type]
             if available and all(k.startswith(prefix) for k, _ in available):
-                erasures[shard_key] = (self.array, coords, [local for _, local in available])  # type: ignore[assignment]
+                erasures[shard_key] = ShardChange(self.array, coords, dict.fromkeys(local for _, local in available))  # type: ignore[arg-type]
             else:
                 partial.append(shard_key)
         for key in self._unshard(partial, prefix):
             ref = self.array.locate(key, check_grid=False)
-            erasures.setdefault(ref.shard_key, (self.array, ref.shard_coords, []))[2].append(ref.local_coords)
+            erasures.setdefault(ref.shard_key, ShardChange(self.array, ref.shard_coords)).chunks[ref.local_coords] = None
         if plain:
             self.underlying.erase_values(plain)
         if erasures:
-            self.io.erase_chunks(erasures)
+            self.erase_chunks(erasures)

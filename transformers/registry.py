@@ -106,7 +106,7 @@ def build_stack(
     **options
         Runtime options passed to every transformer's ``from_metadata`` (for
         the sharding transformer: ``index_cache_bytes``, ``read_policy``,
-        ``write_strategy``, ...).
+        ``concurrency``, ...).
 
     Raises
     ------

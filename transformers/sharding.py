@@ -21,12 +21,15 @@ The transformer is a thin layer: the array's keys are a
 :class:`~shardkv.keys.space.ShardedArray` (draft chunk key encoding), prefixes
 are translated by :mod:`shardkv.keys.prefixes`, and every shard read and
 write goes through the shard engine the proxy uses,
-:class:`~shardkv.engine.planner.ShardIO`, over the underlying store
-(:class:`~shardkv.transformers.backend.UnderlyingBackend`). Request plan on
-the underlying store (draft "API implementation"):
+:class:`~shardkv.engine.engine.ShardEngine`, over the underlying store seen
+as a process-stamped :class:`~shardkv.storage.kv.KVStore`
+(:class:`~shardkv.transformers.adapter.UnderlyingKV`; its location, hence
+its locks, is the base store's under an
+:class:`~shardkv.transformers.adapter.AdapterStore`).
+Request plan on the underlying store (draft "API implementation"):
 
 * ``get_partial_values``: one ``get_partial_values`` for the indexes not in
-  the index cache (together with the relayed keys), one for the chunk ranges,
+  the index cache, one for the chunk ranges, one for relayed keys,
   merged per shard by the read policy (one request for adjacent chunks of a
   shard, or the whole shard when most of it is wanted); with every index
   cached, the first is left out (or holds only the relayed keys);
@@ -34,9 +37,7 @@ the underlying store (draft "API implementation"):
   is set whole are built directly; the others are read completely with one
   ``get_partial_values`` (the draft's simplification) and merged (chunks
   outside the chunk grid dropped); then one ``set_values`` writes every new
-  shard. With ``write_strategy="append"``/``"inplace"`` over a store with
-  positional writes (local files), partly covered shards are updated by
-  ``set_partial_values`` instead (:mod:`shardkv.engine.strategies`);
+  shard;
 * ``erase_values``: shards whose every available chunk is erased are erased
   with one ``erase_values``; for the others one ``get_partial_values`` reads
   the indexes (unless cached) and one ``set_partial_values`` rewrites them in
@@ -52,19 +53,17 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from shardkv.engine.concurrency import Concurrency
-from shardkv.engine.merge import ChunkPatch
-from shardkv.engine.planner import ShardIO
-from shardkv.engine.strategies import WriteStrategy
+from shardkv.engine.engine import EngineOptions, ShardEngine
+from shardkv.engine.guard import Concurrency
+from shardkv.engine.merge import ChunkPatch, ShardChange, out_of_grid
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout, chunk_nbytes_bound
 from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.encodings import Draft2022ChunkKeyEncoding
 from shardkv.keys.space import ChunkRef, ShardedArray
-from shardkv.storage.location import location_of
 
+from .adapter import AdapterStore, UnderlyingKV
 from .api import AbstractStore, BytesLike, KeyRange, KeyStartValue
-from .backend import UnderlyingBackend
 from .prefix_ops import PrefixOperations
 
 __all__ = ["ShardingStorageTransformer", "SHARDING_EXTENSION", "DATA_ROOT"]
@@ -111,22 +110,13 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
         The binary shard format.
     index_cache_bytes : int
         Limit (bytes) of the cache of decoded shard indexes (default 64 MiB;
-        0 disables it). The transformer keeps it right across its own writes;
-        after other writers changed the underlying store call :meth:`refresh`
-        (or set ``validate_index_cache`` where the store has validators).
-    validate_index_cache : bool
-        Check a cached index against the underlying store's cheap validator
-        (local files: size, mtime, inode) before using it.
+        0 disables it). Chunk reads are conditioned on the generation each
+        index was read with, so other writers' changes are seen (over an
+        :class:`~shardkv.transformers.adapter.AdapterStore`; over other
+        stores, those made through this process's transformers).
     read_policy : ReadPolicy, optional
         How nearby chunk ranges of one shard merge into one request, and when
         the whole shard is read instead (default ``ReadPolicy()``).
-    write_strategy : {"rewrite", "append", "inplace"}
-        How a stored shard is updated when a write does not replace it whole
-        (as :class:`shardkv.ShardedStore`); ``"append"``/``"inplace"`` only
-        where the underlying store has cheap positional writes, else rewrite.
-        Never stored in metadata (draft "Binary shard format").
-    slack_bytes : int
-        With ``"inplace"``: zero bytes reserved after every chunk written (bytes).
     concurrency : {"auto", "files", "conditional", "process", "none"} or None
         How writers of one shard are serialised (as :class:`shardkv.ShardedStore`).
         ``None`` (default): ``"auto"`` over an
@@ -166,10 +156,7 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
         chunk_shape: Sequence[int] | None = None,
         type: str = "indexed",
         index_cache_bytes: int = 64 * 2**20,
-        validate_index_cache: bool = False,
         read_policy: ReadPolicy | None = None,
-        write_strategy: WriteStrategy = "rewrite",
-        slack_bytes: int = 0,
         concurrency: Concurrency | None = None,
         lock_timeout: float | None = None,
         itemsize: int | None = None,
@@ -201,19 +188,11 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
         self.array = ShardedArray(
             self.array_path, self.key_prefix, shape, chunk_shape, self.layout, self.encoding, self.encoding  # type: ignore[arg-type]
         )
-        backend = UnderlyingBackend(underlying)
+        kv = UnderlyingKV(underlying)
         if concurrency is None:
-            concurrency = "process" if location_of(backend) is None else "auto"
-        self.io = ShardIO(
-            backend,
-            index_cache_bytes=index_cache_bytes,
-            validate_index_cache=validate_index_cache,
-            read_policy=read_policy or ReadPolicy(),
-            write_strategy=write_strategy,
-            slack_bytes=slack_bytes,
-            concurrency=concurrency,
-            lock_timeout=lock_timeout,
-        )
+            concurrency = "auto" if isinstance(underlying, AdapterStore) else "process"
+        self.engine = ShardEngine(kv, EngineOptions(index_cache_bytes, read_policy or ReadPolicy(), concurrency,
+                                                    lock_timeout))
 
     # -- configuration ------------------------------------------------------------
 
@@ -245,8 +224,7 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
             of sharding transformers sees the shards of the ones above).
         **options
             Runtime options of the constructor (``index_cache_bytes``,
-            ``validate_index_cache``, ``read_policy``, ``write_strategy``,
-            ``slack_bytes``); never part of the metadata.
+            ``read_policy``, ``concurrency``, ``lock_timeout``); never part of the metadata.
 
         Raises
         ------
@@ -321,11 +299,16 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
     @property
     def index_cache(self) -> Any:
         """The shard index cache (``hits``, ``misses``, ``nbytes``, ``clear()``)."""
-        return self.io.index_cache
+        return self.engine.cache
+
+    @property
+    def concurrency_mode(self) -> str:
+        """The resolved ``concurrency`` mode: ``"files"``, ``"conditional"``, ``"process"`` or ``"none"``."""
+        return self.engine.concurrency_mode
 
     def refresh(self) -> None:
-        """Forget cached shard indexes (call after other writers changed the underlying store)."""
-        self.io.index_cache.clear()
+        """Forget cached shard indexes."""
+        self.engine.forget()
 
     # -- keys (see ShardedArray) ------------------------------------------------------
 
@@ -367,7 +350,7 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
 
         Two ``get_partial_values`` calls on the underlying store at most: the
         shard indexes not cached together with the relayed keys, then the
-        chunk ranges (see :meth:`shardkv.engine.planner.ShardIO.read_ranges`).
+        chunk ranges (see :meth:`shardkv.engine.engine.ShardEngine.read_ranges`).
 
         Raises
         ------
@@ -380,35 +363,35 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
         refs = [self._ref(k) for k, _ in key_ranges]
         chunks = [i for i, ref in enumerate(refs) if ref is not None]
         relayed = [i for i, ref in enumerate(refs) if ref is None]
-        values = self.io.read_ranges(
-            [(refs[i], key_ranges[i][1]) for i in chunks], [key_ranges[i] for i in relayed]  # type: ignore[misc]
+        values = self.engine.read_ranges(
+            [(ref, key_ranges[i][1]) for i in chunks if (ref := refs[i]) is not None], [key_ranges[i] for i in relayed]
         )
         out: list[bytes | None] = [None] * len(key_ranges)
         for i, value in zip(chunks + relayed, values):
-            out[i] = value
+            out[i] = None if value is None else bytes(value)
         return out
 
     def contains(self, key: str) -> bool:
         ref = self._ref(key)
         if ref is None:
             return self.underlying.contains(key)
-        index = self.io.read_indexes({ref.shard_key: self.array})[0].get(ref.shard_key)
-        return index is not None and index.get(ref.local_coords) is not None
+        return self.engine.has_chunks([ref])[0]
 
     # -- writes -----------------------------------------------------------------------
 
-    def _group(
-        self, keys: Iterable[str], update: Callable[[str], Any]
-    ) -> tuple[list[str], dict[str, tuple[ShardedArray, tuple[int, ...], dict[Local, Any]]]]:
-        """Relayed keys, and this array's chunk keys grouped by shard with ``update(key)`` (for :class:`ShardIO`)."""
+    def _group(self, keys: Iterable[str], update: Callable[[str], Any]) -> tuple[list[str], dict[str, ShardChange]]:
+        """Relayed keys, and this array's chunk changes (``update(key)``) grouped by shard."""
         relayed: list[str] = []
-        by_shard: dict[str, tuple[ShardedArray, tuple[int, ...], dict[Local, Any]]] = {}
+        by_shard: dict[str, ShardChange] = {}
         for key in keys:
             ref = self._ref(key)
             if ref is None:
                 relayed.append(key)
             else:
-                by_shard.setdefault(ref.shard_key, (self.array, ref.shard_coords, {}))[2][ref.local_coords] = update(key)
+                change = by_shard.get(ref.shard_key)
+                if change is None:
+                    change = by_shard[ref.shard_key] = ShardChange(self.array, ref.shard_coords)
+                change.chunks[ref.local_coords] = update(key)
         return relayed, by_shard
 
     def set_values(self, values: Mapping[str, BytesLike]) -> None:
@@ -423,7 +406,7 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
         if relayed:
             self.underlying.set_values({k: values[k] for k in relayed})
         if by_shard:
-            self.io.write_shards(by_shard)
+            self.engine.write(by_shard)
 
     def set_partial_values(self, key_start_values: Sequence[KeyStartValue]) -> None:
         """Write byte ranges inside values; a chunk's old bytes come from its shard (merged in one write).
@@ -443,7 +426,7 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
             relayed_keys = set(relayed)
             self.underlying.set_partial_values([w for w in key_start_values if w[0] in relayed_keys])
         if by_shard:
-            self.io.write_shards(by_shard)
+            self.engine.write(by_shard)
 
     def erase_values(self, keys: Iterable[str]) -> None:
         """Erase chunks; whole shards go with one ``erase_values``, others get an in-place index.
@@ -457,7 +440,52 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
         if relayed:
             self.underlying.erase_values(relayed)
         if by_shard:
-            self.io.erase_chunks({sk: (arr, coords, list(updates)) for sk, (arr, coords, updates) in by_shard.items()})
+            self.erase_chunks(by_shard)
+
+    def erase_chunks(self, by_shard: Mapping[str, ShardChange]) -> None:
+        """Erase chunks, updating each shard's index in place (the draft's ``erase_values`` plan).
+
+        A shard that loses every available chunk is erased without a read.
+        The others get their index read (unless cached and current), the
+        erased entries (and those of chunks outside the chunk grid) set empty,
+        and the new index written in place with one ``set_partial_values``
+        (the chunk bytes stay, unused, until :meth:`compact`); a shard left
+        without chunks is erased. Where the engine writes conditionally
+        (mode ``"conditional"``), shards are rewritten through it instead: a
+        positional write cannot be conditioned.
+        """
+        kv = self.engine.kv
+        # in place through the stamping adapter, so cached indexes of this process see the change
+        if self.engine.concurrency_mode == "conditional" or not isinstance(kv, UnderlyingKV):
+            self.engine.write({k: ShardChange(c.array, c.shard_coords, dict.fromkeys(c.chunks))
+                               for k, c in by_shard.items()})
+            return
+        layout = self.layout
+        with self.engine.hold({k: c.array for k, c in by_shard.items()}):
+            whole: dict[str, ShardedArray] = {}
+            partial: dict[str, ShardedArray] = {}
+            for shard_key, change in by_shard.items():
+                available = {local for _, local in change.array.chunks_in_shard(change.shard_coords)}
+                (whole if available and available <= set(change.chunks) else partial)[shard_key] = change.array
+            writes: list[KeyStartValue] = []
+            for shard_key, index in self.engine.read_indexes(partial).items():
+                change = by_shard[shard_key]
+                new = index.copy()
+                for local in set(change.chunks) | set(out_of_grid(change.array, change.shard_coords, list(index.present()))):
+                    new.clear(local)
+                if new.is_empty():
+                    whole[shard_key] = change.array
+                elif new != index:
+                    start = 0 if layout.index_location == "start" else -layout.index_nbytes
+                    writes.append((shard_key, start, layout.encode_index(new)))
+            self.engine.forget([*whole, *(w[0] for w in writes)])
+            if writes:
+                if isinstance(kv, UnderlyingKV):
+                    kv.patch(writes)
+                else:
+                    self.underlying.set_partial_values(writes)
+            if whole:
+                self.underlying.erase_values(list(whole))
 
     def compact(self) -> int:
         """Rewrite the array's stored shards that hold unused bytes (after erases or appends).
@@ -468,4 +496,4 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
             Bytes reclaimed in the underlying store.
         """
         shards = [k for k in self.underlying.list_prefix(self.key_prefix) if self._is_shard(k)]
-        return self.io.compact_shards(self.array, shards)
+        return self.engine.compact(self.array, shards)

@@ -130,13 +130,13 @@ class IndexCache:
 
         Replaces any entry; evicts the least recently used beyond the limit.
         """
-        size = index.entries.nbytes
+        nbytes = index.entries.nbytes
         with self._lock:
             self._drop(shard_key)
-            if size > self.max_bytes:
+            if nbytes > self.max_bytes:
                 return
             self._entries[shard_key] = CacheEntry(index, validator, size)
-            self._nbytes += size
+            self._nbytes += nbytes
             while self._nbytes > self.max_bytes:
                 _, evicted = self._entries.popitem(last=False)
                 old = evicted.index

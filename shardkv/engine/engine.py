@@ -147,26 +147,32 @@ class ShardEngine:
                              [(ref, _WHOLE) for ref in refs])
         return {ref.chunk_key: v for ref, v in zip(refs, values) if v is not None}
 
-    def read_ranges(self, requests: Sequence[tuple[ChunkRef, ByteRange]]) -> list[BytesLike | None]:
-        """Byte ranges inside chunks (the draft's partial reads).
+    def read_ranges(
+        self, requests: Sequence[tuple[ChunkRef, ByteRange]], relayed: Sequence[tuple[str, ByteRange]] = ()
+    ) -> list[BytesLike | None]:
+        """Byte ranges inside chunks (the draft's partial reads), and ranges of other keys read along.
 
         Parameters
         ----------
         requests : sequence of (ChunkRef, ByteRange)
             A chunk and a range *inside its bytes* (clipped to the chunk; a
             suffix range counts from the chunk's end).
+        relayed : sequence of (str, ByteRange)
+            Ranges of keys that are not chunks (the draft transformer's relayed
+            keys), read in the same request as the first index reads.
 
         Returns
         -------
         list of bytes-like or None
-            In order; ``None`` where the chunk is not stored.
+            The values of ``requests`` then of ``relayed``, in order; ``None``
+            where the chunk or key is not stored.
 
         Raises
         ------
         CorruptShardError, ChecksumError, ConcurrentUpdateError, OSError
             As :meth:`read_chunks`.
         """
-        return read_ranges(self.kv, self.cache, self.options.read_policy, self.stats, requests)
+        return read_ranges(self.kv, self.cache, self.options.read_policy, self.stats, requests, relayed)
 
     def has_chunks(self, refs: Sequence[ChunkRef]) -> list[bool]:
         """Whether each chunk is stored now (``in``), from indexes confirmed current.

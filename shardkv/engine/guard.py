@@ -72,14 +72,16 @@ def resolve_mode(kv: KVStore, concurrency: str) -> Mode:
         return "files"
     if caps.conditional_put or caps.in_process:
         return "conditional"
+    hint = (" (an object store needs conditional puts: make an obstore S3Store with conditional_put='etag', "
+            "the default)") if caps.round_trips and caps.stamps == "native" else ""
     if concurrency == "conditional":
         raise ConfigurationError(
             f"concurrency='conditional' needs a store with conditional writes; {type(kv).__name__} at "
-            f"{kv.location!r} has none (pass concurrency='process' or 'none')"
+            f"{kv.location!r} has none{hint}: pass concurrency='process' or 'none'"
         )
     raise ConfigurationError(
         f"the store {type(kv).__name__} at {kv.location!r} offers neither lock files nor conditional "
-        "writes, so concurrent writers of one shard could lose updates: pass concurrency='process' "
+        f"writes{hint}, so concurrent writers of one shard could lose updates: pass concurrency='process' "
         "(safe within this process only) or concurrency='none' (one writer per shard)"
     )
 

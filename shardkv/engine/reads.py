@@ -13,7 +13,7 @@ Per round (at most :data:`~shardkv.engine.retry.READ_ATTEMPTS`):
    on stores where every request is a round trip, shards of which most
    chunks are wanted are read whole instead (index and chunks of one
    generation in one request), and from round 3 on every shard still
-   changing is;
+   changing is, on every store;
 2. one batched ``get`` of the wanted chunk ranges, merged per shard
    (:func:`~shardkv.format.ranges.plan_reads`), each conditioned on its
    index's generation; a shard whose wanted chunks are all absent from a
@@ -107,6 +107,11 @@ def _read_unranged(
     return out
 
 
+def _relayed_values(results: Sequence[ReadResult]) -> list[BytesLike | None]:
+    """The value of each relayed read (one range each), ``None`` where the key is not stored."""
+    return [r.values[0] if r.found and r.values else None for r in results]
+
+
 def _decode(arr: ShardedArray, shard_key: str, result: ReadResult, whole: bool) -> tuple[ShardIndex, int | None]:
     """The index of an index read (or of a whole-shard read) and the shard's size when known."""
     if whole:
@@ -122,6 +127,7 @@ def read_ranges(
     policy: ReadPolicy,
     stats: EngineStats,
     requests: Sequence[tuple[ChunkRef, ByteRange]],
+    relayed: Sequence[tuple[str, ByteRange]] = (),
 ) -> list[BytesLike | None]:
     """Byte ranges inside chunks, each from the shard generation its index was read from.
 
@@ -138,11 +144,15 @@ def read_ranges(
     requests : sequence of (ChunkRef, ByteRange)
         A chunk and a range *inside its bytes* (clipped to the chunk; a suffix
         range counts from the chunk's end); ``ByteRange(0)`` is the whole chunk.
+    relayed : sequence of (str, ByteRange)
+        Ranges of keys that are not chunks, read along with the first index
+        reads (one request fewer for the draft transformer's relayed keys).
 
     Returns
     -------
     list of bytes-like or None
-        In the order of ``requests``; ``None`` where the chunk is not stored.
+        The values of ``requests`` then of ``relayed``, in order; ``None``
+        where the chunk or key is not stored.
 
     Raises
     ------
@@ -154,10 +164,10 @@ def read_ranges(
     by_shard: dict[str, list[int]] = {}
     for pos, (ref, _) in enumerate(requests):
         by_shard.setdefault(ref.shard_key, []).append(pos)
-    if not by_shard:
-        return []
-    if not kv.caps.ranged:
-        return _read_unranged(kv, requests, by_shard)
+    extra: list[ReadRequest] = [(key, [byte_range], ANY) for key, byte_range in relayed]
+    if not by_shard or not kv.caps.ranged:
+        values = _read_unranged(kv, requests, by_shard) if by_shard else []
+        return values + _relayed_values(kv.get_many(extra) if extra else [])
     arrays = {k: requests[positions[0]][0].array for k, positions in by_shard.items()}
     out: list[BytesLike | None] = [None] * len(requests)
     pending = set(by_shard)
@@ -165,7 +175,7 @@ def read_ranges(
     stale: set[str] = set()
     for attempt in attempts(READ_ATTEMPTS, READ_BACKOFF):
         stats.read_attempts += 1
-        if attempt >= 3 and kv.caps.round_trips:
+        if attempt >= 3:
             whole |= stale  # a shard rewritten without pause: one self-consistent request
         order = [k for k in by_shard if k in pending]
         entries: dict[str, CacheEntry] = {}
@@ -175,11 +185,15 @@ def read_ranges(
                 entries[k] = cached
         need = [k for k in order if k not in entries]
         fresh: set[str] = set()
-        if need:
+        if need or extra:
             reads: list[ReadRequest] = [
                 (k, None if k in whole else [arrays[k].layout.index_range()], ANY) for k in need
             ]
-            for k, result in zip(need, kv.get_many(reads)):
+            answers = kv.get_many(reads + extra)
+            if extra:
+                out += _relayed_values(answers[len(need):])
+                extra = []
+            for k, result in zip(need, answers):
                 if not result.found:  # no shard: none of its chunks is stored
                     cache.discard(k)
                     pending.discard(k)
@@ -240,12 +254,15 @@ def _serve_ranges(
 ) -> None:
     """Slice the chunk bytes of one shard's ranged read into ``out``, refusing bytes the shard does not hold."""
     layout = arr.layout
+    data_end = None if result.size is None else layout.data_region(result.size)[1]
     for read, value in zip(coalesced, result.values or []):
         limit = read.range.start + len(value)  # the end of the chunk data the read proves
         if read.range.stop is None and layout.index_location == "end":
             limit -= layout.index_nbytes
         else:
             limit -= guard
+        if data_end is not None:  # the size the read itself found
+            limit = min(limit, data_end)
         for member, rel, nbytes in read.members:
             pos, start, stop = wanted[member]
             if stop > limit:

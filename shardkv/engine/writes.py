@@ -99,6 +99,8 @@ def _write_round(
             puts[shard_key] = (None, condition)
             indexes[shard_key] = (None, 0)
     won = kv.put_many(puts) if puts else {}
+    # the size written stays true while the generation holds, unless other processes write unseen
+    sizes_hold = kv.caps.stamps == "native" or kv.caps.in_process
     lost: dict[str, ShardChange] = {}
     for shard_key, generation in won.items():
         if generation is None:
@@ -106,7 +108,7 @@ def _write_round(
             continue
         new_index, size = indexes[shard_key]
         if new_index is not None:
-            cache.put(shard_key, new_index, generation, size)
+            cache.put(shard_key, new_index, generation, size if sizes_hold else None)
     return lost
 
 

@@ -33,7 +33,7 @@ def route_batch(owner: Callable[[str], ShardedArray | None], keys: Sequence[str]
     ----------
     owner : callable
         The sharded array that owns a (valid) key, or ``None``
-        (:meth:`NodeCache.owner <shardkv.proxy.nodes.NodeCache.owner>`).
+        (:meth:`NodeTable.owner <shardkv.proxy.nodes.NodeTable.owner>`).
     keys : sequence of str
         The keys of one call.
 

@@ -205,7 +205,8 @@ class FsspecStore(KVStore):
                 results[i] = ReadResult("stale", None, generation)
                 continue
             values: list[BytesLike] = [] if ranges == [] else [bytes(d) for d in got]
-            results[i] = ReadResult("value", values, generation, len(values[0]) if ranges is None else None)
+            size = len(values[0]) if ranges is None else (self.fs.size(self._path(key)) if self._local else None)
+            results[i] = ReadResult("value", values, generation, size)
         return [r for r in results if r is not None]
 
     # -- writes ---------------------------------------------------------------

@@ -1,14 +1,14 @@
 """zarr-python 3 reads the ``zarr.json`` view of sharded v2 arrays written in every write mode.
 
-Modes: write strategy (rewrite / append / inplace with slack) x write-back
+Modes: write-back
 buffer (off / a small buffer that forces shards out early) x index location
 (start / end) x inner chunk encoding (raw bytes / numcodecs GZip). There is no
 zarr-python 2 in this environment, so the v2 array is made the way a v2
 writer would make it, through ``ShardedStore`` directly: a ``.zarray``
 document and whole encoded chunks (edge chunks full-size, as v2 stores them).
 The expected array is a numpy model of the same writes and deletes. zarr 3
-reads the directory after the last write (shards with appended chunks and
-stale indexes, before compaction) and again after :meth:`ShardedStore.compact`.
+reads the directory after the last write and again after
+:meth:`ShardedStore.compact`.
 """
 
 from __future__ import annotations
@@ -90,16 +90,16 @@ def write_rounds(store: ShardedStore, compressor: str | None, seed: int) -> np.n
     return expected
 
 
-MODES = list(itertools.product(["rewrite"], [None, 700], ["end", "start"], [None, "gzip"]))  # append/inplace retired
+MODES = list(itertools.product([None, 700], ["end", "start"], [None, "gzip"]))
 
 
 @pytest.mark.parametrize(
-    "write_strategy, buffer_bytes, index_location, compressor",
+    "buffer_bytes, index_location, compressor",
     MODES,
-    ids=[f"{s}-{'buffer' if b else 'direct'}-{loc}-{c or 'raw'}" for s, b, loc, c in MODES],
+    ids=[f"{'buffer' if b else 'direct'}-{loc}-{c or 'raw'}" for b, loc, c in MODES],
 )
 def test_zarr3_reads_every_write_mode(
-    tmp_path: Path, write_strategy: str, buffer_bytes: int | None, index_location: str, compressor: str | None
+    tmp_path: Path, buffer_bytes: int | None, index_location: str, compressor: str | None
 ) -> None:
     root = tmp_path / "store"
     store = ShardedStore(
@@ -109,17 +109,13 @@ def test_zarr3_reads_every_write_mode(
         buffer_bytes=buffer_bytes,
     )
     store["a/.zarray"] = zarray(compressor)
-    expected = write_rounds(store, compressor, seed=len(write_strategy) + (buffer_bytes or 0))
+    expected = write_rounds(store, compressor, seed=len("rewrite") + (buffer_bytes or 0))
     store.close()
 
     z = zarr.open_array(str(root / "a"), mode="r")
     assert z.shape == SHAPE and z.dtype == DTYPE
-    np.testing.assert_array_equal(z[:], expected)  # before compaction: appended chunks, unused bytes
+    np.testing.assert_array_equal(z[:], expected)  # before compaction
     np.testing.assert_array_equal(z[5:19, 3:13], expected[5:19, 3:13])
 
-    reclaimed = ShardedStore(str(root)).compact()
-    if write_strategy == "rewrite":
-        assert reclaimed == 0
-    elif buffer_bytes is None:
-        assert reclaimed > 0  # the shards really held appended chunks when zarr 3 read them
+    assert ShardedStore(str(root)).compact() == 0  # shards are always written whole
     np.testing.assert_array_equal(zarr.open_array(str(root / "a"), mode="r")[:], expected)
