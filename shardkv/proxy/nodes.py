@@ -13,11 +13,9 @@ One :class:`Node` per path, built from the stored ``zarr.json`` and ``.zarray``
   *unsharded*: its chunk keys pass through;
 * anything else (a v2 group, nothing) is no array.
 
-The table reads and writes nothing but through the ``read`` callable it is
-given (whole values of keys, missing keys left out): today
-``StoreAdapter.get_many``, tomorrow ``KVStore.values``. Nothing wraps the base
-store: the proxy asks the table about metadata keys, and sends every other
-key straight to the store.
+The table reads only through the ``read`` callable it is given
+(``KVStore.values``). Nothing wraps the base store: the proxy asks the table
+about metadata keys, and sends every other key straight to the store.
 """
 
 from __future__ import annotations
@@ -480,12 +478,7 @@ def present_stored_zmetadata(key: str, raw: bytes, docs: Callable[[list[str]], M
 def _decided_by_zarr_json(path: str, raw_json: Any | None) -> Node | None:
     """The node at ``path`` when its ``zarr.json`` alone decides it (a presented v3 node), else ``None``.
 
-    Raises
-    ------
-    MetadataError
-        If the ``zarr.json`` is not JSON.
-    ConfigurationError, UnsupportedError
-        If the node's sharding cannot be used.
+    Raises what :func:`build_node` raises.
     """
     if raw_json is None:
         return None
