@@ -50,7 +50,7 @@ from shardkv.metadata.hierarchy import (
     with_consolidated_metadata,
 )
 from shardkv.metadata.v3_view import v2_dimension_separator
-from shardkv.proxy.nodes import Node, NodeTable, ReadValues, build_node, chunkish_under
+from shardkv.proxy.nodes import Node, NodeTable, ReadValues, build_node, chunkish_under, sharded_array_of
 from shardkv.proxy.options import Options
 from shardkv.engine.merge import ShardChange
 from shardkv.engine.writeback import WriteBack
@@ -195,8 +195,11 @@ class MetadataWriter:
             if name in (".zarray", ".zgroup", ZARR_JSON):
                 self._nodes.forget(path)
 
-    def _apply(self, plan: MetadataPlan) -> dict[str, Node]:
-        """Write and delete what ``plan`` says (v3 documents first); the written nodes recorded, not read back."""
+    def _apply(self, plan: MetadataPlan, arrays: Mapping[str, ShardedArray | None] | None = None) -> dict[str, Node]:
+        """Write and delete what ``plan`` says (v3 documents first); the written nodes recorded, not read back.
+
+        ``arrays``: the key mappings of the arrays written, by path, as built from the ``.zarray`` given.
+        """
         values = {k: dump_json(doc, key=k, strict=split_key(k)[1] == ZARR_JSON) for k, doc in plan.writes.items()}
         for key in plan.deletes:
             self._nodes.forget(split_key(key)[0])
@@ -208,7 +211,7 @@ class MetadataWriter:
         for key, raw in values.items():
             path, name = split_key(key)
             if name == ZARR_JSON:
-                written[path] = self._nodes.keep_written(path, raw, plan.writes[key])
+                written[path] = self._nodes.keep_written(path, raw, plan.writes[key], (arrays or {}).get(path))
         return written
 
     # -- attributes and groups ------------------------------------------------------------
@@ -230,7 +233,7 @@ class MetadataWriter:
             return
         if not node.writable:
             raise ReservedKeyError(key, _READ_ONLY)
-        self._apply(plan_attributes(path, node.doc or {}, attrs))
+        self._apply(plan_attributes(path, node.doc or {}, attrs), {path: node.array})
 
     def _on_zgroup(self, path: str, key: str, raw: bytes) -> None:
         load_object(key, raw)
@@ -288,7 +291,7 @@ class MetadataWriter:
             plan = plan_sharded_array(path, zarray, zattrs, layout, self._group_attributes(group_paths(path)))
         else:
             plan = plan_root_array(zarray, zattrs, layout)
-        self._apply(plan)
+        self._apply(plan, {path: sharded_array_of(path, zarray, plan.writes[join_path(path, ZARR_JSON)])})
 
     def _remove_leftovers(self, path: str) -> None:
         """Delete shards an earlier array at ``path`` left (its metadata deleted by hand): never reinterpret them."""
@@ -321,9 +324,9 @@ class MetadataWriter:
         if not node.writable:
             raise ReservedKeyError(key, _READ_ONLY)
         self._writer.flush(path)
-        written = self._apply(plan_zarray_update(path, node.doc or {}, zarray))
-        new = written[path].array if path in written else None
-        if new is not None and new.shape is not None and old.shape is not None and any(
+        new = old.with_shape(zarray["shape"])
+        self._apply(plan_zarray_update(path, node.doc or {}, zarray), {path: new})
+        if new.shape is not None and old.shape is not None and any(
             n < o for n, o in zip(new.shape, old.shape)
         ):
             self._trim(old, new)

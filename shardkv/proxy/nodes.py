@@ -35,7 +35,7 @@ from shardkv.metadata.v3_view import sharding_spec_from_v3, v2_dimension_separat
 
 __all__ = [
     "Node", "NodeTable", "ReadValues", "META_NAMES", "PRESENTED", "chunkish_under", "build_node",
-    "present_stored_zmetadata",
+    "present_stored_zmetadata", "sharded_array_of",
 ]
 
 ReadValues = Callable[[Sequence[str]], Mapping[str, Any]]
@@ -116,7 +116,7 @@ class Node:
         )
 
 
-def _sharded_array(path: str, zarray: Mapping[str, Any], doc: Any) -> ShardedArray | None:
+def sharded_array_of(path: str, zarray: Mapping[str, Any], doc: Any) -> ShardedArray | None:
     """The key mapping of the array ``zarray`` describes, sharded as ``doc`` says (``None``: not sharded).
 
     Raises
@@ -178,7 +178,7 @@ def build_node(path: str, raw_json: Any | None, raw_zarray: Any | None = None) -
         zarray = None
     if zarray is None:
         return Node(path, doc, raw, presented, documents)
-    array = _sharded_array(path, zarray, parsed)
+    array = sharded_array_of(path, zarray, parsed)
     return Node(path, doc, raw, presented, documents, array, unsharded=array is None)
 
 
@@ -269,15 +269,18 @@ class NodeTable:
             self._nodes[node.path] = node
             self._owners.clear()
 
-    def keep_written(self, path: str, raw: bytes, doc: dict[str, Any]) -> Node:
+    def keep_written(self, path: str, raw: bytes, doc: dict[str, Any], array: ShardedArray | None = None) -> Node:
         """Record the ``zarr.json`` just written at ``path`` (no read back): the node it makes.
+
+        ``array``: the key mapping the writer built from the ``.zarray`` it was
+        given (kept even where zarr-python 2 cannot be shown the v3 document).
 
         Raises
         ------
         ConfigurationError, UnsupportedError
             If its sharding cannot be used.
         """
-        node = build_node(path, raw) if doc.get("node_type") != "array" else _from_written(path, raw, doc)
+        node = build_node(path, raw) if doc.get("node_type") != "array" else _from_written(path, raw, doc, array)
         self.set(node)
         return node
 
@@ -486,12 +489,17 @@ def _decided_by_zarr_json(path: str, raw_json: Any | None) -> Node | None:
     return node if node.documents else None
 
 
-def _from_written(path: str, raw: bytes, doc: dict[str, Any]) -> Node:
+def _from_written(path: str, raw: bytes, doc: dict[str, Any], array: ShardedArray | None) -> Node:
     """The node of an array ``zarr.json`` shardkv just wrote (its document in hand: no parse)."""
-    presented = present(doc, path)
-    documents = {name: dump_json(d, key=join_path(path, name), strict=name != ".zattrs") for name, d in presented.items()}
+    try:
+        presented = present(doc, path)
+        documents = {n: dump_json(d, key=join_path(path, n), strict=n != ".zattrs") for n, d in presented.items()}
+    except MetadataError:  # kept sharded in this session, as written; not presented to zarr-python 2
+        presented, documents = {}, {}
+    if array is not None:
+        return Node(path, doc, raw, presented, documents, array)
     zarray = presented.get(".zarray")
     if zarray is None:
         return Node(path, doc, raw, presented, documents)
-    array = _sharded_array(path, zarray, doc)
+    array = sharded_array_of(path, zarray, doc)
     return Node(path, doc, raw, presented, documents, array, unsharded=array is None)
