@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Any
 
 import pytest
 from counting_fs import CountingDict
