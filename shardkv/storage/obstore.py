@@ -267,7 +267,12 @@ class ObstoreStore(KVStore):
     def _put(self, key: str, value: Value, mode: Any) -> Generation:
         parts = byte_parts(value)  # flat uint8 views, as obstore takes them; no copy
         body: Any = parts[0] if len(parts) == 1 else (parts or b"")
-        result = self._obs.put(self.store, key, body, mode=mode, use_multipart=False)
+        try:
+            result = self._obs.put(self.store, key, body, mode=mode, use_multipart=False)
+        except self._missing as exc:  # a put finds nothing to write into
+            raise FileNotFoundError(
+                f"cannot write {key!r} to {self._location!r}: not found (does its bucket exist?)"
+            ) from exc
         return Generation((result.get("e_tag"), result.get("version")))
 
     def _write(self, item: tuple[str, tuple[Value | None, Generation]]) -> Generation | None:
