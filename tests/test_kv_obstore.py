@@ -133,3 +133,13 @@ def test_many_multi_range_reads_on_a_small_pool() -> None:
     results = kv.get_many([(f"k{i}", [ByteRange(j, j + 2) for j in range(4)], ANY) for i in range(6)])
     assert [[bytes(b) for b in r.values or []] for r in results] == [[bytes([j, j + 1]) for j in range(4)]] * 6
     kv.close()
+
+
+def test_pickled_s3_store_reaches_the_same_objects(endpoint: str, bucket: str) -> None:
+    import pickle
+
+    kv = ObstoreStore(s3_store(endpoint, bucket, uuid.uuid4().hex[:12]))
+    g = kv.put("k", b"v")
+    copy = pickle.loads(pickle.dumps(kv))
+    assert isinstance(copy, ObstoreStore) and copy.location == kv.location
+    assert copy.get("k", if_generation=g).found

@@ -178,3 +178,12 @@ def test_requests_of_one_call_share_the_in_flight_bound(s3kv: S3Store, monkeypat
     results = s3kv.get_many([(f"k{i}", [ByteRange(j, j + 1) for j in range(5)], ANY) for i in range(4)])
     assert all(r.found and len(r.values or []) == 5 for r in results)
     assert state["most"] == 3  # 20 requests, never more than 3 at once
+
+
+def test_pickled_store_reaches_the_same_objects(s3kv: S3Store) -> None:
+    import pickle
+
+    g = s3kv.put("k", b"v")
+    copy = pickle.loads(pickle.dumps(s3kv))
+    assert isinstance(copy, S3Store) and copy.location == s3kv.location
+    assert copy.get("k", if_generation=g).found
