@@ -20,7 +20,7 @@ import fsspec
 import pytest
 from concurrency_harness import MotoS3, moto_s3  # noqa: F401  (fixture)
 
-from shardkv.engine.retry import Backoff, RetryStats, update_with_retry
+from shardkv.engine.retry import Backoff, EngineStats, RetryStats, update_with_retry
 from shardkv.errors import ConcurrentUpdateError, ShardKVError
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.adapters import FSMapAdapter, MappingAdapter, adapt
@@ -249,14 +249,14 @@ def test_two_sharded_stores_on_s3_with_cas_lose_no_chunk(moto_s3) -> None:  # no
     setup = ShardedStore(url, chunks_per_shard=8, storage_options=options)
     zarr.open_array(store=setup, mode="w", shape=(n_chunks * chunk_len,), chunks=(chunk_len,), dtype="i4", fill_value=0)
     barrier = threading.Barrier(2, timeout=30)
-    stats: dict[int, RetryStats] = {}
+    stats: dict[int, EngineStats] = {}
     errors: list[BaseException] = []
 
     def writer(w: int) -> None:
         try:
             store = ShardedStore(url, chunks_per_shard=8, storage_options=options)
-            assert store._io.plan.mode == "conditional"  # chosen by "auto" for s3fs
-            stats[w] = store._io.retry_stats
+            assert store.concurrency_mode == "conditional"  # chosen by "auto" for s3fs
+            stats[w] = store.engine.stats
             arr = zarr.open_array(store=store, mode="r+")
             barrier.wait()
             for c in range(w, n_chunks, 2):  # interleaved: both writers update both shards
@@ -273,7 +273,7 @@ def test_two_sharded_stores_on_s3_with_cas_lose_no_chunk(moto_s3) -> None:  # no
     data = zarr.open_array(store=ShardedStore(url, storage_options=options), mode="r")[:]
     lost = [c for c in range(n_chunks) if not (data[c * chunk_len : (c + 1) * chunk_len] == c + 1).all()]
     assert lost == []
-    assert sum(s.attempts for s in stats.values()) >= n_chunks  # every chunk write ran as a transaction
+    assert sum(s.write_attempts for s in stats.values()) >= n_chunks  # every chunk write ran as a transaction
 
 
 def test_tracking_adapter_retries_a_whole_write_after_a_lost_race() -> None:

@@ -83,3 +83,10 @@ def test_stamped_caps(memory_root: str, tmp_path: Path) -> None:
     local.put("k", b"abc")
     assert [bytes(b) for b in local.get("k", [ByteRange(1, 2), ByteRange(0, 1)]).values or []] == [b"b", b"a"]
     assert CountingLocal.cat_calls - before == 2  # one cat per range, through the filesystem
+
+
+def test_pickled_memory_store_reaches_the_same_objects(memory_root: str) -> None:
+    kv = FsspecStore(fsspec.filesystem("memory"), memory_root)
+    g = kv.put("k", b"v")
+    copy = pickle.loads(pickle.dumps(kv))
+    assert copy.location == kv.location and copy.get("k", if_generation=g).found

@@ -123,3 +123,23 @@ def test_conditional_create_and_update(endpoint: str, bucket: str) -> None:
     assert g is not None and kv.put("k", b"2", if_generation=NO_VALUE) is None
     assert kv.put("k", b"3", if_generation=g) is not None and kv.put("k", b"4", if_generation=g) is None
     assert bytes(kv.get("k").whole()) == b"3" and kv.delete("k", if_generation=ANY)
+
+
+def test_many_multi_range_reads_on_a_small_pool() -> None:
+    """More multi-range reads than pool threads: requests are never nested on the pool (no deadlock)."""
+    kv = ObstoreStore(MemoryStore(), max_concurrency=2)
+    for i in range(6):
+        kv.put(f"k{i}", bytes(range(50)))
+    results = kv.get_many([(f"k{i}", [ByteRange(j, j + 2) for j in range(4)], ANY) for i in range(6)])
+    assert [[bytes(b) for b in r.values or []] for r in results] == [[bytes([j, j + 1]) for j in range(4)]] * 6
+    kv.close()
+
+
+def test_pickled_s3_store_reaches_the_same_objects(endpoint: str, bucket: str) -> None:
+    import pickle
+
+    kv = ObstoreStore(s3_store(endpoint, bucket, uuid.uuid4().hex[:12]))
+    g = put_ok(kv, "k", b"v")
+    copy = pickle.loads(pickle.dumps(kv))
+    assert isinstance(copy, ObstoreStore) and copy.location == kv.location
+    assert copy.get("k", if_generation=g).found

@@ -154,3 +154,36 @@ def test_open_kv_gives_s3_stores(s3fs_fs: Any) -> None:
     assert by_url.location == by_map.location
     g = put_ok(by_url, "k", b"v")
     assert by_map.get("k").generation == g
+
+
+def test_requests_of_one_call_share_the_in_flight_bound(s3kv: S3Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    for i in range(4):
+        s3kv.put(f"k{i}", bytes(100))
+    s3kv.in_flight = 3
+    state = {"now": 0, "most": 0}
+    real = s3kv.fs._call_s3
+
+    async def call(method: str, *args: Any, **kwargs: Any) -> Any:
+        state["now"] += 1
+        state["most"] = max(state["most"], state["now"])
+        try:
+            await asyncio.sleep(0.01)  # let the others start, if they may
+            return await real(method, *args, **kwargs)
+        finally:
+            state["now"] -= 1
+
+    monkeypatch.setattr(s3kv.fs, "_call_s3", call)
+    results = s3kv.get_many([(f"k{i}", [ByteRange(j, j + 1) for j in range(5)], ANY) for i in range(4)])
+    assert all(r.found and len(r.values or []) == 5 for r in results)
+    assert state["most"] == 3  # 20 requests, never more than 3 at once
+
+
+def test_pickled_store_reaches_the_same_objects(s3kv: S3Store) -> None:
+    import pickle
+
+    g = put_ok(s3kv, "k", b"v")
+    copy = pickle.loads(pickle.dumps(s3kv))
+    assert isinstance(copy, S3Store) and copy.location == s3kv.location
+    assert copy.get("k", if_generation=g).found

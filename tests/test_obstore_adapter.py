@@ -157,7 +157,7 @@ def test_put_if_compare_and_swap(adapter: ObstoreAdapter) -> None:
 def test_zarr2_through_sharded_store(endpoint: str, bucket: str) -> None:
     data = np.arange(64 * 48, dtype="float32").reshape(64, 48)
     store = ShardedStore(s3_store(endpoint, bucket, "data.zarr"), chunks_per_shard=2)
-    assert store._io.plan.mode == "conditional"  # compare-and-swap: tests/test_concurrency_obstore.py
+    assert store.concurrency_mode == "conditional"  # compare-and-swap: tests/test_concurrency_obstore.py
     z = zarr.create(shape=data.shape, chunks=(16, 16), dtype="float32", store=store, path="arr")
     z[...] = data
     keys = sorted(ObstoreAdapter(s3_store(endpoint, bucket, "data.zarr")).iter_keys("arr/"))

@@ -72,18 +72,27 @@ def resolve_mode(kv: KVStore, concurrency: str) -> Mode:
         return "files"
     if caps.conditional_put or caps.in_process:
         return "conditional"
-    hint = (" (an object store needs conditional puts: make an obstore S3Store with conditional_put='etag', "
-            "the default)") if caps.round_trips and caps.stamps == "native" else ""
+    hint = (" (an object store needs conditional puts: an obstore S3Store with conditional_put='etag', the "
+            "default, and without AWS_CONDITIONAL_PUT=disabled)") if caps.round_trips and caps.stamps == "native" else ""
     if concurrency == "conditional":
         raise ConfigurationError(
-            f"concurrency='conditional' needs a store with conditional writes; {type(kv).__name__} at "
+            f"concurrency='conditional' needs a store with conditional writes; {_store_name(kv)} at "
             f"{kv.location!r} has none{hint}: pass concurrency='process' or 'none'"
         )
     raise ConfigurationError(
-        f"the store {type(kv).__name__} at {kv.location!r} offers neither lock files nor conditional "
+        f"the store {_store_name(kv)} at {kv.location!r} offers neither lock files nor conditional "
         f"writes{hint}, so concurrent writers of one shard could lose updates: pass concurrency='process' "
         "(safe within this process only) or concurrency='none' (one writer per shard)"
     )
+
+
+def _store_name(kv: KVStore) -> str:
+    """The class of the user's store behind ``kv`` (a mapping, an obstore store, a filesystem), for messages."""
+    for attribute in ("mapping", "store", "fs"):
+        user = getattr(kv, attribute, None)
+        if user is not None:
+            return type(user).__name__
+    return type(kv).__name__
 
 
 def lock_prefix(arr: ShardedArray) -> str:

@@ -220,29 +220,35 @@ class ObstoreStore(KVStore):
             return view[slice(*byte_range.resolve(view.nbytes))], meta
         return memoryview(result.bytes()), result.meta
 
-    def _read(self, request: ReadRequest) -> ReadResult:
-        key, ranges, cond = request
+    def _request(self, leaf: tuple[ReadRequest, ByteRange | None]) -> Any:
+        """One request of a read: ``(bytes, metadata)``; "missing"/"stale" (or another error) returned, not raised."""
+        (key, ranges, cond), byte_range = leaf
         try:
             if cond.is_missing or ranges == []:
-                meta = self._head(key, cond)
-                if cond.is_missing:
-                    return ReadResult("stale", None, _generation(meta), int(meta["size"]))
-                return ReadResult("value", [], _generation(meta), int(meta["size"]))
-            if ranges is None:
-                data, meta = self._get(key, None, cond)
-                return ReadResult("value", [data], _generation(meta), int(meta["size"]))
-            got = [self._get(key, r, cond) for r in ranges] if len(ranges) == 1 else \
-                self._map(lambda r: self._get(key, r, cond), list(ranges))
+                return None, self._head(key, cond)
+            return self._get(key, byte_range, cond)
         except self._missing:
+            return "missing"
+        except self._precondition as exc:
+            return exc if cond.is_any else "stale"
+        except Exception as exc:  # raised by get_many once every request of the call is over
+            return exc
+
+    def _result(self, request: ReadRequest, got: list[Any]) -> ReadResult:
+        key, ranges, cond = request
+        if "missing" in got:
             return MISSING_RESULT
-        except self._precondition:
-            if cond.is_any:
-                raise
+        if "stale" in got:
             return ReadResult("stale", None, ANY)
         generations = {_generation(meta) for _, meta in got}
-        if len(generations) > 1:  # replaced between the requests (unconditioned): one whole read instead
+        size = int(got[0][1]["size"])
+        if cond.is_missing:
+            return ReadResult("stale", None, generations.pop(), size)
+        if ranges == []:
+            return ReadResult("value", [], generations.pop(), size)
+        if len(generations) > 1 and ranges is not None:  # replaced between the requests (unconditioned)
             return self._whole_sliced(key, ranges)
-        return ReadResult("value", [data for data, _ in got], generations.pop(), int(got[0][1]["size"]))
+        return ReadResult("value", [data for data, _ in got], generations.pop(), size)
 
     def _whole_sliced(self, key: str, ranges: Sequence[ByteRange]) -> ReadResult:
         try:
@@ -254,7 +260,22 @@ class ObstoreStore(KVStore):
                           view.nbytes)
 
     def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
-        return self._map(self._read, list(reads))
+        # every request of every read on the pool at once (one level: no task waits on another)
+        leaves: list[tuple[ReadRequest, ByteRange | None]] = []
+        owners: list[int] = []
+        for i, request in enumerate(reads):
+            _, ranges, cond = request
+            for byte_range in ([None] if ranges is None or ranges == [] or cond.is_missing else ranges):
+                leaves.append((request, byte_range))
+                owners.append(i)
+        outcomes = self._map(self._request, leaves)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        per_read: list[list[Any]] = [[] for _ in reads]
+        for owner, outcome in zip(owners, outcomes):
+            per_read[owner].append(outcome)
+        return [self._result(request, got) for request, got in zip(reads, per_read)]
 
     # -- writes ---------------------------------------------------------------
 
@@ -267,7 +288,12 @@ class ObstoreStore(KVStore):
     def _put(self, key: str, value: Value, mode: Any) -> Generation:
         parts = byte_parts(value)  # flat uint8 views, as obstore takes them; no copy
         body: Any = parts[0] if len(parts) == 1 else (parts or b"")
-        result = self._obs.put(self.store, key, body, mode=mode, use_multipart=False)
+        try:
+            result = self._obs.put(self.store, key, body, mode=mode, use_multipart=False)
+        except self._missing as exc:  # a put finds nothing to write into
+            raise FileNotFoundError(
+                f"cannot write {key!r} to {self._location!r}: not found (does its bucket exist?)"
+            ) from exc
         return Generation((result.get("e_tag"), result.get("version")))
 
     def _write(self, item: tuple[str, tuple[Value | None, Generation]]) -> Generation | None:

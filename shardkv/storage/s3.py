@@ -17,8 +17,8 @@ Generations are ETags, returned by the very request that reads the bytes.
   propagates. ``DeleteObject`` with ``If-Match`` where the server takes it
   (``conditional_delete=True``, real S3 and moto do); otherwise a conditional
   delete is checked with ``HeadObject`` first (not atomic).
-* Requests of one call run concurrently on s3fs's event loop, at most
-  :data:`IN_FLIGHT` at once.
+* Requests of one call (all its keys and ranges) run concurrently on s3fs's
+  event loop, at most :data:`IN_FLIGHT` at once.
 * Listings are ``ListObjectsV2``; :meth:`S3Store.list_generations` gives the
   ETags the listing carries, free.
 
@@ -29,6 +29,7 @@ propagate unchanged.
 from __future__ import annotations
 
 import asyncio
+from contextvars import ContextVar
 from typing import Any, Awaitable, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from shardkv.format.ranges import ByteRange
@@ -46,7 +47,7 @@ from shardkv.storage.kv import (
 )
 from shardkv.storage.location import StoreLocation, fs_location
 
-__all__ = ["S3Store", "IN_FLIGHT", "http_range", "gather_limited", "is_precondition_failure"]
+__all__ = ["S3Store", "IN_FLIGHT", "http_range", "gather_all", "is_precondition_failure"]
 
 T = TypeVar("T")
 
@@ -71,25 +72,31 @@ def _empty(byte_range: ByteRange) -> bool:
     return byte_range.nbytes == 0
 
 
-async def gather_limited(calls: Sequence[Callable[[], Awaitable[T]]], limit: int = IN_FLIGHT) -> list[T]:
-    """Await every call's coroutine, at most ``limit`` at once; the results in order.
+async def gather_all(calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
+    """Await every call's coroutine concurrently; the results in order.
 
     Every call runs to its end before an error is raised (the first, in call
     order), so no request is left running behind the caller's back.
     """
-    semaphore = asyncio.Semaphore(max(1, limit))
-
-    async def one(call: Callable[[], Awaitable[T]]) -> T:
-        async with semaphore:
-            return await call()
-
-    results = await asyncio.gather(*(one(call) for call in calls), return_exceptions=True)
+    results = await asyncio.gather(*(call() for call in calls), return_exceptions=True)
     out: list[T] = []
     for result in results:
         if isinstance(result, BaseException):
             raise result
         out.append(result)
     return out
+
+
+_SLOTS: ContextVar[asyncio.Semaphore | None] = ContextVar("shardkv_s3_slots", default=None)
+"""The request slots of the call running (every request of one call takes one: IN_FLIGHT at most)."""
+
+
+async def _limited(calls: Sequence[Callable[[], Awaitable[T]]], limit: int) -> list[T]:
+    token = _SLOTS.set(asyncio.Semaphore(max(1, limit)))
+    try:
+        return await gather_all(calls)
+    finally:
+        _SLOTS.reset(token)
 
 
 def _client_errors(exc: BaseException) -> list[Any]:
@@ -160,6 +167,8 @@ class S3Store(KVStore):
         self.root = fs._strip_protocol(root).rstrip("/")
         self._sync = sync
         self._location = fs_location(fs, self.root)
+        self.in_flight = IN_FLIGHT
+        """Requests of one call in flight at once, at most."""
         self.caps = Capabilities(ranged=True, round_trips=True, stamps="native", conditional_put=True,
                                  conditional_delete=bool(conditional_delete), lock_dir=False, in_process=False)
 
@@ -179,11 +188,17 @@ class S3Store(KVStore):
         return bucket, object_key
 
     def _run(self, calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
-        return self._sync(self.fs.loop, gather_limited, calls) if calls else []
+        """Run the calls on s3fs's loop, their requests at most :attr:`in_flight` at once."""
+        return self._sync(self.fs.loop, _limited, calls, self.in_flight) if calls else []
 
     async def _s3(self, method: str, key: str, **kwargs: Any) -> Any:
+        """One request, in one of the running call's slots."""
         bucket, object_key = self._bucket_key(key)
-        return await self.fs._call_s3(method, Bucket=bucket, Key=object_key, **kwargs)
+        slots = _SLOTS.get()
+        if slots is None:
+            return await self.fs._call_s3(method, Bucket=bucket, Key=object_key, **kwargs)
+        async with slots:
+            return await self.fs._call_s3(method, Bucket=bucket, Key=object_key, **kwargs)
 
     # -- reads ----------------------------------------------------------------
 
@@ -227,7 +242,7 @@ class S3Store(KVStore):
             if ranges is None:
                 data, generation, size = await self._get(key, None, cond)
                 return ReadResult("value", [data], generation, size)
-            got = await gather_limited([lambda r=r: self._get(key, r, cond) for r in ranges])  # type: ignore[misc]
+            got = await gather_all([lambda r=r: self._get(key, r, cond) for r in ranges])  # type: ignore[misc]
         except Exception as exc:  # "not found" and "changed" (412) are answers; anything else propagates
             if _is_missing(exc):
                 return MISSING_RESULT
