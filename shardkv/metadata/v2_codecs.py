@@ -27,7 +27,8 @@ little-endian, no subarray fields    [[name, data_type], ...]}}``, fill value ba
 
 Anything else (the object codecs vlen-array, msgpack, json2, pickle, any other
 object codec; filters categorize, base64 and others zarr 3 has no name for;
-an array -> array filter after a bytes -> bytes one; structured dtypes with
+an array -> array filter after a bytes -> bytes one, or on big-endian data
+(zarr 3 reads those with the wrong byte order); structured dtypes with
 subarray fields, big-endian or padded fields; compressors such as zfpy, pcodec)
 is *opaque*: ``data_type`` ``{"name": "shardkv.v2_dtype"}`` and the one inner
 codec ``shardkv.v2_chunk`` carrying the v2 encoding. No v3 reader knows these
@@ -314,6 +315,12 @@ def _numcodecs_entry(config: Mapping[str, Any]) -> dict[str, Any]:
     return {"name": f"numcodecs.{config['id']}", "configuration": {k: v for k, v in config.items() if k != "id"}}
 
 
+def _big_endian(dtype: np.dtype, config: Mapping[str, Any]) -> bool:
+    """True when the array or a dtype a filter names is big-endian (multi-byte)."""
+    named = [np.dtype(v) for k, v in config.items() if k in ("dtype", "astype", "encode_dtype", "decode_dtype") and v]
+    return any(d.byteorder == ">" and d.itemsize > 1 for d in [dtype, *named])
+
+
 def v3_encoding_of_v2(zarray: Mapping[str, Any]) -> V3Encoding:
     """The v3 data type, codecs and fill value that decode a v2 array's chunks to the same values.
 
@@ -364,6 +371,9 @@ def v3_encoding_of_v2(zarray: Mapping[str, Any]) -> V3Encoding:
     after: list[dict[str, Any]] = []
     for f in filters:
         fid = f.get("id")
+        if fid in ARRAY_TO_ARRAY_IDS and _big_endian(dtype, f):
+            # zarr 3 decodes the bytes codec's output as the array's byte order, not the filter's: it misreads these
+            return _opaque(zarray, f"filter {fid!r} on big-endian data")
         if fid in ARRAY_TO_ARRAY_IDS and not after:
             codecs.append(_numcodecs_entry(f))
         elif fid in BYTES_TO_BYTES_IDS:
