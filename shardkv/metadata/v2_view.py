@@ -52,8 +52,8 @@ from shardkv.codecs.inner import (
 )
 from shardkv.codecs.numcodecs_v3 import V2_CHUNK_CODEC, VLEN_IDS, NumcodecsArrayCodec, V2ChunkCodec, VlenCodec
 from shardkv.errors import ConfigurationError, ShardKVError
-from shardkv.metadata.v2_codecs import OPAQUE_DATA_TYPE, numpy_dtype_of_structured, v2_dtype_json
-from shardkv.metadata.v3_view import SHARDING_CODEC, V2_FILL_FIELD, V2_NO_COMPRESSOR_FIELD, sharding_spec_from_v3
+from shardkv.metadata.v2_codecs import OPAQUE_DATA_TYPE, core_compressor_codec, numpy_dtype_of_structured, v2_dtype_json
+from shardkv.metadata.v3_view import SHARDING_CODEC, V2_FILL_FIELD, V2_COMPRESSOR_FIELD, sharding_spec_from_v3
 
 __all__ = ["V2View", "v2_view_of_v3", "numpy_dtype_of_v3", "fill_value_from_v3"]
 
@@ -336,6 +336,14 @@ def _opaque_documents(metadata: Mapping[str, Any], chunk: V2ChunkCodec, problems
     }  # fmt: skip
 
 
+def _spelt_alike(kept: Mapping[str, Any], codec: Any, dtype: np.dtype) -> bool:
+    """True when a recorded v2 compressor is what the document's last codec says (else the record is stale)."""
+    try:
+        return core_compressor_codec(kept, dtype) == codec.get_config()
+    except (KeyError, TypeError, ValueError, ConfigurationError):
+        return False
+
+
 def _v2_codecs(metadata: Mapping[str, Any], inner: CodecPipeline, dtype: np.dtype, problems: list[str]) -> dict[str, Any]:
     """The v2 ``filters`` and ``compressor`` of the inner codecs."""
     filters: list[dict[str, Any]] = []
@@ -348,9 +356,11 @@ def _v2_codecs(metadata: Mapping[str, Any], inner: CodecPipeline, dtype: np.dtyp
         if conf is None:
             problems.append(f"inner codec {c.get_config()['name']!r} has no v2 equivalent")
         after.append(conf)
-    marker = metadata.get(V2_NO_COMPRESSOR_FIELD)
-    no_compressor = isinstance(marker, Mapping) and marker.get("compressor", 0) is None
-    compressor = None if no_compressor or not after else after.pop()
+    marker = metadata.get(V2_COMPRESSOR_FIELD)
+    kept = marker.get("compressor", 0) if isinstance(marker, Mapping) else 0  # 0: no record
+    compressor = None if kept is None or not after else after.pop()
+    if isinstance(kept, Mapping) and compressor is not None and _spelt_alike(kept, inner.bytes_to_bytes[-1], dtype):
+        compressor = dict(kept)  # the v2 spelling (Blosc AUTOSHUFFLE) of the same codec
     filters.extend(after)
     return {"compressor": compressor, "filters": filters or None}
 

@@ -19,7 +19,7 @@ array (v3 core "Array metadata") whose only array -> bytes codec is
 What v3 cannot spell of the v2 documents is kept in fields v3 readers skip
 (``must_understand: false``): a v2 ``fill_value`` of ``null`` (v3 has the type's
 zero) or of an object array in :data:`V2_FILL_FIELD`, and a missing compressor
-after bytes -> bytes filters in :data:`V2_NO_COMPRESSOR_FIELD`;
+after bytes -> bytes filters or a Blosc AUTOSHUFFLE in :data:`V2_COMPRESSOR_FIELD`;
 :func:`shardkv.metadata.v2_view.v2_view_of_v3` turns them back.
 """
 
@@ -46,7 +46,7 @@ __all__ = [
     "V3View",
     "SHARDING_CODEC",
     "V2_FILL_FIELD",
-    "V2_NO_COMPRESSOR_FIELD",
+    "V2_COMPRESSOR_FIELD",
     "mark_v2_encoding",
     "v3_data_type",
     "numpy_dtype_of",
@@ -96,8 +96,9 @@ def v2_dimension_separator(zarray: Mapping[str, Any]) -> str:
 V2_FILL_FIELD = "shardkv.v2_fill_value"
 """The ``zarr.json`` field that records a v2 ``fill_value`` (null, or an object array's) v3 cannot spell (``must_understand: false``)."""
 
-V2_NO_COMPRESSOR_FIELD = "shardkv.v2_compressor"
-"""The ``zarr.json`` field that says the last bytes -> bytes codec was a v2 filter, not the compressor."""
+V2_COMPRESSOR_FIELD = "shardkv.v2_compressor"
+"""The ``zarr.json`` field with the v2 ``compressor`` where v3 cannot spell it: ``null`` when the last
+bytes -> bytes codec was a v2 filter, or a Blosc configuration with ``shuffle: -1`` (AUTOSHUFFLE)."""
 
 
 def v3_data_type(dtype: np.dtype) -> tuple[Any, str | None]:
@@ -209,12 +210,18 @@ def mark_v2_encoding(metadata: dict[str, Any], zarray: Mapping[str, Any], encodi
     """Record what a v3 array document cannot spell of its v2 origin (fields v3 readers skip).
 
     The v2 ``fill_value`` when it is null or not spelt alike (:data:`V2_FILL_FIELD`), and
-    a missing v2 compressor when bytes -> bytes filters end the codecs (:data:`V2_NO_COMPRESSOR_FIELD`).
+    a missing v2 compressor when bytes -> bytes filters end the codecs, or a Blosc
+    ``AUTOSHUFFLE`` that v3 spells as the shuffle it resolves to (:data:`V2_COMPRESSOR_FIELD`).
     """
     if encoding.keep_v2_fill:
         metadata[V2_FILL_FIELD] = {"must_understand": False, "fill_value": zarray.get("fill_value")}
-    if not encoding.opaque and zarray.get("compressor") is None and encoding.codecs[-1]["name"].startswith("numcodecs."):
-        metadata[V2_NO_COMPRESSOR_FIELD] = {"must_understand": False, "compressor": None}
+    compressor = zarray.get("compressor")
+    if encoding.opaque:
+        return
+    if compressor is None and encoding.codecs[-1]["name"].startswith("numcodecs."):
+        metadata[V2_COMPRESSOR_FIELD] = {"must_understand": False, "compressor": None}
+    elif compressor is not None and compressor.get("id") == "blosc" and compressor.get("shuffle") == -1:
+        metadata[V2_COMPRESSOR_FIELD] = {"must_understand": False, "compressor": dict(compressor)}  # AUTOSHUFFLE
 
 
 def mark_null_fill(metadata: dict[str, Any], zarray: Mapping[str, Any]) -> None:
