@@ -234,3 +234,49 @@ def test_every_zarr2_array_round_trips_and_reads_at_the_root(tmp_path: Path, rea
             else:
                 assert _same(data, expected), (name, path, case.kwargs, data, expected)
     assert read_by["zarr3"] >= _EXAMPLES // 3  # the search reached readable arrays, not only opaque ones
+
+
+_REGISTRY_PROBE = """
+import json, sys, warnings
+warnings.simplefilter("ignore")
+import zarr.registry
+from zarr.abc.codec import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec
+from zarr.core.dtype import get_data_type_from_json
+out = {"codecs": {}, "data_types": {}}
+for name in json.loads(sys.argv[1]):
+    try:
+        cls = zarr.registry.get_codec_class(name)
+        out["codecs"][name] = next(k.__name__ for k in (ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec) if issubclass(cls, k))
+    except Exception as exc:
+        out["codecs"][name] = "error: " + type(exc).__name__
+for data_type in json.loads(sys.argv[2]):
+    try:
+        get_data_type_from_json(data_type, zarr_format=3)
+        out["data_types"][json.dumps(data_type)] = "ok"
+    except Exception as exc:
+        out["data_types"][json.dumps(data_type)] = "error: " + type(exc).__name__
+print(json.dumps(out))
+"""
+
+
+def test_names_are_in_the_newest_zarr3_registry(latest_python: str) -> None:
+    import subprocess
+
+    from shardkv.codecs.numcodecs_v3 import ARRAY_TO_ARRAY_IDS, BYTES_TO_BYTES_IDS, V2_CHUNK_CODEC, VLEN_IDS
+    from shardkv.metadata.v2_codecs import OPAQUE_DATA_TYPE
+
+    codecs = [f"numcodecs.{i}" for i in sorted(ARRAY_TO_ARRAY_IDS | BYTES_TO_BYTES_IDS)] + sorted(VLEN_IDS) + [V2_CHUNK_CODEC]
+    data_types = [*VLEN_IDS.values(), {"name": "structured", "configuration": {"fields": [["a", "int32"]]}},
+                  {"name": OPAQUE_DATA_TYPE, "configuration": {"dtype": "|O"}}]  # fmt: skip
+    proc = subprocess.run(
+        [latest_python, "-c", _REGISTRY_PROBE, json.dumps(codecs), json.dumps(data_types)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found = json.loads(proc.stdout)
+    expected = {f"numcodecs.{i}": "ArrayArrayCodec" for i in ARRAY_TO_ARRAY_IDS}
+    expected.update({f"numcodecs.{i}": "BytesBytesCodec" for i in BYTES_TO_BYTES_IDS})
+    expected.update({i: "ArrayBytesCodec" for i in VLEN_IDS})
+    assert {k: v for k, v in found["codecs"].items() if k != V2_CHUNK_CODEC} == expected
+    assert found["codecs"][V2_CHUNK_CODEC].startswith("error")
+    assert [v for v in found["data_types"].values()][:-1] == ["ok"] * (len(data_types) - 1)
+    assert list(found["data_types"].values())[-1].startswith("error")
