@@ -24,7 +24,7 @@ instead of misreading it; shardkv decodes it exactly as zarr-python 2 does.
 from __future__ import annotations
 
 from math import prod
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 import numcodecs
 import numpy as np
@@ -184,7 +184,8 @@ class V2ChunkCodec(Codec):
     def __init__(self, dtype: Any, order: str = "C", compressor: Mapping[str, Any] | None = None, filters: Any = None) -> None:
         if order not in ("C", "F"):
             raise ConfigurationError(f"codec {V2_CHUNK_CODEC!r}: order must be 'C' or 'F', got {order!r}")
-        self.dtype, self.order = dtype, order
+        self.dtype = dtype
+        self.order: Literal["C", "F"] = "F" if order == "F" else "C"
         self.compressor = dict(compressor) if compressor is not None else None
         self.filters = [dict(f) for f in filters] if filters else None
         self._compressor = _numcodecs(self.compressor, V2_CHUNK_CODEC) if self.compressor else None
@@ -202,12 +203,12 @@ class V2ChunkCodec(Codec):
         return cls(config["dtype"], config.get("order", "C"), config.get("compressor"), config.get("filters"))
 
     def encode(self, array: np.ndarray, fill_value: Any = None) -> bytes:
-        chunk: Any = np.array(array, order=self.order, copy=True)  # the v2 layout in memory
+        chunk: Any = np.asarray(array).copy(order=self.order)  # the v2 layout in memory
         for f in self._filters:
             chunk = f.encode(chunk)
         if self._compressor is not None:
             chunk = self._compressor.encode(chunk)
-        return bytes(memoryview(np.ascontiguousarray(chunk) if isinstance(chunk, np.ndarray) else chunk).cast("B"))
+        return bytes(ensure_ndarray_like(chunk).reshape(-1, order="A").view(np.uint8))
 
     def decode(
         self, data: bytes | memoryview, shape: tuple[int, ...], dtype: np.dtype, fill_value: Any = None, key: str = ""

@@ -361,7 +361,7 @@ def _v2_codecs(metadata: Mapping[str, Any], inner: CodecPipeline, dtype: np.dtyp
     compressor = None if kept is None or not after else after.pop()
     if isinstance(kept, Mapping) and compressor is not None and _spelt_alike(kept, inner.bytes_to_bytes[-1], dtype):
         compressor = dict(kept)  # the v2 spelling (Blosc AUTOSHUFFLE) of the same codec
-    filters.extend(after)
+    filters.extend(f for f in after if f is not None)  # a None was reported in problems
     return {"compressor": compressor, "filters": filters or None}
 
 
@@ -407,9 +407,9 @@ def v2_view_of_v3(metadata: Mapping[str, Any], path: str = "") -> V2View:
     else:
         order = _v2_order(inner, len(spec.shape), problems)
         dtype, fill = _v2_dtype_and_fill(metadata, inner, problems)
-        codecs = _v2_codecs(metadata, inner, dtype, problems)
-        encoding = {"dtype": v2_dtype_json(dtype), "compressor": codecs["compressor"], "fill_value": fill,
-                    "order": order, "filters": codecs["filters"]}  # fmt: skip
+        v2_codecs = _v2_codecs(metadata, inner, dtype, problems)
+        encoding = {"dtype": v2_dtype_json(dtype), "compressor": v2_codecs["compressor"], "fill_value": fill,
+                    "order": order, "filters": v2_codecs["filters"]}  # fmt: skip
     if problems:
         return V2View(problems=tuple(where + p for p in problems))
     zarray = {"zarr_format": 2, "shape": list(spec.shape), "chunks": list(spec.chunks), **encoding, "dimension_separator": "."}
