@@ -6,15 +6,15 @@ opens every array from the root:
 
 * an unsharded v2 array gets a ``zarr.json`` beside its ``.zarray`` that reads
   the *same chunk objects*: ``regular`` chunk grid of the v2 ``chunks``,
-  ``v2`` chunk key encoding with the array's separator, and the v2
-  ``order``/``dtype``/``filters``/``compressor`` as v3 codecs (the mapping of
-  :mod:`shardkv.metadata.v3_view`, without the ``sharding_indexed`` codec);
+  ``v2`` chunk key encoding with its separator, and the v2
+  ``dtype``/``order``/``filters``/``compressor``/``fill_value`` by the one
+  mapping of :mod:`shardkv.metadata.v2_codecs` (without ``sharding_indexed``);
 * a v2 group gets a v3 group ``zarr.json`` with its ``.zattrs`` as attributes.
 
 The ``.zarray``/``.zattrs``/``.zgroup`` documents are kept: zarr-python 2 reads
-them as before, zarr-python 3 prefers ``zarr.json``. An array whose data type
-has no v3 equivalent (structured, object, unit-less datetime) gets no
-``zarr.json``: zarr-python 3 then refuses it, it never misreads it.
+them as before, zarr-python 3 prefers ``zarr.json``. An array the mapping makes
+opaque (no v3 reader decodes it: msgpack objects, subarray structured dtypes, ...)
+gets no ``zarr.json``: zarr-python 3 then reads its ``.zarray`` as zarr 2 wrote it.
 """
 
 from __future__ import annotations

@@ -9,12 +9,16 @@ codecs have a Zarr v2 equivalent, :func:`v2_view_of_v3` derives the
 v3 (inside ``sharding_indexed``)            v2 ``.zarray``
 ==========================================  =====================================
 ``chunk_shape`` (inner)                     ``chunks``
-``data_type`` + ``bytes`` ``endian``        ``dtype`` (``<i2``, ``>f8``, ``|u1``)
-no ``transpose``, or the reversed order     ``order`` ``C``, or ``F``
+``data_type`` + ``bytes`` ``endian``        ``dtype`` (``<i2``, ``>f8``, ``|u1``; ``structured`` as fields)
+``string``/``variable_length_bytes``        ``dtype`` ``|O``, ``filters`` [vlen-utf8 / vlen-bytes, ...]
+no ``transpose``, or the reversed order     ``order`` ``C``, or ``F`` (``[0]`` is F for 1-d)
+``numcodecs.<id>`` array -> array codecs    ``filters`` (before the bytes -> bytes ones)
 bytes -> bytes codecs b1 ... bn             ``filters`` [b1 ... bn-1], ``compressor`` bn
+                                            (``filters`` [b1 ... bn] with ``shardkv.v2_compressor`` null)
+``shardkv.v2_chunk``                        ``dtype``/``order``/``filters``/``compressor`` as configured
 ``gzip``/``zstd``/``blosc``/``crc32c``      numcodecs ``gzip``/``zstd``/``blosc``/``crc32c``
 ``numcodecs.<id>``                          numcodecs ``<id>``
-``fill_value``                              ``fill_value`` (v2 JSON spelling)
+``fill_value``                              ``fill_value`` (v2 JSON spelling; ``shardkv.v2_fill_value`` if kept)
 ``attributes`` (+ ``dimension_names``)      ``.zattrs`` (+ ``_ARRAY_DIMENSIONS``)
 ==========================================  =====================================
 
