@@ -363,7 +363,10 @@ def v3_encoding_of_v2(zarray: Mapping[str, Any]) -> V3Encoding:
             return _opaque(zarray, f"dtype {zarray['dtype']!r}")
         if dtype.fields is not None or dtype.kind in "USVMm":
             name = data_type["name"]
-            problems.append(f"dtype {zarray['dtype']!r} is the zarr-python 3 data type {name!r} (not a v3 core type)")
+            problems.append(
+                f"dtype {zarray['dtype']!r} has no Zarr v3 core data type; stored as the zarr-python 3 "
+                f"extension {name!r} (zarr-python 3 only)"
+            )
         multibyte = dtype.itemsize > 1 and (dtype.byteorder != "|" or dtype.fields is not None)
         endian = "big" if dtype.byteorder == ">" else "little"
         array_to_bytes = {"name": "bytes", "configuration": {"endian": endian}} if multibyte else {"name": "bytes"}
@@ -380,7 +383,7 @@ def v3_encoding_of_v2(zarray: Mapping[str, Any]) -> V3Encoding:
             after.append(_numcodecs_entry(f))
         else:
             return _opaque(zarray, f"filter {fid!r}" + (" after a bytes -> bytes filter" if fid in ARRAY_TO_ARRAY_IDS else ""))
-        problems.append(f"v2 filter {fid!r} is zarr-python 3's numcodecs.{fid} (not a v3 core codec)")
+        problems.append(f"v2 filter {fid!r} is not a Zarr v3 core codec (zarr-python 3 only, as numcodecs.{fid})")
     codecs.append(array_to_bytes)
     codecs.extend(after)
     if compressor is not None:
@@ -388,8 +391,11 @@ def v3_encoding_of_v2(zarray: Mapping[str, Any]) -> V3Encoding:
             return _opaque(zarray, f"compressor {compressor.get('id')!r}")
         entry = core_compressor_codec(compressor, dtype)
         if entry["name"].startswith("numcodecs."):
-            problems.append(f"compressor {compressor['id']!r} is zarr-python 3's {entry['name']} (not a v3 core codec)")
+            problems.append(f"compressor {compressor['id']!r} is not a Zarr v3 core codec (zarr-python 3 only, as {entry['name']})")
         codecs.append(entry)
     if dtype.hasobject:
-        problems.append(f"data type {data_type!r} with {array_to_bytes['name']!r} is a zarr-python 3 extension")
+        problems.append(
+            f"dtype |O has no Zarr v3 core data type; stored as the zarr-python 3 extension {data_type!r} "
+            f"with codec {array_to_bytes['name']!r} (zarr-python 3 only)"
+        )
     return V3Encoding(data_type, codecs, fill_value, keep, False, tuple(problems))
