@@ -136,7 +136,7 @@ if os.environ.get("SHARDKV_ZARR2_BASELINE") == "1":  # the same classes on zarr'
         pass
 
     class TestOwnDirectoryStore(zstorage.TestDirectoryStore):
-        pass
+        pass  # its test_filesystem_path writes data/store under the working directory
 
     for _name, _base in _ARRAY_CLASSES.items():
         globals()[f"TestOwn{_name[4:]}"] = type(f"TestOwn{_name[4:]}", (_base,), {"__module__": __name__})
