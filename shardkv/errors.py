@@ -42,6 +42,7 @@ __all__ = [
     "ManifestMismatchError",
     "JournalCorruptError",
     "PreconditionFailedError",
+    "KeyBelowKeyError",
 ]
 
 
@@ -402,3 +403,27 @@ class PreconditionFailedError(ShardKVError, RuntimeError):
         self.reason = reason
         expected = "no stored value" if reason == "exists" else "the version read before"
         super().__init__(f"conditional write of {key!r} refused: expected {expected}, the store says {reason!r}")
+
+
+class KeyBelowKeyError(ShardKVError, KeyError):
+    """A key that would be stored below another stored key (``a/b/c`` when ``a/b`` holds a value).
+
+    zarr-python 2's ``MemoryStore`` and ``DirectoryStore`` refuse such a key
+    with ``KeyError``; the proxy does the same over an in-memory mapping and a
+    local directory (issue 19, item 3).
+
+    Attributes
+    ----------
+    key : str
+        The key that was to be stored.
+    leaf : str
+        The stored key above it.
+    """
+
+    def __init__(self, key: str, leaf: str) -> None:
+        self.key = key
+        self.leaf = leaf
+        super().__init__(f"cannot store {key!r}: {leaf!r} is a stored key, not a path that can hold keys")
+
+    def __str__(self) -> str:
+        return str(self.args[0])

@@ -32,6 +32,7 @@ from shardkv.keys.paths import join_path, path_prefix, split_key, validate_path
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
 from shardkv.proxy.base import ProxyBase
+from shardkv.proxy.hierarchy import Hierarchy
 from shardkv.proxy.listing import count_logical_keys, logical_keys
 from shardkv.proxy.metadata_writes import MetadataWriter, writes_to
 from shardkv.proxy.nodes import META_NAMES, NodeTable
@@ -162,6 +163,7 @@ class ShardedStore(ProxyBase):
         self._adapter = adapter  # listings, sizes, rmdir, rename; pickles as the store's location
         self._kv = open_kv(adapter)
         self._nodes = NodeTable(self._kv.values)
+        self._hierarchy = Hierarchy(adapter, self._nodes)  # MemoryStore/DirectoryStore rules (issue 19)
         self._engine = ShardEngine(self._kv, options.engine_options())
         self._advisor = WriteAdvisor()  # warns once per array about chunk-by-chunk rewrites (write-through)
         self._writer = WriteBack(self._engine, options.buffer_bytes, self._advisor.observe)
@@ -246,8 +248,24 @@ class ShardedStore(ProxyBase):
                 else:
                     plain.append(key)
             if plain:
-                out.update(self._nodes.read_documents(plain))
+                out.update(self._read_plain(plain))
         return self._read_chunks(refs, out)
+
+    def _read_plain(self, keys: list[str]) -> dict[str, Any]:
+        """Values of the stored keys among ``keys`` that are not chunks of sharded arrays.
+
+        A key that names a directory of a local store is a path, not a value:
+        left out (zarr 2's ``DirectoryStore`` raises ``KeyError`` for it).
+        """
+        try:
+            return self._nodes.read_documents(keys)  # type: ignore[no-any-return]
+        except IsADirectoryError:
+            if len(keys) == 1:
+                return {}
+            out: dict[str, Any] = {}
+            for key in keys:  # again one by one, to leave out only the directories
+                out.update(self._read_plain([key]))
+            return out
 
     def _read_chunks(self, refs: list[ChunkRef], out: dict[str, Any]) -> dict[str, Any]:
         """Add the stored chunks among ``refs`` to ``out``: buffered ones (write-back mode), then one batched read."""
@@ -267,7 +285,7 @@ class ShardedStore(ProxyBase):
     def __getitem__(self, key: str) -> bytes | memoryview:
         ref = self._route(key)
         if ref is None:
-            value = self._nodes.read_documents([key]).get(key)
+            value = self._read_plain([key]).get(key)
             if value is None:
                 raise KeyError(key)
             return value  # type: ignore[no-any-return]
@@ -333,8 +351,12 @@ class ShardedStore(ProxyBase):
         if ref is None:
             if split_key(key)[1] in META_NAMES:
                 self._metadata.delete(key)  # a sharded array's .zarray takes its zarr.json along
+            elif self._adapter.contains(key):
+                self._adapter.delete_many([key])
+            elif self._hierarchy.deletes_subtree(key):  # a path: MemoryStore/DirectoryStore delete what it holds
+                self.rmdir(key)
             else:
-                self._adapter.delete(key)
+                raise KeyError(key)
             return
         # a delete is a write: decided on the current index (the engine confirms a cached one)
         if not self._chunk_stored(ref):
@@ -363,6 +385,10 @@ class ShardedStore(ProxyBase):
         plain_del: list[str] = []
         located: list[ChunkRef] = []
         located_values: list[bytes | memoryview | None] = []
+        routed = {key: self._route(key, validated=True) for key in changes if split_key(key)[1] not in META_NAMES}
+        stored = [key for key, value in changes.items() if value is not None and routed.get(key) is None]
+        for path in self._hierarchy.check_set(stored):  # raises before anything is written
+            self.rmdir(path)  # keys in the way of a value are replaced, as in zarr 2's own stores
         for key, value in changes.items():
             if split_key(key)[1] in META_NAMES:
                 if value is None:
@@ -371,7 +397,7 @@ class ShardedStore(ProxyBase):
                 else:
                     self._metadata.set(key, bytes(value))
                 continue
-            ref = self._route(key, validated=True)
+            ref = routed[key]
             if ref is not None:
                 located.append(ref)
                 located_values.append(value)
@@ -451,16 +477,27 @@ class ShardedStore(ProxyBase):
         path = validate_path(path)
         inside = self._nodes.owner(join_path(path, "0")) if path else None
         if inside is None and self._nodes.sharded(path) is None:
-            return self._nodes.listed_names(path, self._adapter.list_dir(path))
+            names = self._adapter.list_dir(path)
+            if path and names == [split_key(path)[1]] and self._adapter.contains(path):
+                return []  # a stored value, which filesystems list as itself: no children
+            return self._nodes.listed_names(path, names)
         prefix = path_prefix(path)
         return sorted({k[len(prefix) :].split("/", 1)[0] for k in self.keys_under(path)})
 
     def rmdir(self, path: str = "") -> None:
-        """Delete everything under ``path`` (the whole store for ``""``)."""
+        """Delete everything under ``path`` (the whole store for ``""``).
+
+        ``path`` itself is never deleted: for a stored key (a value, not a
+        path) this deletes nothing, as zarr 2's ``MemoryStore`` and
+        ``DirectoryStore`` do.
+        """
         path = validate_path(path)
         arr = self._nodes.owner(join_path(path, "0")) if path else None
         if arr is not None and arr.path != path:
             self.delitems(list(self.keys_under(path)))  # a sub-path of a '/'-separated array
+            return
+        if path and arr is None and self._adapter.contains(path):  # a value: only keys below it go
+            self._adapter.delete_many(list(self._adapter.iter_keys(path_prefix(path))))
             return
         self._writer.discard_under(path)
         self._adapter.rmdir(path)
@@ -468,16 +505,50 @@ class ShardedStore(ProxyBase):
         self._nodes.forget_under(path)
 
     def getsize(self, path: str = "") -> int:
-        """Bytes stored under ``path`` in the base store (shards, not logical chunks)."""
+        """Size in bytes of the key ``path``, or of the keys directly under the path ``path``.
+
+        As zarr-python 2's ``MemoryStore`` and ``DirectoryStore`` define it, so
+        ``Array.nbytes_stored``, ``Array.info`` and ``zarr.storage.getsize``
+        report what they would on those stores: a chunk key's size is that
+        chunk's stored bytes (``nbytes`` of its shard index entry, no shard
+        read), a metadata document's the bytes served, a path's the sum of the
+        keys directly in it (not of sub-paths); 0 for what is not stored.
+        Buffered writes are flushed first. The bytes of whole shards are
+        :meth:`base`'s business (``store.base.size(shard_key)``).
+        """
         path = validate_path(path)
         self.flush()
         if path:
-            known = self._nodes.contains_document(path)  # presented documents have the size served
+            own = self._sizes([path])
+            if path in own:
+                return own[path]
+        return sum(self._sizes([join_path(path, name) for name in self.listdir(path)]).values())
+
+    def _sizes(self, keys: Sequence[str]) -> dict[str, int]:
+        """Sizes in bytes of the stored keys among ``keys`` (paths and missing keys are left out)."""
+        refs: list[ChunkRef] = []
+        out: dict[str, int] = {}
+        for key in keys:
+            try:
+                ref = self._route(key, validated=True)
+            except InvalidKeyError:  # not a chunk of its array (out of grid, a sub-path): nothing stored
+                continue
+            if ref is not None:
+                refs.append(ref)
+                continue
+            known = self._nodes.contains_document(key)  # presented documents: the size served
             if known:
-                return len(self._nodes.read_documents([path])[path])
-            if known is None and self._adapter.contains(path):
-                return self._adapter.size(path)
-        return sum(self._adapter.size(k) for k in self._adapter.iter_keys(path_prefix(path)))
+                out[key] = len(self._nodes.read_documents([key])[key])
+            elif known is None and self._adapter.contains(key):
+                out[key] = self._adapter.size(key)
+        if refs:
+            indexes = self._engine.read_indexes({ref.shard_key: ref.array for ref in refs})
+            for ref in refs:
+                index = indexes.get(ref.shard_key)
+                entry = None if index is None else index.get(ref.local_coords)
+                if entry is not None:
+                    out[ref.chunk_key] = entry[1]
+        return out
 
     def rename(self, src_path: str, dst_path: str) -> None:
         """Move everything under ``src_path`` to ``dst_path`` (shards move whole).

@@ -1,0 +1,98 @@
+"""The hierarchy rules of zarr-python 2's ``MemoryStore`` and ``DirectoryStore``, kept by the proxy.
+
+A key is either a value or a path holding keys, never both (issue 19, item 3):
+
+* storing ``a/b/c`` while ``a/b`` holds a value raises ``KeyError``
+  (:class:`~shardkv.errors.KeyBelowKeyError`), where a local directory would
+  otherwise fail with ``NotADirectoryError`` on a temporary file;
+* storing ``x/y`` while keys are stored under ``x/y/`` replaces them
+  (``DirectoryStore`` removes the directory in the way, ``MemoryStore`` the
+  nested mapping);
+* deleting ``r/s`` when keys are stored under ``r/s/`` deletes them.
+
+These rules hold where zarr 2's own stores keep them: over a local directory
+and over an in-memory mapping (any ``MutableMapping``). Over an object store or
+another fsspec filesystem (zarr's ``FSStore``) nothing is checked: a check
+would cost requests on every write.
+
+Keys that are chunk-like under a known array (chunks and shards) are never
+checked: nothing can be stored above them but the array's own path.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from shardkv.errors import KeyBelowKeyError
+from shardkv.keys.paths import owner_candidates, path_prefix, split_key
+from shardkv.proxy.nodes import META_NAMES, NodeTable, chunkish_under
+from shardkv.storage.adapters import FSMapAdapter, MappingAdapter, StoreAdapter
+
+__all__ = ["Hierarchy"]
+
+
+class Hierarchy:
+    """Applies the rules above to the base store ``adapter`` (a no-op where they do not hold).
+
+    Parameters
+    ----------
+    adapter : StoreAdapter
+        The base store.
+    nodes : NodeTable
+        What the proxy knows of the hierarchy's arrays and groups.
+    """
+
+    def __init__(self, adapter: StoreAdapter, nodes: NodeTable) -> None:
+        self._adapter = adapter
+        self._nodes = nodes
+        # local files (``supports_append``) or an in-memory mapping: where zarr 2's own stores keep the rules
+        self.enforced = isinstance(adapter, MappingAdapter) or (
+            isinstance(adapter, FSMapAdapter) and adapter.supports_append
+        )
+
+    def _chunk_of_array(self, key: str) -> bool:
+        """True when ``key`` is chunk-like under an array the node table knows."""
+        if split_key(key)[1] in META_NAMES:
+            return False
+        for path in owner_candidates(key):
+            if self._nodes.node(path).is_array:
+                return chunkish_under(path, key)
+        return False
+
+    def stored_above(self, key: str) -> str | None:
+        """The stored key that ``key`` lies below (``a/b`` for ``a/b/c``), or ``None``."""
+        parts = key.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            above = "/".join(parts[:i])
+            if self._adapter.contains(above):
+                return above
+        return None
+
+    def has_keys_under(self, key: str) -> bool:
+        """True when keys are stored under ``key/`` in the base store."""
+        return next(iter(self._adapter.iter_keys(path_prefix(key))), None) is not None
+
+    def check_set(self, keys: Iterable[str]) -> list[str]:
+        """Check that ``keys`` may be stored; return those whose ``key/`` subtree must be removed first.
+
+        Raises
+        ------
+        KeyBelowKeyError
+            If a key lies below a stored key (nothing has been written).
+        """
+        if not self.enforced:
+            return []
+        replaced: list[str] = []
+        for key in keys:
+            if self._chunk_of_array(key):
+                continue
+            above = self.stored_above(key)
+            if above is not None:
+                raise KeyBelowKeyError(key, above)
+            if split_key(key)[1] not in META_NAMES and self.has_keys_under(key):
+                replaced.append(key)
+        return replaced
+
+    def deletes_subtree(self, key: str) -> bool:
+        """True when deleting the missing key ``key`` means deleting the keys under it (a path)."""
+        return self.enforced and not self._chunk_of_array(key) and self.has_keys_under(key)
