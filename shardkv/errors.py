@@ -13,6 +13,7 @@ are never turned into ``KeyError``; they propagate unchanged.
 
 from __future__ import annotations
 
+import errno
 import pickle
 from typing import Any, Sequence
 
@@ -41,6 +42,8 @@ __all__ = [
     "ArrayNotFoundError",
     "ManifestMismatchError",
     "JournalCorruptError",
+    "JournalMismatchError",
+    "JournalLockedError",
     "PreconditionFailedError",
 ]
 
@@ -402,3 +405,46 @@ class PreconditionFailedError(ShardKVError, RuntimeError):
         self.reason = reason
         expected = "no stored value" if reason == "exists" else "the version read before"
         super().__init__(f"conditional write of {key!r} refused: expected {expected}, the store says {reason!r}")
+
+
+class JournalMismatchError(ConfigurationError):
+    """A write-back journal holding records of another store: replaying it here would overwrite this store.
+
+    Attributes
+    ----------
+    path : str
+        The journal file.
+    recorded : str
+        The identity of the store the journal belongs to (location, store id, layout).
+    given : str
+        The identity of the store it was opened for.
+    records : int
+        Acknowledged records the journal holds (not replayed).
+    """
+
+    def __init__(self, path: str, recorded: str, given: str, records: int) -> None:
+        self.path = path
+        self.recorded = recorded
+        self.given = given
+        self.records = int(records)
+        super().__init__(
+            f"journal {path!r} holds {self.records} record(s) of store {recorded}, not of store {given}: "
+            "refused (open the store it belongs to, or delete the journal to give its writes up)"
+        )
+
+
+class JournalLockedError(ShardKVError, BlockingIOError):
+    """A write-back journal already open in another process (one writer per journal).
+
+    Attributes
+    ----------
+    path : str
+        The journal file.
+    """
+
+    def __init__(self, path: str, reason: str = "it is open in another process (one writer per journal)") -> None:
+        self.path = path
+        super().__init__(errno.EWOULDBLOCK, f"journal {path!r} is locked: {reason}")
+
+    def __str__(self) -> str:
+        return str(self.strerror)

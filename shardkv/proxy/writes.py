@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import os
 import threading
+import uuid
 from os import PathLike
-from typing import Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from shardkv.engine.journal import Journal
 from shardkv.engine.planner import ShardIO
@@ -36,13 +37,47 @@ from shardkv.engine.writeback import PendingShard, WriteBuffer
 from shardkv.errors import ConfigurationError, InvalidKeyError
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.proxy.write_advice import WriteAdvisor
+from shardkv.storage.base import LOCK_DIR
+from shardkv.storage.location import location_of
 
-__all__ = ["ShardWriter", "ShardChanges"]
+__all__ = ["ShardWriter", "ShardChanges", "STORE_ID_KEY", "store_identity"]
 
 ShardChanges = Mapping[str, tuple[ShardedArray, tuple[int, ...], dict[tuple[int, ...], "memoryview | bytes | None"]]]
 """``{shard_key: (array, shard_coords, {local_coords: chunk bytes or None (delete)})}``."""
 
 _JOURNAL_SLACK = 4 * 2**20  # bytes a journal may hold beyond twice the buffer before it is compacted
+
+STORE_ID_KEY = f"{LOCK_DIR}/store-id"
+"""Key (in the store root, never listed) of the random id that ties a write-back journal to its store."""
+
+
+def store_identity(base: Any, layout: str) -> dict[str, str]:
+    """The identity a journal records for the store over adapter ``base``: location, store id, layout.
+
+    The store id is a random hex string kept beside the data under
+    :data:`STORE_ID_KEY` (created on first use), so a copy of the data is
+    another store even where locations cannot tell (in-memory mappings).
+
+    Parameters
+    ----------
+    base : StoreAdapter
+        The adapter over the base store.
+    layout : str
+        The proxy's layout options, as text.
+
+    Returns
+    -------
+    dict of str to str
+        ``{"location": ..., "store_id": ..., "layout": ...}``.
+    """
+    location = location_of(base)
+    where = "unknown" if location is None else ":".join(map(str, location.namespace)) + ":" + location.root
+    try:
+        stored = base.get(STORE_ID_KEY)
+    except KeyError:
+        base.set(STORE_ID_KEY, uuid.uuid4().hex.encode())
+        stored = base.get(STORE_ID_KEY)  # a racing creator may have won: use what is stored
+    return {"location": where, "store_id": bytes(stored).decode("ascii", "replace"), "layout": layout}
 
 
 def _chunk_key(pending: PendingShard, local: tuple[int, ...]) -> str:
@@ -95,6 +130,7 @@ class ShardWriter:
             self.io.write_shards(changes)  # type: ignore[arg-type]
             self.advisor.observe(changes)  # type: ignore[arg-type]
             return
+        added: list[tuple[str, tuple[int, ...], tuple[bool, bytes | None], bytes | None]] = []
         with buf.lock:
             if self.journal is not None:
                 self.journal.append(
@@ -104,9 +140,42 @@ class ShardWriter:
                 )
             for shard_key, (arr, coords, updates) in changes.items():
                 for local, value in updates.items():
-                    buf.add(shard_key, arr, coords, local, None if value is None else bytes(value))
+                    before = buf.lookup(shard_key, local)
+                    data = None if value is None else bytes(value)
+                    buf.add(shard_key, arr, coords, local, data)
+                    added.append((shard_key, local, before, data))
         keys = list(changes)
-        self._drain(lambda: {**buf.take_complete(keys), **buf.take_over_limit()})
+        try:
+            self._drain(lambda: {**buf.take_complete(keys), **buf.take_over_limit()})
+        except BaseException:
+            self._take_back(changes, added)  # the caller is told this write failed: never apply it later
+            raise
+
+    def _take_back(
+        self, changes: ShardChanges, added: list[tuple[str, tuple[int, ...], tuple[bool, bytes | None], bytes | None]]
+    ) -> None:
+        """Undo the buffered updates of a failed :meth:`write` that are still buffered (not yet stored).
+
+        Each chunk gets back the value buffered before the call (an earlier,
+        acknowledged write), or leaves the buffer; the journal is rewritten to
+        match, so a replay cannot apply the failed write either.
+        """
+        buf = self.buffer
+        if buf is None:
+            return
+        with self._io_lock, buf.lock:
+            undone = False
+            for shard_key, local, (had, old), data in reversed(added):
+                found, current = buf.lookup(shard_key, local)
+                if not found or current is not data:  # stored by the drain, or overwritten since
+                    continue
+                arr, coords, _ = changes[shard_key]
+                buf.add(shard_key, arr, coords, local, old)
+                if not had:
+                    buf.settle(shard_key, PendingShard(arr, coords, {local: old}))
+                undone = True
+            if undone and self.journal is not None:
+                self.journal.reset(self._buffered_records())
 
     def write_now(self, changes: ShardChanges) -> None:
         """Write chunk changes at once, bypassing the buffer (resize trims).
@@ -192,7 +261,12 @@ class ShardWriter:
 
     # -- journal ---------------------------------------------------------------------------
 
-    def attach_journal(self, path: str | PathLike[str] | None, route: Callable[[str], ChunkRef | None]) -> int:
+    def attach_journal(
+        self,
+        path: str | PathLike[str] | None,
+        route: Callable[[str], ChunkRef | None],
+        identity: Callable[[], Mapping[str, str]] | None = None,
+    ) -> int:
         """Open the journal at ``path``, replay its records through the buffer, write them and reset it.
 
         Parameters
@@ -203,6 +277,10 @@ class ShardWriter:
             Maps a chunk key to its :class:`~shardkv.keys.space.ChunkRef`
             (``None`` or :class:`InvalidKeyError` when it names no chunk of a
             sharded array any more: such records are skipped).
+        identity : callable, optional
+            Returns the identity of the store (:func:`store_identity`); called
+            only when ``path`` is given. A journal holding records of another
+            identity is refused; ``None`` checks nothing.
 
         Returns
         -------
@@ -214,7 +292,11 @@ class ShardWriter:
         ConfigurationError
             If there is no write-back buffer.
         JournalCorruptError
-            If the journal is damaged before its last record.
+            If an acknowledged record of the journal is damaged or missing.
+        JournalMismatchError
+            If the journal holds records of another store.
+        JournalLockedError
+            If another process has the journal open.
         Exception
             A shard write failed: the journal is kept, so opening again retries.
         """
@@ -222,7 +304,7 @@ class ShardWriter:
             return 0
         if self.buffer is None:
             raise ConfigurationError(f"journal={os.fspath(path)!r} needs write-back mode: give buffer_bytes too")
-        journal = Journal(path)
+        journal = Journal(path, None if identity is None else identity())
         try:
             return self._replay(journal, route)
         except BaseException:
