@@ -16,9 +16,16 @@ It also lists keys that look like chunk keys but belong to no shard
 (:attr:`VerifyReport.stray_keys`: coords outside an array's shard grid),
 chunk-like keys under paths that are no longer arrays
 (:attr:`VerifyReport.orphan_keys`: shards of deleted arrays) and temporary
-files of killed writers (:func:`find_stale_temporaries`). With
-``repair=True`` only the orphans and the stale temporaries are removed: a
-damaged shard may still hold chunks someone wants, so it is reported, never
+files of killed writers (:func:`find_stale_temporaries`), and node documents
+(``.zarray``, ``.zgroup``, ``zarr.json``) that cannot be read
+(:attr:`VerifyReport.unreadable_metadata`).
+
+Repair removes only what is proven garbage. ``repair=True`` removes the stale
+temporaries; orphans (chunk-like keys of a path without array metadata) are
+removed only with ``remove_orphans=True``, after they were listed: metadata
+that is merely missing may come back (a partial copy, a sync under way).
+Nothing under a node whose metadata is unreadable is ever touched, and a
+damaged shard may still hold chunks someone wants: both are reported, never
 deleted.
 """
 
@@ -37,6 +44,7 @@ import numpy as np
 from shardkv.engine.temporaries import DEFAULT_TEMP_AGE, find_stale_temporaries, remove_stale_temporaries
 from shardkv.errors import CorruptShardError
 from shardkv.keys.space import ShardedArray
+from shardkv.metadata.documents import NODE_DOCUMENTS, unreadable_documents
 from shardkv.proxy.presenting import PresentingAdapter
 from shardkv.storage.adapters import StoreAdapter
 
@@ -97,14 +105,21 @@ class VerifyReport:
         Chunk-like keys under paths that hold no array metadata any more.
     stale_temporaries : list of str
         Temporary files of atomic local writes older than the age guard (paths).
+    unreadable_metadata : dict of str to str
+        Node documents that cannot be read, with the reason; the keys under
+        such a node are never removed.
+    kept_keys : list of str
+        Keys under a node with unreadable metadata (kept, never removed).
     removed : list of str
-        What ``repair=True`` removed (keys, or paths for temporaries).
+        What ``repair=True`` / ``remove_orphans=True`` removed (keys, or paths for temporaries).
     """
 
     shards: list[ShardReport] = field(default_factory=list)
     stray_keys: list[str] = field(default_factory=list)
     orphan_keys: list[str] = field(default_factory=list)
     stale_temporaries: list[str] = field(default_factory=list)
+    unreadable_metadata: dict[str, str] = field(default_factory=dict)
+    kept_keys: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
 
     @property
@@ -116,7 +131,8 @@ class VerifyReport:
     def ok(self) -> bool:
         """True when nothing is damaged and nothing removable is left behind."""
         left = set(self.orphan_keys) | set(self.stale_temporaries)
-        return not self.damaged and not self.stray_keys and left <= set(self.removed)
+        unreadable = self.unreadable_metadata
+        return not self.damaged and not self.stray_keys and not unreadable and left <= set(self.removed)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable summary (the CLI's ``--json`` output)."""
@@ -130,6 +146,8 @@ class VerifyReport:
             "stray_keys": self.stray_keys,
             "orphan_keys": self.orphan_keys,
             "stale_temporaries": self.stale_temporaries,
+            "unreadable_metadata": self.unreadable_metadata,
+            "kept_keys": self.kept_keys,
             "removed": self.removed,
         }
 
@@ -202,6 +220,7 @@ def verify_store(
     decode: bool = False,
     repair: bool = False,
     min_temp_age: float = DEFAULT_TEMP_AGE,
+    remove_orphans: bool = False,
 ) -> VerifyReport:
     """Check every shard of every sharded array of ``store``.
 
@@ -213,9 +232,12 @@ def verify_store(
     decode : bool
         Also decode every stored inner chunk (v2 compressor and filters).
     repair : bool
-        Remove stale temporary files and chunk-like keys of deleted arrays.
+        Remove stale temporary files (proven garbage only).
     min_temp_age : float
         Age guard (seconds) for temporary files, see :func:`find_stale_temporaries`.
+    remove_orphans : bool
+        Also remove the orphans: chunk-like keys of paths without array
+        metadata (never those under a node whose metadata is unreadable).
 
     Returns
     -------
@@ -227,11 +249,19 @@ def verify_store(
     key_set = set(keys)
     array_paths = {_parent(k)[0] for k in keys if _parent(k)[1] == ".zarray"}  # v3-only arrays: presented
     report = VerifyReport()
+    meta_keys = [k for k in keys if _parent(k)[1] in NODE_DOCUMENTS]
+    docs = store.base.get_many(meta_keys)  # the stored documents (a presented view is not stored: not returned)
+    report.unreadable_metadata = unreadable_documents(docs)
+    damaged_nodes = {_parent(k)[0] for k in report.unreadable_metadata}
+    array_paths -= damaged_nodes
     arrays = {p: store.sharded_array(p) for p in sorted(array_paths)}
     decoders = {}
     for key in keys:
         path, name = _parent(key)
         if name in _META or name in (".zattrs", ".zgroup", ".zmetadata"):
+            continue
+        if damaged_nodes and any(a in damaged_nodes for a in _ancestors(key)):
+            report.kept_keys.append(key)  # its node cannot be read: not provably garbage
             continue
         owner = next((a for a in _ancestors(key) if a in array_paths), None)
         if owner is None:
@@ -258,8 +288,9 @@ def verify_store(
         _check_shard(shard, blob, arr, decoder)
         report.shards.append(shard)
     report.stale_temporaries = find_stale_temporaries(base, min_temp_age)
-    if repair:
+    if remove_orphans:
         base.delete_many(report.orphan_keys)
         report.removed.extend(report.orphan_keys)
+    if repair:
         report.removed.extend(remove_stale_temporaries(base, min_temp_age))
     return report
