@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         If the store cannot be reached or used.
     """
     adapter = open_store(args.store, args.storage_options)
-    read_hierarchy(PresentingAdapter(adapter), args.store)  # a missing or empty store, or no hierarchy, is an error
+    read_hierarchy(PresentingAdapter(adapter), args.store, strict=False)  # a missing or empty store, or no hierarchy, is an error
     store = ShardedStore(adapter)
     try:
         report = verify_store(store, decode=args.decode, repair=args.repair, min_temp_age=args.temp_age,
