@@ -44,6 +44,7 @@ __all__ = [
     "JournalCorruptError",
     "JournalMismatchError",
     "JournalLockedError",
+    "ChunkExpansionError",
     "PreconditionFailedError",
 ]
 
@@ -448,3 +449,27 @@ class JournalLockedError(ShardKVError, BlockingIOError):
 
     def __str__(self) -> str:
         return str(self.strerror)
+
+
+class ChunkExpansionError(CorruptShardError):
+    """A stored chunk that decodes (or says it decodes) to more bytes than its declared size: decoding stopped.
+
+    Attributes
+    ----------
+    shard_key : str
+        The key of the chunk or shard.
+    stated : int or None
+        The size the stream states, when it states one.
+    limit : int
+        The most bytes the chunk may decode to (shape times item size).
+    """
+
+    def __init__(self, shard_key: str, stated: int | None, limit: int, what: str | None = None) -> None:
+        self.stated = stated
+        self.limit = int(limit)
+        if what is None:
+            grows = f"states {stated} bytes" if stated is not None else "expands"
+            what = f"decoding stopped: the chunk {grows}, beyond its declared size of {self.limit} bytes"
+        else:
+            what = f"decoding refused: {what}"
+        super().__init__(shard_key, what)

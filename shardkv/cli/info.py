@@ -29,8 +29,9 @@ from shardkv.cli.stores import open_store
 from shardkv.errors import ConfigurationError, MetadataError, NotAHierarchyError
 from shardkv.keys.encodings import V2ChunkKeyEncoding, grid_shape
 from shardkv.keys.paths import owning_array, path_prefix
-from shardkv.metadata.documents import META_NAMES, unreadable_documents
+from shardkv.metadata.documents import META_NAMES, load_json, unreadable_documents
 from shardkv.metadata.draft import is_draft_hierarchy
+from shardkv.metadata.v2_view import unusable_sharding
 from shardkv.metadata.v3_view import v2_dimension_separator, v3_view_of_v2
 from shardkv.proxy.presenting import PresentingAdapter
 from shardkv.proxy.store import ShardedStore
@@ -260,7 +261,14 @@ def read_hierarchy(store: StoreAdapter, name: str = "store", strict: bool = True
     zarray_keys = [k for k in keys if k.rpartition("/")[2] == ".zarray"]
     if strict:
         node_keys = [k for k in keys if k.rpartition("/")[2] in ("zarr.json", ".zgroup")]
-        for key, reason in unreadable_documents(store.get_many(node_keys)).items():
+        node_docs = store.get_many(node_keys)
+        problems = unreadable_documents(node_docs)
+        for key, raw in node_docs.items():
+            doc = None if key in problems or not key.endswith("zarr.json") else load_json(key, raw)
+            reason = unusable_sharding(doc, key.rpartition("/")[0]) if isinstance(doc, dict) else None
+            if reason is not None:
+                problems[key] = reason
+        for key, reason in sorted(problems.items()):
             raise MetadataError(key, f"{reason} (in {name}; the node would be left out: repair or remove it)")
     docs = store.get_many(zarray_keys)
     zarrays: dict[str, dict[str, Any]] = {}

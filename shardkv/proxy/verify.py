@@ -41,10 +41,12 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from shardkv.codecs.bounded import decode_bounded
 from shardkv.engine.temporaries import DEFAULT_TEMP_AGE, find_stale_temporaries, remove_stale_temporaries
-from shardkv.errors import CorruptShardError
+from shardkv.errors import ChunkExpansionError, CorruptShardError
 from shardkv.keys.space import ShardedArray
-from shardkv.metadata.documents import NODE_DOCUMENTS, unreadable_documents
+from shardkv.metadata.documents import NODE_DOCUMENTS, load_json, unreadable_documents
+from shardkv.metadata.v2_view import unusable_sharding
 from shardkv.proxy.presenting import PresentingAdapter
 from shardkv.storage.adapters import StoreAdapter
 
@@ -59,6 +61,7 @@ __all__ = [
 
 
 _META = (".zarray", "zarr.json")
+_UNKNOWN_CHUNK_LIMIT = 2**30  # bytes a chunk of no fixed size (object dtype) may decode to in verify --decode
 _CHUNKISH = re.compile(r"c|c?[0-9]+([./][0-9]+)*")
 
 
@@ -173,17 +176,18 @@ def _v2_decoder(base: StoreAdapter, arr: ShardedArray) -> tuple[Any, int | None]
 
     key = f"{arr.path}/.zarray" if arr.path else ".zarray"
     meta = json.loads(bytes(base.get(key)))
-    codecs = [numcodecs.get_codec(c) for c in (meta.get("filters") or [])]
-    compressor = meta.get("compressor")
-    if compressor is not None:
-        codecs.append(numcodecs.get_codec(compressor))
+    filters = [numcodecs.get_codec(c) for c in (meta.get("filters") or [])]
+    compressor = None if meta.get("compressor") is None else numcodecs.get_codec(meta["compressor"])
     dtype = np.dtype(meta["dtype"]) if isinstance(meta["dtype"], str) else None
     nbytes = None if dtype is None or dtype.hasobject else prod(meta["chunks"]) * dtype.itemsize
+    # what the compressor may give back: the chunk's size exactly, or (filters may widen items) a bounded multiple
+    limit = _UNKNOWN_CHUNK_LIMIT if nbytes is None else nbytes if not filters else 8 * nbytes + 4096
 
-    def decode(data: bytes) -> bytes:
-        for codec in reversed(codecs):
-            data = codec.decode(data)
-        return bytes(memoryview(np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data).cast("B"))
+    def decode(data: bytes, where: str = "") -> bytes:
+        out: Any = data if compressor is None else decode_bounded(compressor, data, limit, where or key)
+        for codec in reversed(filters):
+            out = codec.decode(out)
+        return bytes(memoryview(np.ascontiguousarray(out) if isinstance(out, np.ndarray) else out).cast("B"))
 
     return decode, nbytes
 
@@ -206,7 +210,10 @@ def _check_shard(report: ShardReport, blob: bytes, arr: ShardedArray, decoder: A
     for local in index.present():
         offset, size = index.get(local)  # type: ignore[misc]
         try:
-            out = decode(bytes(view[offset : offset + size]))
+            out = decode(bytes(view[offset : offset + size]), f"{report.shard_key} inner chunk {local}")
+        except ChunkExpansionError as exc:
+            report.problems.append(f"inner chunk {local}: {exc.reason}")
+            continue
         except Exception as exc:  # any codec's own error type: reported, not raised
             report.problems.append(f"inner chunk {local} does not decode: {type(exc).__name__}: {exc}")
             continue
@@ -252,16 +259,28 @@ def verify_store(
     meta_keys = [k for k in keys if _parent(k)[1] in NODE_DOCUMENTS]
     docs = store.base.get_many(meta_keys)  # the stored documents (a presented view is not stored: not returned)
     report.unreadable_metadata = unreadable_documents(docs)
+    kept_nodes: set[str] = set()  # v3 arrays shardkv does not check (not sharded): their keys are no orphans
+    for key, raw in docs.items():
+        path, name = _parent(key)
+        if name != "zarr.json" or key in report.unreadable_metadata or path in array_paths:
+            continue
+        doc = load_json(key, raw)
+        reason = unusable_sharding(doc, path) if isinstance(doc, dict) else None
+        if reason is not None:
+            report.unreadable_metadata[key] = reason
+        elif isinstance(doc, dict) and doc.get("node_type") == "array":
+            kept_nodes.add(path)
     damaged_nodes = {_parent(k)[0] for k in report.unreadable_metadata}
     array_paths -= damaged_nodes
+    kept_nodes |= damaged_nodes
     arrays = {p: store.sharded_array(p) for p in sorted(array_paths)}
     decoders = {}
     for key in keys:
         path, name = _parent(key)
         if name in _META or name in (".zattrs", ".zgroup", ".zmetadata"):
             continue
-        if damaged_nodes and any(a in damaged_nodes for a in _ancestors(key)):
-            report.kept_keys.append(key)  # its node cannot be read: not provably garbage
+        if kept_nodes and any(a in kept_nodes for a in _ancestors(key)):
+            report.kept_keys.append(key)  # its node cannot be read (or is not shardkv's): not provably garbage
             continue
         owner = next((a for a in _ancestors(key) if a in array_paths), None)
         if owner is None:
