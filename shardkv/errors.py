@@ -468,8 +468,8 @@ class ChunkExpansionError(CorruptShardError):
         self.stated = stated
         self.limit = int(limit)
         if what is None:
-            grows = f"states {stated} bytes" if stated is not None else "expands"
-            what = f"decoding stopped: the chunk {grows}, beyond its declared size of {self.limit} bytes"
+            grows = f"states it decodes to {stated} bytes" if stated is not None else "expands"
+            what = f"decoding stopped: the chunk {grows}, beyond the {self.limit} bytes its declared size allows"
         else:
             what = f"decoding refused: {what}"
         super().__init__(shard_key, what)

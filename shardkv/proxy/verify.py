@@ -297,7 +297,14 @@ def verify_store(
         if any(c >= n for c, n in zip(coords, arr.shard_grid_shape)):
             report.stray_keys.append(key)
             continue
-        blob = bytes(base.get(key))
+        try:
+            blob = bytes(base.get(key))
+        except KeyError:  # listed, yet nothing to read: a directory, a dangling link, a special file
+            report.shards.append(ShardReport(key, owner, problems=["listed but cannot be read as a shard (not a regular file?)"]))
+            continue
+        except OSError as exc:  # permissions, I/O errors: this shard is reported, the others are still checked
+            report.shards.append(ShardReport(key, owner, problems=[f"cannot be read: {type(exc).__name__}: {exc}"]))
+            continue
         shard = ShardReport(key, owner, nbytes=len(blob))
         decoder = None
         if decode:
