@@ -187,7 +187,7 @@ def _v2_decoder(base: StoreAdapter, arr: ShardedArray) -> tuple[Any, int | None]
         out: Any = data if compressor is None else decode_bounded(compressor, data, limit, where or key)
         for codec in reversed(filters):
             out = codec.decode(out)
-        return bytes(memoryview(np.ascontiguousarray(out) if isinstance(out, np.ndarray) else out).cast("B"))
+        return out.tobytes() if isinstance(out, np.ndarray) else bytes(memoryview(out).cast("B"))
 
     return decode, nbytes
 
