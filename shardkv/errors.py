@@ -416,9 +416,9 @@ class JournalMismatchError(ConfigurationError):
     path : str
         The journal file.
     recorded : str
-        The identity of the store the journal belongs to (location, store id, layout).
+        What the journal belongs to (a store: location, store id, layout; or an array layout).
     given : str
-        The identity of the store it was opened for.
+        What it was opened for.
     records : int
         Acknowledged records the journal holds (not replayed).
     """
@@ -429,7 +429,7 @@ class JournalMismatchError(ConfigurationError):
         self.given = given
         self.records = int(records)
         super().__init__(
-            f"journal {path!r} holds {self.records} record(s) of store {recorded}, not of store {given}: "
+            f"journal {path!r} holds {self.records} record(s) of {recorded}, not of {given}: "
             "refused (open the store it belongs to, or delete the journal to give its writes up)"
         )
 

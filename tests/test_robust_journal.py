@@ -3,7 +3,8 @@
 Rows of the issue's table proven here (each fails on the code before the fix):
 
 * store Y opened with the ``journal=`` of store X (another store, a copied
-  directory): refused naming both, after a real ``kill -9`` left records;
+  directory), or X after its array was recreated with other chunks: refused
+  naming both, after a real ``kill -9`` left records;
 * two real processes opening one new journal at once, resets racing appends:
   no acknowledged record lost in >= 20 trials, no raw ``BlockingIOError``,
   no descriptor leaked;
@@ -64,6 +65,18 @@ def test_a_journal_is_never_replayed_into_another_store(tmp_path: Path, other: s
     assert list(zarr.open_array(st, mode="r")[:8]) == [7] * 8
     st.close()
     assert list(zarr.open_array(ShardedStore(str(x)), mode="r")[:8]) == [7] * 8
+
+
+def test_records_of_an_array_recreated_with_another_layout_are_refused(tmp_path: Path) -> None:
+    x, journal = tmp_path / "x", tmp_path / "wb.journal"
+    make_array(x)
+    run_and_kill(lambda: write_then_die(x, journal), None)  # records of 4-element chunks
+    zarr.open_array(ShardedStore(str(x), chunks_per_shard=2), mode="w", shape=(64,), chunks=(8,), dtype="i4",
+                    fill_value=3)  # fmt: skip  (the array recreated with 8-element chunks, outside the journal)
+    with pytest.raises(JournalMismatchError, match=r"array '' with chunks=4 chunks_per_shard=4, not of array '' "
+                                                   r"with chunks=8 chunks_per_shard=2"):  # fmt: skip
+        ShardedStore(str(x), buffer_bytes=10**6, journal=str(journal))
+    assert list(zarr.open_array(ShardedStore(str(x)), mode="r")[:16]) == [3] * 16  # nothing replayed into it
 
 
 def test_an_empty_journal_is_stamped_for_the_store_that_opens_it(tmp_path: Path) -> None:

@@ -15,7 +15,8 @@ File layout (all integers little endian)::
     identity block:       nbytes uint32 | start_seq uint64 | crc32c uint32 | identity (msgpack map)
                           crc32c covers nbytes, start_seq and the identity
     frame, repeated:      b"SKJR" | nbytes uint32 | crc32c uint32 | payload (nbytes bytes)
-                          payload = msgpack [seq, key, value]  (value: bytes, or nil for a deletion)
+                          payload = msgpack [seq, key, value, layout]  (value: bytes, or nil for a deletion;
+                          layout: str, the array's layout, left out when empty)
                           crc32c covers the nbytes field and the payload
 
 Sequence numbers start at the identity block's ``start_seq`` and grow by one
@@ -73,7 +74,7 @@ import os
 import struct
 import uuid
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Literal, Mapping
+from typing import Iterable, Iterator, Literal
 
 import msgpack
 
@@ -94,6 +95,8 @@ from shardkv.format.journal_frames import (
     encode_frame,
     encode_header,
     encode_slot,
+    RecordItem,
+    make_records,
 )
 from shardkv.format.layout import crc32c_of
 
@@ -158,16 +161,17 @@ class Journal:
     """
 
     def __init__(self, path: str | os.PathLike[str], identity: Identity | None = None) -> None:
-        self.path = os.fspath(path)
         self._fd = -1
+        self.path = os.fspath(path)
         self._fd = self._open_locked()
         try:
             scan = self._scan("raise")
             if identity is not None and dict(identity) != scan.identity:
                 if scan.records:
                     raise JournalMismatchError(
-                        self.path, describe_identity(scan.identity), describe_identity(identity), len(scan.records)
-                    )
+                        self.path, f"store {describe_identity(scan.identity)}", f"store {describe_identity(identity)}",
+                        len(scan.records),
+                    )  # fmt: skip
                 self._identity = dict(identity)
                 self._adopt(scan)
                 self.reset()  # an empty journal: stamped with this store's identity
@@ -349,13 +353,15 @@ class Journal:
         """The sequence number the next appended record gets."""
         return self._next_seq
 
-    def append(self, records: Iterable[tuple[str, bytes | None]]) -> list[int]:
+    def append(self, records: Iterable[RecordItem]) -> list[int]:
         """Append ``(key, value)`` records and fsync; returns their sequence numbers.
 
         Parameters
         ----------
-        records : iterable of (str, bytes or None)
+        records : iterable of (str, bytes or None) or (str, bytes or None, str)
             Chunk key and encoded value (bytes); ``None`` records a deletion.
+            An optional third item describes the array's layout
+            (:attr:`JournalRecord.layout`).
 
         Returns
         -------
@@ -375,13 +381,7 @@ class Journal:
         """
         if self._fd < 0:
             raise ValueError(f"journal {self.path!r} is closed")
-        batch: list[JournalRecord] = []
-        for key, value in records:
-            if not isinstance(key, str):
-                raise TypeError(f"journal keys are str, got {type(key).__name__}")
-            if value is not None:
-                value = bytes(memoryview(value).cast("B"))
-            batch.append(JournalRecord(self._next_seq + len(batch), key, value))
+        batch = make_records(records, self._next_seq)
         if not batch:
             return []
         frames = b"".join(encode_frame(r) for r in batch)
@@ -426,7 +426,7 @@ class Journal:
         """
         yield from self._scan(on_corrupt).records
 
-    def reset(self, keep: Iterable[tuple[str, bytes | None]] = ()) -> None:
+    def reset(self, keep: Iterable[RecordItem] = ()) -> None:
         """Drop every record (call once their shards are durable); sequence numbers go on.
 
         The journal is replaced atomically by one whose header starts at
@@ -437,16 +437,13 @@ class Journal:
 
         Parameters
         ----------
-        keep : iterable of (str, bytes or None)
-            Writes still to be kept (not yet durable elsewhere).
+        keep : iterable of (str, bytes or None) or (str, bytes or None, str)
+            Writes still to be kept (not yet durable elsewhere), as :meth:`append` takes them.
         """
         if self._fd < 0:
             raise ValueError(f"journal {self.path!r} is closed")
         start = self._next_seq
-        batch = [
-            JournalRecord(start + i, key, None if value is None else bytes(memoryview(value).cast("B")))
-            for i, (key, value) in enumerate(keep)
-        ]
+        batch = make_records(keep, start)
         frames = b"".join(encode_frame(r) for r in batch)
         header = encode_header(start, self._identity, len(frames), len(batch))
         tmp, fd = self._write_temp(header + frames)
@@ -485,9 +482,7 @@ class Journal:
             fd, self._fd = self._fd, -1
             os.close(fd)
 
-    def __del__(self) -> None:  # a journal dropped without close() still lets go of its descriptor
-        with contextlib.suppress(AttributeError, OSError):
-            self.close()
+    __del__ = close  # a journal dropped without close() still lets go of its descriptor
 
     def __enter__(self) -> Journal:
         return self

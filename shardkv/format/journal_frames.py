@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import msgpack
 
@@ -18,7 +18,7 @@ from shardkv.format.layout import crc32c_of
 __all__ = [
     "MAGIC", "OLD_MAGIC", "SLOT_OFFSETS", "IDENT", "IDENT_OFFSET", "MAX_IDENT_NBYTES", "FRAME_MAGIC",
     "Identity", "JournalRecord", "encode_slot", "decode_slot", "encode_header", "encode_frame", "decode_frame",
-    "describe_identity",
+    "describe_identity", "make_records", "RecordItem",
 ]  # fmt: skip
 
 MAGIC = b"SHARDKV-JOURNAL2"
@@ -35,15 +35,23 @@ _FRAME = struct.Struct("<4sII")  # magic, nbytes, crc32c
 _MAX_RECORD_NBYTES = 2**31  # a length field beyond this is damage, never an allocation
 
 Identity = Mapping[str, str]
+RecordItem = tuple[str, "bytes | None"] | tuple[str, "bytes | None", str]
+"""What :meth:`~shardkv.engine.journal.Journal.append` takes: ``(key, value)`` or ``(key, value, layout)``."""
 
 
 @dataclass(frozen=True, slots=True)
 class JournalRecord:
-    """One journalled write: ``value`` None means the key was deleted."""
+    """One journalled write: ``value`` None means the key was deleted.
+
+    ``layout`` describes the array the chunk belongs to as it was when the
+    write was acknowledged (``""``: not recorded); a replay into an array of
+    another layout is refused rather than writing bytes encoded for it.
+    """
 
     seq: int
     key: str
     value: bytes | None
+    layout: str = ""
 
 
 def encode_slot(gen: int, end: int, next_seq: int) -> bytes:
@@ -72,7 +80,8 @@ def encode_header(start_seq: int, identity: Identity, end_extra: int = 0, n_reco
 
 
 def encode_frame(record: JournalRecord) -> bytes:
-    payload = msgpack.packb([record.seq, record.key, record.value], use_bin_type=True)
+    fields = [record.seq, record.key, record.value] + ([record.layout] if record.layout else [])
+    payload = msgpack.packb(fields, use_bin_type=True)
     length = struct.pack("<I", len(payload))
     return FRAME_MAGIC + length + struct.pack("<I", crc32c_of(length + payload)) + payload
 
@@ -91,14 +100,34 @@ def decode_frame(data: memoryview, pos: int) -> tuple[JournalRecord, int] | str:
     if stored != computed:
         return f"crc32c mismatch: stored 0x{stored:08x}, computed 0x{computed:08x}"
     try:
-        seq, key, value = msgpack.unpackb(payload, raw=False)
+        fields = msgpack.unpackb(payload, raw=False)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:  # crc matched: written wrong, not torn
         return f"undecodable payload: {exc}"
+    if not isinstance(fields, list) or len(fields) not in (3, 4):
+        return "payload is not [seq, key, value, layout?]"
+    seq, key, value = fields[:3]
+    layout = fields[3] if len(fields) == 4 else ""
     if not isinstance(seq, int) or not isinstance(key, str) or not (value is None or isinstance(value, bytes)):
-        return "payload is not [seq, key, value]"
-    return JournalRecord(seq, key, value), pos + _FRAME.size + nbytes
+        return "payload is not [seq, key, value, layout?]"
+    if not isinstance(layout, str):
+        return "payload layout is not a string"
+    return JournalRecord(seq, key, value, layout), pos + _FRAME.size + nbytes
 
 
 def describe_identity(identity: Identity) -> str:
     shown = ", ".join(f"{k}={identity[k]!r}" for k in ("location", "store_id", "layout") if k in identity)
     return f"{{{shown}}}" if shown else repr(dict(identity))
+
+
+def make_records(items: Iterable[RecordItem], first_seq: int) -> list[JournalRecord]:
+    """Records numbered from ``first_seq`` of ``(key, value[, layout])`` items (values copied to bytes)."""
+    batch: list[JournalRecord] = []
+    for item in items:
+        key, value = item[0], item[1]
+        layout = item[2] if len(item) > 2 else ""
+        if not isinstance(key, str) or not isinstance(layout, str):
+            raise TypeError(f"journal keys and layouts are str, got {type(key).__name__}, {type(layout).__name__}")
+        if value is not None:
+            value = bytes(memoryview(value).cast("B"))
+        batch.append(JournalRecord(first_seq + len(batch), key, value, layout))
+    return batch

@@ -34,13 +34,13 @@ from typing import Any, Callable, Iterator, Mapping
 from shardkv.engine.journal import Journal
 from shardkv.engine.planner import ShardIO
 from shardkv.engine.writeback import PendingShard, WriteBuffer
-from shardkv.errors import ConfigurationError, InvalidKeyError
+from shardkv.errors import ConfigurationError, InvalidKeyError, JournalMismatchError
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.proxy.write_advice import WriteAdvisor
 from shardkv.storage.base import LOCK_DIR
 from shardkv.storage.location import location_of
 
-__all__ = ["ShardWriter", "ShardChanges", "STORE_ID_KEY", "store_identity"]
+__all__ = ["ShardWriter", "ShardChanges", "STORE_ID_KEY", "store_identity", "layout_of"]
 
 ShardChanges = Mapping[str, tuple[ShardedArray, tuple[int, ...], dict[tuple[int, ...], "memoryview | bytes | None"]]]
 """``{shard_key: (array, shard_coords, {local_coords: chunk bytes or None (delete)})}``."""
@@ -82,6 +82,12 @@ def store_identity(base: Any, layout: str) -> dict[str, str]:
 
 def _chunk_key(pending: PendingShard, local: tuple[int, ...]) -> str:
     return pending.array.chunk_key(pending.array.chunk_coords(pending.shard_coords, local))
+
+
+def layout_of(arr: ShardedArray) -> str:
+    """The array layout a journal record carries: inner chunk shape and chunks per shard (as text)."""
+    chunks = "?" if arr.chunks is None else ",".join(map(str, arr.chunks))
+    return f"chunks={chunks} chunks_per_shard={','.join(map(str, arr.chunks_per_shard))}"
 
 
 class ShardWriter:
@@ -134,7 +140,7 @@ class ShardWriter:
         with buf.lock:
             if self.journal is not None:
                 self.journal.append(
-                    (arr.chunk_key(arr.chunk_coords(coords, local)), None if value is None else bytes(value))
+                    (arr.chunk_key(arr.chunk_coords(coords, local)), None if value is None else bytes(value), layout_of(arr))
                     for _, (arr, coords, updates) in changes.items()
                     for local, value in updates.items()
                 )
@@ -230,13 +236,14 @@ class ShardWriter:
         elif journal.nbytes > 2 * buf.max_bytes + _JOURNAL_SLACK:
             journal.reset(self._buffered_records())
 
-    def _buffered_records(self) -> Iterator[tuple[str, bytes | None]]:
-        """``(chunk key, value)`` of every buffered update (buffer lock held)."""
+    def _buffered_records(self) -> Iterator[tuple[str, bytes | None, str]]:
+        """``(chunk key, value, array layout)`` of every buffered update (buffer lock held)."""
         if self.buffer is None:
             return
         for _, pending in self.buffer.items():
+            layout = layout_of(pending.array)
             for local, value in pending.updates.items():
-                yield _chunk_key(pending, local), value
+                yield _chunk_key(pending, local), value, layout
 
     def flush(self, path: str | None = None) -> None:
         """Write the buffered shards (of the array at ``path`` only, if given).
@@ -316,15 +323,24 @@ class ShardWriter:
         buf = self.buffer
         if buf is None:
             return 0
-        latest = {r.key: r.value for r in journal.replay()}
+        latest = {r.key: r for r in journal.replay()}
+        refs: list[tuple[ChunkRef, bytes | None]] = []
+        for key, record in latest.items():  # every record checked before any is applied
+            try:
+                ref = route(key)
+            except InvalidKeyError:  # an array deleted or shrunk since: nothing to restore
+                continue
+            if ref is None:
+                continue
+            if record.layout and record.layout != layout_of(ref.array):
+                raise JournalMismatchError(
+                    journal.path, f"array {ref.array.path!r} with {record.layout}",
+                    f"array {ref.array.path!r} with {layout_of(ref.array)}", len(latest)
+                )  # fmt: skip
+            refs.append((ref, record.value))
         with buf.lock:
-            for key, value in latest.items():
-                try:
-                    ref = route(key)
-                except InvalidKeyError:  # an array deleted or shrunk since: nothing to restore
-                    continue
-                if ref is not None:
-                    buf.add(ref.shard_key, ref.array, ref.shard_coords, ref.local_coords, value)
+            for ref, value in refs:
+                buf.add(ref.shard_key, ref.array, ref.shard_coords, ref.local_coords, value)
             self.journal = journal
         self.flush()
         with buf.lock:
