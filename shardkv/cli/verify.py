@@ -48,7 +48,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--decode", action="store_true", help="also decode every stored inner chunk")
     p.add_argument("--repair", action="store_true", help="remove stale temporary files (proven garbage only)")
     p.add_argument("--remove-orphans", action="store_true",
-                   help="remove the chunk-like keys of paths with no array metadata (listed by a plain verify)")  # fmt: skip
+                   help="remove chunk-like keys of paths without array metadata (verify lists them)")  # fmt: skip
     p.add_argument("--temp-age", metavar="SECONDS", type=float, default=3600.0,
                    help="age (seconds) from which a temporary file counts as stale (default 3600)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -87,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
         If the store cannot be reached or used.
     """
     adapter = open_store(args.store, args.storage_options)
-    read_hierarchy(PresentingAdapter(adapter), args.store, strict=False)  # a missing or empty store, or no hierarchy, is an error
+    # a missing or empty store, or no hierarchy, is an error; unreadable nodes are reported below, not raised
+    read_hierarchy(PresentingAdapter(adapter), args.store, strict=False)
     store = ShardedStore(adapter)
     try:
         report = verify_store(store, decode=args.decode, repair=args.repair, min_temp_age=args.temp_age,

@@ -239,7 +239,7 @@ class _NumcodecsBacked(Codec):
         return bytes(self._impl.encode(np.frombuffer(data, dtype=np.uint8)))
 
     def decode(self, data: bytes | memoryview, key: str = "", limit: int | None = None) -> bytes:
-        """Decompress; with ``limit``, stop at (and report) output beyond ``limit`` bytes (:mod:`~shardkv.codecs.bounded`)."""
+        """Decompress; with ``limit``, stop at (and report) output beyond ``limit`` bytes (:mod:`.bounded`)."""
         try:
             if limit is not None:
                 return decode_bounded(self._impl, data, limit, key)

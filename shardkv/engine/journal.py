@@ -313,7 +313,9 @@ class Journal:
                 )  # fmt: skip
         return _Scan(records, start_seq, identity, data_start, pos, gen, max(len(data) - acked_end, 0))
 
-    def _loss(self, data: memoryview, pos: int, acked_end: int, expected: int, acked_next: int, why: str) -> JournalCorruptError:
+    def _loss(
+        self, data: memoryview, pos: int, acked_end: int, expected: int, acked_next: int, why: str
+    ) -> JournalCorruptError:
         """The error for damage at ``pos`` before the acknowledged end: names the records lost."""
         lost = f"acknowledged records seq {expected}..{acked_next - 1} (bytes {pos}..{acked_end})"
         if len(data) < acked_end:

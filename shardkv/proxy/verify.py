@@ -300,7 +300,8 @@ def verify_store(
         try:
             blob = bytes(base.get(key))
         except KeyError:  # listed, yet nothing to read: a directory, a dangling link, a special file
-            report.shards.append(ShardReport(key, owner, problems=["listed but cannot be read as a shard (not a regular file?)"]))
+            problem = "listed but cannot be read as a shard (not a regular file?)"
+            report.shards.append(ShardReport(key, owner, problems=[problem]))
             continue
         except OSError as exc:  # permissions, I/O errors: this shard is reported, the others are still checked
             report.shards.append(ShardReport(key, owner, problems=[f"cannot be read: {type(exc).__name__}: {exc}"]))

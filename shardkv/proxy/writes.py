@@ -140,7 +140,11 @@ class ShardWriter:
         with buf.lock:
             if self.journal is not None:
                 self.journal.append(
-                    (arr.chunk_key(arr.chunk_coords(coords, local)), None if value is None else bytes(value), layout_of(arr))
+                    (
+                        arr.chunk_key(arr.chunk_coords(coords, local)),
+                        None if value is None else bytes(value),
+                        layout_of(arr),
+                    )
                     for _, (arr, coords, updates) in changes.items()
                     for local, value in updates.items()
                 )
