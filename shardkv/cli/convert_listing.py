@@ -224,23 +224,23 @@ def walk_hierarchy(source: StoreAdapter, name: str) -> HierarchyWalk:
         If a ``.zarray`` is not a JSON object with ``shape`` and ``chunks`` of one length.
     """
     lister = _Lister(source)
-    top = lister.children("")
-    if not top:
-        raise NotAHierarchyError(f"{name} does not exist or is empty")
-    top_names = {n for n, _ in top}
-    if ".zgroup" not in top_names and ".zarray" not in top_names:
+    arrays: dict[str, None] = {}
+    pending: list[tuple[str, list[tuple[str, bool | None]]]] = []
+    if source.contains(".zarray"):
+        arrays[""] = None  # a root array: its directory is never listed here
+    elif source.contains(".zgroup"):
+        pending.append(("", lister.children("")))
+    else:
+        top_names = {n for n, _ in lister.children("")}
+        if not top_names:
+            raise NotAHierarchyError(f"{name} does not exist or is empty")
         hint = " (it has a zarr.json: Zarr v3?)" if "zarr.json" in top_names else ""
         raise NotAHierarchyError(f"{name} is not a Zarr v2 hierarchy: no .zgroup or .zarray at its root{hint}")
-    arrays: dict[str, None] = {}
     groups: list[str] = []
     group_keys: list[str] = []
-    pending: list[tuple[str, list[tuple[str, bool | None]]]] = [("", top)]
     while pending:
         path, entries = pending.pop()
         names = {n for n, _ in entries}
-        if ".zarray" in names:
-            arrays[path] = None
-            continue
         if ".zgroup" in names or "zarr.json" in names:
             groups.append(path)
         for child, is_dir in entries:
@@ -249,12 +249,16 @@ def walk_hierarchy(source: StoreAdapter, name: str) -> HierarchyWalk:
                 if not _reserved(child):
                     group_keys.append(key)
                 continue
-            sub = lister.children(key)
+            # a directory: an array is never listed here (its keys are streamed by list_array)
+            node_docs = [n for n in _NODE_DOCUMENTS if source.contains(join_path(key, n))]
             if _reserved(child):
-                if {n for n, _ in sub} & set(_NODE_DOCUMENTS):
+                if node_docs:
                     raise ReservedNameError(name, key)
                 continue  # shardkv's own files (lock files, temporaries of interrupted writes)
-            pending.append((key, sub))
+            if ".zarray" in node_docs:
+                arrays[key] = None
+            else:
+                pending.append((key, lister.children(key)))
     docs = source.get_many([join_path(p, ".zarray") for p in arrays])
     zarrays: dict[str, dict[str, Any]] = {}
     for path in sorted(arrays):
