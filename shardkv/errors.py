@@ -426,9 +426,9 @@ class ReservedNameError(ConfigurationError):
         self.store = store
         super().__init__(
             f"{store}: the node {path!r} is named like shardkv's own files (names containing '.shardkv-tmp-' "
-            "or equal to '.shardkv-locks' are hidden from listings); rename it before converting",
-            path,
+            "or equal to '.shardkv-locks' are hidden from listings); rename it before converting"
         )
+        self.path = path
 
 
 class ConversionIncompleteError(ShardKVError, RuntimeError):

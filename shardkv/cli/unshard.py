@@ -202,6 +202,7 @@ def unshard(
         manifest.flush()
         report.bytes_before += _copy(source, sorted(meta, key=lambda k: (-k.count("/"), k)), out, bar)
         out.flush()
+        bar.update(bar.total - bar.n)  # the zarr.json views, dropped, are done too
     manifest.remove()
     report.objects_before = len(hierarchy.keys)
     report.objects_after, report.bytes_after = out.objects, out.nbytes
