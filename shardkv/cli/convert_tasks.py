@@ -324,8 +324,8 @@ def _execute_distributed(tasks: Iterable[ShardTask], on_done: Callable[[ShardTas
                 break
         for future in queue:
             on_done(by_key.pop(future.key), future.result())
-            task = next(pending, None)
-            if task is not None:
-                nxt = client.submit(run_task, task, pure=False)
-                by_key[nxt.key] = task
+            following = next(pending, None)
+            if following is not None:
+                nxt = client.submit(run_task, following, pure=False)
+                by_key[nxt.key] = following
                 queue.add(nxt)

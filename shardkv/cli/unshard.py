@@ -225,8 +225,9 @@ def _unpack(
     A shard is recorded in ``manifest`` once its chunks are written; shards recorded by an
     earlier run are skipped.
     """
-    grid = arr.chunk_grid_shape
-    cps = arr.chunks_per_shard
+    grid, cps = arr.chunk_grid_shape, arr.chunks_per_shard
+    if grid is None or cps is None:
+        raise UnsupportedError(f"{path or '/'}: a sharded array without a chunk grid or chunks per shard")
     shard_grid = tuple(-(-g // n) for g, n in zip(grid, cps))
 
     def index_of(key: str) -> int:
