@@ -92,6 +92,9 @@ def run_workload(python: str | None, workload: str, impl: str, args: argparse.Na
     """Run one workload subprocess (``extra``: more arguments); its JSON result, or ``Missing``."""
     if python is None:
         return Missing("env missing")
+    only = getattr(args, "only", None)
+    if only is not None and workload not in only:
+        return Missing("skipped: --only")
     cmd = [python, str(WORKLOADS / f"{workload}.py"), "--json", "--size", args.size]
     cmd += ["--repeat", str(repeat), "--impl", impl, "--seed", str(args.seed), *(extra or [])]
     t0 = time.perf_counter()
@@ -428,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-dask", action="store_true", help="leave out the dask/xarray write rows (P7 show n/a)")
     parser.add_argument("--peers-only", action="store_true", help="run only the peer matrix (P rows show n/a)")
     parser.add_argument("--bench-python", help="interpreter of the peer environment (default: .venv-bench)")
+    parser.add_argument("--only", type=lambda text: set(text.split(",")), default=None, metavar="W1,W2",
+                        help="run only these workloads (file names in workloads/, 'peers' for the peer matrix); "
+                        "the other rows show n/a")  # fmt: skip
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "latest.md")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per workload process")
     args = parser.parse_args(argv)
@@ -453,7 +459,10 @@ def main(argv: list[str] | None = None) -> int:
     log(f"shardkv benchmarks, size {args.size}, {args.repeat} repetition(s)")
     res = collect(args, py2, py3)
     log("peer matrix (one process per sample) ...")
-    server = peers_matrix.S3Server(pythons["bench"] or py2, args.out.parent)
+    skip_peers = args.only is not None and "peers" not in args.only
+    server = peers_matrix.S3Server(None if skip_peers else pythons["bench"] or py2, args.out.parent)
+    if skip_peers:
+        server.reason = "skipped: --only"
     try:
         peers = peers_matrix.collect(
             args.size, pythons, server,
