@@ -133,3 +133,17 @@ def test_an_output_missing_a_node_fails_naming_it(tmp_path, monkeypatch):
     monkeypatch.setattr(module, "store_as_v3", lose_words)
     with pytest.raises(ConversionIncompleteError, match="words"):
         convert(str(src), str(dst), 2)
+
+
+def test_a_reserved_name_is_refused_on_an_fsspec_store_too(tmp_path):
+    import fsspec
+
+    mapper = fsspec.get_mapper("memory://reserved-src")
+    g = zarr.open_group(mapper, mode="w")
+    g.create_dataset("fine", data=np.arange(4), chunks=(2,))
+    g.create_dataset("x.shardkv-tmp-9", data=np.arange(4), chunks=(2,))
+    try:
+        with pytest.raises(ReservedNameError, match=r"x\.shardkv-tmp-9"):
+            convert("memory://reserved-src", str(tmp_path / "dst"), 2)
+    finally:
+        mapper.fs.rm("/reserved-src", recursive=True)

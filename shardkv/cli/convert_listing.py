@@ -179,8 +179,11 @@ class _Lister:
         self.source = source
         inner = getattr(source, "inner", source)  # through a PresentingAdapter: stored keys are local files
         self.root: str | None = None
+        self.fsmap: FSMapAdapter | None = None  # other fsspec filesystems: listed unfiltered
         if isinstance(inner, FSMapAdapter) and isinstance(inner.fs, LocalFileSystem):
             self.root = inner.fs._strip_protocol(inner.root)
+        elif isinstance(inner, FSMapAdapter):
+            self.fsmap = inner
 
     def children(self, path: str) -> list[tuple[str, bool | None]]:
         """``(name, is_dir)`` of the entries of ``path``; ``is_dir`` is None when the store cannot tell cheaply."""
@@ -195,6 +198,15 @@ class _Lister:
                 have = {n for n, _ in names}
                 names += [(n, False) for n in self.source.list_dir(path) if n not in have]
             return sorted(names)
+        if self.fsmap is not None:  # the adapter's list_dir hides shardkv's own names: list them too
+            fs, root = self.fsmap.fs, self.fsmap.root
+            try:
+                entries = fs.ls(f"{root}/{path}" if path else root, detail=False)
+            except self.fsmap.missing_exceptions:
+                entries = []
+            names = {str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries}
+            names |= set(self.source.list_dir(path))  # documents a PresentingAdapter presents
+            return [(n, None) for n in sorted(names) if n]
         return [(n, None) for n in self.source.list_dir(path)]
 
     def is_file(self, key: str, is_dir: bool | None) -> bool:
