@@ -88,6 +88,7 @@ def test_an_object_dtype_array_is_kept(tmp_path):
     assert list(group["words"][:]) == ["a", "bb", "ccc", "d"]
     np.testing.assert_array_equal(group["numbers"][:], np.arange(16).reshape(4, 4))
     assert "words (dtype" in report.summary()
+    assert "checked: the output holds every array (2) and group (2) of the source" in report.summary()
 
 
 @pytest.mark.parametrize("name", ["x.shardkv-tmp-1", ".shardkv-locks"])

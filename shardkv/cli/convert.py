@@ -406,6 +406,7 @@ class _Job:
         self.writer = _Writer(target, _WRITE_BATCH_NBYTES, _WRITE_BATCH_OBJECTS)
         self.bytes_before = self.objects_before = 0
         self.shard_objects = self.shard_bytes = 0
+        self._reports: dict[str, ArrayReport] = {}  # sharded array path -> its report (filled as arrays are listed)
 
     def options(self) -> dict[str, Any]:
         """The options that shape the shards, as recorded in the manifest."""
@@ -455,6 +456,7 @@ class _Job:
                 self.writer.put(key, meta_out[key])
             self.writer.flush()
         self._check_output(walk)
+        self.report.groups = len(walk.groups)
         manifest.remove()
         report = self.report
         report.arrays.sort(key=lambda a: a.path)
@@ -470,7 +472,6 @@ class _Job:
         task_chunks: int, workers: int,
     ) -> Iterator[ShardTask]:  # fmt: skip
         """The shard tasks of every array, made lazily; each array is listed when its turn comes."""
-        self._reports: dict[str, ArrayReport] = {}
         n_last = _VERIFY_LAST * max(workers, 1)
         for path, zarray in walk.arrays.items():
             array_meta = {k: meta[k] for k in (join_path(path, n) for n in sorted(META_NAMES)) if k in meta}
