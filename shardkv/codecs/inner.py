@@ -35,6 +35,7 @@ from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence
 import numcodecs
 import numpy as np
 
+from shardkv.codecs.bounded import decode_bounded
 from shardkv.errors import ChecksumError, ConfigurationError, CorruptShardError
 from shardkv.format.layout import crc32c_of
 
@@ -237,9 +238,14 @@ class _NumcodecsBacked(Codec):
     def encode(self, data: bytes | memoryview) -> bytes:
         return bytes(self._impl.encode(np.frombuffer(data, dtype=np.uint8)))
 
-    def decode(self, data: bytes | memoryview, key: str = "") -> bytes:
+    def decode(self, data: bytes | memoryview, key: str = "", limit: int | None = None) -> bytes:
+        """Decompress; with ``limit``, stop at (and report) output beyond ``limit`` bytes (:mod:`.bounded`)."""
         try:
+            if limit is not None:
+                return decode_bounded(self._impl, data, limit, key)
             return bytes(self._impl.decode(data))
+        except CorruptShardError:
+            raise
         except (RuntimeError, ValueError, OSError, EOFError, zlib.error) as exc:  # decompression failures
             raise CorruptShardError(key, f"{self.name} could not decode {memoryview(data).nbytes} bytes: {exc}") from exc
 
@@ -477,11 +483,13 @@ class CodecPipeline:
         CorruptShardError, ChecksumError
             If the bytes cannot be decoded (``key`` is named in the error).
         """
-        for c in reversed(self.bytes_to_bytes):
-            data = c.decode(data, key)
         shapes = [tuple(shape)]
         for c in self.array_to_array:
             shapes.append(c.resolve_shape(shapes[-1]))
+        size_of = getattr(self.array_to_bytes, "encoded_size", None)
+        limit = None if size_of is None else size_of(shapes[-1], dtype) + 64 * len(self.bytes_to_bytes)
+        for c in reversed(self.bytes_to_bytes):  # a decompressor stops at the chunk's declared size (+ checksums)
+            data = c.decode(data, key, limit) if isinstance(c, _NumcodecsBacked) else c.decode(data, key)
         array = self.array_to_bytes.decode(data, shapes[-1], dtype, fill_value, key)
         for c in reversed(self.array_to_array):
             array = c.decode(array)
