@@ -478,43 +478,20 @@ class ChunkExpansionError(CorruptShardError):
 
 
 class ReservedNameError(ConfigurationError):
-    """A node of a hierarchy to convert is named like one of shardkv's own files.
-
-    shardkv keeps temporaries (``*.shardkv-tmp-*``) and lock directories
-    (``.shardkv-locks``) in a store and hides them from every listing, so an
-    array or group with such a name would vanish from the output: it is
-    refused instead.
-
-    Attributes
-    ----------
-    store : str
-        The source, as named.
-    path : str
-        The node's path.
-    """
+    """A node to convert named like shardkv's hidden files (``*.shardkv-tmp-*``, ``.shardkv-locks``): refused,
+    as it would vanish from every listing. Attributes: ``store`` (the source as named), ``path`` (the node)."""
 
     def __init__(self, store: str, path: str) -> None:
         self.store = store
-        super().__init__(
-            f"{store}: the node {path!r} is named like shardkv's own files (names containing '.shardkv-tmp-' "
-            "or equal to '.shardkv-locks' are hidden from listings); rename it before converting"
-        )
+        super().__init__(f"{store}: the node {path!r} is named like shardkv's own files (names containing "
+                         "'.shardkv-tmp-' or equal to '.shardkv-locks' are hidden from listings); rename it first")
         self.path = path
 
 
 class ConversionIncompleteError(ShardKVError, RuntimeError):
-    """A conversion whose output does not hold every array and group of its source.
-
-    Attributes
-    ----------
-    dst : str
-        The destination, as named.
-    missing : list of str
-        Paths of the source nodes the output does not present (``"/"`` for the root).
-    """
+    """A conversion whose output lacks nodes of its source. Attributes: ``dst``, ``missing`` (their paths)."""
 
     def __init__(self, dst: str, missing: Sequence[str], what: str = "arrays or groups") -> None:
-        self.dst = dst
-        self.missing = list(missing)
-        shown = ", ".join(self.missing[:10]) + (f", ... and {len(self.missing) - 10} more" if len(self.missing) > 10 else "")
+        self.dst, self.missing = dst, list(missing)
+        shown = ", ".join(self.missing[:10]) + (", ..." if len(self.missing) > 10 else "")
         super().__init__(f"{dst}: {len(self.missing)} {what} of the source missing from the output: {shown}")
