@@ -46,6 +46,8 @@ __all__ = [
     "JournalLockedError",
     "ChunkExpansionError",
     "PreconditionFailedError",
+    "ReservedNameError",
+    "ConversionIncompleteError",
 ]
 
 
@@ -473,3 +475,23 @@ class ChunkExpansionError(CorruptShardError):
         else:
             what = f"decoding refused: {what}"
         super().__init__(shard_key, what)
+
+
+class ReservedNameError(ConfigurationError):
+    """A node to convert named like shardkv's hidden files (``*.shardkv-tmp-*``, ``.shardkv-locks``): refused,
+    as it would vanish from every listing. Attributes: ``store`` (the source as named), ``path`` (the node)."""
+
+    def __init__(self, store: str, path: str) -> None:
+        self.store = store
+        super().__init__(f"{store}: the node {path!r} is named like shardkv's own files (names containing "
+                         "'.shardkv-tmp-' or equal to '.shardkv-locks' are hidden from listings); rename it first")
+        self.path = path
+
+
+class ConversionIncompleteError(ShardKVError, RuntimeError):
+    """A conversion whose output lacks nodes of its source. Attributes: ``dst``, ``missing`` (their paths)."""
+
+    def __init__(self, dst: str, missing: Sequence[str], what: str = "arrays or groups") -> None:
+        self.dst, self.missing = dst, list(missing)
+        shown = ", ".join(self.missing[:10]) + (", ..." if len(self.missing) > 10 else "")
+        super().__init__(f"{dst}: {len(self.missing)} {what} of the source missing from the output: {shown}")
