@@ -13,6 +13,7 @@ are never turned into ``KeyError``; they propagate unchanged.
 
 from __future__ import annotations
 
+import errno
 import pickle
 from typing import Any, Sequence
 
@@ -41,7 +42,12 @@ __all__ = [
     "ArrayNotFoundError",
     "ManifestMismatchError",
     "JournalCorruptError",
+    "JournalMismatchError",
+    "JournalLockedError",
+    "ChunkExpansionError",
     "PreconditionFailedError",
+    "ReservedNameError",
+    "ConversionIncompleteError",
 ]
 
 
@@ -402,3 +408,90 @@ class PreconditionFailedError(ShardKVError, RuntimeError):
         self.reason = reason
         expected = "no stored value" if reason == "exists" else "the version read before"
         super().__init__(f"conditional write of {key!r} refused: expected {expected}, the store says {reason!r}")
+
+
+class JournalMismatchError(ConfigurationError):
+    """A write-back journal holding records of another store: replaying it here would overwrite this store.
+
+    Attributes
+    ----------
+    path : str
+        The journal file.
+    recorded : str
+        What the journal belongs to (a store: location, store id, layout; or an array layout).
+    given : str
+        What it was opened for.
+    records : int
+        Acknowledged records the journal holds (not replayed).
+    """
+
+    def __init__(self, path: str, recorded: str, given: str, records: int) -> None:
+        self.path = path
+        self.recorded = recorded
+        self.given = given
+        self.records = int(records)
+        super().__init__(
+            f"journal {path!r} holds {self.records} record(s) of {recorded}, not of {given}: "
+            "refused (open the store it belongs to, or delete the journal to give its writes up)"
+        )
+
+
+class JournalLockedError(ShardKVError, BlockingIOError):
+    """A write-back journal already open in another process (one writer per journal).
+
+    Attributes
+    ----------
+    path : str
+        The journal file.
+    """
+
+    def __init__(self, path: str, reason: str = "it is open in another process (one writer per journal)") -> None:
+        self.path = path
+        super().__init__(errno.EWOULDBLOCK, f"journal {path!r} is locked: {reason}")
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class ChunkExpansionError(CorruptShardError):
+    """A stored chunk that decodes (or says it decodes) to more bytes than its declared size: decoding stopped.
+
+    Attributes
+    ----------
+    shard_key : str
+        The key of the chunk or shard.
+    stated : int or None
+        The size the stream states, when it states one.
+    limit : int
+        The most bytes the chunk may decode to (shape times item size).
+    """
+
+    def __init__(self, shard_key: str, stated: int | None, limit: int, what: str | None = None) -> None:
+        self.stated = stated
+        self.limit = int(limit)
+        if what is None:
+            grows = f"states it decodes to {stated} bytes" if stated is not None else "expands"
+            what = f"decoding stopped: the chunk {grows}, beyond the {self.limit} bytes its declared size allows"
+        else:
+            what = f"decoding refused: {what}"
+        super().__init__(shard_key, what)
+
+
+class ReservedNameError(ConfigurationError):
+    """A node to convert named like shardkv's hidden files (``*.shardkv-tmp-*``, ``.shardkv-locks``): refused,
+    as it would vanish from every listing. Attributes: ``store`` (the source as named), ``path`` (the node)."""
+
+    def __init__(self, store: str, path: str) -> None:
+        self.store = store
+        super().__init__(f"{store}: the node {path!r} is named like shardkv's own files (names containing "
+                         "'.shardkv-tmp-' or equal to '.shardkv-locks' are hidden from listings); rename it first")
+        self.path = path
+
+
+class ConversionIncompleteError(ShardKVError, RuntimeError):
+    """A conversion whose output lacks nodes of its source. Attributes: ``dst``, ``missing`` (their paths)."""
+
+    def __init__(self, dst: str, missing: Sequence[str], what: str = "arrays or groups") -> None:
+        self.dst, self.missing = dst, list(missing)
+        shown = ", ".join(self.missing[:10]) + (", ..." if len(self.missing) > 10 else "")
+        super().__init__(f"{dst}: {len(self.missing)} {what} of the source missing from the output: {shown}")
