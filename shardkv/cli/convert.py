@@ -16,7 +16,7 @@ Rules
   array; as a tuple it applies to arrays with that many dimensions only, and
   the others are copied unsharded (the report says which and why). A tuple
   that fits no array at all is an error
-  (:class:`~shardkv.errors.ChunksPerShardMismatchError`) unless
+  (:class:`~shardkv.cli.errors.ChunksPerShardMismatchError`) unless
   ``skip_mismatched``. 0-d arrays and arrays that are already sharded are
   copied unsharded too.
 * Chunk keys outside an array's chunk grid (stale chunks) are skipped and
@@ -48,9 +48,9 @@ in flight, not by the number of chunks.
 Nothing is dropped (issue 20): an array whose sharded form shardkv could not
 read back (an object dtype, for example) is copied unsharded, a node named
 like shardkv's own files is refused
-(:class:`~shardkv.errors.ReservedNameError`), and the finished output is
+(:class:`~shardkv.cli.errors.ReservedNameError`), and the finished output is
 checked to present every array and group of the source
-(:class:`~shardkv.errors.ConversionIncompleteError` otherwise).
+(:class:`~shardkv.cli.errors.ConversionIncompleteError` otherwise).
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ from shardkv.cli.manifest import MANIFEST_KEY as _MANIFEST_KEY
 from shardkv.cli.manifest import Manifest, open_destination, verify_last
 from shardkv.cli.stores import open_store, refuse_regular_file
 from shardkv.engine.temporaries import remove_stale_temporaries
-from shardkv.errors import ConfigurationError, ConversionIncompleteError, DestinationNotEmptyError, SameLocationError
+from shardkv.cli.errors import ConversionIncompleteError, DestinationNotEmptyError, SameLocationError
+from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
 from shardkv.keys.paths import join_path
 from shardkv.metadata.chunks_per_shard import check_chunks_per_shard

@@ -15,7 +15,8 @@ import json
 import warnings
 from typing import Any, Mapping
 
-from shardkv.errors import ChunksPerShardMismatchError, ShardKVError
+from shardkv.cli.errors import ChunksPerShardMismatchError
+from shardkv.errors import ShardKVError
 from shardkv.format.layout import ShardLayout
 from shardkv.keys.paths import join_path
 from shardkv.metadata.hierarchy import present

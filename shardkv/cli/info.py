@@ -26,7 +26,8 @@ from shardkv.cli.info_draft import inspect_draft
 from shardkv.cli.info_format import format_info  # re-exported: the table lives there
 from shardkv.cli.info_model import ArrayInfo, _sizes, shard_stats
 from shardkv.cli.stores import open_store
-from shardkv.errors import ConfigurationError, MetadataError, NotAHierarchyError
+from shardkv.cli.errors import NotAHierarchyError
+from shardkv.errors import ConfigurationError, MetadataError
 from shardkv.keys.encodings import V2ChunkKeyEncoding, grid_shape
 from shardkv.keys.paths import owning_array, path_prefix
 from shardkv.metadata.documents import META_NAMES, load_json, unreadable_documents

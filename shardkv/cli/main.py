@@ -19,7 +19,8 @@ from typing import Any, Callable, NoReturn, Sequence
 
 from shardkv._version import __version__
 from shardkv.cli import help_texts as texts
-from shardkv.errors import ArrayNotFoundError, ShardKVError, StoreAccessError
+from shardkv.cli.errors import ArrayNotFoundError, StoreAccessError
+from shardkv.errors import ShardKVError
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 

@@ -31,7 +31,8 @@ from shardkv.cli.info import META_NAMES, read_hierarchy
 from shardkv.cli.manifest import UNSHARD_MANIFEST_KEY, Manifest, open_destination
 from shardkv.cli.stores import open_store, refuse_regular_file
 from shardkv.engine.temporaries import remove_stale_temporaries
-from shardkv.errors import DestinationNotEmptyError, UnsupportedError
+from shardkv.cli.errors import DestinationNotEmptyError
+from shardkv.errors import UnsupportedError
 from shardkv.keys.space import ShardedArray
 from shardkv.proxy.presenting import PresentingAdapter
 from shardkv.storage.adapters import StoreAdapter
