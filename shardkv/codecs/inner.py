@@ -40,6 +40,7 @@ from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence
 import numcodecs
 import numpy as np
 
+from shardkv.codecs.bounded import decode_bounded
 from shardkv.errors import ChecksumError, ConfigurationError, CorruptShardError
 from shardkv.format.layout import crc32c_of
 
@@ -242,9 +243,14 @@ class _NumcodecsBacked(Codec):
     def encode(self, data: bytes | memoryview) -> bytes:
         return bytes(self._impl.encode(np.frombuffer(data, dtype=np.uint8)))
 
-    def decode(self, data: bytes | memoryview, key: str = "") -> bytes:
+    def decode(self, data: bytes | memoryview, key: str = "", limit: int | None = None) -> bytes:
+        """Decompress; with ``limit``, stop at (and report) output beyond ``limit`` bytes (:mod:`.bounded`)."""
         try:
+            if limit is not None:
+                return decode_bounded(self._impl, data, limit, key)
             return bytes(self._impl.decode(data))
+        except CorruptShardError:
+            raise
         except (RuntimeError, ValueError, OSError, EOFError, zlib.error) as exc:  # decompression failures
             raise CorruptShardError(key, f"{self.name} could not decode {memoryview(data).nbytes} bytes: {exc}") from exc
 
@@ -482,12 +488,14 @@ class CodecPipeline:
         CorruptShardError, ChecksumError
             If the bytes cannot be decoded (``key`` is named in the error).
         """
-        for c in reversed(self.bytes_to_bytes):
-            data = c.decode(data, key)
         shapes, dtypes = [tuple(shape)], [np.dtype(dtype)]
         for c in self.array_to_array:  # what each array -> array codec hands on (numcodecs ones may cast)
             shapes.append(c.resolve_shape(shapes[-1]))
             dtypes.append(c.resolve_dtype(dtypes[-1]) if hasattr(c, "resolve_dtype") else dtypes[-1])
+        size_of = getattr(self.array_to_bytes, "encoded_size", None)
+        limit = None if size_of is None else size_of(shapes[-1], dtypes[-1]) + 64 * len(self.bytes_to_bytes)
+        for c in reversed(self.bytes_to_bytes):  # a decompressor stops at the chunk's declared size (+ checksums)
+            data = c.decode(data, key, limit) if isinstance(c, _NumcodecsBacked) else c.decode(data, key)
         array = self.array_to_bytes.decode(data, shapes[-1], dtypes[-1], fill_value, key)
         for i, c in reversed(list(enumerate(self.array_to_array))):
             array = c.decode(array).reshape(shapes[i])

@@ -23,6 +23,18 @@ after a newer one. With a journal, every buffered chunk write is appended
 (and fsync'd) before the call returns; the journal is reset whenever the
 buffer is empty after a successful write, and compacted (rewritten
 atomically with the writes still buffered) when it grows well past the buffer.
+
+What is refused is never applied
+--------------------------------
+A :meth:`WriteBack.write` whose forced shard write raised tells its caller
+that the write failed, so its updates still buffered are taken back out of
+the buffer (each chunk gets back the value buffered before the call, an
+earlier acknowledged write) and the journal is rewritten to match: no later
+flush or replay applies them. Journal records carry their array's layout
+(:func:`layout_of`), and a journal is opened with its store's identity
+(:func:`shardkv.storage.identity.store_identity`): records of another store,
+or of an array since recreated with other chunks, are refused
+(:class:`~shardkv.errors.JournalMismatchError`) before any is applied.
 """
 
 from __future__ import annotations
@@ -35,15 +47,24 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
 from shardkv.engine.journal import Journal
 from shardkv.engine.merge import ShardChange
-from shardkv.errors import ConfigurationError, InvalidKeyError
+from shardkv.errors import ConfigurationError, InvalidKeyError, JournalMismatchError
 from shardkv.keys.space import ChunkRef, ShardedArray
 
 if TYPE_CHECKING:
     from shardkv.engine.engine import ShardEngine
 
-__all__ = ["WriteBuffer", "WriteBack"]
+__all__ = ["WriteBuffer", "WriteBack", "layout_of"]
 
 _JOURNAL_SLACK = 4 * 2**20  # bytes a journal may hold beyond twice the buffer before it is compacted
+
+_Added = list[tuple[str, tuple[int, ...], tuple[bool, "bytes | None"], "bytes | None"]]
+"""``(shard_key, local_coords, (was buffered, value before), value buffered)`` of one :meth:`WriteBack.write`."""
+
+
+def layout_of(arr: ShardedArray) -> str:
+    """The array layout a journal record carries: inner chunk shape and chunks per shard (as text)."""
+    chunks = "?" if arr.chunks is None else ",".join(map(str, arr.chunks))
+    return f"chunks={chunks} chunks_per_shard={','.join(map(str, arr.chunks_per_shard))}"
 
 
 class WriteBuffer:
@@ -223,7 +244,8 @@ class WriteBack:
         ------
         OSError
             If the journal append fails (nothing of the call is buffered), or
-            a shard write forced by the call fails (its updates stay buffered).
+            a shard write forced by the call fails (the call's updates not yet
+            stored are taken back out of the buffer and the journal).
         """
         if not changes:
             return
@@ -233,19 +255,55 @@ class WriteBack:
             if self._on_write_through is not None:
                 self._on_write_through(changes)
             return
+        added: _Added = []
         with buf.lock:
             if self.journal is not None:
                 self.journal.append(
-                    (change.chunk_key(local), None if value is None else bytes(value))  # type: ignore[arg-type]
+                    (
+                        change.chunk_key(local),
+                        None if value is None else bytes(value),  # type: ignore[arg-type]
+                        layout_of(change.array),
+                    )
                     for change in changes.values()
                     for local, value in change.chunks.items()
                 )
             for shard_key, change in changes.items():
                 for local, value in change.chunks.items():
-                    buf.add(shard_key, change.array, change.shard_coords, local,
-                            None if value is None else bytes(value))  # type: ignore[arg-type]
+                    before = buf.lookup(shard_key, local)
+                    data = None if value is None else bytes(value)  # type: ignore[arg-type]
+                    buf.add(shard_key, change.array, change.shard_coords, local, data)
+                    added.append((shard_key, local, before, data))
         keys = list(changes)
-        self._drain(lambda: {**buf.take_complete(keys), **buf.take_over_limit()})
+        try:
+            self._drain(lambda: {**buf.take_complete(keys), **buf.take_over_limit()})
+        except BaseException:
+            self._take_back(changes, added)  # the caller is told this write failed: never apply it later
+            raise
+
+    def _take_back(self, changes: Mapping[str, ShardChange], added: _Added) -> None:
+        """Undo the buffered updates of a failed :meth:`write` that are still buffered (not yet stored).
+
+        Each chunk gets back the value buffered before the call (an earlier,
+        acknowledged write), or leaves the buffer; the journal is rewritten to
+        match, so a replay cannot apply the failed write either.
+        """
+        buf = self.buffer
+        if buf is None:
+            return
+        with self._io_lock, buf.lock:
+            undone = False
+            for shard_key, local, (had, old), data in reversed(added):
+                found, current = buf.lookup(shard_key, local)
+                if not found or current is not data:  # stored by the drain, or overwritten since
+                    continue
+                change = changes[shard_key]
+                pending = buf.add(shard_key, change.array, change.shard_coords, local, old)
+                if not had:  # the chunk was not buffered before the call: it leaves the buffer
+                    written = ShardChange(change.array, change.shard_coords, {local: pending.chunks[local]})
+                    buf.settle(shard_key, written)
+                undone = True
+            if undone and self.journal is not None:
+                self.journal.reset(self._buffered_records())
 
     def write_now(self, changes: Mapping[str, ShardChange]) -> None:
         """Write chunk changes at once, bypassing the buffer (resize trims).
@@ -300,13 +358,14 @@ class WriteBack:
         elif journal.nbytes > 2 * buf.max_bytes + _JOURNAL_SLACK:
             journal.reset(self._buffered_records())
 
-    def _buffered_records(self) -> Iterator[tuple[str, bytes | None]]:
-        """``(chunk key, value)`` of every buffered update (buffer lock held)."""
+    def _buffered_records(self) -> Iterator[tuple[str, bytes | None, str]]:
+        """``(chunk key, value, array layout)`` of every buffered update (buffer lock held)."""
         if self.buffer is None:
             return
         for _, change in self.buffer.items():
+            layout = layout_of(change.array)
             for local, value in change.chunks.items():
-                yield change.chunk_key(local), value  # type: ignore[misc]
+                yield change.chunk_key(local), value, layout  # type: ignore[misc]
 
     def flush(self, path: str | None = None) -> None:
         """Write the buffered shards (of the array at ``path`` only, if given).
@@ -331,7 +390,12 @@ class WriteBack:
 
     # -- journal ---------------------------------------------------------------------------
 
-    def attach_journal(self, path: str | PathLike[str] | None, route: Callable[[str], ChunkRef | None]) -> int:
+    def attach_journal(
+        self,
+        path: str | PathLike[str] | None,
+        route: Callable[[str], ChunkRef | None],
+        identity: Callable[[], Mapping[str, str]] | None = None,
+    ) -> int:
         """Open the journal at ``path``, replay its records through the buffer, write them and reset it.
 
         Parameters
@@ -342,6 +406,11 @@ class WriteBack:
             Maps a chunk key to its :class:`~shardkv.keys.space.ChunkRef`
             (``None`` or :class:`InvalidKeyError` when it names no chunk of a
             sharded array any more: such records are skipped).
+        identity : callable, optional
+            Returns the identity of the store
+            (:func:`shardkv.storage.identity.store_identity`); called only when
+            ``path`` is given. A journal holding records of another identity
+            is refused; ``None`` checks nothing.
 
         Returns
         -------
@@ -353,7 +422,12 @@ class WriteBack:
         ConfigurationError
             If there is no write-back buffer.
         JournalCorruptError
-            If the journal is damaged before its last record.
+            If an acknowledged record of the journal is damaged or missing.
+        JournalMismatchError
+            If the journal holds records of another store, or of an array
+            since recreated with another layout (nothing is applied).
+        JournalLockedError
+            If another process has the journal open.
         Exception
             A shard write failed: the journal is kept, so opening again retries.
         """
@@ -361,7 +435,7 @@ class WriteBack:
             return 0
         if self.buffer is None:
             raise ConfigurationError(f"journal={os.fspath(path)!r} needs write-back mode: give buffer_bytes too")
-        journal = Journal(path)
+        journal = Journal(path, None if identity is None else dict(identity()))
         try:
             return self._replay(journal, route)
         except BaseException:
@@ -373,15 +447,24 @@ class WriteBack:
         buf = self.buffer
         if buf is None:
             return 0
-        latest = {r.key: r.value for r in journal.replay()}
+        latest = {r.key: r for r in journal.replay()}
+        refs: list[tuple[ChunkRef, bytes | None]] = []
+        for key, record in latest.items():  # every record checked before any is applied
+            try:
+                ref = route(key)
+            except InvalidKeyError:  # an array deleted or shrunk since: nothing to restore
+                continue
+            if ref is None:
+                continue
+            if record.layout and record.layout != layout_of(ref.array):
+                raise JournalMismatchError(
+                    journal.path, f"array {ref.array.path!r} with {record.layout}",
+                    f"array {ref.array.path!r} with {layout_of(ref.array)}", len(latest)
+                )  # fmt: skip
+            refs.append((ref, record.value))
         with buf.lock:
-            for key, value in latest.items():
-                try:
-                    ref = route(key)
-                except InvalidKeyError:  # an array deleted or shrunk since: nothing to restore
-                    continue
-                if ref is not None:
-                    buf.add(ref.shard_key, ref.array, ref.shard_coords, ref.local_coords, value)
+            for ref, value in refs:
+                buf.add(ref.shard_key, ref.array, ref.shard_coords, ref.local_coords, value)
             self.journal = journal
         self.flush()
         with buf.lock:

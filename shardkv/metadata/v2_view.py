@@ -59,7 +59,7 @@ from shardkv.errors import ConfigurationError, ShardKVError
 from shardkv.metadata.v2_codecs import OPAQUE_DATA_TYPE, core_compressor_codec, numpy_dtype_of_structured, v2_dtype_json
 from shardkv.metadata.v3_view import SHARDING_CODEC, V2_FILL_FIELD, V2_COMPRESSOR_FIELD, sharding_spec_from_v3
 
-__all__ = ["V2View", "v2_view_of_v3", "numpy_dtype_of_v3", "fill_value_from_v3"]
+__all__ = ["V2View", "v2_view_of_v3", "numpy_dtype_of_v3", "fill_value_from_v3", "unusable_sharding"]
 
 _V3_TO_NUMPY = {
     "bool": "b1", "int8": "i1", "int16": "i2", "int32": "i4", "int64": "i8",
@@ -424,3 +424,15 @@ def v2_view_of_v3(metadata: Mapping[str, Any], path: str = "") -> V2View:
     if attrs:
         docs[".zattrs"] = attrs
     return V2View(docs)
+
+
+def unusable_sharding(metadata: Mapping[str, Any], path: str = "") -> str | None:
+    """Why a v3 array that says it is sharded cannot be used (damaged or beyond a limit), or None.
+
+    Arrays shardkv does not present for other reasons (not sharded, storage
+    transformers, 0-d) are not shardkv's to judge: None for them too.
+    """
+    if metadata.get("node_type") != "array":
+        return None
+    bad = [p for p in v2_view_of_v3(metadata, path).problems if "invalid sharding configuration" in p]
+    return bad[0] if bad else None

@@ -42,6 +42,7 @@ from shardkv.proxy.routing import group_by_shard, route_batch
 from shardkv.proxy.values import as_buffer
 from shardkv.proxy.write_advice import WriteAdvisor
 from shardkv.storage.adapters import StoreAdapter, adapt
+from shardkv.storage.identity import store_identity
 from shardkv.storage.local import LocalStore
 from shardkv.storage.open import open_kv
 
@@ -104,7 +105,12 @@ class ShardedStore(ProxyBase):
     TypeError
         If ``store`` cannot be used as a store.
     JournalCorruptError
-        If ``journal`` is damaged before its last record.
+        If an acknowledged record of ``journal`` is damaged or missing.
+    JournalMismatchError
+        If ``journal`` holds records of another store (or of an array since
+        recreated with other chunks): nothing of it is replayed.
+    JournalLockedError
+        If another process has ``journal`` open.
 
     Notes
     -----
@@ -147,7 +153,9 @@ class ShardedStore(ProxyBase):
             concurrency=concurrency, lock_timeout=lock_timeout,
         )  # fmt: skip
         self._setup(store, adapt(store, storage_options), options)
-        self._writer.attach_journal(journal, self._route)  # replays what a killed run left
+        self._writer.attach_journal(  # replays what a killed run left, if the journal is this store's
+            journal, self._route, lambda: store_identity(self._kv, "v2")
+        )
 
     @classmethod
     def _reopen(cls, store: Any, options: Options) -> Self:
@@ -450,13 +458,21 @@ class ShardedStore(ProxyBase):
         if isinstance(self._kv, LocalStore):  # files a killed writer left, anywhere in the store
             self._kv.remove_stale_temporaries()
         self.flush()
-        if path is not None:
-            paths = [path]
-        else:
-            owners = (self._nodes.owner(k) for k in self._adapter.iter_keys())
-            paths = sorted({arr.path for arr in owners if arr is not None})
-        arrays = [self.sharded_array(p) for p in paths]
-        return sum(self._engine.compact(arr) for arr in arrays if arr is not None)
+        stored: dict[str, list[str]] = {}  # the shards that exist (a listing), never the grid: sparse grids are cheap
+        for key in self._adapter.iter_keys(path_prefix(path or "")):
+            arr = self._nodes.owner(key)
+            if arr is None:
+                continue
+            coords = arr.shard_coords_of(key)
+            grid = arr.shard_grid_shape
+            if coords is not None and (grid is None or all(c < n for c, n in zip(coords, grid))):
+                stored.setdefault(arr.path, []).append(key)
+        reclaimed = 0
+        for array_path in sorted(stored) if path is None else [path]:
+            arr = self.sharded_array(array_path)
+            if arr is not None:
+                reclaimed += self._engine.compact(arr, sorted(stored.get(array_path, [])))
+        return reclaimed
 
     def __iter__(self) -> Iterator[str]:
         self.flush()

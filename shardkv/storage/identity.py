@@ -1,0 +1,55 @@
+"""The identity of a base store, as a write-back journal records it (issue 20, item 4).
+
+A journal must only ever be replayed into the store whose writes it holds.
+Locations alone cannot tell a copy of a directory from the original (its
+location differs, but an in-memory mapping has no lasting location), so each
+store also carries a random *store id*, kept beside the data under
+:data:`STORE_ID_KEY` (a hidden key, never listed) and created on first use.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from shardkv.storage.kv import LOCK_DIR, NO_VALUE, KVStore
+
+__all__ = ["STORE_ID_KEY", "store_identity"]
+
+STORE_ID_KEY = f"{LOCK_DIR}/store-id"
+"""Key (in the store root, never listed) of the random id that ties a write-back journal to its store."""
+
+
+def store_identity(kv: KVStore, layout: str) -> dict[str, str]:
+    """The identity a journal records for the store ``kv``: its location, store id and layout.
+
+    The store id is read from :data:`STORE_ID_KEY`; when missing, a new
+    random id is written only if the key is still absent (a racing creator
+    that wins is read back and used).
+
+    Parameters
+    ----------
+    kv : KVStore
+        The base store.
+    layout : str
+        The proxy's layout (``"v2"``), as text.
+
+    Returns
+    -------
+    dict of str to str
+        ``{"location": "<namespace>:<root>", "store_id": <hex>, "layout": layout}``.
+
+    Raises
+    ------
+    OSError
+        If the store id cannot be read or written (permissions, network).
+    """
+    location = kv.location
+    where = ":".join(map(str, location.namespace)) + ":" + location.root
+    found = kv.get(STORE_ID_KEY)
+    if not found.found:
+        kv.put(STORE_ID_KEY, uuid.uuid4().hex.encode(), if_generation=NO_VALUE)  # None: another creator won
+        found = kv.get(STORE_ID_KEY)
+        if not found.found:
+            raise OSError(f"store id {STORE_ID_KEY!r} of the store at {where!r} was written but cannot be read back")
+    store_id = bytes(memoryview(found.whole()).cast("B")).decode("ascii", "replace")
+    return {"location": where, "store_id": store_id, "layout": layout}
