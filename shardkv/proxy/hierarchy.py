@@ -11,7 +11,9 @@ A key is either a value or a path holding keys, never both (issue 19, item 3):
 * deleting ``r/s`` when keys are stored under ``r/s/`` deletes them.
 
 These rules hold where zarr 2's own stores keep them: over a local directory
-and over an in-memory mapping (any ``MutableMapping``). Over an object store or
+and over a base store given as a mapping (a ``dict``, zarr's ``MemoryStore``,
+any ``MutableMapping``; a check there costs a lookup per level, and a scan of
+the keys for a value that could have keys under it). Over an object store or
 another fsspec filesystem (zarr's ``FSStore``) nothing is checked: a check
 would cost requests on every write.
 
