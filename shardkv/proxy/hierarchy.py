@@ -32,6 +32,8 @@ from shardkv.storage.adapters import FSMapAdapter, MappingAdapter, StoreAdapter
 
 __all__ = ["Hierarchy"]
 
+_MEMO_LIMIT = 100_000  # chunk parents remembered before the memo starts over
+
 
 class Hierarchy:
     """Applies the rules above to the base store ``adapter`` (a no-op where they do not hold).
@@ -47,6 +49,7 @@ class Hierarchy:
     def __init__(self, adapter: StoreAdapter, nodes: NodeTable) -> None:
         self._adapter = adapter
         self._nodes = nodes
+        self._array_of_parent: dict[str, str] = {}  # parent of a chunk key -> its array's path (found ones only)
         # local files (``supports_append``) or an in-memory mapping: where zarr 2's own stores keep the rules
         self.enforced = isinstance(adapter, MappingAdapter) or (
             isinstance(adapter, FSMapAdapter) and adapter.supports_append
@@ -54,11 +57,20 @@ class Hierarchy:
 
     def _chunk_of_array(self, key: str) -> bool:
         """True when ``key`` is chunk-like under an array the node table knows."""
-        if split_key(key)[1] in META_NAMES:
+        parent, name = split_key(key)
+        if name in META_NAMES:
             return False
+        known = self._array_of_parent.get(parent)
+        if known is not None and self._nodes.node(known).is_array:  # still an array (nodes are cached)
+            return chunkish_under(parent, key)  # the segments between them were checked when remembered
         for path in owner_candidates(key):
             if self._nodes.node(path).is_array:
-                return chunkish_under(path, key)
+                if not chunkish_under(path, key):
+                    return False
+                if len(self._array_of_parent) > _MEMO_LIMIT:
+                    self._array_of_parent.clear()
+                self._array_of_parent[parent] = path
+                return True
         return False
 
     def stored_above(self, key: str) -> str | None:
@@ -72,6 +84,9 @@ class Hierarchy:
 
     def has_keys_under(self, key: str) -> bool:
         """True when keys are stored under ``key/`` in the base store."""
+        if isinstance(self._adapter, FSMapAdapter):  # one directory listing, not a walk
+            names = self._adapter.list_dir(key)  # a file lists as itself
+            return bool(names) and not (names == [split_key(key)[1]] and self._adapter.contains(key))
         return next(iter(self._adapter.iter_keys(path_prefix(key))), None) is not None
 
     def check_set(self, keys: Iterable[str]) -> list[str]:
