@@ -18,6 +18,8 @@ counts and byte counts.
 
 from __future__ import annotations
 
+import os
+
 import threading
 import uuid
 from collections import Counter
@@ -180,12 +182,14 @@ def local_mapper(root: str) -> tuple[fsspec.FSMap, CountingLocalFS]:
     return fsspec.FSMap(root, fs), fs
 
 
-def record_local_writes(monkeypatch: pytest.MonkeyPatch) -> list[Request]:
+def record_local_writes(monkeypatch: pytest.MonkeyPatch, root: str | None = None) -> list[Request]:
     """Record the local writes of every :class:`FSMapAdapter` made outside fsspec.
 
     Atomic whole-object writes become ``Request("write", key, None, None, n)``;
     each positional piece of ``write_at`` becomes ``Request("write", key,
-    offset, offset + n, n)``. Keys are paths relative to the adapter's root.
+    offset, offset + n, n)``. Keys are paths relative to the adapter's root
+    (for the engine's writes through ``storage.local.atomic_write``: relative
+    to ``root``).
     """
     log: list[Request] = []
     atomic = FSMapAdapter._atomic_local_write
@@ -208,6 +212,20 @@ def record_local_writes(monkeypatch: pytest.MonkeyPatch) -> list[Request]:
 
     monkeypatch.setattr(FSMapAdapter, "_atomic_local_write", recording_atomic)
     monkeypatch.setattr(FSMapAdapter, "write_at", recording_write_at)
+
+    # the engine's shard writes: storage.local.atomic_write (LocalStore, and FsspecStore on local files)
+    from shardkv.storage import fsspec as fsspec_store, local as local_store
+
+    real_atomic = local_store.atomic_write
+
+    def recording_atomic_write(path: str, parts: Any, fsync: bool, create_only: bool = False) -> Any:
+        generation = real_atomic(path, parts, fsync, create_only)
+        key = path if root is None else os.path.relpath(path, root)
+        log.append(Request("write", key, None, None, sum(memoryview(p).nbytes for p in parts)))
+        return generation
+
+    monkeypatch.setattr(local_store, "atomic_write", recording_atomic_write)
+    monkeypatch.setattr(fsspec_store, "atomic_write", recording_atomic_write)
     return log
 
 

@@ -77,7 +77,7 @@ def probe(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
         fs.rm(fs.count_root, recursive=True)
     else:
         mapper, fs = local_mapper(str(tmp_path / "store"))
-        yield Probe(mapper, fs, record_local_writes(monkeypatch))
+        yield Probe(mapper, fs, record_local_writes(monkeypatch, str(tmp_path / "store")))
 
 
 def create(store: ShardedStore) -> Any:

@@ -185,6 +185,7 @@ def read_ranges(
                 entries[k] = cached
         need = [k for k in order if k not in entries]
         fresh: set[str] = set()
+        changed: set[str] = set()
         if need or extra:
             reads: list[ReadRequest] = [
                 (k, None if k in whole else [arrays[k].layout.index_range()], ANY) for k in need
@@ -194,6 +195,10 @@ def read_ranges(
                 out += _relayed_values(answers[len(need):])
                 extra = []
             for k, result in zip(need, answers):
+                if result.state == "stale":  # changed while it was read: read again next round
+                    cache.discard(k)
+                    changed.add(k)
+                    continue
                 if not result.found:  # no shard: none of its chunks is stored
                     cache.discard(k)
                     pending.discard(k)
@@ -233,7 +238,7 @@ def read_ranges(
                       for c in coalesced]
             chunk_reads.append((k, ranges, generation))
             plans.append((k, wanted, coalesced, guard))
-        stale = set()
+        stale = changed
         for (k, wanted, coalesced, guard), result in zip(plans, kv.get_many(chunk_reads) if chunk_reads else []):
             if result.state != "value":  # changed or deleted since the index was read: read it again
                 stale.add(k)

@@ -1,8 +1,7 @@
 """The node table of the v2 proxy: what each path of the hierarchy is, and the v2 documents it presents.
 
-One :class:`Node` per path, built from the stored ``zarr.json`` and ``.zarray``
-(read together, once, by :meth:`NodeTable.node`) and kept until
-:meth:`NodeTable.forget` or :meth:`NodeTable.clear`:
+One :class:`Node` per path, built from its stored ``zarr.json`` (and
+``.zarray`` where that does not decide), read once and kept until forgotten:
 
 * a v3 node (a ``zarr.json`` with ``zarr_format`` 3) is presented to
   zarr-python 2 as the ``.zarray``/``.zgroup`` and ``.zattrs`` documents that
@@ -255,13 +254,11 @@ class NodeTable:
 
     def presented(self, path: str) -> Node | None:
         """The node at ``path`` if zarr-python 2 sees it through presented documents, else ``None``."""
-        node = self.node(path)
-        return node if node.documents else None
+        return node if (node := self.node(path)).documents else None
 
     def sharded(self, path: str) -> Node | None:
         """The sharded array node at ``path``, or ``None``."""
-        node = self.node(path)
-        return node if node.array is not None else None
+        return node if (node := self.node(path)).array is not None else None
 
     def set(self, node: Node) -> None:
         """Record what ``node.path`` now is (the owners of keys may change)."""
@@ -287,10 +284,8 @@ class NodeTable:
     def prime(self, path: str, raw_json: Any) -> None:
         """Keep the node at ``path`` from ``zarr.json`` bytes already read, when they alone decide it.
 
-        A v3 node presented in v2 does not depend on a ``.zarray``, so
-        :func:`shardkv.open_store`, having read the root ``zarr.json`` to
-        detect the layout, hands it over instead of reading it twice (issue 21).
-        Anything else is left to be read on first use.
+        :func:`shardkv.open_store` hands over the root ``zarr.json`` it read to
+        detect the layout, so it is not read twice (issue 21).
         """
         try:
             node = build_node(path, raw_json)
