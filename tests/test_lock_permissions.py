@@ -63,12 +63,14 @@ def _mode(path: Path) -> int:
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
 @pytest.mark.parametrize(
     ("dir_mode", "file_mode", "lock_dir_mode"),
-    [(0o755, 0o600, 0o700), (0o2775, 0o660, 0o770), (0o777, 0o666, 0o777), (0o700, 0o600, 0o700)],
+    [(0o755, 0o600, 0o700), (0o2775, 0o660, 0o2770), (0o777, 0o666, 0o777), (0o700, 0o600, 0o700)],
     ids=["dir-0755", "dir-2775", "dir-0777", "dir-0700"],
 )
 def test_lock_files_are_made_for_the_array_writers_and_held_read_write(tmp_path, dir_mode, file_mode, lock_dir_mode) -> None:
     array_dir = tmp_path / "arr"
     array_dir.mkdir()
+    if os.geteuid() == 0:
+        os.chown(array_dir, -1, 4321)  # a shared project's group
     os.chmod(array_dir, dir_mode)
     locks = _locks(tmp_path, file_stripes=1)
     lock_file = array_dir / LOCK_DIR / "0.lock"
@@ -77,6 +79,8 @@ def test_lock_files_are_made_for_the_array_writers_and_held_read_write(tmp_path,
             assert _open_flags_of(lock_file) == [os.O_RDWR]
     assert _mode(lock_file) == file_mode
     assert _mode(array_dir / LOCK_DIR) == lock_dir_mode
+    if dir_mode & stat.S_ISGID:  # the group's writers can open the lock files too
+        assert lock_file.stat().st_gid == array_dir.stat().st_gid
     assert _open_flags_of(lock_file) == []  # closed on release
 
 

@@ -114,7 +114,7 @@ def lock_modes(array_dir: str) -> tuple[int, int]:
 
     Read and write (and, for the directory, search) for the owner; for the
     group only if ``array_dir`` is group-writable; for others only if it is
-    world-writable. No class gets a read bit without its write bit, so no
+    world-writable; the directory keeps ``array_dir``'s set-group-ID bit. No class gets a read bit without its write bit, so no
     account that cannot write the array can open (and ``flock``) a lock file.
 
     Raises
@@ -128,7 +128,8 @@ def lock_modes(array_dir: str) -> tuple[int, int]:
         file_mode, lock_dir_mode = file_mode | 0o060, lock_dir_mode | 0o070
     if dir_mode & stat.S_IWOTH:
         file_mode, lock_dir_mode = file_mode | 0o006, lock_dir_mode | 0o007
-    return file_mode, lock_dir_mode
+    # a set-group-ID array directory (a shared project directory) passes its group on to the lock files
+    return file_mode, lock_dir_mode | (dir_mode & stat.S_ISGID)
 
 
 def _too_open(found: int, wanted: int) -> bool:
@@ -213,7 +214,7 @@ class _LockFile:
             If this account cannot open the lock file for writing.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
+        for _ in range(100):  # another round only if the file was removed under us
             fd = self._open()
             try:
                 if deadline is None:
@@ -231,6 +232,7 @@ class _LockFile:
             if not locked:
                 raise LockTimeoutError(self.path, timeout or 0.0)
             # the file was removed (remove_lock_files) between our open and flock: lock the new one
+        raise FileNotFoundError(errno.ENOENT, "lock file keeps being removed while it is locked", self.path)
 
     @staticmethod
     def _try_until(fd: int, deadline: float) -> bool:
