@@ -92,6 +92,9 @@ def run_workload(python: str | None, workload: str, impl: str, args: argparse.Na
     """Run one workload subprocess (``extra``: more arguments); its JSON result, or ``Missing``."""
     if python is None:
         return Missing("env missing")
+    only = getattr(args, "only", None)
+    if only is not None and workload not in only:
+        return Missing("skipped: --only")
     cmd = [python, str(WORKLOADS / f"{workload}.py"), "--json", "--size", args.size]
     cmd += ["--repeat", str(repeat), "--impl", impl, "--seed", str(args.seed), *(extra or [])]
     t0 = time.perf_counter()
@@ -123,7 +126,8 @@ def collect(args: argparse.Namespace, py2: str | None, py3: str | None) -> dict[
     if getattr(args, "peers_only", False):
         names = ["write_read/shardkv", "write_read/zarr3", "chunkwise_write/shardkv-writeback", "chunkwise_write/shardkv",
                  "chunkwise_write/zarr2-transformer", "random_reads/shardkv", "random_reads/zarr3",
-                 "proxy_overhead/shardkv", "warm_reads_local/shardkv", "peak_memory/shardkv", *(f"dask_writes/{i}" for i in DASK_IMPLS)]
+                 "proxy_overhead/shardkv", "warm_reads_local/shardkv", "peak_memory/shardkv", "convert_scale/shardkv",
+                 "convert_scale/tensorstore", *(f"dask_writes/{i}" for i in DASK_IMPLS)]
         return {name: Missing("skipped: --peers-only") for name in names}
     res["write_read/shardkv"] = run_workload(py2, "write_read", "shardkv", args, rep)
     res["write_read/zarr3"] = run_workload(py3, "write_read", "zarr3", args, rep)
@@ -140,6 +144,9 @@ def collect(args: argparse.Namespace, py2: str | None, py3: str | None) -> dict[
         merged = dict(runs[0])
         merged["samples"] = {k: [s for r in runs for s in r["samples"][k]] for k in runs[0]["samples"]}
     res["peak_memory/shardkv"] = merged
+    # issue 21: a convert of many 1 KiB chunks against tensorstore doing the same copy (the zarr 3 env has it)
+    res["convert_scale/shardkv"] = run_workload(py2, "convert_scale", "shardkv", args, rep)
+    res["convert_scale/tensorstore"] = run_workload(py3, "convert_scale", "tensorstore", args, rep)
     for impl in DASK_IMPLS:
         res[f"dask_writes/{impl}"] = (Missing("skipped: --skip-dask") if getattr(args, "skip_dask", False)
                                       else run_workload(py2, "dask_writes", impl, args, rep))  # fmt: skip
@@ -255,7 +262,25 @@ def build_rows(res: dict[str, Any]) -> list[list[str]]:
                 f"(buffer_bytes = {fmt_bytes(pm['buffer_bytes'])}); ratio = peak / (buffer + 2 shards)")
         note = f"{fmt_bytes(pm['limit_bytes'])}"
         rows.append(value_row("P6", what, fmt_bytes(peak), "—", peak / pm["limit_bytes"], 1.0, note))
+    rows.extend(convert_rows(res))
     rows.extend(dask_rows(res))
+    return rows
+
+
+def convert_rows(res: dict[str, Any]) -> list[list[str]]:
+    """P21: ``shardkv convert`` of many 1 KiB chunks vs tensorstore's copy: time, and peak RSS (goal 300 MiB)."""
+    sk, peer = res["convert_scale/shardkv"], res["convert_scale/tensorstore"]
+    n = next((r["chunks"] for r in (sk, peer) if not isinstance(r, Missing)), "?")
+    what = f"convert {n:,} chunks of 1 KiB to 1,024 chunks per shard" if isinstance(n, int) else "convert"
+    rows = [ratio_row("P21-convert", f"{what}: shardkv convert vs tensorstore copy; time",
+                      median(sk, "copy_s"), median(peer, "copy_s"), "tensorstore", fmt_s, 1.0)]
+    peak, peer_peak = median(sk, "peak_rss_bytes"), median(peer, "peak_rss_bytes")
+    peer_cell = str(peer_peak) if isinstance(peer_peak, Missing) else f"{fmt_bytes(peer_peak)} (tensorstore)"
+    if isinstance(peak, Missing):
+        rows.append(value_row("P21-convert-rss", f"{what}: peak RSS / 300 MiB", "", peer_cell, peak, 1.0))
+    else:
+        rows.append(value_row("P21-convert-rss", f"{what}: peak RSS / 300 MiB", fmt_bytes(peak), peer_cell,
+                              peak / (300 * MiB), 1.0))
     return rows
 
 
@@ -412,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-dask", action="store_true", help="leave out the dask/xarray write rows (P7 show n/a)")
     parser.add_argument("--peers-only", action="store_true", help="run only the peer matrix (P rows show n/a)")
     parser.add_argument("--bench-python", help="interpreter of the peer environment (default: .venv-bench)")
+    parser.add_argument("--only", type=lambda text: set(text.split(",")), default=None, metavar="W1,W2",
+                        help="run only these workloads (file names in workloads/, 'peers' for the peer matrix); "
+                        "the other rows show n/a")  # fmt: skip
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "latest.md")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per workload process")
     args = parser.parse_args(argv)
@@ -437,7 +465,10 @@ def main(argv: list[str] | None = None) -> int:
     log(f"shardkv benchmarks, size {args.size}, {args.repeat} repetition(s)")
     res = collect(args, py2, py3)
     log("peer matrix (one process per sample) ...")
-    server = peers_matrix.S3Server(pythons["bench"] or py2, args.out.parent)
+    skip_peers = args.only is not None and "peers" not in args.only
+    server = peers_matrix.S3Server(None if skip_peers else pythons["bench"] or py2, args.out.parent)
+    if skip_peers:
+        server.reason = "skipped: --only"
     try:
         peers = peers_matrix.collect(
             args.size, pythons, server,

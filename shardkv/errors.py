@@ -42,6 +42,8 @@ __all__ = [
     "ManifestMismatchError",
     "JournalCorruptError",
     "PreconditionFailedError",
+    "ReservedNameError",
+    "ConversionIncompleteError",
 ]
 
 
@@ -402,3 +404,46 @@ class PreconditionFailedError(ShardKVError, RuntimeError):
         self.reason = reason
         expected = "no stored value" if reason == "exists" else "the version read before"
         super().__init__(f"conditional write of {key!r} refused: expected {expected}, the store says {reason!r}")
+
+
+class ReservedNameError(ConfigurationError):
+    """A node of a hierarchy to convert is named like one of shardkv's own files.
+
+    shardkv keeps temporaries (``*.shardkv-tmp-*``) and lock directories
+    (``.shardkv-locks``) in a store and hides them from every listing, so an
+    array or group with such a name would vanish from the output: it is
+    refused instead.
+
+    Attributes
+    ----------
+    store : str
+        The source, as named.
+    path : str
+        The node's path.
+    """
+
+    def __init__(self, store: str, path: str) -> None:
+        self.store = store
+        super().__init__(
+            f"{store}: the node {path!r} is named like shardkv's own files (names containing '.shardkv-tmp-' "
+            "or equal to '.shardkv-locks' are hidden from listings); rename it before converting"
+        )
+        self.path = path
+
+
+class ConversionIncompleteError(ShardKVError, RuntimeError):
+    """A conversion whose output does not hold every array and group of its source.
+
+    Attributes
+    ----------
+    dst : str
+        The destination, as named.
+    missing : list of str
+        Paths of the source nodes the output does not present (``"/"`` for the root).
+    """
+
+    def __init__(self, dst: str, missing: Sequence[str], what: str = "arrays or groups") -> None:
+        self.dst = dst
+        self.missing = list(missing)
+        shown = ", ".join(self.missing[:10]) + (f", ... and {len(self.missing) - 10} more" if len(self.missing) > 10 else "")
+        super().__init__(f"{dst}: {len(self.missing)} {what} of the source missing from the output: {shown}")

@@ -2,11 +2,13 @@
 
 Runs in the zarr-python 2.18 environment; this interpreter serves as the
 zarr2 environment of the run, ``.venv-zarr3`` is used when it exists. Asserts
-only that the command succeeds and reports every row; never timings.
+only that the command succeeds and reports every row; never timings. The
+second run is limited to the workloads its assertions need (``--only``).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -15,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ROW_IDS = ("P1", "P2", "P2-direct", "P3", "P3-cold", "P4", "P5", "P6", "P8")
+ROW_IDS = ("P1", "P2", "P2-direct", "P3", "P3-cold", "P4", "P5", "P6", "P8", "P21-convert", "P21-convert-rss")
 DASK_ROW_IDS = ("P7-dask", "P7-dask-buffer", "P7-dask-rechunk", "P7-xarray", "P7-xarray-buffer")
 
 
@@ -37,9 +39,14 @@ def table_rows(text: str) -> dict[str, list[str]]:
     return rows
 
 
+# every workload but the peer matrix, which test_peer_workload_runs covers (one process, not the matrix)
+TABLE_WORKLOADS = ("write_read,chunkwise_write,random_reads,proxy_overhead,warm_reads_local,peak_memory,dask_writes,"
+                   "convert_scale")
+
+
 @pytest.mark.zarr2
 def test_tiny_run_reports_every_row(tmp_path: Path) -> None:
-    proc, out = run_benchmarks(tmp_path)
+    proc, out = run_benchmarks(tmp_path, "--only", TABLE_WORKLOADS)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = table_rows(proc.stdout)
     assert set(ROW_IDS + DASK_ROW_IDS) <= set(rows), f"rows printed: {sorted(rows)}\n{proc.stdout}"
@@ -51,7 +58,8 @@ def test_tiny_run_reports_every_row(tmp_path: Path) -> None:
 
 @pytest.mark.zarr2
 def test_missing_zarr3_env_shows_na(tmp_path: Path) -> None:
-    proc, _ = run_benchmarks(tmp_path, "--zarr3-python", str(tmp_path / "no-such-env" / "python"), "--skip-dask")
+    proc, _ = run_benchmarks(tmp_path, "--zarr3-python", str(tmp_path / "no-such-env" / "python"), "--skip-dask",
+                             "--only", "write_read,random_reads")  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = table_rows(proc.stdout)
     assert set(ROW_IDS) <= set(rows)
@@ -60,3 +68,13 @@ def test_missing_zarr3_env_shows_na(tmp_path: Path) -> None:
         assert rows[rid][3] == "n/a", rows[rid]
     assert rows["P3"][2] == "n/a (env missing)", rows["P3"]
     assert rows["P7-dask"][1] == "n/a (skipped: --skip-dask)" and rows["P7-dask"][3] == "n/a", rows["P7-dask"]
+
+
+@pytest.mark.zarr2
+def test_peer_workload_runs(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "workloads" / "peers.py"), "--json", "--size", "tiny",
+           "--repeat", "1", "--impl", "shardkv", "--layout", "256", "--codec", "none", "--backend", "local"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
+    assert result["workload"] == "peers" and result["samples"], result

@@ -40,7 +40,7 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *words: str) -> Non
 
 def _recorded(manifest: Path) -> int:
     try:
-        return len(msgpack.unpackb(manifest.read_bytes(), raw=False)["done"])
+        return sum(a["shards"] for a in msgpack.unpackb(manifest.read_bytes(), raw=False)["arrays"].values())
     except (OSError, ValueError, KeyError, msgpack.UnpackException):
         return 0  # not written yet, or being replaced
 
@@ -91,7 +91,7 @@ def test_workers_give_the_same_result_as_one_process(shared_data, tmp_path):
 def test_a_manifest_of_another_conversion_is_refused(shared_data, tmp_path):
     src, dst = shared_data / ASTRONAUT, tmp_path / "out"
     dst.mkdir()
-    doc = {"version": 1, "src": "elsewhere", "options": {}, "done": []}
+    doc = {"version": 2, "src": "elsewhere", "options": {}, "arrays": {}, "last": []}
     (dst / MANIFEST_KEY).write_bytes(msgpack.packb(doc))
     assert_one_line_error(run("convert", str(src), str(dst), "--chunks-per-shard", "2"), "unfinished conversion", "elsewhere")
 

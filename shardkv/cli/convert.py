@@ -35,37 +35,54 @@ Rules
   (:mod:`shardkv.cli.manifest`) in the destination lets the same conversion,
   run again after an interruption, skip the shards already finished.
 
-Memory: one shard's chunks are read with one batched ``get_many``; finished
-shards are written in batches (see :mod:`shardkv.cli.convert_tasks`); other
-keys are copied ``_COPY_BATCH_KEYS`` at a time. The whole array is never in
-memory; the key listing is.
+Memory (issue 21): the source is listed lazily, array by array
+(:mod:`shardkv.cli.convert_listing`: groups walked directory by directory, an
+array's keys streamed once into a bitmap of one bit per chunk-grid position),
+never held as a list of keys; tasks are made one shard at a time and at most
+a few per worker are in flight (:func:`shardkv.cli.convert_tasks.execute`);
+one shard's chunks are read with one batched ``get_many``; finished shards are
+written in batches; other keys are copied ``_COPY_BATCH_KEYS`` at a time; the
+progress manifest keeps a bit per shard. Peak memory is bounded by the shards
+in flight, not by the number of chunks.
+
+Nothing is dropped (issue 20): an array whose sharded form shardkv could not
+read back (an object dtype, for example) is copied unsharded, a node named
+like shardkv's own files is refused
+(:class:`~shardkv.errors.ReservedNameError`), and the finished output is
+checked to present every array and group of the source
+(:class:`~shardkv.errors.ConversionIncompleteError` otherwise).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Literal, Mapping, Sequence
+import warnings
+from typing import Any, Iterator, Literal, Mapping, Sequence
 
 from shardkv.cli.convert_meta import amend_consolidated, array_metadata, metadata_order, store_as_v3
 from shardkv.cli.convert_report import ArrayReport, ConvertReport
-from shardkv.cli.convert_tasks import ShardTask, TaskResult, execute, group_tasks
-from shardkv.cli.info import META_NAMES, ArrayKeys, read_hierarchy
+from shardkv.cli.convert_listing import ArrayListing, HierarchyWalk, iter_array_keys, list_array, walk_hierarchy
+from shardkv.cli.convert_tasks import ShardTask, TaskResult, array_tasks, execute, shard_members_at
 from shardkv.cli.manifest import MANIFEST_KEY as _MANIFEST_KEY
-from shardkv.cli.manifest import Manifest, open_destination, skippable_shards
+from shardkv.cli.manifest import Manifest, open_destination, verify_last
 from shardkv.cli.stores import open_store, refuse_regular_file
 from shardkv.engine.temporaries import remove_stale_temporaries
 from shardkv.errors import (
     ChunksPerShardMismatchError,
     ConfigurationError,
+    ConversionIncompleteError,
     DestinationNotEmptyError,
     SameLocationError,
+    ShardKVError,
 )
 from shardkv.format.layout import ShardLayout
-from shardkv.keys.encodings import chunk_to_shard
+from shardkv.keys.paths import join_path
 from shardkv.metadata.chunks_per_shard import check_chunks_per_shard
+from shardkv.metadata.documents import META_NAMES
+from shardkv.metadata.hierarchy import present
 from shardkv.metadata.draft import is_draft_hierarchy
-from shardkv.metadata.v3_view import sharding_spec_from_v3
+from shardkv.metadata.v3_view import sharding_spec_from_v3, v3_view_of_v2
 from shardkv.proxy.presenting import PresentingAdapter
 from shardkv.storage.adapters import FSMapAdapter, StoreAdapter
 
@@ -172,37 +189,60 @@ def _stores_v2_arrays(source: StoreAdapter) -> bool:
     return any((n.doc.get("chunk_key_encoding") or {}).get("name") == "v2" and ".zarray" in n.documents for n in nodes)
 
 
-def _copy(src: StoreAdapter, keys: Sequence[str], writer: _Writer, progress: Any) -> int:
-    """Copy keys as they are, a batch at a time; returns the bytes read."""
-    nbytes = 0
-    for start in range(0, len(keys), _COPY_BATCH_KEYS):
-        batch = keys[start : start + _COPY_BATCH_KEYS]
+def _copy(src: StoreAdapter, keys: Iterator[str] | Sequence[str], writer: _Writer, progress: Any) -> tuple[int, int]:
+    """Copy keys as they are, a batch at a time (``keys`` taken lazily); returns (keys, bytes) read."""
+    n = nbytes = 0
+    it = iter(keys)
+    while True:
+        batch = [k for _, k in zip(range(_COPY_BATCH_KEYS), it)]
+        if not batch:
+            return n, nbytes
         values = src.get_many(batch)
         for k in batch:
             if k in values:  # a key deleted since the listing is not copied
                 value = bytes(values[k])
                 nbytes += len(value)
+                n += 1
                 writer.put(k, value)
         progress.update(len(batch))
-    return nbytes
+
+
+_UNSHARDABLE = ("already sharded", "0-d", "dtype ")  # reasons that are not a chunks_per_shard mismatch
 
 
 def _plan(
-    keys: ArrayKeys, meta: Mapping[str, bytes], chunks_per_shard: ChunksPerShard
-) -> tuple[tuple[int, ...] | None, str | None]:
-    """``chunks_per_shard`` for one array, or ``None`` and the reason it stays unsharded."""
-    ndim = keys.ndim
-    zjson = meta.get(f"{keys.path}/zarr.json" if keys.path else "zarr.json")
-    if zjson is not None and sharding_spec_from_v3(json.loads(bytes(zjson)), keys.path) is not None:
+    path: str, zarray: Mapping[str, Any], meta: Mapping[str, bytes], chunks_per_shard: ChunksPerShard,
+    index_location: str, index_checksum: bool,
+) -> tuple[tuple[int, ...] | None, str | None]:  # fmt: skip
+    """``chunks_per_shard`` for one array, or ``None`` and the reason it stays unsharded.
+
+    An array whose sharded ``zarr.json`` shardkv could not present back as a
+    Zarr v2 array (an object dtype, for example) stays unsharded: sharding it
+    would make it vanish for every reader (issue 20).
+    """
+    ndim = len(zarray["shape"])
+    zjson = meta.get(join_path(path, "zarr.json"))
+    if zjson is not None and sharding_spec_from_v3(json.loads(bytes(zjson)), path) is not None:
         return None, "already sharded"
     if ndim == 0:
         return None, "0-d"
     if isinstance(chunks_per_shard, int):
-        return (chunks_per_shard,) * ndim, None
-    if len(chunks_per_shard) != ndim:
+        cps = (chunks_per_shard,) * ndim
+    elif len(chunks_per_shard) != ndim:
         spec = ",".join(str(c) for c in chunks_per_shard)
         return None, f"{ndim}-d; chunks_per_shard {spec} is for {len(chunks_per_shard)}-d arrays"
-    return tuple(chunks_per_shard), None
+    else:
+        cps = tuple(chunks_per_shard)
+    zattrs_raw = meta.get(join_path(path, ".zattrs"))
+    try:
+        zattrs = json.loads(bytes(zattrs_raw)) if zattrs_raw is not None else {}
+        layout = ShardLayout.v3(cps, index_location, "little", index_checksum)  # type: ignore[arg-type]
+        readable = ".zarray" in present(v3_view_of_v2(zarray, zattrs, layout).metadata, path)
+    except (ShardKVError, ValueError, TypeError):
+        readable = False
+    if not readable:
+        return None, f"dtype {zarray.get('dtype')!r}: shardkv cannot read a sharded form of it back"
+    return cps, None
 
 
 def _check_fit(
@@ -211,10 +251,23 @@ def _check_fit(
     """Refuse a ``chunks_per_shard`` tuple that fits no array (unless ``skip_mismatched``)."""
     if isinstance(cps, int) or skip_mismatched:
         return
-    candidates = {p: r for p, (c, r) in plans.items() if r not in ("already sharded", "0-d")}
+    candidates = {p: r for p, (c, r) in plans.items() if not (r or "").startswith(_UNSHARDABLE)}
     mismatched = [(p, r) for p, r in candidates.items() if r is not None]
     if candidates and len(mismatched) == len(candidates):
         raise ChunksPerShardMismatchError(",".join(str(c) for c in cps), mismatched, fits_none=True)
+
+
+def _warn_nothing_gained(plans: Mapping[str, tuple[tuple[int, ...] | None, str | None]]) -> None:
+    """Warn when every array would get one chunk per shard: the output has as many objects as the input."""
+    planned = [c for c, _ in plans.values() if c is not None]
+    if planned and all(all(n == 1 for n in c) for c in planned):
+        warnings.warn(
+            "chunks per shard of 1 along every dimension: each shard holds one chunk, so the output has "
+            "as many objects as the source plus an index in each (nothing is gained); use a larger "
+            "--chunks-per-shard",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 # -- the conversion ----------------------------------------------------------------
@@ -351,8 +404,9 @@ class _Job:
         self.all_v3 = False
         self.report = ConvertReport(src_name, dst_name)
         self.writer = _Writer(target, _WRITE_BATCH_NBYTES, _WRITE_BATCH_OBJECTS)
-        self.bytes_before = 0
+        self.bytes_before = self.objects_before = 0
         self.shard_objects = self.shard_bytes = 0
+        self._reports: dict[str, ArrayReport] = {}  # sharded array path -> its report (filled as arrays are listed)
 
     def options(self) -> dict[str, Any]:
         """The options that shape the shards, as recorded in the manifest."""
@@ -363,137 +417,156 @@ class _Job:
         from tqdm import tqdm
 
         source = self.source
-        hierarchy = read_hierarchy(source, self.src_name)
-        meta = source.get_many([k for keys in hierarchy.arrays.values() for k in keys.meta_keys])
-        plans = {path: _plan(keys, meta, self.cps) for path, keys in hierarchy.arrays.items()}
+        walk = walk_hierarchy(source, self.src_name)
+        wanted = [join_path(p, n) for p in walk.arrays for n in sorted(META_NAMES)]
+        meta = source.get_many(wanted)  # the arrays' documents (5 names per array), one batch
+        plans = {
+            p: _plan(p, z, meta, self.cps, self.index_location, self.index_checksum) for p, z in walk.arrays.items()
+        }
         _check_fit(plans, self.cps, skip_mismatched)
+        _warn_nothing_gained(plans)
         manifest = open_destination(self.target, self.dst_name, self.src_name, self.options(), overwrite)
         if manifest is None:
             raise DestinationNotEmptyError(self.dst_name)
-        self.report.objects_before = len(hierarchy.keys)
         self.report.workers = 0 if scheduler is not None else workers
         meta_out: dict[str, bytes] = {}
         amended: dict[str, dict[str, Any]] = {}  # array path -> .zarray with the detected separator
-        tasks: list[tuple[str, ShardTask]] = []
-        planned: dict[str, tuple[ShardLayout, int]] = {}  # shard key -> (layout, chunks in it)
+        # the writers of an interrupted run are gone (the manifest is this conversion's): their
+        # temporary files are stale whatever their age
+        remove_stale_temporaries(self.target, min_age_seconds=0)
         with tqdm(
-            total=len(hierarchy.keys), disable=not self.progress, file=sys.stderr, unit="obj", desc="shardkv convert"
+            total=0, disable=not self.progress, file=sys.stderr, unit="obj", desc="shardkv convert", mininterval=1.0
         ) as bar:
-            for path, keys in hierarchy.arrays.items():
-                array_meta = {k: meta[k] for k in keys.meta_keys if k in meta}
-                self.bytes_before += sum(len(v) for v in array_meta.values())
-                bar.update(len(keys.meta_keys))
-                array_cps, reason = plans[path]
-                if array_cps is None:
-                    self._copy_unsharded(keys, array_meta, reason, meta_out, bar)
-                    continue
-                layout = ShardLayout.v3(array_cps, self.index_location, "little", self.index_checksum)  # type: ignore[arg-type]
-                tasks += [(path, t) for t in self._tasks(keys, layout, task_chunks, planned)]
-                self.bytes_before += sum(source.size(k) for k in keys.stale_keys)
-                bar.update(len(keys.stale_keys))
-                self.bytes_before += _copy(source, keys.other_keys, self.writer, bar)
-                meta_out.update(array_metadata(keys, array_meta, layout, amended))
-            self._copy_groups(hierarchy, meta_out, bar)
+            tasks = self._tasks(walk, meta, plans, manifest, meta_out, amended, bar, task_chunks, workers)
+
+            def on_done(task: ShardTask, result: TaskResult) -> None:
+                array = self._reports[task.path]
+                for index, key, nbytes, nbytes_read in result.written:
+                    self._count(array, nbytes, nbytes_read)
+                    manifest.record(task.path, index, key, nbytes, nbytes_read)
+                bar.update(result.n_chunks)
+
+            execute(tasks, on_done, workers=workers, scheduler=scheduler, source=self.source, target=self.target)
+            manifest.flush()
+            self._copy_groups(walk, meta_out, bar)
             self.writer.flush()
-            self._write_shards(tasks, planned, manifest, workers, scheduler, bar)
             amend_consolidated(meta_out, amended)
             store_as_v3(meta_out, all_v3=self.all_v3)
             for key in sorted(meta_out, key=metadata_order):
                 self.writer.put(key, meta_out[key])
             self.writer.flush()
+        self._check_output(walk)
+        self.report.groups = len(walk.groups)
         manifest.remove()
         report = self.report
+        report.arrays.sort(key=lambda a: a.path)
+        report.objects_before = self.objects_before
         report.bytes_before = self.bytes_before
         report.objects_after = self.writer.objects + self.shard_objects
         report.bytes_after = self.writer.nbytes + self.shard_bytes
         return report
 
+    def _tasks(
+        self, walk: HierarchyWalk, meta: Mapping[str, bytes], plans: Mapping[str, tuple[tuple[int, ...] | None, str | None]],
+        manifest: Manifest, meta_out: dict[str, bytes], amended: dict[str, dict[str, Any]], bar: Any,
+        task_chunks: int, workers: int,
+    ) -> Iterator[ShardTask]:  # fmt: skip
+        """The shard tasks of every array, made lazily; each array is listed when its turn comes."""
+        n_last = _VERIFY_LAST * max(workers, 1)
+        for path, zarray in walk.arrays.items():
+            array_meta = {k: meta[k] for k in (join_path(path, n) for n in sorted(META_NAMES)) if k in meta}
+            self.bytes_before += sum(len(v) for v in array_meta.values())
+            self.objects_before += len(array_meta)
+            listing = list_array(self.source, path, zarray, list(array_meta))
+            n_keys = listing.n_chunks + len(listing.stale_keys) + len(listing.other_keys)
+            self.objects_before += n_keys
+            bar.total += n_keys + len(array_meta)
+            bar.update(len(array_meta))
+            array_cps, reason = plans[path]
+            if array_cps is None:
+                self._copy_unsharded(listing, array_meta, reason, meta_out, bar)
+                continue
+            layout = ShardLayout.v3(array_cps, self.index_location, "little", self.index_checksum)  # type: ignore[arg-type]
+            report = ArrayReport(
+                path, listing.ndim, array_cps, None, listing.n_chunks, len(listing.stale_keys), 0,
+                listing.separator, listing.separator_detected,
+            )  # fmt: skip
+            self.report.arrays.append(report)
+            self._reports[path] = report
+            self._resume(manifest, listing, layout, report, n_last)
+            self.bytes_before += sum(self.source.size(k) for k in listing.stale_keys)
+            bar.update(len(listing.stale_keys))
+            _, nbytes = _copy(self.source, listing.other_keys, self.writer, bar)
+            self.bytes_before += nbytes
+            meta_out.update(array_metadata(listing, array_meta, layout, amended))
+            base = {
+                **self.base, "chunks_per_shard": array_cps,
+                "write_batch_nbytes": _WRITE_BATCH_NBYTES, "write_batch_objects": _WRITE_BATCH_OBJECTS,
+            }  # fmt: skip
+            yield from array_tasks(
+                listing, array_cps, base, task_chunks,
+                skip=lambda index, p=path: manifest.is_done(p, index),  # type: ignore[misc]
+                on_skipped=lambda index, n_chunks: bar.update(n_chunks),
+            )  # fmt: skip
+
+    def _resume(self, manifest: Manifest, listing: ArrayListing, layout: ShardLayout, report: ArrayReport, n_last: int) -> None:
+        """Count the shards of this array an earlier run finished, after reading back its last ones."""
+        cps = layout.chunks_per_shard
+
+        def complete(key: str, index: int, blob: bytes) -> bool:
+            expected = len(shard_members_at(listing, tuple(cps), index))
+            return layout.index_of_shard(blob, key).count_present() == expected
+
+        self.report.shards_verified += verify_last(self.target, manifest, listing.path, n_last, complete)
+        progress = manifest.arrays.get(listing.path)
+        if progress is None or not progress.shards:
+            return
+        report.shards += progress.shards
+        self.report.shards_skipped += progress.shards
+        self.shard_objects += progress.shards
+        self.shard_bytes += progress.nbytes
+        self.bytes_before += progress.nbytes_read
+
     def _copy_unsharded(
-        self, keys: ArrayKeys, array_meta: Mapping[str, bytes], reason: str | None, meta_out: dict[str, bytes], bar: Any
-    ) -> None:
+        self, listing: ArrayListing, array_meta: Mapping[str, bytes], reason: str | None, meta_out: dict[str, bytes],
+        bar: Any,
+    ) -> None:  # fmt: skip
         meta_out.update({k: bytes(v) for k, v in array_meta.items()})
-        data_keys = [*keys.chunk_keys.values(), *keys.stale_keys, *keys.other_keys]
-        self.bytes_before += _copy(self.source, data_keys, self.writer, bar)
+        prefix_len = len(listing.path) + 1 if listing.path else 0
+        data = (k for k in iter_array_keys(self.source, listing.path) if k[prefix_len:] not in META_NAMES)
+        _, nbytes = _copy(self.source, data, self.writer, bar)
+        self.bytes_before += nbytes
         self.report.arrays.append(
-            ArrayReport(keys.path, keys.ndim, None, reason, len(keys.chunk_keys), 0, 0, keys.separator, False)
+            ArrayReport(listing.path, listing.ndim, None, reason, listing.n_chunks, 0, 0, listing.separator, False)
         )
 
-    def _tasks(
-        self, keys: ArrayKeys, layout: ShardLayout, task_chunks: int, planned: dict[str, tuple[ShardLayout, int]]
-    ) -> list[ShardTask]:
-        by_shard: dict[tuple[int, ...], dict[tuple[int, ...], str]] = {}
-        for coords, key in keys.chunk_keys.items():
-            shard_coords, local = chunk_to_shard(coords, layout.chunks_per_shard)
-            by_shard.setdefault(shard_coords, {})[local] = key
-        prefix = f"{keys.path}/" if keys.path else ""
-        base = {
-            **self.base, "chunks_per_shard": tuple(layout.chunks_per_shard),
-            "write_batch_nbytes": _WRITE_BATCH_NBYTES, "write_batch_objects": _WRITE_BATCH_OBJECTS,
-        }  # fmt: skip
-        tasks = list(group_tasks(by_shard, prefix, keys.separator, base, task_chunks))
-        for task in tasks:
-            for shard_key, members in task.shards:
-                planned[shard_key] = (layout, len(members))
-        self.report.arrays.append(
-            ArrayReport(
-                keys.path, keys.ndim, tuple(layout.chunks_per_shard), None, len(keys.chunk_keys), len(keys.stale_keys),
-                0, keys.separator, keys.separator_detected,
-            )
-        )  # fmt: skip
-        return tasks
-
-    def _copy_groups(self, hierarchy: Any, meta_out: dict[str, bytes], bar: Any) -> None:
-        group_meta = [k for k in hierarchy.group_keys if k.rpartition("/")[2] in META_NAMES]
+    def _copy_groups(self, walk: HierarchyWalk, meta_out: dict[str, bytes], bar: Any) -> None:
+        group_meta = [k for k in walk.group_keys if k.rpartition("/")[2] in META_NAMES]
         group_meta_set = set(group_meta)
-        other = [k for k in hierarchy.group_keys if k not in group_meta_set and k != _MANIFEST_KEY]
-        self.bytes_before += _copy(self.source, other, self.writer, bar)
+        other = [k for k in walk.group_keys if k not in group_meta_set and k != _MANIFEST_KEY]
+        bar.total += len(walk.group_keys)
+        self.objects_before += len(walk.group_keys)
+        _, nbytes = _copy(self.source, other, self.writer, bar)
+        self.bytes_before += nbytes
         values = self.source.get_many(group_meta)
         self.bytes_before += sum(len(v) for v in values.values())
         meta_out.update({k: bytes(v) for k, v in values.items()})
         bar.update(len(group_meta))
 
-    def _write_shards(
-        self, tasks: list[tuple[str, ShardTask]], planned: Mapping[str, tuple[ShardLayout, int]],
-        manifest: Manifest, workers: int, scheduler: str | None, bar: Any,
-    ) -> None:  # fmt: skip
-        """Run the shard tasks, skipping the shards an earlier run finished; record progress."""
-        reports = {a.path: a for a in self.report.arrays}
-        # the writers of an interrupted run are gone (the manifest is this conversion's): their
-        # temporary files are stale whatever their age
-        remove_stale_temporaries(self.target, min_age_seconds=0)
-        skippable, verified = skippable_shards(self.target, manifest, planned, _VERIFY_LAST * max(workers, 1))
-        self.report.shards_verified = verified
-        todo: list[ShardTask] = []
-        path_of: dict[int, str] = {}
-        for path, task in tasks:
-            left = tuple(s for s in task.shards if s[0] not in skippable)
-            for shard_key, members in task.shards:
-                if shard_key in skippable:
-                    nbytes, nbytes_read = manifest.done[shard_key]
-                    self._count(reports[path], nbytes, nbytes_read)
-                    self.report.shards_skipped += 1
-                    bar.update(len(members))
-            if left:
-                todo.append(task if len(left) == len(task.shards) else _replace_shards(task, left))
-                path_of[id(todo[-1])] = path
-
-        def on_done(task: ShardTask, result: TaskResult) -> None:
-            for _, nbytes, nbytes_read in result.written:
-                self._count(reports[path_of[id(task)]], nbytes, nbytes_read)
-            manifest.record(result.written)
-            bar.update(result.n_chunks)
-
-        execute(todo, on_done, workers=workers, scheduler=scheduler, source=self.source, target=self.target)
-        manifest.flush()
+    def _check_output(self, walk: HierarchyWalk) -> None:
+        """Every array and group of the source is presented by the output (issue 20), or fail naming them."""
+        out = PresentingAdapter(self.target)
+        wanted = [join_path(p, ".zarray") for p in walk.arrays] + [join_path(p, ".zgroup") for p in walk.groups]
+        missing = [k.rpartition("/")[0] or "/" for k in wanted if not out.contains(k)]
+        if missing:
+            raise ConversionIncompleteError(self.dst_name, missing)
+        if len(self.report.arrays) != len(walk.arrays):
+            raise ConversionIncompleteError(
+                self.dst_name, sorted(set(walk.arrays) - {a.path for a in self.report.arrays}), "arrays"
+            )
 
     def _count(self, array: ArrayReport, nbytes: int, nbytes_read: int) -> None:
         array.shards += 1
         self.shard_objects += 1
         self.shard_bytes += nbytes
         self.bytes_before += nbytes_read
-
-
-def _replace_shards(task: ShardTask, shards: tuple[Any, ...]) -> ShardTask:
-    from dataclasses import replace
-
-    return replace(task, shards=shards)

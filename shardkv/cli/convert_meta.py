@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from shardkv.cli.info import ArrayKeys
+from shardkv.cli.convert_listing import ArrayListing
 from shardkv.format.layout import ShardLayout
 from shardkv.metadata.all_v3 import plan_all_v3
 from shardkv.metadata.documents import dump_json, load_json
@@ -26,7 +26,7 @@ _MISMATCH = "mismatch"
 
 
 def array_metadata(
-    keys: ArrayKeys, meta: Mapping[str, bytes], layout: ShardLayout, amended: dict[str, dict[str, Any]]
+    keys: ArrayListing, meta: Mapping[str, bytes], layout: ShardLayout, amended: dict[str, dict[str, Any]]
 ) -> dict[str, bytes]:
     """The destination metadata of a sharded array: its documents, amended ``.zarray``, ``zarr.json``."""
     prefix = f"{keys.path}/" if keys.path else ""

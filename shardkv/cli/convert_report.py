@@ -73,6 +73,8 @@ class ConvertReport:
         Of those, the last ones recorded, read back and checked before being skipped.
     workers : int
         Processes that wrote shards (1: this process alone; 0: a dask.distributed cluster).
+    groups : int
+        Groups of the source, every one checked to be in the output (as every array is).
     """
 
     src: str
@@ -85,6 +87,7 @@ class ConvertReport:
     shards_skipped: int = 0
     shards_verified: int = 0
     workers: int = 1
+    groups: int = 0
 
     @property
     def sharded(self) -> list[ArrayReport]:
@@ -149,6 +152,8 @@ class ConvertReport:
                 f"({self.shards_verified} of them read back and checked), "
                 f"{self.shards - self.shards_skipped} written now"
             )
+        lines.append(f"  checked: the output holds every array ({len(self.arrays)}) and group ({self.groups}) "
+                     "of the source")
         lines.append(f"  objects: {self.objects_before} -> {self.objects_after}")
         ratio = f" ({100 * (self.bytes_after - self.bytes_before) / self.bytes_before:+.2f}%)" if self.bytes_before else ""
         lines.append(f"  bytes: {self.bytes_before} -> {self.bytes_after}{ratio}")

@@ -2,31 +2,49 @@
 
 A :class:`ShardTask` names whole shards of one array and the chunk keys that
 go into each; :func:`run_task` reads those chunks (one batched read per
-shard), packs them (bytes unchanged) and writes the shards. No two tasks name
-the same shard, so tasks can run in any order and in parallel without
-touching each other's objects.
+shard: ``cat``-style concurrent requests on object stores), packs them (bytes
+unchanged) and writes the shards. No two tasks name the same shard, so tasks
+can run in any order and in parallel without touching each other's objects.
 
-:func:`execute` runs a list of tasks in this process (``workers=1``), in a
+:func:`array_tasks` makes the tasks of one array lazily, one shard at a time,
+from the bitmap of its stored chunks (:class:`shardkv.cli.convert_listing.ChunkBitmap`):
+chunk keys exist as strings only for the shards of tasks in flight.
+
+:func:`execute` runs an iterable of tasks in this process (``workers=1``), in a
 pool of local processes (``workers=N``), or on an existing dask.distributed
-cluster (``scheduler="tcp://host:port"``), and calls ``on_done`` in this
+cluster (``scheduler="tcp://host:port"``), keeping a bounded number of tasks in
+flight (:data:`IN_FLIGHT_PER_WORKER` per worker), and calls ``on_done`` in this
 process as each task finishes; the caller records progress there (see
 :mod:`shardkv.cli.manifest`). Tasks run elsewhere open the stores again from
 their names and storage options, so those must be paths or URLs the workers
-can reach.
+can reach. Local worker processes end themselves when the process that
+started them is gone (killed with ``kill -9`` or ``SIGTERM``): see
+:func:`_watch_parent`.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import os
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
+from shardkv.cli.convert_listing import ArrayListing, ChunkBitmap, block_coords
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
 from shardkv.keys.encodings import V2ChunkKeyEncoding
+from shardkv.keys.paths import path_prefix
 from shardkv.storage.adapters import StoreAdapter
 
-__all__ = ["ShardTask", "TaskResult", "run_task", "execute", "group_tasks"]
+__all__ = ["ShardTask", "TaskResult", "run_task", "execute", "array_tasks", "shard_index", "shard_members_at", "IN_FLIGHT_PER_WORKER"]
+
+IN_FLIGHT_PER_WORKER = 2
+"""Tasks submitted ahead per worker: enough to keep each busy, few enough to bound memory."""
+
+PARENT_POLL_SECONDS = 0.5
+"""How often a local worker process checks that the process that started it is still there."""
 
 
 @dataclass(frozen=True)
@@ -43,8 +61,11 @@ class ShardTask:
         Inner chunks per shard of the array.
     index_location : {"start", "end"}
     index_checksum : bool
-    shards : tuple of (str, tuple of (tuple of int, str))
-        Per shard: its key, and ``(local_coords, chunk_key)`` of each source chunk in it.
+    shards : tuple of (int, str, tuple of (tuple of int, str))
+        Per shard: its index in the array's shard grid (C order), its key, and
+        ``(local_coords, chunk_key)`` of each source chunk in it.
+    path : str
+        The array's path (for the caller's bookkeeping).
     write_batch_nbytes, write_batch_objects : int
         Finished shards held (bytes, objects) before one batched write.
     """
@@ -56,59 +77,108 @@ class ShardTask:
     chunks_per_shard: tuple[int, ...]
     index_location: str
     index_checksum: bool
-    shards: tuple[tuple[str, tuple[tuple[tuple[int, ...], str], ...]], ...]
+    shards: tuple[tuple[int, str, tuple[tuple[tuple[int, ...], str], ...]], ...]
+    path: str = ""
     write_batch_nbytes: int = 64 * 2**20
     write_batch_objects: int = 64
 
     @property
     def n_chunks(self) -> int:
         """Source chunks named by the task."""
-        return sum(len(members) for _, members in self.shards)
+        return sum(len(members) for _, _, members in self.shards)
 
 
 @dataclass(frozen=True)
 class TaskResult:
-    """What one task wrote: ``(shard key, shard bytes, chunk bytes read)`` per shard written."""
+    """What one task wrote: ``(shard index, shard key, shard bytes, chunk bytes read)`` per shard written."""
 
-    written: tuple[tuple[str, int, int], ...]
+    written: tuple[tuple[int, str, int, int], ...]
     nbytes_read: int
     n_chunks: int
 
 
-def group_tasks(
-    by_shard: Mapping[tuple[int, ...], Mapping[tuple[int, ...], str]],
-    prefix: str,
-    separator: str,
+def shard_index(shard_coords: tuple[int, ...], shard_grid: tuple[int, ...]) -> int:
+    """The position of a shard in its array's shard grid, C order."""
+    index = 0
+    for c, g in zip(shard_coords, shard_grid):
+        index = index * g + c
+    return index
+
+
+def _shard_members(
+    chunks: ChunkBitmap, shard_coords: tuple[int, ...], cps: tuple[int, ...], key_of: Callable[[tuple[int, ...]], str]
+) -> tuple[tuple[tuple[int, ...], str], ...]:
+    """``(local coords, chunk key)`` of the stored chunks of one shard, in C order."""
+    lo = tuple(s * n for s, n in zip(shard_coords, cps))
+    hi = tuple(min(a + n, g) for a, n, g in zip(lo, cps, chunks.grid))
+    if not chunks.any_in(lo, hi):
+        return ()
+    members = []
+    for coords in block_coords(lo, hi):
+        if coords in chunks:
+            members.append((tuple(c - a for c, a in zip(coords, lo)), key_of(coords)))
+    return tuple(members)
+
+
+def shard_members_at(listing: ArrayListing, cps: tuple[int, ...], index: int) -> tuple[tuple[tuple[int, ...], str], ...]:
+    """``(local coords, chunk key)`` of the stored chunks of the shard at ``index`` (C order) of an array."""
+    shard_grid = tuple(-(-g // n) for g, n in zip(listing.chunks.grid, cps))
+    coords = []
+    for g in reversed(shard_grid):
+        index, c = divmod(index, g)
+        coords.append(c)
+    return _shard_members(listing.chunks, tuple(reversed(coords)), cps, listing.chunk_key)
+
+
+def array_tasks(
+    listing: ArrayListing,
+    cps: tuple[int, ...],
     base: Mapping[str, Any],
     max_chunks: int,
+    skip: Callable[[int], bool] = lambda index: False,
+    on_skipped: Callable[[int, int], None] = lambda index, n_chunks: None,
 ) -> Iterator[ShardTask]:
-    """Cut one array's shards into tasks of whole shards, about ``max_chunks`` chunks each.
+    """The tasks of one array, made lazily: whole shards, about ``max_chunks`` chunks each.
 
     Parameters
     ----------
-    by_shard : mapping
-        Shard coords -> {local coords -> source chunk key}.
-    prefix : str
-        The array's key prefix (``"path/"`` or ``""``).
-    separator : {".", "/"}
-        Shard key separator (the array's chunk key separator).
+    listing : ArrayListing
+        The array's stored chunks.
+    cps : tuple of int
+        Chunks per shard along each dimension.
     base : mapping
         The other :class:`ShardTask` fields (``src``, ``dst``, options, layout).
     max_chunks : int
         Chunks per task, at least one shard per task.
+    skip : callable
+        ``skip(shard_index)``: True for a shard an earlier run finished (not in any task).
+    on_skipped : callable
+        Called with ``(shard_index, chunks in it)`` for each shard skipped.
     """
-    encoding = V2ChunkKeyEncoding(separator)  # type: ignore[arg-type]
-    batch: list[tuple[str, tuple[tuple[tuple[int, ...], str], ...]]] = []
+    encoding = V2ChunkKeyEncoding(listing.separator)  # type: ignore[arg-type]
+    prefix = path_prefix(listing.path)
+    shard_grid = tuple(-(-g // n) for g, n in zip(listing.chunks.grid, cps))
+    batch: list[tuple[int, str, tuple[tuple[tuple[int, ...], str], ...]]] = []
     n = 0
-    for shard_coords in sorted(by_shard):
-        members = tuple(sorted(by_shard[shard_coords].items()))
-        batch.append((prefix + encoding.encode(shard_coords), members))
+
+    def key_of(coords: tuple[int, ...]) -> str:
+        return prefix + encoding.encode(coords)
+
+    for shard_coords in block_coords((0,) * len(shard_grid), shard_grid):
+        members = _shard_members(listing.chunks, shard_coords, cps, key_of)
+        if not members:
+            continue
+        index = shard_index(shard_coords, shard_grid)
+        if skip(index):
+            on_skipped(index, len(members))
+            continue
+        batch.append((index, key_of(shard_coords), members))
         n += len(members)
         if n >= max_chunks:
-            yield ShardTask(shards=tuple(batch), **base)
+            yield ShardTask(shards=tuple(batch), path=listing.path, **base)
             batch, n = [], 0
     if batch:
-        yield ShardTask(shards=tuple(batch), **base)
+        yield ShardTask(shards=tuple(batch), path=listing.path, **base)
 
 
 def run_task(task: ShardTask, source: StoreAdapter | None = None, target: StoreAdapter | None = None) -> TaskResult:
@@ -130,10 +200,10 @@ def run_task(task: ShardTask, source: StoreAdapter | None = None, target: StoreA
     source = source or open_store(task.src, task.src_options, role="source")
     target = target or open_store(task.dst, task.dst_options, role="destination")
     layout = ShardLayout.v3(task.chunks_per_shard, task.index_location, "little", task.index_checksum)  # type: ignore[arg-type]
-    written: list[tuple[str, int, int]] = []
+    written: list[tuple[int, str, int, int]] = []
     pending: dict[str, bytes] = {}
     pending_nbytes = nbytes_read = 0
-    for shard_key, members in task.shards:
+    for index, shard_key, members in task.shards:
         values = source.get_many([k for _, k in members])
         chunks = {local: values[k] for local, k in members if k in values}
         if not chunks:
@@ -143,7 +213,7 @@ def run_task(task: ShardTask, source: StoreAdapter | None = None, target: StoreA
         blob = layout.encode_shard(chunks)
         pending[shard_key] = blob
         pending_nbytes += len(blob)
-        written.append((shard_key, len(blob), shard_read))
+        written.append((index, shard_key, len(blob), shard_read))
         if pending_nbytes >= task.write_batch_nbytes or len(pending) >= task.write_batch_objects:
             target.set_many(pending)
             pending, pending_nbytes = {}, 0
@@ -152,7 +222,7 @@ def run_task(task: ShardTask, source: StoreAdapter | None = None, target: StoreA
 
 
 def execute(
-    tasks: Sequence[ShardTask],
+    tasks: Iterable[ShardTask],
     on_done: Callable[[ShardTask, TaskResult], None],
     *,
     workers: int = 1,
@@ -160,16 +230,17 @@ def execute(
     source: StoreAdapter | None = None,
     target: StoreAdapter | None = None,
 ) -> None:
-    """Run ``tasks``; ``on_done(task, result)`` is called here as each one finishes.
+    """Run ``tasks`` (taken lazily); ``on_done(task, result)`` is called here as each one finishes.
 
     Parameters
     ----------
-    tasks : sequence of ShardTask
+    tasks : iterable of ShardTask
+        Consumed as tasks finish: at most ``IN_FLIGHT_PER_WORKER * workers`` are pending at once.
     on_done : callable
         Called in this process, in completion order.
     workers : int
         1: run here, one task after another, with ``source``/``target``;
-        N > 1: a pool of N local processes (spawned).
+        N > 1: a pool of N local processes (spawned), which end themselves if this process dies.
     scheduler : str, optional
         Address of a running dask.distributed scheduler: tasks run on its workers.
 
@@ -186,20 +257,53 @@ def execute(
         for task in tasks:
             on_done(task, run_task(task, source, target))
     else:
-        import multiprocessing
-
-        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {pool.submit(run_task, task): task for task in tasks}
-            try:
-                for future in as_completed(futures):
-                    on_done(futures[future], future.result())
-            except BaseException:
-                for future in futures:
-                    future.cancel()
-                raise
+        _execute_processes(tasks, on_done, workers)
 
 
-def _execute_distributed(tasks: Sequence[ShardTask], on_done: Callable[[ShardTask, TaskResult], None], address: str) -> None:
+def _watch_parent(parent_pid: int) -> None:
+    """Worker initializer: end this worker when the process that started it is gone.
+
+    A pool's workers otherwise outlive a main process killed with ``kill -9``
+    (nothing tells them), holding the destination's files open. Polled every
+    :data:`PARENT_POLL_SECONDS` on a daemon thread: ``os.getppid()`` changes
+    when the parent dies (the worker is re-parented).
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="shardkv-watch-parent", daemon=True).start()
+
+
+def _execute_processes(tasks: Iterable[ShardTask], on_done: Callable[[ShardTask, TaskResult], None], workers: int) -> None:
+    import multiprocessing
+
+    pending = iter(tasks)
+    in_flight: dict[Future[TaskResult], ShardTask] = {}
+    with ProcessPoolExecutor(
+        max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+        initializer=_watch_parent, initargs=(os.getpid(),),
+    ) as pool:  # fmt: skip
+        try:
+            while True:
+                while len(in_flight) < IN_FLIGHT_PER_WORKER * workers:
+                    task = next(pending, None)
+                    if task is None:
+                        break
+                    in_flight[pool.submit(run_task, task)] = task
+                if not in_flight:
+                    return
+                done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                for future in done:
+                    on_done(in_flight.pop(future), future.result())
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+
+
+def _execute_distributed(tasks: Iterable[ShardTask], on_done: Callable[[ShardTask, TaskResult], None], address: str) -> None:
     try:
         from distributed import Client
         from distributed import as_completed as dask_as_completed
@@ -208,7 +312,20 @@ def _execute_distributed(tasks: Sequence[ShardTask], on_done: Callable[[ShardTas
             "--scheduler needs dask.distributed: pip install 'shardkv[distributed]'"
         ) from None
     with Client(address, timeout=30) as client:
-        futures = client.map(run_task, list(tasks), pure=False)
-        by_key = {f.key: t for f, t in zip(futures, tasks)}
-        for future in dask_as_completed(futures):
-            on_done(by_key[future.key], future.result())
+        limit = IN_FLIGHT_PER_WORKER * max(1, len(client.scheduler_info().get("workers", {})))
+        pending = iter(tasks)
+        by_key: dict[Any, ShardTask] = {}
+        queue = dask_as_completed([])
+        for task in pending:
+            future = client.submit(run_task, task, pure=False)
+            by_key[future.key] = task
+            queue.add(future)
+            if len(by_key) >= limit:
+                break
+        for future in queue:
+            on_done(by_key.pop(future.key), future.result())
+            following = next(pending, None)
+            if following is not None:
+                nxt = client.submit(run_task, following, pure=False)
+                by_key[nxt.key] = following
+                queue.add(nxt)

@@ -19,13 +19,28 @@ passes fsspec options (endpoint, credentials) as JSON. A bucket is never created
 
 CONVERT_HELP = """\
 Copy a Zarr v2 hierarchy, packing the chunks of every array into shards (v1.0
-sharding_indexed layout) without decoding or re-encoding a chunk. Metadata
-(.zgroup, .zattrs, .zarray, .zmetadata) is copied; each sharded array gets a
-zarr.json beside its .zarray, so shardkv.ShardedStore (and Zarr v3 readers)
-read the result. Chunks outside an array's grid are skipped and counted. An
+sharding_indexed layout) without decoding or re-encoding a chunk. Each sharded
+array is stored as a Zarr v3 array and nothing else: its zarr.json (attributes
+inside) replaces its .zarray and .zattrs, and the groups above it become v3
+groups; shardkv.ShardedStore presents them to zarr-python 2 as before, and
+zarr-python 3 and tensorstore read them without shardkv. Unsharded arrays (and
+their .zarray/.zattrs) and other files are copied as they are; a consolidated
+.zmetadata is rewritten so that zarr-python 2 without shardkv cannot misread a
+sharded array. Chunks outside an array's grid are skipped and counted. An
 array stored with '/' chunk keys but no dimension_separator in .zarray
-(zarr-python's NestedDirectoryStore) is detected, and the destination .zarray
-says "dimension_separator": "/".
+(zarr-python's NestedDirectoryStore) is detected, and its sharded form keeps
+the '/' separator.
+
+Nothing is dropped: an array whose sharded form shardkv could not read back (an
+object or string dtype) is copied unsharded, and the report says why; an array
+or group named like shardkv's own files (names containing '.shardkv-tmp-', or
+'.shardkv-locks') is refused; the finished output is checked to hold every
+array and group of the source. --chunks-per-shard 1 gains nothing (one chunk
+per shard): it is done, with a warning.
+
+Memory stays bounded whatever the number of chunks: the source is listed
+array by array as a stream (one bit per chunk kept), and only the shards in
+flight are held (a few per worker).
 
 --all-v3 describes the rest of the hierarchy in Zarr v3 as well: each unsharded
 array gets a zarr.json (regular chunk grid of its v2 chunks, v2 chunk key
@@ -39,9 +54,13 @@ array's .zarray/.zattrs through zarr 2 do not update its zarr.json.
 Shards are written by shard-aligned tasks (whole shards each, so no two tasks
 touch one shard): in this process, in N local processes (--workers N), or on a
 dask.distributed cluster (--scheduler ADDRESS). A progress manifest in DST
-records finished shards: after an interruption, run the same command again and
-it skips them (checking the last ones recorded). The manifest is removed when
-the conversion completes.
+records finished shards: after an interruption (Ctrl-C, a crash, a killed
+process), run the same command again and it skips them (checking the last ones
+recorded). The manifest is removed when the conversion completes. Killing the
+main process ends its worker processes too.
+
+Progress goes to stderr when stderr is a terminal; --progress shows it anyway
+(a log file), --no-progress never.
 
 A 2022-draft Zarr v3 hierarchy (root zarr.json of the draft protocol,
 meta/root/..., data/root/...) is converted into a draft-sharded copy instead:
@@ -68,7 +87,9 @@ The inverse of convert: copy a hierarchy whose arrays are sharded (v2 arrays
 with a sharding zarr.json, as shardkv writes them) into a plain Zarr v2
 hierarchy that zarr-python 2 reads without shardkv. Each inner chunk is copied
 as stored (never decoded) to its own chunk key; the zarr.json views are
-dropped; every other key is copied as it is.
+dropped; every other key is copied as it is. Like convert, it records finished
+shards in a progress manifest in DST: after an interruption, run the same
+command again to resume. --progress / --no-progress as for convert.
 """
 
 UNSHARD_EXAMPLES = """\

@@ -88,6 +88,24 @@ def _side_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _add_progress(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="show a progress bar on stderr (default: only when stderr is a terminal)")  # fmt: skip
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    return sys.stderr.isatty() if args.progress is None else bool(args.progress)
+
+
+def _warn_on_one_line(command: str) -> Callable[..., None]:
+    """A ``warnings.showwarning`` that prints ``shardkv COMMAND: warning: ...`` (no file and line)."""
+
+    def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        print(f"shardkv {command}: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+    return show
+
+
 def _print_report(report: Any, as_json: bool) -> None:
     print(json.dumps(report.to_json(), indent=2) if as_json else report.summary())
 
@@ -130,19 +148,22 @@ def _add_convert(sub: Any) -> None:
                    help="also give unsharded arrays and groups a v3 zarr.json (their v2 documents are kept), "
                    "so zarr-python 3 opens the whole hierarchy at its root")  # fmt: skip
     _add_storage_options(p, two_stores=True)
+    _add_progress(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a summary")
 
 
 def _run_convert(args: argparse.Namespace) -> int:
     from shardkv.cli.convert import convert
 
+    warnings.showwarning = _warn_on_one_line("convert")  # restored by main()'s catch_warnings
+    warnings.simplefilter("always", UserWarning)
     report = convert(
         args.src,
         args.dst,
         args.chunks_per_shard,
         index_location=args.index_location,
         index_checksum=args.index_checksum,
-        progress=sys.stderr.isatty(),
+        progress=_progress(args),
         overwrite=args.overwrite,
         skip_mismatched=args.skip_mismatched,
         workers=args.workers,
@@ -165,13 +186,14 @@ def _add_unshard(sub: Any) -> None:
     p.add_argument("dst", metavar="DST", help="destination (must be empty unless --overwrite): a path or an fsspec URL")
     p.add_argument("--overwrite", action="store_true", help="delete everything in DST first (never a regular file)")
     _add_storage_options(p, two_stores=True)
+    _add_progress(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a summary")
 
 
 def _run_unshard(args: argparse.Namespace) -> int:
     from shardkv.cli.unshard import unshard
 
-    report = unshard(args.src, args.dst, overwrite=args.overwrite, progress=sys.stderr.isatty(), **_side_options(args))
+    report = unshard(args.src, args.dst, overwrite=args.overwrite, progress=_progress(args), **_side_options(args))
     _print_report(report, args.json)
     return 0
 
@@ -310,5 +332,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"shardkv {args.command}: error: {' '.join(str(error).split())}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"shardkv {args.command}: interrupted", file=sys.stderr)
+        print(f"shardkv {args.command}: interrupted{_RESUME.get(args.command, '')}", file=sys.stderr)
         return 130
+
+
+_RESUME = {
+    "convert": "; run the same command again to resume (the shards already written are skipped)",
+    "unshard": "; run the same command again to resume (the shards already unpacked are skipped)",
+}
+"""What an interrupted command's message adds: how to resume it."""

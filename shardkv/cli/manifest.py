@@ -1,45 +1,94 @@
-"""The progress manifest of ``shardkv convert``: what an interrupted conversion already finished.
+"""The progress manifest of ``shardkv convert`` / ``unshard``: what an interrupted run already finished.
 
-A conversion writes :data:`MANIFEST_KEY` at the root of its destination
-before its first shard, and rewrites it as tasks finish (at most every
-:data:`FLUSH_SECONDS`, and at the end); it deletes it when the conversion
-has completed (metadata written last). A destination that holds the manifest
-is an unfinished conversion: running the same conversion again (same source,
-same options) skips the shards recorded as finished, after reading back and
+A run writes its manifest (:data:`MANIFEST_KEY` for convert,
+:data:`UNSHARD_MANIFEST_KEY` for unshard) at the root of its destination
+before its first shard, rewrites it as tasks finish (at most every
+:data:`FLUSH_SECONDS`, and at the end), and deletes it when the run has
+completed (metadata written last). A destination that holds the manifest is
+an unfinished run: running the same command again (same source, same
+options) skips the shards recorded as finished, after reading back and
 checking the last ones recorded (the ones most likely to have been cut short
 by the interruption).
 
+The manifest stays small whatever the number of shards (issue 21): per
+array, one bit per position of its shard grid and the totals of the shards
+recorded; the last :data:`LAST_KEPT` shards recorded are kept by key.
+
 Format (msgpack map)::
 
-    {"version": 1, "src": str, "options": {...}, "done": [[shard_key, nbytes, nbytes_read], ...]}
+    {"version": 2, "src": str, "options": {...},
+     "arrays": {path: {"bits": bytes, "shards": int, "nbytes": int, "nbytes_read": int}, ...},
+     "last": [[path, shard_index, shard_key, nbytes, nbytes_read], ...]}
 
-``done`` is in completion order.
+``shard_index`` is the shard's position in its array's shard grid (C order);
+``nbytes`` the bytes written for it, ``nbytes_read`` the bytes read for it.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
 import msgpack
 
 from shardkv.errors import ManifestMismatchError, ShardKVError
-from shardkv.format.layout import ShardLayout
 from shardkv.storage.adapters import StoreAdapter
 
-__all__ = ["MANIFEST_KEY", "FLUSH_SECONDS", "Manifest", "open_destination", "skippable_shards"]
+__all__ = [
+    "MANIFEST_KEY", "UNSHARD_MANIFEST_KEY", "FLUSH_SECONDS", "LAST_KEPT", "ArrayProgress", "Manifest",
+    "open_destination", "verify_last",
+]  # fmt: skip
 
 MANIFEST_KEY = ".shardkv-convert-progress"
-"""Key of the manifest in the destination (removed when the conversion completes)."""
+"""Key of the convert manifest in the destination (removed when the conversion completes)."""
+
+UNSHARD_MANIFEST_KEY = ".shardkv-unshard-progress"
+"""Key of the unshard manifest in the destination (removed when the run completes)."""
 
 FLUSH_SECONDS = 0.5
 """Least time between two rewrites of the manifest while tasks finish."""
 
-_VERSION = 1
+LAST_KEPT = 256
+"""Shards recorded most recently, kept by key (the candidates for a read-back on resume)."""
+
+_VERSION = 2
+
+
+@dataclass
+class ArrayProgress:
+    """The shards of one array recorded as finished: a bit per shard-grid position and their totals."""
+
+    bits: bytearray = field(default_factory=bytearray)
+    shards: int = 0
+    nbytes: int = 0
+    nbytes_read: int = 0
+
+    def __contains__(self, index: int) -> bool:
+        byte = index >> 3
+        return byte < len(self.bits) and bool(self.bits[byte] & (1 << (index & 7)))
+
+    def add(self, index: int, nbytes: int, nbytes_read: int) -> None:
+        byte = index >> 3
+        if byte >= len(self.bits):
+            self.bits.extend(bytes(byte + 1 - len(self.bits)))
+        if not self.bits[byte] & (1 << (index & 7)):
+            self.bits[byte] |= 1 << (index & 7)
+            self.shards += 1
+            self.nbytes += nbytes
+            self.nbytes_read += nbytes_read
+
+    def remove(self, index: int, nbytes: int, nbytes_read: int) -> None:
+        if index in self:
+            self.bits[index >> 3] &= ~(1 << (index & 7)) & 0xFF
+            self.shards -= 1
+            self.nbytes -= nbytes
+            self.nbytes_read -= nbytes_read
 
 
 class Manifest:
-    """The progress of one conversion, kept in its destination.
+    """The progress of one run, kept in its destination.
 
     Parameters
     ----------
@@ -48,20 +97,39 @@ class Manifest:
     src : str
         The source, as named (a resumed run must name the same).
     options : mapping
-        The options that shape the shards (chunks per shard, index options).
+        The options that shape the output (chunks per shard, index options).
+    key : str
+        Where the manifest is kept in the destination.
     """
 
-    def __init__(self, store: StoreAdapter, src: str, options: Mapping[str, Any]) -> None:
+    def __init__(self, store: StoreAdapter, src: str, options: Mapping[str, Any], key: str = MANIFEST_KEY) -> None:
         self.store = store
         self.src = src
         self.options = dict(options)
-        self.done: dict[str, tuple[int, int]] = {}  # shard key -> (shard bytes, chunk bytes read)
+        self.key = key
+        self.arrays: dict[str, ArrayProgress] = {}
+        self.last: deque[tuple[str, int, str, int, int]] = deque(maxlen=LAST_KEPT)
         self._last_flush = 0.0
-        self._dirty = False
+
+    @property
+    def n_shards(self) -> int:
+        """Shards recorded as finished."""
+        return sum(a.shards for a in self.arrays.values())
+
+    def progress(self, path: str) -> ArrayProgress:
+        """The recorded shards of the array at ``path`` (empty when none is)."""
+        return self.arrays.setdefault(path, ArrayProgress())
+
+    def is_done(self, path: str, index: int) -> bool:
+        """True when the shard at ``index`` of the array at ``path`` is recorded as finished."""
+        progress = self.arrays.get(path)
+        return progress is not None and index in progress
 
     @classmethod
-    def load(cls, store: StoreAdapter, src: str, options: Mapping[str, Any], dst_name: str) -> Manifest | None:
-        """The manifest left in ``store`` by an interrupted conversion, or ``None`` when there is none.
+    def load(
+        cls, store: StoreAdapter, src: str, options: Mapping[str, Any], dst_name: str, key: str = MANIFEST_KEY
+    ) -> Manifest | None:
+        """The manifest left in ``store`` by an interrupted run, or ``None`` when there is none.
 
         Raises
         ------
@@ -69,86 +137,114 @@ class Manifest:
             If it records another source or other options, or cannot be decoded.
         """
         try:
-            raw = store.get(MANIFEST_KEY)
+            raw = store.get(key)
         except KeyError:
             return None
         try:
             doc = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-            version, done = doc["version"], doc["done"]
+            version = doc["version"]
         except (ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
-            raise ManifestMismatchError(f"{dst_name}/{MANIFEST_KEY} cannot be read ({exc}); use --overwrite") from None
+            raise ManifestMismatchError(f"{dst_name}/{key} cannot be read ({exc}); use --overwrite") from None
         if version != _VERSION or doc.get("src") != src or doc.get("options") != dict(options):
+            what = "conversion" if key == MANIFEST_KEY else "unshard"
             raise ManifestMismatchError(
-                f"{dst_name} holds an unfinished conversion of {doc.get('src')} with options {doc.get('options')}; "
-                f"this one is of {src} with options {dict(options)} (run that one again, or use --overwrite)"
+                f"{dst_name} holds an unfinished {what} of {doc.get('src')} with options {doc.get('options')} "
+                f"(manifest version {version}); this one is of {src} with options {dict(options)} "
+                "(run that one again, or use --overwrite)"
             )
-        manifest = cls(store, src, options)
-        manifest.done = {str(k): (int(n), int(r)) for k, n, r in done}
+        manifest = cls(store, src, options, key)
+        try:
+            for path, entry in doc["arrays"].items():
+                manifest.arrays[str(path)] = ArrayProgress(
+                    bytearray(entry["bits"]), int(entry["shards"]), int(entry["nbytes"]), int(entry["nbytes_read"])
+                )
+            for path, index, shard_key, nbytes, nbytes_read in doc["last"]:
+                manifest.last.append((str(path), int(index), str(shard_key), int(nbytes), int(nbytes_read)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ManifestMismatchError(f"{dst_name}/{key} cannot be read ({exc!r}); use --overwrite") from None
         return manifest
 
-    def record(self, written: Any) -> None:
-        """Record finished shards (``(shard_key, nbytes, nbytes_read)``); rewrite the manifest if it is due."""
-        for key, nbytes, nbytes_read in written:
-            self.done[key] = (int(nbytes), int(nbytes_read))
-        self._dirty = True
+    def record(self, path: str, index: int, shard_key: str, nbytes: int, nbytes_read: int) -> None:
+        """Record one finished shard; rewrite the manifest if it is due."""
+        self.progress(path).add(index, int(nbytes), int(nbytes_read))
+        self.last.append((path, index, shard_key, int(nbytes), int(nbytes_read)))
         if time.monotonic() - self._last_flush >= FLUSH_SECONDS:
             self.flush()
 
     def flush(self) -> None:
         """Write the manifest now."""
-        doc = {"version": _VERSION, "src": self.src, "options": self.options, "done": [[k, n, r] for k, (n, r) in self.done.items()]}
-        self.store.set_many({MANIFEST_KEY: msgpack.packb(doc, use_bin_type=True)})
+        arrays = {
+            p: {"bits": bytes(a.bits), "shards": a.shards, "nbytes": a.nbytes, "nbytes_read": a.nbytes_read}
+            for p, a in self.arrays.items()
+        }
+        doc = {"version": _VERSION, "src": self.src, "options": self.options, "arrays": arrays,
+               "last": [list(entry) for entry in self.last]}  # fmt: skip
+        self.store.set_many({self.key: msgpack.packb(doc, use_bin_type=True)})
         self._last_flush = time.monotonic()
-        self._dirty = False
 
     def remove(self) -> None:
-        """Delete the manifest (the conversion has completed)."""
-        self.store.delete_many([MANIFEST_KEY])
+        """Delete the manifest (the run has completed)."""
+        self.store.delete_many([self.key])
 
 
 def open_destination(
-    target: StoreAdapter, dst_name: str, src_name: str, options: Mapping[str, Any], overwrite: bool
-) -> Manifest | None:
-    """The manifest of a new conversion (the destination emptied first with ``overwrite``), or of the
-    same unfinished conversion found in the destination; ``None`` when the destination holds
+    target: StoreAdapter, dst_name: str, src_name: str, options: Mapping[str, Any], overwrite: bool,
+    key: str = MANIFEST_KEY,
+) -> Manifest | None:  # fmt: skip
+    """The manifest of a new run (the destination emptied first with ``overwrite``), or of the
+    same unfinished run found in the destination; ``None`` when the destination holds
     other keys (the caller refuses it).
 
     Raises
     ------
     ManifestMismatchError
-        If the destination holds the manifest of another conversion.
+        If the destination holds the manifest of another run.
     """
     if next(iter(target.iter_keys()), None) is not None:
         if overwrite:
             target.rmdir("")
         else:
-            manifest = Manifest.load(target, src_name, options, dst_name)
-            return manifest  # None: not empty, and no conversion to resume
-    manifest = Manifest(target, src_name, options)
+            return Manifest.load(target, src_name, options, dst_name, key)  # None: not empty, nothing to resume
+    manifest = Manifest(target, src_name, options, key)
     manifest.flush()  # before the first shard: an interrupted run is resumable from here on
     return manifest
 
 
-def skippable_shards(
-    target: StoreAdapter, manifest: Manifest, planned: Mapping[str, tuple[ShardLayout, int]], n_last: int
-) -> tuple[set[str], int]:
-    """The shards of the manifest that can be skipped: every one recorded, except the last
-    ``n_last`` recorded when they fail a read-back (missing, other size, index that does not
-    decode or counts other chunks than the source holds). Returns (skippable, verified)."""
-    done = [k for k in manifest.done if k in planned]
-    last = done[-n_last:] if n_last else []
-    skippable = set(done[: len(done) - len(last)])
-    if last:
-        blobs = target.get_many(last)
-        for key in last:
-            layout, n_chunks = planned[key]
-            blob = blobs.get(key)
-            if blob is None or len(blob) != manifest.done[key][0]:
-                continue
-            try:
-                index = layout.index_of_shard(blob, key)
-            except ShardKVError:
-                continue
-            if index.count_present() == n_chunks:
-                skippable.add(key)
-    return skippable, len(last)
+def verify_last(
+    target: StoreAdapter, manifest: Manifest, path: str, n_last: int, check: Callable[[str, int, bytes], bool]
+) -> int:
+    """Read back the shards of ``path`` among the last ``n_last`` recorded; forget the ones that fail.
+
+    Parameters
+    ----------
+    target : StoreAdapter
+        The destination.
+    manifest : Manifest
+    path : str
+        The array whose shards are checked now.
+    n_last : int
+        How many of the most recent records are candidates (all arrays together).
+    check : callable
+        ``check(shard_key, shard_index, blob) -> bool``: True when the blob read back is
+        the complete shard (a :class:`~shardkv.errors.ShardKVError` it raises counts as False).
+
+    Returns
+    -------
+    int
+        Shards of ``path`` read back.
+    """
+    recent = list(manifest.last)[-n_last:] if n_last else []
+    mine = [entry for entry in recent if entry[0] == path and manifest.is_done(path, entry[1])]
+    if not mine:
+        return 0
+    blobs = target.get_many([entry[2] for entry in mine])
+    progress = manifest.progress(path)
+    for _, index, key, nbytes, nbytes_read in mine:
+        blob = blobs.get(key)
+        try:
+            good = blob is not None and len(blob) == nbytes and check(key, index, blob)
+        except ShardKVError:
+            good = False
+        if not good:
+            progress.remove(index, nbytes, nbytes_read)
+    return len(mine)

@@ -8,7 +8,12 @@ object passed to fsspec, e.g. ``{"anon": false, "client_kwargs":
 * on object stores with buckets (``s3://``, ``gs://``, ``az://`` ...) it lists
   the bucket once, so a missing endpoint, a missing bucket, missing or wrong
   credentials and a denied permission are reported as one line naming the URL
-  (:class:`~shardkv.errors.StoreAccessError`); a bucket is never created;
+  (:class:`~shardkv.errors.StoreAccessError`); a bucket is never created.
+  Missing or refused credentials are called that ("credentials"), not an
+  unreachable store. The probe of an S3 store is made with connect retries
+  capped (:data:`PROBE_CONFIG`), so a wrong endpoint fails in seconds rather
+  than after s3fs's and botocore's retries (about 50 connections, 45 s);
+  the work itself keeps the usual retries;
 * a missing fsspec backend (``s3fs`` not installed) is reported the same way.
 
 Errors raised later by the backend (a connection dropped half way) are
@@ -31,6 +36,15 @@ __all__ = ["parse_storage_options", "open_store", "store_errors", "describe", "i
 
 BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss"})
 """Protocols whose first path segment is a bucket (or container) that must already exist."""
+
+PROBE_CONFIG = {"connect_timeout": 5, "read_timeout": 20, "retries": {"max_attempts": 1, "mode": "standard"}}
+"""botocore configuration of the first probe of an S3 store (one attempt, 5 s to connect)."""
+
+_CREDENTIAL_SIGNS = (
+    "credentials", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
+    "AuthorizationHeaderMalformed", "TokenRefreshRequired",
+)  # fmt: skip
+"""Words of backend errors that mean missing, wrong or expired credentials."""
 
 
 def parse_storage_options(text: str) -> dict[str, Any]:
@@ -134,8 +148,28 @@ def open_store(
         raise StoreAccessError(name, f"storage options {options} refused: {describe(exc)}") from None
     protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
     if BUCKET_PROTOCOLS.intersection(protocols):
-        _check_bucket(fs, root, name, role)
+        _check_bucket(_probe_fs(fs, options), root, name, role)
     return FSMapAdapter.from_fsmap(FSMap(root, fs))
+
+
+def _probe_fs(fs: fsspec.AbstractFileSystem, options: Mapping[str, Any]) -> fsspec.AbstractFileSystem:
+    """A filesystem for the first probe: for S3, a separate instance with connect retries capped."""
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    if "s3" not in protocols:
+        return fs
+    probe_options = dict(options)
+    probe_options["config_kwargs"] = {**PROBE_CONFIG, **dict(options.get("config_kwargs") or {})}
+    try:
+        probe = type(fs)(**probe_options, skip_instance_cache=True)
+    except (TypeError, ValueError):
+        return fs  # options the backend refuses are reported by the probe with the usual instance
+    probe.retries = 1  # s3fs's own retry loop around botocore's
+    return probe
+
+
+def _is_credentials_error(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__} {exc}"
+    return any(sign in text for sign in _CREDENTIAL_SIGNS)
 
 
 def _check_bucket(fs: fsspec.AbstractFileSystem, root: str, name: str, role: str) -> None:
@@ -149,11 +183,17 @@ def _check_bucket(fs: fsspec.AbstractFileSystem, root: str, name: str, role: str
         raise StoreAccessError(
             name, f"bucket {bucket!r} does not exist (shardkv never creates a bucket: create it first)"
         ) from None
-    except PermissionError as exc:
-        raise StoreAccessError(name, f"access to bucket {bucket!r} denied: {describe(exc)}") from None
     except TypeError as exc:  # backends check their options when they first connect
         raise StoreAccessError(name, f"storage options refused: {describe(exc)}") from None
     except store_errors() as exc:
+        if _is_credentials_error(exc):
+            raise StoreAccessError(
+                name,
+                f"credentials for the {role} are missing or refused: {describe(exc)} (give key/secret or a "
+                "profile in --storage-options, or set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)",
+            ) from None
+        if isinstance(exc, PermissionError):
+            raise StoreAccessError(name, f"access to bucket {bucket!r} denied: {describe(exc)}") from None
         raise StoreAccessError(name, f"cannot reach the {role}: {describe(exc)}") from None
     finally:
         fs.invalidate_cache(bucket)

@@ -11,6 +11,12 @@ counted. The ``zarr.json`` documents of sharded arrays and v3 groups are dropped
 unsharded arrays, other files) is copied as it is; metadata is written last.
 The result is read by zarr-python 2 without shardkv and equals the sharded
 hierarchy read through :class:`shardkv.ShardedStore`.
+
+An interrupted run resumes (issue 20): a progress manifest
+(:data:`shardkv.cli.manifest.UNSHARD_MANIFEST_KEY`) in the destination records
+each shard whose chunks have all been written; running the same command again
+skips those shards (their chunks are already in the destination) and copies the
+rest. The manifest is deleted once the metadata, written last, is in place.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
 from shardkv.cli.convert import _check_distinct, _name
+from shardkv.cli.convert_tasks import shard_index
 from shardkv.cli.info import META_NAMES, read_hierarchy
+from shardkv.cli.manifest import UNSHARD_MANIFEST_KEY, Manifest, open_destination
 from shardkv.cli.stores import open_store, refuse_regular_file
 from shardkv.errors import DestinationNotEmptyError, UnsupportedError
 from shardkv.keys.space import ShardedArray
@@ -45,6 +53,8 @@ class UnshardReport:
         Arrays copied; of which were sharded and are now plain.
     shards : int
         Shards read.
+    shards_skipped : int
+        Shards an interrupted run had finished, skipped by this one (their chunks are not counted again).
     chunks : int
         Chunks written from shards.
     out_of_grid_chunks : int
@@ -60,6 +70,7 @@ class UnshardReport:
     arrays: int = 0
     unsharded_arrays: int = 0
     shards: int = 0
+    shards_skipped: int = 0
     chunks: int = 0
     out_of_grid_chunks: int = 0
     objects_before: int = 0
@@ -78,6 +89,8 @@ class UnshardReport:
             f"were sharded and are now plain Zarr v2",
             f"  chunks: {self.chunks} taken out of {self.shards} shards",
         ]
+        if self.shards_skipped:
+            lines.append(f"  resumed: {self.shards_skipped} shards finished by an earlier run skipped")
         if self.out_of_grid_chunks:
             lines.append(f"  chunks outside the array grid, skipped: {self.out_of_grid_chunks}")
         lines.append(f"  objects: {self.objects_before} -> {self.objects_after}")
@@ -99,6 +112,8 @@ class _Out:
             self.flush()
 
     def flush(self) -> None:
+        if not self.pending:
+            return
         self.store.set_many(self.pending)
         self.objects += len(self.pending)
         self.nbytes += sum(len(v) for v in self.pending.values())
@@ -160,10 +175,9 @@ def unshard(
     proxy = ShardedStore(source)
     source = PresentingAdapter(source)  # sharded arrays and v3 groups (zarr.json only) appear in v2
     hierarchy = read_hierarchy(source, src_name)
-    if next(iter(target.iter_keys()), None) is not None:
-        if not overwrite:
-            raise DestinationNotEmptyError(dst_name)
-        target.rmdir("")
+    manifest = open_destination(target, dst_name, src_name, {"unshard": 1}, overwrite, key=UNSHARD_MANIFEST_KEY)
+    if manifest is None:
+        raise DestinationNotEmptyError(dst_name)
     report = UnshardReport(src_name, dst_name, objects_before=len(hierarchy.keys))
     out = _Out(target)
     meta: list[str] = [k for k in hierarchy.group_keys if k.rpartition("/")[2] in META_NAMES and not _v3_node(source, k)]
@@ -182,11 +196,14 @@ def unshard(
             shard_keys = [k for k in data if arr.shard_coords_of(k) is not None]
             shard_set = set(shard_keys)
             plain += [k for k in data if k not in shard_set]
-            _unpack(source, arr, shard_keys, out, report, bar)
+            _unpack(source, arr, path, shard_keys, out, report, bar, manifest)
         report.bytes_before += _copy(source, plain, out, bar)
         out.flush()
+        manifest.flush()
         report.bytes_before += _copy(source, sorted(meta, key=lambda k: (-k.count("/"), k)), out, bar)
         out.flush()
+        bar.update(bar.total - bar.n)  # the zarr.json views, dropped, are done too
+    manifest.remove()
     report.objects_before = len(hierarchy.keys)
     report.objects_after, report.bytes_after = out.objects, out.nbytes
     return report
@@ -200,18 +217,34 @@ def _v3_node(source: PresentingAdapter, key: str) -> bool:
 
 
 def _unpack(
-    source: StoreAdapter, arr: ShardedArray, shard_keys: Sequence[str], out: _Out, report: UnshardReport, bar: Any
-) -> None:
-    """Write every present in-grid inner chunk of the shards of one array to its own chunk key."""
-    grid = arr.chunk_grid_shape
-    cps = arr.chunks_per_shard
-    for start in range(0, len(shard_keys), _SHARD_BATCH):
-        batch = shard_keys[start : start + _SHARD_BATCH]
+    source: StoreAdapter, arr: ShardedArray, path: str, shard_keys: Sequence[str], out: _Out, report: UnshardReport,
+    bar: Any, manifest: Manifest,
+) -> None:  # fmt: skip
+    """Write every present in-grid inner chunk of the shards of one array to its own chunk key.
+
+    A shard is recorded in ``manifest`` once its chunks are written; shards recorded by an
+    earlier run are skipped.
+    """
+    grid, cps = arr.chunk_grid_shape, arr.chunks_per_shard
+    if grid is None or cps is None:
+        raise UnsupportedError(f"{path or '/'}: a sharded array without a chunk grid or chunks per shard")
+    shard_grid = tuple(-(-g // n) for g, n in zip(grid, cps))
+
+    def index_of(key: str) -> int:
+        return shard_index(arr.shard_coords_of(key), shard_grid)  # type: ignore[arg-type]
+
+    todo = [k for k in shard_keys if not manifest.is_done(path, index_of(k))]
+    report.shards_skipped += len(shard_keys) - len(todo)
+    bar.update(len(shard_keys) - len(todo))
+    for start in range(0, len(todo), _SHARD_BATCH):
+        batch = todo[start : start + _SHARD_BATCH]
         blobs = source.get_many(batch)
+        finished: list[tuple[str, int]] = []
         for key in batch:
             blob = blobs.get(key)
             if blob is None:
                 continue  # deleted since the listing
+            finished.append((key, len(blob)))
             report.shards += 1
             report.bytes_before += len(blob)
             index = arr.layout.index_of_shard(blob, key)
@@ -225,6 +258,9 @@ def _unpack(
                 offset, nbytes = index.get(local)  # type: ignore[misc]
                 out.put(arr.chunk_key(coords), bytes(view[offset : offset + nbytes]))
                 report.chunks += 1
+        out.flush()  # the shards' chunks are stored: only now are the shards finished
+        for key, nbytes_read in finished:
+            manifest.record(path, index_of(key), key, 0, nbytes_read)
         bar.update(len(batch))
 
 

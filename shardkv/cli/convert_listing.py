@@ -1,0 +1,380 @@
+"""The source listing of ``shardkv convert``, streamed: arrays found by walking groups, chunks as bits.
+
+A conversion must not hold one string per chunk (issue 21): a million-chunk
+array listed with fsspec's ``find`` and sorted costs about a kilobyte per
+chunk. This module walks the hierarchy instead:
+
+* :func:`walk_hierarchy` visits the groups directory by directory (their
+  listings are small): a directory with a ``.zarray`` is an array, one with
+  anything else is walked further. Names shardkv reserves for itself
+  (``*.shardkv-tmp-*``, ``.shardkv-locks``) are refused when they name an
+  array or a group (:class:`~shardkv.errors.ReservedNameError`), never dropped.
+* :func:`list_array` then reads one array's keys once, as a stream: local
+  directories with ``os.scandir`` (one directory entry at a time), other
+  stores through :meth:`StoreAdapter.iter_keys`. Each in-grid chunk key sets
+  one bit of a bitmap over the chunk grid (:class:`ChunkBitmap`); only keys
+  that are neither metadata nor chunks (rare) are kept as strings.
+
+Peak memory is therefore one bit per chunk-grid position plus the directory
+entry being looked at (local) or the listing page (object stores whose
+adapter pages its listing), whatever the number of chunks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+from fsspec.implementations.local import LocalFileSystem
+
+from shardkv.errors import ConfigurationError, NotAHierarchyError, ReservedNameError
+from shardkv.keys.encodings import V2ChunkKeyEncoding, grid_shape
+from shardkv.keys.paths import join_path, path_prefix
+from shardkv.metadata.documents import META_NAMES
+from shardkv.metadata.v3_view import v2_dimension_separator
+from shardkv.storage.adapters import FSMapAdapter, StoreAdapter
+from shardkv.storage.base import LOCK_DIR, TEMP_MARKER
+
+__all__ = ["ChunkBitmap", "block_coords", "ArrayListing", "HierarchyWalk", "walk_hierarchy", "list_array", "iter_array_keys"]
+
+_NODE_DOCUMENTS = (".zarray", ".zgroup", ".zattrs", "zarr.json")
+
+
+def _reserved(name: str) -> bool:
+    return TEMP_MARKER in name or name == LOCK_DIR
+
+
+class ChunkBitmap:
+    """One bit per position of a chunk grid (C order): which chunks are stored.
+
+    Parameters
+    ----------
+    grid : tuple of int
+        Chunks along each dimension.
+    """
+
+    __slots__ = ("grid", "bits", "count", "_strides")
+
+    def __init__(self, grid: tuple[int, ...]) -> None:
+        self.grid = grid
+        size = 1
+        for g in grid:
+            size *= g
+        self.bits = bytearray((size + 7) // 8)
+        self.count = 0
+        strides, step = [], 1
+        for g in reversed(grid):
+            strides.append(step)
+            step *= g
+        self._strides = tuple(reversed(strides))
+
+    def _flat(self, coords: tuple[int, ...]) -> int:
+        return sum(c * s for c, s in zip(coords, self._strides))
+
+    def add(self, coords: tuple[int, ...]) -> None:
+        """Mark the chunk at ``coords`` (in the grid) as stored."""
+        flat = self._flat(coords)
+        byte, bit = flat >> 3, 1 << (flat & 7)
+        if not self.bits[byte] & bit:
+            self.bits[byte] |= bit
+            self.count += 1
+
+    def __contains__(self, coords: tuple[int, ...]) -> bool:
+        flat = self._flat(coords)
+        return bool(self.bits[flat >> 3] & (1 << (flat & 7)))
+
+    def any_in(self, lo: tuple[int, ...], hi: tuple[int, ...]) -> bool:
+        """True when a chunk of the block ``lo <= coords < hi`` is stored (rows of the last dimension at once)."""
+        for coords in block_coords(lo[:-1], hi[:-1]):
+            start = self._flat((*coords, lo[-1]))
+            stop = start + hi[-1] - lo[-1]
+            for flat in range(start, stop):
+                if self.bits[flat >> 3] & (1 << (flat & 7)):
+                    return True
+        return False
+
+
+def block_coords(lo: tuple[int, ...], hi: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+    """Every coords ``lo <= c < hi`` in C order (one empty tuple for 0 dimensions)."""
+    if not lo:
+        yield ()
+        return
+    for first in range(lo[0], hi[0]):
+        for rest in block_coords(lo[1:], hi[1:]):
+            yield (first, *rest)
+
+
+@dataclass
+class ArrayListing:
+    """One array of the source, listed once.
+
+    Attributes
+    ----------
+    path : str
+        Array path (``""`` for a root array).
+    zarray : dict
+        Its ``.zarray`` document.
+    separator : {".", "/"}
+        Chunk key separator in use (named by ``.zarray``, or detected from the keys).
+    separator_detected : bool
+        True when ``.zarray`` names none and ``"/"``-separated chunk keys were found.
+    chunks : ChunkBitmap
+        The in-grid chunks stored.
+    meta_keys : list of str
+        The array's metadata documents (``.zarray``, ``.zattrs`` ...).
+    stale_keys : list of str
+        Chunk keys outside the chunk grid.
+    other_keys : list of str
+        Keys in the array's directory that are neither metadata nor chunks.
+    """
+
+    path: str
+    zarray: dict[str, Any]
+    separator: str
+    separator_detected: bool
+    chunks: ChunkBitmap
+    meta_keys: list[str] = field(default_factory=list)
+    stale_keys: list[str] = field(default_factory=list)
+    other_keys: list[str] = field(default_factory=list)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.zarray["shape"])
+
+    @property
+    def n_chunks(self) -> int:
+        """In-grid chunks stored."""
+        return self.chunks.count
+
+    def chunk_key(self, coords: tuple[int, ...]) -> str:
+        """The stored key of the chunk at ``coords``."""
+        return path_prefix(self.path) + V2ChunkKeyEncoding(self.separator).encode(coords)  # type: ignore[arg-type]
+
+
+@dataclass
+class HierarchyWalk:
+    """The nodes of a Zarr v2 hierarchy, found by walking its groups.
+
+    Attributes
+    ----------
+    arrays : dict of str to dict
+        Array path -> its ``.zarray`` document, in path order.
+    groups : list of str
+        Group paths (directories holding node metadata but no ``.zarray``).
+    group_keys : list of str
+        Keys outside every array (group metadata and other files).
+    """
+
+    arrays: dict[str, dict[str, Any]]
+    groups: list[str]
+    group_keys: list[str]
+
+
+class _Lister:
+    """Directory listings of the source: local ``os.scandir``, or the adapter's ``list_dir``."""
+
+    def __init__(self, source: StoreAdapter) -> None:
+        self.source = source
+        inner = getattr(source, "inner", source)  # through a PresentingAdapter: stored keys are local files
+        self.root: str | None = None
+        self.fsmap: FSMapAdapter | None = None  # other fsspec filesystems: listed unfiltered
+        if isinstance(inner, FSMapAdapter) and isinstance(inner.fs, LocalFileSystem):
+            self.root = inner.fs._strip_protocol(inner.root)
+        elif isinstance(inner, FSMapAdapter):
+            self.fsmap = inner
+
+    def children(self, path: str) -> list[tuple[str, bool | None]]:
+        """``(name, is_dir)`` of the entries of ``path``; ``is_dir`` is None when the store cannot tell cheaply."""
+        if self.root is not None:
+            try:
+                with os.scandir(os.path.join(self.root, path) if path else self.root) as it:
+                    names = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+            presented = self.source is not getattr(self.source, "inner", self.source)
+            if presented and any(n == "zarr.json" for n, _ in names):
+                have = {n for n, _ in names}
+                names += [(n, False) for n in self.source.list_dir(path) if n not in have]
+            return sorted(names)
+        if self.fsmap is not None:  # the adapter's list_dir hides shardkv's own names: list them too
+            fs, root = self.fsmap.fs, self.fsmap.root
+            try:
+                entries = fs.ls(f"{root}/{path}" if path else root, detail=False)
+            except self.fsmap.missing_exceptions:
+                entries = []
+            names = {str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries}
+            names |= set(self.source.list_dir(path))  # documents a PresentingAdapter presents
+            return [(n, None) for n in sorted(names) if n]
+        return [(n, None) for n in self.source.list_dir(path)]
+
+    def is_file(self, key: str, is_dir: bool | None) -> bool:
+        if is_dir is not None:
+            return not is_dir
+        return self.source.contains(key)
+
+
+def walk_hierarchy(source: StoreAdapter, name: str) -> HierarchyWalk:
+    """Find the arrays and groups of a Zarr v2 hierarchy without listing the arrays' chunks.
+
+    Parameters
+    ----------
+    source : StoreAdapter
+        The hierarchy (a :class:`~shardkv.proxy.presenting.PresentingAdapter`
+        for sources whose sharded arrays are stored as v3 only).
+    name : str
+        How to call it in errors.
+
+    Raises
+    ------
+    NotAHierarchyError
+        If the store is empty, or holds no ``.zgroup`` or ``.zarray`` at its root.
+    ReservedNameError
+        If an array or group is named like one of shardkv's own files.
+    ConfigurationError
+        If a ``.zarray`` is not a JSON object with ``shape`` and ``chunks`` of one length.
+    """
+    lister = _Lister(source)
+    arrays: dict[str, None] = {}
+    pending: list[tuple[str, list[tuple[str, bool | None]]]] = []
+    if source.contains(".zarray"):
+        arrays[""] = None  # a root array: its directory is never listed here
+    elif source.contains(".zgroup"):
+        pending.append(("", lister.children("")))
+    else:
+        top_names = {n for n, _ in lister.children("")}
+        if not top_names:
+            raise NotAHierarchyError(f"{name} does not exist or is empty")
+        hint = " (it has a zarr.json: Zarr v3?)" if "zarr.json" in top_names else ""
+        raise NotAHierarchyError(f"{name} is not a Zarr v2 hierarchy: no .zgroup or .zarray at its root{hint}")
+    groups: list[str] = []
+    group_keys: list[str] = []
+    while pending:
+        path, entries = pending.pop()
+        names = {n for n, _ in entries}
+        if ".zgroup" in names or "zarr.json" in names:
+            groups.append(path)
+        for child, is_dir in entries:
+            key = join_path(path, child)
+            if lister.is_file(key, is_dir):
+                if not _reserved(child):
+                    group_keys.append(key)
+                continue
+            # a directory: an array is never listed here (its keys are streamed by list_array)
+            node_docs = [n for n in _NODE_DOCUMENTS if source.contains(join_path(key, n))]
+            if _reserved(child):
+                if node_docs:
+                    raise ReservedNameError(name, key)
+                continue  # shardkv's own files (lock files, temporaries of interrupted writes)
+            if ".zarray" in node_docs:
+                arrays[key] = None
+            else:
+                pending.append((key, lister.children(key)))
+    docs = source.get_many([join_path(p, ".zarray") for p in arrays])
+    zarrays: dict[str, dict[str, Any]] = {}
+    for path in sorted(arrays):
+        key = join_path(path, ".zarray")
+        try:
+            doc = json.loads(bytes(docs[key]))
+        except (KeyError, ValueError) as exc:
+            raise ConfigurationError(f"cannot read {key!r} as a JSON .zarray document: {exc}", path) from exc
+        if not isinstance(doc, dict) or len(doc.get("shape", ())) != len(doc.get("chunks", ())):
+            raise ConfigurationError(f"{key!r}: shape and chunks are missing or differ in length", path)
+        zarrays[path] = doc
+    return HierarchyWalk(zarrays, sorted(groups), sorted(group_keys))
+
+
+def iter_array_keys(source: StoreAdapter, path: str) -> Iterator[str]:
+    """Every stored key under an array's path, streamed (never a whole listing in memory on local disks).
+
+    The keys shardkv keeps for itself (temporaries, lock files) are left out.
+    Metadata documents a :class:`~shardkv.proxy.presenting.PresentingAdapter`
+    presents are not included (ask for them with ``contains``).
+    """
+    root = _Lister(source).root
+    if root is None:
+        for key in source.iter_keys(path_prefix(path)):
+            yield key
+        return
+    base = os.path.join(root, path) if path else root
+    stack = [(base, path)]
+    while stack:
+        directory, prefix = stack.pop()
+        try:
+            it = os.scandir(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        with it:
+            for entry in it:
+                if _reserved(entry.name):
+                    continue
+                key = join_path(prefix, entry.name)
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append((entry.path, key))
+                else:
+                    yield key
+
+
+def _decode(encoding: V2ChunkKeyEncoding, suffix: str, ndim: int) -> tuple[int, ...] | None:
+    try:
+        return encoding.decode(suffix, ndim)
+    except ValueError:
+        return None
+
+
+def list_array(source: StoreAdapter, path: str, zarray: Mapping[str, Any], meta_keys: list[str]) -> ArrayListing:
+    """List one array's keys once, chunks as bits of a grid bitmap.
+
+    ``meta_keys`` are the array's metadata documents (read by the caller).
+
+    The separator of an array whose ``.zarray`` names none is detected from
+    its keys as :func:`shardkv.cli.info.detect_separator` does: ``/``-separated
+    chunk keys (zarr-python's ``NestedDirectoryStore``) mean ``"/"``.
+
+    Raises
+    ------
+    ConfigurationError
+        If the ``.zarray`` names an invalid separator, or names none while the
+        stored chunk keys use both ``.`` and ``/``.
+    """
+    shape = tuple(int(s) for s in zarray["shape"])
+    grid = grid_shape(shape, tuple(int(c) for c in zarray["chunks"]))
+    ndim = len(shape)
+    named = zarray.get("dimension_separator") is not None
+    candidates = [v2_dimension_separator(zarray)] if named else ([".", "/"] if ndim >= 2 else ["."])
+    bitmaps = {sep: ChunkBitmap(grid) for sep in candidates}
+    stale: dict[str, list[str]] = {sep: [] for sep in candidates}
+    encodings = {sep: V2ChunkKeyEncoding(sep) for sep in candidates}  # type: ignore[arg-type]
+    prefix = path_prefix(path)
+    other: list[str] = []
+    for key in iter_array_keys(source, path):
+        suffix = key[len(prefix) :]
+        if suffix in META_NAMES:
+            continue
+        for sep in candidates:
+            coords = _decode(encodings[sep], suffix, ndim)
+            if coords is None:
+                continue
+            if all(c < g for c, g in zip(coords, grid)):
+                bitmaps[sep].add(coords)
+            else:
+                stale[sep].append(key)
+            break
+        else:
+            other.append(key)
+    if named or len(candidates) == 1:
+        separator, detected = candidates[0], False
+    else:
+        n_dot = bitmaps["."].count + len(stale["."])
+        n_slash = bitmaps["/"].count + len(stale["/"])
+        if n_dot and n_slash:
+            raise ConfigurationError(
+                f".zarray names no dimension_separator and the stored chunk keys use both '.' "
+                f"({n_dot} keys) and '/' ({n_slash} keys)",
+                path,
+            )
+        separator, detected = ("/", True) if n_slash else (".", False)
+    return ArrayListing(
+        path, dict(zarray), separator, detected, bitmaps[separator], meta_keys, stale[separator], other
+    )

@@ -1,0 +1,79 @@
+"""Rough edges of the command line a new user hit (issue 22 item 4)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from shardkv.cli.manifest import MANIFEST_KEY
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "shardkv", *args]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(_cli(*args), capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    g = zarr.open_group(str(tmp_path / "src"), mode="w")
+    g.create_dataset("a", data=np.arange(64).reshape(8, 8), chunks=(2, 2))
+    return tmp_path / "src"
+
+
+@pytest.mark.parametrize("command", ["convert", "unshard"])
+def test_progress_is_shown_on_request_without_a_terminal(source, tmp_path, command):
+    if command == "unshard":
+        assert run("convert", str(source), str(tmp_path / "sharded"), "--chunks-per-shard", "2").returncode == 0
+        source = tmp_path / "sharded"
+    extra = ["--chunks-per-shard", "2"] if command == "convert" else []
+    shown = run(command, str(source), str(tmp_path / "shown"), *extra, "--progress")
+    assert shown.returncode == 0, shown.stderr
+    assert f"shardkv {command}" in shown.stderr and "100%" in shown.stderr
+    hidden = run(command, str(source), str(tmp_path / "hidden"), *extra, "--no-progress")
+    assert hidden.returncode == 0 and hidden.stderr == ""
+    default = run(command, str(source), str(tmp_path / "default"), *extra)  # stderr is a pipe, not a terminal
+    assert default.returncode == 0 and default.stderr == ""
+
+
+def test_one_chunk_per_shard_warns_that_nothing_is_gained(source, tmp_path):
+    proc = run("convert", str(source), str(tmp_path / "out"), "--chunks-per-shard", "1")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("shardkv convert: warning:") and "nothing is gained" in lines[0]
+    quiet = run("convert", str(source), str(tmp_path / "out2"), "--chunks-per-shard", "1,2")
+    assert quiet.returncode == 0 and "warning" not in quiet.stderr
+
+
+def test_convert_help_describes_what_is_written(source):
+    text = run("convert", "--help").stdout
+    assert ".zarray, .zmetadata) is copied" not in text
+    assert "replaces its .zarray" in " ".join(text.split())
+    assert "--progress" in text
+
+
+def test_an_interrupted_convert_says_how_to_resume(tmp_path):
+    g = zarr.open_group(str(tmp_path / "src"), mode="w")
+    a = g.create_dataset("a", shape=(8000,), chunks=(2,), dtype="i2", compressor=None)
+    a[:] = np.arange(8000, dtype="i2")
+    dst = tmp_path / "dst"
+    proc = subprocess.Popen(_cli("convert", str(tmp_path / "src"), str(dst), "--chunks-per-shard", "2"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (dst / MANIFEST_KEY).exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == (
+        "shardkv convert: interrupted; run the same command again to resume (the shards already written are skipped)"
+    )
