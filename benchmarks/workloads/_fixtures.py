@@ -50,10 +50,15 @@ def _crc32c_fallback() -> Callable[[bytes], int]:
     return crc
 
 
-try:
-    from crc32c import crc32c as _crc32c
-except ImportError:  # the package is optional: indexes repeat, so the slow path runs a few times only
-    _crc32c = _crc32c_fallback()
+def _crc32c_function() -> Callable[[bytes], int]:
+    try:
+        from crc32c import crc32c
+    except ImportError:  # the package is optional: indexes repeat, so the slow path runs a few times only
+        return _crc32c_fallback()
+    return lambda data: int(crc32c(data))
+
+
+_crc32c = _crc32c_function()
 
 
 def chunk_bytes(coords: tuple[int, ...], nbytes: int, seed: int) -> bytes:
@@ -117,7 +122,7 @@ def write_sharded(root: str, grid: tuple[int, ...], chunk: tuple[int, ...], per_
     count = 0
     for shard in _grid_coords(shard_grid):
         index = np.full((int(np.prod(per_shard)), 2), MISSING, dtype="<u8")
-        parts = []
+        parts: list[bytes] = []
         for k, local in enumerate(_grid_coords(per_shard)):
             coords = tuple(s * n + c for s, n, c in zip(shard, per_shard, local))
             if all(c < g for c, g in zip(coords, grid)):

@@ -221,10 +221,12 @@ def measure_tensorstore(python: str, app: CountingApp, endpoint: str, bucket: st
     proc = subprocess.Popen([python, "-c", _TENSORSTORE, json.dumps(cfg)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out: dict[str, Any] = {}
+    if proc.stdout is None or proc.stdin is None:
+        raise RuntimeError("tensorstore child: no pipes")
     try:
         for name, expected in (("cold", coords[:1]), ("first", coords[1:]), ("warm", coords[1:])):
             ready, _, _ = select.select([proc.stdout], [], [], timeout)
-            line = proc.stdout.readline() if ready and proc.stdout else ""
+            line = proc.stdout.readline() if ready else ""
             if not line:
                 proc.kill()
                 err = proc.stderr.read() if proc.stderr else ""
@@ -233,9 +235,8 @@ def measure_tensorstore(python: str, app: CountingApp, endpoint: str, bucket: st
             out[name] = summary(app.take())  # the child waits for our newline: nothing of the next phase yet
             if [bytes.fromhex(h) for h in doc["chunks"]] != [chunk_bytes(c, CHUNK_BYTES, seed) for c in expected]:
                 raise RuntimeError(f"tensorstore: chunks of phase {name} differ from the bytes written")
-            if proc.stdin:
-                proc.stdin.write("\n")
-                proc.stdin.flush()
+            proc.stdin.write("\n")
+            proc.stdin.flush()
         proc.wait(timeout=timeout)
     finally:
         if proc.poll() is None:
@@ -297,4 +298,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
