@@ -122,7 +122,11 @@ def summary(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
             "conditional": sum(1 for r in records if r["if_match"]),
             "ranged": sum(1 for r in records if r["range"]),
             "status_412": sum(1 for r in records if r["status"] == 412),
-            "by_method": dict(sorted(by_method.items()))}
+            "by_method": dict(sorted(by_method.items())),
+            # the first requests one by one (all of a cold read): method, object, Range, If-Match?, status, bytes
+            "first_requests": [f"{r['method']} {r['path'].rsplit('/', 1)[-1]} {r['range'] or '-'}"
+                               f"{' if-match' if r['if_match'] else ''} {r['status']} {r['bytes']}B"
+                               for r in records[:8]]}
 
 
 def upload(endpoint: str, root: str) -> str:
