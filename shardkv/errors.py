@@ -13,6 +13,7 @@ are never turned into ``KeyError``; they propagate unchanged.
 
 from __future__ import annotations
 
+import errno
 import pickle
 from typing import Any, Sequence
 
@@ -27,23 +28,15 @@ __all__ = [
     "UnsupportedError",
     "MetadataError",
     "UnknownStorageTransformerError",
-    "NotAHierarchyError",
-    "DestinationNotEmptyError",
-    "SameLocationError",
-    "DemoError",
     "LockTimeoutError",
     "ConcurrentUpdateError",
     "UnflushedWritesError",
     "LostRaceError",
-    "StoreAccessError",
-    "DestinationIsFileError",
-    "ChunksPerShardMismatchError",
-    "ArrayNotFoundError",
-    "ManifestMismatchError",
     "JournalCorruptError",
+    "JournalMismatchError",
+    "JournalLockedError",
+    "ChunkExpansionError",
     "PreconditionFailedError",
-    "ReservedNameError",
-    "ConversionIncompleteError",
 ]
 
 
@@ -182,32 +175,6 @@ class UnknownStorageTransformerError(UnsupportedError):
         )
 
 
-class NotAHierarchyError(ConfigurationError):
-    """A store that is missing, empty, or not a Zarr v2 hierarchy (no root ``.zgroup`` or ``.zarray``)."""
-
-
-class DestinationNotEmptyError(ShardKVError, FileExistsError):
-    """The destination of a conversion already holds keys (pass ``overwrite=True`` to replace them).
-
-    Attributes
-    ----------
-    dst : str
-        The destination, as given.
-    """
-
-    def __init__(self, dst: str) -> None:
-        self.dst = dst
-        super().__init__(f"destination {dst} is not empty (use --overwrite / overwrite=True to replace it)")
-
-
-class SameLocationError(ShardKVError, ValueError):
-    """Source and destination of a conversion are the same place, or one lies inside the other."""
-
-
-class DemoError(ShardKVError, FileExistsError):
-    """The demo's input or output directory exists and was not made by the demo."""
-
-
 class LockTimeoutError(ShardKVError, TimeoutError):
     """A shard lock that was not obtained in time (another writer holds it).
 
@@ -291,82 +258,6 @@ class LostRaceError(ShardKVError, RuntimeError):
         super().__init__(f"{key!r} changed since it was read (another writer): read, merge and write again")
 
 
-# -- command line and store access (issue 12) -----------------------------------------
-
-
-class StoreAccessError(ShardKVError, OSError):
-    """A store that cannot be reached or used: no endpoint, no bucket, no credentials, no permission.
-
-    Attributes
-    ----------
-    url : str
-        The store, as named by the user (URL or path).
-    reason : str
-        What went wrong, in one line (the backend's own message included).
-    """
-
-    def __init__(self, url: str, reason: str) -> None:
-        self.url = url
-        self.reason = reason
-        super().__init__(f"{url}: {reason}")
-
-
-class DestinationIsFileError(ShardKVError, FileExistsError):
-    """The destination of a conversion is a regular file; it is never deleted, not even with ``--overwrite``.
-
-    Attributes
-    ----------
-    dst : str
-        The destination, as given.
-    """
-
-    def __init__(self, dst: str) -> None:
-        self.dst = dst
-        super().__init__(f"destination {dst} is a regular file, not a hierarchy; refusing to replace it (remove it yourself)")
-
-
-class ChunksPerShardMismatchError(ConfigurationError):
-    """A ``chunks_per_shard`` that does not fit some (or every) array of a hierarchy.
-
-    Attributes
-    ----------
-    mismatched : list of (str, str)
-        ``(array path, why it does not fit)`` for each array it does not fit.
-    fits_none : bool
-        True when it fits no array at all.
-    """
-
-    def __init__(self, chunks_per_shard: str, mismatched: list[tuple[str, str]], fits_none: bool) -> None:
-        self.mismatched = list(mismatched)
-        self.fits_none = fits_none
-        listed = ", ".join(f"{p or '/'} ({why})" for p, why in self.mismatched[:10])
-        more = f", ... and {len(self.mismatched) - 10} more" if len(self.mismatched) > 10 else ""
-        what = "fits no array" if fits_none else f"does not fit {len(self.mismatched)} arrays"
-        hint = " (--skip-mismatched copies them unsharded)"
-        super().__init__(f"chunks per shard {chunks_per_shard} {what}{hint}: {listed}{more}")
-
-
-class ArrayNotFoundError(ShardKVError, LookupError):
-    """No (sharded) array at the path named in a store.
-
-    Attributes
-    ----------
-    store : str
-        The store, as named by the user.
-    path : str
-        The array path looked for.
-    """
-
-    def __init__(self, store: str, path: str, what: str = "array") -> None:
-        self.store = store
-        self.path = path
-        super().__init__(f"no {what} at {path!r} in {store}")
-
-
-class ManifestMismatchError(ConfigurationError):
-    """The destination holds the progress manifest of a different conversion (other source or options)."""
-
-
 class JournalCorruptError(ShardKVError, ValueError):
     """A write-back journal damaged before its last record (not a torn tail), or not a journal at all.
 
@@ -406,44 +297,70 @@ class PreconditionFailedError(ShardKVError, RuntimeError):
         super().__init__(f"conditional write of {key!r} refused: expected {expected}, the store says {reason!r}")
 
 
-class ReservedNameError(ConfigurationError):
-    """A node of a hierarchy to convert is named like one of shardkv's own files.
-
-    shardkv keeps temporaries (``*.shardkv-tmp-*``) and lock directories
-    (``.shardkv-locks``) in a store and hides them from every listing, so an
-    array or group with such a name would vanish from the output: it is
-    refused instead.
+class JournalMismatchError(ConfigurationError):
+    """A write-back journal holding records of another store: replaying it here would overwrite this store.
 
     Attributes
     ----------
-    store : str
-        The source, as named.
     path : str
-        The node's path.
+        The journal file.
+    recorded : str
+        What the journal belongs to (a store: location, store id, layout; or an array layout).
+    given : str
+        What it was opened for.
+    records : int
+        Acknowledged records the journal holds (not replayed).
     """
 
-    def __init__(self, store: str, path: str) -> None:
-        self.store = store
-        super().__init__(
-            f"{store}: the node {path!r} is named like shardkv's own files (names containing '.shardkv-tmp-' "
-            "or equal to '.shardkv-locks' are hidden from listings); rename it before converting"
-        )
+    def __init__(self, path: str, recorded: str, given: str, records: int) -> None:
         self.path = path
+        self.recorded = recorded
+        self.given = given
+        self.records = int(records)
+        super().__init__(
+            f"journal {path!r} holds {self.records} record(s) of {recorded}, not of {given}: "
+            "refused (open the store it belongs to, or delete the journal to give its writes up)"
+        )
 
 
-class ConversionIncompleteError(ShardKVError, RuntimeError):
-    """A conversion whose output does not hold every array and group of its source.
+class JournalLockedError(ShardKVError, BlockingIOError):
+    """A write-back journal already open in another process (one writer per journal).
 
     Attributes
     ----------
-    dst : str
-        The destination, as named.
-    missing : list of str
-        Paths of the source nodes the output does not present (``"/"`` for the root).
+    path : str
+        The journal file.
     """
 
-    def __init__(self, dst: str, missing: Sequence[str], what: str = "arrays or groups") -> None:
-        self.dst = dst
-        self.missing = list(missing)
-        shown = ", ".join(self.missing[:10]) + (f", ... and {len(self.missing) - 10} more" if len(self.missing) > 10 else "")
-        super().__init__(f"{dst}: {len(self.missing)} {what} of the source missing from the output: {shown}")
+    def __init__(self, path: str, reason: str = "it is open in another process (one writer per journal)") -> None:
+        self.path = path
+        super().__init__(errno.EWOULDBLOCK, f"journal {path!r} is locked: {reason}")
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class ChunkExpansionError(CorruptShardError):
+    """A stored chunk that decodes (or says it decodes) to more bytes than its declared size: decoding stopped.
+
+    Attributes
+    ----------
+    shard_key : str
+        The key of the chunk or shard.
+    stated : int or None
+        The size the stream states, when it states one.
+    limit : int
+        The most bytes the chunk may decode to (shape times item size).
+    """
+
+    def __init__(self, shard_key: str, stated: int | None, limit: int, what: str | None = None) -> None:
+        self.stated = stated
+        self.limit = int(limit)
+        if what is None:
+            grows = f"states it decodes to {stated} bytes" if stated is not None else "expands"
+            what = f"decoding stopped: the chunk {grows}, beyond the {self.limit} bytes its declared size allows"
+        else:
+            what = f"decoding refused: {what}"
+        super().__init__(shard_key, what)
+
+

@@ -15,7 +15,7 @@ import zarr
 from shardkv import ConfigurationError, ShardedStore
 from shardkv.cli import convert as convert_module
 from shardkv.cli.convert import check_chunks_per_shard, convert, parse_chunks_per_shard
-from shardkv.errors import DestinationNotEmptyError, NotAHierarchyError, SameLocationError
+from shardkv.cli.errors import DestinationNotEmptyError, NotAHierarchyError, SameLocationError
 
 ARRAYS = {
     # name: (shape, chunks, dtype, compressor)

@@ -83,8 +83,8 @@ def test_cli_all_v3(tmp_path: Path) -> None:
 
 
 def test_no_v3_data_type_no_document() -> None:
-    zarray = {"zarr_format": 2, "shape": [2], "chunks": [2], "dtype": [["a", "<i4"]], "compressor": None,
-              "fill_value": None, "filters": None, "order": "C"}  # fmt: skip
+    zarray = {"zarr_format": 2, "shape": [2], "chunks": [2], "dtype": "|O", "compressor": None,
+              "fill_value": None, "filters": [{"id": "msgpack2"}], "order": "C"}  # fmt: skip
     assert v3_view_of_unsharded_v2(zarray, None).metadata == {}
     plan = plan_all_v3({"s/.zarray": zarray, ".zgroup": {"zarr_format": 2}})
     assert plan.refused.keys() == {"s"} and "s/zarr.json" not in plan.writes

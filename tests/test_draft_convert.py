@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from shardkv.cli.convert_draft import convert_draft
-from shardkv.errors import ConfigurationError, DestinationNotEmptyError
+from shardkv.cli.errors import DestinationNotEmptyError
+from shardkv.errors import ConfigurationError
 from shardkv.proxy.draft import DraftShardedStore
 from shardkv.storage.adapters import adapt
 

@@ -16,9 +16,6 @@ from kill_harness import acked_seqs, run_and_kill
 from shardkv.engine.journal import Journal, JournalRecord
 from shardkv.errors import JournalCorruptError, ShardKVError
 
-HEADER = 28
-
-
 def value_of(seq: int) -> bytes:
     """The value the writers here give record ``seq`` (so a replayed record can be checked byte for byte)."""
     return (f"value-{seq}-".encode() * (1 + seq % 7))[: 5 + (seq * 13) % 200]
@@ -62,14 +59,19 @@ def write_records(path: Path, n: int) -> list[int]:
     return ends
 
 
-def test_torn_tail_at_every_byte_of_the_last_record_is_ignored(tmp_path: Path) -> None:
+def test_torn_tail_at_every_byte_of_an_unacknowledged_record_is_ignored(tmp_path: Path) -> None:
+    """A crash mid-append leaves frame bytes after the acknowledged end: never replayed, cut off by the next append."""
     path = tmp_path / "journal"
     ends = write_records(path, 4)
-    whole = path.read_bytes()
+    four = path.read_bytes()
+    path.unlink()
+    write_records(path, 3)
+    three = path.read_bytes()  # its watermark acknowledges records 0..2 only
     last_start = ends[-2]
+    assert len(three) == last_start
     assert ends[-1] - last_start < 300  # bounded: one case per byte of the last record
-    for cut in range(last_start, ends[-1]):
-        path.write_bytes(whole[:cut])
+    for cut in range(last_start + 1, ends[-1] + 1):
+        path.write_bytes(three + four[last_start:cut])
         with Journal(path) as j:
             assert [r.seq for r in j.replay()] == [0, 1, 2]
             assert j.torn_tail_nbytes == cut - last_start
@@ -78,14 +80,25 @@ def test_torn_tail_at_every_byte_of_the_last_record_is_ignored(tmp_path: Path) -
             assert [(r.seq, r.key) for r in j.replay()][-1] == (3, "again")
 
 
-def test_flipped_byte_in_the_last_record_is_a_torn_tail(tmp_path: Path) -> None:
+def test_truncation_inside_an_acknowledged_record_is_an_error_naming_the_loss(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    ends = write_records(path, 4)
+    whole = path.read_bytes()
+    for cut in range(ends[-2], ends[-1]):
+        path.write_bytes(whole[:cut])
+        with pytest.raises(JournalCorruptError, match=r"truncated.*lost: acknowledged records seq 3\.\.3"):
+            Journal(path)
+
+
+def test_flipped_byte_in_the_last_record_is_an_error_naming_the_loss(tmp_path: Path) -> None:
     path = tmp_path / "journal"
     ends = write_records(path, 3)
     blob = bytearray(path.read_bytes())
     blob[ends[-1] - 2] ^= 0x01
     path.write_bytes(bytes(blob))
-    with Journal(path) as j:
-        assert [r.seq for r in j.replay()] == [0, 1]
+    with pytest.raises(JournalCorruptError, match=r"crc32c mismatch.*lost: acknowledged records seq 2\.\.2") as info:
+        Journal(path)
+    assert info.value.offset == ends[-2]
 
 
 @pytest.mark.parametrize("where", ["frame-marker", "length", "crc", "payload"])

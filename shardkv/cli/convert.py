@@ -16,7 +16,7 @@ Rules
   array; as a tuple it applies to arrays with that many dimensions only, and
   the others are copied unsharded (the report says which and why). A tuple
   that fits no array at all is an error
-  (:class:`~shardkv.errors.ChunksPerShardMismatchError`) unless
+  (:class:`~shardkv.cli.errors.ChunksPerShardMismatchError`) unless
   ``skip_mismatched``. 0-d arrays and arrays that are already sharded are
   copied unsharded too.
 * Chunk keys outside an array's chunk grid (stale chunks) are skipped and
@@ -48,18 +48,17 @@ in flight, not by the number of chunks.
 Nothing is dropped (issue 20): an array whose sharded form shardkv could not
 read back (an object dtype, for example) is copied unsharded, a node named
 like shardkv's own files is refused
-(:class:`~shardkv.errors.ReservedNameError`), and the finished output is
+(:class:`~shardkv.cli.errors.ReservedNameError`), and the finished output is
 checked to present every array and group of the source
-(:class:`~shardkv.errors.ConversionIncompleteError` otherwise).
+(:class:`~shardkv.cli.errors.ConversionIncompleteError` otherwise).
 """
 
 from __future__ import annotations
 
-import json
 import sys
-import warnings
 from typing import Any, Iterator, Literal, Mapping, Sequence
 
+from shardkv.cli.convert_plan import ChunksPerShard, check_fit, plan_array, warn_nothing_gained
 from shardkv.cli.convert_meta import amend_consolidated, array_metadata, metadata_order, store_as_v3
 from shardkv.cli.convert_report import ArrayReport, ConvertReport
 from shardkv.cli.convert_listing import ArrayListing, HierarchyWalk, iter_array_keys, list_array, walk_hierarchy
@@ -68,21 +67,13 @@ from shardkv.cli.manifest import MANIFEST_KEY as _MANIFEST_KEY
 from shardkv.cli.manifest import Manifest, open_destination, verify_last
 from shardkv.cli.stores import open_store, refuse_regular_file
 from shardkv.engine.temporaries import remove_stale_temporaries
-from shardkv.errors import (
-    ChunksPerShardMismatchError,
-    ConfigurationError,
-    ConversionIncompleteError,
-    DestinationNotEmptyError,
-    SameLocationError,
-    ShardKVError,
-)
+from shardkv.cli.errors import ConversionIncompleteError, DestinationNotEmptyError, SameLocationError
+from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
 from shardkv.keys.paths import join_path
 from shardkv.metadata.chunks_per_shard import check_chunks_per_shard
 from shardkv.metadata.documents import META_NAMES
-from shardkv.metadata.hierarchy import present
 from shardkv.metadata.draft import is_draft_hierarchy
-from shardkv.metadata.v3_view import sharding_spec_from_v3, v3_view_of_v2
 from shardkv.proxy.presenting import PresentingAdapter
 from shardkv.storage.adapters import FSMapAdapter, StoreAdapter
 
@@ -96,8 +87,6 @@ __all__ = [
     "check_chunks_per_shard",
     "convert",
 ]
-
-ChunksPerShard = int | tuple[int, ...]
 
 _WRITE_BATCH_NBYTES = 64 * 2**20  # bytes of finished shards / copied objects held before one batched write
 _WRITE_BATCH_OBJECTS = 64  # objects held before one batched write
@@ -205,69 +194,6 @@ def _copy(src: StoreAdapter, keys: Iterator[str] | Sequence[str], writer: _Write
                 n += 1
                 writer.put(k, value)
         progress.update(len(batch))
-
-
-_UNSHARDABLE = ("already sharded", "0-d", "dtype ")  # reasons that are not a chunks_per_shard mismatch
-
-
-def _plan(
-    path: str, zarray: Mapping[str, Any], meta: Mapping[str, bytes], chunks_per_shard: ChunksPerShard,
-    index_location: str, index_checksum: bool,
-) -> tuple[tuple[int, ...] | None, str | None]:  # fmt: skip
-    """``chunks_per_shard`` for one array, or ``None`` and the reason it stays unsharded.
-
-    An array whose sharded ``zarr.json`` shardkv could not present back as a
-    Zarr v2 array (an object dtype, for example) stays unsharded: sharding it
-    would make it vanish for every reader (issue 20).
-    """
-    ndim = len(zarray["shape"])
-    zjson = meta.get(join_path(path, "zarr.json"))
-    if zjson is not None and sharding_spec_from_v3(json.loads(bytes(zjson)), path) is not None:
-        return None, "already sharded"
-    if ndim == 0:
-        return None, "0-d"
-    if isinstance(chunks_per_shard, int):
-        cps = (chunks_per_shard,) * ndim
-    elif len(chunks_per_shard) != ndim:
-        spec = ",".join(str(c) for c in chunks_per_shard)
-        return None, f"{ndim}-d; chunks_per_shard {spec} is for {len(chunks_per_shard)}-d arrays"
-    else:
-        cps = tuple(chunks_per_shard)
-    zattrs_raw = meta.get(join_path(path, ".zattrs"))
-    try:
-        zattrs = json.loads(bytes(zattrs_raw)) if zattrs_raw is not None else {}
-        layout = ShardLayout.v3(cps, index_location, "little", index_checksum)  # type: ignore[arg-type]
-        readable = ".zarray" in present(v3_view_of_v2(zarray, zattrs, layout).metadata, path)
-    except (ShardKVError, ValueError, TypeError):
-        readable = False
-    if not readable:
-        return None, f"dtype {zarray.get('dtype')!r}: shardkv cannot read a sharded form of it back"
-    return cps, None
-
-
-def _check_fit(
-    plans: Mapping[str, tuple[tuple[int, ...] | None, str | None]], cps: ChunksPerShard, skip_mismatched: bool
-) -> None:
-    """Refuse a ``chunks_per_shard`` tuple that fits no array (unless ``skip_mismatched``)."""
-    if isinstance(cps, int) or skip_mismatched:
-        return
-    candidates = {p: r for p, (c, r) in plans.items() if not (r or "").startswith(_UNSHARDABLE)}
-    mismatched = [(p, r) for p, r in candidates.items() if r is not None]
-    if candidates and len(mismatched) == len(candidates):
-        raise ChunksPerShardMismatchError(",".join(str(c) for c in cps), mismatched, fits_none=True)
-
-
-def _warn_nothing_gained(plans: Mapping[str, tuple[tuple[int, ...] | None, str | None]]) -> None:
-    """Warn when every array would get one chunk per shard: the output has as many objects as the input."""
-    planned = [c for c, _ in plans.values() if c is not None]
-    if planned and all(all(n == 1 for n in c) for c in planned):
-        warnings.warn(
-            "chunks per shard of 1 along every dimension: each shard holds one chunk, so the output has "
-            "as many objects as the source plus an index in each (nothing is gained); use a larger "
-            "--chunks-per-shard",
-            UserWarning,
-            stacklevel=3,
-        )
 
 
 # -- the conversion ----------------------------------------------------------------
@@ -421,10 +347,10 @@ class _Job:
         wanted = [join_path(p, n) for p in walk.arrays for n in sorted(META_NAMES)]
         meta = source.get_many(wanted)  # the arrays' documents (5 names per array), one batch
         plans = {
-            p: _plan(p, z, meta, self.cps, self.index_location, self.index_checksum) for p, z in walk.arrays.items()
+            p: plan_array(p, z, meta, self.cps, self.index_location, self.index_checksum) for p, z in walk.arrays.items()
         }
-        _check_fit(plans, self.cps, skip_mismatched)
-        _warn_nothing_gained(plans)
+        check_fit(plans, self.cps, skip_mismatched)
+        warn_nothing_gained(plans)
         manifest = open_destination(self.target, self.dst_name, self.src_name, self.options(), overwrite)
         if manifest is None:
             raise DestinationNotEmptyError(self.dst_name)

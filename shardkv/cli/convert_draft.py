@@ -22,7 +22,8 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
-from shardkv.errors import ConfigurationError, DestinationNotEmptyError, InvalidKeyError
+from shardkv.cli.errors import DestinationNotEmptyError
+from shardkv.errors import ConfigurationError, InvalidKeyError
 from shardkv.keys.paths import owning_array
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
 from shardkv.metadata.documents import dump_json, load_json

@@ -8,7 +8,7 @@ chunk. This module walks the hierarchy instead:
   listings are small): a directory with a ``.zarray`` is an array, one with
   anything else is walked further. Names shardkv reserves for itself
   (``*.shardkv-tmp-*``, ``.shardkv-locks``) are refused when they name an
-  array or a group (:class:`~shardkv.errors.ReservedNameError`), never dropped.
+  array or a group (:class:`~shardkv.cli.errors.ReservedNameError`), never dropped.
 * :func:`list_array` then reads one array's keys once, as a stream: local
   directories with ``os.scandir`` (one directory entry at a time), other
   stores through :meth:`StoreAdapter.iter_keys`. Each in-grid chunk key sets
@@ -29,7 +29,8 @@ from typing import Any, Iterator, Mapping
 
 from fsspec.implementations.local import LocalFileSystem
 
-from shardkv.errors import ConfigurationError, NotAHierarchyError, ReservedNameError
+from shardkv.cli.errors import NotAHierarchyError, ReservedNameError
+from shardkv.errors import ConfigurationError
 from shardkv.keys.encodings import V2ChunkKeyEncoding, grid_shape
 from shardkv.keys.paths import join_path, path_prefix
 from shardkv.metadata.documents import META_NAMES

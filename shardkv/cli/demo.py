@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from shardkv.errors import DemoError
+from shardkv.cli.errors import DemoError
 
 __all__ = [
     "DemoError", "make_demo_input", "run_demo", "run_demo_in", "zarr2_available", "zarr3_available", "DEMO_MARKER",

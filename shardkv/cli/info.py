@@ -26,11 +26,13 @@ from shardkv.cli.info_draft import inspect_draft
 from shardkv.cli.info_format import format_info  # re-exported: the table lives there
 from shardkv.cli.info_model import ArrayInfo, _sizes, shard_stats
 from shardkv.cli.stores import open_store
-from shardkv.errors import ConfigurationError, NotAHierarchyError
+from shardkv.cli.errors import NotAHierarchyError
+from shardkv.errors import ConfigurationError, MetadataError
 from shardkv.keys.encodings import V2ChunkKeyEncoding, grid_shape
 from shardkv.keys.paths import owning_array, path_prefix
-from shardkv.metadata.documents import META_NAMES
+from shardkv.metadata.documents import META_NAMES, load_json, unreadable_documents
 from shardkv.metadata.draft import is_draft_hierarchy
+from shardkv.metadata.v2_view import unusable_sharding
 from shardkv.metadata.v3_view import v2_dimension_separator, v3_view_of_v2
 from shardkv.proxy.presenting import PresentingAdapter
 from shardkv.proxy.store import ShardedStore
@@ -229,7 +231,7 @@ def classify_array(path: str, zarray: Mapping[str, Any], keys: Iterable[str]) ->
     return out
 
 
-def read_hierarchy(store: StoreAdapter, name: str = "store") -> Hierarchy:
+def read_hierarchy(store: StoreAdapter, name: str = "store", strict: bool = True) -> Hierarchy:
     """List a Zarr v2 hierarchy once and sort its keys (one listing, one batched metadata read).
 
     Parameters
@@ -238,6 +240,9 @@ def read_hierarchy(store: StoreAdapter, name: str = "store") -> Hierarchy:
         The store holding the hierarchy.
     name : str
         How to call the store in errors (its URL or path).
+    strict : bool
+        Refuse a hierarchy with an unreadable ``zarr.json`` or ``.zgroup``
+        (else the node would silently be left out); ``verify`` reports them itself.
 
     Raises
     ------
@@ -255,6 +260,17 @@ def read_hierarchy(store: StoreAdapter, name: str = "store") -> Hierarchy:
         hint = " (it has a zarr.json: Zarr v3?)" if "zarr.json" in key_set else ""
         raise NotAHierarchyError(f"{name} is not a Zarr v2 hierarchy: no .zgroup or .zarray at its root{hint}")
     zarray_keys = [k for k in keys if k.rpartition("/")[2] == ".zarray"]
+    if strict:
+        node_keys = [k for k in keys if k.rpartition("/")[2] in ("zarr.json", ".zgroup")]
+        node_docs = store.get_many(node_keys)
+        problems = unreadable_documents(node_docs)
+        for key, raw in node_docs.items():
+            doc = None if key in problems or not key.endswith("zarr.json") else load_json(key, raw)
+            reason = unusable_sharding(doc, key.rpartition("/")[0]) if isinstance(doc, dict) else None
+            if reason is not None:
+                problems[key] = reason
+        for key, reason in sorted(problems.items()):
+            raise MetadataError(key, f"{reason} (in {name}; the node would be left out: repair or remove it)")
     docs = store.get_many(zarray_keys)
     zarrays: dict[str, dict[str, Any]] = {}
     for k in zarray_keys:

@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from shardkv.cli.info_model import ArrayInfo, _sizes, shard_stats
-from shardkv.errors import NotAHierarchyError
+from shardkv.cli.errors import NotAHierarchyError
 from shardkv.keys.encodings import grid_shape
 from shardkv.proxy.draft import DraftShardedStore
 from shardkv.storage.adapters import StoreAdapter

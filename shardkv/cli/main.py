@@ -19,7 +19,8 @@ from typing import Any, Callable, NoReturn, Sequence
 
 from shardkv._version import __version__
 from shardkv.cli import help_texts as texts
-from shardkv.errors import ArrayNotFoundError, ShardKVError, StoreAccessError
+from shardkv.cli.errors import ArrayNotFoundError, StoreAccessError
+from shardkv.errors import ShardKVError
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
@@ -301,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"shardkv {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the Python traceback of an unexpected error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add, _ in COMMANDS.values():
         add(sub)
@@ -334,6 +336,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"shardkv {args.command}: interrupted{_RESUME.get(args.command, '')}", file=sys.stderr)
         return 130
+    except (Exception, RecursionError, MemoryError) as exc:  # noqa: BLE001 - one line, never a traceback
+        if args.debug:
+            raise
+        print(f"shardkv {args.command}: error: unexpected {type(exc).__name__} working on {_stores_named(args)}: "
+              f"{' '.join(str(exc).split())[:500]} (run 'shardkv --debug {args.command} ...' for the traceback)",
+              file=sys.stderr)  # fmt: skip
+        return 1
 
 
 _RESUME = {

@@ -33,7 +33,8 @@ from typing import Any, Callable, Mapping
 
 import msgpack
 
-from shardkv.errors import ManifestMismatchError, ShardKVError
+from shardkv.cli.errors import ManifestMismatchError
+from shardkv.errors import ShardKVError
 from shardkv.storage.adapters import StoreAdapter
 
 __all__ = [

@@ -8,7 +8,7 @@ object passed to fsspec, e.g. ``{"anon": false, "client_kwargs":
 * on object stores with buckets (``s3://``, ``gs://``, ``az://`` ...) it lists
   the bucket once, so a missing endpoint, a missing bucket, missing or wrong
   credentials and a denied permission are reported as one line naming the URL
-  (:class:`~shardkv.errors.StoreAccessError`); a bucket is never created.
+  (:class:`~shardkv.cli.errors.StoreAccessError`); a bucket is never created.
   Missing or refused credentials are called that ("credentials"), not an
   unreachable store. The probe of an S3 store is made with connect retries
   capped (:data:`PROBE_CONFIG`), so a wrong endpoint fails in seconds rather
@@ -29,7 +29,8 @@ from typing import Any, Mapping
 import fsspec
 from fsspec.mapping import FSMap
 
-from shardkv.errors import ConfigurationError, DestinationIsFileError, StoreAccessError
+from shardkv.cli.errors import DestinationIsFileError, StoreAccessError
+from shardkv.errors import ConfigurationError
 from shardkv.storage.adapters import FSMapAdapter, StoreAdapter, adapt
 
 __all__ = ["parse_storage_options", "open_store", "store_errors", "describe", "is_url", "refuse_regular_file"]

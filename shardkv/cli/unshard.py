@@ -30,7 +30,9 @@ from shardkv.cli.convert_tasks import shard_index
 from shardkv.cli.info import META_NAMES, read_hierarchy
 from shardkv.cli.manifest import UNSHARD_MANIFEST_KEY, Manifest, open_destination
 from shardkv.cli.stores import open_store, refuse_regular_file
-from shardkv.errors import DestinationNotEmptyError, UnsupportedError
+from shardkv.engine.temporaries import remove_stale_temporaries
+from shardkv.cli.errors import DestinationNotEmptyError
+from shardkv.errors import UnsupportedError
 from shardkv.keys.space import ShardedArray
 from shardkv.proxy.presenting import PresentingAdapter
 from shardkv.storage.adapters import StoreAdapter
@@ -178,6 +180,9 @@ def unshard(
     manifest = open_destination(target, dst_name, src_name, {"unshard": 1}, overwrite, key=UNSHARD_MANIFEST_KEY)
     if manifest is None:
         raise DestinationNotEmptyError(dst_name)
+    # the writers of an interrupted run are gone (the manifest is this run's): their temporary
+    # files are stale whatever their age
+    remove_stale_temporaries(target, min_age_seconds=0)
     report = UnshardReport(src_name, dst_name, objects_before=len(hierarchy.keys))
     out = _Out(target)
     meta: list[str] = [k for k in hierarchy.group_keys if k.rpartition("/")[2] in META_NAMES and not _v3_node(source, k)]

@@ -24,9 +24,13 @@ CRC32C, every entry inside the shard, not overlapping the index or another
 entry, no overflow); with --decode also decode every inner chunk with the
 array's compressor and filters. Also lists keys that look like chunk keys but
 lie outside an array's shard grid (reported only), chunk-like keys left by
-deleted arrays, and temporary files of killed writers older than --temp-age
-seconds. --repair removes only those last two kinds; damaged shards are
-reported, never deleted. Exit status 1 when anything is damaged.
+deleted arrays (orphans), metadata documents that cannot be read, and
+temporary files of killed writers older than --temp-age seconds. --repair
+removes only what is proven garbage: the stale temporaries. Orphans are
+removed only with --remove-orphans (run verify first: they are listed);
+nothing under an array or group whose metadata cannot be read is ever
+removed, and damaged shards are reported, never deleted. Exit status 1 when
+anything is damaged or left.
 """
 
 
@@ -42,7 +46,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("store", metavar="STORE", help="a sharded hierarchy: a path or an fsspec URL")
     p.add_argument("--decode", action="store_true", help="also decode every stored inner chunk")
-    p.add_argument("--repair", action="store_true", help="remove stale temporary files and shards of deleted arrays")
+    p.add_argument("--repair", action="store_true", help="remove stale temporary files (proven garbage only)")
+    p.add_argument("--remove-orphans", action="store_true",
+                   help="remove chunk-like keys of paths without array metadata (verify lists them)")  # fmt: skip
     p.add_argument("--temp-age", metavar="SECONDS", type=float, default=3600.0,
                    help="age (seconds) from which a temporary file counts as stale (default 3600)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -56,8 +62,12 @@ def _summary(store: str, report: Any) -> str:
             lines.append(f"  DAMAGED {shard.shard_key}: {problem}")
     for key in report.stray_keys:
         lines.append(f"  STRAY {key}: chunk-like key outside the array's shard grid")
+    for key, reason in report.unreadable_metadata.items():
+        lines.append(f"  UNREADABLE {key}: {reason}")
+    if report.kept_keys:
+        lines.append(f"  KEPT {len(report.kept_keys)} keys under unreadable metadata (never removed)")
     for key in report.orphan_keys:
-        lines.append(f"  ORPHAN {key}: chunk-like key of a deleted array")
+        lines.append(f"  ORPHAN {key}: chunk-like key of a path with no array metadata (--remove-orphans removes it)")
     for path in report.stale_temporaries:
         lines.append(f"  STALE {path}: temporary file of a killed writer")
     for item in report.removed:
@@ -77,10 +87,12 @@ def run(args: argparse.Namespace) -> int:
         If the store cannot be reached or used.
     """
     adapter = open_store(args.store, args.storage_options)
-    read_hierarchy(PresentingAdapter(adapter), args.store)  # a missing or empty store, or no hierarchy, is an error
+    # a missing or empty store, or no hierarchy, is an error; unreadable nodes are reported below, not raised
+    read_hierarchy(PresentingAdapter(adapter), args.store, strict=False)
     store = ShardedStore(adapter)
     try:
-        report = verify_store(store, decode=args.decode, repair=args.repair, min_temp_age=args.temp_age)
+        report = verify_store(store, decode=args.decode, repair=args.repair, min_temp_age=args.temp_age,
+                              remove_orphans=args.remove_orphans)  # fmt: skip
     finally:
         store.base.close()
     print(json.dumps(report.to_json(), indent=2) if args.json else _summary(args.store, report))

@@ -7,6 +7,7 @@ imported: importing any ``shardkv.codecs.*`` module imports this package
 first, so :func:`~shardkv.codecs.inner.codec_from_config` always knows it.
 """
 
+from shardkv.codecs import numcodecs_v3  # noqa: F401 - registers the v2 filter and object codecs
 from shardkv.codecs.inner import register_codec
 from shardkv.codecs.sharding import ShardingCodec
 

@@ -19,6 +19,11 @@ v3 name                       kind             implementation
 ``blosc``                     bytes -> bytes   numcodecs ``Blosc`` (typesize honoured)
 ``crc32c``                    bytes -> bytes   4-byte little-endian CRC32C appended
 ``numcodecs.<id>``            bytes -> bytes   any numcodecs codec (zarr-python 3's names)
+``numcodecs.delta`` ...       array -> array   :mod:`shardkv.codecs.numcodecs_v3` (zarr-python 3's
+                                               array -> array numcodecs: astype, bitround, delta,
+                                               fixedscaleoffset, packbits, quantize)
+``vlen-utf8``/``vlen-bytes``  array -> bytes   :mod:`shardkv.codecs.numcodecs_v3`
+``shardkv.v2_chunk``          array -> bytes   a whole Zarr v2 chunk encoding no v3 reader has
 ============================  ===============  ==============================
 
 Unknown names and unknown configuration members raise
@@ -35,6 +40,7 @@ from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence
 import numcodecs
 import numpy as np
 
+from shardkv.codecs.bounded import decode_bounded
 from shardkv.errors import ChecksumError, ConfigurationError, CorruptShardError
 from shardkv.format.layout import crc32c_of
 
@@ -237,9 +243,14 @@ class _NumcodecsBacked(Codec):
     def encode(self, data: bytes | memoryview) -> bytes:
         return bytes(self._impl.encode(np.frombuffer(data, dtype=np.uint8)))
 
-    def decode(self, data: bytes | memoryview, key: str = "") -> bytes:
+    def decode(self, data: bytes | memoryview, key: str = "", limit: int | None = None) -> bytes:
+        """Decompress; with ``limit``, stop at (and report) output beyond ``limit`` bytes (:mod:`.bounded`)."""
         try:
+            if limit is not None:
+                return decode_bounded(self._impl, data, limit, key)
             return bytes(self._impl.decode(data))
+        except CorruptShardError:
+            raise
         except (RuntimeError, ValueError, OSError, EOFError, zlib.error) as exc:  # decompression failures
             raise CorruptShardError(key, f"{self.name} could not decode {memoryview(data).nbytes} bytes: {exc}") from exc
 
@@ -412,7 +423,7 @@ def codec_from_config(obj: Any) -> Any:
     if not isinstance(obj, Mapping) or not isinstance(obj.get("name"), str):
         raise ConfigurationError(f"a codec is an object with a string 'name', got {obj!r}")
     name = obj["name"]
-    if name.startswith("numcodecs."):
+    if name.startswith("numcodecs.") and name not in _REGISTRY:  # array -> array ones are registered by name
         return NumcodecsCodec.from_config(obj)
     if name not in _REGISTRY:
         raise ConfigurationError(f"unknown codec {name!r}; known: {sorted(_REGISTRY)} and numcodecs.<id>")
@@ -477,12 +488,15 @@ class CodecPipeline:
         CorruptShardError, ChecksumError
             If the bytes cannot be decoded (``key`` is named in the error).
         """
-        for c in reversed(self.bytes_to_bytes):
-            data = c.decode(data, key)
-        shapes = [tuple(shape)]
-        for c in self.array_to_array:
+        shapes, dtypes = [tuple(shape)], [np.dtype(dtype)]
+        for c in self.array_to_array:  # what each array -> array codec hands on (numcodecs ones may cast)
             shapes.append(c.resolve_shape(shapes[-1]))
-        array = self.array_to_bytes.decode(data, shapes[-1], dtype, fill_value, key)
-        for c in reversed(self.array_to_array):
-            array = c.decode(array)
+            dtypes.append(c.resolve_dtype(dtypes[-1]) if hasattr(c, "resolve_dtype") else dtypes[-1])
+        size_of = getattr(self.array_to_bytes, "encoded_size", None)
+        limit = None if size_of is None else size_of(shapes[-1], dtypes[-1]) + 64 * len(self.bytes_to_bytes)
+        for c in reversed(self.bytes_to_bytes):  # a decompressor stops at the chunk's declared size (+ checksums)
+            data = c.decode(data, key, limit) if isinstance(c, _NumcodecsBacked) else c.decode(data, key)
+        array = self.array_to_bytes.decode(data, shapes[-1], dtypes[-1], fill_value, key)
+        for i, c in reversed(list(enumerate(self.array_to_array))):
+            array = c.decode(array).reshape(shapes[i])
         return array.astype(dtype, copy=False)

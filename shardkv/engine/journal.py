@@ -1,39 +1,69 @@
 """A write-ahead journal of chunk writes for write-back mode: framed msgpack records, fsync'd.
 
-A :class:`Journal` is one local file. Write-back code appends the chunk
-writes it buffers (:meth:`Journal.append` returns only once they are on
-disk), writes the shards later, and calls :meth:`Journal.reset` once those
-shards are durable. After a crash, :meth:`Journal.replay` yields every record
-whose ``append`` returned, in order, to be written again.
+A :class:`Journal` is one local file that belongs to one store. Write-back
+code appends the chunk writes it buffers (:meth:`Journal.append` returns
+only once they are on disk), writes the shards later, and calls
+:meth:`Journal.reset` once those shards are durable. After a crash,
+:meth:`Journal.replay` yields every record whose ``append`` returned, in
+order, to be written again.
 
 File layout (all integers little endian)::
 
-    header (28 bytes):  b"SHARDKV-JOURNAL1" | start_seq uint64 | crc32c uint32 of the 24 bytes before
-    frame, repeated:    b"SKJR" | nbytes uint32 | crc32c uint32 | payload (nbytes bytes)
-                        payload = msgpack [seq, key, value]  (value: bytes, or nil for a deletion)
-                        crc32c covers the nbytes field and the payload
+    magic (16 bytes):     b"SHARDKV-JOURNAL2"
+    2 watermark slots:    b"SKJW" | gen uint64 | end uint64 | next_seq uint64 | crc32c uint32
+                          (32 bytes each, at bytes 16 and 48: one 512-byte sector)
+    identity block:       nbytes uint32 | start_seq uint64 | crc32c uint32 | identity (msgpack map)
+                          crc32c covers nbytes, start_seq and the identity
+    frame, repeated:      b"SKJR" | nbytes uint32 | crc32c uint32 | payload (nbytes bytes)
+                          payload = msgpack [seq, key, value, layout]  (value: bytes, or nil for a deletion;
+                          layout: str, the array's layout, left out when empty)
+                          crc32c covers the nbytes field and the payload
 
-Sequence numbers start at the header's ``start_seq`` and grow by one per
-record, across :meth:`~Journal.reset` too.
+Sequence numbers start at the identity block's ``start_seq`` and grow by one
+per record, across :meth:`~Journal.reset` too.
+
+Identity
+--------
+The identity block is a msgpack map of str to str that names the store the
+journal protects (the proxy stores ``location``, ``store_id`` and
+``layout``: see :meth:`shardkv.proxy.writes.ShardWriter.attach_journal`).
+Opening a journal that holds records with a different identity raises
+:class:`~shardkv.errors.JournalMismatchError` naming both: its records are
+never replayed into another store. A journal without records is simply
+stamped with the new identity.
 
 Durability policy
 -----------------
-* :meth:`Journal.append` writes all frames of the call with ``write`` and then
-  ``fsync``\\ s the file once (group commit): when it returns, every record of
-  the call survives a process kill and a power loss. When it raises, none of
-  the call's records is acknowledged; the file is cut back to its previous
-  end (so a failed append never leaves a torn frame before later ones).
+* The *acknowledged end* of the journal is the ``end`` of the valid watermark
+  slot with the highest ``gen``. :meth:`Journal.append` writes the frames of
+  the call, ``fdatasync``\\ s them, then writes the other slot (``gen + 1``,
+  the new end) and ``fdatasync``\\ s again: when it returns, every record of
+  the call survives a process kill and a power loss. When it raises, none
+  of the call's records is acknowledged, and none will ever be replayed (the
+  slot is put back, the file cut back to its previous end).
+* Every byte up to the acknowledged end must check: a frame whose checksum
+  fails, a sequence gap, a file shorter than the acknowledged end, or a
+  damaged watermark slot raises :class:`~shardkv.errors.JournalCorruptError`
+  naming the records lost (``on_corrupt="stop"`` yields the records before
+  the damage instead). Nothing acknowledged is ever dropped silently.
+* Bytes after the acknowledged end are a torn tail (a kill or power loss in
+  the middle of an append, or an append that raised): never replayed,
+  reported in :attr:`Journal.torn_tail_nbytes`, cut off by the next append.
 * The journal file is created, and reset, atomically: a temporary file with
-  the header is fsync'd, renamed over the journal, and the directory fsync'd.
-* A kill or power loss in the middle of an append leaves a torn tail: a
-  short frame, or one whose checksum does not match. :meth:`~Journal.replay`
-  ignores it, and the next append cuts it off first.
-* A frame that does not check *followed by frames that do* is not a torn
-  tail: acknowledged records would be lost by skipping it, so
-  :meth:`~Journal.replay` raises :class:`~shardkv.errors.JournalCorruptError`
-  (``on_corrupt="stop"`` yields the records before it instead).
+  the header is fsync'd, renamed (reset) or hard-linked (create, never
+  replacing a file another process created) over the journal, and the
+  directory fsync'd.
 
-One process writes a journal at a time (an advisory ``flock`` is taken).
+Locking
+-------
+One process writes a journal at a time. The file itself is the lock: an
+exclusive ``flock`` on a read-write descriptor, taken *before* anything is
+read or created (a new journal is locked before it gets its name) and held
+until :meth:`Journal.close`. After locking, the descriptor is checked to
+still be the file at ``path`` (a reset by the previous holder replaces it),
+else it is reopened. A journal locked by another process raises
+:class:`~shardkv.errors.JournalLockedError` at once. Journal files are
+created ``0600``: nobody else can lock them.
 """
 
 from __future__ import annotations
@@ -48,26 +78,31 @@ from typing import Iterable, Iterator, Literal
 
 import msgpack
 
-from shardkv.errors import JournalCorruptError
+from shardkv.errors import JournalCorruptError, JournalLockedError, JournalMismatchError
+from shardkv.format.journal_frames import (
+    FRAME_MAGIC,
+    IDENT,
+    IDENT_OFFSET,
+    MAGIC,
+    MAX_IDENT_NBYTES,
+    OLD_MAGIC,
+    SLOT_OFFSETS,
+    Identity,
+    JournalRecord,
+    decode_frame,
+    decode_slot,
+    describe_identity,
+    encode_frame,
+    encode_header,
+    encode_slot,
+    RecordItem,
+    make_records,
+)
 from shardkv.format.layout import crc32c_of
 
 __all__ = ["Journal", "JournalRecord"]
 
-_MAGIC = b"SHARDKV-JOURNAL1"
-_HEADER = struct.Struct("<16sQ")  # magic, start_seq
-_HEADER_NBYTES = _HEADER.size + 4
-_FRAME_MAGIC = b"SKJR"
-_FRAME = struct.Struct("<4sII")  # magic, nbytes, crc32c
-_MAX_RECORD_NBYTES = 2**31  # a length field beyond this is damage, never an allocation
-
-
-@dataclass(frozen=True, slots=True)
-class JournalRecord:
-    """One journalled write: ``value`` None means the key was deleted."""
-
-    seq: int
-    key: str
-    value: bytes | None
+_OPEN_ATTEMPTS = 100  # lock-then-verify retries when the file is replaced under us (bounded)
 
 
 def _fsync_dir(path: str) -> None:
@@ -78,32 +113,27 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _encode_frame(record: JournalRecord) -> bytes:
-    payload = msgpack.packb([record.seq, record.key, record.value], use_bin_type=True)
-    length = struct.pack("<I", len(payload))
-    return _FRAME_MAGIC + length + struct.pack("<I", crc32c_of(length + payload)) + payload
+def _datasync(fd: int) -> None:
+    (getattr(os, "fdatasync", None) or os.fsync)(fd)
 
 
-def _decode_frame(data: memoryview, pos: int) -> tuple[JournalRecord, int] | str:
-    """The record at ``pos`` and the position after it, or why there is none."""
-    if len(data) - pos < _FRAME.size:
-        return f"short frame header ({len(data) - pos} bytes)"
-    magic, nbytes, stored = _FRAME.unpack_from(data, pos)
-    if magic != _FRAME_MAGIC:
-        return "no frame marker"
-    if nbytes > _MAX_RECORD_NBYTES or pos + _FRAME.size + nbytes > len(data):
-        return f"frame of {nbytes} bytes runs past the end of the file"
-    payload = data[pos + _FRAME.size : pos + _FRAME.size + nbytes]
-    computed = crc32c_of(bytes(data[pos + 4 : pos + 8]) + bytes(payload))
-    if stored != computed:
-        return f"crc32c mismatch: stored 0x{stored:08x}, computed 0x{computed:08x}"
-    try:
-        seq, key, value = msgpack.unpackb(payload, raw=False)
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:  # crc matched: written wrong, not torn
-        return f"undecodable payload: {exc}"
-    if not isinstance(seq, int) or not isinstance(key, str) or not (value is None or isinstance(value, bytes)):
-        return "payload is not [seq, key, value]"
-    return JournalRecord(seq, key, value), pos + _FRAME.size + nbytes
+def _write_all(fd: int, data: bytes | memoryview, pos: int) -> int:
+    view = memoryview(data)
+    while len(view):
+        n = os.pwrite(fd, view, pos)
+        view, pos = view[n:], pos + n
+    return pos
+
+
+@dataclass(frozen=True, slots=True)
+class _Scan:
+    records: list[JournalRecord]
+    start_seq: int
+    identity: dict[str, str]
+    data_start: int
+    acked_end: int  # end of the last acknowledged record (== where the scan stopped when damaged)
+    gen: int  # generation of the current watermark slot
+    torn_tail_nbytes: int
 
 
 class Journal:
@@ -113,105 +143,227 @@ class Journal:
     ----------
     path : str or os.PathLike
         The journal file; created (empty, ``start_seq`` 0) if missing.
+    identity : mapping of str to str, optional
+        The store the journal belongs to (``location``, ``store_id``,
+        ``layout`` by convention). A new journal records it; an existing one
+        holding records must have been created with an equal identity. ``None``
+        (inspection, tests) accepts any journal and records ``{}``.
 
     Raises
     ------
     JournalCorruptError
-        If the file exists but its header is not a journal header, or it is
-        damaged before its last record.
-    BlockingIOError
-        If another process holds the journal open for writing.
+        If the file exists but is not a journal, or an acknowledged record is
+        damaged or missing (the message names the records lost).
+    JournalMismatchError
+        If the journal holds records of a store with another identity.
+    JournalLockedError
+        If another process holds the journal open (a ``BlockingIOError``).
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], identity: Identity | None = None) -> None:
+        self._fd = -1
         self.path = os.fspath(path)
-        if not os.path.exists(self.path):
-            self._create(0)
-        self._fd = os.open(self.path, os.O_RDWR)
+        self._fd = self._open_locked()
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            records, self._end, self.torn_tail_nbytes = self._scan("raise")
+            scan = self._scan("raise")
+            if identity is not None and dict(identity) != scan.identity:
+                if scan.records:
+                    raise JournalMismatchError(
+                        self.path, f"store {describe_identity(scan.identity)}", f"store {describe_identity(identity)}",
+                        len(scan.records),
+                    )  # fmt: skip
+                self._identity = dict(identity)
+                self._adopt(scan)
+                self.reset()  # an empty journal: stamped with this store's identity
+                return
         except BaseException:
-            os.close(self._fd)
+            self.close()
             raise
-        self._next_seq = records[-1].seq + 1 if records else self._start_seq
+        self._identity = scan.identity
+        self._adopt(scan)
+
+    def _adopt(self, scan: _Scan) -> None:
+        self._start_seq = scan.start_seq
+        self._data_start = scan.data_start
+        self._end = scan.acked_end
+        self._gen = scan.gen
+        self.torn_tail_nbytes = scan.torn_tail_nbytes
+        self._next_seq = scan.records[-1].seq + 1 if scan.records else scan.start_seq
 
     # -- file ---------------------------------------------------------------------------
 
-    def _create(self, start_seq: int, frames: bytes = b"") -> None:
-        """Atomically make ``path`` a journal starting at ``start_seq`` holding ``frames``."""
-        body = _HEADER.pack(_MAGIC, start_seq)
-        tmp = f"{self.path}.{uuid.uuid4().hex}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
+    def _open_locked(self) -> int:
+        """A locked read-write descriptor of the file now at ``path`` (created, locked, if missing)."""
+        for _ in range(_OPEN_ATTEMPTS):
             try:
-                data = memoryview(body + struct.pack("<I", crc32c_of(body)) + frames)
-                while len(data):
-                    data = data[os.write(fd, data) :]
-                os.fsync(fd)
-            finally:
+                fd = os.open(self.path, os.O_RDWR)
+            except FileNotFoundError:
+                created = self._create_new()
+                if created is None:  # another process created it first: open theirs
+                    continue
+                return created
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise JournalLockedError(self.path) from None
+                try:
+                    current = os.stat(self.path)
+                except FileNotFoundError:
+                    current = None
+                mine = os.fstat(fd)
+                if current is not None and (current.st_ino, current.st_dev) == (mine.st_ino, mine.st_dev):
+                    return fd
+            except BaseException:
                 os.close(fd)
-            os.replace(tmp, self.path)
+                raise
+            os.close(fd)  # replaced by a reset of the previous holder: lock the new file
+        raise JournalLockedError(self.path, f"replaced {_OPEN_ATTEMPTS} times while being opened")
+
+    def _write_temp(self, data: bytes) -> tuple[str, int]:
+        """A locked, fsync'd temporary file holding ``data`` beside the journal: ``(name, fd)``."""
+        tmp = f"{self.path}.{uuid.uuid4().hex}.tmp"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new inode: nobody else has it yet
+            _write_all(fd, data, 0)
+            os.fsync(fd)
         except BaseException:
+            os.close(fd)
             with contextlib.suppress(FileNotFoundError):
                 os.remove(tmp)
             raise
-        _fsync_dir(self.path)
+        return tmp, fd
 
-    def _scan(self, on_corrupt: Literal["raise", "stop"]) -> tuple[list[JournalRecord], int, int]:
-        """Records, the end of the last valid frame, and the bytes of a torn tail after it."""
+    def _create_new(self) -> int | None:
+        """Create an empty journal at ``path`` (locked from birth); None if another process got there first."""
+        tmp, fd = self._write_temp(encode_header(0, {}))
+        try:
+            try:
+                os.link(tmp, self.path)
+            except FileExistsError:
+                os.close(fd)
+                return None
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(tmp)
+            _fsync_dir(self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            raise
+        return fd
+
+    def _scan(self, on_corrupt: Literal["raise", "stop"]) -> _Scan:
+        """Parse the whole file: records up to the acknowledged end, and the torn tail after it."""
         size = os.fstat(self._fd).st_size
         data = memoryview(os.pread(self._fd, size, 0))
-        if len(data) < _HEADER_NBYTES:
-            raise JournalCorruptError(self.path, 0, f"file of {len(data)} bytes is shorter than the header")
-        magic, start_seq = _HEADER.unpack_from(data, 0)
-        (stored,) = struct.unpack_from("<I", data, _HEADER.size)
-        if magic != _MAGIC or stored != crc32c_of(data[: _HEADER.size]):
+        if bytes(data[:16]) == OLD_MAGIC:
+            raise JournalCorruptError(
+                self.path, 0, "a journal of an older shardkv (format 1): replay it with that version, then delete it"
+            )
+        if bytes(data[:16]) != MAGIC:
             raise JournalCorruptError(self.path, 0, "not a shardkv journal header")
-        self._start_seq = start_seq
+        if len(data) < IDENT_OFFSET + IDENT.size + 4:
+            raise JournalCorruptError(self.path, 0, f"file of {len(data)} bytes is shorter than a journal header")
+        nbytes, start_seq = IDENT.unpack_from(data, IDENT_OFFSET)
+        crc_at = IDENT_OFFSET + IDENT.size
+        data_start = crc_at + 4 + nbytes
+        if nbytes > MAX_IDENT_NBYTES or data_start > len(data):
+            raise JournalCorruptError(self.path, IDENT_OFFSET, "identity block runs past the end of the file")
+        (stored,) = struct.unpack_from("<I", data, crc_at)
+        if stored != crc32c_of(bytes(data[IDENT_OFFSET:crc_at]) + bytes(data[crc_at + 4 : data_start])):
+            raise JournalCorruptError(self.path, IDENT_OFFSET, "identity block fails its crc32c")
+        try:
+            identity = msgpack.unpackb(data[crc_at + 4 : data_start], raw=False)
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            raise JournalCorruptError(self.path, IDENT_OFFSET, f"undecodable identity block: {exc}") from None
+        if not isinstance(identity, dict) or not all(isinstance(v, str) for v in identity.values()):
+            raise JournalCorruptError(self.path, IDENT_OFFSET, "identity block is not a map of strings")
+        slots = [decode_slot(data, off) for off in SLOT_OFFSETS]
+        for off, slot in zip(SLOT_OFFSETS, slots):
+            if slot is None:  # slot writes are one sector: a bad one is damage, not a torn write
+                raise JournalCorruptError(
+                    self.path, off, "a watermark slot fails its crc32c: which records were acknowledged is lost"
+                )
+        gen, acked_end, acked_next = max(slot for slot in slots if slot is not None)
+        if acked_end < data_start:
+            raise JournalCorruptError(self.path, SLOT_OFFSETS[0], f"watermark end {acked_end} precedes the records")
         records: list[JournalRecord] = []
-        pos = _HEADER_NBYTES
+        pos = data_start
         expected = start_seq
-        while pos < len(data):
-            result = _decode_frame(data, pos)
+        while pos < acked_end:
+            result = decode_frame(data[:acked_end], pos)
             if not isinstance(result, str):
-                record, nxt = result  # type: ignore[misc]
-                if record.seq != expected:
-                    result = f"sequence number {record.seq}, expected {expected}"
-                else:
+                record, nxt = result
+                if record.seq == expected:
                     records.append(record)
                     expected += 1
                     pos = nxt
                     continue
-            if on_corrupt == "raise" and self._valid_frame_after(data, pos + 1):
-                raise JournalCorruptError(self.path, pos, f"{result}, and valid records follow it")
-            return records, pos, len(data) - pos
-        return records, pos, 0
+                result = f"sequence number {record.seq}, expected {expected}"
+            if on_corrupt == "stop":
+                break
+            raise self._loss(data, pos, acked_end, expected, acked_next, result)
+        else:
+            if expected != acked_next:
+                raise JournalCorruptError(
+                    self.path, pos, f"the watermark acknowledges records up to seq {acked_next - 1}, "
+                    f"the file holds them up to seq {expected - 1}"
+                )  # fmt: skip
+        return _Scan(records, start_seq, identity, data_start, pos, gen, max(len(data) - acked_end, 0))
+
+    def _loss(
+        self, data: memoryview, pos: int, acked_end: int, expected: int, acked_next: int, why: str
+    ) -> JournalCorruptError:
+        """The error for damage at ``pos`` before the acknowledged end: names the records lost."""
+        lost = f"acknowledged records seq {expected}..{acked_next - 1} (bytes {pos}..{acked_end})"
+        if len(data) < acked_end:
+            why = f"{why}; the file ends at byte {len(data)}, before the acknowledged end {acked_end} (truncated)"
+        keys = self._keys_after(data[:acked_end], pos + 1)
+        tail = f", and valid records follow it ({', '.join(keys)})" if keys else ""
+        return JournalCorruptError(self.path, pos, f"{why}{tail}; lost: {lost}")
 
     @staticmethod
-    def _valid_frame_after(data: memoryview, start: int) -> bool:
+    def _keys_after(data: memoryview, start: int, limit: int = 5) -> list[str]:
+        """Keys (as ``seq:key``) of valid frames found after ``start``, at most ``limit``."""
         raw = bytes(data)
-        pos = raw.find(_FRAME_MAGIC, start)
-        while pos != -1:
-            if not isinstance(_decode_frame(data, pos), str):
-                return True
-            pos = raw.find(_FRAME_MAGIC, pos + 1)
-        return False
+        found: list[str] = []
+        pos = raw.find(FRAME_MAGIC, start)
+        while pos != -1 and len(found) < limit:
+            result = decode_frame(data, pos)
+            if not isinstance(result, str):
+                found.append(f"{result[0].seq}:{result[0].key!r}")
+                pos = result[1]
+            else:
+                pos += 1
+            pos = raw.find(FRAME_MAGIC, pos)
+        return found
+
+    def _write_slot(self, gen: int, end: int, next_seq: int) -> None:
+        _write_all(self._fd, encode_slot(gen, end, next_seq), SLOT_OFFSETS[gen % 2])
 
     # -- API ------------------------------------------------------------------------------
+
+    @property
+    def identity(self) -> dict[str, str]:
+        """The identity of the store this journal belongs to (as recorded in its header)."""
+        return dict(self._identity)
 
     @property
     def next_seq(self) -> int:
         """The sequence number the next appended record gets."""
         return self._next_seq
 
-    def append(self, records: Iterable[tuple[str, bytes | None]]) -> list[int]:
+    def append(self, records: Iterable[RecordItem]) -> list[int]:
         """Append ``(key, value)`` records and fsync; returns their sequence numbers.
 
         Parameters
         ----------
-        records : iterable of (str, bytes or None)
+        records : iterable of (str, bytes or None) or (str, bytes or None, str)
             Chunk key and encoded value (bytes); ``None`` records a deletion.
+            An optional third item describes the array's layout
+            (:attr:`JournalRecord.layout`).
 
         Returns
         -------
@@ -221,89 +373,103 @@ class Journal:
         Raises
         ------
         OSError
-            A write or the fsync failed: nothing of this call is acknowledged,
-            and the file has been cut back to its previous end.
+            A write or an fsync failed: nothing of this call is acknowledged
+            (none of it is ever replayed), and the file has been cut back to
+            its previous end.
         TypeError
             If a key is not a str or a value not bytes-like or None.
+        ValueError
+            If the journal is closed.
         """
-        batch: list[JournalRecord] = []
-        for key, value in records:
-            if not isinstance(key, str):
-                raise TypeError(f"journal keys are str, got {type(key).__name__}")
-            if value is not None:
-                value = bytes(memoryview(value).cast("B"))
-            batch.append(JournalRecord(self._next_seq + len(batch), key, value))
+        if self._fd < 0:
+            raise ValueError(f"journal {self.path!r} is closed")
+        batch = make_records(records, self._next_seq)
         if not batch:
             return []
-        frames = memoryview(b"".join(_encode_frame(r) for r in batch))
+        frames = b"".join(encode_frame(r) for r in batch)
+        gen, next_seq = self._gen + 1, self._next_seq + len(batch)
+        slot_written = False
         try:
-            if self.torn_tail_nbytes:  # a torn frame of an earlier crash: never leave it before new frames
+            if self.torn_tail_nbytes:  # bytes of an unacknowledged append: never leave them before new frames
                 os.ftruncate(self._fd, self._end)
                 self.torn_tail_nbytes = 0
-            pos = self._end
-            while len(frames):
-                n = os.pwrite(self._fd, frames, pos)
-                frames, pos = frames[n:], pos + n
-            os.fsync(self._fd)
+            end = _write_all(self._fd, frames, self._end)
+            _datasync(self._fd)
+            slot_written = True
+            self._write_slot(gen, end, next_seq)
+            _datasync(self._fd)
         except BaseException:
             with contextlib.suppress(OSError):
+                if slot_written:  # the new slot may reach the disk later: make it say the old end
+                    self._write_slot(gen, self._end, self._next_seq)
+                    self._gen = gen
                 os.ftruncate(self._fd, self._end)
+                _datasync(self._fd)
             raise
-        self._end = pos
-        self._next_seq += len(batch)
+        self._gen = gen
+        self._end = end
+        self._next_seq = next_seq
         return [r.seq for r in batch]
 
     def replay(self, on_corrupt: Literal["raise", "stop"] = "raise") -> Iterator[JournalRecord]:
-        """The durable records, in sequence order; a torn last record is left out.
+        """The acknowledged records, in sequence order (a torn tail after them is left out).
 
         Parameters
         ----------
         on_corrupt : {"raise", "stop"}
-            What to do with a damaged frame that valid frames follow:
-            raise (default), or stop before it.
+            What to do with a damaged or missing acknowledged record: raise
+            (default), or stop before it (accepting the loss).
 
         Raises
         ------
         JournalCorruptError
-            With ``on_corrupt="raise"``, for damage before the last record
-            (raised before any record is yielded).
+            With ``on_corrupt="raise"``, for any damage before the
+            acknowledged end (raised before any record is yielded).
         """
-        records, _, _ = self._scan(on_corrupt)
-        yield from records
+        yield from self._scan(on_corrupt).records
 
-    def reset(self, keep: Iterable[tuple[str, bytes | None]] = ()) -> None:
+    def reset(self, keep: Iterable[RecordItem] = ()) -> None:
         """Drop every record (call once their shards are durable); sequence numbers go on.
 
         The journal is replaced atomically by one whose header starts at
         :attr:`next_seq` and that holds only the records ``keep`` (as
         :meth:`append` takes them, fsync'd before the replacement): a crash
-        leaves either the old journal or the new one, never a mix.
+        leaves either the old journal or the new one, never a mix. The new
+        file is locked before it replaces the old one: the lock is never let go.
 
         Parameters
         ----------
-        keep : iterable of (str, bytes or None)
-            Writes still to be kept (not yet durable elsewhere).
+        keep : iterable of (str, bytes or None) or (str, bytes or None, str)
+            Writes still to be kept (not yet durable elsewhere), as :meth:`append` takes them.
         """
+        if self._fd < 0:
+            raise ValueError(f"journal {self.path!r} is closed")
         start = self._next_seq
-        batch = [
-            JournalRecord(start + i, key, None if value is None else bytes(memoryview(value).cast("B")))
-            for i, (key, value) in enumerate(keep)
-        ]
-        frames = b"".join(_encode_frame(r) for r in batch)
-        self._create(start, frames)
-        fd = os.open(self.path, os.O_RDWR)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        batch = make_records(keep, start)
+        frames = b"".join(encode_frame(r) for r in batch)
+        header = encode_header(start, self._identity, len(frames), len(batch))
+        tmp, fd = self._write_temp(header + frames)
+        try:
+            os.replace(tmp, self.path)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+            raise
         os.close(self._fd)
         self._fd = fd
+        _fsync_dir(self.path)
         self._start_seq = start
         self._next_seq = start + len(batch)
-        self._end = _HEADER_NBYTES + len(frames)
+        self._data_start = len(header)
+        self._end = len(header) + len(frames)
+        self._gen = 1
         self.torn_tail_nbytes = 0
 
     @property
     def empty(self) -> bool:
         """True when the journal holds no record (nor a torn tail)."""
-        return self._end == _HEADER_NBYTES and not self.torn_tail_nbytes
+        return self._end == self._data_start and not self.torn_tail_nbytes
 
     @property
     def nbytes(self) -> int:
@@ -313,10 +479,12 @@ class Journal:
     truncate = reset
 
     def close(self) -> None:
-        """Close the file (and release the lock)."""
+        """Close the file (and release the lock). Idempotent."""
         if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+    __del__ = close  # a journal dropped without close() still lets go of its descriptor
 
     def __enter__(self) -> Journal:
         return self

@@ -34,6 +34,7 @@ import crc32c as _crc32c
 import numpy as np
 
 from shardkv.errors import ChecksumError, ConfigurationError, CorruptShardError
+from shardkv.format import limits
 from shardkv.format.index import ShardIndex
 from shardkv.format.ranges import ByteRange
 
@@ -116,7 +117,8 @@ class ShardLayout:
     Raises
     ------
     ConfigurationError
-        If a ``chunks_per_shard`` value is < 1 or an option is unknown.
+        If a ``chunks_per_shard`` value is < 1, their product exceeds
+        :data:`shardkv.format.limits.MAX_CHUNKS_PER_SHARD`, or an option is unknown.
     """
 
     chunks_per_shard: tuple[int, ...]
@@ -129,6 +131,7 @@ class ShardLayout:
         cps = tuple(int(c) for c in self.chunks_per_shard)
         if any(c < 1 for c in cps):
             raise ConfigurationError(f"chunks_per_shard values must be >= 1, got {cps}")
+        limits.check_chunks_per_shard(cps)  # before any index is allocated
         object.__setattr__(self, "chunks_per_shard", cps)
         if self.index_location not in ("start", "end"):
             raise ConfigurationError(f"index_location must be 'start' or 'end', got {self.index_location!r}")

@@ -6,15 +6,15 @@ opens every array from the root:
 
 * an unsharded v2 array gets a ``zarr.json`` beside its ``.zarray`` that reads
   the *same chunk objects*: ``regular`` chunk grid of the v2 ``chunks``,
-  ``v2`` chunk key encoding with the array's separator, and the v2
-  ``order``/``dtype``/``filters``/``compressor`` as v3 codecs (the mapping of
-  :mod:`shardkv.metadata.v3_view`, without the ``sharding_indexed`` codec);
+  ``v2`` chunk key encoding with its separator, and the v2
+  ``dtype``/``order``/``filters``/``compressor``/``fill_value`` by the one
+  mapping of :mod:`shardkv.metadata.v2_codecs` (without ``sharding_indexed``);
 * a v2 group gets a v3 group ``zarr.json`` with its ``.zattrs`` as attributes.
 
 The ``.zarray``/``.zattrs``/``.zgroup`` documents are kept: zarr-python 2 reads
-them as before, zarr-python 3 prefers ``zarr.json``. An array whose data type
-has no v3 equivalent (structured, object, unit-less datetime) gets no
-``zarr.json``: zarr-python 3 then refuses it, it never misreads it.
+them as before, zarr-python 3 prefers ``zarr.json``. An array the mapping makes
+opaque (no v3 reader decodes it: msgpack objects, subarray structured dtypes, ...)
+gets no ``zarr.json``: zarr-python 3 then reads its ``.zarray`` as zarr 2 wrote it.
 """
 
 from __future__ import annotations
@@ -24,16 +24,8 @@ from typing import Any, Mapping
 
 from shardkv.keys.encodings import V2ChunkKeyEncoding
 from shardkv.metadata.hierarchy import ZARR_JSON, group_document, with_consolidated_metadata
-from shardkv.metadata.v3_view import (
-    V3View,
-    dimension_names_of,
-    inner_codecs_of,
-    mark_null_fill,
-    numpy_dtype_of,
-    v2_dimension_separator,
-    v3_data_type,
-    v3_fill_value,
-)
+from shardkv.metadata.v2_codecs import v3_encoding_of_v2
+from shardkv.metadata.v3_view import V3View, dimension_names_of, mark_v2_encoding, v2_dimension_separator
 
 __all__ = ["AllV3Plan", "v3_view_of_unsharded_v2", "plan_all_v3"]
 
@@ -60,32 +52,27 @@ def v3_view_of_unsharded_v2(zarray: Mapping[str, Any], zattrs: Mapping[str, Any]
         If the separator or fill value is invalid for the dtype.
     """
     shape = [int(s) for s in zarray["shape"]]
-    dtype = numpy_dtype_of(zarray["dtype"])
-    data_type, extension = v3_data_type(dtype)
-    if data_type is None:
-        return V3View({}, (f"dtype {zarray['dtype']!r} has no Zarr v3 data type",))
-    problems: list[str] = []
-    if extension is not None:
-        problems.append(f"dtype {zarray['dtype']!r} is the zarr-python 3 extension {extension!r}")
-    codecs = inner_codecs_of(zarray, dtype, len(shape), problems)
-    encoding: dict[str, Any] = V2ChunkKeyEncoding(v2_dimension_separator(zarray)).to_metadata()  # type: ignore[arg-type]
+    encoding = v3_encoding_of_v2(zarray)
+    if encoding.opaque:
+        return V3View({}, encoding.problems)
+    encoding_of_keys: dict[str, Any] = V2ChunkKeyEncoding(v2_dimension_separator(zarray)).to_metadata()  # type: ignore[arg-type]
     metadata: dict[str, Any] = {
         "zarr_format": 3,
         "node_type": "array",
         "shape": shape,
-        "data_type": data_type,
+        "data_type": encoding.data_type,
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [int(c) for c in zarray["chunks"]]}},
-        "chunk_key_encoding": encoding,
-        "fill_value": v3_fill_value(zarray.get("fill_value"), dtype),
-        "codecs": codecs,
+        "chunk_key_encoding": encoding_of_keys,
+        "fill_value": encoding.fill_value,
+        "codecs": encoding.codecs,
         "attributes": dict(zattrs or {}),
     }
     names = dimension_names_of(metadata["attributes"].get("_ARRAY_DIMENSIONS"), len(shape))
     if names is not None:  # a malformed one stays an attribute
         metadata["attributes"].pop("_ARRAY_DIMENSIONS")
         metadata["dimension_names"] = names
-    mark_null_fill(metadata, zarray)
-    return V3View(metadata, tuple(problems))
+    mark_v2_encoding(metadata, zarray, encoding)
+    return V3View(metadata, encoding.problems)
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,20 @@ conversions of one hierarchy are identical.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 from shardkv.errors import MetadataError
 
-__all__ = ["META_NAMES", "dump_json", "load_json", "load_object", "load_zarray"]
+__all__ = [
+    "META_NAMES", "NODE_DOCUMENTS", "dump_json", "load_json", "load_object", "load_zarray", "unreadable_documents",
+    "node_of",
+]  # fmt: skip
 
 META_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"})
 """Names of the metadata documents of a Zarr v2 hierarchy, and of a v3 node's ``zarr.json``."""
+
+NODE_DOCUMENTS = frozenset({".zarray", ".zgroup", "zarr.json"})
+"""The documents that make a path an array or a group: when one is unreadable, so is the node."""
 
 
 def dump_json(doc: Any, *, key: str | None = None, strict: bool = False) -> bytes:
@@ -77,6 +83,8 @@ def load_json(key: str, raw: bytes | bytearray | memoryview | str) -> Any:
         return json.loads(raw if isinstance(raw, str) else bytes(raw))
     except (UnicodeDecodeError, ValueError) as exc:
         raise MetadataError(key, f"is not valid JSON: {exc}") from exc
+    except RecursionError:  # hostile nesting (100,000 levels): an error naming the key, never a traceback
+        raise MetadataError(key, "is not readable JSON: nested too deeply") from None
 
 
 def load_object(key: str, raw: bytes | bytearray | memoryview | str) -> dict[str, Any]:
@@ -124,3 +132,42 @@ def load_zarray(key: str, raw: bytes | bytearray | memoryview | str) -> dict[str
     if doc.get("dimension_separator", ".") not in (".", "/", None):
         raise MetadataError(key, f"field 'dimension_separator' must be '.' or '/', got {doc['dimension_separator']!r}")
     return doc
+
+
+def unreadable_documents(docs: Mapping[str, bytes | bytearray | memoryview | None]) -> dict[str, str]:
+    """The node documents (``.zarray``, ``.zgroup``, ``zarr.json``) among ``docs`` that cannot be read, and why.
+
+    Parameters
+    ----------
+    docs : mapping of str to bytes-like or None
+        Stored documents by key (``None``: listed, but gone or unreadable when fetched).
+
+    Returns
+    -------
+    dict of str to str
+        ``{key: reason}``, in key order: not JSON, nested too deeply, not a
+        JSON object. Tools that would otherwise take the node's data for
+        garbage (or leave it out) report these instead.
+    """
+    found: dict[str, str] = {}
+    for key in sorted(docs):
+        if key.rpartition("/")[2] not in NODE_DOCUMENTS:
+            continue
+        raw = docs[key]
+        if raw is None:
+            found[key] = "listed but cannot be read"
+            continue
+        try:
+            load_object(key, raw)
+        except MetadataError as exc:
+            found[key] = str(exc).removeprefix(f"metadata document {key!r}: ")
+    return found
+
+
+def node_of(key: str, paths: Iterable[str]) -> str | None:
+    """The deepest of ``paths`` (node paths, ``""`` the root) that ``key`` lies under, or None."""
+    best: str | None = None
+    for path in paths:
+        if (not path or key.startswith(f"{path}/")) and key != path and (best is None or len(path) > len(best)):
+            best = path
+    return best

@@ -44,6 +44,7 @@ from typing import Any, Iterable, Mapping
 
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
+from shardkv.metadata.v2_codecs import OPAQUE_DATA_TYPE
 from shardkv.metadata.v2_view import v2_view_of_v3
 from shardkv.metadata.v3_view import dimension_names_of, sharding_spec_from_v3, v3_view_of_v2
 
@@ -63,6 +64,7 @@ __all__ = [
     "stored_zmetadata",
     "presented_zmetadata",
     "with_consolidated_metadata",
+    "is_opaque",
     "plan_migration",
 ]
 
@@ -335,6 +337,12 @@ def presented_zmetadata(stored: Mapping[str, Any], nodes: Mapping[str, Mapping[s
     return {**stored, "metadata": metadata}
 
 
+def is_opaque(document: Mapping[str, Any]) -> bool:
+    """True for an array document whose data type only shardkv knows (:data:`~shardkv.metadata.v2_codecs.OPAQUE_DATA_TYPE`)."""
+    data_type = document.get("data_type")
+    return isinstance(data_type, Mapping) and data_type.get("name") == OPAQUE_DATA_TYPE
+
+
 def _inline(metadata: Mapping[str, Any]) -> dict[str, Any]:
     return {"kind": "inline", "must_understand": False, "metadata": dict(metadata)}
 
@@ -344,7 +352,10 @@ def with_consolidated_metadata(root: Mapping[str, Any], nodes: Mapping[str, Mapp
 
     The same shape zarr-python 3's ``consolidate_metadata`` writes: one flat
     object of every v3 node below the root by path, each group in it with an
-    empty inline block of its own.
+    empty inline block of its own. Arrays no v3 reader can decode
+    (:func:`is_opaque`) are left out: zarr-python 3 parses the whole block when
+    it opens the root, so one of them would make every node unopenable;
+    opening such an array by its path still fails, alone.
 
     Parameters
     ----------
@@ -363,6 +374,8 @@ def with_consolidated_metadata(root: Mapping[str, Any], nodes: Mapping[str, Mapp
         raise ConfigurationError(f"the root must be a v3 group document, got {dict(root)!r}")
     flat: dict[str, Any] = {}
     for path in sorted(p.strip("/") for p in nodes):
+        if is_opaque(nodes[path]):
+            continue  # v3 readers parse the whole block: one unknown data type would fail every node
         doc = {k: v for k, v in nodes[path].items() if k != "consolidated_metadata"}
         if doc.get("node_type") == "group":
             doc["consolidated_metadata"] = _inline({})

@@ -9,12 +9,16 @@ codecs have a Zarr v2 equivalent, :func:`v2_view_of_v3` derives the
 v3 (inside ``sharding_indexed``)            v2 ``.zarray``
 ==========================================  =====================================
 ``chunk_shape`` (inner)                     ``chunks``
-``data_type`` + ``bytes`` ``endian``        ``dtype`` (``<i2``, ``>f8``, ``|u1``)
-no ``transpose``, or the reversed order     ``order`` ``C``, or ``F``
+``data_type`` + ``bytes`` ``endian``        ``dtype`` (``<i2``, ``>f8``, ``|u1``; ``structured`` as fields)
+``string``/``variable_length_bytes``        ``dtype`` ``|O``, ``filters`` [vlen-utf8 / vlen-bytes, ...]
+no ``transpose``, or the reversed order     ``order`` ``C``, or ``F`` (``[0]`` is F for 1-d)
+``numcodecs.<id>`` array -> array codecs    ``filters`` (before the bytes -> bytes ones)
 bytes -> bytes codecs b1 ... bn             ``filters`` [b1 ... bn-1], ``compressor`` bn
+                                            (``filters`` [b1 ... bn] with ``shardkv.v2_compressor`` null)
+``shardkv.v2_chunk``                        ``dtype``/``order``/``filters``/``compressor`` as configured
 ``gzip``/``zstd``/``blosc``/``crc32c``      numcodecs ``gzip``/``zstd``/``blosc``/``crc32c``
 ``numcodecs.<id>``                          numcodecs ``<id>``
-``fill_value``                              ``fill_value`` (v2 JSON spelling)
+``fill_value``                              ``fill_value`` (v2 JSON spelling; ``shardkv.v2_fill_value`` if kept)
 ``attributes`` (+ ``dimension_names``)      ``.zattrs`` (+ ``_ARRAY_DIMENSIONS``)
 ==========================================  =====================================
 
@@ -50,10 +54,12 @@ from shardkv.codecs.inner import (
     TransposeCodec,
     ZstdCodec,
 )
+from shardkv.codecs.numcodecs_v3 import V2_CHUNK_CODEC, VLEN_IDS, NumcodecsArrayCodec, V2ChunkCodec, VlenCodec
 from shardkv.errors import ConfigurationError, ShardKVError
-from shardkv.metadata.v3_view import SHARDING_CODEC, V2_FILL_FIELD, sharding_spec_from_v3
+from shardkv.metadata.v2_codecs import OPAQUE_DATA_TYPE, core_compressor_codec, numpy_dtype_of_structured, v2_dtype_json
+from shardkv.metadata.v3_view import SHARDING_CODEC, V2_FILL_FIELD, V2_COMPRESSOR_FIELD, sharding_spec_from_v3
 
-__all__ = ["V2View", "v2_view_of_v3", "numpy_dtype_of_v3", "fill_value_from_v3"]
+__all__ = ["V2View", "v2_view_of_v3", "numpy_dtype_of_v3", "fill_value_from_v3", "unusable_sharding"]
 
 _V3_TO_NUMPY = {
     "bool": "b1", "int8": "i1", "int16": "i2", "int32": "i4", "int64": "i8",
@@ -85,6 +91,7 @@ class V2View:
 
 _EXTENSION_KINDS = {"fixed_length_utf32": "U", "null_terminated_bytes": "S", "raw_bytes": "V"}
 _TIME_KINDS = {"numpy.datetime64": "M8", "numpy.timedelta64": "m8"}
+_VLEN_DATA_TYPES = {data_type: codec_id for codec_id, data_type in VLEN_IDS.items()}  # "string" -> "vlen-utf8"
 
 
 def numpy_dtype_of_v3(data_type: Any, endian: str | None = "little") -> np.dtype:
@@ -100,6 +107,10 @@ def numpy_dtype_of_v3(data_type: Any, endian: str | None = "little") -> np.dtype
         If ``data_type`` is neither (``r<N>`` and other extensions included).
     """
     order = "<" if endian != "big" else ">"
+    if isinstance(data_type, str) and data_type in _VLEN_DATA_TYPES:
+        return np.dtype(object)
+    if isinstance(data_type, Mapping) and data_type.get("name") == "structured":
+        return numpy_dtype_of_structured(data_type, lambda leaf: numpy_dtype_of_v3(leaf, "little"))
     if isinstance(data_type, Mapping):
         name = data_type.get("name")
         config = data_type.get("configuration") or {}
@@ -139,6 +150,17 @@ def fill_value_from_v3(fill: Any, dtype: np.dtype) -> Any:
     """
     dtype = np.dtype(dtype)
     try:
+        if dtype.hasobject:
+            if not isinstance(fill, str):
+                raise ValueError("expected a string")
+            return fill
+        if dtype.fields is not None:
+            if not isinstance(fill, str):
+                raise ValueError("expected a base64 string")
+            raw = base64.standard_b64decode(fill.encode("ascii"))
+            if len(raw) != dtype.itemsize:
+                raise ValueError(f"base64 of {len(raw)} bytes for a {dtype.itemsize}-byte type")
+            return np.frombuffer(raw, dtype=dtype)[0]
         if dtype.kind == "b":
             if not isinstance(fill, bool):
                 raise ValueError("expected true or false")
@@ -191,6 +213,10 @@ def _float_from_v3(value: Any, itemsize: int) -> float:
 
 def _v2_fill(value: Any, dtype: np.dtype) -> Any:
     """A numpy fill value in zarr-python 2's ``.zarray`` JSON spelling."""
+    if dtype.hasobject:
+        return value
+    if dtype.fields is not None:
+        return base64.standard_b64encode(np.asarray(value, dtype=dtype).tobytes()).decode("ascii")
     if dtype.kind == "U":
         return str(value)
     if dtype.kind in "SV":
@@ -242,8 +268,13 @@ def _structure_problems(metadata: Mapping[str, Any], codecs: list[Any]) -> list[
 def _v2_order(inner: CodecPipeline, ndim: int, problems: list[str]) -> str:
     """The v2 ``order`` the inner array -> array codecs amount to (only transposes to F order have one)."""
     order = "C"
+    filtered = False
     for c in inner.array_to_array:
-        if isinstance(c, TransposeCodec) and c.order == tuple(range(ndim))[::-1]:
+        if isinstance(c, NumcodecsArrayCodec):
+            filtered = True  # a v2 filter (see _v2_codecs); a transpose after one has no v2 order
+        elif filtered:
+            problems.append(f"inner codec {c.get_config()} after a numcodecs filter has no v2 equivalent")
+        elif isinstance(c, TransposeCodec) and c.order == tuple(range(ndim))[::-1]:
             order = "F" if order == "C" else "C"
         elif isinstance(c, TransposeCodec) and c.order == tuple(range(ndim)):
             continue
@@ -254,22 +285,88 @@ def _v2_order(inner: CodecPipeline, ndim: int, problems: list[str]) -> str:
 
 def _v2_dtype_and_fill(metadata: Mapping[str, Any], inner: CodecPipeline, problems: list[str]) -> tuple[np.dtype, Any]:
     """The v2 ``dtype`` (with the ``bytes`` codec's endian) and ``fill_value``; ``(u1, 0)`` after a problem."""
-    if not isinstance(inner.array_to_bytes, BytesCodec):
-        name = inner.array_to_bytes.get_config()["name"]
+    ab = inner.array_to_bytes
+    if isinstance(ab, VlenCodec):
+        if metadata.get("data_type") != VLEN_IDS[ab.codec_id]:
+            problems.append(f"codec {ab.codec_id!r} needs data_type {VLEN_IDS[ab.codec_id]!r}, got {metadata.get('data_type')!r}")
+        endian = None
+    elif not isinstance(ab, BytesCodec):
+        name = ab.get_config()["name"]
         problems.append(f"inner array -> bytes codec {name!r} has no v2 equivalent (nested sharding?)")
         endian = None
     else:
-        endian = inner.array_to_bytes.endian
+        endian = ab.endian
     try:
         dtype = numpy_dtype_of_v3(metadata.get("data_type"), endian)
+        if dtype.hasobject != isinstance(ab, VlenCodec):
+            raise ConfigurationError(
+                f"data_type {metadata.get('data_type')!r} is not a Zarr v3 core type; "
+                "string and variable_length_bytes need their vlen codec, the others the bytes codec"
+            )
         fill = _v2_fill(fill_value_from_v3(metadata.get("fill_value"), dtype), dtype)
         marker = metadata.get(V2_FILL_FIELD)
-        if isinstance(marker, Mapping) and "fill_value" in marker and marker["fill_value"] is None:
-            fill = None  # a v2 null fill, kept by the writer of this document
+        if isinstance(marker, Mapping) and "fill_value" in marker and _marks(marker["fill_value"], metadata, dtype):
+            fill = marker["fill_value"]  # the v2 fill kept by the writer of this document
         return dtype, fill
     except ConfigurationError as exc:
         problems.append(exc.reason)
         return np.dtype("u1"), 0
+
+
+def _marks(v2_fill: Any, metadata: Mapping[str, Any], dtype: np.dtype) -> bool:
+    """True when a recorded v2 fill value still stands for the document's v3 ``fill_value``.
+
+    A v3 writer that changed ``fill_value`` but kept the field leaves a stale
+    record: the v3 value wins then.
+    """
+    if v2_fill is None or dtype.hasobject:
+        return True
+    try:
+        return _v2_fill(fill_value_from_v3(metadata.get("fill_value"), dtype), dtype) == _v2_fill(
+            fill_value_from_v3(v2_fill, dtype), dtype
+        )
+    except ConfigurationError:
+        return False
+
+
+def _opaque_documents(metadata: Mapping[str, Any], chunk: V2ChunkCodec, problems: list[str]) -> dict[str, Any]:
+    """The ``.zarray`` of an array stored as ``shardkv.v2_chunk`` (its v2 encoding, kept whole)."""
+    data_type = metadata.get("data_type")
+    if not isinstance(data_type, Mapping) or data_type.get("name") != OPAQUE_DATA_TYPE:
+        problems.append(f"codec {V2_CHUNK_CODEC!r} needs data_type {OPAQUE_DATA_TYPE!r}, got {data_type!r}")
+    return {
+        "dtype": chunk.dtype, "compressor": chunk.compressor, "fill_value": metadata.get("fill_value"),
+        "order": chunk.order, "filters": chunk.filters,
+    }  # fmt: skip
+
+
+def _spelt_alike(kept: Mapping[str, Any], codec: Any, dtype: np.dtype) -> bool:
+    """True when a recorded v2 compressor is what the document's last codec says (else the record is stale)."""
+    try:
+        return core_compressor_codec(kept, dtype) == codec.get_config()
+    except (KeyError, TypeError, ValueError, ConfigurationError):
+        return False
+
+
+def _v2_codecs(metadata: Mapping[str, Any], inner: CodecPipeline, dtype: np.dtype, problems: list[str]) -> dict[str, Any]:
+    """The v2 ``filters`` and ``compressor`` of the inner codecs."""
+    filters: list[dict[str, Any]] = []
+    if isinstance(inner.array_to_bytes, VlenCodec):
+        filters.append({"id": inner.array_to_bytes.codec_id})  # the object codec
+    filters.extend({"id": c.codec_id, **c.configuration} for c in inner.array_to_array if isinstance(c, NumcodecsArrayCodec))
+    after = []
+    for c in inner.bytes_to_bytes:
+        conf = _v2_codec(c, dtype)
+        if conf is None:
+            problems.append(f"inner codec {c.get_config()['name']!r} has no v2 equivalent")
+        after.append(conf)
+    marker = metadata.get(V2_COMPRESSOR_FIELD)
+    kept = marker.get("compressor", 0) if isinstance(marker, Mapping) else 0  # 0: no record
+    compressor = None if kept is None or not after else after.pop()
+    if isinstance(kept, Mapping) and compressor is not None and _spelt_alike(kept, inner.bytes_to_bytes[-1], dtype):
+        compressor = dict(kept)  # the v2 spelling (Blosc AUTOSHUFFLE) of the same codec
+    filters.extend(f for f in after if f is not None)  # a None was reported in problems
+    return {"compressor": compressor, "filters": filters or None}
 
 
 def v2_view_of_v3(metadata: Mapping[str, Any], path: str = "") -> V2View:
@@ -309,27 +406,17 @@ def v2_view_of_v3(metadata: Mapping[str, Any], path: str = "") -> V2View:
         return V2View(problems=(f"{where}invalid sharding configuration: {exc}",))
     if spec is None:  # pragma: no cover - excluded above
         return V2View(problems=(f"{where}not sharded",))
-    order = _v2_order(inner, len(spec.shape), problems)
-    dtype, fill = _v2_dtype_and_fill(metadata, inner, problems)
-    numcodecs_configs = []
-    for c in inner.bytes_to_bytes:
-        conf = _v2_codec(c, dtype)
-        if conf is None:
-            problems.append(f"inner codec {c.get_config()['name']!r} has no v2 equivalent")
-        numcodecs_configs.append(conf)
+    if isinstance(inner.array_to_bytes, V2ChunkCodec):
+        encoding = _opaque_documents(metadata, inner.array_to_bytes, problems)
+    else:
+        order = _v2_order(inner, len(spec.shape), problems)
+        dtype, fill = _v2_dtype_and_fill(metadata, inner, problems)
+        v2_codecs = _v2_codecs(metadata, inner, dtype, problems)
+        encoding = {"dtype": v2_dtype_json(dtype), "compressor": v2_codecs["compressor"], "fill_value": fill,
+                    "order": order, "filters": v2_codecs["filters"]}  # fmt: skip
     if problems:
         return V2View(problems=tuple(where + p for p in problems))
-    zarray = {
-        "zarr_format": 2,
-        "shape": list(spec.shape),
-        "chunks": list(spec.chunks),
-        "dtype": dtype.str,
-        "compressor": numcodecs_configs[-1] if numcodecs_configs else None,
-        "fill_value": fill,
-        "order": order,
-        "filters": numcodecs_configs[:-1] or None,
-        "dimension_separator": ".",
-    }
+    zarray = {"zarr_format": 2, "shape": list(spec.shape), "chunks": list(spec.chunks), **encoding, "dimension_separator": "."}
     names = metadata.get("dimension_names")
     if names and all(isinstance(n, str) for n in names) and "_ARRAY_DIMENSIONS" not in attrs:
         attrs["_ARRAY_DIMENSIONS"] = list(names)  # xarray's v2 convention
@@ -337,3 +424,15 @@ def v2_view_of_v3(metadata: Mapping[str, Any], path: str = "") -> V2View:
     if attrs:
         docs[".zattrs"] = attrs
     return V2View(docs)
+
+
+def unusable_sharding(metadata: Mapping[str, Any], path: str = "") -> str | None:
+    """Why a v3 array that says it is sharded cannot be used (damaged or beyond a limit), or None.
+
+    Arrays shardkv does not present for other reasons (not sharded, storage
+    transformers, 0-d) are not shardkv's to judge: None for them too.
+    """
+    if metadata.get("node_type") != "array":
+        return None
+    bad = [p for p in v2_view_of_v3(metadata, path).problems if "invalid sharding configuration" in p]
+    return bad[0] if bad else None

@@ -8,45 +8,46 @@ array (v3 core "Array metadata") whose only array -> bytes codec is
 * ``chunk_grid``: regular, ``chunk_shape`` = shard shape = v2 ``chunks`` x ``chunks_per_shard``;
 * ``chunk_key_encoding``: ``v2`` with the array's ``dimension_separator``, so
   the shard of shard coords ``(i, j)`` is stored at the v2 key ``i.j``;
-* inner ``chunk_shape`` = v2 ``chunks``; inner ``codecs`` translated from the v2
-  ``order`` (``transpose`` for F), ``dtype`` (``bytes`` with its endian) and
-  ``compressor`` (``gzip``, ``zstd``, ``blosc``; zlib, bz2, lz4 and v2 filters
-  as zarr-python 3's ``numcodecs.*`` codecs);
+* inner ``chunk_shape`` = v2 ``chunks``; inner ``codecs``, ``data_type`` and
+  ``fill_value`` from the v2 ``order``, ``dtype``, ``filters``, ``compressor`` and
+  ``fill_value`` by the one mapping of :mod:`shardkv.metadata.v2_codecs`
+  (``transpose`` for F, ``numcodecs.*`` filters, ``vlen-utf8`` with ``string``,
+  ``structured``, ...; an opaque ``shardkv.v2_dtype`` / ``shardkv.v2_chunk``
+  where zarr-python 3 has no name, so v3 readers refuse rather than misread);
 * ``attributes`` mirror ``.zattrs``.
 
-Fixed-size strings, bytes, void, datetime64 and timedelta64 (``<U4``, ``|S8``,
-``|V2``, ``<M8[ns]``) have no core v3 type: the view names the extension types
-zarr-python 3 registers (``fixed_length_utf32``, ``null_terminated_bytes``,
-``raw_bytes``, ``numpy.datetime64``/``numpy.timedelta64``; see
-:func:`v3_data_type`), which zarr-python 3 reads with the same values and
-tensorstore refuses. Where no reader has a type (structured, object), the view
-names a data type and codec no v3 reader knows (``shardkv.*``), so v3 readers
-refuse the array instead of misreading it. :attr:`V3View.problems` says why.
-
-A v2 ``fill_value: null`` becomes the type's zero (``0``, ``false``, ``""``,
-zero bytes) plus the field ``"shardkv.v2_fill_value": {"must_understand":
-false, "fill_value": null}`` (:data:`V2_FILL_FIELD`), which v3 readers skip and
-:func:`shardkv.metadata.v2_view.v2_view_of_v3` turns back into ``null``.
+What v3 cannot spell of the v2 documents is kept in fields v3 readers skip
+(``must_understand: false``): a v2 ``fill_value`` of ``null`` (v3 has the type's
+zero) or of an object array in :data:`V2_FILL_FIELD`, and a missing compressor
+after bytes -> bytes filters or a Blosc AUTOSHUFFLE in :data:`V2_COMPRESSOR_FIELD`;
+:func:`shardkv.metadata.v2_view.v2_view_of_v3` turns them back.
 """
 
 from __future__ import annotations
 
-import base64
-import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from shardkv.codecs.inner import BLOSC_SHUFFLE_IDS
 from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.format.layout import ShardLayout, chunk_nbytes_bound
 from shardkv.keys.encodings import ChunkKeyEncoding, V2ChunkKeyEncoding, chunk_key_encoding_from_metadata
+from shardkv.metadata.v2_codecs import (
+    V3Encoding,
+    leaf_data_type,
+    numpy_dtype_of,
+    structured_data_type,
+    v3_encoding_of_v2,
+    v3_fill_value,
+)
 
 __all__ = [
     "V3View",
     "SHARDING_CODEC",
     "V2_FILL_FIELD",
+    "V2_COMPRESSOR_FIELD",
+    "mark_v2_encoding",
     "v3_data_type",
     "numpy_dtype_of",
     "v3_fill_value",
@@ -66,8 +67,6 @@ _V3_DTYPES = {
     "f2": "float16", "f4": "float32", "f8": "float64",
     "c8": "complex64", "c16": "complex128",
 }  # fmt: skip
-
-_BLOSC_SHUFFLE = {i: name for name, i in BLOSC_SHUFFLE_IDS.items()}  # numcodecs id -> v3 name
 
 
 @dataclass(frozen=True)
@@ -95,17 +94,22 @@ def v2_dimension_separator(zarray: Mapping[str, Any]) -> str:
 
 
 V2_FILL_FIELD = "shardkv.v2_fill_value"
-"""The ``zarr.json`` field that records a v2 ``fill_value: null`` (``must_understand: false``)."""
+"""The ``zarr.json`` field that records a v2 ``fill_value`` (null, or an object array's) v3 cannot spell (``must_understand: false``)."""
+
+V2_COMPRESSOR_FIELD = "shardkv.v2_compressor"
+"""The ``zarr.json`` field with the v2 ``compressor`` where v3 cannot spell it: ``null`` when the last
+bytes -> bytes codec was a v2 filter, or a Blosc configuration with ``shuffle: -1`` (AUTOSHUFFLE)."""
 
 
 def v3_data_type(dtype: np.dtype) -> tuple[Any, str | None]:
     """The v3 ``data_type`` of a numpy dtype, and whether it is a core type.
 
     Core numeric and bool types map to their v3 core names; fixed-size
-    strings, bytes, void, datetime64 and timedelta64 map to the extension
-    names zarr-python 3 registers (``fixed_length_utf32``,
-    ``null_terminated_bytes``, ``raw_bytes``, ``numpy.datetime64``,
-    ``numpy.timedelta64``), which zarr-python 3 reads with the same bytes.
+    strings, bytes, void, datetime64, timedelta64 and packed little-endian
+    structured dtypes map to the data types zarr-python 3 registers
+    (``fixed_length_utf32``, ``null_terminated_bytes``, ``raw_bytes``,
+    ``numpy.datetime64``, ``numpy.timedelta64``, ``structured``), which
+    zarr-python 3 reads with the same bytes.
 
     Parameters
     ----------
@@ -115,136 +119,26 @@ def v3_data_type(dtype: np.dtype) -> tuple[Any, str | None]:
     Returns
     -------
     data_type : str or dict or None
-        The v3 ``data_type``; ``None`` when no reader has one (structured,
-        object, unit-less datetime).
+        The v3 ``data_type``; ``None`` when no reader has one (object,
+        unit-less datetime, structured with subarray or big-endian fields).
     extension : str or None
         The extension name when ``data_type`` is not a core type, else ``None``.
     """
-    if dtype.fields is not None:
-        return None, None
-    core = _V3_DTYPES.get(f"{dtype.kind}{dtype.itemsize}")
-    if core is not None:
-        return core, None
-    length = {"name": None, "configuration": {"length_bytes": dtype.itemsize}}
-    if dtype.kind == "U" and dtype.itemsize:
-        length["name"] = "fixed_length_utf32"
-    elif dtype.kind == "S" and dtype.itemsize:
-        length["name"] = "null_terminated_bytes"
-    elif dtype.kind == "V" and dtype.itemsize:
-        length["name"] = "raw_bytes"
-    elif dtype.kind in "Mm":
-        unit, scale = np.datetime_data(dtype)
-        if unit == "generic":
-            return None, None
-        name = "numpy.datetime64" if dtype.kind == "M" else "numpy.timedelta64"
-        return {"name": name, "configuration": {"unit": unit, "scale_factor": int(scale)}}, name
-    else:
-        return None, None
-    return length, str(length["name"])
-
-
-def numpy_dtype_of(v2_dtype: Any) -> np.dtype:
-    """The numpy dtype of a v2 ``dtype`` (a string, or a structured dtype's list of fields)."""
-    if isinstance(v2_dtype, list):
-        return np.dtype([tuple(f) for f in v2_dtype])
-    return np.dtype(v2_dtype)
-
-
-def _null_fill_value(dtype: np.dtype) -> Any:
-    """The v3 fill value that stands for a v2 ``null`` (see spec_notes, clause M7)."""
-    if dtype.kind == "b":
-        return False
-    if dtype.kind == "c":
-        return [0.0, 0.0]
-    if dtype.kind in "US":
-        return ""
-    if dtype.kind == "V":
-        return base64.standard_b64encode(bytes(dtype.itemsize)).decode("ascii")
-    return 0
-
-
-def v3_fill_value(fill: Any, dtype: np.dtype) -> Any:
-    """The v3 ``fill_value`` of a v2 fill value ``fill`` of dtype ``dtype`` (``None``: see clause M7)."""
-    if fill is None:
-        return _null_fill_value(dtype)
-    if dtype.kind in "USV":
-        if isinstance(fill, str):
-            return fill  # v2 and v3 spell these alike: the string, or base64 of the bytes
-        if dtype.kind == "V":
-            raise ConfigurationError(f"fill_value {fill!r} of a {dtype.str} array must be a base64 string")
-        # zarr-python 2 fills with numpy's conversion: 0 becomes "0" (U) or b"0" (S)
-        try:
-            value = np.array(fill, dtype=dtype)[()]
-        except (TypeError, ValueError):
-            raise ConfigurationError(f"fill_value {fill!r} does not convert to {dtype.str}") from None
-        return str(value) if dtype.kind == "U" else base64.standard_b64encode(bytes(value)).decode("ascii")
-    if dtype.kind in "Mm":
-        if isinstance(fill, bool) or not isinstance(fill, int):
-            raise ConfigurationError(f"fill_value {fill!r} of a {dtype.str} array must be an integer")
-        return fill
-    if dtype.kind == "f":
-        if isinstance(fill, str):
-            return fill  # "NaN", "Infinity", "-Infinity" are spelt the same in v3
-        if math.isnan(fill):
-            return "NaN"
-        if math.isinf(fill):
-            return "Infinity" if fill > 0 else "-Infinity"
-        return float(fill)
-    if dtype.kind == "c":
-        if isinstance(fill, (list, tuple)):
-            return [v3_fill_value(v, np.dtype("f8")) for v in fill]
-        return [v3_fill_value(float(np.real(fill)), np.dtype("f8")), v3_fill_value(float(np.imag(fill)), np.dtype("f8"))]
-    if dtype.kind == "b":
-        return bool(fill)
-    return int(fill)
-
-
-def _compressor_codecs(compressor: Mapping[str, Any] | None, dtype: np.dtype) -> list[dict[str, Any]]:
-    if compressor is None:
-        return []
-    config = {k: v for k, v in compressor.items() if k != "id"}
-    cid = compressor["id"]
-    if cid == "gzip":
-        return [{"name": "gzip", "configuration": {"level": int(config.get("level", 1))}}]
-    if cid == "zstd":
-        return [{"name": "zstd", "configuration": {"level": int(config.get("level", 1)), "checksum": bool(config.get("checksum", False))}}]
-    if cid == "blosc":
-        shuffle = int(config.get("shuffle", 1))
-        if shuffle == -1:  # numcodecs AUTOSHUFFLE: bit shuffle for 1-byte items, else byte shuffle
-            shuffle = 2 if dtype.itemsize == 1 else 1
-        return [
-            {
-                "name": "blosc",
-                "configuration": {
-                    "cname": config.get("cname", "lz4"),
-                    "clevel": int(config.get("clevel", 5)),
-                    "shuffle": _BLOSC_SHUFFLE[shuffle],
-                    "typesize": dtype.itemsize,
-                    "blocksize": int(config.get("blocksize", 0)),
-                },
-            }
-        ]
-    return [{"name": f"numcodecs.{cid}", "configuration": config}]
+    data_type = structured_data_type(dtype) if dtype.fields is not None else leaf_data_type(dtype)
+    if data_type is None or isinstance(data_type, str):
+        return data_type, None
+    return data_type, str(data_type["name"])
 
 
 def inner_codecs_of(zarray: Mapping[str, Any], dtype: np.dtype, ndim: int, problems: list[str]) -> list[dict[str, Any]]:
-    """The v3 inner codecs of a v2 array with a v3 core data type; what v3 readers lack goes to ``problems``."""
-    inner: list[dict[str, Any]] = []
-    if zarray.get("order", "C") == "F" and ndim > 1:
-        inner.append({"name": "transpose", "configuration": {"order": list(range(ndim))[::-1]}})
-    for f in zarray.get("filters") or []:
-        inner.append({"name": f"numcodecs.{f['id']}", "configuration": {k: v for k, v in f.items() if k != "id"}})
-        problems.append(f"v2 filter {f['id']!r} is not a Zarr v3 core codec (zarr-python 3 only, as numcodecs.{f['id']})")
-    if dtype.itemsize > 1 and dtype.byteorder != "|":
-        endian = "big" if dtype.byteorder == ">" or (dtype.byteorder == "=" and np.little_endian is False) else "little"
-        inner.append({"name": "bytes", "configuration": {"endian": endian}})
-    else:
-        inner.append({"name": "bytes"})
-    compressor_codecs = _compressor_codecs(zarray.get("compressor"), dtype)
-    for c in compressor_codecs:
-        if c["name"].startswith("numcodecs."):
-            problems.append(f"compressor {c['name'][10:]!r} is not a Zarr v3 core codec (zarr-python 3 only, as {c['name']})")
-    return inner + compressor_codecs
+    """The v3 codecs of one v2 chunk (:func:`shardkv.metadata.v2_codecs.v3_encoding_of_v2`).
+
+    ``dtype`` and ``ndim`` are read from ``zarray`` (kept for callers); what
+    v3 readers lack goes to ``problems``.
+    """
+    encoding = v3_encoding_of_v2(zarray)
+    problems.extend(encoding.problems)
+    return encoding.codecs
 
 
 def v3_view_of_v2(
@@ -280,29 +174,7 @@ def v3_view_of_v2(
             f"chunks_per_shard {layout.chunks_per_shard} has {len(layout.chunks_per_shard)} value(s), "
             f"the array has {len(shape)} dimension(s)"
         )
-    problems: list[str] = []
-    dtype = numpy_dtype_of(zarray["dtype"])
-    data_type, extension = v3_data_type(dtype)
-    opaque = data_type is None
-    if opaque:
-        problems.append(f"dtype {zarray['dtype']!r} has no Zarr v3 core data type")
-        data_type = {"name": "shardkv.v2_dtype", "configuration": {"dtype": zarray["dtype"]}}
-        fill_value: Any = zarray.get("fill_value")
-        inner_codecs_of(zarray, dtype, len(shape), problems)  # its problems are reported all the same
-        # no v3 reader may decode these chunks as anything else: one opaque codec
-        inner: list[dict[str, Any]] = [{"name": "shardkv.v2_chunk", "configuration": {
-            "dtype": zarray["dtype"], "order": zarray.get("order", "C"),
-            "compressor": zarray.get("compressor"), "filters": zarray.get("filters"),
-        }}]  # fmt: skip
-    else:
-        if extension is not None:
-            problems.append(
-                f"dtype {zarray['dtype']!r} has no Zarr v3 core data type; stored as the zarr-python 3 "
-                f"extension {extension!r} (zarr-python 3 only)"
-            )
-        fill_value = v3_fill_value(zarray.get("fill_value"), dtype)
-        inner = inner_codecs_of(zarray, dtype, len(shape), problems)
-
+    encoding = v3_encoding_of_v2(zarray)
     index_codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": layout.index_endian}}]
     if layout.index_checksum:
         index_codecs.append({"name": "crc32c"})
@@ -310,19 +182,19 @@ def v3_view_of_v2(
         "zarr_format": 3,
         "node_type": "array",
         "shape": shape,
-        "data_type": data_type,
+        "data_type": encoding.data_type,
         "chunk_grid": {
             "name": "regular",
             "configuration": {"chunk_shape": [c * n for c, n in zip(chunks, layout.chunks_per_shard)]},
         },
         "chunk_key_encoding": V2ChunkKeyEncoding(v2_dimension_separator(zarray)).to_metadata(),  # type: ignore[arg-type]
-        "fill_value": fill_value,
+        "fill_value": encoding.fill_value,
         "codecs": [
             {
                 "name": SHARDING_CODEC,
                 "configuration": {
                     "chunk_shape": chunks,
-                    "codecs": inner,
+                    "codecs": encoding.codecs,
                     "index_codecs": index_codecs,
                     "index_location": layout.index_location,
                 },
@@ -330,9 +202,26 @@ def v3_view_of_v2(
         ],
         "attributes": dict(zattrs or {}),
     }
-    if not opaque:
-        mark_null_fill(metadata, zarray)
-    return V3View(metadata, tuple(problems))
+    mark_v2_encoding(metadata, zarray, encoding)
+    return V3View(metadata, encoding.problems)
+
+
+def mark_v2_encoding(metadata: dict[str, Any], zarray: Mapping[str, Any], encoding: V3Encoding) -> None:
+    """Record what a v3 array document cannot spell of its v2 origin (fields v3 readers skip).
+
+    The v2 ``fill_value`` when it is null or not spelt alike (:data:`V2_FILL_FIELD`), and
+    a missing v2 compressor when bytes -> bytes filters end the codecs, or a Blosc
+    ``AUTOSHUFFLE`` that v3 spells as the shuffle it resolves to (:data:`V2_COMPRESSOR_FIELD`).
+    """
+    if encoding.keep_v2_fill:
+        metadata[V2_FILL_FIELD] = {"must_understand": False, "fill_value": zarray.get("fill_value")}
+    compressor = zarray.get("compressor")
+    if encoding.opaque:
+        return
+    if compressor is None and encoding.codecs[-1]["name"].startswith("numcodecs."):
+        metadata[V2_COMPRESSOR_FIELD] = {"must_understand": False, "compressor": None}
+    elif compressor is not None and compressor.get("id") == "blosc" and compressor.get("shuffle") == -1:
+        metadata[V2_COMPRESSOR_FIELD] = {"must_understand": False, "compressor": dict(compressor)}  # AUTOSHUFFLE
 
 
 def mark_null_fill(metadata: dict[str, Any], zarray: Mapping[str, Any]) -> None:

@@ -50,13 +50,19 @@ class PathMethods:
             path = validate_path(path)
         remove_stale_temporaries(self._base, DEFAULT_TEMP_AGE)
         self.flush()
-        if path is not None:
-            paths = [path]
-        else:
-            owners = (self._nodes.owner(k) for k in self._base.iter_keys())
-            paths = sorted({arr.path for arr in owners if arr is not None})
-        arrays = [self.sharded_array(p) for p in paths]
-        return sum(self._io.compact_array(arr) for arr in arrays if arr is not None)
+        stored: dict[str, list[str]] = {}  # the shards that exist (a listing), never the grid: sparse grids are cheap
+        for key in self._base.iter_keys(f"{path}/" if path else ""):
+            arr = self._nodes.owner(key)
+            coords = None if arr is None else arr.shard_coords_of(key)
+            grid = None if arr is None else arr.shard_grid_shape
+            if coords is not None and (grid is None or all(c < n for c, n in zip(coords, grid))):
+                stored.setdefault(arr.path, []).append(key)  # type: ignore[union-attr]
+        reclaimed = 0
+        for array_path in sorted(stored) if path is None else [path]:
+            arr = self.sharded_array(array_path)
+            if arr is not None:
+                reclaimed += self._io.compact_shards(arr, sorted(stored.get(array_path, [])))
+        return reclaimed
 
     # -- listing ----------------------------------------------------------------
 

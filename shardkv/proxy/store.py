@@ -49,7 +49,7 @@ from shardkv.proxy.paths import PathMethods
 from shardkv.proxy.presenting import PresentingAdapter
 from shardkv.proxy.routing import group_by_shard, route_batch
 from shardkv.proxy.values import as_buffer
-from shardkv.proxy.writes import ShardWriter
+from shardkv.proxy.writes import ShardWriter, store_identity
 from shardkv.storage.adapters import StoreAdapter, adapt
 
 __all__ = ["ShardedStore"]
@@ -222,7 +222,9 @@ class ShardedStore(PathMethods, _zarr2.StoreCapabilities, MutableMapping):
         self._mirror = MetadataMirror(self._base, self._nodes, self._writer, rule, index_location, bool(index_checksum))
         _zarr2.register(type(self))
         self._sweeper = DirectorySweeper(self._base)  # stale temporaries, per directory written into
-        self._writer.attach_journal(journal, self._route)  # replays what a killed run left
+        self._writer.attach_journal(  # replays what a killed run left, if the journal is this store's
+            journal, self._route, lambda: store_identity(self._base, "v2")
+        )
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle as location and options (:mod:`shardkv.engine.picklable`); ``UnflushedWritesError`` if buffered."""

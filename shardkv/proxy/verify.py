@@ -16,9 +16,16 @@ It also lists keys that look like chunk keys but belong to no shard
 (:attr:`VerifyReport.stray_keys`: coords outside an array's shard grid),
 chunk-like keys under paths that are no longer arrays
 (:attr:`VerifyReport.orphan_keys`: shards of deleted arrays) and temporary
-files of killed writers (:func:`find_stale_temporaries`). With
-``repair=True`` only the orphans and the stale temporaries are removed: a
-damaged shard may still hold chunks someone wants, so it is reported, never
+files of killed writers (:func:`find_stale_temporaries`), and node documents
+(``.zarray``, ``.zgroup``, ``zarr.json``) that cannot be read
+(:attr:`VerifyReport.unreadable_metadata`).
+
+Repair removes only what is proven garbage. ``repair=True`` removes the stale
+temporaries; orphans (chunk-like keys of a path without array metadata) are
+removed only with ``remove_orphans=True``, after they were listed: metadata
+that is merely missing may come back (a partial copy, a sync under way).
+Nothing under a node whose metadata is unreadable is ever touched, and a
+damaged shard may still hold chunks someone wants: both are reported, never
 deleted.
 """
 
@@ -34,9 +41,12 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from shardkv.codecs.bounded import decode_bounded
 from shardkv.engine.temporaries import DEFAULT_TEMP_AGE, find_stale_temporaries, remove_stale_temporaries
-from shardkv.errors import CorruptShardError
+from shardkv.errors import ChunkExpansionError, CorruptShardError
 from shardkv.keys.space import ShardedArray
+from shardkv.metadata.documents import NODE_DOCUMENTS, load_json, unreadable_documents
+from shardkv.metadata.v2_view import unusable_sharding
 from shardkv.proxy.presenting import PresentingAdapter
 from shardkv.storage.adapters import StoreAdapter
 
@@ -51,6 +61,7 @@ __all__ = [
 
 
 _META = (".zarray", "zarr.json")
+_UNKNOWN_CHUNK_LIMIT = 2**30  # bytes a chunk of no fixed size (object dtype) may decode to in verify --decode
 _CHUNKISH = re.compile(r"c|c?[0-9]+([./][0-9]+)*")
 
 
@@ -97,14 +108,21 @@ class VerifyReport:
         Chunk-like keys under paths that hold no array metadata any more.
     stale_temporaries : list of str
         Temporary files of atomic local writes older than the age guard (paths).
+    unreadable_metadata : dict of str to str
+        Node documents that cannot be read, with the reason; the keys under
+        such a node are never removed.
+    kept_keys : list of str
+        Keys under a node with unreadable metadata (kept, never removed).
     removed : list of str
-        What ``repair=True`` removed (keys, or paths for temporaries).
+        What ``repair=True`` / ``remove_orphans=True`` removed (keys, or paths for temporaries).
     """
 
     shards: list[ShardReport] = field(default_factory=list)
     stray_keys: list[str] = field(default_factory=list)
     orphan_keys: list[str] = field(default_factory=list)
     stale_temporaries: list[str] = field(default_factory=list)
+    unreadable_metadata: dict[str, str] = field(default_factory=dict)
+    kept_keys: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
 
     @property
@@ -116,7 +134,8 @@ class VerifyReport:
     def ok(self) -> bool:
         """True when nothing is damaged and nothing removable is left behind."""
         left = set(self.orphan_keys) | set(self.stale_temporaries)
-        return not self.damaged and not self.stray_keys and left <= set(self.removed)
+        unreadable = self.unreadable_metadata
+        return not self.damaged and not self.stray_keys and not unreadable and left <= set(self.removed)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable summary (the CLI's ``--json`` output)."""
@@ -130,6 +149,8 @@ class VerifyReport:
             "stray_keys": self.stray_keys,
             "orphan_keys": self.orphan_keys,
             "stale_temporaries": self.stale_temporaries,
+            "unreadable_metadata": self.unreadable_metadata,
+            "kept_keys": self.kept_keys,
             "removed": self.removed,
         }
 
@@ -155,17 +176,18 @@ def _v2_decoder(base: StoreAdapter, arr: ShardedArray) -> tuple[Any, int | None]
 
     key = f"{arr.path}/.zarray" if arr.path else ".zarray"
     meta = json.loads(bytes(base.get(key)))
-    codecs = [numcodecs.get_codec(c) for c in (meta.get("filters") or [])]
-    compressor = meta.get("compressor")
-    if compressor is not None:
-        codecs.append(numcodecs.get_codec(compressor))
+    filters = [numcodecs.get_codec(c) for c in (meta.get("filters") or [])]
+    compressor = None if meta.get("compressor") is None else numcodecs.get_codec(meta["compressor"])
     dtype = np.dtype(meta["dtype"]) if isinstance(meta["dtype"], str) else None
     nbytes = None if dtype is None or dtype.hasobject else prod(meta["chunks"]) * dtype.itemsize
+    # what the compressor may give back: the chunk's size exactly, or (filters may widen items) a bounded multiple
+    limit = _UNKNOWN_CHUNK_LIMIT if nbytes is None else nbytes if not filters else 8 * nbytes + 4096
 
-    def decode(data: bytes) -> bytes:
-        for codec in reversed(codecs):
-            data = codec.decode(data)
-        return bytes(memoryview(np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data).cast("B"))
+    def decode(data: bytes, where: str = "") -> bytes:
+        out: Any = data if compressor is None else decode_bounded(compressor, data, limit, where or key)
+        for codec in reversed(filters):
+            out = codec.decode(out)
+        return out.tobytes() if isinstance(out, np.ndarray) else bytes(memoryview(out).cast("B"))
 
     return decode, nbytes
 
@@ -188,7 +210,10 @@ def _check_shard(report: ShardReport, blob: bytes, arr: ShardedArray, decoder: A
     for local in index.present():
         offset, size = index.get(local)  # type: ignore[misc]
         try:
-            out = decode(bytes(view[offset : offset + size]))
+            out = decode(bytes(view[offset : offset + size]), f"{report.shard_key} inner chunk {local}")
+        except ChunkExpansionError as exc:
+            report.problems.append(f"inner chunk {local}: {exc.reason}")
+            continue
         except Exception as exc:  # any codec's own error type: reported, not raised
             report.problems.append(f"inner chunk {local} does not decode: {type(exc).__name__}: {exc}")
             continue
@@ -202,6 +227,7 @@ def verify_store(
     decode: bool = False,
     repair: bool = False,
     min_temp_age: float = DEFAULT_TEMP_AGE,
+    remove_orphans: bool = False,
 ) -> VerifyReport:
     """Check every shard of every sharded array of ``store``.
 
@@ -213,9 +239,12 @@ def verify_store(
     decode : bool
         Also decode every stored inner chunk (v2 compressor and filters).
     repair : bool
-        Remove stale temporary files and chunk-like keys of deleted arrays.
+        Remove stale temporary files (proven garbage only).
     min_temp_age : float
         Age guard (seconds) for temporary files, see :func:`find_stale_temporaries`.
+    remove_orphans : bool
+        Also remove the orphans: chunk-like keys of paths without array
+        metadata (never those under a node whose metadata is unreadable).
 
     Returns
     -------
@@ -227,11 +256,31 @@ def verify_store(
     key_set = set(keys)
     array_paths = {_parent(k)[0] for k in keys if _parent(k)[1] == ".zarray"}  # v3-only arrays: presented
     report = VerifyReport()
+    meta_keys = [k for k in keys if _parent(k)[1] in NODE_DOCUMENTS]
+    docs = store.base.get_many(meta_keys)  # the stored documents (a presented view is not stored: not returned)
+    report.unreadable_metadata = unreadable_documents(docs)
+    kept_nodes: set[str] = set()  # v3 arrays shardkv does not check (not sharded): their keys are no orphans
+    for key, raw in docs.items():
+        path, name = _parent(key)
+        if name != "zarr.json" or key in report.unreadable_metadata or path in array_paths:
+            continue
+        doc = load_json(key, raw)
+        reason = unusable_sharding(doc, path) if isinstance(doc, dict) else None
+        if reason is not None:
+            report.unreadable_metadata[key] = reason
+        elif isinstance(doc, dict) and doc.get("node_type") == "array":
+            kept_nodes.add(path)
+    damaged_nodes = {_parent(k)[0] for k in report.unreadable_metadata}
+    array_paths -= damaged_nodes
+    kept_nodes |= damaged_nodes
     arrays = {p: store.sharded_array(p) for p in sorted(array_paths)}
     decoders = {}
     for key in keys:
         path, name = _parent(key)
         if name in _META or name in (".zattrs", ".zgroup", ".zmetadata"):
+            continue
+        if kept_nodes and any(a in kept_nodes for a in _ancestors(key)):
+            report.kept_keys.append(key)  # its node cannot be read (or is not shardkv's): not provably garbage
             continue
         owner = next((a for a in _ancestors(key) if a in array_paths), None)
         if owner is None:
@@ -248,7 +297,15 @@ def verify_store(
         if any(c >= n for c, n in zip(coords, arr.shard_grid_shape)):
             report.stray_keys.append(key)
             continue
-        blob = bytes(base.get(key))
+        try:
+            blob = bytes(base.get(key))
+        except KeyError:  # listed, yet nothing to read: a directory, a dangling link, a special file
+            problem = "listed but cannot be read as a shard (not a regular file?)"
+            report.shards.append(ShardReport(key, owner, problems=[problem]))
+            continue
+        except OSError as exc:  # permissions, I/O errors: this shard is reported, the others are still checked
+            report.shards.append(ShardReport(key, owner, problems=[f"cannot be read: {type(exc).__name__}: {exc}"]))
+            continue
         shard = ShardReport(key, owner, nbytes=len(blob))
         decoder = None
         if decode:
@@ -258,8 +315,9 @@ def verify_store(
         _check_shard(shard, blob, arr, decoder)
         report.shards.append(shard)
     report.stale_temporaries = find_stale_temporaries(base, min_temp_age)
-    if repair:
+    if remove_orphans:
         base.delete_many(report.orphan_keys)
         report.removed.extend(report.orphan_keys)
+    if repair:
         report.removed.extend(remove_stale_temporaries(base, min_temp_age))
     return report

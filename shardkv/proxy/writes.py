@@ -27,26 +27,67 @@ from __future__ import annotations
 
 import os
 import threading
+import uuid
 from os import PathLike
-from typing import Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from shardkv.engine.journal import Journal
 from shardkv.engine.planner import ShardIO
 from shardkv.engine.writeback import PendingShard, WriteBuffer
-from shardkv.errors import ConfigurationError, InvalidKeyError
+from shardkv.errors import ConfigurationError, InvalidKeyError, JournalMismatchError
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.proxy.write_advice import WriteAdvisor
+from shardkv.storage.base import LOCK_DIR
+from shardkv.storage.location import location_of
 
-__all__ = ["ShardWriter", "ShardChanges"]
+__all__ = ["ShardWriter", "ShardChanges", "STORE_ID_KEY", "store_identity", "layout_of"]
 
 ShardChanges = Mapping[str, tuple[ShardedArray, tuple[int, ...], dict[tuple[int, ...], "memoryview | bytes | None"]]]
 """``{shard_key: (array, shard_coords, {local_coords: chunk bytes or None (delete)})}``."""
 
 _JOURNAL_SLACK = 4 * 2**20  # bytes a journal may hold beyond twice the buffer before it is compacted
 
+STORE_ID_KEY = f"{LOCK_DIR}/store-id"
+"""Key (in the store root, never listed) of the random id that ties a write-back journal to its store."""
+
+
+def store_identity(base: Any, layout: str) -> dict[str, str]:
+    """The identity a journal records for the store over adapter ``base``: location, store id, layout.
+
+    The store id is a random hex string kept beside the data under
+    :data:`STORE_ID_KEY` (created on first use), so a copy of the data is
+    another store even where locations cannot tell (in-memory mappings).
+
+    Parameters
+    ----------
+    base : StoreAdapter
+        The adapter over the base store.
+    layout : str
+        The proxy's layout options, as text.
+
+    Returns
+    -------
+    dict of str to str
+        ``{"location": ..., "store_id": ..., "layout": ...}``.
+    """
+    location = location_of(base)
+    where = "unknown" if location is None else ":".join(map(str, location.namespace)) + ":" + location.root
+    try:
+        stored = base.get(STORE_ID_KEY)
+    except KeyError:
+        base.set(STORE_ID_KEY, uuid.uuid4().hex.encode())
+        stored = base.get(STORE_ID_KEY)  # a racing creator may have won: use what is stored
+    return {"location": where, "store_id": bytes(stored).decode("ascii", "replace"), "layout": layout}
+
 
 def _chunk_key(pending: PendingShard, local: tuple[int, ...]) -> str:
     return pending.array.chunk_key(pending.array.chunk_coords(pending.shard_coords, local))
+
+
+def layout_of(arr: ShardedArray) -> str:
+    """The array layout a journal record carries: inner chunk shape and chunks per shard (as text)."""
+    chunks = "?" if arr.chunks is None else ",".join(map(str, arr.chunks))
+    return f"chunks={chunks} chunks_per_shard={','.join(map(str, arr.chunks_per_shard))}"
 
 
 class ShardWriter:
@@ -95,18 +136,56 @@ class ShardWriter:
             self.io.write_shards(changes)  # type: ignore[arg-type]
             self.advisor.observe(changes)  # type: ignore[arg-type]
             return
+        added: list[tuple[str, tuple[int, ...], tuple[bool, bytes | None], bytes | None]] = []
         with buf.lock:
             if self.journal is not None:
                 self.journal.append(
-                    (arr.chunk_key(arr.chunk_coords(coords, local)), None if value is None else bytes(value))
+                    (
+                        arr.chunk_key(arr.chunk_coords(coords, local)),
+                        None if value is None else bytes(value),
+                        layout_of(arr),
+                    )
                     for _, (arr, coords, updates) in changes.items()
                     for local, value in updates.items()
                 )
             for shard_key, (arr, coords, updates) in changes.items():
                 for local, value in updates.items():
-                    buf.add(shard_key, arr, coords, local, None if value is None else bytes(value))
+                    before = buf.lookup(shard_key, local)
+                    data = None if value is None else bytes(value)
+                    buf.add(shard_key, arr, coords, local, data)
+                    added.append((shard_key, local, before, data))
         keys = list(changes)
-        self._drain(lambda: {**buf.take_complete(keys), **buf.take_over_limit()})
+        try:
+            self._drain(lambda: {**buf.take_complete(keys), **buf.take_over_limit()})
+        except BaseException:
+            self._take_back(changes, added)  # the caller is told this write failed: never apply it later
+            raise
+
+    def _take_back(
+        self, changes: ShardChanges, added: list[tuple[str, tuple[int, ...], tuple[bool, bytes | None], bytes | None]]
+    ) -> None:
+        """Undo the buffered updates of a failed :meth:`write` that are still buffered (not yet stored).
+
+        Each chunk gets back the value buffered before the call (an earlier,
+        acknowledged write), or leaves the buffer; the journal is rewritten to
+        match, so a replay cannot apply the failed write either.
+        """
+        buf = self.buffer
+        if buf is None:
+            return
+        with self._io_lock, buf.lock:
+            undone = False
+            for shard_key, local, (had, old), data in reversed(added):
+                found, current = buf.lookup(shard_key, local)
+                if not found or current is not data:  # stored by the drain, or overwritten since
+                    continue
+                arr, coords, _ = changes[shard_key]
+                buf.add(shard_key, arr, coords, local, old)
+                if not had:
+                    buf.settle(shard_key, PendingShard(arr, coords, {local: old}))
+                undone = True
+            if undone and self.journal is not None:
+                self.journal.reset(self._buffered_records())
 
     def write_now(self, changes: ShardChanges) -> None:
         """Write chunk changes at once, bypassing the buffer (resize trims).
@@ -161,13 +240,14 @@ class ShardWriter:
         elif journal.nbytes > 2 * buf.max_bytes + _JOURNAL_SLACK:
             journal.reset(self._buffered_records())
 
-    def _buffered_records(self) -> Iterator[tuple[str, bytes | None]]:
-        """``(chunk key, value)`` of every buffered update (buffer lock held)."""
+    def _buffered_records(self) -> Iterator[tuple[str, bytes | None, str]]:
+        """``(chunk key, value, array layout)`` of every buffered update (buffer lock held)."""
         if self.buffer is None:
             return
         for _, pending in self.buffer.items():
+            layout = layout_of(pending.array)
             for local, value in pending.updates.items():
-                yield _chunk_key(pending, local), value
+                yield _chunk_key(pending, local), value, layout
 
     def flush(self, path: str | None = None) -> None:
         """Write the buffered shards (of the array at ``path`` only, if given).
@@ -192,7 +272,12 @@ class ShardWriter:
 
     # -- journal ---------------------------------------------------------------------------
 
-    def attach_journal(self, path: str | PathLike[str] | None, route: Callable[[str], ChunkRef | None]) -> int:
+    def attach_journal(
+        self,
+        path: str | PathLike[str] | None,
+        route: Callable[[str], ChunkRef | None],
+        identity: Callable[[], Mapping[str, str]] | None = None,
+    ) -> int:
         """Open the journal at ``path``, replay its records through the buffer, write them and reset it.
 
         Parameters
@@ -203,6 +288,10 @@ class ShardWriter:
             Maps a chunk key to its :class:`~shardkv.keys.space.ChunkRef`
             (``None`` or :class:`InvalidKeyError` when it names no chunk of a
             sharded array any more: such records are skipped).
+        identity : callable, optional
+            Returns the identity of the store (:func:`store_identity`); called
+            only when ``path`` is given. A journal holding records of another
+            identity is refused; ``None`` checks nothing.
 
         Returns
         -------
@@ -214,7 +303,11 @@ class ShardWriter:
         ConfigurationError
             If there is no write-back buffer.
         JournalCorruptError
-            If the journal is damaged before its last record.
+            If an acknowledged record of the journal is damaged or missing.
+        JournalMismatchError
+            If the journal holds records of another store.
+        JournalLockedError
+            If another process has the journal open.
         Exception
             A shard write failed: the journal is kept, so opening again retries.
         """
@@ -222,7 +315,7 @@ class ShardWriter:
             return 0
         if self.buffer is None:
             raise ConfigurationError(f"journal={os.fspath(path)!r} needs write-back mode: give buffer_bytes too")
-        journal = Journal(path)
+        journal = Journal(path, None if identity is None else identity())
         try:
             return self._replay(journal, route)
         except BaseException:
@@ -234,15 +327,24 @@ class ShardWriter:
         buf = self.buffer
         if buf is None:
             return 0
-        latest = {r.key: r.value for r in journal.replay()}
+        latest = {r.key: r for r in journal.replay()}
+        refs: list[tuple[ChunkRef, bytes | None]] = []
+        for key, record in latest.items():  # every record checked before any is applied
+            try:
+                ref = route(key)
+            except InvalidKeyError:  # an array deleted or shrunk since: nothing to restore
+                continue
+            if ref is None:
+                continue
+            if record.layout and record.layout != layout_of(ref.array):
+                raise JournalMismatchError(
+                    journal.path, f"array {ref.array.path!r} with {record.layout}",
+                    f"array {ref.array.path!r} with {layout_of(ref.array)}", len(latest)
+                )  # fmt: skip
+            refs.append((ref, record.value))
         with buf.lock:
-            for key, value in latest.items():
-                try:
-                    ref = route(key)
-                except InvalidKeyError:  # an array deleted or shrunk since: nothing to restore
-                    continue
-                if ref is not None:
-                    buf.add(ref.shard_key, ref.array, ref.shard_coords, ref.local_coords, value)
+            for ref, value in refs:
+                buf.add(ref.shard_key, ref.array, ref.shard_coords, ref.local_coords, value)
             self.journal = journal
         self.flush()
         with buf.lock:

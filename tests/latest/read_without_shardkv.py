@@ -23,8 +23,14 @@ import numpy as np
 
 def _save(out: Path, i: int, data: np.ndarray) -> dict:
     name = f"{i}.npy"
-    np.save(out / name, np.asarray(data), allow_pickle=False)
-    return {"ok": True, "file": name, "dtype": np.asarray(data).dtype.str}
+    data = np.asarray(data)
+    dtype = data.dtype.str
+    if data.dtype.kind in "OT":  # strings / bytes of variable length: saved as fixed-size U / S (no pickles)
+        items = data.ravel().tolist()
+        kind = "S" if items and all(isinstance(x, bytes) for x in items) else "U"
+        data = np.array(items, dtype=kind).reshape(data.shape) if items else data.astype(kind)
+    np.save(out / name, data, allow_pickle=False)
+    return {"ok": True, "file": name, "dtype": dtype}
 
 
 def _zarr3(root: str, out: Path, paths: list[str]) -> dict:

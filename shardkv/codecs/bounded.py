@@ -1,0 +1,129 @@
+"""Decompression bounded by the size a chunk declares: a hostile chunk cannot make a decoder allocate more. Pure.
+
+A stored inner chunk decodes to a known number of bytes (its shape times its
+item size, for a chunk without filters). :func:`decode_bounded` decodes with
+a numcodecs compressor but stops as soon as the output would exceed
+``limit`` bytes, and raises :class:`~shardkv.errors.ChunkExpansionError`
+naming the chunk, instead of allocating whatever the compressed stream asks
+for (a zip bomb, a forged size field):
+
+* ``zlib``, ``gzip``: streamed through :mod:`zlib` with ``max_length``;
+* ``bz2``, ``lzma``: streamed with ``max_length``;
+* ``blosc``, ``lz4``, ``zstd``: the uncompressed size stored in the header
+  (blosc header, lz4 size prefix, zstd frame content size) is checked first;
+  a zstd frame that does not state its size is refused;
+* any other codec: decoded, then checked (its memory is not bounded).
+"""
+
+from __future__ import annotations
+
+import bz2
+import lzma
+import struct
+import zlib
+from typing import Any
+
+from shardkv.errors import ChunkExpansionError, CorruptShardError
+
+__all__ = ["decode_bounded", "zstd_content_size"]
+
+_ZSTD_MAGIC = 0xFD2FB528
+
+
+def zstd_content_size(data: bytes | memoryview) -> int | None:
+    """The decompressed size a zstd frame header states (RFC 8878 section 3.1.1.1), or None if it does not.
+
+    Raises
+    ------
+    ValueError
+        If ``data`` does not start with a zstd frame header.
+    """
+    view = memoryview(data).cast("B")
+    if len(view) < 5 or struct.unpack_from("<I", view, 0)[0] != _ZSTD_MAGIC:
+        raise ValueError("not a zstd frame")
+    fhd = view[4]
+    fcs_flag, single_segment, dict_flag = fhd >> 6, (fhd >> 5) & 1, fhd & 3
+    pos = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[dict_flag]
+    size = (1 if single_segment else 0, 2, 4, 8)[fcs_flag]
+    if size == 0:
+        return None
+    if len(view) < pos + size:
+        raise ValueError("zstd frame header is truncated")
+    value = int.from_bytes(bytes(view[pos : pos + size]), "little")
+    return value + 256 if size == 2 else value
+
+
+def _stream(decompressor: Any, data: bytes, limit: int) -> tuple[bytes, bool]:
+    """Output of a ``max_length`` decompressor, at most ``limit + 1`` bytes; and whether it stopped early."""
+    out = decompressor.decompress(data, limit + 1)
+    return out, len(out) > limit
+
+
+def decode_bounded(codec: Any, data: bytes | memoryview, limit: int, key: str) -> bytes:
+    """Decode ``data`` with the numcodecs ``codec``, refusing output beyond ``limit`` bytes.
+
+    Parameters
+    ----------
+    codec : numcodecs.abc.Codec
+        The compressor (its ``codec_id`` chooses the bounded path).
+    data : bytes-like
+        The stored (compressed) chunk.
+    limit : int
+        Most bytes the chunk may decode to (its declared size).
+    key : str
+        The chunk or shard key, named in errors.
+
+    Returns
+    -------
+    bytes
+        The decoded bytes (at most ``limit``).
+
+    Raises
+    ------
+    ChunkExpansionError
+        If the chunk decodes (or states it decodes) to more than ``limit`` bytes.
+    CorruptShardError
+        If a bounded decoder finds the stream damaged.
+    """
+    raw = bytes(data)
+    codec_id = getattr(codec, "codec_id", type(codec).__name__)
+    try:
+        if codec_id in ("zlib", "gzip"):
+            out, over = _stream(zlib.decompressobj(31 if codec_id == "gzip" else 15), raw, limit)
+        elif codec_id == "bz2":
+            out, over = _stream(bz2.BZ2Decompressor(), raw, limit)
+        elif codec_id == "lzma":
+            out, over = _stream(lzma.LZMADecompressor(), raw, limit)
+        else:
+            stated = _stated_size(codec_id, raw, key)
+            if stated is not None and stated > limit:
+                raise ChunkExpansionError(key, stated, limit)
+            decoded = codec.decode(raw)
+            out = bytes(memoryview(decoded).cast("B")) if not isinstance(decoded, bytes) else decoded
+            over = len(out) > limit
+    except (zlib.error, OSError, EOFError, lzma.LZMAError) as exc:
+        raise CorruptShardError(key, f"{codec_id} could not decode {len(raw)} bytes: {exc}") from exc
+    if over:
+        raise ChunkExpansionError(key, None, limit)
+    return out
+
+
+def _stated_size(codec_id: str, raw: bytes, key: str) -> int | None:
+    """The uncompressed size a blosc / lz4 / zstd stream states in its header (None: other codecs)."""
+    if codec_id == "blosc":
+        if len(raw) < 16:
+            raise CorruptShardError(key, f"blosc stream of {len(raw)} bytes is shorter than its header")
+        return int(struct.unpack_from("<I", raw, 4)[0])
+    if codec_id == "lz4":
+        if len(raw) < 4:
+            raise CorruptShardError(key, f"lz4 stream of {len(raw)} bytes is shorter than its size prefix")
+        return int(struct.unpack_from("<I", raw, 0)[0])
+    if codec_id == "zstd":
+        try:
+            size = zstd_content_size(raw)
+        except ValueError as exc:
+            raise CorruptShardError(key, f"zstd: {exc}") from None
+        if size is None:
+            raise ChunkExpansionError(key, None, 0, "a zstd frame that does not state its decompressed size")
+        return size
+    return None

@@ -1,0 +1,232 @@
+"""The inner codecs that carry Zarr v2 filters and object codecs into Zarr v3. Pure.
+
+zarr-python 3 registers a v3 name for some numcodecs codecs (checked against
+``zarr.registry`` of zarr-python 3.1 and 3.4 with numcodecs 0.16/0.17):
+
+==========================================  ===============  ==================================
+v3 name                                     kind             Zarr v2 spelling
+==========================================  ===============  ==================================
+``numcodecs.astype``, ``numcodecs.bitround``,  array -> array   the v2 filter of that id
+``numcodecs.delta``, ``numcodecs.fixedscaleoffset``,
+``numcodecs.packbits``, ``numcodecs.quantize``
+``vlen-utf8``, ``vlen-bytes``               array -> bytes   the object codec (``filters[0]``) of
+                                                             an ``|O`` array of str / bytes
+``numcodecs.<id>`` (adler32, crc32, ...)    bytes -> bytes   :class:`shardkv.codecs.inner.NumcodecsCodec`
+``shardkv.v2_chunk``                        array -> bytes   a whole v2 chunk encoding (order,
+                                                             filters, compressor) no v3 reader has
+==========================================  ===============  ==================================
+
+``shardkv.v2_chunk`` is the fallback of :mod:`shardkv.metadata.v2_codecs`: no v3
+reader knows it, so each refuses the array with an "unknown codec" error
+instead of misreading it; shardkv decodes it exactly as zarr-python 2 does.
+"""
+
+from __future__ import annotations
+
+from math import prod
+from typing import Any, Literal, Mapping
+
+import numcodecs
+import numpy as np
+from numcodecs.compat import ensure_ndarray_like
+
+from shardkv.codecs.inner import Codec, _config_of, register_codec
+from shardkv.errors import ConfigurationError, CorruptShardError
+
+__all__ = [
+    "ARRAY_TO_ARRAY_IDS",
+    "BYTES_TO_BYTES_IDS",
+    "VLEN_IDS",
+    "NumcodecsArrayCodec",
+    "VlenCodec",
+    "V2ChunkCodec",
+    "V2_CHUNK_CODEC",
+]
+
+ARRAY_TO_ARRAY_IDS = frozenset({"astype", "bitround", "delta", "fixedscaleoffset", "packbits", "quantize"})
+"""numcodecs ids zarr-python 3 registers as ``numcodecs.<id>`` array -> array codecs."""
+
+BYTES_TO_BYTES_IDS = frozenset(
+    {"adler32", "blosc", "bz2", "crc32", "crc32c", "fletcher32", "gzip", "jenkins_lookup3", "lz4", "lzma", "shuffle", "zlib", "zstd"}
+)
+"""numcodecs ids zarr-python 3 registers as ``numcodecs.<id>`` bytes -> bytes codecs."""
+
+VLEN_IDS = {"vlen-utf8": "string", "vlen-bytes": "variable_length_bytes"}
+"""Object codec id -> the zarr-python 3 data type it encodes (the codec's v3 name is the id)."""
+
+V2_CHUNK_CODEC = "shardkv.v2_chunk"
+
+
+def _numcodecs(config: Mapping[str, Any], what: str) -> Any:
+    try:
+        return numcodecs.get_codec(dict(config))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ConfigurationError(f"codec {what!r}: {exc}") from exc
+
+
+class NumcodecsArrayCodec(Codec):
+    """``numcodecs.<id>`` for the array -> array ids of :data:`ARRAY_TO_ARRAY_IDS`.
+
+    Parameters
+    ----------
+    codec_id : str
+        The numcodecs id (``delta``, ``fixedscaleoffset``, ...).
+    configuration : mapping
+        The numcodecs configuration without ``id``.
+
+    Raises
+    ------
+    ConfigurationError
+        If numcodecs rejects the configuration.
+    """
+
+    kind = "array_to_array"
+
+    def __init__(self, codec_id: str, configuration: Mapping[str, Any] | None = None) -> None:
+        self.codec_id = codec_id
+        self.configuration = {k: v for k, v in (configuration or {}).items() if k != "id"}
+        self._impl = _numcodecs({"id": codec_id, **self.configuration}, f"numcodecs.{codec_id}")
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"numcodecs.{self.codec_id}"
+
+    def get_config(self) -> dict[str, Any]:
+        return {"name": self.name, "configuration": dict(self.configuration)}
+
+    @classmethod
+    def from_config(cls, obj: Mapping[str, Any]) -> NumcodecsArrayCodec:
+        name = str(obj.get("name", ""))
+        config = obj.get("configuration") or {}
+        return cls(name[len("numcodecs.") :], config)
+
+    def resolve_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape handed on: ``packbits`` makes one header byte plus a bit per element, 1-d."""
+        if self.codec_id == "packbits":
+            return (1 + -(-prod(shape) // 8),)
+        return tuple(shape)
+
+    def resolve_dtype(self, dtype: np.dtype) -> np.dtype:
+        """The dtype handed on (``astype``, ``delta``, ``fixedscaleoffset`` may cast)."""
+        return np.asarray(self._impl.encode(np.zeros(8, dtype=dtype))).dtype
+
+    def encode(self, array: np.ndarray) -> np.ndarray:
+        out = np.asarray(self._impl.encode(np.ascontiguousarray(array)))
+        return out.reshape(self.resolve_shape(array.shape))
+
+    def decode(self, array: np.ndarray) -> np.ndarray:
+        return np.asarray(self._impl.decode(np.ascontiguousarray(array)))
+
+
+class VlenCodec(Codec):
+    """``vlen-utf8`` / ``vlen-bytes``: numcodecs ``VLenUTF8`` / ``VLenBytes`` of an object array (C order)."""
+
+    kind = "array_to_bytes"
+
+    def __init__(self, codec_id: str) -> None:
+        if codec_id not in VLEN_IDS:
+            raise ConfigurationError(f"vlen codec must be one of {sorted(VLEN_IDS)}, got {codec_id!r}")
+        self.codec_id = codec_id
+        self._impl = numcodecs.get_codec({"id": codec_id})
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.codec_id
+
+    def get_config(self) -> dict[str, Any]:
+        return {"name": self.name, "configuration": {}}
+
+    @classmethod
+    def from_config(cls, obj: Mapping[str, Any]) -> VlenCodec:
+        _config_of(obj, [])
+        return cls(str(obj["name"]))
+
+    def encode(self, array: np.ndarray, fill_value: Any = None) -> bytes:
+        return bytes(self._impl.encode(np.ascontiguousarray(array, dtype=object).reshape(-1)))
+
+    def decode(
+        self, data: bytes | memoryview, shape: tuple[int, ...], dtype: np.dtype, fill_value: Any = None, key: str = ""
+    ) -> np.ndarray:
+        try:
+            out = np.asarray(self._impl.decode(bytes(data)), dtype=object)
+        except (ValueError, RuntimeError, UnicodeDecodeError) as exc:
+            raise CorruptShardError(key, f"{self.name} could not decode {memoryview(data).nbytes} bytes: {exc}") from exc
+        if out.size != prod(shape):
+            raise CorruptShardError(key, f"{self.name} decoded {out.size} items for a chunk of shape {shape}")
+        return out.reshape(shape)
+
+
+class V2ChunkCodec(Codec):
+    """``shardkv.v2_chunk``: one Zarr v2 chunk encoding (v2 spec "Chunks"), for what v3 has no name for.
+
+    Encoding lays the chunk out in ``order``, applies ``filters`` in turn, then
+    ``compressor``, exactly as zarr-python 2 does; decoding reverses it.
+
+    Parameters
+    ----------
+    dtype : str or list
+        The v2 ``dtype`` (structured dtypes as lists of fields).
+    order : {"C", "F"}
+    compressor : dict or None
+        numcodecs configuration.
+    filters : list of dict or None
+        numcodecs configurations (the object codec first for ``|O`` arrays).
+
+    Raises
+    ------
+    ConfigurationError
+        If ``order`` is not C or F or numcodecs does not know a codec.
+    """
+
+    name = V2_CHUNK_CODEC
+    kind = "array_to_bytes"
+
+    def __init__(self, dtype: Any, order: str = "C", compressor: Mapping[str, Any] | None = None, filters: Any = None) -> None:
+        if order not in ("C", "F"):
+            raise ConfigurationError(f"codec {V2_CHUNK_CODEC!r}: order must be 'C' or 'F', got {order!r}")
+        self.dtype = dtype
+        self.order: Literal["C", "F"] = "F" if order == "F" else "C"
+        self.compressor = dict(compressor) if compressor is not None else None
+        self.filters = [dict(f) for f in filters] if filters else None
+        self._compressor = _numcodecs(self.compressor, V2_CHUNK_CODEC) if self.compressor else None
+        self._filters = [_numcodecs(f, V2_CHUNK_CODEC) for f in self.filters or []]
+
+    def get_config(self) -> dict[str, Any]:
+        config = {"dtype": self.dtype, "order": self.order, "compressor": self.compressor, "filters": self.filters}
+        return {"name": self.name, "configuration": config}
+
+    @classmethod
+    def from_config(cls, obj: Mapping[str, Any]) -> V2ChunkCodec:
+        config = _config_of(obj, ["dtype", "order", "compressor", "filters"])
+        if "dtype" not in config:
+            raise ConfigurationError(f"codec {V2_CHUNK_CODEC!r} needs configuration.dtype")
+        return cls(config["dtype"], config.get("order", "C"), config.get("compressor"), config.get("filters"))
+
+    def encode(self, array: np.ndarray, fill_value: Any = None) -> bytes:
+        chunk: Any = np.asarray(array).copy(order=self.order)  # the v2 layout in memory
+        for f in self._filters:
+            chunk = f.encode(chunk)
+        if self._compressor is not None:
+            chunk = self._compressor.encode(chunk)
+        return bytes(ensure_ndarray_like(chunk).reshape(-1, order="A").view(np.uint8))
+
+    def decode(
+        self, data: bytes | memoryview, shape: tuple[int, ...], dtype: np.dtype, fill_value: Any = None, key: str = ""
+    ) -> np.ndarray:
+        try:
+            chunk: Any = self._compressor.decode(bytes(data)) if self._compressor is not None else bytes(data)
+            for f in reversed(self._filters):
+                chunk = f.decode(chunk)
+            array = ensure_ndarray_like(chunk)
+            if not np.dtype(dtype).hasobject:
+                array = array.reshape(-1).view(dtype)
+            return np.asarray(array).reshape(shape, order=self.order)
+        except (ValueError, RuntimeError, TypeError) as exc:
+            raise CorruptShardError(key, f"{V2_CHUNK_CODEC} could not decode {memoryview(data).nbytes} bytes: {exc}") from exc
+
+
+for _id in sorted(ARRAY_TO_ARRAY_IDS):
+    register_codec(f"numcodecs.{_id}", NumcodecsArrayCodec.from_config)
+for _id in VLEN_IDS:
+    register_codec(_id, VlenCodec.from_config)
+register_codec(V2_CHUNK_CODEC, V2ChunkCodec.from_config)

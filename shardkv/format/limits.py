@@ -1,0 +1,62 @@
+"""Limits on what metadata may make shardkv allocate: checked before any allocation. Pure.
+
+A shard's index holds 16 bytes per inner chunk of the shard, whether stored
+or not, and is allocated whole when a shard is read or written. A
+``chunks_per_shard`` of 10^9 (a hostile or mistaken ``zarr.json``) would mean
+a 14.9 GiB index; such a layout is refused with a
+:class:`~shardkv.errors.ConfigurationError` naming the limit instead.
+
+``MAX_CHUNKS_PER_SHARD`` (default ``2**24``: a 256 MiB index) is read when a
+layout is built, so it can be changed at run time
+(``shardkv.format.limits.MAX_CHUNKS_PER_SHARD = n``), or for a whole process
+with the environment variable ``SHARDKV_MAX_CHUNKS_PER_SHARD`` (read once, on
+import).
+"""
+
+from __future__ import annotations
+
+import os
+from math import prod
+from typing import Sequence
+
+from shardkv.errors import ConfigurationError
+
+__all__ = ["MAX_CHUNKS_PER_SHARD", "check_chunks_per_shard"]
+
+
+def _from_environment(default: int) -> int:
+    text = os.environ.get("SHARDKV_MAX_CHUNKS_PER_SHARD", "")
+    try:
+        return int(text) if text.strip() else default
+    except ValueError:
+        raise ConfigurationError(f"SHARDKV_MAX_CHUNKS_PER_SHARD must be an integer, got {text!r}") from None
+
+
+MAX_CHUNKS_PER_SHARD: int = _from_environment(2**24)
+"""Most inner chunks one shard may hold (its index is 16 bytes per chunk)."""
+
+
+def check_chunks_per_shard(chunks_per_shard: Sequence[int], where: str = "") -> int:
+    """The number of inner chunks per shard, or ConfigurationError when it exceeds :data:`MAX_CHUNKS_PER_SHARD`.
+
+    Parameters
+    ----------
+    chunks_per_shard : sequence of int
+        Inner chunks per shard along each dimension.
+    where : str
+        What the layout belongs to (an array path, a metadata key), named in the error.
+
+    Raises
+    ------
+    ConfigurationError
+        If the product exceeds the limit (nothing has been allocated).
+    """
+    n = prod(int(c) for c in chunks_per_shard)
+    if n > MAX_CHUNKS_PER_SHARD:
+        at = f" of {where}" if where else ""
+        raise ConfigurationError(
+            f"chunks_per_shard {tuple(chunks_per_shard)}{at} means {n} chunks per shard (an index of {16 * n} bytes), "
+            f"beyond the limit of {MAX_CHUNKS_PER_SHARD} (shardkv.format.limits.MAX_CHUNKS_PER_SHARD, "
+            "environment SHARDKV_MAX_CHUNKS_PER_SHARD)"
+        )
+    return n

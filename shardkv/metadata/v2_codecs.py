@@ -1,0 +1,401 @@
+"""How a Zarr v2 array's dtype, order, filters, compressor and fill value read as Zarr v3. Pure.
+
+One mapping, used for sharded arrays (inside ``sharding_indexed``), for
+``--all-v3`` documents of unsharded arrays, and inverted by
+:mod:`shardkv.metadata.v2_view`. Every name below was checked against the
+registries of zarr-python 3.1.6 / numcodecs 0.16.6 and zarr-python 3.4.2 /
+numcodecs 0.17.1 (``zarr.registry``), not taken from memory:
+
+===================================  =============================================================
+Zarr v2                              Zarr v3 (inner ``codecs``, ``data_type``)
+===================================  =============================================================
+``order: "F"`` (any ndim)            ``transpose`` with the reversed axes (``[0]`` for 1-d)
+filters astype, bitround, delta,     ``numcodecs.<id>`` array -> array, before ``bytes``
+fixedscaleoffset, packbits, quantize
+filters adler32, crc32, crc32c,      ``numcodecs.<id>`` bytes -> bytes, after ``bytes`` (allowed only
+fletcher32, jenkins_lookup3,         after every array -> array filter)
+shuffle, zlib, bz2, lz4, lzma, ...
+compressor gzip / zstd / blosc       ``gzip`` / ``zstd`` / ``blosc`` (core)
+other compressors zarr 3 registers   ``numcodecs.<id>`` bytes -> bytes
+``|O`` + object codec vlen-utf8      ``data_type: "string"`` + ``vlen-utf8`` (instead of ``bytes``)
+``|O`` + object codec vlen-bytes     ``data_type: "variable_length_bytes"`` + ``vlen-bytes``
+structured (nested too), packed,     ``{"name": "structured", "configuration": {"fields":
+little-endian, no subarray fields    [[name, data_type], ...]}}``, fill value base64 as in v2
+``<U``/``|S``/``|V``, ``M8``/``m8``  ``fixed_length_utf32``, ``null_terminated_bytes``,
+                                     ``raw_bytes``, ``numpy.datetime64``/``numpy.timedelta64``
+===================================  =============================================================
+
+Anything else (the object codecs vlen-array, msgpack, json2, pickle, any other
+object codec; filters categorize, base64 and others zarr 3 has no name for;
+an array -> array filter after a bytes -> bytes one, or on big-endian data
+(zarr 3 reads those with the wrong byte order); structured dtypes with
+subarray fields, big-endian or padded fields; compressors such as zfpy, pcodec)
+is *opaque*: ``data_type`` ``{"name": "shardkv.v2_dtype"}`` and the one inner
+codec ``shardkv.v2_chunk`` carrying the v2 encoding. No v3 reader knows these
+names, so each refuses the array (unknown data type / codec), never misreads it.
+
+A v2 fill value the v3 ``fill_value`` cannot spell exactly (``null``, an object
+array's fill) is kept in the ``shardkv.v2_fill_value`` field
+(``must_understand: false``, which v3 readers skip).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from shardkv.codecs.inner import BLOSC_SHUFFLE_IDS
+from shardkv.codecs.numcodecs_v3 import ARRAY_TO_ARRAY_IDS, BYTES_TO_BYTES_IDS, V2_CHUNK_CODEC, VLEN_IDS
+from shardkv.errors import ConfigurationError
+
+__all__ = [
+    "V3Encoding",
+    "OPAQUE_DATA_TYPE",
+    "v3_encoding_of_v2",
+    "structured_data_type",
+    "numpy_dtype_of_structured",
+    "v2_dtype_json",
+    "numpy_dtype_of",
+    "leaf_data_type",
+    "v3_fill_value",
+    "core_compressor_codec",
+]
+
+OPAQUE_DATA_TYPE = "shardkv.v2_dtype"
+"""The ``data_type`` name of an array no v3 reader can decode (see the module docstring)."""
+
+_CORE = {
+    "b1": "bool",
+    "i1": "int8", "i2": "int16", "i4": "int32", "i8": "int64",
+    "u1": "uint8", "u2": "uint16", "u4": "uint32", "u8": "uint64",
+    "f2": "float16", "f4": "float32", "f8": "float64",
+    "c8": "complex64", "c16": "complex128",
+}  # fmt: skip
+_CORE_COMPRESSORS = ("gzip", "zstd", "blosc")
+_BLOSC_SHUFFLE = {i: name for name, i in BLOSC_SHUFFLE_IDS.items()}  # numcodecs id -> v3 name
+
+
+@dataclass(frozen=True)
+class V3Encoding:
+    """The v3 ``data_type``, inner ``codecs`` and ``fill_value`` of one v2 array.
+
+    Attributes
+    ----------
+    data_type : str or dict
+        The v3 data type (:data:`OPAQUE_DATA_TYPE` when ``opaque``).
+    codecs : list of dict
+        The codecs of one v2 chunk, in encoding order.
+    fill_value : object
+        The v3 fill value (the v2 one, unchanged, when ``opaque``).
+    keep_v2_fill : bool
+        True when the v2 ``fill_value`` must be recorded beside (null, object arrays, opaque).
+    opaque : bool
+        True when no v3 reader can decode the array.
+    problems : tuple of str
+        Why v3 readers other than zarr-python 3 (or, when ``opaque``, every v3 reader) cannot read it.
+    """
+
+    data_type: Any
+    codecs: list[dict[str, Any]]
+    fill_value: Any
+    keep_v2_fill: bool
+    opaque: bool
+    problems: tuple[str, ...]
+
+
+def numpy_dtype_of(v2_dtype: Any) -> np.dtype:
+    """The numpy dtype of a v2 ``dtype``: a string, or a structured dtype's (nested) list of fields.
+
+    Raises
+    ------
+    ConfigurationError
+        If numpy does not accept it.
+    """
+    try:
+        return np.dtype(_fields_of(v2_dtype))
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"dtype {v2_dtype!r} is not a Zarr v2 dtype: {exc}") from None
+
+
+def _fields_of(v2_dtype: Any) -> Any:
+    if not isinstance(v2_dtype, list):
+        return v2_dtype
+    return [tuple([f[0], _fields_of(f[1]), *([tuple(f[2])] if len(f) > 2 else [])]) for f in v2_dtype]
+
+
+def v2_dtype_json(dtype: np.dtype) -> Any:
+    """The ``.zarray`` spelling of a dtype, as zarr-python 2 writes it (``descr`` lists for structured)."""
+    if dtype.fields is None:
+        return dtype.str
+    return _as_lists(dtype.descr)
+
+
+def _as_lists(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_as_lists(v) for v in value]
+    return value
+
+
+def leaf_data_type(dtype: np.dtype) -> Any:
+    """The v3 data type of a non-structured dtype (core name or zarr-python 3 extension object), or None."""
+    core = _CORE.get(f"{dtype.kind}{dtype.itemsize}")
+    if core is not None:
+        return core
+    if not dtype.itemsize and dtype.kind in "USV":
+        return None
+    sized = {"U": "fixed_length_utf32", "S": "null_terminated_bytes", "V": "raw_bytes"}.get(dtype.kind)
+    if sized is not None:
+        return {"name": sized, "configuration": {"length_bytes": dtype.itemsize}}
+    if dtype.kind in "Mm":
+        unit, scale = np.datetime_data(dtype)
+        if unit == "generic":
+            return None
+        name = "numpy.datetime64" if dtype.kind == "M" else "numpy.timedelta64"
+        return {"name": name, "configuration": {"unit": unit, "scale_factor": int(scale)}}
+    return None
+
+
+def structured_data_type(dtype: np.dtype) -> dict[str, Any] | None:
+    """zarr-python 3's ``structured`` data type of a packed, little-endian structured dtype, or None.
+
+    Subarray fields, titles, padding, big-endian or object fields have no
+    ``structured`` spelling every zarr-python 3 reads: None.
+    """
+    if dtype.fields is None or dtype.names is None:
+        return None
+    fields: list[list[Any]] = []
+    offset = 0
+    for name in dtype.names:
+        field_dtype, field_offset, *title = dtype.fields[name]
+        if title or field_offset != offset or field_dtype.subdtype is not None or not name:
+            return None
+        if field_dtype.itemsize > 1 and field_dtype.byteorder == ">":
+            return None
+        inner = structured_data_type(field_dtype) if field_dtype.fields is not None else leaf_data_type(field_dtype)
+        if inner is None:
+            return None
+        fields.append([name, inner])
+        offset += field_dtype.itemsize
+    if offset != dtype.itemsize:
+        return None
+    return {"name": "structured", "configuration": {"fields": fields}}
+
+
+def numpy_dtype_of_structured(data_type: Mapping[str, Any], leaf: Any) -> np.dtype:
+    """The numpy dtype of a v3 ``structured`` data type (little-endian fields).
+
+    ``leaf(data_type)`` gives the dtype of each non-structured field.
+
+    Raises
+    ------
+    ConfigurationError
+        If ``fields`` is not a list of ``[name, data_type]``.
+    """
+    fields = (data_type.get("configuration") or {}).get("fields")
+    if not isinstance(fields, list) or not fields:
+        raise ConfigurationError(f"data_type {dict(data_type)!r}: fields must be a non-empty list")
+    out = []
+    for f in fields:
+        if not isinstance(f, (list, tuple)) or len(f) != 2 or not isinstance(f[0], str):
+            raise ConfigurationError(f"data_type structured: field {f!r} is not [name, data_type]")
+        inner = f[1]
+        if isinstance(inner, Mapping) and inner.get("name") == "structured":
+            out.append((f[0], numpy_dtype_of_structured(inner, leaf)))
+        else:
+            out.append((f[0], leaf(inner)))
+    return np.dtype(out)
+
+
+def _null_fill_value(dtype: np.dtype) -> Any:
+    """The v3 fill value that stands for a v2 ``null`` (see spec_notes, clause M7)."""
+    if dtype.kind == "b":
+        return False
+    if dtype.kind == "c":
+        return [0.0, 0.0]
+    if dtype.kind in "US":
+        return ""
+    if dtype.kind == "V":
+        return base64.standard_b64encode(bytes(dtype.itemsize)).decode("ascii")
+    return 0
+
+
+def v3_fill_value(fill: Any, dtype: np.dtype) -> Any:
+    """The v3 ``fill_value`` of a v2 fill value ``fill`` of dtype ``dtype`` (``None``: see clause M7)."""
+    if fill is None:
+        return _null_fill_value(dtype)
+    if dtype.kind in "USV":
+        if isinstance(fill, str):
+            return fill  # v2 and v3 spell these alike: the string, or base64 of the bytes
+        if dtype.kind == "V":
+            raise ConfigurationError(f"fill_value {fill!r} of a {dtype.str} array must be a base64 string")
+        # zarr-python 2 fills with numpy's conversion: 0 becomes "0" (U) or b"0" (S)
+        try:
+            value = np.array(fill, dtype=dtype)[()]
+        except (TypeError, ValueError):
+            raise ConfigurationError(f"fill_value {fill!r} does not convert to {dtype.str}") from None
+        return str(value) if dtype.kind == "U" else base64.standard_b64encode(bytes(value)).decode("ascii")
+    if dtype.kind in "Mm":
+        if isinstance(fill, bool) or not isinstance(fill, int):
+            raise ConfigurationError(f"fill_value {fill!r} of a {dtype.str} array must be an integer")
+        return fill
+    if dtype.kind == "f":
+        if isinstance(fill, str):
+            return fill  # "NaN", "Infinity", "-Infinity" are spelt the same in v3
+        if math.isnan(fill):
+            return "NaN"
+        if math.isinf(fill):
+            return "Infinity" if fill > 0 else "-Infinity"
+        return float(fill)
+    if dtype.kind == "c":
+        if isinstance(fill, (list, tuple)):
+            return [v3_fill_value(v, np.dtype("f8")) for v in fill]
+        return [v3_fill_value(float(np.real(fill)), np.dtype("f8")), v3_fill_value(float(np.imag(fill)), np.dtype("f8"))]
+    if dtype.kind == "b":
+        return bool(fill)
+    return int(fill)
+
+
+def core_compressor_codec(compressor: Mapping[str, Any], dtype: np.dtype) -> dict[str, Any]:
+    """The v3 codec of a v2 compressor: ``gzip``/``zstd``/``blosc`` by their core names, else ``numcodecs.<id>``."""
+    config = {k: v for k, v in compressor.items() if k != "id"}
+    cid = compressor["id"]
+    if cid == "gzip":
+        return {"name": "gzip", "configuration": {"level": int(config.get("level", 1))}}
+    if cid == "zstd":
+        return {"name": "zstd", "configuration": {"level": int(config.get("level", 1)), "checksum": bool(config.get("checksum", False))}}
+    if cid == "blosc":
+        shuffle = int(config.get("shuffle", 1))
+        if shuffle == -1:  # numcodecs AUTOSHUFFLE: bit shuffle for 1-byte items, else byte shuffle
+            shuffle = 2 if dtype.itemsize == 1 else 1
+        return {
+            "name": "blosc",
+            "configuration": {
+                "cname": config.get("cname", "lz4"),
+                "clevel": int(config.get("clevel", 5)),
+                "shuffle": _BLOSC_SHUFFLE[shuffle],
+                "typesize": dtype.itemsize,
+                "blocksize": int(config.get("blocksize", 0)),
+            },
+        }
+    return {"name": f"numcodecs.{cid}", "configuration": config}
+
+
+def _fill_of(zarray: Mapping[str, Any], dtype: np.dtype) -> tuple[Any, bool]:
+    """The v3 fill value of a non-object, non-opaque array, and whether the v2 one must be kept."""
+    fill = zarray.get("fill_value")
+    if dtype.fields is not None:
+        if fill is None:
+            return base64.standard_b64encode(bytes(dtype.itemsize)).decode("ascii"), True
+        if not isinstance(fill, str):
+            raise ConfigurationError(f"fill_value {fill!r} of a structured array must be a base64 string")
+        return fill, False
+    return v3_fill_value(fill, dtype), fill is None
+
+
+def _opaque(zarray: Mapping[str, Any], why: str) -> V3Encoding:
+    config = {
+        "dtype": zarray["dtype"], "order": zarray.get("order", "C"),
+        "compressor": zarray.get("compressor"), "filters": zarray.get("filters"),
+    }  # fmt: skip
+    return V3Encoding(
+        data_type={"name": OPAQUE_DATA_TYPE, "configuration": {"dtype": zarray["dtype"]}},
+        codecs=[{"name": V2_CHUNK_CODEC, "configuration": config}],
+        fill_value=zarray.get("fill_value"),
+        keep_v2_fill=False,
+        opaque=True,
+        problems=(f"{why}: no Zarr v3 reader decodes it (stored as {OPAQUE_DATA_TYPE!r} / {V2_CHUNK_CODEC!r})",),
+    )
+
+
+def _numcodecs_entry(config: Mapping[str, Any]) -> dict[str, Any]:
+    return {"name": f"numcodecs.{config['id']}", "configuration": {k: v for k, v in config.items() if k != "id"}}
+
+
+def _big_endian(dtype: np.dtype, config: Mapping[str, Any]) -> bool:
+    """True when the array or a dtype a filter names is big-endian (multi-byte)."""
+    named = [np.dtype(v) for k, v in config.items() if k in ("dtype", "astype", "encode_dtype", "decode_dtype") and v]
+    return any(d.byteorder == ">" and d.itemsize > 1 for d in [dtype, *named])
+
+
+def v3_encoding_of_v2(zarray: Mapping[str, Any]) -> V3Encoding:
+    """The v3 data type, codecs and fill value that decode a v2 array's chunks to the same values.
+
+    Parameters
+    ----------
+    zarray : mapping
+        The v2 ``.zarray`` document.
+
+    Returns
+    -------
+    V3Encoding
+        Opaque (see the module docstring) when zarr-python 3 has no name for a part.
+
+    Raises
+    ------
+    ConfigurationError
+        If the dtype or a fill value is invalid.
+    """
+    dtype = numpy_dtype_of(zarray["dtype"])
+    ndim = len(zarray["shape"])
+    filters = list(zarray.get("filters") or [])
+    compressor = zarray.get("compressor")
+    problems: list[str] = []
+    codecs: list[dict[str, Any]] = []
+    if zarray.get("order", "C") == "F" and ndim >= 1:
+        codecs.append({"name": "transpose", "configuration": {"order": list(range(ndim))[::-1]}})
+    if dtype.hasobject:
+        object_codec = filters.pop(0)["id"] if filters else None
+        if object_codec not in VLEN_IDS:
+            return _opaque(zarray, f"dtype |O with object codec {object_codec!r}")
+        data_type: Any = VLEN_IDS[object_codec]
+        array_to_bytes: dict[str, Any] = {"name": object_codec, "configuration": {}}
+        fill = zarray.get("fill_value")
+        wanted = str if object_codec == "vlen-utf8" else bytes
+        keep = not (isinstance(fill, str) and wanted is str)
+        fill_value: Any = fill if not keep else ""
+    else:
+        data_type = structured_data_type(dtype) if dtype.fields is not None else leaf_data_type(dtype)
+        if data_type is None:
+            return _opaque(zarray, f"dtype {zarray['dtype']!r}")
+        if dtype.fields is not None or dtype.kind in "USVMm":
+            name = data_type["name"]
+            problems.append(
+                f"dtype {zarray['dtype']!r} has no Zarr v3 core data type; stored as the zarr-python 3 "
+                f"extension {name!r} (zarr-python 3 only)"
+            )
+        multibyte = dtype.itemsize > 1 and (dtype.byteorder != "|" or dtype.fields is not None)
+        endian = "big" if dtype.byteorder == ">" else "little"
+        array_to_bytes = {"name": "bytes", "configuration": {"endian": endian}} if multibyte else {"name": "bytes"}
+        fill_value, keep = _fill_of(zarray, dtype)
+    after: list[dict[str, Any]] = []
+    for f in filters:
+        fid = f.get("id")
+        if fid in ARRAY_TO_ARRAY_IDS and _big_endian(dtype, f):
+            # zarr 3 decodes the bytes codec's output as the array's byte order, not the filter's: it misreads these
+            return _opaque(zarray, f"filter {fid!r} on big-endian data")
+        if fid in ARRAY_TO_ARRAY_IDS and not after:
+            codecs.append(_numcodecs_entry(f))
+        elif fid in BYTES_TO_BYTES_IDS:
+            after.append(_numcodecs_entry(f))
+        else:
+            return _opaque(zarray, f"filter {fid!r}" + (" after a bytes -> bytes filter" if fid in ARRAY_TO_ARRAY_IDS else ""))
+        problems.append(f"v2 filter {fid!r} is not a Zarr v3 core codec (zarr-python 3 only, as numcodecs.{fid})")
+    codecs.append(array_to_bytes)
+    codecs.extend(after)
+    if compressor is not None:
+        if compressor.get("id") not in _CORE_COMPRESSORS and compressor.get("id") not in BYTES_TO_BYTES_IDS:
+            return _opaque(zarray, f"compressor {compressor.get('id')!r}")
+        entry = core_compressor_codec(compressor, dtype)
+        if entry["name"].startswith("numcodecs."):
+            problems.append(f"compressor {compressor['id']!r} is not a Zarr v3 core codec (zarr-python 3 only, as {entry['name']})")
+        codecs.append(entry)
+    if dtype.hasobject:
+        problems.append(
+            f"dtype |O has no Zarr v3 core data type; stored as the zarr-python 3 extension {data_type!r} "
+            f"with codec {array_to_bytes['name']!r} (zarr-python 3 only)"
+        )
+    return V3Encoding(data_type, codecs, fill_value, keep, False, tuple(problems))
