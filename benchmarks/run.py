@@ -127,7 +127,8 @@ def collect(args: argparse.Namespace, py2: str | None, py3: str | None) -> dict[
         names = ["write_read/shardkv", "write_read/zarr3", "chunkwise_write/shardkv-writeback", "chunkwise_write/shardkv",
                  "chunkwise_write/zarr2-transformer", "random_reads/shardkv", "random_reads/zarr3",
                  "proxy_overhead/shardkv", "warm_reads_local/shardkv", "peak_memory/shardkv", "convert_scale/shardkv",
-                 "convert_scale/tensorstore", *(f"dask_writes/{i}" for i in DASK_IMPLS)]
+                 "convert_scale/tensorstore", "list_scale/shardkv", "s3_reads/all",
+                 *(f"dask_writes/{i}" for i in DASK_IMPLS)]
         return {name: Missing("skipped: --peers-only") for name in names}
     res["write_read/shardkv"] = run_workload(py2, "write_read", "shardkv", args, rep)
     res["write_read/zarr3"] = run_workload(py3, "write_read", "zarr3", args, rep)
@@ -147,6 +148,9 @@ def collect(args: argparse.Namespace, py2: str | None, py3: str | None) -> dict[
     # issue 21: a convert of many 1 KiB chunks against tensorstore doing the same copy (the zarr 3 env has it)
     res["convert_scale/shardkv"] = run_workload(py2, "convert_scale", "shardkv", args, rep)
     res["convert_scale/tensorstore"] = run_workload(py3, "convert_scale", "tensorstore", args, rep)
+    # issue 21: listing a many-chunk array from its shard indexes; S3 bytes and requests counted at the server
+    res["list_scale/shardkv"] = run_workload(py2, "list_scale", "shardkv", args, rep)
+    res["s3_reads/all"] = run_workload(py2, "s3_reads", "all", args, 1, ["--tensorstore-python", py3 or ""])
     for impl in DASK_IMPLS:
         res[f"dask_writes/{impl}"] = (Missing("skipped: --skip-dask") if getattr(args, "skip_dask", False)
                                       else run_workload(py2, "dask_writes", impl, args, rep))  # fmt: skip
@@ -263,6 +267,8 @@ def build_rows(res: dict[str, Any]) -> list[list[str]]:
         note = f"{fmt_bytes(pm['limit_bytes'])}"
         rows.append(value_row("P6", what, fmt_bytes(peak), "—", peak / pm["limit_bytes"], 1.0, note))
     rows.extend(convert_rows(res))
+    rows.extend(listing_rows(res))
+    rows.extend(s3_rows(res))
     rows.extend(dask_rows(res))
     return rows
 
@@ -281,6 +287,68 @@ def convert_rows(res: dict[str, Any]) -> list[list[str]]:
     else:
         rows.append(value_row("P21-convert-rss", f"{what}: peak RSS / 300 MiB", fmt_bytes(peak), peer_cell,
                               peak / (300 * MiB), 1.0))
+    return rows
+
+
+LIST_OPS = (("list", "list(store)"), ("len", "len(store)"), ("keys", "list(store.keys())"),
+            ("nchunks", "zarr 2 nchunks_initialized"))
+
+
+def listing_rows(res: dict[str, Any]) -> list[list[str]]:
+    """P21 listing rows: each listing of the many-chunk array through ShardedStore vs DirectoryStore (goal 0.5)."""
+    r = res["list_scale/shardkv"]
+    what = "listing" if isinstance(r, Missing) else (
+        f"{r['chunks']:,} chunks of {r['chunk_shape'][0]}x{r['chunk_shape'][1]} u1, "
+        f"{r['chunks_per_shard']:,} per shard ({r['shards']:,} shards)")
+    return [ratio_row(f"P21-{op}", f"{label}, {what}: ShardedStore(dir) vs DirectoryStore(dir) of one file per chunk; "
+                      "time, new store object each", median(r, f"sharded_{op}_s"), median(r, f"plain_{op}_s"),
+                      "DirectoryStore", fmt_s, 0.5) for op, label in LIST_OPS]  # fmt: skip
+
+
+S3_LAYOUTS = (("1024", "1,024 chunks/shard (16 KiB index)"), ("32768", "32x32x32 chunks/shard (512 KiB index)"))
+S3_IMPLS = (("shardkv", "zarr 2 + shardkv (s3fs)"), ("shardkv-obstore", "zarr 2 + shardkv (obstore)"))
+
+
+def s3_rows(res: dict[str, Any]) -> list[list[str]]:
+    """P21 S3 rows, counted at the S3 server: body bytes per warm chunk read / chunk bytes (goal 1.1);
+    requests of a cold single-chunk read vs tensorstore (goal: no more)."""
+    r = res["s3_reads/all"]
+    rows: list[list[str]] = []
+    got = {} if isinstance(r, Missing) else r["results"]
+    ts_missing = Missing(got.get("tensorstore/1024", {}).get("unavailable", "no tensorstore result"))
+
+    def cell(x: dict[str, Any], reads: int) -> str:
+        return f"{x['bytes'] / reads:,.0f} B in {x['requests'] / reads:.2f} req/read"
+
+    for layout, label in S3_LAYOUTS:
+        ts = got.get(f"tensorstore/{layout}", {})
+        ts_cell = f"{ts['warm']['bytes'] / (ts['reads'] * 256):.2f}: {cell(ts['warm'], ts['reads'])} (tensorstore)" \
+            if "warm" in ts else str(ts_missing)
+        for impl, impl_label in S3_IMPLS:
+            what = f"S3 warm single-chunk reads, 256 B chunks, {label}, {impl_label}: body bytes transferred / chunk bytes"
+            x = got.get(f"{impl}/{layout}")
+            if x is None or "warm" not in x:
+                rows.append(value_row(f"P21-s3-warm-{layout}-{impl}", what, "", ts_cell,
+                                      r if isinstance(r, Missing) else Missing("no result"), 1.1))
+                continue
+            rid = f"P21-s3-warm-{layout}-{impl}"
+            rows.append(value_row(rid, f"{what} ({x['reads']} reads)", cell(x["warm"], x["reads"]), ts_cell,
+                                  x["warm"]["bytes"] / (x["reads"] * 256), 1.1))
+    ts = got.get("tensorstore/1024", {})
+    for impl, impl_label in S3_IMPLS:
+        what = f"S3 cold read of one chunk (new store, open + read), 1,024 chunks/shard, {impl_label}: requests, all methods"
+        x = got.get(f"{impl}/1024", {})
+        sk_req = x["cold"]["requests"] if "cold" in x else (r if isinstance(r, Missing) else Missing("no result"))
+        ts_req = ts["cold"]["requests"] if "cold" in ts else ts_missing
+
+        def fmt_req(n: Any, who: dict[str, Any] = x) -> str:
+            methods = ", ".join(f"{v} {k}" for k, v in who["cold"]["by_method"].items())
+            return f"{n} ({methods})"
+
+        row = ratio_row(f"P21-s3-cold-{impl}", what, sk_req, ts_req, "tensorstore", fmt_req, 1.0)
+        if "cold" in ts:  # the peer cell with tensorstore's own methods
+            row[3] = f"{fmt_req(ts_req, ts)} (tensorstore)"
+        rows.append(row)
     return rows
 
 
@@ -405,6 +473,18 @@ def notes(res: dict[str, Any], size: str) -> list[str]:
     po = res["proxy_overhead/shardkv"]
     if not isinstance(po, Missing):
         out.append("- P5 split: " + ", ".join(f"{k} {fmt_s(median(po, k))}" for k in po["samples"]))
+    ls = res["list_scale/shardkv"]
+    if not isinstance(ls, Missing):
+        out.append(f"- P21 listing fixture: {ls['chunks']:,} chunk files + {ls['shards']:,} shard files written in "
+                   f"{ls['fixture_s']:.1f} s (plain file writes); 1-minute load average {ls['load_avg_1m']:.2f} after")
+    s3 = res["s3_reads/all"]
+    if not isinstance(s3, Missing):
+        for key, x in s3["results"].items():
+            if "cold" in x:
+                out.append(f"- P21 S3 {key}: cold {x['cold']['requests']} requests {x['cold']['by_method']}, "
+                           f"{x['cold']['bytes']:,} B; warm {x['reads']} reads: {x['warm']['requests']} requests "
+                           f"({x['warm']['conditional']} with If-Match, {x['warm']['ranged']} ranged, "
+                           f"{x['warm']['status_412']} answered 412), {x['warm']['bytes']:,} B")
     return out
 
 

@@ -18,6 +18,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ROW_IDS = ("P1", "P2", "P2-direct", "P3", "P3-cold", "P4", "P5", "P6", "P8", "P21-convert", "P21-convert-rss")
+# issue 21's listing and S3 rows: shardkv's figure is measured (tensorstore's column needs .venv-zarr3)
+MEASURED_ROW_IDS = ("P21-list", "P21-len", "P21-keys", "P21-nchunks",
+                    *(f"P21-s3-warm-{n}-{impl}" for n in ("1024", "32768") for impl in ("shardkv", "shardkv-obstore")),
+                    "P21-s3-cold-shardkv", "P21-s3-cold-shardkv-obstore")
 DASK_ROW_IDS = ("P7-dask", "P7-dask-buffer", "P7-dask-rechunk", "P7-xarray", "P7-xarray-buffer")
 
 
@@ -40,7 +44,8 @@ def table_rows(text: str) -> dict[str, list[str]]:
 
 
 # every workload but the peer matrix, which test_peer_workload_runs covers (one process, not the matrix)
-TABLE_WORKLOADS = "write_read,chunkwise_write,random_reads,proxy_overhead,peak_memory,dask_writes,convert_scale"
+TABLE_WORKLOADS = ("write_read,chunkwise_write,random_reads,proxy_overhead,warm_reads_local,peak_memory,dask_writes,"
+                   "convert_scale,list_scale,s3_reads")
 
 
 @pytest.mark.zarr2
@@ -50,6 +55,11 @@ def test_tiny_run_reports_every_row(tmp_path: Path) -> None:
     rows = table_rows(proc.stdout)
     assert set(ROW_IDS + DASK_ROW_IDS) <= set(rows), f"rows printed: {sorted(rows)}\n{proc.stdout}"
     for rid in DASK_ROW_IDS:  # every dask/xarray write succeeded and has its zarr 2 peer
+        assert rows[rid][3] != "n/a", rows[rid]
+    assert set(MEASURED_ROW_IDS) <= set(rows), sorted(rows)
+    for rid in MEASURED_ROW_IDS:  # shardkv's side of every listing and S3 row was measured
+        assert not rows[rid][1].startswith("n/a") and rows[rid][1], rows[rid]
+    for rid in ("P21-list", "P21-len", "P21-keys", "P21-nchunks"):  # DirectoryStore is measured in the same process
         assert rows[rid][3] != "n/a", rows[rid]
     assert all(len(cells) == 6 for cells in rows.values())  # what, shardkv, peer, ratio, goal, met?
     assert table_rows(out.read_text()) == rows  # the file holds the same table

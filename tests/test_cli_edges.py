@@ -45,6 +45,21 @@ def test_progress_is_shown_on_request_without_a_terminal(source, tmp_path, comma
     assert default.returncode == 0 and default.stderr == ""
 
 
+def test_compact_shows_progress_on_request_and_reclaims_the_same(source, tmp_path):
+    for name in ("shown", "hidden", "default"):
+        assert run("convert", str(source), str(tmp_path / name), "--chunks-per-shard", "2").returncode == 0
+    shown = run("compact", str(tmp_path / "shown"), "--progress")
+    assert shown.returncode == 0, shown.stderr
+    assert "shardkv compact" in shown.stderr and "100%" in shown.stderr and "1/1" in shown.stderr
+    hidden = run("compact", str(tmp_path / "hidden"), "--no-progress")
+    assert hidden.returncode == 0 and hidden.stderr == ""
+    default = run("compact", str(tmp_path / "default"))  # stderr is a pipe, not a terminal
+    assert default.returncode == 0 and default.stderr == ""
+    assert shown.stdout.split(":")[1] == hidden.stdout.split(":")[1] == default.stdout.split(":")[1]
+    one = run("compact", str(tmp_path / "shown"), "--array", "a", "--progress")
+    assert one.returncode == 0 and "1/1" in one.stderr
+
+
 def test_one_chunk_per_shard_warns_that_nothing_is_gained(source, tmp_path):
     proc = run("convert", str(source), str(tmp_path / "out"), "--chunks-per-shard", "1")
     assert proc.returncode == 0, proc.stderr

@@ -10,14 +10,16 @@ chunk. This module walks the hierarchy instead:
   (``*.shardkv-tmp-*``, ``.shardkv-locks``) are refused when they name an
   array or a group (:class:`~shardkv.cli.errors.ReservedNameError`), never dropped.
 * :func:`list_array` then reads one array's keys once, as a stream: local
-  directories with ``os.scandir`` (one directory entry at a time), other
-  stores through :meth:`StoreAdapter.iter_keys`. Each in-grid chunk key sets
+  directories with ``os.scandir`` (one directory entry at a time), S3 through
+  s3fs's paginated ``ListObjectsV2`` (a page of names at a time, no per-key
+  ``info`` kept), other fsspec filesystems one directory at a time
+  (``fs.walk``), other stores through :meth:`StoreAdapter.iter_keys`. Each in-grid chunk key sets
   one bit of a bitmap over the chunk grid (:class:`ChunkBitmap`); only keys
   that are neither metadata nor chunks (rare) are kept as strings.
 
 Peak memory is therefore one bit per chunk-grid position plus the directory
-entry being looked at (local) or the listing page (object stores whose
-adapter pages its listing), whatever the number of chunks.
+entry being looked at (local) or the listing page (S3: at most
+:data:`PAGE_KEYS` names), whatever the number of chunks.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
+import fsspec.asyn
+from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 from shardkv.cli.errors import NotAHierarchyError, ReservedNameError
@@ -36,11 +40,15 @@ from shardkv.keys.paths import join_path, path_prefix
 from shardkv.metadata.documents import META_NAMES
 from shardkv.metadata.v3_view import v2_dimension_separator
 from shardkv.storage.adapters import FSMapAdapter, StoreAdapter
-from shardkv.storage.base import LOCK_DIR, TEMP_MARKER
+from shardkv.storage.base import LOCK_DIR, TEMP_MARKER, hidden
 
-__all__ = ["ChunkBitmap", "block_coords", "ArrayListing", "HierarchyWalk", "walk_hierarchy", "list_array", "iter_array_keys"]
+__all__ = ["ChunkBitmap", "block_coords", "ArrayListing", "HierarchyWalk", "walk_hierarchy", "list_array", "iter_array_keys",
+           "PAGE_KEYS"]
 
 _NODE_DOCUMENTS = (".zarray", ".zgroup", ".zattrs", "zarr.json")
+
+PAGE_KEYS = 1000
+"""Names taken from an S3 listing at a time (one ``ListObjectsV2`` page holds at most 1,000)."""
 
 
 def _reserved(name: str) -> bool:
@@ -293,7 +301,18 @@ def iter_array_keys(source: StoreAdapter, path: str) -> Iterator[str]:
     Metadata documents a :class:`~shardkv.proxy.presenting.PresentingAdapter`
     presents are not included (ask for them with ``contains``).
     """
-    root = _Lister(source).root
+    lister = _Lister(source)
+    root = lister.root
+    if lister.fsmap is not None:
+        fsmap = lister.fsmap
+        fs = fsmap.fs
+        base = fs._strip_protocol(fsmap.root)
+        start = len(base) + 1 if base else 0
+        for file_path in _files_under(fs, join_path(base, path) if path else base):
+            key = file_path[start:]
+            if key and not hidden(key):
+                yield key
+        return
     if root is None:
         for key in source.iter_keys(path_prefix(path)):
             yield key
@@ -315,6 +334,81 @@ def iter_array_keys(source: StoreAdapter, path: str) -> Iterator[str]:
                     stack.append((entry.path, key))
                 else:
                     yield key
+
+
+def _is_s3(fs: AbstractFileSystem) -> bool:
+    try:
+        from s3fs import S3FileSystem
+    except ImportError:
+        return False
+    return isinstance(fs, S3FileSystem)
+
+
+def _files_under(fs: AbstractFileSystem, directory: str) -> Iterator[str]:
+    """The paths of the files under ``directory`` (no protocol), streamed.
+
+    S3: page by page of ``ListObjectsV2`` (:func:`_s3_files_under`); other
+    filesystems: one directory listing at a time (``fs.walk``), which is what
+    they can do lazily. Never one ``find`` of every key with its ``info``.
+    """
+    if _is_s3(fs):
+        yield from _s3_files_under(fs, directory)
+        return
+    for parent, _, names in fs.walk(directory, on_error=_raise_unless_missing):
+        for name in names:
+            yield f"{parent.rstrip('/')}/{name}"
+
+
+def _raise_unless_missing(exc: BaseException) -> None:
+    """``fs.walk``'s error handler: a directory gone meanwhile lists nothing; anything else (permissions) is raised."""
+    if not isinstance(exc, FileNotFoundError):
+        raise exc
+
+
+def _s3_files_under(fs: Any, directory: str) -> Iterator[str]:
+    """``bucket/key`` of each object below ``directory``, taken :data:`PAGE_KEYS` at a time from s3fs's pager.
+
+    ``S3FileSystem._iterdir`` fetches one ``ListObjectsV2`` page per step of
+    its async generator; the info dicts of a page are dropped once their names
+    are taken, so at most one page is held, however many keys the array has.
+
+    Raises
+    ------
+    PermissionError, OSError
+        As s3fs translates the S3 error (a missing bucket lists nothing).
+    """
+    from botocore.exceptions import ClientError
+    from s3fs.errors import translate_boto_error
+
+    bucket, key, _ = fs.split_path(directory)
+    prefix = f"{key.strip('/')}/" if key else ""
+    entries = fs._iterdir(bucket, delimiter="", prefix=prefix)
+
+    async def take() -> list[str]:
+        page: list[str] = []
+        while len(page) < PAGE_KEYS:
+            try:
+                info = await entries.__anext__()
+            except StopAsyncIteration:
+                break
+            except ClientError as exc:
+                raise translate_boto_error(exc) from exc
+            name = info["name"]
+            if info.get("type") == "file" and not name.endswith("/"):  # "dir/" markers some tools write
+                page.append(name)
+        return page
+
+    try:
+        while True:
+            try:
+                page = fsspec.asyn.sync(fs.loop, take)
+            except FileNotFoundError:  # no such bucket: nothing stored
+                return
+            yield from page
+            if len(page) < PAGE_KEYS:
+                return
+    finally:
+        fsspec.asyn.sync(fs.loop, entries.aclose)
 
 
 def _decode(encoding: V2ChunkKeyEncoding, suffix: str, ndim: int) -> tuple[int, ...] | None:

@@ -230,6 +230,7 @@ def _add_compact(sub: Any) -> None:
     p.add_argument("store", metavar="STORE", help="a sharded hierarchy: a path or an fsspec URL")
     p.add_argument("--array", metavar="PATH", default=None, help="only the array at PATH (default: every array)")
     _add_storage_options(p)
+    _add_progress(p)
 
 
 def _run_compact(args: argparse.Namespace) -> int:
@@ -239,11 +240,22 @@ def _run_compact(args: argparse.Namespace) -> int:
     from shardkv.proxy.store import ShardedStore
 
     adapter = open_store(args.store, args.storage_options)
-    read_hierarchy(PresentingAdapter(adapter), args.store)  # a missing or empty store, or no hierarchy, is an error
+    # a missing or empty store, or no hierarchy, is an error
+    hierarchy = read_hierarchy(PresentingAdapter(adapter), args.store)
     with ShardedStore(adapter) as store:
         if args.array is not None and store.sharded_array(args.array) is None:
             raise ArrayNotFoundError(args.store, args.array.strip("/"), "sharded array")
-        reclaimed = store.compact(args.array)
+        if not _progress(args):
+            reclaimed = store.compact(args.array)
+        else:  # one array at a time, so that the bar moves (the same shards are rewritten)
+            from tqdm import tqdm
+
+            paths = [args.array] if args.array is not None else [p for p in hierarchy.arrays if store.sharded_array(p)]
+            reclaimed = 0
+            with tqdm(total=len(paths), file=sys.stderr, unit="array", desc="shardkv compact", mininterval=1.0) as bar:
+                for path in paths:
+                    reclaimed += store.compact(path)
+                    bar.update(1)
     print(f"compacted {args.store}: {reclaimed} bytes reclaimed")
     return 0
 

@@ -14,7 +14,7 @@ Two layers, taken in this order:
    stable hash of its location namespace and full path. The registry is
    bounded whatever the number of stores, locations or shards.
 2. **Across processes** (local and network file systems, the default where the
-   location has a ``local_dir``): one ``filelock.FileLock`` per *file stripe*,
+   location has a ``local_dir``): one ``flock``-ed lock file per *file stripe*,
    lock files ``<array>/.shardkv-locks/<stripe>.lock`` in the real directory
    (symbolic links resolved) of the array that owns the shard
    (``file_stripes`` files at most per array, never listed by the store
@@ -27,6 +27,20 @@ Two layers, taken in this order:
    lock in ``<root>/.shardkv-locks/`` (zarr 2.18's transformer lists the data
    directories; a draft hierarchy has one root). In-process stripes of a
    local location are chosen by the same real path, so threads agree too.
+
+Who can take a lock (issue 20 item 7): ``flock`` works on a descriptor opened
+for reading too, so a lock file anyone can read is a lock anyone can hold, and
+a reader of the store could block every writer. Lock files are therefore
+opened for reading *and writing* (``O_RDWR``, never following a symbolic link)
+and created with the permissions of the array directory they lock: read and
+write for the owner, for the group if the directory is group-writable, for
+others if it is world-writable; never a read bit without its write bit
+(``0600``, ``0660`` or ``0666``; the ``.shardkv-locks`` directory likewise
+``0700``, ``0770`` or ``0777``). An account that cannot write the array
+cannot open its lock files, so it cannot block a writer. An existing lock
+file with looser bits (written by an older shardkv as ``0644``) is narrowed by
+its owner's next writer. Readers take no lock and create no lock file: only
+writes (:mod:`shardkv.engine.shard_writes`) call :meth:`ShardLocks.hold`.
 
 Why stripes are safe: a stripe lock covers a fixed set of shards, and every
 writer of a shard takes the stripe of that shard, so two writers of one shard
@@ -58,15 +72,16 @@ open file, which the child shares).
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import random
+import stat
 import threading
 import time
 import zlib
 from contextlib import ExitStack, contextmanager
 from typing import Any, Iterable, Iterator, Mapping
-
-import filelock
 
 from shardkv.errors import ConfigurationError, LockTimeoutError
 from shardkv.storage.adapters import LOCK_DIR
@@ -81,7 +96,7 @@ DEFAULT_FILE_STRIPES = 64
 """Lock files per array (empty files in ``<array>/.shardkv-locks/``)."""
 
 _MAX_FILE_LOCKS = 4096
-"""``FileLock`` objects a process keeps at most; unheld ones are dropped beyond it."""
+"""Lock file objects a process keeps at most; unheld ones are dropped beyond it."""
 _MAX_REAL_DIRS = 4096  # resolved array directories remembered per ShardLocks
 
 
@@ -94,6 +109,155 @@ def stripe_of(path: str, n_stripes: int) -> int:
     return zlib.crc32(path.encode("utf-8")) % n_stripes
 
 
+def lock_modes(array_dir: str) -> tuple[int, int]:
+    """``(lock file mode, lock directory mode)`` for the array directory ``array_dir``.
+
+    Read and write (and, for the directory, search) for the owner; for the
+    group only if ``array_dir`` is group-writable; for others only if it is
+    world-writable; the directory keeps ``array_dir``'s set-group-ID bit. No class gets a read bit without its write bit, so no
+    account that cannot write the array can open (and ``flock``) a lock file.
+
+    Raises
+    ------
+    OSError
+        If ``array_dir`` cannot be examined (``FileNotFoundError``, ``PermissionError``).
+    """
+    dir_mode = os.stat(array_dir).st_mode
+    file_mode, lock_dir_mode = 0o600, 0o700
+    if dir_mode & stat.S_IWGRP:
+        file_mode, lock_dir_mode = file_mode | 0o060, lock_dir_mode | 0o070
+    if dir_mode & stat.S_IWOTH:
+        file_mode, lock_dir_mode = file_mode | 0o006, lock_dir_mode | 0o007
+    # a set-group-ID array directory (a shared project directory) passes its group on to the lock files
+    return file_mode, lock_dir_mode | (dir_mode & stat.S_ISGID)
+
+
+def _too_open(found: int, wanted: int) -> bool:
+    """Whether permission bits ``found`` grant what ``wanted`` does not, or a read without its write."""
+    found &= 0o777
+    readers_not_writers = (found & 0o444) & ~((found & 0o222) << 1)
+    return bool(found & ~wanted or readers_not_writers)
+
+
+def _make_lock_dir(lock_dir: str) -> None:
+    """Create ``lock_dir`` (a ``.shardkv-locks``) with the modes of :func:`lock_modes`, if it is missing."""
+    if os.path.isdir(lock_dir):
+        return
+    array_dir = os.path.dirname(lock_dir)
+    os.makedirs(array_dir, exist_ok=True)  # as the array's first write would make it
+    _, dir_mode = lock_modes(array_dir)
+    try:
+        os.mkdir(lock_dir, dir_mode)
+    except FileExistsError:
+        return  # another writer made it first
+    os.chmod(lock_dir, dir_mode)  # exactly: the umask only narrowed it
+
+
+class _LockFile:
+    """One exclusive ``flock`` of one lock file, taken through a descriptor opened ``O_RDWR``.
+
+    The file is created (``O_CREAT``, never through a symbolic link) with the
+    mode of :func:`lock_modes`; a looser existing file owned by this account is
+    narrowed to it. The descriptor is opened for each hold and closed when the
+    lock is released; it is never inherited by child processes.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd: int | None = None  # the open descriptor while held
+        self._mode: int | None = None  # from the array directory, at the first open
+
+    def _open(self) -> int:
+        flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        first = self._mode is None
+        if self._mode is None:
+            self._mode, _ = lock_modes(os.path.dirname(os.path.dirname(self.path)))
+        mode = self._mode
+        for _ in range(100):  # a file removed between the two opens (remove_lock_files) is made again
+            try:
+                try:
+                    fd, created = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, mode), True
+                except FileExistsError:
+                    fd, created = os.open(self.path, flags), False
+            except FileNotFoundError:
+                continue
+            except PermissionError as exc:
+                raise PermissionError(
+                    exc.errno,
+                    f"cannot open lock file {self.path!r} for writing: this account may not write the array "
+                    "(reading needs no lock)",
+                    self.path,
+                ) from exc
+            break
+        else:
+            raise FileNotFoundError(errno.ENOENT, "lock file keeps disappearing while being opened", self.path)
+        try:
+            if created:
+                os.fchmod(fd, mode)  # exactly: the umask may have left a read bit without its write bit
+            elif first:
+                st = os.fstat(fd)
+                if _too_open(st.st_mode, mode) and st.st_uid == os.geteuid():
+                    os.fchmod(fd, mode)  # left 0644 by an older shardkv
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def acquire(self, timeout: float | None) -> None:
+        """Take the lock, waiting at most ``timeout`` seconds (``None``: as long as it takes).
+
+        Raises
+        ------
+        LockTimeoutError
+            If another open file description holds it for longer than ``timeout``.
+        PermissionError
+            If this account cannot open the lock file for writing.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for _ in range(100):  # another round only if the file was removed under us
+            fd = self._open()
+            try:
+                if deadline is None:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    locked = True
+                else:
+                    locked = self._try_until(fd, deadline)
+                if locked and os.fstat(fd).st_nlink > 0:
+                    self.fd = fd
+                    return
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+            if not locked:
+                raise LockTimeoutError(self.path, timeout or 0.0)
+            # the file was removed (remove_lock_files) between our open and flock: lock the new one
+        raise FileNotFoundError(errno.ENOENT, "lock file keeps being removed while it is locked", self.path)
+
+    @staticmethod
+    def _try_until(fd: int, deadline: float) -> bool:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                    raise
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(0.001, left))
+
+    def release(self) -> None:
+        """Let go of the lock and close its descriptor."""
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+
+
 class _Registry:
     """The process-wide tables of lock stripes; rebuilt empty in a forked child."""
 
@@ -101,7 +265,7 @@ class _Registry:
         self._guard = threading.Lock()
         self._pid = os.getpid()
         self._thread_pools: dict[int, list[threading.Lock]] = {}
-        self._file_locks: dict[tuple[str, int], tuple[threading.Lock, filelock.BaseFileLock]] = {}
+        self._file_locks: dict[tuple[str, int], tuple[threading.Lock, _LockFile]] = {}
         self._inherited: list[Any] = []
 
     def reset_after_fork(self) -> None:
@@ -124,7 +288,7 @@ class _Registry:
                 pool = self._thread_pools[n_stripes] = [threading.Lock() for _ in range(n_stripes)]
             return pool
 
-    def file_lock(self, lock_dir: str, stripe: int) -> tuple[threading.Lock, filelock.BaseFileLock]:
+    def file_lock(self, lock_dir: str, stripe: int) -> tuple[threading.Lock, _LockFile]:
         self._check_pid()
         key = (lock_dir, stripe)
         with self._guard:
@@ -132,20 +296,16 @@ class _Registry:
             if entry is None:
                 if len(self._file_locks) >= _MAX_FILE_LOCKS:
                     self._drop_unheld()
-                # one FileLock object per process and stripe, used by one thread at a time
-                # (the paired threading.Lock), so its re-entrance counter never hides a second thread
+                # one lock file object per process and stripe, used by one thread at a time (the paired mutex)
                 path = os.path.join(lock_dir, f"{stripe}.lock")
-                entry = self._file_locks[key] = (
-                    threading.Lock(),
-                    filelock.FileLock(path, thread_local=False, is_singleton=False),
-                )
+                entry = self._file_locks[key] = (threading.Lock(), _LockFile(path))
             return entry
 
     def _drop_unheld(self) -> None:
         """Forget the file locks no thread holds (guard held), so the table stays bounded.
 
         Safe even for an entry a thread fetched and is about to use: a second
-        ``FileLock`` of the same file opens its own file description, and
+        ``_LockFile`` of the same file opens its own file description, and
         ``flock`` locks of two descriptions exclude each other in one process too.
         """
         for key, (mutex, _) in list(self._file_locks.items()):
@@ -210,7 +370,7 @@ class ShardLocks:
         if timeout is not None and timeout < 0:
             raise ConfigurationError(f"lock timeout must be >= 0 seconds or None, got {timeout}")
         if lock_root is not None:
-            lock_root = os.path.realpath(lock_root)  # one spelling: one FileLock object per file and process
+            lock_root = os.path.realpath(lock_root)  # one spelling: one lock file object per file and process
         root_dir = lock_root if lock_root is not None else (location.local_dir if location is not None else None)
         if cross_process is None:
             cross_process = root_dir is not None
@@ -377,7 +537,7 @@ class ShardLocks:
             by_dir = self.file_stripes_by_dir(keys, prefixes)
             if len(by_dir) == 1:
                 ((lock_dir, stripes),) = by_dir.items()
-                os.makedirs(lock_dir, exist_ok=True)
+                _make_lock_dir(lock_dir)
                 for stripe in stripes:
                     self._hold_file_stripe(stack, lock_dir, stripe, self.timeout)
             elif by_dir:
@@ -390,7 +550,7 @@ class ShardLocks:
         started = time.monotonic()
         dirs = list(by_dir)
         for lock_dir in dirs:
-            os.makedirs(lock_dir, exist_ok=True)
+            _make_lock_dir(lock_dir)
         attempt = 0
         while True:
             attempt += 1
@@ -414,17 +574,14 @@ class ShardLocks:
             yield
 
     def _hold_file_stripe(self, stack: ExitStack, lock_dir: str, stripe: int, timeout: float | None) -> None:
-        mutex, flock = _REGISTRY.file_lock(lock_dir, stripe)
+        mutex, lock_file = _REGISTRY.file_lock(lock_dir, stripe)
         started = time.monotonic()
         if not mutex.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
-            raise LockTimeoutError(os.path.join(lock_dir, f"{stripe}.lock"), timeout or 0.0)
+            raise LockTimeoutError(lock_file.path, timeout or 0.0)
         stack.callback(mutex.release)
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
-        try:
-            flock.acquire(timeout=-1 if left is None else left, poll_interval=0.001)
-        except filelock.Timeout as exc:
-            raise LockTimeoutError(flock.lock_file, timeout or 0.0) from exc
-        stack.callback(flock.release)
+        lock_file.acquire(left)
+        stack.callback(lock_file.release)
 
     def remove_lock_files(self, prefix: str = "") -> int:
         """Delete the lock directory of an array (``prefix``; ``""``: the root's) being deleted; the files removed.
