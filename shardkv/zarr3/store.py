@@ -34,6 +34,7 @@ from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
 from shardkv.storage.kv import hidden
 from shardkv.zarr3.bases import engine_base, zarr3_store
+from shardkv.zarr3.batching import Batcher
 from shardkv.zarr3.chunks import ChunkEngine
 from shardkv.zarr3.metadata import (
     ShardingOptions,
@@ -218,6 +219,17 @@ class ShardedStore(Store):
             lock_timeout=lock_timeout,
         )
         self._nodes: dict[str, _Node] = {}
+        # concurrent chunk gets / sets of zarr (one per chunk) reach the engine as batches
+        self._reads: Batcher[ChunkRef, bytes | memoryview | None] = Batcher(self._read_batch)
+        self._writes: Batcher[tuple[ChunkRef, bytes], None] = Batcher(self._write_batch)
+
+    def _read_batch(self, refs: list[ChunkRef]) -> list[bytes | memoryview | None]:
+        found = self._engine.read(refs)
+        return [found.get(ref.chunk_key) for ref in refs]
+
+    def _write_batch(self, items: list[tuple[ChunkRef, bytes]]) -> list[None]:
+        self._engine.write([ref for ref, _ in items], [value for _, value in items])
+        return [None] * len(items)
 
     # -- identity, pickling, lifecycle ---------------------------------------------
 
@@ -317,7 +329,9 @@ class ShardedStore(Store):
                 return None
             try:
                 return node.locate(key)
-            except InvalidKeyError:
+            except ChunkOutOfGridError:
+                raise
+            except InvalidKeyError:  # under the array but no chunk key of it: passed through
                 return None
         return None
 
@@ -352,8 +366,7 @@ class ShardedStore(Store):
         if ref is None:
             return await self._base.get(key, prototype=prototype, byte_range=byte_range)
         _slice(b"", byte_range)  # refuse a malformed range before reading
-        found = await asyncio.to_thread(self._engine.read, [ref])
-        value = found.get(key)
+        value = await self._reads.submit(ref)
         return None if value is None else prototype.buffer.from_bytes(_slice(value, byte_range))
 
     async def _presented_meta(self, path: str, key: str) -> bytes | None:
@@ -441,7 +454,7 @@ class ShardedStore(Store):
         if ref is None:
             await self._base.set(key, value)
         else:
-            await asyncio.to_thread(self._engine.write, [ref], [value.to_bytes()])
+            await self._writes.submit((ref, value.to_bytes()))
 
     async def _set_meta(self, path: str, key: str, raw: bytes) -> None:
         doc = parse_document(raw)
@@ -451,7 +464,6 @@ class ShardedStore(Store):
             await asyncio.to_thread(self._engine.flush)  # buffered chunks are keyed to the old document
         data = raw if stored is None else _dump(stored)
         await self._base.set(key, _prototype().buffer.from_bytes(data))
-        self._forget_below(path)
         self._remember(path, data)
 
     async def set_if_not_exists(self, key: str, value: Buffer) -> None:
