@@ -30,7 +30,10 @@ from shardkv.keys.space import ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardRule
 from shardkv.metadata.v3_view import SHARDING_CODEC, sharding_spec_from_v3
 
-__all__ = ["MARKER", "ShardingOptions", "stored_document", "presented_document", "transparent_array", "parse_document"]
+__all__ = [
+    "MARKER", "ShardingOptions", "stored_document", "presented_document", "transparent_array", "parse_document",
+    "consolidated_children", "map_consolidated", "resharded",
+]
 
 MARKER = "shardkv"
 """The extension member of a stored ``zarr.json`` that marks the array as transparently sharded."""
@@ -187,3 +190,47 @@ def transparent_array(path: str, stored: Mapping[str, Any]) -> ShardedArray | No
         chunk_key_encoding=spec.shard_key_encoding,
         shard_key_encoding=spec.shard_key_encoding,
     )
+
+
+def _consolidated(doc: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``consolidated_metadata.metadata`` member of a group document (child path -> document), or ``None``."""
+    if doc.get("node_type") != "group":
+        return None
+    consolidated = doc.get("consolidated_metadata")
+    children = consolidated.get("metadata") if isinstance(consolidated, Mapping) else None
+    return children if isinstance(children, dict) else None
+
+
+def consolidated_children(doc: Mapping[str, Any]) -> list[str]:
+    """Relative paths of the array documents a group document consolidates (``[]``: none)."""
+    children = _consolidated(doc) or {}
+    return [p for p, child in children.items() if isinstance(child, Mapping) and child.get("node_type") == "array"]
+
+
+def map_consolidated(doc: Mapping[str, Any], replace: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """A group document with the consolidated documents of ``replace`` (relative path -> document) swapped in."""
+    out = copy.deepcopy(dict(doc))
+    children = _consolidated(out)
+    if children is not None:
+        for rel, child in replace.items():
+            children[rel] = copy.deepcopy(dict(child))
+    return out
+
+
+def resharded(presented: Mapping[str, Any], stored: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``presented`` with the sharding of ``stored`` (a stored document of the same array), or ``None``.
+
+    Used for the array documents a group consolidates: zarr consolidates what
+    it reads through the store (presented documents); storage must hold the
+    stored ones, or readers without shardkv would read shards as chunks.
+    ``None`` when ``stored`` is not transparently sharded or its unsharded
+    form has another chunk grid or codecs than ``presented``.
+    """
+    view = presented_document(stored)
+    if view is None or view.get("chunk_grid") != presented.get("chunk_grid") or view.get("codecs") != presented.get("codecs"):
+        return None
+    out = copy.deepcopy(dict(presented))
+    out["chunk_grid"] = copy.deepcopy(stored["chunk_grid"])
+    out["codecs"] = copy.deepcopy(stored["codecs"])
+    out[MARKER] = copy.deepcopy(stored[MARKER])
+    return out

@@ -38,8 +38,11 @@ from shardkv.zarr3.batching import Batcher
 from shardkv.zarr3.chunks import ChunkEngine
 from shardkv.zarr3.metadata import (
     ShardingOptions,
+    consolidated_children,
+    map_consolidated,
     parse_document,
     presented_document,
+    resharded,
     stored_document,
     transparent_array,
 )
@@ -377,8 +380,15 @@ class ShardedStore(Store):
         data = raw.to_bytes()
         self._remember(path, data)
         doc = parse_document(data)
-        presented = None if doc is None else presented_document(doc)
-        return data if presented is None else _dump(presented)
+        if doc is None:
+            return data
+        presented = presented_document(doc)
+        if presented is not None:
+            return _dump(presented)
+        # a group's consolidated documents of sharded arrays: presented unsharded as well
+        children = {rel: doc["consolidated_metadata"]["metadata"][rel] for rel in consolidated_children(doc)}
+        views = {rel: view for rel, child in children.items() if (view := presented_document(child)) is not None}
+        return _dump(map_consolidated(doc, views)) if views else data
 
     async def get_partial_values(
         self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
@@ -459,12 +469,35 @@ class ShardedStore(Store):
     async def _set_meta(self, path: str, key: str, raw: bytes) -> None:
         doc = parse_document(raw)
         stored = None if doc is None else stored_document(path, doc, self._sharding)
+        if doc is not None and stored is None:
+            consolidated = await self._stored_consolidated(path, doc)
+            stored = map_consolidated(doc, consolidated) if consolidated else None
         old = await self._node(path)
         if isinstance(old, ShardedArray):
             await asyncio.to_thread(self._engine.flush)  # buffered chunks are keyed to the old document
         data = raw if stored is None else _dump(stored)
         await self._base.set(key, _prototype().buffer.from_bytes(data))
         self._remember(path, data)
+
+    async def _stored_consolidated(self, path: str, doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """The stored documents of the sharded arrays a group document consolidates (relative path -> document).
+
+        zarr consolidates the documents it read through this store (unsharded);
+        storage must hold the sharded ones, or a reader without shardkv that
+        trusts the consolidated metadata would read shards as chunks.
+        """
+        out: dict[str, dict[str, Any]] = {}
+        children = doc["consolidated_metadata"]["metadata"] if consolidated_children(doc) else {}
+        for rel in consolidated_children(doc):
+            full = f"{path}/{rel}" if path else rel
+            if not isinstance(await self._node(full), ShardedArray):
+                continue
+            raw = await self._base.get(f"{full}/{_META}", prototype=_prototype())
+            stored = None if raw is None else parse_document(raw.to_bytes())
+            sharded = None if stored is None else resharded(children[rel], stored)
+            if sharded is not None:
+                out[rel] = sharded
+        return out
 
     async def set_if_not_exists(self, key: str, value: Buffer) -> None:
         """Store ``value`` unless ``key`` is stored (chunks: checked and written by this process)."""
