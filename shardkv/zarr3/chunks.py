@@ -60,7 +60,7 @@ class ChunkEngine:
     ) -> None:
         self.adapter = adapt(base)
         self.io = ShardIO(
-            self.adapter,
+            self.adapter,  # type: ignore[arg-type]  # ShardBackend says bytes where adapters give memoryviews too
             index_cache_bytes=index_cache_bytes,
             validate_index_cache=False,
             read_policy=read_policy,

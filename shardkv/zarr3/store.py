@@ -18,16 +18,14 @@ zarr 3 store underneath unchanged.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype
 
 from shardkv.engine.concurrency import Concurrency
-from shardkv.errors import ChunkOutOfGridError, InvalidKeyError, UnflushedWritesError
+from shardkv.errors import ChunkOutOfGridError, UnflushedWritesError
 from shardkv.format.layout import ShardLayout
 from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.space import ChunkRef, ShardedArray
@@ -36,56 +34,11 @@ from shardkv.storage.kv import hidden
 from shardkv.zarr3.bases import engine_base, zarr3_store
 from shardkv.zarr3.batching import Batcher
 from shardkv.zarr3.chunks import ChunkEngine
-from shardkv.zarr3.metadata import (
-    ShardingOptions,
-    consolidated_children,
-    map_consolidated,
-    parse_document,
-    presented_document,
-    resharded,
-    stored_document,
-    transparent_array,
-)
+from shardkv.zarr3.metadata import ShardingOptions
+from shardkv.zarr3.nodes import NodeTable, meta_path, prototype as _prototype
 
 __all__ = ["ShardedStore"]
 
-_META = "zarr.json"
-
-
-@dataclass(frozen=True)
-class _Other:
-    """A path whose ``zarr.json`` exists but is not a transparently sharded array (a group, another array)."""
-
-
-_OTHER = _Other()
-_Node = ShardedArray | _Other | None  # None: no zarr.json at the path
-
-
-def _chunkish(segment: str) -> bool:
-    """True for a key segment that can be part of a chunk key suffix (``c``, ``12``, ``c.1.2``, ``1.2``)."""
-    return segment != "" and all(part == "c" or part.isdigit() for part in segment.split("."))
-
-
-def _array_paths(key: str) -> list[str]:
-    """Paths of the arrays ``key`` could be a chunk key of, shallowest first."""
-    parts = key.split("/")
-    first = len(parts)
-    while first > 0 and _chunkish(parts[first - 1]):
-        first -= 1
-    return ["/".join(parts[:i]) for i in range(first, len(parts))]
-
-
-def _meta_path(key: str) -> str | None:
-    """The node path of a ``zarr.json`` key, or ``None`` for any other key."""
-    if key == _META:
-        return ""
-    if key.endswith("/" + _META):
-        return key[: -len(_META) - 1]
-    return None
-
-
-def _under(key: str, path: str) -> bool:
-    return not path or key == path or key.startswith(path + "/")
 
 
 def _slice(data: bytes | memoryview, byte_range: ByteRequest | None) -> bytes | memoryview:
@@ -221,7 +174,7 @@ class ShardedStore(Store):
             concurrency=concurrency,
             lock_timeout=lock_timeout,
         )
-        self._nodes: dict[str, _Node] = {}
+        self._nodes = NodeTable(base, self._sharding)
         # concurrent chunk gets / sets of zarr (one per chunk) reach the engine as batches
         self._reads: Batcher[ChunkRef, bytes | memoryview | None] = Batcher(self._read_batch)
         self._writes: Batcher[tuple[ChunkRef, bytes], None] = Batcher(self._write_batch)
@@ -302,42 +255,6 @@ class ShardedStore(Store):
 
     # -- what a key is ------------------------------------------------------------
 
-    async def _node(self, path: str) -> _Node:
-        if path in self._nodes:
-            return self._nodes[path]
-        raw = await self._base.get(f"{path}/{_META}" if path else _META, prototype=_prototype())
-        return self._remember(path, None if raw is None else raw.to_bytes())
-
-    def _remember(self, path: str, raw: bytes | None) -> _Node:
-        node: _Node = None
-        if raw is not None:
-            doc = parse_document(raw)
-            node = (transparent_array(path, doc) if doc is not None else None) or _OTHER
-        self._nodes[path] = node
-        return node
-
-    async def _route(self, key: str) -> ChunkRef | None:
-        """The chunk of a transparently sharded array that ``key`` names, or ``None`` (passed through).
-
-        Raises
-        ------
-        ChunkOutOfGridError
-            For a chunk key of such an array outside its chunk grid.
-        """
-        for path in _array_paths(key):
-            node = await self._node(path)
-            if node is None:
-                continue
-            if isinstance(node, _Other):
-                return None
-            try:
-                return node.locate(key)
-            except ChunkOutOfGridError:
-                raise
-            except InvalidKeyError:  # under the array but no chunk key of it: passed through
-                return None
-        return None
-
     # -- reads ----------------------------------------------------------------
 
     async def get(
@@ -358,37 +275,19 @@ class ShardedStore(Store):
         """
         await self._ensure_open()
         prototype = prototype or _prototype()
-        path = _meta_path(key)
+        path = meta_path(key)
         if path is not None:
-            value = await self._presented_meta(path, key)
+            value = await self._nodes.read_document(path, key)
             return None if value is None else prototype.buffer.from_bytes(_slice(value, byte_range))
         try:
-            ref = await self._route(key)
+            ref = await self._nodes.route(key)
         except ChunkOutOfGridError:
             return None
         if ref is None:
             return await self._base.get(key, prototype=prototype, byte_range=byte_range)
         _slice(b"", byte_range)  # refuse a malformed range before reading
-        value = await self._reads.submit(ref)
-        return None if value is None else prototype.buffer.from_bytes(_slice(value, byte_range))
-
-    async def _presented_meta(self, path: str, key: str) -> bytes | None:
-        raw = await self._base.get(key, prototype=_prototype())
-        if raw is None:
-            self._nodes[path] = None
-            return None
-        data = raw.to_bytes()
-        self._remember(path, data)
-        doc = parse_document(data)
-        if doc is None:
-            return data
-        presented = presented_document(doc)
-        if presented is not None:
-            return _dump(presented)
-        # a group's consolidated documents of sharded arrays: presented unsharded as well
-        children = {rel: doc["consolidated_metadata"]["metadata"][rel] for rel in consolidated_children(doc)}
-        views = {rel: view for rel, child in children.items() if (view := presented_document(child)) is not None}
-        return _dump(map_consolidated(doc, views)) if views else data
+        chunk = await self._reads.submit(ref)
+        return None if chunk is None else prototype.buffer.from_bytes(_slice(chunk, byte_range))
 
     async def get_partial_values(
         self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
@@ -400,11 +299,11 @@ class ShardedStore(Store):
         chunks: list[tuple[int, ChunkRef, ByteRequest | None]] = []
         plain: list[int] = []
         for i, (key, byte_range) in enumerate(requests):
-            if _meta_path(key) is not None:
+            if meta_path(key) is not None:
                 plain.append(i)
                 continue
             try:
-                ref = await self._route(key)
+                ref = await self._nodes.route(key)
             except ChunkOutOfGridError:
                 continue
             if ref is None:
@@ -425,9 +324,9 @@ class ShardedStore(Store):
     async def exists(self, key: str) -> bool:
         """True when ``key`` is stored (a chunk: present in its shard's index)."""
         await self._ensure_open()
-        if _meta_path(key) is None:
+        if meta_path(key) is None:
             try:
-                ref = await self._route(key)
+                ref = await self._nodes.route(key)
             except ChunkOutOfGridError:
                 return False
             if ref is not None:
@@ -456,58 +355,32 @@ class ShardedStore(Store):
         await self._ensure_open()
         if not isinstance(value, Buffer):
             raise TypeError(f"ShardedStore.set(): expected a zarr Buffer for {key!r}, got {type(value).__name__}")
-        path = _meta_path(key)
+        path = meta_path(key)
         if path is not None:
             await self._set_meta(path, key, value.to_bytes())
             return
-        ref = await self._route(key)
+        ref = await self._nodes.route(key)
         if ref is None:
             await self._base.set(key, value)
         else:
             await self._writes.submit((ref, value.to_bytes()))
 
     async def _set_meta(self, path: str, key: str, raw: bytes) -> None:
-        doc = parse_document(raw)
-        stored = None if doc is None else stored_document(path, doc, self._sharding)
-        if doc is not None and stored is None:
-            consolidated = await self._stored_consolidated(path, doc)
-            stored = map_consolidated(doc, consolidated) if consolidated else None
-        old = await self._node(path)
-        if isinstance(old, ShardedArray):
+        if await self._nodes.sharded(path) is not None:
             await asyncio.to_thread(self._engine.flush)  # buffered chunks are keyed to the old document
-        data = raw if stored is None else _dump(stored)
+        data = await self._nodes.stored_form(path, raw)
         await self._base.set(key, _prototype().buffer.from_bytes(data))
-        self._remember(path, data)
-
-    async def _stored_consolidated(self, path: str, doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
-        """The stored documents of the sharded arrays a group document consolidates (relative path -> document).
-
-        zarr consolidates the documents it read through this store (unsharded);
-        storage must hold the sharded ones, or a reader without shardkv that
-        trusts the consolidated metadata would read shards as chunks.
-        """
-        out: dict[str, dict[str, Any]] = {}
-        children = doc["consolidated_metadata"]["metadata"] if consolidated_children(doc) else {}
-        for rel in consolidated_children(doc):
-            full = f"{path}/{rel}" if path else rel
-            if not isinstance(await self._node(full), ShardedArray):
-                continue
-            raw = await self._base.get(f"{full}/{_META}", prototype=_prototype())
-            stored = None if raw is None else parse_document(raw.to_bytes())
-            sharded = None if stored is None else resharded(children[rel], stored)
-            if sharded is not None:
-                out[rel] = sharded
-        return out
+        self._nodes.remember(path, data)
 
     async def set_if_not_exists(self, key: str, value: Buffer) -> None:
         """Store ``value`` unless ``key`` is stored (chunks: checked and written by this process)."""
         self._check_writable()
         await self._ensure_open()
-        if _meta_path(key) is None and await self._route(key) is not None:
+        if meta_path(key) is None and await self._nodes.route(key) is not None:
             if not await self.exists(key):
                 await self.set(key, value)
             return
-        if _meta_path(key) is not None:
+        if meta_path(key) is not None:
             if not await self._base.exists(key):
                 await self.set(key, value)
             return
@@ -520,7 +393,7 @@ class ShardedStore(Store):
         refs: list[ChunkRef] = []
         data: list[bytes] = []
         for key, value in values:
-            ref = None if _meta_path(key) is not None else await self._route(key)
+            ref = None if meta_path(key) is not None else await self._nodes.route(key)
             if ref is None:
                 await self.set(key, value)
             else:
@@ -539,14 +412,13 @@ class ShardedStore(Store):
         """
         self._check_writable()
         await self._ensure_open()
-        path = _meta_path(key)
+        path = meta_path(key)
         if path is not None:
             await self._base.delete(key)
-            self._forget_below(path)
-            self._nodes[path] = None
+            self._nodes.forget_below(path)
             return
         try:
-            ref = await self._route(key)
+            ref = await self._nodes.route(key)
         except ChunkOutOfGridError:
             return
         if ref is None:
@@ -561,7 +433,7 @@ class ShardedStore(Store):
         path = prefix.rstrip("/")
         await asyncio.to_thread(self._engine.discard_buffered, path)
         await self._base.delete_dir(prefix)
-        self._forget_below(path)
+        self._nodes.forget_below(path)
         self._engine.index_cache.clear()
 
     async def clear(self) -> None:
@@ -572,10 +444,6 @@ class ShardedStore(Store):
         await self._base.clear()
         self.refresh()
 
-    def _forget_below(self, path: str) -> None:
-        for cached in [p for p in self._nodes if _under(p, path)]:
-            del self._nodes[cached]
-
     # -- listing -----------------------------------------------------------------
 
     def list(self) -> AsyncIterator[str]:
@@ -585,13 +453,13 @@ class ShardedStore(Store):
     async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
         """Every key that starts with ``prefix`` (chunk keys of sharded arrays from their shards' indexes)."""
         await self._ensure_open()
-        owner = await self._owner_of_prefix(prefix)
+        owner = await self._nodes.owner_of_prefix(prefix)
         listed = owner.key_prefix if owner is not None else prefix
         shards: dict[str, ShardedArray] = {}
         async for key in self._base.list_prefix(listed):
             if hidden(key):
                 continue
-            arr = None if _meta_path(key) is not None else await self._array_of_shard(key)
+            arr = None if meta_path(key) is not None else await self._nodes.array_of_shard(key)
             if arr is None:
                 if key.startswith(prefix):
                     yield key
@@ -602,33 +470,12 @@ class ShardedStore(Store):
             for key in keys:
                 yield key
 
-    async def _array_of_shard(self, key: str) -> ShardedArray | None:
-        """The sharded array whose shard ``key`` is, or ``None``."""
-        for path in _array_paths(key):
-            node = await self._node(path)
-            if node is None:
-                continue
-            if isinstance(node, ShardedArray) and node.shard_coords_of(key) is not None:
-                return node
-            return None
-        return None
-
-    async def _owner_of_prefix(self, prefix: str) -> ShardedArray | None:
-        """The sharded array whose chunk keys ``prefix`` reaches into (past the array's own path), or ``None``."""
-        parts = prefix.split("/")
-        for i in range(len(parts)):
-            path = "/".join(parts[:i])
-            node = await self._node(path)
-            if isinstance(node, ShardedArray):
-                return node
-        return None
-
     async def list_dir(self, prefix: str) -> AsyncIterator[str]:
         """The names directly below ``prefix`` (keys and sub-prefixes, without the prefix)."""
         await self._ensure_open()
         path = prefix.rstrip("/")
         start = f"{path}/" if path else ""
-        if await self._owner_of_prefix(start) is None and not isinstance(await self._node(path), ShardedArray):
+        if await self._nodes.owner_of_prefix(start) is None and await self._nodes.sharded(path) is None:
             async for name in self._base.list_dir(prefix):
                 if not hidden(name):
                     yield name
@@ -639,14 +486,3 @@ class ShardedStore(Store):
             if name not in seen:
                 seen.add(name)
                 yield name
-
-
-def _prototype() -> BufferPrototype:
-    from zarr.core.buffer import default_buffer_prototype
-
-    return default_buffer_prototype()
-
-
-def _dump(doc: Mapping[str, Any]) -> bytes:
-    """A ``zarr.json`` document as zarr-python 3 writes it (indented JSON)."""
-    return json.dumps(doc, indent=2).encode()
