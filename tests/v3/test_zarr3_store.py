@@ -49,8 +49,16 @@ def _write(store: Any, **kwargs: Any) -> zarr.Array:
     return z
 
 
-@pytest.fixture(params=["memory", "local"])
+@pytest.fixture(params=["memory", "local", "obstore-memory", "obstore-local"])
 def base(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    if request.param.startswith("obstore"):
+        obstore = pytest.importorskip("obstore")
+        from zarr.storage import ObjectStore
+
+        if request.param == "obstore-memory":
+            return ObjectStore(obstore.store.MemoryStore())
+        (tmp_path / "data.zarr").mkdir()
+        return ObjectStore(obstore.store.LocalStore(str(tmp_path / "data.zarr")))
     return MemoryStore() if request.param == "memory" else LocalStore(str(tmp_path / "data.zarr"))
 
 
@@ -83,7 +91,7 @@ def test_unsharded_array_is_stored_one_object_per_shard_and_read_without_shardkv
     assert raw.shards == (200, 200) and raw.chunks == (50, 50)
     assert raw.attrs["units"] == "K"
     np.testing.assert_array_equal(raw[:], DATA)
-    if isinstance(base, LocalStore):  # and tensorstore, a second v1.0 codec reader
+    if (tmp_path / "data.zarr").is_dir():  # and tensorstore, a second v1.0 codec reader
         t = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(tmp_path / "data.zarr/a")}}).result()
         np.testing.assert_array_equal(t.read().result(), DATA)
 
@@ -210,6 +218,16 @@ def test_warm_chunk_read_is_one_request_of_the_chunk_bytes_as_with_the_zarr2_pro
     np.testing.assert_array_equal(reader[50:100, 100:150], DATA[50:100, 100:150])  # same shard: warm
     assert [(r.key, r.nbytes) for r in fs.reads()] == [("a/c/0/0", chunk_nbytes)]
     fs.rm(fs.count_root, recursive=True)
+
+
+def test_each_zarr3_store_kind_gets_the_zarr2_proxys_concurrency(tmp_path: Path) -> None:
+    obstore = pytest.importorskip("obstore")
+    from zarr.storage import ObjectStore
+
+    assert ShardedStore(LocalStore(str(tmp_path)), chunks_per_shard=2).concurrency_mode == "files"
+    assert ShardedStore(MemoryStore(), chunks_per_shard=2).concurrency_mode == "conditional"  # in-process
+    assert ShardedStore(ObjectStore(obstore.store.MemoryStore()), chunks_per_shard=2).concurrency_mode == "conditional"
+    assert ShardedStore(ObjectStore(obstore.store.LocalStore(str(tmp_path))), chunks_per_shard=2).concurrency_mode == "files"
 
 
 def test_a_url_with_storage_options_and_a_path_open_the_same_data(tmp_path: Path) -> None:
