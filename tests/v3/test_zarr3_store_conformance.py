@@ -91,7 +91,10 @@ def test_zarr_stateful_machines_hold(machine: str) -> None:
     deletes through the store and compares every listing with the model: with
     ``chunks_per_shard=2`` its arrays are stored sharded, so the chunk keys
     listed come from shard indexes. ``ZarrStoreStateMachine`` sets, gets,
-    deletes and lists arbitrary keys (the pass-through half).
+    deletes and lists arbitrary keys (the pass-through half). Over a MemoryStore
+    only: zarr's own machine exempts LocalStore from its ``list_dir`` check
+    (empty directories stay behind deleted chunks), which a wrapper cannot
+    signal, and local shard writes fsync, so the bounded run would take minutes.
     """
     hypothesis = pytest.importorskip("hypothesis")
     import hypothesis.stateful
