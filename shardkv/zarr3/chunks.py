@@ -126,11 +126,10 @@ class ChunkEngine:
         """Write every buffered shard (write-back mode; a no-op otherwise)."""
         self.writer.flush()
 
-    @property
-    def unflushed(self) -> bool:
-        """True when write-back holds chunk writes not yet stored."""
+    def buffered(self) -> tuple[int, int]:
+        """``(shards, bytes of chunk data)`` held by write-back and not yet stored (``(0, 0)`` without it)."""
         buf = self.writer.buffer
-        return buf is not None and len(buf) > 0
+        return (0, 0) if buf is None else (len(buf), buf.nbytes)
 
     def close(self) -> None:
         """Write buffered shards and release the engine's resources."""

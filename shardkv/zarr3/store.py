@@ -24,6 +24,7 @@ from typing import Any, Literal, Mapping
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype
 
+from shardkv.engine.cache import IndexCache
 from shardkv.engine.concurrency import Concurrency
 from shardkv.errors import ChunkOutOfGridError, UnflushedWritesError
 from shardkv.format.layout import ShardLayout
@@ -200,7 +201,7 @@ class ShardedStore(Store):
         return self._engine.concurrency_mode
 
     @property
-    def index_cache(self) -> Any:
+    def index_cache(self) -> IndexCache:
         """The shard index cache (``hits``, ``misses``, ``nbytes``, ``clear()``)."""
         return self._engine.index_cache
 
@@ -221,9 +222,9 @@ class ShardedStore(Store):
         return f"sharded+{self._base}"
 
     def __getstate__(self) -> dict[str, Any]:
-        if self._engine.unflushed:
-            buffer = self._engine.writer.buffer
-            raise UnflushedWritesError(len(buffer) if buffer else 0, buffer.nbytes if buffer else 0)
+        n_shards, nbytes = self._engine.buffered()
+        if n_shards:
+            raise UnflushedWritesError(n_shards, nbytes)
         return {"base": self._base, "options": self._options, "read_only": self.read_only}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -252,8 +253,6 @@ class ShardedStore(Store):
         self._engine.close()
         self._base.close()
         super().close()
-
-    # -- what a key is ------------------------------------------------------------
 
     # -- reads ----------------------------------------------------------------
 

@@ -10,6 +10,7 @@ to a plain zarr 3 MemoryStore.
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from zarr.core.buffer import cpu, default_buffer_prototype  # noqa: E402
 from zarr.core.sync import _collect_aiterator, sync  # noqa: E402
 from zarr.storage import FsspecStore, LocalStore, MemoryStore  # noqa: E402
 
-from shardkv.errors import ChunkOutOfGridError  # noqa: E402
+from shardkv.errors import ChunkOutOfGridError, UnflushedWritesError  # noqa: E402
 from shardkv.zarr3 import ShardedStore  # noqa: E402
 from shardkv.zarr3.metadata import MARKER  # noqa: E402
 
@@ -192,7 +193,12 @@ def test_write_back_writes_each_shard_once(tmp_path: Path) -> None:
     fs.reset()
     for i in range(0, 400, 50):  # row by row, as a chunk-by-chunk writer would
         z[i : i + 50] = DATA[i : i + 50]
+        if i == 50:  # rows 0-1 of 4: nothing complete, nothing written, and no pickling of held data
+            assert fs.writes() == []
+            with pytest.raises(UnflushedWritesError):
+                pickle.dumps(store)
     store.flush()
+    np.testing.assert_array_equal(zarr.open_array(pickle.loads(pickle.dumps(store)), path="a")[:], DATA)
     assert sorted(r.key for r in fs.writes()) == ["a/c/0/0", "a/c/0/1", "a/c/1/0", "a/c/1/1"]
     np.testing.assert_array_equal(zarr.open_array(store.base, path="a")[:], DATA)
     fs.rm(fs.count_root, recursive=True)
