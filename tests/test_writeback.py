@@ -64,10 +64,13 @@ def test_buffer_complete_means_every_in_grid_chunk_has_bytes() -> None:
     for local in range(3):
         buf.add("a/1", arr, (1,), (local,), b"v")
     buf.add("a/0", arr, (0,), (0,), b"v")
-    assert list(buf.pop_complete(["a/0", "a/1"])) == ["a/1"]  # the edge shard is complete with 3
+    taken = buf.take_complete(["a/0", "a/1"])
+    assert list(taken) == ["a/1"]  # the edge shard is complete with 3
+    buf.settle("a/1", taken["a/1"])
+    assert "a/1" not in buf
     for local in range(1, 4):
         buf.add("a/0", arr, (0,), (local,), None if local == 3 else b"v")
-    assert buf.pop_complete(["a/0"]) == {}  # a delete needs the stored shard: not complete
+    assert buf.take_complete(["a/0"]) == {}  # a delete needs the stored shard: not complete
     assert "a/0" in buf
 
 
@@ -76,19 +79,23 @@ def test_buffer_over_limit_pops_oldest_first() -> None:
     buf = WriteBuffer(25)
     for shard in range(4):
         buf.add(f"a/{shard}", arr, (shard,), (0,), b"x" * 10)
-    popped = buf.pop_over_limit()
-    assert list(popped) == ["a/0", "a/1"]
+    taken = buf.take_over_limit()
+    assert list(taken) == ["a/0", "a/1"]
+    for key, change in taken.items():
+        buf.settle(key, change)
     assert buf.nbytes == 20 <= buf.max_bytes
-    assert list(buf.pop_all()) == ["a/2", "a/3"]
+    assert list(buf.take_all()) == ["a/2", "a/3"]
 
 
-def test_buffer_pop_all_of_one_array() -> None:
+def test_buffer_take_all_of_one_array() -> None:
     a, b = sharded_array(path="a"), sharded_array(path="b")
     buf = WriteBuffer(1000)
     buf.add("a/0", a, (0,), (0,), b"1")
     buf.add("b/0", b, (0,), (0,), b"2")
-    assert list(buf.pop_all("b")) == ["b/0"]
-    assert list(buf.pop_all()) == ["a/0"]
+    taken = buf.take_all("b")
+    assert list(taken) == ["b/0"]
+    buf.settle("b/0", taken["b/0"])
+    assert list(buf.take_all()) == ["a/0"]
 
 
 def test_negative_buffer_is_rejected() -> None:

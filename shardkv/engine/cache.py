@@ -23,11 +23,32 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Hashable
+from dataclasses import dataclass
+from typing import Any, Hashable
 
 from shardkv.format.index import ShardIndex
 
-__all__ = ["IndexCache"]
+__all__ = ["IndexCache", "CacheEntry"]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEntry:
+    """One cached index: the decoded index, the generation of the shard it was read from, its size if known.
+
+    Attributes
+    ----------
+    index : ShardIndex
+        The decoded index.
+    generation : Generation
+        The :class:`~shardkv.storage.kv.Generation` of the stored shard the
+        index belongs to; chunk reads are conditioned on it.
+    size : int or None
+        The shard's size in bytes, when the read that gave the index knew it.
+    """
+
+    index: ShardIndex
+    generation: Any
+    size: int | None
 
 
 class IndexCache:
@@ -48,7 +69,7 @@ class IndexCache:
         if max_bytes < 0:
             raise ValueError(f"index cache size must be >= 0 bytes, got {max_bytes}")
         self.max_bytes = int(max_bytes)
-        self._entries: OrderedDict[str, tuple[ShardIndex, Hashable]] = OrderedDict()
+        self._entries: OrderedDict[str, CacheEntry] = OrderedDict()
         self._nbytes = 0
         self._lock = threading.Lock()
         self.hits = 0
@@ -66,12 +87,28 @@ class IndexCache:
         """The cached index, or ``None`` when absent or when its validator differs."""
         with self._lock:
             entry = self._entries.get(shard_key)
-            if entry is None or (validator is not None and entry[1] != validator):
+            if entry is None or (validator is not None and entry.generation != validator):
                 self.misses += 1
                 return None
             self._entries.move_to_end(shard_key)
             self.hits += 1
-            return entry[0]
+            return entry.index
+
+    def entry(self, shard_key: str) -> CacheEntry | None:
+        """The cached entry of a shard (index, generation, size), or ``None``; counts a hit or a miss."""
+        with self._lock:
+            entry = self._entries.get(shard_key)
+            if entry is None:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(shard_key)
+            self.hits += 1
+            return entry
+
+    def peek(self, shard_key: str) -> CacheEntry | None:
+        """The cached entry of a shard, without counting or reordering (listings compare generations)."""
+        with self._lock:
+            return self._entries.get(shard_key)
 
     def get_generation(self, shard_key: str) -> tuple[ShardIndex, Hashable] | None:
         """The cached index with the validator stored beside it (on object stores: its generation).
@@ -81,24 +118,28 @@ class IndexCache:
         """
         with self._lock:
             entry = self._entries.get(shard_key)
-            if entry is None or entry[1] is None:
+            if entry is None or entry.generation is None:
                 self.misses += 1
                 return None
             self._entries.move_to_end(shard_key)
             self.hits += 1
-            return entry
+            return entry.index, entry.generation
 
-    def put(self, shard_key: str, index: ShardIndex, validator: Hashable = None) -> None:
-        """Cache an index (replacing any entry), evicting the least recently used beyond the limit."""
+    def put(self, shard_key: str, index: ShardIndex, validator: Hashable = None, size: int | None = None) -> None:
+        """Cache an index with the generation (or validator) of its shard and the shard's size (bytes) if known.
+
+        Replaces any entry; evicts the least recently used beyond the limit.
+        """
         size = index.entries.nbytes
         with self._lock:
             self._drop(shard_key)
             if size > self.max_bytes:
                 return
-            self._entries[shard_key] = (index, validator)
+            self._entries[shard_key] = CacheEntry(index, validator, size)
             self._nbytes += size
             while self._nbytes > self.max_bytes:
-                _, (old, _) = self._entries.popitem(last=False)
+                _, evicted = self._entries.popitem(last=False)
+                old = evicted.index
                 self._nbytes -= old.entries.nbytes
 
     def discard(self, shard_key: str) -> None:
@@ -115,4 +156,4 @@ class IndexCache:
     def _drop(self, shard_key: str) -> None:
         entry = self._entries.pop(shard_key, None)
         if entry is not None:
-            self._nbytes -= entry[0].entries.nbytes
+            self._nbytes -= entry.index.entries.nbytes

@@ -20,7 +20,9 @@ from typing import Any, Mapping, Sequence
 
 from shardkv.keys.space import ShardedArray
 
-__all__ = ["ChunkPatch", "apply_partial_writes", "covers_shard", "merge_chunks", "out_of_grid"]
+__all__ = [
+    "ChunkPatch", "ChunkUpdate", "ShardChange", "apply_partial_writes", "covers_shard", "merge_chunks", "out_of_grid",
+]
 
 BytesLike = bytes | bytearray | memoryview
 Local = tuple[int, ...]
@@ -85,6 +87,46 @@ class ChunkPatch:
 
     def apply(self, old: BytesLike | None) -> bytes:
         return apply_partial_writes(self.chunk_key, old, self.writes)
+
+
+ChunkUpdate = BytesLike | ChunkPatch | None
+"""One inner chunk's change: its new encoded bytes, a :class:`ChunkPatch`, or ``None`` (delete)."""
+
+
+@dataclass
+class ShardChange:
+    """The changes of one shard's inner chunks: the unit every write path hands the engine.
+
+    Attributes
+    ----------
+    array : ShardedArray
+        The array the shard belongs to (layout, grid, key encodings).
+    shard_coords : tuple of int
+        The shard's coords in the shard grid.
+    chunks : dict of tuple of int to bytes-like, ChunkPatch or None
+        Inner chunk (local coords inside the shard) -> its new encoded bytes,
+        byte writes inside its old bytes (:class:`ChunkPatch`), or ``None`` to
+        delete it. Chunks not named keep their stored bytes.
+    nbytes : int
+        Bytes of chunk data held in ``chunks`` (kept by the write-back buffer).
+    """
+
+    array: ShardedArray
+    shard_coords: tuple[int, ...]
+    chunks: dict[Local, ChunkUpdate] = field(default_factory=dict)
+    nbytes: int = 0
+
+    def covers_shard(self) -> bool:
+        """True when every available chunk of the shard is set whole (the write needs no old bytes)."""
+        return covers_shard(self.array, self.shard_coords, self.chunks)
+
+    def copy(self) -> ShardChange:
+        """A copy whose ``chunks`` dict is its own (the values are shared)."""
+        return ShardChange(self.array, self.shard_coords, dict(self.chunks), self.nbytes)
+
+    def chunk_key(self, local_coords: Local) -> str:
+        """The chunk key of one inner chunk of this shard."""
+        return self.array.chunk_key(self.array.chunk_coords(self.shard_coords, local_coords))
 
 
 def covers_shard(arr: ShardedArray, shard_coords: Sequence[int], updates: Mapping[Local, Any]) -> bool:

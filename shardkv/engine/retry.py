@@ -13,11 +13,16 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Hashable, TypeVar
+from typing import Any, Callable, Generic, Hashable, Iterator, TypeVar
 
 from shardkv.errors import ConcurrentUpdateError, ConfigurationError
 
-__all__ = ["Backoff", "RetryStats", "update_with_retry"]
+__all__ = ["Backoff", "RetryStats", "EngineStats", "attempts", "update_with_retry", "READ_ATTEMPTS", "WRITE_ATTEMPTS"]
+
+READ_ATTEMPTS = 8
+"""Rounds of one chunk read whose shards keep changing under it, at most."""
+WRITE_ATTEMPTS = 16
+"""Rounds of one conditional shard write that keeps losing its race, at most."""
 
 Generation = Hashable
 
@@ -140,3 +145,60 @@ def update_with_retry(
             stats.waited += wait
             sleep(wait)
     raise ConcurrentUpdateError(key, stats.attempts, stats.precondition_failures)
+
+
+READ_BACKOFF = Backoff(0.001, 2.0, 0.05)
+"""Waits between read rounds (seconds; 0.2 s in all at most)."""
+WRITE_BACKOFF = Backoff()
+"""Waits between write rounds (seconds)."""
+
+
+def attempts(limit: int, backoff: Backoff, sleep: Callable[[float], None] = time.sleep) -> Iterator[int]:
+    """The one retry loop: attempt numbers ``1..limit``, waiting ``backoff.delay(n)`` before attempt ``n + 1``.
+
+    Parameters
+    ----------
+    limit : int
+        Attempts at most (≥ 1).
+    backoff : Backoff
+        Waits between attempts.
+    sleep : callable
+        ``sleep(seconds)``.
+
+    Yields
+    ------
+    int
+        The attempt number, from 1. The caller breaks out (or returns) on
+        success; when the generator ends, every attempt failed.
+    """
+    for attempt in range(1, limit + 1):
+        if attempt > 1:
+            sleep(backoff.delay(attempt - 1))
+        yield attempt
+
+
+@dataclass
+class EngineStats:
+    """Counters of one :class:`~shardkv.engine.engine.ShardEngine` (a public probe for tests and users).
+
+    Attributes
+    ----------
+    read_attempts : int
+        Rounds of chunk reads (one per read call, more when shards changed under it).
+    read_stale : int
+        Chunk reads refused because their shard changed since its index was
+        cached (a conditional read found another generation); each cost one
+        index read again.
+    whole_shard_reads : int
+        Shards read whole (index and chunks in one request).
+    write_attempts : int
+        Rounds of shard writes (one per write call, more after lost races).
+    write_lost : int
+        Conditional shard puts refused because another writer changed the shard.
+    """
+
+    read_attempts: int = 0
+    read_stale: int = 0
+    whole_shard_reads: int = 0
+    write_attempts: int = 0
+    write_lost: int = 0

@@ -1,4 +1,4 @@
-"""The write-back buffer: chunk writes held per shard until the shard can be written once.
+"""Write-back: chunk writes held per shard until the shard can be written once, optionally journalled.
 
 Writing an array chunk by chunk (legacy code, zarr 2 with a synchronizer)
 through a per-call proxy rewrites a shard once per chunk: O(chunks per
@@ -7,37 +7,43 @@ shard) rewrites. With a buffer, each shard is written when it is complete
 when the memory limit forces it out (oldest shard first; then merged with
 what is stored). The total bytes written approach the array's encoded size.
 
-This module only keeps the books (pure); the proxy does the I/O. Nothing
-leaves the buffer because it is *about* to be written: the ``take_*``
-methods hand out copies, and :meth:`WriteBuffer.settle` removes what a
-successful write stored. A failed write therefore loses nothing: the
-updates stay buffered (and visible to readers) for the next attempt.
+:class:`WriteBuffer` keeps the books (pure); :class:`WriteBack` does the
+writes through :meth:`ShardEngine.write <shardkv.engine.engine.ShardEngine.write>`
+and keeps the optional write-ahead :class:`~shardkv.engine.journal.Journal`.
+
+What is acknowledged is kept
+----------------------------
+Nothing leaves the buffer because it is *about* to be written: the
+``take_*`` methods hand out copies, and :meth:`WriteBuffer.settle` removes
+what a successful write stored. When a shard write fails (during a flush or
+an eviction), its updates stay buffered and visible to reads, the error
+propagates, and the next flush writes them again. Shards are written by one
+thread at a time, so an older copy of a shard's updates is never written
+after a newer one. With a journal, every buffered chunk write is appended
+(and fsync'd) before the call returns; the journal is reset whenever the
+buffer is empty after a successful write, and compacted (rewritten
+atomically with the writes still buffered) when it grows well past the buffer.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from os import PathLike
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
-from shardkv.engine.merge import covers_shard
-from shardkv.keys.space import ShardedArray
+from shardkv.engine.journal import Journal
+from shardkv.engine.merge import ShardChange
+from shardkv.errors import ConfigurationError, InvalidKeyError
+from shardkv.keys.space import ChunkRef, ShardedArray
 
-__all__ = ["WriteBuffer", "PendingShard"]
+if TYPE_CHECKING:
+    from shardkv.engine.engine import ShardEngine
 
+__all__ = ["WriteBuffer", "WriteBack"]
 
-@dataclass
-class PendingShard:
-    """Buffered updates of one shard: local coords -> encoded chunk bytes, or ``None`` for a delete."""
-
-    array: ShardedArray
-    shard_coords: tuple[int, ...]
-    updates: dict[tuple[int, ...], bytes | None] = field(default_factory=dict)
-    nbytes: int = 0
-
-    def is_complete(self) -> bool:
-        """True when every in-grid chunk of the shard is buffered with bytes (a write needs no read)."""
-        return covers_shard(self.array, self.shard_coords, self.updates)
+_JOURNAL_SLACK = 4 * 2**20  # bytes a journal may hold beyond twice the buffer before it is compacted
 
 
 class WriteBuffer:
@@ -59,7 +65,7 @@ class WriteBuffer:
         if max_bytes < 0:
             raise ValueError(f"buffer_bytes must be >= 0, got {max_bytes}")
         self.max_bytes = int(max_bytes)
-        self._pending: OrderedDict[str, PendingShard] = OrderedDict()
+        self._pending: OrderedDict[str, ShardChange] = OrderedDict()
         self._nbytes = 0
         self.lock = threading.RLock()
 
@@ -81,14 +87,14 @@ class WriteBuffer:
         shard_coords: tuple[int, ...],
         local_coords: tuple[int, ...],
         value: bytes | None,
-    ) -> PendingShard:
+    ) -> ShardChange:
         """Buffer one chunk update (``None`` deletes) and return its shard's record."""
         pending = self._pending.get(shard_key)
         if pending is None:
-            pending = self._pending[shard_key] = PendingShard(array, shard_coords)
-        old = pending.updates.get(local_coords)
-        delta = (0 if value is None else len(value)) - (0 if old is None else len(old))
-        pending.updates[local_coords] = value
+            pending = self._pending[shard_key] = ShardChange(array, shard_coords)
+        old = pending.chunks.get(local_coords)
+        delta = (0 if value is None else len(value)) - (0 if old is None else len(old))  # type: ignore[arg-type]
+        pending.chunks[local_coords] = value
         pending.nbytes += delta
         self._nbytes += delta
         return pending
@@ -96,27 +102,26 @@ class WriteBuffer:
     def lookup(self, shard_key: str, local_coords: tuple[int, ...]) -> tuple[bool, bytes | None]:
         """``(True, value)`` when the chunk has a buffered update (``None``: deleted), else ``(False, None)``."""
         pending = self._pending.get(shard_key)
-        if pending is None or local_coords not in pending.updates:
+        if pending is None or local_coords not in pending.chunks:
             return False, None
-        return True, pending.updates[local_coords]
+        return True, pending.chunks[local_coords]  # type: ignore[return-value]
 
-    def pop(self, shard_key: str) -> PendingShard:
+    def pop(self, shard_key: str) -> ShardChange:
         """Remove and return a shard's buffered updates."""
         pending = self._pending.pop(shard_key)
         self._nbytes -= pending.nbytes
         return pending
 
-    def _copy(self, shard_key: str) -> PendingShard:
-        p = self._pending[shard_key]
-        return PendingShard(p.array, p.shard_coords, dict(p.updates), p.nbytes)
+    def _copy(self, shard_key: str) -> ShardChange:
+        return self._pending[shard_key].copy()
 
-    def take_complete(self, shard_keys: list[str]) -> dict[str, PendingShard]:
+    def take_complete(self, shard_keys: list[str]) -> dict[str, ShardChange]:
         """Copies of those of ``shard_keys`` that are complete (they stay buffered until settled)."""
-        return {k: self._copy(k) for k in shard_keys if k in self._pending and self._pending[k].is_complete()}
+        return {k: self._copy(k) for k in shard_keys if k in self._pending and self._pending[k].covers_shard()}
 
-    def take_over_limit(self) -> dict[str, PendingShard]:
+    def take_over_limit(self) -> dict[str, ShardChange]:
         """Copies of the oldest shards whose writing brings the buffer within its limit (they stay buffered)."""
-        out: dict[str, PendingShard] = {}
+        out: dict[str, ShardChange] = {}
         left = self._nbytes
         for key, pending in self._pending.items():
             if left <= self.max_bytes:
@@ -125,11 +130,11 @@ class WriteBuffer:
             left -= pending.nbytes
         return out
 
-    def take_all(self, path: str | None = None) -> dict[str, PendingShard]:
+    def take_all(self, path: str | None = None) -> dict[str, ShardChange]:
         """Copies of every buffered shard (of the array at ``path`` only, if given); they stay buffered."""
         return {k: self._copy(k) for k, p in self._pending.items() if path is None or p.array.path == path}
 
-    def settle(self, shard_key: str, written: PendingShard) -> None:
+    def settle(self, shard_key: str, written: ShardChange) -> None:
         """Forget the updates of ``written`` (a copy from ``take_*``) now stored in the shard.
 
         An update buffered again since the copy was taken (a newer value,
@@ -139,36 +144,18 @@ class WriteBuffer:
         pending = self._pending.get(shard_key)
         if pending is None:
             return
-        for local, value in written.updates.items():
-            if local in pending.updates and pending.updates[local] is value:
-                nbytes = 0 if value is None else len(value)
-                del pending.updates[local]
+        for local, value in written.chunks.items():
+            if local in pending.chunks and pending.chunks[local] is value:
+                nbytes = 0 if value is None else len(value)  # type: ignore[arg-type]
+                del pending.chunks[local]
                 pending.nbytes -= nbytes
                 self._nbytes -= nbytes
-        if not pending.updates:
+        if not pending.chunks:
             self.pop(shard_key)
 
-    def items(self) -> list[tuple[str, PendingShard]]:
+    def items(self) -> list[tuple[str, ShardChange]]:
         """``(shard_key, record)`` of every buffered shard, oldest first (the live records)."""
         return list(self._pending.items())
-
-    def pop_complete(self, shard_keys: list[str]) -> dict[str, PendingShard]:
-        """Remove and return those of ``shard_keys`` that are complete."""
-        done = [k for k in shard_keys if k in self._pending and self._pending[k].is_complete()]
-        return {k: self.pop(k) for k in done}
-
-    def pop_over_limit(self) -> dict[str, PendingShard]:
-        """Remove and return the oldest shards until the buffer is within its limit."""
-        out: dict[str, PendingShard] = {}
-        while self._nbytes > self.max_bytes and self._pending:
-            key = next(iter(self._pending))
-            out[key] = self.pop(key)
-        return out
-
-    def pop_all(self, path: str | None = None) -> dict[str, PendingShard]:
-        """Remove and return every buffered shard (of the array at ``path`` only, if given)."""
-        keys = [k for k, p in self._pending.items() if path is None or p.array.path == path]
-        return {k: self.pop(k) for k in keys}
 
     def discard_under(self, path: str) -> int:
         """Drop, unwritten, the updates of arrays at or below ``path`` (every array for ``""``).
@@ -182,3 +169,226 @@ class WriteBuffer:
         for k in keys:
             self.pop(k)
         return len(keys)
+
+
+class WriteBack:
+    """Chunk changes written to shards through the engine: at once, or buffered and journalled.
+
+    Parameters
+    ----------
+    engine : ShardEngine
+        Writes the shards.
+    buffer_bytes : int or None
+        Limit (bytes) of buffered chunk data; ``None`` writes within each call.
+    on_write_through : callable, optional
+        Called with the changes of every unbuffered write (the proxy's advice
+        about chunk-by-chunk rewrites).
+
+    Attributes
+    ----------
+    buffer : WriteBuffer or None
+        The buffered changes (``None`` without write-back).
+    journal : Journal or None
+        The write-ahead journal, once attached.
+
+    Raises
+    ------
+    ValueError
+        If ``buffer_bytes`` < 0.
+    """
+
+    def __init__(
+        self,
+        engine: ShardEngine,
+        buffer_bytes: int | None,
+        on_write_through: Callable[[Mapping[str, ShardChange]], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.buffer = None if buffer_bytes is None else WriteBuffer(buffer_bytes)
+        self.journal: Journal | None = None
+        self._on_write_through = on_write_through
+        self._io_lock = threading.RLock()  # one thread writes buffered shards at a time
+
+    def lookup(self, shard_key: str, local_coords: tuple[int, ...]) -> tuple[bool, bytes | None]:
+        """``(True, value)`` for a buffered chunk (``None``: deleted), else ``(False, None)``."""
+        if self.buffer is None:
+            return False, None
+        with self.buffer.lock:
+            return self.buffer.lookup(shard_key, local_coords)
+
+    def write(self, changes: Mapping[str, ShardChange]) -> None:
+        """Apply chunk changes: journalled and buffered in write-back mode, else written now.
+
+        Raises
+        ------
+        OSError
+            If the journal append fails (nothing of the call is buffered), or
+            a shard write forced by the call fails (its updates stay buffered).
+        """
+        if not changes:
+            return
+        buf = self.buffer
+        if buf is None:
+            self.engine.write(changes)
+            if self._on_write_through is not None:
+                self._on_write_through(changes)
+            return
+        with buf.lock:
+            if self.journal is not None:
+                self.journal.append(
+                    (change.chunk_key(local), None if value is None else bytes(value))  # type: ignore[arg-type]
+                    for change in changes.values()
+                    for local, value in change.chunks.items()
+                )
+            for shard_key, change in changes.items():
+                for local, value in change.chunks.items():
+                    buf.add(shard_key, change.array, change.shard_coords, local,
+                            None if value is None else bytes(value))  # type: ignore[arg-type]
+        keys = list(changes)
+        self._drain(lambda: {**buf.take_complete(keys), **buf.take_over_limit()})
+
+    def write_now(self, changes: Mapping[str, ShardChange]) -> None:
+        """Write chunk changes at once, bypassing the buffer (resize trims).
+
+        The journal is compacted afterwards, so that no older record of a
+        trimmed chunk can come back on replay should the array grow again.
+        """
+        if not changes:
+            return
+        self.engine.write(changes)
+        if self.journal is not None and self.buffer is not None:
+            with self.buffer.lock:
+                self.journal.reset(self._buffered_records())
+
+    def _drain(self, select: Callable[[], dict[str, ShardChange]]) -> None:
+        """Write the shards ``select`` picks (under the buffer lock) and settle those written."""
+        buf = self.buffer
+        if buf is None:
+            return
+        with self._io_lock:
+            with buf.lock:
+                pending = select()
+            if not pending:
+                return
+            failure: Exception | None = None
+            try:
+                self.engine.write(pending)
+                written = list(pending)
+            except Exception as exc:  # which shards of the batch made it is unknown: one at a time
+                failure, written = exc, []
+                for key, change in pending.items():
+                    try:
+                        self.engine.write({key: change})
+                    except Exception:  # noqa: BLE001 - kept buffered; the first error is raised below
+                        continue
+                    written.append(key)
+            with buf.lock:
+                for key in written:
+                    buf.settle(key, pending[key])
+                self._tidy_journal()
+            if failure is not None and len(written) < len(pending):
+                raise failure
+
+    def _tidy_journal(self) -> None:
+        """Reset the journal when the buffer is empty; compact it when it outgrew the buffer (buffer lock held)."""
+        journal, buf = self.journal, self.buffer
+        if journal is None or buf is None:
+            return
+        if not len(buf):
+            if not journal.empty:
+                journal.reset()
+        elif journal.nbytes > 2 * buf.max_bytes + _JOURNAL_SLACK:
+            journal.reset(self._buffered_records())
+
+    def _buffered_records(self) -> Iterator[tuple[str, bytes | None]]:
+        """``(chunk key, value)`` of every buffered update (buffer lock held)."""
+        if self.buffer is None:
+            return
+        for _, change in self.buffer.items():
+            for local, value in change.chunks.items():
+                yield change.chunk_key(local), value  # type: ignore[misc]
+
+    def flush(self, path: str | None = None) -> None:
+        """Write the buffered shards (of the array at ``path`` only, if given).
+
+        Raises
+        ------
+        Exception
+            The first error of a failed shard write; the shards not written
+            stay buffered, and a later flush writes them.
+        """
+        buf = self.buffer
+        if buf is not None:
+            self._drain(lambda: buf.take_all(path))
+
+    def discard_under(self, path: str) -> None:
+        """Drop buffered writes of arrays being deleted, so a later flush (or replay) cannot resurrect them."""
+        if self.buffer is None:
+            return
+        with self._io_lock, self.buffer.lock:  # a flush under way finishes first: it cannot write them after
+            if self.buffer.discard_under(path) and self.journal is not None:
+                self.journal.reset(self._buffered_records())
+
+    # -- journal ---------------------------------------------------------------------------
+
+    def attach_journal(self, path: str | PathLike[str] | None, route: Callable[[str], ChunkRef | None]) -> int:
+        """Open the journal at ``path``, replay its records through the buffer, write them and reset it.
+
+        Parameters
+        ----------
+        path : str or os.PathLike or None
+            The journal file (created if missing); ``None``: no journal.
+        route : callable
+            Maps a chunk key to its :class:`~shardkv.keys.space.ChunkRef`
+            (``None`` or :class:`InvalidKeyError` when it names no chunk of a
+            sharded array any more: such records are skipped).
+
+        Returns
+        -------
+        int
+            Records replayed.
+
+        Raises
+        ------
+        ConfigurationError
+            If there is no write-back buffer.
+        JournalCorruptError
+            If the journal is damaged before its last record.
+        Exception
+            A shard write failed: the journal is kept, so opening again retries.
+        """
+        if path is None:
+            return 0
+        if self.buffer is None:
+            raise ConfigurationError(f"journal={os.fspath(path)!r} needs write-back mode: give buffer_bytes too")
+        journal = Journal(path)
+        try:
+            return self._replay(journal, route)
+        except BaseException:
+            self.journal = None
+            journal.close()
+            raise
+
+    def _replay(self, journal: Journal, route: Callable[[str], ChunkRef | None]) -> int:
+        buf = self.buffer
+        if buf is None:
+            return 0
+        latest = {r.key: r.value for r in journal.replay()}
+        with buf.lock:
+            for key, value in latest.items():
+                try:
+                    ref = route(key)
+                except InvalidKeyError:  # an array deleted or shrunk since: nothing to restore
+                    continue
+                if ref is not None:
+                    buf.add(ref.shard_key, ref.array, ref.shard_coords, ref.local_coords, value)
+            self.journal = journal
+        self.flush()
+        with buf.lock:
+            self._tidy_journal()
+        return len(latest)
+
+    def close(self) -> None:
+        """Close the journal (after a flush; its records, if any, stay for the next open)."""
+        if self.journal is not None:
+            self.journal.close()

@@ -32,7 +32,8 @@ from typing import Callable, Iterator, Mapping
 
 from shardkv.engine.journal import Journal
 from shardkv.engine.planner import ShardIO
-from shardkv.engine.writeback import PendingShard, WriteBuffer
+from shardkv.engine.merge import ShardChange
+from shardkv.engine.writeback import WriteBuffer
 from shardkv.errors import ConfigurationError, InvalidKeyError
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.proxy.write_advice import WriteAdvisor
@@ -45,7 +46,7 @@ ShardChanges = Mapping[str, tuple[ShardedArray, tuple[int, ...], dict[tuple[int,
 _JOURNAL_SLACK = 4 * 2**20  # bytes a journal may hold beyond twice the buffer before it is compacted
 
 
-def _chunk_key(pending: PendingShard, local: tuple[int, ...]) -> str:
+def _chunk_key(pending: ShardChange, local: tuple[int, ...]) -> str:
     return pending.array.chunk_key(pending.array.chunk_coords(pending.shard_coords, local))
 
 
@@ -121,7 +122,7 @@ class ShardWriter:
             with self.buffer.lock:
                 self.journal.reset(self._buffered_records())
 
-    def _drain(self, select: Callable[[], dict[str, PendingShard]]) -> None:
+    def _drain(self, select: Callable[[], dict[str, ShardChange]]) -> None:
         """Write the shards ``select`` picks (under the buffer lock) and settle those written."""
         buf = self.buffer
         if buf is None:
@@ -133,13 +134,13 @@ class ShardWriter:
                 return
             failure: Exception | None = None
             try:
-                self.io.write_shards({k: (p.array, p.shard_coords, p.updates) for k, p in pending.items()})  # type: ignore[misc]
+                self.io.write_shards({k: (p.array, p.shard_coords, p.chunks) for k, p in pending.items()})  # type: ignore[misc]
                 written = list(pending)
             except Exception as exc:  # which shards of the batch made it is unknown: one at a time
                 failure, written = exc, []
                 for key, p in pending.items():
                     try:
-                        self.io.write_shards({key: (p.array, p.shard_coords, p.updates)})  # type: ignore[dict-item]
+                        self.io.write_shards({key: (p.array, p.shard_coords, p.chunks)})  # type: ignore[dict-item]
                     except Exception:  # noqa: BLE001 - kept buffered; the first error is raised below
                         continue
                     written.append(key)
@@ -166,7 +167,7 @@ class ShardWriter:
         if self.buffer is None:
             return
         for _, pending in self.buffer.items():
-            for local, value in pending.updates.items():
+            for local, value in pending.chunks.items():
                 yield _chunk_key(pending, local), value
 
     def flush(self, path: str | None = None) -> None:

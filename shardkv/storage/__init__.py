@@ -1,1 +1,3 @@
-"""Adapters over the base store: the only code that touches a store (fsspec, mappings, zarr-python 2 stores)."""
+"""The only code that touches a base store: the :class:`~shardkv.storage.kv.KVStore` interface and its stores
+(``local``, ``s3``, ``obstore``, ``fsspec``, ``mapping``; ``open.open_kv`` picks one), and the older adapters
+(``adapters.adapt``) that the engine still uses until it moves onto KVStore."""

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence, Union
+from typing import Any, Sequence, Union, cast
 
 from shardkv.format.ranges import ByteRange
 
 __all__ = ["BytesLike", "Value", "IOV_MAX", "read_pool", "byte_parts", "join_parts", "slice_value",
-           "write_parts", "pread_file"]
+           "write_parts", "pread_exact", "pread_file"]
 
 BytesLike = Union[bytes, bytearray, memoryview]
 Value = Union[BytesLike, Sequence[BytesLike]]
@@ -67,7 +67,7 @@ def join_parts(value: Value) -> bytes:
         if len(value) == 1 and isinstance(value[0], bytes):
             return value[0]
         return b"".join(value)
-    return memoryview(value).tobytes()
+    return memoryview(cast(BytesLike, value)).tobytes()  # a bytearray or memoryview (parts were joined above)
 
 
 def slice_value(value: Any, byte_range: ByteRange) -> bytes | memoryview:
@@ -98,6 +98,24 @@ def write_parts(fd: int, parts: list[memoryview]) -> None:
         parts = rest
 
 
+def pread_exact(fd: int, start: int, stop: int) -> bytes:
+    """Bytes ``[start, stop)`` of ``fd`` (absolute offsets): one ``pread``, more only after a short read."""
+    want = stop - start
+    if want <= 0:
+        return b""
+    data = os.pread(fd, want, start)
+    if len(data) == want or not data:
+        return data
+    pieces, got = [data], len(data)
+    while got < want:  # a short read (a file growing, a slow device, a signal): read the rest
+        more = os.pread(fd, want - got, start + got)
+        if not more:
+            break
+        pieces.append(more)
+        got += len(more)
+    return b"".join(pieces)
+
+
 def pread_file(path: str, start: int, stop: int | None) -> bytes:
     """Bytes ``[start, stop)`` of a local file (negative ``start``: from the end; ``stop`` None: to the end).
 
@@ -112,18 +130,6 @@ def pread_file(path: str, start: int, stop: int | None) -> bytes:
                 start = max(0, size + start)
             if stop is None or stop > size:
                 stop = size
-        want = max(0, stop - start)
-        data = os.pread(fd, want, start)
-        if len(data) == want or not data:
-            return data
-        chunks = [data]  # a short read (a file growing or a slow device): read the rest
-        got = len(data)
-        while got < want:
-            more = os.pread(fd, want - got, start + got)
-            if not more:
-                break
-            chunks.append(more)
-            got += len(more)
-        return b"".join(chunks)
+        return pread_exact(fd, start, stop)
     finally:
         os.close(fd)

@@ -20,7 +20,10 @@ Three rules hold for every implementation, and ``tests/kv_contract.py`` checks t
    ranges come from one stored value, whose generation is returned;
 2. a read conditioned on a generation that no longer holds reads nothing and
    returns ``state="stale"`` with the generation stored now (when the store
-   knows it for free) or :data:`ANY`;
+   knows it for free) or :data:`ANY`; a conditional read of a key that is not
+   stored returns ``"missing"`` or ``"stale"`` (stores without native
+   generations may not know which), and one conditioned on :data:`NO_VALUE`
+   is ``"missing"`` while nothing is stored;
 3. a conditional put or delete whose condition fails writes nothing and returns
    ``None`` (put) / ``False`` (delete); a lost race is a result, not an error.
 
@@ -283,6 +286,18 @@ class KVStore(ABC):
     @abstractmethod
     def list_prefix(self, prefix: str) -> Iterator[str]:
         """Every stored key that starts with ``prefix`` (``""``: all), never shardkv's hidden files."""
+
+    def list_generations(self, prefix: str) -> Iterator[tuple[str, Generation | None]]:
+        """Every stored key that starts with ``prefix``, with its generation when the listing gives it for free.
+
+        Yields
+        ------
+        tuple of (str, Generation or None)
+            ``(key, generation)``; ``None`` where the listing does not carry a
+            generation (then only a read tells). Hidden files are never listed.
+        """
+        for key in self.list_prefix(prefix):
+            yield key, None
 
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
         """The keys and the sub-prefixes directly below ``prefix`` (a path ending in ``/``, or ``""``).

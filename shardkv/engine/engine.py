@@ -1,0 +1,320 @@
+"""The shard engine: chunk reads and shard writes over one :class:`~shardkv.storage.kv.KVStore`.
+
+:class:`ShardEngine` is the one engine of shardkv: the zarr-python 2 proxies
+(:class:`shardkv.ShardedStore`, :class:`shardkv.DraftShardedStore`) and the
+2022 draft sharding storage transformer each hold one and call it. It knows
+nothing of keys above chunks and shards: it works on
+:class:`~shardkv.keys.space.ChunkRef` (which shard, where in it) and on
+:class:`~shardkv.engine.merge.ShardChange` (one shard's chunk changes).
+
+State: the index cache (entries ``(decoded index, generation, size)``), the
+concurrency guard (mode resolved from the store's capabilities) and counters.
+The read path is :mod:`shardkv.engine.reads` (chunk reads conditioned on the
+cached index's generation; a stale answer refetches the index once per
+round), the write path :mod:`shardkv.engine.writes` (read-modify-write
+conditioned on the generation read, one retry loop, locks only where the
+store has no conditional put). Write-back and the journal sit on top
+(:mod:`shardkv.engine.writeback`).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Mapping, Sequence
+
+from shardkv.engine.cache import IndexCache
+from shardkv.engine.guard import Concurrency, Guard, Mode
+from shardkv.engine.merge import ShardChange
+from shardkv.engine.reads import chunk_keys_of, count_chunks_of, current_indexes, read_ranges
+from shardkv.engine.retry import EngineStats
+from shardkv.engine.writes import compact_shards, delete_shards, write_changes
+from shardkv.errors import ConfigurationError
+from shardkv.format.index import ShardIndex
+from shardkv.format.ranges import ByteRange, ReadPolicy
+from shardkv.keys.space import ChunkRef, ShardedArray
+from shardkv.storage.buffers import BytesLike
+from shardkv.storage.kv import Generation, KVStore
+
+__all__ = ["ShardEngine", "EngineOptions", "EngineStats", "ShardChange"]
+
+_WHOLE = ByteRange(0)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """The engine's options (frozen, picklable; the proxies' ``Options`` carry them).
+
+    Parameters
+    ----------
+    index_cache_bytes : int
+        Limit (bytes) of the decoded-index cache; 0 disables it.
+    read_policy : ReadPolicy
+        Merging of chunk ranges and the whole-shard threshold.
+    concurrency : {"auto", "files", "conditional", "process", "none"}
+        How writers of one shard in other objects, threads and processes are
+        excluded (:mod:`shardkv.engine.guard`).
+    lock_timeout : float or None
+        Longest wait (seconds) for a shard lock; ``None`` waits as long as it takes.
+
+    Raises
+    ------
+    ConfigurationError
+        For a negative cache size or lock timeout.
+    """
+
+    index_cache_bytes: int = 64 * 2**20
+    read_policy: ReadPolicy = field(default_factory=ReadPolicy)
+    concurrency: Concurrency = "auto"
+    lock_timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.index_cache_bytes < 0:
+            raise ConfigurationError(f"index_cache_bytes must be >= 0 bytes, got {self.index_cache_bytes}")
+        if self.lock_timeout is not None and self.lock_timeout < 0:
+            raise ConfigurationError(f"lock_timeout must be >= 0 seconds or None, got {self.lock_timeout}")
+
+
+class ShardEngine:
+    """Batched shard reads and writes over one store.
+
+    Parameters
+    ----------
+    kv : KVStore
+        The base store.
+    options : EngineOptions, optional
+        Cache size, read policy, concurrency mode, lock timeout.
+
+    Attributes
+    ----------
+    kv : KVStore
+        The base store.
+    options : EngineOptions
+        The options.
+    cache : IndexCache
+        Decoded indexes with the generations of the shards they were read from.
+    stats : EngineStats
+        Read rounds, refused (stale) reads, whole-shard reads, write rounds, lost races.
+
+    Raises
+    ------
+    ConfigurationError
+        For a concurrency mode the store cannot give (``"auto"`` where it
+        offers neither lock files nor conditional writes).
+    """
+
+    def __init__(self, kv: KVStore, options: EngineOptions | None = None) -> None:
+        self.kv = kv
+        self.options = options if options is not None else EngineOptions()
+        self.cache = IndexCache(self.options.index_cache_bytes)
+        self.guard = Guard(kv, self.options.concurrency, self.options.lock_timeout)
+        self.stats = EngineStats()
+
+    def __repr__(self) -> str:
+        return f"ShardEngine({self.kv!r}, concurrency={self.concurrency_mode!r})"
+
+    @property
+    def concurrency_mode(self) -> Mode:
+        """The resolved concurrency mode: ``"files"``, ``"conditional"``, ``"process"`` or ``"none"``."""
+        return self.guard.mode
+
+    # -- reads --------------------------------------------------------------------
+
+    def read_chunks(self, refs: Sequence[ChunkRef]) -> dict[str, BytesLike]:
+        """Encoded bytes of the stored chunks among ``refs``, by chunk key (missing ones left out).
+
+        Parameters
+        ----------
+        refs : sequence of ChunkRef
+            Chunks of any arrays and shards (one batched index read and one
+            batched chunk read per round).
+
+        Returns
+        -------
+        dict of str to bytes-like
+            Read-only buffers (``bytes`` or read-only ``memoryview``).
+
+        Raises
+        ------
+        CorruptShardError, ChecksumError
+            For a damaged shard.
+        ConcurrentUpdateError
+            If a shard kept changing under every read round.
+        OSError
+            Any error of the store.
+        """
+        values = read_ranges(self.kv, self.cache, self.options.read_policy, self.stats,
+                             [(ref, _WHOLE) for ref in refs])
+        return {ref.chunk_key: v for ref, v in zip(refs, values) if v is not None}
+
+    def read_ranges(self, requests: Sequence[tuple[ChunkRef, ByteRange]]) -> list[BytesLike | None]:
+        """Byte ranges inside chunks (the draft's partial reads).
+
+        Parameters
+        ----------
+        requests : sequence of (ChunkRef, ByteRange)
+            A chunk and a range *inside its bytes* (clipped to the chunk; a
+            suffix range counts from the chunk's end).
+
+        Returns
+        -------
+        list of bytes-like or None
+            In order; ``None`` where the chunk is not stored.
+
+        Raises
+        ------
+        CorruptShardError, ChecksumError, ConcurrentUpdateError, OSError
+            As :meth:`read_chunks`.
+        """
+        return read_ranges(self.kv, self.cache, self.options.read_policy, self.stats, requests)
+
+    def has_chunks(self, refs: Sequence[ChunkRef]) -> list[bool]:
+        """Whether each chunk is stored now (``in``), from indexes confirmed current.
+
+        Raises
+        ------
+        CorruptShardError, ChecksumError, OSError
+            For a damaged index; any error of the store.
+        """
+        indexes = self.read_indexes({ref.shard_key: ref.array for ref in refs})
+        return [
+            ref.shard_key in indexes and indexes[ref.shard_key].get(ref.local_coords) is not None for ref in refs
+        ]
+
+    def read_indexes(
+        self, shards: Mapping[str, ShardedArray], generations: Mapping[str, Generation] | None = None
+    ) -> dict[str, ShardIndex]:
+        """The current indexes of the stored shards among ``shards`` (one batched request at most per check).
+
+        A cached index is used when it is known current: its generation equals
+        the one a store listing returned (``generations``), or a zero-range
+        conditional read confirms it; every other index is read.
+
+        Parameters
+        ----------
+        shards : mapping of str to ShardedArray
+            Shard keys and their arrays.
+        generations : mapping of str to Generation, optional
+            Generations returned by a listing of the store, by shard key.
+
+        Returns
+        -------
+        dict of str to ShardIndex
+            Shards not stored are left out. Do not modify the indexes (they are
+            the cached objects); copy first.
+
+        Raises
+        ------
+        CorruptShardError, ChecksumError
+            For a damaged index.
+        """
+        return current_indexes(self.kv, self.cache, shards, generations)
+
+    def chunk_keys(
+        self,
+        shards: Mapping[str, ShardedArray],
+        *,
+        generations: Mapping[str, Generation] | None = None,
+        in_grid_only: bool = True,
+    ) -> Iterator[str]:
+        """Keys of the chunks stored in ``shards``, from their current indexes.
+
+        Per shard one vectorised pass (present entries -> chunk coords ->
+        keys), each key string built once; indexes read 4096 shards per request.
+
+        Parameters
+        ----------
+        shards : mapping of str to ShardedArray
+            Stored shard keys and their arrays (a listing of one array's
+            prefix touches only that array's shards).
+        generations : mapping of str to Generation, optional
+            Generations the store listing returned (cached indexes with the
+            same generation are used without a request).
+        in_grid_only : bool
+            Leave out chunks outside the chunk grid (when it is known).
+        """
+        return chunk_keys_of(self.kv, self.cache, shards, generations, in_grid_only)
+
+    def count_chunks(
+        self,
+        shards: Mapping[str, ShardedArray],
+        *,
+        generations: Mapping[str, Generation] | None = None,
+        in_grid_only: bool = True,
+    ) -> int:
+        """How many chunks ``shards`` store (as :meth:`chunk_keys`, without building keys)."""
+        return count_chunks_of(self.kv, self.cache, shards, generations, in_grid_only)
+
+    # -- writes -------------------------------------------------------------------
+
+    def write(self, changes: Mapping[str, ShardChange]) -> None:
+        """Apply chunk changes grouped by shard: one batched read (partly covered shards), one batched write.
+
+        A shard left with no chunk is deleted (where deletes cannot be
+        conditioned, in mode ``"conditional"``, it is stored as an empty shard
+        instead, which readers read as fill values). Chunks outside the chunk
+        grid are dropped. See :mod:`shardkv.engine.writes`.
+
+        Parameters
+        ----------
+        changes : mapping of str to ShardChange
+            Shard key -> the shard's chunk changes.
+
+        Raises
+        ------
+        ValueError
+            If a :class:`~shardkv.engine.merge.ChunkPatch` would leave a gap in its chunk.
+        LockTimeoutError
+            If a shard lock was not obtained within ``lock_timeout``.
+        ConcurrentUpdateError
+            If a shard's conditional write lost its race in every round.
+        OSError
+            Any error of the store.
+        """
+        write_changes(self.kv, self.cache, self.guard, self.stats, changes)
+
+    def erase(self, shards: Mapping[str, ShardedArray]) -> None:
+        """Delete whole shards (holding their locks) and forget their indexes.
+
+        Raises
+        ------
+        LockTimeoutError, OSError
+            As :meth:`write`.
+        """
+        delete_shards(self.kv, self.cache, self.guard, shards)
+
+    def compact(self, arr: ShardedArray, shard_keys: Iterable[str] | None = None) -> int:
+        """Rewrite the array's stored shards that hold unused bytes; the bytes reclaimed.
+
+        Parameters
+        ----------
+        arr : ShardedArray
+            The array.
+        shard_keys : iterable of str, optional
+            Its shards to look at (default: every shard of its shard grid).
+
+        Raises
+        ------
+        LockTimeoutError, CorruptShardError, OSError
+            As :meth:`write`; for a damaged shard.
+        """
+        keys = (k for k, _ in arr.shard_keys()) if shard_keys is None else shard_keys
+        return compact_shards(self.kv, self.cache, self.guard, arr, keys)
+
+    def hold(self, shards: Mapping[str, ShardedArray]) -> AbstractContextManager[None]:
+        """The locks of ``shards`` for a ``with`` block (for a caller's own read-modify-write; not re-entrant).
+
+        Raises
+        ------
+        LockTimeoutError
+            If a lock was not obtained within ``lock_timeout``.
+        """
+        return self.guard.hold(shards)
+
+    def forget(self, shard_keys: Iterable[str] | None = None) -> None:
+        """Drop cached indexes (of ``shard_keys``, or all)."""
+        if shard_keys is None:
+            self.cache.clear()
+            return
+        for shard_key in shard_keys:
+            self.cache.discard(shard_key)

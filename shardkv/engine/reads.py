@@ -1,0 +1,410 @@
+"""The one read path of the engine: chunk bytes conditioned on the generation of the cached index.
+
+A cached index is trusted only as far as the store confirms it: every chunk
+read is a ranged ``get`` conditioned on the generation the index was read
+with. A ``"stale"`` answer (the shard changed since) drops the entry, and the
+next round reads the index again, then the chunks: a stale entry costs one
+refused read, never a torn mix of an old index and new bytes. This is
+tensorstore's rule (``zarr3_sharding_indexed``).
+
+Per round (at most :data:`~shardkv.engine.retry.READ_ATTEMPTS`):
+
+1. one batched ``get`` of the indexes not cached (prefix or suffix ranges);
+   on stores where every request is a round trip, shards of which most
+   chunks are wanted are read whole instead (index and chunks of one
+   generation in one request), and from round 3 on every shard still
+   changing is;
+2. one batched ``get`` of the wanted chunk ranges, merged per shard
+   (:func:`~shardkv.format.ranges.plan_reads`), each conditioned on its
+   index's generation; a shard whose wanted chunks are all absent from a
+   cached index gets a zero-range conditional ``get`` (absence is proved,
+   not assumed).
+
+Stores without ranged reads (mappings) read whole shards once per call and
+cache nothing. Where a shard's size is not known and its index is at the
+end, each range asks for ``index_nbytes`` bytes more: the index follows every
+chunk, so fewer bytes mean a truncated shard or an entry pointing into the
+index, never served as data.
+
+Listings (:func:`current_indexes`) compare the generations a store listing
+returned, or else make one zero-range conditional ``get`` per cached shard.
+"""
+
+from __future__ import annotations
+
+from math import prod
+from typing import Iterator, Mapping, Sequence
+
+import numpy as np
+
+from shardkv.engine.cache import CacheEntry, IndexCache
+from shardkv.engine.retry import READ_ATTEMPTS, READ_BACKOFF, EngineStats, attempts
+from shardkv.errors import ConcurrentUpdateError, CorruptShardError
+from shardkv.format.index import ShardIndex
+from shardkv.format.ranges import ByteRange, CoalescedRead, ReadPolicy, plan_reads
+from shardkv.keys.space import ChunkRef, ShardedArray
+from shardkv.storage.buffers import BytesLike
+from shardkv.storage.kv import ANY, Generation, KVStore, ReadRequest, ReadResult
+
+__all__ = ["read_ranges", "current_indexes", "chunk_keys_of", "count_chunks_of", "LIST_BATCH"]
+
+LIST_BATCH = 4096
+"""Shards whose indexes one listing request reads at most."""
+
+_WHOLE_CHUNK = ByteRange(0)
+
+
+def _whole_wanted(requests: Sequence[tuple[ChunkRef, ByteRange]], policy: ReadPolicy) -> set[str]:
+    """Shards of which ``requests`` want enough whole chunks to read the shard whole (object stores)."""
+    wanted: dict[str, set[tuple[int, ...]]] = {}
+    refs: dict[str, ChunkRef] = {}
+    for ref, byte_range in requests:
+        if byte_range == _WHOLE_CHUNK:
+            wanted.setdefault(ref.shard_key, set()).add(ref.local_coords)
+            refs.setdefault(ref.shard_key, ref)
+    whole: set[str] = set()
+    for shard_key, locals_ in wanted.items():
+        ref = refs[shard_key]
+        n = len(locals_)
+        if n >= policy.whole_shard_fraction * prod(ref.array.chunks_per_shard) or n >= ref.array.n_chunks_in_shard(
+            ref.shard_coords
+        ):
+            whole.add(shard_key)
+    return whole
+
+
+def _view(value: BytesLike, start: int, stop: int) -> BytesLike:
+    """``value[start:stop]`` without a copy when ``value`` is read-only, else a ``bytes`` copy."""
+    view = memoryview(value).cast("B")
+    part = view[start:stop]
+    return part if view.readonly else bytes(part)
+
+
+def _serve_from_whole(
+    requests: Sequence[tuple[ChunkRef, ByteRange]], positions: list[int], blob: BytesLike, index: ShardIndex,
+    out: list[BytesLike | None],
+) -> None:
+    """Fill ``out`` at ``positions`` from a whole shard read together with its index."""
+    for pos in positions:
+        ref, byte_range = requests[pos]
+        entry = index.get(ref.local_coords)
+        if entry is not None:
+            start, stop = byte_range.resolve(entry[1])
+            out[pos] = _view(blob, entry[0] + start, entry[0] + stop)
+
+
+def _read_unranged(
+    kv: KVStore, requests: Sequence[tuple[ChunkRef, ByteRange]], by_shard: Mapping[str, list[int]]
+) -> list[BytesLike | None]:
+    """Reads from a store without ranged reads: each shard whole, once, nothing cached."""
+    out: list[BytesLike | None] = [None] * len(requests)
+    keys = list(by_shard)
+    for shard_key, result in zip(keys, kv.get_many([(k, None, ANY) for k in keys])):
+        if result.found:
+            blob = result.whole()
+            index = requests[by_shard[shard_key][0]][0].array.layout.index_of_shard(blob, shard_key)
+            _serve_from_whole(requests, by_shard[shard_key], blob, index, out)
+    return out
+
+
+def _decode(arr: ShardedArray, shard_key: str, result: ReadResult, whole: bool) -> tuple[ShardIndex, int | None]:
+    """The index of an index read (or of a whole-shard read) and the shard's size when known."""
+    if whole:
+        blob = result.whole()
+        return arr.layout.index_of_shard(blob, shard_key), len(blob)
+    values = result.values or [b""]
+    return arr.layout.decode_index(values[0], shard_key, result.size), result.size
+
+
+def read_ranges(
+    kv: KVStore,
+    cache: IndexCache,
+    policy: ReadPolicy,
+    stats: EngineStats,
+    requests: Sequence[tuple[ChunkRef, ByteRange]],
+) -> list[BytesLike | None]:
+    """Byte ranges inside chunks, each from the shard generation its index was read from.
+
+    Parameters
+    ----------
+    kv : KVStore
+        The store.
+    cache : IndexCache
+        Decoded indexes with their generations (read, refreshed and dropped here).
+    policy : ReadPolicy
+        Merging of chunk ranges, and the whole-shard threshold.
+    stats : EngineStats
+        Counters to update.
+    requests : sequence of (ChunkRef, ByteRange)
+        A chunk and a range *inside its bytes* (clipped to the chunk; a suffix
+        range counts from the chunk's end); ``ByteRange(0)`` is the whole chunk.
+
+    Returns
+    -------
+    list of bytes-like or None
+        In the order of ``requests``; ``None`` where the chunk is not stored.
+
+    Raises
+    ------
+    CorruptShardError, ChecksumError
+        For a damaged shard (an index entry past the shard's data included).
+    ConcurrentUpdateError
+        If a shard changed under every one of the read rounds.
+    """
+    by_shard: dict[str, list[int]] = {}
+    for pos, (ref, _) in enumerate(requests):
+        by_shard.setdefault(ref.shard_key, []).append(pos)
+    if not by_shard:
+        return []
+    if not kv.caps.ranged:
+        return _read_unranged(kv, requests, by_shard)
+    arrays = {k: requests[positions[0]][0].array for k, positions in by_shard.items()}
+    out: list[BytesLike | None] = [None] * len(requests)
+    pending = set(by_shard)
+    whole = _whole_wanted(requests, policy) if kv.caps.round_trips else set()
+    stale: set[str] = set()
+    for attempt in attempts(READ_ATTEMPTS, READ_BACKOFF):
+        stats.read_attempts += 1
+        if attempt >= 3 and kv.caps.round_trips:
+            whole |= stale  # a shard rewritten without pause: one self-consistent request
+        order = [k for k in by_shard if k in pending]
+        entries: dict[str, CacheEntry] = {}
+        for k in order:
+            cached = None if k in whole else cache.entry(k)
+            if cached is not None:
+                entries[k] = cached
+        need = [k for k in order if k not in entries]
+        fresh: set[str] = set()
+        if need:
+            reads: list[ReadRequest] = [
+                (k, None if k in whole else [arrays[k].layout.index_range()], ANY) for k in need
+            ]
+            for k, result in zip(need, kv.get_many(reads)):
+                if not result.found:  # no shard: none of its chunks is stored
+                    cache.discard(k)
+                    pending.discard(k)
+                    continue
+                index, size = _decode(arrays[k], k, result, k in whole)
+                cache.put(k, index, result.generation, size)
+                if k in whole:
+                    stats.whole_shard_reads += 1
+                    _serve_from_whole(requests, by_shard[k], result.whole(), index, out)
+                    pending.discard(k)
+                else:
+                    entries[k] = CacheEntry(index, result.generation, size)
+                    fresh.add(k)
+        chunk_reads: list[ReadRequest] = []
+        plans: list[tuple[str, list[tuple[int, int, int]], list[CoalescedRead], int]] = []
+        for k in order:
+            if k not in pending or k not in entries:
+                continue
+            index, generation, size = entries[k].index, entries[k].generation, entries[k].size
+            layout = arrays[k].layout
+            wanted: list[tuple[int, int, int]] = []  # (position, start, stop) in the shard
+            absent = False
+            for pos in by_shard[k]:
+                ref, byte_range = requests[pos]
+                entry = index.get(ref.local_coords)
+                if entry is None:
+                    absent = True
+                    continue
+                start, stop = byte_range.resolve(entry[1])
+                wanted.append((pos, entry[0] + start, entry[0] + stop))
+            if not wanted and (not absent or k in fresh):
+                pending.discard(k)  # nothing to read; absence proved by an index read of this round
+                continue
+            guard = layout.index_nbytes if layout.index_location == "end" and size is None else 0
+            coalesced = plan_reads([ByteRange(a, b) for _, a, b in wanted], index.used_nbytes(), policy)
+            ranges = [c.range if c.range.stop is None else ByteRange(c.range.start, c.range.stop + guard)
+                      for c in coalesced]
+            chunk_reads.append((k, ranges, generation))
+            plans.append((k, wanted, coalesced, guard))
+        stale = set()
+        for (k, wanted, coalesced, guard), result in zip(plans, kv.get_many(chunk_reads) if chunk_reads else []):
+            if result.state != "value":  # changed or deleted since the index was read: read it again
+                stale.add(k)
+                stats.read_stale += 1
+                cache.discard(k)
+                continue
+            _serve_ranges(k, arrays[k], wanted, coalesced, guard, result, out)
+            pending.discard(k)
+        if not pending:
+            return out
+    first = sorted(pending)[0]
+    raise ConcurrentUpdateError(first, READ_ATTEMPTS, READ_ATTEMPTS)
+
+
+def _serve_ranges(
+    shard_key: str, arr: ShardedArray, wanted: list[tuple[int, int, int]], coalesced: list[CoalescedRead],
+    guard: int, result: ReadResult, out: list[BytesLike | None],
+) -> None:
+    """Slice the chunk bytes of one shard's ranged read into ``out``, refusing bytes the shard does not hold."""
+    layout = arr.layout
+    for read, value in zip(coalesced, result.values or []):
+        limit = read.range.start + len(value)  # the end of the chunk data the read proves
+        if read.range.stop is None and layout.index_location == "end":
+            limit -= layout.index_nbytes
+        else:
+            limit -= guard
+        for member, rel, nbytes in read.members:
+            pos, start, stop = wanted[member]
+            if stop > limit:
+                raise CorruptShardError(
+                    shard_key,
+                    f"an index entry points at bytes [{start}, {stop}) but the chunk data ends at byte {limit}: "
+                    f"the shard ends {stop - limit} bytes too early (truncated shard, or an entry pointing "
+                    "into the index)",
+                )
+            out[pos] = _view(value, rel, rel + nbytes)
+
+
+def current_indexes(
+    kv: KVStore,
+    cache: IndexCache,
+    shards: Mapping[str, ShardedArray],
+    generations: Mapping[str, Generation] | None = None,
+) -> dict[str, ShardIndex]:
+    """The current indexes of the stored shards among ``shards`` (listings, ``in``, counts).
+
+    A cached index is used when its generation equals the one a store listing
+    returned (``generations``), or else when a zero-range ``get`` conditioned
+    on it succeeds; every other index is read (one batched request for all).
+
+    Parameters
+    ----------
+    kv : KVStore
+        The store.
+    cache : IndexCache
+        Decoded indexes with their generations.
+    shards : mapping of str to ShardedArray
+        Shard keys and their arrays.
+    generations : mapping of str to Generation, optional
+        Generations a listing of the store returned, by shard key.
+
+    Raises
+    ------
+    CorruptShardError, ChecksumError
+        For a damaged index.
+    """
+    keys = list(shards)
+    if not kv.caps.ranged:
+        out = {}
+        for k, result in zip(keys, kv.get_many([(k, None, ANY) for k in keys])):
+            if result.found:
+                out[k] = shards[k].layout.index_of_shard(result.whole(), k)
+        return out
+    indexes: dict[str, ShardIndex] = {}
+    checks: list[tuple[str, CacheEntry]] = []
+    need: list[str] = []
+    for k in keys:
+        cached = cache.peek(k)
+        listed = None if generations is None else generations.get(k)
+        if cached is None or (listed is not None and not listed.is_any and listed != cached.generation):
+            need.append(k)
+        elif listed is not None and listed == cached.generation:
+            indexes[k] = cached.index
+        else:
+            checks.append((k, cached))
+    if checks:
+        for (k, cached), result in zip(checks, kv.get_many([(k, [], e.generation) for k, e in checks])):
+            if result.state == "value":
+                indexes[k] = cached.index
+            elif result.state == "stale":
+                need.append(k)
+            else:
+                cache.discard(k)
+    if need:
+        results = kv.get_many([(k, [shards[k].layout.index_range()], ANY) for k in need])
+        for k, result in zip(need, results):
+            if not result.found:
+                cache.discard(k)
+                continue
+            index, size = _decode(shards[k], k, result, False)
+            cache.put(k, index, result.generation, size)
+            indexes[k] = index
+    return {k: indexes[k] for k in keys if k in indexes}
+
+
+def _present_chunks(arr: ShardedArray, shard_key: str, index: ShardIndex, in_grid_only: bool) -> np.ndarray:
+    """Chunk coords (one row per stored inner chunk, row-major) of one shard, optionally only those in the grid."""
+    shard_coords = arr.shard_coords_of(shard_key)
+    local = np.argwhere(index.present_mask())
+    if shard_coords is None or not len(local):
+        return np.empty((0, arr.ndim), dtype=np.int64)
+    chunks = local.astype(np.int64) + np.asarray(shard_coords, dtype=np.int64) * np.asarray(
+        arr.chunks_per_shard, dtype=np.int64
+    )
+    grid = arr.chunk_grid_shape
+    if in_grid_only and grid is not None:
+        chunks = chunks[(chunks < np.asarray(grid, dtype=np.int64)).all(axis=1)]
+    return chunks
+
+
+def _key_head(arr: ShardedArray) -> tuple[str, str] | None:
+    """``(text before the coordinates, separator)`` of the array's chunk keys, or ``None`` if not of that form."""
+    if arr.ndim == 0:
+        return None
+    sep = arr.chunk_key_encoding.separator
+    zero = arr.chunk_key((0,) * arr.ndim)
+    tail = sep.join("0" * arr.ndim)
+    if not zero.endswith(tail):
+        return None
+    head = zero[: len(zero) - len(tail)]
+    if arr.chunk_key((1,) * arr.ndim) != head + sep.join("1" * arr.ndim):
+        return None
+    return head, sep
+
+
+def _keys_of(arr: ShardedArray, chunks: np.ndarray) -> list[str]:
+    """The chunk keys of rows of chunk coords, each string built once."""
+    rows = chunks.tolist()
+    form = _key_head(arr)
+    if form is None:
+        return [arr.chunk_key(row) for row in rows]
+    head, sep = form
+    return [head + sep.join(map(str, row)) for row in rows]
+
+
+def _batches(shards: Mapping[str, ShardedArray]) -> Iterator[dict[str, ShardedArray]]:
+    keys = list(shards)
+    for start in range(0, len(keys), LIST_BATCH):
+        yield {k: shards[k] for k in keys[start : start + LIST_BATCH]}
+
+
+def chunk_keys_of(
+    kv: KVStore,
+    cache: IndexCache,
+    shards: Mapping[str, ShardedArray],
+    generations: Mapping[str, Generation] | None = None,
+    in_grid_only: bool = True,
+) -> Iterator[str]:
+    """Keys of the chunks stored in ``shards``, from their current indexes, built once and in one pass per shard.
+
+    See :meth:`ShardEngine.chunk_keys <shardkv.engine.engine.ShardEngine.chunk_keys>`.
+    """
+    for batch in _batches(shards):
+        for shard_key, index in current_indexes(kv, cache, batch, generations).items():
+            arr = batch[shard_key]
+            yield from _keys_of(arr, _present_chunks(arr, shard_key, index, in_grid_only))
+
+
+def count_chunks_of(
+    kv: KVStore,
+    cache: IndexCache,
+    shards: Mapping[str, ShardedArray],
+    generations: Mapping[str, Generation] | None = None,
+    in_grid_only: bool = True,
+) -> int:
+    """How many chunks ``shards`` store (no key is built).
+
+    See :meth:`ShardEngine.count_chunks <shardkv.engine.engine.ShardEngine.count_chunks>`.
+    """
+    total = 0
+    for batch in _batches(shards):
+        for shard_key, index in current_indexes(kv, cache, batch, generations).items():
+            arr = batch[shard_key]
+            if in_grid_only and arr.chunk_grid_shape is not None:
+                total += len(_present_chunks(arr, shard_key, index, True))
+            else:
+                total += index.count_present()
+    return total

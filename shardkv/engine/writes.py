@@ -1,0 +1,152 @@
+"""The one write path of the engine: shard read-modify-write conditioned on the generation read.
+
+:func:`write_changes` holds the shards' locks (:class:`~shardkv.engine.guard.Guard`:
+in-process stripes always, lock files in mode ``"files"``) and runs one
+bounded loop (:func:`~shardkv.engine.retry.attempts`):
+
+1. one batched whole-shard ``get`` of the shards the changes cover only in
+   part (a shard whose every available chunk is set whole needs no read);
+2. the new shards merged by :func:`~shardkv.engine.merge.merge_chunks`;
+3. one batched ``put`` (a delete for a shard left with no chunk; an empty
+   shard where deletes cannot be conditioned), each conditioned on the
+   generation read in mode ``"conditional"`` (``NO_VALUE`` for a shard that
+   was not stored); shards written whole go out blind;
+4. the winners' indexes cached with the generations the puts returned; only
+   the shards that lost their race go round again.
+
+Under lock files (or for mode ``"process"``/``"none"``) puts are
+unconditional: the locks, or the caller's promise, exclude other writers.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+from shardkv.engine.cache import IndexCache
+from shardkv.engine.guard import Guard
+from shardkv.engine.merge import ShardChange, merge_chunks
+from shardkv.engine.retry import WRITE_ATTEMPTS, WRITE_BACKOFF, EngineStats, attempts
+from shardkv.errors import ConcurrentUpdateError
+from shardkv.format.index import ShardIndex
+from shardkv.keys.space import ShardedArray
+from shardkv.storage.buffers import Value
+from shardkv.storage.kv import ANY, NO_VALUE, Generation, KVStore
+
+__all__ = ["write_changes", "compact_shards", "delete_shards"]
+
+
+def write_changes(
+    kv: KVStore, cache: IndexCache, guard: Guard, stats: EngineStats, changes: Mapping[str, ShardChange]
+) -> None:
+    """Apply chunk changes grouped by shard (see the module docstring).
+
+    Raises
+    ------
+    ValueError
+        If a :class:`~shardkv.engine.merge.ChunkPatch` would leave a gap in its chunk.
+    LockTimeoutError
+        If a shard lock was not obtained in time.
+    ConcurrentUpdateError
+        If a shard lost its race in every round (mode ``"conditional"``).
+    OSError
+        Any error of the store.
+    """
+    if not changes:
+        return
+    todo = dict(changes)
+    with guard.hold({k: c.array for k, c in todo.items()}):
+        for _ in attempts(WRITE_ATTEMPTS, WRITE_BACKOFF):
+            stats.write_attempts += 1
+            todo = _write_round(kv, cache, guard, todo)
+            if not todo:
+                return
+            stats.write_lost += len(todo)
+    first = sorted(todo)[0]
+    raise ConcurrentUpdateError(first, WRITE_ATTEMPTS, WRITE_ATTEMPTS)
+
+
+def _write_round(
+    kv: KVStore, cache: IndexCache, guard: Guard, changes: Mapping[str, ShardChange]
+) -> dict[str, ShardChange]:
+    """One read-merge-put round; the changes of the shards whose conditional put lost."""
+    partial = [k for k, c in changes.items() if not c.covers_shard()]
+    old = dict(zip(partial, kv.get_many([(k, None, ANY) for k in partial]))) if partial else {}
+    puts: dict[str, tuple[Value | None, Generation]] = {}
+    indexes: dict[str, tuple[ShardIndex | None, int]] = {}
+    for shard_key, change in changes.items():
+        arr = change.array
+        before = old.get(shard_key)
+        stored = before is not None and before.found
+        chunks = arr.layout.chunks_of_shard(before.whole(), shard_key) if before is not None and stored else {}
+        merged = merge_chunks(arr, change.shard_coords, chunks, change.chunks)
+        if before is None:
+            condition = ANY  # written whole: blind
+        elif guard.optimistic:
+            condition = before.generation if stored else NO_VALUE
+        else:
+            condition = ANY
+        cache.discard(shard_key)
+        if merged:
+            parts, index = arr.layout.encode_shard_with_index(merged)
+            puts[shard_key] = (parts, condition)
+            indexes[shard_key] = (index, sum(len(memoryview(p).cast("B")) for p in parts))
+        elif stored and guard.optimistic and not kv.caps.conditional_delete and not condition.is_any:
+            # a conditional delete is not possible: an empty shard, swapped in
+            parts, index = arr.layout.encode_shard_with_index({})
+            puts[shard_key] = (parts, condition)
+            indexes[shard_key] = (index, sum(len(memoryview(p).cast("B")) for p in parts))
+        elif stored:
+            puts[shard_key] = (None, condition)
+            indexes[shard_key] = (None, 0)
+    won = kv.put_many(puts) if puts else {}
+    lost: dict[str, ShardChange] = {}
+    for shard_key, generation in won.items():
+        if generation is None:
+            lost[shard_key] = changes[shard_key]
+            continue
+        new_index, size = indexes[shard_key]
+        if new_index is not None:
+            cache.put(shard_key, new_index, generation, size)
+    return lost
+
+
+def compact_shards(
+    kv: KVStore, cache: IndexCache, guard: Guard, arr: ShardedArray, shard_keys: Iterable[str]
+) -> int:
+    """Rewrite the stored shards among ``shard_keys`` that hold unused bytes; the bytes reclaimed.
+
+    Each shard is compacted holding its lock; in mode ``"conditional"`` the
+    new shard is written only if the shard is still the one read (a shard
+    another writer changed meanwhile is left for the next compaction).
+    """
+    reclaimed = 0
+    for shard_key in shard_keys:
+        with guard.hold({shard_key: arr}):
+            result = kv.get(shard_key)
+            if not result.found:
+                continue
+            blob = result.whole()
+            index = arr.layout.index_of_shard(blob, shard_key)
+            size = len(memoryview(blob).cast("B"))
+            if size - arr.layout.index_nbytes - index.used_nbytes() <= 0:
+                continue
+            parts, new_index = arr.layout.encode_shard_with_index(arr.layout.chunks_of_shard(blob, shard_key, index))
+            new_size = sum(len(memoryview(p).cast("B")) for p in parts)
+            cache.discard(shard_key)
+            condition = result.generation if guard.optimistic else ANY
+            generation = kv.put(shard_key, parts, if_generation=condition)
+            if generation is None:
+                continue  # changed by another writer: its shard stays, compacted next time
+            cache.put(shard_key, new_index, generation, new_size)
+            reclaimed += size - new_size
+    return reclaimed
+
+
+def delete_shards(kv: KVStore, cache: IndexCache, guard: Guard, shards: Mapping[str, ShardedArray]) -> None:
+    """Delete whole shards (unconditionally, holding their locks) and forget their indexes."""
+    if not shards:
+        return
+    with guard.hold(shards):
+        for shard_key in shards:
+            cache.discard(shard_key)
+        kv.put_many({k: (None, ANY) for k in shards})

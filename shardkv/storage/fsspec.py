@@ -1,0 +1,285 @@
+"""A :class:`~shardkv.storage.kv.KVStore` over an fsspec filesystem (other than local directories and S3).
+
+* ``memory://`` (:class:`FsspecStore` over a ``MemoryFileSystem``): every write
+  stores a new file object, so the generation of a value is the identity of
+  the stored object (a serial number given to it on first sight, equal only
+  for the very same object, picklable). It sees every write in the process,
+  shardkv's or not. The data lives in this process (``in_process``). Reads
+  slice the stored buffer under one lookup, so all ranges of a read come from
+  one object.
+* any other filesystem (gcsfs, http, adlfs, a ``LocalFileSystem`` subclass,
+  ...): generations are process stamps (:mod:`shardkv.storage.stamps`); reads
+  are one ``cat_ranges`` batch per call, writes ``pipe``, except on local
+  files (a ``LocalFileSystem`` subclass, which may count or change reads):
+  they are written atomically as :class:`~shardkv.storage.local.LocalStore`
+  writes them.
+
+Local directories use :class:`shardkv.storage.local.LocalStore`, s3fs uses
+:class:`shardkv.storage.s3.S3Store` (``shardkv.storage.open.open_kv`` picks).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from typing import Any, Iterator, Mapping, Sequence
+
+import fsspec
+from fsspec.implementations.memory import MemoryFileSystem
+
+from shardkv.storage.buffers import BytesLike, Value, byte_parts, join_parts
+from shardkv.storage.kv import (
+    ANY,
+    MISSING_RESULT,
+    NO_VALUE,
+    Capabilities,
+    Generation,
+    KVStore,
+    ReadRequest,
+    ReadResult,
+    hidden,
+)
+from shardkv.storage.local import FSYNC, atomic_write, fsync_dirs
+from shardkv.storage.location import StoreLocation, fs_location
+from shardkv.storage.stamps import STAMPS, Ticket
+
+__all__ = ["FsspecStore", "MEMORY_CAPS"]
+
+MEMORY_CAPS = Capabilities(ranged=True, round_trips=False, stamps="native", conditional_put=False,
+                           conditional_delete=False, lock_dir=False, in_process=True)
+"""``memory://``: ranged, generations from the stored objects, data only in this process."""
+
+_SERIALS = itertools.count(1)
+_SERIAL_LOCK = threading.Lock()
+_SERIAL_ATTR = "_shardkv_serial"
+_LOCAL_PROTOCOLS = frozenset({"file", "local"})
+_BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss"})
+
+
+def _identity(stored: Any) -> Generation:
+    """The generation of a stored ``memory://`` file object: a serial number it keeps for life."""
+    serial = getattr(stored, _SERIAL_ATTR, None)
+    if serial is None:
+        with _SERIAL_LOCK:
+            serial = getattr(stored, _SERIAL_ATTR, None)
+            if serial is None:
+                serial = next(_SERIALS)
+                setattr(stored, _SERIAL_ATTR, serial)
+    return Generation(("memory", serial))
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    return fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+
+
+class FsspecStore(KVStore):
+    """An fsspec filesystem under a root path as a :class:`KVStore`.
+
+    Parameters
+    ----------
+    fs : fsspec.AbstractFileSystem
+        The filesystem (``memory://`` or any other but s3fs and fsspec's own local one).
+    root : str
+        The root path inside ``fs`` (a trailing ``/`` is dropped).
+    """
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
+        self.fs = fs
+        self.root = fs._strip_protocol(root).rstrip("/") if root else ""
+        self._memory = isinstance(fs, MemoryFileSystem)
+        self._local = bool(set(_protocols(fs)) & _LOCAL_PROTOCOLS)
+        self.fsync = FSYNC
+        """Local files: fsync written files and their directories (as :attr:`LocalStore.fsync`)."""
+        self._location = fs_location(fs, self.root)
+        if self._memory:
+            self.caps = MEMORY_CAPS
+        else:
+            in_memory = self._location.namespace == ("memory",)  # a DirFileSystem over memory://, say
+            self.caps = Capabilities(ranged=True, round_trips=not (self._local or in_memory), stamps="process",
+                                     lock_dir=self._location.local_dir is not None, in_process=in_memory)
+
+    @property
+    def location(self) -> StoreLocation:
+        """The protocol (and endpoint) and the root path inside it."""
+        return self._location
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # fsspec filesystems pickle as (class, storage options)
+        return (type(self), (self.fs, self.root))
+
+    def __repr__(self) -> str:
+        return f"FsspecStore({type(self.fs).__name__}, {self.root!r})"
+
+    def _path(self, key: str) -> str:
+        return f"{self.root}/{key}" if self.root else key
+
+    # -- reads ----------------------------------------------------------------
+
+    def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
+        if self._memory:
+            return [self._memory_read(r) for r in reads]
+        return self._stamped_reads(reads)
+
+    def _memory_read(self, request: ReadRequest) -> ReadResult:
+        key, ranges, cond = request
+        stored = self.fs.store.get(self._path(key))  # one lookup: every range comes from this object
+        if stored is None:
+            return MISSING_RESULT
+        generation = _identity(stored)
+        with stored.getbuffer() as view:
+            size = view.nbytes
+            if cond.is_missing or (not cond.is_any and cond != generation):
+                return ReadResult("stale", None, generation, size)
+            if ranges is None:
+                values: list[BytesLike] = [bytes(view)]
+            else:
+                values = [bytes(view[slice(*r.resolve(size))]) for r in ranges]
+        return ReadResult("value", values, generation, size)
+
+    def _stamped_reads(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
+        loc = self._location
+        tickets: list[Ticket] = [STAMPS.begin_read(loc, key) for key, _, _ in reads]
+        results: list[ReadResult | None] = [None] * len(reads)
+        paths: list[str] = []
+        starts: list[int | None] = []
+        stops: list[int | None] = []
+        owners: list[int] = []  # which read each fetched range belongs to
+        for i, ((key, ranges, cond), ticket) in enumerate(zip(reads, tickets)):
+            if not cond.is_any and not cond.is_missing and STAMPS.current(ticket) != cond:
+                results[i] = ReadResult("stale", None, ANY)
+                continue
+            # a whole read is the range "from byte 0"; a zero-range read fetches one byte to see the key
+            for r in (ranges if ranges else [None]):
+                paths.append(self._path(key))
+                starts.append(None if r is None else r.start)
+                stops.append(None if r is None else (1 if not ranges else r.stop))
+                owners.append(i)
+        fetched = self.fs.cat_ranges(paths, starts, stops, on_error="return") if paths else []
+        per_read: dict[int, list[Any]] = {}
+        for owner, data in zip(owners, fetched):
+            per_read.setdefault(owner, []).append(data)
+        for i, (key, ranges, cond) in enumerate(reads):
+            if results[i] is not None:
+                continue
+            got = per_read.get(i, [])
+            errors = [d for d in got if isinstance(d, BaseException)]
+            if any(isinstance(e, FileNotFoundError) for e in errors):
+                results[i] = MISSING_RESULT
+                continue
+            if errors:
+                raise errors[0]
+            generation = STAMPS.end_read(tickets[i])
+            if cond.is_missing or (not cond.is_any and generation != cond):
+                results[i] = ReadResult("stale", None, generation)
+                continue
+            values: list[BytesLike] = [] if ranges == [] else [bytes(d) for d in got]
+            results[i] = ReadResult("value", values, generation, len(values[0]) if ranges is None else None)
+        return [r for r in results if r is not None]
+
+    # -- writes ---------------------------------------------------------------
+
+    def _memory_generation(self, key: str) -> Generation:
+        stored = self.fs.store.get(self._path(key))
+        return NO_VALUE if stored is None else _identity(stored)
+
+    def _holds(self, key: str, cond: Generation, before: Generation) -> bool:
+        if cond.is_any:
+            return True
+        if self._memory:
+            return self._memory_generation(key) == cond
+        if cond.is_missing:
+            return not self.fs.isfile(self._path(key))
+        return before == cond
+
+    def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
+        out: dict[str, Generation | None] = {key: None for key in writes}
+        if not writes:
+            return out
+        with STAMPS.writing(self._location, writes) as stamped:
+            ok = [k for k, (_, cond) in writes.items() if self._holds(k, cond, stamped.before[k])]
+            stamped.begin(ok)
+            if self._local:
+                self._write_local({k: writes[k][0] for k in ok})
+            else:
+                self._write_fs({k: writes[k][0] for k in ok})
+        for key in ok:
+            if writes[key][0] is None:
+                out[key] = NO_VALUE
+            elif self._memory:
+                out[key] = self._memory_generation(key)
+            else:
+                out[key] = stamped.after[key]
+        return out
+
+    def _write_fs(self, values: Mapping[str, Value | None]) -> None:
+        """One ``pipe`` of the values to store, then the deletes (missing keys are no error)."""
+        stores = {self._path(k): join_parts(v) for k, v in values.items() if v is not None}
+        if stores:
+            if not self._memory and not set(_protocols(self.fs)) & _BUCKET_PROTOCOLS:
+                # object stores need no directories (makedirs would create a bucket)
+                for parent in {self.fs._parent(p) for p in stores}:
+                    self.fs.makedirs(parent, exist_ok=True)
+            self.fs.pipe(stores)
+        for key, value in values.items():
+            if value is None:
+                try:
+                    self.fs.rm_file(self._path(key))
+                except FileNotFoundError:
+                    continue
+
+    def _write_local(self, values: Mapping[str, Value | None]) -> None:
+        """Local files written as :class:`~shardkv.storage.local.LocalStore` writes them (atomic, durable)."""
+        written = []
+        for key, value in values.items():
+            path = self.fs._strip_protocol(self._path(key))
+            if value is None:
+                try:
+                    os.remove(path)
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+            else:
+                atomic_write(path, byte_parts(value), self.fsync)
+                written.append(path)
+        if self.fsync and written:
+            fsync_dirs(written)
+
+    # -- listings -------------------------------------------------------------
+
+    def _key(self, path: str) -> str:
+        path = self.fs._strip_protocol(path)
+        return path[len(self.root):].lstrip("/") if self.root else path.lstrip("/")
+
+    def list_prefix(self, prefix: str) -> Iterator[str]:
+        head = prefix.rpartition("/")[0]
+        base = self._path(head) if head else self.root
+        try:
+            paths = self.fs.find(base or "/")
+        except FileNotFoundError:
+            return
+        for path in sorted(paths):
+            key = self._key(path)
+            if key.startswith(prefix) and not hidden(key):
+                yield key
+
+    def list_generations(self, prefix: str) -> Iterator[tuple[str, Generation | None]]:
+        for key in self.list_prefix(prefix):
+            yield key, (self._memory_generation(key) if self._memory else None)
+
+    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
+        base = self._path(prefix.rstrip("/")) if prefix else (self.root or "/")
+        try:
+            entries = self.fs.ls(base, detail=True)
+        except (FileNotFoundError, NotADirectoryError):
+            return [], []
+        keys: list[str] = []
+        dirs: list[str] = []
+        for entry in entries:
+            name = self._key(entry["name"]).rstrip("/").rsplit("/", 1)[-1]
+            if not name or hidden(name):
+                continue
+            (dirs if entry.get("type") == "directory" else keys).append(name)
+        return sorted(set(keys)), sorted(set(dirs))
+
+    def close(self) -> None:
+        """Nothing to release (the filesystem is fsspec's to cache)."""

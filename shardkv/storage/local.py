@@ -1,0 +1,476 @@
+"""A :class:`~shardkv.storage.kv.KVStore` over a local directory: one file per key, generations from ``fstat``.
+
+Reads
+    A read of one key is ``open`` + ``fstat`` + one ``pread`` per byte range +
+    ``close``, and no ``stat``: the generation, ``(st_ino, st_mtime_ns,
+    st_size)``, comes from the ``fstat`` of the very descriptor that reads, so
+    every range of one read (a shard's index and its chunks) comes from one
+    file, the one the generation names. A read conditioned on a generation that
+    the ``fstat`` does not match reads nothing (``"stale"``).
+
+    Only regular files are values. A directory, FIFO, socket or device at a key
+    is damage and raises an ``OSError`` naming the key (``IsADirectoryError``
+    for a directory), never "missing": files are opened with ``O_NONBLOCK``, so
+    a FIFO never blocks the reader, and checked with ``S_ISREG`` on the fstat.
+
+Writes
+    Atomic: a temporary file beside the target (its name holds
+    :data:`~shardkv.storage.kv.TEMP_MARKER`, so it is never listed) is written
+    from the value's parts (``os.writev``), fsync'd, renamed over the target,
+    and the directory fsync'd once per batch. The generation returned is the
+    ``fstat`` of the temporary file's descriptor (a rename keeps inode, mtime
+    and size). A create-only put (``if_generation=NO_VALUE``) links the
+    temporary file to the target, which fails if anything is there, so it is
+    atomic against other processes too; an update conditioned on a generation
+    is checked and renamed under an in-process lock, atomic only within this
+    process (the engine takes lock files for the rest: ``caps.lock_dir``).
+
+    :func:`_pwrite_all` (one buffer) and :func:`write_parts` (several parts)
+    are the only low-level writes; the crash and fault-injection tests replace
+    them on this module.
+
+Temporary files of killed writers are swept: :meth:`LocalStore.remove_stale_temporaries`
+walks the store, and every write first sweeps the directories it writes into,
+once per hour and process.
+
+Keys never leave the root: a key that is empty, absolute, holds an empty
+segment, a segment of periods only (``.``, ``..``), a backslash or a NUL is
+refused with :class:`~shardkv.errors.InvalidKeyError` before any I/O.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import threading
+import time
+import uuid
+import warnings
+from collections import OrderedDict
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+from shardkv.errors import InvalidKeyError
+from shardkv.storage.buffers import BytesLike, Value, byte_parts, pread_exact, read_pool, write_parts
+from shardkv.storage.kv import (
+    LOCK_DIR,
+    MISSING_RESULT,
+    NO_VALUE,
+    TEMP_MARKER,
+    Capabilities,
+    Generation,
+    KVStore,
+    ReadRequest,
+    ReadResult,
+    hidden,
+)
+from shardkv.storage.location import StoreLocation
+from shardkv.storage.stamps import STAMPS
+
+__all__ = ["LocalStore", "FSYNC", "DEFAULT_TEMP_AGE", "file_generation", "atomic_write", "fsync_dirs", "write_parts"]
+
+FSYNC = True
+"""Default of :attr:`LocalStore.fsync`: fsync each written file before its rename and the
+directories after (durable against power loss once a write returns)."""
+
+DEFAULT_TEMP_AGE = 3600.0
+"""Seconds a temporary file must have been left untouched before it counts as stale.
+A live writer finishes a shard in far less; a killed one never comes back."""
+
+_SWEPT_MAX = 65536  # directories remembered as swept, per process (least recently swept forgotten first)
+_OPEN_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+_OPEN_TEMP = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+_NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK, errno.ENOSYS}
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))  # fmt: skip
+
+
+def file_generation(st: os.stat_result) -> Generation:
+    """The generation of a local file: ``(st_ino, st_mtime_ns, st_size)``.
+
+    The inode makes an atomic rewrite (a new file renamed over the old) a new
+    generation even within the file system's timestamp granularity.
+    """
+    return Generation((st.st_ino, st.st_mtime_ns, st.st_size))
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` of ``fd`` (the one place a single local buffer is written)."""
+    while len(data):
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n
+
+
+def _not_a_file(key: str, path: str, mode: int) -> OSError:
+    """The error of a key at which something other than a regular file is stored."""
+    what = next((name for test, name in _KINDS if test(mode)), f"a file of mode {stat.filemode(mode)}")
+    if stat.S_ISDIR(mode):
+        return IsADirectoryError(errno.EISDIR, f"key {key!r} is a directory, not a stored value", path)
+    return OSError(errno.EINVAL, f"key {key!r} is {what}, not a regular file: not read as a value", path)
+
+
+def _check_key(key: str) -> str:
+    """``key`` if it names a file inside the root; else :class:`InvalidKeyError` (no I/O)."""
+    if not isinstance(key, str):
+        raise TypeError(f"store keys are str, got {type(key).__name__}: {key!r}")
+    if not key or key[0] == "/" or "\\" in key or "\x00" in key:
+        raise InvalidKeyError(key, "a local key is relative, non-empty, without backslash or NUL")
+    if "." in key or "//" in key or key[-1] == "/":
+        for segment in key.split("/"):
+            if not segment or segment.strip(".") == "":
+                raise InvalidKeyError(key, f"segment {segment!r} would leave its directory (empty or periods only)")
+    return key
+
+
+def atomic_write(path: str, parts: list[memoryview], fsync: bool, create_only: bool = False) -> Generation | None:
+    """Write ``parts`` to a temporary file beside ``path`` and move it there; its generation.
+
+    ``create_only``: the temporary file is hard-linked to ``path`` (fails if
+    anything is there: ``None`` is returned and nothing changes), else renamed
+    over it. The directory is not fsync'd here (once per batch, by the caller).
+    """
+    directory = os.path.dirname(path)
+    tmp = os.path.join(directory, f"{TEMP_MARKER}{uuid.uuid4().hex}")
+    try:
+        fd = os.open(tmp, _OPEN_TEMP, 0o666)
+    except FileNotFoundError:  # the directory is made only when it is missing (no stat per write)
+        os.makedirs(directory, exist_ok=True)
+        fd = os.open(tmp, _OPEN_TEMP, 0o666)
+    placed = False  # the temporary file was renamed away (nothing left to remove)
+    try:
+        try:
+            if len(parts) == 1:
+                _pwrite_all(fd, parts[0], 0)
+            elif parts:
+                write_parts(fd, parts)
+            if fsync:
+                os.fsync(fd)
+            generation = file_generation(os.fstat(fd))
+        finally:
+            os.close(fd)
+        if create_only:
+            try:
+                os.link(tmp, path)  # fails if anything is at path: atomic against every process
+                return generation
+            except FileExistsError:
+                return None
+            except OSError as exc:
+                if exc.errno not in _NO_LINKS:
+                    raise
+                if os.path.lexists(path):  # no hard links here: checked, atomic within this process only
+                    return None
+        os.replace(tmp, path)
+        placed = True
+        return generation
+    finally:
+        if not placed:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+
+
+def fsync_dirs(paths: Iterable[str]) -> None:
+    """fsync the directories holding ``paths`` (each once): makes their renames durable."""
+    for directory in sorted({os.path.dirname(p) for p in paths}):
+        dir_fd = os.open(directory, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+class _Swept:
+    """The process-wide table of directories already swept of stale temporaries (bounded, thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._dirs: OrderedDict[str, float] = OrderedDict()  # directory -> time.monotonic() of its sweep
+
+    def claim(self, directory: str, every: float) -> bool:
+        """True when ``directory`` was not swept in this process in the last ``every`` seconds (sweep it now)."""
+        now = time.monotonic()
+        with self._lock:
+            last = self._dirs.get(directory)
+            if last is not None and now - last < every:
+                return False
+            self._dirs[directory] = now
+            self._dirs.move_to_end(directory)
+            if len(self._dirs) > _SWEPT_MAX:
+                self._dirs.popitem(last=False)
+            return True
+
+    def forget(self) -> None:
+        """Forget every sweep (the next write into any directory sweeps it)."""
+        with self._lock:
+            self._dirs.clear()
+
+
+_SWEPT = _Swept()
+
+
+def _stale_in(directory: str, names: Iterable[str], now: float, min_age: float) -> list[str]:
+    out = []
+    for name in names:
+        if TEMP_MARKER not in name:
+            continue
+        path = os.path.join(directory, name)
+        try:
+            age = now - os.stat(path).st_mtime
+        except FileNotFoundError:  # its writer just renamed or removed it
+            continue
+        if age >= min_age:
+            out.append(path)
+    return out
+
+
+def _remove_all(paths: Iterable[str]) -> list[str]:
+    removed = []
+    for path in paths:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            continue
+        removed.append(path)
+    return removed
+
+
+class LocalStore(KVStore):
+    """A local directory as a :class:`KVStore` (one file per key, native generations).
+
+    Parameters
+    ----------
+    root : str or os.PathLike
+        The directory (made on the first write if missing). Resolved with
+        ``realpath`` for :attr:`location`; files are reached under it as given.
+    fsync : bool, optional
+        Override :data:`FSYNC` for this store (False: atomic against killed
+        processes but not durable against power loss; for bulk writes redone
+        after a crash).
+    temp_age : float
+        Age (seconds) from which a temporary file counts as stale and is swept.
+
+    Notes
+    -----
+    Capabilities: ranged reads, native generations, lock files in the root;
+    conditional puts and deletes are not atomic against *other processes*
+    (except a create-only put), so ``conditional_put`` is False.
+    """
+
+    caps = Capabilities(ranged=True, round_trips=False, stamps="native", conditional_put=False,
+                        conditional_delete=False, lock_dir=True, in_process=False)
+
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool | None = None,
+                 temp_age: float = DEFAULT_TEMP_AGE) -> None:
+        root = os.fspath(root)
+        self.root = root.rstrip("/") or "/"
+        self._prefix = self.root if self.root.endswith("/") else self.root + "/"
+        real = os.path.realpath(self.root)
+        self._location = StoreLocation(("file",), real, real)
+        self.fsync = FSYNC if fsync is None else bool(fsync)
+        self.temp_age = float(temp_age)
+
+    @property
+    def location(self) -> StoreLocation:
+        """``("file",)`` and the resolved root (lock files live there)."""
+        return self._location
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (self.root, self.fsync, self.temp_age))
+
+    def __repr__(self) -> str:
+        return f"LocalStore({self.root!r})"
+
+    def path(self, key: str) -> str:
+        """The local path of ``key`` (checked: it stays inside the root)."""
+        return self._prefix + _check_key(key)
+
+    # -- reads ----------------------------------------------------------------
+
+    def _read(self, request: ReadRequest) -> ReadResult:
+        key, ranges, cond = request
+        path = self.path(key)
+        try:
+            fd = os.open(path, _OPEN_READ)
+        except (FileNotFoundError, NotADirectoryError):
+            return MISSING_RESULT
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # a socket (or a FIFO end that cannot open): not a value
+                raise OSError(errno.ENXIO, f"key {key!r} is not a regular file: not read as a value", path) from exc
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise _not_a_file(key, path, st.st_mode)
+            generation = file_generation(st)
+            if cond.is_missing or (not cond.is_any and cond != generation):
+                return ReadResult("stale", None, generation, st.st_size)
+            size = st.st_size
+            if ranges is None:
+                values: list[BytesLike] = [pread_exact(fd, 0, size)]
+            else:
+                values = [pread_exact(fd, *r.resolve(size)) for r in ranges]
+            return ReadResult("value", values, generation, size)
+        finally:
+            os.close(fd)
+
+    def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
+        if len(reads) <= 1:
+            return [self._read(r) for r in reads]
+        for key, _, _ in reads:  # refuse a bad key before any I/O
+            _check_key(key)
+        return list(read_pool().map(self._read, reads))  # local reads release the GIL: side by side
+
+    # -- writes ---------------------------------------------------------------
+
+    def _current(self, path: str) -> Generation:
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return NO_VALUE
+        return file_generation(st)
+
+    def _write_one(self, key: str, value: Value | None, cond: Generation) -> Generation | None:
+        path = self.path(key)
+        if value is None:
+            if not cond.is_any and self._current(path) != cond:
+                return None
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                os.remove(path)
+            return NO_VALUE
+        if not cond.is_any and not cond.is_missing and self._current(path) != cond:
+            return None
+        return atomic_write(path, byte_parts(value), self.fsync, create_only=cond.is_missing)
+
+    def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
+        for key in writes:  # refuse a bad key before any I/O
+            _check_key(key)
+        self.sweep_before_writing(k for k, (v, _) in writes.items() if v is not None)
+        out: dict[str, Generation | None] = {}
+        # conditions are checked and writes made under the writer locks of the keys' stripes:
+        # no other write of this process to these keys comes between check and rename
+        with STAMPS.writing(self._location, writes):
+            for key, (value, cond) in writes.items():
+                out[key] = self._write_one(key, value, cond)
+        written = [self._prefix + k for k, g in out.items() if g is not None and writes[k][0] is not None]
+        if self.fsync and written:
+            fsync_dirs(written)
+        return out
+
+    # -- listings -------------------------------------------------------------
+
+    def _walk(self, prefix: str, stat_entries: bool) -> Iterator[tuple[str, os.stat_result | None]]:
+        """``(key, stat or None)`` of every file whose key starts with ``prefix``, hidden ones left out."""
+        if prefix:
+            _check_key(prefix.rstrip("/"))
+        head = prefix.rpartition("/")[0]
+        start = self._prefix + head if head else self.root
+        pending = [(start, head + "/" if head else "")]
+        while pending:
+            directory, rel = pending.pop()
+            try:
+                entries = sorted(os.scandir(directory), key=lambda e: e.name)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for entry in entries:
+                key = rel + entry.name
+                if hidden(key) or not (key.startswith(prefix) or prefix.startswith(key + "/")):
+                    continue
+                if entry.is_dir():
+                    pending.append((entry.path, key + "/"))
+                elif key.startswith(prefix):
+                    yield key, (entry.stat() if stat_entries else None)
+
+    def list_prefix(self, prefix: str) -> Iterator[str]:
+        for key, _ in self._walk(prefix, False):
+            yield key
+
+    def list_generations(self, prefix: str) -> Iterator[tuple[str, Generation | None]]:
+        """Every key under ``prefix`` with its generation (one ``stat`` per file, as a read's ``fstat`` sees it)."""
+        for key, st in self._walk(prefix, True):
+            yield key, None if st is None else file_generation(st)
+
+    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
+        if prefix:
+            _check_key(prefix.rstrip("/"))
+        directory = self._prefix + prefix.rstrip("/") if prefix else self.root
+        keys: list[str] = []
+        dirs: list[str] = []
+        try:
+            with os.scandir(directory) as it:
+                for entry in it:
+                    if hidden(entry.name):
+                        continue
+                    (dirs if entry.is_dir() else keys).append(entry.name)
+        except (FileNotFoundError, NotADirectoryError):
+            return [], []
+        return sorted(keys), sorted(dirs)
+
+    def prune_empty_dirs(self, prefix: str) -> None:
+        """Remove the directories left empty under ``prefix`` (``""``: below the root), deepest first.
+
+        Never removes a file but lock files (a ``.shardkv-locks`` directory holding
+        only ``*.lock`` files); a directory a racing writer just wrote into stays.
+        """
+        top = self._prefix + prefix.strip("/") if prefix.strip("/") else self.root
+        if prefix.strip("/"):
+            _check_key(prefix.strip("/"))
+        for dirpath, _, names in os.walk(top, topdown=False):
+            if os.path.basename(dirpath) == LOCK_DIR and all(n.endswith(".lock") for n in names):
+                for name in names:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(os.path.join(dirpath, name))
+            if dirpath != self.root:
+                with contextlib.suppress(OSError):  # not empty (a racing writer's file): kept
+                    os.rmdir(dirpath)
+
+    # -- stale temporaries ----------------------------------------------------
+
+    def find_stale_temporaries(self, min_age_seconds: float | None = None) -> list[str]:
+        """Temporary files of killed writers not modified for ``min_age_seconds`` (default :attr:`temp_age`).
+
+        Returns
+        -------
+        list of str
+            Local paths, sorted.
+        """
+        min_age = self.temp_age if min_age_seconds is None else float(min_age_seconds)
+        now = time.time()
+        out: list[str] = []
+        for dirpath, _, files in os.walk(self.root):
+            out.extend(_stale_in(dirpath, files, now, min_age))
+        return sorted(out)
+
+    def remove_stale_temporaries(self, min_age_seconds: float | None = None) -> list[str]:
+        """Remove what :meth:`find_stale_temporaries` finds; the paths removed (vanished ones skipped)."""
+        return _remove_all(self.find_stale_temporaries(min_age_seconds))
+
+    def sweep_before_writing(self, keys: Iterable[str]) -> list[str]:
+        """Remove stale temporaries from the directories of ``keys``, each once per :attr:`temp_age` and process.
+
+        A missing directory is skipped; any other error (permissions) is a
+        ``RuntimeWarning``, never a failed write. Returns the paths removed.
+        """
+        removed: list[str] = []
+        now = time.time()
+        for parent in {key.rpartition("/")[0] for key in keys}:
+            directory = self._prefix + parent if parent else self.root
+            if not _SWEPT.claim(directory, self.temp_age):
+                continue
+            try:
+                removed.extend(_remove_all(_stale_in(directory, os.listdir(directory), now, self.temp_age)))
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # nothing written there yet
+            except OSError as exc:  # housekeeping only: the user's write goes on
+                warnings.warn(f"shardkv: could not remove stale temporary files in {directory!r}: {exc}",
+                              RuntimeWarning, stacklevel=3)
+        return removed
+
+
+def _rebuild(root: str, fsync: bool, temp_age: float) -> LocalStore:
+    return LocalStore(root, fsync=fsync, temp_age=temp_age)
+
+
+def forget_sweeps() -> None:
+    """Forget every directory swept in this process (as a new process would)."""
+    _SWEPT.forget()
+

@@ -1,0 +1,221 @@
+"""A :class:`~shardkv.storage.kv.KVStore` over any ``MutableMapping``: a dict, a zarr-python 2 store, a user's mapping.
+
+A mapping stores whole values and keeps no generations, so:
+
+* a ranged read fetches the whole value once and slices it
+  (:attr:`Capabilities.ranged` is False);
+* generations are process stamps (:mod:`shardkv.storage.stamps`): they see the
+  writes made through shardkv in this process, and nothing else.
+
+zarr-python 2 stores are told apart by where they keep their data
+(:func:`zarr2_kind`), which decides the capabilities the engine plans with:
+
+* ``"memory"``: a dict, ``zarr.MemoryStore``, a ``KVStore`` over a dict, an
+  ``FSStore`` over ``memory://`` and every mapping that is not a zarr store:
+  the data lives in this process (``in_process``), so in-process locks and
+  stamps are a complete guarantee;
+* ``"directory"``: a ``DirectoryStore`` subclass, or a mapping whose ``path`` is
+  an existing local directory (``LMDBStore``, a local ``FSStore`` with a
+  ``key_separator``): lock files can be taken there (``lock_dir``);
+* ``"persistent"``: any other zarr-python 2 store (``SQLiteStore``, ``ZipStore``,
+  ``DBMStore``, ``RedisStore``, a remote ``FSStore`` with a ``key_separator``):
+  neither.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+from typing import Any, Iterator, Mapping, Sequence
+
+from shardkv.storage.buffers import BytesLike, Value, join_parts, slice_value
+from shardkv.storage.kv import (
+    ANY,
+    MISSING_RESULT,
+    NO_VALUE,
+    Capabilities,
+    Generation,
+    KVStore,
+    ReadRequest,
+    ReadResult,
+    hidden,
+)
+from shardkv.storage.location import StoreLocation
+from shardkv.storage.stamps import STAMPS
+
+__all__ = ["MappingStore", "zarr2_kind"]
+
+
+def _from_zarr(cls: type) -> bool:
+    return (cls.__module__ or "").split(".", 1)[0] == "zarr"
+
+
+def _where(mapping: Any) -> tuple[str, str | None]:
+    """``(kind, local directory or None)`` of a mapping (see :func:`zarr2_kind`)."""
+    for _ in range(16):  # zarr wrappers (KVStore, LRUStoreCache) nest a few levels at most
+        cls = type(mapping)
+        path = getattr(mapping, "path", None)
+        if any(c.__name__ == "DirectoryStore" and _from_zarr(c) for c in cls.__mro__):
+            return "directory", path if isinstance(path, str) else None
+        if getattr(mapping, "key_separator", None) is not None:
+            return "persistent", None  # an FSStore that rewrites keys: not a plain directory of shardkv's
+        protocol = getattr(getattr(mapping, "fs", None), "protocol", "file")
+        protocols = set(protocol if isinstance(protocol, tuple) else (protocol,))
+        if protocols & {"file", "local"} and isinstance(path, str) and path and os.path.isdir(path):
+            return "directory", path
+        if not _from_zarr(cls) or cls.__name__ == "MemoryStore" or "memory" in protocols:
+            return "memory", None
+        if cls.__name__ == "KVStore":
+            inner = getattr(mapping, "_mutable_mapping", None)
+        elif cls.__name__ == "LRUStoreCache":
+            inner = getattr(mapping, "_store", None)
+        else:
+            inner = None
+        if inner is None:
+            return "persistent", None
+        mapping = inner
+    return "persistent", None
+
+
+def zarr2_kind(mapping: Any) -> str:
+    """Where a mapping keeps its data: ``"memory"``, ``"directory"`` or ``"persistent"`` (module docstring).
+
+    Pure but for one ``os.path.isdir`` of a mapping's ``path``.
+    """
+    return _where(mapping)[0]
+
+
+def _readonly(value: Any) -> BytesLike:
+    """A stored value as an immutable buffer (``bytes`` as is; anything else copied once)."""
+    return value if isinstance(value, bytes) else join_parts(value)
+
+
+class MappingStore(KVStore):
+    """A ``MutableMapping`` as a process-stamped :class:`KVStore` (whole values, sliced for ranges).
+
+    Parameters
+    ----------
+    mapping : MutableMapping
+        The base store (``str`` keys, bytes-like values). A zarr-python 2
+        store's ``getitems``/``setitems``/``delitems`` are used when it has them.
+
+    Attributes
+    ----------
+    kind : {"memory", "directory", "persistent"}
+        Where the mapping keeps its data (:func:`zarr2_kind`).
+    """
+
+    def __init__(self, mapping: MutableMapping) -> None:
+        self.mapping = mapping
+        self.kind, directory = _where(mapping)
+        local_dir = os.path.realpath(directory) if directory is not None else None
+        if local_dir is not None:
+            self._location = StoreLocation(("file",), local_dir, local_dir)
+        else:
+            self._location = StoreLocation(("mapping", id(mapping)), "")
+        self.caps = Capabilities(ranged=False, round_trips=False, stamps="process",
+                                 lock_dir=local_dir is not None, in_process=self.kind == "memory")
+
+    @property
+    def location(self) -> StoreLocation:
+        """A local directory's resolved path for ``"directory"`` mappings, else the mapping object itself."""
+        return self._location
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the mapping pickles itself (a dict is copied: the copy is a new location)
+        return (type(self), (self.mapping,))
+
+    def __repr__(self) -> str:
+        return f"MappingStore({type(self.mapping).__name__}, kind={self.kind!r})"
+
+    # -- reads ----------------------------------------------------------------
+
+    def _fetch(self, keys: list[str]) -> dict[str, Any]:
+        """The stored values among ``keys`` (one ``getitems`` where the store has it)."""
+        if not keys:
+            return {}
+        getitems = getattr(self.mapping, "getitems", None)
+        if getitems is not None and _from_zarr(type(self.mapping)):
+            return dict(getitems(keys, contexts={}))
+        out = {}
+        for key in keys:
+            try:
+                out[key] = self.mapping[key]
+            except KeyError:
+                continue
+        return out
+
+    def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
+        loc = self._location
+        tickets = [STAMPS.begin_read(loc, key) for key, _, _ in reads]
+        results: list[ReadResult | None] = [None] * len(reads)
+        wanted: list[str] = []
+        for i, ((key, _, cond), ticket) in enumerate(zip(reads, tickets)):
+            if not cond.is_any and not cond.is_missing and STAMPS.current(ticket) != cond:
+                results[i] = ReadResult("stale", None, ANY)  # changed (or changing) since: read nothing
+            else:
+                wanted.append(key)
+        found = self._fetch(list(dict.fromkeys(wanted)))
+        for i, ((key, ranges, cond), ticket) in enumerate(zip(reads, tickets)):
+            if results[i] is not None:
+                continue
+            if key not in found:
+                results[i] = MISSING_RESULT
+                continue
+            generation = STAMPS.end_read(ticket)
+            if cond.is_missing or (not cond.is_any and generation != cond):
+                results[i] = ReadResult("stale", None, generation)
+                continue
+            value = found[key]
+            values: list[BytesLike] = [_readonly(value)] if ranges is None else [slice_value(value, r) for r in ranges]
+            results[i] = ReadResult("value", values, generation, memoryview(value).nbytes)
+        return [r for r in results if r is not None]
+
+    # -- writes ---------------------------------------------------------------
+
+    def _holds(self, key: str, cond: Generation, before: Generation) -> bool:
+        if cond.is_any:
+            return True
+        if cond.is_missing:
+            return key not in self.mapping
+        return before == cond
+
+    def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
+        out: dict[str, Generation | None] = {}
+        if not writes:
+            return out
+        with STAMPS.writing(self._location, writes) as stamped:
+            ok = [k for k, (_, cond) in writes.items() if self._holds(k, cond, stamped.before[k])]
+            stores = {k: join_parts(v) if isinstance(v, (list, tuple)) else v
+                      for k in ok if (v := writes[k][0]) is not None}
+            deletes = [k for k in ok if writes[k][0] is None]
+            stamped.begin(ok)
+            if stores:
+                setitems = getattr(self.mapping, "setitems", None)
+                if setitems is not None:
+                    setitems(stores)
+                else:
+                    for k, v in stores.items():
+                        self.mapping[k] = v
+            for k in deletes:
+                try:
+                    del self.mapping[k]
+                except KeyError:
+                    continue
+        for key in writes:
+            out[key] = None
+        for key in ok:
+            out[key] = NO_VALUE if writes[key][0] is None else stamped.after[key]
+        return out
+
+    # -- listings -------------------------------------------------------------
+
+    def list_prefix(self, prefix: str) -> Iterator[str]:
+        for key in list(self.mapping.keys()):
+            if key.startswith(prefix) and not hidden(key):  # not the lock files of a directory
+                yield key
+
+    def close(self) -> None:
+        close = getattr(self.mapping, "close", None)
+        if close is not None:
+            close()

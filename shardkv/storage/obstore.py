@@ -1,0 +1,334 @@
+"""A :class:`~shardkv.storage.kv.KVStore` over an obstore store (S3Store, GCSStore, AzureStore, MemoryStore, LocalStore).
+
+`obstore <https://developmentseed.org/obstore/>`_ wraps the Rust
+``object_store`` crate. Generations are the store's ``(e_tag, version)``,
+reported by the very GET that reads the bytes.
+
+* Every byte range is one GET (``range`` option: ``(start, end)``,
+  ``{"offset": n}``, ``{"suffix": n}``); conditioned on a generation it
+  carries ``if_match``, and a ``PreconditionError`` is the answer "stale".
+  Requests run concurrently on the store's thread pool (obstore releases the
+  GIL while it waits). Unconditioned ranges of one key whose e_tags differ are
+  read again as one whole GET. A zero-range read is one GET with ``head``.
+* Puts are one PUT with ``PutMode``: ``"create"`` for :data:`NO_VALUE`,
+  ``{"e_tag", "version"}`` for an update; ``PreconditionError`` /
+  ``AlreadyExistsError`` is a lost race (``None``). Values given as parts go
+  to obstore as they are (it assembles the body, no join in Python).
+* obstore has no conditional delete (``conditional_delete=False``): a
+  conditional delete compares a HEAD's e_tag first, which is not atomic.
+* Stores that refuse ``PutMode`` updates (``LocalStore``, an ``S3Store`` made
+  with ``conditional_put="disabled"``) report ``conditional_put=False``; an
+  update there is checked first and made under the in-process writer lock.
+  The engine uses lock files (``LocalStore``: ``lock_dir``) or refuses
+  (:func:`conditional_put_disabled` says why).
+
+"Not found" is the state "missing"; every other error propagates. obstore is
+imported only when a store is made, so shardkv works without it.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
+
+from shardkv.errors import ConfigurationError
+from shardkv.format.ranges import ByteRange
+from shardkv.storage.buffers import BytesLike, Value, byte_parts
+from shardkv.storage.kv import (
+    ANY,
+    MISSING_RESULT,
+    NO_VALUE,
+    Capabilities,
+    Generation,
+    KVStore,
+    ReadRequest,
+    ReadResult,
+    hidden,
+)
+from shardkv.storage.location import StoreLocation
+from shardkv.storage.stamps import STAMPS
+
+__all__ = ["ObstoreStore", "is_obstore_store", "obstore_location", "conditional_put_disabled", "open_obstore_url"]
+
+T = TypeVar("T")
+_MAX_CONCURRENCY = 16  # requests in flight per call
+_REMOTE = frozenset({"S3Store", "GCSStore", "AzureStore", "HTTPStore"})
+
+
+def is_obstore_store(store: Any) -> bool:
+    """True if ``store`` is an obstore store object (checked without importing obstore)."""
+    module = type(store).__module__ or ""
+    return module == "obstore" or module.startswith(("obstore.", "obstore._"))
+
+
+def _obstore() -> Any:
+    try:
+        import obstore
+    except ImportError as exc:
+        raise ConfigurationError(
+            "the obstore client was asked for but the package is not installed (pip install obstore)") from exc
+    return obstore
+
+
+def open_obstore_url(url: str, options: Mapping[str, Any] | None = None) -> Any:
+    """The obstore store of ``url`` (``s3://bucket/prefix``, ...), its path as prefix; options to ``from_url``.
+
+    Raises
+    ------
+    ConfigurationError
+        If obstore is not installed.
+    """
+    _obstore()
+    from obstore.store import from_url
+
+    return from_url(url, **dict(options or {}))
+
+
+def _join(*parts: Any) -> str:
+    return "/".join(str(p).strip("/") for p in parts if p and str(p).strip("/"))
+
+
+def obstore_location(store: Any) -> StoreLocation:
+    """The :class:`StoreLocation` of an obstore store object.
+
+    ``S3Store``: ``("s3", endpoint)`` as for s3fs (so both clients of one bucket
+    share locks in a process), ``GCSStore``: ``("gs", None)``, ``AzureStore``:
+    ``("az", account)``, with root ``bucket/prefix``; ``LocalStore``:
+    ``("file",)`` and the resolved directory; ``MemoryStore``: that object.
+    """
+    kind = type(store).__name__
+    config = getattr(store, "config", None) or {}
+    prefix = getattr(store, "prefix", None)
+    if kind == "S3Store":
+        return StoreLocation(("s3", config.get("endpoint")), _join(config.get("bucket"), prefix))
+    if kind == "GCSStore":
+        return StoreLocation(("gs", None), _join(config.get("bucket"), prefix))
+    if kind == "AzureStore":
+        return StoreLocation(("az", config.get("account_name")), _join(config.get("container_name"), prefix))
+    if kind == "HTTPStore":
+        return StoreLocation(("http", str(getattr(store, "url", ""))), "")
+    if kind == "LocalStore":
+        real = os.path.realpath(str(prefix) if prefix else "/")
+        return StoreLocation(("file",), real, real)
+    return StoreLocation(("obstore", kind, id(store)), "")
+
+
+def conditional_put_disabled(store: Any) -> bool:
+    """True for an ``S3Store`` whose conditional puts are off (its option, else ``AWS_CONDITIONAL_PUT``)."""
+    if type(store).__name__ != "S3Store":
+        return False
+    config = getattr(store, "config", None) or {}
+    mode = config.get("conditional_put") or os.environ.get("AWS_CONDITIONAL_PUT") or "etag"
+    return str(mode).strip().lower() == "disabled"
+
+
+def _range_option(byte_range: ByteRange) -> Any:
+    if byte_range.is_suffix:
+        return {"suffix": -byte_range.start}
+    if byte_range.stop is None:
+        return {"offset": byte_range.start}
+    return (byte_range.start, byte_range.stop)
+
+
+def _generation(meta: Mapping[str, Any]) -> Generation:
+    return Generation((meta.get("e_tag"), meta.get("version")))
+
+
+class ObstoreStore(KVStore):
+    """An obstore store as a :class:`KVStore` (see the module docstring).
+
+    Parameters
+    ----------
+    store : obstore store
+        Any obstore store object; its prefix applies to every key.
+    max_concurrency : int
+        Requests in flight at once for one call.
+
+    Raises
+    ------
+    ConfigurationError
+        If obstore is not installed.
+    """
+
+    def __init__(self, store: Any, max_concurrency: int = _MAX_CONCURRENCY) -> None:
+        self._obs = _obstore()
+        from obstore.exceptions import AlreadyExistsError, GenericError, NotFoundError, PreconditionError
+
+        self.store = store
+        kind = type(store).__name__
+        self._missing = (NotFoundError, FileNotFoundError)  # obstore raises the builtin for a missing key
+        self._lost = (PreconditionError, AlreadyExistsError)
+        self._precondition = PreconditionError
+        self._generic = GenericError
+        self._max_concurrency = max(1, int(max_concurrency))
+        self._pool: ThreadPoolExecutor | None = None
+        self._location = obstore_location(store)
+        self._updates = kind in ("S3Store", "GCSStore", "AzureStore", "MemoryStore") and not conditional_put_disabled(store)
+        self.caps = Capabilities(ranged=True, round_trips=kind in _REMOTE, stamps="native",
+                                 conditional_put=self._updates, conditional_delete=False,
+                                 lock_dir=self._location.local_dir is not None, in_process=kind == "MemoryStore")
+
+    @property
+    def location(self) -> StoreLocation:
+        """The data the store reaches (see :func:`obstore_location`)."""
+        return self._location
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the store pickles as its configuration (obstore >= 0.5; a MemoryStore does not)
+        return (type(self), (self.store, self._max_concurrency))
+
+    def __repr__(self) -> str:
+        return f"ObstoreStore({type(self.store).__name__}, {self._location.root!r})"
+
+    def _map(self, fn: Callable[[Any], T], items: Sequence[Any]) -> list[T]:
+        """``[fn(x) for x in items]``, concurrently when there is more than one."""
+        if len(items) <= 1:
+            return [fn(x) for x in items]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._max_concurrency, thread_name_prefix="shardkv-obstore")
+        return list(self._pool.map(fn, items))
+
+    # -- reads ----------------------------------------------------------------
+
+    @staticmethod
+    def _if_match(cond: Generation) -> dict[str, Any]:
+        if cond.is_any or cond.is_missing or not isinstance(cond.token, tuple):
+            return {}
+        return {"if_match": cond.token[0]}
+
+    def _head(self, key: str, cond: Generation) -> Mapping[str, Any]:
+        """The object's metadata (one GET with ``head``; errors propagate)."""
+        return self._obs.get(self.store, key, options={**self._if_match(cond), "head": True}).meta
+
+    def _get(self, key: str, byte_range: ByteRange | None, cond: Generation) -> tuple[BytesLike, Mapping[str, Any]]:
+        """One GET of a range (or the whole value): its bytes (a read-only view) and the object's metadata."""
+        if byte_range is not None and byte_range.nbytes == 0:
+            return b"", self._head(key, cond)
+        options = self._if_match(cond)
+        if byte_range is not None:
+            options["range"] = _range_option(byte_range)
+        try:
+            result = self._obs.get(self.store, key, options=options or None)
+        except self._generic:
+            if byte_range is None:
+                raise
+            # a range the server would not serve as one (starting past the end, a suffix of an empty
+            # object answered in full): the whole value, sliced (a real error raises again)
+            whole, meta = self._get(key, None, cond)
+            view = memoryview(whole)
+            return view[slice(*byte_range.resolve(view.nbytes))], meta
+        return memoryview(result.bytes()), result.meta
+
+    def _read(self, request: ReadRequest) -> ReadResult:
+        key, ranges, cond = request
+        try:
+            if cond.is_missing or ranges == []:
+                meta = self._head(key, cond)
+                if cond.is_missing:
+                    return ReadResult("stale", None, _generation(meta), int(meta["size"]))
+                return ReadResult("value", [], _generation(meta), int(meta["size"]))
+            if ranges is None:
+                data, meta = self._get(key, None, cond)
+                return ReadResult("value", [data], _generation(meta), int(meta["size"]))
+            got = [self._get(key, r, cond) for r in ranges] if len(ranges) == 1 else \
+                self._map(lambda r: self._get(key, r, cond), list(ranges))
+        except self._missing:
+            return MISSING_RESULT
+        except self._precondition:
+            if cond.is_any:
+                raise
+            return ReadResult("stale", None, ANY)
+        generations = {_generation(meta) for _, meta in got}
+        if len(generations) > 1:  # replaced between the requests (unconditioned): one whole read instead
+            return self._whole_sliced(key, ranges)
+        return ReadResult("value", [data for data, _ in got], generations.pop(), int(got[0][1]["size"]))
+
+    def _whole_sliced(self, key: str, ranges: Sequence[ByteRange]) -> ReadResult:
+        try:
+            data, meta = self._get(key, None, ANY)
+        except self._missing:
+            return MISSING_RESULT
+        view = memoryview(data)
+        return ReadResult("value", [view[slice(*r.resolve(view.nbytes))] for r in ranges], _generation(meta),
+                          view.nbytes)
+
+    def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
+        return self._map(self._read, list(reads))
+
+    # -- writes ---------------------------------------------------------------
+
+    def _current(self, key: str) -> Generation:
+        try:
+            return _generation(self._head(key, ANY))
+        except self._missing:
+            return NO_VALUE
+
+    def _put(self, key: str, value: Value, mode: Any) -> Generation:
+        parts = byte_parts(value)  # flat uint8 views, as obstore takes them; no copy
+        body: Any = parts[0] if len(parts) == 1 else (parts or b"")
+        result = self._obs.put(self.store, key, body, mode=mode, use_multipart=False)
+        return Generation((result.get("e_tag"), result.get("version")))
+
+    def _write(self, item: tuple[str, tuple[Value | None, Generation]]) -> Generation | None:
+        key, (value, cond) = item
+        if value is None:
+            if not cond.is_any and self._current(key) != cond:  # no conditional delete in obstore: checked first
+                return None
+            try:
+                self._obs.delete(self.store, key)
+            except self._missing:
+                pass  # S3 deletes a missing key quietly; other stores say "not found"
+            return NO_VALUE
+        if cond.is_any:
+            return self._put(key, value, None)
+        if cond.is_missing:
+            mode: Any = "create"
+        elif self._updates and isinstance(cond.token, tuple):
+            e_tag, version = cond.token
+            mode = {k: v for k, v in (("e_tag", e_tag), ("version", version)) if v is not None}
+        else:  # no PutMode update here: checked first (the caller holds the in-process writer lock)
+            return self._put(key, value, None) if self._current(key) == cond else None
+        try:
+            return self._put(key, value, mode)
+        except self._lost:
+            return None
+        except self._missing:
+            if cond.is_missing:
+                raise  # a create that finds no bucket: not a lost race
+            return None  # an update of a key deleted since its generation was read
+
+    def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
+        items = list(writes.items())
+        # a store without PutMode updates checks conditions first, and so does every conditional delete:
+        # then no other write of this process may come between check and write
+        checked = not self._updates or any(v is None and not c.is_any for _, (v, c) in items)
+        if not checked:
+            return dict(zip(writes, self._map(self._write, items)))
+        with STAMPS.writing(self._location, writes):  # check-then-write: no other write of this process between
+            return dict(zip(writes, self._map(self._write, items)))
+
+    # -- listings -------------------------------------------------------------
+
+    def list_generations(self, prefix: str) -> Iterator[tuple[str, Generation | None]]:
+        base = prefix.rpartition("/")[0]  # object_store prefixes are whole path segments
+        for batch in self._obs.list(self.store, base or None):
+            for meta in batch:
+                key = meta["path"]
+                if key.startswith(prefix) and not hidden(key):
+                    yield key, _generation(meta)
+
+    def list_prefix(self, prefix: str) -> Iterator[str]:
+        for key, _ in self.list_generations(prefix):
+            yield key
+
+    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
+        result = self._obs.list_with_delimiter(self.store, prefix.rstrip("/") or None)
+        dirs = {p.rstrip("/").rsplit("/", 1)[-1] for p in result["common_prefixes"]}
+        keys = {m["path"].rsplit("/", 1)[-1] for m in result["objects"]}
+        return sorted(k for k in keys if k and not hidden(k)), sorted(d for d in dirs if d and not hidden(d))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None

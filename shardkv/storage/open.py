@@ -1,0 +1,152 @@
+"""``open_kv``: the one place that turns what a user passes as a store into a :class:`~shardkv.storage.kv.KVStore`.
+
+=================================================  =====================================
+what the user passes                               store
+=================================================  =====================================
+a path, ``file://`` URL, zarr 2 ``DirectoryStore``  :class:`~shardkv.storage.local.LocalStore`
+(or ``TempStore``), fsspec ``DirFileSystem`` or
+mapper over fsspec's local filesystem, obstore
+``LocalStore``
+``s3://`` URL, s3fs mapper, zarr 2 ``FSStore`` on   :class:`~shardkv.storage.s3.S3Store`
+s3fs
+``memory://`` and every other fsspec filesystem     :class:`~shardkv.storage.fsspec.FsspecStore`
+obstore ``S3Store``/``GCSStore``/``AzureStore``/    :class:`~shardkv.storage.obstore.ObstoreStore`
+``MemoryStore``, a URL with ``client="obstore"``
+a dict, zarr 2 ``MemoryStore``/``KVStore``/         :class:`~shardkv.storage.mapping.MappingStore`
+``SQLiteStore``/..., ``NestedDirectoryStore``
+(it rewrites keys), any other ``MutableMapping``
+=================================================  =====================================
+
+Refused, as before: zarr stores with ``normalize_keys=True`` and an ``FSStore``
+with ``key_separator="/"`` (both rewrite the keys shardkv writes).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+from typing import Any, Mapping
+
+import fsspec
+from fsspec.implementations.dirfs import DirFileSystem
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.mapping import FSMap
+
+from shardkv.errors import ConfigurationError
+from shardkv.storage.fsspec import FsspecStore
+from shardkv.storage.kv import KVStore
+from shardkv.storage.local import LocalStore
+from shardkv.storage.mapping import MappingStore
+from shardkv.storage.obstore import ObstoreStore, is_obstore_store, open_obstore_url
+from shardkv.storage.s3 import S3Store
+
+__all__ = ["open_kv", "kv_of_fs"]
+
+_PLAIN_DIRECTORY_STORES = frozenset({"DirectoryStore", "TempStore"})  # zarr 2 classes that keep keys as files
+
+
+def _is_zarr(store: Any) -> bool:
+    return (type(store).__module__ or "").split(".", 1)[0] == "zarr"
+
+
+def kv_of_fs(fs: fsspec.AbstractFileSystem, root: str) -> KVStore:
+    """The store of ``root`` inside an fsspec filesystem.
+
+    fsspec's own local filesystem, and a ``DirFileSystem`` over it, become a
+    :class:`LocalStore` of the directory; s3fs an :class:`S3Store`; anything
+    else an :class:`FsspecStore`.
+    """
+    inner: Any = getattr(fs, "fs", None)
+    if isinstance(fs, DirFileSystem) and type(inner) is LocalFileSystem and isinstance(fs.path, str):
+        return LocalStore(inner._strip_protocol(fs._join(root)))
+    if type(fs) is LocalFileSystem:  # a subclass may change what a read does (or count it): FsspecStore
+        return LocalStore(fs._strip_protocol(root))
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    if {"s3", "s3a"} & set(protocols) and hasattr(fs, "_call_s3"):
+        return S3Store(fs, root)
+    return FsspecStore(fs, root)
+
+
+def _obstore_kv(store: Any) -> KVStore:
+    if type(store).__name__ == "LocalStore":
+        prefix = getattr(store, "prefix", None)
+        return LocalStore(os.fspath(prefix) if prefix else "/")
+    return ObstoreStore(store)
+
+
+def _from_old_adapter(store: Any) -> KVStore | None:
+    """The store under one of the pre-KVStore adapters (until the engine no longer makes them), else ``None``."""
+    name = type(store).__name__
+    if name == "FSMapAdapter" and hasattr(store, "fs") and hasattr(store, "root"):
+        return kv_of_fs(store.fs, store.root)
+    if name == "MappingAdapter" and isinstance(getattr(store, "mapping", None), MutableMapping):
+        return MappingStore(store.mapping)
+    if name == "ObstoreAdapter" and is_obstore_store(getattr(store, "store", None)):
+        return _obstore_kv(store.store)
+    return None
+
+
+def open_kv(store: Any, storage_options: Mapping[str, Any] | None = None) -> KVStore:
+    """The :class:`KVStore` of what a user passes as a store (see the module docstring).
+
+    Parameters
+    ----------
+    store : str, os.PathLike, fsspec.FSMap, obstore store, MutableMapping or KVStore
+        An fsspec URL (``"s3://bucket/data.zarr"``) or local path; an fsspec
+        mapper; an obstore store object; a zarr-python 2 store; any other
+        ``MutableMapping``. A :class:`KVStore` is returned as it is.
+    storage_options : mapping, optional
+        Passed to fsspec for a URL. With ``"client": "obstore"`` the URL is
+        opened with obstore instead, and the other options go to
+        ``obstore.store.from_url``.
+
+    Returns
+    -------
+    KVStore
+
+    Raises
+    ------
+    TypeError
+        If ``store`` is none of these.
+    ConfigurationError
+        If obstore is asked for and not installed; for a zarr store that
+        rewrites keys (an ``FSStore`` with ``key_separator="/"``, any store
+        with ``normalize_keys=True``).
+    """
+    if isinstance(store, KVStore):
+        return store
+    old = _from_old_adapter(store)
+    if old is not None:
+        return old
+    if isinstance(store, os.PathLike):
+        store = os.fspath(store)
+    options = dict(storage_options or {})
+    if isinstance(store, str) and options.get("client") == "obstore":
+        options.pop("client")
+        return _obstore_kv(open_obstore_url(store, options))
+    if isinstance(store, str):
+        fs, root = fsspec.core.url_to_fs(store, **options)
+        return kv_of_fs(fs, root)
+    if isinstance(store, FSMap):
+        return kv_of_fs(store.fs, store.root)
+    cls = type(store).__name__
+    if is_obstore_store(store):
+        return _obstore_kv(store)
+    if getattr(store, "normalize_keys", False) is True:
+        raise ConfigurationError(
+            f"a {cls} with normalize_keys=True lowercases the keys shardkv writes (shards, zarr.json and the "
+            "lock directories would no longer match their arrays): open the store without it, or by path"
+        )
+    if cls in _PLAIN_DIRECTORY_STORES and _is_zarr(store) and isinstance(getattr(store, "path", None), str):
+        return LocalStore(store.path)
+    if cls == "FSStore" and hasattr(store, "map"):
+        if getattr(store, "key_separator", None) not in (None, "."):
+            raise ConfigurationError(
+                f"an FSStore with key_separator={store.key_separator!r} rewrites the keys shardkv "
+                "writes ('zarr.json' would be stored as 'zarr/json', unreadable by other Zarr readers): "
+                "pass its URL or its .map instead"
+            )
+        return kv_of_fs(store.map.fs, store.map.root)  # keys as given: its files are read directly
+    if isinstance(store, MutableMapping):
+        return MappingStore(store)
+    raise TypeError(f"cannot use {cls} as a store: pass a MutableMapping, an fsspec FSMap, a URL or a path")

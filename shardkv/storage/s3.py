@@ -1,0 +1,344 @@
+"""A :class:`~shardkv.storage.kv.KVStore` over S3 (or an S3-protocol server) through s3fs's client.
+
+Generations are ETags, returned by the very request that reads the bytes.
+
+* A read of a byte range is one ``GetObject`` with a ``Range`` header, so it
+  moves exactly the bytes asked for; conditioned on a generation it carries
+  ``If-Match``, and a ``412`` is the answer "stale" (nothing read). A warm
+  chunk read is therefore one request of the chunk's bytes. Several ranges of
+  one key are as many requests, concurrent; when they were not conditioned
+  and came back with different ETags (a writer replaced the object between
+  them), the object is read whole once instead, so a read is never a mix.
+* A zero-range read (the "is it still ``g``?" check) is one ``HeadObject``
+  with ``If-Match``. A range past the end (``416``) reads as empty.
+* ``PutObject`` with ``If-Match: <etag>`` (update) or ``If-None-Match: *``
+  (create); a ``412 Precondition Failed`` or ``409
+  ConditionalRequestConflict`` is a lost race (``None``), every other error
+  propagates. ``DeleteObject`` with ``If-Match`` where the server takes it
+  (``conditional_delete=True``, real S3 and moto do); otherwise a conditional
+  delete is checked with ``HeadObject`` first (not atomic).
+* Requests of one call run concurrently on s3fs's event loop, at most
+  :data:`IN_FLIGHT` at once.
+* Listings are ``ListObjectsV2``; :meth:`S3Store.list_generations` gives the
+  ETags the listing carries, free.
+
+"Not found" (404) is the state "missing"; permission and network errors
+propagate unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable, Iterator, Mapping, Sequence, TypeVar
+
+from shardkv.format.ranges import ByteRange
+from shardkv.storage.buffers import BytesLike, Value, join_parts
+from shardkv.storage.kv import (
+    ANY,
+    MISSING_RESULT,
+    NO_VALUE,
+    Capabilities,
+    Generation,
+    KVStore,
+    ReadRequest,
+    ReadResult,
+    hidden,
+)
+from shardkv.storage.location import StoreLocation, fs_location
+
+__all__ = ["S3Store", "IN_FLIGHT", "http_range", "gather_limited", "is_precondition_failure"]
+
+T = TypeVar("T")
+
+IN_FLIGHT = 32
+"""Requests of one call in flight at once, at most."""
+
+_LOST_RACE_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict"})
+_MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+_MAX_PAGES = 1_000_000  # ListObjectsV2 pages of one listing (1,000 keys each), at most
+
+
+def http_range(byte_range: ByteRange) -> str:
+    """The HTTP ``Range`` header of a non-empty byte range (HTTP ranges include their last byte)."""
+    if byte_range.is_suffix:
+        return f"bytes={byte_range.start}"  # start is negative: "bytes=-N"
+    if byte_range.stop is None:
+        return f"bytes={byte_range.start}-"
+    return f"bytes={byte_range.start}-{byte_range.stop - 1}"
+
+
+def _empty(byte_range: ByteRange) -> bool:
+    return byte_range.nbytes == 0
+
+
+async def gather_limited(calls: Sequence[Callable[[], Awaitable[T]]], limit: int = IN_FLIGHT) -> list[T]:
+    """Await every call's coroutine, at most ``limit`` at once; the results in order.
+
+    Every call runs to its end before an error is raised (the first, in call
+    order), so no request is left running behind the caller's back.
+    """
+    semaphore = asyncio.Semaphore(max(1, limit))
+
+    async def one(call: Callable[[], Awaitable[T]]) -> T:
+        async with semaphore:
+            return await call()
+
+    results = await asyncio.gather(*(one(call) for call in calls), return_exceptions=True)
+    out: list[T] = []
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+        out.append(result)
+    return out
+
+
+def _client_errors(exc: BaseException) -> list[Any]:
+    """The botocore ``ClientError``-like errors in ``exc``'s chain (s3fs re-raises them as ``OSError``)."""
+    found = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(seen) < 32:
+        seen.add(id(current))
+        if isinstance(getattr(current, "response", None), Mapping):
+            found.append(current)
+        current = current.__cause__ or current.__context__
+    return found
+
+
+def _codes(exc: BaseException) -> list[tuple[str, int | None]]:
+    out = []
+    for error in _client_errors(exc):
+        response = error.response
+        code = str((response.get("Error") or {}).get("Code", ""))
+        status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+        out.append((code, None if status is None else int(status)))
+    return out
+
+
+def is_precondition_failure(exc: BaseException) -> bool:
+    """True when an S3 error says a condition did not hold (412, or 409 ConditionalRequestConflict)."""
+    return any(code in _LOST_RACE_CODES or (status in (409, 412) and code in ("", "409", "412"))
+               for code, status in _codes(exc))
+
+
+def _is_missing(exc: BaseException) -> bool:
+    return isinstance(exc, FileNotFoundError) or any(code in _MISSING_CODES for code, _ in _codes(exc))
+
+
+def _unsatisfiable(exc: BaseException) -> bool:
+    return any(status == 416 or code == "InvalidRange" for code, status in _codes(exc))
+
+
+def _size_of(response: Mapping[str, Any]) -> int | None:
+    content_range = response.get("ContentRange")
+    if isinstance(content_range, str) and "/" in content_range:
+        total = content_range.rsplit("/", 1)[1]
+        return int(total) if total.isdigit() else None
+    length = response.get("ContentLength")
+    return None if length is None else int(length)
+
+
+class S3Store(KVStore):
+    """S3 through an s3fs filesystem's client, with ETag generations.
+
+    Parameters
+    ----------
+    fs : s3fs.S3FileSystem
+        The filesystem (its client, credentials, endpoint and event loop are used).
+    root : str
+        ``bucket/prefix`` of the store (a protocol and a trailing ``/`` are dropped).
+    conditional_delete : bool
+        The server honours ``If-Match`` on ``DeleteObject`` (S3 does since
+        2024, moto does). False: a conditional delete checks the ETag with a
+        ``HeadObject`` first, which is not atomic.
+    """
+
+    def __init__(self, fs: Any, root: str, *, conditional_delete: bool = True) -> None:
+        from fsspec.asyn import sync  # s3fs runs on fsspec's event loop
+
+        self.fs = fs
+        self.root = fs._strip_protocol(root).rstrip("/")
+        self._sync = sync
+        self._location = fs_location(fs, self.root)
+        self.caps = Capabilities(ranged=True, round_trips=True, stamps="native", conditional_put=True,
+                                 conditional_delete=bool(conditional_delete), lock_dir=False, in_process=False)
+
+    @property
+    def location(self) -> StoreLocation:
+        """``("s3", endpoint)`` and ``bucket/prefix``."""
+        return self._location
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (self.fs, self.root, self.caps.conditional_delete))
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.root!r})"
+
+    def _bucket_key(self, key: str) -> tuple[str, str]:
+        bucket, _, object_key = (f"{self.root}/{key}" if self.root else key).partition("/")
+        return bucket, object_key
+
+    def _run(self, calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
+        return self._sync(self.fs.loop, gather_limited, calls) if calls else []
+
+    async def _s3(self, method: str, key: str, **kwargs: Any) -> Any:
+        bucket, object_key = self._bucket_key(key)
+        return await self.fs._call_s3(method, Bucket=bucket, Key=object_key, **kwargs)
+
+    # -- reads ----------------------------------------------------------------
+
+    @staticmethod
+    def _if_match(cond: Generation) -> dict[str, Any]:
+        return {} if cond.is_any or cond.is_missing else {"IfMatch": str(cond.token)}
+
+    async def _head(self, key: str, cond: Generation) -> tuple[Generation, int | None]:
+        """``HeadObject`` (with ``If-Match`` for a generation): the ETag and size (errors propagate)."""
+        response = await self._s3("head_object", key, **self._if_match(cond))
+        return Generation(response["ETag"]), _size_of(response)
+
+    async def _get(self, key: str, byte_range: ByteRange | None, cond: Generation) -> tuple[bytes, Generation, int | None]:
+        """One ``GetObject`` (a ``Range`` header for a range, ``If-Match`` for a generation)."""
+        if byte_range is not None and _empty(byte_range):
+            generation, size = await self._head(key, cond)
+            return b"", generation, size
+        kwargs = self._if_match(cond)
+        if byte_range is not None:
+            kwargs["Range"] = http_range(byte_range)
+        try:
+            response = await self._s3("get_object", key, **kwargs)
+        except Exception as exc:
+            if byte_range is not None and _unsatisfiable(exc):  # a range past the end (or of an empty object)
+                generation, size = await self._head(key, cond)
+                return b"", generation, size
+            raise
+        body = response["Body"]
+        async with body:
+            data = await body.read()
+        return data, Generation(response["ETag"]), _size_of(response)
+
+    async def _read(self, request: ReadRequest) -> ReadResult:
+        key, ranges, cond = request
+        try:
+            if cond.is_missing or ranges == []:
+                generation, size = await self._head(key, cond)
+                if cond.is_missing:
+                    return ReadResult("stale", None, generation, size)
+                return ReadResult("value", [], generation, size)
+            if ranges is None:
+                data, generation, size = await self._get(key, None, cond)
+                return ReadResult("value", [data], generation, size)
+            got = await gather_limited([lambda r=r: self._get(key, r, cond) for r in ranges])  # type: ignore[misc]
+        except Exception as exc:  # "not found" and "changed" (412) are answers; anything else propagates
+            if _is_missing(exc):
+                return MISSING_RESULT
+            if not cond.is_any and is_precondition_failure(exc):
+                return ReadResult("stale", None, ANY)
+            raise
+        generations = {g for _, g, _ in got}
+        if len(generations) > 1:  # replaced between the requests (unconditioned): one whole read instead
+            return await self._whole_sliced(key, ranges)
+        values: list[BytesLike] = [data for data, _, _ in got]
+        sizes = [s for _, _, s in got if s is not None]
+        return ReadResult("value", values, got[0][1], sizes[0] if sizes else None)
+
+    async def _whole_sliced(self, key: str, ranges: Sequence[ByteRange]) -> ReadResult:
+        try:
+            data, generation, size = await self._get(key, None, ANY)
+        except Exception as exc:
+            if _is_missing(exc):
+                return MISSING_RESULT
+            raise
+        view = memoryview(data)
+        values: list[BytesLike] = [view[slice(*r.resolve(len(data)))].toreadonly() for r in ranges]
+        return ReadResult("value", values, generation, size)
+
+    def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
+        return self._run([lambda r=r: self._read(r) for r in reads])  # type: ignore[misc]
+
+    # -- writes ---------------------------------------------------------------
+
+    async def _put(self, key: str, value: Value, cond: Generation) -> Generation | None:
+        kwargs: dict[str, Any] = {"IfNoneMatch": "*"} if cond.is_missing else self._if_match(cond)
+        try:
+            response = await self._s3("put_object", key, Body=join_parts(value), **kwargs)
+        except Exception as exc:  # a lost race is an answer; anything else propagates
+            if is_precondition_failure(exc) and not cond.is_any:
+                return None
+            if _is_missing(exc) and not cond.is_any and not cond.is_missing:
+                return None  # an update of a key deleted since its generation was read (S3 answers 404)
+            raise
+        finally:
+            self.fs.invalidate_cache(self._path(key))
+        return Generation(response["ETag"])
+
+    async def _delete(self, key: str, cond: Generation) -> Generation | None:
+        atomic = not cond.is_missing and self.caps.conditional_delete
+        try:
+            if not cond.is_any and not atomic:  # checked first: not atomic
+                try:
+                    generation, _ = await self._head(key, ANY)
+                except Exception as exc:
+                    if not _is_missing(exc):
+                        raise
+                    return NO_VALUE if cond.is_missing else None
+                if generation != cond:
+                    return None
+            try:
+                await self._s3("delete_object", key, **(self._if_match(cond) if atomic else {}))
+            except Exception as exc:
+                if cond.is_any or not (is_precondition_failure(exc) or _is_missing(exc)):
+                    raise
+                return None  # changed or deleted since the generation was read: not ours to delete
+        finally:
+            self.fs.invalidate_cache(self._path(key))
+        return NO_VALUE
+
+    def _path(self, key: str) -> str:
+        return f"{self.root}/{key}" if self.root else key
+
+    def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
+        items = list(writes.items())
+        calls = [(lambda k=k, v=v, c=c: self._delete(k, c) if v is None else self._put(k, v, c))
+                 for k, (v, c) in items]
+        return dict(zip((k for k, _ in items), self._run(calls)))
+
+    # -- listings -------------------------------------------------------------
+
+    async def _list(self, prefix: str, delimiter: bool) -> tuple[list[tuple[str, str]], list[str]]:
+        """``([(key, etag)], [common prefixes])`` of ``prefix`` (all pages)."""
+        bucket, _, object_prefix = (f"{self.root}/{prefix}" if self.root else prefix).partition("/")
+        skip = len(object_prefix) - len(prefix)
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": object_prefix}
+        if delimiter:
+            kwargs["Delimiter"] = "/"
+        objects: list[tuple[str, str]] = []
+        prefixes: list[str] = []
+        for _ in range(_MAX_PAGES):
+            response = await self.fs._call_s3("list_objects_v2", **kwargs)
+            objects.extend((o["Key"][skip:], o.get("ETag", "")) for o in response.get("Contents", []))
+            prefixes.extend(p["Prefix"][skip:] for p in response.get("CommonPrefixes", []))
+            token = response.get("NextContinuationToken")
+            if not response.get("IsTruncated") or not token:
+                break
+            kwargs["ContinuationToken"] = token
+        return objects, prefixes
+
+    def list_generations(self, prefix: str) -> Iterator[tuple[str, Generation | None]]:
+        objects, _ = self._sync(self.fs.loop, self._list, prefix, False)
+        for key, etag in objects:
+            if not hidden(key):
+                yield key, Generation(etag) if etag else None
+
+    def list_prefix(self, prefix: str) -> Iterator[str]:
+        for key, _ in self.list_generations(prefix):
+            yield key
+
+    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
+        objects, prefixes = self._sync(self.fs.loop, self._list, prefix, True)
+        keys = sorted({k[len(prefix):] for k, _ in objects if not hidden(k[len(prefix):])} - {""})
+        dirs = sorted({p[len(prefix):].rstrip("/") for p in prefixes if not hidden(p[len(prefix):].rstrip("/"))} - {""})
+        return keys, dirs
+
+
+def _rebuild(fs: Any, root: str, conditional_delete: bool) -> S3Store:
+    return S3Store(fs, root, conditional_delete=conditional_delete)

@@ -1,0 +1,212 @@
+"""Process stamps: generations for stores that keep none (mappings, zarr-python 2 stores, most fsspec filesystems).
+
+A store without generations of its own cannot say whether a value changed
+since it was read. Process stamps answer for the writes made *through shardkv
+in this process*, and only for them: every write of a key bumps a counter, and
+the generation of a value read is the counter seen before and after the read.
+
+* **Process-wide.** Counters belong to the data, not to a store object: they are
+  keyed by ``(location.namespace, location.full_path(key))``, so two store
+  objects over one dict, or two roots that nest, stamp one key alike.
+* **Striped and bounded.** Keys hash into a fixed table of stripes; a write of
+  one key also changes the stamp of the other keys of its stripe, which only
+  costs a needless re-read, never a wrong answer.
+* **Seqlock-style.** A writer marks its stripes *in flight* and bumps their
+  counters when it begins and when it ends. A read takes the counter before
+  (:meth:`ProcessStamps.begin_read`) and checks it after
+  (:meth:`ProcessStamps.end_read`): if a write began, ended or was in flight
+  meanwhile, the read is *unstable* (a conditional read is then ``"stale"``, an
+  unconditional one gets a generation that equals no other, so nothing is ever
+  conditioned on it successfully).
+* **Serialised writers.** Writes of one stripe hold the stripe's lock from the
+  condition check to the stamp of what they stored, so an in-process
+  conditional put or delete is atomic against every other shardkv write of this
+  process (not against other processes: :attr:`Capabilities.conditional_put`
+  stays False for process-stamped stores).
+
+Pure in-memory bookkeeping: no I/O.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import zlib
+from contextlib import contextmanager
+from typing import Hashable, Iterable, Iterator
+
+from shardkv.storage.kv import Generation
+from shardkv.storage.location import StoreLocation
+
+__all__ = ["ProcessStamps", "StampedWrite", "STAMPS", "Ticket"]
+
+N_STRIPES = 4096
+"""Stripes of the process table (two ints and one lock each), whatever the number of keys."""
+
+Ticket = tuple[int, int, bool]
+"""``(stripe, counter, in flight)`` as a read saw them before it began."""
+
+_UNSTABLE = itertools.count()
+
+
+class _Unstable:
+    """The token of a value read while a write was in flight: equal only to itself."""
+
+    __slots__ = ("serial",)
+
+    def __init__(self) -> None:
+        self.serial = next(_UNSTABLE)
+
+    def __repr__(self) -> str:
+        return f"unstable#{self.serial}"
+
+
+class ProcessStamps:
+    """The striped write counters of this process (one instance, :data:`STAMPS`, serves every store).
+
+    Parameters
+    ----------
+    n_stripes : int
+        Number of stripes (counters, in-flight counts and locks kept).
+
+    Raises
+    ------
+    ValueError
+        If ``n_stripes`` is below 1.
+    """
+
+    def __init__(self, n_stripes: int = N_STRIPES) -> None:
+        if n_stripes < 1:
+            raise ValueError(f"n_stripes must be >= 1, got {n_stripes}")
+        self._n = n_stripes
+        self._reset()
+
+    def _reset(self) -> None:
+        self._counters = [0] * self._n
+        self._in_flight = [0] * self._n
+        self._guard = threading.Lock()  # guards counters and in-flight counts (held for a few ops)
+        # serialise the writers of a stripe; re-entrant, so a store nested in another (a mapping over a
+        # shardkv proxy) cannot deadlock on a shared stripe
+        self._writers = [threading.RLock() for _ in range(self._n)]
+
+    def after_fork_in_child(self) -> None:
+        """A forked child has none of its parent's writer threads: no write is in flight, every lock is free.
+
+        Counters move on (one more than any the parent handed out), so a
+        generation read in the parent never holds in the child.
+        """
+        counters = [c + 2 for c in self._counters]
+        self._reset()
+        self._counters = counters
+
+    def stripe(self, location: StoreLocation, key: str) -> int:
+        """The stripe of ``key`` in the store at ``location`` (by the key's full path in its namespace)."""
+        name = f"{location.namespace!r}\x00{location.full_path(key)}"
+        return zlib.crc32(name.encode("utf-8", "surrogatepass")) % self._n
+
+    # -- reads ----------------------------------------------------------------
+
+    def begin_read(self, location: StoreLocation, key: str) -> Ticket:
+        """The ticket of a read of ``key`` about to start."""
+        s = self.stripe(location, key)
+        with self._guard:
+            return s, self._counters[s], self._in_flight[s] > 0
+
+    def current(self, ticket: Ticket) -> Generation | None:
+        """The generation the ticket's value has, if the stripe is still as the ticket saw it, else ``None``."""
+        s, counter, busy = ticket
+        with self._guard:
+            if busy or self._in_flight[s] or self._counters[s] != counter:
+                return None
+        return Generation(("stamp", counter))
+
+    def end_read(self, ticket: Ticket) -> Generation:
+        """The generation of a value read between :meth:`begin_read` and now.
+
+        A read that overlapped a write of its stripe gets a generation equal to
+        no other (it may have seen either value).
+        """
+        generation = self.current(ticket)
+        return Generation(_Unstable()) if generation is None else generation
+
+    def holds(self, location: StoreLocation, key: str, generation: Generation) -> bool:
+        """True when ``generation`` (from a read or write of ``key``) is still the key's stamp.
+
+        Says nothing of whether the key is stored; :data:`~shardkv.storage.kv.ANY` always holds.
+        """
+        if generation.is_any:
+            return True
+        return self.current(self.begin_read(location, key)) == generation
+
+    # -- writes ---------------------------------------------------------------
+
+    @contextmanager
+    def writing(self, location: StoreLocation, keys: Iterable[str]) -> Iterator[StampedWrite]:
+        """Hold the writer locks of the keys' stripes around a write.
+
+        Yields a :class:`StampedWrite`: its ``before`` are the keys' stamps as
+        they stood before the write (to check ``if_generation`` conditions:
+        nothing else of this process writes those stripes meanwhile). The
+        caller then calls :meth:`StampedWrite.begin` with the keys it is about
+        to write, which marks their stripes in flight; once the block is left,
+        ``after`` holds the stamps of what is stored (unchanged for keys not
+        begun).
+        """
+        keys = list(keys)
+        stripes = {k: self.stripe(location, k) for k in keys}
+        order = sorted(set(stripes.values()))  # one global order: no deadlock between batches
+        for s in order:
+            self._writers[s].acquire()
+        try:
+            with self._guard:
+                write = StampedWrite(self, stripes, {k: Generation(("stamp", self._counters[s]))
+                                                     for k, s in stripes.items()})
+            try:
+                yield write
+            finally:
+                with self._guard:
+                    for s in write.begun:
+                        self._counters[s] += 1
+                        self._in_flight[s] = max(0, self._in_flight[s] - 1)
+                    write.after = {k: Generation(("stamp", self._counters[s])) for k, s in stripes.items()}
+        finally:
+            for s in reversed(order):
+                self._writers[s].release()
+
+    def _begin(self, stripes: Iterable[int]) -> None:
+        with self._guard:
+            for s in stripes:
+                self._counters[s] += 1
+                self._in_flight[s] += 1
+
+
+class StampedWrite:
+    """One write under :meth:`ProcessStamps.writing`: the stamps ``before`` it and ``after`` it."""
+
+    __slots__ = ("_stamps", "_stripes", "before", "after", "begun")
+
+    def __init__(self, stamps: ProcessStamps, stripes: dict[str, int], before: dict[str, Generation]) -> None:
+        self._stamps = stamps
+        self._stripes = stripes
+        self.before = before
+        self.after: dict[str, Generation] = {}
+        self.begun: set[int] = set()
+
+    def begin(self, keys: Iterable[str]) -> None:
+        """The keys are about to be written (or deleted): reads of their stripes are unstable until the end."""
+        new = {self._stripes[k] for k in keys} - self.begun
+        self._stamps._begin(new)
+        self.begun |= new
+
+
+STAMPS = ProcessStamps()
+"""The process's stamps, shared by every process-stamped store."""
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=STAMPS.after_fork_in_child)
+
+
+def is_stamp(token: Hashable) -> bool:
+    """True for the token of a process stamp (for diagnostics and tests)."""
+    return isinstance(token, tuple) and len(token) == 2 and token[0] == "stamp"

@@ -1,0 +1,274 @@
+"""ShardEngine over a KVStore: the one read path, the one write path, listings, compaction, modes."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_kv import CountingKV
+from shardkv.engine.engine import EngineOptions, ShardEngine
+from shardkv.engine.merge import ChunkPatch, ShardChange
+from shardkv.engine.retry import Backoff
+from shardkv.errors import ConcurrentUpdateError, ConfigurationError, CorruptShardError
+from shardkv.format.layout import ShardLayout
+from shardkv.format.ranges import ByteRange
+from shardkv.keys.encodings import DefaultChunkKeyEncoding, V2ChunkKeyEncoding
+from shardkv.keys.space import ShardedArray
+from shardkv.storage.kv import ANY, Capabilities
+
+
+def array(shape: tuple[int, ...] = (16, 16), chunks: tuple[int, ...] = (2, 2), cps: tuple[int, ...] = (2, 2),
+          location: str = "end", v3: bool = False) -> ShardedArray:
+    enc = DefaultChunkKeyEncoding("/") if v3 else V2ChunkKeyEncoding(".")
+    return ShardedArray("a", "a/", shape, chunks, ShardLayout.v3(cps, index_location=location), enc, enc)
+
+
+def change(arr: ShardedArray, values: dict[tuple[int, ...], object]) -> dict[str, ShardChange]:
+    out: dict[str, ShardChange] = {}
+    for coords, value in values.items():
+        ref = arr.locate(arr.chunk_key(coords))
+        out.setdefault(ref.shard_key, ShardChange(arr, ref.shard_coords)).chunks[ref.local_coords] = value
+    return out
+
+
+def read(engine: ShardEngine, arr: ShardedArray, *coords: tuple[int, ...]) -> dict[str, bytes]:
+    found = engine.read_chunks([arr.locate(arr.chunk_key(c)) for c in coords])
+    return {k: bytes(v) for k, v in found.items()}
+
+
+@pytest.mark.parametrize("location", ["start", "end"])
+def test_write_then_read_round_trip(location: str) -> None:
+    kv, arr = CountingKV(), array(location=location)
+    engine = ShardEngine(kv)
+    engine.write(change(arr, {(0, 0): b"A" * 5, (1, 1): b"BB", (4, 4): b"C"}))
+    assert read(engine, arr, (0, 0), (1, 1), (0, 1), (4, 4)) == {"a/0.0": b"A" * 5, "a/1.1": b"BB", "a/4.4": b"C"}
+    fresh = ShardEngine(kv)  # no cache: reads the indexes
+    assert read(fresh, arr, (0, 0), (2, 2)) == {"a/0.0": b"A" * 5}
+
+
+def test_warm_read_is_one_conditional_request_for_exactly_the_chunk_bytes() -> None:
+    kv, arr = CountingKV(Capabilities(ranged=True, round_trips=True, stamps="native", conditional_put=True,
+                                      conditional_delete=True)), array(cps=(4, 4))
+    engine = ShardEngine(kv)
+    engine.write(change(arr, {(i, j): bytes([i * 4 + j]) * 256 for i in range(4) for j in range(4)}))
+    kv.log.clear()
+    assert read(engine, arr, (1, 2)) == {"a/1.2": bytes([6]) * 256}
+    gets = kv.gets()
+    assert len(gets) == 1
+    assert gets[0][3] == 256  # exactly the chunk's bytes: the write cached the index and the shard's size
+
+
+def test_stale_cached_index_costs_one_refetch_never_a_torn_read() -> None:
+    kv, arr = CountingKV(), array()
+    a, b = ShardEngine(kv), ShardEngine(kv)
+    a.write(change(arr, {(0, 0): b"old", (0, 1): b"x"}))
+    assert read(b, arr, (0, 0)) == {"a/0.0": b"old"}  # b caches the index
+    a.write(change(arr, {(0, 0): b"a much longer new value"}))
+    kv.log.clear()
+    assert read(b, arr, (0, 0)) == {"a/0.0": b"a much longer new value"}
+    assert b.stats.read_stale == 1
+    assert len(kv.gets()) == 3  # refused chunk read, index read, chunk read
+
+
+def test_absent_chunk_of_a_cached_index_is_proved_current() -> None:
+    kv, arr = CountingKV(), array()
+    a, b = ShardEngine(kv), ShardEngine(kv)
+    a.write(change(arr, {(0, 0): b"x"}))
+    assert read(b, arr, (0, 1)) == {}
+    a.write(change(arr, {(0, 1): b"new"}))
+    assert read(b, arr, (0, 1)) == {"a/0.1": b"new"}  # another writer's chunk is never reported missing
+
+
+def test_deleted_shard_reads_as_missing() -> None:
+    kv, arr = CountingKV(), array()
+    a, b = ShardEngine(kv), ShardEngine(kv)
+    a.write(change(arr, {(0, 0): b"x"}))
+    assert read(b, arr, (0, 0)) == {"a/0.0": b"x"}
+    a.write(change(arr, {(0, 0): None}))
+    assert "a/0" not in kv.data and "a/0.0" not in kv.data
+    assert read(b, arr, (0, 0)) == {}
+
+
+def test_partial_ranges_and_patches() -> None:
+    kv, arr = CountingKV(), array()
+    engine = ShardEngine(kv)
+    engine.write(change(arr, {(0, 0): b"0123456789"}))
+    ref = arr.locate("a/0.0")
+    got = engine.read_ranges([(ref, ByteRange(2, 5)), (ref, ByteRange.suffix(3)), (arr.locate("a/0.1"), ByteRange(0))])
+    assert [None if g is None else bytes(g) for g in got] == [b"234", b"789", None]
+    engine.write(change(arr, {(0, 0): ChunkPatch("a/0.0", [(2, b"xy")])}))
+    assert read(engine, arr, (0, 0)) == {"a/0.0": b"01xy456789"}
+
+
+def test_shard_written_whole_needs_no_read() -> None:
+    kv, arr = CountingKV(), array()
+    engine = ShardEngine(kv)
+    kv.log.clear()
+    engine.write(change(arr, {(0, 0): b"a", (0, 1): b"b", (1, 0): b"c", (1, 1): b"d"}))
+    assert kv.gets() == []
+    engine.write(change(arr, {(0, 0): b"z"}))
+    assert len(kv.gets()) == 1  # partly covered: one read of the old shard
+
+
+def test_conditional_write_retries_only_the_lost_shard(monkeypatch: pytest.MonkeyPatch) -> None:
+    kv, arr = CountingKV(), array()
+    engine = ShardEngine(kv)
+    engine.write(change(arr, {(0, 0): b"a", (2, 2): b"b"}))
+    elsewhere = CountingKV()  # another process's view: it writes the shard a/0.0 meanwhile
+    elsewhere.data = dict(kv.data)
+    ShardEngine(elsewhere).write(change(arr, {(0, 1): b"theirs"}))
+    real_put_many = kv.put_many
+    puts = []
+
+    def racing_put_many(writes):  # type: ignore[no-untyped-def]
+        puts.append(sorted(writes))
+        if len(puts) == 1:
+            real_put_many({"a/0.0": (elsewhere.data["a/0.0"][0], ANY)})
+        return real_put_many(writes)
+
+    monkeypatch.setattr(kv, "put_many", racing_put_many)
+    engine.write(change(arr, {(0, 0): b"mine", (2, 3): b"mine too"}))
+    monkeypatch.undo()
+    assert read(ShardEngine(kv), arr, (0, 0), (0, 1), (2, 2), (2, 3)) == {
+        "a/0.0": b"mine", "a/0.1": b"theirs", "a/2.2": b"b", "a/2.3": b"mine too"}
+    assert puts == [["a/0.0", "a/1.1"], ["a/0.0"]]  # only the lost shard goes round again
+    assert engine.stats.write_lost == 1
+    assert engine.stats.write_attempts == 1 + 2  # the first write, then a lost round and a won one
+
+
+def test_conditional_write_gives_up_after_bounded_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    kv, arr = CountingKV(), array()
+    engine = ShardEngine(kv)
+    engine.write(change(arr, {(0, 0): b"a"}))
+    monkeypatch.setattr(kv, "put_many", lambda writes: dict.fromkeys(writes))
+    monkeypatch.setattr("shardkv.engine.writes.WRITE_BACKOFF", Backoff(0.0, 1.0, 0.0))
+    with pytest.raises(ConcurrentUpdateError, match="a/0"):
+        engine.write(change(arr, {(0, 0): b"b"}))
+    assert engine.stats.write_attempts == 1 + 16
+
+
+def test_store_without_conditional_delete_keeps_an_empty_shard() -> None:
+    kv = CountingKV(Capabilities(ranged=True, stamps="native", conditional_put=True, conditional_delete=False))
+    arr = array()
+    engine = ShardEngine(kv)
+    engine.write(change(arr, {(0, 0): b"a"}))
+    engine.write(change(arr, {(0, 0): None}))
+    assert "a/0.0" in kv.data and read(engine, arr, (0, 0)) == {}
+    assert list(engine.chunk_keys({"a/0.0": arr})) == []
+
+
+def test_listing_counts_and_keys_from_current_indexes() -> None:
+    kv, arr = CountingKV(), array(shape=(5, 5))
+    engine = ShardEngine(kv)
+    engine.write(change(arr, {(0, 0): b"a", (2, 1): b"b", (2, 2): b"c"}))
+    shards = {k: arr for k in kv.list_prefix("a/")}
+    assert sorted(engine.chunk_keys(shards)) == ["a/0.0", "a/2.1", "a/2.2"]
+    assert engine.count_chunks(shards) == 3
+    other = ShardEngine(kv)
+    other.write(change(arr, {(0, 1): b"d"}))
+    assert engine.count_chunks(shards) == 4  # the cached index was checked, not trusted
+    generations = {k: g for k, (_, g) in kv.data.items()}
+    kv.log.clear()
+    assert engine.count_chunks(shards, generations=generations) == 4
+    assert kv.gets() == []  # generations from a listing: no request
+
+
+def test_listing_leaves_out_chunks_outside_the_grid() -> None:
+    kv, big, small = CountingKV(), array(shape=(8, 8)), array(shape=(5, 5))
+    ShardEngine(kv).write(change(big, {(2, 2): b"in", (3, 3): b"out"}))
+    engine = ShardEngine(kv)
+    assert list(engine.chunk_keys({"a/1.1": small})) == ["a/2.2"]
+    assert sorted(engine.chunk_keys({"a/1.1": small}, in_grid_only=False)) == ["a/2.2", "a/3.3"]
+    assert engine.count_chunks({"a/1.1": small}) == 1
+
+
+def test_v3_chunk_keys_are_built_from_the_encoding() -> None:
+    kv, arr = CountingKV(), array(v3=True)
+    engine = ShardEngine(kv)
+    engine.write(change(arr, {(3, 1): b"x"}))
+    assert list(engine.chunk_keys({k: arr for k in kv.list_prefix("a/")})) == ["a/c/3/1"]
+    assert engine.has_chunks([arr.locate("a/c/3/1"), arr.locate("a/c/3/0")]) == [True, False]
+
+
+def test_compact_reclaims_unused_bytes_written_by_others() -> None:
+    kv, arr = CountingKV(), array()
+    engine = ShardEngine(kv)
+    engine.write(change(arr, {(0, 0): b"a" * 10}))
+    data, _ = kv.data["a/0.0"]
+    n = arr.layout.index_nbytes
+    kv.put("a/0.0", data[:-n] + b"\0" * 7 + data[-n:])  # 7 unused bytes (as other writers may leave)
+    assert read(engine, arr, (0, 0)) == {"a/0.0": b"a" * 10}
+    assert engine.compact(arr, ["a/0.0", "a/1.1"]) == 7
+    assert read(ShardEngine(kv), arr, (0, 0)) == {"a/0.0": b"a" * 10}
+    assert engine.compact(arr) == 0
+
+
+def test_truncated_shard_is_refused() -> None:
+    kv, arr = CountingKV(), array(location="start")
+    engine = ShardEngine(kv)
+    engine.write(change(arr, {(0, 0): b"a" * 10, (0, 1): b"b" * 10}))
+    data, _ = kv.data["a/0.0"]
+    kv.put("a/0.0", data[:-5])
+    with pytest.raises(CorruptShardError):
+        read(ShardEngine(kv), arr, (0, 1))
+
+
+def test_store_without_ranges_reads_whole_shards_and_caches_nothing() -> None:
+    kv, arr = CountingKV(Capabilities(ranged=False, in_process=True)), array()
+    engine = ShardEngine(kv)
+    engine.write(change(arr, {(0, 0): b"a"}))
+    kv.log.clear()
+    assert read(engine, arr, (0, 0), (0, 1)) == {"a/0.0": b"a"}
+    assert kv.gets() == [("get", "a/0.0", None, len(kv.data["a/0.0"][0]))]
+
+
+def test_erase_deletes_shards() -> None:
+    kv, arr = CountingKV(), array()
+    engine = ShardEngine(kv)
+    engine.write(change(arr, {(0, 0): b"a", (4, 4): b"b"}))
+    engine.erase({"a/0.0": arr, "a/2.2": arr})
+    assert list(kv.data) == []
+
+
+def test_modes_resolve_from_capabilities() -> None:
+    assert ShardEngine(CountingKV()).concurrency_mode == "conditional"
+    files = CountingKV(Capabilities(ranged=True, stamps="native", lock_dir=True))
+    with pytest.raises(ConfigurationError, match="directory"):
+        ShardEngine(CountingKV(), EngineOptions(concurrency="files"))
+    persistent = CountingKV(Capabilities(ranged=False))
+    with pytest.raises(ConfigurationError, match="neither lock files nor conditional"):
+        ShardEngine(persistent)
+    assert ShardEngine(persistent, EngineOptions(concurrency="process")).concurrency_mode == "process"
+    assert ShardEngine(persistent, EngineOptions(concurrency="none")).concurrency_mode == "none"
+    with pytest.raises(ConfigurationError):
+        ShardEngine(persistent, EngineOptions(concurrency="conditional"))
+    with pytest.raises(ConfigurationError):
+        EngineOptions(index_cache_bytes=-1)
+    assert files.caps.lock_dir
+
+
+def test_write_back_writes_each_shard_once_and_replays_its_journal(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from shardkv.engine.writeback import WriteBack
+
+    kv, arr = CountingKV(), array()
+    back = WriteBack(ShardEngine(kv), buffer_bytes=1 << 20)
+    assert back.attach_journal(tmp_path / "j", arr.locate) == 0
+    back.write(change(arr, {(0, 0): b"a", (0, 1): b"b"}))
+    assert kv.data == {} and back.lookup("a/0.0", (0, 1)) == (True, b"b")
+    back.write(change(arr, {(1, 0): b"c", (1, 1): b"d"}))  # the shard is complete: written once, unread
+    assert list(kv.data) == ["a/0.0"] and kv.gets() == []
+    back.write(change(arr, {(2, 2): b"e"}))
+    back.close()  # killed before a flush: the journal holds the chunk
+    again = WriteBack(ShardEngine(kv), buffer_bytes=1 << 20)
+    assert again.attach_journal(tmp_path / "j", arr.locate) == 1
+    assert read(ShardEngine(kv), arr, (2, 2)) == {"a/2.2": b"e"}
+    again.close()
+
+
+def test_write_through_reports_each_write() -> None:
+    from shardkv.engine.writeback import WriteBack
+
+    seen: list[list[str]] = []
+    kv, arr = CountingKV(), array()
+    back = WriteBack(ShardEngine(kv), None, on_write_through=lambda changes: seen.append(sorted(changes)))
+    back.write(change(arr, {(0, 0): b"a", (4, 4): b"b"}))
+    assert seen == [["a/0.0", "a/2.2"]] and back.lookup("a/0.0", (0, 0)) == (False, None)

@@ -1,0 +1,85 @@
+"""The store contract on fsspec filesystems: ``memory://`` (object identities) and others (process stamps)."""
+
+from __future__ import annotations
+
+import pickle
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import fsspec
+import pytest
+from fsspec.implementations.dirfs import DirFileSystem
+from fsspec.implementations.local import LocalFileSystem
+from kv_contract import KVContract, put_ok
+
+from shardkv.format.ranges import ByteRange
+from shardkv.storage.fsspec import MEMORY_CAPS, FsspecStore
+from shardkv.storage.kv import KVStore
+
+pytestmark = pytest.mark.zarr2
+
+
+@pytest.fixture
+def memory_root() -> Iterator[str]:
+    root = f"/kv-{uuid.uuid4().hex[:12]}"
+    yield root
+    fs = fsspec.filesystem("memory")
+    if fs.exists(root):
+        fs.rm(root, recursive=True)
+
+
+class TestMemoryContract(KVContract):
+    @pytest.fixture
+    def kv(self, memory_root: str) -> KVStore:
+        return FsspecStore(fsspec.filesystem("memory"), f"memory://{memory_root}")
+
+
+class TestStampedContract(KVContract):
+    """A filesystem without generations of its own: a DirFileSystem over memory:// (reads through cat_ranges)."""
+
+    @pytest.fixture
+    def kv(self, memory_root: str) -> KVStore:
+        fsspec.filesystem("memory").mkdir(memory_root)
+        return FsspecStore(DirFileSystem(memory_root, fsspec.filesystem("memory")), "")
+
+
+class CountingLocal(LocalFileSystem):
+    """A LocalFileSystem subclass (reads go through fsspec, not around it)."""
+
+    cat_calls = 0
+
+    def cat_file(self, path, start=None, end=None, **kwargs):  # type: ignore[no-untyped-def]
+        CountingLocal.cat_calls += 1
+        return super().cat_file(path, start=start, end=end, **kwargs)
+
+
+class TestLocalSubclassContract(KVContract):
+    @pytest.fixture
+    def kv(self, tmp_path: Path) -> KVStore:
+        (tmp_path / "s").mkdir()
+        return FsspecStore(CountingLocal(skip_instance_cache=True), str(tmp_path / "s"))
+
+
+def test_memory_caps_and_generations(memory_root: str) -> None:
+    fs = fsspec.filesystem("memory")
+    kv = FsspecStore(fs, memory_root)
+    assert kv.caps == MEMORY_CAPS and kv.location.namespace == ("memory",)
+    g = put_ok(kv, "k", b"0123456789")
+    fs.pipe_file(f"{memory_root}/k", b"0123456789")  # a write outside shardkv: a new object, seen
+    r = kv.get("k", [ByteRange(0, 2)], if_generation=g)
+    assert r.state == "stale" and r.generation != g
+    assert pickle.loads(pickle.dumps(r.generation)) == r.generation
+    assert dict(kv.list_generations("")) == {"k": r.generation}
+
+
+def test_stamped_caps(memory_root: str, tmp_path: Path) -> None:
+    dirfs = FsspecStore(DirFileSystem(memory_root, fsspec.filesystem("memory")), "")
+    assert dirfs.caps.stamps == "process" and dirfs.caps.in_process and not dirfs.caps.lock_dir
+    assert not dirfs.caps.round_trips and dirfs.location.namespace == ("memory",)
+    local = FsspecStore(CountingLocal(skip_instance_cache=True), str(tmp_path))
+    assert local.caps.lock_dir and not local.caps.round_trips and local.caps.stamps == "process"
+    before = CountingLocal.cat_calls
+    local.put("k", b"abc")
+    assert [bytes(b) for b in local.get("k", [ByteRange(1, 2), ByteRange(0, 1)]).values or []] == [b"b", b"a"]
+    assert CountingLocal.cat_calls - before == 2  # one cat per range, through the filesystem

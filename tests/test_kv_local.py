@@ -1,0 +1,265 @@
+"""The store contract on local directories (:class:`LocalStore`), and what is local's own.
+
+Syscalls of a warm read, files that are not values (FIFO, socket, device,
+directory), keys that would leave the root, atomic writes and the sweep of
+stale temporaries.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+from kv_contract import KVContract, put_ok
+
+from shardkv.errors import InvalidKeyError
+from shardkv.format.ranges import ByteRange
+from shardkv.storage import local
+from shardkv.storage.kv import NO_VALUE, TEMP_MARKER, KVStore
+from shardkv.storage.local import LocalStore
+
+pytestmark = pytest.mark.zarr2
+
+
+class TestLocalContract(KVContract):
+    @pytest.fixture
+    def kv(self, tmp_path: Path) -> KVStore:
+        return LocalStore(tmp_path / "store")
+
+
+class TestLocalContractNoFsync(KVContract):
+    @pytest.fixture
+    def kv(self, tmp_path: Path) -> KVStore:
+        return LocalStore(str(tmp_path / "store"), fsync=False)
+
+
+class Syscalls:
+    """Counts the os calls a read makes (wrapping os.open/fstat/pread/close/stat/lstat)."""
+
+    NAMES = ("open", "fstat", "pread", "close", "stat", "lstat", "read")
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.counts = dict.fromkeys(self.NAMES, 0)
+        for name in self.NAMES:
+            monkeypatch.setattr(os, name, self._counting(name, getattr(os, name)))
+
+    def _counting(self, name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.counts[name] += 1
+            return real(*args, **kwargs)
+
+        return call
+
+    def reset(self) -> None:
+        self.counts = dict.fromkeys(self.NAMES, 0)
+
+
+def test_warm_ranged_read_is_open_fstat_pread_per_range_close(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kv = LocalStore(tmp_path)
+    g = put_ok(kv, "c/0/0", bytes(range(200)))
+    kv.get("c/0/0", [ByteRange(0, 1)])  # warm
+    calls = Syscalls(monkeypatch)
+    r = kv.get("c/0/0", [ByteRange(10, 20), ByteRange.suffix(16), ByteRange(100)], if_generation=g)
+    monkeypatch.undo()
+    assert r.found and [len(b) for b in r.values or []] == [10, 16, 100]
+    assert calls.counts == {"open": 1, "fstat": 1, "pread": 3, "close": 1, "stat": 0, "lstat": 0, "read": 0}
+
+
+def test_stale_read_reads_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kv = LocalStore(tmp_path)
+    old = put_ok(kv, "k", b"0123456789")
+    kv.put("k", b"9876543210")
+    calls = Syscalls(monkeypatch)
+    r = kv.get("k", [ByteRange(0, 4)], if_generation=old)
+    monkeypatch.undo()
+    assert r.state == "stale" and r.generation == kv.get("k").generation and r.size == 10
+    assert calls.counts["pread"] == 0 and calls.counts["stat"] == 0
+
+
+def test_generation_is_the_files_fstat(tmp_path: Path) -> None:
+    kv = LocalStore(tmp_path)
+    g = put_ok(kv, "a/k", [b"ab", b"cd"])
+    st = os.stat(tmp_path / "a" / "k")
+    assert g is not None and g.token == (st.st_ino, st.st_mtime_ns, st.st_size)
+    assert dict(kv.list_generations("")) == {"a/k": g}
+
+
+def test_fifo_at_a_key_is_damage_and_never_blocks(tmp_path: Path) -> None:
+    kv = LocalStore(tmp_path)
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(OSError, match="'fifo' is a FIFO, not a regular file"):  # returns at once (O_NONBLOCK)
+        kv.get("fifo", [ByteRange(0, 4)])
+    with pytest.raises(OSError, match="FIFO"):
+        kv.values(["fifo"])
+
+
+def test_socket_at_a_key_is_damage(tmp_path: Path) -> None:
+    kv = LocalStore(tmp_path)
+    path = tmp_path / "sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(path))
+        with pytest.raises(OSError, match="'sock' is (a socket|not a regular file)"):
+            kv.get("sock")
+
+
+def test_device_at_a_key_is_damage(tmp_path: Path) -> None:
+    kv = LocalStore(tmp_path)
+    os.symlink("/dev/null", tmp_path / "dev")
+    with pytest.raises(OSError, match="'dev' is a character device"):
+        kv.get("dev")
+
+
+def test_directory_at_a_key_is_damage_not_missing(tmp_path: Path) -> None:
+    kv = LocalStore(tmp_path)
+    kv.put("c/0/0", b"x")
+    with pytest.raises(IsADirectoryError, match="'c/0' is a directory"):
+        kv.get("c/0", [ByteRange(0, 1)])
+    with pytest.raises(IsADirectoryError):
+        kv.get_many([("c/0/0", None, NO_VALUE), ("c", None, NO_VALUE)])
+    assert kv.get("c/0/0/deeper").state == "missing"  # below a file: nothing stored there
+
+
+@pytest.mark.parametrize("key", ["..", "../x", "a/../../x", "/etc/passwd", "a//b", "a/", "", ".", "a/./b",
+                                 "..\\x", "a\x00b", "a/.."])
+def test_keys_never_leave_the_root(tmp_path: Path, key: str) -> None:
+    (tmp_path / "store").mkdir()
+    (tmp_path / "x").write_bytes(b"precious")
+    kv = LocalStore(tmp_path / "store")
+    with pytest.raises(InvalidKeyError):
+        kv.get(key)
+    with pytest.raises(InvalidKeyError):
+        kv.put(key, b"overwritten")
+    with pytest.raises(InvalidKeyError):
+        kv.delete(key)
+    with pytest.raises(InvalidKeyError):
+        kv.get_many([("ok", None, NO_VALUE), (key, None, NO_VALUE)])
+    assert (tmp_path / "x").read_bytes() == b"precious"
+    assert sorted(os.listdir(tmp_path)) == ["store", "x"]
+
+
+def test_permission_error_is_not_missing(tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root reads every file")
+    kv = LocalStore(tmp_path)
+    kv.put("k", b"v")
+    os.chmod(tmp_path / "k", 0)
+    try:
+        with pytest.raises(PermissionError):
+            kv.get("k")
+    finally:
+        os.chmod(tmp_path / "k", 0o644)
+
+
+def test_failed_write_leaves_the_old_value_and_no_temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kv = LocalStore(tmp_path)
+    g = put_ok(kv, "k", b"old")
+
+    def fail(fd: int, data: Any, offset: int = 0) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(local, "_pwrite_all", fail)
+    monkeypatch.setattr(local, "write_parts", fail)
+    for value in (b"new", [b"n", b"ew"]):
+        with pytest.raises(OSError, match="No space"):
+            kv.put("k", value)
+    monkeypatch.undo()
+    r = kv.get("k")
+    assert bytes(r.whole()) == b"old" and r.generation == g
+    assert sorted(os.listdir(tmp_path)) == ["k"]
+
+
+def test_create_only_is_a_link(tmp_path: Path) -> None:
+    kv = LocalStore(tmp_path)
+    (tmp_path / "k").write_bytes(b"someone else's")
+    assert kv.put("k", b"mine", if_generation=NO_VALUE) is None
+    assert (tmp_path / "k").read_bytes() == b"someone else's"
+    assert sorted(os.listdir(tmp_path)) == ["k"]  # the temporary file is gone
+
+
+def test_stale_temporaries_swept_once_per_directory(tmp_path: Path) -> None:
+    kv = LocalStore(tmp_path)
+    kv.put("a/k", b"v")
+    old, young = tmp_path / "a" / f"{TEMP_MARKER}old", tmp_path / "a" / f"{TEMP_MARKER}young"
+    far = tmp_path / "b" / f"{TEMP_MARKER}far"
+    far.parent.mkdir()
+    for p in (old, young, far):
+        p.write_bytes(b"left by a killed writer")
+    hour_ago = time.time() - 3700
+    for p in (old, far):
+        os.utime(p, (hour_ago, hour_ago))
+    local.forget_sweeps()
+    assert kv.find_stale_temporaries() == sorted([str(old), str(far)])
+    kv.put("a/k2", b"v")
+    assert not old.exists() and young.exists() and far.exists()  # only the directory written into
+    assert kv.remove_stale_temporaries() == [str(far)]
+    assert kv.remove_stale_temporaries(min_age_seconds=0) == [str(young)]
+
+
+def test_prune_empty_dirs(tmp_path: Path) -> None:
+    kv = LocalStore(tmp_path)
+    kv.put("a/b/c/k", b"v")
+    kv.put("a/x", b"v")
+    assert kv.delete("a/b/c/k")
+    kv.prune_empty_dirs("a")
+    assert sorted(os.listdir(tmp_path / "a")) == ["x"]
+
+
+def test_pickle_and_location(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    kv = LocalStore(tmp_path / "link", fsync=False)
+    assert kv.location == LocalStore(str(tmp_path / "real") + "/").location
+    assert kv.location.local_dir == str((tmp_path / "real").resolve())
+    copy = pickle.loads(pickle.dumps(kv))
+    assert isinstance(copy, LocalStore) and copy.root == kv.root and copy.fsync is False
+
+
+def test_reads_of_many_keys_side_by_side(tmp_path: Path) -> None:
+    kv = LocalStore(tmp_path)
+    for i in range(20):
+        kv.put(f"c/{i}", bytes([i]) * 10)
+    results = kv.get_many([(f"c/{i}", [ByteRange(i % 10, i % 10 + 1)], NO_VALUE if i == 3 else kv.get(f"c/{i}").generation)
+                           for i in range(20)])
+    assert results[3].state == "stale"
+    assert [bytes(r.values[0]) for i, r in enumerate(results) if i != 3 and r.values] == [
+        bytes([i]) for i in range(20) if i != 3]
+
+
+def _keys(it: Iterator[str]) -> list[str]:
+    return sorted(it)
+
+
+def test_list_prefix_inside_a_name(tmp_path: Path) -> None:
+    kv = LocalStore(tmp_path)
+    for key in ("ab", "abc/d", "a/b"):
+        kv.put(key, b"v")
+    assert _keys(kv.list_prefix("ab")) == ["ab", "abc/d"]
+    assert _keys(kv.list_prefix("a")) == ["a/b", "ab", "abc/d"]
+    assert _keys(kv.list_prefix("abc/")) == ["abc/d"]
+
+
+def _create_in_child(root: str, name: str, queue: Any) -> None:
+    kv = LocalStore(root)
+    queue.put((name, kv.put("k", name.encode(), if_generation=NO_VALUE) is not None))
+
+
+def test_create_only_is_atomic_between_processes(tmp_path: Path) -> None:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_create_in_child, args=(str(tmp_path), f"p{i}", queue)) for i in range(4)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    winners = [name for name, won in results.items() if won]
+    assert len(winners) == 1
+    assert (tmp_path / "k").read_bytes() == winners[0].encode()
+    assert sorted(os.listdir(tmp_path)) == ["k"]

@@ -1,0 +1,125 @@
+"""The store contract on obstore stores (:class:`ObstoreStore`): MemoryStore, LocalStore, and S3Store on moto."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from concurrency_harness import serialised_moto_writes
+from kv_contract import KVContract, put_ok
+
+obstore = pytest.importorskip("obstore")
+boto3 = pytest.importorskip("boto3")
+from moto.server import ThreadedMotoServer  # noqa: E402
+from obstore.store import LocalStore as ObLocalStore  # noqa: E402
+from obstore.store import MemoryStore, S3Store  # noqa: E402
+
+from shardkv.format.ranges import ByteRange  # noqa: E402
+from shardkv.storage.kv import ANY, NO_VALUE, KVStore  # noqa: E402
+from shardkv.storage.local import LocalStore  # noqa: E402
+from shardkv.storage.obstore import ObstoreStore, conditional_put_disabled, is_obstore_store  # noqa: E402
+
+pytestmark = pytest.mark.zarr2
+KEY, SECRET, REGION = "shardkv-test", "shardkv-test-secret", "us-east-1"
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    with serialised_moto_writes():  # moto's conditional writes atomic, as real S3's are
+        yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def bucket(endpoint: str) -> str:
+    name = f"shardkv-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=KEY, aws_secret_access_key=SECRET,
+                 region_name=REGION).create_bucket(Bucket=name)
+    return name
+
+
+def s3_store(endpoint: str, bucket: str, prefix: str, **options: Any) -> Any:
+    return S3Store(bucket, prefix=prefix, endpoint=endpoint, region=REGION, access_key_id=KEY,
+                   secret_access_key=SECRET, client_options={"allow_http": True}, **options)
+
+
+class TestMemoryContract(KVContract):
+    @pytest.fixture
+    def kv(self) -> Iterator[KVStore]:
+        store = ObstoreStore(MemoryStore())
+        yield store
+        store.close()
+
+
+class TestObstoreLocalContract(KVContract):
+    @pytest.fixture
+    def kv(self, tmp_path: Path) -> Iterator[KVStore]:
+        store = ObstoreStore(ObLocalStore(str(tmp_path), mkdir=True))
+        yield store
+        store.close()
+
+
+class TestS3Contract(KVContract):
+    @pytest.fixture
+    def kv(self, endpoint: str, bucket: str) -> Iterator[KVStore]:
+        store = ObstoreStore(s3_store(endpoint, bucket, uuid.uuid4().hex[:12]))
+        yield store
+        store.close()
+
+
+def test_caps_per_store(endpoint: str, bucket: str, tmp_path: Path) -> None:
+    memory = ObstoreStore(MemoryStore())
+    assert memory.caps.in_process and memory.caps.conditional_put and not memory.caps.round_trips
+    s3 = ObstoreStore(s3_store(endpoint, bucket, "p"))
+    assert s3.caps.round_trips and s3.caps.conditional_put and not s3.caps.conditional_delete
+    assert s3.location.namespace == ("s3", endpoint) and s3.location.root == f"{bucket}/p"
+    disabled = s3_store(endpoint, bucket, "p", conditional_put="disabled")
+    assert conditional_put_disabled(disabled) and not ObstoreStore(disabled).caps.conditional_put
+    local = ObstoreStore(ObLocalStore(str(tmp_path)))
+    assert local.caps.lock_dir and not local.caps.conditional_put and local.caps.stamps == "native"
+    assert is_obstore_store(MemoryStore()) and not is_obstore_store({})
+
+
+def test_obstore_written_files_read_by_local_store(tmp_path: Path) -> None:
+    ob = ObstoreStore(ObLocalStore(str(tmp_path)))
+    ob.put("a/c/0", [b"0123", b"456789"])
+    ob.put("zarr.json", b"{}")
+    kv = LocalStore(tmp_path)
+    assert kv.location == ob.location  # one location: the same locks
+    r = kv.get("a/c/0", [ByteRange.suffix(3), ByteRange(0, 2)])
+    assert [bytes(b) for b in r.values or []] == [b"789", b"01"]
+    assert sorted(kv.list_prefix("")) == sorted(ob.list_prefix("")) == ["a/c/0", "zarr.json"]
+    g = put_ok(kv, "a/c/0", b"new")
+    assert g is not None and bytes(ob.get("a/c/0").whole()) == b"new"
+
+
+def test_warm_ranged_read_is_one_conditional_get(endpoint: str, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    kv = ObstoreStore(s3_store(endpoint, bucket, uuid.uuid4().hex[:12]))
+    g = put_ok(kv, "k", bytes(1000))
+    calls: list[tuple[str, Any]] = []
+    real_get = kv._obs.get
+
+    def get(store: Any, key: str, options: Any = None) -> Any:
+        calls.append((key, options))
+        return real_get(store, key, options=options)
+
+    monkeypatch.setattr(kv, "_obs", type("O", (), {"get": staticmethod(get)})())
+    r = kv.get("k", [ByteRange(100, 200)], if_generation=g)
+    assert r.found and len(r.values[0]) == 100  # type: ignore[index]
+    assert calls == [("k", {"if_match": g.token[0], "range": (100, 200)})]  # type: ignore[index]
+
+
+def test_conditional_create_and_update(endpoint: str, bucket: str) -> None:
+    kv = ObstoreStore(s3_store(endpoint, bucket, uuid.uuid4().hex[:12]))
+    g = put_ok(kv, "k", b"1", if_generation=NO_VALUE)
+    assert g is not None and kv.put("k", b"2", if_generation=NO_VALUE) is None
+    assert kv.put("k", b"3", if_generation=g) is not None and kv.put("k", b"4", if_generation=g) is None
+    assert bytes(kv.get("k").whole()) == b"3" and kv.delete("k", if_generation=ANY)
