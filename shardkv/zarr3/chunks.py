@@ -12,13 +12,14 @@ from __future__ import annotations
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from shardkv.engine.cache import IndexCache
-from shardkv.engine.concurrency import Concurrency
-from shardkv.engine.planner import ShardIO
+from shardkv.engine.engine import EngineOptions, ShardEngine
+from shardkv.engine.guard import Concurrency
+from shardkv.engine.merge import ShardChange
+from shardkv.engine.writeback import WriteBack
 from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.space import ChunkRef, ShardedArray
-from shardkv.proxy.routing import group_by_shard
-from shardkv.proxy.writes import ShardWriter
-from shardkv.storage.adapters import adapt
+from shardkv.storage.buffers import BytesLike
+from shardkv.storage.open import open_kv
 
 __all__ = ["ChunkEngine"]
 
@@ -29,7 +30,7 @@ class ChunkEngine:
     Parameters
     ----------
     base : str, fsspec.FSMap, obstore store or MutableMapping
-        What :func:`shardkv.storage.adapters.adapt` opens: the same data the
+        What :func:`shardkv.storage.open.open_kv` opens: the same data the
         zarr 3 store underneath reaches (see :mod:`shardkv.zarr3.bases`).
     index_cache_bytes : int
         Limit (bytes) of the cache of decoded shard indexes.
@@ -38,7 +39,8 @@ class ChunkEngine:
     buffer_bytes : int or None
         Write-back limit (bytes of chunk data); ``None`` writes within each call.
     concurrency : {"auto", "files", "conditional", "process", "none"}
-        How writers of one shard exclude each other (as for the zarr 2 proxy).
+        How writers of one shard exclude each other (as for the zarr 2 proxy),
+        resolved from the store's capabilities.
     lock_timeout : float or None
         Longest wait (seconds) for a shard lock.
 
@@ -58,32 +60,24 @@ class ChunkEngine:
         concurrency: Concurrency,
         lock_timeout: float | None,
     ) -> None:
-        self.adapter = adapt(base)
-        self.io = ShardIO(
-            self.adapter,  # type: ignore[arg-type]  # ShardBackend says bytes where adapters give memoryviews too
-            index_cache_bytes=index_cache_bytes,
-            validate_index_cache=False,
-            read_policy=read_policy,
-            write_strategy="rewrite",
-            slack_bytes=0,
-            concurrency=concurrency,
-            lock_timeout=lock_timeout,
-        )
-        self.writer = ShardWriter(self.io, buffer_bytes)
+        self.kv = open_kv(base)
+        options = EngineOptions(int(index_cache_bytes), read_policy, concurrency, lock_timeout)
+        self.engine = ShardEngine(self.kv, options)
+        self.writer = WriteBack(self.engine, buffer_bytes)
 
     @property
     def index_cache(self) -> IndexCache:
         """The cache of decoded shard indexes."""
-        return self.io.index_cache
+        return self.engine.cache
 
     @property
     def concurrency_mode(self) -> str:
         """The resolved concurrency mode (``"files"``, ``"conditional"``, ``"process"`` or ``"none"``)."""
-        return self.io.plan.mode
+        return self.engine.concurrency_mode
 
-    def read(self, refs: Sequence[ChunkRef]) -> dict[str, bytes | memoryview]:
+    def read(self, refs: Sequence[ChunkRef]) -> dict[str, BytesLike]:
         """Encoded bytes of the stored chunks among ``refs`` by chunk key (buffered writes first)."""
-        out: dict[str, bytes | memoryview] = {}
+        out: dict[str, BytesLike] = {}
         pending = []
         for ref in refs:
             buffered, value = self.writer.lookup(ref.shard_key, ref.local_coords)
@@ -92,7 +86,7 @@ class ChunkEngine:
             elif value is not None:
                 out[ref.chunk_key] = value
         if pending:
-            out.update(self.io.read_chunks(pending))
+            out.update(self.engine.read_chunks(pending))
         return out
 
     def stored(self, ref: ChunkRef) -> bool:
@@ -100,27 +94,30 @@ class ChunkEngine:
         buffered, value = self.writer.lookup(ref.shard_key, ref.local_coords)
         if buffered:
             return value is not None
-        indexes, _ = self.io.read_indexes({ref.shard_key: ref.array})
-        index = indexes.get(ref.shard_key)
-        return index is not None and index.get(ref.local_coords) is not None
+        return self.engine.has_chunks([ref])[0]
 
-    def write(self, refs: Sequence[ChunkRef], values: Iterable[bytes | memoryview | None]) -> None:
+    def write(self, refs: Sequence[ChunkRef], values: Iterable[BytesLike | None]) -> None:
         """Store (or, for ``None``, delete) chunks; one shard write per shard touched."""
-        if refs:
-            self.writer.write(group_by_shard(refs, values))
+        changes: dict[str, ShardChange] = {}
+        for ref, value in zip(refs, values):
+            change = changes.get(ref.shard_key)
+            if change is None:
+                change = changes[ref.shard_key] = ShardChange(ref.array, ref.shard_coords)
+            change.chunks[ref.local_coords] = value
+            change.nbytes += 0 if value is None else len(value)
+        self.writer.write(changes)
 
     def chunk_keys(self, shards: Mapping[str, ShardedArray]) -> Iterator[str]:
         """Keys of the in-grid chunks stored in ``shards`` (shard key -> its array), indexes read in batches."""
-        return self.io.chunk_keys(shards)
-
-    def forget(self, shard_keys: Iterable[str]) -> None:
-        """Drop cached indexes of shards changed or removed behind the engine's back (a directory delete)."""
-        for key in shard_keys:
-            self.io.index_cache.discard(key)
+        return self.engine.chunk_keys(shards)
 
     def discard_buffered(self, path: str) -> None:
         """Drop buffered writes of the arrays at and below ``path`` (being deleted)."""
         self.writer.discard_under(path)
+
+    def forget(self) -> None:
+        """Drop every cached index (shards removed behind the engine's back: a directory delete)."""
+        self.engine.forget()
 
     def flush(self) -> None:
         """Write every buffered shard (write-back mode; a no-op otherwise)."""
@@ -132,6 +129,6 @@ class ChunkEngine:
         return (0, 0) if buf is None else (len(buf), buf.nbytes)
 
     def close(self) -> None:
-        """Write buffered shards and release the engine's resources."""
+        """Write buffered shards and close the journal (the data stays reachable: a closed zarr store reopens)."""
         self.writer.flush()
         self.writer.close()

@@ -25,12 +25,13 @@ from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Sto
 from zarr.core.buffer import Buffer, BufferPrototype
 
 from shardkv.engine.cache import IndexCache
-from shardkv.engine.concurrency import Concurrency
+from shardkv.engine.guard import Concurrency
 from shardkv.errors import ChunkOutOfGridError, UnflushedWritesError
 from shardkv.format.layout import ShardLayout
 from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
+from shardkv.storage.buffers import BytesLike
 from shardkv.storage.kv import hidden
 from shardkv.zarr3.bases import engine_base, zarr3_store
 from shardkv.zarr3.batching import Batcher
@@ -42,7 +43,7 @@ __all__ = ["ShardedStore"]
 
 
 
-def _slice(data: bytes | memoryview, byte_range: ByteRequest | None) -> bytes | memoryview:
+def _slice(data: BytesLike, byte_range: ByteRequest | None) -> BytesLike:
     """The bytes of ``data`` a zarr 3 ``ByteRequest`` asks for.
 
     Raises
@@ -177,10 +178,10 @@ class ShardedStore(Store):
         )
         self._nodes = NodeTable(base, self._sharding)
         # concurrent chunk gets / sets of zarr (one per chunk) reach the engine as batches
-        self._reads: Batcher[ChunkRef, bytes | memoryview | None] = Batcher(self._read_batch)
+        self._reads: Batcher[ChunkRef, BytesLike | None] = Batcher(self._read_batch)
         self._writes: Batcher[tuple[ChunkRef, bytes], None] = Batcher(self._write_batch)
 
-    def _read_batch(self, refs: list[ChunkRef]) -> list[bytes | memoryview | None]:
+    def _read_batch(self, refs: list[ChunkRef]) -> list[BytesLike | None]:
         found = self._engine.read(refs)
         return [found.get(ref.chunk_key) for ref in refs]
 
@@ -242,7 +243,7 @@ class ShardedStore(Store):
     def refresh(self) -> None:
         """Forget cached array documents and shard indexes (after other processes changed the store)."""
         self._nodes.clear()
-        self._engine.index_cache.clear()
+        self._engine.forget()
 
     def flush(self) -> None:
         """Write every buffered shard (write-back mode; a no-op otherwise). Blocks."""
@@ -433,7 +434,7 @@ class ShardedStore(Store):
         await asyncio.to_thread(self._engine.discard_buffered, path)
         await self._base.delete_dir(prefix)
         self._nodes.forget_below(path)
-        self._engine.index_cache.clear()
+        self._engine.forget()
 
     async def clear(self) -> None:
         """Delete every key of the store underneath."""

@@ -204,26 +204,35 @@ def test_write_back_writes_each_shard_once(tmp_path: Path) -> None:
     fs.rm(fs.count_root, recursive=True)
 
 
-def test_warm_chunk_read_is_one_request_of_the_chunk_bytes_as_with_the_zarr2_proxy() -> None:
-    """Cold: the shard's index, then the chunk; warm (index cached): the chunk bytes only."""
-    import counting_fs
+def test_warm_chunk_read_is_one_pread_of_the_chunk_bytes_as_with_the_zarr2_proxy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cold: the shard's index, then the chunk; warm (index cached): the chunk's bytes only, one ``pread``."""
+    import os
 
-    fs = counting_fs.CountingMemoryFS(skip_instance_cache=True)
-    fs.count_root = "/zarr3-reads"
-    fs.mkdir(fs.count_root)
-    store = ShardedStore(FsspecStore(AsyncFileSystemWrapper(fs), path=fs.count_root), chunks_per_shard=4)
+    import shardkv.storage.local as local
+
+    reads: list[tuple[str, int]] = []
+    pread = local.pread_exact
+
+    def counting_pread(fd: int, start: int, stop: int) -> bytes:
+        data = pread(fd, start, stop)
+        reads.append((os.path.relpath(os.readlink(f"/proc/self/fd/{fd}"), tmp_path), len(data)))
+        return data
+
+    monkeypatch.setattr(local, "pread_exact", counting_pread)
+    store = ShardedStore(LocalStore(str(tmp_path)), chunks_per_shard=4)
     z = zarr.create_array(store, name="a", shape=(400, 300), chunks=(50, 50), dtype="f4", compressors=None)
     z[:] = DATA
     chunk_nbytes = 50 * 50 * 4
     index_nbytes = 16 * 16 + 4
-    reader = zarr.open_array(ShardedStore(store.base, chunks_per_shard=4), path="a", mode="r")
-    fs.reset()
+    reader = zarr.open_array(ShardedStore(LocalStore(str(tmp_path)), chunks_per_shard=4), path="a", mode="r")
+    reads.clear()
     np.testing.assert_array_equal(reader[0:50, 0:50], DATA[0:50, 0:50])
-    assert [(r.key, r.nbytes) for r in fs.reads()] == [("a/c/0/0", index_nbytes), ("a/c/0/0", chunk_nbytes)]
-    fs.reset()
+    assert reads == [("a/c/0/0", index_nbytes), ("a/c/0/0", chunk_nbytes)]
+    reads.clear()
     np.testing.assert_array_equal(reader[50:100, 100:150], DATA[50:100, 100:150])  # same shard: warm
-    assert [(r.key, r.nbytes) for r in fs.reads()] == [("a/c/0/0", chunk_nbytes)]
-    fs.rm(fs.count_root, recursive=True)
+    assert reads == [("a/c/0/0", chunk_nbytes)]
 
 
 def test_each_zarr3_store_kind_gets_the_zarr2_proxys_concurrency(tmp_path: Path) -> None:
