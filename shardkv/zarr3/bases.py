@@ -14,7 +14,9 @@ zarr 3 store                      the engine's base store
                                   (s3fs: ETag compare-and-swap; ``memory://``)
 ``ObjectStore(obstore store)``    that obstore store (``PutMode`` compare-and-swap)
 ``MemoryStore(dict)``             a bytes view of the same dict (:class:`BufferMapping`)
-any other zarr 3 ``Store``        :class:`StoreMapping` (its own async API, run synchronously)
+any other zarr 3 ``Store``        :class:`Zarr3KV` (its own async API, run synchronously; process
+                                  stamps; ``concurrency="auto"`` asks for a choice, as for
+                                  zarr 2's persistent stores)
 ================================  ================================================
 """
 
@@ -27,8 +29,11 @@ from typing import Any, Iterator, Mapping
 from fsspec.mapping import FSMap
 
 from shardkv.errors import ConfigurationError
+from shardkv.storage.kv import Capabilities
+from shardkv.storage.location import StoreLocation
+from shardkv.storage.mapping import MappingStore
 
-__all__ = ["zarr3_store", "engine_base", "BufferMapping", "StoreMapping"]
+__all__ = ["zarr3_store", "engine_base", "BufferMapping", "StoreMapping", "Zarr3KV"]
 
 
 def zarr3_store(store: Any, storage_options: Mapping[str, Any] | None = None, read_only: bool = False) -> Any:
@@ -100,7 +105,7 @@ def engine_base(store: Any) -> Any:
         return store.store
     if isinstance(store, MemoryStore):
         return BufferMapping(store._store_dict, getattr(store, "path", ""))
-    return StoreMapping(store)
+    return Zarr3KV(store)
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:
@@ -186,3 +191,30 @@ class StoreMapping(MutableMapping[str, bytes]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+
+class Zarr3KV(MappingStore):
+    """Any other zarr 3 store as a process-stamped KVStore (whole values, sliced for ranges).
+
+    Where such a store keeps its data is unknown (a zip file, a database, a
+    remote service), so it offers neither lock files nor conditional writes, and
+    in-process locks are no complete guarantee: ``concurrency="auto"`` asks for
+    ``"process"`` or ``"none"``, as for zarr 2's persistent stores. Stores of the
+    same data (equal ``str(store)``) share process stamps.
+
+    Parameters
+    ----------
+    store : zarr.abc.store.Store
+        The zarr 3 store.
+    """
+
+    def __init__(self, store: Any) -> None:
+        super().__init__(StoreMapping(store))
+        self.kind = "persistent"
+        self.caps = Capabilities(ranged=False, round_trips=False, stamps="process")
+        self._zarr3_location = StoreLocation(("zarr3", type(store).__module__, type(store).__name__), str(store))
+
+    @property
+    def location(self) -> StoreLocation:
+        """The zarr 3 store's class and ``str()``: the identity of its data."""
+        return self._zarr3_location

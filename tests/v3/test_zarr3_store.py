@@ -245,6 +245,21 @@ def test_each_zarr3_store_kind_gets_the_zarr2_proxys_concurrency(tmp_path: Path)
     assert ShardedStore(ObjectStore(obstore.store.LocalStore(str(tmp_path))), chunks_per_shard=2).concurrency_mode == "files"
 
 
+def test_any_other_zarr3_store_works_and_asks_for_a_concurrency_choice() -> None:
+    from zarr.storage import LoggingStore
+
+    from shardkv.errors import ConfigurationError
+
+    inner = MemoryStore()
+    with pytest.raises(ConfigurationError, match="concurrency='process'"):
+        ShardedStore(LoggingStore(inner, log_level="ERROR"), chunks_per_shard=2)
+    store = ShardedStore(LoggingStore(inner, log_level="ERROR"), chunks_per_shard=2, concurrency="process")
+    _write(store)
+    assert _keys(inner, "a/") == sorted([f"a/c/{i}/{j}" for i in range(4) for j in range(3)] + ["a/zarr.json"])
+    np.testing.assert_array_equal(zarr.open_array(inner, path="a")[:], DATA)
+    np.testing.assert_array_equal(zarr.open_array(store, path="a")[:], DATA)
+
+
 def test_a_url_with_storage_options_and_a_path_open_the_same_data(tmp_path: Path) -> None:
     _write(ShardedStore(str(tmp_path / "d.zarr"), chunks_per_shard=2))
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "d.zarr"), path="a")[:], DATA)
