@@ -124,7 +124,7 @@ def collect(args: argparse.Namespace, py2: str | None, py3: str | None) -> dict[
     if getattr(args, "peers_only", False):
         names = ["write_read/shardkv", "write_read/zarr3", "chunkwise_write/shardkv-writeback", "chunkwise_write/shardkv",
                  "chunkwise_write/zarr2-transformer", "random_reads/shardkv", "random_reads/zarr3",
-                 "proxy_overhead/shardkv", "peak_memory/shardkv", *(f"dask_writes/{i}" for i in DASK_IMPLS)]
+                 "proxy_overhead/shardkv", "warm_reads_local/shardkv", "peak_memory/shardkv", *(f"dask_writes/{i}" for i in DASK_IMPLS)]
         return {name: Missing("skipped: --peers-only") for name in names}
     res["write_read/shardkv"] = run_workload(py2, "write_read", "shardkv", args, rep)
     res["write_read/zarr3"] = run_workload(py3, "write_read", "zarr3", args, rep)
@@ -133,6 +133,7 @@ def collect(args: argparse.Namespace, py2: str | None, py3: str | None) -> dict[
     res["random_reads/shardkv"] = run_workload(py2, "random_reads", "shardkv", args, rep)
     res["random_reads/zarr3"] = run_workload(py3, "random_reads", "zarr3", args, rep)
     res["proxy_overhead/shardkv"] = run_workload(py2, "proxy_overhead", "shardkv", args, rep)
+    res["warm_reads_local/shardkv"] = run_workload(py2, "warm_reads_local", "shardkv", args, rep)
     # peak RSS is per process: one process per repetition, samples merged
     runs = [run_workload(py2, "peak_memory", "shardkv", args, 1) for _ in range(rep)]
     merged = next((r for r in runs if isinstance(r, Missing)), None)
@@ -240,6 +241,11 @@ def build_rows(res: dict[str, Any]) -> list[list[str]]:
     rows.append(ratio_row("P5", f"proxy overhead {_shape_text(po)}: zarr 2.18 on ShardedStore(dict) vs plain dict; write + read time",
                           median_sum(po, ("sharded_write_s", "sharded_read_s")),
                           median_sum(po, ("plain_write_s", "plain_read_s")), "plain dict", fmt_s, 1.15))
+
+    wl = res["warm_reads_local/shardkv"]
+    rows.append(ratio_row("P8", f"warm random single-chunk reads {_shape_text(wl)}: zarr 2.18 on ShardedStore(dir) vs "
+                          "DirectoryStore(dir), same chunks unsharded; time per read",
+                          median(wl, "sharded_s"), median(wl, "plain_s"), "DirectoryStore", fmt_s, 1.0))
 
     pm = res["peak_memory/shardkv"]
     if isinstance(pm, Missing):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ROW_IDS = ("P1", "P2", "P2-direct", "P3", "P3-cold", "P4", "P5", "P6")
+ROW_IDS = ("P1", "P2", "P2-direct", "P3", "P3-cold", "P4", "P5", "P6", "P8")
 DASK_ROW_IDS = ("P7-dask", "P7-dask-buffer", "P7-dask-rechunk", "P7-xarray", "P7-xarray-buffer")
 
 
