@@ -37,7 +37,8 @@ from shardkv.zarr3.bases import engine_base, zarr3_store
 from shardkv.zarr3.batching import Batcher
 from shardkv.zarr3.chunks import ChunkEngine
 from shardkv.zarr3.metadata import ShardingOptions
-from shardkv.zarr3.nodes import NodeTable, meta_path, prototype as _prototype
+from shardkv.zarr3.nodes import NodeTable, meta_path
+from shardkv.zarr3.nodes import prototype as _prototype
 
 __all__ = ["ShardedStore"]
 
