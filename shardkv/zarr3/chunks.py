@@ -96,6 +96,24 @@ class ChunkEngine:
             return value is not None
         return self.engine.has_chunks([ref])[0]
 
+    def sizes(self, refs: Sequence[ChunkRef]) -> list[int | None]:
+        """Encoded sizes (bytes) of chunks from their shards' indexes, no chunk bytes read (``None``: not stored)."""
+        out: list[int | None] = [None] * len(refs)
+        unbuffered: dict[str, ShardedArray] = {}
+        for i, ref in enumerate(refs):
+            buffered, value = self.writer.lookup(ref.shard_key, ref.local_coords)
+            if buffered:
+                out[i] = None if value is None else len(value)
+            else:
+                unbuffered[ref.shard_key] = ref.array
+        indexes = self.engine.read_indexes(unbuffered) if unbuffered else {}
+        for i, ref in enumerate(refs):
+            index = indexes.get(ref.shard_key)
+            entry = None if index is None or ref.shard_key not in unbuffered else index.get(ref.local_coords)
+            if entry is not None:
+                out[i] = entry[1]
+        return out
+
     def write(self, refs: Sequence[ChunkRef], values: Iterable[BytesLike | None]) -> None:
         """Store (or, for ``None``, delete) chunks; one shard write per shard touched."""
         changes: dict[str, ShardChange] = {}

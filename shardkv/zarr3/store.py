@@ -1,20 +1,14 @@
 """``shardkv.zarr3.ShardedStore``: transparent sharding for zarr-python 3.
 
-Code above the store (zarr-python 3, xarray, dask) writes ordinary, unsharded
-v3 arrays: their ``zarr.json`` as written, one key per chunk under the array's
-chunk key encoding (``c/5/3``, or ``5.3`` with the ``v2`` encoding). The store
-below holds the same arrays sharded: each ``zarr.json`` with a
-``sharding_indexed`` codec wrapping the codecs the array asked for
-(:mod:`shardkv.zarr3.metadata`), and one object per shard, written and read by
-the zarr 2 proxy's shard engine (:mod:`shardkv.zarr3.chunks`). What is stored
-is a standard Zarr v3 sharded array: zarr 3 and tensorstore read it without
-shardkv.
-
-Everything else (groups, arrays that ask for shards themselves, 0-d arrays,
-arrays ``chunks_per_shard`` leaves out, any other key) passes through to the
-zarr 3 store underneath unchanged.
+Code above the store (zarr 3, xarray, dask) writes ordinary v3 arrays: their
+``zarr.json`` as written, one key per chunk under the array's chunk key
+encoding. Storage holds them sharded (:mod:`shardkv.zarr3.metadata`), one
+object per shard written and read by the shard engine
+(:mod:`shardkv.zarr3.chunks`): standard Zarr v3 sharded arrays, which zarr 3
+and tensorstore read without shardkv. Everything else (groups, arrays that ask
+for shards, 0-d arrays, any other key) passes through to the zarr 3 store
+underneath unchanged.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -300,9 +294,6 @@ class ShardedStore(Store):
         chunks: list[tuple[int, ChunkRef, ByteRequest | None]] = []
         plain: list[int] = []
         for i, (key, byte_range) in enumerate(requests):
-            if meta_path(key) is not None:
-                plain.append(i)
-                continue
             try:
                 ref = await self._nodes.route(key)
             except ChunkOutOfGridError:
@@ -325,14 +316,35 @@ class ShardedStore(Store):
     async def exists(self, key: str) -> bool:
         """True when ``key`` is stored (a chunk: present in its shard's index)."""
         await self._ensure_open()
-        if meta_path(key) is None:
-            try:
-                ref = await self._nodes.route(key)
-            except ChunkOutOfGridError:
-                return False
-            if ref is not None:
-                return await asyncio.to_thread(self._engine.stored, ref)
+        try:
+            ref = await self._nodes.route(key)
+        except ChunkOutOfGridError:
+            return False
+        if ref is not None:
+            return await asyncio.to_thread(self._engine.stored, ref)
         return await self._base.exists(key)
+
+    async def getsize(self, key: str) -> int:
+        """Size (bytes) of the value at ``key``; a chunk's from its shard's index, without reading it.
+
+        Raises
+        ------
+        FileNotFoundError
+            If ``key`` is not stored.
+        """
+        await self._ensure_open()
+        if meta_path(key) is not None:
+            return await super().getsize(key)  # the presented document's size
+        try:
+            ref = await self._nodes.route(key)
+        except ChunkOutOfGridError:
+            raise FileNotFoundError(key) from None
+        if ref is None:
+            return await self._base.getsize(key)
+        (size,) = await asyncio.to_thread(self._engine.sizes, [ref])
+        if size is None:
+            raise FileNotFoundError(key)
+        return size
 
     # -- writes -------------------------------------------------------------------
 
@@ -377,15 +389,10 @@ class ShardedStore(Store):
         """Store ``value`` unless ``key`` is stored (chunks: checked and written by this process)."""
         self._check_writable()
         await self._ensure_open()
-        if meta_path(key) is None and await self._nodes.route(key) is not None:
-            if not await self.exists(key):
-                await self.set(key, value)
-            return
-        if meta_path(key) is not None:
-            if not await self._base.exists(key):
-                await self.set(key, value)
-            return
-        await self._base.set_if_not_exists(key, value)
+        if meta_path(key) is None and await self._nodes.route(key) is None:
+            await self._base.set_if_not_exists(key, value)
+        elif not await self.exists(key):
+            await self.set(key, value)
 
     async def _set_many(self, values: Iterable[tuple[str, Buffer]]) -> None:
         """Store several values; the chunks of one shard are written with one shard write."""
@@ -394,7 +401,7 @@ class ShardedStore(Store):
         refs: list[ChunkRef] = []
         data: list[bytes] = []
         for key, value in values:
-            ref = None if meta_path(key) is not None else await self._nodes.route(key)
+            ref = await self._nodes.route(key)
             if ref is None:
                 await self.set(key, value)
             else:

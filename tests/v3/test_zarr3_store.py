@@ -136,6 +136,11 @@ def test_resize_overwrite_and_deletes_match_a_plain_store() -> None:
     assert _keys(store) == _keys(plain)
     assert json.loads(_raw(store, "a/zarr.json") or b"") == json.loads(_raw(plain, "a/zarr.json") or b"")
     np.testing.assert_array_equal(zarr.open_array(store, path="a")[:], zarr.open_array(plain, path="a")[:])
+    for key in _keys(plain, "a/c/"):  # chunk sizes from the shard indexes, as stored by a plain store
+        assert sync(store.getsize(key)) == sync(plain.getsize(key)), key
+    assert sync(store.getsize_prefix("a/c")) == sync(plain.getsize_prefix("a/c"))
+    with pytest.raises(FileNotFoundError):
+        sync(store.getsize("a/c/0/0"))  # the all-fill chunk zarr deleted
     np.testing.assert_array_equal(zarr.open_array(base, path="a")[:], zarr.open_array(plain, path="a")[:])
     # overwrite with another chunk shape: zarr deletes the old array first
     for target in (store, plain):
