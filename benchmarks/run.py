@@ -60,11 +60,12 @@ class Missing:
 def make_env(name: str, python: str = "python3") -> None:
     """Create ``.venv-<name>`` the way ``tests/run.sh`` does (venv, pip upgrade, editable install).
 
-    ``.venv-bench`` is made with Python 3.12 (``BENCH_PYTHON``), whatever ``python`` says.
+    ``.venv-bench`` and ``.venv-zarr3`` (newest zarr 3 needs it) are made with Python 3.12
+    (``BENCH_PYTHON``), whatever ``python`` says.
     """
     directory, extra = ENVS[name]
     env_python = ROOT / directory / "bin" / "python"
-    if name == "bench":
+    if name in ("bench", "zarr3"):
         python = next((p for p in BENCH_PYTHON if Path(p).exists() or shutil.which(p)), python)
     if not env_python.exists():
         subprocess.run([python, "-m", "venv", str(ROOT / directory)], check=True)

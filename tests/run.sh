@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine: builds the three test environments
-# (zarr-python 2.18 and zarr-python 3 + tensorstore cannot share one; the third,
-# .venv-latest, holds the newest zarr 3, tensorstore and xarray on Python 3.12
+# (zarr-python 2.18 and zarr-python 3 cannot share one: .venv-zarr2 on python3 with
+# zarr 2.18 and xarray <= 2026.2.0; .venv-zarr3 on Python 3.12 with the newest
+# zarr 3, tensorstore, xarray and dask, and shardkv installed (shardkv.zarr3); the
+# third, .venv-latest, holds the newest zarr 3, tensorstore and xarray on Python 3.12
 # WITHOUT shardkv, as readers that tests/latest drives in subprocesses) and runs
 # pytest in the first two. Exit status is non-zero when any test fails.
 #   LATEST_PYTHON=/path/to/python3.12 overrides where Python 3.12 is looked for.
@@ -12,10 +14,10 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 py="${PYTHON:-python3}"
 
-make_env() {  # make_env DIR EXTRA
-  local dir="$1" extra="$2"
+make_env() {  # make_env DIR EXTRA PYTHON
+  local dir="$1" extra="$2" python="$3"
   if [ ! -x "$dir/bin/python" ]; then
-    "$py" -m venv "$dir"
+    "$python" -m venv "$dir"
   fi
   "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
   "$dir/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[$extra]"
@@ -36,13 +38,17 @@ fi
 .venv-latest/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
 .venv-latest/bin/python -m pip install --quiet --disable-pip-version-check --upgrade -r tests/latest/requirements.txt
 
-# zarr3 first: tests/test_v3_reverse.py (zarr2 run) writes its v3 arrays with .venv-zarr3's python
-make_env .venv-zarr3 test-zarr3
-make_env .venv-zarr2 test-zarr2
+# zarr3 first: tests/test_v3_reverse.py (zarr2 run) writes its v3 arrays with .venv-zarr3's python.
+# zarr >= 3.2 needs Python >= 3.12: an older .venv-zarr3 is rebuilt
+if [ -x .venv-zarr3/bin/python ] && ! .venv-zarr3/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then
+  rm -rf .venv-zarr3
+fi
+make_env .venv-zarr3 test-zarr3 "$latest_py"
+make_env .venv-zarr2 test-zarr2 "$py"
 
 status=0
 echo "== environment 1: zarr-python 2.18 (core, proxy, CLI, draft transformer; tests/latest drives .venv-latest)"
 .venv-zarr2/bin/python -m pytest tests --ignore=tests/v3 -n 2 -q "$@" || status=$?
-echo "== environment 2: zarr-python 3 + tensorstore (v1.0 codec interop)"
+echo "== environment 2: newest zarr-python 3 + tensorstore + xarray (v1.0 codec interop, shardkv.zarr3)"
 .venv-zarr3/bin/python -m pytest tests/v3 -n 2 -q "$@" || status=$?
 exit "$status"

@@ -1,0 +1,77 @@
+"""Concurrent chunk calls of zarr 3 gathered into one engine call.
+
+zarr-python 3 reads and writes an array selection as many concurrent
+``get``/``set`` calls, one per chunk (``asyncio.gather``, up to its
+``async.concurrency`` at a time). The shard engine works best on batches: one
+coalesced read per shard, one shard write for all the chunks of that shard.
+A :class:`Batcher` collects the calls made while the previous batch runs and
+hands them to the engine together, in one worker thread call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from typing import Callable, Generic, Sequence, TypeVar
+
+__all__ = ["Batcher"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class _LoopState(Generic[T, R]):
+    """The calls waiting on one event loop, and whether a batch is running there."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[T, asyncio.Future[R]]] = []
+        self.running = False
+
+
+class Batcher(Generic[T, R]):
+    """Runs ``run`` on batches of the items submitted concurrently.
+
+    Parameters
+    ----------
+    run : callable
+        Blocking; takes a list of items, returns one result per item, in order.
+        An exception fails every call of the batch.
+    """
+
+    def __init__(self, run: Callable[[list[T]], Sequence[R]]) -> None:
+        self._run = run
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState[T, R]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def submit(self, item: T) -> R:
+        """The result of ``item``, computed in a batch with the items submitted alongside."""
+        loop = asyncio.get_running_loop()
+        state = self._loops.get(loop)
+        if state is None:
+            state = self._loops[loop] = _LoopState()
+        future: asyncio.Future[R] = loop.create_future()
+        state.pending.append((item, future))
+        if not state.running:
+            state.running = True
+            loop.create_task(self._drain(state))
+        return await future
+
+    async def _drain(self, state: _LoopState[T, R]) -> None:
+        try:
+            while state.pending:
+                batch, state.pending = state.pending, []
+                try:
+                    results = await asyncio.to_thread(self._run, [item for item, _ in batch])
+                except BaseException as exc:  # handed to every caller of the batch, none lost
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    if not isinstance(exc, Exception):
+                        raise
+                    continue
+                for (_, future), result in zip(batch, results):
+                    if not future.done():
+                        future.set_result(result)
+        finally:
+            state.running = False

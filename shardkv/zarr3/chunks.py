@@ -1,0 +1,152 @@
+"""Chunk reads and writes of :class:`shardkv.zarr3.ShardedStore`: the zarr 2 proxy's shard engine, synchronously.
+
+This is the only module of :mod:`shardkv.zarr3` that talks to the engine, so
+the zarr 3 store and the zarr 2 proxy share one engine (index cache, coalesced
+ranged reads, batched shard writes, write-back, concurrency per store kind)
+and the zarr 3 store follows it when it changes. Every call blocks; the store
+runs them in worker threads.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+from shardkv.engine.cache import IndexCache
+from shardkv.engine.engine import EngineOptions, ShardEngine
+from shardkv.engine.guard import Concurrency
+from shardkv.engine.merge import ShardChange
+from shardkv.engine.writeback import WriteBack
+from shardkv.format.ranges import ReadPolicy
+from shardkv.keys.space import ChunkRef, ShardedArray
+from shardkv.storage.buffers import BytesLike
+from shardkv.storage.open import open_kv
+
+__all__ = ["ChunkEngine"]
+
+
+class ChunkEngine:
+    """The shard engine over one base store, as chunk operations.
+
+    Parameters
+    ----------
+    base : str, fsspec.FSMap, obstore store or MutableMapping
+        What :func:`shardkv.storage.open.open_kv` opens: the same data the
+        zarr 3 store underneath reaches (see :mod:`shardkv.zarr3.bases`).
+    index_cache_bytes : int
+        Limit (bytes) of the cache of decoded shard indexes.
+    read_policy : ReadPolicy
+        How nearby chunk ranges merge and when whole shards are read.
+    buffer_bytes : int or None
+        Write-back limit (bytes of chunk data); ``None`` writes within each call.
+    concurrency : {"auto", "files", "conditional", "process", "none"}
+        How writers of one shard exclude each other (as for the zarr 2 proxy),
+        resolved from the store's capabilities.
+    lock_timeout : float or None
+        Longest wait (seconds) for a shard lock.
+
+    Raises
+    ------
+    ConfigurationError
+        For a concurrency mode the store cannot give.
+    """
+
+    def __init__(
+        self,
+        base: Any,
+        *,
+        index_cache_bytes: int,
+        read_policy: ReadPolicy,
+        buffer_bytes: int | None,
+        concurrency: Concurrency,
+        lock_timeout: float | None,
+    ) -> None:
+        self.kv = open_kv(base)
+        options = EngineOptions(int(index_cache_bytes), read_policy, concurrency, lock_timeout)
+        self.engine = ShardEngine(self.kv, options)
+        self.writer = WriteBack(self.engine, buffer_bytes)
+
+    @property
+    def index_cache(self) -> IndexCache:
+        """The cache of decoded shard indexes."""
+        return self.engine.cache
+
+    @property
+    def concurrency_mode(self) -> str:
+        """The resolved concurrency mode (``"files"``, ``"conditional"``, ``"process"`` or ``"none"``)."""
+        return self.engine.concurrency_mode
+
+    def read(self, refs: Sequence[ChunkRef]) -> dict[str, BytesLike]:
+        """Encoded bytes of the stored chunks among ``refs`` by chunk key (buffered writes first)."""
+        out: dict[str, BytesLike] = {}
+        pending = []
+        for ref in refs:
+            buffered, value = self.writer.lookup(ref.shard_key, ref.local_coords)
+            if not buffered:
+                pending.append(ref)
+            elif value is not None:
+                out[ref.chunk_key] = value
+        if pending:
+            out.update(self.engine.read_chunks(pending))
+        return out
+
+    def stored(self, ref: ChunkRef) -> bool:
+        """True when the chunk is stored (or buffered)."""
+        buffered, value = self.writer.lookup(ref.shard_key, ref.local_coords)
+        if buffered:
+            return value is not None
+        return self.engine.has_chunks([ref])[0]
+
+    def sizes(self, refs: Sequence[ChunkRef]) -> list[int | None]:
+        """Encoded sizes (bytes) of chunks from their shards' indexes, no chunk bytes read (``None``: not stored)."""
+        out: list[int | None] = [None] * len(refs)
+        unbuffered: dict[str, ShardedArray] = {}
+        for i, ref in enumerate(refs):
+            buffered, value = self.writer.lookup(ref.shard_key, ref.local_coords)
+            if buffered:
+                out[i] = None if value is None else len(value)
+            else:
+                unbuffered[ref.shard_key] = ref.array
+        indexes = self.engine.read_indexes(unbuffered) if unbuffered else {}
+        for i, ref in enumerate(refs):
+            index = indexes.get(ref.shard_key)
+            entry = None if index is None or ref.shard_key not in unbuffered else index.get(ref.local_coords)
+            if entry is not None:
+                out[i] = entry[1]
+        return out
+
+    def write(self, refs: Sequence[ChunkRef], values: Iterable[BytesLike | None]) -> None:
+        """Store (or, for ``None``, delete) chunks; one shard write per shard touched."""
+        changes: dict[str, ShardChange] = {}
+        for ref, value in zip(refs, values):
+            change = changes.get(ref.shard_key)
+            if change is None:
+                change = changes[ref.shard_key] = ShardChange(ref.array, ref.shard_coords)
+            change.chunks[ref.local_coords] = value
+            change.nbytes += 0 if value is None else len(value)
+        self.writer.write(changes)
+
+    def chunk_keys(self, shards: Mapping[str, ShardedArray]) -> Iterator[str]:
+        """Keys of the in-grid chunks stored in ``shards`` (shard key -> its array), indexes read in batches."""
+        return self.engine.chunk_keys(shards)
+
+    def discard_buffered(self, path: str) -> None:
+        """Drop buffered writes of the arrays at and below ``path`` (being deleted)."""
+        self.writer.discard_under(path)
+
+    def forget(self) -> None:
+        """Drop every cached index (shards removed behind the engine's back: a directory delete)."""
+        self.engine.forget()
+
+    def flush(self) -> None:
+        """Write every buffered shard (write-back mode; a no-op otherwise)."""
+        self.writer.flush()
+
+    def buffered(self) -> tuple[int, int]:
+        """``(shards, bytes of chunk data)`` held by write-back and not yet stored (``(0, 0)`` without it)."""
+        buf = self.writer.buffer
+        return (0, 0) if buf is None else (len(buf), buf.nbytes)
+
+    def close(self) -> None:
+        """Write buffered shards and close the journal (the data stays reachable: a closed zarr store reopens)."""
+        self.writer.flush()
+        self.writer.close()

@@ -1,0 +1,236 @@
+"""The two ``zarr.json`` documents of a transparently sharded array (pure: no I/O).
+
+Code above :class:`shardkv.zarr3.ShardedStore` writes and reads an ordinary
+Zarr v3 array document (the *presented* document): a regular chunk grid of
+inner chunks and the codecs it asked for. Storage holds the *stored* document:
+the same array with one ``sharding_indexed`` codec (v1.0 sharding codec,
+``chunk_shape`` = the inner chunk shape) wrapping those codecs, and a chunk
+grid of shards (shard shape = ``chunks_per_shard`` x inner chunk shape). Every
+other member (shape, data type, fill value, chunk key encoding, attributes,
+dimension names) is the same in both. Zarr 3 and tensorstore read the stored
+array without shardkv.
+
+The stored document carries one extension member, :data:`MARKER`
+(``{"must_understand": false}``, so other readers ignore it), which tells this
+store that the sharding is its own. Arrays stored sharded without it (written
+with ``shards=`` by zarr 3, or by tensorstore) are *passed through*: the
+store presents their document and their shard keys as stored.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from shardkv.errors import ConfigurationError, UnsupportedError
+from shardkv.keys.encodings import chunk_key_encoding_from_metadata
+from shardkv.keys.space import ShardedArray
+from shardkv.metadata.chunks_per_shard import ChunksPerShardRule
+from shardkv.metadata.v3_view import SHARDING_CODEC, sharding_spec_from_v3
+
+__all__ = [
+    "MARKER", "ShardingOptions", "stored_document", "presented_document", "transparent_array", "parse_document",
+    "consolidated_children", "map_consolidated", "resharded",
+]
+
+MARKER = "shardkv"
+"""The extension member of a stored ``zarr.json`` that marks the array as transparently sharded."""
+
+_MARKER_VALUE: dict[str, Any] = {"must_understand": False, "sharded": "transparently"}
+
+
+@dataclass(frozen=True)
+class ShardingOptions:
+    """How new arrays are sharded (the options of :class:`shardkv.zarr3.ShardedStore`).
+
+    Parameters
+    ----------
+    rule : ChunksPerShardRule
+        ``chunks_per_shard`` per array path and dimensionality.
+    index_location : {"end", "start"}
+        The v1.0 codec's ``index_location`` of new shards.
+    index_checksum : bool
+        Whether the index codecs of new shards end with ``crc32c``.
+    """
+
+    rule: ChunksPerShardRule
+    index_location: str = "end"
+    index_checksum: bool = True
+
+
+def parse_document(raw: bytes) -> dict[str, Any] | None:
+    """A ``zarr.json`` value as a JSON object, or ``None`` when it is not one (stored as given)."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _regular_chunk_shape(doc: Mapping[str, Any]) -> list[int] | None:
+    grid = doc.get("chunk_grid")
+    if not isinstance(grid, Mapping) or grid.get("name") != "regular":
+        return None
+    shape = (grid.get("configuration") or {}).get("chunk_shape")
+    if not isinstance(shape, list) or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in shape):
+        return None
+    return shape
+
+
+def _shardable(doc: Mapping[str, Any]) -> bool:
+    """True for a v3 array document this store can shard (regular grid, not sharded, no storage transformers)."""
+    if doc.get("zarr_format") != 3 or doc.get("node_type") != "array" or MARKER in doc:
+        return False
+    shape, chunks, codecs = doc.get("shape"), _regular_chunk_shape(doc), doc.get("codecs")
+    if not isinstance(shape, list) or chunks is None or len(chunks) != len(shape) or not shape:
+        return False
+    if not isinstance(codecs, list) or not codecs or doc.get("storage_transformers"):
+        return False
+    if any(isinstance(c, Mapping) and c.get("name") == SHARDING_CODEC for c in codecs):
+        return False  # the array asks for shards itself: passed through
+    try:
+        chunk_key_encoding_from_metadata(doc.get("chunk_key_encoding") or {"name": "default"})
+    except ConfigurationError:
+        return False
+    return True
+
+
+def stored_document(path: str, doc: Mapping[str, Any], options: ShardingOptions) -> dict[str, Any] | None:
+    """The stored (sharded) document of a presented array document, or ``None`` to store it as given.
+
+    Parameters
+    ----------
+    path : str
+        The array's path in the hierarchy (``""`` for a root array); ``chunks_per_shard``
+        may be given per path.
+    doc : mapping
+        The ``zarr.json`` document written by code above the store.
+    options : ShardingOptions
+        ``chunks_per_shard`` and the index layout of new shards.
+
+    Returns
+    -------
+    dict or None
+        ``doc`` with ``chunk_grid.chunk_shape`` = shard shape (inner chunk shape x
+        chunks_per_shard, elements), ``codecs`` = one ``sharding_indexed`` codec
+        (``chunk_shape`` = inner chunk shape, ``codecs`` = ``doc["codecs"]``) and the
+        :data:`MARKER` member; ``None`` for anything not sharded: groups, 0-d
+        arrays, arrays that ask for shards themselves, irregular grids, storage
+        transformers, arrays that ``chunks_per_shard`` leaves unsharded.
+    """
+    if not _shardable(doc):
+        return None
+    chunks = _regular_chunk_shape(doc)
+    cps = options.rule.for_array(path, len(doc["shape"]))
+    if cps is None or chunks is None:
+        return None
+    index_codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}]
+    if options.index_checksum:
+        index_codecs.append({"name": "crc32c"})
+    stored = copy.deepcopy(dict(doc))
+    stored["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": [c * n for c, n in zip(chunks, cps)]}}
+    stored["codecs"] = [{
+        "name": SHARDING_CODEC,
+        "configuration": {
+            "chunk_shape": list(chunks),
+            "codecs": copy.deepcopy(doc["codecs"]),
+            "index_codecs": index_codecs,
+            "index_location": options.index_location,
+        },
+    }]  # fmt: skip
+    stored[MARKER] = dict(_MARKER_VALUE)
+    return stored
+
+
+def presented_document(stored: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The presented document of a stored one carrying :data:`MARKER`, or ``None`` (present it as stored).
+
+    The inverse of :func:`stored_document`: ``chunk_grid.chunk_shape`` = the
+    sharding codec's inner ``chunk_shape``, ``codecs`` = its inner codecs, the
+    marker removed; member order is kept.
+    """
+    if not isinstance(stored.get(MARKER), Mapping):
+        return None
+    codecs = stored.get("codecs")
+    if not isinstance(codecs, list) or len(codecs) != 1 or codecs[0].get("name") != SHARDING_CODEC:
+        return None
+    config = codecs[0].get("configuration") or {}
+    presented = {k: copy.deepcopy(v) for k, v in stored.items() if k != MARKER}
+    presented["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": list(config["chunk_shape"])}}
+    presented["codecs"] = copy.deepcopy(config["codecs"])
+    return presented
+
+
+def transparent_array(path: str, stored: Mapping[str, Any]) -> ShardedArray | None:
+    """The key mapping of a transparently sharded array, from its stored document (``None``: not one).
+
+    Chunk keys (seen above the store) and shard keys (stored) use the array's
+    one ``chunk_key_encoding``: with the default one, chunk ``(5, 3)`` is
+    ``path/c/5/3`` above the store and lives in the shard ``path/c/1/1`` with
+    ``chunks_per_shard = (4, 2)``.
+
+    Raises
+    ------
+    ConfigurationError, UnsupportedError
+        If the stored sharding configuration is invalid or not supported.
+    """
+    if presented_document(stored) is None:
+        return None
+    spec = sharding_spec_from_v3(stored, path)
+    if spec is None:  # pragma: no cover - presented_document checked the codec
+        raise UnsupportedError(f"the array at {path!r} carries the {MARKER!r} marker but no sharding codec")
+    return ShardedArray(
+        path=path,
+        key_prefix=f"{path}/" if path else "",
+        shape=spec.shape,
+        chunks=spec.chunks,
+        layout=spec.layout,
+        chunk_key_encoding=spec.shard_key_encoding,
+        shard_key_encoding=spec.shard_key_encoding,
+    )
+
+
+def _consolidated(doc: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``consolidated_metadata.metadata`` member of a group document (child path -> document), or ``None``."""
+    if doc.get("node_type") != "group":
+        return None
+    consolidated = doc.get("consolidated_metadata")
+    children = consolidated.get("metadata") if isinstance(consolidated, Mapping) else None
+    return children if isinstance(children, dict) else None
+
+
+def consolidated_children(doc: Mapping[str, Any]) -> list[str]:
+    """Relative paths of the array documents a group document consolidates (``[]``: none)."""
+    children = _consolidated(doc) or {}
+    return [p for p, child in children.items() if isinstance(child, Mapping) and child.get("node_type") == "array"]
+
+
+def map_consolidated(doc: Mapping[str, Any], replace: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """A group document with the consolidated documents of ``replace`` (relative path -> document) swapped in."""
+    out = copy.deepcopy(dict(doc))
+    children = _consolidated(out)
+    if children is not None:
+        for rel, child in replace.items():
+            children[rel] = copy.deepcopy(dict(child))
+    return out
+
+
+def resharded(presented: Mapping[str, Any], stored: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``presented`` with the sharding of ``stored`` (a stored document of the same array), or ``None``.
+
+    Used for the array documents a group consolidates: zarr consolidates what
+    it reads through the store (presented documents); storage must hold the
+    stored ones, or readers without shardkv would read shards as chunks.
+    ``None`` when ``stored`` is not transparently sharded or its unsharded
+    form has another chunk grid or codecs than ``presented``.
+    """
+    view = presented_document(stored)
+    if view is None or view.get("chunk_grid") != presented.get("chunk_grid") or view.get("codecs") != presented.get("codecs"):
+        return None
+    out = copy.deepcopy(dict(presented))
+    out["chunk_grid"] = copy.deepcopy(stored["chunk_grid"])
+    out["codecs"] = copy.deepcopy(stored["codecs"])
+    out[MARKER] = copy.deepcopy(stored[MARKER])
+    return out

@@ -1,0 +1,233 @@
+"""What each path and key is, for :class:`shardkv.zarr3.ShardedStore`: the ``zarr.json`` documents it reads and writes.
+
+A :class:`NodeTable` reads each node's stored ``zarr.json`` once (from the zarr 3
+store underneath) and remembers whether it is a transparently sharded array
+(:class:`~shardkv.keys.space.ShardedArray`: routes its chunk keys to shards),
+another node (a group, an array stored as written) or nothing. It also turns
+documents between their presented form (what zarr above the store reads and
+writes) and their stored form (:mod:`shardkv.zarr3.metadata`), including the
+array documents a group's consolidated metadata holds.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping, Union
+
+from zarr.abc.store import Store
+from zarr.core.buffer import BufferPrototype, default_buffer_prototype
+
+from shardkv.errors import ChunkOutOfGridError, InvalidKeyError
+from shardkv.keys.space import ChunkRef, ShardedArray
+from shardkv.zarr3.metadata import (
+    ShardingOptions,
+    consolidated_children,
+    map_consolidated,
+    parse_document,
+    presented_document,
+    resharded,
+    stored_document,
+    transparent_array,
+)
+
+__all__ = ["NodeTable", "meta_path", "META", "prototype"]
+
+META = "zarr.json"
+
+
+@dataclass(frozen=True)
+class _Other:
+    """A path whose ``zarr.json`` exists but is not a transparently sharded array (a group, another array)."""
+
+
+_OTHER = _Other()
+Node = Union[ShardedArray, _Other, None]  # None: no zarr.json at the path
+
+
+def prototype() -> BufferPrototype:
+    """zarr's default (CPU) buffer prototype."""
+    return default_buffer_prototype()
+
+
+def _chunkish(segment: str) -> bool:
+    """True for a key segment that can be part of a chunk key suffix (``c``, ``12``, ``c.1.2``, ``1.2``)."""
+    return segment != "" and all(part == "c" or part.isdigit() for part in segment.split("."))
+
+
+def _array_paths(key: str) -> list[str]:
+    """Paths of the arrays ``key`` could be a chunk key of, shallowest first."""
+    parts = key.split("/")
+    first = len(parts)
+    while first > 0 and _chunkish(parts[first - 1]):
+        first -= 1
+    return ["/".join(parts[:i]) for i in range(first, len(parts))]
+
+
+def meta_path(key: str) -> str | None:
+    """The node path of a ``zarr.json`` key, or ``None`` for any other key."""
+    if key == META:
+        return ""
+    if key.endswith("/" + META):
+        return key[: -len(META) - 1]
+    return None
+
+
+def _under(key: str, path: str) -> bool:
+    return not path or key == path or key.startswith(path + "/")
+
+
+def _dump(doc: Mapping[str, Any]) -> bytes:
+    """A ``zarr.json`` document as zarr-python 3 writes it (indented JSON)."""
+    return json.dumps(doc, indent=2).encode()
+
+
+def _meta_key(path: str) -> str:
+    return f"{path}/{META}" if path else META
+
+
+class NodeTable:
+    """Node kinds by path, read lazily from the stored ``zarr.json`` documents, and the documents' two forms.
+
+    Parameters
+    ----------
+    base : zarr.abc.store.Store
+        The zarr 3 store underneath.
+    sharding : ShardingOptions
+        How new arrays are sharded.
+    """
+
+    def __init__(self, base: Store, sharding: ShardingOptions) -> None:
+        self.base = base
+        self.sharding = sharding
+        self._nodes: dict[str, Node] = {}
+
+    # -- node kinds ---------------------------------------------------------------
+
+    async def node(self, path: str) -> Node:
+        """The sharded array at ``path``, another node, or ``None`` (read once, then cached)."""
+        if path in self._nodes:
+            return self._nodes[path]
+        raw = await self.base.get(_meta_key(path), prototype=prototype())
+        return self.remember(path, None if raw is None else raw.to_bytes())
+
+    async def sharded(self, path: str) -> ShardedArray | None:
+        """The transparently sharded array at ``path``, or ``None``."""
+        node = await self.node(path)
+        return node if isinstance(node, ShardedArray) else None
+
+    def remember(self, path: str, raw: bytes | None) -> Node:
+        """Record the node at ``path`` from its stored ``zarr.json`` (``None``: there is none)."""
+        node: Node = None
+        if raw is not None:
+            doc = parse_document(raw)
+            node = (transparent_array(path, doc) if doc is not None else None) or _OTHER
+        self._nodes[path] = node
+        return node
+
+    def forget_below(self, path: str) -> None:
+        """Forget the nodes at and below ``path`` (deleted)."""
+        for cached in [p for p in self._nodes if _under(p, path)]:
+            del self._nodes[cached]
+
+    def clear(self) -> None:
+        """Forget every node."""
+        self._nodes.clear()
+
+    async def route(self, key: str) -> ChunkRef | None:
+        """The chunk of a transparently sharded array that ``key`` names, or ``None`` (passed through).
+
+        Raises
+        ------
+        ChunkOutOfGridError
+            For a chunk key of such an array outside its chunk grid.
+        """
+        if meta_path(key) is not None:
+            return None
+        for path in _array_paths(key):
+            node = await self.node(path)
+            if node is None:
+                continue
+            if isinstance(node, _Other):
+                return None
+            try:
+                return node.locate(key)
+            except ChunkOutOfGridError:
+                raise
+            except InvalidKeyError:  # under the array but no chunk key of it: passed through
+                return None
+        return None
+
+    async def array_of_shard(self, key: str) -> ShardedArray | None:
+        """The sharded array whose shard the stored key ``key`` is, or ``None``."""
+        if meta_path(key) is not None:
+            return None
+        for path in _array_paths(key):
+            node = await self.node(path)
+            if node is None:
+                continue
+            if isinstance(node, ShardedArray) and node.shard_coords_of(key) is not None:
+                return node
+            return None
+        return None
+
+    async def owner_of_prefix(self, prefix: str) -> ShardedArray | None:
+        """The sharded array whose chunk keys ``prefix`` reaches into (past ``path/``), or ``None``."""
+        parts = prefix.split("/")
+        for i in range(len(parts)):
+            node = await self.node("/".join(parts[:i]))
+            if isinstance(node, ShardedArray):
+                return node
+        return None
+
+    # -- documents ----------------------------------------------------------------
+
+    async def read_document(self, path: str, key: str) -> bytes | None:
+        """The ``zarr.json`` at ``key`` as presented above the store, or ``None`` when not stored."""
+        raw = await self.base.get(key, prototype=prototype())
+        if raw is None:
+            self._nodes[path] = None
+            return None
+        data = raw.to_bytes()
+        self.remember(path, data)
+        doc = parse_document(data)
+        if doc is None:
+            return data
+        presented = presented_document(doc)
+        if presented is not None:
+            return _dump(presented)
+        # a group's consolidated documents of sharded arrays: presented unsharded as well
+        children = {rel: doc["consolidated_metadata"]["metadata"][rel] for rel in consolidated_children(doc)}
+        views = {rel: view for rel, child in children.items() if (view := presented_document(child)) is not None}
+        return _dump(map_consolidated(doc, views)) if views else data
+
+    async def stored_form(self, path: str, raw: bytes) -> bytes:
+        """What to store for the ``zarr.json`` ``raw`` written at ``path`` (an array document sharded)."""
+        doc = parse_document(raw)
+        if doc is None:
+            return raw
+        stored = stored_document(path, doc, self.sharding)
+        if stored is None:
+            consolidated = await self._stored_consolidated(path, doc)
+            stored = map_consolidated(doc, consolidated) if consolidated else None
+        return raw if stored is None else _dump(stored)
+
+    async def _stored_consolidated(self, path: str, doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """The stored documents of the sharded arrays a group document consolidates (relative path -> document).
+
+        zarr consolidates the documents it read through this store (unsharded);
+        storage must hold the sharded ones, or a reader without shardkv that
+        trusts the consolidated metadata would read shards as chunks.
+        """
+        out: dict[str, dict[str, Any]] = {}
+        rels = consolidated_children(doc)
+        for rel in rels:
+            full = f"{path}/{rel}" if path else rel
+            if await self.sharded(full) is None:
+                continue
+            raw = await self.base.get(_meta_key(full), prototype=prototype())
+            stored = None if raw is None else parse_document(raw.to_bytes())
+            sharded = None if stored is None else resharded(doc["consolidated_metadata"]["metadata"][rel], stored)
+            if sharded is not None:
+                out[rel] = sharded
+        return out

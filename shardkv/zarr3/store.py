@@ -1,0 +1,496 @@
+"""``shardkv.zarr3.ShardedStore``: transparent sharding for zarr-python 3.
+
+Code above the store (zarr 3, xarray, dask) writes ordinary v3 arrays: their
+``zarr.json`` as written, one key per chunk under the array's chunk key
+encoding. Storage holds them sharded (:mod:`shardkv.zarr3.metadata`), one
+object per shard written and read by the shard engine
+(:mod:`shardkv.zarr3.chunks`): standard Zarr v3 sharded arrays, which zarr 3
+and tensorstore read without shardkv. Everything else (groups, arrays that ask
+for shards, 0-d arrays, any other key) passes through to the zarr 3 store
+underneath unchanged.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from typing import Any, Literal, Mapping
+
+from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
+from zarr.core.buffer import Buffer, BufferPrototype
+
+from shardkv.engine.cache import IndexCache
+from shardkv.engine.guard import Concurrency
+from shardkv.errors import ChunkOutOfGridError, UnflushedWritesError
+from shardkv.format.layout import ShardLayout
+from shardkv.format.ranges import ReadPolicy
+from shardkv.keys.space import ChunkRef, ShardedArray
+from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
+from shardkv.storage.buffers import BytesLike
+from shardkv.storage.kv import hidden
+from shardkv.zarr3.bases import engine_base, zarr3_store
+from shardkv.zarr3.batching import Batcher
+from shardkv.zarr3.chunks import ChunkEngine
+from shardkv.zarr3.metadata import ShardingOptions
+from shardkv.zarr3.nodes import NodeTable, meta_path
+from shardkv.zarr3.nodes import prototype as _prototype
+
+__all__ = ["ShardedStore"]
+
+
+
+def _slice(data: BytesLike, byte_range: ByteRequest | None) -> BytesLike:
+    """The bytes of ``data`` a zarr 3 ``ByteRequest`` asks for.
+
+    Raises
+    ------
+    TypeError
+        For anything that is not a ``ByteRequest`` (zarr's own message).
+    """
+    if byte_range is None:
+        return data
+    if isinstance(byte_range, RangeByteRequest):
+        return data[byte_range.start : byte_range.end]
+    if isinstance(byte_range, OffsetByteRequest):
+        return data[byte_range.offset :]
+    if isinstance(byte_range, SuffixByteRequest):
+        return data[max(len(data) - byte_range.suffix, 0) :]
+    raise TypeError(f"Unexpected byte_range, got {byte_range}.")
+
+
+class ShardedStore(Store):
+    """A zarr-python 3 store that keeps the chunks of the arrays written through it in shards.
+
+    Parameters
+    ----------
+    store : zarr.abc.store.Store, str or os.PathLike
+        The zarr 3 store underneath (``LocalStore``, ``FsspecStore``,
+        ``ObjectStore``, ``MemoryStore`` or any other), a local path, or an
+        fsspec URL.
+    chunks_per_shard : int, tuple of int, mapping or None
+        Sharding of arrays created through the store (when their ``zarr.json``
+        is written): an int (that many inner chunks per shard along every
+        dimension), a tuple (for arrays with that many dimensions; others stay
+        unsharded), or ``{array path: int or tuple}``. ``None`` shards nothing
+        new. Shard shape = ``chunks_per_shard`` x chunk shape (elements).
+    storage_options : mapping, optional
+        fsspec options when ``store`` is a URL.
+    read_only : bool
+        Refuse writes (``ValueError``); the store underneath is opened read-only too.
+    index_location : {"end", "start"}
+        Where new shards keep their index (v1.0 ``sharding_indexed`` codec).
+    index_checksum : bool
+        Whether new shard indexes end with a CRC32C (``crc32c`` index codec).
+    index_cache_bytes : int
+        Limit (bytes) of the cache of decoded shard indexes (default 64 MiB).
+        With the index cached, reading a chunk costs one ranged read.
+    read_policy : ReadPolicy, optional
+        How nearby chunk ranges of a shard merge into one request, and when a
+        whole shard is read instead.
+    buffer_bytes : int or None
+        Write-back: hold chunk writes per shard (up to this many bytes of chunk
+        data) and write each shard once, when complete, on :meth:`flush` /
+        :meth:`close`, or when the limit forces it out. ``None`` (default)
+        writes within each call.
+    concurrency : {"auto", "files", "conditional", "process", "none"}
+        How writers of one shard keep each other's chunks, as for
+        :class:`shardkv.ShardedStore`: lock files on local directories,
+        compare-and-swap on S3 (s3fs) and obstore stores, in-process locks for
+        memory stores; ``"auto"`` picks, or asks for a choice.
+    lock_timeout : float or None
+        Longest wait (seconds) for a shard lock.
+
+    Raises
+    ------
+    ConfigurationError
+        For an invalid ``chunks_per_shard``, index option or ``concurrency``.
+    TypeError
+        If ``store`` is not a zarr 3 store, a path or a URL.
+
+    Notes
+    -----
+    What is stored is a Zarr v3 array with the ``sharding_indexed`` codec
+    (v1.0 sharding specification), chunk grid = shard shape, inner
+    ``chunk_shape`` = the chunk shape written, and the codecs written as the
+    inner codecs, plus an extension member ``"shardkv"`` with
+    ``"must_understand": false`` that marks the sharding as this store's.
+    Arrays whose ``zarr.json`` asks for shards itself are stored as written.
+
+    Chunk keys outside an array's chunk grid are refused on writes
+    (:class:`~shardkv.errors.ChunkOutOfGridError`) and read as missing.
+    ``set_if_not_exists`` of a chunk is atomic against writers of this process only.
+    Array documents are cached per store object: call :meth:`refresh` after
+    another process created or replaced arrays.
+
+    The store pickles as its store underneath and its options (write-back data
+    must be flushed first: ``UnflushedWritesError``).
+    """
+
+    supports_writes: bool = True
+    supports_deletes: bool = True
+    supports_listing: bool = True
+
+    def __init__(
+        self,
+        store: Any,
+        chunks_per_shard: ChunksPerShardOption = None,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        read_only: bool = False,
+        index_location: Literal["start", "end"] = "end",
+        index_checksum: bool = True,
+        index_cache_bytes: int = 64 * 2**20,
+        read_policy: ReadPolicy | None = None,
+        buffer_bytes: int | None = None,
+        concurrency: Concurrency = "auto",
+        lock_timeout: float | None = None,
+    ) -> None:
+        rule = ChunksPerShardRule.parse(chunks_per_shard)
+        ShardLayout((1,), index_location, "little", index_checksum)  # validates the index options
+        base = zarr3_store(store, storage_options, read_only)
+        read_only = bool(read_only or base.read_only)
+        if read_only and not base.read_only:
+            base = base.with_read_only(True)
+        super().__init__(read_only=read_only)
+        self._base = base
+        self._options: dict[str, Any] = {
+            "chunks_per_shard": rule.value,
+            "index_location": index_location,
+            "index_checksum": bool(index_checksum),
+            "index_cache_bytes": int(index_cache_bytes),
+            "read_policy": read_policy,
+            "buffer_bytes": buffer_bytes,
+            "concurrency": concurrency,
+            "lock_timeout": lock_timeout,
+        }
+        self._sharding = ShardingOptions(rule, index_location, bool(index_checksum))
+        self._engine = ChunkEngine(
+            engine_base(base),
+            index_cache_bytes=int(index_cache_bytes),
+            read_policy=read_policy or ReadPolicy(),
+            buffer_bytes=buffer_bytes,
+            concurrency=concurrency,
+            lock_timeout=lock_timeout,
+        )
+        self._nodes = NodeTable(base, self._sharding)
+        # concurrent chunk gets / sets of zarr (one per chunk) reach the engine as batches
+        self._reads: Batcher[ChunkRef, BytesLike | None] = Batcher(self._read_batch)
+        self._writes: Batcher[tuple[ChunkRef, bytes], None] = Batcher(self._write_batch)
+
+    def _read_batch(self, refs: list[ChunkRef]) -> list[BytesLike | None]:
+        found = self._engine.read(refs)
+        return [found.get(ref.chunk_key) for ref in refs]
+
+    def _write_batch(self, items: list[tuple[ChunkRef, bytes]]) -> list[None]:
+        self._engine.write([ref for ref, _ in items], [value for _, value in items])
+        return [None] * len(items)
+
+    # -- identity, pickling, lifecycle ---------------------------------------------
+
+    @property
+    def base(self) -> Store:
+        """The zarr 3 store underneath (what is stored: shards and stored ``zarr.json``; writes there bypass sharding)."""
+        return self._base
+
+    @property
+    def concurrency_mode(self) -> str:
+        """The resolved concurrency mode: ``"files"``, ``"conditional"``, ``"process"`` or ``"none"``."""
+        return self._engine.concurrency_mode
+
+    @property
+    def index_cache(self) -> IndexCache:
+        """The shard index cache (``hits``, ``misses``, ``nbytes``, ``clear()``)."""
+        return self._engine.index_cache
+
+    def __eq__(self, value: object) -> bool:
+        return (
+            isinstance(value, ShardedStore)
+            and self._base == value._base
+            and self._options == value._options
+            and self.read_only == value.read_only
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ShardedStore({self._base!r}, chunks_per_shard={self._options['chunks_per_shard']!r})"
+
+    def __str__(self) -> str:
+        return f"sharded+{self._base}"
+
+    def __getstate__(self) -> dict[str, Any]:
+        n_shards, nbytes = self._engine.buffered()
+        if n_shards:
+            raise UnflushedWritesError(n_shards, nbytes)
+        return {"base": self._base, "options": self._options, "read_only": self.read_only}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["base"], read_only=state["read_only"], **state["options"])  # type: ignore[misc]
+
+    def with_read_only(self, read_only: bool = False) -> ShardedStore:
+        """The same data and options with another ``read_only`` (not opened; this store stays open)."""
+        return ShardedStore(self._base.with_read_only(read_only), read_only=read_only, **self._options)
+
+    async def _open(self) -> None:
+        await super()._open()
+        if not self._base._is_open:
+            await self._base._open()
+
+    def refresh(self) -> None:
+        """Forget cached array documents and shard indexes (after other processes changed the store)."""
+        self._nodes.clear()
+        self._engine.forget()
+
+    def flush(self) -> None:
+        """Write every buffered shard (write-back mode; a no-op otherwise). Blocks."""
+        self._engine.flush()
+
+    def close(self) -> None:
+        """Write buffered shards, then close the store underneath."""
+        self._engine.close()
+        self._base.close()
+        super().close()
+
+    # -- reads ----------------------------------------------------------------
+
+    async def get(
+        self, key: str, prototype: BufferPrototype | None = None, byte_range: ByteRequest | None = None
+    ) -> Buffer | None:
+        """The value of ``key`` (the bytes ``byte_range`` asks for), or ``None`` when it is not stored.
+
+        A chunk of a sharded array is read by the shard engine (one ranged read
+        with its shard's index cached); a ``zarr.json`` of a sharded array is
+        presented unsharded; anything else comes from the store underneath.
+
+        Raises
+        ------
+        TypeError
+            For a ``byte_range`` that is not a zarr ``ByteRequest``.
+        CorruptShardError, ChecksumError
+            For a damaged shard.
+        """
+        await self._ensure_open()
+        prototype = prototype or _prototype()
+        path = meta_path(key)
+        if path is not None:
+            value = await self._nodes.read_document(path, key)
+            return None if value is None else prototype.buffer.from_bytes(_slice(value, byte_range))
+        try:
+            ref = await self._nodes.route(key)
+        except ChunkOutOfGridError:
+            return None
+        if ref is None:
+            return await self._base.get(key, prototype=prototype, byte_range=byte_range)
+        _slice(b"", byte_range)  # refuse a malformed range before reading
+        chunk = await self._reads.submit(ref)
+        return None if chunk is None else prototype.buffer.from_bytes(_slice(chunk, byte_range))
+
+    async def get_partial_values(
+        self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
+    ) -> list[Buffer | None]:
+        """Values of several (key, byte range) pairs, in order; chunks of sharded arrays in one batched read."""
+        await self._ensure_open()
+        requests = list(key_ranges)
+        out: list[Buffer | None] = [None] * len(requests)
+        chunks: list[tuple[int, ChunkRef, ByteRequest | None]] = []
+        plain: list[int] = []
+        for i, (key, byte_range) in enumerate(requests):
+            try:
+                ref = await self._nodes.route(key)
+            except ChunkOutOfGridError:
+                continue
+            if ref is None:
+                plain.append(i)
+            else:
+                _slice(b"", byte_range)
+                chunks.append((i, ref, byte_range))
+        if chunks:
+            found = await asyncio.to_thread(self._engine.read, [ref for _, ref, _ in chunks])
+            for i, ref, byte_range in chunks:
+                value = found.get(ref.chunk_key)
+                out[i] = None if value is None else prototype.buffer.from_bytes(_slice(value, byte_range))
+        for i in plain:
+            key, byte_range = requests[i]
+            out[i] = await self.get(key, prototype, byte_range)
+        return out
+
+    async def exists(self, key: str) -> bool:
+        """True when ``key`` is stored (a chunk: present in its shard's index)."""
+        await self._ensure_open()
+        try:
+            ref = await self._nodes.route(key)
+        except ChunkOutOfGridError:
+            return False
+        if ref is not None:
+            return await asyncio.to_thread(self._engine.stored, ref)
+        return await self._base.exists(key)
+
+    async def getsize(self, key: str) -> int:
+        """Size (bytes) of the value at ``key``; a chunk's from its shard's index, without reading it.
+
+        Raises
+        ------
+        FileNotFoundError
+            If ``key`` is not stored.
+        """
+        await self._ensure_open()
+        if meta_path(key) is not None:
+            return await super().getsize(key)  # the presented document's size
+        try:
+            ref = await self._nodes.route(key)
+        except ChunkOutOfGridError:
+            raise FileNotFoundError(key) from None
+        if ref is None:
+            return await self._base.getsize(key)
+        (size,) = await asyncio.to_thread(self._engine.sizes, [ref])
+        if size is None:
+            raise FileNotFoundError(key)
+        return size
+
+    # -- writes -------------------------------------------------------------------
+
+    async def set(self, key: str, value: Buffer) -> None:
+        """Store ``value`` at ``key``.
+
+        An array ``zarr.json`` is stored sharded (see the class notes); a chunk
+        of a sharded array is written into its shard (read-modify-write unless
+        the write covers the shard).
+
+        Raises
+        ------
+        ValueError
+            If the store is read-only.
+        TypeError
+            If ``value`` is not a zarr ``Buffer``.
+        ChunkOutOfGridError
+            For a chunk key outside its array's chunk grid.
+        """
+        self._check_writable()
+        await self._ensure_open()
+        if not isinstance(value, Buffer):
+            raise TypeError(f"ShardedStore.set(): expected a zarr Buffer for {key!r}, got {type(value).__name__}")
+        path = meta_path(key)
+        if path is not None:
+            await self._set_meta(path, key, value.to_bytes())
+            return
+        ref = await self._nodes.route(key)
+        if ref is None:
+            await self._base.set(key, value)
+        else:
+            await self._writes.submit((ref, value.to_bytes()))
+
+    async def _set_meta(self, path: str, key: str, raw: bytes) -> None:
+        if await self._nodes.sharded(path) is not None:
+            await asyncio.to_thread(self._engine.flush)  # buffered chunks are keyed to the old document
+        data = await self._nodes.stored_form(path, raw)
+        await self._base.set(key, _prototype().buffer.from_bytes(data))
+        self._nodes.remember(path, data)
+
+    async def set_if_not_exists(self, key: str, value: Buffer) -> None:
+        """Store ``value`` unless ``key`` is stored (chunks: checked and written by this process)."""
+        self._check_writable()
+        await self._ensure_open()
+        if meta_path(key) is None and await self._nodes.route(key) is None:
+            await self._base.set_if_not_exists(key, value)
+        elif not await self.exists(key):
+            await self.set(key, value)
+
+    async def _set_many(self, values: Iterable[tuple[str, Buffer]]) -> None:
+        """Store several values; the chunks of one shard are written with one shard write."""
+        self._check_writable()
+        await self._ensure_open()
+        refs: list[ChunkRef] = []
+        data: list[bytes] = []
+        for key, value in values:
+            ref = await self._nodes.route(key)
+            if ref is None:
+                await self.set(key, value)
+            else:
+                refs.append(ref)
+                data.append(value.to_bytes())
+        if refs:
+            await asyncio.to_thread(self._engine.write, refs, data)
+
+    async def delete(self, key: str) -> None:
+        """Delete ``key`` (nothing happens when it is not stored).
+
+        Raises
+        ------
+        ValueError
+            If the store is read-only.
+        """
+        self._check_writable()
+        await self._ensure_open()
+        path = meta_path(key)
+        if path is not None:
+            await self._base.delete(key)
+            self._nodes.forget_below(path)
+            return
+        try:
+            ref = await self._nodes.route(key)
+        except ChunkOutOfGridError:
+            return
+        if ref is None:
+            await self._base.delete(key)
+        elif await asyncio.to_thread(self._engine.stored, ref):
+            await asyncio.to_thread(self._engine.write, [ref], [None])
+
+    async def delete_dir(self, prefix: str) -> None:
+        """Delete every key under ``prefix`` (shards included), and what this store cached about them."""
+        self._check_writable()
+        await self._ensure_open()
+        path = prefix.rstrip("/")
+        await asyncio.to_thread(self._engine.discard_buffered, path)
+        await self._base.delete_dir(prefix)
+        self._nodes.forget_below(path)
+        self._engine.forget()
+
+    async def clear(self) -> None:
+        """Delete every key of the store underneath."""
+        self._check_writable()
+        await self._ensure_open()
+        await asyncio.to_thread(self._engine.discard_buffered, "")
+        await self._base.clear()
+        self.refresh()
+
+    # -- listing -----------------------------------------------------------------
+
+    def list(self) -> AsyncIterator[str]:
+        """Every key: stored keys as they are, and each shard's chunk keys in place of the shard."""
+        return self.list_prefix("")
+
+    async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        """Every key that starts with ``prefix`` (chunk keys of sharded arrays from their shards' indexes)."""
+        await self._ensure_open()
+        owner = await self._nodes.owner_of_prefix(prefix)
+        listed = owner.key_prefix if owner is not None else prefix
+        shards: dict[str, ShardedArray] = {}
+        async for key in self._base.list_prefix(listed):
+            if hidden(key):
+                continue
+            arr = None if meta_path(key) is not None else await self._nodes.array_of_shard(key)
+            if arr is None:
+                if key.startswith(prefix):
+                    yield key
+            else:
+                shards[key] = arr
+        if shards:
+            keys = await asyncio.to_thread(lambda: [k for k in self._engine.chunk_keys(shards) if k.startswith(prefix)])
+            for key in keys:
+                yield key
+
+    async def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        """The names directly below ``prefix`` (keys and sub-prefixes, without the prefix)."""
+        await self._ensure_open()
+        path = prefix.rstrip("/")
+        start = f"{path}/" if path else ""
+        if await self._nodes.owner_of_prefix(start) is None and await self._nodes.sharded(path) is None:
+            async for name in self._base.list_dir(prefix):
+                if not hidden(name):
+                    yield name
+            return
+        seen: set[str] = set()
+        async for key in self.list_prefix(start):
+            name = key[len(start) :].split("/", 1)[0]
+            if name not in seen:
+                seen.add(name)
+                yield name

@@ -1,0 +1,286 @@
+"""shardkv.zarr3.ShardedStore with zarr-python 3 and tensorstore as oracles.
+
+zarr 3 writes ordinary (unsharded) arrays through the store; storage then
+holds one object per shard and a standard v3 sharded zarr.json, which zarr 3
+and tensorstore read at the root without shardkv. Everything seen through the
+store (documents, keys, listings, values) is compared with the same writes made
+to a plain zarr 3 MemoryStore.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("zarr.abc.store")
+
+import tensorstore as ts  # noqa: E402
+import zarr  # noqa: E402
+from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper  # noqa: E402
+from zarr.core.buffer import cpu, default_buffer_prototype  # noqa: E402
+from zarr.core.sync import _collect_aiterator, sync  # noqa: E402
+from zarr.storage import FsspecStore, LocalStore, MemoryStore  # noqa: E402
+
+from shardkv.errors import ChunkOutOfGridError, UnflushedWritesError  # noqa: E402
+from shardkv.zarr3 import ShardedStore  # noqa: E402
+from shardkv.zarr3.metadata import MARKER  # noqa: E402
+
+pytestmark = pytest.mark.zarr3
+
+DATA = np.arange(400 * 300, dtype="f4").reshape(400, 300) / 7
+
+
+def _keys(store: Any, prefix: str = "") -> list[str]:
+    return sorted(sync(_collect_aiterator(store.list_prefix(prefix))))
+
+
+def _raw(store: Any, key: str) -> bytes | None:
+    value = sync(store.get(key, prototype=default_buffer_prototype()))
+    return None if value is None else value.to_bytes()
+
+
+def _write(store: Any, **kwargs: Any) -> zarr.Array:
+    z = zarr.create_array(store, name="a", shape=(400, 300), chunks=(50, 50), dtype="f4", **kwargs)
+    z[:] = DATA
+    return z
+
+
+@pytest.fixture(params=["memory", "local", "obstore-memory", "obstore-local"])
+def base(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    if request.param.startswith("obstore"):
+        obstore = pytest.importorskip("obstore")
+        from zarr.storage import ObjectStore
+
+        if request.param == "obstore-memory":
+            return ObjectStore(obstore.store.MemoryStore())
+        (tmp_path / "data.zarr").mkdir()
+        return ObjectStore(obstore.store.LocalStore(str(tmp_path / "data.zarr")))
+    return MemoryStore() if request.param == "memory" else LocalStore(str(tmp_path / "data.zarr"))
+
+
+def test_unsharded_array_is_stored_one_object_per_shard_and_read_without_shardkv(base: Any, tmp_path: Path) -> None:
+    store = ShardedStore(base, chunks_per_shard=4)
+    z = _write(store, compressors=[{"name": "zstd", "configuration": {"level": 1}}], attributes={"units": "K"})
+    plain = MemoryStore()
+    _write(plain, compressors=[{"name": "zstd", "configuration": {"level": 1}}], attributes={"units": "K"})
+
+    # storage: the array's zarr.json and one object per shard (8 x 6 chunks -> 2 x 2 shards)
+    # (plus, on a local directory, the lock files of the writes: .shardkv-locks/)
+    stored_keys = [k for k in _keys(base, "a/") if "/.shardkv-locks/" not in k]
+    assert stored_keys == ["a/c/0/0", "a/c/0/1", "a/c/1/0", "a/c/1/1", "a/zarr.json"]
+    stored = json.loads(_raw(base, "a/zarr.json") or b"")
+    assert stored["chunk_grid"]["configuration"]["chunk_shape"] == [200, 200]
+    (codec,) = stored["codecs"]
+    assert codec["name"] == "sharding_indexed"
+    assert codec["configuration"]["chunk_shape"] == [50, 50]
+    assert codec["configuration"]["codecs"] == json.loads(_raw(plain, "a/zarr.json") or b"")["codecs"]
+    assert stored[MARKER]["must_understand"] is False
+
+    # through the store: the document and the keys zarr 3 wrote to a plain store, and the data
+    assert json.loads(_raw(store, "a/zarr.json") or b"") == json.loads(_raw(plain, "a/zarr.json") or b"")
+    assert _keys(store) == _keys(plain)
+    np.testing.assert_array_equal(zarr.open_array(store, path="a", mode="r")[:], DATA)
+    np.testing.assert_array_equal(z[17:233, 41:299], DATA[17:233, 41:299])
+
+    # at the root without shardkv: zarr 3 sees a sharded array and reads it equal
+    raw = zarr.open_array(base, path="a", mode="r")
+    assert raw.shards == (200, 200) and raw.chunks == (50, 50)
+    assert raw.attrs["units"] == "K"
+    np.testing.assert_array_equal(raw[:], DATA)
+    if (tmp_path / "data.zarr").is_dir():  # and tensorstore, a second v1.0 codec reader
+        t = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(tmp_path / "data.zarr/a")}}).result()
+        np.testing.assert_array_equal(t.read().result(), DATA)
+
+
+@pytest.mark.parametrize(
+    "encoding",
+    [{"name": "v2", "separator": "."}, {"name": "default", "separator": "."}, {"name": "v2", "separator": "/"}],
+    ids=["v2-dot", "default-dot", "v2-slash"],
+)
+def test_chunk_key_encodings_seen_as_written(encoding: dict[str, str]) -> None:
+    base = MemoryStore()
+    store = ShardedStore(base, chunks_per_shard=(2, 3))
+    plain = MemoryStore()
+    for target in (store, plain):
+        z = zarr.create_array(target, name="g/a", shape=(9, 10), chunks=(2, 2), dtype="i2", chunk_key_encoding=encoding)
+        z[1:8, 3:] = np.arange(49, dtype="i2").reshape(7, 7)
+    assert _keys(store) == _keys(plain)
+    for prefix in ("g/", "g/a/", "g/a/c", "g/a/1", "g/a/c/1/"):
+        assert _keys(store, prefix) == _keys(plain, prefix), prefix
+    for directory in ("", "g", "g/a", "g/a/c"):
+        names = sorted(sync(_collect_aiterator(store.list_dir(directory))))
+        assert names == sorted(sync(_collect_aiterator(plain.list_dir(directory)))), directory
+    # chunk rows 0-3 x chunk columns 1-4 written -> shards (0-1) x (0-1), named in the array's own encoding
+    shards = [k for k in _keys(base, "g/a/") if not k.endswith("zarr.json")]
+    sep = encoding["separator"]
+    head = "c" + sep if encoding["name"] == "default" else ""
+    assert shards == sorted(f"g/a/{head}{i}{sep}{j}" for i in range(2) for j in range(2))
+    np.testing.assert_array_equal(zarr.open_array(base, path="g/a")[:], zarr.open_array(plain, path="g/a")[:])
+
+
+def test_resize_overwrite_and_deletes_match_a_plain_store() -> None:
+    base = MemoryStore()
+    store = ShardedStore(base, chunks_per_shard=2)
+    plain = MemoryStore()
+    for target in (store, plain):
+        z = zarr.create_array(target, name="a", shape=(10, 10), chunks=(3, 3), dtype="i4", fill_value=0)
+        z[:] = np.arange(100, dtype="i4").reshape(10, 10)
+        z[0:3, 0:3] = 0  # an all-fill chunk: zarr deletes it
+        z.resize((7, 12))
+        z[:, 10:] = 5
+    assert _keys(store) == _keys(plain)
+    assert json.loads(_raw(store, "a/zarr.json") or b"") == json.loads(_raw(plain, "a/zarr.json") or b"")
+    np.testing.assert_array_equal(zarr.open_array(store, path="a")[:], zarr.open_array(plain, path="a")[:])
+    for key in _keys(plain, "a/c/"):  # chunk sizes from the shard indexes, as stored by a plain store
+        assert sync(store.getsize(key)) == sync(plain.getsize(key)), key
+    assert sync(store.getsize_prefix("a/c")) == sync(plain.getsize_prefix("a/c"))
+    with pytest.raises(FileNotFoundError):
+        sync(store.getsize("a/c/0/0"))  # the all-fill chunk zarr deleted
+    np.testing.assert_array_equal(zarr.open_array(base, path="a")[:], zarr.open_array(plain, path="a")[:])
+    # overwrite with another chunk shape: zarr deletes the old array first
+    for target in (store, plain):
+        z = zarr.create_array(target, name="a", shape=(4,), chunks=(1,), dtype="u1", overwrite=True)
+        z[:] = [1, 2, 3, 4]
+    assert _keys(store) == _keys(plain)
+    assert _keys(base, "a/") == ["a/c/0", "a/c/1", "a/zarr.json"]
+    np.testing.assert_array_equal(zarr.open_array(base, path="a")[:], [1, 2, 3, 4])
+
+
+def test_arrays_that_ask_for_shards_and_groups_pass_through() -> None:
+    base = MemoryStore()
+    store = ShardedStore(base, chunks_per_shard=2)
+    plain = MemoryStore()
+    for target in (store, plain):
+        zarr.create_group(target, path="g", attributes={"k": 1})
+        z = zarr.create_array(target, name="g/s", shape=(8, 8), chunks=(2, 2), shards=(4, 4), dtype="u2")
+        z[:] = np.arange(64, dtype="u2").reshape(8, 8)
+        zarr.create_array(target, name="g/scalar", shape=(), dtype="f8", fill_value=1.5)[...] = 2.5
+    for key in _keys(plain):
+        assert _raw(base, key) == _raw(plain, key), key  # stored exactly as written
+    assert _keys(store) == _keys(plain)
+    np.testing.assert_array_equal(zarr.open_array(store, path="g/s")[:], np.arange(64).reshape(8, 8))
+    assert zarr.open_array(store, path="g/scalar")[...] == 2.5
+
+
+def test_chunk_keys_outside_the_grid() -> None:
+    store = ShardedStore(MemoryStore(), chunks_per_shard=2)
+    zarr.create_array(store, name="a", shape=(4, 4), chunks=(2, 2), dtype="u1")
+    value = cpu.Buffer.from_bytes(b"\x00" * 4)
+    with pytest.raises(ChunkOutOfGridError):
+        sync(store.set("a/c/2/0", value))
+    assert sync(store.get("a/c/2/0", prototype=default_buffer_prototype())) is None
+    assert not sync(store.exists("a/c/2/0"))
+    sync(store.delete("a/c/2/0"))  # nothing stored there: no error
+
+
+def test_read_only_store_refuses_writes_and_reads_shards(tmp_path: Path) -> None:
+    _write(ShardedStore(LocalStore(str(tmp_path)), chunks_per_shard=4))
+    reader = ShardedStore(str(tmp_path), chunks_per_shard=4, read_only=True)
+    np.testing.assert_array_equal(zarr.open_array(reader, path="a", mode="r")[:], DATA)
+    with pytest.raises(ValueError, match="read-only"):
+        sync(reader.set("a/c/0/0", cpu.Buffer.from_bytes(b"x")))
+
+
+def test_write_back_writes_each_shard_once(tmp_path: Path) -> None:
+    import counting_fs
+
+    fs = counting_fs.CountingMemoryFS(skip_instance_cache=True)
+    fs.count_root = "/zarr3-writeback"
+    fs.mkdir(fs.count_root)
+    store = ShardedStore(FsspecStore(AsyncFileSystemWrapper(fs), path=fs.count_root), chunks_per_shard=4,
+                         buffer_bytes=64 * 2**20)  # fmt: skip
+    z = zarr.create_array(store, name="a", shape=(400, 300), chunks=(50, 50), dtype="f4")
+    fs.reset()
+    for i in range(0, 400, 50):  # row by row, as a chunk-by-chunk writer would
+        z[i : i + 50] = DATA[i : i + 50]
+        if i == 50:  # rows 0-1 of 4: nothing complete, nothing written, and no pickling of held data
+            assert fs.writes() == []
+            with pytest.raises(UnflushedWritesError):
+                pickle.dumps(store)
+    store.flush()
+    np.testing.assert_array_equal(zarr.open_array(pickle.loads(pickle.dumps(store)), path="a")[:], DATA)
+    assert sorted(r.key for r in fs.writes()) == ["a/c/0/0", "a/c/0/1", "a/c/1/0", "a/c/1/1"]
+    np.testing.assert_array_equal(zarr.open_array(store.base, path="a")[:], DATA)
+    fs.rm(fs.count_root, recursive=True)
+
+
+def test_warm_chunk_read_is_one_pread_of_the_chunk_bytes_as_with_the_zarr2_proxy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cold: the shard's index, then the chunk; warm (index cached): the chunk's bytes only, one ``pread``."""
+    import os
+
+    import shardkv.storage.local as local
+
+    reads: list[tuple[str, int]] = []
+    pread = local.pread_exact
+
+    def counting_pread(fd: int, start: int, stop: int) -> bytes:
+        data = pread(fd, start, stop)
+        reads.append((os.path.relpath(os.readlink(f"/proc/self/fd/{fd}"), tmp_path), len(data)))
+        return data
+
+    monkeypatch.setattr(local, "pread_exact", counting_pread)
+    store = ShardedStore(LocalStore(str(tmp_path)), chunks_per_shard=4)
+    z = zarr.create_array(store, name="a", shape=(400, 300), chunks=(50, 50), dtype="f4", compressors=None)
+    z[:] = DATA
+    chunk_nbytes = 50 * 50 * 4
+    index_nbytes = 16 * 16 + 4
+    reader = zarr.open_array(ShardedStore(LocalStore(str(tmp_path)), chunks_per_shard=4), path="a", mode="r")
+    reads.clear()
+    np.testing.assert_array_equal(reader[0:50, 0:50], DATA[0:50, 0:50])
+    assert reads == [("a/c/0/0", index_nbytes), ("a/c/0/0", chunk_nbytes)]
+    reads.clear()
+    np.testing.assert_array_equal(reader[50:100, 100:150], DATA[50:100, 100:150])  # same shard: warm
+    assert reads == [("a/c/0/0", chunk_nbytes)]
+
+
+def test_each_zarr3_store_kind_gets_the_zarr2_proxys_concurrency(tmp_path: Path) -> None:
+    obstore = pytest.importorskip("obstore")
+    from zarr.storage import ObjectStore
+
+    assert ShardedStore(LocalStore(str(tmp_path)), chunks_per_shard=2).concurrency_mode == "files"
+    assert ShardedStore(MemoryStore(), chunks_per_shard=2).concurrency_mode == "conditional"  # in-process
+    assert ShardedStore(ObjectStore(obstore.store.MemoryStore()), chunks_per_shard=2).concurrency_mode == "conditional"
+    assert ShardedStore(ObjectStore(obstore.store.LocalStore(str(tmp_path))), chunks_per_shard=2).concurrency_mode == "files"
+
+
+def test_any_other_zarr3_store_works_and_asks_for_a_concurrency_choice() -> None:
+    from zarr.storage import LoggingStore
+
+    from shardkv.errors import ConfigurationError
+
+    inner = MemoryStore()
+    with pytest.raises(ConfigurationError, match="concurrency='process'"):
+        ShardedStore(LoggingStore(inner, log_level="ERROR"), chunks_per_shard=2)
+    store = ShardedStore(LoggingStore(inner, log_level="ERROR"), chunks_per_shard=2, concurrency="process")
+    _write(store)
+    assert _keys(inner, "a/") == sorted([f"a/c/{i}/{j}" for i in range(4) for j in range(3)] + ["a/zarr.json"])
+    np.testing.assert_array_equal(zarr.open_array(inner, path="a")[:], DATA)
+    np.testing.assert_array_equal(zarr.open_array(store, path="a")[:], DATA)
+
+
+def test_a_url_with_storage_options_and_a_path_open_the_same_data(tmp_path: Path) -> None:
+    _write(ShardedStore(str(tmp_path / "d.zarr"), chunks_per_shard=2))
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "d.zarr"), path="a")[:], DATA)
+    url = f"file://{tmp_path / 'd.zarr'}"
+    np.testing.assert_array_equal(zarr.open_array(ShardedStore(url, chunks_per_shard=2), path="a")[:], DATA)
+    mem = ShardedStore("memory://zarr3-url-test", chunks_per_shard=2, storage_options={"skip_instance_cache": False})
+    _write(mem)
+    np.testing.assert_array_equal(zarr.open_array(FsspecStore.from_url("memory://zarr3-url-test"), path="a")[:], DATA)
+    assert mem.concurrency_mode == "conditional"
+    assert ShardedStore(str(tmp_path / "d.zarr")).concurrency_mode == "files"
+
+
+def test_import_shardkv_does_not_import_zarr3_support() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, shardkv; assert 'shardkv.zarr3' not in sys.modules; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
