@@ -63,18 +63,20 @@ __all__ = [
     "leaf_data_type",
     "v3_fill_value",
     "core_compressor_codec",
+    "CORE_DATA_TYPES",
 ]
 
 OPAQUE_DATA_TYPE = "shardkv.v2_dtype"
 """The ``data_type`` name of an array no v3 reader can decode (see the module docstring)."""
 
-_CORE = {
+CORE_DATA_TYPES = {
     "b1": "bool",
     "i1": "int8", "i2": "int16", "i4": "int32", "i8": "int64",
     "u1": "uint8", "u2": "uint16", "u4": "uint32", "u8": "uint64",
     "f2": "float16", "f4": "float32", "f8": "float64",
     "c8": "complex64", "c16": "complex128",
 }  # fmt: skip
+"""numpy ``kind + itemsize`` -> the v3 core data type name."""
 _CORE_COMPRESSORS = ("gzip", "zstd", "blosc")
 _BLOSC_SHUFFLE = {i: name for name, i in BLOSC_SHUFFLE_IDS.items()}  # numcodecs id -> v3 name
 
@@ -142,7 +144,7 @@ def _as_lists(value: Any) -> Any:
 
 def leaf_data_type(dtype: np.dtype) -> Any:
     """The v3 data type of a non-structured dtype (core name or zarr-python 3 extension object), or None."""
-    core = _CORE.get(f"{dtype.kind}{dtype.itemsize}")
+    core = CORE_DATA_TYPES.get(f"{dtype.kind}{dtype.itemsize}")
     if core is not None:
         return core
     if not dtype.itemsize and dtype.kind in "USV":

@@ -34,6 +34,7 @@ from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.format.layout import ShardLayout, chunk_nbytes_bound
 from shardkv.keys.encodings import ChunkKeyEncoding, V2ChunkKeyEncoding, chunk_key_encoding_from_metadata
 from shardkv.metadata.v2_codecs import (
+    CORE_DATA_TYPES,
     V3Encoding,
     leaf_data_type,
     numpy_dtype_of,
@@ -59,14 +60,6 @@ __all__ = [
 ]
 
 SHARDING_CODEC = "sharding_indexed"
-
-_V3_DTYPES = {
-    "b1": "bool",
-    "i1": "int8", "i2": "int16", "i4": "int32", "i8": "int64",
-    "u1": "uint8", "u2": "uint16", "u4": "uint32", "u8": "uint64",
-    "f2": "float16", "f4": "float32", "f8": "float64",
-    "c8": "complex64", "c16": "complex128",
-}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -275,7 +268,7 @@ class ShardingSpec:
         return tuple(c * n for c, n in zip(self.chunks, self.layout.chunks_per_shard))
 
 
-_V3_ITEMSIZES = {name: int(code[1:]) for code, name in _V3_DTYPES.items()}
+_V3_ITEMSIZES = {name: int(code[1:]) for code, name in CORE_DATA_TYPES.items()}
 _SIZED_EXTENSIONS = ("fixed_length_utf32", "null_terminated_bytes", "raw_bytes")
 _TIME_EXTENSIONS = ("numpy.datetime64", "numpy.timedelta64")
 
