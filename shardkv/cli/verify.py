@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from shardkv.cli.info import read_hierarchy
@@ -52,6 +53,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--temp-age", metavar="SECONDS", type=float, default=3600.0,
                    help="age (seconds) from which a temporary file counts as stale (default 3600)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="show a progress bar on stderr (default: only when stderr is a terminal)")  # fmt: skip
     return p
 
 
@@ -90,10 +93,23 @@ def run(args: argparse.Namespace) -> int:
     # a missing or empty store, or no hierarchy, is an error; unreadable nodes are reported below, not raised
     read_hierarchy(PresentingAdapter(adapter), args.store, strict=False)
     store = ShardedStore(adapter)
+    bar = None
+    if args.progress if args.progress is not None else sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(file=sys.stderr, unit="key", desc="shardkv verify", mininterval=1.0)
+
+    def advance(done: int, total: int) -> None:
+        if bar is not None:
+            bar.total = total
+            bar.update(done - bar.n)
+
     try:
         report = verify_store(store, decode=args.decode, repair=args.repair, min_temp_age=args.temp_age,
-                              remove_orphans=args.remove_orphans)  # fmt: skip
+                              remove_orphans=args.remove_orphans, progress=advance)  # fmt: skip
     finally:
+        if bar is not None:
+            bar.close()
         store.base.close()
     print(json.dumps(report.to_json(), indent=2) if args.json else _summary(args.store, report))
     return 0 if report.ok else 1

@@ -37,7 +37,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from math import prod
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -228,6 +228,7 @@ def verify_store(
     repair: bool = False,
     min_temp_age: float = DEFAULT_TEMP_AGE,
     remove_orphans: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> VerifyReport:
     """Check every shard of every sharded array of ``store``.
 
@@ -245,6 +246,9 @@ def verify_store(
     remove_orphans : bool
         Also remove the orphans: chunk-like keys of paths without array
         metadata (never those under a node whose metadata is unreadable).
+    progress : callable or None
+        Called as ``progress(done, total)`` once per listed key checked
+        (``total``: the keys listed), for a progress bar.
 
     Returns
     -------
@@ -275,7 +279,9 @@ def verify_store(
     kept_nodes |= damaged_nodes
     arrays = {p: store.sharded_array(p) for p in sorted(array_paths)}
     decoders = {}
-    for key in keys:
+    for done, key in enumerate(keys, 1):
+        if progress is not None:
+            progress(done, len(keys))
         path, name = _parent(key)
         if name in _META or name in (".zattrs", ".zgroup", ".zmetadata"):
             continue
