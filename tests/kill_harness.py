@@ -9,37 +9,57 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["run_and_kill", "acked_seqs", "check_chunks", "write_and_ack"]
+__all__ = ["ChildRaised", "run_and_kill", "acked_seqs", "check_chunks", "write_and_ack"]
+
+
+class ChildRaised(AssertionError):
+    """The forked child ended with an exception (not killed, not finished): its traceback is the message."""
 
 
 def run_and_kill(target: Callable[[], None], delay: float | None) -> int:
     """Fork a child running ``target``; SIGKILL it after ``delay`` seconds unless it ended first.
 
     ``delay=None`` waits up to 10 s for the child to end by itself. Returns the
-    child's wait status; an exception in the child is exit status 3.
+    child's wait status. A child that raises is a test failure, never a quiet
+    round with no writes: :class:`ChildRaised` carries the child's traceback.
     """
-    pid = os.fork()
-    if pid == 0:  # the child never returns into pytest
-        code = 0
-        try:
-            target()
-        except BaseException:  # reported through the exit status only
-            code = 3
-        os._exit(code)  # no flush, no close: as abrupt as a kill for any buffer
-    deadline = time.monotonic() + (10.0 if delay is None else delay)
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return status
-        time.sleep(0.005)
-    os.kill(pid, signal.SIGKILL)
-    return os.waitpid(pid, 0)[1]
+    fd, tb_path = tempfile.mkstemp(prefix="kill-harness-", suffix=".txt")
+    os.close(fd)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child never returns into pytest
+            code = 0
+            try:
+                target()
+            except BaseException:  # handed to the parent as text, then exit status 3
+                code = 3
+                with open(tb_path, "w") as f:
+                    traceback.print_exc(file=f)
+            os._exit(code)  # no flush, no close: as abrupt as a kill for any buffer
+        deadline = time.monotonic() + (10.0 if delay is None else delay)
+        status = None
+        while time.monotonic() < deadline:
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = st
+                break
+            time.sleep(0.005)
+        if status is None:
+            os.kill(pid, signal.SIGKILL)
+            status = os.waitpid(pid, 0)[1]
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 3:
+            raise ChildRaised("the forked child raised:\n" + Path(tb_path).read_text())
+        return status
+    finally:
+        os.unlink(tb_path)
 
 
 def acked_seqs(acks: Path) -> list[int]:
