@@ -1,4 +1,8 @@
-"""Architecture rules checked over the source: no import cycles, errors only in the error modules.
+"""Architecture rules checked over the source (docs/architecture.md gives the layers).
+
+No import cycles; imports point down the layers; the pure layers (format, keys,
+codecs, metadata) do no I/O; error classes only in the error modules; no
+``__getattr__`` delegation.
 
 The import graph covers ``shardkv`` and ``transformers`` (installed as
 ``shardkv.transformers``) and counts every import statement, at module level
@@ -17,6 +21,44 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"shardkv": ROOT / "shardkv", "shardkv.transformers": ROOT / "transformers"}
 # Error classes defined outside shardkv/errors.py, pending the owners' edits; do not add to it.
 ERRORS_ELSEWHERE_ALLOWED: set[tuple[str, str]] = set()
+
+
+# The layers, bottom first: a module may import its own layer and the layers below it, never above.
+LAYERS: list[set[str]] = [
+    {"_version", "errors"},
+    {"format"},
+    {"keys", "codecs"},
+    {"metadata"},
+    {"storage"},
+    {"engine"},
+    {"transformers"},
+    {"proxy", "zarr3"},
+    {"rechunk"},
+    {"cli"},
+    {"", "__main__"},  # the package's __init__ (public names) and ``python -m shardkv``
+]
+PURE = {"format", "keys", "codecs", "metadata"}
+# What a pure module may not import or call: file systems, object stores, processes, the network.
+IO_MODULES = {"fsspec", "s3fs", "obstore", "boto3", "botocore", "aiobotocore", "socket", "shutil", "tempfile",
+              "subprocess", "urllib", "http", "requests", "sqlite3", "mmap", "fcntl", "glob", "pathlib"}
+OS_CALLS = {"open", "read", "write", "pread", "pwrite", "writev", "listdir", "scandir", "stat", "lstat", "fstat",
+            "remove", "unlink", "rename", "replace", "makedirs", "mkdir", "rmdir", "walk", "fsync", "system",
+            "popen", "fork", "kill"}  # as os.<name>
+IO_METHODS = {"read_text", "read_bytes", "write_text", "write_bytes", "iterdir", "scandir", "listdir", "fsync",
+              "pread", "pwrite", "makedirs", "unlink", "mkdir", "rmdir"}  # on any object
+
+
+def _layer_of(module: str) -> str:
+    """The layer name of a module: ``shardkv.engine.reads`` -> ``engine``; the transformers are ``transformers``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _rank(layer: str) -> int:
+    for i, members in enumerate(LAYERS):
+        if layer in members:
+            return i
+    raise KeyError(f"layer {layer!r} is in no entry of LAYERS: add it where it belongs")
 
 
 def _modules() -> dict[str, Path]:
@@ -128,3 +170,53 @@ def test_error_classes_live_in_errors_module() -> None:
             if isinstance(node, ast.ClassDef) and node.name.endswith("Error"):
                 elsewhere.add((module, node.name))
     assert elsewhere == ERRORS_ELSEWHERE_ALLOWED
+
+
+def test_imports_point_down_the_layers() -> None:
+    upward = sorted(
+        (module, target)
+        for module in MODULES
+        for target in _imports(module)
+        if _rank(_layer_of(target)) > _rank(_layer_of(module))
+    )
+    assert upward == []
+
+
+def test_the_layer_check_sees_an_upward_import() -> None:
+    assert _rank(_layer_of("shardkv.format.index")) < _rank(_layer_of("shardkv.proxy.store"))
+    assert _rank(_layer_of("shardkv.storage.local")) < _rank(_layer_of("shardkv.engine.reads"))
+    assert _rank(_layer_of("shardkv.transformers.sharding")) < _rank(_layer_of("shardkv.proxy.draft"))
+
+
+def _io_in(tree: ast.AST) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.split(".")[0] in IO_MODULES]
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] in IO_MODULES:
+            found.append(node.module or "")
+        elif isinstance(node, ast.Call):
+            f = node.func
+            if isinstance(f, ast.Name) and f.id == "open":
+                found.append("open()")
+            elif isinstance(f, ast.Attribute) and (
+                f.attr in IO_METHODS or (f.attr in OS_CALLS and ast.unparse(f.value) in ("os", "os.path"))
+            ):
+                found.append(f"{ast.unparse(f)}()")
+    return found
+
+
+def test_pure_layers_do_no_io() -> None:
+    found = {}
+    for module, path in MODULES.items():
+        if _layer_of(module) in PURE:
+            io = _io_in(ast.parse(path.read_text()))
+            if io:
+                found[module] = io
+    assert found == {}
+
+
+def test_the_io_check_sees_io() -> None:
+    found = _io_in(ast.parse("import fsspec\nopen('x')\nos.listdir('.')\npath.read_bytes()"))
+    assert sorted(found) == ["fsspec", "open()", "os.listdir()", "path.read_bytes()"]
+    assert _io_in(ast.parse("np.frombuffer(b, 'u8')\njson.loads(s)\ntext.replace('a', 'b')\nos.environ.get('X')")) == []
