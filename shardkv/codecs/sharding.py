@@ -384,14 +384,13 @@ def _all_equal_bytes(chunk: np.ndarray, fill_row: np.ndarray) -> bool:
 
 
 def _normalize_selection(selection: Selection, shape: tuple[int, ...]) -> tuple[list[np.ndarray], list[int]]:
-    if not isinstance(selection, (tuple, list)):
-        selection = (selection,)
-    if len(selection) > len(shape):
-        raise IndexError(f"selection {selection!r} has more entries than the shard's {len(shape)} dimension(s)")
+    axes: Sequence[Any] = selection if isinstance(selection, (tuple, list)) else (selection,)  # one axis' alone
+    if len(axes) > len(shape):
+        raise IndexError(f"selection {axes!r} has more entries than the shard's {len(shape)} dimension(s)")
     per_dim: list[np.ndarray] = []
     drop: list[int] = []
     for d, n in enumerate(shape):
-        s = selection[d] if d < len(selection) else slice(None)
+        s = axes[d] if d < len(axes) else slice(None)
         if isinstance(s, (int, np.integer)) and not isinstance(s, bool):
             i = int(s) + n if s < 0 else int(s)
             if not 0 <= i < n:
