@@ -38,6 +38,7 @@ from zarr.storage import LocalStore, MemoryStore  # noqa: E402
 from shardkv.engine.journal import Journal  # noqa: E402
 from shardkv.errors import (  # noqa: E402
     ConfigurationError,
+    JournalCorruptError,
     JournalLockedError,
     JournalMismatchError,
     UnflushedWritesError,
@@ -166,6 +167,27 @@ def test_replayed_writes_are_kept_when_the_store_is_killed_again_before_writing_
     np.testing.assert_array_equal(read_at_root(root), expected(10))
 
 
+def test_a_damaged_acknowledged_record_is_an_error_and_a_torn_tail_is_ignored(tmp_path: Path) -> None:
+    """The journal's rules hold through the zarr 3 store: never a silent drop of an acknowledged write."""
+    root, journal = tmp_path / "data.zarr", tmp_path / "wb.journal"
+    create(root)
+    write_then_kill(root, journal)
+    good = journal.read_bytes()
+    journal.write_bytes(good + b"SKJR\x40\x00\x00\x00\x00\x00")  # an append torn by a crash: never acknowledged
+    ShardedStore(LocalStore(str(root)), chunks_per_shard=CPS, buffer_bytes=BUFFER, journal=str(journal)).close()
+    np.testing.assert_array_equal(read_at_root(root), expected())
+
+    other = tmp_path / "other.zarr"  # the emptied journal taken over by another store, then a bit flipped
+    create(other)
+    write_then_kill(other, journal, offset=20)
+    damaged = bytearray(journal.read_bytes())
+    damaged[-3] ^= 0x01  # inside the last acknowledged record
+    journal.write_bytes(bytes(damaged))
+    with pytest.raises(JournalCorruptError, match="lost"):
+        ShardedStore(LocalStore(str(other)), chunks_per_shard=CPS, buffer_bytes=BUFFER, journal=str(journal))
+    assert not read_at_root(other).any()  # nothing of the journal applied
+
+
 # -- (b) a journal belongs to one store -------------------------------------------------------------
 
 
@@ -188,6 +210,18 @@ def test_the_journal_of_store_x_is_refused_for_store_y_naming_both(tmp_path: Pat
     store = ShardedStore(LocalStore(str(x)), chunks_per_shard=CPS, buffer_bytes=BUFFER, journal=str(journal))
     store.close()
     np.testing.assert_array_equal(read_at_root(x), expected())
+
+
+def test_records_of_an_array_recreated_with_another_layout_are_refused(tmp_path: Path) -> None:
+    root, journal = tmp_path / "data.zarr", tmp_path / "wb.journal"
+    create(root)
+    write_then_kill(root, journal)  # records of 2 x 2 chunks, 4 x 4 per shard
+    zarr.create_array(ShardedStore(LocalStore(str(root)), chunks_per_shard=2), name="a", shape=SHAPE, chunks=(4, 4),
+                      dtype="i4", fill_value=3, overwrite=True)  # fmt: skip  (recreated outside the journal)
+    with pytest.raises(JournalMismatchError, match=r"array 'a' with chunks=2,2 chunks_per_shard=4,4, not of array "
+                                                   r"'a' with chunks=4,4 chunks_per_shard=2,2"):  # fmt: skip
+        ShardedStore(LocalStore(str(root)), buffer_bytes=BUFFER, journal=str(journal))
+    assert (read_at_root(root) == 3).all()  # nothing replayed into it
 
 
 def test_a_journal_of_the_zarr2_proxy_layout_is_refused(tmp_path: Path) -> None:
