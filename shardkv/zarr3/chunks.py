@@ -109,19 +109,25 @@ class ChunkEngine:
             As for the zarr 2 proxy: nothing of a refused journal is applied.
         """
         with self._journal_lock:
-            replayed = self.writer.attach_journal(path, route, lambda: store_identity(self.kv, JOURNAL_LAYOUT))
-            self._journal, self._journal_closed = (path, route), False
-            return replayed
+            return self._open_journal(path, route)
+
+    def _open_journal(self, path: str, route: Callable[[str], ChunkRef | None]) -> int:
+        """Open (and replay) the journal; the journal lock held."""
+        replayed = self.writer.attach_journal(path, route, lambda: store_identity(self.kv, JOURNAL_LAYOUT))
+        self._journal, self._journal_closed = (path, route), False
+        return replayed
 
     def _journal_back(self) -> None:
-        """Reopen the journal that :meth:`close` closed (a closed zarr 3 store is reopened by its next use)."""
+        """Reopen the journal :meth:`close` closed, before a write (a closed zarr 3 store reopens on its next use).
+
+        Reads never need it: a successful :meth:`close` leaves nothing buffered
+        and the journal empty (a failed one leaves the journal open).
+        """
         if not self._journal_closed or self._journal is None:
             return
-        path, route = self._journal
         with self._journal_lock:
             if self._journal_closed:
-                self.writer.attach_journal(path, route, lambda: store_identity(self.kv, JOURNAL_LAYOUT))
-                self._journal_closed = False
+                self._open_journal(*self._journal)
 
     def keep_identity(self) -> None:
         """Write the store id back after the store was cleared, so the open journal still belongs to it."""
@@ -146,7 +152,6 @@ class ChunkEngine:
 
     def read(self, refs: Sequence[ChunkRef]) -> dict[str, BytesLike]:
         """Encoded bytes of the stored chunks among ``refs`` by chunk key (buffered writes first)."""
-        self._journal_back()
         out: dict[str, BytesLike] = {}
         pending = []
         for ref in refs:
@@ -161,7 +166,6 @@ class ChunkEngine:
 
     def stored(self, ref: ChunkRef) -> bool:
         """True when the chunk is stored (or buffered)."""
-        self._journal_back()
         buffered, value = self.writer.lookup(ref.shard_key, ref.local_coords)
         if buffered:
             return value is not None
@@ -169,7 +173,6 @@ class ChunkEngine:
 
     def sizes(self, refs: Sequence[ChunkRef]) -> list[int | None]:
         """Encoded sizes (bytes) of chunks from their shards' indexes, no chunk bytes read (``None``: not stored)."""
-        self._journal_back()
         out: list[int | None] = [None] * len(refs)
         unbuffered: dict[str, ShardedArray] = {}
         for i, ref in enumerate(refs):
@@ -224,8 +227,8 @@ class ChunkEngine:
     def close(self) -> None:
         """Write buffered shards and close the journal (the data stays reachable: a closed zarr store reopens).
 
-        The journal's lock is released; the next use of the engine takes the
-        journal back (replaying it, should the flush have failed).
+        The journal's lock is released (only after a successful flush); the
+        next write, flush or delete takes the journal back.
         """
         self.writer.flush()
         with self._journal_lock:

@@ -94,15 +94,10 @@ class ShardedStore(Store):
         writes within each call. A pickled copy writes through (see Notes).
     journal : str or os.PathLike, optional
         With ``buffer_bytes``: a local file where every buffered chunk write
-        is appended and fsync'd before the call returns, so a crash loses no
-        acknowledged write (as for :class:`shardkv.ShardedStore`). Opening a
-        store with the same ``journal`` replays what a killed run left,
-        writes it to its shards and resets the journal; it is also reset
-        after every flush that empties the buffer. The journal belongs to
-        this store (its header records the store's location, the store id
-        kept at ``.shardkv-locks/store-id`` and the layout ``"zarr3"``) and
-        is locked while the store is open; :meth:`close` releases it, and the
-        next use of a closed store takes it back.
+        is fsync'd before the call returns, as for :class:`shardkv.ShardedStore`
+        (opening with it replays what a killed run left; it belongs to this
+        store: identity layout ``"zarr3"``). Locked while the store is open:
+        :meth:`close` releases it, the next write of a closed store takes it back.
     concurrency : {"auto", "files", "conditional", "process", "none"}
         How writers of one shard keep each other's chunks, as for
         :class:`shardkv.ShardedStore`: lock files on local directories,
@@ -141,15 +136,11 @@ class ShardedStore(Store):
     Array documents are cached per store object: call :meth:`refresh` after
     another process created or replaced arrays.
 
-    The store pickles as its store underneath and its options, as the zarr
-    2 proxy does: a store holding unflushed write-back data refuses
-    (``UnflushedWritesError``), and the copy (a dask.distributed or
-    ``multiprocessing`` worker's) writes through, with no buffer and no
-    journal, so no worker holds acknowledged writes that no one flushes
-    (issue 20, item 1). :meth:`with_read_only` copies of a store with a
-    journal write through as well (the journal stays with this store).
-    Equality ignores ``buffer_bytes``: a copy that writes through is the
-    same store.
+    The store pickles as its store underneath and its options, as the zarr 2
+    proxy does: with unflushed write-back data it raises
+    ``UnflushedWritesError``, and the copy writes through (no buffer, no
+    journal: issue 20, item 1), as do :meth:`with_read_only` copies of a
+    store with a journal. Equality ignores ``buffer_bytes``.
     """
 
     supports_writes: bool = True
@@ -245,7 +236,7 @@ class ShardedStore(Store):
         return (
             isinstance(value, ShardedStore)
             and self._base == value._base
-            and {**self._options, "buffer_bytes": None} == {**value._options, "buffer_bytes": None}
+            and self._copy_options() == value._copy_options()  # a copy that writes through is the same store
             and self.read_only == value.read_only
         )
 
@@ -262,13 +253,7 @@ class ShardedStore(Store):
         return {**self._options, "buffer_bytes": None}
 
     def __getstate__(self) -> dict[str, Any]:
-        """The store underneath and the options of a copy that writes through (issue 20, item 1).
-
-        Raises
-        ------
-        UnflushedWritesError
-            If write-back data is buffered and not yet stored (call :meth:`flush` first).
-        """
+        """The store underneath and the options of a copy that writes through (``UnflushedWritesError`` if buffered)."""
         n_shards, nbytes = self._engine.buffered()
         if n_shards:
             raise UnflushedWritesError(n_shards, nbytes)
