@@ -9,7 +9,8 @@ runs them in worker threads.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+import threading
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.engine import EngineOptions, ShardEngine
@@ -19,9 +20,17 @@ from shardkv.engine.writeback import WriteBack
 from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.storage.buffers import BytesLike
+from shardkv.storage.identity import STORE_ID_KEY, store_identity
 from shardkv.storage.open import open_kv
 
-__all__ = ["ChunkEngine"]
+__all__ = ["ChunkEngine", "JOURNAL_LAYOUT"]
+
+JOURNAL_LAYOUT = "zarr3"
+"""The layout a journal of the zarr 3 store records in its store identity (the zarr 2 proxy's is ``"v2"``).
+
+Its records hold zarr 3 chunk keys (``c/0/1``): a journal of the zarr 2 proxy
+over the same directory is refused, and the other way round.
+"""
 
 
 class ChunkEngine:
@@ -64,6 +73,72 @@ class ChunkEngine:
         options = EngineOptions(int(index_cache_bytes), read_policy, concurrency, lock_timeout)
         self.engine = ShardEngine(self.kv, options)
         self.writer = WriteBack(self.engine, buffer_bytes)
+        self._journal: tuple[str, Callable[[str], ChunkRef | None]] | None = None  # (path, route) once attached
+        self._journal_closed = False  # by close(): taken back on the next use
+        self._journal_lock = threading.Lock()
+
+    # -- journal --------------------------------------------------------------------
+
+    def attach_journal(self, path: str, route: Callable[[str], ChunkRef | None]) -> int:
+        """Open the write-back journal at ``path``: replay what a killed run left, write it, reset the journal.
+
+        As the zarr 2 proxy does (:meth:`WriteBack.attach_journal
+        <shardkv.engine.writeback.WriteBack.attach_journal>`), with this
+        store's identity (:func:`~shardkv.storage.identity.store_identity`,
+        layout :data:`JOURNAL_LAYOUT`). Blocks; runs in the caller's thread.
+
+        Parameters
+        ----------
+        path : str
+            The journal file (local; created if missing).
+        route : callable
+            Chunk key -> :class:`~shardkv.keys.space.ChunkRef` (``None`` or
+            :class:`~shardkv.errors.InvalidKeyError`: no chunk of a sharded
+            array any more; such records are skipped).
+
+        Returns
+        -------
+        int
+            Records replayed.
+
+        Raises
+        ------
+        ConfigurationError
+            If there is no write-back buffer (``buffer_bytes``).
+        JournalMismatchError, JournalCorruptError, JournalLockedError
+            As for the zarr 2 proxy: nothing of a refused journal is applied.
+        """
+        with self._journal_lock:
+            return self._open_journal(path, route)
+
+    def _open_journal(self, path: str, route: Callable[[str], ChunkRef | None]) -> int:
+        """Open (and replay) the journal; the journal lock held."""
+        replayed = self.writer.attach_journal(path, route, lambda: store_identity(self.kv, JOURNAL_LAYOUT))
+        self._journal, self._journal_closed = (path, route), False
+        return replayed
+
+    def _journal_back(self) -> None:
+        """Reopen the journal :meth:`close` closed, before a write (a closed zarr 3 store reopens on its next use).
+
+        Reads never need it: a successful :meth:`close` leaves nothing buffered
+        and the journal empty (a failed one leaves the journal open).
+        """
+        if not self._journal_closed or self._journal is None:
+            return
+        with self._journal_lock:
+            if self._journal_closed:
+                self._open_journal(*self._journal)
+
+    def keep_identity(self) -> None:
+        """Write the store id back after the store was cleared, so the open journal still belongs to it."""
+        journal = self.writer.journal
+        if journal is not None and not self._journal_closed and "store_id" in journal.identity:
+            self.kv.put(STORE_ID_KEY, journal.identity["store_id"].encode())
+
+    def value(self, key: str) -> bytes | None:
+        """The whole stored value at ``key`` (a ``zarr.json`` for the replay), or ``None``. Blocks."""
+        found = self.kv.get(key)
+        return bytes(memoryview(found.whole()).cast("B")) if found.found else None
 
     @property
     def index_cache(self) -> IndexCache:
@@ -115,7 +190,8 @@ class ChunkEngine:
         return out
 
     def write(self, refs: Sequence[ChunkRef], values: Iterable[BytesLike | None]) -> None:
-        """Store (or, for ``None``, delete) chunks; one shard write per shard touched."""
+        """Store (or, for ``None``, delete) chunks; one shard write per shard touched (journalled, if attached)."""
+        self._journal_back()
         changes: dict[str, ShardChange] = {}
         for ref, value in zip(refs, values):
             change = changes.get(ref.shard_key)
@@ -131,6 +207,7 @@ class ChunkEngine:
 
     def discard_buffered(self, path: str) -> None:
         """Drop buffered writes of the arrays at and below ``path`` (being deleted)."""
+        self._journal_back()
         self.writer.discard_under(path)
 
     def forget(self) -> None:
@@ -139,6 +216,7 @@ class ChunkEngine:
 
     def flush(self) -> None:
         """Write every buffered shard (write-back mode; a no-op otherwise)."""
+        self._journal_back()
         self.writer.flush()
 
     def buffered(self) -> tuple[int, int]:
@@ -147,6 +225,12 @@ class ChunkEngine:
         return (0, 0) if buf is None else (len(buf), buf.nbytes)
 
     def close(self) -> None:
-        """Write buffered shards and close the journal (the data stays reachable: a closed zarr store reopens)."""
+        """Write buffered shards and close the journal (the data stays reachable: a closed zarr store reopens).
+
+        The journal's lock is released (only after a successful flush); the
+        next write, flush or delete takes the journal back.
+        """
         self.writer.flush()
-        self.writer.close()
+        with self._journal_lock:
+            self.writer.close()
+            self._journal_closed = self._journal is not None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping, Union
+from typing import Any, Callable, Mapping, Union
 
 from zarr.abc.store import Store
 from zarr.core.buffer import BufferPrototype, default_buffer_prototype
@@ -86,6 +86,26 @@ def _meta_key(path: str) -> str:
     return f"{path}/{META}" if path else META
 
 
+def _route_in(node: Node, key: str) -> tuple[bool, ChunkRef | None]:
+    """``(True, what key is)`` when the node at one of ``key``'s array paths decides it, ``(False, None)`` if absent.
+
+    Raises
+    ------
+    ChunkOutOfGridError
+        For a chunk key of a sharded array outside its chunk grid.
+    """
+    if node is None:
+        return False, None
+    if isinstance(node, _Other):
+        return True, None
+    try:
+        return True, node.locate(key)
+    except ChunkOutOfGridError:
+        raise
+    except InvalidKeyError:  # under the array but no chunk key of it: passed through
+        return True, None
+
+
 class NodeTable:
     """Node kinds by path, read lazily from the stored ``zarr.json`` documents, and the documents' two forms.
 
@@ -145,17 +165,29 @@ class NodeTable:
         if meta_path(key) is not None:
             return None
         for path in _array_paths(key):
-            node = await self.node(path)
-            if node is None:
-                continue
-            if isinstance(node, _Other):
-                return None
-            try:
-                return node.locate(key)
-            except ChunkOutOfGridError:
-                raise
-            except InvalidKeyError:  # under the array but no chunk key of it: passed through
-                return None
+            decided, ref = _route_in(await self.node(path), key)
+            if decided:
+                return ref
+        return None
+
+    def route_now(self, key: str, read: Callable[[str], bytes | None]) -> ChunkRef | None:
+        """:meth:`route`, blocking: documents not cached yet are read with ``read`` (stored key -> bytes or None).
+
+        For the replay of a write-back journal, which runs in the caller's
+        thread (outside zarr's event loop) and reads through the shard engine.
+
+        Raises
+        ------
+        ChunkOutOfGridError
+            For a chunk key of such an array outside its chunk grid.
+        """
+        if meta_path(key) is not None:
+            return None
+        for path in _array_paths(key):
+            node = self._nodes[path] if path in self._nodes else self.remember(path, read(_meta_key(path)))
+            decided, ref = _route_in(node, key)
+            if decided:
+                return ref
         return None
 
     async def array_of_shard(self, key: str) -> ShardedArray | None:

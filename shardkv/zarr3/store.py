@@ -12,6 +12,7 @@ underneath unchanged.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Iterable
 from typing import Any, Literal, Mapping
 
@@ -20,7 +21,7 @@ from zarr.core.buffer import Buffer, BufferPrototype
 
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.guard import Concurrency
-from shardkv.errors import ChunkOutOfGridError, UnflushedWritesError
+from shardkv.errors import ChunkOutOfGridError, ConfigurationError, UnflushedWritesError
 from shardkv.format.layout import ShardLayout
 from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.space import ChunkRef, ShardedArray
@@ -90,7 +91,13 @@ class ShardedStore(Store):
         Write-back: hold chunk writes per shard (up to this many bytes of chunk
         data) and write each shard once, when complete, on :meth:`flush` /
         :meth:`close`, or when the limit forces it out. ``None`` (default)
-        writes within each call.
+        writes within each call. A pickled copy writes through (see Notes).
+    journal : str or os.PathLike, optional
+        With ``buffer_bytes``: a local file where every buffered chunk write
+        is fsync'd before the call returns, as for :class:`shardkv.ShardedStore`
+        (opening with it replays what a killed run left; it belongs to this
+        store: identity layout ``"zarr3"``). Locked while the store is open:
+        :meth:`close` releases it, the next write of a closed store takes it back.
     concurrency : {"auto", "files", "conditional", "process", "none"}
         How writers of one shard keep each other's chunks, as for
         :class:`shardkv.ShardedStore`: lock files on local directories,
@@ -102,9 +109,17 @@ class ShardedStore(Store):
     Raises
     ------
     ConfigurationError
-        For an invalid ``chunks_per_shard``, index option or ``concurrency``.
+        For an invalid ``chunks_per_shard``, index option or ``concurrency``,
+        or a ``journal`` without ``buffer_bytes`` or on a read-only store.
     TypeError
         If ``store`` is not a zarr 3 store, a path or a URL.
+    JournalCorruptError
+        If an acknowledged record of ``journal`` is damaged or missing.
+    JournalMismatchError
+        If ``journal`` holds records of another store (or of an array since
+        recreated with other chunks), naming both: nothing of it is replayed.
+    JournalLockedError
+        If another process (or another store object) has ``journal`` open.
 
     Notes
     -----
@@ -121,8 +136,11 @@ class ShardedStore(Store):
     Array documents are cached per store object: call :meth:`refresh` after
     another process created or replaced arrays.
 
-    The store pickles as its store underneath and its options (write-back data
-    must be flushed first: ``UnflushedWritesError``).
+    The store pickles as its store underneath and its options, as the zarr 2
+    proxy does: with unflushed write-back data it raises
+    ``UnflushedWritesError``, and the copy writes through (no buffer, no
+    journal: issue 20, item 1), as do :meth:`with_read_only` copies of a
+    store with a journal. Equality ignores ``buffer_bytes``.
     """
 
     supports_writes: bool = True
@@ -141,6 +159,7 @@ class ShardedStore(Store):
         index_cache_bytes: int = 64 * 2**20,
         read_policy: ReadPolicy | None = None,
         buffer_bytes: int | None = None,
+        journal: str | os.PathLike[str] | None = None,
         concurrency: Concurrency = "auto",
         lock_timeout: float | None = None,
     ) -> None:
@@ -172,6 +191,14 @@ class ShardedStore(Store):
             lock_timeout=lock_timeout,
         )
         self._nodes = NodeTable(base, self._sharding)
+        self._has_journal = journal is not None
+        if journal is not None:
+            if read_only:
+                raise ConfigurationError(
+                    f"journal={os.fspath(journal)!r} needs a writable store: replaying it writes to {base}"
+                )
+            # replays what a killed run left, if the journal is this store's (before zarr reads anything)
+            self._engine.attach_journal(os.fspath(journal), self._replay_route)
         # concurrent chunk gets / sets of zarr (one per chunk) reach the engine as batches
         self._reads: Batcher[ChunkRef, BytesLike | None] = Batcher(self._read_batch)
         self._writes: Batcher[tuple[ChunkRef, bytes], None] = Batcher(self._write_batch)
@@ -183,6 +210,10 @@ class ShardedStore(Store):
     def _write_batch(self, items: list[tuple[ChunkRef, bytes]]) -> list[None]:
         self._engine.write([ref for ref, _ in items], [value for _, value in items])
         return [None] * len(items)
+
+    def _replay_route(self, key: str) -> ChunkRef | None:
+        """What a journal record's key is (its array's document read through the engine, blocking)."""
+        return self._nodes.route_now(key, self._engine.value)
 
     # -- identity, pickling, lifecycle ---------------------------------------------
 
@@ -205,7 +236,7 @@ class ShardedStore(Store):
         return (
             isinstance(value, ShardedStore)
             and self._base == value._base
-            and self._options == value._options
+            and self._copy_options() == value._copy_options()  # a copy that writes through is the same store
             and self.read_only == value.read_only
         )
 
@@ -217,18 +248,28 @@ class ShardedStore(Store):
     def __str__(self) -> str:
         return f"sharded+{self._base}"
 
+    def _copy_options(self) -> dict[str, Any]:
+        """The options of a pickled copy: the same, except that it writes through (no buffer, no journal)."""
+        return {**self._options, "buffer_bytes": None}
+
     def __getstate__(self) -> dict[str, Any]:
+        """The store underneath and the options of a copy that writes through (``UnflushedWritesError`` if buffered)."""
         n_shards, nbytes = self._engine.buffered()
         if n_shards:
             raise UnflushedWritesError(n_shards, nbytes)
-        return {"base": self._base, "options": self._options, "read_only": self.read_only}
+        return {"base": self._base, "options": self._copy_options(), "read_only": self.read_only}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["base"], read_only=state["read_only"], **state["options"])  # type: ignore[misc]
 
     def with_read_only(self, read_only: bool = False) -> ShardedStore:
-        """The same data and options with another ``read_only`` (not opened; this store stays open)."""
-        return ShardedStore(self._base.with_read_only(read_only), read_only=read_only, **self._options)
+        """The same data and options with another ``read_only`` (not opened; this store stays open).
+
+        The copy has no journal (the journal stays with this store); the copy
+        of a store with a journal writes through instead of buffering.
+        """
+        options = self._copy_options() if self._has_journal else self._options
+        return ShardedStore(self._base.with_read_only(read_only), read_only=read_only, **options)
 
     async def _open(self) -> None:
         await super()._open()
@@ -441,6 +482,8 @@ class ShardedStore(Store):
         path = prefix.rstrip("/")
         await asyncio.to_thread(self._engine.discard_buffered, path)
         await self._base.delete_dir(prefix)
+        if not path:
+            await asyncio.to_thread(self._engine.keep_identity)  # the open journal still belongs to this store
         self._nodes.forget_below(path)
         self._engine.forget()
 
@@ -450,6 +493,7 @@ class ShardedStore(Store):
         await self._ensure_open()
         await asyncio.to_thread(self._engine.discard_buffered, "")
         await self._base.clear()
+        await asyncio.to_thread(self._engine.keep_identity)  # the open journal still belongs to this store
         self.refresh()
 
     # -- listing -----------------------------------------------------------------
