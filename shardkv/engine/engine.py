@@ -23,10 +23,12 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping, Sequence
 
+import numpy as np
+
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.guard import Concurrency, Guard, Mode
 from shardkv.engine.merge import ShardChange
-from shardkv.engine.reads import chunk_keys_of, count_chunks_of, current_indexes, read_ranges
+from shardkv.engine.reads import chunk_keys_of, count_chunks_of, current_indexes, present_masks, read_ranges
 from shardkv.engine.retry import EngineStats
 from shardkv.engine.writes import compact_shards, delete_shards, write_changes
 from shardkv.errors import ConfigurationError
@@ -250,6 +252,17 @@ class ShardEngine:
     ) -> int:
         """How many chunks ``shards`` store (as :meth:`chunk_keys`, without building keys)."""
         return count_chunks_of(self.kv, self.cache, shards, generations, in_grid_only)
+
+    def present_masks(
+        self, shards: Mapping[str, ShardedArray], *, generations: Mapping[str, Generation] | None = None
+    ) -> Iterator[tuple[tuple[int, ...], np.ndarray]]:
+        """``(shard coords, present mask)`` of each stored shard among ``shards``, from its current index.
+
+        The mask is boolean, of shape ``chunks_per_shard``, True where the index
+        holds a chunk; indexes are read as for :meth:`chunk_keys`.
+        """
+        for _, coords, mask in present_masks(self.kv, self.cache, shards, generations):
+            yield coords, mask
 
     # -- writes -------------------------------------------------------------------
 

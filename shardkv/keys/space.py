@@ -256,6 +256,19 @@ class ShardedArray:
         )  # fmt: skip
 
     @cached_property
+    def chunk_key_form(self) -> tuple[str, str] | None:
+        """``(head, separator)`` when every chunk key is ``head + separator.join(coords)``, else ``None``.
+
+        ``head`` includes the key prefix (``"path/"`` for v2 keys,
+        ``"path/c/"`` for ``default`` keys); ``None`` for a 0-d array or an
+        encoding of another form.
+        """
+        head = _key_head(self.chunk_key_encoding)
+        if head is None or self.ndim == 0:
+            return None
+        return self.key_prefix + head, self.chunk_key_encoding.separator
+
+    @cached_property
     def _cps_array(self) -> np.ndarray:
         return np.array(self.chunks_per_shard, dtype=np.int64)
 
