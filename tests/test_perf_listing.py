@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import MutableMapping
+from collections.abc import KeysView, MutableMapping
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -246,3 +246,14 @@ def test_listing_matches_zarr2_directory_store(tmp_path: Path) -> None:
     zs = zarr.open_array(fresh, mode="r", path="arr")
     assert zs.nchunks_initialized == zarr.open_array(plain, mode="r", path="arr").nchunks_initialized
     np.testing.assert_array_equal(zs[...], data)
+
+
+def test_keys_is_a_set_like_view_with_current_membership() -> None:
+    base: dict[str, Any] = {}
+    store, _ = written(base)
+    keys = store.keys()
+    assert isinstance(keys, KeysView)
+    assert "arr/10.10" in keys and "arr/0.0" not in keys and "arr/.zarray" in keys
+    assert keys == set(store) and len(keys & {"arr/10.10", "nope"}) == 1
+    del store["arr/10.10"]
+    assert "arr/10.10" not in keys  # `in` asks the store

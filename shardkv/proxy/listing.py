@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from typing import Iterable, Iterator
+from collections.abc import KeysView, Mapping
+from typing import Any, Iterable, Iterator
 
 from shardkv.engine.engine import ShardEngine
 from shardkv.keys.listing import sorted_chunk_names
 from shardkv.keys.space import ShardedArray
 from shardkv.proxy.nodes import NodeTable
 
-__all__ = ["split_shards", "logical_keys", "count_logical_keys", "child_names"]
+__all__ = ["split_shards", "logical_keys", "count_logical_keys", "child_names", "ListedKeys"]
 
 
 def split_shards(nodes: NodeTable, keys: Iterable[str]) -> tuple[list[str], dict[str, ShardedArray]]:
@@ -98,3 +99,35 @@ def child_names(nodes: NodeTable, engine: ShardEngine, prefix: str, base_keys: I
 def _child(key: str, prefix: str) -> str:
     """The first segment of ``key`` after ``prefix``."""
     return key[len(prefix) :].split("/", 1)[0]
+
+
+class ListedKeys(KeysView[str]):
+    """A store's ``keys()``: the keys listed once when it is made, with the store's own ``in``.
+
+    Iteration and ``len`` use that one listing (``list(store.keys())``
+    enumerates the base store once, where a plain ``KeysView`` would count the
+    keys, then list them again); ``in`` asks the store (current, no
+    listing). Set operations work as on any ``KeysView``.
+
+    Parameters
+    ----------
+    store : Mapping
+        The store (its ``__contains__`` answers ``in``).
+    keys : iterable of str
+        Its keys, enumerated here once.
+    """
+
+    __slots__ = ("_listed",)
+
+    def __init__(self, store: Mapping[str, Any], keys: Iterable[str]) -> None:
+        super().__init__(store)
+        self._listed = list(iter(keys))  # iter first: list() would ask a mapping for its len (a second listing)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._listed)
+
+    def __len__(self) -> int:
+        return len(self._listed)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._listed!r})"

@@ -33,7 +33,7 @@ from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
 from shardkv.proxy.base import ProxyBase
 from shardkv.proxy.hierarchy import Hierarchy
-from shardkv.proxy.listing import child_names, count_logical_keys, logical_keys
+from shardkv.proxy.listing import ListedKeys, child_names, count_logical_keys, logical_keys
 from shardkv.proxy.metadata_writes import MetadataWriter, writes_to
 from shardkv.proxy.nodes import META_NAMES, NodeTable
 from shardkv.proxy.presenting import PresentingAdapter
@@ -479,8 +479,8 @@ class ShardedStore(ProxyBase):
         return logical_keys(self._nodes, self._engine, self._adapter.iter_keys())
 
     def keys(self) -> KeysView[str]:
-        """The keys as a set-like snapshot, from one enumeration of the base listing (``len`` needs no second)."""
-        return dict.fromkeys(self).keys()
+        """The keys, listed once (iteration and ``len`` share one enumeration of the base store; ``in`` is current)."""
+        return ListedKeys(self, self)
 
     def __len__(self) -> int:
         self.flush()
