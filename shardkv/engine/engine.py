@@ -28,7 +28,14 @@ import numpy as np
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.guard import Concurrency, Guard, Mode
 from shardkv.engine.merge import ShardChange
-from shardkv.engine.reads import chunk_keys_of, count_chunks_of, current_indexes, present_masks, read_ranges
+from shardkv.engine.reads import (
+    chunk_keys_of,
+    count_chunks_of,
+    current_indexes,
+    present_masks,
+    read_one_cached,
+    read_ranges,
+)
 from shardkv.engine.retry import EngineStats
 from shardkv.engine.writes import compact_shards, delete_shards, write_changes
 from shardkv.errors import ConfigurationError
@@ -145,6 +152,10 @@ class ShardEngine:
         OSError
             Any error of the store.
         """
+        if len(refs) == 1:  # a warm single-chunk read: one exact conditional request, no read plan
+            value = read_one_cached(self.kv, self.cache, self.options.read_policy, self.stats, refs[0])
+            if value is not None:
+                return {refs[0].chunk_key: value}
         values = read_ranges(self.kv, self.cache, self.options.read_policy, self.stats,
                              [(ref, _WHOLE) for ref in refs])
         return {ref.chunk_key: v for ref, v in zip(refs, values) if v is not None}

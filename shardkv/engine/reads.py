@@ -48,7 +48,7 @@ from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.storage.buffers import BytesLike
 from shardkv.storage.kv import ANY, Generation, KVStore, ReadRequest, ReadResult
 
-__all__ = ["read_ranges", "current_indexes", "chunk_keys_of", "count_chunks_of", "present_masks", "LIST_BATCH"]
+__all__ = ["read_ranges", "read_one_cached", "current_indexes", "chunk_keys_of", "count_chunks_of", "present_masks", "LIST_BATCH"]
 
 LIST_BATCH = 4096
 """Shards whose indexes one listing request reads at most."""
@@ -253,6 +253,49 @@ def read_ranges(
             return out
     first = sorted(pending)[0]
     raise ConcurrentUpdateError(first, READ_ATTEMPTS, READ_ATTEMPTS)
+
+
+def read_one_cached(
+    kv: KVStore, cache: IndexCache, policy: ReadPolicy, stats: EngineStats, ref: ChunkRef
+) -> BytesLike | None:
+    """One whole chunk read with one request, from a cached index whose shard size is known; ``None`` otherwise.
+
+    The fast path of a warm single-chunk read (zarr reading one chunk): one
+    ranged ``get`` of exactly the chunk's bytes conditioned on the cached
+    index's generation, no read plan. ``None`` (nothing served) when the
+    store has no ranged reads, :func:`read_ranges` would read the shard
+    whole, the index is not cached, its shard's size is unknown, the chunk is absent
+    from it (absence is proved by :func:`read_ranges`) or its entry leaves
+    the data region; the caller then takes :func:`read_ranges`. A stale answer
+    drops the entry and counts as a refused round, exactly as in
+    :func:`read_ranges`, which then reads the index again: the requests are
+    those of :func:`read_ranges` alone.
+    """
+    if not kv.caps.ranged or (kv.caps.round_trips and _whole_wanted([(ref, _WHOLE_CHUNK)], policy)):
+        return None  # no ranged reads, or a shard read_ranges reads whole
+    entry = cache.peek(ref.shard_key)  # counted below, once it serves (read_ranges counts its own look-ups)
+    if entry is None or entry.size is None:
+        return None
+    where = entry.index.get(ref.local_coords)
+    if where is None:
+        return None
+    start, nbytes = where
+    stop = start + nbytes
+    data_start, data_stop = ref.array.layout.data_region(entry.size)
+    if start < data_start or data_stop is None or stop > data_stop:
+        return None  # read_ranges raises the CorruptShardError
+    if cache.entry(ref.shard_key) is not entry:  # a hit (LRU order), unless replaced meanwhile
+        return None
+    stats.read_attempts += 1
+    (result,) = kv.get_many([(ref.shard_key, [ByteRange(start, stop)], entry.generation)])
+    if result.state != "value":  # changed since the index was read
+        stats.read_stale += 1
+        cache.discard(ref.shard_key)
+        return None
+    value = result.values[0] if result.values else b""
+    if len(value) != nbytes:  # same generation, fewer bytes: read_ranges reports it
+        return None
+    return value
 
 
 def _serve_ranges(
