@@ -264,9 +264,10 @@ def read_one_cached(
     ranged ``get`` of exactly the chunk's bytes conditioned on the cached
     index's generation, no read plan. ``None`` (nothing served) when the
     store has no ranged reads, :func:`read_ranges` would read the shard
-    whole, the index is not cached, its shard's size is unknown, the chunk is absent
-    from it (absence is proved by :func:`read_ranges`) or its entry leaves
-    the data region; the caller then takes :func:`read_ranges`. A stale answer
+    whole, the index is not cached, its shard's size is unknown (an index
+    cached with the size was validated against it: every entry lies in the
+    data region) or the chunk is absent from it (absence is proved by
+    :func:`read_ranges`); the caller then takes :func:`read_ranges`. A stale answer
     drops the entry and counts as a refused round, exactly as in
     :func:`read_ranges`, which then reads the index again: the requests are
     those of :func:`read_ranges` alone.
@@ -279,15 +280,11 @@ def read_one_cached(
     where = entry.index.get(ref.local_coords)
     if where is None:
         return None
-    start, nbytes = where
-    stop = start + nbytes
-    data_start, data_stop = ref.array.layout.data_region(entry.size)
-    if start < data_start or data_stop is None or stop > data_stop:
-        return None  # read_ranges raises the CorruptShardError
+    start, nbytes = where  # inside the data region: the index was validated against the shard's size
     if cache.entry(ref.shard_key) is not entry:  # a hit (LRU order), unless replaced meanwhile
         return None
     stats.read_attempts += 1
-    (result,) = kv.get_many([(ref.shard_key, [ByteRange(start, stop)], entry.generation)])
+    (result,) = kv.get_many([(ref.shard_key, [ByteRange(start, start + nbytes)], entry.generation)])
     if result.state != "value":  # changed since the index was read
         stats.read_stale += 1
         cache.discard(ref.shard_key)

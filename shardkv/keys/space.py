@@ -30,6 +30,7 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 from math import prod
+from operator import ge
 from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -190,7 +191,7 @@ class ShardedArray:
         """
         coords = self.chunk_coords_of(chunk_key)
         grid = self.chunk_grid_shape
-        if check_grid and grid is not None and any(c >= g for c, g in zip(coords, grid)):
+        if check_grid and grid is not None and any(map(ge, coords, grid)):
             raise ChunkOutOfGridError(chunk_key, coords, grid)
         shard_coords, local = chunk_to_shard(coords, self.chunks_per_shard)
         shard_key = self._shard_keys.get(shard_coords) or self._remember_shard_key(shard_coords)

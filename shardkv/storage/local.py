@@ -54,6 +54,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 from shardkv.errors import InvalidKeyError
 from shardkv.storage.buffers import BytesLike, Value, byte_parts, pread_exact, read_pool, write_parts
 from shardkv.storage.kv import (
+    ANY,
     LOCK_DIR,
     MISSING_RESULT,
     NO_VALUE,
@@ -301,10 +302,13 @@ class LocalStore(KVStore):
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise _not_a_file(key, path, st.st_mode)
-            generation = file_generation(st)
-            if cond.is_missing or (not cond.is_any and cond != generation):
-                return ReadResult("stale", None, generation, st.st_size)
             size = st.st_size
+            if cond == ANY:
+                generation = file_generation(st)
+            elif cond.token == (st.st_ino, st.st_mtime_ns, size):  # the token of file_generation
+                generation = cond  # the stamp asked for: no new object
+            else:
+                return ReadResult("stale", None, file_generation(st), size)
             if ranges is None:
                 values: list[BytesLike] = [pread_exact(fd, 0, size)]
             else:
