@@ -69,6 +69,9 @@ from shardkv.storage.kv import (
 from shardkv.storage.location import StoreLocation
 from shardkv.storage.stamps import STAMPS
 
+_READ_GROUPS = 8
+"""Tasks one batched local read is split into (the size of :func:`~shardkv.storage.buffers.read_pool`)."""
+
 __all__ = ["LocalStore", "FSYNC", "DEFAULT_TEMP_AGE", "file_generation", "atomic_write", "fsync_dirs", "write_parts"]
 
 FSYNC = True
@@ -322,7 +325,17 @@ class LocalStore(KVStore):
             return [self._read(r) for r in reads]
         for key, _, _ in reads:  # refuse a bad key before any I/O
             _check_key(key)
-        return list(read_pool().map(self._read, reads))  # local reads release the GIL: side by side
+        # local reads release the GIL: side by side, one task per worker (not per read: a task costs
+        # more than a small read from the page cache)
+        n = len(reads)
+        groups = min(n, _READ_GROUPS)
+        bounds = [n * g // groups for g in range(groups + 1)]
+        parts = read_pool().map(self._read_group, [reads[a:b] for a, b in zip(bounds, bounds[1:])])
+        return [result for part in parts for result in part]
+
+    def _read_group(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
+        """:meth:`_read` of each request, in order (one task of the read pool)."""
+        return [self._read(r) for r in reads]
 
     # -- writes ---------------------------------------------------------------
 
