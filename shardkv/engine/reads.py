@@ -292,7 +292,7 @@ def read_one_cached(
     value = result.values[0] if result.values else b""
     if len(value) != nbytes:  # same generation, fewer bytes: read_ranges reports it
         return None
-    return value
+    return _view(value, 0, nbytes)  # what read_ranges serves: a read-only view (or a copy of a writable buffer)
 
 
 def _serve_ranges(
