@@ -163,10 +163,10 @@ class CountingMapping(MutableMapping[str, Any]):
 SHAPE, CHUNKS, CPS = (36, 28), (2, 2), 4  # chunk grid 18 x 14, shard grid 5 x 4 (edge shards)
 
 
-def written(base: MutableMapping[str, Any]) -> tuple[ShardedStore, np.ndarray]:
+def written(base: MutableMapping[str, Any], path: str = "arr") -> tuple[ShardedStore, np.ndarray]:
     """An array with a few chunks left unwritten (fill value, ``write_empty_chunks=False``)."""
     store = ShardedStore(base, chunks_per_shard=CPS)
-    z = zarr.open_array(store, mode="w", path="arr", shape=SHAPE, chunks=CHUNKS, dtype="i2", fill_value=0,
+    z = zarr.open_array(store, mode="w", path=path, shape=SHAPE, chunks=CHUNKS, dtype="i2", fill_value=0,
                         write_empty_chunks=False, compressor=None)
     data = np.arange(np.prod(SHAPE), dtype="i2").reshape(SHAPE) % 97 + 1
     data[:6, :6] = 0  # 9 chunks of fill value: not stored
@@ -229,22 +229,24 @@ def test_len_and_nchunks_initialized_read_each_index_once_and_build_no_key_one_b
     assert no_encoder["chunk_key"] == 0
 
 
-def test_listing_matches_zarr2_directory_store(tmp_path: Path) -> None:
-    store, data = written(str(tmp_path / "sharded"))  # type: ignore[arg-type]
+@pytest.mark.parametrize("path", ["arr", ""])
+def test_listing_matches_zarr2_directory_store(tmp_path: Path, path: str) -> None:
+    store, data = written(str(tmp_path / "sharded"), path)  # type: ignore[arg-type]
     plain = zarr.DirectoryStore(str(tmp_path / "plain"))
-    z = zarr.open_array(plain, mode="w", path="arr", shape=SHAPE, chunks=CHUNKS, dtype="i2", fill_value=0,
+    z = zarr.open_array(plain, mode="w", path=path, shape=SHAPE, chunks=CHUNKS, dtype="i2", fill_value=0,
                         write_empty_chunks=False, compressor=None)
     z[...] = data
     fresh = ShardedStore(str(tmp_path / "sharded"))
-    names = fresh.listdir("arr")
-    assert names == sorted(names) and ".zarray" in names
-    chunk_names = [n for n in plain.listdir("arr") if not n.startswith(".")]
+    names = fresh.listdir(path)
+    assert names == sorted(names) and ".zarray" in names and "zarr.json" not in names
+    chunk_names = [n for n in plain.listdir(path) if not n.startswith(".")]
     assert [n for n in names if not n.startswith(".")] == chunk_names
+    prefix = f"{path}/" if path else ""
     assert sorted(k for k in fresh.keys() if not k.endswith((".zarray", ".zattrs", ".zgroup"))) == sorted(
-        "arr/" + n for n in chunk_names
+        prefix + n for n in chunk_names
     )
-    zs = zarr.open_array(fresh, mode="r", path="arr")
-    assert zs.nchunks_initialized == zarr.open_array(plain, mode="r", path="arr").nchunks_initialized
+    zs = zarr.open_array(fresh, mode="r", path=path)
+    assert zs.nchunks_initialized == zarr.open_array(plain, mode="r", path=path).nchunks_initialized
     np.testing.assert_array_equal(zs[...], data)
 
 
