@@ -14,13 +14,17 @@ alternating which goes first: ``list(store)``, ``len(store)``,
 ``list(store.keys())`` and zarr 2's ``zarr.open_array(store, mode="r")
 .nchunks_initialized``. Before timing, both listings are checked to hold every
 chunk key and a few chunks are read through zarr and compared. Goal (issue 21):
-each <= 0.5 x DirectoryStore.
+each <= 0.5 x DirectoryStore. With ``SHARDKV_BENCH_LIST_FIXTURE=DIR`` the fixture
+is written once under ``DIR`` and kept, so that several runs (two commits, one
+after the other) list the same files without writing a million of them again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+import shutil
 import struct
 import time
 from collections.abc import Callable
@@ -29,6 +33,8 @@ from typing import Any
 from _common import TempDir, emit, parse_args
 from _fixtures import write_plain, write_sharded
 
+KEEP_FIXTURE = "SHARDKV_BENCH_LIST_FIXTURE"
+"""Environment variable: a directory where the fixture is written once and kept (reused by later runs)."""
 GRIDS = {"tiny": (100, 100), "small": (250, 400), "full": (1000, 1000)}
 CHUNK = (4, 4)
 PER_SHARD = (32, 32)
@@ -69,11 +75,17 @@ def main() -> None:
     grid = GRIDS[args.size]
     n_chunks = grid[0] * grid[1]
     samples: dict[str, list[float]] = {f"{side}_{op}_s": [] for op in OPS for side in ("sharded", "plain")}
-    with TempDir() as tmp:
-        sharded_root, plain_root = os.path.join(tmp, "sharded.zarr"), os.path.join(tmp, "plain.zarr")
+    kept = os.environ.get(KEEP_FIXTURE)
+    with contextlib.nullcontext(kept) if kept else TempDir() as tmp:
+        where = os.path.join(tmp, f"{args.size}-seed{args.seed}")
+        sharded_root, plain_root = os.path.join(where, "sharded.zarr"), os.path.join(where, "plain.zarr")
         t0 = time.perf_counter()
-        write_plain(plain_root, grid, CHUNK, args.seed, content)
-        shards = write_sharded(sharded_root, grid, CHUNK, PER_SHARD, args.seed, content)
+        if not os.path.isfile(os.path.join(where, "complete")):
+            shutil.rmtree(where, ignore_errors=True)
+            write_plain(plain_root, grid, CHUNK, args.seed, content)
+            write_sharded(sharded_root, grid, CHUNK, PER_SHARD, args.seed, content)
+            open(os.path.join(where, "complete"), "w").close()
+        shards = len([name for name in os.listdir(sharded_root) if name != "zarr.json"])
         fixture_s = time.perf_counter() - t0
         makers = {"sharded": lambda: ShardedStore(sharded_root), "plain": lambda: zarr.DirectoryStore(plain_root)}
         check(makers["sharded"](), makers["plain"](), n_chunks)

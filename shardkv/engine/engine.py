@@ -23,10 +23,19 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping, Sequence
 
+import numpy as np
+
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.guard import Concurrency, Guard, Mode
 from shardkv.engine.merge import ShardChange
-from shardkv.engine.reads import chunk_keys_of, count_chunks_of, current_indexes, read_ranges
+from shardkv.engine.reads import (
+    chunk_keys_of,
+    count_chunks_of,
+    current_indexes,
+    present_masks,
+    read_one_cached,
+    read_ranges,
+)
 from shardkv.engine.retry import EngineStats
 from shardkv.engine.writes import compact_shards, delete_shards, write_changes
 from shardkv.errors import ConfigurationError
@@ -143,6 +152,10 @@ class ShardEngine:
         OSError
             Any error of the store.
         """
+        if len(refs) == 1:  # a warm single-chunk read: one exact conditional request, no read plan
+            value = read_one_cached(self.kv, self.cache, self.options.read_policy, self.stats, refs[0])
+            if value is not None:
+                return {refs[0].chunk_key: value}
         values = read_ranges(self.kv, self.cache, self.options.read_policy, self.stats,
                              [(ref, _WHOLE) for ref in refs])
         return {ref.chunk_key: v for ref, v in zip(refs, values) if v is not None}
@@ -250,6 +263,17 @@ class ShardEngine:
     ) -> int:
         """How many chunks ``shards`` store (as :meth:`chunk_keys`, without building keys)."""
         return count_chunks_of(self.kv, self.cache, shards, generations, in_grid_only)
+
+    def present_masks(
+        self, shards: Mapping[str, ShardedArray], *, generations: Mapping[str, Generation] | None = None
+    ) -> Iterator[tuple[tuple[int, ...], np.ndarray]]:
+        """``(shard coords, present mask)`` of each stored shard among ``shards``, from its current index.
+
+        The mask is boolean, of shape ``chunks_per_shard``, True where the index
+        holds a chunk; indexes are read as for :meth:`chunk_keys`.
+        """
+        for _, coords, mask in present_masks(self.kv, self.cache, shards, generations):
+            yield coords, mask
 
     # -- writes -------------------------------------------------------------------
 

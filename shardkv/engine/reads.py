@@ -32,6 +32,7 @@ returned, or else make one zero-range conditional ``get`` per cached shard.
 
 from __future__ import annotations
 
+import itertools
 from math import prod
 from typing import Iterator, Mapping, Sequence
 
@@ -42,11 +43,12 @@ from shardkv.engine.retry import READ_ATTEMPTS, READ_BACKOFF, EngineStats, attem
 from shardkv.errors import ConcurrentUpdateError, CorruptShardError
 from shardkv.format.index import ShardIndex
 from shardkv.format.ranges import ByteRange, CoalescedRead, ReadPolicy, plan_reads
+from shardkv.keys.listing import shard_chunk_count, shard_chunk_keys
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.storage.buffers import BytesLike
 from shardkv.storage.kv import ANY, Generation, KVStore, ReadRequest, ReadResult
 
-__all__ = ["read_ranges", "current_indexes", "chunk_keys_of", "count_chunks_of", "LIST_BATCH"]
+__all__ = ["read_ranges", "read_one_cached", "current_indexes", "chunk_keys_of", "count_chunks_of", "present_masks", "LIST_BATCH"]
 
 LIST_BATCH = 4096
 """Shards whose indexes one listing request reads at most."""
@@ -253,6 +255,46 @@ def read_ranges(
     raise ConcurrentUpdateError(first, READ_ATTEMPTS, READ_ATTEMPTS)
 
 
+def read_one_cached(
+    kv: KVStore, cache: IndexCache, policy: ReadPolicy, stats: EngineStats, ref: ChunkRef
+) -> BytesLike | None:
+    """One whole chunk read with one request, from a cached index whose shard size is known; ``None`` otherwise.
+
+    The fast path of a warm single-chunk read (zarr reading one chunk): one
+    ranged ``get`` of exactly the chunk's bytes conditioned on the cached
+    index's generation, no read plan. ``None`` (nothing served) when the
+    store has no ranged reads, :func:`read_ranges` would read the shard
+    whole, the index is not cached, its shard's size is unknown (an index
+    cached with the size was validated against it: every entry lies in the
+    data region) or the chunk is absent from it (absence is proved by
+    :func:`read_ranges`); the caller then takes :func:`read_ranges`. A stale answer
+    drops the entry and counts as a refused round, exactly as in
+    :func:`read_ranges`, which then reads the index again: the requests are
+    those of :func:`read_ranges` alone.
+    """
+    if not kv.caps.ranged or (kv.caps.round_trips and _whole_wanted([(ref, _WHOLE_CHUNK)], policy)):
+        return None  # no ranged reads, or a shard read_ranges reads whole
+    entry = cache.peek(ref.shard_key)  # counted below, once it serves (read_ranges counts its own look-ups)
+    if entry is None or entry.size is None:
+        return None
+    where = entry.index.get(ref.local_coords)
+    if where is None:
+        return None
+    start, nbytes = where  # inside the data region: the index was validated against the shard's size
+    if cache.entry(ref.shard_key) is not entry:  # a hit (LRU order), unless replaced meanwhile
+        return None
+    stats.read_attempts += 1
+    (result,) = kv.get_many([(ref.shard_key, [ByteRange(start, start + nbytes)], entry.generation)])
+    if result.state != "value":  # changed since the index was read
+        stats.read_stale += 1
+        cache.discard(ref.shard_key)
+        return None
+    value = result.values[0] if result.values else b""
+    if len(value) != nbytes:  # same generation, fewer bytes: read_ranges reports it
+        return None
+    return _view(value, 0, nbytes)  # what read_ranges serves: a read-only view (or a copy of a writable buffer)
+
+
 def _serve_ranges(
     shard_key: str, arr: ShardedArray, wanted: list[tuple[int, int, int]], coalesced: list[CoalescedRead],
     guard: int, result: ReadResult, out: list[BytesLike | None],
@@ -347,46 +389,6 @@ def current_indexes(
     return {k: indexes[k] for k in keys if k in indexes}
 
 
-def _present_chunks(arr: ShardedArray, shard_key: str, index: ShardIndex, in_grid_only: bool) -> np.ndarray:
-    """Chunk coords (one row per stored inner chunk, row-major) of one shard, optionally only those in the grid."""
-    shard_coords = arr.shard_coords_of(shard_key)
-    local = np.argwhere(index.present_mask())
-    if shard_coords is None or not len(local):
-        return np.empty((0, arr.ndim), dtype=np.int64)
-    chunks = local.astype(np.int64) + np.asarray(shard_coords, dtype=np.int64) * np.asarray(
-        arr.chunks_per_shard, dtype=np.int64
-    )
-    grid = arr.chunk_grid_shape
-    if in_grid_only and grid is not None:
-        chunks = chunks[(chunks < np.asarray(grid, dtype=np.int64)).all(axis=1)]
-    return chunks
-
-
-def _key_head(arr: ShardedArray) -> tuple[str, str] | None:
-    """``(text before the coordinates, separator)`` of the array's chunk keys, or ``None`` if not of that form."""
-    if arr.ndim == 0:
-        return None
-    sep = arr.chunk_key_encoding.separator
-    zero = arr.chunk_key((0,) * arr.ndim)
-    tail = sep.join("0" * arr.ndim)
-    if not zero.endswith(tail):
-        return None
-    head = zero[: len(zero) - len(tail)]
-    if arr.chunk_key((1,) * arr.ndim) != head + sep.join("1" * arr.ndim):
-        return None
-    return head, sep
-
-
-def _keys_of(arr: ShardedArray, chunks: np.ndarray) -> list[str]:
-    """The chunk keys of rows of chunk coords, each string built once."""
-    rows = chunks.tolist()
-    form = _key_head(arr)
-    if form is None:
-        return [arr.chunk_key(row) for row in rows]
-    head, sep = form
-    return [head + sep.join(map(str, row)) for row in rows]
-
-
 def _batches(shards: Mapping[str, ShardedArray]) -> Iterator[dict[str, ShardedArray]]:
     keys = list(shards)
     for start in range(0, len(keys), LIST_BATCH):
@@ -404,10 +406,10 @@ def chunk_keys_of(
 
     See :meth:`ShardEngine.chunk_keys <shardkv.engine.engine.ShardEngine.chunk_keys>`.
     """
-    for batch in _batches(shards):
-        for shard_key, index in current_indexes(kv, cache, batch, generations).items():
-            arr = batch[shard_key]
-            yield from _keys_of(arr, _present_chunks(arr, shard_key, index, in_grid_only))
+    return itertools.chain.from_iterable(
+        shard_chunk_keys(arr, coords, index.present_mask(), in_grid_only)
+        for arr, coords, index in _stored_indexes(kv, cache, shards, generations)
+    )
 
 
 def count_chunks_of(
@@ -421,12 +423,36 @@ def count_chunks_of(
 
     See :meth:`ShardEngine.count_chunks <shardkv.engine.engine.ShardEngine.count_chunks>`.
     """
-    total = 0
+    return sum(
+        shard_chunk_count(arr, coords, index.present_mask(), in_grid_only)
+        for arr, coords, index in _stored_indexes(kv, cache, shards, generations)
+    )
+
+
+def present_masks(
+    kv: KVStore,
+    cache: IndexCache,
+    shards: Mapping[str, ShardedArray],
+    generations: Mapping[str, Generation] | None = None,
+) -> Iterator[tuple[ShardedArray, tuple[int, ...], np.ndarray]]:
+    """``(array, shard coords, present mask)`` of each stored shard among ``shards``, from its current index.
+
+    Indexes are read (or confirmed) :data:`LIST_BATCH` shards per request.
+    """
+    for arr, coords, index in _stored_indexes(kv, cache, shards, generations):
+        yield arr, coords, index.present_mask()
+
+
+def _stored_indexes(
+    kv: KVStore,
+    cache: IndexCache,
+    shards: Mapping[str, ShardedArray],
+    generations: Mapping[str, Generation] | None,
+) -> Iterator[tuple[ShardedArray, tuple[int, ...], ShardIndex]]:
+    """``(array, shard coords, current index)`` of the stored shards among ``shards`` (keys that name no shard skipped)."""
     for batch in _batches(shards):
         for shard_key, index in current_indexes(kv, cache, batch, generations).items():
             arr = batch[shard_key]
-            if in_grid_only and arr.chunk_grid_shape is not None:
-                total += len(_present_chunks(arr, shard_key, index, True))
-            else:
-                total += index.count_present()
-    return total
+            coords = arr.shard_coords_of(shard_key)
+            if coords is not None:
+                yield arr, coords, index

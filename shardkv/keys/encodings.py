@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import ceil
+from operator import floordiv, mod
 from typing import Any, Iterator, Literal, Sequence
 
 from shardkv.errors import ConfigurationError, InvalidKeyError
@@ -193,8 +194,8 @@ def chunk_to_shard(
     ``local_coords = chunk_coords % chunks_per_shard``, per dimension (draft
     2022 "Key & value transformation").
     """
-    shard = tuple(c // n for c, n in zip(chunk_coords, chunks_per_shard))
-    local = tuple(c % n for c, n in zip(chunk_coords, chunks_per_shard))
+    shard = tuple(map(floordiv, chunk_coords, chunks_per_shard))  # map of operators: no Python frame per dimension
+    local = tuple(map(mod, chunk_coords, chunks_per_shard))
     return shard, local
 
 

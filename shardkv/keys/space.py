@@ -30,6 +30,7 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 from math import prod
+from operator import ge
 from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -190,7 +191,7 @@ class ShardedArray:
         """
         coords = self.chunk_coords_of(chunk_key)
         grid = self.chunk_grid_shape
-        if check_grid and grid is not None and any(c >= g for c, g in zip(coords, grid)):
+        if check_grid and grid is not None and any(map(ge, coords, grid)):
             raise ChunkOutOfGridError(chunk_key, coords, grid)
         shard_coords, local = chunk_to_shard(coords, self.chunks_per_shard)
         shard_key = self._shard_keys.get(shard_coords) or self._remember_shard_key(shard_coords)
@@ -254,6 +255,19 @@ class ShardedArray:
             map(ChunkRef, chunk_keys, map(key_of_id.__getitem__, shard_ids), map(shard_of_id.__getitem__, shard_ids),
                 map(local_of_id.__getitem__, local_ids), itertools.repeat(self))
         )  # fmt: skip
+
+    @cached_property
+    def chunk_key_form(self) -> tuple[str, str] | None:
+        """``(head, separator)`` when every chunk key is ``head + separator.join(coords)``, else ``None``.
+
+        ``head`` includes the key prefix (``"path/"`` for v2 keys,
+        ``"path/c/"`` for ``default`` keys); ``None`` for a 0-d array or an
+        encoding of another form.
+        """
+        head = _key_head(self.chunk_key_encoding)
+        if head is None or self.ndim == 0:
+            return None
+        return self.key_prefix + head, self.chunk_key_encoding.separator
 
     @cached_property
     def _cps_array(self) -> np.ndarray:

@@ -5,19 +5,27 @@ Keys outside sharded arrays are listed as zarr-python 2 sees them
 ``zarr.json`` of presented nodes replaced by their v2 documents); each shard is replaced by the chunk keys its index
 holds, for chunks inside the array's grid (:meth:`ShardEngine.chunk_keys
 <shardkv.engine.engine.ShardEngine.chunk_keys>` reads the indexes in batches,
-one request each, and builds each key once from the index with numpy).
-Counting (``len``) never builds a key.
+one request each, and builds each key once from the index:
+:mod:`shardkv.keys.listing`). The base listing is enumerated once per call;
+counting (``len``) never builds a chunk key, and the names of an array
+directory come out sorted without a string sort where the keys allow
+(:func:`child_names`).
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+import bisect
+import itertools
+from collections.abc import KeysView, Mapping
+from typing import Any, Iterable, Iterator
 
 from shardkv.engine.engine import ShardEngine
+from shardkv.keys.listing import sorted_chunk_names
 from shardkv.keys.space import ShardedArray
 from shardkv.proxy.nodes import NodeTable
 
-__all__ = ["split_shards", "logical_keys", "count_logical_keys"]
+__all__ = ["split_shards", "logical_keys", "count_logical_keys", "child_names", "ListedKeys"]
+
 
 def split_shards(nodes: NodeTable, keys: Iterable[str]) -> tuple[list[str], dict[str, ShardedArray]]:
     """Base store keys as ``(plain keys, {shard key: its array})``."""
@@ -33,13 +41,93 @@ def split_shards(nodes: NodeTable, keys: Iterable[str]) -> tuple[list[str], dict
 
 
 def logical_keys(nodes: NodeTable, engine: ShardEngine, base_keys: Iterable[str]) -> Iterator[str]:
-    """The keys code above the proxy sees, for the base store keys ``base_keys`` (enumerated once)."""
+    """The keys code above the proxy sees, for the base store keys ``base_keys`` (enumerated once, lazily)."""
+    return itertools.chain.from_iterable(_key_groups(nodes, engine, base_keys))
+
+
+def _key_groups(nodes: NodeTable, engine: ShardEngine, base_keys: Iterable[str]) -> Iterator[Iterable[str]]:
+    """The keys of :func:`logical_keys` in groups: plain keys, then the chunk keys (a list per shard)."""
     plain, shards = split_shards(nodes, base_keys)
-    yield from nodes.listed(plain)
-    yield from engine.chunk_keys(shards)  # in-grid chunks; indexes read in batches by the engine
+    yield nodes.listed(plain)
+    yield engine.chunk_keys(shards)  # in-grid chunks; indexes read in batches by the engine
 
 
 def count_logical_keys(nodes: NodeTable, engine: ShardEngine, base_keys: Iterable[str]) -> int:
     """How many keys :func:`logical_keys` would list (no chunk key is built)."""
     plain, shards = split_shards(nodes, base_keys)
     return sum(1 for _ in nodes.listed(plain)) + engine.count_chunks(shards)
+
+
+def child_names(nodes: NodeTable, engine: ShardEngine, prefix: str, base_keys: Iterable[str]) -> list[str]:
+    """Sorted names of the children of the path ``prefix`` names (``"path/"``), from the base keys under it.
+
+    Parameters
+    ----------
+    nodes : NodeTable
+        The hierarchy's nodes.
+    engine : ShardEngine
+        Reads the indexes of the listed shards.
+    prefix : str
+        ``"path/"`` (``""`` for the root); every key of ``base_keys`` starts with it.
+    base_keys : iterable of str
+        The base store keys under ``prefix`` (enumerated once).
+
+    Notes
+    -----
+    When the shards all belong to one array whose chunk keys are
+    ``<prefix><c0>.<c1>...`` (zarr-python 2's ``listdir`` of a sharded array,
+    as ``nchunks_initialized`` asks for it), the chunk names come from the
+    indexes already sorted (:func:`~shardkv.keys.listing.sorted_chunk_names`)
+    and only the few other names are placed among them.
+    """
+    plain, shards = split_shards(nodes, base_keys)
+    arrays = {id(arr): arr for arr in shards.values()}
+    if len(arrays) == 1:
+        (arr,) = arrays.values()
+        if arr.key_prefix == prefix:
+            names = sorted_chunk_names(arr, engine.present_masks(shards), len(shards))
+            if names is not None:
+                for name in sorted({_child(k, prefix) for k in nodes.listed(plain)}):
+                    at = bisect.bisect_left(names, name)
+                    if at == len(names) or names[at] != name:
+                        names.insert(at, name)
+                return names
+    keys = itertools.chain(nodes.listed(plain), engine.chunk_keys(shards))
+    return sorted({_child(k, prefix) for k in keys})
+
+
+def _child(key: str, prefix: str) -> str:
+    """The first segment of ``key`` after ``prefix``."""
+    return key[len(prefix) :].split("/", 1)[0]
+
+
+class ListedKeys(KeysView[str]):
+    """A store's ``keys()``: the keys listed once when it is made, with the store's own ``in``.
+
+    Iteration and ``len`` use that one listing (``list(store.keys())``
+    enumerates the base store once, where a plain ``KeysView`` would count the
+    keys, then list them again); ``in`` asks the store (current, no
+    listing). Set operations work as on any ``KeysView``.
+
+    Parameters
+    ----------
+    store : Mapping
+        The store (its ``__contains__`` answers ``in``).
+    keys : iterable of str
+        Its keys, enumerated here once.
+    """
+
+    __slots__ = ("_listed",)
+
+    def __init__(self, store: Mapping[str, Any], keys: Iterable[str]) -> None:
+        super().__init__(store)
+        self._listed = list(iter(keys))  # iter first: list() would ask a mapping for its len (a second listing)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._listed)
+
+    def __len__(self) -> int:
+        return len(self._listed)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._listed!r})"

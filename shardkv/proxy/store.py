@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 from contextlib import suppress
 from os import PathLike
-from typing import Any, Iterable, Iterator, Mapping, Self, Sequence
+from typing import Any, Iterable, Iterator, KeysView, Mapping, Self, Sequence
 
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.engine import ShardEngine
@@ -33,7 +33,7 @@ from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
 from shardkv.proxy.base import ProxyBase
 from shardkv.proxy.hierarchy import Hierarchy
-from shardkv.proxy.listing import count_logical_keys, logical_keys
+from shardkv.proxy.listing import ListedKeys, child_names, count_logical_keys, logical_keys
 from shardkv.proxy.metadata_writes import MetadataWriter, writes_to
 from shardkv.proxy.nodes import META_NAMES, NodeTable
 from shardkv.proxy.presenting import PresentingAdapter
@@ -478,6 +478,10 @@ class ShardedStore(ProxyBase):
         self.flush()
         return logical_keys(self._nodes, self._engine, self._adapter.iter_keys())
 
+    def keys(self) -> KeysView[str]:
+        """The keys, listed once (iteration and ``len`` share one enumeration of the base store; ``in`` is current)."""
+        return ListedKeys(self, self)
+
     def __len__(self) -> int:
         self.flush()
         return count_logical_keys(self._nodes, self._engine, self._adapter.iter_keys())
@@ -497,8 +501,9 @@ class ShardedStore(ProxyBase):
             if path and names == [split_key(path)[1]] and self._adapter.contains(path):
                 return []  # a stored value, which filesystems list as itself: no children
             return self._nodes.listed_names(path, names)
+        self.flush()
         prefix = path_prefix(path)
-        return sorted({k[len(prefix) :].split("/", 1)[0] for k in self.keys_under(path)})
+        return child_names(self._nodes, self._engine, prefix, self._adapter.iter_keys(prefix))
 
     def rmdir(self, path: str = "") -> None:
         """Delete everything under ``path`` (the whole store for ``""``).

@@ -54,6 +54,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 from shardkv.errors import InvalidKeyError
 from shardkv.storage.buffers import BytesLike, Value, byte_parts, pread_exact, read_pool, write_parts
 from shardkv.storage.kv import (
+    ANY,
     LOCK_DIR,
     MISSING_RESULT,
     NO_VALUE,
@@ -67,6 +68,9 @@ from shardkv.storage.kv import (
 )
 from shardkv.storage.location import StoreLocation
 from shardkv.storage.stamps import STAMPS
+
+_READ_GROUPS = 8
+"""Tasks one batched local read is split into (the size of :func:`~shardkv.storage.buffers.read_pool`)."""
 
 __all__ = ["LocalStore", "FSYNC", "DEFAULT_TEMP_AGE", "file_generation", "atomic_write", "fsync_dirs", "write_parts"]
 
@@ -301,10 +305,13 @@ class LocalStore(KVStore):
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise _not_a_file(key, path, st.st_mode)
-            generation = file_generation(st)
-            if cond.is_missing or (not cond.is_any and cond != generation):
-                return ReadResult("stale", None, generation, st.st_size)
             size = st.st_size
+            if cond == ANY:
+                generation = file_generation(st)
+            elif cond.token == (st.st_ino, st.st_mtime_ns, size):  # the token of file_generation
+                generation = cond  # the stamp asked for: no new object
+            else:
+                return ReadResult("stale", None, file_generation(st), size)
             if ranges is None:
                 values: list[BytesLike] = [pread_exact(fd, 0, size)]
             else:
@@ -318,7 +325,17 @@ class LocalStore(KVStore):
             return [self._read(r) for r in reads]
         for key, _, _ in reads:  # refuse a bad key before any I/O
             _check_key(key)
-        return list(read_pool().map(self._read, reads))  # local reads release the GIL: side by side
+        # local reads release the GIL: side by side, one task per worker (not per read: a task costs
+        # more than a small read from the page cache)
+        n = len(reads)
+        groups = min(n, _READ_GROUPS)
+        bounds = [n * g // groups for g in range(groups + 1)]
+        parts = read_pool().map(self._read_group, [reads[a:b] for a, b in zip(bounds, bounds[1:])])
+        return [result for part in parts for result in part]
+
+    def _read_group(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
+        """:meth:`_read` of each request, in order (one task of the read pool)."""
+        return [self._read(r) for r in reads]
 
     # -- writes ---------------------------------------------------------------
 

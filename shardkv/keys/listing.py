@@ -1,0 +1,138 @@
+"""Chunk keys of listings, built from shard indexes with one string join per key. Pure.
+
+A listing turns each shard's index (its present mask, shape
+``chunks_per_shard``) into the keys of the chunks it stores. Where the chunk
+key encoding writes ``<head><c0><sep><c1>...`` (``v2`` and ``default``, the
+forms of every shardkv path), the keys of one shard are the product of the
+coordinate strings along each dimension: each coordinate is turned into text
+once per shard and each key is one concatenation of a prefix and a last
+coordinate, then the mask picks the stored ones (:func:`shard_chunk_keys`).
+
+:func:`sorted_chunk_names` gives the names zarr-python 2's ``listdir`` of an
+array directory returns for ``"."``-separated chunk keys, already in sorted
+(string) order: the separators ``"."`` and ``"/"`` sort before every digit,
+so key order is the order of the coordinate strings dimension by dimension,
+and the names come out sorted without a string sort.
+"""
+
+from __future__ import annotations
+
+import itertools
+from math import prod
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from shardkv.keys.space import ShardedArray
+
+__all__ = ["shard_chunk_keys", "shard_chunk_count", "sorted_chunk_names", "DENSE_GRID_FACTOR"]
+
+DENSE_GRID_FACTOR = 4
+""":func:`sorted_chunk_names` holds a mask of the whole chunk grid when the grid has at most this
+many times the chunks the listed shards can hold; sparser grids sort the names instead."""
+
+
+def _local_extent(arr: ShardedArray, shard_coords: Sequence[int], in_grid_only: bool) -> list[range]:
+    """The chunk coords each dimension of a shard spans (clipped to the grid when asked and known)."""
+    grid = arr.chunk_grid_shape if in_grid_only else None
+    out = []
+    for d, (s, n) in enumerate(zip(shard_coords, arr.chunks_per_shard)):
+        start = s * n
+        stop = start + n if grid is None else min(start + n, grid[d])
+        out.append(range(start, max(start, stop)))
+    return out
+
+
+def _product_keys(head: str, sep: str, strings: Sequence[Sequence[str]]) -> list[str]:
+    """``head + sep.join(row)`` for every row of the product of ``strings``, in row-major order."""
+    prefixes = [head]
+    for texts in strings[:-1]:
+        with_sep = [t + sep for t in texts]
+        prefixes = [p + t for p in prefixes for t in with_sep]
+    return [p + t for p in prefixes for t in strings[-1]]
+
+
+def shard_chunk_keys(
+    arr: ShardedArray, shard_coords: Sequence[int], present: np.ndarray, in_grid_only: bool = True
+) -> list[str]:
+    """Keys of the chunks a shard stores, in row-major order.
+
+    Parameters
+    ----------
+    arr : ShardedArray
+        The shard's array.
+    shard_coords : sequence of int
+        The shard's coords in the shard grid.
+    present : numpy.ndarray
+        Boolean, shape ``chunks_per_shard``: True where the index holds a chunk
+        (:meth:`~shardkv.format.index.ShardIndex.present_mask`).
+    in_grid_only : bool
+        Leave out chunks outside the chunk grid (when it is known).
+
+    Returns
+    -------
+    list of str
+        Chunk keys (of ``arr.chunk_key_encoding``), each string built once.
+    """
+    extent = _local_extent(arr, shard_coords, in_grid_only)
+    mask = present[tuple(slice(0, len(r)) for r in extent)]
+    form = arr.chunk_key_form
+    if form is None or not mask.size:
+        offset = np.asarray([r.start for r in extent], dtype=np.int64)
+        return [arr.chunk_key(row) for row in (np.argwhere(mask) + offset).tolist()]
+    n_present = int(np.count_nonzero(mask))
+    if n_present * 8 < mask.size:  # sparse shard: build only the stored keys
+        head, sep = form
+        offset = np.asarray([r.start for r in extent], dtype=np.int64)
+        return [head + sep.join(map(str, row)) for row in (np.argwhere(mask) + offset).tolist()]
+    keys = _product_keys(*form, [[str(c) for c in r] for r in extent])
+    if n_present == mask.size:
+        return keys
+    return list(itertools.compress(keys, mask.ravel().tolist()))
+
+
+def shard_chunk_count(
+    arr: ShardedArray, shard_coords: Sequence[int], present: np.ndarray, in_grid_only: bool = True
+) -> int:
+    """How many keys :func:`shard_chunk_keys` gives for the shard (none is built)."""
+    extent = _local_extent(arr, shard_coords, in_grid_only)
+    return int(np.count_nonzero(present[tuple(slice(0, len(r)) for r in extent)]))
+
+
+def sorted_chunk_names(
+    arr: ShardedArray, shards: Iterable[tuple[Sequence[int], np.ndarray]], max_shards: int
+) -> list[str] | None:
+    """The chunk keys of the shards, relative to the array's key prefix, in sorted (string) order.
+
+    For arrays whose chunk keys are ``<key_prefix><c0>.<c1>...`` (the ``v2``
+    encoding with separator ``"."``: zarr-python 2's ``listdir`` of the array
+    returns exactly these names) and whose chunk grid is known and dense enough
+    (at most :data:`DENSE_GRID_FACTOR` times the chunks ``max_shards`` shards
+    hold); ``None`` otherwise (the caller sorts).
+
+    Parameters
+    ----------
+    arr : ShardedArray
+        The array.
+    shards : iterable of (shard coords, present mask)
+        The stored shards (in any order) and their present masks.
+    max_shards : int
+        How many shards ``shards`` yields at most (bounds the grid mask).
+    """
+    grid = arr.chunk_grid_shape
+    if arr.chunk_key_form != (arr.key_prefix, "."):
+        return None
+    if grid is None or prod(grid) > DENSE_GRID_FACTOR * max(1, max_shards) * prod(arr.chunks_per_shard):
+        return None
+    held = np.zeros(grid, dtype=bool)
+    for shard_coords, present in shards:
+        extent = _local_extent(arr, shard_coords, True)
+        if any(not len(r) for r in extent):
+            continue
+        held[tuple(slice(r.start, r.stop) for r in extent)] = present[tuple(slice(0, len(r)) for r in extent)]
+    orders = [sorted(range(n), key=str) for n in grid]  # coords in the order of their strings
+    held = held[np.ix_(*orders)]
+    names = _product_keys("", ".", [[str(c) for c in order] for order in orders])
+    if held.all():
+        return names
+    return list(itertools.compress(names, held.ravel().tolist()))
