@@ -217,6 +217,20 @@ class MetadataWriter:
             self._apply(MetadataPlan(deletes=frozenset({join_path(path, ZARR_JSON)})))
         self._nodes.forget(path)
 
+    def removed(self, path: str) -> None:
+        """Bring the consolidated blocks above ``path`` in step after everything under it was deleted (``rmdir``).
+
+        zarr-python 2 deletes an array or group with ``rmdir``, which never
+        passes through :meth:`delete`; a block that still listed the node
+        would have v3 readers open it and read fill values.
+        """
+        path = path.strip("/")
+        if not path:
+            return
+        plan = self._in_step(MetadataPlan(deletes=frozenset({join_path(path, ZARR_JSON)})))
+        if plan.writes:
+            self._apply(MetadataPlan(plan.writes))
+
     # -- writing ---------------------------------------------------------------------
 
     def _store(self, values: Mapping[str, bytes | None]) -> None:
@@ -381,7 +395,8 @@ class MetadataWriter:
         node = self._nodes.presented(path)
         if node is None:
             self._store({key: raw})  # a v2 node, or held until its .zarray / .zgroup arrives
-            if self._nodes.node(path).unsharded and self._hierarchy_is_v3():
+            plain = self._nodes.node(path)
+            if plain.unsharded and (plain.mirrored or self._hierarchy_is_v3()):
                 self._mirror(path, zattrs=attrs)
             return
         if not node.writable:
