@@ -94,8 +94,10 @@ def test_xarray_dataset_is_v3_all_the_way_down(tmp_path: Path) -> None:
         assert _block(root)[path] == _doc(root, f"{path}/zarr.json")
     # zarr 2 without shardkv reads the unsharded arrays as written
     plain = zarr.DirectoryStore(str(root))
+    consolidated = zarr.open_consolidated(plain, mode="r")
     for name in ("lat", "lon", "time"):
         np.testing.assert_array_equal(zarr.open_array(plain, path=name, mode="r")[...], ds[name].values)
+        np.testing.assert_array_equal(consolidated[name][...], ds[name].values)
     # zarr 2 through the proxy: the same dataset, and no mirror in sight
     with ShardedStore(str(root)) as store:
         xr.testing.assert_identical(xr.open_zarr(store).load(), ds)
@@ -255,3 +257,21 @@ def test_a_v2_hierarchy_without_sharded_arrays_stays_v2(tmp_path: Path) -> None:
         group.create_group("g").create_dataset("a", data=np.arange(4), chunks=2)
         zarr.consolidate_metadata(store)
     assert not list(root.rglob("zarr.json"))
+
+
+def test_over_a_dict_the_same_documents(tmp_path: Path) -> None:
+    base: dict[str, bytes] = {}
+    store = ShardedStore(base, chunks_per_shard=(2, 2))
+    group = zarr.group(store=store)
+    group.create_dataset("line", data=np.arange(6), chunks=(3,)).attrs["_ARRAY_DIMENSIONS"] = ["k"]
+    group.create_group("g").attrs["a"] = 1
+    group.create_dataset("g/grid", data=np.ones((4, 4)), chunks=(2, 2))
+    assert sorted(k for k in base if not k[0].isdigit() and "/0" not in k and "/1" not in k) == [
+        "g/grid/zarr.json", "g/zarr.json", "line/.zarray", "line/.zattrs", "line/zarr.json", "zarr.json",
+    ]
+    mirror = json.loads(base["line/zarr.json"])
+    assert mirror["dimension_names"] == ["k"] and mirror["shape"] == [6] and mirror["attributes"] == {}
+    assert json.loads(base["g/zarr.json"])["attributes"] == {"a": 1}
+    assert "line/zarr.json" not in store and sorted(store.listdir("line")) == [".zarray", ".zattrs", "0", "1"]
+    group["line"].resize(9)
+    assert json.loads(base["line/zarr.json"])["shape"] == [9]

@@ -86,10 +86,10 @@ _V2_NAMES = (".zarray", ".zattrs", ".zgroup", ZARR_JSON)
 
 
 class _Stored:
-    """The type of :data:`STORED`: a document to read from the base store, not given."""
+    """The type of :data:`_STORED`: a document to read from the base store, not given."""
 
 
-STORED = _Stored()
+_STORED = _Stored()
 
 
 def writes_to(kv: KVStore) -> WriteValues:
@@ -341,7 +341,7 @@ class MetadataWriter:
         self._apply(plan, mirrors=mirrors)
 
     def _mirror(
-        self, path: str, zarray: Mapping[str, Any] | None = None, zattrs: Mapping[str, Any] | None | _Stored = STORED
+        self, path: str, zarray: Mapping[str, Any] | None = None, zattrs: Mapping[str, Any] | None | _Stored = _STORED
     ) -> None:
         """Bring the ``zarr.json`` mirror of the unsharded array at ``path`` in step with its v2 documents.
 
