@@ -275,3 +275,55 @@ def test_over_a_dict_the_same_documents(tmp_path: Path) -> None:
     assert "line/zarr.json" not in store and sorted(store.listdir("line")) == [".zarray", ".zattrs", "0", "1"]
     group["line"].resize(9)
     assert json.loads(base["line/zarr.json"])["shape"] == [9]
+
+
+# -- the pure plans ------------------------------------------------------------------------------
+
+
+def test_plan_v3_down_groups_arrays_and_refusals() -> None:
+    from shardkv.metadata.all_v3 import may_mirror, plan_v3_down
+
+    zarray = {"zarr_format": 2, "shape": [4], "chunks": [2], "dtype": "<i4", "compressor": None, "fill_value": 0,
+              "filters": None, "order": "C"}  # fmt: skip
+    packed = {**zarray, "dtype": "|O", "filters": [{"id": "msgpack2"}]}
+    documents = {
+        "zarr.json": {"zarr_format": 3, "node_type": "group", "attributes": {}},
+        "g/.zgroup": {"zarr_format": 2},
+        "g/.zattrs": {"a": 1},
+        "g/x/.zarray": zarray,
+        "g/x/.zattrs": {"_ARRAY_DIMENSIONS": ["t"], "units": "m"},
+        "h/i/y/.zarray": zarray,  # under implicit groups h and h/i
+        "p/.zarray": packed,
+        "done/.zarray": zarray,
+    }
+    plan, refused = plan_v3_down(documents, ["done"])
+    assert sorted(plan.writes) == ["g/x/zarr.json", "g/zarr.json", "h/i/y/zarr.json", "h/i/zarr.json", "h/zarr.json"]
+    assert plan.writes["g/zarr.json"] == {"zarr_format": 3, "node_type": "group", "attributes": {"a": 1}}
+    assert plan.deletes == {"g/.zgroup", "g/.zattrs", "h/.zgroup", "h/.zattrs", "h/i/.zgroup", "h/i/.zattrs"}
+    x = plan.writes["g/x/zarr.json"]
+    assert x["dimension_names"] == ["t"] and x["attributes"] == {"units": "m"} and may_mirror(x)
+    assert list(refused) == ["p"]
+    assert not may_mirror(documents["zarr.json"]) and not may_mirror(None)
+
+
+def test_consolidated_in_step_adds_replaces_and_removes_entries() -> None:
+    from shardkv.errors import ConfigurationError
+    from shardkv.metadata.hierarchy import consolidated_in_step, has_consolidated, with_consolidated_metadata
+
+    array = {"zarr_format": 3, "node_type": "array", "shape": [2], "attributes": {}}
+    group = {"zarr_format": 3, "node_type": "group", "attributes": {"a": 1}}
+    root = with_consolidated_metadata({"zarr_format": 3, "node_type": "group", "attributes": {}},
+                                      {"a": array, "g": group, "g/b": array})  # fmt: skip
+    assert has_consolidated(root) and not has_consolidated(group)
+    opaque = {**array, "data_type": {"name": "shardkv.v2_dtype"}}
+    bigger = {**array, "shape": [3]}
+    out = consolidated_in_step({**root, "attributes": {"new": True}}, root, {"g": None, "a": bigger, "c": array, "d": opaque})
+    assert out["attributes"] == {"new": True}
+    assert out["consolidated_metadata"]["metadata"] == {"a": bigger, "c": array}
+    assert out["consolidated_metadata"]["kind"] == "inline"
+    out = consolidated_in_step(root, root, {"g/e": group})
+    assert out["consolidated_metadata"]["metadata"]["g/e"]["consolidated_metadata"]["metadata"] == {}
+    with pytest.raises(ConfigurationError):
+        consolidated_in_step(root, group, {})
+    with pytest.raises(ConfigurationError):
+        consolidated_in_step(array, root, {})
