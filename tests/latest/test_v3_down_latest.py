@@ -106,6 +106,7 @@ def test_an_opaque_array_fails_alone(tmp_path: Path, reader: Reader, consolidate
     grid = np.arange(32.0).reshape(4, 8)
     x = np.arange(8, dtype="i8") * 10
     packed = np.array([{"a": 1}, [1, 2], "three"], dtype=object)
+    packed2d = np.array([[1, "a"], [{"b": 2}, None]], dtype=object)
     with ShardedStore(str(path), chunks_per_shard=(2, 2)) as store:
         group = zarr.group(store=store)
         group.attrs["title"] = "one opaque array"
@@ -114,6 +115,9 @@ def test_an_opaque_array_fails_alone(tmp_path: Path, reader: Reader, consolidate
             "_ARRAY_DIMENSIONS"
         ] = ["k"]
         group.create_dataset("grid", data=grid, chunks=(2, 4)).attrs["_ARRAY_DIMENSIONS"] = ["y", "x"]
+        group.create_dataset("packed2d", data=packed2d, chunks=(1, 2), object_codec=numcodecs.JSON()).attrs[
+            "_ARRAY_DIMENSIONS"
+        ] = ["k", "j"]  # 2-d: sharded, with an opaque data type
         sub = group.create_group("sub")
         sub.create_dataset("line", data=np.arange(5, dtype="u1"), chunks=(2,))
         if consolidated:
@@ -122,11 +126,14 @@ def test_an_opaque_array_fails_alone(tmp_path: Path, reader: Reader, consolidate
         back = zarr.open_group(store, mode="r")
         np.testing.assert_array_equal(back["packed"][...], packed)
         np.testing.assert_array_equal(back["grid"][...], grid)
-    read = reader.run("zarr3", path, "x", "grid", "sub/line", "packed")
+        assert store.sharded_array("packed2d") is not None and store.sharded_array("packed") is None
+        assert back["packed2d"][...].tolist() == packed2d.tolist()
+    read = reader.run("zarr3", path, "x", "grid", "sub/line", "packed", "packed2d")
     np.testing.assert_array_equal(read["x"]["data"], x)
     np.testing.assert_array_equal(read["grid"]["data"], grid)
     np.testing.assert_array_equal(read["sub/line"]["data"], np.arange(5, dtype="u1"))
     assert not read["packed"]["ok"] and "packed" in read["packed"]["error"], read["packed"]
+    assert not read["packed2d"]["ok"], read["packed2d"]
     if consolidated:
         listed = reader.run("zarr3-consolidated", path)
         assert listed["consolidated"] and listed["attributes"] == {"title": "one opaque array"}
