@@ -250,6 +250,18 @@ def test_a_hierarchy_made_before_is_described_when_consolidated(tmp_path: Path) 
     assert sorted(_block(root)) == ["grid", "line", "old"]
 
 
+def test_a_group_v3_cannot_hold_stays_v2_and_the_rest_is_described(tmp_path: Path) -> None:
+    root = tmp_path / "nan-group.zarr"
+    with ShardedStore(str(root), chunks_per_shard=(2, 2)) as store:
+        group = zarr.group(store=store)
+        group.create_group("odd").attrs["missing"] = float("nan")
+        group.create_dataset("line", data=np.arange(3.0), chunks=2)
+        group.create_dataset("grid", data=np.arange(16.0).reshape(4, 4), chunks=(2, 2))  # the root becomes v3 here
+        assert np.isnan(zarr.open_group(store, mode="r")["odd"].attrs["missing"])
+    assert (root / "odd" / ".zgroup").exists() and not (root / "odd" / "zarr.json").exists()
+    _assert_mirror(root, "line")
+
+
 def test_a_v2_hierarchy_without_sharded_arrays_stays_v2(tmp_path: Path) -> None:
     root = tmp_path / "v2.zarr"
     with ShardedStore(str(root), chunks_per_shard=None) as store:

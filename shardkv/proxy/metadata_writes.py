@@ -92,6 +92,15 @@ class _Stored:
 _STORED = _Stored()
 
 
+def _fits_v3_json(key: str, doc: Mapping[str, Any]) -> bool:
+    """Whether ``doc`` can be stored as a ``zarr.json`` (strict JSON: no ``NaN``/``inf`` floats)."""
+    try:
+        dump_json(doc, key=key, strict=True)
+    except MetadataError:
+        return False
+    return True
+
+
 def writes_to(kv: KVStore) -> WriteValues:
     """The :data:`WriteValues` of a store: one unconditional batch (``None`` deletes)."""
 
@@ -334,7 +343,17 @@ class MetadataWriter:
         self._apply_v3_down(plan)
 
     def _apply_v3_down(self, plan: MetadataPlan) -> None:
-        """Apply a :func:`~shardkv.metadata.all_v3.plan_v3_down` plan (its arrays are mirrors)."""
+        """Apply a :func:`~shardkv.metadata.all_v3.plan_v3_down` plan (its arrays are mirrors).
+
+        A node whose document v3 JSON cannot hold (a non-finite float in its
+        attributes) is left as it is: describing the rest never fails on it.
+        """
+        unfit = {split_key(k)[0] for k, d in plan.writes.items() if not _fits_v3_json(k, d)}
+        if unfit:
+            plan = MetadataPlan(
+                {k: d for k, d in plan.writes.items() if split_key(k)[0] not in unfit},
+                frozenset(k for k in plan.deletes if split_key(k)[0] not in unfit),
+            )
         mirrors = [split_key(k)[0] for k, d in plan.writes.items() if d.get("node_type") == "array"]
         for key in plan.deletes:
             self._nodes.forget(split_key(key)[0])
@@ -366,11 +385,9 @@ class MetadataWriter:
         key = join_path(path, ZARR_JSON)
         try:
             doc = v3_view_of_unsharded_v2(zarray, zattrs).metadata
-            if doc:
-                dump_json(doc, key=key, strict=True)
-        except (ConfigurationError, UnsupportedError):  # MetadataError is a ConfigurationError
+        except (ConfigurationError, UnsupportedError):
             doc = {}
-        if not doc:
+        if not doc or not _fits_v3_json(key, doc):
             if self._nodes.node(path).mirrored:
                 self._apply(MetadataPlan(deletes=frozenset({key})))
             return

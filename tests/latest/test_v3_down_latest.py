@@ -141,3 +141,30 @@ def test_an_opaque_array_fails_alone(tmp_path: Path, reader: Reader, consolidate
         ds = reader.run("xarray", path)
         assert sorted(k for k in ds if k != "__attrs__") == ["grid", "x"]
         np.testing.assert_array_equal(ds["grid"]["data"], grid)
+
+
+def test_unsharded_arrays_of_many_kinds_read_equal_at_the_root(tmp_path: Path, reader: Reader) -> None:
+    """F order, a filter, strings, a '/' separator, a NaN fill: the mirrors read the chunk files zarr 2 wrote."""
+    path = tmp_path / "kinds.zarr"
+    arrays = {
+        "f_order": (np.arange(24.0).reshape(4, 6), {"chunks": (3, 4), "order": "F", "fill_value": np.nan}),
+        "delta": (np.arange(10, dtype="i4"), {"chunks": (4,), "filters": [numcodecs.Delta(dtype="i4")]}),
+        "words": (np.array(["a", "bc", "déf"], dtype=object), {"chunks": (2,), "object_codec": numcodecs.VLenUTF8()}),
+        "g/nested": (np.arange(12, dtype="u2").reshape(3, 4), {"chunks": (2, 2), "dimension_separator": "/"}),
+        "g/sparse": (np.full(6, np.nan), {"chunks": (2,), "fill_value": np.nan}),
+    }
+    with ShardedStore(str(path), chunks_per_shard={"cube": (2, 2, 2)}) as store:
+        group = zarr.group(store=store)
+        for name, (data, kwargs) in arrays.items():
+            group.create_dataset(name, data=data, **kwargs)
+        group["g/sparse"][2:4] = [1.0, 2.0]
+        group.create_dataset("cube", data=np.ones((4, 4, 4)), chunks=(2, 2, 2))  # the one sharded array
+    read = reader.run("zarr3", path, *arrays)
+    with ShardedStore(str(path)) as store:
+        for name in arrays:
+            expected = zarr.open_array(store, path=name, mode="r")[...]
+            assert read[name]["ok"], (name, read[name])
+            if expected.dtype == object:
+                assert read[name]["data"].tolist() == expected.tolist(), name
+            else:
+                np.testing.assert_array_equal(read[name]["data"], expected, err_msg=name)
