@@ -20,14 +20,29 @@ gets no ``zarr.json``: zarr-python 3 then reads its ``.zarray`` as zarr 2 wrote 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
+
+from shardkv.errors import ConfigurationError, UnsupportedError
 
 from shardkv.keys.encodings import V2ChunkKeyEncoding
-from shardkv.metadata.hierarchy import ZARR_JSON, group_document, with_consolidated_metadata
+from shardkv.metadata.hierarchy import (
+    ZARR_JSON,
+    MetadataPlan,
+    group_document,
+    group_paths,
+    plan_v3_groups,
+    with_consolidated_metadata,
+)
 from shardkv.metadata.v2_codecs import v3_encoding_of_v2
-from shardkv.metadata.v3_view import V3View, dimension_names_of, mark_v2_encoding, v2_dimension_separator
+from shardkv.metadata.v3_view import (
+    V3View,
+    dimension_names_of,
+    mark_v2_encoding,
+    sharding_spec_from_v3,
+    v2_dimension_separator,
+)
 
-__all__ = ["AllV3Plan", "v3_view_of_unsharded_v2", "plan_all_v3"]
+__all__ = ["AllV3Plan", "v3_view_of_unsharded_v2", "plan_all_v3", "may_mirror", "plan_v3_down"]
 
 
 def v3_view_of_unsharded_v2(zarray: Mapping[str, Any], zattrs: Mapping[str, Any] | None) -> V3View:
@@ -96,6 +111,93 @@ def _join(path: str, name: str) -> str:
     return f"{path}/{name}" if path else name
 
 
+def _v2_nodes(
+    documents: Mapping[str, Mapping[str, Any]],
+) -> tuple[dict[str, Mapping[str, Any] | None], dict[str, dict[str, Any]], dict[str, str]]:
+    """The v2 nodes of ``documents`` that have no ``zarr.json``: ``(groups, arrays, refused)``.
+
+    ``groups``: path -> ``.zattrs``; ``arrays``: path -> the v3 document that
+    reads the array's chunks (:func:`v3_view_of_unsharded_v2`); ``refused``:
+    path -> why an array has none.
+    """
+    groups: dict[str, Mapping[str, Any] | None] = {}
+    arrays: dict[str, dict[str, Any]] = {}
+    refused: dict[str, str] = {}
+    for key in sorted(documents):
+        path, _, name = key.rpartition("/")
+        if name not in (".zarray", ".zgroup") or _join(path, ZARR_JSON) in documents:
+            continue
+        zattrs = documents.get(_join(path, ".zattrs"))
+        if name == ".zgroup":
+            groups[path] = zattrs
+            continue
+        view = v3_view_of_unsharded_v2(documents[key], zattrs)
+        if view.metadata:
+            arrays[path] = view.metadata
+        else:
+            refused[path] = "; ".join(view.problems)
+    return groups, arrays, refused
+
+
+def may_mirror(doc: Mapping[str, Any] | None) -> bool:
+    """True for a v3 array document that may mirror an unsharded v2 array's ``.zarray``.
+
+    Not sharded, with the ``v2`` chunk key encoding (:func:`v3_view_of_unsharded_v2`
+    writes such documents); whether it *is* a mirror depends on a ``.zarray``
+    stored beside it, which stays the array's description for zarr-python 2.
+    """
+    if doc is None or doc.get("zarr_format") != 3 or doc.get("node_type") != "array":
+        return False
+    encoding = doc.get("chunk_key_encoding")
+    if not isinstance(encoding, Mapping) or encoding.get("name") != "v2":
+        return False
+    try:
+        return sharding_spec_from_v3(doc) is None
+    except (ConfigurationError, UnsupportedError):
+        return False
+
+
+def plan_v3_down(
+    documents: Mapping[str, Mapping[str, Any]], v3_paths: Iterable[str] = ()
+) -> tuple[MetadataPlan, dict[str, str]]:
+    """The plan that describes every v2 node of a hierarchy in v3 once one of its arrays is sharded (issue 19 item 5).
+
+    Unlike :func:`plan_all_v3` (``convert --all-v3``), a v2 group is stored as
+    a v3 group only (as the groups on the path of a sharded array are, so the
+    proxy presents its ``.zgroup``/``.zattrs``), and every group on the path of
+    a described array gets a v3 group document too (zarr-python 3 finds a node
+    only through v3 groups). An unsharded array keeps its ``.zarray``/``.zattrs``
+    (zarr-python 2 with or without shardkv reads them as written) and gains a
+    ``zarr.json`` mirror that reads the same chunk objects.
+
+    Parameters
+    ----------
+    documents : mapping of str to mapping
+        Metadata documents by store key, parsed (``.zarray``, ``.zattrs``,
+        ``.zgroup``, ``zarr.json``); a path with a ``zarr.json`` is already v3.
+    v3_paths : iterable of str
+        Paths known to be v3 already (besides those with a ``zarr.json`` in ``documents``).
+
+    Returns
+    -------
+    (MetadataPlan, dict of str to str)
+        The plan, and the arrays left without a ``zarr.json`` (path -> why:
+        no v3 reader decodes their data type, so v3 readers do not list them
+        and their siblings stay readable).
+    """
+    known = {p.strip("/") for p in v3_paths}
+    docs = {k: v for k, v in documents.items() if k.rpartition("/")[0] not in known}
+    docs.update({_join(p, ZARR_JSON): {} for p in known})
+    groups, arrays, refused = _v2_nodes(docs)
+    have_v3 = {k.rpartition("/")[0] for k in docs if k.rpartition("/")[2] == ZARR_JSON}
+    for path in arrays:
+        for group in group_paths(path):
+            if group not in have_v3 and group not in groups:
+                groups[group] = docs.get(_join(group, ".zattrs"))
+    plan = plan_v3_groups(groups)
+    return plan.merged(MetadataPlan({_join(p, ZARR_JSON): d for p, d in arrays.items()})), refused
+
+
 def plan_all_v3(documents: Mapping[str, Mapping[str, Any]]) -> AllV3Plan:
     """The v3 documents of every v2 node of a hierarchy that has no ``zarr.json`` yet.
 
@@ -109,20 +211,11 @@ def plan_all_v3(documents: Mapping[str, Mapping[str, Any]]) -> AllV3Plan:
     -------
     AllV3Plan
     """
-    plan = AllV3Plan()
-    for key in sorted(documents):
-        path, _, name = key.rpartition("/")
-        if name not in (".zarray", ".zgroup") or _join(path, ZARR_JSON) in documents:
-            continue
-        zattrs = documents.get(_join(path, ".zattrs"))
-        if name == ".zgroup":
-            plan.writes[_join(path, ZARR_JSON)] = group_document(zattrs)
-            continue
-        view = v3_view_of_unsharded_v2(documents[key], zattrs)
-        if view.metadata:
-            plan.writes[_join(path, ZARR_JSON)] = view.metadata
-        else:
-            plan.refused[path] = "; ".join(view.problems)
+    groups, arrays, refused = _v2_nodes(documents)
+    plan = AllV3Plan(refused=refused)
+    for path, attrs in groups.items():
+        plan.writes[_join(path, ZARR_JSON)] = group_document(attrs)
+    plan.writes.update((_join(path, ZARR_JSON), doc) for path, doc in arrays.items())
     root = plan.writes.get(ZARR_JSON) or documents.get(ZARR_JSON)
     if root is not None and "consolidated_metadata" in root and root.get("node_type") == "group":
         nodes = {k.rpartition("/")[0]: dict(v) for k, v in documents.items() if k.rpartition("/")[2] == ZARR_JSON}

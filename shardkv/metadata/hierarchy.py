@@ -60,10 +60,14 @@ __all__ = [
     "plan_attributes",
     "plan_group",
     "plan_zarray_update",
+    "plan_v3_groups",
     "present",
     "stored_zmetadata",
     "presented_zmetadata",
     "with_consolidated_metadata",
+    "consolidated_entry",
+    "has_consolidated",
+    "consolidated_in_step",
     "is_opaque",
     "plan_migration",
 ]
@@ -177,10 +181,30 @@ def plan_sharded_array(
     """
     if not path.strip("/"):
         raise ConfigurationError("the root of a hierarchy is a group; a sharded array needs a path", path)
-    writes = {_join(path, ZARR_JSON): array_document(zarray, zattrs, layout)}
-    deletes = {_join(path, ".zarray"), _join(path, ".zattrs")}
-    for group in group_paths(path):
-        writes[_join(group, ZARR_JSON)] = group_document(groups.get(group))
+    own = MetadataPlan({_join(path, ZARR_JSON): array_document(zarray, zattrs, layout)},
+                       frozenset({_join(path, ".zarray"), _join(path, ".zattrs")}))
+    return plan_v3_groups({g: groups.get(g) for g in group_paths(path)}).merged(own)
+
+
+def plan_v3_groups(groups: Mapping[str, Mapping[str, Any] | None]) -> MetadataPlan:
+    """The documents that store each of ``groups`` as a v3 group only.
+
+    Parameters
+    ----------
+    groups : mapping of str to mapping or None
+        Group path -> its attributes (``None``: none).
+
+    Returns
+    -------
+    MetadataPlan
+        Writes each group's ``zarr.json`` (:func:`group_document`); deletes
+        its ``.zgroup`` and ``.zattrs`` (presented from the ``zarr.json``).
+    """
+    writes: dict[str, dict[str, Any]] = {}
+    deletes: set[str] = set()
+    for group, attrs in groups.items():
+        group = group.strip("/")
+        writes[_join(group, ZARR_JSON)] = group_document(attrs)
         deletes.update({_join(group, ".zgroup"), _join(group, ".zattrs")})
     return MetadataPlan(writes, frozenset(deletes))
 
@@ -227,12 +251,8 @@ def plan_group(path: str, zattrs: Mapping[str, Any] | None, groups: Mapping[str,
     the groups above, as in :func:`plan_sharded_array`.
     """
     path = path.strip("/")
-    writes = {_join(path, ZARR_JSON): group_document(zattrs)}
-    deletes = {_join(path, ".zgroup"), _join(path, ".zattrs")}
-    for group in group_paths(path):
-        writes[_join(group, ZARR_JSON)] = group_document(groups.get(group))
-        deletes.update({_join(group, ".zgroup"), _join(group, ".zattrs")})
-    return MetadataPlan(writes, frozenset(deletes))
+    above = plan_v3_groups({g: groups.get(g) for g in group_paths(path)})
+    return above.merged(plan_v3_groups({path: zattrs}))
 
 
 def plan_zarray_update(path: str, stored: Mapping[str, Any], zarray: Mapping[str, Any]) -> MetadataPlan:
@@ -373,15 +393,80 @@ def with_consolidated_metadata(root: Mapping[str, Any], nodes: Mapping[str, Mapp
     if root.get("zarr_format") != 3 or root.get("node_type") != "group":
         raise ConfigurationError(f"the root must be a v3 group document, got {dict(root)!r}")
     flat: dict[str, Any] = {}
-    for path in sorted(p.strip("/") for p in nodes):
-        if is_opaque(nodes[path]):
-            continue  # v3 readers parse the whole block: one unknown data type would fail every node
-        doc = {k: v for k, v in nodes[path].items() if k != "consolidated_metadata"}
-        if doc.get("node_type") == "group":
-            doc["consolidated_metadata"] = _inline({})
-        flat[path] = doc
+    for path, doc in nodes.items():
+        entry = consolidated_entry(doc)
+        if entry is not None:
+            flat[path.strip("/")] = entry
     out = {k: v for k, v in root.items() if k != "consolidated_metadata"}
-    out["consolidated_metadata"] = _inline(flat)
+    out["consolidated_metadata"] = _inline(dict(sorted(flat.items())))
+    return out
+
+
+def consolidated_entry(doc: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A node's entry in the root's consolidated block (zarr-python 3's shape), or ``None`` to leave it out.
+
+    Arrays no v3 reader decodes (:func:`is_opaque`) are left out: zarr-python 3
+    parses the whole block when it opens the root. A group's entry has an
+    empty inline block of its own.
+    """
+    if is_opaque(doc):
+        return None
+    entry = {k: v for k, v in doc.items() if k != "consolidated_metadata"}
+    if entry.get("node_type") == "group":
+        entry["consolidated_metadata"] = _inline({})
+    return entry
+
+
+def has_consolidated(root: Mapping[str, Any] | None) -> bool:
+    """True for a v3 group document that holds an inline ``consolidated_metadata`` block."""
+    if root is None or root.get("zarr_format") != 3 or root.get("node_type") != "group":
+        return False
+    block = root.get("consolidated_metadata")
+    return isinstance(block, Mapping) and isinstance(block.get("metadata"), Mapping)
+
+
+def consolidated_in_step(root: Mapping[str, Any], block_of: Mapping[str, Any], changed: Mapping[str, Mapping[str, Any] | None]) -> dict[str, Any]:
+    """The root's v3 group document with its consolidated block brought in step with ``changed`` nodes.
+
+    zarr-python 3 takes a root's consolidated block for the whole hierarchy
+    (a node missing from it is not found, a stale shape is read as it says),
+    so the proxy keeps it in step with every v3 document it writes or deletes
+    below the root, not only when zarr 2 consolidates again.
+
+    Parameters
+    ----------
+    root : mapping
+        The root's v3 group document to store (its own block, if any, is replaced).
+    block_of : mapping
+        The root document whose consolidated block is brought up to date
+        (:func:`has_consolidated`); often ``root`` itself.
+    changed : mapping of str to mapping or None
+        Node path (below the root) -> its new v3 document, or ``None`` for a
+        node deleted (its entry and every entry below it go).
+
+    Raises
+    ------
+    ConfigurationError
+        If ``root`` is not a v3 group document or ``block_of`` holds no block.
+    """
+    if root.get("zarr_format") != 3 or root.get("node_type") != "group":
+        raise ConfigurationError(f"the root must be a v3 group document, got {dict(root)!r}")
+    if not has_consolidated(block_of):
+        raise ConfigurationError("the root document holds no consolidated_metadata block")
+    flat = dict(block_of["consolidated_metadata"]["metadata"])
+    for path in sorted((p.strip("/") for p in changed), key=lambda p: (p.count("/"), p)):
+        doc = changed[path]
+        if doc is None:
+            prefix = f"{path}/"
+            flat = {p: d for p, d in flat.items() if p != path and not p.startswith(prefix)}
+            continue
+        entry = consolidated_entry(doc)
+        if entry is None:
+            flat.pop(path, None)
+        else:
+            flat[path] = entry
+    out = {k: v for k, v in root.items() if k != "consolidated_metadata"}
+    out["consolidated_metadata"] = {**block_of["consolidated_metadata"], "metadata": dict(sorted(flat.items()))}
     return out
 
 

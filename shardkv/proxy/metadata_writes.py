@@ -17,8 +17,23 @@ written through the proxy              stored
 ``.zgroup`` under a v3 root            a v3 group ``zarr.json`` (:func:`plan_group`)
 ``.zmetadata``                         :func:`stored_zmetadata`, and the root
                                        ``zarr.json`` with consolidated metadata
-anything else                          as it is (unsharded arrays, v2 hierarchies)
+``.zarray``/``.zattrs`` of an          as it is, and a ``zarr.json`` mirror beside it
+unsharded array under a v3 root        (:func:`~shardkv.metadata.all_v3.v3_view_of_unsharded_v2`)
+anything else                          as it is (v2 hierarchies)
 =====================================  ==============================================
+
+A hierarchy is v3 all the way down once one of its arrays is sharded (issue
+19, item 5): when the root becomes a v3 group, every v2 group is stored as a
+v3 group and every unsharded array gains a ``zarr.json`` that reads its chunk
+objects where they are (:func:`~shardkv.metadata.all_v3.plan_v3_down`; one
+listing, once); from then on each ``.zarray``/``.zattrs`` write or delete of an
+unsharded array brings its mirror in step, and a ``.zmetadata`` write describes
+any v2 node it lists that is still missing. An array no v3 reader decodes gets
+no mirror (v3 readers do not list it; its siblings stay readable). Every v3
+document written or deleted below a group whose ``zarr.json`` holds a
+consolidated block is brought into that block in the same batch
+(:func:`~shardkv.metadata.hierarchy.consolidated_in_step`): zarr-python 3
+trusts the block for the whole hierarchy.
 
 A ``.zattrs`` written before its node's ``.zarray`` is stored as it is and
 taken into the ``zarr.json`` when the ``.zarray`` arrives. Arrays written by
@@ -32,19 +47,23 @@ from __future__ import annotations
 import itertools
 from typing import Any, Callable, Iterable, Mapping
 
-from shardkv.errors import ConfigurationError, MetadataError, ReservedKeyError
+from shardkv.errors import ConfigurationError, MetadataError, ReservedKeyError, UnsupportedError
 from shardkv.format.layout import ShardLayout
-from shardkv.keys.paths import join_path, split_key
+from shardkv.keys.paths import join_path, path_prefix, split_key
 from shardkv.keys.space import ShardedArray
-from shardkv.metadata.documents import dump_json, load_object, load_zarray
+from shardkv.metadata.all_v3 import plan_v3_down, v3_view_of_unsharded_v2
+from shardkv.metadata.documents import dump_json, load_json, load_object, load_zarray
 from shardkv.metadata.hierarchy import (
     ZARR_JSON,
     MetadataPlan,
+    consolidated_in_step,
     group_paths,
+    has_consolidated,
     plan_attributes,
     plan_group,
     plan_root_array,
     plan_sharded_array,
+    plan_v3_groups,
     plan_zarray_update,
     stored_zmetadata,
     with_consolidated_metadata,
@@ -63,6 +82,23 @@ WriteValues = Callable[[Mapping[str, "bytes | memoryview | None"]], None]
 
 _HIDDEN_REASON = "the zarr.json of a sharded array is managed by shardkv"
 _READ_ONLY = "the metadata of a Zarr v3 array written by another library is read-only; change it with a v3 library"
+_V2_NAMES = (".zarray", ".zattrs", ".zgroup", ZARR_JSON)
+
+
+class _Stored:
+    """The type of :data:`_STORED`: a document to read from the base store, not given."""
+
+
+_STORED = _Stored()
+
+
+def _fits_v3_json(key: str, doc: Mapping[str, Any]) -> bool:
+    """Whether ``doc`` can be stored as a ``zarr.json`` (strict JSON: no ``NaN``/``inf`` floats)."""
+    try:
+        dump_json(doc, key=key, strict=True)
+    except MetadataError:
+        return False
+    return True
 
 
 def writes_to(kv: KVStore) -> WriteValues:
@@ -168,6 +204,7 @@ class MetadataWriter:
         if name == ZARR_JSON and self._nodes.is_hidden(key):
             raise ReservedKeyError(key, _HIDDEN_REASON)
         node = self._nodes.presented(path) if name in (".zarray", ".zattrs", ".zgroup") else None
+        mirrored = name in (".zarray", ".zattrs") and self._nodes.node(path).mirrored
         if name == ".zarray":
             self._writer.discard_under(path)
         if name in (".zarray", ".zgroup"):
@@ -176,6 +213,10 @@ class MetadataWriter:
             if key not in self._read([key]):
                 raise KeyError(key)
             self._store({key: None})
+            if mirrored and name == ".zarray":  # the array is gone for v3 readers too
+                self._apply(MetadataPlan(deletes=frozenset({join_path(path, ZARR_JSON)})))
+            elif mirrored:
+                self._mirror(path, zattrs=None)
             return
         if not node.writable:
             raise ReservedKeyError(key, _READ_ONLY)
@@ -184,6 +225,20 @@ class MetadataWriter:
         else:
             self._apply(MetadataPlan(deletes=frozenset({join_path(path, ZARR_JSON)})))
         self._nodes.forget(path)
+
+    def removed(self, path: str) -> None:
+        """Bring the consolidated blocks above ``path`` in step after everything under it was deleted (``rmdir``).
+
+        zarr-python 2 deletes an array or group with ``rmdir``, which never
+        passes through :meth:`delete`; a block that still listed the node
+        would have v3 readers open it and read fill values.
+        """
+        path = path.strip("/")
+        if not path:
+            return
+        plan = self._in_step(MetadataPlan(deletes=frozenset({join_path(path, ZARR_JSON)})))
+        if plan.writes:
+            self._apply(MetadataPlan(plan.writes))
 
     # -- writing ---------------------------------------------------------------------
 
@@ -195,11 +250,23 @@ class MetadataWriter:
             if name in (".zarray", ".zgroup", ZARR_JSON):
                 self._nodes.forget(path)
 
-    def _apply(self, plan: MetadataPlan, arrays: Mapping[str, ShardedArray | None] | None = None) -> dict[str, Node]:
+    def _apply(
+        self,
+        plan: MetadataPlan,
+        arrays: Mapping[str, ShardedArray | None] | None = None,
+        mirrors: Iterable[str] = (),
+    ) -> dict[str, Node]:
         """Write and delete what ``plan`` says (v3 documents first); the written nodes recorded, not read back.
 
-        ``arrays``: the key mappings of the arrays written, by path, as built from the ``.zarray`` given.
+        ``arrays``: the key mappings of the arrays written, by path, as built
+        from the ``.zarray`` given; ``mirrors``: the paths whose ``zarr.json``
+        written mirrors an unsharded array's ``.zarray``. Consolidated blocks
+        above the nodes written are brought in step in the same batch; a root
+        that becomes a v3 group here makes the whole hierarchy v3 (:meth:`_describe_v2_nodes`).
         """
+        root = plan.writes.get(ZARR_JSON)
+        becomes_v3 = root is not None and root.get("node_type") == "group" and not self._hierarchy_is_v3()
+        plan = self._in_step(plan)
         values = {k: dump_json(doc, key=k, strict=split_key(k)[1] == ZARR_JSON) for k, doc in plan.writes.items()}
         for key in plan.deletes:
             self._nodes.forget(split_key(key)[0])
@@ -207,12 +274,127 @@ class MetadataWriter:
             self._write(values)
         if plan.deletes:
             self._write(dict.fromkeys(sorted(plan.deletes)))
+        mirrored = set(mirrors)
         written: dict[str, Node] = {}
         for key, raw in values.items():
             path, name = split_key(key)
-            if name == ZARR_JSON:
+            if name == ZARR_JSON and path in mirrored:
+                written[path] = self._nodes.keep_mirror(path, raw, plan.writes[key])
+            elif name == ZARR_JSON:
                 written[path] = self._nodes.keep_written(path, raw, plan.writes[key], (arrays or {}).get(path))
+        if becomes_v3:
+            self._describe_v2_nodes()
         return written
+
+    # -- v3 all the way down (issue 19, item 5) ------------------------------------------
+
+    def _hierarchy_is_v3(self) -> bool:
+        """True when the store's root is a v3 group (some array below it is sharded, or was)."""
+        root = self._nodes.node("").doc
+        return root is not None and root.get("node_type") == "group"
+
+    def _in_step(self, plan: MetadataPlan) -> MetadataPlan:
+        """``plan`` plus the ``zarr.json`` of each group above its v3 documents whose consolidated block they change.
+
+        A group document the plan rewrites without a block keeps the block it
+        had (brought in step); a group the plan deletes takes its block along.
+        """
+        changed: dict[str, dict[str, Any] | None] = {
+            split_key(k)[0]: doc for k, doc in plan.writes.items() if split_key(k)[1] == ZARR_JSON
+        }
+        changed.update((split_key(k)[0], None) for k in plan.deletes if split_key(k)[1] == ZARR_JSON)
+        candidates = {g for p in changed for g in group_paths(p)}
+        candidates.update(p for p, d in changed.items() if d is not None and d.get("node_type") == "group")
+        if not changed or not candidates:
+            return plan
+        stored = {g: n.doc for g, n in self._nodes.nodes(sorted(candidates)).items()}
+        extra: dict[str, dict[str, Any]] = {}
+        for group in sorted(candidates):
+            before = stored.get(group)
+            if not has_consolidated(before) or (group in changed and changed[group] is None):
+                continue
+            prefix = path_prefix(group)
+            below = {p[len(prefix) :]: d for p, d in changed.items() if p != group and p.startswith(prefix)}
+            new = changed.get(group) or before
+            if new is None or (not below and group not in changed):
+                continue
+            block_of = new if has_consolidated(new) else before
+            if block_of is None:  # pragma: no cover - has_consolidated(before) holds
+                continue
+            extra[join_path(group, ZARR_JSON)] = consolidated_in_step(new, block_of, below)
+        return plan.merged(MetadataPlan(extra)) if extra else plan
+
+    def _describe_v2_nodes(self) -> None:
+        """Describe every v2 group and unsharded array of the store in v3 (one listing, one batched read).
+
+        Run once, when the root becomes a v3 group. A document that is not
+        JSON is left as it is (its node stays v2 until it is written again).
+        """
+        keys = [k for k in self._list("") if split_key(k)[1] in _V2_NAMES]
+        documents: dict[str, dict[str, Any]] = {}
+        for key, raw in self._read(keys).items():
+            try:
+                doc = load_json(key, raw)
+            except MetadataError:
+                continue
+            if isinstance(doc, dict):
+                documents[key] = doc
+        plan, _refused = plan_v3_down(documents)
+        self._apply_v3_down(plan)
+
+    def _apply_v3_down(self, plan: MetadataPlan) -> None:
+        """Apply a :func:`~shardkv.metadata.all_v3.plan_v3_down` plan (its arrays are mirrors).
+
+        A node whose document v3 JSON cannot hold (a non-finite float in its
+        attributes) is left as it is: describing the rest never fails on it.
+        """
+        unfit = {split_key(k)[0] for k, d in plan.writes.items() if not _fits_v3_json(k, d)}
+        if unfit:
+            plan = MetadataPlan(
+                {k: d for k, d in plan.writes.items() if split_key(k)[0] not in unfit},
+                frozenset(k for k in plan.deletes if split_key(k)[0] not in unfit),
+            )
+        mirrors = [split_key(k)[0] for k, d in plan.writes.items() if d.get("node_type") == "array"]
+        for key in plan.deletes:
+            self._nodes.forget(split_key(key)[0])
+        self._apply(plan, mirrors=mirrors)
+
+    def _mirror(
+        self, path: str, zarray: Mapping[str, Any] | None = None, zattrs: Mapping[str, Any] | None | _Stored = _STORED
+    ) -> None:
+        """Bring the ``zarr.json`` mirror of the unsharded array at ``path`` in step with its v2 documents.
+
+        ``zarray`` and ``zattrs`` are the documents just written (``zattrs=None``:
+        deleted); the ones not given are read. An array with no v3 data type,
+        or whose documents v3 cannot hold (a non-finite float in its
+        attributes), loses its mirror rather than keep a stale one: the
+        zarr-python 2 write it follows never fails because of it.
+        """
+        wanted = [join_path(path, ".zarray")] if zarray is None else []
+        if isinstance(zattrs, _Stored):
+            wanted.append(join_path(path, ".zattrs"))
+        found = self._read(wanted) if wanted else {}
+        if zarray is None:
+            raw_zarray = found.get(join_path(path, ".zarray"))
+            if raw_zarray is None:
+                return
+            zarray = load_zarray(join_path(path, ".zarray"), raw_zarray)
+        if isinstance(zattrs, _Stored):
+            raw_attrs = found.get(join_path(path, ".zattrs"))
+            zattrs = None if raw_attrs is None else load_object(join_path(path, ".zattrs"), raw_attrs)
+        key = join_path(path, ZARR_JSON)
+        try:
+            doc = v3_view_of_unsharded_v2(zarray, zattrs).metadata
+        except (ConfigurationError, UnsupportedError):
+            doc = {}
+        if not doc or not _fits_v3_json(key, doc):
+            if self._nodes.node(path).mirrored:
+                self._apply(MetadataPlan(deletes=frozenset({key})))
+            return
+        above = group_paths(path)
+        v3 = self._nodes.v3_nodes(above)
+        groups = plan_v3_groups(self._group_attributes([g for g in above if g not in v3]))
+        self._apply(groups.merged(MetadataPlan({key: doc})), mirrors=[path])
 
     # -- attributes and groups ------------------------------------------------------------
 
@@ -230,6 +412,9 @@ class MetadataWriter:
         node = self._nodes.presented(path)
         if node is None:
             self._store({key: raw})  # a v2 node, or held until its .zarray / .zgroup arrives
+            plain = self._nodes.node(path)
+            if plain.unsharded and (plain.mirrored or self._hierarchy_is_v3()):
+                self._mirror(path, zattrs=attrs)
             return
         if not node.writable:
             raise ReservedKeyError(key, _READ_ONLY)
@@ -253,12 +438,21 @@ class MetadataWriter:
             raise MetadataError(key, "field 'metadata' must be a JSON object")
         paths = {k.rpartition("/")[0] for k in entries if k.rpartition("/")[2] in (".zarray", ".zgroup")}
         found = self._nodes.v3_nodes(join_path(path, p) for p in paths)
+        if self._hierarchy_is_v3() and len(found) < len(paths):  # v2 nodes it lists: described from it
+            listed = {join_path(path, k): v for k, v in entries.items() if isinstance(v, dict)}
+            known = set(found) | set(self._nodes.v3_nodes([*group_paths(path), path]))
+            plan, _refused = plan_v3_down(listed, known)
+            self._apply_v3_down(plan)
+            found = self._nodes.v3_nodes(join_path(path, p) for p in paths)
         v3: dict[str, dict[str, Any]] = {}
+        mirrors: set[str] = set()
         for p in paths:
             node = found.get(join_path(path, p).strip("/"))
             if node is not None and node.doc is not None:
                 v3[p] = node.doc
-        sharded = [p for p, d in v3.items() if d.get("node_type") == "array"]
+                if node.mirrored:
+                    mirrors.add(p)
+        sharded = [p for p, d in v3.items() if d.get("node_type") == "array" and p not in mirrors]
         stored = stored_zmetadata(doc, sharded) if sharded else doc
         self._write({key: dump_json(stored, key=key)})
         root = v3.get("")
@@ -276,11 +470,15 @@ class MetadataWriter:
             return
         if node.unsharded:
             self._write({key: raw})  # still an unsharded array
+            if node.mirrored or self._hierarchy_is_v3():
+                self._mirror(path, zarray)
             return
         cps = self._options.chunks_per_shard.for_array(path, len(zarray["shape"]))
         if cps is None:
             self._write({key: raw})
             self._nodes.set(build_node(path, None, raw))
+            if path and self._hierarchy_is_v3():
+                self._mirror(path, zarray)
             return
         layout = ShardLayout.v3(cps, self._options.index_location, "little", self._options.index_checksum)
         self._remove_leftovers(path)

@@ -10,6 +10,11 @@ One :class:`Node` per path, built from its stored ``zarr.json`` (and
   built from the same dicts (no v3 -> v2 bytes -> parsed-again round trip);
 * an array with a stored ``.zarray`` and no presentable ``zarr.json`` is
   *unsharded*: its chunk keys pass through;
+* an unsharded array whose ``zarr.json`` *mirrors* its ``.zarray`` (a v3
+  array, not sharded, ``v2`` chunk key encoding, with a ``.zarray`` beside
+  it: issue 19 item 5, :func:`shardkv.metadata.all_v3.plan_v3_down`) is
+  unsharded too: zarr-python 2 sees the ``.zarray``/``.zattrs`` as stored and
+  not the ``zarr.json``, which is for v3 readers;
 * anything else (a v2 group, nothing) is no array.
 
 The table reads only through the ``read`` callable it is given
@@ -28,6 +33,7 @@ from shardkv.errors import ConfigurationError, MetadataError
 from shardkv.keys.encodings import V2ChunkKeyEncoding
 from shardkv.keys.paths import join_path, owner_candidates, split_key
 from shardkv.keys.space import ShardedArray
+from shardkv.metadata.all_v3 import may_mirror
 from shardkv.metadata.documents import META_NAMES, dump_json, load_json
 from shardkv.metadata.hierarchy import REFUSED_ZARRAY, ZARR_JSON, present, presented_zmetadata
 from shardkv.metadata.v3_view import sharding_spec_from_v3, v2_dimension_separator
@@ -78,6 +84,9 @@ class Node:
         The key mapping of a sharded array.
     unsharded : bool
         An array whose chunks are stored one per key (passed through).
+    mirrored : bool
+        An unsharded array whose ``zarr.json`` (``doc``) mirrors its stored
+        ``.zarray`` for v3 readers (hidden from zarr-python 2).
     """
 
     path: str
@@ -87,6 +96,7 @@ class Node:
     documents: dict[str, bytes] = field(default_factory=dict, repr=False)
     array: ShardedArray | None = None
     unsharded: bool = False
+    mirrored: bool = False
 
     @property
     def is_array(self) -> bool:
@@ -96,7 +106,7 @@ class Node:
     @property
     def hides_zarr_json(self) -> bool:
         """True when zarr-python 2 sees this node through its presented documents, not its ``zarr.json``."""
-        return self.array is not None or bool(self.documents)
+        return self.array is not None or bool(self.documents) or self.mirrored
 
     @property
     def writable(self) -> bool:
@@ -159,6 +169,9 @@ def build_node(path: str, raw_json: Any | None, raw_zarray: Any | None = None) -
     raw = bytes(raw_json)
     parsed = load_json(join_path(path, ZARR_JSON), raw)
     doc = parsed if isinstance(parsed, dict) and parsed.get("zarr_format") == 3 else None
+    if raw_zarray is not None and may_mirror(doc):
+        load_json(join_path(path, ".zarray"), raw_zarray)
+        return Node(path, doc, raw, unsharded=True, mirrored=True)
     presented: dict[str, dict[str, Any]] = {}
     documents: dict[str, bytes] = {}
     if doc is not None:
@@ -281,6 +294,12 @@ class NodeTable:
         self.set(node)
         return node
 
+    def keep_mirror(self, path: str, raw: bytes, doc: dict[str, Any]) -> Node:
+        """Record the ``zarr.json`` mirror just written for the unsharded array at ``path`` (no read back)."""
+        node = Node(path, doc, raw, unsharded=True, mirrored=True)
+        self.set(node)
+        return node
+
     def prime(self, path: str, raw_json: Any) -> None:
         """Keep the node at ``path`` from ``zarr.json`` bytes already read, when they alone decide it.
 
@@ -291,7 +310,7 @@ class NodeTable:
             node = build_node(path, raw_json)
         except (ConfigurationError, NotImplementedError):  # MetadataError is a ConfigurationError
             return
-        if node.documents:
+        if node.documents and not may_mirror(node.doc):
             with self.lock:
                 self._nodes.setdefault(path, node)
                 self._owners.clear()
@@ -481,6 +500,8 @@ def _decided_by_zarr_json(path: str, raw_json: Any | None) -> Node | None:
     if raw_json is None:
         return None
     node = build_node(path, raw_json)
+    if node.doc is not None and may_mirror(node.doc):
+        return None  # a .zarray beside it makes it a mirror: read it too
     return node if node.documents else None
 
 

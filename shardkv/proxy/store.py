@@ -524,6 +524,7 @@ class ShardedStore(ProxyBase):
         self._adapter.rmdir(path)
         self._engine.forget()
         self._nodes.forget_under(path)
+        self._metadata.removed(path)  # consolidated blocks above it no longer list it (issue 19 item 5)
 
     def getsize(self, path: str = "") -> int:
         """Size in bytes of the key ``path``, or of the keys directly under the path ``path``.

@@ -1,0 +1,341 @@
+"""A hierarchy is v3 all the way down once any array in it is sharded (issue 19, item 5).
+
+Written through ``ShardedStore`` by zarr-python 2.18 and xarray (this
+environment). Oracles: zarr-python 2.18 over its own ``DirectoryStore``
+(no shardkv) reads every unsharded array as written; the same writes on a
+plain store give the same documents through the proxy; each ``zarr.json``
+mirror has the shape, chunks, separator and attributes of the ``.zarray`` and
+``.zattrs`` stored beside it. The newest zarr 3 and xarray reading the stored
+hierarchy at its root without shardkv: ``tests/latest/test_v3_down_latest.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numcodecs
+import numpy as np
+import pytest
+import zarr
+
+from shardkv import ShardedStore
+from shardkv.errors import ReservedKeyError
+
+pytestmark = pytest.mark.filterwarnings("ignore::shardkv.proxy.write_advice.PartialShardWriteWarning")
+
+xr = pytest.importorskip("xarray")
+
+
+def _doc(root: Path, key: str) -> dict[str, Any]:
+    return json.loads((root / key).read_text())  # type: ignore[no-any-return]
+
+
+def _block(root: Path, group: str = "") -> dict[str, Any]:
+    """The consolidated block of the group at ``group``: path -> entry."""
+    doc = _doc(root, f"{group}/zarr.json" if group else "zarr.json")
+    return doc["consolidated_metadata"]["metadata"]  # type: ignore[no-any-return]
+
+
+def _arrays(root: Path) -> list[str]:
+    return sorted(p.parent.relative_to(root).as_posix() for p in root.rglob(".zarray"))
+
+
+def _assert_mirror(root: Path, path: str) -> dict[str, Any]:
+    """The mirror of the unsharded array at ``path`` describes its stored ``.zarray`` and ``.zattrs``."""
+    mirror = _doc(root, f"{path}/zarr.json")
+    zarray = _doc(root, f"{path}/.zarray")
+    zattrs = _doc(root, f"{path}/.zattrs") if (root / path / ".zattrs").is_file() else {}
+    assert mirror["node_type"] == "array" and mirror["zarr_format"] == 3
+    assert mirror["shape"] == zarray["shape"]
+    assert mirror["chunk_grid"] == {"name": "regular", "configuration": {"chunk_shape": zarray["chunks"]}}
+    assert mirror["chunk_key_encoding"] == {"name": "v2", "configuration": {"separator": zarray.get("dimension_separator") or "."}}
+    assert not any(c["name"] == "sharding_indexed" for c in mirror["codecs"])
+    names = zattrs.pop("_ARRAY_DIMENSIONS", None)
+    assert mirror.get("dimension_names") == names
+    assert mirror["attributes"] == zattrs
+    return mirror
+
+
+def _dataset(n_time: int = 8, start: int = 0) -> "xr.Dataset":
+    rng = np.random.default_rng(start)
+    return xr.Dataset(
+        {"temp": (("time", "lat", "lon"), rng.random((n_time, 12, 10), dtype="f4"), {"units": "K"})},
+        coords={
+            "time": np.arange(start, start + n_time, dtype="i8"),
+            "lat": np.linspace(-55.0, 55.0, 12),
+            "lon": np.linspace(0.0, 90.0, 10),
+        },
+        attrs={"title": "v3 all the way down", "source": "shardkv"},
+    )
+
+
+def _write(path: Path, ds: "xr.Dataset", **kwargs: Any) -> None:
+    with ShardedStore(str(path), chunks_per_shard=(2, 2, 2)) as store:  # 3-d arrays sharded, 1-d ones not
+        ds.chunk({"time": 2, "lat": 6, "lon": 5}).to_zarr(store, **kwargs)
+
+
+def test_xarray_dataset_is_v3_all_the_way_down(tmp_path: Path) -> None:
+    root = tmp_path / "ds.zarr"
+    ds = _dataset()
+    _write(root, ds, mode="w")
+    # the data variable is sharded (v3 only); the 1-d coordinates keep their v2 documents and gain a mirror
+    assert not (root / "temp" / ".zarray").exists()
+    assert any(c["name"] == "sharding_indexed" for c in _doc(root, "temp/zarr.json")["codecs"])
+    assert _arrays(root) == ["lat", "lon", "time"]
+    for path in _arrays(root):
+        _assert_mirror(root, path)
+    top = _doc(root, "zarr.json")
+    assert top["node_type"] == "group" and top["attributes"] == ds.attrs
+    assert not (root / ".zgroup").exists() and not (root / ".zattrs").exists()
+    assert sorted(_block(root)) == ["lat", "lon", "temp", "time"]  # xarray consolidated: every node listed
+    for path in ("lat", "lon", "time"):
+        assert _block(root)[path] == _doc(root, f"{path}/zarr.json")
+    # zarr 2 without shardkv reads the unsharded arrays as written
+    plain = zarr.DirectoryStore(str(root))
+    consolidated = zarr.open_consolidated(plain, mode="r")
+    for name in ("lat", "lon", "time"):
+        np.testing.assert_array_equal(zarr.open_array(plain, path=name, mode="r")[...], ds[name].values)
+        np.testing.assert_array_equal(consolidated[name][...], ds[name].values)
+    # zarr 2 through the proxy: the same dataset, and no mirror in sight
+    with ShardedStore(str(root)) as store:
+        xr.testing.assert_identical(xr.open_zarr(store).load(), ds)
+        assert "time/zarr.json" not in store and "time/zarr.json" not in set(store)
+        assert store.listdir("time") == sorted(["0", ".zarray", ".zattrs"])
+        with pytest.raises(KeyError):
+            store["time/zarr.json"]
+        with pytest.raises(ReservedKeyError):
+            store["time/zarr.json"] = b"{}"
+
+
+def test_later_zarr2_writes_keep_the_v3_documents_in_step(tmp_path: Path) -> None:
+    root = tmp_path / "ds.zarr"
+    first, more = _dataset(), _dataset(4, start=8)
+    _write(root, first, mode="w")
+    _write(root, more, append_dim="time")  # resizes time (unsharded) and temp (sharded)
+    assert _assert_mirror(root, "time")["shape"] == [12]
+    assert _block(root)["time"]["shape"] == [12] and _block(root)["temp"]["shape"] == [12, 12, 10]
+    with ShardedStore(str(root), chunks_per_shard=(2, 2, 2)) as store:
+        group = zarr.open_group(store, mode="a")
+        group.attrs["history"] = "appended"  # no consolidate_metadata afterwards
+        group["lat"].attrs["units"] = "degrees_north"
+        new = group.create_dataset("station", shape=(5,), chunks=(5,), dtype="i2", fill_value=-1)
+        new[...] = np.arange(5)
+        new.attrs["_ARRAY_DIMENSIONS"] = ["station"]
+        sub = group.create_group("sub")
+        sub.attrs["level"] = 1
+        sub.create_dataset("flag", shape=(3,), chunks=(2,), dtype="u1")[...] = [1, 2, 3]
+    top = _doc(root, "zarr.json")
+    assert top["attributes"]["history"] == "appended"
+    block = _block(root)
+    assert block["lat"]["attributes"] == {"units": "degrees_north"}
+    assert _assert_mirror(root, "lat")["attributes"] == {"units": "degrees_north"}
+    assert block["station"] == _assert_mirror(root, "station") and block["station"]["dimension_names"] == ["station"]
+    assert block["sub"]["attributes"] == {"level": 1} and block["sub/flag"] == _assert_mirror(root, "sub/flag")
+    assert _doc(root, "sub/zarr.json")["node_type"] == "group" and not (root / "sub" / ".zgroup").exists()
+    # deletes: a zarr 2 del (rmdir), a .zattrs, a .zarray
+    with ShardedStore(str(root), chunks_per_shard=(2, 2, 2)) as store:
+        group = zarr.open_group(store, mode="a")
+        del group["sub"]
+        del store["station/.zattrs"]
+        assert "_ARRAY_DIMENSIONS" not in group["station"].attrs
+    block = _block(root)
+    assert not any(p == "sub" or p.startswith("sub/") for p in block) and not (root / "sub").exists()
+    assert "dimension_names" not in _assert_mirror(root, "station") and block["station"]["attributes"] == {}
+    with ShardedStore(str(root)) as store:
+        del store["station/.zarray"]
+        assert "station" not in zarr.open_group(store, mode="r").array_keys()
+    assert not (root / "station" / "zarr.json").exists() and "station" not in _block(root)
+    # zarr 2 reopens what it wrote
+    with ShardedStore(str(root)) as store:
+        back = xr.open_zarr(store, consolidated=False).load()
+    expected = xr.concat([first, more], dim="time", data_vars="minimal")
+    expected.attrs["history"] = "appended"
+    expected["lat"].attrs["units"] = "degrees_north"
+    xr.testing.assert_identical(back, expected)
+
+
+def _build_zarr2(store: Any) -> zarr.hierarchy.Group:
+    """The same zarr 2 writes on any store: unsharded arrays of many kinds before and after a sharded one."""
+    root = zarr.group(store=store)
+    root.attrs["title"] = "mixed"
+    g = root.create_group("g")
+    g.attrs["level"] = 1
+    root.create_dataset("f_order", data=np.arange(12.0).reshape(12), chunks=5, order="F", fill_value=np.nan)
+    root.create_dataset("delta", data=np.arange(10, dtype="i4"), chunks=4, filters=[numcodecs.Delta(dtype="i4")])
+    root.create_dataset("words", data=np.array(["a", "bc", "déf"], dtype=object), chunks=2, object_codec=numcodecs.VLenUTF8())
+    g.create_dataset("nested", data=np.arange(7, dtype="u2"), chunks=3, dimension_separator="/")
+    sharded = g.create_dataset("grid", shape=(4, 6), chunks=(2, 2), dtype="f8", fill_value=-1.0)  # 2-d: sharded
+    sharded[...] = np.arange(24.0).reshape(4, 6)
+    root.create_dataset("after", data=np.arange(5, dtype="i8"), chunks=2)
+    return root
+
+
+def test_zarr2_reopen_identical_and_mirrors_of_every_kind(tmp_path: Path) -> None:
+    oracle = zarr.MemoryStore()
+    _build_zarr2(oracle)
+    root = tmp_path / "mixed.zarr"
+    _build_zarr2(ShardedStore(str(root), chunks_per_shard=(2, 2)))
+    store = ShardedStore(str(root))
+    unsharded = ["after", "delta", "f_order", "g/nested", "words"]
+    for path in unsharded + ["g/grid"]:
+        for name in (".zarray", ".zattrs"):
+            key = f"{path}/{name}"
+            if key in oracle:
+                assert json.loads(store[key]) == json.loads(oracle[key]), key
+        want = zarr.open_array(oracle, path=path, mode="r")
+        got = zarr.open_array(store, path=path, mode="r")
+        assert (got.dtype, got.order, got.filters, got.compressor) == (want.dtype, want.order, want.filters, want.compressor)
+        np.testing.assert_array_equal(got[...], want[...])
+    for path in ("", "g"):
+        assert json.loads(store[f"{path}/.zattrs".lstrip("/")]) == json.loads(oracle[f"{path}/.zattrs".lstrip("/")])
+    # on storage: v2 groups are v3 groups now, unsharded arrays (made before the sharded one too) have a mirror
+    assert sorted(_arrays(root)) == unsharded
+    for path in unsharded:
+        _assert_mirror(root, path)
+    assert _doc(root, "g/zarr.json") == {"zarr_format": 3, "node_type": "group", "attributes": {"level": 1}}
+    assert _doc(root, "zarr.json")["attributes"] == {"title": "mixed"}
+    assert "consolidated_metadata" not in _doc(root, "zarr.json")  # nobody consolidated: v3 readers list
+    assert sorted(store) == sorted(oracle)
+
+
+def test_an_opaque_unsharded_array_gets_no_mirror_and_stays_out_of_the_block(tmp_path: Path) -> None:
+    root = tmp_path / "opaque.zarr"
+    with ShardedStore(str(root), chunks_per_shard=(2, 2)) as store:
+        group = zarr.group(store=store)
+        group.create_dataset("grid", data=np.arange(16.0).reshape(4, 4), chunks=(2, 2))
+        group.create_dataset("packed", data=np.array([{"a": 1}, [1, 2], "x"], dtype=object), chunks=2, object_codec=numcodecs.MsgPack())
+        group.create_dataset("plain", data=np.arange(3), chunks=2)
+        zarr.consolidate_metadata(store)
+        np.testing.assert_array_equal(zarr.open_group(store, mode="r")["packed"][...], np.array([{"a": 1}, [1, 2], "x"], dtype=object))
+    assert not (root / "packed" / "zarr.json").exists()
+    assert sorted(_block(root)) == ["grid", "plain"]
+    _assert_mirror(root, "plain")
+    np.testing.assert_array_equal(
+        zarr.open_array(zarr.DirectoryStore(str(root)), path="packed", mode="r")[...],
+        np.array([{"a": 1}, [1, 2], "x"], dtype=object),
+    )
+
+
+def test_an_attribute_v3_cannot_hold_drops_the_mirror_not_the_write(tmp_path: Path) -> None:
+    root = tmp_path / "nan.zarr"
+    with ShardedStore(str(root), chunks_per_shard=(2, 2)) as store:
+        group = zarr.group(store=store)
+        group.create_dataset("grid", data=np.arange(16.0).reshape(4, 4), chunks=(2, 2))
+        line = group.create_dataset("line", data=np.arange(3.0), chunks=2)
+        assert (root / "line" / "zarr.json").exists()
+        line.attrs["missing"] = float("nan")  # zarr 2 writes NaN bare in .zattrs; zarr.json is strict JSON
+        assert np.isnan(zarr.open_array(store, path="line", mode="r").attrs["missing"])
+        line.attrs["missing"] = -9999.0
+    assert _assert_mirror(root, "line")["attributes"] == {"missing": -9999.0}
+
+
+def test_a_hierarchy_made_before_is_described_when_consolidated(tmp_path: Path) -> None:
+    """A v3 root whose unsharded arrays and groups have no v3 documents (an earlier shardkv) gains them on consolidation."""
+    root = tmp_path / "old.zarr"
+    with ShardedStore(str(root), chunks_per_shard=(2, 2)) as store:
+        group = zarr.group(store=store)
+        group.create_dataset("grid", data=np.arange(16.0).reshape(4, 4), chunks=(2, 2))
+        group.create_dataset("line", data=np.arange(3.0), chunks=2)
+    (root / "line" / "zarr.json").unlink()
+    (root / "old").mkdir()
+    (root / "old" / ".zgroup").write_text(json.dumps({"zarr_format": 2}))
+    (root / "old" / ".zattrs").write_text(json.dumps({"kept": True}))
+    with ShardedStore(str(root)) as store:
+        zarr.consolidate_metadata(store)
+        assert zarr.open_group(store, mode="r")["old"].attrs["kept"] is True
+    _assert_mirror(root, "line")
+    assert _doc(root, "old/zarr.json")["attributes"] == {"kept": True}
+    assert sorted(_block(root)) == ["grid", "line", "old"]
+
+
+def test_a_group_v3_cannot_hold_stays_v2_and_the_rest_is_described(tmp_path: Path) -> None:
+    root = tmp_path / "nan-group.zarr"
+    with ShardedStore(str(root), chunks_per_shard=(2, 2)) as store:
+        group = zarr.group(store=store)
+        group.create_group("odd").attrs["missing"] = float("nan")
+        group.create_dataset("line", data=np.arange(3.0), chunks=2)
+        group.create_dataset("grid", data=np.arange(16.0).reshape(4, 4), chunks=(2, 2))  # the root becomes v3 here
+        assert np.isnan(zarr.open_group(store, mode="r")["odd"].attrs["missing"])
+    assert (root / "odd" / ".zgroup").exists() and not (root / "odd" / "zarr.json").exists()
+    _assert_mirror(root, "line")
+
+
+def test_a_v2_hierarchy_without_sharded_arrays_stays_v2(tmp_path: Path) -> None:
+    root = tmp_path / "v2.zarr"
+    with ShardedStore(str(root), chunks_per_shard=None) as store:
+        group = zarr.group(store=store)
+        group.create_group("g").create_dataset("a", data=np.arange(4), chunks=2)
+        zarr.consolidate_metadata(store)
+    assert not list(root.rglob("zarr.json"))
+
+
+def test_over_a_dict_the_same_documents(tmp_path: Path) -> None:
+    base: dict[str, bytes] = {}
+    store = ShardedStore(base, chunks_per_shard=(2, 2))
+    group = zarr.group(store=store)
+    group.create_dataset("line", data=np.arange(6), chunks=(3,)).attrs["_ARRAY_DIMENSIONS"] = ["k"]
+    group.create_group("g").attrs["a"] = 1
+    group.create_dataset("g/grid", data=np.ones((4, 4)), chunks=(2, 2))
+    assert sorted(k for k in base if not k[0].isdigit() and "/0" not in k and "/1" not in k) == [
+        "g/grid/zarr.json", "g/zarr.json", "line/.zarray", "line/.zattrs", "line/zarr.json", "zarr.json",
+    ]
+    mirror = json.loads(base["line/zarr.json"])
+    assert mirror["dimension_names"] == ["k"] and mirror["shape"] == [6] and mirror["attributes"] == {}
+    assert json.loads(base["g/zarr.json"])["attributes"] == {"a": 1}
+    assert "line/zarr.json" not in store and sorted(store.listdir("line")) == [".zarray", ".zattrs", "0", "1"]
+    group["line"].resize(9)
+    assert json.loads(base["line/zarr.json"])["shape"] == [9]
+
+
+# -- the pure plans ------------------------------------------------------------------------------
+
+
+def test_plan_v3_down_groups_arrays_and_refusals() -> None:
+    from shardkv.metadata.all_v3 import may_mirror, plan_v3_down
+
+    zarray = {"zarr_format": 2, "shape": [4], "chunks": [2], "dtype": "<i4", "compressor": None, "fill_value": 0,
+              "filters": None, "order": "C"}  # fmt: skip
+    packed = {**zarray, "dtype": "|O", "filters": [{"id": "msgpack2"}]}
+    documents = {
+        "zarr.json": {"zarr_format": 3, "node_type": "group", "attributes": {}},
+        "g/.zgroup": {"zarr_format": 2},
+        "g/.zattrs": {"a": 1},
+        "g/x/.zarray": zarray,
+        "g/x/.zattrs": {"_ARRAY_DIMENSIONS": ["t"], "units": "m"},
+        "h/i/y/.zarray": zarray,  # under implicit groups h and h/i
+        "p/.zarray": packed,
+        "done/.zarray": zarray,
+    }
+    plan, refused = plan_v3_down(documents, ["done"])
+    assert sorted(plan.writes) == ["g/x/zarr.json", "g/zarr.json", "h/i/y/zarr.json", "h/i/zarr.json", "h/zarr.json"]
+    assert plan.writes["g/zarr.json"] == {"zarr_format": 3, "node_type": "group", "attributes": {"a": 1}}
+    assert plan.deletes == {"g/.zgroup", "g/.zattrs", "h/.zgroup", "h/.zattrs", "h/i/.zgroup", "h/i/.zattrs"}
+    x = plan.writes["g/x/zarr.json"]
+    assert x["dimension_names"] == ["t"] and x["attributes"] == {"units": "m"} and may_mirror(x)
+    assert list(refused) == ["p"]
+    assert not may_mirror(documents["zarr.json"]) and not may_mirror(None)
+
+
+def test_consolidated_in_step_adds_replaces_and_removes_entries() -> None:
+    from shardkv.errors import ConfigurationError
+    from shardkv.metadata.hierarchy import consolidated_in_step, has_consolidated, with_consolidated_metadata
+
+    array = {"zarr_format": 3, "node_type": "array", "shape": [2], "attributes": {}}
+    group = {"zarr_format": 3, "node_type": "group", "attributes": {"a": 1}}
+    root = with_consolidated_metadata({"zarr_format": 3, "node_type": "group", "attributes": {}},
+                                      {"a": array, "g": group, "g/b": array})  # fmt: skip
+    assert has_consolidated(root) and not has_consolidated(group)
+    opaque = {**array, "data_type": {"name": "shardkv.v2_dtype"}}
+    bigger = {**array, "shape": [3]}
+    out = consolidated_in_step({**root, "attributes": {"new": True}}, root, {"g": None, "a": bigger, "c": array, "d": opaque})
+    assert out["attributes"] == {"new": True}
+    assert out["consolidated_metadata"]["metadata"] == {"a": bigger, "c": array}
+    assert out["consolidated_metadata"]["kind"] == "inline"
+    out = consolidated_in_step(root, root, {"g/e": group})
+    assert out["consolidated_metadata"]["metadata"]["g/e"]["consolidated_metadata"]["metadata"] == {}
+    with pytest.raises(ConfigurationError):
+        consolidated_in_step(root, group, {})
+    with pytest.raises(ConfigurationError):
+        consolidated_in_step(array, root, {})
