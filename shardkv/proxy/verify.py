@@ -52,6 +52,7 @@ from shardkv.keys.paths import join_path
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.documents import NODE_DOCUMENTS, load_json, unreadable_documents
 from shardkv.metadata.v2_view import unusable_sharding
+from shardkv.proxy.base import ProxyBase
 from shardkv.proxy.nodes import Node, build_node
 from shardkv.storage.kv import ANY, KVStore
 from shardkv.storage.local import DEFAULT_TEMP_AGE
@@ -168,8 +169,13 @@ class VerifyReport:
 
 
 def _kv_of(store: Any) -> KVStore:
-    """The :class:`KVStore` of a proxy's base store, or of a store itself (anything ``open_kv`` takes)."""
-    return open_kv(getattr(store, "base", store))
+    """The :class:`KVStore` of a proxy's base store, or of a store itself (anything ``open_kv`` takes).
+
+    A proxy is never read as a mapping of its own (that would check chunk keys, not shards).
+    """
+    if isinstance(store, ProxyBase):
+        return open_kv(store.base)  # type: ignore[attr-defined]
+    return open_kv(store)
 
 
 def find_stale_temporaries(store: Any, min_age_seconds: float = DEFAULT_TEMP_AGE) -> list[str]:
