@@ -16,6 +16,7 @@ from shardkv import ConfigurationError, ShardedStore
 from shardkv.cli import convert as convert_module
 from shardkv.cli.convert import check_chunks_per_shard, convert, parse_chunks_per_shard
 from shardkv.cli.errors import DestinationNotEmptyError, NotAHierarchyError, SameLocationError
+from shardkv.storage.mapping import MappingStore
 
 ARRAYS = {
     # name: (shape, chunks, dtype, compressor)
@@ -192,6 +193,15 @@ def test_reads_one_shard_per_request_and_writes_in_batches(monkeypatch):
     _fill(plain)
     src = _RecordingStore(plain)
     dst = _RecordingStore()
+    get_many = MappingStore.get_many
+
+    def recorded(self, reads):  # the batches of values read through the store interface (not probes)
+        wanted = [key for key, ranges, _ in reads if ranges is None]
+        if self.mapping is src and wanted:
+            src.get_batches.append(wanted)
+        return get_many(self, reads)
+
+    monkeypatch.setattr(MappingStore, "get_many", recorded)
     report = convert(src, dst, 2)
     chunk_batches = [b for b in src.get_batches if not any(k.rpartition("/")[2].startswith((".", "zarr")) for k in b)]
     # one batched read per shard, holding exactly that shard's chunks

@@ -30,6 +30,7 @@ pytest.importorskip("moto.server")
 from shardkv.cli.convert import convert  # noqa: E402
 from shardkv.cli import convert_listing  # noqa: E402
 from shardkv.cli.convert_listing import iter_array_keys, list_array  # noqa: E402
+from shardkv.cli.view import HierarchyView  # noqa: E402
 from shardkv.cli.stores import open_store  # noqa: E402
 
 BUCKET = "shardkv-listing"
@@ -111,9 +112,9 @@ class _ListCounter:
 
 
 def _adapter(url: str, options: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> tuple[Any, _ListCounter]:
-    adapter = open_store(url, options, role="source")
-    counter = _ListCounter(adapter.fs)
-    monkeypatch.setattr(adapter.fs, "_call_s3", counter)
+    adapter = HierarchyView(open_store(url, options, role="source").kv)
+    counter = _ListCounter(adapter.kv.fs)
+    monkeypatch.setattr(adapter.kv.fs, "_call_s3", counter)
     monkeypatch.setattr(convert_listing, "PAGE_KEYS", PAGE)  # names taken per step: one forced page
     return adapter, counter
 
@@ -137,7 +138,7 @@ def test_the_listing_is_taken_a_page_at_a_time(s3, monkeypatch):
 def test_list_array_sets_a_bit_per_chunk_from_the_pages(s3, monkeypatch):
     url = _put_array(s3, 57, {"a/57": b"\x00", "a/notes.txt": b"x"})  # one chunk outside the grid, one other key
     adapter, counter = _adapter(url, s3, monkeypatch)
-    zarray = json.loads(bytes(adapter.get("a/.zarray")))
+    zarray = json.loads(bytes(adapter.values(["a/.zarray"])["a/.zarray"]))
     listing = list_array(adapter, "a", zarray, ["a/.zarray"])
     assert (listing.n_chunks, listing.stale_keys, listing.other_keys) == (57, ["a/57"], ["a/notes.txt"])
     assert counter.calls == math.ceil(60 / PAGE)
@@ -145,7 +146,7 @@ def test_list_array_sets_a_bit_per_chunk_from_the_pages(s3, monkeypatch):
 
 def _listing_peak(url: str, options: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
     adapter, counter = _adapter(url, options, monkeypatch)
-    zarray = json.loads(bytes(adapter.get("a/.zarray")))
+    zarray = json.loads(bytes(adapter.values(["a/.zarray"])["a/.zarray"]))
     tracemalloc.start()
     try:
         listing = list_array(adapter, "a", zarray, [])

@@ -23,7 +23,6 @@ from shardkv.cli.convert_draft import convert_draft
 from shardkv.cli.errors import DestinationNotEmptyError
 from shardkv.errors import ConfigurationError
 from shardkv.proxy.draft import DraftShardedStore
-from shardkv.storage.adapters import adapt
 
 SHARDING = "https://purl.org/zarr/spec/storage_transformers/sharding/1.0"
 ZR3_ARRAYS = ["raw", "gzip", "zlib", "blosc/lz4"]
@@ -89,7 +88,7 @@ def check_converted(examples: Path, dst: Path, tmp_path: Path, cps: list[int]) -
 def test_convert_draft_zarrita(examples, tmp_path):
     src = examples / "zarrita.zr3"
     dst = tmp_path / "sharded.zr3"
-    report = convert_draft(adapt(str(src)), adapt(str(dst)), (2, 2, 3))
+    report = convert_draft(str(src), str(dst), (2, 2, 3))
     assert (report.arrays, report.sharded_arrays, report.chunks) == (4, 4, 4 * 6 * 6 * 3)
     assert report.shards == 4 * 3 * 3 * 1 and report.stale_chunks == 0
     check_converted(examples, dst, tmp_path, [2, 2, 3])
@@ -119,7 +118,7 @@ def test_shardkv_convert_command_on_a_draft_hierarchy(examples, tmp_path):
 
 def test_converted_copy_reads_through_the_proxy(examples, tmp_path):
     dst = tmp_path / "p.zr3"
-    convert_draft(adapt(str(examples / "zarrita.zr3")), adapt(str(dst)), {"raw": [4, 1, 3], "gzip": 2})
+    convert_draft(str(examples / "zarrita.zr3"), str(dst), {"raw": [4, 1, 3], "gzip": 2})
     source = DraftShardedStore(str(examples / "zarrita.zr3"))
     proxy = DraftShardedStore(str(dst))
     assert proxy.storage_transformers("zlib") == []  # not in the mapping: copied unsharded
@@ -136,15 +135,15 @@ def test_converted_copy_reads_through_the_proxy(examples, tmp_path):
 def test_convert_draft_refuses_a_non_empty_destination_and_a_v2_source(examples, tmp_path):
     dst = {"zarr.json": b"{}"}
     with pytest.raises(DestinationNotEmptyError):
-        convert_draft(adapt(str(examples / "zarrita.zr3")), dst, 2)
+        convert_draft(str(examples / "zarrita.zr3"), dst, 2)
     with pytest.raises(ConfigurationError, match="not a 2022 draft hierarchy"):
-        convert_draft(adapt(str(examples / "zarr.zr")), {}, 2)
+        convert_draft(str(examples / "zarr.zr"), {}, 2)
 
 
 def test_indexes_are_full_size_for_edge_shards(examples, tmp_path):
     """The index always has the full shape of all possible chunks, even outside the array."""
     dst = tmp_path / "edge.zr3"
-    convert_draft(adapt(str(examples / "zarrita.zr3")), adapt(str(dst)), (4, 4, 2))  # 6x6x3 grid: edge shards
+    convert_draft(str(examples / "zarrita.zr3"), str(dst), (4, 4, 2))  # 6x6x3 grid: edge shards
     n = prod((4, 4, 2))
     edge = (dst / "data/root/raw/c1/1/1").read_bytes()  # holds chunks (4..5, 4..5, 2) only
     entries = [struct.unpack_from("<QQ", edge, len(edge) - 16 * n + 16 * i) for i in range(n)]

@@ -65,17 +65,17 @@ from shardkv.cli.convert_listing import ArrayListing, HierarchyWalk, iter_array_
 from shardkv.cli.convert_tasks import ShardTask, TaskResult, array_tasks, execute, shard_members_at
 from shardkv.cli.manifest import MANIFEST_KEY as _MANIFEST_KEY
 from shardkv.cli.manifest import Manifest, open_destination, verify_last
-from shardkv.cli.stores import open_store, refuse_regular_file
-from shardkv.engine.temporaries import remove_stale_temporaries
+from shardkv.cli.stores import open_store, put_all, refuse_regular_file
 from shardkv.cli.errors import ConversionIncompleteError, DestinationNotEmptyError, SameLocationError
+from shardkv.cli.info_draft import is_draft
+from shardkv.cli.view import HierarchyView, sizes
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
 from shardkv.keys.paths import join_path
 from shardkv.metadata.chunks_per_shard import check_chunks_per_shard
 from shardkv.metadata.documents import META_NAMES
-from shardkv.proxy.open import is_draft_hierarchy
-from shardkv.proxy.presenting import PresentingAdapter
-from shardkv.storage.adapters import FSMapAdapter, StoreAdapter
+from shardkv.proxy.verify import remove_stale_temporaries
+from shardkv.storage.kv import KVStore
 
 __all__ = [
     "ChunksPerShard",
@@ -123,7 +123,7 @@ def parse_chunks_per_shard(text: str) -> ChunksPerShard:
 class _Writer:
     """Batched writes to the destination, with counts of objects and bytes written."""
 
-    def __init__(self, store: StoreAdapter, max_nbytes: int, max_objects: int) -> None:
+    def __init__(self, store: KVStore, max_nbytes: int, max_objects: int) -> None:
         self.store = store
         self.max_nbytes = max_nbytes
         self.max_objects = max_objects
@@ -143,7 +143,7 @@ class _Writer:
     def flush(self) -> None:
         if not self.pending:
             return
-        self.store.set_many(self.pending)
+        put_all(self.store, self.pending)
         self.objects += len(self.pending)
         self.nbytes += self.pending_nbytes
         self.pending = {}
@@ -154,31 +154,35 @@ def _name(store: Any) -> str:
     return store if isinstance(store, str) else repr(store) if not hasattr(store, "__fspath__") else str(store)
 
 
-def _check_distinct(src: StoreAdapter, dst: StoreAdapter, src_name: str, dst_name: str) -> None:
-    src, dst = getattr(src, "inner", src), getattr(dst, "inner", dst)  # through a PresentingAdapter
-    same_mapping = hasattr(src, "mapping") and hasattr(dst, "mapping") and src.mapping is dst.mapping
-    if src is dst or same_mapping:
+def _check_distinct(src: KVStore, dst: KVStore, src_name: str, dst_name: str) -> None:
+    """Refuse a source and destination that are one store, or of which one lies inside the other.
+
+    Raises
+    ------
+    SameLocationError
+    """
+    a, b = src.location, dst.location
+    if src is dst or (a.namespace == b.namespace and a.root.rstrip("/") == b.root.rstrip("/")):
         raise SameLocationError(f"source and destination are the same store ({src_name})")
-    if isinstance(src, FSMapAdapter) and isinstance(dst, FSMapAdapter) and src.fs.protocol == dst.fs.protocol:
-        a = src.fs._strip_protocol(src.root).rstrip("/")
-        b = dst.fs._strip_protocol(dst.root).rstrip("/")
-        if a == b or b.startswith(a + "/") or a.startswith(b + "/"):
-            raise SameLocationError(
-                f"source {src_name} and destination {dst_name} overlap (one lies inside the other)"
-            )
+    if a.namespace != b.namespace:
+        return
+    ra, rb = a.root.rstrip("/"), b.root.rstrip("/")
+    if not ra or not rb or rb.startswith(ra + "/") or ra.startswith(rb + "/"):
+        raise SameLocationError(f"source {src_name} and destination {dst_name} overlap (one lies inside the other)")
 
 
-def _stores_v2_arrays(source: StoreAdapter) -> bool:
+def _stores_v2_arrays(source: KVStore) -> bool:
     """A Zarr v2 root, or a hierarchy shardkv stored as v3 (arrays with the ``v2`` chunk key encoding)."""
-    if source.contains(".zgroup") or source.contains(".zarray"):
+    if source.values([".zgroup", ".zarray"]):
         return True
-    presenting = PresentingAdapter(source)
-    paths = [k.rpartition("/")[0] for k in source.iter_keys() if k.rpartition("/")[2] == "zarr.json"]
-    nodes = presenting.nodes(paths).values()
-    return any((n.doc.get("chunk_key_encoding") or {}).get("name") == "v2" and ".zarray" in n.documents for n in nodes)
+    view = HierarchyView(source)
+    paths = [k.rpartition("/")[0] for k in source.list_prefix("") if k.rpartition("/")[2] == "zarr.json"]
+    nodes = view.nodes(paths).values()
+    return any(((n.doc or {}).get("chunk_key_encoding") or {}).get("name") == "v2" and ".zarray" in n.documents
+               for n in nodes)
 
 
-def _copy(src: StoreAdapter, keys: Iterator[str] | Sequence[str], writer: _Writer, progress: Any) -> tuple[int, int]:
+def _copy(src: HierarchyView, keys: Iterator[str] | Sequence[str], writer: _Writer, progress: Any) -> tuple[int, int]:
     """Copy keys as they are, a batch at a time (``keys`` taken lazily); returns (keys, bytes) read."""
     n = nbytes = 0
     it = iter(keys)
@@ -186,7 +190,7 @@ def _copy(src: StoreAdapter, keys: Iterator[str] | Sequence[str], writer: _Write
         batch = [k for _, k in zip(range(_COPY_BATCH_KEYS), it)]
         if not batch:
             return n, nbytes
-        values = src.get_many(batch)
+        values = src.values(batch)
         for k in batch:
             if k in values:  # a key deleted since the listing is not copied
                 value = bytes(values[k])
@@ -223,7 +227,7 @@ def convert(
     ----------
     src, dst : str, os.PathLike, MutableMapping or fsspec.FSMap
         Source hierarchy and destination (an fsspec URL, a local path, or a
-        store :func:`shardkv.storage.adapters.adapt` accepts). ``dst`` must be
+        store :func:`shardkv.storage.open.open_kv` accepts). ``dst`` must be
         empty, or hold the progress manifest of the same conversion (resumed).
     chunks_per_shard : int or sequence of int
         Inner chunks per shard: an int for every dimension of every array, or
@@ -287,11 +291,10 @@ def convert(
     dst_opts = dict(dst_storage_options if dst_storage_options is not None else storage_options or {})
     if isinstance(dst, str):
         refuse_regular_file(dst)
-    source, target = open_store(src, src_opts, role="source"), open_store(dst, dst_opts, role="destination")
-    _check_distinct(source, target, src_name, dst_name)
-    if not is_draft_hierarchy(source) and _stores_v2_arrays(source):
-        source = PresentingAdapter(source)  # arrays already sharded (zarr.json only) appear with a .zarray
-    if is_draft_hierarchy(source):  # a 2022 draft hierarchy gets the draft's sharding transformer
+    opened_src, opened_dst = open_store(src, src_opts, role="source"), open_store(dst, dst_opts, role="destination")
+    _check_distinct(opened_src.kv, opened_dst.kv, src_name, dst_name)
+    draft = is_draft(opened_src.kv)
+    if draft:  # a 2022 draft hierarchy gets the draft's sharding transformer
         from shardkv.cli.convert_draft import convert_draft
 
         if index_location != "end" or not index_checksum:
@@ -302,7 +305,11 @@ def convert(
         if workers > 1 or scheduler is not None:
             raise ConfigurationError(f"{src_name} is a 2022 draft hierarchy: it is converted in one process "
                                      "(--workers / --scheduler apply to Zarr v2 sources)")  # fmt: skip
-        return convert_draft(source, target, cps, progress, overwrite=overwrite, src_name=src_name, dst_name=dst_name)  # type: ignore[return-value]
+        return convert_draft(opened_src, opened_dst, cps, progress, overwrite=overwrite, src_name=src_name,  # type: ignore[return-value]
+                             dst_name=dst_name)  # fmt: skip
+    # arrays already sharded (zarr.json only) appear with a .zarray
+    source = HierarchyView(opened_src.kv, present=_stores_v2_arrays(opened_src.kv))
+    target = opened_dst.kv
     remote = workers > 1 or scheduler is not None
     if remote and not (isinstance(src, str) and isinstance(dst, str)):
         raise ConfigurationError("workers and scheduler need the source and destination as paths or URLs")
@@ -319,7 +326,7 @@ class _Job:
     """One conversion of a Zarr v2 hierarchy (state shared by its steps)."""
 
     def __init__(
-        self, source: StoreAdapter, target: StoreAdapter, src_name: str, dst_name: str, cps: ChunksPerShard,
+        self, source: HierarchyView, target: KVStore, src_name: str, dst_name: str, cps: ChunksPerShard,
         index_location: str, index_checksum: bool, progress: bool,
     ) -> None:  # fmt: skip
         self.source, self.target = source, target
@@ -345,7 +352,7 @@ class _Job:
         source = self.source
         walk = walk_hierarchy(source, self.src_name)
         wanted = [join_path(p, n) for p in walk.arrays for n in sorted(META_NAMES)]
-        meta = source.get_many(wanted)  # the arrays' documents (5 names per array), one batch
+        meta = source.values(wanted)  # the arrays' documents (5 names per array), one batch
         plans = {
             p: plan_array(p, z, meta, self.cps, self.index_location, self.index_checksum) for p, z in walk.arrays.items()
         }
@@ -372,7 +379,7 @@ class _Job:
                     manifest.record(task.path, index, key, nbytes, nbytes_read)
                 bar.update(result.n_chunks)
 
-            execute(tasks, on_done, workers=workers, scheduler=scheduler, source=self.source, target=self.target)
+            execute(tasks, on_done, workers=workers, scheduler=scheduler, source=self.source.kv, target=self.target)
             manifest.flush()
             self._copy_groups(walk, meta_out, bar)
             self.writer.flush()
@@ -420,7 +427,7 @@ class _Job:
             self.report.arrays.append(report)
             self._reports[path] = report
             self._resume(manifest, listing, layout, report, n_last)
-            self.bytes_before += sum(self.source.size(k) for k in listing.stale_keys)
+            self.bytes_before += sum(sizes(self.source.kv, listing.stale_keys).values())
             bar.update(len(listing.stale_keys))
             _, nbytes = _copy(self.source, listing.other_keys, self.writer, bar)
             self.bytes_before += nbytes
@@ -474,14 +481,14 @@ class _Job:
         self.objects_before += len(walk.group_keys)
         _, nbytes = _copy(self.source, other, self.writer, bar)
         self.bytes_before += nbytes
-        values = self.source.get_many(group_meta)
+        values = self.source.values(group_meta)
         self.bytes_before += sum(len(v) for v in values.values())
         meta_out.update({k: bytes(v) for k, v in values.items()})
         bar.update(len(group_meta))
 
     def _check_output(self, walk: HierarchyWalk) -> None:
         """Every array and group of the source is presented by the output (issue 20), or fail naming them."""
-        out = PresentingAdapter(self.target)
+        out = HierarchyView(self.target)
         wanted = [join_path(p, ".zarray") for p in walk.arrays] + [join_path(p, ".zgroup") for p in walk.groups]
         missing = [k.rpartition("/")[0] or "/" for k in wanted if not out.contains(k)]
         if missing:

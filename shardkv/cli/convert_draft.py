@@ -23,13 +23,14 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
 from shardkv.cli.errors import DestinationNotEmptyError
+from shardkv.cli.info_draft import is_draft
+from shardkv.cli.stores import CliStore, open_store, put_all, remove_everything
 from shardkv.errors import ConfigurationError, InvalidKeyError
 from shardkv.keys.paths import owning_array
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
 from shardkv.metadata.documents import dump_json, load_json
-from shardkv.proxy.open import is_draft_hierarchy
 from shardkv.proxy.draft import DraftShardedStore
-from shardkv.storage.adapters import StoreAdapter, adapt
+from shardkv.storage.kv import KVStore
 from shardkv.transformers import DATA_ROOT, AdapterStore, ShardingStorageTransformer
 
 __all__ = ["DraftConvertReport", "convert_draft"]
@@ -85,8 +86,8 @@ class DraftConvertReport:
 
 
 def convert_draft(
-    src_adapter: StoreAdapter | Any,
-    dst_adapter: StoreAdapter | Any,
+    src: CliStore | Any,
+    dst: CliStore | Any,
     chunks_per_shard: ChunksPerShardOption,
     progress: bool = False,
     *,
@@ -98,7 +99,7 @@ def convert_draft(
 
     Parameters
     ----------
-    src_adapter, dst_adapter : StoreAdapter or anything :func:`shardkv.storage.adapters.adapt` takes
+    src, dst : CliStore, or a path, URL or store :func:`shardkv.cli.stores.open_store` takes
         Source hierarchy and (empty) destination.
     chunks_per_shard : int, tuple of int or mapping
         As :class:`shardkv.proxy.draft.DraftShardedStore` takes it: an int for every
@@ -126,20 +127,21 @@ def convert_draft(
     """
     from tqdm import tqdm
 
-    source, target = adapt(src_adapter), adapt(dst_adapter)
-    src_name = src_name or repr(src_adapter)
-    dst_name = dst_name or repr(dst_adapter)
-    if not is_draft_hierarchy(source):
+    source = src if isinstance(src, CliStore) else open_store(src, role="source")
+    target = dst if isinstance(dst, CliStore) else open_store(dst, role="destination")
+    src_name = src_name or (src if isinstance(src, str) else repr(src))
+    dst_name = dst_name or (dst if isinstance(dst, str) else repr(dst))
+    if not is_draft(source.kv):
         raise ConfigurationError(
             f"{src_name} is not a 2022 draft hierarchy (no root zarr.json with zarr_format "
             "'https://purl.org/zarr/spec/protocol/core/3.0')"
         )
-    if next(iter(target.iter_keys()), None) is not None:
+    if next(iter(target.kv.list_prefix("")), None) is not None:
         if not overwrite:
             raise DestinationNotEmptyError(dst_name)
-        target.rmdir("")
+        remove_everything(target.kv)
     rule = ChunksPerShardRule.parse(chunks_per_shard)
-    reader = DraftShardedStore(source)
+    reader = DraftShardedStore(source.handle)
     report = DraftConvertReport(src_name, dst_name)
     keys = reader.list()
     arrays, owner_of = _owners(reader, keys)
@@ -157,16 +159,17 @@ def convert_draft(
                 meta_out[meta_key] = reader[meta_key]
                 continue
             transformer = ShardingStorageTransformer.from_metadata(
-                {"type": "indexed", "configuration": {"chunks_per_shard": list(cps)}}, doc, path, AdapterStore(target)
+                {"type": "indexed", "configuration": {"chunks_per_shard": list(cps)}}, doc, path,
+                AdapterStore(target.handle),
             )
             _pack(reader, transformer, chunk_keys, report, bar)
             report.sharded_arrays += 1
             meta_out[meta_key] = dump_json({**doc, "storage_transformers": [transformer.to_metadata()]}, key=meta_key)
-    _copy_as_stored(reader, target, plain, owner_of, meta_out, report)
+    _copy_as_stored(reader, target.kv, plain, owner_of, meta_out, report)
     # metadata last: array and group documents, then the entry point
-    target.set_many({k: v for k, v in meta_out.items() if k != "zarr.json"})
+    put_all(target.kv, {k: v for k, v in meta_out.items() if k != "zarr.json"})
     if "zarr.json" in meta_out:
-        target.set_many({"zarr.json": meta_out["zarr.json"]})
+        put_all(target.kv, {"zarr.json": meta_out["zarr.json"]})
     return report
 
 
@@ -183,7 +186,7 @@ def _owners(reader: DraftShardedStore, keys: Sequence[str]) -> tuple[dict[str, s
 
 
 def _copy_as_stored(
-    reader: DraftShardedStore, target: StoreAdapter, plain: Sequence[str], owner_of: Mapping[str, str],
+    reader: DraftShardedStore, target: KVStore, plain: Sequence[str], owner_of: Mapping[str, str],
     meta_out: dict[str, bytes], report: DraftConvertReport,
 ) -> None:  # fmt: skip
     """Copy keys as they are, in batches; metadata documents are kept in ``meta_out`` to be written last."""
@@ -192,7 +195,7 @@ def _copy_as_stored(
         values = reader.getitems(batch)
         meta_out.update({k: v for k, v in values.items() if k == "zarr.json" or k.startswith("meta/")})
         data = {k: v for k, v in values.items() if k not in meta_out}
-        target.set_many(data)
+        put_all(target, data)
         report.chunks += sum(1 for k in data if k in owner_of)
         report.other_keys += sum(1 for k in values if k not in owner_of)
 

@@ -13,7 +13,7 @@ chunk. This module walks the hierarchy instead:
   directories with ``os.scandir`` (one directory entry at a time), S3 through
   s3fs's paginated ``ListObjectsV2`` (a page of names at a time, no per-key
   ``info`` kept), other fsspec filesystems one directory at a time
-  (``fs.walk``), other stores through :meth:`StoreAdapter.iter_keys`. Each in-grid chunk key sets
+  (``fs.walk``), other stores through :meth:`KVStore.list_prefix`. Each in-grid chunk key sets
   one bit of a bitmap over the chunk grid (:class:`ChunkBitmap`); only keys
   that are neither metadata nor chunks (rare) are kept as strings.
 
@@ -31,16 +31,16 @@ from typing import Any, Iterator, Mapping
 
 import fsspec.asyn
 from fsspec import AbstractFileSystem
-from fsspec.implementations.local import LocalFileSystem
 
 from shardkv.cli.errors import NotAHierarchyError, ReservedNameError
+from shardkv.cli.view import HierarchyView
 from shardkv.errors import ConfigurationError
 from shardkv.keys.encodings import V2ChunkKeyEncoding, grid_shape
 from shardkv.keys.paths import join_path, path_prefix
 from shardkv.metadata.documents import META_NAMES
 from shardkv.metadata.v3_view import v2_dimension_separator
-from shardkv.storage.adapters import FSMapAdapter, StoreAdapter
-from shardkv.storage.base import LOCK_DIR, TEMP_MARKER, hidden
+from shardkv.storage.kv import LOCK_DIR, TEMP_MARKER, hidden
+from shardkv.storage.local import LocalStore
 
 __all__ = ["ChunkBitmap", "block_coords", "ArrayListing", "HierarchyWalk", "walk_hierarchy", "list_array", "iter_array_keys",
            "PAGE_KEYS"]
@@ -182,17 +182,16 @@ class HierarchyWalk:
 
 
 class _Lister:
-    """Directory listings of the source: local ``os.scandir``, or the adapter's ``list_dir``."""
+    """Directory listings of the source: local ``os.scandir``, an fsspec filesystem's ``ls``, or the store's ``list_dir``."""
 
-    def __init__(self, source: StoreAdapter) -> None:
+    def __init__(self, source: HierarchyView) -> None:
         self.source = source
-        inner = getattr(source, "inner", source)  # through a PresentingAdapter: stored keys are local files
-        self.root: str | None = None
-        self.fsmap: FSMapAdapter | None = None  # other fsspec filesystems: listed unfiltered
-        if isinstance(inner, FSMapAdapter) and isinstance(inner.fs, LocalFileSystem):
-            self.root = inner.fs._strip_protocol(inner.root)
-        elif isinstance(inner, FSMapAdapter):
-            self.fsmap = inner
+        kv = source.kv
+        self.root: str | None = kv.root if isinstance(kv, LocalStore) else None
+        # other fsspec filesystems (s3fs, memory://): listed unfiltered, so that shardkv's own names are seen
+        fs: AbstractFileSystem | None = getattr(kv, "fs", None) if self.root is None else None
+        self.fs = fs
+        self.fs_root: str = str(getattr(kv, "root", "")) if fs is not None else ""
 
     def children(self, path: str) -> list[tuple[str, bool | None]]:
         """``(name, is_dir)`` of the entries of ``path``; ``is_dir`` is None when the store cannot tell cheaply."""
@@ -202,21 +201,20 @@ class _Lister:
                     names = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
             except (FileNotFoundError, NotADirectoryError):
                 return []
-            presented = self.source is not getattr(self.source, "inner", self.source)
-            if presented and any(n == "zarr.json" for n, _ in names):
+            if self.source.presents and any(n == "zarr.json" for n, _ in names):
                 have = {n for n, _ in names}
-                names += [(n, False) for n in self.source.list_dir(path) if n not in have]
+                names += [(n, False) for n in self.source.documents(path) if n not in have]
             return sorted(names)
-        if self.fsmap is not None:  # the adapter's list_dir hides shardkv's own names: list them too
-            fs, root = self.fsmap.fs, self.fsmap.root
+        if self.fs is not None:
+            directory = f"{self.fs_root}/{path}" if path and self.fs_root else path or self.fs_root
             try:
-                entries = fs.ls(f"{root}/{path}" if path else root, detail=False)
-            except self.fsmap.missing_exceptions:
+                entries = self.fs.ls(directory, detail=False)
+            except FileNotFoundError:
                 entries = []
-            names = {str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries}
-            names |= set(self.source.list_dir(path))  # documents a PresentingAdapter presents
-            return [(n, None) for n in sorted(names) if n]
-        return [(n, None) for n in self.source.list_dir(path)]
+            found = {str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries}
+            found |= set(self.source.list_names(path))  # documents the view presents
+            return [(n, None) for n in sorted(found) if n]
+        return [(n, None) for n in self.source.list_names(path)]
 
     def is_file(self, key: str, is_dir: bool | None) -> bool:
         if is_dir is not None:
@@ -224,14 +222,13 @@ class _Lister:
         return self.source.contains(key)
 
 
-def walk_hierarchy(source: StoreAdapter, name: str) -> HierarchyWalk:
+def walk_hierarchy(source: HierarchyView, name: str) -> HierarchyWalk:
     """Find the arrays and groups of a Zarr v2 hierarchy without listing the arrays' chunks.
 
     Parameters
     ----------
-    source : StoreAdapter
-        The hierarchy (a :class:`~shardkv.proxy.presenting.PresentingAdapter`
-        for sources whose sharded arrays are stored as v3 only).
+    source : HierarchyView
+        The hierarchy (presenting v3 nodes for sources whose sharded arrays are stored as v3 only).
     name : str
         How to call it in errors.
 
@@ -280,7 +277,7 @@ def walk_hierarchy(source: StoreAdapter, name: str) -> HierarchyWalk:
                 arrays[key] = None
             else:
                 pending.append((key, lister.children(key)))
-    docs = source.get_many([join_path(p, ".zarray") for p in arrays])
+    docs = source.values([join_path(p, ".zarray") for p in arrays])
     zarrays: dict[str, dict[str, Any]] = {}
     for path in sorted(arrays):
         key = join_path(path, ".zarray")
@@ -294,19 +291,17 @@ def walk_hierarchy(source: StoreAdapter, name: str) -> HierarchyWalk:
     return HierarchyWalk(zarrays, sorted(groups), sorted(group_keys))
 
 
-def iter_array_keys(source: StoreAdapter, path: str) -> Iterator[str]:
+def iter_array_keys(source: HierarchyView, path: str) -> Iterator[str]:
     """Every stored key under an array's path, streamed (never a whole listing in memory on local disks).
 
     The keys shardkv keeps for itself (temporaries, lock files) are left out.
-    Metadata documents a :class:`~shardkv.proxy.presenting.PresentingAdapter`
-    presents are not included (ask for them with ``contains``).
+    Metadata documents the view presents are not included (ask for them with ``contains``).
     """
     lister = _Lister(source)
     root = lister.root
-    if lister.fsmap is not None:
-        fsmap = lister.fsmap
-        fs = fsmap.fs
-        base = fs._strip_protocol(fsmap.root)
+    if lister.fs is not None:
+        fs = lister.fs
+        base = lister.fs_root
         start = len(base) + 1 if base else 0
         for file_path in _files_under(fs, join_path(base, path) if path else base):
             key = file_path[start:]
@@ -314,8 +309,7 @@ def iter_array_keys(source: StoreAdapter, path: str) -> Iterator[str]:
                 yield key
         return
     if root is None:
-        for key in source.iter_keys(path_prefix(path)):
-            yield key
+        yield from source.kv.list_prefix(path_prefix(path))
         return
     base = os.path.join(root, path) if path else root
     stack = [(base, path)]
@@ -418,7 +412,7 @@ def _decode(encoding: V2ChunkKeyEncoding, suffix: str, ndim: int) -> tuple[int, 
         return None
 
 
-def list_array(source: StoreAdapter, path: str, zarray: Mapping[str, Any], meta_keys: list[str]) -> ArrayListing:
+def list_array(source: HierarchyView, path: str, zarray: Mapping[str, Any], meta_keys: list[str]) -> ArrayListing:
     """List one array's keys once, chunks as bits of a grid bitmap.
 
     ``meta_keys`` are the array's metadata documents (read by the caller).

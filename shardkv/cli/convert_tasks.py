@@ -36,7 +36,7 @@ from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
 from shardkv.keys.encodings import V2ChunkKeyEncoding
 from shardkv.keys.paths import path_prefix
-from shardkv.storage.adapters import StoreAdapter
+from shardkv.storage.kv import KVStore
 
 __all__ = ["ShardTask", "TaskResult", "run_task", "execute", "array_tasks", "shard_index", "shard_members_at", "IN_FLIGHT_PER_WORKER"]
 
@@ -181,13 +181,13 @@ def array_tasks(
         yield ShardTask(shards=tuple(batch), path=listing.path, **base)
 
 
-def run_task(task: ShardTask, source: StoreAdapter | None = None, target: StoreAdapter | None = None) -> TaskResult:
+def run_task(task: ShardTask, source: KVStore | None = None, target: KVStore | None = None) -> TaskResult:
     """Read, pack and write the shards of one task (in this process or a worker).
 
     Parameters
     ----------
     task : ShardTask
-    source, target : StoreAdapter, optional
+    source, target : KVStore, optional
         Open stores to use; opened from the task's names and options when omitted.
 
     Returns
@@ -195,16 +195,16 @@ def run_task(task: ShardTask, source: StoreAdapter | None = None, target: StoreA
     TaskResult
         Shards written (a shard none of whose chunks is still stored is not written).
     """
-    from shardkv.cli.stores import open_store
+    from shardkv.cli.stores import open_store, put_all
 
-    source = source or open_store(task.src, task.src_options, role="source")
-    target = target or open_store(task.dst, task.dst_options, role="destination")
+    source = source or open_store(task.src, task.src_options, role="source").kv
+    target = target or open_store(task.dst, task.dst_options, role="destination").kv
     layout = ShardLayout.v3(task.chunks_per_shard, task.index_location, "little", task.index_checksum)  # type: ignore[arg-type]
     written: list[tuple[int, str, int, int]] = []
     pending: dict[str, bytes] = {}
     pending_nbytes = nbytes_read = 0
     for index, shard_key, members in task.shards:
-        values = source.get_many([k for _, k in members])
+        values = source.values([k for _, k in members])
         chunks = {local: values[k] for local, k in members if k in values}
         if not chunks:
             continue
@@ -215,9 +215,9 @@ def run_task(task: ShardTask, source: StoreAdapter | None = None, target: StoreA
         pending_nbytes += len(blob)
         written.append((index, shard_key, len(blob), shard_read))
         if pending_nbytes >= task.write_batch_nbytes or len(pending) >= task.write_batch_objects:
-            target.set_many(pending)
+            put_all(target, pending)
             pending, pending_nbytes = {}, 0
-    target.set_many(pending)
+    put_all(target, pending)
     return TaskResult(tuple(written), nbytes_read, task.n_chunks)
 
 
@@ -227,8 +227,8 @@ def execute(
     *,
     workers: int = 1,
     scheduler: str | None = None,
-    source: StoreAdapter | None = None,
-    target: StoreAdapter | None = None,
+    source: KVStore | None = None,
+    target: KVStore | None = None,
 ) -> None:
     """Run ``tasks`` (taken lazily); ``on_done(task, result)`` is called here as each one finishes.
 

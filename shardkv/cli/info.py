@@ -13,7 +13,8 @@ Two jobs for the command line, both read-only:
   shards, and whether its ``zarr.json`` view can be read by Zarr v3 readers.
 
 The key sorting (:func:`classify_array`, :func:`detect_separator`) is pure;
-all I/O goes through :mod:`shardkv.storage.adapters` adapters.
+all I/O goes through the store's :class:`~shardkv.storage.kv.KVStore`, read
+through a :class:`~shardkv.cli.view.HierarchyView` (v3 nodes presented as v2).
 """
 
 from __future__ import annotations
@@ -22,21 +23,22 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from shardkv.cli.info_draft import inspect_draft
+from shardkv.cli.info_draft import inspect_draft, is_draft
 from shardkv.cli.info_format import format_info  # re-exported: the table lives there
-from shardkv.cli.info_model import ArrayInfo, _sizes, shard_stats
+from shardkv.cli.info_model import ArrayInfo, shard_stats
 from shardkv.cli.stores import open_store
 from shardkv.cli.errors import NotAHierarchyError
+from shardkv.cli.view import HierarchyView, sizes
 from shardkv.errors import ConfigurationError, MetadataError
 from shardkv.keys.encodings import V2ChunkKeyEncoding, grid_shape
 from shardkv.keys.paths import owning_array, path_prefix
+from shardkv.keys.space import ShardedArray
 from shardkv.metadata.documents import META_NAMES, load_json, unreadable_documents
 from shardkv.metadata.v2_view import unusable_sharding
 from shardkv.metadata.v3_view import v2_dimension_separator, v3_view_of_v2
-from shardkv.proxy.open import is_draft_hierarchy
-from shardkv.proxy.presenting import PresentingAdapter
-from shardkv.proxy.store import ShardedStore
-from shardkv.storage.adapters import StoreAdapter
+from shardkv.proxy.nodes import NodeTable
+from shardkv.proxy.verify import shard_directories
+from shardkv.storage.kv import KVStore
 
 __all__ = [
     "META_NAMES",
@@ -231,13 +233,13 @@ def classify_array(path: str, zarray: Mapping[str, Any], keys: Iterable[str]) ->
     return out
 
 
-def read_hierarchy(store: StoreAdapter, name: str = "store", strict: bool = True) -> Hierarchy:
+def read_hierarchy(store: HierarchyView, name: str = "store", strict: bool = True) -> Hierarchy:
     """List a Zarr v2 hierarchy once and sort its keys (one listing, one batched metadata read).
 
     Parameters
     ----------
-    store : StoreAdapter
-        The store holding the hierarchy.
+    store : HierarchyView
+        The store holding the hierarchy (v3 nodes presented as v2 documents).
     name : str
         How to call the store in errors (its URL or path).
     strict : bool
@@ -252,7 +254,7 @@ def read_hierarchy(store: StoreAdapter, name: str = "store", strict: bool = True
         If a ``.zarray`` is not valid JSON or has an invalid separator (see
         :func:`classify_array`).
     """
-    keys = sorted(store.iter_keys())
+    keys = sorted(store.keys())
     if not keys:
         raise NotAHierarchyError(f"{name} does not exist or is empty")
     key_set = set(keys)
@@ -262,7 +264,7 @@ def read_hierarchy(store: StoreAdapter, name: str = "store", strict: bool = True
     zarray_keys = [k for k in keys if k.rpartition("/")[2] == ".zarray"]
     if strict:
         node_keys = [k for k in keys if k.rpartition("/")[2] in ("zarr.json", ".zgroup")]
-        node_docs = store.get_many(node_keys)
+        node_docs = store.values(node_keys)
         problems = unreadable_documents(node_docs)
         for key, raw in node_docs.items():
             doc = None if key in problems or not key.endswith("zarr.json") else load_json(key, raw)
@@ -271,7 +273,7 @@ def read_hierarchy(store: StoreAdapter, name: str = "store", strict: bool = True
                 problems[key] = reason
         for key, reason in sorted(problems.items()):
             raise MetadataError(key, f"{reason} (in {name}; the node would be left out: repair or remove it)")
-    docs = store.get_many(zarray_keys)
+    docs = store.values(zarray_keys)
     zarrays: dict[str, dict[str, Any]] = {}
     for k in zarray_keys:
         path = k.rpartition("/")[0]
@@ -295,10 +297,11 @@ def read_hierarchy(store: StoreAdapter, name: str = "store", strict: bool = True
 # -- shardkv info -------------------------------------------------------------
 
 
-def _sharded_info(store: StoreAdapter, keys: ArrayKeys, arr: Any, zattrs: Mapping[str, Any]) -> ArrayInfo:
+def _sharded_info(store: KVStore, keys: ArrayKeys, arr: ShardedArray, zattrs: Mapping[str, Any]) -> ArrayInfo:
     shard_keys = [k for k in keys.all_keys() if k not in keys.meta_keys and arr.shard_coords_of(k) is not None]
+    shard_keys += shard_directories(store, arr)  # not listed: read, a directory fails naming its key
     layout = arr.layout
-    present, used, index_bytes, stored = shard_stats(store, shard_keys, arr.shard_coords_of, layout, arr.chunk_grid_shape)
+    present, used, index_bytes, stored = shard_stats(store, shard_keys, arr.shard_coords_of, layout, keys.chunk_grid_shape)
     view = v3_view_of_v2(keys.zarray, zattrs, layout)
     return ArrayInfo(
         path=keys.path,
@@ -329,8 +332,8 @@ def inspect_store(store: Any, storage_options: Mapping[str, Any] | None = None) 
 
     Parameters
     ----------
-    store : str, os.PathLike, MutableMapping, fsspec.FSMap or StoreAdapter
-        The hierarchy (any store :func:`shardkv.storage.adapters.adapt` accepts;
+    store : str, os.PathLike, MutableMapping, fsspec.FSMap or KVStore
+        The hierarchy (any store :func:`shardkv.storage.open.open_kv` accepts;
         URLs are checked by :func:`shardkv.cli.stores.open_store`).
     storage_options : mapping, optional
         fsspec options when ``store`` is a URL.
@@ -350,20 +353,22 @@ def inspect_store(store: Any, storage_options: Mapping[str, Any] | None = None) 
         If an array's metadata or sharding cannot be used.
     CorruptShardError, ChecksumError
         If a shard's index is damaged.
+    OSError
+        If a key cannot be read (permissions; a directory, FIFO or socket where a shard should be).
     """
     name = store if isinstance(store, str) else repr(store)
-    adapter = open_store(store, storage_options)
-    if is_draft_hierarchy(adapter):
-        return inspect_draft(adapter, name)
-    adapter = PresentingAdapter(adapter)  # v3 sharded arrays (zarr.json only) appear as v2 arrays
-    hierarchy = read_hierarchy(adapter, name)
-    proxy = ShardedStore(adapter)
+    opened = open_store(store, storage_options)
+    kv = opened.kv
+    if is_draft(kv):
+        return inspect_draft(opened, name)
+    hierarchy = read_hierarchy(HierarchyView(kv), name)  # v3 sharded arrays (zarr.json only) appear as v2 arrays
+    nodes = NodeTable(kv.values)
     infos = []
     for path, keys in hierarchy.arrays.items():
-        arr = proxy.sharded_array(path)
-        if arr is not None:
-            view = proxy.v3_metadata(path) or {}
-            infos.append(_sharded_info(adapter, keys, arr, view.get("attributes") or {}))
+        node = nodes.node(path)
+        if node.array is not None:
+            attributes = (node.doc or {}).get("attributes") or {}
+            infos.append(_sharded_info(kv, keys, node.array, attributes))
             continue
         data_keys = [*keys.chunk_keys.values(), *keys.stale_keys]
         infos.append(
@@ -379,7 +384,7 @@ def inspect_store(store: Any, storage_options: Mapping[str, Any] | None = None) 
                 chunks_present=len(keys.chunk_keys),
                 shards=0,
                 objects=len(data_keys),
-                bytes_stored=sum(_sizes(adapter, data_keys).values()),
+                bytes_stored=sum(sizes(kv, data_keys).values()),
                 bytes_unused=0,
                 v3_readable=None,
                 v3_problems=[],

@@ -13,14 +13,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from shardkv.cli.info_model import ArrayInfo, _sizes, shard_stats
 from shardkv.cli.errors import NotAHierarchyError
+from shardkv.cli.info_model import ArrayInfo, shard_stats
+from shardkv.cli.stores import CliStore
+from shardkv.cli.view import sizes
+from shardkv.errors import MetadataError
 from shardkv.keys.encodings import grid_shape
+from shardkv.metadata.documents import load_json
+from shardkv.metadata.draft import is_draft_entry_point
 from shardkv.proxy.draft import DraftShardedStore
-from shardkv.storage.adapters import StoreAdapter
+from shardkv.storage.kv import KVStore
 from shardkv.transformers import DATA_ROOT, ShardingStorageTransformer
 
-__all__ = ["inspect_draft"]
+__all__ = ["inspect_draft", "is_draft"]
 
 _NO_V3 = "2022 draft metadata (storage transformers); Zarr v3 readers do not read it"
 
@@ -34,12 +39,26 @@ def _owner(key: str, prefixes: dict[str, str]) -> str | None:
     return best
 
 
-def inspect_draft(store: StoreAdapter, name: str) -> list[ArrayInfo]:
+def is_draft(kv: KVStore) -> bool:
+    """True when ``kv`` holds the root ``zarr.json`` of a 2022 draft hierarchy (one read).
+
+    A root ``zarr.json`` that is not JSON is no draft entry point (the command reading it reports it).
+    """
+    raw = kv.values(["zarr.json"]).get("zarr.json")
+    if raw is None:
+        return False
+    try:
+        return is_draft_entry_point(load_json("zarr.json", raw))
+    except MetadataError:
+        return False
+
+
+def inspect_draft(store: CliStore, name: str) -> list[ArrayInfo]:
     """Per-array facts about a 2022 draft hierarchy.
 
     Parameters
     ----------
-    store : StoreAdapter
+    store : CliStore
         The hierarchy (root ``zarr.json`` of the draft protocol).
     name : str
         How to call it in errors.
@@ -56,8 +75,9 @@ def inspect_draft(store: StoreAdapter, name: str) -> list[ArrayInfo]:
     UnknownStorageTransformerError
         If an array names a storage transformer shardkv does not know.
     """
-    proxy = DraftShardedStore(store)
-    keys = sorted(store.iter_keys())
+    proxy = DraftShardedStore(store.handle)
+    kv = store.kv
+    keys = sorted(kv.list_prefix(""))
     arrays = {p: k for k in keys if (p := proxy.array_path_of(k)) is not None}
     if not arrays and not any(k.startswith("meta/") for k in keys):
         raise NotAHierarchyError(f"{name} is a 2022 draft hierarchy without any metadata under meta/")
@@ -67,20 +87,23 @@ def inspect_draft(store: StoreAdapter, name: str) -> list[ArrayInfo]:
         owner = _owner(k, prefixes) if k.startswith(DATA_ROOT) else None
         if owner is not None:
             data[owner].append(k)
-    return [_array_info(store, proxy, path, arrays[path], data[path]) for path in sorted(arrays)]
+    return [_array_info(kv, proxy, path, arrays[path], data[path]) for path in sorted(arrays)]
 
 
-def _array_info(store: StoreAdapter, proxy: DraftShardedStore, path: str, meta_key: str, data_keys: list[str]) -> ArrayInfo:
-    doc: dict[str, Any] = json.loads(bytes(store.get(meta_key)))
+def _array_info(store: KVStore, proxy: DraftShardedStore, path: str, meta_key: str, data_keys: list[str]) -> ArrayInfo:
+    raw = store.values([meta_key]).get(meta_key)
+    if raw is None:
+        raise NotAHierarchyError(f"{meta_key}: listed, then gone (the hierarchy changed while it was read)")
+    doc: dict[str, Any] = json.loads(bytes(raw))
     shape = tuple(int(s) for s in doc.get("shape", []))
     chunks = tuple(int(c) for c in (doc.get("chunk_grid") or {}).get("chunk_shape", shape))
     top = proxy.transformer(path)
-    common = dict(path=path, shape=shape, chunks=chunks, dtype=str(doc.get("data_type")))
+    common: dict[str, Any] = dict(path=path, shape=shape, chunks=chunks, dtype=str(doc.get("data_type")))
     if not isinstance(top, ShardingStorageTransformer):
         return ArrayInfo(
             **common, shard_shape=None, chunks_per_shard=None, index_location=None, index_checksum=None,
             chunks_present=len(data_keys), shards=0, objects=len(data_keys),
-            bytes_stored=sum(_sizes(store, data_keys).values()), bytes_unused=0, v3_readable=None, v3_problems=[],
+            bytes_stored=sum(sizes(store, data_keys).values()), bytes_unused=0, v3_readable=None, v3_problems=[],
         )  # fmt: skip
     layout = top.layout
     shard_keys = [k for k in data_keys if top.array.shard_coords_of(k) is not None]

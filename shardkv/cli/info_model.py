@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-from shardkv.storage.adapters import StoreAdapter
+from shardkv.format.layout import ShardLayout
+from shardkv.storage.kv import ANY, KVStore
 
 __all__ = ["ArrayInfo", "shard_stats"]
 
@@ -66,31 +67,48 @@ class ArrayInfo:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
 
 
-def _sizes(store: StoreAdapter, keys: Sequence[str]) -> dict[str, int]:
-    return {k: store.size(k) for k in keys}
-
-
 def shard_stats(
-    store: StoreAdapter, shard_keys: Sequence[str], coords_of: Any, layout: Any, grid: Sequence[int]
+    store: KVStore, shard_keys: Sequence[str], coords_of: Callable[[str], tuple[int, ...] | None], layout: ShardLayout,
+    grid: Sequence[int],
 ) -> tuple[int, int, int, int]:
-    """Read the indexes of ``shard_keys`` in batches; returns (in-grid chunks present, bytes used by
-    chunks, index bytes, shard bytes). ``coords_of(key)`` gives a shard key's shard coords."""
+    """Read the indexes of ``shard_keys`` in batches.
+
+    Each index is one ranged read that also gives the shard's size (checked
+    against the index: a truncated shard is reported); ``coords_of(key)`` gives
+    a shard key's shard coords.
+
+    Returns
+    -------
+    tuple of int
+        ``(in-grid chunks present, bytes used by chunks, index bytes, shard bytes)``.
+
+    Raises
+    ------
+    CorruptShardError, ChecksumError
+        If an index is damaged.
+    OSError
+        If a shard cannot be read (permissions; a directory, FIFO or socket at its key).
+    """
     present = used = index_bytes = stored = 0
     cps = layout.chunks_per_shard
     for start in range(0, len(shard_keys), _INDEX_BATCH):
         batch = shard_keys[start : start + _INDEX_BATCH]
-        sizes = _sizes(store, batch)
-        raw = store.get_ranges([(k, layout.index_range()) for k in batch])
-        for k, data in zip(batch, raw):
-            if data is None:
+        results = store.get_many([(k, [layout.index_range()], ANY) for k in batch])
+        unsized = [k for k, r in zip(batch, results) if r.found and r.size is None]
+        whole = store.values(unsized)  # stores that cannot tell a size with a ranged read
+        for k, result in zip(batch, results):
+            if not result.found or result.values is None:
                 continue  # deleted since the listing
-            index = layout.decode_index(data, k, sizes[k])
+            size = result.size if result.size is not None else len(whole.get(k, b""))
+            index = layout.decode_index(result.values[0], k, size)
             shard_coords = coords_of(k)
+            if shard_coords is None:
+                continue
             for local in index.present():
                 chunk = tuple(s * n + c for s, n, c in zip(shard_coords, cps, local))
                 if all(c < g for c, g in zip(chunk, grid)):
                     present += 1
             used += index.used_nbytes()
             index_bytes += layout.index_nbytes
-            stored += sizes[k]
+            stored += size
     return present, used, index_bytes, stored

@@ -34,8 +34,9 @@ from typing import Any, Callable, Mapping
 import msgpack
 
 from shardkv.cli.errors import ManifestMismatchError
+from shardkv.cli.stores import delete_all, put_all, remove_everything
 from shardkv.errors import ShardKVError
-from shardkv.storage.adapters import StoreAdapter
+from shardkv.storage.kv import KVStore
 
 __all__ = [
     "MANIFEST_KEY", "UNSHARD_MANIFEST_KEY", "FLUSH_SECONDS", "LAST_KEPT", "ArrayProgress", "Manifest",
@@ -93,7 +94,7 @@ class Manifest:
 
     Parameters
     ----------
-    store : StoreAdapter
+    store : KVStore
         The destination.
     src : str
         The source, as named (a resumed run must name the same).
@@ -103,7 +104,7 @@ class Manifest:
         Where the manifest is kept in the destination.
     """
 
-    def __init__(self, store: StoreAdapter, src: str, options: Mapping[str, Any], key: str = MANIFEST_KEY) -> None:
+    def __init__(self, store: KVStore, src: str, options: Mapping[str, Any], key: str = MANIFEST_KEY) -> None:
         self.store = store
         self.src = src
         self.options = dict(options)
@@ -128,7 +129,7 @@ class Manifest:
 
     @classmethod
     def load(
-        cls, store: StoreAdapter, src: str, options: Mapping[str, Any], dst_name: str, key: str = MANIFEST_KEY
+        cls, store: KVStore, src: str, options: Mapping[str, Any], dst_name: str, key: str = MANIFEST_KEY
     ) -> Manifest | None:
         """The manifest left in ``store`` by an interrupted run, or ``None`` when there is none.
 
@@ -137,9 +138,8 @@ class Manifest:
         ManifestMismatchError
             If it records another source or other options, or cannot be decoded.
         """
-        try:
-            raw = store.get(key)
-        except KeyError:
+        raw = store.values([key]).get(key)
+        if raw is None:
             return None
         try:
             doc = msgpack.unpackb(raw, raw=False, strict_map_key=False)
@@ -180,16 +180,16 @@ class Manifest:
         }
         doc = {"version": _VERSION, "src": self.src, "options": self.options, "arrays": arrays,
                "last": [list(entry) for entry in self.last]}  # fmt: skip
-        self.store.set_many({self.key: msgpack.packb(doc, use_bin_type=True)})
+        put_all(self.store, {self.key: msgpack.packb(doc, use_bin_type=True)})
         self._last_flush = time.monotonic()
 
     def remove(self) -> None:
         """Delete the manifest (the run has completed)."""
-        self.store.delete_many([self.key])
+        delete_all(self.store, [self.key])
 
 
 def open_destination(
-    target: StoreAdapter, dst_name: str, src_name: str, options: Mapping[str, Any], overwrite: bool,
+    target: KVStore, dst_name: str, src_name: str, options: Mapping[str, Any], overwrite: bool,
     key: str = MANIFEST_KEY,
 ) -> Manifest | None:  # fmt: skip
     """The manifest of a new run (the destination emptied first with ``overwrite``), or of the
@@ -201,9 +201,9 @@ def open_destination(
     ManifestMismatchError
         If the destination holds the manifest of another run.
     """
-    if next(iter(target.iter_keys()), None) is not None:
+    if next(iter(target.list_prefix("")), None) is not None:
         if overwrite:
-            target.rmdir("")
+            remove_everything(target)
         else:
             return Manifest.load(target, src_name, options, dst_name, key)  # None: not empty, nothing to resume
     manifest = Manifest(target, src_name, options, key)
@@ -212,13 +212,13 @@ def open_destination(
 
 
 def verify_last(
-    target: StoreAdapter, manifest: Manifest, path: str, n_last: int, check: Callable[[str, int, bytes], bool]
+    target: KVStore, manifest: Manifest, path: str, n_last: int, check: Callable[[str, int, bytes], bool]
 ) -> int:
     """Read back the shards of ``path`` among the last ``n_last`` recorded; forget the ones that fail.
 
     Parameters
     ----------
-    target : StoreAdapter
+    target : KVStore
         The destination.
     manifest : Manifest
     path : str
@@ -238,12 +238,12 @@ def verify_last(
     mine = [entry for entry in recent if entry[0] == path and manifest.is_done(path, entry[1])]
     if not mine:
         return 0
-    blobs = target.get_many([entry[2] for entry in mine])
+    blobs = target.values([entry[2] for entry in mine])
     progress = manifest.progress(path)
     for _, index, key, nbytes, nbytes_read in mine:
         blob = blobs.get(key)
         try:
-            good = blob is not None and len(blob) == nbytes and check(key, index, blob)
+            good = blob is not None and len(blob) == nbytes and check(key, index, bytes(blob))
         except ShardKVError:
             good = False
         if not good:

@@ -24,16 +24,21 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
 
 import fsspec
 from fsspec.mapping import FSMap
 
 from shardkv.cli.errors import DestinationIsFileError, StoreAccessError
 from shardkv.errors import ConfigurationError
-from shardkv.storage.adapters import FSMapAdapter, StoreAdapter, adapt
+from shardkv.storage.kv import ANY, KVStore
+from shardkv.storage.open import kv_of_fs, open_kv
 
-__all__ = ["parse_storage_options", "open_store", "store_errors", "describe", "is_url", "refuse_regular_file"]
+__all__ = [
+    "parse_storage_options", "open_store", "CliStore", "store_errors", "describe", "is_url", "refuse_regular_file",
+    "put_all", "delete_all", "remove_everything",
+]  # fmt: skip
 
 BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss"})
 """Protocols whose first path segment is a bucket (or container) that must already exist."""
@@ -112,16 +117,36 @@ def refuse_regular_file(name: str) -> None:
         raise DestinationIsFileError(name)
 
 
+@dataclass(frozen=True)
+class CliStore:
+    """A store named on the command line, opened once.
+
+    Attributes
+    ----------
+    kv : KVStore
+        What the command reads, lists and writes.
+    handle : object
+        What the proxies (:class:`~shardkv.ShardedStore`,
+        :class:`~shardkv.proxy.draft.DraftShardedStore`) and the draft storage
+        transformer are given to reach the same data: the user's store object,
+        or an fsspec mapper over the filesystem already opened (and probed) for
+        a path or URL.
+    """
+
+    kv: KVStore
+    handle: Any
+
+
 def open_store(
     name: Any, storage_options: Mapping[str, Any] | None = None, *, role: str = "store"
-) -> StoreAdapter:
+) -> CliStore:
     """Open a store named on the command line, checking first that it can be used.
 
     Parameters
     ----------
     name : str or store
         A local path or an fsspec URL; anything else is passed to
-        :func:`shardkv.storage.adapters.adapt` unchecked.
+        :func:`shardkv.storage.open.open_kv` unchecked.
     storage_options : mapping, optional
         fsspec options for the URL's filesystem (endpoint, credentials ...).
     role : str
@@ -129,7 +154,7 @@ def open_store(
 
     Returns
     -------
-    StoreAdapter
+    CliStore
 
     Raises
     ------
@@ -139,7 +164,7 @@ def open_store(
         bucket is listed. The bucket is never created.
     """
     if not isinstance(name, str):
-        return adapt(name, storage_options)
+        return CliStore(open_kv(name, storage_options), name)
     options = dict(storage_options or {})
     try:
         fs, root = fsspec.core.url_to_fs(name, **options)
@@ -150,7 +175,7 @@ def open_store(
     protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
     if BUCKET_PROTOCOLS.intersection(protocols):
         _check_bucket(_probe_fs(fs, options), root, name, role)
-    return FSMapAdapter.from_fsmap(FSMap(root, fs))
+    return CliStore(kv_of_fs(fs, root), FSMap(root, fs))
 
 
 def _probe_fs(fs: fsspec.AbstractFileSystem, options: Mapping[str, Any]) -> fsspec.AbstractFileSystem:
@@ -198,3 +223,40 @@ def _check_bucket(fs: fsspec.AbstractFileSystem, root: str, name: str, role: str
         raise StoreAccessError(name, f"cannot reach the {role}: {describe(exc)}") from None
     finally:
         fs.invalidate_cache(bucket)
+
+
+# -- writing through a KVStore ------------------------------------------------------------
+
+_DELETE_BATCH = 256  # keys deleted per batched request when a destination is emptied
+
+
+def put_all(kv: KVStore, values: Mapping[str, Any]) -> None:
+    """Store ``values`` (bytes-like, or lists of parts) unconditionally, in one batch."""
+    if values:
+        kv.put_many({key: (value, ANY) for key, value in values.items()})
+
+
+def delete_all(kv: KVStore, keys: Iterable[str]) -> None:
+    """Delete ``keys`` unconditionally (missing ones are no error), in batches."""
+    batch: list[str] = []
+    for key in keys:
+        batch.append(key)
+        if len(batch) >= _DELETE_BATCH:
+            kv.put_many({k: (None, ANY) for k in batch})
+            batch = []
+    if batch:
+        kv.put_many({k: (None, ANY) for k in batch})
+
+
+def remove_everything(kv: KVStore) -> None:
+    """Delete every key of ``kv`` (``--overwrite``), then the directories left empty where it has directories.
+
+    Lock files (which writers in other processes may hold) and temporary files
+    are not keys: they stay (the temporaries of killed writers are swept by
+    :func:`shardkv.proxy.verify.remove_stale_temporaries`).
+    """
+    delete_all(kv, list(kv.list_prefix("")))
+    prune = getattr(kv, "prune_empty_dirs", None)  # local directories only
+    if prune is not None:
+        prune("")
+

@@ -27,15 +27,17 @@ from typing import Any, Mapping, Sequence
 
 from shardkv.cli.convert import _check_distinct, _name
 from shardkv.cli.convert_tasks import shard_index
-from shardkv.cli.info import META_NAMES, read_hierarchy
-from shardkv.cli.manifest import UNSHARD_MANIFEST_KEY, Manifest, open_destination
-from shardkv.cli.stores import open_store, refuse_regular_file
-from shardkv.engine.temporaries import remove_stale_temporaries
 from shardkv.cli.errors import DestinationNotEmptyError
+from shardkv.cli.info import META_NAMES, read_hierarchy
+from shardkv.cli.info_draft import is_draft
+from shardkv.cli.manifest import UNSHARD_MANIFEST_KEY, Manifest, open_destination
+from shardkv.cli.stores import open_store, put_all, refuse_regular_file
+from shardkv.cli.view import HierarchyView
 from shardkv.errors import UnsupportedError
 from shardkv.keys.space import ShardedArray
-from shardkv.proxy.presenting import PresentingAdapter
-from shardkv.storage.adapters import StoreAdapter
+from shardkv.proxy.nodes import NodeTable
+from shardkv.proxy.verify import remove_stale_temporaries, shard_directories
+from shardkv.storage.kv import KVStore
 
 __all__ = ["UnshardReport", "unshard"]
 
@@ -103,7 +105,7 @@ class UnshardReport:
 class _Out:
     """Batched writes to the destination, counted."""
 
-    def __init__(self, store: StoreAdapter) -> None:
+    def __init__(self, store: KVStore) -> None:
         self.store = store
         self.pending: dict[str, bytes] = {}
         self.objects = self.nbytes = 0
@@ -116,7 +118,7 @@ class _Out:
     def flush(self) -> None:
         if not self.pending:
             return
-        self.store.set_many(self.pending)
+        put_all(self.store, self.pending)
         self.objects += len(self.pending)
         self.nbytes += sum(len(v) for v in self.pending.values())
         self.pending = {}
@@ -159,23 +161,23 @@ def unshard(
         As :func:`shardkv.cli.convert.convert`.
     CorruptShardError, ChecksumError
         If a shard cannot be decoded.
+    OSError
+        If a key cannot be read (permissions; a directory, FIFO or socket where a shard should be).
     """
     from tqdm import tqdm
-
-    from shardkv.proxy.open import is_draft_hierarchy
-    from shardkv.proxy.store import ShardedStore
 
     src_name, dst_name = _name(src), _name(dst)
     src_opts = src_storage_options if src_storage_options is not None else storage_options
     dst_opts = dst_storage_options if dst_storage_options is not None else storage_options
     if isinstance(dst, str):
         refuse_regular_file(dst)
-    source, target = open_store(src, src_opts, role="source"), open_store(dst, dst_opts, role="destination")
-    _check_distinct(source, target, src_name, dst_name)
-    if is_draft_hierarchy(source):
+    source_kv = open_store(src, src_opts, role="source").kv
+    target = open_store(dst, dst_opts, role="destination").kv
+    _check_distinct(source_kv, target, src_name, dst_name)
+    if is_draft(source_kv):
         raise UnsupportedError(f"{src_name} is a 2022 draft hierarchy; unshard reads Zarr v2 hierarchies only")
-    proxy = ShardedStore(source)
-    source = PresentingAdapter(source)  # sharded arrays and v3 groups (zarr.json only) appear in v2
+    nodes = NodeTable(source_kv.values)
+    source = HierarchyView(source_kv)  # sharded arrays and v3 groups (zarr.json only) appear in v2
     hierarchy = read_hierarchy(source, src_name)
     manifest = open_destination(target, dst_name, src_name, {"unshard": 1}, overwrite, key=UNSHARD_MANIFEST_KEY)
     if manifest is None:
@@ -190,7 +192,7 @@ def unshard(
     with tqdm(total=len(hierarchy.keys), disable=not progress, file=sys.stderr, unit="obj", desc="shardkv unshard") as bar:
         for path, keys in hierarchy.arrays.items():
             report.arrays += 1
-            arr = proxy.sharded_array(path)
+            arr = nodes.node(path).array
             array_meta = [k for k in keys.meta_keys if not (arr is not None and k.rpartition("/")[2] == "zarr.json")]
             meta += array_meta
             data = [k for k in keys.all_keys() if k not in keys.meta_keys]
@@ -198,7 +200,8 @@ def unshard(
                 plain += data
                 continue
             report.unsharded_arrays += 1
-            shard_keys = [k for k in data if arr.shard_coords_of(k) is not None]
+            # a directory where a shard should be is not listed: read, it fails naming its key
+            shard_keys = [k for k in data if arr.shard_coords_of(k) is not None] + shard_directories(source_kv, arr)
             shard_set = set(shard_keys)
             plain += [k for k in data if k not in shard_set]
             _unpack(source, arr, path, shard_keys, out, report, bar, manifest)
@@ -214,15 +217,14 @@ def unshard(
     return report
 
 
-def _v3_node(source: PresentingAdapter, key: str) -> bool:
+def _v3_node(source: HierarchyView, key: str) -> bool:
     """True for the ``zarr.json`` of a node presented in v2 (dropped: the result is plain Zarr v2)."""
     path, _, name = key.rpartition("/")
-    node = source.node(path) if name == "zarr.json" else None
-    return node is not None and bool(node.documents)
+    return name == "zarr.json" and bool(source.documents(path))
 
 
 def _unpack(
-    source: StoreAdapter, arr: ShardedArray, path: str, shard_keys: Sequence[str], out: _Out, report: UnshardReport,
+    source: HierarchyView, arr: ShardedArray, path: str, shard_keys: Sequence[str], out: _Out, report: UnshardReport,
     bar: Any, manifest: Manifest,
 ) -> None:  # fmt: skip
     """Write every present in-grid inner chunk of the shards of one array to its own chunk key.
@@ -243,7 +245,7 @@ def _unpack(
     bar.update(len(shard_keys) - len(todo))
     for start in range(0, len(todo), _SHARD_BATCH):
         batch = todo[start : start + _SHARD_BATCH]
-        blobs = source.get_many(batch)
+        blobs = source.kv.values(batch)
         finished: list[tuple[str, int]] = []
         for key in batch:
             blob = blobs.get(key)
@@ -269,12 +271,12 @@ def _unpack(
         bar.update(len(batch))
 
 
-def _copy(source: StoreAdapter, keys: Sequence[str], out: _Out, bar: Any) -> int:
+def _copy(source: HierarchyView, keys: Sequence[str], out: _Out, bar: Any) -> int:
     """Copy keys as they are, a batch at a time; returns the bytes read."""
     nbytes = 0
     for start in range(0, len(keys), _WRITE_BATCH):
         batch = list(keys[start : start + _WRITE_BATCH])
-        values = source.get_many(batch)
+        values = source.values(batch)
         for k in batch:
             if k in values:
                 value = bytes(values[k])

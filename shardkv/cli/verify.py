@@ -13,8 +13,7 @@ from typing import Any
 
 from shardkv.cli.info import read_hierarchy
 from shardkv.cli.stores import open_store
-from shardkv.proxy.presenting import PresentingAdapter
-from shardkv.proxy.store import ShardedStore
+from shardkv.cli.view import HierarchyView
 from shardkv.proxy.verify import verify_store
 
 __all__ = ["add_parser", "run"]
@@ -89,10 +88,9 @@ def run(args: argparse.Namespace) -> int:
     StoreAccessError
         If the store cannot be reached or used.
     """
-    adapter = open_store(args.store, args.storage_options)
+    kv = open_store(args.store, args.storage_options).kv
     # a missing or empty store, or no hierarchy, is an error; unreadable nodes are reported below, not raised
-    read_hierarchy(PresentingAdapter(adapter), args.store, strict=False)
-    store = ShardedStore(adapter)
+    read_hierarchy(HierarchyView(kv), args.store, strict=False)
     bar = None
     if args.progress if args.progress is not None else sys.stderr.isatty():
         from tqdm import tqdm
@@ -105,11 +103,11 @@ def run(args: argparse.Namespace) -> int:
             bar.update(done - bar.n)
 
     try:
-        report = verify_store(store, decode=args.decode, repair=args.repair, min_temp_age=args.temp_age,
+        report = verify_store(kv, decode=args.decode, repair=args.repair, min_temp_age=args.temp_age,
                               remove_orphans=args.remove_orphans, progress=advance)  # fmt: skip
     finally:
         if bar is not None:
             bar.close()
-        store.base.close()
+        kv.close()
     print(json.dumps(report.to_json(), indent=2) if args.json else _summary(args.store, report))
     return 0 if report.ok else 1

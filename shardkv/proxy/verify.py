@@ -20,6 +20,13 @@ files of killed writers (:func:`find_stale_temporaries`), and node documents
 (``.zarray``, ``.zgroup``, ``zarr.json``) that cannot be read
 (:attr:`VerifyReport.unreadable_metadata`).
 
+It walks what is stored (the store's listing), never the shard grid, and
+reads through the store's :class:`~shardkv.storage.kv.KVStore`. A key at which
+something other than a regular file is stored (a directory, a FIFO, a socket:
+local stores never open a FIFO for reading) is a damaged shard naming the key;
+so is a shard that cannot be read (permissions): the other shards are still
+checked.
+
 Repair removes only what is proven garbage. ``repair=True`` removes the stale
 temporaries; orphans (chunk-like keys of a path without array metadata) are
 removed only with ``remove_orphans=True``, after they were listed: metadata
@@ -32,23 +39,24 @@ deleted.
 from __future__ import annotations
 
 import json
-import os
 import re
-import time
 from dataclasses import dataclass, field
 from math import prod
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
 from shardkv.codecs.bounded import decode_bounded
-from shardkv.engine.temporaries import DEFAULT_TEMP_AGE, find_stale_temporaries, remove_stale_temporaries
-from shardkv.errors import ChunkExpansionError, CorruptShardError
+from shardkv.errors import ChunkExpansionError, ConfigurationError, CorruptShardError
+from shardkv.keys.paths import join_path
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.documents import NODE_DOCUMENTS, load_json, unreadable_documents
 from shardkv.metadata.v2_view import unusable_sharding
-from shardkv.proxy.presenting import PresentingAdapter
-from shardkv.storage.adapters import StoreAdapter
+from shardkv.proxy.base import ProxyBase
+from shardkv.proxy.nodes import Node, build_node
+from shardkv.storage.kv import ANY, KVStore
+from shardkv.storage.local import DEFAULT_TEMP_AGE
+from shardkv.storage.open import open_kv
 
 __all__ = [
     "ShardReport",
@@ -56,6 +64,7 @@ __all__ = [
     "verify_store",
     "find_stale_temporaries",
     "remove_stale_temporaries",
+    "shard_directories",
     "DEFAULT_TEMP_AGE",
 ]
 
@@ -63,6 +72,7 @@ __all__ = [
 _META = (".zarray", "zarr.json")
 _UNKNOWN_CHUNK_LIMIT = 2**30  # bytes a chunk of no fixed size (object dtype) may decode to in verify --decode
 _CHUNKISH = re.compile(r"c|c?[0-9]+([./][0-9]+)*")
+_CHUNKISH_SEGMENT = re.compile(r"c|c?[0-9]+([.][0-9]+)*")  # one directory level of a chunk or shard key
 
 
 @dataclass
@@ -155,6 +165,80 @@ class VerifyReport:
         }
 
 
+# -- the store --------------------------------------------------------------------------
+
+
+def _kv_of(store: Any) -> KVStore:
+    """The :class:`KVStore` of a proxy's base store, or of a store itself (anything ``open_kv`` takes).
+
+    A proxy is never read as a mapping of its own (that would check chunk keys, not shards).
+    """
+    if isinstance(store, ProxyBase):
+        return open_kv(store.base)  # type: ignore[attr-defined]
+    return open_kv(store)
+
+
+def find_stale_temporaries(store: Any, min_age_seconds: float = DEFAULT_TEMP_AGE) -> list[str]:
+    """Temporary files of atomic local writes not modified for ``min_age_seconds`` seconds.
+
+    Parameters
+    ----------
+    store : ShardedStore, KVStore or anything :func:`shardkv.storage.open.open_kv` takes
+        The store (a proxy's base store is used).
+    min_age_seconds : float
+        Age guard (seconds since the last modification): a live writer's
+        temporary file is younger and is left alone.
+
+    Returns
+    -------
+    list of str
+        Local paths, sorted. Empty for stores that write whole objects (only
+        local directories get temporary files).
+    """
+    find = getattr(_kv_of(store), "find_stale_temporaries", None)
+    return [] if find is None else list(find(min_age_seconds))
+
+
+def remove_stale_temporaries(store: Any, min_age_seconds: float = DEFAULT_TEMP_AGE) -> list[str]:
+    """Remove the files :func:`find_stale_temporaries` finds; returns the paths removed.
+
+    Called by ``shardkv verify --repair`` and by a resumed ``convert`` or
+    ``unshard``. Files that vanish meanwhile are skipped.
+    """
+    remove = getattr(_kv_of(store), "remove_stale_temporaries", None)
+    return [] if remove is None else list(remove(min_age_seconds))
+
+
+def shard_directories(kv: KVStore, arr: ShardedArray) -> list[str]:
+    """The keys of ``arr``'s shards at which a directory is stored (listings leave directories out).
+
+    Only stores with directories (``kv.caps.lock_dir``: local or mounted
+    directories) can hold one; for the others nothing is looked at. The
+    array's directory is walked through chunk-like directory names only, at
+    most as deep as a shard key goes.
+
+    Returns
+    -------
+    list of str
+        Sorted shard keys where a directory (or a link to one) stands instead of a shard's file.
+    """
+    if not kv.caps.lock_dir:
+        return []
+    found: list[str] = []
+    pending = [(arr.key_prefix, 0)]
+    while pending:
+        prefix, depth = pending.pop()
+        for name in kv.list_dir(prefix)[1]:
+            if not _CHUNKISH_SEGMENT.fullmatch(name):
+                continue
+            key = prefix + name
+            if arr.shard_coords_of(key) is not None:
+                found.append(key)
+            elif depth < arr.ndim:  # "c/0/1" (v3 default keys) or "0/1" (the "/" separator)
+                pending.append((key + "/", depth + 1))
+    return sorted(found)
+
+
 # -- shards -----------------------------------------------------------------------------
 
 
@@ -170,12 +254,11 @@ def _ancestors(key: str) -> Iterable[str]:
         yield path
 
 
-def _v2_decoder(base: StoreAdapter, arr: ShardedArray) -> tuple[Any, int | None]:
+def _v2_decoder(zarray: Mapping[str, Any], key: str) -> tuple[Any, int | None]:
     """A function decoding one chunk with the array's compressor and filters, and the chunk's nbytes."""
     import numcodecs
 
-    key = f"{arr.path}/.zarray" if arr.path else ".zarray"
-    meta = json.loads(bytes(base.get(key)))
+    meta = zarray
     filters = [numcodecs.get_codec(c) for c in (meta.get("filters") or [])]
     compressor = None if meta.get("compressor") is None else numcodecs.get_codec(meta["compressor"])
     dtype = np.dtype(meta["dtype"]) if isinstance(meta["dtype"], str) else None
@@ -221,6 +304,14 @@ def _check_shard(report: ShardReport, blob: bytes, arr: ShardedArray, decoder: A
             report.problems.append(f"inner chunk {local} decodes to {len(out)} bytes, expected {nbytes}")
 
 
+def _node(path: str, raw_json: Any, raw_zarray: Any) -> Node | str:
+    """The node a stored ``zarr.json`` (and ``.zarray``) makes, or why its sharding cannot be used."""
+    try:
+        return build_node(path, raw_json, raw_zarray)
+    except (ConfigurationError, NotImplementedError) as exc:  # MetadataError is a ConfigurationError
+        return " ".join(str(exc).split())
+
+
 def verify_store(
     store: Any,
     *,
@@ -234,9 +325,8 @@ def verify_store(
 
     Parameters
     ----------
-    store : ShardedStore
-        The proxy (its :attr:`~ShardedStore.base` and
-        :meth:`~ShardedStore.sharded_array` are used; nothing is written through it).
+    store : ShardedStore, KVStore or anything :func:`shardkv.storage.open.open_kv` takes
+        The store (a proxy's base store is read; nothing is written through the proxy).
     decode : bool
         Also decode every stored inner chunk (v2 compressor and filters).
     repair : bool
@@ -254,31 +344,56 @@ def verify_store(
     -------
     VerifyReport
         Per-shard results and what was found (and removed) besides shards.
+
+    Raises
+    ------
+    OSError
+        If the listing or a metadata document cannot be read (permissions,
+        network); a shard that cannot be read is reported, not raised.
     """
-    base: StoreAdapter = PresentingAdapter(store.base)  # v3-only nodes listed with their v2 documents
-    keys = sorted(base.iter_keys())
-    key_set = set(keys)
-    array_paths = {_parent(k)[0] for k in keys if _parent(k)[1] == ".zarray"}  # v3-only arrays: presented
+    kv = _kv_of(store)
+    keys = sorted(kv.list_prefix(""))
     report = VerifyReport()
     meta_keys = [k for k in keys if _parent(k)[1] in NODE_DOCUMENTS]
-    docs = store.base.get_many(meta_keys)  # the stored documents (a presented view is not stored: not returned)
+    docs = kv.values(meta_keys)  # the stored documents
     report.unreadable_metadata = unreadable_documents(docs)
+    array_paths = {_parent(k)[0] for k in docs if _parent(k)[1] == ".zarray"}
+    group_paths = {_parent(k)[0] for k in docs if _parent(k)[1] == ".zgroup"}
+    arrays: dict[str, ShardedArray | None] = {p: None for p in array_paths}  # unsharded unless a zarr.json says
+    zarrays: dict[str, dict[str, Any]] = {}  # the v2 document of each sharded array (stored or presented)
     kept_nodes: set[str] = set()  # v3 arrays shardkv does not check (not sharded): their keys are no orphans
     for key, raw in docs.items():
         path, name = _parent(key)
-        if name != "zarr.json" or key in report.unreadable_metadata or path in array_paths:
+        if name != "zarr.json" or key in report.unreadable_metadata:
             continue
-        doc = load_json(key, raw)
-        reason = unusable_sharding(doc, path) if isinstance(doc, dict) else None
+        zarray_key = join_path(path, ".zarray")
+        node = _node(path, raw, docs.get(zarray_key) if zarray_key not in report.unreadable_metadata else None)
+        if isinstance(node, str):
+            report.unreadable_metadata[key] = node
+            continue
+        if ".zgroup" in node.documents:
+            group_paths.add(path)
+        if node.is_array and (".zarray" in node.documents or path in array_paths):
+            array_paths.add(path)
+            arrays[path] = node.array
+            if node.array is not None:
+                zarrays[path] = node.presented.get(".zarray") or load_json(zarray_key, docs[zarray_key])
+            continue
+        doc = node.doc
+        reason = unusable_sharding(doc, path) if doc is not None else None
         if reason is not None:
             report.unreadable_metadata[key] = reason
-        elif isinstance(doc, dict) and doc.get("node_type") == "array":
+        elif doc is not None and doc.get("node_type") == "array":
             kept_nodes.add(path)
     damaged_nodes = {_parent(k)[0] for k in report.unreadable_metadata}
     array_paths -= damaged_nodes
     kept_nodes |= damaged_nodes
-    arrays = {p: store.sharded_array(p) for p in sorted(array_paths)}
-    decoders = {}
+    for path in sorted(array_paths):  # directories where shards should be: not listed, yet damage
+        arr = arrays.get(path)
+        if arr is not None:
+            keys.extend(shard_directories(kv, arr))
+    keys.sort()
+    decoders: dict[str, tuple[Any, int | None]] = {}
     for done, key in enumerate(keys, 1):
         if progress is not None:
             progress(done, len(keys))
@@ -291,7 +406,7 @@ def verify_store(
         owner = next((a for a in _ancestors(key) if a in array_paths), None)
         if owner is None:
             # a chunk-like key directly under neither an array nor a group: left by a deleted array
-            if path and _CHUNKISH.fullmatch(name) and f"{path}/.zgroup" not in key_set:
+            if path and _CHUNKISH.fullmatch(name) and path not in group_paths:
                 report.orphan_keys.append(key)
             continue
         arr = arrays.get(owner)
@@ -300,30 +415,36 @@ def verify_store(
         coords = arr.shard_coords_of(key)
         if coords is None:
             continue
-        if any(c >= n for c, n in zip(coords, arr.shard_grid_shape)):
+        if any(c >= n for c, n in zip(coords, arr.shard_grid_shape or ())):
             report.stray_keys.append(key)
             continue
         try:
-            blob = bytes(base.get(key))
-        except KeyError:  # listed, yet nothing to read: a directory, a dangling link, a special file
+            result = kv.get(key)
+        except IsADirectoryError:
+            problem = "listed but cannot be read as a shard (a directory, not a regular file)"
+            report.shards.append(ShardReport(key, owner, problems=[problem]))
+            continue
+        except OSError as exc:  # permissions, a FIFO or socket, I/O errors: reported, the others still checked
+            problem = f"cannot be read: {type(exc).__name__}: {' '.join(str(exc).split())}"
+            report.shards.append(ShardReport(key, owner, problems=[problem]))
+            continue
+        if not result.found:  # listed, yet nothing to read: a dangling link, or removed meanwhile
             problem = "listed but cannot be read as a shard (not a regular file?)"
             report.shards.append(ShardReport(key, owner, problems=[problem]))
             continue
-        except OSError as exc:  # permissions, I/O errors: this shard is reported, the others are still checked
-            report.shards.append(ShardReport(key, owner, problems=[f"cannot be read: {type(exc).__name__}: {exc}"]))
-            continue
+        blob = bytes(result.whole())
         shard = ShardReport(key, owner, nbytes=len(blob))
         decoder = None
         if decode:
             if owner not in decoders:
-                decoders[owner] = _v2_decoder(base, arr)
+                decoders[owner] = _v2_decoder(zarrays[owner], join_path(owner, ".zarray"))
             decoder = decoders[owner]
         _check_shard(shard, blob, arr, decoder)
         report.shards.append(shard)
-    report.stale_temporaries = find_stale_temporaries(base, min_temp_age)
-    if remove_orphans:
-        base.delete_many(report.orphan_keys)
+    report.stale_temporaries = find_stale_temporaries(kv, min_temp_age)
+    if remove_orphans and report.orphan_keys:
+        kv.put_many({k: (None, ANY) for k in report.orphan_keys})
         report.removed.extend(report.orphan_keys)
     if repair:
-        report.removed.extend(remove_stale_temporaries(base, min_temp_age))
+        report.removed.extend(remove_stale_temporaries(kv, min_temp_age))
     return report
