@@ -83,6 +83,8 @@ def _from_old_adapter(store: Any) -> KVStore | None:
         return MappingStore(store.mapping)
     if name == "ObstoreAdapter" and is_obstore_store(getattr(store, "store", None)):
         return _obstore_kv(store.store)
+    if name == "PresentingAdapter" and getattr(store, "inner", None) is not None:  # the CLI's read view
+        return open_kv(store.inner)
     return None
 
 
