@@ -75,7 +75,7 @@ def _obstore_kv(store: Any) -> KVStore:
 
 
 def _from_old_adapter(store: Any) -> KVStore | None:
-    """The store under one of the pre-KVStore adapters (until the engine no longer makes them), else ``None``."""
+    """The store under one of the pre-KVStore adapters (the command line still makes them; they go with it), else ``None``."""
     name = type(store).__name__
     if name == "FSMapAdapter" and hasattr(store, "fs") and hasattr(store, "root"):
         return kv_of_fs(store.fs, store.root)
