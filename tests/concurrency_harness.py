@@ -80,12 +80,10 @@ def run_threads(target: Any, n: int, join_s: float = JOIN_TIMEOUT_S) -> list[Bas
 
 
 def _counter_worker(root: str, n_increments: int, barrier: Any) -> None:
-    import fsspec
-
     from shardkv.engine.locks import ShardLocks
-    from shardkv.storage.adapters import FSMapAdapter
+    from shardkv.storage.local import LocalStore
 
-    locks = ShardLocks.for_adapter(FSMapAdapter(fsspec.filesystem("file"), root), timeout=30.0)
+    locks = ShardLocks(LocalStore(root).location, timeout=30.0)
     path = os.path.join(root, "counter")
     barrier.wait(30)
     for _ in range(n_increments):

@@ -4,8 +4,8 @@ Vocabulary used by the tests:
 
 * a **request** is one call that moves the bytes of one stored object:
   ``cat_file`` (a whole or ranged read) or ``pipe_file`` (a whole write);
-  local writes made outside fsspec (atomic rewrites and positional writes of
-  :class:`shardkv.storage.adapters.FSMapAdapter`) are recorded as requests too, by
+  local writes made outside fsspec (the atomic writes of
+  :class:`shardkv.storage.local.LocalStore`) are recorded as requests too, by
   :func:`record_local_writes`;
 * a **batch** is one call the proxy makes on the filesystem: ``cat``,
   ``cat_ranges``, ``pipe``, or a ``cat_file`` / ``pipe_file`` that no batch
@@ -31,8 +31,6 @@ import pytest
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from shardkv.storage.adapters import FSMapAdapter
-from shardkv.storage.buffers import byte_parts
 
 __all__ = [
     "Request",
@@ -183,35 +181,13 @@ def local_mapper(root: str) -> tuple[fsspec.FSMap, CountingLocalFS]:
 
 
 def record_local_writes(monkeypatch: pytest.MonkeyPatch, root: str | None = None) -> list[Request]:
-    """Record the local writes of every :class:`FSMapAdapter` made outside fsspec.
+    """Record the local writes made outside fsspec (``storage.local.atomic_write``).
 
-    Atomic whole-object writes become ``Request("write", key, None, None, n)``;
-    each positional piece of ``write_at`` becomes ``Request("write", key,
-    offset, offset + n, n)``. Keys are paths relative to the adapter's root
-    (for the engine's writes through ``storage.local.atomic_write``: relative
-    to ``root``).
+    Every atomic whole-object write becomes ``Request("write", key, None,
+    None, n)``; keys are paths relative to ``root`` (absolute paths when it
+    is ``None``).
     """
     log: list[Request] = []
-    atomic = FSMapAdapter._atomic_local_write
-    write_at = FSMapAdapter.write_at
-
-    def key_of(adapter: FSMapAdapter, path: str) -> str:
-        path = adapter.fs._strip_protocol(path)
-        root = adapter.fs._strip_protocol(adapter.root)
-        return path[len(root) :].lstrip("/")
-
-    def recording_atomic(self: FSMapAdapter, path: str, value: Any) -> None:
-        atomic(self, path, value)  # one bytes-like value, or a list of its parts
-        log.append(Request("write", key_of(self, path), None, None, sum(p.nbytes for p in byte_parts(value))))
-
-    def recording_write_at(self: FSMapAdapter, key: str, writes: Any) -> None:
-        writes = list(writes)
-        write_at(self, key, writes)
-        for offset, data in writes:
-            log.append(Request("write", key, offset, offset + len(data), len(data)))
-
-    monkeypatch.setattr(FSMapAdapter, "_atomic_local_write", recording_atomic)
-    monkeypatch.setattr(FSMapAdapter, "write_at", recording_write_at)
 
     # the engine's shard writes: storage.local.atomic_write (LocalStore, and FsspecStore on local files)
     from shardkv.storage import fsspec as fsspec_store, local as local_store

@@ -251,6 +251,34 @@ class KVContract:
         assert kv.delete("k", if_generation=new) is True
         assert kv.get("k").state == "missing"
 
+    # -- contains, size, deleting a prefix (what the proxies' listings, in, getsize and rmdir use) ----
+
+    def test_contains_and_size(self, kv: KVStore) -> None:
+        assert not kv.contains("a/b") and kv.size("a/b") is None
+        put_ok(kv, "a/b", STORED)
+        put_ok(kv, "a/e", b"")
+        assert kv.contains("a/b") and kv.size("a/b") == len(STORED)
+        assert kv.contains("a/e") and kv.size("a/e") == 0
+        assert not kv.contains("a") and kv.size("a") is None  # a path holding keys is not a value
+        assert kv.delete("a/b")
+        assert not kv.contains("a/b") and kv.size("a/b") is None
+
+    def test_delete_prefix(self, kv: KVStore) -> None:
+        for key in ("p/x", "p/q/y", "pq", "r/z"):
+            put_ok(kv, key, b"1")
+        kv.delete_prefix("p/")
+        assert sorted(kv.list_prefix("")) == ["pq", "r/z"]
+        assert kv.list_dir("") == (["pq"], ["r"])  # no empty directory is left where p was
+        assert not kv.contains("p/x") and kv.get("p/q/y").state == "missing"
+        kv.delete_prefix("")
+        assert list(kv.list_prefix("")) == [] and kv.list_dir("") == ([], [])
+
+    def test_a_value_lists_no_children(self, kv: KVStore) -> None:
+        put_ok(kv, "v", b"1")
+        put_ok(kv, "w/x", b"2")
+        assert kv.list_dir("v/") == ([], [])
+        assert kv.list_dir("w/") == (["x"], [])
+
     # -- listings -------------------------------------------------------------
 
     def _tree(self, kv: KVStore) -> None:

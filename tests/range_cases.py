@@ -1,4 +1,4 @@
-"""The ranged-read cases every store adapter answers alike (``StoreAdapter.get_ranges`` of ``b"0123456789"``)."""
+"""The ranged-read cases every store answers alike (``KVStore.get`` with byte ranges of ``b"0123456789"``)."""
 
 from __future__ import annotations
 

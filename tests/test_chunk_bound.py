@@ -59,7 +59,7 @@ def _write(root: str) -> bytes:
     store = ShardedStore(root, chunks_per_shard=CPS)
     z = zarr.open_array(store, mode="w", path="a", shape=(32,), chunks=(CHUNK,), dtype="u1", compressor=None)
     z[:] = np.arange(32, dtype="u1")
-    return bytes(store.base.get("a/0"))
+    return bytes(store.base.get("a/0").whole())
 
 
 def _with_entry(valid: bytes, nbytes: int) -> bytes:

@@ -1,7 +1,8 @@
 """Issue 9, item 3 on obstore stores: compare-and-swap shard writes against moto's S3 server.
 
-* :class:`ObstoreConditional` reads a value and its version in one GET,
-  reads only if unchanged (``If-Match``), and swaps with ``PutMode``;
+* :class:`~shardkv.storage.obstore.ObstoreStore` reads a value and its version
+  in one GET, reads only if unchanged (``If-Match``), and puts conditionally
+  with ``PutMode``;
 * ``concurrency="auto"`` gives ``"conditional"`` for an obstore ``S3Store``,
   lock files for a ``LocalStore``, and refuses an ``S3Store`` whose
   conditional puts are disabled;
@@ -25,15 +26,13 @@ import pytest
 from concurrency_harness import MotoS3, moto_s3, run_sharded_writers, run_threads  # noqa: F401  (fixture)
 
 from shardkv import ShardedStore
-from shardkv.engine.concurrency import plan_concurrency
+from shardkv.engine.guard import Guard
 from shardkv.errors import ConfigurationError
 from shardkv.format.index import EMPTY
 from shardkv.format.ranges import ByteRange
-from shardkv.storage.adapters import FSMapAdapter, adapt
-from shardkv.storage.choose_conditional import conditional_store_for
-from shardkv.storage.location import location_of
-from shardkv.storage.obstore_adapter import ObstoreAdapter, Version
-from shardkv.storage.obstore_conditional import ObstoreConditional
+from shardkv.storage.kv import ANY, NO_VALUE
+from shardkv.storage.obstore import ObstoreStore
+from shardkv.storage.open import kv_of_fs, open_kv
 
 zarr = pytest.importorskip("zarr")
 obstore_store = pytest.importorskip("obstore.store")
@@ -65,42 +64,43 @@ def _prefix(name: str) -> str:
 
 
 def test_reads_return_bytes_and_version_of_one_get(moto_s3) -> None:  # noqa: F811
-    cond = conditional_store_for(adapt(_s3(moto_s3, _prefix("reads"))))
-    assert isinstance(cond, ObstoreConditional) and cond.remote and not cond.supports_conditional_delete
-    assert cond.read_with_generation("k") == (None, None)
-    ok, version = cond.swap("k", b"hello world", None)
-    assert ok and isinstance(version, Version) and version.e_tag
+    kv = open_kv(_s3(moto_s3, _prefix("reads")))
+    assert isinstance(kv, ObstoreStore) and kv.caps.round_trips and not kv.caps.conditional_delete
+    assert kv.get("k").state == "missing"
+    version = kv.put("k", b"hello world", if_generation=NO_VALUE)
+    assert version is not None and isinstance(version.token, tuple) and version.token[0]  # (e_tag, version)
     cases = {
         None: b"hello world", ByteRange(1, 3): b"el", ByteRange(-5, None): b"world", ByteRange(6, None): b"world",
         ByteRange(4, 4): b"", ByteRange(11, 20): b"", ByteRange(8, 20): b"rld",
     }  # fmt: skip
     for byte_range, expected in cases.items():
-        data, generation = cond.read_with_generation("k", byte_range)
-        assert bytes(data) == expected and generation == version, byte_range
-    assert [bytes(d) for d, _ in cond.read_many_with_generation([("k", ByteRange(0, 5)), ("k", None)])] == [
-        b"hello", b"hello world"]  # fmt: skip
-    assert cond.read_many_with_generation([("missing", None)]) == [(None, None)]
+        result = kv.get("k", None if byte_range is None else [byte_range])
+        assert [bytes(d) for d in result.values or []] == [expected] and result.generation == version, byte_range
+    many = kv.get_many([("k", [ByteRange(0, 5)], ANY), ("k", None, ANY)])
+    assert [bytes(r.values[0]) for r in many if r.values] == [b"hello", b"hello world"]
+    assert [r.state for r in kv.get_many([("missing", None, ANY)])] == ["missing"]
 
 
-def test_conditional_reads_and_swaps_refuse_a_changed_value(moto_s3) -> None:  # noqa: F811
-    cond = conditional_store_for(adapt(_s3(moto_s3, _prefix("swap"))))
-    _, first = cond.swap("k", b"one", None)
-    assert cond.swap("k", b"again", None) == (False, None)  # create-only: it exists
-    ok, second = cond.swap("k", b"two", first)
-    assert ok and second != first
-    assert cond.swap("k", b"stale", first) == (False, None)  # If-Match on the old ETag: 412
-    ok, data = cond.read_if_generation("k", ByteRange(0, 2), second)
-    assert ok and bytes(data) == b"tw"
+def test_conditional_reads_and_puts_refuse_a_changed_value(moto_s3) -> None:  # noqa: F811
+    kv = open_kv(_s3(moto_s3, _prefix("swap")))
+    first = kv.put("k", b"one", if_generation=NO_VALUE)
+    assert first is not None
+    assert kv.put("k", b"again", if_generation=NO_VALUE) is None  # create-only: it exists
+    second = kv.put("k", b"two", if_generation=first)
+    assert second is not None and second != first
+    assert kv.put("k", b"stale", if_generation=first) is None  # If-Match on the old ETag: 412
+    read = kv.get("k", [ByteRange(0, 2)], if_generation=second)
+    assert read.found and [bytes(d) for d in read.values or []] == [b"tw"]
     for empty in (ByteRange(1, 1), ByteRange(5, 9)):  # a HEAD-like GET; a range past the end
-        ok, data = cond.read_if_generation("k", empty, second)
-        assert ok and bytes(data) == b"", empty
-    assert cond.read_if_generation("k", None, first) == (False, None)
-    assert cond.read_if_generation("gone", None, first) == (False, None)
-    assert cond.read_if_generation("k", None, None) == (False, None)
-    results = cond.read_many_if_generation([("k", None, second), ("k", None, first)])
-    assert [(ok, None if d is None else bytes(d)) for ok, d in results] == [(True, b"two"), (False, None)]
-    with pytest.raises(NotImplementedError, match="no conditional delete"):
-        cond.delete_if_generation("k", second)
+        read = kv.get("k", [empty], if_generation=second)
+        assert read.found and [bytes(d) for d in read.values or []] == [b""], empty
+    assert kv.get("k", None, if_generation=first).state == "stale"
+    assert kv.get("gone", None, if_generation=first).state in ("missing", "stale")
+    assert kv.get("k", None, if_generation=NO_VALUE).state == "stale"  # "only if nothing is stored"
+    results = kv.get_many([("k", None, second), ("k", None, first)])
+    assert [(r.found, None if r.values is None else bytes(r.values[0])) for r in results] == [(True, b"two"), (False, None)]
+    assert kv.delete("k", if_generation=first) is False  # no conditional delete in obstore: checked first
+    assert bytes(kv.get("k").whole()) == b"two"
 
 
 # -- choosing the guarantee -----------------------------------------------------------------
@@ -108,24 +108,24 @@ def test_conditional_reads_and_swaps_refuse_a_changed_value(moto_s3) -> None:  #
 
 def test_auto_is_conditional_for_an_obstore_s3_store(moto_s3, tmp_path) -> None:  # noqa: F811
     prefix = _prefix("auto")
-    plan = plan_concurrency(adapt(_s3(moto_s3, prefix)))
-    assert plan.mode == "conditional" and isinstance(plan.conditional, ObstoreConditional)
+    kv = open_kv(_s3(moto_s3, prefix))
+    assert Guard(kv).mode == "conditional" and isinstance(kv, ObstoreStore) and kv.caps.conditional_put
     assert ShardedStore(_s3(moto_s3, prefix)).concurrency_mode == "conditional"
     by_url = ShardedStore(f"s3://{moto_s3.bucket}/{prefix}", storage_options=_url_options(moto_s3))
     assert by_url.concurrency_mode == "conditional"
-    memory = plan_concurrency(adapt(obstore_store.MemoryStore()))  # real, atomic PutMode in the process
-    assert memory.mode == "conditional" and not memory.conditional.remote
-    local = plan_concurrency(adapt(obstore_store.LocalStore(str(tmp_path))))  # no PutMode update: lock files
-    assert local.mode == "files" and conditional_store_for(adapt(obstore_store.LocalStore(str(tmp_path)))) is None
+    memory = open_kv(obstore_store.MemoryStore())  # real, atomic PutMode in the process
+    assert Guard(memory).mode == "conditional" and memory.caps.conditional_put and not memory.caps.round_trips
+    local = open_kv(obstore_store.LocalStore(str(tmp_path)))  # no PutMode update: lock files
+    assert Guard(local).mode == "files" and not local.caps.conditional_put
 
 
 def test_disabled_conditional_puts_are_refused_not_downgraded(moto_s3, monkeypatch) -> None:  # noqa: F811
     with pytest.raises(ConfigurationError, match="conditional_put='etag'"):
-        plan_concurrency(adapt(_s3(moto_s3, _prefix("off"), conditional_put="disabled")))
+        Guard(open_kv(_s3(moto_s3, _prefix("off"), conditional_put="disabled")))
     monkeypatch.setenv("AWS_CONDITIONAL_PUT", "disabled")
     with pytest.raises(ConfigurationError, match="AWS_CONDITIONAL_PUT"):
         ShardedStore(_s3(moto_s3, _prefix("off-env")))
-    assert plan_concurrency(adapt(_s3(moto_s3, _prefix("off"))), "process").mode == "process"
+    assert Guard(open_kv(_s3(moto_s3, _prefix("off"))), "process").mode == "process"
 
 
 @pytest.mark.parametrize("mode", ["none", "process"])
@@ -142,8 +142,6 @@ def test_a_store_with_disabled_conditional_puts_opens_writes_and_reads_with_an_e
 
 
 def test_a_missing_bucket_is_an_error_not_a_lost_race(moto_s3) -> None:  # noqa: F811
-    from shardkv.storage.obstore_conditional import ObstoreConditional
-
     boto3 = pytest.importorskip("boto3")
     bucket = f"gone-{uuid.uuid4().hex[:8]}"
     client = boto3.client(
@@ -161,7 +159,7 @@ def test_a_missing_bucket_is_an_error_not_a_lost_race(moto_s3) -> None:  # noqa:
         client.delete_object(Bucket=bucket, Key=item["Key"])
     client.delete_bucket(Bucket=bucket)
     with pytest.raises(FileNotFoundError, match=bucket):
-        ObstoreConditional(adapt(s3)).swap("k", b"x", None)  # a create: not a lost race
+        open_kv(s3).put("k", b"x", if_generation=NO_VALUE)  # a create: not a lost race
     stats = sharded.engine.stats
     before = stats.write_attempts
     with pytest.raises(FileNotFoundError, match="does its bucket exist"):
@@ -169,25 +167,23 @@ def test_a_missing_bucket_is_an_error_not_a_lost_race(moto_s3) -> None:  # noqa:
     assert stats.write_attempts - before <= 1  # one attempt, not 16 retries of a "lost race"
 
 
-def test_adapters_of_one_bucket_and_prefix_share_a_location(moto_s3, tmp_path) -> None:  # noqa: F811
+def test_stores_of_one_bucket_and_prefix_share_a_location(moto_s3, tmp_path) -> None:  # noqa: F811
     prefix = _prefix("loc")
-    a, b = ObstoreAdapter(_s3(moto_s3, prefix)), ObstoreAdapter(_s3(moto_s3, prefix + "/"))
+    a, b = ObstoreStore(_s3(moto_s3, prefix)), ObstoreStore(_s3(moto_s3, prefix + "/"))
     assert a.location == b.location and hash(a.location) == hash(b.location)
-    assert a.location != ObstoreAdapter(_s3(moto_s3, _prefix("other"))).location
-    by_url = adapt(f"s3://{moto_s3.bucket}/{prefix}", _url_options(moto_s3))
+    assert a.location != ObstoreStore(_s3(moto_s3, _prefix("other"))).location
+    by_url = open_kv(f"s3://{moto_s3.bucket}/{prefix}", _url_options(moto_s3))
     assert by_url.location == a.location
-    s3fs_adapter = FSMapAdapter(moto_s3.filesystem(), f"{moto_s3.bucket}/{prefix}")  # s3fs writers share locks too
-    assert location_of(s3fs_adapter) == a.location
+    s3fs_store = kv_of_fs(moto_s3.filesystem(), f"{moto_s3.bucket}/{prefix}")  # s3fs writers share locks too
+    assert s3fs_store.location == a.location
     clone = pickle.loads(pickle.dumps(a))  # dask workers get the store's configuration
-    assert isinstance(clone, ObstoreAdapter) and clone.location == a.location
-    a.set("k", b"v")
-    assert bytes(clone.get("k")) == b"v"
-    cond = pickle.loads(pickle.dumps(conditional_store_for(a)))
-    assert isinstance(cond, ObstoreConditional) and bytes(cond.read_with_generation("k")[0]) == b"v"
+    assert isinstance(clone, ObstoreStore) and clone.location == a.location
+    a.put("k", b"v")
+    assert bytes(clone.get("k").whole()) == b"v" and clone.get("k").generation == a.get("k").generation
     store = pickle.loads(pickle.dumps(ShardedStore(_s3(moto_s3, prefix))))  # a dask task's copy
     assert store.concurrency_mode == "conditional" and store.engine.kv.location == a.location
-    local = ObstoreAdapter(obstore_store.LocalStore(str(tmp_path)))
-    assert local.location == location_of(adapt(str(tmp_path)))  # the same lock files as fsspec writers
+    local = open_kv(obstore_store.LocalStore(str(tmp_path)))
+    assert local.location == open_kv(str(tmp_path)).location  # the same lock files as fsspec writers
 
 
 def test_lock_files_of_a_local_store_are_not_listed(tmp_path) -> None:
@@ -196,7 +192,7 @@ def test_lock_files_of_a_local_store_are_not_listed(tmp_path) -> None:
     arr[:] = 3
     assert (tmp_path / ".shardkv-locks").is_dir()
     assert not [k for k in store.keys() if "shardkv" in k]
-    assert not [k for k in adapt(obstore_store.LocalStore(str(tmp_path))).iter_keys() if "shardkv" in k]
+    assert not [k for k in open_kv(obstore_store.LocalStore(str(tmp_path))).list_prefix("") if "shardkv" in k]
 
 
 # -- races --------------------------------------------------------------------------------
@@ -266,9 +262,9 @@ def test_erasing_every_chunk_leaves_an_empty_shard(moto_s3) -> None:  # noqa: F8
     arr[0:10] = 1  # shard 0 whole, shard 1 one chunk
     for key in ("0", "1", "2", "3"):
         del store[key]
-    raw = ObstoreAdapter(_s3(moto_s3, prefix))
+    raw = ObstoreStore(_s3(moto_s3, prefix))
     assert raw.contains("0")  # kept: an unconditional delete could remove a concurrent writer's chunks
-    entries = np.frombuffer(bytes(raw.get("0"))[: 4 * 2 * 8], dtype="<u8")
+    entries = np.frombuffer(bytes(raw.get("0").whole())[: 4 * 2 * 8], dtype="<u8")
     assert raw.size("0") == 4 * 2 * 8 + 4 and (entries == EMPTY).all()  # the index (+ CRC32C) alone
     fresh = ShardedStore(_s3(moto_s3, prefix))
     np.testing.assert_array_equal(zarr.open_array(store=fresh, mode="r")[:], [7] * 8 + [1, 1] + [7] * 6)

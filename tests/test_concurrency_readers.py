@@ -36,7 +36,6 @@ import pytest
 from concurrency_harness import SPAWN, MotoS3, moto_s3, run_threads  # noqa: F401  (fixture)
 
 from shardkv import ShardedStore
-from shardkv.storage.adapters import adapt
 from shardkv.storage.kv import ANY, KVStore, ReadResult
 
 zarr = pytest.importorskip("zarr")
@@ -280,16 +279,20 @@ def test_a_dir_filesystem_over_a_local_directory_is_that_local_directory(tmp_pat
 
 def test_s3_batched_generation_reads_keep_order_and_sort_answers(moto_s3) -> None:  # noqa: F811
     from shardkv.format.ranges import ByteRange
-    from shardkv.storage.conditional import S3Conditional
+    from shardkv.storage.kv import NO_VALUE, Generation
+    from shardkv.storage.s3 import S3Store
 
-    cond = S3Conditional(moto_s3.filesystem(), f"{moto_s3.bucket}/batch-{uuid.uuid4().hex[:8]}")
-    generations = [cond.swap(f"k{i}", bytes([i]) * 10, None)[1] for i in range(40)]  # more than 32 in flight
-    found = cond.read_many_with_generation([(f"k{i}", ByteRange(i % 10)) for i in range(40)] + [("none", None)])
-    assert found == [(bytes([i]) * (10 - i % 10), generations[i]) for i in range(40)] + [(None, None)]
-    requests = [("k0", ByteRange(2, 4), generations[0]), ("k1", ByteRange(0, 2), "stale"), ("k2", None, None)]
-    requests += [("none", None, generations[3]), ("k3", ByteRange(20, 30), generations[3])]  # past the end
-    requests += [("k4", ByteRange(5, 5), generations[4])]  # an empty range
-    assert cond.read_many_if_generation(requests) == [
+    kv = S3Store(moto_s3.filesystem(), f"{moto_s3.bucket}/batch-{uuid.uuid4().hex[:8]}")
+    generations = [kv.put(f"k{i}", bytes([i]) * 10, if_generation=NO_VALUE) for i in range(40)]  # > 32 in flight
+    found = kv.get_many([(f"k{i}", [ByteRange(i % 10)], ANY) for i in range(40)] + [("none", None, ANY)])
+    assert [(None if r.values is None else bytes(r.values[0]), r.generation) for r in found] == [
+        (bytes([i]) * (10 - i % 10), generations[i]) for i in range(40)] + [(None, NO_VALUE)]  # fmt: skip
+    stale = Generation('"stale"')
+    requests = [("k0", [ByteRange(2, 4)], generations[0]), ("k1", [ByteRange(0, 2)], stale), ("k2", None, NO_VALUE)]
+    requests += [("none", None, generations[3]), ("k3", [ByteRange(20, 30)], generations[3])]  # past the end
+    requests += [("k4", [ByteRange(5, 5)], generations[4])]  # an empty range
+    results = [(r.found, None if not r.values else bytes(r.values[0])) for r in kv.get_many(requests)]
+    assert results == [
         (True, b"\0\0"), (False, None), (False, None), (False, None), (True, b""), (True, b""),
     ]  # fmt: skip
 
@@ -325,15 +328,17 @@ def test_readers_with_their_own_stores_racing_a_writer_see_only_complete_values(
 
 def test_dict_and_memory_reads_are_consistent_by_construction() -> None:
     # a mapping has no ranged reads: every shard is read whole, index and chunks from one value
-    assert adapt({}).supports_ranges is False
-    # memory://: a rewrite stores a new file object, and the validator is its identity
-    memory = adapt(f"memory://validator-{uuid.uuid4().hex[:8]}")
-    assert memory.validator("a") == "missing"
-    memory.set("a", b"1")
-    first = memory.validator("a")
-    assert first == memory.validator("a") and hash(first) == hash(memory.validator("a"))
-    memory.set("a", b"1")  # same bytes, new object: a rewrite is seen
-    assert memory.validator("a") != first
+    from shardkv.storage.open import open_kv
+
+    assert open_kv({}).caps.ranged is False
+    # memory://: a rewrite stores a new file object, and the generation is its identity
+    memory = open_kv(f"memory://validator-{uuid.uuid4().hex[:8]}")
+    assert memory.get("a", []).generation.is_missing
+    memory.put("a", b"1")
+    first = memory.get("a", []).generation
+    assert first == memory.get("a", []).generation and hash(first) == hash(memory.get("a", []).generation)
+    memory.put("a", b"1")  # same bytes, new object: a rewrite is seen
+    assert memory.get("a", []).generation != first
 
 
 class _AlwaysChanged(KVStore):

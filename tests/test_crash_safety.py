@@ -30,7 +30,7 @@ from kill_harness import acked_seqs, check_chunks, run_and_kill, write_and_ack
 from shardkv import ShardedStore
 from shardkv.proxy.verify import find_stale_temporaries, remove_stale_temporaries, verify_store
 from shardkv.storage import adapters
-from shardkv.storage import local as fsmap_adapter  # the local-file writes and their fault seams
+from shardkv.storage import local as local_store  # the local-file writes and their fault seams
 
 CHUNK = 512  # 2 KiB of int32 noise per chunk
 N_CHUNKS = 12  # 3 shards of 4 chunks
@@ -63,7 +63,7 @@ class KillingWrites:
     def __init__(self, seed: int, rate: float) -> None:
         self.rng = random.Random(seed)
         self.rate = rate
-        self.real_write = fsmap_adapter._pwrite_all
+        self.real_write = local_store._pwrite_all
         self.real_replace = os.replace
 
     def write(self, fd: int, data: memoryview, offset: int) -> None:
@@ -84,8 +84,8 @@ class KillingWrites:
             os.kill(os.getpid(), signal.SIGKILL)  # after it, before the directory fsync
 
     def install(self) -> None:
-        fsmap_adapter._pwrite_all = self.write  # the child is a forked copy: nothing leaks into pytest
-        fsmap_adapter.write_parts = self.write_parts
+        local_store._pwrite_all = self.write  # the child is a forked copy: nothing leaks into pytest
+        local_store.write_parts = self.write_parts
         os.replace = self.replace
 
 
@@ -139,27 +139,27 @@ def naive_write(path: str, parts: list[memoryview], fsync: bool, create_only: bo
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
     try:
-        fsmap_adapter._pwrite_all(fd, memoryview(b"".join(parts)), 0)
-        return fsmap_adapter.file_generation(os.fstat(fd))
+        local_store._pwrite_all(fd, memoryview(b"".join(parts)), 0)
+        return local_store.file_generation(os.fstat(fd))
     finally:
         os.close(fd)
 
 
 def test_the_kill_harness_catches_a_writer_that_tears(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Proof that the test above can fail: the same rounds against writes into the live file find a torn shard."""
-    monkeypatch.setattr(fsmap_adapter, "atomic_write", naive_write)
+    monkeypatch.setattr(local_store, "atomic_write", naive_write)
     with pytest.raises(AssertionError, match="crc32c mismatch|outside the chunk data region|lost or torn|expected an index|shorter than"):
         crash_rounds(tmp_path / "store", "rewrite", rounds=16, seed=5)
 
 
 class FlakyWrites:
-    """Replaces ``fsmap_adapter._pwrite_all`` (and ``write_parts``): a share of calls write half their bytes, then raise EIO."""
+    """Replaces ``local_store._pwrite_all`` (and ``write_parts``): a share of calls write half their bytes, then raise EIO."""
 
     def __init__(self, rate: float, seed: int) -> None:
         self.rng = random.Random(seed)
         self.rate = rate
         self.fired = 0
-        self.real = fsmap_adapter._pwrite_all
+        self.real = local_store._pwrite_all
 
     def __call__(self, fd: int, data: memoryview, offset: int) -> None:
         if self.rng.random() < self.rate:
@@ -181,8 +181,8 @@ def test_failed_writes_raise_and_leave_the_old_chunk(
     create(root, strategy)
     z = zarr.open_array(open_store(root, strategy), mode="r+")
     flaky = FlakyWrites(0.25, seed=len(strategy))
-    monkeypatch.setattr(fsmap_adapter, "_pwrite_all", flaky)
-    monkeypatch.setattr(fsmap_adapter, "write_parts", flaky.write_parts)
+    monkeypatch.setattr(local_store, "_pwrite_all", flaky)
+    monkeypatch.setattr(local_store, "write_parts", flaky.write_parts)
     model = np.zeros(CHUNK * N_CHUNKS, dtype="i4")
     failures = 0
     for seq in range(80):

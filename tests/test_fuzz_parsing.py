@@ -30,7 +30,6 @@ from hypothesis import strategies as st
 
 from shardkv import ShardedStore
 from shardkv.errors import CorruptShardError
-from shardkv.storage.adapters import FSMapAdapter
 from shardkv.storage.fsspec import FsspecStore
 
 CPS = 4
@@ -49,19 +48,19 @@ class Kind:
         elif name == "local":
             self.base = tmp
         elif name == "dirfs":  # local files behind a non-local protocol
-            # (the adapter is made directly: adapt() looks through a DirFileSystem over local files)
-            self.base = FSMapAdapter(DirFileSystem(path=tmp, fs=fsspec.filesystem("file")), "")
+            # (the store is made directly: open_kv() looks through a DirFileSystem over local files)
+            self.base = FsspecStore(DirFileSystem(path=tmp, fs=fsspec.filesystem("file")), "")
         else:
             self.base = f"memory://fuzz-{uuid.uuid4().hex}"
         store = ShardedStore(self.base, chunks_per_shard=CPS)
         z = zarr.open_array(store, mode="w", path="a", shape=(32,), chunks=(8,), dtype="u1", compressor=None)
         z[:] = np.arange(32, dtype="u1")
-        self.valid = bytes(store.base.get("a/0"))
+        self.valid = bytes(store.base.get("a/0").whole())
         self._raw = store.base
         self.size_known = True
 
     def put(self, blob: bytes) -> None:
-        self._raw.set("a/0", blob)
+        self._raw.put("a/0", blob)
 
     def read_all(self) -> None:
         """Every chunk of the shard, batched and one by one; only the allowed errors pass."""

@@ -82,6 +82,10 @@ def test_old_adapters_are_unwrapped(tmp_path: Path) -> None:
     d: dict[str, bytes] = {}
     kv = open_kv(adapt(d))
     assert type(kv) is MappingStore and kv.mapping is d  # type: ignore[attr-defined]
+    from shardkv.proxy.presenting import PresentingAdapter  # the command line's read view
+
+    presented = open_kv(PresentingAdapter(adapt(str(tmp_path))))
+    assert type(presented) is LocalStore and presented.location == open_kv(str(tmp_path)).location
 
 
 def test_refusals_keep_their_messages(tmp_path: Path) -> None:

@@ -22,16 +22,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-import fsspec
 import numpy as np
 import pytest
 
 from shardkv.engine.locks import LOCK_DIR, ShardLocks
-from shardkv.storage.adapters import FSMapAdapter
+from shardkv.storage.local import LocalStore
 
 
 def _locks(root: Path, **options: object) -> ShardLocks:
-    return ShardLocks.for_adapter(FSMapAdapter(fsspec.filesystem("file"), str(root)), **options)
+    return ShardLocks(LocalStore(str(root)).location, **options)
 
 
 @contextmanager

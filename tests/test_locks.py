@@ -21,12 +21,21 @@ from concurrency_harness import run_counter_processes
 
 from shardkv.engine.locks import LOCK_DIR, ShardLocks, stripe_of
 from shardkv.errors import ConfigurationError, LockTimeoutError, ShardKVError
-from shardkv.storage.adapters import FSMapAdapter, MappingAdapter, adapt
+from shardkv.engine.guard import Guard
+from shardkv.storage.fsspec import FsspecStore
+from shardkv.storage.kv import ANY, KVStore
+from shardkv.storage.local import LocalStore
 from shardkv.storage.location import StoreLocation, location_of
+from shardkv.storage.mapping import MappingStore
+from shardkv.storage.open import open_kv
 
 
-def _local(root: str) -> FSMapAdapter:
-    return FSMapAdapter(fsspec.filesystem("file"), root)
+def _local(root: str) -> LocalStore:
+    return LocalStore(root)
+
+
+def _put(kv: KVStore, values: dict[str, bytes]) -> None:
+    kv.put_many({k: (v, ANY) for k, v in values.items()})
 
 
 def _run_threads(targets: list, timeout: float = 20.0) -> None:
@@ -43,11 +52,11 @@ def _run_threads(targets: list, timeout: float = 20.0) -> None:
 def test_eight_threads_with_own_lock_objects_serialise(tmp_path, kind) -> None:
     shared_dict: dict = {}
     if kind == "local":
-        make = lambda: ShardLocks.for_adapter(_local(str(tmp_path)))  # noqa: E731
+        make = lambda: ShardLocks(_local(str(tmp_path)).location)  # noqa: E731
     elif kind == "dict":
-        make = lambda: ShardLocks.for_adapter(MappingAdapter(shared_dict))  # noqa: E731
+        make = lambda: ShardLocks(MappingStore(shared_dict).location)  # noqa: E731
     else:
-        make = lambda: ShardLocks.for_adapter(adapt(f"memory://locks-{tmp_path.name}"))  # noqa: E731
+        make = lambda: ShardLocks(open_kv(f"memory://locks-{tmp_path.name}").location)  # noqa: E731
     state = {"inside": 0, "max_inside": 0, "counter": 0}
     n_threads, n_rounds = 8, 40
 
@@ -71,15 +80,15 @@ def test_locks_follow_the_data_not_the_spelling(tmp_path) -> None:
     (tmp_path / "real").mkdir()
     os.symlink(tmp_path / "real", tmp_path / "link")
     a = location_of(_local(str(tmp_path / "real")))
-    b = location_of(adapt(str(tmp_path / "link")))
-    c = location_of(adapt(f"file://{tmp_path}/real/"))
+    b = location_of(open_kv(str(tmp_path / "link")))
+    c = location_of(open_kv(f"file://{tmp_path}/real/"))
     assert a == b == c and a.local_dir == str((tmp_path / "real").resolve())
     d1, d2 = {}, {}
-    assert location_of(MappingAdapter(d1)) == location_of(MappingAdapter(d1))
-    assert location_of(MappingAdapter(d1)) != location_of(MappingAdapter(d2))
+    assert location_of(MappingStore(d1)) == location_of(MappingStore(d1))
+    assert location_of(MappingStore(d1)) != location_of(MappingStore(d2))
     # nested roots in one process lock a shard alike (the real array directory and the key in it)
-    outer = ShardLocks.for_adapter(_local(str(tmp_path / "real")), cross_process=False)
-    inner = ShardLocks.for_adapter(_local(str(tmp_path / "real" / "arr")), cross_process=False)
+    outer = ShardLocks(_local(str(tmp_path / "real")).location, cross_process=False)
+    inner = ShardLocks(_local(str(tmp_path / "real" / "arr")).location, cross_process=False)
     assert outer.thread_stripes_of(["arr/0.0"], {"arr/0.0": "arr/"}) == inner.thread_stripes_of(["0.0"], {"0.0": ""})
 
 
@@ -88,7 +97,7 @@ def test_multi_shard_holds_in_any_order_never_deadlock(tmp_path) -> None:
 
     def work(seed: int) -> None:
         rng = random.Random(seed)
-        locks = ShardLocks.for_adapter(_local(str(tmp_path)), file_stripes=8, thread_stripes=16)
+        locks = ShardLocks(_local(str(tmp_path)).location, file_stripes=8, thread_stripes=16)
         for _ in range(30):
             chosen = rng.sample(keys, 5)  # overlapping sets, listed in random order
             with locks.hold(chosen):
@@ -98,8 +107,8 @@ def test_multi_shard_holds_in_any_order_never_deadlock(tmp_path) -> None:
 
 
 def test_lock_timeout_raises_and_releases_nothing_it_did_not_take(tmp_path) -> None:
-    holder = ShardLocks.for_adapter(_local(str(tmp_path)))
-    waiter = ShardLocks.for_adapter(_local(str(tmp_path)), timeout=0.05)
+    holder = ShardLocks(_local(str(tmp_path)).location)
+    waiter = ShardLocks(_local(str(tmp_path)).location, timeout=0.05)
     with holder.hold(["x/0"]):
         started = time.monotonic()
         with pytest.raises(LockTimeoutError) as info:
@@ -119,24 +128,24 @@ def test_four_spawned_processes_lose_no_increment(tmp_path) -> None:
 
 def test_lock_files_are_bounded_and_never_listed(tmp_path) -> None:
     adapter = _local(str(tmp_path))
-    adapter.set_many({"arr/.zarray": b"{}", "arr/0.0": b"x"})
-    locks = ShardLocks.for_adapter(adapter, file_stripes=4)
+    _put(adapter, {"arr/.zarray": b"{}", "arr/0.0": b"x"})
+    locks = ShardLocks(adapter.location, file_stripes=4)
     for i in range(50):
         with locks.hold([f"arr/{i}.0", f"arr/0.{i}"]):
             pass
     lock_dir = tmp_path / LOCK_DIR
     assert lock_dir.is_dir() and 1 <= len(os.listdir(lock_dir)) <= 4  # one file per stripe, not per shard
-    assert sorted(adapter.iter_keys()) == ["arr/.zarray", "arr/0.0"]
-    assert adapter.list_dir() == ["arr"]
+    assert sorted(adapter.list_prefix("")) == ["arr/.zarray", "arr/0.0"]
+    assert adapter.list_dir("") == ([], ["arr"])
     assert locks.remove_lock_files() >= 1 and not lock_dir.exists()
 
 
 def test_lock_files_live_in_the_array_directory_whatever_the_root(tmp_path) -> None:
     adapter = _local(str(tmp_path))
-    adapter.set_many({"g/arr/zarr.json": b"{}", "g/arr/c/0": b"x"})
-    at_root = ShardLocks.for_adapter(adapter, file_stripes=8)
-    at_group = ShardLocks.for_adapter(_local(str(tmp_path / "g")), file_stripes=8)
-    at_array = ShardLocks.for_adapter(_local(str(tmp_path / "g" / "arr")), file_stripes=8)
+    _put(adapter, {"g/arr/zarr.json": b"{}", "g/arr/c/0": b"x"})
+    at_root = ShardLocks(adapter.location, file_stripes=8)
+    at_group = ShardLocks(_local(str(tmp_path / "g")).location, file_stripes=8)
+    at_array = ShardLocks(_local(str(tmp_path / "g" / "arr")).location, file_stripes=8)
     for i in range(20):  # one shard, one lock file (and one thread stripe), from every root
         k = f"c/{i}"
         views = [(at_root, f"g/arr/{k}", "g/arr/"), (at_group, f"arr/{k}", "arr/"), (at_array, k, "")]
@@ -147,8 +156,8 @@ def test_lock_files_live_in_the_array_directory_whatever_the_root(tmp_path) -> N
     assert (tmp_path / "g" / "arr" / LOCK_DIR).is_dir() and not (tmp_path / LOCK_DIR).exists()
     (tmp_path / "zarr.json").write_text("{}")  # a group appearing above changes nothing
     assert at_group.lock_dir_for("arr/") == str(tmp_path / "g" / "arr" / LOCK_DIR)
-    assert sorted(adapter.iter_keys()) == ["g/arr/c/0", "g/arr/zarr.json", "zarr.json"]  # locks never listed
-    assert adapter.list_dir("g/arr") == ["c", "zarr.json"]
+    assert sorted(adapter.list_prefix("")) == ["g/arr/c/0", "g/arr/zarr.json", "zarr.json"]  # locks never listed
+    assert adapter.list_dir("g/arr/") == (["zarr.json"], ["c"])
     with pytest.raises(ConfigurationError, match="not under its array prefix"):
         at_root.file_stripes_by_dir(["other/c/0"], {"other/c/0": "g/arr/"})
     assert at_root.remove_lock_files("g/arr/") >= 1 and not (tmp_path / "g" / "arr" / LOCK_DIR).exists()
@@ -159,8 +168,8 @@ def test_a_group_reached_through_a_symbolic_link_takes_the_same_locks(tmp_path) 
     (real / "arr").mkdir(parents=True)
     (tmp_path / "data.zarr").mkdir()
     (tmp_path / "data.zarr" / "sub").symlink_to(real, target_is_directory=True)
-    via_root = ShardLocks.for_adapter(_local(str(tmp_path / "data.zarr")))
-    via_link = ShardLocks.for_adapter(_local(str(real)))
+    via_root = ShardLocks(_local(str(tmp_path / "data.zarr")).location)
+    via_link = ShardLocks(_local(str(real)).location)
     key_root, key_link = "sub/arr/c/0", "arr/c/0"
     assert via_root.file_stripes_by_dir([key_root], {key_root: "sub/arr/"}) == via_link.file_stripes_by_dir(
         [key_link], {key_link: "arr/"}
@@ -177,9 +186,9 @@ def test_in_process_stripes_agree_with_or_without_lock_files_and_through_links(t
     (tmp_path / "link").symlink_to(real, target_is_directory=True)
     key, prefixes = "arr/c/0", {"arr/c/0": "arr/"}
     views = [
-        ShardLocks.for_adapter(_local(str(real))),  # "files"
-        ShardLocks.for_adapter(_local(str(real)), cross_process=False),  # "process"
-        ShardLocks.for_adapter(_local(str(tmp_path / "link")), cross_process=False),  # "process", via the link
+        ShardLocks(_local(str(real)).location),  # "files"
+        ShardLocks(_local(str(real)).location, cross_process=False),  # "process"
+        ShardLocks(_local(str(tmp_path / "link")).location, cross_process=False),  # "process", via the link
     ]
     assert len({tuple(v.thread_stripes_of([key], prefixes)) for v in views}) == 1
     from shardkv import ShardedStore
@@ -194,9 +203,9 @@ def test_a_hold_over_several_arrays_waits_holding_nothing(tmp_path) -> None:
     # go of the first array's stripe each time (never waiting while holding), then times out
     adapter = _local(str(tmp_path))
     keys, prefixes = ["a/c/0", "b/c/0"], {"a/c/0": "a/", "b/c/0": "b/"}
-    holder = ShardLocks.for_adapter(adapter, thread_stripes=1021)  # own thread pools: file locks tested
-    waiter = ShardLocks.for_adapter(adapter, timeout=0.3, thread_stripes=1019)
-    third = ShardLocks.for_adapter(adapter, timeout=2.0, thread_stripes=1013)
+    holder = ShardLocks(adapter.location, thread_stripes=1021)  # own thread pools: file locks tested
+    waiter = ShardLocks(adapter.location, timeout=0.3, thread_stripes=1019)
+    third = ShardLocks(adapter.location, timeout=2.0, thread_stripes=1013)
     took_a: list[float] = []
     with holder.hold(["b/c/0"], {"b/c/0": "b/"}):
 
@@ -222,7 +231,7 @@ def test_the_file_lock_table_stays_bounded(tmp_path, monkeypatch) -> None:
     from shardkv.engine import locks as locks_module
 
     monkeypatch.setattr(locks_module, "_MAX_FILE_LOCKS", 16)
-    locks = ShardLocks.for_adapter(_local(str(tmp_path)), file_stripes=4)
+    locks = ShardLocks(_local(str(tmp_path)).location, file_stripes=4)
     for i in range(40):  # 40 arrays, a lock directory each
         key = f"arr{i}/c/{i}"
         with locks.hold([key], {key: f"arr{i}/"}):
@@ -246,13 +255,13 @@ def test_deleting_everything_keeps_the_lock_files(tmp_path) -> None:
 def test_cross_process_needs_a_directory() -> None:
     with pytest.raises(ConfigurationError, match="directory for lock files"):
         ShardLocks(StoreLocation(("s3", None), "bucket/data"), cross_process=True)
-    assert not ShardLocks.for_adapter(MappingAdapter({})).cross_process
+    assert not ShardLocks(MappingStore({}).location).cross_process
     with pytest.raises(ConfigurationError):
         ShardLocks(None, thread_stripes=0)
 
 
 def test_pickled_locks_find_the_same_locks(tmp_path) -> None:
-    locks = ShardLocks.for_adapter(_local(str(tmp_path)), timeout=0.05)
+    locks = ShardLocks(_local(str(tmp_path)).location, timeout=0.05)
     clone = pickle.loads(pickle.dumps(locks))
     assert clone.location == locks.location and clone.lock_dir == locks.lock_dir and clone.timeout == 0.05
     with locks.hold(["s/0"]):
@@ -262,7 +271,7 @@ def test_pickled_locks_find_the_same_locks(tmp_path) -> None:
 
 
 def _take_in_child(root: str, queue) -> None:  # runs in a forked child
-    locks = ShardLocks.for_adapter(_local(root), cross_process=False, timeout=5)
+    locks = ShardLocks(_local(root).location, cross_process=False, timeout=5)
     try:
         with locks.hold(["k/0"]):
             queue.put("ok")
@@ -272,7 +281,7 @@ def _take_in_child(root: str, queue) -> None:  # runs in a forked child
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_forked_child_does_not_inherit_a_held_lock(tmp_path) -> None:
-    locks = ShardLocks.for_adapter(_local(str(tmp_path)), cross_process=False)
+    locks = ShardLocks(_local(str(tmp_path)).location, cross_process=False)
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
     with locks.hold(["k/0"]):  # held by this process while it forks
@@ -283,7 +292,7 @@ def test_forked_child_does_not_inherit_a_held_lock(tmp_path) -> None:
     assert queue.get(timeout=5) == "ok"
 
 
-# -- the concurrency= option (shardkv.engine.concurrency) ------------------------------------
+# -- the concurrency= option (shardkv.engine.guard) ------------------------------------
 
 
 class _PlainFS(fsspec.AbstractFileSystem):
@@ -294,23 +303,21 @@ class _PlainFS(fsspec.AbstractFileSystem):
 
 
 def test_auto_concurrency_picks_files_conditional_or_refuses(tmp_path) -> None:
-    from shardkv.engine.concurrency import plan_concurrency
-
-    local = plan_concurrency(_local(str(tmp_path)))
-    assert local.mode == "files" and local.locks.cross_process and local.conditional is None
-    mapping = plan_concurrency(MappingAdapter({}))
-    assert mapping.mode == "conditional" and not mapping.locks.cross_process and mapping.conditional is not None
-    assert plan_concurrency(adapt("memory://plan"), "auto").mode == "conditional"
+    local = Guard(_local(str(tmp_path)))
+    assert local.mode == "files" and local.locks.cross_process and not local.optimistic
+    mapping = Guard(MappingStore({}))
+    assert mapping.mode == "conditional" and not mapping.locks.cross_process and mapping.optimistic
+    assert Guard(open_kv("memory://plan"), "auto").mode == "conditional"
     # a store with neither (stands for gcs/abfs/http here): never a silent choice
-    other = FSMapAdapter(_PlainFS(), "bucket/x")
+    other = FsspecStore(_PlainFS(), "bucket/x")
     with pytest.raises(ConfigurationError, match="neither lock files nor conditional writes"):
-        plan_concurrency(other)
-    assert plan_concurrency(other, "process").mode == "process"
-    assert plan_concurrency(other, "none").locks is None
+        Guard(other)
+    assert Guard(other, "process").mode == "process"
+    assert Guard(other, "none").locks is None
     with pytest.raises(ConfigurationError, match="needs a store in a directory"):
-        plan_concurrency(other, "files")
+        Guard(other, "files")
     with pytest.raises(ConfigurationError, match="concurrency must be one of"):
-        plan_concurrency(MappingAdapter({}), "sometimes")
+        Guard(MappingStore({}), "sometimes")
 
 
 def test_engines_of_the_proxy_and_the_transformer_take_their_locks_from_the_location(tmp_path) -> None:

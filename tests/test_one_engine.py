@@ -127,9 +127,9 @@ def _via_sharded_store(base: dict, **options: Any) -> tuple[bytes, Callable[[tup
     big.setitems({f"{i}.{j}": value_for((i, j)) for i, j in SHARD_CHUNKS})
     small = ShardedStore(base, chunks_per_shard=CPS, **options)
     small[".zarray"] = _zarray(SMALL)
-    small.base.set("1.0", big.base.get("1.0"))  # a shard another writer stored with the larger shape
+    small.base.put("1.0", big.base.get("1.0").whole())  # a shard another writer stored with the larger shape
     small["2.1"] = value_for((2, 1), b"new")
-    return small.base.get("1.0"), lambda c: small[f"{c[0]}.{c[1]}"]
+    return bytes(small.base.get("1.0").whole()), lambda c: small[f"{c[0]}.{c[1]}"]
 
 
 def _draft_meta(shape: tuple[int, int]) -> bytes:
@@ -182,24 +182,21 @@ def test_every_path_stores_the_same_chunk_bytes() -> None:
     assert draft == transformed  # same layout, same merge: the same bytes
 
 
-# -- the backend interface ---------------------------------------------------------------------------------
+# -- the store interface under the transformer -------------------------------------------------------
 
 
 @pytest.mark.parametrize("kind", ["dict", "memory"])
-def test_store_adapters_and_the_underlying_backend_satisfy_the_engine_interface(kind: str, counted) -> None:
-    from shardkv.engine.backend import ShardBackend
-    from shardkv.storage.adapters import adapt
-    from shardkv.transformers import UnderlyingBackend
+def test_the_underlying_store_of_the_transformer_keeps_the_store_interface(kind: str, counted) -> None:
+    from shardkv.storage.kv import ANY, KVStore
+    from shardkv.transformers.adapter import UnderlyingKV
 
     base = {} if kind == "dict" else counted[0]
-    assert isinstance(adapt(base), ShardBackend)
-    backend = UnderlyingBackend(AdapterStore(base))
-    assert isinstance(backend, ShardBackend)
-    backend.set_many({"k": b"0123456789"})
-    backend.write_at("k", [(2, b"ab"), (-3, b"XYZ")])  # a negative offset counts from the end
-    assert backend.get("k") == b"01ab456XYZ" and backend.size("k") == 10
-    assert backend.get_ranges([("k", ByteRange(1, 3)), ("k", ByteRange.suffix(2)), ("nope", ByteRange(0))]) == [
-        b"1a", b"YZ", None,
-    ]  # fmt: skip
-    backend.delete_many(["k", "nope"])
-    assert backend.get_many(["k"]) == {}
+    kv = UnderlyingKV(AdapterStore(base))
+    assert isinstance(kv, KVStore)
+    kv.put_many({"k": (b"0123456789", ANY)})
+    kv.patch([("k", 2, b"ab"), ("k", -3, b"XYZ")])  # a negative offset counts from the end
+    assert bytes(kv.get("k").whole()) == b"01ab456XYZ" and kv.size("k") == 10
+    ranged = kv.get_many([("k", [ByteRange(1, 3), ByteRange.suffix(2)], ANY), ("nope", [ByteRange(0)], ANY)])
+    assert [bytes(v) for v in ranged[0].values or []] == [b"1a", b"YZ"] and ranged[1].state == "missing"
+    kv.put_many({"k": (None, ANY), "nope": (None, ANY)})
+    assert kv.values(["k"]) == {}

@@ -8,11 +8,11 @@ import pytest
 
 from shardkv import ConfigurationError, ShardedStore
 from shardkv.proxy.nodes import NodeTable
-from shardkv.storage.adapters import adapt
+from shardkv.storage.open import open_kv
 
 
 def table(base: dict) -> NodeTable:
-    return NodeTable(adapt(base).get_many)
+    return NodeTable(open_kv(base).values)
 
 
 def zarray(shape=(8, 8), chunks=(2, 2), sep=".") -> bytes:
@@ -65,11 +65,11 @@ def test_owner(base: dict, key: str, owner: str | None) -> None:
 
 def test_nodes_are_read_once_and_forgotten_on_request(base: dict) -> None:
     reads: list[list[str]] = []
-    adapter = adapt(base)
+    kv = open_kv(base)
 
     def read(keys):
         reads.append(list(keys))
-        return adapter.get_many(keys)
+        return kv.values(keys)
 
     nodes = NodeTable(read)
     assert nodes.sharded("g/sharded") is not None

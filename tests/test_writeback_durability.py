@@ -31,7 +31,7 @@ from shardkv import ShardedStore
 from shardkv.engine.journal import Journal
 from shardkv.errors import ConfigurationError
 from shardkv.proxy.verify import verify_store
-from shardkv.storage.adapters import TEMP_MARKER
+from shardkv.storage.kv import TEMP_MARKER
 
 # -- failing shard writes -----------------------------------------------------------------
 

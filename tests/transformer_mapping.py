@@ -41,8 +41,8 @@ class TransformerMapping(MutableMapping):
 
     @property
     def base(self) -> Any:
-        """The adapter at the bottom (``iter_keys`` lists what is stored)."""
-        return self.transformer.underlying.adapter  # type: ignore[attr-defined]
+        """The store at the bottom (``list_prefix("")`` lists what is stored)."""
+        return self.transformer.underlying.kv  # type: ignore[attr-defined]
 
     def __getitem__(self, key: str) -> bytes:
         return self.transformer.get(key)

@@ -4,13 +4,13 @@ The 2022 draft sharding storage transformer over the draft's abstract store
 interface, a store adapter for the bottom of a stack, and the registry that
 turns an array's ``storage_transformers`` metadata into a stack. The
 transformer keeps keys and the draft API only; shard reads and writes are
-the shard engine's (:class:`shardkv.engine.planner.ShardIO`), over the
-underlying store through :class:`UnderlyingBackend`.
+the shard engine's (:class:`shardkv.engine.engine.ShardEngine`), over the
+underlying store seen as a :class:`~shardkv.storage.kv.KVStore`
+(:class:`~shardkv.transformers.adapter.UnderlyingKV`).
 """
 
 from .adapter import AdapterStore
 from .api import AbstractStore, KeyRange, KeyStartValue
-from .backend import UnderlyingBackend
 from .registry import (
     UnknownStorageTransformerError,
     build_stack,
@@ -27,7 +27,6 @@ __all__ = [
     "KeyRange",
     "KeyStartValue",
     "ShardingStorageTransformer",
-    "UnderlyingBackend",
     "SHARDING_EXTENSION",
     "DATA_ROOT",
     "UnknownStorageTransformerError",

@@ -1,36 +1,33 @@
-"""The abstract store interface over a shardkv store adapter (the bottom of a stack).
+"""The abstract store interface over a shardkv :class:`~shardkv.storage.kv.KVStore` (the bottom of a stack).
 
-:class:`AdapterStore` gives any :class:`shardkv.storage.adapters.StoreAdapter` (a dict,
-a zarr-python 2 store, an fsspec mapper, a URL, all through
-:func:`shardkv.storage.adapters.adapt`) the operations of
+:class:`AdapterStore` gives any store :func:`shardkv.storage.open.open_kv`
+takes (a dict, a zarr-python 2 store, an fsspec mapper, a URL, an obstore
+store, a ``KVStore``) the operations of
 :class:`~shardkv.transformers.api.AbstractStore`. Each operation is one call
-on the adapter where the adapter has a batch form:
+on the store:
 
 =======================  ==============================================
-operation                adapter call(s)
+operation                store call(s)
 =======================  ==============================================
-``get_partial_values``   1 ``get_ranges`` (ranged reads where supported)
-``set_values``           1 ``set_many``
-``set_partial_values``   1 ``get_many`` of the old values, 1 ``set_many``;
-                         positional ``write_at`` where the adapter has them
-``erase_values``         1 ``delete_many``
-``erase_prefix``         1 listing, 1 ``delete_many``
+``get_partial_values``   1 ``get_many`` (one read per key, all its ranges)
+``set_values``           1 ``put_many``
+``set_partial_values``   1 ``get_many`` of the old values, 1 ``put_many``
+``erase_values``         1 ``put_many`` of deletes
+``erase_prefix``         1 listing, 1 ``put_many`` of deletes
 ``list_prefix``          1 listing
 ``list_dir``             1 listing
 =======================  ==============================================
 
-The adapter's capabilities pass on (``supports_positional_writes`` = its
-``supports_append``, ``size_if_free``, ``validator``), so a sharding
-transformer over local files gets the append/in-place write strategies and
-index cache validation the proxy has.
+``size_if_free`` answers where a size costs no request (local files, data in
+this process). The sharding transformer reaches the same store through
+:class:`UnderlyingKV` (its location, hence its locks).
 """
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from shardkv.format.ranges import ByteRange
-from shardkv.storage.adapters import StoreAdapter, adapt
 from shardkv.storage.buffers import Value, join_parts
 from shardkv.storage.kv import (
     ANY, MISSING_RESULT, NO_VALUE, Capabilities, Generation, KVStore, ReadRequest, ReadResult, hidden,
@@ -44,31 +41,20 @@ from .api import AbstractStore, BytesLike, KeyRange, KeyStartValue, apply_partia
 __all__ = ["AdapterStore", "UnderlyingKV"]
 
 
-def _in_place(size: int, writes: Sequence[tuple[int, BytesLike]]) -> bool:
-    """True when positional writes give what :func:`apply_partial_writes` gives for a value of ``size`` bytes.
-
-    A write may start anywhere up to the end; a negative start must replace
-    the value's tail exactly (a positional write cannot shorten a file).
-    """
-    for start, value in writes:
-        nbytes = memoryview(value).nbytes
-        if start < 0 and (nbytes != -start or -start > size):
-            return False
-        if start > size:
-            return False
-        size = max(size, (start if start >= 0 else size + start) + nbytes)
-    return True
-
-
 class AdapterStore(AbstractStore):
-    """A :class:`~shardkv.storage.adapters.StoreAdapter` seen through the abstract store interface.
+    """A :class:`~shardkv.storage.kv.KVStore` seen through the abstract store interface.
 
     Parameters
     ----------
-    store : StoreAdapter or anything :func:`shardkv.storage.adapters.adapt` takes
+    store : KVStore or anything :func:`shardkv.storage.open.open_kv` takes
         The storage at the bottom of the stack.
     storage_options : mapping, optional
         fsspec options when ``store`` is a URL.
+
+    Attributes
+    ----------
+    kv : KVStore
+        The store every operation goes to.
 
     Raises
     ------
@@ -77,30 +63,41 @@ class AdapterStore(AbstractStore):
     """
 
     def __init__(self, store: Any, storage_options: Mapping[str, Any] | None = None) -> None:
-        self.adapter: StoreAdapter = adapt(store, storage_options)
+        self.kv: KVStore = open_kv(store, storage_options)
 
     def __repr__(self) -> str:
-        return f"AdapterStore({self.adapter!r})"
+        return f"AdapterStore({self.kv!r})"
 
     def get_partial_values(self, key_ranges: Sequence[KeyRange]) -> list[bytes | None]:
-        requests = []
-        for key, byte_range in key_ranges:
+        by_key: dict[str, list[int]] = {}
+        ranges: list[ByteRange] = []
+        for i, (key, byte_range) in enumerate(key_ranges):
             if not isinstance(byte_range, ByteRange):
                 raise TypeError(f"range for {key!r} must be a ByteRange, got {type(byte_range).__name__}")
-            requests.append((key, byte_range))
-        if not requests:
+            by_key.setdefault(key, []).append(i)
+            ranges.append(byte_range)
+        if not by_key:
             return []
-        return [None if v is None else bytes(v) for v in self.adapter.get_ranges(requests)]
+        results = self.kv.get_many([(key, [ranges[i] for i in at], ANY) for key, at in by_key.items()])
+        out: list[bytes | None] = [None] * len(ranges)
+        for at, result in zip(by_key.values(), results):
+            if result.values is not None:
+                for i, value in zip(at, result.values):
+                    out[i] = bytes(value)
+        return out
 
     def contains(self, key: str) -> bool:
-        return self.adapter.contains(key)
+        return self.kv.contains(key)
 
     def get(self, key: str) -> bytes:
-        return bytes(self.adapter.get(key))
+        result = self.kv.get(key)
+        if not result.found:
+            raise KeyError(key)
+        return bytes(result.whole())
 
     def set_values(self, values: Mapping[str, BytesLike]) -> None:
         if values:
-            self.adapter.set_many({k: bytes(v) for k, v in values.items()})
+            self.kv.put_many({k: (bytes(v), ANY) for k, v in values.items()})
 
     def set_partial_values(self, key_start_values: Sequence[KeyStartValue]) -> None:
         by_key: dict[str, list[tuple[int, BytesLike]]] = {}
@@ -108,36 +105,29 @@ class AdapterStore(AbstractStore):
             by_key.setdefault(key, []).append((int(start), value))
         if not by_key:
             return
-        if self.adapter.supports_append:
-            sizes = {k: self.adapter.size(k) for k in by_key if self.adapter.contains(k)}
-            if all(k in sizes and _in_place(sizes[k], w) for k, w in by_key.items()):
-                for key, writes in by_key.items():
-                    self.adapter.write_at(key, [(s if s >= 0 else sizes[key] + s, bytes(v)) for s, v in writes])
-                return
-        old = self.adapter.get_many(list(by_key))
-        self.adapter.set_many({k: apply_partial_writes(k, old.get(k), w) for k, w in by_key.items()})
-
-    @property
-    def supports_positional_writes(self) -> bool:
-        return self.adapter.supports_append
+        old = self.kv.values(list(by_key))
+        self.kv.put_many({k: (apply_partial_writes(k, old.get(k), w), ANY) for k, w in by_key.items()})
 
     def size_if_free(self, key: str) -> int | None:
-        return self.adapter.size_if_free(key)
-
-    def validator(self, key: str) -> Hashable:
-        return self.adapter.validator(key)
+        caps = self.kv.caps
+        if caps.in_process or (caps.ranged and caps.stamps == "native" and not caps.round_trips):
+            return self.kv.size(key)  # a stat or a lookup: no request
+        return None
 
     def erase_values(self, keys: Iterable[str]) -> None:
-        self.adapter.delete_many(list(keys))
+        keys = list(keys)
+        if keys:
+            self.kv.put_many({k: (None, ANY) for k in keys})
 
     def erase_prefix(self, prefix: str) -> None:
-        self.adapter.delete_many(self.list_prefix(prefix))
+        self.erase_values(self.list_prefix(prefix))
 
     def list_prefix(self, prefix: str) -> list[str]:
-        prefix = normalize_prefix(prefix)
-        # the adapter lists by directory; a partial last segment is filtered here
-        directory = prefix[: prefix.rfind("/") + 1]
-        return [k for k in self.adapter.iter_keys(directory) if k.startswith(prefix)]
+        return list(self.kv.list_prefix(normalize_prefix(prefix)))
+
+    def close(self) -> None:
+        """Close the store (what :meth:`KVStore.close <shardkv.storage.kv.KVStore.close>` releases)."""
+        self.kv.close()
 
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
         prefix = normalize_prefix(prefix)
@@ -181,7 +171,7 @@ class UnderlyingKV(KVStore):
         self._location = StoreLocation(("abstract-store", id(store)), "")
         self.caps = Capabilities(ranged=True, round_trips=False, stamps="process")
         if isinstance(store, AdapterStore):  # the data's own location: its lock files, its stamps
-            kv = open_kv(store.adapter)
+            kv = store.kv
             self._location = kv.location
             self.caps = Capabilities(ranged=True, round_trips=kv.caps.round_trips, stamps="process",
                                      conditional_put=False, lock_dir=kv.caps.lock_dir, in_process=kv.caps.in_process)

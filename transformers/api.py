@@ -24,17 +24,18 @@ Conventions (one rule each, the ones of :mod:`shardkv.format.ranges`):
 Beyond the draft's operations, :meth:`AbstractStore.set_values` sets several
 whole values in one call (the draft only has ``set`` of one value; a batch
 lets a transformer write the ``k`` shards of one request with one call), and
-three optional capability hooks let the shard engine below a transformer use
-what the bottom store offers (:class:`~shardkv.transformers.adapter.AdapterStore`
-passes its adapter's on): :attr:`~AbstractStore.supports_positional_writes`,
-:meth:`~AbstractStore.size_if_free` and :meth:`~AbstractStore.validator`.
+one optional capability hook, :meth:`~AbstractStore.size_if_free`, lets the
+shard engine below a transformer check an index read against the stored size
+where the bottom store knows it for free
+(:class:`~shardkv.transformers.adapter.AdapterStore` over local files or data
+in this process).
 ``apply_partial_writes`` is :func:`shardkv.engine.merge.apply_partial_writes`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Hashable, Iterable, Mapping, Sequence, Tuple, Union
+from typing import Iterable, Mapping, Sequence, Tuple, Union
 
 from shardkv.engine.merge import apply_partial_writes
 from shardkv.format.ranges import ByteRange
@@ -149,17 +150,8 @@ class AbstractStore(ABC):
         """Every stored key (the draft: ``list_prefix("/")``)."""
         return self.list_prefix("/")
 
-    # -- optional capabilities (shardkv additions; the defaults promise nothing) ----
-
-    @property
-    def supports_positional_writes(self) -> bool:
-        """True when :meth:`set_partial_values` writes in place, with I/O proportional to the bytes written."""
-        return False
+    # -- optional capability (a shardkv addition; the default promises nothing) ----
 
     def size_if_free(self, key: str) -> int | None:
         """Size (bytes) of a stored value when known without a request, else ``None``."""
-        return None
-
-    def validator(self, key: str) -> Hashable:
-        """A cheap fingerprint of a stored value that changes when it is rewritten, or ``None``."""
         return None

@@ -25,7 +25,7 @@ import shutil
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 import numpy as np
@@ -205,60 +205,6 @@ class CountingMapping(MutableMapping):
 
     def stored_bytes(self) -> int:
         return sum(len(v) for v in self.data.values())
-
-
-# Read requests made by one call of each StoreAdapter method: one per key or
-# byte range (each would be one GET on an object store).
-_READ_COST: dict[str, Callable[..., int]] = {
-    "get": lambda *a, **k: 1,
-    "contains": lambda *a, **k: 1,
-    "size": lambda *a, **k: 1,
-    "get_many": lambda keys, *a, **k: len(keys),
-    "get_ranges": lambda requests, *a, **k: len(requests),
-}
-_NOT_READS = {"set", "set_many", "write_at", "delete", "delete_many", "rmdir", "close", "iter_keys", "list_dir"}
-_STATS = {"validator", "size_if_free"}  # by contract answered without a request (local stat) or not at all
-
-
-def counting_adapter(inner: Any) -> Any:
-    """Wrap a shardkv ``StoreAdapter`` so that every read request is counted.
-
-    The wrapper is a ``StoreAdapter`` subclass made at run time (so it keeps
-    working when the adapter interface grows): known read methods add their
-    request count to ``.requests``; any other public method is delegated and
-    its name recorded in ``counter["uncounted"]`` (the runner prints a
-    warning then). ``validator`` and ``size_if_free`` calls (a local
-    ``stat`` by contract, never a request) are counted apart in
-    ``counter["stats"]``.
-    """
-    from shardkv.storage.adapters import StoreAdapter
-
-    state: dict[str, Any] = {"requests": 0, "calls": 0, "stats": 0, "uncounted": set()}
-
-    def make(name: str) -> Callable[..., Any]:
-        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if name in _READ_COST:
-                state["requests"] += _READ_COST[name](*args, **kwargs)
-                state["calls"] += 1
-            elif name in _STATS:
-                state["stats"] += 1
-            elif name not in _NOT_READS:
-                state["uncounted"].add(name)
-            return getattr(inner, name)(*args, **kwargs)
-
-        method.__name__ = name
-        return method
-
-    names = {n for n in dir(StoreAdapter) if not n.startswith("_") and callable(getattr(StoreAdapter, n))}
-    names |= {n for n in dir(type(inner)) if not n.startswith("_") and callable(getattr(type(inner), n))}
-    attrs: dict[str, Any] = {n: make(n) for n in names}
-    attrs["__init__"] = lambda self: None
-    attrs["__getattr__"] = lambda self, attr: getattr(inner, attr)
-    attrs["supports_ranges"] = inner.supports_ranges
-    cls = type(f"Counting{type(inner).__name__}", (type(inner),), attrs)
-    wrapper = cls()
-    wrapper.counter = state  # type: ignore[attr-defined]
-    return wrapper
 
 
 # -- memory -----------------------------------------------------------------------

@@ -84,8 +84,8 @@ from contextlib import ExitStack, contextmanager
 from typing import Any, Iterable, Iterator, Mapping
 
 from shardkv.errors import ConfigurationError, LockTimeoutError
-from shardkv.storage.adapters import LOCK_DIR
-from shardkv.storage.location import StoreLocation, location_of
+from shardkv.storage.kv import LOCK_DIR
+from shardkv.storage.location import StoreLocation
 
 __all__ = ["ShardLocks", "LOCK_DIR", "stripe_of", "DEFAULT_THREAD_STRIPES", "DEFAULT_FILE_STRIPES"]
 
@@ -391,11 +391,6 @@ class ShardLocks:
         self._real_dirs: dict[str, str] = {}  # array key prefix -> its real directory
         self._prefix = f"{location.namespace!r}\0" if location is not None else ""
         self._private_pool = [threading.Lock() for _ in range(thread_stripes)] if location is None else None
-
-    @classmethod
-    def for_adapter(cls, adapter: Any, **options: Any) -> ShardLocks:
-        """The locks of the data behind a store adapter (see :class:`ShardLocks` for ``options``)."""
-        return cls(location_of(adapter), **options)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # locks are never pickled: the new process finds them by location

@@ -27,6 +27,8 @@ from collections import OrderedDict
 from typing import Iterable
 
 from shardkv.storage.adapters import TEMP_MARKER, FSMapAdapter, StoreAdapter
+from shardkv.storage.kv import KVStore
+from shardkv.storage.local import LocalStore
 
 __all__ = ["DEFAULT_TEMP_AGE", "find_stale_temporaries", "remove_stale_temporaries", "DirectorySweeper"]
 
@@ -45,8 +47,12 @@ def _innermost(adapter: StoreAdapter) -> StoreAdapter:
     return adapter
 
 
-def _local_root(adapter: StoreAdapter) -> str | None:
+def _local_root(adapter: StoreAdapter | KVStore) -> str | None:
     """The local directory of a store whose writes leave temporary files, else ``None``."""
+    if isinstance(adapter, LocalStore):
+        return adapter.root
+    if isinstance(adapter, KVStore):
+        return None
     adapter = _innermost(adapter)
     if not isinstance(adapter, FSMapAdapter) or not adapter.supports_append:
         return None
@@ -79,7 +85,7 @@ def _remove(paths: Iterable[str]) -> list[str]:
     return removed
 
 
-def find_stale_temporaries(adapter: StoreAdapter, min_age_seconds: float = DEFAULT_TEMP_AGE) -> list[str]:
+def find_stale_temporaries(adapter: StoreAdapter | KVStore, min_age_seconds: float = DEFAULT_TEMP_AGE) -> list[str]:
     """Temporary files of atomic local writes not modified for ``min_age_seconds`` seconds.
 
     Parameters
@@ -106,7 +112,7 @@ def find_stale_temporaries(adapter: StoreAdapter, min_age_seconds: float = DEFAU
     return sorted(out)
 
 
-def remove_stale_temporaries(adapter: StoreAdapter, min_age_seconds: float = DEFAULT_TEMP_AGE) -> list[str]:
+def remove_stale_temporaries(adapter: StoreAdapter | KVStore, min_age_seconds: float = DEFAULT_TEMP_AGE) -> list[str]:
     """Remove the files :func:`find_stale_temporaries` finds; returns the paths removed.
 
     Called by ``shardkv verify --repair``, ``compact()`` and a resumed

@@ -273,7 +273,7 @@ class ShardLayout:
         """Build a shard as one ``bytes`` object, in linear time (see :meth:`encode_shard_with_index`).
 
         For callers that need one object; writers that can take the parts
-        (:meth:`StoreAdapter.set_many <shardkv.storage.base.StoreAdapter.set_many>`)
+        (:meth:`KVStore.put_many <shardkv.storage.kv.KVStore.put_many>`)
         should use :meth:`encode_shard_with_index` and skip this copy.
         """
         return b"".join(self.encode_shard_with_index(chunks)[0])

@@ -29,7 +29,7 @@ Anything else (nested sharding, other transposes, codecs after
 ``sharding_indexed``, extension data types, 0-d arrays, storage transformers)
 is not presented; :attr:`V2View.problems` says why (``shardkv info`` reports it).
 
-:class:`shardkv.proxy.presenting.PresentingAdapter` serves these documents to
+The node table (:class:`shardkv.proxy.nodes.NodeTable`) serves these documents to
 :class:`~shardkv.ShardedStore`.
 """
 

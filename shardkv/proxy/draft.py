@@ -393,9 +393,8 @@ class DraftShardedStore(ProxyBase):
 
     def close(self) -> None:
         """Close the base store if it has a ``close``."""
-        adapter = getattr(self._api, "adapter", None)
-        if adapter is not None:
-            adapter.close()
+        if isinstance(self._api, AdapterStore):
+            self._api.close()
 
 
     # -- introspection ---------------------------------------------------------------------------------

@@ -28,7 +28,9 @@ from typing import Iterable
 from shardkv.errors import KeyBelowKeyError
 from shardkv.keys.paths import owner_candidates, path_prefix, split_key
 from shardkv.proxy.nodes import META_NAMES, NodeTable, chunkish_under
-from shardkv.storage.adapters import FSMapAdapter, MappingAdapter, StoreAdapter
+from shardkv.storage.kv import KVStore
+from shardkv.storage.local import LocalStore
+from shardkv.storage.mapping import MappingStore
 
 __all__ = ["Hierarchy"]
 
@@ -36,24 +38,25 @@ _MEMO_LIMIT = 100_000  # chunk parents remembered before the memo starts over
 
 
 class Hierarchy:
-    """Applies the rules above to the base store ``adapter`` (a no-op where they do not hold).
+    """Applies the rules above to the base store ``kv`` (a no-op where they do not hold).
 
     Parameters
     ----------
-    adapter : StoreAdapter
-        The base store.
+    kv : KVStore
+        The base store. The rules are enforced over a local directory
+        (:class:`~shardkv.storage.local.LocalStore`) and a mapping
+        (:class:`~shardkv.storage.mapping.MappingStore`), the kinds of store
+        zarr 2's ``DirectoryStore`` and ``MemoryStore`` are.
     nodes : NodeTable
         What the proxy knows of the hierarchy's arrays and groups.
     """
 
-    def __init__(self, adapter: StoreAdapter, nodes: NodeTable) -> None:
-        self._adapter = adapter
+    def __init__(self, kv: KVStore, nodes: NodeTable) -> None:
+        self._kv = kv
         self._nodes = nodes
         self._array_of_parent: dict[str, str] = {}  # parent of a chunk key -> its array's path (found ones only)
-        # local files (``supports_append``) or an in-memory mapping: where zarr 2's own stores keep the rules
-        self.enforced = isinstance(adapter, MappingAdapter) or (
-            isinstance(adapter, FSMapAdapter) and adapter.supports_append
-        )
+        # local files or a mapping: where zarr 2's own stores keep the rules
+        self.enforced = isinstance(kv, (LocalStore, MappingStore))
 
     def _chunk_of_array(self, key: str) -> bool:
         """True when ``key`` is chunk-like under an array the node table knows."""
@@ -78,16 +81,16 @@ class Hierarchy:
         parts = key.split("/")[:-1]
         for i in range(1, len(parts) + 1):
             above = "/".join(parts[:i])
-            if self._adapter.contains(above):
+            if self._kv.contains(above):
                 return above
         return None
 
     def has_keys_under(self, key: str) -> bool:
         """True when keys are stored under ``key/`` in the base store."""
-        if isinstance(self._adapter, FSMapAdapter):  # one directory listing, not a walk
-            names = self._adapter.list_dir(key)  # a file lists as itself
-            return bool(names) and not (names == [split_key(key)[1]] and self._adapter.contains(key))
-        return next(iter(self._adapter.iter_keys(path_prefix(key))), None) is not None
+        if isinstance(self._kv, LocalStore):  # one directory listing, not a walk (a file lists nothing)
+            keys, dirs = self._kv.list_dir(path_prefix(key))
+            return bool(keys or dirs)
+        return next(iter(self._kv.list_prefix(path_prefix(key))), None) is not None
 
     def check_set(self, keys: Iterable[str]) -> list[str]:
         """Check that ``keys`` may be stored; return those whose ``key/`` subtree must be removed first.

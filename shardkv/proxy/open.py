@@ -28,7 +28,7 @@ from shardkv.metadata.documents import load_json
 from shardkv.metadata.draft import is_draft_entry_point
 from shardkv.proxy.draft import DRAFT_OPTIONS, DraftShardedStore
 from shardkv.proxy.store import ShardedStore
-from shardkv.storage.adapters import adapt
+from shardkv.storage.open import open_kv
 from shardkv.transformers import AbstractStore
 
 __all__ = ["open_store", "Layout", "LAYOUTS", "is_draft_hierarchy"]
@@ -44,8 +44,8 @@ def _root_entry_point(store: Any, storage_options: Mapping[str, Any] | None) -> 
             return bytes(store.get("zarr.json"))
         except KeyError:
             return None
-    value = adapt(store, storage_options).get_many(["zarr.json"]).get("zarr.json")
-    return None if value is None else bytes(value)
+    result = open_kv(store, storage_options).get("zarr.json")
+    return bytes(result.whole()) if result.found else None
 
 
 def _is_draft(raw: bytes | None) -> bool:

@@ -36,13 +36,12 @@ from shardkv.proxy.hierarchy import Hierarchy
 from shardkv.proxy.listing import ListedKeys, child_names, count_logical_keys, logical_keys
 from shardkv.proxy.metadata_writes import MetadataWriter, writes_to
 from shardkv.proxy.nodes import META_NAMES, NodeTable
-from shardkv.proxy.presenting import PresentingAdapter
 from shardkv.proxy.options import DEFAULT_INDEX_CACHE_BYTES, Concurrency, IndexLocation, Options
 from shardkv.proxy.routing import group_by_shard, route_batch
 from shardkv.proxy.values import as_buffer
 from shardkv.proxy.write_advice import WriteAdvisor
-from shardkv.storage.adapters import StoreAdapter, adapt
 from shardkv.storage.identity import store_identity
+from shardkv.storage.kv import ANY, KVStore
 from shardkv.storage.local import LocalStore
 from shardkv.storage.open import open_kv
 
@@ -152,7 +151,7 @@ class ShardedStore(ProxyBase):
             index_cache_bytes=index_cache_bytes, read_policy=read_policy, buffer_bytes=buffer_bytes,
             concurrency=concurrency, lock_timeout=lock_timeout,
         )  # fmt: skip
-        self._setup(store, adapt(store, storage_options), options)
+        self._setup(store, open_kv(store, storage_options), options)
         self._writer.attach_journal(  # replays what a killed run left, if the journal is this store's
             journal, self._route, lambda: store_identity(self._kv, "v2")
         )
@@ -160,26 +159,23 @@ class ShardedStore(ProxyBase):
     @classmethod
     def _reopen(cls, store: Any, options: Options) -> Self:
         proxy = cls.__new__(cls)
-        proxy._setup(store, adapt(store), options)
+        proxy._setup(store, open_kv(store), options)
         return proxy
 
-    def _setup(self, raw_store: Any, adapter: StoreAdapter, options: Options) -> None:
+    def _setup(self, raw_store: Any, kv: KVStore, options: Options) -> None:
         """Build the proxy's parts over the opened base store (the one place they are made)."""
         self._init_proxy(raw_store, options)
-        if isinstance(adapter, PresentingAdapter):  # the CLI's read view: the proxy presents by itself
-            adapter = adapter.inner
-        self._adapter = adapter  # listings, sizes, rmdir, rename; pickles as the store's location
-        self._kv = open_kv(adapter)
+        self._kv = kv  # every request to the base store; pickles as the store's location
         self._nodes = NodeTable(self._kv.values)
-        self._hierarchy = Hierarchy(adapter, self._nodes)  # MemoryStore/DirectoryStore rules (issue 19)
+        self._hierarchy = Hierarchy(kv, self._nodes)  # MemoryStore/DirectoryStore rules (issue 19)
         self._engine = ShardEngine(self._kv, options.engine_options())
         self._advisor = WriteAdvisor()  # warns once per array about chunk-by-chunk rewrites (write-through)
         self._writer = WriteBack(self._engine, options.buffer_bytes, self._advisor.observe)
         self._write = writes_to(self._kv)
-        self._metadata = MetadataWriter(self._nodes, self._kv.values, self._write, adapter.iter_keys, self._writer, options)
+        self._metadata = MetadataWriter(self._nodes, self._kv.values, self._write, kv.list_prefix, self._writer, options)
 
     def _pickled_store(self) -> Any:
-        return self._adapter
+        return self._kv
 
     def _check_picklable(self) -> None:
         buffer = self._writer.buffer
@@ -187,9 +183,9 @@ class ShardedStore(ProxyBase):
             raise UnflushedWritesError(len(buffer), buffer.nbytes)
 
     @property
-    def base(self) -> StoreAdapter:
-        """The adapter over the base store: what is stored (for tools; writes here bypass the proxy)."""
-        return self._adapter
+    def base(self) -> KVStore:
+        """The base store as a :class:`~shardkv.storage.kv.KVStore`: what is stored (for tools; writes here bypass the proxy)."""
+        return self._kv
 
     def refresh(self) -> None:
         """Forget cached array metadata and shard indexes (call after other writers changed the store).
@@ -309,7 +305,7 @@ class ShardedStore(ProxyBase):
             return False
         if ref is None:
             known = self._nodes.contains_document(key)  # type: ignore[arg-type]
-            return self._adapter.contains(key) if known is None else known  # type: ignore[arg-type]
+            return self._kv.contains(key) if known is None else known  # type: ignore[arg-type]
         return self._chunk_stored(ref)
 
     def _chunk_stored(self, ref: ChunkRef) -> bool:
@@ -359,8 +355,8 @@ class ShardedStore(ProxyBase):
         if ref is None:
             if split_key(key)[1] in META_NAMES:
                 self._metadata.delete(key)  # a sharded array's .zarray takes its zarr.json along
-            elif self._adapter.contains(key):
-                self._adapter.delete_many([key])
+            elif self._kv.contains(key):
+                self._kv.delete(key)
             elif self._hierarchy.deletes_subtree(key):  # a path: MemoryStore/DirectoryStore delete what it holds
                 self.rmdir(key)
             else:
@@ -433,7 +429,7 @@ class ShardedStore(ProxyBase):
         """Write buffered shards (write-back mode), close the journal, then the base store if it has a ``close``."""
         self.flush()
         self._writer.close()
-        self._adapter.close()
+        self._kv.close()
 
     def sharded_array(self, path: str) -> ShardedArray | None:
         """The key mapping of the sharded array at ``path``, or ``None``."""
@@ -459,7 +455,7 @@ class ShardedStore(ProxyBase):
             self._kv.remove_stale_temporaries()
         self.flush()
         stored: dict[str, list[str]] = {}  # the shards that exist (a listing), never the grid: sparse grids are cheap
-        for key in self._adapter.iter_keys(path_prefix(path or "")):
+        for key in self._kv.list_prefix(path_prefix(path or "")):
             arr = self._nodes.owner(key)
             if arr is None:
                 continue
@@ -476,7 +472,7 @@ class ShardedStore(ProxyBase):
 
     def __iter__(self) -> Iterator[str]:
         self.flush()
-        return logical_keys(self._nodes, self._engine, self._adapter.iter_keys())
+        return logical_keys(self._nodes, self._engine, self._kv.list_prefix(""))
 
     def keys(self) -> KeysView[str]:
         """The keys, listed once (iteration and ``len`` share one enumeration of the base store; ``in`` is current)."""
@@ -484,26 +480,24 @@ class ShardedStore(ProxyBase):
 
     def __len__(self) -> int:
         self.flush()
-        return count_logical_keys(self._nodes, self._engine, self._adapter.iter_keys())
+        return count_logical_keys(self._nodes, self._engine, self._kv.list_prefix(""))
 
     def keys_under(self, path: str) -> Iterator[str]:
         """Every logical key under ``path`` (a path, or ``""`` for all); ``InvalidKeyError`` if it leaves the store."""
         path = validate_path(path)
         self.flush()
-        return logical_keys(self._nodes, self._engine, self._adapter.iter_keys(path_prefix(path)))
+        return logical_keys(self._nodes, self._engine, self._kv.list_prefix(path_prefix(path)))
 
     def listdir(self, path: str = "") -> list[str]:
         """Names of the immediate children of ``path``, as code above the proxy sees them."""
         path = validate_path(path)
         inside = self._nodes.owner(join_path(path, "0")) if path else None
         if inside is None and self._nodes.sharded(path) is None:
-            names = self._adapter.list_dir(path)
-            if path and names == [split_key(path)[1]] and self._adapter.contains(path):
-                return []  # a stored value, which filesystems list as itself: no children
-            return self._nodes.listed_names(path, names)
+            keys, dirs = self._kv.list_dir(path_prefix(path))  # a stored value has no children
+            return self._nodes.listed_names(path, sorted({*keys, *dirs}))
         self.flush()
         prefix = path_prefix(path)
-        return child_names(self._nodes, self._engine, prefix, self._adapter.iter_keys(prefix))
+        return child_names(self._nodes, self._engine, prefix, self._kv.list_prefix(prefix))
 
     def rmdir(self, path: str = "") -> None:
         """Delete everything under ``path`` (the whole store for ``""``).
@@ -517,11 +511,13 @@ class ShardedStore(ProxyBase):
         if arr is not None and arr.path != path:
             self.delitems(list(self.keys_under(path)))  # a sub-path of a '/'-separated array
             return
-        if path and arr is None and self._adapter.contains(path):  # a value: only keys below it go
-            self._adapter.delete_many(list(self._adapter.iter_keys(path_prefix(path))))
+        if path and arr is None and self._kv.contains(path):  # a value: only keys below it go
+            keys = list(self._kv.list_prefix(path_prefix(path)))
+            if keys:
+                self._kv.put_many({key: (None, ANY) for key in keys})
             return
         self._writer.discard_under(path)
-        self._adapter.rmdir(path)
+        self._kv.delete_prefix(path_prefix(path))
         self._engine.forget()
         self._nodes.forget_under(path)
         self._metadata.removed(path)  # consolidated blocks above it no longer list it (issue 19 item 5)
@@ -561,8 +557,8 @@ class ShardedStore(ProxyBase):
             known = self._nodes.contains_document(key)  # presented documents: the size served
             if known:
                 out[key] = len(self._nodes.read_documents([key])[key])
-            elif known is None and self._adapter.contains(key):
-                out[key] = self._adapter.size(key)
+            elif known is None and (size := self._kv.size(key)) is not None:
+                out[key] = size
         if refs:
             indexes = self._engine.read_indexes({ref.shard_key: ref.array for ref in refs})
             for ref in refs:
@@ -580,11 +576,12 @@ class ShardedStore(ProxyBase):
         """
         src, dst = validate_path(src_path, what="src_path"), validate_path(dst_path, what="dst_path")
         self.flush()
-        stored = self._adapter  # what is stored: v3 documents move as they are, presented ones are not written
-        keys = list(stored.iter_keys(path_prefix(src)))
-        stored.set_many({dst + k[len(src) :]: stored.get(k) for k in keys})
-        stored.delete_many(keys)
+        stored = self._kv  # what is stored: v3 documents move as they are, presented ones are not written
+        keys = list(stored.list_prefix(path_prefix(src)))
+        values = stored.values(keys)
+        stored.put_many({dst + k[len(src) :]: (v, ANY) for k, v in values.items()})
+        stored.put_many({k: (None, ANY) for k in keys})
         if src and keys:
-            stored.prune_empty_dirs(src)  # the emptied directories too (local files), as zarr 2's rename
+            stored.prune_empty_dirs(path_prefix(src))  # the emptied directories too (local files), as zarr 2's rename
         self.refresh()
 

@@ -31,6 +31,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from shardkv.storage.buffers import BytesLike, Value, byte_parts, join_parts
 from shardkv.storage.kv import (
     ANY,
+    LOCK_DIR,
     MISSING_RESULT,
     NO_VALUE,
     Capabilities,
@@ -298,6 +299,20 @@ class FsspecStore(KVStore):
         for key in self.list_prefix(prefix):
             yield key, (self._memory_generation(key) if self._memory else None)
 
+    def contains(self, key: str) -> bool:
+        """A lookup of the stored object (``memory://``), else the file's info (a directory is no value)."""
+        if self._memory:
+            return self.fs.store.get(self._path(key)) is not None
+        return self.size(key) is not None
+
+    def size(self, key: str) -> int | None:
+        """The size fsspec reports for the file at ``key``; ``None`` when missing or a directory."""
+        try:
+            info = self.fs.info(self._path(key))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return None if info.get("type") == "directory" else int(info["size"])
+
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
         base = self._path(prefix.rstrip("/")) if prefix else (self.root or "/")
         try:
@@ -307,11 +322,37 @@ class FsspecStore(KVStore):
         keys: list[str] = []
         dirs: list[str] = []
         for entry in entries:
-            name = self._key(entry["name"]).rstrip("/").rsplit("/", 1)[-1]
+            key = self._key(entry["name"]).rstrip("/")
+            if prefix and key == prefix.rstrip("/"):  # a file lists as itself: it has no children
+                continue
+            name = key.rsplit("/", 1)[-1]
             if not name or hidden(name):
                 continue
             (dirs if entry.get("type") == "directory" else keys).append(name)
         return sorted(set(keys)), sorted(set(dirs))
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete every key under ``prefix``; a path (``prefix`` ending in ``/``, or ``""``) goes recursively.
+
+        For ``""`` everything goes but the root's lock directory.
+        """
+        if prefix and not prefix.endswith("/"):
+            super().delete_prefix(prefix)
+            return
+        keys = list(self.list_prefix(prefix))
+        top = self._path(prefix.rstrip("/")) if prefix else (self.root or "/")
+        with STAMPS.writing(self._location, keys) as stamped:
+            stamped.begin(keys)
+            try:
+                if prefix:
+                    if self.fs.isdir(top):
+                        self.fs.rm(top, recursive=True)
+                    return
+                for child in self.fs.ls(top, detail=False):
+                    if child.rstrip("/").rsplit("/", 1)[-1] != LOCK_DIR:
+                        self.fs.rm(child, recursive=True)
+            except FileNotFoundError:
+                return
 
     def close(self) -> None:
         """Nothing to release (the filesystem is fsspec's to cache)."""

@@ -328,6 +328,42 @@ class KVStore(ABC):
         """Delete one key; ``False`` when ``if_generation`` did not hold (deleting a missing key is ``True``)."""
         return self.put_many({key: (None, if_generation)})[key] is not None
 
+    def contains(self, key: str) -> bool:
+        """True when a value is stored at ``key`` (a path holding keys is not a value).
+
+        The default is a zero-range read (a ``HEAD``, an ``fstat``);
+        implementations answer with a cheaper lookup where they have one.
+        """
+        return self.get(key, []).found
+
+    def size(self, key: str) -> int | None:
+        """The size in bytes of the value stored at ``key``, or ``None`` when nothing is stored there.
+
+        The default is a zero-range read, and a whole read only when that
+        did not tell the size (mappings tell it anyway).
+        """
+        result = self.get(key, [])
+        if not result.found:
+            return None
+        if result.size is not None:
+            return result.size
+        whole = self.get(key)
+        return memoryview(whole.whole()).nbytes if whole.found else None
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete every stored key that starts with ``prefix`` (``""``: every key; hidden files stay).
+
+        Stores with directories remove the directories left empty too.
+        Not atomic: keys written meanwhile may stay.
+        """
+        keys = list(self.list_prefix(prefix))
+        if keys:
+            self.put_many({key: (None, ANY) for key in keys})
+        self.prune_empty_dirs(prefix)
+
+    def prune_empty_dirs(self, prefix: str) -> None:
+        """Remove the directories left empty under ``prefix`` (stores with directories; a no-op elsewhere)."""
+
     def values(self, keys: Sequence[str]) -> dict[str, BytesLike]:
         """The whole values of the stored keys among ``keys`` (metadata, the CLI); missing ones are left out."""
         results = self.get_many([(key, None, ANY) for key in keys])

@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import stat
 import threading
 import time
@@ -337,6 +338,29 @@ class LocalStore(KVStore):
         """:meth:`_read` of each request, in order (one task of the read pool)."""
         return [self._read(r) for r in reads]
 
+    def size(self, key: str) -> int | None:
+        """The size of the file at ``key`` (one ``stat``); ``None`` when missing or a directory (a path).
+
+        Raises
+        ------
+        OSError
+            For a FIFO, socket or device at ``key`` (not a value), or a failed ``stat`` (permissions).
+        """
+        path = self.path(key)
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if stat.S_ISDIR(st.st_mode):
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_a_file(key, path, st.st_mode)
+        return st.st_size
+
+    def contains(self, key: str) -> bool:
+        """True when a regular file is stored at ``key`` (one ``stat``; a directory is a path, not a value)."""
+        return self.size(key) is not None
+
     # -- writes ---------------------------------------------------------------
 
     def _current(self, path: str) -> Generation:
@@ -421,6 +445,33 @@ class LocalStore(KVStore):
         except (FileNotFoundError, NotADirectoryError):
             return [], []
         return sorted(keys), sorted(dirs)
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete every key under ``prefix``; a path (``prefix`` ending in ``/``) goes as a directory tree.
+
+        For ``""`` everything goes but the root's lock directory (writers in
+        other processes may hold its locks). A prefix that ends inside a name
+        deletes the matching keys one by one.
+        """
+        if prefix and not prefix.endswith("/"):
+            super().delete_prefix(prefix)
+            return
+        if prefix:
+            top = self.path(prefix.rstrip("/"))
+            targets = [top]
+        else:
+            try:
+                with os.scandir(self.root) as it:
+                    targets = [e.path for e in it if e.name != LOCK_DIR]
+            except (FileNotFoundError, NotADirectoryError):
+                return
+        for target in targets:
+            if os.path.isdir(target) and not os.path.islink(target):
+                with contextlib.suppress(FileNotFoundError):
+                    shutil.rmtree(target)
+            elif prefix == "":
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(target)
 
     def prune_empty_dirs(self, prefix: str) -> None:
         """Remove the directories left empty under ``prefix`` (``""``: below the root), deepest first.

@@ -208,12 +208,39 @@ class MappingStore(KVStore):
             out[key] = NO_VALUE if writes[key][0] is None else stamped.after[key]
         return out
 
+    def contains(self, key: str) -> bool:
+        """``key in mapping`` (no value read)."""
+        return key in self.mapping
+
+    def size(self, key: str) -> int | None:
+        """The size of the stored value (read whole: a mapping keeps no sizes), ``None`` when missing."""
+        try:
+            return memoryview(self.mapping[key]).nbytes
+        except KeyError:
+            return None
+
     # -- listings -------------------------------------------------------------
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
         for key in list(self.mapping.keys()):
             if key.startswith(prefix) and not hidden(key):  # not the lock files of a directory
                 yield key
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete the keys under ``prefix``; a zarr-python 2 store's own ``rmdir`` where it has one.
+
+        ``rmdir`` is used for a path (``prefix`` ending in ``/``) and for the
+        whole store when the mapping keeps no local directory (where lock files
+        of other processes live in it, those stay).
+        """
+        rmdir = getattr(self.mapping, "rmdir", None)
+        path = prefix[:-1] if prefix.endswith("/") else prefix
+        if rmdir is None or (prefix and not prefix.endswith("/")) or (not prefix and self.caps.lock_dir):
+            super().delete_prefix(prefix)
+            return
+        with STAMPS.writing(self._location, list(self.list_prefix(prefix))) as stamped:
+            stamped.begin(list(stamped.before))
+            rmdir(path)
 
     def close(self) -> None:
         close = getattr(self.mapping, "close", None)

@@ -46,6 +46,7 @@ from shardkv.storage.kv import (
     ReadResult,
     hidden,
 )
+from shardkv.storage.local import LocalStore
 from shardkv.storage.location import StoreLocation
 from shardkv.storage.stamps import STAMPS
 
@@ -353,6 +354,12 @@ class ObstoreStore(KVStore):
         dirs = {p.rstrip("/").rsplit("/", 1)[-1] for p in result["common_prefixes"]}
         keys = {m["path"].rsplit("/", 1)[-1] for m in result["objects"]}
         return sorted(k for k in keys if k and not hidden(k)), sorted(d for d in dirs if d and not hidden(d))
+
+    def prune_empty_dirs(self, prefix: str) -> None:
+        """Over a local directory (an obstore ``LocalStore``): remove the directories left empty under ``prefix``."""
+        local_dir = self._location.local_dir
+        if local_dir is not None:
+            LocalStore(local_dir).prune_empty_dirs(prefix)  # the same directory, reached with os calls
 
     def close(self) -> None:
         if self._pool is not None:

@@ -75,7 +75,7 @@ def _obstore_kv(store: Any) -> KVStore:
 
 
 def _from_old_adapter(store: Any) -> KVStore | None:
-    """The store under one of the pre-KVStore adapters (until the engine no longer makes them), else ``None``."""
+    """The store under one of the pre-KVStore adapters (the command line still makes them; they go with it), else ``None``."""
     name = type(store).__name__
     if name == "FSMapAdapter" and hasattr(store, "fs") and hasattr(store, "root"):
         return kv_of_fs(store.fs, store.root)
@@ -83,6 +83,8 @@ def _from_old_adapter(store: Any) -> KVStore | None:
         return MappingStore(store.mapping)
     if name == "ObstoreAdapter" and is_obstore_store(getattr(store, "store", None)):
         return _obstore_kv(store.store)
+    if name == "PresentingAdapter" and getattr(store, "inner", None) is not None:  # the CLI's read view
+        return open_kv(store.inner)
     return None
 
 
