@@ -143,3 +143,25 @@ def test_pickled_s3_store_reaches_the_same_objects(endpoint: str, bucket: str) -
     copy = pickle.loads(pickle.dumps(kv))
     assert isinstance(copy, ObstoreStore) and copy.location == kv.location
     assert copy.get("k", if_generation=g).found
+
+
+def test_zarr2_through_sharded_store(endpoint: str, bucket: str) -> None:
+    import numpy as np
+    import zarr
+
+    from shardkv import ShardedStore
+    from shardkv.storage.open import open_kv
+
+    data = np.arange(64 * 48, dtype="float32").reshape(64, 48)
+    prefix = f"data-{uuid.uuid4().hex[:8]}.zarr"
+    store = ShardedStore(s3_store(endpoint, bucket, prefix), chunks_per_shard=2)
+    assert store.concurrency_mode == "conditional"  # compare-and-swap: tests/test_concurrency_obstore.py
+    z = zarr.create(shape=data.shape, chunks=(16, 16), dtype="float32", store=store, path="arr")
+    z[...] = data
+    keys = sorted(open_kv(s3_store(endpoint, bucket, prefix)).list_prefix("arr/"))
+    assert [k for k in keys if not k.rsplit("/", 1)[-1].startswith((".z", "zarr"))] == [
+        "arr/0.0", "arr/0.1", "arr/1.0", "arr/1.1"]  # 4 x 3 chunks in 2 x 2 shards
+    reread = zarr.open_array(store=ShardedStore(s3_store(endpoint, bucket, prefix), concurrency="process"),
+                             path="arr", mode="r")  # fmt: skip
+    np.testing.assert_array_equal(reread[...], data)
+    np.testing.assert_array_equal(reread[20:40, 5:30], data[20:40, 5:30])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -10,11 +11,13 @@ import fsspec
 import pytest
 import zarr
 from fsspec.implementations.dirfs import DirFileSystem
+from fsspec.implementations.memory import MemoryFileSystem
 from kv_contract import KVContract
 
 from shardkv.errors import ConfigurationError
+from shardkv.format.ranges import ByteRange
 from shardkv.storage.fsspec import FsspecStore
-from shardkv.storage.kv import KVStore
+from shardkv.storage.kv import ANY, KVStore
 from shardkv.storage.local import LocalStore
 from shardkv.storage.mapping import MappingStore
 from shardkv.storage.obstore import ObstoreStore
@@ -75,19 +78,6 @@ def test_obstore_kinds(tmp_path: Path) -> None:
     assert type(by_url) is LocalStore
 
 
-def test_old_adapters_are_unwrapped(tmp_path: Path) -> None:
-    from shardkv.storage.adapters import adapt
-
-    assert type(open_kv(adapt(str(tmp_path)))) is LocalStore
-    d: dict[str, bytes] = {}
-    kv = open_kv(adapt(d))
-    assert type(kv) is MappingStore and kv.mapping is d  # type: ignore[attr-defined]
-    from shardkv.proxy.presenting import PresentingAdapter  # the command line's read view
-
-    presented = open_kv(PresentingAdapter(adapt(str(tmp_path))))
-    assert type(presented) is LocalStore and presented.location == open_kv(str(tmp_path)).location
-
-
 def test_refusals_keep_their_messages(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="normalize_keys=True lowercases"):
         open_kv(zarr.storage.DirectoryStore(str(tmp_path), normalize_keys=True))
@@ -95,3 +85,58 @@ def test_refusals_keep_their_messages(tmp_path: Path) -> None:
         open_kv(zarr.storage.FSStore(str(tmp_path), key_separator="/"))
     with pytest.raises(TypeError, match="cannot use int as a store"):
         open_kv(3)
+
+
+# -- errors other than "not found" propagate (never a KeyError, never "missing") -------------------
+
+
+class _DenyingFS(MemoryFileSystem):
+    """A memory filesystem that refuses every read with PermissionError."""
+
+    store: dict = {}
+    pseudo_dirs = [""]
+
+    def cat_file(self, path: str, start: Any = None, end: Any = None, **kwargs: Any) -> bytes:  # type: ignore[override]
+        raise PermissionError(f"access denied: {path}")
+
+    def cat_ranges(self, paths: Any, starts: Any, ends: Any, *args: Any, **kwargs: Any) -> list[bytes]:  # type: ignore[override]
+        raise PermissionError(f"access denied: {paths}")
+
+    def cat(self, path: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        raise PermissionError(f"access denied: {path}")
+
+
+class _DenyingMapping(MutableMapping):
+    def __init__(self) -> None:
+        self.data = {"k": b"v"}
+
+    def __getitem__(self, key: str) -> bytes:
+        raise PermissionError(f"access denied: {key}")
+
+    def __setitem__(self, key: str, value: bytes) -> None:
+        self.data[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self.data[key]
+
+    def __iter__(self) -> Any:
+        return iter(self.data)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+@pytest.mark.parametrize("kind", ["fsspec", "mapping"])
+def test_permission_errors_propagate(kind: str) -> None:
+    if kind == "fsspec":
+        fs = _DenyingFS(skip_instance_cache=True)
+        fs.pipe(f"/deny-{uuid.uuid4().hex}/k", b"v")
+        root = [p for p in fs.store if p.endswith("/k")][-1].rsplit("/", 1)[0]
+        kv = FsspecStore(fs, root)
+    else:
+        kv = open_kv(_DenyingMapping())
+    calls = [lambda: kv.get("k"), lambda: kv.get("k", [ByteRange(0, 1)]), lambda: kv.values(["k"]),
+             lambda: kv.get_many([("k", None, ANY)])]
+    for call in calls:
+        with pytest.raises(PermissionError, match="access denied"):
+            call()

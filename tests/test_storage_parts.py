@@ -1,5 +1,5 @@
 """Values written from their parts (no join), local writes by ``os.writev``, local reads by ``pread``,
-and the object-store paths of ``FSMapAdapter`` (s3fs on a loopback server): one GET per read."""
+and the object-store path of the fsspec/S3 store (s3fs on a loopback server): one GET per read."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 
 from shardkv.format.ranges import ByteRange
-from shardkv.storage import adapters, buffers
-from shardkv.storage.adapters import TEMP_MARKER, StoreAdapter, adapt, byte_parts, join_parts
+from shardkv.storage import buffers
+from shardkv.storage.buffers import byte_parts, join_parts
+from shardkv.storage.kv import ANY, TEMP_MARKER, KVStore
+from shardkv.storage.open import kv_of_fs, open_kv
 
 pytestmark = pytest.mark.zarr2
 
@@ -25,15 +27,19 @@ JOINED = b"head-body\x00\x00\x01\x00!"
 
 
 @pytest.fixture(params=["dict", "memory", "local"])
-def adapter(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreAdapter]:
+def kv(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KVStore]:
     if request.param == "dict":
-        yield adapt({})
+        yield open_kv({})
     elif request.param == "memory":
         root = f"memory://shardkv-parts-{uuid.uuid4().hex}"
-        yield adapt(root)
+        yield open_kv(root)
         fsspec.filesystem("memory").rm(root, recursive=True)
     else:
-        yield adapt(str(tmp_path / "store"))
+        yield open_kv(str(tmp_path / "store"))
+
+
+def whole(kv: KVStore, key: str) -> bytes:
+    return bytes(kv.get(key).whole())
 
 
 def test_parts_helpers() -> None:
@@ -46,12 +52,12 @@ def test_parts_helpers() -> None:
 
 
 @pytest.mark.parametrize("value", [pytest.param(PARTS, id="list"), pytest.param(tuple(PARTS), id="tuple")])
-def test_set_many_takes_parts(adapter: StoreAdapter, value: Any) -> None:
-    adapter.set_many({"a/0": value, "a/1": b"plain"})
-    adapter.set("a/2", [])
-    assert bytes(adapter.get("a/0")) == JOINED
-    assert bytes(adapter.get("a/1")) == b"plain"
-    assert bytes(adapter.get("a/2")) == b""
+def test_put_many_takes_parts(kv: KVStore, value: Any) -> None:
+    kv.put_many({"a/0": (value, ANY), "a/1": (b"plain", ANY)})
+    kv.put("a/2", [])
+    assert whole(kv, "a/0") == JOINED
+    assert whole(kv, "a/1") == b"plain"
+    assert whole(kv, "a/2") == b""
 
 
 def test_local_write_survives_short_writev(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -63,36 +69,34 @@ def test_local_write_survives_short_writev(tmp_path: Path, monkeypatch: pytest.M
         calls.append(len(buffers))
         return real(fd, [bytes(memoryview(buffers[0])[:3])])
 
-    monkeypatch.setattr(adapters.os, "writev", short_writev)
-    adapter = adapt(str(tmp_path))
-    adapter.set("k", PARTS)
+    monkeypatch.setattr(buffers.os, "writev", short_writev)
+    open_kv(str(tmp_path)).put("k", PARTS)
     assert (tmp_path / "k").read_bytes() == JOINED
     assert len(calls) >= len(JOINED) // 3  # every short write was resumed where it stopped
 
 
 def test_local_write_batches_more_parts_than_iov_max(tmp_path: Path) -> None:
     parts = [bytes([i % 251]) for i in range(buffers.IOV_MAX * 2 + 5)]
-    adapt(str(tmp_path)).set("many", parts)
+    open_kv(str(tmp_path)).put("many", parts)
     assert (tmp_path / "many").read_bytes() == b"".join(parts)
 
 
 def test_failed_local_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    adapter = adapt(str(tmp_path))
-    adapter.set("d/k", b"old")
+    kv = open_kv(str(tmp_path))
+    kv.put("d/k", b"old")
 
     def broken(fd: int, buffers: Any) -> int:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(adapters.os, "writev", broken)
+    monkeypatch.setattr(buffers.os, "writev", broken)
     with pytest.raises(OSError):
-        adapter.set("d/k", [b"new", b"er"])
+        kv.put("d/k", [b"new", b"er"])
     assert (tmp_path / "d" / "k").read_bytes() == b"old"
     assert not [p for p in (tmp_path / "d").iterdir() if TEMP_MARKER in p.name]
 
 
 def test_local_write_makes_missing_directories(tmp_path: Path) -> None:
-    adapter = adapt(str(tmp_path / "root"))
-    adapter.set("x/y/z", [b"1", b"2"])
+    open_kv(str(tmp_path / "root")).put("x/y/z", [b"1", b"2"])
     assert (tmp_path / "root" / "x" / "y" / "z").read_bytes() == b"12"
 
 
@@ -108,23 +112,24 @@ def test_local_write_makes_missing_directories(tmp_path: Path) -> None:
     ],
 )
 def test_local_pread_ranges(tmp_path: Path, byte_range: ByteRange, expected: bytes) -> None:
-    adapter = adapt(str(tmp_path))
-    adapter.set("f", b"0123456789")
-    assert adapter.get_ranges([(("f"), byte_range)]) == [expected]
-    assert adapter.get_ranges([("f", byte_range), ("nope", byte_range)]) == [expected, None]  # concurrent path
+    kv = open_kv(str(tmp_path))
+    kv.put("f", b"0123456789")
+    assert [bytes(v) for v in kv.get("f", [byte_range]).values or []] == [expected]
+    both = kv.get_many([("f", [byte_range], ANY), ("nope", [byte_range], ANY)])  # the concurrent path
+    assert [bytes(v) for v in both[0].values or []] == [expected] and both[1].state == "missing"
 
 
-def test_local_reads_of_directories_are_missing(tmp_path: Path) -> None:
-    adapter = adapt(str(tmp_path))
-    adapter.set("d/k", b"v")
-    assert adapter.get_many(["d", "d/k"]) == {"d/k": b"v"}
-    with pytest.raises(KeyError):
-        adapter.get("d")
+def test_local_reads_of_directories_are_damage_not_values(tmp_path: Path) -> None:
+    kv = open_kv(str(tmp_path))
+    kv.put("d/k", b"v")
+    assert {k: bytes(v) for k, v in kv.values(["d/k"]).items()} == {"d/k": b"v"}
+    with pytest.raises(IsADirectoryError, match="'d' is a directory"):  # never read as an empty value
+        kv.get("d")
 
 
-def test_mapping_ranges_of_bytes_are_views(adapter: StoreAdapter) -> None:
-    adapter.set("s", b"0123456789")
-    (value,) = adapter.get_ranges([("s", ByteRange(2, 4))])
+def test_mapping_ranges_of_bytes_are_views(kv: KVStore) -> None:
+    kv.put("s", b"0123456789")
+    (value,) = kv.get("s", [ByteRange(2, 4)]).values or []
     assert bytes(value) == b"23"
 
 
@@ -168,14 +173,13 @@ def test_object_store_reads_are_one_get_each(s3: tuple[Any, list[str]]) -> None:
 
     boto3.client("s3", endpoint_url=fs.client_kwargs["endpoint_url"], aws_access_key_id="k",
                  aws_secret_access_key="s", region_name="us-east-1").create_bucket(Bucket=bucket)
-    adapter = adapters.FSMapAdapter(fs, bucket)
-    adapter.set_many({"a/0": [b"01", b"23"], "a/empty": b""})
+    kv = kv_of_fs(fs, bucket)
+    kv.put_many({"a/0": ([b"01", b"23"], ANY), "a/empty": (b"", ANY)})
     fs.invalidate_cache()
     seen.clear()
-    assert adapter.get_many(["a/0", "a/missing"]) == {"a/0": b"0123"}
-    assert adapter.contains("a/0") and not adapter.contains("a/missing")
-    assert bytes(adapter.get("a/0")) == b"0123"
-    assert seen == ["GET"] * 5  # no HEAD or LIST before a read or for a probe
-    assert adapter.get("a/empty") == b"" and adapter.contains("a/empty")  # an empty object, read plainly
-    with pytest.raises(KeyError):
-        adapter.get("a/missing")
+    assert {k: bytes(v) for k, v in kv.values(["a/0", "a/missing"]).items()} == {"a/0": b"0123"}
+    assert kv.contains("a/0") and not kv.contains("a/missing")
+    assert whole(kv, "a/0") == b"0123"
+    assert seen == ["GET", "GET", "HEAD", "HEAD", "GET"]  # one request per read or probe: no HEAD or LIST before a read
+    assert whole(kv, "a/empty") == b"" and kv.contains("a/empty")  # an empty object, read plainly
+    assert kv.get("a/missing").state == "missing"

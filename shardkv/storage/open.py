@@ -74,20 +74,6 @@ def _obstore_kv(store: Any) -> KVStore:
     return ObstoreStore(store)
 
 
-def _from_old_adapter(store: Any) -> KVStore | None:
-    """The store under one of the pre-KVStore adapters (the command line still makes them; they go with it), else ``None``."""
-    name = type(store).__name__
-    if name == "FSMapAdapter" and hasattr(store, "fs") and hasattr(store, "root"):
-        return kv_of_fs(store.fs, store.root)
-    if name == "MappingAdapter" and isinstance(getattr(store, "mapping", None), MutableMapping):
-        return MappingStore(store.mapping)
-    if name == "ObstoreAdapter" and is_obstore_store(getattr(store, "store", None)):
-        return _obstore_kv(store.store)
-    if name == "PresentingAdapter" and getattr(store, "inner", None) is not None:  # the CLI's read view
-        return open_kv(store.inner)
-    return None
-
-
 def open_kv(store: Any, storage_options: Mapping[str, Any] | None = None) -> KVStore:
     """The :class:`KVStore` of what a user passes as a store (see the module docstring).
 
@@ -117,9 +103,6 @@ def open_kv(store: Any, storage_options: Mapping[str, Any] | None = None) -> KVS
     """
     if isinstance(store, KVStore):
         return store
-    old = _from_old_adapter(store)
-    if old is not None:
-        return old
     if isinstance(store, os.PathLike):
         store = os.fspath(store)
     options = dict(storage_options or {})
