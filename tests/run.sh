@@ -51,4 +51,6 @@ echo "== environment 1: zarr-python 2.18 (core, proxy, CLI, draft transformer; t
 .venv-zarr2/bin/python -m pytest tests --ignore=tests/v3 -n 2 -q "$@" || status=$?
 echo "== environment 2: newest zarr-python 3 + tensorstore + xarray (v1.0 codec interop, shardkv.zarr3)"
 .venv-zarr3/bin/python -m pytest tests/v3 -n 2 -q "$@" || status=$?
+echo "== mypy (settings in pyproject.toml): 0 errors"
+.venv-zarr2/bin/python -m mypy || status=$?
 exit "$status"

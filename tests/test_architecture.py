@@ -220,3 +220,14 @@ def test_the_io_check_sees_io() -> None:
     found = _io_in(ast.parse("import fsspec\nopen('x')\nos.listdir('.')\npath.read_bytes()"))
     assert sorted(found) == ["fsspec", "open()", "os.listdir()", "path.read_bytes()"]
     assert _io_in(ast.parse("np.frombuffer(b, 'u8')\njson.loads(s)\ntext.replace('a', 'b')\nos.environ.get('X')")) == []
+
+
+def test_no_getattr_delegation() -> None:
+    """Wrappers name what they pass on: no ``__getattr__`` (module or class) forwarding unknown names."""
+    found = sorted(
+        (module, node.lineno)
+        for module, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "__getattr__"
+    )
+    assert found == []
