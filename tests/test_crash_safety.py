@@ -29,7 +29,6 @@ from kill_harness import acked_seqs, check_chunks, run_and_kill, write_and_ack
 
 from shardkv import ShardedStore
 from shardkv.proxy.verify import find_stale_temporaries, remove_stale_temporaries, verify_store
-from shardkv.storage import adapters
 from shardkv.storage import local as local_store  # the local-file writes and their fault seams
 
 CHUNK = 512  # 2 KiB of int32 noise per chunk
