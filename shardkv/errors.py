@@ -13,9 +13,7 @@ are never turned into ``KeyError``; they propagate unchanged.
 
 from __future__ import annotations
 
-import errno
 import pickle
-from typing import Any, Sequence
 
 __all__ = [
     "ShardKVError",
@@ -27,16 +25,11 @@ __all__ = [
     "ChecksumError",
     "UnsupportedError",
     "MetadataError",
-    "UnknownStorageTransformerError",
     "LockTimeoutError",
     "ConcurrentUpdateError",
     "UnflushedWritesError",
-    "LostRaceError",
     "JournalCorruptError",
     "JournalMismatchError",
-    "JournalLockedError",
-    "ChunkExpansionError",
-    "PreconditionFailedError",
     "KeyBelowKeyError",
 ]
 
@@ -151,46 +144,28 @@ class MetadataError(ConfigurationError):
         super().__init__(f"metadata document {key!r}: {reason}", path)
 
 
-class UnknownStorageTransformerError(UnsupportedError):
-    """A ``storage_transformers`` entry that no registered transformer implements.
-
-    Attributes
-    ----------
-    extension : str
-        The entry's ``extension`` URI, as stored.
-    type : str
-        The entry's ``type``, as stored.
-    path : str or None
-        The array the entry belongs to, where known.
-    """
-
-    def __init__(self, extension: Any, type: Any, path: str | None = None, known: Sequence[str] = ()) -> None:
-        self.extension = extension
-        self.type = type
-        self.path = path
-        where = f"array {path!r}: " if path is not None else ""
-        choices = ", ".join(known) or "none"
-        super().__init__(
-            f"{where}storage transformer {extension!r} of type {type!r} is not supported, so the array "
-            f"cannot be read or written safely (registered: {choices})"
-        )
-
-
 class LockTimeoutError(ShardKVError, TimeoutError):
-    """A shard lock that was not obtained in time (another writer holds it).
+    """A lock that was not obtained in time: a shard lock another writer holds, or a write-back journal
+    open in another process (one writer per journal; not waited for).
 
     Attributes
     ----------
     what : str
-        The lock: a lock file path, or the stripe and location of an in-process lock.
+        The lock: a lock file path, the stripe and location of an in-process lock, or ``journal '<path>'``.
     timeout : float
-        How long (seconds) shardkv waited.
+        How long (seconds) shardkv waited (0 for a journal).
+    path : str or None
+        The journal file, for a journal.
     """
 
-    def __init__(self, what: str, timeout: float) -> None:
+    def __init__(self, what: str, timeout: float, reason: str = "another writer holds it", path: str | None = None) -> None:
         self.what = what
         self.timeout = float(timeout)
-        super().__init__(f"could not lock {what} within {self.timeout:g} s (another writer holds it)")
+        self.path = path
+        if self.timeout:
+            super().__init__(f"could not lock {what} within {self.timeout:g} s ({reason})")
+        else:
+            super().__init__(f"could not lock {what}: {reason}")
 
 
 class ConcurrentUpdateError(ShardKVError, RuntimeError):
@@ -215,7 +190,7 @@ class ConcurrentUpdateError(ShardKVError, RuntimeError):
         self.precondition_failures = int(precondition_failures)
         super().__init__(
             f"conditional update of {key!r} failed: {self.precondition_failures} of {self.attempts} attempts "
-            "found the value changed by another writer (raise max_attempts, or write shard-aligned)"
+            "found the value changed by another writer (write shard-aligned blocks, or give each writer its own shards)"
         )
 
 
@@ -242,23 +217,6 @@ class UnflushedWritesError(ShardKVError, pickle.PicklingError):
         )
 
 
-class LostRaceError(ShardKVError, RuntimeError):
-    """A conditional write inside a shard-write transaction found its value changed by another writer.
-
-    Control flow inside :func:`shardkv.engine.cas.run_conditionally`, which
-    re-runs the write; it escapes only from a write run outside it.
-
-    Attributes
-    ----------
-    key : str
-        The key (a shard key) whose value changed since it was read.
-    """
-
-    def __init__(self, key: str) -> None:
-        self.key = key
-        super().__init__(f"{key!r} changed since it was read (another writer): read, merge and write again")
-
-
 class JournalCorruptError(ShardKVError, ValueError):
     """A write-back journal damaged before its last record (not a torn tail), or not a journal at all.
 
@@ -277,25 +235,6 @@ class JournalCorruptError(ShardKVError, ValueError):
         self.offset = int(offset)
         self.reason = reason
         super().__init__(f"corrupt journal {path!r} at byte {self.offset}: {reason}")
-
-
-class PreconditionFailedError(ShardKVError, RuntimeError):
-    """A conditional write refused because the stored value is not the one expected.
-
-    Attributes
-    ----------
-    key : str
-        The key written.
-    reason : {"exists", "changed"}
-        ``"exists"``: a create-only write found the key stored; ``"changed"``:
-        the stored value was rewritten since the version given was read.
-    """
-
-    def __init__(self, key: str, reason: str) -> None:
-        self.key = key
-        self.reason = reason
-        expected = "no stored value" if reason == "exists" else "the version read before"
-        super().__init__(f"conditional write of {key!r} refused: expected {expected}, the store says {reason!r}")
 
 
 class JournalMismatchError(ConfigurationError):
@@ -322,47 +261,6 @@ class JournalMismatchError(ConfigurationError):
             f"journal {path!r} holds {self.records} record(s) of {recorded}, not of {given}: "
             "refused (open the store it belongs to, or delete the journal to give its writes up)"
         )
-
-
-class JournalLockedError(ShardKVError, BlockingIOError):
-    """A write-back journal already open in another process (one writer per journal).
-
-    Attributes
-    ----------
-    path : str
-        The journal file.
-    """
-
-    def __init__(self, path: str, reason: str = "it is open in another process (one writer per journal)") -> None:
-        self.path = path
-        super().__init__(errno.EWOULDBLOCK, f"journal {path!r} is locked: {reason}")
-
-    def __str__(self) -> str:
-        return str(self.strerror)
-
-
-class ChunkExpansionError(CorruptShardError):
-    """A stored chunk that decodes (or says it decodes) to more bytes than its declared size: decoding stopped.
-
-    Attributes
-    ----------
-    shard_key : str
-        The key of the chunk or shard.
-    stated : int or None
-        The size the stream states, when it states one.
-    limit : int
-        The most bytes the chunk may decode to (shape times item size).
-    """
-
-    def __init__(self, shard_key: str, stated: int | None, limit: int, what: str | None = None) -> None:
-        self.stated = stated
-        self.limit = int(limit)
-        if what is None:
-            grows = f"states it decodes to {stated} bytes" if stated is not None else "expands"
-            what = f"decoding stopped: the chunk {grows}, beyond the {self.limit} bytes its declared size allows"
-        else:
-            what = f"decoding refused: {what}"
-        super().__init__(shard_key, what)
 
 
 class KeyBelowKeyError(ShardKVError, KeyError):

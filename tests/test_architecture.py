@@ -231,3 +231,20 @@ def test_no_getattr_delegation() -> None:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "__getattr__"
     )
     assert found == []
+
+
+def test_every_error_class_is_public_subclasses_a_builtin_and_is_listed_in_the_readme() -> None:
+    import shardkv
+    import shardkv.errors as errors
+
+    classes = {name: obj for name, obj in vars(errors).items() if isinstance(obj, type) and issubclass(obj, Exception)}
+    readme = (ROOT / "README.md").read_text()
+    assert len(classes) <= 15  # issue 18: a small set, one per way a caller reacts
+    for name, cls in classes.items():
+        assert getattr(shardkv, name) is cls, f"{name} is not importable from shardkv"
+        assert name in shardkv.__all__
+        if cls is not errors.ShardKVError:
+            assert f"| `{name}` |" in readme, f"{name} is not in the README's error table"
+            builtins = [b for b in cls.__mro__ if b.__module__ == "builtins" and b not in (Exception, BaseException, object)]
+            builtins += [b for b in cls.__mro__ if b.__module__ == "_pickle"]
+            assert builtins, f"{name} subclasses no builtin a caller would catch"

@@ -14,7 +14,8 @@ import pytest
 from shardkv import ShardedStore, open_store
 from shardkv.errors import ConfigurationError
 from shardkv.proxy.draft import DRAFT_ZARR_FORMAT, DraftShardedStore
-from shardkv.transformers import AdapterStore, UnknownStorageTransformerError
+from shardkv.errors import UnsupportedError
+from shardkv.transformers import AdapterStore
 
 SHARDING = "https://purl.org/zarr/spec/storage_transformers/sharding/1.0"
 ENTRY_POINT = json.dumps(
@@ -159,7 +160,7 @@ def test_unknown_transformer_is_refused_never_ignored(base):
         lambda: proxy.__setitem__("data/root/u/c1", b"x"),
         lambda: proxy.list_prefix("data/root/u/"),
     ):
-        with pytest.raises(UnknownStorageTransformerError, match="example.org"):
+        with pytest.raises(UnsupportedError, match="example.org"):
             access()
     assert proxy["data/root/ok/c0"] == b"plain"  # other arrays are unaffected
 

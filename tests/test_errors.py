@@ -19,6 +19,11 @@ from shardkv import errors
         pytest.param(errors.CorruptShardError, ValueError, id="CorruptShardError-ValueError"),
         pytest.param(errors.ChecksumError, ValueError, id="ChecksumError-ValueError"),
         pytest.param(errors.UnsupportedError, NotImplementedError, id="UnsupportedError-NotImplementedError"),
+        pytest.param(errors.MetadataError, ValueError, id="MetadataError-ValueError"),
+        pytest.param(errors.LockTimeoutError, TimeoutError, id="LockTimeoutError-TimeoutError"),
+        pytest.param(errors.ConcurrentUpdateError, RuntimeError, id="ConcurrentUpdateError-RuntimeError"),
+        pytest.param(errors.JournalCorruptError, ValueError, id="JournalCorruptError-ValueError"),
+        pytest.param(errors.JournalMismatchError, ValueError, id="JournalMismatchError-ValueError"),
     ],
 )
 def test_every_error_is_a_shardkv_error_and_its_builtin(cls: type, builtin: type) -> None:
@@ -72,3 +77,24 @@ def test_public_names_are_exported() -> None:
     for name in shardkv.__all__:
         assert hasattr(shardkv, name), name
     assert shardkv.EMPTY == 2**64 - 1
+
+
+def test_the_one_key_error_is_a_key_below_a_stored_key() -> None:
+    """``KeyBelowKeyError`` is raised on a write only (zarr 2's stores refuse such a key with KeyError); no read
+    error is ever a KeyError, which zarr would take for a missing chunk."""
+    assert issubclass(errors.KeyBelowKeyError, KeyError)
+    keyish = [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, KeyError)]
+    assert keyish == [errors.KeyBelowKeyError]
+
+
+def test_a_journal_held_elsewhere_is_a_lock_timeout_naming_the_journal() -> None:
+    exc = errors.LockTimeoutError("journal '/x/wb.journal'", 0.0, "it is open in another process", path="/x/wb.journal")
+    assert str(exc) == "could not lock journal '/x/wb.journal': it is open in another process"
+    assert exc.path == "/x/wb.journal" and isinstance(exc, OSError)
+    waited = errors.LockTimeoutError("/d/.shardkv-locks/3.lock", 2.5)
+    assert str(waited) == "could not lock /d/.shardkv-locks/3.lock within 2.5 s (another writer holds it)"
+
+
+def test_concurrent_update_message_names_no_option_that_does_not_exist() -> None:
+    exc = errors.ConcurrentUpdateError("a/0.0", 8, 8)
+    assert "'a/0.0'" in str(exc) and "8 of 8" in str(exc) and "max_attempts" not in str(exc)

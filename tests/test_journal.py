@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from kill_harness import acked_seqs, run_and_kill
 
 from shardkv.engine.journal import Journal, JournalRecord
-from shardkv.errors import JournalCorruptError, ShardKVError
+from shardkv.errors import JournalCorruptError, LockTimeoutError, ShardKVError
 
 def value_of(seq: int) -> bytes:
     """The value the writers here give record ``seq`` (so a replayed record can be checked byte for byte)."""
@@ -130,7 +130,7 @@ def test_not_a_journal_and_a_second_writer_are_refused(tmp_path: Path) -> None:
         Journal(other)
     path = tmp_path / "journal"
     with Journal(path):
-        with pytest.raises(BlockingIOError):
+        with pytest.raises(LockTimeoutError, match="it is open in another process"):
             Journal(path)
 
 

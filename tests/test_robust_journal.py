@@ -29,7 +29,7 @@ from kill_harness import run_and_kill
 
 from shardkv import ShardedStore
 from shardkv.engine.journal import Journal
-from shardkv.errors import JournalCorruptError, JournalLockedError, JournalMismatchError
+from shardkv.errors import JournalCorruptError, JournalMismatchError, LockTimeoutError
 
 # -- a journal belongs to one store ------------------------------------------------------------
 
@@ -102,7 +102,7 @@ def racer(path: str, name: str, rounds: int, queue: multiprocessing.Queue) -> No
             try:
                 j = Journal(path)
                 break
-            except JournalLockedError:
+            except LockTimeoutError:
                 time.sleep(0.0005)
             except BaseException as exc:  # noqa: BLE001 - reported to the parent
                 errors.append(f"{type(exc).__name__}: {exc}")
@@ -155,7 +155,7 @@ def test_a_second_opener_gets_one_clear_error_and_leaks_no_descriptor(tmp_path: 
     with Journal(path):
         before = open_fds()
         for _ in range(20):
-            with pytest.raises(JournalLockedError, match=r"journal '.*journal' is locked: it is open in another"):
+            with pytest.raises(LockTimeoutError, match=r"could not lock journal '.*journal': it is open in another"):
                 Journal(path)
         assert open_fds() == before
     with Journal(path) as j:  # released on close

@@ -9,7 +9,6 @@ from shardkv.transformers import (
     SHARDING_EXTENSION,
     AdapterStore,
     ShardingStorageTransformer,
-    UnknownStorageTransformerError,
     build_stack,
     registered,
     resolve,
@@ -34,16 +33,17 @@ def test_the_sharding_transformer_is_registered():
     ids=["unknown-extension", "unknown-type"],
 )
 def test_unknown_transformers_are_refused_with_their_name(bad):
-    with pytest.raises(UnknownStorageTransformerError) as info:
+    with pytest.raises(UnsupportedError) as info:
         resolve(bad, "arr")
-    assert info.value.extension == bad["extension"] and info.value.type == bad["type"]
-    assert info.value.path == "arr"
+    message = str(info.value)
+    assert f"storage transformer {bad['extension']!r} of type {bad['type']!r}" in message  # names the entry
+    assert message.startswith("array 'arr': ")
     assert isinstance(info.value, UnsupportedError) and isinstance(info.value, NotImplementedError)
     assert bad["extension"] in str(info.value) and "indexed" in str(info.value)
 
 
 def test_a_stack_with_one_unknown_entry_is_refused_whole():
-    with pytest.raises(UnknownStorageTransformerError):
+    with pytest.raises(UnsupportedError):
         build_stack([entry([2, 2]), entry([1, 1], type="other")], META, "a", AdapterStore({}))
 
 

@@ -12,7 +12,6 @@ underlying store seen as a :class:`~shardkv.storage.kv.KVStore`
 from .adapter import AdapterStore
 from .api import AbstractStore, KeyRange, KeyStartValue
 from .registry import (
-    UnknownStorageTransformerError,
     build_stack,
     register,
     registered,
@@ -29,7 +28,6 @@ __all__ = [
     "ShardingStorageTransformer",
     "SHARDING_EXTENSION",
     "DATA_ROOT",
-    "UnknownStorageTransformerError",
     "register",
     "registered",
     "resolve",

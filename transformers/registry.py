@@ -2,7 +2,7 @@
 
 A metadata entry names a transformer by ``extension`` (a URI) and ``type``.
 :func:`resolve` finds the class registered for the pair; an entry nobody
-registered is refused with :class:`UnknownStorageTransformerError`, never
+registered is refused with :class:`~shardkv.errors.UnsupportedError` (naming the entry), never
 skipped (skipping a transformer would read its stored bytes as if they were
 the array's chunks). :func:`build_stack` builds the whole stack over a store:
 the first entry is the outermost transformer (closest to the array), as in
@@ -18,13 +18,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from shardkv.errors import ConfigurationError, UnknownStorageTransformerError
+from shardkv.errors import ConfigurationError, UnsupportedError
 
 from .api import AbstractStore
 from .sharding import ShardingStorageTransformer
 
 __all__ = [
-    "UnknownStorageTransformerError",
     "register",
     "resolve",
     "registered",
@@ -56,7 +55,7 @@ def resolve(entry: Mapping[str, Any], path: str | None = None) -> type:
     ------
     ConfigurationError
         If ``entry`` is not an object with an ``extension``.
-    UnknownStorageTransformerError
+    UnsupportedError
         If no class is registered for its ``extension`` and ``type``.
     """
     if not isinstance(entry, Mapping) or "extension" not in entry:
@@ -64,8 +63,11 @@ def resolve(entry: Mapping[str, Any], path: str | None = None) -> type:
     key = (entry["extension"], entry.get("type"))
     cls = _REGISTRY.get(key)  # type: ignore[arg-type]
     if cls is None:
-        raise UnknownStorageTransformerError(
-            entry["extension"], entry.get("type"), path, [f"{e} ({t})" for e, t in registered()]
+        where = f"array {path!r}: " if path is not None else ""
+        choices = ", ".join(f"{e} ({t})" for e, t in registered()) or "none"
+        raise UnsupportedError(
+            f"{where}storage transformer {entry['extension']!r} of type {entry.get('type')!r} is not supported, "
+            f"so the array cannot be read or written safely (registered: {choices})"
         )
     return cls
 
@@ -110,7 +112,7 @@ def build_stack(
 
     Raises
     ------
-    UnknownStorageTransformerError
+    UnsupportedError
         If an entry is not registered (every entry is resolved before any is built).
     ConfigurationError
         If an entry's configuration does not fit the array.

@@ -122,7 +122,7 @@ def convert_draft(
         If the source is not a 2022 draft hierarchy, or ``chunks_per_shard`` is invalid.
     DestinationNotEmptyError
         If the destination holds keys and ``overwrite`` is false.
-    UnknownStorageTransformerError
+    UnsupportedError
         If a source array uses a storage transformer shardkv does not know.
     """
     from tqdm import tqdm

@@ -72,7 +72,7 @@ def inspect_draft(store: CliStore, name: str) -> list[ArrayInfo]:
     ------
     NotAHierarchyError
         If the hierarchy has no array metadata at all.
-    UnknownStorageTransformerError
+    UnsupportedError
         If an array names a storage transformer shardkv does not know.
     """
     proxy = DraftShardedStore(store.handle)

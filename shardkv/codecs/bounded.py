@@ -3,7 +3,7 @@
 A stored inner chunk decodes to a known number of bytes (its shape times its
 item size, for a chunk without filters). :func:`decode_bounded` decodes with
 a numcodecs compressor but stops as soon as the output would exceed
-``limit`` bytes, and raises :class:`~shardkv.errors.ChunkExpansionError`
+``limit`` bytes, and raises :class:`~shardkv.errors.CorruptShardError`
 naming the chunk, instead of allocating whatever the compressed stream asks
 for (a zip bomb, a forged size field):
 
@@ -23,11 +23,17 @@ import struct
 import zlib
 from typing import Any
 
-from shardkv.errors import ChunkExpansionError, CorruptShardError
+from shardkv.errors import CorruptShardError
 
 __all__ = ["decode_bounded", "zstd_content_size"]
 
 _ZSTD_MAGIC = 0xFD2FB528
+
+
+def _expands(key: str, stated: int | None, limit: int) -> CorruptShardError:
+    """The error for a chunk that decodes (or says it decodes) to more than ``limit`` bytes: decoding stopped."""
+    grows = f"states it decodes to {stated} bytes" if stated is not None else "expands"
+    return CorruptShardError(key, f"decoding stopped: the chunk {grows}, beyond the {limit} bytes its declared size allows")
 
 
 def zstd_content_size(data: bytes | memoryview) -> int | None:
@@ -80,7 +86,7 @@ def decode_bounded(codec: Any, data: bytes | memoryview, limit: int, key: str) -
 
     Raises
     ------
-    ChunkExpansionError
+    CorruptShardError
         If the chunk decodes (or states it decodes) to more than ``limit`` bytes.
     CorruptShardError
         If a bounded decoder finds the stream damaged.
@@ -97,14 +103,14 @@ def decode_bounded(codec: Any, data: bytes | memoryview, limit: int, key: str) -
         else:
             stated = _stated_size(codec_id, raw, key)
             if stated is not None and stated > limit:
-                raise ChunkExpansionError(key, stated, limit)
+                raise _expands(key, stated, limit)
             decoded = codec.decode(raw)
             out = bytes(memoryview(decoded).cast("B")) if not isinstance(decoded, bytes) else decoded
             over = len(out) > limit
     except (zlib.error, OSError, EOFError, lzma.LZMAError) as exc:
         raise CorruptShardError(key, f"{codec_id} could not decode {len(raw)} bytes: {exc}") from exc
     if over:
-        raise ChunkExpansionError(key, None, limit)
+        raise _expands(key, None, limit)
     return out
 
 
@@ -124,6 +130,6 @@ def _stated_size(codec_id: str, raw: bytes, key: str) -> int | None:
         except ValueError as exc:
             raise CorruptShardError(key, f"zstd: {exc}") from None
         if size is None:
-            raise ChunkExpansionError(key, None, 0, "a zstd frame that does not state its decompressed size")
+            raise CorruptShardError(key, "decoding refused: a zstd frame that does not state its decompressed size")
         return size
     return None

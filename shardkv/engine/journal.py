@@ -62,7 +62,7 @@ read or created (a new journal is locked before it gets its name) and held
 until :meth:`Journal.close`. After locking, the descriptor is checked to
 still be the file at ``path`` (a reset by the previous holder replaces it),
 else it is reopened. A journal locked by another process raises
-:class:`~shardkv.errors.JournalLockedError` at once. Journal files are
+:class:`~shardkv.errors.LockTimeoutError` at once. Journal files are
 created ``0600``: nobody else can lock them.
 """
 
@@ -78,7 +78,7 @@ from typing import Iterable, Iterator, Literal
 
 import msgpack
 
-from shardkv.errors import JournalCorruptError, JournalLockedError, JournalMismatchError
+from shardkv.errors import JournalCorruptError, JournalMismatchError, LockTimeoutError
 from shardkv.format.journal_frames import (
     FRAME_MAGIC,
     IDENT,
@@ -136,6 +136,10 @@ class _Scan:
     torn_tail_nbytes: int
 
 
+
+def _journal_locked(path: str, reason: str = "it is open in another process (one writer per journal)") -> LockTimeoutError:
+    return LockTimeoutError(f"journal {path!r}", 0.0, reason, path=path)
+
 class Journal:
     """An append-only, fsync'd log of chunk writes in one local file (see the module docstring).
 
@@ -156,7 +160,7 @@ class Journal:
         damaged or missing (the message names the records lost).
     JournalMismatchError
         If the journal holds records of a store with another identity.
-    JournalLockedError
+    LockTimeoutError
         If another process holds the journal open (a ``BlockingIOError``).
     """
 
@@ -206,7 +210,7 @@ class Journal:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
-                    raise JournalLockedError(self.path) from None
+                    raise _journal_locked(self.path) from None
                 try:
                     current = os.stat(self.path)
                 except FileNotFoundError:
@@ -218,7 +222,7 @@ class Journal:
                 os.close(fd)
                 raise
             os.close(fd)  # replaced by a reset of the previous holder: lock the new file
-        raise JournalLockedError(self.path, f"replaced {_OPEN_ATTEMPTS} times while being opened")
+        raise _journal_locked(self.path, f"replaced {_OPEN_ATTEMPTS} times while being opened")
 
     def _write_temp(self, data: bytes) -> tuple[str, int]:
         """A locked, fsync'd temporary file holding ``data`` beside the journal: ``(name, fd)``."""

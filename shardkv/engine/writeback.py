@@ -426,7 +426,7 @@ class WriteBack:
         JournalMismatchError
             If the journal holds records of another store, or of an array
             since recreated with another layout (nothing is applied).
-        JournalLockedError
+        LockTimeoutError
             If another process has the journal open.
         Exception
             A shard write failed: the journal is kept, so opening again retries.

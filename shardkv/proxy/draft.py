@@ -20,7 +20,7 @@ applies to it. Metadata written from above with its own
 ``storage_transformers`` is refused (it would be applied twice). An array
 whose stored metadata names a transformer shardkv does not know is refused
 when its metadata or data is accessed
-(:class:`~shardkv.transformers.UnknownStorageTransformerError`).
+(:class:`~shardkv.errors.UnsupportedError`).
 """
 
 from __future__ import annotations
@@ -418,7 +418,7 @@ class DraftShardedStore(ProxyBase):
 
         Raises
         ------
-        UnknownStorageTransformerError
+        UnsupportedError
             If the array names a transformer shardkv does not know.
         """
         top = self.transformer(path)

@@ -47,7 +47,7 @@ class DraftArray:
 
         Raises
         ------
-        ConfigurationError, UnknownStorageTransformerError
+        ConfigurationError, UnsupportedError
             If the array's transformers could not be built.
         """
         if self.error is not None:
@@ -175,7 +175,7 @@ class DraftNodes:
 
         Raises
         ------
-        UnknownStorageTransformerError
+        UnsupportedError
             If the array names a transformer shardkv does not know.
         """
         state = self.array(path)

@@ -108,7 +108,7 @@ class ShardedStore(ProxyBase):
     JournalMismatchError
         If ``journal`` holds records of another store (or of an array since
         recreated with other chunks): nothing of it is replayed.
-    JournalLockedError
+    LockTimeoutError
         If another process has ``journal`` open.
 
     Notes

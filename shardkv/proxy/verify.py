@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 
 from shardkv.codecs.bounded import decode_bounded
-from shardkv.errors import ChunkExpansionError, ConfigurationError, CorruptShardError
+from shardkv.errors import ConfigurationError, CorruptShardError
 from shardkv.keys.paths import join_path
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.documents import NODE_DOCUMENTS, load_json, unreadable_documents
@@ -294,7 +294,7 @@ def _check_shard(report: ShardReport, blob: bytes, arr: ShardedArray, decoder: A
         offset, size = index.get(local)  # type: ignore[misc]
         try:
             out = decode(bytes(view[offset : offset + size]), f"{report.shard_key} inner chunk {local}")
-        except ChunkExpansionError as exc:
+        except CorruptShardError as exc:  # expands beyond its declared size: decoding stopped
             report.problems.append(f"inner chunk {local}: {exc.reason}")
             continue
         except Exception as exc:  # any codec's own error type: reported, not raised

@@ -105,7 +105,7 @@ class ChunkEngine:
         ------
         ConfigurationError
             If there is no write-back buffer (``buffer_bytes``).
-        JournalMismatchError, JournalCorruptError, JournalLockedError
+        JournalMismatchError, JournalCorruptError, LockTimeoutError
             As for the zarr 2 proxy: nothing of a refused journal is applied.
         """
         with self._journal_lock:

@@ -118,7 +118,7 @@ class ShardedStore(Store):
     JournalMismatchError
         If ``journal`` holds records of another store (or of an array since
         recreated with other chunks), naming both: nothing of it is replayed.
-    JournalLockedError
+    LockTimeoutError
         If another process (or another store object) has ``journal`` open.
 
     Notes
