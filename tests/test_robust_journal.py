@@ -67,6 +67,28 @@ def test_a_journal_is_never_replayed_into_another_store(tmp_path: Path, other: s
     assert list(zarr.open_array(ShardedStore(str(x)), mode="r")[:8]) == [7] * 8
 
 
+
+def clear_write_then_die(root: Path, journal: Path) -> None:
+    """The child: through a journalled store, clear the whole store (``rmdir("")``), recreate the array,
+    write chunks 0..1 (= 9), then an abrupt exit."""
+    store = ShardedStore(str(root), chunks_per_shard=4, buffer_bytes=10**6, journal=str(journal))
+    store.rmdir("")
+    z = zarr.open_array(store, mode="w", shape=(64,), chunks=(4,), dtype="i4", fill_value=0)
+    z[0:8] = 9
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_store_cleared_through_its_journalled_proxy_still_owns_its_journal(tmp_path: Path) -> None:
+    """``rmdir("")`` keeps the store id the journal is tied to: the records written after the clear replay."""
+    x, journal = tmp_path / "x", tmp_path / "wb.journal"
+    make_array(x)
+    status = run_and_kill(lambda: clear_write_then_die(x, journal), None)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    assert list(zarr.open_array(ShardedStore(str(x)), mode="r")[:8]) == [0] * 8  # not flushed: only in the journal
+    st = ShardedStore(str(x), buffer_bytes=10**6, journal=str(journal))  # replays into the same store
+    st.close()
+    assert list(zarr.open_array(ShardedStore(str(x)), mode="r")[:8]) == [9] * 8
+
 def test_records_of_an_array_recreated_with_another_layout_are_refused(tmp_path: Path) -> None:
     x, journal = tmp_path / "x", tmp_path / "wb.journal"
     make_array(x)
