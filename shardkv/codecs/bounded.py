@@ -25,15 +25,23 @@ from typing import Any
 
 from shardkv.errors import CorruptShardError
 
-__all__ = ["decode_bounded", "zstd_content_size"]
+__all__ = ["decode_bounded", "zstd_content_size", "stopped_at_declared_size"]
 
 _ZSTD_MAGIC = 0xFD2FB528
+
+
+_STOPPED = ("decoding stopped: ", "decoding refused: ")
+
+
+def stopped_at_declared_size(exc: CorruptShardError) -> bool:
+    """True when ``exc`` is this module's refusal to decode beyond a chunk's declared size (not a codec error)."""
+    return exc.reason.startswith(_STOPPED)
 
 
 def _expands(key: str, stated: int | None, limit: int) -> CorruptShardError:
     """The error for a chunk that decodes (or says it decodes) to more than ``limit`` bytes: decoding stopped."""
     grows = f"states it decodes to {stated} bytes" if stated is not None else "expands"
-    return CorruptShardError(key, f"decoding stopped: the chunk {grows}, beyond the {limit} bytes its declared size allows")
+    return CorruptShardError(key, f"{_STOPPED[0]}the chunk {grows}, beyond the {limit} bytes its declared size allows")
 
 
 def zstd_content_size(data: bytes | memoryview) -> int | None:
@@ -130,6 +138,6 @@ def _stated_size(codec_id: str, raw: bytes, key: str) -> int | None:
         except ValueError as exc:
             raise CorruptShardError(key, f"zstd: {exc}") from None
         if size is None:
-            raise CorruptShardError(key, "decoding refused: a zstd frame that does not state its decompressed size")
+            raise CorruptShardError(key, _STOPPED[1] + "a zstd frame that does not state its decompressed size")
         return size
     return None

@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
-from shardkv.codecs.bounded import decode_bounded
+from shardkv.codecs.bounded import decode_bounded, stopped_at_declared_size
 from shardkv.errors import ConfigurationError, CorruptShardError
 from shardkv.keys.paths import join_path
 from shardkv.keys.space import ShardedArray
@@ -294,8 +294,11 @@ def _check_shard(report: ShardReport, blob: bytes, arr: ShardedArray, decoder: A
         offset, size = index.get(local)  # type: ignore[misc]
         try:
             out = decode(bytes(view[offset : offset + size]), f"{report.shard_key} inner chunk {local}")
-        except CorruptShardError as exc:  # expands beyond its declared size: decoding stopped
-            report.problems.append(f"inner chunk {local}: {exc.reason}")
+        except CorruptShardError as exc:
+            if stopped_at_declared_size(exc):  # expands beyond its declared size: decoding stopped
+                report.problems.append(f"inner chunk {local}: {exc.reason}")
+            else:
+                report.problems.append(f"inner chunk {local} does not decode: {type(exc).__name__}: {exc}")
             continue
         except Exception as exc:  # any codec's own error type: reported, not raised
             report.problems.append(f"inner chunk {local} does not decode: {type(exc).__name__}: {exc}")
