@@ -24,7 +24,7 @@ import zarr
 from shardkv import ShardedStore
 from shardkv.cli.main import main
 from shardkv.proxy.verify import find_stale_temporaries, remove_stale_temporaries, verify_store
-from shardkv.storage.adapters import TEMP_MARKER
+from shardkv.storage.kv import TEMP_MARKER
 
 CPS = 4
 EMPTY = 2**64 - 1
