@@ -112,7 +112,7 @@ class _ListCounter:
 
 
 def _adapter(url: str, options: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> tuple[Any, _ListCounter]:
-    adapter = HierarchyView(open_store(url, options, role="source").kv)
+    adapter = HierarchyView(open_store(url, options, role="source"))
     counter = _ListCounter(adapter.kv.fs)
     monkeypatch.setattr(adapter.kv.fs, "_call_s3", counter)
     monkeypatch.setattr(convert_listing, "PAGE_KEYS", PAGE)  # names taken per step: one forced page

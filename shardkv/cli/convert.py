@@ -291,9 +291,9 @@ def convert(
     dst_opts = dict(dst_storage_options if dst_storage_options is not None else storage_options or {})
     if isinstance(dst, str):
         refuse_regular_file(dst)
-    opened_src, opened_dst = open_store(src, src_opts, role="source"), open_store(dst, dst_opts, role="destination")
-    _check_distinct(opened_src.kv, opened_dst.kv, src_name, dst_name)
-    draft = is_draft(opened_src.kv)
+    source_kv, target = open_store(src, src_opts, role="source"), open_store(dst, dst_opts, role="destination")
+    _check_distinct(source_kv, target, src_name, dst_name)
+    draft = is_draft(source_kv)
     if draft:  # a 2022 draft hierarchy gets the draft's sharding transformer
         from shardkv.cli.convert_draft import convert_draft
 
@@ -305,11 +305,10 @@ def convert(
         if workers > 1 or scheduler is not None:
             raise ConfigurationError(f"{src_name} is a 2022 draft hierarchy: it is converted in one process "
                                      "(--workers / --scheduler apply to Zarr v2 sources)")  # fmt: skip
-        return convert_draft(opened_src, opened_dst, cps, progress, overwrite=overwrite, src_name=src_name,  # type: ignore[return-value]
+        return convert_draft(source_kv, target, cps, progress, overwrite=overwrite, src_name=src_name,  # type: ignore[return-value]
                              dst_name=dst_name)  # fmt: skip
     # arrays already sharded (zarr.json only) appear with a .zarray
-    source = HierarchyView(opened_src.kv, present=_stores_v2_arrays(opened_src.kv))
-    target = opened_dst.kv
+    source = HierarchyView(source_kv, present=_stores_v2_arrays(source_kv))
     remote = workers > 1 or scheduler is not None
     if remote and not (isinstance(src, str) and isinstance(dst, str)):
         raise ConfigurationError("workers and scheduler need the source and destination as paths or URLs")

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 
 from shardkv.cli.errors import DestinationNotEmptyError
 from shardkv.cli.info_draft import is_draft
-from shardkv.cli.stores import CliStore, open_store, put_all, remove_everything
+from shardkv.cli.stores import open_store, put_all, remove_everything
 from shardkv.errors import ConfigurationError, InvalidKeyError
 from shardkv.keys.paths import owning_array
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
@@ -86,8 +86,8 @@ class DraftConvertReport:
 
 
 def convert_draft(
-    src: CliStore | Any,
-    dst: CliStore | Any,
+    src: KVStore | Any,
+    dst: KVStore | Any,
     chunks_per_shard: ChunksPerShardOption,
     progress: bool = False,
     *,
@@ -99,7 +99,7 @@ def convert_draft(
 
     Parameters
     ----------
-    src, dst : CliStore, or a path, URL or store :func:`shardkv.cli.stores.open_store` takes
+    src, dst : KVStore, or a path, URL or store :func:`shardkv.cli.stores.open_store` takes
         Source hierarchy and (empty) destination.
     chunks_per_shard : int, tuple of int or mapping
         As :class:`shardkv.proxy.draft.DraftShardedStore` takes it: an int for every
@@ -127,21 +127,20 @@ def convert_draft(
     """
     from tqdm import tqdm
 
-    source = src if isinstance(src, CliStore) else open_store(src, role="source")
-    target = dst if isinstance(dst, CliStore) else open_store(dst, role="destination")
+    source, target = open_store(src, role="source"), open_store(dst, role="destination")  # a KVStore as it is
     src_name = src_name or (src if isinstance(src, str) else repr(src))
     dst_name = dst_name or (dst if isinstance(dst, str) else repr(dst))
-    if not is_draft(source.kv):
+    if not is_draft(source):
         raise ConfigurationError(
             f"{src_name} is not a 2022 draft hierarchy (no root zarr.json with zarr_format "
             "'https://purl.org/zarr/spec/protocol/core/3.0')"
         )
-    if next(iter(target.kv.list_prefix("")), None) is not None:
+    if next(iter(target.list_prefix("")), None) is not None:
         if not overwrite:
             raise DestinationNotEmptyError(dst_name)
-        remove_everything(target.kv)
+        remove_everything(target)
     rule = ChunksPerShardRule.parse(chunks_per_shard)
-    reader = DraftShardedStore(source.handle)
+    reader = DraftShardedStore(source)
     report = DraftConvertReport(src_name, dst_name)
     keys = reader.list()
     arrays, owner_of = _owners(reader, keys)
@@ -160,16 +159,16 @@ def convert_draft(
                 continue
             transformer = ShardingStorageTransformer.from_metadata(
                 {"type": "indexed", "configuration": {"chunks_per_shard": list(cps)}}, doc, path,
-                AdapterStore(target.handle),
+                AdapterStore(target),
             )
             _pack(reader, transformer, chunk_keys, report, bar)
             report.sharded_arrays += 1
             meta_out[meta_key] = dump_json({**doc, "storage_transformers": [transformer.to_metadata()]}, key=meta_key)
-    _copy_as_stored(reader, target.kv, plain, owner_of, meta_out, report)
+    _copy_as_stored(reader, target, plain, owner_of, meta_out, report)
     # metadata last: array and group documents, then the entry point
-    put_all(target.kv, {k: v for k, v in meta_out.items() if k != "zarr.json"})
+    put_all(target, {k: v for k, v in meta_out.items() if k != "zarr.json"})
     if "zarr.json" in meta_out:
-        put_all(target.kv, {"zarr.json": meta_out["zarr.json"]})
+        put_all(target, {"zarr.json": meta_out["zarr.json"]})
     return report
 
 

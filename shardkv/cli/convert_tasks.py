@@ -197,8 +197,8 @@ def run_task(task: ShardTask, source: KVStore | None = None, target: KVStore | N
     """
     from shardkv.cli.stores import open_store, put_all
 
-    source = source or open_store(task.src, task.src_options, role="source").kv
-    target = target or open_store(task.dst, task.dst_options, role="destination").kv
+    source = source or open_store(task.src, task.src_options, role="source")
+    target = target or open_store(task.dst, task.dst_options, role="destination")
     layout = ShardLayout.v3(task.chunks_per_shard, task.index_location, "little", task.index_checksum)  # type: ignore[arg-type]
     written: list[tuple[int, str, int, int]] = []
     pending: dict[str, bytes] = {}

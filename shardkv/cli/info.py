@@ -357,10 +357,9 @@ def inspect_store(store: Any, storage_options: Mapping[str, Any] | None = None) 
         If a key cannot be read (permissions; a directory, FIFO or socket where a shard should be).
     """
     name = store if isinstance(store, str) else repr(store)
-    opened = open_store(store, storage_options)
-    kv = opened.kv
+    kv = open_store(store, storage_options)
     if is_draft(kv):
-        return inspect_draft(opened, name)
+        return inspect_draft(kv, name)
     hierarchy = read_hierarchy(HierarchyView(kv), name)  # v3 sharded arrays (zarr.json only) appear as v2 arrays
     nodes = NodeTable(kv.values)
     infos = []

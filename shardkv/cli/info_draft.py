@@ -15,7 +15,6 @@ from typing import Any
 
 from shardkv.cli.errors import NotAHierarchyError
 from shardkv.cli.info_model import ArrayInfo, shard_stats
-from shardkv.cli.stores import CliStore
 from shardkv.cli.view import sizes
 from shardkv.errors import MetadataError
 from shardkv.keys.encodings import grid_shape
@@ -53,12 +52,12 @@ def is_draft(kv: KVStore) -> bool:
         return False
 
 
-def inspect_draft(store: CliStore, name: str) -> list[ArrayInfo]:
+def inspect_draft(kv: KVStore, name: str) -> list[ArrayInfo]:
     """Per-array facts about a 2022 draft hierarchy.
 
     Parameters
     ----------
-    store : CliStore
+    kv : KVStore
         The hierarchy (root ``zarr.json`` of the draft protocol).
     name : str
         How to call it in errors.
@@ -75,8 +74,7 @@ def inspect_draft(store: CliStore, name: str) -> list[ArrayInfo]:
     UnsupportedError
         If an array names a storage transformer shardkv does not know.
     """
-    proxy = DraftShardedStore(store.handle)
-    kv = store.kv
+    proxy = DraftShardedStore(kv)
     keys = sorted(kv.list_prefix(""))
     arrays = {p: k for k in keys if (p := proxy.array_path_of(k)) is not None}
     if not arrays and not any(k.startswith("meta/") for k in keys):

@@ -239,14 +239,14 @@ def _run_compact(args: argparse.Namespace) -> int:
     from shardkv.cli.view import HierarchyView, refuse_shard_directories
     from shardkv.proxy.store import ShardedStore
 
-    opened = open_store(args.store, args.storage_options)
+    kv = open_store(args.store, args.storage_options)
     # a missing or empty store, or no hierarchy, is an error
-    hierarchy = read_hierarchy(HierarchyView(opened.kv), args.store)
-    with ShardedStore(opened.handle) as store:
+    hierarchy = read_hierarchy(HierarchyView(kv), args.store)
+    with ShardedStore(kv) as store:
         if args.array is not None and store.sharded_array(args.array) is None:
             raise ArrayNotFoundError(args.store, args.array.strip("/"), "sharded array")
         wanted = [args.array.strip("/")] if args.array is not None else list(hierarchy.arrays)
-        refuse_shard_directories(opened.kv, [a for p in wanted if (a := store.sharded_array(p)) is not None])
+        refuse_shard_directories(kv, [a for p in wanted if (a := store.sharded_array(p)) is not None])
         if not _progress(args):
             reclaimed = store.compact(args.array)
         else:  # one array at a time, so that the bar moves (the same shards are rewritten)

@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 import fsspec
-from fsspec.mapping import FSMap
 
 from shardkv.cli.errors import DestinationIsFileError, StoreAccessError
 from shardkv.errors import ConfigurationError
@@ -36,7 +34,7 @@ from shardkv.storage.kv import ANY, KVStore
 from shardkv.storage.open import kv_of_fs, open_kv
 
 __all__ = [
-    "parse_storage_options", "open_store", "CliStore", "store_errors", "describe", "is_url", "refuse_regular_file",
+    "parse_storage_options", "open_store", "store_errors", "describe", "is_url", "refuse_regular_file",
     "put_all", "delete_all", "remove_everything",
 ]  # fmt: skip
 
@@ -117,29 +115,9 @@ def refuse_regular_file(name: str) -> None:
         raise DestinationIsFileError(name)
 
 
-@dataclass(frozen=True)
-class CliStore:
-    """A store named on the command line, opened once.
-
-    Attributes
-    ----------
-    kv : KVStore
-        What the command reads, lists and writes.
-    handle : object
-        What the proxies (:class:`~shardkv.ShardedStore`,
-        :class:`~shardkv.proxy.draft.DraftShardedStore`) and the draft storage
-        transformer are given to reach the same data: the user's store object,
-        or an fsspec mapper over the filesystem already opened (and probed) for
-        a path or URL.
-    """
-
-    kv: KVStore
-    handle: Any
-
-
 def open_store(
     name: Any, storage_options: Mapping[str, Any] | None = None, *, role: str = "store"
-) -> CliStore:
+) -> KVStore:
     """Open a store named on the command line, checking first that it can be used.
 
     Parameters
@@ -154,7 +132,8 @@ def open_store(
 
     Returns
     -------
-    CliStore
+    KVStore
+        What the command reads, lists and writes (the proxies are given it too).
 
     Raises
     ------
@@ -164,7 +143,7 @@ def open_store(
         bucket is listed. The bucket is never created.
     """
     if not isinstance(name, str):
-        return CliStore(open_kv(name, storage_options), name)
+        return open_kv(name, storage_options)
     options = dict(storage_options or {})
     try:
         fs, root = fsspec.core.url_to_fs(name, **options)
@@ -175,7 +154,7 @@ def open_store(
     protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
     if BUCKET_PROTOCOLS.intersection(protocols):
         _check_bucket(_probe_fs(fs, options), root, name, role)
-    return CliStore(kv_of_fs(fs, root), FSMap(root, fs))
+    return kv_of_fs(fs, root)
 
 
 def _probe_fs(fs: fsspec.AbstractFileSystem, options: Mapping[str, Any]) -> fsspec.AbstractFileSystem:

@@ -171,8 +171,8 @@ def unshard(
     dst_opts = dst_storage_options if dst_storage_options is not None else storage_options
     if isinstance(dst, str):
         refuse_regular_file(dst)
-    source_kv = open_store(src, src_opts, role="source").kv
-    target = open_store(dst, dst_opts, role="destination").kv
+    source_kv = open_store(src, src_opts, role="source")
+    target = open_store(dst, dst_opts, role="destination")
     _check_distinct(source_kv, target, src_name, dst_name)
     if is_draft(source_kv):
         raise UnsupportedError(f"{src_name} is a 2022 draft hierarchy; unshard reads Zarr v2 hierarchies only")

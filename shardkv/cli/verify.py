@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     StoreAccessError
         If the store cannot be reached or used.
     """
-    kv = open_store(args.store, args.storage_options).kv
+    kv = open_store(args.store, args.storage_options)
     # a missing or empty store, or no hierarchy, is an error; unreadable nodes are reported below, not raised
     read_hierarchy(HierarchyView(kv), args.store, strict=False)
     bar = None
