@@ -59,8 +59,12 @@ directories (several arrays) waits only for the stripes of its first
 directory and *tries* the others; if one is taken, it lets go of everything,
 backs off and starts again. So nothing waits for a lock while holding one it
 may not wait for, whatever order other processes see the directories in, and
-nothing waits for a thread stripe while holding a file stripe. ``hold`` is
-not re-entrant: do not nest two ``hold`` calls in one thread.
+nothing waits for a thread stripe while holding a file stripe. A ``hold``
+nested in another of the same thread (stacked sharding transformers: the
+upper one holds its shard while the lower one writes its own) skips the
+stripes its thread already holds, so it never waits for itself; the stripes
+it adds are taken after the outer ones, so two threads nesting in opposite
+orders could wait for each other (``lock_timeout`` bounds that wait).
 
 Fork and spawn: locks are never pickled (a :class:`ShardLocks` pickles as its
 location and options and finds its locks again in the new process's registry).
@@ -321,6 +325,37 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_REGISTRY.reset_after_fork)
 
 
+class _Held(threading.local):
+    """The locks the current thread holds through :meth:`ShardLocks.hold` (token -> nesting depth)."""
+
+    def __init__(self) -> None:
+        self.depth: dict[tuple[Any, ...], int] = {}
+
+
+_HELD = _Held()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _HELD.depth.clear())  # the child holds none of them
+
+
+def _held_by_this_thread(token: tuple[Any, ...]) -> bool:
+    return _HELD.depth.get(token, 0) > 0
+
+
+def _note_held(stack: ExitStack, token: tuple[Any, ...]) -> None:
+    """Record ``token`` as held by this thread until ``stack`` closes (before its lock is released)."""
+    depth = _HELD.depth
+    depth[token] = depth.get(token, 0) + 1
+
+    def unnote() -> None:
+        left = depth[token] - 1
+        if left:
+            depth[token] = left
+        else:
+            del depth[token]
+
+    stack.callback(unnote)
+
+
 class ShardLocks:
     """Per-shard locks of one base store location, shared by every holder of that location.
 
@@ -457,16 +492,17 @@ class ShardLocks:
         (the file stripe's identity), so every store of the process agrees
         whatever root or link it came through.
         """
+        return sorted({stripe_of(self._identity(k, prefixes), self.thread_stripes) for k in shard_keys})
+
+    def _identity(self, key: str, prefixes: Mapping[str, str] | None = None) -> str:
+        """What names a shard for locking in this process: its namespace and full path, or real directory and key."""
         location = self.location
         if location is None:
-            return sorted({stripe_of(k, self.thread_stripes) for k in shard_keys})
+            return key
         if self._dir_root is not None:
-            found = set()
-            for key in shard_keys:
-                prefix, rel = self._split(key, prefixes)
-                found.add(stripe_of(f"{self._prefix}{self._real_dir(prefix)}\0{rel}", self.thread_stripes))
-            return sorted(found)
-        return sorted({stripe_of(self._prefix + location.full_path(k), self.thread_stripes) for k in shard_keys})
+            prefix, rel = self._split(key, prefixes)
+            return f"{self._prefix}{self._real_dir(prefix)}\0{rel}"
+        return self._prefix + location.full_path(key)
 
     def file_stripes_by_dir(
         self, shard_keys: Iterable[str], prefixes: Mapping[str, str] | None = None
@@ -522,14 +558,25 @@ class ShardLocks:
             held when it is raised).
         """
         keys = list(shard_keys)
+        identities = [("shard", self._identity(k, prefixes)) for k in keys]
+        # nested in a hold of other shards (stacked transformers): the stripes this thread holds are skipped;
+        # a shard this thread holds already is waited for as any writer would (contention, never skipped)
+        nested = not any(_held_by_this_thread(i) for i in identities)
         with ExitStack() as stack:
             pool = self._pool()
             for stripe in self.thread_stripes_of(keys, prefixes):
+                token = ("thread", id(pool), stripe)
+                if nested and _held_by_this_thread(token):
+                    continue  # a nested hold: this thread holds it already
                 lock = pool[stripe]
                 if not lock.acquire(timeout=-1 if self.timeout is None else self.timeout):
                     raise LockTimeoutError(f"thread stripe {stripe} of {self.location!r}", self.timeout or 0.0)
                 stack.callback(lock.release)
+                _note_held(stack, token)
             by_dir = self.file_stripes_by_dir(keys, prefixes)
+            if nested:
+                by_dir = {d: [s for s in ss if not _held_by_this_thread(("file", d, s))] for d, ss in by_dir.items()}
+                by_dir = {d: ss for d, ss in by_dir.items() if ss}
             if len(by_dir) == 1:
                 ((lock_dir, stripes),) = by_dir.items()
                 _make_lock_dir(lock_dir)
@@ -537,6 +584,8 @@ class ShardLocks:
                     self._hold_file_stripe(stack, lock_dir, stripe, self.timeout)
             elif by_dir:
                 stack.enter_context(self._hold_dirs(by_dir))
+            for identity in identities:
+                _note_held(stack, identity)
             yield
 
     @contextmanager
@@ -569,6 +618,7 @@ class ShardLocks:
             yield
 
     def _hold_file_stripe(self, stack: ExitStack, lock_dir: str, stripe: int, timeout: float | None) -> None:
+        token = ("file", lock_dir, stripe)
         mutex, lock_file = _REGISTRY.file_lock(lock_dir, stripe)
         started = time.monotonic()
         if not mutex.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
@@ -577,6 +627,7 @@ class ShardLocks:
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
         lock_file.acquire(left)
         stack.callback(lock_file.release)
+        _note_held(stack, token)
 
     def remove_lock_files(self, prefix: str = "") -> int:
         """Delete the lock directory of an array (``prefix``; ``""``: the root's) being deleted; the files removed.
