@@ -1,22 +1,14 @@
 """A bounded cache of decoded shard indexes (least recently used first out).
 
 Reading one chunk costs two requests (index, then chunk); with the index
-cached it costs one. The cache holds :class:`~shardkv.format.index.ShardIndex`
-objects keyed by shard key, with an optional *validator* (for example a
-local file's ``(size, mtime_ns)``) that the proxy compares before trusting
-an entry. Its size limit counts the bytes of the index arrays.
-
-Policy (documented for users in :class:`shardkv.ShardedStore`): the proxy
-replaces or drops the entry of every shard it writes or deletes, so its own
-writes never leave a stale entry. Changes made by *other* writers are seen
-at once by chunk reads wherever a validator is free (local files, ``memory://``:
-the read path takes it anyway and compares it with the entry's), by every
-use when validation is on, and otherwise after :meth:`IndexCache.clear`
-(``ShardedStore.refresh()``). On
-object stores other processes can change, the validator stored with an entry
-is the generation (ETag) of the read that gave the index, and chunk reads
-are pinned to it (:mod:`shardkv.engine.generation_reads`): a stale entry
-costs one refused read, never a torn one.
+cached it costs one. Each entry is a decoded
+:class:`~shardkv.format.index.ShardIndex` with the
+:class:`~shardkv.storage.kv.Generation` of the shard it was read from (the one
+way to know an entry is current): a chunk read is conditioned on that
+generation, and a shard that changed since answers "stale", which costs one
+index read again, never a torn read (:mod:`shardkv.engine.reads`). The
+engine replaces or drops the entry of every shard it writes or deletes. The
+size limit counts the bytes of the index arrays.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ others if it is world-writable; never a read bit without its write bit
 cannot open its lock files, so it cannot block a writer. An existing lock
 file with looser bits (written by an older shardkv as ``0644``) is narrowed by
 its owner's next writer. Readers take no lock and create no lock file: only
-writes (:mod:`shardkv.engine.shard_writes`) call :meth:`ShardLocks.hold`.
+writes (:mod:`shardkv.engine.writes`, through :mod:`shardkv.engine.guard`) call :meth:`ShardLocks.hold`.
 
 Why stripes are safe: a stripe lock covers a fixed set of shards, and every
 writer of a shard takes the stripe of that shard, so two writers of one shard

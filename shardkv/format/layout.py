@@ -289,8 +289,8 @@ class ShardLayout:
             The encoded inner chunks to store; coords absent from the mapping
             are empty. Chunks are written in row-major order of local coords.
         slack_bytes : int
-            Zero bytes left after each chunk (bytes), room for in-place rewrites
-            of a slightly larger encoding (see :mod:`shardkv.engine.strategies`).
+            Zero bytes left after each chunk (bytes): the layout other writers
+            leave for in-place rewrites (shardkv writes none; tests make such shards).
 
         Returns
         -------

@@ -80,8 +80,8 @@ def fs_location(fs: Any, root: str) -> StoreLocation:
 def location_of(adapter: Any) -> StoreLocation | None:
     """The :class:`StoreLocation` of a store adapter, or ``None`` when it has none.
 
-    Looks through wrapping adapters (those with an ``inner`` adapter, such as
-    the proxy's presenting adapter) to the adapter that does the I/O.
+    Looks through wrapping stores (those with an ``inner`` store) to the one
+    that does the I/O.
     """
     seen = 0
     while adapter is not None and seen < 16:  # wrappers nest a few levels at most
