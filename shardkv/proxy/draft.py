@@ -37,11 +37,11 @@ from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerSha
 from shardkv.metadata.draft import DRAFT_ZARR_FORMAT, META_ROOT
 from shardkv.proxy.base import ProxyBase
 from shardkv.proxy.draft_nodes import DraftArray, DraftNodes
-from shardkv.proxy.metadata_writes import check_not_reserved
 from shardkv.proxy.options import Options
 from shardkv.proxy.values import to_bytes
 from shardkv.transformers import DATA_ROOT, AbstractStore, AdapterStore, ShardingStorageTransformer
 from shardkv.transformers.api import apply_partial_writes, normalize_prefix
+from shardkv.storage.kv import check_not_reserved
 
 __all__ = ["DraftShardedStore", "DRAFT_ZARR_FORMAT", "DRAFT_OPTIONS"]
 

@@ -73,9 +73,9 @@ from shardkv.proxy.nodes import Node, NodeTable, ReadValues, build_node, chunkis
 from shardkv.proxy.options import Options
 from shardkv.engine.merge import ShardChange
 from shardkv.engine.writeback import WriteBack
-from shardkv.storage.kv import ANY, LOCK_DIR, TEMP_MARKER, KVStore
+from shardkv.storage.kv import ANY, KVStore, check_not_reserved
 
-__all__ = ["MetadataWriter", "WriteValues", "check_not_reserved", "writes_to"]
+__all__ = ["MetadataWriter", "WriteValues", "writes_to"]
 
 WriteValues = Callable[[Mapping[str, "bytes | memoryview | None"]], None]
 """Writes values to the base store (``None``: delete; deleting a missing key is no error)."""
@@ -109,25 +109,6 @@ def writes_to(kv: KVStore) -> WriteValues:
             kv.put_many({key: (value, ANY) for key, value in values.items()})
 
     return write
-
-
-def check_not_reserved(key: str) -> None:
-    """Refuse a key whose path names one of shardkv's internal files (issue 20, item 6).
-
-    Raises
-    ------
-    ReservedKeyError
-        If a segment of ``key`` is ``.shardkv-locks`` or contains ``.shardkv-tmp-``:
-        such an array or group would be hidden from every listing, and its
-        files taken for shardkv's temporaries or lock files.
-    """
-    for segment in key.split("/"):
-        if segment == LOCK_DIR or TEMP_MARKER in segment:
-            raise ReservedKeyError(
-                key,
-                f"{segment!r} is a name shardkv keeps for its own files ({LOCK_DIR!r}, '*{TEMP_MARKER}*'); "
-                "choose another name for this array or group",
-            )
 
 
 class MetadataWriter:

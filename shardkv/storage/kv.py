@@ -40,13 +40,14 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Hashable, Iterator, Literal, Mapping, Sequence
 
+from shardkv.errors import ReservedKeyError
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.buffers import BytesLike, Value
 from shardkv.storage.location import StoreLocation
 
 __all__ = [
     "Generation", "ANY", "NO_VALUE", "ReadResult", "ReadState", "Capabilities", "KVStore",
-    "ReadRequest", "MISSING_RESULT", "TEMP_MARKER", "LOCK_DIR", "hidden",
+    "ReadRequest", "MISSING_RESULT", "TEMP_MARKER", "LOCK_DIR", "hidden", "check_not_reserved",
 ]
 
 TEMP_MARKER = ".shardkv-tmp-"
@@ -59,6 +60,25 @@ LOCK_DIR = ".shardkv-locks"
 def hidden(key: str) -> bool:
     """True for the files shardkv keeps in a store for itself (temporary writes, lock files)."""
     return TEMP_MARKER in key or key == LOCK_DIR or key.startswith(LOCK_DIR + "/") or f"/{LOCK_DIR}/" in key
+
+
+def check_not_reserved(key: str) -> None:
+    """Refuse a key whose path names one of shardkv's internal files (issue 20, item 6).
+
+    Raises
+    ------
+    ReservedKeyError
+        If a segment of ``key`` is ``.shardkv-locks`` or contains ``.shardkv-tmp-``:
+        such an array or group would be hidden from every listing, and its
+        files taken for shardkv's temporaries or lock files.
+    """
+    for segment in key.split("/"):
+        if segment == LOCK_DIR or TEMP_MARKER in segment:
+            raise ReservedKeyError(
+                key,
+                f"{segment!r} is a name shardkv keeps for its own files ({LOCK_DIR!r}, '*{TEMP_MARKER}*'); "
+                "choose another name for this array or group",
+            )
 
 
 class _AnyToken:

@@ -27,7 +27,7 @@ from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
 from shardkv.storage.buffers import BytesLike
-from shardkv.storage.kv import hidden
+from shardkv.storage.kv import check_not_reserved, hidden
 from shardkv.zarr3.bases import engine_base, zarr3_store
 from shardkv.zarr3.batching import Batcher
 from shardkv.zarr3.chunks import ChunkEngine
@@ -404,8 +404,12 @@ class ShardedStore(Store):
             If ``value`` is not a zarr ``Buffer``.
         ChunkOutOfGridError
             For a chunk key outside its array's chunk grid.
+        ReservedKeyError
+            For a key under a name shardkv keeps for its own files (``.shardkv-locks``,
+            ``*.shardkv-tmp-*``): such a node would be hidden from every listing.
         """
         self._check_writable()
+        check_not_reserved(key)
         await self._ensure_open()
         if not isinstance(value, Buffer):
             raise TypeError(f"ShardedStore.set(): expected a zarr Buffer for {key!r}, got {type(value).__name__}")
@@ -429,6 +433,7 @@ class ShardedStore(Store):
     async def set_if_not_exists(self, key: str, value: Buffer) -> None:
         """Store ``value`` unless ``key`` is stored (chunks: checked and written by this process)."""
         self._check_writable()
+        check_not_reserved(key)
         await self._ensure_open()
         if meta_path(key) is None and await self._nodes.route(key) is None:
             await self._base.set_if_not_exists(key, value)
@@ -442,6 +447,7 @@ class ShardedStore(Store):
         refs: list[ChunkRef] = []
         data: list[bytes] = []
         for key, value in values:
+            check_not_reserved(key)
             ref = await self._nodes.route(key)
             if ref is None:
                 await self.set(key, value)

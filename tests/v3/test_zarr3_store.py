@@ -284,3 +284,22 @@ def test_import_shardkv_does_not_import_zarr3_support() -> None:
     code = "import sys, shardkv; assert 'shardkv.zarr3' not in sys.modules; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.parametrize("name", ["x.shardkv-tmp-1", ".shardkv-locks"])
+@pytest.mark.parametrize("base", ["memory", "local"])
+def test_a_node_named_like_shardkvs_own_files_is_refused(name: str, base: str, tmp_path: Path) -> None:
+    """Issue 20 item 6: never a node that every listing hides (it would vanish from ``members()``)."""
+    from shardkv.errors import ReservedKeyError
+
+    under = MemoryStore() if base == "memory" else LocalStore(str(tmp_path))
+    store = ShardedStore(under, chunks_per_shard=2)
+    root = zarr.open_group(store, mode="w")
+    with pytest.raises(ReservedKeyError, match=name.replace(".", r"\.")):
+        root.create_array(name, shape=(4,), chunks=(2,), dtype="i4")
+    with pytest.raises(ReservedKeyError):
+        root.create_group(f"g/{name}")
+    root.create_array("ok", shape=(4,), chunks=(2,), dtype="i4")[:] = 1
+    stored = _keys(under)
+    assert not [k for k in stored if k.startswith((f"{name}/", f"g/{name}/"))]  # nothing of a hidden node
+    assert "ok" in [k for k, _ in root.members()]
