@@ -260,3 +260,35 @@ def test_a_set_whose_flush_raised_is_never_applied_later(tmp_path: Path) -> None
     with Journal(journal) as j:
         assert [r.key for r in j.replay()] == []
     np.testing.assert_array_equal(zarr.open_array(ShardedStore(str(root)), mode="r")[16:], 0)
+
+
+def fail_a_write_then_die(root: Path, journal: Path) -> None:
+    """The child: an acknowledged buffered write (chunk 0 = 1), then a write whose forced flush fails (told to the
+    caller), then kill -9 before anything else is flushed."""
+    st = ShardedStore(str(root), buffer_bytes=10**6, journal=str(journal))
+    z = zarr.open_array(st, mode="r+")
+    z[0:4] = 1
+    engine = st._writer.engine
+
+    def failing(changes: object) -> None:
+        raise OSError(5, "injected EIO")
+
+    engine.write = failing  # type: ignore[method-assign]
+    try:
+        z[0:16] = 9  # completes shard 0: its forced write fails, the caller is told so
+    except OSError:
+        pass
+    else:
+        os._exit(4)  # the failure was not reported: the parent sees exit status 4
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_set_whose_flush_raised_is_not_replayed_after_kill_9(tmp_path: Path) -> None:
+    """The journal never brings back a write its caller was told failed, even when the process dies right after."""
+    root, journal = tmp_path / "store", tmp_path / "wb.journal"
+    make_array(root)
+    status = run_and_kill(lambda: fail_a_write_then_die(root, journal), None)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+    st = ShardedStore(str(root), buffer_bytes=10**6, journal=str(journal))  # replays what was acknowledged
+    st.close()
+    assert list(zarr.open_array(ShardedStore(str(root)), mode="r")[0:16]) == [1] * 4 + [0] * 12
