@@ -148,3 +148,35 @@ def test_convert_names_an_unreadable_chunk_in_one_line(tmp_path: Path, monkeypat
     _refuse(monkeypatch, src / "3")
     _one_line(capsys, main(["convert", str(src), str(tmp_path / "out.zarr"), "--chunks-per-shard", "4"]), "convert", "3")
 
+
+
+def test_compact_names_an_unreadable_shard_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    root = _sharded(tmp_path / "s.zarr")
+    _refuse(monkeypatch, root / "a" / "1")
+    _one_line(capsys, main(["compact", str(root)]), "compact", "a/1")
+
+
+@pytest.mark.parametrize("make", [_fifo, _socket], ids=["fifo", "socket"])
+def test_convert_of_a_special_file_at_a_source_chunk_key_finishes_naming_it(tmp_path: Path, make: Any) -> None:
+    src = tmp_path / "src.zarr"
+    zarr.open_array(str(src), mode="w", shape=(64,), chunks=(8,), dtype="i4")[:] = np.arange(64, dtype="i4")
+    (src / "3").unlink()
+    make(src / "3")
+    proc = run("convert", str(src), str(tmp_path / "out.zarr"), "--chunks-per-shard", "4")
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr and "3" in lines[0], proc.stderr
+
+
+def test_convert_reads_an_empty_directory_at_a_source_chunk_key_as_zarr_2_does(tmp_path: Path) -> None:
+    """zarr 2's DirectoryStore reads a directory at a chunk key as a missing chunk (fill value): so does convert."""
+    src = tmp_path / "src.zarr"
+    zarr.open_array(str(src), mode="w", shape=(64,), chunks=(8,), dtype="i4")[:] = np.arange(64, dtype="i4")
+    (src / "3").unlink()
+    (src / "3").mkdir()
+    proc = run("convert", str(src), str(tmp_path / "out.zarr"), "--chunks-per-shard", "4")
+    assert proc.returncode == 0, proc.stderr
+    expected = zarr.open_array(str(src), mode="r")[:]
+    assert list(expected[24:32]) == [0] * 8
+    np.testing.assert_array_equal(zarr.open_array(ShardedStore(str(tmp_path / "out.zarr")), mode="r")[:], expected)
