@@ -140,3 +140,12 @@ def test_memo_is_bounded(monkeypatch: pytest.MonkeyPatch, locates: list[str]) ->
     assert len(locates) == 16
     store["a/0"]  # forgotten: parsed again, same answer
     assert locates[-1] == "a/0"
+
+
+def test_listed_names_routed_for_sizes_are_not_kept() -> None:
+    base: dict[str, Any] = {"x/..": b"odd", "x/y": b"ok"}  # a name no proxy key may have, left there by another tool
+    store = ShardedStore(base)
+    store.getsize("x")
+    with pytest.raises(InvalidKeyError):
+        store["x/.."]
+    assert bytes(store["x/y"]) == b"ok"

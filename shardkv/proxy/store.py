@@ -220,7 +220,8 @@ class ShardedStore(ProxyBase):
         """The chunk of a sharded array that ``key`` names, or ``None`` for a key stored as it is.
 
         Keys routed before are answered from a memo (no validation, owner
-        look-up or parse again) while the node table's ``generation`` stays:
+        look-up or parse again) while the node table's ``generation`` stays
+        (``validated``: the caller has validated ``key``; only valid keys are kept):
         any node recorded, forgotten or cleared (a metadata write, ``rmdir``,
         :meth:`refresh`) starts a new memo. Keys that raise are not kept; the
         memo starts over past :data:`ROUTE_MEMO_LIMIT` keys.
@@ -240,13 +241,17 @@ class ShardedStore(ProxyBase):
                 return ref  # type: ignore[return-value]
         if not validated:
             validate_key(key)
-        arr = self._nodes.owner(key)
-        ref = None if arr is None else arr.locate(key)
+        ref = self._locate(key)
         if kept != generation or len(routes) >= ROUTE_MEMO_LIMIT:
             routes = {}
             self._routes = (generation, routes)
         routes[key] = ref
         return ref
+
+    def _locate(self, key: str) -> ChunkRef | None:
+        """:meth:`_route` of a key taken as it is: not validated, not memoised (listed names, see :meth:`_sizes`)."""
+        arr = self._nodes.owner(key)
+        return None if arr is None else arr.locate(key)
 
     # -- reads ----------------------------------------------------------------
 
@@ -573,7 +578,7 @@ class ShardedStore(ProxyBase):
         out: dict[str, int] = {}
         for key in keys:
             try:
-                ref = self._route(key, validated=True)
+                ref = self._locate(key)
             except InvalidKeyError:  # not a chunk of its array (out of grid, a sub-path): nothing stored
                 continue
             if ref is not None:
