@@ -203,6 +203,13 @@ class NodeTable:
         Whole values of keys from the base store, missing keys left out
         (:data:`ReadValues`).
 
+    Attributes
+    ----------
+    generation : int
+        Counts the changes that may change a key's owner (a node recorded,
+        forgotten or cleared). Memos of routed keys (the proxy's) are valid
+        while it stays the same.
+
     Notes
     -----
     Thread-safe: one lock guards the maps; a node read by racing threads may
@@ -214,6 +221,12 @@ class NodeTable:
         self._nodes: dict[str, Node] = {}
         self._owners: dict[str, ShardedArray | None] = {}
         self.lock = threading.RLock()
+        self.generation = 0
+
+    def _owners_changed(self) -> None:
+        """Forget the owners of keys and start a new :attr:`generation` (call holding :attr:`lock`, after the change)."""
+        self._owners.clear()
+        self.generation += 1
 
     # -- nodes ------------------------------------------------------------------------
 
@@ -277,7 +290,7 @@ class NodeTable:
         """Record what ``node.path`` now is (the owners of keys may change)."""
         with self.lock:
             self._nodes[node.path] = node
-            self._owners.clear()
+            self._owners_changed()
 
     def keep_written(self, path: str, raw: bytes, doc: dict[str, Any], array: ShardedArray | None = None) -> Node:
         """Record the ``zarr.json`` just written at ``path`` (no read back): the node it makes.
@@ -313,13 +326,13 @@ class NodeTable:
         if node.documents and not may_mirror(node.doc):
             with self.lock:
                 self._nodes.setdefault(path, node)
-                self._owners.clear()
+                self._owners_changed()
 
     def forget(self, path: str) -> None:
         """Forget the node at ``path`` (read again on next use)."""
         with self.lock:
             self._nodes.pop(path.strip("/"), None)
-            self._owners.clear()
+            self._owners_changed()
 
     def forget_under(self, path: str) -> None:
         """Forget ``path`` and every path below it (everything for ``""``)."""
@@ -327,13 +340,13 @@ class NodeTable:
         with self.lock:
             for p in [p for p in self._nodes if not path or p == path or p.startswith(f"{path}/")]:
                 del self._nodes[p]
-            self._owners.clear()
+            self._owners_changed()
 
     def clear(self) -> None:
         """Forget everything."""
         with self.lock:
             self._nodes.clear()
-            self._owners.clear()
+            self._owners_changed()
 
     # -- keys -------------------------------------------------------------------------
 
@@ -355,8 +368,11 @@ class NodeTable:
         with self.lock:
             if parent in self._owners:
                 return self._owners[parent]
+            generation = self.generation
         owner = self._owner_of_parent(parent)
         with self.lock:
+            if self.generation != generation:  # nodes changed meanwhile: the answer may be stale, keep none
+                return owner
             if len(self._owners) > _MEMO_LIMIT:
                 self._owners.clear()
             self._owners[parent] = owner

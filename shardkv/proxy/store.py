@@ -45,7 +45,12 @@ from shardkv.storage.kv import ANY, KVStore
 from shardkv.storage.local import LocalStore
 from shardkv.storage.open import open_kv
 
-__all__ = ["ShardedStore"]
+__all__ = ["ShardedStore", "ROUTE_MEMO_LIMIT"]
+
+ROUTE_MEMO_LIMIT = 16_384
+"""Keys whose route one store remembers (a few MiB) before its memo starts over (see ``ShardedStore._route``)."""
+
+_UNROUTED = object()  # a key the memo does not hold
 
 
 class ShardedStore(ProxyBase):
@@ -167,6 +172,7 @@ class ShardedStore(ProxyBase):
         self._init_proxy(raw_store, options)
         self._kv = kv  # every request to the base store; pickles as the store's location
         self._nodes = NodeTable(self._kv.values)
+        self._routes: tuple[int, dict[str, ChunkRef | None]] = (self._nodes.generation, {})  # see _route
         self._hierarchy = Hierarchy(kv, self._nodes)  # MemoryStore/DirectoryStore rules (issue 19)
         self._engine = ShardEngine(self._kv, options.engine_options())
         self._advisor = WriteAdvisor()  # warns once per array about chunk-by-chunk rewrites (write-through)
@@ -213,13 +219,37 @@ class ShardedStore(ProxyBase):
     def _route(self, key: str, validated: bool = False) -> ChunkRef | None:
         """The chunk of a sharded array that ``key`` names, or ``None`` for a key stored as it is.
 
+        Keys routed before are answered from a memo (no validation, owner
+        look-up or parse again) while the node table's ``generation`` stays
+        (``validated``: the caller has validated ``key``; only valid keys are kept):
+        any node recorded, forgotten or cleared (a metadata write, ``rmdir``,
+        :meth:`refresh`) starts a new memo. Keys that raise are not kept; the
+        memo starts over past :data:`ROUTE_MEMO_LIMIT` keys.
+
         Raises
         ------
         InvalidKeyError, ChunkOutOfGridError
             For a malformed key, or a chunk key outside the array's grid.
+        TypeError
+            For a key that is not a ``str``.
         """
+        generation = self._nodes.generation  # read before routing: a later change makes this memo stale
+        kept, routes = self._routes
+        if kept == generation:
+            ref = routes.get(key, _UNROUTED)
+            if ref is not _UNROUTED:
+                return ref  # type: ignore[return-value]
         if not validated:
             validate_key(key)
+        ref = self._locate(key)
+        if kept != generation or len(routes) >= ROUTE_MEMO_LIMIT:
+            routes = {}
+            self._routes = (generation, routes)
+        routes[key] = ref
+        return ref
+
+    def _locate(self, key: str) -> ChunkRef | None:
+        """:meth:`_route` of a key taken as it is: not validated, not memoised (listed names, see :meth:`_sizes`)."""
         arr = self._nodes.owner(key)
         return None if arr is None else arr.locate(key)
 
@@ -548,7 +578,7 @@ class ShardedStore(ProxyBase):
         out: dict[str, int] = {}
         for key in keys:
             try:
-                ref = self._route(key, validated=True)
+                ref = self._locate(key)
             except InvalidKeyError:  # not a chunk of its array (out of grid, a sub-path): nothing stored
                 continue
             if ref is not None:
