@@ -147,3 +147,17 @@ def test_a_reserved_name_is_refused_on_an_fsspec_store_too(tmp_path):
             convert("memory://reserved-src", str(tmp_path / "dst"), 2)
     finally:
         mapper.fs.rm("/reserved-src", recursive=True)
+
+
+def test_unshard_keeps_an_object_dtype_array(tmp_path):
+    """Issue 20, row 2: ``unshard`` of what ``convert`` made loses no array either (the strings array included)."""
+    from shardkv.cli.unshard import unshard
+
+    src, dst, back = tmp_path / "src", tmp_path / "dst", tmp_path / "back"
+    _hierarchy(src)
+    convert(str(src), str(dst), 2)
+    unshard(str(dst), str(back))
+    group = zarr.open_group(str(back), mode="r")  # plain zarr 2, no shardkv
+    assert sorted(group.array_keys()) == ["numbers", "words"] and "empty" in group
+    assert list(group["words"][:]) == ["a", "bb", "ccc", "d"]
+    np.testing.assert_array_equal(group["numbers"][:], np.arange(16).reshape(4, 4))

@@ -78,3 +78,14 @@ def test_commands_fail_naming_an_unreadable_zarr_json(tmp_path: Path, how: str, 
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     assert "b/zarr.json" in lines[0] and "src.zarr" in lines[0]
     assert shards_of_b(root) == ["0", "1"]
+
+
+def test_compact_keeps_the_shards_of_an_array_whose_zarr_json_is_missing(tmp_path: Path) -> None:
+    """Issue 20 item 3, the same rule for compact: what it cannot understand is left as it is."""
+    root = tmp_path / "src.zarr"
+    make_hierarchy(root)
+    damage(root, "missing")
+    done = subprocess.run([sys.executable, "-m", "shardkv", "compact", str(root)], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert "Traceback" not in done.stderr, done.stderr
+    assert shards_of_b(root) == ["0", "1"]
