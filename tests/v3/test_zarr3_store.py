@@ -303,3 +303,31 @@ def test_a_node_named_like_shardkvs_own_files_is_refused(name: str, base: str, t
     stored = _keys(under)
     assert not [k for k in stored if k.startswith((f"{name}/", f"g/{name}/"))]  # nothing of a hidden node
     assert "ok" in [k for k, _ in root.members()]
+
+
+def test_byte_ranges_partial_values_and_set_if_not_exists_on_sharded_chunk_keys() -> None:
+    """The Store API on chunk keys of a sharded array answers as a plain store holding the same chunks."""
+    from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+
+    store, plain = ShardedStore(MemoryStore(), chunks_per_shard=4), MemoryStore()
+    for s in (store, plain):
+        _write(s, compressors=None)
+    proto = default_buffer_prototype()
+    key = "a/c/3/2"
+    whole = _raw(plain, key)
+    assert whole is not None and _raw(store, key) == whole
+    for request in (RangeByteRequest(8, 100), OffsetByteRequest(9000), SuffixByteRequest(17)):
+        got = sync(store.get(key, prototype=proto, byte_range=request))
+        want = sync(plain.get(key, prototype=proto, byte_range=request))
+        assert got is not None and want is not None and got.to_bytes() == want.to_bytes(), request
+    pairs = [(key, RangeByteRequest(0, 4)), ("a/c/0/0", None), ("a/c/7/5", SuffixByteRequest(3)), ("a/c/9/9", None)]
+    got_many = sync(store.get_partial_values(proto, pairs))
+    want_many = sync(plain.get_partial_values(proto, pairs))
+    assert [None if v is None else v.to_bytes() for v in got_many] == [None if v is None else v.to_bytes() for v in want_many]
+    other = cpu.Buffer.from_bytes(b"\0" * len(whole))
+    sync(store.set_if_not_exists(key, other))  # stored: left as it is
+    assert _raw(store, key) == whole
+    sync(store.delete(key))
+    sync(store.set_if_not_exists(key, other))  # missing: written into its shard
+    assert _raw(store, key) == other.to_bytes()
+    assert zarr.open_array(store, path="a", mode="r")[150:200, 100:150].sum() == 0
