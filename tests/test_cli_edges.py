@@ -73,6 +73,19 @@ def test_verify_shows_progress_on_request_with_the_same_report(source, tmp_path)
     assert shown.stdout == hidden.stdout == default.stdout and "4 shards, 0 damaged" in shown.stdout
 
 
+def test_info_shows_progress_on_request_with_the_same_listing(source, tmp_path):
+    sharded = tmp_path / "sharded"
+    assert run("convert", str(source), str(sharded), "--chunks-per-shard", "2").returncode == 0
+    shown = run("info", str(sharded), "--progress")
+    assert shown.returncode == 0, shown.stderr
+    assert "shardkv info" in shown.stderr and "100%" in shown.stderr
+    hidden = run("info", str(sharded), "--no-progress")
+    assert hidden.returncode == 0 and hidden.stderr == ""
+    default = run("info", str(sharded))  # stderr is a pipe, not a terminal
+    assert default.returncode == 0 and default.stderr == ""
+    assert shown.stdout == hidden.stdout == default.stdout
+
+
 def test_one_chunk_per_shard_warns_that_nothing_is_gained(source, tmp_path):
     proc = run("convert", str(source), str(tmp_path / "out"), "--chunks-per-shard", "1")
     assert proc.returncode == 0, proc.stderr

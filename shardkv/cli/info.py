@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from shardkv.cli.info_draft import inspect_draft, is_draft
 from shardkv.cli.info_format import format_info  # re-exported: the table lives there
@@ -322,7 +322,9 @@ def _sharded_info(store: KVStore, keys: ArrayKeys, arr: ShardedArray, zattrs: Ma
     )
 
 
-def inspect_store(store: Any, storage_options: Mapping[str, Any] | None = None) -> list[ArrayInfo]:
+def inspect_store(
+    store: Any, storage_options: Mapping[str, Any] | None = None, progress: Callable[[int, int], None] | None = None
+) -> list[ArrayInfo]:
     """Per-array facts about a hierarchy shardkv reads, for ``shardkv info``.
 
     Zarr v2 hierarchies (sharded by shardkv or not), 2022 draft hierarchies
@@ -337,6 +339,8 @@ def inspect_store(store: Any, storage_options: Mapping[str, Any] | None = None) 
         URLs are checked by :func:`shardkv.cli.stores.open_store`).
     storage_options : mapping, optional
         fsspec options when ``store`` is a URL.
+    progress : callable, optional
+        Called as ``progress(arrays done, arrays)`` after each array of a Zarr v2/v3 hierarchy.
 
     Returns
     -------
@@ -362,8 +366,10 @@ def inspect_store(store: Any, storage_options: Mapping[str, Any] | None = None) 
         return inspect_draft(kv, name)
     hierarchy = read_hierarchy(HierarchyView(kv), name)  # v3 sharded arrays (zarr.json only) appear as v2 arrays
     nodes = NodeTable(kv.values)
-    infos = []
+    infos: list[ArrayInfo] = []
     for path, keys in hierarchy.arrays.items():
+        if progress is not None and infos:
+            progress(len(infos), len(hierarchy.arrays))
         node = nodes.node(path)
         if node.array is not None:
             attributes = (node.doc or {}).get("attributes") or {}
@@ -389,5 +395,7 @@ def inspect_store(store: Any, storage_options: Mapping[str, Any] | None = None) 
                 v3_problems=[],
             )
         )
+    if progress is not None and infos:
+        progress(len(infos), len(hierarchy.arrays))
     return infos
 

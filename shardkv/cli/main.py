@@ -208,12 +208,24 @@ def _add_info(sub: Any) -> None:
     p.add_argument("store", metavar="STORE", help="a Zarr hierarchy (v2 sharded or not, 2022 draft, v3): a path or URL")
     _add_storage_options(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_progress(p)
 
 
 def _run_info(args: argparse.Namespace) -> int:
     from shardkv.cli.info import format_info, inspect_store
 
-    infos = inspect_store(args.store, args.storage_options)
+    if not _progress(args):
+        infos = inspect_store(args.store, args.storage_options)
+    else:  # a step per array (each array's shard indexes are read in one go)
+        from tqdm import tqdm
+
+        with tqdm(file=sys.stderr, unit="array", desc="shardkv info", mininterval=1.0) as bar:
+
+            def advance(done: int, total: int) -> None:
+                bar.total = total
+                bar.update(done - bar.n)
+
+            infos = inspect_store(args.store, args.storage_options, progress=advance)
     if args.json:
         print(json.dumps({"store": args.store, "arrays": [i.to_json() for i in infos]}, indent=2))
     else:
