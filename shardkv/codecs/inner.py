@@ -367,6 +367,20 @@ class Crc32cCodec(Codec):
         return bytes(view[:-4])
 
 
+def numcodecs_codec(config: Mapping[str, Any], what: str) -> Any:
+    """The numcodecs codec for a ``{"id": ..., ...}`` configuration.
+
+    Raises
+    ------
+    ConfigurationError
+        If numcodecs does not know the id or rejects the configuration (``what`` names the codec).
+    """
+    try:
+        return numcodecs.get_codec(dict(config))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ConfigurationError(f"codec {what!r}: {exc}") from exc
+
+
 class NumcodecsCodec(_NumcodecsBacked):
     """``numcodecs.<id>``: a numcodecs codec under zarr-python 3's name (zlib, bz2, lz4, ...).
 
@@ -379,10 +393,7 @@ class NumcodecsCodec(_NumcodecsBacked):
     def __init__(self, codec_id: str, configuration: Mapping[str, Any] | None = None) -> None:
         self.codec_id = codec_id
         self.configuration = dict(configuration or {})
-        try:
-            self._impl = numcodecs.get_codec({"id": codec_id, **self.configuration})
-        except (ValueError, TypeError, KeyError) as exc:
-            raise ConfigurationError(f"codec 'numcodecs.{codec_id}': {exc}") from exc
+        self._impl = numcodecs_codec({"id": codec_id, **self.configuration}, f"numcodecs.{codec_id}")
 
     @property
     def name(self) -> str:  # type: ignore[override]

@@ -30,7 +30,7 @@ import numcodecs
 import numpy as np
 from numcodecs.compat import ensure_ndarray_like
 
-from shardkv.codecs.inner import Codec, _config_of, register_codec
+from shardkv.codecs.inner import Codec, _config_of, numcodecs_codec, register_codec
 from shardkv.errors import ConfigurationError, CorruptShardError
 
 __all__ = [
@@ -57,13 +57,6 @@ VLEN_IDS = {"vlen-utf8": "string", "vlen-bytes": "variable_length_bytes"}
 V2_CHUNK_CODEC = "shardkv.v2_chunk"
 
 
-def _numcodecs(config: Mapping[str, Any], what: str) -> Any:
-    try:
-        return numcodecs.get_codec(dict(config))
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ConfigurationError(f"codec {what!r}: {exc}") from exc
-
-
 class NumcodecsArrayCodec(Codec):
     """``numcodecs.<id>`` for the array -> array ids of :data:`ARRAY_TO_ARRAY_IDS`.
 
@@ -85,7 +78,7 @@ class NumcodecsArrayCodec(Codec):
     def __init__(self, codec_id: str, configuration: Mapping[str, Any] | None = None) -> None:
         self.codec_id = codec_id
         self.configuration = {k: v for k, v in (configuration or {}).items() if k != "id"}
-        self._impl = _numcodecs({"id": codec_id, **self.configuration}, f"numcodecs.{codec_id}")
+        self._impl = numcodecs_codec({"id": codec_id, **self.configuration}, f"numcodecs.{codec_id}")
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -188,8 +181,8 @@ class V2ChunkCodec(Codec):
         self.order: Literal["C", "F"] = "F" if order == "F" else "C"
         self.compressor = dict(compressor) if compressor is not None else None
         self.filters = [dict(f) for f in filters] if filters else None
-        self._compressor = _numcodecs(self.compressor, V2_CHUNK_CODEC) if self.compressor else None
-        self._filters = [_numcodecs(f, V2_CHUNK_CODEC) for f in self.filters or []]
+        self._compressor = numcodecs_codec(self.compressor, V2_CHUNK_CODEC) if self.compressor else None
+        self._filters = [numcodecs_codec(f, V2_CHUNK_CODEC) for f in self.filters or []]
 
     def get_config(self) -> dict[str, Any]:
         config = {"dtype": self.dtype, "order": self.order, "compressor": self.compressor, "filters": self.filters}
