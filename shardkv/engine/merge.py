@@ -16,12 +16,13 @@ A shard whose every available chunk is set whole needs no old bytes
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
-from shardkv.keys.space import ShardedArray
+from shardkv.keys.space import ChunkRef, ShardedArray
 
 __all__ = [
-    "ChunkPatch", "ChunkUpdate", "ShardChange", "apply_partial_writes", "covers_shard", "merge_chunks", "out_of_grid",
+    "ChunkPatch", "ChunkUpdate", "ShardChange", "apply_partial_writes", "covers_shard", "group_by_shard", "merge_chunks",
+    "out_of_grid",
 ]
 
 BytesLike = bytes | bytearray | memoryview
@@ -180,3 +181,14 @@ def merge_chunks(
         else:
             chunks[local] = value
     return chunks
+
+
+def group_by_shard(refs: Sequence[ChunkRef], values: Iterable[ChunkUpdate]) -> dict[str, ShardChange]:
+    """The :class:`ShardChange` of each shard that located chunk changes touch, in order (``None`` deletes)."""
+    by_shard: dict[str, ShardChange] = {}
+    for ref, value in zip(refs, values):
+        change = by_shard.get(ref.shard_key)
+        if change is None:
+            change = by_shard[ref.shard_key] = ShardChange(ref.array, ref.shard_coords)
+        change.chunks[ref.local_coords] = value
+    return by_shard

@@ -5,20 +5,19 @@ zarr-python hands the proxy all the chunk keys of one selection in one call
 array. :func:`route_batch` locates them together (one owner lookup, one
 vectorised parse, see :meth:`ShardedArray.locate_batch`) and says ``None``
 whenever key-by-key routing is needed, which keeps every error exactly as
-routing one key raises it. :func:`group_by_shard` turns located changes into
-the per-shard changes the engine writes (:class:`~shardkv.engine.writeback.WriteBack`).
+routing one key raises it (:func:`~shardkv.engine.merge.group_by_shard` then
+turns located changes into the per-shard changes the engine writes).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
-from shardkv.engine.merge import ShardChange
 from shardkv.errors import InvalidKeyError
 from shardkv.keys.encodings import validate_key
 from shardkv.keys.space import ChunkRef, ShardedArray
 
-__all__ = ["BATCH_MIN_KEYS", "route_batch", "group_by_shard"]
+__all__ = ["BATCH_MIN_KEYS", "route_batch"]
 
 BATCH_MIN_KEYS = 8
 """Fewer keys are routed one by one (the batch path's fixed cost is a few microseconds)."""
@@ -55,14 +54,3 @@ def route_batch(owner: Callable[[str], ShardedArray | None], keys: Sequence[str]
         return None
     arr = owner(first)
     return None if arr is None else arr.locate_batch(keys)
-
-
-def group_by_shard(refs: Sequence[ChunkRef], values: Iterable[Value]) -> dict[str, ShardChange]:
-    """The :class:`~shardkv.engine.merge.ShardChange` of each shard that located chunk changes touch, in order."""
-    by_shard: dict[str, ShardChange] = {}
-    for ref, value in zip(refs, values):
-        change = by_shard.get(ref.shard_key)
-        if change is None:
-            change = by_shard[ref.shard_key] = ShardChange(ref.array, ref.shard_coords)
-        change.chunks[ref.local_coords] = value
-    return by_shard

@@ -24,6 +24,7 @@ from typing import Any, Iterable, Iterator, KeysView, Mapping, Self, Sequence
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.engine import ShardEngine
 from shardkv.engine.guard import Mode
+from shardkv.engine.merge import group_by_shard
 from shardkv.engine.writeback import WriteBack
 from shardkv.errors import ChunkOutOfGridError, InvalidKeyError, UnflushedWritesError
 from shardkv.format.ranges import ReadPolicy
@@ -37,7 +38,7 @@ from shardkv.proxy.listing import ListedKeys, child_names, count_logical_keys, l
 from shardkv.proxy.metadata_writes import MetadataWriter, writes_to
 from shardkv.proxy.nodes import META_NAMES, NodeTable
 from shardkv.proxy.options import DEFAULT_INDEX_CACHE_BYTES, Concurrency, IndexLocation, Options
-from shardkv.proxy.routing import group_by_shard, route_batch
+from shardkv.proxy.routing import route_batch
 from shardkv.proxy.values import as_buffer
 from shardkv.proxy.write_advice import WriteAdvisor
 from shardkv.storage.identity import store_identity

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.engine import EngineOptions, ShardEngine
 from shardkv.engine.guard import Concurrency
-from shardkv.engine.merge import ShardChange
+from shardkv.engine.merge import group_by_shard
 from shardkv.engine.writeback import WriteBack
 from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.space import ChunkRef, ShardedArray
@@ -192,14 +192,7 @@ class ChunkEngine:
     def write(self, refs: Sequence[ChunkRef], values: Iterable[BytesLike | None]) -> None:
         """Store (or, for ``None``, delete) chunks; one shard write per shard touched (journalled, if attached)."""
         self._journal_back()
-        changes: dict[str, ShardChange] = {}
-        for ref, value in zip(refs, values):
-            change = changes.get(ref.shard_key)
-            if change is None:
-                change = changes[ref.shard_key] = ShardChange(ref.array, ref.shard_coords)
-            change.chunks[ref.local_coords] = value
-            change.nbytes += 0 if value is None else len(value)
-        self.writer.write(changes)
+        self.writer.write(group_by_shard(refs, values))
 
     def chunk_keys(self, shards: Mapping[str, ShardedArray]) -> Iterator[str]:
         """Keys of the in-grid chunks stored in ``shards`` (shard key -> its array), indexes read in batches."""
