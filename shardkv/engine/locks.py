@@ -558,15 +558,15 @@ class ShardLocks:
             held when it is raised).
         """
         keys = list(shard_keys)
-        identities = [("shard", self._identity(k, prefixes)) for k in keys]
+        identities = [self._identity(k, prefixes) for k in keys]
         # nested in a hold of other shards (stacked transformers): the stripes this thread holds are skipped;
         # a shard this thread holds already is waited for as any writer would (contention, never skipped)
-        nested = not any(_held_by_this_thread(i) for i in identities)
+        skip_held = not any(_held_by_this_thread(("shard", i)) for i in identities)
         with ExitStack() as stack:
             pool = self._pool()
-            for stripe in self.thread_stripes_of(keys, prefixes):
+            for stripe in sorted({stripe_of(i, self.thread_stripes) for i in identities}):
                 token = ("thread", id(pool), stripe)
-                if nested and _held_by_this_thread(token):
+                if skip_held and _held_by_this_thread(token):
                     continue  # a nested hold: this thread holds it already
                 lock = pool[stripe]
                 if not lock.acquire(timeout=-1 if self.timeout is None else self.timeout):
@@ -574,7 +574,7 @@ class ShardLocks:
                 stack.callback(lock.release)
                 _note_held(stack, token)
             by_dir = self.file_stripes_by_dir(keys, prefixes)
-            if nested:
+            if skip_held:
                 by_dir = {d: [s for s in ss if not _held_by_this_thread(("file", d, s))] for d, ss in by_dir.items()}
                 by_dir = {d: ss for d, ss in by_dir.items() if ss}
             if len(by_dir) == 1:
@@ -585,7 +585,7 @@ class ShardLocks:
             elif by_dir:
                 stack.enter_context(self._hold_dirs(by_dir))
             for identity in identities:
-                _note_held(stack, identity)
+                _note_held(stack, ("shard", identity))
             yield
 
     @contextmanager
