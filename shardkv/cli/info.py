@@ -368,34 +368,34 @@ def inspect_store(
     nodes = NodeTable(kv.values)
     infos: list[ArrayInfo] = []
     for path, keys in hierarchy.arrays.items():
-        if progress is not None and infos:
-            progress(len(infos), len(hierarchy.arrays))
         node = nodes.node(path)
         if node.array is not None:
             attributes = (node.doc or {}).get("attributes") or {}
             infos.append(_sharded_info(kv, keys, node.array, attributes))
-            continue
-        data_keys = [*keys.chunk_keys.values(), *keys.stale_keys]
-        infos.append(
-            ArrayInfo(
-                path=path,
-                shape=keys.shape,
-                chunks=keys.chunks,
-                dtype=str(keys.zarray.get("dtype")),
-                shard_shape=None,
-                chunks_per_shard=None,
-                index_location=None,
-                index_checksum=None,
-                chunks_present=len(keys.chunk_keys),
-                shards=0,
-                objects=len(data_keys),
-                bytes_stored=sum(sizes(kv, data_keys).values()),
-                bytes_unused=0,
-                v3_readable=None,
-                v3_problems=[],
-            )
-        )
-    if progress is not None and infos:
-        progress(len(infos), len(hierarchy.arrays))
+        else:
+            infos.append(_unsharded_info(kv, path, keys))
+        if progress is not None:
+            progress(len(infos), len(hierarchy.arrays))
     return infos
+
+
+def _unsharded_info(kv: KVStore, path: str, keys: ArrayKeys) -> ArrayInfo:
+    data_keys = [*keys.chunk_keys.values(), *keys.stale_keys]
+    return ArrayInfo(
+        path=path,
+        shape=keys.shape,
+        chunks=keys.chunks,
+        dtype=str(keys.zarray.get("dtype")),
+        shard_shape=None,
+        chunks_per_shard=None,
+        index_location=None,
+        index_checksum=None,
+        chunks_present=len(keys.chunk_keys),
+        shards=0,
+        objects=len(data_keys),
+        bytes_stored=sum(sizes(kv, data_keys).values()),
+        bytes_unused=0,
+        v3_readable=None,
+        v3_problems=[],
+    )
 
