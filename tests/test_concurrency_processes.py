@@ -22,7 +22,6 @@ from shardkv.proxy.options import Options
 from shardkv.errors import UnflushedWritesError
 from shardkv.format.ranges import ReadPolicy
 from shardkv.storage.fsspec import FsspecStore
-from shardkv.storage.location import location_of
 from shardkv.storage.mapping import MappingStore
 from shardkv.storage.open import open_kv
 
@@ -138,7 +137,7 @@ def test_store_reduce_carries_location_and_options(tmp_path) -> None:
         read_policy=ReadPolicy(max_gap=7), buffer_bytes=None, concurrency="files", lock_timeout=3.5,
     )  # fmt: skip
     assert store.options.buffer_bytes == 1 << 16 and clone._writer.buffer is None
-    assert location_of(clone.base) == location_of(store.base)
+    assert clone.base.location == store.base.location
     np.testing.assert_array_equal(zarr.open_array(store=clone, mode="r")[:], np.arange(40))
 
 

@@ -24,7 +24,6 @@ from concurrency_harness import run_threads
 
 from shardkv import ShardedStore
 from shardkv.errors import LockTimeoutError, UnflushedWritesError
-from shardkv.storage.location import location_of
 
 zarr = pytest.importorskip("zarr")
 if not zarr.__version__.startswith("2."):
@@ -50,7 +49,7 @@ def test_eight_threads_with_separate_stores_lose_nothing(tmp_path, kind) -> None
     setup = ShardedStore(base, chunks_per_shard=16)
     zarr.open_array(store=setup, mode="w", shape=(N_CHUNKS * CHUNK_LEN,), chunks=(CHUNK_LEN,), dtype="i4", fill_value=0)
     stores = [ShardedStore(base, chunks_per_shard=16) for _ in range(N_THREADS)]
-    assert {location_of(s.base) for s in stores} == {location_of(setup.base)}
+    assert {s.base.location for s in stores} == {setup.base.location}
 
     def write(w: int) -> None:
         arr = zarr.open_array(store=stores[w], mode="r+")

@@ -25,7 +25,7 @@ from shardkv.engine.guard import Guard
 from shardkv.storage.fsspec import FsspecStore
 from shardkv.storage.kv import ANY, KVStore
 from shardkv.storage.local import LocalStore
-from shardkv.storage.location import StoreLocation, location_of
+from shardkv.storage.location import StoreLocation
 from shardkv.storage.mapping import MappingStore
 from shardkv.storage.open import open_kv
 
@@ -79,13 +79,13 @@ def test_eight_threads_with_own_lock_objects_serialise(tmp_path, kind) -> None:
 def test_locks_follow_the_data_not_the_spelling(tmp_path) -> None:
     (tmp_path / "real").mkdir()
     os.symlink(tmp_path / "real", tmp_path / "link")
-    a = location_of(_local(str(tmp_path / "real")))
-    b = location_of(open_kv(str(tmp_path / "link")))
-    c = location_of(open_kv(f"file://{tmp_path}/real/"))
+    a = _local(str(tmp_path / "real")).location
+    b = open_kv(str(tmp_path / "link")).location
+    c = open_kv(f"file://{tmp_path}/real/").location
     assert a == b == c and a.local_dir == str((tmp_path / "real").resolve())
     d1, d2 = {}, {}
-    assert location_of(MappingStore(d1)) == location_of(MappingStore(d1))
-    assert location_of(MappingStore(d1)) != location_of(MappingStore(d2))
+    assert MappingStore(d1).location == MappingStore(d1).location
+    assert MappingStore(d1).location != MappingStore(d2).location
     # nested roots in one process lock a shard alike (the real array directory and the key in it)
     outer = ShardLocks(_local(str(tmp_path / "real")).location, cross_process=False)
     inner = ShardLocks(_local(str(tmp_path / "real" / "arr")).location, cross_process=False)

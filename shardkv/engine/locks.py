@@ -362,8 +362,7 @@ class ShardLocks:
     Parameters
     ----------
     location : StoreLocation or None
-        Where the data lives (:func:`~shardkv.storage.location.location_of` an
-        adapter). ``None`` (a store without a known location) gives locks
+        Where the data lives (a store's ``location``). ``None`` (a store without a known location) gives locks
         private to this object: only its own users are serialised.
     cross_process : bool or None
         Also take a lock file per stripe, so that writers in other processes

@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Hashable
 
-__all__ = ["StoreLocation", "location_of", "fs_location"]
+__all__ = ["StoreLocation", "fs_location"]
 
 
 @dataclass(frozen=True)
@@ -75,19 +75,3 @@ def fs_location(fs: Any, root: str) -> StoreLocation:
     if endpoint is not None:
         extra = str(endpoint)
     return StoreLocation((str(protocol), extra), stripped)
-
-
-def location_of(adapter: Any) -> StoreLocation | None:
-    """The :class:`StoreLocation` of a store adapter, or ``None`` when it has none.
-
-    Looks through wrapping stores (those with an ``inner`` store) to the one
-    that does the I/O.
-    """
-    seen = 0
-    while adapter is not None and seen < 16:  # wrappers nest a few levels at most
-        location = getattr(type(adapter), "location", None)
-        if location is not None:
-            return adapter.location
-        adapter = getattr(adapter, "inner", None)
-        seen += 1
-    return None
