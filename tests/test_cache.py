@@ -75,12 +75,13 @@ def test_negative_limit_is_rejected() -> None:
         IndexCache(-1)
 
 
-def test_validator_mismatch_is_a_miss() -> None:
+def test_an_entry_keeps_the_generation_and_size_of_its_shard() -> None:
     cache = IndexCache(10 * INDEX_MEM_NBYTES)
-    cache.put("s0", index_with(0), validator=(100, 1))
-    assert cache.get("s0", (100, 1)) == index_with(0)
-    assert cache.get("s0", (100, 2)) is None
-    assert cache.get("s0") == index_with(0)  # no validator given: trusted
+    cache.put("s0", index_with(0), (100, 1), size=7)
+    entry = cache.entry("s0")
+    assert entry is not None and entry.index == index_with(0) and (entry.generation, entry.size) == ((100, 1), 7)
+    assert cache.entry("s1") is None
+    assert cache.get("s0") == index_with(0)
     assert (cache.hits, cache.misses) == (2, 1)
 
 

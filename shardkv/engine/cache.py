@@ -75,16 +75,10 @@ class IndexCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, shard_key: str, validator: Hashable = None) -> ShardIndex | None:
-        """The cached index, or ``None`` when absent or when its validator differs."""
-        with self._lock:
-            entry = self._entries.get(shard_key)
-            if entry is None or (validator is not None and entry.generation != validator):
-                self.misses += 1
-                return None
-            self._entries.move_to_end(shard_key)
-            self.hits += 1
-            return entry.index
+    def get(self, shard_key: str) -> ShardIndex | None:
+        """The cached index, or ``None``; counts a hit or a miss."""
+        entry = self.entry(shard_key)
+        return None if entry is None else entry.index
 
     def entry(self, shard_key: str) -> CacheEntry | None:
         """The cached entry of a shard (index, generation, size), or ``None``; counts a hit or a miss."""
@@ -102,23 +96,8 @@ class IndexCache:
         with self._lock:
             return self._entries.get(shard_key)
 
-    def get_generation(self, shard_key: str) -> tuple[ShardIndex, Hashable] | None:
-        """The cached index with the validator stored beside it (on object stores: its generation).
-
-        ``None`` (a miss) when absent or when cached without one: a reader
-        that pins its chunk reads to the index's generation cannot use it.
-        """
-        with self._lock:
-            entry = self._entries.get(shard_key)
-            if entry is None or entry.generation is None:
-                self.misses += 1
-                return None
-            self._entries.move_to_end(shard_key)
-            self.hits += 1
-            return entry.index, entry.generation
-
-    def put(self, shard_key: str, index: ShardIndex, validator: Hashable = None, size: int | None = None) -> None:
-        """Cache an index with the generation (or validator) of its shard and the shard's size (bytes) if known.
+    def put(self, shard_key: str, index: ShardIndex, generation: Hashable = None, size: int | None = None) -> None:
+        """Cache an index with the generation of its shard and the shard's size (bytes) if known.
 
         Replaces any entry; evicts the least recently used beyond the limit.
         """
@@ -127,7 +106,7 @@ class IndexCache:
             self._drop(shard_key)
             if nbytes > self.max_bytes:
                 return
-            self._entries[shard_key] = CacheEntry(index, validator, size)
+            self._entries[shard_key] = CacheEntry(index, generation, size)
             self._nbytes += nbytes
             while self._nbytes > self.max_bytes:
                 _, evicted = self._entries.popitem(last=False)
