@@ -16,7 +16,7 @@ from shardkv.cli.convert_listing import ArrayListing
 from shardkv.format.layout import ShardLayout
 from shardkv.metadata.all_v3 import plan_all_v3
 from shardkv.metadata.documents import dump_json, load_json
-from shardkv.metadata.hierarchy import ZARR_JSON, plan_migration
+from shardkv.metadata.hierarchy import ZARR_JSON, plan_migration, plan_opaque_blocks
 from shardkv.metadata.v3_view import v3_view_of_v2
 
 __all__ = ["array_metadata", "amend_consolidated", "metadata_order", "store_as_v3"]
@@ -83,7 +83,10 @@ def store_as_v3(meta_out: dict[str, bytes], all_v3: bool = False) -> None:
     a ``.zmetadata`` that zarr-python 2 cannot misread, and the root's
     consolidated block. Unsharded arrays are untouched unless ``all_v3``: then
     :func:`shardkv.metadata.all_v3.plan_all_v3` adds the ``zarr.json`` of every
-    unsharded array and group (their v2 documents are kept).
+    unsharded array and group (their v2 documents are kept). Last, each group
+    on the path of an array no v3 reader decodes gets a consolidated block
+    that leaves it out (:func:`shardkv.metadata.hierarchy.plan_opaque_blocks`),
+    as the proxy keeps one: v3 readers list its siblings.
     """
     docs = {k: load_json(k, v) for k, v in meta_out.items() if k.rpartition("/")[2] in _DOCUMENTS}
     plan = plan_migration(docs)
@@ -95,3 +98,6 @@ def store_as_v3(meta_out: dict[str, bytes], all_v3: bool = False) -> None:
         docs = {k: load_json(k, v) for k, v in meta_out.items() if k.rpartition("/")[2] in _DOCUMENTS}
         for key, doc in plan_all_v3(docs).writes.items():
             meta_out[key] = dump_json(doc, key=key, strict=True)
+    docs = {k: load_json(k, v) for k, v in meta_out.items() if k.rpartition("/")[2] in _DOCUMENTS}
+    for key, doc in plan_opaque_blocks(docs).writes.items():
+        meta_out[key] = dump_json(doc, key=key, strict=True)

@@ -69,6 +69,8 @@ __all__ = [
     "has_consolidated",
     "consolidated_in_step",
     "is_opaque",
+    "opaque_paths",
+    "plan_opaque_blocks",
     "plan_migration",
 ]
 
@@ -468,6 +470,75 @@ def consolidated_in_step(root: Mapping[str, Any], block_of: Mapping[str, Any], c
     out = {k: v for k, v in root.items() if k != "consolidated_metadata"}
     out["consolidated_metadata"] = {**block_of["consolidated_metadata"], "metadata": dict(sorted(flat.items()))}
     return out
+
+
+def opaque_paths(documents: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The paths (below the root) of the arrays no v3 reader decodes (:func:`is_opaque`) among ``documents``.
+
+    ``documents``: metadata documents by store key; only ``zarr.json`` ones count.
+    """
+    out = []
+    for key, doc in documents.items():
+        path, _, name = key.rpartition("/")
+        if name == ZARR_JSON and path and doc.get("node_type") == "array" and is_opaque(doc):
+            out.append(path)
+    return sorted(out)
+
+
+def plan_opaque_blocks(documents: Mapping[str, Mapping[str, Any]], released: Iterable[str] = ()) -> MetadataPlan:
+    """The consolidated blocks that keep a hierarchy listable by v3 readers around its opaque arrays (issue 19, item 5).
+
+    zarr-python 3 lists a group without consolidated metadata by opening the
+    ``zarr.json`` of every child, and one array whose data type it does not
+    know (:func:`is_opaque`) makes the whole listing raise: ``members()``,
+    ``tree()`` and ``xarray.open_zarr`` fail for every sibling. A group that
+    holds a consolidated block is listed from the block alone, which leaves
+    opaque arrays out (:func:`consolidated_entry`). So every group on the path
+    of an opaque array (the root and each group down to the array's parent,
+    so a sub-group opened by its own path lists too) gets a block of every v3
+    node below it. Such a block is shardkv's own when no ``.zmetadata``
+    (what zarr-python 2's ``consolidate_metadata`` writes) is stored beside
+    the group: zarr-python 2 never sees it (groups are presented as
+    ``.zgroup``/``.zattrs``). Once no opaque array is left below a group in
+    ``released``, its own block is dropped and readers list the store again.
+
+    Parameters
+    ----------
+    documents : mapping of str to mapping
+        Metadata documents by store key, parsed: the ``zarr.json`` of every v3
+        node under the groups to plan, and the ``.zmetadata`` keys stored there
+        (their content is not used). Groups not among them are left as they are.
+    released : iterable of str
+        Paths of groups whose block was needed before a deletion below them;
+        each loses a block shardkv wrote when no opaque array is left below it.
+
+    Returns
+    -------
+    MetadataPlan
+        The group ``zarr.json`` documents that change (none when all are in step).
+    """
+    nodes: dict[str, Mapping[str, Any]] = {}
+    for key, doc in documents.items():
+        path, _, name = key.rpartition("/")
+        if name == ZARR_JSON and doc.get("zarr_format") == 3:
+            nodes[path] = doc
+    needed = {group for path in opaque_paths(documents) for group in group_paths(path)}
+    freed = {p.strip("/") for p in released} - needed
+    writes: dict[str, dict[str, Any]] = {}
+    for group, doc in sorted(nodes.items()):
+        if doc.get("node_type") != "group":
+            continue
+        if group in needed:
+            prefix = f"{group}/" if group else ""
+            below = {p[len(prefix) :]: d for p, d in nodes.items() if p != group and p.startswith(prefix)}
+            new = with_consolidated_metadata(doc, below)
+        elif group in freed and has_consolidated(doc) and _join(group, ".zmetadata") not in documents:
+            new = {k: v for k, v in doc.items() if k != "consolidated_metadata"}
+        else:
+            continue
+        if new != doc:
+            writes[_join(group, ZARR_JSON)] = new
+    return MetadataPlan(writes)
 
 
 # -- the layout before issue 11 -> the layout after ---------------------------------

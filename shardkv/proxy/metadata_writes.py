@@ -59,8 +59,10 @@ from shardkv.metadata.hierarchy import (
     consolidated_in_step,
     group_paths,
     has_consolidated,
+    is_opaque,
     plan_attributes,
     plan_group,
+    plan_opaque_blocks,
     plan_root_array,
     plan_sharded_array,
     plan_v3_groups,
@@ -99,6 +101,16 @@ def _fits_v3_json(key: str, doc: Mapping[str, Any]) -> bool:
     except MetadataError:
         return False
     return True
+
+
+def _common_group(paths: Iterable[str]) -> str:
+    """The deepest path every one of ``paths`` lies under (``""``: the root)."""
+    common: list[str] = []
+    for parts in zip(*([p for p in path.split("/") if p] for path in paths)):
+        if len(set(parts)) != 1:
+            break
+        common.append(parts[0])
+    return "/".join(common)
 
 
 def writes_to(kv: KVStore) -> WriteValues:
@@ -206,6 +218,8 @@ class MetadataWriter:
         else:
             self._apply(MetadataPlan(deletes=frozenset({join_path(path, ZARR_JSON)})))
         self._nodes.forget(path)
+        if name != ".zattrs":
+            self._opaque_blocks(removed=path)
 
     def removed(self, path: str) -> None:
         """Bring the consolidated blocks above ``path`` in step after everything under it was deleted (``rmdir``).
@@ -220,6 +234,7 @@ class MetadataWriter:
         plan = self._in_step(MetadataPlan(deletes=frozenset({join_path(path, ZARR_JSON)})))
         if plan.writes:
             self._apply(MetadataPlan(plan.writes))
+        self._opaque_blocks(removed=path)
 
     # -- writing ---------------------------------------------------------------------
 
@@ -265,6 +280,9 @@ class MetadataWriter:
                 written[path] = self._nodes.keep_written(path, raw, plan.writes[key], (arrays or {}).get(path))
         if becomes_v3:
             self._describe_v2_nodes()
+        opaque = [p for p, n in written.items() if p and n.doc is not None and n.doc.get("node_type") == "array" and is_opaque(n.doc)]
+        if opaque:
+            self._opaque_blocks(written=opaque)
         return written
 
     # -- v3 all the way down (issue 19, item 5) ------------------------------------------
@@ -304,6 +322,47 @@ class MetadataWriter:
                 continue
             extra[join_path(group, ZARR_JSON)] = consolidated_in_step(new, block_of, below)
         return plan.merged(MetadataPlan(extra)) if extra else plan
+
+    def _opaque_blocks(self, written: Iterable[str] = (), removed: str | None = None) -> None:
+        """Keep a consolidated block at each group on the path of an opaque array, and only there.
+
+        :func:`~shardkv.metadata.hierarchy.plan_opaque_blocks`: v3 readers
+        list such a group from its block, which leaves the opaque arrays out,
+        so one array they cannot decode never hides its siblings. ``written``:
+        paths of opaque arrays just written (each group above them without a
+        block gets one); ``removed``: a path just deleted (each group above it
+        whose block is shardkv's own, no ``.zmetadata`` beside it, loses the
+        block when no opaque array is left below it). Costs nothing when every
+        block is already there; otherwise one listing under the groups concerned
+        and one batched read of their ``zarr.json`` documents.
+        """
+        above = sorted({g for p in written for g in group_paths(p)})
+        lacking = [g for g, n in self._nodes.nodes(above).items() if n.doc is not None and not has_consolidated(n.doc)]
+        released: list[str] = []
+        if removed is not None:
+            with_block = [g for g, n in self._nodes.v3_nodes(group_paths(removed)).items() if has_consolidated(n.doc)]
+            if with_block:
+                found = self._read([join_path(g, ".zmetadata") for g in with_block])
+                released = [g for g in with_block if join_path(g, ".zmetadata") not in found]
+        concerned = lacking + released
+        if not concerned:
+            return
+        prefix = path_prefix(_common_group(concerned))
+        keys = [k for k in self._list(prefix) if split_key(k)[1] in (ZARR_JSON, ".zmetadata")]
+        documents: dict[str, Mapping[str, Any]] = {}
+        for key, raw in self._read(keys).items():
+            if split_key(key)[1] != ZARR_JSON:
+                documents[key] = {}
+                continue
+            try:
+                doc = load_json(key, raw)
+            except MetadataError:  # not JSON: no v3 reader lists it either
+                continue
+            if isinstance(doc, dict):
+                documents[key] = doc
+        plan = plan_opaque_blocks(documents, released)
+        if plan.writes:
+            self._apply(plan)
 
     def _describe_v2_nodes(self) -> None:
         """Describe every v2 group and unsharded array of the store in v3 (one listing, one batched read).

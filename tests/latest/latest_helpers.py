@@ -54,7 +54,7 @@ class Reader:
             pytest.fail(f"{command} reader failed ({self.python}):\n{proc.stderr[-4000:]}")
         result = json.loads(proc.stdout)
         for entry in result.values():
-            if isinstance(entry, dict) and entry.get("ok"):
+            if isinstance(entry, dict) and entry.get("ok") and "file" in entry:
                 entry["data"] = np.load(out / entry["file"], allow_pickle=False)
         return result
 

@@ -4,6 +4,9 @@
     python read_without_shardkv.py zarr3-consolidated ROOT      open_group(use_consolidated=True): members
     python read_without_shardkv.py tensorstore ROOT OUT PATH... the zarr3 driver on ROOT/PATH
     python read_without_shardkv.py xarray ROOT OUT              xr.open_zarr(ROOT): each variable
+    python read_without_shardkv.py zarr3-members ROOT OUT GROUP... zarr.open_group(ROOT/GROUP) as zarr 3
+                                                                  defaults: members(max_depth=None), arrays()
+    python read_without_shardkv.py zarr3-path ROOT OUT PATH...  zarr.open_array(ROOT, path=PATH)[...]
 
 Arrays go to OUT/<n>.npy; stdout is one JSON object: for each PATH (or variable)
 ``{"ok": true, "file": ..., "dtype": ...}`` or ``{"ok": false, "error": ...}``.
@@ -66,6 +69,38 @@ def _zarr3_consolidated(root: str) -> dict:
     }
 
 
+def _zarr3_members(root: str, groups: list[str]) -> dict:
+    import zarr
+
+    result = {}
+    for path in groups:
+        try:
+            group = zarr.open_group(str(Path(root) / path), mode="r")  # use_consolidated=None: zarr 3's default
+            members = {
+                name: {"node_type": "array" if isinstance(node, zarr.Array) else "group",
+                       "shape": list(node.shape) if isinstance(node, zarr.Array) else None}
+                for name, node in group.members(max_depth=None)
+            }
+            result[path] = {"ok": True, "members": members, "arrays": sorted(name for name, _ in group.arrays()),
+                            "consolidated": group.metadata.consolidated_metadata is not None,
+                            "attributes": dict(group.attrs)}
+        except Exception as exc:  # noqa: BLE001 - the reader's refusal is the result
+            result[path] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+    return result
+
+
+def _zarr3_path(root: str, out: Path, paths: list[str]) -> dict:
+    import zarr
+
+    result = {}
+    for i, path in enumerate(paths):
+        try:
+            result[path] = _save(out, i, zarr.open_array(root, path=path, mode="r")[...])
+        except Exception as exc:  # noqa: BLE001 - the reader's refusal is the result
+            result[path] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+    return result
+
+
 def _tensorstore(root: str, out: Path, paths: list[str]) -> dict:
     import tensorstore as ts
 
@@ -109,6 +144,10 @@ def main(argv: list[str]) -> int:
             result = _tensorstore(root, out, argv[3:])
         elif command == "xarray":
             result = _xarray(root, out)
+        elif command == "zarr3-members":
+            result = _zarr3_members(root, argv[3:])
+        elif command == "zarr3-path":
+            result = _zarr3_path(root, out, argv[3:])
         else:
             print(f"unknown command {command!r}", file=sys.stderr)
             return 2
