@@ -339,3 +339,98 @@ def test_consolidated_in_step_adds_replaces_and_removes_entries() -> None:
         consolidated_in_step(root, group, {})
     with pytest.raises(ConfigurationError):
         consolidated_in_step(array, root, {})
+
+
+# -- opaque arrays: blocks that keep their siblings listable (issue 19, item 5) ----------------------
+
+_PACKED = np.array([{"a": 1}, [1, 2], "x", None], dtype=object)
+
+
+def _opaque_hierarchy(store: Any) -> Any:
+    """A sharded opaque array two groups down (a/b/packed), its siblings, and a group c without one."""
+    group = zarr.group(store=store)
+    group.attrs["title"] = "t"
+    group.create_dataset("grid", data=np.arange(16.0).reshape(4, 4), chunks=(2, 2))
+    b = group.create_group("a").create_group("b")
+    b.create_dataset("packed", data=_PACKED, chunks=(2,), object_codec=numcodecs.MsgPack())
+    b.create_dataset("v", data=np.arange(3), chunks=(2,))
+    group.create_group("c").create_dataset("w", data=np.arange(4.0), chunks=(2,))
+    return group
+
+
+def test_groups_above_an_opaque_array_hold_a_block_while_it_is_there(tmp_path: Path) -> None:
+    root = tmp_path / "opaque.zarr"
+    cps = {"grid": (2, 2), "a/b/packed": (2,)}
+    with ShardedStore(str(root), chunks_per_shard=cps) as store:
+        group = _opaque_hierarchy(store)
+        assert store.sharded_array("a/b/packed") is not None
+        assert _doc(root, "a/b/packed/zarr.json")["data_type"]["name"] == "shardkv.v2_dtype"
+        # the zarr 2 view: nothing consolidated, nothing new
+        assert ".zmetadata" not in store and not [k for k in store if k.endswith((".zmetadata", "zarr.json"))]
+        assert sorted(store.listdir("")) == [".zattrs", ".zgroup", "a", "c", "grid"]
+        assert sorted(store.listdir("a/b")) == [".zgroup", "packed", "v"]
+        np.testing.assert_array_equal(group["a/b/packed"][...], _PACKED)
+        with pytest.raises(KeyError):
+            zarr.open_consolidated(store)
+    assert not list(root.rglob(".zmetadata"))
+    assert sorted(_block(root)) == ["a", "a/b", "a/b/v", "c", "c/w", "grid"]
+    assert sorted(_block(root, "a")) == ["b", "b/v"]
+    assert sorted(_block(root, "a/b")) == ["v"]
+    assert "consolidated_metadata" not in _doc(root, "c/zarr.json")
+    assert _block(root)["a"]["consolidated_metadata"] == {"kind": "inline", "must_understand": False, "metadata": {}}
+    assert _doc(root, "zarr.json")["attributes"] == {"title": "t"}
+
+    with ShardedStore(str(root), chunks_per_shard=cps) as store:  # later writes keep the blocks in step
+        group = zarr.open_group(store, mode="a")
+        group["a"].attrs["level"] = 1
+        group["a/b"].create_dataset("u", data=np.arange(2), chunks=(2,))
+        group["grid"].resize(6, 4)
+        assert ".zmetadata" not in store
+    assert sorted(_block(root, "a")) == ["b", "b/u", "b/v"] and _doc(root, "a/zarr.json")["attributes"] == {"level": 1}
+    assert _block(root)["grid"]["shape"] == [6, 4] and _block(root)["a"]["attributes"] == {"level": 1}
+    assert sorted(_block(root, "a/b")) == ["u", "v"]
+
+    with ShardedStore(str(root)) as store:  # the last opaque array goes: so do the blocks
+        del zarr.open_group(store, mode="a")["a/b/packed"]
+    for group_path in ("", "a", "a/b", "c"):
+        doc = _doc(root, f"{group_path}/zarr.json" if group_path else "zarr.json")
+        assert "consolidated_metadata" not in doc, group_path
+    assert _doc(root, "zarr.json")["attributes"] == {"title": "t"}
+    assert _doc(root, "a/zarr.json")["attributes"] == {"level": 1}
+
+
+def test_a_users_block_stays_when_the_last_opaque_array_goes(tmp_path: Path) -> None:
+    root = tmp_path / "consolidated.zarr"
+    with ShardedStore(str(root), chunks_per_shard={"grid": (2, 2), "a/b/packed": (2,)}) as store:
+        _opaque_hierarchy(store)
+        zarr.consolidate_metadata(store)
+        del zarr.open_group(store, mode="a")["a/b/packed"]
+        consolidated = zarr.open_consolidated(store, mode="r")
+        assert sorted(consolidated["a/b"]) == ["v"]
+    assert sorted(_block(root)) == ["a", "a/b", "a/b/v", "c", "c/w", "grid"]  # the user's, in step
+    assert "consolidated_metadata" not in _doc(root, "a/zarr.json")
+    assert "consolidated_metadata" not in _doc(root, "a/b/zarr.json")
+
+
+def test_plan_opaque_blocks_adds_keeps_and_releases() -> None:
+    from shardkv.metadata.hierarchy import opaque_paths, plan_opaque_blocks, with_consolidated_metadata
+
+    group = {"zarr_format": 3, "node_type": "group", "attributes": {}}
+    array = {"zarr_format": 3, "node_type": "array", "shape": [2], "attributes": {}}
+    opaque = {**array, "data_type": {"name": "shardkv.v2_dtype", "configuration": {"dtype": "|O"}}}
+    documents: dict[str, Any] = {
+        "zarr.json": group, "g/zarr.json": group, "g/o/zarr.json": opaque, "g/x/zarr.json": array,
+        "h/zarr.json": group, "h/y/zarr.json": array,
+    }  # fmt: skip
+    assert opaque_paths(documents) == ["g/o"]
+    plan = plan_opaque_blocks(documents)
+    assert sorted(plan.writes) == ["g/zarr.json", "zarr.json"] and not plan.deletes
+    assert sorted(plan.writes["zarr.json"]["consolidated_metadata"]["metadata"]) == ["g", "g/x", "h", "h/y"]
+    assert list(plan.writes["g/zarr.json"]["consolidated_metadata"]["metadata"]) == ["x"]
+    assert not plan_opaque_blocks({**documents, **plan.writes}).writes  # in step: nothing to write
+    # no opaque array left: a released block goes unless a .zmetadata stands beside it; others stay
+    blocked = with_consolidated_metadata(group, {"y": array})
+    left = {"zarr.json": blocked, "g/zarr.json": blocked, "h/zarr.json": blocked, "g/.zmetadata": {}}
+    plan = plan_opaque_blocks(left, released=["", "g"])
+    assert list(plan.writes) == ["zarr.json"] and plan.writes["zarr.json"] == group
+    assert not plan_opaque_blocks(left).writes

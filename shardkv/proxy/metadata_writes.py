@@ -251,18 +251,21 @@ class MetadataWriter:
         plan: MetadataPlan,
         arrays: Mapping[str, ShardedArray | None] | None = None,
         mirrors: Iterable[str] = (),
+        unblocked: Iterable[str] = (),
     ) -> dict[str, Node]:
         """Write and delete what ``plan`` says (v3 documents first); the written nodes recorded, not read back.
 
         ``arrays``: the key mappings of the arrays written, by path, as built
         from the ``.zarray`` given; ``mirrors``: the paths whose ``zarr.json``
-        written mirrors an unsharded array's ``.zarray``. Consolidated blocks
-        above the nodes written are brought in step in the same batch; a root
+        written mirrors an unsharded array's ``.zarray``; ``unblocked``: the
+        groups whose ``zarr.json`` written drops its consolidated block on
+        purpose. Consolidated blocks above the nodes written are brought in
+        step in the same batch; a root
         that becomes a v3 group here makes the whole hierarchy v3 (:meth:`_describe_v2_nodes`).
         """
         root = plan.writes.get(ZARR_JSON)
         becomes_v3 = root is not None and root.get("node_type") == "group" and not self._hierarchy_is_v3()
-        plan = self._in_step(plan)
+        plan = self._in_step(plan, frozenset(unblocked))
         values = {k: dump_json(doc, key=k, strict=split_key(k)[1] == ZARR_JSON) for k, doc in plan.writes.items()}
         for key in plan.deletes:
             self._nodes.forget(split_key(key)[0])
@@ -280,7 +283,7 @@ class MetadataWriter:
                 written[path] = self._nodes.keep_written(path, raw, plan.writes[key], (arrays or {}).get(path))
         if becomes_v3:
             self._describe_v2_nodes()
-        opaque = [p for p, n in written.items() if p and n.doc is not None and n.doc.get("node_type") == "array" and is_opaque(n.doc)]
+        opaque = [p for p, n in written.items() if p and n.doc is not None and is_opaque(n.doc)]
         if opaque:
             self._opaque_blocks(written=opaque)
         return written
@@ -292,11 +295,12 @@ class MetadataWriter:
         root = self._nodes.node("").doc
         return root is not None and root.get("node_type") == "group"
 
-    def _in_step(self, plan: MetadataPlan) -> MetadataPlan:
+    def _in_step(self, plan: MetadataPlan, unblocked: frozenset[str] = frozenset()) -> MetadataPlan:
         """``plan`` plus the ``zarr.json`` of each group above its v3 documents whose consolidated block they change.
 
         A group document the plan rewrites without a block keeps the block it
-        had (brought in step); a group the plan deletes takes its block along.
+        had (brought in step), unless it is one of ``unblocked``; a group the
+        plan deletes takes its block along.
         """
         changed: dict[str, dict[str, Any] | None] = {
             split_key(k)[0]: doc for k, doc in plan.writes.items() if split_key(k)[1] == ZARR_JSON
@@ -310,7 +314,7 @@ class MetadataWriter:
         extra: dict[str, dict[str, Any]] = {}
         for group in sorted(candidates):
             before = stored.get(group)
-            if not has_consolidated(before) or (group in changed and changed[group] is None):
+            if not has_consolidated(before) or group in unblocked or (group in changed and changed[group] is None):
                 continue
             prefix = path_prefix(group)
             below = {p[len(prefix) :]: d for p, d in changed.items() if p != group and p.startswith(prefix)}
@@ -362,7 +366,8 @@ class MetadataWriter:
                 documents[key] = doc
         plan = plan_opaque_blocks(documents, released)
         if plan.writes:
-            self._apply(plan)
+            dropped = [split_key(k)[0] for k, doc in plan.writes.items() if not has_consolidated(doc)]
+            self._apply(plan, unblocked=dropped)
 
     def _describe_v2_nodes(self) -> None:
         """Describe every v2 group and unsharded array of the store in v3 (one listing, one batched read).
