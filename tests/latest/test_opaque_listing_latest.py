@@ -71,6 +71,8 @@ def _assert_v3_readers_list(reader: Reader, root: Path, opaque: list[str], extra
     decodable = {"x": "array", "y": "array", "grid": "array", "sub": "group", "sub/line": "array",
                  "sub/deep": "group", "sub/deep/vals": "array", **(extra or {})}
     listed = _members(reader, root, "", "sub", "sub/deep")
+    for group in {g for p in opaque for g in ("", "sub", "sub/deep")[: p.count("/") + 1]}:
+        assert listed[group]["consolidated"], group  # listed from the block that leaves the opaque arrays out
     assert listed[""]["members"].keys() == decodable.keys()
     assert {p: m["node_type"] for p, m in listed[""]["members"].items()} == decodable
     assert listed[""]["members"]["grid"]["shape"] == [6, 8]
@@ -138,6 +140,14 @@ def test_opaque_arrays_never_hide_their_siblings(tmp_path: Path, reader: Reader)
         del group["sub/deep/more"]
     _assert_zarr2_view(root, {"sub/rec": REC})
     _assert_v3_readers_list(reader, root, ["sub/rec"], {"sub/z": "array"})
+
+    # the last one: no block is needed any more, zarr 3 lists the store itself
+    with ShardedStore(str(root)) as store:
+        del zarr.open_group(store, mode="a")["sub/rec"]
+    _assert_zarr2_view(root, {})
+    _assert_v3_readers_list(reader, root, [], {"sub/z": "array"})
+    listed = _members(reader, root, "", "sub")
+    assert not listed[""]["consolidated"] and not listed["sub"]["consolidated"]
 
 
 def test_convert_all_v3_lists_alike(tmp_path: Path, reader: Reader) -> None:
