@@ -34,6 +34,7 @@ zarr 2 writes through the proxy        plan
 reads of ``.zarray``/``.zattrs``/      :func:`present`, :func:`presented_zmetadata`
 ``.zgroup``/``.zmetadata``
 a hierarchy in the old layout          :func:`plan_migration` (``convert``, a migrate command)
+an array no v3 reader decodes          :func:`plan_opaque_blocks` (a block at each group above it)
 =====================================  ==============================================
 """
 

@@ -28,8 +28,11 @@ v3 group and every unsharded array gains a ``zarr.json`` that reads its chunk
 objects where they are (:func:`~shardkv.metadata.all_v3.plan_v3_down`; one
 listing, once); from then on each ``.zarray``/``.zattrs`` write or delete of an
 unsharded array brings its mirror in step, and a ``.zmetadata`` write describes
-any v2 node it lists that is still missing. An array no v3 reader decodes gets
-no mirror (v3 readers do not list it; its siblings stay readable). Every v3
+any v2 node it lists that is still missing. An unsharded array no v3 reader
+decodes gets no mirror (v3 readers do not list it; its siblings stay readable);
+a sharded one (``shardkv.v2_dtype``) has a ``zarr.json``, so each group on its
+path holds a consolidated block that leaves it out, whether or not the user
+consolidated (:func:`~shardkv.metadata.hierarchy.plan_opaque_blocks`). Every v3
 document written or deleted below a group whose ``zarr.json`` holds a
 consolidated block is brought into that block in the same batch
 (:func:`~shardkv.metadata.hierarchy.consolidated_in_step`): zarr-python 3
@@ -260,8 +263,9 @@ class MetadataWriter:
         written mirrors an unsharded array's ``.zarray``; ``unblocked``: the
         groups whose ``zarr.json`` written drops its consolidated block on
         purpose. Consolidated blocks above the nodes written are brought in
-        step in the same batch; a root
-        that becomes a v3 group here makes the whole hierarchy v3 (:meth:`_describe_v2_nodes`).
+        step in the same batch; a root that becomes a v3 group here makes the
+        whole hierarchy v3 (:meth:`_describe_v2_nodes`). A group on the path of
+        an opaque array written gets a block (:meth:`_opaque_blocks`).
         """
         root = plan.writes.get(ZARR_JSON)
         becomes_v3 = root is not None and root.get("node_type") == "group" and not self._hierarchy_is_v3()
@@ -353,11 +357,9 @@ class MetadataWriter:
             return
         prefix = path_prefix(_common_group(concerned))
         keys = [k for k in self._list(prefix) if split_key(k)[1] in (ZARR_JSON, ".zmetadata")]
-        documents: dict[str, Mapping[str, Any]] = {}
-        for key, raw in self._read(keys).items():
-            if split_key(key)[1] != ZARR_JSON:
-                documents[key] = {}
-                continue
+        # a .zmetadata counts by its key alone (it marks a block the user asked for): not read
+        documents: dict[str, Mapping[str, Any]] = {k: {} for k in keys if split_key(k)[1] != ZARR_JSON}
+        for key, raw in self._read([k for k in keys if split_key(k)[1] == ZARR_JSON]).items():
             try:
                 doc = load_json(key, raw)
             except MetadataError:  # not JSON: no v3 reader lists it either
