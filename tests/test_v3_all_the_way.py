@@ -412,6 +412,20 @@ def test_a_users_block_stays_when_the_last_opaque_array_goes(tmp_path: Path) -> 
     assert "consolidated_metadata" not in _doc(root, "a/b/zarr.json")
 
 
+def test_over_a_dict_deleting_the_opaque_arrays_zarray_takes_the_blocks_along() -> None:
+    base: dict[str, bytes] = {}
+    store = ShardedStore(base, chunks_per_shard={"grid": (2, 2), "a/b/packed": (2,)})
+    _opaque_hierarchy(store)
+    assert [k for k in sorted(base) if k.endswith("zarr.json") and "consolidated_metadata" in json.loads(base[k])] == [
+        "a/b/zarr.json", "a/zarr.json", "zarr.json",
+    ]
+    assert sorted(json.loads(base["a/b/zarr.json"])["consolidated_metadata"]["metadata"]) == ["v"]
+    del store["a/b/packed/.zarray"]
+    assert "a/b/packed/zarr.json" not in base
+    assert not [k for k in base if k.endswith("zarr.json") and "consolidated_metadata" in json.loads(base[k])]
+    assert ".zmetadata" not in store and not [k for k in base if k.endswith(".zmetadata")]
+
+
 def test_plan_opaque_blocks_adds_keeps_and_releases() -> None:
     from shardkv.metadata.hierarchy import opaque_paths, plan_opaque_blocks, with_consolidated_metadata
 
