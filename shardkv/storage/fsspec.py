@@ -1,21 +1,12 @@
 """A :class:`~shardkv.storage.kv.KVStore` over an fsspec filesystem (other than local directories and S3).
 
-* ``memory://`` (:class:`FsspecStore` over a ``MemoryFileSystem``): every write
-  stores a new file object, so the generation of a value is the identity of
-  the stored object (a serial number given to it on first sight, equal only
-  for the very same object, picklable). It sees every write in the process,
-  shardkv's or not. The data lives in this process (``in_process``). Reads
-  slice the stored buffer under one lookup, so all ranges of a read come from
-  one object.
-* any other filesystem (gcsfs, http, adlfs, a ``LocalFileSystem`` subclass,
-  ...): generations are process stamps (:mod:`shardkv.storage.stamps`); reads
-  are one ``cat_ranges`` batch per call, writes ``pipe``, except on local
-  files (a ``LocalFileSystem`` subclass, which may count or change reads):
-  they are written atomically as :class:`~shardkv.storage.local.LocalStore`
-  writes them.
-
-Local directories use :class:`shardkv.storage.local.LocalStore`, s3fs uses
-:class:`shardkv.storage.s3.S3Store` (``shardkv.storage.open.open_kv`` picks).
+* ``memory://``: every write stores a new file object, so the generation of a
+  value is the identity of the stored object (a serial number it keeps for
+  life); it sees every write in the process, shardkv's or not.
+* any other filesystem (gcsfs, http, a ``LocalFileSystem`` subclass, ...):
+  process stamps (:mod:`shardkv.storage.stamps`); reads are one ``cat_ranges``
+  per call, writes ``pipe``, except local files, written atomically as
+  :class:`~shardkv.storage.local.LocalStore` writes them.
 """
 
 from __future__ import annotations

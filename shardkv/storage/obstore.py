@@ -1,29 +1,15 @@
 """A :class:`~shardkv.storage.kv.KVStore` over an obstore store (S3Store, GCSStore, AzureStore, MemoryStore, LocalStore).
 
-`obstore <https://developmentseed.org/obstore/>`_ wraps the Rust
-``object_store`` crate. Generations are the store's ``(e_tag, version)``,
-reported by the very GET that reads the bytes.
-
-* Every byte range is one GET (``range`` option: ``(start, end)``,
-  ``{"offset": n}``, ``{"suffix": n}``); conditioned on a generation it
-  carries ``if_match``, and a ``PreconditionError`` is the answer "stale".
-  Requests run concurrently on the store's thread pool (obstore releases the
-  GIL while it waits). Unconditioned ranges of one key whose e_tags differ are
-  read again as one whole GET. A zero-range read is one GET with ``head``.
-* Puts are one PUT with ``PutMode``: ``"create"`` for :data:`NO_VALUE`,
-  ``{"e_tag", "version"}`` for an update; ``PreconditionError`` /
-  ``AlreadyExistsError`` is a lost race (``None``). Values given as parts go
-  to obstore as they are (it assembles the body, no join in Python).
-* obstore has no conditional delete (``conditional_delete=False``): a
-  conditional delete compares a HEAD's e_tag first, which is not atomic.
-* Stores that refuse ``PutMode`` updates (``LocalStore``, an ``S3Store`` made
-  with ``conditional_put="disabled"``) report ``conditional_put=False``; an
-  update there is checked first and made under the in-process writer lock.
-  The engine uses lock files (``LocalStore``: ``lock_dir``) or refuses
-  (:func:`conditional_put_disabled` says why).
-
-"Not found" is the state "missing"; every other error propagates. obstore is
-imported only when a store is made, so shardkv works without it.
+Generations are the store's ``(e_tag, version)``, reported by the GET that
+reads the bytes. Every byte range is one GET (``if_match`` when conditioned:
+a ``PreconditionError`` is "stale"), run concurrently on a thread pool (obstore
+releases the GIL while it waits). Puts use ``PutMode`` (``"create"``, or the
+e_tag/version of an update; a lost race is ``None``). obstore has no
+conditional delete, and stores that refuse ``PutMode`` updates (``LocalStore``,
+an ``S3Store`` with ``conditional_put="disabled"``) report
+``conditional_put=False``: such conditions are checked first, under the
+in-process writer lock (not atomic across processes). obstore is imported only
+when a store is made, so shardkv works without it.
 """
 
 from __future__ import annotations

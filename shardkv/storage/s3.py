@@ -1,29 +1,15 @@
 """A :class:`~shardkv.storage.kv.KVStore` over S3 (or an S3-protocol server) through s3fs's client.
 
-Generations are ETags, returned by the very request that reads the bytes.
-
-* A read of a byte range is one ``GetObject`` with a ``Range`` header, so it
-  moves exactly the bytes asked for; conditioned on a generation it carries
-  ``If-Match``, and a ``412`` is the answer "stale" (nothing read). A warm
-  chunk read is therefore one request of the chunk's bytes. Several ranges of
-  one key are as many requests, concurrent; when they were not conditioned
-  and came back with different ETags (a writer replaced the object between
-  them), the object is read whole once instead, so a read is never a mix.
-* A zero-range read (the "is it still ``g``?" check) is one ``HeadObject``
-  with ``If-Match``. A range past the end (``416``) reads as empty.
-* ``PutObject`` with ``If-Match: <etag>`` (update) or ``If-None-Match: *``
-  (create); a ``412 Precondition Failed`` or ``409
-  ConditionalRequestConflict`` is a lost race (``None``), every other error
-  propagates. ``DeleteObject`` with ``If-Match`` where the server takes it
-  (``conditional_delete=True``, real S3 and moto do); otherwise a conditional
-  delete is checked with ``HeadObject`` first (not atomic).
-* Requests of one call (all its keys and ranges) run concurrently on s3fs's
-  event loop, at most :data:`IN_FLIGHT` at once.
-* Listings are ``ListObjectsV2``; :meth:`S3Store.list_generations` gives the
-  ETags the listing carries, free.
-
-"Not found" (404) is the state "missing"; permission and network errors
-propagate unchanged.
+Generations are ETags, returned by the very request that reads the bytes. A
+byte range is one ``GetObject`` with a ``Range`` header (and ``If-Match`` when
+conditioned: a ``412`` is "stale"), so a warm chunk read is one request of the
+chunk's bytes; a zero-range read is one ``HeadObject``. Puts carry ``If-Match``
+or ``If-None-Match: *`` (a ``412``/``409`` is a lost race); deletes carry
+``If-Match`` where the server takes it (``conditional_delete``), else check
+with a ``HeadObject`` first (not atomic). The requests of one call run
+concurrently on s3fs's event loop, :data:`IN_FLIGHT` at most. Listings are
+``ListObjectsV2`` (with their ETags). "Not found" is "missing"; permission and
+network errors propagate unchanged.
 """
 
 from __future__ import annotations
