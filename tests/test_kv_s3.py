@@ -161,7 +161,7 @@ def test_requests_of_one_call_share_the_in_flight_bound(s3kv: S3Store, monkeypat
 
     for i in range(4):
         s3kv.put(f"k{i}", bytes(100))
-    s3kv.in_flight = 3
+    monkeypatch.setattr("shardkv.storage.s3.IN_FLIGHT", 3)
     state = {"now": 0, "most": 0}
     real = s3kv.fs._call_s3
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from shardkv.errors import ConfigurationError
 from shardkv.format.ranges import ByteRange
-from shardkv.storage.buffers import BytesLike, Value, byte_parts
+from shardkv.storage.buffers import Value, byte_parts
 from shardkv.storage.kv import (
     ANY,
     MISSING_RESULT,
@@ -34,6 +34,7 @@ from shardkv.storage.kv import (
 )
 from shardkv.storage.local import LocalStore
 from shardkv.storage.location import StoreLocation
+from shardkv.storage.objects import Fetched, Outcome, assemble, child_names, metadata_only, plan_requests, sliced
 from shardkv.storage.stamps import STAMPS
 
 __all__ = ["ObstoreStore", "is_obstore_store", "obstore_location", "conditional_put_disabled", "open_obstore_url"]
@@ -184,14 +185,15 @@ class ObstoreStore(KVStore):
             return {}
         return {"if_match": cond.token[0]}
 
-    def _head(self, key: str, cond: Generation) -> Mapping[str, Any]:
-        """The object's metadata (one GET with ``head``; errors propagate)."""
-        return self._obs.get(self.store, key, options={**self._if_match(cond), "head": True}).meta
+    def _head(self, key: str, cond: Generation) -> Fetched:
+        """The object's generation and size (one GET with ``head``; errors propagate)."""
+        meta = self._obs.get(self.store, key, options={**self._if_match(cond), "head": True}).meta
+        return b"", _generation(meta), int(meta["size"])
 
-    def _get(self, key: str, byte_range: ByteRange | None, cond: Generation) -> tuple[BytesLike, Mapping[str, Any]]:
-        """One GET of a range (or the whole value): its bytes (a read-only view) and the object's metadata."""
+    def _get(self, key: str, byte_range: ByteRange | None, cond: Generation) -> Fetched:
+        """One GET of a range (or the whole value): its bytes (a read-only view), generation and size."""
         if byte_range is not None and byte_range.nbytes == 0:
-            return b"", self._head(key, cond)
+            return self._head(key, cond)
         options = self._if_match(cond)
         if byte_range is not None:
             options["range"] = _range_option(byte_range)
@@ -202,17 +204,18 @@ class ObstoreStore(KVStore):
                 raise
             # a range the server would not serve as one (starting past the end, a suffix of an empty
             # object answered in full): the whole value, sliced (a real error raises again)
-            whole, meta = self._get(key, None, cond)
+            whole, generation, size = self._get(key, None, cond)
             view = memoryview(whole)
-            return view[slice(*byte_range.resolve(view.nbytes))], meta
-        return memoryview(result.bytes()), result.meta
+            return view[slice(*byte_range.resolve(view.nbytes))], generation, size
+        return memoryview(result.bytes()), _generation(result.meta), int(result.meta["size"])
 
-    def _request(self, leaf: tuple[ReadRequest, ByteRange | None]) -> Any:
-        """One request of a read: ``(bytes, metadata)``; "missing"/"stale" (or another error) returned, not raised."""
-        (key, ranges, cond), byte_range = leaf
+    def _request(self, leaf: tuple[ReadRequest, ByteRange | None]) -> Outcome:
+        """One request of a read; "not found" and "changed" are answers, other errors are returned."""
+        request, byte_range = leaf
+        key, _, cond = request
         try:
-            if cond.is_missing or ranges == []:
-                return None, self._head(key, cond)
+            if metadata_only(request):
+                return self._head(key, cond)
             return self._get(key, byte_range, cond)
         except self._missing:
             return "missing"
@@ -221,54 +224,25 @@ class ObstoreStore(KVStore):
         except Exception as exc:  # raised by get_many once every request of the call is over
             return exc
 
-    def _result(self, request: ReadRequest, got: list[Any]) -> ReadResult:
-        key, ranges, cond = request
-        if "missing" in got:
-            return MISSING_RESULT
-        if "stale" in got:
-            return ReadResult("stale", None, ANY)
-        generations = {_generation(meta) for _, meta in got}
-        size = int(got[0][1]["size"])
-        if cond.is_missing:
-            return ReadResult("stale", None, generations.pop(), size)
-        if ranges == []:
-            return ReadResult("value", [], generations.pop(), size)
-        if len(generations) > 1 and ranges is not None:  # replaced between the requests (unconditioned)
-            return self._whole_sliced(key, ranges)
-        return ReadResult("value", [data for data, _ in got], generations.pop(), size)
-
-    def _whole_sliced(self, key: str, ranges: Sequence[ByteRange]) -> ReadResult:
+    def _whole_sliced(self, request: ReadRequest) -> ReadResult:
+        """A read whose ranges were replaced between their requests (unconditioned): one whole read, cut."""
+        key, ranges, _ = request
         try:
-            data, meta = self._get(key, None, ANY)
+            return sliced(self._get(key, None, ANY), ranges or [])
         except self._missing:
             return MISSING_RESULT
-        view = memoryview(data)
-        return ReadResult("value", [view[slice(*r.resolve(view.nbytes))] for r in ranges], _generation(meta),
-                          view.nbytes)
 
     def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
         # every request of every read on the pool at once (one level: no task waits on another)
-        leaves: list[tuple[ReadRequest, ByteRange | None]] = []
-        owners: list[int] = []
-        for i, request in enumerate(reads):
-            _, ranges, cond = request
-            for byte_range in ([None] if ranges is None or ranges == [] or cond.is_missing else ranges):
-                leaves.append((request, byte_range))
-                owners.append(i)
-        outcomes = self._map(self._request, leaves)
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                raise outcome
-        per_read: list[list[Any]] = [[] for _ in reads]
-        for owner, outcome in zip(owners, outcomes):
-            per_read[owner].append(outcome)
-        return [self._result(request, got) for request, got in zip(reads, per_read)]
+        plan = plan_requests(reads)
+        results = assemble(reads, plan, self._map(self._request, [(reads[i], r) for i, r in plan]))
+        return [self._whole_sliced(reads[i]) if result is None else result for i, result in enumerate(results)]
 
     # -- writes ---------------------------------------------------------------
 
     def _current(self, key: str) -> Generation:
         try:
-            return _generation(self._head(key, ANY))
+            return self._head(key, ANY)[1]
         except self._missing:
             return NO_VALUE
 
@@ -337,9 +311,7 @@ class ObstoreStore(KVStore):
 
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
         result = self._obs.list_with_delimiter(self.store, prefix.rstrip("/") or None)
-        dirs = {p.rstrip("/").rsplit("/", 1)[-1] for p in result["common_prefixes"]}
-        keys = {m["path"].rsplit("/", 1)[-1] for m in result["objects"]}
-        return sorted(k for k in keys if k and not hidden(k)), sorted(d for d in dirs if d and not hidden(d))
+        return child_names(m["path"] for m in result["objects"]), child_names(result["common_prefixes"])
 
     def prune_empty_dirs(self, prefix: str) -> None:
         """Over a local directory (an obstore ``LocalStore``): remove the directories left empty under ``prefix``."""

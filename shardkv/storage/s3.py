@@ -19,7 +19,7 @@ from contextvars import ContextVar
 from typing import Any, Awaitable, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from shardkv.format.ranges import ByteRange
-from shardkv.storage.buffers import BytesLike, Value, join_parts
+from shardkv.storage.buffers import Value, join_parts
 from shardkv.storage.kv import (
     ANY,
     MISSING_RESULT,
@@ -32,6 +32,7 @@ from shardkv.storage.kv import (
     hidden,
 )
 from shardkv.storage.location import StoreLocation, fs_location
+from shardkv.storage.objects import Outcome, assemble, child_names, metadata_only, plan_requests, sliced
 
 __all__ = ["S3Store", "IN_FLIGHT", "http_range", "gather_all", "is_precondition_failure"]
 
@@ -54,10 +55,6 @@ def http_range(byte_range: ByteRange) -> str:
     return f"bytes={byte_range.start}-{byte_range.stop - 1}"
 
 
-def _empty(byte_range: ByteRange) -> bool:
-    return byte_range.nbytes == 0
-
-
 async def gather_all(calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
     """Await every call's coroutine concurrently; the results in order.
 
@@ -77,34 +74,28 @@ _SLOTS: ContextVar[asyncio.Semaphore | None] = ContextVar("shardkv_s3_slots", de
 """The request slots of the call running (every request of one call takes one: IN_FLIGHT at most)."""
 
 
-async def _limited(calls: Sequence[Callable[[], Awaitable[T]]], limit: int) -> list[T]:
-    token = _SLOTS.set(asyncio.Semaphore(max(1, limit)))
+async def _limited(calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
+    token = _SLOTS.set(asyncio.Semaphore(IN_FLIGHT))
     try:
         return await gather_all(calls)
     finally:
         _SLOTS.reset(token)
 
 
-def _client_errors(exc: BaseException) -> list[Any]:
-    """The botocore ``ClientError``-like errors in ``exc``'s chain (s3fs re-raises them as ``OSError``)."""
-    found = []
+def _codes(exc: BaseException) -> list[tuple[str, int | None]]:
+    """``(error code, HTTP status)`` of the botocore ``ClientError``-like errors in ``exc``'s chain
+    (s3fs re-raises them as ``OSError``)."""
+    out = []
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen and len(seen) < 32:
         seen.add(id(current))
-        if isinstance(getattr(current, "response", None), Mapping):
-            found.append(current)
+        response = getattr(current, "response", None)
+        if isinstance(response, Mapping):
+            code = str((response.get("Error") or {}).get("Code", ""))
+            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            out.append((code, None if status is None else int(status)))
         current = current.__cause__ or current.__context__
-    return found
-
-
-def _codes(exc: BaseException) -> list[tuple[str, int | None]]:
-    out = []
-    for error in _client_errors(exc):
-        response = error.response
-        code = str((response.get("Error") or {}).get("Code", ""))
-        status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
-        out.append((code, None if status is None else int(status)))
     return out
 
 
@@ -153,8 +144,6 @@ class S3Store(KVStore):
         self.root = fs._strip_protocol(root).rstrip("/")
         self._sync = sync
         self._location = fs_location(fs, self.root)
-        self.in_flight = IN_FLIGHT
-        """Requests of one call in flight at once, at most."""
         self.caps = Capabilities(ranged=True, round_trips=True, stamps="native", conditional_put=True,
                                  conditional_delete=bool(conditional_delete), lock_dir=False, in_process=False)
 
@@ -174,8 +163,8 @@ class S3Store(KVStore):
         return bucket, object_key
 
     def _run(self, calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
-        """Run the calls on s3fs's loop, their requests at most :attr:`in_flight` at once."""
-        return self._sync(self.fs.loop, _limited, calls, self.in_flight) if calls else []
+        """Run the calls on s3fs's loop, their requests at most :data:`IN_FLIGHT` at once."""
+        return self._sync(self.fs.loop, _limited, calls) if calls else []
 
     async def _s3(self, method: str, key: str, **kwargs: Any) -> Any:
         """One request, in one of the running call's slots."""
@@ -199,7 +188,7 @@ class S3Store(KVStore):
 
     async def _get(self, key: str, byte_range: ByteRange | None, cond: Generation) -> tuple[bytes, Generation, int | None]:
         """One ``GetObject`` (a ``Range`` header for a range, ``If-Match`` for a generation)."""
-        if byte_range is not None and _empty(byte_range):
+        if byte_range is not None and byte_range.nbytes == 0:
             generation, size = await self._head(key, cond)
             return b"", generation, size
         kwargs = self._if_match(cond)
@@ -217,44 +206,39 @@ class S3Store(KVStore):
             data = await body.read()
         return data, Generation(response["ETag"]), _size_of(response)
 
-    async def _read(self, request: ReadRequest) -> ReadResult:
-        key, ranges, cond = request
+    async def _request(self, request: ReadRequest, byte_range: ByteRange | None) -> Outcome:
+        """One request of a read; "not found" and "changed" (412) are answers, other errors are returned."""
+        key, _, cond = request
         try:
-            if cond.is_missing or ranges == []:
+            if metadata_only(request):
                 generation, size = await self._head(key, cond)
-                if cond.is_missing:
-                    return ReadResult("stale", None, generation, size)
-                return ReadResult("value", [], generation, size)
-            if ranges is None:
-                data, generation, size = await self._get(key, None, cond)
-                return ReadResult("value", [data], generation, size)
-            got = await gather_all([lambda r=r: self._get(key, r, cond) for r in ranges])  # type: ignore[misc]
-        except Exception as exc:  # "not found" and "changed" (412) are answers; anything else propagates
+                return b"", generation, size
+            return await self._get(key, byte_range, cond)
+        except Exception as exc:
             if _is_missing(exc):
-                return MISSING_RESULT
+                return "missing"
             if not cond.is_any and is_precondition_failure(exc):
-                return ReadResult("stale", None, ANY)
-            raise
-        generations = {g for _, g, _ in got}
-        if len(generations) > 1:  # replaced between the requests (unconditioned): one whole read instead
-            return await self._whole_sliced(key, ranges)
-        values: list[BytesLike] = [data for data, _, _ in got]
-        sizes = [s for _, _, s in got if s is not None]
-        return ReadResult("value", values, got[0][1], sizes[0] if sizes else None)
+                return "stale"
+            return exc
 
-    async def _whole_sliced(self, key: str, ranges: Sequence[ByteRange]) -> ReadResult:
+    async def _whole_sliced(self, request: ReadRequest) -> ReadResult:
+        """A read whose ranges were replaced between their requests (unconditioned): one whole read, cut."""
+        key, ranges, _ = request
         try:
-            data, generation, size = await self._get(key, None, ANY)
+            return sliced(await self._get(key, None, ANY), ranges or [])
         except Exception as exc:
             if _is_missing(exc):
                 return MISSING_RESULT
             raise
-        view = memoryview(data)
-        values: list[BytesLike] = [view[slice(*r.resolve(len(data)))].toreadonly() for r in ranges]
-        return ReadResult("value", values, generation, size)
+
+    async def _reads(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
+        plan = plan_requests(reads)
+        outcomes = await gather_all([lambda i=i, r=r: self._request(reads[i], r) for i, r in plan])  # type: ignore[misc]
+        results = assemble(reads, plan, outcomes)
+        return [await self._whole_sliced(reads[i]) if result is None else result for i, result in enumerate(results)]
 
     def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
-        return self._run([lambda r=r: self._read(r) for r in reads])  # type: ignore[misc]
+        return self._run([lambda: self._reads(reads)])[0] if reads else []
 
     # -- writes ---------------------------------------------------------------
 
@@ -336,9 +320,7 @@ class S3Store(KVStore):
 
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
         objects, prefixes = self._sync(self.fs.loop, self._list, prefix, True)
-        keys = sorted({k[len(prefix):] for k, _ in objects if not hidden(k[len(prefix):])} - {""})
-        dirs = sorted({p[len(prefix):].rstrip("/") for p in prefixes if not hidden(p[len(prefix):].rstrip("/"))} - {""})
-        return keys, dirs
+        return child_names(k[len(prefix):] for k, _ in objects), child_names(p[len(prefix):] for p in prefixes)
 
 
 def _rebuild(fs: Any, root: str, conditional_delete: bool) -> S3Store:
