@@ -1,10 +1,5 @@
-"""What the object-store clients (:mod:`~shardkv.storage.s3`, :mod:`~shardkv.storage.obstore`) share.
-
-Both answer a batch of reads with one request per byte range (one metadata
-request for a zero-range read or a read conditioned on ``NO_VALUE``, one
-request of the whole value for a read without ranges), then assemble each
-read's :class:`~shardkv.storage.kv.ReadResult` from the outcomes of its
-requests: :func:`plan_requests`, then :func:`assemble`.
+"""The read planning the object-store clients (:mod:`~shardkv.storage.s3`, :mod:`~shardkv.storage.obstore`) share:
+one request per byte range (:func:`plan_requests`), then each read's result from its requests (:func:`assemble`).
 """
 
 from __future__ import annotations
@@ -17,11 +12,8 @@ from shardkv.storage.kv import ANY, MISSING_RESULT, Generation, ReadRequest, Rea
 
 __all__ = ["Fetched", "Outcome", "plan_requests", "metadata_only", "assemble", "sliced", "child_names"]
 
-Fetched = tuple[BytesLike, Generation, "int | None"]
-"""What one request read: ``(bytes, generation, total size of the value or None)``."""
-
-Outcome = Union[Fetched, Literal["missing", "stale"], BaseException]
-"""One request's answer: what it read, "missing", "stale" (its condition failed), or the error it raised."""
+Fetched = tuple[BytesLike, Generation, "int | None"]  # what one request read: bytes, generation, the value's size
+Outcome = Union[Fetched, Literal["missing", "stale"], BaseException]  # "stale": its condition failed
 
 
 def metadata_only(request: ReadRequest) -> bool:
@@ -48,13 +40,8 @@ def assemble(
     """The result of every read from the outcomes of its requests (in the order of :func:`plan_requests`).
 
     ``None`` for a read whose unconditioned ranges came from different stored
-    values (a writer replaced the value between its requests): the caller
-    reads that value whole once and cuts it (:func:`sliced`).
-
-    Raises
-    ------
-    BaseException
-        The first error a request raised (every request has ended by then).
+    values (replaced between its requests): the caller reads it whole once
+    and cuts it (:func:`sliced`). The first error a request returned is raised.
     """
     per_read: list[list[Fetched]] = [[] for _ in reads]
     answers: list[ReadResult | None] = [None] * len(reads)
