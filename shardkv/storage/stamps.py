@@ -15,7 +15,6 @@ Pure in-memory bookkeeping: no I/O.
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 import zlib
@@ -32,20 +31,6 @@ N_STRIPES = 4096
 
 Ticket = tuple[int, int, bool]
 """``(stripe, counter, in flight)`` as a read saw them before it began."""
-
-_UNSTABLE = itertools.count()
-
-
-class _Unstable:
-    """The token of a value read while a write was in flight: equal only to itself."""
-
-    __slots__ = ("serial",)
-
-    def __init__(self) -> None:
-        self.serial = next(_UNSTABLE)
-
-    def __repr__(self) -> str:
-        return f"unstable#{self.serial}"
 
 
 class ProcessStamps:
@@ -114,7 +99,7 @@ class ProcessStamps:
         no other (it may have seen either value).
         """
         generation = self.current(ticket)
-        return Generation(_Unstable()) if generation is None else generation
+        return Generation(object()) if generation is None else generation  # a token equal only to itself
 
     # -- writes ---------------------------------------------------------------
 
