@@ -5,8 +5,7 @@ byte range is one ``GetObject`` with a ``Range`` header (and ``If-Match`` when
 conditioned: a ``412`` is "stale"), so a warm chunk read is one request of the
 chunk's bytes; a zero-range read is one ``HeadObject``. Puts carry ``If-Match``
 or ``If-None-Match: *`` (a ``412``/``409`` is a lost race); deletes carry
-``If-Match`` where the server takes it (``conditional_delete``), else check
-with a ``HeadObject`` first (not atomic). The requests of one call run
+``If-Match`` (S3 since 2024, moto). The requests of one call run
 concurrently on s3fs's event loop, :data:`IN_FLIGHT` at most. Listings are
 ``ListObjectsV2`` (with their ETags). "Not found" is "missing"; permission and
 network errors propagate unchanged.
@@ -131,13 +130,9 @@ class S3Store(KVStore):
         The filesystem (its client, credentials, endpoint and event loop are used).
     root : str
         ``bucket/prefix`` of the store (a protocol and a trailing ``/`` are dropped).
-    conditional_delete : bool
-        The server honours ``If-Match`` on ``DeleteObject`` (S3 does since
-        2024, moto does). False: a conditional delete checks the ETag with a
-        ``HeadObject`` first, which is not atomic.
     """
 
-    def __init__(self, fs: Any, root: str, *, conditional_delete: bool = True) -> None:
+    def __init__(self, fs: Any, root: str) -> None:
         from fsspec.asyn import sync  # s3fs runs on fsspec's event loop
 
         self.fs = fs
@@ -145,7 +140,7 @@ class S3Store(KVStore):
         self._sync = sync
         self._location = fs_location(fs, self.root)
         self.caps = Capabilities(ranged=True, round_trips=True, stamps="native", conditional_put=True,
-                                 conditional_delete=bool(conditional_delete), lock_dir=False, in_process=False)
+                                 conditional_delete=True, lock_dir=False, in_process=False)
 
     @property
     def location(self) -> StoreLocation:
@@ -153,7 +148,7 @@ class S3Store(KVStore):
         return self._location
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (self.fs, self.root, self.caps.conditional_delete))
+        return (type(self), (self.fs, self.root))
 
     def __repr__(self) -> str:
         return f"S3Store({self.root!r})"
@@ -257,19 +252,17 @@ class S3Store(KVStore):
         return Generation(response["ETag"])
 
     async def _delete(self, key: str, cond: Generation) -> Generation | None:
-        atomic = not cond.is_missing and self.caps.conditional_delete
         try:
-            if not cond.is_any and not atomic:  # checked first: not atomic
+            if cond.is_missing:  # "only if nothing is stored": then there is nothing to delete
                 try:
-                    generation, _ = await self._head(key, ANY)
+                    await self._head(key, ANY)
                 except Exception as exc:
-                    if not _is_missing(exc):
-                        raise
-                    return NO_VALUE if cond.is_missing else None
-                if generation != cond:
-                    return None
+                    if _is_missing(exc):
+                        return NO_VALUE
+                    raise
+                return None
             try:
-                await self._s3("delete_object", key, **(self._if_match(cond) if atomic else {}))
+                await self._s3("delete_object", key, **self._if_match(cond))
             except Exception as exc:
                 if cond.is_any or not (is_precondition_failure(exc) or _is_missing(exc)):
                     raise
@@ -322,6 +315,3 @@ class S3Store(KVStore):
         objects, prefixes = self._sync(self.fs.loop, self._list, prefix, True)
         return child_names(k[len(prefix):] for k, _ in objects), child_names(p[len(prefix):] for p in prefixes)
 
-
-def _rebuild(fs: Any, root: str, conditional_delete: bool) -> S3Store:
-    return S3Store(fs, root, conditional_delete=conditional_delete)
