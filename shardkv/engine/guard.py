@@ -130,7 +130,6 @@ class Guard:
         """The locks of ``shards`` (shard key -> its array) for a ``with`` block; a no-op in mode ``"none"``.
 
         Each shard's lock file (mode ``"files"``) is in its array's directory.
-        Not re-entrant: never nest two holds in one thread.
 
         Raises
         ------

@@ -458,7 +458,7 @@ class ShardLocks:
         Parameters
         ----------
         shard_keys : iterable of str
-            Shard keys relative to the store root (the keys the adapter uses).
+            Shard keys relative to the store root.
         prefixes : mapping of str to str, optional
             Shard key -> key prefix of its array (:meth:`file_stripes_by_dir`):
             its lock file is in that array's directory, the same file for

@@ -1,4 +1,4 @@
-"""Buffers and local file I/O of the store adapters (no fsspec, no network).
+"""Buffers and local file I/O of the stores (no fsspec, no network).
 
 * A *value* to store is one bytes-like object or a ``list``/``tuple`` of its
   parts in order (:data:`Value`); :func:`byte_parts` gives the parts as flat
