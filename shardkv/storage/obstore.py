@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from shardkv.errors import ConfigurationError
@@ -290,9 +291,7 @@ class ObstoreStore(KVStore):
         # a store without PutMode updates checks conditions first, and so does every conditional delete:
         # then no other write of this process may come between check and write
         checked = not self._updates or any(v is None and not c.is_any for _, (v, c) in items)
-        if not checked:
-            return dict(zip(writes, self._map(self._write, items)))
-        with STAMPS.writing(self._location, writes):  # check-then-write: no other write of this process between
+        with STAMPS.writing(self._location, writes) if checked else nullcontext():
             return dict(zip(writes, self._map(self._write, items)))
 
     # -- listings -------------------------------------------------------------
