@@ -1,14 +1,9 @@
-"""The shardkv error hierarchy.
+"""The shardkv error hierarchy (README, "Errors").
 
 Every error shardkv raises on its own account derives from :class:`ShardKVError`
-and from the builtin it resembles, so ``except ValueError`` keeps working for
-callers that do not know shardkv. Errors carry the data that explains them
-(``.key``, ``.shard_key``, ``.reason``, ``.stored``, ``.computed``).
-
-A chunk that is not stored is a plain ``KeyError(key)``: that is the
-MutableMapping contract, and zarr relies on it to substitute the fill value.
-Errors of the underlying store other than "not found" (permissions, network)
-are never turned into ``KeyError``; they propagate unchanged.
+and from the builtin a caller would already catch, and carries the data that
+explains it. A chunk that is not stored is a plain ``KeyError(key)`` (the
+MutableMapping contract); no other store error is ever turned into one.
 """
 
 from __future__ import annotations
@@ -267,8 +262,7 @@ class KeyBelowKeyError(ShardKVError, KeyError):
     """A key that would be stored below another stored key (``a/b/c`` when ``a/b`` holds a value).
 
     zarr-python 2's ``MemoryStore`` and ``DirectoryStore`` refuse such a key
-    with ``KeyError``; the proxy does the same over an in-memory mapping and a
-    local directory (issue 19, item 3).
+    with ``KeyError``, and so does the proxy over a mapping or a local directory.
 
     Attributes
     ----------

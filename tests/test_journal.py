@@ -113,12 +113,11 @@ def test_flipped_byte_in_a_middle_record_raises(tmp_path: Path, where: str) -> N
     with pytest.raises(JournalCorruptError, match="valid records follow") as info:
         Journal(path)
     assert info.value.offset == start and isinstance(info.value, (ShardKVError, ValueError))
-    # a reader that accepts the loss gets the records before the damage
+    # damage after the journal was opened: replay raises too
     blob[start + offset] ^= 0x20
     path.write_bytes(bytes(blob))
     with Journal(path) as j:
         path.write_bytes(bytes(blob[:start]) + bytes([blob[start] ^ 0xFF]) + bytes(blob[start + 1 :]))
-        assert [r.seq for r in j.replay(on_corrupt="stop")] == [0, 1]
         with pytest.raises(JournalCorruptError):
             list(j.replay())
 

@@ -1,34 +1,18 @@
 """Which guarantee concurrent shard writers get, and the locks that give it (the ``concurrency=`` option).
 
-A shard write is a read-modify-write, so writers of one shard must be
-serialised, or must detect that they raced. The mode is resolved once per
-engine from the store's :class:`~shardkv.storage.kv.Capabilities`:
+A shard write is a read-modify-write, so writers of one shard are serialised
+or detect that they raced. The mode is resolved once per engine from the
+store's :class:`~shardkv.storage.kv.Capabilities` (the modes and what each
+guarantees: docs/user-guide.md, "Concurrency"):
 
-``"files"``
-    In-process stripe locks plus lock files in each array's ``.shardkv-locks/``
-    (:class:`~shardkv.engine.locks.ShardLocks`): every writer of the directory,
-    in any process (on any machine that mounts it with working ``flock``), is
-    excluded. Stores whose data lives in local or mounted directories
-    (``caps.lock_dir``). Puts are unconditional: nobody else can write.
-``"conditional"``
-    In-process stripe locks (threads of one process queue instead of racing
-    each other) plus puts conditioned on the generation read: a writer whose
-    shard changed since it read it re-reads, re-merges and retries. Stores
-    with a conditional put (S3 ``If-Match``, obstore ``PutMode``), and stores
-    whose data lives only in this process (a ``dict``, ``memory://``), where
-    process stamps make the condition exact.
-``"process"``
-    In-process stripe locks only: threads and stores of this process are
-    safe; other processes writing the same shards can lose updates. Never
-    chosen by ``"auto"``.
-``"none"``
-    No locks: the caller promises one writer per shard (shard-aligned work).
-``"auto"`` (the default)
-    ``"files"`` where the store has lock directories, ``"conditional"`` where
-    it has a conditional put or lives in this process, otherwise a
-    ``ConfigurationError`` that asks for an explicit choice.
-
-So cross-process locks are taken only where the store has no conditional put.
+* ``"files"``: in-process stripes plus lock files
+  (:class:`~shardkv.engine.locks.ShardLocks`); puts are unconditional.
+* ``"conditional"``: in-process stripes plus puts conditioned on the
+  generation read (a writer that lost its race re-reads, re-merges, retries).
+* ``"process"``: in-process stripes only; ``"none"``: no locks.
+* ``"auto"``: ``"files"`` where the store has lock directories,
+  ``"conditional"`` where it has a conditional put or lives in this process,
+  otherwise a ``ConfigurationError`` that asks for an explicit choice.
 """
 
 from __future__ import annotations
@@ -146,7 +130,6 @@ class Guard:
         """The locks of ``shards`` (shard key -> its array) for a ``with`` block; a no-op in mode ``"none"``.
 
         Each shard's lock file (mode ``"files"``) is in its array's directory.
-        Not re-entrant: never nest two holds in one thread.
 
         Raises
         ------

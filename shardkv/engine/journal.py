@@ -22,15 +22,9 @@ File layout (all integers little endian)::
 Sequence numbers start at the identity block's ``start_seq`` and grow by one
 per record, across :meth:`~Journal.reset` too.
 
-Identity
---------
-The identity block is a msgpack map of str to str that names the store the
-journal protects (the proxy stores ``location``, ``store_id`` and
-``layout``: see :meth:`shardkv.engine.writeback.WriteBack.attach_journal`).
-Opening a journal that holds records with a different identity raises
-:class:`~shardkv.errors.JournalMismatchError` naming both: its records are
-never replayed into another store. A journal without records is simply
-stamped with the new identity.
+The identity block names the store the journal protects (``location``,
+``store_id``, ``layout``: :mod:`shardkv.storage.identity`); a journal holding
+records of another identity is refused (:class:`~shardkv.errors.JournalMismatchError`).
 
 Durability policy
 -----------------
@@ -44,8 +38,7 @@ Durability policy
 * Every byte up to the acknowledged end must check: a frame whose checksum
   fails, a sequence gap, a file shorter than the acknowledged end, or a
   damaged watermark slot raises :class:`~shardkv.errors.JournalCorruptError`
-  naming the records lost (``on_corrupt="stop"`` yields the records before
-  the damage instead). Nothing acknowledged is ever dropped silently.
+  naming the records lost. Nothing acknowledged is ever dropped silently.
 * Bytes after the acknowledged end are a torn tail (a kill or power loss in
   the middle of an append, or an append that raised): never replayed,
   reported in :attr:`Journal.torn_tail_nbytes`, cut off by the next append.
@@ -54,16 +47,10 @@ Durability policy
   replacing a file another process created) over the journal, and the
   directory fsync'd.
 
-Locking
--------
-One process writes a journal at a time. The file itself is the lock: an
-exclusive ``flock`` on a read-write descriptor, taken *before* anything is
-read or created (a new journal is locked before it gets its name) and held
-until :meth:`Journal.close`. After locking, the descriptor is checked to
-still be the file at ``path`` (a reset by the previous holder replaces it),
-else it is reopened. A journal locked by another process raises
-:class:`~shardkv.errors.LockTimeoutError` at once. Journal files are
-created ``0600``: nobody else can lock them.
+One process writes a journal at a time: the file itself is the lock (an
+exclusive ``flock`` of a read-write descriptor, taken before anything is read,
+held until :meth:`Journal.close`; another holder raises
+:class:`~shardkv.errors.LockTimeoutError` at once). Journal files are ``0600``.
 """
 
 from __future__ import annotations
@@ -74,7 +61,7 @@ import os
 import struct
 import uuid
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Literal
+from typing import Iterable, Iterator
 
 import msgpack
 
@@ -131,7 +118,7 @@ class _Scan:
     start_seq: int
     identity: dict[str, str]
     data_start: int
-    acked_end: int  # end of the last acknowledged record (== where the scan stopped when damaged)
+    acked_end: int  # end of the last acknowledged record
     gen: int  # generation of the current watermark slot
     torn_tail_nbytes: int
 
@@ -169,7 +156,7 @@ class Journal:
         self.path = os.fspath(path)
         self._fd = self._open_locked()
         try:
-            scan = self._scan("raise")
+            scan = self._scan()
             if identity is not None and dict(identity) != scan.identity:
                 if scan.records:
                     raise JournalMismatchError(
@@ -187,7 +174,6 @@ class Journal:
         self._adopt(scan)
 
     def _adopt(self, scan: _Scan) -> None:
-        self._start_seq = scan.start_seq
         self._data_start = scan.data_start
         self._end = scan.acked_end
         self._gen = scan.gen
@@ -258,7 +244,7 @@ class Journal:
             raise
         return fd
 
-    def _scan(self, on_corrupt: Literal["raise", "stop"]) -> _Scan:
+    def _scan(self) -> _Scan:
         """Parse the whole file: records up to the acknowledged end, and the torn tail after it."""
         size = os.fstat(self._fd).st_size
         data = memoryview(os.pread(self._fd, size, 0))
@@ -306,15 +292,12 @@ class Journal:
                     pos = nxt
                     continue
                 result = f"sequence number {record.seq}, expected {expected}"
-            if on_corrupt == "stop":
-                break
             raise self._loss(data, pos, acked_end, expected, acked_next, result)
-        else:
-            if expected != acked_next:
-                raise JournalCorruptError(
-                    self.path, pos, f"the watermark acknowledges records up to seq {acked_next - 1}, "
-                    f"the file holds them up to seq {expected - 1}"
-                )  # fmt: skip
+        if expected != acked_next:
+            raise JournalCorruptError(
+                self.path, pos, f"the watermark acknowledges records up to seq {acked_next - 1}, "
+                f"the file holds them up to seq {expected - 1}"
+            )  # fmt: skip
         return _Scan(records, start_seq, identity, data_start, pos, gen, max(len(data) - acked_end, 0))
 
     def _loss(
@@ -415,22 +398,15 @@ class Journal:
         self._next_seq = next_seq
         return [r.seq for r in batch]
 
-    def replay(self, on_corrupt: Literal["raise", "stop"] = "raise") -> Iterator[JournalRecord]:
+    def replay(self) -> Iterator[JournalRecord]:
         """The acknowledged records, in sequence order (a torn tail after them is left out).
-
-        Parameters
-        ----------
-        on_corrupt : {"raise", "stop"}
-            What to do with a damaged or missing acknowledged record: raise
-            (default), or stop before it (accepting the loss).
 
         Raises
         ------
         JournalCorruptError
-            With ``on_corrupt="raise"``, for any damage before the
-            acknowledged end (raised before any record is yielded).
+            For any damage before the acknowledged end (raised before any record is yielded).
         """
-        yield from self._scan(on_corrupt).records
+        yield from self._scan().records
 
     def reset(self, keep: Iterable[RecordItem] = ()) -> None:
         """Drop every record (call once their shards are durable); sequence numbers go on.
@@ -463,7 +439,6 @@ class Journal:
         os.close(self._fd)
         self._fd = fd
         _fsync_dir(self.path)
-        self._start_seq = start
         self._next_seq = start + len(batch)
         self._data_start = len(header)
         self._end = len(header) + len(frames)
@@ -479,8 +454,6 @@ class Journal:
     def nbytes(self) -> int:
         """Bytes of the journal file up to the end of its last record."""
         return self._end
-
-    truncate = reset
 
     def close(self) -> None:
         """Close the file (and release the lock). Idempotent."""

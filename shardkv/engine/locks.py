@@ -1,77 +1,31 @@
 """Per-shard locks that belong to the data, not to the object (issue 9).
 
-Sharding turns independent chunk writes into read-modify-writes of a shared
-shard, so every writer of a shard must hold that shard's lock from the read of
-the old shard to the write of the new one. :class:`ShardLocks` gives that lock
-for a :class:`~shardkv.storage.location.StoreLocation`; every ``ShardLocks`` of
-one location shares it, however many stores, adapters or threads there are.
+A shard write is a read-modify-write: every writer of a shard holds that
+shard's lock from the read of the old shard to the write of the new one.
+:class:`ShardLocks` gives those locks for a
+:class:`~shardkv.storage.location.StoreLocation`; every ``ShardLocks`` of one
+location shares them. Two layers, taken in this order:
 
-Two layers, taken in this order:
+1. **In the process**: one process-wide pool of ``threading.Lock`` stripes; a
+   shard takes the stripe of a CRC-32 of its namespace and full path (for data
+   in a directory: of its real array directory and its key in that array).
+2. **Across processes** (where the location has a ``local_dir``): an ``flock``
+   of ``<array>/.shardkv-locks/<stripe>.lock`` in the real directory of the
+   array that owns the shard (the store root for the 2022 draft layout), so
+   every store takes the same file for a shard whatever root or symbolic link
+   it came through. Lock files are opened ``O_RDWR`` and get the array
+   directory's write permissions (docs/user-guide.md, "Concurrency"): an
+   account that cannot write the array cannot block its writers.
 
-1. **In the process**: a process-wide registry keeps one fixed pool of
-   ``threading.Lock`` *stripes* (per stripe count, so normally one pool of
-   1024 locks for the whole process); a shard uses the stripe chosen by a
-   stable hash of its location namespace and full path. The registry is
-   bounded whatever the number of stores, locations or shards.
-2. **Across processes** (local and network file systems, the default where the
-   location has a ``local_dir``): one ``flock``-ed lock file per *file stripe*,
-   lock files ``<array>/.shardkv-locks/<stripe>.lock`` in the real directory
-   (symbolic links resolved) of the array that owns the shard
-   (``file_stripes`` files at most per array, never listed by the store
-   adapters). The stripe is chosen by a stable hash of the shard key relative
-   to the array. So every store that writes a shard takes the same lock file
-   for it, whatever root it was opened at (``/data`` or ``/data/group``, or
-   through a symbolic link), whatever later becomes a group above it, and on
-   whatever path a machine mounts the directory. Shards of the 2022 draft
-   layout, whose data lives apart from the metadata under ``data/root/``,
-   lock in ``<root>/.shardkv-locks/`` (zarr 2.18's transformer lists the data
-   directories; a draft hierarchy has one root). In-process stripes of a
-   local location are chosen by the same real path, so threads agree too.
-
-Who can take a lock (issue 20 item 7): ``flock`` works on a descriptor opened
-for reading too, so a lock file anyone can read is a lock anyone can hold, and
-a reader of the store could block every writer. Lock files are therefore
-opened for reading *and writing* (``O_RDWR``, never following a symbolic link)
-and created with the permissions of the array directory they lock: read and
-write for the owner, for the group if the directory is group-writable, for
-others if it is world-writable; never a read bit without its write bit
-(``0600``, ``0660`` or ``0666``; the ``.shardkv-locks`` directory likewise
-``0700``, ``0770`` or ``0777``). An account that cannot write the array
-cannot open its lock files, so it cannot block a writer. An existing lock
-file with looser bits (written by an older shardkv as ``0644``) is narrowed by
-its owner's next writer. Readers take no lock and create no lock file: only
-writes (:mod:`shardkv.engine.writes`, through :mod:`shardkv.engine.guard`) call :meth:`ShardLocks.hold`.
-
-Why stripes are safe: a stripe lock covers a fixed set of shards, and every
-writer of a shard takes the stripe of that shard, so two writers of one shard
-always exclude each other. Two shards sharing a stripe only wait for each
-other without need (false contention, rarer with more stripes); nothing is
-ever left unlocked. A bounded number of lock files also means nothing to
-clean up as shards come and go: lock files must never be deleted while any
-process may use them (a process that re-creates a deleted lock file locks a
-different inode), so :meth:`ShardLocks.remove_lock_files` is only for a store
-being deleted.
-
-Deadlock freedom: :meth:`ShardLocks.hold` takes all the thread stripes of the
-call in ascending order, then its file stripes: those of one lock directory
-in ascending order, waiting for each. A call whose shards lock in several
-directories (several arrays) waits only for the stripes of its first
-directory and *tries* the others; if one is taken, it lets go of everything,
-backs off and starts again. So nothing waits for a lock while holding one it
-may not wait for, whatever order other processes see the directories in, and
-nothing waits for a thread stripe while holding a file stripe. A ``hold``
-nested in another of the same thread (stacked sharding transformers: the
-upper one holds its shard while the lower one writes its own) skips the
-stripes its thread already holds, so it never waits for itself; the stripes
-it adds are taken after the outer ones, so two threads nesting in opposite
-orders could wait for each other (``lock_timeout`` bounds that wait).
-
-Fork and spawn: locks are never pickled (a :class:`ShardLocks` pickles as its
-location and options and finds its locks again in the new process's registry).
-After ``os.fork`` the child starts with an empty registry; lock files the
-parent held at the fork stay referenced in the child, never released by it
-(releasing them would release the parent's lock: ``flock`` locks belong to the
-open file, which the child shares).
+Stripes are safe: every writer of a shard takes that shard's stripe; shards
+that share a stripe only wait for each other. Deadlock freedom:
+:meth:`ShardLocks.hold` takes its thread stripes in ascending order, then the
+file stripes of its first lock directory in ascending order, and only *tries*
+those of other directories (if one is taken it lets go of everything, backs
+off and starts again). A hold nested in another of the same thread (stacked
+transformers) skips the stripes its thread holds. Locks are never pickled, and
+a forked child starts with an empty registry (it never releases the parent's
+lock files: ``flock`` locks belong to the open file, which the child shares).
 """
 
 from __future__ import annotations
@@ -177,7 +131,7 @@ class _LockFile:
         if self._mode is None:
             self._mode, _ = lock_modes(os.path.dirname(os.path.dirname(self.path)))
         mode = self._mode
-        for _ in range(100):  # a file removed between the two opens (remove_lock_files) is made again
+        for _ in range(100):  # a file removed between the two opens (the array deleted) is made again
             try:
                 try:
                     fd, created = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, mode), True
@@ -235,7 +189,7 @@ class _LockFile:
             os.close(fd)
             if not locked:
                 raise LockTimeoutError(self.path, timeout or 0.0)
-            # the file was removed (remove_lock_files) between our open and flock: lock the new one
+            # the file was removed (the array deleted) between our open and flock: lock the new one
         raise FileNotFoundError(errno.ENOENT, "lock file keeps being removed while it is locked", self.path)
 
     @staticmethod
@@ -267,7 +221,6 @@ class _Registry:
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
-        self._pid = os.getpid()
         self._thread_pools: dict[int, list[threading.Lock]] = {}
         self._file_locks: dict[tuple[str, int], tuple[threading.Lock, _LockFile]] = {}
         self._inherited: list[Any] = []
@@ -276,16 +229,10 @@ class _Registry:
         # the parent's locks may be held by its threads: the child must not use (or release) them
         self._inherited.append((self._thread_pools, self._file_locks))
         self._guard = threading.Lock()
-        self._pid = os.getpid()
         self._thread_pools = {}
         self._file_locks = {}
 
-    def _check_pid(self) -> None:
-        if self._pid != os.getpid():  # forked without the at-fork hook (should not happen)
-            self.reset_after_fork()
-
     def thread_pool(self, n_stripes: int) -> list[threading.Lock]:
-        self._check_pid()
         with self._guard:
             pool = self._thread_pools.get(n_stripes)
             if pool is None:
@@ -293,7 +240,6 @@ class _Registry:
             return pool
 
     def file_lock(self, lock_dir: str, stripe: int) -> tuple[threading.Lock, _LockFile]:
-        self._check_pid()
         key = (lock_dir, stripe)
         with self._guard:
             entry = self._file_locks.get(key)
@@ -321,8 +267,7 @@ class _Registry:
 
 
 _REGISTRY = _Registry()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_REGISTRY.reset_after_fork)
+os.register_at_fork(after_in_child=_REGISTRY.reset_after_fork)
 
 
 class _Held(threading.local):
@@ -333,8 +278,7 @@ class _Held(threading.local):
 
 
 _HELD = _Held()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=lambda: _HELD.depth.clear())  # the child holds none of them
+os.register_at_fork(after_in_child=lambda: _HELD.depth.clear())  # the child holds none of them
 
 
 def _held_by_this_thread(token: tuple[Any, ...]) -> bool:
@@ -361,22 +305,16 @@ class ShardLocks:
 
     Parameters
     ----------
-    location : StoreLocation or None
-        Where the data lives (a store's ``location``). ``None`` (a store without a known location) gives locks
-        private to this object: only its own users are serialised.
+    location : StoreLocation
+        Where the data lives (a store's ``location``).
     cross_process : bool or None
         Also take a lock file per stripe, so that writers in other processes
         (and on other machines sharing a network file system) are excluded.
         ``None`` (default): where the location is a directory (``local_dir``).
-        ``True`` for a location without one raises ``ConfigurationError``.
     thread_stripes : int
         Size (locks) of the in-process stripe pool of the location's namespace.
     file_stripes : int
-        Number of lock files (stripes) in the store's lock directory.
-    lock_root : str or None
-        Directory that holds the one ``.shardkv-locks/`` of every shard, keys
-        hashed as given (default: each array's own directory, see the module
-        docstring). Every process must use the same one.
+        Number of lock files (stripes) in an array's lock directory.
     timeout : float or None
         Longest wait (seconds) for each lock; ``None`` waits as long as it takes.
 
@@ -389,12 +327,11 @@ class ShardLocks:
 
     def __init__(
         self,
-        location: StoreLocation | None,
+        location: StoreLocation,
         *,
         cross_process: bool | None = None,
         thread_stripes: int = DEFAULT_THREAD_STRIPES,
         file_stripes: int = DEFAULT_FILE_STRIPES,
-        lock_root: str | None = None,
         timeout: float | None = None,
     ) -> None:
         if thread_stripes < 1 or file_stripes < 1:
@@ -403,47 +340,34 @@ class ShardLocks:
             )
         if timeout is not None and timeout < 0:
             raise ConfigurationError(f"lock timeout must be >= 0 seconds or None, got {timeout}")
-        if lock_root is not None:
-            lock_root = os.path.realpath(lock_root)  # one spelling: one lock file object per file and process
-        root_dir = lock_root if lock_root is not None else (location.local_dir if location is not None else None)
+        root_dir = location.local_dir
         if cross_process is None:
             cross_process = root_dir is not None
         if cross_process and root_dir is None:
             raise ConfigurationError(
                 f"cross-process locks need a directory for lock files; location {location!r} has none "
-                "(object stores use conditional writes instead: shardkv.storage.conditional)"
+                "(object stores use conditional writes instead: concurrency='conditional')"
             )
         self.location = location
         self.cross_process = bool(cross_process)
         self.thread_stripes = int(thread_stripes)
         self.file_stripes = int(file_stripes)
-        self.lock_root = lock_root
         self.timeout = timeout
         # the data's directory (also without lock files: in-process stripes are chosen by real paths)
         self._dir_root = os.path.abspath(root_dir) if root_dir is not None else None
-        self._root_dir = self._dir_root if self.cross_process else None  # where lock files go
         self._real_dirs: dict[str, str] = {}  # array key prefix -> its real directory
-        self._prefix = f"{location.namespace!r}\0" if location is not None else ""
-        self._private_pool = [threading.Lock() for _ in range(thread_stripes)] if location is None else None
+        self._prefix = f"{location.namespace!r}\0"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # locks are never pickled: the new process finds them by location
-        return (
-            _rebuild,
-            (
-                self.location,
-                self.cross_process,
-                self.thread_stripes,
-                self.file_stripes,
-                self.lock_root,
-                self.timeout,
-            ),
-        )
+        # locks are never pickled: the new process finds them by location (and resolves directories again)
+        options = {"cross_process": self.cross_process, "thread_stripes": self.thread_stripes,
+                   "file_stripes": self.file_stripes, "timeout": self.timeout}
+        return (_rebuild, (self.location, options))
 
     @property
     def lock_dir(self) -> str | None:
         """The lock directory of root-level keys (a root array's), or ``None`` without lock files."""
-        return None if self._root_dir is None else self.lock_dir_for("")
+        return self.lock_dir_for("") if self.cross_process else None
 
     def _real_dir(self, prefix: str) -> str:
         """The real directory (symbolic links resolved) of the array at key prefix ``prefix``."""
@@ -464,10 +388,8 @@ class ShardLocks:
         ConfigurationError
             For locks without lock files (``cross_process`` false).
         """
-        if self._root_dir is None:
+        if not self.cross_process:
             raise ConfigurationError(f"{self!r} keeps no lock files")
-        if self.lock_root is not None:
-            return os.path.join(self._root_dir, LOCK_DIR)
         return os.path.join(self._real_dir(prefix), LOCK_DIR)
 
     def __repr__(self) -> str:
@@ -478,7 +400,7 @@ class ShardLocks:
 
     def _split(self, key: str, prefixes: Mapping[str, str] | None) -> tuple[str, str]:
         """``(array key prefix, key relative to the array)`` of a shard key."""
-        prefix = "" if prefixes is None or self.lock_root is not None else prefixes.get(key, "")
+        prefix = "" if prefixes is None else prefixes.get(key, "")
         if not key.startswith(prefix):
             raise ConfigurationError(f"shard key {key!r} is not under its array prefix {prefix!r}")
         return prefix, key[len(prefix) :]
@@ -495,13 +417,10 @@ class ShardLocks:
 
     def _identity(self, key: str, prefixes: Mapping[str, str] | None = None) -> str:
         """What names a shard for locking in this process: its namespace and full path, or real directory and key."""
-        location = self.location
-        if location is None:
-            return key
         if self._dir_root is not None:
             prefix, rel = self._split(key, prefixes)
             return f"{self._prefix}{self._real_dir(prefix)}\0{rel}"
-        return self._prefix + location.full_path(key)
+        return self._prefix + self.location.full_path(key)
 
     def file_stripes_by_dir(
         self, shard_keys: Iterable[str], prefixes: Mapping[str, str] | None = None
@@ -530,11 +449,6 @@ class ShardLocks:
             by_dir.setdefault(self.lock_dir_for(prefix), set()).add(stripe_of(rel, self.file_stripes))
         return {d: sorted(by_dir[d]) for d in sorted(by_dir)}
 
-    def _pool(self) -> list[threading.Lock]:
-        if self._private_pool is not None:
-            return self._private_pool
-        return _REGISTRY.thread_pool(self.thread_stripes)
-
     # -- holding --------------------------------------------------------------
 
     @contextmanager
@@ -544,7 +458,7 @@ class ShardLocks:
         Parameters
         ----------
         shard_keys : iterable of str
-            Shard keys relative to the store root (the keys the adapter uses).
+            Shard keys relative to the store root.
         prefixes : mapping of str to str, optional
             Shard key -> key prefix of its array (:meth:`file_stripes_by_dir`):
             its lock file is in that array's directory, the same file for
@@ -562,7 +476,7 @@ class ShardLocks:
         # a shard this thread holds already is waited for as any writer would (contention, never skipped)
         skip_held = not any(_held_by_this_thread(("shard", i)) for i in identities)
         with ExitStack() as stack:
-            pool = self._pool()
+            pool = _REGISTRY.thread_pool(self.thread_stripes)
             for stripe in sorted({stripe_of(i, self.thread_stripes) for i in identities}):
                 token = ("thread", id(pool), stripe)
                 if skip_held and _held_by_this_thread(token):
@@ -628,43 +542,6 @@ class ShardLocks:
         stack.callback(lock_file.release)
         _note_held(stack, token)
 
-    def remove_lock_files(self, prefix: str = "") -> int:
-        """Delete the lock directory of an array (``prefix``; ``""``: the root's) being deleted; the files removed.
 
-        Only safe when no process uses the array: a writer that still holds or
-        is about to open a lock file would no longer exclude the others.
-        """
-        lock_dir = None if self._root_dir is None else self.lock_dir_for(prefix)
-        if lock_dir is None or not os.path.isdir(lock_dir):
-            return 0
-        removed = 0
-        for name in os.listdir(lock_dir):
-            if name.endswith(".lock"):
-                try:
-                    os.remove(os.path.join(lock_dir, name))
-                    removed += 1
-                except FileNotFoundError:
-                    continue
-        try:
-            os.rmdir(lock_dir)
-        except OSError:
-            pass  # something else lives there: leave it
-        return removed
-
-
-def _rebuild(
-    location: StoreLocation | None,
-    cross_process: bool,
-    thread_stripes: int,
-    file_stripes: int,
-    lock_root: str | None,
-    timeout: float | None,
-) -> ShardLocks:
-    return ShardLocks(
-        location,
-        cross_process=cross_process,
-        thread_stripes=thread_stripes,
-        file_stripes=file_stripes,
-        lock_root=lock_root,
-        timeout=timeout,
-    )
+def _rebuild(location: StoreLocation, options: dict[str, Any]) -> ShardLocks:
+    return ShardLocks(location, **options)

@@ -11,9 +11,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
-
-from shardkv.errors import ConfigurationError
+from typing import Iterator
 
 __all__ = ["Backoff", "EngineStats", "attempts", "READ_ATTEMPTS", "WRITE_ATTEMPTS"]
 
@@ -24,40 +22,18 @@ WRITE_ATTEMPTS = 16
 
 @dataclass(frozen=True)
 class Backoff:
-    """Waits between attempts: ``initial * factor**n`` seconds, at most ``maximum``, with full jitter.
+    """Waits between attempts: a uniformly random part of ``initial * factor**n`` seconds, at most ``maximum``.
 
-    Parameters
-    ----------
-    initial : float
-        First wait (seconds).
-    factor : float
-        Growth per attempt (≥ 1).
-    maximum : float
-        Longest single wait (seconds).
-    jitter : bool
-        Wait a uniformly random part of the delay (spreads writers that collided).
-
-    Raises
-    ------
-    ConfigurationError
-        For negative times or a factor below 1.
+    The jitter spreads writers that collided.
     """
 
     initial: float = 0.005
     factor: float = 2.0
     maximum: float = 0.5
-    jitter: bool = True
 
-    def __post_init__(self) -> None:
-        if self.initial < 0 or self.maximum < 0 or self.factor < 1:
-            raise ConfigurationError(
-                f"backoff needs initial >= 0, maximum >= 0 (seconds) and factor >= 1, got {self!r}"
-            )
-
-    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+    def delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1 for the first)."""
-        base = min(self.maximum, self.initial * self.factor ** max(0, attempt - 1))
-        return (rng or random).uniform(0.0, base) if self.jitter else base
+        return random.uniform(0.0, min(self.maximum, self.initial * self.factor ** max(0, attempt - 1)))
 
 
 READ_BACKOFF = Backoff(0.001, 2.0, 0.05)
@@ -66,7 +42,7 @@ WRITE_BACKOFF = Backoff()
 """Waits between write rounds (seconds)."""
 
 
-def attempts(limit: int, backoff: Backoff, sleep: Callable[[float], None] = time.sleep) -> Iterator[int]:
+def attempts(limit: int, backoff: Backoff) -> Iterator[int]:
     """The one retry loop: attempt numbers ``1..limit``, waiting ``backoff.delay(n)`` before attempt ``n + 1``.
 
     Parameters
@@ -75,8 +51,6 @@ def attempts(limit: int, backoff: Backoff, sleep: Callable[[float], None] = time
         Attempts at most (≥ 1).
     backoff : Backoff
         Waits between attempts.
-    sleep : callable
-        ``sleep(seconds)``.
 
     Yields
     ------
@@ -86,7 +60,7 @@ def attempts(limit: int, backoff: Backoff, sleep: Callable[[float], None] = time
     """
     for attempt in range(1, limit + 1):
         if attempt > 1:
-            sleep(backoff.delay(attempt - 1))
+            time.sleep(backoff.delay(attempt - 1))
         yield attempt
 
 

@@ -1,3 +1,2 @@
 """The only code that touches a base store: the :class:`~shardkv.storage.kv.KVStore` interface and its stores
-(``local``, ``s3``, ``obstore``, ``fsspec``, ``mapping``; ``open.open_kv`` picks one), and the older adapters
-(``adapters.adapt``) that the engine still uses until it moves onto KVStore."""
+(``local``, ``s3``, ``obstore``, ``fsspec``, ``mapping``; ``open.open_kv`` picks one)."""

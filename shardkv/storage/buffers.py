@@ -1,12 +1,12 @@
-"""Buffers and local file I/O of the store adapters (no fsspec, no network).
+"""Buffers and local file I/O of the stores (no fsspec, no network).
 
 * A *value* to store is one bytes-like object or a ``list``/``tuple`` of its
   parts in order (:data:`Value`); :func:`byte_parts` gives the parts as flat
   byte views without copying, :func:`join_parts` joins them once for stores
   that need one object.
 * :func:`write_parts` writes parts to a file descriptor with ``os.writev``
-  (resuming after short writes); :func:`pread_file` reads a byte range of a
-  local file with one ``open``, one ``pread`` and one ``close``.
+  (resuming after short writes); :func:`pread_exact` reads a byte range of a
+  descriptor with one ``pread``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Sequence, Union, cast
 from shardkv.format.ranges import ByteRange
 
 __all__ = ["BytesLike", "Value", "IOV_MAX", "read_pool", "byte_parts", "join_parts", "slice_value",
-           "write_parts", "pread_exact", "pread_file"]
+           "write_parts", "pread_exact"]
 
 BytesLike = Union[bytes, bytearray, memoryview]
 Value = Union[BytesLike, Sequence[BytesLike]]
@@ -42,8 +42,7 @@ def _forget_pool_in_child() -> None:
     _POOL = None
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool_in_child)
+os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
 def byte_parts(value: Value) -> list[memoryview]:
@@ -115,21 +114,3 @@ def pread_exact(fd: int, start: int, stop: int) -> bytes:
         got += len(more)
     return b"".join(pieces)
 
-
-def pread_file(path: str, start: int, stop: int | None) -> bytes:
-    """Bytes ``[start, stop)`` of a local file (negative ``start``: from the end; ``stop`` None: to the end).
-
-    One ``open``, one ``pread`` (more only for a short read) and one ``close``;
-    a suffix or open-ended range adds one ``fstat``.
-    """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    try:
-        if start < 0 or stop is None:
-            size = os.fstat(fd).st_size
-            if start < 0:
-                start = max(0, size + start)
-            if stop is None or stop > size:
-                stop = size
-        return pread_exact(fd, start, stop)
-    finally:
-        os.close(fd)

@@ -1,21 +1,12 @@
 """A :class:`~shardkv.storage.kv.KVStore` over an fsspec filesystem (other than local directories and S3).
 
-* ``memory://`` (:class:`FsspecStore` over a ``MemoryFileSystem``): every write
-  stores a new file object, so the generation of a value is the identity of
-  the stored object (a serial number given to it on first sight, equal only
-  for the very same object, picklable). It sees every write in the process,
-  shardkv's or not. The data lives in this process (``in_process``). Reads
-  slice the stored buffer under one lookup, so all ranges of a read come from
-  one object.
-* any other filesystem (gcsfs, http, adlfs, a ``LocalFileSystem`` subclass,
-  ...): generations are process stamps (:mod:`shardkv.storage.stamps`); reads
-  are one ``cat_ranges`` batch per call, writes ``pipe``, except on local
-  files (a ``LocalFileSystem`` subclass, which may count or change reads):
-  they are written atomically as :class:`~shardkv.storage.local.LocalStore`
-  writes them.
-
-Local directories use :class:`shardkv.storage.local.LocalStore`, s3fs uses
-:class:`shardkv.storage.s3.S3Store` (``shardkv.storage.open.open_kv`` picks).
+* ``memory://``: every write stores a new file object, so the generation of a
+  value is the identity of the stored object (a serial number it keeps for
+  life); it sees every write in the process, shardkv's or not.
+* any other filesystem (gcsfs, http, a ``LocalFileSystem`` subclass, ...):
+  process stamps (:mod:`shardkv.storage.stamps`); reads are one ``cat_ranges``
+  per call, writes ``pipe``, except local files, written atomically as
+  :class:`~shardkv.storage.local.LocalStore` writes them.
 """
 
 from __future__ import annotations
@@ -70,6 +61,19 @@ def _identity(stored: Any) -> Generation:
     return Generation(("memory", serial))
 
 
+_Request = tuple[int, str, "int | None", "int | None"]  # (index of the read, key, start, stop) of one range
+
+
+def _not_found(got: list[Any]) -> bool:
+    """True when a range of a read came back "not found"; any other error fetched is raised."""
+    errors = [d for d in got if isinstance(d, BaseException)]
+    if any(isinstance(e, FileNotFoundError) for e in errors):
+        return True
+    if errors:
+        raise errors[0]
+    return False
+
+
 def _protocols(fs: Any) -> tuple[str, ...]:
     return fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
 
@@ -117,6 +121,16 @@ class FsspecStore(KVStore):
 
     # -- reads ----------------------------------------------------------------
 
+    def _cat(self, requests: Sequence[_Request]) -> dict[int, list[Any]]:
+        """One ``cat_ranges`` of every request: per read, the bytes (or the errors) of its ranges in order."""
+        per_read: dict[int, list[Any]] = {}
+        if requests:
+            _, keys, starts, stops = zip(*requests)
+            fetched = self.fs.cat_ranges([self._path(k) for k in keys], list(starts), list(stops), on_error="return")
+            for (i, _, _, _), data in zip(requests, fetched):
+                per_read.setdefault(i, []).append(data)
+        return per_read
+
     def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
         if self._memory:
             return self._memory_reads(reads)
@@ -127,10 +141,7 @@ class FsspecStore(KVStore):
         result checked to come from the object looked up before it: one generation for all ranges of a read."""
         looked = [self.fs.store.get(self._path(key)) for key, _, _ in reads]
         results: list[ReadResult | None] = [None] * len(reads)
-        paths: list[str] = []
-        starts: list[int | None] = []
-        stops: list[int | None] = []
-        owners: list[int] = []
+        requests: list[_Request] = []
         sizes: list[int] = [0] * len(reads)
         for i, ((key, ranges, cond), stored) in enumerate(zip(reads, looked)):
             if stored is not None:
@@ -143,26 +154,17 @@ class FsspecStore(KVStore):
                 results[i] = MISSING_RESULT
                 continue
             for r in ([None] if ranges is None else ranges):
-                paths.append(self._path(key))
-                starts.append(None if r is None else r.start)
-                stops.append(None if r is None else r.stop)
-                owners.append(i)
-        fetched = self.fs.cat_ranges(paths, starts, stops, on_error="return") if paths else []
-        per_read: dict[int, list[Any]] = {}
-        for owner, data in zip(owners, fetched):
-            per_read.setdefault(owner, []).append(data)
+                requests.append((i, key, None if r is None else r.start, None if r is None else r.stop))
+        per_read = self._cat(requests)
         for i, (key, ranges, _) in enumerate(reads):
             if results[i] is not None:
                 continue
             stored = looked[i]
             got = per_read.get(i, [])
-            errors = [d for d in got if isinstance(d, BaseException)]
-            if stored is None or any(isinstance(e, FileNotFoundError) for e in errors):
+            if stored is None or _not_found(got):
                 results[i] = MISSING_RESULT if self.fs.store.get(self._path(key)) is None else ReadResult(
                     "stale", None, self._memory_generation(key))
                 continue
-            if errors:
-                raise errors[0]
             if self.fs.store.get(self._path(key)) is not stored:  # replaced meanwhile
                 results[i] = ReadResult("stale", None, self._memory_generation(key))
                 continue
@@ -173,34 +175,23 @@ class FsspecStore(KVStore):
         loc = self._location
         tickets: list[Ticket] = [STAMPS.begin_read(loc, key) for key, _, _ in reads]
         results: list[ReadResult | None] = [None] * len(reads)
-        paths: list[str] = []
-        starts: list[int | None] = []
-        stops: list[int | None] = []
-        owners: list[int] = []  # which read each fetched range belongs to
+        requests: list[_Request] = []
         for i, ((key, ranges, cond), ticket) in enumerate(zip(reads, tickets)):
             if not cond.is_any and not cond.is_missing and STAMPS.current(ticket) != cond:
                 results[i] = ReadResult("stale", None, ANY)
                 continue
             # a whole read is the range "from byte 0"; a zero-range read fetches one byte to see the key
             for r in (ranges if ranges else [None]):
-                paths.append(self._path(key))
-                starts.append(None if r is None else r.start)
-                stops.append(None if r is None else (1 if not ranges else r.stop))
-                owners.append(i)
-        fetched = self.fs.cat_ranges(paths, starts, stops, on_error="return") if paths else []
-        per_read: dict[int, list[Any]] = {}
-        for owner, data in zip(owners, fetched):
-            per_read.setdefault(owner, []).append(data)
+                stop = (1 if ranges == [] else None) if r is None else r.stop
+                requests.append((i, key, None if r is None else r.start, stop))
+        per_read = self._cat(requests)
         for i, (key, ranges, cond) in enumerate(reads):
             if results[i] is not None:
                 continue
             got = per_read.get(i, [])
-            errors = [d for d in got if isinstance(d, BaseException)]
-            if any(isinstance(e, FileNotFoundError) for e in errors):
+            if _not_found(got):
                 results[i] = MISSING_RESULT
                 continue
-            if errors:
-                raise errors[0]
             generation = STAMPS.end_read(tickets[i])
             if cond.is_missing or (not cond.is_any and generation != cond):
                 results[i] = ReadResult("stale", None, generation)

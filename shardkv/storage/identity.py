@@ -1,10 +1,9 @@
-"""The identity of a base store, as a write-back journal records it (issue 20, item 4).
+"""The identity of a base store, as a write-back journal records it.
 
-A journal must only ever be replayed into the store whose writes it holds.
-Locations alone cannot tell a copy of a directory from the original (its
-location differs, but an in-memory mapping has no lasting location), so each
+A journal is only ever replayed into the store whose writes it holds. A
+location alone cannot tell a copy of a directory from the original, so each
 store also carries a random *store id*, kept beside the data under
-:data:`STORE_ID_KEY` (a hidden key, never listed) and created on first use.
+:data:`STORE_ID_KEY` (hidden, never listed) and created on first use.
 """
 
 from __future__ import annotations
@@ -20,28 +19,10 @@ STORE_ID_KEY = f"{LOCK_DIR}/store-id"
 
 
 def store_identity(kv: KVStore, layout: str) -> dict[str, str]:
-    """The identity a journal records for the store ``kv``: its location, store id and layout.
+    """``{"location": "<namespace>:<root>", "store_id": <hex>, "layout": layout}`` of the store ``kv``.
 
-    The store id is read from :data:`STORE_ID_KEY`; when missing, a new
-    random id is written only if the key is still absent (a racing creator
-    that wins is read back and used).
-
-    Parameters
-    ----------
-    kv : KVStore
-        The base store.
-    layout : str
-        The proxy's layout (``"v2"``), as text.
-
-    Returns
-    -------
-    dict of str to str
-        ``{"location": "<namespace>:<root>", "store_id": <hex>, "layout": layout}``.
-
-    Raises
-    ------
-    OSError
-        If the store id cannot be read or written (permissions, network).
+    A missing store id is created only if the key is still absent (a racing
+    creator that wins is read back and used). Store errors (``OSError``) propagate.
     """
     location = kv.location
     where = ":".join(map(str, location.namespace)) + ":" + location.root

@@ -1,37 +1,17 @@
 """The one store interface of shardkv: values with generations, in the kvstore style.
 
-Every base store (a local directory, S3 through s3fs, obstore, ``memory://``, a
-dict or a zarr-python 2 store) is reached through one :class:`KVStore`. The
-interface follows tensorstore's ``kvstore`` and zarr-python 3's ``Store``:
+Every base store is reached through one :class:`KVStore` (docs/architecture.md,
+"The store interface", has the implementations and where their generations
+come from). Three rules hold for every implementation (``tests/kv_contract.py``
+checks them):
 
-* every read returns the value (or the byte ranges asked for) *and* a
-  :class:`Generation`, an opaque stamp of the stored value it came from;
-* every write may be conditioned on a generation (``if_generation``): it
-  happens only if what is stored still has that stamp, and returns the stamp of
-  what it stored;
-* "missing" is a state of a :class:`ReadResult` (``state="missing"``, generation
-  :data:`NO_VALUE`), never an exception. Every other error (permissions, network,
-  a directory where a file should be) propagates unchanged. Only the mapping faces
-  of the proxies turn "missing" into ``KeyError``.
-
-Three rules hold for every implementation, and ``tests/kv_contract.py`` checks them:
-
-1. a multi-range :meth:`KVStore.get_many` read of one key is consistent: all its
-   ranges come from one stored value, whose generation is returned;
+1. all ranges of one read come from one stored value, whose generation is returned;
 2. a read conditioned on a generation that no longer holds reads nothing and
-   returns ``state="stale"`` with the generation stored now (when the store
-   knows it for free) or :data:`ANY`; a conditional read of a key that is not
-   stored returns ``"missing"`` or ``"stale"`` (stores without native
-   generations may not know which), and one conditioned on :data:`NO_VALUE`
-   is ``"missing"`` while nothing is stored;
-3. a conditional put or delete whose condition fails writes nothing and returns
-   ``None`` (put) / ``False`` (delete); a lost race is a result, not an error.
-
-Generations come from the store where it has them (local files: one ``fstat`` of
-the descriptor that reads; S3: the ETag; obstore: ``e_tag``/``version``) and, for
-stores without them (mappings, zarr 2 stores), from process stamps
-(:mod:`shardkv.storage.stamps`), which see every write made through shardkv in
-this process and nothing else. :attr:`Capabilities.stamps` says which.
+   is ``"stale"`` (with the generation stored now, or :data:`ANY` when the store
+   cannot tell for free); "missing" is a state of a :class:`ReadResult`, never
+   an exception, and every other error propagates unchanged;
+3. a conditional put or delete whose condition fails writes nothing and
+   returns ``None`` (put) / ``False`` (delete): a lost race is a result.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """Where a base store keeps its data: the identity that locks and generations belong to.
 
-Two ``ShardedStore`` objects over the same data must share their per-shard
-locks, whatever Python objects they were built from (two ``fsspec`` mappers of
-one directory, a path string and a zarr ``DirectoryStore``). A
-:class:`StoreLocation` names the data, not the object:
-
-* ``namespace`` identifies the backend in which paths are unique: ``("file",)``
-  for the local file system, ``("memory",)`` for fsspec's process-global
-  ``memory://``, ``("s3", endpoint_url)`` for an object store,
-  ``("mapping", id(mapping))`` for one in-process mapping object;
-* ``root`` is the store's root path inside that namespace (``""`` for a mapping).
-
-Locks are chosen by the *full* path (``root/key``) inside the namespace, so two
-stores whose roots nest (``/data`` and ``/data/array``) still lock the same
-shard alike within one process.
-
-Pure: no I/O beyond ``os.path.realpath`` of a local root.
+Two stores over the same data (two fsspec mappers of one directory, a path and
+a zarr ``DirectoryStore``) must share their per-shard locks and process
+stamps, so a :class:`StoreLocation` names the data, not the object: a
+``namespace`` in which paths are unique (``("file",)``, ``("memory",)``,
+``("s3", endpoint_url)``, ``("mapping", id(mapping))``) and the store's
+``root`` inside it. Locks are chosen by the full path (``root/key``), so
+stores whose roots nest lock a shard alike. Pure: no I/O beyond
+``os.path.realpath`` of a local root.
 """
 
 from __future__ import annotations

@@ -1,40 +1,27 @@
 """A :class:`~shardkv.storage.kv.KVStore` over an obstore store (S3Store, GCSStore, AzureStore, MemoryStore, LocalStore).
 
-`obstore <https://developmentseed.org/obstore/>`_ wraps the Rust
-``object_store`` crate. Generations are the store's ``(e_tag, version)``,
-reported by the very GET that reads the bytes.
-
-* Every byte range is one GET (``range`` option: ``(start, end)``,
-  ``{"offset": n}``, ``{"suffix": n}``); conditioned on a generation it
-  carries ``if_match``, and a ``PreconditionError`` is the answer "stale".
-  Requests run concurrently on the store's thread pool (obstore releases the
-  GIL while it waits). Unconditioned ranges of one key whose e_tags differ are
-  read again as one whole GET. A zero-range read is one GET with ``head``.
-* Puts are one PUT with ``PutMode``: ``"create"`` for :data:`NO_VALUE`,
-  ``{"e_tag", "version"}`` for an update; ``PreconditionError`` /
-  ``AlreadyExistsError`` is a lost race (``None``). Values given as parts go
-  to obstore as they are (it assembles the body, no join in Python).
-* obstore has no conditional delete (``conditional_delete=False``): a
-  conditional delete compares a HEAD's e_tag first, which is not atomic.
-* Stores that refuse ``PutMode`` updates (``LocalStore``, an ``S3Store`` made
-  with ``conditional_put="disabled"``) report ``conditional_put=False``; an
-  update there is checked first and made under the in-process writer lock.
-  The engine uses lock files (``LocalStore``: ``lock_dir``) or refuses
-  (:func:`conditional_put_disabled` says why).
-
-"Not found" is the state "missing"; every other error propagates. obstore is
-imported only when a store is made, so shardkv works without it.
+Generations are the store's ``(e_tag, version)``, reported by the GET that
+reads the bytes. Every byte range is one GET (``if_match`` when conditioned:
+a ``PreconditionError`` is "stale"), run concurrently on a thread pool (obstore
+releases the GIL while it waits). Puts use ``PutMode`` (``"create"``, or the
+e_tag/version of an update; a lost race is ``None``). obstore has no
+conditional delete, and stores that refuse ``PutMode`` updates (``LocalStore``,
+an ``S3Store`` with ``conditional_put="disabled"``) report
+``conditional_put=False``: such conditions are checked first, under the
+in-process writer lock (not atomic across processes). obstore is imported only
+when a store is made, so shardkv works without it.
 """
 
 from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from shardkv.errors import ConfigurationError
 from shardkv.format.ranges import ByteRange
-from shardkv.storage.buffers import BytesLike, Value, byte_parts
+from shardkv.storage.buffers import Value, byte_parts
 from shardkv.storage.kv import (
     ANY,
     MISSING_RESULT,
@@ -48,6 +35,7 @@ from shardkv.storage.kv import (
 )
 from shardkv.storage.local import LocalStore
 from shardkv.storage.location import StoreLocation
+from shardkv.storage.objects import Fetched, Outcome, assemble, child_names, metadata_only, plan_requests, sliced
 from shardkv.storage.stamps import STAMPS
 
 __all__ = ["ObstoreStore", "is_obstore_store", "obstore_location", "conditional_put_disabled", "open_obstore_url"]
@@ -198,14 +186,15 @@ class ObstoreStore(KVStore):
             return {}
         return {"if_match": cond.token[0]}
 
-    def _head(self, key: str, cond: Generation) -> Mapping[str, Any]:
-        """The object's metadata (one GET with ``head``; errors propagate)."""
-        return self._obs.get(self.store, key, options={**self._if_match(cond), "head": True}).meta
+    def _head(self, key: str, cond: Generation) -> Fetched:
+        """The object's generation and size (one GET with ``head``; errors propagate)."""
+        meta = self._obs.get(self.store, key, options={**self._if_match(cond), "head": True}).meta
+        return b"", _generation(meta), int(meta["size"])
 
-    def _get(self, key: str, byte_range: ByteRange | None, cond: Generation) -> tuple[BytesLike, Mapping[str, Any]]:
-        """One GET of a range (or the whole value): its bytes (a read-only view) and the object's metadata."""
+    def _get(self, key: str, byte_range: ByteRange | None, cond: Generation) -> Fetched:
+        """One GET of a range (or the whole value): its bytes (a read-only view), generation and size."""
         if byte_range is not None and byte_range.nbytes == 0:
-            return b"", self._head(key, cond)
+            return self._head(key, cond)
         options = self._if_match(cond)
         if byte_range is not None:
             options["range"] = _range_option(byte_range)
@@ -216,17 +205,18 @@ class ObstoreStore(KVStore):
                 raise
             # a range the server would not serve as one (starting past the end, a suffix of an empty
             # object answered in full): the whole value, sliced (a real error raises again)
-            whole, meta = self._get(key, None, cond)
+            whole, generation, size = self._get(key, None, cond)
             view = memoryview(whole)
-            return view[slice(*byte_range.resolve(view.nbytes))], meta
-        return memoryview(result.bytes()), result.meta
+            return view[slice(*byte_range.resolve(view.nbytes))], generation, size
+        return memoryview(result.bytes()), _generation(result.meta), int(result.meta["size"])
 
-    def _request(self, leaf: tuple[ReadRequest, ByteRange | None]) -> Any:
-        """One request of a read: ``(bytes, metadata)``; "missing"/"stale" (or another error) returned, not raised."""
-        (key, ranges, cond), byte_range = leaf
+    def _request(self, leaf: tuple[ReadRequest, ByteRange | None]) -> Outcome:
+        """One request of a read; "not found" and "changed" are answers, other errors are returned."""
+        request, byte_range = leaf
+        key, _, cond = request
         try:
-            if cond.is_missing or ranges == []:
-                return None, self._head(key, cond)
+            if metadata_only(request):
+                return self._head(key, cond)
             return self._get(key, byte_range, cond)
         except self._missing:
             return "missing"
@@ -235,54 +225,25 @@ class ObstoreStore(KVStore):
         except Exception as exc:  # raised by get_many once every request of the call is over
             return exc
 
-    def _result(self, request: ReadRequest, got: list[Any]) -> ReadResult:
-        key, ranges, cond = request
-        if "missing" in got:
-            return MISSING_RESULT
-        if "stale" in got:
-            return ReadResult("stale", None, ANY)
-        generations = {_generation(meta) for _, meta in got}
-        size = int(got[0][1]["size"])
-        if cond.is_missing:
-            return ReadResult("stale", None, generations.pop(), size)
-        if ranges == []:
-            return ReadResult("value", [], generations.pop(), size)
-        if len(generations) > 1 and ranges is not None:  # replaced between the requests (unconditioned)
-            return self._whole_sliced(key, ranges)
-        return ReadResult("value", [data for data, _ in got], generations.pop(), size)
-
-    def _whole_sliced(self, key: str, ranges: Sequence[ByteRange]) -> ReadResult:
+    def _whole_sliced(self, request: ReadRequest) -> ReadResult:
+        """A read whose ranges were replaced between their requests (unconditioned): one whole read, cut."""
+        key, ranges, _ = request
         try:
-            data, meta = self._get(key, None, ANY)
+            return sliced(self._get(key, None, ANY), ranges or [])
         except self._missing:
             return MISSING_RESULT
-        view = memoryview(data)
-        return ReadResult("value", [view[slice(*r.resolve(view.nbytes))] for r in ranges], _generation(meta),
-                          view.nbytes)
 
     def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
         # every request of every read on the pool at once (one level: no task waits on another)
-        leaves: list[tuple[ReadRequest, ByteRange | None]] = []
-        owners: list[int] = []
-        for i, request in enumerate(reads):
-            _, ranges, cond = request
-            for byte_range in ([None] if ranges is None or ranges == [] or cond.is_missing else ranges):
-                leaves.append((request, byte_range))
-                owners.append(i)
-        outcomes = self._map(self._request, leaves)
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                raise outcome
-        per_read: list[list[Any]] = [[] for _ in reads]
-        for owner, outcome in zip(owners, outcomes):
-            per_read[owner].append(outcome)
-        return [self._result(request, got) for request, got in zip(reads, per_read)]
+        plan = plan_requests(reads)
+        results = assemble(reads, plan, self._map(self._request, [(reads[i], r) for i, r in plan]))
+        return [self._whole_sliced(reads[i]) if result is None else result for i, result in enumerate(results)]
 
     # -- writes ---------------------------------------------------------------
 
     def _current(self, key: str) -> Generation:
         try:
-            return _generation(self._head(key, ANY))
+            return self._head(key, ANY)[1]
         except self._missing:
             return NO_VALUE
 
@@ -330,9 +291,7 @@ class ObstoreStore(KVStore):
         # a store without PutMode updates checks conditions first, and so does every conditional delete:
         # then no other write of this process may come between check and write
         checked = not self._updates or any(v is None and not c.is_any for _, (v, c) in items)
-        if not checked:
-            return dict(zip(writes, self._map(self._write, items)))
-        with STAMPS.writing(self._location, writes):  # check-then-write: no other write of this process between
+        with STAMPS.writing(self._location, writes) if checked else nullcontext():
             return dict(zip(writes, self._map(self._write, items)))
 
     # -- listings -------------------------------------------------------------
@@ -351,9 +310,7 @@ class ObstoreStore(KVStore):
 
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
         result = self._obs.list_with_delimiter(self.store, prefix.rstrip("/") or None)
-        dirs = {p.rstrip("/").rsplit("/", 1)[-1] for p in result["common_prefixes"]}
-        keys = {m["path"].rsplit("/", 1)[-1] for m in result["objects"]}
-        return sorted(k for k in keys if k and not hidden(k)), sorted(d for d in dirs if d and not hidden(d))
+        return child_names(m["path"] for m in result["objects"]), child_names(result["common_prefixes"])
 
     def prune_empty_dirs(self, prefix: str) -> None:
         """Over a local directory (an obstore ``LocalStore``): remove the directories left empty under ``prefix``."""

@@ -1,24 +1,8 @@
 """``open_kv``: the one place that turns what a user passes as a store into a :class:`~shardkv.storage.kv.KVStore`.
 
-=================================================  =====================================
-what the user passes                               store
-=================================================  =====================================
-a path, ``file://`` URL, zarr 2 ``DirectoryStore``  :class:`~shardkv.storage.local.LocalStore`
-(or ``TempStore``), fsspec ``DirFileSystem`` or
-mapper over fsspec's local filesystem, obstore
-``LocalStore``
-``s3://`` URL, s3fs mapper, zarr 2 ``FSStore`` on   :class:`~shardkv.storage.s3.S3Store`
-s3fs
-``memory://`` and every other fsspec filesystem     :class:`~shardkv.storage.fsspec.FsspecStore`
-obstore ``S3Store``/``GCSStore``/``AzureStore``/    :class:`~shardkv.storage.obstore.ObstoreStore`
-``MemoryStore``, a URL with ``client="obstore"``
-a dict, zarr 2 ``MemoryStore``/``KVStore``/         :class:`~shardkv.storage.mapping.MappingStore`
-``SQLiteStore``/..., ``NestedDirectoryStore``
-(it rewrites keys), any other ``MutableMapping``
-=================================================  =====================================
-
-Refused, as before: zarr stores with ``normalize_keys=True`` and an ``FSStore``
-with ``key_separator="/"`` (both rewrite the keys shardkv writes).
+Which store each kind of base store gets: docs/architecture.md ("Where
+generations come from"). Zarr stores that rewrite keys (``normalize_keys=True``,
+an ``FSStore`` with ``key_separator="/"``) are refused.
 """
 
 from __future__ import annotations

@@ -1,29 +1,14 @@
 """A :class:`~shardkv.storage.kv.KVStore` over S3 (or an S3-protocol server) through s3fs's client.
 
-Generations are ETags, returned by the very request that reads the bytes.
-
-* A read of a byte range is one ``GetObject`` with a ``Range`` header, so it
-  moves exactly the bytes asked for; conditioned on a generation it carries
-  ``If-Match``, and a ``412`` is the answer "stale" (nothing read). A warm
-  chunk read is therefore one request of the chunk's bytes. Several ranges of
-  one key are as many requests, concurrent; when they were not conditioned
-  and came back with different ETags (a writer replaced the object between
-  them), the object is read whole once instead, so a read is never a mix.
-* A zero-range read (the "is it still ``g``?" check) is one ``HeadObject``
-  with ``If-Match``. A range past the end (``416``) reads as empty.
-* ``PutObject`` with ``If-Match: <etag>`` (update) or ``If-None-Match: *``
-  (create); a ``412 Precondition Failed`` or ``409
-  ConditionalRequestConflict`` is a lost race (``None``), every other error
-  propagates. ``DeleteObject`` with ``If-Match`` where the server takes it
-  (``conditional_delete=True``, real S3 and moto do); otherwise a conditional
-  delete is checked with ``HeadObject`` first (not atomic).
-* Requests of one call (all its keys and ranges) run concurrently on s3fs's
-  event loop, at most :data:`IN_FLIGHT` at once.
-* Listings are ``ListObjectsV2``; :meth:`S3Store.list_generations` gives the
-  ETags the listing carries, free.
-
-"Not found" (404) is the state "missing"; permission and network errors
-propagate unchanged.
+Generations are ETags, returned by the very request that reads the bytes. A
+byte range is one ``GetObject`` with a ``Range`` header (and ``If-Match`` when
+conditioned: a ``412`` is "stale"), so a warm chunk read is one request of the
+chunk's bytes; a zero-range read is one ``HeadObject``. Puts carry ``If-Match``
+or ``If-None-Match: *`` (a ``412``/``409`` is a lost race); deletes carry
+``If-Match`` (S3 since 2024, moto). The requests of one call run
+concurrently on s3fs's event loop, :data:`IN_FLIGHT` at most. Listings are
+``ListObjectsV2`` (with their ETags). "Not found" is "missing"; permission and
+network errors propagate unchanged.
 """
 
 from __future__ import annotations
@@ -33,7 +18,7 @@ from contextvars import ContextVar
 from typing import Any, Awaitable, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from shardkv.format.ranges import ByteRange
-from shardkv.storage.buffers import BytesLike, Value, join_parts
+from shardkv.storage.buffers import Value, join_parts
 from shardkv.storage.kv import (
     ANY,
     MISSING_RESULT,
@@ -46,6 +31,7 @@ from shardkv.storage.kv import (
     hidden,
 )
 from shardkv.storage.location import StoreLocation, fs_location
+from shardkv.storage.objects import Outcome, assemble, child_names, metadata_only, plan_requests, sliced
 
 __all__ = ["S3Store", "IN_FLIGHT", "http_range", "gather_all", "is_precondition_failure"]
 
@@ -68,10 +54,6 @@ def http_range(byte_range: ByteRange) -> str:
     return f"bytes={byte_range.start}-{byte_range.stop - 1}"
 
 
-def _empty(byte_range: ByteRange) -> bool:
-    return byte_range.nbytes == 0
-
-
 async def gather_all(calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
     """Await every call's coroutine concurrently; the results in order.
 
@@ -91,34 +73,28 @@ _SLOTS: ContextVar[asyncio.Semaphore | None] = ContextVar("shardkv_s3_slots", de
 """The request slots of the call running (every request of one call takes one: IN_FLIGHT at most)."""
 
 
-async def _limited(calls: Sequence[Callable[[], Awaitable[T]]], limit: int) -> list[T]:
-    token = _SLOTS.set(asyncio.Semaphore(max(1, limit)))
+async def _limited(calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
+    token = _SLOTS.set(asyncio.Semaphore(IN_FLIGHT))
     try:
         return await gather_all(calls)
     finally:
         _SLOTS.reset(token)
 
 
-def _client_errors(exc: BaseException) -> list[Any]:
-    """The botocore ``ClientError``-like errors in ``exc``'s chain (s3fs re-raises them as ``OSError``)."""
-    found = []
+def _codes(exc: BaseException) -> list[tuple[str, int | None]]:
+    """``(error code, HTTP status)`` of the botocore ``ClientError``-like errors in ``exc``'s chain
+    (s3fs re-raises them as ``OSError``)."""
+    out = []
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen and len(seen) < 32:
         seen.add(id(current))
-        if isinstance(getattr(current, "response", None), Mapping):
-            found.append(current)
+        response = getattr(current, "response", None)
+        if isinstance(response, Mapping):
+            code = str((response.get("Error") or {}).get("Code", ""))
+            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            out.append((code, None if status is None else int(status)))
         current = current.__cause__ or current.__context__
-    return found
-
-
-def _codes(exc: BaseException) -> list[tuple[str, int | None]]:
-    out = []
-    for error in _client_errors(exc):
-        response = error.response
-        code = str((response.get("Error") or {}).get("Code", ""))
-        status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
-        out.append((code, None if status is None else int(status)))
     return out
 
 
@@ -154,23 +130,17 @@ class S3Store(KVStore):
         The filesystem (its client, credentials, endpoint and event loop are used).
     root : str
         ``bucket/prefix`` of the store (a protocol and a trailing ``/`` are dropped).
-    conditional_delete : bool
-        The server honours ``If-Match`` on ``DeleteObject`` (S3 does since
-        2024, moto does). False: a conditional delete checks the ETag with a
-        ``HeadObject`` first, which is not atomic.
     """
 
-    def __init__(self, fs: Any, root: str, *, conditional_delete: bool = True) -> None:
+    def __init__(self, fs: Any, root: str) -> None:
         from fsspec.asyn import sync  # s3fs runs on fsspec's event loop
 
         self.fs = fs
         self.root = fs._strip_protocol(root).rstrip("/")
         self._sync = sync
         self._location = fs_location(fs, self.root)
-        self.in_flight = IN_FLIGHT
-        """Requests of one call in flight at once, at most."""
         self.caps = Capabilities(ranged=True, round_trips=True, stamps="native", conditional_put=True,
-                                 conditional_delete=bool(conditional_delete), lock_dir=False, in_process=False)
+                                 conditional_delete=True, lock_dir=False, in_process=False)
 
     @property
     def location(self) -> StoreLocation:
@@ -178,7 +148,7 @@ class S3Store(KVStore):
         return self._location
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (self.fs, self.root, self.caps.conditional_delete))
+        return (type(self), (self.fs, self.root))
 
     def __repr__(self) -> str:
         return f"S3Store({self.root!r})"
@@ -188,8 +158,8 @@ class S3Store(KVStore):
         return bucket, object_key
 
     def _run(self, calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
-        """Run the calls on s3fs's loop, their requests at most :attr:`in_flight` at once."""
-        return self._sync(self.fs.loop, _limited, calls, self.in_flight) if calls else []
+        """Run the calls on s3fs's loop, their requests at most :data:`IN_FLIGHT` at once."""
+        return self._sync(self.fs.loop, _limited, calls) if calls else []
 
     async def _s3(self, method: str, key: str, **kwargs: Any) -> Any:
         """One request, in one of the running call's slots."""
@@ -213,7 +183,7 @@ class S3Store(KVStore):
 
     async def _get(self, key: str, byte_range: ByteRange | None, cond: Generation) -> tuple[bytes, Generation, int | None]:
         """One ``GetObject`` (a ``Range`` header for a range, ``If-Match`` for a generation)."""
-        if byte_range is not None and _empty(byte_range):
+        if byte_range is not None and byte_range.nbytes == 0:
             generation, size = await self._head(key, cond)
             return b"", generation, size
         kwargs = self._if_match(cond)
@@ -231,44 +201,39 @@ class S3Store(KVStore):
             data = await body.read()
         return data, Generation(response["ETag"]), _size_of(response)
 
-    async def _read(self, request: ReadRequest) -> ReadResult:
-        key, ranges, cond = request
+    async def _request(self, request: ReadRequest, byte_range: ByteRange | None) -> Outcome:
+        """One request of a read; "not found" and "changed" (412) are answers, other errors are returned."""
+        key, _, cond = request
         try:
-            if cond.is_missing or ranges == []:
+            if metadata_only(request):
                 generation, size = await self._head(key, cond)
-                if cond.is_missing:
-                    return ReadResult("stale", None, generation, size)
-                return ReadResult("value", [], generation, size)
-            if ranges is None:
-                data, generation, size = await self._get(key, None, cond)
-                return ReadResult("value", [data], generation, size)
-            got = await gather_all([lambda r=r: self._get(key, r, cond) for r in ranges])  # type: ignore[misc]
-        except Exception as exc:  # "not found" and "changed" (412) are answers; anything else propagates
+                return b"", generation, size
+            return await self._get(key, byte_range, cond)
+        except Exception as exc:
             if _is_missing(exc):
-                return MISSING_RESULT
+                return "missing"
             if not cond.is_any and is_precondition_failure(exc):
-                return ReadResult("stale", None, ANY)
-            raise
-        generations = {g for _, g, _ in got}
-        if len(generations) > 1:  # replaced between the requests (unconditioned): one whole read instead
-            return await self._whole_sliced(key, ranges)
-        values: list[BytesLike] = [data for data, _, _ in got]
-        sizes = [s for _, _, s in got if s is not None]
-        return ReadResult("value", values, got[0][1], sizes[0] if sizes else None)
+                return "stale"
+            return exc
 
-    async def _whole_sliced(self, key: str, ranges: Sequence[ByteRange]) -> ReadResult:
+    async def _whole_sliced(self, request: ReadRequest) -> ReadResult:
+        """A read whose ranges were replaced between their requests (unconditioned): one whole read, cut."""
+        key, ranges, _ = request
         try:
-            data, generation, size = await self._get(key, None, ANY)
+            return sliced(await self._get(key, None, ANY), ranges or [])
         except Exception as exc:
             if _is_missing(exc):
                 return MISSING_RESULT
             raise
-        view = memoryview(data)
-        values: list[BytesLike] = [view[slice(*r.resolve(len(data)))].toreadonly() for r in ranges]
-        return ReadResult("value", values, generation, size)
+
+    async def _reads(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
+        plan = plan_requests(reads)
+        outcomes = await gather_all([lambda i=i, r=r: self._request(reads[i], r) for i, r in plan])  # type: ignore[misc]
+        results = assemble(reads, plan, outcomes)
+        return [await self._whole_sliced(reads[i]) if result is None else result for i, result in enumerate(results)]
 
     def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
-        return self._run([lambda r=r: self._read(r) for r in reads])  # type: ignore[misc]
+        return self._run([lambda: self._reads(reads)])[0] if reads else []
 
     # -- writes ---------------------------------------------------------------
 
@@ -287,19 +252,17 @@ class S3Store(KVStore):
         return Generation(response["ETag"])
 
     async def _delete(self, key: str, cond: Generation) -> Generation | None:
-        atomic = not cond.is_missing and self.caps.conditional_delete
         try:
-            if not cond.is_any and not atomic:  # checked first: not atomic
+            if cond.is_missing:  # "only if nothing is stored": then there is nothing to delete
                 try:
-                    generation, _ = await self._head(key, ANY)
+                    await self._head(key, ANY)
                 except Exception as exc:
-                    if not _is_missing(exc):
-                        raise
-                    return NO_VALUE if cond.is_missing else None
-                if generation != cond:
-                    return None
+                    if _is_missing(exc):
+                        return NO_VALUE
+                    raise
+                return None
             try:
-                await self._s3("delete_object", key, **(self._if_match(cond) if atomic else {}))
+                await self._s3("delete_object", key, **self._if_match(cond))
             except Exception as exc:
                 if cond.is_any or not (is_precondition_failure(exc) or _is_missing(exc)):
                     raise
@@ -350,10 +313,5 @@ class S3Store(KVStore):
 
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
         objects, prefixes = self._sync(self.fs.loop, self._list, prefix, True)
-        keys = sorted({k[len(prefix):] for k, _ in objects if not hidden(k[len(prefix):])} - {""})
-        dirs = sorted({p[len(prefix):].rstrip("/") for p in prefixes if not hidden(p[len(prefix):].rstrip("/"))} - {""})
-        return keys, dirs
+        return child_names(k[len(prefix):] for k, _ in objects), child_names(p[len(prefix):] for p in prefixes)
 
-
-def _rebuild(fs: Any, root: str, conditional_delete: bool) -> S3Store:
-    return S3Store(fs, root, conditional_delete=conditional_delete)

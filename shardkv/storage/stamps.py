@@ -1,40 +1,25 @@
 """Process stamps: generations for stores that keep none (mappings, zarr-python 2 stores, most fsspec filesystems).
 
-A store without generations of its own cannot say whether a value changed
-since it was read. Process stamps answer for the writes made *through shardkv
-in this process*, and only for them: every write of a key bumps a counter, and
-the generation of a value read is the counter seen before and after the read.
-
-* **Process-wide.** Counters belong to the data, not to a store object: they are
-  keyed by ``(location.namespace, location.full_path(key))``, so two store
-  objects over one dict, or two roots that nest, stamp one key alike.
-* **Striped and bounded.** Keys hash into a fixed table of stripes; a write of
-  one key also changes the stamp of the other keys of its stripe, which only
-  costs a needless re-read, never a wrong answer.
-* **Seqlock-style.** A writer marks its stripes *in flight* and bumps their
-  counters when it begins and when it ends. A read takes the counter before
-  (:meth:`ProcessStamps.begin_read`) and checks it after
-  (:meth:`ProcessStamps.end_read`): if a write began, ended or was in flight
-  meanwhile, the read is *unstable* (a conditional read is then ``"stale"``, an
-  unconditional one gets a generation that equals no other, so nothing is ever
-  conditioned on it successfully).
-* **Serialised writers.** Writes of one stripe hold the stripe's lock from the
-  condition check to the stamp of what they stored, so an in-process
-  conditional put or delete is atomic against every other shardkv write of this
-  process (not against other processes: :attr:`Capabilities.conditional_put`
-  stays False for process-stamped stores).
-
+They see the writes made *through shardkv in this process*, and only those.
+Counters belong to the data (keyed by the location's namespace and the key's
+full path) and are striped into a fixed table: a write of one key also
+changes the stamp of the other keys of its stripe, which costs a needless
+re-read, never a wrong answer. Seqlock-style: a writer marks its stripes in
+flight and bumps their counters when it begins and ends; a read that
+overlapped a write gets a generation equal to no other. Writers of a stripe
+hold its lock from the condition check to the stamp of what they stored, so
+a conditional put is atomic against every other shardkv write of this process
+(not of other processes: ``Capabilities.conditional_put`` stays False).
 Pure in-memory bookkeeping: no I/O.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 import zlib
 from contextlib import contextmanager
-from typing import Hashable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 from shardkv.storage.kv import Generation
 from shardkv.storage.location import StoreLocation
@@ -46,20 +31,6 @@ N_STRIPES = 4096
 
 Ticket = tuple[int, int, bool]
 """``(stripe, counter, in flight)`` as a read saw them before it began."""
-
-_UNSTABLE = itertools.count()
-
-
-class _Unstable:
-    """The token of a value read while a write was in flight: equal only to itself."""
-
-    __slots__ = ("serial",)
-
-    def __init__(self) -> None:
-        self.serial = next(_UNSTABLE)
-
-    def __repr__(self) -> str:
-        return f"unstable#{self.serial}"
 
 
 class ProcessStamps:
@@ -128,16 +99,7 @@ class ProcessStamps:
         no other (it may have seen either value).
         """
         generation = self.current(ticket)
-        return Generation(_Unstable()) if generation is None else generation
-
-    def holds(self, location: StoreLocation, key: str, generation: Generation) -> bool:
-        """True when ``generation`` (from a read or write of ``key``) is still the key's stamp.
-
-        Says nothing of whether the key is stored; :data:`~shardkv.storage.kv.ANY` always holds.
-        """
-        if generation.is_any:
-            return True
-        return self.current(self.begin_read(location, key)) == generation
+        return Generation(object()) if generation is None else generation  # a token equal only to itself
 
     # -- writes ---------------------------------------------------------------
 
@@ -203,10 +165,5 @@ class StampedWrite:
 STAMPS = ProcessStamps()
 """The process's stamps, shared by every process-stamped store."""
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=STAMPS.after_fork_in_child)
+os.register_at_fork(after_in_child=STAMPS.after_fork_in_child)
 
-
-def is_stamp(token: Hashable) -> bool:
-    """True for the token of a process stamp (for diagnostics and tests)."""
-    return isinstance(token, tuple) and len(token) == 2 and token[0] == "stamp"
