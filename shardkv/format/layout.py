@@ -89,7 +89,6 @@ def chunk_nbytes_bound(chunk_shape: Sequence[int], itemsize: int | None) -> int 
     return prod(int(c) for c in chunk_shape) * int(itemsize) * 2 + _COMPRESSOR_SLACK_NBYTES
 
 
-
 _POSITIONS_MAX_CHUNKS = 4096
 """Shards of at most this many inner chunks have their index positions memoised (:func:`_positions`)."""
 
