@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from engine_kv import CountingKV
 from shardkv.engine.engine import EngineOptions, ShardEngine
-from shardkv.engine.merge import ChunkPatch, ShardChange
+from shardkv.engine.merge import ChunkPatch, ShardChange, covers_shard, merge_chunks
 from shardkv.engine.retry import Backoff
 from shardkv.errors import ConcurrentUpdateError, ConfigurationError, CorruptShardError
 from shardkv.format.layout import ShardLayout
@@ -280,3 +281,17 @@ def test_cache_keeps_the_shard_size_the_write_returned() -> None:
     engine.write(change(arr, {(0, 0): b"a" * 10, (0, 1): b"b" * 3}))
     entry = engine.cache.peek("a/0.0")
     assert entry is not None and entry.size == len(kv.data["a/0.0"][0])
+
+
+def test_merge_rules_for_a_shard_written_whole_and_for_other_bytes_like_values() -> None:
+    """covers_shard and merge_chunks check value types in one pass; other bytes-like values still count."""
+    arr = array(cps=(2, 1))
+    whole = {(0, 0): b"a", (1, 0): np.frombuffer(b"bb", dtype=np.uint8)}
+    assert covers_shard(arr, (0, 0), whole)
+    assert not covers_shard(arr, (0, 0), {(0, 0): b"a", (1, 0): None})
+    assert not covers_shard(arr, (0, 0), {(0, 0): b"a", (1, 0): ChunkPatch("a/1.0", [(0, b"b")])})
+    merged = merge_chunks(arr, (0, 0), {}, whole)
+    assert merged == whole and merged is not whole
+    old = {(0, 0): b"old0", (1, 0): b"old1"}
+    assert merge_chunks(arr, (0, 0), old, {(1, 0): None}) == {(0, 0): b"old0"}
+    assert merge_chunks(arr, (0, 0), {}, {(0, 0): None, (1, 0): ChunkPatch("a/1.0", [(0, b"new")])}) == {(1, 0): b"new"}

@@ -316,3 +316,16 @@ def test_decode_index_rejects_wrong_length(make) -> None:
     assert info.value.shard_key == "k/0"
     with pytest.raises(CorruptShardError):
         layout.decode_index(raw + b"\0", "k/0")
+
+
+@pytest.mark.parametrize("cps", [pytest.param((64, 64), id="positions-memo"), pytest.param((64, 65), id="numpy-positions")])
+def test_encode_shard_places_chunks_the_same_with_or_without_the_positions_memo(cps: tuple[int, int]) -> None:
+    """Small shards take index positions from a memo, larger ones from numpy: both match the spec's reader."""
+    layout = ShardLayout.v3(cps)
+    rng = np.random.default_rng(0)
+    picked = sorted({(int(i), int(j)) for i, j in zip(rng.integers(0, cps[0], 300), rng.integers(0, cps[1], 300))})
+    chunks = {(np.int64(i), np.int64(j)): bytes([i % 256, j % 256]) * (1 + (i + j) % 3) for i, j in picked}
+    shard = layout.encode_shard(chunks)
+    assert reference_read(shard, *_params(layout)) == {(int(i), int(j)): v for (i, j), v in chunks.items()}
+    with pytest.raises(ConfigurationError, match="outside chunks_per_shard"):
+        layout.encode_shard({**chunks, (cps[0], 0): b"x"})

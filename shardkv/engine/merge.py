@@ -16,7 +16,7 @@ A shard whose every available chunk is set whole needs no old bytes
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from shardkv.keys.space import ChunkRef, ShardedArray
 
@@ -130,14 +130,24 @@ class ShardChange:
         return self.array.chunk_key(self.array.chunk_coords(self.shard_coords, local_coords))
 
 
+_WHOLE_TYPES = frozenset({bytes, bytearray, memoryview})
+
+
+def _all_whole(values: Collection[Any]) -> bool:
+    """True when no value is ``None`` or a :class:`ChunkPatch` (every value sets its chunk whole).
+
+    The types are collected in one pass at C speed; a value of another
+    bytes-like type (a numpy array) is checked one by one.
+    """
+    if set(map(type, values)) <= _WHOLE_TYPES:
+        return True
+    return all(v is not None and not isinstance(v, ChunkPatch) for v in values)
+
+
 def covers_shard(arr: ShardedArray, shard_coords: Sequence[int], updates: Mapping[Local, Any]) -> bool:
     """True when ``updates`` sets every available chunk of the shard whole (no old bytes needed)."""
     n = arr.n_chunks_in_shard(shard_coords)
-    return (
-        n > 0
-        and len(updates) == n
-        and all(v is not None and not isinstance(v, ChunkPatch) for v in updates.values())
-    )
+    return n > 0 and len(updates) == n and _all_whole(updates.values())
 
 
 def out_of_grid(arr: ShardedArray, shard_coords: Sequence[int], present: Sequence[Local]) -> list[Local]:
@@ -171,6 +181,8 @@ def merge_chunks(
     ValueError
         If a patch would leave a gap in its chunk.
     """
+    if not old and _all_whole(updates.values()):
+        return dict(updates)  # a new shard, or one written whole: nothing to merge
     dropped = set(out_of_grid(arr, shard_coords, list(old)))
     chunks: dict[Local, BytesLike] = {local: v for local, v in old.items() if local not in dropped}
     for local, value in updates.items():
@@ -186,9 +198,14 @@ def merge_chunks(
 def group_by_shard(refs: Sequence[ChunkRef], values: Iterable[ChunkUpdate]) -> dict[str, ShardChange]:
     """The :class:`ShardChange` of each shard that located chunk changes touch, in order (``None`` deletes)."""
     by_shard: dict[str, ShardChange] = {}
+    shard_key = None
+    chunks: dict[Local, ChunkUpdate] = {}
     for ref, value in zip(refs, values):
-        change = by_shard.get(ref.shard_key)
-        if change is None:
-            change = by_shard[ref.shard_key] = ShardChange(ref.array, ref.shard_coords)
-        change.chunks[ref.local_coords] = value
+        if ref.shard_key != shard_key:  # keys come in runs of one shard (zarr: a row of its chunks)
+            shard_key = ref.shard_key
+            change = by_shard.get(shard_key)
+            if change is None:
+                change = by_shard[shard_key] = ShardChange(ref.array, ref.shard_coords)
+            chunks = change.chunks
+        chunks[ref.local_coords] = value
     return by_shard

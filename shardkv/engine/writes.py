@@ -20,7 +20,7 @@ unconditional: the locks, or the caller's promise, exclude other writers.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.guard import Guard
@@ -29,7 +29,7 @@ from shardkv.engine.retry import WRITE_ATTEMPTS, WRITE_BACKOFF, EngineStats, att
 from shardkv.errors import ConcurrentUpdateError
 from shardkv.format.index import ShardIndex
 from shardkv.keys.space import ShardedArray
-from shardkv.storage.buffers import Value
+from shardkv.storage.buffers import BytesLike, Value
 from shardkv.storage.kv import ANY, NO_VALUE, Generation, KVStore
 
 __all__ = ["write_changes", "compact_shards", "delete_shards"]
@@ -89,12 +89,12 @@ def _write_round(
         if merged:
             parts, index = arr.layout.encode_shard_with_index(merged)
             puts[shard_key] = (parts, condition)
-            indexes[shard_key] = (index, sum(len(memoryview(p).cast("B")) for p in parts))
+            indexes[shard_key] = (index, _nbytes(parts))
         elif stored and guard.optimistic and kv.caps.conditional_put and not kv.caps.conditional_delete:
             # other processes write here and a delete cannot be conditioned (obstore): an empty shard, swapped in
             parts, index = arr.layout.encode_shard_with_index({})
             puts[shard_key] = (parts, condition)
-            indexes[shard_key] = (index, sum(len(memoryview(p).cast("B")) for p in parts))
+            indexes[shard_key] = (index, _nbytes(parts))
         elif stored:
             puts[shard_key] = (None, condition)
             indexes[shard_key] = (None, 0)
@@ -110,6 +110,13 @@ def _write_round(
         if new_index is not None:
             cache.put(shard_key, new_index, generation, size if sizes_hold else None)
     return lost
+
+
+def _nbytes(parts: Sequence[BytesLike]) -> int:
+    """Total bytes of a shard's parts (``len`` at C speed when they are all ``bytes``)."""
+    if set(map(type, parts)) == {bytes}:
+        return sum(map(len, parts))
+    return sum(memoryview(p).nbytes for p in parts)
 
 
 def compact_shards(
@@ -133,7 +140,7 @@ def compact_shards(
             if size - arr.layout.index_nbytes - index.used_nbytes() <= 0:
                 continue
             parts, new_index = arr.layout.encode_shard_with_index(arr.layout.chunks_of_shard(blob, shard_key, index))
-            new_size = sum(len(memoryview(p).cast("B")) for p in parts)
+            new_size = _nbytes(parts)
             cache.discard(shard_key)
             condition = result.generation if guard.optimistic else ANY
             generation = kv.put(shard_key, parts, if_generation=condition)

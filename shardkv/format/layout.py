@@ -26,6 +26,8 @@ This module is pure: bytes in, bytes out.
 
 from __future__ import annotations
 
+import functools
+import itertools
 from dataclasses import dataclass, field
 from math import prod
 from typing import Literal, Mapping, Sequence
@@ -85,6 +87,27 @@ def chunk_nbytes_bound(chunk_shape: Sequence[int], itemsize: int | None) -> int 
     if itemsize is None or itemsize < 1:
         return None
     return prod(int(c) for c in chunk_shape) * int(itemsize) * 2 + _COMPRESSOR_SLACK_NBYTES
+
+
+_POSITIONS_MAX_CHUNKS = 4096
+"""Shards of at most this many inner chunks have their index positions memoised (:func:`_positions`)."""
+
+
+@functools.lru_cache(maxsize=16)
+def _positions(chunks_per_shard: tuple[int, ...]) -> dict[tuple[int, ...], int] | None:
+    """Local coords -> row-major position in the index, for shards of few chunks (else ``None``)."""
+    if prod(chunks_per_shard) > _POSITIONS_MAX_CHUNKS:
+        return None
+    return {coords: i for i, coords in enumerate(itertools.product(*map(range, chunks_per_shard)))}
+
+
+@functools.lru_cache(maxsize=64)
+def _grid_arrays(chunks_per_shard: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Row-major strides and bounds (``intp``, read-only) of the index positions of ``chunks_per_shard``."""
+    strides = np.array([prod(chunks_per_shard[d + 1 :]) for d in range(len(chunks_per_shard))], dtype=np.intp)
+    bounds = np.array(chunks_per_shard, dtype=np.intp)
+    strides.flags.writeable = bounds.flags.writeable = False
+    return strides, bounds
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,19 +337,23 @@ class ShardLayout:
         start = self.index_nbytes if self.index_location == "start" else 0
         if order:
             flat = self._flat_positions(order)
-            nbytes = [len(v) if type(v) is bytes else memoryview(v).nbytes for v in map(chunks.__getitem__, order)]
-            sizes = np.array(nbytes, dtype=np.uint64)
-            ends = np.cumsum(sizes + np.uint64(slack_bytes), dtype=np.uint64) + np.uint64(start)
+            values = list(map(chunks.__getitem__, order))
+            if set(map(type, values)) == {bytes}:
+                sizes = np.fromiter(map(len, values), dtype=np.uint64, count=len(values))
+            else:
+                sizes = np.array([memoryview(v).nbytes for v in values], dtype=np.uint64)
+            step = sizes + np.uint64(slack_bytes) if slack_bytes else sizes  # bytes from one chunk to the next
+            offsets = np.cumsum(step, dtype=np.uint64) - step
             entries = index.entries.reshape(-1, 2)
-            entries[flat, 0] = ends - sizes - np.uint64(slack_bytes)
+            entries[flat, 0] = offsets + np.uint64(start) if start else offsets
             entries[flat, 1] = sizes
             if slack_bytes:
                 pad = bytes(slack_bytes)
-                for local in order:
-                    parts.append(chunks[local])
+                for value in values:
+                    parts.append(value)
                     parts.append(pad)
             else:
-                parts.extend(map(chunks.__getitem__, order))
+                parts = values
         encoded_index = self.encode_index(index)
         if self.index_location == "start":
             parts.insert(0, encoded_index)
@@ -343,13 +370,23 @@ class ShardLayout:
             If a local coord lies outside ``chunks_per_shard`` (the first one, in order).
         """
         cps = self.chunks_per_shard
-        strides = np.array([prod(cps[d + 1 :]) for d in range(len(cps))], dtype=np.int64)
-        try:
-            coords = np.array(order, dtype=np.int64).reshape(len(order), len(cps))
-        except (ValueError, TypeError, OverflowError):  # ragged or not integers: checked one by one below
-            coords = None
-        if coords is not None and ((coords >= 0) & (coords < np.array(cps, dtype=np.int64))).all():
-            return (coords @ strides).astype(np.intp)
+        positions = _positions(cps)
+        if positions is not None:
+            try:
+                return np.fromiter(map(positions.__getitem__, order), dtype=np.intp, count=len(order))
+            except (KeyError, TypeError):  # a coord outside the shard (or not a tuple of ints): checked below
+                pass
+        strides, bounds = _grid_arrays(cps)
+        coords = None
+        if set(map(len, order)) == {len(cps)}:  # every coord of the right length: parsed in one pass
+            try:
+                coords = np.fromiter(itertools.chain.from_iterable(order), dtype=np.intp, count=len(order) * len(cps))
+            except (ValueError, TypeError, OverflowError):  # not integers: checked one by one below
+                coords = None
+        if coords is not None:
+            coords = coords.reshape(len(order), len(cps))
+            if ((coords >= 0) & (coords < bounds)).all():
+                return coords @ strides
         flat = []
         for local in order:
             if len(local) != len(cps) or any(not 0 <= c < n for c, n in zip(local, cps)):

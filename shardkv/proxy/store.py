@@ -366,17 +366,17 @@ class ShardedStore(ProxyBase):
         InvalidKeyError, ChunkOutOfGridError, ReservedKeyError
             If a key is malformed, out of the grid or managed by shardkv.
         """
-        keys = list(values)
-        refs = route_batch(self._nodes.owner, keys)
+        refs = route_batch(self._nodes.owner, list(values))
+        if refs is not None:  # chunks of one array: values in the keys' order
+            self._writer.write(
+                group_by_shard(refs, [v if type(v) is bytes else as_buffer(k, v) for k, v in values.items()])
+            )
+            return
         changes: dict[str, bytes | memoryview | None] = {}
         for key, value in values.items():
-            if refs is None:
-                validate_key(key)
+            validate_key(key)
             changes[key] = value if type(value) is bytes else as_buffer(key, value)
-        if refs is None:
-            self._apply(changes)
-        else:
-            self._writer.write(group_by_shard(refs, changes.values()))
+        self._apply(changes)
 
     def __delitem__(self, key: str) -> None:
         try:
