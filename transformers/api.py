@@ -22,14 +22,8 @@ Conventions (one rule each, the ones of :mod:`shardkv.format.ranges`):
   ``prefix + name + "/"`` of the deeper ones.
 
 Beyond the draft's operations, :meth:`AbstractStore.set_values` sets several
-whole values in one call (the draft only has ``set`` of one value; a batch
-lets a transformer write the ``k`` shards of one request with one call), and
-one optional capability hook, :meth:`~AbstractStore.size_if_free`, lets the
-shard engine below a transformer check an index read against the stored size
-where the bottom store knows it for free
-(:class:`~shardkv.transformers.adapter.AdapterStore` over local files or data
-in this process).
-``apply_partial_writes`` is :func:`shardkv.engine.merge.apply_partial_writes`.
+whole values in one call (a batch lets a transformer write the shards of one
+request with one call).
 """
 
 from __future__ import annotations
@@ -149,9 +143,3 @@ class AbstractStore(ABC):
     def list(self) -> list[str]:
         """Every stored key (the draft: ``list_prefix("/")``)."""
         return self.list_prefix("/")
-
-    # -- optional capability (a shardkv addition; the default promises nothing) ----
-
-    def size_if_free(self, key: str) -> int | None:
-        """Size (bytes) of a stored value when known without a request, else ``None``."""
-        return None

@@ -188,10 +188,10 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
         self.array = ShardedArray(
             self.array_path, self.key_prefix, shape, chunk_shape, self.layout, self.encoding, self.encoding  # type: ignore[arg-type]
         )
-        kv = UnderlyingKV(underlying)
+        self._kv = UnderlyingKV(underlying)
         if concurrency is None:
             concurrency = "auto" if isinstance(underlying, AdapterStore) else "process"
-        self.engine = ShardEngine(kv, EngineOptions(index_cache_bytes, read_policy or ReadPolicy(), concurrency,
+        self.engine = ShardEngine(self._kv, EngineOptions(index_cache_bytes, read_policy or ReadPolicy(), concurrency,
                                                     lock_timeout))
 
     # -- configuration ------------------------------------------------------------
@@ -454,9 +454,7 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
         (mode ``"conditional"``), shards are rewritten through it instead: a
         positional write cannot be conditioned.
         """
-        kv = self.engine.kv
-        # in place through the stamping adapter, so cached indexes of this process see the change
-        if self.engine.concurrency_mode == "conditional" or not isinstance(kv, UnderlyingKV):
+        if self.engine.concurrency_mode == "conditional":
             self.engine.write({k: ShardChange(c.array, c.shard_coords, dict.fromkeys(c.chunks))
                                for k, c in by_shard.items()})
             return
@@ -479,11 +477,8 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
                     start = 0 if layout.index_location == "start" else -layout.index_nbytes
                     writes.append((shard_key, start, layout.encode_index(new)))
             self.engine.forget([*whole, *(w[0] for w in writes)])
-            if writes:
-                if isinstance(kv, UnderlyingKV):
-                    kv.patch(writes)
-                else:
-                    self.underlying.set_partial_values(writes)
+            if writes:  # through the stamping adapter, so cached indexes of this process see the change
+                self._kv.patch(writes)
             if whole:
                 self.underlying.erase_values(list(whole))
 

@@ -52,7 +52,6 @@ __all__ = [
     "v3_data_type",
     "numpy_dtype_of",
     "v3_fill_value",
-    "inner_codecs_of",
     "v3_view_of_v2",
     "ShardingSpec",
     "sharding_spec_from_v3",
@@ -121,17 +120,6 @@ def v3_data_type(dtype: np.dtype) -> tuple[Any, str | None]:
     if data_type is None or isinstance(data_type, str):
         return data_type, None
     return data_type, str(data_type["name"])
-
-
-def inner_codecs_of(zarray: Mapping[str, Any], dtype: np.dtype, ndim: int, problems: list[str]) -> list[dict[str, Any]]:
-    """The v3 codecs of one v2 chunk (:func:`shardkv.metadata.v2_codecs.v3_encoding_of_v2`).
-
-    ``dtype`` and ``ndim`` are read from ``zarray`` (kept for callers); what
-    v3 readers lack goes to ``problems``.
-    """
-    encoding = v3_encoding_of_v2(zarray)
-    problems.extend(encoding.problems)
-    return encoding.codecs
 
 
 def v3_view_of_v2(
@@ -215,16 +203,6 @@ def mark_v2_encoding(metadata: dict[str, Any], zarray: Mapping[str, Any], encodi
         metadata[V2_COMPRESSOR_FIELD] = {"must_understand": False, "compressor": None}
     elif compressor is not None and compressor.get("id") == "blosc" and compressor.get("shuffle") == -1:
         metadata[V2_COMPRESSOR_FIELD] = {"must_understand": False, "compressor": dict(compressor)}  # AUTOSHUFFLE
-
-
-def mark_null_fill(metadata: dict[str, Any], zarray: Mapping[str, Any]) -> None:
-    """Add the :data:`V2_FILL_FIELD` marker to a v3 array document when the v2 ``fill_value`` is null.
-
-    v3 has no null fill: the type's zero stands for it, and the marker (which
-    v3 readers skip, ``must_understand: false``) brings null back to zarr 2.
-    """
-    if zarray.get("fill_value") is None:
-        metadata[V2_FILL_FIELD] = {"must_understand": False, "fill_value": None}
 
 
 def dimension_names_of(names: Any, ndim: int) -> list[str] | None:
