@@ -15,36 +15,14 @@ relayed unchanged. The shard bytes are the draft's ``indexed`` format
     +---------+---------+-----+----------------------------------------+
                                 16 * n bytes, n = prod(chunks_per_shard)
 
-Empty chunks have offset = nbytes = ``2**64 - 1``.
-
-The transformer is a thin layer: the array's keys are a
-:class:`~shardkv.keys.space.ShardedArray` (draft chunk key encoding), prefixes
-are translated by :mod:`shardkv.keys.prefixes`, and every shard read and
-write goes through the shard engine the proxy uses,
-:class:`~shardkv.engine.engine.ShardEngine`, over the underlying store seen
-as a process-stamped :class:`~shardkv.storage.kv.KVStore`
-(:class:`~shardkv.transformers.adapter.UnderlyingKV`; its location, hence
-its locks, is the base store's under an
-:class:`~shardkv.transformers.adapter.AdapterStore`).
-Request plan on the underlying store (draft "API implementation"):
-
-* ``get_partial_values``: one ``get_partial_values`` for the indexes not in
-  the index cache, one for the chunk ranges, one for relayed keys,
-  merged per shard by the read policy (one request for adjacent chunks of a
-  shard, or the whole shard when most of it is wanted); with every index
-  cached, the first is left out (or holds only the relayed keys);
-* ``set_values`` / ``set_partial_values``: shards whose every available chunk
-  is set whole are built directly; the others are read completely with one
-  ``get_partial_values`` (the draft's simplification) and merged (chunks
-  outside the chunk grid dropped); then one ``set_values`` writes every new
-  shard;
-* ``erase_values``: shards whose every available chunk is erased are erased
-  with one ``erase_values``; for the others one ``get_partial_values`` reads
-  the indexes (unless cached) and one ``set_partial_values`` rewrites them in
-  place at the end of the shard (a shard left without chunks is erased instead).
-
-"Available" chunks are the shard's chunks inside the array's chunk grid when
-the array shape is known, else all ``chunks_per_shard`` of them.
+Empty chunks have offset = nbytes = ``2**64 - 1``. Keys are a
+:class:`~shardkv.keys.space.ShardedArray` (draft chunk key encoding); shard
+reads and writes go through the shard engine
+(:class:`~shardkv.engine.engine.ShardEngine`) over
+:class:`~shardkv.transformers.adapter.UnderlyingKV`. Each method's docstring
+gives its request plan on the underlying store (draft "API implementation").
+A shard's "available" chunks are those inside the chunk grid when the array
+shape is known, else all ``chunks_per_shard`` of them.
 """
 
 from __future__ import annotations
