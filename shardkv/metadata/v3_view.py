@@ -53,6 +53,7 @@ __all__ = [
     "numpy_dtype_of",
     "v3_fill_value",
     "v3_view_of_v2",
+    "sharding_codec",
     "ShardingSpec",
     "sharding_spec_from_v3",
     "v2_dimension_separator",
@@ -122,6 +123,18 @@ def v3_data_type(dtype: np.dtype) -> tuple[Any, str | None]:
     return data_type, str(data_type["name"])
 
 
+def sharding_codec(
+    chunk_shape: Sequence[int], codecs: list[dict[str, Any]], index_location: str, index_checksum: bool,
+    index_endian: str = "little",
+) -> dict[str, Any]:
+    """The v1.0 ``sharding_indexed`` codec object: index codecs ``bytes`` (then ``crc32c`` with ``index_checksum``)."""
+    index_codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": index_endian}}]
+    if index_checksum:
+        index_codecs.append({"name": "crc32c"})
+    config = {"chunk_shape": list(chunk_shape), "codecs": codecs, "index_codecs": index_codecs}
+    return {"name": SHARDING_CODEC, "configuration": {**config, "index_location": index_location}}
+
+
 def v3_view_of_v2(
     zarray: Mapping[str, Any],
     zattrs: Mapping[str, Any] | None,
@@ -156,9 +169,6 @@ def v3_view_of_v2(
             f"the array has {len(shape)} dimension(s)"
         )
     encoding = v3_encoding_of_v2(zarray)
-    index_codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": layout.index_endian}}]
-    if layout.index_checksum:
-        index_codecs.append({"name": "crc32c"})
     metadata = {
         "zarr_format": 3,
         "node_type": "array",
@@ -171,15 +181,7 @@ def v3_view_of_v2(
         "chunk_key_encoding": V2ChunkKeyEncoding(v2_dimension_separator(zarray)).to_metadata(),  # type: ignore[arg-type]
         "fill_value": encoding.fill_value,
         "codecs": [
-            {
-                "name": SHARDING_CODEC,
-                "configuration": {
-                    "chunk_shape": chunks,
-                    "codecs": encoding.codecs,
-                    "index_codecs": index_codecs,
-                    "index_location": layout.index_location,
-                },
-            }
+            sharding_codec(chunks, encoding.codecs, layout.index_location, layout.index_checksum, layout.index_endian)
         ],
         "attributes": dict(zattrs or {}),
     }

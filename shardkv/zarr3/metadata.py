@@ -28,7 +28,7 @@ from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.keys.encodings import chunk_key_encoding_from_metadata
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardRule
-from shardkv.metadata.v3_view import SHARDING_CODEC, sharding_spec_from_v3
+from shardkv.metadata.v3_view import SHARDING_CODEC, sharding_codec, sharding_spec_from_v3
 
 __all__ = [
     "MARKER", "ShardingOptions", "stored_document", "presented_document", "transparent_array", "parse_document",
@@ -126,20 +126,10 @@ def stored_document(path: str, doc: Mapping[str, Any], options: ShardingOptions)
     cps = options.rule.for_array(path, len(doc["shape"]))
     if cps is None or chunks is None:
         return None
-    index_codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}]
-    if options.index_checksum:
-        index_codecs.append({"name": "crc32c"})
     stored = copy.deepcopy(dict(doc))
     stored["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": [c * n for c, n in zip(chunks, cps)]}}
-    stored["codecs"] = [{
-        "name": SHARDING_CODEC,
-        "configuration": {
-            "chunk_shape": list(chunks),
-            "codecs": copy.deepcopy(doc["codecs"]),
-            "index_codecs": index_codecs,
-            "index_location": options.index_location,
-        },
-    }]  # fmt: skip
+    codecs = copy.deepcopy(doc["codecs"])
+    stored["codecs"] = [sharding_codec(chunks, codecs, options.index_location, options.index_checksum)]
     stored[MARKER] = dict(_MARKER_VALUE)
     return stored
 
