@@ -225,12 +225,12 @@ class ShardedStore(Store):
     @property
     def concurrency_mode(self) -> str:
         """The resolved concurrency mode: ``"files"``, ``"conditional"``, ``"process"`` or ``"none"``."""
-        return self._engine.concurrency_mode
+        return self._engine.engine.concurrency_mode
 
     @property
     def index_cache(self) -> IndexCache:
         """The shard index cache (``hits``, ``misses``, ``nbytes``, ``clear()``)."""
-        return self._engine.index_cache
+        return self._engine.engine.cache
 
     def __eq__(self, value: object) -> bool:
         return (
@@ -279,7 +279,7 @@ class ShardedStore(Store):
     def refresh(self) -> None:
         """Forget cached array documents and shard indexes (after other processes changed the store)."""
         self._nodes.clear()
-        self._engine.forget()
+        self._engine.engine.forget()
 
     def flush(self) -> None:
         """Write every buffered shard (write-back mode; a no-op otherwise). Blocks."""
@@ -491,7 +491,7 @@ class ShardedStore(Store):
         if not path:
             await asyncio.to_thread(self._engine.keep_identity)  # the open journal still belongs to this store
         self._nodes.forget_below(path)
-        self._engine.forget()
+        self._engine.engine.forget()
 
     async def clear(self) -> None:
         """Delete every key of the store underneath."""
@@ -524,7 +524,7 @@ class ShardedStore(Store):
             else:
                 shards[key] = arr
         if shards:
-            keys = await asyncio.to_thread(lambda: [k for k in self._engine.chunk_keys(shards) if k.startswith(prefix)])
+            keys = await asyncio.to_thread(lambda: [k for k in self._engine.engine.chunk_keys(shards) if k.startswith(prefix)])
             for key in keys:
                 yield key
 
