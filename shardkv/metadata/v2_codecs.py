@@ -64,6 +64,8 @@ __all__ = [
     "v3_fill_value",
     "core_compressor_codec",
     "CORE_DATA_TYPES",
+    "SIZED_DATA_TYPES",
+    "TIME_DATA_TYPES",
 ]
 
 OPAQUE_DATA_TYPE = "shardkv.v2_dtype"
@@ -77,6 +79,10 @@ CORE_DATA_TYPES = {
     "c8": "complex64", "c16": "complex128",
 }  # fmt: skip
 """numpy ``kind + itemsize`` -> the v3 core data type name."""
+SIZED_DATA_TYPES = {"U": "fixed_length_utf32", "S": "null_terminated_bytes", "V": "raw_bytes"}
+"""numpy kind -> the zarr-python 3 data type of fixed-size strings, bytes and void (``length_bytes``)."""
+TIME_DATA_TYPES = {"M": "numpy.datetime64", "m": "numpy.timedelta64"}
+"""numpy kind -> the zarr-python 3 data type of datetime64 / timedelta64 (``unit``, ``scale_factor``)."""
 _CORE_COMPRESSORS = ("gzip", "zstd", "blosc")
 _BLOSC_SHUFFLE = {i: name for name, i in BLOSC_SHUFFLE_IDS.items()}  # numcodecs id -> v3 name
 
@@ -149,15 +155,14 @@ def leaf_data_type(dtype: np.dtype) -> Any:
         return core
     if not dtype.itemsize and dtype.kind in "USV":
         return None
-    sized = {"U": "fixed_length_utf32", "S": "null_terminated_bytes", "V": "raw_bytes"}.get(dtype.kind)
+    sized = SIZED_DATA_TYPES.get(dtype.kind)
     if sized is not None:
         return {"name": sized, "configuration": {"length_bytes": dtype.itemsize}}
     if dtype.kind in "Mm":
         unit, scale = np.datetime_data(dtype)
         if unit == "generic":
             return None
-        name = "numpy.datetime64" if dtype.kind == "M" else "numpy.timedelta64"
-        return {"name": name, "configuration": {"unit": unit, "scale_factor": int(scale)}}
+        return {"name": TIME_DATA_TYPES[dtype.kind], "configuration": {"unit": unit, "scale_factor": int(scale)}}
     return None
 
 

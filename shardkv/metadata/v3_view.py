@@ -35,6 +35,8 @@ from shardkv.format.layout import ShardLayout, chunk_nbytes_bound
 from shardkv.keys.encodings import ChunkKeyEncoding, V2ChunkKeyEncoding, chunk_key_encoding_from_metadata
 from shardkv.metadata.v2_codecs import (
     CORE_DATA_TYPES,
+    SIZED_DATA_TYPES,
+    TIME_DATA_TYPES,
     V3Encoding,
     leaf_data_type,
     numpy_dtype_of,
@@ -249,8 +251,6 @@ class ShardingSpec:
 
 
 _V3_ITEMSIZES = {name: int(code[1:]) for code, name in CORE_DATA_TYPES.items()}
-_SIZED_EXTENSIONS = ("fixed_length_utf32", "null_terminated_bytes", "raw_bytes")
-_TIME_EXTENSIONS = ("numpy.datetime64", "numpy.timedelta64")
 
 
 def v3_itemsize(data_type: Any) -> int | None:
@@ -265,10 +265,10 @@ def v3_itemsize(data_type: Any) -> int | None:
     if not isinstance(data_type, Mapping):
         return None
     name = data_type.get("name")
-    if name in _TIME_EXTENSIONS:
+    if name in TIME_DATA_TYPES.values():
         return 8
     n = (data_type.get("configuration") or {}).get("length_bytes")
-    if name in _SIZED_EXTENSIONS and isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+    if name in SIZED_DATA_TYPES.values() and isinstance(n, int) and not isinstance(n, bool) and n >= 1:
         return n
     return None
 

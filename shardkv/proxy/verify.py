@@ -12,7 +12,6 @@ only proven garbage (user guide, "The command line").
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from math import prod
@@ -22,7 +21,7 @@ import numpy as np
 
 from shardkv.codecs.bounded import decode_bounded, stopped_at_declared_size
 from shardkv.errors import ConfigurationError, CorruptShardError
-from shardkv.keys.paths import join_path
+from shardkv.keys.paths import join_path, split_key
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.documents import NODE_DOCUMENTS, load_json, unreadable_documents
 from shardkv.metadata.v2_view import unusable_sharding
@@ -216,11 +215,6 @@ def shard_directories(kv: KVStore, arr: ShardedArray) -> list[str]:
 # -- shards -----------------------------------------------------------------------------
 
 
-def _parent(key: str) -> tuple[str, str]:
-    path, _, name = key.rpartition("/")
-    return path, name
-
-
 def _ancestors(key: str) -> Iterable[str]:
     path = key
     while path:
@@ -327,16 +321,16 @@ def verify_store(
     kv = _kv_of(store)
     keys = sorted(kv.list_prefix(""))
     report = VerifyReport()
-    meta_keys = [k for k in keys if _parent(k)[1] in NODE_DOCUMENTS]
+    meta_keys = [k for k in keys if split_key(k)[1] in NODE_DOCUMENTS]
     docs = kv.values(meta_keys)  # the stored documents
     report.unreadable_metadata = unreadable_documents(docs)
-    array_paths = {_parent(k)[0] for k in docs if _parent(k)[1] == ".zarray"}
-    group_paths = {_parent(k)[0] for k in docs if _parent(k)[1] == ".zgroup"}
+    array_paths = {split_key(k)[0] for k in docs if split_key(k)[1] == ".zarray"}
+    group_paths = {split_key(k)[0] for k in docs if split_key(k)[1] == ".zgroup"}
     arrays: dict[str, ShardedArray | None] = {p: None for p in array_paths}  # unsharded unless a zarr.json says
     zarrays: dict[str, dict[str, Any]] = {}  # the v2 document of each sharded array (stored or presented)
     kept_nodes: set[str] = set()  # v3 arrays shardkv does not check (not sharded): their keys are no orphans
     for key, raw in docs.items():
-        path, name = _parent(key)
+        path, name = split_key(key)
         if name != "zarr.json" or key in report.unreadable_metadata:
             continue
         zarray_key = join_path(path, ".zarray")
@@ -358,7 +352,7 @@ def verify_store(
             report.unreadable_metadata[key] = reason
         elif doc is not None and doc.get("node_type") == "array":
             kept_nodes.add(path)
-    damaged_nodes = {_parent(k)[0] for k in report.unreadable_metadata}
+    damaged_nodes = {split_key(k)[0] for k in report.unreadable_metadata}
     array_paths -= damaged_nodes
     kept_nodes |= damaged_nodes
     for path in sorted(array_paths):  # directories where shards should be: not listed, yet damage
@@ -370,7 +364,7 @@ def verify_store(
     for done, key in enumerate(keys, 1):
         if progress is not None:
             progress(done, len(keys))
-        path, name = _parent(key)
+        path, name = split_key(key)
         if name in _META or name in (".zattrs", ".zgroup", ".zmetadata"):
             continue
         if kept_nodes and any(a in kept_nodes for a in _ancestors(key)):
