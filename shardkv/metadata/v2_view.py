@@ -102,7 +102,7 @@ def numpy_dtype_of_v3(data_type: Any, endian: str | None = "little") -> np.dtype
     """The numpy dtype of a v3 ``data_type`` stored with the ``bytes`` codec's ``endian``.
 
     Core numeric and bool types, and the zarr-python 3 extension types that
-    :func:`shardkv.metadata.v3_view.v3_data_type` writes (fixed-size strings,
+    :func:`shardkv.metadata.v2_codecs.leaf_data_type` writes (fixed-size strings,
     bytes, void, datetime64, timedelta64).
 
     Raises
