@@ -13,10 +13,8 @@ import threading
 from typing import Any, Callable, Iterable, Sequence
 
 from shardkv.engine.engine import EngineOptions, ShardEngine
-from shardkv.engine.guard import Concurrency
 from shardkv.engine.merge import group_by_shard
 from shardkv.engine.writeback import WriteBack
-from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.storage.buffers import BytesLike
 from shardkv.storage.identity import STORE_ID_KEY, store_identity
@@ -37,21 +35,11 @@ class ChunkEngine:
 
     ``base`` is what :func:`shardkv.storage.open.open_kv` opens for the data
     of the zarr 3 store underneath (:func:`shardkv.zarr3.bases.engine_base`);
-    the other parameters are the :class:`shardkv.zarr3.ShardedStore` options.
+    ``options`` and ``buffer_bytes`` are the :class:`shardkv.zarr3.ShardedStore` options.
     """
 
-    def __init__(
-        self,
-        base: Any,
-        *,
-        index_cache_bytes: int,
-        read_policy: ReadPolicy,
-        buffer_bytes: int | None,
-        concurrency: Concurrency,
-        lock_timeout: float | None,
-    ) -> None:
+    def __init__(self, base: Any, options: EngineOptions, buffer_bytes: int | None) -> None:
         self.kv = open_kv(base)
-        options = EngineOptions(int(index_cache_bytes), read_policy, concurrency, lock_timeout)
         self.engine = ShardEngine(self.kv, options)
         self.writer = WriteBack(self.engine, buffer_bytes)
         self._journal: tuple[str, Callable[[str], ChunkRef | None]] | None = None  # (path, route) once attached
