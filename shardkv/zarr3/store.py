@@ -321,31 +321,8 @@ class ShardedStore(Store):
     async def get_partial_values(
         self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
     ) -> list[Buffer | None]:
-        """Values of several (key, byte range) pairs, in order; chunks of sharded arrays in one batched read."""
-        await self._ensure_open()
-        requests = list(key_ranges)
-        out: list[Buffer | None] = [None] * len(requests)
-        chunks: list[tuple[int, ChunkRef, ByteRequest | None]] = []
-        plain: list[int] = []
-        for i, (key, byte_range) in enumerate(requests):
-            try:
-                ref = await self._nodes.route(key)
-            except ChunkOutOfGridError:
-                continue
-            if ref is None:
-                plain.append(i)
-            else:
-                _slice(b"", byte_range)
-                chunks.append((i, ref, byte_range))
-        if chunks:
-            found = await asyncio.to_thread(self._engine.read, [ref for _, ref, _ in chunks])
-            for i, ref, byte_range in chunks:
-                value = found.get(ref.chunk_key)
-                out[i] = None if value is None else prototype.buffer.from_bytes(_slice(value, byte_range))
-        for i in plain:
-            key, byte_range = requests[i]
-            out[i] = await self.get(key, prototype, byte_range)
-        return out
+        """Values of (key, byte range) pairs, in order (concurrent :meth:`get` calls: chunks read in batches)."""
+        return list(await asyncio.gather(*(self.get(key, prototype, byte_range) for key, byte_range in key_ranges)))
 
     async def exists(self, key: str) -> bool:
         """True when ``key`` is stored (a chunk: present in its shard's index)."""
@@ -517,7 +494,9 @@ class ShardedStore(Store):
             else:
                 shards[key] = arr
         if shards:
-            keys = await asyncio.to_thread(lambda: [k for k in self._engine.engine.chunk_keys(shards) if k.startswith(prefix)])
+            keys = await asyncio.to_thread(
+                lambda: [k for k in self._engine.engine.chunk_keys(shards) if k.startswith(prefix)]
+            )
             for key in keys:
                 yield key
 
