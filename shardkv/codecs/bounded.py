@@ -87,9 +87,8 @@ def decode_bounded(codec: Any, data: bytes | memoryview, limit: int, key: str) -
     Raises
     ------
     CorruptShardError
-        If the chunk decodes (or states it decodes) to more than ``limit`` bytes.
-    CorruptShardError
-        If a bounded decoder finds the stream damaged.
+        If the chunk decodes (or states it decodes) to more than ``limit``
+        bytes, or a bounded decoder finds the stream damaged.
     """
     raw = bytes(data)
     codec_id = getattr(codec, "codec_id", type(codec).__name__)
