@@ -221,11 +221,6 @@ class ShardingStorageTransformer(AbstractStore):
                 f"sharding transformer configuration needs chunks_per_shard, a list of ints >= 1; got {cps!r}",
                 array_path,
             )
-        if len(cps) != len(shape):
-            raise ConfigurationError(
-                f"chunks_per_shard {list(cps)} must have one entry per dimension of shape {shape}",
-                array_path,
-            )
         grid = array_metadata.get("chunk_grid") or {}
         top = chunk_shape is None or list(chunk_shape) == list(grid.get("chunk_shape", []))
         return cls(
