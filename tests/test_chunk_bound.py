@@ -2,8 +2,7 @@
 
 Layouts built from array metadata bound each index entry's ``nbytes`` by
 ``prod(inner chunk shape) * itemsize * 2 + 65536``. On a store that does not
-tell sizes for free (fsspec ``memory://`` with ``size_if_free`` returning
-``None``), an entry just above that bound is refused before any read of its
+tell sizes for free (fsspec ``memory://``), an entry just above that bound is refused before any read of its
 size; an entry at the bound is still requested.
 """
 

@@ -16,10 +16,10 @@ from shardkv.keys.encodings import (
     chunk_key_encoding_from_metadata,
     chunk_to_shard,
     grid_shape,
-    join_path,
     shard_to_chunks,
     validate_key,
 )
+from shardkv.keys.paths import join_path
 
 ENCODINGS = [
     pytest.param(V2ChunkKeyEncoding("."), id="v2-dot"),

@@ -1,12 +1,8 @@
 """Storage transformers (installed as ``shardkv.transformers``).
 
-The 2022 draft sharding storage transformer over the draft's abstract store
-interface, a store adapter for the bottom of a stack, and the registry that
-turns an array's ``storage_transformers`` metadata into a stack. The
-transformer keeps keys and the draft API only; shard reads and writes are
-the shard engine's (:class:`shardkv.engine.engine.ShardEngine`), over the
-underlying store seen as a :class:`~shardkv.storage.kv.KVStore`
-(:class:`~shardkv.transformers.adapter.UnderlyingKV`).
+The 2022 draft sharding storage transformer, the draft's abstract store
+interface, the adapter at the bottom of a stack and the registry that builds
+a stack from an array's ``storage_transformers`` metadata.
 """
 
 from .adapter import AdapterStore

@@ -18,9 +18,8 @@ operation                store call(s)
 ``list_dir``             1 listing
 =======================  ==============================================
 
-``size_if_free`` answers where a size costs no request (local files, data in
-this process). The sharding transformer reaches the same store through
-:class:`UnderlyingKV` (its location, hence its locks).
+The sharding transformer reaches the same store through :class:`UnderlyingKV`
+(its location, hence its locks).
 """
 
 from __future__ import annotations
@@ -108,12 +107,6 @@ class AdapterStore(AbstractStore):
         old = self.kv.values(list(by_key))
         self.kv.put_many({k: (apply_partial_writes(k, old.get(k), w), ANY) for k, w in by_key.items()})
 
-    def size_if_free(self, key: str) -> int | None:
-        caps = self.kv.caps
-        if caps.in_process or (caps.ranged and caps.stamps == "native" and not caps.round_trips):
-            return self.kv.size(key)  # a stat or a lookup: no request
-        return None
-
     def erase_values(self, keys: Iterable[str]) -> None:
         keys = list(keys)
         if keys:
@@ -170,11 +163,13 @@ class UnderlyingKV(KVStore):
         self.store = store
         self._location = StoreLocation(("abstract-store", id(store)), "")
         self.caps = Capabilities(ranged=True, round_trips=False, stamps="process")
+        self._in_process: KVStore | None = None  # the store whose sizes cost no request
         if isinstance(store, AdapterStore):  # the data's own location: its lock files, its stamps
             kv = store.kv
             self._location = kv.location
             self.caps = Capabilities(ranged=True, round_trips=kv.caps.round_trips, stamps="process",
                                      conditional_put=False, lock_dir=kv.caps.lock_dir, in_process=kv.caps.in_process)
+            self._in_process = kv if kv.caps.in_process else None
 
     def __repr__(self) -> str:
         return f"UnderlyingKV({self.store!r})"
@@ -220,7 +215,7 @@ class UnderlyingKV(KVStore):
             if ranges is None:
                 size: int | None = len(values[0])
             else:  # free only where the data lives in this process
-                size = self.store.size_if_free(key) if self.caps.in_process else None
+                size = None if self._in_process is None else self._in_process.size(key)
             results[i] = ReadResult("value", values, generation, size)
         return [r for r in results if r is not None]
 

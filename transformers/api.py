@@ -1,35 +1,14 @@
 """The abstract store interface that storage transformers implement and stack on.
 
-The 2022 draft storage transformer ("API implementation") defines sharding
-in terms of the Zarr v3 core draft's *abstract store interface*, in its
-``StoreWithPartialAccess`` form. :class:`AbstractStore` is that interface in
-Python. Every storage transformer is an :class:`AbstractStore` over an
-*underlying store*, which is either the next transformer of the stack or a
-store adapter (:class:`shardkv.transformers.adapter.AdapterStore`).
-
-Conventions (one rule each, the ones of :mod:`shardkv.format.ranges`):
-
-* a byte range is a :class:`~shardkv.format.ranges.ByteRange`: half-open
-  ``[start, stop)``; ``stop=None`` reads to the end; a negative ``start`` with
-  ``stop=None`` reads the last ``-start`` bytes (a suffix);
-* ``set_partial_values`` takes ``(key, start, value)`` triples; a negative
-  ``start`` counts from the current end of the value and the value then ends
-  the stored value (the 2022 draft store interface);
-* a *prefix* is a plain string prefix of keys; ``""`` and ``"/"`` both mean
-  "every key" (the draft's ``list()`` is ``list_prefix("/")``);
-* ``list_dir(prefix)`` returns ``(keys, prefixes)``: the stored keys that
-  start with ``prefix`` and have no ``/`` after it, and the distinct
-  ``prefix + name + "/"`` of the deeper ones.
-
-Beyond the draft's operations, :meth:`AbstractStore.set_values` sets several
-whole values in one call (the draft only has ``set`` of one value; a batch
-lets a transformer write the ``k`` shards of one request with one call), and
-one optional capability hook, :meth:`~AbstractStore.size_if_free`, lets the
-shard engine below a transformer check an index read against the stored size
-where the bottom store knows it for free
-(:class:`~shardkv.transformers.adapter.AdapterStore` over local files or data
-in this process).
-``apply_partial_writes`` is :func:`shardkv.engine.merge.apply_partial_writes`.
+:class:`AbstractStore` is the 2022 draft's ``StoreWithPartialAccess``. Its
+conventions are those of :mod:`shardkv.format.ranges`: a byte range is a
+half-open :class:`~shardkv.format.ranges.ByteRange` (a negative ``start``
+without ``stop`` is a suffix); ``set_partial_values`` takes ``(key, start,
+value)`` triples, a negative ``start`` counting from the end of the value
+(:func:`apply_partial_writes`); ``""`` and ``"/"`` both mean "every key";
+``list_dir(prefix)`` returns the keys directly below ``prefix`` and the
+distinct ``prefix + name + "/"`` of deeper ones. :meth:`AbstractStore.set_values`
+(a batch of the draft's ``set``) lets a transformer write a request's shards in one call.
 """
 
 from __future__ import annotations
@@ -149,9 +128,3 @@ class AbstractStore(ABC):
     def list(self) -> list[str]:
         """Every stored key (the draft: ``list_prefix("/")``)."""
         return self.list_prefix("/")
-
-    # -- optional capability (a shardkv addition; the default promises nothing) ----
-
-    def size_if_free(self, key: str) -> int | None:
-        """Size (bytes) of a stored value when known without a request, else ``None``."""
-        return None

@@ -15,36 +15,14 @@ relayed unchanged. The shard bytes are the draft's ``indexed`` format
     +---------+---------+-----+----------------------------------------+
                                 16 * n bytes, n = prod(chunks_per_shard)
 
-Empty chunks have offset = nbytes = ``2**64 - 1``.
-
-The transformer is a thin layer: the array's keys are a
-:class:`~shardkv.keys.space.ShardedArray` (draft chunk key encoding), prefixes
-are translated by :mod:`shardkv.keys.prefixes`, and every shard read and
-write goes through the shard engine the proxy uses,
-:class:`~shardkv.engine.engine.ShardEngine`, over the underlying store seen
-as a process-stamped :class:`~shardkv.storage.kv.KVStore`
-(:class:`~shardkv.transformers.adapter.UnderlyingKV`; its location, hence
-its locks, is the base store's under an
-:class:`~shardkv.transformers.adapter.AdapterStore`).
-Request plan on the underlying store (draft "API implementation"):
-
-* ``get_partial_values``: one ``get_partial_values`` for the indexes not in
-  the index cache, one for the chunk ranges, one for relayed keys,
-  merged per shard by the read policy (one request for adjacent chunks of a
-  shard, or the whole shard when most of it is wanted); with every index
-  cached, the first is left out (or holds only the relayed keys);
-* ``set_values`` / ``set_partial_values``: shards whose every available chunk
-  is set whole are built directly; the others are read completely with one
-  ``get_partial_values`` (the draft's simplification) and merged (chunks
-  outside the chunk grid dropped); then one ``set_values`` writes every new
-  shard;
-* ``erase_values``: shards whose every available chunk is erased are erased
-  with one ``erase_values``; for the others one ``get_partial_values`` reads
-  the indexes (unless cached) and one ``set_partial_values`` rewrites them in
-  place at the end of the shard (a shard left without chunks is erased instead).
-
-"Available" chunks are the shard's chunks inside the array's chunk grid when
-the array shape is known, else all ``chunks_per_shard`` of them.
+Empty chunks have offset = nbytes = ``2**64 - 1``. Keys are a
+:class:`~shardkv.keys.space.ShardedArray` (draft chunk key encoding); shard
+reads and writes go through the shard engine
+(:class:`~shardkv.engine.engine.ShardEngine`) over
+:class:`~shardkv.transformers.adapter.UnderlyingKV`. Each method's docstring
+gives its request plan on the underlying store (draft "API implementation").
+A shard's "available" chunks are those inside the chunk grid when the array
+shape is known, else all ``chunks_per_shard`` of them.
 """
 
 from __future__ import annotations
@@ -60,11 +38,11 @@ from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout, chunk_nbytes_bound
 from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.encodings import Draft2022ChunkKeyEncoding
+from shardkv.keys.prefixes import expand_shard_prefix, shard_prefix, split_prefix
 from shardkv.keys.space import ChunkRef, ShardedArray
 
 from .adapter import AdapterStore, UnderlyingKV
-from .api import AbstractStore, BytesLike, KeyRange, KeyStartValue
-from .prefix_ops import PrefixOperations
+from .api import AbstractStore, BytesLike, KeyRange, KeyStartValue, normalize_prefix
 
 __all__ = ["ShardingStorageTransformer", "SHARDING_EXTENSION", "DATA_ROOT"]
 
@@ -87,7 +65,7 @@ def _draft_itemsize(data_type: Any) -> int | None:
         return None
 
 
-class ShardingStorageTransformer(PrefixOperations, AbstractStore):
+class ShardingStorageTransformer(AbstractStore):
     """Sharding of one array's chunk keys over an underlying store (2022 draft).
 
     Parameters
@@ -188,10 +166,10 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
         self.array = ShardedArray(
             self.array_path, self.key_prefix, shape, chunk_shape, self.layout, self.encoding, self.encoding  # type: ignore[arg-type]
         )
-        kv = UnderlyingKV(underlying)
+        self._kv = UnderlyingKV(underlying)
         if concurrency is None:
             concurrency = "auto" if isinstance(underlying, AdapterStore) else "process"
-        self.engine = ShardEngine(kv, EngineOptions(index_cache_bytes, read_policy or ReadPolicy(), concurrency,
+        self.engine = ShardEngine(self._kv, EngineOptions(index_cache_bytes, read_policy or ReadPolicy(), concurrency,
                                                     lock_timeout))
 
     # -- configuration ------------------------------------------------------------
@@ -241,11 +219,6 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
         ):
             raise ConfigurationError(
                 f"sharding transformer configuration needs chunks_per_shard, a list of ints >= 1; got {cps!r}",
-                array_path,
-            )
-        if len(cps) != len(shape):
-            raise ConfigurationError(
-                f"chunks_per_shard {list(cps)} must have one entry per dimension of shape {shape}",
                 array_path,
             )
         grid = array_metadata.get("chunk_grid") or {}
@@ -395,7 +368,11 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
         return relayed, by_shard
 
     def set_values(self, values: Mapping[str, BytesLike]) -> None:
-        """Set whole values; the chunks of one shard are written with one shard write.
+        """Set whole values: one shard write per shard, in one ``set_values``.
+
+        Shards whose available chunks are all set are built without a read;
+        the others are read whole (one ``get_partial_values``) and merged,
+        chunks outside the grid dropped.
 
         Raises
         ------
@@ -454,9 +431,7 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
         (mode ``"conditional"``), shards are rewritten through it instead: a
         positional write cannot be conditioned.
         """
-        kv = self.engine.kv
-        # in place through the stamping adapter, so cached indexes of this process see the change
-        if self.engine.concurrency_mode == "conditional" or not isinstance(kv, UnderlyingKV):
+        if self.engine.concurrency_mode == "conditional":
             self.engine.write({k: ShardChange(c.array, c.shard_coords, dict.fromkeys(c.chunks))
                                for k, c in by_shard.items()})
             return
@@ -479,13 +454,109 @@ class ShardingStorageTransformer(PrefixOperations, AbstractStore):
                     start = 0 if layout.index_location == "start" else -layout.index_nbytes
                     writes.append((shard_key, start, layout.encode_index(new)))
             self.engine.forget([*whole, *(w[0] for w in writes)])
-            if writes:
-                if isinstance(kv, UnderlyingKV):
-                    kv.patch(writes)
-                else:
-                    self.underlying.set_partial_values(writes)
+            if writes:  # through the stamping adapter, so cached indexes of this process see the change
+                self._kv.patch(writes)
             if whole:
                 self.underlying.erase_values(list(whole))
+
+    # -- prefixes (draft "API implementation": a prefix naming chunk coords is translated to shards) ----
+
+    def _is_shard(self, key: str) -> bool:
+        return self.array.shard_coords_of(key) is not None
+
+    def _unshard(self, shard_keys: Sequence[str], prefix: str) -> list[str]:
+        """Chunk keys (starting with ``prefix``) of the chunks stored in ``shard_keys``."""
+        found = self.engine.chunk_keys({k: self.array for k in shard_keys}, in_grid_only=False)
+        return [k for k in found if k.startswith(prefix)]
+
+    def _listed(self, keys: Iterable[str], prefix: str) -> tuple[list[str], list[str]]:
+        """Listed underlying keys split into plain keys starting with ``prefix``, and shard keys."""
+        plain, shards = [], []
+        for key in keys:
+            if self._is_shard(key):
+                shards.append(key)
+            elif key.startswith(prefix):
+                plain.append(key)
+        return plain, shards
+
+    def list_prefix(self, prefix: str) -> list[str]:
+        """Stored keys starting with ``prefix``; shards are listed as their stored chunks.
+
+        One ``list_prefix`` on the underlying store (with the prefix translated
+        to shard coords where it names chunk coords), then one
+        ``get_partial_values`` of the indexes not cached per 4096 listed shards.
+        """
+        prefix = normalize_prefix(prefix)
+        split = split_prefix(self.array, prefix)
+        if split is not None and not split[1]:
+            return [k for k in self.underlying.list_prefix(prefix) if not self._is_shard(k)]  # no chunk key can match
+        translated = prefix if split is None else shard_prefix(self.array, split[0])
+        plain, shards = self._listed(self.underlying.list_prefix(translated), prefix)
+        return plain + self._unshard(shards, prefix)
+
+    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
+        """Keys and prefixes directly below ``prefix``, as seen above the transformer.
+
+        Retrieved shard keys are replaced by the keys of their stored chunks
+        (their indexes are read); retrieved prefixes of partial shard keys are
+        replaced by the prefixes of every chunk the shard can hold, without
+        checking that any is stored (draft note: listed prefixes may be empty).
+        """
+        prefix = normalize_prefix(prefix)
+        if not prefix.startswith(self.key_prefix):
+            return self.underlying.list_dir(prefix)
+        directory = prefix[: prefix.rfind("/") + 1]
+        split = split_prefix(self.array, directory)
+        if split is not None and not split[1]:
+            keys, prefixes = self.underlying.list_dir(prefix)
+            return [k for k in keys if not self._is_shard(k)], prefixes
+        fixed = [] if split is None else split[0]
+        keys, prefixes = self.underlying.list_dir(directory if split is None else shard_prefix(self.array, fixed))
+        out_keys, shards = self._listed(keys, prefix)
+        out_keys.extend(self._unshard(shards, prefix))
+        out_prefixes: set[str] = set()
+        for p in prefixes:
+            expanded = expand_shard_prefix(self.array, p, fixed)
+            if expanded is None:
+                expanded = [p]
+            out_prefixes.update(e for e in expanded if e.startswith(prefix))
+        return sorted(out_keys), sorted(out_prefixes)
+
+    def erase_prefix(self, prefix: str) -> None:
+        """Erase every key starting with ``prefix``.
+
+        A prefix that does not reach into the chunk-grid part of the keys is
+        relayed (it covers whole shards). Otherwise the shards that can hold
+        matching chunks are listed: shards all of whose available chunks match
+        are erased without a read, the matching chunks of the others as by
+        :meth:`erase_values`.
+        """
+        prefix = normalize_prefix(prefix)
+        split = split_prefix(self.array, prefix)
+        if split is None:
+            self.underlying.erase_prefix(prefix)
+            self.engine.forget()  # shards of this array may be gone
+            return
+        if not split[1]:
+            self.underlying.erase_values([k for k in self.underlying.list_prefix(prefix) if not self._is_shard(k)])
+            return
+        plain, shards = self._listed(self.underlying.list_prefix(shard_prefix(self.array, split[0])), prefix)
+        erasures: dict[str, ShardChange] = {}
+        partial = []
+        for shard_key in shards:
+            coords = self.array.shard_coords_of(shard_key)
+            available = [(self.array.chunk_key(c), local) for c, local in self.array.chunks_in_shard(coords)]  # type: ignore[arg-type]
+            if available and all(k.startswith(prefix) for k, _ in available):
+                erasures[shard_key] = ShardChange(self.array, coords, dict.fromkeys(local for _, local in available))  # type: ignore[arg-type]
+            else:
+                partial.append(shard_key)
+        for key in self._unshard(partial, prefix):
+            ref = self.array.locate(key, check_grid=False)
+            erasures.setdefault(ref.shard_key, ShardChange(self.array, ref.shard_coords)).chunks[ref.local_coords] = None
+        if plain:
+            self.underlying.erase_values(plain)
+        if erasures:
+            self.erase_chunks(erasures)
 
     def compact(self) -> int:
         """Rewrite the array's stored shards that hold unused bytes (after erases or appends).

@@ -1,18 +1,10 @@
-"""Decompression bounded by the size a chunk declares: a hostile chunk cannot make a decoder allocate more. Pure.
+"""Decompression bounded by the size a chunk declares. Pure.
 
-A stored inner chunk decodes to a known number of bytes (its shape times its
-item size, for a chunk without filters). :func:`decode_bounded` decodes with
-a numcodecs compressor but stops as soon as the output would exceed
-``limit`` bytes, and raises :class:`~shardkv.errors.CorruptShardError`
-naming the chunk, instead of allocating whatever the compressed stream asks
-for (a zip bomb, a forged size field):
-
-* ``zlib``, ``gzip``: streamed through :mod:`zlib` with ``max_length``;
-* ``bz2``, ``lzma``: streamed with ``max_length``;
-* ``blosc``, ``lz4``, ``zstd``: the uncompressed size stored in the header
-  (blosc header, lz4 size prefix, zstd frame content size) is checked first;
-  a zstd frame that does not state its size is refused;
-* any other codec: decoded, then checked (its memory is not bounded).
+:func:`decode_bounded` stops as soon as the output would exceed ``limit``
+bytes and raises :class:`~shardkv.errors.CorruptShardError` naming the chunk:
+zlib, gzip, bz2 and lzma are streamed with ``max_length``; blosc, lz4 and
+zstd have the size their header states checked first (a zstd frame without
+one is refused); other codecs are checked after decoding.
 """
 
 from __future__ import annotations
@@ -95,9 +87,8 @@ def decode_bounded(codec: Any, data: bytes | memoryview, limit: int, key: str) -
     Raises
     ------
     CorruptShardError
-        If the chunk decodes (or states it decodes) to more than ``limit`` bytes.
-    CorruptShardError
-        If a bounded decoder finds the stream damaged.
+        If the chunk decodes (or states it decodes) to more than ``limit``
+        bytes, or a bounded decoder finds the stream damaged.
     """
     raw = bytes(data)
     codec_id = getattr(codec, "codec_id", type(codec).__name__)

@@ -1,24 +1,11 @@
 """The inner codecs that carry Zarr v2 filters and object codecs into Zarr v3. Pure.
 
-zarr-python 3 registers a v3 name for some numcodecs codecs (checked against
-``zarr.registry`` of zarr-python 3.1 and 3.4 with numcodecs 0.16/0.17):
-
-==========================================  ===============  ==================================
-v3 name                                     kind             Zarr v2 spelling
-==========================================  ===============  ==================================
-``numcodecs.astype``, ``numcodecs.bitround``,  array -> array   the v2 filter of that id
-``numcodecs.delta``, ``numcodecs.fixedscaleoffset``,
-``numcodecs.packbits``, ``numcodecs.quantize``
-``vlen-utf8``, ``vlen-bytes``               array -> bytes   the object codec (``filters[0]``) of
-                                                             an ``|O`` array of str / bytes
-``numcodecs.<id>`` (adler32, crc32, ...)    bytes -> bytes   :class:`shardkv.codecs.inner.NumcodecsCodec`
-``shardkv.v2_chunk``                        array -> bytes   a whole v2 chunk encoding (order,
-                                                             filters, compressor) no v3 reader has
-==========================================  ===============  ==================================
-
-``shardkv.v2_chunk`` is the fallback of :mod:`shardkv.metadata.v2_codecs`: no v3
-reader knows it, so each refuses the array with an "unknown codec" error
-instead of misreading it; shardkv decodes it exactly as zarr-python 2 does.
+The array -> array ``numcodecs.<id>`` codecs zarr-python 3 registers, the
+``vlen-utf8`` / ``vlen-bytes`` codecs of object arrays, and
+``shardkv.v2_chunk``, the whole v2 chunk encoding that
+:mod:`shardkv.metadata.v2_codecs` falls back to (no v3 reader knows it, so
+each refuses the array instead of misreading it); see the table of
+:mod:`shardkv.codecs.inner`.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
-"""Limits on what metadata may make shardkv allocate: checked before any allocation. Pure.
+"""Limits on what metadata may make shardkv allocate, checked before any allocation. Pure.
 
-A shard's index holds 16 bytes per inner chunk of the shard, whether stored
-or not, and is allocated whole when a shard is read or written. A
-``chunks_per_shard`` of 10^9 (a hostile or mistaken ``zarr.json``) would mean
-a 14.9 GiB index; such a layout is refused with a
-:class:`~shardkv.errors.ConfigurationError` naming the limit instead.
-
-``MAX_CHUNKS_PER_SHARD`` (default ``2**24``: a 256 MiB index) is read when a
-layout is built, so it can be changed at run time
-(``shardkv.format.limits.MAX_CHUNKS_PER_SHARD = n``), or for a whole process
-with the environment variable ``SHARDKV_MAX_CHUNKS_PER_SHARD`` (read once, on
-import).
+A shard's index holds 16 bytes per inner chunk and is allocated whole, so a
+layout beyond :data:`MAX_CHUNKS_PER_SHARD` (default ``2**24``: a 256 MiB
+index) is refused. It is read when a layout is built (assignable at run
+time), and set per process by ``SHARDKV_MAX_CHUNKS_PER_SHARD`` (read on import).
 """
 
 from __future__ import annotations

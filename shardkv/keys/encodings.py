@@ -36,7 +36,6 @@ __all__ = [
     "shard_to_chunks",
     "shard_to_chunk",
     "validate_key",
-    "join_path",
 ]
 
 Separator = Literal[".", "/"]
@@ -254,7 +253,3 @@ def validate_key(key: object) -> str:
             raise InvalidKeyError(key, f"path segment {segment!r} (only periods) is not allowed")
     return key
 
-
-def join_path(path: str, suffix: str) -> str:
-    """``path/suffix``, or ``suffix`` for the root path ``""``."""
-    return f"{path}/{suffix}" if path else suffix

@@ -1,18 +1,12 @@
 """Chunk keys of listings, built from shard indexes with one string join per key. Pure.
 
-A listing turns each shard's index (its present mask, shape
-``chunks_per_shard``) into the keys of the chunks it stores. Where the chunk
-key encoding writes ``<head><c0><sep><c1>...`` (``v2`` and ``default``, the
-forms of every shardkv path), the keys of one shard are the product of the
-coordinate strings along each dimension: each coordinate is turned into text
-once per shard and each key is one concatenation of a prefix and a last
-coordinate, then the mask picks the stored ones (:func:`shard_chunk_keys`).
-
-:func:`sorted_chunk_names` gives the names zarr-python 2's ``listdir`` of an
-array directory returns for ``"."``-separated chunk keys, already in sorted
-(string) order: the separators ``"."`` and ``"/"`` sort before every digit,
-so key order is the order of the coordinate strings dimension by dimension,
-and the names come out sorted without a string sort.
+:func:`shard_chunk_keys` turns a shard's present mask into the keys of its
+stored chunks: for ``<head><c0><sep><c1>...`` encodings each coordinate is
+turned into text once per shard and each key is one concatenation.
+:func:`sorted_chunk_names` gives the names zarr-python 2's ``listdir``
+returns for ``"."``-separated keys already in string order (``"."`` sorts
+before every digit, so key order is coordinate-string order dimension by
+dimension), without a string sort.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Key *prefixes* of a sharded array: chunk-key prefixes <-> shard-key prefixes. Pure.
 
-Listing and erasing by prefix (the 2022 draft transformer's ``list_prefix``,
-``list_dir`` and ``erase_prefix``, draft "API implementation": "If the prefix
-contains a part of the chunk-grid key, this part is translated to the
-referenced shard and contained chunks") needs the prefix of the shard keys
-that can hold the chunks a chunk-key prefix names, and back. The functions
-work for any chunk key encoding of :mod:`shardkv.keys.encodings`: a chunk key
+For the 2022 draft transformer's ``list_prefix``, ``list_dir`` and
+``erase_prefix`` (draft "API implementation": a prefix naming part of the
+chunk grid is translated to the shards holding those chunks). A chunk key
 suffix is a fixed *head* (``c`` for the draft, ``c/`` for v3 ``default``,
 nothing for v2) followed by coordinates joined by the separator.
 """

@@ -202,19 +202,6 @@ class ShardedArray:
         """Memo of shard keys by shard coords (one entry per shard touched)."""
         return {}
 
-    def locate_many(self, chunk_keys: Sequence[str], *, check_grid: bool = True) -> list[ChunkRef]:
-        """:meth:`locate` of every key, in order (vectorised when the keys allow, see :meth:`locate_batch`).
-
-        Raises
-        ------
-        InvalidKeyError, ChunkOutOfGridError
-            As :meth:`locate`, for the first key in order that is not a chunk key (in the grid) of this array.
-        """
-        refs = self.locate_batch(chunk_keys, check_grid=check_grid)
-        if refs is None:
-            refs = [self.locate(key, check_grid=check_grid) for key in chunk_keys]
-        return refs
-
     def locate_batch(self, chunk_keys: Sequence[str], *, check_grid: bool = True) -> list[ChunkRef] | None:
         """:meth:`locate` of every key at once, or ``None`` when one key needs :meth:`locate` to say why not.
 

@@ -71,24 +71,19 @@ def check_chunks_per_shard(value: Any, path: str | None = None) -> int | tuple[i
         if value < 1:
             raise ConfigurationError(f"chunks_per_shard must be >= 1, got {value}", path)
         return int(value)
-    if isinstance(value, (str, bytes, bool)):
-        raise ConfigurationError(f"chunks_per_shard must be an int >= 1 or a tuple of them, got {value!r}", path)
-    try:
-        values = tuple(value)
-    except TypeError:
-        raise ConfigurationError(f"chunks_per_shard must be an int >= 1 or a tuple of them, got {value!r}", path) from None
+    values = _as_tuple(value, path)
     if not values or any(not _is_int(v) or v < 1 for v in values):
         raise ConfigurationError(f"chunks_per_shard values must be ints >= 1, got {value!r}", path)
     return tuple(int(v) for v in values)
 
 
-def _as_tuple(value: Any) -> tuple[Any, ...]:
+def _as_tuple(value: Any, path: str | None = None) -> tuple[Any, ...]:
     if isinstance(value, (str, bytes, bool)):
-        raise ConfigurationError(f"chunks_per_shard must be an int or a tuple of ints, got {value!r}")
+        raise ConfigurationError(f"chunks_per_shard must be an int or a tuple of ints, got {value!r}", path)
     try:
         return tuple(value)
     except TypeError:
-        raise ConfigurationError(f"chunks_per_shard must be an int or a tuple of ints, got {value!r}") from None
+        raise ConfigurationError(f"chunks_per_shard must be an int or a tuple of ints, got {value!r}", path) from None
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,12 @@ conversions of one hierarchy are identical.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from shardkv.errors import MetadataError
 
 __all__ = [
     "META_NAMES", "NODE_DOCUMENTS", "dump_json", "load_json", "load_object", "load_zarray", "unreadable_documents",
-    "node_of",
 ]  # fmt: skip
 
 META_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"})
@@ -163,11 +162,3 @@ def unreadable_documents(docs: Mapping[str, bytes | bytearray | memoryview | Non
             found[key] = str(exc).removeprefix(f"metadata document {key!r}: ")
     return found
 
-
-def node_of(key: str, paths: Iterable[str]) -> str | None:
-    """The deepest of ``paths`` (node paths, ``""`` the root) that ``key`` lies under, or None."""
-    best: str | None = None
-    for path in paths:
-        if (not path or key.startswith(f"{path}/")) and key != path and (best is None or len(path) > len(best)):
-            best = path
-    return best

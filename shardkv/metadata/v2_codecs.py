@@ -1,42 +1,16 @@
 """How a Zarr v2 array's dtype, order, filters, compressor and fill value read as Zarr v3. Pure.
 
-One mapping, used for sharded arrays (inside ``sharding_indexed``), for
-``--all-v3`` documents of unsharded arrays, and inverted by
-:mod:`shardkv.metadata.v2_view`. Every name below was checked against the
-registries of zarr-python 3.1.6 / numcodecs 0.16.6 and zarr-python 3.4.2 /
-numcodecs 0.17.1 (``zarr.registry``), not taken from memory:
-
-===================================  =============================================================
-Zarr v2                              Zarr v3 (inner ``codecs``, ``data_type``)
-===================================  =============================================================
-``order: "F"`` (any ndim)            ``transpose`` with the reversed axes (``[0]`` for 1-d)
-filters astype, bitround, delta,     ``numcodecs.<id>`` array -> array, before ``bytes``
-fixedscaleoffset, packbits, quantize
-filters adler32, crc32, crc32c,      ``numcodecs.<id>`` bytes -> bytes, after ``bytes`` (allowed only
-fletcher32, jenkins_lookup3,         after every array -> array filter)
-shuffle, zlib, bz2, lz4, lzma, ...
-compressor gzip / zstd / blosc       ``gzip`` / ``zstd`` / ``blosc`` (core)
-other compressors zarr 3 registers   ``numcodecs.<id>`` bytes -> bytes
-``|O`` + object codec vlen-utf8      ``data_type: "string"`` + ``vlen-utf8`` (instead of ``bytes``)
-``|O`` + object codec vlen-bytes     ``data_type: "variable_length_bytes"`` + ``vlen-bytes``
-structured (nested too), packed,     ``{"name": "structured", "configuration": {"fields":
-little-endian, no subarray fields    [[name, data_type], ...]}}``, fill value base64 as in v2
-``<U``/``|S``/``|V``, ``M8``/``m8``  ``fixed_length_utf32``, ``null_terminated_bytes``,
-                                     ``raw_bytes``, ``numpy.datetime64``/``numpy.timedelta64``
-===================================  =============================================================
-
-Anything else (the object codecs vlen-array, msgpack, json2, pickle, any other
-object codec; filters categorize, base64 and others zarr 3 has no name for;
-an array -> array filter after a bytes -> bytes one, or on big-endian data
-(zarr 3 reads those with the wrong byte order); structured dtypes with
-subarray fields, big-endian or padded fields; compressors such as zfpy, pcodec)
-is *opaque*: ``data_type`` ``{"name": "shardkv.v2_dtype"}`` and the one inner
-codec ``shardkv.v2_chunk`` carrying the v2 encoding. No v3 reader knows these
-names, so each refuses the array (unknown data type / codec), never misreads it.
-
-A v2 fill value the v3 ``fill_value`` cannot spell exactly (``null``, an object
-array's fill) is kept in the ``shardkv.v2_fill_value`` field
-(``must_understand: false``, which v3 readers skip).
+One mapping, used for sharded arrays (inside ``sharding_indexed``) and for
+``--all-v3`` documents of unsharded arrays, inverted by
+:mod:`shardkv.metadata.v2_view`. The table of what maps to what, and who
+reads it, is in the user guide ("Every zarr 2 array, and who reads it without
+shardkv"); every name is one zarr-python 3 registers (checked against
+``zarr.registry`` of zarr 3.1 and 3.4 by the tests). What zarr-python 3 has
+no name for is *opaque*: ``data_type`` :data:`OPAQUE_DATA_TYPE` and one inner
+codec ``shardkv.v2_chunk`` carrying the v2 encoding, so every v3 reader
+refuses the array instead of misreading it. A v2 fill value v3 cannot spell
+(``null``, an object array's) is kept in ``shardkv.v2_fill_value``
+(``must_understand: false``).
 """
 
 from __future__ import annotations
@@ -64,6 +38,8 @@ __all__ = [
     "v3_fill_value",
     "core_compressor_codec",
     "CORE_DATA_TYPES",
+    "SIZED_DATA_TYPES",
+    "TIME_DATA_TYPES",
 ]
 
 OPAQUE_DATA_TYPE = "shardkv.v2_dtype"
@@ -77,6 +53,10 @@ CORE_DATA_TYPES = {
     "c8": "complex64", "c16": "complex128",
 }  # fmt: skip
 """numpy ``kind + itemsize`` -> the v3 core data type name."""
+SIZED_DATA_TYPES = {"U": "fixed_length_utf32", "S": "null_terminated_bytes", "V": "raw_bytes"}
+"""numpy kind -> the zarr-python 3 data type of fixed-size strings, bytes and void (``length_bytes``)."""
+TIME_DATA_TYPES = {"M": "numpy.datetime64", "m": "numpy.timedelta64"}
+"""numpy kind -> the zarr-python 3 data type of datetime64 / timedelta64 (``unit``, ``scale_factor``)."""
 _CORE_COMPRESSORS = ("gzip", "zstd", "blosc")
 _BLOSC_SHUFFLE = {i: name for name, i in BLOSC_SHUFFLE_IDS.items()}  # numcodecs id -> v3 name
 
@@ -149,15 +129,14 @@ def leaf_data_type(dtype: np.dtype) -> Any:
         return core
     if not dtype.itemsize and dtype.kind in "USV":
         return None
-    sized = {"U": "fixed_length_utf32", "S": "null_terminated_bytes", "V": "raw_bytes"}.get(dtype.kind)
+    sized = SIZED_DATA_TYPES.get(dtype.kind)
     if sized is not None:
         return {"name": sized, "configuration": {"length_bytes": dtype.itemsize}}
     if dtype.kind in "Mm":
         unit, scale = np.datetime_data(dtype)
         if unit == "generic":
             return None
-        name = "numpy.datetime64" if dtype.kind == "M" else "numpy.timedelta64"
-        return {"name": name, "configuration": {"unit": unit, "scale_factor": int(scale)}}
+        return {"name": TIME_DATA_TYPES[dtype.kind], "configuration": {"unit": unit, "scale_factor": int(scale)}}
     return None
 
 

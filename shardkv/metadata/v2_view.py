@@ -56,16 +56,20 @@ from shardkv.codecs.inner import (
 )
 from shardkv.codecs.numcodecs_v3 import V2_CHUNK_CODEC, VLEN_IDS, NumcodecsArrayCodec, V2ChunkCodec, VlenCodec
 from shardkv.errors import ConfigurationError, ShardKVError
-from shardkv.metadata.v2_codecs import OPAQUE_DATA_TYPE, core_compressor_codec, numpy_dtype_of_structured, v2_dtype_json
+from shardkv.metadata.v2_codecs import (
+    CORE_DATA_TYPES,
+    OPAQUE_DATA_TYPE,
+    SIZED_DATA_TYPES,
+    TIME_DATA_TYPES,
+    core_compressor_codec,
+    numpy_dtype_of_structured,
+    v2_dtype_json,
+)
 from shardkv.metadata.v3_view import SHARDING_CODEC, V2_FILL_FIELD, V2_COMPRESSOR_FIELD, sharding_spec_from_v3
 
 __all__ = ["V2View", "v2_view_of_v3", "numpy_dtype_of_v3", "fill_value_from_v3", "unusable_sharding"]
 
-_V3_TO_NUMPY = {
-    "bool": "b1", "int8": "i1", "int16": "i2", "int32": "i4", "int64": "i8",
-    "uint8": "u1", "uint16": "u2", "uint32": "u4", "uint64": "u8",
-    "float16": "f2", "float32": "f4", "float64": "f8", "complex64": "c8", "complex128": "c16",
-}  # fmt: skip
+_V3_TO_NUMPY = {name: code for code, name in CORE_DATA_TYPES.items()}  # "int16" -> "i2"
 
 
 @dataclass(frozen=True)
@@ -89,8 +93,8 @@ class V2View:
         return bool(self.documents)
 
 
-_EXTENSION_KINDS = {"fixed_length_utf32": "U", "null_terminated_bytes": "S", "raw_bytes": "V"}
-_TIME_KINDS = {"numpy.datetime64": "M8", "numpy.timedelta64": "m8"}
+_EXTENSION_KINDS = {name: kind for kind, name in SIZED_DATA_TYPES.items()}  # "raw_bytes" -> "V"
+_TIME_KINDS = {name: kind + "8" for kind, name in TIME_DATA_TYPES.items()}  # "numpy.datetime64" -> "M8"
 _VLEN_DATA_TYPES = {data_type: codec_id for codec_id, data_type in VLEN_IDS.items()}  # "string" -> "vlen-utf8"
 
 
@@ -98,7 +102,7 @@ def numpy_dtype_of_v3(data_type: Any, endian: str | None = "little") -> np.dtype
     """The numpy dtype of a v3 ``data_type`` stored with the ``bytes`` codec's ``endian``.
 
     Core numeric and bool types, and the zarr-python 3 extension types that
-    :func:`shardkv.metadata.v3_view.v3_data_type` writes (fixed-size strings,
+    :func:`shardkv.metadata.v2_codecs.leaf_data_type` writes (fixed-size strings,
     bytes, void, datetime64, timedelta64).
 
     Raises

@@ -1,26 +1,15 @@
-"""Array metadata: the Zarr v3 view of a sharded Zarr v2 array, and reading it back. Pure.
+"""The Zarr v3 ``zarr.json`` of a sharded Zarr v2 array, and the sharding a v3 document describes. Pure.
 
-shardkv keeps each sharded v2 array's sharding configuration next to its
-``.zarray`` as a ``zarr.json`` that describes the *same bytes* as a Zarr v3
-array (v3 core "Array metadata") whose only array -> bytes codec is
-``sharding_indexed`` (v1.0 codec):
-
-* ``chunk_grid``: regular, ``chunk_shape`` = shard shape = v2 ``chunks`` x ``chunks_per_shard``;
-* ``chunk_key_encoding``: ``v2`` with the array's ``dimension_separator``, so
-  the shard of shard coords ``(i, j)`` is stored at the v2 key ``i.j``;
-* inner ``chunk_shape`` = v2 ``chunks``; inner ``codecs``, ``data_type`` and
-  ``fill_value`` from the v2 ``order``, ``dtype``, ``filters``, ``compressor`` and
-  ``fill_value`` by the one mapping of :mod:`shardkv.metadata.v2_codecs`
-  (``transpose`` for F, ``numcodecs.*`` filters, ``vlen-utf8`` with ``string``,
-  ``structured``, ...; an opaque ``shardkv.v2_dtype`` / ``shardkv.v2_chunk``
-  where zarr-python 3 has no name, so v3 readers refuse rather than misread);
-* ``attributes`` mirror ``.zattrs``.
-
-What v3 cannot spell of the v2 documents is kept in fields v3 readers skip
-(``must_understand: false``): a v2 ``fill_value`` of ``null`` (v3 has the type's
-zero) or of an object array in :data:`V2_FILL_FIELD`, and a missing compressor
-after bytes -> bytes filters or a Blosc AUTOSHUFFLE in :data:`V2_COMPRESSOR_FIELD`;
-:func:`shardkv.metadata.v2_view.v2_view_of_v3` turns them back.
+:func:`v3_view_of_v2` describes the *same bytes* as a v3 array whose only
+codec is ``sharding_indexed`` (user guide, "The on-disk format"): chunk grid
+= shard shape = v2 ``chunks`` x ``chunks_per_shard``; chunk key encoding
+``v2`` with the array's separator (shard ``(i, j)`` at key ``i.j``); inner
+chunk shape = v2 ``chunks``; data type, inner codecs and fill value by
+:mod:`shardkv.metadata.v2_codecs`; attributes = ``.zattrs``. What v3 cannot
+spell of the v2 documents goes to fields v3 readers skip
+(:data:`V2_FILL_FIELD`, :data:`V2_COMPRESSOR_FIELD`), which
+:func:`shardkv.metadata.v2_view.v2_view_of_v3` turns back.
+:func:`sharding_spec_from_v3` reads the sharding of any v3 array document.
 """
 
 from __future__ import annotations
@@ -28,20 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-import numpy as np
-
 from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.format.layout import ShardLayout, chunk_nbytes_bound
 from shardkv.keys.encodings import ChunkKeyEncoding, V2ChunkKeyEncoding, chunk_key_encoding_from_metadata
-from shardkv.metadata.v2_codecs import (
-    CORE_DATA_TYPES,
-    V3Encoding,
-    leaf_data_type,
-    numpy_dtype_of,
-    structured_data_type,
-    v3_encoding_of_v2,
-    v3_fill_value,
-)
+from shardkv.metadata.v2_codecs import CORE_DATA_TYPES, SIZED_DATA_TYPES, TIME_DATA_TYPES, V3Encoding, v3_encoding_of_v2
 
 __all__ = [
     "V3View",
@@ -49,11 +28,8 @@ __all__ = [
     "V2_FILL_FIELD",
     "V2_COMPRESSOR_FIELD",
     "mark_v2_encoding",
-    "v3_data_type",
-    "numpy_dtype_of",
-    "v3_fill_value",
-    "inner_codecs_of",
     "v3_view_of_v2",
+    "sharding_codec",
     "ShardingSpec",
     "sharding_spec_from_v3",
     "v2_dimension_separator",
@@ -94,44 +70,16 @@ V2_COMPRESSOR_FIELD = "shardkv.v2_compressor"
 bytes -> bytes codec was a v2 filter, or a Blosc configuration with ``shuffle: -1`` (AUTOSHUFFLE)."""
 
 
-def v3_data_type(dtype: np.dtype) -> tuple[Any, str | None]:
-    """The v3 ``data_type`` of a numpy dtype, and whether it is a core type.
-
-    Core numeric and bool types map to their v3 core names; fixed-size
-    strings, bytes, void, datetime64, timedelta64 and packed little-endian
-    structured dtypes map to the data types zarr-python 3 registers
-    (``fixed_length_utf32``, ``null_terminated_bytes``, ``raw_bytes``,
-    ``numpy.datetime64``, ``numpy.timedelta64``, ``structured``), which
-    zarr-python 3 reads with the same bytes.
-
-    Parameters
-    ----------
-    dtype : numpy.dtype
-        The v2 dtype (its byte order goes to the ``bytes`` codec, not here).
-
-    Returns
-    -------
-    data_type : str or dict or None
-        The v3 ``data_type``; ``None`` when no reader has one (object,
-        unit-less datetime, structured with subarray or big-endian fields).
-    extension : str or None
-        The extension name when ``data_type`` is not a core type, else ``None``.
-    """
-    data_type = structured_data_type(dtype) if dtype.fields is not None else leaf_data_type(dtype)
-    if data_type is None or isinstance(data_type, str):
-        return data_type, None
-    return data_type, str(data_type["name"])
-
-
-def inner_codecs_of(zarray: Mapping[str, Any], dtype: np.dtype, ndim: int, problems: list[str]) -> list[dict[str, Any]]:
-    """The v3 codecs of one v2 chunk (:func:`shardkv.metadata.v2_codecs.v3_encoding_of_v2`).
-
-    ``dtype`` and ``ndim`` are read from ``zarray`` (kept for callers); what
-    v3 readers lack goes to ``problems``.
-    """
-    encoding = v3_encoding_of_v2(zarray)
-    problems.extend(encoding.problems)
-    return encoding.codecs
+def sharding_codec(
+    chunk_shape: Sequence[int], codecs: list[dict[str, Any]], index_location: str, index_checksum: bool,
+    index_endian: str = "little",
+) -> dict[str, Any]:
+    """The v1.0 ``sharding_indexed`` codec object: index codecs ``bytes`` (then ``crc32c`` with ``index_checksum``)."""
+    index_codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": index_endian}}]
+    if index_checksum:
+        index_codecs.append({"name": "crc32c"})
+    config = {"chunk_shape": list(chunk_shape), "codecs": codecs, "index_codecs": index_codecs}
+    return {"name": SHARDING_CODEC, "configuration": {**config, "index_location": index_location}}
 
 
 def v3_view_of_v2(
@@ -168,9 +116,6 @@ def v3_view_of_v2(
             f"the array has {len(shape)} dimension(s)"
         )
     encoding = v3_encoding_of_v2(zarray)
-    index_codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": layout.index_endian}}]
-    if layout.index_checksum:
-        index_codecs.append({"name": "crc32c"})
     metadata = {
         "zarr_format": 3,
         "node_type": "array",
@@ -183,15 +128,7 @@ def v3_view_of_v2(
         "chunk_key_encoding": V2ChunkKeyEncoding(v2_dimension_separator(zarray)).to_metadata(),  # type: ignore[arg-type]
         "fill_value": encoding.fill_value,
         "codecs": [
-            {
-                "name": SHARDING_CODEC,
-                "configuration": {
-                    "chunk_shape": chunks,
-                    "codecs": encoding.codecs,
-                    "index_codecs": index_codecs,
-                    "index_location": layout.index_location,
-                },
-            }
+            sharding_codec(chunks, encoding.codecs, layout.index_location, layout.index_checksum, layout.index_endian)
         ],
         "attributes": dict(zattrs or {}),
     }
@@ -215,16 +152,6 @@ def mark_v2_encoding(metadata: dict[str, Any], zarray: Mapping[str, Any], encodi
         metadata[V2_COMPRESSOR_FIELD] = {"must_understand": False, "compressor": None}
     elif compressor is not None and compressor.get("id") == "blosc" and compressor.get("shuffle") == -1:
         metadata[V2_COMPRESSOR_FIELD] = {"must_understand": False, "compressor": dict(compressor)}  # AUTOSHUFFLE
-
-
-def mark_null_fill(metadata: dict[str, Any], zarray: Mapping[str, Any]) -> None:
-    """Add the :data:`V2_FILL_FIELD` marker to a v3 array document when the v2 ``fill_value`` is null.
-
-    v3 has no null fill: the type's zero stands for it, and the marker (which
-    v3 readers skip, ``must_understand: false``) brings null back to zarr 2.
-    """
-    if zarray.get("fill_value") is None:
-        metadata[V2_FILL_FIELD] = {"must_understand": False, "fill_value": None}
 
 
 def dimension_names_of(names: Any, ndim: int) -> list[str] | None:
@@ -269,8 +196,6 @@ class ShardingSpec:
 
 
 _V3_ITEMSIZES = {name: int(code[1:]) for code, name in CORE_DATA_TYPES.items()}
-_SIZED_EXTENSIONS = ("fixed_length_utf32", "null_terminated_bytes", "raw_bytes")
-_TIME_EXTENSIONS = ("numpy.datetime64", "numpy.timedelta64")
 
 
 def v3_itemsize(data_type: Any) -> int | None:
@@ -285,10 +210,10 @@ def v3_itemsize(data_type: Any) -> int | None:
     if not isinstance(data_type, Mapping):
         return None
     name = data_type.get("name")
-    if name in _TIME_EXTENSIONS:
+    if name in TIME_DATA_TYPES.values():
         return 8
     n = (data_type.get("configuration") or {}).get("length_bytes")
-    if name in _SIZED_EXTENSIONS and isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+    if name in SIZED_DATA_TYPES.values() and isinstance(n, int) and not isinstance(n, bool) and n >= 1:
         return n
     return None
 

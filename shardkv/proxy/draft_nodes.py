@@ -30,8 +30,7 @@ class DraftArray:
     path: str
     stored: dict[str, Any]
     entries: list[dict[str, Any]]
-    stack: AbstractStore | None  # None when the entries could not be resolved
-    error: Exception | None = None
+    stack: AbstractStore | Exception  # the error when the entries could not be built into a stack
     key_prefix: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -50,10 +49,8 @@ class DraftArray:
         ConfigurationError, UnsupportedError
             If the array's transformers could not be built.
         """
-        if self.error is not None:
-            raise self.error
-        if self.stack is None:
-            raise ConfigurationError(f"no transformer stack for the array at {self.path!r}", self.path)
+        if isinstance(self.stack, Exception):
+            raise self.stack
         return self.stack
 
 
@@ -137,7 +134,7 @@ class DraftNodes:
         try:
             stack = build_stack(entries, stored, path, self._api) if entries else self._api
         except (ConfigurationError, NotImplementedError) as exc:  # unknown transformers included
-            return DraftArray(path, stored, entries, None, exc)
+            return DraftArray(path, stored, entries, exc)
         return DraftArray(path, stored, entries, stack)
 
     def data_owner(self, key: str) -> DraftArray | None:

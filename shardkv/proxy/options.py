@@ -1,13 +1,9 @@
 """``Options``: every runtime option of a sharding proxy, validated once, picklable as it is.
 
-:class:`~shardkv.ShardedStore` turns its keyword arguments into one
-:class:`Options` before it does anything else; nothing else in the proxy keeps
-an option of its own. A pickled store travels as its base store and its
-:class:`Options` (:mod:`shardkv.proxy.base`); the journal, the index cache and
-write-back data belong to one process and are never part of it.
-
-Two options are not here: ``storage_options`` travels inside the opened base
-store, and ``journal`` names a file of this process only.
+Both ``ShardedStore`` classes (zarr 2 and :mod:`shardkv.zarr3`) keep their
+options as one :class:`Options`; a pickled store travels as its base store
+and its options. ``storage_options`` travels inside the opened base store,
+and ``journal`` names a file of one process only, so neither is here.
 """
 
 from __future__ import annotations
@@ -156,10 +152,5 @@ class Options:
         return EngineOptions(self.index_cache_bytes, self.read_policy, self.concurrency, self.lock_timeout)
 
     def for_copy(self) -> Options:
-        """The options of a pickled copy: the same, except that the copy writes through (issue 20, item 1).
-
-        Write-back data belongs to the process that buffered it: a copy in a
-        dask or multiprocessing worker would hold acknowledged writes that no
-        one flushes, so it writes each call's chunks at once instead.
-        """
+        """The options of a pickled copy: the same, except that the copy writes through (issue 20, item 1)."""
         return self if self.buffer_bytes is None else replace(self, buffer_bytes=None)

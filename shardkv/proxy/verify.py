@@ -1,44 +1,17 @@
 """Checking a sharded store end to end, and removing what crashed writers left behind.
 
-:func:`verify_store` reads every stored shard of every sharded array of a
-:class:`~shardkv.proxy.store.ShardedStore` and checks, per shard (v1.0 codec
-"Binary shard format"):
-
-* the index: its length (a truncated shard), its CRC32C where the layout has
-  one, no half-empty entry, every entry inside the chunk data region (so not
-  overlapping the index) and no ``offset + nbytes`` overflow
-  (:meth:`~shardkv.format.layout.ShardLayout.index_of_shard`);
-* no two entries sharing bytes (:meth:`~shardkv.format.index.ShardIndex.overlaps`);
-* with ``decode=True``, that every stored inner chunk decodes with the
-  array's v2 compressor and filters (numcodecs) to exactly one chunk's bytes.
-
-It also lists keys that look like chunk keys but belong to no shard
-(:attr:`VerifyReport.stray_keys`: coords outside an array's shard grid),
-chunk-like keys under paths that are no longer arrays
-(:attr:`VerifyReport.orphan_keys`: shards of deleted arrays) and temporary
-files of killed writers (:func:`find_stale_temporaries`), and node documents
-(``.zarray``, ``.zgroup``, ``zarr.json``) that cannot be read
-(:attr:`VerifyReport.unreadable_metadata`).
-
-It walks what is stored (the store's listing), never the shard grid, and
-reads through the store's :class:`~shardkv.storage.kv.KVStore`. A key at which
-something other than a regular file is stored (a directory, a FIFO, a socket:
-local stores never open a FIFO for reading) is a damaged shard naming the key;
-so is a shard that cannot be read (permissions): the other shards are still
-checked.
-
-Repair removes only what is proven garbage. ``repair=True`` removes the stale
-temporaries; orphans (chunk-like keys of a path without array metadata) are
-removed only with ``remove_orphans=True``, after they were listed: metadata
-that is merely missing may come back (a partial copy, a sync under way).
-Nothing under a node whose metadata is unreadable is ever touched, and a
-damaged shard may still hold chunks someone wants: both are reported, never
-deleted.
+:func:`verify_store` walks what is stored (the listing, read through the
+store's :class:`~shardkv.storage.kv.KVStore`, never the shard grid) and checks
+each shard's index (:meth:`~shardkv.format.layout.ShardLayout.index_of_shard`:
+length, CRC32C, entries inside the chunk data, no overflow), that no two
+entries share bytes and, with ``decode=True``, that every inner chunk decodes
+to one chunk's bytes. It also reports stray and orphan chunk-like keys, stale
+temporaries of killed writers and unreadable node documents. Repair removes
+only proven garbage (user guide, "The command line").
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from math import prod
@@ -48,7 +21,7 @@ import numpy as np
 
 from shardkv.codecs.bounded import decode_bounded, stopped_at_declared_size
 from shardkv.errors import ConfigurationError, CorruptShardError
-from shardkv.keys.paths import join_path
+from shardkv.keys.paths import join_path, split_key
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.documents import NODE_DOCUMENTS, load_json, unreadable_documents
 from shardkv.metadata.v2_view import unusable_sharding
@@ -242,11 +215,6 @@ def shard_directories(kv: KVStore, arr: ShardedArray) -> list[str]:
 # -- shards -----------------------------------------------------------------------------
 
 
-def _parent(key: str) -> tuple[str, str]:
-    path, _, name = key.rpartition("/")
-    return path, name
-
-
 def _ancestors(key: str) -> Iterable[str]:
     path = key
     while path:
@@ -258,11 +226,10 @@ def _v2_decoder(zarray: Mapping[str, Any], key: str) -> tuple[Any, int | None]:
     """A function decoding one chunk with the array's compressor and filters, and the chunk's nbytes."""
     import numcodecs
 
-    meta = zarray
-    filters = [numcodecs.get_codec(c) for c in (meta.get("filters") or [])]
-    compressor = None if meta.get("compressor") is None else numcodecs.get_codec(meta["compressor"])
-    dtype = np.dtype(meta["dtype"]) if isinstance(meta["dtype"], str) else None
-    nbytes = None if dtype is None or dtype.hasobject else prod(meta["chunks"]) * dtype.itemsize
+    filters = [numcodecs.get_codec(c) for c in (zarray.get("filters") or [])]
+    compressor = None if zarray.get("compressor") is None else numcodecs.get_codec(zarray["compressor"])
+    dtype = np.dtype(zarray["dtype"]) if isinstance(zarray["dtype"], str) else None
+    nbytes = None if dtype is None or dtype.hasobject else prod(zarray["chunks"]) * dtype.itemsize
     # what the compressor may give back: the chunk's size exactly, or (filters may widen items) a bounded multiple
     limit = _UNKNOWN_CHUNK_LIMIT if nbytes is None else nbytes if not filters else 8 * nbytes + 4096
 
@@ -294,14 +261,11 @@ def _check_shard(report: ShardReport, blob: bytes, arr: ShardedArray, decoder: A
         offset, size = index.get(local)  # type: ignore[misc]
         try:
             out = decode(bytes(view[offset : offset + size]), f"{report.shard_key} inner chunk {local}")
-        except CorruptShardError as exc:
-            if stopped_at_declared_size(exc):  # expands beyond its declared size: decoding stopped
+        except Exception as exc:  # any codec's own error type: reported, not raised
+            if isinstance(exc, CorruptShardError) and stopped_at_declared_size(exc):  # expands beyond its size
                 report.problems.append(f"inner chunk {local}: {exc.reason}")
             else:
                 report.problems.append(f"inner chunk {local} does not decode: {type(exc).__name__}: {exc}")
-            continue
-        except Exception as exc:  # any codec's own error type: reported, not raised
-            report.problems.append(f"inner chunk {local} does not decode: {type(exc).__name__}: {exc}")
             continue
         if nbytes is not None and len(out) != nbytes:
             report.problems.append(f"inner chunk {local} decodes to {len(out)} bytes, expected {nbytes}")
@@ -357,16 +321,16 @@ def verify_store(
     kv = _kv_of(store)
     keys = sorted(kv.list_prefix(""))
     report = VerifyReport()
-    meta_keys = [k for k in keys if _parent(k)[1] in NODE_DOCUMENTS]
+    meta_keys = [k for k in keys if split_key(k)[1] in NODE_DOCUMENTS]
     docs = kv.values(meta_keys)  # the stored documents
     report.unreadable_metadata = unreadable_documents(docs)
-    array_paths = {_parent(k)[0] for k in docs if _parent(k)[1] == ".zarray"}
-    group_paths = {_parent(k)[0] for k in docs if _parent(k)[1] == ".zgroup"}
+    array_paths = {split_key(k)[0] for k in docs if split_key(k)[1] == ".zarray"}
+    group_paths = {split_key(k)[0] for k in docs if split_key(k)[1] == ".zgroup"}
     arrays: dict[str, ShardedArray | None] = {p: None for p in array_paths}  # unsharded unless a zarr.json says
     zarrays: dict[str, dict[str, Any]] = {}  # the v2 document of each sharded array (stored or presented)
     kept_nodes: set[str] = set()  # v3 arrays shardkv does not check (not sharded): their keys are no orphans
     for key, raw in docs.items():
-        path, name = _parent(key)
+        path, name = split_key(key)
         if name != "zarr.json" or key in report.unreadable_metadata:
             continue
         zarray_key = join_path(path, ".zarray")
@@ -388,7 +352,7 @@ def verify_store(
             report.unreadable_metadata[key] = reason
         elif doc is not None and doc.get("node_type") == "array":
             kept_nodes.add(path)
-    damaged_nodes = {_parent(k)[0] for k in report.unreadable_metadata}
+    damaged_nodes = {split_key(k)[0] for k in report.unreadable_metadata}
     array_paths -= damaged_nodes
     kept_nodes |= damaged_nodes
     for path in sorted(array_paths):  # directories where shards should be: not listed, yet damage
@@ -400,7 +364,7 @@ def verify_store(
     for done, key in enumerate(keys, 1):
         if progress is not None:
             progress(done, len(keys))
-        path, name = _parent(key)
+        path, name = split_key(key)
         if name in _META or name in (".zattrs", ".zgroup", ".zmetadata"):
             continue
         if kept_nodes and any(a in kept_nodes for a in _ancestors(key)):
@@ -421,18 +385,16 @@ def verify_store(
         if any(c >= n for c, n in zip(coords, arr.shard_grid_shape or ())):
             report.stray_keys.append(key)
             continue
+        problem = None
         try:
             result = kv.get(key)
+            if not result.found:  # listed, yet nothing to read: a dangling link, or removed meanwhile
+                problem = "listed but cannot be read as a shard (not a regular file?)"
         except IsADirectoryError:
             problem = "listed but cannot be read as a shard (a directory, not a regular file)"
-            report.shards.append(ShardReport(key, owner, problems=[problem]))
-            continue
         except OSError as exc:  # permissions, a FIFO or socket, I/O errors: reported, the others still checked
             problem = f"cannot be read: {type(exc).__name__}: {' '.join(str(exc).split())}"
-            report.shards.append(ShardReport(key, owner, problems=[problem]))
-            continue
-        if not result.found:  # listed, yet nothing to read: a dangling link, or removed meanwhile
-            problem = "listed but cannot be read as a shard (not a regular file?)"
+        if problem is not None:
             report.shards.append(ShardReport(key, owner, problems=[problem]))
             continue
         blob = bytes(result.whole())

@@ -196,16 +196,10 @@ class StoreMapping(MutableMapping[str, bytes]):
 class Zarr3KV(MappingStore):
     """Any other zarr 3 store as a process-stamped KVStore (whole values, sliced for ranges).
 
-    Where such a store keeps its data is unknown (a zip file, a database, a
-    remote service), so it offers neither lock files nor conditional writes, and
-    in-process locks are no complete guarantee: ``concurrency="auto"`` asks for
-    ``"process"`` or ``"none"``, as for zarr 2's persistent stores. Stores of the
-    same data (equal ``str(store)``) share process stamps.
-
-    Parameters
-    ----------
-    store : zarr.abc.store.Store
-        The zarr 3 store.
+    Where it keeps its data is unknown (a zip file, a database, a service):
+    no lock files, no conditional writes, so ``concurrency="auto"`` asks for
+    ``"process"`` or ``"none"``, as for zarr 2's persistent stores. Stores of
+    the same data (equal ``str(store)``) share process stamps.
     """
 
     def __init__(self, store: Any) -> None:

@@ -10,14 +10,11 @@ runs them in worker threads.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
-from shardkv.engine.cache import IndexCache
 from shardkv.engine.engine import EngineOptions, ShardEngine
-from shardkv.engine.guard import Concurrency
 from shardkv.engine.merge import group_by_shard
 from shardkv.engine.writeback import WriteBack
-from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.storage.buffers import BytesLike
 from shardkv.storage.identity import STORE_ID_KEY, store_identity
@@ -34,43 +31,15 @@ over the same directory is refused, and the other way round.
 
 
 class ChunkEngine:
-    """The shard engine over one base store, as chunk operations.
+    """The shard engine (:attr:`engine`) and write-back over one base store, as chunk operations.
 
-    Parameters
-    ----------
-    base : str, fsspec.FSMap, obstore store or MutableMapping
-        What :func:`shardkv.storage.open.open_kv` opens: the same data the
-        zarr 3 store underneath reaches (see :mod:`shardkv.zarr3.bases`).
-    index_cache_bytes : int
-        Limit (bytes) of the cache of decoded shard indexes.
-    read_policy : ReadPolicy
-        How nearby chunk ranges merge and when whole shards are read.
-    buffer_bytes : int or None
-        Write-back limit (bytes of chunk data); ``None`` writes within each call.
-    concurrency : {"auto", "files", "conditional", "process", "none"}
-        How writers of one shard exclude each other (as for the zarr 2 proxy),
-        resolved from the store's capabilities.
-    lock_timeout : float or None
-        Longest wait (seconds) for a shard lock.
-
-    Raises
-    ------
-    ConfigurationError
-        For a concurrency mode the store cannot give.
+    ``base`` is what :func:`shardkv.storage.open.open_kv` opens for the data
+    of the zarr 3 store underneath (:func:`shardkv.zarr3.bases.engine_base`);
+    ``options`` and ``buffer_bytes`` are the :class:`shardkv.zarr3.ShardedStore` options.
     """
 
-    def __init__(
-        self,
-        base: Any,
-        *,
-        index_cache_bytes: int,
-        read_policy: ReadPolicy,
-        buffer_bytes: int | None,
-        concurrency: Concurrency,
-        lock_timeout: float | None,
-    ) -> None:
+    def __init__(self, base: Any, options: EngineOptions, buffer_bytes: int | None) -> None:
         self.kv = open_kv(base)
-        options = EngineOptions(int(index_cache_bytes), read_policy, concurrency, lock_timeout)
         self.engine = ShardEngine(self.kv, options)
         self.writer = WriteBack(self.engine, buffer_bytes)
         self._journal: tuple[str, Callable[[str], ChunkRef | None]] | None = None  # (path, route) once attached
@@ -84,29 +53,9 @@ class ChunkEngine:
 
         As the zarr 2 proxy does (:meth:`WriteBack.attach_journal
         <shardkv.engine.writeback.WriteBack.attach_journal>`), with this
-        store's identity (:func:`~shardkv.storage.identity.store_identity`,
-        layout :data:`JOURNAL_LAYOUT`). Blocks; runs in the caller's thread.
-
-        Parameters
-        ----------
-        path : str
-            The journal file (local; created if missing).
-        route : callable
-            Chunk key -> :class:`~shardkv.keys.space.ChunkRef` (``None`` or
-            :class:`~shardkv.errors.InvalidKeyError`: no chunk of a sharded
-            array any more; such records are skipped).
-
-        Returns
-        -------
-        int
-            Records replayed.
-
-        Raises
-        ------
-        ConfigurationError
-            If there is no write-back buffer (``buffer_bytes``).
-        JournalMismatchError, JournalCorruptError, LockTimeoutError
-            As for the zarr 2 proxy: nothing of a refused journal is applied.
+        store's identity (layout :data:`JOURNAL_LAYOUT`); ``route`` maps a
+        record's chunk key to its :class:`~shardkv.keys.space.ChunkRef`
+        (``None`` or ``InvalidKeyError``: skipped). Returns the records replayed.
         """
         with self._journal_lock:
             return self._open_journal(path, route)
@@ -139,16 +88,6 @@ class ChunkEngine:
         """The whole stored value at ``key`` (a ``zarr.json`` for the replay), or ``None``. Blocks."""
         found = self.kv.get(key)
         return bytes(memoryview(found.whole()).cast("B")) if found.found else None
-
-    @property
-    def index_cache(self) -> IndexCache:
-        """The cache of decoded shard indexes."""
-        return self.engine.cache
-
-    @property
-    def concurrency_mode(self) -> str:
-        """The resolved concurrency mode (``"files"``, ``"conditional"``, ``"process"`` or ``"none"``)."""
-        return self.engine.concurrency_mode
 
     def read(self, refs: Sequence[ChunkRef]) -> dict[str, BytesLike]:
         """Encoded bytes of the stored chunks among ``refs`` by chunk key (buffered writes first)."""
@@ -194,18 +133,10 @@ class ChunkEngine:
         self._journal_back()
         self.writer.write(group_by_shard(refs, values))
 
-    def chunk_keys(self, shards: Mapping[str, ShardedArray]) -> Iterator[str]:
-        """Keys of the in-grid chunks stored in ``shards`` (shard key -> its array), indexes read in batches."""
-        return self.engine.chunk_keys(shards)
-
     def discard_buffered(self, path: str) -> None:
         """Drop buffered writes of the arrays at and below ``path`` (being deleted)."""
         self._journal_back()
         self.writer.discard_under(path)
-
-    def forget(self) -> None:
-        """Drop every cached index (shards removed behind the engine's back: a directory delete)."""
-        self.engine.forget()
 
     def flush(self) -> None:
         """Write every buffered shard (write-back mode; a no-op otherwise)."""

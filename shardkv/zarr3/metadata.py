@@ -1,20 +1,12 @@
 """The two ``zarr.json`` documents of a transparently sharded array (pure: no I/O).
 
-Code above :class:`shardkv.zarr3.ShardedStore` writes and reads an ordinary
-Zarr v3 array document (the *presented* document): a regular chunk grid of
-inner chunks and the codecs it asked for. Storage holds the *stored* document:
-the same array with one ``sharding_indexed`` codec (v1.0 sharding codec,
-``chunk_shape`` = the inner chunk shape) wrapping those codecs, and a chunk
-grid of shards (shard shape = ``chunks_per_shard`` x inner chunk shape). Every
-other member (shape, data type, fill value, chunk key encoding, attributes,
-dimension names) is the same in both. Zarr 3 and tensorstore read the stored
-array without shardkv.
-
-The stored document carries one extension member, :data:`MARKER`
-(``{"must_understand": false}``, so other readers ignore it), which tells this
-store that the sharding is its own. Arrays stored sharded without it (written
-with ``shards=`` by zarr 3, or by tensorstore) are *passed through*: the
-store presents their document and their shard keys as stored.
+Code above :class:`shardkv.zarr3.ShardedStore` reads and writes the
+*presented* document (an ordinary v3 array of inner chunks); storage holds
+the *stored* one: the same array with one ``sharding_indexed`` codec wrapping
+the presented codecs, a chunk grid of shards, and the :data:`MARKER`
+extension member (``must_understand: false``) that makes the sharding this
+store's. Arrays sharded without the marker (by zarr 3 or tensorstore) are
+passed through as stored.
 """
 
 from __future__ import annotations
@@ -28,7 +20,7 @@ from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.keys.encodings import chunk_key_encoding_from_metadata
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardRule
-from shardkv.metadata.v3_view import SHARDING_CODEC, sharding_spec_from_v3
+from shardkv.metadata.v3_view import SHARDING_CODEC, sharding_codec, sharding_spec_from_v3
 
 __all__ = [
     "MARKER", "ShardingOptions", "stored_document", "presented_document", "transparent_array", "parse_document",
@@ -126,20 +118,10 @@ def stored_document(path: str, doc: Mapping[str, Any], options: ShardingOptions)
     cps = options.rule.for_array(path, len(doc["shape"]))
     if cps is None or chunks is None:
         return None
-    index_codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}]
-    if options.index_checksum:
-        index_codecs.append({"name": "crc32c"})
     stored = copy.deepcopy(dict(doc))
     stored["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": [c * n for c, n in zip(chunks, cps)]}}
-    stored["codecs"] = [{
-        "name": SHARDING_CODEC,
-        "configuration": {
-            "chunk_shape": list(chunks),
-            "codecs": copy.deepcopy(doc["codecs"]),
-            "index_codecs": index_codecs,
-            "index_location": options.index_location,
-        },
-    }]  # fmt: skip
+    codecs = copy.deepcopy(doc["codecs"])
+    stored["codecs"] = [sharding_codec(chunks, codecs, options.index_location, options.index_checksum)]
     stored[MARKER] = dict(_MARKER_VALUE)
     return stored
 

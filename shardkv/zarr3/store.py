@@ -22,10 +22,10 @@ from zarr.core.buffer import Buffer, BufferPrototype
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.guard import Concurrency
 from shardkv.errors import ChunkOutOfGridError, ConfigurationError, UnflushedWritesError
-from shardkv.format.layout import ShardLayout
 from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.space import ChunkRef, ShardedArray
-from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
+from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
+from shardkv.proxy.options import DEFAULT_INDEX_CACHE_BYTES, Options
 from shardkv.storage.buffers import BytesLike
 from shardkv.storage.kv import check_not_reserved, hidden
 from shardkv.zarr3.bases import engine_base, zarr3_store
@@ -156,41 +156,36 @@ class ShardedStore(Store):
         read_only: bool = False,
         index_location: Literal["start", "end"] = "end",
         index_checksum: bool = True,
-        index_cache_bytes: int = 64 * 2**20,
+        index_cache_bytes: int = DEFAULT_INDEX_CACHE_BYTES,
         read_policy: ReadPolicy | None = None,
         buffer_bytes: int | None = None,
         journal: str | os.PathLike[str] | None = None,
         concurrency: Concurrency = "auto",
         lock_timeout: float | None = None,
     ) -> None:
-        rule = ChunksPerShardRule.parse(chunks_per_shard)
-        ShardLayout((1,), index_location, "little", index_checksum)  # validates the index options
-        base = zarr3_store(store, storage_options, read_only)
+        options = Options.from_keywords(
+            chunks_per_shard,
+            index_location=index_location,
+            index_checksum=index_checksum,
+            index_cache_bytes=index_cache_bytes,
+            read_policy=read_policy,
+            buffer_bytes=buffer_bytes,
+            concurrency=concurrency,
+            lock_timeout=lock_timeout,
+        )
+        self._setup(zarr3_store(store, storage_options, read_only), options, read_only, journal)
+
+    def _setup(self, base: Store, options: Options, read_only: bool, journal: str | os.PathLike[str] | None) -> None:
+        """Build the store's parts over the zarr 3 store ``base`` (the one place they are made)."""
         read_only = bool(read_only or base.read_only)
         if read_only and not base.read_only:
             base = base.with_read_only(True)
         super().__init__(read_only=read_only)
         self._base = base
-        self._options: dict[str, Any] = {
-            "chunks_per_shard": rule.value,
-            "index_location": index_location,
-            "index_checksum": bool(index_checksum),
-            "index_cache_bytes": int(index_cache_bytes),
-            "read_policy": read_policy,
-            "buffer_bytes": buffer_bytes,
-            "concurrency": concurrency,
-            "lock_timeout": lock_timeout,
-        }
-        self._sharding = ShardingOptions(rule, index_location, bool(index_checksum))
-        self._engine = ChunkEngine(
-            engine_base(base),
-            index_cache_bytes=int(index_cache_bytes),
-            read_policy=read_policy or ReadPolicy(),
-            buffer_bytes=buffer_bytes,
-            concurrency=concurrency,
-            lock_timeout=lock_timeout,
-        )
-        self._nodes = NodeTable(base, self._sharding)
+        self._options = options
+        self._engine = ChunkEngine(engine_base(base), options.engine_options(), options.buffer_bytes)
+        sharding = ShardingOptions(options.chunks_per_shard, options.index_location, options.index_checksum)
+        self._nodes = NodeTable(base, sharding)
         self._has_journal = journal is not None
         if journal is not None:
             if read_only:
@@ -225,42 +220,38 @@ class ShardedStore(Store):
     @property
     def concurrency_mode(self) -> str:
         """The resolved concurrency mode: ``"files"``, ``"conditional"``, ``"process"`` or ``"none"``."""
-        return self._engine.concurrency_mode
+        return self._engine.engine.concurrency_mode
 
     @property
     def index_cache(self) -> IndexCache:
         """The shard index cache (``hits``, ``misses``, ``nbytes``, ``clear()``)."""
-        return self._engine.index_cache
+        return self._engine.engine.cache
 
     def __eq__(self, value: object) -> bool:
         return (
             isinstance(value, ShardedStore)
             and self._base == value._base
-            and self._copy_options() == value._copy_options()  # a copy that writes through is the same store
+            and self._options.for_copy() == value._options.for_copy()  # a copy that writes through is the same store
             and self.read_only == value.read_only
         )
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"ShardedStore({self._base!r}, chunks_per_shard={self._options['chunks_per_shard']!r})"
+        return f"ShardedStore({self._base!r}, chunks_per_shard={self._options.chunks_per_shard.value!r})"
 
     def __str__(self) -> str:
         return f"sharded+{self._base}"
-
-    def _copy_options(self) -> dict[str, Any]:
-        """The options of a pickled copy: the same, except that it writes through (no buffer, no journal)."""
-        return {**self._options, "buffer_bytes": None}
 
     def __getstate__(self) -> dict[str, Any]:
         """The store underneath and the options of a copy that writes through (``UnflushedWritesError`` if buffered)."""
         n_shards, nbytes = self._engine.buffered()
         if n_shards:
             raise UnflushedWritesError(n_shards, nbytes)
-        return {"base": self._base, "options": self._copy_options(), "read_only": self.read_only}
+        return {"base": self._base, "options": self._options.for_copy(), "read_only": self.read_only}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["base"], read_only=state["read_only"], **state["options"])  # type: ignore[misc]
+        self._setup(state["base"], state["options"], state["read_only"], None)
 
     def with_read_only(self, read_only: bool = False) -> ShardedStore:
         """The same data and options with another ``read_only`` (not opened; this store stays open).
@@ -268,8 +259,10 @@ class ShardedStore(Store):
         The copy has no journal (the journal stays with this store); the copy
         of a store with a journal writes through instead of buffering.
         """
-        options = self._copy_options() if self._has_journal else self._options
-        return ShardedStore(self._base.with_read_only(read_only), read_only=read_only, **options)
+        other = ShardedStore.__new__(ShardedStore)
+        options = self._options.for_copy() if self._has_journal else self._options
+        other._setup(self._base.with_read_only(read_only), options, read_only, None)
+        return other
 
     async def _open(self) -> None:
         await super()._open()
@@ -279,7 +272,7 @@ class ShardedStore(Store):
     def refresh(self) -> None:
         """Forget cached array documents and shard indexes (after other processes changed the store)."""
         self._nodes.clear()
-        self._engine.forget()
+        self._engine.engine.forget()
 
     def flush(self) -> None:
         """Write every buffered shard (write-back mode; a no-op otherwise). Blocks."""
@@ -328,31 +321,8 @@ class ShardedStore(Store):
     async def get_partial_values(
         self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
     ) -> list[Buffer | None]:
-        """Values of several (key, byte range) pairs, in order; chunks of sharded arrays in one batched read."""
-        await self._ensure_open()
-        requests = list(key_ranges)
-        out: list[Buffer | None] = [None] * len(requests)
-        chunks: list[tuple[int, ChunkRef, ByteRequest | None]] = []
-        plain: list[int] = []
-        for i, (key, byte_range) in enumerate(requests):
-            try:
-                ref = await self._nodes.route(key)
-            except ChunkOutOfGridError:
-                continue
-            if ref is None:
-                plain.append(i)
-            else:
-                _slice(b"", byte_range)
-                chunks.append((i, ref, byte_range))
-        if chunks:
-            found = await asyncio.to_thread(self._engine.read, [ref for _, ref, _ in chunks])
-            for i, ref, byte_range in chunks:
-                value = found.get(ref.chunk_key)
-                out[i] = None if value is None else prototype.buffer.from_bytes(_slice(value, byte_range))
-        for i in plain:
-            key, byte_range = requests[i]
-            out[i] = await self.get(key, prototype, byte_range)
-        return out
+        """Values of (key, byte range) pairs, in order (concurrent :meth:`get` calls: chunks read in batches)."""
+        return list(await asyncio.gather(*(self.get(key, prototype, byte_range) for key, byte_range in key_ranges)))
 
     async def exists(self, key: str) -> bool:
         """True when ``key`` is stored (a chunk: present in its shard's index)."""
@@ -491,7 +461,7 @@ class ShardedStore(Store):
         if not path:
             await asyncio.to_thread(self._engine.keep_identity)  # the open journal still belongs to this store
         self._nodes.forget_below(path)
-        self._engine.forget()
+        self._engine.engine.forget()
 
     async def clear(self) -> None:
         """Delete every key of the store underneath."""
@@ -524,7 +494,9 @@ class ShardedStore(Store):
             else:
                 shards[key] = arr
         if shards:
-            keys = await asyncio.to_thread(lambda: [k for k in self._engine.chunk_keys(shards) if k.startswith(prefix)])
+            keys = await asyncio.to_thread(
+                lambda: [k for k in self._engine.engine.chunk_keys(shards) if k.startswith(prefix)]
+            )
             for key in keys:
                 yield key
 
