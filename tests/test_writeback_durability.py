@@ -178,8 +178,10 @@ def test_sigkill_with_a_journal_loses_no_acknowledged_chunk(tmp_path: Path) -> N
     kills = first = 0
     in_flight: set[int] = set()
     started = time.monotonic()
-    for _ in range(8):
-        if time.monotonic() - started > 30:
+    # on a loaded machine a child may be killed before it writes much: rounds go on
+    # (at most 24, 60 s) until more than 20 writes were acknowledged
+    for i in range(24):
+        if i >= 8 and (len(acked_seqs(acks)) > 20 or time.monotonic() - started > 60):
             break
         status = run_and_kill(lambda: writer(root, journal, acks, first, 0.9), rng.uniform(0.1, 0.6))
         kills += os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
