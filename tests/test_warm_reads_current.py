@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 import zarr
 
-from shardkv import ShardedStore
+from shardkv import ShardedStore, ShardIndex
+from shardkv.engine.cache import IndexCache
 from shardkv.errors import InvalidKeyError
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.kv import ANY
@@ -226,3 +227,29 @@ def test_bad_keys_are_refused_on_every_read(tmp_path: Path) -> None:
         with pytest.raises(InvalidKeyError, match="leave its directory"):
             kv.get_many([("../k", None, ANY)])
     assert kv.get("k").values == [b"v"]
+
+
+# -- the index cache's one look-up of a warm chunk read ----------------------------------------------
+
+
+def test_chunk_location_counts_a_hit_only_when_it_answers() -> None:
+    index = ShardIndex.empty((4, 4))
+    index.set((1, 2), 100, 16)
+    index.set((3, 3), 0, 0)  # an empty chunk that is stored (nbytes 0) is a location, not an absence
+    cache = IndexCache(1 << 20)
+    cache.put("s", index, "g", 500)
+    cache.put("t", index, "h", None)  # size unknown: not for the one-request read
+    cache.put("u", index, "k", 500)  # most recently used
+    got = cache.chunk_location("s", (1, 2))
+    assert got is not None and got[1:] == (100, 16) and got[0].generation == "g"
+    assert all(type(v) is int for v in got[1:])
+    stored_empty = cache.chunk_location("s", (3, 3))
+    assert stored_empty is not None and stored_empty[1:] == (0, 0)
+    assert cache.hits == 3 and cache.misses == 0
+    assert cache.chunk_location("s", (0, 0)) is None  # absent
+    assert cache.chunk_location("t", (1, 2)) is None  # size unknown
+    assert cache.chunk_location("x", (1, 2)) is None  # not cached
+    assert cache.hits == 3 and cache.misses == 0  # a look-up that does not answer counts nothing
+    cache.max_bytes = 2 * index.entries.nbytes
+    cache.put("v", index, "m", 500)  # evicts the least recently used: t (s was used last by chunk_location)
+    assert cache.peek("t") is None and cache.peek("s") is not None
