@@ -320,11 +320,9 @@ class LocalStore(KVStore):
                 return ReadResult("stale", None, Generation(token), size)
             if ranges is None:
                 values: list[BytesLike] = [pread_exact(fd, 0, size)]
-            elif len(ranges) == 1 and 0 <= ranges[0].start and ranges[0].stop is not None:
-                start, stop = ranges[0].start, ranges[0].stop  # one plain range (a warm chunk read)
-                want = min(stop, size) - start
-                value = os.pread(fd, want, start) if want > 0 else b""
-                values = [value if len(value) == want or not value else pread_exact(fd, start, start + want)]
+            elif len(ranges) == 1 and ranges[0].stop is not None and ranges[0].start >= 0:
+                first = ranges[0]  # one plain range (a warm chunk read): clipped to the file without resolve()
+                values = [pread_exact(fd, first.start, min(first.stop or 0, size))]
             else:
                 values = [pread_exact(fd, *r.resolve(size)) for r in ranges]
             return ReadResult("value", values, generation, size)
