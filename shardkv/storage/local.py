@@ -320,9 +320,9 @@ class LocalStore(KVStore):
                 return ReadResult("stale", None, Generation(token), size)
             if ranges is None:
                 values: list[BytesLike] = [pread_exact(fd, 0, size)]
-            elif len(ranges) == 1 and ranges[0].stop is not None and ranges[0].start >= 0:
-                first = ranges[0]  # one plain range (a warm chunk read): clipped to the file without resolve()
-                values = [pread_exact(fd, first.start, min(first.stop or 0, size))]
+            elif len(ranges) == 1 and (stop := ranges[0].stop) is not None and ranges[0].start >= 0:
+                # one plain range (a warm chunk read): clipped to the file as resolve() would, without it
+                values = [pread_exact(fd, ranges[0].start, min(stop, size))]
             else:
                 values = [pread_exact(fd, *r.resolve(size)) for r in ranges]
             return ReadResult("value", values, generation, size)
