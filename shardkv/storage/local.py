@@ -55,7 +55,6 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 from shardkv.errors import InvalidKeyError
 from shardkv.storage.buffers import BytesLike, Value, byte_parts, pread_exact, read_pool, write_parts
 from shardkv.storage.kv import (
-    ANY,
     LOCK_DIR,
     MISSING_RESULT,
     NO_VALUE,
