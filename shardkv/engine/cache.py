@@ -18,9 +18,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Hashable
 
-from shardkv.format.index import ShardIndex
+from shardkv.format.index import EMPTY, ShardIndex
 
 __all__ = ["IndexCache", "CacheEntry"]
+
+_EMPTY = int(EMPTY)  # an absent inner chunk's offset and nbytes, as the Python ints ``ndarray.item`` gives
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,27 @@ class IndexCache:
             self._entries.move_to_end(shard_key)
             self.hits += 1
             return entry
+
+    def chunk_location(self, shard_key: str, local_coords: tuple[int, ...]) -> tuple[CacheEntry, int, int] | None:
+        """``(entry, offset, nbytes)`` of an inner chunk the cached index of a shard of known size holds.
+
+        Counts a hit (and makes the entry the most recently used) only when it
+        answers; ``None`` (nothing counted, nothing reordered) when the shard is
+        not cached, its size is unknown or the chunk is absent from its index.
+        The warm single-chunk read (:func:`~shardkv.engine.reads.read_one_cached`)
+        takes this one look-up instead of a :meth:`peek` and an :meth:`entry`.
+        """
+        with self._lock:
+            entry = self._entries.get(shard_key)
+            if entry is None or entry.size is None:
+                return None
+            entries = entry.index.entries
+            offset, nbytes = entries.item(*local_coords, 0), entries.item(*local_coords, 1)  # Python ints
+            if offset == _EMPTY and nbytes == _EMPTY:
+                return None
+            self._entries.move_to_end(shard_key)
+            self.hits += 1
+            return entry, offset, nbytes
 
     def peek(self, shard_key: str) -> CacheEntry | None:
         """The cached entry of a shard, without counting or reordering (listings compare generations)."""

@@ -272,17 +272,13 @@ def read_one_cached(
     :func:`read_ranges`, which then reads the index again: the requests are
     those of :func:`read_ranges` alone.
     """
-    if not kv.caps.ranged or (kv.caps.round_trips and _whole_wanted([(ref, _WHOLE_CHUNK)], policy)):
+    caps = kv.caps
+    if not caps.ranged or (caps.round_trips and _whole_wanted([(ref, _WHOLE_CHUNK)], policy)):
         return None  # no ranged reads, or a shard read_ranges reads whole
-    entry = cache.peek(ref.shard_key)  # counted below, once it serves (read_ranges counts its own look-ups)
-    if entry is None or entry.size is None:
+    found = cache.chunk_location(ref.shard_key, ref.local_coords)  # a hit only when it serves
+    if found is None:
         return None
-    where = entry.index.get(ref.local_coords)
-    if where is None:
-        return None
-    start, nbytes = where  # inside the data region: the index was validated against the shard's size
-    if cache.entry(ref.shard_key) is not entry:  # a hit (LRU order), unless replaced meanwhile
-        return None
+    entry, start, nbytes = found  # inside the data region: the index was validated against the shard's size
     stats.read_attempts += 1
     (result,) = kv.get_many([(ref.shard_key, [ByteRange(start, start + nbytes)], entry.generation)])
     if result.state != "value":  # changed since the index was read
@@ -292,7 +288,9 @@ def read_one_cached(
     value = result.values[0] if result.values else b""
     if len(value) != nbytes:  # same generation, fewer bytes: read_ranges reports it
         return None
-    return _view(value, 0, nbytes)  # what read_ranges serves: a read-only view (or a copy of a writable buffer)
+    if type(value) is bytes:
+        return memoryview(value)  # what read_ranges serves: a read-only view
+    return _view(value, 0, nbytes)  # a read-only view (or a copy of a writable buffer)
 
 
 def _serve_ranges(

@@ -55,7 +55,6 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 from shardkv.errors import InvalidKeyError
 from shardkv.storage.buffers import BytesLike, Value, byte_parts, pread_exact, read_pool, write_parts
 from shardkv.storage.kv import (
-    ANY,
     LOCK_DIR,
     MISSING_RESULT,
     NO_VALUE,
@@ -83,6 +82,7 @@ DEFAULT_TEMP_AGE = 3600.0
 """Seconds a temporary file must have been left untouched before it counts as stale.
 A live writer finishes a shard in far less; a killed one never comes back."""
 
+_CHECKED_MAX = 4096  # keys whose checked local paths one store remembers (all forgotten past that)
 _SWEPT_MAX = 65536  # directories remembered as swept, per process (least recently swept forgotten first)
 _OPEN_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 _OPEN_TEMP = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
@@ -273,6 +273,7 @@ class LocalStore(KVStore):
         self._location = StoreLocation(("file",), real, real)
         self.fsync = FSYNC if fsync is None else bool(fsync)
         self.temp_age = float(temp_age)
+        self._checked: dict[str, str] = {}  # key -> its local path, checked by _check_key (reads look it up)
 
     @property
     def location(self) -> StoreLocation:
@@ -293,7 +294,9 @@ class LocalStore(KVStore):
 
     def _read(self, request: ReadRequest) -> ReadResult:
         key, ranges, cond = request
-        path = self.path(key)
+        path = self._checked.get(key) if type(key) is str else None
+        if path is None:
+            path = self._remember_path(key)
         try:
             fd = os.open(path, _OPEN_READ)
         except (FileNotFoundError, NotADirectoryError):
@@ -307,23 +310,35 @@ class LocalStore(KVStore):
             if not stat.S_ISREG(st.st_mode):
                 raise _not_a_file(key, path, st.st_mode)
             size = st.st_size
-            if cond == ANY:
-                generation = file_generation(st)
-            elif cond.token == (st.st_ino, st.st_mtime_ns, size):  # the token of file_generation
+            token = (st.st_ino, st.st_mtime_ns, size)  # the token of file_generation
+            if cond.token == token:
                 generation = cond  # the stamp asked for: no new object
+            elif cond.is_any:
+                generation = Generation(token)
             else:
-                return ReadResult("stale", None, file_generation(st), size)
+                return ReadResult("stale", None, Generation(token), size)
             if ranges is None:
                 values: list[BytesLike] = [pread_exact(fd, 0, size)]
+            elif len(ranges) == 1 and (stop := ranges[0].stop) is not None and ranges[0].start >= 0:
+                # one plain range (a warm chunk read): clipped to the file as resolve() would, without it
+                values = [pread_exact(fd, ranges[0].start, min(stop, size))]
             else:
                 values = [pread_exact(fd, *r.resolve(size)) for r in ranges]
             return ReadResult("value", values, generation, size)
         finally:
             os.close(fd)
 
+    def _remember_path(self, key: str) -> str:
+        """:meth:`path` of ``key``, kept for the next reads (the key is checked once, not per read)."""
+        path = self.path(key)
+        if len(self._checked) >= _CHECKED_MAX:
+            self._checked.clear()
+        self._checked[key] = path
+        return path
+
     def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
         if len(reads) <= 1:
-            return [self._read(r) for r in reads]
+            return [self._read(reads[0])] if reads else []
         for key, _, _ in reads:  # refuse a bad key before any I/O
             _check_key(key)
         # local reads release the GIL: side by side, one task per worker (not per read: a task costs
