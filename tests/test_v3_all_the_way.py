@@ -218,17 +218,44 @@ def test_an_opaque_unsharded_array_gets_no_mirror_and_stays_out_of_the_block(tmp
     )
 
 
-def test_an_attribute_v3_cannot_hold_drops_the_mirror_not_the_write(tmp_path: Path) -> None:
+NON_FINITE = {"missing": float("nan"), "hi": float("inf"), "lo": float("-inf")}
+
+
+def _text(attrs: Any) -> str:
+    """Attributes as JSON text (``NaN``, ``Infinity`` spelled out): non-finite floats compare equal."""
+    return json.dumps(dict(attrs), sort_keys=True)
+
+
+def non_finite_hierarchy(store: Any) -> None:
+    """Groups and arrays, sharded and not, whose attributes hold ``NaN`` and +-inf (zarr 2 writes them bare)."""
+    group = zarr.group(store=store)
+    group.create_group("odd").attrs.update(NON_FINITE)  # a v2 group before the first sharded array
+    group.create_dataset("line", data=np.arange(3.0), chunks=2).attrs.update(NON_FINITE)
+    group.create_dataset("grid", data=np.arange(16.0).reshape(4, 4), chunks=(2, 2)).attrs.update(NON_FINITE)
+    group.create_group("late").attrs.update(NON_FINITE)  # a v3 group from the start
+
+
+def test_non_finite_attributes_are_kept_as_zarr_python_3_writes_them(tmp_path: Path) -> None:
+    """NaN/inf attributes: the zarr 2 writes succeed and reopen as on a MemoryStore; every node gets its
+    ``zarr.json`` with them bare, as zarr-python 3 writes attributes (no node left v2 or unmirrored)."""
     root = tmp_path / "nan.zarr"
+    oracle = zarr.MemoryStore()
+    non_finite_hierarchy(oracle)
     with ShardedStore(str(root), chunks_per_shard=(2, 2)) as store:
-        group = zarr.group(store=store)
-        group.create_dataset("grid", data=np.arange(16.0).reshape(4, 4), chunks=(2, 2))
-        line = group.create_dataset("line", data=np.arange(3.0), chunks=2)
-        assert (root / "line" / "zarr.json").exists()
-        line.attrs["missing"] = float("nan")  # zarr 2 writes NaN bare in .zattrs; zarr.json is strict JSON
-        assert np.isnan(zarr.open_array(store, path="line", mode="r").attrs["missing"])
-        line.attrs["missing"] = -9999.0
-    assert _assert_mirror(root, "line")["attributes"] == {"missing": -9999.0}
+        non_finite_hierarchy(store)
+        zarr.consolidate_metadata(store)
+    paths = ("odd", "line", "grid", "late")
+    with ShardedStore(str(root)) as store:
+        for path in paths:
+            assert _text(zarr.open(store, path=path, mode="r").attrs) == _text(zarr.open(oracle, path=path, mode="r").attrs)
+        np.testing.assert_array_equal(zarr.open_array(store, path="grid", mode="r")[...], np.arange(16.0).reshape(4, 4))
+    for path in paths:
+        doc = _doc(root, f"{path}/zarr.json")
+        assert doc["zarr_format"] == 3 and _text(doc["attributes"]) == _text(NON_FINITE), path
+        assert _text(_block(root)[path]["attributes"]) == _text(NON_FINITE), path
+    assert not (root / "odd" / ".zgroup").exists()
+    text = (root / "grid" / "zarr.json").read_text()
+    assert '"missing": NaN' in text and '"hi": Infinity' in text and '"lo": -Infinity' in text
 
 
 def test_a_hierarchy_made_before_is_described_when_consolidated(tmp_path: Path) -> None:
@@ -248,18 +275,6 @@ def test_a_hierarchy_made_before_is_described_when_consolidated(tmp_path: Path) 
     _assert_mirror(root, "line")
     assert _doc(root, "old/zarr.json")["attributes"] == {"kept": True}
     assert sorted(_block(root)) == ["grid", "line", "old"]
-
-
-def test_a_group_v3_cannot_hold_stays_v2_and_the_rest_is_described(tmp_path: Path) -> None:
-    root = tmp_path / "nan-group.zarr"
-    with ShardedStore(str(root), chunks_per_shard=(2, 2)) as store:
-        group = zarr.group(store=store)
-        group.create_group("odd").attrs["missing"] = float("nan")
-        group.create_dataset("line", data=np.arange(3.0), chunks=2)
-        group.create_dataset("grid", data=np.arange(16.0).reshape(4, 4), chunks=(2, 2))  # the root becomes v3 here
-        assert np.isnan(zarr.open_group(store, mode="r")["odd"].attrs["missing"])
-    assert (root / "odd" / ".zgroup").exists() and not (root / "odd" / "zarr.json").exists()
-    _assert_mirror(root, "line")
 
 
 def test_a_v2_hierarchy_without_sharded_arrays_stays_v2(tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ def array_metadata(
         amended[keys.path] = zarray
     zattrs_raw = meta.get(prefix + ".zattrs")
     zattrs = json.loads(bytes(zattrs_raw)) if zattrs_raw is not None else {}
-    out[prefix + "zarr.json"] = dump_json(v3_view_of_v2(zarray, zattrs, layout).metadata, strict=True)
+    out[prefix + "zarr.json"] = dump_json(v3_view_of_v2(zarray, zattrs, layout).metadata)
     return out
 
 
@@ -93,11 +93,11 @@ def store_as_v3(meta_out: dict[str, bytes], all_v3: bool = False) -> None:
     for key in plan.deletes:
         meta_out.pop(key, None)
     for key, doc in plan.writes.items():
-        meta_out[key] = dump_json(doc, key=key, strict=key.rpartition("/")[2] == ZARR_JSON)
+        meta_out[key] = dump_json(doc, key=key)
     if all_v3:
         docs = {k: load_json(k, v) for k, v in meta_out.items() if k.rpartition("/")[2] in _DOCUMENTS}
         for key, doc in plan_all_v3(docs).writes.items():
-            meta_out[key] = dump_json(doc, key=key, strict=True)
+            meta_out[key] = dump_json(doc, key=key)
     docs = {k: load_json(k, v) for k, v in meta_out.items() if k.rpartition("/")[2] in _DOCUMENTS}
     for key, doc in plan_opaque_blocks(docs).writes.items():
-        meta_out[key] = dump_json(doc, key=key, strict=True)
+        meta_out[key] = dump_json(doc, key=key)

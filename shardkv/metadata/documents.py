@@ -36,9 +36,11 @@ def dump_json(doc: Any, *, key: str | None = None, strict: bool = False) -> byte
     key : str, optional
         Where it will be stored (named in errors).
     strict : bool
-        Refuse ``NaN`` and infinite floats, which JSON does not have (Zarr v3
-        ``zarr.json`` documents spell them as strings). zarr-python 2 writes
-        them bare in ``.zattrs``, so v2 documents are not strict by default.
+        Refuse ``NaN`` and infinite floats, which JSON does not have. By
+        default they are written bare (``NaN``, ``Infinity``), as zarr-python 2
+        writes ``.zattrs`` and zarr-python 3 writes the attributes of a
+        ``zarr.json`` (a fill value is spelled as a string by the v3 view, so
+        only attributes can hold one).
 
     Returns
     -------

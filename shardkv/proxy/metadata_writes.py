@@ -97,15 +97,6 @@ class _Stored:
 _STORED = _Stored()
 
 
-def _fits_v3_json(key: str, doc: Mapping[str, Any]) -> bool:
-    """Whether ``doc`` can be stored as a ``zarr.json`` (strict JSON: no ``NaN``/``inf`` floats)."""
-    try:
-        dump_json(doc, key=key, strict=True)
-    except MetadataError:
-        return False
-    return True
-
-
 def _common_group(paths: Iterable[str]) -> str:
     """The deepest path every one of ``paths`` lies under (``""``: the root)."""
     common: list[str] = []
@@ -270,7 +261,7 @@ class MetadataWriter:
         root = plan.writes.get(ZARR_JSON)
         becomes_v3 = root is not None and root.get("node_type") == "group" and not self._hierarchy_is_v3()
         plan = self._in_step(plan, frozenset(unblocked))
-        values = {k: dump_json(doc, key=k, strict=split_key(k)[1] == ZARR_JSON) for k, doc in plan.writes.items()}
+        values = {k: dump_json(doc, key=k) for k, doc in plan.writes.items()}
         for key in plan.deletes:
             self._nodes.forget(split_key(key)[0])
         if values:
@@ -390,17 +381,7 @@ class MetadataWriter:
         self._apply_v3_down(plan)
 
     def _apply_v3_down(self, plan: MetadataPlan) -> None:
-        """Apply a :func:`~shardkv.metadata.all_v3.plan_v3_down` plan (its arrays are mirrors).
-
-        A node whose document v3 JSON cannot hold (a non-finite float in its
-        attributes) is left as it is: describing the rest never fails on it.
-        """
-        unfit = {split_key(k)[0] for k, d in plan.writes.items() if not _fits_v3_json(k, d)}
-        if unfit:
-            plan = MetadataPlan(
-                {k: d for k, d in plan.writes.items() if split_key(k)[0] not in unfit},
-                frozenset(k for k in plan.deletes if split_key(k)[0] not in unfit),
-            )
+        """Apply a :func:`~shardkv.metadata.all_v3.plan_v3_down` plan (its arrays are mirrors)."""
         mirrors = [split_key(k)[0] for k, d in plan.writes.items() if d.get("node_type") == "array"]
         for key in plan.deletes:
             self._nodes.forget(split_key(key)[0])
@@ -412,10 +393,9 @@ class MetadataWriter:
         """Bring the ``zarr.json`` mirror of the unsharded array at ``path`` in step with its v2 documents.
 
         ``zarray`` and ``zattrs`` are the documents just written (``zattrs=None``:
-        deleted); the ones not given are read. An array with no v3 data type,
-        or whose documents v3 cannot hold (a non-finite float in its
-        attributes), loses its mirror rather than keep a stale one: the
-        zarr-python 2 write it follows never fails because of it.
+        deleted); the ones not given are read. An array with no v3 data type
+        loses its mirror rather than keep a stale one: the zarr-python 2 write
+        it follows never fails because of it.
         """
         wanted = [join_path(path, ".zarray")] if zarray is None else []
         if isinstance(zattrs, _Stored):
@@ -434,7 +414,7 @@ class MetadataWriter:
             doc = v3_view_of_unsharded_v2(zarray, zattrs).metadata
         except (ConfigurationError, UnsupportedError):
             doc = {}
-        if not doc or not _fits_v3_json(key, doc):
+        if not doc:
             if self._nodes.node(path).mirrored:
                 self._apply(MetadataPlan(deletes=frozenset({key})))
             return

@@ -5,7 +5,8 @@
     python read_without_shardkv.py tensorstore ROOT OUT PATH... the zarr3 driver on ROOT/PATH
     python read_without_shardkv.py xarray ROOT OUT              xr.open_zarr(ROOT): each variable
     python read_without_shardkv.py zarr3-members ROOT OUT GROUP... zarr.open_group(ROOT/GROUP) as zarr 3
-                                                                  defaults: members(max_depth=None), arrays()
+                                                                  defaults: members(max_depth=None) with
+                                                                  their attributes, arrays()
     python read_without_shardkv.py zarr3-path ROOT OUT PATH...  zarr.open_array(ROOT, path=PATH)[...]
 
 Arrays go to OUT/<n>.npy; stdout is one JSON object: for each PATH (or variable)
@@ -78,7 +79,8 @@ def _zarr3_members(root: str, groups: list[str]) -> dict:
             group = zarr.open_group(str(Path(root) / path), mode="r")  # use_consolidated=None: zarr 3's default
             members = {
                 name: {"node_type": "array" if isinstance(node, zarr.Array) else "group",
-                       "shape": list(node.shape) if isinstance(node, zarr.Array) else None}
+                       "shape": list(node.shape) if isinstance(node, zarr.Array) else None,
+                       "attributes": dict(node.attrs)}
                 for name, node in group.members(max_depth=None)
             }
             result[path] = {"ok": True, "members": members, "arrays": sorted(name for name, _ in group.arrays()),

@@ -12,6 +12,7 @@ fail, never its siblings or the consolidated metadata.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -168,3 +169,36 @@ def test_unsharded_arrays_of_many_kinds_read_equal_at_the_root(tmp_path: Path, r
                 assert read[name]["data"].tolist() == expected.tolist(), name
             else:
                 np.testing.assert_array_equal(read[name]["data"], expected, err_msg=name)
+
+
+NON_FINITE = {"missing": float("nan"), "hi": float("inf"), "lo": float("-inf")}
+
+
+@pytest.mark.parametrize("consolidated", [False, True], ids=["listed", "consolidated"])
+def test_non_finite_attributes_read_at_the_root(tmp_path: Path, reader: Reader, consolidated: bool) -> None:
+    """NaN/inf attributes (zarr 2 writes them bare): the newest zarr 3 lists every node with them, equal,
+    and reads the arrays; tensorstore, whose JSON parser refuses them, fails on such an array alone."""
+    path = tmp_path / "nan.zarr"
+    with ShardedStore(str(path), chunks_per_shard=(2, 2)) as store:
+        group = zarr.group(store=store)
+        group.create_group("odd").attrs.update(NON_FINITE)
+        group.create_dataset("line", data=np.arange(3.0), chunks=2).attrs.update(NON_FINITE)
+        group.create_dataset("plain", data=np.arange(4.0), chunks=2)
+        group.create_dataset("grid", data=np.arange(16.0).reshape(4, 4), chunks=(2, 2)).attrs.update(NON_FINITE)
+        group.create_group("late").attrs.update(NON_FINITE)
+        if consolidated:
+            zarr.consolidate_metadata(store)
+    listed = reader.run("zarr3-members", path, "")[""]
+    assert listed["ok"], listed
+    assert listed["consolidated"] is consolidated
+    assert sorted(listed["members"]) == ["grid", "late", "line", "odd", "plain"]
+    expected = json.dumps(NON_FINITE, sort_keys=True)
+    for name in ("grid", "late", "line", "odd"):
+        assert json.dumps(listed["members"][name]["attributes"], sort_keys=True) == expected, name
+    read = reader.run("zarr3", path, "grid", "line", "plain")
+    np.testing.assert_array_equal(read["grid"]["data"], np.arange(16.0).reshape(4, 4))
+    np.testing.assert_array_equal(read["line"]["data"], np.arange(3.0))
+    ts_read = reader.run("tensorstore", path, "grid", "line", "plain")
+    assert not ts_read["grid"]["ok"] and "JSON" in ts_read["grid"]["error"]
+    assert not ts_read["line"]["ok"] and "JSON" in ts_read["line"]["error"]
+    np.testing.assert_array_equal(ts_read["plain"]["data"], np.arange(4.0))
