@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
+from test_perf_fast_read import CHUNK, CPS, N, write  # 16 chunks of 16 bytes in shards a/0, a/1
 
 from shardkv import ShardedStore, ShardIndex
 from shardkv.engine.cache import IndexCache
@@ -33,16 +34,6 @@ from shardkv.storage.local import LocalStore
 
 pytestmark = pytest.mark.zarr2
 
-N, CHUNK, CPS = 64, 4, 8  # 16 chunks of 16 bytes (int32, no compressor): shards a/0 and a/1
-
-
-def write(path: Path, data: np.ndarray) -> None:
-    """Write ``data`` as array ``a`` through a store of its own (fill-value chunks are not stored)."""
-    store = ShardedStore(str(path), chunks_per_shard=CPS)
-    z = zarr.open_array(store, mode="a", path="a", shape=(N,), chunks=(CHUNK,), dtype="i4", compressor=None,
-                        fill_value=0, write_empty_chunks=False)
-    z[:] = data
-    store.close()
 
 
 def chunk(data: np.ndarray, i: int) -> bytes:

@@ -21,6 +21,7 @@ import json
 import sys
 import warnings
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
@@ -37,17 +38,22 @@ def _save(out: Path, i: int, data: np.ndarray) -> dict:
     return {"ok": True, "file": name, "dtype": dtype}
 
 
+def _each(out: Path, paths: list[str], read: Callable[[str], Any]) -> dict:
+    """``read(path)`` of each path, saved; a reader's refusal is the result for that path."""
+    result = {}
+    for i, path in enumerate(paths):
+        try:
+            result[path] = _save(out, i, read(path))
+        except Exception as exc:  # noqa: BLE001 - the reader's refusal is the result
+            result[path] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+    return result
+
+
 def _zarr3(root: str, out: Path, paths: list[str]) -> dict:
     import zarr
 
     group = zarr.open_group(root, mode="r")
-    result = {}
-    for i, path in enumerate(paths):
-        try:
-            result[path] = _save(out, i, group[path][...])
-        except Exception as exc:  # noqa: BLE001 - the reader's refusal is the result
-            result[path] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
-    return result
+    return _each(out, paths, lambda path: group[path][...])
 
 
 def _zarr3_consolidated(root: str) -> dict:
@@ -94,26 +100,17 @@ def _zarr3_members(root: str, groups: list[str]) -> dict:
 def _zarr3_path(root: str, out: Path, paths: list[str]) -> dict:
     import zarr
 
-    result = {}
-    for i, path in enumerate(paths):
-        try:
-            result[path] = _save(out, i, zarr.open_array(root, path=path, mode="r")[...])
-        except Exception as exc:  # noqa: BLE001 - the reader's refusal is the result
-            result[path] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
-    return result
+    return _each(out, paths, lambda path: zarr.open_array(root, path=path, mode="r")[...])
 
 
 def _tensorstore(root: str, out: Path, paths: list[str]) -> dict:
     import tensorstore as ts
 
-    result = {}
-    for i, path in enumerate(paths):
-        try:
-            spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(Path(root) / path) + "/"}}
-            result[path] = _save(out, i, ts.open(spec, read=True).result().read().result())
-        except Exception as exc:  # noqa: BLE001 - the reader's refusal is the result
-            result[path] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
-    return result
+    def read(path: str) -> Any:
+        spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(Path(root) / path) + "/"}}
+        return ts.open(spec, read=True).result().read().result()
+
+    return _each(out, paths, read)
 
 
 def _xarray(root: str, out: Path) -> dict:
