@@ -97,3 +97,21 @@ def test_extension_types_are_described(dtype: str) -> None:
               "fill_value": None, "filters": None, "order": "C"}  # fmt: skip
     view = v3_view_of_unsharded_v2(zarray, {"a": 1})
     assert view.metadata["attributes"] == {"a": 1} and view.problems
+
+
+@pytest.mark.parametrize("all_v3", [False, True], ids=["sharded-only", "all-v3"])
+def test_non_finite_attributes_convert(tmp_path: Path, all_v3: bool) -> None:
+    """NaN/+-inf attributes (zarr 2 writes them bare) are kept bare in the v3 documents, as zarr-python 3 writes them."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    g = zarr.open_group(str(src), mode="w")
+    g.attrs["lo"] = float("-inf")
+    g.create_dataset("a", data=np.arange(16.0), chunks=2).attrs["missing"] = float("nan")
+    g.create_dataset("b", data=np.arange(4.0), chunks=(2,)).attrs["hi"] = float("inf")
+    args = ["convert", str(src), str(dst), "--chunks-per-shard", "4"] + (["--all-v3"] if all_v3 else [])
+    assert main(args) == 0
+    assert '"missing": NaN' in (dst / "a" / "zarr.json").read_text()
+    assert '"lo": -Infinity' in (dst / "zarr.json").read_text()
+    with ShardedStore(str(dst)) as store:
+        assert np.isnan(zarr.open_array(store, path="a", mode="r").attrs["missing"])
+        assert zarr.open_array(store, path="b", mode="r").attrs["hi"] == float("inf")
+        np.testing.assert_array_equal(zarr.open_array(store, path="a", mode="r")[...], np.arange(16.0))
