@@ -69,16 +69,12 @@ def _xfail(cls: type, reasons: dict[str, str]) -> type:
 
 # -- what cannot pass yet, and why ------------------------------------------------------
 
-_MEMORYVIEW = (
-    "documented difference: chunk values are zero-copy memoryview slices of the shard (tests/test_no_copies.py); "
-    "zarr marks this check 'not a strict requirement'"
-)
 _NOT_BYTES = (
     "documented difference: a value that is not bytes-like (here a list) raises TypeError; zarr's KVStore(dict) "
     "keeps it and getsize answers -1 (TestArrayWithPath.test_nbytes_stored stores one outside any try)"
 )
-_ARRAY_XFAILS = {"test_store_has_bytes_values": _MEMORYVIEW}
-_PATH_ARRAY_XFAILS = {**_ARRAY_XFAILS, "test_nbytes_stored": _NOT_BYTES}
+_ARRAY_XFAILS: dict[str, str] = {}
+_PATH_ARRAY_XFAILS = {"test_nbytes_stored": _NOT_BYTES}
 _STORE_XFAILS: dict[str, dict[str, str]] = {}
 
 

@@ -322,6 +322,20 @@ class ShardedStore(ProxyBase):
         return out
 
     def __getitem__(self, key: str) -> bytes | memoryview:
+        """The value stored at ``key``: a chunk's bytes (a copy, as zarr 2's stores return), or a plain value.
+
+        A chunk value handed out alone may outlive the read (``values()``,
+        ``copy_store``): as ``bytes`` it holds only the chunk, where a view would
+        keep its whole shard alive. zarr's own chunk reads use :meth:`getitems`,
+        whose views copy nothing.
+
+        Raises
+        ------
+        KeyError
+            If nothing is stored at ``key``.
+        InvalidKeyError, ChunkOutOfGridError, CorruptShardError, ChecksumError
+            As :meth:`getitems`.
+        """
         ref = self._route(key)
         if ref is None:
             value = self._read_plain([key]).get(key)
@@ -331,7 +345,8 @@ class ShardedStore(ProxyBase):
         found = self._read_chunks([ref], {})
         if key not in found:
             raise KeyError(key)
-        return found[key]
+        value = found[key]
+        return value if type(value) is bytes else bytes(as_buffer(key, value))
 
     def __contains__(self, key: object) -> bool:
         try:
