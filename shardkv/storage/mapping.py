@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import MutableMapping
+from functools import partial
 from typing import Any, Iterator, Mapping, Sequence
 
 from shardkv.storage.buffers import BytesLike, Value, join_parts, slice_value
 from shardkv.storage.kv import (
-    ANY,
-    MISSING_RESULT,
     NO_VALUE,
     Capabilities,
     Generation,
@@ -41,7 +40,7 @@ from shardkv.storage.kv import (
     hidden,
 )
 from shardkv.storage.location import StoreLocation
-from shardkv.storage.stamps import STAMPS
+from shardkv.storage.stamps import STAMPS, Fetched, read_stamped
 
 __all__ = ["MappingStore", "zarr2_kind"]
 
@@ -146,30 +145,18 @@ class MappingStore(KVStore):
         return out
 
     def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
-        loc = self._location
-        tickets = [STAMPS.begin_read(loc, key) for key, _, _ in reads]
-        results: list[ReadResult | None] = [None] * len(reads)
-        wanted: list[str] = []
-        for i, ((key, _, cond), ticket) in enumerate(zip(reads, tickets)):
-            if not cond.is_any and not cond.is_missing and STAMPS.current(ticket) != cond:
-                results[i] = ReadResult("stale", None, ANY)  # changed (or changing) since: read nothing
-            else:
-                wanted.append(key)
-        found = self._fetch(list(dict.fromkeys(wanted)))
-        for i, ((key, ranges, cond), ticket) in enumerate(zip(reads, tickets)):
-            if results[i] is not None:
-                continue
-            if key not in found:
-                results[i] = MISSING_RESULT
-                continue
-            generation = STAMPS.end_read(ticket)
-            if cond.is_missing or (not cond.is_any and generation != cond):
-                results[i] = ReadResult("stale", None, generation)
-                continue
-            value = found[key]
-            values: list[BytesLike] = [_readonly(value)] if ranges is None else [slice_value(value, r) for r in ranges]
-            results[i] = ReadResult("value", values, generation, memoryview(value).nbytes)
-        return [r for r in results if r is not None]
+        return read_stamped(self._location, reads, partial(self._fetch_reads, reads))
+
+    def _fetch_reads(self, reads: Sequence[ReadRequest], indices: list[int]) -> dict[int, Fetched]:
+        found = self._fetch(list(dict.fromkeys(reads[i][0] for i in indices)))
+        fetched: dict[int, Fetched] = {}
+        for i in indices:
+            key, ranges, _ = reads[i]
+            if key in found:
+                value = found[key]
+                values: list[BytesLike] = [_readonly(value)] if ranges is None else [slice_value(value, r) for r in ranges]
+                fetched[i] = (values, memoryview(value).nbytes)
+        return fetched
 
     # -- writes ---------------------------------------------------------------
 

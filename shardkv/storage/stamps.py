@@ -19,12 +19,13 @@ import os
 import threading
 import zlib
 from contextlib import contextmanager
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
-from shardkv.storage.kv import Generation
+from shardkv.storage.buffers import BytesLike
+from shardkv.storage.kv import ANY, MISSING_RESULT, Generation, ReadRequest, ReadResult
 from shardkv.storage.location import StoreLocation
 
-__all__ = ["ProcessStamps", "StampedWrite", "STAMPS", "Ticket"]
+__all__ = ["ProcessStamps", "StampedWrite", "STAMPS", "Ticket", "Fetched", "read_stamped"]
 
 N_STRIPES = 4096
 """Stripes of the process table (two ints and one lock each), whatever the number of keys."""
@@ -167,3 +168,39 @@ STAMPS = ProcessStamps()
 
 os.register_at_fork(after_in_child=STAMPS.after_fork_in_child)
 
+
+
+Fetched = tuple[list[BytesLike], "int | None"]
+"""What a read fetched: its values (as :class:`~shardkv.storage.kv.ReadResult` has them) and the stored size, if known."""
+
+
+def read_stamped(
+    location: StoreLocation, reads: Sequence[ReadRequest], fetch: Callable[[list[int]], Mapping[int, Fetched]]
+) -> list[ReadResult]:
+    """``get_many`` of a store whose generations are the process stamps of ``location``.
+
+    A conditional read whose stamp no longer holds is stale before any I/O.
+    ``fetch`` gets the indices (into ``reads``) of the others and returns
+    index -> :data:`Fetched` for the keys it found (a conditional read that
+    ``fetch`` gets holds its stamp so far). A read that overlapped a write of
+    its stripe, or that asked for a missing key, is stale after the fetch.
+    """
+    tickets = [STAMPS.begin_read(location, key) for key, _, _ in reads]
+    results: list[ReadResult | None] = [None] * len(reads)
+    for i, ((_, _, cond), ticket) in enumerate(zip(reads, tickets)):
+        if not cond.is_any and not cond.is_missing and STAMPS.current(ticket) != cond:
+            results[i] = ReadResult("stale", None, ANY)  # changed (or changing) since: read nothing
+    found = fetch([i for i, result in enumerate(results) if result is None])
+    for i, ((_, _, cond), ticket) in enumerate(zip(reads, tickets)):
+        if results[i] is not None:
+            continue
+        if i not in found:
+            results[i] = MISSING_RESULT
+            continue
+        generation = STAMPS.end_read(ticket)
+        if cond.is_missing or (not cond.is_any and generation != cond):
+            results[i] = ReadResult("stale", None, generation)
+        else:
+            values, size = found[i]
+            results[i] = ReadResult("value", values, generation, size)
+    return [result for result in results if result is not None]
