@@ -29,6 +29,7 @@ __all__ = [
     "V2_COMPRESSOR_FIELD",
     "mark_v2_encoding",
     "v3_view_of_v2",
+    "v3_document_of_v2",
     "sharding_codec",
     "ShardingSpec",
     "sharding_spec_from_v3",
@@ -116,24 +117,36 @@ def v3_view_of_v2(
             f"the array has {len(shape)} dimension(s)"
         )
     encoding = v3_encoding_of_v2(zarray)
-    metadata = {
-        "zarr_format": 3,
-        "node_type": "array",
-        "shape": shape,
-        "data_type": encoding.data_type,
-        "chunk_grid": {
-            "name": "regular",
-            "configuration": {"chunk_shape": [c * n for c, n in zip(chunks, layout.chunks_per_shard)]},
-        },
-        "chunk_key_encoding": V2ChunkKeyEncoding(v2_dimension_separator(zarray)).to_metadata(),  # type: ignore[arg-type]
-        "fill_value": encoding.fill_value,
-        "codecs": [
-            sharding_codec(chunks, encoding.codecs, layout.index_location, layout.index_checksum, layout.index_endian)
-        ],
-        "attributes": dict(zattrs or {}),
-    }
+    codec = sharding_codec(chunks, encoding.codecs, layout.index_location, layout.index_checksum, layout.index_endian)
+    shard_shape = [c * n for c, n in zip(chunks, layout.chunks_per_shard)]
+    metadata = v3_document_of_v2(zarray, zattrs, encoding, shard_shape, [codec])
     mark_v2_encoding(metadata, zarray, encoding)
     return V3View(metadata, encoding.problems)
+
+
+def v3_document_of_v2(
+    zarray: Mapping[str, Any],
+    zattrs: Mapping[str, Any] | None,
+    encoding: V3Encoding,
+    chunk_shape: list[int],
+    codecs: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The v3 array document of a v2 array with a regular grid of ``chunk_shape`` and ``codecs``.
+
+    Its shape, data type and fill value (``encoding``), v2 chunk keys and
+    ``zattrs`` as attributes come from the v2 documents.
+    """
+    return {
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": [int(s) for s in zarray["shape"]],
+        "data_type": encoding.data_type,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunk_shape}},
+        "chunk_key_encoding": V2ChunkKeyEncoding(v2_dimension_separator(zarray)).to_metadata(),  # type: ignore[arg-type]
+        "fill_value": encoding.fill_value,
+        "codecs": codecs,
+        "attributes": dict(zattrs or {}),
+    }
 
 
 def mark_v2_encoding(metadata: dict[str, Any], zarray: Mapping[str, Any], encoding: V3Encoding) -> None:
