@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.format.layout import ShardLayout, chunk_nbytes_bound
 from shardkv.keys.encodings import ChunkKeyEncoding, V2ChunkKeyEncoding, chunk_key_encoding_from_metadata
+from shardkv.keys.space import ShardedArray
 from shardkv.metadata.v2_codecs import CORE_DATA_TYPES, SIZED_DATA_TYPES, TIME_DATA_TYPES, V3Encoding, v3_encoding_of_v2
 
 __all__ = [
@@ -206,6 +207,24 @@ class ShardingSpec:
     def shard_shape(self) -> tuple[int, ...]:
         """Shard shape (elements): ``chunks * chunks_per_shard``."""
         return tuple(c * n for c, n in zip(self.chunks, self.layout.chunks_per_shard))
+
+    def array_at(
+        self, path: str, chunk_key_encoding: ChunkKeyEncoding, shape: tuple[int, ...] | None = None
+    ) -> ShardedArray:
+        """The key mapping of the array at ``path``, whose chunk keys (above the store) use ``chunk_key_encoding``.
+
+        Its shards live under ``path/`` with this spec's shard key encoding;
+        ``shape`` (default: this spec's) is the array shape in elements.
+        """
+        return ShardedArray(
+            path=path,
+            key_prefix=f"{path}/" if path else "",
+            shape=self.shape if shape is None else shape,
+            chunks=self.chunks,
+            layout=self.layout,
+            chunk_key_encoding=chunk_key_encoding,
+            shard_key_encoding=self.shard_key_encoding,
+        )
 
 
 _V3_ITEMSIZES = {name: int(code[1:]) for code, name in CORE_DATA_TYPES.items()}
