@@ -557,7 +557,7 @@ class ShardLocks:
 
     @contextmanager
     def hold(self, shard_keys: Iterable[str], prefixes: Mapping[str, str] | None = None) -> Iterator[None]:
-        """Hold the locks of every shard in ``shard_keys`` for the ``with`` block.
+        """Hold the locks of every shard in ``shard_keys`` for the ``with`` block (none in mode ``"none"``).
 
         Parameters
         ----------

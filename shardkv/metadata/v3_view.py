@@ -137,13 +137,14 @@ def v3_document_of_v2(
     Its shape, data type and fill value (``encoding``), v2 chunk keys and
     ``zattrs`` as attributes come from the v2 documents.
     """
+    keys = V2ChunkKeyEncoding(v2_dimension_separator(zarray))  # type: ignore[arg-type]
     return {
         "zarr_format": 3,
         "node_type": "array",
         "shape": [int(s) for s in zarray["shape"]],
         "data_type": encoding.data_type,
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunk_shape}},
-        "chunk_key_encoding": V2ChunkKeyEncoding(v2_dimension_separator(zarray)).to_metadata(),  # type: ignore[arg-type]
+        "chunk_key_encoding": keys.to_metadata(),
         "fill_value": encoding.fill_value,
         "codecs": codecs,
         "attributes": dict(zattrs or {}),

@@ -152,10 +152,11 @@ class MappingStore(KVStore):
         fetched: dict[int, Fetched] = {}
         for i in indices:
             key, ranges, _ = reads[i]
-            if key in found:
-                value = found[key]
-                values: list[BytesLike] = [_readonly(value)] if ranges is None else [slice_value(value, r) for r in ranges]
-                fetched[i] = (values, memoryview(value).nbytes)
+            if key not in found:
+                continue
+            value = found[key]
+            values: list[BytesLike] = [_readonly(value)] if ranges is None else [slice_value(value, r) for r in ranges]
+            fetched[i] = (values, memoryview(value).nbytes)
         return fetched
 
     # -- writes ---------------------------------------------------------------

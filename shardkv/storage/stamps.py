@@ -171,7 +171,7 @@ os.register_at_fork(after_in_child=STAMPS.after_fork_in_child)
 
 
 Fetched = tuple[list[BytesLike], "int | None"]
-"""What a read fetched: its values (as :class:`~shardkv.storage.kv.ReadResult` has them) and the stored size, if known."""
+"""What a read fetched: its values (as a :class:`~shardkv.storage.kv.ReadResult` holds them) and the stored size."""
 
 
 def read_stamped(
