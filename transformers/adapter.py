@@ -30,11 +30,11 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.buffers import Value, join_parts
 from shardkv.storage.kv import (
-    ANY, NO_VALUE, Capabilities, Generation, KVStore, ReadRequest, ReadResult, hidden,
+    ANY, Capabilities, Generation, KVStore, ReadRequest, ReadResult, hidden,
 )
 from shardkv.storage.location import StoreLocation
 from shardkv.storage.open import open_kv
-from shardkv.storage.stamps import STAMPS, Fetched, read_stamped
+from shardkv.storage.stamps import STAMPS, Fetched, read_stamped, write_stamped
 
 from .api import AbstractStore, BytesLike, KeyRange, KeyStartValue, apply_partial_writes, normalize_prefix
 
@@ -210,23 +210,20 @@ class UnderlyingKV(KVStore):
         return fetched
 
     def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
-        out: dict[str, Generation | None] = {key: None for key in writes}
-        if not writes:
-            return out
-        with STAMPS.writing(self._location, writes) as stamped:
-            ok = [k for k, (_, cond) in writes.items()
-                  if cond.is_any or (not cond.is_missing and stamped.before[k] == cond)
-                  or (cond.is_missing and not self.store.contains(k))]
-            stores = {k: join_parts(v) for k in ok if (v := writes[k][0]) is not None}
-            deletes = [k for k in ok if writes[k][0] is None]
-            stamped.begin(ok)
-            if stores:
-                self.store.set_values(stores)
-            if deletes:
-                self.store.erase_values(deletes)
-        for key in ok:
-            out[key] = NO_VALUE if writes[key][0] is None else stamped.after[key]
-        return out
+        return write_stamped(self._location, writes, self._holds, self._write)
+
+    def _holds(self, key: str, cond: Generation, before: Generation) -> bool:
+        if cond.is_missing:
+            return not self.store.contains(key)
+        return cond.is_any or before == cond
+
+    def _write(self, values: Mapping[str, Value | None]) -> None:
+        stores = {k: join_parts(v) for k, v in values.items() if v is not None}
+        deletes = [k for k, v in values.items() if v is None]
+        if stores:
+            self.store.set_values(stores)
+        if deletes:
+            self.store.erase_values(deletes)
 
     def patch(self, writes: Sequence[KeyStartValue]) -> None:
         """``set_partial_values`` on the underlying store, stamped as a write of each key it touches."""

@@ -22,7 +22,6 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from shardkv.storage.buffers import BytesLike, Value, byte_parts, join_parts
 from shardkv.storage.kv import (
-    ANY,
     LOCK_DIR,
     MISSING_RESULT,
     NO_VALUE,
@@ -35,7 +34,7 @@ from shardkv.storage.kv import (
 )
 from shardkv.storage.local import FSYNC, atomic_write, fsync_dirs
 from shardkv.storage.location import StoreLocation, fs_location
-from shardkv.storage.stamps import STAMPS, Fetched, read_stamped
+from shardkv.storage.stamps import STAMPS, Fetched, read_stamped, write_stamped
 
 __all__ = ["FsspecStore", "MEMORY_CAPS"]
 
@@ -206,23 +205,10 @@ class FsspecStore(KVStore):
         return before == cond
 
     def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
-        out: dict[str, Generation | None] = {key: None for key in writes}
-        if not writes:
-            return out
-        with STAMPS.writing(self._location, writes) as stamped:
-            ok = [k for k, (_, cond) in writes.items() if self._holds(k, cond, stamped.before[k])]
-            stamped.begin(ok)
-            if self._local:
-                self._write_local({k: writes[k][0] for k in ok})
-            else:
-                self._write_fs({k: writes[k][0] for k in ok})
-        for key in ok:
-            if writes[key][0] is None:
-                out[key] = NO_VALUE
-            elif self._memory:
-                out[key] = self._memory_generation(key)
-            else:
-                out[key] = stamped.after[key]
+        out = write_stamped(self._location, writes, self._holds, self._write_local if self._local else self._write_fs)
+        if self._memory:  # memory:// values carry generations of their own
+            return {k: self._memory_generation(k) if g is not None and writes[k][0] is not None else g
+                    for k, g in out.items()}
         return out
 
     def _write_fs(self, values: Mapping[str, Value | None]) -> None:

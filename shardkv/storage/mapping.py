@@ -31,7 +31,6 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from shardkv.storage.buffers import BytesLike, Value, join_parts, slice_value
 from shardkv.storage.kv import (
-    NO_VALUE,
     Capabilities,
     Generation,
     KVStore,
@@ -40,7 +39,7 @@ from shardkv.storage.kv import (
     hidden,
 )
 from shardkv.storage.location import StoreLocation
-from shardkv.storage.stamps import STAMPS, Fetched, read_stamped
+from shardkv.storage.stamps import STAMPS, Fetched, read_stamped, write_stamped
 
 __all__ = ["MappingStore", "zarr2_kind"]
 
@@ -169,32 +168,23 @@ class MappingStore(KVStore):
         return before == cond
 
     def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
-        out: dict[str, Generation | None] = {}
-        if not writes:
-            return out
-        with STAMPS.writing(self._location, writes) as stamped:
-            ok = [k for k, (_, cond) in writes.items() if self._holds(k, cond, stamped.before[k])]
-            stores = {k: join_parts(v) if isinstance(v, (list, tuple)) else v
-                      for k in ok if (v := writes[k][0]) is not None}
-            deletes = [k for k in ok if writes[k][0] is None]
-            stamped.begin(ok)
-            if stores:
-                setitems = getattr(self.mapping, "setitems", None)
-                if setitems is not None:
-                    setitems(stores)
-                else:
-                    for k, v in stores.items():
-                        self.mapping[k] = v
-            for k in deletes:
-                try:
-                    del self.mapping[k]
-                except KeyError:
-                    continue
-        for key in writes:
-            out[key] = None
-        for key in ok:
-            out[key] = NO_VALUE if writes[key][0] is None else stamped.after[key]
-        return out
+        return write_stamped(self._location, writes, self._holds, self._write)
+
+    def _write(self, values: Mapping[str, Value | None]) -> None:
+        """Store the values (one ``setitems`` where the mapping has it), then delete the keys given ``None``."""
+        stores = {k: join_parts(v) if isinstance(v, (list, tuple)) else v for k, v in values.items() if v is not None}
+        if stores:
+            setitems = getattr(self.mapping, "setitems", None)
+            if setitems is not None:
+                setitems(stores)
+            else:
+                for k, v in stores.items():
+                    self.mapping[k] = v
+        for k in [k for k, v in values.items() if v is None]:
+            try:
+                del self.mapping[k]
+            except KeyError:
+                continue
 
     def contains(self, key: str) -> bool:
         """``key in mapping`` (no value read)."""

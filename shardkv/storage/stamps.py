@@ -21,11 +21,11 @@ import zlib
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
-from shardkv.storage.buffers import BytesLike
-from shardkv.storage.kv import ANY, MISSING_RESULT, Generation, ReadRequest, ReadResult
+from shardkv.storage.buffers import BytesLike, Value
+from shardkv.storage.kv import ANY, MISSING_RESULT, NO_VALUE, Generation, ReadRequest, ReadResult
 from shardkv.storage.location import StoreLocation
 
-__all__ = ["ProcessStamps", "StampedWrite", "STAMPS", "Ticket", "Fetched", "read_stamped"]
+__all__ = ["ProcessStamps", "StampedWrite", "STAMPS", "Ticket", "Fetched", "read_stamped", "write_stamped"]
 
 N_STRIPES = 4096
 """Stripes of the process table (two ints and one lock each), whatever the number of keys."""
@@ -204,3 +204,28 @@ def read_stamped(
             values, size = found[i]
             results[i] = ReadResult("value", values, generation, size)
     return [result for result in results if result is not None]
+
+
+def write_stamped(
+    location: StoreLocation,
+    writes: Mapping[str, tuple[Value | None, Generation]],
+    holds: Callable[[str, Generation, Generation], bool],
+    write: Callable[[dict[str, Value | None]], None],
+) -> dict[str, Generation | None]:
+    """``put_many`` of a store whose generations are the process stamps of ``location``.
+
+    Under the writer locks of the keys' stripes, ``holds(key, condition,
+    stamp before)`` tells which conditions hold, and ``write`` gets those
+    keys' values (``None``: delete). Returns the new stamps (:data:`NO_VALUE`
+    for a delete, ``None`` where the condition did not hold).
+    """
+    out: dict[str, Generation | None] = {key: None for key in writes}
+    if not writes:
+        return out
+    with STAMPS.writing(location, writes) as stamped:
+        ok = [key for key, (_, cond) in writes.items() if holds(key, cond, stamped.before[key])]
+        stamped.begin(ok)
+        write({key: writes[key][0] for key in ok})
+    for key in ok:
+        out[key] = NO_VALUE if writes[key][0] is None else stamped.after[key]
+    return out
