@@ -26,7 +26,7 @@ import pytest
 from concurrency_harness import MotoS3, moto_s3, run_sharded_writers, run_threads  # noqa: F401  (fixture)
 
 from shardkv import ShardedStore
-from shardkv.engine.guard import Guard
+from shardkv.engine.locks import ShardLocks
 from shardkv.errors import ConfigurationError
 from shardkv.format.index import EMPTY
 from shardkv.format.ranges import ByteRange
@@ -109,23 +109,23 @@ def test_conditional_reads_and_puts_refuse_a_changed_value(moto_s3) -> None:  # 
 def test_auto_is_conditional_for_an_obstore_s3_store(moto_s3, tmp_path) -> None:  # noqa: F811
     prefix = _prefix("auto")
     kv = open_kv(_s3(moto_s3, prefix))
-    assert Guard(kv).mode == "conditional" and isinstance(kv, ObstoreStore) and kv.caps.conditional_put
+    assert ShardLocks.of_store(kv).mode == "conditional" and isinstance(kv, ObstoreStore) and kv.caps.conditional_put
     assert ShardedStore(_s3(moto_s3, prefix)).concurrency_mode == "conditional"
     by_url = ShardedStore(f"s3://{moto_s3.bucket}/{prefix}", storage_options=_url_options(moto_s3))
     assert by_url.concurrency_mode == "conditional"
     memory = open_kv(obstore_store.MemoryStore())  # real, atomic PutMode in the process
-    assert Guard(memory).mode == "conditional" and memory.caps.conditional_put and not memory.caps.round_trips
+    assert ShardLocks.of_store(memory).mode == "conditional" and memory.caps.conditional_put and not memory.caps.round_trips
     local = open_kv(obstore_store.LocalStore(str(tmp_path)))  # no PutMode update: lock files
-    assert Guard(local).mode == "files" and not local.caps.conditional_put
+    assert ShardLocks.of_store(local).mode == "files" and not local.caps.conditional_put
 
 
 def test_disabled_conditional_puts_are_refused_not_downgraded(moto_s3, monkeypatch) -> None:  # noqa: F811
     with pytest.raises(ConfigurationError, match="conditional_put='etag'"):
-        Guard(open_kv(_s3(moto_s3, _prefix("off"), conditional_put="disabled")))
+        ShardLocks.of_store(open_kv(_s3(moto_s3, _prefix("off"), conditional_put="disabled")))
     monkeypatch.setenv("AWS_CONDITIONAL_PUT", "disabled")
     with pytest.raises(ConfigurationError, match="AWS_CONDITIONAL_PUT"):
         ShardedStore(_s3(moto_s3, _prefix("off-env")))
-    assert Guard(open_kv(_s3(moto_s3, _prefix("off"))), "process").mode == "process"
+    assert ShardLocks.of_store(open_kv(_s3(moto_s3, _prefix("off"))), "process").mode == "process"
 
 
 @pytest.mark.parametrize("mode", ["none", "process"])

@@ -150,7 +150,7 @@ def test_store_pickles_to_an_equivalent_store(tmp_path) -> None:
     assert type(clone) is ShardedStore and clone is not store
     assert clone.options == store.options
     assert clone.concurrency_mode == store.concurrency_mode == "files"
-    assert clone.engine.guard.locks.lock_dir == store.engine.guard.locks.lock_dir
+    assert clone.engine.locks.lock_dir == store.engine.locks.lock_dir
     np.testing.assert_array_equal(zarr.open_array(store=clone, mode="r")[:], np.arange(40))
     assert sorted(clone) == sorted(store)
 

@@ -1,4 +1,4 @@
-"""The store contract on obstore stores (:class:`ObstoreStore`): MemoryStore, LocalStore, and S3Store on moto."""
+"""The store contract on obstore stores (:class:`ObstoreStore`): MemoryStore and S3Store on moto; a LocalStore opens as shardkv's."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from shardkv.format.ranges import ByteRange  # noqa: E402
 from shardkv.storage.kv import ANY, NO_VALUE, KVStore  # noqa: E402
 from shardkv.storage.local import LocalStore  # noqa: E402
 from shardkv.storage.obstore import ObstoreStore, conditional_put_disabled, is_obstore_store  # noqa: E402
+from shardkv.storage.open import open_kv  # noqa: E402
 
 pytestmark = pytest.mark.zarr2
 KEY, SECRET, REGION = "shardkv-test", "shardkv-test-secret", "us-east-1"
@@ -59,14 +60,6 @@ class TestMemoryContract(KVContract):
         store.close()
 
 
-class TestObstoreLocalContract(KVContract):
-    @pytest.fixture
-    def kv(self, tmp_path: Path) -> Iterator[KVStore]:
-        store = ObstoreStore(ObLocalStore(str(tmp_path), mkdir=True))
-        yield store
-        store.close()
-
-
 class TestS3Contract(KVContract):
     @pytest.fixture
     def kv(self, endpoint: str, bucket: str) -> Iterator[KVStore]:
@@ -83,22 +76,20 @@ def test_caps_per_store(endpoint: str, bucket: str, tmp_path: Path) -> None:
     assert s3.location.namespace == ("s3", endpoint) and s3.location.root == f"{bucket}/p"
     disabled = s3_store(endpoint, bucket, "p", conditional_put="disabled")
     assert conditional_put_disabled(disabled) and not ObstoreStore(disabled).caps.conditional_put
-    local = ObstoreStore(ObLocalStore(str(tmp_path)))
-    assert local.caps.lock_dir and not local.caps.conditional_put and local.caps.stamps == "native"
     assert is_obstore_store(MemoryStore()) and not is_obstore_store({})
 
 
 def test_obstore_written_files_read_by_local_store(tmp_path: Path) -> None:
-    ob = ObstoreStore(ObLocalStore(str(tmp_path)))
-    ob.put("a/c/0", [b"0123", b"456789"])
-    ob.put("zarr.json", b"{}")
-    kv = LocalStore(tmp_path)
-    assert kv.location == ob.location  # one location: the same locks
+    ob = ObLocalStore(str(tmp_path))
+    obstore.put(ob, "a/c/0", b"0123456789")
+    obstore.put(ob, "zarr.json", b"{}")
+    kv = open_kv(ob)  # an obstore LocalStore is opened as shardkv's LocalStore: lock files, os calls
+    assert isinstance(kv, LocalStore) and kv.location == LocalStore(tmp_path).location
     r = kv.get("a/c/0", [ByteRange.suffix(3), ByteRange(0, 2)])
     assert [bytes(b) for b in r.values or []] == [b"789", b"01"]
-    assert sorted(kv.list_prefix("")) == sorted(ob.list_prefix("")) == ["a/c/0", "zarr.json"]
+    assert sorted(kv.list_prefix("")) == ["a/c/0", "zarr.json"]
     g = put_ok(kv, "a/c/0", b"new")
-    assert g is not None and bytes(ob.get("a/c/0").whole()) == b"new"
+    assert g is not None and bytes(obstore.get(ob, "a/c/0").bytes()) == b"new"
 
 
 def test_warm_ranged_read_is_one_conditional_get(endpoint: str, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,7 +21,6 @@ from concurrency_harness import run_counter_processes
 
 from shardkv.engine.locks import LOCK_DIR, ShardLocks, stripe_of
 from shardkv.errors import ConfigurationError, LockTimeoutError, ShardKVError
-from shardkv.engine.guard import Guard
 from shardkv.storage.fsspec import FsspecStore
 from shardkv.storage.kv import ANY, KVStore
 from shardkv.storage.local import LocalStore
@@ -87,8 +86,8 @@ def test_locks_follow_the_data_not_the_spelling(tmp_path) -> None:
     assert MappingStore(d1).location == MappingStore(d1).location
     assert MappingStore(d1).location != MappingStore(d2).location
     # nested roots in one process lock a shard alike (the real array directory and the key in it)
-    outer = ShardLocks(_local(str(tmp_path / "real")).location, cross_process=False)
-    inner = ShardLocks(_local(str(tmp_path / "real" / "arr")).location, cross_process=False)
+    outer = ShardLocks(_local(str(tmp_path / "real")).location, mode="process")
+    inner = ShardLocks(_local(str(tmp_path / "real" / "arr")).location, mode="process")
     assert outer.thread_stripes_of(["arr/0.0"], {"arr/0.0": "arr/"}) == inner.thread_stripes_of(["0.0"], {"0.0": ""})
 
 
@@ -185,15 +184,15 @@ def test_in_process_stripes_agree_with_or_without_lock_files_and_through_links(t
     key, prefixes = "arr/c/0", {"arr/c/0": "arr/"}
     views = [
         ShardLocks(_local(str(real)).location),  # "files"
-        ShardLocks(_local(str(real)).location, cross_process=False),  # "process"
-        ShardLocks(_local(str(tmp_path / "link")).location, cross_process=False),  # "process", via the link
+        ShardLocks(_local(str(real)).location, mode="process"),  # "process"
+        ShardLocks(_local(str(tmp_path / "link")).location, mode="process"),  # "process", via the link
     ]
     assert len({tuple(v.thread_stripes_of([key], prefixes)) for v in views}) == 1
     from shardkv import ShardedStore
 
     stores = [ShardedStore(str(real)), ShardedStore(str(real), concurrency="process"),
               ShardedStore(str(tmp_path / "link"), concurrency="process")]  # fmt: skip
-    assert len({tuple(s.engine.guard.locks.thread_stripes_of([key], prefixes)) for s in stores}) == 1
+    assert len({tuple(s.engine.locks.thread_stripes_of([key], prefixes)) for s in stores}) == 1
 
 
 def test_a_hold_over_several_arrays_waits_holding_nothing(tmp_path) -> None:
@@ -252,7 +251,7 @@ def test_deleting_everything_keeps_the_lock_files(tmp_path) -> None:
 
 def test_cross_process_needs_a_directory() -> None:
     with pytest.raises(ConfigurationError, match="directory for lock files"):
-        ShardLocks(StoreLocation(("s3", None), "bucket/data"), cross_process=True)
+        ShardLocks(StoreLocation(("s3", None), "bucket/data"), mode="files")
     assert not ShardLocks(MappingStore({}).location).cross_process
     with pytest.raises(ConfigurationError):
         ShardLocks(MappingStore({}).location, thread_stripes=0)
@@ -269,7 +268,7 @@ def test_pickled_locks_find_the_same_locks(tmp_path) -> None:
 
 
 def _take_in_child(root: str, queue) -> None:  # runs in a forked child
-    locks = ShardLocks(_local(root).location, cross_process=False, timeout=5)
+    locks = ShardLocks(_local(root).location, mode="process", timeout=5)
     try:
         with locks.hold(["k/0"]):
             queue.put("ok")
@@ -279,7 +278,7 @@ def _take_in_child(root: str, queue) -> None:  # runs in a forked child
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_forked_child_does_not_inherit_a_held_lock(tmp_path) -> None:
-    locks = ShardLocks(_local(str(tmp_path)).location, cross_process=False)
+    locks = ShardLocks(_local(str(tmp_path)).location, mode="process")
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
     with locks.hold(["k/0"]):  # held by this process while it forks
@@ -290,7 +289,7 @@ def test_forked_child_does_not_inherit_a_held_lock(tmp_path) -> None:
     assert queue.get(timeout=5) == "ok"
 
 
-# -- the concurrency= option (shardkv.engine.guard) ------------------------------------
+# -- the concurrency= option (ShardLocks.of_store) -------------------------------------
 
 
 class _PlainFS(fsspec.AbstractFileSystem):
@@ -301,21 +300,23 @@ class _PlainFS(fsspec.AbstractFileSystem):
 
 
 def test_auto_concurrency_picks_files_conditional_or_refuses(tmp_path) -> None:
-    local = Guard(_local(str(tmp_path)))
-    assert local.mode == "files" and local.locks.cross_process and not local.optimistic
-    mapping = Guard(MappingStore({}))
-    assert mapping.mode == "conditional" and not mapping.locks.cross_process and mapping.optimistic
-    assert Guard(open_kv("memory://plan"), "auto").mode == "conditional"
+    local = ShardLocks.of_store(_local(str(tmp_path)))
+    assert local.mode == "files" and local.cross_process and not local.optimistic
+    mapping = ShardLocks.of_store(MappingStore({}))
+    assert mapping.mode == "conditional" and not mapping.cross_process and mapping.optimistic
+    assert ShardLocks.of_store(open_kv("memory://plan"), "auto").mode == "conditional"
     # a store with neither (stands for gcs/abfs/http here): never a silent choice
     other = FsspecStore(_PlainFS(), "bucket/x")
     with pytest.raises(ConfigurationError, match="neither lock files nor conditional writes"):
-        Guard(other)
-    assert Guard(other, "process").mode == "process"
-    assert Guard(other, "none").locks is None
+        ShardLocks.of_store(other)
+    assert ShardLocks.of_store(other, "process").mode == "process"
+    nothing = ShardLocks.of_store(other, "none", timeout=0.05)
+    with nothing.hold(["k"]), nothing.hold(["k"]):  # no lock is taken: the same shard twice does not wait
+        assert nothing.mode == "none"
     with pytest.raises(ConfigurationError, match="needs a store in a directory"):
-        Guard(other, "files")
+        ShardLocks.of_store(other, "files")
     with pytest.raises(ConfigurationError, match="concurrency must be one of"):
-        Guard(MappingStore({}), "sometimes")
+        ShardLocks.of_store(MappingStore({}), "sometimes")
 
 
 def test_engines_of_the_proxy_and_the_transformer_take_their_locks_from_the_location(tmp_path) -> None:
@@ -323,13 +324,13 @@ def test_engines_of_the_proxy_and_the_transformer_take_their_locks_from_the_loca
     from shardkv.transformers import AdapterStore, ShardingStorageTransformer
 
     proxy = ShardedStore(str(tmp_path), chunks_per_shard=2)
-    assert proxy.concurrency_mode == "files" and proxy.engine.guard.locks.lock_dir == os.path.join(
+    assert proxy.concurrency_mode == "files" and proxy.engine.locks.lock_dir == os.path.join(
         os.path.realpath(str(tmp_path)), ".shardkv-locks"
     )
-    assert ShardedStore({}, concurrency="none").engine.guard.locks is None
+    assert ShardedStore({}, concurrency="none").engine.locks.mode == "none"
     over_dir = ShardingStorageTransformer(AdapterStore(str(tmp_path)), [2])
     assert over_dir.concurrency_mode == "files"
-    assert over_dir.engine.guard.locks.lock_dir == proxy.engine.guard.locks.lock_dir  # one directory, one set of locks
+    assert over_dir.engine.locks.lock_dir == proxy.engine.locks.lock_dir  # one directory, one set of locks
     assert ShardingStorageTransformer(AdapterStore({}), [2]).concurrency_mode == "conditional"
     stacked = ShardingStorageTransformer(over_dir, [2])  # location unknown: this object's own locks
     assert stacked.concurrency_mode == "process"
@@ -343,7 +344,8 @@ def test_a_nested_hold_of_a_stripe_this_thread_holds_does_not_deadlock(tmp_path,
     """Stacked sharding transformers hold a shard's stripe while the lower transformer writes its own shards;
     when those share a stripe (or a lock file), the nested hold must not wait for the thread itself."""
     kv: KVStore = MappingStore({}) if kind == "mapping" else _local(str(tmp_path))
-    locks = ShardLocks(kv.location, cross_process=kind == "local", thread_stripes=4, file_stripes=2, timeout=0.2)
+    mode = "files" if kind == "local" else "process"
+    locks = ShardLocks(kv.location, mode=mode, thread_stripes=4, file_stripes=2, timeout=0.2)
     outer = "a/0"
     inner = next(f"b/{i}" for i in range(1000) if locks.thread_stripes_of([f"b/{i}"]) == locks.thread_stripes_of([outer]))
     done = threading.Event()

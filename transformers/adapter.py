@@ -24,16 +24,17 @@ The sharding transformer reaches the same store through :class:`UnderlyingKV`
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.buffers import Value, join_parts
 from shardkv.storage.kv import (
-    ANY, MISSING_RESULT, NO_VALUE, Capabilities, Generation, KVStore, ReadRequest, ReadResult, hidden,
+    ANY, Capabilities, Generation, KVStore, ReadRequest, ReadResult, hidden,
 )
 from shardkv.storage.location import StoreLocation
 from shardkv.storage.open import open_kv
-from shardkv.storage.stamps import STAMPS
+from shardkv.storage.stamps import STAMPS, Fetched, read_stamped, write_stamped
 
 from .api import AbstractStore, BytesLike, KeyRange, KeyStartValue, apply_partial_writes, normalize_prefix
 
@@ -180,63 +181,49 @@ class UnderlyingKV(KVStore):
         return self._location
 
     def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
-        loc = self._location
-        tickets = [STAMPS.begin_read(loc, key) for key, _, _ in reads]
-        results: list[ReadResult | None] = [None] * len(reads)
+        return read_stamped(self._location, reads, partial(self._fetch_reads, reads))
+
+    def _fetch_reads(self, reads: Sequence[ReadRequest], indices: list[int]) -> dict[int, Fetched]:
         requests: list[KeyRange] = []
         owners: list[int] = []
-        for i, ((key, ranges, cond), ticket) in enumerate(zip(reads, tickets)):
-            if not cond.is_any and not cond.is_missing:
-                if STAMPS.current(ticket) != cond:
-                    results[i] = ReadResult("stale", None, ANY)
-                    continue
-                if ranges == []:  # the stamp of a value read holds: still that value, no request needed
-                    results[i] = ReadResult("value", [], cond)
-                    continue
+        fetched: dict[int, Fetched] = {}
+        for i in indices:
+            key, ranges, cond = reads[i]
+            if ranges == [] and not cond.is_any and not cond.is_missing:
+                fetched[i] = ([], None)  # the stamp of a value read holds: still that value, no request needed
+                continue
             for r in ([ByteRange(0)] if ranges is None else (ranges or [ByteRange(0, 0)])):
                 requests.append((key, r))
                 owners.append(i)
-        fetched = self.store.get_partial_values(requests) if requests else []
         per_read: dict[int, list[bytes | None]] = {}
-        for owner, data in zip(owners, fetched):
+        for owner, data in zip(owners, self.store.get_partial_values(requests) if requests else []):
             per_read.setdefault(owner, []).append(data)
-        for i, ((key, ranges, cond), ticket) in enumerate(zip(reads, tickets)):
-            if results[i] is not None:
-                continue
-            got = per_read.get(i, [])
+        for i, got in per_read.items():
+            key, ranges, _ = reads[i]
             if any(v is None for v in got):
-                results[i] = MISSING_RESULT
-                continue
-            generation = STAMPS.end_read(ticket)
-            if cond.is_missing or (not cond.is_any and generation != cond):
-                results[i] = ReadResult("stale", None, generation)
                 continue
             values: list[BytesLike] = [] if ranges == [] else [v for v in got if v is not None]
             if ranges is None:
-                size: int | None = len(values[0])
-            else:  # free only where the data lives in this process
-                size = None if self._in_process is None else self._in_process.size(key)
-            results[i] = ReadResult("value", values, generation, size)
-        return [r for r in results if r is not None]
+                fetched[i] = (values, len(values[0]))
+            else:  # the size is free only where the data lives in this process
+                fetched[i] = (values, None if self._in_process is None else self._in_process.size(key))
+        return fetched
 
     def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
-        out: dict[str, Generation | None] = {key: None for key in writes}
-        if not writes:
-            return out
-        with STAMPS.writing(self._location, writes) as stamped:
-            ok = [k for k, (_, cond) in writes.items()
-                  if cond.is_any or (not cond.is_missing and stamped.before[k] == cond)
-                  or (cond.is_missing and not self.store.contains(k))]
-            stores = {k: join_parts(v) for k in ok if (v := writes[k][0]) is not None}
-            deletes = [k for k in ok if writes[k][0] is None]
-            stamped.begin(ok)
-            if stores:
-                self.store.set_values(stores)
-            if deletes:
-                self.store.erase_values(deletes)
-        for key in ok:
-            out[key] = NO_VALUE if writes[key][0] is None else stamped.after[key]
-        return out
+        return write_stamped(self._location, writes, self._holds, self._write)
+
+    def _holds(self, key: str, cond: Generation, before: Generation) -> bool:
+        if cond.is_missing:
+            return not self.store.contains(key)
+        return cond.is_any or before == cond
+
+    def _write(self, values: Mapping[str, Value | None]) -> None:
+        stores = {k: join_parts(v) for k, v in values.items() if v is not None}
+        deletes = [k for k, v in values.items() if v is None]
+        if stores:
+            self.store.set_values(stores)
+        if deletes:
+            self.store.erase_values(deletes)
 
     def patch(self, writes: Sequence[KeyStartValue]) -> None:
         """``set_partial_values`` on the underlying store, stamped as a write of each key it touches."""

@@ -8,7 +8,7 @@ nothing of keys above chunks and shards: it works on
 :class:`~shardkv.engine.merge.ShardChange` (one shard's chunk changes).
 
 State: the index cache (entries ``(decoded index, generation, size)``), the
-concurrency guard (mode resolved from the store's capabilities) and counters.
+shard locks (mode resolved from the store's capabilities) and counters.
 The read path is :mod:`shardkv.engine.reads` (chunk reads conditioned on the
 cached index's generation; a stale answer refetches the index once per
 round), the write path :mod:`shardkv.engine.writes` (read-modify-write
@@ -26,7 +26,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from shardkv.engine.cache import IndexCache
-from shardkv.engine.guard import Concurrency, Guard, Mode
+from shardkv.engine.locks import Concurrency, Mode, ShardLocks
 from shardkv.engine.merge import ShardChange
 from shardkv.engine.reads import (
     chunk_keys_of,
@@ -62,7 +62,7 @@ class EngineOptions:
         Merging of chunk ranges and the whole-shard threshold.
     concurrency : {"auto", "files", "conditional", "process", "none"}
         How writers of one shard in other objects, threads and processes are
-        excluded (:mod:`shardkv.engine.guard`).
+        excluded (:mod:`shardkv.engine.locks`).
     lock_timeout : float or None
         Longest wait (seconds) for a shard lock; ``None`` waits as long as it takes.
 
@@ -102,6 +102,8 @@ class ShardEngine:
         The options.
     cache : IndexCache
         Decoded indexes with the generations of the shards they were read from.
+    locks : ShardLocks
+        The shard locks, in the mode ``options.concurrency`` resolved to.
     stats : EngineStats
         Read rounds, refused (stale) reads, whole-shard reads, write rounds, lost races.
 
@@ -116,7 +118,7 @@ class ShardEngine:
         self.kv = kv
         self.options = options if options is not None else EngineOptions()
         self.cache = IndexCache(self.options.index_cache_bytes)
-        self.guard = Guard(kv, self.options.concurrency, self.options.lock_timeout)
+        self.locks = ShardLocks.of_store(kv, self.options.concurrency, self.options.lock_timeout)
         self.stats = EngineStats()
 
     def __repr__(self) -> str:
@@ -125,7 +127,7 @@ class ShardEngine:
     @property
     def concurrency_mode(self) -> Mode:
         """The resolved concurrency mode: ``"files"``, ``"conditional"``, ``"process"`` or ``"none"``."""
-        return self.guard.mode
+        return self.locks.mode
 
     # -- reads --------------------------------------------------------------------
 
@@ -301,7 +303,7 @@ class ShardEngine:
         OSError
             Any error of the store.
         """
-        write_changes(self.kv, self.cache, self.guard, self.stats, changes)
+        write_changes(self.kv, self.cache, self.locks, self.stats, changes)
 
     def erase(self, shards: Mapping[str, ShardedArray]) -> None:
         """Delete whole shards (holding their locks) and forget their indexes.
@@ -311,7 +313,7 @@ class ShardEngine:
         LockTimeoutError, OSError
             As :meth:`write`.
         """
-        delete_shards(self.kv, self.cache, self.guard, shards)
+        delete_shards(self.kv, self.cache, self.locks, shards)
 
     def compact(self, arr: ShardedArray, shard_keys: Iterable[str] | None = None) -> int:
         """Rewrite the array's stored shards that hold unused bytes; the bytes reclaimed.
@@ -329,7 +331,7 @@ class ShardEngine:
             As :meth:`write`; for a damaged shard.
         """
         keys = (k for k, _ in arr.shard_keys()) if shard_keys is None else shard_keys
-        return compact_shards(self.kv, self.cache, self.guard, arr, keys)
+        return compact_shards(self.kv, self.cache, self.locks, arr, keys)
 
     def hold(self, shards: Mapping[str, ShardedArray]) -> AbstractContextManager[None]:
         """The locks of ``shards`` for a ``with`` block (for a caller's own read-modify-write; not re-entrant).
@@ -339,7 +341,7 @@ class ShardEngine:
         LockTimeoutError
             If a lock was not obtained within ``lock_timeout``.
         """
-        return self.guard.hold(shards)
+        return self.locks.hold_arrays(shards)
 
     def forget(self, shard_keys: Iterable[str] | None = None) -> None:
         """Drop cached indexes (of ``shard_keys``, or all)."""

@@ -1,8 +1,20 @@
-"""Per-shard locks that belong to the data, not to the object (issue 9).
+"""Per-shard locks that belong to the data, not to the object (issue 9), and the ``concurrency=`` option.
 
 A shard write is a read-modify-write: every writer of a shard holds that
-shard's lock from the read of the old shard to the write of the new one.
-:class:`ShardLocks` gives those locks for a
+shard's lock from the read of the old shard to the write of the new one, or
+detects that it raced. The mode is resolved once per engine from the store's
+:class:`~shardkv.storage.kv.Capabilities` (the modes and what each guarantees:
+docs/user-guide.md, "Concurrency"):
+
+* ``"files"``: in-process stripes plus lock files; puts are unconditional.
+* ``"conditional"``: in-process stripes plus puts conditioned on the
+  generation read (a writer that lost its race re-reads, re-merges, retries).
+* ``"process"``: in-process stripes only; ``"none"``: no locks.
+* ``"auto"``: ``"files"`` where the store has lock directories,
+  ``"conditional"`` where it has a conditional put or lives in this process,
+  otherwise a ``ConfigurationError`` that asks for an explicit choice.
+
+:class:`ShardLocks` gives the locks for a
 :class:`~shardkv.storage.location.StoreLocation`; every ``ShardLocks`` of one
 location shares them. Two layers, taken in this order:
 
@@ -38,14 +50,22 @@ import stat
 import threading
 import time
 import zlib
-from contextlib import ExitStack, contextmanager
-from typing import Any, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from typing import Any, Iterable, Iterator, Literal, Mapping
 
 from shardkv.errors import ConfigurationError, LockTimeoutError
-from shardkv.storage.kv import LOCK_DIR
+from shardkv.keys.space import ShardedArray
+from shardkv.storage.kv import LOCK_DIR, KVStore
 from shardkv.storage.location import StoreLocation
 
-__all__ = ["ShardLocks", "LOCK_DIR", "stripe_of", "DEFAULT_THREAD_STRIPES", "DEFAULT_FILE_STRIPES"]
+__all__ = [
+    "ShardLocks", "LOCK_DIR", "stripe_of", "DEFAULT_THREAD_STRIPES", "DEFAULT_FILE_STRIPES",
+    "Concurrency", "Mode", "CONCURRENCY_MODES", "resolve_mode", "lock_prefix",
+]
+
+Concurrency = Literal["auto", "files", "conditional", "process", "none"]
+Mode = Literal["files", "conditional", "process", "none"]
+CONCURRENCY_MODES: tuple[str, ...] = ("auto", "files", "conditional", "process", "none")
 
 DEFAULT_THREAD_STRIPES = 1024
 """Thread lock stripes per location namespace (bytes of memory: about 100 per lock)."""
@@ -56,6 +76,64 @@ DEFAULT_FILE_STRIPES = 64
 _MAX_FILE_LOCKS = 4096
 """Lock file objects a process keeps at most; unheld ones are dropped beyond it."""
 _MAX_REAL_DIRS = 4096  # resolved array directories remembered per ShardLocks
+
+
+def resolve_mode(kv: KVStore, concurrency: str) -> Mode:
+    """The mode ``concurrency`` resolves to on ``kv`` (see the module docstring).
+
+    Raises
+    ------
+    ConfigurationError
+        For an unknown mode; ``"files"`` where the store has no lock
+        directory; ``"conditional"`` where it has neither a conditional put
+        nor in-process data; ``"auto"`` where it has none of these.
+    """
+    if concurrency not in CONCURRENCY_MODES:
+        raise ConfigurationError(f"concurrency must be one of {CONCURRENCY_MODES}, got {concurrency!r}")
+    caps = kv.caps
+    if concurrency in ("none", "process"):
+        return concurrency  # type: ignore[return-value]
+    if concurrency == "files" or (concurrency == "auto" and caps.lock_dir):
+        if not caps.lock_dir:
+            raise ConfigurationError(
+                f"concurrency='files' needs a store in a directory; {kv.location!r} is not one "
+                "(object stores: concurrency='conditional')"
+            )
+        return "files"
+    if caps.conditional_put or caps.in_process:
+        return "conditional"
+    hint = (" (an object store needs conditional puts: an obstore S3Store with conditional_put='etag', the "
+            "default, and without AWS_CONDITIONAL_PUT=disabled)") if caps.round_trips and caps.stamps == "native" else ""
+    if concurrency == "conditional":
+        raise ConfigurationError(
+            f"concurrency='conditional' needs a store with conditional writes; {_store_name(kv)} at "
+            f"{kv.location!r} has none{hint}: pass concurrency='process' or 'none'"
+        )
+    raise ConfigurationError(
+        f"the store {_store_name(kv)} at {kv.location!r} offers neither lock files nor conditional "
+        f"writes{hint}, so concurrent writers of one shard could lose updates: pass concurrency='process' "
+        "(safe within this process only) or concurrency='none' (one writer per shard)"
+    )
+
+
+def _store_name(kv: KVStore) -> str:
+    """The class of the user's store behind ``kv`` (a mapping, an obstore store, a filesystem), for messages."""
+    for attribute in ("mapping", "store", "fs"):
+        user = getattr(kv, attribute, None)
+        if user is not None:
+            return type(user).__name__
+    return type(kv).__name__
+
+
+def lock_prefix(arr: ShardedArray) -> str:
+    """The key prefix of the directory whose ``.shardkv-locks`` holds the array's shard locks.
+
+    The array's own directory where its shards live beside its metadata (v2
+    and v3 layouts); the store root for the 2022 draft layout, whose data
+    directories other readers list.
+    """
+    own = f"{arr.path}/" if arr.path else ""
+    return arr.key_prefix if arr.key_prefix == own else ""
 
 
 def stripe_of(path: str, n_stripes: int) -> int:
@@ -307,10 +385,12 @@ class ShardLocks:
     ----------
     location : StoreLocation
         Where the data lives (a store's ``location``).
-    cross_process : bool or None
-        Also take a lock file per stripe, so that writers in other processes
-        (and on other machines sharing a network file system) are excluded.
-        ``None`` (default): where the location is a directory (``local_dir``).
+    mode : {"files", "conditional", "process", "none"} or None
+        ``"files"`` also takes a lock file per stripe, so that writers in other
+        processes (and on other machines sharing a network file system) are
+        excluded; ``"conditional"`` and ``"process"`` take in-process stripes
+        only; ``"none"`` takes no lock. ``None`` (default): ``"files"`` where
+        the location is a directory (``local_dir``), else ``"process"``.
     thread_stripes : int
         Size (locks) of the in-process stripe pool of the location's namespace.
     file_stripes : int
@@ -318,10 +398,17 @@ class ShardLocks:
     timeout : float or None
         Longest wait (seconds) for each lock; ``None`` waits as long as it takes.
 
+    Attributes
+    ----------
+    mode : {"files", "conditional", "process", "none"}
+        The resolved mode.
+    cross_process : bool
+        Whether lock files are taken (mode ``"files"``).
+
     Raises
     ------
     ConfigurationError
-        For a stripe count below 1, a negative timeout, or cross-process locks
+        For a stripe count below 1, a negative timeout, or mode ``"files"``
         where there is no directory to keep lock files in.
     """
 
@@ -329,7 +416,7 @@ class ShardLocks:
         self,
         location: StoreLocation,
         *,
-        cross_process: bool | None = None,
+        mode: Mode | None = None,
         thread_stripes: int = DEFAULT_THREAD_STRIPES,
         file_stripes: int = DEFAULT_FILE_STRIPES,
         timeout: float | None = None,
@@ -341,15 +428,16 @@ class ShardLocks:
         if timeout is not None and timeout < 0:
             raise ConfigurationError(f"lock timeout must be >= 0 seconds or None, got {timeout}")
         root_dir = location.local_dir
-        if cross_process is None:
-            cross_process = root_dir is not None
-        if cross_process and root_dir is None:
+        if mode is None:
+            mode = "files" if root_dir is not None else "process"
+        if mode == "files" and root_dir is None:
             raise ConfigurationError(
                 f"cross-process locks need a directory for lock files; location {location!r} has none "
                 "(object stores use conditional writes instead: concurrency='conditional')"
             )
         self.location = location
-        self.cross_process = bool(cross_process)
+        self.mode: Mode = mode
+        self.cross_process = mode == "files"
         self.thread_stripes = int(thread_stripes)
         self.file_stripes = int(file_stripes)
         self.timeout = timeout
@@ -360,9 +448,25 @@ class ShardLocks:
 
     def __reduce__(self) -> tuple[Any, ...]:
         # locks are never pickled: the new process finds them by location (and resolves directories again)
-        options = {"cross_process": self.cross_process, "thread_stripes": self.thread_stripes,
+        options = {"mode": self.mode, "thread_stripes": self.thread_stripes,
                    "file_stripes": self.file_stripes, "timeout": self.timeout}
         return (_rebuild, (self.location, options))
+
+    @classmethod
+    def of_store(cls, kv: KVStore, concurrency: str = "auto", timeout: float | None = None) -> ShardLocks:
+        """The locks of ``kv`` in the mode ``concurrency`` resolves to there (:func:`resolve_mode`).
+
+        Raises
+        ------
+        ConfigurationError
+            As :func:`resolve_mode`; for a negative timeout.
+        """
+        return cls(kv.location, mode=resolve_mode(kv, concurrency), timeout=timeout)
+
+    @property
+    def optimistic(self) -> bool:
+        """True when shard puts are conditioned on the generation read (mode ``"conditional"``)."""
+        return self.mode == "conditional"
 
     @property
     def lock_dir(self) -> str | None:
@@ -394,7 +498,7 @@ class ShardLocks:
 
     def __repr__(self) -> str:
         layer = f"files in {self.lock_dir!r}" if self.cross_process else "this process only"
-        return f"ShardLocks({self.location!r}, {layer})"
+        return f"ShardLocks({self.location!r}, {self.mode}: {layer})"
 
     # -- stripes --------------------------------------------------------------
 
@@ -453,7 +557,7 @@ class ShardLocks:
 
     @contextmanager
     def hold(self, shard_keys: Iterable[str], prefixes: Mapping[str, str] | None = None) -> Iterator[None]:
-        """Hold the locks of every shard in ``shard_keys`` for the ``with`` block.
+        """Hold the locks of every shard in ``shard_keys`` for the ``with`` block (none in mode ``"none"``).
 
         Parameters
         ----------
@@ -470,6 +574,9 @@ class ShardLocks:
             If a lock was not obtained within ``timeout`` seconds (nothing is
             held when it is raised).
         """
+        if self.mode == "none":
+            yield
+            return
         keys = list(shard_keys)
         identities = [self._identity(k, prefixes) for k in keys]
         # nested in a hold of other shards (stacked transformers): the stripes this thread holds are skipped;
@@ -500,6 +607,10 @@ class ShardLocks:
             for identity in identities:
                 _note_held(stack, ("shard", identity))
             yield
+
+    def hold_arrays(self, shards: Mapping[str, ShardedArray]) -> AbstractContextManager[None]:
+        """:meth:`hold` of ``shards`` (shard key -> its array): each lock file is in its array's directory."""
+        return self.hold(list(shards), {k: lock_prefix(arr) for k, arr in shards.items()})
 
     @contextmanager
     def _hold_dirs(self, by_dir: Mapping[str, list[int]]) -> Iterator[None]:

@@ -1,6 +1,6 @@
 """The one write path of the engine: shard read-modify-write conditioned on the generation read.
 
-:func:`write_changes` holds the shards' locks (:class:`~shardkv.engine.guard.Guard`:
+:func:`write_changes` holds the shards' locks (:class:`~shardkv.engine.locks.ShardLocks`:
 in-process stripes always, lock files in mode ``"files"``) and runs one
 bounded loop (:func:`~shardkv.engine.retry.attempts`):
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Iterable, Mapping, Sequence
 
 from shardkv.engine.cache import IndexCache
-from shardkv.engine.guard import Guard
+from shardkv.engine.locks import ShardLocks
 from shardkv.engine.merge import ShardChange, merge_chunks
 from shardkv.engine.retry import WRITE_ATTEMPTS, WRITE_BACKOFF, EngineStats, attempts
 from shardkv.errors import ConcurrentUpdateError
@@ -36,7 +36,7 @@ __all__ = ["write_changes", "compact_shards", "delete_shards"]
 
 
 def write_changes(
-    kv: KVStore, cache: IndexCache, guard: Guard, stats: EngineStats, changes: Mapping[str, ShardChange]
+    kv: KVStore, cache: IndexCache, locks: ShardLocks, stats: EngineStats, changes: Mapping[str, ShardChange]
 ) -> None:
     """Apply chunk changes grouped by shard (see the module docstring).
 
@@ -54,10 +54,10 @@ def write_changes(
     if not changes:
         return
     todo = dict(changes)
-    with guard.hold({k: c.array for k, c in todo.items()}):
+    with locks.hold_arrays({k: c.array for k, c in todo.items()}):
         for _ in attempts(WRITE_ATTEMPTS, WRITE_BACKOFF):
             stats.write_attempts += 1
-            todo = _write_round(kv, cache, guard, todo)
+            todo = _write_round(kv, cache, locks, todo)
             if not todo:
                 return
             stats.write_lost += len(todo)
@@ -66,7 +66,7 @@ def write_changes(
 
 
 def _write_round(
-    kv: KVStore, cache: IndexCache, guard: Guard, changes: Mapping[str, ShardChange]
+    kv: KVStore, cache: IndexCache, locks: ShardLocks, changes: Mapping[str, ShardChange]
 ) -> dict[str, ShardChange]:
     """One read-merge-put round; the changes of the shards whose conditional put lost."""
     partial = [k for k, c in changes.items() if not c.covers_shard()]
@@ -81,7 +81,7 @@ def _write_round(
         merged = merge_chunks(arr, change.shard_coords, chunks, change.chunks)
         if before is None:
             condition = ANY  # written whole: blind
-        elif guard.optimistic:
+        elif locks.optimistic:
             condition = before.generation if stored else NO_VALUE
         else:
             condition = ANY
@@ -90,7 +90,7 @@ def _write_round(
             parts, index = arr.layout.encode_shard_with_index(merged)
             puts[shard_key] = (parts, condition)
             indexes[shard_key] = (index, _nbytes(parts))
-        elif stored and guard.optimistic and kv.caps.conditional_put and not kv.caps.conditional_delete:
+        elif stored and locks.optimistic and kv.caps.conditional_put and not kv.caps.conditional_delete:
             # other processes write here and a delete cannot be conditioned (obstore): an empty shard, swapped in
             parts, index = arr.layout.encode_shard_with_index({})
             puts[shard_key] = (parts, condition)
@@ -120,7 +120,7 @@ def _nbytes(parts: Sequence[BytesLike]) -> int:
 
 
 def compact_shards(
-    kv: KVStore, cache: IndexCache, guard: Guard, arr: ShardedArray, shard_keys: Iterable[str]
+    kv: KVStore, cache: IndexCache, locks: ShardLocks, arr: ShardedArray, shard_keys: Iterable[str]
 ) -> int:
     """Rewrite the stored shards among ``shard_keys`` that hold unused bytes; the bytes reclaimed.
 
@@ -130,7 +130,7 @@ def compact_shards(
     """
     reclaimed = 0
     for shard_key in shard_keys:
-        with guard.hold({shard_key: arr}):
+        with locks.hold_arrays({shard_key: arr}):
             result = kv.get(shard_key)
             if not result.found:
                 continue
@@ -142,7 +142,7 @@ def compact_shards(
             parts, new_index = arr.layout.encode_shard_with_index(arr.layout.chunks_of_shard(blob, shard_key, index))
             new_size = _nbytes(parts)
             cache.discard(shard_key)
-            condition = result.generation if guard.optimistic else ANY
+            condition = result.generation if locks.optimistic else ANY
             generation = kv.put(shard_key, parts, if_generation=condition)
             if generation is None:
                 continue  # changed by another writer: its shard stays, compacted next time
@@ -151,11 +151,11 @@ def compact_shards(
     return reclaimed
 
 
-def delete_shards(kv: KVStore, cache: IndexCache, guard: Guard, shards: Mapping[str, ShardedArray]) -> None:
+def delete_shards(kv: KVStore, cache: IndexCache, locks: ShardLocks, shards: Mapping[str, ShardedArray]) -> None:
     """Delete whole shards (unconditionally, holding their locks) and forget their indexes."""
     if not shards:
         return
-    with guard.hold(shards):
+    with locks.hold_arrays(shards):
         for shard_key in shards:
             cache.discard(shard_key)
         kv.put_many({k: (None, ANY) for k in shards})

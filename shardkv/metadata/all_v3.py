@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from shardkv.errors import ConfigurationError, UnsupportedError
-
-from shardkv.keys.encodings import V2ChunkKeyEncoding
 from shardkv.metadata.hierarchy import (
     ZARR_JSON,
     MetadataPlan,
@@ -39,7 +37,7 @@ from shardkv.metadata.v3_view import (
     dimension_names_of,
     mark_v2_encoding,
     sharding_spec_from_v3,
-    v2_dimension_separator,
+    v3_document_of_v2,
 )
 
 __all__ = ["AllV3Plan", "v3_view_of_unsharded_v2", "plan_all_v3", "may_mirror", "plan_v3_down"]
@@ -66,23 +64,11 @@ def v3_view_of_unsharded_v2(zarray: Mapping[str, Any], zattrs: Mapping[str, Any]
     ConfigurationError
         If the separator or fill value is invalid for the dtype.
     """
-    shape = [int(s) for s in zarray["shape"]]
     encoding = v3_encoding_of_v2(zarray)
     if encoding.opaque:
         return V3View({}, encoding.problems)
-    encoding_of_keys: dict[str, Any] = V2ChunkKeyEncoding(v2_dimension_separator(zarray)).to_metadata()  # type: ignore[arg-type]
-    metadata: dict[str, Any] = {
-        "zarr_format": 3,
-        "node_type": "array",
-        "shape": shape,
-        "data_type": encoding.data_type,
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [int(c) for c in zarray["chunks"]]}},
-        "chunk_key_encoding": encoding_of_keys,
-        "fill_value": encoding.fill_value,
-        "codecs": encoding.codecs,
-        "attributes": dict(zattrs or {}),
-    }
-    names = dimension_names_of(metadata["attributes"].get("_ARRAY_DIMENSIONS"), len(shape))
+    metadata = v3_document_of_v2(zarray, zattrs, encoding, [int(c) for c in zarray["chunks"]], encoding.codecs)
+    names = dimension_names_of(metadata["attributes"].get("_ARRAY_DIMENSIONS"), len(metadata["shape"]))
     if names is not None:  # a malformed one stays an attribute
         metadata["attributes"].pop("_ARRAY_DIMENSIONS")
         metadata["dimension_names"] = names

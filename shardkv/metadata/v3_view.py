@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.format.layout import ShardLayout, chunk_nbytes_bound
 from shardkv.keys.encodings import ChunkKeyEncoding, V2ChunkKeyEncoding, chunk_key_encoding_from_metadata
+from shardkv.keys.space import ShardedArray
 from shardkv.metadata.v2_codecs import CORE_DATA_TYPES, SIZED_DATA_TYPES, TIME_DATA_TYPES, V3Encoding, v3_encoding_of_v2
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "V2_COMPRESSOR_FIELD",
     "mark_v2_encoding",
     "v3_view_of_v2",
+    "v3_document_of_v2",
     "sharding_codec",
     "ShardingSpec",
     "sharding_spec_from_v3",
@@ -116,24 +118,37 @@ def v3_view_of_v2(
             f"the array has {len(shape)} dimension(s)"
         )
     encoding = v3_encoding_of_v2(zarray)
-    metadata = {
-        "zarr_format": 3,
-        "node_type": "array",
-        "shape": shape,
-        "data_type": encoding.data_type,
-        "chunk_grid": {
-            "name": "regular",
-            "configuration": {"chunk_shape": [c * n for c, n in zip(chunks, layout.chunks_per_shard)]},
-        },
-        "chunk_key_encoding": V2ChunkKeyEncoding(v2_dimension_separator(zarray)).to_metadata(),  # type: ignore[arg-type]
-        "fill_value": encoding.fill_value,
-        "codecs": [
-            sharding_codec(chunks, encoding.codecs, layout.index_location, layout.index_checksum, layout.index_endian)
-        ],
-        "attributes": dict(zattrs or {}),
-    }
+    codec = sharding_codec(chunks, encoding.codecs, layout.index_location, layout.index_checksum, layout.index_endian)
+    shard_shape = [c * n for c, n in zip(chunks, layout.chunks_per_shard)]
+    metadata = v3_document_of_v2(zarray, zattrs, encoding, shard_shape, [codec])
     mark_v2_encoding(metadata, zarray, encoding)
     return V3View(metadata, encoding.problems)
+
+
+def v3_document_of_v2(
+    zarray: Mapping[str, Any],
+    zattrs: Mapping[str, Any] | None,
+    encoding: V3Encoding,
+    chunk_shape: list[int],
+    codecs: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The v3 array document of a v2 array with a regular grid of ``chunk_shape`` and ``codecs``.
+
+    Its shape, data type and fill value (``encoding``), v2 chunk keys and
+    ``zattrs`` as attributes come from the v2 documents.
+    """
+    keys = V2ChunkKeyEncoding(v2_dimension_separator(zarray))  # type: ignore[arg-type]
+    return {
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": [int(s) for s in zarray["shape"]],
+        "data_type": encoding.data_type,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunk_shape}},
+        "chunk_key_encoding": keys.to_metadata(),
+        "fill_value": encoding.fill_value,
+        "codecs": codecs,
+        "attributes": dict(zattrs or {}),
+    }
 
 
 def mark_v2_encoding(metadata: dict[str, Any], zarray: Mapping[str, Any], encoding: V3Encoding) -> None:
@@ -193,6 +208,24 @@ class ShardingSpec:
     def shard_shape(self) -> tuple[int, ...]:
         """Shard shape (elements): ``chunks * chunks_per_shard``."""
         return tuple(c * n for c, n in zip(self.chunks, self.layout.chunks_per_shard))
+
+    def array_at(
+        self, path: str, chunk_key_encoding: ChunkKeyEncoding, shape: tuple[int, ...] | None = None
+    ) -> ShardedArray:
+        """The key mapping of the array at ``path``, whose chunk keys (above the store) use ``chunk_key_encoding``.
+
+        Its shards live under ``path/`` with this spec's shard key encoding;
+        ``shape`` (default: this spec's) is the array shape in elements.
+        """
+        return ShardedArray(
+            path=path,
+            key_prefix=f"{path}/" if path else "",
+            shape=self.shape if shape is None else shape,
+            chunks=self.chunks,
+            layout=self.layout,
+            chunk_key_encoding=chunk_key_encoding,
+            shard_key_encoding=self.shard_key_encoding,
+        )
 
 
 _V3_ITEMSIZES = {name: int(code[1:]) for code, name in CORE_DATA_TYPES.items()}

@@ -143,15 +143,8 @@ def sharded_array_of(path: str, zarray: Mapping[str, Any], doc: Any) -> ShardedA
         raise ConfigurationError(
             f"zarr.json inner chunk_shape {list(spec.chunks)} differs from .zarray chunks {zarray['chunks']}", path
         )
-    return ShardedArray(
-        path=path,
-        key_prefix=f"{path}/" if path else "",
-        shape=tuple(int(s) for s in zarray["shape"]),
-        chunks=spec.chunks,
-        layout=spec.layout,
-        chunk_key_encoding=V2ChunkKeyEncoding(v2_dimension_separator(zarray)),  # type: ignore[arg-type]
-        shard_key_encoding=spec.shard_key_encoding,
-    )
+    shape = tuple(int(s) for s in zarray["shape"])
+    return spec.array_at(path, V2ChunkKeyEncoding(v2_dimension_separator(zarray)), shape)  # type: ignore[arg-type]
 
 
 def build_node(path: str, raw_json: Any | None, raw_zarray: Any | None = None) -> Node:

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Iterator, KeysView, Mapping, Self, Sequence
 
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.engine import ShardEngine
-from shardkv.engine.guard import Mode
+from shardkv.engine.locks import Mode
 from shardkv.engine.merge import group_by_shard
 from shardkv.engine.writeback import WriteBack
 from shardkv.errors import ChunkOutOfGridError, InvalidKeyError, UnflushedWritesError

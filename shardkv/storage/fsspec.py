@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+from functools import partial
 from typing import Any, Iterator, Mapping, Sequence
 
 import fsspec
@@ -21,7 +22,6 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from shardkv.storage.buffers import BytesLike, Value, byte_parts, join_parts
 from shardkv.storage.kv import (
-    ANY,
     LOCK_DIR,
     MISSING_RESULT,
     NO_VALUE,
@@ -34,7 +34,7 @@ from shardkv.storage.kv import (
 )
 from shardkv.storage.local import FSYNC, atomic_write, fsync_dirs
 from shardkv.storage.location import StoreLocation, fs_location
-from shardkv.storage.stamps import STAMPS, Ticket
+from shardkv.storage.stamps import STAMPS, Fetched, read_stamped, write_stamped
 
 __all__ = ["FsspecStore", "MEMORY_CAPS"]
 
@@ -134,7 +134,7 @@ class FsspecStore(KVStore):
     def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
         if self._memory:
             return self._memory_reads(reads)
-        return self._stamped_reads(reads)
+        return read_stamped(self._location, reads, partial(self._fetch_stamped, reads))
 
     def _memory_reads(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
         """``memory://``: one ``cat_ranges`` of every range (what request-counting filesystems see), each
@@ -171,35 +171,23 @@ class FsspecStore(KVStore):
             results[i] = ReadResult("value", [bytes(d) for d in got], _identity(stored), sizes[i])
         return [r for r in results if r is not None]
 
-    def _stamped_reads(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
-        loc = self._location
-        tickets: list[Ticket] = [STAMPS.begin_read(loc, key) for key, _, _ in reads]
-        results: list[ReadResult | None] = [None] * len(reads)
+    def _fetch_stamped(self, reads: Sequence[ReadRequest], indices: list[int]) -> dict[int, Fetched]:
         requests: list[_Request] = []
-        for i, ((key, ranges, cond), ticket) in enumerate(zip(reads, tickets)):
-            if not cond.is_any and not cond.is_missing and STAMPS.current(ticket) != cond:
-                results[i] = ReadResult("stale", None, ANY)
-                continue
+        for i in indices:
+            key, ranges, _ = reads[i]
             # a whole read is the range "from byte 0"; a zero-range read fetches one byte to see the key
             for r in (ranges if ranges else [None]):
                 stop = (1 if ranges == [] else None) if r is None else r.stop
                 requests.append((i, key, None if r is None else r.start, stop))
-        per_read = self._cat(requests)
-        for i, (key, ranges, cond) in enumerate(reads):
-            if results[i] is not None:
-                continue
-            got = per_read.get(i, [])
+        fetched: dict[int, Fetched] = {}
+        for i, got in self._cat(requests).items():
+            key, ranges, _ = reads[i]
             if _not_found(got):
-                results[i] = MISSING_RESULT
-                continue
-            generation = STAMPS.end_read(tickets[i])
-            if cond.is_missing or (not cond.is_any and generation != cond):
-                results[i] = ReadResult("stale", None, generation)
                 continue
             values: list[BytesLike] = [] if ranges == [] else [bytes(d) for d in got]
             size = len(values[0]) if ranges is None else (self.fs.size(self._path(key)) if self._local else None)
-            results[i] = ReadResult("value", values, generation, size)
-        return [r for r in results if r is not None]
+            fetched[i] = (values, size)
+        return fetched
 
     # -- writes ---------------------------------------------------------------
 
@@ -217,23 +205,10 @@ class FsspecStore(KVStore):
         return before == cond
 
     def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
-        out: dict[str, Generation | None] = {key: None for key in writes}
-        if not writes:
-            return out
-        with STAMPS.writing(self._location, writes) as stamped:
-            ok = [k for k, (_, cond) in writes.items() if self._holds(k, cond, stamped.before[k])]
-            stamped.begin(ok)
-            if self._local:
-                self._write_local({k: writes[k][0] for k in ok})
-            else:
-                self._write_fs({k: writes[k][0] for k in ok})
-        for key in ok:
-            if writes[key][0] is None:
-                out[key] = NO_VALUE
-            elif self._memory:
-                out[key] = self._memory_generation(key)
-            else:
-                out[key] = stamped.after[key]
+        out = write_stamped(self._location, writes, self._holds, self._write_local if self._local else self._write_fs)
+        if self._memory:  # memory:// values carry generations of their own
+            return {k: self._memory_generation(k) if g is not None and writes[k][0] is not None else g
+                    for k, g in out.items()}
         return out
 
     def _write_fs(self, values: Mapping[str, Value | None]) -> None:

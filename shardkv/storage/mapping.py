@@ -26,13 +26,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import MutableMapping
+from functools import partial
 from typing import Any, Iterator, Mapping, Sequence
 
 from shardkv.storage.buffers import BytesLike, Value, join_parts, slice_value
 from shardkv.storage.kv import (
-    ANY,
-    MISSING_RESULT,
-    NO_VALUE,
     Capabilities,
     Generation,
     KVStore,
@@ -41,7 +39,7 @@ from shardkv.storage.kv import (
     hidden,
 )
 from shardkv.storage.location import StoreLocation
-from shardkv.storage.stamps import STAMPS
+from shardkv.storage.stamps import STAMPS, Fetched, read_stamped, write_stamped
 
 __all__ = ["MappingStore", "zarr2_kind"]
 
@@ -146,30 +144,19 @@ class MappingStore(KVStore):
         return out
 
     def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
-        loc = self._location
-        tickets = [STAMPS.begin_read(loc, key) for key, _, _ in reads]
-        results: list[ReadResult | None] = [None] * len(reads)
-        wanted: list[str] = []
-        for i, ((key, _, cond), ticket) in enumerate(zip(reads, tickets)):
-            if not cond.is_any and not cond.is_missing and STAMPS.current(ticket) != cond:
-                results[i] = ReadResult("stale", None, ANY)  # changed (or changing) since: read nothing
-            else:
-                wanted.append(key)
-        found = self._fetch(list(dict.fromkeys(wanted)))
-        for i, ((key, ranges, cond), ticket) in enumerate(zip(reads, tickets)):
-            if results[i] is not None:
-                continue
+        return read_stamped(self._location, reads, partial(self._fetch_reads, reads))
+
+    def _fetch_reads(self, reads: Sequence[ReadRequest], indices: list[int]) -> dict[int, Fetched]:
+        found = self._fetch(list(dict.fromkeys(reads[i][0] for i in indices)))
+        fetched: dict[int, Fetched] = {}
+        for i in indices:
+            key, ranges, _ = reads[i]
             if key not in found:
-                results[i] = MISSING_RESULT
-                continue
-            generation = STAMPS.end_read(ticket)
-            if cond.is_missing or (not cond.is_any and generation != cond):
-                results[i] = ReadResult("stale", None, generation)
                 continue
             value = found[key]
             values: list[BytesLike] = [_readonly(value)] if ranges is None else [slice_value(value, r) for r in ranges]
-            results[i] = ReadResult("value", values, generation, memoryview(value).nbytes)
-        return [r for r in results if r is not None]
+            fetched[i] = (values, memoryview(value).nbytes)
+        return fetched
 
     # -- writes ---------------------------------------------------------------
 
@@ -181,32 +168,23 @@ class MappingStore(KVStore):
         return before == cond
 
     def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
-        out: dict[str, Generation | None] = {}
-        if not writes:
-            return out
-        with STAMPS.writing(self._location, writes) as stamped:
-            ok = [k for k, (_, cond) in writes.items() if self._holds(k, cond, stamped.before[k])]
-            stores = {k: join_parts(v) if isinstance(v, (list, tuple)) else v
-                      for k in ok if (v := writes[k][0]) is not None}
-            deletes = [k for k in ok if writes[k][0] is None]
-            stamped.begin(ok)
-            if stores:
-                setitems = getattr(self.mapping, "setitems", None)
-                if setitems is not None:
-                    setitems(stores)
-                else:
-                    for k, v in stores.items():
-                        self.mapping[k] = v
-            for k in deletes:
-                try:
-                    del self.mapping[k]
-                except KeyError:
-                    continue
-        for key in writes:
-            out[key] = None
-        for key in ok:
-            out[key] = NO_VALUE if writes[key][0] is None else stamped.after[key]
-        return out
+        return write_stamped(self._location, writes, self._holds, self._write)
+
+    def _write(self, values: Mapping[str, Value | None]) -> None:
+        """Store the values (one ``setitems`` where the mapping has it), then delete the keys given ``None``."""
+        stores = {k: join_parts(v) if isinstance(v, (list, tuple)) else v for k, v in values.items() if v is not None}
+        if stores:
+            setitems = getattr(self.mapping, "setitems", None)
+            if setitems is not None:
+                setitems(stores)
+            else:
+                for k, v in stores.items():
+                    self.mapping[k] = v
+        for k in [k for k, v in values.items() if v is None]:
+            try:
+                del self.mapping[k]
+            except KeyError:
+                continue
 
     def contains(self, key: str) -> bool:
         """``key in mapping`` (no value read)."""

@@ -1,15 +1,16 @@
-"""A :class:`~shardkv.storage.kv.KVStore` over an obstore store (S3Store, GCSStore, AzureStore, MemoryStore, LocalStore).
+"""A :class:`~shardkv.storage.kv.KVStore` over an obstore store (S3Store, GCSStore, AzureStore, MemoryStore).
 
 Generations are the store's ``(e_tag, version)``, reported by the GET that
 reads the bytes. Every byte range is one GET (``if_match`` when conditioned:
 a ``PreconditionError`` is "stale"), run concurrently on a thread pool (obstore
 releases the GIL while it waits). Puts use ``PutMode`` (``"create"``, or the
 e_tag/version of an update; a lost race is ``None``). obstore has no
-conditional delete, and stores that refuse ``PutMode`` updates (``LocalStore``,
-an ``S3Store`` with ``conditional_put="disabled"``) report
-``conditional_put=False``: such conditions are checked first, under the
-in-process writer lock (not atomic across processes). obstore is imported only
-when a store is made, so shardkv works without it.
+conditional delete, and stores that refuse ``PutMode`` updates (an ``S3Store``
+with ``conditional_put="disabled"``) report ``conditional_put=False``: such
+conditions are checked first, under the in-process writer lock (not atomic
+across processes). An obstore ``LocalStore`` is opened as shardkv's own
+:class:`~shardkv.storage.local.LocalStore` (:func:`~shardkv.storage.open.open_kv`).
+obstore is imported only when a store is made, so shardkv works without it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from shardkv.storage.kv import (
     ReadResult,
     hidden,
 )
-from shardkv.storage.local import LocalStore
 from shardkv.storage.location import StoreLocation
 from shardkv.storage.objects import Fetched, Outcome, assemble, child_names, metadata_only, plan_requests, sliced
 from shardkv.storage.stamps import STAMPS
@@ -83,8 +83,7 @@ def obstore_location(store: Any) -> StoreLocation:
 
     ``S3Store``: ``("s3", endpoint)`` as for s3fs (so both clients of one bucket
     share locks in a process), ``GCSStore``: ``("gs", None)``, ``AzureStore``:
-    ``("az", account)``, with root ``bucket/prefix``; ``LocalStore``:
-    ``("file",)`` and the resolved directory; ``MemoryStore``: that object.
+    ``("az", account)``, with root ``bucket/prefix``; ``MemoryStore``: that object.
     """
     kind = type(store).__name__
     config = getattr(store, "config", None) or {}
@@ -97,9 +96,6 @@ def obstore_location(store: Any) -> StoreLocation:
         return StoreLocation(("az", config.get("account_name")), _join(config.get("container_name"), prefix))
     if kind == "HTTPStore":
         return StoreLocation(("http", str(getattr(store, "url", ""))), "")
-    if kind == "LocalStore":
-        real = os.path.realpath(str(prefix) if prefix else "/")
-        return StoreLocation(("file",), real, real)
     return StoreLocation(("obstore", kind, id(store)), "")
 
 
@@ -130,7 +126,8 @@ class ObstoreStore(KVStore):
     Parameters
     ----------
     store : obstore store
-        Any obstore store object; its prefix applies to every key.
+        An obstore store object; its prefix applies to every key. (An obstore
+        ``LocalStore`` is opened as shardkv's ``LocalStore`` by ``open_kv``.)
     max_concurrency : int
         Requests in flight at once for one call.
 
@@ -156,7 +153,7 @@ class ObstoreStore(KVStore):
         self._updates = kind in ("S3Store", "GCSStore", "AzureStore", "MemoryStore") and not conditional_put_disabled(store)
         self.caps = Capabilities(ranged=True, round_trips=kind in _REMOTE, stamps="native",
                                  conditional_put=self._updates, conditional_delete=False,
-                                 lock_dir=self._location.local_dir is not None, in_process=kind == "MemoryStore")
+                                 in_process=kind == "MemoryStore")
 
     @property
     def location(self) -> StoreLocation:
@@ -311,12 +308,6 @@ class ObstoreStore(KVStore):
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
         result = self._obs.list_with_delimiter(self.store, prefix.rstrip("/") or None)
         return child_names(m["path"] for m in result["objects"]), child_names(result["common_prefixes"])
-
-    def prune_empty_dirs(self, prefix: str) -> None:
-        """Over a local directory (an obstore ``LocalStore``): remove the directories left empty under ``prefix``."""
-        local_dir = self._location.local_dir
-        if local_dir is not None:
-            LocalStore(local_dir).prune_empty_dirs(prefix)  # the same directory, reached with os calls
 
     def close(self) -> None:
         if self._pool is not None:

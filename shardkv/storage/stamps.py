@@ -19,12 +19,13 @@ import os
 import threading
 import zlib
 from contextlib import contextmanager
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
-from shardkv.storage.kv import Generation
+from shardkv.storage.buffers import BytesLike, Value
+from shardkv.storage.kv import ANY, MISSING_RESULT, NO_VALUE, Generation, ReadRequest, ReadResult
 from shardkv.storage.location import StoreLocation
 
-__all__ = ["ProcessStamps", "StampedWrite", "STAMPS", "Ticket"]
+__all__ = ["ProcessStamps", "StampedWrite", "STAMPS", "Ticket", "Fetched", "read_stamped", "write_stamped"]
 
 N_STRIPES = 4096
 """Stripes of the process table (two ints and one lock each), whatever the number of keys."""
@@ -167,3 +168,64 @@ STAMPS = ProcessStamps()
 
 os.register_at_fork(after_in_child=STAMPS.after_fork_in_child)
 
+
+
+Fetched = tuple[list[BytesLike], "int | None"]
+"""What a read fetched: its values (as a :class:`~shardkv.storage.kv.ReadResult` holds them) and the stored size."""
+
+
+def read_stamped(
+    location: StoreLocation, reads: Sequence[ReadRequest], fetch: Callable[[list[int]], Mapping[int, Fetched]]
+) -> list[ReadResult]:
+    """``get_many`` of a store whose generations are the process stamps of ``location``.
+
+    A conditional read whose stamp no longer holds is stale before any I/O.
+    ``fetch`` gets the indices (into ``reads``) of the others and returns
+    index -> :data:`Fetched` for the keys it found (a conditional read that
+    ``fetch`` gets holds its stamp so far). A read that overlapped a write of
+    its stripe, or that asked for a missing key, is stale after the fetch.
+    """
+    tickets = [STAMPS.begin_read(location, key) for key, _, _ in reads]
+    results: list[ReadResult | None] = [None] * len(reads)
+    for i, ((_, _, cond), ticket) in enumerate(zip(reads, tickets)):
+        if not cond.is_any and not cond.is_missing and STAMPS.current(ticket) != cond:
+            results[i] = ReadResult("stale", None, ANY)  # changed (or changing) since: read nothing
+    found = fetch([i for i, result in enumerate(results) if result is None])
+    for i, ((_, _, cond), ticket) in enumerate(zip(reads, tickets)):
+        if results[i] is not None:
+            continue
+        if i not in found:
+            results[i] = MISSING_RESULT
+            continue
+        generation = STAMPS.end_read(ticket)
+        if cond.is_missing or (not cond.is_any and generation != cond):
+            results[i] = ReadResult("stale", None, generation)
+        else:
+            values, size = found[i]
+            results[i] = ReadResult("value", values, generation, size)
+    return [result for result in results if result is not None]
+
+
+def write_stamped(
+    location: StoreLocation,
+    writes: Mapping[str, tuple[Value | None, Generation]],
+    holds: Callable[[str, Generation, Generation], bool],
+    write: Callable[[dict[str, Value | None]], None],
+) -> dict[str, Generation | None]:
+    """``put_many`` of a store whose generations are the process stamps of ``location``.
+
+    Under the writer locks of the keys' stripes, ``holds(key, condition,
+    stamp before)`` tells which conditions hold, and ``write`` gets those
+    keys' values (``None``: delete). Returns the new stamps (:data:`NO_VALUE`
+    for a delete, ``None`` where the condition did not hold).
+    """
+    out: dict[str, Generation | None] = {key: None for key in writes}
+    if not writes:
+        return out
+    with STAMPS.writing(location, writes) as stamped:
+        ok = [key for key, (_, cond) in writes.items() if holds(key, cond, stamped.before[key])]
+        stamped.begin(ok)
+        write({key: writes[key][0] for key in ok})
+    for key in ok:
+        out[key] = NO_VALUE if writes[key][0] is None else stamped.after[key]
+    return out

@@ -163,15 +163,7 @@ def transparent_array(path: str, stored: Mapping[str, Any]) -> ShardedArray | No
     spec = sharding_spec_from_v3(stored, path)
     if spec is None:  # pragma: no cover - presented_document checked the codec
         raise UnsupportedError(f"the array at {path!r} carries the {MARKER!r} marker but no sharding codec")
-    return ShardedArray(
-        path=path,
-        key_prefix=f"{path}/" if path else "",
-        shape=spec.shape,
-        chunks=spec.chunks,
-        layout=spec.layout,
-        chunk_key_encoding=spec.shard_key_encoding,
-        shard_key_encoding=spec.shard_key_encoding,
-    )
+    return spec.array_at(path, spec.shard_key_encoding)
 
 
 def _consolidated(doc: Mapping[str, Any]) -> dict[str, Any] | None:

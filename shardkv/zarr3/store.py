@@ -20,7 +20,7 @@ from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Sto
 from zarr.core.buffer import Buffer, BufferPrototype
 
 from shardkv.engine.cache import IndexCache
-from shardkv.engine.guard import Concurrency
+from shardkv.engine.locks import Concurrency
 from shardkv.errors import ChunkOutOfGridError, ConfigurationError, UnflushedWritesError
 from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.space import ChunkRef, ShardedArray
