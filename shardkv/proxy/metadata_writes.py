@@ -402,7 +402,8 @@ class MetadataWriter:
     def _write_blocks(self, blocks: Mapping[str, _BlockChange]) -> dict[str, Node]:
         """Read-modify-write the group documents of ``blocks``, each conditioned on the generation read.
 
-        Holding the engine's locks of those keys, each round reads the groups
+        Holding the engine's locks of those keys (lock files in each group's
+        ``.shardkv-locks/`` in mode ``"files"``), each round reads the groups
         still to write, applies this write's change to each as stored
         (:meth:`_BlockChange.applied`) and puts it conditioned on the
         generation read; the groups whose put lost go round again (at most
@@ -422,7 +423,9 @@ class MetadataWriter:
         todo = dict(blocks)
         written: dict[str, Node] = {}
         lost = 0
-        hold = self._locks.hold(sorted(todo)) if self._locks is not None else contextlib.nullcontext()
+        # each group's lock file in its own directory: the same file whatever root the store was opened at
+        prefixes = {key: path_prefix(split_key(key)[0]) for key in todo}
+        hold = self._locks.hold(sorted(todo), prefixes) if self._locks is not None else contextlib.nullcontext()
         with hold:
             for _ in attempts(WRITE_ATTEMPTS, WRITE_BACKOFF):
                 keys = sorted(todo)
