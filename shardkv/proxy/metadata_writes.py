@@ -195,8 +195,10 @@ class MetadataWriter:
     again (:func:`~shardkv.engine.retry.attempts`, the engine's bounds), so
     another writer's entry is never dropped. Against other processes this
     holds where the engine's guarantee does: lock files (local directories,
-    mode ``"files"``), atomic conditional puts (S3, obstore); in this process,
-    for every store (in-process locks and process generations).
+    mode ``"files"``), atomic conditional puts (S3, obstore); elsewhere
+    (modes ``"process"``/``"conditional"`` over data in this process) among
+    the threads and stores of this process; in mode ``"none"`` the conditional
+    put alone, which catches most races but is atomic only where the store's is.
     """
 
     def __init__(
