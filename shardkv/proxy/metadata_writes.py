@@ -34,9 +34,12 @@ a sharded one (``shardkv.v2_dtype``) has a ``zarr.json``, so each group on its
 path holds a consolidated block that leaves it out, whether or not the user
 consolidated (:func:`~shardkv.metadata.hierarchy.plan_opaque_blocks`). Every v3
 document written or deleted below a group whose ``zarr.json`` holds a
-consolidated block is brought into that block in the same batch
+consolidated block is brought into that block right after it
 (:func:`~shardkv.metadata.hierarchy.consolidated_in_step`): zarr-python 3
-trusts the block for the whole hierarchy.
+trusts the block for the whole hierarchy. Each such group document is
+read-modify-written, conditioned on the generation read and holding the
+engine's locks (:meth:`MetadataWriter._write_blocks`), so concurrent writers
+never drop each other's entries.
 
 A ``.zattrs`` written before its node's ``.zarray`` is stored as it is and
 taken into the ``zarr.json`` when the ``.zarray`` arrives. Arrays written by
@@ -47,10 +50,12 @@ read-only metadata. A node whose name is one of shardkv's internal names
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from shardkv.errors import ConfigurationError, MetadataError, ReservedKeyError, UnsupportedError
+from shardkv.errors import ConcurrentUpdateError, ConfigurationError, MetadataError, ReservedKeyError, UnsupportedError
 from shardkv.format.layout import ShardLayout
 from shardkv.keys.paths import join_path, path_prefix, split_key
 from shardkv.keys.space import ShardedArray
@@ -76,9 +81,11 @@ from shardkv.metadata.hierarchy import (
 from shardkv.metadata.v3_view import v2_dimension_separator
 from shardkv.proxy.nodes import Node, NodeTable, ReadValues, build_node, chunkish_under, sharded_array_of
 from shardkv.proxy.options import Options
+from shardkv.engine.locks import ShardLocks
 from shardkv.engine.merge import ShardChange
+from shardkv.engine.retry import WRITE_ATTEMPTS, WRITE_BACKOFF, attempts
 from shardkv.engine.writeback import WriteBack
-from shardkv.storage.kv import ANY, KVStore, check_not_reserved
+from shardkv.storage.kv import ANY, NO_VALUE, Generation, KVStore, ReadResult, check_not_reserved
 
 __all__ = ["MetadataWriter", "WriteValues", "writes_to"]
 
@@ -107,6 +114,46 @@ def _common_group(paths: Iterable[str]) -> str:
     return "/".join(common)
 
 
+@dataclass(frozen=True)
+class _BlockChange:
+    """This write's change to the consolidated block of one group, re-applied to what is stored there.
+
+    Attributes
+    ----------
+    doc : dict or None
+        The group's own document this write stores (its block is the stored
+        one brought in step); ``None``: the stored document, only its block
+        brought in step.
+    below : dict
+        Node path relative to the group -> its new v3 document, ``None`` for a
+        node deleted (:func:`~shardkv.metadata.hierarchy.consolidated_in_step`).
+    """
+
+    doc: dict[str, Any] | None
+    below: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+
+    def applied(self, stored: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """The group document to store over ``stored`` (read now); ``None``: nothing to write.
+
+        A group that lost its block meanwhile (or was deleted) gets only the
+        document this write stores, as it is.
+        """
+        if stored is None or not has_consolidated(stored):
+            return self.doc
+        return consolidated_in_step(stored if self.doc is None else self.doc, stored, self.below)
+
+
+def _stored_document(key: str, result: ReadResult) -> dict[str, Any] | None:
+    """The JSON object a read found at ``key`` (``None``: missing, not JSON, not an object)."""
+    if not result.found:
+        return None
+    try:
+        doc = load_json(key, result.whole())
+    except MetadataError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def writes_to(kv: KVStore) -> WriteValues:
     """The :data:`WriteValues` of a store: one unconditional batch (``None`` deletes)."""
 
@@ -133,6 +180,25 @@ class MetadataWriter:
         Flushes, discards and trims shards around metadata changes.
     options : Options
         Which new arrays are sharded, and their index options.
+    kv : KVStore
+        The base store, for the read-modify-writes of consolidated blocks
+        (reads with generations, puts conditioned on them).
+    locks : ShardLocks or None
+        The engine's locks (:attr:`~shardkv.engine.guard.Guard.locks`), held
+        around those read-modify-writes; ``None`` in mode ``"none"``.
+
+    Notes
+    -----
+    A group ``zarr.json`` whose consolidated block a write changes is read
+    fresh, the write's change merged into the block as stored, and put
+    conditioned on the generation read; a lost race reads again and merges
+    again (:func:`~shardkv.engine.retry.attempts`, the engine's bounds), so
+    another writer's entry is never dropped. Against other processes this
+    holds where the engine's guarantee does: lock files (local directories,
+    mode ``"files"``), atomic conditional puts (S3, obstore); elsewhere
+    (modes ``"process"``/``"conditional"`` over data in this process) among
+    the threads and stores of this process; in mode ``"none"`` the conditional
+    put alone, which catches most races but is atomic only where the store's is.
     """
 
     def __init__(
@@ -143,9 +209,12 @@ class MetadataWriter:
         list_keys: Callable[[str], Iterable[str]],
         writer: WriteBack,
         options: Options,
+        kv: KVStore,
+        locks: ShardLocks | None,
     ) -> None:
         self._nodes, self._read, self._write, self._list = nodes, read, write, list_keys
         self._writer, self._options = writer, options
+        self._kv, self._locks = kv, locks
 
     def set(self, key: str, value: bytes) -> None:
         """Store a metadata document (``.zarray``, ``.zattrs``, ``.zgroup``, ``.zmetadata``, ...).
@@ -225,9 +294,8 @@ class MetadataWriter:
         path = path.strip("/")
         if not path:
             return
-        plan = self._in_step(MetadataPlan(deletes=frozenset({join_path(path, ZARR_JSON)})))
-        if plan.writes:
-            self._apply(MetadataPlan(plan.writes))
+        _, blocks = self._in_step(MetadataPlan(deletes=frozenset({join_path(path, ZARR_JSON)})))
+        self._write_blocks(blocks)
         self._opaque_blocks(removed=path)
 
     # -- writing ---------------------------------------------------------------------
@@ -254,22 +322,23 @@ class MetadataWriter:
         written mirrors an unsharded array's ``.zarray``; ``unblocked``: the
         groups whose ``zarr.json`` written drops its consolidated block on
         purpose. Consolidated blocks above the nodes written are brought in
-        step in the same batch; a root that becomes a v3 group here makes the
-        whole hierarchy v3 (:meth:`_describe_v2_nodes`). A group on the path of
-        an opaque array written gets a block (:meth:`_opaque_blocks`).
+        step right after them, each read-modify-written (:meth:`_write_blocks`);
+        a root that becomes a v3 group here makes the whole hierarchy v3
+        (:meth:`_describe_v2_nodes`). A group on the path of an opaque array
+        written gets a block (:meth:`_opaque_blocks`).
         """
         root = plan.writes.get(ZARR_JSON)
         becomes_v3 = root is not None and root.get("node_type") == "group" and not self._hierarchy_is_v3()
-        plan = self._in_step(plan, frozenset(unblocked))
+        plan, blocks = self._in_step(plan, frozenset(unblocked))
         values = {k: dump_json(doc, key=k) for k, doc in plan.writes.items()}
         for key in plan.deletes:
             self._nodes.forget(split_key(key)[0])
         if values:
             self._write(values)
+        written = self._write_blocks(blocks)
         if plan.deletes:
             self._write(dict.fromkeys(sorted(plan.deletes)))
         mirrored = set(mirrors)
-        written: dict[str, Node] = {}
         for key, raw in values.items():
             path, name = split_key(key)
             if name == ZARR_JSON and path in mirrored:
@@ -290,12 +359,19 @@ class MetadataWriter:
         root = self._nodes.node("").doc
         return root is not None and root.get("node_type") == "group"
 
-    def _in_step(self, plan: MetadataPlan, unblocked: frozenset[str] = frozenset()) -> MetadataPlan:
-        """``plan`` plus the ``zarr.json`` of each group above its v3 documents whose consolidated block they change.
+    def _in_step(
+        self, plan: MetadataPlan, unblocked: frozenset[str] = frozenset()
+    ) -> tuple[MetadataPlan, dict[str, _BlockChange]]:
+        """``plan`` and the changes to the consolidated blocks of the groups above its v3 documents.
 
-        A group document the plan rewrites without a block keeps the block it
-        had (brought in step), unless it is one of ``unblocked``; a group the
-        plan deletes takes its block along.
+        Returns ``(plan, blocks)``: ``blocks`` maps the ``zarr.json`` key of
+        each group (chosen from the node table) whose stored block the plan
+        changes to that change, and ``plan`` no longer writes those keys
+        (:meth:`_write_blocks` does); a group document the plan writes with a
+        block of its own has that block brought in step in ``plan``. A group
+        document the plan rewrites without a block keeps the block stored
+        (brought in step), unless it is one of ``unblocked``; a group the plan
+        deletes takes its block along.
         """
         changed: dict[str, dict[str, Any] | None] = {
             split_key(k)[0]: doc for k, doc in plan.writes.items() if split_key(k)[1] == ZARR_JSON
@@ -304,23 +380,76 @@ class MetadataWriter:
         candidates = {g for p in changed for g in group_paths(p)}
         candidates.update(p for p, d in changed.items() if d is not None and d.get("node_type") == "group")
         if not changed or not candidates:
-            return plan
+            return plan, {}
         stored = {g: n.doc for g, n in self._nodes.nodes(sorted(candidates)).items()}
         extra: dict[str, dict[str, Any]] = {}
+        blocks: dict[str, _BlockChange] = {}
         for group in sorted(candidates):
             before = stored.get(group)
             if not has_consolidated(before) or group in unblocked or (group in changed and changed[group] is None):
                 continue
             prefix = path_prefix(group)
             below = {p[len(prefix) :]: d for p, d in changed.items() if p != group and p.startswith(prefix)}
-            new = changed.get(group) or before
-            if new is None or (not below and group not in changed):
+            new = changed.get(group)
+            if not below and new is None:
                 continue
-            block_of = new if has_consolidated(new) else before
-            if block_of is None:  # pragma: no cover - has_consolidated(before) holds
-                continue
-            extra[join_path(group, ZARR_JSON)] = consolidated_in_step(new, block_of, below)
-        return plan.merged(MetadataPlan(extra)) if extra else plan
+            key = join_path(group, ZARR_JSON)
+            if new is not None and has_consolidated(new):  # the plan's own block (a .zmetadata written)
+                extra[key] = consolidated_in_step(new, new, below)
+            else:
+                blocks[key] = _BlockChange(new, below)
+        kept = MetadataPlan({k: d for k, d in plan.writes.items() if k not in blocks}, plan.deletes)
+        return (kept.merged(MetadataPlan(extra)) if extra else kept), blocks
+
+    def _write_blocks(self, blocks: Mapping[str, _BlockChange]) -> dict[str, Node]:
+        """Read-modify-write the group documents of ``blocks``, each conditioned on the generation read.
+
+        Holding the engine's locks of those keys (lock files in each group's
+        ``.shardkv-locks/`` in mode ``"files"``), each round reads the groups
+        still to write, applies this write's change to each as stored
+        (:meth:`_BlockChange.applied`) and puts it conditioned on the
+        generation read; the groups whose put lost go round again (at most
+        :data:`~shardkv.engine.retry.WRITE_ATTEMPTS` rounds). Returns the nodes
+        written, recorded in the node table; a group left with nothing to write
+        is forgotten there.
+
+        Raises
+        ------
+        ConcurrentUpdateError
+            If a group's put lost in every round (naming its ``zarr.json`` key).
+        LockTimeoutError
+            If the locks were not obtained within the store's ``lock_timeout``.
+        """
+        if not blocks:
+            return {}
+        todo = dict(blocks)
+        written: dict[str, Node] = {}
+        lost = 0
+        # each group's lock file in its own directory: the same file whatever root the store was opened at
+        prefixes = {key: path_prefix(split_key(key)[0]) for key in todo}
+        hold = self._locks.hold(sorted(todo), prefixes) if self._locks is not None else contextlib.nullcontext()
+        with hold:
+            for _ in attempts(WRITE_ATTEMPTS, WRITE_BACKOFF):
+                keys = sorted(todo)
+                puts: dict[str, tuple[bytes, Generation]] = {}
+                docs: dict[str, dict[str, Any]] = {}
+                for key, result in zip(keys, self._kv.get_many([(k, None, ANY) for k in keys])):
+                    doc = todo[key].applied(_stored_document(key, result))
+                    if doc is None:  # nothing to bring in step any more
+                        self._nodes.forget(split_key(key)[0])
+                        continue
+                    docs[key] = doc
+                    puts[key] = (dump_json(doc, key=key), result.generation if result.found else NO_VALUE)
+                won = self._kv.put_many(puts) if puts else {}
+                for key, generation in won.items():
+                    if generation is not None:
+                        path = split_key(key)[0]
+                        written[path] = self._nodes.keep_written(path, puts[key][0], docs[key])
+                todo = {k: todo[k] for k, g in won.items() if g is None}
+                if not todo:
+                    return written
+                lost += 1
+        raise ConcurrentUpdateError(sorted(todo)[0], WRITE_ATTEMPTS, lost)
 
     def _opaque_blocks(self, written: Iterable[str] = (), removed: str | None = None) -> None:
         """Keep a consolidated block at each group on the path of an opaque array, and only there.

@@ -179,7 +179,10 @@ class ShardedStore(ProxyBase):
         self._advisor = WriteAdvisor()  # warns once per array about chunk-by-chunk rewrites (write-through)
         self._writer = WriteBack(self._engine, options.buffer_bytes, self._advisor.observe)
         self._write = writes_to(self._kv)
-        self._metadata = MetadataWriter(self._nodes, self._kv.values, self._write, kv.list_prefix, self._writer, options)
+        self._metadata = MetadataWriter(
+            self._nodes, self._kv.values, self._write, kv.list_prefix, self._writer, options,
+            kv=self._kv, locks=self._engine.guard.locks,  # consolidated blocks: read-modify-write (issue 19 item 5)
+        )  # fmt: skip
 
     def _pickled_store(self) -> Any:
         return self._kv
