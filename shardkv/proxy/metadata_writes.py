@@ -184,8 +184,8 @@ class MetadataWriter:
         The base store, for the read-modify-writes of consolidated blocks
         (reads with generations, puts conditioned on them).
     locks : ShardLocks or None
-        The engine's locks (:attr:`~shardkv.engine.guard.Guard.locks`), held
-        around those read-modify-writes; ``None`` in mode ``"none"``.
+        The engine's locks (:attr:`~shardkv.engine.engine.ShardEngine.locks`), held
+        around those read-modify-writes (mode ``"none"`` holds nothing); ``None``: no locks.
 
     Notes
     -----

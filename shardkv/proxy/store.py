@@ -181,7 +181,7 @@ class ShardedStore(ProxyBase):
         self._write = writes_to(self._kv)
         self._metadata = MetadataWriter(
             self._nodes, self._kv.values, self._write, kv.list_prefix, self._writer, options,
-            kv=self._kv, locks=self._engine.guard.locks,  # consolidated blocks: read-modify-write (issue 19 item 5)
+            kv=self._kv, locks=self._engine.locks,  # consolidated blocks: read-modify-write (issue 19 item 5)
         )  # fmt: skip
 
     def _pickled_store(self) -> Any:
