@@ -55,6 +55,10 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
+from shardkv.engine.locks import ShardLocks
+from shardkv.engine.merge import ShardChange
+from shardkv.engine.retry import WRITE_ATTEMPTS, WRITE_BACKOFF, attempts
+from shardkv.engine.writeback import WriteBack
 from shardkv.errors import ConcurrentUpdateError, ConfigurationError, MetadataError, ReservedKeyError, UnsupportedError
 from shardkv.format.layout import ShardLayout
 from shardkv.keys.paths import join_path, path_prefix, split_key
@@ -81,10 +85,6 @@ from shardkv.metadata.hierarchy import (
 from shardkv.metadata.v3_view import v2_dimension_separator
 from shardkv.proxy.nodes import Node, NodeTable, ReadValues, build_node, chunkish_under, sharded_array_of
 from shardkv.proxy.options import Options
-from shardkv.engine.locks import ShardLocks
-from shardkv.engine.merge import ShardChange
-from shardkv.engine.retry import WRITE_ATTEMPTS, WRITE_BACKOFF, attempts
-from shardkv.engine.writeback import WriteBack
 from shardkv.storage.kv import ANY, NO_VALUE, Generation, KVStore, ReadResult, check_not_reserved
 
 __all__ = ["MetadataWriter", "WriteValues", "writes_to"]
@@ -143,15 +143,23 @@ class _BlockChange:
         return consolidated_in_step(stored if self.doc is None else self.doc, stored, self.below)
 
 
-def _stored_document(key: str, result: ReadResult) -> dict[str, Any] | None:
-    """The JSON object a read found at ``key`` (``None``: missing, not JSON, not an object)."""
-    if not result.found:
-        return None
+def _json_object(key: str, raw: Any) -> dict[str, Any] | None:
+    """The JSON object stored at ``key`` (``None``: not JSON, or not an object: no reader takes it as a node)."""
     try:
-        doc = load_json(key, result.whole())
+        doc = load_json(key, raw)
     except MetadataError:
         return None
     return doc if isinstance(doc, dict) else None
+
+
+def _json_objects(values: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The values among ``values`` (by key) that are JSON objects, parsed (:func:`_json_object`)."""
+    return {key: doc for key, raw in values.items() if (doc := _json_object(key, raw)) is not None}
+
+
+def _stored_document(key: str, result: ReadResult) -> dict[str, Any] | None:
+    """The JSON object a read found at ``key`` (``None``: missing, not JSON, not an object)."""
+    return _json_object(key, result.whole()) if result.found else None
 
 
 def writes_to(kv: KVStore) -> WriteValues:
@@ -479,13 +487,7 @@ class MetadataWriter:
         keys = [k for k in self._list(prefix) if split_key(k)[1] in (ZARR_JSON, ".zmetadata")]
         # a .zmetadata counts by its key alone (it marks a block the user asked for): not read
         documents: dict[str, Mapping[str, Any]] = {k: {} for k in keys if split_key(k)[1] != ZARR_JSON}
-        for key, raw in self._read([k for k in keys if split_key(k)[1] == ZARR_JSON]).items():
-            try:
-                doc = load_json(key, raw)
-            except MetadataError:  # not JSON: no v3 reader lists it either
-                continue
-            if isinstance(doc, dict):
-                documents[key] = doc
+        documents.update(_json_objects(self._read([k for k in keys if split_key(k)[1] == ZARR_JSON])))
         plan = plan_opaque_blocks(documents, released)
         if plan.writes:
             dropped = [split_key(k)[0] for k, doc in plan.writes.items() if not has_consolidated(doc)]
@@ -498,15 +500,7 @@ class MetadataWriter:
         JSON is left as it is (its node stays v2 until it is written again).
         """
         keys = [k for k in self._list("") if split_key(k)[1] in _V2_NAMES]
-        documents: dict[str, dict[str, Any]] = {}
-        for key, raw in self._read(keys).items():
-            try:
-                doc = load_json(key, raw)
-            except MetadataError:
-                continue
-            if isinstance(doc, dict):
-                documents[key] = doc
-        plan, _refused = plan_v3_down(documents)
+        plan, _refused = plan_v3_down(_json_objects(self._read(keys)))
         self._apply_v3_down(plan)
 
     def _apply_v3_down(self, plan: MetadataPlan) -> None:
