@@ -97,7 +97,12 @@ def file_generation(st: os.stat_result) -> Generation:
     The inode makes an atomic rewrite (a new file renamed over the old) a new
     generation even within the file system's timestamp granularity.
     """
-    return Generation((st.st_ino, st.st_mtime_ns, st.st_size))
+    return Generation(_file_token(st))
+
+
+def _file_token(st: os.stat_result) -> tuple[int, int, int]:
+    """The token of :func:`file_generation` (compared without making a :class:`Generation`)."""
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
@@ -310,7 +315,7 @@ class LocalStore(KVStore):
             if not stat.S_ISREG(st.st_mode):
                 raise _not_a_file(key, path, st.st_mode)
             size = st.st_size
-            token = (st.st_ino, st.st_mtime_ns, size)  # the token of file_generation
+            token = _file_token(st)
             if cond.token == token:
                 generation = cond  # the stamp asked for: no new object
             elif cond.is_any:
