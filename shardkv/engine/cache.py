@@ -18,11 +18,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Hashable
 
-from shardkv.format.index import EMPTY, ShardIndex
+from shardkv.format.index import ShardIndex
 
 __all__ = ["IndexCache", "CacheEntry"]
-
-_EMPTY = int(EMPTY)  # an absent inner chunk's offset and nbytes, as the Python ints ``ndarray.item`` gives
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,13 +104,12 @@ class IndexCache:
             entry = self._entries.get(shard_key)
             if entry is None or entry.size is None:
                 return None
-            entries = entry.index.entries
-            offset, nbytes = entries.item(*local_coords, 0), entries.item(*local_coords, 1)  # Python ints
-            if offset == _EMPTY and nbytes == _EMPTY:
+            found = entry.index.get(local_coords)
+            if found is None:
                 return None
             self._entries.move_to_end(shard_key)
             self.hits += 1
-            return entry, offset, nbytes
+            return entry, found[0], found[1]
 
     def peek(self, shard_key: str) -> CacheEntry | None:
         """The cached entry of a shard, without counting or reordering (listings compare generations)."""

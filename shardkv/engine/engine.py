@@ -29,6 +29,7 @@ from shardkv.engine.cache import IndexCache
 from shardkv.engine.locks import Concurrency, Mode, ShardLocks
 from shardkv.engine.merge import ShardChange
 from shardkv.engine.reads import (
+    WHOLE_CHUNK,
     chunk_keys_of,
     count_chunks_of,
     current_indexes,
@@ -46,8 +47,6 @@ from shardkv.storage.buffers import BytesLike
 from shardkv.storage.kv import Generation, KVStore
 
 __all__ = ["ShardEngine", "EngineOptions", "EngineStats", "ShardChange"]
-
-_WHOLE = ByteRange(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +158,7 @@ class ShardEngine:
             if value is not None:
                 return {refs[0].chunk_key: value}
         values = read_ranges(self.kv, self.cache, self.options.read_policy, self.stats,
-                             [(ref, _WHOLE) for ref in refs])
+                             [(ref, WHOLE_CHUNK) for ref in refs])
         return {ref.chunk_key: v for ref, v in zip(refs, values) if v is not None}
 
     def read_ranges(

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import itertools
 from math import prod
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -48,12 +48,16 @@ from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.storage.buffers import BytesLike
 from shardkv.storage.kv import ANY, Generation, KVStore, ReadRequest, ReadResult
 
-__all__ = ["read_ranges", "read_one_cached", "current_indexes", "chunk_keys_of", "count_chunks_of", "present_masks", "LIST_BATCH"]
+__all__ = [
+    "read_ranges", "read_one_cached", "current_indexes", "chunk_keys_of", "count_chunks_of", "present_masks",
+    "LIST_BATCH", "WHOLE_CHUNK",
+]
 
 LIST_BATCH = 4096
 """Shards whose indexes one listing request reads at most."""
 
-_WHOLE_CHUNK = ByteRange(0)
+WHOLE_CHUNK = ByteRange(0)
+"""The range of a whole chunk (``ByteRange(0)``): the one object the engine's chunk reads pass."""
 
 
 def _whole_wanted(requests: Sequence[tuple[ChunkRef, ByteRange]], policy: ReadPolicy) -> set[str]:
@@ -61,7 +65,7 @@ def _whole_wanted(requests: Sequence[tuple[ChunkRef, ByteRange]], policy: ReadPo
     wanted: dict[str, set[tuple[int, ...]]] = {}
     refs: dict[str, ChunkRef] = {}
     for ref, byte_range in requests:
-        if byte_range == _WHOLE_CHUNK:
+        if byte_range == WHOLE_CHUNK:
             wanted.setdefault(ref.shard_key, set()).add(ref.local_coords)
             refs.setdefault(ref.shard_key, ref)
     whole: set[str] = set()
@@ -75,11 +79,24 @@ def _whole_wanted(requests: Sequence[tuple[ChunkRef, ByteRange]], policy: ReadPo
     return whole
 
 
-def _view(value: BytesLike, start: int, stop: int) -> BytesLike:
-    """``value[start:stop]`` without a copy when ``value`` is read-only, else a ``bytes`` copy."""
+def _span(index: ShardIndex, ref: ChunkRef, byte_range: ByteRange) -> tuple[int, int] | None:
+    """The absolute ``(start, stop)`` in its shard of ``byte_range`` inside the chunk ``ref``; ``None`` if absent."""
+    entry = index.get(ref.local_coords)
+    if entry is None:
+        return None
+    offset, nbytes = entry
+    if byte_range is WHOLE_CHUNK:
+        return offset, offset + nbytes
+    start, stop = byte_range.resolve(nbytes)
+    return offset + start, offset + stop
+
+
+def _slicer(value: BytesLike) -> Callable[[int, int], BytesLike]:
+    """``value[start:stop]`` as a function: a view when ``value`` is read-only, else a ``bytes`` copy."""
     view = memoryview(value).cast("B")
-    part = view[start:stop]
-    return part if view.readonly else bytes(part)
+    if view.readonly:
+        return lambda start, stop: view[start:stop]
+    return lambda start, stop: bytes(view[start:stop])
 
 
 def _serve_from_whole(
@@ -87,12 +104,11 @@ def _serve_from_whole(
     out: list[BytesLike | None],
 ) -> None:
     """Fill ``out`` at ``positions`` from a whole shard read together with its index."""
+    part = _slicer(blob)
     for pos in positions:
-        ref, byte_range = requests[pos]
-        entry = index.get(ref.local_coords)
-        if entry is not None:
-            start, stop = byte_range.resolve(entry[1])
-            out[pos] = _view(blob, entry[0] + start, entry[0] + stop)
+        span = _span(index, *requests[pos])
+        if span is not None:
+            out[pos] = part(*span)
 
 
 def _read_unranged(
@@ -224,13 +240,11 @@ def read_ranges(
             wanted: list[tuple[int, int, int]] = []  # (position, start, stop) in the shard
             absent = False
             for pos in by_shard[k]:
-                ref, byte_range = requests[pos]
-                entry = index.get(ref.local_coords)
-                if entry is None:
+                span = _span(index, *requests[pos])
+                if span is None:
                     absent = True
                     continue
-                start, stop = byte_range.resolve(entry[1])
-                wanted.append((pos, entry[0] + start, entry[0] + stop))
+                wanted.append((pos, *span))
             if not wanted and (not absent or k in fresh):
                 pending.discard(k)  # nothing to read; absence proved by an index read of this round
                 continue
@@ -273,7 +287,7 @@ def read_one_cached(
     those of :func:`read_ranges` alone.
     """
     caps = kv.caps
-    if not caps.ranged or (caps.round_trips and _whole_wanted([(ref, _WHOLE_CHUNK)], policy)):
+    if not caps.ranged or (caps.round_trips and _whole_wanted([(ref, WHOLE_CHUNK)], policy)):
         return None  # no ranged reads, or a shard read_ranges reads whole
     found = cache.chunk_location(ref.shard_key, ref.local_coords)  # a hit only when it serves
     if found is None:
@@ -290,7 +304,7 @@ def read_one_cached(
         return None
     if type(value) is bytes:
         return memoryview(value)  # what read_ranges serves: a read-only view
-    return _view(value, 0, nbytes)  # a read-only view (or a copy of a writable buffer)
+    return _slicer(value)(0, nbytes)  # a read-only view (or a copy of a writable buffer)
 
 
 def _serve_ranges(
@@ -308,6 +322,7 @@ def _serve_ranges(
             limit -= guard
         if data_end is not None:  # the size the read itself found
             limit = min(limit, data_end)
+        part = _slicer(value)
         for member, rel, nbytes in read.members:
             pos, start, stop = wanted[member]
             if stop > limit:
@@ -317,7 +332,7 @@ def _serve_ranges(
                     f"the shard ends {stop - limit} bytes too early (truncated shard, or an entry pointing "
                     "into the index)",
                 )
-            out[pos] = _view(value, rel, rel + nbytes)
+            out[pos] = part(rel, rel + nbytes)
 
 
 def current_indexes(

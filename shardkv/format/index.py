@@ -30,6 +30,7 @@ DEFAULT_MAX_CHUNK_NBYTES = 2**31
 """Default bound (bytes) on an entry's ``nbytes`` when the shard's size is unknown."""
 
 _MAX = np.uint64(MAX_SHARD_NBYTES)
+_EMPTY_INT = int(EMPTY)  # EMPTY as the Python int ``ndarray.item`` gives
 
 
 class ShardIndex:
@@ -77,10 +78,11 @@ class ShardIndex:
 
     def get(self, local_coords: Sequence[int]) -> tuple[int, int] | None:
         """``(offset, nbytes)`` of an inner chunk, or ``None`` when it is empty."""
-        offset, nbytes = self.entries[tuple(local_coords)]
-        if offset == EMPTY and nbytes == EMPTY:
+        entries = self.entries  # ``item`` gives Python ints: no numpy scalars on the per-chunk path
+        offset, nbytes = entries.item(*local_coords, 0), entries.item(*local_coords, 1)
+        if offset == _EMPTY_INT and nbytes == _EMPTY_INT:
             return None
-        return int(offset), int(nbytes)
+        return offset, nbytes
 
     def set(self, local_coords: Sequence[int], offset: int, nbytes: int) -> None:
         """Point an inner chunk at ``nbytes`` bytes starting at byte ``offset``."""
