@@ -164,29 +164,38 @@ class LockTimeoutError(ShardKVError, TimeoutError):
 
 
 class ConcurrentUpdateError(ShardKVError, RuntimeError):
-    """A conditional (compare-and-swap) update that kept losing to other writers.
+    """A conditional operation on one value that kept losing to other writers.
 
-    Nothing was written by the failed update; the stored value is some other
-    writer's complete one.
+    A conditional update (compare-and-swap) wrote nothing: the stored value is
+    some other writer's complete one. A conditional read returned nothing: the
+    value changed between every read of its index and of its bytes.
 
     Attributes
     ----------
     key : str
         The key of the value (a shard key) in the base store.
     attempts : int
-        How many read-merge-write rounds were tried.
+        How many rounds were tried (read-merge-write rounds, or read rounds).
     precondition_failures : int
         How many of them the store refused because the value had changed.
+    operation : {"update", "read"}
+        What kept losing.
     """
 
-    def __init__(self, key: str, attempts: int, precondition_failures: int) -> None:
+    def __init__(self, key: str, attempts: int, precondition_failures: int, operation: str = "update") -> None:
         self.key = key
         self.attempts = int(attempts)
         self.precondition_failures = int(precondition_failures)
-        super().__init__(
-            f"conditional update of {key!r} failed: {self.precondition_failures} of {self.attempts} attempts "
-            "found the value changed by another writer (write shard-aligned blocks, or give each writer its own shards)"
-        )
+        self.operation = operation
+        if operation == "read":
+            what = (f"conditional read of {key!r} failed: in {self.precondition_failures} of {self.attempts} rounds "
+                    "the value changed between the read of its index and of its bytes (another writer rewrites it "
+                    "without pause)")
+        else:
+            what = (f"conditional update of {key!r} failed: {self.precondition_failures} of {self.attempts} attempts "
+                    "found the value changed by another writer (write shard-aligned blocks, or give each writer its "
+                    "own shards)")
+        super().__init__(what)
 
 
 class UnflushedWritesError(ShardKVError, pickle.PicklingError):

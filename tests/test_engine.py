@@ -14,7 +14,7 @@ from shardkv.format.layout import ShardLayout
 from shardkv.format.ranges import ByteRange
 from shardkv.keys.encodings import DefaultChunkKeyEncoding, V2ChunkKeyEncoding
 from shardkv.keys.space import ShardedArray
-from shardkv.storage.kv import ANY, Capabilities
+from shardkv.storage.kv import ANY, Capabilities, Generation, ReadResult
 
 
 def array(shape: tuple[int, ...] = (16, 16), chunks: tuple[int, ...] = (2, 2), cps: tuple[int, ...] = (2, 2),
@@ -145,6 +145,24 @@ def test_conditional_write_gives_up_after_bounded_rounds(monkeypatch: pytest.Mon
     with pytest.raises(ConcurrentUpdateError, match="a/0"):
         engine.write(change(arr, {(0, 0): b"b"}))
     assert engine.stats.write_attempts == 1 + 16
+
+
+def test_a_read_whose_shard_changes_every_round_gives_up_saying_it_was_a_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    kv, arr = CountingKV(), array()
+    engine = ShardEngine(kv)
+    engine.write(change(arr, {(0, 0): b"a"}))
+    real_get_many = kv.get_many
+
+    def always_changed(reads):  # the shard is rewritten during every read of it (a store answers "stale")
+        return [ReadResult("stale", None, Generation(("elsewhere", n))) if key == "a/0.0" else result
+                for n, ((key, _, _), result) in enumerate(zip(reads, real_get_many(reads)))]
+
+    monkeypatch.setattr(kv, "get_many", always_changed)
+    monkeypatch.setattr("shardkv.engine.reads.READ_BACKOFF", Backoff(0.0, 1.0, 0.0))
+    with pytest.raises(ConcurrentUpdateError, match=r"conditional read of 'a/0\.0' failed") as info:
+        read(engine, arr, (0, 0))
+    assert info.value.operation == "read" and info.value.key == "a/0.0"
+    assert "update" not in str(info.value) and "shard-aligned" not in str(info.value)
 
 
 def test_store_without_conditional_delete_keeps_an_empty_shard() -> None:

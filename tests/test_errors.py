@@ -98,3 +98,6 @@ def test_a_journal_held_elsewhere_is_a_lock_timeout_naming_the_journal() -> None
 def test_concurrent_update_message_names_no_option_that_does_not_exist() -> None:
     exc = errors.ConcurrentUpdateError("a/0.0", 8, 8)
     assert "'a/0.0'" in str(exc) and "8 of 8" in str(exc) and "max_attempts" not in str(exc)
+    assert exc.operation == "update" and str(exc).startswith("conditional update of 'a/0.0' failed")
+    read = errors.ConcurrentUpdateError("a/0.0", 8, 8, operation="read")
+    assert str(read).startswith("conditional read of 'a/0.0' failed") and "in 8 of 8 rounds" in str(read)

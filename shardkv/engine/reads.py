@@ -266,7 +266,7 @@ def read_ranges(
         if not pending:
             return out
     first = sorted(pending)[0]
-    raise ConcurrentUpdateError(first, READ_ATTEMPTS, READ_ATTEMPTS)
+    raise ConcurrentUpdateError(first, READ_ATTEMPTS, READ_ATTEMPTS, operation="read")
 
 
 def read_one_cached(
