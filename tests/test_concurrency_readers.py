@@ -420,7 +420,7 @@ def test_a_cached_index_of_a_local_shard_rewritten_by_another_store_is_not_trust
         write_empty_chunks=False,
     )  # fmt: skip
     arr[8:64] = np.repeat(np.arange(11, 18), 8)  # chunk 0 absent
-    # the reader has default options: validate_index_cache=False
+    # the reader has default options (its cached index is trusted only as far as the shard's generation)
     view = zarr.open_array(store=reader, mode="r")
     np.testing.assert_array_equal(view[24:32], 13)
     assert len(reader.index_cache) == 1

@@ -1,7 +1,7 @@
-"""Write strategies under SIGKILL and injected I/O errors: no torn shard, no acknowledged chunk lost.
+"""Shard writes under SIGKILL and injected I/O errors: no torn shard, no acknowledged chunk lost.
 
-A forked child writes random whole chunks through ``ShardedStore(local dir,
-write_strategy=...)`` with zarr-python 2 (write ``seq`` stores the value
+A forked child writes random whole chunks through ``ShardedStore(local dir)``
+with zarr-python 2 (write ``seq`` stores the value
 ``seq + 1`` in chunk ``chunk_of(seq)``) and logs each acknowledged ``seq`` to
 an fsync'd file; it is killed at a random moment, the store is reopened, and
 every shard must pass :func:`shardkv.proxy.verify.verify_store` and every
@@ -33,7 +33,6 @@ from shardkv.storage import local as local_store  # the local-file writes and th
 
 CHUNK = 512  # 2 KiB of int32 noise per chunk
 N_CHUNKS = 12  # 3 shards of 4 chunks
-STRATEGIES = ["rewrite"]  # the only way shards are updated (append/inplace were retired)
 
 
 def chunk_of(seq: int) -> int:
@@ -46,12 +45,12 @@ def value_of(seq: int) -> np.ndarray:
     return (seq + 1) * 1000 + rng.integers(0, 2**20 + seq % 900, CHUNK, dtype="i4")
 
 
-def open_store(root: Path, strategy: str) -> ShardedStore:
+def open_store(root: Path) -> ShardedStore:
     return ShardedStore(str(root), chunks_per_shard=4)
 
 
-def create(root: Path, strategy: str) -> None:
-    zarr.open_array(open_store(root, strategy), mode="w", shape=(CHUNK * N_CHUNKS,), chunks=(CHUNK,),
+def create(root: Path) -> None:
+    zarr.open_array(open_store(root), mode="w", shape=(CHUNK * N_CHUNKS,), chunks=(CHUNK,),
                     dtype="i4", fill_value=0, compressor=numcodecs.Zlib(level=1))  # fmt: skip
 
 
@@ -88,9 +87,9 @@ class KillingWrites:
         os.replace = self.replace
 
 
-def writer(root: Path, strategy: str, acks: Path, first_seq: int, killer: KillingWrites | None) -> None:
+def writer(root: Path, acks: Path, first_seq: int, killer: KillingWrites | None) -> None:
     """The killed child: write chunks (bounded), logging each acknowledged seq."""
-    z = zarr.open_array(open_store(root, strategy), mode="r+")
+    z = zarr.open_array(open_store(root), mode="r+")
     write_and_ack(z, acks, first_seq, 5.0, chunk_of, value_of, None if killer is None else killer.install)
 
 
@@ -98,13 +97,13 @@ def writer(root: Path, strategy: str, acks: Path, first_seq: int, killer: Killin
 
 
 
-def crash_rounds(root: Path, strategy: str, rounds: int, seed: int) -> int:
+def crash_rounds(root: Path, rounds: int, seed: int) -> int:
     """Kill a writer at least ``rounds`` times, checking the store after each kill; returns kills.
 
     On a loaded machine a child may be killed before its first write: rounds go on (at most
     ``3 * rounds``, 60 s) until more than 10 writes were acknowledged, so the test checks what it claims.
     """
-    create(root, strategy)
+    create(root)
     acks = root.parent / "acks"
     rng = random.Random(seed)
     started = time.monotonic()
@@ -116,13 +115,13 @@ def crash_rounds(root: Path, strategy: str, rounds: int, seed: int) -> int:
             break
         # odd rounds: killed inside a write or around a rename; even rounds: killed at a random time
         killer = KillingWrites(seed * 100 + i, 0.08) if i % 2 else None
-        status = run_and_kill(lambda: writer(root, strategy, acks, first, killer), rng.uniform(0.05, 0.3))
+        status = run_and_kill(lambda: writer(root, acks, first, killer), rng.uniform(0.05, 0.3))
         kills += os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
         acked = acked_seqs(acks)
         this_round = [s for s in acked if s >= first]
         in_flight.add(max(this_round) + 1 if this_round else first)  # may or may not have landed
         first = max(in_flight) + 1
-        store = open_store(root, strategy)
+        store = open_store(root)
         report = verify_store(store, decode=True)
         assert report.ok, report.to_json()  # 0 torn shards (temporaries this young are not stale)
         check_chunks(zarr.open_array(store, mode="r")[:], acked, in_flight, chunk_of, value_of, N_CHUNKS)  # 0 acknowledged chunks lost
@@ -131,11 +130,10 @@ def crash_rounds(root: Path, strategy: str, rounds: int, seed: int) -> int:
     return kills
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_sigkill_leaves_no_torn_shard_and_loses_no_acknowledged_chunk(tmp_path: Path, strategy: str) -> None:
-    kills = crash_rounds(tmp_path / "store", strategy, rounds=10, seed=STRATEGIES.index(strategy))
+def test_sigkill_leaves_no_torn_shard_and_loses_no_acknowledged_chunk(tmp_path: Path) -> None:
+    kills = crash_rounds(tmp_path / "store", rounds=10, seed=0)
     assert kills >= 5, f"only {kills} kills"
-    assert find_stale_temporaries(open_store(tmp_path / "store", "rewrite").base, 0) == []
+    assert find_stale_temporaries(open_store(tmp_path / "store").base, 0) == []
 
 
 def naive_write(path: str, parts: list[memoryview], fsync: bool, create_only: bool = False) -> Any:
@@ -153,7 +151,7 @@ def test_the_kill_harness_catches_a_writer_that_tears(tmp_path: Path, monkeypatc
     """Proof that the test above can fail: the same rounds against writes into the live file find a torn shard."""
     monkeypatch.setattr(local_store, "atomic_write", naive_write)
     with pytest.raises(AssertionError, match="crc32c mismatch|outside the chunk data region|lost or torn|expected an index|shorter than"):
-        crash_rounds(tmp_path / "store", "rewrite", rounds=16, seed=5)
+        crash_rounds(tmp_path / "store", rounds=16, seed=5)
 
 
 class FlakyWrites:
@@ -177,14 +175,11 @@ class FlakyWrites:
         self(fd, memoryview(b"".join(parts)), os.lseek(fd, 0, os.SEEK_CUR))
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_failed_writes_raise_and_leave_the_old_chunk(
-    tmp_path: Path, strategy: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_failed_writes_raise_and_leave_the_old_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "store"
-    create(root, strategy)
-    z = zarr.open_array(open_store(root, strategy), mode="r+")
-    flaky = FlakyWrites(0.25, seed=len(strategy))
+    create(root)
+    z = zarr.open_array(open_store(root), mode="r+")
+    flaky = FlakyWrites(0.25, seed=7)
     monkeypatch.setattr(local_store, "_pwrite_all", flaky)
     monkeypatch.setattr(local_store, "write_parts", flaky.write_parts)
     model = np.zeros(CHUNK * N_CHUNKS, dtype="i4")
@@ -203,32 +198,10 @@ def test_failed_writes_raise_and_leave_the_old_chunk(
         np.testing.assert_array_equal(z[c * CHUNK : (c + 1) * CHUNK], model[c * CHUNK : (c + 1) * CHUNK])
     monkeypatch.undo()
     assert failures >= 5
-    fresh = open_store(root, strategy)
+    fresh = open_store(root)
     assert verify_store(fresh, decode=True).ok
     np.testing.assert_array_equal(zarr.open_array(fresh, mode="r")[:], model)
     assert find_stale_temporaries(fresh.base, 0) == []  # failed writers clean up after themselves
-
-
-@pytest.mark.parametrize("how", ["exdev", "missing"])
-def test_copy_on_write_without_copy_file_range(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
-    def refuse(*args: Any) -> int:
-        raise OSError(errno.EXDEV, "cross-device")
-
-    if how == "exdev":
-        monkeypatch.setattr(os, "copy_file_range", refuse)
-    else:
-        monkeypatch.delattr(os, "copy_file_range")
-    root = tmp_path / "store"
-    create(root, "append")
-    z = zarr.open_array(open_store(root, "append"), mode="r+")
-    z[:] = np.arange(CHUNK * N_CHUNKS, dtype="i4")
-    z[CHUNK : 2 * CHUNK] = value_of(3)  # a partial shard update: copied through user space
-    expected = np.arange(CHUNK * N_CHUNKS, dtype="i4")
-    expected[CHUNK : 2 * CHUNK] = value_of(3)
-    monkeypatch.undo()
-    fresh = open_store(root, "append")
-    assert verify_store(fresh, decode=True).ok
-    np.testing.assert_array_equal(zarr.open_array(fresh, mode="r")[:], expected)
 
 
 @pytest.mark.parametrize("durable", [True, False])

@@ -302,7 +302,7 @@ class ShardLayout:
         return b"".join(self.encode_shard_with_index(chunks)[0])
 
     def encode_shard_with_index(
-        self, chunks: Mapping[tuple[int, ...], BytesLike], slack_bytes: int = 0
+        self, chunks: Mapping[tuple[int, ...], BytesLike]
     ) -> tuple[list[BytesLike], ShardIndex]:
         """The parts of a shard built from encoded inner chunks, in order, and its index (no copy).
 
@@ -310,16 +310,14 @@ class ShardLayout:
         ----------
         chunks : mapping of local coords to bytes-like
             The encoded inner chunks to store; coords absent from the mapping
-            are empty. Chunks are written in row-major order of local coords.
-        slack_bytes : int
-            Zero bytes left after each chunk (bytes): the layout other writers
-            leave for in-place rewrites (shardkv writes none; tests make such shards).
+            are empty. Chunks are written in row-major order of local coords,
+            back to back.
 
         Returns
         -------
         list of bytes-like
             The shard as parts whose concatenation is its bytes: the chunk
-            values themselves (not copied), slack, and the encoded index at
+            values themselves (not copied) and the encoded index at
             ``index_location``. Hand them to a store that takes parts, or
             ``b"".join`` them (:meth:`encode_shard`).
         ShardIndex
@@ -342,18 +340,11 @@ class ShardLayout:
                 sizes = np.fromiter(map(len, values), dtype=np.uint64, count=len(values))
             else:
                 sizes = np.array([memoryview(v).nbytes for v in values], dtype=np.uint64)
-            step = sizes + np.uint64(slack_bytes) if slack_bytes else sizes  # bytes from one chunk to the next
-            offsets = np.cumsum(step, dtype=np.uint64) - step
+            offsets = np.cumsum(sizes, dtype=np.uint64) - sizes
             entries = index.entries.reshape(-1, 2)
             entries[flat, 0] = offsets + np.uint64(start) if start else offsets
             entries[flat, 1] = sizes
-            if slack_bytes:
-                pad = bytes(slack_bytes)
-                for value in values:
-                    parts.append(value)
-                    parts.append(pad)
-            else:
-                parts = values
+            parts = values
         encoded_index = self.encode_index(index)
         if self.index_location == "start":
             parts.insert(0, encoded_index)
