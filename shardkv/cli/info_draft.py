@@ -16,11 +16,9 @@ from typing import Any
 from shardkv.cli.errors import NotAHierarchyError
 from shardkv.cli.info_model import ArrayInfo, shard_stats
 from shardkv.cli.view import sizes
-from shardkv.errors import MetadataError
 from shardkv.keys.encodings import grid_shape
-from shardkv.metadata.documents import load_json
-from shardkv.metadata.draft import is_draft_entry_point
 from shardkv.proxy.draft import DraftShardedStore
+from shardkv.proxy.open import is_draft_hierarchy
 from shardkv.storage.kv import KVStore
 from shardkv.transformers import DATA_ROOT, ShardingStorageTransformer
 
@@ -41,15 +39,10 @@ def _owner(key: str, prefixes: dict[str, str]) -> str | None:
 def is_draft(kv: KVStore) -> bool:
     """True when ``kv`` holds the root ``zarr.json`` of a 2022 draft hierarchy (one read).
 
-    A root ``zarr.json`` that is not JSON is no draft entry point (the command reading it reports it).
+    The proxies' one layout check (:func:`shardkv.proxy.open.is_draft_hierarchy`); a root
+    ``zarr.json`` that is not JSON is no draft entry point (the command reading it reports it).
     """
-    raw = kv.values(["zarr.json"]).get("zarr.json")
-    if raw is None:
-        return False
-    try:
-        return is_draft_entry_point(load_json("zarr.json", raw))
-    except MetadataError:
-        return False
+    return is_draft_hierarchy(kv)
 
 
 def inspect_draft(kv: KVStore, name: str) -> list[ArrayInfo]:
