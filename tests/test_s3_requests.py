@@ -33,6 +33,7 @@ moto_server = pytest.importorskip("moto.server")
 
 from shardkv import ShardedStore  # noqa: E402
 from shardkv.errors import CorruptShardError  # noqa: E402
+from shardkv.keys.paths import join_path  # noqa: E402
 
 BUCKET = "shardkv-requests"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # werkzeug colours its request lines
@@ -226,9 +227,10 @@ def test_full_read_is_one_get_per_shard_and_open_costs_three_requests_at_most(s3
     reads = sorted(r for r in log.seen if r[1] in shard_paths)
     assert reads == sorted(("GET", p) for p in shard_paths), reads  # one request per shard
     metadata = [r for r in log.seen if r[1] not in shard_paths]
-    # arr/zarr.json on open, the root's zarr.json when the proxy finds the owner of the chunk keys
+    # arr/zarr.json on open; the owner of the chunk keys is found without the root's zarr.json (issue 21)
     assert len(metadata) <= 3, metadata
     assert all(method == "GET" and path.endswith("/zarr.json") for method, path in metadata), metadata
+    assert metadata == [("GET", f"/{BUCKET}/{root}/arr/zarr.json")], metadata
 
     log.reset()  # the indexes are cached now: a second read costs chunk ranges, no index read
     np.testing.assert_array_equal(z[:], data)
@@ -340,3 +342,30 @@ def test_a_shard_replaced_elsewhere_costs_one_refused_get_one_index_get_and_one_
     ], seen
     assert [e.nbytes for e in seen[1:]] == [INDEX_NBYTES, nbytes]
     assert reader.engine.stats.read_stale == stale + 1
+
+
+@pytest.mark.parametrize("path", ["", "arr", "g/arr"], ids=["root-array", "array-in-root-group", "nested-array"])
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_cold_chunk_read_is_the_arrays_zarr_json_then_the_index_then_the_chunk(
+    moto: _Moto, client: str, path: str
+) -> None:
+    root, data = _written(moto.options, path)  # zarr 2 made the groups above the array: zarr.json at each level
+    shard_key = join_path(path, "0.0")
+    shard, etag = _stored(moto, root, shard_key)
+    document, _ = _stored(moto, root, join_path(path, "zarr.json"))
+    offset, nbytes = _chunk_entry(shard, (0, 0))
+
+    moto.exchanges.reset()
+    reader = _reader(moto, root, client)  # opened cold: nothing read, nothing cached
+    z = zarr.open_array(reader, path=path, mode="r")
+    np.testing.assert_array_equal(z[0:8, 0:8], data[0:8, 0:8])
+    seen = moto.exchanges.seen
+    documents = Counter(e.path for e in seen if e.path.endswith("/zarr.json"))
+    assert all(e.method == "GET" for e in seen) and set(documents.values()) == {1}, seen  # each zarr.json once
+    prefix = f"/{BUCKET}/{root}/"
+    # what tensorstore reads for the chunk too: the array's zarr.json (not its parents'), the index, the chunk
+    assert seen == [
+        _Exchange("GET", prefix + join_path(path, "zarr.json"), None, None, 200, len(document)),
+        _Exchange("GET", prefix + shard_key, f"bytes=-{INDEX_NBYTES}", None, 206, INDEX_NBYTES),
+        _Exchange("GET", prefix + shard_key, _range(offset, nbytes), etag, 206, nbytes),
+    ], seen
