@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from shardkv.errors import ConfigurationError, MetadataError
 from shardkv.keys.encodings import V2ChunkKeyEncoding
-from shardkv.keys.paths import join_path, owner_candidates, split_key
+from shardkv.keys.paths import join_path, split_key
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.all_v3 import may_mirror
 from shardkv.metadata.documents import META_NAMES, dump_json, load_json
@@ -351,9 +351,15 @@ class NodeTable:
     def owner(self, key: str) -> ShardedArray | None:
         """The sharded array whose chunk (or shard) ``key`` names, if any.
 
-        The first array met walking the key's prefixes from the root owns it
-        (arrays have no children), provided every segment after the array's
-        path is chunk-like (``/``-separated chunk keys have several).
+        An array owns the keys below its path whose every segment after that
+        path is chunk-like (``/``-separated chunk keys have several). Only the
+        paths that could own ``key`` that way are read (:func:`_owner_paths`),
+        from the highest down; the first array met owns it (arrays have no
+        children). A path with a segment that is not chunk-like between it and
+        ``key`` owns nothing of it, whatever it is: it is not read, so a chunk
+        of ``g/arr`` costs the read of ``g/arr/zarr.json`` alone, as in
+        tensorstore and zarr-python 3, which also open an array from its own
+        document (issue 21).
         """
         parent, name = split_key(key)
         if name in META_NAMES or not _CHUNKISH.fullmatch(name):
@@ -373,14 +379,10 @@ class NodeTable:
 
     def _owner_of_parent(self, parent: str) -> ShardedArray | None:
         """:meth:`owner` for every key ``parent/<chunk-like name>`` (memoised by the caller)."""
-        for path in owner_candidates(join_path(parent, "0")):
+        for path in _owner_paths(parent):
             node = self.node(path)
-            if not node.is_array:
-                continue
-            rest = parent[len(path) :].strip("/")
-            if node.array is None or any(not _CHUNKISH.fullmatch(s) for s in rest.split("/") if rest):
-                return None
-            return node.array
+            if node.is_array:
+                return node.array  # None for an unsharded array: its chunks pass through
         return None
 
     # -- metadata documents as code above the proxy sees them ------------------------------
@@ -499,6 +501,20 @@ def present_stored_zmetadata(key: str, raw: bytes, docs: Callable[[list[str]], M
     found = docs([join_path(prefix, p).strip("/") for p in refused])
     by_entry = {p: doc for p in refused if (doc := found.get(join_path(prefix, p).strip("/"))) is not None}
     return dump_json(presented_zmetadata(stored, by_entry), key=key)
+
+
+def _owner_paths(parent: str) -> list[str]:
+    """The paths that could own the keys ``parent/<chunk-like name>``, from the highest down.
+
+    ``parent`` itself and each of its prefixes followed by chunk-like segments
+    only: ``"g/arr"`` -> ``["g/arr"]``, ``"g/arr/1/2"`` -> ``["g/arr", "g/arr/1",
+    "g/arr/1/2"]``, ``"3"`` -> ``["", "3"]``.
+    """
+    segments = parent.split("/") if parent else []
+    top = len(segments)
+    while top > 0 and _CHUNKISH.fullmatch(segments[top - 1]):
+        top -= 1
+    return ["/".join(segments[:i]) for i in range(top, len(segments) + 1)]
 
 
 def _decided_by_zarr_json(path: str, raw_json: Any | None) -> Node | None:
