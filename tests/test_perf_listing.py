@@ -15,7 +15,7 @@ import itertools
 from collections import Counter
 from collections.abc import KeysView, MutableMapping
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pytest
@@ -31,6 +31,8 @@ from shardkv.keys.encodings import (
 )
 from shardkv.keys.listing import shard_chunk_count, shard_chunk_keys, sorted_chunk_names
 from shardkv.keys.space import ShardedArray
+from shardkv.storage.kv import Generation, ReadRequest, ReadResult
+from shardkv.storage.local import LocalStore
 
 ENCODINGS = [
     V2ChunkKeyEncoding("."),
@@ -338,3 +340,79 @@ def test_len_after_a_for_loop_lists_afresh(counted: tuple[CountingMapping, int])
     base.reset()
     assert len(store) == n + 1
     assert base.listings == 1
+
+
+# -- warm listings take the generations the store's listing returns --------------------------------------
+
+
+class CountingLocal(LocalStore):
+    """A local directory store that counts listings and the read requests of each key."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.listings = 0
+        self.reads: Counter[str] = Counter()
+
+    def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
+        for key, _, _ in reads:
+            self.reads[key] += 1
+        return super().get_many(reads)
+
+    def list_prefix(self, prefix: str) -> Iterator[str]:
+        self.listings += 1
+        return super().list_prefix(prefix)
+
+    def list_generations(
+        self, prefix: str, wanted: Callable[[str], bool] | None = None
+    ) -> Iterator[tuple[str, Generation | None]]:
+        self.listings += 1
+        for key, generation in LocalStore.list_generations(self, prefix, wanted):
+            yield key, generation
+
+    def reset(self) -> None:
+        self.listings = 0
+        self.reads.clear()
+
+
+def _shard_keys(kv: LocalStore) -> set[str]:
+    return {k for k in kv.list_prefix("arr/") if k[4:][0].isdigit()}
+
+
+LISTINGS: dict[str, Callable[[ShardedStore], object]] = {
+    "list": list,
+    "len": len,
+    "keys": lambda s: list(s.keys()),
+    "keys_under": lambda s: list(s.keys_under("arr")),
+    "listdir": lambda s: s.listdir("arr"),
+    "nchunks_initialized": lambda s: zarr.open_array(s, mode="r", path="arr").nchunks_initialized,
+}
+
+
+@pytest.mark.parametrize("listing", list(LISTINGS))
+def test_a_warm_local_listing_reads_no_shard(tmp_path: Path, listing: str) -> None:
+    root = str(tmp_path / "data")
+    _, data = written(root)
+    kv = CountingLocal(root)
+    store = ShardedStore(kv)
+    run = LISTINGS[listing]
+    cold = run(store)  # reads each index once (and caches it with its generation)
+    shards = _shard_keys(kv)
+    assert {k for k in kv.reads if k in shards} == shards
+    kv.reset()
+    assert run(store) == cold
+    assert not {k for k in kv.reads if k in shards}  # the listing's stat confirmed every cached index
+    assert kv.listings == 1
+
+
+def test_a_shard_rewritten_by_another_store_is_read_again_by_the_next_listing(tmp_path: Path) -> None:
+    root = str(tmp_path / "data")
+    _, data = written(root)
+    kv = CountingLocal(root)
+    store = ShardedStore(kv)
+    assert set(store) == unsharded_keys(data)  # warm: every index cached
+    _fill_a_stored_chunk_and_a_new_one(ShardedStore(root))  # rewrites shard arr/0.0 (a new file)
+    data[0:2, 0:2] = 7
+    kv.reset()
+    keys = set(store)
+    assert keys == unsharded_keys(data) and "arr/0.0" in keys
+    assert {k: n for k, n in kv.reads.items() if k in _shard_keys(kv)} == {"arr/0.0": 1}  # the changed one only

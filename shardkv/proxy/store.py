@@ -34,7 +34,14 @@ from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
 from shardkv.proxy.base import ProxyBase
 from shardkv.proxy.hierarchy import Hierarchy
-from shardkv.proxy.listing import LengthHint, ListedKeys, child_names, count_logical_keys, logical_keys
+from shardkv.proxy.listing import (
+    LengthHint,
+    ListedKeys,
+    base_listing,
+    child_names,
+    count_logical_keys,
+    logical_keys,
+)
 from shardkv.proxy.metadata_writes import MetadataWriter, writes_to
 from shardkv.proxy.nodes import META_NAMES, NodeTable
 from shardkv.proxy.options import DEFAULT_INDEX_CACHE_BYTES, Concurrency, IndexLocation, Options
@@ -533,7 +540,8 @@ class ShardedStore(ProxyBase):
         Any other ``len`` lists afresh.
         """
         self.flush()
-        return self._length_hint.iterate(list(logical_keys(self._nodes, self._engine, self._kv.list_prefix(""))))
+        keys = list(logical_keys(self._nodes, self._engine, base_listing(self._kv, self._engine, "")))
+        return self._length_hint.iterate(keys)
 
     def keys(self) -> KeysView[str]:
         """The keys, listed once (iteration and ``len`` share one enumeration of the base store; ``in`` is current)."""
@@ -550,13 +558,13 @@ class ShardedStore(ProxyBase):
         if hinted is not None:
             return hinted
         self.flush()
-        return count_logical_keys(self._nodes, self._engine, self._kv.list_prefix(""))
+        return count_logical_keys(self._nodes, self._engine, base_listing(self._kv, self._engine, ""))
 
     def keys_under(self, path: str) -> Iterator[str]:
         """Every logical key under ``path`` (a path, or ``""`` for all); ``InvalidKeyError`` if it leaves the store."""
         path = validate_path(path)
         self.flush()
-        return logical_keys(self._nodes, self._engine, self._kv.list_prefix(path_prefix(path)))
+        return logical_keys(self._nodes, self._engine, base_listing(self._kv, self._engine, path_prefix(path)))
 
     def listdir(self, path: str = "") -> list[str]:
         """Names of the immediate children of ``path``, as code above the proxy sees them."""
@@ -567,7 +575,7 @@ class ShardedStore(ProxyBase):
             return self._nodes.listed_names(path, sorted({*keys, *dirs}))
         self.flush()
         prefix = path_prefix(path)
-        return child_names(self._nodes, self._engine, prefix, self._kv.list_prefix(prefix))
+        return child_names(self._nodes, self._engine, prefix, base_listing(self._kv, self._engine, prefix))
 
     def rmdir(self, path: str = "") -> None:
         """Delete everything under ``path`` (the whole store for ``""``).
