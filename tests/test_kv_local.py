@@ -89,6 +89,30 @@ def test_generation_is_the_files_fstat(tmp_path: Path) -> None:
     assert dict(kv.list_generations("")) == {"a/k": g}
 
 
+def test_list_generations_stats_only_the_wanted_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kv = LocalStore(tmp_path)
+    g = put_ok(kv, "a/k", b"v")
+    put_ok(kv, "a/j", b"w")
+    stats: list[str] = []
+
+    class Entry:  # os.DirEntry cannot be patched: wrap the entries scandir yields
+        def __init__(self, entry: os.DirEntry[str]) -> None:
+            self._entry = entry
+            self.name, self.path = entry.name, entry.path
+
+        def is_dir(self) -> bool:
+            return self._entry.is_dir()
+
+        def stat(self) -> os.stat_result:
+            stats.append(self.name)
+            return self._entry.stat()
+
+    scandir = os.scandir
+    monkeypatch.setattr(local.os, "scandir", lambda path: [Entry(e) for e in scandir(path)])
+    assert dict(kv.list_generations("a/", {"a/k"}.__contains__)) == {"a/j": None, "a/k": g}
+    assert stats == ["k"]  # one stat, of the wanted file
+
+
 def test_fifo_at_a_key_is_damage_and_never_blocks(tmp_path: Path) -> None:
     kv = LocalStore(tmp_path)
     os.mkfifo(tmp_path / "fifo")

@@ -15,7 +15,7 @@ import itertools
 from collections import Counter
 from collections.abc import KeysView, MutableMapping
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pytest
@@ -31,6 +31,8 @@ from shardkv.keys.encodings import (
 )
 from shardkv.keys.listing import shard_chunk_count, shard_chunk_keys, sorted_chunk_names
 from shardkv.keys.space import ShardedArray
+from shardkv.storage.kv import Generation, ReadRequest, ReadResult
+from shardkv.storage.local import LocalStore
 
 ENCODINGS = [
     V2ChunkKeyEncoding("."),
@@ -259,3 +261,158 @@ def test_keys_is_a_set_like_view_with_current_membership() -> None:
     assert keys == set(store) and len(keys & {"arr/10.10", "nope"}) == 1
     del store["arr/10.10"]
     assert "arr/10.10" not in keys  # `in` asks the store
+
+
+# -- list(store): one listing, and every later len current -----------------------------------------------
+
+
+def unsharded_keys(data: np.ndarray, path: str = "arr") -> set[str]:
+    """The keys zarr-python 2 stores for ``data`` written as :func:`written` writes it, unsharded (the oracle)."""
+    plain: dict[str, Any] = {}
+    z = zarr.open_array(plain, mode="w", path=path, shape=SHAPE, chunks=CHUNKS, dtype="i2", fill_value=0,
+                        write_empty_chunks=False, compressor=None)
+    z[...] = data
+    return set(plain)
+
+
+def test_list_of_the_store_enumerates_the_base_listing_once(counted: tuple[CountingMapping, int]) -> None:
+    base, _ = counted
+    store = ShardedStore(base)
+    data = zarr.open_array(store, mode="r", path="arr")[...]
+    base.reset()
+    keys = list(store)  # iter(store), then len(store) as a length hint: one listing for both
+    assert base.listings == 1
+    assert len(keys) == len(set(keys)) and set(keys) == unsharded_keys(data)
+    assert all(n == 1 for k, n in base.reads.items() if not k.endswith("zarr.json"))  # each shard once
+    base.reset()
+    assert sorted(store) == sorted(keys) and base.listings == 1  # sorted() takes the same length hint
+
+
+def _fill_a_stored_chunk_and_a_new_one(store: ShardedStore) -> None:
+    """Write one chunk that was fill value (a new key) through ``store``."""
+    z = zarr.open_array(store, mode="r+", path="arr")
+    z[0:2, 0:2] = 7
+
+
+def test_len_after_list_is_current_after_a_write_through_the_store(counted: tuple[CountingMapping, int]) -> None:
+    base, _ = counted
+    store = ShardedStore(base)
+    before = list(store)
+    _fill_a_stored_chunk_and_a_new_one(store)
+    base.reset()
+    assert len(store) == len(before) + 1  # a listing of its own, not the count list() left
+    assert base.listings == 1
+
+
+@pytest.mark.parametrize("kind", ["dict", "directory"])
+def test_len_after_list_is_current_after_a_write_by_another_store(tmp_path: Path, kind: str) -> None:
+    base: Any = {} if kind == "dict" else str(tmp_path / "data")
+    first, data = written(base)
+    store = ShardedStore(base)
+    before = list(store)
+    assert set(before) == unsharded_keys(data)
+    _fill_a_stored_chunk_and_a_new_one(ShardedStore(base))  # another store object over the same base
+    assert len(store) == len(before) + 1
+    data[0:2, 0:2] = 7
+    assert set(store) == unsharded_keys(data)
+
+
+@pytest.mark.parametrize("writer", ["this store", "another store"])
+def test_len_after_an_unconsumed_iter_is_current(counted: tuple[CountingMapping, int], writer: str) -> None:
+    base, _ = counted
+    store = ShardedStore(base)
+    n = len(list(store))
+    it = iter(store)
+    _fill_a_stored_chunk_and_a_new_one(store if writer == "this store" else ShardedStore(base))
+    base.reset()
+    assert len(store) == n + 1  # len() is not iter()'s length hint here: it lists
+    assert base.listings == 1
+    assert len(list(it)) == n  # the iterator holds the keys listed when it was made
+
+
+def test_len_after_a_for_loop_lists_afresh(counted: tuple[CountingMapping, int]) -> None:
+    base, _ = counted
+    store = ShardedStore(base)
+    n = 0
+    for _ in store:
+        n += 1
+    _fill_a_stored_chunk_and_a_new_one(ShardedStore(base))
+    base.reset()
+    assert len(store) == n + 1
+    assert base.listings == 1
+
+
+# -- warm listings take the generations the store's listing returns --------------------------------------
+
+
+class CountingLocal(LocalStore):
+    """A local directory store that counts listings and the read requests of each key."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.listings = 0
+        self.reads: Counter[str] = Counter()
+
+    def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
+        for key, _, _ in reads:
+            self.reads[key] += 1
+        return super().get_many(reads)
+
+    def list_prefix(self, prefix: str) -> Iterator[str]:
+        self.listings += 1
+        return super().list_prefix(prefix)
+
+    def list_generations(
+        self, prefix: str, wanted: Callable[[str], bool] | None = None
+    ) -> Iterator[tuple[str, Generation | None]]:
+        self.listings += 1
+        for key, generation in LocalStore.list_generations(self, prefix, wanted):
+            yield key, generation
+
+    def reset(self) -> None:
+        self.listings = 0
+        self.reads.clear()
+
+
+def _shard_keys(kv: LocalStore) -> set[str]:
+    return {k for k in kv.list_prefix("arr/") if k[4:][0].isdigit()}
+
+
+LISTINGS: dict[str, Callable[[ShardedStore], object]] = {
+    "list": list,
+    "len": len,
+    "keys": lambda s: list(s.keys()),
+    "keys_under": lambda s: list(s.keys_under("arr")),
+    "listdir": lambda s: s.listdir("arr"),
+    "nchunks_initialized": lambda s: zarr.open_array(s, mode="r", path="arr").nchunks_initialized,
+}
+
+
+@pytest.mark.parametrize("listing", list(LISTINGS))
+def test_a_warm_local_listing_reads_no_shard(tmp_path: Path, listing: str) -> None:
+    root = str(tmp_path / "data")
+    _, data = written(root)
+    kv = CountingLocal(root)
+    store = ShardedStore(kv)
+    run = LISTINGS[listing]
+    cold = run(store)  # reads each index once (and caches it with its generation)
+    shards = _shard_keys(kv)
+    assert {k for k in kv.reads if k in shards} == shards
+    kv.reset()
+    assert run(store) == cold
+    assert not {k for k in kv.reads if k in shards}  # the listing's stat confirmed every cached index
+    assert kv.listings == 1
+
+
+def test_a_shard_rewritten_by_another_store_is_read_again_by_the_next_listing(tmp_path: Path) -> None:
+    root = str(tmp_path / "data")
+    _, data = written(root)
+    kv = CountingLocal(root)
+    store = ShardedStore(kv)
+    assert set(store) == unsharded_keys(data)  # warm: every index cached
+    _fill_a_stored_chunk_and_a_new_one(ShardedStore(root))  # rewrites shard arr/0.0 (a new file)
+    data[0:2, 0:2] = 7
+    kv.reset()
+    keys = set(store)
+    assert keys == unsharded_keys(data) and "arr/0.0" in keys
+    assert {k: n for k, n in kv.reads.items() if k in _shard_keys(kv)} == {"arr/0.0": 1}  # the changed one only

@@ -369,3 +369,41 @@ def test_a_cold_chunk_read_is_the_arrays_zarr_json_then_the_index_then_the_chunk
         _Exchange("GET", prefix + shard_key, f"bytes=-{INDEX_NBYTES}", None, 206, INDEX_NBYTES),
         _Exchange("GET", prefix + shard_key, _range(offset, nbytes), etag, 206, nbytes),
     ], seen
+
+
+# -- listings: the ETags of ListObjectsV2 confirm the cached indexes ---------------------------------------
+
+
+def _listing_requests(log: _Requests) -> list[tuple[str, str]]:
+    return [r for r in log.seen if "list-type=2" in r[1]]
+
+
+def test_a_warm_listing_is_the_listing_request_alone(s3: Any) -> None:
+    options, log = s3
+    root, _ = _written(options)
+    store = _store(options, root)
+    z = zarr.open_array(store, path="arr", mode="r")
+    cold = list(store)
+    assert z.nchunks_initialized == z.nchunks
+    shard_paths = {f"/{BUCKET}/{root}/{k}" for k in SHARDS}
+    log.reset()
+    assert list(store) == cold
+    assert len(store) == len(cold)
+    assert sorted(store.keys()) == sorted(cold)
+    assert z.nchunks_initialized == z.nchunks  # zarr 2: listdir of the array
+    assert not [r for r in log.seen if r[1] in shard_paths], log.seen  # no HEAD or GET per cached shard
+    assert log.seen == _listing_requests(log), log.seen  # nothing but ListObjectsV2
+    assert len(log.seen) == 4  # one listing each (list(store) once, not twice)
+
+
+def test_a_shard_rewritten_by_another_store_is_read_again_by_the_next_listing(s3: Any) -> None:
+    options, log = s3
+    root, _ = _written(options)
+    store = _store(options, root)
+    before = set(store)  # warm: every index cached with its ETag
+    other = _store(options, root)
+    del other["arr/0.1"]  # a chunk of shard arr/0.0: the shard is rewritten (a new ETag)
+    log.reset()
+    assert set(store) == before - {"arr/0.1"}
+    shard_reads = [r for r in log.seen if r not in _listing_requests(log)]
+    assert shard_reads == [("GET", f"/{BUCKET}/{root}/arr/0.0")], log.seen  # its index, the others confirmed

@@ -75,6 +75,10 @@ class IndexCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def __contains__(self, shard_key: object) -> bool:
+        """True when an index of ``shard_key`` is cached (no count, no reordering, no lock: one dict look-up)."""
+        return shard_key in self._entries
+
     def get(self, shard_key: str) -> ShardIndex | None:
         """The cached index, or ``None``; counts a hit or a miss."""
         entry = self.entry(shard_key)

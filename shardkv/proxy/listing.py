@@ -3,62 +3,94 @@
 Keys outside sharded arrays are listed as zarr-python 2 sees them
 (:meth:`NodeTable.listed <shardkv.proxy.nodes.NodeTable.listed>`: the
 ``zarr.json`` of presented nodes replaced by their v2 documents); each shard is replaced by the chunk keys its index
-holds, for chunks inside the array's grid (:meth:`ShardEngine.chunk_keys
+holds, for chunks inside the array's grid (the listing's generations confirm
+the cached indexes: :func:`base_listing`; :meth:`ShardEngine.chunk_keys
 <shardkv.engine.engine.ShardEngine.chunk_keys>` reads the indexes in batches,
 one request each, and builds each key once from the index:
 :mod:`shardkv.keys.listing`). The base listing is enumerated once per call;
 counting (``len``) never builds a chunk key, and the names of an array
 directory come out sorted without a string sort where the keys allow
 (:func:`child_names`).
+
+``list(store)`` asks ``len(store)`` right after ``iter(store)`` (CPython's
+length hint): :class:`LengthHint` lets that one ``len`` count the listing
+``iter`` just took instead of listing the base store a second time.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+import sys
+import weakref
 from collections.abc import KeysView, Mapping
+from types import CodeType, FrameType
 from typing import Any, Iterable, Iterator
 
 from shardkv.engine.engine import ShardEngine
 from shardkv.keys.listing import sorted_chunk_names
 from shardkv.keys.space import ShardedArray
 from shardkv.proxy.nodes import NodeTable
+from shardkv.storage.kv import Generation, KVStore
 
-__all__ = ["split_shards", "logical_keys", "count_logical_keys", "child_names", "ListedKeys"]
+__all__ = [
+    "base_listing", "split_shards", "logical_keys", "count_logical_keys", "child_names", "ListedKeys", "LengthHint",
+]
 
 
-def split_shards(nodes: NodeTable, keys: Iterable[str]) -> tuple[list[str], dict[str, ShardedArray]]:
-    """Base store keys as ``(plain keys, {shard key: its array})``."""
+Listed = Iterable[tuple[str, "Generation | None"]]
+"""A base store listing: ``(key, generation or None)`` pairs, as :meth:`KVStore.list_generations
+<shardkv.storage.kv.KVStore.list_generations>` yields them."""
+
+
+def base_listing(kv: KVStore, engine: ShardEngine, prefix: str) -> Listed:
+    """The base store keys under ``prefix``, with the generations the listing returns for the cached shards.
+
+    The engine takes a cached index whose generation equals the listed one
+    as current without a request (:func:`~shardkv.engine.reads.current_indexes`);
+    only cached shards are asked for (a local ``stat`` each), and object
+    stores return them with the listing anyway.
+    """
+    return kv.list_generations(prefix, engine.cache.__contains__)
+
+
+def split_shards(
+    nodes: NodeTable, listed: Listed
+) -> tuple[list[str], dict[str, ShardedArray], dict[str, Generation]]:
+    """A base store listing as ``(plain keys, {shard key: its array}, {shard key: its listed generation})``."""
     plain: list[str] = []
     shards: dict[str, ShardedArray] = {}
-    for key in keys:
+    generations: dict[str, Generation] = {}
+    for key, generation in listed:
         arr = nodes.owner(key)
         if arr is not None and arr.shard_coords_of(key) is not None:
             shards[key] = arr
+            if generation is not None:
+                generations[key] = generation
         else:
             plain.append(key)
-    return plain, shards
+    return plain, shards, generations
 
 
-def logical_keys(nodes: NodeTable, engine: ShardEngine, base_keys: Iterable[str]) -> Iterator[str]:
-    """The keys code above the proxy sees, for the base store keys ``base_keys`` (enumerated once, lazily)."""
-    return itertools.chain.from_iterable(_key_groups(nodes, engine, base_keys))
+def logical_keys(nodes: NodeTable, engine: ShardEngine, listed: Listed) -> Iterator[str]:
+    """The keys code above the proxy sees, for the base store listing ``listed`` (enumerated once, lazily)."""
+    return itertools.chain.from_iterable(_key_groups(nodes, engine, listed))
 
 
-def _key_groups(nodes: NodeTable, engine: ShardEngine, base_keys: Iterable[str]) -> Iterator[Iterable[str]]:
+def _key_groups(nodes: NodeTable, engine: ShardEngine, listed: Listed) -> Iterator[Iterable[str]]:
     """The keys of :func:`logical_keys` in groups: plain keys, then the chunk keys (a list per shard)."""
-    plain, shards = split_shards(nodes, base_keys)
+    plain, shards, generations = split_shards(nodes, listed)
     yield nodes.listed(plain)
-    yield engine.chunk_keys(shards)  # in-grid chunks; indexes read in batches by the engine
+    yield engine.chunk_keys(shards, generations=generations)  # in-grid chunks; indexes read in batches
 
 
-def count_logical_keys(nodes: NodeTable, engine: ShardEngine, base_keys: Iterable[str]) -> int:
+def count_logical_keys(nodes: NodeTable, engine: ShardEngine, listed: Listed) -> int:
     """How many keys :func:`logical_keys` would list (no chunk key is built)."""
-    plain, shards = split_shards(nodes, base_keys)
-    return sum(1 for _ in nodes.listed(plain)) + engine.count_chunks(shards)
+    plain, shards, generations = split_shards(nodes, listed)
+    return sum(1 for _ in nodes.listed(plain)) + engine.count_chunks(shards, generations=generations)
 
 
-def child_names(nodes: NodeTable, engine: ShardEngine, prefix: str, base_keys: Iterable[str]) -> list[str]:
+def child_names(nodes: NodeTable, engine: ShardEngine, prefix: str, listed: Listed) -> list[str]:
     """Sorted names of the children of the path ``prefix`` names (``"path/"``), from the base keys under it.
 
     Parameters
@@ -69,8 +101,8 @@ def child_names(nodes: NodeTable, engine: ShardEngine, prefix: str, base_keys: I
         Reads the indexes of the listed shards.
     prefix : str
         ``"path/"`` (``""`` for the root); every key of ``base_keys`` starts with it.
-    base_keys : iterable of str
-        The base store keys under ``prefix`` (enumerated once).
+    listed : iterable of (str, Generation or None)
+        The base store listing under ``prefix`` (enumerated once; see :func:`base_listing`).
 
     Notes
     -----
@@ -80,19 +112,19 @@ def child_names(nodes: NodeTable, engine: ShardEngine, prefix: str, base_keys: I
     indexes already sorted (:func:`~shardkv.keys.listing.sorted_chunk_names`)
     and only the few other names are placed among them.
     """
-    plain, shards = split_shards(nodes, base_keys)
+    plain, shards, generations = split_shards(nodes, listed)
     arrays = {id(arr): arr for arr in shards.values()}
     if len(arrays) == 1:
         (arr,) = arrays.values()
         if arr.key_prefix == prefix:
-            names = sorted_chunk_names(arr, engine.present_masks(shards), len(shards))
+            names = sorted_chunk_names(arr, engine.present_masks(shards, generations=generations), len(shards))
             if names is not None:
                 for name in sorted({_child(k, prefix) for k in nodes.listed(plain)}):
                     at = bisect.bisect_left(names, name)
                     if at == len(names) or names[at] != name:
                         names.insert(at, name)
                 return names
-    keys = itertools.chain(nodes.listed(plain), engine.chunk_keys(shards))
+    keys = itertools.chain(nodes.listed(plain), engine.chunk_keys(shards, generations=generations))
     return sorted({_child(k, prefix) for k in keys})
 
 
@@ -131,3 +163,79 @@ class ListedKeys(KeysView[str]):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._listed!r})"
+
+
+class _Listed:
+    """What :meth:`LengthHint.iterate` noted: how many keys it listed, and for which call."""
+
+    __slots__ = ("count", "frame_id", "code", "lasti", "__weakref__")
+
+    def __init__(self, count: int, frame_id: int, code: CodeType, lasti: int) -> None:
+        self.count = count
+        self.frame_id = frame_id
+        self.code = code
+        self.lasti = lasti
+
+
+class LengthHint:
+    """One store's note of its last ``iter()``, for the ``len()`` that ``list(store)`` asks right after it.
+
+    ``list(x)`` (and ``tuple``, ``sorted``) calls ``iter(x)``, then ``len(x)``
+    as a length hint, from one call of the caller's code. :meth:`iterate`
+    hands out an iterator over keys already listed and notes their number
+    with the caller's frame and instruction; :meth:`take`, called by the
+    store's ``__len__``, returns that number only when this ``len`` comes
+    from the same frame at the same instruction (the same ``list(store)``
+    call) while that iterator is alive, and forgets the note either way.
+    Every other ``len`` (after a ``for`` loop, after ``it = iter(store)``
+    and a write by any store, in another thread) gets ``None`` and lists
+    afresh, so ``len`` stays current.
+
+    Notes
+    -----
+    The note holds no frame (a frame would keep its locals alive): it keeps
+    the frame's ``id``, code object and instruction offset, and lives only
+    as long as the iterator it was made for (the store keeps a weak
+    reference to it).
+    """
+
+    __slots__ = ("_note",)
+
+    def __init__(self) -> None:
+        self._note: weakref.ref[_Listed] | None = None
+
+    def iterate(self, keys: list[str]) -> Iterator[str]:
+        """An iterator over ``keys`` (just listed), noted for the caller of the store's ``__iter__``."""
+        caller = _caller()
+        if caller is None:
+            self._note = None
+            return iter(keys)
+        note = _Listed(len(keys), id(caller), caller.f_code, caller.f_lasti)
+        self._note = weakref.ref(note)
+        return itertools.chain(_holding(note), keys)
+
+    def take(self) -> int | None:
+        """The number of keys :meth:`iterate` listed, if the caller's ``len`` is its length hint; else ``None``."""
+        ref, self._note = self._note, None
+        note = None if ref is None else ref()
+        if note is None:
+            return None
+        caller = _caller()
+        if caller is None or id(caller) != note.frame_id or caller.f_code is not note.code or caller.f_lasti != note.lasti:
+            return None
+        return note.count
+
+
+def _caller() -> FrameType | None:
+    """The frame of the code that called the store's ``__iter__``/``__len__`` (``None`` if C code called it alone)."""
+    try:
+        return sys._getframe(3)  # 0: here, 1: LengthHint's method, 2: the store's method, 3: its caller
+    except ValueError:
+        return None
+
+
+def _holding(note: _Listed) -> Iterator[str]:
+    """An empty iterator that keeps ``note`` alive as long as the iterator it starts."""
+    del note  # dropped on the first next(): the note is no use once iteration has begun
+    return
+    yield

@@ -34,7 +34,14 @@ from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
 from shardkv.proxy.base import ProxyBase
 from shardkv.proxy.hierarchy import Hierarchy
-from shardkv.proxy.listing import ListedKeys, child_names, count_logical_keys, logical_keys
+from shardkv.proxy.listing import (
+    LengthHint,
+    ListedKeys,
+    base_listing,
+    child_names,
+    count_logical_keys,
+    logical_keys,
+)
 from shardkv.proxy.metadata_writes import MetadataWriter, writes_to
 from shardkv.proxy.nodes import META_NAMES, NodeTable
 from shardkv.proxy.options import DEFAULT_INDEX_CACHE_BYTES, Concurrency, IndexLocation, Options
@@ -178,6 +185,7 @@ class ShardedStore(ProxyBase):
         self._engine = ShardEngine(self._kv, options.engine_options())
         self._advisor = WriteAdvisor()  # warns once per array about chunk-by-chunk rewrites (write-through)
         self._writer = WriteBack(self._engine, options.buffer_bytes, self._advisor.observe)
+        self._length_hint = LengthHint()  # list(store): its len() counts the listing its iter() took
         self._write = writes_to(self._kv)
         self._metadata = MetadataWriter(
             self._nodes, self._kv.values, self._write, kv.list_prefix, self._writer, options,
@@ -524,22 +532,39 @@ class ShardedStore(ProxyBase):
         return reclaimed
 
     def __iter__(self) -> Iterator[str]:
+        """Every key, listed when ``iter`` is called (one enumeration of the base store).
+
+        The keys are listed eagerly, so that ``list(store)`` enumerates the
+        base store once: the ``len(store)`` it asks right after ``iter`` (a
+        length hint) counts this listing (:class:`~shardkv.proxy.listing.LengthHint`).
+        Any other ``len`` lists afresh.
+        """
         self.flush()
-        return logical_keys(self._nodes, self._engine, self._kv.list_prefix(""))
+        keys = list(logical_keys(self._nodes, self._engine, base_listing(self._kv, self._engine, "")))
+        return self._length_hint.iterate(keys)
 
     def keys(self) -> KeysView[str]:
         """The keys, listed once (iteration and ``len`` share one enumeration of the base store; ``in`` is current)."""
         return ListedKeys(self, self)
 
     def __len__(self) -> int:
+        """How many keys are stored now (no chunk key is built).
+
+        Lists the base store, except for the ``len`` that ``list(store)``
+        asks right after its ``iter`` (the same call): that one counts the
+        keys ``iter`` has just listed.
+        """
+        hinted = self._length_hint.take()
+        if hinted is not None:
+            return hinted
         self.flush()
-        return count_logical_keys(self._nodes, self._engine, self._kv.list_prefix(""))
+        return count_logical_keys(self._nodes, self._engine, base_listing(self._kv, self._engine, ""))
 
     def keys_under(self, path: str) -> Iterator[str]:
         """Every logical key under ``path`` (a path, or ``""`` for all); ``InvalidKeyError`` if it leaves the store."""
         path = validate_path(path)
         self.flush()
-        return logical_keys(self._nodes, self._engine, self._kv.list_prefix(path_prefix(path)))
+        return logical_keys(self._nodes, self._engine, base_listing(self._kv, self._engine, path_prefix(path)))
 
     def listdir(self, path: str = "") -> list[str]:
         """Names of the immediate children of ``path``, as code above the proxy sees them."""
@@ -550,7 +575,7 @@ class ShardedStore(ProxyBase):
             return self._nodes.listed_names(path, sorted({*keys, *dirs}))
         self.flush()
         prefix = path_prefix(path)
-        return child_names(self._nodes, self._engine, prefix, self._kv.list_prefix(prefix))
+        return child_names(self._nodes, self._engine, prefix, base_listing(self._kv, self._engine, prefix))
 
     def rmdir(self, path: str = "") -> None:
         """Delete everything under ``path`` (the whole store for ``""``).

@@ -15,7 +15,7 @@ import itertools
 import os
 import threading
 from functools import partial
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import fsspec
 from fsspec.implementations.memory import MemoryFileSystem
@@ -261,7 +261,10 @@ class FsspecStore(KVStore):
             if key.startswith(prefix) and not hidden(key):
                 yield key
 
-    def list_generations(self, prefix: str) -> Iterator[tuple[str, Generation | None]]:
+    def list_generations(
+        self, prefix: str, wanted: Callable[[str], bool] | None = None
+    ) -> Iterator[tuple[str, Generation | None]]:
+        """Every key under ``prefix``; ``memory://`` values with their identity (a look-up), others with ``None``."""
         for key in self.list_prefix(prefix):
             yield key, (self._memory_generation(key) if self._memory else None)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Hashable, Iterator, Literal, Mapping, Sequence
+from typing import Callable, Hashable, Iterator, Literal, Mapping, Sequence
 
 from shardkv.errors import ReservedKeyError
 from shardkv.format.ranges import ByteRange
@@ -287,8 +287,26 @@ class KVStore(ABC):
     def list_prefix(self, prefix: str) -> Iterator[str]:
         """Every stored key that starts with ``prefix`` (``""``: all), never shardkv's hidden files."""
 
-    def list_generations(self, prefix: str) -> Iterator[tuple[str, Generation | None]]:
-        """Every stored key that starts with ``prefix``, with its generation when the listing gives it for free.
+    def list_generations(
+        self, prefix: str, wanted: Callable[[str], bool] | None = None
+    ) -> Iterator[tuple[str, Generation | None]]:
+        """Every stored key that starts with ``prefix``, with its generation where the listing gives it cheaply.
+
+        Object stores return the generations of their listing (S3
+        ``ListObjectsV2`` ETags, obstore's ``e_tag``/``version``); local files
+        one ``stat`` per file wanted; stores whose listing carries no
+        generation (mappings, fsspec filesystems other than ``memory://``)
+        give ``None`` at the cost of :meth:`list_prefix`. No implementation
+        makes a request per key.
+
+        Parameters
+        ----------
+        prefix : str
+            Keys starting with it are listed (``""``: all).
+        wanted : callable of str to bool, optional
+            The keys whose generation the caller will use (the shards whose
+            index it has cached); a store that pays for each generation (a
+            local ``stat``) gives ``None`` for the others. ``None``: every key.
 
         Yields
         ------

@@ -50,7 +50,7 @@ import time
 import uuid
 import warnings
 from collections import OrderedDict
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from shardkv.errors import InvalidKeyError
 from shardkv.storage.buffers import BytesLike, Value, byte_parts, pread_exact, read_pool, write_parts
@@ -419,8 +419,13 @@ class LocalStore(KVStore):
 
     # -- listings -------------------------------------------------------------
 
-    def _walk(self, prefix: str, stat_entries: bool) -> Iterator[tuple[str, os.stat_result | None]]:
-        """``(key, stat or None)`` of every file whose key starts with ``prefix``, hidden ones left out."""
+    def _walk(
+        self, prefix: str, stat_entries: Callable[[str], bool] | bool
+    ) -> Iterator[tuple[str, os.stat_result | None]]:
+        """``(key, stat or None)`` of every file whose key starts with ``prefix``, hidden ones left out.
+
+        ``stat_entries``: stat every file (``True``), none (``False``), or those whose key it accepts.
+        """
         if prefix:
             _check_key(prefix.rstrip("/"))
         head = prefix.rpartition("/")[0]
@@ -439,15 +444,21 @@ class LocalStore(KVStore):
                 if entry.is_dir():
                     pending.append((entry.path, key + "/"))
                 elif key.startswith(prefix):
-                    yield key, (entry.stat() if stat_entries else None)
+                    stat = stat_entries if isinstance(stat_entries, bool) else stat_entries(key)
+                    yield key, (entry.stat() if stat else None)
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
         for key, _ in self._walk(prefix, False):
             yield key
 
-    def list_generations(self, prefix: str) -> Iterator[tuple[str, Generation | None]]:
-        """Every key under ``prefix`` with its generation (one ``stat`` per file, as a read's ``fstat`` sees it)."""
-        for key, st in self._walk(prefix, True):
+    def list_generations(
+        self, prefix: str, wanted: Callable[[str], bool] | None = None
+    ) -> Iterator[tuple[str, Generation | None]]:
+        """Every key under ``prefix`` with its generation (one ``stat`` per wanted file, as a read's ``fstat`` sees it).
+
+        Files ``wanted`` does not accept are listed with ``None`` (no ``stat``).
+        """
+        for key, st in self._walk(prefix, True if wanted is None else wanted):
             yield key, None if st is None else file_generation(st)
 
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:

@@ -293,7 +293,10 @@ class ObstoreStore(KVStore):
 
     # -- listings -------------------------------------------------------------
 
-    def list_generations(self, prefix: str) -> Iterator[tuple[str, Generation | None]]:
+    def list_generations(
+        self, prefix: str, wanted: Callable[[str], bool] | None = None
+    ) -> Iterator[tuple[str, Generation | None]]:
+        """Every key under ``prefix`` with the ``(e_tag, version)`` its listing returns (no request per key)."""
         base = prefix.rpartition("/")[0]  # object_store prefixes are whole path segments
         for batch in self._obs.list(self.store, base or None):
             for meta in batch:

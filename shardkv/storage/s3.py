@@ -301,7 +301,10 @@ class S3Store(KVStore):
             kwargs["ContinuationToken"] = token
         return objects, prefixes
 
-    def list_generations(self, prefix: str) -> Iterator[tuple[str, Generation | None]]:
+    def list_generations(
+        self, prefix: str, wanted: Callable[[str], bool] | None = None
+    ) -> Iterator[tuple[str, Generation | None]]:
+        """Every key under ``prefix`` with the ETag ``ListObjectsV2`` returns for it (no request per key)."""
         objects, _ = self._sync(self.fs.loop, self._list, prefix, False)
         for key, etag in objects:
             if not hidden(key):
