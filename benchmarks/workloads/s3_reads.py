@@ -40,7 +40,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -67,8 +66,9 @@ class CountingApp:
 
     def __init__(self, app: Any) -> None:
         self.app = app
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
         self.records: list[dict[str, Any]] = []
+        self.active = 0  # requests begun (before any byte of the response is sent) and not yet recorded
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterator[bytes]:
         method = environ["REQUEST_METHOD"]
@@ -77,6 +77,8 @@ class CountingApp:
             method = "LIST"
         record = {"method": method, "path": environ.get("PATH_INFO", ""), "range": environ.get("HTTP_RANGE"),
                   "if_match": environ.get("HTTP_IF_MATCH"), "status": 0, "bytes": 0}
+        with self.lock:
+            self.active += 1
 
         def counting_start(status: str, headers: Any, exc_info: Any = None) -> Any:
             record["status"] = int(status.split(" ", 1)[0])
@@ -93,11 +95,18 @@ class CountingApp:
                 close()
             with self.lock:
                 self.records.append(record)
+                self.active -= 1
+                self.lock.notify_all()
 
     def take(self) -> list[dict[str, Any]]:
-        """The requests recorded since the last call (after a short wait for responses still being sent)."""
-        time.sleep(0.05)
+        """The requests recorded since the last call, once every request begun is recorded.
+
+        A client has its response only after the request began here, so every request it
+        made is then either recorded or still counted in ``active``.
+        """
         with self.lock:
+            if not self.lock.wait_for(lambda: self.active == 0, timeout=30):
+                raise RuntimeError(f"{self.active} S3 requests still unfinished after 30 s")
             out, self.records = self.records, []
         return out
 
@@ -111,7 +120,8 @@ def start_server() -> tuple[Any, CountingApp, str]:
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no access log on stderr: the counting layer counts
     app = CountingApp(DomainDispatcherApplication(create_backend_app))
     server = make_server("127.0.0.1", 0, app, threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # a short poll interval: shutdown() returns within it (counts do not depend on it)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     return server, app, f"http://127.0.0.1:{server.server_port}"
 
 
