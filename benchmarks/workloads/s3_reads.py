@@ -13,6 +13,9 @@ end with CRC32C) and uploaded, one object per file, with boto3:
 * ``32768``: 3-D, 4 x 8 x 8 chunks, 32 x 32 x 32 = 32,768 chunks per shard
   (index 512 KiB + 4 B); grid 2 x 8 x 32 (tiny) or 32 x 32 x 32 (one full shard).
 
+Size smoke (the test suite's check that the workload runs): two shards per layout
+(the second partial), 3 reads.
+
 Per implementation and layout, counted at the server:
 
 * ``cold``: a new store object, ``zarr.open_array(store, mode="r")`` and one
@@ -52,11 +55,12 @@ from s3_server import ACCESS_KEY, REGION, SECRET_KEY
 
 LAYOUTS: dict[str, dict[str, Any]] = {
     "1024": {"chunk": (16, 16), "per_shard": (32, 32),
-             "grid": {"tiny": (32, 32), "small": (64, 64), "full": (64, 64)}},
+             "grid": {"smoke": (4, 40), "tiny": (32, 32), "small": (64, 64), "full": (64, 64)}},
     "32768": {"chunk": (4, 8, 8), "per_shard": (32, 32, 32),
-              "grid": {"tiny": (2, 8, 32), "small": (32, 32, 32), "full": (32, 32, 32)}},
+              "grid": {"smoke": (1, 2, 40), "tiny": (2, 8, 32), "small": (32, 32, 32), "full": (32, 32, 32)}},
 }
-READS = {"tiny": 10, "small": 100, "full": 200}
+# smoke: the test suite's check that the workload runs (two shards per layout, the second partial)
+READS = {"smoke": 3, "tiny": 10, "small": 100, "full": 200}
 CHUNK_BYTES = 256
 IMPLS = ("shardkv", "shardkv-obstore", "tensorstore")
 
