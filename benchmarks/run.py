@@ -12,21 +12,27 @@ one JSON line with every repetition; this runner takes the medians, prints a
 Markdown table with the machine's facts and writes the same text to
 ``benchmarks/results/latest.md``. A missing environment or a proxy feature
 that is not there yet shows as ``n/a``; a workload that fails makes the exit
-status 1. Uses the standard library only.
+status 1. Uses the standard library only. ``--size smoke`` is the test suite's
+check that every workload runs (``OWN_PROCESS``); it measures nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import io
 import json
 import os
 import platform
+import runpy
 import shutil
 import statistics
 import subprocess
 import sys
 import time
+import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +45,13 @@ ENVS = {"zarr2": (".venv-zarr2", "test-zarr2"), "zarr3": (".venv-zarr3", "test-z
 # the interpreter .venv-bench is made with (pyenv's 3.12), else python3.12 on PATH
 BENCH_PYTHON = (str(Path.home() / ".pyenv" / "versions" / "3.12.1" / "bin" / "python"), "python3.12")
 # 3 at full size (not 5): the whole run, peer matrix included, fits in about 10 minutes
-DEFAULT_REPEAT = {"tiny": 1, "small": 2, "full": 3}
+DEFAULT_REPEAT = {"smoke": 1, "tiny": 1, "small": 2, "full": 3}
+# Size smoke is the test suite's check that every workload runs and reports the fields this runner reads
+# (tests/test_benchmarks_smoke.py; its figures mean nothing). A workload of the runner's own environment then
+# runs inside this process (zarr, dask and moto imported once for all of them), except these, which need a
+# process of their own: peak RSS is per process, and zarr 2.18 reads ZARR_V3_EXPERIMENTAL_API and
+# ZARR_V3_SHARDING only when it is first imported.
+OWN_PROCESS = {("peak_memory", "shardkv"), ("chunkwise_write", "zarr2-transformer")}
 MiB = 1 << 20
 
 
@@ -90,27 +102,37 @@ def find_python(name: str, override: str | None) -> str | None:
 
 def run_workload(python: str | None, workload: str, impl: str, args: argparse.Namespace, repeat: int,
                  extra: list[str] | None = None) -> Any:
-    """Run one workload subprocess (``extra``: more arguments); its JSON result, or ``Missing``."""
+    """Run one workload subprocess (``extra``: more arguments); its JSON result, or ``Missing``.
+
+    At size smoke a workload of this interpreter's environment runs in this process instead (see ``OWN_PROCESS``).
+    """
     if python is None:
         return Missing("env missing")
     only = getattr(args, "only", None)
     if only is not None and workload not in only:
         return Missing("skipped: --only")
-    cmd = [python, str(WORKLOADS / f"{workload}.py"), "--json", "--size", args.size]
-    cmd += ["--repeat", str(repeat), "--impl", impl, "--seed", str(args.seed), *(extra or [])]
+    argv = ["--json", "--size", args.size, "--repeat", str(repeat), "--impl", impl, "--seed", str(args.seed)]
+    argv += extra or []
+    here = (args.size == "smoke" and (workload, impl) not in OWN_PROCESS
+            and os.path.abspath(python) == os.path.abspath(sys.executable))
     t0 = time.perf_counter()
     shown = [a for a in (extra or []) if not a.startswith(("http:", "/"))]  # not the server's address and log
-    log(f"  {workload} --impl {impl} {' '.join(shown)} ...")
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        log(f"    timed out after {args.timeout} s")
-        return Missing(f"timed out after {args.timeout} s", failed=True)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        log(f"    FAILED (exit {proc.returncode}): {tail}")
-        for line in proc.stderr.strip().splitlines()[-15:]:
+    log(f"  {workload} --impl {impl} {' '.join(shown)}{' (in this process)' if here else ''} ...")
+    if here:
+        returncode, stdout, stderr = run_here(workload, argv)
+    else:
+        try:
+            proc = subprocess.run([python, str(WORKLOADS / f"{workload}.py"), *argv], capture_output=True, text=True,
+                                  cwd=ROOT, timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            log(f"    timed out after {args.timeout} s")
+            return Missing(f"timed out after {args.timeout} s", failed=True)
+        returncode, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+    if returncode != 0 or not lines:
+        tail = (stderr.strip().splitlines() or ["no output"])[-1]
+        log(f"    FAILED (exit {returncode}): {tail}")
+        for line in stderr.strip().splitlines()[-15:]:
             log(f"    | {line}")
         return Missing(f"failed: {tail[:80]}", failed=True)
     result = json.loads(lines[-1])
@@ -118,6 +140,29 @@ def run_workload(python: str | None, workload: str, impl: str, args: argparse.Na
     if "unavailable" in result:
         return Missing(result["unavailable"])
     return result
+
+
+def run_here(workload: str, argv: list[str]) -> tuple[int, str, str]:
+    """Run a workload script as ``__main__`` in this process (size smoke): its exit status, stdout and stderr."""
+    script = str(WORKLOADS / f"{workload}.py")
+    out, err = io.StringIO(), io.StringIO()
+    saved = sys.argv, sys.path[:]
+    sys.argv = [script, *argv]
+    sys.path.insert(0, str(WORKLOADS))  # what a subprocess has: the script's directory first
+    status = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        if isinstance(exc.code, str):
+            err.write(exc.code + "\n")
+        status = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    except Exception:
+        err.write(traceback.format_exc())
+        status = 1
+    finally:
+        sys.argv, sys.path[:] = saved
+    return status, out.getvalue(), err.getvalue()
 
 
 def collect(args: argparse.Namespace, py2: str | None, py3: str | None) -> dict[str, Any]:
@@ -449,7 +494,11 @@ def notes(res: dict[str, Any], size: str) -> list[str]:
         "(page cache warm for both sides). zarr 3 uses its default async/thread settings; zarr 2.18 is single-threaded "
         "above blosc.",
     ]
-    if size != "full":
+    if size == "smoke":
+        out.append("- Size smoke: the test suite's check that every workload runs and reports its fields; the "
+                   "workloads of the runner's environment ran in its process, dask's LocalCluster with one worker "
+                   "thread; no figure here means anything.")
+    elif size != "full":
         out.append(f"- Size {size}: timed operations last milliseconds, so time ratios swing with machine load; "
                    "quote `--size full` timings. Counts, bytes and memory do not depend on load.")
     for key in ("chunkwise_write/shardkv-writeback", "chunkwise_write/shardkv", "chunkwise_write/zarr2-transformer"):
@@ -506,11 +555,13 @@ def log(msg: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", choices=["tiny", "small", "full"], default="small",
-                        help="tiny: seconds (smoke test); small: ~a minute; full: the README numbers")
-    parser.add_argument("--repeat", type=int, default=None, help="repetitions (default: 3 full, 2 small, 1 tiny)")
+    parser.add_argument("--size", choices=["smoke", "tiny", "small", "full"], default="small",
+                        help="tiny: seconds; small: ~a minute; full: the README numbers; smoke: the test suite's "
+                        "check that every workload runs (workloads in this process; figures mean nothing)")
+    parser.add_argument("--repeat", type=int, default=None,
+                        help="repetitions (default: 3 full, 2 small, 1 tiny and smoke)")
     parser.add_argument("--peer-samples", type=int, default=None,
-                        help="fresh processes per peer-matrix case (default: 3 full, 1 small/tiny)")
+                        help="fresh processes per peer-matrix case (default: 3 full, 1 otherwise)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--make-envs", action="store_true", help="create missing .venv-zarr2/.venv-zarr3 like tests/run.sh")
     parser.add_argument("--zarr2-python", help="interpreter of the zarr-python 2.18 environment (default: .venv-zarr2)")

@@ -1,14 +1,15 @@
-"""The benchmark command keeps working: ``benchmarks/run.py --size tiny`` end to end.
+"""The benchmark command keeps working: ``benchmarks/run.py --size smoke``, every workload end to end.
 
-Runs in the zarr-python 2.18 environment; this interpreter serves as the
-zarr2 environment of the run, ``.venv-zarr3`` is used when it exists. Asserts
-only that the command succeeds and reports every row; never timings. The
-second run is limited to the workloads its assertions need (``--only``).
+Size smoke (a few chunks, two shards) checks that each workload runs and reports every field the runner
+reads; never timings. This interpreter serves as the zarr2 environment of the run; the runner runs its
+workloads inside its own process (``run.OWN_PROCESS`` in subprocesses), and uses ``.venv-zarr3`` and
+``.venv-bench`` when they exist. Only the columns of a missing environment, and the cases a workload itself
+declares impossible (a dict is not on S3), may show n/a: a workload that fails or reports ``unavailable``
+fails the test.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -17,50 +18,84 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ROW_IDS = ("P1", "P2", "P2-direct", "P3", "P3-cold", "P4", "P5", "P6", "P8", "P21-convert", "P21-convert-rss")
-# issue 21's listing and S3 rows: shardkv's figure is measured (tensorstore's column needs .venv-zarr3)
-MEASURED_ROW_IDS = ("P21-list", "P21-len", "P21-keys", "P21-nchunks",
-                    *(f"P21-s3-warm-{n}-{impl}" for n in ("1024", "32768") for impl in ("shardkv", "shardkv-obstore")),
-                    "P21-s3-cold-shardkv", "P21-s3-cold-shardkv-obstore")
-DASK_ROW_IDS = ("P7-dask", "P7-dask-buffer", "P7-dask-rechunk", "P7-xarray", "P7-xarray-buffer")
+WORKLOADS = sorted(p.stem for p in (ROOT / "benchmarks" / "workloads").glob("*.py")
+                   if not p.stem.startswith("_") and p.stem != "s3_server")  # the S3 server is not a workload
+ENV_EXISTS = {"zarr3": (ROOT / ".venv-zarr3" / "bin" / "python").exists(),
+              "bench": (ROOT / ".venv-bench" / "bin" / "python").exists()}
+ROW_IDS = ("P1", "P2", "P2-direct", "P3", "P3-cold", "P4", "P5", "P6", "P8", "P21-convert", "P21-convert-rss",
+           "P21-list", "P21-len", "P21-keys", "P21-nchunks",
+           *(f"P21-s3-warm-{n}-{impl}" for n in ("1024", "32768") for impl in ("shardkv", "shardkv-obstore")),
+           "P21-s3-cold-shardkv", "P21-s3-cold-shardkv-obstore",
+           "P7-dask", "P7-dask-buffer", "P7-dask-rechunk", "P7-xarray", "P7-xarray-buffer",
+           *(f"G1{d}-{op}-none" for d in ("", "-dict") for op in ("write", "read")),
+           *(f"G3-{what}-{impl}" for impl in ("shardkv", "shardkv-obstore") for what in ("requests", "warm", "warm-time")))
+# n/a that a workload itself reports for a case it cannot run (raw-sample keys: workload/impl, peers/case/impl)
+IMPOSSIBLE = {"peers/local/256/none/shardkv-obstore": "n/a (S3 only)",
+              "peers/s3/256/none/zarr2-dict": "n/a (a dict is not on S3)"}
 
 
 def run_benchmarks(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], Path]:
     out = tmp_path / "latest.md"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--size", "tiny", "--repeat", "1"]
-    cmd += ["--zarr2-python", sys.executable, "--out", str(out), *extra]
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--size", "smoke", "--zarr2-python", sys.executable,
+           "--out", str(out), *extra]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
     return proc, out
 
 
 def table_rows(text: str) -> dict[str, list[str]]:
-    """Table rows of the Markdown output, by row id."""
+    """Rows of the main Markdown table, by row id: what, shardkv, peer, ratio, goal, met?."""
     rows = {}
     for line in text.splitlines():
-        m = re.match(r"\| (P\d[\w-]*) \|(.*)\|$", line)
+        m = re.match(r"\| ([PG]\d[\w-]*) \|(.*)\|$", line)
         if m:
             rows[m.group(1)] = [c.strip() for c in m.group(2).split("|")]
     return rows
 
 
-# every workload but the peer matrix, which test_peer_workload_runs covers (one process, not the matrix)
-TABLE_WORKLOADS = ("write_read,chunkwise_write,random_reads,proxy_overhead,warm_reads_local,peak_memory,dask_writes,"
-                   "convert_scale,list_scale,s3_reads")
+def raw_samples(text: str) -> dict[str, str]:
+    """The "Raw samples" lines, by result key (``workload/impl``, ``peers/backend/layout/codec/impl``)."""
+    lines = text.split("Raw samples (every repetition):", 1)[1].splitlines()
+    return dict(m.groups() for m in (re.match(r"- (\S+): (.*)$", ln) for ln in lines) if m)
+
+
+def env_of(key: str) -> str:
+    """The environment a result key runs in (the runner's ENVS and peers_matrix.ENV_OF)."""
+    impl = key.rsplit("/", 1)[1]
+    if key.startswith("peers/"):
+        return "bench" if impl in ("zarr3", "zarr3-zarrs", "tensorstore") else "zarr2"
+    return "zarr3" if impl in ("zarr3", "tensorstore") else "zarr2"
+
+
+def peer_env(rid: str) -> str | None:
+    """The environment of a row's peer, when not this one: zarr 3 (and its tensorstore) or .venv-bench."""
+    if rid in ("P1", "P3", "P3-cold", "P4") or rid.startswith(("P21-convert", "P21-s3-")):
+        return "zarr3"
+    if rid.startswith("G3-warm"):
+        return "bench"
+    return None
 
 
 @pytest.mark.zarr2
-def test_tiny_run_reports_every_row(tmp_path: Path) -> None:
-    proc, out = run_benchmarks(tmp_path, "--only", TABLE_WORKLOADS)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_smoke_run_measures_every_workload(tmp_path: Path) -> None:
+    proc, out = run_benchmarks(tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]  # 1 when any workload failed
+    samples = raw_samples(proc.stdout)
+    for workload in WORKLOADS:  # every workload of benchmarks/workloads/ is part of the run
+        assert any(key.split("/", 1)[0] == workload for key in samples), (workload, sorted(samples))
+    for key, text in samples.items():  # every result measured, unless its environment is missing here
+        if text.startswith("n/a"):
+            allowed = IMPOSSIBLE.get(key) or ("n/a (env missing)" if not ENV_EXISTS.get(env_of(key), True) else None)
+            assert text == allowed, f"{key}: {text}\n{proc.stderr[-3000:]}"
+        else:
+            assert re.search(r"\w+=\[[-\d.e+]+", text), f"{key}: no samples: {text}"
     rows = table_rows(proc.stdout)
-    assert set(ROW_IDS + DASK_ROW_IDS) <= set(rows), f"rows printed: {sorted(rows)}\n{proc.stdout}"
-    for rid in DASK_ROW_IDS:  # every dask/xarray write succeeded and has its zarr 2 peer
-        assert rows[rid][3] != "n/a", rows[rid]
-    assert set(MEASURED_ROW_IDS) <= set(rows), sorted(rows)
-    for rid in MEASURED_ROW_IDS:  # shardkv's side of every listing and S3 row was measured
-        assert not rows[rid][1].startswith("n/a") and rows[rid][1], rows[rid]
-    for rid in ("P21-list", "P21-len", "P21-keys", "P21-nchunks"):  # DirectoryStore is measured in the same process
-        assert rows[rid][3] != "n/a", rows[rid]
+    assert set(ROW_IDS) <= set(rows), f"rows printed: {sorted(rows)}\n{proc.stdout}"
+    for rid, (_, shardkv, peer, ratio, _, _) in rows.items():
+        assert shardkv and not shardkv.startswith("n/a"), (rid, shardkv)  # shardkv's side of every row measured
+        if peer.startswith("n/a") or ratio == "n/a":  # only a peer from a missing environment may be absent
+            env = peer_env(rid)
+            assert env is not None and not ENV_EXISTS[env], (rid, peer, ratio)
+            assert peer in ("n/a (env missing)", "n/a (no interpreter with tensorstore)", "n/a"), (rid, peer)
     assert all(len(cells) == 6 for cells in rows.values())  # what, shardkv, peer, ratio, goal, met?
     assert table_rows(out.read_text()) == rows  # the file holds the same table
 
@@ -71,19 +106,9 @@ def test_missing_zarr3_env_shows_na(tmp_path: Path) -> None:
                              "--only", "write_read,random_reads")  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = table_rows(proc.stdout)
-    assert set(ROW_IDS) <= set(rows)
+    assert {"P1", "P3", "P4", "P7-dask"} <= set(rows)
     for rid in ("P1", "P4"):  # zarr 3 is the peer of these rows
         assert rows[rid][2] == "n/a (env missing)", rows[rid]
         assert rows[rid][3] == "n/a", rows[rid]
     assert rows["P3"][2] == "n/a (env missing)", rows["P3"]
     assert rows["P7-dask"][1] == "n/a (skipped: --skip-dask)" and rows["P7-dask"][3] == "n/a", rows["P7-dask"]
-
-
-@pytest.mark.zarr2
-def test_peer_workload_runs(tmp_path: Path) -> None:
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "workloads" / "peers.py"), "--json", "--size", "tiny",
-           "--repeat", "1", "--impl", "shardkv", "--layout", "256", "--codec", "none", "--backend", "local"]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
-    assert result["workload"] == "peers" and result["samples"], result

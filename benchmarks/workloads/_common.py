@@ -38,12 +38,21 @@ MiB = 1 << 20
 
 # Array shapes per size. p2 (chunk-by-chunk writes) uses a smaller array at
 # full size: every chunk is one zarr call, and the mode without write-back
-# rewrites a whole shard per chunk (quadratic in chunks per shard).
+# rewrites a whole shard per chunk (quadratic in chunks per shard). ``smoke``
+# is the test suite's check that every workload runs and reports its fields
+# (tests/test_benchmarks_smoke.py): a few chunks, two shards (the second
+# partial); its figures mean nothing.
 SIZES: dict[str, dict[str, Any]] = {
+    "smoke": {"p1_shape": (256, 576), "p2_shape": (256, 576), "p3_reads": 4, "p6_shape": (512, 1024)},
     "tiny": {"p1_shape": (512, 512), "p2_shape": (512, 512), "p3_reads": 20, "p6_shape": (1024, 1024)},
     "small": {"p1_shape": (1024, 1024), "p2_shape": (1024, 1024), "p3_reads": 200, "p6_shape": (4096, 4096)},
     "full": {"p1_shape": (8192, 8192), "p2_shape": (2048, 2048), "p3_reads": 200, "p6_shape": (16384, 16384)},
 }
+
+
+def warmup_shape(size: str) -> tuple[int, int]:
+    """The array of a workload's untimed warm-up round: tiny's P1 array, or smoke's at size smoke."""
+    return SIZES["smoke" if size == "smoke" else "tiny"]["p1_shape"]
 
 
 def p6_buffer_bytes(shape: tuple[int, ...]) -> int:

@@ -2,7 +2,7 @@
 
 The source is a Zarr v2 array of uint8 chunks of 32 x 32 = 1 KiB, uncompressed, one file per
 chunk, written by this script (not measured): 2,000 chunks (tiny), 100,000 (small) or
-1,000,000 (full, 1 GiB). Each implementation copies it into a sharded array of 32 x 32 chunks
+1,000,000 (full, 1 GiB); 120 at size smoke, the test suite's check that it runs. Each implementation copies it into a sharded array of 32 x 32 chunks
 per shard (1,024 chunks, 1 MiB per shard), index at the end with a CRC32C:
 
 * ``shardkv``: ``python -m shardkv convert SRC DST --chunks-per-shard 32 --no-progress``
@@ -30,7 +30,8 @@ from _common import TempDir, emit, parse_args
 
 CHUNK = (32, 32)
 CHUNKS_PER_SHARD = 32
-GRIDS = {"tiny": (50, 40), "small": (250, 400), "full": (1000, 1000)}
+# smoke (the test suite's check that the workload runs): 120 chunks, two shards, the second partial
+GRIDS = {"smoke": (40, 3), "tiny": (50, 40), "small": (250, 400), "full": (1000, 1000)}
 
 _TENSORSTORE = textwrap.dedent(
     """

@@ -15,7 +15,8 @@ and compares.
   threaded scheduler (one process), then ``close()``: each shard written once;
 * ``zarr2-threads``: plain zarr 2 ``DirectoryStore``, threaded scheduler;
 * ``shardkv-rechunk``: ``rechunk_to_shards`` first, then ``da.store`` on a
-  LocalCluster of 2 worker processes (1 thread each): each task writes whole shards;
+  LocalCluster of 2 worker processes (1 thread each; at size ``smoke``, one worker
+  thread in this process): each task writes whole shards;
 * ``zarr2-cluster``: plain zarr 2 ``DirectoryStore`` on the same cluster;
 * ``xarray-shardkv`` / ``xarray-shardkv-buffer`` / ``xarray-zarr2``:
   ``Dataset.to_zarr`` of one variable backed by the same dask array
@@ -35,11 +36,21 @@ import warnings
 from typing import Any, Iterator
 
 import numpy as np
-from _common import CHUNKS, CHUNKS_PER_SHARD, SIZES, TempDir, emit, make_data, numcodecs_blosc, parse_args, zarr2_array
+from _common import (
+    CHUNKS,
+    CHUNKS_PER_SHARD,
+    TempDir,
+    emit,
+    make_data,
+    numcodecs_blosc,
+    parse_args,
+    warmup_shape,
+    zarr2_array,
+)
 
 IMPLS = ("shardkv", "shardkv-buffer", "zarr2-threads", "shardkv-rechunk", "zarr2-cluster",
          "xarray-shardkv", "xarray-shardkv-buffer", "xarray-zarr2")  # fmt: skip
-P7_SHAPES = {"tiny": (512, 512), "small": (1024, 1024), "full": (2048, 2048)}
+P7_SHAPES = {"smoke": (256, 576), "tiny": (512, 512), "small": (1024, 1024), "full": (2048, 2048)}
 
 
 def _store(impl: str, root: str, nbytes: int) -> Any:
@@ -54,7 +65,7 @@ def _store(impl: str, root: str, nbytes: int) -> Any:
 
 
 @contextlib.contextmanager
-def _scheduler(impl: str) -> Iterator[None]:
+def _scheduler(impl: str, size: str) -> Iterator[None]:
     import dask
 
     if not impl.endswith(("rechunk", "cluster")):
@@ -63,7 +74,9 @@ def _scheduler(impl: str) -> Iterator[None]:
         return
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+    # size smoke (the test suite's check that the workload runs): one worker in this process, no process start-up
+    workers, processes = (1, False) if size == "smoke" else (2, True)
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes, dashboard_address=None) as cluster:
         with Client(cluster):
             yield
 
@@ -129,9 +142,9 @@ def main() -> None:
     data = make_data(shape, args.seed)
     load_before = os.getloadavg()[0]
     samples: dict[str, list[Any]] = {"write_s": []}
-    with _scheduler(args.impl):
+    with _scheduler(args.impl, args.size):
         with TempDir() as tmp:  # warm-up (imports, worker start), not recorded
-            _write(args.impl, os.path.join(tmp, "warmup.zarr"), make_data(SIZES["tiny"]["p1_shape"], args.seed))
+            _write(args.impl, os.path.join(tmp, "warmup.zarr"), make_data(warmup_shape(args.size), args.seed))
         for _ in range(args.repeat):
             with TempDir() as tmp:
                 root = os.path.join(tmp, "data.zarr")

@@ -6,7 +6,7 @@ coordinates) twice in a temp dir: unsharded, one file per chunk in one flat
 directory (what zarr 2's ``DirectoryStore`` lists), and sharded the way
 ``shardkv convert --chunks-per-shard 32`` stores it (1,024 chunks per shard).
 Chunk grids: tiny 100 x 100 (10,000 chunks), small 250 x 400 (100,000), full
-1,000 x 1,000 (1,000,000).
+1,000 x 1,000 (1,000,000); smoke (the test suite's check that it runs) 40 x 3.
 
 Timed, each on a newly made store object (cold index cache, warm page cache;
 making the store and opening the array are inside the timing), both sides
@@ -35,7 +35,8 @@ from _fixtures import write_plain, write_sharded
 
 KEEP_FIXTURE = "SHARDKV_BENCH_LIST_FIXTURE"
 """Environment variable: a directory where the fixture is written once and kept (reused by later runs)."""
-GRIDS = {"tiny": (100, 100), "small": (250, 400), "full": (1000, 1000)}
+# smoke (the test suite's check that the workload runs): 120 chunks, two shards, the second partial
+GRIDS = {"smoke": (40, 3), "tiny": (100, 100), "small": (250, 400), "full": (1000, 1000)}
 CHUNK = (4, 4)
 PER_SHARD = (32, 32)
 OPS: dict[str, Callable[[Any], int]] = {

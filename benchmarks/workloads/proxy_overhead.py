@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 import numpy as np
-from _common import CHUNKS_PER_SHARD, SIZES, emit, make_data, parse_args, zarr2_array
+from _common import CHUNKS_PER_SHARD, SIZES, emit, make_data, parse_args, warmup_shape, zarr2_array
 
 
 def _cpu_s() -> float:
@@ -52,7 +52,7 @@ def main() -> None:
     args = parse_args(__doc__.splitlines()[0], ("shardkv",))
     shape = SIZES[args.size]["p1_shape"]
     data = make_data(shape, args.seed)
-    warm = make_data(SIZES["tiny"]["p1_shape"], args.seed)
+    warm = make_data(warmup_shape(args.size), args.seed)
     _round(warm, True)
     _round(warm, False)
     samples: dict[str, list[float]] = {

@@ -13,6 +13,9 @@ end with CRC32C) and uploaded, one object per file, with boto3:
 * ``32768``: 3-D, 4 x 8 x 8 chunks, 32 x 32 x 32 = 32,768 chunks per shard
   (index 512 KiB + 4 B); grid 2 x 8 x 32 (tiny) or 32 x 32 x 32 (one full shard).
 
+Size smoke (the test suite's check that the workload runs): two shards per layout
+(the second partial), 3 reads.
+
 Per implementation and layout, counted at the server:
 
 * ``cold``: a new store object, ``zarr.open_array(store, mode="r")`` and one
@@ -40,7 +43,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -53,11 +55,12 @@ from s3_server import ACCESS_KEY, REGION, SECRET_KEY
 
 LAYOUTS: dict[str, dict[str, Any]] = {
     "1024": {"chunk": (16, 16), "per_shard": (32, 32),
-             "grid": {"tiny": (32, 32), "small": (64, 64), "full": (64, 64)}},
+             "grid": {"smoke": (4, 40), "tiny": (32, 32), "small": (64, 64), "full": (64, 64)}},
     "32768": {"chunk": (4, 8, 8), "per_shard": (32, 32, 32),
-              "grid": {"tiny": (2, 8, 32), "small": (32, 32, 32), "full": (32, 32, 32)}},
+              "grid": {"smoke": (1, 2, 40), "tiny": (2, 8, 32), "small": (32, 32, 32), "full": (32, 32, 32)}},
 }
-READS = {"tiny": 10, "small": 100, "full": 200}
+# smoke: the test suite's check that the workload runs (two shards per layout, the second partial)
+READS = {"smoke": 3, "tiny": 10, "small": 100, "full": 200}
 CHUNK_BYTES = 256
 IMPLS = ("shardkv", "shardkv-obstore", "tensorstore")
 
@@ -67,8 +70,9 @@ class CountingApp:
 
     def __init__(self, app: Any) -> None:
         self.app = app
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
         self.records: list[dict[str, Any]] = []
+        self.active = 0  # requests begun (before any byte of the response is sent) and not yet recorded
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterator[bytes]:
         method = environ["REQUEST_METHOD"]
@@ -77,6 +81,8 @@ class CountingApp:
             method = "LIST"
         record = {"method": method, "path": environ.get("PATH_INFO", ""), "range": environ.get("HTTP_RANGE"),
                   "if_match": environ.get("HTTP_IF_MATCH"), "status": 0, "bytes": 0}
+        with self.lock:
+            self.active += 1
 
         def counting_start(status: str, headers: Any, exc_info: Any = None) -> Any:
             record["status"] = int(status.split(" ", 1)[0])
@@ -93,11 +99,18 @@ class CountingApp:
                 close()
             with self.lock:
                 self.records.append(record)
+                self.active -= 1
+                self.lock.notify_all()
 
     def take(self) -> list[dict[str, Any]]:
-        """The requests recorded since the last call (after a short wait for responses still being sent)."""
-        time.sleep(0.05)
+        """The requests recorded since the last call, once every request begun is recorded.
+
+        A client has its response only after the request began here, so every request it
+        made is then either recorded or still counted in ``active``.
+        """
         with self.lock:
+            if not self.lock.wait_for(lambda: self.active == 0, timeout=30):
+                raise RuntimeError(f"{self.active} S3 requests still unfinished after 30 s")
             out, self.records = self.records, []
         return out
 
@@ -111,7 +124,8 @@ def start_server() -> tuple[Any, CountingApp, str]:
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no access log on stderr: the counting layer counts
     app = CountingApp(DomainDispatcherApplication(create_backend_app))
     server = make_server("127.0.0.1", 0, app, threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # a short poll interval: shutdown() returns within it (counts do not depend on it)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     return server, app, f"http://127.0.0.1:{server.server_port}"
 
 

@@ -28,6 +28,7 @@ from _common import (
     emit,
     make_data,
     parse_args,
+    warmup_shape,
     zarr2_array,
     zarr3_array,
 )
@@ -77,7 +78,7 @@ def main() -> None:
     data = make_data(shape, args.seed)
     run = _shardkv if args.impl == "shardkv" else _zarr3
     with TempDir() as tmp:  # warm-up (lazy imports, codec set-up), not recorded
-        run(os.path.join(tmp, "warmup.zarr"), make_data(SIZES["tiny"]["p1_shape"], args.seed))
+        run(os.path.join(tmp, "warmup.zarr"), make_data(warmup_shape(args.size), args.seed))
     samples: dict[str, list[Any]] = {"write_s": [], "read_s": [], "stored_bytes": []}
     for _ in range(args.repeat):
         with TempDir() as tmp:
