@@ -254,6 +254,32 @@ def test_reads_of_many_keys_side_by_side(tmp_path: Path) -> None:
         bytes([i]) for i in range(20) if i != 3]
 
 
+@pytest.mark.parametrize("nbytes", [1024, 256 * 1024])
+def test_small_reads_are_read_in_turn_large_ones_side_by_side(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nbytes: int
+) -> None:
+    """A batch of small files (chunk files, index ranges) is read in the calling thread: threads would
+    trade the GIL at every system call; a batch of large reads goes to the read pool."""
+    kv = LocalStore(tmp_path)
+    for i in range(20):
+        kv.put(f"c/{i}", bytes([i]) * nbytes)
+    pooled: list[int] = []
+    real_pool = local.read_pool
+
+    def counting_pool() -> Any:
+        pooled.append(1)
+        return real_pool()
+
+    monkeypatch.setattr(local, "read_pool", counting_pool)
+    whole = kv.get_many([(f"c/{i}", None, NO_VALUE if i == 7 else kv.get(f"c/{i}").generation) for i in range(20)])
+    ranged = kv.get_many([(f"c/{i}", [ByteRange(1, nbytes)], kv.get(f"c/{i}").generation) for i in range(20)])
+    assert whole[7].state == "stale" and all(r.state == "value" for i, r in enumerate(whole) if i != 7)
+    assert [bytes(r.values[0]) for i, r in enumerate(whole) if i != 7 and r.values] == [
+        bytes([i]) * nbytes for i in range(20) if i != 7]
+    assert [bytes(r.values[0]) for r in ranged if r.values] == [bytes([i]) * (nbytes - 1) for i in range(20)]
+    assert len(pooled) == (0 if nbytes < local._POOLED_READ_NBYTES else 2)
+
+
 def _keys(it: Iterator[str]) -> list[str]:
     return sorted(it)
 
