@@ -247,6 +247,11 @@ def _remove_all(paths: Iterable[str]) -> list[str]:
     return removed
 
 
+def _every_key(key: str) -> bool:
+    """``list_generations`` without ``wanted``: every file's generation."""
+    return True
+
+
 class LocalStore(KVStore):
     """A local directory as a :class:`KVStore` (one file per key, native generations).
 
@@ -357,7 +362,7 @@ class LocalStore(KVStore):
         first = self._read(reads[0])
         rest = reads[1:]
         if first.values is None or sum(memoryview(v).nbytes for v in first.values) < _POOLED_READ_NBYTES:
-            return [first, *map(self._read, rest)]
+            return [first, *self._read_group(rest)]
         n = len(rest)
         groups = min(n, _READ_GROUPS)
         bounds = [n * g // groups for g in range(groups + 1)]
@@ -430,11 +435,11 @@ class LocalStore(KVStore):
     # -- listings -------------------------------------------------------------
 
     def _walk(
-        self, prefix: str, stat_entries: Callable[[str], bool] | bool
+        self, prefix: str, stat_entries: Callable[[str], bool] | None
     ) -> Iterator[tuple[str, os.stat_result | None]]:
         """``(key, stat or None)`` of every file whose key starts with ``prefix``, hidden ones left out.
 
-        ``stat_entries``: stat every file (``True``), none (``False``), or those whose key it accepts.
+        ``stat_entries``: the keys whose files are stat'ed (``None``: none).
         """
         if prefix:
             _check_key(prefix.rstrip("/"))
@@ -454,11 +459,10 @@ class LocalStore(KVStore):
                 if entry.is_dir():
                     pending.append((entry.path, key + "/"))
                 elif key.startswith(prefix):
-                    stat = stat_entries if isinstance(stat_entries, bool) else stat_entries(key)
-                    yield key, (entry.stat() if stat else None)
+                    yield key, (entry.stat() if stat_entries is not None and stat_entries(key) else None)
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
-        for key, _ in self._walk(prefix, False):
+        for key, _ in self._walk(prefix, None):
             yield key
 
     def list_generations(
@@ -468,7 +472,7 @@ class LocalStore(KVStore):
 
         Files ``wanted`` does not accept are listed with ``None`` (no ``stat``).
         """
-        for key, st in self._walk(prefix, True if wanted is None else wanted):
+        for key, st in self._walk(prefix, wanted or _every_key):
             yield key, None if st is None else file_generation(st)
 
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
