@@ -45,7 +45,7 @@ def base_listing(kv: KVStore, engine: ShardEngine, prefix: str) -> Listed:
     """The base store keys under ``prefix``, with the generations the listing returns for the cached shards.
 
     The engine takes a cached index whose generation equals the listed one
-    as current without a request (:func:`~shardkv.engine.reads.current_indexes`);
+    as current without a request (:meth:`~shardkv.engine.reads.EngineReads.read_indexes`);
     only cached shards are asked for (a local ``stat`` each), and object
     stores return them with the listing anyway.
     """
