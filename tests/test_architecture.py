@@ -282,3 +282,28 @@ def test_the_frame_check_sees_frame_introspection() -> None:
               "inspect.stack()\nfrom sys import _getframe\n")
     assert len(_frame_introspection_in(ast.parse(source))) == 6
     assert _frame_introspection_in(ast.parse("import inspect\ninspect.signature(f)\nself.stack.pop()")) == []
+
+
+def _sleeps_in(tree: ast.AST) -> list[int]:
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name))
+        and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) == "sleep"
+    ]
+
+
+def test_only_the_retry_loop_waits() -> None:
+    """Retries and waits (lock files, lost races, stale reads) go through ``engine/retry.py``: no other module sleeps."""
+    found = {
+        module: lines
+        for module, path in MODULES.items()
+        if _layer_of(module) != "cli" and module != "shardkv.engine.retry"
+        and (lines := _sleeps_in(ast.parse(path.read_text())))
+    }
+    assert found == {}
+
+
+def test_the_sleep_check_sees_a_sleep() -> None:
+    assert _sleeps_in(ast.parse("import time\ntime.sleep(0.001)\nfrom time import sleep\nsleep(1)")) == [2, 4]
+    assert _sleeps_in(ast.parse("event.wait(1)\nlock.acquire(timeout=1)")) == []

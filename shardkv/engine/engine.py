@@ -52,7 +52,7 @@ class EngineOptions:
         How writers of one shard in other objects, threads and processes are
         excluded (:mod:`shardkv.engine.locks`).
     lock_timeout : float or None
-        Longest wait (seconds) for a shard lock; ``None`` waits as long as it takes.
+        Longest wait (seconds) for the locks of one shard write; ``None`` waits as long as it takes.
 
     Raises
     ------
