@@ -294,7 +294,7 @@ def _sleeps_in(tree: ast.AST) -> list[int]:
 
 
 def test_only_the_retry_loop_waits() -> None:
-    """Retries and waits (lock files, lost races, stale reads) go through ``engine/retry.py``: no other module sleeps."""
+    """Retries and waits (lock files, lost races, stale reads) go through ``engine/retry.py``: nothing else sleeps."""
     found = {
         module: lines
         for module, path in MODULES.items()

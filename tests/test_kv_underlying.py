@@ -1,4 +1,4 @@
-"""The store contract on :class:`~shardkv.transformers.adapter.UnderlyingKV`, the transformer's view of its underlying store.
+"""The store contract on :class:`~shardkv.transformers.adapter.UnderlyingKV` (the transformer's underlying store).
 
 Over an :class:`~shardkv.transformers.adapter.AdapterStore` (a dict, a local
 directory: the data's own location) and over an abstract store that is no

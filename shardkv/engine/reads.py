@@ -341,7 +341,6 @@ class EngineReads:
         first = sorted(pending)[0]
         raise ConcurrentUpdateError(first, READ_ATTEMPTS, READ_ATTEMPTS, operation="read")
 
-
     def _read_one_cached(self, ref: ChunkRef) -> BytesLike | None:
         """One whole chunk read with one request, from a cached index whose shard size is known; ``None`` otherwise.
 
@@ -377,7 +376,6 @@ class EngineReads:
         if type(value) is bytes:
             return memoryview(value)  # what read_ranges serves: a read-only view
         return _slicer(value)(0, nbytes)  # a read-only view (or a copy of a writable buffer)
-
 
     def has_chunks(self, refs: Sequence[ChunkRef]) -> list[bool]:
         """Whether each chunk is stored now (``in``), from indexes confirmed current.
@@ -459,7 +457,6 @@ class EngineReads:
                 indexes[k] = index
         return {k: indexes[k] for k in keys if k in indexes}
 
-
     def chunk_keys(
         self,
         shards: Mapping[str, ShardedArray],
@@ -516,7 +513,7 @@ class EngineReads:
     def _stored_indexes(
         self, shards: Mapping[str, ShardedArray], generations: Mapping[str, Generation] | None
     ) -> Iterator[tuple[ShardedArray, tuple[int, ...], ShardIndex]]:
-        """``(array, shard coords, current index)`` of the stored shards among ``shards`` (keys that name no shard skipped)."""
+        """``(array, shard coords, current index)`` of the stored shards among ``shards`` (keys of no shard skipped)."""
         for batch in _batches(shards):
             for shard_key, index in self.read_indexes(batch, generations).items():
                 arr = batch[shard_key]

@@ -1,4 +1,4 @@
-"""The store contract on :class:`~shardkv.zarr3.bases.Zarr3KV`, and which base :func:`engine_base` picks per zarr 3 store.
+"""The store contract on :class:`~shardkv.zarr3.bases.Zarr3KV`, and the base :func:`engine_base` picks per store.
 
 ``Zarr3KV`` reaches a zarr-python 3 store through its public async API only:
 a ``MemoryStore`` (data in this process), and any store shardkv has no adapter
