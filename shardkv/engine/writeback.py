@@ -8,7 +8,7 @@ when the memory limit forces it out (oldest shard first; then merged with
 what is stored). The total bytes written approach the array's encoded size.
 
 :class:`WriteBuffer` keeps the books (pure); :class:`WriteBack` does the
-writes through :meth:`ShardEngine.write <shardkv.engine.engine.ShardEngine.write>`
+writes through :meth:`ShardWriter.write <shardkv.engine.writes.ShardWriter.write>`
 and keeps the optional write-ahead :class:`~shardkv.engine.journal.Journal`.
 
 What is acknowledged is kept
@@ -251,7 +251,7 @@ class WriteBack:
             return
         buf = self.buffer
         if buf is None:
-            self.engine.write(changes)
+            self.engine.writes.write(changes)
             if self._on_write_through is not None:
                 self._on_write_through(changes)
             return
@@ -313,7 +313,7 @@ class WriteBack:
         """
         if not changes:
             return
-        self.engine.write(changes)
+        self.engine.writes.write(changes)
         if self.journal is not None and self.buffer is not None:
             with self.buffer.lock:
                 self.journal.reset(self._buffered_records())
@@ -330,13 +330,13 @@ class WriteBack:
                 return
             failure: Exception | None = None
             try:
-                self.engine.write(pending)
+                self.engine.writes.write(pending)
                 written = list(pending)
             except Exception as exc:  # which shards of the batch made it is unknown: one at a time
                 failure, written = exc, []
                 for key, change in pending.items():
                     try:
-                        self.engine.write({key: change})
+                        self.engine.writes.write({key: change})
                     except Exception:  # noqa: BLE001 - kept buffered; the first error is raised below
                         continue
                     written.append(key)

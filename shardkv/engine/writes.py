@@ -1,6 +1,6 @@
-"""The one write path of the engine (:class:`EngineWrites`): shard read-modify-write conditioned on the generation read.
+"""The one write path of the engine (:class:`ShardWriter`): shard read-modify-write conditioned on the generation read.
 
-:meth:`EngineWrites.write` holds the shards' locks (:class:`~shardkv.engine.locks.ShardLocks`:
+:meth:`ShardWriter.write` holds the shards' locks (:class:`~shardkv.engine.locks.ShardLocks`:
 in-process stripes always, lock files in mode ``"files"``) and runs one
 bounded loop (:func:`~shardkv.engine.retry.attempts`):
 
@@ -33,28 +33,30 @@ from shardkv.keys.space import ShardedArray
 from shardkv.storage.buffers import BytesLike, Value
 from shardkv.storage.kv import ANY, NO_VALUE, Generation, KVStore
 
-__all__ = ["EngineWrites"]
+__all__ = ["ShardWriter"]
 
 
-class EngineWrites:
-    """The write operations of :class:`~shardkv.engine.engine.ShardEngine`, which sets the state they use.
+class ShardWriter:
+    """The writes of a :class:`~shardkv.engine.engine.ShardEngine` (its ``writes``), on the engine's state.
 
-    Attributes
+    Parameters
     ----------
     kv : KVStore
         The base store.
     cache : IndexCache
-        Decoded indexes (a written shard's is replaced by the one written).
+        Decoded indexes (a written shard's is replaced by the one written;
+        shared with the engine's reads).
     locks : ShardLocks
         The shard locks, in the engine's concurrency mode.
     stats : EngineStats
-        Counters the writes update.
+        Counters the writes update (shared with the engine's reads).
     """
 
-    kv: KVStore
-    cache: IndexCache
-    locks: ShardLocks
-    stats: EngineStats
+    def __init__(self, kv: KVStore, cache: IndexCache, locks: ShardLocks, stats: EngineStats) -> None:
+        self.kv = kv
+        self.cache = cache
+        self.locks = locks
+        self.stats = stats
 
     def write(self, changes: Mapping[str, ShardChange]) -> None:
         """Apply chunk changes grouped by shard: one batched read (partly covered shards), one batched write.

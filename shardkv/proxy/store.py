@@ -327,7 +327,7 @@ class ShardedStore(ProxyBase):
                     out[ref.chunk_key] = value
             refs = unbuffered
         if refs:
-            out.update(self._engine.read_chunks(refs))
+            out.update(self._engine.reads.read_chunks(refs))
         return out
 
     def __getitem__(self, key: str) -> bytes | memoryview:
@@ -372,7 +372,7 @@ class ShardedStore(ProxyBase):
         buffered, value = self._writer.lookup(ref.shard_key, ref.local_coords)
         if buffered:
             return value is not None
-        return self._engine.has_chunks([ref])[0]
+        return self._engine.reads.has_chunks([ref])[0]
 
     # -- writes -------------------------------------------------------------------
 
@@ -526,7 +526,7 @@ class ShardedStore(ProxyBase):
         for array_path in sorted(stored) if path is None else [path]:
             arr = self.sharded_array(array_path)
             if arr is not None:
-                reclaimed += self._engine.compact(arr, sorted(stored.get(array_path, [])))
+                reclaimed += self._engine.writes.compact(arr, sorted(stored.get(array_path, [])))
         return reclaimed
 
     def __iter__(self) -> Iterator[str]:
@@ -625,7 +625,7 @@ class ShardedStore(ProxyBase):
             elif known is None and (size := self._kv.size(key)) is not None:
                 out[key] = size
         if refs:
-            indexes = self._engine.read_indexes({ref.shard_key: ref.array for ref in refs})
+            indexes = self._engine.reads.read_indexes({ref.shard_key: ref.array for ref in refs})
             for ref in refs:
                 index = indexes.get(ref.shard_key)
                 entry = None if index is None else index.get(ref.local_coords)

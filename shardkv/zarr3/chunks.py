@@ -100,7 +100,7 @@ class ChunkEngine:
             elif value is not None:
                 out[ref.chunk_key] = value
         if pending:
-            out.update(self.engine.read_chunks(pending))
+            out.update(self.engine.reads.read_chunks(pending))
         return out
 
     def stored(self, ref: ChunkRef) -> bool:
@@ -108,7 +108,7 @@ class ChunkEngine:
         buffered, value = self.writer.lookup(ref.shard_key, ref.local_coords)
         if buffered:
             return value is not None
-        return self.engine.has_chunks([ref])[0]
+        return self.engine.reads.has_chunks([ref])[0]
 
     def sizes(self, refs: Sequence[ChunkRef]) -> list[int | None]:
         """Encoded sizes (bytes) of chunks from their shards' indexes, no chunk bytes read (``None``: not stored)."""
@@ -120,7 +120,7 @@ class ChunkEngine:
                 out[i] = None if value is None else len(value)
             else:
                 unbuffered[ref.shard_key] = ref.array
-        indexes = self.engine.read_indexes(unbuffered) if unbuffered else {}
+        indexes = self.engine.reads.read_indexes(unbuffered) if unbuffered else {}
         for i, ref in enumerate(refs):
             index = indexes.get(ref.shard_key)
             entry = None if index is None or ref.shard_key not in unbuffered else index.get(ref.local_coords)
