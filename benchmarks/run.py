@@ -173,13 +173,14 @@ def collect(args: argparse.Namespace, py2: str | None, py3: str | None) -> dict[
         names = ["write_read/shardkv", "write_read/zarr3", "chunkwise_write/shardkv-writeback", "chunkwise_write/shardkv",
                  "chunkwise_write/zarr2-transformer", "random_reads/shardkv", "random_reads/zarr3",
                  "proxy_overhead/shardkv", "warm_reads_local/shardkv", "peak_memory/shardkv", "convert_scale/shardkv",
-                 "convert_scale/tensorstore", "list_scale/shardkv", "s3_reads/all",
+                 "convert_scale/tensorstore", "list_scale/shardkv", "s3_reads/all", "zarr3_store_write/shardkv-zarr3",
                  *(f"dask_writes/{i}" for i in DASK_IMPLS)]
         return {name: Missing("skipped: --peers-only") for name in names}
     res["write_read/shardkv"] = run_workload(py2, "write_read", "shardkv", args, rep)
     res["write_read/zarr3"] = run_workload(py3, "write_read", "zarr3", args, rep)
     for impl in ("shardkv-writeback", "shardkv", "zarr2-transformer"):
         res[f"chunkwise_write/{impl}"] = run_workload(py2, "chunkwise_write", impl, args, rep)
+    res["zarr3_store_write/shardkv-zarr3"] = run_workload(py3, "zarr3_store_write", "shardkv-zarr3", args, rep)
     res["random_reads/shardkv"] = run_workload(py2, "random_reads", "shardkv", args, rep)
     res["random_reads/zarr3"] = run_workload(py3, "random_reads", "zarr3", args, rep)
     res["proxy_overhead/shardkv"] = run_workload(py2, "proxy_overhead", "shardkv", args, rep)
@@ -280,6 +281,8 @@ def build_rows(res: dict[str, Any]) -> list[list[str]]:
         bw = median(r, "bytes_written")
         rows.append(value_row(rid, what, f"{fmt_bytes(bw)} written", tr_cell, bw / r["array_bytes"], goal))
 
+    rows.extend(zarr3_write_rows(res))
+
     rr_sk, rr_z3 = res["random_reads/shardkv"], res["random_reads/zarr3"]
     n = next((r["reads_per_pass"] for r in (rr_sk, rr_z3) if not isinstance(r, Missing)), "?")
     for rid, name, goal in (("P3", "warm", 1.0), ("P3-cold", "cold", None)):
@@ -317,6 +320,20 @@ def build_rows(res: dict[str, Any]) -> list[list[str]]:
     rows.extend(s3_rows(res))
     rows.extend(dask_rows(res))
     return rows
+
+
+def zarr3_write_rows(res: dict[str, Any]) -> list[list[str]]:
+    """W29-1: zarr 3 ``z[...] = data`` through ``shardkv.zarr3.ShardedStore(dir)``, default options (issue 29, row 1)."""
+    r = res["zarr3_store_write/shardkv-zarr3"]
+    what = "zarr 3 whole write through shardkv.zarr3.ShardedStore(dir), default options"
+    if isinstance(r, Missing):
+        return [value_row("W29-1", f"{what}: bytes written / stored", "", "—", r, 1.1)]
+    shape = "x".join(map(str, r["shape"]))
+    written, stored = median(r, "written_bytes"), median(r, "stored_bytes")
+    cell = (f"{fmt_bytes(written)} written, {fmt_s(median(r, 'write_s'))}, {median(r, 'shard_puts'):.0f} shard puts, "
+            f"{median(r, 'writes_queued'):.0f} chunk writes queued")
+    return [value_row("W29-1", f"{what}, {shape} u2, 64³ chunks, 4³ per shard, zstd 0: bytes written / stored",
+                      cell, f"{fmt_bytes(stored)} stored", written / stored, 1.1)]
 
 
 def convert_rows(res: dict[str, Any]) -> list[list[str]]:
