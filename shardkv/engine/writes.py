@@ -113,7 +113,10 @@ class ShardWriter:
         A shard left with no chunk is deleted (where deletes cannot be
         conditioned, in mode ``"conditional"``, it is stored as an empty shard
         instead, which readers read as fill values). Chunks outside the chunk
-        grid are dropped. See the module docstring for the rounds.
+        grid are dropped. See the module docstring for the rounds. Writes of
+        the same shards made meanwhile by other threads are merged with these
+        (group commit, module docstring); the call returns once every change
+        it made is stored, and raises the error of any commit they went into.
 
         Parameters
         ----------
