@@ -190,3 +190,33 @@ def test_a_write_of_a_thread_holding_shard_locks_is_not_queued_behind_a_commit_w
         both.result(WAIT_S)
     found = ShardEngine(kv).reads.read_chunks(refs)
     assert {k: bytes(v) for k, v in found.items()} == {held.chunk_key: b"both", other.chunk_key: b"both"}
+
+
+def test_writes_of_several_shards_merge_per_shard_in_one_batched_put() -> None:
+    kv, arr = HeldKV(), _array()
+    engine = ShardEngine(kv)
+    a, b = (arr.locate(arr.chunk_key(c)) for c in ((0, 0), (4, 4)))  # shards a/0.0 and a/1.1
+
+    def both(first, second, value: bytes) -> dict[str, ShardChange]:
+        out = {}
+        for ref in (first, second):
+            out[ref.shard_key] = ShardChange(arr, ref.shard_coords, {ref.local_coords: value})
+        return out
+
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(engine.writes.write, _change(arr, (0, 1), b"first"))]  # held in the store
+        assert kv.entered.wait(WAIT_S)
+        # the two shards named in opposite orders: each call's shards start or join their next commits together
+        futures.append(pool.submit(engine.writes.write, both(a, b, b"x")))
+        futures.append(pool.submit(engine.writes.write, both(b, a, b"y")))
+        _wait_for(lambda: engine.stats.writes_queued >= 2, "both calls to queue for a/0.0")
+        kv.release.set()
+        for future in futures:
+            future.result(WAIT_S)
+    # a/0.0 alone, then both shards' next commits in one write round (one batched put for the two)
+    assert sorted(kv.shard_puts()) == ["a/0.0", "a/0.0", "a/1.1"]
+    assert engine.stats.write_attempts == 2
+    found = ShardEngine(kv).reads.read_chunks([arr.locate("a/0.1"), a, b])
+    assert bytes(found["a/0.1"]) == b"first"
+    assert {bytes(found[a.chunk_key]), bytes(found[b.chunk_key])} <= {b"x", b"y"}
+    assert bytes(found[a.chunk_key]) == bytes(found[b.chunk_key])  # the later call won on both shards
