@@ -19,9 +19,10 @@ unconditional: the locks, or the caller's promise, exclude other writers.
 
 Group commit
 ------------
-Writes of one shard made at once by threads of one process (the zarr 2
-proxy's threads, dask's threaded scheduler, zarr 3's concurrent ``set``
-calls) are merged: the first write of a shard starts that shard's commit
+Writes of one shard made at once by threads of one engine (threads using
+one zarr 2 proxy, dask's threaded scheduler; zarr 3's ``set`` calls reach
+the engine as batches, one at a time, :mod:`shardkv.zarr3.batching`) are
+merged: the first write of a shard starts that shard's commit
 (the read-modify-write above); writes of the shard arriving while it runs
 join the shard's *next* commit, which starts when the running one has
 finished (its writer waits for it on an event) and stores all of them with
