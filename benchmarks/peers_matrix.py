@@ -15,8 +15,9 @@ from __future__ import annotations
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 IMPLS = ("shardkv", "shardkv-obstore", "zarr2-unsharded", "zarr2-dict", "zarr3", "zarr3-zarrs", "tensorstore")

@@ -609,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.stop()
     elapsed = time.perf_counter() - started
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     doc = "\n".join([
         f"# shardkv benchmarks (size {args.size}, {args.repeat} repetition(s), {stamp}, {elapsed:.0f} s)",
         "",

@@ -9,10 +9,10 @@ size; an entry at the bound is still requested.
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import crc32c
 import fsspec

@@ -67,7 +67,7 @@ def _source(seed: int = 6) -> np.ndarray:
     return np.random.default_rng(seed).integers(1, 1 << 30, size=SHAPE, dtype="i4")
 
 
-def _empty_array(store: ShardedStore, **kwargs) -> "zarr.Array":
+def _empty_array(store: ShardedStore, **kwargs) -> zarr.Array:
     return zarr.open_array(store=store, mode="w", shape=SHAPE, chunks=CHUNKS, dtype="i4", fill_value=0, **kwargs)
 
 
@@ -167,7 +167,7 @@ def test_chunk_unaligned_blocks_with_a_process_synchronizer(tmp_path, moto_s3, l
 # -- xarray ----------------------------------------------------------------------------------
 
 
-def _dataset(ny: int, y0: int = 0, seed: int = 3) -> "xr.Dataset":
+def _dataset(ny: int, y0: int = 0, seed: int = 3) -> xr.Dataset:
     rng = np.random.default_rng(seed)
     nx = SHAPE[1]
     return xr.Dataset(
@@ -180,11 +180,11 @@ def _dataset(ny: int, y0: int = 0, seed: int = 3) -> "xr.Dataset":
     )
 
 
-def _encoding(ds: "xr.Dataset") -> dict:
+def _encoding(ds: xr.Dataset) -> dict:
     return {name: {"chunks": CHUNKS} for name in ds.data_vars}
 
 
-def _open(path: str) -> "xr.Dataset":
+def _open(path: str) -> xr.Dataset:
     with ShardedStore(path) as store:
         return xr.open_zarr(store).load()
 

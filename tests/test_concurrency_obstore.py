@@ -18,7 +18,6 @@ Every loop is bounded in count and time; threads and processes are joined with a
 from __future__ import annotations
 
 import pickle
-import threading
 import uuid
 
 import numpy as np

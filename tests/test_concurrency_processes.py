@@ -18,9 +18,9 @@ from concurrency_harness import local_cluster, moto_s3, run_sharded_writers  # n
 
 from shardkv import ShardedStore
 from shardkv.engine.locks import LOCK_DIR, ShardLocks
-from shardkv.proxy.options import Options
 from shardkv.errors import UnflushedWritesError
 from shardkv.format.ranges import ReadPolicy
+from shardkv.proxy.options import Options
 from shardkv.storage.fsspec import FsspecStore
 from shardkv.storage.mapping import MappingStore
 from shardkv.storage.open import open_kv

@@ -17,8 +17,9 @@ import subprocess
 import sys
 import tracemalloc
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -27,11 +28,11 @@ import zarr
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
-from shardkv.cli.convert import convert  # noqa: E402
 from shardkv.cli import convert_listing  # noqa: E402
+from shardkv.cli.convert import convert  # noqa: E402
 from shardkv.cli.convert_listing import iter_array_keys, list_array  # noqa: E402
-from shardkv.cli.view import HierarchyView  # noqa: E402
 from shardkv.cli.stores import open_store  # noqa: E402
+from shardkv.cli.view import HierarchyView  # noqa: E402
 
 BUCKET = "shardkv-listing"
 PAGE = 10  # MaxKeys forced on every list request of these tests

@@ -12,9 +12,8 @@ from collections import Counter
 import pytest
 
 from shardkv import ShardedStore, open_store
-from shardkv.errors import ConfigurationError
+from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.proxy.draft import DRAFT_ZARR_FORMAT, DraftShardedStore
-from shardkv.errors import UnsupportedError
 from shardkv.transformers import AdapterStore
 
 SHARDING = "https://purl.org/zarr/spec/storage_transformers/sharding/1.0"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from engine_kv import CountingKV
+
 from shardkv.engine.engine import EngineOptions, ShardEngine
 from shardkv.engine.merge import ChunkPatch, ShardChange, covers_shard, merge_chunks
 from shardkv.engine.retry import Backoff

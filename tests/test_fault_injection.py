@@ -22,8 +22,9 @@ import errno
 import os
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numcodecs
 import numpy as np

@@ -13,11 +13,11 @@ shard with flipped bytes, and every chunk of the shard is read back.
 from __future__ import annotations
 
 import dataclasses
-
 import resource
 import tempfile
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import crc32c
 import fsspec

@@ -16,6 +16,7 @@ from kill_harness import acked_seqs, run_and_kill
 from shardkv.engine.journal import Journal, JournalRecord
 from shardkv.errors import JournalCorruptError, LockTimeoutError, ShardKVError
 
+
 def value_of(seq: int) -> bytes:
     """The value the writers here give record ``seq`` (so a replayed record can be checked byte for byte)."""
     return (f"value-{seq}-".encode() * (1 + seq % 7))[: 5 + (seq * 13) % 200]

@@ -11,8 +11,9 @@ import os
 import pickle
 import socket
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 from kv_contract import KVContract, put_ok

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pickle
 import threading
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import zarr

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import socket
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from concurrency_harness import serialised_moto_writes

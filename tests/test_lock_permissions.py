@@ -18,9 +18,9 @@ import stat
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import fsspec
 import pytest

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
-from typing import Any, Callable, Iterator, MutableMapping
+from typing import Any
 
 import numpy as np
 import pytest

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from counting_fs import memory_mapper

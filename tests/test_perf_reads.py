@@ -10,8 +10,9 @@ that records every ``cat_file`` with its range and the bytes returned.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest

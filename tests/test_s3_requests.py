@@ -21,8 +21,9 @@ import socket
 import threading
 import uuid
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest

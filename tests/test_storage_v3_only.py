@@ -9,8 +9,7 @@ tests/latest.
 from __future__ import annotations
 
 import json
-from collections.abc import MutableMapping
-from typing import Iterator
+from collections.abc import Iterator, MutableMapping
 
 import numpy as np
 import pytest

@@ -58,7 +58,7 @@ def _assert_mirror(root: Path, path: str) -> dict[str, Any]:
     return mirror
 
 
-def _dataset(n_time: int = 8, start: int = 0) -> "xr.Dataset":
+def _dataset(n_time: int = 8, start: int = 0) -> xr.Dataset:
     rng = np.random.default_rng(start)
     return xr.Dataset(
         {"temp": (("time", "lat", "lon"), rng.random((n_time, 12, 10), dtype="f4"), {"units": "K"})},
@@ -71,7 +71,7 @@ def _dataset(n_time: int = 8, start: int = 0) -> "xr.Dataset":
     )
 
 
-def _write(path: Path, ds: "xr.Dataset", **kwargs: Any) -> None:
+def _write(path: Path, ds: xr.Dataset, **kwargs: Any) -> None:
     with ShardedStore(str(path), chunks_per_shard=(2, 2, 2)) as store:  # 3-d arrays sharded, 1-d ones not
         ds.chunk({"time": 2, "lat": 6, "lon": 5}).to_zarr(store, **kwargs)
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import random
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import fsspec
 import numpy as np

@@ -8,8 +8,9 @@ in both directions, and compares what zarr reports and what was stored.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import atexit
 import functools
-import shutil
-import tempfile
 import os
 import pathlib
-from typing import Any, Callable, Iterator
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numcodecs.pickles
 import pytest

@@ -10,8 +10,8 @@ inner chunks (2, 2), chunks_per_shard (2, 3).
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
+from typing import Any
 
 from shardkv.format.ranges import ByteRange
 from shardkv.transformers import AdapterStore, ShardingStorageTransformer

@@ -24,13 +24,20 @@ The sharding transformer reaches the same store through :class:`UnderlyingKV`
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import partial
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.buffers import Value, join_parts
 from shardkv.storage.kv import (
-    ANY, Capabilities, Generation, KVStore, ReadRequest, ReadResult, hidden,
+    ANY,
+    Capabilities,
+    Generation,
+    KVStore,
+    ReadRequest,
+    ReadResult,
+    hidden,
 )
 from shardkv.storage.location import StoreLocation
 from shardkv.storage.open import open_kv

@@ -14,7 +14,8 @@ distinct ``prefix + name + "/"`` of deeper ones. :meth:`AbstractStore.set_values
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Iterable, Mapping, Sequence, Tuple, Union
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Union
 
 from shardkv.engine.merge import apply_partial_writes
 from shardkv.format.ranges import ByteRange
@@ -29,9 +30,9 @@ __all__ = [
 ]
 
 BytesLike = Union[bytes, bytearray, memoryview]
-KeyRange = Tuple[str, ByteRange]
+KeyRange = tuple[str, ByteRange]
 """``(key, byte range)``: one request of ``get_partial_values``."""
-KeyStartValue = Tuple[str, int, BytesLike]
+KeyStartValue = tuple[str, int, BytesLike]
 """``(key, start, value)``: one write of ``set_partial_values`` (``start`` in bytes)."""
 
 

@@ -16,7 +16,8 @@ and ``outer_chunk_shape(entry, chunk_shape)``.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from shardkv.errors import ConfigurationError, UnsupportedError
 

@@ -33,7 +33,8 @@ import contextlib
 import os
 import time
 import warnings
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 from _common import (

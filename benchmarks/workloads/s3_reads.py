@@ -40,7 +40,6 @@ import json
 import os
 import select
 import subprocess
-import sys
 import textwrap
 import threading
 import uuid

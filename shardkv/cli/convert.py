@@ -56,18 +56,19 @@ checked to present every array and group of the source
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterator, Literal, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Literal
 
-from shardkv.cli.convert_plan import ChunksPerShard, check_fit, plan_array, warn_nothing_gained
-from shardkv.cli.convert_meta import amend_consolidated, array_metadata, metadata_order, store_as_v3
-from shardkv.cli.convert_report import ArrayReport, ConvertReport
 from shardkv.cli.convert_listing import ArrayListing, HierarchyWalk, iter_array_keys, list_array, walk_hierarchy
+from shardkv.cli.convert_meta import amend_consolidated, array_metadata, metadata_order, store_as_v3
+from shardkv.cli.convert_plan import ChunksPerShard, check_fit, plan_array, warn_nothing_gained
+from shardkv.cli.convert_report import ArrayReport, ConvertReport
 from shardkv.cli.convert_tasks import ShardTask, TaskResult, array_tasks, execute, shard_members_at
+from shardkv.cli.errors import ConversionIncompleteError, DestinationNotEmptyError, SameLocationError
+from shardkv.cli.info_draft import is_draft
 from shardkv.cli.manifest import MANIFEST_KEY as _MANIFEST_KEY
 from shardkv.cli.manifest import Manifest, open_destination, verify_last
 from shardkv.cli.stores import open_store, put_all, refuse_regular_file
-from shardkv.cli.errors import ConversionIncompleteError, DestinationNotEmptyError, SameLocationError
-from shardkv.cli.info_draft import is_draft
 from shardkv.cli.view import HierarchyView, sizes
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout

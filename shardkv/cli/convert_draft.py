@@ -19,8 +19,9 @@ chunk grid (stale chunks) are skipped and counted.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from shardkv.cli.errors import DestinationNotEmptyError
 from shardkv.cli.info_draft import is_draft

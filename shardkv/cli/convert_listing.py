@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import fsspec.asyn
 from fsspec import AbstractFileSystem

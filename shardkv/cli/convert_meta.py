@@ -10,7 +10,8 @@ first, ``.zarray`` / ``.zgroup`` last in each directory).
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from shardkv.cli.convert_listing import ArrayListing
 from shardkv.format.layout import ShardLayout

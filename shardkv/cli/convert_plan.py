@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import warnings
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from shardkv.cli.errors import ChunksPerShardMismatchError
 from shardkv.errors import ShardKVError

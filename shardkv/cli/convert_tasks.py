@@ -27,9 +27,10 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 from shardkv.cli.convert_listing import ArrayListing, ChunkBitmap, block_coords
 from shardkv.errors import ConfigurationError

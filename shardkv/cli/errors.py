@@ -8,7 +8,7 @@ progress manifest of another conversion) and are printed by
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from shardkv.errors import ConfigurationError, ShardKVError
 

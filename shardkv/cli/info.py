@@ -20,14 +20,15 @@ through a :class:`~shardkv.cli.view.HierarchyView` (v3 nodes presented as v2).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
+from shardkv.cli.errors import NotAHierarchyError
 from shardkv.cli.info_draft import inspect_draft, is_draft
 from shardkv.cli.info_format import format_info  # re-exported: the table lives there
 from shardkv.cli.info_model import ArrayInfo, shard_stats
 from shardkv.cli.stores import open_store
-from shardkv.cli.errors import NotAHierarchyError
 from shardkv.cli.view import HierarchyView, sizes
 from shardkv.errors import ConfigurationError, MetadataError
 from shardkv.keys.encodings import V2ChunkKeyEncoding, grid_shape

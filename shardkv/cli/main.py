@@ -15,7 +15,8 @@ import argparse
 import json
 import sys
 import warnings
-from typing import Any, Callable, NoReturn, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from shardkv._version import __version__
 from shardkv.cli import help_texts as texts

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import msgpack
 

@@ -22,8 +22,9 @@ rest. The manifest is deleted once the metadata, written last, is in place.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from shardkv.cli.convert import _check_distinct, _name
 from shardkv.cli.convert_tasks import shard_index

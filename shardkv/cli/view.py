@@ -17,11 +17,12 @@ commands report such nodes themselves).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from shardkv.errors import MetadataError
-from shardkv.keys.space import ShardedArray
 from shardkv.keys.paths import join_path, split_key
+from shardkv.keys.space import ShardedArray
 from shardkv.metadata.documents import dump_json, load_json
 from shardkv.metadata.hierarchy import ZARR_JSON, present
 from shardkv.proxy.nodes import PRESENTED, Node, present_stored_zmetadata

@@ -34,8 +34,9 @@ Unknown names and unknown configuration members raise
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable, Mapping, Sequence
 from math import prod
-from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence
+from typing import Any, ClassVar, Literal
 
 import numcodecs
 import numpy as np

@@ -10,8 +10,9 @@ each refuses the array instead of misreading it); see the table of
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from math import prod
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import numcodecs
 import numpy as np

@@ -17,7 +17,8 @@ and tensorstore do the same).
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -19,9 +19,9 @@ store has no conditional put). Write-back and the journal sit on top
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 

@@ -60,8 +60,8 @@ import fcntl
 import os
 import struct
 import uuid
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 import msgpack
 
@@ -76,13 +76,13 @@ from shardkv.format.journal_frames import (
     SLOT_OFFSETS,
     Identity,
     JournalRecord,
+    RecordItem,
     decode_frame,
     decode_slot,
     describe_identity,
     encode_frame,
     encode_header,
     encode_slot,
-    RecordItem,
     make_records,
 )
 from shardkv.format.layout import crc32c_of

@@ -50,8 +50,9 @@ import stat
 import threading
 import time
 import zlib
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, contextmanager
-from typing import Any, Iterable, Iterator, Literal, Mapping
+from typing import Any, Literal
 
 from shardkv.errors import ConfigurationError, LockTimeoutError
 from shardkv.keys.space import ShardedArray

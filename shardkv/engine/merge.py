@@ -15,8 +15,9 @@ A shard whose every available chunk is set whole needs no old bytes
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Collection, Iterable, Mapping, Sequence
+from typing import Any
 
 from shardkv.keys.space import ChunkRef, ShardedArray
 

@@ -33,8 +33,8 @@ returned, or else make one zero-range conditional ``get`` per cached shard.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from math import prod
-from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 

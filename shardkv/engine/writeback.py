@@ -42,8 +42,9 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
 from os import PathLike
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from shardkv.engine.journal import Journal
 from shardkv.engine.merge import ShardChange

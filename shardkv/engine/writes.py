@@ -20,7 +20,7 @@ unconditional: the locks, or the caller's promise, exclude other writers.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.locks import ShardLocks

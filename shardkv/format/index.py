@@ -10,7 +10,7 @@ no byte order (that is the layout's job, see :mod:`shardkv.format.layout`).
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 

@@ -8,8 +8,8 @@ back (no I/O).
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 import msgpack
 

@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from math import prod
-from typing import Literal, Mapping, Sequence
+from typing import Literal
 
 import crc32c as _crc32c
 import numpy as np

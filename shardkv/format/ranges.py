@@ -8,8 +8,8 @@ suffix read, used for an index at the end of a shard).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 __all__ = ["ByteRange", "CoalescedRead", "ReadPolicy", "coalesce", "plan_reads", "total_nbytes"]
 

@@ -18,10 +18,11 @@ digits, no sign, no leading zeros), so one chunk has exactly one key.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from math import ceil
 from operator import floordiv, mod
-from typing import Any, Iterator, Literal, Sequence
+from typing import Any, Literal
 
 from shardkv.errors import ConfigurationError, InvalidKeyError
 

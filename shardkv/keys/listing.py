@@ -12,8 +12,8 @@ dimension), without a string sort.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable, Sequence
 from math import prod
-from typing import Iterable, Sequence
 
 import numpy as np
 

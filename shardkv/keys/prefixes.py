@@ -10,7 +10,7 @@ nothing for v2) followed by coordinates joined by the separator.
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from collections.abc import Sequence
 
 from shardkv.keys.space import ShardedArray
 

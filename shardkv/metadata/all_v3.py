@@ -19,8 +19,9 @@ gets no ``zarr.json``: zarr-python 3 then reads its ``.zarray`` as zarr 2 wrote 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.metadata.hierarchy import (

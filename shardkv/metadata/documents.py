@@ -11,7 +11,8 @@ conversions of one hierarchy are identical.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from shardkv.errors import MetadataError
 

@@ -40,8 +40,9 @@ an array no v3 reader decodes          :func:`plan_opaque_blocks` (a block at ea
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout

@@ -38,8 +38,9 @@ from __future__ import annotations
 import base64
 import binascii
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -65,7 +66,7 @@ from shardkv.metadata.v2_codecs import (
     numpy_dtype_of_structured,
     v2_dtype_json,
 )
-from shardkv.metadata.v3_view import SHARDING_CODEC, V2_FILL_FIELD, V2_COMPRESSOR_FIELD, sharding_spec_from_v3
+from shardkv.metadata.v3_view import SHARDING_CODEC, V2_COMPRESSOR_FIELD, V2_FILL_FIELD, sharding_spec_from_v3
 
 __all__ = ["V2View", "v2_view_of_v3", "numpy_dtype_of_v3", "fill_value_from_v3", "unusable_sharding"]
 

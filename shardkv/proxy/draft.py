@@ -26,7 +26,8 @@ when its metadata or data is accessed
 from __future__ import annotations
 
 import builtins
-from typing import Any, Iterable, Iterator, Literal, Mapping, Self, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Literal, Self
 
 from shardkv.errors import ConfigurationError
 from shardkv.format.ranges import ByteRange
@@ -39,9 +40,9 @@ from shardkv.proxy.base import ProxyBase
 from shardkv.proxy.draft_nodes import DraftArray, DraftNodes
 from shardkv.proxy.options import Options
 from shardkv.proxy.values import to_bytes
+from shardkv.storage.kv import check_not_reserved
 from shardkv.transformers import DATA_ROOT, AbstractStore, AdapterStore, ShardingStorageTransformer
 from shardkv.transformers.api import apply_partial_writes, normalize_prefix
-from shardkv.storage.kv import check_not_reserved
 
 __all__ = ["DraftShardedStore", "DRAFT_ZARR_FORMAT", "DRAFT_OPTIONS"]
 

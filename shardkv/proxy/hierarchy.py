@@ -23,7 +23,7 @@ checked: nothing can be stored above them but the array's own path.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from shardkv.errors import KeyBelowKeyError
 from shardkv.keys.paths import owner_candidates, path_prefix, split_key

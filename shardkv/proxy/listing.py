@@ -23,9 +23,9 @@ import bisect
 import itertools
 import sys
 import weakref
-from collections.abc import KeysView, Mapping
+from collections.abc import Iterable, Iterator, KeysView, Mapping
 from types import CodeType, FrameType
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from shardkv.engine.engine import ShardEngine
 from shardkv.keys.listing import sorted_chunk_names

@@ -52,8 +52,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from shardkv.engine.locks import ShardLocks
 from shardkv.engine.merge import ShardChange

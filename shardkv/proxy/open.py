@@ -20,7 +20,8 @@ returns another class: ``ShardedStore(...)`` is always a ``ShardedStore``.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping, get_args
+from collections.abc import Mapping
+from typing import Any, Literal, get_args
 
 from shardkv.errors import ConfigurationError
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption

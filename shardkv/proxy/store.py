@@ -17,9 +17,10 @@ to the base store. Options, pickling and lifecycle: :mod:`shardkv.proxy.options`
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable, Iterator, KeysView, Mapping, Sequence
 from contextlib import suppress
 from os import PathLike
-from typing import Any, Iterable, Iterator, KeysView, Mapping, Self, Sequence
+from typing import Any, Self
 
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.engine import ShardEngine

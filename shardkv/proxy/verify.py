@@ -13,9 +13,10 @@ only proven garbage (user guide, "The command line").
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from math import prod
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -13,8 +13,9 @@ import os
 import sys
 import threading
 import warnings
+from collections.abc import Mapping
 from types import FrameType
-from typing import Any, Mapping
+from typing import Any
 
 from shardkv.engine.merge import ShardChange
 

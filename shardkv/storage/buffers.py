@@ -12,8 +12,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence, Union, cast
+from typing import Any, Union, cast
 
 from shardkv.format.ranges import ByteRange
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import fsspec
 from fsspec.implementations.memory import MemoryFileSystem

@@ -17,8 +17,9 @@ checks them):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Hashable, Iterator, Literal, Mapping, Sequence
+from typing import Literal
 
 from shardkv.errors import ReservedKeyError
 from shardkv.format.ranges import ByteRange

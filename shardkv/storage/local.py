@@ -50,7 +50,8 @@ import time
 import uuid
 import warnings
 from collections import OrderedDict
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from shardkv.errors import InvalidKeyError
 from shardkv.storage.buffers import BytesLike, Value, byte_parts, pread_exact, read_pool, write_parts

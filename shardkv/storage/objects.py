@@ -4,7 +4,8 @@ one request per byte range (:func:`plan_requests`), then each read's result from
 
 from __future__ import annotations
 
-from typing import Iterable, Literal, Sequence, Union
+from collections.abc import Iterable, Sequence
+from typing import Literal, Union
 
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.buffers import BytesLike

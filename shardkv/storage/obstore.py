@@ -16,9 +16,10 @@ obstore is imported only when a store is made, so shardkv works without it.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
-from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from shardkv.errors import ConfigurationError
 from shardkv.format.ranges import ByteRange

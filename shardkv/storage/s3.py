@@ -14,8 +14,9 @@ network errors propagate unchanged.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
-from typing import Any, Awaitable, Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.buffers import Value, join_parts

@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 import threading
 import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from shardkv.storage.buffers import BytesLike, Value
 from shardkv.storage.kv import ANY, MISSING_RESULT, NO_VALUE, Generation, ReadRequest, ReadResult

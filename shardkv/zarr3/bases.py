@@ -23,8 +23,8 @@ any other zarr 3 ``Store``        :class:`Zarr3KV` (its own async API, run synch
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
+from typing import Any
 
 from fsspec.mapping import FSMap
 

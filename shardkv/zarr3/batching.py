@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from typing import Callable, Generic, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
 
 __all__ = ["Batcher"]
 

@@ -10,7 +10,8 @@ runs them in worker threads.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from shardkv.engine.engine import EngineOptions, ShardEngine
 from shardkv.engine.merge import group_by_shard

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.keys.encodings import chunk_key_encoding_from_metadata

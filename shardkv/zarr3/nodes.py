@@ -12,8 +12,9 @@ array documents a group's consolidated metadata holds.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Union
+from typing import Any, Union
 
 from zarr.abc.store import Store
 from zarr.core.buffer import BufferPrototype, default_buffer_prototype

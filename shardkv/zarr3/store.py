@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Iterable
-from typing import Any, Literal, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any, Literal
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype

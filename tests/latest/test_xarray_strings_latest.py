@@ -19,7 +19,7 @@ from shardkv import ShardedStore
 xr = pytest.importorskip("xarray")
 
 
-def _dataset(n_time: int, start: int = 0) -> "xr.Dataset":
+def _dataset(n_time: int, start: int = 0) -> xr.Dataset:
     rng = np.random.default_rng(start)
     time = np.datetime64("2026-01-01T00:00", "ns") + np.arange(start, start + n_time) * np.timedelta64(6, "h")
     stations = np.array(["Zürich", "Genève", "Lugano", "Chur"], dtype=object)
@@ -37,7 +37,7 @@ def _dataset(n_time: int, start: int = 0) -> "xr.Dataset":
     return ds
 
 
-def _chunked(ds: "xr.Dataset") -> "xr.Dataset":
+def _chunked(ds: xr.Dataset) -> xr.Dataset:
     return ds.chunk({"time": 1, "station": 2})
 
 

@@ -39,8 +39,8 @@ from shardkv.engine.journal import Journal  # noqa: E402
 from shardkv.errors import (  # noqa: E402
     ConfigurationError,
     JournalCorruptError,
-    LockTimeoutError,
     JournalMismatchError,
+    LockTimeoutError,
     UnflushedWritesError,
 )
 from shardkv.storage.identity import STORE_ID_KEY  # noqa: E402
