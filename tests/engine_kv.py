@@ -13,7 +13,8 @@ import itertools
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 
-from shardkv.storage.buffers import BytesLike, Value
+from shardkv._types import BytesLike
+from shardkv.storage.buffers import Value
 from shardkv.storage.kv import (
     MISSING_RESULT,
     NO_VALUE,

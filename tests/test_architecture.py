@@ -23,7 +23,7 @@ ERRORS_ELSEWHERE_ALLOWED: set[tuple[str, str]] = set()
 
 # The layers, bottom first: a module may import its own layer and the layers below it, never above.
 LAYERS: list[set[str]] = [
-    {"_version", "errors"},
+    {"_version", "_types", "errors"},
     {"format"},
     {"keys", "codecs"},
     {"metadata"},

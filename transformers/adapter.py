@@ -28,6 +28,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any
 
+from shardkv._types import BytesLike
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.buffers import Value, join_parts
 from shardkv.storage.kv import (
@@ -43,7 +44,7 @@ from shardkv.storage.location import StoreLocation
 from shardkv.storage.open import open_kv
 from shardkv.storage.stamps import STAMPS, Fetched, read_stamped, write_stamped
 
-from .api import AbstractStore, BytesLike, KeyRange, KeyStartValue, apply_partial_writes, normalize_prefix
+from .api import AbstractStore, KeyRange, KeyStartValue, apply_partial_writes, normalize_prefix
 
 __all__ = ["AdapterStore", "UnderlyingKV"]
 

@@ -15,21 +15,19 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Union
 
+from shardkv._types import BytesLike
 from shardkv.engine.merge import apply_partial_writes
 from shardkv.format.ranges import ByteRange
 
 __all__ = [
     "AbstractStore",
-    "BytesLike",
     "KeyRange",
     "KeyStartValue",
     "normalize_prefix",
     "apply_partial_writes",
 ]
 
-BytesLike = Union[bytes, bytearray, memoryview]
 KeyRange = tuple[str, ByteRange]
 """``(key, byte range)``: one request of ``get_partial_values``."""
 KeyStartValue = tuple[str, int, BytesLike]

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from shardkv._types import BytesLike, LocalCoords
 from shardkv.engine.engine import EngineOptions, ShardEngine
 from shardkv.engine.locks import Concurrency
 from shardkv.engine.merge import ChunkPatch, ShardChange, out_of_grid
@@ -43,7 +44,7 @@ from shardkv.keys.prefixes import expand_shard_prefix, shard_prefix, split_prefi
 from shardkv.keys.space import ChunkRef, ShardedArray
 
 from .adapter import AdapterStore, UnderlyingKV
-from .api import AbstractStore, BytesLike, KeyRange, KeyStartValue, normalize_prefix
+from .api import AbstractStore, KeyRange, KeyStartValue, normalize_prefix
 
 __all__ = ["ShardingStorageTransformer", "SHARDING_EXTENSION", "DATA_ROOT"]
 
@@ -51,7 +52,6 @@ SHARDING_EXTENSION = "https://purl.org/zarr/spec/storage_transformers/sharding/1
 """The ``extension`` of the sharding transformer's metadata entry."""
 DATA_ROOT = "data/root/"
 """Keys starting with this are data keys (v3 core draft "Storage keys")."""
-Local = tuple[int, ...]
 
 
 def _draft_itemsize(data_type: Any) -> int | None:
@@ -306,7 +306,7 @@ class ShardingStorageTransformer(AbstractStore):
             return None
         return self.array.locate(key, check_grid=False)
 
-    def locate(self, key: str) -> tuple[str, Local] | None:
+    def locate(self, key: str) -> tuple[str, LocalCoords] | None:
         """``(shard_key, local_coords)`` of a chunk key of this array, ``None`` for other keys.
 
         Raises

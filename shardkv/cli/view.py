@@ -23,7 +23,7 @@ from typing import Any
 from shardkv.errors import MetadataError
 from shardkv.keys.paths import join_path, split_key
 from shardkv.keys.space import ShardedArray
-from shardkv.metadata.documents import dump_json, load_json
+from shardkv.metadata.documents import ZMETADATA, dump_json, load_json
 from shardkv.metadata.hierarchy import ZARR_JSON, present
 from shardkv.proxy.nodes import PRESENTED, Node, present_stored_zmetadata
 from shardkv.proxy.verify import shard_directories
@@ -31,7 +31,6 @@ from shardkv.storage.kv import ANY, KVStore
 
 __all__ = ["HierarchyView", "sizes", "refuse_shard_directories"]
 
-_ZMETADATA = ".zmetadata"
 
 
 def _parse(path: str, raw: Any) -> Node | None:
@@ -123,7 +122,7 @@ class HierarchyView:
                 rest.append(key)
         for key, value in (self.kv.values(rest) if rest else {}).items():
             raw = bytes(value)
-            out[key] = self._zmetadata(key, raw) if split_key(key)[1] == _ZMETADATA else raw
+            out[key] = self._zmetadata(key, raw) if split_key(key)[1] == ZMETADATA else raw
         return out
 
     def get(self, key: str) -> bytes | None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from shardkv._types import BytesLike
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.locks import Concurrency, Mode, ShardLocks
 from shardkv.engine.merge import ShardChange
@@ -43,7 +44,6 @@ from shardkv.errors import ConfigurationError
 from shardkv.format.index import ShardIndex
 from shardkv.format.ranges import ByteRange, ReadPolicy
 from shardkv.keys.space import ChunkRef, ShardedArray
-from shardkv.storage.buffers import BytesLike
 from shardkv.storage.kv import Generation, KVStore
 
 __all__ = ["ShardEngine", "EngineOptions", "EngineStats", "ShardChange"]

@@ -65,6 +65,7 @@ __all__ = [
 ]
 
 Concurrency = Literal["auto", "files", "conditional", "process", "none"]
+"""How writers of one shard keep each other's chunks (see :class:`~shardkv.ShardedStore`)."""
 Mode = Literal["files", "conditional", "process", "none"]
 CONCURRENCY_MODES: tuple[str, ...] = ("auto", "files", "conditional", "process", "none")
 

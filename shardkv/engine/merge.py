@@ -19,6 +19,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardkv._types import BytesLike, LocalCoords
 from shardkv.keys.space import ChunkRef, ShardedArray
 
 __all__ = [
@@ -26,8 +27,6 @@ __all__ = [
     "out_of_grid",
 ]
 
-BytesLike = bytes | bytearray | memoryview
-Local = tuple[int, ...]
 
 
 def apply_partial_writes(key: str, old: BytesLike | None, writes: Sequence[tuple[int, BytesLike]]) -> bytes:
@@ -115,7 +114,7 @@ class ShardChange:
 
     array: ShardedArray
     shard_coords: tuple[int, ...]
-    chunks: dict[Local, ChunkUpdate] = field(default_factory=dict)
+    chunks: dict[LocalCoords, ChunkUpdate] = field(default_factory=dict)
     nbytes: int = 0
 
     def covers_shard(self) -> bool:
@@ -126,7 +125,7 @@ class ShardChange:
         """A copy whose ``chunks`` dict is its own (the values are shared)."""
         return ShardChange(self.array, self.shard_coords, dict(self.chunks), self.nbytes)
 
-    def chunk_key(self, local_coords: Local) -> str:
+    def chunk_key(self, local_coords: LocalCoords) -> str:
         """The chunk key of one inner chunk of this shard."""
         return self.array.chunk_key(self.array.chunk_coords(self.shard_coords, local_coords))
 
@@ -145,13 +144,13 @@ def _all_whole(values: Collection[Any]) -> bool:
     return all(v is not None and not isinstance(v, ChunkPatch) for v in values)
 
 
-def covers_shard(arr: ShardedArray, shard_coords: Sequence[int], updates: Mapping[Local, Any]) -> bool:
+def covers_shard(arr: ShardedArray, shard_coords: Sequence[int], updates: Mapping[LocalCoords, Any]) -> bool:
     """True when ``updates`` sets every available chunk of the shard whole (no old bytes needed)."""
     n = arr.n_chunks_in_shard(shard_coords)
     return n > 0 and len(updates) == n and _all_whole(updates.values())
 
 
-def out_of_grid(arr: ShardedArray, shard_coords: Sequence[int], present: Sequence[Local]) -> list[Local]:
+def out_of_grid(arr: ShardedArray, shard_coords: Sequence[int], present: Sequence[LocalCoords]) -> list[LocalCoords]:
     """The local coords among ``present`` whose chunks lie outside the chunk grid (none if it is unknown)."""
     if arr.chunk_grid_shape is None:
         return []
@@ -161,9 +160,9 @@ def out_of_grid(arr: ShardedArray, shard_coords: Sequence[int], present: Sequenc
 def merge_chunks(
     arr: ShardedArray,
     shard_coords: Sequence[int],
-    old: Mapping[Local, BytesLike],
-    updates: Mapping[Local, Any],
-) -> dict[Local, BytesLike]:
+    old: Mapping[LocalCoords, BytesLike],
+    updates: Mapping[LocalCoords, Any],
+) -> dict[LocalCoords, BytesLike]:
     """The chunks of a shard after ``updates`` (see the module docstring for the rule).
 
     Parameters
@@ -185,7 +184,7 @@ def merge_chunks(
     if not old and _all_whole(updates.values()):
         return dict(updates)  # a new shard, or one written whole: nothing to merge
     dropped = set(out_of_grid(arr, shard_coords, list(old)))
-    chunks: dict[Local, BytesLike] = {local: v for local, v in old.items() if local not in dropped}
+    chunks: dict[LocalCoords, BytesLike] = {local: v for local, v in old.items() if local not in dropped}
     for local, value in updates.items():
         if value is None:
             chunks.pop(local, None)
@@ -200,7 +199,7 @@ def group_by_shard(refs: Sequence[ChunkRef], values: Iterable[ChunkUpdate]) -> d
     """The :class:`ShardChange` of each shard that located chunk changes touch, in order (``None`` deletes)."""
     by_shard: dict[str, ShardChange] = {}
     shard_key = None
-    chunks: dict[Local, ChunkUpdate] = {}
+    chunks: dict[LocalCoords, ChunkUpdate] = {}
     for ref, value in zip(refs, values):
         if ref.shard_key != shard_key:  # keys come in runs of one shard (zarr: a row of its chunks)
             shard_key = ref.shard_key

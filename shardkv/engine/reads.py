@@ -38,6 +38,7 @@ from math import prod
 
 import numpy as np
 
+from shardkv._types import BytesLike
 from shardkv.engine.cache import CacheEntry, IndexCache
 from shardkv.engine.retry import READ_ATTEMPTS, READ_BACKOFF, EngineStats, attempts
 from shardkv.errors import ConcurrentUpdateError, CorruptShardError
@@ -45,7 +46,6 @@ from shardkv.format.index import ShardIndex
 from shardkv.format.ranges import ByteRange, CoalescedRead, ReadPolicy, plan_reads
 from shardkv.keys.listing import shard_chunk_count, shard_chunk_keys
 from shardkv.keys.space import ChunkRef, ShardedArray
-from shardkv.storage.buffers import BytesLike
 from shardkv.storage.kv import ANY, Generation, KVStore, ReadRequest, ReadResult
 
 __all__ = [

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from shardkv._types import BytesLike
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.locks import ShardLocks
 from shardkv.engine.merge import ShardChange, merge_chunks
@@ -29,7 +30,7 @@ from shardkv.engine.retry import WRITE_ATTEMPTS, WRITE_BACKOFF, EngineStats, att
 from shardkv.errors import ConcurrentUpdateError
 from shardkv.format.index import ShardIndex
 from shardkv.keys.space import ShardedArray
-from shardkv.storage.buffers import BytesLike, Value
+from shardkv.storage.buffers import Value
 from shardkv.storage.kv import ANY, NO_VALUE, Generation, KVStore
 
 __all__ = ["write_changes", "compact_shards", "delete_shards"]

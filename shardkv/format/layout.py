@@ -36,6 +36,7 @@ from typing import Literal
 import crc32c as _crc32c
 import numpy as np
 
+from shardkv._types import BytesLike
 from shardkv.errors import ChecksumError, ConfigurationError, CorruptShardError
 from shardkv.format import limits
 from shardkv.format.index import ShardIndex
@@ -52,8 +53,6 @@ def crc32c_of(data: bytes | memoryview) -> int:
     """CRC32C (Castagnoli) of ``data`` as an unsigned 32-bit int."""
     return _crc32c.crc32c(data)
 
-
-BytesLike = bytes | bytearray | memoryview
 
 _COMPRESSOR_SLACK_NBYTES = 65536
 

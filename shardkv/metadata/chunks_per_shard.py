@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from shardkv.errors import ConfigurationError
 
 __all__ = ["ChunksPerShardOption", "ChunksPerShardRule", "normalize_chunks_per_shard", "check_chunks_per_shard"]
 
-ChunksPerShardOption = Union[int, Sequence[int], Mapping[str, int | Sequence[int]], None]
+ChunksPerShardOption = int | Sequence[int] | Mapping[str, int | Sequence[int]] | None
 
 
 def _is_int(value: Any) -> bool:

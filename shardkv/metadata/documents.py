@@ -17,10 +17,12 @@ from typing import Any
 from shardkv.errors import MetadataError
 
 __all__ = [
-    "META_NAMES", "NODE_DOCUMENTS", "dump_json", "load_json", "load_object", "load_zarray", "unreadable_documents",
+    "ZMETADATA", "META_NAMES", "NODE_DOCUMENTS", "dump_json", "load_json", "load_object", "load_zarray", "unreadable_documents",
 ]  # fmt: skip
 
-META_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"})
+ZMETADATA = ".zmetadata"
+"""The consolidated metadata document of a zarr 2 hierarchy (at its root)."""
+META_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ZMETADATA, "zarr.json"})
 """Names of the metadata documents of a Zarr v2 hierarchy, and of a v3 node's ``zarr.json``."""
 
 NODE_DOCUMENTS = frozenset({".zarray", ".zgroup", "zarr.json"})

@@ -35,7 +35,7 @@ from shardkv.keys.encodings import V2ChunkKeyEncoding
 from shardkv.keys.paths import join_path, split_key
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.all_v3 import may_mirror
-from shardkv.metadata.documents import META_NAMES, dump_json, load_json
+from shardkv.metadata.documents import META_NAMES, ZMETADATA, dump_json, load_json
 from shardkv.metadata.hierarchy import REFUSED_ZARRAY, ZARR_JSON, present, presented_zmetadata
 from shardkv.metadata.v3_view import sharding_spec_from_v3, v2_dimension_separator
 
@@ -50,7 +50,6 @@ ReadValues = Callable[[Sequence[str]], Mapping[str, Any]]
 PRESENTED = (".zarray", ".zattrs", ".zgroup")
 """The v2 documents a v3 node is presented as."""
 
-_ZMETADATA = ".zmetadata"
 # chunk-like key segments; signs included so "-1.0" is refused as a malformed chunk key, not stored
 _CHUNKISH = re.compile(r"c|c?[0-9.+-]+")  # "c" alone: v3 default shard keys c/1/2
 _MEMO_LIMIT = 100_000  # parents whose owner is remembered before the memo starts over
@@ -424,7 +423,7 @@ class NodeTable:
             rest.append(key)
         if rest:
             for key, value in self._read(rest).items():
-                out[key] = self._zmetadata(key, bytes(value)) if split_key(key)[1] == _ZMETADATA else value
+                out[key] = self._zmetadata(key, bytes(value)) if split_key(key)[1] == ZMETADATA else value
         return out
 
     def contains_document(self, key: str) -> bool | None:

@@ -10,20 +10,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 from shardkv.engine.engine import EngineOptions
+from shardkv.engine.locks import Concurrency
 from shardkv.errors import ConfigurationError
-from shardkv.format.layout import ShardLayout
+from shardkv.format.layout import IndexLocation, ShardLayout
 from shardkv.format.ranges import ReadPolicy
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
 
-__all__ = ["Options", "Concurrency", "IndexLocation", "DEFAULT_INDEX_CACHE_BYTES"]
-
-Concurrency = Literal["auto", "files", "conditional", "process", "none"]
-"""How writers of one shard keep each other's chunks (see :class:`~shardkv.ShardedStore`)."""
-
-IndexLocation = Literal["start", "end"]
+__all__ = ["Options", "DEFAULT_INDEX_CACHE_BYTES"]
 
 DEFAULT_INDEX_CACHE_BYTES = 64 * 2**20
 

@@ -24,10 +24,11 @@ from typing import Any, Self
 
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.engine import ShardEngine
-from shardkv.engine.locks import Mode
+from shardkv.engine.locks import Concurrency, Mode
 from shardkv.engine.merge import group_by_shard
 from shardkv.engine.writeback import WriteBack
 from shardkv.errors import ChunkOutOfGridError, InvalidKeyError, UnflushedWritesError
+from shardkv.format.layout import IndexLocation
 from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.encodings import validate_key
 from shardkv.keys.paths import join_path, path_prefix, split_key, validate_path
@@ -45,7 +46,7 @@ from shardkv.proxy.listing import (
 )
 from shardkv.proxy.metadata_writes import MetadataWriter, writes_to
 from shardkv.proxy.nodes import META_NAMES, NodeTable
-from shardkv.proxy.options import DEFAULT_INDEX_CACHE_BYTES, Concurrency, IndexLocation, Options
+from shardkv.proxy.options import DEFAULT_INDEX_CACHE_BYTES, Options
 from shardkv.proxy.routing import route_batch
 from shardkv.proxy.values import as_buffer
 from shardkv.proxy.write_advice import WriteAdvisor

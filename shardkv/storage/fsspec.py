@@ -21,7 +21,8 @@ from typing import Any
 import fsspec
 from fsspec.implementations.memory import MemoryFileSystem
 
-from shardkv.storage.buffers import BytesLike, Value, byte_parts, join_parts
+from shardkv._types import BytesLike
+from shardkv.storage.buffers import Value, byte_parts, join_parts
 from shardkv.storage.kv import (
     LOCK_DIR,
     MISSING_RESULT,
@@ -37,7 +38,7 @@ from shardkv.storage.local import FSYNC, atomic_write, fsync_dirs
 from shardkv.storage.location import StoreLocation, fs_location
 from shardkv.storage.stamps import STAMPS, Fetched, read_stamped, write_stamped
 
-__all__ = ["FsspecStore", "MEMORY_CAPS"]
+__all__ = ["FsspecStore", "MEMORY_CAPS", "BUCKET_PROTOCOLS"]
 
 MEMORY_CAPS = Capabilities(ranged=True, round_trips=False, stamps="native", conditional_put=False,
                            conditional_delete=False, lock_dir=False, in_process=True)
@@ -47,7 +48,8 @@ _SERIALS = itertools.count(1)
 _SERIAL_LOCK = threading.Lock()
 _SERIAL_ATTR = "_shardkv_serial"
 _LOCAL_PROTOCOLS = frozenset({"file", "local"})
-_BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss"})
+BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss"})
+"""Protocols whose first path segment is a bucket (or container) that must already exist."""
 
 
 def _identity(stored: Any) -> Generation:
@@ -216,7 +218,7 @@ class FsspecStore(KVStore):
         """One ``pipe`` of the values to store, then the deletes (missing keys are no error)."""
         stores = {self._path(k): join_parts(v) for k, v in values.items() if v is not None}
         if stores:
-            if not self._memory and not set(_protocols(self.fs)) & _BUCKET_PROTOCOLS:
+            if not self._memory and not set(_protocols(self.fs)) & BUCKET_PROTOCOLS:
                 # object stores need no directories (makedirs would create a bucket)
                 for parent in {self.fs._parent(p) for p in stores}:
                     self.fs.makedirs(parent, exist_ok=True)

@@ -21,9 +21,10 @@ from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from shardkv._types import BytesLike
 from shardkv.errors import ReservedKeyError
 from shardkv.format.ranges import ByteRange
-from shardkv.storage.buffers import BytesLike, Value
+from shardkv.storage.buffers import Value
 from shardkv.storage.location import StoreLocation
 
 __all__ = [

@@ -53,8 +53,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from shardkv._types import BytesLike
 from shardkv.errors import InvalidKeyError
-from shardkv.storage.buffers import BytesLike, Value, byte_parts, pread_exact, read_pool, write_parts
+from shardkv.storage.buffers import Value, byte_parts, pread_exact, read_pool, write_parts
 from shardkv.storage.kv import (
     LOCK_DIR,
     MISSING_RESULT,

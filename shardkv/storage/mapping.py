@@ -29,7 +29,8 @@ from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from functools import partial
 from typing import Any
 
-from shardkv.storage.buffers import BytesLike, Value, join_parts, slice_value
+from shardkv._types import BytesLike
+from shardkv.storage.buffers import Value, join_parts, slice_value
 from shardkv.storage.kv import (
     Capabilities,
     Generation,

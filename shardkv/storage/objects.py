@@ -5,16 +5,16 @@ one request per byte range (:func:`plan_requests`), then each read's result from
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Literal, Union
+from typing import Literal
 
+from shardkv._types import BytesLike
 from shardkv.format.ranges import ByteRange
-from shardkv.storage.buffers import BytesLike
 from shardkv.storage.kv import ANY, MISSING_RESULT, Generation, ReadRequest, ReadResult, hidden
 
 __all__ = ["Fetched", "Outcome", "plan_requests", "metadata_only", "assemble", "sliced", "child_names"]
 
 Fetched = tuple[BytesLike, Generation, "int | None"]  # what one request read: bytes, generation, the value's size
-Outcome = Union[Fetched, Literal["missing", "stale"], BaseException]  # "stale": its condition failed
+Outcome = Fetched | Literal["missing", "stale"] | BaseException  # "stale": its condition failed
 
 
 def metadata_only(request: ReadRequest) -> bool:

@@ -21,7 +21,8 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
-from shardkv.storage.buffers import BytesLike, Value
+from shardkv._types import BytesLike
+from shardkv.storage.buffers import Value
 from shardkv.storage.kv import ANY, MISSING_RESULT, NO_VALUE, Generation, ReadRequest, ReadResult
 from shardkv.storage.location import StoreLocation
 

@@ -13,11 +13,11 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from shardkv._types import BytesLike
 from shardkv.engine.engine import EngineOptions, ShardEngine
 from shardkv.engine.merge import group_by_shard
 from shardkv.engine.writeback import WriteBack
 from shardkv.keys.space import ChunkRef, ShardedArray
-from shardkv.storage.buffers import BytesLike
 from shardkv.storage.identity import STORE_ID_KEY, store_identity
 from shardkv.storage.open import open_kv
 

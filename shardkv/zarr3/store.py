@@ -19,6 +19,7 @@ from typing import Any, Literal
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype
 
+from shardkv._types import BytesLike
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.locks import Concurrency
 from shardkv.errors import ChunkOutOfGridError, ConfigurationError, UnflushedWritesError
@@ -26,7 +27,6 @@ from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
 from shardkv.proxy.options import DEFAULT_INDEX_CACHE_BYTES, Options
-from shardkv.storage.buffers import BytesLike
 from shardkv.storage.kv import check_not_reserved, hidden
 from shardkv.zarr3.bases import engine_base, zarr3_store
 from shardkv.zarr3.batching import Batcher
