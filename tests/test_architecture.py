@@ -243,6 +243,8 @@ def test_every_error_class_is_public_subclasses_a_builtin_and_is_listed_in_the_r
         assert name in shardkv.__all__
         if cls is not errors.ShardKVError:
             assert f"| `{name}` |" in readme, f"{name} is not in the README's error table"
-            builtins = [b for b in cls.__mro__ if b.__module__ == "builtins" and b not in (Exception, BaseException, object)]
+            builtins = [
+                b for b in cls.__mro__ if b.__module__ == "builtins" and b not in (Exception, BaseException, object)
+            ]
             builtins += [b for b in cls.__mro__ if b.__module__ == "_pickle"]
             assert builtins, f"{name} subclasses no builtin a caller would catch"

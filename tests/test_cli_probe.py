@@ -23,8 +23,13 @@ def _env_without_credentials() -> dict[str, str]:
 
 def _info(endpoint: str, options: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     storage_options = f'{{{options}"client_kwargs": {{"endpoint_url": "{endpoint}"}}}}'
-    return subprocess.run([sys.executable, "-m", "shardkv", "info", "s3://bucket/data.zarr", "--storage-options",
-                           storage_options], capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "shardkv", "info", "s3://bucket/data.zarr", "--storage-options", storage_options],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 class _ClosingServer:

@@ -106,7 +106,10 @@ def test_chunk_aligned_irregular_blocks_on_s3(moto_s3, local_cluster) -> None:  
 
 # -- da.to_zarr: the zarr chunks are the dask blocks ---------------------------------------------
 
-SIDE, BLOCK = 1024, 64  # the set-up: 16 x 16 blocks of 64 x 64 (the zarr chunks), 4 x 4 chunks per shard: 16 shards
+SIDE, BLOCK = (
+    1024,
+    64,
+)  # the set-up: 16 x 16 blocks of 64 x 64 (the zarr chunks), 4 x 4 chunks per shard: 16 shards
 
 
 def _dask_round_trip(make_store) -> None:

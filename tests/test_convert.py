@@ -215,7 +215,11 @@ def test_reads_one_shard_per_request_and_writes_in_batches(monkeypatch):
     assert len(shards_written) == len(set(shards_written)) == report.shards
     # metadata last: nothing is written after the first .zarray or zarr.json (issue 11: sharded arrays have no .zarray)
     first_meta = next(i for i, b in enumerate(dst.set_batches) if any(k.endswith((".zarray", "zarr.json")) for k in b))
-    assert all(k.rpartition("/")[2] in {".zarray", ".zattrs", ".zgroup", "zarr.json"} for b in dst.set_batches[first_meta:] for k in b)
+    assert all(
+        k.rpartition("/")[2] in {".zarray", ".zattrs", ".zgroup", "zarr.json"}
+        for b in dst.set_batches[first_meta:]
+        for k in b
+    )
 
 
 def test_report_counts_objects_and_bytes():
@@ -298,7 +302,17 @@ def test_invalid_index_location():
 
 
 @pytest.mark.parametrize(
-    "text, expected", [("4", 4), ("2,2,1", (2, 2, 1)), (" 3 , 1", (3, 1)), ("7,", None), ("0", None), ("a,b", None), ("", None), ("-2", None)]
+    "text, expected",
+    [
+        ("4", 4),
+        ("2,2,1", (2, 2, 1)),
+        (" 3 , 1", (3, 1)),
+        ("7,", None),
+        ("0", None),
+        ("a,b", None),
+        ("", None),
+        ("-2", None),
+    ],
 )
 def test_parse_chunks_per_shard(text, expected):
     if expected is None:
@@ -313,7 +327,9 @@ def test_memory_url_and_progress_bar(capsys):
 
     src = fsspec.get_mapper("memory://shardkv-test-convert/in.zarr")
     values = _fill(src)
-    report = convert("memory://shardkv-test-convert/in.zarr", "memory://shardkv-test-convert/out.zarr", 4, progress=True)
+    report = convert(
+        "memory://shardkv-test-convert/in.zarr", "memory://shardkv-test-convert/out.zarr", 4, progress=True
+    )
     assert "shardkv convert" in capsys.readouterr().err
     store = ShardedStore("memory://shardkv-test-convert/out.zarr")
     for name, data in values.items():

@@ -67,10 +67,18 @@ def s3() -> Iterator[dict[str, Any]]:
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         endpoint = f"http://127.0.0.1:{port}"
-        options = {"key": "testing", "secret": "testing",
-                   "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}  # fmt: skip
-        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
-                              aws_secret_access_key="testing", region_name="us-east-1")  # fmt: skip
+        options = {
+            "key": "testing",
+            "secret": "testing",
+            "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+        }
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
         client.create_bucket(Bucket=BUCKET)  # the server listens once it printed "ready"
         yield options
     finally:
@@ -88,8 +96,16 @@ def _put_array(options: dict[str, Any], n_chunks: int, extra: dict[str, bytes] |
     import s3fs
 
     root = f"{BUCKET}/src-{uuid.uuid4().hex[:8]}.zarr"
-    zarray = {"zarr_format": 2, "shape": [n_chunks], "chunks": [1], "dtype": "|u1", "compressor": None,
-              "fill_value": 0, "filters": None, "order": "C"}  # fmt: skip
+    zarray = {
+        "zarr_format": 2,
+        "shape": [n_chunks],
+        "chunks": [1],
+        "dtype": "|u1",
+        "compressor": None,
+        "fill_value": 0,
+        "filters": None,
+        "order": "C",
+    }
     objects = {f"{root}/.zgroup": b'{"zarr_format": 2}', f"{root}/a/.zarray": json.dumps(zarray).encode()}
     objects.update({f"{root}/a/{i}": bytes([i % 251]) for i in range(n_chunks)})
     objects.update({f"{root}/{k}": v for k, v in (extra or {}).items()})

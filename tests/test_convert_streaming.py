@@ -101,8 +101,12 @@ def test_a_node_with_a_reserved_name_is_refused(tmp_path, name, kind):
         g.create_group(name)
     with pytest.raises(ReservedNameError, match=name.replace(".", r"\.")):
         convert(str(src), str(dst), 2)
-    proc = subprocess.run([sys.executable, "-m", "shardkv", "convert", str(src), str(tmp_path / "cli"),
-                           "--chunks-per-shard", "2"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "shardkv", "convert", str(src), str(tmp_path / "cli"), "--chunks-per-shard", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert name in proc.stderr and "rename" in proc.stderr
 

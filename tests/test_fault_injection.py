@@ -132,8 +132,17 @@ def expected_error(exc: BaseException) -> bool:
 
 
 def run_workload(st: ShardedStore, faults: Faults, seed: int, flush: bool) -> tuple[Model, list[BaseException]]:
-    z = zarr.open_array(st, mode="w", path="a", shape=(CHUNK * N_CHUNKS,), chunks=(CHUNK,), dtype="i4",
-                        fill_value=0, compressor=numcodecs.Zlib(level=1), write_empty_chunks=False)  # fmt: skip
+    z = zarr.open_array(
+        st,
+        mode="w",
+        path="a",
+        shape=(CHUNK * N_CHUNKS,),
+        chunks=(CHUNK,),
+        dtype="i4",
+        fill_value=0,
+        compressor=numcodecs.Zlib(level=1),
+        write_empty_chunks=False,
+    )
     model = Model()
     errors: list[BaseException] = []
     rng = random.Random(seed)

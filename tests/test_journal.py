@@ -23,9 +23,12 @@ def value_of(seq: int) -> bytes:
 
 
 @settings(max_examples=12, deadline=None)
-@given(batches=st.lists(st.lists(st.tuples(st.text(min_size=1, max_size=12),
-                                          st.one_of(st.none(), st.binary(max_size=64))), max_size=5),
-                        max_size=6))  # fmt: skip
+@given(
+    batches=st.lists(
+        st.lists(st.tuples(st.text(min_size=1, max_size=12), st.one_of(st.none(), st.binary(max_size=64))), max_size=5),
+        max_size=6,
+    )
+)
 def test_round_trip_in_order_across_reopen(tmp_path_factory: pytest.TempPathFactory, batches: list) -> None:
     path = tmp_path_factory.mktemp("j") / "journal"
     with Journal(path) as j:

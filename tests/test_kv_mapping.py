@@ -81,10 +81,18 @@ class TestPersistentContract(KVContract):
         store.close()
 
 
-@pytest.mark.parametrize(("kind", "in_process", "lock_dir"), [
-    ("dict", True, False), ("user", True, False), ("MemoryStore", True, False), ("KVStore", True, False),
-    ("SQLiteStore", False, False), ("DBMStore", False, False), ("ZipStore", False, False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kind", "in_process", "lock_dir"),
+    [
+        ("dict", True, False),
+        ("user", True, False),
+        ("MemoryStore", True, False),
+        ("KVStore", True, False),
+        ("SQLiteStore", False, False),
+        ("DBMStore", False, False),
+        ("ZipStore", False, False),
+    ],
+)
 def test_caps_per_kind(kind: str, in_process: bool, lock_dir: bool, tmp_path: Path) -> None:
     store = MappingStore(_base(kind, tmp_path))
     caps = store.caps

@@ -65,7 +65,9 @@ def _mode(path: Path) -> int:
     [(0o755, 0o600, 0o700), (0o2775, 0o660, 0o2770), (0o777, 0o666, 0o777), (0o700, 0o600, 0o700)],
     ids=["dir-0755", "dir-2775", "dir-0777", "dir-0700"],
 )
-def test_lock_files_are_made_for_the_array_writers_and_held_read_write(tmp_path, dir_mode, file_mode, lock_dir_mode) -> None:
+def test_lock_files_are_made_for_the_array_writers_and_held_read_write(
+    tmp_path, dir_mode, file_mode, lock_dir_mode
+) -> None:
     array_dir = tmp_path / "arr"
     array_dir.mkdir()
     if os.geteuid() == 0:
@@ -143,7 +145,14 @@ def test_readers_create_no_lock_files(tmp_path) -> None:
     from shardkv import ShardedStore
 
     src = tmp_path / "data"
-    z = zarr.open_array(store=ShardedStore(str(src), chunks_per_shard=2), mode="w", shape=(8, 8), chunks=(2, 2), dtype="i4", path="g/arr")
+    z = zarr.open_array(
+        store=ShardedStore(str(src), chunks_per_shard=2),
+        mode="w",
+        shape=(8, 8),
+        chunks=(2, 2),
+        dtype="i4",
+        path="g/arr",
+    )
     z[:] = np.arange(64, dtype="i4").reshape(8, 8)
     for found in list(src.rglob(LOCK_DIR)):
         shutil.rmtree(found)  # as a fresh copy of the data would be

@@ -90,7 +90,7 @@ def _assert_hierarchy(root: Path, expected: dict[str, tuple[bool, int]]) -> None
         group = zarr.open_group(store, mode="r")
         listed = {*group.array_keys(), *(f"shared/{k}" for k in group["shared"].array_keys())}
         assert listed == {*expected, "seed"}
-        for path, (sharded, value) in expected.items():
+        for path, (_, value) in expected.items():
             assert (group[path][...] == value).all()
     plain = zarr.DirectoryStore(str(root))  # zarr 2's own store reads the unsharded ones (the root is v3)
     for path, (sharded, value) in expected.items():

@@ -43,7 +43,9 @@ ENCODINGS = [
 ]
 
 
-def array(shape: tuple[int, ...] | None, cps: tuple[int, ...], enc: ChunkKeyEncoding, prefix: str = "g/a/") -> ShardedArray:
+def array(
+    shape: tuple[int, ...] | None, cps: tuple[int, ...], enc: ChunkKeyEncoding, prefix: str = "g/a/"
+) -> ShardedArray:
     chunks = None if shape is None else (1,) * len(cps)
     return ShardedArray("g/a", prefix, shape, chunks, ShardLayout.v3(cps), enc, enc)
 

@@ -154,7 +154,7 @@ def test_coalesced_requests(
     fs.reset()
     keys = [f"a/{i}" for i in chunks]
     got = store.getitems(keys)
-    assert got == {k: chunk_bytes(i) for k, i in zip(keys, chunks)}
+    assert got == {k: chunk_bytes(i) for k, i in zip(keys, chunks, strict=True)}
     reads = fs.reads()
     assert sorted((r.start, r.end) for r in reads) == expected
     assert sorted(r.nbytes for r in reads) == sorted(e - s for s, e in expected)

@@ -18,9 +18,18 @@ def table(base: dict) -> NodeTable:
 
 def zarray(shape=(8, 8), chunks=(2, 2), sep=".") -> bytes:
     return json.dumps(
-        {"zarr_format": 2, "shape": list(shape), "chunks": list(chunks), "dtype": "|u1", "compressor": None,
-         "fill_value": 0, "filters": None, "order": "C", "dimension_separator": sep}
-    ).encode()  # fmt: skip
+        {
+            "zarr_format": 2,
+            "shape": list(shape),
+            "chunks": list(chunks),
+            "dtype": "|u1",
+            "compressor": None,
+            "fill_value": 0,
+            "filters": None,
+            "order": "C",
+            "dimension_separator": sep,
+        }
+    ).encode()
 
 
 @pytest.fixture

@@ -85,7 +85,8 @@ def test_compact_keeps_the_shards_of_an_array_whose_zarr_json_is_missing(tmp_pat
     root = tmp_path / "src.zarr"
     make_hierarchy(root)
     damage(root, "missing")
-    done = subprocess.run([sys.executable, "-m", "shardkv", "compact", str(root)], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "shardkv", "compact", str(root)], capture_output=True, text=True, timeout=120
+    )
     assert "Traceback" not in done.stderr, done.stderr
     assert shards_of_b(root) == ["0", "1"]

@@ -101,9 +101,13 @@ class _Exchanges:
                 answer.close()
         method = environ["REQUEST_METHOD"]
         exchange = _Exchange(
-            method, environ["PATH_INFO"], environ.get("HTTP_RANGE"), environ.get("HTTP_IF_MATCH"),
-            status[-1], 0 if method == "HEAD" else len(body),
-        )  # fmt: skip
+            method,
+            environ["PATH_INFO"],
+            environ.get("HTTP_RANGE"),
+            environ.get("HTTP_IF_MATCH"),
+            status[-1],
+            0 if method == "HEAD" else len(body),
+        )
         with self._lock:
             self.seen.append(exchange)
         return [body]
@@ -148,10 +152,18 @@ def moto() -> Iterator[_Moto]:
     wsgi_server.app = exchanges
     endpoint = f"http://127.0.0.1:{port}"
     client = boto3.client(
-        "s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
     )
     client.create_bucket(Bucket=BUCKET)
-    options = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
+    options = {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+    }
     try:
         yield _Moto(options, endpoint, log, exchanges, client)
     finally:
@@ -173,9 +185,14 @@ def _reader(moto: _Moto, root: str, client: str, **kwargs: Any) -> ShardedStore:
     if client == "s3fs":
         return _store(moto.options, root, **kwargs)
     pytest.importorskip("obstore")
-    options = {"client": "obstore", "endpoint": moto.endpoint, "region": "us-east-1",
-               "access_key_id": "testing", "secret_access_key": "testing",
-               "client_options": {"allow_http": True}}  # fmt: skip
+    options = {
+        "client": "obstore",
+        "endpoint": moto.endpoint,
+        "region": "us-east-1",
+        "access_key_id": "testing",
+        "secret_access_key": "testing",
+        "client_options": {"allow_http": True},
+    }
     return ShardedStore(f"s3://{BUCKET}/{root}", storage_options=options, **kwargs)
 
 

@@ -36,7 +36,7 @@ def path_type(request: pytest.FixtureRequest) -> Any:
 
 @pytest.fixture(autouse=True)
 def _pickles_written_here(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """zarr's object-array tests read back the Pickle chunks they wrote; numcodecs >= 0.15 refuses those unless allowed."""
+    """zarr's object-array tests read back their own Pickle chunks; numcodecs >= 0.15 refuses those unless allowed."""
     monkeypatch.setattr(numcodecs.pickles, "ALLOW_UNSAFE_PICKLE_DECODE", True, raising=False)
     yield
 
@@ -114,7 +114,9 @@ _ARRAY_CLASSES = {
 
 
 def _array_class(name: str, base: type, factory: Callable[[], ShardedStore], where: str) -> type:
-    return type(f"TestProxy{name[4:]}Over{where}", (base,), {"create_store": lambda self: factory(), "__module__": __name__})
+    return type(
+        f"TestProxy{name[4:]}Over{where}", (base,), {"create_store": lambda self: factory(), "__module__": __name__}
+    )
 
 
 if os.environ.get("SHARDKV_ZARR2_BASELINE") == "1":  # the same classes on zarr's own stores, for the pass counts

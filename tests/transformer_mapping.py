@@ -65,7 +65,7 @@ class TransformerMapping(MutableMapping):
     def getitems(self, keys: Sequence[str]) -> dict[str, bytes]:
         keys = list(keys)
         values = self.transformer.get_partial_values([(k, ByteRange(0)) for k in keys])
-        return {k: v for k, v in zip(keys, values) if v is not None}
+        return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
 
     def setitems(self, values: Mapping[str, bytes]) -> None:
         self.transformer.set_values(dict(values))

@@ -88,9 +88,9 @@ class AdapterStore(AbstractStore):
             return []
         results = self.kv.get_many([(key, [ranges[i] for i in at], ANY) for key, at in by_key.items()])
         out: list[bytes | None] = [None] * len(ranges)
-        for at, result in zip(by_key.values(), results):
+        for at, result in zip(by_key.values(), results, strict=True):
             if result.values is not None:
-                for i, value in zip(at, result.values):
+                for i, value in zip(at, result.values, strict=True):
                     out[i] = bytes(value)
         return out
 
@@ -204,7 +204,7 @@ class UnderlyingKV(KVStore):
                 requests.append((key, r))
                 owners.append(i)
         per_read: dict[int, list[bytes | None]] = {}
-        for owner, data in zip(owners, self.store.get_partial_values(requests) if requests else []):
+        for owner, data in zip(owners, self.store.get_partial_values(requests) if requests else [], strict=True):
             per_read.setdefault(owner, []).append(data)
         for i, got in per_read.items():
             key, ranges, _ = reads[i]

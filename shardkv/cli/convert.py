@@ -188,7 +188,7 @@ def _copy(src: HierarchyView, keys: Iterator[str] | Sequence[str], writer: _Writ
     n = nbytes = 0
     it = iter(keys)
     while True:
-        batch = [k for _, k in zip(range(_COPY_BATCH_KEYS), it)]
+        batch = [k for _, k in zip(range(_COPY_BATCH_KEYS), it, strict=False)]
         if not batch:
             return n, nbytes
         values = src.values(batch)
@@ -304,10 +304,19 @@ def convert(
                 "(index at the end, no checksum), so --index-location start / --no-checksum do not apply"
             )
         if workers > 1 or scheduler is not None:
-            raise ConfigurationError(f"{src_name} is a 2022 draft hierarchy: it is converted in one process "
-                                     "(--workers / --scheduler apply to Zarr v2 sources)")  # fmt: skip
-        return convert_draft(source_kv, target, cps, progress, overwrite=overwrite, src_name=src_name,  # type: ignore[return-value]
-                             dst_name=dst_name)  # fmt: skip
+            raise ConfigurationError(
+                f"{src_name} is a 2022 draft hierarchy: it is converted in one process "
+                "(--workers / --scheduler apply to Zarr v2 sources)"
+            )
+        return convert_draft(
+            source_kv,
+            target,
+            cps,
+            progress,
+            overwrite=overwrite,
+            src_name=src_name,  # type: ignore[return-value]
+            dst_name=dst_name,
+        )
     # arrays already sharded (zarr.json only) appear with a .zarray
     source = HierarchyView(source_kv, present=_stores_v2_arrays(source_kv))
     remote = workers > 1 or scheduler is not None
@@ -316,9 +325,13 @@ def convert(
     job = _Job(source, target, src_name, dst_name, cps, index_location, index_checksum, progress)
     job.all_v3 = all_v3
     job.base = dict(
-        src=src_name, dst=dst_name, src_options=src_opts, dst_options=dst_opts,
-        index_location=index_location, index_checksum=index_checksum,
-    )  # fmt: skip
+        src=src_name,
+        dst=dst_name,
+        src_options=src_opts,
+        dst_options=dst_opts,
+        index_location=index_location,
+        index_checksum=index_checksum,
+    )
     return job.run(overwrite, skip_mismatched, workers, scheduler, task_chunks)
 
 
@@ -326,9 +339,16 @@ class _Job:
     """One conversion of a Zarr v2 hierarchy (state shared by its steps)."""
 
     def __init__(
-        self, source: HierarchyView, target: KVStore, src_name: str, dst_name: str, cps: ChunksPerShard,
-        index_location: str, index_checksum: bool, progress: bool,
-    ) -> None:  # fmt: skip
+        self,
+        source: HierarchyView,
+        target: KVStore,
+        src_name: str,
+        dst_name: str,
+        cps: ChunksPerShard,
+        index_location: str,
+        index_checksum: bool,
+        progress: bool,
+    ) -> None:
         self.source, self.target = source, target
         self.src_name, self.dst_name = src_name, dst_name
         self.cps, self.index_location, self.index_checksum = cps, index_location, index_checksum
@@ -346,7 +366,9 @@ class _Job:
         cps = self.cps if isinstance(self.cps, int) else list(self.cps)
         return {"chunks_per_shard": cps, "index_location": self.index_location, "index_checksum": self.index_checksum}
 
-    def run(self, overwrite: bool, skip_mismatched: bool, workers: int, scheduler: str | None, task_chunks: int) -> ConvertReport:
+    def run(
+        self, overwrite: bool, skip_mismatched: bool, workers: int, scheduler: str | None, task_chunks: int
+    ) -> ConvertReport:
         from tqdm import tqdm
 
         source = self.source
@@ -354,7 +376,8 @@ class _Job:
         wanted = [join_path(p, n) for p in walk.arrays for n in sorted(META_NAMES)]
         meta = source.values(wanted)  # the arrays' documents (5 names per array), one batch
         plans = {
-            p: plan_array(p, z, meta, self.cps, self.index_location, self.index_checksum) for p, z in walk.arrays.items()
+            p: plan_array(p, z, meta, self.cps, self.index_location, self.index_checksum)
+            for p, z in walk.arrays.items()
         }
         check_fit(plans, self.cps, skip_mismatched)
         warn_nothing_gained(plans)
@@ -400,10 +423,17 @@ class _Job:
         return report
 
     def _tasks(
-        self, walk: HierarchyWalk, meta: Mapping[str, bytes], plans: Mapping[str, tuple[tuple[int, ...] | None, str | None]],
-        manifest: Manifest, meta_out: dict[str, bytes], amended: dict[str, dict[str, Any]], bar: Any,
-        task_chunks: int, workers: int,
-    ) -> Iterator[ShardTask]:  # fmt: skip
+        self,
+        walk: HierarchyWalk,
+        meta: Mapping[str, bytes],
+        plans: Mapping[str, tuple[tuple[int, ...] | None, str | None]],
+        manifest: Manifest,
+        meta_out: dict[str, bytes],
+        amended: dict[str, dict[str, Any]],
+        bar: Any,
+        task_chunks: int,
+        workers: int,
+    ) -> Iterator[ShardTask]:
         """The shard tasks of every array, made lazily; each array is listed when its turn comes."""
         n_last = _VERIFY_LAST * max(workers, 1)
         for path, zarray in walk.arrays.items():
@@ -421,9 +451,16 @@ class _Job:
                 continue
             layout = ShardLayout.v3(array_cps, self.index_location, "little", self.index_checksum)  # type: ignore[arg-type]
             report = ArrayReport(
-                path, listing.ndim, array_cps, None, listing.n_chunks, len(listing.stale_keys), 0,
-                listing.separator, listing.separator_detected,
-            )  # fmt: skip
+                path,
+                listing.ndim,
+                array_cps,
+                None,
+                listing.n_chunks,
+                len(listing.stale_keys),
+                0,
+                listing.separator,
+                listing.separator_detected,
+            )
             self.report.arrays.append(report)
             self._reports[path] = report
             self._resume(manifest, listing, layout, report, n_last)
@@ -433,16 +470,23 @@ class _Job:
             self.bytes_before += nbytes
             meta_out.update(array_metadata(listing, array_meta, layout, amended))
             base = {
-                **self.base, "chunks_per_shard": array_cps,
-                "write_batch_nbytes": _WRITE_BATCH_NBYTES, "write_batch_objects": _WRITE_BATCH_OBJECTS,
-            }  # fmt: skip
+                **self.base,
+                "chunks_per_shard": array_cps,
+                "write_batch_nbytes": _WRITE_BATCH_NBYTES,
+                "write_batch_objects": _WRITE_BATCH_OBJECTS,
+            }
             yield from array_tasks(
-                listing, array_cps, base, task_chunks,
+                listing,
+                array_cps,
+                base,
+                task_chunks,
                 skip=lambda index, p=path: manifest.is_done(p, index),  # type: ignore[misc]
                 on_skipped=lambda index, n_chunks: bar.update(n_chunks),
-            )  # fmt: skip
+            )
 
-    def _resume(self, manifest: Manifest, listing: ArrayListing, layout: ShardLayout, report: ArrayReport, n_last: int) -> None:
+    def _resume(
+        self, manifest: Manifest, listing: ArrayListing, layout: ShardLayout, report: ArrayReport, n_last: int
+    ) -> None:
         """Count the shards of this array an earlier run finished, after reading back its last ones."""
         cps = layout.chunks_per_shard
 
@@ -461,9 +505,13 @@ class _Job:
         self.bytes_before += progress.nbytes_read
 
     def _copy_unsharded(
-        self, listing: ArrayListing, array_meta: Mapping[str, bytes], reason: str | None, meta_out: dict[str, bytes],
+        self,
+        listing: ArrayListing,
+        array_meta: Mapping[str, bytes],
+        reason: str | None,
+        meta_out: dict[str, bytes],
         bar: Any,
-    ) -> None:  # fmt: skip
+    ) -> None:
         meta_out.update({k: bytes(v) for k, v in array_meta.items()})
         prefix_len = len(listing.path) + 1 if listing.path else 0
         data = (k for k in iter_array_keys(self.source, listing.path) if k[prefix_len:] not in META_NAMES)

@@ -43,8 +43,16 @@ from shardkv.metadata.v3_view import v2_dimension_separator
 from shardkv.storage.kv import LOCK_DIR, TEMP_MARKER, hidden
 from shardkv.storage.local import LocalStore
 
-__all__ = ["ChunkBitmap", "block_coords", "ArrayListing", "HierarchyWalk", "walk_hierarchy", "list_array", "iter_array_keys",
-           "PAGE_KEYS"]
+__all__ = [
+    "ChunkBitmap",
+    "block_coords",
+    "ArrayListing",
+    "HierarchyWalk",
+    "walk_hierarchy",
+    "list_array",
+    "iter_array_keys",
+    "PAGE_KEYS",
+]
 
 _NODE_DOCUMENTS = (".zarray", ".zgroup", ".zattrs", "zarr.json")
 
@@ -81,7 +89,7 @@ class ChunkBitmap:
         self._strides = tuple(reversed(strides))
 
     def _flat(self, coords: tuple[int, ...]) -> int:
-        return sum(c * s for c, s in zip(coords, self._strides))
+        return sum(c * s for c, s in zip(coords, self._strides, strict=True))
 
     def add(self, coords: tuple[int, ...]) -> None:
         """Mark the chunk at ``coords`` (in the grid) as stored."""
@@ -183,7 +191,7 @@ class HierarchyWalk:
 
 
 class _Lister:
-    """Directory listings of the source: local ``os.scandir``, an fsspec filesystem's ``ls``, or the store's ``list_dir``."""
+    """Directory listings of the source: local ``os.scandir``, an fsspec file system's ``ls``, or ``list_dir``."""
 
     def __init__(self, source: HierarchyView) -> None:
         self.source = source
@@ -446,7 +454,7 @@ def list_array(source: HierarchyView, path: str, zarray: Mapping[str, Any], meta
             coords = _decode(encodings[sep], suffix, ndim)
             if coords is None:
                 continue
-            if all(c < g for c, g in zip(coords, grid)):
+            if all(c < g for c, g in zip(coords, grid, strict=True)):
                 bitmaps[sep].add(coords)
             else:
                 stale[sep].append(key)

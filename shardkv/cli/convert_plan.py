@@ -33,9 +33,13 @@ _UNSHARDABLE = ("already sharded", "0-d", "dtype ")  # reasons that are not a ch
 
 
 def plan_array(
-    path: str, zarray: Mapping[str, Any], meta: Mapping[str, bytes], chunks_per_shard: ChunksPerShard,
-    index_location: str, index_checksum: bool,
-) -> Plan:  # fmt: skip
+    path: str,
+    zarray: Mapping[str, Any],
+    meta: Mapping[str, bytes],
+    chunks_per_shard: ChunksPerShard,
+    index_location: str,
+    index_checksum: bool,
+) -> Plan:
     """``chunks_per_shard`` for one array, or ``None`` and the reason it stays unsharded.
 
     An array whose sharded ``zarr.json`` shardkv could not present back as a

@@ -81,7 +81,9 @@ class DestinationIsFileError(ShardKVError, FileExistsError):
 
     def __init__(self, dst: str) -> None:
         self.dst = dst
-        super().__init__(f"destination {dst} is a regular file, not a hierarchy; refusing to replace it (remove it yourself)")
+        super().__init__(
+            f"destination {dst} is a regular file, not a hierarchy; refusing to replace it (remove it yourself)"
+        )
 
 
 class ChunksPerShardMismatchError(ConfigurationError):

@@ -40,9 +40,15 @@ from shardkv.errors import ShardKVError
 from shardkv.storage.kv import KVStore
 
 __all__ = [
-    "MANIFEST_KEY", "UNSHARD_MANIFEST_KEY", "FLUSH_SECONDS", "LAST_KEPT", "ArrayProgress", "Manifest",
-    "open_destination", "verify_last",
-]  # fmt: skip
+    "MANIFEST_KEY",
+    "UNSHARD_MANIFEST_KEY",
+    "FLUSH_SECONDS",
+    "LAST_KEPT",
+    "ArrayProgress",
+    "Manifest",
+    "open_destination",
+    "verify_last",
+]
 
 MANIFEST_KEY = ".shardkv-convert-progress"
 """Key of the convert manifest in the destination (removed when the conversion completes)."""
@@ -179,8 +185,13 @@ class Manifest:
             p: {"bits": bytes(a.bits), "shards": a.shards, "nbytes": a.nbytes, "nbytes_read": a.nbytes_read}
             for p, a in self.arrays.items()
         }
-        doc = {"version": _VERSION, "src": self.src, "options": self.options, "arrays": arrays,
-               "last": [list(entry) for entry in self.last]}  # fmt: skip
+        doc = {
+            "version": _VERSION,
+            "src": self.src,
+            "options": self.options,
+            "arrays": arrays,
+            "last": [list(entry) for entry in self.last],
+        }
         put_all(self.store, {self.key: msgpack.packb(doc, use_bin_type=True)})
         self._last_flush = time.monotonic()
 
@@ -190,9 +201,13 @@ class Manifest:
 
 
 def open_destination(
-    target: KVStore, dst_name: str, src_name: str, options: Mapping[str, Any], overwrite: bool,
+    target: KVStore,
+    dst_name: str,
+    src_name: str,
+    options: Mapping[str, Any],
+    overwrite: bool,
     key: str = MANIFEST_KEY,
-) -> Manifest | None:  # fmt: skip
+) -> Manifest | None:
     """The manifest of a new run (the destination emptied first with ``overwrite``), or of the
     same unfinished run found in the destination; ``None`` when the destination holds
     other keys (the caller refuses it).

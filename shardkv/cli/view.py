@@ -141,7 +141,9 @@ class HierarchyView:
         return self.kv.get(key, []).found
 
     def _zmetadata(self, key: str, raw: bytes) -> bytes:
-        return present_stored_zmetadata(key, raw, lambda paths: {p: n.doc for p, n in self.nodes(paths).items() if n.doc is not None})
+        return present_stored_zmetadata(
+            key, raw, lambda paths: {p: n.doc for p, n in self.nodes(paths).items() if n.doc is not None}
+        )
 
     # -- listings ---------------------------------------------------------------------
 
@@ -180,7 +182,7 @@ def sizes(kv: KVStore, keys: Sequence[str]) -> dict[str, int]:
     """
     out: dict[str, int] = {}
     unknown: list[str] = []
-    for key, result in zip(keys, kv.get_many([(k, [], ANY) for k in keys])):
+    for key, result in zip(keys, kv.get_many([(k, [], ANY) for k in keys]), strict=True):
         if result.found:
             if result.size is None:
                 unknown.append(key)

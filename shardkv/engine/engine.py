@@ -159,7 +159,7 @@ class ShardEngine:
                 return {refs[0].chunk_key: value}
         values = read_ranges(self.kv, self.cache, self.options.read_policy, self.stats,
                              [(ref, WHOLE_CHUNK) for ref in refs])
-        return {ref.chunk_key: v for ref, v in zip(refs, values) if v is not None}
+        return {ref.chunk_key: v for ref, v in zip(refs, values, strict=True) if v is not None}
 
     def read_ranges(
         self, requests: Sequence[tuple[ChunkRef, ByteRange]], relayed: Sequence[tuple[str, ByteRange]] = ()

@@ -104,8 +104,14 @@ def resolve_mode(kv: KVStore, concurrency: str) -> Mode:
         return "files"
     if caps.conditional_put or caps.in_process:
         return "conditional"
-    hint = (" (an object store needs conditional puts: an obstore S3Store with conditional_put='etag', the "
-            "default, and without AWS_CONDITIONAL_PUT=disabled)") if caps.round_trips and caps.stamps == "native" else ""
+    hint = (
+        (
+            " (an object store needs conditional puts: an obstore S3Store with conditional_put='etag', the "
+            "default, and without AWS_CONDITIONAL_PUT=disabled)"
+        )
+        if caps.round_trips and caps.stamps == "native"
+        else ""
+    )
     if concurrency == "conditional":
         raise ConfigurationError(
             f"concurrency='conditional' needs a store with conditional writes; {_store_name(kv)} at "
@@ -152,8 +158,8 @@ def lock_modes(array_dir: str) -> tuple[int, int]:
 
     Read and write (and, for the directory, search) for the owner; for the
     group only if ``array_dir`` is group-writable; for others only if it is
-    world-writable; the directory keeps ``array_dir``'s set-group-ID bit. No class gets a read bit without its write bit, so no
-    account that cannot write the array can open (and ``flock``) a lock file.
+    world-writable; the directory keeps ``array_dir``'s set-group-ID bit. No class gets a read
+    bit without its write bit, so no account that cannot write the array can open (and ``flock``) a lock file.
 
     Raises
     ------

@@ -23,7 +23,13 @@ from shardkv._types import BytesLike, LocalCoords
 from shardkv.keys.space import ChunkRef, ShardedArray
 
 __all__ = [
-    "ChunkPatch", "ChunkUpdate", "ShardChange", "apply_partial_writes", "covers_shard", "group_by_shard", "merge_chunks",
+    "ChunkPatch",
+    "ChunkUpdate",
+    "ShardChange",
+    "apply_partial_writes",
+    "covers_shard",
+    "group_by_shard",
+    "merge_chunks",
     "out_of_grid",
 ]
 
@@ -200,7 +206,7 @@ def group_by_shard(refs: Sequence[ChunkRef], values: Iterable[ChunkUpdate]) -> d
     by_shard: dict[str, ShardChange] = {}
     shard_key = None
     chunks: dict[LocalCoords, ChunkUpdate] = {}
-    for ref, value in zip(refs, values):
+    for ref, value in zip(refs, values, strict=False):  # values may be longer (itertools.repeat(None))
         if ref.shard_key != shard_key:  # keys come in runs of one shard (zarr: a row of its chunks)
             shard_key = ref.shard_key
             change = by_shard.get(shard_key)

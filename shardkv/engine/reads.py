@@ -117,7 +117,7 @@ def _read_unranged(
     """Reads from a store without ranged reads: each shard whole, once, nothing cached."""
     out: list[BytesLike | None] = [None] * len(requests)
     keys = list(by_shard)
-    for shard_key, result in zip(keys, kv.get_many([(k, None, ANY) for k in keys])):
+    for shard_key, result in zip(keys, kv.get_many([(k, None, ANY) for k in keys]), strict=True):
         if result.found:
             blob = result.whole()
             index = requests[by_shard[shard_key][0]][0].array.layout.index_of_shard(blob, shard_key)
@@ -212,7 +212,7 @@ def read_ranges(
             if extra:
                 out += _relayed_values(answers[len(need):])
                 extra = []
-            for k, result in zip(need, answers):
+            for k, result in zip(need, answers, strict=False):  # answers: need's, then extra's
                 if result.state == "stale":  # changed while it was read: read again next round
                     cache.discard(k)
                     changed.add(k)
@@ -255,7 +255,9 @@ def read_ranges(
             chunk_reads.append((k, ranges, generation))
             plans.append((k, wanted, coalesced, guard))
         stale = changed
-        for (k, wanted, coalesced, guard), result in zip(plans, kv.get_many(chunk_reads) if chunk_reads else []):
+        for (k, wanted, coalesced, guard), result in zip(
+            plans, kv.get_many(chunk_reads) if chunk_reads else [], strict=True
+        ):
             if result.state != "value":  # changed or deleted since the index was read: read it again
                 stale.add(k)
                 stats.read_stale += 1
@@ -314,7 +316,7 @@ def _serve_ranges(
     """Slice the chunk bytes of one shard's ranged read into ``out``, refusing bytes the shard does not hold."""
     layout = arr.layout
     data_end = None if result.size is None else layout.data_region(result.size)[1]
-    for read, value in zip(coalesced, result.values or []):
+    for read, value in zip(coalesced, result.values or [], strict=True):
         limit = read.range.start + len(value)  # the end of the chunk data the read proves
         if read.range.stop is None and layout.index_location == "end":
             limit -= layout.index_nbytes
@@ -366,7 +368,7 @@ def current_indexes(
     keys = list(shards)
     if not kv.caps.ranged:
         out = {}
-        for k, result in zip(keys, kv.get_many([(k, None, ANY) for k in keys])):
+        for k, result in zip(keys, kv.get_many([(k, None, ANY) for k in keys]), strict=True):
             if result.found:
                 out[k] = shards[k].layout.index_of_shard(result.whole(), k)
         return out
@@ -383,7 +385,7 @@ def current_indexes(
         else:
             checks.append((k, cached))
     if checks:
-        for (k, cached), result in zip(checks, kv.get_many([(k, [], e.generation) for k, e in checks])):
+        for (k, cached), result in zip(checks, kv.get_many([(k, [], e.generation) for k, e in checks]), strict=True):
             if result.state == "value":
                 indexes[k] = cached.index
             elif result.state == "stale":
@@ -392,7 +394,7 @@ def current_indexes(
                 cache.discard(k)
     if need:
         results = kv.get_many([(k, [shards[k].layout.index_range()], ANY) for k in need])
-        for k, result in zip(need, results):
+        for k, result in zip(need, results, strict=True):
             if not result.found:
                 cache.discard(k)
                 continue
@@ -462,7 +464,7 @@ def _stored_indexes(
     shards: Mapping[str, ShardedArray],
     generations: Mapping[str, Generation] | None,
 ) -> Iterator[tuple[ShardedArray, tuple[int, ...], ShardIndex]]:
-    """``(array, shard coords, current index)`` of the stored shards among ``shards`` (keys that name no shard skipped)."""
+    """``(array, shard coords, current index)`` of the stored shards among ``shards`` (other keys skipped)."""
     for batch in _batches(shards):
         for shard_key, index in current_indexes(kv, cache, batch, generations).items():
             arr = batch[shard_key]

@@ -185,9 +185,10 @@ class WriteBuffer:
         Used when those arrays are deleted. Returns the number of shards dropped.
         """
         keys = [
-            k for k, p in self._pending.items()
+            k
+            for k, p in self._pending.items()
             if not path or p.array.path == path or p.array.path.startswith(f"{path}/")
-        ]  # fmt: skip
+        ]
         for k in keys:
             self.pop(k)
         return len(keys)
@@ -459,9 +460,11 @@ class WriteBack:
                 continue
             if record.layout and record.layout != layout_of(ref.array):
                 raise JournalMismatchError(
-                    journal.path, f"array {ref.array.path!r} with {record.layout}",
-                    f"array {ref.array.path!r} with {layout_of(ref.array)}", len(latest)
-                )  # fmt: skip
+                    journal.path,
+                    f"array {ref.array.path!r} with {record.layout}",
+                    f"array {ref.array.path!r} with {layout_of(ref.array)}",
+                    len(latest),
+                )
             refs.append((ref, record.value))
         with buf.lock:
             for ref, value in refs:

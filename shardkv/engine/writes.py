@@ -71,7 +71,7 @@ def _write_round(
 ) -> dict[str, ShardChange]:
     """One read-merge-put round; the changes of the shards whose conditional put lost."""
     partial = [k for k, c in changes.items() if not c.covers_shard()]
-    old = dict(zip(partial, kv.get_many([(k, None, ANY) for k in partial]))) if partial else {}
+    old = dict(zip(partial, kv.get_many([(k, None, ANY) for k in partial]), strict=True)) if partial else {}
     puts: dict[str, tuple[Value | None, Generation]] = {}
     indexes: dict[str, tuple[ShardIndex | None, int]] = {}
     for shard_key, change in changes.items():

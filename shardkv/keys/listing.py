@@ -30,7 +30,7 @@ def _local_extent(arr: ShardedArray, shard_coords: Sequence[int], in_grid_only: 
     """The chunk coords each dimension of a shard spans (clipped to the grid when asked and known)."""
     grid = arr.chunk_grid_shape if in_grid_only else None
     out = []
-    for d, (s, n) in enumerate(zip(shard_coords, arr.chunks_per_shard)):
+    for d, (s, n) in enumerate(zip(shard_coords, arr.chunks_per_shard, strict=True)):
         start = s * n
         stop = start + n if grid is None else min(start + n, grid[d])
         out.append(range(start, max(start, stop)))

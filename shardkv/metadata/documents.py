@@ -17,8 +17,15 @@ from typing import Any
 from shardkv.errors import MetadataError
 
 __all__ = [
-    "ZMETADATA", "META_NAMES", "NODE_DOCUMENTS", "dump_json", "load_json", "load_object", "load_zarray", "unreadable_documents",
-]  # fmt: skip
+    "ZMETADATA",
+    "META_NAMES",
+    "NODE_DOCUMENTS",
+    "dump_json",
+    "load_json",
+    "load_object",
+    "load_zarray",
+    "unreadable_documents",
+]
 
 ZMETADATA = ".zmetadata"
 """The consolidated metadata document of a zarr 2 hierarchy (at its root)."""
@@ -57,7 +64,9 @@ def dump_json(doc: Any, *, key: str | None = None, strict: bool = False) -> byte
         document holds a value JSON cannot represent.
     """
     try:
-        text = json.dumps(doc, indent=4, sort_keys=True, ensure_ascii=True, separators=(",", ": "), allow_nan=not strict)
+        text = json.dumps(
+            doc, indent=4, sort_keys=True, ensure_ascii=True, separators=(",", ": "), allow_nan=not strict
+        )
     except (TypeError, ValueError) as exc:
         raise MetadataError(key or "<unsaved>", f"cannot be written as JSON: {exc}") from exc
     return text.encode()

@@ -247,7 +247,9 @@ def plan_attributes(path: str, stored: Mapping[str, Any], zattrs: Mapping[str, A
     return MetadataPlan({_join(path, ZARR_JSON): doc}, frozenset({_join(path, ".zattrs")}))
 
 
-def plan_group(path: str, zattrs: Mapping[str, Any] | None, groups: Mapping[str, Mapping[str, Any] | None]) -> MetadataPlan:
+def plan_group(
+    path: str, zattrs: Mapping[str, Any] | None, groups: Mapping[str, Mapping[str, Any] | None]
+) -> MetadataPlan:
     """The documents to store when ``.zgroup`` is written inside a hierarchy whose root is v3.
 
     The group and every group above it are stored as v3 groups (zarr-python 3
@@ -362,7 +364,7 @@ def presented_zmetadata(stored: Mapping[str, Any], nodes: Mapping[str, Mapping[s
 
 
 def is_opaque(document: Mapping[str, Any]) -> bool:
-    """True for an array document whose data type only shardkv knows (:data:`~shardkv.metadata.v2_codecs.OPAQUE_DATA_TYPE`)."""
+    """True for an array document whose data type only shardkv knows (:data:`.v2_codecs.OPAQUE_DATA_TYPE`)."""
     data_type = document.get("data_type")
     return isinstance(data_type, Mapping) and data_type.get("name") == OPAQUE_DATA_TYPE
 
@@ -429,7 +431,9 @@ def has_consolidated(root: Mapping[str, Any] | None) -> bool:
     return isinstance(block, Mapping) and isinstance(block.get("metadata"), Mapping)
 
 
-def consolidated_in_step(root: Mapping[str, Any], block_of: Mapping[str, Any], changed: Mapping[str, Mapping[str, Any] | None]) -> dict[str, Any]:
+def consolidated_in_step(
+    root: Mapping[str, Any], block_of: Mapping[str, Any], changed: Mapping[str, Mapping[str, Any] | None]
+) -> dict[str, Any]:
     """The root's v3 group document with its consolidated block brought in step with ``changed`` nodes.
 
     zarr-python 3 takes a root's consolidated block for the whole hierarchy

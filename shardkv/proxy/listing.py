@@ -221,7 +221,12 @@ class LengthHint:
         if note is None:
             return None
         caller = _caller()
-        if caller is None or id(caller) != note.frame_id or caller.f_code is not note.code or caller.f_lasti != note.lasti:
+        if (
+            caller is None
+            or id(caller) != note.frame_id
+            or caller.f_code is not note.code
+            or caller.f_lasti != note.lasti
+        ):
             return None
         return note.count
 

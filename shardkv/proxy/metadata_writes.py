@@ -108,7 +108,7 @@ _STORED = _Stored()
 def _common_group(paths: Iterable[str]) -> str:
     """The deepest path every one of ``paths`` lies under (``""``: the root)."""
     common: list[str] = []
-    for parts in zip(*([p for p in path.split("/") if p] for path in paths)):
+    for parts in zip(*([p for p in path.split("/") if p] for path in paths), strict=False):
         if len(set(parts)) != 1:
             break
         common.append(parts[0])
@@ -442,7 +442,7 @@ class MetadataWriter:
                 keys = sorted(todo)
                 puts: dict[str, tuple[bytes, Generation]] = {}
                 docs: dict[str, dict[str, Any]] = {}
-                for key, result in zip(keys, self._kv.get_many([(k, None, ANY) for k in keys])):
+                for key, result in zip(keys, self._kv.get_many([(k, None, ANY) for k in keys]), strict=True):
                     doc = todo[key].applied(_stored_document(key, result))
                     if doc is None:  # nothing to bring in step any more
                         self._nodes.forget(split_key(key)[0])
@@ -676,7 +676,7 @@ class MetadataWriter:
         new = old.with_shape(zarray["shape"])
         self._apply(plan_zarray_update(path, node.doc or {}, zarray), {path: new})
         if new.shape is not None and old.shape is not None and any(
-            n < o for n, o in zip(new.shape, old.shape)
+            n < o for n, o in zip(new.shape, old.shape, strict=False)
         ):
             self._trim(old, new)
 
@@ -688,6 +688,6 @@ class MetadataWriter:
             return
         affected: dict[str, ShardChange] = {}
         for coords in itertools.product(*(range(n) for n in old.shard_grid_shape)):
-            if any((s + 1) * c > g for s, c, g in zip(coords, cps, grid)):
+            if any((s + 1) * c > g for s, c, g in zip(coords, cps, grid, strict=True)):
                 affected[new.shard_key(coords)] = ShardChange(new, coords)
         self._writer.write_now(affected)

@@ -106,7 +106,9 @@ def open_store(
     'ShardedStore'
     """
     if layout is not None and layout not in LAYOUTS:
-        raise ConfigurationError(f"layout must be one of {list(LAYOUTS)} or None (detect from the store), got {layout!r}")
+        raise ConfigurationError(
+            f"layout must be one of {list(LAYOUTS)} or None (detect from the store), got {layout!r}"
+        )
     root = None
     if layout is None:
         root = _root_entry_point(store, options.get("storage_options"))

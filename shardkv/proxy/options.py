@@ -97,7 +97,9 @@ class Options:
 
     def __post_init__(self) -> None:
         if not isinstance(self.chunks_per_shard, ChunksPerShardRule):
-            raise ConfigurationError(f"chunks_per_shard must be a ChunksPerShardRule here, got {self.chunks_per_shard!r}")
+            raise ConfigurationError(
+                f"chunks_per_shard must be a ChunksPerShardRule here, got {self.chunks_per_shard!r}"
+            )
         ShardLayout((1,), self.index_location, "little", bool(self.index_checksum))  # index_location checked there
         object.__setattr__(self, "index_checksum", bool(self.index_checksum))
         _nonnegative_int("index_cache_bytes", self.index_cache_bytes)
@@ -106,7 +108,9 @@ class Options:
         if self.buffer_bytes is not None:
             _nonnegative_int("buffer_bytes", self.buffer_bytes)
         if self.concurrency not in get_args(Concurrency):
-            raise ConfigurationError(f"concurrency must be one of {list(get_args(Concurrency))}, got {self.concurrency!r}")
+            raise ConfigurationError(
+                f"concurrency must be one of {list(get_args(Concurrency))}, got {self.concurrency!r}"
+            )
         if self.lock_timeout is not None:
             timeout = self.lock_timeout
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout) or timeout < 0:

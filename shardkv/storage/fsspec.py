@@ -128,9 +128,9 @@ class FsspecStore(KVStore):
         """One ``cat_ranges`` of every request: per read, the bytes (or the errors) of its ranges in order."""
         per_read: dict[int, list[Any]] = {}
         if requests:
-            _, keys, starts, stops = zip(*requests)
+            _, keys, starts, stops = zip(*requests, strict=True)
             fetched = self.fs.cat_ranges([self._path(k) for k in keys], list(starts), list(stops), on_error="return")
-            for (i, _, _, _), data in zip(requests, fetched):
+            for (i, _, _, _), data in zip(requests, fetched, strict=True):
                 per_read.setdefault(i, []).append(data)
         return per_read
 
@@ -146,7 +146,7 @@ class FsspecStore(KVStore):
         results: list[ReadResult | None] = [None] * len(reads)
         requests: list[_Request] = []
         sizes: list[int] = [0] * len(reads)
-        for i, ((key, ranges, cond), stored) in enumerate(zip(reads, looked)):
+        for i, ((key, ranges, cond), stored) in enumerate(zip(reads, looked, strict=True)):
             if stored is not None:
                 with stored.getbuffer() as view:
                     sizes[i] = view.nbytes
@@ -159,7 +159,7 @@ class FsspecStore(KVStore):
             for r in ([None] if ranges is None else ranges):
                 requests.append((i, key, None if r is None else r.start, None if r is None else r.stop))
         per_read = self._cat(requests)
-        for i, (key, ranges, _) in enumerate(reads):
+        for i, (key, _, _) in enumerate(reads):
             if results[i] is not None:
                 continue
             stored = looked[i]

@@ -383,11 +383,13 @@ class KVStore(ABC):
 
     def prune_empty_dirs(self, prefix: str) -> None:
         """Remove the directories left empty under ``prefix`` (stores with directories; a no-op elsewhere)."""
+        return None  # a default for stores without directories, not an abstract method
 
     def values(self, keys: Sequence[str]) -> dict[str, BytesLike]:
         """The whole values of the stored keys among ``keys`` (metadata, the CLI); missing ones are left out."""
         results = self.get_many([(key, None, ANY) for key in keys])
-        return {key: r.whole() for key, r in zip(keys, results) if r.found}
+        return {key: r.whole() for key, r in zip(keys, results, strict=True) if r.found}
 
     def close(self) -> None:
         """Release resources of the base store, if it has any."""
+        return None  # a default for stores that hold none, not an abstract method

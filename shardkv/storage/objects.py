@@ -46,7 +46,7 @@ def assemble(
     """
     per_read: list[list[Fetched]] = [[] for _ in reads]
     answers: list[ReadResult | None] = [None] * len(reads)
-    for (i, _), outcome in zip(plan, outcomes):
+    for (i, _), outcome in zip(plan, outcomes, strict=True):
         if isinstance(outcome, BaseException):
             raise outcome
         if outcome == "missing":
@@ -56,7 +56,7 @@ def assemble(
         elif not isinstance(outcome, str):
             per_read[i].append(outcome)
     results: list[ReadResult | None] = []
-    for request, answer, got in zip(reads, answers, per_read):
+    for request, answer, got in zip(reads, answers, per_read, strict=True):
         generations = {generation for _, generation, _ in got}
         if answer is not None or len(generations) > 1:
             results.append(answer)

@@ -182,7 +182,9 @@ class S3Store(KVStore):
         response = await self._s3("head_object", key, **self._if_match(cond))
         return Generation(response["ETag"]), _size_of(response)
 
-    async def _get(self, key: str, byte_range: ByteRange | None, cond: Generation) -> tuple[bytes, Generation, int | None]:
+    async def _get(
+        self, key: str, byte_range: ByteRange | None, cond: Generation
+    ) -> tuple[bytes, Generation, int | None]:
         """One ``GetObject`` (a ``Range`` header for a range, ``If-Match`` for a generation)."""
         if byte_range is not None and byte_range.nbytes == 0:
             generation, size = await self._head(key, cond)
@@ -279,7 +281,7 @@ class S3Store(KVStore):
         items = list(writes.items())
         calls = [(lambda k=k, v=v, c=c: self._delete(k, c) if v is None else self._put(k, v, c))
                  for k, (v, c) in items]
-        return dict(zip((k for k, _ in items), self._run(calls)))
+        return dict(zip((k for k, _ in items), self._run(calls), strict=True))
 
     # -- listings -------------------------------------------------------------
 

@@ -188,11 +188,11 @@ def read_stamped(
     """
     tickets = [STAMPS.begin_read(location, key) for key, _, _ in reads]
     results: list[ReadResult | None] = [None] * len(reads)
-    for i, ((_, _, cond), ticket) in enumerate(zip(reads, tickets)):
+    for i, ((_, _, cond), ticket) in enumerate(zip(reads, tickets, strict=True)):
         if not cond.is_any and not cond.is_missing and STAMPS.current(ticket) != cond:
             results[i] = ReadResult("stale", None, ANY)  # changed (or changing) since: read nothing
     found = fetch([i for i, result in enumerate(results) if result is None])
-    for i, ((_, _, cond), ticket) in enumerate(zip(reads, tickets)):
+    for i, ((_, _, cond), ticket) in enumerate(zip(reads, tickets, strict=True)):
         if results[i] is not None:
             continue
         if i not in found:

@@ -214,7 +214,7 @@ class ShardedStore(Store):
 
     @property
     def base(self) -> Store:
-        """The zarr 3 store underneath (what is stored: shards and stored ``zarr.json``; writes there bypass sharding)."""
+        """The zarr 3 store underneath: shards and stored ``zarr.json`` (writes there bypass sharding)."""
         return self._base
 
     @property

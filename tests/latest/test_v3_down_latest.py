@@ -67,7 +67,8 @@ def test_user_guide_dataset_reads_whole_at_the_root(tmp_path: Path, reader: Read
     with ShardedStore(str(path)) as store:
         xr.testing.assert_identical(xr.open_zarr(store).load(), first)
     _assert_reads(reader.run("xarray", path), first)
-    # zarr 3 and tensorstore at the root, array by array: the stored values as zarr 2 reads them (time: its int encoding)
+    # zarr 3 and tensorstore at the root, array by array: the stored values as zarr 2 reads them
+    # (time: its int encoding)
     plain = zarr.DirectoryStore(str(path))
     for command in ("zarr3", "tensorstore"):
         read = reader.run(command, path, "time", "lat", "lon")

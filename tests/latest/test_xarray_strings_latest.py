@@ -25,11 +25,22 @@ def _dataset(n_time: int, start: int = 0) -> xr.Dataset:
     stations = np.array(["Zürich", "Genève", "Lugano", "Chur"], dtype=object)
     ds = xr.Dataset(
         {
-            "temp": (("time", "station"), rng.normal(10, 5, (n_time, 4)).astype("f4"), {"units": "degC", "long_name": "air temperature"}),
-            "flag": (("time", "station"), np.array([["ok", "bad", "", "ok"][i % 4] for i in range(n_time * 4)], dtype=object).reshape(n_time, 4)),
+            "temp": (
+                ("time", "station"),
+                rng.normal(10, 5, (n_time, 4)).astype("f4"),
+                {"units": "degC", "long_name": "air temperature"},
+            ),
+            "flag": (
+                ("time", "station"),
+                np.array([["ok", "bad", "", "ok"][i % 4] for i in range(n_time * 4)], dtype=object).reshape(n_time, 4),
+            ),
             "lead": (("time",), (np.arange(start, start + n_time) * np.timedelta64(30, "m")).astype("m8[ns]")),
         },
-        coords={"time": time, "station": stations, "code": (("station",), np.array(["ZRH", "GVA", "LUG", "CHU"], dtype="<U3"))},
+        coords={
+            "time": time,
+            "station": stations,
+            "code": (("station",), np.array(["ZRH", "GVA", "LUG", "CHU"], dtype="<U3")),
+        },
         attrs={"title": "strings through shards", "history": "issue 19"},
     )
     ds["temp"].encoding = {"dtype": "f4", "_FillValue": np.float32(np.nan)}
