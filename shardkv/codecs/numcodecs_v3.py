@@ -83,7 +83,7 @@ class NumcodecsArrayCodec(Codec):
         self._impl = numcodecs_codec({"id": codec_id, **self.configuration}, f"numcodecs.{codec_id}")
 
     @property
-    def name(self) -> str:  # type: ignore[override]
+    def name(self) -> str:  # type: ignore[override]  # a class constant elsewhere; here it comes from codec_id
         return f"numcodecs.{self.codec_id}"
 
     def get_config(self) -> dict[str, Any]:
@@ -125,7 +125,7 @@ class VlenCodec(Codec):
         self._impl = numcodecs.get_codec({"id": codec_id})
 
     @property
-    def name(self) -> str:  # type: ignore[override]
+    def name(self) -> str:  # type: ignore[override]  # a class constant elsewhere; here it comes from codec_id
         return self.codec_id
 
     def get_config(self) -> dict[str, Any]:

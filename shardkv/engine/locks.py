@@ -93,8 +93,10 @@ def resolve_mode(kv: KVStore, concurrency: str) -> Mode:
     if concurrency not in CONCURRENCY_MODES:
         raise ConfigurationError(f"concurrency must be one of {CONCURRENCY_MODES}, got {concurrency!r}")
     caps = kv.caps
-    if concurrency in ("none", "process"):
-        return concurrency  # type: ignore[return-value]
+    if concurrency == "none":
+        return "none"
+    if concurrency == "process":
+        return "process"
     if concurrency == "files" or (concurrency == "auto" and caps.lock_dir):
         if not caps.lock_dir:
             raise ConfigurationError(
@@ -485,8 +487,10 @@ class ShardLocks:
         """The real directory (symbolic links resolved) of the array at key prefix ``prefix``."""
         found = self._real_dirs.get(prefix)
         if found is None:
+            if self._dir_root is None:
+                raise ConfigurationError(f"{self.location!r} is in no directory: no real directory of {prefix!r}")
             parts = [p for p in prefix.split("/") if p]
-            found = os.path.realpath(os.path.join(self._dir_root, *parts))  # type: ignore[arg-type]
+            found = os.path.realpath(os.path.join(self._dir_root, *parts))
             if len(self._real_dirs) >= _MAX_REAL_DIRS:
                 self._real_dirs.clear()
             self._real_dirs[prefix] = found

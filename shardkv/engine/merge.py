@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from shardkv._types import BytesLike, LocalCoords
 from shardkv.keys.space import ChunkRef, ShardedArray
@@ -99,10 +99,15 @@ class ChunkPatch:
 ChunkUpdate = BytesLike | ChunkPatch | None
 """One inner chunk's change: its new encoded bytes, a :class:`ChunkPatch`, or ``None`` (delete)."""
 
+UpdateT = TypeVar("UpdateT", bound=ChunkUpdate)
+
 
 @dataclass
-class ShardChange:
+class ShardChange(Generic[UpdateT]):
     """The changes of one shard's inner chunks: the unit every write path hands the engine.
+
+    Generic in the kind of change it holds: ``ShardChange[bytes | None]`` (whole chunks and deletions,
+    what the write-back buffer holds) or any :data:`ChunkUpdate` (a bare ``ShardChange``).
 
     Attributes
     ----------
@@ -120,14 +125,14 @@ class ShardChange:
 
     array: ShardedArray
     shard_coords: tuple[int, ...]
-    chunks: dict[LocalCoords, ChunkUpdate] = field(default_factory=dict)
+    chunks: dict[LocalCoords, UpdateT] = field(default_factory=dict)
     nbytes: int = 0
 
     def covers_shard(self) -> bool:
         """True when every available chunk of the shard is set whole (the write needs no old bytes)."""
         return covers_shard(self.array, self.shard_coords, self.chunks)
 
-    def copy(self) -> ShardChange:
+    def copy(self) -> ShardChange[UpdateT]:
         """A copy whose ``chunks`` dict is its own (the values are shared)."""
         return ShardChange(self.array, self.shard_coords, dict(self.chunks), self.nbytes)
 

@@ -380,9 +380,9 @@ class ShardLayout:
                 return coords @ strides
         flat = []
         for local in order:
-            if len(local) != len(cps) or any(not 0 <= c < n for c, n in zip(local, cps)):
+            if len(local) != len(cps) or any(not 0 <= c < n for c, n in zip(local, cps, strict=True)):
                 raise ConfigurationError(f"local coords {local} lie outside chunks_per_shard {cps}")
-            flat.append(sum(int(c) * int(s) for c, s in zip(local, strides)))
+            flat.append(sum(int(c) * int(s) for c, s in zip(local, strides, strict=True)))
         return np.array(flat, dtype=np.intp)
 
     def chunks_of_shard(
@@ -399,7 +399,6 @@ class ShardLayout:
         if index is None:
             index = self.index_of_shard(view, shard_key)
         out: dict[tuple[int, ...], memoryview] = {}
-        for local in index.present():
-            offset, nbytes = index.get(local)  # type: ignore[misc]
+        for local, offset, nbytes in index.stored_entries():
             out[local] = view[offset : offset + nbytes]
         return out

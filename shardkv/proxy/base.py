@@ -82,6 +82,11 @@ class ProxyBase(MutableMapping[str, Any]):
         self.options = options
         register(type(self), self._zarr_protocol)
 
+    @property
+    @abstractmethod
+    def base(self) -> object:
+        """What the proxy stores into: the base store (as the subclass names it)."""
+
     # -- pickling ------------------------------------------------------------------
 
     @classmethod
@@ -134,7 +139,7 @@ class ProxyBase(MutableMapping[str, Any]):
     def __eq__(self, other: object) -> bool:
         return self is other
 
-    __hash__ = object.__hash__  # type: ignore[assignment]
+    __hash__ = object.__hash__
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._raw_store!r}, chunks_per_shard={self.options.chunks_per_shard.value!r})"

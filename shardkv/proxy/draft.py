@@ -144,7 +144,7 @@ class DraftShardedStore(ProxyBase):
         """
         ranges: list[ByteRange] = []
         trims: list[int | None] = []
-        for key, r in key_ranges:
+        for _, r in key_ranges:
             if isinstance(r, ByteRange):
                 ranges.append(r)
                 trims.append(None)
@@ -172,18 +172,18 @@ class DraftShardedStore(ProxyBase):
             groups.setdefault(id(store), (store, []))[1].append(i)
         for store, positions in groups.values():
             values = store.get_partial_values([(key_ranges[i][0], ranges[i]) for i in positions])
-            for i, v in zip(positions, values):
+            for i, v in zip(positions, values, strict=True):
                 out[i] = v
         for i, length in enumerate(trims):
-            if length is not None and out[i] is not None:
-                out[i] = out[i][:length]  # type: ignore[index]
+            if length is not None and (got := out[i]) is not None:
+                out[i] = got[:length]
         return out
 
     def getitems(self, keys: Sequence[str], *, contexts: Any = None) -> dict[str, bytes]:
         """Values of the stored keys among ``keys`` (two requests per sharded array)."""
         keys = list(keys)
         values = self.get_partial_values([(k, ByteRange(0)) for k in keys])
-        return {k: v for k, v in zip(keys, values) if v is not None}
+        return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
 
     def __getitem__(self, key: str) -> bytes:
         value = self.get_partial_values([(key, ByteRange(0))])[0]
@@ -236,7 +236,9 @@ class DraftShardedStore(ProxyBase):
         for key, start, value in key_start_values:
             kind, what = self._classify(key)
             if kind == "meta":
-                self[key] = apply_partial_writes(key, self.get_partial_values([(key, ByteRange(0))])[0], [(start, value)])
+                self[key] = apply_partial_writes(
+                    key, self.get_partial_values([(key, ByteRange(0))])[0], [(start, value)]
+                )
             else:
                 store = what.top() if kind == "array" else self._api
                 store.set_partial_values([(key, start, to_bytes(key, value))])
@@ -427,7 +429,7 @@ class DraftShardedStore(ProxyBase):
 
 
 def _node_path(key: str) -> str | None:
-    """The path of the array or group whose metadata document ``key`` is (``meta/root/<path>.array.json``), else ``None``."""
+    """The path of the node whose metadata document ``key`` is (``meta/root/<path>.array.json``), else ``None``."""
     if not key.startswith(META_ROOT):
         return None
     rest = key[len(META_ROOT) :]

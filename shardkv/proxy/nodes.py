@@ -144,7 +144,7 @@ def sharded_array_of(path: str, zarray: Mapping[str, Any], doc: Any) -> ShardedA
             f"zarr.json inner chunk_shape {list(spec.chunks)} differs from .zarray chunks {zarray['chunks']}", path
         )
     shape = tuple(int(s) for s in zarray["shape"])
-    return spec.array_at(path, V2ChunkKeyEncoding(v2_dimension_separator(zarray)), shape)  # type: ignore[arg-type]
+    return spec.array_at(path, V2ChunkKeyEncoding(v2_dimension_separator(zarray)), shape)
 
 
 def build_node(path: str, raw_json: Any | None, raw_zarray: Any | None = None) -> Node:
@@ -217,7 +217,7 @@ class NodeTable:
         self.generation = 0
 
     def _owners_changed(self) -> None:
-        """Forget the owners of keys and start a new :attr:`generation` (call holding :attr:`lock`, after the change)."""
+        """Forget the owners of keys; start a new :attr:`generation` (call holding :attr:`lock`, after the change)."""
         self._owners.clear()
         self.generation += 1
 

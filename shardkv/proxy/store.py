@@ -16,6 +16,7 @@ to the base store. Options, pickling and lifecycle: :mod:`shardkv.proxy.options`
 
 from __future__ import annotations
 
+import enum
 import itertools
 from collections.abc import Iterable, Iterator, KeysView, Mapping, Sequence
 from contextlib import suppress
@@ -60,7 +61,15 @@ __all__ = ["ShardedStore", "ROUTE_MEMO_LIMIT"]
 ROUTE_MEMO_LIMIT = 16_384
 """Keys whose route one store remembers (a few MiB) before its memo starts over (see ``ShardedStore._route``)."""
 
-_UNROUTED = object()  # a key the memo does not hold
+
+
+class _Unrouted(enum.Enum):
+    """The memo's answer for a key it does not hold (an enum member, so that the type checker can narrow it)."""
+
+    UNROUTED = enum.auto()
+
+
+_UNROUTED = _Unrouted.UNROUTED
 
 
 class ShardedStore(ProxyBase):
@@ -162,10 +171,15 @@ class ShardedStore(ProxyBase):
         lock_timeout: float | None = None,
     ) -> None:
         options = Options.from_keywords(
-            chunks_per_shard, index_location=index_location, index_checksum=index_checksum,
-            index_cache_bytes=index_cache_bytes, read_policy=read_policy, buffer_bytes=buffer_bytes,
-            concurrency=concurrency, lock_timeout=lock_timeout,
-        )  # fmt: skip
+            chunks_per_shard,
+            index_location=index_location,
+            index_checksum=index_checksum,
+            index_cache_bytes=index_cache_bytes,
+            read_policy=read_policy,
+            buffer_bytes=buffer_bytes,
+            concurrency=concurrency,
+            lock_timeout=lock_timeout,
+        )
         self._setup(store, open_kv(store, storage_options), options)
         self._writer.attach_journal(  # replays what a killed run left, if the journal is this store's
             journal, self._route, lambda: store_identity(self._kv, "v2")
@@ -190,9 +204,15 @@ class ShardedStore(ProxyBase):
         self._length_hint = LengthHint()  # list(store): its len() counts the listing its iter() took
         self._write = writes_to(self._kv)
         self._metadata = MetadataWriter(
-            self._nodes, self._kv.values, self._write, kv.list_prefix, self._writer, options,
-            kv=self._kv, locks=self._engine.locks,  # consolidated blocks: read-modify-write (issue 19 item 5)
-        )  # fmt: skip
+            self._nodes,
+            self._kv.values,
+            self._write,
+            kv.list_prefix,
+            self._writer,
+            options,
+            kv=self._kv,
+            locks=self._engine.locks,  # consolidated blocks: read-modify-write (issue 19 item 5)
+        )
 
     def _pickled_store(self) -> Any:
         return self._kv
@@ -204,7 +224,7 @@ class ShardedStore(ProxyBase):
 
     @property
     def base(self) -> KVStore:
-        """The base store as a :class:`~shardkv.storage.kv.KVStore`: what is stored (for tools; writes here bypass the proxy)."""
+        """The base store as a :class:`~shardkv.storage.kv.KVStore`: what is stored (writes here bypass the proxy)."""
         return self._kv
 
     def refresh(self) -> None:
@@ -250,9 +270,9 @@ class ShardedStore(ProxyBase):
         generation = self._nodes.generation  # read before routing: a later change makes this memo stale
         kept, routes = self._routes
         if kept == generation:
-            ref = routes.get(key, _UNROUTED)
-            if ref is not _UNROUTED:
-                return ref  # type: ignore[return-value]
+            memo = routes.get(key, _UNROUTED)
+            if memo is not _UNROUTED:
+                return memo
         if not validated:
             validate_key(key)
         ref = self._locate(key)
@@ -310,7 +330,7 @@ class ShardedStore(ProxyBase):
         left out (zarr 2's ``DirectoryStore`` raises ``KeyError`` for it).
         """
         try:
-            return self._nodes.read_documents(keys)  # type: ignore[no-any-return]
+            return self._nodes.read_documents(keys)
         except IsADirectoryError:
             if len(keys) == 1:
                 return {}
@@ -354,7 +374,7 @@ class ShardedStore(ProxyBase):
             value = self._read_plain([key]).get(key)
             if value is None:
                 raise KeyError(key)
-            return value  # type: ignore[no-any-return]
+            return value
         found = self._read_chunks([ref], {})
         if key not in found:
             raise KeyError(key)
@@ -362,13 +382,15 @@ class ShardedStore(ProxyBase):
         return value if type(value) is bytes else bytes(as_buffer(key, value))
 
     def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str):
+            return False
         try:
-            ref = self._route(key)  # type: ignore[arg-type]
+            ref = self._route(key)
         except (TypeError, InvalidKeyError):
             return False
         if ref is None:
-            known = self._nodes.contains_document(key)  # type: ignore[arg-type]
-            return self._kv.contains(key) if known is None else known  # type: ignore[arg-type]
+            known = self._nodes.contains_document(key)
+            return self._kv.contains(key) if known is None else known
         return self._chunk_stored(ref)
 
     def _chunk_stored(self, ref: ChunkRef) -> bool:
@@ -524,7 +546,7 @@ class ShardedStore(ProxyBase):
                 continue
             coords = arr.shard_coords_of(key)
             grid = arr.shard_grid_shape
-            if coords is not None and (grid is None or all(c < n for c, n in zip(coords, grid))):
+            if coords is not None and (grid is None or all(c < n for c, n in zip(coords, grid, strict=True))):
                 stored.setdefault(arr.path, []).append(key)
         reclaimed = 0
         for array_path in sorted(stored) if path is None else [path]:

@@ -14,6 +14,7 @@ network errors propagate unchanged.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any, TypeVar
@@ -231,7 +232,7 @@ class S3Store(KVStore):
 
     async def _reads(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
         plan = plan_requests(reads)
-        outcomes = await gather_all([lambda i=i, r=r: self._request(reads[i], r) for i, r in plan])  # type: ignore[misc]
+        outcomes = await gather_all([functools.partial(self._request, reads[i], r) for i, r in plan])
         results = assemble(reads, plan, outcomes)
         return [await self._whole_sliced(reads[i]) if result is None else result for i, result in enumerate(results)]
 

@@ -129,7 +129,7 @@ class BufferMapping(MutableMapping[str, bytes]):
         self.prefix = f"{path.strip('/')}/" if path.strip("/") else ""
 
     def __getitem__(self, key: str) -> bytes:
-        return self.store_dict[self.prefix + key].to_bytes()  # type: ignore[no-any-return]
+        return self.store_dict[self.prefix + key].to_bytes()
 
     def __setitem__(self, key: str, value: Any) -> None:
         from zarr.core.buffer import default_buffer_prototype
@@ -149,7 +149,7 @@ class BufferMapping(MutableMapping[str, bytes]):
     def __eq__(self, other: object) -> bool:
         return isinstance(other, BufferMapping) and other.store_dict is self.store_dict and other.prefix == self.prefix
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # equal by value and mutable, so unhashable (typeshed: a method)
 
 
 class StoreMapping(MutableMapping[str, bytes]):
@@ -169,7 +169,7 @@ class StoreMapping(MutableMapping[str, bytes]):
         value = sync(self.store.get(key, prototype=default_buffer_prototype()))
         if value is None:
             raise KeyError(key)
-        return value.to_bytes()  # type: ignore[no-any-return]
+        return value.to_bytes()
 
     def __setitem__(self, key: str, value: Any) -> None:
         from zarr.core.buffer import default_buffer_prototype

@@ -235,7 +235,7 @@ class ShardedStore(Store):
             and self.read_only == value.read_only
         )
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # equal by value and mutable, so unhashable (typeshed: a method)
 
     def __repr__(self) -> str:
         return f"ShardedStore({self._base!r}, chunks_per_shard={self._options.chunks_per_shard.value!r})"
