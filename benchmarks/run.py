@@ -203,10 +203,10 @@ def collect(args: argparse.Namespace, py2: str | None, py3: str | None) -> dict[
         merged = dict(runs[0])
         merged["samples"] = {k: [s for r in runs for s in r["samples"][k]] for k in runs[0]["samples"]}
     res["peak_memory/shardkv"] = merged
-    # issue 21: a convert of many 1 KiB chunks against tensorstore doing the same copy (the zarr 3 env has it)
+    # a convert of many 1 KiB chunks against tensorstore doing the same copy (the zarr 3 env has it)
     res["convert_scale/shardkv"] = run_workload(py2, "convert_scale", "shardkv", args, rep)
     res["convert_scale/tensorstore"] = run_workload(py3, "convert_scale", "tensorstore", args, rep)
-    # issue 21: listing a many-chunk array from its shard indexes; S3 bytes and requests counted at the server
+    # listing a many-chunk array from its shard indexes; S3 bytes and requests counted at the server
     res["list_scale/shardkv"] = run_workload(py2, "list_scale", "shardkv", args, rep)
     res["s3_reads/all"] = run_workload(py2, "s3_reads", "all", args, 1, ["--tensorstore-python", py3 or ""])
     for impl in DASK_IMPLS:
@@ -458,7 +458,7 @@ DASK_IMPLS = (
 
 
 def dask_rows(res: dict[str, Any]) -> list[list[str]]:
-    """P7 rows: dask and xarray writes of 64 x 64 blocks through ShardedStore vs plain zarr 2 (issues 9 and 12)."""
+    """P7 rows: dask and xarray writes of 64 x 64 blocks through ShardedStore vs plain zarr 2."""
     rows: list[list[str]] = []
     shape = _shape_text(*(res[f"dask_writes/{i}"] for i in DASK_IMPLS))
     for rid, impl, peer, label in (

@@ -1,4 +1,4 @@
-"""Helpers and fixtures for the concurrency proofs of issue 9 (zero lost updates).
+"""Helpers and fixtures for the concurrency proofs (zero lost updates).
 
 * :func:`run_counter_processes` — N spawned processes increment a counter file
   under :class:`shardkv.engine.locks.ShardLocks` (a non-atomic

@@ -237,7 +237,7 @@ def test_every_error_class_is_public_subclasses_a_builtin_and_is_listed_in_the_r
 
     classes = {name: obj for name, obj in vars(errors).items() if isinstance(obj, type) and issubclass(obj, Exception)}
     readme = (ROOT / "README.md").read_text()
-    assert len(classes) <= 15  # issue 18: a small set, one per way a caller reacts
+    assert len(classes) <= 15  # a small set, one per way a caller reacts
     for name, cls in classes.items():
         assert getattr(shardkv, name) is cls, f"{name} is not importable from shardkv"
         assert name in shardkv.__all__

@@ -1,4 +1,4 @@
-"""Index entry bound derived from the inner chunk (issue 10).
+"""Index entry bound derived from the inner chunk.
 
 Layouts built from array metadata bound each index entry's ``nbytes`` by
 ``prod(inner chunk shape) * itemsize * 2 + 65536``. On a store that does not

@@ -1,4 +1,4 @@
-"""Rough edges of the command line a new user hit (issue 22 item 4)."""
+"""Rough edges of the command line a new user hit."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The first probe of an object store (issue 22 item 4): missing credentials are called credentials,
+"""The first probe of an object store: missing credentials are called credentials,
 and a wrong endpoint is given up after a capped number of connections (no timed assertion)."""
 
 from __future__ import annotations

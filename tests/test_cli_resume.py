@@ -1,5 +1,5 @@
-"""Interrupted commands (issue 20 item 8): `unshard` resumes like `convert`; killing `convert`'s main
-process ends its worker processes; the interrupt message says how to resume (issue 22)."""
+"""Interrupted commands: `unshard` resumes like `convert`; killing `convert`'s main
+process ends its worker processes; the interrupt message says how to resume."""
 
 from __future__ import annotations
 

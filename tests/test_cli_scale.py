@@ -1,4 +1,4 @@
-"""`shardkv convert --workers`, interrupted and resumed; `unshard`; the CLI's error cases (issue 12)."""
+"""`shardkv convert --workers`, interrupted and resumed; `unshard`; the CLI's error cases."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 20 items 5 and 8 through the command line: special files at shard keys, and permission errors.
+"""Bounded work and one-line errors through the command line: special files at shard keys, and permission errors.
 
 * A FIFO, a directory and a socket where a shard's file should be: ``shardkv info``,
   ``verify``, ``unshard`` and ``compact`` each finish (a subprocess with a timeout:

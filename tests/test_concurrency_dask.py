@@ -1,4 +1,4 @@
-"""Issue 9, item 6: dask and xarray writes through ``ShardedStore`` from the worker processes of a LocalCluster.
+"""Dask and xarray writes through ``ShardedStore`` from the worker processes of a LocalCluster.
 
 Every task of ``da.store`` / ``da.to_zarr`` / ``xarray.Dataset.to_zarr`` runs
 in one of two worker processes, each with its own unpickled ``ShardedStore``;
@@ -179,7 +179,7 @@ def _dataset(ny: int, y0: int = 0, seed: int = 3) -> xr.Dataset:
             "count": (("y", "x"), rng.integers(0, 1000, size=(ny, nx), dtype="i4")),
         },
         coords={"y": np.arange(y0, y0 + ny), "x": np.linspace(0.0, 1.0, nx), "label": ("x", np.arange(nx) % 7)},
-        attrs={"title": "issue 9"},
+        attrs={"title": "dask workers"},
     )
 
 

@@ -1,4 +1,4 @@
-"""Issue 9, item 3 on obstore stores: compare-and-swap shard writes against moto's S3 server.
+"""Zero lost updates on obstore stores: compare-and-swap shard writes against moto's S3 server.
 
 * :class:`~shardkv.storage.obstore.ObstoreStore` reads a value and its version
   in one GET, reads only if unchanged (``If-Match``), and puts conditionally

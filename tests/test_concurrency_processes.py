@@ -1,4 +1,4 @@
-"""Issue 9 proofs with several processes: no lost updates, pickled adapters and stores in worker processes.
+"""Concurrency proofs with several processes: no lost updates, pickled adapters and stores in worker processes.
 
 Every ``ShardedStore`` of one directory takes the same lock files
 (:mod:`shardkv.engine.locks`) around each shard read-modify-write, so
@@ -141,7 +141,7 @@ def test_store_reduce_carries_location_and_options(tmp_path) -> None:
     store.flush()
     clone = _roundtrip(store)
     assert type(clone) is ShardedStore
-    # every option travels, but write-back: a copy writes through (issue 20, item 1)
+    # every option travels, but write-back: a copy writes through
     assert clone.options == Options.from_keywords(
         4,
         index_location="start",

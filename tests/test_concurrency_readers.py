@@ -1,4 +1,4 @@
-"""Issue 9, item 4: readers never see a torn state.
+"""Readers never see a torn state.
 
 A chunk read returns the value of some completed write of that chunk: never
 a mix of an old index and new bytes, never the fill value for an

@@ -153,7 +153,7 @@ def test_nested_keys_without_separator_are_detected():
     report = convert(src, dst, 2)
     (arr,) = report.arrays
     assert arr.separator == "/" and arr.separator_detected and arr.chunks == 20
-    # issue 11: stored as v3 only; zarr 2 reads the .zarray and .zmetadata presented through the proxy
+    # stored as v3 only; zarr 2 reads the .zarray and .zmetadata presented through the proxy
     assert json.loads(dst["n/zarr.json"])["chunk_key_encoding"] == {"name": "v2", "configuration": {"separator": "/"}}
     assert json.loads(ShardedStore(dst)["n/.zarray"])["dimension_separator"] == "/"
     assert json.loads(ShardedStore(dst)[".zmetadata"])["metadata"]["n/.zarray"]["dimension_separator"] == "/"
@@ -213,7 +213,7 @@ def test_reads_one_shard_per_request_and_writes_in_batches(monkeypatch):
     assert all(len(b) <= 2 for b in dst.set_batches[:-1])  # shard batches are bounded
     shards_written = [k for b in dst.set_batches for k in b if not k.rpartition("/")[2].startswith((".", "zarr"))]
     assert len(shards_written) == len(set(shards_written)) == report.shards
-    # metadata last: nothing is written after the first .zarray or zarr.json (issue 11: sharded arrays have no .zarray)
+    # metadata last: nothing is written after the first .zarray or zarr.json (sharded arrays have no .zarray)
     first_meta = next(i for i, b in enumerate(dst.set_batches) if any(k.endswith((".zarray", "zarr.json")) for k in b))
     assert all(
         k.rpartition("/")[2] in {".zarray", ".zattrs", ".zgroup", "zarr.json"}

@@ -1,4 +1,4 @@
-"""``convert --all-v3`` (issue 11): unsharded arrays and groups also described in v3.
+"""``convert --all-v3``: unsharded arrays and groups also described in v3.
 
 Oracles here: zarr-python 2.18 over a plain DirectoryStore reads the unsharded
 arrays unchanged; the proxy reads every array. tests/latest/test_all_v3.py has

@@ -1,4 +1,4 @@
-"""`shardkv convert` lists an S3 source lazily (issue 21 item 1): one ``ListObjectsV2`` page at a time.
+"""`shardkv convert` lists an S3 source lazily: one ``ListObjectsV2`` page at a time.
 
 The S3 server (moto) runs in a child process bound to 127.0.0.1, so that
 ``tracemalloc`` in this process sees only the client's allocations. The

@@ -155,7 +155,7 @@ def test_object_count_drops_as_the_grids_predict(converted):
         if array_cps is None:
             continue
         shards = {tuple(c // n for c, n in zip(coords, array_cps, strict=True)) for coords in info["chunks"]}
-        # issue 11: zarr.json replaces .zarray, attributes move inside it
+        # zarr.json replaces .zarray, attributes move inside it
         expected += len(shards) - len(info["chunks"]) - len(info["stale"]) - (src / path / ".zattrs").is_file()
         groups.update(group_paths(path))
     expected -= sum((src / g / ".zattrs").is_file() for g in groups)  # each group above: zarr.json for .zgroup
@@ -187,7 +187,7 @@ def _codecs_normalised(zarray: dict) -> dict:
 
 
 def test_metadata_is_copied(converted):
-    """Documents stored as they were, or (sharded arrays and their groups, issue 11) presented equal."""
+    """Documents stored as they were, or (sharded arrays and their groups) presented equal."""
     src, dst, _, _, _, _ = converted
     proxy = ShardedStore(str(dst))
     for p in src.rglob("*"):

@@ -1,4 +1,4 @@
-"""Random ``OSError`` on base-store reads, writes and deletes under a random zarr 2 workload (issue 10).
+"""Random ``OSError`` on base-store reads, writes and deletes under a random zarr 2 workload.
 
 For each write strategy over a local directory, and for write-back
 (``buffer_bytes``) over a ``dict``, a share of the adapter's reads (``get``,

@@ -1,4 +1,4 @@
-"""shardkv.metadata.hierarchy: the documents issue 11 stores, and the v2 documents presented from them.
+"""shardkv.metadata.hierarchy: what a sharded hierarchy stores (v3 only), and the v2 documents presented from it.
 
 Pure plans checked against the documents zarr-python 2.18 writes (the .zarray /
 .zattrs / .zgroup / .zmetadata it produces are the inputs) and against zarr 2.18

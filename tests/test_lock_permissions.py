@@ -1,4 +1,4 @@
-"""Locks nobody else can hold hostage (issue 20 item 7; shardkv.engine.locks).
+"""Locks nobody else can hold hostage (shardkv.engine.locks).
 
 ``flock`` works through a descriptor opened for reading, so a lock file that
 an account can read is a lock that account can hold. Lock files are made with
@@ -91,7 +91,7 @@ def test_an_older_world_readable_lock_file_is_narrowed_by_its_owner(tmp_path) ->
     lock_dir.mkdir()
     lock_file = lock_dir / "0.lock"
     lock_file.touch()
-    os.chmod(lock_file, 0o644)  # as shardkv made them before issue 20
+    os.chmod(lock_file, 0o644)  # as older shardkv releases made them
     with _locks(tmp_path, file_stripes=1).hold(["c/0"]):
         pass
     assert _mode(lock_file) == 0o600

@@ -1,4 +1,4 @@
-"""Per-shard locks that belong to the data (shardkv.engine.locks, issue 9).
+"""Per-shard locks that belong to the data (shardkv.engine.locks).
 
 Threads with their own lock objects over one location serialise; spawned
 processes incrementing a counter under the lock lose nothing; lock files stay

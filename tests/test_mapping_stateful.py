@@ -182,7 +182,7 @@ class ShardKeysMachine(ShardedStoreMachine):
         assert stored == expected
         meta = {k for k in self.store.base.list_prefix("") if k.rsplit("/", 1)[-1] in META}
         groups = {f"{g}/zarr.json" if g else "zarr.json" for g in group_paths(self.path)} if self.path else set()
-        assert meta == {self.meta_key.replace(".zarray", "zarr.json")} | groups  # v3 only (issue 11)
+        assert meta == {self.meta_key.replace(".zarray", "zarr.json")} | groups  # v3 only
 
 
 class MemoryFSMachine(ShardKeysMachine):
@@ -190,7 +190,7 @@ class MemoryFSMachine(ShardKeysMachine):
 
     path, sep = "g/arr", "/"
     proxy_options = {"index_location": "start"}
-    n_metadata_keys = 3  # .zarray, and the .zgroup of "" and "g" (v3 groups, issue 11)
+    n_metadata_keys = 3  # .zarray, and the .zgroup of "" and "g" (v3 groups)
 
     def make_base(self) -> Any:
         self.root = f"memory://shardkv-stateful-{uuid.uuid4().hex}"

@@ -176,7 +176,7 @@ def test_same_as_zarr_on_a_dict(
     assert proxy["arr/.zarray"] == oracle["arr/.zarray"]
     # the base store holds the metadata and exactly one shard per touched shard
     stored = base_keys(proxy)
-    assert {k for k in stored if is_meta(k)} == {"zarr.json", "arr/zarr.json"}  # issue 11: v3 only
+    assert {k for k in stored if is_meta(k)} == {"zarr.json", "arr/zarr.json"}  # v3 only
     assert {k for k in stored if not is_meta(k)} == expected_shard_keys(set(oracle_chunks), "arr", sep, cps)
     # a fresh proxy (no caches, no chunks_per_shard) reads the same array
     fresh = zarr.open_array(ShardedStore(base), path="arr", mode="r")
@@ -235,10 +235,10 @@ def test_groups_with_several_arrays(tmp_path: Path) -> None:
     for k, v in oracle.items():
         if k.startswith(("c/", "e/")):
             assert base[k] == v
-    # groups above sharded arrays are v3 groups (issue 11), their attributes inside
+    # groups above sharded arrays are v3 groups, their attributes inside
     assert json.loads(base["zarr.json"])["attributes"] == {"title": "several arrays"}
     assert json.loads(base["sub/zarr.json"])["node_type"] == "group" and "sub/.zgroup" not in base
-    # ... and v3 all the way down (issue 19 item 5): each unsharded array also has a zarr.json
+    # ... and v3 all the way down: each unsharded array also has a zarr.json
     # mirror that reads its chunks where they are (v2 chunk key encoding, no sharding codec)
     for name in ("c", "e"):
         mirror = json.loads(base[f"{name}/zarr.json"])
@@ -270,7 +270,7 @@ def test_tuple_of_the_wrong_ndim_leaves_arrays_unsharded() -> None:
         two[...] = 1
     assert proxy.sharded_array("one") is None
     assert proxy.sharded_array("two") is not None
-    # "one" keeps every key zarr wrote; its zarr.json mirror (issue 19 item 5) is for v3 readers only
+    # "one" keeps every key zarr wrote; its zarr.json mirror is for v3 readers only
     assert {k: v for k, v in base.items() if k.startswith("one/") and k != "one/zarr.json"} == {
         k: v for k, v in oracle.items() if k.startswith("one/")
     }

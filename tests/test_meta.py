@@ -179,7 +179,7 @@ def test_blosc_autoshuffle_on_bytes_is_bitshuffle() -> None:
         pytest.param((8, 6), (2, 3), "F", [1, 0], id="2d-F"),
         pytest.param((4, 4, 4), (2, 2, 2), "F", [2, 1, 0], id="3d-F"),
         pytest.param((8, 6), (2, 3), "C", None, id="2d-C"),
-        pytest.param((8,), (2,), "F", [0], id="1d-F"),  # kept: zarr 2 reopens it as F (issue 19)
+        pytest.param((8,), (2,), "F", [0], id="1d-F"),  # kept: zarr 2 reopens it as F
     ],
 )
 def test_order(shape, chunks, order: str, transpose) -> None:
@@ -246,7 +246,7 @@ def test_raw_float_fill_values_are_spelled_as_v3_strings() -> None:
     ids=["U4", "U4-big", "S8", "V2", "datetime-ns", "timedelta-10s"],
 )
 def test_v2_dtypes_without_core_type_use_zarr3_extension_names(dtype: str, data_type: dict, endian: str | None) -> None:
-    """Issue 11: the names zarr-python 3 registers (it reads them: tests/latest); tensorstore refuses them."""
+    """The names zarr-python 3 registers (it reads them: tests/latest); tensorstore refuses them."""
     zarray = zarray_of(dtype=dtype, compressor=None)
     view = v3_view_of_v2(zarray, None, ShardLayout.v3((1, 1)))
     assert not view.translatable

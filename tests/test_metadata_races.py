@@ -1,4 +1,4 @@
-"""Consolidated blocks never lose an entry to a concurrent writer (issue 19, item 5).
+"""Consolidated blocks never lose an entry to a concurrent writer.
 
 zarr-python 3 takes a group's consolidated block for the whole hierarchy below
 it, so an entry one writer drops hides that array from every v3 reader. These

@@ -1,4 +1,4 @@
-"""Issue 13, "no extra copies": shards are written from their parts, chunks are read as views,
+"""Shards are written from their parts, chunks are read as views,
 and many keys are routed in one batch with exactly the results and errors of one-by-one routing."""
 
 from __future__ import annotations
@@ -229,7 +229,7 @@ def test_proxy_batches_of_mixed_keys_route_each_key() -> None:
     got = store.getitems(keys)
     assert "a/.zarray" in got and set(keys[2:]) <= set(got)
     store.setitems({"a/.zattrs": b'{"x": 1}', **{k: bytes(got[k]) for k in keys[2:]}})
-    assert json.loads(store["a/.zattrs"]) == {"x": 1}  # presented from the array's zarr.json (issue 11)
+    assert json.loads(store["a/.zattrs"]) == {"x": 1}  # presented from the array's zarr.json
     assert store.getitems(["a/zarr.json"] + keys[2:]).keys() == set(keys[2:])  # the managed zarr.json stays hidden
 
 

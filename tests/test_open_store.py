@@ -93,7 +93,7 @@ def test_options_reach_the_chosen_proxy() -> None:
     assert config["index_location"] == "start"
     assert proxy.sharded_array("").chunks_per_shard == (2, 3)
     proxy["0.0"] = b"x"
-    assert list(proxy.base.list_prefix("")) == ["zarr.json"]  # v3 only (issue 11); buffered (write-back) until flush
+    assert list(proxy.base.list_prefix("")) == ["zarr.json"]  # v3 only; buffered (write-back) until flush
     proxy.flush()
     assert "0.0" in set(proxy.base.list_prefix(""))
 

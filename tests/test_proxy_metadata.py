@@ -30,7 +30,7 @@ ZARRAY = json.dumps(
 ).encode()
 
 
-# -- issue 20, item 6: shardkv's internal names are refused on write --------------------------
+# -- shardkv's internal names are refused on write --------------------------
 
 RESERVED = [".shardkv-locks", "a.shardkv-tmp-123", "g/.shardkv-locks", "g/x.shardkv-tmp-9/arr"]
 
@@ -64,7 +64,7 @@ def test_the_draft_proxy_refuses_reserved_names_too(kind: str) -> None:
         proxy[f"meta/root/g/x.shardkv-tmp-1.{kind}.json"] = b"{}"
 
 
-# -- issue 21, item 3: a freshly opened store reads each metadata document once ----------------
+# -- a freshly opened store reads each metadata document once ----------------
 
 
 def _written(base: dict) -> np.ndarray:
@@ -93,7 +93,7 @@ def test_a_cold_chunk_read_reads_each_zarr_json_once(opener: Any, documents: dic
     meta = {
         k: n for k, n in base.reads.items() if k.rpartition("/")[2] in (".zarray", ".zattrs", ".zgroup", "zarr.json")
     }
-    # once each, no v2 probes; was {"zarr.json", "g/zarr.json", "g/a/zarr.json"} before issue 21's owner lookup
+    # once each, no v2 probes; was {"zarr.json", "g/zarr.json", "g/a/zarr.json"} before the owner lookup
     assert meta == documents
 
 

@@ -1,4 +1,4 @@
-"""Issue 20, items 5 and 8: work bounded by what is stored, memory bounded by limits, one-line CLI errors.
+"""Work bounded by what is stored, memory bounded by limits, one-line CLI errors.
 
 Rows of the issue's table proven here (each fails on the code before the fix):
 

@@ -1,4 +1,4 @@
-"""Issue 20, item 4: a journal belongs to one store, is locked for its life, and never drops an acknowledged write.
+"""A journal belongs to one store, is locked for its life, and never drops an acknowledged write.
 
 Rows of the issue's table proven here (each fails on the code before the fix):
 

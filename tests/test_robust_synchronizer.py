@@ -1,4 +1,4 @@
-"""Issue 20, item 9: what zarr 2's synchronizers make safe for dask blocks that cut chunks (the README's advice).
+"""What zarr 2's synchronizers make safe for dask blocks that cut chunks (the README's advice).
 
 * ``zarr.ProcessSynchronizer`` is one lock file per chunk, locked with POSIX
   record locks, which belong to the *process*: two threads of one process

@@ -182,7 +182,7 @@ def test_sharded_store_writes_and_reads_on_s3(s3):
     stored = _objects(fs, url)
     shards = sorted(k for k in stored if k[0].isdigit())
     assert shards == [f"{i}.{j}" for i in range(3) for j in range(4)]  # 6 x 8 chunks in 3 x 4 shards
-    assert set(stored) - set(shards) == {"zarr.json"}  # v3 only (issue 11)
+    assert set(stored) - set(shards) == {"zarr.json"}  # v3 only
     np.testing.assert_array_equal(zarr.open_array(ShardedStore(url, storage_options=options), mode="r")[...], data)
 
 

@@ -1,10 +1,10 @@
 """Requests a full read of a sharded array makes on S3 (moto's server on loopback, every request logged).
 
-Issue 13 item 2: a batch that wants every chunk of a shard whose index is not
+A batch that wants every chunk of a shard whose index is not
 cached reads the shard once (index from its tail), and opening the array
 through zarr 2 costs a few metadata requests.
 
-Issue 21 item 3, proved on the wire for the s3fs and obstore clients: every
+The request budget, proved on the wire for the s3fs and obstore clients: every
 HTTP exchange the server answers is recorded (:class:`_Exchanges`, a WSGI
 wrapper around moto's application: method, path, ``Range``, ``If-Match``,
 status and the bytes of the response body), so the tests assert what was sent
@@ -245,7 +245,7 @@ def test_full_read_is_one_get_per_shard_and_open_costs_three_requests_at_most(s3
     reads = sorted(r for r in log.seen if r[1] in shard_paths)
     assert reads == sorted(("GET", p) for p in shard_paths), reads  # one request per shard
     metadata = [r for r in log.seen if r[1] not in shard_paths]
-    # arr/zarr.json on open; the owner of the chunk keys is found without the root's zarr.json (issue 21)
+    # arr/zarr.json on open; the owner of the chunk keys is found without the root's zarr.json
     assert len(metadata) <= 3, metadata
     assert all(method == "GET" and path.endswith("/zarr.json") for method, path in metadata), metadata
     assert metadata == [("GET", f"/{BUCKET}/{root}/arr/zarr.json")], metadata

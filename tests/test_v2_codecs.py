@@ -1,4 +1,4 @@
-"""The v2 -> v3 mapping of dtypes, order, filters, compressors and fill values, and its inverse (issue 19). Pure."""
+"""The v2 -> v3 mapping of dtypes, order, filters, compressors and fill values, and its inverse. Pure."""
 
 from __future__ import annotations
 

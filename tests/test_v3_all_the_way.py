@@ -1,4 +1,4 @@
-"""A hierarchy is v3 all the way down once any array in it is sharded (issue 19, item 5).
+"""A hierarchy is v3 all the way down once any array in it is sharded.
 
 Written through ``ShardedStore`` by zarr-python 2.18 and xarray (this
 environment). Oracles: zarr-python 2.18 over its own ``DirectoryStore``
@@ -383,7 +383,7 @@ def test_consolidated_in_step_adds_replaces_and_removes_entries() -> None:
         consolidated_in_step(array, root, {})
 
 
-# -- opaque arrays: blocks that keep their siblings listable (issue 19, item 5) ----------------------
+# -- opaque arrays: blocks that keep their siblings listable ----------------------
 
 _PACKED = np.array([{"a": 1}, [1, 2], "x", None], dtype=object)
 

@@ -139,7 +139,7 @@ def test_stray_and_orphan_keys_and_repair(tmp_path: Path, capsys: pytest.Capture
     out = capsys.readouterr().out
     assert "STRAY a/7" in out and "ORPHAN gone/0" in out
     assert main(["verify", str(tmp_path), "--repair"]) == 1  # the stray key is only reported
-    out = capsys.readouterr().out  # an orphan is not proven garbage: --repair keeps it (issue 20)
+    out = capsys.readouterr().out  # an orphan is not proven garbage: --repair keeps it
     assert "ORPHAN gone/0" in out and "REMOVED" not in out and (tmp_path / "gone" / "0").exists()
     assert main(["verify", str(tmp_path), "--remove-orphans"]) == 1  # the stray key is only reported
     out = capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""The once-per-array warning about write-through chunk-by-chunk writes (issue 12 item 5)."""
+"""The once-per-array warning about write-through chunk-by-chunk writes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""zarr-python 2's convenience functions between sharded and plain stores (issue 19, items 3 and 4).
+"""zarr-python 2's convenience functions between sharded and plain stores.
 
 Each test does the same thing on zarr's own ``MemoryStore``/``DirectoryStore``
 (the oracle) and through a ``ShardedStore`` over a dict and over a directory,

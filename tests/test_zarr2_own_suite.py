@@ -1,4 +1,4 @@
-"""zarr-python 2.18's own store and array tests, run through ShardedStore (issue 19, proof 1).
+"""zarr-python 2.18's own store and array tests, run through ShardedStore.
 
 Each class below subclasses one of zarr's (``StoreTests``, ``TestArray`` and its
 compressor / filter / path variants); only the store factory differs: a

@@ -22,7 +22,7 @@ Per implementation and layout, counted at the server:
   chunk read (tensorstore: ``ts.open`` with a new context and one chunk read).
 * ``warm``: through that array, ``reads`` distinct seeded random chunks read
   once (not counted), then the same chunks again (counted): body bytes /
-  (reads x 256 B) is the figure of issue 21 (goal <= 1.1), with requests per
+  (reads x 256 B) is the figure with the goal <= 1.1, with requests per
   read.
 
 Implementations: ``shardkv`` (zarr 2.18 on ``ShardedStore("s3://...",

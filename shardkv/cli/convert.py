@@ -35,7 +35,7 @@ Rules
   (:mod:`shardkv.cli.manifest`) in the destination lets the same conversion,
   run again after an interruption, skip the shards already finished.
 
-Memory (issue 21): the source is listed lazily, array by array
+Memory: the source is listed lazily, array by array
 (:mod:`shardkv.cli.convert_listing`: groups walked directory by directory, an
 array's keys streamed once into a bitmap of one bit per chunk-grid position),
 never held as a list of keys; tasks are made one shard at a time and at most
@@ -45,7 +45,7 @@ written in batches; other keys are copied ``_COPY_BATCH_KEYS`` at a time; the
 progress manifest keeps a bit per shard. Peak memory is bounded by the shards
 in flight, not by the number of chunks.
 
-Nothing is dropped (issue 20): an array whose sharded form shardkv could not
+Nothing is dropped: an array whose sharded form shardkv could not
 read back (an object dtype, for example) is copied unsharded, a node named
 like shardkv's own files is refused
 (:class:`~shardkv.cli.errors.ReservedNameError`), and the finished output is
@@ -535,7 +535,7 @@ class _Job:
         bar.update(len(group_meta))
 
     def _check_output(self, walk: HierarchyWalk) -> None:
-        """Every array and group of the source is presented by the output (issue 20), or fail naming them."""
+        """Every array and group of the source is presented by the output, or fail naming them."""
         out = HierarchyView(self.target)
         wanted = [join_path(p, ".zarray") for p in walk.arrays] + [join_path(p, ".zgroup") for p in walk.groups]
         missing = [k.rpartition("/")[0] or "/" for k in wanted if not out.contains(k)]

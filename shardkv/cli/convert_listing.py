@@ -1,6 +1,6 @@
 """The source listing of ``shardkv convert``, streamed: arrays found by walking groups, chunks as bits.
 
-A conversion must not hold one string per chunk (issue 21): a million-chunk
+A conversion must not hold one string per chunk: a million-chunk
 array listed with fsspec's ``find`` and sorted costs about a kilobyte per
 chunk. This module walks the hierarchy instead:
 

@@ -10,7 +10,7 @@ options) skips the shards recorded as finished, after reading back and
 checking the last ones recorded (the ones most likely to have been cut short
 by the interruption).
 
-The manifest stays small whatever the number of shards (issue 21): per
+The manifest stays small whatever the number of shards: per
 array, one bit per position of its shard grid and the totals of the shards
 recorded; the last :data:`LAST_KEPT` shards recorded are kept by key.
 

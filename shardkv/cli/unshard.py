@@ -12,7 +12,7 @@ unsharded arrays, other files) is copied as it is; metadata is written last.
 The result is read by zarr-python 2 without shardkv and equals the sharded
 hierarchy read through :class:`shardkv.ShardedStore`.
 
-An interrupted run resumes (issue 20): a progress manifest
+An interrupted run resumes: a progress manifest
 (:data:`shardkv.cli.manifest.UNSHARD_MANIFEST_KEY`) in the destination records
 each shard whose chunks have all been written; running the same command again
 skips those shards (their chunks are already in the destination) and copies the

@@ -2,7 +2,7 @@
 
 The commands (``info``, ``verify``, ``unshard``, ``compact``, ``convert`` of an
 already sharded source) work on Zarr v2 documents. Arrays shardkv shards are
-stored as a Zarr v3 ``zarr.json`` and nothing else (issue 11), so a
+stored as a Zarr v3 ``zarr.json`` and nothing else, so a
 :class:`HierarchyView` adds, for each stored v3 node, the ``.zarray`` /
 ``.zgroup`` / ``.zattrs`` documents that :func:`shardkv.metadata.hierarchy.present`
 derives from its ``zarr.json`` (the documents :class:`shardkv.ShardedStore`

@@ -1,4 +1,4 @@
-"""Per-shard locks that belong to the data, not to the object (issue 9), and the ``concurrency=`` option.
+"""Per-shard locks that belong to the data, not to the object, and the ``concurrency=`` option.
 
 A shard write is a read-modify-write: every writer of a shard holds that
 shard's lock from the read of the old shard to the write of the new one, or

@@ -1,4 +1,4 @@
-"""The one retry loop of the engine (:func:`attempts`), its backoff and the engine's counters (issue 9).
+"""The one retry loop of the engine (:func:`attempts`), its backoff and the engine's counters.
 
 The read path (:mod:`shardkv.engine.reads`) and the write path
 (:mod:`shardkv.engine.writes`) each go round :func:`attempts`: bounded in

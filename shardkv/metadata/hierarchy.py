@@ -1,6 +1,6 @@
 """Which metadata documents a sharded hierarchy stores, and which v2 documents it presents. Pure.
 
-Issue 11 ("storage never lies"): on storage every sharded array is a Zarr v3
+Storage never lies: on storage every sharded array is a Zarr v3
 array and nothing else, so no reader that bypasses shardkv can take a shard
 for a v2 chunk. This module plans the documents; the proxy does the I/O.
 
@@ -492,7 +492,7 @@ def opaque_paths(documents: Mapping[str, Mapping[str, Any]]) -> list[str]:
 
 
 def plan_opaque_blocks(documents: Mapping[str, Mapping[str, Any]], released: Iterable[str] = ()) -> MetadataPlan:
-    """The consolidated blocks that keep a hierarchy listable by v3 readers around its opaque arrays (issue 19, item 5).
+    """The consolidated blocks that keep a hierarchy listable by v3 readers around its opaque arrays.
 
     zarr-python 3 lists a group without consolidated metadata by opening the
     ``zarr.json`` of every child, and one array whose data type it does not
@@ -547,7 +547,7 @@ def plan_opaque_blocks(documents: Mapping[str, Mapping[str, Any]], released: Ite
     return MetadataPlan(writes)
 
 
-# -- the layout before issue 11 -> the layout after ---------------------------------
+# -- the older layout (a .zarray beside zarr.json) -> the v3-only layout ---------------------------------
 
 
 def _group_attributes(documents: Mapping[str, Mapping[str, Any]], group: str) -> Mapping[str, Any] | None:

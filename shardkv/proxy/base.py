@@ -12,7 +12,7 @@ both. Each holds its base store and one frozen
   through the base store's location. Nothing of one process travels: not the
   index cache, not the journal, and not write-back data. A store holding
   unflushed writes refuses to pickle (:class:`~shardkv.errors.UnflushedWritesError`),
-  and a copy never buffers: it writes through (issue 20, item 1), so no
+  and a copy never buffers: it writes through, so no
   worker process holds acknowledged writes that no one will flush;
 * lifecycle: ``with`` closes the store on exit;
 * the zarr-python 2 ``BaseStore`` capability checks, identity equality, and

@@ -1,4 +1,4 @@
-"""Metadata writes through the v2 proxy: sharded arrays and their groups stored as Zarr v3 only (issue 11).
+"""Metadata writes through the v2 proxy: sharded arrays and their groups stored as Zarr v3 only.
 
 Code above the proxy writes zarr-python 2 documents; :class:`MetadataWriter`
 turns them into the stored v3 documents with the pure plans of
@@ -45,7 +45,7 @@ A ``.zattrs`` written before its node's ``.zarray`` is stored as it is and
 taken into the ``zarr.json`` when the ``.zarray`` arrives. Arrays written by
 zarr-python 3 or tensorstore (another chunk key encoding than ``v2``) keep
 read-only metadata. A node whose name is one of shardkv's internal names
-(``*.shardkv-tmp-*``, ``.shardkv-locks``) is refused (issue 20, item 6).
+(``*.shardkv-tmp-*``, ``.shardkv-locks``) is refused.
 """
 
 from __future__ import annotations
@@ -361,7 +361,7 @@ class MetadataWriter:
             self._opaque_blocks(written=opaque)
         return written
 
-    # -- v3 all the way down (issue 19, item 5) ------------------------------------------
+    # -- v3 all the way down ------------------------------------------
 
     def _hierarchy_is_v3(self) -> bool:
         """True when the store's root is a v3 group (some array below it is sharded, or was)."""

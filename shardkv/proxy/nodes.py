@@ -12,7 +12,7 @@ One :class:`Node` per path, built from its stored ``zarr.json`` (and
   *unsharded*: its chunk keys pass through;
 * an unsharded array whose ``zarr.json`` *mirrors* its ``.zarray`` (a v3
   array, not sharded, ``v2`` chunk key encoding, with a ``.zarray`` beside
-  it: issue 19 item 5, :func:`shardkv.metadata.all_v3.plan_v3_down`) is
+  it, so that v3 readers list the whole hierarchy: :func:`shardkv.metadata.all_v3.plan_v3_down`) is
   unsharded too: zarr-python 2 sees the ``.zarray``/``.zattrs`` as stored and
   not the ``zarr.json``, which is for v3 readers;
 * anything else (a v2 group, nothing) is no array.
@@ -118,7 +118,7 @@ class Node:
     def cannot_be_stored(self, name: str) -> bool:
         """True for a v2 document no store holds beside this presented node (answered without a request).
 
-        Only an array's ``.zattrs`` may be stored beside its ``zarr.json`` (the layout before issue 11).
+        Only an array's ``.zattrs`` may be stored beside its ``zarr.json`` (the older layout).
         """
         return bool(self.documents) and name not in self.documents and not (
             name == ".zattrs" and ".zarray" in self.documents
@@ -177,7 +177,7 @@ def build_node(path: str, raw_json: Any | None, raw_zarray: Any | None = None) -
             presented, documents = {}, {}
     if presented:
         zarray = presented.get(".zarray")
-    elif raw_zarray is not None:  # a zarr.json stored beside a .zarray (before issue 11)
+    elif raw_zarray is not None:  # a zarr.json stored beside a .zarray (the older layout)
         zarray = load_json(join_path(path, ".zarray"), raw_zarray)
     else:
         zarray = None
@@ -310,7 +310,7 @@ class NodeTable:
         """Keep the node at ``path`` from ``zarr.json`` bytes already read, when they alone decide it.
 
         :func:`shardkv.open_store` hands over the root ``zarr.json`` it read to
-        detect the layout, so it is not read twice (issue 21).
+        detect the layout, so it is not read twice.
         """
         try:
             node = build_node(path, raw_json)
@@ -359,7 +359,7 @@ class NodeTable:
         ``key`` owns nothing of it, whatever it is: it is not read, so a chunk
         of ``g/arr`` costs the read of ``g/arr/zarr.json`` alone, as in
         tensorstore and zarr-python 3, which also open an array from its own
-        document (issue 21).
+        document.
         """
         parent, name = split_key(key)
         if name in META_NAMES or not _CHUNKISH.fullmatch(name):

@@ -65,7 +65,7 @@ class Options:
         Write-back data belongs to the process that buffered it: a pickled
         copy of the store (a dask.distributed or ``multiprocessing``
         worker's) writes through, so no worker holds acknowledged writes that
-        no one flushes (issue 20, item 1); pickling a store that holds
+        no one flushes; pickling a store that holds
         unflushed writes raises ``UnflushedWritesError``. For parallel writes
         that fill whole shards, see :func:`shardkv.rechunk_to_shards`.
     concurrency : {"auto", "files", "conditional", "process", "none"}
@@ -152,5 +152,5 @@ class Options:
         return EngineOptions(self.index_cache_bytes, self.read_policy, self.concurrency, self.lock_timeout)
 
     def for_copy(self) -> Options:
-        """The options of a pickled copy: the same, except that the copy writes through (issue 20, item 1)."""
+        """The options of a pickled copy: the same, except that the copy writes through."""
         return self if self.buffer_bytes is None else replace(self, buffer_bytes=None)

@@ -3,7 +3,7 @@
 Code above the proxy (zarr-python 2, xarray, dask, scripts) reads and writes
 ordinary chunk keys (``temp/3.7``); the store below holds shards (``temp/0.1``)
 in the v1.0 ``sharding_indexed`` layout, each array's sharding described by a
-``zarr.json``, a Zarr v3 array and nothing else (issue 11; zarr-python 2 sees
+``zarr.json``, a Zarr v3 array and nothing else (zarr-python 2 sees
 the ``.zarray`` presented from it, see :mod:`shardkv.proxy.nodes`).
 
 This module routes each key: a chunk of a sharded array to its shard, a
@@ -147,7 +147,7 @@ class ShardedStore(ProxyBase):
     A store pickles (``multiprocessing``, ``dask.distributed``) as its base
     store's location and its :class:`~shardkv.proxy.options.Options`; the copy
     finds the same locks, and writes through (no write-back buffer, no
-    journal: issue 20, item 1). With unflushed write-back data it raises
+    journal). With unflushed write-back data it raises
     ``UnflushedWritesError`` instead. To open a store of any layout (2022
     draft hierarchies included), use :func:`shardkv.open_store`.
     """
@@ -197,7 +197,7 @@ class ShardedStore(ProxyBase):
         self._kv = kv  # every request to the base store; pickles as the store's location
         self._nodes = NodeTable(self._kv.values)
         self._routes: tuple[int, dict[str, ChunkRef | None]] = (self._nodes.generation, {})  # see _route
-        self._hierarchy = Hierarchy(kv, self._nodes)  # MemoryStore/DirectoryStore rules (issue 19)
+        self._hierarchy = Hierarchy(kv, self._nodes)  # MemoryStore/DirectoryStore rules
         self._engine = ShardEngine(self._kv, options.engine_options())
         self._advisor = WriteAdvisor()  # warns once per array about chunk-by-chunk rewrites (write-through)
         self._writer = WriteBack(self._engine, options.buffer_bytes, self._advisor.observe)
@@ -211,7 +211,7 @@ class ShardedStore(ProxyBase):
             self._writer,
             options,
             kv=self._kv,
-            locks=self._engine.locks,  # consolidated blocks: read-modify-write (issue 19 item 5)
+            locks=self._engine.locks,  # consolidated blocks: read-modify-write
         )
 
     def _pickled_store(self) -> Any:
@@ -622,7 +622,7 @@ class ShardedStore(ProxyBase):
         self._kv.delete_prefix(path_prefix(path))
         self._engine.forget()
         self._nodes.forget_under(path)
-        self._metadata.removed(path)  # consolidated blocks above it no longer list it (issue 19 item 5)
+        self._metadata.removed(path)  # consolidated blocks above it no longer list it
 
     def getsize(self, path: str = "") -> int:
         """Size in bytes of the key ``path``, or of the keys directly under the path ``path``.

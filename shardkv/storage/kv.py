@@ -45,7 +45,7 @@ def hidden(key: str) -> bool:
 
 
 def check_not_reserved(key: str) -> None:
-    """Refuse a key whose path names one of shardkv's internal files (issue 20, item 6).
+    """Refuse a key whose path names one of shardkv's internal files.
 
     Raises
     ------

@@ -139,7 +139,7 @@ class ShardedStore(Store):
     The store pickles as its store underneath and its options, as the zarr 2
     proxy does: with unflushed write-back data it raises
     ``UnflushedWritesError``, and the copy writes through (no buffer, no
-    journal: issue 20, item 1), as do :meth:`with_read_only` copies of a
+    journal), as do :meth:`with_read_only` copies of a
     store with a journal. Equality ignores ``buffer_bytes``.
     """
 

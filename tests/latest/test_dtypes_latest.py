@@ -1,4 +1,4 @@
-"""Every zarr 2 array through ShardedStore, then at the root with the newest zarr 3 and tensorstore (issue 19).
+"""Every zarr 2 array through ShardedStore, then at the root with the newest zarr 3 and tensorstore.
 
 A hypothesis search over dtypes x filters x compressors x order x fill values:
 each example is written through the proxy and through a zarr 2 ``MemoryStore``,

@@ -1,4 +1,4 @@
-"""Issue 11, "storage never lies": readers without shardkv either read a sharded array right or refuse it.
+"""Readers without shardkv either read a sharded array right or refuse it.
 
 Writers run here (zarr-python 2.18, xarray <= 2026.2.0, shardkv); the readers are
 the newest zarr-python 3, tensorstore and xarray in .venv-latest, and zarr-python
@@ -232,7 +232,7 @@ def test_migrated_dataset_opens_in_newest_xarray_and_zarr3_consolidated(tmp_path
     _assert_zarr2_refuses(root, sorted(ds.variables))
 
 
-# -- the proxy itself (issue 11): these pass once ShardedStore stores the new layout -----------------
+# -- the proxy itself: these pass once ShardedStore stores the new layout -----------------
 
 
 def test_proxy_stores_sharded_arrays_as_v3_only(tmp_path: Path) -> None:

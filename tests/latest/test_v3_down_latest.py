@@ -1,4 +1,4 @@
-"""A hierarchy is v3 all the way down once any array is sharded (issue 19, item 5), read without shardkv.
+"""A hierarchy is v3 all the way down once any array is sharded, read without shardkv.
 
 Written through ``ShardedStore`` by xarray <= 2026.2.0 and zarr-python 2.18
 (this environment): the user guide's kind of dataset, a sharded data variable

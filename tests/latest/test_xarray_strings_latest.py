@@ -1,4 +1,4 @@
-"""An xarray dataset of strings, datetimes, attributes and encodings through ShardedStore (issue 19).
+"""An xarray dataset of strings, datetimes, attributes and encodings through ShardedStore.
 
 Written with ``to_zarr(ShardedStore(...))`` (xarray <= 2026.2.0 with zarr-python
 2.18), appended along time and patched with ``region=``, read back with
@@ -41,7 +41,7 @@ def _dataset(n_time: int, start: int = 0) -> xr.Dataset:
             "station": stations,
             "code": (("station",), np.array(["ZRH", "GVA", "LUG", "CHU"], dtype="<U3")),
         },
-        attrs={"title": "strings through shards", "history": "issue 19"},
+        attrs={"title": "strings through shards", "history": "written through shards"},
     )
     ds["temp"].encoding = {"dtype": "f4", "_FillValue": np.float32(np.nan)}
     ds["time"].encoding = {"units": "hours since 2026-01-01", "calendar": "proleptic_gregorian", "dtype": "i8"}

@@ -1,4 +1,4 @@
-"""`shardkv demo` under zarr-python 3 runs a zarr 3 path (issue 22 item 4), not "zarr-python not installed"."""
+"""`shardkv demo` under zarr-python 3 runs a zarr 3 path, not "zarr-python not installed"."""
 
 from __future__ import annotations
 

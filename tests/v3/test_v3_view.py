@@ -197,14 +197,14 @@ _ZARR_AFTER_3_1 = tuple(int(p) for p in zarr.__version__.split(".")[:2]) > (3, 1
 @pytest.mark.parametrize(
     "dtype,fill,filters,zarr3_reads",
     [
-        # issue 11: zarr-python 3's extension data types (fixed_length_utf32, null_terminated_bytes, raw_bytes)
+        # zarr-python 3's extension data types (fixed_length_utf32, null_terminated_bytes, raw_bytes)
         ("<U4", "", None, True),
         ("|S3", "", None, True),
         # zarr-python 3.1 raises TypeError on a raw_bytes fill value (refuses, does not misread);
         # zarr 3.2 and later (the zarr3 environment's newest zarr 3) read it equal
         ("|V2", "AAA=", None, _ZARR_AFTER_3_1),
         ("<i4", 0, [{"id": "delta", "dtype": "<i4"}], True),
-        # issue 19: stored as zarr 3's `structured` data type; tensorstore refuses it, zarr-python 3.1
+        # stored as zarr 3's `structured` data type; tensorstore refuses it, zarr-python 3.1
         # refuses it, and later zarr 3 (the zarr3 environment's newest) must read it equal
         ([["a", "<i2"], ["b", "<f4"]], None, None, _ZARR_AFTER_3_1),
     ],
@@ -253,7 +253,7 @@ def test_converted_shared_data_reads_in_zarr3_and_tensorstore(
     for path in arrays:
         meta_path = dst / path / "zarr.json"
         assert meta_path.is_file(), f"{path}: convert wrote no zarr.json"
-        assert not (dst / path / ".zarray").exists()  # issue 11: stored as v3 only
+        assert not (dst / path / ".zarray").exists()  # stored as v3 only
         zarray = json.loads((src / path / ".zarray").read_text())
         zattrs_path = src / path / ".zattrs"
         zattrs = json.loads(zattrs_path.read_text()) if zattrs_path.is_file() else {}
@@ -272,7 +272,7 @@ def test_converted_shared_data_reads_in_zarr3_and_tensorstore(
         )
         view = v3_view_of_v2(zarray, zattrs, layout)
         assert array_document(zarray, zattrs, layout) == meta, path
-        # issue 11: <U4 and |S1 are zarr-python 3 extension types; only shardkv.* names are refused by both
+        # <U4 and |S1 are zarr-python 3 extension types; only shardkv.* names are refused by both
         opaque = isinstance(meta["data_type"], dict) and meta["data_type"]["name"].startswith("shardkv.")
         if opaque:
             with pytest.raises(REFUSALS):

@@ -1,7 +1,7 @@
 """``journal=`` of shardkv.zarr3.ShardedStore: write-back that survives ``kill -9``, and belongs to one store.
 
-The journal is the zarr 2 proxy's (engine/journal.py, engine/writeback.py;
-issue 20 item 4, issue 22 item 1). A child process (this environment's
+The journal is the zarr 2 proxy's (engine/journal.py, engine/writeback.py),
+tied to one store. A child process (this environment's
 python, zarr 3) writes through a store with ``buffer_bytes`` and ``journal=``,
 reports each acknowledged write, and is killed with SIGKILL while the shard is
 still only buffered; reopening the store with the same journal must restore
@@ -353,7 +353,7 @@ def test_a_with_read_only_copy_of_a_journalled_store_writes_through(tmp_path: Pa
 
 
 def test_dask_local_cluster_writes_every_chunk_through_a_journalled_store(tmp_path: Path) -> None:
-    """Issue 20 item 1 for the zarr 3 store: worker copies write through; nothing stays in a worker's buffer."""
+    """No write-back data without an owner (zarr 3 store): worker copies write through, none keeps a buffer."""
     distributed = pytest.importorskip("distributed")
     da = pytest.importorskip("dask.array")
 

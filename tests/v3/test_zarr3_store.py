@@ -293,7 +293,7 @@ def test_import_shardkv_does_not_import_zarr3_support() -> None:
 @pytest.mark.parametrize("name", ["x.shardkv-tmp-1", ".shardkv-locks"])
 @pytest.mark.parametrize("base", ["memory", "local"])
 def test_a_node_named_like_shardkvs_own_files_is_refused(name: str, base: str, tmp_path: Path) -> None:
-    """Issue 20 item 6: never a node that every listing hides (it would vanish from ``members()``)."""
+    """Never a node that every listing hides (it would vanish from ``members()``)."""
     from shardkv.errors import ReservedKeyError
 
     under = MemoryStore() if base == "memory" else LocalStore(str(tmp_path))
