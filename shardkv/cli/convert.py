@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 from shardkv.cli.convert_listing import ArrayListing, HierarchyWalk, iter_array_keys, list_array, walk_hierarchy
 from shardkv.cli.convert_meta import amend_consolidated, array_metadata, metadata_order, store_as_v3
@@ -71,7 +71,7 @@ from shardkv.cli.manifest import Manifest, open_destination, verify_last
 from shardkv.cli.stores import open_store, put_all, refuse_regular_file
 from shardkv.cli.view import HierarchyView, sizes
 from shardkv.errors import ConfigurationError
-from shardkv.format.layout import ShardLayout
+from shardkv.format.layout import IndexLocation, ShardLayout
 from shardkv.keys.paths import join_path
 from shardkv.metadata.chunks_per_shard import check_chunks_per_shard
 from shardkv.metadata.documents import META_NAMES
@@ -208,7 +208,7 @@ def convert(
     src: Any,
     dst: Any,
     chunks_per_shard: ChunksPerShard | Sequence[int],
-    index_location: Literal["start", "end"] = "end",
+    index_location: IndexLocation = "end",
     index_checksum: bool = True,
     progress: bool = False,
     *,

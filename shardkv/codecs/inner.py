@@ -43,7 +43,7 @@ import numpy as np
 
 from shardkv.codecs.bounded import decode_bounded
 from shardkv.errors import ChecksumError, ConfigurationError, CorruptShardError
-from shardkv.format.layout import crc32c_of
+from shardkv.format.layout import Endian, crc32c_of
 
 __all__ = [
     "Codec",
@@ -184,7 +184,7 @@ class BytesCodec(Codec):
     kind = "array_to_bytes"
     fixed_size = True
 
-    def __init__(self, endian: Literal["little", "big"] | None = "little") -> None:
+    def __init__(self, endian: Endian | None = "little") -> None:
         if endian not in ("little", "big", None):
             raise ConfigurationError(f"bytes endian must be 'little' or 'big', got {endian!r}")
         self.endian = endian

@@ -37,10 +37,13 @@ from shardkv.proxy.options import Options
 
 __all__ = ["ProxyBase", "reopen", "register"]
 
+ZarrProtocol = Literal["BaseStore", "StoreV3"]
+"""The zarr-python 2 store ABC a proxy registers with (v2 keys, or the 2022 draft's v3 keys)."""
+
 _registered: set[tuple[type, str]] = set()
 
 
-def register(cls: type, protocol: Literal["BaseStore", "StoreV3"]) -> None:
+def register(cls: type, protocol: ZarrProtocol) -> None:
     """Register ``cls`` as a virtual subclass of zarr-python 2's ``protocol`` ABC, if zarr 2 is installed.
 
     ``"BaseStore"`` for the v2 proxy; ``"StoreV3"`` for the draft proxy, so
@@ -72,7 +75,7 @@ class ProxyBase(MutableMapping[str, Any]):
     """
 
     _store_version: ClassVar[int]
-    _zarr_protocol: ClassVar[Literal["BaseStore", "StoreV3"]]
+    _zarr_protocol: ClassVar[ZarrProtocol]
     options: Options
     _raw_store: Any  # what the user passed, for repr
 

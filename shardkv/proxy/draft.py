@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Literal, Self
+from typing import Any, Self
 
 from shardkv.errors import ConfigurationError
+from shardkv.format.layout import IndexLocation
 from shardkv.format.ranges import ByteRange
 from shardkv.keys.encodings import validate_key
 from shardkv.keys.paths import validate_path
@@ -85,7 +86,7 @@ class DraftShardedStore(ProxyBase):
         store: Any,
         chunks_per_shard: ChunksPerShardOption = None,
         *,
-        index_location: Literal["start", "end"] = "end",
+        index_location: IndexLocation = "end",
         index_checksum: bool = False,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:

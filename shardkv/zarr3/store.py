@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Iterable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype
@@ -23,6 +23,7 @@ from shardkv._types import BytesLike
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.locks import Concurrency
 from shardkv.errors import ChunkOutOfGridError, ConfigurationError, UnflushedWritesError
+from shardkv.format.layout import IndexLocation
 from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
@@ -154,7 +155,7 @@ class ShardedStore(Store):
         *,
         storage_options: Mapping[str, Any] | None = None,
         read_only: bool = False,
-        index_location: Literal["start", "end"] = "end",
+        index_location: IndexLocation = "end",
         index_checksum: bool = True,
         index_cache_bytes: int = DEFAULT_INDEX_CACHE_BYTES,
         read_policy: ReadPolicy | None = None,
