@@ -22,8 +22,8 @@ conditional put). Write-back and the journal sit on top
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.locks import Concurrency, Mode, ShardLocks

@@ -9,7 +9,7 @@ and :func:`owning_array` answers from a known set of array paths.
 
 from __future__ import annotations
 
-from typing import Callable, Container, Iterator
+from collections.abc import Callable, Container, Iterator
 
 from shardkv.errors import InvalidKeyError
 

@@ -10,20 +10,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 from shardkv.engine.engine import EngineOptions
+from shardkv.engine.locks import Concurrency
 from shardkv.errors import ConfigurationError
-from shardkv.format.layout import ShardLayout
+from shardkv.format.layout import IndexLocation, ShardLayout
 from shardkv.format.ranges import ReadPolicy
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
 
-__all__ = ["Options", "Concurrency", "IndexLocation", "DEFAULT_INDEX_CACHE_BYTES"]
-
-Concurrency = Literal["auto", "files", "conditional", "process", "none"]
-"""How writers of one shard keep each other's chunks (see :class:`~shardkv.ShardedStore`)."""
-
-IndexLocation = Literal["start", "end"]
+__all__ = ["Options", "DEFAULT_INDEX_CACHE_BYTES"]
 
 DEFAULT_INDEX_CACHE_BYTES = 64 * 2**20
 
@@ -69,7 +65,7 @@ class Options:
         Write-back data belongs to the process that buffered it: a pickled
         copy of the store (a dask.distributed or ``multiprocessing``
         worker's) writes through, so no worker holds acknowledged writes that
-        no one flushes (issue 20, item 1); pickling a store that holds
+        no one flushes; pickling a store that holds
         unflushed writes raises ``UnflushedWritesError``. For parallel writes
         that fill whole shards, see :func:`shardkv.rechunk_to_shards`.
     concurrency : {"auto", "files", "conditional", "process", "none"}
@@ -101,7 +97,9 @@ class Options:
 
     def __post_init__(self) -> None:
         if not isinstance(self.chunks_per_shard, ChunksPerShardRule):
-            raise ConfigurationError(f"chunks_per_shard must be a ChunksPerShardRule here, got {self.chunks_per_shard!r}")
+            raise ConfigurationError(
+                f"chunks_per_shard must be a ChunksPerShardRule here, got {self.chunks_per_shard!r}"
+            )
         ShardLayout((1,), self.index_location, "little", bool(self.index_checksum))  # index_location checked there
         object.__setattr__(self, "index_checksum", bool(self.index_checksum))
         _nonnegative_int("index_cache_bytes", self.index_cache_bytes)
@@ -110,7 +108,9 @@ class Options:
         if self.buffer_bytes is not None:
             _nonnegative_int("buffer_bytes", self.buffer_bytes)
         if self.concurrency not in get_args(Concurrency):
-            raise ConfigurationError(f"concurrency must be one of {list(get_args(Concurrency))}, got {self.concurrency!r}")
+            raise ConfigurationError(
+                f"concurrency must be one of {list(get_args(Concurrency))}, got {self.concurrency!r}"
+            )
         if self.lock_timeout is not None:
             timeout = self.lock_timeout
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout) or timeout < 0:
@@ -152,5 +152,5 @@ class Options:
         return EngineOptions(self.index_cache_bytes, self.read_policy, self.concurrency, self.lock_timeout)
 
     def for_copy(self) -> Options:
-        """The options of a pickled copy: the same, except that the copy writes through (issue 20, item 1)."""
+        """The options of a pickled copy: the same, except that the copy writes through."""
         return self if self.buffer_bytes is None else replace(self, buffer_bytes=None)

@@ -3,7 +3,7 @@
 Code above the proxy (zarr-python 2, xarray, dask, scripts) reads and writes
 ordinary chunk keys (``temp/3.7``); the store below holds shards (``temp/0.1``)
 in the v1.0 ``sharding_indexed`` layout, each array's sharding described by a
-``zarr.json``, a Zarr v3 array and nothing else (issue 11; zarr-python 2 sees
+``zarr.json``, a Zarr v3 array and nothing else (zarr-python 2 sees
 the ``.zarray`` presented from it, see :mod:`shardkv.proxy.nodes`).
 
 This module routes each key: a chunk of a sharded array to its shard, a
@@ -16,17 +16,20 @@ to the base store. Options, pickling and lifecycle: :mod:`shardkv.proxy.options`
 
 from __future__ import annotations
 
+import enum
 import itertools
+from collections.abc import Iterable, Iterator, KeysView, Mapping, Sequence
 from contextlib import suppress
 from os import PathLike
-from typing import Any, Iterable, Iterator, KeysView, Mapping, Self, Sequence
+from typing import Any, Self
 
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.engine import ShardEngine
-from shardkv.engine.locks import Mode
+from shardkv.engine.locks import Concurrency, Mode
 from shardkv.engine.merge import group_by_shard
 from shardkv.engine.writeback import WriteBack
 from shardkv.errors import ChunkOutOfGridError, InvalidKeyError, UnflushedWritesError
+from shardkv.format.layout import IndexLocation
 from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.encodings import validate_key
 from shardkv.keys.paths import join_path, path_prefix, split_key, validate_path
@@ -43,7 +46,7 @@ from shardkv.proxy.listing import (
 )
 from shardkv.proxy.metadata_writes import MetadataWriter, writes_to
 from shardkv.proxy.nodes import META_NAMES, NodeTable
-from shardkv.proxy.options import DEFAULT_INDEX_CACHE_BYTES, Concurrency, IndexLocation, Options
+from shardkv.proxy.options import DEFAULT_INDEX_CACHE_BYTES, Options
 from shardkv.proxy.routing import route_batch
 from shardkv.proxy.values import as_buffer
 from shardkv.proxy.write_advice import WriteAdvisor
@@ -57,7 +60,15 @@ __all__ = ["ShardedStore", "ROUTE_MEMO_LIMIT"]
 ROUTE_MEMO_LIMIT = 16_384
 """Keys whose route one store remembers (a few MiB) before its memo starts over (see ``ShardedStore._route``)."""
 
-_UNROUTED = object()  # a key the memo does not hold
+
+
+class _Unrouted(enum.Enum):
+    """The memo's answer for a key it does not hold (an enum member, so that the type checker can narrow it)."""
+
+    UNROUTED = enum.auto()
+
+
+_UNROUTED = _Unrouted.UNROUTED
 
 
 class ShardedStore(ProxyBase):
@@ -135,7 +146,7 @@ class ShardedStore(ProxyBase):
     A store pickles (``multiprocessing``, ``dask.distributed``) as its base
     store's location and its :class:`~shardkv.proxy.options.Options`; the copy
     finds the same locks, and writes through (no write-back buffer, no
-    journal: issue 20, item 1). With unflushed write-back data it raises
+    journal). With unflushed write-back data it raises
     ``UnflushedWritesError`` instead. To open a store of any layout (2022
     draft hierarchies included), use :func:`shardkv.open_store`.
     """
@@ -159,10 +170,15 @@ class ShardedStore(ProxyBase):
         lock_timeout: float | None = None,
     ) -> None:
         options = Options.from_keywords(
-            chunks_per_shard, index_location=index_location, index_checksum=index_checksum,
-            index_cache_bytes=index_cache_bytes, read_policy=read_policy, buffer_bytes=buffer_bytes,
-            concurrency=concurrency, lock_timeout=lock_timeout,
-        )  # fmt: skip
+            chunks_per_shard,
+            index_location=index_location,
+            index_checksum=index_checksum,
+            index_cache_bytes=index_cache_bytes,
+            read_policy=read_policy,
+            buffer_bytes=buffer_bytes,
+            concurrency=concurrency,
+            lock_timeout=lock_timeout,
+        )
         self._setup(store, open_kv(store, storage_options), options)
         self._writer.attach_journal(  # replays what a killed run left, if the journal is this store's
             journal, self._route, lambda: store_identity(self._kv, "v2")
@@ -180,15 +196,21 @@ class ShardedStore(ProxyBase):
         self._kv = kv  # every request to the base store; pickles as the store's location
         self._nodes = NodeTable(self._kv.values)
         self._routes: tuple[int, dict[str, ChunkRef | None]] = (self._nodes.generation, {})  # see _route
-        self._hierarchy = Hierarchy(kv, self._nodes)  # MemoryStore/DirectoryStore rules (issue 19)
+        self._hierarchy = Hierarchy(kv, self._nodes)  # MemoryStore/DirectoryStore rules
         self._engine = ShardEngine(self._kv, options.engine_options())
         self._advisor = WriteAdvisor()  # warns once per array about chunk-by-chunk rewrites (write-through)
         self._writer = WriteBack(self._engine, options.buffer_bytes, self._advisor.observe)
         self._write = writes_to(self._kv)
         self._metadata = MetadataWriter(
-            self._nodes, self._kv.values, self._write, kv.list_prefix, self._writer, options,
-            kv=self._kv, locks=self._engine.locks,  # consolidated blocks: read-modify-write (issue 19 item 5)
-        )  # fmt: skip
+            self._nodes,
+            self._kv.values,
+            self._write,
+            kv.list_prefix,
+            self._writer,
+            options,
+            kv=self._kv,
+            locks=self._engine.locks,  # consolidated blocks: read-modify-write
+        )
 
     def _pickled_store(self) -> Any:
         return self._kv
@@ -200,7 +222,7 @@ class ShardedStore(ProxyBase):
 
     @property
     def base(self) -> KVStore:
-        """The base store as a :class:`~shardkv.storage.kv.KVStore`: what is stored (for tools; writes here bypass the proxy)."""
+        """The base store as a :class:`~shardkv.storage.kv.KVStore`: what is stored (writes here bypass the proxy)."""
         return self._kv
 
     def refresh(self) -> None:
@@ -246,9 +268,9 @@ class ShardedStore(ProxyBase):
         generation = self._nodes.generation  # read before routing: a later change makes this memo stale
         kept, routes = self._routes
         if kept == generation:
-            ref = routes.get(key, _UNROUTED)
-            if ref is not _UNROUTED:
-                return ref  # type: ignore[return-value]
+            memo = routes.get(key, _UNROUTED)
+            if memo is not _UNROUTED:
+                return memo
         if not validated:
             validate_key(key)
         ref = self._locate(key)
@@ -306,7 +328,7 @@ class ShardedStore(ProxyBase):
         left out (zarr 2's ``DirectoryStore`` raises ``KeyError`` for it).
         """
         try:
-            return self._nodes.read_documents(keys)  # type: ignore[no-any-return]
+            return self._nodes.read_documents(keys)
         except IsADirectoryError:
             if len(keys) == 1:
                 return {}
@@ -350,7 +372,7 @@ class ShardedStore(ProxyBase):
             value = self._read_plain([key]).get(key)
             if value is None:
                 raise KeyError(key)
-            return value  # type: ignore[no-any-return]
+            return value
         found = self._read_chunks([ref], {})
         if key not in found:
             raise KeyError(key)
@@ -358,13 +380,15 @@ class ShardedStore(ProxyBase):
         return value if type(value) is bytes else bytes(as_buffer(key, value))
 
     def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str):
+            return False
         try:
-            ref = self._route(key)  # type: ignore[arg-type]
+            ref = self._route(key)
         except (TypeError, InvalidKeyError):
             return False
         if ref is None:
-            known = self._nodes.contains_document(key)  # type: ignore[arg-type]
-            return self._kv.contains(key) if known is None else known  # type: ignore[arg-type]
+            known = self._nodes.contains_document(key)
+            return self._kv.contains(key) if known is None else known
         return self._chunk_stored(ref)
 
     def _chunk_stored(self, ref: ChunkRef) -> bool:
@@ -520,7 +544,7 @@ class ShardedStore(ProxyBase):
                 continue
             coords = arr.shard_coords_of(key)
             grid = arr.shard_grid_shape
-            if coords is not None and (grid is None or all(c < n for c, n in zip(coords, grid))):
+            if coords is not None and (grid is None or all(c < n for c, n in zip(coords, grid, strict=True))):
                 stored.setdefault(arr.path, []).append(key)
         reclaimed = 0
         for array_path in sorted(stored) if path is None else [path]:
@@ -585,7 +609,7 @@ class ShardedStore(ProxyBase):
         self._kv.delete_prefix(path_prefix(path))
         self._engine.forget()
         self._nodes.forget_under(path)
-        self._metadata.removed(path)  # consolidated blocks above it no longer list it (issue 19 item 5)
+        self._metadata.removed(path)  # consolidated blocks above it no longer list it
 
     def getsize(self, path: str = "") -> int:
         """Size in bytes of the key ``path``, or of the keys directly under the path ``path``.

@@ -12,14 +12,16 @@ array documents a group's consolidated metadata holds.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Union
+from typing import Any
 
 from zarr.abc.store import Store
 from zarr.core.buffer import BufferPrototype, default_buffer_prototype
 
 from shardkv.errors import ChunkOutOfGridError, InvalidKeyError
 from shardkv.keys.space import ChunkRef, ShardedArray
+from shardkv.metadata.hierarchy import ZARR_JSON
 from shardkv.zarr3.metadata import (
     ShardingOptions,
     consolidated_children,
@@ -31,9 +33,8 @@ from shardkv.zarr3.metadata import (
     transparent_array,
 )
 
-__all__ = ["NodeTable", "meta_path", "META", "prototype"]
+__all__ = ["NodeTable", "meta_path", "prototype"]
 
-META = "zarr.json"
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class _Other:
 
 
 _OTHER = _Other()
-Node = Union[ShardedArray, _Other, None]  # None: no zarr.json at the path
+Node = ShardedArray | _Other | None  # None: no zarr.json at the path
 
 
 def prototype() -> BufferPrototype:
@@ -66,10 +67,10 @@ def _array_paths(key: str) -> list[str]:
 
 def meta_path(key: str) -> str | None:
     """The node path of a ``zarr.json`` key, or ``None`` for any other key."""
-    if key == META:
+    if key == ZARR_JSON:
         return ""
-    if key.endswith("/" + META):
-        return key[: -len(META) - 1]
+    if key.endswith("/" + ZARR_JSON):
+        return key[: -len(ZARR_JSON) - 1]
     return None
 
 
@@ -83,7 +84,7 @@ def _dump(doc: Mapping[str, Any]) -> bytes:
 
 
 def _meta_key(path: str) -> str:
-    return f"{path}/{META}" if path else META
+    return f"{path}/{ZARR_JSON}" if path else ZARR_JSON
 
 
 def _route_in(node: Node, key: str) -> tuple[bool, ChunkRef | None]:

@@ -13,20 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Iterable
-from typing import Any, Literal, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype
 
+from shardkv._types import BytesLike
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.locks import Concurrency
 from shardkv.errors import ChunkOutOfGridError, ConfigurationError, UnflushedWritesError
+from shardkv.format.layout import IndexLocation
 from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
 from shardkv.proxy.options import DEFAULT_INDEX_CACHE_BYTES, Options
-from shardkv.storage.buffers import BytesLike
 from shardkv.storage.kv import check_not_reserved, hidden
 from shardkv.zarr3.bases import engine_base, zarr3_store
 from shardkv.zarr3.batching import Batcher
@@ -139,7 +140,7 @@ class ShardedStore(Store):
     The store pickles as its store underneath and its options, as the zarr 2
     proxy does: with unflushed write-back data it raises
     ``UnflushedWritesError``, and the copy writes through (no buffer, no
-    journal: issue 20, item 1), as do :meth:`with_read_only` copies of a
+    journal), as do :meth:`with_read_only` copies of a
     store with a journal. Equality ignores ``buffer_bytes``.
     """
 
@@ -154,7 +155,7 @@ class ShardedStore(Store):
         *,
         storage_options: Mapping[str, Any] | None = None,
         read_only: bool = False,
-        index_location: Literal["start", "end"] = "end",
+        index_location: IndexLocation = "end",
         index_checksum: bool = True,
         index_cache_bytes: int = DEFAULT_INDEX_CACHE_BYTES,
         read_policy: ReadPolicy | None = None,
@@ -214,7 +215,7 @@ class ShardedStore(Store):
 
     @property
     def base(self) -> Store:
-        """The zarr 3 store underneath (what is stored: shards and stored ``zarr.json``; writes there bypass sharding)."""
+        """The zarr 3 store underneath: shards and stored ``zarr.json`` (writes there bypass sharding)."""
         return self._base
 
     @property
@@ -235,7 +236,7 @@ class ShardedStore(Store):
             and self.read_only == value.read_only
         )
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # equal by value and mutable, so unhashable (typeshed: a method)
 
     def __repr__(self) -> str:
         return f"ShardedStore({self._base!r}, chunks_per_shard={self._options.chunks_per_shard.value!r})"
