@@ -71,6 +71,18 @@ def test_convert_help_mentions_every_option():
         assert word in proc.stdout
 
 
+# behaviour retired before any release (README, "Retired"): no help text may offer it
+_RETIRED = ("append-only", "in-place", "inplace", "write_strategy", "slack", "validate_index_cache")
+
+
+@pytest.mark.parametrize("command", [None, "convert", "unshard", "info", "verify", "compact", "demo"])
+def test_no_help_text_names_retired_behaviour(command):
+    proc = run(*([command] if command else []), "--help")
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split()).lower()
+    assert not [word for word in _RETIRED if word in text], text
+
+
 def test_info_and_demo_help():
     assert "--json" in run("info", "--help").stdout
     assert "DIR" in run("demo", "--help").stdout

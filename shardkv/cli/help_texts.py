@@ -117,7 +117,8 @@ examples:
 COMPACT_HELP = """\
 Rewrite every shard of the sharded arrays in STORE (or of one array) that holds
 bytes no index entry references, leaving chunks back to back and the index in
-place. The data is unchanged; each shard is replaced whole (atomically on local
+place. shardkv writes every shard whole, chunks back to back; such bytes come
+from other writers (tools that append a chunk to a shard instead of rewriting it). The data is unchanged; each shard is replaced whole (atomically on local
 disks). A missing store, or an --array that is not a sharded array, is an error.
 --progress shows a bar (one step per array) on stderr even when it is not a
 terminal (a log file); --no-progress never; default: only on a terminal.

@@ -237,7 +237,7 @@ def _run_info(args: argparse.Namespace) -> int:
 
 
 def _add_compact(sub: Any) -> None:
-    p = _sub(sub, "compact", "rewrite shards that hold unused bytes (after append-only or in-place writes, or slack)",
+    p = _sub(sub, "compact", "rewrite shards that hold bytes no index entry references (left by other writers)",
              texts.COMPACT_HELP, texts.COMPACT_EXAMPLES)  # fmt: skip
     p.add_argument("store", metavar="STORE", help="a sharded hierarchy: a path or an fsspec URL")
     p.add_argument("--array", metavar="PATH", default=None, help="only the array at PATH (default: every array)")
