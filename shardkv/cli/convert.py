@@ -4,11 +4,13 @@ Chunks are moved as stored: their bytes are never decoded or re-encoded,
 only placed side by side in shards (v1.0 ``sharding_indexed`` layout, see
 :class:`shardkv.format.layout.ShardLayout`). The result is exactly what
 :class:`shardkv.ShardedStore` would have written had the arrays been created
-through it: the same shards under the same keys; each sharded array stored as
-a Zarr v3 array and nothing else (its ``zarr.json``, attributes inside, no
-``.zarray``/``.zattrs``), every group above it a v3 group, and a consolidated
-``.zmetadata`` that zarr-python 2 without shardkv cannot misread
-(:func:`shardkv.cli.convert_meta.store_as_v3`); unsharded arrays as they were.
+through it: the same shards under the same keys and the same documents
+(:func:`shardkv.cli.convert_meta.store_as_v3`). Each sharded array is stored
+as a Zarr v3 array and nothing else (its ``zarr.json``, attributes inside, no
+``.zarray``/``.zattrs``); the hierarchy is then v3 all the way down, as the
+proxy keeps it: every group a v3 group, every unsharded array a ``zarr.json``
+mirror beside its kept ``.zarray``/``.zattrs``, and a consolidated
+``.zmetadata`` that zarr-python 2 without shardkv cannot misread.
 
 Rules
 -----
@@ -49,7 +51,10 @@ Nothing is dropped (issue 20): an array whose sharded form shardkv could not
 read back (an object dtype, for example) is copied unsharded, a node named
 like shardkv's own files is refused
 (:class:`~shardkv.cli.errors.ReservedNameError`), and the finished output is
-checked to present every array and group of the source
+checked to present every array and group of the source to zarr-python 2
+through shardkv and to zarr-python 3 opening the root
+(:func:`shardkv.metadata.all_v3.zarr3_unreachable`), except the arrays no v3
+reader decodes, which the report names
 (:class:`~shardkv.cli.errors.ConversionIncompleteError` otherwise).
 """
 
@@ -72,8 +77,10 @@ from shardkv.cli.view import HierarchyView, sizes
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
 from shardkv.keys.paths import join_path
+from shardkv.metadata.all_v3 import zarr3_unreachable
 from shardkv.metadata.chunks_per_shard import check_chunks_per_shard
-from shardkv.metadata.documents import META_NAMES
+from shardkv.metadata.documents import META_NAMES, load_json
+from shardkv.metadata.hierarchy import ZARR_JSON, group_paths
 from shardkv.proxy.verify import remove_stale_temporaries
 from shardkv.storage.kv import KVStore
 
@@ -243,7 +250,8 @@ def convert(
         Delete everything in ``dst`` first instead of refusing a non-empty ``dst``
         (a local ``dst`` that is a regular file is always refused).
     all_v3 : bool
-        Also give unsharded arrays and groups a v3 ``zarr.json`` (:mod:`shardkv.metadata.all_v3`).
+        Describe the hierarchy in v3 even when no array is sharded (every array and group gets a
+        ``zarr.json`` beside its kept v2 documents); once an array is sharded it is anyway.
     storage_options : mapping, optional
         fsspec options for both URLs; ``src_storage_options`` /
         ``dst_storage_options`` replace them for one side.
@@ -261,7 +269,7 @@ def convert(
     -------
     ConvertReport
         Arrays sharded and copied, chunks, stale chunks, objects and bytes before and after,
-        shards skipped by a resumed run.
+        shards skipped by a resumed run, the arrays zarr-python 3 does not read (``zarr2_only``).
 
     Raises
     ------
@@ -281,6 +289,9 @@ def convert(
         If ``src`` and ``dst`` overlap.
     StoreAccessError
         If a store cannot be reached or used (endpoint, bucket, credentials).
+    ConversionIncompleteError
+        If the output lacks a node of the source, for zarr-python 2 through shardkv or for
+        zarr-python 3 opening the root (arrays no v3 reader decodes excepted).
     """
     cps = check_chunks_per_shard(chunks_per_shard)
     ShardLayout((1,), index_location, "little", index_checksum)  # validates the options
@@ -486,7 +497,12 @@ class _Job:
         bar.update(len(group_meta))
 
     def _check_output(self, walk: HierarchyWalk) -> None:
-        """Every array and group of the source is presented by the output (issue 20), or fail naming them."""
+        """Every array and group of the source is in the output for zarr 2 through shardkv and for zarr 3.
+
+        zarr-python 2 through shardkv must find every node (issue 20); zarr-python 3
+        opening the root must reach every node too, except arrays no v3 reader
+        decodes, which the report names with the reason (:attr:`ConvertReport.zarr2_only`).
+        """
         out = HierarchyView(self.target)
         wanted = [join_path(p, ".zarray") for p in walk.arrays] + [join_path(p, ".zgroup") for p in walk.groups]
         missing = [k.rpartition("/")[0] or "/" for k in wanted if not out.contains(k)]
@@ -496,6 +512,16 @@ class _Job:
             raise ConversionIncompleteError(
                 self.dst_name, sorted(set(walk.arrays) - {a.path for a in self.report.arrays}), "arrays"
             )
+        nodes = [*walk.arrays, *walk.groups]
+        paths = sorted({g for p in nodes for g in group_paths(p)} | set(nodes))
+        keys = [join_path(p, n) for p in paths for n in (ZARR_JSON, ".zarray", ".zgroup")]
+        documents = {k: load_json(k, v) for k, v in self.target.values(keys).items()}
+        unreachable = zarr3_unreachable(documents, walk.arrays, walk.groups)
+        hidden = sorted(p or "/" for p, why in unreachable.items() if not why.opaque)
+        if hidden:
+            raise ConversionIncompleteError(self.dst_name, hidden, "arrays or groups (zarr-python 3 does not reach them)")
+        self.report.zarr2_only = {p or "/": why.reason for p, why in sorted(unreachable.items())}
+        self.report.v3_root = ZARR_JSON in documents
 
     def _count(self, array: ArrayReport, nbytes: int, nbytes_read: int) -> None:
         array.shards += 1

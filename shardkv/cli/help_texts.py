@@ -42,14 +42,23 @@ Memory stays bounded whatever the number of chunks: the source is listed
 array by array as a stream (one bit per chunk kept), and only the shards in
 flight are held (a few per worker).
 
---all-v3 describes the rest of the hierarchy in Zarr v3 as well: each unsharded
-array gets a zarr.json (regular chunk grid of its v2 chunks, v2 chunk key
-encoding with its separator, its compressor and filters as v3 codecs) and each
-group a v3 group zarr.json. Their .zarray/.zattrs/.zgroup are kept beside them:
-zarr-python 2 reads those as before, zarr-python 3 prefers zarr.json. Arrays
-whose data type has no v3 equivalent (structured, object) get no zarr.json, so
-zarr-python 3 refuses them instead of misreading them. Later edits of such an
-array's .zarray/.zattrs through zarr 2 do not update its zarr.json.
+Once an array is sharded, the output is the hierarchy shardkv.ShardedStore
+would have written: Zarr v3 all the way down. Every group becomes a v3 group
+(zarr.json, attributes inside) and every unsharded array gets a zarr.json that
+reads its chunk objects where they are (regular chunk grid of its v2 chunks, v2
+chunk key encoding with its separator, its compressor and filters as v3
+codecs) beside its kept .zarray/.zattrs: zarr-python 3 and xarray opening the
+root find every node, zarr-python 2 reads the unsharded arrays as before. An
+array whose data type no v3 reader decodes (structured, object) gets no
+zarr.json; the report names it as zarr 2 only, with the reason. The finished
+output is checked the way a zarr-python 3 reader opens it: every node of the
+source reached from the root, or named. Later edits of an unsharded array's
+.zarray/.zattrs through zarr 2 without shardkv do not update its zarr.json.
+
+With no array sharded, the output stays the Zarr v2 hierarchy it was (zarr-python
+3 reads it as v2), unless --all-v3: then every array and group also gets a
+zarr.json, their .zarray/.zattrs/.zgroup kept beside them, so zarr-python 2
+and 3 both read every node without shardkv.
 
 Shards are written by shard-aligned tasks (whole shards each, so no two tasks
 touch one shard): in this process, in N local processes (--workers N), or on a

@@ -146,8 +146,9 @@ def _add_convert(sub: Any) -> None:
     p.add_argument("--task-chunks", type=_positive, default=256, metavar="N",
                    help="source chunks per parallel task (whole shards; default: 256)")  # fmt: skip
     p.add_argument("--all-v3", action="store_true",
-                   help="also give unsharded arrays and groups a v3 zarr.json (their v2 documents are kept), "
-                   "so zarr-python 3 opens the whole hierarchy at its root")  # fmt: skip
+                   help="describe the hierarchy in Zarr v3 even when no array is sharded: every array and group "
+                   "also gets a zarr.json, their v2 documents are kept (once an array is sharded, every node "
+                   "gets a zarr.json anyway)")  # fmt: skip
     _add_storage_options(p, two_stores=True)
     _add_progress(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a summary")
