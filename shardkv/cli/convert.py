@@ -368,7 +368,8 @@ class _Job:
         }
         check_fit(plans, self.cps, skip_mismatched)
         warn_nothing_gained(plans)
-        manifest = open_destination(self.target, self.dst_name, self.src_name, self.options(), overwrite)
+        flags = {"all_v3": self.all_v3, "skip_mismatched": skip_mismatched}
+        manifest = open_destination(self.target, self.dst_name, self.src_name, self.options(), overwrite, flags=flags)
         if manifest is None:
             raise DestinationNotEmptyError(self.dst_name)
         self.report.workers = 0 if scheduler is not None else workers

@@ -8,9 +8,12 @@ progress manifest of another conversion) and are printed by
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from shardkv.errors import ConfigurationError, ShardKVError
+
+if TYPE_CHECKING:
+    from shardkv.cli.manifest import UnfinishedRun
 
 __all__ = [
     "NotAHierarchyError",
@@ -29,6 +32,22 @@ __all__ = [
 
 class NotAHierarchyError(ConfigurationError):
     """A store that is missing, empty, or not a Zarr v2 hierarchy (no root ``.zgroup`` or ``.zarray``)."""
+
+
+class UnfinishedRunError(NotAHierarchyError):
+    """A store that holds an interrupted ``convert`` or ``unshard``: not a hierarchy yet.
+
+    Attributes
+    ----------
+    store : str
+        The store, as named.
+    run : shardkv.cli.manifest.UnfinishedRun
+        What was interrupted, and :meth:`~shardkv.cli.manifest.UnfinishedRun.resume_command`.
+    """
+
+    def __init__(self, store: str, run: UnfinishedRun) -> None:
+        self.store, self.run = store, run
+        super().__init__(run.describe(store))
 
 
 class DestinationNotEmptyError(ShardKVError, FileExistsError):

@@ -27,7 +27,8 @@ from shardkv.cli.info_draft import inspect_draft, is_draft
 from shardkv.cli.info_format import format_info  # re-exported: the table lives there
 from shardkv.cli.info_model import ArrayInfo, shard_stats
 from shardkv.cli.stores import open_store
-from shardkv.cli.errors import NotAHierarchyError
+from shardkv.cli.errors import NotAHierarchyError, UnfinishedRunError
+from shardkv.cli.manifest import MANIFEST_KEY, UNSHARD_MANIFEST_KEY, find_unfinished
 from shardkv.cli.view import HierarchyView, sizes
 from shardkv.errors import ConfigurationError, MetadataError
 from shardkv.keys.encodings import V2ChunkKeyEncoding, grid_shape
@@ -250,6 +251,9 @@ def read_hierarchy(store: HierarchyView, name: str = "store", strict: bool = Tru
     ------
     NotAHierarchyError
         If the store holds no key, or has neither ``.zgroup`` nor ``.zarray`` at its root.
+    UnfinishedRunError
+        If the store holds the manifest of an interrupted ``convert`` or ``unshard``
+        (its message says the command that resumes it).
     ConfigurationError
         If a ``.zarray`` is not valid JSON or has an invalid separator (see
         :func:`classify_array`).
@@ -258,6 +262,10 @@ def read_hierarchy(store: HierarchyView, name: str = "store", strict: bool = Tru
     if not keys:
         raise NotAHierarchyError(f"{name} does not exist or is empty")
     key_set = set(keys)
+    if MANIFEST_KEY in key_set or UNSHARD_MANIFEST_KEY in key_set:
+        unfinished = find_unfinished(store.kv)
+        if unfinished is not None:
+            raise UnfinishedRunError(name, unfinished)
     if ".zgroup" not in key_set and ".zarray" not in key_set:
         hint = " (it has a zarr.json: Zarr v3?)" if "zarr.json" in key_set else ""
         raise NotAHierarchyError(f"{name} is not a Zarr v2 hierarchy: no .zgroup or .zarray at its root{hint}")

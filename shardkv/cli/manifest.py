@@ -18,7 +18,13 @@ Format (msgpack map)::
 
     {"version": 2, "src": str, "options": {...},
      "arrays": {path: {"bits": bytes, "shards": int, "nbytes": int, "nbytes_read": int}, ...},
-     "last": [[path, shard_index, shard_key, nbytes, nbytes_read], ...]}
+     "last": [[path, shard_index, shard_key, nbytes, nbytes_read], ...],
+     "flags": {"all_v3": true, ...}}
+
+``flags`` (optional) are the command's switches that do not shape the shards
+(``--all-v3``, ``--skip-mismatched``): not compared on resume, kept so that
+``info`` and ``verify`` on an unfinished destination can say the exact command
+that resumes it (:func:`find_unfinished`).
 
 ``shard_index`` is the shard's position in its array's shard grid (C order);
 ``nbytes`` the bytes written for it, ``nbytes_read`` the bytes read for it.
@@ -26,10 +32,11 @@ Format (msgpack map)::
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 import msgpack
 
@@ -40,7 +47,7 @@ from shardkv.storage.kv import KVStore
 
 __all__ = [
     "MANIFEST_KEY", "UNSHARD_MANIFEST_KEY", "FLUSH_SECONDS", "LAST_KEPT", "ArrayProgress", "Manifest",
-    "open_destination", "verify_last",
+    "open_destination", "verify_last", "UnfinishedRun", "find_unfinished",
 ]  # fmt: skip
 
 MANIFEST_KEY = ".shardkv-convert-progress"
@@ -104,11 +111,15 @@ class Manifest:
         Where the manifest is kept in the destination.
     """
 
-    def __init__(self, store: KVStore, src: str, options: Mapping[str, Any], key: str = MANIFEST_KEY) -> None:
+    def __init__(
+        self, store: KVStore, src: str, options: Mapping[str, Any], key: str = MANIFEST_KEY,
+        flags: Mapping[str, bool] | None = None,
+    ) -> None:  # fmt: skip
         self.store = store
         self.src = src
         self.options = dict(options)
         self.key = key
+        self.flags = {k: True for k, v in (flags or {}).items() if v}
         self.arrays: dict[str, ArrayProgress] = {}
         self.last: deque[tuple[str, int, str, int, int]] = deque(maxlen=LAST_KEPT)
         self._last_flush = 0.0
@@ -179,7 +190,7 @@ class Manifest:
             for p, a in self.arrays.items()
         }
         doc = {"version": _VERSION, "src": self.src, "options": self.options, "arrays": arrays,
-               "last": [list(entry) for entry in self.last]}  # fmt: skip
+               "last": [list(entry) for entry in self.last], "flags": self.flags}  # fmt: skip
         put_all(self.store, {self.key: msgpack.packb(doc, use_bin_type=True)})
         self._last_flush = time.monotonic()
 
@@ -190,7 +201,7 @@ class Manifest:
 
 def open_destination(
     target: KVStore, dst_name: str, src_name: str, options: Mapping[str, Any], overwrite: bool,
-    key: str = MANIFEST_KEY,
+    key: str = MANIFEST_KEY, flags: Mapping[str, bool] | None = None,
 ) -> Manifest | None:  # fmt: skip
     """The manifest of a new run (the destination emptied first with ``overwrite``), or of the
     same unfinished run found in the destination; ``None`` when the destination holds
@@ -205,8 +216,11 @@ def open_destination(
         if overwrite:
             remove_everything(target)
         else:
-            return Manifest.load(target, src_name, options, dst_name, key)  # None: not empty, nothing to resume
-    manifest = Manifest(target, src_name, options, key)
+            found = Manifest.load(target, src_name, options, dst_name, key)  # None: not empty, nothing to resume
+            if found is not None:
+                found.flags = {k: True for k, v in (flags or {}).items() if v}
+            return found
+    manifest = Manifest(target, src_name, options, key, flags)
     manifest.flush()  # before the first shard: an interrupted run is resumable from here on
     return manifest
 
@@ -249,3 +263,76 @@ def verify_last(
         if not good:
             progress.remove(index, nbytes, nbytes_read)
     return len(mine)
+
+
+@dataclass(frozen=True)
+class UnfinishedRun:
+    """An interrupted ``convert`` or ``unshard`` whose manifest a destination holds.
+
+    Attributes
+    ----------
+    command : {"convert", "unshard"}
+        The run that was interrupted.
+    src : str or None
+        Its source as it was named; ``None`` when the manifest cannot be read.
+    options : dict
+        The options that shaped its output (chunks per shard, index options).
+    flags : dict of str to bool
+        Its switches that did not (``all_v3``, ``skip_mismatched``).
+    shards : int
+        Shards recorded as finished.
+    arrays : int
+        Arrays with a shard recorded.
+    """
+
+    command: Literal["convert", "unshard"]
+    src: str | None
+    options: dict[str, Any] = field(default_factory=dict)
+    flags: dict[str, bool] = field(default_factory=dict)
+    shards: int = 0
+    arrays: int = 0
+
+    def resume_command(self, dst: str) -> str:
+        """The command line that resumes the run into ``dst`` (with ``--overwrite`` when its manifest is unreadable)."""
+        if self.src is None:
+            return f"shardkv {self.command} SRC {shlex.quote(dst)} ... --overwrite (its manifest cannot be read)"
+        words = ["shardkv", self.command, self.src, dst]
+        if self.command == "convert":
+            cps = self.options.get("chunks_per_shard")
+            words += ["--chunks-per-shard", ",".join(map(str, cps)) if isinstance(cps, list) else str(cps)]
+            if self.options.get("index_location", "end") != "end":
+                words += ["--index-location", str(self.options["index_location"])]
+            if self.options.get("index_checksum", True) is False:
+                words.append("--no-checksum")
+            words += [f"--{name.replace('_', '-')}" for name in sorted(self.flags) if self.flags[name]]
+        command = " ".join(shlex.quote(w) for w in words)
+        if "://" in self.src or "://" in dst:
+            command += " (with the --storage-options it was given, if any)"
+        return command
+
+    def describe(self, dst: str) -> str:
+        """One line: what is unfinished in ``dst`` and the command that resumes it."""
+        what = "a conversion" if self.command == "convert" else "an unshard"
+        source = f" from {self.src}" if self.src is not None else ""
+        return (f"{dst} holds {what}{source} in progress, interrupted with {self.shards} shards of "
+                f"{self.arrays} arrays finished; resume it with: {self.resume_command(dst)}")  # fmt: skip
+
+
+def find_unfinished(store: KVStore) -> UnfinishedRun | None:
+    """The interrupted ``convert`` or ``unshard`` whose manifest ``store`` holds, or ``None`` (one batched read)."""
+    found = store.values([MANIFEST_KEY, UNSHARD_MANIFEST_KEY])
+    for key, command in ((MANIFEST_KEY, "convert"), (UNSHARD_MANIFEST_KEY, "unshard")):
+        raw = found.get(key)
+        if raw is None:
+            continue
+        try:
+            doc = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+            arrays = doc["arrays"]
+            return UnfinishedRun(
+                command, str(doc["src"]), dict(doc.get("options") or {}),  # type: ignore[arg-type]
+                {str(k): bool(v) for k, v in (doc.get("flags") or {}).items()},
+                sum(int(a["shards"]) for a in arrays.values()), sum(1 for a in arrays.values() if int(a["shards"])),
+            )  # fmt: skip
+        except (ValueError, KeyError, TypeError, AttributeError, msgpack.UnpackException):
+            return UnfinishedRun(command, None)  # type: ignore[arg-type]
+    return None
