@@ -8,12 +8,9 @@ progress manifest of another conversion) and are printed by
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from shardkv.errors import ConfigurationError, ShardKVError
-
-if TYPE_CHECKING:
-    from shardkv.cli.manifest import UnfinishedRun
 
 __all__ = [
     "NotAHierarchyError",
@@ -41,13 +38,15 @@ class UnfinishedRunError(NotAHierarchyError):
     ----------
     store : str
         The store, as named.
-    run : shardkv.cli.manifest.UnfinishedRun
-        What was interrupted, and :meth:`~shardkv.cli.manifest.UnfinishedRun.resume_command`.
+    command : {"convert", "unshard"}
+        The run that was interrupted.
+    resume_command : str
+        The command line that resumes it (:meth:`shardkv.cli.manifest.UnfinishedRun.resume_command`).
     """
 
-    def __init__(self, store: str, run: UnfinishedRun) -> None:
-        self.store, self.run = store, run
-        super().__init__(run.describe(store))
+    def __init__(self, store: str, command: str, resume_command: str, message: str) -> None:
+        self.store, self.command, self.resume_command = store, command, resume_command
+        super().__init__(message)
 
 
 class DestinationNotEmptyError(ShardKVError, FileExistsError):

@@ -265,7 +265,7 @@ def read_hierarchy(store: HierarchyView, name: str = "store", strict: bool = Tru
     if MANIFEST_KEY in key_set or UNSHARD_MANIFEST_KEY in key_set:
         unfinished = find_unfinished(store.kv)
         if unfinished is not None:
-            raise UnfinishedRunError(name, unfinished)
+            raise UnfinishedRunError(name, unfinished.command, unfinished.resume_command(name), unfinished.describe(name))
     if ".zgroup" not in key_set and ".zarray" not in key_set:
         hint = " (it has a zarr.json: Zarr v3?)" if "zarr.json" in key_set else ""
         raise NotAHierarchyError(f"{name} is not a Zarr v2 hierarchy: no .zgroup or .zarray at its root{hint}")
