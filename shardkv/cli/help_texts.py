@@ -110,11 +110,14 @@ examples:
 INFO_HELP = """\
 Per array: path, shape, chunks, shard shape (or "unsharded"), chunks present,
 shards, bytes stored (shards or chunks, metadata excluded), bytes unused inside
-shards (shard bytes - index bytes - bytes of present chunks) and whether Zarr v3
-readers can read the array through its zarr.json view (and why not).
+shards (shard bytes - index bytes - bytes of present chunks) and, in the "v3
+view" column, what zarr-python 3 opening the hierarchy at its root does with
+the array: "yes" (it reads it; "yes; other v3 readers: ..." names what
+tensorstore and the like refuse), "no: <why>", or "as Zarr v2" when the root
+is Zarr v2 (zarr-python 3 reads the whole hierarchy as v2).
 Reads Zarr v2 hierarchies (sharded by shardkv or not), 2022 draft hierarchies
-(sharding storage transformer) and Zarr v3 hierarchies whose arrays use the
-sharding_indexed codec (written by zarr-python 3, tensorstore, ...).
+(sharding storage transformer) and Zarr v3 hierarchies (written by zarr-python
+3, tensorstore, ...): every array is counted, sharded or not.
 """
 
 INFO_EXAMPLES = """\

@@ -10,7 +10,9 @@ Two jobs for the command line, both read-only:
   saying so): see :func:`detect_separator`. ``shardkv convert`` works from it.
 * :func:`inspect_store` is the data behind ``shardkv info``: per array its
   grid, sharding, chunks present, shards, bytes stored, bytes unused inside
-  shards, and whether its ``zarr.json`` view can be read by Zarr v3 readers.
+  shards, and what zarr-python 3 opening the root does with it; arrays only
+  v3 readers see (a ``zarr.json`` alone, unsharded) are counted too
+  (:mod:`shardkv.cli.info_v3`).
 
 The key sorting (:func:`classify_array`, :func:`detect_separator`) is pure;
 all I/O goes through the store's :class:`~shardkv.storage.kv.KVStore`, read
@@ -26,6 +28,7 @@ from typing import Any, Callable, Iterable, Mapping
 from shardkv.cli.info_draft import inspect_draft, is_draft
 from shardkv.cli.info_format import format_info  # re-exported: the table lives there
 from shardkv.cli.info_model import ArrayInfo, shard_stats
+from shardkv.cli.info_v3 import v3_only_arrays, zarr3_view
 from shardkv.cli.stores import open_store
 from shardkv.cli.errors import NotAHierarchyError, UnfinishedRunError
 from shardkv.cli.manifest import MANIFEST_KEY, UNSHARD_MANIFEST_KEY, find_unfinished
@@ -384,7 +387,11 @@ def inspect_store(
             infos.append(_unsharded_info(kv, path, keys))
         if progress is not None:
             progress(len(infos), len(hierarchy.arrays))
-    return infos
+    view = HierarchyView(kv)
+    infos += v3_only_arrays(view, hierarchy.keys, list(hierarchy.arrays))
+    infos.sort(key=lambda i: i.path)
+    groups = [k.rpartition("/")[0] for k in hierarchy.group_keys if k.rpartition("/")[2] == ".zgroup"]
+    return zarr3_view(view, infos, groups, {p: a.zarray for p, a in hierarchy.arrays.items()})
 
 
 def _unsharded_info(kv: KVStore, path: str, keys: ArrayKeys) -> ArrayInfo:
