@@ -63,6 +63,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Iterator, Literal, Mapping, Sequence
 
+from shardkv.cli.convert_progress import BarPlan
 from shardkv.cli.convert_plan import ChunksPerShard, check_fit, plan_array, warn_nothing_gained
 from shardkv.cli.convert_meta import amend_consolidated, array_metadata, metadata_order, store_as_v3
 from shardkv.cli.convert_report import ArrayReport, ConvertReport
@@ -76,6 +77,7 @@ from shardkv.cli.info_draft import is_draft
 from shardkv.cli.view import HierarchyView, sizes
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
+from shardkv.keys.encodings import grid_shape
 from shardkv.keys.paths import join_path
 from shardkv.metadata.all_v3 import zarr3_unreachable
 from shardkv.metadata.chunks_per_shard import check_chunks_per_shard
@@ -189,7 +191,7 @@ def _stores_v2_arrays(source: KVStore) -> bool:
                for n in nodes)
 
 
-def _copy(src: HierarchyView, keys: Iterator[str] | Sequence[str], writer: _Writer, progress: Any) -> tuple[int, int]:
+def _copy(src: HierarchyView, keys: Iterator[str] | Sequence[str], writer: _Writer) -> tuple[int, int]:
     """Copy keys as they are, a batch at a time (``keys`` taken lazily); returns (keys, bytes) read."""
     n = nbytes = 0
     it = iter(keys)
@@ -204,7 +206,6 @@ def _copy(src: HierarchyView, keys: Iterator[str] | Sequence[str], writer: _Writ
                 nbytes += len(value)
                 n += 1
                 writer.put(k, value)
-        progress.update(len(batch))
 
 
 # -- the conversion ----------------------------------------------------------------
@@ -350,6 +351,7 @@ class _Job:
         self.bytes_before = self.objects_before = 0
         self.shard_objects = self.shard_bytes = 0
         self._reports: dict[str, ArrayReport] = {}  # sharded array path -> its report (filled as arrays are listed)
+        self.bar_plan = BarPlan({}, {})  # the progress bar's steps (made once the arrays' metadata is read)
 
     def options(self) -> dict[str, Any]:
         """The options that shape the shards, as recorded in the manifest."""
@@ -378,21 +380,25 @@ class _Job:
         # the writers of an interrupted run are gone (the manifest is this conversion's): their
         # temporary files are stale whatever their age
         remove_stale_temporaries(self.target, min_age_seconds=0)
+        n_last = _VERIFY_LAST * max(workers, 1)
+        grids = {p: (grid_shape(z["shape"], z["chunks"]), plans[p][0]) for p, z in walk.arrays.items()}
+        self.bar_plan = BarPlan(grids, manifest.arrays, [(e[0], e[1]) for e in list(manifest.last)[-n_last:]])
         with tqdm(
-            total=0, disable=not self.progress, file=sys.stderr, unit="obj", desc="shardkv convert", mininterval=1.0
-        ) as bar:
-            tasks = self._tasks(walk, meta, plans, manifest, meta_out, amended, bar, task_chunks, workers)
+            total=self.bar_plan.total, initial=self.bar_plan.initial, disable=not self.progress, file=sys.stderr,
+            unit="chunk", desc="shardkv convert", mininterval=1.0,
+        ) as bar:  # fmt: skip
+            tasks = self._tasks(walk, meta, plans, manifest, meta_out, amended, bar, task_chunks, n_last)
 
             def on_done(task: ShardTask, result: TaskResult) -> None:
                 array = self._reports[task.path]
                 for index, key, nbytes, nbytes_read in result.written:
                     self._count(array, nbytes, nbytes_read)
                     manifest.record(task.path, index, key, nbytes, nbytes_read)
-                bar.update(result.n_chunks)
+                bar.update(sum(self.bar_plan.shard(task.path, index) for index, _, _ in task.shards))
 
             execute(tasks, on_done, workers=workers, scheduler=scheduler, source=self.source.kv, target=self.target)
             manifest.flush()
-            self._copy_groups(walk, meta_out, bar)
+            self._copy_groups(walk, meta_out)
             self.writer.flush()
             amend_consolidated(meta_out, amended)
             store_as_v3(meta_out, all_v3=self.all_v3)
@@ -413,10 +419,9 @@ class _Job:
     def _tasks(
         self, walk: HierarchyWalk, meta: Mapping[str, bytes], plans: Mapping[str, tuple[tuple[int, ...] | None, str | None]],
         manifest: Manifest, meta_out: dict[str, bytes], amended: dict[str, dict[str, Any]], bar: Any,
-        task_chunks: int, workers: int,
+        task_chunks: int, n_last: int,
     ) -> Iterator[ShardTask]:  # fmt: skip
         """The shard tasks of every array, made lazily; each array is listed when its turn comes."""
-        n_last = _VERIFY_LAST * max(workers, 1)
         for path, zarray in walk.arrays.items():
             array_meta = {k: meta[k] for k in (join_path(path, n) for n in sorted(META_NAMES)) if k in meta}
             self.bytes_before += sum(len(v) for v in array_meta.values())
@@ -424,11 +429,10 @@ class _Job:
             listing = list_array(self.source, path, zarray, list(array_meta))
             n_keys = listing.n_chunks + len(listing.stale_keys) + len(listing.other_keys)
             self.objects_before += n_keys
-            bar.total += n_keys + len(array_meta)
-            bar.update(len(array_meta))
             array_cps, reason = plans[path]
             if array_cps is None:
-                self._copy_unsharded(listing, array_meta, reason, meta_out, bar)
+                self._copy_unsharded(listing, array_meta, reason, meta_out)
+                bar.update(self.bar_plan.array(path))
                 continue
             layout = ShardLayout.v3(array_cps, self.index_location, "little", self.index_checksum)  # type: ignore[arg-type]
             report = ArrayReport(
@@ -439,8 +443,7 @@ class _Job:
             self._reports[path] = report
             self._resume(manifest, listing, layout, report, n_last)
             self.bytes_before += sum(sizes(self.source.kv, listing.stale_keys).values())
-            bar.update(len(listing.stale_keys))
-            _, nbytes = _copy(self.source, listing.other_keys, self.writer, bar)
+            _, nbytes = _copy(self.source, listing.other_keys, self.writer)
             self.bytes_before += nbytes
             meta_out.update(array_metadata(listing, array_meta, layout, amended))
             base = {
@@ -450,7 +453,8 @@ class _Job:
             yield from array_tasks(
                 listing, array_cps, base, task_chunks,
                 skip=lambda index, p=path: manifest.is_done(p, index),  # type: ignore[misc]
-                on_skipped=lambda index, n_chunks: bar.update(n_chunks),
+                on_skipped=lambda index, n_chunks, p=path: bar.update(self.bar_plan.shard(p, index)),  # type: ignore[misc]
+                on_empty=lambda index, p=path: bar.update(self.bar_plan.shard(p, index)),  # type: ignore[misc]
             )  # fmt: skip
 
     def _resume(self, manifest: Manifest, listing: ArrayListing, layout: ShardLayout, report: ArrayReport, n_last: int) -> None:
@@ -473,29 +477,26 @@ class _Job:
 
     def _copy_unsharded(
         self, listing: ArrayListing, array_meta: Mapping[str, bytes], reason: str | None, meta_out: dict[str, bytes],
-        bar: Any,
     ) -> None:  # fmt: skip
         meta_out.update({k: bytes(v) for k, v in array_meta.items()})
         prefix_len = len(listing.path) + 1 if listing.path else 0
         data = (k for k in iter_array_keys(self.source, listing.path) if k[prefix_len:] not in META_NAMES)
-        _, nbytes = _copy(self.source, data, self.writer, bar)
+        _, nbytes = _copy(self.source, data, self.writer)
         self.bytes_before += nbytes
         self.report.arrays.append(
             ArrayReport(listing.path, listing.ndim, None, reason, listing.n_chunks, 0, 0, listing.separator, False)
         )
 
-    def _copy_groups(self, walk: HierarchyWalk, meta_out: dict[str, bytes], bar: Any) -> None:
+    def _copy_groups(self, walk: HierarchyWalk, meta_out: dict[str, bytes]) -> None:
         group_meta = [k for k in walk.group_keys if k.rpartition("/")[2] in META_NAMES]
         group_meta_set = set(group_meta)
         other = [k for k in walk.group_keys if k not in group_meta_set and k != _MANIFEST_KEY]
-        bar.total += len(walk.group_keys)
         self.objects_before += len(walk.group_keys)
-        _, nbytes = _copy(self.source, other, self.writer, bar)
+        _, nbytes = _copy(self.source, other, self.writer)
         self.bytes_before += nbytes
         values = self.source.values(group_meta)
         self.bytes_before += sum(len(v) for v in values.values())
         meta_out.update({k: bytes(v) for k, v in values.items()})
-        bar.update(len(group_meta))
 
     def _check_output(self, walk: HierarchyWalk) -> None:
         """Every array and group of the source is in the output for zarr 2 through shardkv and for zarr 3.

@@ -137,6 +137,7 @@ def array_tasks(
     max_chunks: int,
     skip: Callable[[int], bool] = lambda index: False,
     on_skipped: Callable[[int, int], None] = lambda index, n_chunks: None,
+    on_empty: Callable[[int], None] = lambda index: None,
 ) -> Iterator[ShardTask]:
     """The tasks of one array, made lazily: whole shards, about ``max_chunks`` chunks each.
 
@@ -154,6 +155,8 @@ def array_tasks(
         ``skip(shard_index)``: True for a shard an earlier run finished (not in any task).
     on_skipped : callable
         Called with ``(shard_index, chunks in it)`` for each shard skipped.
+    on_empty : callable
+        Called with ``shard_index`` for each shard-grid position that holds no stored chunk (no task).
     """
     encoding = V2ChunkKeyEncoding(listing.separator)  # type: ignore[arg-type]
     prefix = path_prefix(listing.path)
@@ -166,9 +169,10 @@ def array_tasks(
 
     for shard_coords in block_coords((0,) * len(shard_grid), shard_grid):
         members = _shard_members(listing.chunks, shard_coords, cps, key_of)
-        if not members:
-            continue
         index = shard_index(shard_coords, shard_grid)
+        if not members:
+            on_empty(index)
+            continue
         if skip(index):
             on_skipped(index, len(members))
             continue
