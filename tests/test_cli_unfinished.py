@@ -34,8 +34,8 @@ def _interrupt_after(monkeypatch: pytest.MonkeyPatch, n_shards: int) -> None:
     record = Manifest.record
     seen: list[int] = []
 
-    def interrupted(self: Manifest, *args: object) -> None:
-        record(self, *args)  # type: ignore[arg-type]
+    def interrupted(self: Manifest, *args: object, **kwargs: object) -> None:
+        record(self, *args, **kwargs)  # type: ignore[arg-type]
         self.flush()
         seen.append(1)
         if len(seen) == n_shards:
@@ -114,3 +114,33 @@ def test_a_url_destination_reminds_of_storage_options():
         "shardkv convert s3://b/in.zarr s3://b/out.zarr --chunks-per-shard 2,2,1 --skip-mismatched"
         " (with the --storage-options it was given, if any)"
     )
+
+
+def _stored(root: Path) -> tuple[int, int]:
+    files = [p for p in root.rglob("*") if p.is_file()]
+    return len(files), sum(p.stat().st_size for p in files)
+
+
+def test_a_resumed_unshard_reports_the_whole_job_then_this_run(tmp_path, monkeypatch):
+    from shardkv.cli.convert import convert
+    from shardkv.cli.unshard import unshard
+
+    src, sharded = _source(tmp_path / "in.zarr"), tmp_path / "sharded.zarr"
+    convert(str(src), str(sharded), 2)
+    whole = unshard(str(sharded), str(tmp_path / "one-shot.zarr"))
+    resumed_dst = tmp_path / "resumed.zarr"
+    with monkeypatch.context() as patch:
+        _interrupt_after(patch, 7)
+        with pytest.raises(KeyboardInterrupt):
+            unshard(str(sharded), str(resumed_dst))
+    resumed = unshard(str(sharded), str(resumed_dst))
+    assert resumed.shards_skipped == 7  # shards of 'a': 2 chunks each
+    for field in ("shards", "chunks", "objects_before", "objects_after", "bytes_before", "bytes_after"):
+        assert getattr(resumed, field) == getattr(whole, field), field
+    # the objects counted are the stored ones (the zarr.json views present .zarray/.zattrs/.zgroup too)
+    assert (resumed.objects_before, resumed.bytes_before) == _stored(sharded)
+    assert (resumed.objects_after, resumed.bytes_after) == _stored(resumed_dst) == _stored(tmp_path / "one-shot.zarr")
+    lines = resumed.summary().splitlines()
+    assert f"  chunks: {whole.chunks} taken out of {whole.shards} shards" in lines
+    assert (f"  resumed: this run took {whole.chunks - 14} chunks out of {whole.shards - 7} shards; an earlier run "
+            "had done the other 7 shards (14 chunks)") in lines  # fmt: skip

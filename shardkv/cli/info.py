@@ -126,16 +126,24 @@ class Hierarchy:
     Attributes
     ----------
     keys : list of str
-        Every stored key.
+        Every key zarr-python 2 sees through shardkv: the stored ones and the presented documents.
     arrays : dict of str to ArrayKeys
         Array path -> its keys, in path order.
     group_keys : list of str
         Keys outside every array (group metadata, other files).
+    presented : frozenset of str
+        The keys of ``keys`` presented from a ``zarr.json``, not stored.
     """
 
     keys: list[str]
     arrays: dict[str, ArrayKeys]
     group_keys: list[str]
+    presented: frozenset[str] = frozenset()
+
+    @property
+    def n_stored(self) -> int:
+        """Stored objects (``keys`` without the documents presented from a ``zarr.json``)."""
+        return len(self.keys) - len(self.presented)
 
 
 def _decodes(encoding: V2ChunkKeyEncoding, suffix: str, ndim: int) -> tuple[int, ...] | None:
@@ -261,7 +269,8 @@ def read_hierarchy(store: HierarchyView, name: str = "store", strict: bool = Tru
         If a ``.zarray`` is not valid JSON or has an invalid separator (see
         :func:`classify_array`).
     """
-    keys = sorted(store.keys())
+    presented: set[str] = set()
+    keys = sorted(store.keys(presented=presented))
     if not keys:
         raise NotAHierarchyError(f"{name} does not exist or is empty")
     key_set = set(keys)
@@ -302,7 +311,7 @@ def read_hierarchy(store: HierarchyView, name: str = "store", strict: bool = Tru
         else:
             members[owner].append(k)
     arrays = {p: classify_array(p, zarrays[p], ks) for p, ks in members.items()}
-    return Hierarchy(keys, arrays, group_keys)
+    return Hierarchy(keys, arrays, group_keys, frozenset(presented))
 
 
 # -- shardkv info -------------------------------------------------------------

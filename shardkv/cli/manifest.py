@@ -17,7 +17,7 @@ recorded; the last :data:`LAST_KEPT` shards recorded are kept by key.
 Format (msgpack map)::
 
     {"version": 2, "src": str, "options": {...},
-     "arrays": {path: {"bits": bytes, "shards": int, "nbytes": int, "nbytes_read": int}, ...},
+     "arrays": {path: {"bits": bytes, "shards": int, "nbytes": int, "nbytes_read": int, "chunks": int}, ...},
      "last": [[path, shard_index, shard_key, nbytes, nbytes_read], ...],
      "flags": {"all_v3": true, ...}}
 
@@ -27,7 +27,9 @@ Format (msgpack map)::
 that resumes it (:func:`find_unfinished`).
 
 ``shard_index`` is the shard's position in its array's shard grid (C order);
-``nbytes`` the bytes written for it, ``nbytes_read`` the bytes read for it.
+``nbytes`` the bytes written for it, ``nbytes_read`` the bytes read for it;
+``chunks`` (optional, 0 when absent) the chunk objects written for the
+recorded shards (``unshard``), so a resumed run reports the whole job.
 """
 
 from __future__ import annotations
@@ -73,12 +75,13 @@ class ArrayProgress:
     shards: int = 0
     nbytes: int = 0
     nbytes_read: int = 0
+    chunks: int = 0
 
     def __contains__(self, index: int) -> bool:
         byte = index >> 3
         return byte < len(self.bits) and bool(self.bits[byte] & (1 << (index & 7)))
 
-    def add(self, index: int, nbytes: int, nbytes_read: int) -> None:
+    def add(self, index: int, nbytes: int, nbytes_read: int, chunks: int = 0) -> None:
         byte = index >> 3
         if byte >= len(self.bits):
             self.bits.extend(bytes(byte + 1 - len(self.bits)))
@@ -87,6 +90,7 @@ class ArrayProgress:
             self.shards += 1
             self.nbytes += nbytes
             self.nbytes_read += nbytes_read
+            self.chunks += chunks
 
     def remove(self, index: int, nbytes: int, nbytes_read: int) -> None:
         if index in self:
@@ -168,7 +172,8 @@ class Manifest:
         try:
             for path, entry in doc["arrays"].items():
                 manifest.arrays[str(path)] = ArrayProgress(
-                    bytearray(entry["bits"]), int(entry["shards"]), int(entry["nbytes"]), int(entry["nbytes_read"])
+                    bytearray(entry["bits"]), int(entry["shards"]), int(entry["nbytes"]), int(entry["nbytes_read"]),
+                    int(entry.get("chunks", 0)),
                 )
             for path, index, shard_key, nbytes, nbytes_read in doc["last"]:
                 manifest.last.append((str(path), int(index), str(shard_key), int(nbytes), int(nbytes_read)))
@@ -176,9 +181,9 @@ class Manifest:
             raise ManifestMismatchError(f"{dst_name}/{key} cannot be read ({exc!r}); use --overwrite") from None
         return manifest
 
-    def record(self, path: str, index: int, shard_key: str, nbytes: int, nbytes_read: int) -> None:
-        """Record one finished shard; rewrite the manifest if it is due."""
-        self.progress(path).add(index, int(nbytes), int(nbytes_read))
+    def record(self, path: str, index: int, shard_key: str, nbytes: int, nbytes_read: int, chunks: int = 0) -> None:
+        """Record one finished shard (``chunks``: chunk objects written for it); rewrite the manifest if it is due."""
+        self.progress(path).add(index, int(nbytes), int(nbytes_read), int(chunks))
         self.last.append((path, index, shard_key, int(nbytes), int(nbytes_read)))
         if time.monotonic() - self._last_flush >= FLUSH_SECONDS:
             self.flush()
@@ -186,7 +191,8 @@ class Manifest:
     def flush(self) -> None:
         """Write the manifest now."""
         arrays = {
-            p: {"bits": bytes(a.bits), "shards": a.shards, "nbytes": a.nbytes, "nbytes_read": a.nbytes_read}
+            p: {"bits": bytes(a.bits), "shards": a.shards, "nbytes": a.nbytes, "nbytes_read": a.nbytes_read,
+                "chunks": a.chunks}
             for p, a in self.arrays.items()
         }
         doc = {"version": _VERSION, "src": self.src, "options": self.options, "arrays": arrays,

@@ -145,8 +145,12 @@ class HierarchyView:
 
     # -- listings ---------------------------------------------------------------------
 
-    def keys(self, prefix: str = "") -> Iterator[str]:
-        """Every stored key under ``prefix``, then the presented documents not stored (streamed)."""
+    def keys(self, prefix: str = "", presented: set[str] | None = None) -> Iterator[str]:
+        """Every stored key under ``prefix``, then the presented documents not stored (streamed).
+
+        ``presented``, when given, receives the keys of the second kind (documents
+        zarr-python 2 sees that are not stored objects).
+        """
         zarr_jsons: list[str] = []
         v2_meta: set[str] = set()
         for key in self.kv.list_prefix(prefix):
@@ -159,6 +163,8 @@ class HierarchyView:
         for path, node in self.nodes(zarr_jsons).items():
             for name in node.documents:
                 if join_path(path, name) not in v2_meta:
+                    if presented is not None:
+                        presented.add(join_path(path, name))
                     yield join_path(path, name)
 
     def list_names(self, path: str) -> list[str]:
