@@ -144,3 +144,21 @@ def test_a_resumed_unshard_reports_the_whole_job_then_this_run(tmp_path, monkeyp
     assert f"  chunks: {whole.chunks} taken out of {whole.shards} shards" in lines
     assert (f"  resumed: this run took {whole.chunks - 14} chunks out of {whole.shards - 7} shards; an earlier run "
             "had done the other 7 shards (14 chunks)") in lines  # fmt: skip
+
+
+def test_a_resumed_convert_reports_the_whole_job(tmp_path, monkeypatch):
+    from shardkv.cli.convert import convert
+
+    src = _source(tmp_path / "in.zarr")
+    whole = convert(str(src), str(tmp_path / "one-shot.zarr"), 2)
+    dst = tmp_path / "resumed.zarr"
+    with monkeypatch.context() as patch:
+        _interrupt_after(patch, 7)
+        with pytest.raises(KeyboardInterrupt):
+            convert(str(src), str(dst), 2)
+    resumed = convert(str(src), str(dst), 2)
+    assert resumed.shards_skipped >= 7 - 4  # the last 4 recorded are read back, and kept when whole
+    for field in ("shards", "chunks", "objects_before", "objects_after", "bytes_before", "bytes_after"):
+        assert getattr(resumed, field) == getattr(whole, field), field
+    assert (resumed.objects_after, resumed.bytes_after) == _stored(dst)
+    assert f"{resumed.shards - resumed.shards_skipped} written now" in resumed.summary()
