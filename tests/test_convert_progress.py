@@ -15,7 +15,7 @@ import tqdm as tqdm_module
 import zarr
 
 from shardkv.cli.convert import convert
-from shardkv.cli.convert_progress import BarPlan, shard_positions
+from shardkv.cli.convert.progress import BarPlan, shard_positions
 from shardkv.cli.manifest import ArrayProgress, Manifest
 
 GRID_POSITIONS = 40 + 4 * 5 + 6 * 3 + 1  # a, b, sparse, scalar

@@ -25,8 +25,8 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
-from shardkv.cli.convert import _check_distinct, _name
-from shardkv.cli.convert_tasks import shard_index
+from shardkv.cli.convert.job import _check_distinct, _name
+from shardkv.cli.convert.tasks import shard_index
 from shardkv.cli.errors import DestinationNotEmptyError
 from shardkv.cli.info import META_NAMES, read_hierarchy
 from shardkv.cli.info_draft import is_draft

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from shardkv.cli.convert_listing import ArrayListing
+from shardkv.cli.convert.listing import ArrayListing
 from shardkv.format.layout import ShardLayout
 from shardkv.metadata.all_v3 import plan_all_v3, plan_root_block, plan_v3_down
 from shardkv.metadata.documents import dump_json, load_json

@@ -1,11 +1,11 @@
-"""``shardkv convert``: pack every array of a Zarr v2 hierarchy into shards.
+"""The run of ``shardkv convert`` (:func:`convert`): pack every array of a Zarr v2 hierarchy into shards.
 
 Chunks are moved as stored: their bytes are never decoded or re-encoded,
 only placed side by side in shards (v1.0 ``sharding_indexed`` layout, see
 :class:`shardkv.format.layout.ShardLayout`). The result is exactly what
 :class:`shardkv.ShardedStore` would have written had the arrays been created
 through it: the same shards under the same keys and the same documents
-(:func:`shardkv.cli.convert_meta.store_as_v3`). Each sharded array is stored
+(:func:`shardkv.cli.convert.meta.store_as_v3`). Each sharded array is stored
 as a Zarr v3 array and nothing else (its ``zarr.json``, attributes inside, no
 ``.zarray``/``.zattrs``); the hierarchy is then v3 all the way down, as the
 proxy keeps it: every group a v3 group, every unsharded array a ``zarr.json``
@@ -32,16 +32,16 @@ Rules
 * Metadata is written last, so an interrupted conversion leaves no array that
   looks complete.
 
-* Shards are written by shard-aligned tasks (:mod:`shardkv.cli.convert_tasks`),
+* Shards are written by shard-aligned tasks (:mod:`shardkv.cli.convert.tasks`),
   here or in parallel (``workers``, ``scheduler``); a progress manifest
   (:mod:`shardkv.cli.manifest`) in the destination lets the same conversion,
   run again after an interruption, skip the shards already finished.
 
 Memory (issue 21): the source is listed lazily, array by array
-(:mod:`shardkv.cli.convert_listing`: groups walked directory by directory, an
+(:mod:`shardkv.cli.convert.listing`: groups walked directory by directory, an
 array's keys streamed once into a bitmap of one bit per chunk-grid position),
 never held as a list of keys; tasks are made one shard at a time and at most
-a few per worker are in flight (:func:`shardkv.cli.convert_tasks.execute`);
+a few per worker are in flight (:func:`shardkv.cli.convert.tasks.execute`);
 one shard's chunks are read with one batched ``get_many``; finished shards are
 written in batches; other keys are copied ``_COPY_BATCH_KEYS`` at a time; the
 progress manifest keeps a bit per shard. Peak memory is bounded by the shards
@@ -63,12 +63,12 @@ from __future__ import annotations
 import sys
 from typing import Any, Iterator, Literal, Mapping, Sequence
 
-from shardkv.cli.convert_progress import BarPlan
-from shardkv.cli.convert_plan import ChunksPerShard, check_fit, plan_array, warn_nothing_gained
-from shardkv.cli.convert_meta import amend_consolidated, array_metadata, metadata_order, store_as_v3
-from shardkv.cli.convert_report import ArrayReport, ConvertReport
-from shardkv.cli.convert_listing import ArrayListing, HierarchyWalk, iter_array_keys, list_array, walk_hierarchy
-from shardkv.cli.convert_tasks import ShardTask, TaskResult, array_tasks, execute, shard_members_at
+from shardkv.cli.convert.progress import BarPlan
+from shardkv.cli.convert.plan import ChunksPerShard, check_fit, plan_array, warn_nothing_gained
+from shardkv.cli.convert.meta import amend_consolidated, array_metadata, metadata_order, store_as_v3
+from shardkv.cli.convert.report import ArrayReport, ConvertReport
+from shardkv.cli.convert.listing import ArrayListing, HierarchyWalk, iter_array_keys, list_array, walk_hierarchy
+from shardkv.cli.convert.tasks import ShardTask, TaskResult, array_tasks, execute, shard_members_at
 from shardkv.cli.manifest import MANIFEST_KEY as _MANIFEST_KEY
 from shardkv.cli.manifest import Manifest, open_destination, verify_last
 from shardkv.cli.stores import open_store, put_all, refuse_regular_file
@@ -307,7 +307,7 @@ def convert(
     _check_distinct(source_kv, target, src_name, dst_name)
     draft = is_draft(source_kv)
     if draft:  # a 2022 draft hierarchy gets the draft's sharding transformer
-        from shardkv.cli.convert_draft import convert_draft
+        from shardkv.cli.convert.draft import convert_draft
 
         if index_location != "end" or not index_checksum:
             raise ConfigurationError(

@@ -7,7 +7,7 @@ unchanged) and writes the shards. No two tasks name the same shard, so tasks
 can run in any order and in parallel without touching each other's objects.
 
 :func:`array_tasks` makes the tasks of one array lazily, one shard at a time,
-from the bitmap of its stored chunks (:class:`shardkv.cli.convert_listing.ChunkBitmap`):
+from the bitmap of its stored chunks (:class:`shardkv.cli.convert.listing.ChunkBitmap`):
 chunk keys exist as strings only for the shards of tasks in flight.
 
 :func:`execute` runs an iterable of tasks in this process (``workers=1``), in a
@@ -31,7 +31,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from shardkv.cli.convert_listing import ArrayListing, ChunkBitmap, block_coords
+from shardkv.cli.convert.listing import ArrayListing, ChunkBitmap, block_coords
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
 from shardkv.keys.encodings import V2ChunkKeyEncoding
