@@ -98,7 +98,8 @@ def v3_only_arrays(view: HierarchyView, keys: Sequence[str], v2_arrays: Sequence
 
 def _other_readers(doc: Mapping[str, Any] | None, zarray: Mapping[str, Any] | None, path: str) -> list[str]:
     """What v3 readers other than zarr-python 3 refuse of an array zarr-python 3 reads."""
-    if doc is None or zarray is None or doc.get("chunk_key_encoding", {}).get("name") != "v2":
+    encoding = (doc or {}).get("chunk_key_encoding")
+    if doc is None or zarray is None or not isinstance(encoding, Mapping) or encoding.get("name") != "v2":
         return []  # written by a v3 writer: in v3 terms already
     try:
         spec = sharding_spec_from_v3(doc, path)
