@@ -28,7 +28,7 @@ from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
 from shardkv.proxy.options import DEFAULT_INDEX_CACHE_BYTES, Options
 from shardkv.storage.buffers import BytesLike
 from shardkv.storage.kv import check_not_reserved, hidden
-from shardkv.zarr3.bases import engine_base, zarr3_store
+from shardkv.zarr3.bases import engine_base, same_store, zarr3_store
 from shardkv.zarr3.batching import Batcher
 from shardkv.zarr3.chunks import ChunkEngine
 from shardkv.zarr3.metadata import ShardingOptions
@@ -140,12 +140,40 @@ class ShardedStore(Store):
     proxy does: with unflushed write-back data it raises
     ``UnflushedWritesError``, and the copy writes through (no buffer, no
     journal: issue 20, item 1), as do :meth:`with_read_only` copies of a
-    store with a journal. Equality ignores ``buffer_bytes``.
+    store with a journal. Two stores are equal when their base stores are the
+    same store (the base store's ``==``; for a ``MemoryStore``, whose ``==``
+    compares contents, the same dict, as zarr itself decides whether two
+    stores share data) and their options are the same, ``buffer_bytes``
+    aside; equal stores hash alike.
+
+    The capability flags of zarr's ``Store`` (``supports_writes``,
+    ``supports_deletes``, ``supports_listing``,
+    ``supports_consolidated_metadata``; ``supports_partial_writes`` is
+    always false) are the base store's, so zarr asks of this store only
+    what it would ask of the base store.
     """
 
-    supports_writes: bool = True
-    supports_deletes: bool = True
-    supports_listing: bool = True
+    # -- capabilities: the base store's (zarr decides from them what it may ask) ------
+
+    @property
+    def supports_writes(self) -> bool:
+        """The base store's ``supports_writes``."""
+        return bool(self._base.supports_writes)
+
+    @property
+    def supports_deletes(self) -> bool:
+        """The base store's ``supports_deletes`` (without it, shards are written once: see the class notes)."""
+        return bool(self._base.supports_deletes)
+
+    @property
+    def supports_listing(self) -> bool:
+        """The base store's ``supports_listing`` (chunk keys are listed from the shards it lists)."""
+        return bool(self._base.supports_listing)
+
+    @property
+    def supports_consolidated_metadata(self) -> bool:
+        """The base store's ``supports_consolidated_metadata``."""
+        return bool(self._base.supports_consolidated_metadata)
 
     def __init__(
         self,
@@ -230,12 +258,15 @@ class ShardedStore(Store):
     def __eq__(self, value: object) -> bool:
         return (
             isinstance(value, ShardedStore)
-            and self._base == value._base
+            and same_store(self._base, value._base)
             and self._options.for_copy() == value._options.for_copy()  # a copy that writes through is the same store
             and self.read_only == value.read_only
         )
 
-    __hash__ = None  # type: ignore[assignment]
+    def __hash__(self) -> int:
+        # what equal stores share for certain: zarr 3 stores need not hash (MemoryStore does not),
+        # and an option may be a mapping
+        return hash((ShardedStore, type(self._base), self.read_only))
 
     def __repr__(self) -> str:
         return f"ShardedStore({self._base!r}, chunks_per_shard={self._options.chunks_per_shard.value!r})"
