@@ -91,7 +91,9 @@ class ShardedStore(Store):
         Write-back: hold chunk writes per shard (up to this many bytes of chunk
         data) and write each shard once, when complete, on :meth:`flush` /
         :meth:`close`, or when the limit forces it out. ``None`` (default)
-        writes within each call. A pickled copy writes through (see Notes).
+        writes within each call, except over a store that cannot replace a
+        value, where it holds every shard (see Notes). A pickled copy writes
+        through (see Notes).
     journal : str or os.PathLike, optional
         With ``buffer_bytes``: a local file where every buffered chunk write
         is fsync'd before the call returns, as for :class:`shardkv.ShardedStore`
@@ -145,6 +147,14 @@ class ShardedStore(Store):
     compares contents, the same dict, as zarr itself decides whether two
     stores share data) and their options are the same, ``buffer_bytes``
     aside; equal stores hash alike.
+
+    Over a store that cannot delete, and so cannot replace a stored value
+    (``supports_deletes`` false: zarr's ``ZipStore``, whose every write adds
+    an entry), each shard is written once: chunk writes are held per shard
+    (with no limit unless ``buffer_bytes`` sets one) until the shard is
+    complete or the store is flushed or closed, which such a store requires
+    anyway; a later change to a shard already stored raises
+    :class:`~shardkv.errors.UnsupportedError` and is not applied.
 
     The capability flags of zarr's ``Store`` (``supports_writes``,
     ``supports_deletes``, ``supports_listing``,
@@ -211,7 +221,14 @@ class ShardedStore(Store):
         super().__init__(read_only=read_only)
         self._base = base
         self._options = options
-        self._engine = ChunkEngine(engine_base(base), options.engine_options(), options.buffer_bytes)
+        # a store that cannot delete cannot replace a value either: each shard is written once
+        self._engine = ChunkEngine(
+            engine_base(base),
+            options.engine_options(),
+            options.buffer_bytes,
+            replaces=bool(base.supports_deletes),
+            store_name=repr(base),
+        )
         sharding = ShardingOptions(options.chunks_per_shard, options.index_location, options.index_checksum)
         self._nodes = NodeTable(base, sharding)
         self._has_journal = journal is not None
@@ -408,6 +425,9 @@ class ShardedStore(Store):
         ReservedKeyError
             For a key under a name shardkv keeps for its own files (``.shardkv-locks``,
             ``*.shardkv-tmp-*``): such a node would be hidden from every listing.
+        UnsupportedError
+            For a chunk of a shard already stored, over a store that cannot
+            replace a value (see the class notes).
         """
         self._check_writable()
         check_not_reserved(key)
@@ -465,6 +485,9 @@ class ShardedStore(Store):
         ------
         ValueError
             If the store is read-only.
+        UnsupportedError
+            For a stored chunk of a shard already stored, over a store that
+            cannot replace a value (as such a store refuses to delete a key).
         """
         self._check_writable()
         await self._ensure_open()

@@ -28,7 +28,7 @@ from zarr.abc.store import Store  # noqa: E402
 from zarr.errors import ContainsArrayError  # noqa: E402
 from zarr.storage import LocalStore, MemoryStore, ZipStore  # noqa: E402
 
-from shardkv.errors import ConfigurationError  # noqa: E402
+from shardkv.errors import UnsupportedError  # noqa: E402
 from shardkv.zarr3 import ShardedStore  # noqa: E402
 
 pytestmark = pytest.mark.zarr3
@@ -160,3 +160,88 @@ def test_from_array_between_two_memory_stores_with_equal_contents() -> None:
     # within one store the paths do overlap, as zarr says on its own stores
     with pytest.raises(ValueError, match="overlap"):
         zarr.from_array(source, name="a", data=a, overwrite=True)
+
+
+# -- a store that cannot replace a value: each shard written once -----------------------
+
+
+def _zip_names(path: Path) -> list[str]:
+    with zipfile.ZipFile(path) as archive:
+        return archive.namelist()
+
+
+def _no_duplicate_warnings(caught: list[warnings.WarningMessage]) -> None:
+    assert not [w for w in caught if "Duplicate name" in str(w.message)]
+
+
+@pytest.mark.parametrize("concurrency", ["process", "none"])
+def test_zip_store_written_chunk_by_chunk_holds_each_shard_once(tmp_path: Path, concurrency: str) -> None:
+    data = np.arange(8 * 6, dtype="i4").reshape(8, 6)
+    store = ShardedStore(_zip(tmp_path), chunks_per_shard=2, concurrency=concurrency)  # type: ignore[arg-type]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        z = zarr.create_array(store, name="g/a", shape=(8, 6), chunks=(2, 2), dtype="i4", attributes={"u": "K"})
+        z[0:2, 4:] = -1  # written again below while its shard is incomplete (zarr alone stores it twice)
+        for i in range(4):  # two chunks at a time, then each chunk of the last shard column alone
+            z[2 * i : 2 * i + 2, :4] = data[2 * i : 2 * i + 2, :4]
+        for i in range(4):
+            z[2 * i : 2 * i + 2, 4:] = data[2 * i : 2 * i + 2, 4:]
+        np.testing.assert_array_equal(z[:], data)  # buffered writes are read back before close
+        store.close()
+    _no_duplicate_warnings(caught)
+    names = _zip_names(tmp_path / "data.zip")
+    assert len(names) == len(set(names))
+    # 4 x 3 chunks of 2 x 2 -> 2 x 2 shards, written once each
+    assert sorted(n for n in names if "/c/" in n) == ["g/a/c/0/0", "g/a/c/0/1", "g/a/c/1/0", "g/a/c/1/1"]
+
+    # zarr 3 alone (no shardkv) reads the archive
+    alone = ZipStore(tmp_path / "data.zip", mode="r")
+    raw = zarr.open_array(alone, path="g/a", mode="r")
+    assert raw.shards == (4, 4) and raw.chunks == (2, 2) and raw.attrs["u"] == "K"
+    np.testing.assert_array_equal(raw[:], data)
+    # and through shardkv, as written
+    again = ShardedStore(ZipStore(tmp_path / "data.zip", mode="r"), chunks_per_shard=2, concurrency="none")
+    np.testing.assert_array_equal(zarr.open_array(again, path="g/a", mode="r")[:], data)
+
+
+def test_zip_store_same_entries_as_zarr_alone_writes_once_per_chunk(tmp_path: Path) -> None:
+    """The snippet of the issue: 8 chunk writes of 4 shards used to leave 8 shard entries."""
+    store = ShardedStore(_zip(tmp_path), chunks_per_shard=2, concurrency="process")
+    z = zarr.create_array(store, name="a", shape=(8,), chunks=(1,), dtype="i4")
+    for i in range(8):
+        z[i] = i
+    store.close()
+    names = _zip_names(tmp_path / "data.zip")
+    assert sorted(names) == ["a/c/0", "a/c/1", "a/c/2", "a/c/3", "a/zarr.json", "zarr.json"]
+    np.testing.assert_array_equal(zarr.open_array(ZipStore(tmp_path / "data.zip"), path="a")[:], np.arange(8))
+
+
+def test_zip_store_refuses_to_write_a_stored_shard_again(tmp_path: Path) -> None:
+    store = ShardedStore(_zip(tmp_path), chunks_per_shard=2, concurrency="process")
+    z = zarr.create_array(store, name="a", shape=(8,), chunks=(2,), dtype="i4")
+    z[:4] = [1, 2, 3, 4]  # shard a/c/0 complete: written now
+    with pytest.raises(UnsupportedError, match="'a/c/0'") as info:
+        z[0] = 9
+    assert isinstance(info.value, NotImplementedError)  # what the zip store raises for a delete
+    assert "ZipStore('zip://" in str(info.value) and "close()" in str(info.value)
+    np.testing.assert_array_equal(z[:4], [1, 2, 3, 4])  # the refused write is not applied
+    z[4:] = [5, 6, 7, 8]
+    store.close()
+    names = _zip_names(tmp_path / "data.zip")
+    assert len(names) == len(set(names))
+    np.testing.assert_array_equal(zarr.open_array(ZipStore(tmp_path / "data.zip"), path="a")[:], np.arange(1, 9))
+
+
+def test_zip_store_opened_to_append_refuses_a_stored_shard_and_writes_a_new_one(tmp_path: Path) -> None:
+    store = ShardedStore(_zip(tmp_path), chunks_per_shard=2, concurrency="process")
+    zarr.create_array(store, name="a", shape=(8,), chunks=(2,), dtype="i4")[:4] = [1, 2, 3, 4]
+    store.close()
+    store = ShardedStore(ZipStore(tmp_path / "data.zip", mode="a"), chunks_per_shard=2, concurrency="process")
+    z = zarr.open_array(store, path="a")
+    with pytest.raises(UnsupportedError, match="'a/c/0'"):
+        z[1] = 0
+    z[6] = 7  # a shard not stored yet: held until close
+    store.close()
+    names = _zip_names(tmp_path / "data.zip")
+    assert len(names) == len(set(names))
+    np.testing.assert_array_equal(zarr.open_array(ZipStore(tmp_path / "data.zip"), path="a")[:], [1, 2, 3, 4, 0, 0, 7, 0])
