@@ -577,6 +577,15 @@ class ShardedStore(ProxyBase):
         prefix = path_prefix(path)
         return child_names(self._nodes, self._engine, prefix, base_listing(self._kv, self._engine, prefix))
 
+    def clear(self) -> None:
+        """Delete every key: everything stored, as :meth:`rmdir` of the root (one delete per stored key).
+
+        ``MutableMapping.clear`` would delete the presented keys one by one,
+        each alone, and leave behind the ``zarr.json`` documents kept for
+        what is presented until its last key goes (the root group's stays).
+        """
+        self.rmdir("")
+
     def rmdir(self, path: str = "") -> None:
         """Delete everything under ``path`` (the whole store for ``""``).
 
