@@ -229,3 +229,20 @@ def test_verify_checks_the_shards_of_an_array_whose_zarray_was_deleted() -> None
     assert report.ok and not report.orphan_keys and not report.removed
     assert sorted(r.shard_key for r in report.shards if r.shard_key.startswith("g/s/")) == ["g/s/0", "g/s/1"]
     assert sorted(k for k in store if k.startswith("g/s/")) == ["g/s/0", "g/s/1", "g/s/2", "g/s/3"]
+
+
+def test_attributes_written_to_a_node_with_nothing_presented_go_into_its_zarr_json() -> None:
+    store, plain = _pair()
+    zarray = plain["g/s/.zarray"]
+    for target in (store, plain):
+        del target["g/s/.zarray"]
+        del target["g/s/.zattrs"]
+        target["g/s/.zattrs"] = json.dumps({"new": 1}).encode()
+    _same(store, plain)
+    base = dict(store.base.values(["g/s/zarr.json", "g/s/.zattrs"]))
+    assert "g/s/.zattrs" not in base  # not a v2 document beside the zarr.json: v3 readers see the attributes
+    assert json.loads(bytes(base["g/s/zarr.json"]))["attributes"] == {"new": 1}
+    for target in (store, plain):
+        target["g/s/.zarray"] = zarray
+    _same(store, plain)
+    assert zarr.open_array(store, path="g/s", mode="r").attrs.asdict() == {"new": 1}

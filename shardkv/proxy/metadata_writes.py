@@ -600,6 +600,8 @@ class MetadataWriter:
     def _on_zattrs(self, path: str, key: str, raw: bytes) -> None:
         attrs = load_object(key, raw)
         node = self._nodes.presented(path)
+        if node is None and self._nodes.node(path).deleted:  # its zarr.json still stands: the attributes go in it
+            node = self._nodes.node(path)
         if node is None:
             self._store({key: raw})  # a v2 node, or held until its .zarray / .zgroup arrives
             plain = self._nodes.node(path)
