@@ -575,7 +575,9 @@ class ShardedStore(ProxyBase):
             return self._nodes.listed_names(path, sorted({*keys, *dirs}))
         self.flush()
         prefix = path_prefix(path)
-        return child_names(self._nodes, self._engine, prefix, base_listing(self._kv, self._engine, prefix))
+        # inside a '/'-separated array the shards holding chunks under ``path`` may lie elsewhere under the array
+        listed = inside.key_prefix if inside is not None and inside.path != path else prefix
+        return child_names(self._nodes, self._engine, prefix, base_listing(self._kv, self._engine, listed))
 
     def clear(self) -> None:
         """Delete every key: everything stored, as :meth:`rmdir` of the root (one delete per stored key).
