@@ -246,3 +246,16 @@ def test_attributes_written_to_a_node_with_nothing_presented_go_into_its_zarr_js
         target["g/s/.zarray"] = zarray
     _same(store, plain)
     assert zarr.open_array(store, path="g/s", mode="r").attrs.asdict() == {"new": 1}
+
+
+@pytest.mark.parametrize("order", ["sorted", "reversed"])
+def test_every_key_deleted_one_by_one_leaves_only_the_root_document(order: str) -> None:
+    store, plain = _pair()
+    keys = sorted(plain, reverse=order == "reversed")
+    for key in keys:
+        del store[key]
+        del plain[key]
+        _same(store, plain)
+    assert list(store) == [] and store.listdir("") == []
+    # the base store keeps the root group's zarr.json alone (the hierarchy stays v3 for what is written next)
+    assert sorted(store.base.list_prefix("")) == ["zarr.json"]

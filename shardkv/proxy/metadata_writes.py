@@ -312,6 +312,20 @@ class MetadataWriter:
         else:
             self._apply(MetadataPlan({key: with_deleted(node.doc or {}, name)}), {path: node.array})
 
+    def emptied(self, path: str) -> None:
+        """Delete the ``zarr.json`` of the sharded array at ``path`` if it presents nothing any more.
+
+        Called after chunks of an array whose ``.zarray`` and ``.zattrs`` were
+        deleted are deleted: with its last chunk (and no stored ``.zmetadata``
+        entry) it goes, as the last key of any node does.
+        """
+        node = self._nodes.node(path)
+        if node.array is None or node.documents or not node.deleted or self._still_seen(path, node):
+            return
+        self._apply(MetadataPlan(deletes=frozenset({join_path(path, ZARR_JSON)})))
+        self._nodes.forget(path)
+        self._opaque_blocks(removed=path)
+
     def _still_seen(self, path: str, node: Node) -> bool:
         """Whether zarr-python 2 may still read something of the sharded array ``node`` from its ``zarr.json``.
 

@@ -427,6 +427,7 @@ class ShardedStore(ProxyBase):
         if not self._chunk_stored(ref):
             raise KeyError(key)
         self._writer.write(group_by_shard([ref], [None]))
+        self._after_chunk_deletes([ref])
 
     def delitems(self, keys: Iterable[str]) -> None:
         """Delete the stored keys among ``keys`` (missing and out-of-grid chunk keys are ignored)."""
@@ -434,6 +435,7 @@ class ShardedStore(ProxyBase):
         refs = route_batch(self._nodes.owner, keys)
         if refs is not None:
             self._writer.write(group_by_shard(refs, itertools.repeat(None)))
+            self._after_chunk_deletes(refs)
             return
         changes: dict[str, None] = {}
         for key in keys:
@@ -475,6 +477,19 @@ class ShardedStore(ProxyBase):
         if plain:
             self._write(plain)
         self._writer.write(group_by_shard(located, located_values))
+        self._after_chunk_deletes([ref for ref, value in zip(located, located_values) if value is None])
+
+    def _after_chunk_deletes(self, refs: Iterable[ChunkRef]) -> None:
+        """Let the arrays of chunks just deleted that present nothing else go with their last chunk.
+
+        An array whose ``.zarray`` and ``.zattrs`` were deleted keeps its
+        ``zarr.json`` while it has chunks (:mod:`shardkv.metadata.v2_deletes`);
+        a look-up in the node table for the others.
+        """
+        for path in {ref.array.path for ref in refs}:
+            node = self._nodes.node(path)
+            if node.deleted and not node.documents:
+                self._metadata.emptied(path)
 
     def flush(self) -> None:
         """Write every buffered shard to the base store (write-back mode; a no-op otherwise)."""
@@ -583,8 +598,8 @@ class ShardedStore(ProxyBase):
         """Delete every key: everything stored, as :meth:`rmdir` of the root (one delete per stored key).
 
         ``MutableMapping.clear`` would delete the presented keys one by one,
-        each alone, and leave behind the ``zarr.json`` documents kept for
-        what is presented until its last key goes (the root group's stays).
+        each alone, and leave the root group's ``zarr.json`` behind (kept so
+        that the hierarchy stays v3).
         """
         self.rmdir("")
 
