@@ -22,6 +22,12 @@ unsharded array under a v3 root        (:func:`~shardkv.metadata.all_v3.v3_view_
 anything else                          as it is (v2 hierarchies)
 =====================================  ==============================================
 
+A delete removes the document deleted alone: ``.zattrs`` empties the
+attributes, and a ``.zarray``/``.zgroup`` of a node that still presents its
+attributes, chunks or ``.zmetadata`` entry is recorded as deleted in its
+``zarr.json`` (:mod:`shardkv.metadata.v2_deletes`), which goes with the last
+of them.
+
 A hierarchy is v3 all the way down once one of its arrays is sharded (issue
 19, item 5): when the root becomes a v3 group, every v2 group is stored as a
 v3 group and every unsharded array gains a ``zarr.json`` that reads its chunk
@@ -293,10 +299,10 @@ class MetadataWriter:
         The ``zarr.json`` goes only with the last thing it presents: a group's
         ``.zgroup`` with no attributes left, an array's ``.zarray`` with no
         attributes, no chunk and no stored ``.zmetadata`` entry left (the
-        root group's stays: it keeps the hierarchy v3). Otherwise ``.zattrs`` empties the attributes, and
-        ``.zgroup``/``.zarray`` is recorded as deleted in the ``zarr.json``
-        (:mod:`shardkv.metadata.v2_deletes`), which keeps presenting the
-        attributes, and the chunks from the shards.
+        root group's stays: it keeps the hierarchy v3). Otherwise ``.zattrs``
+        empties the attributes, and ``.zgroup``/``.zarray`` is recorded as
+        deleted in the ``zarr.json`` (:mod:`shardkv.metadata.v2_deletes`),
+        which keeps presenting the attributes, and the chunks from the shards.
         """
         key = join_path(path, ZARR_JSON)
         if name == ".zattrs" and not node.deleted:
@@ -628,8 +634,8 @@ class MetadataWriter:
 
     def _on_zgroup(self, path: str, key: str, raw: bytes) -> None:
         load_object(key, raw)
-        if self._nodes.node(path).deleted:
-            self._written_again(path, key, self._nodes.node(path), None)
+        if (node := self._nodes.node(path)).deleted:
+            self._written_again(path, key, node, None)
         root = self._nodes.node("")
         if root.doc is None or root.doc.get("node_type") != "group":
             self._store({key: raw})
