@@ -506,10 +506,21 @@ class ShardedStore(Store):
             await asyncio.to_thread(self._engine.write, [ref], [None])
 
     async def delete_dir(self, prefix: str) -> None:
-        """Delete every key under ``prefix`` (shards included), and what this store cached about them."""
+        """Delete every key under ``prefix`` (shards included), and what this store cached about them.
+
+        Raises
+        ------
+        ValueError
+            If the store is read-only.
+        NotImplementedError
+            As the store underneath raises it when it cannot delete (``ZipStore``
+            with keys under ``prefix``); the chunk writes held for it are kept.
+        """
         self._check_writable()
         await self._ensure_open()
         path = prefix.rstrip("/")
+        if not self.supports_deletes:  # such a store refuses to delete what it holds: ask it before dropping
+            await self._base.delete_dir(prefix)  # the chunk writes held for it
         await asyncio.to_thread(self._engine.discard_buffered, path)
         await self._base.delete_dir(prefix)
         if not path:

@@ -26,6 +26,7 @@ pytest.importorskip("zarr.abc.store")
 import zarr  # noqa: E402
 from zarr.abc.store import Store  # noqa: E402
 from zarr.errors import ContainsArrayError  # noqa: E402
+from zarr.core.sync import sync  # noqa: E402
 from zarr.storage import LocalStore, MemoryStore, ZipStore  # noqa: E402
 
 from shardkv.errors import UnsupportedError  # noqa: E402
@@ -245,3 +246,15 @@ def test_zip_store_opened_to_append_refuses_a_stored_shard_and_writes_a_new_one(
     names = _zip_names(tmp_path / "data.zip")
     assert len(names) == len(set(names))
     np.testing.assert_array_equal(zarr.open_array(ZipStore(tmp_path / "data.zip"), path="a")[:], [1, 2, 3, 4, 0, 0, 7, 0])
+
+
+def test_zip_store_delete_dir_refused_keeps_the_chunks_held(tmp_path: Path) -> None:
+    store = ShardedStore(_zip(tmp_path), chunks_per_shard=2, concurrency="process")
+    z = zarr.create_array(store, name="a", shape=(8,), chunks=(2,), dtype="i4")
+    z[:4] = [1, 2, 3, 4]  # shard a/c/0: complete, stored
+    z[4:6] = [5, 6]  # shard a/c/1: held until close
+    with pytest.raises(NotImplementedError):  # the zip store cannot delete what it holds
+        sync(store.delete_dir("a"))
+    np.testing.assert_array_equal(z[:], [1, 2, 3, 4, 5, 6, 0, 0])
+    store.close()
+    np.testing.assert_array_equal(zarr.open_array(ZipStore(tmp_path / "data.zip"), path="a")[:], [1, 2, 3, 4, 5, 6, 0, 0])
