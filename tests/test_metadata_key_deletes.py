@@ -259,3 +259,60 @@ def test_every_key_deleted_one_by_one_leaves_only_the_root_document(order: str) 
     assert list(store) == [] and store.listdir("") == []
     # the base store keeps the root group's zarr.json alone (the hierarchy stays v3 for what is written next)
     assert sorted(store.base.list_prefix("")) == ["zarr.json"]
+
+
+# -- stateful: metadata deletes and writes interleaved with chunk writes, against a dict ------
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule  # noqa: E402
+
+_NODE_KEYS = ("g/.zgroup", "g/.zattrs", "g/s/.zarray", "g/s/.zattrs", "g/t/.zarray", "top/.zarray")
+_CHUNK_KEYS = ("g/s/0", "g/s/1", "g/s/3", "g/t/0", "g/t/3", "top/0/1", "top/1/1")
+
+
+class DeletesMachine(RuleBasedStateMachine):
+    """Delete and write back metadata keys, write and delete chunks: the proxy answers as a dict does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store, self.model = _pair()
+        self.saved = {k: self.model[k] for k in _NODE_KEYS}
+
+    @rule(key=st.sampled_from(_NODE_KEYS))
+    def delete_metadata(self, key: str) -> None:
+        if key in self.model:
+            del self.store[key]
+            del self.model[key]
+        else:
+            with pytest.raises(KeyError):
+                del self.store[key]
+
+    @rule(key=st.sampled_from(_NODE_KEYS))
+    def write_metadata_back(self, key: str) -> None:
+        self.store[key] = self.saved[key]
+        self.model[key] = self.saved[key]
+
+    @rule(key=st.sampled_from(_CHUNK_KEYS), value=st.sampled_from(["g/s/0", "g/s/1", "top/0/0"]))
+    def write_chunk(self, key: str, value: str) -> None:
+        data = self.model.get(value) or _pair()[1][value]
+        if key.startswith("top/") != value.startswith("top/"):
+            return  # a chunk of the other dtype: still bytes, but keep each array decodable
+        self.store[key] = data
+        self.model[key] = data
+
+    @rule(key=st.sampled_from(_CHUNK_KEYS))
+    def delete_chunk(self, key: str) -> None:
+        if key in self.model:
+            del self.store[key]
+            del self.model[key]
+
+    @invariant()
+    def same_as_the_dict(self) -> None:
+        _same(self.store, self.model)
+
+
+TestDeletesMachine = DeletesMachine.TestCase
+TestDeletesMachine.settings = settings(
+    max_examples=40, stateful_step_count=15, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
