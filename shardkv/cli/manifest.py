@@ -361,7 +361,11 @@ class UnfinishedRun:
 def find_unfinished(store: KVStore) -> UnfinishedRun | None:
     """The interrupted ``convert`` or ``unshard`` whose manifest ``store`` holds, or ``None`` (one batched read)."""
     found = store.values([MANIFEST_KEY, UNSHARD_MANIFEST_KEY])
-    for key, command in ((MANIFEST_KEY, "convert"), (UNSHARD_MANIFEST_KEY, "unshard")):
+    runs: tuple[tuple[str, Literal["convert", "unshard"]], ...] = (
+        (MANIFEST_KEY, "convert"),
+        (UNSHARD_MANIFEST_KEY, "unshard"),
+    )
+    for key, command in runs:
         raw = found.get(key)
         if raw is None:
             continue
@@ -371,11 +375,11 @@ def find_unfinished(store: KVStore) -> UnfinishedRun | None:
             return UnfinishedRun(
                 command,
                 str(doc["src"]),
-                dict(doc.get("options") or {}),  # type: ignore[arg-type]
+                dict(doc.get("options") or {}),
                 {str(k): bool(v) for k, v in (doc.get("flags") or {}).items()},
                 sum(int(a["shards"]) for a in arrays.values()),
                 sum(1 for a in arrays.values() if int(a["shards"])),
             )
         except (ValueError, KeyError, TypeError, AttributeError, msgpack.UnpackException):
-            return UnfinishedRun(command, None)  # type: ignore[arg-type]
+            return UnfinishedRun(command, None)
     return None

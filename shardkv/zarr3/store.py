@@ -29,7 +29,7 @@ from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
 from shardkv.proxy.options import DEFAULT_INDEX_CACHE_BYTES, Options
 from shardkv.storage.kv import check_not_reserved, hidden
-from shardkv.zarr3.bases import engine_base, zarr3_store
+from shardkv.zarr3.bases import engine_base, same_store, zarr3_store
 from shardkv.zarr3.batching import Batcher
 from shardkv.zarr3.chunks import ChunkEngine
 from shardkv.zarr3.metadata import ShardingOptions
@@ -92,7 +92,9 @@ class ShardedStore(Store):
         Write-back: hold chunk writes per shard (up to this many bytes of chunk
         data) and write each shard once, when complete, on :meth:`flush` /
         :meth:`close`, or when the limit forces it out. ``None`` (default)
-        writes within each call. A pickled copy writes through (see Notes).
+        writes within each call, except over a store that cannot replace a
+        value, where it holds every shard (see Notes). A pickled copy writes
+        through (see Notes).
     journal : str or os.PathLike, optional
         With ``buffer_bytes``: a local file where every buffered chunk write
         is fsync'd before the call returns, as for :class:`shardkv.ShardedStore`
@@ -141,12 +143,48 @@ class ShardedStore(Store):
     proxy does: with unflushed write-back data it raises
     ``UnflushedWritesError``, and the copy writes through (no buffer, no
     journal), as do :meth:`with_read_only` copies of a
-    store with a journal. Equality ignores ``buffer_bytes``.
+    store with a journal. Two stores are equal when their base stores are the
+    same store (the base store's ``==``; for a ``MemoryStore``, whose ``==``
+    compares contents, the same dict, as zarr itself decides whether two
+    stores share data) and their options are the same, ``buffer_bytes``
+    aside; equal stores hash alike.
+
+    Over a store that cannot delete, and so cannot replace a stored value
+    (``supports_deletes`` false: zarr's ``ZipStore``, whose every write adds
+    an entry), each shard is written once: chunk writes are held per shard
+    (with no limit unless ``buffer_bytes`` sets one) until the shard is
+    complete or the store is flushed or closed, which such a store requires
+    anyway; a later change to a shard already stored raises
+    :class:`~shardkv.errors.UnsupportedError` and is not applied.
+
+    The capability flags of zarr's ``Store`` (``supports_writes``,
+    ``supports_deletes``, ``supports_listing``,
+    ``supports_consolidated_metadata``; ``supports_partial_writes`` is
+    always false) are the base store's, so zarr asks of this store only
+    what it would ask of the base store.
     """
 
-    supports_writes: bool = True
-    supports_deletes: bool = True
-    supports_listing: bool = True
+    # -- capabilities: the base store's (zarr decides from them what it may ask) ------
+
+    @property
+    def supports_writes(self) -> bool:
+        """The base store's ``supports_writes``."""
+        return bool(self._base.supports_writes)
+
+    @property
+    def supports_deletes(self) -> bool:
+        """The base store's ``supports_deletes`` (without it, shards are written once: see the class notes)."""
+        return bool(self._base.supports_deletes)
+
+    @property
+    def supports_listing(self) -> bool:
+        """The base store's ``supports_listing`` (chunk keys are listed from the shards it lists)."""
+        return bool(self._base.supports_listing)
+
+    @property
+    def supports_consolidated_metadata(self) -> bool:
+        """The base store's ``supports_consolidated_metadata``."""
+        return bool(self._base.supports_consolidated_metadata)
 
     def __init__(
         self,
@@ -184,7 +222,14 @@ class ShardedStore(Store):
         super().__init__(read_only=read_only)
         self._base = base
         self._options = options
-        self._engine = ChunkEngine(engine_base(base), options.engine_options(), options.buffer_bytes)
+        # a store that cannot delete cannot replace a value either: each shard is written once
+        self._engine = ChunkEngine(
+            engine_base(base),
+            options.engine_options(),
+            options.buffer_bytes,
+            replaces=bool(base.supports_deletes),
+            store_name=repr(base),
+        )
         sharding = ShardingOptions(options.chunks_per_shard, options.index_location, options.index_checksum)
         self._nodes = NodeTable(base, sharding)
         self._has_journal = journal is not None
@@ -231,12 +276,15 @@ class ShardedStore(Store):
     def __eq__(self, value: object) -> bool:
         return (
             isinstance(value, ShardedStore)
-            and self._base == value._base
+            and same_store(self._base, value._base)
             and self._options.for_copy() == value._options.for_copy()  # a copy that writes through is the same store
             and self.read_only == value.read_only
         )
 
-    __hash__ = None  # type: ignore[assignment]  # equal by value and mutable, so unhashable (typeshed: a method)
+    def __hash__(self) -> int:
+        # what equal stores share for certain: zarr 3 stores need not hash (MemoryStore does not),
+        # and an option may be a mapping
+        return hash((ShardedStore, type(self._base), self.read_only))
 
     def __repr__(self) -> str:
         return f"ShardedStore({self._base!r}, chunks_per_shard={self._options.chunks_per_shard.value!r})"
@@ -378,6 +426,9 @@ class ShardedStore(Store):
         ReservedKeyError
             For a key under a name shardkv keeps for its own files (``.shardkv-locks``,
             ``*.shardkv-tmp-*``): such a node would be hidden from every listing.
+        UnsupportedError
+            For a chunk of a shard already stored, over a store that cannot
+            replace a value (see the class notes).
         """
         self._check_writable()
         check_not_reserved(key)
@@ -435,6 +486,9 @@ class ShardedStore(Store):
         ------
         ValueError
             If the store is read-only.
+        UnsupportedError
+            For a stored chunk of a shard already stored, over a store that
+            cannot replace a value (as such a store refuses to delete a key).
         """
         self._check_writable()
         await self._ensure_open()
@@ -453,10 +507,21 @@ class ShardedStore(Store):
             await asyncio.to_thread(self._engine.write, [ref], [None])
 
     async def delete_dir(self, prefix: str) -> None:
-        """Delete every key under ``prefix`` (shards included), and what this store cached about them."""
+        """Delete every key under ``prefix`` (shards included), and what this store cached about them.
+
+        Raises
+        ------
+        ValueError
+            If the store is read-only.
+        NotImplementedError
+            As the store underneath raises it when it cannot delete (``ZipStore``
+            with keys under ``prefix``); the chunk writes held for it are kept.
+        """
         self._check_writable()
         await self._ensure_open()
         path = prefix.rstrip("/")
+        if not self.supports_deletes:  # such a store refuses to delete what it holds: ask it before dropping
+            await self._base.delete_dir(prefix)  # the chunk writes held for it
         await asyncio.to_thread(self._engine.discard_buffered, path)
         await self._base.delete_dir(prefix)
         if not path:
