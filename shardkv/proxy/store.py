@@ -183,7 +183,7 @@ class ShardedStore(ProxyBase):
         self._routes: tuple[int, dict[str, ChunkRef | None]] = (self._nodes.generation, {})  # see _route
         self._hierarchy = Hierarchy(kv, self._nodes)  # MemoryStore/DirectoryStore rules (issue 19)
         self._engine = ShardEngine(self._kv, options.engine_options())
-        self._advisor = WriteAdvisor()  # warns once per array about chunk-by-chunk rewrites (write-through)
+        self._advisor = WriteAdvisor()  # warns once per store about chunk-by-chunk rewrites (write-through)
         self._writer = WriteBack(self._engine, options.buffer_bytes, self._advisor.observe)
         self._length_hint = LengthHint()  # list(store): its len() counts the listing its iter() took
         self._write = writes_to(self._kv)
