@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import itertools
 from contextlib import suppress
+from functools import cache
+from importlib.metadata import PackageNotFoundError, version
 from os import PathLike
 from typing import Any, Iterable, Iterator, KeysView, Mapping, Self, Sequence
 
@@ -26,7 +28,7 @@ from shardkv.engine.engine import ShardEngine
 from shardkv.engine.locks import Mode
 from shardkv.engine.merge import group_by_shard
 from shardkv.engine.writeback import WriteBack
-from shardkv.errors import ChunkOutOfGridError, InvalidKeyError, UnflushedWritesError
+from shardkv.errors import ChunkOutOfGridError, ConfigurationError, InvalidKeyError, UnflushedWritesError
 from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.encodings import validate_key
 from shardkv.keys.paths import join_path, path_prefix, split_key, validate_path
@@ -113,7 +115,9 @@ class ShardedStore(ProxyBase):
     ConfigurationError
         If ``chunks_per_shard``, an index option, a size or ``concurrency``
         is invalid, ``concurrency`` asks for what the store
-        cannot give, or ``journal`` is given without ``buffer_bytes``.
+        cannot give, or ``journal`` is given without ``buffer_bytes``; or if the
+        installed zarr-python is 3 or later, which cannot use this store (the
+        message names :class:`shardkv.zarr3.ShardedStore` and ``shardkv[zarr3]``).
     TypeError
         If ``store`` cannot be used as a store.
     JournalCorruptError
@@ -159,6 +163,13 @@ class ShardedStore(ProxyBase):
         concurrency: Concurrency = "auto",
         lock_timeout: float | None = None,
     ) -> None:
+        installed = _installed_zarr()
+        if installed is not None and not installed.startswith(("0.", "1.", "2.")):
+            raise ConfigurationError(
+                f"shardkv.ShardedStore is the zarr-python 2 store, but zarr-python {installed} is installed: "
+                'use shardkv.zarr3.ShardedStore (pip install "shardkv[zarr3]"), or this store with '
+                'zarr-python 2.18 (pip install "shardkv[zarr2]")'
+            )
         options = Options.from_keywords(
             chunks_per_shard, index_location=index_location, index_checksum=index_checksum,
             index_cache_bytes=index_cache_bytes, read_policy=read_policy, buffer_bytes=buffer_bytes,
@@ -171,6 +182,9 @@ class ShardedStore(ProxyBase):
 
     @classmethod
     def _reopen(cls, store: Any, options: Options) -> Self:
+        """The proxy over ``store`` without the zarr version check or a journal: an unpickled copy,
+        or the command line's view of a v2 hierarchy (which needs no zarr-python, so also runs
+        where zarr 3 is installed)."""
         proxy = cls.__new__(cls)
         proxy._setup(store, open_kv(store), options)
         return proxy
@@ -663,3 +677,11 @@ class ShardedStore(ProxyBase):
             stored.prune_empty_dirs(path_prefix(src))  # the emptied directories too (local files), as zarr 2's rename
         self.refresh()
 
+
+@cache
+def _installed_zarr() -> str | None:
+    """The installed zarr-python's version, ``None`` without one (read once per process)."""
+    try:
+        return version("zarr")
+    except PackageNotFoundError:
+        return None

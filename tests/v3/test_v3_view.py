@@ -17,6 +17,7 @@ import tensorstore as ts
 import zarr
 
 from shardkv import ShardedStore
+from shardkv.proxy.options import Options
 from shardkv.format.layout import ShardLayout
 from shardkv.metadata.hierarchy import array_document
 from shardkv.metadata.v3_view import v3_view_of_v2
@@ -54,8 +55,9 @@ def write_sharded_v2(
     root: Path, data: np.ndarray, chunks: tuple[int, ...], compressor: dict | None, order: str, fill: Any,
     cps: Any = 2, sep: str = ".", filters: list | None = None, **store_options: Any,
 ) -> tuple[ShardedStore, dict]:  # fmt: skip
-    """A sharded v2 array made without zarr 2: .zarray and numcodecs-encoded chunks through ShardedStore."""
-    store = ShardedStore(str(root), chunks_per_shard=cps, **store_options)
+    """A sharded v2 array made without zarr 2: .zarray and numcodecs-encoded chunks through ShardedStore
+    (opened as the command line opens it: the public constructor refuses to run beside zarr 3)."""
+    store = ShardedStore._reopen(str(root), Options.from_keywords(cps, **store_options))
     zarray = {
         "zarr_format": 2, "shape": list(data.shape), "chunks": list(chunks), "dtype": [list(f) for f in data.dtype.descr] if data.dtype.fields else data.dtype.str,
         "compressor": compressor, "fill_value": fill, "order": order, "filters": filters, "dimension_separator": sep,
