@@ -180,7 +180,7 @@ def test_scheduler_runs_the_tasks_on_a_dask_cluster(shared_data, tmp_path):
     convert(str(src), str(local), (2, 2, 1))
     with distributed.LocalCluster(
         n_workers=2, threads_per_worker=1, processes=False, protocol="tcp", host="127.0.0.1", scheduler_port=0,
-        dashboard_address=None,
+        dashboard_address=None, worker_dashboard_address=None,  # a worker's dashboard warns when 8787 is taken
     ) as cluster:  # listens on 127.0.0.1 only, on a free port
         report = convert(str(src), str(on_cluster), (2, 2, 1), scheduler=cluster.scheduler_address, task_chunks=16)
     assert report.workers == 0 and report.shards == 4 * 27

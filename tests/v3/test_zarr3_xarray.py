@@ -98,6 +98,7 @@ def test_dask_local_cluster_of_processes(tmp_path: Path) -> None:
     ds = dataset(16).chunk({"time": 2, "x": 3})
     with distributed.LocalCluster(
         n_workers=2, threads_per_worker=2, host="127.0.0.1", dashboard_address=None, processes=True,
+        worker_dashboard_address=None,  # a dashboard per worker would warn that port 8787 is taken
         death_timeout=60,
     ) as cluster, distributed.Client(cluster, timeout=60) as client:  # fmt: skip
         ds.to_zarr(store, mode="w", encoding={"label": {"chunks": (3,)}}, compute=False).compute(scheduler=client)
