@@ -12,6 +12,7 @@ import pytest
 import zarr
 from held_cli import start_held
 
+from shardkv import ShardedStore
 from shardkv.cli.manifest import MANIFEST_KEY
 
 
@@ -103,3 +104,18 @@ def test_an_interrupted_convert_says_how_to_resume(tmp_path):
     assert err.strip().splitlines()[-1] == (
         "shardkv convert: interrupted; run the same command again to resume (the shards already written are skipped)"
     )
+
+
+def test_convert_with_workers_needs_no_dask_distributed(source, tmp_path):
+    # the README and the user guide say so: --workers runs local processes of the standard library,
+    # only --scheduler needs dask.distributed (here made unimportable in the command's process)
+    code = "import sys; sys.modules['distributed'] = None; from shardkv.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run([sys.executable, "-c", code, "convert", str(source), str(tmp_path / "out"),
+                           "--chunks-per-shard", "2", "--workers", "2"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    stored = zarr.open_group(ShardedStore(str(tmp_path / "out")), mode="r")["a"][:]
+    np.testing.assert_array_equal(stored, np.arange(64).reshape(8, 8))
+    refused = subprocess.run([sys.executable, "-c", code, "convert", str(source), str(tmp_path / "out2"),
+                              "--chunks-per-shard", "2", "--scheduler", "tcp://127.0.0.1:1"],
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert refused.returncode == 1 and "distributed" in refused.stderr, refused.stderr
