@@ -20,6 +20,8 @@ import enum
 import itertools
 from collections.abc import Iterable, Iterator, KeysView, Mapping, Sequence
 from contextlib import suppress
+from functools import cache
+from importlib.metadata import PackageNotFoundError, version
 from os import PathLike
 from typing import Any, Self
 
@@ -28,7 +30,7 @@ from shardkv.engine.engine import ShardEngine
 from shardkv.engine.locks import Concurrency, Mode
 from shardkv.engine.merge import group_by_shard
 from shardkv.engine.writeback import WriteBack
-from shardkv.errors import ChunkOutOfGridError, InvalidKeyError, UnflushedWritesError
+from shardkv.errors import ChunkOutOfGridError, ConfigurationError, InvalidKeyError, UnflushedWritesError
 from shardkv.format.layout import IndexLocation
 from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.encodings import validate_key
@@ -123,7 +125,9 @@ class ShardedStore(ProxyBase):
     ConfigurationError
         If ``chunks_per_shard``, an index option, a size or ``concurrency``
         is invalid, ``concurrency`` asks for what the store
-        cannot give, or ``journal`` is given without ``buffer_bytes``.
+        cannot give, or ``journal`` is given without ``buffer_bytes``; or if the
+        installed zarr-python is 3 or later, which cannot use this store (the
+        message names :class:`shardkv.zarr3.ShardedStore` and ``shardkv[zarr3]``).
     TypeError
         If ``store`` cannot be used as a store.
     JournalCorruptError
@@ -169,6 +173,13 @@ class ShardedStore(ProxyBase):
         concurrency: Concurrency = "auto",
         lock_timeout: float | None = None,
     ) -> None:
+        installed = _installed_zarr()
+        if installed is not None and not installed.startswith(("0.", "1.", "2.")):
+            raise ConfigurationError(
+                f"shardkv.ShardedStore is the zarr-python 2 store, but zarr-python {installed} is installed: "
+                'use shardkv.zarr3.ShardedStore (pip install "shardkv[zarr3]"), or this store with '
+                'zarr-python 2.18 (pip install "shardkv[zarr2]")'
+            )
         options = Options.from_keywords(
             chunks_per_shard,
             index_location=index_location,
@@ -186,6 +197,9 @@ class ShardedStore(ProxyBase):
 
     @classmethod
     def _reopen(cls, store: Any, options: Options) -> Self:
+        """The proxy over ``store`` without the zarr version check or a journal: an unpickled copy,
+        or the command line's view of a v2 hierarchy (which needs no zarr-python, so also runs
+        where zarr 3 is installed)."""
         proxy = cls.__new__(cls)
         proxy._setup(store, open_kv(store), options)
         return proxy
@@ -198,7 +212,7 @@ class ShardedStore(ProxyBase):
         self._routes: tuple[int, dict[str, ChunkRef | None]] = (self._nodes.generation, {})  # see _route
         self._hierarchy = Hierarchy(kv, self._nodes)  # MemoryStore/DirectoryStore rules
         self._engine = ShardEngine(self._kv, options.engine_options())
-        self._advisor = WriteAdvisor()  # warns once per array about chunk-by-chunk rewrites (write-through)
+        self._advisor = WriteAdvisor()  # warns once per store about chunk-by-chunk rewrites (write-through)
         self._writer = WriteBack(self._engine, options.buffer_bytes, self._advisor.observe)
         self._write = writes_to(self._kv)
         self._metadata = MetadataWriter(
@@ -700,3 +714,11 @@ class ShardedStore(ProxyBase):
             stored.prune_empty_dirs(path_prefix(src))  # the emptied directories too (local files), as zarr 2's rename
         self.refresh()
 
+
+@cache
+def _installed_zarr() -> str | None:
+    """The installed zarr-python's version, ``None`` without one (read once per process)."""
+    try:
+        return version("zarr")
+    except PackageNotFoundError:
+        return None
