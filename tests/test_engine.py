@@ -283,6 +283,21 @@ def test_write_back_writes_each_shard_once_and_replays_its_journal(tmp_path) -> 
     again.close()
 
 
+def test_write_back_reads_see_buffered_chunks_beside_stored_ones_of_the_same_shard() -> None:
+    from shardkv.engine.writeback import WriteBack
+
+    kv, arr = CountingKV(), array()
+    ShardEngine(kv).write(change(arr, {(0, 0): b"aa", (0, 1): b"bbb", (1, 1): b"dddd"}))
+    back = WriteBack(ShardEngine(kv), buffer_bytes=1 << 20)
+    back.write(change(arr, {(0, 1): b"xxxxx", (1, 1): None}))  # shard a/0.0: one chunk replaced, one deleted
+    refs = [arr.locate(arr.chunk_key(c)) for c in [(0, 0), (0, 1), (1, 0), (1, 1)]]
+    assert back.chunk_sizes(refs) == [2, 5, None, None]
+    assert {k: bytes(v) for k, v in back.read_chunks(refs).items()} == {"a/0.0": b"aa", "a/0.1": b"xxxxx"}
+    assert [back.has_chunk(ref) for ref in refs] == [True, True, False, False]
+    back.flush()
+    assert back.chunk_sizes(refs) == [2, 5, None, None]
+
+
 def test_write_through_reports_each_write() -> None:
     from shardkv.engine.writeback import WriteBack
 

@@ -285,9 +285,10 @@ class ShardedStore(ProxyBase):
         if len(keys) == 1:  # zarr reading one chunk: no batch to route, nothing to merge
             ref = self._route(keys[0])
             if ref is not None:
-                return self._read_chunks([ref], {})
+                found: dict[str, Any] = self._writer.read_chunks([ref])
+                return found
         refs = route_batch(self._nodes.owner, keys)
-        out: dict[str, bytes | memoryview] = {}
+        out: dict[str, Any] = {}
         if refs is None:
             plain: list[str] = []
             refs = []
@@ -299,7 +300,8 @@ class ShardedStore(ProxyBase):
                     plain.append(key)
             if plain:
                 out.update(self._read_plain(plain))
-        return self._read_chunks(refs, out)
+        out.update(self._writer.read_chunks(refs))
+        return out
 
     def _read_plain(self, keys: list[str]) -> dict[str, Any]:
         """Values of the stored keys among ``keys`` that are not chunks of sharded arrays.
@@ -316,21 +318,6 @@ class ShardedStore(ProxyBase):
             for key in keys:  # again one by one, to leave out only the directories
                 out.update(self._read_plain([key]))
             return out
-
-    def _read_chunks(self, refs: list[ChunkRef], out: dict[str, Any]) -> dict[str, Any]:
-        """Add the stored chunks among ``refs`` to ``out``: buffered ones (write-back mode), then one batched read."""
-        if self._writer.buffer is not None:
-            unbuffered = []
-            for ref in refs:
-                buffered, value = self._writer.lookup(ref.shard_key, ref.local_coords)
-                if not buffered:
-                    unbuffered.append(ref)
-                elif value is not None:
-                    out[ref.chunk_key] = value
-            refs = unbuffered
-        if refs:
-            out.update(self._engine.read_chunks(refs))
-        return out
 
     def __getitem__(self, key: str) -> bytes | memoryview:
         """The value stored at ``key``: a chunk's bytes (a copy, as zarr 2's stores return), or a plain value.
@@ -353,7 +340,7 @@ class ShardedStore(ProxyBase):
             if value is None:
                 raise KeyError(key)
             return value  # type: ignore[no-any-return]
-        found = self._read_chunks([ref], {})
+        found = self._writer.read_chunks([ref])
         if key not in found:
             raise KeyError(key)
         value = found[key]
@@ -367,14 +354,7 @@ class ShardedStore(ProxyBase):
         if ref is None:
             known = self._nodes.contains_document(key)  # type: ignore[arg-type]
             return self._kv.contains(key) if known is None else known  # type: ignore[arg-type]
-        return self._chunk_stored(ref)
-
-    def _chunk_stored(self, ref: ChunkRef) -> bool:
-        """True when the chunk is stored now (its shard's index confirmed current) or buffered."""
-        buffered, value = self._writer.lookup(ref.shard_key, ref.local_coords)
-        if buffered:
-            return value is not None
-        return self._engine.has_chunks([ref])[0]
+        return self._writer.has_chunk(ref)
 
     # -- writes -------------------------------------------------------------------
 
@@ -424,7 +404,7 @@ class ShardedStore(ProxyBase):
                 raise KeyError(key)
             return
         # a delete is a write: decided on the current index (the engine confirms a cached one)
-        if not self._chunk_stored(ref):
+        if not self._writer.has_chunk(ref):
             raise KeyError(key)
         self._writer.write(group_by_shard([ref], [None]))
 
@@ -637,13 +617,9 @@ class ShardedStore(ProxyBase):
                 out[key] = len(self._nodes.read_documents([key])[key])
             elif known is None and (size := self._kv.size(key)) is not None:
                 out[key] = size
-        if refs:
-            indexes = self._engine.read_indexes({ref.shard_key: ref.array for ref in refs})
-            for ref in refs:
-                index = indexes.get(ref.shard_key)
-                entry = None if index is None else index.get(ref.local_coords)
-                if entry is not None:
-                    out[ref.chunk_key] = entry[1]
+        for ref, size in zip(refs, self._writer.chunk_sizes(refs)):
+            if size is not None:
+                out[ref.chunk_key] = size
         return out
 
     def rename(self, src_path: str, dst_path: str) -> None:

@@ -199,7 +199,7 @@ class ShardedStore(Store):
         self._writes: Batcher[tuple[ChunkRef, bytes], None] = Batcher(self._write_batch)
 
     def _read_batch(self, refs: list[ChunkRef]) -> list[BytesLike | None]:
-        found = self._engine.read(refs)
+        found = self._engine.writer.read_chunks(refs)
         return [found.get(ref.chunk_key) for ref in refs]
 
     def _write_batch(self, items: list[tuple[ChunkRef, bytes]]) -> list[None]:
@@ -332,7 +332,7 @@ class ShardedStore(Store):
         except ChunkOutOfGridError:
             return False
         if ref is not None:
-            return await asyncio.to_thread(self._engine.stored, ref)
+            return await asyncio.to_thread(self._engine.writer.has_chunk, ref)
         return await self._base.exists(key)
 
     async def getsize(self, key: str) -> int:
@@ -352,7 +352,7 @@ class ShardedStore(Store):
             raise FileNotFoundError(key) from None
         if ref is None:
             return await self._base.getsize(key)
-        (size,) = await asyncio.to_thread(self._engine.sizes, [ref])
+        (size,) = await asyncio.to_thread(self._engine.writer.chunk_sizes, [ref])
         if size is None:
             raise FileNotFoundError(key)
         return size
@@ -448,7 +448,7 @@ class ShardedStore(Store):
             return
         if ref is None:
             await self._base.delete(key)
-        elif await asyncio.to_thread(self._engine.stored, ref):
+        elif await asyncio.to_thread(self._engine.writer.has_chunk, ref):
             await asyncio.to_thread(self._engine.write, [ref], [None])
 
     async def delete_dir(self, prefix: str) -> None:
