@@ -61,7 +61,7 @@ from shardkv.engine.retry import WRITE_ATTEMPTS, WRITE_BACKOFF, attempts
 from shardkv.engine.writeback import WriteBack
 from shardkv.errors import ConcurrentUpdateError, ConfigurationError, MetadataError, ReservedKeyError, UnsupportedError
 from shardkv.format.layout import ShardLayout
-from shardkv.keys.paths import join_path, path_prefix, split_key
+from shardkv.keys.paths import chunkish_under, join_path, path_prefix, split_key
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.all_v3 import plan_v3_down, v3_view_of_unsharded_v2
 from shardkv.metadata.documents import dump_json, load_json, load_object, load_zarray
@@ -83,7 +83,7 @@ from shardkv.metadata.hierarchy import (
     with_consolidated_metadata,
 )
 from shardkv.metadata.v3_view import v2_dimension_separator
-from shardkv.proxy.nodes import Node, NodeTable, ReadValues, build_node, chunkish_under, sharded_array_of
+from shardkv.proxy.nodes import Node, NodeTable, ReadValues, build_node, sharded_array_of
 from shardkv.proxy.options import Options
 from shardkv.storage.kv import ANY, NO_VALUE, Generation, KVStore, ReadResult, check_not_reserved
 

@@ -19,6 +19,7 @@ from zarr.abc.store import Store
 from zarr.core.buffer import BufferPrototype, default_buffer_prototype
 
 from shardkv.errors import ChunkOutOfGridError, InvalidKeyError
+from shardkv.keys.paths import chunk_owner_paths
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.zarr3.metadata import (
     ShardingOptions,
@@ -38,30 +39,16 @@ META = "zarr.json"
 
 @dataclass(frozen=True)
 class _Other:
-    """A path whose ``zarr.json`` exists but is not a transparently sharded array (a group, another array)."""
+    """A path whose ``zarr.json`` exists and is not a group nor a transparently sharded array (another array)."""
 
 
 _OTHER = _Other()
-Node = Union[ShardedArray, _Other, None]  # None: no zarr.json at the path
+Node = Union[ShardedArray, _Other, None]  # None: a group, or no zarr.json at the path (owns no chunk key)
 
 
 def prototype() -> BufferPrototype:
     """zarr's default (CPU) buffer prototype."""
     return default_buffer_prototype()
-
-
-def _chunkish(segment: str) -> bool:
-    """True for a key segment that can be part of a chunk key suffix (``c``, ``12``, ``c.1.2``, ``1.2``)."""
-    return segment != "" and all(part == "c" or part.isdigit() for part in segment.split("."))
-
-
-def _array_paths(key: str) -> list[str]:
-    """Paths of the arrays ``key`` could be a chunk key of, shallowest first."""
-    parts = key.split("/")
-    first = len(parts)
-    while first > 0 and _chunkish(parts[first - 1]):
-        first -= 1
-    return ["/".join(parts[:i]) for i in range(first, len(parts))]
 
 
 def meta_path(key: str) -> str | None:
@@ -125,7 +112,7 @@ class NodeTable:
     # -- node kinds ---------------------------------------------------------------
 
     async def node(self, path: str) -> Node:
-        """The sharded array at ``path``, another node, or ``None`` (read once, then cached)."""
+        """The sharded array at ``path``, another array, or ``None`` (a group or nothing; read once, then cached)."""
         if path in self._nodes:
             return self._nodes[path]
         raw = await self.base.get(_meta_key(path), prototype=prototype())
@@ -141,7 +128,8 @@ class NodeTable:
         node: Node = None
         if raw is not None:
             doc = parse_document(raw)
-            node = (transparent_array(path, doc) if doc is not None else None) or _OTHER
+            if doc is None or doc.get("node_type") != "group":  # a group is passed over when keys look for an owner
+                node = (transparent_array(path, doc) if doc is not None else None) or _OTHER
         self._nodes[path] = node
         return node
 
@@ -164,7 +152,7 @@ class NodeTable:
         """
         if meta_path(key) is not None:
             return None
-        for path in _array_paths(key):
+        for path in chunk_owner_paths(key):
             decided, ref = _route_in(await self.node(path), key)
             if decided:
                 return ref
@@ -183,7 +171,7 @@ class NodeTable:
         """
         if meta_path(key) is not None:
             return None
-        for path in _array_paths(key):
+        for path in chunk_owner_paths(key):
             node = self._nodes[path] if path in self._nodes else self.remember(path, read(_meta_key(path)))
             decided, ref = _route_in(node, key)
             if decided:
@@ -194,7 +182,7 @@ class NodeTable:
         """The sharded array whose shard the stored key ``key`` is, or ``None``."""
         if meta_path(key) is not None:
             return None
-        for path in _array_paths(key):
+        for path in chunk_owner_paths(key):
             node = await self.node(path)
             if node is None:
                 continue

@@ -167,6 +167,21 @@ def test_arrays_that_ask_for_shards_and_groups_pass_through() -> None:
     assert zarr.open_array(store, path="g/scalar")[...] == 2.5
 
 
+def test_an_array_named_like_a_chunk_coordinate_inside_a_group_is_sharded_and_read_by_tensorstore(
+    tmp_path: Path,
+) -> None:
+    base = LocalStore(tmp_path / "data")
+    store = ShardedStore(base, chunks_per_shard=2)
+    zarr.create_group(store, path="g")
+    z = zarr.create_array(store, name="g/0", shape=(8, 8), chunks=(2, 2), dtype="u2")
+    z[:] = np.arange(64, dtype="u2").reshape(8, 8)
+    # the group g above the array named "0" owns none of its chunks: they are stored in shards of 4 x 4
+    assert [k for k in _keys(base, "g/0/") if "/.shardkv-locks/" not in k] == [f"g/0/c/{i}/{j}" for i in range(2) for j in range(2)] + ["g/0/zarr.json"]
+    spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(tmp_path / "data" / "g" / "0")}}
+    np.testing.assert_array_equal(ts.open(spec).result().read().result(), np.arange(64).reshape(8, 8))
+    np.testing.assert_array_equal(zarr.open_array(store, path="g/0")[:], np.arange(64).reshape(8, 8))
+
+
 def test_chunk_keys_outside_the_grid() -> None:
     store = ShardedStore(MemoryStore(), chunks_per_shard=2)
     zarr.create_array(store, name="a", shape=(4, 4), chunks=(2, 2), dtype="u1")
