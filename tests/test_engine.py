@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from engine_kv import CountingKV
-from shardkv.engine.engine import EngineOptions, ShardEngine
+from shardkv.engine.engine import ShardEngine
+from shardkv.engine.options import Options
 from shardkv.engine.merge import ChunkPatch, ShardChange, covers_shard, merge_chunks
 from shardkv.engine.retry import Backoff
 from shardkv.errors import ConcurrentUpdateError, ConfigurationError, CorruptShardError
@@ -252,16 +253,16 @@ def test_modes_resolve_from_capabilities() -> None:
     assert ShardEngine(CountingKV()).concurrency_mode == "conditional"
     files = CountingKV(Capabilities(ranged=True, stamps="native", lock_dir=True))
     with pytest.raises(ConfigurationError, match="directory"):
-        ShardEngine(CountingKV(), EngineOptions(concurrency="files"))
+        ShardEngine(CountingKV(), Options(concurrency="files"))
     persistent = CountingKV(Capabilities(ranged=False))
     with pytest.raises(ConfigurationError, match="neither lock files nor conditional"):
         ShardEngine(persistent)
-    assert ShardEngine(persistent, EngineOptions(concurrency="process")).concurrency_mode == "process"
-    assert ShardEngine(persistent, EngineOptions(concurrency="none")).concurrency_mode == "none"
+    assert ShardEngine(persistent, Options(concurrency="process")).concurrency_mode == "process"
+    assert ShardEngine(persistent, Options(concurrency="none")).concurrency_mode == "none"
     with pytest.raises(ConfigurationError):
-        ShardEngine(persistent, EngineOptions(concurrency="conditional"))
+        ShardEngine(persistent, Options(concurrency="conditional"))
     with pytest.raises(ConfigurationError):
-        EngineOptions(index_cache_bytes=-1)
+        Options(index_cache_bytes=-1)
     assert files.caps.lock_dir
 
 

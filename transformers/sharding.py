@@ -31,9 +31,10 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from shardkv.engine.engine import EngineOptions, ShardEngine
+from shardkv.engine.engine import ShardEngine
 from shardkv.engine.locks import Concurrency
 from shardkv.engine.merge import ChunkPatch, ShardChange, out_of_grid
+from shardkv.engine.options import Options
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout, chunk_nbytes_bound
 from shardkv.format.ranges import ReadPolicy
@@ -169,8 +170,10 @@ class ShardingStorageTransformer(AbstractStore):
         self._kv = UnderlyingKV(underlying)
         if concurrency is None:
             concurrency = "auto" if isinstance(underlying, AdapterStore) else "process"
-        self.engine = ShardEngine(self._kv, EngineOptions(index_cache_bytes, read_policy or ReadPolicy(), concurrency,
-                                                    lock_timeout))
+        self.engine = ShardEngine(self._kv, Options.from_keywords(
+            index_cache_bytes=index_cache_bytes, read_policy=read_policy, concurrency=concurrency,
+            lock_timeout=lock_timeout,
+        ))
 
     # -- configuration ------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import builtins
 from typing import Any, Iterable, Iterator, Literal, Mapping, Self, Sequence
 
+from shardkv.engine.options import Options
 from shardkv.errors import ConfigurationError
 from shardkv.format.ranges import ByteRange
 from shardkv.keys.encodings import validate_key
@@ -37,7 +38,6 @@ from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerSha
 from shardkv.metadata.draft import DRAFT_ZARR_FORMAT, META_ROOT
 from shardkv.proxy.base import ProxyBase
 from shardkv.proxy.draft_nodes import DraftArray, DraftNodes
-from shardkv.proxy.options import Options
 from shardkv.proxy.values import to_bytes
 from shardkv.transformers import DATA_ROOT, AbstractStore, AdapterStore, ShardingStorageTransformer
 from shardkv.transformers.api import apply_partial_writes, normalize_prefix

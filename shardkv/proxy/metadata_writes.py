@@ -57,6 +57,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from shardkv.engine.locks import ShardLocks
 from shardkv.engine.merge import ShardChange
+from shardkv.engine.options import Options
 from shardkv.engine.retry import WRITE_ATTEMPTS, WRITE_BACKOFF, attempts
 from shardkv.engine.writeback import WriteBack
 from shardkv.errors import ConcurrentUpdateError, ConfigurationError, MetadataError, ReservedKeyError, UnsupportedError
@@ -84,7 +85,6 @@ from shardkv.metadata.hierarchy import (
 )
 from shardkv.metadata.v3_view import v2_dimension_separator
 from shardkv.proxy.nodes import Node, NodeTable, ReadValues, build_node, sharded_array_of
-from shardkv.proxy.options import Options
 from shardkv.storage.kv import ANY, NO_VALUE, Generation, KVStore, ReadResult, check_not_reserved
 
 __all__ = ["MetadataWriter", "WriteValues", "writes_to"]

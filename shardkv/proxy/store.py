@@ -9,7 +9,7 @@ the ``.zarray`` presented from it, see :mod:`shardkv.proxy.nodes`).
 This module routes each key: a chunk of a sharded array to its shard, a
 metadata document to the node table (:mod:`shardkv.proxy.nodes`) or the
 metadata writer (:mod:`shardkv.proxy.metadata_writes`), anything else straight
-to the base store. Options, pickling and lifecycle: :mod:`shardkv.proxy.options`,
+to the base store. Options, pickling and lifecycle: :mod:`shardkv.engine.options`,
 :mod:`shardkv.proxy.base`; write-back: :class:`shardkv.engine.writeback.WriteBack`; requests:
 :class:`shardkv.engine.engine.ShardEngine` over the store's :class:`~shardkv.storage.kv.KVStore`.
 """
@@ -19,15 +19,15 @@ from __future__ import annotations
 import itertools
 from contextlib import suppress
 from os import PathLike
-from typing import Any, Iterable, Iterator, KeysView, Mapping, Self, Sequence
+from typing import Any, Iterable, Iterator, KeysView, Mapping, Self, Sequence, Unpack
 
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.engine import ShardEngine
 from shardkv.engine.locks import Mode
 from shardkv.engine.merge import group_by_shard
+from shardkv.engine.options import OptionKeywords, Options
 from shardkv.engine.writeback import WriteBack
 from shardkv.errors import ChunkOutOfGridError, InvalidKeyError, UnflushedWritesError
-from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.encodings import validate_key
 from shardkv.keys.paths import join_path, path_prefix, split_key, validate_path
 from shardkv.keys.space import ChunkRef, ShardedArray
@@ -44,7 +44,6 @@ from shardkv.proxy.listing import (
 )
 from shardkv.proxy.metadata_writes import MetadataWriter, writes_to
 from shardkv.proxy.nodes import META_NAMES, NodeTable
-from shardkv.proxy.options import DEFAULT_INDEX_CACHE_BYTES, Concurrency, IndexLocation, Options
 from shardkv.proxy.routing import route_batch
 from shardkv.proxy.values import as_buffer
 from shardkv.proxy.write_advice import WriteAdvisor
@@ -77,22 +76,8 @@ class ShardedStore(ProxyBase):
         shards nothing new. Arrays already sharded in the store are recognised
         from their stored ``zarr.json`` whatever this says; unsharded arrays
         pass through untouched. 0-d arrays are never sharded.
-    index_location : {"end", "start"}
-        Where new shards keep their index (v1.0 codec ``index_location``).
-    index_checksum : bool
-        Whether new shards protect their index with a CRC32C (``crc32c`` index codec).
     storage_options : mapping, optional
         fsspec options when ``store`` is a URL.
-    index_cache_bytes : int
-        Limit (bytes) of the cache of decoded shard indexes (default 64 MiB;
-        0 disables it); see :class:`~shardkv.proxy.options.Options`.
-    read_policy : ReadPolicy, optional
-        How nearby chunk ranges of one shard merge into one request (default ``ReadPolicy()``).
-    buffer_bytes : int or None
-        Write-back mode: hold up to this many bytes of chunk writes and write
-        each shard once (when complete, on :meth:`flush`/:meth:`close`, or
-        when the limit forces the oldest out); ``None`` (default) writes
-        within each call. A pickled copy writes through (see Options).
     journal : str or os.PathLike, optional
         With ``buffer_bytes``: a local file where every buffered chunk write
         is appended and fsync'd before the call returns, so a crash loses no
@@ -101,21 +86,28 @@ class ShardedStore(ProxyBase):
         and resets the journal; it is also reset after every flush that
         empties the buffer. See :mod:`shardkv.engine.journal` and the user
         guide ("Write-back") for the fsync policy.
-    concurrency : {"auto", "files", "conditional", "process", "none"}
-        How writers of one shard (threads, stores, processes) keep each
-        other's chunks; see :class:`~shardkv.proxy.options.Options` and the
-        user guide, "Concurrency".
-    lock_timeout : float or None
-        Longest wait (seconds) for a shard lock (then ``LockTimeoutError``).
+    options : Options, optional
+        Every option at once (``chunks_per_shard`` and the keywords below
+        then stay unset); what :attr:`options` of another store holds.
+    **keywords
+        The runtime options, each described in
+        :class:`~shardkv.engine.options.Options`: ``index_location``
+        ({"end", "start"}), ``index_checksum`` (bool), ``index_cache_bytes``
+        (int, bytes; default 64 MiB, 0 disables the cache), ``read_policy``
+        (ReadPolicy), ``buffer_bytes`` (int or None: write-back mode; a
+        pickled copy writes through), ``concurrency`` ({"auto", "files",
+        "conditional", "process", "none"}; user guide, "Concurrency") and
+        ``lock_timeout`` (float or None, seconds; then ``LockTimeoutError``).
 
     Raises
     ------
     ConfigurationError
         If ``chunks_per_shard``, an index option, a size or ``concurrency``
-        is invalid, ``concurrency`` asks for what the store
-        cannot give, or ``journal`` is given without ``buffer_bytes``.
+        is invalid, ``concurrency`` asks for what the store cannot give,
+        ``journal`` is given without ``buffer_bytes``, or ``options`` comes
+        with other options.
     TypeError
-        If ``store`` cannot be used as a store.
+        If ``store`` cannot be used as a store, or a keyword names no option.
     JournalCorruptError
         If an acknowledged record of ``journal`` is damaged or missing.
     JournalMismatchError
@@ -134,7 +126,7 @@ class ShardedStore(ProxyBase):
     base store other than "not found" propagate.
 
     A store pickles (``multiprocessing``, ``dask.distributed``) as its base
-    store's location and its :class:`~shardkv.proxy.options.Options`; the copy
+    store's location and its :class:`~shardkv.engine.options.Options`; the copy
     finds the same locks, and writes through (no write-back buffer, no
     journal: issue 20, item 1). With unflushed write-back data it raises
     ``UnflushedWritesError`` instead. To open a store of any layout (2022
@@ -149,21 +141,12 @@ class ShardedStore(ProxyBase):
         store: Any,
         chunks_per_shard: ChunksPerShardOption = None,
         *,
-        index_location: IndexLocation = "end",
-        index_checksum: bool = True,
         storage_options: Mapping[str, Any] | None = None,
-        index_cache_bytes: int = DEFAULT_INDEX_CACHE_BYTES,
-        read_policy: ReadPolicy | None = None,
-        buffer_bytes: int | None = None,
         journal: str | PathLike[str] | None = None,
-        concurrency: Concurrency = "auto",
-        lock_timeout: float | None = None,
+        options: Options | None = None,
+        **keywords: Unpack[OptionKeywords],
     ) -> None:
-        options = Options.from_keywords(
-            chunks_per_shard, index_location=index_location, index_checksum=index_checksum,
-            index_cache_bytes=index_cache_bytes, read_policy=read_policy, buffer_bytes=buffer_bytes,
-            concurrency=concurrency, lock_timeout=lock_timeout,
-        )  # fmt: skip
+        options = Options.of(options, chunks_per_shard, keywords)
         self._setup(store, open_kv(store, storage_options), options)
         self._writer.attach_journal(  # replays what a killed run left, if the journal is this store's
             journal, self._route, lambda: store_identity(self._kv, "v2")
@@ -182,7 +165,7 @@ class ShardedStore(ProxyBase):
         self._nodes = NodeTable(self._kv.values)
         self._routes: tuple[int, dict[str, ChunkRef | None]] = (self._nodes.generation, {})  # see _route
         self._hierarchy = Hierarchy(kv, self._nodes)  # MemoryStore/DirectoryStore rules (issue 19)
-        self._engine = ShardEngine(self._kv, options.engine_options())
+        self._engine = ShardEngine(self._kv, options)
         self._advisor = WriteAdvisor()  # warns once per array about chunk-by-chunk rewrites (write-through)
         self._writer = WriteBack(self._engine, options.buffer_bytes, self._advisor.observe)
         self._length_hint = LengthHint()  # list(store): its len() counts the listing its iter() took

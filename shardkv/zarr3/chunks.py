@@ -12,8 +12,9 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Iterable, Sequence
 
-from shardkv.engine.engine import EngineOptions, ShardEngine
+from shardkv.engine.engine import ShardEngine
 from shardkv.engine.merge import group_by_shard
+from shardkv.engine.options import Options
 from shardkv.engine.writeback import WriteBack
 from shardkv.keys.space import ChunkRef
 from shardkv.storage.buffers import BytesLike
@@ -35,13 +36,13 @@ class ChunkEngine:
 
     ``base`` is what :func:`shardkv.storage.open.open_kv` opens for the data
     of the zarr 3 store underneath (:func:`shardkv.zarr3.bases.engine_base`);
-    ``options`` and ``buffer_bytes`` are the :class:`shardkv.zarr3.ShardedStore` options.
+    ``options`` are the :class:`shardkv.zarr3.ShardedStore` options.
     """
 
-    def __init__(self, base: Any, options: EngineOptions, buffer_bytes: int | None) -> None:
+    def __init__(self, base: Any, options: Options) -> None:
         self.kv = open_kv(base)
         self.engine = ShardEngine(self.kv, options)
-        self.writer = WriteBack(self.engine, buffer_bytes)
+        self.writer = WriteBack(self.engine, options.buffer_bytes)
         self._journal: tuple[str, Callable[[str], ChunkRef | None]] | None = None  # (path, route) once attached
         self._journal_closed = False  # by close(): taken back on the next use
         self._journal_lock = threading.Lock()

@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
 from typing import Any, Mapping
 
+from shardkv.engine.options import Options
 from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.keys.encodings import chunk_key_encoding_from_metadata
 from shardkv.keys.space import ShardedArray
-from shardkv.metadata.chunks_per_shard import ChunksPerShardRule
 from shardkv.metadata.v3_view import SHARDING_CODEC, sharding_codec, sharding_spec_from_v3
 
 __all__ = [
-    "MARKER", "ShardingOptions", "stored_document", "presented_document", "transparent_array", "parse_document",
+    "MARKER", "stored_document", "presented_document", "transparent_array", "parse_document",
     "consolidated_children", "map_consolidated", "resharded",
 ]
 
@@ -31,25 +30,6 @@ MARKER = "shardkv"
 """The extension member of a stored ``zarr.json`` that marks the array as transparently sharded."""
 
 _MARKER_VALUE: dict[str, Any] = {"must_understand": False, "sharded": "transparently"}
-
-
-@dataclass(frozen=True)
-class ShardingOptions:
-    """How new arrays are sharded (the options of :class:`shardkv.zarr3.ShardedStore`).
-
-    Parameters
-    ----------
-    rule : ChunksPerShardRule
-        ``chunks_per_shard`` per array path and dimensionality.
-    index_location : {"end", "start"}
-        The v1.0 codec's ``index_location`` of new shards.
-    index_checksum : bool
-        Whether the index codecs of new shards end with ``crc32c``.
-    """
-
-    rule: ChunksPerShardRule
-    index_location: str = "end"
-    index_checksum: bool = True
 
 
 def parse_document(raw: bytes) -> dict[str, Any] | None:
@@ -89,7 +69,7 @@ def _shardable(doc: Mapping[str, Any]) -> bool:
     return True
 
 
-def stored_document(path: str, doc: Mapping[str, Any], options: ShardingOptions) -> dict[str, Any] | None:
+def stored_document(path: str, doc: Mapping[str, Any], options: Options) -> dict[str, Any] | None:
     """The stored (sharded) document of a presented array document, or ``None`` to store it as given.
 
     Parameters
@@ -99,8 +79,8 @@ def stored_document(path: str, doc: Mapping[str, Any], options: ShardingOptions)
         may be given per path.
     doc : mapping
         The ``zarr.json`` document written by code above the store.
-    options : ShardingOptions
-        ``chunks_per_shard`` and the index layout of new shards.
+    options : Options
+        The store's options: ``chunks_per_shard`` and the index layout of new shards.
 
     Returns
     -------
@@ -115,7 +95,7 @@ def stored_document(path: str, doc: Mapping[str, Any], options: ShardingOptions)
     if not _shardable(doc):
         return None
     chunks = _regular_chunk_shape(doc)
-    cps = options.rule.for_array(path, len(doc["shape"]))
+    cps = options.chunks_per_shard.for_array(path, len(doc["shape"]))
     if cps is None or chunks is None:
         return None
     stored = copy.deepcopy(dict(doc))

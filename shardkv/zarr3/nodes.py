@@ -18,11 +18,11 @@ from typing import Any, Callable, Mapping, Union
 from zarr.abc.store import Store
 from zarr.core.buffer import BufferPrototype, default_buffer_prototype
 
+from shardkv.engine.options import Options
 from shardkv.errors import ChunkOutOfGridError, InvalidKeyError
 from shardkv.keys.paths import chunk_owner_paths
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.zarr3.metadata import (
-    ShardingOptions,
     consolidated_children,
     map_consolidated,
     parse_document,
@@ -100,13 +100,13 @@ class NodeTable:
     ----------
     base : zarr.abc.store.Store
         The zarr 3 store underneath.
-    sharding : ShardingOptions
-        How new arrays are sharded.
+    options : Options
+        The store's options (how new arrays are sharded).
     """
 
-    def __init__(self, base: Store, sharding: ShardingOptions) -> None:
+    def __init__(self, base: Store, options: Options) -> None:
         self.base = base
-        self.sharding = sharding
+        self.options = options
         self._nodes: dict[str, Node] = {}
 
     # -- node kinds ---------------------------------------------------------------
@@ -226,7 +226,7 @@ class NodeTable:
         doc = parse_document(raw)
         if doc is None:
             return raw
-        stored = stored_document(path, doc, self.sharding)
+        stored = stored_document(path, doc, self.options)
         if stored is None:
             consolidated = await self._stored_consolidated(path, doc)
             stored = map_consolidated(doc, consolidated) if consolidated else None

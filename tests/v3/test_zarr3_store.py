@@ -346,3 +346,17 @@ def test_byte_ranges_partial_values_and_set_if_not_exists_on_sharded_chunk_keys(
     sync(store.set_if_not_exists(key, other))  # missing: written into its shard
     assert _raw(store, key) == other.to_bytes()
     assert zarr.open_array(store, path="a", mode="r")[150:200, 100:150].sum() == 0
+
+
+def test_options_are_given_as_keywords_or_as_one_options_object() -> None:
+    from shardkv.engine.options import Options
+    from shardkv.errors import ConfigurationError
+
+    by_keywords = ShardedStore(MemoryStore(), 2, index_location="start", buffer_bytes=1 << 16)
+    options = Options.from_keywords(2, index_location="start", buffer_bytes=1 << 16)
+    by_object = ShardedStore(MemoryStore(), options=options)
+    assert by_keywords._options == by_object._options == options
+    with pytest.raises(ConfigurationError, match="index_checksum"):
+        ShardedStore(MemoryStore(), options=options, index_checksum=False)
+    with pytest.raises(TypeError, match="buffer"):
+        ShardedStore(MemoryStore(), buffer=1)  # type: ignore[call-arg]
