@@ -42,7 +42,7 @@ from shardkv.proxy.listing import (
     count_logical_keys,
     logical_keys,
 )
-from shardkv.proxy.metadata_writes import MetadataWriter, writes_to
+from shardkv.proxy.metadata_writes import MetadataWriter
 from shardkv.proxy.nodes import META_NAMES, NodeTable
 from shardkv.proxy.routing import route_batch
 from shardkv.proxy.values import as_buffer
@@ -169,11 +169,7 @@ class ShardedStore(ProxyBase):
         self._advisor = WriteAdvisor()  # warns once per array about chunk-by-chunk rewrites (write-through)
         self._writer = WriteBack(self._engine, options.buffer_bytes, self._advisor.observe)
         self._length_hint = LengthHint()  # list(store): its len() counts the listing its iter() took
-        self._write = writes_to(self._kv)
-        self._metadata = MetadataWriter(
-            self._nodes, self._kv.values, self._write, kv.list_prefix, self._writer, options,
-            kv=self._kv, locks=self._engine.locks,  # consolidated blocks: read-modify-write (issue 19 item 5)
-        )  # fmt: skip
+        self._metadata = MetadataWriter(self._nodes, self._writer)
 
     def _pickled_store(self) -> Any:
         return self._kv
@@ -436,7 +432,7 @@ class ShardedStore(ProxyBase):
         plain: dict[str, bytes | memoryview | None] = {**plain_set}
         plain.update(dict.fromkeys(plain_del))
         if plain:
-            self._write(plain)
+            self._kv.put_many({key: (value, ANY) for key, value in plain.items()})
         self._writer.write(group_by_shard(located, located_values))
 
     def flush(self) -> None:
