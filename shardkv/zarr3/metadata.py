@@ -12,13 +12,14 @@ passed through as stored.
 from __future__ import annotations
 
 import copy
-import json
 from typing import Any, Mapping
 
 from shardkv.engine.options import Options
-from shardkv.errors import ConfigurationError, UnsupportedError
+from shardkv.errors import ConfigurationError, MetadataError, UnsupportedError
 from shardkv.keys.encodings import chunk_key_encoding_from_metadata
 from shardkv.keys.space import ShardedArray
+from shardkv.metadata.documents import load_json
+from shardkv.metadata.hierarchy import ZARR_JSON, has_consolidated
 from shardkv.metadata.v3_view import SHARDING_CODEC, sharding_codec, sharding_spec_from_v3
 
 __all__ = [
@@ -35,8 +36,8 @@ _MARKER_VALUE: dict[str, Any] = {"must_understand": False, "sharded": "transpare
 def parse_document(raw: bytes) -> dict[str, Any] | None:
     """A ``zarr.json`` value as a JSON object, or ``None`` when it is not one (stored as given)."""
     try:
-        doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+        doc = load_json(ZARR_JSON, raw)
+    except MetadataError:
         return None
     return doc if isinstance(doc, dict) else None
 
@@ -148,11 +149,10 @@ def transparent_array(path: str, stored: Mapping[str, Any]) -> ShardedArray | No
 
 def _consolidated(doc: Mapping[str, Any]) -> dict[str, Any] | None:
     """The ``consolidated_metadata.metadata`` member of a group document (child path -> document), or ``None``."""
-    if doc.get("node_type") != "group":
+    if not has_consolidated(doc):
         return None
-    consolidated = doc.get("consolidated_metadata")
-    children = consolidated.get("metadata") if isinstance(consolidated, Mapping) else None
-    return children if isinstance(children, dict) else None
+    children: dict[str, Any] = doc["consolidated_metadata"]["metadata"]
+    return children
 
 
 def consolidated_children(doc: Mapping[str, Any]) -> list[str]:
