@@ -360,3 +360,12 @@ def test_options_are_given_as_keywords_or_as_one_options_object() -> None:
         ShardedStore(MemoryStore(), options=options, index_checksum=False)
     with pytest.raises(TypeError, match="buffer"):
         ShardedStore(MemoryStore(), buffer=1)  # type: ignore[call-arg]
+
+
+def test_a_zarr_json_nested_too_deeply_is_stored_as_given() -> None:
+    base = MemoryStore()
+    store = ShardedStore(base, chunks_per_shard=2)
+    hostile = b"[" * 100_000 + b"]" * 100_000
+    sync(store.set("x/zarr.json", cpu.Buffer.from_bytes(hostile)))
+    assert _raw(base, "x/zarr.json") == hostile
+    assert _raw(store, "x/zarr.json") == hostile
