@@ -25,7 +25,7 @@ about metadata keys, and sends every other key straight to the store.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from shardkv.errors import ConfigurationError, MetadataError
@@ -154,26 +154,39 @@ def build_node(path: str, raw_json: Any | None, raw_zarray: Any | None = None) -
     if raw_zarray is not None and may_mirror(doc):
         load_json(join_path(path, ".zarray"), raw_zarray)
         return Node(path, doc, raw, unsharded=True, mirrored=True)
-    presented: dict[str, dict[str, Any]] = {}
-    documents: dict[str, bytes] = {}
-    if doc is not None:
-        try:
-            presented = present(doc, path)
-            documents = {
-                name: dump_json(d, key=join_path(path, name), strict=name != ".zattrs") for name, d in presented.items()
-            }
-        except MetadataError:  # a v3 node that zarr-python 2 cannot be shown: its keys pass through
-            presented, documents = {}, {}
+    presented, documents = _presented(path, doc)
     if presented:
         zarray = presented.get(".zarray")
-    elif raw_zarray is not None:  # a zarr.json stored beside a .zarray (before issue 11)
+    elif raw_zarray is not None:  # a zarr.json stored beside a .zarray (the layout before v3-only storage)
         zarray = load_json(join_path(path, ".zarray"), raw_zarray)
     else:
         zarray = None
+    return _array_node(Node(path, doc, raw, presented, documents), zarray, parsed)
+
+
+def _presented(path: str, doc: dict[str, Any] | None) -> tuple[dict[str, dict[str, Any]], dict[str, bytes]]:
+    """The v2 documents presenting a v3 node, and their JSON bytes (both empty: none, or it cannot be shown).
+
+    A v3 node that zarr-python 2 cannot be shown passes its keys through
+    (a stored one), or stays sharded for this session as written (one shardkv wrote).
+    """
+    if doc is None:
+        return {}, {}
+    try:
+        presented = present(doc, path)
+        return presented, {
+            name: dump_json(d, key=join_path(path, name), strict=name != ".zattrs") for name, d in presented.items()
+        }
+    except MetadataError:
+        return {}, {}
+
+
+def _array_node(node: Node, zarray: Mapping[str, Any] | None, doc: Any) -> Node:
+    """``node`` as the array ``zarray`` describes, sharded as ``doc`` says (unchanged when ``zarray`` is ``None``)."""
     if zarray is None:
-        return Node(path, doc, raw, presented, documents)
-    array = sharded_array_of(path, zarray, parsed)
-    return Node(path, doc, raw, presented, documents, array, unsharded=array is None)
+        return node
+    array = sharded_array_of(node.path, zarray, doc)
+    return replace(node, array=array, unsharded=array is None)
 
 
 class NodeTable:
@@ -504,15 +517,7 @@ def _decided_by_zarr_json(path: str, raw_json: Any | None) -> Node | None:
 
 def _from_written(path: str, raw: bytes, doc: dict[str, Any], array: ShardedArray | None) -> Node:
     """The node of an array ``zarr.json`` shardkv just wrote (its document in hand: no parse)."""
-    try:
-        presented = present(doc, path)
-        documents = {n: dump_json(d, key=join_path(path, n), strict=n != ".zattrs") for n, d in presented.items()}
-    except MetadataError:  # kept sharded in this session, as written; not presented to zarr-python 2
-        presented, documents = {}, {}
+    presented, documents = _presented(path, doc)
     if array is not None:
         return Node(path, doc, raw, presented, documents, array)
-    zarray = presented.get(".zarray")
-    if zarray is None:
-        return Node(path, doc, raw, presented, documents)
-    array = sharded_array_of(path, zarray, doc)
-    return Node(path, doc, raw, presented, documents, array, unsharded=array is None)
+    return _array_node(Node(path, doc, raw, presented, documents), presented.get(".zarray"), doc)
