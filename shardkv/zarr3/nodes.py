@@ -150,8 +150,6 @@ class NodeTable:
         ChunkOutOfGridError
             For a chunk key of such an array outside its chunk grid.
         """
-        if meta_path(key) is not None:
-            return None
         for path in chunk_owner_paths(key):
             decided, ref = _route_in(await self.node(path), key)
             if decided:
@@ -169,8 +167,6 @@ class NodeTable:
         ChunkOutOfGridError
             For a chunk key of such an array outside its chunk grid.
         """
-        if meta_path(key) is not None:
-            return None
         for path in chunk_owner_paths(key):
             node = self._nodes[path] if path in self._nodes else self.remember(path, read(_meta_key(path)))
             decided, ref = _route_in(node, key)
@@ -180,8 +176,6 @@ class NodeTable:
 
     async def array_of_shard(self, key: str) -> ShardedArray | None:
         """The sharded array whose shard the stored key ``key`` is, or ``None``."""
-        if meta_path(key) is not None:
-            return None
         for path in chunk_owner_paths(key):
             node = await self.node(path)
             if node is None:
