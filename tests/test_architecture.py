@@ -250,6 +250,65 @@ def test_every_error_class_is_public_subclasses_a_builtin_and_is_listed_in_the_r
             assert builtins, f"{name} subclasses no builtin a caller would catch"
 
 
+FRAME_NAMES = {"_getframe", "currentframe", "f_lasti", "f_back", "stack"}
+"""Names that read the interpreter's call stack (``sys._getframe``, ``inspect.currentframe``/``stack``, a frame's
+``f_lasti``/``f_back``): code that asks who called it depends on a call depth and on CPython."""
+
+
+def _frame_introspection_in(tree: ast.AST) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in FRAME_NAMES - {"stack"}:
+            found.append(f"{ast.unparse(node)} (line {node.lineno})")
+        elif isinstance(node, ast.Attribute) and node.attr == "stack" and ast.unparse(node.value) == "inspect":
+            found.append(f"inspect.stack (line {node.lineno})")
+        elif isinstance(node, ast.ImportFrom) and node.module in ("sys", "inspect"):
+            found += [f"from {node.module} import {a.name}" for a in node.names if a.name in FRAME_NAMES]
+    return found
+
+
+def test_no_frame_introspection() -> None:
+    """No module reads the call stack (``sys._getframe``, ``inspect.currentframe``, ``f_lasti``)."""
+    found = {}
+    for module, path in MODULES.items():
+        frames = _frame_introspection_in(ast.parse(path.read_text()))
+        if frames:
+            found[module] = frames
+    assert found == {}
+
+
+def test_the_frame_check_sees_frame_introspection() -> None:
+    source = ("import sys, inspect\nf = sys._getframe(2)\ng = inspect.currentframe()\nf.f_lasti\nf.f_back\n"
+              "inspect.stack()\nfrom sys import _getframe\n")
+    assert len(_frame_introspection_in(ast.parse(source))) == 6
+    assert _frame_introspection_in(ast.parse("import inspect\ninspect.signature(f)\nself.stack.pop()")) == []
+
+
+def _sleeps_in(tree: ast.AST) -> list[int]:
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name))
+        and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) == "sleep"
+    ]
+
+
+def test_only_the_retry_loop_waits() -> None:
+    """Retries and waits (lock files, lost races, stale reads) go through ``engine/retry.py``: nothing else sleeps."""
+    found = {
+        module: lines
+        for module, path in MODULES.items()
+        if _layer_of(module) != "cli" and module != "shardkv.engine.retry"
+        and (lines := _sleeps_in(ast.parse(path.read_text())))
+    }
+    assert found == {}
+
+
+def test_the_sleep_check_sees_a_sleep() -> None:
+    assert _sleeps_in(ast.parse("import time\ntime.sleep(0.001)\nfrom time import sleep\nsleep(1)")) == [2, 4]
+    assert _sleeps_in(ast.parse("event.wait(1)\nlock.acquire(timeout=1)")) == []
+
+
 # what parses chunk-likeness of a key: a chunk-segment regex ("c|c?[0-9]..."), a per-part isdigit test
 # of a split segment, or a helper named after chunk-like segments
 _CHUNK_PATTERN = ("c?[0-9", "c|")

@@ -224,16 +224,48 @@ def test_a_hold_over_several_arrays_waits_holding_nothing(tmp_path) -> None:
         pass
 
 
-def test_the_file_lock_table_stays_bounded(tmp_path, monkeypatch) -> None:
-    from shardkv.engine import locks as locks_module
-
-    monkeypatch.setattr(locks_module, "_MAX_FILE_LOCKS", 16)
+def test_released_lock_files_leave_no_descriptor_open(tmp_path) -> None:
+    # no table of lock file objects: each hold opens its own descriptor and closes it on release
     locks = ShardLocks(_local(str(tmp_path)).location, file_stripes=4)
+    before = len(os.listdir("/proc/self/fd"))
     for i in range(40):  # 40 arrays, a lock directory each
         key = f"arr{i}/c/{i}"
         with locks.hold([key], {key: f"arr{i}/"}):
             pass
-    assert len(locks_module._REGISTRY._file_locks) <= 16
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_shard_takes_the_thread_stripe_of_its_lock_file(tmp_path) -> None:
+    # two threads of one process never hold one lock file at once (flock emulated by fcntl on NFS is per process)
+    for mode in ("files", "process"):
+        locks = ShardLocks(_local(str(tmp_path)).location, mode=mode, file_stripes=4)
+        by_file: dict[int, set[tuple[int, ...]]] = {}
+        for i in range(64):
+            key = f"arr/c/{i}"
+            by_file.setdefault(stripe_of(f"c/{i}", 4), set()).add(tuple(locks.thread_stripes_of([key], {key: "arr/"})))
+        assert len(by_file) == 4 and all(len(stripes) == 1 for stripes in by_file.values())
+
+
+def test_holds_of_one_lock_file_in_two_threads_exclude_each_other(tmp_path) -> None:
+    # each hold opens its own descriptor; the thread stripe of the lock file keeps the two apart
+    locks = ShardLocks(_local(str(tmp_path)).location, file_stripes=1, timeout=0.05)
+    entered, leave = threading.Event(), threading.Event()
+
+    def hold_first() -> None:
+        with locks.hold(["a/0"]):
+            entered.set()
+            leave.wait(20)
+
+    side = threading.Thread(target=hold_first, daemon=True)
+    side.start()
+    assert entered.wait(20)
+    with pytest.raises(LockTimeoutError):
+        with locks.hold(["a/1"]):  # another shard, the same (only) lock file
+            pass
+    leave.set()
+    side.join(20)
+    with locks.hold(["a/1"]):
+        pass
 
 
 def test_deleting_everything_keeps_the_lock_files(tmp_path) -> None:

@@ -209,6 +209,14 @@ class UnderlyingKV(KVStore):
                 fetched[i] = (values, None if self._in_process is None else self._in_process.size(key))
         return fetched
 
+    def contains(self, key: str) -> bool:
+        """The underlying store's ``contains`` (a path holding keys, such as a directory, is no value)."""
+        return self.store.contains(key)
+
+    def size(self, key: str) -> int | None:
+        """The size in bytes of the value at ``key``; ``None`` where the underlying store holds none."""
+        return super().size(key) if self.store.contains(key) else None
+
     def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
         return write_stamped(self._location, writes, self._holds, self._write)
 

@@ -101,8 +101,8 @@ class IndexCache:
         Counts a hit (and makes the entry the most recently used) only when it
         answers; ``None`` (nothing counted, nothing reordered) when the shard is
         not cached, its size is unknown or the chunk is absent from its index.
-        The warm single-chunk read (:func:`~shardkv.engine.reads.read_one_cached`)
-        takes this one look-up instead of a :meth:`peek` and an :meth:`entry`.
+        The warm single-chunk read (:meth:`~shardkv.engine.reads.EngineReads.read_chunks`
+        of one chunk) takes this one look-up instead of a :meth:`peek` and an :meth:`entry`.
         """
         with self._lock:
             entry = self._entries.get(shard_key)

@@ -1,4 +1,4 @@
-"""Per-shard locks that belong to the data, not to the object (issue 9), and the ``concurrency=`` option.
+"""Per-shard locks that belong to the data, not to the object, and the ``concurrency=`` option.
 
 A shard write is a read-modify-write: every writer of a shard holds that
 shard's lock from the read of the old shard to the write of the new one, or
@@ -16,28 +16,41 @@ docs/user-guide.md, "Concurrency"):
 
 :class:`ShardLocks` gives the locks for a
 :class:`~shardkv.storage.location.StoreLocation`; every ``ShardLocks`` of one
-location shares them. Two layers, taken in this order:
+location shares them. One stripe scheme, two layers, taken in this order:
 
-1. **In the process**: one process-wide pool of ``threading.Lock`` stripes; a
-   shard takes the stripe of a CRC-32 of its namespace and full path (for data
-   in a directory: of its real array directory and its key in that array).
-2. **Across processes** (where the location has a ``local_dir``): an ``flock``
+1. **Across processes** (where the location has a ``local_dir``): an ``flock``
    of ``<array>/.shardkv-locks/<stripe>.lock`` in the real directory of the
    array that owns the shard (the store root for the 2022 draft layout), so
    every store takes the same file for a shard whatever root or symbolic link
    it came through. Lock files are opened ``O_RDWR`` and get the array
    directory's write permissions (docs/user-guide.md, "Concurrency"): an
    account that cannot write the array cannot block its writers.
+2. **In the process**: one process-wide pool of ``threading.Lock`` stripes,
+   taken first. For data in a directory a shard takes the thread stripe of its
+   lock file (real array directory and file stripe), with or without lock
+   files: so no two threads of a process hold one lock file at once (each
+   hold opens its own descriptor; ``flock`` emulated by per-process ``fcntl``
+   locks on NFS stays exclusive) and every mode agrees. Elsewhere a shard
+   takes the stripe of a CRC-32 of its namespace and full path.
 
 Stripes are safe: every writer of a shard takes that shard's stripe; shards
 that share a stripe only wait for each other. Deadlock freedom:
-:meth:`ShardLocks.hold` takes its thread stripes in ascending order, then the
-file stripes of its first lock directory in ascending order, and only *tries*
-those of other directories (if one is taken it lets go of everything, backs
-off and starts again). A hold nested in another of the same thread (stacked
+:meth:`ShardLocks.hold` takes its thread stripes in ascending order, then its
+lock files in one global order (lock directory, stripe), waiting for a lock
+file only while it holds none (a taken one lets go of every lock file, and the
+next round waits for that one: :meth:`ShardLocks._take_files`). Every wait for
+a lock file goes through the engine's one retry loop
+(:func:`~shardkv.engine.retry.attempts`): a blocking ``flock`` without a
+timeout, tries spaced by :data:`~shardkv.engine.retry.LOCK_BACKOFF` until the
+deadline with one. A hold nested in another of the same thread (stacked
 transformers) skips the stripes its thread holds. Locks are never pickled, and
-a forked child starts with an empty registry (it never releases the parent's
-lock files: ``flock`` locks belong to the open file, which the child shares).
+a forked child starts with an empty pool (it never releases the parent's lock
+files: ``flock`` locks belong to the open file, which the child shares).
+
+A local store's conditional puts take a second, separate table of stripes:
+the writer locks of the process stamps (:data:`~shardkv.storage.stamps.STAMPS`),
+in ``storage/``, for the check and the rename of one ``put_many``
+(docs/architecture.md says why it stays there).
 """
 
 from __future__ import annotations
@@ -45,7 +58,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import random
 import stat
 import threading
 import time
@@ -53,6 +65,7 @@ import zlib
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any, Iterable, Iterator, Literal, Mapping
 
+from shardkv.engine.retry import LOCK_BACKOFF, Backoff, attempts
 from shardkv.errors import ConfigurationError, LockTimeoutError
 from shardkv.keys.space import ShardedArray
 from shardkv.storage.kv import LOCK_DIR, KVStore
@@ -73,8 +86,10 @@ DEFAULT_THREAD_STRIPES = 1024
 DEFAULT_FILE_STRIPES = 64
 """Lock files per array (empty files in ``<array>/.shardkv-locks/``)."""
 
-_MAX_FILE_LOCKS = 4096
-"""Lock file objects a process keeps at most; unheld ones are dropped beyond it."""
+_REOPEN_ATTEMPTS = 100
+"""Opens of a lock file that keeps being removed (its array deleted meanwhile) before giving up."""
+_REOPEN_BACKOFF = Backoff(0.0001, 2.0, 0.01)
+"""Waits between those opens (seconds)."""
 _MAX_REAL_DIRS = 4096  # resolved array directories remembered per ShardLocks
 
 
@@ -190,47 +205,43 @@ def _make_lock_dir(lock_dir: str) -> None:
 
 
 class _LockFile:
-    """One exclusive ``flock`` of one lock file, taken through a descriptor opened ``O_RDWR``.
+    """One exclusive ``flock`` of one lock file, taken through a descriptor opened ``O_RDWR`` for this hold.
 
     The file is created (``O_CREAT``, never through a symbolic link) with the
     mode of :func:`lock_modes`; a looser existing file owned by this account is
-    narrowed to it. The descriptor is opened for each hold and closed when the
-    lock is released; it is never inherited by child processes.
+    narrowed to it. The descriptor is opened when the lock is taken and closed
+    when it is released; it is never inherited by child processes. One object
+    serves one hold: no two threads of a process take one lock file at once
+    (they hold its in-process stripe first, :meth:`ShardLocks.hold`), which
+    also keeps ``flock`` emulated by ``fcntl`` locks (NFS) exclusive.
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.fd: int | None = None  # the open descriptor while held
-        self._mode: int | None = None  # from the array directory, at the first open
 
-    def _open(self) -> int:
+    def _open(self) -> int | None:
+        """A descriptor of the lock file, created if missing; ``None`` if it vanished between two opens."""
         flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-        first = self._mode is None
-        if self._mode is None:
-            self._mode, _ = lock_modes(os.path.dirname(os.path.dirname(self.path)))
-        mode = self._mode
-        for _ in range(100):  # a file removed between the two opens (the array deleted) is made again
+        mode, _ = lock_modes(os.path.dirname(os.path.dirname(self.path)))
+        try:
             try:
-                try:
-                    fd, created = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, mode), True
-                except FileExistsError:
-                    fd, created = os.open(self.path, flags), False
-            except FileNotFoundError:
-                continue
-            except PermissionError as exc:
-                raise PermissionError(
-                    exc.errno,
-                    f"cannot open lock file {self.path!r} for writing: this account may not write the array "
-                    "(reading needs no lock)",
-                    self.path,
-                ) from exc
-            break
-        else:
-            raise FileNotFoundError(errno.ENOENT, "lock file keeps disappearing while being opened", self.path)
+                fd, created = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, mode), True
+            except FileExistsError:
+                fd, created = os.open(self.path, flags), False
+        except FileNotFoundError:
+            return None  # removed between the two opens (the array deleted): made again next round
+        except PermissionError as exc:
+            raise PermissionError(
+                exc.errno,
+                f"cannot open lock file {self.path!r} for writing: this account may not write the array "
+                "(reading needs no lock)",
+                self.path,
+            ) from exc
         try:
             if created:
                 os.fchmod(fd, mode)  # exactly: the umask may have left a read bit without its write bit
-            elif first:
+            else:
                 st = os.fstat(fd)
                 if _too_open(st.st_mode, mode) and st.st_uid == os.geteuid():
                     os.fchmod(fd, mode)  # left 0644 by an older shardkv
@@ -239,50 +250,38 @@ class _LockFile:
             raise
         return fd
 
-    def acquire(self, timeout: float | None) -> None:
-        """Take the lock, waiting at most ``timeout`` seconds (``None``: as long as it takes).
+    def acquire(self, deadline: float | None) -> bool:
+        """Take the lock, waiting until ``deadline`` (``time.monotonic()``; ``None``: as long as it takes).
+
+        Returns
+        -------
+        bool
+            False if another open file description held it until ``deadline``.
 
         Raises
         ------
-        LockTimeoutError
-            If another open file description holds it for longer than ``timeout``.
         PermissionError
             If this account cannot open the lock file for writing.
+        FileNotFoundError
+            If the lock file kept being removed while it was being taken.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for _ in range(100):  # another round only if the file was removed under us
+        for _ in attempts(_REOPEN_ATTEMPTS, _REOPEN_BACKOFF):  # another round only if the file was removed
             fd = self._open()
+            if fd is None:
+                continue
             try:
-                if deadline is None:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                    locked = True
-                else:
-                    locked = self._try_until(fd, deadline)
+                locked = _flock(fd, deadline)
                 if locked and os.fstat(fd).st_nlink > 0:
                     self.fd = fd
-                    return
+                    return True
             except BaseException:
                 os.close(fd)
                 raise
             os.close(fd)
             if not locked:
-                raise LockTimeoutError(self.path, timeout or 0.0)
-            # the file was removed (the array deleted) between our open and flock: lock the new one
-        raise FileNotFoundError(errno.ENOENT, "lock file keeps being removed while it is locked", self.path)
-
-    @staticmethod
-    def _try_until(fd: int, deadline: float) -> bool:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
-                    raise
-            left = deadline - time.monotonic()
-            if left <= 0:
                 return False
-            time.sleep(min(0.001, left))
+            # the file was removed (the array deleted) between our open and flock: lock the new one
+        raise FileNotFoundError(errno.ENOENT, "lock file keeps being removed while it is taken", self.path)
 
     def release(self) -> None:
         """Let go of the lock and close its descriptor."""
@@ -294,21 +293,34 @@ class _LockFile:
                 os.close(fd)
 
 
+def _flock(fd: int, deadline: float | None) -> bool:
+    """``flock(fd, LOCK_EX)``: blocking without a deadline, else tried until ``deadline`` through the retry loop."""
+    if deadline is None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return True
+    for _ in attempts(None, LOCK_BACKOFF, deadline):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                raise
+    return False
+
+
 class _Registry:
-    """The process-wide tables of lock stripes; rebuilt empty in a forked child."""
+    """The process-wide pools of in-process lock stripes; rebuilt empty in a forked child."""
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
         self._thread_pools: dict[int, list[threading.Lock]] = {}
-        self._file_locks: dict[tuple[str, int], tuple[threading.Lock, _LockFile]] = {}
         self._inherited: list[Any] = []
 
     def reset_after_fork(self) -> None:
         # the parent's locks may be held by its threads: the child must not use (or release) them
-        self._inherited.append((self._thread_pools, self._file_locks))
+        self._inherited.append(self._thread_pools)
         self._guard = threading.Lock()
         self._thread_pools = {}
-        self._file_locks = {}
 
     def thread_pool(self, n_stripes: int) -> list[threading.Lock]:
         with self._guard:
@@ -316,32 +328,6 @@ class _Registry:
             if pool is None:
                 pool = self._thread_pools[n_stripes] = [threading.Lock() for _ in range(n_stripes)]
             return pool
-
-    def file_lock(self, lock_dir: str, stripe: int) -> tuple[threading.Lock, _LockFile]:
-        key = (lock_dir, stripe)
-        with self._guard:
-            entry = self._file_locks.get(key)
-            if entry is None:
-                if len(self._file_locks) >= _MAX_FILE_LOCKS:
-                    self._drop_unheld()
-                # one lock file object per process and stripe, used by one thread at a time (the paired mutex)
-                path = os.path.join(lock_dir, f"{stripe}.lock")
-                entry = self._file_locks[key] = (threading.Lock(), _LockFile(path))
-            return entry
-
-    def _drop_unheld(self) -> None:
-        """Forget the file locks no thread holds (guard held), so the table stays bounded.
-
-        Safe even for an entry a thread fetched and is about to use: a second
-        ``_LockFile`` of the same file opens its own file description, and
-        ``flock`` locks of two descriptions exclude each other in one process too.
-        """
-        for key, (mutex, _) in list(self._file_locks.items()):
-            if mutex.acquire(blocking=False):
-                try:
-                    del self._file_locks[key]
-                finally:
-                    mutex.release()
 
 
 _REGISTRY = _Registry()
@@ -396,7 +382,7 @@ class ShardLocks:
     file_stripes : int
         Number of lock files (stripes) in an array's lock directory.
     timeout : float or None
-        Longest wait (seconds) for each lock; ``None`` waits as long as it takes.
+        Longest wait (seconds) for the locks of one :meth:`hold`; ``None`` waits as long as it takes.
 
     Attributes
     ----------
@@ -512,15 +498,23 @@ class ShardLocks:
     def thread_stripes_of(self, shard_keys: Iterable[str], prefixes: Mapping[str, str] | None = None) -> list[int]:
         """Ascending distinct in-process stripes of the shards.
 
-        By namespace and full path; where the data is in a directory (with or
-        without lock files), by the real array directory and the key in it
-        (the file stripe's identity), so every store of the process agrees
-        whatever root or link it came through.
+        Where the data is in a directory (with or without lock files), the
+        stripe of a shard's lock file (its real array directory and file
+        stripe), so every store of the process agrees whatever root or link it
+        came through, and no two threads take one lock file at once; else the
+        stripe of the shard's namespace and full path.
         """
         return sorted({stripe_of(self._identity(k, prefixes), self.thread_stripes) for k in shard_keys})
 
     def _identity(self, key: str, prefixes: Mapping[str, str] | None = None) -> str:
-        """What names a shard for locking in this process: its namespace and full path, or real directory and key."""
+        """What names a shard's lock in this process: its lock file (real array directory, file stripe) or full path."""
+        if self._dir_root is not None:
+            prefix, rel = self._split(key, prefixes)
+            return f"{self._prefix}{self._real_dir(prefix)}\0{stripe_of(rel, self.file_stripes)}"
+        return self._prefix + self.location.full_path(key)
+
+    def _shard_name(self, key: str, prefixes: Mapping[str, str] | None) -> str:
+        """What names the shard itself: its real array directory and key there, or its full path."""
         if self._dir_root is not None:
             prefix, rel = self._split(key, prefixes)
             return f"{self._prefix}{self._real_dir(prefix)}\0{rel}"
@@ -559,6 +553,10 @@ class ShardLocks:
     def hold(self, shard_keys: Iterable[str], prefixes: Mapping[str, str] | None = None) -> Iterator[None]:
         """Hold the locks of every shard in ``shard_keys`` for the ``with`` block (none in mode ``"none"``).
 
+        The in-process stripes are taken in ascending order, then the lock
+        files in one global order (lock directory, stripe), never waiting for
+        one while holding another (:meth:`_take_files`).
+
         Parameters
         ----------
         shard_keys : iterable of str
@@ -571,17 +569,19 @@ class ShardLocks:
         Raises
         ------
         LockTimeoutError
-            If a lock was not obtained within ``timeout`` seconds (nothing is
-            held when it is raised).
+            If the locks were not all obtained within ``timeout`` seconds
+            (nothing is held when it is raised).
         """
         if self.mode == "none":
             yield
             return
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
         keys = list(shard_keys)
         identities = [self._identity(k, prefixes) for k in keys]
+        shards = [("shard", self._shard_name(k, prefixes)) for k in keys]
         # nested in a hold of other shards (stacked transformers): the stripes this thread holds are skipped;
         # a shard this thread holds already is waited for as any writer would (contention, never skipped)
-        skip_held = not any(_held_by_this_thread(("shard", i)) for i in identities)
+        skip_held = not any(_held_by_this_thread(token) for token in shards)
         with ExitStack() as stack:
             pool = _REGISTRY.thread_pool(self.thread_stripes)
             for stripe in sorted({stripe_of(i, self.thread_stripes) for i in identities}):
@@ -589,69 +589,66 @@ class ShardLocks:
                 if skip_held and _held_by_this_thread(token):
                     continue  # a nested hold: this thread holds it already
                 lock = pool[stripe]
-                if not lock.acquire(timeout=-1 if self.timeout is None else self.timeout):
+                if not lock.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
                     raise LockTimeoutError(f"thread stripe {stripe} of {self.location!r}", self.timeout or 0.0)
                 stack.callback(lock.release)
                 _note_held(stack, token)
-            by_dir = self.file_stripes_by_dir(keys, prefixes)
+            files = [(d, s) for d, ss in self.file_stripes_by_dir(keys, prefixes).items() for s in ss]
             if skip_held:
-                by_dir = {d: [s for s in ss if not _held_by_this_thread(("file", d, s))] for d, ss in by_dir.items()}
-                by_dir = {d: ss for d, ss in by_dir.items() if ss}
-            if len(by_dir) == 1:
-                ((lock_dir, stripes),) = by_dir.items()
-                _make_lock_dir(lock_dir)
-                for stripe in stripes:
-                    self._hold_file_stripe(stack, lock_dir, stripe, self.timeout)
-            elif by_dir:
-                stack.enter_context(self._hold_dirs(by_dir))
-            for identity in identities:
-                _note_held(stack, ("shard", identity))
+                files = [(d, s) for d, s in files if not _held_by_this_thread(("file", d, s))]
+            if files:
+                self._take_files(stack, files, deadline)
+            for shard in shards:
+                _note_held(stack, shard)
             yield
 
     def hold_arrays(self, shards: Mapping[str, ShardedArray]) -> AbstractContextManager[None]:
         """:meth:`hold` of ``shards`` (shard key -> its array): each lock file is in its array's directory."""
         return self.hold(list(shards), {k: lock_prefix(arr) for k, arr in shards.items()})
 
-    @contextmanager
-    def _hold_dirs(self, by_dir: Mapping[str, list[int]]) -> Iterator[None]:
-        """Hold the stripes of several lock directories: wait for the first one's, try the others'."""
-        started = time.monotonic()
-        dirs = list(by_dir)
-        for lock_dir in dirs:
-            _make_lock_dir(lock_dir)
-        attempt = 0
-        while True:
-            attempt += 1
-            left = None if self.timeout is None else self.timeout - (time.monotonic() - started)
-            if left is not None and left < 0:
-                raise LockTimeoutError(dirs[-1], self.timeout or 0.0)
-            with ExitStack() as stack:
-                for stripe in by_dir[dirs[0]]:
-                    self._hold_file_stripe(stack, dirs[0], stripe, left)
-                try:
-                    for lock_dir in dirs[1:]:
-                        for stripe in by_dir[lock_dir]:
-                            self._hold_file_stripe(stack, lock_dir, stripe, 0.0)
-                except LockTimeoutError:
-                    pass  # taken by another writer: let go of everything, back off, start again
-                else:
-                    held = stack.pop_all()
-                    break
-            time.sleep(random.uniform(0.0, min(0.05, 0.001 * attempt)))
-        with held:
-            yield
+    def _take_files(self, stack: ExitStack, files: list[tuple[str, int]], deadline: float | None) -> None:
+        """Take the lock files ``files`` (``(lock directory, stripe)``, in the global order) onto ``stack``.
 
-    def _hold_file_stripe(self, stack: ExitStack, lock_dir: str, stripe: int, timeout: float | None) -> None:
-        token = ("file", lock_dir, stripe)
-        mutex, lock_file = _REGISTRY.file_lock(lock_dir, stripe)
-        started = time.monotonic()
-        if not mutex.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
-            raise LockTimeoutError(lock_file.path, timeout or 0.0)
-        stack.callback(mutex.release)
-        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
-        lock_file.acquire(left)
+        Each round waits for one lock file holding none (the first; after a
+        round that found one taken, that one), then tries the others in order
+        without waiting; a taken one lets go of everything for the next round
+        (:func:`~shardkv.engine.retry.attempts`, until ``deadline``). Nothing
+        waits while holding a lock file, so writers of overlapping sets never
+        deadlock, whatever their order.
+
+        Raises
+        ------
+        LockTimeoutError
+            If ``deadline`` passed first (nothing of ``files`` is held then).
+        """
+        for lock_dir in dict.fromkeys(d for d, _ in files):
+            _make_lock_dir(lock_dir)
+        waited = files[0]
+        for _ in attempts(None, LOCK_BACKOFF, deadline):
+            with ExitStack() as round_stack:
+                if not self._take_file(round_stack, waited, deadline):
+                    break
+                busy = None
+                for file in files:
+                    if file != waited and not self._take_file(round_stack, file, 0.0):
+                        busy = file
+                        break
+                if busy is None:
+                    stack.enter_context(round_stack.pop_all())
+                    return
+            waited = busy  # all let go: the next round waits for the one another writer holds
+        raise LockTimeoutError(os.path.join(waited[0], f"{waited[1]}.lock"), self.timeout or 0.0)
+
+    @staticmethod
+    def _take_file(stack: ExitStack, file: tuple[str, int], deadline: float | None) -> bool:
+        """Take one lock file onto ``stack``, waiting until ``deadline`` (``0.0``: one try); False if it is taken."""
+        lock_dir, stripe = file
+        lock_file = _LockFile(os.path.join(lock_dir, f"{stripe}.lock"))
+        if not lock_file.acquire(deadline):
+            return False
         stack.callback(lock_file.release)
-        _note_held(stack, token)
+        _note_held(stack, ("file", lock_dir, stripe))
+        return True
 
 
 def _rebuild(location: StoreLocation, options: dict[str, Any]) -> ShardLocks:

@@ -1,4 +1,4 @@
-"""The one read path of the engine: chunk bytes conditioned on the generation of the cached index.
+"""The one read path of the engine (:class:`EngineReads`): chunk bytes conditioned on the cached index's generation.
 
 A cached index is trusted only as far as the store confirms it: every chunk
 read is a ranged ``get`` conditioned on the generation the index was read
@@ -26,8 +26,8 @@ end, each range asks for ``index_nbytes`` bytes more: the index follows every
 chunk, so fewer bytes mean a truncated shard or an entry pointing into the
 index, never served as data.
 
-Listings (:func:`current_indexes`) compare the generations a store listing
-returned, or else make one zero-range conditional ``get`` per cached shard.
+Listings (:meth:`EngineReads.read_indexes`) compare the generations a store
+listing returned, or else make one zero-range conditional ``get`` per cached shard.
 """
 
 from __future__ import annotations
@@ -48,10 +48,7 @@ from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.storage.buffers import BytesLike
 from shardkv.storage.kv import ANY, Generation, KVStore, ReadRequest, ReadResult
 
-__all__ = [
-    "read_ranges", "read_one_cached", "current_indexes", "chunk_keys_of", "count_chunks_of", "present_masks",
-    "LIST_BATCH", "WHOLE_CHUNK",
-]
+__all__ = ["EngineReads", "LIST_BATCH", "WHOLE_CHUNK"]
 
 LIST_BATCH = 4096
 """Shards whose indexes one listing request reads at most."""
@@ -139,174 +136,6 @@ def _decode(arr: ShardedArray, shard_key: str, result: ReadResult, whole: bool) 
     return arr.layout.decode_index(values[0], shard_key, result.size), result.size
 
 
-def read_ranges(
-    kv: KVStore,
-    cache: IndexCache,
-    policy: ReadPolicy,
-    stats: EngineStats,
-    requests: Sequence[tuple[ChunkRef, ByteRange]],
-    relayed: Sequence[tuple[str, ByteRange]] = (),
-) -> list[BytesLike | None]:
-    """Byte ranges inside chunks, each from the shard generation its index was read from.
-
-    Parameters
-    ----------
-    kv : KVStore
-        The store.
-    cache : IndexCache
-        Decoded indexes with their generations (read, refreshed and dropped here).
-    policy : ReadPolicy
-        Merging of chunk ranges, and the whole-shard threshold.
-    stats : EngineStats
-        Counters to update.
-    requests : sequence of (ChunkRef, ByteRange)
-        A chunk and a range *inside its bytes* (clipped to the chunk; a suffix
-        range counts from the chunk's end); ``ByteRange(0)`` is the whole chunk.
-    relayed : sequence of (str, ByteRange)
-        Ranges of keys that are not chunks, read along with the first index
-        reads (one request fewer for the draft transformer's relayed keys).
-
-    Returns
-    -------
-    list of bytes-like or None
-        The values of ``requests`` then of ``relayed``, in order; ``None``
-        where the chunk or key is not stored.
-
-    Raises
-    ------
-    CorruptShardError, ChecksumError
-        For a damaged shard (an index entry past the shard's data included).
-    ConcurrentUpdateError
-        If a shard changed under every one of the read rounds.
-    """
-    by_shard: dict[str, list[int]] = {}
-    for pos, (ref, _) in enumerate(requests):
-        by_shard.setdefault(ref.shard_key, []).append(pos)
-    extra: list[ReadRequest] = [(key, [byte_range], ANY) for key, byte_range in relayed]
-    if not by_shard or not kv.caps.ranged:
-        values = _read_unranged(kv, requests, by_shard) if by_shard else []
-        return values + _relayed_values(kv.get_many(extra) if extra else [])
-    arrays = {k: requests[positions[0]][0].array for k, positions in by_shard.items()}
-    out: list[BytesLike | None] = [None] * len(requests)
-    pending = set(by_shard)
-    whole = _whole_wanted(requests, policy) if kv.caps.round_trips else set()
-    stale: set[str] = set()
-    for attempt in attempts(READ_ATTEMPTS, READ_BACKOFF):
-        stats.read_attempts += 1
-        if attempt >= 3:
-            whole |= stale  # a shard rewritten without pause: one self-consistent request
-        order = [k for k in by_shard if k in pending]
-        entries: dict[str, CacheEntry] = {}
-        for k in order:
-            cached = None if k in whole else cache.entry(k)
-            if cached is not None:
-                entries[k] = cached
-        need = [k for k in order if k not in entries]
-        fresh: set[str] = set()
-        changed: set[str] = set()
-        if need or extra:
-            reads: list[ReadRequest] = [
-                (k, None if k in whole else [arrays[k].layout.index_range()], ANY) for k in need
-            ]
-            answers = kv.get_many(reads + extra)
-            if extra:
-                out += _relayed_values(answers[len(need):])
-                extra = []
-            for k, result in zip(need, answers):
-                if result.state == "stale":  # changed while it was read: read again next round
-                    cache.discard(k)
-                    changed.add(k)
-                    continue
-                if not result.found:  # no shard: none of its chunks is stored
-                    cache.discard(k)
-                    pending.discard(k)
-                    continue
-                index, size = _decode(arrays[k], k, result, k in whole)
-                cache.put(k, index, result.generation, size)
-                if k in whole:
-                    stats.whole_shard_reads += 1
-                    _serve_from_whole(requests, by_shard[k], result.whole(), index, out)
-                    pending.discard(k)
-                else:
-                    entries[k] = CacheEntry(index, result.generation, size)
-                    fresh.add(k)
-        chunk_reads: list[ReadRequest] = []
-        plans: list[tuple[str, list[tuple[int, int, int]], list[CoalescedRead], int]] = []
-        for k in order:
-            if k not in pending or k not in entries:
-                continue
-            index, generation, size = entries[k].index, entries[k].generation, entries[k].size
-            layout = arrays[k].layout
-            wanted: list[tuple[int, int, int]] = []  # (position, start, stop) in the shard
-            absent = False
-            for pos in by_shard[k]:
-                span = _span(index, *requests[pos])
-                if span is None:
-                    absent = True
-                    continue
-                wanted.append((pos, *span))
-            if not wanted and (not absent or k in fresh):
-                pending.discard(k)  # nothing to read; absence proved by an index read of this round
-                continue
-            guard = layout.index_nbytes if layout.index_location == "end" and size is None else 0
-            coalesced = plan_reads([ByteRange(a, b) for _, a, b in wanted], index.used_nbytes(), policy)
-            ranges = [c.range if c.range.stop is None else ByteRange(c.range.start, c.range.stop + guard)
-                      for c in coalesced]
-            chunk_reads.append((k, ranges, generation))
-            plans.append((k, wanted, coalesced, guard))
-        stale = changed
-        for (k, wanted, coalesced, guard), result in zip(plans, kv.get_many(chunk_reads) if chunk_reads else []):
-            if result.state != "value":  # changed or deleted since the index was read: read it again
-                stale.add(k)
-                stats.read_stale += 1
-                cache.discard(k)
-                continue
-            _serve_ranges(k, arrays[k], wanted, coalesced, guard, result, out)
-            pending.discard(k)
-        if not pending:
-            return out
-    first = sorted(pending)[0]
-    raise ConcurrentUpdateError(first, READ_ATTEMPTS, READ_ATTEMPTS, operation="read")
-
-
-def read_one_cached(
-    kv: KVStore, cache: IndexCache, policy: ReadPolicy, stats: EngineStats, ref: ChunkRef
-) -> BytesLike | None:
-    """One whole chunk read with one request, from a cached index whose shard size is known; ``None`` otherwise.
-
-    The fast path of a warm single-chunk read (zarr reading one chunk): one
-    ranged ``get`` of exactly the chunk's bytes conditioned on the cached
-    index's generation, no read plan. ``None`` (nothing served) when the
-    store has no ranged reads, :func:`read_ranges` would read the shard
-    whole, the index is not cached, its shard's size is unknown (an index
-    cached with the size was validated against it: every entry lies in the
-    data region) or the chunk is absent from it (absence is proved by
-    :func:`read_ranges`); the caller then takes :func:`read_ranges`. A stale answer
-    drops the entry and counts as a refused round, exactly as in
-    :func:`read_ranges`, which then reads the index again: the requests are
-    those of :func:`read_ranges` alone.
-    """
-    caps = kv.caps
-    if not caps.ranged or (caps.round_trips and _whole_wanted([(ref, WHOLE_CHUNK)], policy)):
-        return None  # no ranged reads, or a shard read_ranges reads whole
-    found = cache.chunk_location(ref.shard_key, ref.local_coords)  # a hit only when it serves
-    if found is None:
-        return None
-    entry, start, nbytes = found  # inside the data region: the index was validated against the shard's size
-    stats.read_attempts += 1
-    (result,) = kv.get_many([(ref.shard_key, [ByteRange(start, start + nbytes)], entry.generation)])
-    if result.state != "value":  # changed since the index was read
-        stats.read_stale += 1
-        cache.discard(ref.shard_key)
-        return None
-    value = result.values[0] if result.values else b""
-    if len(value) != nbytes:  # same generation, fewer bytes: read_ranges reports it
-        return None
-    if type(value) is bytes:
-        return memoryview(value)  # what read_ranges serves: a read-only view
-    return _slicer(value)(0, nbytes)  # a read-only view (or a copy of a writable buffer)
-
-
 def _serve_ranges(
     shard_key: str, arr: ShardedArray, wanted: list[tuple[int, int, int]], coalesced: list[CoalescedRead],
     guard: int, result: ReadResult, out: list[BytesLike | None],
@@ -335,137 +164,359 @@ def _serve_ranges(
             out[pos] = part(rel, rel + nbytes)
 
 
-def current_indexes(
-    kv: KVStore,
-    cache: IndexCache,
-    shards: Mapping[str, ShardedArray],
-    generations: Mapping[str, Generation] | None = None,
-) -> dict[str, ShardIndex]:
-    """The current indexes of the stored shards among ``shards`` (listings, ``in``, counts).
-
-    A cached index is used when its generation equals the one a store listing
-    returned (``generations``), or else when a zero-range ``get`` conditioned
-    on it succeeds; every other index is read (one batched request for all).
-
-    Parameters
-    ----------
-    kv : KVStore
-        The store.
-    cache : IndexCache
-        Decoded indexes with their generations.
-    shards : mapping of str to ShardedArray
-        Shard keys and their arrays.
-    generations : mapping of str to Generation, optional
-        Generations a listing of the store returned, by shard key.
-
-    Raises
-    ------
-    CorruptShardError, ChecksumError
-        For a damaged index.
-    """
-    keys = list(shards)
-    if not kv.caps.ranged:
-        out = {}
-        for k, result in zip(keys, kv.get_many([(k, None, ANY) for k in keys])):
-            if result.found:
-                out[k] = shards[k].layout.index_of_shard(result.whole(), k)
-        return out
-    indexes: dict[str, ShardIndex] = {}
-    checks: list[tuple[str, CacheEntry]] = []
-    need: list[str] = []
-    for k in keys:
-        cached = cache.peek(k)
-        listed = None if generations is None else generations.get(k)
-        if cached is None or (listed is not None and not listed.is_any and listed != cached.generation):
-            need.append(k)
-        elif listed is not None and listed == cached.generation:
-            indexes[k] = cached.index
-        else:
-            checks.append((k, cached))
-    if checks:
-        for (k, cached), result in zip(checks, kv.get_many([(k, [], e.generation) for k, e in checks])):
-            if result.state == "value":
-                indexes[k] = cached.index
-            elif result.state == "stale":
-                need.append(k)
-            else:
-                cache.discard(k)
-    if need:
-        results = kv.get_many([(k, [shards[k].layout.index_range()], ANY) for k in need])
-        for k, result in zip(need, results):
-            if not result.found:
-                cache.discard(k)
-                continue
-            index, size = _decode(shards[k], k, result, False)
-            cache.put(k, index, result.generation, size)
-            indexes[k] = index
-    return {k: indexes[k] for k in keys if k in indexes}
-
-
 def _batches(shards: Mapping[str, ShardedArray]) -> Iterator[dict[str, ShardedArray]]:
     keys = list(shards)
     for start in range(0, len(keys), LIST_BATCH):
         yield {k: shards[k] for k in keys[start : start + LIST_BATCH]}
 
 
-def chunk_keys_of(
-    kv: KVStore,
-    cache: IndexCache,
-    shards: Mapping[str, ShardedArray],
-    generations: Mapping[str, Generation] | None = None,
-    in_grid_only: bool = True,
-) -> Iterator[str]:
-    """Keys of the chunks stored in ``shards``, from their current indexes, built once and in one pass per shard.
+class EngineReads:
+    """The read operations of :class:`~shardkv.engine.engine.ShardEngine`, which sets the state they use.
 
-    See :meth:`ShardEngine.chunk_keys <shardkv.engine.engine.ShardEngine.chunk_keys>`.
+    Attributes
+    ----------
+    kv : KVStore
+        The base store.
+    cache : IndexCache
+        Decoded indexes with the generations of the shards they were read from
+        (read, refreshed and dropped here).
+    policy : ReadPolicy
+        Merging of chunk ranges, and the whole-shard threshold.
+    stats : EngineStats
+        Counters the reads update.
     """
-    return itertools.chain.from_iterable(
-        shard_chunk_keys(arr, coords, index.present_mask(), in_grid_only)
-        for arr, coords, index in _stored_indexes(kv, cache, shards, generations)
-    )
 
+    kv: KVStore
+    cache: IndexCache
+    policy: ReadPolicy
+    stats: EngineStats
 
-def count_chunks_of(
-    kv: KVStore,
-    cache: IndexCache,
-    shards: Mapping[str, ShardedArray],
-    generations: Mapping[str, Generation] | None = None,
-    in_grid_only: bool = True,
-) -> int:
-    """How many chunks ``shards`` store (no key is built).
+    def read_chunks(self, refs: Sequence[ChunkRef]) -> dict[str, BytesLike]:
+        """Encoded bytes of the stored chunks among ``refs``, by chunk key (missing ones left out).
 
-    See :meth:`ShardEngine.count_chunks <shardkv.engine.engine.ShardEngine.count_chunks>`.
-    """
-    return sum(
-        shard_chunk_count(arr, coords, index.present_mask(), in_grid_only)
-        for arr, coords, index in _stored_indexes(kv, cache, shards, generations)
-    )
+        Parameters
+        ----------
+        refs : sequence of ChunkRef
+            Chunks of any arrays and shards (one batched index read and one
+            batched chunk read per round).
 
+        Returns
+        -------
+        dict of str to bytes-like
+            Read-only buffers (``bytes`` or read-only ``memoryview``).
 
-def present_masks(
-    kv: KVStore,
-    cache: IndexCache,
-    shards: Mapping[str, ShardedArray],
-    generations: Mapping[str, Generation] | None = None,
-) -> Iterator[tuple[ShardedArray, tuple[int, ...], np.ndarray]]:
-    """``(array, shard coords, present mask)`` of each stored shard among ``shards``, from its current index.
+        Raises
+        ------
+        CorruptShardError, ChecksumError
+            For a damaged shard.
+        ConcurrentUpdateError
+            If a shard kept changing under every read round.
+        OSError
+            Any error of the store.
+        """
+        if len(refs) == 1:  # a warm single-chunk read: one exact conditional request, no read plan
+            value = self._read_one_cached(refs[0])
+            if value is not None:
+                return {refs[0].chunk_key: value}
+        values = self.read_ranges([(ref, WHOLE_CHUNK) for ref in refs])
+        return {ref.chunk_key: v for ref, v in zip(refs, values) if v is not None}
 
-    Indexes are read (or confirmed) :data:`LIST_BATCH` shards per request.
-    """
-    for arr, coords, index in _stored_indexes(kv, cache, shards, generations):
-        yield arr, coords, index.present_mask()
+    def read_ranges(
+        self, requests: Sequence[tuple[ChunkRef, ByteRange]], relayed: Sequence[tuple[str, ByteRange]] = ()
+    ) -> list[BytesLike | None]:
+        """Byte ranges inside chunks, each from the shard generation its index was read from.
 
+        Parameters
+        ----------
+        requests : sequence of (ChunkRef, ByteRange)
+            A chunk and a range *inside its bytes* (clipped to the chunk; a
+            suffix range counts from the chunk's end); ``ByteRange(0)`` is the
+            whole chunk.
+        relayed : sequence of (str, ByteRange)
+            Ranges of keys that are not chunks (the draft transformer's relayed
+            keys), read along with the first index reads (one request fewer).
 
-def _stored_indexes(
-    kv: KVStore,
-    cache: IndexCache,
-    shards: Mapping[str, ShardedArray],
-    generations: Mapping[str, Generation] | None,
-) -> Iterator[tuple[ShardedArray, tuple[int, ...], ShardIndex]]:
-    """``(array, shard coords, current index)`` of the stored shards among ``shards`` (keys that name no shard skipped)."""
-    for batch in _batches(shards):
-        for shard_key, index in current_indexes(kv, cache, batch, generations).items():
-            arr = batch[shard_key]
-            coords = arr.shard_coords_of(shard_key)
-            if coords is not None:
-                yield arr, coords, index
+        Returns
+        -------
+        list of bytes-like or None
+            The values of ``requests`` then of ``relayed``, in order; ``None``
+            where the chunk or key is not stored.
+
+        Raises
+        ------
+        CorruptShardError, ChecksumError
+            For a damaged shard (an index entry past the shard's data included).
+        ConcurrentUpdateError
+            If a shard changed under every one of the read rounds.
+        OSError
+            Any error of the store.
+        """
+        kv, cache, policy, stats = self.kv, self.cache, self.policy, self.stats
+        by_shard: dict[str, list[int]] = {}
+        for pos, (ref, _) in enumerate(requests):
+            by_shard.setdefault(ref.shard_key, []).append(pos)
+        extra: list[ReadRequest] = [(key, [byte_range], ANY) for key, byte_range in relayed]
+        if not by_shard or not kv.caps.ranged:
+            values = _read_unranged(kv, requests, by_shard) if by_shard else []
+            return values + _relayed_values(kv.get_many(extra) if extra else [])
+        arrays = {k: requests[positions[0]][0].array for k, positions in by_shard.items()}
+        out: list[BytesLike | None] = [None] * len(requests)
+        pending = set(by_shard)
+        whole = _whole_wanted(requests, policy) if kv.caps.round_trips else set()
+        stale: set[str] = set()
+        for attempt in attempts(READ_ATTEMPTS, READ_BACKOFF):
+            stats.read_attempts += 1
+            if attempt >= 3:
+                whole |= stale  # a shard rewritten without pause: one self-consistent request
+            order = [k for k in by_shard if k in pending]
+            entries: dict[str, CacheEntry] = {}
+            for k in order:
+                cached = None if k in whole else cache.entry(k)
+                if cached is not None:
+                    entries[k] = cached
+            need = [k for k in order if k not in entries]
+            fresh: set[str] = set()
+            changed: set[str] = set()
+            if need or extra:
+                reads: list[ReadRequest] = [
+                    (k, None if k in whole else [arrays[k].layout.index_range()], ANY) for k in need
+                ]
+                answers = kv.get_many(reads + extra)
+                if extra:
+                    out += _relayed_values(answers[len(need):])
+                    extra = []
+                for k, result in zip(need, answers):
+                    if result.state == "stale":  # changed while it was read: read again next round
+                        cache.discard(k)
+                        changed.add(k)
+                        continue
+                    if not result.found:  # no shard: none of its chunks is stored
+                        cache.discard(k)
+                        pending.discard(k)
+                        continue
+                    index, size = _decode(arrays[k], k, result, k in whole)
+                    cache.put(k, index, result.generation, size)
+                    if k in whole:
+                        stats.whole_shard_reads += 1
+                        _serve_from_whole(requests, by_shard[k], result.whole(), index, out)
+                        pending.discard(k)
+                    else:
+                        entries[k] = CacheEntry(index, result.generation, size)
+                        fresh.add(k)
+            chunk_reads: list[ReadRequest] = []
+            plans: list[tuple[str, list[tuple[int, int, int]], list[CoalescedRead], int]] = []
+            for k in order:
+                if k not in pending or k not in entries:
+                    continue
+                index, generation, size = entries[k].index, entries[k].generation, entries[k].size
+                layout = arrays[k].layout
+                wanted: list[tuple[int, int, int]] = []  # (position, start, stop) in the shard
+                absent = False
+                for pos in by_shard[k]:
+                    span = _span(index, *requests[pos])
+                    if span is None:
+                        absent = True
+                        continue
+                    wanted.append((pos, *span))
+                if not wanted and (not absent or k in fresh):
+                    pending.discard(k)  # nothing to read; absence proved by an index read of this round
+                    continue
+                guard = layout.index_nbytes if layout.index_location == "end" and size is None else 0
+                coalesced = plan_reads([ByteRange(a, b) for _, a, b in wanted], index.used_nbytes(), policy)
+                ranges = [c.range if c.range.stop is None else ByteRange(c.range.start, c.range.stop + guard)
+                          for c in coalesced]
+                chunk_reads.append((k, ranges, generation))
+                plans.append((k, wanted, coalesced, guard))
+            stale = changed
+            for (k, wanted, coalesced, guard), result in zip(plans, kv.get_many(chunk_reads) if chunk_reads else []):
+                if result.state != "value":  # changed or deleted since the index was read: read it again
+                    stale.add(k)
+                    stats.read_stale += 1
+                    cache.discard(k)
+                    continue
+                _serve_ranges(k, arrays[k], wanted, coalesced, guard, result, out)
+                pending.discard(k)
+            if not pending:
+                return out
+        first = sorted(pending)[0]
+        raise ConcurrentUpdateError(first, READ_ATTEMPTS, READ_ATTEMPTS, operation="read")
+
+    def _read_one_cached(self, ref: ChunkRef) -> BytesLike | None:
+        """One whole chunk read with one request, from a cached index whose shard size is known; ``None`` otherwise.
+
+        The fast path of a warm single-chunk read (zarr reading one chunk): one
+        ranged ``get`` of exactly the chunk's bytes conditioned on the cached
+        index's generation, no read plan. ``None`` (nothing served) when the
+        store has no ranged reads, :meth:`read_ranges` would read the shard
+        whole, the index is not cached, its shard's size is unknown (an index
+        cached with the size was validated against it: every entry lies in the
+        data region) or the chunk is absent from it (absence is proved by
+        :meth:`read_ranges`); the caller then takes :meth:`read_ranges`. A stale
+        answer drops the entry and counts as a refused round, exactly as in
+        :meth:`read_ranges`, which then reads the index again: the requests are
+        those of :meth:`read_ranges` alone.
+        """
+        kv, cache, policy, stats = self.kv, self.cache, self.policy, self.stats
+        caps = kv.caps
+        if not caps.ranged or (caps.round_trips and _whole_wanted([(ref, WHOLE_CHUNK)], policy)):
+            return None  # no ranged reads, or a shard read_ranges reads whole
+        found = cache.chunk_location(ref.shard_key, ref.local_coords)  # a hit only when it serves
+        if found is None:
+            return None
+        entry, start, nbytes = found  # inside the data region: the index was validated against the shard's size
+        stats.read_attempts += 1
+        (result,) = kv.get_many([(ref.shard_key, [ByteRange(start, start + nbytes)], entry.generation)])
+        if result.state != "value":  # changed since the index was read
+            stats.read_stale += 1
+            cache.discard(ref.shard_key)
+            return None
+        value = result.values[0] if result.values else b""
+        if len(value) != nbytes:  # same generation, fewer bytes: read_ranges reports it
+            return None
+        if type(value) is bytes:
+            return memoryview(value)  # what read_ranges serves: a read-only view
+        return _slicer(value)(0, nbytes)  # a read-only view (or a copy of a writable buffer)
+
+    def has_chunks(self, refs: Sequence[ChunkRef]) -> list[bool]:
+        """Whether each chunk is stored now (``in``), from indexes confirmed current.
+
+        Raises
+        ------
+        CorruptShardError, ChecksumError, OSError
+            For a damaged index; any error of the store.
+        """
+        indexes = self.read_indexes({ref.shard_key: ref.array for ref in refs})
+        return [
+            ref.shard_key in indexes and indexes[ref.shard_key].get(ref.local_coords) is not None for ref in refs
+        ]
+
+    def read_indexes(
+        self, shards: Mapping[str, ShardedArray], generations: Mapping[str, Generation] | None = None
+    ) -> dict[str, ShardIndex]:
+        """The current indexes of the stored shards among ``shards`` (listings, ``in``, counts).
+
+        A cached index is used when its generation equals the one a store
+        listing returned (``generations``), or else when a zero-range ``get``
+        conditioned on it succeeds; every other index is read (one batched
+        request for all).
+
+        Parameters
+        ----------
+        shards : mapping of str to ShardedArray
+            Shard keys and their arrays.
+        generations : mapping of str to Generation, optional
+            Generations a listing of the store returned, by shard key.
+
+        Returns
+        -------
+        dict of str to ShardIndex
+            Shards not stored are left out. Do not modify the indexes (they are
+            the cached objects); copy first.
+
+        Raises
+        ------
+        CorruptShardError, ChecksumError
+            For a damaged index.
+        """
+        kv, cache = self.kv, self.cache
+        keys = list(shards)
+        if not kv.caps.ranged:
+            out = {}
+            for k, result in zip(keys, kv.get_many([(k, None, ANY) for k in keys])):
+                if result.found:
+                    out[k] = shards[k].layout.index_of_shard(result.whole(), k)
+            return out
+        indexes: dict[str, ShardIndex] = {}
+        checks: list[tuple[str, CacheEntry]] = []
+        need: list[str] = []
+        for k in keys:
+            cached = cache.peek(k)
+            listed = None if generations is None else generations.get(k)
+            if cached is None or (listed is not None and not listed.is_any and listed != cached.generation):
+                need.append(k)
+            elif listed is not None and listed == cached.generation:
+                indexes[k] = cached.index
+            else:
+                checks.append((k, cached))
+        if checks:
+            for (k, cached), result in zip(checks, kv.get_many([(k, [], e.generation) for k, e in checks])):
+                if result.state == "value":
+                    indexes[k] = cached.index
+                elif result.state == "stale":
+                    need.append(k)
+                else:
+                    cache.discard(k)
+        if need:
+            results = kv.get_many([(k, [shards[k].layout.index_range()], ANY) for k in need])
+            for k, result in zip(need, results):
+                if not result.found:
+                    cache.discard(k)
+                    continue
+                index, size = _decode(shards[k], k, result, False)
+                cache.put(k, index, result.generation, size)
+                indexes[k] = index
+        return {k: indexes[k] for k in keys if k in indexes}
+
+    def chunk_keys(
+        self,
+        shards: Mapping[str, ShardedArray],
+        *,
+        generations: Mapping[str, Generation] | None = None,
+        in_grid_only: bool = True,
+    ) -> Iterator[str]:
+        """Keys of the chunks stored in ``shards``, from their current indexes.
+
+        Per shard one vectorised pass (present entries -> chunk coords ->
+        keys), each key string built once; indexes read :data:`LIST_BATCH`
+        shards per request.
+
+        Parameters
+        ----------
+        shards : mapping of str to ShardedArray
+            Stored shard keys and their arrays (a listing of one array's
+            prefix touches only that array's shards).
+        generations : mapping of str to Generation, optional
+            Generations the store listing returned (cached indexes with the
+            same generation are used without a request).
+        in_grid_only : bool
+            Leave out chunks outside the chunk grid (when it is known).
+        """
+        return itertools.chain.from_iterable(
+            shard_chunk_keys(arr, coords, index.present_mask(), in_grid_only)
+            for arr, coords, index in self._stored_indexes(shards, generations)
+        )
+
+    def count_chunks(
+        self,
+        shards: Mapping[str, ShardedArray],
+        *,
+        generations: Mapping[str, Generation] | None = None,
+        in_grid_only: bool = True,
+    ) -> int:
+        """How many chunks ``shards`` store (as :meth:`chunk_keys`, without building keys)."""
+        return sum(
+            shard_chunk_count(arr, coords, index.present_mask(), in_grid_only)
+            for arr, coords, index in self._stored_indexes(shards, generations)
+        )
+
+    def present_masks(
+        self, shards: Mapping[str, ShardedArray], *, generations: Mapping[str, Generation] | None = None
+    ) -> Iterator[tuple[tuple[int, ...], np.ndarray]]:
+        """``(shard coords, present mask)`` of each stored shard among ``shards``, from its current index.
+
+        The mask is boolean, of shape ``chunks_per_shard``, True where the index
+        holds a chunk; indexes are read as for :meth:`chunk_keys`.
+        """
+        for _, coords, index in self._stored_indexes(shards, generations):
+            yield coords, index.present_mask()
+
+    def _stored_indexes(
+        self, shards: Mapping[str, ShardedArray], generations: Mapping[str, Generation] | None
+    ) -> Iterator[tuple[ShardedArray, tuple[int, ...], ShardIndex]]:
+        """``(array, shard coords, current index)`` of the stored shards among ``shards`` (keys of no shard skipped)."""
+        for batch in _batches(shards):
+            for shard_key, index in self.read_indexes(batch, generations).items():
+                arr = batch[shard_key]
+                coords = arr.shard_coords_of(shard_key)
+                if coords is not None:
+                    yield arr, coords, index

@@ -1,9 +1,10 @@
-"""The one retry loop of the engine (:func:`attempts`), its backoff and the engine's counters (issue 9).
+"""The one retry and wait loop of the engine (:func:`attempts`), its backoffs and the engine's counters.
 
-The read path (:mod:`shardkv.engine.reads`) and the write path
-(:mod:`shardkv.engine.writes`) each go round :func:`attempts`: bounded in
-count, waits growing exponentially up to a cap, with full jitter so writers
-that collided spread out.
+The read path (:mod:`shardkv.engine.reads`), the write path
+(:mod:`shardkv.engine.writes`) and the lock waits (:mod:`shardkv.engine.locks`)
+each go round :func:`attempts`: bounded in count or by a deadline, waits
+growing exponentially up to a cap, with full jitter so writers that collided
+spread out.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-__all__ = ["Backoff", "EngineStats", "attempts", "READ_ATTEMPTS", "WRITE_ATTEMPTS"]
+__all__ = ["Backoff", "EngineStats", "attempts", "READ_ATTEMPTS", "WRITE_ATTEMPTS", "LOCK_BACKOFF"]
 
 READ_ATTEMPTS = 8
 """Rounds of one chunk read whose shards keep changing under it, at most."""
@@ -40,17 +41,24 @@ READ_BACKOFF = Backoff(0.001, 2.0, 0.05)
 """Waits between read rounds (seconds; 0.2 s in all at most)."""
 WRITE_BACKOFF = Backoff()
 """Waits between write rounds (seconds)."""
+LOCK_BACKOFF = Backoff(0.001, 2.0, 0.05)
+"""Waits between tries of a lock file taken by another writer (seconds), while a lock timeout runs."""
 
 
-def attempts(limit: int, backoff: Backoff) -> Iterator[int]:
-    """The one retry loop: attempt numbers ``1..limit``, waiting ``backoff.delay(n)`` before attempt ``n + 1``.
+def attempts(limit: int | None, backoff: Backoff, deadline: float | None = None) -> Iterator[int]:
+    """The one retry loop: attempt numbers from 1, waiting ``backoff.delay(n)`` before attempt ``n + 1``.
 
     Parameters
     ----------
-    limit : int
-        Attempts at most (≥ 1).
+    limit : int or None
+        Attempts at most (≥ 1); ``None``: as many as ``deadline`` allows.
     backoff : Backoff
         Waits between attempts.
+    deadline : float or None
+        ``time.monotonic()`` after which no attempt starts (the first always
+        does; no wait runs past it). ``None`` with ``limit=None`` runs as long
+        as it takes: only for a wait the caller asked to last as long as it
+        takes (a lock timeout of ``None``), each attempt of which blocks.
 
     Yields
     ------
@@ -58,10 +66,19 @@ def attempts(limit: int, backoff: Backoff) -> Iterator[int]:
         The attempt number, from 1. The caller breaks out (or returns) on
         success; when the generator ends, every attempt failed.
     """
-    for attempt in range(1, limit + 1):
-        if attempt > 1:
-            time.sleep(backoff.delay(attempt - 1))
+    attempt = 1
+    while True:
         yield attempt
+        if limit is not None and attempt >= limit:
+            return
+        delay = backoff.delay(attempt)
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            delay = min(delay, left)
+        time.sleep(delay)
+        attempt += 1
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""The one write path of the engine: shard read-modify-write conditioned on the generation read.
+"""The one write path of the engine (:class:`EngineWrites`): shard read-modify-write conditioned on the generation read.
 
-:func:`write_changes` holds the shards' locks (:class:`~shardkv.engine.locks.ShardLocks`:
+:meth:`EngineWrites.write` holds the shards' locks (:class:`~shardkv.engine.locks.ShardLocks`:
 in-process stripes always, lock files in mode ``"files"``) and runs one
 bounded loop (:func:`~shardkv.engine.retry.attempts`):
 
@@ -20,6 +20,7 @@ unconditional: the locks, or the caller's promise, exclude other writers.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Iterable, Mapping, Sequence
 
 from shardkv.engine.cache import IndexCache
@@ -32,84 +33,180 @@ from shardkv.keys.space import ShardedArray
 from shardkv.storage.buffers import BytesLike, Value
 from shardkv.storage.kv import ANY, NO_VALUE, Generation, KVStore
 
-__all__ = ["write_changes", "compact_shards", "delete_shards"]
+__all__ = ["EngineWrites"]
 
 
-def write_changes(
-    kv: KVStore, cache: IndexCache, locks: ShardLocks, stats: EngineStats, changes: Mapping[str, ShardChange]
-) -> None:
-    """Apply chunk changes grouped by shard (see the module docstring).
+class EngineWrites:
+    """The write operations of :class:`~shardkv.engine.engine.ShardEngine`, which sets the state they use.
 
-    Raises
-    ------
-    ValueError
-        If a :class:`~shardkv.engine.merge.ChunkPatch` would leave a gap in its chunk.
-    LockTimeoutError
-        If a shard lock was not obtained in time.
-    ConcurrentUpdateError
-        If a shard lost its race in every round (mode ``"conditional"``).
-    OSError
-        Any error of the store.
+    Attributes
+    ----------
+    kv : KVStore
+        The base store.
+    cache : IndexCache
+        Decoded indexes (a written shard's is replaced by the one written).
+    locks : ShardLocks
+        The shard locks, in the engine's concurrency mode.
+    stats : EngineStats
+        Counters the writes update.
     """
-    if not changes:
-        return
-    todo = dict(changes)
-    with locks.hold_arrays({k: c.array for k, c in todo.items()}):
-        for _ in attempts(WRITE_ATTEMPTS, WRITE_BACKOFF):
-            stats.write_attempts += 1
-            todo = _write_round(kv, cache, locks, todo)
-            if not todo:
-                return
-            stats.write_lost += len(todo)
-    first = sorted(todo)[0]
-    raise ConcurrentUpdateError(first, WRITE_ATTEMPTS, WRITE_ATTEMPTS)
 
+    kv: KVStore
+    cache: IndexCache
+    locks: ShardLocks
+    stats: EngineStats
 
-def _write_round(
-    kv: KVStore, cache: IndexCache, locks: ShardLocks, changes: Mapping[str, ShardChange]
-) -> dict[str, ShardChange]:
-    """One read-merge-put round; the changes of the shards whose conditional put lost."""
-    partial = [k for k, c in changes.items() if not c.covers_shard()]
-    old = dict(zip(partial, kv.get_many([(k, None, ANY) for k in partial]))) if partial else {}
-    puts: dict[str, tuple[Value | None, Generation]] = {}
-    indexes: dict[str, tuple[ShardIndex | None, int]] = {}
-    for shard_key, change in changes.items():
-        arr = change.array
-        before = old.get(shard_key)
-        stored = before is not None and before.found
-        chunks = arr.layout.chunks_of_shard(before.whole(), shard_key) if before is not None and stored else {}
-        merged = merge_chunks(arr, change.shard_coords, chunks, change.chunks)
-        if before is None:
-            condition = ANY  # written whole: blind
-        elif locks.optimistic:
-            condition = before.generation if stored else NO_VALUE
-        else:
-            condition = ANY
-        cache.discard(shard_key)
-        if merged:
-            parts, index = arr.layout.encode_shard_with_index(merged)
-            puts[shard_key] = (parts, condition)
-            indexes[shard_key] = (index, _nbytes(parts))
-        elif stored and locks.optimistic and kv.caps.conditional_put and not kv.caps.conditional_delete:
-            # other processes write here and a delete cannot be conditioned (obstore): an empty shard, swapped in
-            parts, index = arr.layout.encode_shard_with_index({})
-            puts[shard_key] = (parts, condition)
-            indexes[shard_key] = (index, _nbytes(parts))
-        elif stored:
-            puts[shard_key] = (None, condition)
-            indexes[shard_key] = (None, 0)
-    won = kv.put_many(puts) if puts else {}
-    # the size written stays true while the generation holds, unless other processes write unseen
-    sizes_hold = kv.caps.stamps == "native" or kv.caps.in_process
-    lost: dict[str, ShardChange] = {}
-    for shard_key, generation in won.items():
-        if generation is None:
-            lost[shard_key] = changes[shard_key]
-            continue
-        new_index, size = indexes[shard_key]
-        if new_index is not None:
-            cache.put(shard_key, new_index, generation, size if sizes_hold else None)
-    return lost
+    def write(self, changes: Mapping[str, ShardChange]) -> None:
+        """Apply chunk changes grouped by shard: one batched read (partly covered shards), one batched write.
+
+        A shard left with no chunk is deleted (where deletes cannot be
+        conditioned, in mode ``"conditional"``, it is stored as an empty shard
+        instead, which readers read as fill values). Chunks outside the chunk
+        grid are dropped. See the module docstring for the rounds.
+
+        Parameters
+        ----------
+        changes : mapping of str to ShardChange
+            Shard key -> the shard's chunk changes.
+
+        Raises
+        ------
+        ValueError
+            If a :class:`~shardkv.engine.merge.ChunkPatch` would leave a gap in its chunk.
+        LockTimeoutError
+            If a shard lock was not obtained within the lock timeout.
+        ConcurrentUpdateError
+            If a shard's conditional write lost its race in every round (mode ``"conditional"``).
+        OSError
+            Any error of the store.
+        """
+        if not changes:
+            return
+        todo = dict(changes)
+        with self.locks.hold_arrays({k: c.array for k, c in todo.items()}):
+            for _ in attempts(WRITE_ATTEMPTS, WRITE_BACKOFF):
+                self.stats.write_attempts += 1
+                todo = self._write_round(todo)
+                if not todo:
+                    return
+                self.stats.write_lost += len(todo)
+        first = sorted(todo)[0]
+        raise ConcurrentUpdateError(first, WRITE_ATTEMPTS, WRITE_ATTEMPTS)
+
+    def _write_round(self, changes: Mapping[str, ShardChange]) -> dict[str, ShardChange]:
+        """One read-merge-put round; the changes of the shards whose conditional put lost."""
+        kv, cache, optimistic = self.kv, self.cache, self.locks.optimistic
+        partial = [k for k, c in changes.items() if not c.covers_shard()]
+        old = dict(zip(partial, kv.get_many([(k, None, ANY) for k in partial]))) if partial else {}
+        puts: dict[str, tuple[Value | None, Generation]] = {}
+        indexes: dict[str, tuple[ShardIndex | None, int]] = {}
+        for shard_key, change in changes.items():
+            arr = change.array
+            before = old.get(shard_key)
+            stored = before is not None and before.found
+            chunks = arr.layout.chunks_of_shard(before.whole(), shard_key) if before is not None and stored else {}
+            merged = merge_chunks(arr, change.shard_coords, chunks, change.chunks)
+            if before is None:
+                condition = ANY  # written whole: blind
+            elif optimistic:
+                condition = before.generation if stored else NO_VALUE
+            else:
+                condition = ANY
+            cache.discard(shard_key)
+            if merged:
+                parts, index = arr.layout.encode_shard_with_index(merged)
+                puts[shard_key] = (parts, condition)
+                indexes[shard_key] = (index, _nbytes(parts))
+            elif stored and optimistic and kv.caps.conditional_put and not kv.caps.conditional_delete:
+                # other processes write here and a delete cannot be conditioned (obstore): an empty shard, swapped in
+                parts, index = arr.layout.encode_shard_with_index({})
+                puts[shard_key] = (parts, condition)
+                indexes[shard_key] = (index, _nbytes(parts))
+            elif stored:
+                puts[shard_key] = (None, condition)
+                indexes[shard_key] = (None, 0)
+        won = kv.put_many(puts) if puts else {}
+        # the size written stays true while the generation holds, unless other processes write unseen
+        sizes_hold = kv.caps.stamps == "native" or kv.caps.in_process
+        lost: dict[str, ShardChange] = {}
+        for shard_key, generation in won.items():
+            if generation is None:
+                lost[shard_key] = changes[shard_key]
+                continue
+            new_index, size = indexes[shard_key]
+            if new_index is not None:
+                cache.put(shard_key, new_index, generation, size if sizes_hold else None)
+        return lost
+
+    def erase(self, shards: Mapping[str, ShardedArray]) -> None:
+        """Delete whole shards (unconditionally, holding their locks) and forget their indexes.
+
+        Raises
+        ------
+        LockTimeoutError, OSError
+            As :meth:`write`.
+        """
+        if not shards:
+            return
+        with self.locks.hold_arrays(shards):
+            for shard_key in shards:
+                self.cache.discard(shard_key)
+            self.kv.put_many({k: (None, ANY) for k in shards})
+
+    def compact(self, arr: ShardedArray, shard_keys: Iterable[str] | None = None) -> int:
+        """Rewrite the array's stored shards that hold unused bytes; the bytes reclaimed.
+
+        Each shard is compacted holding its lock; in mode ``"conditional"`` the
+        new shard is written only if the shard is still the one read (a shard
+        another writer changed meanwhile is left for the next compaction).
+
+        Parameters
+        ----------
+        arr : ShardedArray
+            The array.
+        shard_keys : iterable of str, optional
+            Its shards to look at (default: every shard of its shard grid).
+
+        Raises
+        ------
+        LockTimeoutError, CorruptShardError, OSError
+            As :meth:`write`; for a damaged shard.
+        """
+        kv, cache = self.kv, self.cache
+        keys = (k for k, _ in arr.shard_keys()) if shard_keys is None else shard_keys
+        reclaimed = 0
+        for shard_key in keys:
+            with self.locks.hold_arrays({shard_key: arr}):
+                result = kv.get(shard_key)
+                if not result.found:
+                    continue
+                blob = result.whole()
+                index = arr.layout.index_of_shard(blob, shard_key)
+                size = len(memoryview(blob).cast("B"))
+                if size - arr.layout.index_nbytes - index.used_nbytes() <= 0:
+                    continue
+                parts, new_index = arr.layout.encode_shard_with_index(
+                    arr.layout.chunks_of_shard(blob, shard_key, index)
+                )
+                new_size = _nbytes(parts)
+                cache.discard(shard_key)
+                condition = result.generation if self.locks.optimistic else ANY
+                generation = kv.put(shard_key, parts, if_generation=condition)
+                if generation is None:
+                    continue  # changed by another writer: its shard stays, compacted next time
+                cache.put(shard_key, new_index, generation, new_size)
+                reclaimed += size - new_size
+        return reclaimed
+
+    def hold(self, shards: Mapping[str, ShardedArray]) -> AbstractContextManager[None]:
+        """The locks of ``shards`` for a ``with`` block (for a caller's own read-modify-write; not re-entrant).
+
+        Raises
+        ------
+        LockTimeoutError
+            If a lock was not obtained within the lock timeout.
+        """
+        return self.locks.hold_arrays(shards)
 
 
 def _nbytes(parts: Sequence[BytesLike]) -> int:
@@ -117,45 +214,3 @@ def _nbytes(parts: Sequence[BytesLike]) -> int:
     if set(map(type, parts)) == {bytes}:
         return sum(map(len, parts))
     return sum(memoryview(p).nbytes for p in parts)
-
-
-def compact_shards(
-    kv: KVStore, cache: IndexCache, locks: ShardLocks, arr: ShardedArray, shard_keys: Iterable[str]
-) -> int:
-    """Rewrite the stored shards among ``shard_keys`` that hold unused bytes; the bytes reclaimed.
-
-    Each shard is compacted holding its lock; in mode ``"conditional"`` the
-    new shard is written only if the shard is still the one read (a shard
-    another writer changed meanwhile is left for the next compaction).
-    """
-    reclaimed = 0
-    for shard_key in shard_keys:
-        with locks.hold_arrays({shard_key: arr}):
-            result = kv.get(shard_key)
-            if not result.found:
-                continue
-            blob = result.whole()
-            index = arr.layout.index_of_shard(blob, shard_key)
-            size = len(memoryview(blob).cast("B"))
-            if size - arr.layout.index_nbytes - index.used_nbytes() <= 0:
-                continue
-            parts, new_index = arr.layout.encode_shard_with_index(arr.layout.chunks_of_shard(blob, shard_key, index))
-            new_size = _nbytes(parts)
-            cache.discard(shard_key)
-            condition = result.generation if locks.optimistic else ANY
-            generation = kv.put(shard_key, parts, if_generation=condition)
-            if generation is None:
-                continue  # changed by another writer: its shard stays, compacted next time
-            cache.put(shard_key, new_index, generation, new_size)
-            reclaimed += size - new_size
-    return reclaimed
-
-
-def delete_shards(kv: KVStore, cache: IndexCache, locks: ShardLocks, shards: Mapping[str, ShardedArray]) -> None:
-    """Delete whole shards (unconditionally, holding their locks) and forget their indexes."""
-    if not shards:
-        return
-    with locks.hold_arrays(shards):
-        for shard_key in shards:
-            cache.discard(shard_key)
-        kv.put_many({k: (None, ANY) for k in shards})

@@ -12,19 +12,17 @@ counting (``len``) never builds a chunk key, and the names of an array
 directory come out sorted without a string sort where the keys allow
 (:func:`child_names`).
 
-``list(store)`` asks ``len(store)`` right after ``iter(store)`` (CPython's
-length hint): :class:`LengthHint` lets that one ``len`` count the listing
-``iter`` just took instead of listing the base store a second time.
+``list(store)`` asks ``len(store)`` right after ``iter(store)`` (the length
+hint): that ``len`` lists the base store again and counts without building a
+chunk key, so ``list(store)`` enumerates the base listing twice;
+``list(store.keys())`` enumerates it once (:class:`ListedKeys`).
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
-import sys
-import weakref
 from collections.abc import KeysView, Mapping
-from types import CodeType, FrameType
 from typing import Any, Iterable, Iterator
 
 from shardkv.engine.engine import ShardEngine
@@ -34,7 +32,7 @@ from shardkv.proxy.nodes import NodeTable
 from shardkv.storage.kv import Generation, KVStore
 
 __all__ = [
-    "base_listing", "split_shards", "logical_keys", "count_logical_keys", "child_names", "ListedKeys", "LengthHint",
+    "base_listing", "split_shards", "logical_keys", "count_logical_keys", "child_names", "ListedKeys",
 ]
 
 
@@ -47,7 +45,7 @@ def base_listing(kv: KVStore, engine: ShardEngine, prefix: str) -> Listed:
     """The base store keys under ``prefix``, with the generations the listing returns for the cached shards.
 
     The engine takes a cached index whose generation equals the listed one
-    as current without a request (:func:`~shardkv.engine.reads.current_indexes`);
+    as current without a request (:meth:`~shardkv.engine.reads.EngineReads.read_indexes`);
     only cached shards are asked for (a local ``stat`` each), and object
     stores return them with the listing anyway.
     """
@@ -163,79 +161,3 @@ class ListedKeys(KeysView[str]):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._listed!r})"
-
-
-class _Listed:
-    """What :meth:`LengthHint.iterate` noted: how many keys it listed, and for which call."""
-
-    __slots__ = ("count", "frame_id", "code", "lasti", "__weakref__")
-
-    def __init__(self, count: int, frame_id: int, code: CodeType, lasti: int) -> None:
-        self.count = count
-        self.frame_id = frame_id
-        self.code = code
-        self.lasti = lasti
-
-
-class LengthHint:
-    """One store's note of its last ``iter()``, for the ``len()`` that ``list(store)`` asks right after it.
-
-    ``list(x)`` (and ``tuple``, ``sorted``) calls ``iter(x)``, then ``len(x)``
-    as a length hint, from one call of the caller's code. :meth:`iterate`
-    hands out an iterator over keys already listed and notes their number
-    with the caller's frame and instruction; :meth:`take`, called by the
-    store's ``__len__``, returns that number only when this ``len`` comes
-    from the same frame at the same instruction (the same ``list(store)``
-    call) while that iterator is alive, and forgets the note either way.
-    Every other ``len`` (after a ``for`` loop, after ``it = iter(store)``
-    and a write by any store, in another thread) gets ``None`` and lists
-    afresh, so ``len`` stays current.
-
-    Notes
-    -----
-    The note holds no frame (a frame would keep its locals alive): it keeps
-    the frame's ``id``, code object and instruction offset, and lives only
-    as long as the iterator it was made for (the store keeps a weak
-    reference to it).
-    """
-
-    __slots__ = ("_note",)
-
-    def __init__(self) -> None:
-        self._note: weakref.ref[_Listed] | None = None
-
-    def iterate(self, keys: list[str]) -> Iterator[str]:
-        """An iterator over ``keys`` (just listed), noted for the caller of the store's ``__iter__``."""
-        caller = _caller()
-        if caller is None:
-            self._note = None
-            return iter(keys)
-        note = _Listed(len(keys), id(caller), caller.f_code, caller.f_lasti)
-        self._note = weakref.ref(note)
-        return itertools.chain(_holding(note), keys)
-
-    def take(self) -> int | None:
-        """The number of keys :meth:`iterate` listed, if the caller's ``len`` is its length hint; else ``None``."""
-        ref, self._note = self._note, None
-        note = None if ref is None else ref()
-        if note is None:
-            return None
-        caller = _caller()
-        if caller is None or id(caller) != note.frame_id or caller.f_code is not note.code or caller.f_lasti != note.lasti:
-            return None
-        return note.count
-
-
-def _caller() -> FrameType | None:
-    """The frame of the code that called the store's ``__iter__``/``__len__`` (``None`` if C code called it alone)."""
-    try:
-        return sys._getframe(3)  # 0: here, 1: LengthHint's method, 2: the store's method, 3: its caller
-    except ValueError:
-        return None
-
-
-def _holding(note: _Listed) -> Iterator[str]:
-    """An empty iterator that keeps ``note`` alive as long as the iterator it starts."""
-    del note  # dropped on the first next(): the note is no use once iteration has begun
-    return
-    yield

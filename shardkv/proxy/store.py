@@ -35,7 +35,6 @@ from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
 from shardkv.proxy.base import ProxyBase
 from shardkv.proxy.hierarchy import Hierarchy
 from shardkv.proxy.listing import (
-    LengthHint,
     ListedKeys,
     base_listing,
     child_names,
@@ -168,7 +167,6 @@ class ShardedStore(ProxyBase):
         self._engine = ShardEngine(self._kv, options)
         self._advisor = WriteAdvisor()  # warns once per array about chunk-by-chunk rewrites (write-through)
         self._writer = WriteBack(self._engine, options.buffer_bytes, self._advisor.observe)
-        self._length_hint = LengthHint()  # list(store): its len() counts the listing its iter() took
         self._metadata = MetadataWriter(self._nodes, self._writer)
 
     def _pickled_store(self) -> Any:
@@ -493,29 +491,18 @@ class ShardedStore(ProxyBase):
     def __iter__(self) -> Iterator[str]:
         """Every key, listed when ``iter`` is called (one enumeration of the base store).
 
-        The keys are listed eagerly, so that ``list(store)`` enumerates the
-        base store once: the ``len(store)`` it asks right after ``iter`` (a
-        length hint) counts this listing (:class:`~shardkv.proxy.listing.LengthHint`).
-        Any other ``len`` lists afresh.
+        The iterator holds the keys of that listing: writes made while it is
+        consumed do not change what it yields.
         """
         self.flush()
-        keys = list(logical_keys(self._nodes, self._engine, base_listing(self._kv, self._engine, "")))
-        return self._length_hint.iterate(keys)
+        return iter(list(logical_keys(self._nodes, self._engine, base_listing(self._kv, self._engine, ""))))
 
     def keys(self) -> KeysView[str]:
         """The keys, listed once (iteration and ``len`` share one enumeration of the base store; ``in`` is current)."""
         return ListedKeys(self, self)
 
     def __len__(self) -> int:
-        """How many keys are stored now (no chunk key is built).
-
-        Lists the base store, except for the ``len`` that ``list(store)``
-        asks right after its ``iter`` (the same call): that one counts the
-        keys ``iter`` has just listed.
-        """
-        hinted = self._length_hint.take()
-        if hinted is not None:
-            return hinted
+        """How many keys are stored now: one enumeration of the base store, no chunk key built."""
         self.flush()
         return count_logical_keys(self._nodes, self._engine, base_listing(self._kv, self._engine, ""))
 

@@ -8,10 +8,11 @@ Example
 >>> import numpy as np, zarr
 >>> from zarr.storage import MemoryStore
 >>> from shardkv.zarr3 import ShardedStore
->>> store = ShardedStore(MemoryStore(), chunks_per_shard=4)
+>>> data = {}
+>>> store = ShardedStore(MemoryStore(data), chunks_per_shard=4)
 >>> z = zarr.create_array(store, shape=(400, 400), chunks=(50, 50), dtype="f4")
 >>> z[:] = 1
->>> len([k for k in store.base._store_dict if k.startswith("c/")])   # 4 shards of 4 x 4 chunks
+>>> len([k for k in data if k.startswith("c/")])   # 4 shards of 4 x 4 chunks
 4
 """
 

@@ -13,18 +13,22 @@ zarr 3 store                      the engine's base store
 ``FsspecStore(fs, path)``         an ``FSMap`` over the synchronous twin of ``fs``
                                   (s3fs: ETag compare-and-swap; ``memory://``)
 ``ObjectStore(obstore store)``    that obstore store (``PutMode`` compare-and-swap)
-``MemoryStore(dict)``             a bytes view of the same dict (:class:`BufferMapping`)
+``MemoryStore`` (and subclasses)  :class:`Zarr3KV` with the data in this process (its own
+                                  async API; process stamps are a complete guarantee)
 any other zarr 3 ``Store``        :class:`Zarr3KV` (its own async API, run synchronously; process
                                   stamps; ``concurrency="auto"`` asks for a choice, as for
                                   zarr 2's persistent stores)
 ================================  ================================================
+
+The store is recognised by its class (:func:`engine_base`: one table, ``isinstance``
+against zarr's own store classes) and reached through public API only.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping
-from typing import Any, Iterator, Mapping
+from collections.abc import AsyncIterator, MutableMapping
+from typing import Any, Callable, Iterator, Mapping
 
 from fsspec.mapping import FSMap
 
@@ -33,7 +37,7 @@ from shardkv.storage.kv import Capabilities
 from shardkv.storage.location import StoreLocation
 from shardkv.storage.mapping import MappingStore
 
-__all__ = ["zarr3_store", "engine_base", "BufferMapping", "StoreMapping", "Zarr3KV"]
+__all__ = ["zarr3_store", "engine_base", "StoreMapping", "Zarr3KV"]
 
 
 def zarr3_store(store: Any, storage_options: Mapping[str, Any] | None = None, read_only: bool = False) -> Any:
@@ -90,66 +94,52 @@ def _sync_filesystem(fs: Any) -> Any:
     return type(fs)(**options)
 
 
+def _local_base(store: Any) -> Any:
+    """A ``LocalStore``: its root directory."""
+    return os.fspath(store.root)
+
+
+def _fsspec_base(store: Any) -> Any:
+    """An ``FsspecStore``: its directory when local, else an ``FSMap`` over the synchronous filesystem."""
+    fs = _sync_filesystem(store.fs)
+    if "file" in _protocols(fs):
+        return os.path.abspath(store.path)
+    return FSMap(store.path, fs, check=False, create=False)
+
+
+def _object_store_base(store: Any) -> Any:
+    """An ``ObjectStore``: the obstore store it wraps (its public ``store`` attribute)."""
+    return store.store
+
+
+def _memory_base(store: Any) -> Any:
+    """A ``MemoryStore``: the store itself through its public API, data in this process."""
+    return Zarr3KV(store, in_process=True)
+
+
+def _engine_bases() -> list[tuple[type, Callable[[Any], Any]]]:
+    """The zarr 3 store classes shardkv opens by its own means (the module table), tested in this order."""
+    from zarr.storage import FsspecStore, LocalStore, MemoryStore, ObjectStore
+
+    return [
+        (LocalStore, _local_base),
+        (FsspecStore, _fsspec_base),
+        (ObjectStore, _object_store_base),
+        (MemoryStore, _memory_base),  # and its subclasses (ManagedMemoryStore, GpuMemoryStore)
+    ]
+
+
 def engine_base(store: Any) -> Any:
     """What the shard engine opens for the data of the zarr 3 store ``store`` (see the module table)."""
-    from zarr.storage import FsspecStore, LocalStore, MemoryStore
-
-    if isinstance(store, LocalStore):
-        return os.fspath(store.root)
-    if isinstance(store, FsspecStore):
-        fs = _sync_filesystem(store.fs)
-        if "file" in _protocols(fs):
-            return os.path.abspath(store.path)
-        return FSMap(store.path, fs, check=False, create=False)
-    if type(store).__name__ == "ObjectStore" and hasattr(store, "store"):
-        return store.store
-    if isinstance(store, MemoryStore):
-        return BufferMapping(store._store_dict, getattr(store, "path", ""))
+    for cls, base in _engine_bases():
+        if isinstance(store, cls):
+            return base(store)
     return Zarr3KV(store)
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:
     protocol = fs.protocol
     return (protocol,) if isinstance(protocol, str) else tuple(protocol)
-
-
-class BufferMapping(MutableMapping[str, bytes]):
-    """The dict of a zarr 3 ``MemoryStore`` (values are zarr ``Buffer`` objects) as a mapping of bytes.
-
-    Parameters
-    ----------
-    store_dict : MutableMapping
-        ``MemoryStore._store_dict``: keys to ``zarr.core.buffer.Buffer``.
-    path : str
-        The key prefix of a ``ManagedMemoryStore`` (``""`` for a plain ``MemoryStore``).
-    """
-
-    def __init__(self, store_dict: MutableMapping[str, Any], path: str = "") -> None:
-        self.store_dict = store_dict
-        self.prefix = f"{path.strip('/')}/" if path.strip("/") else ""
-
-    def __getitem__(self, key: str) -> bytes:
-        return self.store_dict[self.prefix + key].to_bytes()  # type: ignore[no-any-return]
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        from zarr.core.buffer import default_buffer_prototype
-
-        self.store_dict[self.prefix + key] = default_buffer_prototype().buffer.from_bytes(bytes(value))
-
-    def __delitem__(self, key: str) -> None:
-        del self.store_dict[self.prefix + key]
-
-    def __iter__(self) -> Iterator[str]:
-        n = len(self.prefix)
-        return iter([k[n:] for k in list(self.store_dict) if k.startswith(self.prefix)])
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, BufferMapping) and other.store_dict is self.store_dict and other.prefix == self.prefix
-
-    __hash__ = None  # type: ignore[assignment]
 
 
 class StoreMapping(MutableMapping[str, bytes]):
@@ -185,30 +175,60 @@ class StoreMapping(MutableMapping[str, bytes]):
         sync(self.store.delete(key))
 
     def __iter__(self) -> Iterator[str]:
-        from zarr.core.sync import _collect_aiterator, sync
+        from zarr.core.sync import sync
 
-        return iter(sync(_collect_aiterator(self.store.list())))
+        return iter(sync(_collected(self.store.list())))
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
 
-class Zarr3KV(MappingStore):
-    """Any other zarr 3 store as a process-stamped KVStore (whole values, sliced for ranges).
+async def _collected(keys: AsyncIterator[str]) -> list[str]:
+    """Every key of an async listing, in a list."""
+    return [key async for key in keys]
 
-    Where it keeps its data is unknown (a zip file, a database, a service):
-    no lock files, no conditional writes, so ``concurrency="auto"`` asks for
-    ``"process"`` or ``"none"``, as for zarr 2's persistent stores. Stores of
-    the same data (equal ``str(store)``) share process stamps.
+
+class Zarr3KV(MappingStore):
+    """A zarr 3 store as a process-stamped KVStore (whole values, sliced for ranges), through its async API.
+
+    Parameters
+    ----------
+    store : zarr.abc.store.Store
+        The zarr 3 store.
+    in_process : bool
+        Whether its data lives in this process (a ``MemoryStore``): then
+        process stamps and in-process locks are a complete guarantee
+        (``concurrency="auto"`` resolves to ``"conditional"``). Otherwise where
+        it keeps its data is unknown (a zip file, a database, a service): no
+        lock files, no conditional writes, so ``concurrency="auto"`` asks for
+        ``"process"`` or ``"none"``, as for zarr 2's persistent stores.
+
+    Attributes
+    ----------
+    zarr3_store : zarr.abc.store.Store
+        The zarr 3 store.
+
+    Notes
+    -----
+    Stores of the same data (equal class and ``str(store)``, which for a
+    ``MemoryStore`` names its dict) share a location, hence process stamps
+    and locks.
     """
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, *, in_process: bool = False) -> None:
         super().__init__(StoreMapping(store))
-        self.kind = "persistent"
-        self.caps = Capabilities(ranged=False, round_trips=False, stamps="process")
-        self._zarr3_location = StoreLocation(("zarr3", type(store).__module__, type(store).__name__), str(store))
+        self.zarr3_store = store
+        self.kind = "memory" if in_process else "persistent"
+        self.caps = Capabilities(ranged=False, round_trips=False, stamps="process", in_process=in_process)
+        # the identity of the data, for the process stamps and the locks alike
+        self._location = StoreLocation(("zarr3", type(store).__module__, type(store).__name__), str(store))
 
-    @property
-    def location(self) -> StoreLocation:
-        """The zarr 3 store's class and ``str()``: the identity of its data."""
-        return self._zarr3_location
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_zarr3_kv, (self.zarr3_store, self.caps.in_process))
+
+    def __repr__(self) -> str:
+        return f"Zarr3KV({self.zarr3_store!r}, kind={self.kind!r})"
+
+
+def _rebuild_zarr3_kv(store: Any, in_process: bool) -> Zarr3KV:
+    return Zarr3KV(store, in_process=in_process)
