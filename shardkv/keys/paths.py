@@ -22,7 +22,7 @@ from shardkv.errors import InvalidKeyError
 
 __all__ = [
     "split_key", "join_path", "path_prefix", "owner_candidates", "owning_array", "validate_path",
-    "is_chunk_segment", "is_draft_chunk_segment", "chunk_owner_paths", "chunkish_under",
+    "is_chunk_segment", "is_draft_chunk_segment", "chunk_owner_paths", "prefix_owner_paths", "chunkish_under",
 ]
 
 # a segment that may be part of a chunk or shard key: "c" (v3 default keys c/1/2), "c1.2", "1.2", "3";
@@ -179,6 +179,18 @@ def chunk_owner_paths(key: str) -> list[str]:
     while top > 0 and _CHUNK_SEGMENT.fullmatch(segments[top - 1]):
         top -= 1
     return ["/".join(segments[:i]) for i in range(top, len(segments))]
+
+
+def prefix_owner_paths(prefix: str) -> list[str]:
+    """The paths of the arrays that could own keys starting with ``prefix``, from the highest down.
+
+    ``prefix`` is a listing prefix: it may end with ``/`` or inside a segment
+    (``"g/a/c/1"`` for the keys ``g/a/c/1/...`` and ``g/a/c/12/...``). Every
+    beginning of a chunk-like segment followed by a digit is chunk-like, so
+    these are the owner paths of ``prefix + "0"``: ``"g/a/"`` -> ``["g/a"]``,
+    ``""`` -> ``[""]``, ``"g/x"`` -> ``[]``.
+    """
+    return chunk_owner_paths(prefix + "0")
 
 
 def chunkish_under(path: str, key: str) -> bool:

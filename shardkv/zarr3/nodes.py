@@ -20,7 +20,7 @@ from zarr.core.buffer import BufferPrototype, default_buffer_prototype
 
 from shardkv.engine.options import Options
 from shardkv.errors import ChunkOutOfGridError, InvalidKeyError
-from shardkv.keys.paths import chunk_owner_paths
+from shardkv.keys.paths import chunk_owner_paths, prefix_owner_paths
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.zarr3.metadata import (
     consolidated_children,
@@ -186,12 +186,16 @@ class NodeTable:
         return None
 
     async def owner_of_prefix(self, prefix: str) -> ShardedArray | None:
-        """The sharded array whose chunk keys ``prefix`` reaches into (past ``path/``), or ``None``."""
-        parts = prefix.split("/")
-        for i in range(len(parts)):
-            node = await self.node("/".join(parts[:i]))
-            if isinstance(node, ShardedArray):
-                return node
+        """The sharded array whose chunk keys ``prefix`` reaches into (past ``path/``), or ``None``.
+
+        The owner rule of :mod:`shardkv.keys.paths` for a listing prefix
+        (:func:`~shardkv.keys.paths.prefix_owner_paths`): the first array met
+        (another array owns the keys itself: ``None``), groups passed over.
+        """
+        for path in prefix_owner_paths(prefix):
+            node = await self.node(path)
+            if node is not None:
+                return node if isinstance(node, ShardedArray) else None
         return None
 
     # -- documents ----------------------------------------------------------------

@@ -369,3 +369,23 @@ def test_a_zarr_json_nested_too_deeply_is_stored_as_given() -> None:
     sync(store.set("x/zarr.json", cpu.Buffer.from_bytes(hostile)))
     assert _raw(base, "x/zarr.json") == hostile
     assert _raw(store, "x/zarr.json") == hostile
+
+
+def test_listing_an_arrays_chunk_keys_reads_its_own_zarr_json_alone() -> None:
+    class CountingMemoryStore(MemoryStore):
+        gets: list[str] = []
+
+        async def get(self, key: str, *args: Any, **kwargs: Any) -> Any:
+            self.gets.append(key)
+            return await super().get(key, *args, **kwargs)
+
+    base = CountingMemoryStore()
+    writer = ShardedStore(base, chunks_per_shard=2)
+    zarr.create_group(writer, path="g")
+    zarr.create_array(writer, name="g/a", shape=(4, 4), chunks=(2, 2), dtype="u1")[:] = 1
+    reader = ShardedStore(base)  # nothing cached
+    base.gets.clear()
+    keys = _keys(reader, "g/a/")
+    assert keys == ["g/a/c/0/0", "g/a/c/0/1", "g/a/c/1/0", "g/a/c/1/1", "g/a/zarr.json"]
+    # the owner rule: neither the root nor the group g can own g/a/'s keys, so neither is read
+    assert [k for k in base.gets if k.endswith("zarr.json")] == ["g/a/zarr.json"]
