@@ -34,7 +34,7 @@ import numpy as np
 from shardkv.engine.engine import ShardEngine
 from shardkv.engine.locks import Concurrency
 from shardkv.engine.merge import ChunkPatch, ShardChange, out_of_grid
-from shardkv.engine.options import Options
+from shardkv.engine.options import DEFAULT_INDEX_CACHE_BYTES, Options
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout, chunk_nbytes_bound
 from shardkv.format.ranges import ReadPolicy
@@ -134,7 +134,7 @@ class ShardingStorageTransformer(AbstractStore):
         shape: Sequence[int] | None = None,
         chunk_shape: Sequence[int] | None = None,
         type: str = "indexed",
-        index_cache_bytes: int = 64 * 2**20,
+        index_cache_bytes: int = DEFAULT_INDEX_CACHE_BYTES,
         read_policy: ReadPolicy | None = None,
         concurrency: Concurrency | None = None,
         lock_timeout: float | None = None,
