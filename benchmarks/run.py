@@ -170,11 +170,23 @@ def collect(args: argparse.Namespace, py2: str | None, py3: str | None) -> dict[
     rep = args.repeat
     res: dict[str, Any] = {}
     if getattr(args, "peers_only", False):
-        names = ["write_read/shardkv", "write_read/zarr3", "chunkwise_write/shardkv-writeback", "chunkwise_write/shardkv",
-                 "chunkwise_write/zarr2-transformer", "random_reads/shardkv", "random_reads/zarr3",
-                 "proxy_overhead/shardkv", "warm_reads_local/shardkv", "peak_memory/shardkv", "convert_scale/shardkv",
-                 "convert_scale/tensorstore", "list_scale/shardkv", "s3_reads/all",
-                 *(f"dask_writes/{i}" for i in DASK_IMPLS)]
+        names = [
+            "write_read/shardkv",
+            "write_read/zarr3",
+            "chunkwise_write/shardkv-writeback",
+            "chunkwise_write/shardkv",
+            "chunkwise_write/zarr2-transformer",
+            "random_reads/shardkv",
+            "random_reads/zarr3",
+            "proxy_overhead/shardkv",
+            "warm_reads_local/shardkv",
+            "peak_memory/shardkv",
+            "convert_scale/shardkv",
+            "convert_scale/tensorstore",
+            "list_scale/shardkv",
+            "s3_reads/all",
+            *(f"dask_writes/{i}" for i in DASK_IMPLS),
+        ]
         return {name: Missing("skipped: --peers-only") for name in names}
     res["write_read/shardkv"] = run_workload(py2, "write_read", "shardkv", args, rep)
     res["write_read/zarr3"] = run_workload(py3, "write_read", "zarr3", args, rep)
@@ -191,15 +203,18 @@ def collect(args: argparse.Namespace, py2: str | None, py3: str | None) -> dict[
         merged = dict(runs[0])
         merged["samples"] = {k: [s for r in runs for s in r["samples"][k]] for k in runs[0]["samples"]}
     res["peak_memory/shardkv"] = merged
-    # issue 21: a convert of many 1 KiB chunks against tensorstore doing the same copy (the zarr 3 env has it)
+    # a convert of many 1 KiB chunks against tensorstore doing the same copy (the zarr 3 env has it)
     res["convert_scale/shardkv"] = run_workload(py2, "convert_scale", "shardkv", args, rep)
     res["convert_scale/tensorstore"] = run_workload(py3, "convert_scale", "tensorstore", args, rep)
-    # issue 21: listing a many-chunk array from its shard indexes; S3 bytes and requests counted at the server
+    # listing a many-chunk array from its shard indexes; S3 bytes and requests counted at the server
     res["list_scale/shardkv"] = run_workload(py2, "list_scale", "shardkv", args, rep)
     res["s3_reads/all"] = run_workload(py2, "s3_reads", "all", args, 1, ["--tensorstore-python", py3 or ""])
     for impl in DASK_IMPLS:
-        res[f"dask_writes/{impl}"] = (Missing("skipped: --skip-dask") if getattr(args, "skip_dask", False)
-                                      else run_workload(py2, "dask_writes", impl, args, rep))  # fmt: skip
+        res[f"dask_writes/{impl}"] = (
+            Missing("skipped: --skip-dask")
+            if getattr(args, "skip_dask", False)
+            else run_workload(py2, "dask_writes", impl, args, rep)
+        )
     return res
 
 
@@ -216,7 +231,7 @@ def median_sum(result: Any, keys: tuple[str, ...]) -> float | Missing:
     """Median over repetitions of the sum of several samples of the same repetition."""
     if isinstance(result, Missing):
         return result
-    return statistics.median(sum(vals) for vals in zip(*(result["samples"][k] for k in keys)))
+    return statistics.median(sum(vals) for vals in zip(*(result["samples"][k] for k in keys), strict=False))
 
 
 def fmt_s(x: Any) -> str:
@@ -231,12 +246,22 @@ def ratio_row(rid: str, what: str, sk: Any, peer: Any, peer_label: str, fmt: Any
     """A row whose ratio is shardkv / peer and whose goal is ``ratio <= goal``."""
     peer_cell = str(peer) if isinstance(peer, Missing) else f"{fmt(peer)} ({peer_label})"
     if isinstance(sk, Missing) or isinstance(peer, Missing):
-        return [rid, what, fmt(sk) if not isinstance(sk, Missing) else str(sk), peer_cell, "n/a", goal_text(goal), "n/a"]
+        return [
+            rid,
+            what,
+            fmt(sk) if not isinstance(sk, Missing) else str(sk),
+            peer_cell,
+            "n/a",
+            goal_text(goal),
+            "n/a",
+        ]
     ratio = sk / peer
     return [rid, what, fmt(sk), peer_cell, f"{ratio:.2f}", goal_text(goal), met(ratio, goal)]
 
 
-def value_row(rid: str, what: str, sk_cell: str, peer_cell: str, value: Any, goal: float | None, goal_note: str = "") -> list[str]:
+def value_row(
+    rid: str, what: str, sk_cell: str, peer_cell: str, value: Any, goal: float | None, goal_note: str = ""
+) -> list[str]:
     """A row whose ratio column is shardkv's own figure (goal: ``value <= goal``)."""
     if isinstance(value, Missing):
         return [rid, what, str(value), peer_cell, "n/a", goal_text(goal, goal_note), "n/a"]
@@ -286,7 +311,8 @@ def build_rows(res: dict[str, Any]) -> list[list[str]]:
         sk = median(rr_sk, f"{name}_requests_per_chunk")
         z3 = median(rr_z3, f"{name}_requests_per_chunk")
         z3_cell = str(z3) if isinstance(z3, Missing) else f"{z3:.2f} req/chunk (zarr 3, counted)"
-        what = f"{n} random single-chunk reads, {name} ({'same' if name == 'warm' else 'new'} store object): base-store requests per chunk"
+        same = "same" if name == "warm" else "new"
+        what = f"{n} random single-chunk reads, {name} ({same} store object): base-store requests per chunk"
         sk_cell = "" if isinstance(sk, Missing) else f"{sk:.2f} req/chunk"
         rows.append(value_row(rid, what, sk_cell, z3_cell, sk, goal))
 
@@ -294,9 +320,17 @@ def build_rows(res: dict[str, Any]) -> list[list[str]]:
                           median(wr_sk, "read_s"), median(wr_z3, "read_s"), "zarr 3", fmt_s, 0.8))
 
     po = res["proxy_overhead/shardkv"]
-    rows.append(ratio_row("P5", f"proxy overhead {_shape_text(po)}: zarr 2.18 on ShardedStore(dict) vs plain dict; write + read time",
-                          median_sum(po, ("sharded_write_s", "sharded_read_s")),
-                          median_sum(po, ("plain_write_s", "plain_read_s")), "plain dict", fmt_s, 1.15))
+    rows.append(
+        ratio_row(
+            "P5",
+            f"proxy overhead {_shape_text(po)}: zarr 2.18 on ShardedStore(dict) vs plain dict; write + read time",
+            median_sum(po, ("sharded_write_s", "sharded_read_s")),
+            median_sum(po, ("plain_write_s", "plain_read_s")),
+            "plain dict",
+            fmt_s,
+            1.15,
+        )
+    )
 
     wl = res["warm_reads_local/shardkv"]
     rows.append(ratio_row("P8", f"warm random single-chunk reads {_shape_text(wl)}: zarr 2.18 on ShardedStore(dir) vs "
@@ -346,9 +380,19 @@ def listing_rows(res: dict[str, Any]) -> list[list[str]]:
     what = "listing" if isinstance(r, Missing) else (
         f"{r['chunks']:,} chunks of {r['chunk_shape'][0]}x{r['chunk_shape'][1]} u1, "
         f"{r['chunks_per_shard']:,} per shard ({r['shards']:,} shards)")
-    return [ratio_row(f"P21-{op}", f"{label}, {what}: ShardedStore(dir) vs DirectoryStore(dir) of one file per chunk; "
-                      "time, new store object each", median(r, f"sharded_{op}_s"), median(r, f"plain_{op}_s"),
-                      "DirectoryStore", fmt_s, 0.5) for op, label in LIST_OPS]  # fmt: skip
+    return [
+        ratio_row(
+            f"P21-{op}",
+            f"{label}, {what}: ShardedStore(dir) vs DirectoryStore(dir) of one file per chunk; "
+            "time, new store object each",
+            median(r, f"sharded_{op}_s"),
+            median(r, f"plain_{op}_s"),
+            "DirectoryStore",
+            fmt_s,
+            0.5,
+        )
+        for op, label in LIST_OPS
+    ]
 
 
 S3_LAYOUTS = (("1024", "1,024 chunks/shard (16 KiB index)"), ("32768", "32x32x32 chunks/shard (512 KiB index)"))
@@ -371,7 +415,9 @@ def s3_rows(res: dict[str, Any]) -> list[list[str]]:
         ts_cell = f"{ts['warm']['bytes'] / (ts['reads'] * 256):.2f}: {cell(ts['warm'], ts['reads'])} (tensorstore)" \
             if "warm" in ts else str(ts_missing)
         for impl, impl_label in S3_IMPLS:
-            what = f"S3 warm single-chunk reads, 256 B chunks, {label}, {impl_label}: body bytes transferred / chunk bytes"
+            what = (
+                f"S3 warm single-chunk reads, 256 B chunks, {label}, {impl_label}: body bytes transferred / chunk bytes"
+            )
             x = got.get(f"{impl}/{layout}")
             if x is None or "warm" not in x:
                 rows.append(value_row(f"P21-s3-warm-{layout}-{impl}", what, "", ts_cell,
@@ -382,7 +428,8 @@ def s3_rows(res: dict[str, Any]) -> list[list[str]]:
                                   x["warm"]["bytes"] / (x["reads"] * 256), 1.1))
     ts = got.get("tensorstore/1024", {})
     for impl, impl_label in S3_IMPLS:
-        what = f"S3 cold read of one chunk (new store, open + read), 1,024 chunks/shard, {impl_label}: requests, all methods"
+        what = f"S3 cold read of one chunk (new store, open + read), 1,024 chunks/shard, {impl_label}: "
+        what += "requests, all methods"
         x = got.get(f"{impl}/1024", {})
         sk_req = x["cold"]["requests"] if "cold" in x else (r if isinstance(r, Missing) else Missing("no result"))
         ts_req = ts["cold"]["requests"] if "cold" in ts else ts_missing
@@ -398,12 +445,20 @@ def s3_rows(res: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-DASK_IMPLS = ("zarr2-threads", "shardkv", "shardkv-buffer", "zarr2-cluster", "shardkv-rechunk",
-              "xarray-zarr2", "xarray-shardkv", "xarray-shardkv-buffer")  # fmt: skip
+DASK_IMPLS = (
+    "zarr2-threads",
+    "shardkv",
+    "shardkv-buffer",
+    "zarr2-cluster",
+    "shardkv-rechunk",
+    "xarray-zarr2",
+    "xarray-shardkv",
+    "xarray-shardkv-buffer",
+)
 
 
 def dask_rows(res: dict[str, Any]) -> list[list[str]]:
-    """P7 rows: dask and xarray writes of 64 x 64 blocks through ShardedStore vs plain zarr 2 (issues 9 and 12)."""
+    """P7 rows: dask and xarray writes of 64 x 64 blocks through ShardedStore vs plain zarr 2."""
     rows: list[list[str]] = []
     shape = _shape_text(*(res[f"dask_writes/{i}"] for i in DASK_IMPLS))
     for rid, impl, peer, label in (
@@ -460,13 +515,19 @@ def machine_facts(res: dict[str, Any], py2: str | None, py3: str | None) -> list
         f"- git: {git_describe()}",
     ]
     for env, py in (("zarr2", py2), ("zarr3", py3)):
-        versions = next((r["versions"] for k, r in res.items() if not isinstance(r, Missing) and _env_of(k) == env), None)
+        versions = next(
+            (r["versions"] for k, r in res.items() if not isinstance(r, Missing) and _env_of(k) == env), None
+        )
         if versions is None:
             facts.append(f"- {ENVS[env][0]}: {'missing' if py is None else 'no successful workload'}")
         else:
-            v = ", ".join(f"{k} {versions[k]}" for k in ("python", "zarr", "numcodecs", "numpy", "shardkv") if k in versions)
+            v = ", ".join(
+                f"{k} {versions[k]}" for k in ("python", "zarr", "numcodecs", "numpy", "shardkv") if k in versions
+            )
             facts.append(f"- {ENVS[env][0]} ({py}): {v}")
-    params = next((r.get("shardkv_params") for r in res.values() if not isinstance(r, Missing) and r.get("shardkv_params")), None)
+    params = next(
+        (r.get("shardkv_params") for r in res.values() if not isinstance(r, Missing) and r.get("shardkv_params")), None
+    )
     if params:
         facts.append(f"- ShardedStore parameters found: {', '.join(params)}")
     return facts
@@ -478,8 +539,12 @@ def _env_of(key: str) -> str:
 
 def git_describe() -> str:
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "shardkv"], capture_output=True, text=True, cwd=ROOT)
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT, check=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "shardkv"], capture_output=True, text=True, cwd=ROOT
+        )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head.stdout.strip() + (" (shardkv/ has uncommitted changes)" if dirty.stdout.strip() else "")
@@ -514,7 +579,9 @@ def notes(res: dict[str, Any], size: str) -> list[str]:
         r = res[key]
         if not isinstance(r, Missing):
             if r.get("uncounted_methods"):
-                out.append(f"- WARNING {key}: store methods not counted as requests: {', '.join(r['uncounted_methods'])}")
+                out.append(
+                    f"- WARNING {key}: store methods not counted as requests: {', '.join(r['uncounted_methods'])}"
+                )
             if r.get("stat_calls"):
                 out.append(f"- {key}: also {r['stat_calls']} request-free size/validator look-ups "
                            "(local stat; stores without them answer None) over all passes")
@@ -563,15 +630,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-samples", type=int, default=None,
                         help="fresh processes per peer-matrix case (default: 3 full, 1 otherwise)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--make-envs", action="store_true", help="create missing .venv-zarr2/.venv-zarr3 like tests/run.sh")
+    parser.add_argument(
+        "--make-envs", action="store_true", help="create missing .venv-zarr2/.venv-zarr3 like tests/run.sh"
+    )
     parser.add_argument("--zarr2-python", help="interpreter of the zarr-python 2.18 environment (default: .venv-zarr2)")
     parser.add_argument("--zarr3-python", help="interpreter of the zarr-python 3 environment (default: .venv-zarr3)")
     parser.add_argument("--skip-dask", action="store_true", help="leave out the dask/xarray write rows (P7 show n/a)")
     parser.add_argument("--peers-only", action="store_true", help="run only the peer matrix (P rows show n/a)")
     parser.add_argument("--bench-python", help="interpreter of the peer environment (default: .venv-bench)")
-    parser.add_argument("--only", type=lambda text: set(text.split(",")), default=None, metavar="W1,W2",
-                        help="run only these workloads (file names in workloads/, 'peers' for the peer matrix); "
-                        "the other rows show n/a")  # fmt: skip
+    parser.add_argument(
+        "--only",
+        type=lambda text: set(text.split(",")),
+        default=None,
+        metavar="W1,W2",
+        help="run only these workloads (file names in workloads/, 'peers' for the peer matrix); "
+        "the other rows show n/a",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "latest.md")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per workload process")
     args = parser.parse_args(argv)
@@ -609,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.stop()
     elapsed = time.perf_counter() - started
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     doc = "\n".join([
         f"# shardkv benchmarks (size {args.size}, {args.repeat} repetition(s), {stamp}, {elapsed:.0f} s)",
         "",

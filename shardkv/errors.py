@@ -153,7 +153,9 @@ class LockTimeoutError(ShardKVError, TimeoutError):
         The journal file, for a journal.
     """
 
-    def __init__(self, what: str, timeout: float, reason: str = "another writer holds it", path: str | None = None) -> None:
+    def __init__(
+        self, what: str, timeout: float, reason: str = "another writer holds it", path: str | None = None
+    ) -> None:
         self.what = what
         self.timeout = float(timeout)
         self.path = path

@@ -1,4 +1,4 @@
-"""Rough edges of the command line a new user hit (issue 22 item 4)."""
+"""Rough edges of the command line a new user hit."""
 
 from __future__ import annotations
 
@@ -95,8 +95,12 @@ def test_an_interrupted_convert_says_how_to_resume(tmp_path):
     a = g.create_dataset("a", shape=(8000,), chunks=(2,), dtype="i2", compressor=None)
     a[:] = np.arange(8000, dtype="i2")
     dst = tmp_path / "dst"
-    proc = subprocess.Popen(_cli("convert", str(tmp_path / "src"), str(dst), "--chunks-per-shard", "2"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        _cli("convert", str(tmp_path / "src"), str(dst), "--chunks-per-shard", "2"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not (dst / MANIFEST_KEY).exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -1,5 +1,5 @@
-"""Interrupted commands (issue 20 item 8): `unshard` resumes like `convert`; killing `convert`'s main
-process ends its worker processes; the interrupt message says how to resume (issue 22)."""
+"""Interrupted commands: `unshard` resumes like `convert`; killing `convert`'s main
+process ends its worker processes; the interrupt message says how to resume."""
 
 from __future__ import annotations
 
@@ -55,11 +55,17 @@ UNSHARD_CHUNKS = 12000  # 6,000 shards: unshard takes seconds, so the manifest (
 def test_unshard_killed_half_way_resumes(tmp_path):
     src = _source(tmp_path / "src", UNSHARD_CHUNKS)
     sharded, one_shot, resumed = tmp_path / "sharded", tmp_path / "one-shot", tmp_path / "resumed"
-    assert subprocess.run(_cli("convert", str(src), str(sharded), "--chunks-per-shard", "2"), timeout=300).returncode == 0
+    assert (
+        subprocess.run(_cli("convert", str(src), str(sharded), "--chunks-per-shard", "2"), timeout=300).returncode == 0
+    )
     assert subprocess.run(_cli("unshard", str(sharded), str(one_shot)), timeout=300).returncode == 0
 
-    proc = subprocess.Popen(_cli("unshard", str(sharded), str(resumed)), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        _cli("unshard", str(sharded), str(resumed)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     manifest = resumed / UNSHARD_MANIFEST_KEY
     try:
         _wait_until_recorded(proc, manifest, 20)
@@ -72,8 +78,9 @@ def test_unshard_killed_half_way_resumes(tmp_path):
     assert recorded >= 20
     assert not (resumed / ".zgroup").exists()  # metadata comes last
 
-    again = subprocess.run(_cli("unshard", str(sharded), str(resumed), "--json"), capture_output=True, text=True,
-                           timeout=300)  # fmt: skip
+    again = subprocess.run(
+        _cli("unshard", str(sharded), str(resumed), "--json"), capture_output=True, text=True, timeout=300
+    )
     assert again.returncode == 0, again.stderr
     report = json.loads(again.stdout)
     assert report["shards_skipped"] >= recorded
@@ -111,9 +118,12 @@ def _alive(pid: int) -> bool:
 def test_killing_convert_ends_its_workers(tmp_path, sig):
     src = _source(tmp_path / "src", 3000)
     dst = tmp_path / "dst"
-    proc = subprocess.Popen(_cli("convert", str(src), str(dst), "--chunks-per-shard", "2", "--workers", "2",
-                                 "--task-chunks", "2"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        _cli("convert", str(src), str(dst), "--chunks-per-shard", "2", "--workers", "2", "--task-chunks", "2"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     workers: set[int] = set()
     try:
         _wait_until_recorded(proc, dst / MANIFEST_KEY, 20)

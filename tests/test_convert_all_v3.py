@@ -1,4 +1,4 @@
-"""``convert --all-v3`` (issue 11): unsharded arrays and groups also described in v3.
+"""``convert --all-v3``: unsharded arrays and groups also described in v3.
 
 Oracles here: zarr-python 2.18 over a plain DirectoryStore reads the unsharded
 arrays unchanged; the proxy reads every array. tests/latest/test_all_v3.py has
@@ -32,8 +32,9 @@ def _source(root: Path) -> dict[str, np.ndarray]:
         "flat": np.arange(10, dtype="<f8"),  # 1-d: sharded
         "sub/nested": np.arange(24, dtype="<u2").reshape(4, 6),
     }
-    zarr.array(data["sub/plain"], chunks=(2, 4), store=store, path="sub/plain", compressor=zarr.Zlib(level=3),
-               order="F").attrs["_ARRAY_DIMENSIONS"] = ["y", "x"]  # fmt: skip
+    zarr.array(
+        data["sub/plain"], chunks=(2, 4), store=store, path="sub/plain", compressor=zarr.Zlib(level=3), order="F"
+    ).attrs["_ARRAY_DIMENSIONS"] = ["y", "x"]
     zarr.array(data["flat"], chunks=(3,), store=store, path="flat")
     nested = zarr.NestedDirectoryStore(str(root))
     zarr.array(data["sub/nested"], chunks=(3, 3), store=nested, path="sub/nested", fill_value=None)
@@ -59,7 +60,11 @@ def test_all_v3_documents_and_zarr2_reads(tmp_path: Path) -> None:
     nested = json.loads((dst / "sub/nested/zarr.json").read_text())
     assert nested["chunk_key_encoding"]["configuration"]["separator"] == "/"
     assert nested[V2_FILL_FIELD] == {"must_understand": False, "fill_value": None}
-    assert json.loads((dst / "sub/zarr.json").read_text()) == {"zarr_format": 3, "node_type": "group", "attributes": {"k": 1}}
+    assert json.loads((dst / "sub/zarr.json").read_text()) == {
+        "zarr_format": 3,
+        "node_type": "group",
+        "attributes": {"k": 1},
+    }
     root = json.loads((dst / "zarr.json").read_text())
     assert root["attributes"] == {"title": "t"}
     assert sorted(root["consolidated_metadata"]["metadata"]) == ["flat", "sub", "sub/nested", "sub/plain"]
@@ -83,8 +88,16 @@ def test_cli_all_v3(tmp_path: Path) -> None:
 
 
 def test_no_v3_data_type_no_document() -> None:
-    zarray = {"zarr_format": 2, "shape": [2], "chunks": [2], "dtype": "|O", "compressor": None,
-              "fill_value": None, "filters": [{"id": "msgpack2"}], "order": "C"}  # fmt: skip
+    zarray = {
+        "zarr_format": 2,
+        "shape": [2],
+        "chunks": [2],
+        "dtype": "|O",
+        "compressor": None,
+        "fill_value": None,
+        "filters": [{"id": "msgpack2"}],
+        "order": "C",
+    }
     assert v3_view_of_unsharded_v2(zarray, None).metadata == {}
     plan = plan_all_v3({"s/.zarray": zarray, ".zgroup": {"zarr_format": 2}})
     assert plan.refused.keys() == {"s"} and "s/zarr.json" not in plan.writes
@@ -93,15 +106,23 @@ def test_no_v3_data_type_no_document() -> None:
 
 @pytest.mark.parametrize("dtype", ["<U3", "|S2", "<M8[s]"])
 def test_extension_types_are_described(dtype: str) -> None:
-    zarray = {"zarr_format": 2, "shape": [2], "chunks": [2], "dtype": dtype, "compressor": None,
-              "fill_value": None, "filters": None, "order": "C"}  # fmt: skip
+    zarray = {
+        "zarr_format": 2,
+        "shape": [2],
+        "chunks": [2],
+        "dtype": dtype,
+        "compressor": None,
+        "fill_value": None,
+        "filters": None,
+        "order": "C",
+    }
     view = v3_view_of_unsharded_v2(zarray, {"a": 1})
     assert view.metadata["attributes"] == {"a": 1} and view.problems
 
 
 @pytest.mark.parametrize("all_v3", [False, True], ids=["sharded-only", "all-v3"])
 def test_non_finite_attributes_convert(tmp_path: Path, all_v3: bool) -> None:
-    """NaN/+-inf attributes (zarr 2 writes them bare) are kept bare in the v3 documents, as zarr-python 3 writes them."""
+    """NaN/+-inf attributes (zarr 2 writes them bare) stay bare in the v3 documents, as zarr-python 3 writes them."""
     src, dst = tmp_path / "src", tmp_path / "dst"
     g = zarr.open_group(str(src), mode="w")
     g.attrs["lo"] = float("-inf")

@@ -34,8 +34,12 @@ def s3_endpoint(monkeypatch):
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": "us-east-1", "S3_ENDPOINT_URL": endpoint}.items():  # fmt: skip
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "S3_ENDPOINT_URL": endpoint,
+    }.items():
         monkeypatch.setenv(name, value)
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="my-bucket")
     try:

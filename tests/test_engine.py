@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from engine_kv import CountingKV
+
 from shardkv.engine.engine import ShardEngine
-from shardkv.engine.options import Options
 from shardkv.engine.merge import ChunkPatch, ShardChange, covers_shard, merge_chunks
+from shardkv.engine.options import Options
 from shardkv.engine.retry import Backoff
 from shardkv.errors import ConcurrentUpdateError, ConfigurationError, CorruptShardError
 from shardkv.format.layout import ShardLayout
@@ -156,7 +156,7 @@ def test_a_read_whose_shard_changes_every_round_gives_up_saying_it_was_a_read(mo
 
     def always_changed(reads):  # the shard is rewritten during every read of it (a store answers "stale")
         return [ReadResult("stale", None, Generation(("elsewhere", n))) if key == "a/0.0" else result
-                for n, ((key, _, _), result) in enumerate(zip(reads, real_get_many(reads)))]
+                for n, ((key, _, _), result) in enumerate(zip(reads, real_get_many(reads), strict=True))]
 
     monkeypatch.setattr(kv, "get_many", always_changed)
     monkeypatch.setattr("shardkv.engine.reads.READ_BACKOFF", Backoff(0.0, 1.0, 0.0))

@@ -7,8 +7,9 @@ adapter (a location private to the store object).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import pytest
 from kv_contract import KVContract, put_ok

@@ -1,4 +1,4 @@
-"""Per-shard locks that belong to the data (shardkv.engine.locks, issue 9).
+"""Per-shard locks that belong to the data (shardkv.engine.locks).
 
 Threads with their own lock objects over one location serialise; spawned
 processes incrementing a counter under the lock lose nothing; lock files stay
@@ -190,8 +190,11 @@ def test_in_process_stripes_agree_with_or_without_lock_files_and_through_links(t
     assert len({tuple(v.thread_stripes_of([key], prefixes)) for v in views}) == 1
     from shardkv import ShardedStore
 
-    stores = [ShardedStore(str(real)), ShardedStore(str(real), concurrency="process"),
-              ShardedStore(str(tmp_path / "link"), concurrency="process")]  # fmt: skip
+    stores = [
+        ShardedStore(str(real)),
+        ShardedStore(str(real), concurrency="process"),
+        ShardedStore(str(tmp_path / "link"), concurrency="process"),
+    ]
     assert len({tuple(s.engine.locks.thread_stripes_of([key], prefixes)) for s in stores}) == 1
 
 
@@ -379,7 +382,9 @@ def test_a_nested_hold_of_a_stripe_this_thread_holds_does_not_deadlock(tmp_path,
     mode = "files" if kind == "local" else "process"
     locks = ShardLocks(kv.location, mode=mode, thread_stripes=4, file_stripes=2, timeout=0.2)
     outer = "a/0"
-    inner = next(f"b/{i}" for i in range(1000) if locks.thread_stripes_of([f"b/{i}"]) == locks.thread_stripes_of([outer]))
+    inner = next(
+        f"b/{i}" for i in range(1000) if locks.thread_stripes_of([f"b/{i}"]) == locks.thread_stripes_of([outer])
+    )
     done = threading.Event()
 
     def nested() -> None:

@@ -13,9 +13,13 @@ from shardkv import ConfigurationError, ShardedStore, open_store
 from shardkv.proxy.draft import DraftShardedStore
 
 DRAFT_ENTRY_POINT = json.dumps(
-    {"zarr_format": "https://purl.org/zarr/spec/protocol/core/3.0", "metadata_key_suffix": ".json",
-     "metadata_encoding": "https://purl.org/zarr/spec/protocol/core/3.0", "extensions": []}
-).encode()  # fmt: skip
+    {
+        "zarr_format": "https://purl.org/zarr/spec/protocol/core/3.0",
+        "metadata_key_suffix": ".json",
+        "metadata_encoding": "https://purl.org/zarr/spec/protocol/core/3.0",
+        "extensions": [],
+    }
+).encode()
 V3_GROUP = json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}).encode()
 
 
@@ -74,14 +78,22 @@ def test_options_of_the_v2_proxy_are_refused_in_draft_mode() -> None:
 def test_options_reach_the_chosen_proxy() -> None:
     proxy = open_store({}, (2, 3), index_location="start", buffer_bytes=1024)
     proxy[".zarray"] = json.dumps(
-        {"zarr_format": 2, "shape": [8, 9], "chunks": [2, 2], "dtype": "|u1", "compressor": None,
-         "fill_value": 0, "filters": None, "order": "C"}
-    ).encode()  # fmt: skip
+        {
+            "zarr_format": 2,
+            "shape": [8, 9],
+            "chunks": [2, 2],
+            "dtype": "|u1",
+            "compressor": None,
+            "fill_value": 0,
+            "filters": None,
+            "order": "C",
+        }
+    ).encode()
     config = proxy.v3_metadata("")["codecs"][0]["configuration"]
     assert config["index_location"] == "start"
     assert proxy.sharded_array("").chunks_per_shard == (2, 3)
     proxy["0.0"] = b"x"
-    assert list(proxy.base.list_prefix("")) == ["zarr.json"]  # v3 only (issue 11); buffered (write-back) until flush
+    assert list(proxy.base.list_prefix("")) == ["zarr.json"]  # v3 only; buffered (write-back) until flush
     proxy.flush()
     assert "0.0" in set(proxy.base.list_prefix(""))
 

@@ -54,7 +54,11 @@ def s3():
     options = _options(endpoint)
     boto3 = pytest.importorskip("boto3")
     client = boto3.client(
-        "s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
     )
     client.create_bucket(Bucket=BUCKET)
     fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
@@ -133,7 +137,9 @@ def test_convert_s3_to_local_equals_a_local_conversion(s3, shared_data, tmp_path
     fs.put(str(shared_data / ASTRONAUT), src[len("s3://") :], recursive=True)
     assert len(_objects(fs, src)) == len(_files(shared_data / ASTRONAUT))
     from_s3, local = tmp_path / "from-s3", tmp_path / "local"
-    proc = run("convert", src, str(from_s3), "--chunks-per-shard", "3,2,1", "--source-storage-options", json.dumps(options))
+    proc = run(
+        "convert", src, str(from_s3), "--chunks-per-shard", "3,2,1", "--source-storage-options", json.dumps(options)
+    )
     assert proc.returncode == 0, proc.stderr
     assert run("convert", str(shared_data / ASTRONAUT), str(local), "--chunks-per-shard", "3,2,1").returncode == 0
     assert _files(from_s3) == _files(local)
@@ -143,7 +149,12 @@ def test_unshard_s3_to_local_is_plain_zarr(s3, shared_data, tmp_path):
     endpoint, options, fs = s3
     sharded = _unique("sharded")
     opts = json.dumps(options)
-    assert run("convert", str(shared_data / ASTRONAUT), sharded, "--chunks-per-shard", "4", "--storage-options", opts).returncode == 0
+    assert (
+        run(
+            "convert", str(shared_data / ASTRONAUT), sharded, "--chunks-per-shard", "4", "--storage-options", opts
+        ).returncode
+        == 0
+    )
     plain = tmp_path / "plain"
     proc = run("unshard", sharded, str(plain), "--source-storage-options", opts, "--json")
     assert proc.returncode == 0, proc.stderr
@@ -152,7 +163,9 @@ def test_unshard_s3_to_local_is_plain_zarr(s3, shared_data, tmp_path):
     # the chunk files are byte for byte the original ones, and zarr 2 reads them without shardkv
     source_files = _files(shared_data / ASTRONAUT)
     out_files = _files(plain)
-    assert {k: v for k, v in out_files.items() if ".z" not in k} == {k: v for k, v in source_files.items() if ".z" not in k}
+    assert {k: v for k, v in out_files.items() if ".z" not in k} == {
+        k: v for k, v in source_files.items() if ".z" not in k
+    }
     expected = _arrays_of(zarr.DirectoryStore(str(shared_data / ASTRONAUT)))
     got = _arrays_of(zarr.DirectoryStore(str(plain)))
     for name in expected:
@@ -169,15 +182,22 @@ def test_sharded_store_writes_and_reads_on_s3(s3):
     stored = _objects(fs, url)
     shards = sorted(k for k in stored if k[0].isdigit())
     assert shards == [f"{i}.{j}" for i in range(3) for j in range(4)]  # 6 x 8 chunks in 3 x 4 shards
-    assert set(stored) - set(shards) == {"zarr.json"}  # v3 only (issue 11)
+    assert set(stored) - set(shards) == {"zarr.json"}  # v3 only
     np.testing.assert_array_equal(zarr.open_array(ShardedStore(url, storage_options=options), mode="r")[...], data)
 
 
 def test_missing_bucket_is_one_line_and_never_created(s3, shared_data):
     endpoint, options, fs = s3
     opts = json.dumps(options)
-    proc = run("convert", str(shared_data / ASTRONAUT), "s3://no-such-bucket-x/out.zarr", "--chunks-per-shard", "2",
-               "--storage-options", opts)  # fmt: skip
+    proc = run(
+        "convert",
+        str(shared_data / ASTRONAUT),
+        "s3://no-such-bucket-x/out.zarr",
+        "--chunks-per-shard",
+        "2",
+        "--storage-options",
+        opts,
+    )
     line = assert_one_line_error(proc, "s3://no-such-bucket-x/out.zarr", "no-such-bucket-x", "does not exist")
     assert "never creates" in line
     fs.invalidate_cache()
@@ -223,7 +243,12 @@ def test_bad_storage_options_are_usage_errors():
 def test_verify_on_s3_passes_a_converted_store_and_names_a_damaged_shard(s3, shared_data):
     endpoint, options, fs = s3
     url, opts = _unique("verify"), json.dumps(options)
-    assert run("convert", str(shared_data / ASTRONAUT), url, "--chunks-per-shard", "2", "--storage-options", opts).returncode == 0
+    assert (
+        run(
+            "convert", str(shared_data / ASTRONAUT), url, "--chunks-per-shard", "2", "--storage-options", opts
+        ).returncode
+        == 0
+    )
     clean = run("verify", url, "--decode", "--storage-options", opts)
     assert clean.returncode == 0, clean.stderr
     assert ", 0 damaged" in clean.stdout and clean.stdout.strip().endswith("ok")

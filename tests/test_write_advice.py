@@ -1,4 +1,4 @@
-"""The once-per-array warning about write-through chunk-by-chunk writes (issue 12 item 5)."""
+"""The once-per-array warning about write-through chunk-by-chunk writes."""
 
 from __future__ import annotations
 
@@ -31,7 +31,10 @@ def test_unaligned_chunk_by_chunk_writes_warn_once_per_array(tmp_path):
         _chunk_by_chunk(a)
         _chunk_by_chunk(a)  # a second pass over the same array adds no warning
         _chunk_by_chunk(b)
-    assert [(w.message.path, w.message.rewrites) for w in record] == [("a", DEFAULT_THRESHOLD), ("b", DEFAULT_THRESHOLD)]
+    assert [(w.message.path, w.message.rewrites) for w in record] == [
+        ("a", DEFAULT_THRESHOLD),
+        ("b", DEFAULT_THRESHOLD),
+    ]
     assert {w.filename for w in record} == {__file__}  # the warning names the caller's line, not shardkv's
     text = str(record[0].message)
     assert "buffer_bytes" in text and "rechunk_to_shards" in text and "'a'" in text

@@ -35,7 +35,7 @@ Rules
   (:mod:`shardkv.cli.manifest`) in the destination lets the same conversion,
   run again after an interruption, skip the shards already finished.
 
-Memory (issue 21): the source is listed lazily, array by array
+Memory: the source is listed lazily, array by array
 (:mod:`shardkv.cli.convert_listing`: groups walked directory by directory, an
 array's keys streamed once into a bitmap of one bit per chunk-grid position),
 never held as a list of keys; tasks are made one shard at a time and at most
@@ -45,7 +45,7 @@ written in batches; other keys are copied ``_COPY_BATCH_KEYS`` at a time; the
 progress manifest keeps a bit per shard. Peak memory is bounded by the shards
 in flight, not by the number of chunks.
 
-Nothing is dropped (issue 20): an array whose sharded form shardkv could not
+Nothing is dropped: an array whose sharded form shardkv could not
 read back (an object dtype, for example) is copied unsharded, a node named
 like shardkv's own files is refused
 (:class:`~shardkv.cli.errors.ReservedNameError`), and the finished output is
@@ -56,21 +56,22 @@ checked to present every array and group of the source
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterator, Literal, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
-from shardkv.cli.convert_plan import ChunksPerShard, check_fit, plan_array, warn_nothing_gained
-from shardkv.cli.convert_meta import amend_consolidated, array_metadata, metadata_order, store_as_v3
-from shardkv.cli.convert_report import ArrayReport, ConvertReport
 from shardkv.cli.convert_listing import ArrayListing, HierarchyWalk, iter_array_keys, list_array, walk_hierarchy
+from shardkv.cli.convert_meta import amend_consolidated, array_metadata, metadata_order, store_as_v3
+from shardkv.cli.convert_plan import ChunksPerShard, check_fit, plan_array, warn_nothing_gained
+from shardkv.cli.convert_report import ArrayReport, ConvertReport
 from shardkv.cli.convert_tasks import ShardTask, TaskResult, array_tasks, execute, shard_members_at
+from shardkv.cli.errors import ConversionIncompleteError, DestinationNotEmptyError, SameLocationError
+from shardkv.cli.info_draft import is_draft
 from shardkv.cli.manifest import MANIFEST_KEY as _MANIFEST_KEY
 from shardkv.cli.manifest import Manifest, open_destination, verify_last
 from shardkv.cli.stores import open_store, put_all, refuse_regular_file
-from shardkv.cli.errors import ConversionIncompleteError, DestinationNotEmptyError, SameLocationError
-from shardkv.cli.info_draft import is_draft
 from shardkv.cli.view import HierarchyView, sizes
 from shardkv.errors import ConfigurationError
-from shardkv.format.layout import ShardLayout
+from shardkv.format.layout import IndexLocation, ShardLayout
 from shardkv.keys.paths import join_path
 from shardkv.metadata.chunks_per_shard import check_chunks_per_shard
 from shardkv.metadata.documents import META_NAMES
@@ -187,7 +188,7 @@ def _copy(src: HierarchyView, keys: Iterator[str] | Sequence[str], writer: _Writ
     n = nbytes = 0
     it = iter(keys)
     while True:
-        batch = [k for _, k in zip(range(_COPY_BATCH_KEYS), it)]
+        batch = [k for _, k in zip(range(_COPY_BATCH_KEYS), it, strict=False)]
         if not batch:
             return n, nbytes
         values = src.values(batch)
@@ -207,7 +208,7 @@ def convert(
     src: Any,
     dst: Any,
     chunks_per_shard: ChunksPerShard | Sequence[int],
-    index_location: Literal["start", "end"] = "end",
+    index_location: IndexLocation = "end",
     index_checksum: bool = True,
     progress: bool = False,
     *,
@@ -303,10 +304,19 @@ def convert(
                 "(index at the end, no checksum), so --index-location start / --no-checksum do not apply"
             )
         if workers > 1 or scheduler is not None:
-            raise ConfigurationError(f"{src_name} is a 2022 draft hierarchy: it is converted in one process "
-                                     "(--workers / --scheduler apply to Zarr v2 sources)")  # fmt: skip
-        return convert_draft(source_kv, target, cps, progress, overwrite=overwrite, src_name=src_name,  # type: ignore[return-value]
-                             dst_name=dst_name)  # fmt: skip
+            raise ConfigurationError(
+                f"{src_name} is a 2022 draft hierarchy: it is converted in one process "
+                "(--workers / --scheduler apply to Zarr v2 sources)"
+            )
+        return convert_draft(
+            source_kv,
+            target,
+            cps,
+            progress,
+            overwrite=overwrite,
+            src_name=src_name,  # type: ignore[return-value]
+            dst_name=dst_name,
+        )
     # arrays already sharded (zarr.json only) appear with a .zarray
     source = HierarchyView(source_kv, present=_stores_v2_arrays(source_kv))
     remote = workers > 1 or scheduler is not None
@@ -315,9 +325,13 @@ def convert(
     job = _Job(source, target, src_name, dst_name, cps, index_location, index_checksum, progress)
     job.all_v3 = all_v3
     job.base = dict(
-        src=src_name, dst=dst_name, src_options=src_opts, dst_options=dst_opts,
-        index_location=index_location, index_checksum=index_checksum,
-    )  # fmt: skip
+        src=src_name,
+        dst=dst_name,
+        src_options=src_opts,
+        dst_options=dst_opts,
+        index_location=index_location,
+        index_checksum=index_checksum,
+    )
     return job.run(overwrite, skip_mismatched, workers, scheduler, task_chunks)
 
 
@@ -325,9 +339,16 @@ class _Job:
     """One conversion of a Zarr v2 hierarchy (state shared by its steps)."""
 
     def __init__(
-        self, source: HierarchyView, target: KVStore, src_name: str, dst_name: str, cps: ChunksPerShard,
-        index_location: str, index_checksum: bool, progress: bool,
-    ) -> None:  # fmt: skip
+        self,
+        source: HierarchyView,
+        target: KVStore,
+        src_name: str,
+        dst_name: str,
+        cps: ChunksPerShard,
+        index_location: str,
+        index_checksum: bool,
+        progress: bool,
+    ) -> None:
         self.source, self.target = source, target
         self.src_name, self.dst_name = src_name, dst_name
         self.cps, self.index_location, self.index_checksum = cps, index_location, index_checksum
@@ -345,7 +366,9 @@ class _Job:
         cps = self.cps if isinstance(self.cps, int) else list(self.cps)
         return {"chunks_per_shard": cps, "index_location": self.index_location, "index_checksum": self.index_checksum}
 
-    def run(self, overwrite: bool, skip_mismatched: bool, workers: int, scheduler: str | None, task_chunks: int) -> ConvertReport:
+    def run(
+        self, overwrite: bool, skip_mismatched: bool, workers: int, scheduler: str | None, task_chunks: int
+    ) -> ConvertReport:
         from tqdm import tqdm
 
         source = self.source
@@ -353,7 +376,8 @@ class _Job:
         wanted = [join_path(p, n) for p in walk.arrays for n in sorted(META_NAMES)]
         meta = source.values(wanted)  # the arrays' documents (5 names per array), one batch
         plans = {
-            p: plan_array(p, z, meta, self.cps, self.index_location, self.index_checksum) for p, z in walk.arrays.items()
+            p: plan_array(p, z, meta, self.cps, self.index_location, self.index_checksum)
+            for p, z in walk.arrays.items()
         }
         check_fit(plans, self.cps, skip_mismatched)
         warn_nothing_gained(plans)
@@ -399,10 +423,17 @@ class _Job:
         return report
 
     def _tasks(
-        self, walk: HierarchyWalk, meta: Mapping[str, bytes], plans: Mapping[str, tuple[tuple[int, ...] | None, str | None]],
-        manifest: Manifest, meta_out: dict[str, bytes], amended: dict[str, dict[str, Any]], bar: Any,
-        task_chunks: int, workers: int,
-    ) -> Iterator[ShardTask]:  # fmt: skip
+        self,
+        walk: HierarchyWalk,
+        meta: Mapping[str, bytes],
+        plans: Mapping[str, tuple[tuple[int, ...] | None, str | None]],
+        manifest: Manifest,
+        meta_out: dict[str, bytes],
+        amended: dict[str, dict[str, Any]],
+        bar: Any,
+        task_chunks: int,
+        workers: int,
+    ) -> Iterator[ShardTask]:
         """The shard tasks of every array, made lazily; each array is listed when its turn comes."""
         n_last = _VERIFY_LAST * max(workers, 1)
         for path, zarray in walk.arrays.items():
@@ -420,9 +451,16 @@ class _Job:
                 continue
             layout = ShardLayout.v3(array_cps, self.index_location, "little", self.index_checksum)  # type: ignore[arg-type]
             report = ArrayReport(
-                path, listing.ndim, array_cps, None, listing.n_chunks, len(listing.stale_keys), 0,
-                listing.separator, listing.separator_detected,
-            )  # fmt: skip
+                path,
+                listing.ndim,
+                array_cps,
+                None,
+                listing.n_chunks,
+                len(listing.stale_keys),
+                0,
+                listing.separator,
+                listing.separator_detected,
+            )
             self.report.arrays.append(report)
             self._reports[path] = report
             self._resume(manifest, listing, layout, report, n_last)
@@ -432,16 +470,23 @@ class _Job:
             self.bytes_before += nbytes
             meta_out.update(array_metadata(listing, array_meta, layout, amended))
             base = {
-                **self.base, "chunks_per_shard": array_cps,
-                "write_batch_nbytes": _WRITE_BATCH_NBYTES, "write_batch_objects": _WRITE_BATCH_OBJECTS,
-            }  # fmt: skip
+                **self.base,
+                "chunks_per_shard": array_cps,
+                "write_batch_nbytes": _WRITE_BATCH_NBYTES,
+                "write_batch_objects": _WRITE_BATCH_OBJECTS,
+            }
             yield from array_tasks(
-                listing, array_cps, base, task_chunks,
+                listing,
+                array_cps,
+                base,
+                task_chunks,
                 skip=lambda index, p=path: manifest.is_done(p, index),  # type: ignore[misc]
                 on_skipped=lambda index, n_chunks: bar.update(n_chunks),
-            )  # fmt: skip
+            )
 
-    def _resume(self, manifest: Manifest, listing: ArrayListing, layout: ShardLayout, report: ArrayReport, n_last: int) -> None:
+    def _resume(
+        self, manifest: Manifest, listing: ArrayListing, layout: ShardLayout, report: ArrayReport, n_last: int
+    ) -> None:
         """Count the shards of this array an earlier run finished, after reading back its last ones."""
         cps = layout.chunks_per_shard
 
@@ -460,9 +505,13 @@ class _Job:
         self.bytes_before += progress.nbytes_read
 
     def _copy_unsharded(
-        self, listing: ArrayListing, array_meta: Mapping[str, bytes], reason: str | None, meta_out: dict[str, bytes],
+        self,
+        listing: ArrayListing,
+        array_meta: Mapping[str, bytes],
+        reason: str | None,
+        meta_out: dict[str, bytes],
         bar: Any,
-    ) -> None:  # fmt: skip
+    ) -> None:
         meta_out.update({k: bytes(v) for k, v in array_meta.items()})
         prefix_len = len(listing.path) + 1 if listing.path else 0
         data = (k for k in iter_array_keys(self.source, listing.path) if k[prefix_len:] not in META_NAMES)
@@ -486,7 +535,7 @@ class _Job:
         bar.update(len(group_meta))
 
     def _check_output(self, walk: HierarchyWalk) -> None:
-        """Every array and group of the source is presented by the output (issue 20), or fail naming them."""
+        """Every array and group of the source is presented by the output, or fail naming them."""
         out = HierarchyView(self.target)
         wanted = [join_path(p, ".zarray") for p in walk.arrays] + [join_path(p, ".zgroup") for p in walk.groups]
         missing = [k.rpartition("/")[0] or "/" for k in wanted if not out.contains(k)]

@@ -19,8 +19,9 @@ chunk grid (stale chunks) are skipped and counted.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from shardkv.cli.errors import DestinationNotEmptyError
 from shardkv.cli.info_draft import is_draft
@@ -185,9 +186,13 @@ def _owners(reader: DraftShardedStore, keys: Sequence[str]) -> tuple[dict[str, s
 
 
 def _copy_as_stored(
-    reader: DraftShardedStore, target: KVStore, plain: Sequence[str], owner_of: Mapping[str, str],
-    meta_out: dict[str, bytes], report: DraftConvertReport,
-) -> None:  # fmt: skip
+    reader: DraftShardedStore,
+    target: KVStore,
+    plain: Sequence[str],
+    owner_of: Mapping[str, str],
+    meta_out: dict[str, bytes],
+    report: DraftConvertReport,
+) -> None:
     """Copy keys as they are, in batches; metadata documents are kept in ``meta_out`` to be written last."""
     for start in range(0, len(plain), _BATCH_KEYS):
         batch = plain[start : start + _BATCH_KEYS]
@@ -200,9 +205,12 @@ def _copy_as_stored(
 
 
 def _pack(
-    reader: DraftShardedStore, transformer: ShardingStorageTransformer, chunk_keys: Sequence[str],
-    report: DraftConvertReport, bar: Any,
-) -> None:  # fmt: skip
+    reader: DraftShardedStore,
+    transformer: ShardingStorageTransformer,
+    chunk_keys: Sequence[str],
+    report: DraftConvertReport,
+    bar: Any,
+) -> None:
     """Copy one array's chunks into shards, whole shards per batch."""
     grid = transformer.chunk_grid_shape
     by_shard: dict[str, list[str]] = {}
@@ -211,12 +219,12 @@ def _pack(
             coords = transformer.encoding.decode(key[len(transformer.key_prefix) :], transformer.ndim)
         except ValueError as exc:
             raise InvalidKeyError(key, f"not a chunk key of array {transformer.array_path!r}: {exc}") from None
-        if grid is not None and any(c >= g for c, g in zip(coords, grid)):
+        if grid is not None and any(c >= g for c, g in zip(coords, grid, strict=True)):
             report.stale_chunks += 1
             bar.update(1)
             continue
         located = transformer.locate(key)
-        by_shard.setdefault(located[0], []).append(key)  # type: ignore[index]
+        by_shard.setdefault(located[0], []).append(key)
     pending: dict[str, bytes] = {}
     pending_nbytes = 0
     for shard_key in sorted(by_shard):

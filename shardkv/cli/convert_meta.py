@@ -10,7 +10,8 @@ first, ``.zarray`` / ``.zgroup`` last in each directory).
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from shardkv.cli.convert_listing import ArrayListing
 from shardkv.format.layout import ShardLayout
@@ -75,7 +76,7 @@ _DOCUMENTS = (".zarray", ".zattrs", ".zgroup", ZARR_JSON, ".zmetadata")
 
 
 def store_as_v3(meta_out: dict[str, bytes], all_v3: bool = False) -> None:
-    """Store each sharded array and the groups above it as Zarr v3 only (issue 11), in place.
+    """Store each sharded array and the groups above it as Zarr v3 only, in place.
 
     ``meta_out`` holds the documents of the old layout (a ``.zarray`` beside
     each sharded array's ``zarr.json``); :func:`shardkv.metadata.hierarchy.plan_migration`

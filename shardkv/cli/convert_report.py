@@ -118,7 +118,7 @@ class ConvertReport:
         """A JSON-ready dict of the report."""
         doc = asdict(self)
         doc["shards"] = self.shards
-        for a, d in zip(self.arrays, doc["arrays"]):
+        for a, d in zip(self.arrays, doc["arrays"], strict=True):
             d["sharded"] = a.sharded
         return doc
 
@@ -155,6 +155,8 @@ class ConvertReport:
         lines.append(f"  checked: the output holds every array ({len(self.arrays)}) and group ({self.groups}) "
                      "of the source")
         lines.append(f"  objects: {self.objects_before} -> {self.objects_after}")
-        ratio = f" ({100 * (self.bytes_after - self.bytes_before) / self.bytes_before:+.2f}%)" if self.bytes_before else ""
+        ratio = (
+            f" ({100 * (self.bytes_after - self.bytes_before) / self.bytes_before:+.2f}%)" if self.bytes_before else ""
+        )
         lines.append(f"  bytes: {self.bytes_before} -> {self.bytes_after}{ratio}")
         return "\n".join(lines)

@@ -27,9 +27,10 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 from shardkv.cli.convert_listing import ArrayListing, ChunkBitmap, block_coords
 from shardkv.errors import ConfigurationError
@@ -38,7 +39,16 @@ from shardkv.keys.encodings import V2ChunkKeyEncoding
 from shardkv.keys.paths import path_prefix
 from shardkv.storage.kv import KVStore
 
-__all__ = ["ShardTask", "TaskResult", "run_task", "execute", "array_tasks", "shard_index", "shard_members_at", "IN_FLIGHT_PER_WORKER"]
+__all__ = [
+    "ShardTask",
+    "TaskResult",
+    "run_task",
+    "execute",
+    "array_tasks",
+    "shard_index",
+    "shard_members_at",
+    "IN_FLIGHT_PER_WORKER",
+]
 
 IN_FLIGHT_PER_WORKER = 2
 """Tasks submitted ahead per worker: enough to keep each busy, few enough to bound memory."""
@@ -100,7 +110,7 @@ class TaskResult:
 def shard_index(shard_coords: tuple[int, ...], shard_grid: tuple[int, ...]) -> int:
     """The position of a shard in its array's shard grid, C order."""
     index = 0
-    for c, g in zip(shard_coords, shard_grid):
+    for c, g in zip(shard_coords, shard_grid, strict=True):
         index = index * g + c
     return index
 
@@ -109,20 +119,22 @@ def _shard_members(
     chunks: ChunkBitmap, shard_coords: tuple[int, ...], cps: tuple[int, ...], key_of: Callable[[tuple[int, ...]], str]
 ) -> tuple[tuple[tuple[int, ...], str], ...]:
     """``(local coords, chunk key)`` of the stored chunks of one shard, in C order."""
-    lo = tuple(s * n for s, n in zip(shard_coords, cps))
-    hi = tuple(min(a + n, g) for a, n, g in zip(lo, cps, chunks.grid))
+    lo = tuple(s * n for s, n in zip(shard_coords, cps, strict=True))
+    hi = tuple(min(a + n, g) for a, n, g in zip(lo, cps, chunks.grid, strict=True))
     if not chunks.any_in(lo, hi):
         return ()
     members = []
     for coords in block_coords(lo, hi):
         if coords in chunks:
-            members.append((tuple(c - a for c, a in zip(coords, lo)), key_of(coords)))
+            members.append((tuple(c - a for c, a in zip(coords, lo, strict=True)), key_of(coords)))
     return tuple(members)
 
 
-def shard_members_at(listing: ArrayListing, cps: tuple[int, ...], index: int) -> tuple[tuple[tuple[int, ...], str], ...]:
+def shard_members_at(
+    listing: ArrayListing, cps: tuple[int, ...], index: int
+) -> tuple[tuple[tuple[int, ...], str], ...]:
     """``(local coords, chunk key)`` of the stored chunks of the shard at ``index`` (C order) of an array."""
-    shard_grid = tuple(-(-g // n) for g, n in zip(listing.chunks.grid, cps))
+    shard_grid = tuple(-(-g // n) for g, n in zip(listing.chunks.grid, cps, strict=True))
     coords = []
     for g in reversed(shard_grid):
         index, c = divmod(index, g)
@@ -157,7 +169,7 @@ def array_tasks(
     """
     encoding = V2ChunkKeyEncoding(listing.separator)  # type: ignore[arg-type]
     prefix = path_prefix(listing.path)
-    shard_grid = tuple(-(-g // n) for g, n in zip(listing.chunks.grid, cps))
+    shard_grid = tuple(-(-g // n) for g, n in zip(listing.chunks.grid, cps, strict=True))
     batch: list[tuple[int, str, tuple[tuple[tuple[int, ...], str], ...]]] = []
     n = 0
 
@@ -277,15 +289,19 @@ def _watch_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="shardkv-watch-parent", daemon=True).start()
 
 
-def _execute_processes(tasks: Iterable[ShardTask], on_done: Callable[[ShardTask, TaskResult], None], workers: int) -> None:
+def _execute_processes(
+    tasks: Iterable[ShardTask], on_done: Callable[[ShardTask, TaskResult], None], workers: int
+) -> None:
     import multiprocessing
 
     pending = iter(tasks)
     in_flight: dict[Future[TaskResult], ShardTask] = {}
     with ProcessPoolExecutor(
-        max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-        initializer=_watch_parent, initargs=(os.getpid(),),
-    ) as pool:  # fmt: skip
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_watch_parent,
+        initargs=(os.getpid(),),
+    ) as pool:
         try:
             while True:
                 while len(in_flight) < IN_FLIGHT_PER_WORKER * workers:
@@ -303,7 +319,9 @@ def _execute_processes(tasks: Iterable[ShardTask], on_done: Callable[[ShardTask,
             raise
 
 
-def _execute_distributed(tasks: Iterable[ShardTask], on_done: Callable[[ShardTask, TaskResult], None], address: str) -> None:
+def _execute_distributed(
+    tasks: Iterable[ShardTask], on_done: Callable[[ShardTask, TaskResult], None], address: str
+) -> None:
     try:
         from distributed import Client
         from distributed import as_completed as dask_as_completed

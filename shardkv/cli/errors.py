@@ -8,7 +8,7 @@ progress manifest of another conversion) and are printed by
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from shardkv.errors import ConfigurationError, ShardKVError
 
@@ -81,7 +81,9 @@ class DestinationIsFileError(ShardKVError, FileExistsError):
 
     def __init__(self, dst: str) -> None:
         self.dst = dst
-        super().__init__(f"destination {dst} is a regular file, not a hierarchy; refusing to replace it (remove it yourself)")
+        super().__init__(
+            f"destination {dst} is a regular file, not a hierarchy; refusing to replace it (remove it yourself)"
+        )
 
 
 class ChunksPerShardMismatchError(ConfigurationError):

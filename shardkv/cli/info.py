@@ -20,14 +20,15 @@ through a :class:`~shardkv.cli.view.HierarchyView` (v3 nodes presented as v2).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
+from shardkv.cli.errors import NotAHierarchyError
 from shardkv.cli.info_draft import inspect_draft, is_draft
 from shardkv.cli.info_format import format_info  # re-exported: the table lives there
 from shardkv.cli.info_model import ArrayInfo, shard_stats
 from shardkv.cli.stores import open_store
-from shardkv.cli.errors import NotAHierarchyError
 from shardkv.cli.view import HierarchyView, sizes
 from shardkv.errors import ConfigurationError, MetadataError
 from shardkv.keys.encodings import V2ChunkKeyEncoding, grid_shape
@@ -210,7 +211,9 @@ def classify_array(path: str, zarray: Mapping[str, Any], keys: Iterable[str]) ->
         As :func:`detect_separator`; also if ``shape`` and ``chunks`` differ in length.
     """
     if len(zarray["shape"]) != len(zarray["chunks"]):
-        raise ConfigurationError(f".zarray shape {zarray['shape']} and chunks {zarray['chunks']} differ in length", path)
+        raise ConfigurationError(
+            f".zarray shape {zarray['shape']} and chunks {zarray['chunks']} differ in length", path
+        )
     prefix = path_prefix(path)
     keys = list(keys)
     suffixes = [k[len(prefix) :] for k in keys]
@@ -219,14 +222,14 @@ def classify_array(path: str, zarray: Mapping[str, Any], keys: Iterable[str]) ->
     encoding = V2ChunkKeyEncoding(separator)  # type: ignore[arg-type]
     grid = out.chunk_grid_shape
     ndim = out.ndim
-    for key, suffix in zip(keys, suffixes):
+    for key, suffix in zip(keys, suffixes, strict=True):
         if suffix in META_NAMES:
             out.meta_keys.append(key)
             continue
         coords = _decodes(encoding, suffix, ndim)
         if coords is None:
             out.other_keys.append(key)
-        elif all(c < g for c, g in zip(coords, grid)):
+        elif all(c < g for c, g in zip(coords, grid, strict=True)):
             out.chunk_keys[coords] = key
         else:
             out.stale_keys.append(key)
@@ -301,7 +304,9 @@ def _sharded_info(store: KVStore, keys: ArrayKeys, arr: ShardedArray, zattrs: Ma
     shard_keys = [k for k in keys.all_keys() if k not in keys.meta_keys and arr.shard_coords_of(k) is not None]
     shard_keys += shard_directories(store, arr)  # not listed: read, a directory fails naming its key
     layout = arr.layout
-    present, used, index_bytes, stored = shard_stats(store, shard_keys, arr.shard_coords_of, layout, keys.chunk_grid_shape)
+    present, used, index_bytes, stored = shard_stats(
+        store, shard_keys, arr.shard_coords_of, layout, keys.chunk_grid_shape
+    )
     view = v3_view_of_v2(keys.zarray, zattrs, layout)
     return ArrayInfo(
         path=keys.path,

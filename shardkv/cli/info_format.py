@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from shardkv.cli.info_model import ArrayInfo
@@ -23,7 +24,17 @@ def format_info(infos: Sequence[ArrayInfo]) -> str:
     through its ``zarr.json``, ``no: <why>`` when they cannot, ``-`` when the
     array is unsharded.
     """
-    header = ("array", "shape", "chunks", "shard shape", "chunks present", "shards", "bytes stored", "bytes unused", "v3 view")
+    header = (
+        "array",
+        "shape",
+        "chunks",
+        "shard shape",
+        "chunks present",
+        "shards",
+        "bytes stored",
+        "bytes unused",
+        "v3 view",
+    )
     rows = []
     for i in infos:
         if i.shard_shape is None:
@@ -31,10 +42,19 @@ def format_info(infos: Sequence[ArrayInfo]) -> str:
         else:
             shard = f"{_dims(i.shard_shape)} = {'x'.join(str(n) for n in i.chunks_per_shard or ())} chunks"
             v3 = "yes" if i.v3_readable else "no: " + "; ".join(i.v3_problems)
-        rows.append((
-            i.path or "/", _dims(i.shape), _dims(i.chunks), shard, str(i.chunks_present),
-            str(i.shards), str(i.bytes_stored), str(i.bytes_unused) if i.shard_shape else "-", v3,
-        ))  # fmt: skip
+        rows.append(
+            (
+                i.path or "/",
+                _dims(i.shape),
+                _dims(i.chunks),
+                shard,
+                str(i.chunks_present),
+                str(i.shards),
+                str(i.bytes_stored),
+                str(i.bytes_unused) if i.shard_shape else "-",
+                v3,
+            )
+        )
     widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header) - 1)]
     lines = []
     for r in [header, *rows]:

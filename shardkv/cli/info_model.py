@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from shardkv.format.layout import ShardLayout
 from shardkv.storage.kv import ANY, KVStore
@@ -94,9 +95,9 @@ def shard_stats(
     for start in range(0, len(shard_keys), _INDEX_BATCH):
         batch = shard_keys[start : start + _INDEX_BATCH]
         results = store.get_many([(k, [layout.index_range()], ANY) for k in batch])
-        unsized = [k for k, r in zip(batch, results) if r.found and r.size is None]
+        unsized = [k for k, r in zip(batch, results, strict=True) if r.found and r.size is None]
         whole = store.values(unsized)  # stores that cannot tell a size with a ranged read
-        for k, result in zip(batch, results):
+        for k, result in zip(batch, results, strict=True):
             if not result.found or result.values is None:
                 continue  # deleted since the listing
             size = result.size if result.size is not None else len(whole.get(k, b""))
@@ -105,8 +106,8 @@ def shard_stats(
             if shard_coords is None:
                 continue
             for local in index.present():
-                chunk = tuple(s * n + c for s, n, c in zip(shard_coords, cps, local))
-                if all(c < g for c, g in zip(chunk, grid)):
+                chunk = tuple(s * n + c for s, n, c in zip(shard_coords, cps, local, strict=True))
+                if all(c < g for c, g in zip(chunk, grid, strict=True)):
                     present += 1
             used += index.used_nbytes()
             index_bytes += layout.index_nbytes

@@ -10,7 +10,7 @@ options) skips the shards recorded as finished, after reading back and
 checking the last ones recorded (the ones most likely to have been cut short
 by the interruption).
 
-The manifest stays small whatever the number of shards (issue 21): per
+The manifest stays small whatever the number of shards: per
 array, one bit per position of its shard grid and the totals of the shards
 recorded; the last :data:`LAST_KEPT` shards recorded are kept by key.
 
@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import msgpack
 
@@ -39,9 +40,15 @@ from shardkv.errors import ShardKVError
 from shardkv.storage.kv import KVStore
 
 __all__ = [
-    "MANIFEST_KEY", "UNSHARD_MANIFEST_KEY", "FLUSH_SECONDS", "LAST_KEPT", "ArrayProgress", "Manifest",
-    "open_destination", "verify_last",
-]  # fmt: skip
+    "MANIFEST_KEY",
+    "UNSHARD_MANIFEST_KEY",
+    "FLUSH_SECONDS",
+    "LAST_KEPT",
+    "ArrayProgress",
+    "Manifest",
+    "open_destination",
+    "verify_last",
+]
 
 MANIFEST_KEY = ".shardkv-convert-progress"
 """Key of the convert manifest in the destination (removed when the conversion completes)."""
@@ -178,8 +185,13 @@ class Manifest:
             p: {"bits": bytes(a.bits), "shards": a.shards, "nbytes": a.nbytes, "nbytes_read": a.nbytes_read}
             for p, a in self.arrays.items()
         }
-        doc = {"version": _VERSION, "src": self.src, "options": self.options, "arrays": arrays,
-               "last": [list(entry) for entry in self.last]}  # fmt: skip
+        doc = {
+            "version": _VERSION,
+            "src": self.src,
+            "options": self.options,
+            "arrays": arrays,
+            "last": [list(entry) for entry in self.last],
+        }
         put_all(self.store, {self.key: msgpack.packb(doc, use_bin_type=True)})
         self._last_flush = time.monotonic()
 
@@ -189,9 +201,13 @@ class Manifest:
 
 
 def open_destination(
-    target: KVStore, dst_name: str, src_name: str, options: Mapping[str, Any], overwrite: bool,
+    target: KVStore,
+    dst_name: str,
+    src_name: str,
+    options: Mapping[str, Any],
+    overwrite: bool,
     key: str = MANIFEST_KEY,
-) -> Manifest | None:  # fmt: skip
+) -> Manifest | None:
     """The manifest of a new run (the destination emptied first with ``overwrite``), or of the
     same unfinished run found in the destination; ``None`` when the destination holds
     other keys (the caller refuses it).

@@ -24,30 +24,41 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import fsspec
 
 from shardkv.cli.errors import DestinationIsFileError, StoreAccessError
 from shardkv.errors import ConfigurationError
+from shardkv.storage.fsspec import BUCKET_PROTOCOLS
 from shardkv.storage.kv import ANY, KVStore
 from shardkv.storage.open import kv_of_fs, open_kv
 
 __all__ = [
-    "parse_storage_options", "open_store", "store_errors", "describe", "is_url", "refuse_regular_file",
-    "put_all", "delete_all", "remove_everything",
-]  # fmt: skip
-
-BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss"})
-"""Protocols whose first path segment is a bucket (or container) that must already exist."""
+    "parse_storage_options",
+    "open_store",
+    "store_errors",
+    "describe",
+    "is_url",
+    "refuse_regular_file",
+    "put_all",
+    "delete_all",
+    "remove_everything",
+]
 
 PROBE_CONFIG = {"connect_timeout": 5, "read_timeout": 20, "retries": {"max_attempts": 1, "mode": "standard"}}
 """botocore configuration of the first probe of an S3 store (one attempt, 5 s to connect)."""
 
 _CREDENTIAL_SIGNS = (
-    "credentials", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
-    "AuthorizationHeaderMalformed", "TokenRefreshRequired",
-)  # fmt: skip
+    "credentials",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "AuthorizationHeaderMalformed",
+    "TokenRefreshRequired",
+)
 """Words of backend errors that mean missing, wrong or expired credentials."""
 
 

@@ -2,9 +2,9 @@
 
 The source is a hierarchy whose arrays are sharded the way shardkv shards
 them (a v3 ``zarr.json`` with the ``sharding_indexed`` codec, read with the
-``.zarray`` presented from it; the older layout kept a ``.zarray`` beside it). Each shard is read whole, its index decoded, and
-every present inner chunk is written as stored (never decoded) to the chunk key
-zarr-python 2 expects (``path/1.7``, or ``path/1/7`` with the ``/``
+``.zarray`` presented from it; the older layout kept a ``.zarray`` beside it).
+Each shard is read whole, its index decoded, and every present inner chunk is
+written as stored (never decoded) to the chunk key zarr-python 2 expects (``path/1.7``, or ``path/1/7`` with the ``/``
 separator). Inner chunks outside the array's chunk grid are skipped and
 counted. The ``zarr.json`` documents of sharded arrays and v3 groups are dropped (their
 ``.zarray``/``.zattrs``/``.zgroup`` are written instead); every other key (metadata,
@@ -12,7 +12,7 @@ unsharded arrays, other files) is copied as it is; metadata is written last.
 The result is read by zarr-python 2 without shardkv and equals the sharded
 hierarchy read through :class:`shardkv.ShardedStore`.
 
-An interrupted run resumes (issue 20): a progress manifest
+An interrupted run resumes: a progress manifest
 (:data:`shardkv.cli.manifest.UNSHARD_MANIFEST_KEY`) in the destination records
 each shard whose chunks have all been written; running the same command again
 skips those shards (their chunks are already in the destination) and copies the
@@ -22,8 +22,9 @@ rest. The manifest is deleted once the metadata, written last, is in place.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from shardkv.cli.convert import _check_distinct, _name
 from shardkv.cli.convert_tasks import shard_index
@@ -187,9 +188,13 @@ def unshard(
     remove_stale_temporaries(target, min_age_seconds=0)
     report = UnshardReport(src_name, dst_name, objects_before=len(hierarchy.keys))
     out = _Out(target)
-    meta: list[str] = [k for k in hierarchy.group_keys if k.rpartition("/")[2] in META_NAMES and not _v3_node(source, k)]
+    meta: list[str] = [
+        k for k in hierarchy.group_keys if k.rpartition("/")[2] in META_NAMES and not _v3_node(source, k)
+    ]
     plain: list[str] = [k for k in hierarchy.group_keys if k.rpartition("/")[2] not in META_NAMES]
-    with tqdm(total=len(hierarchy.keys), disable=not progress, file=sys.stderr, unit="obj", desc="shardkv unshard") as bar:
+    with tqdm(
+        total=len(hierarchy.keys), disable=not progress, file=sys.stderr, unit="obj", desc="shardkv unshard"
+    ) as bar:
         for path, keys in hierarchy.arrays.items():
             report.arrays += 1
             arr = nodes.node(path).array
@@ -224,9 +229,15 @@ def _v3_node(source: HierarchyView, key: str) -> bool:
 
 
 def _unpack(
-    source: HierarchyView, arr: ShardedArray, path: str, shard_keys: Sequence[str], out: _Out, report: UnshardReport,
-    bar: Any, manifest: Manifest,
-) -> None:  # fmt: skip
+    source: HierarchyView,
+    arr: ShardedArray,
+    path: str,
+    shard_keys: Sequence[str],
+    out: _Out,
+    report: UnshardReport,
+    bar: Any,
+    manifest: Manifest,
+) -> None:
     """Write every present in-grid inner chunk of the shards of one array to its own chunk key.
 
     A shard is recorded in ``manifest`` once its chunks are written; shards recorded by an
@@ -235,7 +246,7 @@ def _unpack(
     grid, cps = arr.chunk_grid_shape, arr.chunks_per_shard
     if grid is None or cps is None:
         raise UnsupportedError(f"{path or '/'}: a sharded array without a chunk grid or chunks per shard")
-    shard_grid = tuple(-(-g // n) for g, n in zip(grid, cps))
+    shard_grid = tuple(-(-g // n) for g, n in zip(grid, cps, strict=True))
 
     def index_of(key: str) -> int:
         return shard_index(arr.shard_coords_of(key), shard_grid)  # type: ignore[arg-type]
@@ -258,8 +269,8 @@ def _unpack(
             shard_coords = arr.shard_coords_of(key)
             view = memoryview(blob)
             for local in index.present():
-                coords = tuple(s * n + c for s, n, c in zip(shard_coords, cps, local))  # type: ignore[arg-type]
-                if any(c >= g for c, g in zip(coords, grid)):
+                coords = tuple(s * n + c for s, n, c in zip(shard_coords, cps, local, strict=True))  # type: ignore[arg-type]
+                if any(c >= g for c, g in zip(coords, grid, strict=True)):
                     report.out_of_grid_chunks += 1
                     continue
                 offset, nbytes = index.get(local)  # type: ignore[misc]

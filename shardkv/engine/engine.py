@@ -22,7 +22,7 @@ conditional put). Write-back and the journal sit on top
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.locks import Mode, ShardLocks

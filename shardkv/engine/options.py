@@ -111,7 +111,9 @@ class Options:
 
     def __post_init__(self) -> None:
         if not isinstance(self.chunks_per_shard, ChunksPerShardRule):
-            raise ConfigurationError(f"chunks_per_shard must be a ChunksPerShardRule here, got {self.chunks_per_shard!r}")
+            raise ConfigurationError(
+                f"chunks_per_shard must be a ChunksPerShardRule here, got {self.chunks_per_shard!r}"
+            )
         if self.index_location not in get_args(IndexLocation):
             raise ConfigurationError(f"index_location must be 'start' or 'end', got {self.index_location!r}")
         object.__setattr__(self, "index_checksum", bool(self.index_checksum))
@@ -121,14 +123,18 @@ class Options:
         if self.buffer_bytes is not None:
             _nonnegative_int("buffer_bytes", self.buffer_bytes)
         if self.concurrency not in get_args(Concurrency):
-            raise ConfigurationError(f"concurrency must be one of {list(get_args(Concurrency))}, got {self.concurrency!r}")
+            raise ConfigurationError(
+                f"concurrency must be one of {list(get_args(Concurrency))}, got {self.concurrency!r}"
+            )
         if self.lock_timeout is not None:
             timeout = self.lock_timeout
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout) or timeout < 0:
                 raise ConfigurationError(f"lock_timeout must be None or a number of seconds >= 0, got {timeout!r}")
 
     @classmethod
-    def from_keywords(cls, chunks_per_shard: ChunksPerShardOption = None, **keywords: Unpack[OptionKeywords]) -> Options:
+    def from_keywords(
+        cls, chunks_per_shard: ChunksPerShardOption = None, **keywords: Unpack[OptionKeywords]
+    ) -> Options:
         """The options from the keywords users give a facade (``chunks_per_shard`` as users write it).
 
         Raises

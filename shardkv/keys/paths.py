@@ -16,7 +16,7 @@ only (:func:`is_chunk_segment`). Facades that learn what a path is lazily
 from __future__ import annotations
 
 import re
-from typing import Callable, Container, Iterator
+from collections.abc import Callable, Container, Iterator
 
 from shardkv.errors import InvalidKeyError
 

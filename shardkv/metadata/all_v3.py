@@ -1,6 +1,6 @@
 """``--all-v3``: the v3 ``zarr.json`` of unsharded v2 arrays and of v2 groups. Pure.
 
-``shardkv convert`` stores sharded arrays as Zarr v3 only (issue 11). With
+``shardkv convert`` stores sharded arrays as Zarr v3 only. With
 ``--all-v3`` the rest of the hierarchy is described in v3 too, so zarr-python 3
 opens every array from the root:
 
@@ -19,8 +19,9 @@ gets no ``zarr.json``: zarr-python 3 then reads its ``.zarray`` as zarr 2 wrote 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.metadata.hierarchy import (
@@ -146,7 +147,7 @@ def may_mirror(doc: Mapping[str, Any] | None) -> bool:
 def plan_v3_down(
     documents: Mapping[str, Mapping[str, Any]], v3_paths: Iterable[str] = ()
 ) -> tuple[MetadataPlan, dict[str, str]]:
-    """The plan that describes every v2 node of a hierarchy in v3 once one of its arrays is sharded (issue 19 item 5).
+    """The plan that describes every v2 node of a hierarchy in v3 once one of its arrays is sharded.
 
     Unlike :func:`plan_all_v3` (``convert --all-v3``), a v2 group is stored as
     a v3 group only (as the groups on the path of a sharded array are, so the

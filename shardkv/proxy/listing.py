@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import KeysView, Mapping
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator, KeysView, Mapping
+from typing import Any
 
 from shardkv.engine.engine import ShardEngine
 from shardkv.keys.listing import sorted_chunk_names

@@ -1,4 +1,4 @@
-"""Metadata writes through the v2 proxy: sharded arrays and their groups stored as Zarr v3 only (issue 11).
+"""Metadata writes through the v2 proxy: sharded arrays and their groups stored as Zarr v3 only.
 
 Code above the proxy writes zarr-python 2 documents; :class:`MetadataWriter`
 turns them into the stored v3 documents with the pure plans of
@@ -45,14 +45,15 @@ A ``.zattrs`` written before its node's ``.zarray`` is stored as it is and
 taken into the ``zarr.json`` when the ``.zarray`` arrives. Arrays written by
 zarr-python 3 or tensorstore (another chunk key encoding than ``v2``) keep
 read-only metadata. A node whose name is one of shardkv's internal names
-(``*.shardkv-tmp-*``, ``.shardkv-locks``) is refused (issue 20, item 6).
+(``*.shardkv-tmp-*``, ``.shardkv-locks``) is refused.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from shardkv.engine.locks import ShardLocks
 from shardkv.engine.merge import ShardChange
@@ -103,7 +104,7 @@ _STORED = _Stored()
 def _common_group(paths: Iterable[str]) -> str:
     """The deepest path every one of ``paths`` lies under (``""``: the root)."""
     common: list[str] = []
-    for parts in zip(*([p for p in path.split("/") if p] for path in paths)):
+    for parts in zip(*([p for p in path.split("/") if p] for path in paths), strict=False):
         if len(set(parts)) != 1:
             break
         common.append(parts[0])
@@ -336,7 +337,7 @@ class MetadataWriter:
             self._opaque_blocks(written=opaque)
         return written
 
-    # -- v3 all the way down (issue 19, item 5) ------------------------------------------
+    # -- v3 all the way down ------------------------------------------
 
     def _hierarchy_is_v3(self) -> bool:
         """True when the store's root is a v3 group (some array below it is sharded, or was)."""
@@ -417,7 +418,7 @@ class MetadataWriter:
                 keys = sorted(todo)
                 puts: dict[str, tuple[bytes, Generation]] = {}
                 docs: dict[str, dict[str, Any]] = {}
-                for key, result in zip(keys, self._kv.get_many([(k, None, ANY) for k in keys])):
+                for key, result in zip(keys, self._kv.get_many([(k, None, ANY) for k in keys]), strict=True):
                     doc = todo[key].applied(_stored_document(key, result))
                     if doc is None:  # nothing to bring in step any more
                         self._nodes.forget(split_key(key)[0])
@@ -651,7 +652,7 @@ class MetadataWriter:
         new = old.with_shape(zarray["shape"])
         self._apply(plan_zarray_update(path, node.doc or {}, zarray), {path: new})
         if new.shape is not None and old.shape is not None and any(
-            n < o for n, o in zip(new.shape, old.shape)
+            n < o for n, o in zip(new.shape, old.shape, strict=False)
         ):
             self._trim(old, new)
 
@@ -663,6 +664,6 @@ class MetadataWriter:
             return
         affected: dict[str, ShardChange] = {}
         for coords in itertools.product(*(range(n) for n in old.shard_grid_shape)):
-            if any((s + 1) * c > g for s, c, g in zip(coords, cps, grid)):
+            if any((s + 1) * c > g for s, c, g in zip(coords, cps, grid, strict=True)):
                 affected[new.shard_key(coords)] = ShardChange(new, coords)
         self._writer.write_now(affected)

@@ -12,7 +12,7 @@ One :class:`Node` per path, built from its stored ``zarr.json`` (and
   *unsharded*: its chunk keys pass through;
 * an unsharded array whose ``zarr.json`` *mirrors* its ``.zarray`` (a v3
   array, not sharded, ``v2`` chunk key encoding, with a ``.zarray`` beside
-  it: issue 19 item 5, :func:`shardkv.metadata.all_v3.plan_v3_down`) is
+  it, so that v3 readers list the whole hierarchy: :func:`shardkv.metadata.all_v3.plan_v3_down`) is
   unsharded too: zarr-python 2 sees the ``.zarray``/``.zattrs`` as stored and
   not the ``zarr.json``, which is for v3 readers;
 * anything else (a v2 group, nothing) is no array.
@@ -25,15 +25,16 @@ about metadata keys, and sends every other key straight to the store.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from shardkv.errors import ConfigurationError, MetadataError
 from shardkv.keys.encodings import V2ChunkKeyEncoding
 from shardkv.keys.paths import chunk_owner_paths, is_chunk_segment, join_path, split_key
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.all_v3 import may_mirror
-from shardkv.metadata.documents import META_NAMES, dump_json, load_json
+from shardkv.metadata.documents import META_NAMES, ZMETADATA, dump_json, load_json
 from shardkv.metadata.hierarchy import REFUSED_ZARRAY, ZARR_JSON, present, presented_zmetadata
 from shardkv.metadata.v3_view import sharding_spec_from_v3, v2_dimension_separator
 
@@ -48,7 +49,6 @@ ReadValues = Callable[[Sequence[str]], Mapping[str, Any]]
 PRESENTED = (".zarray", ".zattrs", ".zgroup")
 """The v2 documents a v3 node is presented as."""
 
-_ZMETADATA = ".zmetadata"
 _MEMO_LIMIT = 100_000  # parents whose owner is remembered before the memo starts over
 
 
@@ -107,7 +107,7 @@ class Node:
     def cannot_be_stored(self, name: str) -> bool:
         """True for a v2 document no store holds beside this presented node (answered without a request).
 
-        Only an array's ``.zattrs`` may be stored beside its ``zarr.json`` (the layout before issue 11).
+        Only an array's ``.zattrs`` may be stored beside its ``zarr.json`` (the older layout).
         """
         return bool(self.documents) and name not in self.documents and not (
             name == ".zattrs" and ".zarray" in self.documents
@@ -133,7 +133,7 @@ def sharded_array_of(path: str, zarray: Mapping[str, Any], doc: Any) -> ShardedA
             f"zarr.json inner chunk_shape {list(spec.chunks)} differs from .zarray chunks {zarray['chunks']}", path
         )
     shape = tuple(int(s) for s in zarray["shape"])
-    return spec.array_at(path, V2ChunkKeyEncoding(v2_dimension_separator(zarray)), shape)  # type: ignore[arg-type]
+    return spec.array_at(path, V2ChunkKeyEncoding(v2_dimension_separator(zarray)), shape)
 
 
 def build_node(path: str, raw_json: Any | None, raw_zarray: Any | None = None) -> Node:
@@ -157,7 +157,7 @@ def build_node(path: str, raw_json: Any | None, raw_zarray: Any | None = None) -
     presented, documents = _presented(path, doc)
     if presented:
         zarray = presented.get(".zarray")
-    elif raw_zarray is not None:  # a zarr.json stored beside a .zarray (the layout before v3-only storage)
+    elif raw_zarray is not None:  # a zarr.json stored beside a .zarray (the older layout)
         zarray = load_json(join_path(path, ".zarray"), raw_zarray)
     else:
         zarray = None
@@ -219,7 +219,7 @@ class NodeTable:
         self.generation = 0
 
     def _owners_changed(self) -> None:
-        """Forget the owners of keys and start a new :attr:`generation` (call holding :attr:`lock`, after the change)."""
+        """Forget the owners of keys; start a new :attr:`generation` (call holding :attr:`lock`, after the change)."""
         self._owners.clear()
         self.generation += 1
 
@@ -312,7 +312,7 @@ class NodeTable:
         """Keep the node at ``path`` from ``zarr.json`` bytes already read, when they alone decide it.
 
         :func:`shardkv.open_store` hands over the root ``zarr.json`` it read to
-        detect the layout, so it is not read twice (issue 21).
+        detect the layout, so it is not read twice.
         """
         try:
             node = build_node(path, raw_json)
@@ -422,7 +422,7 @@ class NodeTable:
             rest.append(key)
         if rest:
             for key, value in self._read(rest).items():
-                out[key] = self._zmetadata(key, bytes(value)) if split_key(key)[1] == _ZMETADATA else value
+                out[key] = self._zmetadata(key, bytes(value)) if split_key(key)[1] == ZMETADATA else value
         return out
 
     def contains_document(self, key: str) -> bool | None:

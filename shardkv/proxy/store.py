@@ -3,7 +3,7 @@
 Code above the proxy (zarr-python 2, xarray, dask, scripts) reads and writes
 ordinary chunk keys (``temp/3.7``); the store below holds shards (``temp/0.1``)
 in the v1.0 ``sharding_indexed`` layout, each array's sharding described by a
-``zarr.json``, a Zarr v3 array and nothing else (issue 11; zarr-python 2 sees
+``zarr.json``, a Zarr v3 array and nothing else (zarr-python 2 sees
 the ``.zarray`` presented from it, see :mod:`shardkv.proxy.nodes`).
 
 This module routes each key: a chunk of a sharded array to its shard, a
@@ -16,10 +16,12 @@ to the base store. Options, pickling and lifecycle: :mod:`shardkv.engine.options
 
 from __future__ import annotations
 
+import enum
 import itertools
+from collections.abc import Iterable, Iterator, KeysView, Mapping, Sequence
 from contextlib import suppress
 from os import PathLike
-from typing import Any, Iterable, Iterator, KeysView, Mapping, Self, Sequence, Unpack
+from typing import Any, Self, Unpack
 
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.engine import ShardEngine
@@ -56,7 +58,15 @@ __all__ = ["ShardedStore", "ROUTE_MEMO_LIMIT"]
 ROUTE_MEMO_LIMIT = 16_384
 """Keys whose route one store remembers (a few MiB) before its memo starts over (see ``ShardedStore._route``)."""
 
-_UNROUTED = object()  # a key the memo does not hold
+
+
+class _Unrouted(enum.Enum):
+    """The memo's answer for a key it does not hold (an enum member, so that the type checker can narrow it)."""
+
+    UNROUTED = enum.auto()
+
+
+_UNROUTED = _Unrouted.UNROUTED
 
 
 class ShardedStore(ProxyBase):
@@ -127,7 +137,7 @@ class ShardedStore(ProxyBase):
     A store pickles (``multiprocessing``, ``dask.distributed``) as its base
     store's location and its :class:`~shardkv.engine.options.Options`; the copy
     finds the same locks, and writes through (no write-back buffer, no
-    journal: issue 20, item 1). With unflushed write-back data it raises
+    journal). With unflushed write-back data it raises
     ``UnflushedWritesError`` instead. To open a store of any layout (2022
     draft hierarchies included), use :func:`shardkv.open_store`.
     """
@@ -163,7 +173,7 @@ class ShardedStore(ProxyBase):
         self._kv = kv  # every request to the base store; pickles as the store's location
         self._nodes = NodeTable(self._kv.values)
         self._routes: tuple[int, dict[str, ChunkRef | None]] = (self._nodes.generation, {})  # see _route
-        self._hierarchy = Hierarchy(kv, self._nodes)  # MemoryStore/DirectoryStore rules (issue 19)
+        self._hierarchy = Hierarchy(kv, self._nodes)  # MemoryStore/DirectoryStore rules
         self._engine = ShardEngine(self._kv, options)
         self._advisor = WriteAdvisor()  # warns once per array about chunk-by-chunk rewrites (write-through)
         self._writer = WriteBack(self._engine, options.buffer_bytes, self._advisor.observe)
@@ -179,7 +189,7 @@ class ShardedStore(ProxyBase):
 
     @property
     def base(self) -> KVStore:
-        """The base store as a :class:`~shardkv.storage.kv.KVStore`: what is stored (for tools; writes here bypass the proxy)."""
+        """The base store as a :class:`~shardkv.storage.kv.KVStore`: what is stored (writes here bypass the proxy)."""
         return self._kv
 
     def refresh(self) -> None:
@@ -225,9 +235,9 @@ class ShardedStore(ProxyBase):
         generation = self._nodes.generation  # read before routing: a later change makes this memo stale
         kept, routes = self._routes
         if kept == generation:
-            ref = routes.get(key, _UNROUTED)
-            if ref is not _UNROUTED:
-                return ref  # type: ignore[return-value]
+            memo = routes.get(key, _UNROUTED)
+            if memo is not _UNROUTED:
+                return memo
         if not validated:
             validate_key(key)
         ref = self._locate(key)
@@ -287,7 +297,7 @@ class ShardedStore(ProxyBase):
         left out (zarr 2's ``DirectoryStore`` raises ``KeyError`` for it).
         """
         try:
-            return self._nodes.read_documents(keys)  # type: ignore[no-any-return]
+            return self._nodes.read_documents(keys)
         except IsADirectoryError:
             if len(keys) == 1:
                 return {}
@@ -316,7 +326,7 @@ class ShardedStore(ProxyBase):
             value = self._read_plain([key]).get(key)
             if value is None:
                 raise KeyError(key)
-            return value  # type: ignore[no-any-return]
+            return value
         found = self._writer.read_chunks([ref])
         if key not in found:
             raise KeyError(key)
@@ -324,13 +334,15 @@ class ShardedStore(ProxyBase):
         return value if type(value) is bytes else bytes(as_buffer(key, value))
 
     def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str):
+            return False
         try:
-            ref = self._route(key)  # type: ignore[arg-type]
+            ref = self._route(key)
         except (TypeError, InvalidKeyError):
             return False
         if ref is None:
-            known = self._nodes.contains_document(key)  # type: ignore[arg-type]
-            return self._kv.contains(key) if known is None else known  # type: ignore[arg-type]
+            known = self._nodes.contains_document(key)
+            return self._kv.contains(key) if known is None else known
         return self._writer.has_chunk(ref)
 
     # -- writes -------------------------------------------------------------------
@@ -479,7 +491,7 @@ class ShardedStore(ProxyBase):
                 continue
             coords = arr.shard_coords_of(key)
             grid = arr.shard_grid_shape
-            if coords is not None and (grid is None or all(c < n for c, n in zip(coords, grid))):
+            if coords is not None and (grid is None or all(c < n for c, n in zip(coords, grid, strict=True))):
                 stored.setdefault(arr.path, []).append(key)
         reclaimed = 0
         for array_path in sorted(stored) if path is None else [path]:
@@ -544,7 +556,7 @@ class ShardedStore(ProxyBase):
         self._kv.delete_prefix(path_prefix(path))
         self._engine.forget()
         self._nodes.forget_under(path)
-        self._metadata.removed(path)  # consolidated blocks above it no longer list it (issue 19 item 5)
+        self._metadata.removed(path)  # consolidated blocks above it no longer list it
 
     def getsize(self, path: str = "") -> int:
         """Size in bytes of the key ``path``, or of the keys directly under the path ``path``.
@@ -583,7 +595,7 @@ class ShardedStore(ProxyBase):
                 out[key] = len(self._nodes.read_documents([key])[key])
             elif known is None and (size := self._kv.size(key)) is not None:
                 out[key] = size
-        for ref, size in zip(refs, self._writer.chunk_sizes(refs)):
+        for ref, size in zip(refs, self._writer.chunk_sizes(refs), strict=True):
             if size is not None:
                 out[ref.chunk_key] = size
         return out

@@ -12,9 +12,10 @@ only proven garbage (user guide, "The command line").
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from math import prod
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -144,7 +145,7 @@ def _kv_of(store: Any) -> KVStore:
     A proxy is never read as a mapping of its own (that would check chunk keys, not shards).
     """
     if isinstance(store, ProxyBase):
-        return open_kv(store.base)  # type: ignore[attr-defined]
+        return open_kv(store.base)
     return open_kv(store)
 
 
@@ -254,8 +255,7 @@ def _check_shard(report: ShardReport, blob: bytes, arr: ShardedArray, decoder: A
         return
     decode, nbytes = decoder
     view = memoryview(blob)
-    for local in index.present():
-        offset, size = index.get(local)  # type: ignore[misc]
+    for local, offset, size in index.stored_entries():
         try:
             out = decode(bytes(view[offset : offset + size]), f"{report.shard_key} inner chunk {local}")
         except Exception as exc:  # any codec's own error type: reported, not raised
@@ -379,7 +379,7 @@ def verify_store(
         coords = arr.shard_coords_of(key)
         if coords is None:
             continue
-        if any(c >= n for c, n in zip(coords, arr.shard_grid_shape or ())):
+        if any(c >= n for c, n in zip(coords, arr.shard_grid_shape or (), strict=False)):
             report.stray_keys.append(key)
             continue
         problem = None

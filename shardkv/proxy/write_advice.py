@@ -13,8 +13,9 @@ import os
 import sys
 import threading
 import warnings
+from collections.abc import Mapping
 from types import FrameType
-from typing import Any, Mapping
+from typing import Any
 
 from shardkv.engine.merge import ShardChange
 
@@ -71,7 +72,9 @@ class WriteAdvisor:
                 if count < self.threshold or path in self._warned:
                     continue
                 self._warned.add(path)
-            warnings.warn(PartialShardWriteWarning(_message(change.array, count), path, count), stacklevel=_caller_level())
+            warnings.warn(
+                PartialShardWriteWarning(_message(change.array, count), path, count), stacklevel=_caller_level()
+            )
 
     def rewrites(self, path: str) -> int:
         """Partial-shard rewrites counted so far for the array at ``path`` (counting stops after the warning)."""

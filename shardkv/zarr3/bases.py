@@ -27,8 +27,8 @@ against zarr's own store classes) and reached through public API only.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, MutableMapping
-from typing import Any, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, MutableMapping
+from typing import Any
 
 from fsspec.mapping import FSMap
 
@@ -159,7 +159,7 @@ class StoreMapping(MutableMapping[str, bytes]):
         value = sync(self.store.get(key, prototype=default_buffer_prototype()))
         if value is None:
             raise KeyError(key)
-        return value.to_bytes()  # type: ignore[no-any-return]
+        return value.to_bytes()
 
     def __setitem__(self, key: str, value: Any) -> None:
         from zarr.core.buffer import default_buffer_prototype

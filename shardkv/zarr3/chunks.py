@@ -10,14 +10,15 @@ runs them in worker threads.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
+from shardkv._types import BytesLike
 from shardkv.engine.engine import ShardEngine
 from shardkv.engine.merge import group_by_shard
 from shardkv.engine.options import Options
 from shardkv.engine.writeback import WriteBack
 from shardkv.keys.space import ChunkRef
-from shardkv.storage.buffers import BytesLike
 from shardkv.storage.identity import STORE_ID_KEY, store_identity
 from shardkv.storage.open import open_kv
 

@@ -12,7 +12,8 @@ passed through as stored.
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from shardkv.engine.options import Options
 from shardkv.errors import ConfigurationError, MetadataError, UnsupportedError
@@ -100,7 +101,10 @@ def stored_document(path: str, doc: Mapping[str, Any], options: Options) -> dict
     if cps is None or chunks is None:
         return None
     stored = copy.deepcopy(dict(doc))
-    stored["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": [c * n for c, n in zip(chunks, cps)]}}
+    stored["chunk_grid"] = {
+        "name": "regular",
+        "configuration": {"chunk_shape": [c * n for c, n in zip(chunks, cps, strict=True)]},
+    }
     codecs = copy.deepcopy(doc["codecs"])
     stored["codecs"] = [sharding_codec(chunks, codecs, options.index_location, options.index_checksum)]
     stored[MARKER] = dict(_MARKER_VALUE)
@@ -181,7 +185,11 @@ def resharded(presented: Mapping[str, Any], stored: Mapping[str, Any]) -> dict[s
     form has another chunk grid or codecs than ``presented``.
     """
     view = presented_document(stored)
-    if view is None or view.get("chunk_grid") != presented.get("chunk_grid") or view.get("codecs") != presented.get("codecs"):
+    if (
+        view is None
+        or view.get("chunk_grid") != presented.get("chunk_grid")
+        or view.get("codecs") != presented.get("codecs")
+    ):
         return None
     out = copy.deepcopy(dict(presented))
     out["chunk_grid"] = copy.deepcopy(stored["chunk_grid"])

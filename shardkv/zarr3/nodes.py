@@ -12,8 +12,9 @@ array documents a group's consolidated metadata holds.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Union
+from typing import Any
 
 from zarr.abc.store import Store
 from zarr.core.buffer import BufferPrototype, default_buffer_prototype
@@ -22,6 +23,7 @@ from shardkv.engine.options import Options
 from shardkv.errors import ChunkOutOfGridError, InvalidKeyError
 from shardkv.keys.paths import chunk_owner_paths, prefix_owner_paths
 from shardkv.keys.space import ChunkRef, ShardedArray
+from shardkv.metadata.hierarchy import ZARR_JSON
 from shardkv.zarr3.metadata import (
     consolidated_children,
     map_consolidated,
@@ -32,9 +34,8 @@ from shardkv.zarr3.metadata import (
     transparent_array,
 )
 
-__all__ = ["NodeTable", "meta_path", "META", "prototype"]
+__all__ = ["NodeTable", "meta_path", "prototype"]
 
-META = "zarr.json"
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class _Other:
 
 
 _OTHER = _Other()
-Node = Union[ShardedArray, _Other, None]  # None: a group, or no zarr.json at the path (owns no chunk key)
+Node = ShardedArray | _Other | None  # None: a group, or no zarr.json at the path (owns no chunk key)
 
 
 def prototype() -> BufferPrototype:
@@ -53,10 +54,10 @@ def prototype() -> BufferPrototype:
 
 def meta_path(key: str) -> str | None:
     """The node path of a ``zarr.json`` key, or ``None`` for any other key."""
-    if key == META:
+    if key == ZARR_JSON:
         return ""
-    if key.endswith("/" + META):
-        return key[: -len(META) - 1]
+    if key.endswith("/" + ZARR_JSON):
+        return key[: -len(ZARR_JSON) - 1]
     return None
 
 
@@ -70,7 +71,7 @@ def _dump(doc: Mapping[str, Any]) -> bytes:
 
 
 def _meta_key(path: str) -> str:
-    return f"{path}/{META}" if path else META
+    return f"{path}/{ZARR_JSON}" if path else ZARR_JSON
 
 
 def _route_in(node: Node, key: str) -> tuple[bool, ChunkRef | None]:

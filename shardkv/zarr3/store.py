@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Iterable
-from typing import Any, Mapping, Unpack
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any, Unpack
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype
 
+from shardkv._types import BytesLike
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.options import OptionKeywords, Options
 from shardkv.errors import ChunkOutOfGridError, ConfigurationError, UnflushedWritesError
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
-from shardkv.storage.buffers import BytesLike
 from shardkv.storage.kv import check_not_reserved, hidden
 from shardkv.zarr3.bases import engine_base, zarr3_store
 from shardkv.zarr3.batching import Batcher
@@ -128,7 +128,7 @@ class ShardedStore(Store):
     The store pickles as its store underneath and its options, as the zarr 2
     proxy does: with unflushed write-back data it raises
     ``UnflushedWritesError``, and the copy writes through (no buffer, no
-    journal: issue 20, item 1), as do :meth:`with_read_only` copies of a
+    journal), as do :meth:`with_read_only` copies of a
     store with a journal. Equality ignores ``buffer_bytes``.
     """
 
@@ -188,7 +188,7 @@ class ShardedStore(Store):
 
     @property
     def base(self) -> Store:
-        """The zarr 3 store underneath (what is stored: shards and stored ``zarr.json``; writes there bypass sharding)."""
+        """The zarr 3 store underneath: shards and stored ``zarr.json`` (writes there bypass sharding)."""
         return self._base
 
     @property
@@ -209,7 +209,7 @@ class ShardedStore(Store):
             and self.read_only == value.read_only
         )
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # equal by value and mutable, so unhashable (typeshed: a method)
 
     def __repr__(self) -> str:
         return f"ShardedStore({self._base!r}, chunks_per_shard={self._options.chunks_per_shard.value!r})"

@@ -31,7 +31,9 @@ def test_info_reads_a_v3_sharded_hierarchy_written_by_zarr3(tmp_path):
 
 
 def test_demo_prints_no_warning_text(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "shardkv", "demo"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "shardkv", "demo"], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == "" and "warn" not in proc.stdout.lower()
     assert list(tmp_path.iterdir()) == []

@@ -7,8 +7,9 @@ of its own for (here a ``LoggingStore`` and a ``LocalStore`` taken as such).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest

@@ -25,7 +25,7 @@ import zarr
 from shardkv import ShardedStore
 
 SHAPE, CHUNKS, CPS = (30, 22), (4, 4), (2, 3)
-GRID = tuple(-(-s // c) for s, c in zip(SHAPE, CHUNKS))  # (8, 6): edge chunks in both dimensions
+GRID = tuple(-(-s // c) for s, c in zip(SHAPE, CHUNKS, strict=True))  # (8, 6): edge chunks in both dimensions
 FILL = -7
 DTYPE = np.dtype("<i4")
 
@@ -52,7 +52,7 @@ def encode(chunk: np.ndarray, compressor: str | None) -> bytes:
 
 
 def region(coords: tuple[int, int]) -> tuple[slice, slice]:
-    rows, cols = (slice(c * n, min((c + 1) * n, s)) for c, n, s in zip(coords, CHUNKS, SHAPE))
+    rows, cols = (slice(c * n, min((c + 1) * n, s)) for c, n, s in zip(coords, CHUNKS, SHAPE, strict=True))
     return rows, cols
 
 

@@ -39,5 +39,5 @@ def test_zarr3_examples_run_and_print_what_they_say(doc: str, tmp_path: Path, mo
         expected = [m.group(1).split(":")[0].strip() for line in block.splitlines() if (m := _PRINT.match(line))]
         printed = [line.strip() for line in out.getvalue().splitlines()]
         assert len(printed) == len(expected)
-        for got, want in zip(printed, expected):
+        for got, want in zip(printed, expected, strict=True):
             assert got.startswith(want), (got, want)

@@ -176,7 +176,8 @@ def test_an_array_named_like_a_chunk_coordinate_inside_a_group_is_sharded_and_re
     z = zarr.create_array(store, name="g/0", shape=(8, 8), chunks=(2, 2), dtype="u2")
     z[:] = np.arange(64, dtype="u2").reshape(8, 8)
     # the group g above the array named "0" owns none of its chunks: they are stored in shards of 4 x 4
-    assert [k for k in _keys(base, "g/0/") if "/.shardkv-locks/" not in k] == [f"g/0/c/{i}/{j}" for i in range(2) for j in range(2)] + ["g/0/zarr.json"]
+    stored = [k for k in _keys(base, "g/0/") if "/.shardkv-locks/" not in k]
+    assert stored == [f"g/0/c/{i}/{j}" for i in range(2) for j in range(2)] + ["g/0/zarr.json"]
     spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(tmp_path / "data" / "g" / "0")}}
     np.testing.assert_array_equal(ts.open(spec).result().read().result(), np.arange(64).reshape(8, 8))
     np.testing.assert_array_equal(zarr.open_array(store, path="g/0")[:], np.arange(64).reshape(8, 8))
@@ -207,8 +208,9 @@ def test_write_back_writes_each_shard_once(tmp_path: Path) -> None:
     fs = counting_fs.CountingMemoryFS(skip_instance_cache=True)
     fs.count_root = "/zarr3-writeback"
     fs.mkdir(fs.count_root)
-    store = ShardedStore(FsspecStore(AsyncFileSystemWrapper(fs), path=fs.count_root), chunks_per_shard=4,
-                         buffer_bytes=64 * 2**20)  # fmt: skip
+    store = ShardedStore(
+        FsspecStore(AsyncFileSystemWrapper(fs), path=fs.count_root), chunks_per_shard=4, buffer_bytes=64 * 2**20
+    )
     z = zarr.create_array(store, name="a", shape=(400, 300), chunks=(50, 50), dtype="f4")
     fs.reset()
     for i in range(0, 400, 50):  # row by row, as a chunk-by-chunk writer would
@@ -262,7 +264,10 @@ def test_each_zarr3_store_kind_gets_the_zarr2_proxys_concurrency(tmp_path: Path)
     assert ShardedStore(LocalStore(str(tmp_path)), chunks_per_shard=2).concurrency_mode == "files"
     assert ShardedStore(MemoryStore(), chunks_per_shard=2).concurrency_mode == "conditional"  # in-process
     assert ShardedStore(ObjectStore(obstore.store.MemoryStore()), chunks_per_shard=2).concurrency_mode == "conditional"
-    assert ShardedStore(ObjectStore(obstore.store.LocalStore(str(tmp_path))), chunks_per_shard=2).concurrency_mode == "files"
+    assert (
+        ShardedStore(ObjectStore(obstore.store.LocalStore(str(tmp_path))), chunks_per_shard=2).concurrency_mode
+        == "files"
+    )
 
 
 def test_any_other_zarr3_store_works_and_asks_for_a_concurrency_choice() -> None:
@@ -304,7 +309,7 @@ def test_import_shardkv_does_not_import_zarr3_support() -> None:
 @pytest.mark.parametrize("name", ["x.shardkv-tmp-1", ".shardkv-locks"])
 @pytest.mark.parametrize("base", ["memory", "local"])
 def test_a_node_named_like_shardkvs_own_files_is_refused(name: str, base: str, tmp_path: Path) -> None:
-    """Issue 20 item 6: never a node that every listing hides (it would vanish from ``members()``)."""
+    """Never a node that every listing hides (it would vanish from ``members()``)."""
     from shardkv.errors import ReservedKeyError
 
     under = MemoryStore() if base == "memory" else LocalStore(str(tmp_path))
@@ -338,7 +343,9 @@ def test_byte_ranges_partial_values_and_set_if_not_exists_on_sharded_chunk_keys(
     pairs = [(key, RangeByteRequest(0, 4)), ("a/c/0/0", None), ("a/c/7/5", SuffixByteRequest(3)), ("a/c/9/9", None)]
     got_many = sync(store.get_partial_values(proto, pairs))
     want_many = sync(plain.get_partial_values(proto, pairs))
-    assert [None if v is None else v.to_bytes() for v in got_many] == [None if v is None else v.to_bytes() for v in want_many]
+    assert [None if v is None else v.to_bytes() for v in got_many] == [
+        None if v is None else v.to_bytes() for v in want_many
+    ]
     other = cpu.Buffer.from_bytes(b"\0" * len(whole))
     sync(store.set_if_not_exists(key, other))  # stored: left as it is
     assert _raw(store, key) == whole

@@ -96,14 +96,18 @@ def test_zarr_stateful_machines_hold(machine: str) -> None:
     (empty directories stay behind deleted chunks), which a wrapper cannot
     signal, and local shard writes fsync, so the bounded run would take minutes.
     """
-    hypothesis = pytest.importorskip("hypothesis")
+    pytest.importorskip("hypothesis")
     import hypothesis.stateful
     from zarr.testing import stateful
 
     settings = hypothesis.settings(
-        max_examples=15, stateful_step_count=15, deadline=None, derandomize=True, database=None,
+        max_examples=15,
+        stateful_step_count=15,
+        deadline=None,
+        derandomize=True,
+        database=None,
         suppress_health_check=list(hypothesis.HealthCheck),
-    )  # fmt: skip
+    )
     cls = getattr(stateful, machine)
     hypothesis.stateful.run_state_machine_as_test(
         lambda: cls(ShardedStore(MemoryStore(), chunks_per_shard=2)), settings=settings
