@@ -122,7 +122,12 @@ class ChecksumError(CorruptShardError):
 
 
 class UnsupportedError(ShardKVError, NotImplementedError):
-    """A valid feature that this version of shardkv does not implement (named in the message)."""
+    """A valid feature that this version of shardkv does not implement (named in the message).
+
+    Also what a store that cannot replace a stored value (zarr 3's
+    ``ZipStore``) cannot do through shardkv: write a shard already stored
+    (the message names the shard and the store, and what to do instead).
+    """
 
 
 class MetadataError(ConfigurationError):

@@ -84,7 +84,7 @@ def test_unshard_killed_half_way_resumes(tmp_path):
     assert again.returncode == 0, again.stderr
     report = json.loads(again.stdout)
     assert report["shards_skipped"] >= recorded
-    assert report["shards"] + report["shards_skipped"] == UNSHARD_CHUNKS // 2 + 4
+    assert report["shards"] == UNSHARD_CHUNKS // 2 + 4  # the whole job; this run did shards - shards_skipped
     assert not manifest.exists()
     assert _files(resumed) == _files(one_shot)
 

@@ -13,8 +13,8 @@ import pytest
 import zarr
 
 from shardkv import ConfigurationError, ShardedStore
-from shardkv.cli import convert as convert_module
 from shardkv.cli.convert import check_chunks_per_shard, convert, parse_chunks_per_shard
+from shardkv.cli.convert import job as convert_module
 from shardkv.cli.errors import DestinationNotEmptyError, NotAHierarchyError, SameLocationError
 from shardkv.storage.mapping import MappingStore
 
@@ -85,10 +85,10 @@ def test_tuple_applies_to_arrays_of_that_ndim_only():
         assert not by_path[name].sharded
         assert "3-d" in by_path[name].reason
         assert name in report.summary()
-        # copied as they are
+        # copied as they are, and described in v3 beside (the hierarchy is v3 all the way down)
         for key in [k for k in src if k.startswith(name + "/")]:
             assert bytes(dst[key]) == bytes(src[key])
-        assert f"{name}/zarr.json" not in dst
+        assert json.loads(dst[f"{name}/zarr.json"])["chunk_key_encoding"]["name"] == "v2"
     store = ShardedStore(dst)
     for name, data in values.items():
         np.testing.assert_array_equal(_read(store, name), data)

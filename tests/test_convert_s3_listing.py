@@ -28,9 +28,9 @@ import zarr
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
-from shardkv.cli import convert_listing  # noqa: E402
 from shardkv.cli.convert import convert  # noqa: E402
-from shardkv.cli.convert_listing import iter_array_keys, list_array  # noqa: E402
+from shardkv.cli.convert import listing as convert_listing  # noqa: E402
+from shardkv.cli.convert.listing import iter_array_keys, list_array  # noqa: E402
 from shardkv.cli.stores import open_store  # noqa: E402
 from shardkv.cli.view import HierarchyView  # noqa: E402
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardkv.cli.convert_draft import convert_draft
+from shardkv.cli.convert.draft import convert_draft
 from shardkv.cli.errors import DestinationNotEmptyError
 from shardkv.errors import ConfigurationError
 from shardkv.proxy.draft import DraftShardedStore

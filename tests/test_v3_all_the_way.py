@@ -454,7 +454,7 @@ def test_a_users_block_stays_when_the_last_opaque_array_goes(tmp_path: Path) -> 
     assert "consolidated_metadata" not in _doc(root, "a/b/zarr.json")
 
 
-def test_over_a_dict_deleting_the_opaque_arrays_zarray_takes_the_blocks_along() -> None:
+def test_over_a_dict_deleting_the_opaque_array_takes_the_blocks_along() -> None:
     base: dict[str, bytes] = {}
     store = ShardedStore(base, chunks_per_shard={"grid": (2, 2), "a/b/packed": (2,)})
     _opaque_hierarchy(store)
@@ -462,7 +462,13 @@ def test_over_a_dict_deleting_the_opaque_arrays_zarray_takes_the_blocks_along() 
         "a/b/zarr.json", "a/zarr.json", "zarr.json",
     ]
     assert sorted(json.loads(base["a/b/zarr.json"])["consolidated_metadata"]["metadata"]) == ["v"]
-    del store["a/b/packed/.zarray"]
+    chunks = sorted(k for k in store if k.startswith("a/b/packed/") and k[-1].isdigit())
+    del store["a/b/packed/.zarray"]  # that key alone: the chunks stay chunks, so the array's zarr.json stays
+    assert "a/b/packed/.zarray" not in store
+    assert sorted(k for k in store if k.startswith("a/b/packed/")) == chunks
+    assert json.loads(base["a/b/packed/zarr.json"])["shardkv.v2_deleted"]["documents"] == [".zarray"]
+    assert sorted(json.loads(base["a/b/zarr.json"])["consolidated_metadata"]["metadata"]) == ["v"]
+    store.rmdir("a/b/packed")
     assert "a/b/packed/zarr.json" not in base
     assert not [k for k in base if k.endswith("zarr.json") and "consolidated_metadata" in json.loads(base[k])]
     assert ".zmetadata" not in store and not [k for k in base if k.endswith(".zmetadata")]

@@ -31,6 +31,24 @@ class NotAHierarchyError(ConfigurationError):
     """A store that is missing, empty, or not a Zarr v2 hierarchy (no root ``.zgroup`` or ``.zarray``)."""
 
 
+class UnfinishedRunError(NotAHierarchyError):
+    """A store that holds an interrupted ``convert`` or ``unshard``: not a hierarchy yet.
+
+    Attributes
+    ----------
+    store : str
+        The store, as named.
+    command : {"convert", "unshard"}
+        The run that was interrupted.
+    resume_command : str
+        The command line that resumes it (:meth:`shardkv.cli.manifest.UnfinishedRun.resume_command`).
+    """
+
+    def __init__(self, store: str, command: str, resume_command: str, message: str) -> None:
+        self.store, self.command, self.resume_command = store, command, resume_command
+        super().__init__(message)
+
+
 class DestinationNotEmptyError(ShardKVError, FileExistsError):
     """The destination of a conversion already holds keys (pass ``overwrite=True`` to replace them).
 
@@ -134,8 +152,10 @@ class ReservedNameError(ConfigurationError):
 
     def __init__(self, store: str, path: str) -> None:
         self.store = store
-        super().__init__(f"{store}: the node {path!r} is named like shardkv's own files (names containing "
-                         "'.shardkv-tmp-' or equal to '.shardkv-locks' are hidden from listings); rename it first")
+        super().__init__(
+            f"{store}: the node {path!r} is named like shardkv's own files (names containing "
+            "'.shardkv-tmp-' or equal to '.shardkv-locks' are hidden from listings); rename it first"
+        )
         self.path = path
 
 
@@ -146,4 +166,3 @@ class ConversionIncompleteError(ShardKVError, RuntimeError):
         self.dst, self.missing = dst, list(missing)
         shown = ", ".join(self.missing[:10]) + (", ..." if len(self.missing) > 10 else "")
         super().__init__(f"{dst}: {len(self.missing)} {what} of the source missing from the output: {shown}")
-

@@ -42,9 +42,11 @@ class ArrayInfo:
         Bytes inside shards that no present chunk and no index uses: shard
         bytes - index bytes - bytes referenced by present chunks (0 when unsharded).
     v3_readable : bool or None
-        Whether the ``zarr.json`` view can be read by Zarr v3 readers (``None`` when unsharded).
+        Whether zarr-python 3 opening the hierarchy at its root reads the array as
+        Zarr v3 (:func:`shardkv.cli.info_v3.zarr3_view`); ``None`` when the root is
+        Zarr v2 (zarr-python 3 reads the whole hierarchy as v2).
     v3_problems : list of str
-        Why not, when it cannot.
+        Why not, when it does not; when it does, what other v3 readers (tensorstore) refuse.
     """
 
     path: str
@@ -69,7 +71,10 @@ class ArrayInfo:
 
 
 def shard_stats(
-    store: KVStore, shard_keys: Sequence[str], coords_of: Callable[[str], tuple[int, ...] | None], layout: ShardLayout,
+    store: KVStore,
+    shard_keys: Sequence[str],
+    coords_of: Callable[[str], tuple[int, ...] | None],
+    layout: ShardLayout,
     grid: Sequence[int],
 ) -> tuple[int, int, int, int]:
     """Read the indexes of ``shard_keys`` in batches.

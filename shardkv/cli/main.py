@@ -69,7 +69,7 @@ def _add_storage_options(p: argparse.ArgumentParser, two_stores: bool = False) -
         type=_storage_options,
         default=None,
         metavar="JSON",
-        help='fsspec options for the store URL(s), a JSON object: \'{"anon": true}\', '
+        help="fsspec options for the store URL(s), a JSON object: '{\"anon\": true}', "
         '\'{"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}\', \'{"profile": "work"}\'',
     )
     if two_stores:
@@ -184,8 +184,9 @@ def _add_convert(sub: Any) -> None:
     p.add_argument(
         "--all-v3",
         action="store_true",
-        help="also give unsharded arrays and groups a v3 zarr.json (their v2 documents are kept), "
-        "so zarr-python 3 opens the whole hierarchy at its root",
+        help="describe the hierarchy in Zarr v3 even when no array is sharded: every array and group "
+        "also gets a zarr.json, their v2 documents are kept (once an array is sharded, every node "
+        "gets a zarr.json anyway)",
     )
     _add_storage_options(p, two_stores=True)
     _add_progress(p)
@@ -289,7 +290,7 @@ def _add_compact(sub: Any) -> None:
     p = _sub(
         sub,
         "compact",
-        "rewrite shards that hold unused bytes (after append-only or in-place writes, or slack)",
+        "rewrite shards that hold bytes no index entry references (left by other writers)",
         texts.COMPACT_HELP,
         texts.COMPACT_EXAMPLES,
     )

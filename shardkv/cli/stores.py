@@ -126,9 +126,7 @@ def refuse_regular_file(name: str) -> None:
         raise DestinationIsFileError(name)
 
 
-def open_store(
-    name: Any, storage_options: Mapping[str, Any] | None = None, *, role: str = "store"
-) -> KVStore:
+def open_store(name: Any, storage_options: Mapping[str, Any] | None = None, *, role: str = "store") -> KVStore:
     """Open a store named on the command line, checking first that it can be used.
 
     Parameters
@@ -249,4 +247,3 @@ def remove_everything(kv: KVStore) -> None:
     prune = getattr(kv, "prune_empty_dirs", None)  # local directories only
     if prune is not None:
         prune("")
-

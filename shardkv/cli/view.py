@@ -32,7 +32,6 @@ from shardkv.storage.kv import ANY, KVStore
 __all__ = ["HierarchyView", "sizes", "refuse_shard_directories"]
 
 
-
 def _parse(path: str, raw: Any) -> Node | None:
     """The v3 node of stored ``zarr.json`` bytes (its presented documents), or ``None`` (not JSON, not v3).
 
@@ -147,8 +146,12 @@ class HierarchyView:
 
     # -- listings ---------------------------------------------------------------------
 
-    def keys(self, prefix: str = "") -> Iterator[str]:
-        """Every stored key under ``prefix``, then the presented documents not stored (streamed)."""
+    def keys(self, prefix: str = "", presented: set[str] | None = None) -> Iterator[str]:
+        """Every stored key under ``prefix``, then the presented documents not stored (streamed).
+
+        ``presented``, when given, receives the keys of the second kind (documents
+        zarr-python 2 sees that are not stored objects).
+        """
         zarr_jsons: list[str] = []
         v2_meta: set[str] = set()
         for key in self.kv.list_prefix(prefix):
@@ -161,6 +164,8 @@ class HierarchyView:
         for path, node in self.nodes(zarr_jsons).items():
             for name in node.documents:
                 if join_path(path, name) not in v2_meta:
+                    if presented is not None:
+                        presented.add(join_path(path, name))
                     yield join_path(path, name)
 
     def list_names(self, path: str) -> list[str]:
@@ -191,7 +196,6 @@ def sizes(kv: KVStore, keys: Sequence[str]) -> dict[str, int]:
     for key, value in (kv.values(unknown) if unknown else {}).items():
         out[key] = memoryview(value).nbytes
     return out
-
 
 
 def refuse_shard_directories(kv: KVStore, arrays: Iterable[ShardedArray]) -> None:

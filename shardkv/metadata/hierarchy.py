@@ -314,9 +314,11 @@ def present(stored: Mapping[str, Any], path: str = "") -> dict[str, dict[str, An
 def stored_zmetadata(presented: Mapping[str, Any], sharded: Iterable[str]) -> dict[str, Any]:
     """The ``.zmetadata`` to store, from the one zarr-python 2 wrote through the proxy.
 
-    Each sharded array's ``.zarray`` becomes :data:`REFUSED_ZARRAY` and its
-    ``.zattrs`` is left out: zarr-python 2 without shardkv lists the array and
-    raises on opening it. Groups and unsharded arrays stay as written.
+    Each sharded array's ``.zarray`` becomes :data:`REFUSED_ZARRAY`:
+    zarr-python 2 without shardkv lists the array and raises on opening it.
+    Its ``.zattrs``, groups and unsharded arrays stay as written (a
+    consolidated snapshot, as zarr 2 keeps it: deleting or changing the
+    array's ``.zattrs`` afterwards leaves this copy alone).
 
     Parameters
     ----------
@@ -336,8 +338,6 @@ def stored_zmetadata(presented: Mapping[str, Any], sharded: Iterable[str]) -> di
     metadata: dict[str, Any] = {}
     for key, doc in presented["metadata"].items():
         path, _, name = key.rpartition("/")
-        if path in hidden and name == ".zattrs":
-            continue
         metadata[key] = dict(REFUSED_ZARRAY) if path in hidden and name == ".zarray" else doc
     for path in hidden:
         metadata[_join(path, ".zarray")] = dict(REFUSED_ZARRAY)
@@ -354,12 +354,16 @@ def presented_zmetadata(stored: Mapping[str, Any], nodes: Mapping[str, Mapping[s
     nodes : mapping of str to mapping
         Path -> stored v3 ``zarr.json`` of each sharded array and v3 group.
     """
+    kept = stored.get("metadata", {})
     metadata = {
-        k: v for k, v in stored.get("metadata", {}).items() if v != REFUSED_ZARRAY and k.rpartition("/")[0] not in nodes
+        k: v
+        for k, v in kept.items()
+        if v != REFUSED_ZARRAY and (k.rpartition("/")[0] not in nodes or k.rpartition("/")[2] == ".zattrs")
     }
     for path, doc in nodes.items():
         for name, v2doc in present(doc, path).items():
-            metadata[_join(path, name)] = v2doc
+            if name != ".zattrs" or _join(path, name) not in kept:  # a stored .zattrs is the snapshot consolidated
+                metadata[_join(path, name)] = v2doc
     return {**stored, "metadata": metadata}
 
 

@@ -22,6 +22,12 @@ unsharded array under a v3 root        (:func:`~shardkv.metadata.all_v3.v3_view_
 anything else                          as it is (v2 hierarchies)
 =====================================  ==============================================
 
+A delete removes the document deleted alone: ``.zattrs`` empties the
+attributes, and a ``.zarray``/``.zgroup`` of a node that still presents its
+attributes, chunks or ``.zmetadata`` entry is recorded as deleted in its
+``zarr.json`` (:mod:`shardkv.metadata.v2_deletes`), which goes with the last
+of them.
+
 A hierarchy is v3 all the way down once one of its arrays is sharded (issue
 19, item 5): when the root becomes a v3 group, every v2 group is stored as a
 v3 group and every unsharded array gains a ``zarr.json`` that reads its chunk
@@ -83,6 +89,7 @@ from shardkv.metadata.hierarchy import (
     stored_zmetadata,
     with_consolidated_metadata,
 )
+from shardkv.metadata.v2_deletes import with_deleted
 from shardkv.metadata.v3_view import v2_dimension_separator
 from shardkv.proxy.nodes import Node, NodeTable, build_node, sharded_array_of
 from shardkv.storage.kv import ANY, NO_VALUE, Generation, KVStore, ReadResult, check_not_reserved
@@ -231,7 +238,7 @@ class MetadataWriter:
             self._store({key: value})
 
     def delete(self, key: str) -> None:
-        """Delete a metadata document; a sharded array's ``.zarray`` takes its ``zarr.json`` along.
+        """Delete a metadata document, that document alone (:meth:`_delete_presented` for a v3 node's).
 
         Raises
         ------
@@ -246,7 +253,7 @@ class MetadataWriter:
             raise ReservedKeyError(key, _HIDDEN_REASON)
         node = self._nodes.presented(path) if name in (".zarray", ".zattrs", ".zgroup") else None
         mirrored = name in (".zarray", ".zattrs") and self._nodes.node(path).mirrored
-        if name == ".zarray":
+        if name == ".zarray" and (node is None or name not in node.documents):
             self._writer.discard_under(path)
         if name in (".zarray", ".zgroup"):
             self._nodes.forget(path)
@@ -261,13 +268,66 @@ class MetadataWriter:
             return
         if not node.writable:
             raise ReservedKeyError(key, _READ_ONLY)
-        if name == ".zattrs":
-            self._apply(plan_attributes(path, node.doc or {}, {}))
-        else:
-            self._apply(MetadataPlan(deletes=frozenset({join_path(path, ZARR_JSON)})))
-        self._nodes.forget(path)
-        if name != ".zattrs":
+        self._delete_presented(path, name, node)
+
+    def _delete_presented(self, path: str, name: str, node: Node) -> None:
+        """Delete the presented document ``name`` of the v3 node ``node``; what else it presents stays.
+
+        The ``zarr.json`` goes only with the last thing it presents: a group's
+        ``.zgroup`` with no attributes left, an array's ``.zarray`` with no
+        attributes, no chunk and no stored ``.zmetadata`` entry left (the
+        root group's stays: it keeps the hierarchy v3). Otherwise ``.zattrs``
+        empties the attributes, and ``.zgroup``/``.zarray`` is recorded as
+        deleted in the ``zarr.json`` (:mod:`shardkv.metadata.v2_deletes`),
+        which keeps presenting the attributes, and the chunks from the shards.
+        """
+        key = join_path(path, ZARR_JSON)
+        if name == ".zattrs" and not node.deleted:
+            self._apply(plan_attributes(path, node.doc or {}, {}), {path: node.array})
+        elif name != ".zattrs" and ".zattrs" in node.documents:
+            self._apply(MetadataPlan({key: with_deleted(node.doc or {}, name)}), {path: node.array})
+        elif path and not self._still_seen(path, node):  # nothing of the node is left
+            self._apply(MetadataPlan(deletes=frozenset({key})))
+            self._nodes.forget(path)
             self._opaque_blocks(removed=path)
+        elif name == ".zattrs":
+            self._apply(plan_attributes(path, node.doc or {}, {}), {path: node.array})
+        else:
+            self._apply(MetadataPlan({key: with_deleted(node.doc or {}, name)}), {path: node.array})
+
+    def emptied(self, path: str) -> None:
+        """Delete the ``zarr.json`` of the sharded array at ``path`` if it presents nothing any more.
+
+        Called after chunks of an array whose ``.zarray`` and ``.zattrs`` were
+        deleted are deleted: with its last chunk (and no stored ``.zmetadata``
+        entry) it goes, as the last key of any node does.
+        """
+        node = self._nodes.node(path)
+        if node.array is None or node.documents or not node.deleted or self._still_seen(path, node):
+            return
+        self._apply(MetadataPlan(deletes=frozenset({join_path(path, ZARR_JSON)})))
+        self._nodes.forget(path)
+        self._opaque_blocks(removed=path)
+
+    def _still_seen(self, path: str, node: Node) -> bool:
+        """Whether zarr-python 2 may still read something of the sharded array ``node`` from its ``zarr.json``.
+
+        Its chunks (buffered writes are stored first), or its entry in a
+        stored ``.zmetadata`` above it: zarr 2 opens such an entry (a
+        consolidated snapshot) from the ``zarr.json``. ``False`` for a group.
+        """
+        if node.array is None:
+            return False
+        listed = group_paths(path)
+        found = self._kv.values([join_path(g, ".zmetadata") for g in listed])
+        for group in listed:
+            raw = found.get(join_path(group, ".zmetadata"))
+            entries = _json_object(join_path(group, ".zmetadata"), raw) if raw is not None else None
+            metadata = (entries or {}).get("metadata")
+            if isinstance(metadata, dict) and join_path(path[len(path_prefix(group)) :], ".zarray") in metadata:
+                return True
+        self._writer.flush(path)
+        return any(chunkish_under(path, k) for k in self._kv.list_prefix(path_prefix(path)))
 
     def removed(self, path: str) -> None:
         """Bring the consolidated blocks above ``path`` in step after everything under it was deleted (``rmdir``).
@@ -537,6 +597,8 @@ class MetadataWriter:
     def _on_zattrs(self, path: str, key: str, raw: bytes) -> None:
         attrs = load_object(key, raw)
         node = self._nodes.presented(path)
+        if node is None and self._nodes.node(path).deleted:  # its zarr.json still stands: the attributes go in it
+            node = self._nodes.node(path)
         if node is None:
             self._store({key: raw})  # a v2 node, or held until its .zarray / .zgroup arrives
             plain = self._nodes.node(path)
@@ -549,6 +611,8 @@ class MetadataWriter:
 
     def _on_zgroup(self, path: str, key: str, raw: bytes) -> None:
         load_object(key, raw)
+        if (node := self._nodes.node(path)).deleted:
+            self._written_again(path, key, node, None)
         root = self._nodes.node("")
         if root.doc is None or root.doc.get("node_type") != "group":
             self._store({key: raw})
@@ -592,6 +656,8 @@ class MetadataWriter:
     def _on_zarray(self, path: str, key: str, raw: bytes) -> None:
         zarray = load_zarray(key, raw)
         node = self._nodes.node(path)
+        if node.deleted:
+            node = self._written_again(path, key, node, zarray)
         if node.array is not None:
             self._update(path, key, node, zarray)
             return
@@ -617,6 +683,51 @@ class MetadataWriter:
         else:
             plan = plan_root_array(zarray, zattrs, layout)
         self._apply(plan, {path: sharded_array_of(path, zarray, plan.writes[join_path(path, ZARR_JSON)])})
+
+    def _written_again(self, path: str, key: str, node: Node, zarray: Mapping[str, Any] | None) -> Node:
+        """The node that a ``.zarray`` (``zarray``) or ``.zgroup`` (``None``) written at ``path`` meets.
+
+        ``node``'s ``zarr.json`` records its own ``.zarray``/``.zgroup`` as
+        deleted. A ``.zgroup`` over a group, or a ``.zarray`` of the chunks and
+        separator of the sharded array there, writes that document again: the
+        array's stored chunks are its chunks, as in a plain mapping. Anything
+        else replaces the node: refused while chunks of the sharded array are
+        stored (the new node would read its shards); otherwise its
+        ``zarr.json`` is deleted and its attributes kept as a stored
+        ``.zattrs``, which the new document takes in as any ``.zattrs``
+        written before its node.
+
+        Raises
+        ------
+        ConfigurationError
+            If chunks of the sharded array at ``path`` are stored and the new
+            document is a group or an array of other chunks or separator.
+        """
+        old = node.array
+        if old is None and zarray is None and (node.doc or {}).get("node_type") == "group":
+            return node
+        if old is not None and zarray is not None:
+            separator = getattr(old.chunk_key_encoding, "separator", None)
+            same_chunks = list(old.chunks or ()) == [int(c) for c in zarray["chunks"]]
+            if same_chunks and v2_dimension_separator(zarray) == separator:
+                return node
+        if old is not None:
+            self._writer.flush(path)
+            if any(chunkish_under(path, k) for k in self._kv.list_prefix(path_prefix(path))):
+                what = "a group" if zarray is None else f"an array with chunks {list(zarray['chunks'])}"
+                raise ConfigurationError(
+                    f"{key}: the chunks of the array whose .zarray was deleted (chunks {list(old.chunks or ())}) "
+                    f"are still stored under {path!r}, and {what} would read its shards; delete those chunks "
+                    "(or the whole path: rmdir, overwrite=True) first",
+                    path,
+                )
+        attrs = (node.doc or {}).get("attributes") or {}
+        if attrs:
+            attrs_key = join_path(path, ".zattrs")
+            self._put({attrs_key: dump_json(attrs, key=attrs_key)})
+        self._apply(MetadataPlan(deletes=frozenset({join_path(path, ZARR_JSON)})))
+        self._nodes.forget(path)
+        return self._nodes.node(path)
 
     def _remove_leftovers(self, path: str) -> None:
         """Delete shards an earlier array at ``path`` left (its metadata deleted by hand): never reinterpret them."""

@@ -36,11 +36,12 @@ from shardkv.keys.space import ShardedArray
 from shardkv.metadata.all_v3 import may_mirror
 from shardkv.metadata.documents import META_NAMES, ZMETADATA, dump_json, load_json
 from shardkv.metadata.hierarchy import REFUSED_ZARRAY, ZARR_JSON, present, presented_zmetadata
+from shardkv.metadata.v2_deletes import deleted_documents
 from shardkv.metadata.v3_view import sharding_spec_from_v3, v2_dimension_separator
 
 __all__ = [
     "Node", "NodeTable", "ReadValues", "META_NAMES", "PRESENTED", "build_node",
-    "present_stored_zmetadata", "sharded_array_of",
+    "present_stored_zmetadata", "sharded_array_of", "with_deletes_applied",
 ]
 
 ReadValues = Callable[[Sequence[str]], Mapping[str, Any]]
@@ -76,6 +77,10 @@ class Node:
     mirrored : bool
         An unsharded array whose ``zarr.json`` (``doc``) mirrors its stored
         ``.zarray`` for v3 readers (hidden from zarr-python 2).
+    deleted : frozenset of str
+        The presented documents deleted from zarr-python 2's view (``.zarray``,
+        ``.zgroup``: :mod:`shardkv.metadata.v2_deletes`); left out of
+        ``documents``, while ``presented`` and ``array`` still describe the node.
     """
 
     path: str
@@ -86,6 +91,7 @@ class Node:
     array: ShardedArray | None = None
     unsharded: bool = False
     mirrored: bool = False
+    deleted: frozenset[str] = frozenset()
 
     @property
     def is_array(self) -> bool:
@@ -95,7 +101,7 @@ class Node:
     @property
     def hides_zarr_json(self) -> bool:
         """True when zarr-python 2 sees this node through its presented documents, not its ``zarr.json``."""
-        return self.array is not None or bool(self.documents) or self.mirrored
+        return self.array is not None or bool(self.documents) or self.mirrored or bool(self.deleted)
 
     @property
     def writable(self) -> bool:
@@ -146,6 +152,20 @@ def build_node(path: str, raw_json: Any | None, raw_zarray: Any | None = None) -
     ConfigurationError, UnsupportedError
         If the node's sharding cannot be used.
     """
+    return with_deletes_applied(_build_node(path, raw_json, raw_zarray))
+
+
+def with_deletes_applied(node: Node) -> Node:
+    """``node`` without the presented documents its ``zarr.json`` records as deleted (the rest as it was)."""
+    names = deleted_documents(node.doc) if node.documents or node.array is not None else frozenset()
+    if not names:
+        return node
+    documents = {n: d for n, d in node.documents.items() if n not in names}
+    return replace(node, documents=documents, deleted=frozenset(names))
+
+
+def _build_node(path: str, raw_json: Any | None, raw_zarray: Any | None = None) -> Node:
+    """:func:`build_node` before the record of deleted documents is applied."""
     if raw_json is None:
         return Node(path, unsharded=raw_zarray is not None)
     raw = bytes(raw_json)
@@ -299,6 +319,7 @@ class NodeTable:
             If its sharding cannot be used.
         """
         node = build_node(path, raw) if doc.get("node_type") != "array" else _from_written(path, raw, doc, array)
+        node = with_deletes_applied(node)
         self.set(node)
         return node
 
@@ -512,7 +533,7 @@ def _decided_by_zarr_json(path: str, raw_json: Any | None) -> Node | None:
     node = build_node(path, raw_json)
     if node.doc is not None and may_mirror(node.doc):
         return None  # a .zarray beside it makes it a mirror: read it too
-    return node if node.documents else None
+    return node if node.documents or node.deleted else None
 
 
 def _from_written(path: str, raw: bytes, doc: dict[str, Any], array: ShardedArray | None) -> Node:

@@ -396,6 +396,7 @@ class ShardedStore(ProxyBase):
         if not self._writer.has_chunk(ref):
             raise KeyError(key)
         self._writer.write(group_by_shard([ref], [None]))
+        self._after_chunk_deletes([ref])
 
     def delitems(self, keys: Iterable[str]) -> None:
         """Delete the stored keys among ``keys`` (missing and out-of-grid chunk keys are ignored)."""
@@ -403,6 +404,7 @@ class ShardedStore(ProxyBase):
         refs = route_batch(self._nodes.owner, keys)
         if refs is not None:
             self._writer.write(group_by_shard(refs, itertools.repeat(None)))
+            self._after_chunk_deletes(refs)
             return
         changes: dict[str, None] = {}
         for key in keys:
@@ -444,6 +446,19 @@ class ShardedStore(ProxyBase):
         if plain:
             self._kv.put_many({key: (value, ANY) for key, value in plain.items()})
         self._writer.write(group_by_shard(located, located_values))
+        self._after_chunk_deletes([ref for ref, value in zip(located, located_values, strict=True) if value is None])
+
+    def _after_chunk_deletes(self, refs: Iterable[ChunkRef]) -> None:
+        """Let the arrays of chunks just deleted that present nothing else go with their last chunk.
+
+        An array whose ``.zarray`` and ``.zattrs`` were deleted keeps its
+        ``zarr.json`` while it has chunks (:mod:`shardkv.metadata.v2_deletes`);
+        a look-up in the node table for the others.
+        """
+        for path in {ref.array.path for ref in refs}:
+            node = self._nodes.node(path)
+            if node.deleted and not node.documents:
+                self._metadata.emptied(path)
 
     def flush(self) -> None:
         """Write every buffered shard to the base store (write-back mode; a no-op otherwise)."""
@@ -533,7 +548,18 @@ class ShardedStore(ProxyBase):
             return self._nodes.listed_names(path, sorted({*keys, *dirs}))
         self.flush()
         prefix = path_prefix(path)
-        return child_names(self._nodes, self._engine, prefix, base_listing(self._kv, self._engine, prefix))
+        # inside a '/'-separated array the shards holding chunks under ``path`` may lie elsewhere under the array
+        listed = inside.key_prefix if inside is not None and inside.path != path else prefix
+        return child_names(self._nodes, self._engine, prefix, base_listing(self._kv, self._engine, listed))
+
+    def clear(self) -> None:
+        """Delete every key: everything stored, as :meth:`rmdir` of the root (one delete per stored key).
+
+        ``MutableMapping.clear`` would delete the presented keys one by one,
+        each alone, and leave the root group's ``zarr.json`` behind (kept so
+        that the hierarchy stays v3).
+        """
+        self.rmdir("")
 
     def rmdir(self, path: str = "") -> None:
         """Delete everything under ``path`` (the whole store for ``""``).

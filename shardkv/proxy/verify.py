@@ -335,9 +335,10 @@ def verify_store(
         if isinstance(node, str):
             report.unreadable_metadata[key] = node
             continue
-        if ".zgroup" in node.documents:
+        # presented, deleted from zarr 2's view or not (shardkv.v2_deleted): its shards are checked all the same
+        if ".zgroup" in node.presented:
             group_paths.add(path)
-        if node.is_array and (".zarray" in node.documents or path in array_paths):
+        if node.is_array and (".zarray" in node.presented or path in array_paths):
             array_paths.add(path)
             arrays[path] = node.array
             if node.array is not None:

@@ -37,7 +37,7 @@ from shardkv.storage.kv import Capabilities
 from shardkv.storage.location import StoreLocation
 from shardkv.storage.mapping import MappingStore
 
-__all__ = ["zarr3_store", "engine_base", "StoreMapping", "Zarr3KV"]
+__all__ = ["zarr3_store", "engine_base", "same_store", "StoreMapping", "Zarr3KV"]
 
 
 def zarr3_store(store: Any, storage_options: Mapping[str, Any] | None = None, read_only: bool = False) -> Any:
@@ -135,6 +135,24 @@ def engine_base(store: Any) -> Any:
         if isinstance(store, cls):
             return base(store)
     return Zarr3KV(store)
+
+
+def same_store(a: Any, b: Any) -> bool:
+    """Whether the zarr 3 stores ``a`` and ``b`` are the same store.
+
+    The stores' own ``==``, except that a ``MemoryStore`` compares its dict by
+    value, so two stores of equal contents would be one: those are the same
+    store only when they hold the same dict, which a ``MemoryStore`` names in
+    its ``str()`` (``memory://<id of its dict>``, with the path of a managed
+    store).
+    """
+    from zarr.storage import MemoryStore
+
+    if not a == b:
+        return False
+    if isinstance(a, MemoryStore) and isinstance(b, MemoryStore):
+        return str(a) == str(b)
+    return True
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:

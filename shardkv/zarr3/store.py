@@ -26,7 +26,7 @@ from shardkv.errors import ChunkOutOfGridError, ConfigurationError, UnflushedWri
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
 from shardkv.storage.kv import check_not_reserved, hidden
-from shardkv.zarr3.bases import engine_base, zarr3_store
+from shardkv.zarr3.bases import engine_base, same_store, zarr3_store
 from shardkv.zarr3.batching import Batcher
 from shardkv.zarr3.chunks import ChunkEngine
 from shardkv.zarr3.nodes import NodeTable, meta_path
@@ -89,8 +89,9 @@ class ShardedStore(Store):
         ``index_location``, ``index_checksum``, ``index_cache_bytes`` (with
         the index cached, reading a chunk costs one ranged read),
         ``read_policy``, ``buffer_bytes`` (write-back: hold chunk writes per
-        shard and write each shard once; a pickled copy writes through, see
-        Notes), ``concurrency`` (lock files on local directories,
+        shard and write each shard once; over a store that cannot replace a
+        value every shard is held even without it; a pickled copy writes
+        through; see Notes), ``concurrency`` (lock files on local directories,
         compare-and-swap on S3 and obstore stores, in-process locks for
         memory stores) and ``lock_timeout``.
 
@@ -129,12 +130,48 @@ class ShardedStore(Store):
     proxy does: with unflushed write-back data it raises
     ``UnflushedWritesError``, and the copy writes through (no buffer, no
     journal), as do :meth:`with_read_only` copies of a
-    store with a journal. Equality ignores ``buffer_bytes``.
+    store with a journal. Two stores are equal when their base stores are the
+    same store (the base store's ``==``; for a ``MemoryStore``, whose ``==``
+    compares contents, the same dict, as zarr itself decides whether two
+    stores share data) and their options are the same, ``buffer_bytes``
+    aside; equal stores hash alike.
+
+    Over a store that cannot delete, and so cannot replace a stored value
+    (``supports_deletes`` false: zarr's ``ZipStore``, whose every write adds
+    an entry), each shard is written once: chunk writes are held per shard
+    (with no limit unless ``buffer_bytes`` sets one) until the shard is
+    complete or the store is flushed or closed, which such a store requires
+    anyway; a later change to a shard already stored raises
+    :class:`~shardkv.errors.UnsupportedError` and is not applied.
+
+    The capability flags of zarr's ``Store`` (``supports_writes``,
+    ``supports_deletes``, ``supports_listing``,
+    ``supports_consolidated_metadata``; ``supports_partial_writes`` is
+    always false) are the base store's, so zarr asks of this store only
+    what it would ask of the base store.
     """
 
-    supports_writes: bool = True
-    supports_deletes: bool = True
-    supports_listing: bool = True
+    # -- capabilities: the base store's (zarr decides from them what it may ask) ------
+
+    @property
+    def supports_writes(self) -> bool:
+        """The base store's ``supports_writes``."""
+        return bool(self._base.supports_writes)
+
+    @property
+    def supports_deletes(self) -> bool:
+        """The base store's ``supports_deletes`` (without it, shards are written once: see the class notes)."""
+        return bool(self._base.supports_deletes)
+
+    @property
+    def supports_listing(self) -> bool:
+        """The base store's ``supports_listing`` (chunk keys are listed from the shards it lists)."""
+        return bool(self._base.supports_listing)
+
+    @property
+    def supports_consolidated_metadata(self) -> bool:
+        """The base store's ``supports_consolidated_metadata``."""
+        return bool(self._base.supports_consolidated_metadata)
 
     def __init__(
         self,
@@ -158,7 +195,10 @@ class ShardedStore(Store):
         super().__init__(read_only=read_only)
         self._base = base
         self._options = options
-        self._engine = ChunkEngine(engine_base(base), options)
+        # a store that cannot delete cannot replace a value either: each shard is written once
+        self._engine = ChunkEngine(
+            engine_base(base), options, replaces=bool(base.supports_deletes), store_name=repr(base)
+        )
         self._nodes = NodeTable(base, options)
         self._has_journal = journal is not None
         if journal is not None:
@@ -204,12 +244,15 @@ class ShardedStore(Store):
     def __eq__(self, value: object) -> bool:
         return (
             isinstance(value, ShardedStore)
-            and self._base == value._base
+            and same_store(self._base, value._base)
             and self._options.for_copy() == value._options.for_copy()  # a copy that writes through is the same store
             and self.read_only == value.read_only
         )
 
-    __hash__ = None  # type: ignore[assignment]  # equal by value and mutable, so unhashable (typeshed: a method)
+    def __hash__(self) -> int:
+        # what equal stores share for certain: zarr 3 stores need not hash (MemoryStore does not),
+        # and an option may be a mapping
+        return hash((ShardedStore, type(self._base), self.read_only))
 
     def __repr__(self) -> str:
         return f"ShardedStore({self._base!r}, chunks_per_shard={self._options.chunks_per_shard.value!r})"
@@ -351,6 +394,9 @@ class ShardedStore(Store):
         ReservedKeyError
             For a key under a name shardkv keeps for its own files (``.shardkv-locks``,
             ``*.shardkv-tmp-*``): such a node would be hidden from every listing.
+        UnsupportedError
+            For a chunk of a shard already stored, over a store that cannot
+            replace a value (see the class notes).
         """
         self._check_writable()
         check_not_reserved(key)
@@ -408,6 +454,9 @@ class ShardedStore(Store):
         ------
         ValueError
             If the store is read-only.
+        UnsupportedError
+            For a stored chunk of a shard already stored, over a store that
+            cannot replace a value (as such a store refuses to delete a key).
         """
         self._check_writable()
         await self._ensure_open()
@@ -426,10 +475,21 @@ class ShardedStore(Store):
             await asyncio.to_thread(self._engine.write, [ref], [None])
 
     async def delete_dir(self, prefix: str) -> None:
-        """Delete every key under ``prefix`` (shards included), and what this store cached about them."""
+        """Delete every key under ``prefix`` (shards included), and what this store cached about them.
+
+        Raises
+        ------
+        ValueError
+            If the store is read-only.
+        NotImplementedError
+            As the store underneath raises it when it cannot delete (``ZipStore``
+            with keys under ``prefix``); the chunk writes held for it are kept.
+        """
         self._check_writable()
         await self._ensure_open()
         path = prefix.rstrip("/")
+        if not self.supports_deletes:  # such a store refuses to delete what it holds: ask it before dropping
+            await self._base.delete_dir(prefix)  # the chunk writes held for it
         await asyncio.to_thread(self._engine.discard_buffered, path)
         await self._base.delete_dir(prefix)
         if not path:

@@ -329,13 +329,14 @@ def test_a_pickled_copy_writes_through_and_leaves_the_journal_alone(tmp_path: Pa
         pickle.dumps(store)
     store.flush()
     copy = pickle.loads(pickle.dumps(store))
-    assert copy == store  # the same store, although the copy writes through
+    # the same store, although the copy writes through (a pickled MemoryStore holds a copy of the dict: another store)
+    assert (copy == store) is (base_kind == "local")
     zarr.open_array(copy, path="a", mode="r+")[8:10, 8:10] = 9  # one chunk of shard (1, 1)
     # written through at once: the copy's store underneath has it, no flush of the copy needed (a pickled
     # MemoryStore is a copy of the dict; a LocalStore the same directory)
     plain = np.asarray(zarr.open_array(copy.base, path="a", mode="r")[:])
     assert plain[8:10, 8:10].tolist() == [[9, 9], [9, 9]] and plain[0, 0] == 1
-    assert pickle.loads(pickle.dumps(copy)) == copy
+    assert (pickle.loads(pickle.dumps(copy)) == copy) is (base_kind == "local")
     store.close()
     copy.close()
 

@@ -159,7 +159,9 @@ def convert_draft(
                 meta_out[meta_key] = reader[meta_key]
                 continue
             transformer = ShardingStorageTransformer.from_metadata(
-                {"type": "indexed", "configuration": {"chunks_per_shard": list(cps)}}, doc, path,
+                {"type": "indexed", "configuration": {"chunks_per_shard": list(cps)}},
+                doc,
+                path,
                 AdapterStore(target),
             )
             _pack(reader, transformer, chunk_keys, report, bar)
@@ -239,4 +241,3 @@ def _pack(
     if pending:
         transformer.set_values(pending)
     report.shards += len(by_shard)
-

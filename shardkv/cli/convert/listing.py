@@ -473,6 +473,4 @@ def list_array(source: HierarchyView, path: str, zarray: Mapping[str, Any], meta
                 path,
             )
         separator, detected = ("/", True) if n_slash else (".", False)
-    return ArrayListing(
-        path, dict(zarray), separator, detected, bitmaps[separator], meta_keys, stale[separator], other
-    )
+    return ArrayListing(path, dict(zarray), separator, detected, bitmaps[separator], meta_keys, stale[separator], other)

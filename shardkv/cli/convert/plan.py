@@ -71,9 +71,7 @@ def plan_array(
     return cps, None
 
 
-def check_fit(
-    plans: Mapping[str, Plan], cps: ChunksPerShard, skip_mismatched: bool
-) -> None:
+def check_fit(plans: Mapping[str, Plan], cps: ChunksPerShard, skip_mismatched: bool) -> None:
     """Refuse a ``chunks_per_shard`` tuple that fits no array (unless ``skip_mismatched``).
 
     Raises

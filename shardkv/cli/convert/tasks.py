@@ -7,7 +7,7 @@ unchanged) and writes the shards. No two tasks name the same shard, so tasks
 can run in any order and in parallel without touching each other's objects.
 
 :func:`array_tasks` makes the tasks of one array lazily, one shard at a time,
-from the bitmap of its stored chunks (:class:`shardkv.cli.convert_listing.ChunkBitmap`):
+from the bitmap of its stored chunks (:class:`shardkv.cli.convert.listing.ChunkBitmap`):
 chunk keys exist as strings only for the shards of tasks in flight.
 
 :func:`execute` runs an iterable of tasks in this process (``workers=1``), in a
@@ -32,7 +32,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass
 from typing import Any
 
-from shardkv.cli.convert_listing import ArrayListing, ChunkBitmap, block_coords
+from shardkv.cli.convert.listing import ArrayListing, ChunkBitmap, block_coords
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
 from shardkv.keys.encodings import V2ChunkKeyEncoding
@@ -149,6 +149,7 @@ def array_tasks(
     max_chunks: int,
     skip: Callable[[int], bool] = lambda index: False,
     on_skipped: Callable[[int, int], None] = lambda index, n_chunks: None,
+    on_empty: Callable[[int], None] = lambda index: None,
 ) -> Iterator[ShardTask]:
     """The tasks of one array, made lazily: whole shards, about ``max_chunks`` chunks each.
 
@@ -166,6 +167,8 @@ def array_tasks(
         ``skip(shard_index)``: True for a shard an earlier run finished (not in any task).
     on_skipped : callable
         Called with ``(shard_index, chunks in it)`` for each shard skipped.
+    on_empty : callable
+        Called with ``shard_index`` for each shard-grid position that holds no stored chunk (no task).
     """
     encoding = V2ChunkKeyEncoding(listing.separator)  # type: ignore[arg-type]
     prefix = path_prefix(listing.path)
@@ -178,9 +181,10 @@ def array_tasks(
 
     for shard_coords in block_coords((0,) * len(shard_grid), shard_grid):
         members = _shard_members(listing.chunks, shard_coords, cps, key_of)
-        if not members:
-            continue
         index = shard_index(shard_coords, shard_grid)
+        if not members:
+            on_empty(index)
+            continue
         if skip(index):
             on_skipped(index, len(members))
             continue
@@ -326,9 +330,7 @@ def _execute_distributed(
         from distributed import Client
         from distributed import as_completed as dask_as_completed
     except ImportError:
-        raise ConfigurationError(
-            "--scheduler needs dask.distributed: pip install 'shardkv[distributed]'"
-        ) from None
+        raise ConfigurationError("--scheduler needs dask.distributed: pip install 'shardkv[distributed]'") from None
     with Client(address, timeout=30) as client:
         limit = IN_FLIGHT_PER_WORKER * max(1, len(client.scheduler_info().get("workers", {})))
         pending = iter(tasks)
