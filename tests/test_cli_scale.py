@@ -7,13 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import msgpack
 import numpy as np
 import pytest
 import zarr
+from held_cli import start_held
 
 from shardkv import ShardedStore
 from shardkv.cli.manifest import MANIFEST_KEY
@@ -54,10 +54,8 @@ def test_convert_with_workers_killed_half_way_resumes(shared_data, tmp_path):
     assert first.returncode == 0, first.stderr
     total = json.loads(first.stdout)["shards"]
 
-    args = [
-        sys.executable,
-        "-m",
-        "shardkv",
+    proc = start_held(
+        10,
         "convert",
         str(src),
         str(dst),
@@ -67,19 +65,14 @@ def test_convert_with_workers_killed_half_way_resumes(shared_data, tmp_path):
         "2",
         "--task-chunks",
         "4",
-    ]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        start_new_session=True,
+    )
     manifest = dst / MANIFEST_KEY
-    deadline = time.monotonic() + 240
-    try:
-        while _recorded(manifest) < 10 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the command and its worker processes, at once
-        proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, "the conversion finished before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGKILL)  # the command and its worker processes, at once; held after 10 shards
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
     recorded = _recorded(manifest)
-    assert 10 <= recorded < total
+    assert recorded == 10 < total
     assert not (dst / ".zgroup").exists()  # metadata comes last: nothing looks complete
 
     again = run("convert", str(src), str(dst), "--chunks-per-shard", "2", "--workers", "2", "--json")
@@ -212,8 +205,14 @@ def test_scheduler_runs_the_tasks_on_a_dask_cluster(shared_data, tmp_path):
     local, on_cluster = tmp_path / "local", tmp_path / "cluster"
     convert(str(src), str(local), (2, 2, 1))
     with distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=False, protocol="tcp", host="127.0.0.1", scheduler_port=0,
+        n_workers=2,
+        threads_per_worker=1,
+        processes=False,
+        protocol="tcp",
+        host="127.0.0.1",
+        scheduler_port=0,
         dashboard_address=None,
+        worker_dashboard_address=None,  # a worker's dashboard warns when 8787 is taken
     ) as cluster:  # listens on 127.0.0.1 only, on a free port
         report = convert(str(src), str(on_cluster), (2, 2, 1), scheduler=cluster.scheduler_address, task_chunks=16)
     assert report.workers == 0 and report.shards == 4 * 27

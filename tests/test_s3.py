@@ -35,8 +35,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _options(endpoint: str, key: str = "testing") -> dict:
-    return {"key": key, "secret": "testing", "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
+def _options(endpoint: str, key: str = "testing", secret: str = "testing") -> dict:
+    return {"key": key, "secret": secret, "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
 
 
 @pytest.fixture(scope="module")
@@ -224,13 +224,37 @@ def test_unreachable_endpoint_is_one_line(s3):
     assert time.monotonic() - start < 60
 
 
-def test_bad_credentials_are_one_line(s3, monkeypatch):
+def test_an_access_key_the_server_does_not_know_is_a_credentials_error(s3, monkeypatch):
+    # s3fs turns InvalidAccessKeyId into a PermissionError whose message ("The AWS Access Key Id
+    # you provided does not exist in our records.") names no code: the code is in its cause
     import moto.settings
 
     endpoint, _, _ = s3
     monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # the server checks credentials now
     proc = run("info", f"s3://{BUCKET}/x.zarr", "--storage-options", json.dumps(_options(endpoint, key="wrong")))
-    assert_one_line_error(proc, f"s3://{BUCKET}/x.zarr", "denied")
+    line = assert_one_line_error(proc, f"s3://{BUCKET}/x.zarr", "credentials for the store are missing or refused")
+    assert "denied" not in line
+
+
+def test_valid_credentials_without_permission_are_access_denied(s3, monkeypatch):
+    import boto3
+    import moto.settings
+
+    endpoint, _, _ = s3
+    iam = boto3.client(
+        "iam",
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    iam.create_user(UserName="no-policy")
+    key = iam.create_access_key(UserName="no-policy")["AccessKey"]
+    monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # the server checks credentials now
+    options = _options(endpoint, key=key["AccessKeyId"], secret=key["SecretAccessKey"])
+    proc = run("info", f"s3://{BUCKET}/x.zarr", "--storage-options", json.dumps(options))
+    line = assert_one_line_error(proc, f"s3://{BUCKET}/x.zarr", f"access to bucket '{BUCKET}' denied")
+    assert "credentials" not in line
 
 
 def test_bad_storage_options_are_usage_errors():
@@ -254,7 +278,7 @@ def test_verify_on_s3_passes_a_converted_store_and_names_a_damaged_shard(s3, sha
     assert ", 0 damaged" in clean.stdout and clean.stdout.strip().endswith("ok")
 
     shard = sorted(k for k in _objects(fs, url) if k.startswith("raw/") and k.rpartition("/")[2][0].isdigit())[0]
-    path = f"{url[len('s3://'):]}/{shard}"
+    path = f"{url[len('s3://') :]}/{shard}"
     blob = bytearray(fs.cat_file(path))
     blob[-5] ^= 0xFF  # the last byte of the index entries (v1.0 index at the end, then its 4-byte CRC32C)
     fs.pipe_file(path, bytes(blob))

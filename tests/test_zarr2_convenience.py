@@ -250,3 +250,15 @@ def test_value_replacing_a_sharded_array(sharded: Factory) -> None:
     store["g2/x"] = b"now a value"
     assert list(store.keys_under("g2/x")) == [] and bytes(store["g2/x"]) == b"now a value"
     assert store.sharded_array("g2/x") is None
+
+
+def test_the_zarr3_store_under_zarr2_names_the_zarr2_store_and_extra():
+    import importlib
+    import sys
+
+    sys.modules.pop("shardkv.zarr3", None)
+    with pytest.raises(ImportError) as info:
+        importlib.import_module("shardkv.zarr3")
+    text = str(info.value)
+    assert "shardkv.ShardedStore" in text and 'pip install "shardkv[zarr2]"' in text
+    assert 'pip install "shardkv[zarr3]"' in text and "Python >= 3.12" in text

@@ -182,8 +182,21 @@ def _probe_fs(fs: fsspec.AbstractFileSystem, options: Mapping[str, Any]) -> fssp
 
 
 def _is_credentials_error(exc: BaseException) -> bool:
-    text = f"{type(exc).__name__} {exc}"
-    return any(sign in text for sign in _CREDENTIAL_SIGNS)
+    """True when ``exc`` or an error it was raised from names missing, unknown or expired credentials.
+
+    The cause is read too: s3fs turns botocore's ``InvalidAccessKeyId`` (a key the server does
+    not know) into a ``PermissionError`` whose message names no code, with the botocore error,
+    which does, as its ``__cause__``; it is not a denied permission.
+    """
+    seen: BaseException | None = exc
+    for _ in range(8):  # a chain of causes, bounded
+        if seen is None:
+            return False
+        text = f"{type(seen).__name__} {seen}"
+        if any(sign in text for sign in _CREDENTIAL_SIGNS):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 def _check_bucket(fs: fsspec.AbstractFileSystem, root: str, name: str, role: str) -> None:

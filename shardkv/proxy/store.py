@@ -20,6 +20,8 @@ import enum
 import itertools
 from collections.abc import Iterable, Iterator, KeysView, Mapping, Sequence
 from contextlib import suppress
+from functools import cache
+from importlib.metadata import PackageNotFoundError, version
 from os import PathLike
 from typing import Any, Self, Unpack
 
@@ -29,7 +31,7 @@ from shardkv.engine.locks import Mode
 from shardkv.engine.merge import group_by_shard
 from shardkv.engine.options import OptionKeywords, Options
 from shardkv.engine.writeback import WriteBack
-from shardkv.errors import ChunkOutOfGridError, InvalidKeyError, UnflushedWritesError
+from shardkv.errors import ChunkOutOfGridError, ConfigurationError, InvalidKeyError, UnflushedWritesError
 from shardkv.keys.encodings import validate_key
 from shardkv.keys.paths import join_path, path_prefix, split_key, validate_path
 from shardkv.keys.space import ChunkRef, ShardedArray
@@ -114,7 +116,9 @@ class ShardedStore(ProxyBase):
         If ``chunks_per_shard``, an index option, a size or ``concurrency``
         is invalid, ``concurrency`` asks for what the store cannot give,
         ``journal`` is given without ``buffer_bytes``, or ``options`` comes
-        with other options.
+        with other options; or if the installed zarr-python is 3 or later,
+        which cannot use this store (the message names
+        :class:`shardkv.zarr3.ShardedStore` and ``shardkv[zarr3]``).
     TypeError
         If ``store`` cannot be used as a store, or a keyword names no option.
     JournalCorruptError
@@ -155,6 +159,13 @@ class ShardedStore(ProxyBase):
         options: Options | None = None,
         **keywords: Unpack[OptionKeywords],
     ) -> None:
+        installed = _installed_zarr()
+        if installed is not None and not installed.startswith(("0.", "1.", "2.")):
+            raise ConfigurationError(
+                f"shardkv.ShardedStore is the zarr-python 2 store, but zarr-python {installed} is installed: "
+                'use shardkv.zarr3.ShardedStore (pip install "shardkv[zarr3]"), or this store with '
+                'zarr-python 2.18 (pip install "shardkv[zarr2]")'
+            )
         options = Options.of(options, chunks_per_shard, keywords)
         self._setup(store, open_kv(store, storage_options), options)
         self._writer.attach_journal(  # replays what a killed run left, if the journal is this store's
@@ -163,6 +174,9 @@ class ShardedStore(ProxyBase):
 
     @classmethod
     def _reopen(cls, store: Any, options: Options) -> Self:
+        """The proxy over ``store`` without the zarr version check or a journal: an unpickled copy,
+        or the command line's view of a v2 hierarchy (which needs no zarr-python, so also runs
+        where zarr 3 is installed)."""
         proxy = cls.__new__(cls)
         proxy._setup(store, open_kv(store), options)
         return proxy
@@ -175,7 +189,7 @@ class ShardedStore(ProxyBase):
         self._routes: tuple[int, dict[str, ChunkRef | None]] = (self._nodes.generation, {})  # see _route
         self._hierarchy = Hierarchy(kv, self._nodes)  # MemoryStore/DirectoryStore rules
         self._engine = ShardEngine(self._kv, options)
-        self._advisor = WriteAdvisor()  # warns once per array about chunk-by-chunk rewrites (write-through)
+        self._advisor = WriteAdvisor()  # warns once per store about chunk-by-chunk rewrites (write-through)
         self._writer = WriteBack(self._engine, options.buffer_bytes, self._advisor.observe)
         self._metadata = MetadataWriter(self._nodes, self._writer)
 
@@ -643,3 +657,11 @@ class ShardedStore(ProxyBase):
             stored.prune_empty_dirs(path_prefix(src))  # the emptied directories too (local files), as zarr 2's rename
         self.refresh()
 
+
+@cache
+def _installed_zarr() -> str | None:
+    """The installed zarr-python's version, ``None`` without one (read once per process)."""
+    try:
+        return version("zarr")
+    except PackageNotFoundError:
+        return None

@@ -25,8 +25,16 @@ from shardkv.errors import ConfigurationError
 pytestmark = pytest.mark.zarr3
 
 DATA = np.arange(8, dtype="<i4") * 7
-ZARRAY = {"zarr_format": 2, "shape": [8], "chunks": [2], "dtype": "<i4", "compressor": None, "fill_value": 0,
-          "order": "C", "filters": None}  # fmt: skip
+ZARRAY = {
+    "zarr_format": 2,
+    "shape": [8],
+    "chunks": [2],
+    "dtype": "<i4",
+    "compressor": None,
+    "fill_value": 0,
+    "order": "C",
+    "filters": None,
+}
 
 
 def _hierarchy(root: Path) -> ShardedStore:

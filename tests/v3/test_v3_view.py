@@ -17,6 +17,7 @@ import tensorstore as ts
 import zarr
 
 from shardkv import ShardedStore
+from shardkv.engine.options import Options
 from shardkv.format.layout import ShardLayout
 from shardkv.metadata.hierarchy import array_document
 from shardkv.metadata.v3_view import v3_view_of_v2
@@ -70,8 +71,9 @@ def write_sharded_v2(
     filters: list | None = None,
     **store_options: Any,
 ) -> tuple[ShardedStore, dict]:
-    """A sharded v2 array made without zarr 2: .zarray and numcodecs-encoded chunks through ShardedStore."""
-    store = ShardedStore(str(root), chunks_per_shard=cps, **store_options)
+    """A sharded v2 array made without zarr 2: .zarray and numcodecs-encoded chunks through ShardedStore
+    (opened as the command line opens it: the public constructor refuses to run beside zarr 3)."""
+    store = ShardedStore._reopen(str(root), Options.from_keywords(cps, **store_options))
     zarray = {
         "zarr_format": 2,
         "shape": list(data.shape),

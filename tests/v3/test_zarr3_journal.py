@@ -369,6 +369,7 @@ def test_dask_local_cluster_writes_every_chunk_through_a_journalled_store(tmp_pa
             host="127.0.0.1",
             dashboard_address=None,
             processes=True,
+            worker_dashboard_address=None,  # a dashboard per worker would warn that port 8787 is taken
             death_timeout=60,
         ) as cluster,
         distributed.Client(cluster, timeout=60) as client,

@@ -202,6 +202,8 @@ def test_read_only_store_refuses_writes_and_reads_shards(tmp_path: Path) -> None
         sync(reader.set("a/c/0/0", cpu.Buffer.from_bytes(b"x")))
 
 
+# the counting filesystem is synchronous on purpose (it counts the calls), wrapped for FsspecStore
+@pytest.mark.filterwarnings("ignore:fs .* was not created with `asynchronous=True`")
 def test_write_back_writes_each_shard_once(tmp_path: Path) -> None:
     import counting_fs
 

@@ -105,6 +105,7 @@ def test_dask_local_cluster_of_processes(tmp_path: Path) -> None:
             host="127.0.0.1",
             dashboard_address=None,
             processes=True,
+            worker_dashboard_address=None,  # a dashboard per worker would warn that port 8787 is taken
             death_timeout=60,
         ) as cluster,
         distributed.Client(cluster, timeout=60) as client,
