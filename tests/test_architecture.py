@@ -392,3 +392,42 @@ def test_no_issue_numbers_in_the_code() -> None:
         if issue.search(line)
     ]
     assert found == []
+
+
+# what parses chunk-likeness of a key: a chunk-segment regex ("c|c?[0-9]..."), a per-part isdigit test
+# of a split segment, or a helper named after chunk-like segments
+_CHUNK_PATTERN = ("c?[0-9", "c|")
+_CHUNK_NAMES = ("chunkish", "chunk_segment", "chunk_like")
+
+
+def _chunk_parsing_in(tree: ast.AST) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if any(p in node.value for p in _CHUNK_PATTERN) and "[0-9" in node.value:
+                found.append(repr(node.value))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if any(n in node.name.lower() for n in _CHUNK_NAMES):
+                found.append(f"def {node.name}")
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            if any(n in node.id.lower() for n in _CHUNK_NAMES):
+                found.append(node.id)
+    return found
+
+
+def test_only_keys_parses_chunk_likeness_of_a_path() -> None:
+    """Which array owns a key is one rule (``shardkv/keys/paths.py``): no other module parses chunk-like segments."""
+    found = {}
+    for module, path in MODULES.items():
+        if _layer_of(module) != "keys":
+            parsing = _chunk_parsing_in(ast.parse(path.read_text()))
+            if parsing:
+                found[module] = parsing
+    assert found == {}
+
+
+def test_the_chunk_parsing_check_sees_a_chunk_rule() -> None:
+    source = '_CHUNKISH = re.compile(r"c|c?[0-9.+-]+")\ndef _chunkish(segment): ...\nSEG = r"c?[0-9]+"'
+    found = sorted(_chunk_parsing_in(ast.parse(source)))
+    assert found == ["'c?[0-9]+'", "'c|c?[0-9.+-]+'", "_CHUNKISH", "def _chunkish"]
+    assert _chunk_parsing_in(ast.parse('KEY = "c/0/1"\nn = re.compile(r"[0-9]+")')) == []

@@ -18,9 +18,9 @@ from concurrency_harness import local_cluster, moto_s3, run_sharded_writers  # n
 
 from shardkv import ShardedStore
 from shardkv.engine.locks import LOCK_DIR, ShardLocks
+from shardkv.engine.options import Options
 from shardkv.errors import UnflushedWritesError
 from shardkv.format.ranges import ReadPolicy
-from shardkv.proxy.options import Options
 from shardkv.storage.fsspec import FsspecStore
 from shardkv.storage.mapping import MappingStore
 from shardkv.storage.open import open_kv
@@ -116,7 +116,7 @@ def test_fsspec_store_pickle_keeps_storage_options(tmp_path) -> None:
     assert clone.fs.storage_options == fs.storage_options and clone.fs.auto_mkdir
 
 
-# -- what ShardedStore.__reduce__ must carry (shardkv.proxy.base, shardkv.proxy.options) ------------
+# -- what ShardedStore.__reduce__ must carry (shardkv.proxy.base, shardkv.engine.options) ------------
 
 
 def _roundtrip(store):

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from engine_kv import CountingKV
 
-from shardkv.engine.engine import EngineOptions, ShardEngine
+from shardkv.engine.engine import ShardEngine
 from shardkv.engine.merge import ChunkPatch, ShardChange, covers_shard, merge_chunks
+from shardkv.engine.options import Options
 from shardkv.engine.retry import Backoff
 from shardkv.errors import ConcurrentUpdateError, ConfigurationError, CorruptShardError
 from shardkv.format.layout import ShardLayout
@@ -252,16 +253,16 @@ def test_modes_resolve_from_capabilities() -> None:
     assert ShardEngine(CountingKV()).concurrency_mode == "conditional"
     files = CountingKV(Capabilities(ranged=True, stamps="native", lock_dir=True))
     with pytest.raises(ConfigurationError, match="directory"):
-        ShardEngine(CountingKV(), EngineOptions(concurrency="files"))
+        ShardEngine(CountingKV(), Options(concurrency="files"))
     persistent = CountingKV(Capabilities(ranged=False))
     with pytest.raises(ConfigurationError, match="neither lock files nor conditional"):
         ShardEngine(persistent)
-    assert ShardEngine(persistent, EngineOptions(concurrency="process")).concurrency_mode == "process"
-    assert ShardEngine(persistent, EngineOptions(concurrency="none")).concurrency_mode == "none"
+    assert ShardEngine(persistent, Options(concurrency="process")).concurrency_mode == "process"
+    assert ShardEngine(persistent, Options(concurrency="none")).concurrency_mode == "none"
     with pytest.raises(ConfigurationError):
-        ShardEngine(persistent, EngineOptions(concurrency="conditional"))
+        ShardEngine(persistent, Options(concurrency="conditional"))
     with pytest.raises(ConfigurationError):
-        EngineOptions(index_cache_bytes=-1)
+        Options(index_cache_bytes=-1)
     assert files.caps.lock_dir
 
 
@@ -281,6 +282,21 @@ def test_write_back_writes_each_shard_once_and_replays_its_journal(tmp_path) -> 
     assert again.attach_journal(tmp_path / "j", arr.locate) == 1
     assert read(ShardEngine(kv), arr, (2, 2)) == {"a/2.2": b"e"}
     again.close()
+
+
+def test_write_back_reads_see_buffered_chunks_beside_stored_ones_of_the_same_shard() -> None:
+    from shardkv.engine.writeback import WriteBack
+
+    kv, arr = CountingKV(), array()
+    ShardEngine(kv).write(change(arr, {(0, 0): b"aa", (0, 1): b"bbb", (1, 1): b"dddd"}))
+    back = WriteBack(ShardEngine(kv), buffer_bytes=1 << 20)
+    back.write(change(arr, {(0, 1): b"xxxxx", (1, 1): None}))  # shard a/0.0: one chunk replaced, one deleted
+    refs = [arr.locate(arr.chunk_key(c)) for c in [(0, 0), (0, 1), (1, 0), (1, 1)]]
+    assert back.chunk_sizes(refs) == [2, 5, None, None]
+    assert {k: bytes(v) for k, v in back.read_chunks(refs).items()} == {"a/0.0": b"aa", "a/0.1": b"xxxxx"}
+    assert [back.has_chunk(ref) for ref in refs] == [True, True, False, False]
+    back.flush()
+    assert back.chunk_sizes(refs) == [2, 5, None, None]
 
 
 def test_write_through_reports_each_write() -> None:

@@ -105,3 +105,23 @@ def test_the_constructor_takes_no_layout_and_subclasses_keep_their_class() -> No
     assert type(Mine({}, 2)) is Mine
     with pytest.raises(TypeError, match="layout"):
         Mine({}, 2, layout="draft2022")  # type: ignore[call-arg]
+
+
+def test_options_are_given_as_keywords_or_as_one_options_object(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from shardkv.engine.options import Options
+    from shardkv.format.ranges import ReadPolicy
+
+    keywords = dict(index_location="start", index_checksum=False, index_cache_bytes=1 << 20,
+                    read_policy=ReadPolicy(max_gap=7), buffer_bytes=1 << 16, concurrency="files", lock_timeout=2.0)
+    by_keywords = ShardedStore(str(tmp_path), 4, **keywords)  # type: ignore[arg-type]
+    by_object = ShardedStore(str(tmp_path), options=by_keywords.options)
+    assert by_object.options == by_keywords.options == Options.from_keywords(4, **keywords)  # type: ignore[arg-type]
+    assert by_object.options.buffer_bytes == 1 << 16 and by_object.concurrency_mode == "files"
+    with pytest.raises(ConfigurationError, match="chunks_per_shard"):
+        ShardedStore(str(tmp_path), 4, options=by_keywords.options)
+    with pytest.raises(ConfigurationError, match="buffer_bytes"):
+        ShardedStore(str(tmp_path), options=by_keywords.options, buffer_bytes=1)
+    with pytest.raises(TypeError, match="index_cache"):
+        ShardedStore(str(tmp_path), index_cache=1)  # type: ignore[call-arg]
+    with pytest.raises(ConfigurationError, match="lock_timeout"):
+        ShardedStore(str(tmp_path), lock_timeout=-1.0)

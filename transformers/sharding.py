@@ -33,9 +33,10 @@ from typing import Any
 import numpy as np
 
 from shardkv._types import BytesLike, LocalCoords
-from shardkv.engine.engine import EngineOptions, ShardEngine
+from shardkv.engine.engine import ShardEngine
 from shardkv.engine.locks import Concurrency
 from shardkv.engine.merge import ChunkPatch, ShardChange, out_of_grid
+from shardkv.engine.options import DEFAULT_INDEX_CACHE_BYTES, Options
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout, chunk_nbytes_bound
 from shardkv.format.ranges import ReadPolicy
@@ -134,7 +135,7 @@ class ShardingStorageTransformer(AbstractStore):
         shape: Sequence[int] | None = None,
         chunk_shape: Sequence[int] | None = None,
         type: str = "indexed",
-        index_cache_bytes: int = 64 * 2**20,
+        index_cache_bytes: int = DEFAULT_INDEX_CACHE_BYTES,
         read_policy: ReadPolicy | None = None,
         concurrency: Concurrency | None = None,
         lock_timeout: float | None = None,
@@ -170,8 +171,10 @@ class ShardingStorageTransformer(AbstractStore):
         self._kv = UnderlyingKV(underlying)
         if concurrency is None:
             concurrency = "auto" if isinstance(underlying, AdapterStore) else "process"
-        self.engine = ShardEngine(self._kv, EngineOptions(index_cache_bytes, read_policy or ReadPolicy(), concurrency,
-                                                    lock_timeout))
+        self.engine = ShardEngine(self._kv, Options.from_keywords(
+            index_cache_bytes=index_cache_bytes, read_policy=read_policy, concurrency=concurrency,
+            lock_timeout=lock_timeout,
+        ))
 
     # -- configuration ------------------------------------------------------------
 

@@ -204,7 +204,7 @@ def make_demo_input(directory: str | Path, use_zarr: bool | None = None) -> dict
 
 def _read_back(input_dir: Path, output_dir: Path, expected: dict[str, np.ndarray], use_zarr: bool) -> list[str]:
     """Compare the sharded copy with the input; returns one line per array."""
-    from shardkv.proxy.options import Options
+    from shardkv.engine.options import Options
     from shardkv.proxy.store import ShardedStore
 
     store = ShardedStore._reopen(str(output_dir), Options.from_keywords())  # read as a mapping: any zarr installed

@@ -304,7 +304,7 @@ def _run_compact(args: argparse.Namespace) -> int:
     from shardkv.cli.info import read_hierarchy
     from shardkv.cli.stores import open_store
     from shardkv.cli.view import HierarchyView, refuse_shard_directories
-    from shardkv.proxy.options import Options
+    from shardkv.engine.options import Options
     from shardkv.proxy.store import ShardedStore
 
     kv = open_store(args.store, args.storage_options)

@@ -42,7 +42,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from os import PathLike
 from typing import TYPE_CHECKING
 
@@ -241,6 +241,64 @@ class WriteBack:
             return False, None
         with self.buffer.lock:
             return self.buffer.lookup(shard_key, local_coords)
+
+    # -- reads that see buffered writes (both facades ask these) -------------------------
+
+    def read_chunks(self, refs: Sequence[ChunkRef]) -> dict[str, BytesLike]:
+        """Encoded bytes of the chunks among ``refs`` by chunk key: buffered ones as buffered, the rest read.
+
+        Missing and buffered-deleted chunks are left out; the chunks not
+        buffered are read in one :meth:`ShardEngine.read_chunks
+        <shardkv.engine.engine.ShardEngine.read_chunks>` call.
+
+        Raises
+        ------
+        CorruptShardError, ChecksumError, OSError
+            As :meth:`ShardEngine.read_chunks <shardkv.engine.engine.ShardEngine.read_chunks>`.
+        """
+        if self.buffer is None:
+            return self.engine.read_chunks(refs)
+        out: dict[str, BytesLike] = {}
+        unbuffered = []
+        for ref in refs:
+            buffered, value = self.lookup(ref.shard_key, ref.local_coords)
+            if not buffered:
+                unbuffered.append(ref)
+            elif value is not None:
+                out[ref.chunk_key] = value
+        if unbuffered:
+            out.update(self.engine.read_chunks(unbuffered))
+        return out
+
+    def has_chunk(self, ref: ChunkRef) -> bool:
+        """True when the chunk is buffered (not as a delete), or stored now (its shard's index confirmed current)."""
+        buffered, value = self.lookup(ref.shard_key, ref.local_coords)
+        if buffered:
+            return value is not None
+        return self.engine.has_chunks([ref])[0]
+
+    def chunk_sizes(self, refs: Sequence[ChunkRef]) -> list[int | None]:
+        """Encoded sizes (bytes) of the chunks, buffered ones included, from the shards' indexes (no chunk read).
+
+        ``None`` for a chunk neither buffered nor stored (or buffered as a delete).
+        """
+        out: list[int | None] = [None] * len(refs)
+        unbuffered: list[int] = []
+        for i, ref in enumerate(refs):
+            buffered, value = self.lookup(ref.shard_key, ref.local_coords)
+            if buffered:
+                out[i] = None if value is None else len(value)
+            else:
+                unbuffered.append(i)
+        if unbuffered:
+            indexes = self.engine.read_indexes({refs[i].shard_key: refs[i].array for i in unbuffered})
+            for i in unbuffered:
+                index = indexes.get(refs[i].shard_key)
+                entry = None if index is None else index.get(refs[i].local_coords)
+                out[i] = None if entry is None else entry[1]
+        return out
+
+    # -- writes ---------------------------------------------------------------------------
 
     def write(self, changes: Mapping[str, ShardChange[BytesLike | None]]) -> None:
         """Apply chunk changes: journalled and buffered in write-back mode, else written now.

@@ -5,7 +5,7 @@
 facades, because zarr-python 2.18 takes them through two protocols
 registered per class (``BaseStore`` and ``StoreV3``), and one class cannot be
 both. Each holds its base store and one frozen
-:class:`~shardkv.proxy.options.Options`; this class gives them the same
+:class:`~shardkv.engine.options.Options`; this class gives them the same
 
 * pickling: a store travels as ``(reopen, (its class, its base store, its
   options))``; the copy finds the same data (and so the same lock files)
@@ -32,8 +32,8 @@ from abc import abstractmethod
 from collections.abc import MutableMapping
 from typing import Any, ClassVar, Literal, Self
 
+from shardkv.engine.options import Options
 from shardkv.keys.space import ShardedArray
-from shardkv.proxy.options import Options
 
 __all__ = ["ProxyBase", "reopen", "register"]
 

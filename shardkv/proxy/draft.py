@@ -29,6 +29,7 @@ import builtins
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Self
 
+from shardkv.engine.options import Options
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import IndexLocation
 from shardkv.format.ranges import ByteRange
@@ -39,7 +40,6 @@ from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerSha
 from shardkv.metadata.draft import DRAFT_ZARR_FORMAT, META_ROOT
 from shardkv.proxy.base import ProxyBase
 from shardkv.proxy.draft_nodes import DraftArray, DraftNodes
-from shardkv.proxy.options import Options
 from shardkv.proxy.values import to_bytes
 from shardkv.storage.kv import check_not_reserved
 from shardkv.transformers import DATA_ROOT, AbstractStore, AdapterStore, ShardingStorageTransformer

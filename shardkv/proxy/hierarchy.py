@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from shardkv.errors import KeyBelowKeyError
-from shardkv.keys.paths import owner_candidates, path_prefix, split_key
-from shardkv.proxy.nodes import META_NAMES, NodeTable, chunkish_under
+from shardkv.keys.paths import chunkish_under, owner_candidates, path_prefix, split_key
+from shardkv.proxy.nodes import META_NAMES, NodeTable
 from shardkv.storage.kv import KVStore
 from shardkv.storage.local import LocalStore
 from shardkv.storage.mapping import MappingStore

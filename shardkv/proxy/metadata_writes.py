@@ -56,19 +56,19 @@ read-only metadata. A node whose name is one of shardkv's internal names
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from shardkv.engine.locks import ShardLocks
 from shardkv.engine.merge import ShardChange
+from shardkv.engine.options import Options
 from shardkv.engine.retry import WRITE_ATTEMPTS, WRITE_BACKOFF, attempts
 from shardkv.engine.writeback import WriteBack
 from shardkv.errors import ConcurrentUpdateError, ConfigurationError, MetadataError, ReservedKeyError, UnsupportedError
 from shardkv.format.layout import ShardLayout
-from shardkv.keys.paths import join_path, path_prefix, split_key
+from shardkv.keys.paths import chunkish_under, join_path, path_prefix, split_key
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.all_v3 import plan_v3_down, v3_view_of_unsharded_v2
 from shardkv.metadata.documents import dump_json, load_json, load_object, load_zarray
@@ -91,14 +91,10 @@ from shardkv.metadata.hierarchy import (
 )
 from shardkv.metadata.v2_deletes import with_deleted
 from shardkv.metadata.v3_view import v2_dimension_separator
-from shardkv.proxy.nodes import Node, NodeTable, ReadValues, build_node, chunkish_under, sharded_array_of
-from shardkv.proxy.options import Options
+from shardkv.proxy.nodes import Node, NodeTable, build_node, sharded_array_of
 from shardkv.storage.kv import ANY, NO_VALUE, Generation, KVStore, ReadResult, check_not_reserved
 
-__all__ = ["MetadataWriter", "WriteValues", "writes_to"]
-
-WriteValues = Callable[[Mapping[str, "bytes | memoryview | None"]], None]
-"""Writes values to the base store (``None``: delete; deleting a missing key is no error)."""
+__all__ = ["MetadataWriter"]
 
 _HIDDEN_REASON = "the zarr.json of a sharded array is managed by shardkv"
 _READ_ONLY = "the metadata of a Zarr v3 array written by another library is read-only; change it with a v3 library"
@@ -170,16 +166,6 @@ def _stored_document(key: str, result: ReadResult) -> dict[str, Any] | None:
     return _json_object(key, result.whole()) if result.found else None
 
 
-def writes_to(kv: KVStore) -> WriteValues:
-    """The :data:`WriteValues` of a store: one unconditional batch (``None`` deletes)."""
-
-    def write(values: Mapping[str, Any]) -> None:
-        if values:
-            kv.put_many({key: (value, ANY) for key, value in values.items()})
-
-    return write
-
-
 class MetadataWriter:
     """Stores metadata documents written through the proxy (see the module docstring).
 
@@ -187,21 +173,15 @@ class MetadataWriter:
     ----------
     nodes : NodeTable
         Node states, updated as documents are written.
-    read, write : callable
-        Whole values from the base store (:data:`~shardkv.proxy.nodes.ReadValues`)
-        and writes to it (:data:`WriteValues`).
-    list_keys : callable
-        Every stored key under a prefix (to remove shards an earlier array left).
     writer : WriteBack
-        Flushes, discards and trims shards around metadata changes.
-    options : Options
-        Which new arrays are sharded, and their index options.
-    kv : KVStore
-        The base store, for the read-modify-writes of consolidated blocks
-        (reads with generations, puts conditioned on them).
-    locks : ShardLocks or None
-        The engine's locks (:attr:`~shardkv.engine.engine.ShardEngine.locks`), held
-        around those read-modify-writes (mode ``"none"`` holds nothing); ``None``: no locks.
+        The proxy's write-back layer: flushes, discards and trims shards
+        around metadata changes. Through its engine it is the one handle to
+        the base store: the documents are read and written through the
+        engine's :class:`~shardkv.storage.kv.KVStore` (consolidated blocks
+        read with generations, put conditioned on them, under the engine's
+        locks; mode ``"none"`` holds nothing), and the engine's
+        :class:`~shardkv.engine.options.Options` say which new arrays are
+        sharded and how.
 
     Notes
     -----
@@ -217,20 +197,16 @@ class MetadataWriter:
     put alone, which catches most races but is atomic only where the store's is.
     """
 
-    def __init__(
-        self,
-        nodes: NodeTable,
-        read: ReadValues,
-        write: WriteValues,
-        list_keys: Callable[[str], Iterable[str]],
-        writer: WriteBack,
-        options: Options,
-        kv: KVStore,
-        locks: ShardLocks | None,
-    ) -> None:
-        self._nodes, self._read, self._write, self._list = nodes, read, write, list_keys
-        self._writer, self._options = writer, options
-        self._kv, self._locks = kv, locks
+    def __init__(self, nodes: NodeTable, writer: WriteBack) -> None:
+        self._nodes, self._writer = nodes, writer
+        self._kv: KVStore = writer.engine.kv
+        self._locks: ShardLocks = writer.engine.locks
+        self._options: Options = writer.engine.options
+
+    def _put(self, values: Mapping[str, bytes | memoryview | None]) -> None:
+        """Write ``values`` unconditionally in one batch (``None`` deletes; a missing key is no error)."""
+        if values:
+            self._kv.put_many({key: (value, ANY) for key, value in values.items()})
 
     def set(self, key: str, value: bytes) -> None:
         """Store a metadata document (``.zarray``, ``.zattrs``, ``.zgroup``, ``.zmetadata``, ...).
@@ -282,7 +258,7 @@ class MetadataWriter:
         if name in (".zarray", ".zgroup"):
             self._nodes.forget(path)
         if node is None or name not in node.documents:
-            if key not in self._read([key]):
+            if key not in self._kv.values([key]):
                 raise KeyError(key)
             self._store({key: None})
             if mirrored and name == ".zarray":  # the array is gone for v3 readers too
@@ -343,7 +319,7 @@ class MetadataWriter:
         if node.array is None:
             return False
         listed = group_paths(path)
-        found = self._read([join_path(g, ".zmetadata") for g in listed])
+        found = self._kv.values([join_path(g, ".zmetadata") for g in listed])
         for group in listed:
             raw = found.get(join_path(group, ".zmetadata"))
             entries = _json_object(join_path(group, ".zmetadata"), raw) if raw is not None else None
@@ -351,7 +327,7 @@ class MetadataWriter:
             if isinstance(metadata, dict) and join_path(path[len(path_prefix(group)) :], ".zarray") in metadata:
                 return True
         self._writer.flush(path)
-        return any(chunkish_under(path, k) for k in self._list(path_prefix(path)))
+        return any(chunkish_under(path, k) for k in self._kv.list_prefix(path_prefix(path)))
 
     def removed(self, path: str) -> None:
         """Bring the consolidated blocks above ``path`` in step after everything under it was deleted (``rmdir``).
@@ -371,7 +347,7 @@ class MetadataWriter:
 
     def _store(self, values: Mapping[str, bytes | None]) -> None:
         """Write plain metadata values; the nodes they describe are read again on next use."""
-        self._write(values)
+        self._put(values)
         for key in values:
             path, name = split_key(key)
             if name in (".zarray", ".zgroup", ZARR_JSON):
@@ -403,10 +379,10 @@ class MetadataWriter:
         for key in plan.deletes:
             self._nodes.forget(split_key(key)[0])
         if values:
-            self._write(values)
+            self._put(values)
         written = self._write_blocks(blocks)
         if plan.deletes:
-            self._write(dict.fromkeys(sorted(plan.deletes)))
+            self._put(dict.fromkeys(sorted(plan.deletes)))
         mirrored = set(mirrors)
         for key, raw in values.items():
             path, name = split_key(key)
@@ -496,7 +472,7 @@ class MetadataWriter:
         lost = 0
         # each group's lock file in its own directory: the same file whatever root the store was opened at
         prefixes = {key: path_prefix(split_key(key)[0]) for key in todo}
-        hold = self._locks.hold(sorted(todo), prefixes) if self._locks is not None else contextlib.nullcontext()
+        hold = self._locks.hold(sorted(todo), prefixes)
         with hold:
             for _ in attempts(WRITE_ATTEMPTS, WRITE_BACKOFF):
                 keys = sorted(todo)
@@ -539,16 +515,16 @@ class MetadataWriter:
         if removed is not None:
             with_block = [g for g, n in self._nodes.v3_nodes(group_paths(removed)).items() if has_consolidated(n.doc)]
             if with_block:
-                found = self._read([join_path(g, ".zmetadata") for g in with_block])
+                found = self._kv.values([join_path(g, ".zmetadata") for g in with_block])
                 released = [g for g in with_block if join_path(g, ".zmetadata") not in found]
         concerned = lacking + released
         if not concerned:
             return
         prefix = path_prefix(_common_group(concerned))
-        keys = [k for k in self._list(prefix) if split_key(k)[1] in (ZARR_JSON, ".zmetadata")]
+        keys = [k for k in self._kv.list_prefix(prefix) if split_key(k)[1] in (ZARR_JSON, ".zmetadata")]
         # a .zmetadata counts by its key alone (it marks a block the user asked for): not read
         documents: dict[str, Mapping[str, Any]] = {k: {} for k in keys if split_key(k)[1] != ZARR_JSON}
-        documents.update(_json_objects(self._read([k for k in keys if split_key(k)[1] == ZARR_JSON])))
+        documents.update(_json_objects(self._kv.values([k for k in keys if split_key(k)[1] == ZARR_JSON])))
         plan = plan_opaque_blocks(documents, released)
         if plan.writes:
             dropped = [split_key(k)[0] for k, doc in plan.writes.items() if not has_consolidated(doc)]
@@ -560,8 +536,8 @@ class MetadataWriter:
         Run once, when the root becomes a v3 group. A document that is not
         JSON is left as it is (its node stays v2 until it is written again).
         """
-        keys = [k for k in self._list("") if split_key(k)[1] in _V2_NAMES]
-        plan, _refused = plan_v3_down(_json_objects(self._read(keys)))
+        keys = [k for k in self._kv.list_prefix("") if split_key(k)[1] in _V2_NAMES]
+        plan, _refused = plan_v3_down(_json_objects(self._kv.values(keys)))
         self._apply_v3_down(plan)
 
     def _apply_v3_down(self, plan: MetadataPlan) -> None:
@@ -584,7 +560,7 @@ class MetadataWriter:
         wanted = [join_path(path, ".zarray")] if zarray is None else []
         if isinstance(zattrs, _Stored):
             wanted.append(join_path(path, ".zattrs"))
-        found = self._read(wanted) if wanted else {}
+        found = self._kv.values(wanted) if wanted else {}
         if zarray is None:
             raw_zarray = found.get(join_path(path, ".zarray"))
             if raw_zarray is None:
@@ -614,7 +590,7 @@ class MetadataWriter:
         v3 = self._nodes.v3_nodes(paths)
         out: dict[str, dict[str, Any] | None] = {p: (n.doc or {}).get("attributes") or {} for p, n in v3.items()}
         legacy = [join_path(p, ".zattrs") for p in paths if p not in v3]
-        for key, raw in self._read(legacy).items():
+        for key, raw in self._kv.values(legacy).items():
             out[split_key(key)[0]] = load_object(key, raw)
         return out
 
@@ -669,7 +645,7 @@ class MetadataWriter:
                     mirrors.add(p)
         sharded = [p for p, d in v3.items() if d.get("node_type") == "array" and p not in mirrors]
         stored = stored_zmetadata(doc, sharded) if sharded else doc
-        self._write({key: dump_json(stored, key=key)})
+        self._put({key: dump_json(stored, key=key)})
         root = v3.get("")
         if root is not None and root.get("node_type") == "group":
             below = {p: d for p, d in v3.items() if p}
@@ -686,13 +662,13 @@ class MetadataWriter:
             self._update(path, key, node, zarray)
             return
         if node.unsharded:
-            self._write({key: raw})  # still an unsharded array
+            self._put({key: raw})  # still an unsharded array
             if node.mirrored or self._hierarchy_is_v3():
                 self._mirror(path, zarray)
             return
         cps = self._options.chunks_per_shard.for_array(path, len(zarray["shape"]))
         if cps is None:
-            self._write({key: raw})
+            self._put({key: raw})
             self._nodes.set(build_node(path, None, raw))
             if path and self._hierarchy_is_v3():
                 self._mirror(path, zarray)
@@ -700,7 +676,7 @@ class MetadataWriter:
         layout = ShardLayout.v3(cps, self._options.index_location, "little", self._options.index_checksum)
         self._remove_leftovers(path)
         attrs_key = join_path(path, ".zattrs")
-        attrs = self._read([attrs_key]).get(attrs_key)
+        attrs = self._kv.values([attrs_key]).get(attrs_key)
         zattrs = load_object(attrs_key, attrs) if attrs is not None else None
         if path:
             plan = plan_sharded_array(path, zarray, zattrs, layout, self._group_attributes(group_paths(path)))
@@ -737,7 +713,7 @@ class MetadataWriter:
                 return node
         if old is not None:
             self._writer.flush(path)
-            if any(chunkish_under(path, k) for k in self._list(path_prefix(path))):
+            if any(chunkish_under(path, k) for k in self._kv.list_prefix(path_prefix(path))):
                 what = "a group" if zarray is None else f"an array with chunks {list(zarray['chunks'])}"
                 raise ConfigurationError(
                     f"{key}: the chunks of the array whose .zarray was deleted (chunks {list(old.chunks or ())}) "
@@ -748,7 +724,7 @@ class MetadataWriter:
         attrs = (node.doc or {}).get("attributes") or {}
         if attrs:
             attrs_key = join_path(path, ".zattrs")
-            self._write({attrs_key: dump_json(attrs, key=attrs_key)})
+            self._put({attrs_key: dump_json(attrs, key=attrs_key)})
         self._apply(MetadataPlan(deletes=frozenset({join_path(path, ZARR_JSON)})))
         self._nodes.forget(path)
         return self._nodes.node(path)
@@ -756,9 +732,9 @@ class MetadataWriter:
     def _remove_leftovers(self, path: str) -> None:
         """Delete shards an earlier array at ``path`` left (its metadata deleted by hand): never reinterpret them."""
         self._writer.discard_under(path)
-        stale = [k for k in self._list(f"{path}/" if path else "") if chunkish_under(path, k)]
+        stale = [k for k in self._kv.list_prefix(f"{path}/" if path else "") if chunkish_under(path, k)]
         if stale:
-            self._write(dict.fromkeys(stale))
+            self._put(dict.fromkeys(stale))
             self._writer.engine.forget()
 
     def _update(self, path: str, key: str, node: Node, zarray: dict[str, Any]) -> None:

@@ -24,7 +24,6 @@ about metadata keys, and sends every other key straight to the store.
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -32,7 +31,7 @@ from typing import Any
 
 from shardkv.errors import ConfigurationError, MetadataError
 from shardkv.keys.encodings import V2ChunkKeyEncoding
-from shardkv.keys.paths import join_path, split_key
+from shardkv.keys.paths import chunk_owner_paths, is_chunk_segment, join_path, split_key
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.all_v3 import may_mirror
 from shardkv.metadata.documents import META_NAMES, ZMETADATA, dump_json, load_json
@@ -41,7 +40,7 @@ from shardkv.metadata.v2_deletes import deleted_documents
 from shardkv.metadata.v3_view import sharding_spec_from_v3, v2_dimension_separator
 
 __all__ = [
-    "Node", "NodeTable", "ReadValues", "META_NAMES", "PRESENTED", "chunkish_under", "build_node",
+    "Node", "NodeTable", "ReadValues", "META_NAMES", "PRESENTED", "build_node",
     "present_stored_zmetadata", "sharded_array_of", "with_deletes_applied",
 ]
 
@@ -51,17 +50,7 @@ ReadValues = Callable[[Sequence[str]], Mapping[str, Any]]
 PRESENTED = (".zarray", ".zattrs", ".zgroup")
 """The v2 documents a v3 node is presented as."""
 
-# chunk-like key segments; signs included so "-1.0" is refused as a malformed chunk key, not stored
-_CHUNKISH = re.compile(r"c|c?[0-9.+-]+")  # "c" alone: v3 default shard keys c/1/2
 _MEMO_LIMIT = 100_000  # parents whose owner is remembered before the memo starts over
-
-
-def chunkish_under(path: str, key: str) -> bool:
-    """True if ``key`` lies under ``path`` and every segment after it is chunk-like (a chunk or shard key)."""
-    prefix = f"{path}/" if path else ""
-    if not key.startswith(prefix) or len(key) == len(prefix):
-        return False
-    return all(_CHUNKISH.fullmatch(s) for s in key[len(prefix) :].split("/"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -185,26 +174,39 @@ def _build_node(path: str, raw_json: Any | None, raw_zarray: Any | None = None) 
     if raw_zarray is not None and may_mirror(doc):
         load_json(join_path(path, ".zarray"), raw_zarray)
         return Node(path, doc, raw, unsharded=True, mirrored=True)
-    presented: dict[str, dict[str, Any]] = {}
-    documents: dict[str, bytes] = {}
-    if doc is not None:
-        try:
-            presented = present(doc, path)
-            documents = {
-                name: dump_json(d, key=join_path(path, name), strict=name != ".zattrs") for name, d in presented.items()
-            }
-        except MetadataError:  # a v3 node that zarr-python 2 cannot be shown: its keys pass through
-            presented, documents = {}, {}
+    presented, documents = _presented(path, doc)
     if presented:
         zarray = presented.get(".zarray")
     elif raw_zarray is not None:  # a zarr.json stored beside a .zarray (the older layout)
         zarray = load_json(join_path(path, ".zarray"), raw_zarray)
     else:
         zarray = None
+    return _array_node(Node(path, doc, raw, presented, documents), zarray, parsed)
+
+
+def _presented(path: str, doc: dict[str, Any] | None) -> tuple[dict[str, dict[str, Any]], dict[str, bytes]]:
+    """The v2 documents presenting a v3 node, and their JSON bytes (both empty: none, or it cannot be shown).
+
+    A v3 node that zarr-python 2 cannot be shown passes its keys through
+    (a stored one), or stays sharded for this session as written (one shardkv wrote).
+    """
+    if doc is None:
+        return {}, {}
+    try:
+        presented = present(doc, path)
+        return presented, {
+            name: dump_json(d, key=join_path(path, name), strict=name != ".zattrs") for name, d in presented.items()
+        }
+    except MetadataError:
+        return {}, {}
+
+
+def _array_node(node: Node, zarray: Mapping[str, Any] | None, doc: Any) -> Node:
+    """``node`` as the array ``zarray`` describes, sharded as ``doc`` says (unchanged when ``zarray`` is ``None``)."""
     if zarray is None:
-        return Node(path, doc, raw, presented, documents)
-    array = sharded_array_of(path, zarray, parsed)
-    return Node(path, doc, raw, presented, documents, array, unsharded=array is None)
+        return node
+    array = sharded_array_of(node.path, zarray, doc)
+    return replace(node, array=array, unsharded=array is None)
 
 
 class NodeTable:
@@ -372,24 +374,21 @@ class NodeTable:
     def owner(self, key: str) -> ShardedArray | None:
         """The sharded array whose chunk (or shard) ``key`` names, if any.
 
-        An array owns the keys below its path whose every segment after that
-        path is chunk-like (``/``-separated chunk keys have several). Only the
-        paths that could own ``key`` that way are read (:func:`_owner_paths`),
-        from the highest down; the first array met owns it (arrays have no
-        children). A path with a segment that is not chunk-like between it and
-        ``key`` owns nothing of it, whatever it is: it is not read, so a chunk
-        of ``g/arr`` costs the read of ``g/arr/zarr.json`` alone, as in
+        The owner rule of :mod:`shardkv.keys.paths`: only the paths that could
+        own ``key`` (:func:`~shardkv.keys.paths.chunk_owner_paths`) are read,
+        from the highest down, and the first array met owns it; so a chunk of
+        ``g/arr`` costs the read of ``g/arr/zarr.json`` alone, as in
         tensorstore and zarr-python 3, which also open an array from its own
-        document.
+        document. Owners are memoised per parent path.
         """
         parent, name = split_key(key)
-        if name in META_NAMES or not _CHUNKISH.fullmatch(name):
+        if not is_chunk_segment(name):
             return None  # the last segment of a chunk or shard key is always chunk-like
         with self.lock:
             if parent in self._owners:
                 return self._owners[parent]
             generation = self.generation
-        owner = self._owner_of_parent(parent)
+        owner = self._first_array(chunk_owner_paths(key))
         with self.lock:
             if self.generation != generation:  # nodes changed meanwhile: the answer may be stale, keep none
                 return owner
@@ -398,9 +397,9 @@ class NodeTable:
             self._owners[parent] = owner
         return owner
 
-    def _owner_of_parent(self, parent: str) -> ShardedArray | None:
-        """:meth:`owner` for every key ``parent/<chunk-like name>`` (memoised by the caller)."""
-        for path in _owner_paths(parent):
+    def _first_array(self, candidates: list[str]) -> ShardedArray | None:
+        """The owner among ``candidates``: the first array (``None`` for an unsharded one: its chunks pass through)."""
+        for path in candidates:
             node = self.node(path)
             if node.is_array:
                 return node.array  # None for an unsharded array: its chunks pass through
@@ -524,20 +523,6 @@ def present_stored_zmetadata(key: str, raw: bytes, docs: Callable[[list[str]], M
     return dump_json(presented_zmetadata(stored, by_entry), key=key)
 
 
-def _owner_paths(parent: str) -> list[str]:
-    """The paths that could own the keys ``parent/<chunk-like name>``, from the highest down.
-
-    ``parent`` itself and each of its prefixes followed by chunk-like segments
-    only: ``"g/arr"`` -> ``["g/arr"]``, ``"g/arr/1/2"`` -> ``["g/arr", "g/arr/1",
-    "g/arr/1/2"]``, ``"3"`` -> ``["", "3"]``.
-    """
-    segments = parent.split("/") if parent else []
-    top = len(segments)
-    while top > 0 and _CHUNKISH.fullmatch(segments[top - 1]):
-        top -= 1
-    return ["/".join(segments[:i]) for i in range(top, len(segments) + 1)]
-
-
 def _decided_by_zarr_json(path: str, raw_json: Any | None) -> Node | None:
     """The node at ``path`` when its ``zarr.json`` alone decides it (a presented v3 node), else ``None``.
 
@@ -553,15 +538,7 @@ def _decided_by_zarr_json(path: str, raw_json: Any | None) -> Node | None:
 
 def _from_written(path: str, raw: bytes, doc: dict[str, Any], array: ShardedArray | None) -> Node:
     """The node of an array ``zarr.json`` shardkv just wrote (its document in hand: no parse)."""
-    try:
-        presented = present(doc, path)
-        documents = {n: dump_json(d, key=join_path(path, n), strict=n != ".zattrs") for n, d in presented.items()}
-    except MetadataError:  # kept sharded in this session, as written; not presented to zarr-python 2
-        presented, documents = {}, {}
+    presented, documents = _presented(path, doc)
     if array is not None:
         return Node(path, doc, raw, presented, documents, array)
-    zarray = presented.get(".zarray")
-    if zarray is None:
-        return Node(path, doc, raw, presented, documents)
-    array = sharded_array_of(path, zarray, doc)
-    return Node(path, doc, raw, presented, documents, array, unsharded=array is None)
+    return _array_node(Node(path, doc, raw, presented, documents), presented.get(".zarray"), doc)

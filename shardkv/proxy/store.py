@@ -9,7 +9,7 @@ the ``.zarray`` presented from it, see :mod:`shardkv.proxy.nodes`).
 This module routes each key: a chunk of a sharded array to its shard, a
 metadata document to the node table (:mod:`shardkv.proxy.nodes`) or the
 metadata writer (:mod:`shardkv.proxy.metadata_writes`), anything else straight
-to the base store. Options, pickling and lifecycle: :mod:`shardkv.proxy.options`,
+to the base store. Options, pickling and lifecycle: :mod:`shardkv.engine.options`,
 :mod:`shardkv.proxy.base`; write-back: :class:`shardkv.engine.writeback.WriteBack`; requests:
 :class:`shardkv.engine.engine.ShardEngine` over the store's :class:`~shardkv.storage.kv.KVStore`.
 """
@@ -23,16 +23,15 @@ from contextlib import suppress
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from os import PathLike
-from typing import Any, Self
+from typing import Any, Self, Unpack
 
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.engine import ShardEngine
-from shardkv.engine.locks import Concurrency, Mode
+from shardkv.engine.locks import Mode
 from shardkv.engine.merge import group_by_shard
+from shardkv.engine.options import OptionKeywords, Options
 from shardkv.engine.writeback import WriteBack
 from shardkv.errors import ChunkOutOfGridError, ConfigurationError, InvalidKeyError, UnflushedWritesError
-from shardkv.format.layout import IndexLocation
-from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.encodings import validate_key
 from shardkv.keys.paths import join_path, path_prefix, split_key, validate_path
 from shardkv.keys.space import ChunkRef, ShardedArray
@@ -46,9 +45,8 @@ from shardkv.proxy.listing import (
     count_logical_keys,
     logical_keys,
 )
-from shardkv.proxy.metadata_writes import MetadataWriter, writes_to
+from shardkv.proxy.metadata_writes import MetadataWriter
 from shardkv.proxy.nodes import META_NAMES, NodeTable
-from shardkv.proxy.options import DEFAULT_INDEX_CACHE_BYTES, Options
 from shardkv.proxy.routing import route_batch
 from shardkv.proxy.values import as_buffer
 from shardkv.proxy.write_advice import WriteAdvisor
@@ -89,22 +87,8 @@ class ShardedStore(ProxyBase):
         shards nothing new. Arrays already sharded in the store are recognised
         from their stored ``zarr.json`` whatever this says; unsharded arrays
         pass through untouched. 0-d arrays are never sharded.
-    index_location : {"end", "start"}
-        Where new shards keep their index (v1.0 codec ``index_location``).
-    index_checksum : bool
-        Whether new shards protect their index with a CRC32C (``crc32c`` index codec).
     storage_options : mapping, optional
         fsspec options when ``store`` is a URL.
-    index_cache_bytes : int
-        Limit (bytes) of the cache of decoded shard indexes (default 64 MiB;
-        0 disables it); see :class:`~shardkv.proxy.options.Options`.
-    read_policy : ReadPolicy, optional
-        How nearby chunk ranges of one shard merge into one request (default ``ReadPolicy()``).
-    buffer_bytes : int or None
-        Write-back mode: hold up to this many bytes of chunk writes and write
-        each shard once (when complete, on :meth:`flush`/:meth:`close`, or
-        when the limit forces the oldest out); ``None`` (default) writes
-        within each call. A pickled copy writes through (see Options).
     journal : str or os.PathLike, optional
         With ``buffer_bytes``: a local file where every buffered chunk write
         is appended and fsync'd before the call returns, so a crash loses no
@@ -113,23 +97,30 @@ class ShardedStore(ProxyBase):
         and resets the journal; it is also reset after every flush that
         empties the buffer. See :mod:`shardkv.engine.journal` and the user
         guide ("Write-back") for the fsync policy.
-    concurrency : {"auto", "files", "conditional", "process", "none"}
-        How writers of one shard (threads, stores, processes) keep each
-        other's chunks; see :class:`~shardkv.proxy.options.Options` and the
-        user guide, "Concurrency".
-    lock_timeout : float or None
-        Longest wait (seconds) for a shard lock (then ``LockTimeoutError``).
+    options : Options, optional
+        Every option at once (``chunks_per_shard`` and the keywords below
+        then stay unset); what :attr:`options` of another store holds.
+    **keywords
+        The runtime options, each described in
+        :class:`~shardkv.engine.options.Options`: ``index_location``
+        ({"end", "start"}), ``index_checksum`` (bool), ``index_cache_bytes``
+        (int, bytes; default 64 MiB, 0 disables the cache), ``read_policy``
+        (ReadPolicy), ``buffer_bytes`` (int or None: write-back mode; a
+        pickled copy writes through), ``concurrency`` ({"auto", "files",
+        "conditional", "process", "none"}; user guide, "Concurrency") and
+        ``lock_timeout`` (float or None, seconds; then ``LockTimeoutError``).
 
     Raises
     ------
     ConfigurationError
         If ``chunks_per_shard``, an index option, a size or ``concurrency``
-        is invalid, ``concurrency`` asks for what the store
-        cannot give, or ``journal`` is given without ``buffer_bytes``; or if the
-        installed zarr-python is 3 or later, which cannot use this store (the
-        message names :class:`shardkv.zarr3.ShardedStore` and ``shardkv[zarr3]``).
+        is invalid, ``concurrency`` asks for what the store cannot give,
+        ``journal`` is given without ``buffer_bytes``, or ``options`` comes
+        with other options; or if the installed zarr-python is 3 or later,
+        which cannot use this store (the message names
+        :class:`shardkv.zarr3.ShardedStore` and ``shardkv[zarr3]``).
     TypeError
-        If ``store`` cannot be used as a store.
+        If ``store`` cannot be used as a store, or a keyword names no option.
     JournalCorruptError
         If an acknowledged record of ``journal`` is damaged or missing.
     JournalMismatchError
@@ -148,7 +139,7 @@ class ShardedStore(ProxyBase):
     base store other than "not found" propagate.
 
     A store pickles (``multiprocessing``, ``dask.distributed``) as its base
-    store's location and its :class:`~shardkv.proxy.options.Options`; the copy
+    store's location and its :class:`~shardkv.engine.options.Options`; the copy
     finds the same locks, and writes through (no write-back buffer, no
     journal). With unflushed write-back data it raises
     ``UnflushedWritesError`` instead. To open a store of any layout (2022
@@ -163,15 +154,10 @@ class ShardedStore(ProxyBase):
         store: Any,
         chunks_per_shard: ChunksPerShardOption = None,
         *,
-        index_location: IndexLocation = "end",
-        index_checksum: bool = True,
         storage_options: Mapping[str, Any] | None = None,
-        index_cache_bytes: int = DEFAULT_INDEX_CACHE_BYTES,
-        read_policy: ReadPolicy | None = None,
-        buffer_bytes: int | None = None,
         journal: str | PathLike[str] | None = None,
-        concurrency: Concurrency = "auto",
-        lock_timeout: float | None = None,
+        options: Options | None = None,
+        **keywords: Unpack[OptionKeywords],
     ) -> None:
         installed = _installed_zarr()
         if installed is not None and not installed.startswith(("0.", "1.", "2.")):
@@ -180,16 +166,7 @@ class ShardedStore(ProxyBase):
                 'use shardkv.zarr3.ShardedStore (pip install "shardkv[zarr3]"), or this store with '
                 'zarr-python 2.18 (pip install "shardkv[zarr2]")'
             )
-        options = Options.from_keywords(
-            chunks_per_shard,
-            index_location=index_location,
-            index_checksum=index_checksum,
-            index_cache_bytes=index_cache_bytes,
-            read_policy=read_policy,
-            buffer_bytes=buffer_bytes,
-            concurrency=concurrency,
-            lock_timeout=lock_timeout,
-        )
+        options = Options.of(options, chunks_per_shard, keywords)
         self._setup(store, open_kv(store, storage_options), options)
         self._writer.attach_journal(  # replays what a killed run left, if the journal is this store's
             journal, self._route, lambda: store_identity(self._kv, "v2")
@@ -211,20 +188,10 @@ class ShardedStore(ProxyBase):
         self._nodes = NodeTable(self._kv.values)
         self._routes: tuple[int, dict[str, ChunkRef | None]] = (self._nodes.generation, {})  # see _route
         self._hierarchy = Hierarchy(kv, self._nodes)  # MemoryStore/DirectoryStore rules
-        self._engine = ShardEngine(self._kv, options.engine_options())
+        self._engine = ShardEngine(self._kv, options)
         self._advisor = WriteAdvisor()  # warns once per store about chunk-by-chunk rewrites (write-through)
         self._writer = WriteBack(self._engine, options.buffer_bytes, self._advisor.observe)
-        self._write = writes_to(self._kv)
-        self._metadata = MetadataWriter(
-            self._nodes,
-            self._kv.values,
-            self._write,
-            kv.list_prefix,
-            self._writer,
-            options,
-            kv=self._kv,
-            locks=self._engine.locks,  # consolidated blocks: read-modify-write
-        )
+        self._metadata = MetadataWriter(self._nodes, self._writer)
 
     def _pickled_store(self) -> Any:
         return self._kv
@@ -319,9 +286,10 @@ class ShardedStore(ProxyBase):
         if len(keys) == 1:  # zarr reading one chunk: no batch to route, nothing to merge
             ref = self._route(keys[0])
             if ref is not None:
-                return self._read_chunks([ref], {})
+                found: dict[str, Any] = self._writer.read_chunks([ref])
+                return found
         refs = route_batch(self._nodes.owner, keys)
-        out: dict[str, bytes | memoryview] = {}
+        out: dict[str, Any] = {}
         if refs is None:
             plain: list[str] = []
             refs = []
@@ -333,7 +301,8 @@ class ShardedStore(ProxyBase):
                     plain.append(key)
             if plain:
                 out.update(self._read_plain(plain))
-        return self._read_chunks(refs, out)
+        out.update(self._writer.read_chunks(refs))
+        return out
 
     def _read_plain(self, keys: list[str]) -> dict[str, Any]:
         """Values of the stored keys among ``keys`` that are not chunks of sharded arrays.
@@ -350,21 +319,6 @@ class ShardedStore(ProxyBase):
             for key in keys:  # again one by one, to leave out only the directories
                 out.update(self._read_plain([key]))
             return out
-
-    def _read_chunks(self, refs: list[ChunkRef], out: dict[str, Any]) -> dict[str, Any]:
-        """Add the stored chunks among ``refs`` to ``out``: buffered ones (write-back mode), then one batched read."""
-        if self._writer.buffer is not None:
-            unbuffered = []
-            for ref in refs:
-                buffered, value = self._writer.lookup(ref.shard_key, ref.local_coords)
-                if not buffered:
-                    unbuffered.append(ref)
-                elif value is not None:
-                    out[ref.chunk_key] = value
-            refs = unbuffered
-        if refs:
-            out.update(self._engine.read_chunks(refs))
-        return out
 
     def __getitem__(self, key: str) -> bytes | memoryview:
         """The value stored at ``key``: a chunk's bytes (a copy, as zarr 2's stores return), or a plain value.
@@ -387,7 +341,7 @@ class ShardedStore(ProxyBase):
             if value is None:
                 raise KeyError(key)
             return value
-        found = self._read_chunks([ref], {})
+        found = self._writer.read_chunks([ref])
         if key not in found:
             raise KeyError(key)
         value = found[key]
@@ -403,14 +357,7 @@ class ShardedStore(ProxyBase):
         if ref is None:
             known = self._nodes.contains_document(key)
             return self._kv.contains(key) if known is None else known
-        return self._chunk_stored(ref)
-
-    def _chunk_stored(self, ref: ChunkRef) -> bool:
-        """True when the chunk is stored now (its shard's index confirmed current) or buffered."""
-        buffered, value = self._writer.lookup(ref.shard_key, ref.local_coords)
-        if buffered:
-            return value is not None
-        return self._engine.has_chunks([ref])[0]
+        return self._writer.has_chunk(ref)
 
     # -- writes -------------------------------------------------------------------
 
@@ -460,7 +407,7 @@ class ShardedStore(ProxyBase):
                 raise KeyError(key)
             return
         # a delete is a write: decided on the current index (the engine confirms a cached one)
-        if not self._chunk_stored(ref):
+        if not self._writer.has_chunk(ref):
             raise KeyError(key)
         self._writer.write(group_by_shard([ref], [None]))
         self._after_chunk_deletes([ref])
@@ -511,7 +458,7 @@ class ShardedStore(ProxyBase):
         plain: dict[str, bytes | memoryview | None] = {**plain_set}
         plain.update(dict.fromkeys(plain_del))
         if plain:
-            self._write(plain)
+            self._kv.put_many({key: (value, ANY) for key, value in plain.items()})
         self._writer.write(group_by_shard(located, located_values))
         self._after_chunk_deletes([ref for ref, value in zip(located, located_values, strict=True) if value is None])
 
@@ -688,13 +635,9 @@ class ShardedStore(ProxyBase):
                 out[key] = len(self._nodes.read_documents([key])[key])
             elif known is None and (size := self._kv.size(key)) is not None:
                 out[key] = size
-        if refs:
-            indexes = self._engine.read_indexes({ref.shard_key: ref.array for ref in refs})
-            for ref in refs:
-                index = indexes.get(ref.shard_key)
-                entry = None if index is None else index.get(ref.local_coords)
-                if entry is not None:
-                    out[ref.chunk_key] = entry[1]
+        for ref, size in zip(refs, self._writer.chunk_sizes(refs), strict=True):
+            if size is not None:
+                out[ref.chunk_key] = size
         return out
 
     def rename(self, src_path: str, dst_path: str) -> None:

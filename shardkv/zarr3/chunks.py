@@ -14,11 +14,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from shardkv._types import BytesLike
-from shardkv.engine.engine import EngineOptions, ShardEngine
+from shardkv.engine.engine import ShardEngine
 from shardkv.engine.merge import group_by_shard
+from shardkv.engine.options import Options
 from shardkv.engine.writeback import WriteBack
 from shardkv.errors import UnsupportedError
-from shardkv.keys.space import ChunkRef, ShardedArray
+from shardkv.keys.space import ChunkRef
 from shardkv.storage.identity import STORE_ID_KEY, store_identity
 from shardkv.storage.open import open_kv
 
@@ -44,26 +45,19 @@ class ChunkEngine:
 
     ``base`` is what :func:`shardkv.storage.open.open_kv` opens for the data
     of the zarr 3 store underneath (:func:`shardkv.zarr3.bases.engine_base`);
-    ``options`` and ``buffer_bytes`` are the :class:`shardkv.zarr3.ShardedStore` options.
+    ``options`` are the :class:`shardkv.zarr3.ShardedStore` options.
     Over a store that cannot replace a stored value (``replaces`` false; named
     ``store_name`` in errors) every shard is written once: write-back holds
-    each shard (without limit unless ``buffer_bytes`` sets one) and a change
-    to a shard already stored is refused.
+    each shard (without limit unless ``options.buffer_bytes`` sets one) and a
+    change to a shard already stored is refused.
     """
 
-    def __init__(
-        self,
-        base: Any,
-        options: EngineOptions,
-        buffer_bytes: int | None,
-        *,
-        replaces: bool = True,
-        store_name: str = "",
-    ) -> None:
+    def __init__(self, base: Any, options: Options, *, replaces: bool = True, store_name: str = "") -> None:
         self.kv = open_kv(base)
         self.engine = ShardEngine(self.kv, options)
         self.replaces = replaces
         self.store_name = store_name or str(base)
+        buffer_bytes = options.buffer_bytes
         if not replaces and buffer_bytes is None:
             buffer_bytes = WRITE_ONCE_BUFFER_BYTES  # every shard held until complete or flushed
         self.writer = WriteBack(self.engine, buffer_bytes)
@@ -114,45 +108,6 @@ class ChunkEngine:
         """The whole stored value at ``key`` (a ``zarr.json`` for the replay), or ``None``. Blocks."""
         found = self.kv.get(key)
         return bytes(memoryview(found.whole()).cast("B")) if found.found else None
-
-    def read(self, refs: Sequence[ChunkRef]) -> dict[str, BytesLike]:
-        """Encoded bytes of the stored chunks among ``refs`` by chunk key (buffered writes first)."""
-        out: dict[str, BytesLike] = {}
-        pending = []
-        for ref in refs:
-            buffered, value = self.writer.lookup(ref.shard_key, ref.local_coords)
-            if not buffered:
-                pending.append(ref)
-            elif value is not None:
-                out[ref.chunk_key] = value
-        if pending:
-            out.update(self.engine.read_chunks(pending))
-        return out
-
-    def stored(self, ref: ChunkRef) -> bool:
-        """True when the chunk is stored (or buffered)."""
-        buffered, value = self.writer.lookup(ref.shard_key, ref.local_coords)
-        if buffered:
-            return value is not None
-        return self.engine.has_chunks([ref])[0]
-
-    def sizes(self, refs: Sequence[ChunkRef]) -> list[int | None]:
-        """Encoded sizes (bytes) of chunks from their shards' indexes, no chunk bytes read (``None``: not stored)."""
-        out: list[int | None] = [None] * len(refs)
-        unbuffered: dict[str, ShardedArray] = {}
-        for i, ref in enumerate(refs):
-            buffered, value = self.writer.lookup(ref.shard_key, ref.local_coords)
-            if buffered:
-                out[i] = None if value is None else len(value)
-            else:
-                unbuffered[ref.shard_key] = ref.array
-        indexes = self.engine.read_indexes(unbuffered) if unbuffered else {}
-        for i, ref in enumerate(refs):
-            index = indexes.get(ref.shard_key)
-            entry = None if index is None or ref.shard_key not in unbuffered else index.get(ref.local_coords)
-            if entry is not None:
-                out[i] = entry[1]
-        return out
 
     def write(self, refs: Sequence[ChunkRef], values: Iterable[BytesLike | None]) -> None:
         """Store (or, for ``None``, delete) chunks; one shard write per shard touched (journalled, if attached).

@@ -24,7 +24,7 @@ import pytest
 import zarr
 
 from shardkv import ShardedStore
-from shardkv.proxy.options import Options
+from shardkv.engine.options import Options
 
 SHAPE, CHUNKS, CPS = (30, 22), (4, 4), (2, 3)
 GRID = tuple(-(-s // c) for s, c in zip(SHAPE, CHUNKS, strict=True))  # (8, 6): edge chunks in both dimensions

@@ -17,10 +17,10 @@ import tensorstore as ts
 import zarr
 
 from shardkv import ShardedStore
+from shardkv.engine.options import Options
 from shardkv.format.layout import ShardLayout
 from shardkv.metadata.hierarchy import array_document
 from shardkv.metadata.v3_view import v3_view_of_v2
-from shardkv.proxy.options import Options
 
 pytestmark = pytest.mark.zarr3
 

@@ -167,6 +167,22 @@ def test_arrays_that_ask_for_shards_and_groups_pass_through() -> None:
     assert zarr.open_array(store, path="g/scalar")[...] == 2.5
 
 
+def test_an_array_named_like_a_chunk_coordinate_inside_a_group_is_sharded_and_read_by_tensorstore(
+    tmp_path: Path,
+) -> None:
+    base = LocalStore(tmp_path / "data")
+    store = ShardedStore(base, chunks_per_shard=2)
+    zarr.create_group(store, path="g")
+    z = zarr.create_array(store, name="g/0", shape=(8, 8), chunks=(2, 2), dtype="u2")
+    z[:] = np.arange(64, dtype="u2").reshape(8, 8)
+    # the group g above the array named "0" owns none of its chunks: they are stored in shards of 4 x 4
+    stored = [k for k in _keys(base, "g/0/") if "/.shardkv-locks/" not in k]
+    assert stored == [f"g/0/c/{i}/{j}" for i in range(2) for j in range(2)] + ["g/0/zarr.json"]
+    spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(tmp_path / "data" / "g" / "0")}}
+    np.testing.assert_array_equal(ts.open(spec).result().read().result(), np.arange(64).reshape(8, 8))
+    np.testing.assert_array_equal(zarr.open_array(store, path="g/0")[:], np.arange(64).reshape(8, 8))
+
+
 def test_chunk_keys_outside_the_grid() -> None:
     store = ShardedStore(MemoryStore(), chunks_per_shard=2)
     zarr.create_array(store, name="a", shape=(4, 4), chunks=(2, 2), dtype="u1")
@@ -339,3 +355,46 @@ def test_byte_ranges_partial_values_and_set_if_not_exists_on_sharded_chunk_keys(
     sync(store.set_if_not_exists(key, other))  # missing: written into its shard
     assert _raw(store, key) == other.to_bytes()
     assert zarr.open_array(store, path="a", mode="r")[150:200, 100:150].sum() == 0
+
+
+def test_options_are_given_as_keywords_or_as_one_options_object() -> None:
+    from shardkv.engine.options import Options
+    from shardkv.errors import ConfigurationError
+
+    by_keywords = ShardedStore(MemoryStore(), 2, index_location="start", buffer_bytes=1 << 16)
+    options = Options.from_keywords(2, index_location="start", buffer_bytes=1 << 16)
+    by_object = ShardedStore(MemoryStore(), options=options)
+    assert by_keywords._options == by_object._options == options
+    with pytest.raises(ConfigurationError, match="index_checksum"):
+        ShardedStore(MemoryStore(), options=options, index_checksum=False)
+    with pytest.raises(TypeError, match="buffer"):
+        ShardedStore(MemoryStore(), buffer=1)  # type: ignore[call-arg]
+
+
+def test_a_zarr_json_nested_too_deeply_is_stored_as_given() -> None:
+    base = MemoryStore()
+    store = ShardedStore(base, chunks_per_shard=2)
+    hostile = b"[" * 100_000 + b"]" * 100_000
+    sync(store.set("x/zarr.json", cpu.Buffer.from_bytes(hostile)))
+    assert _raw(base, "x/zarr.json") == hostile
+    assert _raw(store, "x/zarr.json") == hostile
+
+
+def test_listing_an_arrays_chunk_keys_reads_its_own_zarr_json_alone() -> None:
+    class CountingMemoryStore(MemoryStore):
+        gets: list[str] = []
+
+        async def get(self, key: str, *args: Any, **kwargs: Any) -> Any:
+            self.gets.append(key)
+            return await super().get(key, *args, **kwargs)
+
+    base = CountingMemoryStore()
+    writer = ShardedStore(base, chunks_per_shard=2)
+    zarr.create_group(writer, path="g")
+    zarr.create_array(writer, name="g/a", shape=(4, 4), chunks=(2, 2), dtype="u1")[:] = 1
+    reader = ShardedStore(base)  # nothing cached
+    base.gets.clear()
+    keys = _keys(reader, "g/a/")
+    assert keys == ["g/a/c/0/0", "g/a/c/0/1", "g/a/c/1/0", "g/a/c/1/1", "g/a/zarr.json"]
+    # the owner rule: neither the root nor the group g can own g/a/'s keys, so neither is read
+    assert [k for k in base.gets if k.endswith("zarr.json")] == ["g/a/zarr.json"]

@@ -27,7 +27,7 @@ from shardkv.cli.errors import DestinationNotEmptyError
 from shardkv.cli.info_draft import is_draft
 from shardkv.cli.stores import open_store, put_all, remove_everything
 from shardkv.errors import ConfigurationError, InvalidKeyError
-from shardkv.keys.paths import owning_array
+from shardkv.keys.paths import is_draft_chunk_segment, owning_array
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
 from shardkv.metadata.documents import dump_json, load_json
 from shardkv.proxy.draft import DraftShardedStore
@@ -181,7 +181,7 @@ def _owners(reader: DraftShardedStore, keys: Sequence[str]) -> tuple[dict[str, s
     owner_of: dict[str, str] = {}
     for key in keys:
         if key.startswith(DATA_ROOT):
-            owner = owning_array(key[len(DATA_ROOT) :], arrays, lambda segment: segment.startswith("c"))
+            owner = owning_array(key[len(DATA_ROOT) :], arrays, is_draft_chunk_segment)
             if owner is not None:
                 owner_of[key] = owner
     return arrays, owner_of
