@@ -20,8 +20,8 @@ import zarr
 from zarr.storage import LocalStore
 
 from shardkv import ShardedStore
+from shardkv.engine.options import Options
 from shardkv.errors import ConfigurationError
-from shardkv.proxy.options import Options
 
 pytestmark = pytest.mark.zarr3
 
