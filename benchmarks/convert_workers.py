@@ -49,14 +49,29 @@ def main() -> None:
             shutil.rmtree(dst, ignore_errors=True)
             start = time.perf_counter()
             subprocess.run(
-                [sys.executable, "-m", "shardkv", "convert", str(src), str(dst), "--chunks-per-shard", "4",
-                 "--workers", str(workers)], check=True, capture_output=True, timeout=600,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "shardkv",
+                    "convert",
+                    str(src),
+                    str(dst),
+                    "--chunks-per-shard",
+                    "4",
+                    "--workers",
+                    str(workers),
+                ],
+                check=True,
+                capture_output=True,
+                timeout=600,
+            )
             times[workers].append(time.perf_counter() - start)
     one, two = statistics.median(times[1]), statistics.median(times[2])
     print(f"samples: {times}")
-    print(f"median: 1 worker {one:.2f} s, 2 workers {two:.2f} s, speed-up {one / two:.2f}x; "
-          f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs")  # fmt: skip
+    print(
+        f"median: 1 worker {one:.2f} s, 2 workers {two:.2f} s, speed-up {one / two:.2f}x; "
+        f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs"
+    )
 
 
 if __name__ == "__main__":

@@ -15,8 +15,9 @@ from __future__ import annotations
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 IMPLS = ("shardkv", "shardkv-obstore", "zarr2-unsharded", "zarr2-dict", "zarr3", "zarr3-zarrs", "tensorstore")
@@ -55,8 +56,13 @@ class S3Server:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log = str(log_dir / "s3-requests.log")
         Path(self.log).write_text("")
-        self.proc = subprocess.Popen([python, str(ROOT / "benchmarks" / "workloads" / "s3_server.py"), "--log", self.log],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [python, str(ROOT / "benchmarks" / "workloads" / "s3_server.py"), "--log", self.log],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if line.startswith("READY "):
             self.endpoint = f"http://127.0.0.1:{int(line.split()[1])}"
@@ -156,9 +162,17 @@ def goal_rows(res: dict[tuple[str, int, str, str], Any], ratio_row: Callable[...
             continue
         for op in ("write", "read"):
             for peer, goal, rid in (("zarr2-unsharded", 1.0, "G1"), ("zarr2-dict", 1.25, "G1-dict")):
-                rows.append(ratio_row(
-                    f"{rid}-{op}-{codec}", f"full {op}, local disk, 256² chunks, {codec}: zarr 2 + shardkv vs {LABEL[peer]}",
-                    _med(res, sk, f"{op}_s"), _med(res, ("local", 256, codec, peer), f"{op}_s"), LABEL[peer], fmt_s, goal))
+                rows.append(
+                    ratio_row(
+                        f"{rid}-{op}-{codec}",
+                        f"full {op}, local disk, 256² chunks, {codec}: zarr 2 + shardkv vs {LABEL[peer]}",
+                        _med(res, sk, f"{op}_s"),
+                        _med(res, ("local", 256, codec, peer), f"{op}_s"),
+                        LABEL[peer],
+                        fmt_s,
+                        goal,
+                    )
+                )
     for impl in ("shardkv", "shardkv-obstore"):
         key = ("s3", 256, "none", impl)
         if key not in res:
@@ -166,21 +180,52 @@ def goal_rows(res: dict[tuple[str, int, str, str], Any], ratio_row: Callable[...
         r = res[key]
         label = LABEL[impl]
         if is_missing(r):
-            rows.append(value_row(f"G3-requests-{impl}", f"S3 full read, {label}: requests / (shards + 3)", "", "—", r, 1.0))
-            rows.append(value_row(f"G3-warm-{impl}", f"S3 warm random reads, {label}: requests per chunk", "", "—", r, 1.0))
+            rows.append(
+                value_row(f"G3-requests-{impl}", f"S3 full read, {label}: requests / (shards + 3)", "", "—", r, 1.0)
+            )
+            rows.append(
+                value_row(f"G3-warm-{impl}", f"S3 warm random reads, {label}: requests per chunk", "", "—", r, 1.0)
+            )
             continue
         shards = (-(-r["shape"][0] // (r["layout"] * CHUNKS_PER_SHARD))) ** 2  # a partial shard counts (size smoke)
         req = _med(res, key, "read_requests")
-        rows.append(value_row(f"G3-requests-{impl}", f"S3 full read ({shards} shards), {label}: requests / (shards + 3)",
-                              f"{req:.0f} requests", "—", req / (shards + 3), 1.0))
+        rows.append(
+            value_row(
+                f"G3-requests-{impl}",
+                f"S3 full read ({shards} shards), {label}: requests / (shards + 3)",
+                f"{req:.0f} requests",
+                "—",
+                req / (shards + 3),
+                1.0,
+            )
+        )
         warm = _med(res, key, "warm_requests") / r["reads"]
         ts_key = ("s3", 256, "none", "tensorstore")
         ts_warm = _med(res, ts_key, "warm_requests")
-        ts_cell = "n/a" if not isinstance(ts_warm, (int, float)) else f"{ts_warm / r['reads']:.2f} req/chunk (tensorstore)"
-        rows.append(value_row(f"G3-warm-{impl}", f"S3 {r['reads']} warm random single-chunk reads, {label}: requests per chunk",
-                              f"{warm:.2f} req/chunk", ts_cell, warm, 1.0))
-        rows.append(ratio_row(f"G3-warm-time-{impl}", f"S3 {r['reads']} warm random single-chunk reads, {label} vs tensorstore; time",
-                              _med(res, key, "warm_s"), _med(res, ts_key, "warm_s"), "tensorstore", fmt_s, 0.7))
+        ts_cell = (
+            "n/a" if not isinstance(ts_warm, (int, float)) else f"{ts_warm / r['reads']:.2f} req/chunk (tensorstore)"
+        )
+        rows.append(
+            value_row(
+                f"G3-warm-{impl}",
+                f"S3 {r['reads']} warm random single-chunk reads, {label}: requests per chunk",
+                f"{warm:.2f} req/chunk",
+                ts_cell,
+                warm,
+                1.0,
+            )
+        )
+        rows.append(
+            ratio_row(
+                f"G3-warm-time-{impl}",
+                f"S3 {r['reads']} warm random single-chunk reads, {label} vs tensorstore; time",
+                _med(res, key, "warm_s"),
+                _med(res, ts_key, "warm_s"),
+                "tensorstore",
+                fmt_s,
+                0.7,
+            )
+        )
     return rows
 
 

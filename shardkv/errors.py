@@ -122,7 +122,12 @@ class ChecksumError(CorruptShardError):
 
 
 class UnsupportedError(ShardKVError, NotImplementedError):
-    """A valid feature that this version of shardkv does not implement (named in the message)."""
+    """A valid feature that this version of shardkv does not implement (named in the message).
+
+    Also what a store that cannot replace a stored value (zarr 3's
+    ``ZipStore``) cannot do through shardkv: write a shard already stored
+    (the message names the shard and the store, and what to do instead).
+    """
 
 
 class MetadataError(ConfigurationError):
@@ -153,7 +158,9 @@ class LockTimeoutError(ShardKVError, TimeoutError):
         The journal file, for a journal.
     """
 
-    def __init__(self, what: str, timeout: float, reason: str = "another writer holds it", path: str | None = None) -> None:
+    def __init__(
+        self, what: str, timeout: float, reason: str = "another writer holds it", path: str | None = None
+    ) -> None:
         self.what = what
         self.timeout = float(timeout)
         self.path = path

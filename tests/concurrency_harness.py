@@ -1,4 +1,4 @@
-"""Helpers and fixtures for the concurrency proofs of issue 9 (zero lost updates).
+"""Helpers and fixtures for the concurrency proofs (zero lost updates).
 
 * :func:`run_counter_processes` — N spawned processes increment a counter file
   under :class:`shardkv.engine.locks.ShardLocks` (a non-atomic
@@ -7,8 +7,8 @@
   ``ShardedStore``, write disjoint chunks of one zarr-python 2 array whose
   shards they share; returns how many chunk updates were lost.
 * fixtures ``moto_s3`` (a moto S3 server on 127.0.0.1, a bucket, an s3fs
-  factory; its conditional writes made atomic by :func:`serialised_moto_writes`) and ``local_cluster`` (a ``dask.distributed`` cluster of worker
-  processes); import them into a test module to use them.
+  factory; its conditional writes made atomic by :func:`serialised_moto_writes`) and
+  ``local_cluster`` (a ``dask.distributed`` cluster of worker processes); import them into a test module to use them.
 
 Every loop is bounded in count, every wait in time; child processes are
 joined with a timeout and terminated if they overrun.
@@ -24,9 +24,10 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -210,9 +211,17 @@ def run_sharded_writers(
         SPAWN.Process(
             target=_writer,
             args=(
-                views[w % len(views)][0], w, n_procs, n_chunks, chunk_len, options, barrier, errors,
-                views[w % len(views)][1], make_base,
-            ),  # fmt: skip
+                views[w % len(views)][0],
+                w,
+                n_procs,
+                n_chunks,
+                chunk_len,
+                options,
+                barrier,
+                errors,
+                views[w % len(views)][1],
+                make_base,
+            ),
             name=f"writer-{w}",
         )
         for w in range(n_procs)
@@ -306,7 +315,7 @@ def serialised_moto_writes() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def moto_s3() -> Iterator[MotoS3]:
-    """A moto S3 server on 127.0.0.1 (a free port) with one bucket, its conditional writes atomic; stopped after the module."""
+    """A moto S3 server on 127.0.0.1 (a free port), one bucket, conditional writes atomic; stopped after the module."""
     pytest.importorskip("s3fs")
     boto3 = pytest.importorskip("boto3")
     server_mod = pytest.importorskip("moto.server")

@@ -19,18 +19,17 @@ counts and byte counts.
 from __future__ import annotations
 
 import os
-
 import threading
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import fsspec
 import pytest
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
-
 
 __all__ = [
     "Request",
@@ -116,7 +115,7 @@ class _CountingMixin:
         return self._wrap("cat_file", call)
 
     def cat_ranges(self, paths: Any, starts: Any, ends: Any, *args: Any, **kwargs: Any) -> Any:
-        parent = super(_CountingMixin, self)
+        parent = super()
         return self._wrap("cat_ranges", lambda: parent.cat_ranges(paths, starts, ends, *args, **kwargs))  # type: ignore[misc]
 
     def cat(self, path: Any, *args: Any, **kwargs: Any) -> Any:
@@ -190,7 +189,8 @@ def record_local_writes(monkeypatch: pytest.MonkeyPatch, root: str | None = None
     log: list[Request] = []
 
     # the engine's shard writes: storage.local.atomic_write (LocalStore, and FsspecStore on local files)
-    from shardkv.storage import fsspec as fsspec_store, local as local_store
+    from shardkv.storage import fsspec as fsspec_store
+    from shardkv.storage import local as local_store
 
     real_atomic = local_store.atomic_write
 

@@ -11,11 +11,19 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
-from shardkv.storage.buffers import BytesLike, Value
+from shardkv._types import BytesLike
+from shardkv.storage.buffers import Value
 from shardkv.storage.kv import (
-    MISSING_RESULT, NO_VALUE, Capabilities, Generation, KVStore, ReadRequest, ReadResult, hidden,
+    MISSING_RESULT,
+    NO_VALUE,
+    Capabilities,
+    Generation,
+    KVStore,
+    ReadRequest,
+    ReadResult,
+    hidden,
 )
 from shardkv.storage.location import StoreLocation
 

@@ -12,8 +12,9 @@ import signal
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -82,7 +83,9 @@ def check_chunks(
         got = data[c * chunk : (c + 1) * chunk]
         allowed = [value_of(last[c])] if c in last else [np.zeros(chunk, dtype=data.dtype)]
         allowed += [value_of(s) for s in in_flight if chunk_of(s) == c and s > last.get(c, -1)]
-        assert any(np.array_equal(got, a) for a in allowed), f"chunk {c} holds {got[:3]}...: acknowledged write lost or torn"
+        assert any(np.array_equal(got, a) for a in allowed), (
+            f"chunk {c} holds {got[:3]}...: acknowledged write lost or torn"
+        )
 
 
 def write_and_ack(

@@ -104,10 +104,15 @@ class KVContract:
     def test_get_many_keeps_order_and_mixes_states(self, kv: KVStore) -> None:
         g1 = put_ok(kv, "x/1", b"one")
         g2 = put_ok(kv, "x/2", b"two")
-        results = kv.get_many([
-            ("x/2", None, ANY), ("x/none", [ByteRange(0, 1)], ANY), ("x/1", [ByteRange(1, 3)], ANY),
-            ("x/2", [ByteRange.suffix(1)], g2), ("x/1", None, g1),
-        ])  # fmt: skip
+        results = kv.get_many(
+            [
+                ("x/2", None, ANY),
+                ("x/none", [ByteRange(0, 1)], ANY),
+                ("x/1", [ByteRange(1, 3)], ANY),
+                ("x/2", [ByteRange.suffix(1)], g2),
+                ("x/1", None, g1),
+            ]
+        )
         assert [r.state for r in results] == ["value", "missing", "value", "value", "value"]
         assert as_bytes(results[0].whole()) == b"two" and results[0].generation == g2
         assert [as_bytes(b) for b in results[2].values or []] == [b"ne"] and results[2].generation == g1

@@ -13,9 +13,8 @@ too. Importing a submodule is not counted as importing its parent package.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"shardkv": ROOT / "shardkv", "shardkv.transformers": ROOT / "transformers"}
@@ -25,7 +24,7 @@ ERRORS_ELSEWHERE_ALLOWED: set[tuple[str, str]] = set()
 
 # The layers, bottom first: a module may import its own layer and the layers below it, never above.
 LAYERS: list[set[str]] = [
-    {"_version", "errors"},
+    {"_version", "_types", "errors"},
     {"format"},
     {"keys", "codecs"},
     {"metadata"},
@@ -239,13 +238,15 @@ def test_every_error_class_is_public_subclasses_a_builtin_and_is_listed_in_the_r
 
     classes = {name: obj for name, obj in vars(errors).items() if isinstance(obj, type) and issubclass(obj, Exception)}
     readme = (ROOT / "README.md").read_text()
-    assert len(classes) <= 15  # issue 18: a small set, one per way a caller reacts
+    assert len(classes) <= 15  # a small set, one per way a caller reacts
     for name, cls in classes.items():
         assert getattr(shardkv, name) is cls, f"{name} is not importable from shardkv"
         assert name in shardkv.__all__
         if cls is not errors.ShardKVError:
             assert f"| `{name}` |" in readme, f"{name} is not in the README's error table"
-            builtins = [b for b in cls.__mro__ if b.__module__ == "builtins" and b not in (Exception, BaseException, object)]
+            builtins = [
+                b for b in cls.__mro__ if b.__module__ == "builtins" and b not in (Exception, BaseException, object)
+            ]
             builtins += [b for b in cls.__mro__ if b.__module__ == "_pickle"]
             assert builtins, f"{name} subclasses no builtin a caller would catch"
 
@@ -307,3 +308,126 @@ def test_only_the_retry_loop_waits() -> None:
 def test_the_sleep_check_sees_a_sleep() -> None:
     assert _sleeps_in(ast.parse("import time\ntime.sleep(0.001)\nfrom time import sleep\nsleep(1)")) == [2, 4]
     assert _sleeps_in(ast.parse("event.wait(1)\nlock.acquire(timeout=1)")) == []
+
+
+_GENERIC = {"tuple", "dict", "list", "set", "frozenset", "type", "Literal", "Union", "Optional", "Callable"}
+
+
+def _spelling(node: ast.expr) -> str | None:
+    """A module-level value that names one idea, spelled one way; ``None`` for any other value.
+
+    Type aliases (``A | B``, ``Union[A, B]``, ``tuple[...]``, ``Literal[...]``, ...), with ``Union`` and
+    ``Optional`` spelled with ``|``; one-line string constants; ``frozenset({...})`` of constants.
+    """
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and "\n" not in node.value:
+        return repr(node.value)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "frozenset":
+        return ast.unparse(node)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        sides = [_type_spelling(node.left), _type_spelling(node.right)]
+        return None if None in sides else " | ".join(s for s in sides if s is not None)
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id in _GENERIC:
+        return _type_spelling(node)
+    return None
+
+
+def _type_spelling(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id in ("Union", "Optional"):
+        members = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        spelled = [_type_spelling(m) for m in members] + (["None"] if node.value.id == "Optional" else [])
+        return None if None in spelled else " | ".join(s for s in spelled if s is not None)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return _spelling(node)
+    if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)) or (
+        isinstance(node, ast.Constant) and node.value is None
+    ):
+        return ast.unparse(node)
+    return None
+
+
+def _definitions(tree: ast.Module) -> list[tuple[str, int, str]]:
+    """``(name, line, spelling)`` of the module-level type aliases and constants (see :func:`_spelling`)."""
+    return [
+        (node.targets[0].id, node.lineno, spelled)
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Name)
+        and (spelled := _spelling(node.value)) is not None
+    ]
+
+
+def test_each_alias_and_constant_is_defined_once() -> None:
+    """One name per idea: no two modules define the same type alias or constant (a shared one: ``_types.py``)."""
+    where: dict[str, list[str]] = {}
+    for module, path in MODULES.items():
+        for name, line, spelled in _definitions(ast.parse(path.read_text())):
+            where.setdefault(spelled, []).append(f"{module}:{line} {name}")
+    assert {spelled: places for spelled, places in where.items() if len(places) > 1} == {}
+
+
+def test_the_definition_check_sees_one_idea_spelled_two_ways() -> None:
+    tree = ast.parse(
+        "A = bytes | bytearray | memoryview\nB = Union[bytes, bytearray, memoryview]\nC = Optional[tuple[int, ...]]\n"
+        "D = 'zarr.json'\nE = frozenset({'s3'})\nF = 4\nT = TypeVar('T')\nG = f(x)"
+    )
+    assert [(name, spelled) for name, _, spelled in _definitions(tree)] == [
+        ("A", "bytes | bytearray | memoryview"),
+        ("B", "bytes | bytearray | memoryview"),
+        ("C", "tuple[int, ...] | None"),
+        ("D", "'zarr.json'"),
+        ("E", "frozenset({'s3'})"),
+    ]
+
+
+def test_no_issue_numbers_in_the_code() -> None:
+    """Code, docstrings and comments say what and why; an issue number means nothing to a reader of the code."""
+    issue = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
+    folders = [ROOT / "shardkv", ROOT / "transformers", ROOT / "tests", ROOT / "benchmarks"]
+    found = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for folder in folders
+        for path in sorted(folder.rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if issue.search(line)
+    ]
+    assert found == []
+
+
+# what parses chunk-likeness of a key: a chunk-segment regex ("c|c?[0-9]..."), a per-part isdigit test
+# of a split segment, or a helper named after chunk-like segments
+_CHUNK_PATTERN = ("c?[0-9", "c|")
+_CHUNK_NAMES = ("chunkish", "chunk_segment", "chunk_like")
+
+
+def _chunk_parsing_in(tree: ast.AST) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if any(p in node.value for p in _CHUNK_PATTERN) and "[0-9" in node.value:
+                found.append(repr(node.value))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if any(n in node.name.lower() for n in _CHUNK_NAMES):
+                found.append(f"def {node.name}")
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            if any(n in node.id.lower() for n in _CHUNK_NAMES):
+                found.append(node.id)
+    return found
+
+
+def test_only_keys_parses_chunk_likeness_of_a_path() -> None:
+    """Which array owns a key is one rule (``shardkv/keys/paths.py``): no other module parses chunk-like segments."""
+    found = {}
+    for module, path in MODULES.items():
+        if _layer_of(module) != "keys":
+            parsing = _chunk_parsing_in(ast.parse(path.read_text()))
+            if parsing:
+                found[module] = parsing
+    assert found == {}
+
+
+def test_the_chunk_parsing_check_sees_a_chunk_rule() -> None:
+    source = '_CHUNKISH = re.compile(r"c|c?[0-9.+-]+")\ndef _chunkish(segment): ...\nSEG = r"c?[0-9]+"'
+    found = sorted(_chunk_parsing_in(ast.parse(source)))
+    assert found == ["'c?[0-9]+'", "'c|c?[0-9.+-]+'", "_CHUNKISH", "def _chunkish"]
+    assert _chunk_parsing_in(ast.parse('KEY = "c/0/1"\nn = re.compile(r"[0-9]+")')) == []

@@ -22,13 +22,33 @@ WORKLOADS = sorted(p.stem for p in (ROOT / "benchmarks" / "workloads").glob("*.p
                    if not p.stem.startswith("_") and p.stem != "s3_server")  # the S3 server is not a workload
 ENV_EXISTS = {"zarr3": (ROOT / ".venv-zarr3" / "bin" / "python").exists(),
               "bench": (ROOT / ".venv-bench" / "bin" / "python").exists()}
-ROW_IDS = ("P1", "P2", "P2-direct", "P3", "P3-cold", "P4", "P5", "P6", "P8", "P21-convert", "P21-convert-rss",
-           "P21-list", "P21-len", "P21-keys", "P21-nchunks",
-           *(f"P21-s3-warm-{n}-{impl}" for n in ("1024", "32768") for impl in ("shardkv", "shardkv-obstore")),
-           "P21-s3-cold-shardkv", "P21-s3-cold-shardkv-obstore",
-           "P7-dask", "P7-dask-buffer", "P7-dask-rechunk", "P7-xarray", "P7-xarray-buffer",
-           *(f"G1{d}-{op}-none" for d in ("", "-dict") for op in ("write", "read")),
-           *(f"G3-{what}-{impl}" for impl in ("shardkv", "shardkv-obstore") for what in ("requests", "warm", "warm-time")))
+ROW_IDS = (
+    "P1",
+    "P2",
+    "P2-direct",
+    "P3",
+    "P3-cold",
+    "P4",
+    "P5",
+    "P6",
+    "P8",
+    "P21-convert",
+    "P21-convert-rss",
+    "P21-list",
+    "P21-len",
+    "P21-keys",
+    "P21-nchunks",
+    *(f"P21-s3-warm-{n}-{impl}" for n in ("1024", "32768") for impl in ("shardkv", "shardkv-obstore")),
+    "P21-s3-cold-shardkv",
+    "P21-s3-cold-shardkv-obstore",
+    "P7-dask",
+    "P7-dask-buffer",
+    "P7-dask-rechunk",
+    "P7-xarray",
+    "P7-xarray-buffer",
+    *(f"G1{d}-{op}-none" for d in ("", "-dict") for op in ("write", "read")),
+    *(f"G3-{what}-{impl}" for impl in ("shardkv", "shardkv-obstore") for what in ("requests", "warm", "warm-time")),
+)
 # n/a that a workload itself reports for a case it cannot run (raw-sample keys: workload/impl, peers/case/impl)
 IMPOSSIBLE = {"peers/local/256/none/shardkv-obstore": "n/a (S3 only)",
               "peers/s3/256/none/zarr2-dict": "n/a (a dict is not on S3)"}
@@ -36,8 +56,17 @@ IMPOSSIBLE = {"peers/local/256/none/shardkv-obstore": "n/a (S3 only)",
 
 def run_benchmarks(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], Path]:
     out = tmp_path / "latest.md"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--size", "smoke", "--zarr2-python", sys.executable,
-           "--out", str(out), *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "run.py"),
+        "--size",
+        "smoke",
+        "--zarr2-python",
+        sys.executable,
+        "--out",
+        str(out),
+        *extra,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
     return proc, out
 
@@ -102,8 +131,14 @@ def test_smoke_run_measures_every_workload(tmp_path: Path) -> None:
 
 @pytest.mark.zarr2
 def test_missing_zarr3_env_shows_na(tmp_path: Path) -> None:
-    proc, _ = run_benchmarks(tmp_path, "--zarr3-python", str(tmp_path / "no-such-env" / "python"), "--skip-dask",
-                             "--only", "write_read,random_reads")  # fmt: skip
+    proc, _ = run_benchmarks(
+        tmp_path,
+        "--zarr3-python",
+        str(tmp_path / "no-such-env" / "python"),
+        "--skip-dask",
+        "--only",
+        "write_read,random_reads",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = table_rows(proc.stdout)
     assert {"P1", "P3", "P4", "P7-dask"} <= set(rows)

@@ -1,4 +1,4 @@
-"""Index entry bound derived from the inner chunk (issue 10).
+"""Index entry bound derived from the inner chunk.
 
 Layouts built from array metadata bound each index entry's ``nbytes`` by
 ``prod(inner chunk shape) * itemsize * 2 + 65536``. On a store that does not
@@ -9,10 +9,10 @@ size; an entry at the bound is still requested.
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import crc32c
 import fsspec

@@ -1,17 +1,18 @@
-"""Rough edges of the command line a new user hit (issue 22 item 4)."""
+"""Rough edges of the command line a new user hit."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zarr
+from held_cli import start_held
 
+from shardkv import ShardedStore
 from shardkv.cli.manifest import MANIFEST_KEY
 
 
@@ -92,17 +93,60 @@ def test_convert_help_describes_what_is_written(source):
 
 def test_an_interrupted_convert_says_how_to_resume(tmp_path):
     g = zarr.open_group(str(tmp_path / "src"), mode="w")
-    a = g.create_dataset("a", shape=(8000,), chunks=(2,), dtype="i2", compressor=None)
-    a[:] = np.arange(8000, dtype="i2")
+    a = g.create_dataset("a", shape=(40,), chunks=(2,), dtype="i2", compressor=None)
+    a[:] = np.arange(40, dtype="i2")
     dst = tmp_path / "dst"
-    proc = subprocess.Popen(_cli("convert", str(tmp_path / "src"), str(dst), "--chunks-per-shard", "2"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not (dst / MANIFEST_KEY).exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGINT)
+    proc = start_held(1, "convert", str(tmp_path / "src"), str(dst), "--chunks-per-shard", "2")  # 1 of 10 shards
+    proc.send_signal(signal.SIGINT)  # while it waits, held: the work cannot finish first
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
+    assert (dst / MANIFEST_KEY).exists()
     assert err.strip().splitlines()[-1] == (
         "shardkv convert: interrupted; run the same command again to resume (the shards already written are skipped)"
     )
+
+
+def test_convert_with_workers_needs_no_dask_distributed(source, tmp_path):
+    # the README and the user guide say so: --workers runs local processes of the standard library,
+    # only --scheduler needs dask.distributed (here made unimportable in the command's process)
+    code = (
+        "import sys; sys.modules['distributed'] = None; from shardkv.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "convert",
+            str(source),
+            str(tmp_path / "out"),
+            "--chunks-per-shard",
+            "2",
+            "--workers",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    stored = zarr.open_group(ShardedStore(str(tmp_path / "out")), mode="r")["a"][:]
+    np.testing.assert_array_equal(stored, np.arange(64).reshape(8, 8))
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "convert",
+            str(source),
+            str(tmp_path / "out2"),
+            "--chunks-per-shard",
+            "2",
+            "--scheduler",
+            "tcp://127.0.0.1:1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert refused.returncode == 1 and "distributed" in refused.stderr, refused.stderr

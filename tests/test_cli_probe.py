@@ -1,4 +1,4 @@
-"""The first probe of an object store (issue 22 item 4): missing credentials are called credentials,
+"""The first probe of an object store: missing credentials are called credentials,
 and a wrong endpoint is given up after a capped number of connections (no timed assertion)."""
 
 from __future__ import annotations
@@ -22,9 +22,14 @@ def _env_without_credentials() -> dict[str, str]:
 
 
 def _info(endpoint: str, options: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    storage_options = '{%s"client_kwargs": {"endpoint_url": "%s"}}' % (options, endpoint)
-    return subprocess.run([sys.executable, "-m", "shardkv", "info", "s3://bucket/data.zarr", "--storage-options",
-                           storage_options], capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    storage_options = f'{{{options}"client_kwargs": {{"endpoint_url": "{endpoint}"}}}}'
+    return subprocess.run(
+        [sys.executable, "-m", "shardkv", "info", "s3://bucket/data.zarr", "--storage-options", storage_options],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 class _ClosingServer:

@@ -1,9 +1,8 @@
-"""Interrupted commands (issue 20 item 8): `unshard` resumes like `convert`; killing `convert`'s main
-process ends its worker processes; the interrupt message says how to resume (issue 22)."""
+"""Interrupted commands: `unshard` resumes like `convert`; killing `convert`'s main
+process ends its worker processes; the interrupt message says how to resume."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -16,8 +15,9 @@ import msgpack
 import numpy as np
 import pytest
 import zarr
+from held_cli import start_held
 
-from shardkv.cli.manifest import MANIFEST_KEY, UNSHARD_MANIFEST_KEY
+from shardkv.cli.manifest import UNSHARD_MANIFEST_KEY
 
 
 def _cli(*args: str) -> list[str]:
@@ -43,41 +43,33 @@ def _source(root: Path, n_chunks: int) -> Path:
     return root
 
 
-def _wait_until_recorded(proc: subprocess.Popen, manifest: Path, n: int) -> None:
-    deadline = time.monotonic() + 240
-    while _recorded(manifest) < n and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
-UNSHARD_CHUNKS = 12000  # 6,000 shards: unshard takes seconds, so the manifest (flushed every 0.5 s) records some
+UNSHARD_CHUNKS = 400  # 200 shards of array a (and 4 of b): held after 20 of them
 
 
 def test_unshard_killed_half_way_resumes(tmp_path):
     src = _source(tmp_path / "src", UNSHARD_CHUNKS)
     sharded, one_shot, resumed = tmp_path / "sharded", tmp_path / "one-shot", tmp_path / "resumed"
-    assert subprocess.run(_cli("convert", str(src), str(sharded), "--chunks-per-shard", "2"), timeout=300).returncode == 0
+    assert (
+        subprocess.run(_cli("convert", str(src), str(sharded), "--chunks-per-shard", "2"), timeout=300).returncode == 0
+    )
     assert subprocess.run(_cli("unshard", str(sharded), str(one_shot)), timeout=300).returncode == 0
 
-    proc = subprocess.Popen(_cli("unshard", str(sharded), str(resumed)), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    proc = start_held(20, "unshard", str(sharded), str(resumed), start_new_session=True)
     manifest = resumed / UNSHARD_MANIFEST_KEY
-    try:
-        _wait_until_recorded(proc, manifest, 20)
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # ended by itself: the assertion below says so
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, "unshard finished before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGKILL)  # held after its 20th shard: it cannot have finished
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
     recorded = _recorded(manifest)
-    assert recorded >= 20
+    assert recorded == 20
     assert not (resumed / ".zgroup").exists()  # metadata comes last
 
-    again = subprocess.run(_cli("unshard", str(sharded), str(resumed), "--json"), capture_output=True, text=True,
-                           timeout=300)  # fmt: skip
+    again = subprocess.run(
+        _cli("unshard", str(sharded), str(resumed), "--json"), capture_output=True, text=True, timeout=300
+    )
     assert again.returncode == 0, again.stderr
     report = json.loads(again.stdout)
     assert report["shards_skipped"] >= recorded
-    assert report["shards"] + report["shards_skipped"] == UNSHARD_CHUNKS // 2 + 4
+    assert report["shards"] == UNSHARD_CHUNKS // 2 + 4  # the whole job; this run did shards - shards_skipped
     assert not manifest.exists()
     assert _files(resumed) == _files(one_shot)
 
@@ -109,18 +101,26 @@ def _alive(pid: int) -> bool:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to find the worker processes")
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_killing_convert_ends_its_workers(tmp_path, sig):
-    src = _source(tmp_path / "src", 3000)
+    src = _source(tmp_path / "src", 400)
     dst = tmp_path / "dst"
-    proc = subprocess.Popen(_cli("convert", str(src), str(dst), "--chunks-per-shard", "2", "--workers", "2",
-                                 "--task-chunks", "2"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    proc = start_held(
+        20,
+        "convert",
+        str(src),
+        str(dst),
+        "--chunks-per-shard",
+        "2",
+        "--workers",
+        "2",
+        "--task-chunks",
+        "2",
+        start_new_session=True,
+    )
     workers: set[int] = set()
     try:
-        _wait_until_recorded(proc, dst / MANIFEST_KEY, 20)
         workers = {p for p in _children(proc.pid) if _alive(p)}
-        assert proc.poll() is None, "the conversion finished before it could be interrupted"
         assert len(workers) >= 2, workers
-        os.kill(proc.pid, sig)  # the main process only
+        os.kill(proc.pid, sig)  # the main process only, held after its 20th shard
         proc.wait(timeout=60)
         deadline = time.monotonic() + 30
         while any(_alive(p) for p in workers) and time.monotonic() < deadline:
@@ -132,3 +132,4 @@ def test_killing_convert_ends_its_workers(tmp_path, sig):
                 os.kill(p, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        proc.communicate(timeout=60)

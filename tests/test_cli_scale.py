@@ -1,4 +1,4 @@
-"""`shardkv convert --workers`, interrupted and resumed; `unshard`; the CLI's error cases (issue 12)."""
+"""`shardkv convert --workers`, interrupted and resumed; `unshard`; the CLI's error cases."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import msgpack
 import numpy as np
 import pytest
 import zarr
+from held_cli import start_held
 
 from shardkv import ShardedStore
 from shardkv.cli.manifest import MANIFEST_KEY
@@ -23,7 +23,9 @@ ASTRONAUT = "zarr_implementations/examples/zarr.zr"
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "shardkv", *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "shardkv", *args], capture_output=True, text=True, timeout=300, cwd=cwd
+    )
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -52,20 +54,25 @@ def test_convert_with_workers_killed_half_way_resumes(shared_data, tmp_path):
     assert first.returncode == 0, first.stderr
     total = json.loads(first.stdout)["shards"]
 
-    args = [sys.executable, "-m", "shardkv", "convert", str(src), str(dst), "--chunks-per-shard", "2",
-            "--workers", "2", "--task-chunks", "4"]  # fmt: skip
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    proc = start_held(
+        10,
+        "convert",
+        str(src),
+        str(dst),
+        "--chunks-per-shard",
+        "2",
+        "--workers",
+        "2",
+        "--task-chunks",
+        "4",
+        start_new_session=True,
+    )
     manifest = dst / MANIFEST_KEY
-    deadline = time.monotonic() + 240
-    try:
-        while _recorded(manifest) < 10 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the command and its worker processes, at once
-        proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, "the conversion finished before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGKILL)  # the command and its worker processes, at once; held after 10 shards
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
     recorded = _recorded(manifest)
-    assert 10 <= recorded < total
+    assert recorded == 10 < total
     assert not (dst / ".zgroup").exists()  # metadata comes last: nothing looks complete
 
     again = run("convert", str(src), str(dst), "--chunks-per-shard", "2", "--workers", "2", "--json")
@@ -82,7 +89,9 @@ def test_workers_give_the_same_result_as_one_process(shared_data, tmp_path):
     src = shared_data / ASTRONAUT
     a, b = tmp_path / "a", tmp_path / "b"
     assert run("convert", str(src), str(a), "--chunks-per-shard", "2,2,1").returncode == 0
-    proc = run("convert", str(src), str(b), "--chunks-per-shard", "2,2,1", "--workers", "2", "--task-chunks", "8", "--json")
+    proc = run(
+        "convert", str(src), str(b), "--chunks-per-shard", "2,2,1", "--workers", "2", "--task-chunks", "8", "--json"
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["workers"] == 2
     assert _files(a) == _files(b)
@@ -93,7 +102,9 @@ def test_a_manifest_of_another_conversion_is_refused(shared_data, tmp_path):
     dst.mkdir()
     doc = {"version": 2, "src": "elsewhere", "options": {}, "arrays": {}, "last": []}
     (dst / MANIFEST_KEY).write_bytes(msgpack.packb(doc))
-    assert_one_line_error(run("convert", str(src), str(dst), "--chunks-per-shard", "2"), "unfinished conversion", "elsewhere")
+    assert_one_line_error(
+        run("convert", str(src), str(dst), "--chunks-per-shard", "2"), "unfinished conversion", "elsewhere"
+    )
 
 
 def test_unshard_gives_plain_zarr_equal_to_the_sharded(shared_data, tmp_path):
@@ -105,7 +116,9 @@ def test_unshard_gives_plain_zarr_equal_to_the_sharded(shared_data, tmp_path):
     assert not list(plain.rglob("zarr.json"))
     for name in ("raw", "gzip", "zlib", "blosc"):
         expected = zarr.open_array(ShardedStore(str(sharded)), path=name, mode="r")[...]
-        np.testing.assert_array_equal(zarr.open_array(zarr.DirectoryStore(str(plain)), path=name, mode="r")[...], expected)
+        np.testing.assert_array_equal(
+            zarr.open_array(zarr.DirectoryStore(str(plain)), path=name, mode="r")[...], expected
+        )
     chunks = {k: v for k, v in _files(plain).items() if ".z" not in k}
     assert chunks == {k: v for k, v in _files(src).items() if ".z" not in k}  # bytes as stored, never decoded
     assert_one_line_error(run("unshard", str(sharded), str(plain)), "not empty")
@@ -125,7 +138,10 @@ def test_compact_and_info_on_missing_store_or_array_fail(tmp_path, shared_data):
 def test_chunks_per_shard_that_fits_no_array(shared_data, tmp_path):
     src, dst = shared_data / ASTRONAUT, tmp_path / "out"  # every array is 3-d
     assert_one_line_error(
-        run("convert", str(src), str(dst), "--chunks-per-shard", "2,2"), "fits no array", "raw (3-d", "--skip-mismatched"
+        run("convert", str(src), str(dst), "--chunks-per-shard", "2,2"),
+        "fits no array",
+        "raw (3-d",
+        "--skip-mismatched",
     )
     assert not dst.exists() or not any(dst.iterdir())
     proc = run("convert", str(src), str(dst), "--chunks-per-shard", "2,2", "--skip-mismatched")
@@ -165,8 +181,12 @@ def test_demo_leaves_nothing_in_the_current_directory(tmp_path):
 
 def test_normal_runs_print_nothing_on_stderr(shared_data, tmp_path):
     out = tmp_path / "out"
-    for args in (["convert", str(shared_data / ASTRONAUT), str(out), "--chunks-per-shard", "2"], ["info", str(out)],
-                 ["compact", str(out)], ["unshard", str(out), str(tmp_path / "plain")]):  # fmt: skip
+    for args in (
+        ["convert", str(shared_data / ASTRONAUT), str(out), "--chunks-per-shard", "2"],
+        ["info", str(out)],
+        ["compact", str(out)],
+        ["unshard", str(out), str(tmp_path / "plain")],
+    ):
         proc = run(*args)
         assert proc.returncode == 0 and proc.stderr == "", (args, proc.stderr)
 
@@ -185,8 +205,14 @@ def test_scheduler_runs_the_tasks_on_a_dask_cluster(shared_data, tmp_path):
     local, on_cluster = tmp_path / "local", tmp_path / "cluster"
     convert(str(src), str(local), (2, 2, 1))
     with distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=False, protocol="tcp", host="127.0.0.1", scheduler_port=0,
+        n_workers=2,
+        threads_per_worker=1,
+        processes=False,
+        protocol="tcp",
+        host="127.0.0.1",
+        scheduler_port=0,
         dashboard_address=None,
+        worker_dashboard_address=None,  # a worker's dashboard warns when 8787 is taken
     ) as cluster:  # listens on 127.0.0.1 only, on a free port
         report = convert(str(src), str(on_cluster), (2, 2, 1), scheduler=cluster.scheduler_address, task_chunks=16)
     assert report.workers == 0 and report.shards == 4 * 27

@@ -1,4 +1,4 @@
-"""Issue 20 items 5 and 8 through the command line: special files at shard keys, and permission errors.
+"""Bounded work and one-line errors through the command line: special files at shard keys, and permission errors.
 
 * A FIFO, a directory and a socket where a shard's file should be: ``shardkv info``,
   ``verify``, ``unshard`` and ``compact`` each finish (a subprocess with a timeout:
@@ -17,8 +17,9 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -37,8 +38,9 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 def _sharded(root: Path) -> Path:
     """A sharded hierarchy: array ``a`` of 64 int32 in chunks of 8, 4 chunks per shard (shards ``a/0``, ``a/1``)."""
-    z = zarr.open_array(ShardedStore(str(root), chunks_per_shard=4), mode="w", path="a", shape=(64,), chunks=(8,),
-                        dtype="i4")  # fmt: skip
+    z = zarr.open_array(
+        ShardedStore(str(root), chunks_per_shard=4), mode="w", path="a", shape=(64,), chunks=(8,), dtype="i4"
+    )
     z[:] = np.arange(64, dtype="i4")
     assert (root / "a" / "1").is_file()
     return root
@@ -123,16 +125,18 @@ def _one_line(capsys: pytest.CaptureFixture[str], status: int, command: str, key
 
 @pytest.mark.parametrize(("command", "key"), [("info", "a/zarr.json"), ("verify", "a/zarr.json"),
                                             ("unshard", "a/zarr.json"), ("info", "a/1"), ("unshard", "a/1")])
-def test_an_unreadable_key_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                       capsys: pytest.CaptureFixture[str], command: str, key: str) -> None:  # fmt: skip
+def test_an_unreadable_key_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: str, key: str
+) -> None:
     root = _sharded(tmp_path / "s.zarr")
     _refuse(monkeypatch, root / key)
     argv = [command, str(root)] + ([str(tmp_path / "out.zarr")] if command == "unshard" else [])
     _one_line(capsys, main(argv), command, key)
 
 
-def test_verify_reports_an_unreadable_shard_and_checks_the_others(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_verify_reports_an_unreadable_shard_and_checks_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = _sharded(tmp_path / "s.zarr")
     _refuse(monkeypatch, root / "a" / "1")
     assert main(["verify", str(root)]) == 1
@@ -141,17 +145,21 @@ def test_verify_reports_an_unreadable_shard_and_checks_the_others(tmp_path: Path
     assert "DAMAGED a/1: cannot be read: PermissionError" in out
 
 
-def test_convert_names_an_unreadable_chunk_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_convert_names_an_unreadable_chunk_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     src = tmp_path / "src.zarr"
     zarr.open_array(str(src), mode="w", shape=(64,), chunks=(8,), dtype="i4")[:] = np.arange(64, dtype="i4")
     _refuse(monkeypatch, src / "3")
-    _one_line(capsys, main(["convert", str(src), str(tmp_path / "out.zarr"), "--chunks-per-shard", "4"]), "convert", "3")
+    _one_line(
+        capsys, main(["convert", str(src), str(tmp_path / "out.zarr"), "--chunks-per-shard", "4"]), "convert", "3"
+    )
 
 
 
-def test_compact_names_an_unreadable_shard_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_compact_names_an_unreadable_shard_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = _sharded(tmp_path / "s.zarr")
     _refuse(monkeypatch, root / "a" / "1")
     _one_line(capsys, main(["compact", str(root)]), "compact", "a/1")

@@ -66,10 +66,16 @@ def test_spec_example_round_trips_exactly() -> None:
         {"name": "transpose", "configuration": {"order": [2, 0, 1]}},
         {"name": "gzip", "configuration": {"level": 9}},
         {"name": "zstd", "configuration": {"level": -3, "checksum": True}},
-        {"name": "blosc", "configuration": {"cname": "lz4", "clevel": 1, "shuffle": "bitshuffle", "typesize": 2, "blocksize": 0}},
+        {
+            "name": "blosc",
+            "configuration": {"cname": "lz4", "clevel": 1, "shuffle": "bitshuffle", "typesize": 2, "blocksize": 0},
+        },
         CRC,
         {"name": "numcodecs.zlib", "configuration": {"level": 4}},
-        {"name": "sharding_indexed", "configuration": {"chunk_shape": [2], "codecs": [LE], "index_codecs": [BE], "index_location": "start"}},
+        {
+            "name": "sharding_indexed",
+            "configuration": {"chunk_shape": [2], "codecs": [LE], "index_codecs": [BE], "index_location": "start"},
+        },
     ],
     ids=lambda c: c["name"],
 )
@@ -129,7 +135,10 @@ def test_inner_chunk_shape_must_divide_shard_shape(shard_shape) -> None:
         {"name": "blosc", "configuration": {"cname": "nope"}},
         {"name": "sharding_indexed", "configuration": {"chunk_shape": [2], "codecs": [LE]}},
         {"name": "sharding_indexed", "configuration": {"chunk_shape": [0], "codecs": [LE], "index_codecs": [LE]}},
-        {"name": "sharding_indexed", "configuration": {"chunk_shape": [2], "codecs": [LE], "index_codecs": [LE], "index_location": "middle"}},
+        {
+            "name": "sharding_indexed",
+            "configuration": {"chunk_shape": [2], "codecs": [LE], "index_codecs": [LE], "index_location": "middle"},
+        },
     ],
 )
 def test_invalid_configs_raise_configuration_error(obj: dict) -> None:
@@ -213,7 +222,9 @@ def test_decode_returns_requested_dtype_whatever_the_stored_endian() -> None:
 
 
 def test_transpose_stores_f_order() -> None:
-    codec = ShardingCodec((2, 3), codecs=[{"name": "transpose", "configuration": {"order": [1, 0]}}, LE], index_codecs=[LE])
+    codec = ShardingCodec(
+        (2, 3), codecs=[{"name": "transpose", "configuration": {"order": [1, 0]}}, LE], index_codecs=[LE]
+    )
     x = np.arange(6, dtype="u1").reshape(2, 3)
     blob = codec.encode(x)
     assert blob[:6] == x.tobytes(order="F")
@@ -362,7 +373,13 @@ INNER = [
     [LE],
     [BE, GZIP],
     [LE, {"name": "zstd", "configuration": {"level": 1, "checksum": False}}],
-    [LE, {"name": "blosc", "configuration": {"cname": "lz4", "clevel": 5, "shuffle": "shuffle", "typesize": 4, "blocksize": 0}}],
+    [
+        LE,
+        {
+            "name": "blosc",
+            "configuration": {"cname": "lz4", "clevel": 5, "shuffle": "shuffle", "typesize": 4, "blocksize": 0},
+        },
+    ],
     [LE, CRC],
     [LE, {"name": "numcodecs.bz2", "configuration": {"level": 1}}],
 ]
@@ -373,7 +390,7 @@ def shards(draw):
     ndim = draw(st.integers(1, 3))
     chunk = tuple(draw(st.integers(1, 3)) for _ in range(ndim))
     cps = tuple(draw(st.integers(1, 3)) for _ in range(ndim))
-    shape = tuple(c * n for c, n in zip(chunk, cps))
+    shape = tuple(c * n for c, n in zip(chunk, cps, strict=True))
     dtype = np.dtype(draw(st.sampled_from(["u1", "<i2", ">i2", "<f4", ">f8", "b1", "<c8"])))
     raw = draw(st.binary(min_size=int(np.prod(shape)) * dtype.itemsize, max_size=int(np.prod(shape)) * dtype.itemsize))
     x = np.frombuffer(raw, dtype=dtype.newbyteorder("=") if dtype.kind != "b" else "u1").reshape(shape)
@@ -383,11 +400,15 @@ def shards(draw):
         inner = [{"name": "transpose", "configuration": {"order": list(range(ndim))[::-1]}}, *inner]
     if draw(st.booleans()):
         inner = [ShardingCodec(chunk, codecs=inner, index_location=draw(st.sampled_from(["start", "end"])))]
-        chunk = tuple(c * draw(st.sampled_from([n for n in (1, 2, 3) if cp % n == 0])) for c, cp in zip(chunk, cps))
+        chunk = tuple(
+            c * draw(st.sampled_from([n for n in (1, 2, 3) if cp % n == 0])) for c, cp in zip(chunk, cps, strict=True)
+        )
     codec = ShardingCodec(
-        chunk, inner, index_codecs=draw(st.sampled_from([[LE], [BE], [LE, CRC], [BE, CRC]])),
+        chunk,
+        inner,
+        index_codecs=draw(st.sampled_from([[LE], [BE], [LE, CRC], [BE, CRC]])),
         index_location=draw(st.sampled_from(["start", "end"])),
-    )  # fmt: skip
+    )
     fill = draw(st.sampled_from([None, x.flat[0]]))
     return codec, x, fill
 
@@ -417,7 +438,9 @@ def test_name_must_be_sharding_indexed() -> None:
     with pytest.raises(ConfigurationError, match="sharding_indexed"):
         ShardingCodec.from_config({**SPEC_EXAMPLE, "name": "sharding"})
     with pytest.raises(ConfigurationError, match="codecs is required"):
-        ShardingCodec.from_config({"name": "sharding_indexed", "configuration": {"chunk_shape": [2], "index_codecs": [LE]}})
+        ShardingCodec.from_config(
+            {"name": "sharding_indexed", "configuration": {"chunk_shape": [2], "index_codecs": [LE]}}
+        )
 
 
 def test_default_index_codecs_are_the_recommended_ones() -> None:

@@ -1,4 +1,4 @@
-"""Issue 9, item 6: dask and xarray writes through ``ShardedStore`` from the worker processes of a LocalCluster.
+"""Dask and xarray writes through ``ShardedStore`` from the worker processes of a LocalCluster.
 
 Every task of ``da.store`` / ``da.to_zarr`` / ``xarray.Dataset.to_zarr`` runs
 in one of two worker processes, each with its own unpickled ``ShardedStore``;
@@ -67,7 +67,7 @@ def _source(seed: int = 6) -> np.ndarray:
     return np.random.default_rng(seed).integers(1, 1 << 30, size=SHAPE, dtype="i4")
 
 
-def _empty_array(store: ShardedStore, **kwargs) -> "zarr.Array":
+def _empty_array(store: ShardedStore, **kwargs) -> zarr.Array:
     return zarr.open_array(store=store, mode="w", shape=SHAPE, chunks=CHUNKS, dtype="i4", fill_value=0, **kwargs)
 
 
@@ -106,7 +106,10 @@ def test_chunk_aligned_irregular_blocks_on_s3(moto_s3, local_cluster) -> None:  
 
 # -- da.to_zarr: the zarr chunks are the dask blocks ---------------------------------------------
 
-SIDE, BLOCK = 1024, 64  # the issue's set-up: 16 x 16 blocks of 64 x 64 (the zarr chunks), 4 x 4 chunks per shard: 16 shards
+SIDE, BLOCK = (
+    1024,
+    64,
+)  # the issue's set-up: 16 x 16 blocks of 64 x 64 (the zarr chunks), 4 x 4 chunks per shard: 16 shards
 
 
 def _dask_round_trip(make_store) -> None:
@@ -167,7 +170,7 @@ def test_chunk_unaligned_blocks_with_a_process_synchronizer(tmp_path, moto_s3, l
 # -- xarray ----------------------------------------------------------------------------------
 
 
-def _dataset(ny: int, y0: int = 0, seed: int = 3) -> "xr.Dataset":
+def _dataset(ny: int, y0: int = 0, seed: int = 3) -> xr.Dataset:
     rng = np.random.default_rng(seed)
     nx = SHAPE[1]
     return xr.Dataset(
@@ -176,15 +179,15 @@ def _dataset(ny: int, y0: int = 0, seed: int = 3) -> "xr.Dataset":
             "count": (("y", "x"), rng.integers(0, 1000, size=(ny, nx), dtype="i4")),
         },
         coords={"y": np.arange(y0, y0 + ny), "x": np.linspace(0.0, 1.0, nx), "label": ("x", np.arange(nx) % 7)},
-        attrs={"title": "issue 9"},
+        attrs={"title": "dask workers"},
     )
 
 
-def _encoding(ds: "xr.Dataset") -> dict:
+def _encoding(ds: xr.Dataset) -> dict:
     return {name: {"chunks": CHUNKS} for name in ds.data_vars}
 
 
-def _open(path: str) -> "xr.Dataset":
+def _open(path: str) -> xr.Dataset:
     with ShardedStore(path) as store:
         return xr.open_zarr(store).load()
 

@@ -1,4 +1,4 @@
-"""Issue 9, item 3 on obstore stores: compare-and-swap shard writes against moto's S3 server.
+"""Zero lost updates on obstore stores: compare-and-swap shard writes against moto's S3 server.
 
 * :class:`~shardkv.storage.obstore.ObstoreStore` reads a value and its version
   in one GET, reads only if unchanged (``If-Match``), and puts conditionally
@@ -18,7 +18,6 @@ Every loop is bounded in count and time; threads and processes are joined with a
 from __future__ import annotations
 
 import pickle
-import threading
 import uuid
 
 import numpy as np
@@ -46,14 +45,26 @@ JOIN_S = 60.0
 
 def _s3(moto_s3: MotoS3, prefix: str, **config) -> object:  # noqa: F811
     return obstore_store.S3Store(
-        moto_s3.bucket, prefix=prefix, endpoint=moto_s3.endpoint_url, region=REGION, access_key_id="testing",
-        secret_access_key="testing", client_options={"allow_http": True}, **config,
-    )  # fmt: skip
+        moto_s3.bucket,
+        prefix=prefix,
+        endpoint=moto_s3.endpoint_url,
+        region=REGION,
+        access_key_id="testing",
+        secret_access_key="testing",
+        client_options={"allow_http": True},
+        **config,
+    )
 
 
 def _url_options(moto_s3: MotoS3) -> dict:  # noqa: F811
-    return {"client": "obstore", "endpoint": moto_s3.endpoint_url, "region": REGION, "access_key_id": "testing",
-            "secret_access_key": "testing", "client_options": {"allow_http": True}}  # fmt: skip
+    return {
+        "client": "obstore",
+        "endpoint": moto_s3.endpoint_url,
+        "region": REGION,
+        "access_key_id": "testing",
+        "secret_access_key": "testing",
+        "client_options": {"allow_http": True},
+    }
 
 
 def _prefix(name: str) -> str:
@@ -70,9 +81,14 @@ def test_reads_return_bytes_and_version_of_one_get(moto_s3) -> None:  # noqa: F8
     version = kv.put("k", b"hello world", if_generation=NO_VALUE)
     assert version is not None and isinstance(version.token, tuple) and version.token[0]  # (e_tag, version)
     cases = {
-        None: b"hello world", ByteRange(1, 3): b"el", ByteRange(-5, None): b"world", ByteRange(6, None): b"world",
-        ByteRange(4, 4): b"", ByteRange(11, 20): b"", ByteRange(8, 20): b"rld",
-    }  # fmt: skip
+        None: b"hello world",
+        ByteRange(1, 3): b"el",
+        ByteRange(-5, None): b"world",
+        ByteRange(6, None): b"world",
+        ByteRange(4, 4): b"",
+        ByteRange(11, 20): b"",
+        ByteRange(8, 20): b"rld",
+    }
     for byte_range, expected in cases.items():
         result = kv.get("k", None if byte_range is None else [byte_range])
         assert [bytes(d) for d in result.values or []] == [expected] and result.generation == version, byte_range
@@ -98,7 +114,10 @@ def test_conditional_reads_and_puts_refuse_a_changed_value(moto_s3) -> None:  # 
     assert kv.get("gone", None, if_generation=first).state in ("missing", "stale")
     assert kv.get("k", None, if_generation=NO_VALUE).state == "stale"  # "only if nothing is stored"
     results = kv.get_many([("k", None, second), ("k", None, first)])
-    assert [(r.found, None if r.values is None else bytes(r.values[0])) for r in results] == [(True, b"two"), (False, None)]
+    assert [(r.found, None if r.values is None else bytes(r.values[0])) for r in results] == [
+        (True, b"two"),
+        (False, None),
+    ]
     assert kv.delete("k", if_generation=first) is False  # no conditional delete in obstore: checked first
     assert bytes(kv.get("k").whole()) == b"two"
 
@@ -114,7 +133,11 @@ def test_auto_is_conditional_for_an_obstore_s3_store(moto_s3, tmp_path) -> None:
     by_url = ShardedStore(f"s3://{moto_s3.bucket}/{prefix}", storage_options=_url_options(moto_s3))
     assert by_url.concurrency_mode == "conditional"
     memory = open_kv(obstore_store.MemoryStore())  # real, atomic PutMode in the process
-    assert ShardLocks.of_store(memory).mode == "conditional" and memory.caps.conditional_put and not memory.caps.round_trips
+    assert (
+        ShardLocks.of_store(memory).mode == "conditional"
+        and memory.caps.conditional_put
+        and not memory.caps.round_trips
+    )
     local = open_kv(obstore_store.LocalStore(str(tmp_path)))  # no PutMode update: lock files
     assert ShardLocks.of_store(local).mode == "files" and not local.caps.conditional_put
 
@@ -138,21 +161,30 @@ def test_a_store_with_disabled_conditional_puts_opens_writes_and_reads_with_an_e
     assert sharded.engine.kv.caps.stamps == "native"  # reads are conditioned: GET If-Match only
     arr = zarr.open_array(store=sharded, mode="w", shape=(16,), chunks=(2,), dtype="i4", compressor=None)
     arr[:] = np.arange(16)
-    np.testing.assert_array_equal(zarr.open_array(store=ShardedStore(store, concurrency=mode), mode="r")[:], np.arange(16))
+    np.testing.assert_array_equal(
+        zarr.open_array(store=ShardedStore(store, concurrency=mode), mode="r")[:], np.arange(16)
+    )
 
 
 def test_a_missing_bucket_is_an_error_not_a_lost_race(moto_s3) -> None:  # noqa: F811
     boto3 = pytest.importorskip("boto3")
     bucket = f"gone-{uuid.uuid4().hex[:8]}"
     client = boto3.client(
-        "s3", endpoint_url=moto_s3.endpoint_url, region_name=REGION, aws_access_key_id="testing",
+        "s3",
+        endpoint_url=moto_s3.endpoint_url,
+        region_name=REGION,
+        aws_access_key_id="testing",
         aws_secret_access_key="testing",
-    )  # fmt: skip
+    )
     client.create_bucket(Bucket=bucket)
     s3 = obstore_store.S3Store(
-        bucket, endpoint=moto_s3.endpoint_url, region=REGION, access_key_id="testing", secret_access_key="testing",
+        bucket,
+        endpoint=moto_s3.endpoint_url,
+        region=REGION,
+        access_key_id="testing",
+        secret_access_key="testing",
         client_options={"allow_http": True},
-    )  # fmt: skip
+    )
     sharded = ShardedStore(s3, chunks_per_shard=4)
     arr = zarr.open_array(store=sharded, mode="w", shape=(8,), chunks=(2,), dtype="i4", compressor=None)
     for item in client.list_objects_v2(Bucket=bucket).get("Contents", []):
@@ -231,7 +263,9 @@ def test_a_forced_race_is_refused_and_retried(moto_s3) -> None:  # noqa: F811
 
 def test_four_processes_writing_disjoint_chunks_lose_nothing(moto_s3) -> None:  # noqa: F811
     url = f"s3://{moto_s3.bucket}/{_prefix('procs')}"
-    result = run_sharded_writers(url, n_procs=4, n_chunks=64, chunks_per_shard=16, storage_options=_url_options(moto_s3))
+    result = run_sharded_writers(
+        url, n_procs=4, n_chunks=64, chunks_per_shard=16, storage_options=_url_options(moto_s3)
+    )
     assert result.child_errors == ()
     assert result.lost == 0, f"{result.lost} of {result.total} chunk updates lost"
 

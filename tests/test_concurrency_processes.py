@@ -1,4 +1,4 @@
-"""Issue 9 proofs with several processes: no lost updates, pickled adapters and stores in worker processes.
+"""Concurrency proofs with several processes: no lost updates, pickled adapters and stores in worker processes.
 
 Every ``ShardedStore`` of one directory takes the same lock files
 (:mod:`shardkv.engine.locks`) around each shard read-modify-write, so
@@ -18,7 +18,7 @@ from concurrency_harness import local_cluster, moto_s3, run_sharded_writers  # n
 
 from shardkv import ShardedStore
 from shardkv.engine.locks import LOCK_DIR, ShardLocks
-from shardkv.proxy.options import Options
+from shardkv.engine.options import Options
 from shardkv.errors import UnflushedWritesError
 from shardkv.format.ranges import ReadPolicy
 from shardkv.storage.fsspec import FsspecStore
@@ -71,9 +71,13 @@ def test_zarr2_stores_outside_a_directory_ask_for_an_explicit_mode(tmp_path) -> 
         ShardedStore(sqlite)
     for mode in ("none", "process"):
         arr = zarr.open_array(
-            store=ShardedStore(sqlite, chunks_per_shard=4, concurrency=mode), path=mode, mode="w", shape=(16,),
-            chunks=(2,), dtype="i4",
-        )  # fmt: skip
+            store=ShardedStore(sqlite, chunks_per_shard=4, concurrency=mode),
+            path=mode,
+            mode="w",
+            shape=(16,),
+            chunks=(2,),
+            dtype="i4",
+        )
         arr[:] = np.arange(16)
         view = zarr.open_array(store=ShardedStore(sqlite, concurrency=mode), path=mode, mode="r")
         np.testing.assert_array_equal(view[:], np.arange(16))
@@ -112,7 +116,7 @@ def test_fsspec_store_pickle_keeps_storage_options(tmp_path) -> None:
     assert clone.fs.storage_options == fs.storage_options and clone.fs.auto_mkdir
 
 
-# -- what ShardedStore.__reduce__ must carry (shardkv.proxy.base, shardkv.proxy.options) ------------
+# -- what ShardedStore.__reduce__ must carry (shardkv.proxy.base, shardkv.engine.options) ------------
 
 
 def _roundtrip(store):
@@ -122,20 +126,32 @@ def _roundtrip(store):
 
 def test_store_reduce_carries_location_and_options(tmp_path) -> None:
     store = ShardedStore(
-        str(tmp_path), chunks_per_shard=4, index_location="start", index_checksum=False,
-        index_cache_bytes=1 << 20, read_policy=ReadPolicy(max_gap=7), buffer_bytes=1 << 16,
-        concurrency="files", lock_timeout=3.5,
-    )  # fmt: skip
+        str(tmp_path),
+        chunks_per_shard=4,
+        index_location="start",
+        index_checksum=False,
+        index_cache_bytes=1 << 20,
+        read_policy=ReadPolicy(max_gap=7),
+        buffer_bytes=1 << 16,
+        concurrency="files",
+        lock_timeout=3.5,
+    )
     arr = zarr.open_array(store=store, mode="w", shape=(40,), chunks=(5,), dtype="i2")
     arr[:] = np.arange(40)
     store.flush()
     clone = _roundtrip(store)
     assert type(clone) is ShardedStore
-    # every option travels, but write-back: a copy writes through (issue 20, item 1)
+    # every option travels, but write-back: a copy writes through
     assert clone.options == Options.from_keywords(
-        4, index_location="start", index_checksum=False, index_cache_bytes=1 << 20,
-        read_policy=ReadPolicy(max_gap=7), buffer_bytes=None, concurrency="files", lock_timeout=3.5,
-    )  # fmt: skip
+        4,
+        index_location="start",
+        index_checksum=False,
+        index_cache_bytes=1 << 20,
+        read_policy=ReadPolicy(max_gap=7),
+        buffer_bytes=None,
+        concurrency="files",
+        lock_timeout=3.5,
+    )
     assert store.options.buffer_bytes == 1 << 16 and clone._writer.buffer is None
     assert clone.base.location == store.base.location
     np.testing.assert_array_equal(zarr.open_array(store=clone, mode="r")[:], np.arange(40))

@@ -1,4 +1,4 @@
-"""Issue 9, item 4: readers never see a torn state.
+"""Readers never see a torn state.
 
 A chunk read returns the value of some completed write of that chunk: never
 a mix of an old index and new bytes, never the fill value for an
@@ -68,9 +68,15 @@ def _compressor(name: str) -> Any:
 
 def _create(store: Any, compressor: str) -> None:
     arr = zarr.open_array(
-        store=store, mode="w", shape=(N_CHUNKS * L,), chunks=(L,), dtype="i8", fill_value=FILL,
-        compressor=_compressor(compressor), write_empty_chunks=False,
-    )  # fmt: skip
+        store=store,
+        mode="w",
+        shape=(N_CHUNKS * L,),
+        chunks=(L,),
+        dtype="i8",
+        fill_value=FILL,
+        compressor=_compressor(compressor),
+        write_empty_chunks=False,
+    )
     arr[:] = np.repeat([_value(c, 0) for c in range(N_CHUNKS)], L)  # every chunk acknowledged first
 
 
@@ -206,9 +212,14 @@ def test_readers_in_other_processes_never_see_a_torn_chunk(tmp_path, moto_s3, ki
 def _client_store(moto_s3, root: str, client: str, **options: Any) -> ShardedStore:  # noqa: F811
     if client == "s3fs":
         return ShardedStore(moto_s3.filesystem().get_mapper(root), **options)
-    obstore_options = {"client": "obstore", "endpoint": moto_s3.endpoint_url, "region": "us-east-1",
-                       "access_key_id": "testing", "secret_access_key": "testing",
-                       "client_options": {"allow_http": True}}  # fmt: skip
+    obstore_options = {
+        "client": "obstore",
+        "endpoint": moto_s3.endpoint_url,
+        "region": "us-east-1",
+        "access_key_id": "testing",
+        "secret_access_key": "testing",
+        "client_options": {"allow_http": True},
+    }
     return ShardedStore(f"s3://{root}", storage_options=obstore_options, **options)
 
 
@@ -217,9 +228,15 @@ def test_a_cached_index_of_a_shard_replaced_elsewhere_is_refused_and_read_again(
     root = f"{moto_s3.bucket}/pinned-{uuid.uuid4().hex[:8]}"
     writer = _client_store(moto_s3, root, client, chunks_per_shard=8, concurrency="none")
     arr = zarr.open_array(
-        store=writer, mode="w", shape=(64,), chunks=(8,), dtype="i8", fill_value=-1, compressor=None,
+        store=writer,
+        mode="w",
+        shape=(64,),
+        chunks=(8,),
+        dtype="i8",
+        fill_value=-1,
+        compressor=None,
         write_empty_chunks=False,
-    )  # fmt: skip
+    )
     arr[8:64] = np.repeat(np.arange(11, 18), 8)  # one shard: chunks 1..7 hold 11..17, chunk 0 absent
     reader = _client_store(moto_s3, root, client, concurrency="none")  # no locks, no CAS
     assert reader.engine.kv.caps.stamps == "native" and reader.engine.kv.caps.round_trips
@@ -286,15 +303,21 @@ def test_s3_batched_generation_reads_keep_order_and_sort_answers(moto_s3) -> Non
     generations = [kv.put(f"k{i}", bytes([i]) * 10, if_generation=NO_VALUE) for i in range(40)]  # > 32 in flight
     found = kv.get_many([(f"k{i}", [ByteRange(i % 10)], ANY) for i in range(40)] + [("none", None, ANY)])
     assert [(None if r.values is None else bytes(r.values[0]), r.generation) for r in found] == [
-        (bytes([i]) * (10 - i % 10), generations[i]) for i in range(40)] + [(None, NO_VALUE)]  # fmt: skip
+        (bytes([i]) * (10 - i % 10), generations[i]) for i in range(40)
+    ] + [(None, NO_VALUE)]
     stale = Generation('"stale"')
     requests = [("k0", [ByteRange(2, 4)], generations[0]), ("k1", [ByteRange(0, 2)], stale), ("k2", None, NO_VALUE)]
     requests += [("none", None, generations[3]), ("k3", [ByteRange(20, 30)], generations[3])]  # past the end
     requests += [("k4", [ByteRange(5, 5)], generations[4])]  # an empty range
     results = [(r.found, None if not r.values else bytes(r.values[0])) for r in kv.get_many(requests)]
     assert results == [
-        (True, b"\0\0"), (False, None), (False, None), (False, None), (True, b""), (True, b""),
-    ]  # fmt: skip
+        (True, b"\0\0"),
+        (False, None),
+        (False, None),
+        (False, None),
+        (True, b""),
+        (True, b""),
+    ]
 
 
 # -- in one process: memory:// and dict with separate stores -------------------------------
@@ -357,7 +380,7 @@ class _AlwaysChanged(KVStore):
         self.whole_reads += sum(ranges is None for _, ranges, _ in reads)
         out = self.inner.get_many(reads)
         return [ReadResult("stale", None, ANY) if not cond.is_any and ranges is not None else r
-                for (_, ranges, cond), r in zip(reads, out)]
+                for (_, ranges, cond), r in zip(reads, out, strict=True)]
 
     def put_many(self, writes: Any) -> Any:
         return self.inner.put_many(writes)
@@ -407,7 +430,9 @@ def _two_stores(tmp_path: Any, kind: str, **options: Any) -> tuple[ShardedStore,
         return ShardedStore(shared, **options), ShardedStore(shared)
     path = tmp_path / "two.zarr"
     path.mkdir()
-    return ShardedStore(obstore_store.LocalStore(str(path)), **options), ShardedStore(obstore_store.LocalStore(str(path)))
+    return ShardedStore(obstore_store.LocalStore(str(path)), **options), ShardedStore(
+        obstore_store.LocalStore(str(path))
+    )
 
 
 @pytest.mark.parametrize("kind", _IN_PROCESS_KINDS)
@@ -416,9 +441,15 @@ def test_a_cached_index_of_a_local_shard_rewritten_by_another_store_is_not_trust
     # default index cache must not send it to the old offsets (they hold chunk 2's new bytes)
     writer, reader = _two_stores(tmp_path, kind, chunks_per_shard=8)
     arr = zarr.open_array(
-        store=writer, mode="w", shape=(64,), chunks=(8,), dtype="i8", fill_value=-1, compressor=None,
+        store=writer,
+        mode="w",
+        shape=(64,),
+        chunks=(8,),
+        dtype="i8",
+        fill_value=-1,
+        compressor=None,
         write_empty_chunks=False,
-    )  # fmt: skip
+    )
     arr[8:64] = np.repeat(np.arange(11, 18), 8)  # chunk 0 absent
     # the reader has default options (its cached index is trusted only as far as the shard's generation)
     view = zarr.open_array(store=reader, mode="r")
@@ -426,7 +457,9 @@ def test_a_cached_index_of_a_local_shard_rewritten_by_another_store_is_not_trust
     assert len(reader.index_cache) == 1
     arr[0:32] = np.repeat([100, 101, 102, 103], 8)  # chunk 0 appears: chunk 3 moves
     np.testing.assert_array_equal(view[24:32], 103)
-    np.testing.assert_array_equal(view[:], np.concatenate([np.repeat([100, 101, 102, 103], 8), np.repeat(np.arange(14, 18), 8)]))
+    np.testing.assert_array_equal(
+        view[:], np.concatenate([np.repeat([100, 101, 102, 103], 8), np.repeat(np.arange(14, 18), 8)])
+    )
 
 
 @pytest.mark.parametrize("kind", [*_IN_PROCESS_KINDS, "s3fs", "obstore"])
@@ -440,9 +473,15 @@ def test_a_chunk_absent_from_a_cached_index_but_written_since_is_read(tmp_path, 
     else:
         writer, reader = _two_stores(tmp_path, kind, chunks_per_shard=8)
     arr = zarr.open_array(
-        store=writer, mode="w", shape=(64,), chunks=(8,), dtype="i8", fill_value=-1, compressor=None,
+        store=writer,
+        mode="w",
+        shape=(64,),
+        chunks=(8,),
+        dtype="i8",
+        fill_value=-1,
+        compressor=None,
         write_empty_chunks=False,
-    )  # fmt: skip
+    )
     arr[8:16] = 11  # the shard exists; chunk 0 does not
     view = zarr.open_array(store=reader, mode="r")
     np.testing.assert_array_equal(view[0:16], [-1] * 8 + [11] * 8)  # the index is cached: chunk 0 absent

@@ -1,4 +1,4 @@
-"""Issue 9 proofs inside one process: separate stores of one location share their shard locks.
+"""Concurrency proofs inside one process: separate stores of one location share their shard locks.
 
 * 8 threads, each with its own ``ShardedStore`` over one local directory /
   one ``memory://`` root / one ``dict``, write disjoint chunks of shared

@@ -1,4 +1,4 @@
-"""Generation-conditional writes of the store interface (shardkv.storage.kv, issue 9 and 18).
+"""Generation-conditional writes of the store interface (shardkv.storage.kv).
 
 Against a real S3-protocol server (moto on 127.0.0.1): If-Match /
 If-None-Match refusals (412) are told apart from other errors, two writers

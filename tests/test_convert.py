@@ -13,8 +13,8 @@ import pytest
 import zarr
 
 from shardkv import ConfigurationError, ShardedStore
-from shardkv.cli import convert as convert_module
 from shardkv.cli.convert import check_chunks_per_shard, convert, parse_chunks_per_shard
+from shardkv.cli.convert import job as convert_module
 from shardkv.cli.errors import DestinationNotEmptyError, NotAHierarchyError, SameLocationError
 from shardkv.storage.mapping import MappingStore
 
@@ -85,10 +85,10 @@ def test_tuple_applies_to_arrays_of_that_ndim_only():
         assert not by_path[name].sharded
         assert "3-d" in by_path[name].reason
         assert name in report.summary()
-        # copied as they are
+        # copied as they are, and described in v3 beside (the hierarchy is v3 all the way down)
         for key in [k for k in src if k.startswith(name + "/")]:
             assert bytes(dst[key]) == bytes(src[key])
-        assert f"{name}/zarr.json" not in dst
+        assert json.loads(dst[f"{name}/zarr.json"])["chunk_key_encoding"]["name"] == "v2"
     store = ShardedStore(dst)
     for name, data in values.items():
         np.testing.assert_array_equal(_read(store, name), data)
@@ -153,7 +153,7 @@ def test_nested_keys_without_separator_are_detected():
     report = convert(src, dst, 2)
     (arr,) = report.arrays
     assert arr.separator == "/" and arr.separator_detected and arr.chunks == 20
-    # issue 11: stored as v3 only; zarr 2 reads the .zarray and .zmetadata presented through the proxy
+    # stored as v3 only; zarr 2 reads the .zarray and .zmetadata presented through the proxy
     assert json.loads(dst["n/zarr.json"])["chunk_key_encoding"] == {"name": "v2", "configuration": {"separator": "/"}}
     assert json.loads(ShardedStore(dst)["n/.zarray"])["dimension_separator"] == "/"
     assert json.loads(ShardedStore(dst)[".zmetadata"])["metadata"]["n/.zarray"]["dimension_separator"] == "/"
@@ -213,9 +213,13 @@ def test_reads_one_shard_per_request_and_writes_in_batches(monkeypatch):
     assert all(len(b) <= 2 for b in dst.set_batches[:-1])  # shard batches are bounded
     shards_written = [k for b in dst.set_batches for k in b if not k.rpartition("/")[2].startswith((".", "zarr"))]
     assert len(shards_written) == len(set(shards_written)) == report.shards
-    # metadata last: nothing is written after the first .zarray or zarr.json (issue 11: sharded arrays have no .zarray)
+    # metadata last: nothing is written after the first .zarray or zarr.json (sharded arrays have no .zarray)
     first_meta = next(i for i, b in enumerate(dst.set_batches) if any(k.endswith((".zarray", "zarr.json")) for k in b))
-    assert all(k.rpartition("/")[2] in {".zarray", ".zattrs", ".zgroup", "zarr.json"} for b in dst.set_batches[first_meta:] for k in b)
+    assert all(
+        k.rpartition("/")[2] in {".zarray", ".zattrs", ".zgroup", "zarr.json"}
+        for b in dst.set_batches[first_meta:]
+        for k in b
+    )
 
 
 def test_report_counts_objects_and_bytes():
@@ -298,7 +302,17 @@ def test_invalid_index_location():
 
 
 @pytest.mark.parametrize(
-    "text, expected", [("4", 4), ("2,2,1", (2, 2, 1)), (" 3 , 1", (3, 1)), ("7,", None), ("0", None), ("a,b", None), ("", None), ("-2", None)]
+    "text, expected",
+    [
+        ("4", 4),
+        ("2,2,1", (2, 2, 1)),
+        (" 3 , 1", (3, 1)),
+        ("7,", None),
+        ("0", None),
+        ("a,b", None),
+        ("", None),
+        ("-2", None),
+    ],
 )
 def test_parse_chunks_per_shard(text, expected):
     if expected is None:
@@ -313,7 +327,9 @@ def test_memory_url_and_progress_bar(capsys):
 
     src = fsspec.get_mapper("memory://shardkv-test-convert/in.zarr")
     values = _fill(src)
-    report = convert("memory://shardkv-test-convert/in.zarr", "memory://shardkv-test-convert/out.zarr", 4, progress=True)
+    report = convert(
+        "memory://shardkv-test-convert/in.zarr", "memory://shardkv-test-convert/out.zarr", 4, progress=True
+    )
     assert "shardkv convert" in capsys.readouterr().err
     store = ShardedStore("memory://shardkv-test-convert/out.zarr")
     for name, data in values.items():

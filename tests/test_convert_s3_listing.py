@@ -1,4 +1,4 @@
-"""`shardkv convert` lists an S3 source lazily (issue 21 item 1): one ``ListObjectsV2`` page at a time.
+"""`shardkv convert` lists an S3 source lazily: one ``ListObjectsV2`` page at a time.
 
 The S3 server (moto) runs in a child process bound to 127.0.0.1, so that
 ``tracemalloc`` in this process sees only the client's allocations. The
@@ -17,8 +17,9 @@ import subprocess
 import sys
 import tracemalloc
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -28,10 +29,10 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
 from shardkv.cli.convert import convert  # noqa: E402
-from shardkv.cli import convert_listing  # noqa: E402
-from shardkv.cli.convert_listing import iter_array_keys, list_array  # noqa: E402
-from shardkv.cli.view import HierarchyView  # noqa: E402
+from shardkv.cli.convert import listing as convert_listing  # noqa: E402
+from shardkv.cli.convert.listing import iter_array_keys, list_array  # noqa: E402
 from shardkv.cli.stores import open_store  # noqa: E402
+from shardkv.cli.view import HierarchyView  # noqa: E402
 
 BUCKET = "shardkv-listing"
 PAGE = 10  # MaxKeys forced on every list request of these tests
@@ -66,10 +67,18 @@ def s3() -> Iterator[dict[str, Any]]:
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         endpoint = f"http://127.0.0.1:{port}"
-        options = {"key": "testing", "secret": "testing",
-                   "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}  # fmt: skip
-        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
-                              aws_secret_access_key="testing", region_name="us-east-1")  # fmt: skip
+        options = {
+            "key": "testing",
+            "secret": "testing",
+            "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+        }
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
         client.create_bucket(Bucket=BUCKET)  # the server listens once it printed "ready"
         yield options
     finally:
@@ -87,8 +96,16 @@ def _put_array(options: dict[str, Any], n_chunks: int, extra: dict[str, bytes] |
     import s3fs
 
     root = f"{BUCKET}/src-{uuid.uuid4().hex[:8]}.zarr"
-    zarray = {"zarr_format": 2, "shape": [n_chunks], "chunks": [1], "dtype": "|u1", "compressor": None,
-              "fill_value": 0, "filters": None, "order": "C"}  # fmt: skip
+    zarray = {
+        "zarr_format": 2,
+        "shape": [n_chunks],
+        "chunks": [1],
+        "dtype": "|u1",
+        "compressor": None,
+        "fill_value": 0,
+        "filters": None,
+        "order": "C",
+    }
     objects = {f"{root}/.zgroup": b'{"zarr_format": 2}', f"{root}/a/.zarray": json.dumps(zarray).encode()}
     objects.update({f"{root}/a/{i}": bytes([i % 251]) for i in range(n_chunks)})
     objects.update({f"{root}/{k}": v for k, v in (extra or {}).items()})

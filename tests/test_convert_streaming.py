@@ -1,5 +1,5 @@
-"""`shardkv convert` streams its source (issue 21): memory bounded by shards in flight, not by chunks;
-and never drops a node (issue 20): object dtypes, reserved names, the output checked against the source."""
+"""`shardkv convert` streams its source: memory bounded by shards in flight, not by chunks;
+and never drops a node: object dtypes, reserved names, the output checked against the source."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def test_an_object_dtype_array_is_kept(tmp_path):
     _hierarchy(src)
     report = convert(str(src), str(dst), 2)
     by_path = {a.path: a for a in report.arrays}
-    # issue 19: an object (string) array has a v3 description now, so it is sharded like the others
+    # an object (string) array has a v3 description now, so it is sharded like the others
     assert by_path["numbers"].sharded and by_path["words"].sharded
     group = zarr.open_group(ShardedStore(str(dst)), mode="r")
     assert sorted(group.array_keys()) == ["numbers", "words"] and "empty" in group
@@ -101,8 +101,12 @@ def test_a_node_with_a_reserved_name_is_refused(tmp_path, name, kind):
         g.create_group(name)
     with pytest.raises(ReservedNameError, match=name.replace(".", r"\.")):
         convert(str(src), str(dst), 2)
-    proc = subprocess.run([sys.executable, "-m", "shardkv", "convert", str(src), str(tmp_path / "cli"),
-                           "--chunks-per-shard", "2"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "shardkv", "convert", str(src), str(tmp_path / "cli"), "--chunks-per-shard", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert name in proc.stderr and "rename" in proc.stderr
 
@@ -119,7 +123,7 @@ def test_temporaries_and_lock_files_in_the_source_are_not_nodes(tmp_path):
 
 
 def test_an_output_missing_a_node_fails_naming_it(tmp_path, monkeypatch):
-    import shardkv.cli.convert as module
+    import shardkv.cli.convert.job as module
 
     src, dst = tmp_path / "src", tmp_path / "dst"
     _hierarchy(src)
@@ -150,7 +154,7 @@ def test_a_reserved_name_is_refused_on_an_fsspec_store_too(tmp_path):
 
 
 def test_unshard_keeps_an_object_dtype_array(tmp_path):
-    """Issue 20, row 2: ``unshard`` of what ``convert`` made loses no array either (the strings array included)."""
+    """``unshard`` of what ``convert`` made loses no array either (the strings array included)."""
     from shardkv.cli.unshard import unshard
 
     src, dst, back = tmp_path / "src", tmp_path / "dst", tmp_path / "back"

@@ -14,6 +14,7 @@ call raises and leaves the old value, each successful one the new.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import random
 import signal
@@ -50,8 +51,15 @@ def open_store(root: Path) -> ShardedStore:
 
 
 def create(root: Path) -> None:
-    zarr.open_array(open_store(root), mode="w", shape=(CHUNK * N_CHUNKS,), chunks=(CHUNK,),
-                    dtype="i4", fill_value=0, compressor=numcodecs.Zlib(level=1))  # fmt: skip
+    zarr.open_array(
+        open_store(root),
+        mode="w",
+        shape=(CHUNK * N_CHUNKS,),
+        chunks=(CHUNK,),
+        dtype="i4",
+        fill_value=0,
+        compressor=numcodecs.Zlib(level=1),
+    )
 
 
 class KillingWrites:
@@ -115,7 +123,7 @@ def crash_rounds(root: Path, rounds: int, seed: int) -> int:
             break
         # odd rounds: killed inside a write or around a rename; even rounds: killed at a random time
         killer = KillingWrites(seed * 100 + i, 0.08) if i % 2 else None
-        status = run_and_kill(lambda: writer(root, acks, first, killer), rng.uniform(0.05, 0.3))
+        status = run_and_kill(functools.partial(writer, root, acks, first, killer), rng.uniform(0.05, 0.3))
         kills += os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
         acked = acked_seqs(acks)
         this_round = [s for s in acked if s >= first]
@@ -124,7 +132,9 @@ def crash_rounds(root: Path, rounds: int, seed: int) -> int:
         store = open_store(root)
         report = verify_store(store, decode=True)
         assert report.ok, report.to_json()  # 0 torn shards (temporaries this young are not stale)
-        check_chunks(zarr.open_array(store, mode="r")[:], acked, in_flight, chunk_of, value_of, N_CHUNKS)  # 0 acknowledged chunks lost
+        check_chunks(
+            zarr.open_array(store, mode="r")[:], acked, in_flight, chunk_of, value_of, N_CHUNKS
+        )  # 0 acknowledged chunks lost
         remove_stale_temporaries(store.base, 0)  # what a killed writer left (the child is dead)
     assert len(acked) > 10  # the children did write
     return kills
@@ -150,12 +160,15 @@ def naive_write(path: str, parts: list[memoryview], fsync: bool, create_only: bo
 def test_the_kill_harness_catches_a_writer_that_tears(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Proof that the test above can fail: the same rounds against writes into the live file find a torn shard."""
     monkeypatch.setattr(local_store, "atomic_write", naive_write)
-    with pytest.raises(AssertionError, match="crc32c mismatch|outside the chunk data region|lost or torn|expected an index|shorter than"):
+    with pytest.raises(
+        AssertionError,
+        match="crc32c mismatch|outside the chunk data region|lost or torn|expected an index|shorter than",
+    ):
         crash_rounds(tmp_path / "store", rounds=16, seed=5)
 
 
 class FlakyWrites:
-    """Replaces ``local_store._pwrite_all`` (and ``write_parts``): a share of calls write half their bytes, then raise EIO."""
+    """Replaces ``local_store._pwrite_all`` and ``write_parts``: some calls write half their bytes, then raise EIO."""
 
     def __init__(self, rate: float, seed: int) -> None:
         self.rng = random.Random(seed)
@@ -217,8 +230,10 @@ def test_fsync_policy_of_local_writes(tmp_path: Path, monkeypatch: pytest.Monkey
         real(fd)
 
     store = ShardedStore(str(tmp_path), chunks_per_shard=2)
-    store["a/.zarray"] = b'{"zarr_format": 2, "shape": [8], "chunks": [1], "dtype": "|u1", "compressor": null,' \
-        b' "fill_value": 0, "filters": null, "order": "C"}'  # fmt: skip
+    store["a/.zarray"] = (
+        b'{"zarr_format": 2, "shape": [8], "chunks": [1], "dtype": "|u1", "compressor": null,'
+        b' "fill_value": 0, "filters": null, "order": "C"}'
+    )
     store.engine.kv.fsync = durable  # the store the engine writes shards through
     monkeypatch.setattr(os, "fsync", counting)
     store.setitems({f"a/{i}": b"x" for i in range(0, 8, 2)})  # four new shards in one directory

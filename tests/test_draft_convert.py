@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardkv.cli.convert_draft import convert_draft
+from shardkv.cli.convert.draft import convert_draft
 from shardkv.cli.errors import DestinationNotEmptyError
 from shardkv.errors import ConfigurationError
 from shardkv.proxy.draft import DraftShardedStore
@@ -51,7 +51,13 @@ READ_BOTH = textwrap.dedent(
 def zarr_reads(zr: Path, converted: Path, out: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZARR_V3")}
     env.update(ZARR_V3_EXPERIMENTAL_API="1", ZARR_V3_SHARDING="1")
-    cfg = {"zr": str(zr), "converted": str(converted), "out": str(out), "zr_arrays": ZR_ARRAYS, "zr3_arrays": ZR3_ARRAYS}
+    cfg = {
+        "zr": str(zr),
+        "converted": str(converted),
+        "out": str(out),
+        "zr_arrays": ZR_ARRAYS,
+        "zr3_arrays": ZR3_ARRAYS,
+    }
     proc = subprocess.run(
         [sys.executable, "-c", READ_BOTH], input=json.dumps(cfg), env=env, capture_output=True, text=True, timeout=600
     )
@@ -107,9 +113,21 @@ def test_convert_draft_zarrita(examples, tmp_path):
 def test_shardkv_convert_command_on_a_draft_hierarchy(examples, tmp_path):
     dst = tmp_path / "cli.zr3"
     proc = subprocess.run(
-        [sys.executable, "-m", "shardkv", "convert", str(examples / "zarrita.zr3"), str(dst), "--chunks-per-shard", "3", "--json"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "shardkv",
+            "convert",
+            str(examples / "zarrita.zr3"),
+            str(dst),
+            "--chunks-per-shard",
+            "3",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["sharded_arrays"] == 4 and report["chunks"] == 432

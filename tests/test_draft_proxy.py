@@ -12,9 +12,8 @@ from collections import Counter
 import pytest
 
 from shardkv import ShardedStore, open_store
-from shardkv.errors import ConfigurationError
+from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.proxy.draft import DRAFT_ZARR_FORMAT, DraftShardedStore
-from shardkv.errors import UnsupportedError
 from shardkv.transformers import AdapterStore
 
 SHARDING = "https://purl.org/zarr/spec/storage_transformers/sharding/1.0"
@@ -184,7 +183,7 @@ def test_chunks_are_packed_in_the_draft_indexed_layout(base, separator):
     entries = parse(blob, 6)
     assert entries[4] == (EMPTY, EMPTY)  # (1, 1) in row-major order
     offset = 0
-    for local, (off, nbytes) in zip([(0, 0), (0, 1), (0, 2), (1, 0), None, (1, 2)], entries):
+    for local, (off, nbytes) in zip([(0, 0), (0, 1), (0, 2), (1, 0), None, (1, 2)], entries, strict=True):
         if local is None:
             continue
         assert (off, nbytes) == (offset, len(chunks[local]))  # back to back, row-major

@@ -33,11 +33,17 @@ EMPTY = 2**64 - 1
 CASES = {
     "1d-slash-raw-i2": dict(shape=[23], chunks=[3], cps=[4], dtype="<i2", sep="/", compressor=None, fill=0),
     "1d-dot-gzip-be-i4": dict(shape=[23], chunks=[3], cps=[3], dtype=">i4", sep=".", compressor="gzip", fill=0),
-    "2d-slash-blosc-be-f8": dict(shape=[10, 11], chunks=[2, 3], cps=[2, 3], dtype=">f8", sep="/", compressor="blosc", fill=0),
+    "2d-slash-blosc-be-f8": dict(
+        shape=[10, 11], chunks=[2, 3], cps=[2, 3], dtype=">f8", sep="/", compressor="blosc", fill=0
+    ),
     "2d-dot-zstd-u1": dict(shape=[10, 11], chunks=[2, 2], cps=[3, 1], dtype="u1", sep=".", compressor="zstd", fill=7),
-    "3d-slash-gzip-i8": dict(shape=[7, 9, 5], chunks=[2, 3, 2], cps=[3, 1, 2], dtype="<i8", sep="/", compressor="gzip", fill=0),
-    "3d-dot-raw-be-u2": dict(shape=[7, 9, 5], chunks=[2, 3, 2], cps=[2, 2, 3], dtype=">u2", sep=".", compressor=None, fill=3),
-}  # fmt: skip
+    "3d-slash-gzip-i8": dict(
+        shape=[7, 9, 5], chunks=[2, 3, 2], cps=[3, 1, 2], dtype="<i8", sep="/", compressor="gzip", fill=0
+    ),
+    "3d-dot-raw-be-u2": dict(
+        shape=[7, 9, 5], chunks=[2, 3, 2], cps=[2, 2, 3], dtype=">u2", sep=".", compressor=None, fill=3
+    ),
+}
 
 
 def base_ops(case: dict) -> list:
@@ -77,7 +83,7 @@ def model(case: dict, ops: list) -> np.ndarray:
             arr[tuple(slice(a, b) for a, b in op[1])] = case["fill"]
         elif op[0] == "delete":
             for coords in op[1]:
-                arr[tuple(slice(c * n, (c + 1) * n) for c, n in zip(coords, chunks))] = case["fill"]
+                arr[tuple(slice(c * n, (c + 1) * n) for c, n in zip(coords, chunks, strict=True))] = case["fill"]
         elif op[0] == "resize":
             arr = arr[tuple(slice(0, s) for s in op[1])]
         elif op[0] == "append":
@@ -265,12 +271,12 @@ def stored_chunks(array_dir: Path, case: dict) -> dict[tuple[int, ...], bytes]:
         shard = tuple(int(x) for x in rel[1:].split(sep))
         blob = path.read_bytes()
         data_end = len(blob) - 16 * n
-        for local, (offset, nbytes) in zip(local_order, parse_indexed_shard(blob, n)):
+        for local, (offset, nbytes) in zip(local_order, parse_indexed_shard(blob, n), strict=True):
             if (offset, nbytes) == (EMPTY, EMPTY):
                 continue
             assert offset != EMPTY and nbytes != EMPTY, "half-empty index entry"
             assert 0 <= offset and offset + nbytes <= data_end, (rel, local, offset, nbytes, data_end)
-            out[tuple(s * c + l for s, c, l in zip(shard, cps, local))] = blob[offset : offset + nbytes]
+            out[tuple(s * c + i for s, c, i in zip(shard, cps, local, strict=True))] = blob[offset : offset + nbytes]
     return out
 
 
@@ -285,8 +291,8 @@ def test_shards_are_the_draft_indexed_layout_byte_for_byte(interop, name):
     if case["compressor"] == "gzip":  # a gzip member carries its write time in bytes 4..7
         ours, theirs = ({k: v[:4] + v[8:] for k, v in d.items()} for d in (ours, theirs))
     assert ours == theirs
-    grid = [ceil(s / c) for s, c in zip(case["shape"], case["chunks"])]
-    assert all(all(c < g for c, g in zip(coords, grid)) for coords in ours)
+    grid = [ceil(s / c) for s, c in zip(case["shape"], case["chunks"], strict=True)]
+    assert all(all(c < g for c, g in zip(coords, grid, strict=True)) for coords in ours)
     deleted = {tuple([0] * len(grid)), tuple([0] * (len(grid) - 1) + [1]), tuple([1] + [0] * (len(grid) - 1))}
     assert not deleted & ours.keys()
 

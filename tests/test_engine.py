@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from engine_kv import CountingKV
-from shardkv.engine.engine import EngineOptions, ShardEngine
+
+from shardkv.engine.engine import ShardEngine
 from shardkv.engine.merge import ChunkPatch, ShardChange, covers_shard, merge_chunks
+from shardkv.engine.options import Options
 from shardkv.engine.retry import Backoff
 from shardkv.errors import ConcurrentUpdateError, ConfigurationError, CorruptShardError
 from shardkv.format.layout import ShardLayout
@@ -17,8 +18,13 @@ from shardkv.keys.space import ShardedArray
 from shardkv.storage.kv import ANY, Capabilities, Generation, ReadResult
 
 
-def array(shape: tuple[int, ...] = (16, 16), chunks: tuple[int, ...] = (2, 2), cps: tuple[int, ...] = (2, 2),
-          location: str = "end", v3: bool = False) -> ShardedArray:
+def array(
+    shape: tuple[int, ...] = (16, 16),
+    chunks: tuple[int, ...] = (2, 2),
+    cps: tuple[int, ...] = (2, 2),
+    location: str = "end",
+    v3: bool = False,
+) -> ShardedArray:
     enc = DefaultChunkKeyEncoding("/") if v3 else V2ChunkKeyEncoding(".")
     return ShardedArray("a", "a/", shape, chunks, ShardLayout.v3(cps, index_location=location), enc, enc)
 
@@ -47,8 +53,12 @@ def test_write_then_read_round_trip(location: str) -> None:
 
 
 def test_warm_read_is_one_conditional_request_for_exactly_the_chunk_bytes() -> None:
-    kv, arr = CountingKV(Capabilities(ranged=True, round_trips=True, stamps="native", conditional_put=True,
-                                      conditional_delete=True)), array(cps=(4, 4))
+    kv, arr = (
+        CountingKV(
+            Capabilities(ranged=True, round_trips=True, stamps="native", conditional_put=True, conditional_delete=True)
+        ),
+        array(cps=(4, 4)),
+    )
     engine = ShardEngine(kv)
     engine.writes.write(change(arr, {(i, j): bytes([i * 4 + j]) * 256 for i in range(4) for j in range(4)}))
     kv.log.clear()
@@ -94,7 +104,9 @@ def test_partial_ranges_and_patches() -> None:
     engine = ShardEngine(kv)
     engine.writes.write(change(arr, {(0, 0): b"0123456789"}))
     ref = arr.locate("a/0.0")
-    got = engine.reads.read_ranges([(ref, ByteRange(2, 5)), (ref, ByteRange.suffix(3)), (arr.locate("a/0.1"), ByteRange(0))])
+    got = engine.reads.read_ranges(
+        [(ref, ByteRange(2, 5)), (ref, ByteRange.suffix(3)), (arr.locate("a/0.1"), ByteRange(0))]
+    )
     assert [None if g is None else bytes(g) for g in got] == [b"234", b"789", None]
     engine.writes.write(change(arr, {(0, 0): ChunkPatch("a/0.0", [(2, b"xy")])}))
     assert read(engine, arr, (0, 0)) == {"a/0.0": b"01xy456789"}
@@ -130,7 +142,11 @@ def test_conditional_write_retries_only_the_lost_shard(monkeypatch: pytest.Monke
     engine.writes.write(change(arr, {(0, 0): b"mine", (2, 3): b"mine too"}))
     monkeypatch.undo()
     assert read(ShardEngine(kv), arr, (0, 0), (0, 1), (2, 2), (2, 3)) == {
-        "a/0.0": b"mine", "a/0.1": b"theirs", "a/2.2": b"b", "a/2.3": b"mine too"}
+        "a/0.0": b"mine",
+        "a/0.1": b"theirs",
+        "a/2.2": b"b",
+        "a/2.3": b"mine too",
+    }
     assert puts == [["a/0.0", "a/1.1"], ["a/0.0"]]  # only the lost shard goes round again
     assert engine.stats.write_lost == 1
     assert engine.stats.write_attempts == 1 + 2  # the first write, then a lost round and a won one
@@ -154,8 +170,10 @@ def test_a_read_whose_shard_changes_every_round_gives_up_saying_it_was_a_read(mo
     real_get_many = kv.get_many
 
     def always_changed(reads):  # the shard is rewritten during every read of it (a store answers "stale")
-        return [ReadResult("stale", None, Generation(("elsewhere", n))) if key == "a/0.0" else result
-                for n, ((key, _, _), result) in enumerate(zip(reads, real_get_many(reads)))]
+        return [
+            ReadResult("stale", None, Generation(("elsewhere", n))) if key == "a/0.0" else result
+            for n, ((key, _, _), result) in enumerate(zip(reads, real_get_many(reads), strict=True))
+        ]
 
     monkeypatch.setattr(kv, "get_many", always_changed)
     monkeypatch.setattr("shardkv.engine.reads.READ_BACKOFF", Backoff(0.0, 1.0, 0.0))
@@ -252,16 +270,16 @@ def test_modes_resolve_from_capabilities() -> None:
     assert ShardEngine(CountingKV()).concurrency_mode == "conditional"
     files = CountingKV(Capabilities(ranged=True, stamps="native", lock_dir=True))
     with pytest.raises(ConfigurationError, match="directory"):
-        ShardEngine(CountingKV(), EngineOptions(concurrency="files"))
+        ShardEngine(CountingKV(), Options(concurrency="files"))
     persistent = CountingKV(Capabilities(ranged=False))
     with pytest.raises(ConfigurationError, match="neither lock files nor conditional"):
         ShardEngine(persistent)
-    assert ShardEngine(persistent, EngineOptions(concurrency="process")).concurrency_mode == "process"
-    assert ShardEngine(persistent, EngineOptions(concurrency="none")).concurrency_mode == "none"
+    assert ShardEngine(persistent, Options(concurrency="process")).concurrency_mode == "process"
+    assert ShardEngine(persistent, Options(concurrency="none")).concurrency_mode == "none"
     with pytest.raises(ConfigurationError):
-        ShardEngine(persistent, EngineOptions(concurrency="conditional"))
+        ShardEngine(persistent, Options(concurrency="conditional"))
     with pytest.raises(ConfigurationError):
-        EngineOptions(index_cache_bytes=-1)
+        Options(index_cache_bytes=-1)
     assert files.caps.lock_dir
 
 
@@ -281,6 +299,21 @@ def test_write_back_writes_each_shard_once_and_replays_its_journal(tmp_path) -> 
     assert again.attach_journal(tmp_path / "j", arr.locate) == 1
     assert read(ShardEngine(kv), arr, (2, 2)) == {"a/2.2": b"e"}
     again.close()
+
+
+def test_write_back_reads_see_buffered_chunks_beside_stored_ones_of_the_same_shard() -> None:
+    from shardkv.engine.writeback import WriteBack
+
+    kv, arr = CountingKV(), array()
+    ShardEngine(kv).writes.write(change(arr, {(0, 0): b"aa", (0, 1): b"bbb", (1, 1): b"dddd"}))
+    back = WriteBack(ShardEngine(kv), buffer_bytes=1 << 20)
+    back.write(change(arr, {(0, 1): b"xxxxx", (1, 1): None}))  # shard a/0.0: one chunk replaced, one deleted
+    refs = [arr.locate(arr.chunk_key(c)) for c in [(0, 0), (0, 1), (1, 0), (1, 1)]]
+    assert back.chunk_sizes(refs) == [2, 5, None, None]
+    assert {k: bytes(v) for k, v in back.read_chunks(refs).items()} == {"a/0.0": b"aa", "a/0.1": b"xxxxx"}
+    assert [back.has_chunk(ref) for ref in refs] == [True, True, False, False]
+    back.flush()
+    assert back.chunk_sizes(refs) == [2, 5, None, None]
 
 
 def test_write_through_reports_each_write() -> None:

@@ -1,4 +1,4 @@
-"""Random ``OSError`` on base-store reads, writes and deletes under a random zarr 2 workload (issue 10).
+"""Random ``OSError`` on base-store reads, writes and deletes under a random zarr 2 workload.
 
 For each write strategy over a local directory, and for write-back
 (``buffer_bytes``) over a ``dict``, a share of the adapter's reads (``get``,
@@ -22,8 +22,9 @@ import errno
 import os
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numcodecs
 import numpy as np
@@ -131,8 +132,17 @@ def expected_error(exc: BaseException) -> bool:
 
 
 def run_workload(st: ShardedStore, faults: Faults, seed: int, flush: bool) -> tuple[Model, list[BaseException]]:
-    z = zarr.open_array(st, mode="w", path="a", shape=(CHUNK * N_CHUNKS,), chunks=(CHUNK,), dtype="i4",
-                        fill_value=0, compressor=numcodecs.Zlib(level=1), write_empty_chunks=False)  # fmt: skip
+    z = zarr.open_array(
+        st,
+        mode="w",
+        path="a",
+        shape=(CHUNK * N_CHUNKS,),
+        chunks=(CHUNK,),
+        dtype="i4",
+        fill_value=0,
+        compressor=numcodecs.Zlib(level=1),
+        write_empty_chunks=False,
+    )
     model = Model()
     errors: list[BaseException] = []
     rng = random.Random(seed)

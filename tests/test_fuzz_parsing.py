@@ -5,19 +5,19 @@ an fsspec ``memory://`` store, a ``memory://`` store that does not tell
 sizes, and local files behind fsspec's ``DirFileSystem`` (as a remote store,
 neither tells sizes for free: index entries can then be checked only against
 ``max_chunk_nbytes``; the latter also allocates ``nbytes`` for a ranged read).
-Shard ``a/0`` is then replaced by fuzzed bytes, by the valid shard with fuzzed index entries (re-checksummed, so the range
-checks are what stands between a bogus entry and a read), or by the valid
+Shard ``a/0`` is then replaced by fuzzed bytes, by the valid shard with fuzzed index entries
+(re-checksummed, so the range checks are what stands between a bogus entry and a read), or by the valid
 shard with flipped bytes, and every chunk of the shard is read back.
 """
 
 from __future__ import annotations
 
 import dataclasses
-
 import resource
 import tempfile
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import crc32c
 import fsspec

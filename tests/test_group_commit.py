@@ -10,15 +10,15 @@ until every other writer has queued its change for the next commit
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Mapping
 
-import numpy as np
 import pytest
-
 from engine_kv import CountingKV
-from shardkv.engine.engine import EngineOptions, ShardEngine
+
+from shardkv.engine.engine import ShardEngine
 from shardkv.engine.merge import ChunkPatch, ShardChange
+from shardkv.engine.options import Options
 from shardkv.engine.retry import EngineStats
 from shardkv.format.layout import ShardLayout
 from shardkv.keys.encodings import V2ChunkKeyEncoding
@@ -94,7 +94,8 @@ def test_concurrent_writers_of_one_shard_are_merged_into_two_shard_puts() -> Non
     with ThreadPoolExecutor(N_WRITERS) as pool:
         futures = []
         _hold_first_round(
-            kv, engine.stats,
+            kv,
+            engine.stats,
             lambda i: futures.append(pool.submit(engine.writes.write, _change(arr, coords[i], bytes([i + 1]) * 3))),
             N_WRITERS - 1,
         )
@@ -115,7 +116,8 @@ def test_a_commit_error_reaches_every_writer_of_that_commit_and_no_other() -> No
         futures = []
         # the first write's commit fails; the three that joined the next one are stored
         _hold_first_round(
-            kv, engine.stats,
+            kv,
+            engine.stats,
             lambda i: futures.append(pool.submit(engine.writes.write, _change(arr, (0, i), bytes([i + 1])))),
             3,
         )
@@ -173,7 +175,7 @@ def test_joined_writes_of_one_chunk_apply_in_arrival_order() -> None:
 def test_a_write_of_a_thread_holding_shard_locks_is_not_queued_behind_a_commit_waiting_for_them() -> None:
     """Stacked stores write while holding locks: queued behind a commit that waits for those locks, it would hang."""
     kv, arr = CountingKV(), _array()
-    engine = ShardEngine(kv, EngineOptions(lock_timeout=WAIT_S))  # a regression fails instead of hanging
+    engine = ShardEngine(kv, Options(lock_timeout=WAIT_S))  # a regression fails instead of hanging
     refs = [arr.locate(arr.chunk_key(c)) for c in ((0, 0), (4, 4))]  # two shards: a/0.0 and a/1.1
     held, other = sorted(refs, key=lambda r: engine.locks.thread_stripes_of([r.shard_key])[0])
 

@@ -1,4 +1,4 @@
-"""shardkv.metadata.hierarchy: the documents issue 11 stores, and the v2 documents presented from them.
+"""shardkv.metadata.hierarchy: what a sharded hierarchy stores (v3 only), and the v2 documents presented from it.
 
 Pure plans checked against the documents zarr-python 2.18 writes (the .zarray /
 .zattrs / .zgroup / .zmetadata it produces are the inputs) and against zarr 2.18
@@ -65,7 +65,9 @@ def test_group_paths() -> None:
 def test_sharded_array_plan_and_presented_documents_round_trip(sep: str) -> None:
     store = _v2_hierarchy(sep)
     zarray, zattrs = _doc(store, "g/a/.zarray"), _doc(store, "g/a/.zattrs")
-    plan = plan_sharded_array("g/a", zarray, zattrs, LAYOUT, {"": _doc(store, ".zattrs"), "g": _doc(store, "g/.zattrs")})
+    plan = plan_sharded_array(
+        "g/a", zarray, zattrs, LAYOUT, {"": _doc(store, ".zattrs"), "g": _doc(store, "g/.zattrs")}
+    )
     assert set(plan.writes) == {"zarr.json", "g/zarr.json", "g/a/zarr.json"}
     assert plan.deletes == {"g/a/.zarray", "g/a/.zattrs", ".zgroup", ".zattrs", "g/.zgroup", "g/.zattrs"}
     assert plan.writes["zarr.json"] == {"zarr_format": 3, "node_type": "group", "attributes": {"title": "demo"}}
@@ -128,7 +130,8 @@ def test_stored_zmetadata_makes_zarr2_refuse_sharded_arrays_and_read_the_rest(tm
     store = _v2_hierarchy()
     full = _doc(store, ".zmetadata")
     stored = stored_zmetadata(full, ["g/a"])
-    assert stored["metadata"]["g/a/.zarray"] == REFUSED_ZARRAY and "g/a/.zattrs" not in stored["metadata"]
+    assert stored["metadata"]["g/a/.zarray"] == REFUSED_ZARRAY
+    assert stored["metadata"]["g/a/.zattrs"] == full["metadata"]["g/a/.zattrs"]  # the snapshot consolidated
     assert stored["metadata"]["plain/.zarray"] == full["metadata"]["plain/.zarray"]
     # oracle: zarr 2.18 without shardkv over the stored documents
     root = tmp_path / "s"
@@ -140,8 +143,13 @@ def test_stored_zmetadata_makes_zarr2_refuse_sharded_arrays_and_read_the_rest(tm
     with pytest.raises(zarr.errors.MetadataError):
         group["g"]["a"]
     # and the proxy presents the full one again from the stored zarr.json documents
-    plan = plan_sharded_array("g/a", _doc(store, "g/a/.zarray"), _doc(store, "g/a/.zattrs"), LAYOUT,
-                              {"": _doc(store, ".zattrs"), "g": _doc(store, "g/.zattrs")})  # fmt: skip
+    plan = plan_sharded_array(
+        "g/a",
+        _doc(store, "g/a/.zarray"),
+        _doc(store, "g/a/.zattrs"),
+        LAYOUT,
+        {"": _doc(store, ".zattrs"), "g": _doc(store, "g/.zattrs")},
+    )
     nodes = {k.rpartition("/")[0]: v for k, v in plan.writes.items()}
     assert presented_zmetadata(stored, nodes) == full
 
@@ -161,10 +169,17 @@ def test_consolidated_block_has_zarr3s_shape() -> None:
     block = root["consolidated_metadata"]
     assert block["kind"] == "inline" and block["must_understand"] is False
     assert sorted(block["metadata"]) == ["g", "g/a"]
-    assert block["metadata"]["g"]["consolidated_metadata"] == {"kind": "inline", "must_understand": False, "metadata": {}}
+    assert block["metadata"]["g"]["consolidated_metadata"] == {
+        "kind": "inline",
+        "must_understand": False,
+        "metadata": {},
+    }
     assert block["metadata"]["g/a"] == plan.writes["g/a/zarr.json"]
     assert root["attributes"] == {"title": "demo"}
-    assert with_consolidated_metadata(root, {}) == {**root, "consolidated_metadata": {"kind": "inline", "must_understand": False, "metadata": {}}}
+    assert with_consolidated_metadata(root, {}) == {
+        **root,
+        "consolidated_metadata": {"kind": "inline", "must_understand": False, "metadata": {}},
+    }
     with pytest.raises(ConfigurationError):
         with_consolidated_metadata(plan.writes["g/a/zarr.json"], {})
 

@@ -16,15 +16,19 @@ from kill_harness import acked_seqs, run_and_kill
 from shardkv.engine.journal import Journal, JournalRecord
 from shardkv.errors import JournalCorruptError, LockTimeoutError, ShardKVError
 
+
 def value_of(seq: int) -> bytes:
     """The value the writers here give record ``seq`` (so a replayed record can be checked byte for byte)."""
     return (f"value-{seq}-".encode() * (1 + seq % 7))[: 5 + (seq * 13) % 200]
 
 
 @settings(max_examples=12, deadline=None)
-@given(batches=st.lists(st.lists(st.tuples(st.text(min_size=1, max_size=12),
-                                          st.one_of(st.none(), st.binary(max_size=64))), max_size=5),
-                        max_size=6))  # fmt: skip
+@given(
+    batches=st.lists(
+        st.lists(st.tuples(st.text(min_size=1, max_size=12), st.one_of(st.none(), st.binary(max_size=64))), max_size=5),
+        max_size=6,
+    )
+)
 def test_round_trip_in_order_across_reopen(tmp_path_factory: pytest.TempPathFactory, batches: list) -> None:
     path = tmp_path_factory.mktemp("j") / "journal"
     with Journal(path) as j:

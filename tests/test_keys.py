@@ -62,7 +62,10 @@ def test_round_trip(encoding, coords: tuple[int, ...]) -> None:
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
-@given(a=st.lists(st.integers(0, 999), min_size=1, max_size=4).map(tuple), b=st.lists(st.integers(0, 999), min_size=1, max_size=4).map(tuple))
+@given(
+    a=st.lists(st.integers(0, 999), min_size=1, max_size=4).map(tuple),
+    b=st.lists(st.integers(0, 999), min_size=1, max_size=4).map(tuple),
+)
 def test_distinct_chunks_get_distinct_keys(encoding, a: tuple[int, ...], b: tuple[int, ...]) -> None:
     if len(a) == len(b) and a != b:
         assert encoding.encode(a) != encoding.encode(b)
@@ -138,7 +141,12 @@ def test_bad_separator(cls) -> None:
 
 
 def test_metadata_round_trip() -> None:
-    for enc in (V2ChunkKeyEncoding("."), V2ChunkKeyEncoding("/"), DefaultChunkKeyEncoding("/"), DefaultChunkKeyEncoding(".")):
+    for enc in (
+        V2ChunkKeyEncoding("."),
+        V2ChunkKeyEncoding("/"),
+        DefaultChunkKeyEncoding("/"),
+        DefaultChunkKeyEncoding("."),
+    ):
         assert chunk_key_encoding_from_metadata(enc.to_metadata()) == enc
     assert V2ChunkKeyEncoding("/").to_metadata() == {"name": "v2", "configuration": {"separator": "/"}}
     assert chunk_key_encoding_from_metadata({"name": "default"}) == DefaultChunkKeyEncoding("/")
@@ -190,7 +198,7 @@ def test_chunk_to_shard_and_shard_to_chunks_are_inverse(g) -> None:
     for shard in itertools.product(*(range(n) for n in shard_grid)):
         for chunk, local in shard_to_chunks(shard, cps, grid):
             assert chunk_to_shard(chunk, cps) == (shard, local)
-            assert all(0 <= l < n for l, n in zip(local, cps))
+            assert all(0 <= i < n for i, n in zip(local, cps, strict=True))
             seen.append(chunk)
     # every chunk of the grid belongs to exactly one shard
     assert sorted(seen) == sorted(all_chunks)
@@ -237,7 +245,15 @@ def test_invalid_keys(key: str, rule: str) -> None:
     assert info.value.key == key
 
 
-@pytest.mark.parametrize("key", [pytest.param(b"a", id="bytes"), pytest.param(1, id="int"), pytest.param(None, id="None"), pytest.param(("a",), id="tuple")])
+@pytest.mark.parametrize(
+    "key",
+    [
+        pytest.param(b"a", id="bytes"),
+        pytest.param(1, id="int"),
+        pytest.param(None, id="None"),
+        pytest.param(("a",), id="tuple"),
+    ],
+)
 def test_non_str_keys(key: object) -> None:
     with pytest.raises(TypeError, match="str"):
         validate_key(key)

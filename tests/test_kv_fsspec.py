@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pickle
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import fsspec
 import pytest

@@ -11,8 +11,9 @@ import os
 import pickle
 import socket
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 from kv_contract import KVContract, put_ok
@@ -247,8 +248,12 @@ def test_reads_of_many_keys_side_by_side(tmp_path: Path) -> None:
     kv = LocalStore(tmp_path)
     for i in range(20):
         kv.put(f"c/{i}", bytes([i]) * 10)
-    results = kv.get_many([(f"c/{i}", [ByteRange(i % 10, i % 10 + 1)], NO_VALUE if i == 3 else kv.get(f"c/{i}").generation)
-                           for i in range(20)])
+    results = kv.get_many(
+        [
+            (f"c/{i}", [ByteRange(i % 10, i % 10 + 1)], NO_VALUE if i == 3 else kv.get(f"c/{i}").generation)
+            for i in range(20)
+        ]
+    )
     assert results[3].state == "stale"
     assert [bytes(r.values[0]) for i, r in enumerate(results) if i != 3 and r.values] == [
         bytes([i]) for i in range(20) if i != 3]

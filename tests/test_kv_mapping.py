@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pickle
 import threading
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import zarr
@@ -81,10 +81,18 @@ class TestPersistentContract(KVContract):
         store.close()
 
 
-@pytest.mark.parametrize(("kind", "in_process", "lock_dir"), [
-    ("dict", True, False), ("user", True, False), ("MemoryStore", True, False), ("KVStore", True, False),
-    ("SQLiteStore", False, False), ("DBMStore", False, False), ("ZipStore", False, False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kind", "in_process", "lock_dir"),
+    [
+        ("dict", True, False),
+        ("user", True, False),
+        ("MemoryStore", True, False),
+        ("KVStore", True, False),
+        ("SQLiteStore", False, False),
+        ("DBMStore", False, False),
+        ("ZipStore", False, False),
+    ],
+)
 def test_caps_per_kind(kind: str, in_process: bool, lock_dir: bool, tmp_path: Path) -> None:
     store = MappingStore(_base(kind, tmp_path))
     caps = store.caps

@@ -1,11 +1,15 @@
-"""The store contract on obstore stores (:class:`ObstoreStore`): MemoryStore and S3Store on moto; a LocalStore opens as shardkv's."""
+"""The store contract on obstore stores (:class:`ObstoreStore`).
+
+MemoryStore, and S3Store on moto; an obstore LocalStore opens as shardkv's own local store.
+"""
 
 from __future__ import annotations
 
 import socket
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from concurrency_harness import serialised_moto_writes
@@ -152,7 +156,8 @@ def test_zarr2_through_sharded_store(endpoint: str, bucket: str) -> None:
     keys = sorted(open_kv(s3_store(endpoint, bucket, prefix)).list_prefix("arr/"))
     assert [k for k in keys if not k.rsplit("/", 1)[-1].startswith((".z", "zarr"))] == [
         "arr/0.0", "arr/0.1", "arr/1.0", "arr/1.1"]  # 4 x 3 chunks in 2 x 2 shards
-    reread = zarr.open_array(store=ShardedStore(s3_store(endpoint, bucket, prefix), concurrency="process"),
-                             path="arr", mode="r")  # fmt: skip
+    reread = zarr.open_array(
+        store=ShardedStore(s3_store(endpoint, bucket, prefix), concurrency="process"), path="arr", mode="r"
+    )
     np.testing.assert_array_equal(reread[...], data)
     np.testing.assert_array_equal(reread[20:40, 5:30], data[20:40, 5:30])

@@ -40,7 +40,9 @@ def _local_kinds(tmp_path: Path) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("kind", ["path", "pathlike", "file-url", "DirectoryStore", "FSMap", "FSStore", "DirFileSystem"])
+@pytest.mark.parametrize(
+    "kind", ["path", "pathlike", "file-url", "DirectoryStore", "FSMap", "FSStore", "DirFileSystem"]
+)
 def test_local_kinds_become_local_stores(tmp_path: Path, kind: str) -> None:
     kv = open_kv(_local_kinds(tmp_path)[kind])
     assert type(kv) is LocalStore

@@ -1,6 +1,6 @@
 """The store contract on S3 through s3fs (:class:`S3Store`) against moto's server on 127.0.0.1.
 
-Also the request budget of issue 21 item 3 (storage side): a warm chunk read
+Also the request budget of a warm chunk read (storage side): it
 is one conditional ranged ``GetObject`` that moves exactly the chunk's bytes.
 """
 
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import socket
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from concurrency_harness import serialised_moto_writes

@@ -7,8 +7,9 @@ adapter (a location private to the store object).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import pytest
 from kv_contract import KVContract, put_ok
@@ -68,7 +69,7 @@ class TestUnderlyingKVContract(KVContract):
 
 @pytest.mark.parametrize(("kind", "in_process", "lock_dir"), [
     ("adapter-dict", True, False), ("adapter-directory", False, True), ("abstract-store", False, False),
-])  # fmt: skip
+])
 def test_caps_follow_the_data(kind: str, in_process: bool, lock_dir: bool, tmp_path: Path) -> None:
     kv = _underlying(kind, tmp_path)
     assert (kv.caps.in_process, kv.caps.lock_dir) == (in_process, lock_dir)

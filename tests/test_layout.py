@@ -7,6 +7,7 @@ codecs), so a mistake shared by shardkv's encoder and decoder cannot hide.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import struct
 from math import prod
@@ -26,7 +27,7 @@ LAYOUTS = [
     pytest.param(lambda cps: ShardLayout.draft_2022(cps), id="draft2022"),
     *[
         pytest.param(
-            (lambda loc, end, crc: lambda cps: ShardLayout.v3(cps, loc, end, crc))(loc, end, crc),
+            functools.partial(ShardLayout.v3, index_location=loc, index_endian=end, index_checksum=crc),
             id=f"v3-{loc}-{end}-{'crc32c' if crc else 'nocrc'}",
         )
         for loc in ("end", "start")
@@ -59,7 +60,7 @@ def reference_entries(shard: bytes, layout: ShardLayout) -> list[tuple[int, int]
     n = layout.n_chunks
     raw = shard[: 16 * n] if layout.index_location == "start" else shard[len(shard) - layout.index_nbytes :][: 16 * n]
     words = struct.unpack(("<" if layout.index_endian == "little" else ">") + "Q" * (2 * n), raw)
-    return list(zip(words[::2], words[1::2]))
+    return list(zip(words[::2], words[1::2], strict=True))
 
 
 def _params(layout: ShardLayout) -> tuple:
@@ -88,7 +89,9 @@ def test_v3_default_is_end_little_endian_crc32c() -> None:
 
 
 @pytest.mark.parametrize("make", LAYOUTS)
-@pytest.mark.parametrize("cps", [pytest.param((1,), id="1"), pytest.param((4,), id="4"), pytest.param((2, 3, 5), id="2x3x5")])
+@pytest.mark.parametrize(
+    "cps", [pytest.param((1,), id="1"), pytest.param((4,), id="4"), pytest.param((2, 3, 5), id="2x3x5")]
+)
 def test_index_nbytes_is_16n_plus_checksum(make, cps: tuple[int, ...]) -> None:
     layout = make(cps)
     n = prod(cps)
@@ -224,7 +227,8 @@ def test_encode_shard_accepts_memoryviews_and_arrays() -> None:
 
 
 @pytest.mark.parametrize(
-    "local", [pytest.param((2, 0), id="past-end"), pytest.param((0,), id="wrong-ndim"), pytest.param((0, -1), id="negative")]
+    "local",
+    [pytest.param((2, 0), id="past-end"), pytest.param((0,), id="wrong-ndim"), pytest.param((0, -1), id="negative")],
 )
 def test_encode_shard_rejects_local_coords_outside_the_shard(local: tuple[int, ...]) -> None:
     with pytest.raises(ConfigurationError, match="outside chunks_per_shard"):
@@ -318,12 +322,16 @@ def test_decode_index_rejects_wrong_length(make) -> None:
         layout.decode_index(raw + b"\0", "k/0")
 
 
-@pytest.mark.parametrize("cps", [pytest.param((64, 64), id="positions-memo"), pytest.param((64, 65), id="numpy-positions")])
+@pytest.mark.parametrize(
+    "cps", [pytest.param((64, 64), id="positions-memo"), pytest.param((64, 65), id="numpy-positions")]
+)
 def test_encode_shard_places_chunks_the_same_with_or_without_the_positions_memo(cps: tuple[int, int]) -> None:
     """Small shards take index positions from a memo, larger ones from numpy: both match the spec's reader."""
     layout = ShardLayout.v3(cps)
     rng = np.random.default_rng(0)
-    picked = sorted({(int(i), int(j)) for i, j in zip(rng.integers(0, cps[0], 300), rng.integers(0, cps[1], 300))})
+    picked = sorted(
+        {(int(i), int(j)) for i, j in zip(rng.integers(0, cps[0], 300), rng.integers(0, cps[1], 300), strict=True)}
+    )
     chunks = {(np.int64(i), np.int64(j)): bytes([i % 256, j % 256]) * (1 + (i + j) % 3) for i, j in picked}
     shard = layout.encode_shard(chunks)
     assert reference_read(shard, *_params(layout)) == {(int(i), int(j)): v for (i, j), v in chunks.items()}

@@ -1,4 +1,4 @@
-"""Locks nobody else can hold hostage (issue 20 item 7; shardkv.engine.locks).
+"""Locks nobody else can hold hostage (shardkv.engine.locks).
 
 ``flock`` works through a descriptor opened for reading, so a lock file that
 an account can read is a lock that account can hold. Lock files are made with
@@ -18,9 +18,9 @@ import stat
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
@@ -65,7 +65,9 @@ def _mode(path: Path) -> int:
     [(0o755, 0o600, 0o700), (0o2775, 0o660, 0o2770), (0o777, 0o666, 0o777), (0o700, 0o600, 0o700)],
     ids=["dir-0755", "dir-2775", "dir-0777", "dir-0700"],
 )
-def test_lock_files_are_made_for_the_array_writers_and_held_read_write(tmp_path, dir_mode, file_mode, lock_dir_mode) -> None:
+def test_lock_files_are_made_for_the_array_writers_and_held_read_write(
+    tmp_path, dir_mode, file_mode, lock_dir_mode
+) -> None:
     array_dir = tmp_path / "arr"
     array_dir.mkdir()
     if os.geteuid() == 0:
@@ -89,7 +91,7 @@ def test_an_older_world_readable_lock_file_is_narrowed_by_its_owner(tmp_path) ->
     lock_dir.mkdir()
     lock_file = lock_dir / "0.lock"
     lock_file.touch()
-    os.chmod(lock_file, 0o644)  # as shardkv made them before issue 20
+    os.chmod(lock_file, 0o644)  # as older shardkv releases made them
     with _locks(tmp_path, file_stripes=1).hold(["c/0"]):
         pass
     assert _mode(lock_file) == 0o600
@@ -143,7 +145,14 @@ def test_readers_create_no_lock_files(tmp_path) -> None:
     from shardkv import ShardedStore
 
     src = tmp_path / "data"
-    z = zarr.open_array(store=ShardedStore(str(src), chunks_per_shard=2), mode="w", shape=(8, 8), chunks=(2, 2), dtype="i4", path="g/arr")
+    z = zarr.open_array(
+        store=ShardedStore(str(src), chunks_per_shard=2),
+        mode="w",
+        shape=(8, 8),
+        chunks=(2, 2),
+        dtype="i4",
+        path="g/arr",
+    )
     z[:] = np.arange(64, dtype="i4").reshape(8, 8)
     for found in list(src.rglob(LOCK_DIR)):
         shutil.rmtree(found)  # as a fresh copy of the data would be

@@ -1,4 +1,4 @@
-"""Per-shard locks that belong to the data (shardkv.engine.locks, issue 9).
+"""Per-shard locks that belong to the data (shardkv.engine.locks).
 
 Threads with their own lock objects over one location serialise; spawned
 processes incrementing a counter under the lock lose nothing; lock files stay
@@ -190,38 +190,56 @@ def test_in_process_stripes_agree_with_or_without_lock_files_and_through_links(t
     assert len({tuple(v.thread_stripes_of([key], prefixes)) for v in views}) == 1
     from shardkv import ShardedStore
 
-    stores = [ShardedStore(str(real)), ShardedStore(str(real), concurrency="process"),
-              ShardedStore(str(tmp_path / "link"), concurrency="process")]  # fmt: skip
+    stores = [
+        ShardedStore(str(real)),
+        ShardedStore(str(real), concurrency="process"),
+        ShardedStore(str(tmp_path / "link"), concurrency="process"),
+    ]
     assert len({tuple(s.engine.locks.thread_stripes_of([key], prefixes)) for s in stores}) == 1
 
 
-def test_a_hold_over_several_arrays_waits_holding_nothing(tmp_path) -> None:
+def test_a_hold_over_several_arrays_waits_holding_nothing(tmp_path, monkeypatch) -> None:
     # shards of two arrays: the second array's stripe is taken, so the hold backs off, letting
-    # go of the first array's stripe each time (never waiting while holding), then times out
+    # go of the first array's stripe each time (never waiting while holding). A third writer
+    # takes the first array's stripe once the hold has backed off; only then is the second one
+    # let go. A hold that waited while holding the first would keep the third out (its 30 s
+    # timeout fails the test) and never finish.
+    import random
+
     adapter = _local(str(tmp_path))
     keys, prefixes = ["a/c/0", "b/c/0"], {"a/c/0": "a/", "b/c/0": "b/"}
     holder = ShardLocks(adapter.location, thread_stripes=1021)  # own thread pools: file locks tested
-    waiter = ShardLocks(adapter.location, timeout=0.3, thread_stripes=1019)
-    third = ShardLocks(adapter.location, timeout=2.0, thread_stripes=1013)
-    took_a: list[float] = []
+    waiter = ShardLocks(adapter.location, timeout=30.0, thread_stripes=1019)
+    third = ShardLocks(adapter.location, timeout=30.0, thread_stripes=1013)
+    backed_off, took_a = threading.Event(), threading.Event()
+    uniform = random.uniform
+
+    def backoff(low: float, high: float) -> float:  # the hold's back-off delay: it let go of everything
+        backed_off.set()
+        return uniform(low, high)
+
+    monkeypatch.setattr(random, "uniform", backoff)
+    outcome: list[str] = []
+
+    def hold_both() -> None:
+        with waiter.hold(keys, prefixes):
+            outcome.append("held both")
+
     with holder.hold(["b/c/0"], {"b/c/0": "b/"}):
-
-        def take_a() -> None:
-            time.sleep(0.1)  # while the waiter is backing off
-            with third.hold(["a/c/0"], {"a/c/0": "a/"}):
-                took_a.append(time.monotonic())
-
-        side = threading.Thread(target=take_a, daemon=True)
+        side = threading.Thread(target=hold_both, daemon=True)
         side.start()
-        started = time.monotonic()
-        with pytest.raises(LockTimeoutError):
-            with waiter.hold(keys, prefixes):
+        assert backed_off.wait(30), "the hold never backed off"
+        with third.hold(["a/c/0"], {"a/c/0": "a/"}):
+            took_a.set()
+    assert took_a.is_set()
+    side.join(30)
+    assert outcome == ["held both"]
+    monkeypatch.undo()
+    quick = ShardLocks(adapter.location, timeout=0.05, thread_stripes=1019)
+    with holder.hold(["b/c/0"], {"b/c/0": "b/"}):
+        with pytest.raises(LockTimeoutError):  # and a hold that cannot get every stripe times out
+            with quick.hold(keys, prefixes):
                 pass  # never reached
-        assert 0.25 <= time.monotonic() - started < 5
-        side.join(5)
-    assert took_a, "the first array's stripe stayed taken while the hold waited for the second"
-    with waiter.hold(keys, prefixes):  # both free now
-        pass
 
 
 def test_released_lock_files_leave_no_descriptor_open(tmp_path) -> None:
@@ -379,7 +397,9 @@ def test_a_nested_hold_of_a_stripe_this_thread_holds_does_not_deadlock(tmp_path,
     mode = "files" if kind == "local" else "process"
     locks = ShardLocks(kv.location, mode=mode, thread_stripes=4, file_stripes=2, timeout=0.2)
     outer = "a/0"
-    inner = next(f"b/{i}" for i in range(1000) if locks.thread_stripes_of([f"b/{i}"]) == locks.thread_stripes_of([outer]))
+    inner = next(
+        f"b/{i}" for i in range(1000) if locks.thread_stripes_of([f"b/{i}"]) == locks.thread_stripes_of([outer])
+    )
     done = threading.Event()
 
     def nested() -> None:

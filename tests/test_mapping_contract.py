@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import fsspec
 import pytest
@@ -238,13 +238,17 @@ class TestContractOnDict(MutableMappingContract):
 PROXY_CASES = [
     pytest.param((base, placement, {}), id=f"{base}-{placement}") for base in BASES for placement in PLACEMENTS
 ] + [
-    pytest.param(("dict", "root-dot", {"index_location": "start", "index_checksum": False}), id="dict-root-dot-index-start-nocrc"),
+    pytest.param(
+        ("dict", "root-dot", {"index_location": "start", "index_checksum": False}), id="dict-root-dot-index-start-nocrc"
+    ),
     pytest.param(("memory", "nested-slash", {"index_location": "start"}), id="memory-nested-slash-index-start"),
     pytest.param(("local", "root-dot", {"buffer_bytes": 1 << 20}), id="local-root-dot-write-back"),
 ]
 
 
-def _proxy_case(param: Any, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[Any, dict[str, bytes], str, str, Any]:
+def _proxy_case(
+    param: Any, tmp_path: Path, request: pytest.FixtureRequest
+) -> tuple[Any, dict[str, bytes], str, str, Any]:
     kind, placement, kwargs = param
     base = make_base(kind, tmp_path, request)
     if placement == "draft2022":
@@ -262,9 +266,13 @@ def proxy_case(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[ShardedS
 # the 2022 draft proxy (DraftShardedStore, found by ShardedStore's layout detection) under the same contract
 DRAFT_CASES = [pytest.param((base, "draft2022", {}), id=f"draft2022-{base}") for base in ("dict", "memory")]
 DRAFT_ENTRY_POINT = json.dumps(
-    {"zarr_format": "https://purl.org/zarr/spec/protocol/core/3.0", "metadata_key_suffix": ".json", "extensions": [],
-     "metadata_encoding": "https://purl.org/zarr/spec/protocol/core/3.0"}
-).encode()  # fmt: skip
+    {
+        "zarr_format": "https://purl.org/zarr/spec/protocol/core/3.0",
+        "metadata_key_suffix": ".json",
+        "extensions": [],
+        "metadata_encoding": "https://purl.org/zarr/spec/protocol/core/3.0",
+    }
+).encode()
 
 
 def draft_store(base: Any) -> tuple[Any, dict[str, bytes]]:
@@ -276,9 +284,16 @@ def draft_store(base: Any) -> tuple[Any, dict[str, bytes]]:
     store = open_store(base, chunks_per_shard=CPS)
     assert isinstance(store, DraftShardedStore)
     store["meta/root/g/a.array.json"] = json.dumps(
-        {"shape": list(SHAPE), "data_type": "|u1", "chunk_grid": {"type": "regular", "chunk_shape": list(CHUNKS),
-         "separator": "/"}, "chunk_memory_layout": "C", "fill_value": 0, "extensions": [], "attributes": {}}
-    ).encode()  # fmt: skip
+        {
+            "shape": list(SHAPE),
+            "data_type": "|u1",
+            "chunk_grid": {"type": "regular", "chunk_shape": list(CHUNKS), "separator": "/"},
+            "chunk_memory_layout": "C",
+            "fill_value": 0,
+            "extensions": [],
+            "attributes": {},
+        }
+    ).encode()
     assert store.storage_transformers("g/a") != []
     return store, {"zarr.json": DRAFT_ENTRY_POINT, "meta/root/g/a.array.json": store["meta/root/g/a.array.json"]}
 
@@ -409,7 +424,14 @@ class TestShardedStoreRules:
         assert proxy.store[proxy.key(0, 1)] == b"cd"
         assert proxy.store[proxy.key(1, 0)] == np.array([[1, 2], [3, 4]], dtype="<u2").tobytes()
 
-    @pytest.mark.parametrize("coords", [pytest.param((3, 0), id="row-past-grid"), pytest.param((0, 4), id="col-past-grid"), pytest.param((9, 9), id="both")])
+    @pytest.mark.parametrize(
+        "coords",
+        [
+            pytest.param((3, 0), id="row-past-grid"),
+            pytest.param((0, 4), id="col-past-grid"),
+            pytest.param((9, 9), id="both"),
+        ],
+    )
     def test_out_of_grid_chunk_key(self, proxy: _Proxy, coords: tuple[int, int]) -> None:
         key = proxy.key(*coords)
         before = proxy.base_keys()
@@ -470,7 +492,9 @@ class TestShardedStoreRules:
             del proxy.store[key]
         assert key not in proxy.store
 
-    @pytest.mark.parametrize("key", [pytest.param(b"0.0", id="bytes"), pytest.param(0, id="int"), pytest.param(None, id="None")])
+    @pytest.mark.parametrize(
+        "key", [pytest.param(b"0.0", id="bytes"), pytest.param(0, id="int"), pytest.param(None, id="None")]
+    )
     def test_non_str_keys(self, proxy: _Proxy, key: Any) -> None:
         with pytest.raises(TypeError):
             proxy.store[key]
@@ -497,7 +521,9 @@ class TestShardedStoreRules:
         assert proxy.shard(0, 0) not in proxy.base_keys()
         del proxy.store[edge]
         assert proxy.shard(1, 1) not in proxy.base_keys()
-        assert proxy.base_keys() == {k for k in proxy.base_keys() if k.rsplit("/", 1)[-1] in (".zarray", ".zgroup", "zarr.json")}
+        assert proxy.base_keys() == {
+            k for k in proxy.base_keys() if k.rsplit("/", 1)[-1] in (".zarray", ".zgroup", "zarr.json")
+        }
 
     def test_listing_shows_only_stored_chunks(self, proxy: _Proxy) -> None:
         written = [(0, 0), (1, 2), (2, 3), (2, 0)]

@@ -145,7 +145,7 @@ def entries_of(shard: bytes, location: str, checksum: bool) -> list[tuple[int, i
     index_nbytes = 16 * n + 4 * checksum
     raw = shard[:index_nbytes] if location == "start" else shard[-index_nbytes:]
     words = struct.unpack("<" + "Q" * (2 * n), raw[: 16 * n])
-    return list(zip(words[::2], words[1::2]))
+    return list(zip(words[::2], words[1::2], strict=True))
 
 
 @pytest.fixture
@@ -167,7 +167,9 @@ def test_reading_one_chunk_reads_the_index_and_that_chunk_only(
     recording_fs: RecordingFS, location: str, checksum: bool, via: str
 ) -> None:
     root = "/data.zarr"
-    writer = ShardedStore(fsspec.FSMap(root, recording_fs), chunks_per_shard=CPS, index_location=location, index_checksum=checksum)
+    writer = ShardedStore(
+        fsspec.FSMap(root, recording_fs), chunks_per_shard=CPS, index_location=location, index_checksum=checksum
+    )
     z = _create(writer)
     data = np.arange(256, dtype="<i4").reshape(SHAPE)
     z[:] = data
@@ -217,7 +219,7 @@ def test_several_chunks_in_two_shards_are_two_batched_requests(recording_fs: Rec
     batches = [c for c in recording_fs.calls if c[0] == "cat_ranges"]
     assert batches == [("cat_ranges", 2), ("cat_ranges", 5)]  # 2 indexes, then 5 chunk ranges
     per_file = {}
-    for op, path, *_ in [c for c in recording_fs.calls if c[0] == "cat_file"]:
+    for _, path, *_ in [c for c in recording_fs.calls if c[0] == "cat_file"]:
         per_file[path] = per_file.get(path, 0) + 1
     assert per_file == {f"{root}/arr/0.0": 1 + 2, f"{root}/arr/1.1": 1 + 3}
 

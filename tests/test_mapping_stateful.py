@@ -40,9 +40,18 @@ values = st.binary(max_size=12)
 
 def zarray(sep: str) -> bytes:
     return json.dumps(
-        {"zarr_format": 2, "shape": list(SHAPE), "chunks": list(CHUNKS), "dtype": "|u1", "compressor": None,
-         "fill_value": 0, "filters": None, "order": "C", "dimension_separator": sep}
-    ).encode()  # fmt: skip
+        {
+            "zarr_format": 2,
+            "shape": list(SHAPE),
+            "chunks": list(CHUNKS),
+            "dtype": "|u1",
+            "compressor": None,
+            "fill_value": 0,
+            "filters": None,
+            "order": "C",
+            "dimension_separator": sep,
+        }
+    ).encode()
 
 
 class ShardedStoreMachine(RuleBasedStateMachine):
@@ -173,7 +182,7 @@ class ShardKeysMachine(ShardedStoreMachine):
         assert stored == expected
         meta = {k for k in self.store.base.list_prefix("") if k.rsplit("/", 1)[-1] in META}
         groups = {f"{g}/zarr.json" if g else "zarr.json" for g in group_paths(self.path)} if self.path else set()
-        assert meta == {self.meta_key.replace(".zarray", "zarr.json")} | groups  # v3 only (issue 11)
+        assert meta == {self.meta_key.replace(".zarray", "zarr.json")} | groups  # v3 only
 
 
 class MemoryFSMachine(ShardKeysMachine):
@@ -181,7 +190,7 @@ class MemoryFSMachine(ShardKeysMachine):
 
     path, sep = "g/arr", "/"
     proxy_options = {"index_location": "start"}
-    n_metadata_keys = 3  # .zarray, and the .zgroup of "" and "g" (v3 groups, issue 11)
+    n_metadata_keys = 3  # .zarray, and the .zgroup of "" and "g" (v3 groups)
 
     def make_base(self) -> Any:
         self.root = f"memory://shardkv-stateful-{uuid.uuid4().hex}"
@@ -253,15 +262,29 @@ class DraftMachine(ShardedStoreMachine):
     n_metadata_keys = 2  # zarr.json entry point, array metadata
 
     def make_base(self) -> Any:
-        return {"zarr.json": json.dumps({"zarr_format": "https://purl.org/zarr/spec/protocol/core/3.0",
-                                         "metadata_encoding": "https://purl.org/zarr/spec/protocol/core/3.0",
-                                         "metadata_key_suffix": ".json", "extensions": []}).encode()}  # fmt: skip
+        return {
+            "zarr.json": json.dumps(
+                {
+                    "zarr_format": "https://purl.org/zarr/spec/protocol/core/3.0",
+                    "metadata_encoding": "https://purl.org/zarr/spec/protocol/core/3.0",
+                    "metadata_key_suffix": ".json",
+                    "extensions": [],
+                }
+            ).encode()
+        }
 
     def array_metadata(self) -> bytes:
         return json.dumps(
-            {"shape": list(SHAPE), "data_type": "|u1", "chunk_grid": {"type": "regular", "chunk_shape": list(CHUNKS),
-             "separator": "/"}, "chunk_memory_layout": "C", "fill_value": 0, "extensions": [], "attributes": {}}
-        ).encode()  # fmt: skip
+            {
+                "shape": list(SHAPE),
+                "data_type": "|u1",
+                "chunk_grid": {"type": "regular", "chunk_shape": list(CHUNKS), "separator": "/"},
+                "chunk_memory_layout": "C",
+                "fill_value": 0,
+                "extensions": [],
+                "attributes": {},
+            }
+        ).encode()
 
     @property
     def meta_key(self) -> str:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import uuid
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import fsspec
 import numcodecs
@@ -57,13 +58,13 @@ def expected_shard_keys(chunk_keys: set[str], path: str, sep: str, cps: tuple[in
     out = set()
     for key in chunk_keys:
         coords = [int(c) for c in key[len(path) + 1 :].split(sep)]
-        out.add(f"{path}/" + sep.join(str(c // n) for c, n in zip(coords, cps)))
+        out.add(f"{path}/" + sep.join(str(c // n) for c, n in zip(coords, cps, strict=True)))
     return out
 
 
 def _check_steps(expected: list, actual: list) -> None:
     assert [s[0] for s in actual] == [s[0] for s in expected]
-    for (name, want, want_chunks), (_, got, got_chunks) in zip(expected, actual):
+    for (name, want, want_chunks), (_, got, got_chunks) in zip(expected, actual, strict=True):
         np.testing.assert_array_equal(got, want, err_msg=f"after step {name!r}")
         assert sorted(got_chunks) == sorted(want_chunks), f"chunk keys after step {name!r}"
         assert got_chunks == want_chunks, f"chunk bytes after step {name!r}"
@@ -79,7 +80,7 @@ CASES = {
                partial=np.s_[1:6, 2:9], zeros=np.s_[0:4, 0:6], append=3),
     "3d": dict(shape=(5, 6, 7), chunks=(2, 2, 3), grow=(7, 6, 10), shrink=(4, 5, 4),
                partial=np.s_[1:4, :, 2:5], zeros=np.s_[0:2, 0:4, 0:3], append=2),
-}  # fmt: skip
+}  # a table: its rows read better aligned # fmt: skip
 
 CPS_FORMS: dict[str, Callable[[int], Any]] = {
     "int": lambda ndim: 2,
@@ -100,9 +101,15 @@ def run_ops(store: Any, case: dict, sep: str, seed: int) -> list[tuple[str, np.n
     shape = case["shape"]
     root = zarr.open_group(store, mode="w")
     z = root.create_dataset(
-        "arr", shape=shape, chunks=case["chunks"], dtype="<i4", fill_value=0,
-        dimension_separator=sep, write_empty_chunks=False, compressor=numcodecs.Zlib(level=1),
-    )  # fmt: skip
+        "arr",
+        shape=shape,
+        chunks=case["chunks"],
+        dtype="<i4",
+        fill_value=0,
+        dimension_separator=sep,
+        write_empty_chunks=False,
+        compressor=numcodecs.Zlib(level=1),
+    )
     steps = []
 
     def snap(name: str) -> None:
@@ -169,7 +176,7 @@ def test_same_as_zarr_on_a_dict(
     assert proxy["arr/.zarray"] == oracle["arr/.zarray"]
     # the base store holds the metadata and exactly one shard per touched shard
     stored = base_keys(proxy)
-    assert {k for k in stored if is_meta(k)} == {"zarr.json", "arr/zarr.json"}  # issue 11: v3 only
+    assert {k for k in stored if is_meta(k)} == {"zarr.json", "arr/zarr.json"}  # v3 only
     assert {k for k in stored if not is_meta(k)} == expected_shard_keys(set(oracle_chunks), "arr", sep, cps)
     # a fresh proxy (no caches, no chunks_per_shard) reads the same array
     fresh = zarr.open_array(ShardedStore(base), path="arr", mode="r")
@@ -228,10 +235,10 @@ def test_groups_with_several_arrays(tmp_path: Path) -> None:
     for k, v in oracle.items():
         if k.startswith(("c/", "e/")):
             assert base[k] == v
-    # groups above sharded arrays are v3 groups (issue 11), their attributes inside
+    # groups above sharded arrays are v3 groups, their attributes inside
     assert json.loads(base["zarr.json"])["attributes"] == {"title": "several arrays"}
     assert json.loads(base["sub/zarr.json"])["node_type"] == "group" and "sub/.zgroup" not in base
-    # ... and v3 all the way down (issue 19 item 5): each unsharded array also has a zarr.json
+    # ... and v3 all the way down: each unsharded array also has a zarr.json
     # mirror that reads its chunks where they are (v2 chunk key encoding, no sharding codec)
     for name in ("c", "e"):
         mirror = json.loads(base[f"{name}/zarr.json"])
@@ -263,7 +270,7 @@ def test_tuple_of_the_wrong_ndim_leaves_arrays_unsharded() -> None:
         two[...] = 1
     assert proxy.sharded_array("one") is None
     assert proxy.sharded_array("two") is not None
-    # "one" keeps every key zarr wrote; its zarr.json mirror (issue 19 item 5) is for v3 readers only
+    # "one" keeps every key zarr wrote; its zarr.json mirror is for v3 readers only
     assert {k: v for k, v in base.items() if k.startswith("one/") and k != "one/zarr.json"} == {
         k: v for k, v in oracle.items() if k.startswith("one/")
     }
@@ -321,8 +328,12 @@ def test_chunk_bytes_equal_zarrs_for_order_and_dtype(order: str, compressor: Any
     proxy = ShardedStore({}, chunks_per_shard=(2, 1))
     data = (np.arange(48).reshape(6, 8) % 251).astype(dtype)
     for store in (oracle, proxy):
-        z = zarr.open_array(store, path="arr", mode="w", shape=(6, 8), chunks=(3, 4), dtype=dtype, order=order, compressor=compressor)
+        z = zarr.open_array(
+            store, path="arr", mode="w", shape=(6, 8), chunks=(3, 4), dtype=dtype, order=order, compressor=compressor
+        )
         z[...] = data
         z[0:3, 4:8] = data[3:6, 0:4]
     assert chunk_items(proxy, "arr") == chunk_items(oracle, "arr")
-    np.testing.assert_array_equal(zarr.open_array(proxy, path="arr", mode="r")[...], zarr.open_array(oracle, path="arr", mode="r")[...])
+    np.testing.assert_array_equal(
+        zarr.open_array(proxy, path="arr", mode="r")[...], zarr.open_array(oracle, path="arr", mode="r")[...]
+    )

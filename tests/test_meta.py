@@ -118,18 +118,38 @@ def test_index_codecs_with_checksum() -> None:
         ),
         pytest.param(
             numcodecs.Blosc(cname="zstd", clevel=3, shuffle=numcodecs.Blosc.BITSHUFFLE),
-            [{"name": "blosc", "configuration": {"cname": "zstd", "clevel": 3, "shuffle": "bitshuffle", "typesize": 4, "blocksize": 0}}],
+            [
+                {
+                    "name": "blosc",
+                    "configuration": {
+                        "cname": "zstd",
+                        "clevel": 3,
+                        "shuffle": "bitshuffle",
+                        "typesize": 4,
+                        "blocksize": 0,
+                    },
+                }
+            ],
             None,
             id="blosc-bitshuffle",
         ),
         pytest.param(
             numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.AUTOSHUFFLE),
-            [{"name": "blosc", "configuration": {"cname": "lz4", "clevel": 5, "shuffle": "shuffle", "typesize": 4, "blocksize": 0}}],
+            [
+                {
+                    "name": "blosc",
+                    "configuration": {"cname": "lz4", "clevel": 5, "shuffle": "shuffle", "typesize": 4, "blocksize": 0},
+                }
+            ],
             None,
             id="blosc-autoshuffle",
         ),
-        pytest.param(numcodecs.Zlib(level=2), [{"name": "numcodecs.zlib", "configuration": {"level": 2}}], "'zlib'", id="zlib"),
-        pytest.param(numcodecs.BZ2(level=1), [{"name": "numcodecs.bz2", "configuration": {"level": 1}}], "'bz2'", id="bz2"),
+        pytest.param(
+            numcodecs.Zlib(level=2), [{"name": "numcodecs.zlib", "configuration": {"level": 2}}], "'zlib'", id="zlib"
+        ),
+        pytest.param(
+            numcodecs.BZ2(level=1), [{"name": "numcodecs.bz2", "configuration": {"level": 1}}], "'bz2'", id="bz2"
+        ),
     ],
 )
 def test_compressors(compressor, expected: list, problem: str | None) -> None:
@@ -146,7 +166,9 @@ def test_compressors(compressor, expected: list, problem: str | None) -> None:
 
 def test_blosc_autoshuffle_on_bytes_is_bitshuffle() -> None:
     view = v3_view_of_v2(
-        zarray_of(dtype="|u1", compressor=numcodecs.Blosc(shuffle=numcodecs.Blosc.AUTOSHUFFLE)), None, ShardLayout.v3((1, 1))
+        zarray_of(dtype="|u1", compressor=numcodecs.Blosc(shuffle=numcodecs.Blosc.AUTOSHUFFLE)),
+        None,
+        ShardLayout.v3((1, 1)),
     )
     assert sharding(view.metadata)["codecs"][1]["configuration"]["shuffle"] == "bitshuffle"
 
@@ -157,7 +179,7 @@ def test_blosc_autoshuffle_on_bytes_is_bitshuffle() -> None:
         pytest.param((8, 6), (2, 3), "F", [1, 0], id="2d-F"),
         pytest.param((4, 4, 4), (2, 2, 2), "F", [2, 1, 0], id="3d-F"),
         pytest.param((8, 6), (2, 3), "C", None, id="2d-C"),
-        pytest.param((8,), (2,), "F", [0], id="1d-F"),  # kept: zarr 2 reopens it as F (issue 19)
+        pytest.param((8,), (2,), "F", [0], id="1d-F"),  # kept: zarr 2 reopens it as F
     ],
 )
 def test_order(shape, chunks, order: str, transpose) -> None:
@@ -198,7 +220,16 @@ def test_fill_values(dtype: str, fill_value: Any, expected: Any) -> None:
 def test_raw_float_fill_values_are_spelled_as_v3_strings() -> None:
     # the same values as Python floats (a .zarray written by other tools)
     for value, spelled in [(math.nan, "NaN"), (math.inf, "Infinity"), (-math.inf, "-Infinity")]:
-        zarray = {"shape": [4], "chunks": [2], "dtype": "<f8", "fill_value": value, "compressor": None, "filters": None, "order": "C", "zarr_format": 2}
+        zarray = {
+            "shape": [4],
+            "chunks": [2],
+            "dtype": "<f8",
+            "fill_value": value,
+            "compressor": None,
+            "filters": None,
+            "order": "C",
+            "zarr_format": 2,
+        }
         assert v3_view_of_v2(zarray, None, ShardLayout.v3((2,))).metadata["fill_value"] == spelled
 
 
@@ -215,7 +246,7 @@ def test_raw_float_fill_values_are_spelled_as_v3_strings() -> None:
     ids=["U4", "U4-big", "S8", "V2", "datetime-ns", "timedelta-10s"],
 )
 def test_v2_dtypes_without_core_type_use_zarr3_extension_names(dtype: str, data_type: dict, endian: str | None) -> None:
-    """Issue 11: the names zarr-python 3 registers (it reads them: tests/latest); tensorstore refuses them."""
+    """The names zarr-python 3 registers (it reads them: tests/latest); tensorstore refuses them."""
     zarray = zarray_of(dtype=dtype, compressor=None)
     view = v3_view_of_v2(zarray, None, ShardLayout.v3((1, 1)))
     assert not view.translatable
@@ -307,7 +338,7 @@ def test_sharding_spec_round_trip(layout: ShardLayout, separator: str) -> None:
     assert spec.chunks == (2, 3)
     assert spec.layout == layout
     assert spec.chunks_per_shard == layout.chunks_per_shard
-    assert spec.shard_shape == tuple(c * n for c, n in zip((2, 3), layout.chunks_per_shard))
+    assert spec.shard_shape == tuple(c * n for c, n in zip((2, 3), layout.chunks_per_shard, strict=True))
     assert spec.shard_key_encoding == V2ChunkKeyEncoding(separator)
 
 
@@ -366,7 +397,12 @@ def test_unsupported_index_codecs(index_codecs: list) -> None:
 
 @pytest.mark.parametrize(
     "chunk_shape",
-    [pytest.param([3, 3], id="3-into-4"), pytest.param([2, 4], id="4-into-6"), pytest.param([2], id="wrong-ndim"), pytest.param([0, 3], id="zero")],
+    [
+        pytest.param([3, 3], id="3-into-4"),
+        pytest.param([2, 4], id="4-into-6"),
+        pytest.param([2], id="wrong-ndim"),
+        pytest.param([0, 3], id="zero"),
+    ],
 )
 def test_inner_chunks_must_divide_the_shard(chunk_shape: list) -> None:
     with pytest.raises(ConfigurationError, match="does not evenly divide") as info:
@@ -422,7 +458,11 @@ def test_normalize_chunks_per_shard_rejects(value, ndim: int, match: str) -> Non
 
 @pytest.mark.parametrize(
     "zarray, sep",
-    [pytest.param({}, ".", id="absent"), pytest.param({"dimension_separator": None}, ".", id="null"), pytest.param({"dimension_separator": "/"}, "/", id="slash")],
+    [
+        pytest.param({}, ".", id="absent"),
+        pytest.param({"dimension_separator": None}, ".", id="null"),
+        pytest.param({"dimension_separator": "/"}, "/", id="slash"),
+    ],
 )
 def test_v2_dimension_separator(zarray: dict, sep: str) -> None:
     assert v2_dimension_separator(zarray) == sep

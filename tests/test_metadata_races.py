@@ -1,4 +1,4 @@
-"""Consolidated blocks never lose an entry to a concurrent writer (issue 19, item 5).
+"""Consolidated blocks never lose an entry to a concurrent writer.
 
 zarr-python 3 takes a group's consolidated block for the whole hierarchy below
 it, so an entry one writer drops hides that array from every v3 reader. These
@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
-from typing import Any, Callable, Iterator, MutableMapping
+from typing import Any
 
 import numpy as np
 import pytest
@@ -89,7 +90,7 @@ def _assert_hierarchy(root: Path, expected: dict[str, tuple[bool, int]]) -> None
         group = zarr.open_group(store, mode="r")
         listed = {*group.array_keys(), *(f"shared/{k}" for k in group["shared"].array_keys())}
         assert listed == {*expected, "seed"}
-        for path, (sharded, value) in expected.items():
+        for path, (_, value) in expected.items():
             assert (group[path][...] == value).all()
     plain = zarr.DirectoryStore(str(root))  # zarr 2's own store reads the unsharded ones (the root is v3)
     for path, (sharded, value) in expected.items():

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from counting_fs import memory_mapper
@@ -115,10 +116,19 @@ EXPECTED = {(0, 0): value_for((2, 0)), (0, 1): value_for((2, 1), b"new"), (0, 2)
 
 
 def _zarray(shape: tuple[int, int]) -> bytes:
-    return json.dumps({
-        "zarr_format": 2, "shape": list(shape), "chunks": [2, 2], "dtype": "|u1", "compressor": None,
-        "fill_value": 0, "filters": None, "order": "C", "dimension_separator": ".",
-    }).encode()  # fmt: skip
+    return json.dumps(
+        {
+            "zarr_format": 2,
+            "shape": list(shape),
+            "chunks": [2, 2],
+            "dtype": "|u1",
+            "compressor": None,
+            "fill_value": 0,
+            "filters": None,
+            "order": "C",
+            "dimension_separator": ".",
+        }
+    ).encode()
 
 
 def _via_sharded_store(base: dict, **options: Any) -> tuple[bytes, Callable[[tuple[int, int]], bytes]]:
@@ -133,10 +143,17 @@ def _via_sharded_store(base: dict, **options: Any) -> tuple[bytes, Callable[[tup
 
 
 def _draft_meta(shape: tuple[int, int]) -> bytes:
-    return json.dumps({
-        "shape": list(shape), "data_type": "|u1", "chunk_memory_layout": "C", "fill_value": 0,
-        "chunk_grid": {"type": "regular", "chunk_shape": [2, 2], "separator": "/"}, "extensions": [], "attributes": {},
-    }).encode()  # fmt: skip
+    return json.dumps(
+        {
+            "shape": list(shape),
+            "data_type": "|u1",
+            "chunk_memory_layout": "C",
+            "fill_value": 0,
+            "chunk_grid": {"type": "regular", "chunk_shape": [2, 2], "separator": "/"},
+            "extensions": [],
+            "attributes": {},
+        }
+    ).encode()
 
 
 def via_draft_proxy(base: dict) -> tuple[bytes, Callable[[tuple[int, int]], bytes]]:
@@ -171,7 +188,7 @@ def test_merging_a_shard_drops_chunks_outside_the_grid_on_every_path(path: str) 
     build, checksum = PATHS[path]
     shard, read = build({})
     assert shard_chunks(shard, checksum) == EXPECTED
-    for (i, j), local in zip(SHARD_CHUNKS[:3], EXPECTED):
+    for (i, j), local in zip(SHARD_CHUNKS[:3], EXPECTED, strict=True):
         assert read((i, j)) == EXPECTED[local]
 
 

@@ -13,9 +13,13 @@ from shardkv import ConfigurationError, ShardedStore, open_store
 from shardkv.proxy.draft import DraftShardedStore
 
 DRAFT_ENTRY_POINT = json.dumps(
-    {"zarr_format": "https://purl.org/zarr/spec/protocol/core/3.0", "metadata_key_suffix": ".json",
-     "metadata_encoding": "https://purl.org/zarr/spec/protocol/core/3.0", "extensions": []}
-).encode()  # fmt: skip
+    {
+        "zarr_format": "https://purl.org/zarr/spec/protocol/core/3.0",
+        "metadata_key_suffix": ".json",
+        "metadata_encoding": "https://purl.org/zarr/spec/protocol/core/3.0",
+        "extensions": [],
+    }
+).encode()
 V3_GROUP = json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}).encode()
 
 
@@ -74,14 +78,22 @@ def test_options_of_the_v2_proxy_are_refused_in_draft_mode() -> None:
 def test_options_reach_the_chosen_proxy() -> None:
     proxy = open_store({}, (2, 3), index_location="start", buffer_bytes=1024)
     proxy[".zarray"] = json.dumps(
-        {"zarr_format": 2, "shape": [8, 9], "chunks": [2, 2], "dtype": "|u1", "compressor": None,
-         "fill_value": 0, "filters": None, "order": "C"}
-    ).encode()  # fmt: skip
+        {
+            "zarr_format": 2,
+            "shape": [8, 9],
+            "chunks": [2, 2],
+            "dtype": "|u1",
+            "compressor": None,
+            "fill_value": 0,
+            "filters": None,
+            "order": "C",
+        }
+    ).encode()
     config = proxy.v3_metadata("")["codecs"][0]["configuration"]
     assert config["index_location"] == "start"
     assert proxy.sharded_array("").chunks_per_shard == (2, 3)
     proxy["0.0"] = b"x"
-    assert list(proxy.base.list_prefix("")) == ["zarr.json"]  # v3 only (issue 11); buffered (write-back) until flush
+    assert list(proxy.base.list_prefix("")) == ["zarr.json"]  # v3 only; buffered (write-back) until flush
     proxy.flush()
     assert "0.0" in set(proxy.base.list_prefix(""))
 
@@ -93,3 +105,23 @@ def test_the_constructor_takes_no_layout_and_subclasses_keep_their_class() -> No
     assert type(Mine({}, 2)) is Mine
     with pytest.raises(TypeError, match="layout"):
         Mine({}, 2, layout="draft2022")  # type: ignore[call-arg]
+
+
+def test_options_are_given_as_keywords_or_as_one_options_object(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from shardkv.engine.options import Options
+    from shardkv.format.ranges import ReadPolicy
+
+    keywords = dict(index_location="start", index_checksum=False, index_cache_bytes=1 << 20,
+                    read_policy=ReadPolicy(max_gap=7), buffer_bytes=1 << 16, concurrency="files", lock_timeout=2.0)
+    by_keywords = ShardedStore(str(tmp_path), 4, **keywords)  # type: ignore[arg-type]
+    by_object = ShardedStore(str(tmp_path), options=by_keywords.options)
+    assert by_object.options == by_keywords.options == Options.from_keywords(4, **keywords)  # type: ignore[arg-type]
+    assert by_object.options.buffer_bytes == 1 << 16 and by_object.concurrency_mode == "files"
+    with pytest.raises(ConfigurationError, match="chunks_per_shard"):
+        ShardedStore(str(tmp_path), 4, options=by_keywords.options)
+    with pytest.raises(ConfigurationError, match="buffer_bytes"):
+        ShardedStore(str(tmp_path), options=by_keywords.options, buffer_bytes=1)
+    with pytest.raises(TypeError, match="index_cache"):
+        ShardedStore(str(tmp_path), index_cache=1)  # type: ignore[call-arg]
+    with pytest.raises(ConfigurationError, match="lock_timeout"):
+        ShardedStore(str(tmp_path), lock_timeout=-1.0)

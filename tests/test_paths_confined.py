@@ -13,8 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,8 +26,23 @@ from shardkv.errors import InvalidKeyError
 from shardkv.keys.paths import validate_path
 from shardkv.proxy.draft import DRAFT_ZARR_FORMAT, DraftShardedStore
 
-BAD_PATHS = ["..", "../", "../sibling", "a/../..", "a/../../precious", "/", "/etc", "//x", "a//b",
-             "a/", "..\\precious", "a\\..\\..", ".", "a/./b", "a/.."]  # fmt: skip
+BAD_PATHS = [
+    "..",
+    "../",
+    "../sibling",
+    "a/../..",
+    "a/../../precious",
+    "/",
+    "/etc",
+    "//x",
+    "a//b",
+    "a/",
+    "..\\precious",
+    "a\\..\\..",
+    ".",
+    "a/./b",
+    "a/..",
+]
 # "/" and "a/" are fine (root, trailing '/'); they are dropped below
 BAD_PATHS = [p for p in BAD_PATHS if p not in ("/", "a/")]
 
@@ -59,11 +75,25 @@ def v2_store(outer: Path) -> ShardedStore:
     return st
 
 
-DRAFT_ENTRY = json.dumps({"zarr_format": DRAFT_ZARR_FORMAT, "metadata_encoding": DRAFT_ZARR_FORMAT,
-                          "metadata_key_suffix": ".json", "extensions": []}).encode()  # fmt: skip
-DRAFT_ARRAY = json.dumps({"shape": [8, 8], "data_type": "<i2", "fill_value": 0, "extensions": [], "attributes": {},
-                          "chunk_grid": {"type": "regular", "chunk_shape": [2, 2], "separator": "/"},
-                          "chunk_memory_layout": "C"}).encode()  # fmt: skip
+DRAFT_ENTRY = json.dumps(
+    {
+        "zarr_format": DRAFT_ZARR_FORMAT,
+        "metadata_encoding": DRAFT_ZARR_FORMAT,
+        "metadata_key_suffix": ".json",
+        "extensions": [],
+    }
+).encode()
+DRAFT_ARRAY = json.dumps(
+    {
+        "shape": [8, 8],
+        "data_type": "<i2",
+        "fill_value": 0,
+        "extensions": [],
+        "attributes": {},
+        "chunk_grid": {"type": "regular", "chunk_shape": [2, 2], "separator": "/"},
+        "chunk_memory_layout": "C",
+    }
+).encode()
 DRAFT_CHUNKS = {f"data/root/a/c{i}/{j}": np.full(4, 10 * i + j, "<i2").tobytes() for i in range(4) for j in range(4)}
 
 

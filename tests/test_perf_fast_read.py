@@ -1,4 +1,4 @@
-"""The warm single-chunk read fast path (:meth:`ShardReader._read_one_cached <shardkv.engine.reads.ShardReader._read_one_cached>`), counted on a local store.
+"""The warm single-chunk read fast path (``_read_one_cached`` of the engine's reads), counted on a local store.
 
 A warm read of one chunk is one request for exactly the chunk's bytes,
 conditioned on the cached index's generation; a shard rewritten by another

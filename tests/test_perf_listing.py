@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import KeysView, MutableMapping
+from collections.abc import Callable, Iterator, KeysView, MutableMapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -43,7 +43,9 @@ ENCODINGS = [
 ]
 
 
-def array(shape: tuple[int, ...] | None, cps: tuple[int, ...], enc: ChunkKeyEncoding, prefix: str = "g/a/") -> ShardedArray:
+def array(
+    shape: tuple[int, ...] | None, cps: tuple[int, ...], enc: ChunkKeyEncoding, prefix: str = "g/a/"
+) -> ShardedArray:
     chunks = None if shape is None else (1,) * len(cps)
     return ShardedArray("g/a", prefix, shape, chunks, ShardLayout.v3(cps), enc, enc)
 
@@ -367,8 +369,7 @@ class CountingLocal(LocalStore):
         self, prefix: str, wanted: Callable[[str], bool] | None = None
     ) -> Iterator[tuple[str, Generation | None]]:
         self.listings += 1
-        for key, generation in LocalStore.list_generations(self, prefix, wanted):
-            yield key, generation
+        yield from LocalStore.list_generations(self, prefix, wanted)
 
     def reset(self) -> None:
         self.listings = 0

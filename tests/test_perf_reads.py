@@ -10,8 +10,9 @@ that records every ``cat_file`` with its range and the bytes returned.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -153,7 +154,7 @@ def test_coalesced_requests(
     fs.reset()
     keys = [f"a/{i}" for i in chunks]
     got = store.getitems(keys)
-    assert got == {k: chunk_bytes(i) for k, i in zip(keys, chunks)}
+    assert got == {k: chunk_bytes(i) for k, i in zip(keys, chunks, strict=True)}
     reads = fs.reads()
     assert sorted((r.start, r.end) for r in reads) == expected
     assert sorted(r.nbytes for r in reads) == sorted(e - s for s, e in expected)

@@ -13,10 +13,10 @@ local directory, by wrapping the adapter's atomic writes and positional writes
 from __future__ import annotations
 
 import itertools
-import os
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest

@@ -17,12 +17,20 @@ if not zarr.__version__.startswith("2."):
     pytest.skip("zarr-python 2 only", allow_module_level=True)
 
 ZARRAY = json.dumps(
-    {"zarr_format": 2, "shape": [8, 8], "chunks": [2, 2], "dtype": "<i4", "compressor": None,
-     "fill_value": 0, "filters": None, "order": "C"}
-).encode()  # fmt: skip
+    {
+        "zarr_format": 2,
+        "shape": [8, 8],
+        "chunks": [2, 2],
+        "dtype": "<i4",
+        "compressor": None,
+        "fill_value": 0,
+        "filters": None,
+        "order": "C",
+    }
+).encode()
 
 
-# -- issue 20, item 6: shardkv's internal names are refused on write --------------------------
+# -- shardkv's internal names are refused on write --------------------------
 
 RESERVED = [".shardkv-locks", "a.shardkv-tmp-123", "g/.shardkv-locks", "g/x.shardkv-tmp-9/arr"]
 
@@ -56,7 +64,7 @@ def test_the_draft_proxy_refuses_reserved_names_too(kind: str) -> None:
         proxy[f"meta/root/g/x.shardkv-tmp-1.{kind}.json"] = b"{}"
 
 
-# -- issue 21, item 3: a freshly opened store reads each metadata document once ----------------
+# -- a freshly opened store reads each metadata document once ----------------
 
 
 def _written(base: dict) -> np.ndarray:
@@ -82,8 +90,10 @@ def test_a_cold_chunk_read_reads_each_zarr_json_once(opener: Any, documents: dic
     base.reads.clear()
     arr = zarr.open_array(opener(base), path="g/a", mode="r")
     np.testing.assert_array_equal(arr[0:2, 0:2], data[0:2, 0:2])  # one chunk, cold
-    meta = {k: n for k, n in base.reads.items() if k.rpartition("/")[2] in (".zarray", ".zattrs", ".zgroup", "zarr.json")}
-    # once each, no v2 probes; was {"zarr.json", "g/zarr.json", "g/a/zarr.json"} before issue 21's owner lookup
+    meta = {
+        k: n for k, n in base.reads.items() if k.rpartition("/")[2] in (".zarray", ".zattrs", ".zgroup", "zarr.json")
+    }
+    # once each, no v2 probes; was {"zarr.json", "g/zarr.json", "g/a/zarr.json"} before the owner lookup
     assert meta == documents
 
 
@@ -94,9 +104,16 @@ def test_rechunk_to_shards_accepts_a_draft_array() -> None:
     da = pytest.importorskip("dask.array")
     proxy = open_store({}, chunks_per_shard=(2, 3), layout="draft2022")
     proxy["meta/root/a.array.json"] = json.dumps(
-        {"shape": [10, 12], "data_type": "<i4", "chunk_grid": {"type": "regular", "chunk_shape": [2, 2],
-         "separator": "/"}, "chunk_memory_layout": "C", "fill_value": 0, "extensions": [], "attributes": {}}
-    ).encode()  # fmt: skip
+        {
+            "shape": [10, 12],
+            "data_type": "<i4",
+            "chunk_grid": {"type": "regular", "chunk_shape": [2, 2], "separator": "/"},
+            "chunk_memory_layout": "C",
+            "fill_value": 0,
+            "extensions": [],
+            "attributes": {},
+        }
+    ).encode()
     assert proxy.sharded_array("a").shard_shape == (4, 6)
     blocks = rechunk_to_shards(da.zeros((10, 12), chunks=(5, 5), dtype="i4"), proxy, "a")
     assert blocks.chunks == ((4, 4, 2), (6, 6))

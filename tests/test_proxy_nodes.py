@@ -18,9 +18,18 @@ def table(base: dict) -> NodeTable:
 
 def zarray(shape=(8, 8), chunks=(2, 2), sep=".") -> bytes:
     return json.dumps(
-        {"zarr_format": 2, "shape": list(shape), "chunks": list(chunks), "dtype": "|u1", "compressor": None,
-         "fill_value": 0, "filters": None, "order": "C", "dimension_separator": sep}
-    ).encode()  # fmt: skip
+        {
+            "zarr_format": 2,
+            "shape": list(shape),
+            "chunks": list(chunks),
+            "dtype": "|u1",
+            "compressor": None,
+            "fill_value": 0,
+            "filters": None,
+            "order": "C",
+            "dimension_separator": sep,
+        }
+    ).encode()
 
 
 @pytest.fixture
@@ -75,7 +84,7 @@ def test_nodes_are_read_once_and_forgotten_on_request(base: dict) -> None:
     nodes = NodeTable(read)
     assert nodes.sharded("g/sharded") is not None
     assert reads == [["g/sharded/zarr.json"]]  # a presented v3 node needs no .zarray probe
-    del base["g/sharded/zarr.json"]  # issue 11: the array is its zarr.json alone
+    del base["g/sharded/zarr.json"]  # the array is its zarr.json alone
     assert nodes.sharded("g/sharded") is not None  # kept
     nodes.forget_under("g")
     assert nodes.sharded("g/sharded") is None and not nodes.node("g/sharded").is_array
@@ -83,7 +92,7 @@ def test_nodes_are_read_once_and_forgotten_on_request(base: dict) -> None:
 
 
 def test_a_stale_zarray_beside_a_v3_array_is_not_what_zarr_2_sees(base: dict) -> None:
-    # the v3 zarr.json is the array (issue 11); a .zarray left beside it by hand never overrides it
+    # the v3 zarr.json is the array; a .zarray left beside it by hand never overrides it
     base["g/sharded/.zarray"] = zarray(chunks=(4, 4))
     node = table(base).node("g/sharded")
     assert node.array is not None and node.array.chunks == (2, 2)
@@ -108,7 +117,7 @@ def test_a_zarr_json_that_is_not_json_is_refused(base: dict) -> None:
 def test_the_owner_of_a_key_is_found_reading_only_the_paths_that_could_own_it(
     base: dict, key: str, owner: str | None, read: list[list[str]]
 ) -> None:
-    # issue 21: a cold read of a chunk of g/sharded reads g/sharded/zarr.json, not the zarr.json of every parent
+    # a cold read of a chunk of g/sharded reads g/sharded/zarr.json, not the zarr.json of every parent
     reads: list[list[str]] = []
     kv = open_kv(base)
 

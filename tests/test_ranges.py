@@ -61,7 +61,9 @@ _ranges = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
-@given(ranges=_ranges, max_gap=st.integers(0, 80), max_size=st.integers(0, 200), data=st.binary(min_size=460, max_size=460))
+@given(
+    ranges=_ranges, max_gap=st.integers(0, 80), max_size=st.integers(0, 200), data=st.binary(min_size=460, max_size=460)
+)
 def test_coalesce_serves_each_range_exactly_once_within_limits(
     ranges: list[ByteRange], max_gap: int, max_size: int, data: bytes
 ) -> None:

@@ -1,4 +1,4 @@
-"""Issue 20, items 5 and 8: work bounded by what is stored, memory bounded by limits, one-line CLI errors.
+"""Work bounded by what is stored, memory bounded by limits, one-line CLI errors.
 
 Rows of the issue's table proven here (each fails on the code before the fix):
 
@@ -44,8 +44,14 @@ def run_cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 90) 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
 
-    return subprocess.run([sys.executable, "-m", "shardkv", *argv], capture_output=True, text=True, timeout=timeout,
-                          preexec_fn=limit, env={**os.environ, **(env or {})})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "shardkv", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=limit,
+        env={**os.environ, **(env or {})},
+    )
 
 
 # -- sparse grids: the listing, never the grid -----------------------------------------------
@@ -55,19 +61,24 @@ def run_cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 90) 
 def sparse(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("sparse")
     stores = {}
-    for name, shape, written in [("1e10", (10**5, 10**5), [(0, 0), (500, 7), (99999, 99999)]),
-                                 ("1e15", (10**8, 10**7), [(0, 0), (5, 7)])]:  # fmt: skip
+    for name, shape, written in [
+        ("1e10", (10**5, 10**5), [(0, 0), (500, 7), (99999, 99999)]),
+        ("1e15", (10**8, 10**7), [(0, 0), (5, 7)]),
+    ]:
         path = root / f"{name}.zarr"
-        z = zarr.open_array(ShardedStore(str(path), chunks_per_shard=1), mode="w", shape=shape, chunks=(1, 1),
-                            dtype="u1", fill_value=0)  # fmt: skip
+        z = zarr.open_array(
+            ShardedStore(str(path), chunks_per_shard=1), mode="w", shape=shape, chunks=(1, 1), dtype="u1", fill_value=0
+        )
         for i, at in enumerate(written):
             z[at] = i + 1
         stores[name] = path
     return stores
 
 
-@pytest.mark.parametrize("command,grid", [("compact", "1e10"), ("compact", "1e15"), ("verify", "1e15"),
-                                          ("info", "1e15"), ("unshard", "1e15")])  # fmt: skip
+@pytest.mark.parametrize(
+    "command,grid",
+    [("compact", "1e10"), ("compact", "1e15"), ("verify", "1e15"), ("info", "1e15"), ("unshard", "1e15")],
+)
 def test_commands_walk_the_stored_shards_not_the_grid(
     sparse: dict[str, Path], tmp_path: Path, command: str, grid: str
 ) -> None:
@@ -106,8 +117,16 @@ def test_the_bomb_is_what_it_says() -> None:
 def test_verify_decode_stops_a_chunk_that_expands_beyond_its_size(tmp_path: Path) -> None:
     path = tmp_path / "bomb.zarr"
     store = ShardedStore(str(path), chunks_per_shard=4)
-    z = zarr.open_array(store, mode="w", path="a", shape=(64,), chunks=(8,), dtype="i4",
-                        compressor=numcodecs.Zlib(level=1), fill_value=0)  # fmt: skip
+    z = zarr.open_array(
+        store,
+        mode="w",
+        path="a",
+        shape=(64,),
+        chunks=(8,),
+        dtype="i4",
+        compressor=numcodecs.Zlib(level=1),
+        fill_value=0,
+    )
     z[:] = np.arange(64)
     bomb = zlib_bomb(3 * 2**30)
     assert len(bomb) < 16 * 2**20
@@ -120,8 +139,9 @@ def test_verify_decode_stops_a_chunk_that_expands_beyond_its_size(tmp_path: Path
 
 
 def test_reads_through_the_inner_codecs_stop_at_the_declared_size() -> None:
-    pipeline = CodecPipeline([{"name": "bytes", "configuration": {"endian": "little"}},
-                              {"name": "gzip", "configuration": {"level": 1}}])  # fmt: skip
+    pipeline = CodecPipeline(
+        [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "gzip", "configuration": {"level": 1}}]
+    )
     good = pipeline.encode(np.arange(8, dtype="<i4"))
     np.testing.assert_array_equal(pipeline.decode(good, (8,), np.dtype("<i4")), np.arange(8))
     bomb = gzip.compress(bytes(64 * 2**20), compresslevel=1)
@@ -164,8 +184,9 @@ def test_a_zarr_json_with_a_billion_chunks_per_shard_is_named_not_allocated(tmp_
 
 def test_a_directory_at_a_shard_key_is_one_line_of_damage(tmp_path: Path) -> None:
     path = tmp_path / "s.zarr"
-    z = zarr.open_array(ShardedStore(str(path), chunks_per_shard=4), mode="w", path="a", shape=(64,), chunks=(8,),
-                        dtype="i4")  # fmt: skip
+    z = zarr.open_array(
+        ShardedStore(str(path), chunks_per_shard=4), mode="w", path="a", shape=(64,), chunks=(8,), dtype="i4"
+    )
     z[:] = 5
     (path / "a" / "1").unlink()
     (tmp_path / "elsewhere").mkdir()

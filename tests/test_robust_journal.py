@@ -1,4 +1,4 @@
-"""Issue 20, item 4: a journal belongs to one store, is locked for its life, and never drops an acknowledged write.
+"""A journal belongs to one store, is locked for its life, and never drops an acknowledged write.
 
 Rows of the issue's table proven here (each fails on the code before the fix):
 
@@ -35,8 +35,9 @@ from shardkv.errors import JournalCorruptError, JournalMismatchError, LockTimeou
 
 
 def make_array(root: Path) -> None:
-    zarr.open_array(ShardedStore(str(root), chunks_per_shard=4), mode="w", shape=(64,), chunks=(4,), dtype="i4",
-                    fill_value=0)  # fmt: skip
+    zarr.open_array(
+        ShardedStore(str(root), chunks_per_shard=4), mode="w", shape=(64,), chunks=(4,), dtype="i4", fill_value=0
+    )
 
 
 def write_then_die(root: Path, journal: Path) -> None:
@@ -93,10 +94,14 @@ def test_records_of_an_array_recreated_with_another_layout_are_refused(tmp_path:
     x, journal = tmp_path / "x", tmp_path / "wb.journal"
     make_array(x)
     run_and_kill(lambda: write_then_die(x, journal), None)  # records of 4-element chunks
-    zarr.open_array(ShardedStore(str(x), chunks_per_shard=2), mode="w", shape=(64,), chunks=(8,), dtype="i4",
-                    fill_value=3)  # fmt: skip  (the array recreated with 8-element chunks, outside the journal)
-    with pytest.raises(JournalMismatchError, match=r"array '' with chunks=4 chunks_per_shard=4, not of array '' "
-                                                   r"with chunks=8 chunks_per_shard=2"):  # fmt: skip
+    zarr.open_array(
+        ShardedStore(str(x), chunks_per_shard=2), mode="w", shape=(64,), chunks=(8,), dtype="i4", fill_value=3
+    )  # the array recreated with 8-element chunks, outside the journal
+    with pytest.raises(
+        JournalMismatchError,
+        match=r"array '' with chunks=4 chunks_per_shard=4, not of array '' "
+        r"with chunks=8 chunks_per_shard=2",
+    ):
         ShardedStore(str(x), buffer_bytes=10**6, journal=str(journal))
     assert list(zarr.open_array(ShardedStore(str(x)), mode="r")[:16]) == [3] * 16  # nothing replayed into it
 
@@ -158,7 +163,7 @@ def test_two_processes_racing_on_one_new_journal_lose_no_acknowledged_record(tmp
         results = [queue.get(timeout=60) for _ in procs]
         for p in procs:
             p.join(timeout=30)
-        for name, acked, errors in results:
+        for name, _, errors in results:
             assert errors == [], f"trial {trial}, process {name}: {errors}"
         with Journal(path) as j:
             held = {rec.key for rec in j.replay()}

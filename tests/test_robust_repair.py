@@ -1,4 +1,4 @@
-"""Issue 20, item 3 (and item 8 for metadata): repair never destroys what it cannot understand.
+"""Repair (of shards, and of metadata) never destroys what it cannot understand.
 
 Rows of the issue's table proven here (each fails on the code before the fix):
 
@@ -81,11 +81,12 @@ def test_commands_fail_naming_an_unreadable_zarr_json(tmp_path: Path, how: str, 
 
 
 def test_compact_keeps_the_shards_of_an_array_whose_zarr_json_is_missing(tmp_path: Path) -> None:
-    """Issue 20 item 3, the same rule for compact: what it cannot understand is left as it is."""
+    """The same rule for compact: what it cannot understand is left as it is."""
     root = tmp_path / "src.zarr"
     make_hierarchy(root)
     damage(root, "missing")
-    done = subprocess.run([sys.executable, "-m", "shardkv", "compact", str(root)], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "shardkv", "compact", str(root)], capture_output=True, text=True, timeout=120
+    )
     assert "Traceback" not in done.stderr, done.stderr
     assert shards_of_b(root) == ["0", "1"]

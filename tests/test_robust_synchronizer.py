@@ -1,4 +1,4 @@
-"""Issue 20, item 9: what zarr 2's synchronizers make safe for dask blocks that cut chunks (the README's advice).
+"""What zarr 2's synchronizers make safe for dask blocks that cut chunks (the README's advice).
 
 * ``zarr.ProcessSynchronizer`` is one lock file per chunk, locked with POSIX
   record locks, which belong to the *process*: two threads of one process
@@ -66,8 +66,15 @@ def test_a_process_synchronizer_does_not_exclude_threads_a_thread_synchronizer_d
 def store_unaligned(path: str, sync: object, scheduler: object) -> int:
     """``da.store`` chunk-cutting blocks into a new sharded array; returns the elements that came out wrong."""
     source = np.random.default_rng(5).integers(1, 1 << 30, size=SHAPE, dtype="i4")
-    target = zarr.open_array(ShardedStore(path, chunks_per_shard=2), mode="w", shape=SHAPE, chunks=CHUNKS,
-                             dtype="i4", fill_value=0, synchronizer=sync)  # fmt: skip
+    target = zarr.open_array(
+        ShardedStore(path, chunks_per_shard=2),
+        mode="w",
+        shape=SHAPE,
+        chunks=CHUNKS,
+        dtype="i4",
+        fill_value=0,
+        synchronizer=sync,
+    )
     da.store(da.from_array(source, chunks=BLOCKS), target, lock=False, compute=True, scheduler=scheduler)
     written = zarr.open_array(ShardedStore(path), mode="r")[:]
     return int(np.count_nonzero(written != source))
@@ -75,8 +82,14 @@ def store_unaligned(path: str, sync: object, scheduler: object) -> int:
 
 def cluster(threads: int, workers: int) -> distributed.Client:
     return distributed.Client(
-        distributed.LocalCluster(n_workers=workers, threads_per_worker=threads, processes=True, host="127.0.0.1",
-                                 dashboard_address=None, worker_dashboard_address=None),  # fmt: skip
+        distributed.LocalCluster(
+            n_workers=workers,
+            threads_per_worker=threads,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=None,
+            worker_dashboard_address=None,
+        ),
         timeout=30,
     )
 
@@ -86,8 +99,9 @@ def test_process_synchronizer_with_several_threads_per_worker_loses_patches(tmp_
     try:
         lost: list[int] = []
         for i in range(3):  # a race: shown in at least one of 3 runs (bounded; the first run shows it in practice)
-            lost.append(store_unaligned(str(tmp_path / f"t{i}.zarr"), zarr.ProcessSynchronizer(str(tmp_path / f"l{i}")),
-                                        client))  # fmt: skip
+            lost.append(
+                store_unaligned(str(tmp_path / f"t{i}.zarr"), zarr.ProcessSynchronizer(str(tmp_path / f"l{i}")), client)
+            )
             if lost[-1]:
                 break
     finally:

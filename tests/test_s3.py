@@ -35,8 +35,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _options(endpoint: str, key: str = "testing") -> dict:
-    return {"key": key, "secret": "testing", "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
+def _options(endpoint: str, key: str = "testing", secret: str = "testing") -> dict:
+    return {"key": key, "secret": secret, "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,11 @@ def s3():
     options = _options(endpoint)
     boto3 = pytest.importorskip("boto3")
     client = boto3.client(
-        "s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
     )
     client.create_bucket(Bucket=BUCKET)
     fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
@@ -133,7 +137,9 @@ def test_convert_s3_to_local_equals_a_local_conversion(s3, shared_data, tmp_path
     fs.put(str(shared_data / ASTRONAUT), src[len("s3://") :], recursive=True)
     assert len(_objects(fs, src)) == len(_files(shared_data / ASTRONAUT))
     from_s3, local = tmp_path / "from-s3", tmp_path / "local"
-    proc = run("convert", src, str(from_s3), "--chunks-per-shard", "3,2,1", "--source-storage-options", json.dumps(options))
+    proc = run(
+        "convert", src, str(from_s3), "--chunks-per-shard", "3,2,1", "--source-storage-options", json.dumps(options)
+    )
     assert proc.returncode == 0, proc.stderr
     assert run("convert", str(shared_data / ASTRONAUT), str(local), "--chunks-per-shard", "3,2,1").returncode == 0
     assert _files(from_s3) == _files(local)
@@ -143,7 +149,12 @@ def test_unshard_s3_to_local_is_plain_zarr(s3, shared_data, tmp_path):
     endpoint, options, fs = s3
     sharded = _unique("sharded")
     opts = json.dumps(options)
-    assert run("convert", str(shared_data / ASTRONAUT), sharded, "--chunks-per-shard", "4", "--storage-options", opts).returncode == 0
+    assert (
+        run(
+            "convert", str(shared_data / ASTRONAUT), sharded, "--chunks-per-shard", "4", "--storage-options", opts
+        ).returncode
+        == 0
+    )
     plain = tmp_path / "plain"
     proc = run("unshard", sharded, str(plain), "--source-storage-options", opts, "--json")
     assert proc.returncode == 0, proc.stderr
@@ -152,7 +163,9 @@ def test_unshard_s3_to_local_is_plain_zarr(s3, shared_data, tmp_path):
     # the chunk files are byte for byte the original ones, and zarr 2 reads them without shardkv
     source_files = _files(shared_data / ASTRONAUT)
     out_files = _files(plain)
-    assert {k: v for k, v in out_files.items() if ".z" not in k} == {k: v for k, v in source_files.items() if ".z" not in k}
+    assert {k: v for k, v in out_files.items() if ".z" not in k} == {
+        k: v for k, v in source_files.items() if ".z" not in k
+    }
     expected = _arrays_of(zarr.DirectoryStore(str(shared_data / ASTRONAUT)))
     got = _arrays_of(zarr.DirectoryStore(str(plain)))
     for name in expected:
@@ -169,15 +182,22 @@ def test_sharded_store_writes_and_reads_on_s3(s3):
     stored = _objects(fs, url)
     shards = sorted(k for k in stored if k[0].isdigit())
     assert shards == [f"{i}.{j}" for i in range(3) for j in range(4)]  # 6 x 8 chunks in 3 x 4 shards
-    assert set(stored) - set(shards) == {"zarr.json"}  # v3 only (issue 11)
+    assert set(stored) - set(shards) == {"zarr.json"}  # v3 only
     np.testing.assert_array_equal(zarr.open_array(ShardedStore(url, storage_options=options), mode="r")[...], data)
 
 
 def test_missing_bucket_is_one_line_and_never_created(s3, shared_data):
     endpoint, options, fs = s3
     opts = json.dumps(options)
-    proc = run("convert", str(shared_data / ASTRONAUT), "s3://no-such-bucket-x/out.zarr", "--chunks-per-shard", "2",
-               "--storage-options", opts)  # fmt: skip
+    proc = run(
+        "convert",
+        str(shared_data / ASTRONAUT),
+        "s3://no-such-bucket-x/out.zarr",
+        "--chunks-per-shard",
+        "2",
+        "--storage-options",
+        opts,
+    )
     line = assert_one_line_error(proc, "s3://no-such-bucket-x/out.zarr", "no-such-bucket-x", "does not exist")
     assert "never creates" in line
     fs.invalidate_cache()
@@ -204,13 +224,37 @@ def test_unreachable_endpoint_is_one_line(s3):
     assert time.monotonic() - start < 60
 
 
-def test_bad_credentials_are_one_line(s3, monkeypatch):
+def test_an_access_key_the_server_does_not_know_is_a_credentials_error(s3, monkeypatch):
+    # s3fs turns InvalidAccessKeyId into a PermissionError whose message ("The AWS Access Key Id
+    # you provided does not exist in our records.") names no code: the code is in its cause
     import moto.settings
 
     endpoint, _, _ = s3
     monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # the server checks credentials now
     proc = run("info", f"s3://{BUCKET}/x.zarr", "--storage-options", json.dumps(_options(endpoint, key="wrong")))
-    assert_one_line_error(proc, f"s3://{BUCKET}/x.zarr", "denied")
+    line = assert_one_line_error(proc, f"s3://{BUCKET}/x.zarr", "credentials for the store are missing or refused")
+    assert "denied" not in line
+
+
+def test_valid_credentials_without_permission_are_access_denied(s3, monkeypatch):
+    import boto3
+    import moto.settings
+
+    endpoint, _, _ = s3
+    iam = boto3.client(
+        "iam",
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    iam.create_user(UserName="no-policy")
+    key = iam.create_access_key(UserName="no-policy")["AccessKey"]
+    monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # the server checks credentials now
+    options = _options(endpoint, key=key["AccessKeyId"], secret=key["SecretAccessKey"])
+    proc = run("info", f"s3://{BUCKET}/x.zarr", "--storage-options", json.dumps(options))
+    line = assert_one_line_error(proc, f"s3://{BUCKET}/x.zarr", f"access to bucket '{BUCKET}' denied")
+    assert "credentials" not in line
 
 
 def test_bad_storage_options_are_usage_errors():
@@ -223,13 +267,18 @@ def test_bad_storage_options_are_usage_errors():
 def test_verify_on_s3_passes_a_converted_store_and_names_a_damaged_shard(s3, shared_data):
     endpoint, options, fs = s3
     url, opts = _unique("verify"), json.dumps(options)
-    assert run("convert", str(shared_data / ASTRONAUT), url, "--chunks-per-shard", "2", "--storage-options", opts).returncode == 0
+    assert (
+        run(
+            "convert", str(shared_data / ASTRONAUT), url, "--chunks-per-shard", "2", "--storage-options", opts
+        ).returncode
+        == 0
+    )
     clean = run("verify", url, "--decode", "--storage-options", opts)
     assert clean.returncode == 0, clean.stderr
     assert ", 0 damaged" in clean.stdout and clean.stdout.strip().endswith("ok")
 
     shard = sorted(k for k in _objects(fs, url) if k.startswith("raw/") and k.rpartition("/")[2][0].isdigit())[0]
-    path = f"{url[len('s3://'):]}/{shard}"
+    path = f"{url[len('s3://') :]}/{shard}"
     blob = bytearray(fs.cat_file(path))
     blob[-5] ^= 0xFF  # the last byte of the index entries (v1.0 index at the end, then its 4-byte CRC32C)
     fs.pipe_file(path, bytes(blob))

@@ -142,15 +142,29 @@ def test_check_chunks_per_shard_refuses(value) -> None:
 
 
 def test_the_registry_knows_the_sharding_codec() -> None:
-    config = {"name": "sharding_indexed", "configuration": {"chunk_shape": [2], "codecs": [{"name": "bytes"}],
-              "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}], "index_location": "end"}}  # fmt: skip
+    config = {
+        "name": "sharding_indexed",
+        "configuration": {
+            "chunk_shape": [2],
+            "codecs": [{"name": "bytes"}],
+            "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+            "index_location": "end",
+        },
+    }
     assert isinstance(codec_from_config(config), ShardingCodec)
 
 
 @pytest.mark.parametrize("shuffle", sorted(BLOSC_SHUFFLE_IDS))
 def test_one_blosc_shuffle_table(shuffle: str) -> None:
-    zarray = {"shape": [4], "chunks": [2], "dtype": "<i2", "fill_value": 0, "order": "C", "filters": None,
-              "compressor": {"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": BLOSC_SHUFFLE_IDS[shuffle]}}  # fmt: skip
+    zarray = {
+        "shape": [4],
+        "chunks": [2],
+        "dtype": "<i2",
+        "fill_value": 0,
+        "order": "C",
+        "filters": None,
+        "compressor": {"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": BLOSC_SHUFFLE_IDS[shuffle]},
+    }
     view = v3_view_of_v2(zarray, {}, ShardLayout.v3((2,), "end", "little", True)).metadata
     blosc = view["codecs"][0]["configuration"]["codecs"][-1]
     assert blosc["configuration"]["shuffle"] == shuffle

@@ -7,8 +7,9 @@ import os
 import re
 import socket
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import fsspec
 import numpy as np

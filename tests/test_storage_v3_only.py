@@ -1,4 +1,4 @@
-"""The proxy's metadata behaviour under issue 11 ("storage never lies") and issue 10's metadata checks.
+"""The proxy's metadata behaviour when storage never lies (v3 only), and its metadata checks.
 
 zarr-python 2.18 writes through :class:`ShardedStore`; the stored documents are
 read back as JSON (what any reader without shardkv sees) and through the proxy
@@ -9,8 +9,7 @@ tests/latest.
 from __future__ import annotations
 
 import json
-from collections.abc import MutableMapping
-from typing import Iterator
+from collections.abc import Iterator, MutableMapping
 
 import numpy as np
 import pytest
@@ -74,7 +73,7 @@ def test_opening_an_array_reads_each_zarr_json_once_and_probes_nothing_else() ->
     assert opened == [("get", "g/a/zarr.json")], opened
     np.testing.assert_array_equal(arr[...], data)
     # the chunk reads learn which array owns the keys from the array's own zarr.json, read once
-    # (issue 21: no second read, and no group above it, as tensorstore), nothing else
+    # (no second read, and no group above it, as tensorstore), nothing else
     meta = [r for r in base.requests if r[1].rpartition("/")[2] in (".zarray", ".zattrs", ".zgroup", "zarr.json")]
     assert meta == [("get", "g/a/zarr.json")]
     assert not any(op in ("list", "contains") for op, _ in base.requests)

@@ -1,4 +1,4 @@
-"""storage/identity.py: the store id a write-back journal is tied to (issue 20 item 4), on real stores."""
+"""storage/identity.py: the store id a write-back journal is tied to, on real stores."""
 
 from __future__ import annotations
 

@@ -150,7 +150,13 @@ def test_get_partial_values_ranges_inside_chunks(under):
     k = key(t, (1, 2))
     v = values[k]
     got = t.get_partial_values(
-        [(k, ByteRange(2, 5)), (k, ByteRange(3)), (k, ByteRange.suffix(4)), (k, ByteRange(0, 10**6)), (k, ByteRange(10**6))]
+        [
+            (k, ByteRange(2, 5)),
+            (k, ByteRange(3)),
+            (k, ByteRange.suffix(4)),
+            (k, ByteRange(0, 10**6)),
+            (k, ByteRange(10**6)),
+        ]
     )
     assert got == [v[2:5], v[3:], v[-4:], v, b""]
 
@@ -422,7 +428,7 @@ def test_behaves_like_a_dict_of_chunks(ops, separator):
                 model[k] = bytes(old)
         assert sorted(t.list()) == sorted(model)
     got = t.get_partial_values([(key(t, c), ByteRange(0)) for c in GRID])
-    assert dict(zip([key(t, c) for c in GRID], got)) == {key(t, c): model.get(key(t, c)) for c in GRID}
-    for shard_key, blob in under.data.items():
+    assert dict(zip([key(t, c) for c in GRID], got, strict=True)) == {key(t, c): model.get(key(t, c)) for c in GRID}
+    for blob in under.data.values():
         for offset, nbytes in parse_shard(blob, 6):
             assert (offset, nbytes) == (EMPTY, EMPTY) or offset + nbytes <= len(blob) - 16 * 6

@@ -1,4 +1,4 @@
-"""The v2 -> v3 mapping of dtypes, order, filters, compressors and fill values, and its inverse (issue 19). Pure."""
+"""The v2 -> v3 mapping of dtypes, order, filters, compressors and fill values, and its inverse. Pure."""
 
 from __future__ import annotations
 
@@ -35,11 +35,17 @@ def _names(zarray: dict[str, Any]) -> list[str]:
 
 ROUND_TRIPS = {
     "delta": dict(dtype="<i4", filters=[numcodecs.Delta(dtype="<i4")]),
-    "fixedscaleoffset+zlib": dict(dtype="<f8", filters=[numcodecs.FixedScaleOffset(1, 10, dtype="<f8", astype="<i4")], compressor=numcodecs.Zlib(3)),
+    "fixedscaleoffset+zlib": dict(
+        dtype="<f8",
+        filters=[numcodecs.FixedScaleOffset(1, 10, dtype="<f8", astype="<i4")],
+        compressor=numcodecs.Zlib(3),
+    ),
     "quantize+astype": dict(dtype="<f8", filters=[numcodecs.Quantize(2, dtype="<f8"), numcodecs.AsType("<f4", "<f8")]),
     "packbits": dict(dtype=bool, filters=[numcodecs.PackBits()]),
     "crc32-filter-only": dict(dtype="<i2", filters=[numcodecs.CRC32()], compressor=None),
-    "delta+crc32+lz4": dict(dtype="<u2", filters=[numcodecs.Delta(dtype="<u2"), numcodecs.CRC32()], compressor=numcodecs.LZ4()),
+    "delta+crc32+lz4": dict(
+        dtype="<u2", filters=[numcodecs.Delta(dtype="<u2"), numcodecs.CRC32()], compressor=numcodecs.LZ4()
+    ),
     "str": dict(dtype=str),
     "str-fill": dict(dtype=str, fill_value="x"),
     "bytes": dict(dtype=bytes),
@@ -60,7 +66,9 @@ ROUND_TRIPS = {
     "V": dict(dtype="|V3"),
     "F-1d": dict(dtype="<f4", order="F"),
     "F-2d": dict(dtype="<f4", order="F", shape=(4, 6), chunks=(2, 3)),
-    "F-3d-filters": dict(dtype="<i8", order="F", shape=(4, 4, 2), chunks=(2, 2, 1), filters=[numcodecs.Delta(dtype="<i8")]),
+    "F-3d-filters": dict(
+        dtype="<i8", order="F", shape=(4, 4, 2), chunks=(2, 2, 1), filters=[numcodecs.Delta(dtype="<i8")]
+    ),
     "blosc-autoshuffle": dict(dtype="<f8", compressor=numcodecs.Blosc(shuffle=numcodecs.Blosc.AUTOSHUFFLE)),
     "big-endian-delta": dict(dtype=">i4", filters=[numcodecs.Delta(dtype=">i4")]),
     "nan": dict(dtype="<f4", fill_value=np.nan),
@@ -84,8 +92,14 @@ def test_presented_zarray_is_the_one_zarr2_wrote(kwargs: dict[str, Any]) -> None
 @pytest.mark.parametrize(
     "kwargs, names",
     [
-        (dict(dtype="<i4", filters=[numcodecs.Delta(dtype="<i4")], compressor=numcodecs.Zlib(1)), ["numcodecs.delta", "bytes", "numcodecs.zlib"]),
-        (dict(dtype="<i4", filters=[numcodecs.Shuffle(4)], compressor=numcodecs.GZip(1)), ["bytes", "numcodecs.shuffle", "gzip"]),
+        (
+            dict(dtype="<i4", filters=[numcodecs.Delta(dtype="<i4")], compressor=numcodecs.Zlib(1)),
+            ["numcodecs.delta", "bytes", "numcodecs.zlib"],
+        ),
+        (
+            dict(dtype="<i4", filters=[numcodecs.Shuffle(4)], compressor=numcodecs.GZip(1)),
+            ["bytes", "numcodecs.shuffle", "gzip"],
+        ),
         (dict(dtype=str, compressor=None), ["vlen-utf8"]),
         (dict(dtype=bytes, compressor=numcodecs.Zstd(1)), ["vlen-bytes", "zstd"]),
         (dict(dtype="<f4", order="F", compressor=None), ["transpose", "bytes"]),
@@ -103,11 +117,26 @@ def test_vlen_data_types() -> None:
 
 def test_nested_structured_is_zarr3_structured() -> None:
     encoding = v3_encoding_of_v2(_zarray(dtype=[("a", "<i2"), ("b", [("c", "<f4"), ("d", "|S3")])]))
-    assert encoding.data_type == {"name": "structured", "configuration": {"fields": [
-        ["a", "int16"],
-        ["b", {"name": "structured", "configuration": {"fields": [
-            ["c", "float32"], ["d", {"name": "null_terminated_bytes", "configuration": {"length_bytes": 3}}]]}}],
-    ]}}  # fmt: skip
+    assert encoding.data_type == {
+        "name": "structured",
+        "configuration": {
+            "fields": [
+                ["a", "int16"],
+                [
+                    "b",
+                    {
+                        "name": "structured",
+                        "configuration": {
+                            "fields": [
+                                ["c", "float32"],
+                                ["d", {"name": "null_terminated_bytes", "configuration": {"length_bytes": 3}}],
+                            ]
+                        },
+                    },
+                ],
+            ]
+        },
+    }
 
 
 @pytest.mark.parametrize(
@@ -133,7 +162,9 @@ def test_what_no_v3_reader_has_is_opaque(kwargs: dict[str, Any], why: str) -> No
 
 def test_opaque_chunks_decode_as_zarr2_wrote_them() -> None:
     store: dict[str, Any] = {}
-    z = zarr.create((5,), chunks=(3,), dtype=object, object_codec=numcodecs.MsgPack(), compressor=numcodecs.Zlib(1), store=store)
+    z = zarr.create(
+        (5,), chunks=(3,), dtype=object, object_codec=numcodecs.MsgPack(), compressor=numcodecs.Zlib(1), store=store
+    )
     z[:] = np.array([[1, "a"], {"k": 2}, "s", 3.5, None], dtype=object)
     pipeline = CodecPipeline(_inner(json.loads(store[".zarray"])))
     decoded = pipeline.decode(store["0"], (3,), np.dtype(object))
@@ -144,7 +175,9 @@ def test_opaque_chunks_decode_as_zarr2_wrote_them() -> None:
 def test_numcodecs_filters_decode_as_zarr2_wrote_them() -> None:
     store: dict[str, Any] = {}
     filters = [numcodecs.FixedScaleOffset(0, 10, dtype="<f8", astype="<i2"), numcodecs.Delta(dtype="<i2")]
-    z = zarr.create((4, 3), chunks=(2, 3), dtype="<f8", order="F", filters=filters, compressor=numcodecs.LZ4(), store=store)
+    z = zarr.create(
+        (4, 3), chunks=(2, 3), dtype="<f8", order="F", filters=filters, compressor=numcodecs.LZ4(), store=store
+    )
     z[:] = np.arange(12.0).reshape(4, 3) / 10
     pipeline = CodecPipeline(_inner(json.loads(store[".zarray"])))
     np.testing.assert_array_equal(pipeline.decode(store["1.0"], (2, 3), np.dtype("<f8")), z[2:4])
@@ -165,5 +198,7 @@ def test_consolidated_metadata_leaves_out_opaque_arrays() -> None:
     layout = ShardLayout.v3((1,))
     good = v3_view_of_v2(_zarray(dtype="<i4"), None, layout).metadata
     opaque = v3_view_of_v2(_zarray(dtype=object, object_codec=numcodecs.JSON()), None, layout).metadata
-    root = with_consolidated_metadata({"zarr_format": 3, "node_type": "group", "attributes": {}}, {"good": good, "bad": opaque})
+    root = with_consolidated_metadata(
+        {"zarr_format": 3, "node_type": "group", "attributes": {}}, {"good": good, "bad": opaque}
+    )
     assert sorted(root["consolidated_metadata"]["metadata"]) == ["good"]

@@ -1,4 +1,4 @@
-"""A hierarchy is v3 all the way down once any array in it is sharded (issue 19, item 5).
+"""A hierarchy is v3 all the way down once any array in it is sharded.
 
 Written through ``ShardedStore`` by zarr-python 2.18 and xarray (this
 environment). Oracles: zarr-python 2.18 over its own ``DirectoryStore``
@@ -50,7 +50,10 @@ def _assert_mirror(root: Path, path: str) -> dict[str, Any]:
     assert mirror["node_type"] == "array" and mirror["zarr_format"] == 3
     assert mirror["shape"] == zarray["shape"]
     assert mirror["chunk_grid"] == {"name": "regular", "configuration": {"chunk_shape": zarray["chunks"]}}
-    assert mirror["chunk_key_encoding"] == {"name": "v2", "configuration": {"separator": zarray.get("dimension_separator") or "."}}
+    assert mirror["chunk_key_encoding"] == {
+        "name": "v2",
+        "configuration": {"separator": zarray.get("dimension_separator") or "."},
+    }
     assert not any(c["name"] == "sharding_indexed" for c in mirror["codecs"])
     names = zattrs.pop("_ARRAY_DIMENSIONS", None)
     assert mirror.get("dimension_names") == names
@@ -58,7 +61,7 @@ def _assert_mirror(root: Path, path: str) -> dict[str, Any]:
     return mirror
 
 
-def _dataset(n_time: int = 8, start: int = 0) -> "xr.Dataset":
+def _dataset(n_time: int = 8, start: int = 0) -> xr.Dataset:
     rng = np.random.default_rng(start)
     return xr.Dataset(
         {"temp": (("time", "lat", "lon"), rng.random((n_time, 12, 10), dtype="f4"), {"units": "K"})},
@@ -71,7 +74,7 @@ def _dataset(n_time: int = 8, start: int = 0) -> "xr.Dataset":
     )
 
 
-def _write(path: Path, ds: "xr.Dataset", **kwargs: Any) -> None:
+def _write(path: Path, ds: xr.Dataset, **kwargs: Any) -> None:
     with ShardedStore(str(path), chunks_per_shard=(2, 2, 2)) as store:  # 3-d arrays sharded, 1-d ones not
         ds.chunk({"time": 2, "lat": 6, "lon": 5}).to_zarr(store, **kwargs)
 
@@ -164,7 +167,9 @@ def _build_zarr2(store: Any) -> zarr.hierarchy.Group:
     g.attrs["level"] = 1
     root.create_dataset("f_order", data=np.arange(12.0).reshape(12), chunks=5, order="F", fill_value=np.nan)
     root.create_dataset("delta", data=np.arange(10, dtype="i4"), chunks=4, filters=[numcodecs.Delta(dtype="i4")])
-    root.create_dataset("words", data=np.array(["a", "bc", "déf"], dtype=object), chunks=2, object_codec=numcodecs.VLenUTF8())
+    root.create_dataset(
+        "words", data=np.array(["a", "bc", "déf"], dtype=object), chunks=2, object_codec=numcodecs.VLenUTF8()
+    )
     g.create_dataset("nested", data=np.arange(7, dtype="u2"), chunks=3, dimension_separator="/")
     sharded = g.create_dataset("grid", shape=(4, 6), chunks=(2, 2), dtype="f8", fill_value=-1.0)  # 2-d: sharded
     sharded[...] = np.arange(24.0).reshape(4, 6)
@@ -186,7 +191,12 @@ def test_zarr2_reopen_identical_and_mirrors_of_every_kind(tmp_path: Path) -> Non
                 assert json.loads(store[key]) == json.loads(oracle[key]), key
         want = zarr.open_array(oracle, path=path, mode="r")
         got = zarr.open_array(store, path=path, mode="r")
-        assert (got.dtype, got.order, got.filters, got.compressor) == (want.dtype, want.order, want.filters, want.compressor)
+        assert (got.dtype, got.order, got.filters, got.compressor) == (
+            want.dtype,
+            want.order,
+            want.filters,
+            want.compressor,
+        )
         np.testing.assert_array_equal(got[...], want[...])
     for path in ("", "g"):
         assert json.loads(store[f"{path}/.zattrs".lstrip("/")]) == json.loads(oracle[f"{path}/.zattrs".lstrip("/")])
@@ -205,10 +215,14 @@ def test_an_opaque_unsharded_array_gets_no_mirror_and_stays_out_of_the_block(tmp
     with ShardedStore(str(root), chunks_per_shard=(2, 2)) as store:
         group = zarr.group(store=store)
         group.create_dataset("grid", data=np.arange(16.0).reshape(4, 4), chunks=(2, 2))
-        group.create_dataset("packed", data=np.array([{"a": 1}, [1, 2], "x"], dtype=object), chunks=2, object_codec=numcodecs.MsgPack())
+        group.create_dataset(
+            "packed", data=np.array([{"a": 1}, [1, 2], "x"], dtype=object), chunks=2, object_codec=numcodecs.MsgPack()
+        )
         group.create_dataset("plain", data=np.arange(3), chunks=2)
         zarr.consolidate_metadata(store)
-        np.testing.assert_array_equal(zarr.open_group(store, mode="r")["packed"][...], np.array([{"a": 1}, [1, 2], "x"], dtype=object))
+        np.testing.assert_array_equal(
+            zarr.open_group(store, mode="r")["packed"][...], np.array([{"a": 1}, [1, 2], "x"], dtype=object)
+        )
     assert not (root / "packed" / "zarr.json").exists()
     assert sorted(_block(root)) == ["grid", "plain"]
     _assert_mirror(root, "plain")
@@ -247,7 +261,9 @@ def test_non_finite_attributes_are_kept_as_zarr_python_3_writes_them(tmp_path: P
     paths = ("odd", "line", "grid", "late")
     with ShardedStore(str(root)) as store:
         for path in paths:
-            assert _text(zarr.open(store, path=path, mode="r").attrs) == _text(zarr.open(oracle, path=path, mode="r").attrs)
+            assert _text(zarr.open(store, path=path, mode="r").attrs) == _text(
+                zarr.open(oracle, path=path, mode="r").attrs
+            )
         np.testing.assert_array_equal(zarr.open_array(store, path="grid", mode="r")[...], np.arange(16.0).reshape(4, 4))
     for path in paths:
         doc = _doc(root, f"{path}/zarr.json")
@@ -259,7 +275,7 @@ def test_non_finite_attributes_are_kept_as_zarr_python_3_writes_them(tmp_path: P
 
 
 def test_a_hierarchy_made_before_is_described_when_consolidated(tmp_path: Path) -> None:
-    """A v3 root whose unsharded arrays and groups have no v3 documents (an earlier shardkv) gains them on consolidation."""
+    """A v3 root whose plain arrays and groups lack v3 documents (an earlier shardkv) gains them on consolidation."""
     root = tmp_path / "old.zarr"
     with ShardedStore(str(root), chunks_per_shard=(2, 2)) as store:
         group = zarr.group(store=store)
@@ -310,8 +326,16 @@ def test_over_a_dict_the_same_documents(tmp_path: Path) -> None:
 def test_plan_v3_down_groups_arrays_and_refusals() -> None:
     from shardkv.metadata.all_v3 import may_mirror, plan_v3_down
 
-    zarray = {"zarr_format": 2, "shape": [4], "chunks": [2], "dtype": "<i4", "compressor": None, "fill_value": 0,
-              "filters": None, "order": "C"}  # fmt: skip
+    zarray = {
+        "zarr_format": 2,
+        "shape": [4],
+        "chunks": [2],
+        "dtype": "<i4",
+        "compressor": None,
+        "fill_value": 0,
+        "filters": None,
+        "order": "C",
+    }
     packed = {**zarray, "dtype": "|O", "filters": [{"id": "msgpack2"}]}
     documents = {
         "zarr.json": {"zarr_format": 3, "node_type": "group", "attributes": {}},
@@ -339,12 +363,15 @@ def test_consolidated_in_step_adds_replaces_and_removes_entries() -> None:
 
     array = {"zarr_format": 3, "node_type": "array", "shape": [2], "attributes": {}}
     group = {"zarr_format": 3, "node_type": "group", "attributes": {"a": 1}}
-    root = with_consolidated_metadata({"zarr_format": 3, "node_type": "group", "attributes": {}},
-                                      {"a": array, "g": group, "g/b": array})  # fmt: skip
+    root = with_consolidated_metadata(
+        {"zarr_format": 3, "node_type": "group", "attributes": {}}, {"a": array, "g": group, "g/b": array}
+    )
     assert has_consolidated(root) and not has_consolidated(group)
     opaque = {**array, "data_type": {"name": "shardkv.v2_dtype"}}
     bigger = {**array, "shape": [3]}
-    out = consolidated_in_step({**root, "attributes": {"new": True}}, root, {"g": None, "a": bigger, "c": array, "d": opaque})
+    out = consolidated_in_step(
+        {**root, "attributes": {"new": True}}, root, {"g": None, "a": bigger, "c": array, "d": opaque}
+    )
     assert out["attributes"] == {"new": True}
     assert out["consolidated_metadata"]["metadata"] == {"a": bigger, "c": array}
     assert out["consolidated_metadata"]["kind"] == "inline"
@@ -356,7 +383,7 @@ def test_consolidated_in_step_adds_replaces_and_removes_entries() -> None:
         consolidated_in_step(array, root, {})
 
 
-# -- opaque arrays: blocks that keep their siblings listable (issue 19, item 5) ----------------------
+# -- opaque arrays: blocks that keep their siblings listable ----------------------
 
 _PACKED = np.array([{"a": 1}, [1, 2], "x", None], dtype=object)
 
@@ -427,7 +454,7 @@ def test_a_users_block_stays_when_the_last_opaque_array_goes(tmp_path: Path) -> 
     assert "consolidated_metadata" not in _doc(root, "a/b/zarr.json")
 
 
-def test_over_a_dict_deleting_the_opaque_arrays_zarray_takes_the_blocks_along() -> None:
+def test_over_a_dict_deleting_the_opaque_array_takes_the_blocks_along() -> None:
     base: dict[str, bytes] = {}
     store = ShardedStore(base, chunks_per_shard={"grid": (2, 2), "a/b/packed": (2,)})
     _opaque_hierarchy(store)
@@ -435,7 +462,13 @@ def test_over_a_dict_deleting_the_opaque_arrays_zarray_takes_the_blocks_along() 
         "a/b/zarr.json", "a/zarr.json", "zarr.json",
     ]
     assert sorted(json.loads(base["a/b/zarr.json"])["consolidated_metadata"]["metadata"]) == ["v"]
-    del store["a/b/packed/.zarray"]
+    chunks = sorted(k for k in store if k.startswith("a/b/packed/") and k[-1].isdigit())
+    del store["a/b/packed/.zarray"]  # that key alone: the chunks stay chunks, so the array's zarr.json stays
+    assert "a/b/packed/.zarray" not in store
+    assert sorted(k for k in store if k.startswith("a/b/packed/")) == chunks
+    assert json.loads(base["a/b/packed/zarr.json"])["shardkv.v2_deleted"]["documents"] == [".zarray"]
+    assert sorted(json.loads(base["a/b/zarr.json"])["consolidated_metadata"]["metadata"]) == ["v"]
+    store.rmdir("a/b/packed")
     assert "a/b/packed/zarr.json" not in base
     assert not [k for k in base if k.endswith("zarr.json") and "consolidated_metadata" in json.loads(base[k])]
     assert ".zmetadata" not in store and not [k for k in base if k.endswith(".zmetadata")]
@@ -448,9 +481,13 @@ def test_plan_opaque_blocks_adds_keeps_and_releases() -> None:
     array = {"zarr_format": 3, "node_type": "array", "shape": [2], "attributes": {}}
     opaque = {**array, "data_type": {"name": "shardkv.v2_dtype", "configuration": {"dtype": "|O"}}}
     documents: dict[str, Any] = {
-        "zarr.json": group, "g/zarr.json": group, "g/o/zarr.json": opaque, "g/x/zarr.json": array,
-        "h/zarr.json": group, "h/y/zarr.json": array,
-    }  # fmt: skip
+        "zarr.json": group,
+        "g/zarr.json": group,
+        "g/o/zarr.json": opaque,
+        "g/x/zarr.json": array,
+        "h/zarr.json": group,
+        "h/y/zarr.json": array,
+    }
     assert opaque_paths(documents) == ["g/o"]
     plan = plan_opaque_blocks(documents)
     assert sorted(plan.writes) == ["g/zarr.json", "zarr.json"] and not plan.deletes

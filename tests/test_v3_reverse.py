@@ -144,13 +144,24 @@ def test_chunk_writes_reach_the_shards_and_metadata_is_read_only(written: Path, 
 
 def _doc(codecs_inner, data_type="int16", fill=0, **extra) -> dict:
     doc = {
-        "zarr_format": 3, "node_type": "array", "shape": [8, 8], "data_type": data_type,
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": [8, 8],
+        "data_type": data_type,
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [4, 4]}},
-        "chunk_key_encoding": {"name": "default"}, "fill_value": fill,
-        "codecs": [{"name": "sharding_indexed", "configuration": {
-            "chunk_shape": [2, 2], "codecs": codecs_inner,
-            "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}]}}],
-    }  # fmt: skip
+        "chunk_key_encoding": {"name": "default"},
+        "fill_value": fill,
+        "codecs": [
+            {
+                "name": "sharding_indexed",
+                "configuration": {
+                    "chunk_shape": [2, 2],
+                    "codecs": codecs_inner,
+                    "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+                },
+            }
+        ],
+    }
     doc.update(extra)
     return doc
 
@@ -161,13 +172,26 @@ LE = {"name": "bytes", "configuration": {"endian": "little"}}
 @pytest.mark.parametrize(
     "doc,reason",
     [
-        (_doc([{"name": "sharding_indexed", "configuration": {"chunk_shape": [1, 1], "codecs": [LE], "index_codecs": [LE]}}]), "nested sharding"),
+        (
+            _doc(
+                [
+                    {
+                        "name": "sharding_indexed",
+                        "configuration": {"chunk_shape": [1, 1], "codecs": [LE], "index_codecs": [LE]},
+                    }
+                ]
+            ),
+            "nested sharding",
+        ),
         (_doc([{"name": "transpose", "configuration": {"order": [0, 1]}}, LE, {"name": "made_up"}]), "unknown codec"),
         (_doc([LE], data_type="string"), "not a Zarr v3 core"),
         (_doc([LE], data_type="r16"), "not a Zarr v3 core"),
         (_doc([LE], fill=300, data_type="uint8"), "fill"),
         ({**_doc([LE]), "codecs": [LE]}, "not sharded"),
-        ({**_doc([LE]), "codecs": [_doc([LE])["codecs"][0], {"name": "gzip", "configuration": {"level": 1}}]}, "encode whole shards"),
+        (
+            {**_doc([LE]), "codecs": [_doc([LE])["codecs"][0], {"name": "gzip", "configuration": {"level": 1}}]},
+            "encode whole shards",
+        ),
         (_doc([LE], storage_transformers=[{"name": "x"}]), "storage transformers"),
         ({**_doc([LE]), "shape": []}, "0-d"),
     ],
@@ -180,7 +204,15 @@ def test_untranslatable_documents_name_the_reason(doc: dict, reason: str) -> Non
 
 
 def test_odd_transpose_is_untranslatable_and_identity_is_c() -> None:
-    assert not v2_view_of_v3(_doc([{"name": "transpose", "configuration": {"order": [1, 0]}}, {"name": "transpose", "configuration": {"order": [0, 1]}}, LE])).problems
+    assert not v2_view_of_v3(
+        _doc(
+            [
+                {"name": "transpose", "configuration": {"order": [1, 0]}},
+                {"name": "transpose", "configuration": {"order": [0, 1]}},
+                LE,
+            ]
+        )
+    ).problems
     view = v2_view_of_v3(_doc([{"name": "transpose", "configuration": {"order": [0, 1]}}, LE]))
     assert view.documents[".zarray"]["order"] == "C"
 
@@ -188,11 +220,16 @@ def test_odd_transpose_is_untranslatable_and_identity_is_c() -> None:
 @pytest.mark.parametrize(
     "data_type,fill,v2_fill",
     [
-        ("float32", "NaN", "NaN"), ("float64", "-Infinity", "-Infinity"), ("float32", "0x3fc00000", 1.5),
-        ("float16", "0x7c00", "Infinity"), ("complex64", [1.0, "NaN"], [1.0, "NaN"]), ("bool", True, True),
-        ("uint64", 2**64 - 1, 2**64 - 1), ("int8", -128, -128),
+        ("float32", "NaN", "NaN"),
+        ("float64", "-Infinity", "-Infinity"),
+        ("float32", "0x3fc00000", 1.5),
+        ("float16", "0x7c00", "Infinity"),
+        ("complex64", [1.0, "NaN"], [1.0, "NaN"]),
+        ("bool", True, True),
+        ("uint64", 2**64 - 1, 2**64 - 1),
+        ("int8", -128, -128),
     ],
-)  # fmt: skip
+)
 def test_fill_values_in_v2_spelling(data_type: str, fill, v2_fill) -> None:
     zarray = v2_view_of_v3(_doc([LE], data_type=data_type, fill=fill)).documents[".zarray"]
     assert zarray["fill_value"] == v2_fill

@@ -12,8 +12,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import crc32c
 import numcodecs
@@ -32,8 +32,16 @@ EMPTY = 2**64 - 1
 
 def make_store(root: Path, index_location: str = "end") -> np.ndarray:
     store = ShardedStore(str(root), chunks_per_shard=CPS, index_location=index_location)
-    z = zarr.open_array(store, mode="w", path="a", shape=(64,), chunks=(8,), dtype="i4",
-                        compressor=numcodecs.Zlib(level=1), fill_value=0)  # fmt: skip
+    z = zarr.open_array(
+        store,
+        mode="w",
+        path="a",
+        shape=(64,),
+        chunks=(8,),
+        dtype="i4",
+        compressor=numcodecs.Zlib(level=1),
+        fill_value=0,
+    )
     data = np.arange(64, dtype="i4") * 7
     z[:] = data
     return data
@@ -131,7 +139,7 @@ def test_stray_and_orphan_keys_and_repair(tmp_path: Path, capsys: pytest.Capture
     out = capsys.readouterr().out
     assert "STRAY a/7" in out and "ORPHAN gone/0" in out
     assert main(["verify", str(tmp_path), "--repair"]) == 1  # the stray key is only reported
-    out = capsys.readouterr().out  # an orphan is not proven garbage: --repair keeps it (issue 20)
+    out = capsys.readouterr().out  # an orphan is not proven garbage: --repair keeps it
     assert "ORPHAN gone/0" in out and "REMOVED" not in out and (tmp_path / "gone" / "0").exists()
     assert main(["verify", str(tmp_path), "--remove-orphans"]) == 1  # the stray key is only reported
     out = capsys.readouterr().out
@@ -163,8 +171,9 @@ def test_stale_temporaries_are_removed_only_past_the_age_guard(tmp_path: Path) -
 def test_command_line_exit_status_and_bad_options(tmp_path: Path) -> None:
     make_store(tmp_path)
     flip_index_byte(tmp_path / "a" / "0", "end")
-    proc = subprocess.run([sys.executable, "-m", "shardkv", "verify", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "shardkv", "verify", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 1
     assert "DAMAGED a/0: crc32c mismatch" in proc.stdout and "damage found" in proc.stdout
     with pytest.raises(SystemExit) as exc:  # bad JSON is a usage error, as on every command

@@ -1,4 +1,4 @@
-"""Warm local chunk reads stay current: every read checks the shard file's generation (issue 18, P8).
+"""Warm local chunk reads stay current: every read checks the shard file's generation.
 
 A warm single-chunk read of a local store is one ranged read of exactly the
 chunk's bytes conditioned on the cached index's generation (``(st_ino,

@@ -1,4 +1,4 @@
-"""The once-per-array warning about write-through chunk-by-chunk writes (issue 12 item 5)."""
+"""The once-per-store warning about write-through chunk-by-chunk writes."""
 
 from __future__ import annotations
 
@@ -24,18 +24,35 @@ def _chunk_by_chunk(z: zarr.Array) -> None:
             z[i : i + 8, j : j + 8] = DATA[i : i + 8, j : j + 8]
 
 
-def test_unaligned_chunk_by_chunk_writes_warn_once_per_array(tmp_path):
+def test_unaligned_chunk_by_chunk_writes_warn_once_per_store(tmp_path):
     store = ShardedStore(str(tmp_path / "s.zarr"), chunks_per_shard=4)
     a, b = _array(store, "a"), _array(store, "b")
     with pytest.warns(PartialShardWriteWarning) as record:
         _chunk_by_chunk(a)
         _chunk_by_chunk(a)  # a second pass over the same array adds no warning
-        _chunk_by_chunk(b)
-    assert [(w.message.path, w.message.rewrites) for w in record] == [("a", DEFAULT_THRESHOLD), ("b", DEFAULT_THRESHOLD)]
-    assert {w.filename for w in record} == {__file__}  # the warning names the caller's line, not shardkv's
+        _chunk_by_chunk(b)  # nor does another array of the same store: the advice is the same
+    assert [(w.message.path, w.message.rewrites) for w in record] == [("a", DEFAULT_THRESHOLD)]
     text = str(record[0].message)
-    assert "buffer_bytes" in text and "rechunk_to_shards" in text and "'a'" in text
+    assert "buffer_bytes" in text and "rechunk_to_shards" in text and "'a'" in text and "once per store" in text
+    assert len(text) <= 300, len(text)
+    other = ShardedStore(str(tmp_path / "s.zarr"))  # another store object over the same directory warns again
+    with pytest.warns(PartialShardWriteWarning):
+        _chunk_by_chunk(zarr.open_array(other, path="b"))
     np.testing.assert_array_equal(a[...], DATA)  # the advice changes nothing stored
+
+
+def test_an_xarray_dataset_written_chunk_by_chunk_warns_once(tmp_path):
+    xr = pytest.importorskip("xarray")
+    dask = pytest.importorskip("dask")
+
+    ds = xr.Dataset({name: (("y", "x"), DATA + k) for k, name in enumerate(["temp", "precip", "wind"])})
+    ds = ds.chunk({"y": 8, "x": 8})  # one zarr chunk per dask block: every task rewrites its shard
+    store = ShardedStore(str(tmp_path / "ds.zarr"), chunks_per_shard=4)
+    with dask.config.set(scheduler="synchronous"), pytest.warns(PartialShardWriteWarning) as record:
+        ds.to_zarr(store, consolidated=False)
+    assert len(record) == 1, [str(w.message) for w in record]
+    assert len(str(record[0].message)) <= 300
+    xr.testing.assert_identical(xr.open_zarr(store, consolidated=False).load(), ds.load())
 
 
 def test_whole_shard_and_buffered_writes_do_not_warn(tmp_path):

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import random
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import fsspec
 import numpy as np
@@ -110,9 +111,15 @@ N_CHUNKS, CPS = 64, 4  # 16 shards of 4 chunks
 
 def zarray(n_chunks: int = N_CHUNKS, chunk: int = 16) -> bytes:
     doc = {
-        "zarr_format": 2, "shape": [n_chunks * chunk], "chunks": [chunk], "dtype": "|u1",
-        "compressor": None, "fill_value": 0, "filters": None, "order": "C",
-    }  # fmt: skip
+        "zarr_format": 2,
+        "shape": [n_chunks * chunk],
+        "chunks": [chunk],
+        "dtype": "|u1",
+        "compressor": None,
+        "fill_value": 0,
+        "filters": None,
+        "order": "C",
+    }
     return json.dumps(doc).encode()
 
 

@@ -14,13 +14,14 @@
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import random
 import signal
 import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -155,8 +156,14 @@ def open_journalled(root: Path, journal: Path | None) -> ShardedStore:
 
 
 def create(root: Path) -> None:
-    zarr.open_array(ShardedStore(str(root), chunks_per_shard=4), mode="w", shape=(CHUNK * N_CHUNKS,),
-                    chunks=(CHUNK,), dtype="i4", fill_value=0)  # fmt: skip
+    zarr.open_array(
+        ShardedStore(str(root), chunks_per_shard=4),
+        mode="w",
+        shape=(CHUNK * N_CHUNKS,),
+        chunks=(CHUNK,),
+        dtype="i4",
+        fill_value=0,
+    )
 
 
 def writer(root: Path, journal: Path | None, acks: Path, first_seq: int, seconds: float) -> None:
@@ -183,14 +190,21 @@ def test_sigkill_with_a_journal_loses_no_acknowledged_chunk(tmp_path: Path) -> N
     for i in range(24):
         if i >= 8 and (len(acked_seqs(acks)) > 20 or time.monotonic() - started > 60):
             break
-        status = run_and_kill(lambda: writer(root, journal, acks, first, 0.9), rng.uniform(0.1, 0.6))
+        status = run_and_kill(functools.partial(writer, root, journal, acks, first, 0.9), rng.uniform(0.1, 0.6))
         kills += os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
         this_round = [s for s in acked_seqs(acks) if s >= first]
         in_flight.add(max(this_round) + 1 if this_round else first)
         first = max(in_flight) + 1
         store = open_journalled(root, journal)  # replays the journal
         assert verify_store(store, decode=True).ok
-        check_chunks(zarr.open_array(ShardedStore(str(root)), mode="r")[:], acked_seqs(acks), in_flight, chunk_of, value_of, N_CHUNKS)
+        check_chunks(
+            zarr.open_array(ShardedStore(str(root)), mode="r")[:],
+            acked_seqs(acks),
+            in_flight,
+            chunk_of,
+            value_of,
+            N_CHUNKS,
+        )
         store.close()  # releases the journal for the next child
         with Journal(journal) as j:
             assert j.empty  # the replayed data is durable: the journal was reset

@@ -1,4 +1,4 @@
-"""Issue 20, item 1: no write-back data without an owner.
+"""No write-back data without an owner.
 
 A ``ShardedStore`` with ``buffer_bytes`` sent to dask.distributed workers (each
 unpickles its own copy) used to buffer the workers' chunk writes in copies that
@@ -81,7 +81,7 @@ def test_da_to_zarr_on_a_cluster_into_a_write_back_store_stores_every_chunk(tmp_
     pids = set(local_cluster.run(os.getpid).values())
     assert os.getpid() not in pids  # the writes really happened in other processes
     fresh = ShardedStore(path)
-    assert len(_chunk_keys(fresh, "")) == 256  # all 256 chunks stored (0 before issue 20)
+    assert len(_chunk_keys(fresh, "")) == 256  # all 256 chunks stored (0 when a pickled copy buffered its writes)
     np.testing.assert_array_equal(zarr.open_array(store=fresh, mode="r")[:], data)
 
 

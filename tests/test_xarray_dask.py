@@ -11,7 +11,7 @@ da = pytest.importorskip("dask.array")
 from shardkv import ShardedStore  # noqa: E402
 
 
-def _dataset(n_time: int, start: int = 0) -> "xr.Dataset":
+def _dataset(n_time: int, start: int = 0) -> xr.Dataset:
     rng = np.random.default_rng(start)
     temp = rng.random((n_time, 20, 30), dtype="f4")
     return xr.Dataset(

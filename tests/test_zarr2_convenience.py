@@ -1,4 +1,4 @@
-"""zarr-python 2's convenience functions between sharded and plain stores (issue 19, items 3 and 4).
+"""zarr-python 2's convenience functions between sharded and plain stores.
 
 Each test does the same thing on zarr's own ``MemoryStore``/``DirectoryStore``
 (the oracle) and through a ``ShardedStore`` over a dict and over a directory,
@@ -8,8 +8,9 @@ in both directions, and compares what zarr reports and what was stored.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -71,7 +72,15 @@ def snapshot(group: zarr.hierarchy.Group) -> dict[str, Any]:
 
     def visit(name: str, node: Any) -> None:
         if isinstance(node, zarr.Array):
-            out[name] = ("array", dict(node.attrs), node.shape, node.chunks, node.dtype.str, node.fill_value, node[...].tolist())
+            out[name] = (
+                "array",
+                dict(node.attrs),
+                node.shape,
+                node.chunks,
+                node.dtype.str,
+                node.fill_value,
+                node[...].tolist(),
+            )
         else:
             out[name] = ("group", dict(node.attrs))
 
@@ -181,7 +190,19 @@ def test_getsize_is_per_chunk_and_per_direct_member(sharded: Factory) -> None:
     build(store)
     reference = zarr.MemoryStore()
     build(reference)
-    for path in ("", "g2", "g2/x", "g2/x/0.0", "g2/x/2.4", "g2/x/3.0", "g2/x/.zattrs", "y", "y/4", "nothing", "g2/x/9.9"):
+    for path in (
+        "",
+        "g2",
+        "g2/x",
+        "g2/x/0.0",
+        "g2/x/2.4",
+        "g2/x/3.0",
+        "g2/x/.zattrs",
+        "y",
+        "y/4",
+        "nothing",
+        "g2/x/9.9",
+    ):
         assert store.getsize(path) == zarr.storage.getsize(reference, path), path
         assert zarr.storage.getsize(store, path) == store.getsize(path)
 
@@ -229,3 +250,15 @@ def test_value_replacing_a_sharded_array(sharded: Factory) -> None:
     store["g2/x"] = b"now a value"
     assert list(store.keys_under("g2/x")) == [] and bytes(store["g2/x"]) == b"now a value"
     assert store.sharded_array("g2/x") is None
+
+
+def test_the_zarr3_store_under_zarr2_names_the_zarr2_store_and_extra():
+    import importlib
+    import sys
+
+    sys.modules.pop("shardkv.zarr3", None)
+    with pytest.raises(ImportError) as info:
+        importlib.import_module("shardkv.zarr3")
+    text = str(info.value)
+    assert "shardkv.ShardedStore" in text and 'pip install "shardkv[zarr2]"' in text
+    assert 'pip install "shardkv[zarr3]"' in text and "Python >= 3.12" in text

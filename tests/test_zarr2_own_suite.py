@@ -1,4 +1,4 @@
-"""zarr-python 2.18's own store and array tests, run through ShardedStore (issue 19, proof 1).
+"""zarr-python 2.18's own store and array tests, run through ShardedStore.
 
 Each class below subclasses one of zarr's (``StoreTests``, ``TestArray`` and its
 compressor / filter / path variants); only the store factory differs: a
@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import atexit
 import functools
-import shutil
-import tempfile
 import os
 import pathlib
-from typing import Any, Callable, Iterator
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numcodecs.pickles
 import pytest
@@ -35,7 +36,7 @@ def path_type(request: pytest.FixtureRequest) -> Any:
 
 @pytest.fixture(autouse=True)
 def _pickles_written_here(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """zarr's object-array tests read back the Pickle chunks they wrote; numcodecs >= 0.15 refuses those unless allowed."""
+    """zarr's object-array tests read back their own Pickle chunks; numcodecs >= 0.15 refuses those unless allowed."""
     monkeypatch.setattr(numcodecs.pickles, "ALLOW_UNSAFE_PICKLE_DECODE", True, raising=False)
     yield
 
@@ -113,7 +114,9 @@ _ARRAY_CLASSES = {
 
 
 def _array_class(name: str, base: type, factory: Callable[[], ShardedStore], where: str) -> type:
-    return type(f"TestProxy{name[4:]}Over{where}", (base,), {"create_store": lambda self: factory(), "__module__": __name__})
+    return type(
+        f"TestProxy{name[4:]}Over{where}", (base,), {"create_store": lambda self: factory(), "__module__": __name__}
+    )
 
 
 if os.environ.get("SHARDKV_ZARR2_BASELINE") == "1":  # the same classes on zarr's own stores, for the pass counts

@@ -10,8 +10,8 @@ inner chunks (2, 2), chunks_per_shard (2, 3).
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
+from typing import Any
 
 from shardkv.format.ranges import ByteRange
 from shardkv.transformers import AdapterStore, ShardingStorageTransformer
@@ -65,7 +65,7 @@ class TransformerMapping(MutableMapping):
     def getitems(self, keys: Sequence[str]) -> dict[str, bytes]:
         keys = list(keys)
         values = self.transformer.get_partial_values([(k, ByteRange(0)) for k in keys])
-        return {k: v for k, v in zip(keys, values) if v is not None}
+        return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
 
     def setitems(self, values: Mapping[str, bytes]) -> None:
         self.transformer.set_values(dict(values))

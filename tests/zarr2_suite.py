@@ -22,12 +22,26 @@ import zarr
 
 
 def _sdist_tests(version: str) -> Path:
-    cache = Path(os.environ.get("SHARDKV_ZARR2_TESTS_CACHE", Path.home() / ".cache" / "shardkv" / "zarr2-tests")) / version
+    cache = (
+        Path(os.environ.get("SHARDKV_ZARR2_TESTS_CACHE", Path.home() / ".cache" / "shardkv" / "zarr2-tests")) / version
+    )
     tests = cache / f"zarr-{version}" / "zarr" / "tests"
     if not tests.is_dir():
         cache.mkdir(parents=True, exist_ok=True)
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:", "--no-deps", f"zarr=={version}", "-d", str(cache)],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-binary",
+                ":all:",
+                "--no-deps",
+                f"zarr=={version}",
+                "-d",
+                str(cache),
+            ],
             check=True,
             timeout=300,
         )

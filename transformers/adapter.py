@@ -24,19 +24,27 @@ The sharding transformer reaches the same store through :class:`UnderlyingKV`
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import partial
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
+from shardkv._types import BytesLike
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.buffers import Value, join_parts
 from shardkv.storage.kv import (
-    ANY, Capabilities, Generation, KVStore, ReadRequest, ReadResult, hidden,
+    ANY,
+    Capabilities,
+    Generation,
+    KVStore,
+    ReadRequest,
+    ReadResult,
+    hidden,
 )
 from shardkv.storage.location import StoreLocation
 from shardkv.storage.open import open_kv
 from shardkv.storage.stamps import STAMPS, Fetched, read_stamped, write_stamped
 
-from .api import AbstractStore, BytesLike, KeyRange, KeyStartValue, apply_partial_writes, normalize_prefix
+from .api import AbstractStore, KeyRange, KeyStartValue, apply_partial_writes, normalize_prefix
 
 __all__ = ["AdapterStore", "UnderlyingKV"]
 
@@ -80,9 +88,9 @@ class AdapterStore(AbstractStore):
             return []
         results = self.kv.get_many([(key, [ranges[i] for i in at], ANY) for key, at in by_key.items()])
         out: list[bytes | None] = [None] * len(ranges)
-        for at, result in zip(by_key.values(), results):
+        for at, result in zip(by_key.values(), results, strict=True):
             if result.values is not None:
-                for i, value in zip(at, result.values):
+                for i, value in zip(at, result.values, strict=True):
                     out[i] = bytes(value)
         return out
 
@@ -196,7 +204,7 @@ class UnderlyingKV(KVStore):
                 requests.append((key, r))
                 owners.append(i)
         per_read: dict[int, list[bytes | None]] = {}
-        for owner, data in zip(owners, self.store.get_partial_values(requests) if requests else []):
+        for owner, data in zip(owners, self.store.get_partial_values(requests) if requests else [], strict=True):
             per_read.setdefault(owner, []).append(data)
         for i, got in per_read.items():
             key, ranges, _ = reads[i]

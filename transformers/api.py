@@ -14,24 +14,23 @@ distinct ``prefix + name + "/"`` of deeper ones. :meth:`AbstractStore.set_values
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Iterable, Mapping, Sequence, Tuple, Union
+from collections.abc import Iterable, Mapping, Sequence
 
+from shardkv._types import BytesLike
 from shardkv.engine.merge import apply_partial_writes
 from shardkv.format.ranges import ByteRange
 
 __all__ = [
     "AbstractStore",
-    "BytesLike",
     "KeyRange",
     "KeyStartValue",
     "normalize_prefix",
     "apply_partial_writes",
 ]
 
-BytesLike = Union[bytes, bytearray, memoryview]
-KeyRange = Tuple[str, ByteRange]
+KeyRange = tuple[str, ByteRange]
 """``(key, byte range)``: one request of ``get_partial_values``."""
-KeyStartValue = Tuple[str, int, BytesLike]
+KeyStartValue = tuple[str, int, BytesLike]
 """``(key, start, value)``: one write of ``set_partial_values`` (``start`` in bytes)."""
 
 

@@ -16,7 +16,8 @@ and ``outer_chunk_shape(entry, chunk_shape)``.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from shardkv.errors import ConfigurationError, UnsupportedError
 
@@ -24,6 +25,7 @@ from .api import AbstractStore
 from .sharding import ShardingStorageTransformer
 
 __all__ = [
+    "TransformerClass",
     "register",
     "resolve",
     "registered",
@@ -32,13 +34,41 @@ __all__ = [
 ]
 
 
-_REGISTRY: dict[tuple[str, str], type] = {}
+class TransformerClass(Protocol):
+    """What :func:`register` takes: a transformer class, with these class attributes and class methods."""
+
+    @property
+    def extension(self) -> str:
+        """The extension URI of its metadata entries."""
+
+    @property
+    def types(self) -> Sequence[str]:
+        """The ``type`` values of its metadata entries."""
+
+    def from_metadata(
+        self,
+        entry: Mapping[str, Any],
+        array_metadata: Mapping[str, Any],
+        array_path: str,
+        underlying: AbstractStore,
+        chunk_shape: Sequence[int] | None = None,
+        **options: Any,
+    ) -> AbstractStore:
+        """The transformer an entry describes, over ``underlying``."""
+
+    def outer_chunk_shape(self, entry: Mapping[str, Any], chunk_shape: Sequence[int]) -> list[int]:
+        """The chunk shape the store below sees, for ``chunk_shape`` above (elements)."""
 
 
-def register(cls: type, extension: str | None = None, types: Sequence[str] | None = None) -> type:
+_REGISTRY: dict[tuple[str, str], TransformerClass] = {}
+
+
+def register(
+    cls: TransformerClass, extension: str | None = None, types: Sequence[str] | None = None
+) -> TransformerClass:
     """Register a transformer class for an extension URI and its types (returns ``cls``)."""
-    ext = extension if extension is not None else cls.extension  # type: ignore[attr-defined]
-    for t in types if types is not None else cls.types:  # type: ignore[attr-defined]
+    ext = extension if extension is not None else cls.extension
+    for t in types if types is not None else cls.types:
         _REGISTRY[(ext, t)] = cls
     return cls
 
@@ -48,7 +78,7 @@ def registered() -> list[tuple[str, str]]:
     return sorted(_REGISTRY)
 
 
-def resolve(entry: Mapping[str, Any], path: str | None = None) -> type:
+def resolve(entry: Mapping[str, Any], path: str | None = None) -> TransformerClass:
     """The class registered for a ``storage_transformers`` entry.
 
     Raises
@@ -60,8 +90,8 @@ def resolve(entry: Mapping[str, Any], path: str | None = None) -> type:
     """
     if not isinstance(entry, Mapping) or "extension" not in entry:
         raise ConfigurationError(f"a storage_transformers entry is an object with an 'extension', got {entry!r}", path)
-    key = (entry["extension"], entry.get("type"))
-    cls = _REGISTRY.get(key)  # type: ignore[arg-type]
+    kind = entry.get("type")
+    cls = _REGISTRY.get((entry["extension"], kind)) if isinstance(kind, str) else None
     if cls is None:
         where = f"array {path!r}: " if path is not None else ""
         choices = ", ".join(f"{e} ({t})" for e, t in registered()) or "none"
@@ -120,12 +150,12 @@ def build_stack(
     classes = [resolve(e, array_path) for e in entries]
     chunk_shape = list((array_metadata.get("chunk_grid") or {}).get("chunk_shape", []))
     seen = []
-    for cls, entry in zip(classes, entries):
+    for cls, entry in zip(classes, entries, strict=True):
         seen.append(chunk_shape)
-        chunk_shape = cls.outer_chunk_shape(entry, chunk_shape)  # type: ignore[attr-defined]
+        chunk_shape = cls.outer_chunk_shape(entry, chunk_shape)
     top = store
-    for cls, entry, shape in reversed(list(zip(classes, entries, seen))):
-        top = cls.from_metadata(entry, array_metadata, array_path, top, shape, **options)  # type: ignore[attr-defined]
+    for cls, entry, shape in reversed(list(zip(classes, entries, seen, strict=True))):
+        top = cls.from_metadata(entry, array_metadata, array_path, top, shape, **options)
     return top
 
 

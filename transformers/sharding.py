@@ -27,22 +27,25 @@ shape is known, else all ``chunks_per_shard`` of them.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from shardkv.engine.engine import EngineOptions, ShardEngine
+from shardkv._types import BytesLike, LocalCoords
+from shardkv.engine.engine import ShardEngine
 from shardkv.engine.locks import Concurrency
 from shardkv.engine.merge import ChunkPatch, ShardChange, out_of_grid
+from shardkv.engine.options import DEFAULT_INDEX_CACHE_BYTES, Options
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout, chunk_nbytes_bound
 from shardkv.format.ranges import ReadPolicy
-from shardkv.keys.encodings import Draft2022ChunkKeyEncoding
+from shardkv.keys.encodings import Draft2022ChunkKeyEncoding, Separator
 from shardkv.keys.prefixes import expand_shard_prefix, shard_prefix, split_prefix
 from shardkv.keys.space import ChunkRef, ShardedArray
 
 from .adapter import AdapterStore, UnderlyingKV
-from .api import AbstractStore, BytesLike, KeyRange, KeyStartValue, normalize_prefix
+from .api import AbstractStore, KeyRange, KeyStartValue, normalize_prefix
 
 __all__ = ["ShardingStorageTransformer", "SHARDING_EXTENSION", "DATA_ROOT"]
 
@@ -50,7 +53,6 @@ SHARDING_EXTENSION = "https://purl.org/zarr/spec/storage_transformers/sharding/1
 """The ``extension`` of the sharding transformer's metadata entry."""
 DATA_ROOT = "data/root/"
 """Keys starting with this are data keys (v3 core draft "Storage keys")."""
-Local = tuple[int, ...]
 
 
 def _draft_itemsize(data_type: Any) -> int | None:
@@ -129,11 +131,11 @@ class ShardingStorageTransformer(AbstractStore):
         chunks_per_shard: Sequence[int],
         *,
         array_path: str = "",
-        separator: str = "/",
+        separator: Separator = "/",
         shape: Sequence[int] | None = None,
         chunk_shape: Sequence[int] | None = None,
         type: str = "indexed",
-        index_cache_bytes: int = 64 * 2**20,
+        index_cache_bytes: int = DEFAULT_INDEX_CACHE_BYTES,
         read_policy: ReadPolicy | None = None,
         concurrency: Concurrency | None = None,
         lock_timeout: float | None = None,
@@ -150,7 +152,7 @@ class ShardingStorageTransformer(AbstractStore):
         self.layout = ShardLayout.draft_2022(tuple(int(c) for c in chunks_per_shard), bound)
         self.array_path = array_path.strip("/")
         self.key_prefix = f"{DATA_ROOT}{self.array_path}/" if self.array_path else DATA_ROOT
-        self.encoding = Draft2022ChunkKeyEncoding(separator)  # type: ignore[arg-type]
+        self.encoding = Draft2022ChunkKeyEncoding(separator)
         ndim = len(self.layout.chunks_per_shard)
         if shape is not None and chunk_shape is not None:
             if len(shape) != ndim or len(chunk_shape) != ndim:
@@ -164,13 +166,15 @@ class ShardingStorageTransformer(AbstractStore):
         else:
             shape = chunk_shape = None
         self.array = ShardedArray(
-            self.array_path, self.key_prefix, shape, chunk_shape, self.layout, self.encoding, self.encoding  # type: ignore[arg-type]
+            self.array_path, self.key_prefix, shape, chunk_shape, self.layout, self.encoding, self.encoding
         )
         self._kv = UnderlyingKV(underlying)
         if concurrency is None:
             concurrency = "auto" if isinstance(underlying, AdapterStore) else "process"
-        self.engine = ShardEngine(self._kv, EngineOptions(index_cache_bytes, read_policy or ReadPolicy(), concurrency,
-                                                    lock_timeout))
+        self.engine = ShardEngine(self._kv, Options.from_keywords(
+            index_cache_bytes=index_cache_bytes, read_policy=read_policy, concurrency=concurrency,
+            lock_timeout=lock_timeout,
+        ))
 
     # -- configuration ------------------------------------------------------------
 
@@ -239,7 +243,7 @@ class ShardingStorageTransformer(AbstractStore):
     def outer_chunk_shape(cls, entry: Mapping[str, Any], chunk_shape: Sequence[int]) -> list[int]:
         """The chunk shape seen by the store below: the shard shape (elements)."""
         cps = (entry.get("configuration") or {}).get("chunks_per_shard") or []
-        return [c * n for c, n in zip(chunk_shape, cps)]
+        return [c * n for c, n in zip(chunk_shape, cps, strict=False)]  # a length mismatch: from_metadata refuses it
 
     @property
     def chunks_per_shard(self) -> tuple[int, ...]:
@@ -305,7 +309,7 @@ class ShardingStorageTransformer(AbstractStore):
             return None
         return self.array.locate(key, check_grid=False)
 
-    def locate(self, key: str) -> tuple[str, Local] | None:
+    def locate(self, key: str) -> tuple[str, LocalCoords] | None:
         """``(shard_key, local_coords)`` of a chunk key of this array, ``None`` for other keys.
 
         Raises
@@ -340,7 +344,7 @@ class ShardingStorageTransformer(AbstractStore):
             [(ref, key_ranges[i][1]) for i in chunks if (ref := refs[i]) is not None], [key_ranges[i] for i in relayed]
         )
         out: list[bytes | None] = [None] * len(key_ranges)
-        for i, value in zip(chunks + relayed, values):
+        for i, value in zip(chunks + relayed, values, strict=True):
             out[i] = None if value is None else bytes(value)
         return out
 
@@ -446,7 +450,9 @@ class ShardingStorageTransformer(AbstractStore):
             for shard_key, index in self.engine.reads.read_indexes(partial).items():
                 change = by_shard[shard_key]
                 new = index.copy()
-                for local in set(change.chunks) | set(out_of_grid(change.array, change.shard_coords, list(index.present()))):
+                for local in set(change.chunks) | set(
+                    out_of_grid(change.array, change.shard_coords, list(index.present()))
+                ):
                     new.clear(local)
                 if new.is_empty():
                     whole[shard_key] = change.array
@@ -469,12 +475,14 @@ class ShardingStorageTransformer(AbstractStore):
         found = self.engine.reads.chunk_keys({k: self.array for k in shard_keys}, in_grid_only=False)
         return [k for k in found if k.startswith(prefix)]
 
-    def _listed(self, keys: Iterable[str], prefix: str) -> tuple[list[str], list[str]]:
-        """Listed underlying keys split into plain keys starting with ``prefix``, and shard keys."""
-        plain, shards = [], []
+    def _listed(self, keys: Iterable[str], prefix: str) -> tuple[list[str], dict[str, tuple[int, ...]]]:
+        """Listed underlying keys split into plain keys starting with ``prefix``, and shard keys -> shard coords."""
+        plain: list[str] = []
+        shards: dict[str, tuple[int, ...]] = {}
         for key in keys:
-            if self._is_shard(key):
-                shards.append(key)
+            coords = self.array.shard_coords_of(key)
+            if coords is not None:
+                shards[key] = coords
             elif key.startswith(prefix):
                 plain.append(key)
         return plain, shards
@@ -492,7 +500,7 @@ class ShardingStorageTransformer(AbstractStore):
             return [k for k in self.underlying.list_prefix(prefix) if not self._is_shard(k)]  # no chunk key can match
         translated = prefix if split is None else shard_prefix(self.array, split[0])
         plain, shards = self._listed(self.underlying.list_prefix(translated), prefix)
-        return plain + self._unshard(shards, prefix)
+        return plain + self._unshard(list(shards), prefix)
 
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
         """Keys and prefixes directly below ``prefix``, as seen above the transformer.
@@ -513,7 +521,7 @@ class ShardingStorageTransformer(AbstractStore):
         fixed = [] if split is None else split[0]
         keys, prefixes = self.underlying.list_dir(directory if split is None else shard_prefix(self.array, fixed))
         out_keys, shards = self._listed(keys, prefix)
-        out_keys.extend(self._unshard(shards, prefix))
+        out_keys.extend(self._unshard(list(shards), prefix))
         out_prefixes: set[str] = set()
         for p in prefixes:
             expanded = expand_shard_prefix(self.array, p, fixed)
@@ -543,16 +551,17 @@ class ShardingStorageTransformer(AbstractStore):
         plain, shards = self._listed(self.underlying.list_prefix(shard_prefix(self.array, split[0])), prefix)
         erasures: dict[str, ShardChange] = {}
         partial = []
-        for shard_key in shards:
-            coords = self.array.shard_coords_of(shard_key)
-            available = [(self.array.chunk_key(c), local) for c, local in self.array.chunks_in_shard(coords)]  # type: ignore[arg-type]
+        for shard_key, coords in shards.items():
+            available = [(self.array.chunk_key(c), local) for c, local in self.array.chunks_in_shard(coords)]
             if available and all(k.startswith(prefix) for k, _ in available):
-                erasures[shard_key] = ShardChange(self.array, coords, dict.fromkeys(local for _, local in available))  # type: ignore[arg-type]
+                erasures[shard_key] = ShardChange(self.array, coords, dict.fromkeys(local for _, local in available))
             else:
                 partial.append(shard_key)
         for key in self._unshard(partial, prefix):
             ref = self.array.locate(key, check_grid=False)
-            erasures.setdefault(ref.shard_key, ShardChange(self.array, ref.shard_coords)).chunks[ref.local_coords] = None
+            erasures.setdefault(ref.shard_key, ShardChange(self.array, ref.shard_coords)).chunks[ref.local_coords] = (
+                None
+            )
         if plain:
             self.underlying.erase_values(plain)
         if erasures:

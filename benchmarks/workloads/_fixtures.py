@@ -88,7 +88,7 @@ def write_plain(root: str, grid: tuple[int, ...], chunk: tuple[int, ...], seed: 
     """
     os.makedirs(root)
     nbytes = int(np.prod(chunk))
-    zarray = {"zarr_format": 2, "shape": [g * c for g, c in zip(grid, chunk)], "chunks": list(chunk),
+    zarray = {"zarr_format": 2, "shape": [g * c for g, c in zip(grid, chunk, strict=True)], "chunks": list(chunk),
               "dtype": "|u1", "compressor": None, "fill_value": 0, "filters": None, "order": "C",
               "dimension_separator": "."}
     _write_file(os.path.join(root, ".zarray"), json.dumps(zarray).encode())
@@ -100,13 +100,28 @@ def write_plain(root: str, grid: tuple[int, ...], chunk: tuple[int, ...], seed: 
 def sharded_metadata(grid: tuple[int, ...], chunk: tuple[int, ...], per_shard: tuple[int, ...]) -> dict[str, Any]:
     """The v3 ``zarr.json`` document of the sharded fixture."""
     return {
-        "zarr_format": 3, "node_type": "array", "shape": [g * c for g, c in zip(grid, chunk)],
-        "data_type": "uint8", "fill_value": 0, "attributes": {},
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [c * n for c, n in zip(chunk, per_shard)]}},
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": [g * c for g, c in zip(grid, chunk, strict=True)],
+        "data_type": "uint8",
+        "fill_value": 0,
+        "attributes": {},
+        "chunk_grid": {
+            "name": "regular",
+            "configuration": {"chunk_shape": [c * n for c, n in zip(chunk, per_shard, strict=True)]},
+        },
         "chunk_key_encoding": {"name": "v2"},
-        "codecs": [{"name": "sharding_indexed", "configuration": {
-            "chunk_shape": list(chunk), "codecs": [{"name": "bytes"}], "index_location": "end",
-            "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]}}],
+        "codecs": [
+            {
+                "name": "sharding_indexed",
+                "configuration": {
+                    "chunk_shape": list(chunk),
+                    "codecs": [{"name": "bytes"}],
+                    "index_location": "end",
+                    "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
+                },
+            }
+        ],
     }
 
 
@@ -117,15 +132,15 @@ def write_sharded(root: str, grid: tuple[int, ...], chunk: tuple[int, ...], per_
     nbytes = int(np.prod(chunk))
     _write_file(os.path.join(root, "zarr.json"), json.dumps(sharded_metadata(grid, chunk, per_shard)).encode())
     content = content or (lambda coords: chunk_bytes(coords, nbytes, seed))
-    shard_grid = tuple(-(-g // n) for g, n in zip(grid, per_shard))
+    shard_grid = tuple(-(-g // n) for g, n in zip(grid, per_shard, strict=True))
     trailers: dict[bytes, bytes] = {}  # index bytes -> index + crc (edge shards repeat, full shards too)
     count = 0
     for shard in _grid_coords(shard_grid):
         index = np.full((int(np.prod(per_shard)), 2), MISSING, dtype="<u8")
         parts: list[bytes] = []
         for k, local in enumerate(_grid_coords(per_shard)):
-            coords = tuple(s * n + c for s, n, c in zip(shard, per_shard, local))
-            if all(c < g for c, g in zip(coords, grid)):
+            coords = tuple(s * n + c for s, n, c in zip(shard, per_shard, local, strict=True))
+            if all(c < g for c, g in zip(coords, grid, strict=True)):
                 index[k] = (len(parts) * nbytes, nbytes)
                 parts.append(content(coords))
         raw = index.tobytes()

@@ -2,8 +2,9 @@
 
 The source is a Zarr v2 array of uint8 chunks of 32 x 32 = 1 KiB, uncompressed, one file per
 chunk, written by this script (not measured): 2,000 chunks (tiny), 100,000 (small) or
-1,000,000 (full, 1 GiB); 120 at size smoke, the test suite's check that it runs. Each implementation copies it into a sharded array of 32 x 32 chunks
-per shard (1,024 chunks, 1 MiB per shard), index at the end with a CRC32C:
+1,000,000 (full, 1 GiB); 120 at size smoke, the test suite's check that it runs. Each
+implementation copies it into a sharded array of 32 x 32 chunks per shard (1,024 chunks,
+1 MiB per shard), index at the end with a CRC32C:
 
 * ``shardkv``: ``python -m shardkv convert SRC DST --chunks-per-shard 32 --no-progress``
   (chunks moved as stored);
@@ -88,8 +89,14 @@ def main() -> None:
     grid = GRIDS[args.size]
     n_chunks = grid[0] * grid[1]
     shards = -(-grid[0] // CHUNKS_PER_SHARD) * -(-grid[1] // CHUNKS_PER_SHARD)
-    result = {"chunks": n_chunks, "chunk_bytes": CHUNK[0] * CHUNK[1], "chunks_per_shard": CHUNKS_PER_SHARD**2,
-              "shards": shards, "cpu_count": os.cpu_count(), "load_before": os.getloadavg()}  # fmt: skip
+    result = {
+        "chunks": n_chunks,
+        "chunk_bytes": CHUNK[0] * CHUNK[1],
+        "chunks_per_shard": CHUNKS_PER_SHARD**2,
+        "shards": shards,
+        "cpu_count": os.cpu_count(),
+        "load_before": os.getloadavg(),
+    }
     try:
         __import__("shardkv" if args.impl == "shardkv" else "tensorstore")
     except ImportError as exc:
@@ -103,11 +110,28 @@ def main() -> None:
         for rep in range(args.repeat):
             dst = os.path.join(tmp, f"dst-{rep}.zarr")
             if args.impl == "shardkv":
-                cmd = [sys.executable, "-m", "shardkv", "convert", src, dst,
-                       "--chunks-per-shard", str(CHUNKS_PER_SHARD), "--no-progress"]  # fmt: skip
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "shardkv",
+                    "convert",
+                    src,
+                    dst,
+                    "--chunks-per-shard",
+                    str(CHUNKS_PER_SHARD),
+                    "--no-progress",
+                ]
             else:
-                cmd = [sys.executable, "-c", _TENSORSTORE, src, dst, str(grid[0] * CHUNK[0]),
-                       str(grid[1] * CHUNK[1]), str(CHUNKS_PER_SHARD)]  # fmt: skip
+                cmd = [
+                    sys.executable,
+                    "-c",
+                    _TENSORSTORE,
+                    src,
+                    dst,
+                    str(grid[0] * CHUNK[0]),
+                    str(grid[1] * CHUNK[1]),
+                    str(CHUNKS_PER_SHARD),
+                ]
             elapsed, peak = run_child(cmd)
             stored = [n for n in os.listdir(dst) if not n.startswith((".", "zarr.json"))]
             if len(stored) != shards:

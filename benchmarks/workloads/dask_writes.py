@@ -33,7 +33,8 @@ import contextlib
 import os
 import time
 import warnings
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 from _common import (
@@ -48,8 +49,16 @@ from _common import (
     zarr2_array,
 )
 
-IMPLS = ("shardkv", "shardkv-buffer", "zarr2-threads", "shardkv-rechunk", "zarr2-cluster",
-         "xarray-shardkv", "xarray-shardkv-buffer", "xarray-zarr2")  # fmt: skip
+IMPLS = (
+    "shardkv",
+    "shardkv-buffer",
+    "zarr2-threads",
+    "shardkv-rechunk",
+    "zarr2-cluster",
+    "xarray-shardkv",
+    "xarray-shardkv-buffer",
+    "xarray-zarr2",
+)
 P7_SHAPES = {"smoke": (256, 576), "tiny": (512, 512), "small": (1024, 1024), "full": (2048, 2048)}
 
 
@@ -150,8 +159,13 @@ def main() -> None:
                 root = os.path.join(tmp, "data.zarr")
                 samples["write_s"].append(_write(args.impl, root, data))
                 _check(args.impl, root, data)
-    result = {"shape": shape, "array_bytes": data.nbytes, "chunks_per_shard": CHUNKS_PER_SHARD, "samples": samples,
-              "load_avg_1m": [load_before, os.getloadavg()[0]]}  # fmt: skip
+    result = {
+        "shape": shape,
+        "array_bytes": data.nbytes,
+        "chunks_per_shard": CHUNKS_PER_SHARD,
+        "samples": samples,
+        "load_avg_1m": [load_before, os.getloadavg()[0]],
+    }
     emit(args, "dask_writes", result)
 
 

@@ -13,7 +13,7 @@ making the store and opening the array are inside the timing), both sides
 alternating which goes first: ``list(store)``, ``len(store)``,
 ``list(store.keys())`` and zarr 2's ``zarr.open_array(store, mode="r")
 .nchunks_initialized``. Before timing, both listings are checked to hold every
-chunk key and a few chunks are read through zarr and compared. Goal (issue 21):
+chunk key and a few chunks are read through zarr and compared. Goal:
 each <= 0.5 x DirectoryStore. With ``SHARDKV_BENCH_LIST_FIXTURE=DIR`` the fixture
 is written once under ``DIR`` and kept, so that several runs (two commits, one
 after the other) list the same files without writing a million of them again.

@@ -56,7 +56,9 @@ def main() -> None:
     _round(warm, True)
     _round(warm, False)
     samples: dict[str, list[float]] = {
-        f"{name}_{what}": [] for name in ("sharded", "plain") for what in ("write_s", "read_s", "write_cpu_s", "read_cpu_s")
+        f"{name}_{what}": []
+        for name in ("sharded", "plain")
+        for what in ("write_s", "read_s", "write_cpu_s", "read_cpu_s")
     }
     for rep in range(args.repeat):
         for sharded in ((False, True) if rep % 2 == 0 else (True, False)):

@@ -137,7 +137,7 @@ def main() -> None:
                 samples[f"{name}_s_per_chunk"].append(elapsed / n_reads)
                 stats += counter["stats"]
                 uncounted |= counter["uncounted"]
-                for sel, block in zip(sels, blocks):
+                for sel, block in zip(sels, blocks, strict=True):
                     if not np.array_equal(block, data[sel]):
                         raise RuntimeError(f"chunk {sel} read back differs from the data written")
     emit(

@@ -22,7 +22,7 @@ Per implementation and layout, counted at the server:
   chunk read (tensorstore: ``ts.open`` with a new context and one chunk read).
 * ``warm``: through that array, ``reads`` distinct seeded random chunks read
   once (not counted), then the same chunks again (counted): body bytes /
-  (reads x 256 B) is the figure of issue 21 (goal <= 1.1), with requests per
+  (reads x 256 B) is the figure with the goal <= 1.1, with requests per
   read.
 
 Implementations: ``shardkv`` (zarr 2.18 on ``ShardedStore("s3://...",
@@ -40,7 +40,6 @@ import json
 import os
 import select
 import subprocess
-import sys
 import textwrap
 import threading
 import uuid
@@ -179,7 +178,11 @@ def shardkv_store(impl: str, endpoint: str, bucket: str) -> Any:
         base = S3Store(bucket, prefix="data", endpoint=endpoint, region=REGION, access_key_id=ACCESS_KEY,
                        secret_access_key=SECRET_KEY, client_options={"allow_http": True})
         return ShardedStore(base, **kwargs)
-    options = {"key": ACCESS_KEY, "secret": SECRET_KEY, "client_kwargs": {"endpoint_url": endpoint, "region_name": REGION}}
+    options = {
+        "key": ACCESS_KEY,
+        "secret": SECRET_KEY,
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": REGION},
+    }
     return ShardedStore(f"s3://{bucket}/data", storage_options=options, **kwargs)
 
 
@@ -190,7 +193,7 @@ def measure_shardkv(impl: str, app: CountingApp, endpoint: str, bucket: str, lay
     chunk = layout["chunk"]
 
     def read(z: Any, c: tuple[int, ...]) -> None:
-        got = np.asarray(z[tuple(slice(i * n, (i + 1) * n) for i, n in zip(c, chunk))]).tobytes()
+        got = np.asarray(z[tuple(slice(i * n, (i + 1) * n) for i, n in zip(c, chunk, strict=True))]).tobytes()
         if got != chunk_bytes(c, CHUNK_BYTES, seed):
             raise RuntimeError(f"{impl}: chunk {c} read back differs from the bytes written")
 

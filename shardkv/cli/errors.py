@@ -8,7 +8,7 @@ progress manifest of another conversion) and are printed by
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from shardkv.errors import ConfigurationError, ShardKVError
 
@@ -29,6 +29,24 @@ __all__ = [
 
 class NotAHierarchyError(ConfigurationError):
     """A store that is missing, empty, or not a Zarr v2 hierarchy (no root ``.zgroup`` or ``.zarray``)."""
+
+
+class UnfinishedRunError(NotAHierarchyError):
+    """A store that holds an interrupted ``convert`` or ``unshard``: not a hierarchy yet.
+
+    Attributes
+    ----------
+    store : str
+        The store, as named.
+    command : {"convert", "unshard"}
+        The run that was interrupted.
+    resume_command : str
+        The command line that resumes it (:meth:`shardkv.cli.manifest.UnfinishedRun.resume_command`).
+    """
+
+    def __init__(self, store: str, command: str, resume_command: str, message: str) -> None:
+        self.store, self.command, self.resume_command = store, command, resume_command
+        super().__init__(message)
 
 
 class DestinationNotEmptyError(ShardKVError, FileExistsError):
@@ -81,7 +99,9 @@ class DestinationIsFileError(ShardKVError, FileExistsError):
 
     def __init__(self, dst: str) -> None:
         self.dst = dst
-        super().__init__(f"destination {dst} is a regular file, not a hierarchy; refusing to replace it (remove it yourself)")
+        super().__init__(
+            f"destination {dst} is a regular file, not a hierarchy; refusing to replace it (remove it yourself)"
+        )
 
 
 class ChunksPerShardMismatchError(ConfigurationError):
@@ -132,8 +152,10 @@ class ReservedNameError(ConfigurationError):
 
     def __init__(self, store: str, path: str) -> None:
         self.store = store
-        super().__init__(f"{store}: the node {path!r} is named like shardkv's own files (names containing "
-                         "'.shardkv-tmp-' or equal to '.shardkv-locks' are hidden from listings); rename it first")
+        super().__init__(
+            f"{store}: the node {path!r} is named like shardkv's own files (names containing "
+            "'.shardkv-tmp-' or equal to '.shardkv-locks' are hidden from listings); rename it first"
+        )
         self.path = path
 
 
@@ -144,4 +166,3 @@ class ConversionIncompleteError(ShardKVError, RuntimeError):
         self.dst, self.missing = dst, list(missing)
         shown = ", ".join(self.missing[:10]) + (", ..." if len(self.missing) > 10 else "")
         super().__init__(f"{dst}: {len(self.missing)} {what} of the source missing from the output: {shown}")
-

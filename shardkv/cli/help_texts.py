@@ -42,14 +42,23 @@ Memory stays bounded whatever the number of chunks: the source is listed
 array by array as a stream (one bit per chunk kept), and only the shards in
 flight are held (a few per worker).
 
---all-v3 describes the rest of the hierarchy in Zarr v3 as well: each unsharded
-array gets a zarr.json (regular chunk grid of its v2 chunks, v2 chunk key
-encoding with its separator, its compressor and filters as v3 codecs) and each
-group a v3 group zarr.json. Their .zarray/.zattrs/.zgroup are kept beside them:
-zarr-python 2 reads those as before, zarr-python 3 prefers zarr.json. Arrays
-whose data type has no v3 equivalent (structured, object) get no zarr.json, so
-zarr-python 3 refuses them instead of misreading them. Later edits of such an
-array's .zarray/.zattrs through zarr 2 do not update its zarr.json.
+Once an array is sharded, the output is the hierarchy shardkv.ShardedStore
+would have written: Zarr v3 all the way down. Every group becomes a v3 group
+(zarr.json, attributes inside) and every unsharded array gets a zarr.json that
+reads its chunk objects where they are (regular chunk grid of its v2 chunks, v2
+chunk key encoding with its separator, its compressor and filters as v3
+codecs) beside its kept .zarray/.zattrs: zarr-python 3 and xarray opening the
+root find every node, zarr-python 2 reads the unsharded arrays as before. An
+array whose data type no v3 reader decodes (structured, object) gets no
+zarr.json; the report names it as zarr 2 only, with the reason. The finished
+output is checked the way a zarr-python 3 reader opens it: every node of the
+source reached from the root, or named. Later edits of an unsharded array's
+.zarray/.zattrs through zarr 2 without shardkv do not update its zarr.json.
+
+With no array sharded, the output stays the Zarr v2 hierarchy it was (zarr-python
+3 reads it as v2), unless --all-v3: then every array and group also gets a
+zarr.json, their .zarray/.zattrs/.zgroup kept beside them, so zarr-python 2
+and 3 both read every node without shardkv.
 
 Shards are written by shard-aligned tasks (whole shards each, so no two tasks
 touch one shard): in this process, in N local processes (--workers N), or on a
@@ -101,11 +110,14 @@ examples:
 INFO_HELP = """\
 Per array: path, shape, chunks, shard shape (or "unsharded"), chunks present,
 shards, bytes stored (shards or chunks, metadata excluded), bytes unused inside
-shards (shard bytes - index bytes - bytes of present chunks) and whether Zarr v3
-readers can read the array through its zarr.json view (and why not).
+shards (shard bytes - index bytes - bytes of present chunks) and, in the "v3
+view" column, what zarr-python 3 opening the hierarchy at its root does with
+the array: "yes" (it reads it; "yes; other v3 readers: ..." names what
+tensorstore and the like refuse), "no: <why>", or "as Zarr v2" when the root
+is Zarr v2 (zarr-python 3 reads the whole hierarchy as v2).
 Reads Zarr v2 hierarchies (sharded by shardkv or not), 2022 draft hierarchies
-(sharding storage transformer) and Zarr v3 hierarchies whose arrays use the
-sharding_indexed codec (written by zarr-python 3, tensorstore, ...).
+(sharding storage transformer) and Zarr v3 hierarchies (written by zarr-python
+3, tensorstore, ...): every array is counted, sharded or not.
 """
 
 INFO_EXAMPLES = """\
@@ -117,8 +129,10 @@ examples:
 COMPACT_HELP = """\
 Rewrite every shard of the sharded arrays in STORE (or of one array) that holds
 bytes no index entry references, leaving chunks back to back and the index in
-place. The data is unchanged; each shard is replaced whole (atomically on local
-disks). A missing store, or an --array that is not a sharded array, is an error.
+place. shardkv writes every shard whole, chunks back to back; such bytes come
+from other writers (tools that append a chunk to a shard instead of rewriting it).
+The data is unchanged; each shard is replaced whole (atomically on local disks).
+A missing store, or an --array that is not a sharded array, is an error.
 --progress shows a bar (one step per array) on stderr even when it is not a
 terminal (a log file); --no-progress never; default: only on a terminal.
 """

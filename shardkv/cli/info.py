@@ -10,7 +10,9 @@ Two jobs for the command line, both read-only:
   saying so): see :func:`detect_separator`. ``shardkv convert`` works from it.
 * :func:`inspect_store` is the data behind ``shardkv info``: per array its
   grid, sharding, chunks present, shards, bytes stored, bytes unused inside
-  shards, and whether its ``zarr.json`` view can be read by Zarr v3 readers.
+  shards, and what zarr-python 3 opening the root does with it; arrays only
+  v3 readers see (a ``zarr.json`` alone, unsharded) are counted too
+  (:mod:`shardkv.cli.info_v3`).
 
 The key sorting (:func:`classify_array`, :func:`detect_separator`) is pure;
 all I/O goes through the store's :class:`~shardkv.storage.kv.KVStore`, read
@@ -20,14 +22,17 @@ through a :class:`~shardkv.cli.view.HierarchyView` (v3 nodes presented as v2).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
+from shardkv.cli.errors import NotAHierarchyError, UnfinishedRunError
 from shardkv.cli.info_draft import inspect_draft, is_draft
 from shardkv.cli.info_format import format_info  # re-exported: the table lives there
 from shardkv.cli.info_model import ArrayInfo, shard_stats
+from shardkv.cli.info_v3 import v3_only_arrays, zarr3_view
+from shardkv.cli.manifest import MANIFEST_KEY, UNSHARD_MANIFEST_KEY, find_unfinished
 from shardkv.cli.stores import open_store
-from shardkv.cli.errors import NotAHierarchyError
 from shardkv.cli.view import HierarchyView, sizes
 from shardkv.errors import ConfigurationError, MetadataError
 from shardkv.keys.encodings import V2ChunkKeyEncoding, grid_shape
@@ -52,8 +57,6 @@ __all__ = [
     "inspect_store",
     "format_info",
 ]
-
-
 
 
 @dataclass
@@ -122,16 +125,24 @@ class Hierarchy:
     Attributes
     ----------
     keys : list of str
-        Every stored key.
+        Every key zarr-python 2 sees through shardkv: the stored ones and the presented documents.
     arrays : dict of str to ArrayKeys
         Array path -> its keys, in path order.
     group_keys : list of str
         Keys outside every array (group metadata, other files).
+    presented : frozenset of str
+        The keys of ``keys`` presented from a ``zarr.json``, not stored.
     """
 
     keys: list[str]
     arrays: dict[str, ArrayKeys]
     group_keys: list[str]
+    presented: frozenset[str] = frozenset()
+
+    @property
+    def n_stored(self) -> int:
+        """Stored objects (``keys`` without the documents presented from a ``zarr.json``)."""
+        return len(self.keys) - len(self.presented)
 
 
 def _decodes(encoding: V2ChunkKeyEncoding, suffix: str, ndim: int) -> tuple[int, ...] | None:
@@ -210,7 +221,9 @@ def classify_array(path: str, zarray: Mapping[str, Any], keys: Iterable[str]) ->
         As :func:`detect_separator`; also if ``shape`` and ``chunks`` differ in length.
     """
     if len(zarray["shape"]) != len(zarray["chunks"]):
-        raise ConfigurationError(f".zarray shape {zarray['shape']} and chunks {zarray['chunks']} differ in length", path)
+        raise ConfigurationError(
+            f".zarray shape {zarray['shape']} and chunks {zarray['chunks']} differ in length", path
+        )
     prefix = path_prefix(path)
     keys = list(keys)
     suffixes = [k[len(prefix) :] for k in keys]
@@ -219,14 +232,14 @@ def classify_array(path: str, zarray: Mapping[str, Any], keys: Iterable[str]) ->
     encoding = V2ChunkKeyEncoding(separator)  # type: ignore[arg-type]
     grid = out.chunk_grid_shape
     ndim = out.ndim
-    for key, suffix in zip(keys, suffixes):
+    for key, suffix in zip(keys, suffixes, strict=True):
         if suffix in META_NAMES:
             out.meta_keys.append(key)
             continue
         coords = _decodes(encoding, suffix, ndim)
         if coords is None:
             out.other_keys.append(key)
-        elif all(c < g for c, g in zip(coords, grid)):
+        elif all(c < g for c, g in zip(coords, grid, strict=True)):
             out.chunk_keys[coords] = key
         else:
             out.stale_keys.append(key)
@@ -250,14 +263,24 @@ def read_hierarchy(store: HierarchyView, name: str = "store", strict: bool = Tru
     ------
     NotAHierarchyError
         If the store holds no key, or has neither ``.zgroup`` nor ``.zarray`` at its root.
+    UnfinishedRunError
+        If the store holds the manifest of an interrupted ``convert`` or ``unshard``
+        (its message says the command that resumes it).
     ConfigurationError
         If a ``.zarray`` is not valid JSON or has an invalid separator (see
         :func:`classify_array`).
     """
-    keys = sorted(store.keys())
+    presented: set[str] = set()
+    keys = sorted(store.keys(presented=presented))
     if not keys:
         raise NotAHierarchyError(f"{name} does not exist or is empty")
     key_set = set(keys)
+    if MANIFEST_KEY in key_set or UNSHARD_MANIFEST_KEY in key_set:
+        unfinished = find_unfinished(store.kv)
+        if unfinished is not None:
+            raise UnfinishedRunError(
+                name, unfinished.command, unfinished.resume_command(name), unfinished.describe(name)
+            )
     if ".zgroup" not in key_set and ".zarray" not in key_set:
         hint = " (it has a zarr.json: Zarr v3?)" if "zarr.json" in key_set else ""
         raise NotAHierarchyError(f"{name} is not a Zarr v2 hierarchy: no .zgroup or .zarray at its root{hint}")
@@ -291,7 +314,7 @@ def read_hierarchy(store: HierarchyView, name: str = "store", strict: bool = Tru
         else:
             members[owner].append(k)
     arrays = {p: classify_array(p, zarrays[p], ks) for p, ks in members.items()}
-    return Hierarchy(keys, arrays, group_keys)
+    return Hierarchy(keys, arrays, group_keys, frozenset(presented))
 
 
 # -- shardkv info -------------------------------------------------------------
@@ -301,7 +324,9 @@ def _sharded_info(store: KVStore, keys: ArrayKeys, arr: ShardedArray, zattrs: Ma
     shard_keys = [k for k in keys.all_keys() if k not in keys.meta_keys and arr.shard_coords_of(k) is not None]
     shard_keys += shard_directories(store, arr)  # not listed: read, a directory fails naming its key
     layout = arr.layout
-    present, used, index_bytes, stored = shard_stats(store, shard_keys, arr.shard_coords_of, layout, keys.chunk_grid_shape)
+    present, used, index_bytes, stored = shard_stats(
+        store, shard_keys, arr.shard_coords_of, layout, keys.chunk_grid_shape
+    )
     view = v3_view_of_v2(keys.zarray, zattrs, layout)
     return ArrayInfo(
         path=keys.path,
@@ -376,7 +401,11 @@ def inspect_store(
             infos.append(_unsharded_info(kv, path, keys))
         if progress is not None:
             progress(len(infos), len(hierarchy.arrays))
-    return infos
+    view = HierarchyView(kv)
+    infos += v3_only_arrays(view, hierarchy.keys, list(hierarchy.arrays))
+    infos.sort(key=lambda i: i.path)
+    groups = [k.rpartition("/")[0] for k in hierarchy.group_keys if k.rpartition("/")[2] == ".zgroup"]
+    return zarr3_view(view, infos, groups, {p: a.zarray for p, a in hierarchy.arrays.items()})
 
 
 def _unsharded_info(kv: KVStore, path: str, keys: ArrayKeys) -> ArrayInfo:
@@ -398,4 +427,3 @@ def _unsharded_info(kv: KVStore, path: str, keys: ArrayKeys) -> ArrayInfo:
         v3_readable=None,
         v3_problems=[],
     )
-

@@ -92,18 +92,35 @@ def _array_info(store: KVStore, proxy: DraftShardedStore, path: str, meta_key: s
     common: dict[str, Any] = dict(path=path, shape=shape, chunks=chunks, dtype=str(doc.get("data_type")))
     if not isinstance(top, ShardingStorageTransformer):
         return ArrayInfo(
-            **common, shard_shape=None, chunks_per_shard=None, index_location=None, index_checksum=None,
-            chunks_present=len(data_keys), shards=0, objects=len(data_keys),
-            bytes_stored=sum(sizes(store, data_keys).values()), bytes_unused=0, v3_readable=None, v3_problems=[],
-        )  # fmt: skip
+            **common,
+            shard_shape=None,
+            chunks_per_shard=None,
+            index_location=None,
+            index_checksum=None,
+            chunks_present=len(data_keys),
+            shards=0,
+            objects=len(data_keys),
+            bytes_stored=sum(sizes(store, data_keys).values()),
+            bytes_unused=0,
+            v3_readable=None,
+            v3_problems=[],
+        )
     layout = top.layout
     shard_keys = [k for k in data_keys if top.array.shard_coords_of(k) is not None]
     grid = grid_shape(shape, chunks)
     present, used, index_bytes, stored = shard_stats(store, shard_keys, top.array.shard_coords_of, layout, grid)
     cps = tuple(layout.chunks_per_shard)
     return ArrayInfo(
-        **common, shard_shape=tuple(c * n for c, n in zip(chunks, cps)), chunks_per_shard=cps,
-        index_location=layout.index_location, index_checksum=layout.index_checksum, chunks_present=present,
-        shards=len(shard_keys), objects=len(shard_keys), bytes_stored=stored, bytes_unused=stored - index_bytes - used,
-        v3_readable=False, v3_problems=[_NO_V3],
-    )  # fmt: skip
+        **common,
+        shard_shape=tuple(c * n for c, n in zip(chunks, cps, strict=True)),
+        chunks_per_shard=cps,
+        index_location=layout.index_location,
+        index_checksum=layout.index_checksum,
+        chunks_present=present,
+        shards=len(shard_keys),
+        objects=len(shard_keys),
+        bytes_stored=stored,
+        bytes_unused=stored - index_bytes - used,
+        v3_readable=False,
+        v3_problems=[_NO_V3],
+    )

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from shardkv.cli.info_model import ArrayInfo
@@ -19,22 +20,49 @@ def _dims(values: Sequence[int] | None) -> str:
 def format_info(infos: Sequence[ArrayInfo]) -> str:
     """The ``shardkv info`` table: one line per array, then totals.
 
-    The ``v3`` column says ``yes`` when v3 readers can open the sharded array
-    through its ``zarr.json``, ``no: <why>`` when they cannot, ``-`` when the
-    array is unsharded.
+    The ``v3 view`` column says what zarr-python 3 opening the hierarchy at its
+    root does with each array (:func:`shardkv.cli.info_v3.zarr3_view`): ``yes``
+    (it reads it as Zarr v3; ``yes; other v3 readers: <why not>`` when
+    tensorstore and the like refuse a part zarr-python 3 reads), ``no: <why>``,
+    or ``as Zarr v2`` when the root is Zarr v2 (zarr-python 3 reads the whole
+    hierarchy as v2).
     """
-    header = ("array", "shape", "chunks", "shard shape", "chunks present", "shards", "bytes stored", "bytes unused", "v3 view")
+    header = (
+        "array",
+        "shape",
+        "chunks",
+        "shard shape",
+        "chunks present",
+        "shards",
+        "bytes stored",
+        "bytes unused",
+        "v3 view",
+    )
     rows = []
     for i in infos:
         if i.shard_shape is None:
-            shard, v3 = "unsharded", "-"
+            shard = "unsharded"
         else:
             shard = f"{_dims(i.shard_shape)} = {'x'.join(str(n) for n in i.chunks_per_shard or ())} chunks"
-            v3 = "yes" if i.v3_readable else "no: " + "; ".join(i.v3_problems)
-        rows.append((
-            i.path or "/", _dims(i.shape), _dims(i.chunks), shard, str(i.chunks_present),
-            str(i.shards), str(i.bytes_stored), str(i.bytes_unused) if i.shard_shape else "-", v3,
-        ))  # fmt: skip
+        if i.v3_readable is None:
+            v3 = "as Zarr v2"
+        elif i.v3_readable:
+            v3 = "yes" + ("; other v3 readers: " + "; ".join(i.v3_problems) if i.v3_problems else "")
+        else:
+            v3 = "no: " + "; ".join(i.v3_problems)
+        rows.append(
+            (
+                i.path or "/",
+                _dims(i.shape),
+                _dims(i.chunks),
+                shard,
+                str(i.chunks_present),
+                str(i.shards),
+                str(i.bytes_stored),
+                str(i.bytes_unused) if i.shard_shape else "-",
+                v3,
+            )
+        )
     widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header) - 1)]
     lines = []
     for r in [header, *rows]:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from shardkv.format.layout import ShardLayout
 from shardkv.storage.kv import ANY, KVStore
@@ -41,9 +42,11 @@ class ArrayInfo:
         Bytes inside shards that no present chunk and no index uses: shard
         bytes - index bytes - bytes referenced by present chunks (0 when unsharded).
     v3_readable : bool or None
-        Whether the ``zarr.json`` view can be read by Zarr v3 readers (``None`` when unsharded).
+        Whether zarr-python 3 opening the hierarchy at its root reads the array as
+        Zarr v3 (:func:`shardkv.cli.info_v3.zarr3_view`); ``None`` when the root is
+        Zarr v2 (zarr-python 3 reads the whole hierarchy as v2).
     v3_problems : list of str
-        Why not, when it cannot.
+        Why not, when it does not; when it does, what other v3 readers (tensorstore) refuse.
     """
 
     path: str
@@ -68,7 +71,10 @@ class ArrayInfo:
 
 
 def shard_stats(
-    store: KVStore, shard_keys: Sequence[str], coords_of: Callable[[str], tuple[int, ...] | None], layout: ShardLayout,
+    store: KVStore,
+    shard_keys: Sequence[str],
+    coords_of: Callable[[str], tuple[int, ...] | None],
+    layout: ShardLayout,
     grid: Sequence[int],
 ) -> tuple[int, int, int, int]:
     """Read the indexes of ``shard_keys`` in batches.
@@ -94,9 +100,9 @@ def shard_stats(
     for start in range(0, len(shard_keys), _INDEX_BATCH):
         batch = shard_keys[start : start + _INDEX_BATCH]
         results = store.get_many([(k, [layout.index_range()], ANY) for k in batch])
-        unsized = [k for k, r in zip(batch, results) if r.found and r.size is None]
+        unsized = [k for k, r in zip(batch, results, strict=True) if r.found and r.size is None]
         whole = store.values(unsized)  # stores that cannot tell a size with a ranged read
-        for k, result in zip(batch, results):
+        for k, result in zip(batch, results, strict=True):
             if not result.found or result.values is None:
                 continue  # deleted since the listing
             size = result.size if result.size is not None else len(whole.get(k, b""))
@@ -105,8 +111,8 @@ def shard_stats(
             if shard_coords is None:
                 continue
             for local in index.present():
-                chunk = tuple(s * n + c for s, n, c in zip(shard_coords, cps, local))
-                if all(c < g for c, g in zip(chunk, grid)):
+                chunk = tuple(s * n + c for s, n, c in zip(shard_coords, cps, local, strict=True))
+                if all(c < g for c, g in zip(chunk, grid, strict=True)):
                     present += 1
             used += index.used_nbytes()
             index_bytes += layout.index_nbytes

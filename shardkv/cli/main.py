@@ -15,7 +15,8 @@ import argparse
 import json
 import sys
 import warnings
-from typing import Any, Callable, NoReturn, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from shardkv._version import __version__
 from shardkv.cli import help_texts as texts
@@ -68,7 +69,7 @@ def _add_storage_options(p: argparse.ArgumentParser, two_stores: bool = False) -
         type=_storage_options,
         default=None,
         metavar="JSON",
-        help='fsspec options for the store URL(s), a JSON object: \'{"anon": true}\', '
+        help="fsspec options for the store URL(s), a JSON object: '{\"anon\": true}', "
         '\'{"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}\', \'{"profile": "work"}\'',
     )
     if two_stores:
@@ -84,14 +85,22 @@ def _add_storage_options(p: argparse.ArgumentParser, two_stores: bool = False) -
 
 def _side_options(args: argparse.Namespace) -> dict[str, Any]:
     return {
-        "src_storage_options": args.source_storage_options if args.source_storage_options is not None else args.storage_options,
-        "dst_storage_options": args.dest_storage_options if args.dest_storage_options is not None else args.storage_options,
+        "src_storage_options": args.source_storage_options
+        if args.source_storage_options is not None
+        else args.storage_options,
+        "dst_storage_options": args.dest_storage_options
+        if args.dest_storage_options is not None
+        else args.storage_options,
     }
 
 
 def _add_progress(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="show a progress bar on stderr (default: only when stderr is a terminal)")  # fmt: skip
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show a progress bar on stderr (default: only when stderr is a terminal)",
+    )
 
 
 def _progress(args: argparse.Namespace) -> bool:
@@ -115,8 +124,13 @@ def _print_report(report: Any, as_json: bool) -> None:
 
 
 def _add_convert(sub: Any) -> None:
-    p = _sub(sub, "convert", "shard every array of a Zarr v2 hierarchy (chunks are moved, not re-encoded)",
-             texts.CONVERT_HELP, texts.CONVERT_EXAMPLES)  # fmt: skip
+    p = _sub(
+        sub,
+        "convert",
+        "shard every array of a Zarr v2 hierarchy (chunks are moved, not re-encoded)",
+        texts.CONVERT_HELP,
+        texts.CONVERT_EXAMPLES,
+    )
     p.add_argument("src", metavar="SRC", help="source Zarr v2 hierarchy: a local path or an fsspec URL")
     p.add_argument("dst", metavar="DST", help="destination (must be empty unless --overwrite): a path or an fsspec URL")
     p.add_argument(
@@ -133,21 +147,47 @@ def _add_convert(sub: Any) -> None:
         action="store_true",
         help="copy the arrays --chunks-per-shard does not fit unsharded even when it fits none of them",
     )
-    p.add_argument("--index-location", choices=("start", "end"), default="end",
-                   help="where each shard keeps its index of (offset, nbytes) pairs (default: end)")  # fmt: skip
-    p.add_argument("--no-checksum", dest="index_checksum", action="store_false",
-                   help="do not protect shard indexes with a CRC32C (default: protect them)")  # fmt: skip
+    p.add_argument(
+        "--index-location",
+        choices=("start", "end"),
+        default="end",
+        help="where each shard keeps its index of (offset, nbytes) pairs (default: end)",
+    )
+    p.add_argument(
+        "--no-checksum",
+        dest="index_checksum",
+        action="store_false",
+        help="do not protect shard indexes with a CRC32C (default: protect them)",
+    )
     p.add_argument("--overwrite", action="store_true", help="delete everything in DST first (never a regular file)")
-    p.add_argument("--workers", type=_positive, default=1, metavar="N",
-                   help="local processes writing shards in parallel (default: 1, this process)")  # fmt: skip
-    p.add_argument("--scheduler", metavar="ADDRESS", default=None,
-                   help="address of a running dask.distributed scheduler (tcp://host:8786) whose workers write "
-                   "the shards; SRC and DST must be reachable from them")  # fmt: skip
-    p.add_argument("--task-chunks", type=_positive, default=256, metavar="N",
-                   help="source chunks per parallel task (whole shards; default: 256)")  # fmt: skip
-    p.add_argument("--all-v3", action="store_true",
-                   help="also give unsharded arrays and groups a v3 zarr.json (their v2 documents are kept), "
-                   "so zarr-python 3 opens the whole hierarchy at its root")  # fmt: skip
+    p.add_argument(
+        "--workers",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="local processes writing shards in parallel (default: 1, this process)",
+    )
+    p.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        default=None,
+        help="address of a running dask.distributed scheduler (tcp://host:8786) whose workers write "
+        "the shards; SRC and DST must be reachable from them",
+    )
+    p.add_argument(
+        "--task-chunks",
+        type=_positive,
+        default=256,
+        metavar="N",
+        help="source chunks per parallel task (whole shards; default: 256)",
+    )
+    p.add_argument(
+        "--all-v3",
+        action="store_true",
+        help="describe the hierarchy in Zarr v3 even when no array is sharded: every array and group "
+        "also gets a zarr.json, their v2 documents are kept (once an array is sharded, every node "
+        "gets a zarr.json anyway)",
+    )
     _add_storage_options(p, two_stores=True)
     _add_progress(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a summary")
@@ -181,8 +221,13 @@ def _run_convert(args: argparse.Namespace) -> int:
 
 
 def _add_unshard(sub: Any) -> None:
-    p = _sub(sub, "unshard", "turn a sharded hierarchy back into plain Zarr v2 chunks (no chunk is decoded)",
-             texts.UNSHARD_HELP, texts.UNSHARD_EXAMPLES)  # fmt: skip
+    p = _sub(
+        sub,
+        "unshard",
+        "turn a sharded hierarchy back into plain Zarr v2 chunks (no chunk is decoded)",
+        texts.UNSHARD_HELP,
+        texts.UNSHARD_EXAMPLES,
+    )
     p.add_argument("src", metavar="SRC", help="a hierarchy written by shardkv convert or ShardedStore: a path or URL")
     p.add_argument("dst", metavar="DST", help="destination (must be empty unless --overwrite): a path or an fsspec URL")
     p.add_argument("--overwrite", action="store_true", help="delete everything in DST first (never a regular file)")
@@ -203,8 +248,13 @@ def _run_unshard(args: argparse.Namespace) -> int:
 
 
 def _add_info(sub: Any) -> None:
-    p = _sub(sub, "info", "per array: shape, chunks, shard shape, chunks present, shards, bytes, v3 readability",
-             texts.INFO_HELP, texts.INFO_EXAMPLES)  # fmt: skip
+    p = _sub(
+        sub,
+        "info",
+        "per array: shape, chunks, shard shape, chunks present, shards, bytes, v3 readability",
+        texts.INFO_HELP,
+        texts.INFO_EXAMPLES,
+    )
     p.add_argument("store", metavar="STORE", help="a Zarr hierarchy (v2 sharded or not, 2022 draft, v3): a path or URL")
     _add_storage_options(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -237,8 +287,13 @@ def _run_info(args: argparse.Namespace) -> int:
 
 
 def _add_compact(sub: Any) -> None:
-    p = _sub(sub, "compact", "rewrite shards that hold unused bytes (after append-only or in-place writes, or slack)",
-             texts.COMPACT_HELP, texts.COMPACT_EXAMPLES)  # fmt: skip
+    p = _sub(
+        sub,
+        "compact",
+        "rewrite shards that hold bytes no index entry references (left by other writers)",
+        texts.COMPACT_HELP,
+        texts.COMPACT_EXAMPLES,
+    )
     p.add_argument("store", metavar="STORE", help="a sharded hierarchy: a path or an fsspec URL")
     p.add_argument("--array", metavar="PATH", default=None, help="only the array at PATH (default: every array)")
     _add_storage_options(p)
@@ -249,12 +304,13 @@ def _run_compact(args: argparse.Namespace) -> int:
     from shardkv.cli.info import read_hierarchy
     from shardkv.cli.stores import open_store
     from shardkv.cli.view import HierarchyView, refuse_shard_directories
+    from shardkv.engine.options import Options
     from shardkv.proxy.store import ShardedStore
 
     kv = open_store(args.store, args.storage_options)
     # a missing or empty store, or no hierarchy, is an error
     hierarchy = read_hierarchy(HierarchyView(kv), args.store)
-    with ShardedStore(kv) as store:
+    with ShardedStore._reopen(kv, Options.from_keywords()) as store:  # no zarr-python needed: any zarr installed
         if args.array is not None and store.sharded_array(args.array) is None:
             raise ArrayNotFoundError(args.store, args.array.strip("/"), "sharded array")
         wanted = [args.array.strip("/")] if args.array is not None else list(hierarchy.arrays)
@@ -278,13 +334,26 @@ def _run_compact(args: argparse.Namespace) -> int:
 
 
 def _add_demo(sub: Any) -> None:
-    p = _sub(sub, "demo", "make a small Zarr v2 hierarchy, convert it, inspect it, and read it back",
-             texts.DEMO_HELP, texts.DEMO_EXAMPLES)  # fmt: skip
-    p.add_argument("dir", metavar="DIR", nargs="?", default=None,
-                   help="write the input hierarchy here and the sharded copy beside it, in DIR/../sharded")  # fmt: skip
-    p.add_argument("--out", metavar="OUT", default=None,
-                   help="keep the files in OUT (OUT/input, OUT/sharded); default: a temporary directory, "
-                   "removed at the end")  # fmt: skip
+    p = _sub(
+        sub,
+        "demo",
+        "make a small Zarr v2 hierarchy, convert it, inspect it, and read it back",
+        texts.DEMO_HELP,
+        texts.DEMO_EXAMPLES,
+    )
+    p.add_argument(
+        "dir",
+        metavar="DIR",
+        nargs="?",
+        default=None,
+        help="write the input hierarchy here and the sharded copy beside it, in DIR/../sharded",
+    )
+    p.add_argument(
+        "--out",
+        metavar="OUT",
+        default=None,
+        help="keep the files in OUT (OUT/input, OUT/sharded); default: a temporary directory, removed at the end",
+    )
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -365,9 +434,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (Exception, RecursionError, MemoryError) as exc:  # noqa: BLE001 - one line, never a traceback
         if args.debug:
             raise
-        print(f"shardkv {args.command}: error: unexpected {type(exc).__name__} working on {_stores_named(args)}: "
-              f"{' '.join(str(exc).split())[:500]} (run 'shardkv --debug {args.command} ...' for the traceback)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"shardkv {args.command}: error: unexpected {type(exc).__name__} working on {_stores_named(args)}: "
+            f"{' '.join(str(exc).split())[:500]} (run 'shardkv --debug {args.command} ...' for the traceback)",
+            file=sys.stderr,
+        )
         return 1
 
 

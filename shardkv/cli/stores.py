@@ -24,30 +24,41 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import fsspec
 
 from shardkv.cli.errors import DestinationIsFileError, StoreAccessError
 from shardkv.errors import ConfigurationError
+from shardkv.storage.fsspec import BUCKET_PROTOCOLS
 from shardkv.storage.kv import ANY, KVStore
 from shardkv.storage.open import kv_of_fs, open_kv
 
 __all__ = [
-    "parse_storage_options", "open_store", "store_errors", "describe", "is_url", "refuse_regular_file",
-    "put_all", "delete_all", "remove_everything",
-]  # fmt: skip
-
-BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss"})
-"""Protocols whose first path segment is a bucket (or container) that must already exist."""
+    "parse_storage_options",
+    "open_store",
+    "store_errors",
+    "describe",
+    "is_url",
+    "refuse_regular_file",
+    "put_all",
+    "delete_all",
+    "remove_everything",
+]
 
 PROBE_CONFIG = {"connect_timeout": 5, "read_timeout": 20, "retries": {"max_attempts": 1, "mode": "standard"}}
 """botocore configuration of the first probe of an S3 store (one attempt, 5 s to connect)."""
 
 _CREDENTIAL_SIGNS = (
-    "credentials", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
-    "AuthorizationHeaderMalformed", "TokenRefreshRequired",
-)  # fmt: skip
+    "credentials",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "AuthorizationHeaderMalformed",
+    "TokenRefreshRequired",
+)
 """Words of backend errors that mean missing, wrong or expired credentials."""
 
 
@@ -115,9 +126,7 @@ def refuse_regular_file(name: str) -> None:
         raise DestinationIsFileError(name)
 
 
-def open_store(
-    name: Any, storage_options: Mapping[str, Any] | None = None, *, role: str = "store"
-) -> KVStore:
+def open_store(name: Any, storage_options: Mapping[str, Any] | None = None, *, role: str = "store") -> KVStore:
     """Open a store named on the command line, checking first that it can be used.
 
     Parameters
@@ -173,8 +182,21 @@ def _probe_fs(fs: fsspec.AbstractFileSystem, options: Mapping[str, Any]) -> fssp
 
 
 def _is_credentials_error(exc: BaseException) -> bool:
-    text = f"{type(exc).__name__} {exc}"
-    return any(sign in text for sign in _CREDENTIAL_SIGNS)
+    """True when ``exc`` or an error it was raised from names missing, unknown or expired credentials.
+
+    The cause is read too: s3fs turns botocore's ``InvalidAccessKeyId`` (a key the server does
+    not know) into a ``PermissionError`` whose message names no code, with the botocore error,
+    which does, as its ``__cause__``; it is not a denied permission.
+    """
+    seen: BaseException | None = exc
+    for _ in range(8):  # a chain of causes, bounded
+        if seen is None:
+            return False
+        text = f"{type(seen).__name__} {seen}"
+        if any(sign in text for sign in _CREDENTIAL_SIGNS):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 def _check_bucket(fs: fsspec.AbstractFileSystem, root: str, name: str, role: str) -> None:
@@ -238,4 +260,3 @@ def remove_everything(kv: KVStore) -> None:
     prune = getattr(kv, "prune_empty_dirs", None)  # local directories only
     if prune is not None:
         prune("")
-

@@ -2,9 +2,9 @@
 
 The source is a hierarchy whose arrays are sharded the way shardkv shards
 them (a v3 ``zarr.json`` with the ``sharding_indexed`` codec, read with the
-``.zarray`` presented from it; the older layout kept a ``.zarray`` beside it). Each shard is read whole, its index decoded, and
-every present inner chunk is written as stored (never decoded) to the chunk key
-zarr-python 2 expects (``path/1.7``, or ``path/1/7`` with the ``/``
+``.zarray`` presented from it; the older layout kept a ``.zarray`` beside it).
+Each shard is read whole, its index decoded, and every present inner chunk is
+written as stored (never decoded) to the chunk key zarr-python 2 expects (``path/1.7``, or ``path/1/7`` with the ``/``
 separator). Inner chunks outside the array's chunk grid are skipped and
 counted. The ``zarr.json`` documents of sharded arrays and v3 groups are dropped (their
 ``.zarray``/``.zattrs``/``.zgroup`` are written instead); every other key (metadata,
@@ -12,7 +12,7 @@ unsharded arrays, other files) is copied as it is; metadata is written last.
 The result is read by zarr-python 2 without shardkv and equals the sharded
 hierarchy read through :class:`shardkv.ShardedStore`.
 
-An interrupted run resumes (issue 20): a progress manifest
+An interrupted run resumes: a progress manifest
 (:data:`shardkv.cli.manifest.UNSHARD_MANIFEST_KEY`) in the destination records
 each shard whose chunks have all been written; running the same command again
 skips those shards (their chunks are already in the destination) and copies the
@@ -22,17 +22,18 @@ rest. The manifest is deleted once the metadata, written last, is in place.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from shardkv.cli.convert import _check_distinct, _name
-from shardkv.cli.convert_tasks import shard_index
+from shardkv.cli.convert.job import _check_distinct, _name
+from shardkv.cli.convert.tasks import shard_index
 from shardkv.cli.errors import DestinationNotEmptyError
 from shardkv.cli.info import META_NAMES, read_hierarchy
 from shardkv.cli.info_draft import is_draft
 from shardkv.cli.manifest import UNSHARD_MANIFEST_KEY, Manifest, open_destination
 from shardkv.cli.stores import open_store, put_all, refuse_regular_file
-from shardkv.cli.view import HierarchyView
+from shardkv.cli.view import HierarchyView, sizes
 from shardkv.errors import UnsupportedError
 from shardkv.keys.space import ShardedArray
 from shardkv.proxy.nodes import NodeTable
@@ -56,15 +57,17 @@ class UnshardReport:
     arrays, unsharded_arrays : int
         Arrays copied; of which were sharded and are now plain.
     shards : int
-        Shards read.
+        Shards unpacked by the whole job (this run and the interrupted runs it resumed).
     shards_skipped : int
-        Shards an interrupted run had finished, skipped by this one (their chunks are not counted again).
+        Of those, the shards an interrupted run had finished, skipped by this one.
     chunks : int
-        Chunks written from shards.
+        Chunks taken out of shards by the whole job.
+    chunks_skipped : int
+        Of those, the chunks of the skipped shards (written by the interrupted runs).
     out_of_grid_chunks : int
-        Inner chunks outside their array's chunk grid, skipped.
+        Inner chunks outside their array's chunk grid, skipped (by this run).
     objects_before, objects_after : int
-        Stored objects in the source, and written to the destination.
+        Objects stored in the source; objects of the whole job in the destination.
     bytes_before, bytes_after : int
         Their sizes in bytes.
     """
@@ -76,6 +79,7 @@ class UnshardReport:
     shards: int = 0
     shards_skipped: int = 0
     chunks: int = 0
+    chunks_skipped: int = 0
     out_of_grid_chunks: int = 0
     objects_before: int = 0
     objects_after: int = 0
@@ -94,7 +98,11 @@ class UnshardReport:
             f"  chunks: {self.chunks} taken out of {self.shards} shards",
         ]
         if self.shards_skipped:
-            lines.append(f"  resumed: {self.shards_skipped} shards finished by an earlier run skipped")
+            lines.append(
+                f"  resumed: this run took {self.chunks - self.chunks_skipped} chunks out of "
+                f"{self.shards - self.shards_skipped} shards; an earlier run had done the other "
+                f"{self.shards_skipped} shards ({self.chunks_skipped} chunks)"
+            )
         if self.out_of_grid_chunks:
             lines.append(f"  chunks outside the array grid, skipped: {self.out_of_grid_chunks}")
         lines.append(f"  objects: {self.objects_before} -> {self.objects_after}")
@@ -185,11 +193,21 @@ def unshard(
     # the writers of an interrupted run are gone (the manifest is this run's): their temporary
     # files are stale whatever their age
     remove_stale_temporaries(target, min_age_seconds=0)
-    report = UnshardReport(src_name, dst_name, objects_before=len(hierarchy.keys))
+    report = UnshardReport(src_name, dst_name, objects_before=hierarchy.n_stored)
+    # what the interrupted runs finished (part of the whole job): chunk objects, bytes written, bytes read
+    earlier = [
+        sum(a.chunks for a in manifest.arrays.values()),
+        sum(a.nbytes for a in manifest.arrays.values()),
+        sum(a.nbytes_read for a in manifest.arrays.values()),
+    ]
     out = _Out(target)
-    meta: list[str] = [k for k in hierarchy.group_keys if k.rpartition("/")[2] in META_NAMES and not _v3_node(source, k)]
+    meta: list[str] = [
+        k for k in hierarchy.group_keys if k.rpartition("/")[2] in META_NAMES and not _v3_node(source, k)
+    ]
     plain: list[str] = [k for k in hierarchy.group_keys if k.rpartition("/")[2] not in META_NAMES]
-    with tqdm(total=len(hierarchy.keys), disable=not progress, file=sys.stderr, unit="obj", desc="shardkv unshard") as bar:
+    with tqdm(
+        total=len(hierarchy.keys), disable=not progress, file=sys.stderr, unit="obj", desc="shardkv unshard"
+    ) as bar:
         for path, keys in hierarchy.arrays.items():
             report.arrays += 1
             arr = nodes.node(path).array
@@ -208,12 +226,25 @@ def unshard(
         report.bytes_before += _copy(source, plain, out, bar)
         out.flush()
         manifest.flush()
-        report.bytes_before += _copy(source, sorted(meta, key=lambda k: (-k.count("/"), k)), out, bar)
+        _copy(source, sorted(meta, key=lambda k: (-k.count("/"), k)), out, bar)  # presented documents among them
+        # the source's stored metadata: zarr.json (dropped) and v2 documents, not the presented ones
+        stored_meta = [
+            k
+            for k in hierarchy.keys
+            if k.rpartition("/")[2] in (*META_NAMES, "zarr.json") and k not in hierarchy.presented
+        ]
+        report.bytes_before += sum(sizes(source_kv, stored_meta).values())
         out.flush()
         bar.update(bar.total - bar.n)  # the zarr.json views, dropped, are done too
     manifest.remove()
-    report.objects_before = len(hierarchy.keys)
-    report.objects_after, report.bytes_after = out.objects, out.nbytes
+    earlier_chunks, earlier_nbytes, earlier_nbytes_read = earlier
+    report.chunks_skipped = earlier_chunks
+    report.shards += report.shards_skipped
+    report.chunks += earlier_chunks
+    report.bytes_before += earlier_nbytes_read
+    # the chunk objects of the skipped shards stay; every other object was written again by this run
+    report.objects_after = out.objects + earlier_chunks
+    report.bytes_after = out.nbytes + earlier_nbytes
     return report
 
 
@@ -224,9 +255,15 @@ def _v3_node(source: HierarchyView, key: str) -> bool:
 
 
 def _unpack(
-    source: HierarchyView, arr: ShardedArray, path: str, shard_keys: Sequence[str], out: _Out, report: UnshardReport,
-    bar: Any, manifest: Manifest,
-) -> None:  # fmt: skip
+    source: HierarchyView,
+    arr: ShardedArray,
+    path: str,
+    shard_keys: Sequence[str],
+    out: _Out,
+    report: UnshardReport,
+    bar: Any,
+    manifest: Manifest,
+) -> None:
     """Write every present in-grid inner chunk of the shards of one array to its own chunk key.
 
     A shard is recorded in ``manifest`` once its chunks are written; shards recorded by an
@@ -235,7 +272,7 @@ def _unpack(
     grid, cps = arr.chunk_grid_shape, arr.chunks_per_shard
     if grid is None or cps is None:
         raise UnsupportedError(f"{path or '/'}: a sharded array without a chunk grid or chunks per shard")
-    shard_grid = tuple(-(-g // n) for g, n in zip(grid, cps))
+    shard_grid = tuple(-(-g // n) for g, n in zip(grid, cps, strict=True))
 
     def index_of(key: str) -> int:
         return shard_index(arr.shard_coords_of(key), shard_grid)  # type: ignore[arg-type]
@@ -246,28 +283,31 @@ def _unpack(
     for start in range(0, len(todo), _SHARD_BATCH):
         batch = todo[start : start + _SHARD_BATCH]
         blobs = source.kv.values(batch)
-        finished: list[tuple[str, int]] = []
+        finished: list[tuple[str, int, int, int]] = []  # shard key, bytes read, chunks and bytes written
         for key in batch:
             blob = blobs.get(key)
             if blob is None:
                 continue  # deleted since the listing
-            finished.append((key, len(blob)))
+            n_chunks = n_bytes = 0
             report.shards += 1
             report.bytes_before += len(blob)
             index = arr.layout.index_of_shard(blob, key)
             shard_coords = arr.shard_coords_of(key)
             view = memoryview(blob)
             for local in index.present():
-                coords = tuple(s * n + c for s, n, c in zip(shard_coords, cps, local))  # type: ignore[arg-type]
-                if any(c >= g for c, g in zip(coords, grid)):
+                coords = tuple(s * n + c for s, n, c in zip(shard_coords, cps, local, strict=True))  # type: ignore[arg-type]
+                if any(c >= g for c, g in zip(coords, grid, strict=True)):
                     report.out_of_grid_chunks += 1
                     continue
                 offset, nbytes = index.get(local)  # type: ignore[misc]
                 out.put(arr.chunk_key(coords), bytes(view[offset : offset + nbytes]))
                 report.chunks += 1
+                n_chunks += 1
+                n_bytes += nbytes
+            finished.append((key, len(blob), n_chunks, n_bytes))
         out.flush()  # the shards' chunks are stored: only now are the shards finished
-        for key, nbytes_read in finished:
-            manifest.record(path, index_of(key), key, 0, nbytes_read)
+        for key, nbytes_read, n_chunks, n_bytes in finished:
+            manifest.record(path, index_of(key), key, n_bytes, nbytes_read, chunks=n_chunks)
         bar.update(len(batch))
 
 

@@ -47,13 +47,25 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("store", metavar="STORE", help="a sharded hierarchy: a path or an fsspec URL")
     p.add_argument("--decode", action="store_true", help="also decode every stored inner chunk")
     p.add_argument("--repair", action="store_true", help="remove stale temporary files (proven garbage only)")
-    p.add_argument("--remove-orphans", action="store_true",
-                   help="remove chunk-like keys of paths without array metadata (verify lists them)")  # fmt: skip
-    p.add_argument("--temp-age", metavar="SECONDS", type=float, default=3600.0,
-                   help="age (seconds) from which a temporary file counts as stale (default 3600)")  # fmt: skip
+    p.add_argument(
+        "--remove-orphans",
+        action="store_true",
+        help="remove chunk-like keys of paths without array metadata (verify lists them)",
+    )
+    p.add_argument(
+        "--temp-age",
+        metavar="SECONDS",
+        type=float,
+        default=3600.0,
+        help="age (seconds) from which a temporary file counts as stale (default 3600)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="show a progress bar on stderr (default: only when stderr is a terminal)")  # fmt: skip
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show a progress bar on stderr (default: only when stderr is a terminal)",
+    )
     return p
 
 
@@ -103,8 +115,14 @@ def run(args: argparse.Namespace) -> int:
             bar.update(done - bar.n)
 
     try:
-        report = verify_store(kv, decode=args.decode, repair=args.repair, min_temp_age=args.temp_age,
-                              remove_orphans=args.remove_orphans, progress=advance)  # fmt: skip
+        report = verify_store(
+            kv,
+            decode=args.decode,
+            repair=args.repair,
+            min_temp_age=args.temp_age,
+            remove_orphans=args.remove_orphans,
+            progress=advance,
+        )
     finally:
         if bar is not None:
             bar.close()

@@ -2,7 +2,7 @@
 
 The commands (``info``, ``verify``, ``unshard``, ``compact``, ``convert`` of an
 already sharded source) work on Zarr v2 documents. Arrays shardkv shards are
-stored as a Zarr v3 ``zarr.json`` and nothing else (issue 11), so a
+stored as a Zarr v3 ``zarr.json`` and nothing else, so a
 :class:`HierarchyView` adds, for each stored v3 node, the ``.zarray`` /
 ``.zgroup`` / ``.zattrs`` documents that :func:`shardkv.metadata.hierarchy.present`
 derives from its ``zarr.json`` (the documents :class:`shardkv.ShardedStore`
@@ -17,20 +17,19 @@ commands report such nodes themselves).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from shardkv.errors import MetadataError
-from shardkv.keys.space import ShardedArray
 from shardkv.keys.paths import join_path, split_key
-from shardkv.metadata.documents import dump_json, load_json
+from shardkv.keys.space import ShardedArray
+from shardkv.metadata.documents import ZMETADATA, dump_json, load_json
 from shardkv.metadata.hierarchy import ZARR_JSON, present
 from shardkv.proxy.nodes import PRESENTED, Node, present_stored_zmetadata
 from shardkv.proxy.verify import shard_directories
 from shardkv.storage.kv import ANY, KVStore
 
 __all__ = ["HierarchyView", "sizes", "refuse_shard_directories"]
-
-_ZMETADATA = ".zmetadata"
 
 
 def _parse(path: str, raw: Any) -> Node | None:
@@ -122,7 +121,7 @@ class HierarchyView:
                 rest.append(key)
         for key, value in (self.kv.values(rest) if rest else {}).items():
             raw = bytes(value)
-            out[key] = self._zmetadata(key, raw) if split_key(key)[1] == _ZMETADATA else raw
+            out[key] = self._zmetadata(key, raw) if split_key(key)[1] == ZMETADATA else raw
         return out
 
     def get(self, key: str) -> bytes | None:
@@ -141,12 +140,18 @@ class HierarchyView:
         return self.kv.get(key, []).found
 
     def _zmetadata(self, key: str, raw: bytes) -> bytes:
-        return present_stored_zmetadata(key, raw, lambda paths: {p: n.doc for p, n in self.nodes(paths).items() if n.doc is not None})
+        return present_stored_zmetadata(
+            key, raw, lambda paths: {p: n.doc for p, n in self.nodes(paths).items() if n.doc is not None}
+        )
 
     # -- listings ---------------------------------------------------------------------
 
-    def keys(self, prefix: str = "") -> Iterator[str]:
-        """Every stored key under ``prefix``, then the presented documents not stored (streamed)."""
+    def keys(self, prefix: str = "", presented: set[str] | None = None) -> Iterator[str]:
+        """Every stored key under ``prefix``, then the presented documents not stored (streamed).
+
+        ``presented``, when given, receives the keys of the second kind (documents
+        zarr-python 2 sees that are not stored objects).
+        """
         zarr_jsons: list[str] = []
         v2_meta: set[str] = set()
         for key in self.kv.list_prefix(prefix):
@@ -159,6 +164,8 @@ class HierarchyView:
         for path, node in self.nodes(zarr_jsons).items():
             for name in node.documents:
                 if join_path(path, name) not in v2_meta:
+                    if presented is not None:
+                        presented.add(join_path(path, name))
                     yield join_path(path, name)
 
     def list_names(self, path: str) -> list[str]:
@@ -180,7 +187,7 @@ def sizes(kv: KVStore, keys: Sequence[str]) -> dict[str, int]:
     """
     out: dict[str, int] = {}
     unknown: list[str] = []
-    for key, result in zip(keys, kv.get_many([(k, [], ANY) for k in keys])):
+    for key, result in zip(keys, kv.get_many([(k, [], ANY) for k in keys]), strict=True):
         if result.found:
             if result.size is None:
                 unknown.append(key)
@@ -189,7 +196,6 @@ def sizes(kv: KVStore, keys: Sequence[str]) -> dict[str, int]:
     for key, value in (kv.values(unknown) if unknown else {}).items():
         out[key] = memoryview(value).nbytes
     return out
-
 
 
 def refuse_shard_directories(kv: KVStore, arrays: Iterable[ShardedArray]) -> None:

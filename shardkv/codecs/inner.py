@@ -34,15 +34,16 @@ Unknown names and unknown configuration members raise
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable, Mapping, Sequence
 from math import prod
-from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence
+from typing import Any, ClassVar, Literal
 
 import numcodecs
 import numpy as np
 
 from shardkv.codecs.bounded import decode_bounded
 from shardkv.errors import ChecksumError, ConfigurationError, CorruptShardError
-from shardkv.format.layout import crc32c_of
+from shardkv.format.layout import Endian, crc32c_of
 
 __all__ = [
     "Codec",
@@ -103,7 +104,7 @@ class Codec:
         raise NotImplementedError
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other.get_config() == self.get_config()  # type: ignore[attr-defined]
+        return type(other) is type(self) and other.get_config() == self.get_config()
 
     def __hash__(self) -> int:
         return hash(repr(self.get_config()))
@@ -183,7 +184,7 @@ class BytesCodec(Codec):
     kind = "array_to_bytes"
     fixed_size = True
 
-    def __init__(self, endian: Literal["little", "big"] | None = "little") -> None:
+    def __init__(self, endian: Endian | None = "little") -> None:
         if endian not in ("little", "big", None):
             raise ConfigurationError(f"bytes endian must be 'little' or 'big', got {endian!r}")
         self.endian = endian
@@ -252,7 +253,9 @@ class _NumcodecsBacked(Codec):
         except CorruptShardError:
             raise
         except (RuntimeError, ValueError, OSError, EOFError, zlib.error) as exc:  # decompression failures
-            raise CorruptShardError(key, f"{self.name} could not decode {memoryview(data).nbytes} bytes: {exc}") from exc
+            raise CorruptShardError(
+                key, f"{self.name} could not decode {memoryview(data).nbytes} bytes: {exc}"
+            ) from exc
 
 
 class GzipCodec(_NumcodecsBacked):
@@ -302,12 +305,17 @@ BLOSC_SHUFFLE_IDS = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 
 
 class BloscCodec(_NumcodecsBacked):
-    """``blosc``: Blosc 1 with ``cname``, ``clevel``, ``shuffle``, ``typesize`` (bytes) and ``blocksize`` (bytes, 0 = auto)."""
+    """``blosc``: Blosc 1 with ``cname``, ``clevel``, ``shuffle``, ``typesize`` and ``blocksize`` (bytes; 0 = auto)."""
 
     name = "blosc"
 
     def __init__(
-        self, cname: str = "zstd", clevel: int = 5, shuffle: str = "noshuffle", typesize: int | None = None, blocksize: int = 0
+        self,
+        cname: str = "zstd",
+        clevel: int = 5,
+        shuffle: str = "noshuffle",
+        typesize: int | None = None,
+        blocksize: int = 0,
     ) -> None:
         if cname not in ("blosclz", "lz4", "lz4hc", "snappy", "zlib", "zstd"):
             raise ConfigurationError(f"blosc cname {cname!r} is not one of blosclz, lz4, lz4hc, snappy, zlib, zstd")
@@ -317,7 +325,9 @@ class BloscCodec(_NumcodecsBacked):
             raise ConfigurationError(f"blosc with shuffle {shuffle!r} needs a typesize >= 1, got {typesize!r}")
         self.cname, self.clevel, self.shuffle, self.blocksize = cname, int(clevel), shuffle, int(blocksize)
         self.typesize = typesize
-        self._impl = numcodecs.Blosc(cname=cname, clevel=self.clevel, shuffle=BLOSC_SHUFFLE_IDS[shuffle], blocksize=self.blocksize)
+        self._impl = numcodecs.Blosc(
+            cname=cname, clevel=self.clevel, shuffle=BLOSC_SHUFFLE_IDS[shuffle], blocksize=self.blocksize
+        )
 
     def get_config(self) -> dict[str, Any]:
         config: dict[str, Any] = {"cname": self.cname, "clevel": self.clevel, "shuffle": self.shuffle}
@@ -396,7 +406,7 @@ class NumcodecsCodec(_NumcodecsBacked):
         self._impl = numcodecs_codec({"id": codec_id, **self.configuration}, f"numcodecs.{codec_id}")
 
     @property
-    def name(self) -> str:  # type: ignore[override]
+    def name(self) -> str:  # type: ignore[override]  # a class constant elsewhere; here it comes from codec_id
         return f"numcodecs.{self.codec_id}"
 
     def get_config(self) -> dict[str, Any]:
@@ -465,7 +475,8 @@ class CodecPipeline:
         i = kinds.index("array_to_bytes")
         if any(k != "array_to_array" for k in kinds[:i]) or any(k != "bytes_to_bytes" for k in kinds[i + 1 :]):
             raise ConfigurationError(
-                f"{what} must be array -> array codecs, one array -> bytes codec, then bytes -> bytes codecs; got {kinds}"
+                f"{what} must be array -> array codecs, one array -> bytes codec, then bytes -> bytes codecs; "
+                f"got {kinds}"
             )
         self.codecs = built
         self.array_to_array = built[:i]

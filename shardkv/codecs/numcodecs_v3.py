@@ -10,8 +10,9 @@ each refuses the array instead of misreading it); see the table of
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from math import prod
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import numcodecs
 import numpy as np
@@ -34,7 +35,21 @@ ARRAY_TO_ARRAY_IDS = frozenset({"astype", "bitround", "delta", "fixedscaleoffset
 """numcodecs ids zarr-python 3 registers as ``numcodecs.<id>`` array -> array codecs."""
 
 BYTES_TO_BYTES_IDS = frozenset(
-    {"adler32", "blosc", "bz2", "crc32", "crc32c", "fletcher32", "gzip", "jenkins_lookup3", "lz4", "lzma", "shuffle", "zlib", "zstd"}
+    {
+        "adler32",
+        "blosc",
+        "bz2",
+        "crc32",
+        "crc32c",
+        "fletcher32",
+        "gzip",
+        "jenkins_lookup3",
+        "lz4",
+        "lzma",
+        "shuffle",
+        "zlib",
+        "zstd",
+    }
 )
 """numcodecs ids zarr-python 3 registers as ``numcodecs.<id>`` bytes -> bytes codecs."""
 
@@ -68,7 +83,7 @@ class NumcodecsArrayCodec(Codec):
         self._impl = numcodecs_codec({"id": codec_id, **self.configuration}, f"numcodecs.{codec_id}")
 
     @property
-    def name(self) -> str:  # type: ignore[override]
+    def name(self) -> str:  # type: ignore[override]  # a class constant elsewhere; here it comes from codec_id
         return f"numcodecs.{self.codec_id}"
 
     def get_config(self) -> dict[str, Any]:
@@ -110,7 +125,7 @@ class VlenCodec(Codec):
         self._impl = numcodecs.get_codec({"id": codec_id})
 
     @property
-    def name(self) -> str:  # type: ignore[override]
+    def name(self) -> str:  # type: ignore[override]  # a class constant elsewhere; here it comes from codec_id
         return self.codec_id
 
     def get_config(self) -> dict[str, Any]:
@@ -130,7 +145,9 @@ class VlenCodec(Codec):
         try:
             out = np.asarray(self._impl.decode(bytes(data)), dtype=object)
         except (ValueError, RuntimeError, UnicodeDecodeError) as exc:
-            raise CorruptShardError(key, f"{self.name} could not decode {memoryview(data).nbytes} bytes: {exc}") from exc
+            raise CorruptShardError(
+                key, f"{self.name} could not decode {memoryview(data).nbytes} bytes: {exc}"
+            ) from exc
         if out.size != prod(shape):
             raise CorruptShardError(key, f"{self.name} decoded {out.size} items for a chunk of shape {shape}")
         return out.reshape(shape)
@@ -161,7 +178,9 @@ class V2ChunkCodec(Codec):
     name = V2_CHUNK_CODEC
     kind = "array_to_bytes"
 
-    def __init__(self, dtype: Any, order: str = "C", compressor: Mapping[str, Any] | None = None, filters: Any = None) -> None:
+    def __init__(
+        self, dtype: Any, order: str = "C", compressor: Mapping[str, Any] | None = None, filters: Any = None
+    ) -> None:
         if order not in ("C", "F"):
             raise ConfigurationError(f"codec {V2_CHUNK_CODEC!r}: order must be 'C' or 'F', got {order!r}")
         self.dtype = dtype
@@ -202,7 +221,9 @@ class V2ChunkCodec(Codec):
                 array = array.reshape(-1).view(dtype)
             return np.asarray(array).reshape(shape, order=self.order)
         except (ValueError, RuntimeError, TypeError) as exc:
-            raise CorruptShardError(key, f"{V2_CHUNK_CODEC} could not decode {memoryview(data).nbytes} bytes: {exc}") from exc
+            raise CorruptShardError(
+                key, f"{V2_CHUNK_CODEC} could not decode {memoryview(data).nbytes} bytes: {exc}"
+            ) from exc
 
 
 for _id in sorted(ARRAY_TO_ARRAY_IDS):

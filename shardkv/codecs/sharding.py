@@ -17,7 +17,8 @@ and tensorstore do the same).
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -123,7 +124,9 @@ class ShardingCodec:
         extra = set(obj) - {"name", "configuration"}
         config = obj.get("configuration")
         if extra or not isinstance(config, Mapping):
-            raise ConfigurationError(f"sharding_indexed needs a configuration object and no other member, got {dict(obj)!r}")
+            raise ConfigurationError(
+                f"sharding_indexed needs a configuration object and no other member, got {dict(obj)!r}"
+            )
         unknown = set(config) - {"chunk_shape", "codecs", "index_codecs", "index_location"}
         if unknown:
             raise ConfigurationError(f"sharding_indexed: unknown configuration member(s) {sorted(unknown)}")
@@ -151,11 +154,13 @@ class ShardingCodec:
             not evenly divide it.
         """
         shard_shape = tuple(int(s) for s in shard_shape)
-        if len(shard_shape) != len(self.chunk_shape) or any(s % c for s, c in zip(shard_shape, self.chunk_shape)):
+        if len(shard_shape) != len(self.chunk_shape) or any(
+            s % c for s, c in zip(shard_shape, self.chunk_shape, strict=True)
+        ):
             raise ConfigurationError(
                 f"inner chunk_shape {list(self.chunk_shape)} does not evenly divide the shard shape {list(shard_shape)}"
             )
-        cps = tuple(s // c for s, c in zip(shard_shape, self.chunk_shape))
+        cps = tuple(s // c for s, c in zip(shard_shape, self.chunk_shape, strict=True))
         bytes_codec = self.index_codecs.array_to_bytes
         return ShardLayout.v3(cps, self.index_location, bytes_codec.endian, len(self.index_codecs.codecs) == 2)
 
@@ -166,7 +171,7 @@ class ShardingCodec:
     # -- helpers ---------------------------------------------------------------
 
     def _chunk_slices(self, local: tuple[int, ...]) -> tuple[slice, ...]:
-        return tuple(slice(l * c, (l + 1) * c) for l, c in zip(local, self.chunk_shape))
+        return tuple(slice(i * c, (i + 1) * c) for i, c in zip(local, self.chunk_shape, strict=True))
 
     @staticmethod
     def _fill_array(shape: tuple[int, ...], dtype: np.dtype, fill_value: Any) -> np.ndarray:
@@ -257,8 +262,7 @@ class ShardingCodec:
         view = memoryview(data).cast("B")
         index = layout.index_of_shard(view, shard_key)
         out = self._fill_array(shape, dtype, fill_value)
-        for local in index.present():
-            offset, nbytes = index.get(local)  # type: ignore[misc]
+        for local, offset, nbytes in index.stored_entries():
             out[self._chunk_slices(local)] = self._decode_chunk(
                 view[offset : offset + nbytes], dtype, fill_value, f"{shard_key} inner chunk {local}"
             )
@@ -267,7 +271,9 @@ class ShardingCodec:
     def _decode_chunk(self, data: Any, dtype: np.dtype, fill_value: Any, key: str) -> np.ndarray:
         return self.codecs.decode(data, self.chunk_shape, dtype, fill_value, key)
 
-    def read_index(self, read_range: ReadRange, shape: Sequence[int], *, shard_key: str = "<shard>") -> ShardIndex | None:
+    def read_index(
+        self, read_range: ReadRange, shape: Sequence[int], *, shard_key: str = "<shard>"
+    ) -> ShardIndex | None:
         """Read and decode the index of a stored shard with one range request.
 
         Returns
@@ -339,7 +345,7 @@ class ShardingCodec:
             return _drop_axes(out, drop)
         # per dimension: touched chunk -> (positions in out, coords inside the chunk)
         touched = []
-        for ix, c in zip(per_dim, self.chunk_shape):
+        for ix, c in zip(per_dim, self.chunk_shape, strict=True):
             groups: dict[int, tuple[np.ndarray, np.ndarray]] = {}
             chunk_ids = ix // c
             for cid in np.unique(chunk_ids):
@@ -359,8 +365,11 @@ class ShardingCodec:
                 sub = inner.decode_partial(
                     _sub_reader(read_range, offset, nbytes, key),
                     tuple(_as_slice(i) for i in in_sel),
-                    self.chunk_shape, dtype, fill_value, shard_key=key,
-                )  # fmt: skip
+                    self.chunk_shape,
+                    dtype,
+                    fill_value,
+                    shard_key=key,
+                )
                 out[out_ix] = sub
                 continue
             raw = read_range(ByteRange(offset, offset + nbytes))

@@ -1,1 +1,4 @@
-"""The shard engine: reads indexes and chunks, merges and writes shards, caches indexes, guards and write-back, over a ``KVStore``."""
+"""The shard engine over a ``KVStore``.
+
+It reads indexes and chunks, merges and writes shards, and holds the index cache, the guards and the write-back.
+"""

@@ -22,54 +22,18 @@ conditional put). Write-back and the journal sit on top
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Iterable
+from collections.abc import Iterable
 
 from shardkv.engine.cache import IndexCache
-from shardkv.engine.locks import Concurrency, Mode, ShardLocks
+from shardkv.engine.locks import Mode, ShardLocks
 from shardkv.engine.merge import ShardChange
+from shardkv.engine.options import Options
 from shardkv.engine.reads import ShardReader
 from shardkv.engine.retry import EngineStats
 from shardkv.engine.writes import ShardWriter
-from shardkv.errors import ConfigurationError
-from shardkv.format.ranges import ReadPolicy
 from shardkv.storage.kv import KVStore
 
-__all__ = ["ShardEngine", "EngineOptions", "EngineStats", "ShardChange"]
-
-
-@dataclass(frozen=True, slots=True)
-class EngineOptions:
-    """The engine's options (frozen, picklable; the proxies' ``Options`` carry them).
-
-    Parameters
-    ----------
-    index_cache_bytes : int
-        Limit (bytes) of the decoded-index cache; 0 disables it.
-    read_policy : ReadPolicy
-        Merging of chunk ranges and the whole-shard threshold.
-    concurrency : {"auto", "files", "conditional", "process", "none"}
-        How writers of one shard in other objects, threads and processes are
-        excluded (:mod:`shardkv.engine.locks`).
-    lock_timeout : float or None
-        Longest wait (seconds) for the locks of one shard write; ``None`` waits as long as it takes.
-
-    Raises
-    ------
-    ConfigurationError
-        For a negative cache size or lock timeout.
-    """
-
-    index_cache_bytes: int = 64 * 2**20
-    read_policy: ReadPolicy = field(default_factory=ReadPolicy)
-    concurrency: Concurrency = "auto"
-    lock_timeout: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.index_cache_bytes < 0:
-            raise ConfigurationError(f"index_cache_bytes must be >= 0 bytes, got {self.index_cache_bytes}")
-        if self.lock_timeout is not None and self.lock_timeout < 0:
-            raise ConfigurationError(f"lock_timeout must be >= 0 seconds or None, got {self.lock_timeout}")
+__all__ = ["ShardEngine", "EngineStats", "ShardChange"]
 
 
 class ShardEngine:
@@ -79,14 +43,16 @@ class ShardEngine:
     ----------
     kv : KVStore
         The base store.
-    options : EngineOptions, optional
-        Cache size, read policy, concurrency mode, lock timeout.
+    options : Options, optional
+        The facade's options; the engine reads ``index_cache_bytes``,
+        ``read_policy``, ``concurrency`` and ``lock_timeout`` (checked by
+        :class:`~shardkv.engine.options.Options`, not again here).
 
     Attributes
     ----------
     kv : KVStore
         The base store.
-    options : EngineOptions
+    options : Options
         The options.
     cache : IndexCache
         Decoded indexes with the generations of the shards they were read from.
@@ -106,9 +72,9 @@ class ShardEngine:
         offers neither lock files nor conditional writes).
     """
 
-    def __init__(self, kv: KVStore, options: EngineOptions | None = None) -> None:
+    def __init__(self, kv: KVStore, options: Options | None = None) -> None:
         self.kv = kv
-        self.options = options if options is not None else EngineOptions()
+        self.options = options if options is not None else Options()
         self.cache = IndexCache(self.options.index_cache_bytes)
         self.locks = ShardLocks.of_store(kv, self.options.concurrency, self.options.lock_timeout)
         self.stats = EngineStats()

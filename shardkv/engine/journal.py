@@ -60,8 +60,8 @@ import fcntl
 import os
 import struct
 import uuid
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 import msgpack
 
@@ -76,13 +76,13 @@ from shardkv.format.journal_frames import (
     SLOT_OFFSETS,
     Identity,
     JournalRecord,
+    RecordItem,
     decode_frame,
     decode_slot,
     describe_identity,
     encode_frame,
     encode_header,
     encode_slot,
-    RecordItem,
     make_records,
 )
 from shardkv.format.layout import crc32c_of
@@ -124,7 +124,9 @@ class _Scan:
 
 
 
-def _journal_locked(path: str, reason: str = "it is open in another process (one writer per journal)") -> LockTimeoutError:
+def _journal_locked(
+    path: str, reason: str = "it is open in another process (one writer per journal)"
+) -> LockTimeoutError:
     return LockTimeoutError(f"journal {path!r}", 0.0, reason, path=path)
 
 class Journal:
@@ -160,9 +162,11 @@ class Journal:
             if identity is not None and dict(identity) != scan.identity:
                 if scan.records:
                     raise JournalMismatchError(
-                        self.path, f"store {describe_identity(scan.identity)}", f"store {describe_identity(identity)}",
+                        self.path,
+                        f"store {describe_identity(scan.identity)}",
+                        f"store {describe_identity(identity)}",
                         len(scan.records),
-                    )  # fmt: skip
+                    )
                 self._identity = dict(identity)
                 self._adopt(scan)
                 self.reset()  # an empty journal: stamped with this store's identity
@@ -271,7 +275,7 @@ class Journal:
         if not isinstance(identity, dict) or not all(isinstance(v, str) for v in identity.values()):
             raise JournalCorruptError(self.path, IDENT_OFFSET, "identity block is not a map of strings")
         slots = [decode_slot(data, off) for off in SLOT_OFFSETS]
-        for off, slot in zip(SLOT_OFFSETS, slots):
+        for off, slot in zip(SLOT_OFFSETS, slots, strict=True):
             if slot is None:  # slot writes are one sector: a bad one is damage, not a torn write
                 raise JournalCorruptError(
                     self.path, off, "a watermark slot fails its crc32c: which records were acknowledged is lost"
@@ -295,9 +299,11 @@ class Journal:
             raise self._loss(data, pos, acked_end, expected, acked_next, result)
         if expected != acked_next:
             raise JournalCorruptError(
-                self.path, pos, f"the watermark acknowledges records up to seq {acked_next - 1}, "
-                f"the file holds them up to seq {expected - 1}"
-            )  # fmt: skip
+                self.path,
+                pos,
+                f"the watermark acknowledges records up to seq {acked_next - 1}, "
+                f"the file holds them up to seq {expected - 1}",
+            )
         return _Scan(records, start_seq, identity, data_start, pos, gen, max(len(data) - acked_end, 0))
 
     def _loss(

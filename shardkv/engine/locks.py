@@ -62,8 +62,9 @@ import stat
 import threading
 import time
 import zlib
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, contextmanager
-from typing import Any, Iterable, Iterator, Literal, Mapping
+from typing import Any, Literal
 
 from shardkv.engine.retry import LOCK_BACKOFF, Backoff, attempts
 from shardkv.errors import ConfigurationError, LockTimeoutError
@@ -77,6 +78,7 @@ __all__ = [
 ]
 
 Concurrency = Literal["auto", "files", "conditional", "process", "none"]
+"""How writers of one shard keep each other's chunks (see :class:`~shardkv.ShardedStore`)."""
 Mode = Literal["files", "conditional", "process", "none"]
 CONCURRENCY_MODES: tuple[str, ...] = ("auto", "files", "conditional", "process", "none")
 
@@ -106,8 +108,10 @@ def resolve_mode(kv: KVStore, concurrency: str) -> Mode:
     if concurrency not in CONCURRENCY_MODES:
         raise ConfigurationError(f"concurrency must be one of {CONCURRENCY_MODES}, got {concurrency!r}")
     caps = kv.caps
-    if concurrency in ("none", "process"):
-        return concurrency  # type: ignore[return-value]
+    if concurrency == "none":
+        return "none"
+    if concurrency == "process":
+        return "process"
     if concurrency == "files" or (concurrency == "auto" and caps.lock_dir):
         if not caps.lock_dir:
             raise ConfigurationError(
@@ -117,8 +121,14 @@ def resolve_mode(kv: KVStore, concurrency: str) -> Mode:
         return "files"
     if caps.conditional_put or caps.in_process:
         return "conditional"
-    hint = (" (an object store needs conditional puts: an obstore S3Store with conditional_put='etag', the "
-            "default, and without AWS_CONDITIONAL_PUT=disabled)") if caps.round_trips and caps.stamps == "native" else ""
+    hint = (
+        (
+            " (an object store needs conditional puts: an obstore S3Store with conditional_put='etag', the "
+            "default, and without AWS_CONDITIONAL_PUT=disabled)"
+        )
+        if caps.round_trips and caps.stamps == "native"
+        else ""
+    )
     if concurrency == "conditional":
         raise ConfigurationError(
             f"concurrency='conditional' needs a store with conditional writes; {_store_name(kv)} at "
@@ -165,8 +175,8 @@ def lock_modes(array_dir: str) -> tuple[int, int]:
 
     Read and write (and, for the directory, search) for the owner; for the
     group only if ``array_dir`` is group-writable; for others only if it is
-    world-writable; the directory keeps ``array_dir``'s set-group-ID bit. No class gets a read bit without its write bit, so no
-    account that cannot write the array can open (and ``flock``) a lock file.
+    world-writable; the directory keeps ``array_dir``'s set-group-ID bit. No class gets a read
+    bit without its write bit, so no account that cannot write the array can open (and ``flock``) a lock file.
 
     Raises
     ------
@@ -468,8 +478,10 @@ class ShardLocks:
         """The real directory (symbolic links resolved) of the array at key prefix ``prefix``."""
         found = self._real_dirs.get(prefix)
         if found is None:
+            if self._dir_root is None:
+                raise ConfigurationError(f"{self.location!r} is in no directory: no real directory of {prefix!r}")
             parts = [p for p in prefix.split("/") if p]
-            found = os.path.realpath(os.path.join(self._dir_root, *parts))  # type: ignore[arg-type]
+            found = os.path.realpath(os.path.join(self._dir_root, *parts))
             if len(self._real_dirs) >= _MAX_REAL_DIRS:
                 self._real_dirs.clear()
             self._real_dirs[prefix] = found

@@ -17,18 +17,25 @@ or delete replacing, a later patch applied to what came before.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Collection, Iterable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
 
+from shardkv._types import BytesLike, LocalCoords
 from shardkv.keys.space import ChunkRef, ShardedArray
 
 __all__ = [
-    "ChunkPatch", "ChunkUpdate", "ShardChange", "apply_partial_writes", "covers_shard", "group_by_shard", "join_changes",
-    "merge_chunks", "out_of_grid",
+    "ChunkPatch",
+    "ChunkUpdate",
+    "ShardChange",
+    "apply_partial_writes",
+    "covers_shard",
+    "group_by_shard",
+    "join_changes",
+    "merge_chunks",
+    "out_of_grid",
 ]
 
-BytesLike = bytes | bytearray | memoryview
-Local = tuple[int, ...]
 
 
 def apply_partial_writes(key: str, old: BytesLike | None, writes: Sequence[tuple[int, BytesLike]]) -> bytes:
@@ -95,10 +102,15 @@ class ChunkPatch:
 ChunkUpdate = BytesLike | ChunkPatch | None
 """One inner chunk's change: its new encoded bytes, a :class:`ChunkPatch`, or ``None`` (delete)."""
 
+UpdateT = TypeVar("UpdateT", bound=ChunkUpdate)
+
 
 @dataclass
-class ShardChange:
+class ShardChange(Generic[UpdateT]):
     """The changes of one shard's inner chunks: the unit every write path hands the engine.
+
+    Generic in the kind of change it holds: ``ShardChange[bytes | None]`` (whole chunks and deletions,
+    what the write-back buffer holds) or any :data:`ChunkUpdate` (a bare ``ShardChange``).
 
     Attributes
     ----------
@@ -116,18 +128,18 @@ class ShardChange:
 
     array: ShardedArray
     shard_coords: tuple[int, ...]
-    chunks: dict[Local, ChunkUpdate] = field(default_factory=dict)
+    chunks: dict[LocalCoords, UpdateT] = field(default_factory=dict)
     nbytes: int = 0
 
     def covers_shard(self) -> bool:
         """True when every available chunk of the shard is set whole (the write needs no old bytes)."""
         return covers_shard(self.array, self.shard_coords, self.chunks)
 
-    def copy(self) -> ShardChange:
+    def copy(self) -> ShardChange[UpdateT]:
         """A copy whose ``chunks`` dict is its own (the values are shared)."""
         return ShardChange(self.array, self.shard_coords, dict(self.chunks), self.nbytes)
 
-    def chunk_key(self, local_coords: Local) -> str:
+    def chunk_key(self, local_coords: LocalCoords) -> str:
         """The chunk key of one inner chunk of this shard."""
         return self.array.chunk_key(self.array.chunk_coords(self.shard_coords, local_coords))
 
@@ -146,13 +158,13 @@ def _all_whole(values: Collection[Any]) -> bool:
     return all(v is not None and not isinstance(v, ChunkPatch) for v in values)
 
 
-def covers_shard(arr: ShardedArray, shard_coords: Sequence[int], updates: Mapping[Local, Any]) -> bool:
+def covers_shard(arr: ShardedArray, shard_coords: Sequence[int], updates: Mapping[LocalCoords, Any]) -> bool:
     """True when ``updates`` sets every available chunk of the shard whole (no old bytes needed)."""
     n = arr.n_chunks_in_shard(shard_coords)
     return n > 0 and len(updates) == n and _all_whole(updates.values())
 
 
-def out_of_grid(arr: ShardedArray, shard_coords: Sequence[int], present: Sequence[Local]) -> list[Local]:
+def out_of_grid(arr: ShardedArray, shard_coords: Sequence[int], present: Sequence[LocalCoords]) -> list[LocalCoords]:
     """The local coords among ``present`` whose chunks lie outside the chunk grid (none if it is unknown)."""
     if arr.chunk_grid_shape is None:
         return []
@@ -162,9 +174,9 @@ def out_of_grid(arr: ShardedArray, shard_coords: Sequence[int], present: Sequenc
 def merge_chunks(
     arr: ShardedArray,
     shard_coords: Sequence[int],
-    old: Mapping[Local, BytesLike],
-    updates: Mapping[Local, Any],
-) -> dict[Local, BytesLike]:
+    old: Mapping[LocalCoords, BytesLike],
+    updates: Mapping[LocalCoords, Any],
+) -> dict[LocalCoords, BytesLike]:
     """The chunks of a shard after ``updates`` (see the module docstring for the rule).
 
     Parameters
@@ -186,7 +198,7 @@ def merge_chunks(
     if not old and _all_whole(updates.values()):
         return dict(updates)  # a new shard, or one written whole: nothing to merge
     dropped = set(out_of_grid(arr, shard_coords, list(old)))
-    chunks: dict[Local, BytesLike] = {local: v for local, v in old.items() if local not in dropped}
+    chunks: dict[LocalCoords, BytesLike] = {local: v for local, v in old.items() if local not in dropped}
     for local, value in updates.items():
         if value is None:
             chunks.pop(local, None)
@@ -239,8 +251,8 @@ def group_by_shard(refs: Sequence[ChunkRef], values: Iterable[ChunkUpdate]) -> d
     """The :class:`ShardChange` of each shard that located chunk changes touch, in order (``None`` deletes)."""
     by_shard: dict[str, ShardChange] = {}
     shard_key = None
-    chunks: dict[Local, ChunkUpdate] = {}
-    for ref, value in zip(refs, values):
+    chunks: dict[LocalCoords, ChunkUpdate] = {}
+    for ref, value in zip(refs, values, strict=False):  # values may be longer (itertools.repeat(None))
         if ref.shard_key != shard_key:  # keys come in runs of one shard (zarr: a row of its chunks)
             shard_key = ref.shard_key
             change = by_shard.get(shard_key)

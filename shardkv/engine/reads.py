@@ -33,11 +33,12 @@ listing returned, or else make one zero-range conditional ``get`` per cached sha
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from math import prod
-from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from shardkv._types import BytesLike
 from shardkv.engine.cache import CacheEntry, IndexCache
 from shardkv.engine.retry import READ_ATTEMPTS, READ_BACKOFF, EngineStats, attempts
 from shardkv.errors import ConcurrentUpdateError, CorruptShardError
@@ -45,7 +46,6 @@ from shardkv.format.index import ShardIndex
 from shardkv.format.ranges import ByteRange, CoalescedRead, ReadPolicy, plan_reads
 from shardkv.keys.listing import shard_chunk_count, shard_chunk_keys
 from shardkv.keys.space import ChunkRef, ShardedArray
-from shardkv.storage.buffers import BytesLike
 from shardkv.storage.kv import ANY, Generation, KVStore, ReadRequest, ReadResult
 
 __all__ = ["ShardReader", "LIST_BATCH", "WHOLE_CHUNK"]
@@ -114,7 +114,7 @@ def _read_unranged(
     """Reads from a store without ranged reads: each shard whole, once, nothing cached."""
     out: list[BytesLike | None] = [None] * len(requests)
     keys = list(by_shard)
-    for shard_key, result in zip(keys, kv.get_many([(k, None, ANY) for k in keys])):
+    for shard_key, result in zip(keys, kv.get_many([(k, None, ANY) for k in keys]), strict=True):
         if result.found:
             blob = result.whole()
             index = requests[by_shard[shard_key][0]][0].array.layout.index_of_shard(blob, shard_key)
@@ -143,7 +143,7 @@ def _serve_ranges(
     """Slice the chunk bytes of one shard's ranged read into ``out``, refusing bytes the shard does not hold."""
     layout = arr.layout
     data_end = None if result.size is None else layout.data_region(result.size)[1]
-    for read, value in zip(coalesced, result.values or []):
+    for read, value in zip(coalesced, result.values or [], strict=True):
         limit = read.range.start + len(value)  # the end of the chunk data the read proves
         if read.range.stop is None and layout.index_location == "end":
             limit -= layout.index_nbytes
@@ -220,7 +220,7 @@ class ShardReader:
             if value is not None:
                 return {refs[0].chunk_key: value}
         values = self.read_ranges([(ref, WHOLE_CHUNK) for ref in refs])
-        return {ref.chunk_key: v for ref, v in zip(refs, values) if v is not None}
+        return {ref.chunk_key: v for ref, v in zip(refs, values, strict=True) if v is not None}
 
     def read_ranges(
         self, requests: Sequence[tuple[ChunkRef, ByteRange]], relayed: Sequence[tuple[str, ByteRange]] = ()
@@ -286,7 +286,7 @@ class ShardReader:
                 if extra:
                     out += _relayed_values(answers[len(need):])
                     extra = []
-                for k, result in zip(need, answers):
+                for k, result in zip(need, answers, strict=False):  # answers: need's, then extra's
                     if result.state == "stale":  # changed while it was read: read again next round
                         cache.discard(k)
                         changed.add(k)
@@ -329,7 +329,9 @@ class ShardReader:
                 chunk_reads.append((k, ranges, generation))
                 plans.append((k, wanted, coalesced, guard))
             stale = changed
-            for (k, wanted, coalesced, guard), result in zip(plans, kv.get_many(chunk_reads) if chunk_reads else []):
+            for (k, wanted, coalesced, guard), result in zip(
+                plans, kv.get_many(chunk_reads) if chunk_reads else [], strict=True
+            ):
                 if result.state != "value":  # changed or deleted since the index was read: read it again
                     stale.add(k)
                     stats.read_stale += 1
@@ -423,7 +425,7 @@ class ShardReader:
         keys = list(shards)
         if not kv.caps.ranged:
             out = {}
-            for k, result in zip(keys, kv.get_many([(k, None, ANY) for k in keys])):
+            for k, result in zip(keys, kv.get_many([(k, None, ANY) for k in keys]), strict=True):
                 if result.found:
                     out[k] = shards[k].layout.index_of_shard(result.whole(), k)
             return out
@@ -440,7 +442,9 @@ class ShardReader:
             else:
                 checks.append((k, cached))
         if checks:
-            for (k, cached), result in zip(checks, kv.get_many([(k, [], e.generation) for k, e in checks])):
+            for (k, cached), result in zip(
+                checks, kv.get_many([(k, [], e.generation) for k, e in checks]), strict=True
+            ):
                 if result.state == "value":
                     indexes[k] = cached.index
                 elif result.state == "stale":
@@ -449,7 +453,7 @@ class ShardReader:
                     cache.discard(k)
         if need:
             results = kv.get_many([(k, [shards[k].layout.index_range()], ANY) for k in need])
-            for k, result in zip(need, results):
+            for k, result in zip(need, results, strict=True):
                 if not result.found:
                     cache.discard(k)
                     continue

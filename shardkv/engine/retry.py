@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 __all__ = ["Backoff", "EngineStats", "attempts", "READ_ATTEMPTS", "WRITE_ATTEMPTS", "LOCK_BACKOFF"]
 

@@ -42,9 +42,11 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from os import PathLike
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
+from shardkv._types import BytesLike
 from shardkv.engine.journal import Journal
 from shardkv.engine.merge import ShardChange
 from shardkv.errors import ConfigurationError, InvalidKeyError, JournalMismatchError
@@ -57,6 +59,8 @@ __all__ = ["WriteBuffer", "WriteBack", "layout_of"]
 
 _JOURNAL_SLACK = 4 * 2**20  # bytes a journal may hold beyond twice the buffer before it is compacted
 
+Buffered = ShardChange[bytes | None]
+"""What the buffer holds of one shard: whole chunks and deletions (byte patches are never buffered)."""
 _Added = list[tuple[str, tuple[int, ...], tuple[bool, "bytes | None"], "bytes | None"]]
 """``(shard_key, local_coords, (was buffered, value before), value buffered)`` of one :meth:`WriteBack.write`."""
 
@@ -86,7 +90,7 @@ class WriteBuffer:
         if max_bytes < 0:
             raise ValueError(f"buffer_bytes must be >= 0, got {max_bytes}")
         self.max_bytes = int(max_bytes)
-        self._pending: OrderedDict[str, ShardChange] = OrderedDict()
+        self._pending: OrderedDict[str, Buffered] = OrderedDict()
         self._nbytes = 0
         self.lock = threading.RLock()
 
@@ -108,13 +112,13 @@ class WriteBuffer:
         shard_coords: tuple[int, ...],
         local_coords: tuple[int, ...],
         value: bytes | None,
-    ) -> ShardChange:
+    ) -> Buffered:
         """Buffer one chunk update (``None`` deletes) and return its shard's record."""
         pending = self._pending.get(shard_key)
         if pending is None:
             pending = self._pending[shard_key] = ShardChange(array, shard_coords)
         old = pending.chunks.get(local_coords)
-        delta = (0 if value is None else len(value)) - (0 if old is None else len(old))  # type: ignore[arg-type]
+        delta = (0 if value is None else len(value)) - (0 if old is None else len(old))
         pending.chunks[local_coords] = value
         pending.nbytes += delta
         self._nbytes += delta
@@ -125,24 +129,24 @@ class WriteBuffer:
         pending = self._pending.get(shard_key)
         if pending is None or local_coords not in pending.chunks:
             return False, None
-        return True, pending.chunks[local_coords]  # type: ignore[return-value]
+        return True, pending.chunks[local_coords]
 
-    def pop(self, shard_key: str) -> ShardChange:
+    def pop(self, shard_key: str) -> Buffered:
         """Remove and return a shard's buffered updates."""
         pending = self._pending.pop(shard_key)
         self._nbytes -= pending.nbytes
         return pending
 
-    def _copy(self, shard_key: str) -> ShardChange:
+    def _copy(self, shard_key: str) -> Buffered:
         return self._pending[shard_key].copy()
 
-    def take_complete(self, shard_keys: list[str]) -> dict[str, ShardChange]:
+    def take_complete(self, shard_keys: list[str]) -> dict[str, Buffered]:
         """Copies of those of ``shard_keys`` that are complete (they stay buffered until settled)."""
         return {k: self._copy(k) for k in shard_keys if k in self._pending and self._pending[k].covers_shard()}
 
-    def take_over_limit(self) -> dict[str, ShardChange]:
+    def take_over_limit(self) -> dict[str, Buffered]:
         """Copies of the oldest shards whose writing brings the buffer within its limit (they stay buffered)."""
-        out: dict[str, ShardChange] = {}
+        out: dict[str, Buffered] = {}
         left = self._nbytes
         for key, pending in self._pending.items():
             if left <= self.max_bytes:
@@ -151,11 +155,11 @@ class WriteBuffer:
             left -= pending.nbytes
         return out
 
-    def take_all(self, path: str | None = None) -> dict[str, ShardChange]:
+    def take_all(self, path: str | None = None) -> dict[str, Buffered]:
         """Copies of every buffered shard (of the array at ``path`` only, if given); they stay buffered."""
         return {k: self._copy(k) for k, p in self._pending.items() if path is None or p.array.path == path}
 
-    def settle(self, shard_key: str, written: ShardChange) -> None:
+    def settle(self, shard_key: str, written: Buffered) -> None:
         """Forget the updates of ``written`` (a copy from ``take_*``) now stored in the shard.
 
         An update buffered again since the copy was taken (a newer value,
@@ -167,14 +171,14 @@ class WriteBuffer:
             return
         for local, value in written.chunks.items():
             if local in pending.chunks and pending.chunks[local] is value:
-                nbytes = 0 if value is None else len(value)  # type: ignore[arg-type]
+                nbytes = 0 if value is None else len(value)
                 del pending.chunks[local]
                 pending.nbytes -= nbytes
                 self._nbytes -= nbytes
         if not pending.chunks:
             self.pop(shard_key)
 
-    def items(self) -> list[tuple[str, ShardChange]]:
+    def items(self) -> list[tuple[str, Buffered]]:
         """``(shard_key, record)`` of every buffered shard, oldest first (the live records)."""
         return list(self._pending.items())
 
@@ -184,9 +188,10 @@ class WriteBuffer:
         Used when those arrays are deleted. Returns the number of shards dropped.
         """
         keys = [
-            k for k, p in self._pending.items()
+            k
+            for k, p in self._pending.items()
             if not path or p.array.path == path or p.array.path.startswith(f"{path}/")
-        ]  # fmt: skip
+        ]
         for k in keys:
             self.pop(k)
         return len(keys)
@@ -237,7 +242,65 @@ class WriteBack:
         with self.buffer.lock:
             return self.buffer.lookup(shard_key, local_coords)
 
-    def write(self, changes: Mapping[str, ShardChange]) -> None:
+    # -- reads that see buffered writes (both facades ask these) -------------------------
+
+    def read_chunks(self, refs: Sequence[ChunkRef]) -> dict[str, BytesLike]:
+        """Encoded bytes of the chunks among ``refs`` by chunk key: buffered ones as buffered, the rest read.
+
+        Missing and buffered-deleted chunks are left out; the chunks not
+        buffered are read in one :meth:`ShardEngine.read_chunks
+        <shardkv.engine.engine.ShardEngine.read_chunks>` call.
+
+        Raises
+        ------
+        CorruptShardError, ChecksumError, OSError
+            As :meth:`ShardEngine.read_chunks <shardkv.engine.engine.ShardEngine.read_chunks>`.
+        """
+        if self.buffer is None:
+            return self.engine.reads.read_chunks(refs)
+        out: dict[str, BytesLike] = {}
+        unbuffered = []
+        for ref in refs:
+            buffered, value = self.lookup(ref.shard_key, ref.local_coords)
+            if not buffered:
+                unbuffered.append(ref)
+            elif value is not None:
+                out[ref.chunk_key] = value
+        if unbuffered:
+            out.update(self.engine.reads.read_chunks(unbuffered))
+        return out
+
+    def has_chunk(self, ref: ChunkRef) -> bool:
+        """True when the chunk is buffered (not as a delete), or stored now (its shard's index confirmed current)."""
+        buffered, value = self.lookup(ref.shard_key, ref.local_coords)
+        if buffered:
+            return value is not None
+        return self.engine.reads.has_chunks([ref])[0]
+
+    def chunk_sizes(self, refs: Sequence[ChunkRef]) -> list[int | None]:
+        """Encoded sizes (bytes) of the chunks, buffered ones included, from the shards' indexes (no chunk read).
+
+        ``None`` for a chunk neither buffered nor stored (or buffered as a delete).
+        """
+        out: list[int | None] = [None] * len(refs)
+        unbuffered: list[int] = []
+        for i, ref in enumerate(refs):
+            buffered, value = self.lookup(ref.shard_key, ref.local_coords)
+            if buffered:
+                out[i] = None if value is None else len(value)
+            else:
+                unbuffered.append(i)
+        if unbuffered:
+            indexes = self.engine.reads.read_indexes({refs[i].shard_key: refs[i].array for i in unbuffered})
+            for i in unbuffered:
+                index = indexes.get(refs[i].shard_key)
+                entry = None if index is None else index.get(refs[i].local_coords)
+                out[i] = None if entry is None else entry[1]
+        return out
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def write(self, changes: Mapping[str, ShardChange[BytesLike | None]]) -> None:
         """Apply chunk changes: journalled and buffered in write-back mode, else written now.
 
         Raises
@@ -261,7 +324,7 @@ class WriteBack:
                 self.journal.append(
                     (
                         change.chunk_key(local),
-                        None if value is None else bytes(value),  # type: ignore[arg-type]
+                        None if value is None else bytes(value),
                         layout_of(change.array),
                     )
                     for change in changes.values()
@@ -270,7 +333,7 @@ class WriteBack:
             for shard_key, change in changes.items():
                 for local, value in change.chunks.items():
                     before = buf.lookup(shard_key, local)
-                    data = None if value is None else bytes(value)  # type: ignore[arg-type]
+                    data = None if value is None else bytes(value)
                     buf.add(shard_key, change.array, change.shard_coords, local, data)
                     added.append((shard_key, local, before, data))
         keys = list(changes)
@@ -365,7 +428,7 @@ class WriteBack:
         for _, change in self.buffer.items():
             layout = layout_of(change.array)
             for local, value in change.chunks.items():
-                yield change.chunk_key(local), value, layout  # type: ignore[misc]
+                yield change.chunk_key(local), value, layout
 
     def flush(self, path: str | None = None) -> None:
         """Write the buffered shards (of the array at ``path`` only, if given).
@@ -458,9 +521,11 @@ class WriteBack:
                 continue
             if record.layout and record.layout != layout_of(ref.array):
                 raise JournalMismatchError(
-                    journal.path, f"array {ref.array.path!r} with {record.layout}",
-                    f"array {ref.array.path!r} with {layout_of(ref.array)}", len(latest)
-                )  # fmt: skip
+                    journal.path,
+                    f"array {ref.array.path!r} with {record.layout}",
+                    f"array {ref.array.path!r} with {layout_of(ref.array)}",
+                    len(latest),
+                )
             refs.append((ref, record.value))
         with buf.lock:
             for ref, value in refs:

@@ -42,10 +42,11 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
 
+from shardkv._types import BytesLike
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.locks import ShardLocks, holds_shard_locks
 from shardkv.engine.merge import ShardChange, join_changes, merge_chunks
@@ -53,7 +54,7 @@ from shardkv.engine.retry import WRITE_ATTEMPTS, WRITE_BACKOFF, EngineStats, att
 from shardkv.errors import ConcurrentUpdateError
 from shardkv.format.index import ShardIndex
 from shardkv.keys.space import ShardedArray
-from shardkv.storage.buffers import BytesLike, Value
+from shardkv.storage.buffers import Value
 from shardkv.storage.kv import ANY, NO_VALUE, Generation, KVStore
 
 __all__ = ["ShardWriter"]
@@ -203,7 +204,7 @@ class ShardWriter:
         """One read-merge-put round; the changes of the shards whose conditional put lost."""
         kv, cache, optimistic = self.kv, self.cache, self.locks.optimistic
         partial = [k for k, c in changes.items() if not c.covers_shard()]
-        old = dict(zip(partial, kv.get_many([(k, None, ANY) for k in partial]))) if partial else {}
+        old = dict(zip(partial, kv.get_many([(k, None, ANY) for k in partial]), strict=True)) if partial else {}
         puts: dict[str, tuple[Value | None, Generation]] = {}
         indexes: dict[str, tuple[ShardIndex | None, int]] = {}
         for shard_key, change in changes.items():

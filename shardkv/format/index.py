@@ -10,7 +10,8 @@ no byte order (that is the layout's job, see :mod:`shardkv.format.layout`).
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+import itertools
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -101,6 +102,12 @@ class ShardIndex:
         for coords in np.argwhere(self.present_mask()):
             yield tuple(int(c) for c in coords)
 
+    def stored_entries(self) -> Iterator[tuple[tuple[int, ...], int, int]]:
+        """``(local_coords, offset, nbytes)`` of the stored inner chunks, in row-major order (bytes)."""
+        entries = self.entries
+        for local in self.present():
+            yield local, entries.item(*local, 0), entries.item(*local, 1)
+
     def count_present(self) -> int:
         """Number of stored inner chunks."""
         return int(self.present_mask().sum())
@@ -185,9 +192,8 @@ class ShardIndex:
         Zero-length chunks overlap nothing. Valid shards written by shardkv
         never have overlapping entries; :mod:`shardkv.proxy.verify` reports them.
         """
-        coords = [c for c in self.present() if self.get(c)[1] > 0]  # type: ignore[index]
-        spans = sorted((*self.get(c), c) for c in coords)  # type: ignore[misc]
-        for (o1, n1, c1), (o2, _, c2) in zip(spans, spans[1:]):
+        spans = sorted((offset, nbytes, local) for local, offset, nbytes in self.stored_entries() if nbytes > 0)
+        for (o1, n1, c1), (o2, _, c2) in itertools.pairwise(spans):
             if o2 < o1 + n1:
                 return c1, c2
         return None

@@ -8,18 +8,32 @@ back (no I/O).
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 import msgpack
 
 from shardkv.format.layout import crc32c_of
 
 __all__ = [
-    "MAGIC", "OLD_MAGIC", "SLOT_OFFSETS", "IDENT", "IDENT_OFFSET", "MAX_IDENT_NBYTES", "FRAME_MAGIC",
-    "Identity", "JournalRecord", "encode_slot", "decode_slot", "encode_header", "encode_frame", "decode_frame",
-    "describe_identity", "make_records", "RecordItem",
-]  # fmt: skip
+    "MAGIC",
+    "OLD_MAGIC",
+    "SLOT_OFFSETS",
+    "IDENT",
+    "IDENT_OFFSET",
+    "MAX_IDENT_NBYTES",
+    "FRAME_MAGIC",
+    "Identity",
+    "JournalRecord",
+    "encode_slot",
+    "decode_slot",
+    "encode_header",
+    "encode_frame",
+    "decode_frame",
+    "describe_identity",
+    "make_records",
+    "RecordItem",
+]
 
 MAGIC = b"SHARDKV-JOURNAL2"
 OLD_MAGIC = b"SHARDKV-JOURNAL1"

@@ -28,13 +28,15 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from math import prod
-from typing import Literal, Mapping, Sequence
+from typing import Literal
 
 import crc32c as _crc32c
 import numpy as np
 
+from shardkv._types import BytesLike
 from shardkv.errors import ChecksumError, ConfigurationError, CorruptShardError
 from shardkv.format import limits
 from shardkv.format.index import ShardIndex
@@ -51,8 +53,6 @@ def crc32c_of(data: bytes | memoryview) -> int:
     """CRC32C (Castagnoli) of ``data`` as an unsigned 32-bit int."""
     return _crc32c.crc32c(data)
 
-
-BytesLike = bytes | bytearray | memoryview
 
 _COMPRESSOR_SLACK_NBYTES = 65536
 
@@ -380,9 +380,9 @@ class ShardLayout:
                 return coords @ strides
         flat = []
         for local in order:
-            if len(local) != len(cps) or any(not 0 <= c < n for c, n in zip(local, cps)):
+            if len(local) != len(cps) or any(not 0 <= c < n for c, n in zip(local, cps, strict=True)):
                 raise ConfigurationError(f"local coords {local} lie outside chunks_per_shard {cps}")
-            flat.append(sum(int(c) * int(s) for c, s in zip(local, strides)))
+            flat.append(sum(int(c) * int(s) for c, s in zip(local, strides, strict=True)))
         return np.array(flat, dtype=np.intp)
 
     def chunks_of_shard(
@@ -399,7 +399,6 @@ class ShardLayout:
         if index is None:
             index = self.index_of_shard(view, shard_key)
         out: dict[tuple[int, ...], memoryview] = {}
-        for local in index.present():
-            offset, nbytes = index.get(local)  # type: ignore[misc]
+        for local, offset, nbytes in index.stored_entries():
             out[local] = view[offset : offset + nbytes]
         return out

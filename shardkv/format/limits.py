@@ -9,8 +9,8 @@ time), and set per process by ``SHARDKV_MAX_CHUNKS_PER_SHARD`` (read on import).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from math import prod
-from typing import Sequence
 
 from shardkv.errors import ConfigurationError
 

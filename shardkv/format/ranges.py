@@ -8,8 +8,8 @@ suffix read, used for an index at the end of a shard).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 __all__ = ["ByteRange", "CoalescedRead", "ReadPolicy", "coalesce", "plan_reads", "total_nbytes"]
 
@@ -140,14 +140,11 @@ def coalesce(
     order = sorted(range(len(ranges)), key=lambda i: (ranges[i].start, ranges[i].stop))
     out: list[CoalescedRead] = []
     cur_start = cur_stop = 0
-    cur_members: list[tuple[int, int]] = []
+    cur_members: list[tuple[int, int, int]] = []  # (position, start, stop) of the ranges in the current request
 
     def flush() -> None:
         if cur_members:
-            members = tuple(
-                (i, ranges[i].start - cur_start, ranges[i].stop - ranges[i].start)  # type: ignore[operator]
-                for i, _ in cur_members
-            )
+            members = tuple((i, start - cur_start, stop - start) for i, start, stop in cur_members)
             out.append(CoalescedRead(ByteRange(cur_start, cur_stop), members))
 
     for i in order:
@@ -156,10 +153,10 @@ def coalesce(
             raise ValueError(f"coalesce takes explicit ranges only, got {r}")
         if cur_members and r.start - cur_stop <= max_gap and max(cur_stop, r.stop) - cur_start <= max_size:
             cur_stop = max(cur_stop, r.stop)
-            cur_members.append((i, r.start))
+            cur_members.append((i, r.start, r.stop))
             continue
         flush()
-        cur_start, cur_stop, cur_members = r.start, r.stop, [(i, r.start)]
+        cur_start, cur_stop, cur_members = r.start, r.stop, [(i, r.start, r.stop)]
     flush()
     return out
 

@@ -18,10 +18,11 @@ digits, no sign, no leading zeros), so one chunk has exactly one key.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from math import ceil
 from operator import floordiv, mod
-from typing import Any, Iterator, Literal, Sequence
+from typing import Any, Literal
 
 from shardkv.errors import ConfigurationError, InvalidKeyError
 
@@ -181,7 +182,7 @@ def chunk_key_encoding_from_metadata(meta: dict[str, Any]) -> ChunkKeyEncoding:
 
 def grid_shape(shape: Sequence[int], chunks: Sequence[int]) -> tuple[int, ...]:
     """Number of chunks along each dimension: ``ceil(shape / chunks)`` (elements)."""
-    return tuple(ceil(s / c) for s, c in zip(shape, chunks))
+    return tuple(ceil(s / c) for s, c in zip(shape, chunks, strict=True))
 
 
 def chunk_to_shard(
@@ -211,7 +212,7 @@ def shard_to_chunks(
     import itertools
 
     ranges = []
-    for d, (s, n) in enumerate(zip(shard_coords, chunks_per_shard)):
+    for d, (s, n) in enumerate(zip(shard_coords, chunks_per_shard, strict=True)):
         stop = n if chunk_grid_shape is None else max(0, min(n, chunk_grid_shape[d] - s * n))
         ranges.append(range(stop))
     for local in itertools.product(*ranges):
@@ -222,7 +223,7 @@ def shard_to_chunk(
     shard_coords: Sequence[int], chunks_per_shard: Sequence[int], local_coords: Sequence[int]
 ) -> tuple[int, ...]:
     """Chunk coords of the inner chunk at ``local_coords`` of a shard (the inverse of :func:`chunk_to_shard`)."""
-    return tuple(s * n + l for s, n, l in zip(shard_coords, chunks_per_shard, local_coords))
+    return tuple(s * n + i for s, n, i in zip(shard_coords, chunks_per_shard, local_coords, strict=True))
 
 
 # -- key hygiene ---------------------------------------------------------

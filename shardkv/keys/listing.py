@@ -12,8 +12,8 @@ dimension), without a string sort.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable, Sequence
 from math import prod
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -30,7 +30,7 @@ def _local_extent(arr: ShardedArray, shard_coords: Sequence[int], in_grid_only: 
     """The chunk coords each dimension of a shard spans (clipped to the grid when asked and known)."""
     grid = arr.chunk_grid_shape if in_grid_only else None
     out = []
-    for d, (s, n) in enumerate(zip(shard_coords, arr.chunks_per_shard)):
+    for d, (s, n) in enumerate(zip(shard_coords, arr.chunks_per_shard, strict=True)):
         start = s * n
         stop = start + n if grid is None else min(start + n, grid[d])
         out.append(range(start, max(start, stop)))

@@ -1,19 +1,35 @@
 """Hierarchy paths: splitting and joining keys, and which array owns a key. Pure.
 
-Arrays have no children (Zarr v2 and v3 alike), so the array that owns a
-key is the *first* array met walking the key's prefixes from the root.
-:func:`owner_candidates` yields those prefixes in that order; callers that
-learn what a path is lazily (with a store read per path) walk it themselves,
-and :func:`owning_array` answers from a known set of array paths.
+The one owner rule of shardkv. Arrays have no children (Zarr v2 and v3
+alike), so the array that owns a chunk or shard key is the *first* array met
+walking down from the root among the paths that could own it: the paths
+followed, up to the key's last segment, by chunk-like segments only
+(:func:`chunk_owner_paths`; ``/``-separated chunk keys have several such
+segments). A node on the way that is not an array (a group, nothing) is
+passed over; a path followed by a segment that is not chunk-like owns
+nothing of the key and is not read. What is chunk-like is decided here
+only (:func:`is_chunk_segment`). Facades that learn what a path is lazily
+(with a store read per path) walk :func:`chunk_owner_paths` themselves;
+:func:`owning_array` answers from a known set of array paths.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Container, Iterator
+import re
+from collections.abc import Callable, Container, Iterator
 
 from shardkv.errors import InvalidKeyError
 
-__all__ = ["split_key", "join_path", "path_prefix", "owner_candidates", "owning_array", "validate_path"]
+__all__ = [
+    "split_key", "join_path", "path_prefix", "owner_candidates", "owning_array", "validate_path",
+    "is_chunk_segment", "is_draft_chunk_segment", "chunk_owner_paths", "prefix_owner_paths", "chunkish_under",
+]
+
+# a segment that may be part of a chunk or shard key: "c" (v3 default keys c/1/2), "c1.2", "1.2", "3";
+# signs and empty dot-parts included, so that "-1.0" is refused as a malformed chunk key, not stored as a value
+_CHUNK_SEGMENT = re.compile(r"c|c?[0-9.+-]+")
+# the segments a chunk or shard key actually has (digits between dots): what verify reports as left over
+_WELL_FORMED_CHUNK_SEGMENT = re.compile(r"c|c?[0-9]+([.][0-9]+)*")
 
 _FORBIDDEN_CHARS = {"\\": "a backslash", "\x00": "a NUL character"}
 
@@ -124,3 +140,62 @@ def owning_array(
         As for :func:`owner_candidates`.
     """
     return next((p for p in owner_candidates(key, next_segment) if p in array_paths), None)
+
+
+def is_chunk_segment(segment: str, *, well_formed: bool = False) -> bool:
+    """True for a key segment that can be part of a chunk or shard key.
+
+    Parameters
+    ----------
+    segment : str
+        One ``/``-separated segment of a key.
+    well_formed : bool
+        Only the segments chunk and shard keys are written with (``c``, digits
+        joined by ``.``, with an optional leading ``c``). By default malformed
+        ones (signs, empty dot-parts: ``-1.0``) count too, so that a facade
+        refuses them as malformed chunk keys instead of storing them as values.
+    """
+    return (_WELL_FORMED_CHUNK_SEGMENT if well_formed else _CHUNK_SEGMENT).fullmatch(segment) is not None
+
+
+def is_draft_chunk_segment(segment: str) -> bool:
+    """True for the first segment of a 2022 draft chunk key below an array's data area (``c0/1/2``: ``c`` + coords)."""
+    return segment.startswith("c")
+
+
+def chunk_owner_paths(key: str) -> list[str]:
+    """The paths of the arrays that could own ``key`` as a chunk or shard key, from the highest down.
+
+    Empty when the last segment is not chunk-like (it always is for a chunk
+    or shard key). Otherwise the key's parent and each of its prefixes that is
+    followed by chunk-like segments only: ``"g/arr/0.0"`` -> ``["g/arr"]``,
+    ``"g/arr/1/2/3"`` -> ``["g/arr", "g/arr/1", "g/arr/1/2"]``, ``"3/0"`` ->
+    ``["", "3"]``. The owner is the first of them that is an array.
+    """
+    segments = key.split("/")
+    if not _CHUNK_SEGMENT.fullmatch(segments[-1]):
+        return []
+    top = len(segments) - 1
+    while top > 0 and _CHUNK_SEGMENT.fullmatch(segments[top - 1]):
+        top -= 1
+    return ["/".join(segments[:i]) for i in range(top, len(segments))]
+
+
+def prefix_owner_paths(prefix: str) -> list[str]:
+    """The paths of the arrays that could own keys starting with ``prefix``, from the highest down.
+
+    ``prefix`` is a listing prefix: it may end with ``/`` or inside a segment
+    (``"g/a/c/1"`` for the keys ``g/a/c/1/...`` and ``g/a/c/12/...``). Every
+    beginning of a chunk-like segment followed by a digit is chunk-like, so
+    these are the owner paths of ``prefix + "0"``: ``"g/a/"`` -> ``["g/a"]``,
+    ``""`` -> ``[""]``, ``"g/x"`` -> ``[]``.
+    """
+    return chunk_owner_paths(prefix + "0")
+
+
+def chunkish_under(path: str, key: str) -> bool:
+    """True if ``key`` lies under ``path`` and every segment after it is chunk-like (a chunk or shard key of it)."""
+    prefix = path_prefix(path)
+    if not key.startswith(prefix) or len(key) == len(prefix):
+        return False
+    return all(_CHUNK_SEGMENT.fullmatch(s) for s in key[len(prefix) :].split("/"))

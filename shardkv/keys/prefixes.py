@@ -10,7 +10,7 @@ nothing for v2) followed by coordinates joined by the separator.
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from collections.abc import Sequence
 
 from shardkv.keys.space import ShardedArray
 
@@ -70,7 +70,7 @@ def shard_prefix(arr: ShardedArray, coords: Sequence[int]) -> str:
     head = _head(arr)
     if not coords:
         return arr.key_prefix + head
-    shard = [c // n for c, n in zip(coords, arr.chunks_per_shard)]
+    shard = [c // n for c, n in zip(coords, arr.chunks_per_shard, strict=False)]  # coords may be a leading part
     sep = arr.shard_key_encoding.separator
     return arr.key_prefix + head + sep.join(str(s) for s in shard) + sep
 
@@ -98,17 +98,18 @@ def expand_shard_prefix(arr: ShardedArray, listed: str, fixed: Sequence[int]) ->
     if arr.shard_key_encoding.separator != "/" or not part.startswith(head):
         return None
     rest = part[len(head) :].lstrip("/")
-    coords = [_canonical_int(p) for p in rest.split("/")]
-    if any(c is None for c in coords) or not 0 < len(coords) < arr.ndim:
+    parsed = [_canonical_int(p) for p in rest.split("/")]
+    coords = [c for c in parsed if c is not None]
+    if len(coords) != len(parsed) or not 0 < len(coords) < arr.ndim:
         return None
     grid = arr.chunk_grid_shape
     choices: list[Sequence[int]] = []
     for d, s in enumerate(coords):
         n = arr.chunks_per_shard[d]
-        stop = (s + 1) * n if grid is None else min((s + 1) * n, grid[d])  # type: ignore[operator]
+        stop = (s + 1) * n if grid is None else min((s + 1) * n, grid[d])
         if d < len(fixed):
-            choices.append([fixed[d]] if s * n <= fixed[d] < (s + 1) * n else [])  # type: ignore[operator]
+            choices.append([fixed[d]] if s * n <= fixed[d] < (s + 1) * n else [])
         else:
-            choices.append(range(s * n, stop))  # type: ignore[operator]
+            choices.append(range(s * n, stop))
     head = _head(arr)
     return [arr.key_prefix + head + "/".join(map(str, c)) + "/" for c in itertools.product(*choices)]

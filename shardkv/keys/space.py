@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from math import prod
 from operator import ge
-from typing import Iterator, NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -111,7 +112,7 @@ class ShardedArray:
         """Shard shape (elements), ``None`` when the chunk shape is unknown."""
         if self.chunks is None:
             return None
-        return tuple(c * n for c, n in zip(self.chunks, self.chunks_per_shard))
+        return tuple(c * n for c, n in zip(self.chunks, self.chunks_per_shard, strict=True))
 
     @cached_property
     def chunk_grid_shape(self) -> tuple[int, ...] | None:
@@ -131,9 +132,14 @@ class ShardedArray:
     def with_shape(self, shape: Sequence[int]) -> ShardedArray:
         """The same array after a resize."""
         return ShardedArray(
-            self.path, self.key_prefix, tuple(int(s) for s in shape), self.chunks, self.layout,
-            self.chunk_key_encoding, self.shard_key_encoding,
-        )  # fmt: skip
+            self.path,
+            self.key_prefix,
+            tuple(int(s) for s in shape),
+            self.chunks,
+            self.layout,
+            self.chunk_key_encoding,
+            self.shard_key_encoding,
+        )
 
     # -- keys -------------------------------------------------------------
 
@@ -239,9 +245,15 @@ class ShardedArray:
         memo = self._shard_keys
         key_of_id = {i: memo.get(sc) or self._remember_shard_key(sc) for i, sc in shard_of_id.items()}
         return list(
-            map(ChunkRef, chunk_keys, map(key_of_id.__getitem__, shard_ids), map(shard_of_id.__getitem__, shard_ids),
-                map(local_of_id.__getitem__, local_ids), itertools.repeat(self))
-        )  # fmt: skip
+            map(
+                ChunkRef,
+                chunk_keys,
+                map(key_of_id.__getitem__, shard_ids),
+                map(shard_of_id.__getitem__, shard_ids),
+                map(local_of_id.__getitem__, local_ids),
+                itertools.repeat(self),
+            )
+        )
 
     @cached_property
     def chunk_key_form(self) -> tuple[str, str] | None:
@@ -266,8 +278,8 @@ class ShardedArray:
 
     def _parse_batch(self, chunk_keys: Sequence[str]) -> np.ndarray | None:
         """Chunk coords of canonical chunk keys of this array, ``int64`` of shape ``(len(keys), ndim)``, or ``None``."""
-        pattern = self._batch_pattern
-        if pattern is None or not chunk_keys:
+        pattern, key_head = self._batch_pattern, _key_head(self.chunk_key_encoding)
+        if pattern is None or key_head is None or not chunk_keys:
             return None
         try:
             text = "\n".join(chunk_keys)
@@ -275,7 +287,7 @@ class ShardedArray:
             return None
         if pattern.fullmatch(text) is None:
             return None
-        head = self.key_prefix + _key_head(self.chunk_key_encoding)  # type: ignore[operator]
+        head = self.key_prefix + key_head
         digits = text.replace("\n" + head, " ")[len(head) :].replace(self.chunk_key_encoding.separator, " ")
         flat = np.fromstring(digits, dtype=np.int64, sep=" ")
         if flat.size != len(chunk_keys) * self.ndim:  # a key holding a line break that mimics several keys
@@ -314,7 +326,7 @@ class ShardedArray:
     def in_grid(self, chunk_coords: Sequence[int]) -> bool:
         """True when the chunk lies inside the chunk grid (always, when the grid is unknown)."""
         grid = self.chunk_grid_shape
-        return grid is None or all(c < g for c, g in zip(chunk_coords, grid))
+        return grid is None or all(c < g for c, g in zip(chunk_coords, grid, strict=True))
 
     def chunks_in_shard(self, shard_coords: Sequence[int]) -> Iterator[tuple[tuple[int, ...], tuple[int, ...]]]:
         """``(chunk_coords, local_coords)`` of the shard's available chunks (inside the grid when known)."""
@@ -326,7 +338,7 @@ class ShardedArray:
         if grid is None:
             return prod(self.chunks_per_shard)
         n = 1
-        for s, cps, g in zip(shard_coords, self.chunks_per_shard, grid):
+        for s, cps, g in zip(shard_coords, self.chunks_per_shard, grid, strict=True):
             n *= max(0, min(cps, g - s * cps))
         return n
 
@@ -364,5 +376,5 @@ def _strides(shape: Sequence[int]) -> np.ndarray:
 def _distinct_rows(rows: np.ndarray, ids: np.ndarray) -> tuple[list[int], dict[int, tuple[int, ...]]]:
     """Each row's id as an int, and one tuple per distinct id (rows of equal ids are equal)."""
     id_list = ids.tolist()
-    first = dict(zip(reversed(id_list), range(len(id_list) - 1, -1, -1)))  # id -> its first row
-    return id_list, dict(zip(first, map(tuple, rows[list(first.values())].tolist())))
+    first = dict(zip(reversed(id_list), range(len(id_list) - 1, -1, -1), strict=True))  # id -> its first row
+    return id_list, dict(zip(first, map(tuple, rows[list(first.values())].tolist()), strict=True))

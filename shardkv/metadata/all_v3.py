@@ -1,6 +1,6 @@
 """``--all-v3``: the v3 ``zarr.json`` of unsharded v2 arrays and of v2 groups. Pure.
 
-``shardkv convert`` stores sharded arrays as Zarr v3 only (issue 11). With
+``shardkv convert`` stores sharded arrays as Zarr v3 only. With
 ``--all-v3`` the rest of the hierarchy is described in v3 too, so zarr-python 3
 opens every array from the root:
 
@@ -19,8 +19,9 @@ gets no ``zarr.json``: zarr-python 3 then reads its ``.zarray`` as zarr 2 wrote 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.metadata.hierarchy import (
@@ -28,6 +29,8 @@ from shardkv.metadata.hierarchy import (
     MetadataPlan,
     group_document,
     group_paths,
+    has_consolidated,
+    is_opaque,
     plan_v3_groups,
     with_consolidated_metadata,
 )
@@ -40,7 +43,16 @@ from shardkv.metadata.v3_view import (
     v3_document_of_v2,
 )
 
-__all__ = ["AllV3Plan", "v3_view_of_unsharded_v2", "plan_all_v3", "may_mirror", "plan_v3_down"]
+__all__ = [
+    "AllV3Plan",
+    "v3_view_of_unsharded_v2",
+    "plan_all_v3",
+    "may_mirror",
+    "plan_v3_down",
+    "plan_root_block",
+    "Unreached",
+    "zarr3_unreachable",
+]
 
 
 def v3_view_of_unsharded_v2(zarray: Mapping[str, Any], zattrs: Mapping[str, Any] | None) -> V3View:
@@ -146,7 +158,7 @@ def may_mirror(doc: Mapping[str, Any] | None) -> bool:
 def plan_v3_down(
     documents: Mapping[str, Mapping[str, Any]], v3_paths: Iterable[str] = ()
 ) -> tuple[MetadataPlan, dict[str, str]]:
-    """The plan that describes every v2 node of a hierarchy in v3 once one of its arrays is sharded (issue 19 item 5).
+    """The plan that describes every v2 node of a hierarchy in v3 once one of its arrays is sharded.
 
     Unlike :func:`plan_all_v3` (``convert --all-v3``), a v2 group is stored as
     a v3 group only (as the groups on the path of a sharded array are, so the
@@ -202,10 +214,126 @@ def plan_all_v3(documents: Mapping[str, Mapping[str, Any]]) -> AllV3Plan:
     for path, attrs in groups.items():
         plan.writes[_join(path, ZARR_JSON)] = group_document(attrs)
     plan.writes.update((_join(path, ZARR_JSON), doc) for path, doc in arrays.items())
-    root = plan.writes.get(ZARR_JSON) or documents.get(ZARR_JSON)
-    if root is not None and "consolidated_metadata" in root and root.get("node_type") == "group":
-        nodes = {k.rpartition("/")[0]: dict(v) for k, v in documents.items() if k.rpartition("/")[2] == ZARR_JSON}
-        nodes.update({k.rpartition("/")[0]: v for k, v in plan.writes.items()})
-        nodes.pop("", None)
-        plan.writes[ZARR_JSON] = with_consolidated_metadata(root, nodes)
+    plan.writes.update(plan_root_block({**documents, **plan.writes}).writes)
     return plan
+
+
+def plan_root_block(documents: Mapping[str, Mapping[str, Any]]) -> MetadataPlan:
+    """The root ``zarr.json`` with its consolidated block listing every v3 node below it, when it holds a block.
+
+    zarr-python 3 opens every node below a root with a consolidated block from
+    the block alone: a v3 node missing from it is not found (``KeyError ... not
+    found in consolidated metadata``) even though its ``zarr.json`` is stored.
+
+    Parameters
+    ----------
+    documents : mapping of str to mapping
+        Every metadata document by store key, parsed, as it will be stored.
+
+    Returns
+    -------
+    MetadataPlan
+        The root ``zarr.json`` to write; empty when the root holds no block or it is in step.
+    """
+    root = documents.get(ZARR_JSON)
+    if not has_consolidated(root):
+        return MetadataPlan()
+    current = dict(root or {})
+    nodes = {
+        k.rpartition("/")[0]: v
+        for k, v in documents.items()
+        if k.rpartition("/")[2] == ZARR_JSON and k != ZARR_JSON and v.get("zarr_format") == 3
+    }
+    new = with_consolidated_metadata(current, nodes)
+    return MetadataPlan({ZARR_JSON: new}) if new != current else MetadataPlan()
+
+
+@dataclass(frozen=True)
+class Unreached:
+    """Why zarr-python 3 does not reach a node from the root (:func:`zarr3_unreachable`).
+
+    Attributes
+    ----------
+    reason : str
+        What is missing or refused, in words.
+    opaque : bool
+        True when the cause is the array's data type, which no v3 reader decodes
+        (zarr-python 2 reads it; nothing a v3 document could change).
+    """
+
+    reason: str
+    opaque: bool = False
+
+
+def _why_no_v3_document(zarray: Mapping[str, Any] | None) -> Unreached:
+    """Why a node under a v3 root has no ``zarr.json``: its data type no v3 reader decodes, or none known."""
+    if zarray is not None:
+        try:
+            encoding = v3_encoding_of_v2(zarray)
+        except (ConfigurationError, UnsupportedError) as exc:
+            return Unreached(f"its .zarray has no v3 equivalent ({exc})")
+        if encoding.opaque:
+            return Unreached("; ".join(encoding.problems), opaque=True)
+    return Unreached("no zarr.json under a Zarr v3 root")
+
+
+def _consolidated_paths(doc: Mapping[str, Any]) -> set[str]:
+    block = doc.get("consolidated_metadata")
+    return set(block["metadata"]) if has_consolidated(doc) else set()  # type: ignore[index]
+
+
+def zarr3_unreachable(
+    documents: Mapping[str, Mapping[str, Any]], arrays: Iterable[str], groups: Iterable[str]
+) -> dict[str, Unreached]:
+    """The nodes a zarr-python 3 reader opening the hierarchy at its root does not reach, and why.
+
+    zarr-python 3 opens a root with a ``zarr.json`` as Zarr v3: it then finds a
+    node only through a ``zarr.json`` of the right ``node_type`` whose groups
+    above are v3 groups, and, below a group holding a consolidated block, only
+    when the block lists it; it decodes no opaque data type
+    (:func:`~shardkv.metadata.hierarchy.is_opaque`). A root without one is
+    opened as Zarr v2, where ``.zarray``/``.zgroup`` are what count.
+
+    Parameters
+    ----------
+    documents : mapping of str to mapping
+        The stored metadata documents by store key, parsed (at least the
+        ``zarr.json``, ``.zarray`` and ``.zgroup`` of the nodes and of the groups above them).
+    arrays, groups : iterable of str
+        Paths of the nodes a reader should find ("" for the root).
+
+    Returns
+    -------
+    dict of str to Unreached
+        Path -> why zarr-python 3 does not reach it (empty when it reaches every node).
+    """
+    wanted = {p.strip("/"): "array" for p in arrays}
+    wanted.update({p.strip("/"): "group" for p in groups})
+    out: dict[str, Unreached] = {}
+    v3_root = ZARR_JSON in documents
+    for path, node_type in sorted(wanted.items()):
+        if not v3_root:
+            if _join(path, ".zarray" if node_type == "array" else ".zgroup") not in documents:
+                out[path] = Unreached(f"no {'.zarray' if node_type == 'array' else '.zgroup'} (the root is Zarr v2)")
+            continue
+        doc = documents.get(_join(path, ZARR_JSON))
+        if doc is None:
+            out[path] = _why_no_v3_document(documents.get(_join(path, ".zarray")))
+            continue
+        if doc.get("node_type") != node_type:
+            out[path] = Unreached(f"its zarr.json is a {doc.get('node_type')!r} node, not a {node_type}")
+            continue
+        if is_opaque(doc):
+            dtype = (doc["data_type"].get("configuration") or {}).get("dtype")
+            out[path] = Unreached(f"dtype {dtype!r}: no Zarr v3 reader decodes it", opaque=True)
+            continue
+        for group in group_paths(path):
+            above = documents.get(_join(group, ZARR_JSON))
+            if above is None or above.get("node_type") != "group":
+                out[path] = Unreached(f"the group {group or '/'} above it is not a Zarr v3 group")
+                break
+            relative = path[len(group) + 1 :] if group else path
+            if has_consolidated(above) and relative not in _consolidated_paths(above):
+                out[path] = Unreached(f"the consolidated metadata of {group or '/'} does not list it")
+                break
+    return out

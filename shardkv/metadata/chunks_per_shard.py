@@ -9,8 +9,9 @@ arrays are never sharded.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -18,10 +19,10 @@ from shardkv.errors import ConfigurationError
 
 __all__ = ["ChunksPerShardOption", "ChunksPerShardRule", "normalize_chunks_per_shard", "check_chunks_per_shard"]
 
-ChunksPerShardOption = Union[int, Sequence[int], Mapping[str, Union[int, Sequence[int]]], None]
+ChunksPerShardOption = int | Sequence[int] | Mapping[str, int | Sequence[int]] | None
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> TypeGuard[int | np.integer]:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
@@ -43,12 +44,16 @@ def normalize_chunks_per_shard(value: int | Sequence[int], ndim: int, path: str 
         If the length differs from ``ndim`` or a value is < 1 or not an int.
     """
     if _is_int(value):
-        cps = (int(value),) * ndim  # type: ignore[arg-type]
+        cps = (int(value),) * ndim
     else:
         try:
-            cps = tuple(value)  # type: ignore[arg-type]
+            if not isinstance(value, Iterable):
+                raise TypeError
+            cps = tuple(value)
         except TypeError:
-            raise ConfigurationError(f"chunks_per_shard must be an int or a tuple of ints, got {value!r}", path) from None
+            raise ConfigurationError(
+                f"chunks_per_shard must be an int or a tuple of ints, got {value!r}", path
+            ) from None
         if len(cps) != ndim:
             raise ConfigurationError(
                 f"chunks_per_shard {cps} has {len(cps)} value(s), the array has {ndim} dimension(s)", path

@@ -11,15 +11,25 @@ conversions of one hierarchy are identical.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from shardkv.errors import MetadataError
 
 __all__ = [
-    "META_NAMES", "NODE_DOCUMENTS", "dump_json", "load_json", "load_object", "load_zarray", "unreadable_documents",
-]  # fmt: skip
+    "ZMETADATA",
+    "META_NAMES",
+    "NODE_DOCUMENTS",
+    "dump_json",
+    "load_json",
+    "load_object",
+    "load_zarray",
+    "unreadable_documents",
+]
 
-META_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"})
+ZMETADATA = ".zmetadata"
+"""The consolidated metadata document of a zarr 2 hierarchy (at its root)."""
+META_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ZMETADATA, "zarr.json"})
 """Names of the metadata documents of a Zarr v2 hierarchy, and of a v3 node's ``zarr.json``."""
 
 NODE_DOCUMENTS = frozenset({".zarray", ".zgroup", "zarr.json"})
@@ -54,7 +64,9 @@ def dump_json(doc: Any, *, key: str | None = None, strict: bool = False) -> byte
         document holds a value JSON cannot represent.
     """
     try:
-        text = json.dumps(doc, indent=4, sort_keys=True, ensure_ascii=True, separators=(",", ": "), allow_nan=not strict)
+        text = json.dumps(
+            doc, indent=4, sort_keys=True, ensure_ascii=True, separators=(",", ": "), allow_nan=not strict
+        )
     except (TypeError, ValueError) as exc:
         raise MetadataError(key or "<unsaved>", f"cannot be written as JSON: {exc}") from exc
     return text.encode()

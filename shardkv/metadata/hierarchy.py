@@ -1,6 +1,6 @@
 """Which metadata documents a sharded hierarchy stores, and which v2 documents it presents. Pure.
 
-Issue 11 ("storage never lies"): on storage every sharded array is a Zarr v3
+Storage never lies: on storage every sharded array is a Zarr v3
 array and nothing else, so no reader that bypasses shardkv can take a shard
 for a v2 chunk. This module plans the documents; the proxy does the I/O.
 
@@ -40,8 +40,9 @@ an array no v3 reader decodes          :func:`plan_opaque_blocks` (a block at ea
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
@@ -246,7 +247,9 @@ def plan_attributes(path: str, stored: Mapping[str, Any], zattrs: Mapping[str, A
     return MetadataPlan({_join(path, ZARR_JSON): doc}, frozenset({_join(path, ".zattrs")}))
 
 
-def plan_group(path: str, zattrs: Mapping[str, Any] | None, groups: Mapping[str, Mapping[str, Any] | None]) -> MetadataPlan:
+def plan_group(
+    path: str, zattrs: Mapping[str, Any] | None, groups: Mapping[str, Mapping[str, Any] | None]
+) -> MetadataPlan:
     """The documents to store when ``.zgroup`` is written inside a hierarchy whose root is v3.
 
     The group and every group above it are stored as v3 groups (zarr-python 3
@@ -311,9 +314,11 @@ def present(stored: Mapping[str, Any], path: str = "") -> dict[str, dict[str, An
 def stored_zmetadata(presented: Mapping[str, Any], sharded: Iterable[str]) -> dict[str, Any]:
     """The ``.zmetadata`` to store, from the one zarr-python 2 wrote through the proxy.
 
-    Each sharded array's ``.zarray`` becomes :data:`REFUSED_ZARRAY` and its
-    ``.zattrs`` is left out: zarr-python 2 without shardkv lists the array and
-    raises on opening it. Groups and unsharded arrays stay as written.
+    Each sharded array's ``.zarray`` becomes :data:`REFUSED_ZARRAY`:
+    zarr-python 2 without shardkv lists the array and raises on opening it.
+    Its ``.zattrs``, groups and unsharded arrays stay as written (a
+    consolidated snapshot, as zarr 2 keeps it: deleting or changing the
+    array's ``.zattrs`` afterwards leaves this copy alone).
 
     Parameters
     ----------
@@ -333,8 +338,6 @@ def stored_zmetadata(presented: Mapping[str, Any], sharded: Iterable[str]) -> di
     metadata: dict[str, Any] = {}
     for key, doc in presented["metadata"].items():
         path, _, name = key.rpartition("/")
-        if path in hidden and name == ".zattrs":
-            continue
         metadata[key] = dict(REFUSED_ZARRAY) if path in hidden and name == ".zarray" else doc
     for path in hidden:
         metadata[_join(path, ".zarray")] = dict(REFUSED_ZARRAY)
@@ -351,17 +354,21 @@ def presented_zmetadata(stored: Mapping[str, Any], nodes: Mapping[str, Mapping[s
     nodes : mapping of str to mapping
         Path -> stored v3 ``zarr.json`` of each sharded array and v3 group.
     """
+    kept = stored.get("metadata", {})
     metadata = {
-        k: v for k, v in stored.get("metadata", {}).items() if v != REFUSED_ZARRAY and k.rpartition("/")[0] not in nodes
+        k: v
+        for k, v in kept.items()
+        if v != REFUSED_ZARRAY and (k.rpartition("/")[0] not in nodes or k.rpartition("/")[2] == ".zattrs")
     }
     for path, doc in nodes.items():
         for name, v2doc in present(doc, path).items():
-            metadata[_join(path, name)] = v2doc
+            if name != ".zattrs" or _join(path, name) not in kept:  # a stored .zattrs is the snapshot consolidated
+                metadata[_join(path, name)] = v2doc
     return {**stored, "metadata": metadata}
 
 
 def is_opaque(document: Mapping[str, Any]) -> bool:
-    """True for an array document whose data type only shardkv knows (:data:`~shardkv.metadata.v2_codecs.OPAQUE_DATA_TYPE`)."""
+    """True for an array document whose data type only shardkv knows (:data:`.v2_codecs.OPAQUE_DATA_TYPE`)."""
     data_type = document.get("data_type")
     return isinstance(data_type, Mapping) and data_type.get("name") == OPAQUE_DATA_TYPE
 
@@ -428,7 +435,9 @@ def has_consolidated(root: Mapping[str, Any] | None) -> bool:
     return isinstance(block, Mapping) and isinstance(block.get("metadata"), Mapping)
 
 
-def consolidated_in_step(root: Mapping[str, Any], block_of: Mapping[str, Any], changed: Mapping[str, Mapping[str, Any] | None]) -> dict[str, Any]:
+def consolidated_in_step(
+    root: Mapping[str, Any], block_of: Mapping[str, Any], changed: Mapping[str, Mapping[str, Any] | None]
+) -> dict[str, Any]:
     """The root's v3 group document with its consolidated block brought in step with ``changed`` nodes.
 
     zarr-python 3 takes a root's consolidated block for the whole hierarchy
@@ -487,7 +496,7 @@ def opaque_paths(documents: Mapping[str, Mapping[str, Any]]) -> list[str]:
 
 
 def plan_opaque_blocks(documents: Mapping[str, Mapping[str, Any]], released: Iterable[str] = ()) -> MetadataPlan:
-    """The consolidated blocks that keep a hierarchy listable by v3 readers around its opaque arrays (issue 19, item 5).
+    """The consolidated blocks that keep a hierarchy listable by v3 readers around its opaque arrays.
 
     zarr-python 3 lists a group without consolidated metadata by opening the
     ``zarr.json`` of every child, and one array whose data type it does not
@@ -542,7 +551,7 @@ def plan_opaque_blocks(documents: Mapping[str, Mapping[str, Any]], released: Ite
     return MetadataPlan(writes)
 
 
-# -- the layout before issue 11 -> the layout after ---------------------------------
+# -- the older layout (a .zarray beside zarr.json) -> the v3-only layout ---------------------------------
 
 
 def _group_attributes(documents: Mapping[str, Mapping[str, Any]], group: str) -> Mapping[str, Any] | None:

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import base64
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -51,7 +52,7 @@ CORE_DATA_TYPES = {
     "u1": "uint8", "u2": "uint16", "u4": "uint32", "u8": "uint64",
     "f2": "float16", "f4": "float32", "f8": "float64",
     "c8": "complex64", "c16": "complex128",
-}  # fmt: skip
+}  # a table: its rows read better aligned # fmt: skip
 """numpy ``kind + itemsize`` -> the v3 core data type name."""
 SIZED_DATA_TYPES = {"U": "fixed_length_utf32", "S": "null_terminated_bytes", "V": "raw_bytes"}
 """numpy kind -> the zarr-python 3 data type of fixed-size strings, bytes and void (``length_bytes``)."""
@@ -234,7 +235,10 @@ def v3_fill_value(fill: Any, dtype: np.dtype) -> Any:
     if dtype.kind == "c":
         if isinstance(fill, (list, tuple)):
             return [v3_fill_value(v, np.dtype("f8")) for v in fill]
-        return [v3_fill_value(float(np.real(fill)), np.dtype("f8")), v3_fill_value(float(np.imag(fill)), np.dtype("f8"))]
+        return [
+            v3_fill_value(float(np.real(fill)), np.dtype("f8")),
+            v3_fill_value(float(np.imag(fill)), np.dtype("f8")),
+        ]
     if dtype.kind == "b":
         return bool(fill)
     return int(fill)
@@ -247,7 +251,10 @@ def core_compressor_codec(compressor: Mapping[str, Any], dtype: np.dtype) -> dic
     if cid == "gzip":
         return {"name": "gzip", "configuration": {"level": int(config.get("level", 1))}}
     if cid == "zstd":
-        return {"name": "zstd", "configuration": {"level": int(config.get("level", 1)), "checksum": bool(config.get("checksum", False))}}
+        return {
+            "name": "zstd",
+            "configuration": {"level": int(config.get("level", 1)), "checksum": bool(config.get("checksum", False))},
+        }
     if cid == "blosc":
         shuffle = int(config.get("shuffle", 1))
         if shuffle == -1:  # numcodecs AUTOSHUFFLE: bit shuffle for 1-byte items, else byte shuffle
@@ -279,9 +286,11 @@ def _fill_of(zarray: Mapping[str, Any], dtype: np.dtype) -> tuple[Any, bool]:
 
 def _opaque(zarray: Mapping[str, Any], why: str) -> V3Encoding:
     config = {
-        "dtype": zarray["dtype"], "order": zarray.get("order", "C"),
-        "compressor": zarray.get("compressor"), "filters": zarray.get("filters"),
-    }  # fmt: skip
+        "dtype": zarray["dtype"],
+        "order": zarray.get("order", "C"),
+        "compressor": zarray.get("compressor"),
+        "filters": zarray.get("filters"),
+    }
     return V3Encoding(
         data_type={"name": OPAQUE_DATA_TYPE, "configuration": {"dtype": zarray["dtype"]}},
         codecs=[{"name": V2_CHUNK_CODEC, "configuration": config}],
@@ -363,7 +372,9 @@ def v3_encoding_of_v2(zarray: Mapping[str, Any]) -> V3Encoding:
         elif fid in BYTES_TO_BYTES_IDS:
             after.append(_numcodecs_entry(f))
         else:
-            return _opaque(zarray, f"filter {fid!r}" + (" after a bytes -> bytes filter" if fid in ARRAY_TO_ARRAY_IDS else ""))
+            return _opaque(
+                zarray, f"filter {fid!r}" + (" after a bytes -> bytes filter" if fid in ARRAY_TO_ARRAY_IDS else "")
+            )
         problems.append(f"v2 filter {fid!r} is not a Zarr v3 core codec (zarr-python 3 only, as numcodecs.{fid})")
     codecs.append(array_to_bytes)
     codecs.extend(after)
@@ -372,7 +383,9 @@ def v3_encoding_of_v2(zarray: Mapping[str, Any]) -> V3Encoding:
             return _opaque(zarray, f"compressor {compressor.get('id')!r}")
         entry = core_compressor_codec(compressor, dtype)
         if entry["name"].startswith("numcodecs."):
-            problems.append(f"compressor {compressor['id']!r} is not a Zarr v3 core codec (zarr-python 3 only, as {entry['name']})")
+            problems.append(
+                f"compressor {compressor['id']!r} is not a Zarr v3 core codec (zarr-python 3 only, as {entry['name']})"
+            )
         codecs.append(entry)
     if dtype.hasobject:
         problems.append(

@@ -38,8 +38,9 @@ from __future__ import annotations
 import base64
 import binascii
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -65,7 +66,7 @@ from shardkv.metadata.v2_codecs import (
     numpy_dtype_of_structured,
     v2_dtype_json,
 )
-from shardkv.metadata.v3_view import SHARDING_CODEC, V2_FILL_FIELD, V2_COMPRESSOR_FIELD, sharding_spec_from_v3
+from shardkv.metadata.v3_view import SHARDING_CODEC, V2_COMPRESSOR_FIELD, V2_FILL_FIELD, sharding_spec_from_v3
 
 __all__ = ["V2View", "v2_view_of_v3", "numpy_dtype_of_v3", "fill_value_from_v3", "unusable_sharding"]
 
@@ -245,9 +246,12 @@ def _v2_codec(codec: Any, dtype: np.dtype) -> dict[str, Any] | None:
         return {"id": "zstd", "level": codec.level, "checksum": codec.checksum}
     if isinstance(codec, BloscCodec):
         return {
-            "id": "blosc", "cname": codec.cname, "clevel": codec.clevel,
-            "shuffle": BLOSC_SHUFFLE_IDS[codec.shuffle], "blocksize": codec.blocksize,
-        }  # fmt: skip
+            "id": "blosc",
+            "cname": codec.cname,
+            "clevel": codec.clevel,
+            "shuffle": BLOSC_SHUFFLE_IDS[codec.shuffle],
+            "blocksize": codec.blocksize,
+        }
     if isinstance(codec, Crc32cCodec):
         return {"id": "crc32c"}  # numcodecs CRC32C: little-endian checksum at the end, as v3
     if isinstance(codec, NumcodecsCodec):
@@ -292,7 +296,9 @@ def _v2_dtype_and_fill(metadata: Mapping[str, Any], inner: CodecPipeline, proble
     ab = inner.array_to_bytes
     if isinstance(ab, VlenCodec):
         if metadata.get("data_type") != VLEN_IDS[ab.codec_id]:
-            problems.append(f"codec {ab.codec_id!r} needs data_type {VLEN_IDS[ab.codec_id]!r}, got {metadata.get('data_type')!r}")
+            problems.append(
+                f"codec {ab.codec_id!r} needs data_type {VLEN_IDS[ab.codec_id]!r}, got {metadata.get('data_type')!r}"
+            )
         endian = None
     elif not isinstance(ab, BytesCodec):
         name = ab.get_config()["name"]
@@ -339,9 +345,12 @@ def _opaque_documents(metadata: Mapping[str, Any], chunk: V2ChunkCodec, problems
     if not isinstance(data_type, Mapping) or data_type.get("name") != OPAQUE_DATA_TYPE:
         problems.append(f"codec {V2_CHUNK_CODEC!r} needs data_type {OPAQUE_DATA_TYPE!r}, got {data_type!r}")
     return {
-        "dtype": chunk.dtype, "compressor": chunk.compressor, "fill_value": metadata.get("fill_value"),
-        "order": chunk.order, "filters": chunk.filters,
-    }  # fmt: skip
+        "dtype": chunk.dtype,
+        "compressor": chunk.compressor,
+        "fill_value": metadata.get("fill_value"),
+        "order": chunk.order,
+        "filters": chunk.filters,
+    }
 
 
 def _spelt_alike(kept: Mapping[str, Any], codec: Any, dtype: np.dtype) -> bool:
@@ -352,12 +361,16 @@ def _spelt_alike(kept: Mapping[str, Any], codec: Any, dtype: np.dtype) -> bool:
         return False
 
 
-def _v2_codecs(metadata: Mapping[str, Any], inner: CodecPipeline, dtype: np.dtype, problems: list[str]) -> dict[str, Any]:
+def _v2_codecs(
+    metadata: Mapping[str, Any], inner: CodecPipeline, dtype: np.dtype, problems: list[str]
+) -> dict[str, Any]:
     """The v2 ``filters`` and ``compressor`` of the inner codecs."""
     filters: list[dict[str, Any]] = []
     if isinstance(inner.array_to_bytes, VlenCodec):
         filters.append({"id": inner.array_to_bytes.codec_id})  # the object codec
-    filters.extend({"id": c.codec_id, **c.configuration} for c in inner.array_to_array if isinstance(c, NumcodecsArrayCodec))
+    filters.extend(
+        {"id": c.codec_id, **c.configuration} for c in inner.array_to_array if isinstance(c, NumcodecsArrayCodec)
+    )
     after = []
     for c in inner.bytes_to_bytes:
         conf = _v2_codec(c, dtype)
@@ -416,11 +429,22 @@ def v2_view_of_v3(metadata: Mapping[str, Any], path: str = "") -> V2View:
         order = _v2_order(inner, len(spec.shape), problems)
         dtype, fill = _v2_dtype_and_fill(metadata, inner, problems)
         v2_codecs = _v2_codecs(metadata, inner, dtype, problems)
-        encoding = {"dtype": v2_dtype_json(dtype), "compressor": v2_codecs["compressor"], "fill_value": fill,
-                    "order": order, "filters": v2_codecs["filters"]}  # fmt: skip
+        encoding = {
+            "dtype": v2_dtype_json(dtype),
+            "compressor": v2_codecs["compressor"],
+            "fill_value": fill,
+            "order": order,
+            "filters": v2_codecs["filters"],
+        }
     if problems:
         return V2View(problems=tuple(where + p for p in problems))
-    zarray = {"zarr_format": 2, "shape": list(spec.shape), "chunks": list(spec.chunks), **encoding, "dimension_separator": "."}
+    zarray = {
+        "zarr_format": 2,
+        "shape": list(spec.shape),
+        "chunks": list(spec.chunks),
+        **encoding,
+        "dimension_separator": ".",
+    }
     names = metadata.get("dimension_names")
     if names and all(isinstance(n, str) for n in names) and "_ARRAY_DIMENSIONS" not in attrs:
         attrs["_ARRAY_DIMENSIONS"] = list(names)  # xarray's v2 convention

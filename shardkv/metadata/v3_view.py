@@ -14,12 +14,13 @@ spell of the v2 documents goes to fields v3 readers skip
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.format.layout import ShardLayout, chunk_nbytes_bound
-from shardkv.keys.encodings import ChunkKeyEncoding, V2ChunkKeyEncoding, chunk_key_encoding_from_metadata
+from shardkv.keys.encodings import ChunkKeyEncoding, Separator, V2ChunkKeyEncoding, chunk_key_encoding_from_metadata
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.v2_codecs import CORE_DATA_TYPES, SIZED_DATA_TYPES, TIME_DATA_TYPES, V3Encoding, v3_encoding_of_v2
 
@@ -53,19 +54,24 @@ class V3View:
         return not self.problems
 
 
-def v2_dimension_separator(zarray: Mapping[str, Any]) -> str:
+def v2_dimension_separator(zarray: Mapping[str, Any]) -> Separator:
     """The chunk key separator of a v2 array (``"."`` unless ``dimension_separator`` says ``"/"``)."""
     sep = zarray.get("dimension_separator") or "."
-    if sep not in (".", "/"):
-        raise ConfigurationError(f"dimension_separator must be '.' or '/', got {sep!r}")
-    return sep
+    if sep == ".":
+        return "."
+    if sep == "/":
+        return "/"
+    raise ConfigurationError(f"dimension_separator must be '.' or '/', got {sep!r}")
 
 
 # -- v2 -> v3 ------------------------------------------------------------
 
 
 V2_FILL_FIELD = "shardkv.v2_fill_value"
-"""The ``zarr.json`` field that records a v2 ``fill_value`` (null, or an object array's) v3 cannot spell (``must_understand: false``)."""
+"""The ``zarr.json`` field for a v2 ``fill_value`` v3 cannot spell (null, an object array's).
+
+It is written with ``must_understand: false``.
+"""
 
 V2_COMPRESSOR_FIELD = "shardkv.v2_compressor"
 """The ``zarr.json`` field with the v2 ``compressor`` where v3 cannot spell it: ``null`` when the last
@@ -119,7 +125,7 @@ def v3_view_of_v2(
         )
     encoding = v3_encoding_of_v2(zarray)
     codec = sharding_codec(chunks, encoding.codecs, layout.index_location, layout.index_checksum, layout.index_endian)
-    shard_shape = [c * n for c, n in zip(chunks, layout.chunks_per_shard)]
+    shard_shape = [c * n for c, n in zip(chunks, layout.chunks_per_shard, strict=True)]
     metadata = v3_document_of_v2(zarray, zattrs, encoding, shard_shape, [codec])
     mark_v2_encoding(metadata, zarray, encoding)
     return V3View(metadata, encoding.problems)
@@ -137,7 +143,7 @@ def v3_document_of_v2(
     Its shape, data type and fill value (``encoding``), v2 chunk keys and
     ``zattrs`` as attributes come from the v2 documents.
     """
-    keys = V2ChunkKeyEncoding(v2_dimension_separator(zarray))  # type: ignore[arg-type]
+    keys = V2ChunkKeyEncoding(v2_dimension_separator(zarray))
     return {
         "zarr_format": 3,
         "node_type": "array",
@@ -170,7 +176,7 @@ def mark_v2_encoding(metadata: dict[str, Any], zarray: Mapping[str, Any], encodi
 
 
 def dimension_names_of(names: Any, ndim: int) -> list[str] | None:
-    """xarray's v2 ``_ARRAY_DIMENSIONS`` attribute as v3 ``dimension_names``, or ``None`` if it is not one str per dimension."""
+    """xarray's v2 ``_ARRAY_DIMENSIONS`` as v3 ``dimension_names``; ``None`` if it is not one str per dimension."""
     if isinstance(names, list) and len(names) == ndim and all(isinstance(n, str) for n in names):
         return list(names)
     return None
@@ -207,7 +213,7 @@ class ShardingSpec:
     @property
     def shard_shape(self) -> tuple[int, ...]:
         """Shard shape (elements): ``chunks * chunks_per_shard``."""
-        return tuple(c * n for c, n in zip(self.chunks, self.layout.chunks_per_shard))
+        return tuple(c * n for c, n in zip(self.chunks, self.layout.chunks_per_shard, strict=True))
 
     def array_at(
         self, path: str, chunk_key_encoding: ChunkKeyEncoding, shape: tuple[int, ...] | None = None
@@ -270,7 +276,7 @@ def layout_from_codec_config(
         If ``index_codecs`` is anything but ``bytes`` optionally followed by ``crc32c``.
     """
     inner = tuple(int(c) for c in config["chunk_shape"])
-    if len(inner) != len(shard_shape) or any(c < 1 or s % c for s, c in zip(shard_shape, inner)):
+    if len(inner) != len(shard_shape) or any(c < 1 or s % c for s, c in zip(shard_shape, inner, strict=True)):
         raise ConfigurationError(
             f"inner chunk_shape {list(inner)} does not evenly divide the shard shape {list(shard_shape)}", path
         )
@@ -281,7 +287,7 @@ def layout_from_codec_config(
     location = config.get("index_location", "end")
     if location not in ("start", "end"):
         raise ConfigurationError(f"index_location must be 'start' or 'end', got {location!r}", path)
-    cps = tuple(s // c for s, c in zip(shard_shape, inner))
+    cps = tuple(s // c for s, c in zip(shard_shape, inner, strict=True))
     nested = any(isinstance(c, Mapping) and c.get("name") == SHARDING_CODEC for c in config.get("codecs") or [])
     bound = None if nested else chunk_nbytes_bound(inner, itemsize)
     return inner, ShardLayout(cps, location, endian, len(names) == 2, bound)

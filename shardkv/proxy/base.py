@@ -5,14 +5,14 @@
 facades, because zarr-python 2.18 takes them through two protocols
 registered per class (``BaseStore`` and ``StoreV3``), and one class cannot be
 both. Each holds its base store and one frozen
-:class:`~shardkv.proxy.options.Options`; this class gives them the same
+:class:`~shardkv.engine.options.Options`; this class gives them the same
 
 * pickling: a store travels as ``(reopen, (its class, its base store, its
   options))``; the copy finds the same data (and so the same lock files)
   through the base store's location. Nothing of one process travels: not the
   index cache, not the journal, and not write-back data. A store holding
   unflushed writes refuses to pickle (:class:`~shardkv.errors.UnflushedWritesError`),
-  and a copy never buffers: it writes through (issue 20, item 1), so no
+  and a copy never buffers: it writes through, so no
   worker process holds acknowledged writes that no one will flush;
 * lifecycle: ``with`` closes the store on exit;
 * the zarr-python 2 ``BaseStore`` capability checks, identity equality, and
@@ -32,15 +32,18 @@ from abc import abstractmethod
 from collections.abc import MutableMapping
 from typing import Any, ClassVar, Literal, Self
 
+from shardkv.engine.options import Options
 from shardkv.keys.space import ShardedArray
-from shardkv.proxy.options import Options
 
 __all__ = ["ProxyBase", "reopen", "register"]
+
+ZarrProtocol = Literal["BaseStore", "StoreV3"]
+"""The zarr-python 2 store ABC a proxy registers with (v2 keys, or the 2022 draft's v3 keys)."""
 
 _registered: set[tuple[type, str]] = set()
 
 
-def register(cls: type, protocol: Literal["BaseStore", "StoreV3"]) -> None:
+def register(cls: type, protocol: ZarrProtocol) -> None:
     """Register ``cls`` as a virtual subclass of zarr-python 2's ``protocol`` ABC, if zarr 2 is installed.
 
     ``"BaseStore"`` for the v2 proxy; ``"StoreV3"`` for the draft proxy, so
@@ -72,7 +75,7 @@ class ProxyBase(MutableMapping[str, Any]):
     """
 
     _store_version: ClassVar[int]
-    _zarr_protocol: ClassVar[Literal["BaseStore", "StoreV3"]]
+    _zarr_protocol: ClassVar[ZarrProtocol]
     options: Options
     _raw_store: Any  # what the user passed, for repr
 
@@ -81,6 +84,11 @@ class ProxyBase(MutableMapping[str, Any]):
         self._raw_store = raw_store
         self.options = options
         register(type(self), self._zarr_protocol)
+
+    @property
+    @abstractmethod
+    def base(self) -> object:
+        """What the proxy stores into: the base store (as the subclass names it)."""
 
     # -- pickling ------------------------------------------------------------------
 
@@ -134,7 +142,7 @@ class ProxyBase(MutableMapping[str, Any]):
     def __eq__(self, other: object) -> bool:
         return self is other
 
-    __hash__ = object.__hash__  # type: ignore[assignment]
+    __hash__ = object.__hash__
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._raw_store!r}, chunks_per_shard={self.options.chunks_per_shard.value!r})"

@@ -26,9 +26,12 @@ when its metadata or data is accessed
 from __future__ import annotations
 
 import builtins
-from typing import Any, Iterable, Iterator, Literal, Mapping, Self, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Self
 
+from shardkv.engine.options import Options
 from shardkv.errors import ConfigurationError
+from shardkv.format.layout import IndexLocation
 from shardkv.format.ranges import ByteRange
 from shardkv.keys.encodings import validate_key
 from shardkv.keys.paths import validate_path
@@ -37,11 +40,10 @@ from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerSha
 from shardkv.metadata.draft import DRAFT_ZARR_FORMAT, META_ROOT
 from shardkv.proxy.base import ProxyBase
 from shardkv.proxy.draft_nodes import DraftArray, DraftNodes
-from shardkv.proxy.options import Options
 from shardkv.proxy.values import to_bytes
+from shardkv.storage.kv import check_not_reserved
 from shardkv.transformers import DATA_ROOT, AbstractStore, AdapterStore, ShardingStorageTransformer
 from shardkv.transformers.api import apply_partial_writes, normalize_prefix
-from shardkv.storage.kv import check_not_reserved
 
 __all__ = ["DraftShardedStore", "DRAFT_ZARR_FORMAT", "DRAFT_OPTIONS"]
 
@@ -84,7 +86,7 @@ class DraftShardedStore(ProxyBase):
         store: Any,
         chunks_per_shard: ChunksPerShardOption = None,
         *,
-        index_location: Literal["start", "end"] = "end",
+        index_location: IndexLocation = "end",
         index_checksum: bool = False,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
@@ -143,7 +145,7 @@ class DraftShardedStore(ProxyBase):
         """
         ranges: list[ByteRange] = []
         trims: list[int | None] = []
-        for key, r in key_ranges:
+        for _, r in key_ranges:
             if isinstance(r, ByteRange):
                 ranges.append(r)
                 trims.append(None)
@@ -171,18 +173,18 @@ class DraftShardedStore(ProxyBase):
             groups.setdefault(id(store), (store, []))[1].append(i)
         for store, positions in groups.values():
             values = store.get_partial_values([(key_ranges[i][0], ranges[i]) for i in positions])
-            for i, v in zip(positions, values):
+            for i, v in zip(positions, values, strict=True):
                 out[i] = v
         for i, length in enumerate(trims):
-            if length is not None and out[i] is not None:
-                out[i] = out[i][:length]  # type: ignore[index]
+            if length is not None and (got := out[i]) is not None:
+                out[i] = got[:length]
         return out
 
     def getitems(self, keys: Sequence[str], *, contexts: Any = None) -> dict[str, bytes]:
         """Values of the stored keys among ``keys`` (two requests per sharded array)."""
         keys = list(keys)
         values = self.get_partial_values([(k, ByteRange(0)) for k in keys])
-        return {k: v for k, v in zip(keys, values) if v is not None}
+        return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
 
     def __getitem__(self, key: str) -> bytes:
         value = self.get_partial_values([(key, ByteRange(0))])[0]
@@ -235,7 +237,9 @@ class DraftShardedStore(ProxyBase):
         for key, start, value in key_start_values:
             kind, what = self._classify(key)
             if kind == "meta":
-                self[key] = apply_partial_writes(key, self.get_partial_values([(key, ByteRange(0))])[0], [(start, value)])
+                self[key] = apply_partial_writes(
+                    key, self.get_partial_values([(key, ByteRange(0))])[0], [(start, value)]
+                )
             else:
                 store = what.top() if kind == "array" else self._api
                 store.set_partial_values([(key, start, to_bytes(key, value))])
@@ -426,7 +430,7 @@ class DraftShardedStore(ProxyBase):
 
 
 def _node_path(key: str) -> str | None:
-    """The path of the array or group whose metadata document ``key`` is (``meta/root/<path>.array.json``), else ``None``."""
+    """The path of the node whose metadata document ``key`` is (``meta/root/<path>.array.json``), else ``None``."""
     if not key.startswith(META_ROOT):
         return None
     rest = key[len(META_ROOT) :]

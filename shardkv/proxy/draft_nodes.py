@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardkv.errors import ConfigurationError
-from shardkv.keys.paths import owner_candidates
+from shardkv.keys.paths import is_draft_chunk_segment, owner_candidates
 from shardkv.metadata.chunks_per_shard import ChunksPerShardRule
 from shardkv.metadata.documents import dump_json, load_json
 from shardkv.metadata.draft import META_ROOT
@@ -52,10 +52,6 @@ class DraftArray:
         if isinstance(self.stack, Exception):
             raise self.stack
         return self.stack
-
-
-def _is_chunk_segment(segment: str) -> bool:
-    return segment.startswith("c")  # draft chunk keys: c0/1/2 (prefix "c", then the coords)
 
 
 class DraftNodes:
@@ -141,7 +137,7 @@ class DraftNodes:
         """The sharded array whose data area holds ``key`` (first array met from the root)."""
         if not key.startswith(DATA_ROOT):
             return None
-        for path in owner_candidates(key[len(DATA_ROOT) :], _is_chunk_segment):
+        for path in owner_candidates(key[len(DATA_ROOT) :], is_draft_chunk_segment):
             state = self.array(path)
             if state is not None:
                 return state if state.sharded else None

@@ -1,6 +1,6 @@
 """The hierarchy rules of zarr-python 2's ``MemoryStore`` and ``DirectoryStore``, kept by the proxy.
 
-A key is either a value or a path holding keys, never both (issue 19, item 3):
+A key is either a value or a path holding keys, never both:
 
 * storing ``a/b/c`` while ``a/b`` holds a value raises ``KeyError``
   (:class:`~shardkv.errors.KeyBelowKeyError`), where a local directory would
@@ -23,11 +23,11 @@ checked: nothing can be stored above them but the array's own path.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from shardkv.errors import KeyBelowKeyError
-from shardkv.keys.paths import owner_candidates, path_prefix, split_key
-from shardkv.proxy.nodes import META_NAMES, NodeTable, chunkish_under
+from shardkv.keys.paths import chunkish_under, owner_candidates, path_prefix, split_key
+from shardkv.proxy.nodes import META_NAMES, NodeTable
 from shardkv.storage.kv import KVStore
 from shardkv.storage.local import LocalStore
 from shardkv.storage.mapping import MappingStore

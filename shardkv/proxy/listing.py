@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import KeysView, Mapping
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator, KeysView, Mapping
+from typing import Any
 
 from shardkv.engine.engine import ShardEngine
 from shardkv.keys.listing import sorted_chunk_names
@@ -98,9 +98,12 @@ def child_names(nodes: NodeTable, engine: ShardEngine, prefix: str, listed: List
     engine : ShardEngine
         Reads the indexes of the listed shards.
     prefix : str
-        ``"path/"`` (``""`` for the root); every key of ``base_keys`` starts with it.
+        ``"path/"`` (``""`` for the root).
     listed : iterable of (str, Generation or None)
-        The base store listing under ``prefix`` (enumerated once; see :func:`base_listing`).
+        The base store listing under ``prefix``, or under the array ``prefix`` lies in
+        (enumerated once; see :func:`base_listing`): a shard of a ``/``-separated
+        array holds chunks under several sub-paths, and only the keys under
+        ``prefix`` give names.
 
     Notes
     -----
@@ -123,7 +126,7 @@ def child_names(nodes: NodeTable, engine: ShardEngine, prefix: str, listed: List
                         names.insert(at, name)
                 return names
     keys = itertools.chain(nodes.listed(plain), engine.reads.chunk_keys(shards, generations=generations))
-    return sorted({_child(k, prefix) for k in keys})
+    return sorted({_child(k, prefix) for k in keys if k.startswith(prefix)})
 
 
 def _child(key: str, prefix: str) -> str:

@@ -1,4 +1,4 @@
-"""Metadata writes through the v2 proxy: sharded arrays and their groups stored as Zarr v3 only (issue 11).
+"""Metadata writes through the v2 proxy: sharded arrays and their groups stored as Zarr v3 only.
 
 Code above the proxy writes zarr-python 2 documents; :class:`MetadataWriter`
 turns them into the stored v3 documents with the pure plans of
@@ -21,6 +21,12 @@ written through the proxy              stored
 unsharded array under a v3 root        (:func:`~shardkv.metadata.all_v3.v3_view_of_unsharded_v2`)
 anything else                          as it is (v2 hierarchies)
 =====================================  ==============================================
+
+A delete removes the document deleted alone: ``.zattrs`` empties the
+attributes, and a ``.zarray``/``.zgroup`` of a node that still presents its
+attributes, chunks or ``.zmetadata`` entry is recorded as deleted in its
+``zarr.json`` (:mod:`shardkv.metadata.v2_deletes`), which goes with the last
+of them.
 
 A hierarchy is v3 all the way down once one of its arrays is sharded (issue
 19, item 5): when the root becomes a v3 group, every v2 group is stored as a
@@ -45,23 +51,24 @@ A ``.zattrs`` written before its node's ``.zarray`` is stored as it is and
 taken into the ``zarr.json`` when the ``.zarray`` arrives. Arrays written by
 zarr-python 3 or tensorstore (another chunk key encoding than ``v2``) keep
 read-only metadata. A node whose name is one of shardkv's internal names
-(``*.shardkv-tmp-*``, ``.shardkv-locks``) is refused (issue 20, item 6).
+(``*.shardkv-tmp-*``, ``.shardkv-locks``) is refused.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from shardkv.engine.locks import ShardLocks
 from shardkv.engine.merge import ShardChange
+from shardkv.engine.options import Options
 from shardkv.engine.retry import WRITE_ATTEMPTS, WRITE_BACKOFF, attempts
 from shardkv.engine.writeback import WriteBack
 from shardkv.errors import ConcurrentUpdateError, ConfigurationError, MetadataError, ReservedKeyError, UnsupportedError
 from shardkv.format.layout import ShardLayout
-from shardkv.keys.paths import join_path, path_prefix, split_key
+from shardkv.keys.paths import chunkish_under, join_path, path_prefix, split_key
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.all_v3 import plan_v3_down, v3_view_of_unsharded_v2
 from shardkv.metadata.documents import dump_json, load_json, load_object, load_zarray
@@ -82,15 +89,12 @@ from shardkv.metadata.hierarchy import (
     stored_zmetadata,
     with_consolidated_metadata,
 )
+from shardkv.metadata.v2_deletes import with_deleted
 from shardkv.metadata.v3_view import v2_dimension_separator
-from shardkv.proxy.nodes import Node, NodeTable, ReadValues, build_node, chunkish_under, sharded_array_of
-from shardkv.proxy.options import Options
+from shardkv.proxy.nodes import Node, NodeTable, build_node, sharded_array_of
 from shardkv.storage.kv import ANY, NO_VALUE, Generation, KVStore, ReadResult, check_not_reserved
 
-__all__ = ["MetadataWriter", "WriteValues", "writes_to"]
-
-WriteValues = Callable[[Mapping[str, "bytes | memoryview | None"]], None]
-"""Writes values to the base store (``None``: delete; deleting a missing key is no error)."""
+__all__ = ["MetadataWriter"]
 
 _HIDDEN_REASON = "the zarr.json of a sharded array is managed by shardkv"
 _READ_ONLY = "the metadata of a Zarr v3 array written by another library is read-only; change it with a v3 library"
@@ -107,7 +111,7 @@ _STORED = _Stored()
 def _common_group(paths: Iterable[str]) -> str:
     """The deepest path every one of ``paths`` lies under (``""``: the root)."""
     common: list[str] = []
-    for parts in zip(*([p for p in path.split("/") if p] for path in paths)):
+    for parts in zip(*([p for p in path.split("/") if p] for path in paths), strict=False):
         if len(set(parts)) != 1:
             break
         common.append(parts[0])
@@ -162,16 +166,6 @@ def _stored_document(key: str, result: ReadResult) -> dict[str, Any] | None:
     return _json_object(key, result.whole()) if result.found else None
 
 
-def writes_to(kv: KVStore) -> WriteValues:
-    """The :data:`WriteValues` of a store: one unconditional batch (``None`` deletes)."""
-
-    def write(values: Mapping[str, Any]) -> None:
-        if values:
-            kv.put_many({key: (value, ANY) for key, value in values.items()})
-
-    return write
-
-
 class MetadataWriter:
     """Stores metadata documents written through the proxy (see the module docstring).
 
@@ -179,21 +173,15 @@ class MetadataWriter:
     ----------
     nodes : NodeTable
         Node states, updated as documents are written.
-    read, write : callable
-        Whole values from the base store (:data:`~shardkv.proxy.nodes.ReadValues`)
-        and writes to it (:data:`WriteValues`).
-    list_keys : callable
-        Every stored key under a prefix (to remove shards an earlier array left).
     writer : WriteBack
-        Flushes, discards and trims shards around metadata changes.
-    options : Options
-        Which new arrays are sharded, and their index options.
-    kv : KVStore
-        The base store, for the read-modify-writes of consolidated blocks
-        (reads with generations, puts conditioned on them).
-    locks : ShardLocks or None
-        The engine's locks (:attr:`~shardkv.engine.engine.ShardEngine.locks`), held
-        around those read-modify-writes (mode ``"none"`` holds nothing); ``None``: no locks.
+        The proxy's write-back layer: flushes, discards and trims shards
+        around metadata changes. Through its engine it is the one handle to
+        the base store: the documents are read and written through the
+        engine's :class:`~shardkv.storage.kv.KVStore` (consolidated blocks
+        read with generations, put conditioned on them, under the engine's
+        locks; mode ``"none"`` holds nothing), and the engine's
+        :class:`~shardkv.engine.options.Options` say which new arrays are
+        sharded and how.
 
     Notes
     -----
@@ -209,20 +197,16 @@ class MetadataWriter:
     put alone, which catches most races but is atomic only where the store's is.
     """
 
-    def __init__(
-        self,
-        nodes: NodeTable,
-        read: ReadValues,
-        write: WriteValues,
-        list_keys: Callable[[str], Iterable[str]],
-        writer: WriteBack,
-        options: Options,
-        kv: KVStore,
-        locks: ShardLocks | None,
-    ) -> None:
-        self._nodes, self._read, self._write, self._list = nodes, read, write, list_keys
-        self._writer, self._options = writer, options
-        self._kv, self._locks = kv, locks
+    def __init__(self, nodes: NodeTable, writer: WriteBack) -> None:
+        self._nodes, self._writer = nodes, writer
+        self._kv: KVStore = writer.engine.kv
+        self._locks: ShardLocks = writer.engine.locks
+        self._options: Options = writer.engine.options
+
+    def _put(self, values: Mapping[str, bytes | memoryview | None]) -> None:
+        """Write ``values`` unconditionally in one batch (``None`` deletes; a missing key is no error)."""
+        if values:
+            self._kv.put_many({key: (value, ANY) for key, value in values.items()})
 
     def set(self, key: str, value: bytes) -> None:
         """Store a metadata document (``.zarray``, ``.zattrs``, ``.zgroup``, ``.zmetadata``, ...).
@@ -254,7 +238,7 @@ class MetadataWriter:
             self._store({key: value})
 
     def delete(self, key: str) -> None:
-        """Delete a metadata document; a sharded array's ``.zarray`` takes its ``zarr.json`` along.
+        """Delete a metadata document, that document alone (:meth:`_delete_presented` for a v3 node's).
 
         Raises
         ------
@@ -269,12 +253,12 @@ class MetadataWriter:
             raise ReservedKeyError(key, _HIDDEN_REASON)
         node = self._nodes.presented(path) if name in (".zarray", ".zattrs", ".zgroup") else None
         mirrored = name in (".zarray", ".zattrs") and self._nodes.node(path).mirrored
-        if name == ".zarray":
+        if name == ".zarray" and (node is None or name not in node.documents):
             self._writer.discard_under(path)
         if name in (".zarray", ".zgroup"):
             self._nodes.forget(path)
         if node is None or name not in node.documents:
-            if key not in self._read([key]):
+            if key not in self._kv.values([key]):
                 raise KeyError(key)
             self._store({key: None})
             if mirrored and name == ".zarray":  # the array is gone for v3 readers too
@@ -284,13 +268,66 @@ class MetadataWriter:
             return
         if not node.writable:
             raise ReservedKeyError(key, _READ_ONLY)
-        if name == ".zattrs":
-            self._apply(plan_attributes(path, node.doc or {}, {}))
-        else:
-            self._apply(MetadataPlan(deletes=frozenset({join_path(path, ZARR_JSON)})))
-        self._nodes.forget(path)
-        if name != ".zattrs":
+        self._delete_presented(path, name, node)
+
+    def _delete_presented(self, path: str, name: str, node: Node) -> None:
+        """Delete the presented document ``name`` of the v3 node ``node``; what else it presents stays.
+
+        The ``zarr.json`` goes only with the last thing it presents: a group's
+        ``.zgroup`` with no attributes left, an array's ``.zarray`` with no
+        attributes, no chunk and no stored ``.zmetadata`` entry left (the
+        root group's stays: it keeps the hierarchy v3). Otherwise ``.zattrs``
+        empties the attributes, and ``.zgroup``/``.zarray`` is recorded as
+        deleted in the ``zarr.json`` (:mod:`shardkv.metadata.v2_deletes`),
+        which keeps presenting the attributes, and the chunks from the shards.
+        """
+        key = join_path(path, ZARR_JSON)
+        if name == ".zattrs" and not node.deleted:
+            self._apply(plan_attributes(path, node.doc or {}, {}), {path: node.array})
+        elif name != ".zattrs" and ".zattrs" in node.documents:
+            self._apply(MetadataPlan({key: with_deleted(node.doc or {}, name)}), {path: node.array})
+        elif path and not self._still_seen(path, node):  # nothing of the node is left
+            self._apply(MetadataPlan(deletes=frozenset({key})))
+            self._nodes.forget(path)
             self._opaque_blocks(removed=path)
+        elif name == ".zattrs":
+            self._apply(plan_attributes(path, node.doc or {}, {}), {path: node.array})
+        else:
+            self._apply(MetadataPlan({key: with_deleted(node.doc or {}, name)}), {path: node.array})
+
+    def emptied(self, path: str) -> None:
+        """Delete the ``zarr.json`` of the sharded array at ``path`` if it presents nothing any more.
+
+        Called after chunks of an array whose ``.zarray`` and ``.zattrs`` were
+        deleted are deleted: with its last chunk (and no stored ``.zmetadata``
+        entry) it goes, as the last key of any node does.
+        """
+        node = self._nodes.node(path)
+        if node.array is None or node.documents or not node.deleted or self._still_seen(path, node):
+            return
+        self._apply(MetadataPlan(deletes=frozenset({join_path(path, ZARR_JSON)})))
+        self._nodes.forget(path)
+        self._opaque_blocks(removed=path)
+
+    def _still_seen(self, path: str, node: Node) -> bool:
+        """Whether zarr-python 2 may still read something of the sharded array ``node`` from its ``zarr.json``.
+
+        Its chunks (buffered writes are stored first), or its entry in a
+        stored ``.zmetadata`` above it: zarr 2 opens such an entry (a
+        consolidated snapshot) from the ``zarr.json``. ``False`` for a group.
+        """
+        if node.array is None:
+            return False
+        listed = group_paths(path)
+        found = self._kv.values([join_path(g, ".zmetadata") for g in listed])
+        for group in listed:
+            raw = found.get(join_path(group, ".zmetadata"))
+            entries = _json_object(join_path(group, ".zmetadata"), raw) if raw is not None else None
+            metadata = (entries or {}).get("metadata")
+            if isinstance(metadata, dict) and join_path(path[len(path_prefix(group)) :], ".zarray") in metadata:
+                return True
+        self._writer.flush(path)
+        return any(chunkish_under(path, k) for k in self._kv.list_prefix(path_prefix(path)))
 
     def removed(self, path: str) -> None:
         """Bring the consolidated blocks above ``path`` in step after everything under it was deleted (``rmdir``).
@@ -310,7 +347,7 @@ class MetadataWriter:
 
     def _store(self, values: Mapping[str, bytes | None]) -> None:
         """Write plain metadata values; the nodes they describe are read again on next use."""
-        self._write(values)
+        self._put(values)
         for key in values:
             path, name = split_key(key)
             if name in (".zarray", ".zgroup", ZARR_JSON):
@@ -342,10 +379,10 @@ class MetadataWriter:
         for key in plan.deletes:
             self._nodes.forget(split_key(key)[0])
         if values:
-            self._write(values)
+            self._put(values)
         written = self._write_blocks(blocks)
         if plan.deletes:
-            self._write(dict.fromkeys(sorted(plan.deletes)))
+            self._put(dict.fromkeys(sorted(plan.deletes)))
         mirrored = set(mirrors)
         for key, raw in values.items():
             path, name = split_key(key)
@@ -360,7 +397,7 @@ class MetadataWriter:
             self._opaque_blocks(written=opaque)
         return written
 
-    # -- v3 all the way down (issue 19, item 5) ------------------------------------------
+    # -- v3 all the way down ------------------------------------------
 
     def _hierarchy_is_v3(self) -> bool:
         """True when the store's root is a v3 group (some array below it is sharded, or was)."""
@@ -435,13 +472,13 @@ class MetadataWriter:
         lost = 0
         # each group's lock file in its own directory: the same file whatever root the store was opened at
         prefixes = {key: path_prefix(split_key(key)[0]) for key in todo}
-        hold = self._locks.hold(sorted(todo), prefixes) if self._locks is not None else contextlib.nullcontext()
+        hold = self._locks.hold(sorted(todo), prefixes)
         with hold:
             for _ in attempts(WRITE_ATTEMPTS, WRITE_BACKOFF):
                 keys = sorted(todo)
                 puts: dict[str, tuple[bytes, Generation]] = {}
                 docs: dict[str, dict[str, Any]] = {}
-                for key, result in zip(keys, self._kv.get_many([(k, None, ANY) for k in keys])):
+                for key, result in zip(keys, self._kv.get_many([(k, None, ANY) for k in keys]), strict=True):
                     doc = todo[key].applied(_stored_document(key, result))
                     if doc is None:  # nothing to bring in step any more
                         self._nodes.forget(split_key(key)[0])
@@ -478,16 +515,16 @@ class MetadataWriter:
         if removed is not None:
             with_block = [g for g, n in self._nodes.v3_nodes(group_paths(removed)).items() if has_consolidated(n.doc)]
             if with_block:
-                found = self._read([join_path(g, ".zmetadata") for g in with_block])
+                found = self._kv.values([join_path(g, ".zmetadata") for g in with_block])
                 released = [g for g in with_block if join_path(g, ".zmetadata") not in found]
         concerned = lacking + released
         if not concerned:
             return
         prefix = path_prefix(_common_group(concerned))
-        keys = [k for k in self._list(prefix) if split_key(k)[1] in (ZARR_JSON, ".zmetadata")]
+        keys = [k for k in self._kv.list_prefix(prefix) if split_key(k)[1] in (ZARR_JSON, ".zmetadata")]
         # a .zmetadata counts by its key alone (it marks a block the user asked for): not read
         documents: dict[str, Mapping[str, Any]] = {k: {} for k in keys if split_key(k)[1] != ZARR_JSON}
-        documents.update(_json_objects(self._read([k for k in keys if split_key(k)[1] == ZARR_JSON])))
+        documents.update(_json_objects(self._kv.values([k for k in keys if split_key(k)[1] == ZARR_JSON])))
         plan = plan_opaque_blocks(documents, released)
         if plan.writes:
             dropped = [split_key(k)[0] for k, doc in plan.writes.items() if not has_consolidated(doc)]
@@ -499,8 +536,8 @@ class MetadataWriter:
         Run once, when the root becomes a v3 group. A document that is not
         JSON is left as it is (its node stays v2 until it is written again).
         """
-        keys = [k for k in self._list("") if split_key(k)[1] in _V2_NAMES]
-        plan, _refused = plan_v3_down(_json_objects(self._read(keys)))
+        keys = [k for k in self._kv.list_prefix("") if split_key(k)[1] in _V2_NAMES]
+        plan, _refused = plan_v3_down(_json_objects(self._kv.values(keys)))
         self._apply_v3_down(plan)
 
     def _apply_v3_down(self, plan: MetadataPlan) -> None:
@@ -523,7 +560,7 @@ class MetadataWriter:
         wanted = [join_path(path, ".zarray")] if zarray is None else []
         if isinstance(zattrs, _Stored):
             wanted.append(join_path(path, ".zattrs"))
-        found = self._read(wanted) if wanted else {}
+        found = self._kv.values(wanted) if wanted else {}
         if zarray is None:
             raw_zarray = found.get(join_path(path, ".zarray"))
             if raw_zarray is None:
@@ -553,13 +590,15 @@ class MetadataWriter:
         v3 = self._nodes.v3_nodes(paths)
         out: dict[str, dict[str, Any] | None] = {p: (n.doc or {}).get("attributes") or {} for p, n in v3.items()}
         legacy = [join_path(p, ".zattrs") for p in paths if p not in v3]
-        for key, raw in self._read(legacy).items():
+        for key, raw in self._kv.values(legacy).items():
             out[split_key(key)[0]] = load_object(key, raw)
         return out
 
     def _on_zattrs(self, path: str, key: str, raw: bytes) -> None:
         attrs = load_object(key, raw)
         node = self._nodes.presented(path)
+        if node is None and self._nodes.node(path).deleted:  # its zarr.json still stands: the attributes go in it
+            node = self._nodes.node(path)
         if node is None:
             self._store({key: raw})  # a v2 node, or held until its .zarray / .zgroup arrives
             plain = self._nodes.node(path)
@@ -572,6 +611,8 @@ class MetadataWriter:
 
     def _on_zgroup(self, path: str, key: str, raw: bytes) -> None:
         load_object(key, raw)
+        if (node := self._nodes.node(path)).deleted:
+            self._written_again(path, key, node, None)
         root = self._nodes.node("")
         if root.doc is None or root.doc.get("node_type") != "group":
             self._store({key: raw})
@@ -604,7 +645,7 @@ class MetadataWriter:
                     mirrors.add(p)
         sharded = [p for p, d in v3.items() if d.get("node_type") == "array" and p not in mirrors]
         stored = stored_zmetadata(doc, sharded) if sharded else doc
-        self._write({key: dump_json(stored, key=key)})
+        self._put({key: dump_json(stored, key=key)})
         root = v3.get("")
         if root is not None and root.get("node_type") == "group":
             below = {p: d for p, d in v3.items() if p}
@@ -615,17 +656,19 @@ class MetadataWriter:
     def _on_zarray(self, path: str, key: str, raw: bytes) -> None:
         zarray = load_zarray(key, raw)
         node = self._nodes.node(path)
+        if node.deleted:
+            node = self._written_again(path, key, node, zarray)
         if node.array is not None:
             self._update(path, key, node, zarray)
             return
         if node.unsharded:
-            self._write({key: raw})  # still an unsharded array
+            self._put({key: raw})  # still an unsharded array
             if node.mirrored or self._hierarchy_is_v3():
                 self._mirror(path, zarray)
             return
         cps = self._options.chunks_per_shard.for_array(path, len(zarray["shape"]))
         if cps is None:
-            self._write({key: raw})
+            self._put({key: raw})
             self._nodes.set(build_node(path, None, raw))
             if path and self._hierarchy_is_v3():
                 self._mirror(path, zarray)
@@ -633,7 +676,7 @@ class MetadataWriter:
         layout = ShardLayout.v3(cps, self._options.index_location, "little", self._options.index_checksum)
         self._remove_leftovers(path)
         attrs_key = join_path(path, ".zattrs")
-        attrs = self._read([attrs_key]).get(attrs_key)
+        attrs = self._kv.values([attrs_key]).get(attrs_key)
         zattrs = load_object(attrs_key, attrs) if attrs is not None else None
         if path:
             plan = plan_sharded_array(path, zarray, zattrs, layout, self._group_attributes(group_paths(path)))
@@ -641,12 +684,57 @@ class MetadataWriter:
             plan = plan_root_array(zarray, zattrs, layout)
         self._apply(plan, {path: sharded_array_of(path, zarray, plan.writes[join_path(path, ZARR_JSON)])})
 
+    def _written_again(self, path: str, key: str, node: Node, zarray: Mapping[str, Any] | None) -> Node:
+        """The node that a ``.zarray`` (``zarray``) or ``.zgroup`` (``None``) written at ``path`` meets.
+
+        ``node``'s ``zarr.json`` records its own ``.zarray``/``.zgroup`` as
+        deleted. A ``.zgroup`` over a group, or a ``.zarray`` of the chunks and
+        separator of the sharded array there, writes that document again: the
+        array's stored chunks are its chunks, as in a plain mapping. Anything
+        else replaces the node: refused while chunks of the sharded array are
+        stored (the new node would read its shards); otherwise its
+        ``zarr.json`` is deleted and its attributes kept as a stored
+        ``.zattrs``, which the new document takes in as any ``.zattrs``
+        written before its node.
+
+        Raises
+        ------
+        ConfigurationError
+            If chunks of the sharded array at ``path`` are stored and the new
+            document is a group or an array of other chunks or separator.
+        """
+        old = node.array
+        if old is None and zarray is None and (node.doc or {}).get("node_type") == "group":
+            return node
+        if old is not None and zarray is not None:
+            separator = getattr(old.chunk_key_encoding, "separator", None)
+            same_chunks = list(old.chunks or ()) == [int(c) for c in zarray["chunks"]]
+            if same_chunks and v2_dimension_separator(zarray) == separator:
+                return node
+        if old is not None:
+            self._writer.flush(path)
+            if any(chunkish_under(path, k) for k in self._kv.list_prefix(path_prefix(path))):
+                what = "a group" if zarray is None else f"an array with chunks {list(zarray['chunks'])}"
+                raise ConfigurationError(
+                    f"{key}: the chunks of the array whose .zarray was deleted (chunks {list(old.chunks or ())}) "
+                    f"are still stored under {path!r}, and {what} would read its shards; delete those chunks "
+                    "(or the whole path: rmdir, overwrite=True) first",
+                    path,
+                )
+        attrs = (node.doc or {}).get("attributes") or {}
+        if attrs:
+            attrs_key = join_path(path, ".zattrs")
+            self._put({attrs_key: dump_json(attrs, key=attrs_key)})
+        self._apply(MetadataPlan(deletes=frozenset({join_path(path, ZARR_JSON)})))
+        self._nodes.forget(path)
+        return self._nodes.node(path)
+
     def _remove_leftovers(self, path: str) -> None:
         """Delete shards an earlier array at ``path`` left (its metadata deleted by hand): never reinterpret them."""
         self._writer.discard_under(path)
-        stale = [k for k in self._list(f"{path}/" if path else "") if chunkish_under(path, k)]
+        stale = [k for k in self._kv.list_prefix(f"{path}/" if path else "") if chunkish_under(path, k)]
         if stale:
-            self._write(dict.fromkeys(stale))
+            self._put(dict.fromkeys(stale))
             self._writer.engine.forget()
 
     def _update(self, path: str, key: str, node: Node, zarray: dict[str, Any]) -> None:
@@ -675,7 +763,7 @@ class MetadataWriter:
         new = old.with_shape(zarray["shape"])
         self._apply(plan_zarray_update(path, node.doc or {}, zarray), {path: new})
         if new.shape is not None and old.shape is not None and any(
-            n < o for n, o in zip(new.shape, old.shape)
+            n < o for n, o in zip(new.shape, old.shape, strict=False)
         ):
             self._trim(old, new)
 
@@ -687,6 +775,6 @@ class MetadataWriter:
             return
         affected: dict[str, ShardChange] = {}
         for coords in itertools.product(*(range(n) for n in old.shard_grid_shape)):
-            if any((s + 1) * c > g for s, c, g in zip(coords, cps, grid)):
+            if any((s + 1) * c > g for s, c, g in zip(coords, cps, grid, strict=True)):
                 affected[new.shard_key(coords)] = ShardChange(new, coords)
         self._writer.write_now(affected)

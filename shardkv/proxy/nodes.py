@@ -12,7 +12,7 @@ One :class:`Node` per path, built from its stored ``zarr.json`` (and
   *unsharded*: its chunk keys pass through;
 * an unsharded array whose ``zarr.json`` *mirrors* its ``.zarray`` (a v3
   array, not sharded, ``v2`` chunk key encoding, with a ``.zarray`` beside
-  it: issue 19 item 5, :func:`shardkv.metadata.all_v3.plan_v3_down`) is
+  it, so that v3 readers list the whole hierarchy: :func:`shardkv.metadata.all_v3.plan_v3_down`) is
   unsharded too: zarr-python 2 sees the ``.zarray``/``.zattrs`` as stored and
   not the ``zarr.json``, which is for v3 readers;
 * anything else (a v2 group, nothing) is no array.
@@ -24,23 +24,24 @@ about metadata keys, and sends every other key straight to the store.
 
 from __future__ import annotations
 
-import re
 import threading
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from shardkv.errors import ConfigurationError, MetadataError
 from shardkv.keys.encodings import V2ChunkKeyEncoding
-from shardkv.keys.paths import join_path, split_key
+from shardkv.keys.paths import chunk_owner_paths, is_chunk_segment, join_path, split_key
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.all_v3 import may_mirror
-from shardkv.metadata.documents import META_NAMES, dump_json, load_json
+from shardkv.metadata.documents import META_NAMES, ZMETADATA, dump_json, load_json
 from shardkv.metadata.hierarchy import REFUSED_ZARRAY, ZARR_JSON, present, presented_zmetadata
+from shardkv.metadata.v2_deletes import deleted_documents
 from shardkv.metadata.v3_view import sharding_spec_from_v3, v2_dimension_separator
 
 __all__ = [
-    "Node", "NodeTable", "ReadValues", "META_NAMES", "PRESENTED", "chunkish_under", "build_node",
-    "present_stored_zmetadata", "sharded_array_of",
+    "Node", "NodeTable", "ReadValues", "META_NAMES", "PRESENTED", "build_node",
+    "present_stored_zmetadata", "sharded_array_of", "with_deletes_applied",
 ]
 
 ReadValues = Callable[[Sequence[str]], Mapping[str, Any]]
@@ -49,18 +50,7 @@ ReadValues = Callable[[Sequence[str]], Mapping[str, Any]]
 PRESENTED = (".zarray", ".zattrs", ".zgroup")
 """The v2 documents a v3 node is presented as."""
 
-_ZMETADATA = ".zmetadata"
-# chunk-like key segments; signs included so "-1.0" is refused as a malformed chunk key, not stored
-_CHUNKISH = re.compile(r"c|c?[0-9.+-]+")  # "c" alone: v3 default shard keys c/1/2
 _MEMO_LIMIT = 100_000  # parents whose owner is remembered before the memo starts over
-
-
-def chunkish_under(path: str, key: str) -> bool:
-    """True if ``key`` lies under ``path`` and every segment after it is chunk-like (a chunk or shard key)."""
-    prefix = f"{path}/" if path else ""
-    if not key.startswith(prefix) or len(key) == len(prefix):
-        return False
-    return all(_CHUNKISH.fullmatch(s) for s in key[len(prefix) :].split("/"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,6 +77,10 @@ class Node:
     mirrored : bool
         An unsharded array whose ``zarr.json`` (``doc``) mirrors its stored
         ``.zarray`` for v3 readers (hidden from zarr-python 2).
+    deleted : frozenset of str
+        The presented documents deleted from zarr-python 2's view (``.zarray``,
+        ``.zgroup``: :mod:`shardkv.metadata.v2_deletes`); left out of
+        ``documents``, while ``presented`` and ``array`` still describe the node.
     """
 
     path: str
@@ -97,6 +91,7 @@ class Node:
     array: ShardedArray | None = None
     unsharded: bool = False
     mirrored: bool = False
+    deleted: frozenset[str] = frozenset()
 
     @property
     def is_array(self) -> bool:
@@ -106,7 +101,7 @@ class Node:
     @property
     def hides_zarr_json(self) -> bool:
         """True when zarr-python 2 sees this node through its presented documents, not its ``zarr.json``."""
-        return self.array is not None or bool(self.documents) or self.mirrored
+        return self.array is not None or bool(self.documents) or self.mirrored or bool(self.deleted)
 
     @property
     def writable(self) -> bool:
@@ -118,7 +113,7 @@ class Node:
     def cannot_be_stored(self, name: str) -> bool:
         """True for a v2 document no store holds beside this presented node (answered without a request).
 
-        Only an array's ``.zattrs`` may be stored beside its ``zarr.json`` (the layout before issue 11).
+        Only an array's ``.zattrs`` may be stored beside its ``zarr.json`` (the older layout).
         """
         return bool(self.documents) and name not in self.documents and not (
             name == ".zattrs" and ".zarray" in self.documents
@@ -144,7 +139,7 @@ def sharded_array_of(path: str, zarray: Mapping[str, Any], doc: Any) -> ShardedA
             f"zarr.json inner chunk_shape {list(spec.chunks)} differs from .zarray chunks {zarray['chunks']}", path
         )
     shape = tuple(int(s) for s in zarray["shape"])
-    return spec.array_at(path, V2ChunkKeyEncoding(v2_dimension_separator(zarray)), shape)  # type: ignore[arg-type]
+    return spec.array_at(path, V2ChunkKeyEncoding(v2_dimension_separator(zarray)), shape)
 
 
 def build_node(path: str, raw_json: Any | None, raw_zarray: Any | None = None) -> Node:
@@ -157,6 +152,20 @@ def build_node(path: str, raw_json: Any | None, raw_zarray: Any | None = None) -
     ConfigurationError, UnsupportedError
         If the node's sharding cannot be used.
     """
+    return with_deletes_applied(_build_node(path, raw_json, raw_zarray))
+
+
+def with_deletes_applied(node: Node) -> Node:
+    """``node`` without the presented documents its ``zarr.json`` records as deleted (the rest as it was)."""
+    names = deleted_documents(node.doc) if node.documents or node.array is not None else frozenset()
+    if not names:
+        return node
+    documents = {n: d for n, d in node.documents.items() if n not in names}
+    return replace(node, documents=documents, deleted=frozenset(names))
+
+
+def _build_node(path: str, raw_json: Any | None, raw_zarray: Any | None = None) -> Node:
+    """:func:`build_node` before the record of deleted documents is applied."""
     if raw_json is None:
         return Node(path, unsharded=raw_zarray is not None)
     raw = bytes(raw_json)
@@ -165,26 +174,39 @@ def build_node(path: str, raw_json: Any | None, raw_zarray: Any | None = None) -
     if raw_zarray is not None and may_mirror(doc):
         load_json(join_path(path, ".zarray"), raw_zarray)
         return Node(path, doc, raw, unsharded=True, mirrored=True)
-    presented: dict[str, dict[str, Any]] = {}
-    documents: dict[str, bytes] = {}
-    if doc is not None:
-        try:
-            presented = present(doc, path)
-            documents = {
-                name: dump_json(d, key=join_path(path, name), strict=name != ".zattrs") for name, d in presented.items()
-            }
-        except MetadataError:  # a v3 node that zarr-python 2 cannot be shown: its keys pass through
-            presented, documents = {}, {}
+    presented, documents = _presented(path, doc)
     if presented:
         zarray = presented.get(".zarray")
-    elif raw_zarray is not None:  # a zarr.json stored beside a .zarray (before issue 11)
+    elif raw_zarray is not None:  # a zarr.json stored beside a .zarray (the older layout)
         zarray = load_json(join_path(path, ".zarray"), raw_zarray)
     else:
         zarray = None
+    return _array_node(Node(path, doc, raw, presented, documents), zarray, parsed)
+
+
+def _presented(path: str, doc: dict[str, Any] | None) -> tuple[dict[str, dict[str, Any]], dict[str, bytes]]:
+    """The v2 documents presenting a v3 node, and their JSON bytes (both empty: none, or it cannot be shown).
+
+    A v3 node that zarr-python 2 cannot be shown passes its keys through
+    (a stored one), or stays sharded for this session as written (one shardkv wrote).
+    """
+    if doc is None:
+        return {}, {}
+    try:
+        presented = present(doc, path)
+        return presented, {
+            name: dump_json(d, key=join_path(path, name), strict=name != ".zattrs") for name, d in presented.items()
+        }
+    except MetadataError:
+        return {}, {}
+
+
+def _array_node(node: Node, zarray: Mapping[str, Any] | None, doc: Any) -> Node:
+    """``node`` as the array ``zarray`` describes, sharded as ``doc`` says (unchanged when ``zarray`` is ``None``)."""
     if zarray is None:
-        return Node(path, doc, raw, presented, documents)
-    array = sharded_array_of(path, zarray, parsed)
-    return Node(path, doc, raw, presented, documents, array, unsharded=array is None)
+        return node
+    array = sharded_array_of(node.path, zarray, doc)
+    return replace(node, array=array, unsharded=array is None)
 
 
 class NodeTable:
@@ -217,7 +239,7 @@ class NodeTable:
         self.generation = 0
 
     def _owners_changed(self) -> None:
-        """Forget the owners of keys and start a new :attr:`generation` (call holding :attr:`lock`, after the change)."""
+        """Forget the owners of keys; start a new :attr:`generation` (call holding :attr:`lock`, after the change)."""
         self._owners.clear()
         self.generation += 1
 
@@ -297,6 +319,7 @@ class NodeTable:
             If its sharding cannot be used.
         """
         node = build_node(path, raw) if doc.get("node_type") != "array" else _from_written(path, raw, doc, array)
+        node = with_deletes_applied(node)
         self.set(node)
         return node
 
@@ -310,7 +333,7 @@ class NodeTable:
         """Keep the node at ``path`` from ``zarr.json`` bytes already read, when they alone decide it.
 
         :func:`shardkv.open_store` hands over the root ``zarr.json`` it read to
-        detect the layout, so it is not read twice (issue 21).
+        detect the layout, so it is not read twice.
         """
         try:
             node = build_node(path, raw_json)
@@ -351,24 +374,21 @@ class NodeTable:
     def owner(self, key: str) -> ShardedArray | None:
         """The sharded array whose chunk (or shard) ``key`` names, if any.
 
-        An array owns the keys below its path whose every segment after that
-        path is chunk-like (``/``-separated chunk keys have several). Only the
-        paths that could own ``key`` that way are read (:func:`_owner_paths`),
-        from the highest down; the first array met owns it (arrays have no
-        children). A path with a segment that is not chunk-like between it and
-        ``key`` owns nothing of it, whatever it is: it is not read, so a chunk
-        of ``g/arr`` costs the read of ``g/arr/zarr.json`` alone, as in
+        The owner rule of :mod:`shardkv.keys.paths`: only the paths that could
+        own ``key`` (:func:`~shardkv.keys.paths.chunk_owner_paths`) are read,
+        from the highest down, and the first array met owns it; so a chunk of
+        ``g/arr`` costs the read of ``g/arr/zarr.json`` alone, as in
         tensorstore and zarr-python 3, which also open an array from its own
-        document (issue 21).
+        document. Owners are memoised per parent path.
         """
         parent, name = split_key(key)
-        if name in META_NAMES or not _CHUNKISH.fullmatch(name):
+        if not is_chunk_segment(name):
             return None  # the last segment of a chunk or shard key is always chunk-like
         with self.lock:
             if parent in self._owners:
                 return self._owners[parent]
             generation = self.generation
-        owner = self._owner_of_parent(parent)
+        owner = self._first_array(chunk_owner_paths(key))
         with self.lock:
             if self.generation != generation:  # nodes changed meanwhile: the answer may be stale, keep none
                 return owner
@@ -377,9 +397,9 @@ class NodeTable:
             self._owners[parent] = owner
         return owner
 
-    def _owner_of_parent(self, parent: str) -> ShardedArray | None:
-        """:meth:`owner` for every key ``parent/<chunk-like name>`` (memoised by the caller)."""
-        for path in _owner_paths(parent):
+    def _first_array(self, candidates: list[str]) -> ShardedArray | None:
+        """The owner among ``candidates``: the first array (``None`` for an unsharded one: its chunks pass through)."""
+        for path in candidates:
             node = self.node(path)
             if node.is_array:
                 return node.array  # None for an unsharded array: its chunks pass through
@@ -423,7 +443,7 @@ class NodeTable:
             rest.append(key)
         if rest:
             for key, value in self._read(rest).items():
-                out[key] = self._zmetadata(key, bytes(value)) if split_key(key)[1] == _ZMETADATA else value
+                out[key] = self._zmetadata(key, bytes(value)) if split_key(key)[1] == ZMETADATA else value
         return out
 
     def contains_document(self, key: str) -> bool | None:
@@ -503,20 +523,6 @@ def present_stored_zmetadata(key: str, raw: bytes, docs: Callable[[list[str]], M
     return dump_json(presented_zmetadata(stored, by_entry), key=key)
 
 
-def _owner_paths(parent: str) -> list[str]:
-    """The paths that could own the keys ``parent/<chunk-like name>``, from the highest down.
-
-    ``parent`` itself and each of its prefixes followed by chunk-like segments
-    only: ``"g/arr"`` -> ``["g/arr"]``, ``"g/arr/1/2"`` -> ``["g/arr", "g/arr/1",
-    "g/arr/1/2"]``, ``"3"`` -> ``["", "3"]``.
-    """
-    segments = parent.split("/") if parent else []
-    top = len(segments)
-    while top > 0 and _CHUNKISH.fullmatch(segments[top - 1]):
-        top -= 1
-    return ["/".join(segments[:i]) for i in range(top, len(segments) + 1)]
-
-
 def _decided_by_zarr_json(path: str, raw_json: Any | None) -> Node | None:
     """The node at ``path`` when its ``zarr.json`` alone decides it (a presented v3 node), else ``None``.
 
@@ -527,20 +533,12 @@ def _decided_by_zarr_json(path: str, raw_json: Any | None) -> Node | None:
     node = build_node(path, raw_json)
     if node.doc is not None and may_mirror(node.doc):
         return None  # a .zarray beside it makes it a mirror: read it too
-    return node if node.documents else None
+    return node if node.documents or node.deleted else None
 
 
 def _from_written(path: str, raw: bytes, doc: dict[str, Any], array: ShardedArray | None) -> Node:
     """The node of an array ``zarr.json`` shardkv just wrote (its document in hand: no parse)."""
-    try:
-        presented = present(doc, path)
-        documents = {n: dump_json(d, key=join_path(path, n), strict=n != ".zattrs") for n, d in presented.items()}
-    except MetadataError:  # kept sharded in this session, as written; not presented to zarr-python 2
-        presented, documents = {}, {}
+    presented, documents = _presented(path, doc)
     if array is not None:
         return Node(path, doc, raw, presented, documents, array)
-    zarray = presented.get(".zarray")
-    if zarray is None:
-        return Node(path, doc, raw, presented, documents)
-    array = sharded_array_of(path, zarray, doc)
-    return Node(path, doc, raw, presented, documents, array, unsharded=array is None)
+    return _array_node(Node(path, doc, raw, presented, documents), presented.get(".zarray"), doc)

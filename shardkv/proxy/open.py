@@ -20,7 +20,8 @@ returns another class: ``ShardedStore(...)`` is always a ``ShardedStore``.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping, get_args
+from collections.abc import Mapping
+from typing import Any, Literal, get_args
 
 from shardkv.errors import ConfigurationError
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
@@ -105,7 +106,9 @@ def open_store(
     'ShardedStore'
     """
     if layout is not None and layout not in LAYOUTS:
-        raise ConfigurationError(f"layout must be one of {list(LAYOUTS)} or None (detect from the store), got {layout!r}")
+        raise ConfigurationError(
+            f"layout must be one of {list(LAYOUTS)} or None (detect from the store), got {layout!r}"
+        )
     root = None
     if layout is None:
         root = _root_entry_point(store, options.get("storage_options"))

@@ -11,7 +11,7 @@ turns located changes into the per-shard changes the engine writes).
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from shardkv.errors import InvalidKeyError
 from shardkv.keys.encodings import validate_key

@@ -3,31 +3,35 @@
 Code above the proxy (zarr-python 2, xarray, dask, scripts) reads and writes
 ordinary chunk keys (``temp/3.7``); the store below holds shards (``temp/0.1``)
 in the v1.0 ``sharding_indexed`` layout, each array's sharding described by a
-``zarr.json``, a Zarr v3 array and nothing else (issue 11; zarr-python 2 sees
+``zarr.json``, a Zarr v3 array and nothing else (zarr-python 2 sees
 the ``.zarray`` presented from it, see :mod:`shardkv.proxy.nodes`).
 
 This module routes each key: a chunk of a sharded array to its shard, a
 metadata document to the node table (:mod:`shardkv.proxy.nodes`) or the
 metadata writer (:mod:`shardkv.proxy.metadata_writes`), anything else straight
-to the base store. Options, pickling and lifecycle: :mod:`shardkv.proxy.options`,
+to the base store. Options, pickling and lifecycle: :mod:`shardkv.engine.options`,
 :mod:`shardkv.proxy.base`; write-back: :class:`shardkv.engine.writeback.WriteBack`; requests:
 :class:`shardkv.engine.engine.ShardEngine` over the store's :class:`~shardkv.storage.kv.KVStore`.
 """
 
 from __future__ import annotations
 
+import enum
 import itertools
+from collections.abc import Iterable, Iterator, KeysView, Mapping, Sequence
 from contextlib import suppress
+from functools import cache
+from importlib.metadata import PackageNotFoundError, version
 from os import PathLike
-from typing import Any, Iterable, Iterator, KeysView, Mapping, Self, Sequence
+from typing import Any, Self, Unpack
 
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.engine import ShardEngine
 from shardkv.engine.locks import Mode
 from shardkv.engine.merge import group_by_shard
+from shardkv.engine.options import OptionKeywords, Options
 from shardkv.engine.writeback import WriteBack
-from shardkv.errors import ChunkOutOfGridError, InvalidKeyError, UnflushedWritesError
-from shardkv.format.ranges import ReadPolicy
+from shardkv.errors import ChunkOutOfGridError, ConfigurationError, InvalidKeyError, UnflushedWritesError
 from shardkv.keys.encodings import validate_key
 from shardkv.keys.paths import join_path, path_prefix, split_key, validate_path
 from shardkv.keys.space import ChunkRef, ShardedArray
@@ -41,9 +45,8 @@ from shardkv.proxy.listing import (
     count_logical_keys,
     logical_keys,
 )
-from shardkv.proxy.metadata_writes import MetadataWriter, writes_to
+from shardkv.proxy.metadata_writes import MetadataWriter
 from shardkv.proxy.nodes import META_NAMES, NodeTable
-from shardkv.proxy.options import DEFAULT_INDEX_CACHE_BYTES, Concurrency, IndexLocation, Options
 from shardkv.proxy.routing import route_batch
 from shardkv.proxy.values import as_buffer
 from shardkv.proxy.write_advice import WriteAdvisor
@@ -57,7 +60,15 @@ __all__ = ["ShardedStore", "ROUTE_MEMO_LIMIT"]
 ROUTE_MEMO_LIMIT = 16_384
 """Keys whose route one store remembers (a few MiB) before its memo starts over (see ``ShardedStore._route``)."""
 
-_UNROUTED = object()  # a key the memo does not hold
+
+
+class _Unrouted(enum.Enum):
+    """The memo's answer for a key it does not hold (an enum member, so that the type checker can narrow it)."""
+
+    UNROUTED = enum.auto()
+
+
+_UNROUTED = _Unrouted.UNROUTED
 
 
 class ShardedStore(ProxyBase):
@@ -76,22 +87,8 @@ class ShardedStore(ProxyBase):
         shards nothing new. Arrays already sharded in the store are recognised
         from their stored ``zarr.json`` whatever this says; unsharded arrays
         pass through untouched. 0-d arrays are never sharded.
-    index_location : {"end", "start"}
-        Where new shards keep their index (v1.0 codec ``index_location``).
-    index_checksum : bool
-        Whether new shards protect their index with a CRC32C (``crc32c`` index codec).
     storage_options : mapping, optional
         fsspec options when ``store`` is a URL.
-    index_cache_bytes : int
-        Limit (bytes) of the cache of decoded shard indexes (default 64 MiB;
-        0 disables it); see :class:`~shardkv.proxy.options.Options`.
-    read_policy : ReadPolicy, optional
-        How nearby chunk ranges of one shard merge into one request (default ``ReadPolicy()``).
-    buffer_bytes : int or None
-        Write-back mode: hold up to this many bytes of chunk writes and write
-        each shard once (when complete, on :meth:`flush`/:meth:`close`, or
-        when the limit forces the oldest out); ``None`` (default) writes
-        within each call. A pickled copy writes through (see Options).
     journal : str or os.PathLike, optional
         With ``buffer_bytes``: a local file where every buffered chunk write
         is appended and fsync'd before the call returns, so a crash loses no
@@ -100,21 +97,30 @@ class ShardedStore(ProxyBase):
         and resets the journal; it is also reset after every flush that
         empties the buffer. See :mod:`shardkv.engine.journal` and the user
         guide ("Write-back") for the fsync policy.
-    concurrency : {"auto", "files", "conditional", "process", "none"}
-        How writers of one shard (threads, stores, processes) keep each
-        other's chunks; see :class:`~shardkv.proxy.options.Options` and the
-        user guide, "Concurrency".
-    lock_timeout : float or None
-        Longest wait (seconds) for a shard lock (then ``LockTimeoutError``).
+    options : Options, optional
+        Every option at once (``chunks_per_shard`` and the keywords below
+        then stay unset); what :attr:`options` of another store holds.
+    **keywords
+        The runtime options, each described in
+        :class:`~shardkv.engine.options.Options`: ``index_location``
+        ({"end", "start"}), ``index_checksum`` (bool), ``index_cache_bytes``
+        (int, bytes; default 64 MiB, 0 disables the cache), ``read_policy``
+        (ReadPolicy), ``buffer_bytes`` (int or None: write-back mode; a
+        pickled copy writes through), ``concurrency`` ({"auto", "files",
+        "conditional", "process", "none"}; user guide, "Concurrency") and
+        ``lock_timeout`` (float or None, seconds; then ``LockTimeoutError``).
 
     Raises
     ------
     ConfigurationError
         If ``chunks_per_shard``, an index option, a size or ``concurrency``
-        is invalid, ``concurrency`` asks for what the store
-        cannot give, or ``journal`` is given without ``buffer_bytes``.
+        is invalid, ``concurrency`` asks for what the store cannot give,
+        ``journal`` is given without ``buffer_bytes``, or ``options`` comes
+        with other options; or if the installed zarr-python is 3 or later,
+        which cannot use this store (the message names
+        :class:`shardkv.zarr3.ShardedStore` and ``shardkv[zarr3]``).
     TypeError
-        If ``store`` cannot be used as a store.
+        If ``store`` cannot be used as a store, or a keyword names no option.
     JournalCorruptError
         If an acknowledged record of ``journal`` is damaged or missing.
     JournalMismatchError
@@ -133,9 +139,9 @@ class ShardedStore(ProxyBase):
     base store other than "not found" propagate.
 
     A store pickles (``multiprocessing``, ``dask.distributed``) as its base
-    store's location and its :class:`~shardkv.proxy.options.Options`; the copy
+    store's location and its :class:`~shardkv.engine.options.Options`; the copy
     finds the same locks, and writes through (no write-back buffer, no
-    journal: issue 20, item 1). With unflushed write-back data it raises
+    journal). With unflushed write-back data it raises
     ``UnflushedWritesError`` instead. To open a store of any layout (2022
     draft hierarchies included), use :func:`shardkv.open_store`.
     """
@@ -148,21 +154,19 @@ class ShardedStore(ProxyBase):
         store: Any,
         chunks_per_shard: ChunksPerShardOption = None,
         *,
-        index_location: IndexLocation = "end",
-        index_checksum: bool = True,
         storage_options: Mapping[str, Any] | None = None,
-        index_cache_bytes: int = DEFAULT_INDEX_CACHE_BYTES,
-        read_policy: ReadPolicy | None = None,
-        buffer_bytes: int | None = None,
         journal: str | PathLike[str] | None = None,
-        concurrency: Concurrency = "auto",
-        lock_timeout: float | None = None,
+        options: Options | None = None,
+        **keywords: Unpack[OptionKeywords],
     ) -> None:
-        options = Options.from_keywords(
-            chunks_per_shard, index_location=index_location, index_checksum=index_checksum,
-            index_cache_bytes=index_cache_bytes, read_policy=read_policy, buffer_bytes=buffer_bytes,
-            concurrency=concurrency, lock_timeout=lock_timeout,
-        )  # fmt: skip
+        installed = _installed_zarr()
+        if installed is not None and not installed.startswith(("0.", "1.", "2.")):
+            raise ConfigurationError(
+                f"shardkv.ShardedStore is the zarr-python 2 store, but zarr-python {installed} is installed: "
+                'use shardkv.zarr3.ShardedStore (pip install "shardkv[zarr3]"), or this store with '
+                'zarr-python 2.18 (pip install "shardkv[zarr2]")'
+            )
+        options = Options.of(options, chunks_per_shard, keywords)
         self._setup(store, open_kv(store, storage_options), options)
         self._writer.attach_journal(  # replays what a killed run left, if the journal is this store's
             journal, self._route, lambda: store_identity(self._kv, "v2")
@@ -170,6 +174,9 @@ class ShardedStore(ProxyBase):
 
     @classmethod
     def _reopen(cls, store: Any, options: Options) -> Self:
+        """The proxy over ``store`` without the zarr version check or a journal: an unpickled copy,
+        or the command line's view of a v2 hierarchy (which needs no zarr-python, so also runs
+        where zarr 3 is installed)."""
         proxy = cls.__new__(cls)
         proxy._setup(store, open_kv(store), options)
         return proxy
@@ -180,15 +187,11 @@ class ShardedStore(ProxyBase):
         self._kv = kv  # every request to the base store; pickles as the store's location
         self._nodes = NodeTable(self._kv.values)
         self._routes: tuple[int, dict[str, ChunkRef | None]] = (self._nodes.generation, {})  # see _route
-        self._hierarchy = Hierarchy(kv, self._nodes)  # MemoryStore/DirectoryStore rules (issue 19)
-        self._engine = ShardEngine(self._kv, options.engine_options())
-        self._advisor = WriteAdvisor()  # warns once per array about chunk-by-chunk rewrites (write-through)
+        self._hierarchy = Hierarchy(kv, self._nodes)  # MemoryStore/DirectoryStore rules
+        self._engine = ShardEngine(self._kv, options)
+        self._advisor = WriteAdvisor()  # warns once per store about chunk-by-chunk rewrites (write-through)
         self._writer = WriteBack(self._engine, options.buffer_bytes, self._advisor.observe)
-        self._write = writes_to(self._kv)
-        self._metadata = MetadataWriter(
-            self._nodes, self._kv.values, self._write, kv.list_prefix, self._writer, options,
-            kv=self._kv, locks=self._engine.locks,  # consolidated blocks: read-modify-write (issue 19 item 5)
-        )  # fmt: skip
+        self._metadata = MetadataWriter(self._nodes, self._writer)
 
     def _pickled_store(self) -> Any:
         return self._kv
@@ -200,7 +203,7 @@ class ShardedStore(ProxyBase):
 
     @property
     def base(self) -> KVStore:
-        """The base store as a :class:`~shardkv.storage.kv.KVStore`: what is stored (for tools; writes here bypass the proxy)."""
+        """The base store as a :class:`~shardkv.storage.kv.KVStore`: what is stored (writes here bypass the proxy)."""
         return self._kv
 
     def refresh(self) -> None:
@@ -246,9 +249,9 @@ class ShardedStore(ProxyBase):
         generation = self._nodes.generation  # read before routing: a later change makes this memo stale
         kept, routes = self._routes
         if kept == generation:
-            ref = routes.get(key, _UNROUTED)
-            if ref is not _UNROUTED:
-                return ref  # type: ignore[return-value]
+            memo = routes.get(key, _UNROUTED)
+            if memo is not _UNROUTED:
+                return memo
         if not validated:
             validate_key(key)
         ref = self._locate(key)
@@ -283,9 +286,10 @@ class ShardedStore(ProxyBase):
         if len(keys) == 1:  # zarr reading one chunk: no batch to route, nothing to merge
             ref = self._route(keys[0])
             if ref is not None:
-                return self._read_chunks([ref], {})
+                found: dict[str, Any] = self._writer.read_chunks([ref])
+                return found
         refs = route_batch(self._nodes.owner, keys)
-        out: dict[str, bytes | memoryview] = {}
+        out: dict[str, Any] = {}
         if refs is None:
             plain: list[str] = []
             refs = []
@@ -297,7 +301,8 @@ class ShardedStore(ProxyBase):
                     plain.append(key)
             if plain:
                 out.update(self._read_plain(plain))
-        return self._read_chunks(refs, out)
+        out.update(self._writer.read_chunks(refs))
+        return out
 
     def _read_plain(self, keys: list[str]) -> dict[str, Any]:
         """Values of the stored keys among ``keys`` that are not chunks of sharded arrays.
@@ -306,7 +311,7 @@ class ShardedStore(ProxyBase):
         left out (zarr 2's ``DirectoryStore`` raises ``KeyError`` for it).
         """
         try:
-            return self._nodes.read_documents(keys)  # type: ignore[no-any-return]
+            return self._nodes.read_documents(keys)
         except IsADirectoryError:
             if len(keys) == 1:
                 return {}
@@ -314,21 +319,6 @@ class ShardedStore(ProxyBase):
             for key in keys:  # again one by one, to leave out only the directories
                 out.update(self._read_plain([key]))
             return out
-
-    def _read_chunks(self, refs: list[ChunkRef], out: dict[str, Any]) -> dict[str, Any]:
-        """Add the stored chunks among ``refs`` to ``out``: buffered ones (write-back mode), then one batched read."""
-        if self._writer.buffer is not None:
-            unbuffered = []
-            for ref in refs:
-                buffered, value = self._writer.lookup(ref.shard_key, ref.local_coords)
-                if not buffered:
-                    unbuffered.append(ref)
-                elif value is not None:
-                    out[ref.chunk_key] = value
-            refs = unbuffered
-        if refs:
-            out.update(self._engine.reads.read_chunks(refs))
-        return out
 
     def __getitem__(self, key: str) -> bytes | memoryview:
         """The value stored at ``key``: a chunk's bytes (a copy, as zarr 2's stores return), or a plain value.
@@ -350,29 +340,24 @@ class ShardedStore(ProxyBase):
             value = self._read_plain([key]).get(key)
             if value is None:
                 raise KeyError(key)
-            return value  # type: ignore[no-any-return]
-        found = self._read_chunks([ref], {})
+            return value
+        found = self._writer.read_chunks([ref])
         if key not in found:
             raise KeyError(key)
         value = found[key]
         return value if type(value) is bytes else bytes(as_buffer(key, value))
 
     def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str):
+            return False
         try:
-            ref = self._route(key)  # type: ignore[arg-type]
+            ref = self._route(key)
         except (TypeError, InvalidKeyError):
             return False
         if ref is None:
-            known = self._nodes.contains_document(key)  # type: ignore[arg-type]
-            return self._kv.contains(key) if known is None else known  # type: ignore[arg-type]
-        return self._chunk_stored(ref)
-
-    def _chunk_stored(self, ref: ChunkRef) -> bool:
-        """True when the chunk is stored now (its shard's index confirmed current) or buffered."""
-        buffered, value = self._writer.lookup(ref.shard_key, ref.local_coords)
-        if buffered:
-            return value is not None
-        return self._engine.reads.has_chunks([ref])[0]
+            known = self._nodes.contains_document(key)
+            return self._kv.contains(key) if known is None else known
+        return self._writer.has_chunk(ref)
 
     # -- writes -------------------------------------------------------------------
 
@@ -422,9 +407,10 @@ class ShardedStore(ProxyBase):
                 raise KeyError(key)
             return
         # a delete is a write: decided on the current index (the engine confirms a cached one)
-        if not self._chunk_stored(ref):
+        if not self._writer.has_chunk(ref):
             raise KeyError(key)
         self._writer.write(group_by_shard([ref], [None]))
+        self._after_chunk_deletes([ref])
 
     def delitems(self, keys: Iterable[str]) -> None:
         """Delete the stored keys among ``keys`` (missing and out-of-grid chunk keys are ignored)."""
@@ -432,6 +418,7 @@ class ShardedStore(ProxyBase):
         refs = route_batch(self._nodes.owner, keys)
         if refs is not None:
             self._writer.write(group_by_shard(refs, itertools.repeat(None)))
+            self._after_chunk_deletes(refs)
             return
         changes: dict[str, None] = {}
         for key in keys:
@@ -471,8 +458,21 @@ class ShardedStore(ProxyBase):
         plain: dict[str, bytes | memoryview | None] = {**plain_set}
         plain.update(dict.fromkeys(plain_del))
         if plain:
-            self._write(plain)
+            self._kv.put_many({key: (value, ANY) for key, value in plain.items()})
         self._writer.write(group_by_shard(located, located_values))
+        self._after_chunk_deletes([ref for ref, value in zip(located, located_values, strict=True) if value is None])
+
+    def _after_chunk_deletes(self, refs: Iterable[ChunkRef]) -> None:
+        """Let the arrays of chunks just deleted that present nothing else go with their last chunk.
+
+        An array whose ``.zarray`` and ``.zattrs`` were deleted keeps its
+        ``zarr.json`` while it has chunks (:mod:`shardkv.metadata.v2_deletes`);
+        a look-up in the node table for the others.
+        """
+        for path in {ref.array.path for ref in refs}:
+            node = self._nodes.node(path)
+            if node.deleted and not node.documents:
+                self._metadata.emptied(path)
 
     def flush(self) -> None:
         """Write every buffered shard to the base store (write-back mode; a no-op otherwise)."""
@@ -520,7 +520,7 @@ class ShardedStore(ProxyBase):
                 continue
             coords = arr.shard_coords_of(key)
             grid = arr.shard_grid_shape
-            if coords is not None and (grid is None or all(c < n for c, n in zip(coords, grid))):
+            if coords is not None and (grid is None or all(c < n for c, n in zip(coords, grid, strict=True))):
                 stored.setdefault(arr.path, []).append(key)
         reclaimed = 0
         for array_path in sorted(stored) if path is None else [path]:
@@ -562,7 +562,18 @@ class ShardedStore(ProxyBase):
             return self._nodes.listed_names(path, sorted({*keys, *dirs}))
         self.flush()
         prefix = path_prefix(path)
-        return child_names(self._nodes, self._engine, prefix, base_listing(self._kv, self._engine, prefix))
+        # inside a '/'-separated array the shards holding chunks under ``path`` may lie elsewhere under the array
+        listed = inside.key_prefix if inside is not None and inside.path != path else prefix
+        return child_names(self._nodes, self._engine, prefix, base_listing(self._kv, self._engine, listed))
+
+    def clear(self) -> None:
+        """Delete every key: everything stored, as :meth:`rmdir` of the root (one delete per stored key).
+
+        ``MutableMapping.clear`` would delete the presented keys one by one,
+        each alone, and leave the root group's ``zarr.json`` behind (kept so
+        that the hierarchy stays v3).
+        """
+        self.rmdir("")
 
     def rmdir(self, path: str = "") -> None:
         """Delete everything under ``path`` (the whole store for ``""``).
@@ -585,7 +596,7 @@ class ShardedStore(ProxyBase):
         self._kv.delete_prefix(path_prefix(path))
         self._engine.forget()
         self._nodes.forget_under(path)
-        self._metadata.removed(path)  # consolidated blocks above it no longer list it (issue 19 item 5)
+        self._metadata.removed(path)  # consolidated blocks above it no longer list it
 
     def getsize(self, path: str = "") -> int:
         """Size in bytes of the key ``path``, or of the keys directly under the path ``path``.
@@ -624,13 +635,9 @@ class ShardedStore(ProxyBase):
                 out[key] = len(self._nodes.read_documents([key])[key])
             elif known is None and (size := self._kv.size(key)) is not None:
                 out[key] = size
-        if refs:
-            indexes = self._engine.reads.read_indexes({ref.shard_key: ref.array for ref in refs})
-            for ref in refs:
-                index = indexes.get(ref.shard_key)
-                entry = None if index is None else index.get(ref.local_coords)
-                if entry is not None:
-                    out[ref.chunk_key] = entry[1]
+        for ref, size in zip(refs, self._writer.chunk_sizes(refs), strict=True):
+            if size is not None:
+                out[ref.chunk_key] = size
         return out
 
     def rename(self, src_path: str, dst_path: str) -> None:
@@ -650,3 +657,11 @@ class ShardedStore(ProxyBase):
             stored.prune_empty_dirs(path_prefix(src))  # the emptied directories too (local files), as zarr 2's rename
         self.refresh()
 
+
+@cache
+def _installed_zarr() -> str | None:
+    """The installed zarr-python's version, ``None`` without one (read once per process)."""
+    try:
+        return version("zarr")
+    except PackageNotFoundError:
+        return None

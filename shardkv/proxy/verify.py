@@ -12,16 +12,16 @@ only proven garbage (user guide, "The command line").
 
 from __future__ import annotations
 
-import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from math import prod
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
 from shardkv.codecs.bounded import decode_bounded, stopped_at_declared_size
 from shardkv.errors import ConfigurationError, CorruptShardError
-from shardkv.keys.paths import join_path, split_key
+from shardkv.keys.paths import is_chunk_segment, join_path, owning_array, split_key
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.documents import NODE_DOCUMENTS, load_json, unreadable_documents
 from shardkv.metadata.v2_view import unusable_sharding
@@ -44,8 +44,6 @@ __all__ = [
 
 _META = (".zarray", "zarr.json")
 _UNKNOWN_CHUNK_LIMIT = 2**30  # bytes a chunk of no fixed size (object dtype) may decode to in verify --decode
-_CHUNKISH = re.compile(r"c|c?[0-9]+([./][0-9]+)*")
-_CHUNKISH_SEGMENT = re.compile(r"c|c?[0-9]+([.][0-9]+)*")  # one directory level of a chunk or shard key
 
 
 @dataclass
@@ -147,7 +145,7 @@ def _kv_of(store: Any) -> KVStore:
     A proxy is never read as a mapping of its own (that would check chunk keys, not shards).
     """
     if isinstance(store, ProxyBase):
-        return open_kv(store.base)  # type: ignore[attr-defined]
+        return open_kv(store.base)
     return open_kv(store)
 
 
@@ -202,7 +200,7 @@ def shard_directories(kv: KVStore, arr: ShardedArray) -> list[str]:
     while pending:
         prefix, depth = pending.pop()
         for name in kv.list_dir(prefix)[1]:
-            if not _CHUNKISH_SEGMENT.fullmatch(name):
+            if not is_chunk_segment(name, well_formed=True):
                 continue
             key = prefix + name
             if arr.shard_coords_of(key) is not None:
@@ -257,8 +255,7 @@ def _check_shard(report: ShardReport, blob: bytes, arr: ShardedArray, decoder: A
         return
     decode, nbytes = decoder
     view = memoryview(blob)
-    for local in index.present():
-        offset, size = index.get(local)  # type: ignore[misc]
+    for local, offset, size in index.stored_entries():
         try:
             out = decode(bytes(view[offset : offset + size]), f"{report.shard_key} inner chunk {local}")
         except Exception as exc:  # any codec's own error type: reported, not raised
@@ -338,9 +335,10 @@ def verify_store(
         if isinstance(node, str):
             report.unreadable_metadata[key] = node
             continue
-        if ".zgroup" in node.documents:
+        # presented, deleted from zarr 2's view or not (shardkv.v2_deleted): its shards are checked all the same
+        if ".zgroup" in node.presented:
             group_paths.add(path)
-        if node.is_array and (".zarray" in node.documents or path in array_paths):
+        if node.is_array and (".zarray" in node.presented or path in array_paths):
             array_paths.add(path)
             arrays[path] = node.array
             if node.array is not None:
@@ -370,10 +368,10 @@ def verify_store(
         if kept_nodes and any(a in kept_nodes for a in _ancestors(key)):
             report.kept_keys.append(key)  # its node cannot be read (or is not shardkv's): not provably garbage
             continue
-        owner = next((a for a in _ancestors(key) if a in array_paths), None)
+        owner = owning_array(key, array_paths)
         if owner is None:
             # a chunk-like key directly under neither an array nor a group: left by a deleted array
-            if path and _CHUNKISH.fullmatch(name) and path not in group_paths:
+            if path and is_chunk_segment(name, well_formed=True) and path not in group_paths:
                 report.orphan_keys.append(key)
             continue
         arr = arrays.get(owner)
@@ -382,7 +380,7 @@ def verify_store(
         coords = arr.shard_coords_of(key)
         if coords is None:
             continue
-        if any(c >= n for c, n in zip(coords, arr.shard_grid_shape or ())):
+        if any(c >= n for c, n in zip(coords, arr.shard_grid_shape or (), strict=False)):
             report.stray_keys.append(key)
             continue
         problem = None

@@ -1,10 +1,12 @@
-"""A warning, once per array, when write-through writes keep rewriting partly covered shards.
+"""A warning, once per store, when write-through writes keep rewriting partly covered shards.
 
 Without ``buffer_bytes`` a write call that covers part of a shard reads,
 merges and rewrites it whole, so a dask or xarray write of one chunk per task
 rewrites every shard once per chunk. :class:`WriteAdvisor` counts those
-calls per array and warns at ``threshold``, naming the two one-line fixes
-(user guide, "Chunk-by-chunk writes: ``buffer_bytes`` or ``rechunk_to_shards``").
+calls per array and warns when one array reaches ``threshold``, naming the two
+one-line fixes (user guide, "Chunk-by-chunk writes: ``buffer_bytes`` or
+``rechunk_to_shards``"). The advice is the same for every array of the store,
+so it is given once per store: an xarray write of several variables warns once.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ import os
 import sys
 import threading
 import warnings
-from types import FrameType
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from shardkv.engine.merge import ShardChange
 
@@ -42,7 +44,7 @@ class PartialShardWriteWarning(UserWarning):
 
 
 class WriteAdvisor:
-    """Counts partial-shard rewrites per array and warns once per array.
+    """Counts partial-shard rewrites per array and warns once per store (one advisor per store).
 
     Parameters
     ----------
@@ -54,58 +56,55 @@ class WriteAdvisor:
     def __init__(self, threshold: int = DEFAULT_THRESHOLD) -> None:
         self.threshold = threshold
         self._counts: dict[str, int] = {}
-        self._warned: set[str] = set()
+        self._warned = False
         self._lock = threading.Lock()
 
     def observe(self, changes: Mapping[str, ShardChange]) -> None:
         """Count the shards of one write-through call that it covers only partly; warn at the threshold."""
-        if not self.threshold:
+        if not self.threshold or self._warned:
             return
         for change in changes.values():
-            path = change.array.path
-            if path in self._warned or change.covers_shard():
+            if change.covers_shard():
                 continue
+            path = change.array.path
             with self._lock:
+                if self._warned:
+                    return
                 count = self._counts.get(path, 0) + 1
                 self._counts[path] = count
-                if count < self.threshold or path in self._warned:
+                if count < self.threshold:
                     continue
-                self._warned.add(path)
-            warnings.warn(PartialShardWriteWarning(_message(change.array, count), path, count), stacklevel=_caller_level())
+                self._warned = True
+            _warn_outside_libraries(PartialShardWriteWarning(_message(change.array, count), path, count))
+            return
 
     def rewrites(self, path: str) -> int:
         """Partial-shard rewrites counted so far for the array at ``path`` (counting stops after the warning)."""
         return self._counts.get(path, 0)
 
 
-def _caller_level(limit: int = 64) -> int:
-    """The ``stacklevel`` of the first frame outside shardkv and zarr: the warning names the user's line.
+def _warn_outside_libraries(warning: PartialShardWriteWarning) -> None:
+    """Warn at the first caller outside shardkv and zarr (Python >= 3.12), else at the store's write call.
 
-    Counted from the caller of :func:`warnings.warn` (level 1 is the frame that warns); a frame
-    limit keeps the walk bounded.
+    Python 3.11 has no ``skip_file_prefixes``: the warning then names the shardkv line that
+    called the advisor, a plainer location, rather than walking the interpreter's frames.
     """
-    dirs = tuple(
-        os.path.dirname(os.path.abspath(path)) + os.sep
-        for m in (sys.modules.get("shardkv"), sys.modules.get("zarr"))
-        if m is not None and (path := getattr(m, "__file__", None))
-    )
-    frame: FrameType | None = sys._getframe(2)  # the frame that called warn's caller
-    level = 2
-    while frame is not None and level < limit:
-        if not os.path.abspath(frame.f_code.co_filename).startswith(dirs):
-            return level
-        frame = frame.f_back
-        level += 1
-    return 1
+    if sys.version_info >= (3, 12):
+        dirs = tuple(
+            os.path.dirname(os.path.abspath(path)) + os.sep
+            for m in (sys.modules.get("shardkv"), sys.modules.get("zarr"))
+            if m is not None and (path := getattr(m, "__file__", None))
+        )
+        warnings.warn(warning, skip_file_prefixes=dirs)
+    else:
+        warnings.warn(warning, stacklevel=3)
 
 
 def _message(arr: Any, count: int) -> str:
-    name = arr.path or "the root array"
+    name = repr(arr.path) if arr.path else "the root array"
+    cps = "x".join(map(str, arr.chunks_per_shard))
     return (
-        f"shardkv: {count} write calls on {name!r} each rewrote a partly covered shard "
-        f"({'x'.join(map(str, arr.chunks_per_shard))} chunks per shard), so every shard is read and "
-        "rewritten once per chunk. For chunk-by-chunk writes (dask, xarray to_zarr) either open the "
-        "store with ShardedStore(..., buffer_bytes=N) and close() or flush() it when done (each shard "
-        "written once; single process or threads), or rechunk the dask array with "
-        "shardkv.rechunk_to_shards(array, target) so that each task writes whole shards."
+        f"shardkv: {count} writes to {name} each rewrote a partly covered shard ({cps} chunks per shard). "
+        "Write whole shards: ShardedStore(..., buffer_bytes=N) then close(), or "
+        "shardkv.rechunk_to_shards(array, target). Shown once per store."
     )

@@ -12,16 +12,17 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence, Union, cast
+from typing import Any, cast
 
+from shardkv._types import BytesLike
 from shardkv.format.ranges import ByteRange
 
-__all__ = ["BytesLike", "Value", "IOV_MAX", "read_pool", "byte_parts", "join_parts", "slice_value",
+__all__ = ["Value", "IOV_MAX", "read_pool", "byte_parts", "join_parts", "slice_value",
            "write_parts", "pread_exact"]
 
-BytesLike = Union[bytes, bytearray, memoryview]
-Value = Union[BytesLike, Sequence[BytesLike]]
+Value = BytesLike | Sequence[BytesLike]
 """A value to store: one bytes-like object, or a ``list``/``tuple`` of its parts in order."""
 
 IOV_MAX = 1024  # buffers per writev call (Linux's IOV_MAX; os.sysconf may not know it)

@@ -14,13 +14,15 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import fsspec
 from fsspec.implementations.memory import MemoryFileSystem
 
-from shardkv.storage.buffers import BytesLike, Value, byte_parts, join_parts
+from shardkv._types import BytesLike
+from shardkv.storage.buffers import Value, byte_parts, join_parts
 from shardkv.storage.kv import (
     LOCK_DIR,
     MISSING_RESULT,
@@ -36,7 +38,7 @@ from shardkv.storage.local import FSYNC, atomic_write, fsync_dirs
 from shardkv.storage.location import StoreLocation, fs_location
 from shardkv.storage.stamps import STAMPS, Fetched, read_stamped, write_stamped
 
-__all__ = ["FsspecStore", "MEMORY_CAPS"]
+__all__ = ["FsspecStore", "MEMORY_CAPS", "BUCKET_PROTOCOLS"]
 
 MEMORY_CAPS = Capabilities(ranged=True, round_trips=False, stamps="native", conditional_put=False,
                            conditional_delete=False, lock_dir=False, in_process=True)
@@ -46,7 +48,8 @@ _SERIALS = itertools.count(1)
 _SERIAL_LOCK = threading.Lock()
 _SERIAL_ATTR = "_shardkv_serial"
 _LOCAL_PROTOCOLS = frozenset({"file", "local"})
-_BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss"})
+BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss"})
+"""Protocols whose first path segment is a bucket (or container) that must already exist."""
 
 
 def _identity(stored: Any) -> Generation:
@@ -125,9 +128,9 @@ class FsspecStore(KVStore):
         """One ``cat_ranges`` of every request: per read, the bytes (or the errors) of its ranges in order."""
         per_read: dict[int, list[Any]] = {}
         if requests:
-            _, keys, starts, stops = zip(*requests)
+            _, keys, starts, stops = zip(*requests, strict=True)
             fetched = self.fs.cat_ranges([self._path(k) for k in keys], list(starts), list(stops), on_error="return")
-            for (i, _, _, _), data in zip(requests, fetched):
+            for (i, _, _, _), data in zip(requests, fetched, strict=True):
                 per_read.setdefault(i, []).append(data)
         return per_read
 
@@ -143,7 +146,7 @@ class FsspecStore(KVStore):
         results: list[ReadResult | None] = [None] * len(reads)
         requests: list[_Request] = []
         sizes: list[int] = [0] * len(reads)
-        for i, ((key, ranges, cond), stored) in enumerate(zip(reads, looked)):
+        for i, ((key, ranges, cond), stored) in enumerate(zip(reads, looked, strict=True)):
             if stored is not None:
                 with stored.getbuffer() as view:
                     sizes[i] = view.nbytes
@@ -156,7 +159,7 @@ class FsspecStore(KVStore):
             for r in ([None] if ranges is None else ranges):
                 requests.append((i, key, None if r is None else r.start, None if r is None else r.stop))
         per_read = self._cat(requests)
-        for i, (key, ranges, _) in enumerate(reads):
+        for i, (key, _, _) in enumerate(reads):
             if results[i] is not None:
                 continue
             stored = looked[i]
@@ -215,7 +218,7 @@ class FsspecStore(KVStore):
         """One ``pipe`` of the values to store, then the deletes (missing keys are no error)."""
         stores = {self._path(k): join_parts(v) for k, v in values.items() if v is not None}
         if stores:
-            if not self._memory and not set(_protocols(self.fs)) & _BUCKET_PROTOCOLS:
+            if not self._memory and not set(_protocols(self.fs)) & BUCKET_PROTOCOLS:
                 # object stores need no directories (makedirs would create a bucket)
                 for parent in {self.fs._parent(p) for p in stores}:
                     self.fs.makedirs(parent, exist_ok=True)

@@ -17,12 +17,14 @@ checks them):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Hashable, Iterator, Literal, Mapping, Sequence
+from typing import Literal
 
+from shardkv._types import BytesLike
 from shardkv.errors import ReservedKeyError
 from shardkv.format.ranges import ByteRange
-from shardkv.storage.buffers import BytesLike, Value
+from shardkv.storage.buffers import Value
 from shardkv.storage.location import StoreLocation
 
 __all__ = [
@@ -43,7 +45,7 @@ def hidden(key: str) -> bool:
 
 
 def check_not_reserved(key: str) -> None:
-    """Refuse a key whose path names one of shardkv's internal files (issue 20, item 6).
+    """Refuse a key whose path names one of shardkv's internal files.
 
     Raises
     ------
@@ -381,11 +383,13 @@ class KVStore(ABC):
 
     def prune_empty_dirs(self, prefix: str) -> None:
         """Remove the directories left empty under ``prefix`` (stores with directories; a no-op elsewhere)."""
+        return None  # a default for stores without directories, not an abstract method
 
     def values(self, keys: Sequence[str]) -> dict[str, BytesLike]:
         """The whole values of the stored keys among ``keys`` (metadata, the CLI); missing ones are left out."""
         results = self.get_many([(key, None, ANY) for key in keys])
-        return {key: r.whole() for key, r in zip(keys, results) if r.found}
+        return {key: r.whole() for key, r in zip(keys, results, strict=True) if r.found}
 
     def close(self) -> None:
         """Release resources of the base store, if it has any."""
+        return None  # a default for stores that hold none, not an abstract method

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import shutil
 import stat
@@ -50,10 +51,12 @@ import time
 import uuid
 import warnings
 from collections import OrderedDict
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
+from shardkv._types import BytesLike
 from shardkv.errors import InvalidKeyError
-from shardkv.storage.buffers import BytesLike, Value, byte_parts, pread_exact, read_pool, write_parts
+from shardkv.storage.buffers import Value, byte_parts, pread_exact, read_pool, write_parts
 from shardkv.storage.kv import (
     LOCK_DIR,
     MISSING_RESULT,
@@ -90,8 +93,13 @@ _SWEPT_MAX = 65536  # directories remembered as swept, per process (least recent
 _OPEN_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 _OPEN_TEMP = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 _NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK, errno.ENOSYS}
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))  # fmt: skip
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
 
 
 def file_generation(st: os.stat_result) -> Generation:
@@ -366,7 +374,7 @@ class LocalStore(KVStore):
         n = len(rest)
         groups = min(n, _READ_GROUPS)
         bounds = [n * g // groups for g in range(groups + 1)]
-        parts = read_pool().map(self._read_group, [rest[a:b] for a, b in zip(bounds, bounds[1:])])
+        parts = read_pool().map(self._read_group, [rest[a:b] for a, b in itertools.pairwise(bounds)])
         return [first, *(result for part in parts for result in part)]
 
     def _read_group(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:

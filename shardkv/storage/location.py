@@ -13,8 +13,9 @@ stores whose roots nest lock a shard alike. Pure: no I/O beyond
 from __future__ import annotations
 
 import os
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Any, Hashable
+from typing import Any
 
 __all__ = ["StoreLocation", "fs_location"]
 

@@ -25,11 +25,12 @@ zarr-python 2 stores are told apart by where they keep their data
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from functools import partial
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
-from shardkv.storage.buffers import BytesLike, Value, join_parts, slice_value
+from shardkv._types import BytesLike
+from shardkv.storage.buffers import Value, join_parts, slice_value
 from shardkv.storage.kv import (
     Capabilities,
     Generation,

@@ -4,16 +4,17 @@ one request per byte range (:func:`plan_requests`), then each read's result from
 
 from __future__ import annotations
 
-from typing import Iterable, Literal, Sequence, Union
+from collections.abc import Iterable, Sequence
+from typing import Literal
 
+from shardkv._types import BytesLike
 from shardkv.format.ranges import ByteRange
-from shardkv.storage.buffers import BytesLike
 from shardkv.storage.kv import ANY, MISSING_RESULT, Generation, ReadRequest, ReadResult, hidden
 
 __all__ = ["Fetched", "Outcome", "plan_requests", "metadata_only", "assemble", "sliced", "child_names"]
 
 Fetched = tuple[BytesLike, Generation, "int | None"]  # what one request read: bytes, generation, the value's size
-Outcome = Union[Fetched, Literal["missing", "stale"], BaseException]  # "stale": its condition failed
+Outcome = Fetched | Literal["missing", "stale"] | BaseException  # "stale": its condition failed
 
 
 def metadata_only(request: ReadRequest) -> bool:
@@ -45,7 +46,7 @@ def assemble(
     """
     per_read: list[list[Fetched]] = [[] for _ in reads]
     answers: list[ReadResult | None] = [None] * len(reads)
-    for (i, _), outcome in zip(plan, outcomes):
+    for (i, _), outcome in zip(plan, outcomes, strict=True):
         if isinstance(outcome, BaseException):
             raise outcome
         if outcome == "missing":
@@ -55,7 +56,7 @@ def assemble(
         elif not isinstance(outcome, str):
             per_read[i].append(outcome)
     results: list[ReadResult | None] = []
-    for request, answer, got in zip(reads, answers, per_read):
+    for request, answer, got in zip(reads, answers, per_read, strict=True):
         generations = {generation for _, generation, _ in got}
         if answer is not None or len(generations) > 1:
             results.append(answer)

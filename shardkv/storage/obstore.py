@@ -16,9 +16,10 @@ obstore is imported only when a store is made, so shardkv works without it.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
-from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from shardkv.errors import ConfigurationError
 from shardkv.format.ranges import ByteRange
@@ -150,7 +151,9 @@ class ObstoreStore(KVStore):
         self._max_concurrency = max(1, int(max_concurrency))
         self._pool: ThreadPoolExecutor | None = None
         self._location = obstore_location(store)
-        self._updates = kind in ("S3Store", "GCSStore", "AzureStore", "MemoryStore") and not conditional_put_disabled(store)
+        self._updates = kind in ("S3Store", "GCSStore", "AzureStore", "MemoryStore") and not conditional_put_disabled(
+            store
+        )
         self.caps = Capabilities(ranged=True, round_trips=kind in _REMOTE, stamps="native",
                                  conditional_put=self._updates, conditional_delete=False,
                                  in_process=kind == "MemoryStore")
@@ -289,7 +292,7 @@ class ObstoreStore(KVStore):
         # then no other write of this process may come between check and write
         checked = not self._updates or any(v is None and not c.is_any for _, (v, c) in items)
         with STAMPS.writing(self._location, writes) if checked else nullcontext():
-            return dict(zip(writes, self._map(self._write, items)))
+            return dict(zip(writes, self._map(self._write, items), strict=True))
 
     # -- listings -------------------------------------------------------------
 

@@ -8,8 +8,8 @@ an ``FSStore`` with ``key_separator="/"``) are refused.
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping
-from typing import Any, Mapping
+from collections.abc import Mapping, MutableMapping
+from typing import Any
 
 import fsspec
 from fsspec.implementations.dirfs import DirFileSystem

@@ -14,8 +14,10 @@ network errors propagate unchanged.
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
-from typing import Any, Awaitable, Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.buffers import Value, join_parts
@@ -181,7 +183,9 @@ class S3Store(KVStore):
         response = await self._s3("head_object", key, **self._if_match(cond))
         return Generation(response["ETag"]), _size_of(response)
 
-    async def _get(self, key: str, byte_range: ByteRange | None, cond: Generation) -> tuple[bytes, Generation, int | None]:
+    async def _get(
+        self, key: str, byte_range: ByteRange | None, cond: Generation
+    ) -> tuple[bytes, Generation, int | None]:
         """One ``GetObject`` (a ``Range`` header for a range, ``If-Match`` for a generation)."""
         if byte_range is not None and byte_range.nbytes == 0:
             generation, size = await self._head(key, cond)
@@ -228,7 +232,7 @@ class S3Store(KVStore):
 
     async def _reads(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
         plan = plan_requests(reads)
-        outcomes = await gather_all([lambda i=i, r=r: self._request(reads[i], r) for i, r in plan])  # type: ignore[misc]
+        outcomes = await gather_all([functools.partial(self._request, reads[i], r) for i, r in plan])
         results = assemble(reads, plan, outcomes)
         return [await self._whole_sliced(reads[i]) if result is None else result for i, result in enumerate(results)]
 
@@ -278,7 +282,7 @@ class S3Store(KVStore):
         items = list(writes.items())
         calls = [(lambda k=k, v=v, c=c: self._delete(k, c) if v is None else self._put(k, v, c))
                  for k, (v, c) in items]
-        return dict(zip((k for k, _ in items), self._run(calls)))
+        return dict(zip((k for k, _ in items), self._run(calls), strict=True))
 
     # -- listings -------------------------------------------------------------
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 import os
 import threading
 import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
-from shardkv.storage.buffers import BytesLike, Value
+from shardkv._types import BytesLike
+from shardkv.storage.buffers import Value
 from shardkv.storage.kv import ANY, MISSING_RESULT, NO_VALUE, Generation, ReadRequest, ReadResult
 from shardkv.storage.location import StoreLocation
 
@@ -187,11 +188,11 @@ def read_stamped(
     """
     tickets = [STAMPS.begin_read(location, key) for key, _, _ in reads]
     results: list[ReadResult | None] = [None] * len(reads)
-    for i, ((_, _, cond), ticket) in enumerate(zip(reads, tickets)):
+    for i, ((_, _, cond), ticket) in enumerate(zip(reads, tickets, strict=True)):
         if not cond.is_any and not cond.is_missing and STAMPS.current(ticket) != cond:
             results[i] = ReadResult("stale", None, ANY)  # changed (or changing) since: read nothing
     found = fetch([i for i, result in enumerate(results) if result is None])
-    for i, ((_, _, cond), ticket) in enumerate(zip(reads, tickets)):
+    for i, ((_, _, cond), ticket) in enumerate(zip(reads, tickets, strict=True)):
         if results[i] is not None:
             continue
         if i not in found:

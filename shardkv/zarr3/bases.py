@@ -27,8 +27,8 @@ against zarr's own store classes) and reached through public API only.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, MutableMapping
-from typing import Any, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, MutableMapping
+from typing import Any
 
 from fsspec.mapping import FSMap
 
@@ -37,7 +37,7 @@ from shardkv.storage.kv import Capabilities
 from shardkv.storage.location import StoreLocation
 from shardkv.storage.mapping import MappingStore
 
-__all__ = ["zarr3_store", "engine_base", "StoreMapping", "Zarr3KV"]
+__all__ = ["zarr3_store", "engine_base", "same_store", "StoreMapping", "Zarr3KV"]
 
 
 def zarr3_store(store: Any, storage_options: Mapping[str, Any] | None = None, read_only: bool = False) -> Any:
@@ -137,6 +137,24 @@ def engine_base(store: Any) -> Any:
     return Zarr3KV(store)
 
 
+def same_store(a: Any, b: Any) -> bool:
+    """Whether the zarr 3 stores ``a`` and ``b`` are the same store.
+
+    The stores' own ``==``, except that a ``MemoryStore`` compares its dict by
+    value, so two stores of equal contents would be one: those are the same
+    store only when they hold the same dict, which a ``MemoryStore`` names in
+    its ``str()`` (``memory://<id of its dict>``, with the path of a managed
+    store).
+    """
+    from zarr.storage import MemoryStore
+
+    if not a == b:
+        return False
+    if isinstance(a, MemoryStore) and isinstance(b, MemoryStore):
+        return str(a) == str(b)
+    return True
+
+
 def _protocols(fs: Any) -> tuple[str, ...]:
     protocol = fs.protocol
     return (protocol,) if isinstance(protocol, str) else tuple(protocol)
@@ -159,7 +177,7 @@ class StoreMapping(MutableMapping[str, bytes]):
         value = sync(self.store.get(key, prototype=default_buffer_prototype()))
         if value is None:
             raise KeyError(key)
-        return value.to_bytes()  # type: ignore[no-any-return]
+        return value.to_bytes()
 
     def __setitem__(self, key: str, value: Any) -> None:
         from zarr.core.buffer import default_buffer_prototype

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from typing import Callable, Generic, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
 
 __all__ = ["Batcher"]
 
@@ -21,11 +22,13 @@ R = TypeVar("R")
 
 
 class _LoopState(Generic[T, R]):
-    """The calls waiting on one event loop, and whether a batch is running there."""
+    """The calls waiting on one event loop, and the task running their batches there (if any)."""
 
     def __init__(self) -> None:
         self.pending: list[tuple[T, asyncio.Future[R]]] = []
-        self.running = False
+        # held here: the event loop keeps only a weak reference to a task, and a task nothing else
+        # holds may be collected before it has answered the calls waiting on it
+        self.drain: asyncio.Task[None] | None = None
 
 
 class Batcher(Generic[T, R]):
@@ -52,26 +55,22 @@ class Batcher(Generic[T, R]):
             state = self._loops[loop] = _LoopState()
         future: asyncio.Future[R] = loop.create_future()
         state.pending.append((item, future))
-        if not state.running:
-            state.running = True
-            loop.create_task(self._drain(state))
+        if state.drain is None or state.drain.done():
+            state.drain = loop.create_task(self._drain(state))
         return await future
 
     async def _drain(self, state: _LoopState[T, R]) -> None:
-        try:
-            while state.pending:
-                batch, state.pending = state.pending, []
-                try:
-                    results = await asyncio.to_thread(self._run, [item for item, _ in batch])
-                except BaseException as exc:  # handed to every caller of the batch, none lost
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(exc)
-                    if not isinstance(exc, Exception):
-                        raise
-                    continue
-                for (_, future), result in zip(batch, results):
+        while state.pending:
+            batch, state.pending = state.pending, []
+            try:
+                results = await asyncio.to_thread(self._run, [item for item, _ in batch])
+            except BaseException as exc:  # handed to every caller of the batch, none lost
+                for _, future in batch:
                     if not future.done():
-                        future.set_result(result)
-        finally:
-            state.running = False
+                        future.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            for (_, future), result in zip(batch, results, strict=True):  # run returns one result per item
+                if not future.done():
+                    future.set_result(result)

@@ -10,17 +10,27 @@ runs them in worker threads.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
-from shardkv.engine.engine import EngineOptions, ShardEngine
+from shardkv._types import BytesLike
+from shardkv.engine.engine import ShardEngine
 from shardkv.engine.merge import group_by_shard
+from shardkv.engine.options import Options
 from shardkv.engine.writeback import WriteBack
-from shardkv.keys.space import ChunkRef, ShardedArray
-from shardkv.storage.buffers import BytesLike
+from shardkv.errors import UnsupportedError
+from shardkv.keys.space import ChunkRef
 from shardkv.storage.identity import STORE_ID_KEY, store_identity
 from shardkv.storage.open import open_kv
 
-__all__ = ["ChunkEngine", "JOURNAL_LAYOUT"]
+__all__ = ["ChunkEngine", "JOURNAL_LAYOUT", "WRITE_ONCE_BUFFER_BYTES"]
+
+WRITE_ONCE_BUFFER_BYTES = 2**62
+"""The write-back limit over a store that cannot replace a value when none is given: no limit in practice.
+
+Every shard is then held until all its chunks are written, or until
+``flush()`` / ``close()``, so that it is written once.
+"""
 
 JOURNAL_LAYOUT = "zarr3"
 """The layout a journal of the zarr 3 store records in its store identity (the zarr 2 proxy's is ``"v2"``).
@@ -35,13 +45,23 @@ class ChunkEngine:
 
     ``base`` is what :func:`shardkv.storage.open.open_kv` opens for the data
     of the zarr 3 store underneath (:func:`shardkv.zarr3.bases.engine_base`);
-    ``options`` and ``buffer_bytes`` are the :class:`shardkv.zarr3.ShardedStore` options.
+    ``options`` are the :class:`shardkv.zarr3.ShardedStore` options.
+    Over a store that cannot replace a stored value (``replaces`` false; named
+    ``store_name`` in errors) every shard is written once: write-back holds
+    each shard (without limit unless ``options.buffer_bytes`` sets one) and a
+    change to a shard already stored is refused.
     """
 
-    def __init__(self, base: Any, options: EngineOptions, buffer_bytes: int | None) -> None:
+    def __init__(self, base: Any, options: Options, *, replaces: bool = True, store_name: str = "") -> None:
         self.kv = open_kv(base)
         self.engine = ShardEngine(self.kv, options)
+        self.replaces = replaces
+        self.store_name = store_name or str(base)
+        buffer_bytes = options.buffer_bytes
+        if not replaces and buffer_bytes is None:
+            buffer_bytes = WRITE_ONCE_BUFFER_BYTES  # every shard held until complete or flushed
         self.writer = WriteBack(self.engine, buffer_bytes)
+        self._write_once_lock = threading.Lock()  # the stored-shard check and the write it allows, together
         self._journal: tuple[str, Callable[[str], ChunkRef | None]] | None = None  # (path, route) once attached
         self._journal_closed = False  # by close(): taken back on the next use
         self._journal_lock = threading.Lock()
@@ -89,49 +109,37 @@ class ChunkEngine:
         found = self.kv.get(key)
         return bytes(memoryview(found.whole()).cast("B")) if found.found else None
 
-    def read(self, refs: Sequence[ChunkRef]) -> dict[str, BytesLike]:
-        """Encoded bytes of the stored chunks among ``refs`` by chunk key (buffered writes first)."""
-        out: dict[str, BytesLike] = {}
-        pending = []
-        for ref in refs:
-            buffered, value = self.writer.lookup(ref.shard_key, ref.local_coords)
-            if not buffered:
-                pending.append(ref)
-            elif value is not None:
-                out[ref.chunk_key] = value
-        if pending:
-            out.update(self.engine.reads.read_chunks(pending))
-        return out
-
-    def stored(self, ref: ChunkRef) -> bool:
-        """True when the chunk is stored (or buffered)."""
-        buffered, value = self.writer.lookup(ref.shard_key, ref.local_coords)
-        if buffered:
-            return value is not None
-        return self.engine.reads.has_chunks([ref])[0]
-
-    def sizes(self, refs: Sequence[ChunkRef]) -> list[int | None]:
-        """Encoded sizes (bytes) of chunks from their shards' indexes, no chunk bytes read (``None``: not stored)."""
-        out: list[int | None] = [None] * len(refs)
-        unbuffered: dict[str, ShardedArray] = {}
-        for i, ref in enumerate(refs):
-            buffered, value = self.writer.lookup(ref.shard_key, ref.local_coords)
-            if buffered:
-                out[i] = None if value is None else len(value)
-            else:
-                unbuffered[ref.shard_key] = ref.array
-        indexes = self.engine.reads.read_indexes(unbuffered) if unbuffered else {}
-        for i, ref in enumerate(refs):
-            index = indexes.get(ref.shard_key)
-            entry = None if index is None or ref.shard_key not in unbuffered else index.get(ref.local_coords)
-            if entry is not None:
-                out[i] = entry[1]
-        return out
-
     def write(self, refs: Sequence[ChunkRef], values: Iterable[BytesLike | None]) -> None:
-        """Store (or, for ``None``, delete) chunks; one shard write per shard touched (journalled, if attached)."""
+        """Store (or, for ``None``, delete) chunks; one shard write per shard touched (journalled, if attached).
+
+        Raises
+        ------
+        UnsupportedError
+            Over a store that cannot replace a value (``replaces`` false), for
+            a change to a shard already stored (nothing of the call is applied).
+        """
         self._journal_back()
-        self.writer.write(group_by_shard(refs, values))
+        changes = group_by_shard(refs, values)
+        if self.replaces:
+            self.writer.write(changes)
+            return
+        with self._write_once_lock:
+            self._refuse_stored(changes)
+            self.writer.write(changes)
+
+    def _refuse_stored(self, changes: Mapping[str, Any]) -> None:
+        """Refuse (``UnsupportedError``) the first shard of ``changes`` that is stored and not buffered."""
+        buf = self.writer.buffer
+        for shard_key in changes:
+            if buf is not None and shard_key in buf:
+                continue  # held, not yet written: the change joins it
+            if self.kv.contains(shard_key):
+                raise UnsupportedError(
+                    f"cannot write shard {shard_key!r} again: {self.store_name} cannot replace a stored value (it "
+                    "cannot delete), so each shard is written once, when all its chunks are written or on flush() "
+                    "or close(); write every chunk of a shard before then, or write to a store that can replace "
+                    "values (a LocalStore) and copy the result into this one"
+                )
 
     def discard_buffered(self, path: str) -> None:
         """Drop buffered writes of the arrays at and below ``path`` (being deleted)."""

@@ -12,18 +12,19 @@ passed through as stored.
 from __future__ import annotations
 
 import copy
-import json
-from dataclasses import dataclass
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from shardkv.errors import ConfigurationError, UnsupportedError
+from shardkv.engine.options import Options
+from shardkv.errors import ConfigurationError, MetadataError, UnsupportedError
 from shardkv.keys.encodings import chunk_key_encoding_from_metadata
 from shardkv.keys.space import ShardedArray
-from shardkv.metadata.chunks_per_shard import ChunksPerShardRule
+from shardkv.metadata.documents import load_json
+from shardkv.metadata.hierarchy import ZARR_JSON, has_consolidated
 from shardkv.metadata.v3_view import SHARDING_CODEC, sharding_codec, sharding_spec_from_v3
 
 __all__ = [
-    "MARKER", "ShardingOptions", "stored_document", "presented_document", "transparent_array", "parse_document",
+    "MARKER", "stored_document", "presented_document", "transparent_array", "parse_document",
     "consolidated_children", "map_consolidated", "resharded",
 ]
 
@@ -33,30 +34,11 @@ MARKER = "shardkv"
 _MARKER_VALUE: dict[str, Any] = {"must_understand": False, "sharded": "transparently"}
 
 
-@dataclass(frozen=True)
-class ShardingOptions:
-    """How new arrays are sharded (the options of :class:`shardkv.zarr3.ShardedStore`).
-
-    Parameters
-    ----------
-    rule : ChunksPerShardRule
-        ``chunks_per_shard`` per array path and dimensionality.
-    index_location : {"end", "start"}
-        The v1.0 codec's ``index_location`` of new shards.
-    index_checksum : bool
-        Whether the index codecs of new shards end with ``crc32c``.
-    """
-
-    rule: ChunksPerShardRule
-    index_location: str = "end"
-    index_checksum: bool = True
-
-
 def parse_document(raw: bytes) -> dict[str, Any] | None:
     """A ``zarr.json`` value as a JSON object, or ``None`` when it is not one (stored as given)."""
     try:
-        doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+        doc = load_json(ZARR_JSON, raw)
+    except MetadataError:
         return None
     return doc if isinstance(doc, dict) else None
 
@@ -89,7 +71,7 @@ def _shardable(doc: Mapping[str, Any]) -> bool:
     return True
 
 
-def stored_document(path: str, doc: Mapping[str, Any], options: ShardingOptions) -> dict[str, Any] | None:
+def stored_document(path: str, doc: Mapping[str, Any], options: Options) -> dict[str, Any] | None:
     """The stored (sharded) document of a presented array document, or ``None`` to store it as given.
 
     Parameters
@@ -99,8 +81,8 @@ def stored_document(path: str, doc: Mapping[str, Any], options: ShardingOptions)
         may be given per path.
     doc : mapping
         The ``zarr.json`` document written by code above the store.
-    options : ShardingOptions
-        ``chunks_per_shard`` and the index layout of new shards.
+    options : Options
+        The store's options: ``chunks_per_shard`` and the index layout of new shards.
 
     Returns
     -------
@@ -115,11 +97,14 @@ def stored_document(path: str, doc: Mapping[str, Any], options: ShardingOptions)
     if not _shardable(doc):
         return None
     chunks = _regular_chunk_shape(doc)
-    cps = options.rule.for_array(path, len(doc["shape"]))
+    cps = options.chunks_per_shard.for_array(path, len(doc["shape"]))
     if cps is None or chunks is None:
         return None
     stored = copy.deepcopy(dict(doc))
-    stored["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": [c * n for c, n in zip(chunks, cps)]}}
+    stored["chunk_grid"] = {
+        "name": "regular",
+        "configuration": {"chunk_shape": [c * n for c, n in zip(chunks, cps, strict=True)]},
+    }
     codecs = copy.deepcopy(doc["codecs"])
     stored["codecs"] = [sharding_codec(chunks, codecs, options.index_location, options.index_checksum)]
     stored[MARKER] = dict(_MARKER_VALUE)
@@ -168,11 +153,10 @@ def transparent_array(path: str, stored: Mapping[str, Any]) -> ShardedArray | No
 
 def _consolidated(doc: Mapping[str, Any]) -> dict[str, Any] | None:
     """The ``consolidated_metadata.metadata`` member of a group document (child path -> document), or ``None``."""
-    if doc.get("node_type") != "group":
+    if not has_consolidated(doc):
         return None
-    consolidated = doc.get("consolidated_metadata")
-    children = consolidated.get("metadata") if isinstance(consolidated, Mapping) else None
-    return children if isinstance(children, dict) else None
+    children: dict[str, Any] = doc["consolidated_metadata"]["metadata"]
+    return children
 
 
 def consolidated_children(doc: Mapping[str, Any]) -> list[str]:
@@ -201,7 +185,11 @@ def resharded(presented: Mapping[str, Any], stored: Mapping[str, Any]) -> dict[s
     form has another chunk grid or codecs than ``presented``.
     """
     view = presented_document(stored)
-    if view is None or view.get("chunk_grid") != presented.get("chunk_grid") or view.get("codecs") != presented.get("codecs"):
+    if (
+        view is None
+        or view.get("chunk_grid") != presented.get("chunk_grid")
+        or view.get("codecs") != presented.get("codecs")
+    ):
         return None
     out = copy.deepcopy(dict(presented))
     out["chunk_grid"] = copy.deepcopy(stored["chunk_grid"])

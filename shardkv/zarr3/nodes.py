@@ -12,16 +12,19 @@ array documents a group's consolidated metadata holds.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Union
+from typing import Any
 
 from zarr.abc.store import Store
 from zarr.core.buffer import BufferPrototype, default_buffer_prototype
 
+from shardkv.engine.options import Options
 from shardkv.errors import ChunkOutOfGridError, InvalidKeyError
+from shardkv.keys.paths import chunk_owner_paths, prefix_owner_paths
 from shardkv.keys.space import ChunkRef, ShardedArray
+from shardkv.metadata.hierarchy import ZARR_JSON
 from shardkv.zarr3.metadata import (
-    ShardingOptions,
     consolidated_children,
     map_consolidated,
     parse_document,
@@ -31,18 +34,17 @@ from shardkv.zarr3.metadata import (
     transparent_array,
 )
 
-__all__ = ["NodeTable", "meta_path", "META", "prototype"]
+__all__ = ["NodeTable", "meta_path", "prototype"]
 
-META = "zarr.json"
 
 
 @dataclass(frozen=True)
 class _Other:
-    """A path whose ``zarr.json`` exists but is not a transparently sharded array (a group, another array)."""
+    """A path whose ``zarr.json`` exists and is not a group nor a transparently sharded array (another array)."""
 
 
 _OTHER = _Other()
-Node = Union[ShardedArray, _Other, None]  # None: no zarr.json at the path
+Node = ShardedArray | _Other | None  # None: a group, or no zarr.json at the path (owns no chunk key)
 
 
 def prototype() -> BufferPrototype:
@@ -50,26 +52,12 @@ def prototype() -> BufferPrototype:
     return default_buffer_prototype()
 
 
-def _chunkish(segment: str) -> bool:
-    """True for a key segment that can be part of a chunk key suffix (``c``, ``12``, ``c.1.2``, ``1.2``)."""
-    return segment != "" and all(part == "c" or part.isdigit() for part in segment.split("."))
-
-
-def _array_paths(key: str) -> list[str]:
-    """Paths of the arrays ``key`` could be a chunk key of, shallowest first."""
-    parts = key.split("/")
-    first = len(parts)
-    while first > 0 and _chunkish(parts[first - 1]):
-        first -= 1
-    return ["/".join(parts[:i]) for i in range(first, len(parts))]
-
-
 def meta_path(key: str) -> str | None:
     """The node path of a ``zarr.json`` key, or ``None`` for any other key."""
-    if key == META:
+    if key == ZARR_JSON:
         return ""
-    if key.endswith("/" + META):
-        return key[: -len(META) - 1]
+    if key.endswith("/" + ZARR_JSON):
+        return key[: -len(ZARR_JSON) - 1]
     return None
 
 
@@ -83,7 +71,7 @@ def _dump(doc: Mapping[str, Any]) -> bytes:
 
 
 def _meta_key(path: str) -> str:
-    return f"{path}/{META}" if path else META
+    return f"{path}/{ZARR_JSON}" if path else ZARR_JSON
 
 
 def _route_in(node: Node, key: str) -> tuple[bool, ChunkRef | None]:
@@ -113,19 +101,19 @@ class NodeTable:
     ----------
     base : zarr.abc.store.Store
         The zarr 3 store underneath.
-    sharding : ShardingOptions
-        How new arrays are sharded.
+    options : Options
+        The store's options (how new arrays are sharded).
     """
 
-    def __init__(self, base: Store, sharding: ShardingOptions) -> None:
+    def __init__(self, base: Store, options: Options) -> None:
         self.base = base
-        self.sharding = sharding
+        self.options = options
         self._nodes: dict[str, Node] = {}
 
     # -- node kinds ---------------------------------------------------------------
 
     async def node(self, path: str) -> Node:
-        """The sharded array at ``path``, another node, or ``None`` (read once, then cached)."""
+        """The sharded array at ``path``, another array, or ``None`` (a group or nothing; read once, then cached)."""
         if path in self._nodes:
             return self._nodes[path]
         raw = await self.base.get(_meta_key(path), prototype=prototype())
@@ -141,7 +129,8 @@ class NodeTable:
         node: Node = None
         if raw is not None:
             doc = parse_document(raw)
-            node = (transparent_array(path, doc) if doc is not None else None) or _OTHER
+            if doc is None or doc.get("node_type") != "group":  # a group is passed over when keys look for an owner
+                node = (transparent_array(path, doc) if doc is not None else None) or _OTHER
         self._nodes[path] = node
         return node
 
@@ -162,9 +151,7 @@ class NodeTable:
         ChunkOutOfGridError
             For a chunk key of such an array outside its chunk grid.
         """
-        if meta_path(key) is not None:
-            return None
-        for path in _array_paths(key):
+        for path in chunk_owner_paths(key):
             decided, ref = _route_in(await self.node(path), key)
             if decided:
                 return ref
@@ -181,9 +168,7 @@ class NodeTable:
         ChunkOutOfGridError
             For a chunk key of such an array outside its chunk grid.
         """
-        if meta_path(key) is not None:
-            return None
-        for path in _array_paths(key):
+        for path in chunk_owner_paths(key):
             node = self._nodes[path] if path in self._nodes else self.remember(path, read(_meta_key(path)))
             decided, ref = _route_in(node, key)
             if decided:
@@ -192,9 +177,7 @@ class NodeTable:
 
     async def array_of_shard(self, key: str) -> ShardedArray | None:
         """The sharded array whose shard the stored key ``key`` is, or ``None``."""
-        if meta_path(key) is not None:
-            return None
-        for path in _array_paths(key):
+        for path in chunk_owner_paths(key):
             node = await self.node(path)
             if node is None:
                 continue
@@ -204,12 +187,16 @@ class NodeTable:
         return None
 
     async def owner_of_prefix(self, prefix: str) -> ShardedArray | None:
-        """The sharded array whose chunk keys ``prefix`` reaches into (past ``path/``), or ``None``."""
-        parts = prefix.split("/")
-        for i in range(len(parts)):
-            node = await self.node("/".join(parts[:i]))
-            if isinstance(node, ShardedArray):
-                return node
+        """The sharded array whose chunk keys ``prefix`` reaches into (past ``path/``), or ``None``.
+
+        The owner rule of :mod:`shardkv.keys.paths` for a listing prefix
+        (:func:`~shardkv.keys.paths.prefix_owner_paths`): the first array met
+        (another array owns the keys itself: ``None``), groups passed over.
+        """
+        for path in prefix_owner_paths(prefix):
+            node = await self.node(path)
+            if node is not None:
+                return node if isinstance(node, ShardedArray) else None
         return None
 
     # -- documents ----------------------------------------------------------------
@@ -238,7 +225,7 @@ class NodeTable:
         doc = parse_document(raw)
         if doc is None:
             return raw
-        stored = stored_document(path, doc, self.sharding)
+        stored = stored_document(path, doc, self.options)
         if stored is None:
             consolidated = await self._stored_consolidated(path, doc)
             stored = map_consolidated(doc, consolidated) if consolidated else None

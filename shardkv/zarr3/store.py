@@ -13,25 +13,22 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Iterable
-from typing import Any, Literal, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any, Unpack
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype
 
+from shardkv._types import BytesLike
 from shardkv.engine.cache import IndexCache
-from shardkv.engine.locks import Concurrency
+from shardkv.engine.options import OptionKeywords, Options
 from shardkv.errors import ChunkOutOfGridError, ConfigurationError, UnflushedWritesError
-from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
-from shardkv.proxy.options import DEFAULT_INDEX_CACHE_BYTES, Options
-from shardkv.storage.buffers import BytesLike
 from shardkv.storage.kv import check_not_reserved, hidden
-from shardkv.zarr3.bases import engine_base, zarr3_store
+from shardkv.zarr3.bases import engine_base, same_store, zarr3_store
 from shardkv.zarr3.batching import Batcher
 from shardkv.zarr3.chunks import ChunkEngine
-from shardkv.zarr3.metadata import ShardingOptions
 from shardkv.zarr3.nodes import NodeTable, meta_path
 from shardkv.zarr3.nodes import prototype as _prototype
 
@@ -77,42 +74,35 @@ class ShardedStore(Store):
         fsspec options when ``store`` is a URL.
     read_only : bool
         Refuse writes (``ValueError``); the store underneath is opened read-only too.
-    index_location : {"end", "start"}
-        Where new shards keep their index (v1.0 ``sharding_indexed`` codec).
-    index_checksum : bool
-        Whether new shard indexes end with a CRC32C (``crc32c`` index codec).
-    index_cache_bytes : int
-        Limit (bytes) of the cache of decoded shard indexes (default 64 MiB).
-        With the index cached, reading a chunk costs one ranged read.
-    read_policy : ReadPolicy, optional
-        How nearby chunk ranges of a shard merge into one request, and when a
-        whole shard is read instead.
-    buffer_bytes : int or None
-        Write-back: hold chunk writes per shard (up to this many bytes of chunk
-        data) and write each shard once, when complete, on :meth:`flush` /
-        :meth:`close`, or when the limit forces it out. ``None`` (default)
-        writes within each call. A pickled copy writes through (see Notes).
     journal : str or os.PathLike, optional
         With ``buffer_bytes``: a local file where every buffered chunk write
         is fsync'd before the call returns, as for :class:`shardkv.ShardedStore`
         (opening with it replays what a killed run left; it belongs to this
         store: identity layout ``"zarr3"``). Locked while the store is open:
         :meth:`close` releases it, the next write of a closed store takes it back.
-    concurrency : {"auto", "files", "conditional", "process", "none"}
-        How writers of one shard keep each other's chunks, as for
-        :class:`shardkv.ShardedStore`: lock files on local directories,
-        compare-and-swap on S3 (s3fs) and obstore stores, in-process locks for
-        memory stores; ``"auto"`` picks, or asks for a choice.
-    lock_timeout : float or None
-        Longest wait (seconds) for a shard lock.
+    options : Options, optional
+        Every option at once (``chunks_per_shard`` and the keywords below
+        then stay unset).
+    **keywords
+        The runtime options, as for :class:`shardkv.ShardedStore`, each
+        described in :class:`~shardkv.engine.options.Options`:
+        ``index_location``, ``index_checksum``, ``index_cache_bytes`` (with
+        the index cached, reading a chunk costs one ranged read),
+        ``read_policy``, ``buffer_bytes`` (write-back: hold chunk writes per
+        shard and write each shard once; over a store that cannot replace a
+        value every shard is held even without it; a pickled copy writes
+        through; see Notes), ``concurrency`` (lock files on local directories,
+        compare-and-swap on S3 and obstore stores, in-process locks for
+        memory stores) and ``lock_timeout``.
 
     Raises
     ------
     ConfigurationError
         For an invalid ``chunks_per_shard``, index option or ``concurrency``,
-        or a ``journal`` without ``buffer_bytes`` or on a read-only store.
+        a ``journal`` without ``buffer_bytes`` or on a read-only store, or
+        ``options`` given with other options.
     TypeError
-        If ``store`` is not a zarr 3 store, a path or a URL.
+        If ``store`` is not a zarr 3 store, a path or a URL, or a keyword names no option.
     JournalCorruptError
         If an acknowledged record of ``journal`` is damaged or missing.
     JournalMismatchError
@@ -139,13 +129,49 @@ class ShardedStore(Store):
     The store pickles as its store underneath and its options, as the zarr 2
     proxy does: with unflushed write-back data it raises
     ``UnflushedWritesError``, and the copy writes through (no buffer, no
-    journal: issue 20, item 1), as do :meth:`with_read_only` copies of a
-    store with a journal. Equality ignores ``buffer_bytes``.
+    journal), as do :meth:`with_read_only` copies of a
+    store with a journal. Two stores are equal when their base stores are the
+    same store (the base store's ``==``; for a ``MemoryStore``, whose ``==``
+    compares contents, the same dict, as zarr itself decides whether two
+    stores share data) and their options are the same, ``buffer_bytes``
+    aside; equal stores hash alike.
+
+    Over a store that cannot delete, and so cannot replace a stored value
+    (``supports_deletes`` false: zarr's ``ZipStore``, whose every write adds
+    an entry), each shard is written once: chunk writes are held per shard
+    (with no limit unless ``buffer_bytes`` sets one) until the shard is
+    complete or the store is flushed or closed, which such a store requires
+    anyway; a later change to a shard already stored raises
+    :class:`~shardkv.errors.UnsupportedError` and is not applied.
+
+    The capability flags of zarr's ``Store`` (``supports_writes``,
+    ``supports_deletes``, ``supports_listing``,
+    ``supports_consolidated_metadata``; ``supports_partial_writes`` is
+    always false) are the base store's, so zarr asks of this store only
+    what it would ask of the base store.
     """
 
-    supports_writes: bool = True
-    supports_deletes: bool = True
-    supports_listing: bool = True
+    # -- capabilities: the base store's (zarr decides from them what it may ask) ------
+
+    @property
+    def supports_writes(self) -> bool:
+        """The base store's ``supports_writes``."""
+        return bool(self._base.supports_writes)
+
+    @property
+    def supports_deletes(self) -> bool:
+        """The base store's ``supports_deletes`` (without it, shards are written once: see the class notes)."""
+        return bool(self._base.supports_deletes)
+
+    @property
+    def supports_listing(self) -> bool:
+        """The base store's ``supports_listing`` (chunk keys are listed from the shards it lists)."""
+        return bool(self._base.supports_listing)
+
+    @property
+    def supports_consolidated_metadata(self) -> bool:
+        """The base store's ``supports_consolidated_metadata``."""
+        return bool(self._base.supports_consolidated_metadata)
 
     def __init__(
         self,
@@ -154,25 +180,11 @@ class ShardedStore(Store):
         *,
         storage_options: Mapping[str, Any] | None = None,
         read_only: bool = False,
-        index_location: Literal["start", "end"] = "end",
-        index_checksum: bool = True,
-        index_cache_bytes: int = DEFAULT_INDEX_CACHE_BYTES,
-        read_policy: ReadPolicy | None = None,
-        buffer_bytes: int | None = None,
         journal: str | os.PathLike[str] | None = None,
-        concurrency: Concurrency = "auto",
-        lock_timeout: float | None = None,
+        options: Options | None = None,
+        **keywords: Unpack[OptionKeywords],
     ) -> None:
-        options = Options.from_keywords(
-            chunks_per_shard,
-            index_location=index_location,
-            index_checksum=index_checksum,
-            index_cache_bytes=index_cache_bytes,
-            read_policy=read_policy,
-            buffer_bytes=buffer_bytes,
-            concurrency=concurrency,
-            lock_timeout=lock_timeout,
-        )
+        options = Options.of(options, chunks_per_shard, keywords)
         self._setup(zarr3_store(store, storage_options, read_only), options, read_only, journal)
 
     def _setup(self, base: Store, options: Options, read_only: bool, journal: str | os.PathLike[str] | None) -> None:
@@ -183,9 +195,11 @@ class ShardedStore(Store):
         super().__init__(read_only=read_only)
         self._base = base
         self._options = options
-        self._engine = ChunkEngine(engine_base(base), options.engine_options(), options.buffer_bytes)
-        sharding = ShardingOptions(options.chunks_per_shard, options.index_location, options.index_checksum)
-        self._nodes = NodeTable(base, sharding)
+        # a store that cannot delete cannot replace a value either: each shard is written once
+        self._engine = ChunkEngine(
+            engine_base(base), options, replaces=bool(base.supports_deletes), store_name=repr(base)
+        )
+        self._nodes = NodeTable(base, options)
         self._has_journal = journal is not None
         if journal is not None:
             if read_only:
@@ -199,7 +213,7 @@ class ShardedStore(Store):
         self._writes: Batcher[tuple[ChunkRef, bytes], None] = Batcher(self._write_batch)
 
     def _read_batch(self, refs: list[ChunkRef]) -> list[BytesLike | None]:
-        found = self._engine.read(refs)
+        found = self._engine.writer.read_chunks(refs)
         return [found.get(ref.chunk_key) for ref in refs]
 
     def _write_batch(self, items: list[tuple[ChunkRef, bytes]]) -> list[None]:
@@ -214,7 +228,7 @@ class ShardedStore(Store):
 
     @property
     def base(self) -> Store:
-        """The zarr 3 store underneath (what is stored: shards and stored ``zarr.json``; writes there bypass sharding)."""
+        """The zarr 3 store underneath: shards and stored ``zarr.json`` (writes there bypass sharding)."""
         return self._base
 
     @property
@@ -230,12 +244,15 @@ class ShardedStore(Store):
     def __eq__(self, value: object) -> bool:
         return (
             isinstance(value, ShardedStore)
-            and self._base == value._base
+            and same_store(self._base, value._base)
             and self._options.for_copy() == value._options.for_copy()  # a copy that writes through is the same store
             and self.read_only == value.read_only
         )
 
-    __hash__ = None  # type: ignore[assignment]
+    def __hash__(self) -> int:
+        # what equal stores share for certain: zarr 3 stores need not hash (MemoryStore does not),
+        # and an option may be a mapping
+        return hash((ShardedStore, type(self._base), self.read_only))
 
     def __repr__(self) -> str:
         return f"ShardedStore({self._base!r}, chunks_per_shard={self._options.chunks_per_shard.value!r})"
@@ -332,7 +349,7 @@ class ShardedStore(Store):
         except ChunkOutOfGridError:
             return False
         if ref is not None:
-            return await asyncio.to_thread(self._engine.stored, ref)
+            return await asyncio.to_thread(self._engine.writer.has_chunk, ref)
         return await self._base.exists(key)
 
     async def getsize(self, key: str) -> int:
@@ -352,7 +369,7 @@ class ShardedStore(Store):
             raise FileNotFoundError(key) from None
         if ref is None:
             return await self._base.getsize(key)
-        (size,) = await asyncio.to_thread(self._engine.sizes, [ref])
+        (size,) = await asyncio.to_thread(self._engine.writer.chunk_sizes, [ref])
         if size is None:
             raise FileNotFoundError(key)
         return size
@@ -377,6 +394,9 @@ class ShardedStore(Store):
         ReservedKeyError
             For a key under a name shardkv keeps for its own files (``.shardkv-locks``,
             ``*.shardkv-tmp-*``): such a node would be hidden from every listing.
+        UnsupportedError
+            For a chunk of a shard already stored, over a store that cannot
+            replace a value (see the class notes).
         """
         self._check_writable()
         check_not_reserved(key)
@@ -434,6 +454,9 @@ class ShardedStore(Store):
         ------
         ValueError
             If the store is read-only.
+        UnsupportedError
+            For a stored chunk of a shard already stored, over a store that
+            cannot replace a value (as such a store refuses to delete a key).
         """
         self._check_writable()
         await self._ensure_open()
@@ -448,14 +471,25 @@ class ShardedStore(Store):
             return
         if ref is None:
             await self._base.delete(key)
-        elif await asyncio.to_thread(self._engine.stored, ref):
+        elif await asyncio.to_thread(self._engine.writer.has_chunk, ref):
             await asyncio.to_thread(self._engine.write, [ref], [None])
 
     async def delete_dir(self, prefix: str) -> None:
-        """Delete every key under ``prefix`` (shards included), and what this store cached about them."""
+        """Delete every key under ``prefix`` (shards included), and what this store cached about them.
+
+        Raises
+        ------
+        ValueError
+            If the store is read-only.
+        NotImplementedError
+            As the store underneath raises it when it cannot delete (``ZipStore``
+            with keys under ``prefix``); the chunk writes held for it are kept.
+        """
         self._check_writable()
         await self._ensure_open()
         path = prefix.rstrip("/")
+        if not self.supports_deletes:  # such a store refuses to delete what it holds: ask it before dropping
+            await self._base.delete_dir(prefix)  # the chunk writes held for it
         await asyncio.to_thread(self._engine.discard_buffered, path)
         await self._base.delete_dir(prefix)
         if not path:

@@ -1,8 +1,8 @@
-"""Helpers of tests/latest. The readers without shardkv (issue 11): .venv-latest's python, driven in subprocesses.
+"""Helpers of tests/latest. The readers without shardkv: .venv-latest's python, driven in subprocesses.
 
 Its python is $SHARDKV_LATEST_PYTHON or the repository's .venv-latest (built by
 tests/run.sh; required under CI). ``migrate`` stores a hierarchy written the
-old way (``.zarray`` beside ``zarr.json``) the way issue 11 stores it, with the
+old way (``.zarray`` beside ``zarr.json``) the v3-only way, with the
 pure plans of shardkv.metadata.hierarchy: what the proxy and ``convert`` will do.
 """
 
@@ -78,7 +78,7 @@ def apply_plan(root: Path, plan: MetadataPlan) -> None:
 
 
 def migrate(root: Path) -> MetadataPlan:
-    """Store the hierarchy at ``root`` the issue 11 way; returns the plan applied."""
+    """Store the hierarchy at ``root`` the v3-only way; returns the plan applied."""
     plan = plan_migration(stored_documents(root))
     apply_plan(root, plan)
     return plan

@@ -20,8 +20,9 @@ import importlib.util
 import json
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -120,7 +121,9 @@ def _xarray(root: str, out: Path) -> dict:
     result = {}
     for i, (name, var) in enumerate(ds.variables.items()):
         entry = _save(out, i, var.values)
-        entry.update(dims=list(var.dims), attrs={k: v for k, v in var.attrs.items() if isinstance(v, (str, int, float, list))})
+        entry.update(
+            dims=list(var.dims), attrs={k: v for k, v in var.attrs.items() if isinstance(v, (str, int, float, list))}
+        )
         result[str(name)] = entry
     result["__attrs__"] = {k: v for k, v in ds.attrs.items() if isinstance(v, (str, int, float, list))}
     return result

@@ -25,7 +25,9 @@ def _arrays(root: Path) -> list[str]:
 
 @pytest.mark.shared_data
 @pytest.mark.parametrize("cps", [(2,), (2, 2)], ids=["1d-sharded", "2d-sharded"])
-def test_all_v3_fixture_opens_at_the_root(shared_data: Path, tmp_path: Path, reader: Reader, cps: tuple[int, ...]) -> None:
+def test_all_v3_fixture_opens_at_the_root(
+    shared_data: Path, tmp_path: Path, reader: Reader, cps: tuple[int, ...]
+) -> None:
     from shardkv.cli.convert import convert
 
     src = shared_data / "zarr-python-fixture"
@@ -39,8 +41,12 @@ def test_all_v3_fixture_opens_at_the_root(shared_data: Path, tmp_path: Path, rea
     # the source read by zarr 2 with the separator the destination names (convert detects "/" keys
     # of a .zarray without dimension_separator when it shards the array; unsharded ones are copied as they are)
     nested = zarr.NestedDirectoryStore(str(src))
-    separators = {p: (d.get("chunk_key_encoding", {}).get("configuration") or {}).get("separator", ".") for p, d in docs.items()}
-    expected = {p: zarr.open_array(nested if separators.get(p) == "/" else source, path=p, mode="r")[...] for p in paths}
+    separators = {
+        p: (d.get("chunk_key_encoding", {}).get("configuration") or {}).get("separator", ".") for p, d in docs.items()
+    }
+    expected = {
+        p: zarr.open_array(nested if separators.get(p) == "/" else source, path=p, mode="r")[...] for p in paths
+    }
     sharded = {p for p, d in docs.items() if sharding_spec_from_v3(d, p) is not None}
     unsharded = sorted(set(paths) - sharded)
     assert sharded and unsharded
@@ -55,7 +61,10 @@ def test_all_v3_fixture_opens_at_the_root(shared_data: Path, tmp_path: Path, rea
     assert described, "unsharded arrays with a v3 data type get a zarr.json"
     for path in described:
         assert docs[path]["chunk_key_encoding"]["name"] == "v2"
-        assert docs[path]["chunk_grid"]["configuration"]["chunk_shape"] == json.loads((dst / path / ".zarray").read_text())["chunks"]
+        assert (
+            docs[path]["chunk_grid"]["configuration"]["chunk_shape"]
+            == json.loads((dst / path / ".zarray").read_text())["chunks"]
+        )
     read = reader.run("zarr3", dst, *paths)
     refused = sorted(p for p in paths if not read[p]["ok"])
     for path in paths:

@@ -1,4 +1,4 @@
-"""Every zarr 2 array through ShardedStore, then at the root with the newest zarr 3 and tensorstore (issue 19).
+"""Every zarr 2 array through ShardedStore, then at the root with the newest zarr 3 and tensorstore.
 
 A hypothesis search over dtypes x filters x compressors x order x fill values:
 each example is written through the proxy and through a zarr 2 ``MemoryStore``,
@@ -39,10 +39,17 @@ _STRUCTURED = {
     "bigendian-struct": [("a", ">i4")],
 }
 _COMPRESSORS = [
-    None, numcodecs.Zlib(1), numcodecs.GZip(3), numcodecs.BZ2(1), numcodecs.LZMA(), numcodecs.LZ4(),
-    numcodecs.Zstd(1), numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE), numcodecs.Blosc("zstd", 1, numcodecs.Blosc.BITSHUFFLE),
+    None,
+    numcodecs.Zlib(1),
+    numcodecs.GZip(3),
+    numcodecs.BZ2(1),
+    numcodecs.LZMA(),
+    numcodecs.LZ4(),
+    numcodecs.Zstd(1),
+    numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE),
+    numcodecs.Blosc("zstd", 1, numcodecs.Blosc.BITSHUFFLE),
     numcodecs.Blosc("lz4", 5, numcodecs.Blosc.AUTOSHUFFLE),
-]  # fmt: skip
+]
 
 
 def _dtype_of(name: str) -> Any:
@@ -54,8 +61,12 @@ def _dtype_of(name: str) -> Any:
 
 
 def _object_codec(name: str) -> Any:
-    return {"str": numcodecs.VLenUTF8(), "bytes": numcodecs.VLenBytes(), "msgpack": numcodecs.MsgPack(),
-            "vlen-array": numcodecs.VLenArray("<i2")}.get(name)  # fmt: skip
+    return {
+        "str": numcodecs.VLenUTF8(),
+        "bytes": numcodecs.VLenBytes(),
+        "msgpack": numcodecs.MsgPack(),
+        "vlen-array": numcodecs.VLenArray("<i2"),
+    }.get(name)
 
 
 def _filters_for(name: str, dtype: np.dtype) -> list[list[Any]]:
@@ -65,7 +76,10 @@ def _filters_for(name: str, dtype: np.dtype) -> list[list[Any]]:
         out += [[numcodecs.Delta(dtype=dtype.str)], [numcodecs.Delta(dtype=dtype.str), numcodecs.CRC32()]]
         out += [[numcodecs.Shuffle(elementsize=dtype.itemsize)]]
     if dtype.kind == "f" and dtype.itemsize >= 4:
-        out += [[numcodecs.Quantize(digits=3, dtype=dtype.str)], [numcodecs.FixedScaleOffset(0, 10, dtype=dtype.str, astype="<i4")]]
+        out += [
+            [numcodecs.Quantize(digits=3, dtype=dtype.str)],
+            [numcodecs.FixedScaleOffset(0, 10, dtype=dtype.str, astype="<i4")],
+        ]
         out += [[numcodecs.AsType(encode_dtype=dtype.newbyteorder("<").str.replace("8", "4"), decode_dtype=dtype.str)]]
     if dtype.kind == "b":
         out += [[numcodecs.PackBits()]]
@@ -121,7 +135,10 @@ def _values(name: str, dtype: np.dtype, shape: tuple[int, ...], seed: int) -> np
         elif dtype.kind in "Mm":
             values = rng.integers(-(10**9), 10**9, n).astype("<i8").view(dtype.newbyteorder("<")).astype(dtype)
         elif dtype.kind == "U":
-            values = np.array(["".join(chr(97 + int(c)) for c in rng.integers(0, 26, int(k))) for k in rng.integers(0, 3, n)], dtype=dtype)
+            values = np.array(
+                ["".join(chr(97 + int(c)) for c in rng.integers(0, 26, int(k))) for k in rng.integers(0, 3, n)],
+                dtype=dtype,
+            )
         return np.asarray(values).reshape(shape)
     out = np.empty(n, dtype=object)
     out[:] = items
@@ -146,10 +163,13 @@ def cases(draw: st.DrawFn) -> Case:
     shape = tuple(c * draw(st.integers(1, 3)) - draw(st.integers(0, c - 1)) for c in chunks)
     stop = tuple(draw(st.integers(1, s)) for s in shape)  # the rest stays unwritten: fill value
     kwargs: dict[str, Any] = {
-        "dtype": dtype, "chunks": chunks, "order": draw(st.sampled_from("CF")),
-        "compressor": draw(st.sampled_from(_COMPRESSORS)), "fill_value": draw(st.sampled_from(_fills_for(name, dtype))),
+        "dtype": dtype,
+        "chunks": chunks,
+        "order": draw(st.sampled_from("CF")),
+        "compressor": draw(st.sampled_from(_COMPRESSORS)),
+        "fill_value": draw(st.sampled_from(_fills_for(name, dtype))),
         "filters": draw(st.sampled_from(_filters_for(name, dtype))) or None,
-    }  # fmt: skip
+    }
     if _object_codec(name) is not None:
         kwargs["object_codec"] = _object_codec(name)
         if kwargs["filters"] and name == "str":  # Categorize replaces the object codec
@@ -164,7 +184,10 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
     if a.dtype.kind == "O" or b.dtype.kind == "O":
         return [repr(x) for x in a.ravel().tolist()] == [repr(x) for x in b.ravel().tolist()]
     if a.dtype.fields is not None or b.dtype.fields is not None or a.dtype.kind == "V":
-        return a.dtype.itemsize == b.dtype.itemsize and a.astype(a.dtype.newbyteorder("=")).tobytes() == b.astype(b.dtype.newbyteorder("=")).tobytes()
+        return (
+            a.dtype.itemsize == b.dtype.itemsize
+            and a.astype(a.dtype.newbyteorder("=")).tobytes() == b.astype(b.dtype.newbyteorder("=")).tobytes()
+        )
     if a.dtype.kind in "fc" or b.dtype.kind in "fc":
         return bool(np.array_equal(a, b, equal_nan=True))
     return bool(np.array_equal(a, b))
@@ -198,13 +221,17 @@ _EXAMPLES = int(os.environ.get("SHARDKV_DTYPES_EXAMPLES", "60"))  # more for a l
 
 
 @pytest.mark.filterwarnings("ignore")
-def test_every_zarr2_array_round_trips_and_reads_at_the_root(tmp_path: Path, reader: Reader, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_zarr2_array_round_trips_and_reads_at_the_root(
+    tmp_path: Path, reader: Reader, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = tmp_path / "h.zarr"
     zarr.group(store=ShardedStore(str(root), chunks_per_shard=2))
     written: dict[str, tuple[Case, np.ndarray]] = {}
     tried = iter(range(10**6))  # a fresh path per try (hypothesis replays failing examples)
 
-    @settings(max_examples=_EXAMPLES, deadline=None, derandomize=_EXAMPLES == 60, suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=_EXAMPLES, deadline=None, derandomize=_EXAMPLES == 60, suppress_health_check=list(HealthCheck)
+    )
     @given(case=cases())
     def one(case: Case) -> None:
         path = f"a{next(tried)}"
@@ -246,7 +273,8 @@ out = {"codecs": {}, "data_types": {}}
 for name in json.loads(sys.argv[1]):
     try:
         cls = zarr.registry.get_codec_class(name)
-        out["codecs"][name] = next(k.__name__ for k in (ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec) if issubclass(cls, k))
+        kinds = (ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec)
+        out["codecs"][name] = next(k.__name__ for k in kinds if issubclass(cls, k))
     except Exception as exc:
         out["codecs"][name] = "error: " + type(exc).__name__
 for data_type in json.loads(sys.argv[2]):
@@ -265,11 +293,21 @@ def test_names_are_in_the_newest_zarr3_registry(latest_python: str) -> None:
     from shardkv.codecs.numcodecs_v3 import ARRAY_TO_ARRAY_IDS, BYTES_TO_BYTES_IDS, V2_CHUNK_CODEC, VLEN_IDS
     from shardkv.metadata.v2_codecs import OPAQUE_DATA_TYPE
 
-    codecs = [f"numcodecs.{i}" for i in sorted(ARRAY_TO_ARRAY_IDS | BYTES_TO_BYTES_IDS)] + sorted(VLEN_IDS) + [V2_CHUNK_CODEC]
-    data_types = [*VLEN_IDS.values(), {"name": "structured", "configuration": {"fields": [["a", "int32"]]}},
-                  {"name": OPAQUE_DATA_TYPE, "configuration": {"dtype": "|O"}}]  # fmt: skip
+    codecs = (
+        [f"numcodecs.{i}" for i in sorted(ARRAY_TO_ARRAY_IDS | BYTES_TO_BYTES_IDS)]
+        + sorted(VLEN_IDS)
+        + [V2_CHUNK_CODEC]
+    )
+    data_types = [
+        *VLEN_IDS.values(),
+        {"name": "structured", "configuration": {"fields": [["a", "int32"]]}},
+        {"name": OPAQUE_DATA_TYPE, "configuration": {"dtype": "|O"}},
+    ]
     proc = subprocess.run(
-        [latest_python, "-c", _REGISTRY_PROBE, json.dumps(codecs), json.dumps(data_types)], capture_output=True, text=True, timeout=300
+        [latest_python, "-c", _REGISTRY_PROBE, json.dumps(codecs), json.dumps(data_types)],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     found = json.loads(proc.stdout)

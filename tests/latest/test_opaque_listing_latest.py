@@ -1,4 +1,4 @@
-"""An array no v3 reader decodes never hides its siblings, even when nobody consolidated (issue 19, item 5).
+"""An array no v3 reader decodes never hides its siblings, even when nobody consolidated.
 
 Written through ``ShardedStore`` by zarr-python 2.18 (this environment), never
 consolidated by the user: sharded numeric arrays, unsharded coordinates, and

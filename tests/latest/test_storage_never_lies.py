@@ -1,4 +1,4 @@
-"""Issue 11, "storage never lies": readers without shardkv either read a sharded array right or refuse it.
+"""Readers without shardkv either read a sharded array right or refuse it.
 
 Writers run here (zarr-python 2.18, xarray <= 2026.2.0, shardkv); the readers are
 the newest zarr-python 3, tensorstore and xarray in .venv-latest, and zarr-python
@@ -39,8 +39,11 @@ def _sharded_paths(root: Path) -> list[str]:
 
 def _v2_arrays(root: Path) -> list[str]:
     """Arrays zarr 2 sees through the proxy: stored .zarray, or a v3 array zarr.json (presented)."""
-    v3 = {p for p, d in ((k.rpartition("/")[0], d) for k, d in stored_documents(root).items() if k.endswith("zarr.json"))
-          if d.get("node_type") == "array"}  # fmt: skip
+    v3 = {
+        p
+        for p, d in ((k.rpartition("/")[0], d) for k, d in stored_documents(root).items() if k.endswith("zarr.json"))
+        if d.get("node_type") == "array"
+    }
     return sorted(v3 | {p.parent.relative_to(root).as_posix() for p in root.rglob(".zarray")})
 
 
@@ -82,7 +85,9 @@ def test_converted_shared_data(shared_data: Path, tmp_path: Path, reader: Reader
     _assert_zarr2_refuses(dst, sharded)
 
     docs = {p: json.loads((dst / p / "zarr.json").read_text()) for p in sharded}
-    opaque = {p for p, d in docs.items() if isinstance(d["data_type"], dict) and d["data_type"]["name"].startswith("shardkv.")}
+    opaque = {
+        p for p, d in docs.items() if isinstance(d["data_type"], dict) and d["data_type"]["name"].startswith("shardkv.")
+    }
     core = {p for p, d in docs.items() if isinstance(d["data_type"], str)}
     read = reader.run("zarr3", dst, *sharded)
     for path in sharded:
@@ -227,7 +232,7 @@ def test_migrated_dataset_opens_in_newest_xarray_and_zarr3_consolidated(tmp_path
     _assert_zarr2_refuses(root, sorted(ds.variables))
 
 
-# -- the proxy itself (issue 11): these pass once ShardedStore stores the new layout -----------------
+# -- the proxy itself: these pass once ShardedStore stores the new layout -----------------
 
 
 def test_proxy_stores_sharded_arrays_as_v3_only(tmp_path: Path) -> None:
@@ -294,8 +299,10 @@ def test_round_trips_keep_v3_and_presented_documents_in_step(tmp_path: Path, rea
     _assert_in_step(root, "g/a")
     group.create_group("h/i").attrs["k"] = 1
     assert json.loads((root / "h/i/zarr.json").read_text()) == {
-        "zarr_format": 3, "node_type": "group", "attributes": {"k": 1},
-    }  # fmt: skip
+        "zarr_format": 3,
+        "node_type": "group",
+        "attributes": {"k": 1},
+    }
     del group["h"]
     assert not (root / "h").exists()
     store.close()

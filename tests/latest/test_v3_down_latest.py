@@ -1,4 +1,4 @@
-"""A hierarchy is v3 all the way down once any array is sharded (issue 19, item 5), read without shardkv.
+"""A hierarchy is v3 all the way down once any array is sharded, read without shardkv.
 
 Written through ``ShardedStore`` by xarray <= 2026.2.0 and zarr-python 2.18
 (this environment): the user guide's kind of dataset, a sharded data variable
@@ -29,7 +29,7 @@ xr = pytest.importorskip("xarray")
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 
-def _dataset(n_time: int, start: int = 0) -> "xr.Dataset":
+def _dataset(n_time: int, start: int = 0) -> xr.Dataset:
     rng = np.random.default_rng(start)
     time = np.datetime64("2026-01-01", "ns") + np.arange(start, start + n_time) * np.timedelta64(1, "D")
     return xr.Dataset(
@@ -42,12 +42,12 @@ def _dataset(n_time: int, start: int = 0) -> "xr.Dataset":
     )
 
 
-def _to_zarr(path: Path, ds: "xr.Dataset", **kwargs: Any) -> None:
+def _to_zarr(path: Path, ds: xr.Dataset, **kwargs: Any) -> None:
     with ShardedStore(str(path), chunks_per_shard=(2, 2, 2), buffer_bytes=2**24) as store:  # 3-d sharded, 1-d not
         ds.chunk({"time": 2, "lat": 6, "lon": 4}).to_zarr(store, **kwargs)
 
 
-def _assert_reads(result: dict[str, Any], expected: "xr.Dataset") -> None:
+def _assert_reads(result: dict[str, Any], expected: xr.Dataset) -> None:
     """The newest xarray shows every variable and coordinate of ``expected``, equal, and its attributes."""
     names = sorted(str(n) for n in expected.variables)
     assert sorted(k for k in result if k != "__attrs__") == names
@@ -67,7 +67,8 @@ def test_user_guide_dataset_reads_whole_at_the_root(tmp_path: Path, reader: Read
     with ShardedStore(str(path)) as store:
         xr.testing.assert_identical(xr.open_zarr(store).load(), first)
     _assert_reads(reader.run("xarray", path), first)
-    # zarr 3 and tensorstore at the root, array by array: the stored values as zarr 2 reads them (time: its int encoding)
+    # zarr 3 and tensorstore at the root, array by array: the stored values as zarr 2 reads them
+    # (time: its int encoding)
     plain = zarr.DirectoryStore(str(path))
     for command in ("zarr3", "tensorstore"):
         read = reader.run(command, path, "time", "lat", "lon")

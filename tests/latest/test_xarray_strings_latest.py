@@ -1,4 +1,4 @@
-"""An xarray dataset of strings, datetimes, attributes and encodings through ShardedStore (issue 19).
+"""An xarray dataset of strings, datetimes, attributes and encodings through ShardedStore.
 
 Written with ``to_zarr(ShardedStore(...))`` (xarray <= 2026.2.0 with zarr-python
 2.18), appended along time and patched with ``region=``, read back with
@@ -19,25 +19,36 @@ from shardkv import ShardedStore
 xr = pytest.importorskip("xarray")
 
 
-def _dataset(n_time: int, start: int = 0) -> "xr.Dataset":
+def _dataset(n_time: int, start: int = 0) -> xr.Dataset:
     rng = np.random.default_rng(start)
     time = np.datetime64("2026-01-01T00:00", "ns") + np.arange(start, start + n_time) * np.timedelta64(6, "h")
     stations = np.array(["Zürich", "Genève", "Lugano", "Chur"], dtype=object)
     ds = xr.Dataset(
         {
-            "temp": (("time", "station"), rng.normal(10, 5, (n_time, 4)).astype("f4"), {"units": "degC", "long_name": "air temperature"}),
-            "flag": (("time", "station"), np.array([["ok", "bad", "", "ok"][i % 4] for i in range(n_time * 4)], dtype=object).reshape(n_time, 4)),
+            "temp": (
+                ("time", "station"),
+                rng.normal(10, 5, (n_time, 4)).astype("f4"),
+                {"units": "degC", "long_name": "air temperature"},
+            ),
+            "flag": (
+                ("time", "station"),
+                np.array([["ok", "bad", "", "ok"][i % 4] for i in range(n_time * 4)], dtype=object).reshape(n_time, 4),
+            ),
             "lead": (("time",), (np.arange(start, start + n_time) * np.timedelta64(30, "m")).astype("m8[ns]")),
         },
-        coords={"time": time, "station": stations, "code": (("station",), np.array(["ZRH", "GVA", "LUG", "CHU"], dtype="<U3"))},
-        attrs={"title": "strings through shards", "history": "issue 19"},
+        coords={
+            "time": time,
+            "station": stations,
+            "code": (("station",), np.array(["ZRH", "GVA", "LUG", "CHU"], dtype="<U3")),
+        },
+        attrs={"title": "strings through shards", "history": "written through shards"},
     )
     ds["temp"].encoding = {"dtype": "f4", "_FillValue": np.float32(np.nan)}
     ds["time"].encoding = {"units": "hours since 2026-01-01", "calendar": "proleptic_gregorian", "dtype": "i8"}
     return ds
 
 
-def _chunked(ds: "xr.Dataset") -> "xr.Dataset":
+def _chunked(ds: xr.Dataset) -> xr.Dataset:
     return ds.chunk({"time": 1, "station": 2})
 
 

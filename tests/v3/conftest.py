@@ -2,8 +2,8 @@
 
 zarr's own ``zarr.testing.store.StoreTests`` (tests/v3/test_zarr3_store_conformance.py)
 declares async tests and async fixtures without markers, as zarr's own suite
-does under ``asyncio_mode = "auto"``; the zarr 2 environment has no pytest-asyncio
-and never collects this directory.
+does under ``asyncio_mode = "auto"``; the zarr 2 environment never collects this
+directory (it has pytest-asyncio only so that pyproject.toml's loop-scope option is known).
 """
 
 from __future__ import annotations

@@ -40,11 +40,25 @@ def inner_codecs(kind: str, ndim: int, endian: str) -> list[dict]:
         "none": [b],
         "gzip": [b, {"name": "gzip", "configuration": {"level": 5}}],
         "zstd": [b, {"name": "zstd", "configuration": {"level": 3, "checksum": True}}],
-        "blosc": [b, {"name": "blosc", "configuration": {"cname": "lz4", "clevel": 5, "shuffle": "shuffle", "typesize": 4, "blocksize": 0}}],
+        "blosc": [
+            b,
+            {
+                "name": "blosc",
+                "configuration": {"cname": "lz4", "clevel": 5, "shuffle": "shuffle", "typesize": 4, "blocksize": 0},
+            },
+        ],
         "transpose": [t, b],
         "crc32c": [b, {"name": "crc32c"}],
-        "all": [t, b, {"name": "blosc", "configuration": {"cname": "zstd", "clevel": 3, "shuffle": "bitshuffle", "typesize": 2, "blocksize": 0}}, {"name": "crc32c"}],
-    }  # fmt: skip
+        "all": [
+            t,
+            b,
+            {
+                "name": "blosc",
+                "configuration": {"cname": "zstd", "clevel": 3, "shuffle": "bitshuffle", "typesize": 2, "blocksize": 0},
+            },
+            {"name": "crc32c"},
+        ],
+    }
     return table[kind]
 
 
@@ -66,7 +80,16 @@ for i, inner in enumerate(["none", "gzip", "zstd", "blosc", "transpose", "crc32c
     for j, (location, crc) in enumerate([("end", True), ("end", False), ("start", True), ("start", False)]):
         geom = list(GEOMETRIES)[(i + j) % 3]
         key = list(DTYPES)[(i + 2 * j) % len(DTYPES)]
-        CASES.append(pytest.param(geom, DTYPES[key], inner, location, crc, id=f"{geom}-{key}-{inner}-{location}-{'crc' if crc else 'nocrc'}"))
+        CASES.append(
+            pytest.param(
+                geom,
+                DTYPES[key],
+                inner,
+                location,
+                crc,
+                id=f"{geom}-{key}-{inner}-{location}-{'crc' if crc else 'nocrc'}",
+            )
+        )
 for geom in GEOMETRIES:
     for key, dtype in DTYPES.items():
         CASES.append(pytest.param(geom, dtype, "gzip", "end", True, id=f"{geom}-{key}-dtypes"))
@@ -134,7 +157,13 @@ def test_tensorstore_shards_decode_in_shardkv(tmp_path: Path, geom, dtype, inner
 def test_partially_written_shards(tmp_path: Path) -> None:
     """Peers write a few inner chunks of a few shards; shardkv decodes the rest as the fill value."""
     shape, shard_shape, chunk = (20, 20), (8, 8), (2, 4)
-    codec = ShardingCodec(chunk, [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "zstd", "configuration": {"level": 1, "checksum": False}}])
+    codec = ShardingCodec(
+        chunk,
+        [
+            {"name": "bytes", "configuration": {"endian": "little"}},
+            {"name": "zstd", "configuration": {"level": 1, "checksum": False}},
+        ],
+    )
     expected = np.full(shape, 9, dtype="<i4")
     for writer in ("zarr", "tensorstore"):
         root = tmp_path / writer
@@ -147,7 +176,9 @@ def test_partially_written_shards(tmp_path: Path) -> None:
             arr[17:, 17:] = 2
         else:
             del meta["zarr_format"], meta["node_type"], meta["attributes"]
-            arr = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(root)}, "metadata": meta}, create=True).result()
+            arr = ts.open(
+                {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(root)}, "metadata": meta}, create=True
+            ).result()
             arr[1:3, 5:7].write(np.ones((2, 2), "i4")).result()
             arr[17:, 17:].write(np.full((3, 3), 2, "i4")).result()
         expected[1:3, 5:7] = 1
@@ -166,7 +197,11 @@ def test_partially_written_shards(tmp_path: Path) -> None:
 @pytest.mark.parametrize("location", ["end", "start"])
 def test_nested_sharding(tmp_path: Path, location: str) -> None:
     shape, shard_shape = (30, 20), (16, 16)
-    inner = ShardingCodec((4, 4), [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "gzip", "configuration": {"level": 1}}], index_location="start")
+    inner = ShardingCodec(
+        (4, 4),
+        [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "gzip", "configuration": {"level": 1}}],
+        index_location="start",
+    )
     codec = ShardingCodec((8, 8), [inner], index_location=location)
     data = sample(shape, np.dtype("<f4"), 0.0, seed=3)
     write_with_shardkv(tmp_path / "a", data, shard_shape, 0.0, codec)
@@ -183,8 +218,13 @@ def test_zarr3_create_array_api_shards_decode(tmp_path: Path) -> None:
     """Arrays made the ordinary zarr-python 3 way (create_array with shards=) decode in shardkv."""
     data = sample((37, 21), np.dtype("<i2"), 3, seed=4)
     arr = zarr.create_array(
-        str(tmp_path / "a"), shape=data.shape, chunks=(5, 7), shards=(10, 21), dtype="int16", fill_value=3,
+        str(tmp_path / "a"),
+        shape=data.shape,
+        chunks=(5, 7),
+        shards=(10, 21),
+        dtype="int16",
+        fill_value=3,
         compressors=[zarr.codecs.BloscCodec(cname="zstd", clevel=2, shuffle="bitshuffle")],
-    )  # fmt: skip
+    )
     arr[...] = data
     assert _check_shards_decode(tmp_path / "a", data, 3) > 0

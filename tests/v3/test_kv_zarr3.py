@@ -7,8 +7,9 @@ of its own for (here a ``LoggingStore`` and a ``LocalStore`` taken as such).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -50,7 +51,7 @@ class TestZarr3KVContract(KVContract):
 
 @pytest.mark.parametrize(("kind", "base"), [
     ("MemoryStore", Zarr3KV), ("ManagedMemoryStore", Zarr3KV), ("LoggingStore", Zarr3KV), ("LocalStore", str),
-])  # fmt: skip
+])
 def test_engine_base_by_store_class(kind: str, base: type, tmp_path: Path) -> None:
     store = _zarr3_store(kind, tmp_path)
     opened = engine_base(store)

@@ -4,7 +4,8 @@ Modes: write-back
 buffer (off / a small buffer that forces shards out early) x index location
 (start / end) x inner chunk encoding (raw bytes / numcodecs GZip). There is no
 zarr-python 2 in this environment, so the v2 array is made the way a v2
-writer would make it, through ``ShardedStore`` directly: a ``.zarray``
+writer would make it, through ``ShardedStore`` directly (as the command line opens it: the
+public constructor refuses to run beside zarr 3, whose store it is not): a ``.zarray``
 document and whole encoded chunks (edge chunks full-size, as v2 stores them).
 The expected array is a numpy model of the same writes and deletes. zarr 3
 reads the directory after the last write and again after
@@ -23,9 +24,10 @@ import pytest
 import zarr
 
 from shardkv import ShardedStore
+from shardkv.engine.options import Options
 
 SHAPE, CHUNKS, CPS = (30, 22), (4, 4), (2, 3)
-GRID = tuple(-(-s // c) for s, c in zip(SHAPE, CHUNKS))  # (8, 6): edge chunks in both dimensions
+GRID = tuple(-(-s // c) for s, c in zip(SHAPE, CHUNKS, strict=True))  # (8, 6): edge chunks in both dimensions
 FILL = -7
 DTYPE = np.dtype("<i4")
 
@@ -52,7 +54,7 @@ def encode(chunk: np.ndarray, compressor: str | None) -> bytes:
 
 
 def region(coords: tuple[int, int]) -> tuple[slice, slice]:
-    rows, cols = (slice(c * n, min((c + 1) * n, s)) for c, n, s in zip(coords, CHUNKS, SHAPE))
+    rows, cols = (slice(c * n, min((c + 1) * n, s)) for c, n, s in zip(coords, CHUNKS, SHAPE, strict=True))
     return rows, cols
 
 
@@ -102,11 +104,9 @@ def test_zarr3_reads_every_write_mode(
     tmp_path: Path, buffer_bytes: int | None, index_location: str, compressor: str | None
 ) -> None:
     root = tmp_path / "store"
-    store = ShardedStore(
+    store = ShardedStore._reopen(
         str(root),
-        chunks_per_shard=CPS,
-        index_location=index_location,
-        buffer_bytes=buffer_bytes,
+        Options.from_keywords(CPS, index_location=index_location, buffer_bytes=buffer_bytes),
     )
     store["a/.zarray"] = zarray(compressor)
     expected = write_rounds(store, compressor, seed=len("rewrite") + (buffer_bytes or 0))
@@ -117,5 +117,5 @@ def test_zarr3_reads_every_write_mode(
     np.testing.assert_array_equal(z[:], expected)  # before compaction
     np.testing.assert_array_equal(z[5:19, 3:13], expected[5:19, 3:13])
 
-    assert ShardedStore(str(root)).compact() == 0  # shards are always written whole
+    assert ShardedStore._reopen(str(root), Options.from_keywords()).compact() == 0  # shards are always written whole
     np.testing.assert_array_equal(zarr.open_array(str(root / "a"), mode="r")[:], expected)

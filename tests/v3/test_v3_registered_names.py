@@ -1,4 +1,4 @@
-"""The v3 names shardkv writes for v2 features are the ones zarr-python 3 registers (issue 19), read from its registry."""
+"""The v3 names shardkv writes for v2 features are the ones zarr-python 3 registers, read from its registry."""
 
 from __future__ import annotations
 

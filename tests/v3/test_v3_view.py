@@ -17,6 +17,7 @@ import tensorstore as ts
 import zarr
 
 from shardkv import ShardedStore
+from shardkv.engine.options import Options
 from shardkv.format.layout import ShardLayout
 from shardkv.metadata.hierarchy import array_document
 from shardkv.metadata.v3_view import v3_view_of_v2
@@ -30,16 +31,24 @@ def v2_chunks(data: np.ndarray, zarray: dict[str, Any], skip_fill: bool = True) 
     """The v2 chunks of ``data`` encoded the zarr-python 2 way (numcodecs), by chunk coords."""
     chunks = tuple(zarray["chunks"])
     fill = zarray["fill_value"]
-    dtype = np.dtype([tuple(f) for f in zarray["dtype"]]) if isinstance(zarray["dtype"], list) else np.dtype(zarray["dtype"])
+    dtype = (
+        np.dtype([tuple(f) for f in zarray["dtype"]])
+        if isinstance(zarray["dtype"], list)
+        else np.dtype(zarray["dtype"])
+    )
     pad = 0 if fill is None else (np.nan if fill == "NaN" else (-np.inf if fill == "-Infinity" else fill))
     compressor = numcodecs.get_codec(zarray["compressor"]) if zarray["compressor"] else None
     filters = [numcodecs.get_codec(f) for f in zarray.get("filters") or []]
     out = {}
-    for coords in itertools.product(*(range(-(-s // c)) for s, c in zip(data.shape, chunks))):
+    for coords in itertools.product(*(range(-(-s // c)) for s, c in zip(data.shape, chunks, strict=True))):
         chunk = np.full(chunks, pad, dtype=dtype)
-        part = data[tuple(slice(i * c, (i + 1) * c) for i, c in zip(coords, chunks))]
+        part = data[tuple(slice(i * c, (i + 1) * c) for i, c in zip(coords, chunks, strict=True))]
         chunk[tuple(slice(0, n) for n in part.shape)] = part
-        if skip_fill and fill is not None and np.array_equal(chunk, np.full(chunks, pad, dtype), equal_nan=dtype.kind == "f"):
+        if (
+            skip_fill
+            and fill is not None
+            and np.array_equal(chunk, np.full(chunks, pad, dtype), equal_nan=dtype.kind == "f")
+        ):
             continue
         buf: Any = np.ascontiguousarray(chunk) if zarray["order"] == "C" else np.asfortranarray(chunk)
         buf = buf.reshape(-1, order="A")
@@ -51,15 +60,31 @@ def v2_chunks(data: np.ndarray, zarray: dict[str, Any], skip_fill: bool = True) 
 
 
 def write_sharded_v2(
-    root: Path, data: np.ndarray, chunks: tuple[int, ...], compressor: dict | None, order: str, fill: Any,
-    cps: Any = 2, sep: str = ".", filters: list | None = None, **store_options: Any,
-) -> tuple[ShardedStore, dict]:  # fmt: skip
-    """A sharded v2 array made without zarr 2: .zarray and numcodecs-encoded chunks through ShardedStore."""
-    store = ShardedStore(str(root), chunks_per_shard=cps, **store_options)
+    root: Path,
+    data: np.ndarray,
+    chunks: tuple[int, ...],
+    compressor: dict | None,
+    order: str,
+    fill: Any,
+    cps: Any = 2,
+    sep: str = ".",
+    filters: list | None = None,
+    **store_options: Any,
+) -> tuple[ShardedStore, dict]:
+    """A sharded v2 array made without zarr 2: .zarray and numcodecs-encoded chunks through ShardedStore
+    (opened as the command line opens it: the public constructor refuses to run beside zarr 3)."""
+    store = ShardedStore._reopen(str(root), Options.from_keywords(cps, **store_options))
     zarray = {
-        "zarr_format": 2, "shape": list(data.shape), "chunks": list(chunks), "dtype": [list(f) for f in data.dtype.descr] if data.dtype.fields else data.dtype.str,
-        "compressor": compressor, "fill_value": fill, "order": order, "filters": filters, "dimension_separator": sep,
-    }  # fmt: skip
+        "zarr_format": 2,
+        "shape": list(data.shape),
+        "chunks": list(chunks),
+        "dtype": [list(f) for f in data.dtype.descr] if data.dtype.fields else data.dtype.str,
+        "compressor": compressor,
+        "fill_value": fill,
+        "order": order,
+        "filters": filters,
+        "dimension_separator": sep,
+    }
     store[".zgroup"] = json.dumps({"zarr_format": 2}).encode()
     store["a/.zarray"] = json.dumps(zarray).encode()
     store["a/.zattrs"] = json.dumps({"units": "m"}).encode()
@@ -75,7 +100,12 @@ def open_zarr3(path: Path) -> np.ndarray:
 
 
 def open_tensorstore(path: Path) -> np.ndarray:
-    return ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}}, open=True).result().read().result()
+    return (
+        ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}}, open=True)
+        .result()
+        .read()
+        .result()
+    )
 
 
 COMPRESSORS = {
@@ -92,7 +122,7 @@ ZARR3_ONLY = {"zlib", "bz2"}  # numcodecs.* codecs: zarr-python 3 reads them, te
 DTYPE_FILLS = [
     ("<i4", 7), ("<i4", None), (">i4", -3), ("|u1", 0), ("|b1", True), ("<u2", 65535), (">u8", 2**63),
     ("<f4", "NaN"), (">f8", -1.5), ("<f8", "-Infinity"), ("<f8", None), ("<f2", 0.5),
-]  # fmt: skip
+]  # a table: its rows read better aligned # fmt: skip
 
 
 def _values(shape: tuple[int, ...], dtype: np.dtype, fill: Any) -> np.ndarray:
@@ -113,18 +143,42 @@ CASES = []
 for i, (comp, (dtype, fill)) in enumerate(itertools.product(COMPRESSORS, DTYPE_FILLS)):
     order = "CF"[i % 2]
     shape, chunks, cps = [((23,), (4,), 3), ((9, 11), (2, 3), (2, 2)), ((5, 6, 7), (2, 2, 3), (1, 2, 2))][i % 3]
-    location, checksum, sep = [("end", True, "."), ("start", False, "/"), ("start", True, "."), ("end", False, "/")][i % 4]
+    location, checksum, sep = [("end", True, "."), ("start", False, "/"), ("start", True, "."), ("end", False, "/")][
+        i % 4
+    ]
     CASES.append(
-        pytest.param(comp, dtype, fill, order, shape, chunks, cps, location, checksum, sep,
-                     id=f"{comp}-{dtype}-{fill}-{order}-{len(shape)}d-{location}-{'crc' if checksum else 'nocrc'}-{sep}")
-    )  # fmt: skip
+        pytest.param(
+            comp,
+            dtype,
+            fill,
+            order,
+            shape,
+            chunks,
+            cps,
+            location,
+            checksum,
+            sep,
+            id=f"{comp}-{dtype}-{fill}-{order}-{len(shape)}d-{location}-{'crc' if checksum else 'nocrc'}-{sep}",
+        )
+    )
 
 
 @pytest.mark.parametrize("comp,dtype,fill,order,shape,chunks,cps,location,checksum,sep", CASES)
-def test_v3_view_reads_the_same_array(tmp_path: Path, comp, dtype, fill, order, shape, chunks, cps, location, checksum, sep) -> None:
+def test_v3_view_reads_the_same_array(
+    tmp_path: Path, comp, dtype, fill, order, shape, chunks, cps, location, checksum, sep
+) -> None:
     data = _values(shape, np.dtype(dtype), fill)
     store, zarray = write_sharded_v2(
-        tmp_path, data, chunks, COMPRESSORS[comp], order, fill, cps, sep, index_location=location, index_checksum=checksum
+        tmp_path,
+        data,
+        chunks,
+        COMPRESSORS[comp],
+        order,
+        fill,
+        cps,
+        sep,
+        index_location=location,
+        index_checksum=checksum,
     )
     cps_t = (cps,) * len(shape) if isinstance(cps, int) else cps
     view = v3_view_of_v2(zarray, {"units": "m"}, ShardLayout.v3(cps_t, location, "little", checksum))
@@ -145,14 +199,14 @@ _ZARR_AFTER_3_1 = tuple(int(p) for p in zarr.__version__.split(".")[:2]) > (3, 1
 @pytest.mark.parametrize(
     "dtype,fill,filters,zarr3_reads",
     [
-        # issue 11: zarr-python 3's extension data types (fixed_length_utf32, null_terminated_bytes, raw_bytes)
+        # zarr-python 3's extension data types (fixed_length_utf32, null_terminated_bytes, raw_bytes)
         ("<U4", "", None, True),
         ("|S3", "", None, True),
         # zarr-python 3.1 raises TypeError on a raw_bytes fill value (refuses, does not misread);
         # zarr 3.2 and later (the zarr3 environment's newest zarr 3) read it equal
         ("|V2", "AAA=", None, _ZARR_AFTER_3_1),
         ("<i4", 0, [{"id": "delta", "dtype": "<i4"}], True),
-        # issue 19: stored as zarr 3's `structured` data type; tensorstore refuses it, zarr-python 3.1
+        # stored as zarr 3's `structured` data type; tensorstore refuses it, zarr-python 3.1
         # refuses it, and later zarr 3 (the zarr3 environment's newest) must read it equal
         ([["a", "<i2"], ["b", "<f4"]], None, None, _ZARR_AFTER_3_1),
     ],
@@ -187,7 +241,9 @@ def _arrays(root: Path) -> list[str]:
 
 @pytest.mark.shared_data
 @pytest.mark.parametrize("dataset,cps", [("zarr-python-fixture", 2), ("zarr_implementations/examples/zarr.zr", 3)])
-def test_converted_shared_data_reads_in_zarr3_and_tensorstore(shared_data: Path, tmp_path: Path, dataset: str, cps: int) -> None:
+def test_converted_shared_data_reads_in_zarr3_and_tensorstore(
+    shared_data: Path, tmp_path: Path, dataset: str, cps: int
+) -> None:
     from shardkv.cli.convert import convert
 
     src = shared_data / dataset
@@ -199,7 +255,7 @@ def test_converted_shared_data_reads_in_zarr3_and_tensorstore(shared_data: Path,
     for path in arrays:
         meta_path = dst / path / "zarr.json"
         assert meta_path.is_file(), f"{path}: convert wrote no zarr.json"
-        assert not (dst / path / ".zarray").exists()  # issue 11: stored as v3 only
+        assert not (dst / path / ".zarray").exists()  # stored as v3 only
         zarray = json.loads((src / path / ".zarray").read_text())
         zattrs_path = src / path / ".zattrs"
         zattrs = json.loads(zattrs_path.read_text()) if zattrs_path.is_file() else {}
@@ -208,12 +264,17 @@ def test_converted_shared_data_reads_in_zarr3_and_tensorstore(shared_data: Path,
             zarray["dimension_separator"] = "/"  # detected from the keys of a legacy nested array
         cfg = meta["codecs"][0]["configuration"]
         layout = ShardLayout.v3(
-            [s // c for s, c in zip(meta["chunk_grid"]["configuration"]["chunk_shape"], cfg["chunk_shape"])],
-            cfg["index_location"], cfg["index_codecs"][0]["configuration"]["endian"], len(cfg["index_codecs"]) == 2,
-        )  # fmt: skip
+            [
+                s // c
+                for s, c in zip(meta["chunk_grid"]["configuration"]["chunk_shape"], cfg["chunk_shape"], strict=True)
+            ],
+            cfg["index_location"],
+            cfg["index_codecs"][0]["configuration"]["endian"],
+            len(cfg["index_codecs"]) == 2,
+        )
         view = v3_view_of_v2(zarray, zattrs, layout)
         assert array_document(zarray, zattrs, layout) == meta, path
-        # issue 11: <U4 and |S1 are zarr-python 3 extension types; only shardkv.* names are refused by both
+        # <U4 and |S1 are zarr-python 3 extension types; only shardkv.* names are refused by both
         opaque = isinstance(meta["data_type"], dict) and meta["data_type"]["name"].startswith("shardkv.")
         if opaque:
             with pytest.raises(REFUSALS):

@@ -2,7 +2,7 @@
 
 (tests/test_docs.py runs the plain ``python`` blocks in the zarr 2 environment; the
 zarr-python 3 examples are fenced ``python zarr3`` so that each runs where its zarr is.)
-Blocks run in order, one namespace per file, in an empty temporary directory; what
+Each block runs alone, in its own namespace and empty temporary directory; what
 each block prints is checked against the ``# ...`` comment after each ``print``.
 """
 
@@ -30,14 +30,15 @@ pytestmark = pytest.mark.zarr3
 def test_zarr3_examples_run_and_print_what_they_say(doc: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocks = _BLOCK.findall((ROOT / doc).read_text())
     assert blocks, f"no python zarr3 block in {doc}"
-    monkeypatch.chdir(tmp_path)
-    namespace: dict = {"__name__": "__guide__"}
     for i, block in enumerate(blocks):
+        workdir = tmp_path / f"block-{i + 1}"
+        workdir.mkdir()
+        monkeypatch.chdir(workdir)
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            exec(compile(block, f"{doc}[python zarr3 block {i + 1}]", "exec"), namespace)
+            exec(compile(block, f"{doc}[python zarr3 block {i + 1}]", "exec"), {"__name__": "__doc_block__"})
         expected = [m.group(1).split(":")[0].strip() for line in block.splitlines() if (m := _PRINT.match(line))]
         printed = [line.strip() for line in out.getvalue().splitlines()]
         assert len(printed) == len(expected)
-        for got, want in zip(printed, expected):
+        for got, want in zip(printed, expected, strict=True):
             assert got.startswith(want), (got, want)

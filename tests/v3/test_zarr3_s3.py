@@ -28,8 +28,11 @@ pytestmark = [pytest.mark.zarr3, pytest.mark.filterwarnings("ignore::UserWarning
 
 
 def _url_store(moto_s3: Any, name: str, **kwargs: Any) -> ShardedStore:  # noqa: F811
-    options = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": moto_s3.endpoint_url,
-               "region_name": "us-east-1"}}  # fmt: skip
+    options = {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": moto_s3.endpoint_url, "region_name": "us-east-1"},
+    }
     return ShardedStore(f"s3://{moto_s3.bucket}/{name}", storage_options=options, **kwargs)
 
 

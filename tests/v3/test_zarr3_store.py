@@ -168,6 +168,22 @@ def test_arrays_that_ask_for_shards_and_groups_pass_through() -> None:
     assert zarr.open_array(store, path="g/scalar")[...] == 2.5
 
 
+def test_an_array_named_like_a_chunk_coordinate_inside_a_group_is_sharded_and_read_by_tensorstore(
+    tmp_path: Path,
+) -> None:
+    base = LocalStore(tmp_path / "data")
+    store = ShardedStore(base, chunks_per_shard=2)
+    zarr.create_group(store, path="g")
+    z = zarr.create_array(store, name="g/0", shape=(8, 8), chunks=(2, 2), dtype="u2")
+    z[:] = np.arange(64, dtype="u2").reshape(8, 8)
+    # the group g above the array named "0" owns none of its chunks: they are stored in shards of 4 x 4
+    stored = [k for k in _keys(base, "g/0/") if "/.shardkv-locks/" not in k]
+    assert stored == [f"g/0/c/{i}/{j}" for i in range(2) for j in range(2)] + ["g/0/zarr.json"]
+    spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(tmp_path / "data" / "g" / "0")}}
+    np.testing.assert_array_equal(ts.open(spec).result().read().result(), np.arange(64).reshape(8, 8))
+    np.testing.assert_array_equal(zarr.open_array(store, path="g/0")[:], np.arange(64).reshape(8, 8))
+
+
 def test_chunk_keys_outside_the_grid() -> None:
     store = ShardedStore(MemoryStore(), chunks_per_shard=2)
     zarr.create_array(store, name="a", shape=(4, 4), chunks=(2, 2), dtype="u1")
@@ -187,14 +203,17 @@ def test_read_only_store_refuses_writes_and_reads_shards(tmp_path: Path) -> None
         sync(reader.set("a/c/0/0", cpu.Buffer.from_bytes(b"x")))
 
 
+# the counting filesystem is synchronous on purpose (it counts the calls), wrapped for FsspecStore
+@pytest.mark.filterwarnings("ignore:fs .* was not created with `asynchronous=True`")
 def test_write_back_writes_each_shard_once(tmp_path: Path) -> None:
     import counting_fs
 
     fs = counting_fs.CountingMemoryFS(skip_instance_cache=True)
     fs.count_root = "/zarr3-writeback"
     fs.mkdir(fs.count_root)
-    store = ShardedStore(FsspecStore(AsyncFileSystemWrapper(fs), path=fs.count_root), chunks_per_shard=4,
-                         buffer_bytes=64 * 2**20)  # fmt: skip
+    store = ShardedStore(
+        FsspecStore(AsyncFileSystemWrapper(fs), path=fs.count_root), chunks_per_shard=4, buffer_bytes=64 * 2**20
+    )
     z = zarr.create_array(store, name="a", shape=(400, 300), chunks=(50, 50), dtype="f4")
     fs.reset()
     for i in range(0, 400, 50):  # row by row, as a chunk-by-chunk writer would
@@ -248,7 +267,10 @@ def test_each_zarr3_store_kind_gets_the_zarr2_proxys_concurrency(tmp_path: Path)
     assert ShardedStore(LocalStore(str(tmp_path)), chunks_per_shard=2).concurrency_mode == "files"
     assert ShardedStore(MemoryStore(), chunks_per_shard=2).concurrency_mode == "conditional"  # in-process
     assert ShardedStore(ObjectStore(obstore.store.MemoryStore()), chunks_per_shard=2).concurrency_mode == "conditional"
-    assert ShardedStore(ObjectStore(obstore.store.LocalStore(str(tmp_path))), chunks_per_shard=2).concurrency_mode == "files"
+    assert (
+        ShardedStore(ObjectStore(obstore.store.LocalStore(str(tmp_path))), chunks_per_shard=2).concurrency_mode
+        == "files"
+    )
 
 
 def test_any_other_zarr3_store_works_and_asks_for_a_concurrency_choice() -> None:
@@ -290,7 +312,7 @@ def test_import_shardkv_does_not_import_zarr3_support() -> None:
 @pytest.mark.parametrize("name", ["x.shardkv-tmp-1", ".shardkv-locks"])
 @pytest.mark.parametrize("base", ["memory", "local"])
 def test_a_node_named_like_shardkvs_own_files_is_refused(name: str, base: str, tmp_path: Path) -> None:
-    """Issue 20 item 6: never a node that every listing hides (it would vanish from ``members()``)."""
+    """Never a node that every listing hides (it would vanish from ``members()``)."""
     from shardkv.errors import ReservedKeyError
 
     under = MemoryStore() if base == "memory" else LocalStore(str(tmp_path))
@@ -324,7 +346,9 @@ def test_byte_ranges_partial_values_and_set_if_not_exists_on_sharded_chunk_keys(
     pairs = [(key, RangeByteRequest(0, 4)), ("a/c/0/0", None), ("a/c/7/5", SuffixByteRequest(3)), ("a/c/9/9", None)]
     got_many = sync(store.get_partial_values(proto, pairs))
     want_many = sync(plain.get_partial_values(proto, pairs))
-    assert [None if v is None else v.to_bytes() for v in got_many] == [None if v is None else v.to_bytes() for v in want_many]
+    assert [None if v is None else v.to_bytes() for v in got_many] == [
+        None if v is None else v.to_bytes() for v in want_many
+    ]
     other = cpu.Buffer.from_bytes(b"\0" * len(whole))
     sync(store.set_if_not_exists(key, other))  # stored: left as it is
     assert _raw(store, key) == whole
@@ -374,3 +398,46 @@ def test_a_shard_whose_chunks_zarr3_writes_at_once_is_put_at_most_twice(tmp_path
     np.testing.assert_array_equal(zarr.open_array(store.base, path="a")[...], data)
     t = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(root / "a")}}).result()
     np.testing.assert_array_equal(t.read().result(), data)
+
+
+def test_options_are_given_as_keywords_or_as_one_options_object() -> None:
+    from shardkv.engine.options import Options
+    from shardkv.errors import ConfigurationError
+
+    by_keywords = ShardedStore(MemoryStore(), 2, index_location="start", buffer_bytes=1 << 16)
+    options = Options.from_keywords(2, index_location="start", buffer_bytes=1 << 16)
+    by_object = ShardedStore(MemoryStore(), options=options)
+    assert by_keywords._options == by_object._options == options
+    with pytest.raises(ConfigurationError, match="index_checksum"):
+        ShardedStore(MemoryStore(), options=options, index_checksum=False)
+    with pytest.raises(TypeError, match="buffer"):
+        ShardedStore(MemoryStore(), buffer=1)  # type: ignore[call-arg]
+
+
+def test_a_zarr_json_nested_too_deeply_is_stored_as_given() -> None:
+    base = MemoryStore()
+    store = ShardedStore(base, chunks_per_shard=2)
+    hostile = b"[" * 100_000 + b"]" * 100_000
+    sync(store.set("x/zarr.json", cpu.Buffer.from_bytes(hostile)))
+    assert _raw(base, "x/zarr.json") == hostile
+    assert _raw(store, "x/zarr.json") == hostile
+
+
+def test_listing_an_arrays_chunk_keys_reads_its_own_zarr_json_alone() -> None:
+    class CountingMemoryStore(MemoryStore):
+        gets: list[str] = []
+
+        async def get(self, key: str, *args: Any, **kwargs: Any) -> Any:
+            self.gets.append(key)
+            return await super().get(key, *args, **kwargs)
+
+    base = CountingMemoryStore()
+    writer = ShardedStore(base, chunks_per_shard=2)
+    zarr.create_group(writer, path="g")
+    zarr.create_array(writer, name="g/a", shape=(4, 4), chunks=(2, 2), dtype="u1")[:] = 1
+    reader = ShardedStore(base)  # nothing cached
+    base.gets.clear()
+    keys = _keys(reader, "g/a/")
+    assert keys == ["g/a/c/0/0", "g/a/c/0/1", "g/a/c/1/0", "g/a/c/1/1", "g/a/zarr.json"]
+    # the owner rule: neither the root nor the group g can own g/a/'s keys, so neither is read
+    assert [k for k in base.gets if k.endswith("zarr.json")] == ["g/a/zarr.json"]

@@ -32,7 +32,12 @@ from zarr.testing.store import StoreTests  # noqa: E402
 
 from shardkv.zarr3 import ShardedStore  # noqa: E402
 
-pytestmark = pytest.mark.zarr3
+pytestmark = [
+    pytest.mark.zarr3,
+    # zarr's stateful machines draw data types that zarr itself calls unspecified in v3 (fixed-length
+    # bytes); what they check is the store, not the data type's specification
+    pytest.mark.filterwarnings("ignore:The data type .* does not have a Zarr V3 specification"),
+]
 
 
 class _ShardedStoreTests(StoreTests[ShardedStore, cpu.Buffer]):
@@ -65,6 +70,18 @@ class TestOverMemoryStore(_ShardedStoreTests):
     def store_kwargs(self) -> dict[str, Any]:
         return {"store": MemoryStore(), "chunks_per_shard": 2}
 
+    async def test_serializable_store(self, store: ShardedStore) -> None:
+        # zarr's test asserts copy == store, which MemoryStore meets by comparing its dicts by
+        # value; an unpickled MemoryStore holds a copy of the dict, another store (zarr's own
+        # _stores_share_data says so), and two ShardedStores are equal only over one store
+        await store.set("foo", cpu.Buffer.from_bytes(b"\x01\x02"))
+        copy: ShardedStore = pickle.loads(pickle.dumps(store))
+        assert copy != store and copy.read_only == store.read_only
+        value = await copy.get("foo", prototype=default_buffer_prototype())
+        assert value is not None and value.to_bytes() == b"\x01\x02"
+        await copy.set("bar", cpu.Buffer.from_bytes(b"\x03"))
+        assert not await store.exists("bar")
+
 
 class TestOverLocalStore(_ShardedStoreTests):
     @pytest.fixture
@@ -79,7 +96,8 @@ def test_pickled_store_reads_the_same_shards(base_kind: str, tmp_path: Any) -> N
     z = zarr.create_array(store, shape=(8, 8), chunks=(2, 2), dtype="i4")
     z[:] = np.arange(64, dtype="i4").reshape(8, 8)
     copy = pickle.loads(pickle.dumps(store))
-    assert copy == store
+    # a LocalStore copy is the same directory; a MemoryStore copy holds a copy of the dict
+    assert (copy == store) is (base_kind == "local")
     np.testing.assert_array_equal(zarr.open_array(copy, mode="r")[:], z[:])
 
 
@@ -96,14 +114,18 @@ def test_zarr_stateful_machines_hold(machine: str) -> None:
     (empty directories stay behind deleted chunks), which a wrapper cannot
     signal, and local shard writes fsync, so the bounded run would take minutes.
     """
-    hypothesis = pytest.importorskip("hypothesis")
+    pytest.importorskip("hypothesis")
     import hypothesis.stateful
     from zarr.testing import stateful
 
     settings = hypothesis.settings(
-        max_examples=15, stateful_step_count=15, deadline=None, derandomize=True, database=None,
+        max_examples=15,
+        stateful_step_count=15,
+        deadline=None,
+        derandomize=True,
+        database=None,
         suppress_health_check=list(hypothesis.HealthCheck),
-    )  # fmt: skip
+    )
     cls = getattr(stateful, machine)
     hypothesis.stateful.run_state_machine_as_test(
         lambda: cls(ShardedStore(MemoryStore(), chunks_per_shard=2)), settings=settings

@@ -43,7 +43,9 @@ def dataset(n_time: int = 8, start: str = "2021-03-01") -> Any:
 
 
 def _stored_objects(root: Path, var: str) -> list[str]:
-    return sorted(str(p.relative_to(root / var)) for p in (root / var).rglob("*") if p.is_file() and ".shardkv-" not in str(p))
+    return sorted(
+        str(p.relative_to(root / var)) for p in (root / var).rglob("*") if p.is_file() and ".shardkv-" not in str(p)
+    )
 
 
 @pytest.mark.parametrize("kind", ["memory", "local"])
@@ -96,10 +98,18 @@ def test_dask_local_cluster_of_processes(tmp_path: Path) -> None:
 
     store = ShardedStore(LocalStore(str(tmp_path / "ds.zarr")), chunks_per_shard=4)
     ds = dataset(16).chunk({"time": 2, "x": 3})
-    with distributed.LocalCluster(
-        n_workers=2, threads_per_worker=2, host="127.0.0.1", dashboard_address=None, processes=True,
-        death_timeout=60,
-    ) as cluster, distributed.Client(cluster, timeout=60) as client:  # fmt: skip
+    with (
+        distributed.LocalCluster(
+            n_workers=2,
+            threads_per_worker=2,
+            host="127.0.0.1",
+            dashboard_address=None,
+            processes=True,
+            worker_dashboard_address=None,  # a dashboard per worker would warn that port 8787 is taken
+            death_timeout=60,
+        ) as cluster,
+        distributed.Client(cluster, timeout=60) as client,
+    ):
         ds.to_zarr(store, mode="w", encoding={"label": {"chunks": (3,)}}, compute=False).compute(scheduler=client)
         back = xr.open_zarr(store).load(scheduler=client)
     xr.testing.assert_identical(back, ds.load())

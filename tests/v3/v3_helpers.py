@@ -16,7 +16,7 @@ V3_NAMES = {
     "b1": "bool", "i1": "int8", "i2": "int16", "i4": "int32", "i8": "int64",
     "u1": "uint8", "u2": "uint16", "u4": "uint32", "u8": "uint64",
     "f2": "float16", "f4": "float32", "f8": "float64",
-}  # fmt: skip
+}  # a table: its rows read better aligned # fmt: skip
 
 
 def v3_data_type(dtype: np.dtype) -> str:
@@ -55,22 +55,26 @@ def array_metadata(
 
 
 def shard_grid(shape: tuple[int, ...], shard_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
-    return list(itertools.product(*(range(-(-s // c)) for s, c in zip(shape, shard_shape))))
+    return list(itertools.product(*(range(-(-s // c)) for s, c in zip(shape, shard_shape, strict=True))))
 
 
 def padded_shard(data: np.ndarray, coords: tuple[int, ...], shard_shape: tuple[int, ...], fill: Any) -> np.ndarray:
     """The shard at ``coords`` of ``data``, padded to the full shard shape with ``fill``."""
     out = np.full(shard_shape, fill, dtype=data.dtype)
-    region = tuple(slice(c * s, min((c + 1) * s, n)) for c, s, n in zip(coords, shard_shape, data.shape))
+    region = tuple(slice(c * s, min((c + 1) * s, n)) for c, s, n in zip(coords, shard_shape, data.shape, strict=True))
     part = data[region]
     out[tuple(slice(0, n) for n in part.shape)] = part
     return out
 
 
 def write_with_shardkv(
-    root: Path, data: np.ndarray, shard_shape: tuple[int, ...], fill: Any, codec: ShardingCodec,
+    root: Path,
+    data: np.ndarray,
+    shard_shape: tuple[int, ...],
+    fill: Any,
+    codec: ShardingCodec,
     skip_all_fill: bool = True,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Write a v3 array with ShardingCodec alone (no zarr): zarr.json + one file per shard."""
     root.mkdir(parents=True, exist_ok=True)
     meta = array_metadata(data.shape, shard_shape, data.dtype, fill, codec)

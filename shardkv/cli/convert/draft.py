@@ -19,14 +19,15 @@ chunk grid (stale chunks) are skipped and counted.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from shardkv.cli.errors import DestinationNotEmptyError
 from shardkv.cli.info_draft import is_draft
 from shardkv.cli.stores import open_store, put_all, remove_everything
 from shardkv.errors import ConfigurationError, InvalidKeyError
-from shardkv.keys.paths import owning_array
+from shardkv.keys.paths import is_draft_chunk_segment, owning_array
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
 from shardkv.metadata.documents import dump_json, load_json
 from shardkv.proxy.draft import DraftShardedStore
@@ -158,7 +159,9 @@ def convert_draft(
                 meta_out[meta_key] = reader[meta_key]
                 continue
             transformer = ShardingStorageTransformer.from_metadata(
-                {"type": "indexed", "configuration": {"chunks_per_shard": list(cps)}}, doc, path,
+                {"type": "indexed", "configuration": {"chunks_per_shard": list(cps)}},
+                doc,
+                path,
                 AdapterStore(target),
             )
             _pack(reader, transformer, chunk_keys, report, bar)
@@ -178,16 +181,20 @@ def _owners(reader: DraftShardedStore, keys: Sequence[str]) -> tuple[dict[str, s
     owner_of: dict[str, str] = {}
     for key in keys:
         if key.startswith(DATA_ROOT):
-            owner = owning_array(key[len(DATA_ROOT) :], arrays, lambda segment: segment.startswith("c"))
+            owner = owning_array(key[len(DATA_ROOT) :], arrays, is_draft_chunk_segment)
             if owner is not None:
                 owner_of[key] = owner
     return arrays, owner_of
 
 
 def _copy_as_stored(
-    reader: DraftShardedStore, target: KVStore, plain: Sequence[str], owner_of: Mapping[str, str],
-    meta_out: dict[str, bytes], report: DraftConvertReport,
-) -> None:  # fmt: skip
+    reader: DraftShardedStore,
+    target: KVStore,
+    plain: Sequence[str],
+    owner_of: Mapping[str, str],
+    meta_out: dict[str, bytes],
+    report: DraftConvertReport,
+) -> None:
     """Copy keys as they are, in batches; metadata documents are kept in ``meta_out`` to be written last."""
     for start in range(0, len(plain), _BATCH_KEYS):
         batch = plain[start : start + _BATCH_KEYS]
@@ -200,9 +207,12 @@ def _copy_as_stored(
 
 
 def _pack(
-    reader: DraftShardedStore, transformer: ShardingStorageTransformer, chunk_keys: Sequence[str],
-    report: DraftConvertReport, bar: Any,
-) -> None:  # fmt: skip
+    reader: DraftShardedStore,
+    transformer: ShardingStorageTransformer,
+    chunk_keys: Sequence[str],
+    report: DraftConvertReport,
+    bar: Any,
+) -> None:
     """Copy one array's chunks into shards, whole shards per batch."""
     grid = transformer.chunk_grid_shape
     by_shard: dict[str, list[str]] = {}
@@ -211,12 +221,12 @@ def _pack(
             coords = transformer.encoding.decode(key[len(transformer.key_prefix) :], transformer.ndim)
         except ValueError as exc:
             raise InvalidKeyError(key, f"not a chunk key of array {transformer.array_path!r}: {exc}") from None
-        if grid is not None and any(c >= g for c, g in zip(coords, grid)):
+        if grid is not None and any(c >= g for c, g in zip(coords, grid, strict=True)):
             report.stale_chunks += 1
             bar.update(1)
             continue
         located = transformer.locate(key)
-        by_shard.setdefault(located[0], []).append(key)  # type: ignore[index]
+        by_shard.setdefault(located[0], []).append(key)
     pending: dict[str, bytes] = {}
     pending_nbytes = 0
     for shard_key in sorted(by_shard):
@@ -231,4 +241,3 @@ def _pack(
     if pending:
         transformer.set_values(pending)
     report.shards += len(by_shard)
-

@@ -10,13 +10,14 @@ first, ``.zarray`` / ``.zgroup`` last in each directory).
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from shardkv.cli.convert_listing import ArrayListing
+from shardkv.cli.convert.listing import ArrayListing
 from shardkv.format.layout import ShardLayout
-from shardkv.metadata.all_v3 import plan_all_v3
+from shardkv.metadata.all_v3 import plan_all_v3, plan_root_block, plan_v3_down
 from shardkv.metadata.documents import dump_json, load_json
-from shardkv.metadata.hierarchy import ZARR_JSON, plan_migration, plan_opaque_blocks
+from shardkv.metadata.hierarchy import ZARR_JSON, MetadataPlan, plan_migration, plan_opaque_blocks
 from shardkv.metadata.v3_view import v3_view_of_v2
 
 __all__ = ["array_metadata", "amend_consolidated", "metadata_order", "store_as_v3"]
@@ -75,29 +76,43 @@ _DOCUMENTS = (".zarray", ".zattrs", ".zgroup", ZARR_JSON, ".zmetadata")
 
 
 def store_as_v3(meta_out: dict[str, bytes], all_v3: bool = False) -> None:
-    """Store each sharded array and the groups above it as Zarr v3 only (issue 11), in place.
+    """Store the hierarchy the way :class:`shardkv.ShardedStore` stores it once an array is sharded, in place.
 
     ``meta_out`` holds the documents of the old layout (a ``.zarray`` beside
-    each sharded array's ``zarr.json``); :func:`shardkv.metadata.hierarchy.plan_migration`
-    says what replaces them: the sharded arrays' and their groups' ``zarr.json``,
-    a ``.zmetadata`` that zarr-python 2 cannot misread, and the root's
-    consolidated block. Unsharded arrays are untouched unless ``all_v3``: then
-    :func:`shardkv.metadata.all_v3.plan_all_v3` adds the ``zarr.json`` of every
-    unsharded array and group (their v2 documents are kept). Last, each group
-    on the path of an array no v3 reader decodes gets a consolidated block
-    that leaves it out (:func:`shardkv.metadata.hierarchy.plan_opaque_blocks`),
-    as the proxy keeps one: v3 readers list its siblings.
+    each sharded array's ``zarr.json``). In turn:
+
+    1. :func:`shardkv.metadata.hierarchy.plan_migration`: each sharded array
+       and the groups above it stored as v3 only, a ``.zmetadata``
+       that zarr-python 2 cannot misread, the root's consolidated block;
+    2. when the root is then a v3 group (an array is sharded), the rest is
+       described in v3 as the proxy does (:func:`shardkv.metadata.all_v3.plan_v3_down`):
+       every v2 group stored as a v3 group, every unsharded array given a
+       ``zarr.json`` mirror beside its kept ``.zarray``/``.zattrs``, so zarr-python 3
+       finds every node from the root; when no array is sharded the hierarchy
+       stays Zarr v2 unless ``all_v3``: then every node also gets a ``zarr.json``
+       beside its kept v2 documents (:func:`shardkv.metadata.all_v3.plan_all_v3`);
+    3. the root's consolidated block, if it has one, lists every v3 node
+       (:func:`shardkv.metadata.all_v3.plan_root_block`);
+    4. each group on the path of an array no v3 reader decodes gets a block
+       that leaves it out (:func:`shardkv.metadata.hierarchy.plan_opaque_blocks`),
+       as the proxy keeps one: v3 readers list its siblings.
     """
-    docs = {k: load_json(k, v) for k, v in meta_out.items() if k.rpartition("/")[2] in _DOCUMENTS}
-    plan = plan_migration(docs)
+    _apply(meta_out, plan_migration(_documents(meta_out)))
+    docs = _documents(meta_out)
+    if docs.get(ZARR_JSON, {}).get("node_type") == "group":
+        _apply(meta_out, plan_v3_down(docs)[0])
+    elif all_v3 and ZARR_JSON not in docs:
+        _apply(meta_out, MetadataPlan(plan_all_v3(docs).writes))
+    _apply(meta_out, plan_root_block(_documents(meta_out)))
+    _apply(meta_out, plan_opaque_blocks(_documents(meta_out)))
+
+
+def _documents(meta_out: Mapping[str, bytes]) -> dict[str, Any]:
+    return {k: load_json(k, v) for k, v in meta_out.items() if k.rpartition("/")[2] in _DOCUMENTS}
+
+
+def _apply(meta_out: dict[str, bytes], plan: MetadataPlan) -> None:
     for key in plan.deletes:
         meta_out.pop(key, None)
     for key, doc in plan.writes.items():
-        meta_out[key] = dump_json(doc, key=key)
-    if all_v3:
-        docs = {k: load_json(k, v) for k, v in meta_out.items() if k.rpartition("/")[2] in _DOCUMENTS}
-        for key, doc in plan_all_v3(docs).writes.items():
-            meta_out[key] = dump_json(doc, key=key)
-    docs = {k: load_json(k, v) for k, v in meta_out.items() if k.rpartition("/")[2] in _DOCUMENTS}
-    for key, doc in plan_opaque_blocks(docs).writes.items():
         meta_out[key] = dump_json(doc, key=key)

@@ -1,31 +1,41 @@
-"""``Options``: every runtime option of a sharding proxy, validated once, picklable as it is.
+"""``Options``: every runtime option of shardkv's facades, validated once, picklable as it is.
 
-Both ``ShardedStore`` classes (zarr 2 and :mod:`shardkv.zarr3`) keep their
-options as one :class:`Options`; a pickled store travels as its base store
-and its options. ``storage_options`` travels inside the opened base store,
-and ``journal`` names a file of one process only, so neither is here.
+The zarr 2 proxies, the zarr 3 store and the draft sharding transformer each
+keep their options as one :class:`Options` (built from the keywords users
+give them, :meth:`Options.from_keywords`, or passed as ``options=``); the
+shard engine and write-back read theirs from it, unchecked. A pickled store
+travels as its base store and its options. ``storage_options`` travels inside
+the opened base store, and ``journal`` names a file of one process only, so
+neither is here.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal, get_args
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, TypedDict, Unpack, get_args
 
-from shardkv.engine.engine import EngineOptions
+from shardkv.engine.locks import Concurrency
 from shardkv.errors import ConfigurationError
-from shardkv.format.layout import ShardLayout
+from shardkv.format.layout import IndexLocation
 from shardkv.format.ranges import ReadPolicy
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
 
-__all__ = ["Options", "Concurrency", "IndexLocation", "DEFAULT_INDEX_CACHE_BYTES"]
-
-Concurrency = Literal["auto", "files", "conditional", "process", "none"]
-"""How writers of one shard keep each other's chunks (see :class:`~shardkv.ShardedStore`)."""
-
-IndexLocation = Literal["start", "end"]
+__all__ = ["Options", "OptionKeywords", "Concurrency", "IndexLocation", "DEFAULT_INDEX_CACHE_BYTES"]
 
 DEFAULT_INDEX_CACHE_BYTES = 64 * 2**20
+
+
+class OptionKeywords(TypedDict, total=False):
+    """The options as keywords of a facade (each as in :class:`Options`; ``read_policy=None``: the default)."""
+
+    index_location: IndexLocation
+    index_checksum: bool
+    index_cache_bytes: int
+    read_policy: ReadPolicy | None
+    buffer_bytes: int | None
+    concurrency: Concurrency
+    lock_timeout: float | None
 
 
 def _nonnegative_int(name: str, value: Any) -> int:
@@ -36,12 +46,12 @@ def _nonnegative_int(name: str, value: Any) -> int:
 
 @dataclass(frozen=True)
 class Options:
-    """The runtime options of a sharding proxy (see :class:`~shardkv.ShardedStore` for each).
+    """The runtime options of a sharding facade (the one place they are checked).
 
     Parameters
     ----------
     chunks_per_shard : ChunksPerShardRule
-        Which arrays created through the proxy are sharded, and how.
+        Which arrays created through the facade are sharded, and how.
     index_location : {"end", "start"}
         Where new shards keep their index (v1.0 ``sharding_indexed`` codec).
     index_checksum : bool
@@ -49,7 +59,7 @@ class Options:
     index_cache_bytes : int
         Limit (bytes) of the cache of decoded shard indexes (default 64 MiB;
         0 disables it). With the index cached, reading a chunk costs one
-        request. The proxy keeps the cache right across its own writes, and
+        request. The facade keeps the cache right across its own writes, and
         chunk reads check entries against other writers' changes where the
         store allows.
     read_policy : ReadPolicy
@@ -62,16 +72,16 @@ class Options:
         are buffered, on ``flush()``, ``close()`` or leaving a ``with``
         block, or when the limit forces the oldest shard out (then merged
         with what is stored). ``None`` (default) writes within each call.
-        Buffered writes are visible to reads through the proxy at once, and
+        Buffered writes are visible to reads through the facade at once, and
         reach the base store only when written: call ``flush()`` (or use
         ``with``) before other readers look. A shard whose write fails stays
         buffered (the error propagates; the next ``flush()`` writes it).
         Write-back data belongs to the process that buffered it: a pickled
         copy of the store (a dask.distributed or ``multiprocessing``
         worker's) writes through, so no worker holds acknowledged writes that
-        no one flushes (issue 20, item 1); pickling a store that holds
-        unflushed writes raises ``UnflushedWritesError``. For parallel writes
-        that fill whole shards, see :func:`shardkv.rechunk_to_shards`.
+        no one flushes; pickling a store that holds unflushed writes raises
+        ``UnflushedWritesError``. For parallel writes that fill whole shards,
+        see :func:`shardkv.rechunk_to_shards`.
     concurrency : {"auto", "files", "conditional", "process", "none"}
         How writers of one shard (threads, stores, processes) keep each
         other's chunks. ``"auto"``: lock files in each array's
@@ -82,7 +92,7 @@ class Options:
         ``ConfigurationError`` for other stores, which need ``"process"``
         (this process only) or ``"none"`` (shard-aligned writers).
     lock_timeout : float or None
-        Longest wait (seconds) for a shard lock.
+        Longest wait (seconds) for a shard lock (then ``LockTimeoutError``).
 
     Raises
     ------
@@ -101,8 +111,11 @@ class Options:
 
     def __post_init__(self) -> None:
         if not isinstance(self.chunks_per_shard, ChunksPerShardRule):
-            raise ConfigurationError(f"chunks_per_shard must be a ChunksPerShardRule here, got {self.chunks_per_shard!r}")
-        ShardLayout((1,), self.index_location, "little", bool(self.index_checksum))  # index_location checked there
+            raise ConfigurationError(
+                f"chunks_per_shard must be a ChunksPerShardRule here, got {self.chunks_per_shard!r}"
+            )
+        if self.index_location not in get_args(IndexLocation):
+            raise ConfigurationError(f"index_location must be 'start' or 'end', got {self.index_location!r}")
         object.__setattr__(self, "index_checksum", bool(self.index_checksum))
         _nonnegative_int("index_cache_bytes", self.index_cache_bytes)
         if not isinstance(self.read_policy, ReadPolicy):
@@ -110,7 +123,9 @@ class Options:
         if self.buffer_bytes is not None:
             _nonnegative_int("buffer_bytes", self.buffer_bytes)
         if self.concurrency not in get_args(Concurrency):
-            raise ConfigurationError(f"concurrency must be one of {list(get_args(Concurrency))}, got {self.concurrency!r}")
+            raise ConfigurationError(
+                f"concurrency must be one of {list(get_args(Concurrency))}, got {self.concurrency!r}"
+            )
         if self.lock_timeout is not None:
             timeout = self.lock_timeout
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout) or timeout < 0:
@@ -118,39 +133,47 @@ class Options:
 
     @classmethod
     def from_keywords(
-        cls,
-        chunks_per_shard: ChunksPerShardOption = None,
-        *,
-        index_location: IndexLocation = "end",
-        index_checksum: bool = True,
-        index_cache_bytes: int = DEFAULT_INDEX_CACHE_BYTES,
-        read_policy: ReadPolicy | None = None,
-        buffer_bytes: int | None = None,
-        concurrency: Concurrency = "auto",
-        lock_timeout: float | None = None,
+        cls, chunks_per_shard: ChunksPerShardOption = None, **keywords: Unpack[OptionKeywords]
     ) -> Options:
-        """The options from the keyword arguments users give a proxy (``chunks_per_shard`` as users write it).
+        """The options from the keywords users give a facade (``chunks_per_shard`` as users write it).
 
         Raises
         ------
         ConfigurationError
             If a value is invalid.
+        TypeError
+            For a keyword that names no option.
         """
-        return cls(
-            ChunksPerShardRule.parse(chunks_per_shard),
-            index_location,
-            index_checksum,
-            index_cache_bytes,
-            ReadPolicy() if read_policy is None else read_policy,
-            buffer_bytes,
-            concurrency,
-            lock_timeout,
-        )
+        unknown = sorted(set(keywords) - set(OptionKeywords.__annotations__))
+        if unknown:
+            raise TypeError(f"unexpected option {unknown[0]!r}; the options are {[f.name for f in fields(cls)]}")
+        given: dict[str, Any] = dict(keywords)
+        if given.get("read_policy", 0) is None:
+            del given["read_policy"]
+        return cls(ChunksPerShardRule.parse(chunks_per_shard), **given)
 
-    def engine_options(self) -> EngineOptions:
-        """The options the shard engine takes (cache, read policy, concurrency, lock timeout)."""
-        return EngineOptions(self.index_cache_bytes, self.read_policy, self.concurrency, self.lock_timeout)
+    @classmethod
+    def of(
+        cls, options: Options | None, chunks_per_shard: ChunksPerShardOption, keywords: OptionKeywords
+    ) -> Options:
+        """A facade's options: ``options=`` as given, or else built from its keywords (not both).
+
+        Raises
+        ------
+        ConfigurationError
+            If a value is invalid, or ``options`` comes with ``chunks_per_shard`` or option keywords.
+        TypeError
+            For a keyword that names no option.
+        """
+        if options is None:
+            return cls.from_keywords(chunks_per_shard, **keywords)
+        if not isinstance(options, Options):
+            raise ConfigurationError(f"options must be an Options, got {options!r}")
+        if chunks_per_shard is not None or keywords:
+            given = sorted(keywords) + (["chunks_per_shard"] if chunks_per_shard is not None else [])
+            raise ConfigurationError(f"options= comes with all the options; got {given} beside it")
+        return options
 
     def for_copy(self) -> Options:
-        """The options of a pickled copy: the same, except that the copy writes through (issue 20, item 1)."""
+        """The options of a pickled copy: the same, except that the copy writes through (no write-back)."""
         return self if self.buffer_bytes is None else replace(self, buffer_bytes=None)

@@ -1,6 +1,6 @@
 """The source listing of ``shardkv convert``, streamed: arrays found by walking groups, chunks as bits.
 
-A conversion must not hold one string per chunk (issue 21): a million-chunk
+A conversion must not hold one string per chunk: a million-chunk
 array listed with fsspec's ``find`` and sorted costs about a kilobyte per
 chunk. This module walks the hierarchy instead:
 
@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import fsspec.asyn
 from fsspec import AbstractFileSystem
@@ -42,8 +43,16 @@ from shardkv.metadata.v3_view import v2_dimension_separator
 from shardkv.storage.kv import LOCK_DIR, TEMP_MARKER, hidden
 from shardkv.storage.local import LocalStore
 
-__all__ = ["ChunkBitmap", "block_coords", "ArrayListing", "HierarchyWalk", "walk_hierarchy", "list_array", "iter_array_keys",
-           "PAGE_KEYS"]
+__all__ = [
+    "ChunkBitmap",
+    "block_coords",
+    "ArrayListing",
+    "HierarchyWalk",
+    "walk_hierarchy",
+    "list_array",
+    "iter_array_keys",
+    "PAGE_KEYS",
+]
 
 _NODE_DOCUMENTS = (".zarray", ".zgroup", ".zattrs", "zarr.json")
 
@@ -80,7 +89,7 @@ class ChunkBitmap:
         self._strides = tuple(reversed(strides))
 
     def _flat(self, coords: tuple[int, ...]) -> int:
-        return sum(c * s for c, s in zip(coords, self._strides))
+        return sum(c * s for c, s in zip(coords, self._strides, strict=True))
 
     def add(self, coords: tuple[int, ...]) -> None:
         """Mark the chunk at ``coords`` (in the grid) as stored."""
@@ -182,7 +191,7 @@ class HierarchyWalk:
 
 
 class _Lister:
-    """Directory listings of the source: local ``os.scandir``, an fsspec filesystem's ``ls``, or the store's ``list_dir``."""
+    """Directory listings of the source: local ``os.scandir``, an fsspec file system's ``ls``, or ``list_dir``."""
 
     def __init__(self, source: HierarchyView) -> None:
         self.source = source
@@ -445,7 +454,7 @@ def list_array(source: HierarchyView, path: str, zarray: Mapping[str, Any], meta
             coords = _decode(encodings[sep], suffix, ndim)
             if coords is None:
                 continue
-            if all(c < g for c, g in zip(coords, grid)):
+            if all(c < g for c, g in zip(coords, grid, strict=True)):
                 bitmaps[sep].add(coords)
             else:
                 stale[sep].append(key)
@@ -464,6 +473,4 @@ def list_array(source: HierarchyView, path: str, zarray: Mapping[str, Any], meta
                 path,
             )
         separator, detected = ("/", True) if n_slash else (".", False)
-    return ArrayListing(
-        path, dict(zarray), separator, detected, bitmaps[separator], meta_keys, stale[separator], other
-    )
+    return ArrayListing(path, dict(zarray), separator, detected, bitmaps[separator], meta_keys, stale[separator], other)

@@ -4,16 +4,17 @@
 ``chunks_per_shard`` to use, or the reason it is copied unsharded (already
 sharded, 0-d, a ``chunks_per_shard`` tuple for other dimensions, or a data type
 whose sharded form shardkv could not present back as a Zarr v2 array, which
-would make the array vanish: issue 20). :func:`check_fit` refuses a tuple that
+would make the array vanish). :func:`check_fit` refuses a tuple that
 fits no array; :func:`warn_nothing_gained` warns when every shard would hold a
-single chunk (issue 22).
+single chunk.
 """
 
 from __future__ import annotations
 
 import json
 import warnings
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from shardkv.cli.errors import ChunksPerShardMismatchError
 from shardkv.errors import ShardKVError
@@ -32,14 +33,18 @@ _UNSHARDABLE = ("already sharded", "0-d", "dtype ")  # reasons that are not a ch
 
 
 def plan_array(
-    path: str, zarray: Mapping[str, Any], meta: Mapping[str, bytes], chunks_per_shard: ChunksPerShard,
-    index_location: str, index_checksum: bool,
-) -> Plan:  # fmt: skip
+    path: str,
+    zarray: Mapping[str, Any],
+    meta: Mapping[str, bytes],
+    chunks_per_shard: ChunksPerShard,
+    index_location: str,
+    index_checksum: bool,
+) -> Plan:
     """``chunks_per_shard`` for one array, or ``None`` and the reason it stays unsharded.
 
     An array whose sharded ``zarr.json`` shardkv could not present back as a
     Zarr v2 array (an object dtype, for example) stays unsharded: sharding it
-    would make it vanish for every reader (issue 20).
+    would make it vanish for every reader.
     """
     ndim = len(zarray["shape"])
     zjson = meta.get(join_path(path, "zarr.json"))
@@ -66,9 +71,7 @@ def plan_array(
     return cps, None
 
 
-def check_fit(
-    plans: Mapping[str, Plan], cps: ChunksPerShard, skip_mismatched: bool
-) -> None:
+def check_fit(plans: Mapping[str, Plan], cps: ChunksPerShard, skip_mismatched: bool) -> None:
     """Refuse a ``chunks_per_shard`` tuple that fits no array (unless ``skip_mismatched``).
 
     Raises

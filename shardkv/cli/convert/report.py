@@ -75,6 +75,12 @@ class ConvertReport:
         Processes that wrote shards (1: this process alone; 0: a dask.distributed cluster).
     groups : int
         Groups of the source, every one checked to be in the output (as every array is).
+    v3_root : bool
+        True when the output's root is a Zarr v3 group (an array is sharded, or ``all_v3``):
+        zarr-python 3 reads the hierarchy as v3; otherwise as the Zarr v2 hierarchy it is.
+    zarr2_only : dict of str to str
+        Arrays zarr-python 3 does not reach from the root (path -> why: a data type no
+        v3 reader decodes); zarr-python 2 reads them, with shardkv or without.
     """
 
     src: str
@@ -88,6 +94,8 @@ class ConvertReport:
     shards_verified: int = 0
     workers: int = 1
     groups: int = 0
+    v3_root: bool = False
+    zarr2_only: dict[str, str] = field(default_factory=dict)
 
     @property
     def sharded(self) -> list[ArrayReport]:
@@ -118,7 +126,7 @@ class ConvertReport:
         """A JSON-ready dict of the report."""
         doc = asdict(self)
         doc["shards"] = self.shards
-        for a, d in zip(self.arrays, doc["arrays"]):
+        for a, d in zip(self.arrays, doc["arrays"], strict=True):
             d["sharded"] = a.sharded
         return doc
 
@@ -152,9 +160,20 @@ class ConvertReport:
                 f"({self.shards_verified} of them read back and checked), "
                 f"{self.shards - self.shards_skipped} written now"
             )
-        lines.append(f"  checked: the output holds every array ({len(self.arrays)}) and group ({self.groups}) "
-                     "of the source")
+        zarr3 = "as Zarr v3" if self.v3_root else "as the Zarr v2 hierarchy it is"
+        reached = len(self.arrays) - len(self.zarr2_only)
+        lines.append(
+            f"  checked: the output holds every array ({len(self.arrays)}) and group ({self.groups}) "
+            f"of the source; zarr 3 opens it at the root {zarr3} and reaches {reached} arrays "
+            f"and every group"
+        )
+        if self.zarr2_only:
+            names = [f"{p} ({why})" for p, why in self.zarr2_only.items()]
+            more = f", ... and {len(names) - max_listed} more" if len(names) > max_listed else ""
+            lines.append("  zarr 2 only (zarr 3 does not read them): " + ", ".join(names[:max_listed]) + more)
         lines.append(f"  objects: {self.objects_before} -> {self.objects_after}")
-        ratio = f" ({100 * (self.bytes_after - self.bytes_before) / self.bytes_before:+.2f}%)" if self.bytes_before else ""
+        ratio = (
+            f" ({100 * (self.bytes_after - self.bytes_before) / self.bytes_before:+.2f}%)" if self.bytes_before else ""
+        )
         lines.append(f"  bytes: {self.bytes_before} -> {self.bytes_after}{ratio}")
         return "\n".join(lines)

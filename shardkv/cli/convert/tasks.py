@@ -7,7 +7,7 @@ unchanged) and writes the shards. No two tasks name the same shard, so tasks
 can run in any order and in parallel without touching each other's objects.
 
 :func:`array_tasks` makes the tasks of one array lazily, one shard at a time,
-from the bitmap of its stored chunks (:class:`shardkv.cli.convert_listing.ChunkBitmap`):
+from the bitmap of its stored chunks (:class:`shardkv.cli.convert.listing.ChunkBitmap`):
 chunk keys exist as strings only for the shards of tasks in flight.
 
 :func:`execute` runs an iterable of tasks in this process (``workers=1``), in a
@@ -27,18 +27,28 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
-from shardkv.cli.convert_listing import ArrayListing, ChunkBitmap, block_coords
+from shardkv.cli.convert.listing import ArrayListing, ChunkBitmap, block_coords
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
 from shardkv.keys.encodings import V2ChunkKeyEncoding
 from shardkv.keys.paths import path_prefix
 from shardkv.storage.kv import KVStore
 
-__all__ = ["ShardTask", "TaskResult", "run_task", "execute", "array_tasks", "shard_index", "shard_members_at", "IN_FLIGHT_PER_WORKER"]
+__all__ = [
+    "ShardTask",
+    "TaskResult",
+    "run_task",
+    "execute",
+    "array_tasks",
+    "shard_index",
+    "shard_members_at",
+    "IN_FLIGHT_PER_WORKER",
+]
 
 IN_FLIGHT_PER_WORKER = 2
 """Tasks submitted ahead per worker: enough to keep each busy, few enough to bound memory."""
@@ -100,7 +110,7 @@ class TaskResult:
 def shard_index(shard_coords: tuple[int, ...], shard_grid: tuple[int, ...]) -> int:
     """The position of a shard in its array's shard grid, C order."""
     index = 0
-    for c, g in zip(shard_coords, shard_grid):
+    for c, g in zip(shard_coords, shard_grid, strict=True):
         index = index * g + c
     return index
 
@@ -109,20 +119,22 @@ def _shard_members(
     chunks: ChunkBitmap, shard_coords: tuple[int, ...], cps: tuple[int, ...], key_of: Callable[[tuple[int, ...]], str]
 ) -> tuple[tuple[tuple[int, ...], str], ...]:
     """``(local coords, chunk key)`` of the stored chunks of one shard, in C order."""
-    lo = tuple(s * n for s, n in zip(shard_coords, cps))
-    hi = tuple(min(a + n, g) for a, n, g in zip(lo, cps, chunks.grid))
+    lo = tuple(s * n for s, n in zip(shard_coords, cps, strict=True))
+    hi = tuple(min(a + n, g) for a, n, g in zip(lo, cps, chunks.grid, strict=True))
     if not chunks.any_in(lo, hi):
         return ()
     members = []
     for coords in block_coords(lo, hi):
         if coords in chunks:
-            members.append((tuple(c - a for c, a in zip(coords, lo)), key_of(coords)))
+            members.append((tuple(c - a for c, a in zip(coords, lo, strict=True)), key_of(coords)))
     return tuple(members)
 
 
-def shard_members_at(listing: ArrayListing, cps: tuple[int, ...], index: int) -> tuple[tuple[tuple[int, ...], str], ...]:
+def shard_members_at(
+    listing: ArrayListing, cps: tuple[int, ...], index: int
+) -> tuple[tuple[tuple[int, ...], str], ...]:
     """``(local coords, chunk key)`` of the stored chunks of the shard at ``index`` (C order) of an array."""
-    shard_grid = tuple(-(-g // n) for g, n in zip(listing.chunks.grid, cps))
+    shard_grid = tuple(-(-g // n) for g, n in zip(listing.chunks.grid, cps, strict=True))
     coords = []
     for g in reversed(shard_grid):
         index, c = divmod(index, g)
@@ -137,6 +149,7 @@ def array_tasks(
     max_chunks: int,
     skip: Callable[[int], bool] = lambda index: False,
     on_skipped: Callable[[int, int], None] = lambda index, n_chunks: None,
+    on_empty: Callable[[int], None] = lambda index: None,
 ) -> Iterator[ShardTask]:
     """The tasks of one array, made lazily: whole shards, about ``max_chunks`` chunks each.
 
@@ -154,10 +167,12 @@ def array_tasks(
         ``skip(shard_index)``: True for a shard an earlier run finished (not in any task).
     on_skipped : callable
         Called with ``(shard_index, chunks in it)`` for each shard skipped.
+    on_empty : callable
+        Called with ``shard_index`` for each shard-grid position that holds no stored chunk (no task).
     """
     encoding = V2ChunkKeyEncoding(listing.separator)  # type: ignore[arg-type]
     prefix = path_prefix(listing.path)
-    shard_grid = tuple(-(-g // n) for g, n in zip(listing.chunks.grid, cps))
+    shard_grid = tuple(-(-g // n) for g, n in zip(listing.chunks.grid, cps, strict=True))
     batch: list[tuple[int, str, tuple[tuple[tuple[int, ...], str], ...]]] = []
     n = 0
 
@@ -166,9 +181,10 @@ def array_tasks(
 
     for shard_coords in block_coords((0,) * len(shard_grid), shard_grid):
         members = _shard_members(listing.chunks, shard_coords, cps, key_of)
-        if not members:
-            continue
         index = shard_index(shard_coords, shard_grid)
+        if not members:
+            on_empty(index)
+            continue
         if skip(index):
             on_skipped(index, len(members))
             continue
@@ -277,15 +293,19 @@ def _watch_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="shardkv-watch-parent", daemon=True).start()
 
 
-def _execute_processes(tasks: Iterable[ShardTask], on_done: Callable[[ShardTask, TaskResult], None], workers: int) -> None:
+def _execute_processes(
+    tasks: Iterable[ShardTask], on_done: Callable[[ShardTask, TaskResult], None], workers: int
+) -> None:
     import multiprocessing
 
     pending = iter(tasks)
     in_flight: dict[Future[TaskResult], ShardTask] = {}
     with ProcessPoolExecutor(
-        max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-        initializer=_watch_parent, initargs=(os.getpid(),),
-    ) as pool:  # fmt: skip
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_watch_parent,
+        initargs=(os.getpid(),),
+    ) as pool:
         try:
             while True:
                 while len(in_flight) < IN_FLIGHT_PER_WORKER * workers:
@@ -303,14 +323,14 @@ def _execute_processes(tasks: Iterable[ShardTask], on_done: Callable[[ShardTask,
             raise
 
 
-def _execute_distributed(tasks: Iterable[ShardTask], on_done: Callable[[ShardTask, TaskResult], None], address: str) -> None:
+def _execute_distributed(
+    tasks: Iterable[ShardTask], on_done: Callable[[ShardTask, TaskResult], None], address: str
+) -> None:
     try:
         from distributed import Client
         from distributed import as_completed as dask_as_completed
     except ImportError:
-        raise ConfigurationError(
-            "--scheduler needs dask.distributed: pip install 'shardkv[distributed]'"
-        ) from None
+        raise ConfigurationError("--scheduler needs dask.distributed: pip install 'shardkv[distributed]'") from None
     with Client(address, timeout=30) as client:
         limit = IN_FLIGHT_PER_WORKER * max(1, len(client.scheduler_info().get("workers", {})))
         pending = iter(tasks)
