@@ -40,8 +40,11 @@ import peers_matrix
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ROOT / "benchmarks" / "workloads"
-ENVS = {"zarr2": (".venv-zarr2", "test-zarr2"), "zarr3": (".venv-zarr3", "test-zarr3"),
-        "bench": (".venv-bench", "bench-peers")}
+ENVS = {
+    "zarr2": (".venv-zarr2", "test-zarr2"),
+    "zarr3": (".venv-zarr3", "test-zarr3"),
+    "bench": (".venv-bench", "bench-peers"),
+}
 # the interpreter .venv-bench is made with (pyenv's 3.12), else python3.12 on PATH
 BENCH_PYTHON = (str(Path.home() / ".pyenv" / "versions" / "3.12.1" / "bin" / "python"), "python3.12")
 # 3 at full size (not 5): the whole run, peer matrix included, fits in about 10 minutes
@@ -100,8 +103,9 @@ def find_python(name: str, override: str | None) -> str | None:
 # -- workloads ----------------------------------------------------------------------
 
 
-def run_workload(python: str | None, workload: str, impl: str, args: argparse.Namespace, repeat: int,
-                 extra: list[str] | None = None) -> Any:
+def run_workload(
+    python: str | None, workload: str, impl: str, args: argparse.Namespace, repeat: int, extra: list[str] | None = None
+) -> Any:
     """Run one workload subprocess (``extra``: more arguments); its JSON result, or ``Missing``.
 
     At size smoke a workload of this interpreter's environment runs in this process instead (see ``OWN_PROCESS``).
@@ -113,8 +117,11 @@ def run_workload(python: str | None, workload: str, impl: str, args: argparse.Na
         return Missing("skipped: --only")
     argv = ["--json", "--size", args.size, "--repeat", str(repeat), "--impl", impl, "--seed", str(args.seed)]
     argv += extra or []
-    here = (args.size == "smoke" and (workload, impl) not in OWN_PROCESS
-            and os.path.abspath(python) == os.path.abspath(sys.executable))
+    here = (
+        args.size == "smoke"
+        and (workload, impl) not in OWN_PROCESS
+        and os.path.abspath(python) == os.path.abspath(sys.executable)
+    )
     t0 = time.perf_counter()
     shown = [a for a in (extra or []) if not a.startswith(("http:", "/"))]  # not the server's address and log
     log(f"  {workload} --impl {impl} {' '.join(shown)}{' (in this process)' if here else ''} ...")
@@ -122,8 +129,13 @@ def run_workload(python: str | None, workload: str, impl: str, args: argparse.Na
         returncode, stdout, stderr = run_here(workload, argv)
     else:
         try:
-            proc = subprocess.run([python, str(WORKLOADS / f"{workload}.py"), *argv], capture_output=True, text=True,
-                                  cwd=ROOT, timeout=args.timeout)
+            proc = subprocess.run(
+                [python, str(WORKLOADS / f"{workload}.py"), *argv],
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+                timeout=args.timeout,
+            )
         except subprocess.TimeoutExpired:
             log(f"    timed out after {args.timeout} s")
             return Missing(f"timed out after {args.timeout} s", failed=True)
@@ -185,6 +197,7 @@ def collect(args: argparse.Namespace, py2: str | None, py3: str | None) -> dict[
             "convert_scale/tensorstore",
             "list_scale/shardkv",
             "s3_reads/all",
+            "zarr3_store_write/shardkv-zarr3",
             *(f"dask_writes/{i}" for i in DASK_IMPLS),
         ]
         return {name: Missing("skipped: --peers-only") for name in names}
@@ -192,6 +205,7 @@ def collect(args: argparse.Namespace, py2: str | None, py3: str | None) -> dict[
     res["write_read/zarr3"] = run_workload(py3, "write_read", "zarr3", args, rep)
     for impl in ("shardkv-writeback", "shardkv", "zarr2-transformer"):
         res[f"chunkwise_write/{impl}"] = run_workload(py2, "chunkwise_write", impl, args, rep)
+    res["zarr3_store_write/shardkv-zarr3"] = run_workload(py3, "zarr3_store_write", "shardkv-zarr3", args, rep)
     res["random_reads/shardkv"] = run_workload(py2, "random_reads", "shardkv", args, rep)
     res["random_reads/zarr3"] = run_workload(py3, "random_reads", "zarr3", args, rep)
     res["proxy_overhead/shardkv"] = run_workload(py2, "proxy_overhead", "shardkv", args, rep)
@@ -284,8 +298,17 @@ def build_rows(res: dict[str, Any]) -> list[list[str]]:
     rows: list[list[str]] = []
     wr_sk, wr_z3 = res["write_read/shardkv"], res["write_read/zarr3"]
     p1 = _shape_text(wr_sk, wr_z3)
-    rows.append(ratio_row("P1", f"full write {p1}: zarr 2.18 + ShardedStore(dir) vs zarr 3 ShardingCodec; time",
-                          median(wr_sk, "write_s"), median(wr_z3, "write_s"), "zarr 3", fmt_s, 0.8))
+    rows.append(
+        ratio_row(
+            "P1",
+            f"full write {p1}: zarr 2.18 + ShardedStore(dir) vs zarr 3 ShardingCodec; time",
+            median(wr_sk, "write_s"),
+            median(wr_z3, "write_s"),
+            "zarr 3",
+            fmt_s,
+            0.8,
+        )
+    )
 
     transformer = res["chunkwise_write/zarr2-transformer"]
     if isinstance(transformer, Missing):
@@ -305,6 +328,8 @@ def build_rows(res: dict[str, Any]) -> list[list[str]]:
         bw = median(r, "bytes_written")
         rows.append(value_row(rid, what, f"{fmt_bytes(bw)} written", tr_cell, bw / r["array_bytes"], goal))
 
+    rows.extend(zarr3_write_rows(res))
+
     rr_sk, rr_z3 = res["random_reads/shardkv"], res["random_reads/zarr3"]
     n = next((r["reads_per_pass"] for r in (rr_sk, rr_z3) if not isinstance(r, Missing)), "?")
     for rid, name, goal in (("P3", "warm", 1.0), ("P3-cold", "cold", None)):
@@ -316,8 +341,17 @@ def build_rows(res: dict[str, Any]) -> list[list[str]]:
         sk_cell = "" if isinstance(sk, Missing) else f"{sk:.2f} req/chunk"
         rows.append(value_row(rid, what, sk_cell, z3_cell, sk, goal))
 
-    rows.append(ratio_row("P4", f"whole-array read {p1}: zarr 2.18 + ShardedStore(dir) vs zarr 3 ShardingCodec; time",
-                          median(wr_sk, "read_s"), median(wr_z3, "read_s"), "zarr 3", fmt_s, 0.8))
+    rows.append(
+        ratio_row(
+            "P4",
+            f"whole-array read {p1}: zarr 2.18 + ShardedStore(dir) vs zarr 3 ShardingCodec; time",
+            median(wr_sk, "read_s"),
+            median(wr_z3, "read_s"),
+            "zarr 3",
+            fmt_s,
+            0.8,
+        )
+    )
 
     po = res["proxy_overhead/shardkv"]
     rows.append(
@@ -333,17 +367,28 @@ def build_rows(res: dict[str, Any]) -> list[list[str]]:
     )
 
     wl = res["warm_reads_local/shardkv"]
-    rows.append(ratio_row("P8", f"warm random single-chunk reads {_shape_text(wl)}: zarr 2.18 on ShardedStore(dir) vs "
-                          "DirectoryStore(dir), same chunks unsharded; time per read",
-                          median(wl, "sharded_s"), median(wl, "plain_s"), "DirectoryStore", fmt_s, 1.0))
+    rows.append(
+        ratio_row(
+            "P8",
+            f"warm random single-chunk reads {_shape_text(wl)}: zarr 2.18 on ShardedStore(dir) vs "
+            "DirectoryStore(dir), same chunks unsharded; time per read",
+            median(wl, "sharded_s"),
+            median(wl, "plain_s"),
+            "DirectoryStore",
+            fmt_s,
+            1.0,
+        )
+    )
 
     pm = res["peak_memory/shardkv"]
     if isinstance(pm, Missing):
         rows.append(value_row("P6", "peak RSS of a write-back write, chunk row by chunk row", "", "—", pm, 1.0))
     else:
         peak = median(pm, "peak_above_baseline_bytes")
-        what = (f"peak RSS above baseline writing {_shape_text(pm)} chunk row by chunk row, write-back "
-                f"(buffer_bytes = {fmt_bytes(pm['buffer_bytes'])}); ratio = peak / (buffer + 2 shards)")
+        what = (
+            f"peak RSS above baseline writing {_shape_text(pm)} chunk row by chunk row, write-back "
+            f"(buffer_bytes = {fmt_bytes(pm['buffer_bytes'])}); ratio = peak / (buffer + 2 shards)"
+        )
         note = f"{fmt_bytes(pm['limit_bytes'])}"
         rows.append(value_row("P6", what, fmt_bytes(peak), "—", peak / pm["limit_bytes"], 1.0, note))
     rows.extend(convert_rows(res))
@@ -353,33 +398,78 @@ def build_rows(res: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def zarr3_write_rows(res: dict[str, Any]) -> list[list[str]]:
+    """W29-1: zarr 3 ``z[...] = data`` through ``shardkv.zarr3.ShardedStore(dir)``, default options."""
+    r = res["zarr3_store_write/shardkv-zarr3"]
+    what = "zarr 3 whole write through shardkv.zarr3.ShardedStore(dir), default options"
+    if isinstance(r, Missing):
+        return [value_row("W29-1", f"{what}: bytes written / stored", "", "—", r, 1.1)]
+    shape = "x".join(map(str, r["shape"]))
+    written, stored = median(r, "written_bytes"), median(r, "stored_bytes")
+    cell = (
+        f"{fmt_bytes(written)} written, {fmt_s(median(r, 'write_s'))}, {median(r, 'shard_puts'):.0f} shard puts, "
+        f"{median(r, 'writes_queued'):.0f} chunk writes queued"
+    )
+    return [
+        value_row(
+            "W29-1",
+            f"{what}, {shape} u2, 64³ chunks, 4³ per shard, zstd 0: bytes written / stored",
+            cell,
+            f"{fmt_bytes(stored)} stored",
+            written / stored,
+            1.1,
+        )
+    ]
+
+
 def convert_rows(res: dict[str, Any]) -> list[list[str]]:
     """P21: ``shardkv convert`` of many 1 KiB chunks vs tensorstore's copy: time, and peak RSS (goal 300 MiB)."""
     sk, peer = res["convert_scale/shardkv"], res["convert_scale/tensorstore"]
     n = next((r["chunks"] for r in (sk, peer) if not isinstance(r, Missing)), "?")
     what = f"convert {n:,} chunks of 1 KiB to 1,024 chunks per shard" if isinstance(n, int) else "convert"
-    rows = [ratio_row("P21-convert", f"{what}: shardkv convert vs tensorstore copy; time",
-                      median(sk, "copy_s"), median(peer, "copy_s"), "tensorstore", fmt_s, 1.0)]
+    rows = [
+        ratio_row(
+            "P21-convert",
+            f"{what}: shardkv convert vs tensorstore copy; time",
+            median(sk, "copy_s"),
+            median(peer, "copy_s"),
+            "tensorstore",
+            fmt_s,
+            1.0,
+        )
+    ]
     peak, peer_peak = median(sk, "peak_rss_bytes"), median(peer, "peak_rss_bytes")
     peer_cell = str(peer_peak) if isinstance(peer_peak, Missing) else f"{fmt_bytes(peer_peak)} (tensorstore)"
     if isinstance(peak, Missing):
         rows.append(value_row("P21-convert-rss", f"{what}: peak RSS / 300 MiB", "", peer_cell, peak, 1.0))
     else:
-        rows.append(value_row("P21-convert-rss", f"{what}: peak RSS / 300 MiB", fmt_bytes(peak), peer_cell,
-                              peak / (300 * MiB), 1.0))
+        rows.append(
+            value_row(
+                "P21-convert-rss", f"{what}: peak RSS / 300 MiB", fmt_bytes(peak), peer_cell, peak / (300 * MiB), 1.0
+            )
+        )
     return rows
 
 
-LIST_OPS = (("list", "list(store)"), ("len", "len(store)"), ("keys", "list(store.keys())"),
-            ("nchunks", "zarr 2 nchunks_initialized"))
+LIST_OPS = (
+    ("list", "list(store)"),
+    ("len", "len(store)"),
+    ("keys", "list(store.keys())"),
+    ("nchunks", "zarr 2 nchunks_initialized"),
+)
 
 
 def listing_rows(res: dict[str, Any]) -> list[list[str]]:
     """P21 listing rows: each listing of the many-chunk array through ShardedStore vs DirectoryStore (goal 0.5)."""
     r = res["list_scale/shardkv"]
-    what = "listing" if isinstance(r, Missing) else (
-        f"{r['chunks']:,} chunks of {r['chunk_shape'][0]}x{r['chunk_shape'][1]} u1, "
-        f"{r['chunks_per_shard']:,} per shard ({r['shards']:,} shards)")
+    what = (
+        "listing"
+        if isinstance(r, Missing)
+        else (
+            f"{r['chunks']:,} chunks of {r['chunk_shape'][0]}x{r['chunk_shape'][1]} u1, "
+            f"{r['chunks_per_shard']:,} per shard ({r['shards']:,} shards)"
+        )
+    )
     return [
         ratio_row(
             f"P21-{op}",
@@ -412,20 +502,39 @@ def s3_rows(res: dict[str, Any]) -> list[list[str]]:
 
     for layout, label in S3_LAYOUTS:
         ts = got.get(f"tensorstore/{layout}", {})
-        ts_cell = f"{ts['warm']['bytes'] / (ts['reads'] * 256):.2f}: {cell(ts['warm'], ts['reads'])} (tensorstore)" \
-            if "warm" in ts else str(ts_missing)
+        ts_cell = (
+            f"{ts['warm']['bytes'] / (ts['reads'] * 256):.2f}: {cell(ts['warm'], ts['reads'])} (tensorstore)"
+            if "warm" in ts
+            else str(ts_missing)
+        )
         for impl, impl_label in S3_IMPLS:
             what = (
                 f"S3 warm single-chunk reads, 256 B chunks, {label}, {impl_label}: body bytes transferred / chunk bytes"
             )
             x = got.get(f"{impl}/{layout}")
             if x is None or "warm" not in x:
-                rows.append(value_row(f"P21-s3-warm-{layout}-{impl}", what, "", ts_cell,
-                                      r if isinstance(r, Missing) else Missing("no result"), 1.1))
+                rows.append(
+                    value_row(
+                        f"P21-s3-warm-{layout}-{impl}",
+                        what,
+                        "",
+                        ts_cell,
+                        r if isinstance(r, Missing) else Missing("no result"),
+                        1.1,
+                    )
+                )
                 continue
             rid = f"P21-s3-warm-{layout}-{impl}"
-            rows.append(value_row(rid, f"{what} ({x['reads']} reads)", cell(x["warm"], x["reads"]), ts_cell,
-                                  x["warm"]["bytes"] / (x["reads"] * 256), 1.1))
+            rows.append(
+                value_row(
+                    rid,
+                    f"{what} ({x['reads']} reads)",
+                    cell(x["warm"], x["reads"]),
+                    ts_cell,
+                    x["warm"]["bytes"] / (x["reads"] * 256),
+                    1.1,
+                )
+            )
     ts = got.get("tensorstore/1024", {})
     for impl, impl_label in S3_IMPLS:
         what = f"S3 cold read of one chunk (new store, open + read), 1,024 chunks/shard, {impl_label}: "
@@ -464,14 +573,27 @@ def dask_rows(res: dict[str, Any]) -> list[list[str]]:
     for rid, impl, peer, label in (
         ("P7-dask", "shardkv", "zarr2-threads", "da.store, 64x64 blocks, threads, default (write-through)"),
         ("P7-dask-buffer", "shardkv-buffer", "zarr2-threads", "da.store, 64x64 blocks, threads, buffer_bytes"),
-        ("P7-dask-rechunk", "shardkv-rechunk", "zarr2-cluster",
-         "rechunk_to_shards + da.store, LocalCluster 2 processes (zarr 2: 64x64 blocks, same cluster)"),
+        (
+            "P7-dask-rechunk",
+            "shardkv-rechunk",
+            "zarr2-cluster",
+            "rechunk_to_shards + da.store, LocalCluster 2 processes (zarr 2: 64x64 blocks, same cluster)",
+        ),
         ("P7-xarray", "xarray-shardkv", "xarray-zarr2", "Dataset.to_zarr, 64x64 blocks, threads, default"),
         ("P7-xarray-buffer", "xarray-shardkv-buffer", "xarray-zarr2", "Dataset.to_zarr, threads, buffer_bytes"),
     ):
         what = f"dask write {shape}, 8x8 chunks per shard, {label}: time vs plain zarr 2 DirectoryStore"
-        rows.append(ratio_row(rid, what, median(res[f"dask_writes/{impl}"], "write_s"),
-                              median(res[f"dask_writes/{peer}"], "write_s"), "zarr 2", fmt_s, None))
+        rows.append(
+            ratio_row(
+                rid,
+                what,
+                median(res[f"dask_writes/{impl}"], "write_s"),
+                median(res[f"dask_writes/{peer}"], "write_s"),
+                "zarr 2",
+                fmt_s,
+                None,
+            )
+        )
     return rows
 
 
@@ -560,18 +682,24 @@ def notes(res: dict[str, Any], size: str) -> list[str]:
         "above blosc.",
     ]
     if size == "smoke":
-        out.append("- Size smoke: the test suite's check that every workload runs and reports its fields; the "
-                   "workloads of the runner's environment ran in its process, dask's LocalCluster with one worker "
-                   "thread; no figure here means anything.")
+        out.append(
+            "- Size smoke: the test suite's check that every workload runs and reports its fields; the "
+            "workloads of the runner's environment ran in its process, dask's LocalCluster with one worker "
+            "thread; no figure here means anything."
+        )
     elif size != "full":
-        out.append(f"- Size {size}: timed operations last milliseconds, so time ratios swing with machine load; "
-                   "quote `--size full` timings. Counts, bytes and memory do not depend on load.")
+        out.append(
+            f"- Size {size}: timed operations last milliseconds, so time ratios swing with machine load; "
+            "quote `--size full` timings. Counts, bytes and memory do not depend on load."
+        )
     for key in ("chunkwise_write/shardkv-writeback", "chunkwise_write/shardkv", "chunkwise_write/zarr2-transformer"):
         r = res[key]
         if not isinstance(r, Missing):
             written, stored = median(r, "bytes_written"), median(r, "stored_bytes")
-            out.append(f"- {key}: {fmt_bytes(written)} written in {median(r, 'writes'):.0f} writes; "
-                       f"{fmt_bytes(stored)} stored at the end; written / stored = {written / stored:.2f}")
+            out.append(
+                f"- {key}: {fmt_bytes(written)} written in {median(r, 'writes'):.0f} writes; "
+                f"{fmt_bytes(stored)} stored at the end; written / stored = {written / stored:.2f}"
+            )
     loads = [a for i in DASK_IMPLS if not isinstance(r := res[f"dask_writes/{i}"], Missing) for a in r["load_avg_1m"]]
     if loads:
         out.append(f"- P7 (dask_writes): 1-minute load average {min(loads):.2f} to {max(loads):.2f} during the runs.")
@@ -583,25 +711,33 @@ def notes(res: dict[str, Any], size: str) -> list[str]:
                     f"- WARNING {key}: store methods not counted as requests: {', '.join(r['uncounted_methods'])}"
                 )
             if r.get("stat_calls"):
-                out.append(f"- {key}: also {r['stat_calls']} request-free size/validator look-ups "
-                           "(local stat; stores without them answer None) over all passes")
-            out.append(f"- {key}: {median(r, 'cold_s_per_chunk') * 1e6:.0f} µs per chunk cold, "
-                       f"{median(r, 'warm_s_per_chunk') * 1e6:.0f} µs warm")
+                out.append(
+                    f"- {key}: also {r['stat_calls']} request-free size/validator look-ups "
+                    "(local stat; stores without them answer None) over all passes"
+                )
+            out.append(
+                f"- {key}: {median(r, 'cold_s_per_chunk') * 1e6:.0f} µs per chunk cold, "
+                f"{median(r, 'warm_s_per_chunk') * 1e6:.0f} µs warm"
+            )
     po = res["proxy_overhead/shardkv"]
     if not isinstance(po, Missing):
         out.append("- P5 split: " + ", ".join(f"{k} {fmt_s(median(po, k))}" for k in po["samples"]))
     ls = res["list_scale/shardkv"]
     if not isinstance(ls, Missing):
-        out.append(f"- P21 listing fixture: {ls['chunks']:,} chunk files + {ls['shards']:,} shard files written in "
-                   f"{ls['fixture_s']:.1f} s (plain file writes); 1-minute load average {ls['load_avg_1m']:.2f} after")
+        out.append(
+            f"- P21 listing fixture: {ls['chunks']:,} chunk files + {ls['shards']:,} shard files written in "
+            f"{ls['fixture_s']:.1f} s (plain file writes); 1-minute load average {ls['load_avg_1m']:.2f} after"
+        )
     s3 = res["s3_reads/all"]
     if not isinstance(s3, Missing):
         for key, x in s3["results"].items():
             if "cold" in x:
-                out.append(f"- P21 S3 {key}: cold {x['cold']['requests']} requests {x['cold']['by_method']}, "
-                           f"{x['cold']['bytes']:,} B; warm {x['reads']} reads: {x['warm']['requests']} requests "
-                           f"({x['warm']['conditional']} with If-Match, {x['warm']['ranged']} ranged, "
-                           f"{x['warm']['status_412']} answered 412), {x['warm']['bytes']:,} B")
+                out.append(
+                    f"- P21 S3 {key}: cold {x['cold']['requests']} requests {x['cold']['by_method']}, "
+                    f"{x['cold']['bytes']:,} B; warm {x['reads']} reads: {x['warm']['requests']} requests "
+                    f"({x['warm']['conditional']} with If-Match, {x['warm']['ranged']} ranged, "
+                    f"{x['warm']['status_412']} answered 412), {x['warm']['bytes']:,} B"
+                )
     return out
 
 
@@ -622,13 +758,22 @@ def log(msg: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", choices=["smoke", "tiny", "small", "full"], default="small",
-                        help="tiny: seconds; small: ~a minute; full: the README numbers; smoke: the test suite's "
-                        "check that every workload runs (workloads in this process; figures mean nothing)")
-    parser.add_argument("--repeat", type=int, default=None,
-                        help="repetitions (default: 3 full, 2 small, 1 tiny and smoke)")
-    parser.add_argument("--peer-samples", type=int, default=None,
-                        help="fresh processes per peer-matrix case (default: 3 full, 1 otherwise)")
+    parser.add_argument(
+        "--size",
+        choices=["smoke", "tiny", "small", "full"],
+        default="small",
+        help="tiny: seconds; small: ~a minute; full: the README numbers; smoke: the test suite's "
+        "check that every workload runs (workloads in this process; figures mean nothing)",
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=None, help="repetitions (default: 3 full, 2 small, 1 tiny and smoke)"
+    )
+    parser.add_argument(
+        "--peer-samples",
+        type=int,
+        default=None,
+        help="fresh processes per peer-matrix case (default: 3 full, 1 otherwise)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--make-envs", action="store_true", help="create missing .venv-zarr2/.venv-zarr3 like tests/run.sh"
@@ -677,40 +822,48 @@ def main(argv: list[str] | None = None) -> int:
         server.reason = "skipped: --only"
     try:
         peers = peers_matrix.collect(
-            args.size, pythons, server,
+            args.size,
+            pythons,
+            server,
             lambda py, workload, impl, extra: run_workload(py, workload, impl, args, 1, extra),
-            args.peer_samples, Missing)
+            args.peer_samples,
+            Missing,
+        )
     finally:
         server.stop()
     elapsed = time.perf_counter() - started
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    doc = "\n".join([
-        f"# shardkv benchmarks (size {args.size}, {args.repeat} repetition(s), {stamp}, {elapsed:.0f} s)",
-        "",
-        f"Command: `python benchmarks/run.py --size {args.size} --repeat {args.repeat}"
-        f"{' --peers-only' if args.peers_only else ''}`",
-        "",
-        markdown_table(build_rows(res) + peers_matrix.goal_rows(
-            peers, ratio_row, value_row, fmt_s, lambda r: isinstance(r, Missing))),
-        "",
-        f"## Peer matrix: seconds, median [min-max] of {args.peer_samples or peers_matrix.SAMPLES[args.size]} "
-        "fresh process(es) per cell; S3 cells add the requests the server saw (median)",
-        "",
-        peers_matrix.matrix_table(peers, args.size),
-        "",
-        "Machine:",
-        f"- load average (1, 5, 15 min) at the start: {', '.join(f'{x:.2f}' for x in load_start)}",
-        *machine_facts(res, py2, py3),
-        *peers_matrix.versions_text(peers),
-        "",
-        "Notes:",
-        *notes(res, args.size),
-        "",
-        "Raw samples (every repetition):",
-        *raw_samples(res),
-        *raw_samples({"peers/" + "/".join(map(str, k)): r for k, r in peers.items()}),
-        "",
-    ])
+    doc = "\n".join(
+        [
+            f"# shardkv benchmarks (size {args.size}, {args.repeat} repetition(s), {stamp}, {elapsed:.0f} s)",
+            "",
+            f"Command: `python benchmarks/run.py --size {args.size} --repeat {args.repeat}"
+            f"{' --peers-only' if args.peers_only else ''}`",
+            "",
+            markdown_table(
+                build_rows(res)
+                + peers_matrix.goal_rows(peers, ratio_row, value_row, fmt_s, lambda r: isinstance(r, Missing))
+            ),
+            "",
+            f"## Peer matrix: seconds, median [min-max] of {args.peer_samples or peers_matrix.SAMPLES[args.size]} "
+            "fresh process(es) per cell; S3 cells add the requests the server saw (median)",
+            "",
+            peers_matrix.matrix_table(peers, args.size),
+            "",
+            "Machine:",
+            f"- load average (1, 5, 15 min) at the start: {', '.join(f'{x:.2f}' for x in load_start)}",
+            *machine_facts(res, py2, py3),
+            *peers_matrix.versions_text(peers),
+            "",
+            "Notes:",
+            *notes(res, args.size),
+            "",
+            "Raw samples (every repetition):",
+            *raw_samples(res),
+            *raw_samples({"peers/" + "/".join(map(str, k)): r for k, r in peers.items()}),
+            "",
+        ]
+    )
     print(doc)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(doc)

@@ -394,7 +394,7 @@ def test_a_shard_refused_twice_is_read_whole_so_the_reader_makes_progress() -> N
     arr = zarr.open_array(store=ShardedStore(base, chunks_per_shard=8), mode="w", shape=(64,), chunks=(8,), dtype="i8")
     arr[:] = np.arange(64)
     reader = ShardedStore(base)
-    fake = reader.engine.kv = _AlwaysChanged(reader.engine.kv)
+    fake = reader.engine.reads.kv = _AlwaysChanged(reader.engine.kv)  # the reads go through it
     stats = reader.engine.stats
     np.testing.assert_array_equal(zarr.open_array(store=reader, mode="r")[8:16], np.arange(8, 16))
     # index + refused range, twice; then the whole shard in one read (index and chunks of one generation)

@@ -6,7 +6,9 @@
 * a writer holding a shard's lock makes another store's writer of that shard
   wait (here: time out), so the stores really share the lock;
 * readers racing a rewriting writer see only complete values;
-* a store pickles to an equivalent store, and refuses with unflushed data.
+* a store pickles to an equivalent store, and refuses with unflushed data;
+* threads of one store writing chunks of one shard at once are merged into
+  one shard rewrite (group commit), nothing lost.
 
 Every loop is bounded in count and time; threads are joined with a timeout.
 """
@@ -17,6 +19,7 @@ import pickle
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -69,7 +72,7 @@ def test_a_held_shard_lock_excludes_another_stores_writer(tmp_path, kind) -> Non
     zarr.open_array(store=holder, mode="w", shape=(16,), chunks=(2,), dtype="i4", fill_value=0)
     other = ShardedStore(base, chunks_per_shard=4, lock_timeout=0.2)
     arr = zarr.open_array(store=other, mode="r+")
-    with holder.engine.hold({"0": holder.sharded_array("")}):  # shard 0 holds chunks 0-3 (elements 0-7)
+    with holder.engine.writes.hold({"0": holder.sharded_array("")}):  # shard 0 holds chunks 0-3 (elements 0-7)
         started = time.monotonic()
         with pytest.raises(LockTimeoutError):
             arr[0:2] = 5
@@ -182,3 +185,52 @@ def test_rechunk_to_shards_gives_whole_shard_blocks(tmp_path) -> None:
         rechunk_to_shards(da.zeros((4,)), z)  # 1-d data, 2-d shards
     with pytest.raises(ConfigurationError):
         rechunk_to_shards(x, store, "missing")
+
+
+class _HeldDict(dict):
+    """A dict base store whose first shard write, once armed, waits inside the store until the test lets it go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.shard_puts: list[str] = []
+
+    def __setitem__(self, key, value) -> None:
+        if self.armed and key != "zarr.json":
+            self.shard_puts.append(key)
+            if not self.entered.is_set():
+                self.entered.set()
+                if not self.release.wait(2 * JOIN_S):  # longer than the test waits for the queue
+                    raise TimeoutError("the test never released the held shard write")
+        super().__setitem__(key, value)
+
+
+def test_threads_writing_one_shard_at_once_are_merged_into_one_rewrite() -> None:
+    base = _HeldDict()
+    store = ShardedStore(base, chunks_per_shard=16)
+    arr = zarr.open_array(store=store, mode="w", shape=(16 * CHUNK_LEN,), chunks=(CHUNK_LEN,), dtype="i4",
+                          fill_value=0)  # fmt: skip
+    base.armed = True
+
+    def write(c: int) -> None:
+        arr[c * CHUNK_LEN : (c + 1) * CHUNK_LEN] = c + 1  # one whole chunk of shard "0": one write call
+
+    stats = store.engine.stats
+    with ThreadPoolExecutor(N_THREADS) as pool:
+        futures = [pool.submit(write, 0)]
+        assert base.entered.wait(JOIN_S), "the first chunk write never reached the base store"
+        futures += [pool.submit(write, c) for c in range(1, N_THREADS)]
+        for _ in range(int(JOIN_S * 1000)):  # bounded: until the other 7 chunk writes wait for the next commit
+            if stats.writes_queued >= N_THREADS - 1:
+                break
+            threading.Event().wait(0.001)
+        base.release.set()
+        for future in futures:
+            future.result(JOIN_S)
+    assert stats.writes_queued == N_THREADS - 1
+    assert base.shard_puts == ["0", "0"]  # the first chunk's commit, then one for the seven that queued
+    data = zarr.open_array(store=ShardedStore(dict(base)), mode="r")[:]
+    expected = np.repeat(np.r_[np.arange(1, N_THREADS + 1), np.zeros(16 - N_THREADS)], CHUNK_LEN).astype("i4")
+    np.testing.assert_array_equal(data, expected)

@@ -18,8 +18,13 @@ from shardkv.keys.space import ShardedArray
 from shardkv.storage.kv import ANY, Capabilities, Generation, ReadResult
 
 
-def array(shape: tuple[int, ...] = (16, 16), chunks: tuple[int, ...] = (2, 2), cps: tuple[int, ...] = (2, 2),
-          location: str = "end", v3: bool = False) -> ShardedArray:
+def array(
+    shape: tuple[int, ...] = (16, 16),
+    chunks: tuple[int, ...] = (2, 2),
+    cps: tuple[int, ...] = (2, 2),
+    location: str = "end",
+    v3: bool = False,
+) -> ShardedArray:
     enc = DefaultChunkKeyEncoding("/") if v3 else V2ChunkKeyEncoding(".")
     return ShardedArray("a", "a/", shape, chunks, ShardLayout.v3(cps, index_location=location), enc, enc)
 
@@ -33,7 +38,7 @@ def change(arr: ShardedArray, values: dict[tuple[int, ...], object]) -> dict[str
 
 
 def read(engine: ShardEngine, arr: ShardedArray, *coords: tuple[int, ...]) -> dict[str, bytes]:
-    found = engine.read_chunks([arr.locate(arr.chunk_key(c)) for c in coords])
+    found = engine.reads.read_chunks([arr.locate(arr.chunk_key(c)) for c in coords])
     return {k: bytes(v) for k, v in found.items()}
 
 
@@ -41,17 +46,21 @@ def read(engine: ShardEngine, arr: ShardedArray, *coords: tuple[int, ...]) -> di
 def test_write_then_read_round_trip(location: str) -> None:
     kv, arr = CountingKV(), array(location=location)
     engine = ShardEngine(kv)
-    engine.write(change(arr, {(0, 0): b"A" * 5, (1, 1): b"BB", (4, 4): b"C"}))
+    engine.writes.write(change(arr, {(0, 0): b"A" * 5, (1, 1): b"BB", (4, 4): b"C"}))
     assert read(engine, arr, (0, 0), (1, 1), (0, 1), (4, 4)) == {"a/0.0": b"A" * 5, "a/1.1": b"BB", "a/4.4": b"C"}
     fresh = ShardEngine(kv)  # no cache: reads the indexes
     assert read(fresh, arr, (0, 0), (2, 2)) == {"a/0.0": b"A" * 5}
 
 
 def test_warm_read_is_one_conditional_request_for_exactly_the_chunk_bytes() -> None:
-    kv, arr = CountingKV(Capabilities(ranged=True, round_trips=True, stamps="native", conditional_put=True,
-                                      conditional_delete=True)), array(cps=(4, 4))
+    kv, arr = (
+        CountingKV(
+            Capabilities(ranged=True, round_trips=True, stamps="native", conditional_put=True, conditional_delete=True)
+        ),
+        array(cps=(4, 4)),
+    )
     engine = ShardEngine(kv)
-    engine.write(change(arr, {(i, j): bytes([i * 4 + j]) * 256 for i in range(4) for j in range(4)}))
+    engine.writes.write(change(arr, {(i, j): bytes([i * 4 + j]) * 256 for i in range(4) for j in range(4)}))
     kv.log.clear()
     assert read(engine, arr, (1, 2)) == {"a/1.2": bytes([6]) * 256}
     gets = kv.gets()
@@ -62,9 +71,9 @@ def test_warm_read_is_one_conditional_request_for_exactly_the_chunk_bytes() -> N
 def test_stale_cached_index_costs_one_refetch_never_a_torn_read() -> None:
     kv, arr = CountingKV(), array()
     a, b = ShardEngine(kv), ShardEngine(kv)
-    a.write(change(arr, {(0, 0): b"old", (0, 1): b"x"}))
+    a.writes.write(change(arr, {(0, 0): b"old", (0, 1): b"x"}))
     assert read(b, arr, (0, 0)) == {"a/0.0": b"old"}  # b caches the index
-    a.write(change(arr, {(0, 0): b"a much longer new value"}))
+    a.writes.write(change(arr, {(0, 0): b"a much longer new value"}))
     kv.log.clear()
     assert read(b, arr, (0, 0)) == {"a/0.0": b"a much longer new value"}
     assert b.stats.read_stale == 1
@@ -74,18 +83,18 @@ def test_stale_cached_index_costs_one_refetch_never_a_torn_read() -> None:
 def test_absent_chunk_of_a_cached_index_is_proved_current() -> None:
     kv, arr = CountingKV(), array()
     a, b = ShardEngine(kv), ShardEngine(kv)
-    a.write(change(arr, {(0, 0): b"x"}))
+    a.writes.write(change(arr, {(0, 0): b"x"}))
     assert read(b, arr, (0, 1)) == {}
-    a.write(change(arr, {(0, 1): b"new"}))
+    a.writes.write(change(arr, {(0, 1): b"new"}))
     assert read(b, arr, (0, 1)) == {"a/0.1": b"new"}  # another writer's chunk is never reported missing
 
 
 def test_deleted_shard_reads_as_missing() -> None:
     kv, arr = CountingKV(), array()
     a, b = ShardEngine(kv), ShardEngine(kv)
-    a.write(change(arr, {(0, 0): b"x"}))
+    a.writes.write(change(arr, {(0, 0): b"x"}))
     assert read(b, arr, (0, 0)) == {"a/0.0": b"x"}
-    a.write(change(arr, {(0, 0): None}))
+    a.writes.write(change(arr, {(0, 0): None}))
     assert "a/0" not in kv.data and "a/0.0" not in kv.data
     assert read(b, arr, (0, 0)) == {}
 
@@ -93,11 +102,13 @@ def test_deleted_shard_reads_as_missing() -> None:
 def test_partial_ranges_and_patches() -> None:
     kv, arr = CountingKV(), array()
     engine = ShardEngine(kv)
-    engine.write(change(arr, {(0, 0): b"0123456789"}))
+    engine.writes.write(change(arr, {(0, 0): b"0123456789"}))
     ref = arr.locate("a/0.0")
-    got = engine.read_ranges([(ref, ByteRange(2, 5)), (ref, ByteRange.suffix(3)), (arr.locate("a/0.1"), ByteRange(0))])
+    got = engine.reads.read_ranges(
+        [(ref, ByteRange(2, 5)), (ref, ByteRange.suffix(3)), (arr.locate("a/0.1"), ByteRange(0))]
+    )
     assert [None if g is None else bytes(g) for g in got] == [b"234", b"789", None]
-    engine.write(change(arr, {(0, 0): ChunkPatch("a/0.0", [(2, b"xy")])}))
+    engine.writes.write(change(arr, {(0, 0): ChunkPatch("a/0.0", [(2, b"xy")])}))
     assert read(engine, arr, (0, 0)) == {"a/0.0": b"01xy456789"}
 
 
@@ -105,19 +116,19 @@ def test_shard_written_whole_needs_no_read() -> None:
     kv, arr = CountingKV(), array()
     engine = ShardEngine(kv)
     kv.log.clear()
-    engine.write(change(arr, {(0, 0): b"a", (0, 1): b"b", (1, 0): b"c", (1, 1): b"d"}))
+    engine.writes.write(change(arr, {(0, 0): b"a", (0, 1): b"b", (1, 0): b"c", (1, 1): b"d"}))
     assert kv.gets() == []
-    engine.write(change(arr, {(0, 0): b"z"}))
+    engine.writes.write(change(arr, {(0, 0): b"z"}))
     assert len(kv.gets()) == 1  # partly covered: one read of the old shard
 
 
 def test_conditional_write_retries_only_the_lost_shard(monkeypatch: pytest.MonkeyPatch) -> None:
     kv, arr = CountingKV(), array()
     engine = ShardEngine(kv)
-    engine.write(change(arr, {(0, 0): b"a", (2, 2): b"b"}))
+    engine.writes.write(change(arr, {(0, 0): b"a", (2, 2): b"b"}))
     elsewhere = CountingKV()  # another process's view: it writes the shard a/0.0 meanwhile
     elsewhere.data = dict(kv.data)
-    ShardEngine(elsewhere).write(change(arr, {(0, 1): b"theirs"}))
+    ShardEngine(elsewhere).writes.write(change(arr, {(0, 1): b"theirs"}))
     real_put_many = kv.put_many
     puts = []
 
@@ -128,10 +139,14 @@ def test_conditional_write_retries_only_the_lost_shard(monkeypatch: pytest.Monke
         return real_put_many(writes)
 
     monkeypatch.setattr(kv, "put_many", racing_put_many)
-    engine.write(change(arr, {(0, 0): b"mine", (2, 3): b"mine too"}))
+    engine.writes.write(change(arr, {(0, 0): b"mine", (2, 3): b"mine too"}))
     monkeypatch.undo()
     assert read(ShardEngine(kv), arr, (0, 0), (0, 1), (2, 2), (2, 3)) == {
-        "a/0.0": b"mine", "a/0.1": b"theirs", "a/2.2": b"b", "a/2.3": b"mine too"}
+        "a/0.0": b"mine",
+        "a/0.1": b"theirs",
+        "a/2.2": b"b",
+        "a/2.3": b"mine too",
+    }
     assert puts == [["a/0.0", "a/1.1"], ["a/0.0"]]  # only the lost shard goes round again
     assert engine.stats.write_lost == 1
     assert engine.stats.write_attempts == 1 + 2  # the first write, then a lost round and a won one
@@ -140,23 +155,25 @@ def test_conditional_write_retries_only_the_lost_shard(monkeypatch: pytest.Monke
 def test_conditional_write_gives_up_after_bounded_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     kv, arr = CountingKV(), array()
     engine = ShardEngine(kv)
-    engine.write(change(arr, {(0, 0): b"a"}))
+    engine.writes.write(change(arr, {(0, 0): b"a"}))
     monkeypatch.setattr(kv, "put_many", lambda writes: dict.fromkeys(writes))
     monkeypatch.setattr("shardkv.engine.writes.WRITE_BACKOFF", Backoff(0.0, 1.0, 0.0))
     with pytest.raises(ConcurrentUpdateError, match="a/0"):
-        engine.write(change(arr, {(0, 0): b"b"}))
+        engine.writes.write(change(arr, {(0, 0): b"b"}))
     assert engine.stats.write_attempts == 1 + 16
 
 
 def test_a_read_whose_shard_changes_every_round_gives_up_saying_it_was_a_read(monkeypatch: pytest.MonkeyPatch) -> None:
     kv, arr = CountingKV(), array()
     engine = ShardEngine(kv)
-    engine.write(change(arr, {(0, 0): b"a"}))
+    engine.writes.write(change(arr, {(0, 0): b"a"}))
     real_get_many = kv.get_many
 
     def always_changed(reads):  # the shard is rewritten during every read of it (a store answers "stale")
-        return [ReadResult("stale", None, Generation(("elsewhere", n))) if key == "a/0.0" else result
-                for n, ((key, _, _), result) in enumerate(zip(reads, real_get_many(reads), strict=True))]
+        return [
+            ReadResult("stale", None, Generation(("elsewhere", n))) if key == "a/0.0" else result
+            for n, ((key, _, _), result) in enumerate(zip(reads, real_get_many(reads), strict=True))
+        ]
 
     monkeypatch.setattr(kv, "get_many", always_changed)
     monkeypatch.setattr("shardkv.engine.reads.READ_BACKOFF", Backoff(0.0, 1.0, 0.0))
@@ -170,62 +187,62 @@ def test_store_without_conditional_delete_keeps_an_empty_shard() -> None:
     kv = CountingKV(Capabilities(ranged=True, stamps="native", conditional_put=True, conditional_delete=False))
     arr = array()
     engine = ShardEngine(kv)
-    engine.write(change(arr, {(0, 0): b"a"}))
-    engine.write(change(arr, {(0, 0): None}))
+    engine.writes.write(change(arr, {(0, 0): b"a"}))
+    engine.writes.write(change(arr, {(0, 0): None}))
     assert "a/0.0" in kv.data and read(engine, arr, (0, 0)) == {}
-    assert list(engine.chunk_keys({"a/0.0": arr})) == []
+    assert list(engine.reads.chunk_keys({"a/0.0": arr})) == []
 
 
 def test_listing_counts_and_keys_from_current_indexes() -> None:
     kv, arr = CountingKV(), array(shape=(5, 5))
     engine = ShardEngine(kv)
-    engine.write(change(arr, {(0, 0): b"a", (2, 1): b"b", (2, 2): b"c"}))
+    engine.writes.write(change(arr, {(0, 0): b"a", (2, 1): b"b", (2, 2): b"c"}))
     shards = {k: arr for k in kv.list_prefix("a/")}
-    assert sorted(engine.chunk_keys(shards)) == ["a/0.0", "a/2.1", "a/2.2"]
-    assert engine.count_chunks(shards) == 3
+    assert sorted(engine.reads.chunk_keys(shards)) == ["a/0.0", "a/2.1", "a/2.2"]
+    assert engine.reads.count_chunks(shards) == 3
     other = ShardEngine(kv)
-    other.write(change(arr, {(0, 1): b"d"}))
-    assert engine.count_chunks(shards) == 4  # the cached index was checked, not trusted
+    other.writes.write(change(arr, {(0, 1): b"d"}))
+    assert engine.reads.count_chunks(shards) == 4  # the cached index was checked, not trusted
     generations = {k: g for k, (_, g) in kv.data.items()}
     kv.log.clear()
-    assert engine.count_chunks(shards, generations=generations) == 4
+    assert engine.reads.count_chunks(shards, generations=generations) == 4
     assert kv.gets() == []  # generations from a listing: no request
 
 
 def test_listing_leaves_out_chunks_outside_the_grid() -> None:
     kv, big, small = CountingKV(), array(shape=(8, 8)), array(shape=(5, 5))
-    ShardEngine(kv).write(change(big, {(2, 2): b"in", (3, 3): b"out"}))
+    ShardEngine(kv).writes.write(change(big, {(2, 2): b"in", (3, 3): b"out"}))
     engine = ShardEngine(kv)
-    assert list(engine.chunk_keys({"a/1.1": small})) == ["a/2.2"]
-    assert sorted(engine.chunk_keys({"a/1.1": small}, in_grid_only=False)) == ["a/2.2", "a/3.3"]
-    assert engine.count_chunks({"a/1.1": small}) == 1
+    assert list(engine.reads.chunk_keys({"a/1.1": small})) == ["a/2.2"]
+    assert sorted(engine.reads.chunk_keys({"a/1.1": small}, in_grid_only=False)) == ["a/2.2", "a/3.3"]
+    assert engine.reads.count_chunks({"a/1.1": small}) == 1
 
 
 def test_v3_chunk_keys_are_built_from_the_encoding() -> None:
     kv, arr = CountingKV(), array(v3=True)
     engine = ShardEngine(kv)
-    engine.write(change(arr, {(3, 1): b"x"}))
-    assert list(engine.chunk_keys({k: arr for k in kv.list_prefix("a/")})) == ["a/c/3/1"]
-    assert engine.has_chunks([arr.locate("a/c/3/1"), arr.locate("a/c/3/0")]) == [True, False]
+    engine.writes.write(change(arr, {(3, 1): b"x"}))
+    assert list(engine.reads.chunk_keys({k: arr for k in kv.list_prefix("a/")})) == ["a/c/3/1"]
+    assert engine.reads.has_chunks([arr.locate("a/c/3/1"), arr.locate("a/c/3/0")]) == [True, False]
 
 
 def test_compact_reclaims_unused_bytes_written_by_others() -> None:
     kv, arr = CountingKV(), array()
     engine = ShardEngine(kv)
-    engine.write(change(arr, {(0, 0): b"a" * 10}))
+    engine.writes.write(change(arr, {(0, 0): b"a" * 10}))
     data, _ = kv.data["a/0.0"]
     n = arr.layout.index_nbytes
     kv.put("a/0.0", data[:-n] + b"\0" * 7 + data[-n:])  # 7 unused bytes (as other writers may leave)
     assert read(engine, arr, (0, 0)) == {"a/0.0": b"a" * 10}
-    assert engine.compact(arr, ["a/0.0", "a/1.1"]) == 7
+    assert engine.writes.compact(arr, ["a/0.0", "a/1.1"]) == 7
     assert read(ShardEngine(kv), arr, (0, 0)) == {"a/0.0": b"a" * 10}
-    assert engine.compact(arr) == 0
+    assert engine.writes.compact(arr) == 0
 
 
 def test_truncated_shard_is_refused() -> None:
     kv, arr = CountingKV(), array(location="start")
     engine = ShardEngine(kv)
-    engine.write(change(arr, {(0, 0): b"a" * 10, (0, 1): b"b" * 10}))
+    engine.writes.write(change(arr, {(0, 0): b"a" * 10, (0, 1): b"b" * 10}))
     data, _ = kv.data["a/0.0"]
     kv.put("a/0.0", data[:-5])
     with pytest.raises(CorruptShardError):
@@ -235,7 +252,7 @@ def test_truncated_shard_is_refused() -> None:
 def test_store_without_ranges_reads_whole_shards_and_caches_nothing() -> None:
     kv, arr = CountingKV(Capabilities(ranged=False, in_process=True)), array()
     engine = ShardEngine(kv)
-    engine.write(change(arr, {(0, 0): b"a"}))
+    engine.writes.write(change(arr, {(0, 0): b"a"}))
     kv.log.clear()
     assert read(engine, arr, (0, 0), (0, 1)) == {"a/0.0": b"a"}
     assert kv.gets() == [("get", "a/0.0", None, len(kv.data["a/0.0"][0]))]
@@ -244,8 +261,8 @@ def test_store_without_ranges_reads_whole_shards_and_caches_nothing() -> None:
 def test_erase_deletes_shards() -> None:
     kv, arr = CountingKV(), array()
     engine = ShardEngine(kv)
-    engine.write(change(arr, {(0, 0): b"a", (4, 4): b"b"}))
-    engine.erase({"a/0.0": arr, "a/2.2": arr})
+    engine.writes.write(change(arr, {(0, 0): b"a", (4, 4): b"b"}))
+    engine.writes.erase({"a/0.0": arr, "a/2.2": arr})
     assert list(kv.data) == []
 
 
@@ -288,7 +305,7 @@ def test_write_back_reads_see_buffered_chunks_beside_stored_ones_of_the_same_sha
     from shardkv.engine.writeback import WriteBack
 
     kv, arr = CountingKV(), array()
-    ShardEngine(kv).write(change(arr, {(0, 0): b"aa", (0, 1): b"bbb", (1, 1): b"dddd"}))
+    ShardEngine(kv).writes.write(change(arr, {(0, 0): b"aa", (0, 1): b"bbb", (1, 1): b"dddd"}))
     back = WriteBack(ShardEngine(kv), buffer_bytes=1 << 20)
     back.write(change(arr, {(0, 1): b"xxxxx", (1, 1): None}))  # shard a/0.0: one chunk replaced, one deleted
     refs = [arr.locate(arr.chunk_key(c)) for c in [(0, 0), (0, 1), (1, 0), (1, 1)]]
@@ -312,7 +329,7 @@ def test_write_through_reports_each_write() -> None:
 def test_cache_keeps_the_shard_size_the_write_returned() -> None:
     kv, arr = CountingKV(), array()
     engine = ShardEngine(kv)
-    engine.write(change(arr, {(0, 0): b"a" * 10, (0, 1): b"b" * 3}))
+    engine.writes.write(change(arr, {(0, 0): b"a" * 10, (0, 1): b"b" * 3}))
     entry = engine.cache.peek("a/0.0")
     assert entry is not None and entry.size == len(kv.data["a/0.0"][0])
 

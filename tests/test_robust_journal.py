@@ -249,15 +249,15 @@ def test_a_set_whose_flush_raised_is_never_applied_later(tmp_path: Path) -> None
     z = zarr.open_array(st, mode="r+")
     z[0:4] = 1  # one chunk of shard 0: buffered, acknowledged
     engine = st._writer.engine
-    real = engine.write
+    real = engine.writes.write
 
     def failing(changes: object) -> None:
         raise OSError(5, "injected EIO")
 
-    engine.write = failing  # type: ignore[method-assign]
+    engine.writes.write = failing  # type: ignore[method-assign]
     with pytest.raises(OSError, match="injected EIO"):
         z[0:16] = 9  # completes shard 0: its forced write fails, the caller is told so
-    engine.write = real  # type: ignore[method-assign]
+    engine.writes.write = real  # type: ignore[method-assign]
     assert list(z[0:16]) == [1] * 4 + [0] * 12  # the earlier acknowledged write stays, the failed one is gone
     st.flush()
     st.close()
@@ -278,7 +278,7 @@ def fail_a_write_then_die(root: Path, journal: Path) -> None:
     def failing(changes: object) -> None:
         raise OSError(5, "injected EIO")
 
-    engine.write = failing  # type: ignore[method-assign]
+    engine.writes.write = failing  # type: ignore[method-assign]
     try:
         z[0:16] = 9  # completes shard 0: its forced write fails, the caller is told so
     except OSError:

@@ -327,7 +327,7 @@ class ShardingStorageTransformer(AbstractStore):
 
         Two ``get_partial_values`` calls on the underlying store at most: the
         shard indexes not cached together with the relayed keys, then the
-        chunk ranges (see :meth:`shardkv.engine.engine.ShardEngine.read_ranges`).
+        chunk ranges (see :meth:`shardkv.engine.reads.ShardReader.read_ranges`).
 
         Raises
         ------
@@ -340,7 +340,7 @@ class ShardingStorageTransformer(AbstractStore):
         refs = [self._ref(k) for k, _ in key_ranges]
         chunks = [i for i, ref in enumerate(refs) if ref is not None]
         relayed = [i for i, ref in enumerate(refs) if ref is None]
-        values = self.engine.read_ranges(
+        values = self.engine.reads.read_ranges(
             [(ref, key_ranges[i][1]) for i in chunks if (ref := refs[i]) is not None], [key_ranges[i] for i in relayed]
         )
         out: list[bytes | None] = [None] * len(key_ranges)
@@ -352,7 +352,7 @@ class ShardingStorageTransformer(AbstractStore):
         ref = self._ref(key)
         if ref is None:
             return self.underlying.contains(key)
-        return self.engine.has_chunks([ref])[0]
+        return self.engine.reads.has_chunks([ref])[0]
 
     # -- writes -----------------------------------------------------------------------
 
@@ -387,7 +387,7 @@ class ShardingStorageTransformer(AbstractStore):
         if relayed:
             self.underlying.set_values({k: values[k] for k in relayed})
         if by_shard:
-            self.engine.write(by_shard)
+            self.engine.writes.write(by_shard)
 
     def set_partial_values(self, key_start_values: Sequence[KeyStartValue]) -> None:
         """Write byte ranges inside values; a chunk's old bytes come from its shard (merged in one write).
@@ -407,7 +407,7 @@ class ShardingStorageTransformer(AbstractStore):
             relayed_keys = set(relayed)
             self.underlying.set_partial_values([w for w in key_start_values if w[0] in relayed_keys])
         if by_shard:
-            self.engine.write(by_shard)
+            self.engine.writes.write(by_shard)
 
     def erase_values(self, keys: Iterable[str]) -> None:
         """Erase chunks; whole shards go with one ``erase_values``, others get an in-place index.
@@ -436,18 +436,18 @@ class ShardingStorageTransformer(AbstractStore):
         positional write cannot be conditioned.
         """
         if self.engine.concurrency_mode == "conditional":
-            self.engine.write({k: ShardChange(c.array, c.shard_coords, dict.fromkeys(c.chunks))
+            self.engine.writes.write({k: ShardChange(c.array, c.shard_coords, dict.fromkeys(c.chunks))
                                for k, c in by_shard.items()})
             return
         layout = self.layout
-        with self.engine.hold({k: c.array for k, c in by_shard.items()}):
+        with self.engine.writes.hold({k: c.array for k, c in by_shard.items()}):
             whole: dict[str, ShardedArray] = {}
             partial: dict[str, ShardedArray] = {}
             for shard_key, change in by_shard.items():
                 available = {local for _, local in change.array.chunks_in_shard(change.shard_coords)}
                 (whole if available and available <= set(change.chunks) else partial)[shard_key] = change.array
             writes: list[KeyStartValue] = []
-            for shard_key, index in self.engine.read_indexes(partial).items():
+            for shard_key, index in self.engine.reads.read_indexes(partial).items():
                 change = by_shard[shard_key]
                 new = index.copy()
                 for local in set(change.chunks) | set(
@@ -472,7 +472,7 @@ class ShardingStorageTransformer(AbstractStore):
 
     def _unshard(self, shard_keys: Sequence[str], prefix: str) -> list[str]:
         """Chunk keys (starting with ``prefix``) of the chunks stored in ``shard_keys``."""
-        found = self.engine.chunk_keys({k: self.array for k in shard_keys}, in_grid_only=False)
+        found = self.engine.reads.chunk_keys({k: self.array for k in shard_keys}, in_grid_only=False)
         return [k for k in found if k.startswith(prefix)]
 
     def _listed(self, keys: Iterable[str], prefix: str) -> tuple[list[str], dict[str, tuple[int, ...]]]:
@@ -576,4 +576,4 @@ class ShardingStorageTransformer(AbstractStore):
             Bytes reclaimed in the underlying store.
         """
         shards = [k for k in self.underlying.list_prefix(self.key_prefix) if self._is_shard(k)]
-        return self.engine.compact(self.array, shards)
+        return self.engine.writes.compact(self.array, shards)

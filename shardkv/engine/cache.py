@@ -102,7 +102,7 @@ class IndexCache:
         Counts a hit (and makes the entry the most recently used) only when it
         answers; ``None`` (nothing counted, nothing reordered) when the shard is
         not cached, its size is unknown or the chunk is absent from its index.
-        The warm single-chunk read (:meth:`~shardkv.engine.reads.EngineReads.read_chunks`
+        The warm single-chunk read (:meth:`~shardkv.engine.reads.ShardReader.read_chunks`
         of one chunk) takes this one look-up instead of a :meth:`peek` and an :meth:`entry`.
         """
         with self._lock:

@@ -7,14 +7,14 @@ nothing of keys above chunks and shards: it works on
 :class:`~shardkv.keys.space.ChunkRef` (which shard, where in it) and on
 :class:`~shardkv.engine.merge.ShardChange` (one shard's chunk changes).
 
-The engine owns its state: the base store, the index cache (entries
-``(decoded index, generation, size)``), the read policy, the shard locks (mode
-resolved from the store's capabilities) and counters. Its operations are
-written where their logic is: the reads in :mod:`shardkv.engine.reads`
-(:class:`~shardkv.engine.reads.EngineReads`: chunk reads conditioned on the
-cached index's generation; a stale answer refetches the index once per
-round), the writes in :mod:`shardkv.engine.writes`
-(:class:`~shardkv.engine.writes.EngineWrites`: read-modify-write conditioned
+The engine owns the state its reads and writes share: the base store, the
+index cache (entries ``(decoded index, generation, size)``), the shard locks
+(mode resolved from the store's capabilities) and the counters. Its
+operations belong to two objects it builds once, each in the module of its
+job: ``engine.reads`` (:class:`~shardkv.engine.reads.ShardReader`: chunk
+reads conditioned on the cached index's generation; a stale answer refetches
+the index once per round) and ``engine.writes``
+(:class:`~shardkv.engine.writes.ShardWriter`: read-modify-write conditioned
 on the generation read, one retry loop, locks only where the store has no
 conditional put). Write-back and the journal sit on top
 (:mod:`shardkv.engine.writeback`).
@@ -28,15 +28,15 @@ from shardkv.engine.cache import IndexCache
 from shardkv.engine.locks import Mode, ShardLocks
 from shardkv.engine.merge import ShardChange
 from shardkv.engine.options import Options
-from shardkv.engine.reads import EngineReads
+from shardkv.engine.reads import ShardReader
 from shardkv.engine.retry import EngineStats
-from shardkv.engine.writes import EngineWrites
+from shardkv.engine.writes import ShardWriter
 from shardkv.storage.kv import KVStore
 
 __all__ = ["ShardEngine", "EngineStats", "ShardChange"]
 
 
-class ShardEngine(EngineReads, EngineWrites):
+class ShardEngine:
     """Batched shard reads and writes over one store.
 
     Parameters
@@ -56,12 +56,14 @@ class ShardEngine(EngineReads, EngineWrites):
         The options.
     cache : IndexCache
         Decoded indexes with the generations of the shards they were read from.
-    policy : ReadPolicy
-        ``options.read_policy``: merging of chunk ranges and the whole-shard threshold.
     locks : ShardLocks
         The shard locks, in the mode ``options.concurrency`` resolved to.
     stats : EngineStats
         Read rounds, refused (stale) reads, whole-shard reads, write rounds, lost races.
+    reads : ShardReader
+        The reads: chunks, byte ranges, indexes, listings (with ``options.read_policy``).
+    writes : ShardWriter
+        The writes: shard changes, erasures, compaction, the locks for a caller's own writes.
 
     Raises
     ------
@@ -74,9 +76,10 @@ class ShardEngine(EngineReads, EngineWrites):
         self.kv = kv
         self.options = options if options is not None else Options()
         self.cache = IndexCache(self.options.index_cache_bytes)
-        self.policy = self.options.read_policy
         self.locks = ShardLocks.of_store(kv, self.options.concurrency, self.options.lock_timeout)
         self.stats = EngineStats()
+        self.reads = ShardReader(kv, self.cache, self.options.read_policy, self.stats)
+        self.writes = ShardWriter(kv, self.cache, self.locks, self.stats)
 
     def __repr__(self) -> str:
         return f"ShardEngine({self.kv!r}, concurrency={self.concurrency_mode!r})"

@@ -74,7 +74,7 @@ from shardkv.storage.location import StoreLocation
 
 __all__ = [
     "ShardLocks", "LOCK_DIR", "stripe_of", "DEFAULT_THREAD_STRIPES", "DEFAULT_FILE_STRIPES",
-    "Concurrency", "Mode", "CONCURRENCY_MODES", "resolve_mode", "lock_prefix",
+    "Concurrency", "Mode", "CONCURRENCY_MODES", "resolve_mode", "lock_prefix", "holds_shard_locks",
 ]
 
 Concurrency = Literal["auto", "files", "conditional", "process", "none"]
@@ -353,6 +353,11 @@ class _Held(threading.local):
 
 _HELD = _Held()
 os.register_at_fork(after_in_child=lambda: _HELD.depth.clear())  # the child holds none of them
+
+
+def holds_shard_locks() -> bool:
+    """Whether the current thread holds shard locks (it is inside a :meth:`ShardLocks.hold` of any location)."""
+    return bool(_HELD.depth)
 
 
 def _held_by_this_thread(token: tuple[Any, ...]) -> bool:

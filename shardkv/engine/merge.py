@@ -10,7 +10,9 @@ draft's ``set_partial_values`` on a chunk key). A shard is merged as:
 2. then the updates, in order: set, delete, or patch the old bytes.
 
 A shard whose every available chunk is set whole needs no old bytes
-(:func:`covers_shard`).
+(:func:`covers_shard`). Changes of one shard made one after another are one
+change (:func:`join_changes`): each chunk's updates in order, a later value
+or delete replacing, a later patch applied to what came before.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ __all__ = [
     "apply_partial_writes",
     "covers_shard",
     "group_by_shard",
+    "join_changes",
     "merge_chunks",
     "out_of_grid",
 ]
@@ -204,6 +207,44 @@ def merge_chunks(
         else:
             chunks[local] = value
     return chunks
+
+
+def _then(earlier: ChunkUpdate, later: ChunkUpdate) -> ChunkUpdate:
+    """One chunk's update ``earlier`` followed by ``later``, as one update."""
+    if not isinstance(later, ChunkPatch):
+        return later  # a value or a delete replaces what came before
+    if isinstance(earlier, ChunkPatch):
+        return ChunkPatch(later.chunk_key, [*earlier.writes, *later.writes])
+    return later.apply(earlier)  # patching a value set, or a chunk deleted (``None``: no old bytes)
+
+
+def join_changes(changes: Sequence[ShardChange]) -> ShardChange:
+    """The changes of one shard, made in the order given, as one change (what merging them in turn would give).
+
+    Parameters
+    ----------
+    changes : sequence of ShardChange
+        At least one, all of the same shard.
+
+    Returns
+    -------
+    ShardChange
+        ``changes[0]`` itself when there is one; else a new change whose
+        chunks hold, for each chunk, its updates joined in order.
+
+    Raises
+    ------
+    ValueError
+        If a patch of a chunk that an earlier change set or deleted would leave a gap in it.
+    """
+    first = changes[0]
+    if len(changes) == 1:
+        return first
+    chunks = dict(first.chunks)
+    for change in changes[1:]:
+        for local, value in change.chunks.items():
+            chunks[local] = _then(chunks[local], value) if local in chunks else value
+    return ShardChange(first.array, first.shard_coords, chunks, sum(c.nbytes for c in changes))
 
 
 def group_by_shard(refs: Sequence[ChunkRef], values: Iterable[ChunkUpdate]) -> dict[str, ShardChange]:

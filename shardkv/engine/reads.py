@@ -1,4 +1,4 @@
-"""The one read path of the engine (:class:`EngineReads`): chunk bytes conditioned on the cached index's generation.
+"""The one read path of the engine (:class:`ShardReader`): chunk bytes conditioned on the cached index's generation.
 
 A cached index is trusted only as far as the store confirms it: every chunk
 read is a ranged ``get`` conditioned on the generation the index was read
@@ -26,7 +26,7 @@ end, each range asks for ``index_nbytes`` bytes more: the index follows every
 chunk, so fewer bytes mean a truncated shard or an entry pointing into the
 index, never served as data.
 
-Listings (:meth:`EngineReads.read_indexes`) compare the generations a store
+Listings (:meth:`ShardReader.read_indexes`) compare the generations a store
 listing returned, or else make one zero-range conditional ``get`` per cached shard.
 """
 
@@ -48,7 +48,7 @@ from shardkv.keys.listing import shard_chunk_count, shard_chunk_keys
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.storage.kv import ANY, Generation, KVStore, ReadRequest, ReadResult
 
-__all__ = ["EngineReads", "LIST_BATCH", "WHOLE_CHUNK"]
+__all__ = ["ShardReader", "LIST_BATCH", "WHOLE_CHUNK"]
 
 LIST_BATCH = 4096
 """Shards whose indexes one listing request reads at most."""
@@ -170,26 +170,27 @@ def _batches(shards: Mapping[str, ShardedArray]) -> Iterator[dict[str, ShardedAr
         yield {k: shards[k] for k in keys[start : start + LIST_BATCH]}
 
 
-class EngineReads:
-    """The read operations of :class:`~shardkv.engine.engine.ShardEngine`, which sets the state they use.
+class ShardReader:
+    """The reads of a :class:`~shardkv.engine.engine.ShardEngine` (its ``reads``), on the engine's state.
 
-    Attributes
+    Parameters
     ----------
     kv : KVStore
         The base store.
     cache : IndexCache
         Decoded indexes with the generations of the shards they were read from
-        (read, refreshed and dropped here).
+        (read, refreshed and dropped here; shared with the engine's writes).
     policy : ReadPolicy
         Merging of chunk ranges, and the whole-shard threshold.
     stats : EngineStats
-        Counters the reads update.
+        Counters the reads update (shared with the engine's writes).
     """
 
-    kv: KVStore
-    cache: IndexCache
-    policy: ReadPolicy
-    stats: EngineStats
+    def __init__(self, kv: KVStore, cache: IndexCache, policy: ReadPolicy, stats: EngineStats) -> None:
+        self.kv = kv
+        self.cache = cache
+        self.policy = policy
+        self.stats = stats
 
     def read_chunks(self, refs: Sequence[ChunkRef]) -> dict[str, BytesLike]:
         """Encoded bytes of the stored chunks among ``refs``, by chunk key (missing ones left out).

@@ -99,6 +99,10 @@ class EngineStats:
         Rounds of shard writes (one per write call, more after lost races).
     write_lost : int
         Conditional shard puts refused because another writer changed the shard.
+    writes_queued : int
+        Shard changes that arrived while a commit of their shard was running
+        and went into its next commit (stored together with every change that
+        arrived meanwhile, by one read-modify-write).
     """
 
     read_attempts: int = 0
@@ -106,3 +110,4 @@ class EngineStats:
     whole_shard_reads: int = 0
     write_attempts: int = 0
     write_lost: int = 0
+    writes_queued: int = 0

@@ -8,7 +8,7 @@ when the memory limit forces it out (oldest shard first; then merged with
 what is stored). The total bytes written approach the array's encoded size.
 
 :class:`WriteBuffer` keeps the books (pure); :class:`WriteBack` does the
-writes through :meth:`ShardEngine.write <shardkv.engine.engine.ShardEngine.write>`
+writes through :meth:`ShardWriter.write <shardkv.engine.writes.ShardWriter.write>`
 and keeps the optional write-ahead :class:`~shardkv.engine.journal.Journal`.
 
 What is acknowledged is kept
@@ -257,7 +257,7 @@ class WriteBack:
             As :meth:`ShardEngine.read_chunks <shardkv.engine.engine.ShardEngine.read_chunks>`.
         """
         if self.buffer is None:
-            return self.engine.read_chunks(refs)
+            return self.engine.reads.read_chunks(refs)
         out: dict[str, BytesLike] = {}
         unbuffered = []
         for ref in refs:
@@ -267,7 +267,7 @@ class WriteBack:
             elif value is not None:
                 out[ref.chunk_key] = value
         if unbuffered:
-            out.update(self.engine.read_chunks(unbuffered))
+            out.update(self.engine.reads.read_chunks(unbuffered))
         return out
 
     def has_chunk(self, ref: ChunkRef) -> bool:
@@ -275,7 +275,7 @@ class WriteBack:
         buffered, value = self.lookup(ref.shard_key, ref.local_coords)
         if buffered:
             return value is not None
-        return self.engine.has_chunks([ref])[0]
+        return self.engine.reads.has_chunks([ref])[0]
 
     def chunk_sizes(self, refs: Sequence[ChunkRef]) -> list[int | None]:
         """Encoded sizes (bytes) of the chunks, buffered ones included, from the shards' indexes (no chunk read).
@@ -291,7 +291,7 @@ class WriteBack:
             else:
                 unbuffered.append(i)
         if unbuffered:
-            indexes = self.engine.read_indexes({refs[i].shard_key: refs[i].array for i in unbuffered})
+            indexes = self.engine.reads.read_indexes({refs[i].shard_key: refs[i].array for i in unbuffered})
             for i in unbuffered:
                 index = indexes.get(refs[i].shard_key)
                 entry = None if index is None else index.get(refs[i].local_coords)
@@ -314,7 +314,7 @@ class WriteBack:
             return
         buf = self.buffer
         if buf is None:
-            self.engine.write(changes)
+            self.engine.writes.write(changes)
             if self._on_write_through is not None:
                 self._on_write_through(changes)
             return
@@ -376,7 +376,7 @@ class WriteBack:
         """
         if not changes:
             return
-        self.engine.write(changes)
+        self.engine.writes.write(changes)
         if self.journal is not None and self.buffer is not None:
             with self.buffer.lock:
                 self.journal.reset(self._buffered_records())
@@ -393,13 +393,13 @@ class WriteBack:
                 return
             failure: Exception | None = None
             try:
-                self.engine.write(pending)
+                self.engine.writes.write(pending)
                 written = list(pending)
             except Exception as exc:  # which shards of the batch made it is unknown: one at a time
                 failure, written = exc, []
                 for key, change in pending.items():
                     try:
-                        self.engine.write({key: change})
+                        self.engine.writes.write({key: change})
                     except Exception:  # noqa: BLE001 - kept buffered; the first error is raised below
                         continue
                     written.append(key)

@@ -1,6 +1,6 @@
-"""The one write path of the engine (:class:`EngineWrites`): shard read-modify-write conditioned on the generation read.
+"""The one write path of the engine (:class:`ShardWriter`): shard read-modify-write conditioned on the generation read.
 
-:meth:`EngineWrites.write` holds the shards' locks (:class:`~shardkv.engine.locks.ShardLocks`:
+:meth:`ShardWriter.write` holds the shards' locks (:class:`~shardkv.engine.locks.ShardLocks`:
 in-process stripes always, lock files in mode ``"files"``) and runs one
 bounded loop (:func:`~shardkv.engine.retry.attempts`):
 
@@ -16,17 +16,40 @@ bounded loop (:func:`~shardkv.engine.retry.attempts`):
 
 Under lock files (or for mode ``"process"``/``"none"``) puts are
 unconditional: the locks, or the caller's promise, exclude other writers.
+
+Group commit
+------------
+Writes of one shard made at once by threads of one engine (threads using
+one zarr 2 proxy, dask's threaded scheduler; zarr 3's ``set`` calls reach
+the engine as batches, one at a time, :mod:`shardkv.zarr3.batching`) are
+merged: the first write of a shard starts that shard's commit
+(the read-modify-write above); writes of the shard arriving while it runs
+join the shard's *next* commit, which starts when the running one has
+finished (its writer waits for it on an event) and stores all of them with
+one read-modify-write. So N writers of a shard cost at most two shard
+rewrites while one runs, not N. Each call returns only when every change it
+made is stored; an error of a commit is raised to every call that joined it
+(a write's own commit and any it joined). The locks and the conditional puts
+exclude writers of other processes (and of other engines) exactly as
+without merging: a commit holds them as one write does. A write made by a
+thread that holds shard locks (inside :meth:`ShardWriter.hold`, or a nested
+store's write) is not merged: it runs at once, since a commit it would wait
+for may be waiting for the locks it holds.
 """
 
 from __future__ import annotations
 
+import os
+import threading
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 
 from shardkv._types import BytesLike
 from shardkv.engine.cache import IndexCache
-from shardkv.engine.locks import ShardLocks
-from shardkv.engine.merge import ShardChange, merge_chunks
+from shardkv.engine.locks import ShardLocks, holds_shard_locks
+from shardkv.engine.merge import ShardChange, join_changes, merge_chunks
 from shardkv.engine.retry import WRITE_ATTEMPTS, WRITE_BACKOFF, EngineStats, attempts
 from shardkv.errors import ConcurrentUpdateError
 from shardkv.format.index import ShardIndex
@@ -34,28 +57,57 @@ from shardkv.keys.space import ShardedArray
 from shardkv.storage.buffers import Value
 from shardkv.storage.kv import ANY, NO_VALUE, Generation, KVStore
 
-__all__ = ["EngineWrites"]
+__all__ = ["ShardWriter"]
 
 
-class EngineWrites:
-    """The write operations of :class:`~shardkv.engine.engine.ShardEngine`, which sets the state they use.
+_WRITERS: weakref.WeakSet[ShardWriter] = weakref.WeakSet()
+"""Every writer of this process (a forked child forgets their commits)."""
 
-    Attributes
+
+@dataclass(eq=False)
+class _Commit:
+    """One read-modify-write of one shard, for every change that joined it before it started.
+
+    ``done`` is set once the commit has finished, with ``error`` the
+    exception that stopped it (``None``: every change of it is stored).
+    """
+
+    changes: list[ShardChange] = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+class ShardWriter:
+    """The writes of a :class:`~shardkv.engine.engine.ShardEngine` (its ``writes``), on the engine's state.
+
+    Parameters
     ----------
     kv : KVStore
         The base store.
     cache : IndexCache
-        Decoded indexes (a written shard's is replaced by the one written).
+        Decoded indexes (a written shard's is replaced by the one written;
+        shared with the engine's reads).
     locks : ShardLocks
         The shard locks, in the engine's concurrency mode.
     stats : EngineStats
-        Counters the writes update.
+        Counters the writes update (shared with the engine's reads).
     """
 
-    kv: KVStore
-    cache: IndexCache
-    locks: ShardLocks
-    stats: EngineStats
+    def __init__(self, kv: KVStore, cache: IndexCache, locks: ShardLocks, stats: EngineStats) -> None:
+        self.kv = kv
+        self.cache = cache
+        self.locks = locks
+        self.stats = stats
+        self._guard = threading.Lock()
+        self._next: dict[str, _Commit] = {}  # shard key -> the commit writes join (not started yet)
+        self._running: dict[str, _Commit] = {}  # shard key -> the commit under way
+        _WRITERS.add(self)
+
+    def _forget_commits(self) -> None:
+        """Start with no commit (in a forked child: the parent's threads, and the commits they ran, are not there)."""
+        self._guard = threading.Lock()
+        self._next = {}
+        self._running = {}
 
     def write(self, changes: Mapping[str, ShardChange]) -> None:
         """Apply chunk changes grouped by shard: one batched read (partly covered shards), one batched write.
@@ -63,7 +115,10 @@ class EngineWrites:
         A shard left with no chunk is deleted (where deletes cannot be
         conditioned, in mode ``"conditional"``, it is stored as an empty shard
         instead, which readers read as fill values). Chunks outside the chunk
-        grid are dropped. See the module docstring for the rounds.
+        grid are dropped. See the module docstring for the rounds. Writes of
+        the same shards made meanwhile by other threads are merged with these
+        (group commit, module docstring); the call returns once every change
+        it made is stored, and raises the error of any commit they went into.
 
         Parameters
         ----------
@@ -83,16 +138,67 @@ class EngineWrites:
         """
         if not changes:
             return
+        if holds_shard_locks():  # a commit this would wait for may be waiting for this thread's locks
+            lost = self._write_held(changes)
+            if lost:
+                raise ConcurrentUpdateError(sorted(lost)[0], WRITE_ATTEMPTS, WRITE_ATTEMPTS)
+            return
+        led: dict[str, _Commit] = {}
+        joined: list[_Commit] = []
+        with self._guard:
+            for shard_key, change in changes.items():
+                commit = self._next.get(shard_key)
+                if commit is None:
+                    commit = self._next[shard_key] = led[shard_key] = _Commit()
+                if shard_key in self._running:
+                    self.stats.writes_queued += 1
+                commit.changes.append(change)
+                joined.append(commit)
+        if led:
+            self._run(led)
+        for commit in joined:
+            commit.done.wait()  # bounded: its writer runs one bounded write (lock timeout, write attempts)
+        for commit in joined:
+            if commit.error is not None:
+                raise commit.error
+
+    def _run(self, led: dict[str, _Commit]) -> None:
+        """Run the commits this call started: after the running commits of their shards, as one write."""
+        for shard_key in led:  # only this call starts these shards' next commits: none can start meanwhile
+            with self._guard:
+                before = self._running.get(shard_key)
+            if before is not None:
+                before.done.wait()
+        with self._guard:
+            for shard_key, commit in led.items():
+                del self._next[shard_key]
+                self._running[shard_key] = commit
+        errors: dict[str, BaseException] = {}
+        try:
+            lost = self._write_held({k: join_changes(c.changes) for k, c in led.items()})
+            errors = {k: ConcurrentUpdateError(k, WRITE_ATTEMPTS, WRITE_ATTEMPTS) for k in lost}
+        except BaseException as exc:  # which of the shards were stored is unknown: every writer of them is told
+            errors = dict.fromkeys(led, exc)
+            if not isinstance(exc, Exception):
+                raise  # interrupted: the writers waiting are still told, below
+        finally:
+            with self._guard:
+                for shard_key, commit in led.items():
+                    del self._running[shard_key]
+                    commit.error = errors.get(shard_key)
+                    commit.done.set()
+
+    def _write_held(self, changes: Mapping[str, ShardChange]) -> dict[str, ShardChange]:
+        """The bounded rounds of one write, holding its shards' locks; the changes still lost after the last."""
         todo = dict(changes)
         with self.locks.hold_arrays({k: c.array for k, c in todo.items()}):
             for _ in attempts(WRITE_ATTEMPTS, WRITE_BACKOFF):
                 self.stats.write_attempts += 1
                 todo = self._write_round(todo)
                 if not todo:
-                    return
+                    return {}
                 self.stats.write_lost += len(todo)
-        first = sorted(todo)[0]
-        raise ConcurrentUpdateError(first, WRITE_ATTEMPTS, WRITE_ATTEMPTS)
+        return todo
 
     def _write_round(self, changes: Mapping[str, ShardChange]) -> dict[str, ShardChange]:
         """One read-merge-put round; the changes of the shards whose conditional put lost."""
@@ -208,6 +314,14 @@ class EngineWrites:
             If a lock was not obtained within the lock timeout.
         """
         return self.locks.hold_arrays(shards)
+
+
+def _forget_commits_after_fork() -> None:
+    for writer in list(_WRITERS):
+        writer._forget_commits()
+
+
+os.register_at_fork(after_in_child=_forget_commits_after_fork)
 
 
 def _nbytes(parts: Sequence[BytesLike]) -> int:

@@ -4,8 +4,8 @@ Keys outside sharded arrays are listed as zarr-python 2 sees them
 (:meth:`NodeTable.listed <shardkv.proxy.nodes.NodeTable.listed>`: the
 ``zarr.json`` of presented nodes replaced by their v2 documents); each shard is replaced by the chunk keys its index
 holds, for chunks inside the array's grid (the listing's generations confirm
-the cached indexes: :func:`base_listing`; :meth:`ShardEngine.chunk_keys
-<shardkv.engine.engine.ShardEngine.chunk_keys>` reads the indexes in batches,
+the cached indexes: :func:`base_listing`; :meth:`ShardReader.chunk_keys
+<shardkv.engine.reads.ShardReader.chunk_keys>` reads the indexes in batches,
 one request each, and builds each key once from the index:
 :mod:`shardkv.keys.listing`). The base listing is enumerated once per call;
 counting (``len``) never builds a chunk key, and the names of an array
@@ -45,7 +45,7 @@ def base_listing(kv: KVStore, engine: ShardEngine, prefix: str) -> Listed:
     """The base store keys under ``prefix``, with the generations the listing returns for the cached shards.
 
     The engine takes a cached index whose generation equals the listed one
-    as current without a request (:meth:`~shardkv.engine.reads.EngineReads.read_indexes`);
+    as current without a request (:meth:`~shardkv.engine.reads.ShardReader.read_indexes`);
     only cached shards are asked for (a local ``stat`` each), and object
     stores return them with the listing anyway.
     """
@@ -79,13 +79,13 @@ def _key_groups(nodes: NodeTable, engine: ShardEngine, listed: Listed) -> Iterat
     """The keys of :func:`logical_keys` in groups: plain keys, then the chunk keys (a list per shard)."""
     plain, shards, generations = split_shards(nodes, listed)
     yield nodes.listed(plain)
-    yield engine.chunk_keys(shards, generations=generations)  # in-grid chunks; indexes read in batches
+    yield engine.reads.chunk_keys(shards, generations=generations)  # in-grid chunks; indexes read in batches
 
 
 def count_logical_keys(nodes: NodeTable, engine: ShardEngine, listed: Listed) -> int:
     """How many keys :func:`logical_keys` would list (no chunk key is built)."""
     plain, shards, generations = split_shards(nodes, listed)
-    return sum(1 for _ in nodes.listed(plain)) + engine.count_chunks(shards, generations=generations)
+    return sum(1 for _ in nodes.listed(plain)) + engine.reads.count_chunks(shards, generations=generations)
 
 
 def child_names(nodes: NodeTable, engine: ShardEngine, prefix: str, listed: Listed) -> list[str]:
@@ -118,14 +118,14 @@ def child_names(nodes: NodeTable, engine: ShardEngine, prefix: str, listed: List
     if len(arrays) == 1:
         (arr,) = arrays.values()
         if arr.key_prefix == prefix:
-            names = sorted_chunk_names(arr, engine.present_masks(shards, generations=generations), len(shards))
+            names = sorted_chunk_names(arr, engine.reads.present_masks(shards, generations=generations), len(shards))
             if names is not None:
                 for name in sorted({_child(k, prefix) for k in nodes.listed(plain)}):
                     at = bisect.bisect_left(names, name)
                     if at == len(names) or names[at] != name:
                         names.insert(at, name)
                 return names
-    keys = itertools.chain(nodes.listed(plain), engine.chunk_keys(shards, generations=generations))
+    keys = itertools.chain(nodes.listed(plain), engine.reads.chunk_keys(shards, generations=generations))
     return sorted({_child(k, prefix) for k in keys if k.startswith(prefix)})
 
 

@@ -526,7 +526,7 @@ class ShardedStore(ProxyBase):
         for array_path in sorted(stored) if path is None else [path]:
             arr = self.sharded_array(array_path)
             if arr is not None:
-                reclaimed += self._engine.compact(arr, sorted(stored.get(array_path, [])))
+                reclaimed += self._engine.writes.compact(arr, sorted(stored.get(array_path, [])))
         return reclaimed
 
     def __iter__(self) -> Iterator[str]:

@@ -529,7 +529,7 @@ class ShardedStore(Store):
                 shards[key] = arr
         if shards:
             keys = await asyncio.to_thread(
-                lambda: [k for k in self._engine.engine.chunk_keys(shards) if k.startswith(prefix)]
+                lambda: [k for k in self._engine.engine.reads.chunk_keys(shards) if k.startswith(prefix)]
             )
             for key in keys:
                 yield key

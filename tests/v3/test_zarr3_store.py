@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -355,6 +356,48 @@ def test_byte_ranges_partial_values_and_set_if_not_exists_on_sharded_chunk_keys(
     sync(store.set_if_not_exists(key, other))  # missing: written into its shard
     assert _raw(store, key) == other.to_bytes()
     assert zarr.open_array(store, path="a", mode="r")[150:200, 100:150].sum() == 0
+
+
+def test_a_shard_whose_chunks_zarr3_writes_at_once_is_put_at_most_twice(tmp_path: Path) -> None:
+    """Default options: chunk writes made while a shard write runs are stored together by the next one.
+
+    One shard of 2 x 2 x 2 chunks, fewer than zarr's ``async.concurrency`` (10), so zarr has every
+    chunk write in flight at once. The first shard put is held inside the store until all 8 reached
+    the store: then the shard is put at most twice (the first write, then the rest together). A whole
+    array of many shards is not: zarr keeps only 10 chunk writes in flight, spread over the shards it
+    is filling, so each shard is rewritten several times (benchmarks W29-1).
+    """
+    arrived = threading.Event()
+    n_sets = [0]
+
+    class CountingSets(ShardedStore):
+        async def set(self, key: str, value: Any) -> None:
+            if "/c/" in key:
+                n_sets[0] += 1
+                if n_sets[0] == 8:
+                    arrived.set()
+            await super().set(key, value)
+
+    root = tmp_path / "data.zarr"
+    store = CountingSets(str(root), chunks_per_shard=2)
+    z = zarr.create_array(store, name="a", shape=(32, 32, 32), chunks=(16, 16, 16), dtype="u2", fill_value=0)
+    kv = store._engine.engine.kv  # the engine's store: every shard put goes through its put_many
+    put_many, shard_puts = kv.put_many, []
+
+    def held_put_many(writes: Any) -> Any:
+        if not shard_puts and not arrived.wait(30):
+            raise TimeoutError("zarr 3 never had all 8 chunk writes of the shard in flight")
+        shard_puts.extend(writes)
+        return put_many(writes)
+
+    kv.put_many = held_put_many
+    data = np.arange(32**3, dtype="u2").reshape(32, 32, 32)
+    z[...] = data
+    assert n_sets[0] == 8
+    assert shard_puts in (["a/c/0/0/0"], ["a/c/0/0/0"] * 2)
+    np.testing.assert_array_equal(zarr.open_array(store.base, path="a")[...], data)
+    t = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(root / "a")}}).result()
+    np.testing.assert_array_equal(t.read().result(), data)
 
 
 def test_options_are_given_as_keywords_or_as_one_options_object() -> None:

@@ -1,0 +1,224 @@
+"""Group commit: concurrent writes of one shard in one process are merged into one read-modify-write.
+
+The first write of a shard starts its commit; writes of that shard arriving
+while it runs join the next commit, which stores all of them with one shard
+put. The overlap is made deterministic: the store holds the first shard put
+until every other writer has queued its change for the next commit
+(``engine.stats.writes_queued`` counts them), so no count below depends on timing. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from engine_kv import CountingKV
+
+from shardkv.engine.engine import ShardEngine
+from shardkv.engine.merge import ChunkPatch, ShardChange
+from shardkv.engine.options import Options
+from shardkv.engine.retry import EngineStats
+from shardkv.format.layout import ShardLayout
+from shardkv.keys.encodings import V2ChunkKeyEncoding
+from shardkv.keys.space import ShardedArray
+from shardkv.storage.buffers import Value
+from shardkv.storage.kv import Generation
+
+WAIT_S = 30.0  # the longest any wait below may take (a broken mechanism fails instead of hanging)
+N_WRITERS = 8
+
+
+def _array(cps: tuple[int, ...] = (4, 4)) -> ShardedArray:
+    enc = V2ChunkKeyEncoding(".")
+    return ShardedArray("a", "a/", (16, 16), (2, 2), ShardLayout.v3(cps), enc, enc)
+
+
+def _change(arr: ShardedArray, coords: tuple[int, ...], value: object) -> dict[str, ShardChange]:
+    ref = arr.locate(arr.chunk_key(coords))
+    return {ref.shard_key: ShardChange(arr, ref.shard_coords, {ref.local_coords: value})}  # type: ignore[dict-item]
+
+
+def _wait_for(condition, what: str) -> None:
+    """Wait until ``condition()`` holds: re-checked every millisecond, failing after ``WAIT_S`` seconds."""
+    pause = threading.Event()
+    for _ in range(int(WAIT_S * 1000)):
+        if condition():
+            return
+        pause.wait(0.001)
+    pytest.fail(f"gave up after {WAIT_S:g} s waiting for {what}")
+
+
+class HeldKV(CountingKV):
+    """A counting store whose first put waits inside the store until the test lets it go.
+
+    ``fail_first``: that held put raises instead of storing, after the release.
+    """
+
+    def __init__(self, fail_first: bool = False) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.fail_first = fail_first
+        self._first = True
+
+    def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
+        if self._first:
+            self._first = False
+            self.entered.set()
+            if not self.release.wait(WAIT_S):
+                raise TimeoutError("the test never released the held put")
+            if self.fail_first:
+                raise OSError(5, "injected write error", "a/0.0")
+        return super().put_many(writes)
+
+    def shard_puts(self) -> list[str]:
+        return [key for op, key, _, _ in self.log if op == "put"]
+
+
+def _hold_first_round(kv: HeldKV, stats: EngineStats, submit, n_joining: int) -> None:
+    """Run ``submit(0)`` until its put is held in the store, then ``submit(1..n_joining)``; release once all joined."""
+    submit(0)
+    assert kv.entered.wait(WAIT_S), "the first write never reached the store"
+    for i in range(1, n_joining + 1):
+        submit(i)
+    _wait_for(lambda: stats.writes_queued >= n_joining, f"{n_joining} writes to queue for the next commit")
+    kv.release.set()
+
+
+def test_concurrent_writers_of_one_shard_are_merged_into_two_shard_puts() -> None:
+    kv, arr = HeldKV(), _array()
+    engine = ShardEngine(kv)
+    coords = [(i // 4, i % 4) for i in range(N_WRITERS)]  # distinct chunks of shard a/0.0
+    with ThreadPoolExecutor(N_WRITERS) as pool:
+        futures = []
+        _hold_first_round(
+            kv,
+            engine.stats,
+            lambda i: futures.append(pool.submit(engine.writes.write, _change(arr, coords[i], bytes([i + 1]) * 3))),
+            N_WRITERS - 1,
+        )
+        for future in futures:
+            future.result(WAIT_S)
+    assert kv.shard_puts() == ["a/0.0", "a/0.0"]  # the first write's commit, then one for the other seven
+    fresh = ShardEngine(kv)  # nothing lost: every chunk reads back from the store
+    found = fresh.reads.read_chunks([arr.locate(arr.chunk_key(c)) for c in coords])
+    assert {k: bytes(v) for k, v in found.items()} == {
+        arr.chunk_key(c): bytes([i + 1]) * 3 for i, c in enumerate(coords)
+    }
+
+
+def test_a_commit_error_reaches_every_writer_of_that_commit_and_no_other() -> None:
+    kv, arr = HeldKV(fail_first=True), _array()
+    engine = ShardEngine(kv)
+    with ThreadPoolExecutor(4) as pool:
+        futures = []
+        # the first write's commit fails; the three that joined the next one are stored
+        _hold_first_round(
+            kv,
+            engine.stats,
+            lambda i: futures.append(pool.submit(engine.writes.write, _change(arr, (0, i), bytes([i + 1])))),
+            3,
+        )
+        with pytest.raises(OSError, match="injected write error"):
+            futures[0].result(WAIT_S)
+        for future in futures[1:]:
+            future.result(WAIT_S)
+    found = ShardEngine(kv).reads.read_chunks([arr.locate(arr.chunk_key((0, i))) for i in range(4)])
+    assert sorted(found) == ["a/0.1", "a/0.2", "a/0.3"]
+
+
+def test_an_error_of_a_merged_commit_reaches_every_writer_that_joined_it() -> None:
+    kv, arr = HeldKV(), _array()
+    engine = ShardEngine(kv)
+    with ThreadPoolExecutor(4) as pool:
+        futures = []
+
+        def submit(i: int) -> None:
+            # writer 3 patches a chunk nobody stored at byte 5: a gap, refused; it fails the commit it joined
+            value = ChunkPatch("a/1.3", [(5, b"x")]) if i == 3 else bytes([i + 1])
+            futures.append(pool.submit(engine.writes.write, _change(arr, (1, i), value)))
+
+        _hold_first_round(kv, engine.stats, submit, 3)
+        futures[0].result(WAIT_S)  # its own commit, before the others joined theirs: stored
+        for future in futures[1:]:
+            with pytest.raises(ValueError, match="gap"):
+                future.result(WAIT_S)
+    assert kv.shard_puts() == ["a/0.0"]  # the failed commit put nothing
+    found = ShardEngine(kv).reads.read_chunks([arr.locate(arr.chunk_key((1, i))) for i in range(4)])
+    assert sorted(found) == ["a/1.0"]
+
+
+def test_joined_writes_of_one_chunk_apply_in_arrival_order() -> None:
+    kv, arr = HeldKV(), _array()
+    engine = ShardEngine(kv)
+    engine_write = engine.writes.write
+    values: list[object] = [b"first", b"abcdef", ChunkPatch("a/0.1", [(1, b"XY")]), ChunkPatch("a/0.1", [(-1, b"!")])]
+    with ThreadPoolExecutor(4) as pool:
+        futures = []
+
+        def submit(i: int) -> None:
+            coords = (0, 0) if i == 0 else (0, 1)
+            futures.append(pool.submit(engine_write, _change(arr, coords, values[i])))
+            if i:  # one at a time, so the order they join in is known
+                _wait_for(lambda: engine.stats.writes_queued >= i, f"write {i} to queue")
+
+        _hold_first_round(kv, engine.stats, submit, 3)
+        for future in futures:
+            future.result(WAIT_S)
+    found = ShardEngine(kv).reads.read_chunks([arr.locate("a/0.1")])
+    assert bytes(found["a/0.1"]) == b"aXYde!"
+    assert kv.shard_puts() == ["a/0.0", "a/0.0"]
+
+
+def test_a_write_of_a_thread_holding_shard_locks_is_not_queued_behind_a_commit_waiting_for_them() -> None:
+    """Stacked stores write while holding locks: queued behind a commit that waits for those locks, it would hang."""
+    kv, arr = CountingKV(), _array()
+    engine = ShardEngine(kv, Options(lock_timeout=WAIT_S))  # a regression fails instead of hanging
+    refs = [arr.locate(arr.chunk_key(c)) for c in ((0, 0), (4, 4))]  # two shards: a/0.0 and a/1.1
+    held, other = sorted(refs, key=lambda r: engine.locks.thread_stripes_of([r.shard_key])[0])
+
+    def write(ref, value: bytes) -> dict[str, ShardChange]:
+        return {ref.shard_key: ShardChange(arr, ref.shard_coords, {ref.local_coords: value})}
+
+    with ThreadPoolExecutor(1) as pool:
+        with engine.writes.hold({held.shard_key: arr}):
+            # one commit of both shards: it takes their stripes in ascending order, so it waits at the held one
+            both = pool.submit(engine.writes.write, {**write(held, b"both"), **write(other, b"both")})
+            _wait_for(lambda: other.shard_key in engine.writes._running, "the commit of both shards to start")
+            engine.writes.write(write(other, b"mine"))  # at once: the running commit of its shard waits for us
+            assert not both.done()
+        both.result(WAIT_S)
+    found = ShardEngine(kv).reads.read_chunks(refs)
+    assert {k: bytes(v) for k, v in found.items()} == {held.chunk_key: b"both", other.chunk_key: b"both"}
+
+
+def test_writes_of_several_shards_merge_per_shard_in_one_batched_put() -> None:
+    kv, arr = HeldKV(), _array()
+    engine = ShardEngine(kv)
+    a, b = (arr.locate(arr.chunk_key(c)) for c in ((0, 0), (4, 4)))  # shards a/0.0 and a/1.1
+
+    def both(first, second, value: bytes) -> dict[str, ShardChange]:
+        out = {}
+        for ref in (first, second):
+            out[ref.shard_key] = ShardChange(arr, ref.shard_coords, {ref.local_coords: value})
+        return out
+
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(engine.writes.write, _change(arr, (0, 1), b"first"))]  # held in the store
+        assert kv.entered.wait(WAIT_S)
+        # the two shards named in opposite orders: each call's shards start or join their next commits together
+        futures.append(pool.submit(engine.writes.write, both(a, b, b"x")))
+        futures.append(pool.submit(engine.writes.write, both(b, a, b"y")))
+        _wait_for(lambda: engine.stats.writes_queued >= 2, "both calls to queue for a/0.0")
+        kv.release.set()
+        for future in futures:
+            future.result(WAIT_S)
+    # a/0.0 alone, then both shards' next commits in one write round (one batched put for the two)
+    assert sorted(kv.shard_puts()) == ["a/0.0", "a/0.0", "a/1.1"]
+    assert engine.stats.write_attempts == 2
+    found = ShardEngine(kv).reads.read_chunks([arr.locate("a/0.1"), a, b])
+    assert bytes(found["a/0.1"]) == b"first"
+    assert {bytes(found[a.chunk_key]), bytes(found[b.chunk_key])} <= {b"x", b"y"}
+    assert bytes(found[a.chunk_key]) == bytes(found[b.chunk_key])  # the later call won on both shards
