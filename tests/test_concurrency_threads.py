@@ -211,7 +211,7 @@ def test_threads_writing_one_shard_at_once_are_merged_into_one_rewrite() -> None
     base = _HeldDict()
     store = ShardedStore(base, chunks_per_shard=16)
     arr = zarr.open_array(store=store, mode="w", shape=(16 * CHUNK_LEN,), chunks=(CHUNK_LEN,), dtype="i4",
-                          fill_value=0)  # fmt: skip
+                          fill_value=0)
     base.armed = True
 
     def write(c: int) -> None:

@@ -278,8 +278,9 @@ def _why_no_v3_document(zarray: Mapping[str, Any] | None) -> Unreached:
 
 
 def _consolidated_paths(doc: Mapping[str, Any]) -> set[str]:
-    block = doc.get("consolidated_metadata")
-    return set(block["metadata"]) if has_consolidated(doc) else set()  # type: ignore[index]
+    if not has_consolidated(doc):
+        return set()
+    return set(doc["consolidated_metadata"]["metadata"])
 
 
 def zarr3_unreachable(
