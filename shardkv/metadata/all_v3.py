@@ -27,6 +27,7 @@ from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.metadata.hierarchy import (
     ZARR_JSON,
     MetadataPlan,
+    consolidated_nodes,
     group_document,
     group_paths,
     has_consolidated,
@@ -278,8 +279,7 @@ def _why_no_v3_document(zarray: Mapping[str, Any] | None) -> Unreached:
 
 
 def _consolidated_paths(doc: Mapping[str, Any]) -> set[str]:
-    block = doc.get("consolidated_metadata")
-    return set(block["metadata"]) if has_consolidated(doc) else set()  # type: ignore[index]
+    return set(consolidated_nodes(doc) or ())
 
 
 def zarr3_unreachable(
