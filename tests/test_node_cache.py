@@ -72,7 +72,6 @@ def test_reading_a_node_keeps_the_generation_and_every_change_moves_it() -> None
     assert cache.generation == 0  # what was already there: owners did not change
     changes = [
         lambda: cache.set("b", ARRAY),
-        lambda: cache.set_default("b", GROUP),
         lambda: cache.forget("a"),
         lambda: cache.forget_under("b"),
         cache.clear,
@@ -80,14 +79,6 @@ def test_reading_a_node_keeps_the_generation_and_every_change_moves_it() -> None
     for i, change in enumerate(changes, start=1):
         change()
         assert cache.generation == i
-
-
-def test_set_default_keeps_a_node_already_there() -> None:
-    cache: NodeCache[str | None] = NodeCache()
-    cache.set("a", ARRAY)
-    cache.set_default("a", GROUP)
-    cache.set_default("b", GROUP)
-    assert cache.kept(["a", "b"]) == {"a": ARRAY, "b": GROUP}
 
 
 def test_forget_under_forgets_a_path_and_its_descendants_not_its_siblings() -> None:

@@ -1,24 +1,12 @@
-"""The node table every facade asks: nodes kept by path, their generation, the owner walk. Pure.
+"""The node table every facade keeps its nodes in: nodes by path, their generation, the owner walk. Pure.
 
-A facade (the zarr 2 proxy, the 2022 draft proxy, the zarr 3 store) learns
-what each path of a hierarchy is from a document it reads there, and builds
-its own kind of node from it (v2 documents presented from a v3 one, a draft
-array with its transformer stack, a stored sharded document presented
-unsharded). What they share is kept here once:
-
-* the nodes by path, read once and kept until forgotten (:meth:`NodeCache.forget`,
-  :meth:`NodeCache.forget_under`, :meth:`NodeCache.clear`);
-* the :attr:`NodeCache.generation`, which counts the changes that may change
-  which array owns a key, so that a facade's memos of owners know when they
-  are stale;
-* the owner walk of :mod:`shardkv.keys.paths`: among the paths that could own
-  a key (from the highest down), the first node that decides it.
-
-The table does no I/O. The walk (:meth:`NodeCache.walk`) stops at the first
-path whose node is not kept yet and names it; the facade reads that node its
-own way (the proxies with a blocking read, the zarr 3 store with an ``await``
-of zarr's ``Store.get`` on its event loop), keeps it (:meth:`NodeCache.load`)
-and walks again. :meth:`NodeCache.first` is that loop for a blocking read.
+Each facade builds its own kind of node from the document it reads at a path
+(``proxy/nodes.py``, ``proxy/draft_nodes.py``, ``zarr3/nodes.py``); what they
+share is here once. The table does no I/O: :meth:`NodeCache.walk` stops at the
+first path not read yet and names it, the facade reads it its own way
+(blocking, or awaited on zarr's event loop), keeps it with
+:meth:`NodeCache.load` and walks again; :meth:`NodeCache.first` is that loop
+for a blocking read.
 """
 
 from __future__ import annotations
@@ -35,17 +23,10 @@ N = TypeVar("N")
 
 @dataclass(frozen=True)
 class Walked(Generic[N]):
-    """Where an owner walk stopped.
+    """Where an owner walk stopped: at ``unread``, the first path not read yet, or at the deciding ``node``.
 
-    Attributes
-    ----------
-    unread : str or None
-        The first path of the walk whose node is not kept yet (read it, then
-        walk again); ``None`` when the walk is done.
-    path : str or None
-        The path of the node that decides (``None``: no node on the walk does).
-    node : N or None
-        That node.
+    ``unread`` is ``None`` when the walk is done; ``path`` and ``node`` are
+    ``None`` when no node on it decides.
     """
 
     unread: str | None = None
@@ -59,18 +40,11 @@ class NodeCache(Generic[N]):
     Attributes
     ----------
     generation : int
-        Counts the changes that may change a key's owner (a node recorded with
-        :meth:`set`, forgotten or cleared; not a node read for the first time
-        with :meth:`load`, which only learns what was already there). A memo of
-        owners is valid while it stays the same.
+        Counts the changes that may change a key's owner (a node :meth:`set`,
+        forgotten or cleared; not one :meth:`load` keeps after its first read).
+        A memo of owners is valid while it stays the same.
     lock : threading.RLock
-        Guards the nodes; a facade may hold it to read several nodes and the
-        generation together.
-
-    Notes
-    -----
-    Thread-safe. A node read by racing threads may be read twice and loaded
-    twice (the same node).
+        Guards the nodes (thread-safe; racing threads may read a node twice).
     """
 
     def __init__(self) -> None:
@@ -99,12 +73,6 @@ class NodeCache(Generic[N]):
             self._nodes[path] = node
             self.generation += 1
 
-    def set_default(self, path: str, node: N) -> None:
-        """Record ``node`` at ``path`` unless a node is kept there already (owners may change)."""
-        with self.lock:
-            self._nodes.setdefault(path, node)
-            self.generation += 1
-
     def forget(self, path: str) -> None:
         """Forget the node at ``path`` (read again on next use)."""
         with self.lock:
@@ -130,20 +98,11 @@ class NodeCache(Generic[N]):
         Parameters
         ----------
         paths : iterable of str
-            The paths that could own a key, from the highest down (as
-            :func:`shardkv.keys.paths.chunk_owner_paths`,
-            :func:`~shardkv.keys.paths.prefix_owner_paths` or
-            :func:`~shardkv.keys.paths.owner_candidates` give them).
+            The paths that could own a key, from the highest down
+            (:func:`shardkv.keys.paths.chunk_owner_paths` and its kin).
         decides : callable
             True for a node that settles the walk (an array, in the owner
-            rule); the nodes that do not are passed over.
-
-        Returns
-        -------
-        Walked
-            ``unread`` set when a path before the deciding node is not kept
-            yet (nothing after it is looked at); else the deciding node and
-            its path, or neither when no node decides.
+            rule); the others are passed over.
         """
         with self.lock:
             for path in paths:
@@ -157,14 +116,10 @@ class NodeCache(Generic[N]):
     def first(self, paths: Sequence[str], decides: Callable[[N], bool], read: Callable[[str], N]) -> Walked[N]:
         """:meth:`walk` to the end, reading each node not kept yet with ``read`` (path -> node, blocking).
 
-        The nodes are read one at a time, from the highest down, and only up
-        to the first that decides: a chunk of ``g/arr`` costs the read of
-        ``g/arr`` alone.
-
-        Each round reads one more path, so ``len(paths) + 1`` rounds end the
-        walk; only nodes forgotten by other threads as fast as they are read
-        could outlast them, and then no node decides (as before they were
-        written).
+        Nodes are read one at a time, only up to the first that decides: a
+        chunk of ``g/arr`` costs the read of ``g/arr`` alone. Each round reads
+        one more path; only nodes forgotten by other threads as fast as they
+        are read outlast the rounds, and then none decides.
         """
         for _ in range(len(paths) + 1):
             walked = self.walk(paths, decides)

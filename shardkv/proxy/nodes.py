@@ -210,11 +210,7 @@ def _array_node(node: Node, zarray: Mapping[str, Any] | None, doc: Any) -> Node:
 
 
 class NodeTable:
-    """Nodes by path, read lazily (one batched read of ``zarr.json`` and ``.zarray`` per path), and key owners.
-
-    The nodes, their generation and the owner walk are a
-    :class:`~shardkv.metadata.nodes.NodeCache`; this table reads and builds
-    the nodes and presents them to zarr-python 2.
+    """Nodes by path (a :class:`~shardkv.metadata.nodes.NodeCache`), read lazily in batches, and key owners.
 
     Parameters
     ----------
@@ -224,8 +220,7 @@ class NodeTable:
 
     Notes
     -----
-    Thread-safe: the cache's lock guards the nodes and the owners; a node
-    read by racing threads may be read twice (same result).
+    Thread-safe: the cache's lock guards the nodes and the owners.
     """
 
     def __init__(self, read: ReadValues) -> None:
@@ -333,8 +328,8 @@ class NodeTable:
             node = build_node(path, raw_json)
         except (ConfigurationError, NotImplementedError):  # MetadataError is a ConfigurationError
             return
-        if node.documents and not may_mirror(node.doc):
-            self._cache.set_default(path, node)
+        if node.documents and not may_mirror(node.doc) and self._cache.unread([path]):
+            self._cache.set(path, node)
 
     def forget(self, path: str) -> None:
         """Forget the node at ``path`` (read again on next use)."""

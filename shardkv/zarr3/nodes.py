@@ -1,11 +1,10 @@
 """What each path and key is, for :class:`shardkv.zarr3.ShardedStore`: the ``zarr.json`` documents it reads and writes.
 
 A :class:`NodeTable` reads each node's stored ``zarr.json`` once (from the zarr 3
-store underneath, awaited on zarr's event loop) and keeps in a
-:class:`~shardkv.metadata.nodes.NodeCache` whether it is a transparently
-sharded array (:class:`~shardkv.keys.space.ShardedArray`: routes its chunk
-keys to shards), another node (a group, an array stored as written) or
-nothing; the owner walks are the cache's. It also turns
+store underneath) and keeps in a :class:`~shardkv.metadata.nodes.NodeCache`
+whether it is a transparently sharded array
+(:class:`~shardkv.keys.space.ShardedArray`: routes its chunk keys to shards),
+another node (a group, an array stored as written) or nothing. It also turns
 documents between their presented form (what zarr above the store reads and
 writes) and their stored form (:mod:`shardkv.zarr3.metadata`), including the
 array documents a group's consolidated metadata holds.
@@ -65,23 +64,13 @@ def _dump(doc: Mapping[str, Any]) -> bytes:
     return json.dumps(doc, indent=2).encode()
 
 
-def _meta_key(path: str) -> str:
-    return join_path(path, ZARR_JSON)
-
-
 def _is_node(node: Node) -> bool:
     """True for a node that decides what the keys below it are (an array; a group or nothing is passed over)."""
     return node is not None
 
 
 def _build(path: str, raw: bytes | None) -> Node:
-    """The node at ``path`` from its stored ``zarr.json`` bytes (``None``: there is none).
-
-    Raises
-    ------
-    ConfigurationError, UnsupportedError
-        If a transparently sharded array's sharding cannot be used.
-    """
+    """The node at ``path`` from its stored ``zarr.json`` (``None``: none); raises as :func:`transparent_array`."""
     if raw is None:
         return None
     doc = parse_document(raw)
@@ -131,7 +120,7 @@ class NodeTable:
         kept = self._cache.kept([path])
         if kept:
             return kept[path]
-        raw = await self.base.get(_meta_key(path), prototype=prototype())
+        raw = await self.base.get(join_path(path, ZARR_JSON), prototype=prototype())
         return self._load(path, None if raw is None else raw.to_bytes())
 
     async def _first(self, paths: list[str]) -> Node:
@@ -189,7 +178,7 @@ class NodeTable:
         ChunkOutOfGridError
             For a chunk key of such an array outside its chunk grid.
         """
-        walked = self._cache.first(chunk_owner_paths(key), _is_node, lambda path: _build(path, read(_meta_key(path))))
+        walked = self._cache.first(chunk_owner_paths(key), _is_node, lambda p: _build(p, read(join_path(p, ZARR_JSON))))
         return _route_in(walked.node, key)
 
     async def array_of_shard(self, key: str) -> ShardedArray | None:
@@ -251,7 +240,7 @@ class NodeTable:
             full = join_path(path, rel)
             if await self.sharded(full) is None:
                 continue
-            raw = await self.base.get(_meta_key(full), prototype=prototype())
+            raw = await self.base.get(join_path(full, ZARR_JSON), prototype=prototype())
             stored = None if raw is None else parse_document(raw.to_bytes())
             sharded = None if stored is None else resharded(child, stored)
             if sharded is not None:
