@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 __all__ = ["NodeCache", "Walked"]
 
 N = TypeVar("N")
 
 
-@dataclass(frozen=True)
-class Walked(Generic[N]):
+class Walked(NamedTuple, Generic[N]):
     """Where an owner walk stopped: at ``unread``, the first path not read yet, or at the deciding ``node``.
 
     ``unread`` is ``None`` when the walk is done; ``path`` and ``node`` are
