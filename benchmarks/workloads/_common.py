@@ -155,18 +155,23 @@ def shardkv_features() -> dict[str, Any]:
     """What the installed ``ShardedStore`` offers, read from its signature.
 
     ``write_back`` is True when the constructor takes ``buffer_bytes`` and the
-    class has ``flush``. When ``inspect.signature(ShardedStore)`` shows only
-    ``*args``/``**kwargs`` for some options (a ``__new__`` that dispatches),
-    the parameters of ``__init__`` are added.
+    class has ``flush``. Options taken as ``**keywords`` are read from the
+    ``TypedDict`` that annotates them (``Unpack[OptionKeywords]``); a
+    ``__new__`` that dispatches adds the parameters of ``__init__``.
     """
+    import typing
+
     from shardkv import ShardedStore
 
-    sig = inspect.signature(ShardedStore)
-    params = [p.name for p in sig.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    if len(params) < len(sig.parameters):
-        init = inspect.signature(ShardedStore.__init__).parameters.values()
-        params += [p.name for p in init if p.name != "self" and p.name not in params
-                   and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    named: list[str] = []
+    for function in (ShardedStore, ShardedStore.__init__):
+        hints = typing.get_type_hints(function) if function is ShardedStore.__init__ else {}
+        for p in inspect.signature(function).parameters.values():
+            if p.kind is p.VAR_KEYWORD and typing.get_origin(hints.get(p.name)) is typing.Unpack:
+                named += list(typing.get_type_hints(typing.get_args(hints[p.name])[0]))
+            elif p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "self":
+                named.append(p.name)
+    params = list(dict.fromkeys(named))
     return {
         "params": params,
         "write_back": "buffer_bytes" in params and callable(getattr(ShardedStore, "flush", None)),

@@ -49,7 +49,7 @@ def _zarr3_reads(root, path):
 
 def test_info_counts_every_array_of_a_store_zarr3_wrote_with_native_shards(tmp_path):
     """An xarray-like dataset written by zarr 3: two arrays with shards=, coordinates and two others without."""
-    import numcodecs.zarr3
+    from zarr.codecs.numcodecs import Zlib
 
     store = tmp_path / "native.zarr"
     root = zarr.open_group(str(store), mode="w", zarr_format=3)
@@ -62,7 +62,7 @@ def test_info_counts_every_array_of_a_store_zarr3_wrote_with_native_shards(tmp_p
     root.create_array("names", shape=(4,), chunks=(2,), dtype=str)[...] = values["names"] = np.array(
         ["a", "bb", "ccc", "d"]
     )
-    zl = root.create_array("zl", shape=(10,), chunks=(5,), dtype="i4", compressors=numcodecs.zarr3.Zlib(level=3))
+    zl = root.create_array("zl", shape=(10,), chunks=(5,), dtype="i4", compressors=Zlib(level=3))
     zl[...] = values["zl"] = np.arange(10, dtype="i4")
     proc = run("info", str(store), "--json")
     assert proc.returncode == 0, proc.stderr
