@@ -431,3 +431,39 @@ def test_the_chunk_parsing_check_sees_a_chunk_rule() -> None:
     found = sorted(_chunk_parsing_in(ast.parse(source)))
     assert found == ["'c?[0-9]+'", "'c|c?[0-9.+-]+'", "_CHUNKISH", "def _chunkish"]
     assert _chunk_parsing_in(ast.parse('KEY = "c/0/1"\nn = re.compile(r"[0-9]+")')) == []
+
+
+_OWNER_PATHS = {"chunk_owner_paths", "prefix_owner_paths", "owner_candidates"}
+_NODE_WALK = "shardkv.metadata.nodes"  # the one owner walk over a facade's nodes
+
+
+def _owner_walks_in(tree: ast.AST) -> list[str]:
+    """The loops that iterate over the paths that could own a key (a walk of their own)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)) and isinstance(node.iter, ast.Call):
+            func = node.iter.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            if name in _OWNER_PATHS:
+                found.append(name)
+    return found
+
+
+def test_only_the_node_table_walks_the_owner_paths() -> None:
+    """The facades' node tables ask :class:`shardkv.metadata.nodes.NodeCache` for owners: no walk of their own."""
+    found = {}
+    for module, path in MODULES.items():
+        if _layer_of(module) != "keys" and module != _NODE_WALK:
+            walks = _owner_walks_in(ast.parse(path.read_text()))
+            if walks:
+                found[module] = walks
+    assert found == {}
+
+
+def test_the_owner_walk_check_sees_a_walk() -> None:
+    source = (
+        "async def route(self, key):\n    for path in chunk_owner_paths(key):\n        node = await self.node(path)\n"
+        "def owner(key):\n    return next(p for p in paths.owner_candidates(key) if p in arrays)\n"
+    )
+    assert _owner_walks_in(ast.parse(source)) == ["chunk_owner_paths", "owner_candidates"]
+    assert _owner_walks_in(ast.parse("walked = cache.first(chunk_owner_paths(key), is_array, read)")) == []

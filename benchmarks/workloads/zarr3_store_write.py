@@ -1,4 +1,4 @@
-"""Bytes written by a whole write: zarr 3 ``z[...] = data`` through ``shardkv.zarr3.ShardedStore(<dir>)`` with default options.
+"""Bytes written by a whole write: zarr 3 ``z[...] = data`` through ``shardkv.zarr3.ShardedStore(<dir>)``.
 
 The zarr 3 environment. A 3-D uint16 array of 64³ inner chunks, 4 x 4 x 4
 chunks per shard (256³ shards), zstd level 0, written whole by zarr 3 through

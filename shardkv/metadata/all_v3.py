@@ -27,6 +27,7 @@ from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.metadata.hierarchy import (
     ZARR_JSON,
     MetadataPlan,
+    consolidated_nodes,
     group_document,
     group_paths,
     has_consolidated,
@@ -278,9 +279,7 @@ def _why_no_v3_document(zarray: Mapping[str, Any] | None) -> Unreached:
 
 
 def _consolidated_paths(doc: Mapping[str, Any]) -> set[str]:
-    if not has_consolidated(doc):
-        return set()
-    return set(doc["consolidated_metadata"]["metadata"])
+    return set(consolidated_nodes(doc) or ())
 
 
 def zarr3_unreachable(

@@ -69,6 +69,7 @@ __all__ = [
     "with_consolidated_metadata",
     "consolidated_entry",
     "has_consolidated",
+    "consolidated_nodes",
     "consolidated_in_step",
     "is_opaque",
     "opaque_paths",
@@ -429,10 +430,20 @@ def consolidated_entry(doc: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def has_consolidated(root: Mapping[str, Any] | None) -> bool:
     """True for a v3 group document that holds an inline ``consolidated_metadata`` block."""
+    return consolidated_nodes(root) is not None
+
+
+def consolidated_nodes(root: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The documents a v3 group document's inline ``consolidated_metadata`` block holds (relative path -> document).
+
+    ``None`` when ``root`` is no v3 group document or holds no such block.
+    The block's own ``metadata`` member is returned, not a copy.
+    """
     if root is None or root.get("zarr_format") != 3 or root.get("node_type") != "group":
-        return False
+        return None
     block = root.get("consolidated_metadata")
-    return isinstance(block, Mapping) and isinstance(block.get("metadata"), Mapping)
+    nodes = block.get("metadata") if isinstance(block, Mapping) else None
+    return nodes if isinstance(nodes, Mapping) else None
 
 
 def consolidated_in_step(

@@ -2,14 +2,15 @@
 
 :class:`DraftNodes` reads each array's metadata document once
 (``meta/root/<path>.array<suffix>``), builds the transformer stack its
-``storage_transformers`` list, and answers which sharded array's data area a
-key lies in. Array metadata written from above goes through
+``storage_transformers`` list, keeps it in a
+:class:`~shardkv.metadata.nodes.NodeCache` (``None`` where no array is), and
+answers with the cache's owner walk which sharded array's data area a key
+lies in. Array metadata written from above goes through
 :meth:`DraftNodes.store_metadata`, which adds the array's transformers.
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ from shardkv.keys.paths import is_draft_chunk_segment, owner_candidates
 from shardkv.metadata.chunks_per_shard import ChunksPerShardRule
 from shardkv.metadata.documents import dump_json, load_json
 from shardkv.metadata.draft import META_ROOT
+from shardkv.metadata.nodes import NodeCache
 from shardkv.transformers import DATA_ROOT, SHARDING_EXTENSION, AbstractStore, build_stack, storage_transformer_entries
 
 __all__ = ["DraftNodes", "DraftArray"]
@@ -54,6 +56,11 @@ class DraftArray:
         return self.stack
 
 
+def _is_array(state: DraftArray | None) -> bool:
+    """True where an array is (the owner rule: the first array met owns the keys below it)."""
+    return state is not None
+
+
 class DraftNodes:
     """Array states of a draft hierarchy, read lazily from the abstract store under the proxy.
 
@@ -68,9 +75,9 @@ class DraftNodes:
     def __init__(self, api: AbstractStore, rule: ChunksPerShardRule) -> None:
         self._api = api
         self.rule = rule
-        self._arrays: dict[str, DraftArray | None] = {}
+        self._arrays: NodeCache[DraftArray | None] = NodeCache()
         self._suffix: str | None = None
-        self._lock = threading.RLock()
+        self._lock = self._arrays.lock
 
     def refresh(self) -> None:
         """Forget cached metadata."""
@@ -111,9 +118,9 @@ class DraftNodes:
         MetadataError
             If its metadata document is not JSON.
         """
-        with self._lock:
-            if path in self._arrays:
-                return self._arrays[path]
+        kept = self._arrays.kept([path])
+        if kept:
+            return kept[path]
         key = self.array_key(path)
         try:
             raw = self._api.get(key)
@@ -121,8 +128,7 @@ class DraftNodes:
             state = None
         else:
             state = self._make_state(path, load_json(key, raw))
-        with self._lock:
-            self._arrays[path] = state
+        self._arrays.load({path: state})
         return state
 
     def _make_state(self, path: str, stored: dict[str, Any]) -> DraftArray:
@@ -137,29 +143,26 @@ class DraftNodes:
         """The sharded array whose data area holds ``key`` (first array met from the root)."""
         if not key.startswith(DATA_ROOT):
             return None
-        for path in owner_candidates(key[len(DATA_ROOT) :], is_draft_chunk_segment):
-            state = self.array(path)
-            if state is not None:
-                return state if state.sharded else None
-        return None
+        return self._sharded_owner(list(owner_candidates(key[len(DATA_ROOT) :], is_draft_chunk_segment)))
 
     def prefix_owner(self, prefix: str) -> DraftArray | None:
         """The sharded array whose data area contains every key starting with ``prefix``."""
         if not prefix.startswith(DATA_ROOT):
             return None
         complete = prefix[len(DATA_ROOT) :].rpartition("/")[0]  # the segments before the last "/"
-        for path in owner_candidates(f"{complete}/-" if complete else "-"):
-            state = self.array(path)
-            if state is not None:
-                return state if state.sharded else None
-        return None
+        return self._sharded_owner(list(owner_candidates(f"{complete}/-" if complete else "-")))
+
+    def _sharded_owner(self, paths: list[str]) -> DraftArray | None:
+        """The first array among ``paths`` (from the root down) if it is sharded (an unsharded one owns its keys)."""
+        state = self._arrays.first(paths, _is_array, self.array).node
+        return state if state is not None and state.sharded else None
 
     def forget(self, key: str) -> None:
         """Forget what a metadata key described (after it was written or erased)."""
         path = self.meta_path(key)
         with self._lock:
             if path is not None:
-                self._arrays.pop(path, None)
+                self._arrays.forget(path)
             if key == "zarr.json":
                 self._suffix = None
 
@@ -202,8 +205,7 @@ class DraftNodes:
         else:
             state = DraftArray(path, doc, [], self._api)
             self._api.set(key, raw)
-        with self._lock:
-            self._arrays[path] = state
+        self._arrays.set(path, state)
 
     def _entries_for(self, path: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
         """The stored transformers of an existing sharded array, else the sharding entry the rule gives."""

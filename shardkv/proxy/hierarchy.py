@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from shardkv.errors import KeyBelowKeyError
-from shardkv.keys.paths import chunkish_under, owner_candidates, path_prefix, split_key
+from shardkv.keys.paths import chunkish_under, path_prefix, split_key
 from shardkv.proxy.nodes import META_NAMES, NodeTable
 from shardkv.storage.kv import KVStore
 from shardkv.storage.local import LocalStore
@@ -34,7 +34,6 @@ from shardkv.storage.mapping import MappingStore
 
 __all__ = ["Hierarchy"]
 
-_MEMO_LIMIT = 100_000  # chunk parents remembered before the memo starts over
 
 
 class Hierarchy:
@@ -54,27 +53,15 @@ class Hierarchy:
     def __init__(self, kv: KVStore, nodes: NodeTable) -> None:
         self._kv = kv
         self._nodes = nodes
-        self._array_of_parent: dict[str, str] = {}  # parent of a chunk key -> its array's path (found ones only)
         # local files or a mapping: where zarr 2's own stores keep the rules
         self.enforced = isinstance(kv, (LocalStore, MappingStore))
 
     def _chunk_of_array(self, key: str) -> bool:
         """True when ``key`` is chunk-like under an array the node table knows."""
-        parent, name = split_key(key)
-        if name in META_NAMES:
+        if split_key(key)[1] in META_NAMES:
             return False
-        known = self._array_of_parent.get(parent)
-        if known is not None and self._nodes.node(known).is_array:  # still an array (nodes are cached)
-            return chunkish_under(parent, key)  # the segments between them were checked when remembered
-        for path in owner_candidates(key):
-            if self._nodes.node(path).is_array:
-                if not chunkish_under(path, key):
-                    return False
-                if len(self._array_of_parent) > _MEMO_LIMIT:
-                    self._array_of_parent.clear()
-                self._array_of_parent[parent] = path
-                return True
-        return False
+        path = self._nodes.array_above(key)
+        return path is not None and chunkish_under(path, key)
 
     def stored_above(self, key: str) -> str | None:
         """The stored key that ``key`` lies below (``a/b`` for ``a/b/c``), or ``None``."""

@@ -24,18 +24,18 @@ about metadata keys, and sends every other key straight to the store.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shardkv.errors import ConfigurationError, MetadataError
 from shardkv.keys.encodings import V2ChunkKeyEncoding
-from shardkv.keys.paths import chunk_owner_paths, is_chunk_segment, join_path, split_key
+from shardkv.keys.paths import chunk_owner_paths, is_chunk_segment, join_path, owner_candidates, split_key
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.all_v3 import may_mirror
 from shardkv.metadata.documents import META_NAMES, ZMETADATA, dump_json, load_json
 from shardkv.metadata.hierarchy import REFUSED_ZARRAY, ZARR_JSON, present, presented_zmetadata
+from shardkv.metadata.nodes import NodeCache
 from shardkv.metadata.v2_deletes import deleted_documents
 from shardkv.metadata.v3_view import sharding_spec_from_v3, v2_dimension_separator
 
@@ -210,7 +210,7 @@ def _array_node(node: Node, zarray: Mapping[str, Any] | None, doc: Any) -> Node:
 
 
 class NodeTable:
-    """Nodes by path, read lazily (one batched read of ``zarr.json`` and ``.zarray`` per path), and key owners.
+    """Nodes by path (a :class:`~shardkv.metadata.nodes.NodeCache`), read lazily in batches, and key owners.
 
     Parameters
     ----------
@@ -218,30 +218,25 @@ class NodeTable:
         Whole values of keys from the base store, missing keys left out
         (:data:`ReadValues`).
 
-    Attributes
-    ----------
-    generation : int
-        Counts the changes that may change a key's owner (a node recorded,
-        forgotten or cleared). Memos of routed keys (the proxy's) are valid
-        while it stays the same.
-
     Notes
     -----
-    Thread-safe: one lock guards the maps; a node read by racing threads may
-    be read twice (same result).
+    Thread-safe: the cache's lock guards the nodes and the owners.
     """
 
     def __init__(self, read: ReadValues) -> None:
         self._read = read
-        self._nodes: dict[str, Node] = {}
-        self._owners: dict[str, ShardedArray | None] = {}
-        self.lock = threading.RLock()
-        self.generation = 0
+        self._cache: NodeCache[Node] = NodeCache()
+        self._owners: dict[str, ShardedArray | None] = {}  # by parent path, for the cache's generation
+        self._owners_generation = 0
+        self.lock = self._cache.lock
 
-    def _owners_changed(self) -> None:
-        """Forget the owners of keys; start a new :attr:`generation` (call holding :attr:`lock`, after the change)."""
-        self._owners.clear()
-        self.generation += 1
+    @property
+    def generation(self) -> int:
+        """Counts the changes that may change a key's owner (a node recorded, forgotten or cleared).
+
+        Memos of routed keys (the proxy's) are valid while it stays the same.
+        """
+        return self._cache.generation
 
     # -- nodes ------------------------------------------------------------------------
 
@@ -255,9 +250,8 @@ class NodeTable:
         ConfigurationError, UnsupportedError
             If its sharding cannot be used.
         """
-        with self.lock:
-            found = self._nodes.get(path)
-        return found if found is not None else self.nodes([path])[path]
+        found = self._cache.kept([path])
+        return found[path] if found else self.nodes([path])[path]
 
     def nodes(self, paths: Iterable[str]) -> dict[str, Node]:
         """The nodes at ``paths``; the ones not kept yet are read in one batch of ``zarr.json`` reads.
@@ -267,8 +261,7 @@ class NodeTable:
         be shown (a v3 node never needs one, so opening it is one request).
         """
         paths = list(dict.fromkeys(p.strip("/") for p in paths))
-        with self.lock:
-            missing = [p for p in paths if p not in self._nodes]
+        missing = self._cache.unread(paths)
         if missing:
             found = self._read([join_path(p, ZARR_JSON) for p in missing])
             raw_json = {p: found.get(join_path(p, ZARR_JSON)) for p in missing}
@@ -284,10 +277,8 @@ class NodeTable:
                 zarrays = self._read([join_path(p, ".zarray") for p in undecided])
                 for p in undecided:
                     built[p] = build_node(p, raw_json[p], zarrays.get(join_path(p, ".zarray")))
-            with self.lock:
-                self._nodes.update(built)
-        with self.lock:
-            return {p: self._nodes[p] for p in paths if p in self._nodes}
+            self._cache.load(built)
+        return self._cache.kept(paths)
 
     def v3_nodes(self, paths: Iterable[str]) -> dict[str, Node]:
         """The nodes among ``paths`` that have a v3 ``zarr.json`` (one batch for those not kept)."""
@@ -303,9 +294,7 @@ class NodeTable:
 
     def set(self, node: Node) -> None:
         """Record what ``node.path`` now is (the owners of keys may change)."""
-        with self.lock:
-            self._nodes[node.path] = node
-            self._owners_changed()
+        self._cache.set(node.path, node)
 
     def keep_written(self, path: str, raw: bytes, doc: dict[str, Any], array: ShardedArray | None = None) -> Node:
         """Record the ``zarr.json`` just written at ``path`` (no read back): the node it makes.
@@ -339,30 +328,20 @@ class NodeTable:
             node = build_node(path, raw_json)
         except (ConfigurationError, NotImplementedError):  # MetadataError is a ConfigurationError
             return
-        if node.documents and not may_mirror(node.doc):
-            with self.lock:
-                self._nodes.setdefault(path, node)
-                self._owners_changed()
+        if node.documents and not may_mirror(node.doc) and self._cache.unread([path]):
+            self._cache.set(path, node)
 
     def forget(self, path: str) -> None:
         """Forget the node at ``path`` (read again on next use)."""
-        with self.lock:
-            self._nodes.pop(path.strip("/"), None)
-            self._owners_changed()
+        self._cache.forget(path.strip("/"))
 
     def forget_under(self, path: str) -> None:
         """Forget ``path`` and every path below it (everything for ``""``)."""
-        path = path.strip("/")
-        with self.lock:
-            for p in [p for p in self._nodes if not path or p == path or p.startswith(f"{path}/")]:
-                del self._nodes[p]
-            self._owners_changed()
+        self._cache.forget_under(path.strip("/"))
 
     def clear(self) -> None:
         """Forget everything."""
-        with self.lock:
-            self._nodes.clear()
-            self._owners_changed()
+        self._cache.clear()
 
     # -- keys -------------------------------------------------------------------------
 
@@ -385,10 +364,14 @@ class NodeTable:
         if not is_chunk_segment(name):
             return None  # the last segment of a chunk or shard key is always chunk-like
         with self.lock:
+            generation = self.generation
+            if self._owners_generation != generation:  # nodes changed: every owner may have
+                self._owners.clear()
+                self._owners_generation = generation
             if parent in self._owners:
                 return self._owners[parent]
-            generation = self.generation
-        owner = self._first_array(chunk_owner_paths(key))
+        walked = self._cache.first(chunk_owner_paths(key), _is_array, self.node)
+        owner = None if walked.node is None else walked.node.array  # None for an unsharded array: passed through
         with self.lock:
             if self.generation != generation:  # nodes changed meanwhile: the answer may be stale, keep none
                 return owner
@@ -397,13 +380,16 @@ class NodeTable:
             self._owners[parent] = owner
         return owner
 
-    def _first_array(self, candidates: list[str]) -> ShardedArray | None:
-        """The owner among ``candidates``: the first array (``None`` for an unsharded one: its chunks pass through)."""
-        for path in candidates:
-            node = self.node(path)
-            if node.is_array:
-                return node.array  # None for an unsharded array: its chunks pass through
-        return None
+    def array_above(self, key: str) -> str | None:
+        """The path of the first array (sharded or not) met from the root down among the paths above ``key``.
+
+        Every path above ``key`` is a candidate here, whatever follows it
+        (:func:`~shardkv.keys.paths.owner_candidates`): the zarr 2 stores'
+        rule that no key is stored below another asks where ``key`` would
+        lie inside an array. Nodes are read from the highest down, up to the
+        first array.
+        """
+        return self._cache.first(list(owner_candidates(key)), _is_array, self.node).path
 
     # -- metadata documents as code above the proxy sees them ------------------------------
 
@@ -428,8 +414,7 @@ class NodeTable:
                     rest.append(key)
                 continue
             if name == ZARR_JSON:
-                with self.lock:
-                    kept = self._nodes.get(path)
+                kept = self._cache.kept([path]).get(path)
                 if kept is not None:
                     if kept.raw is not None and not kept.hides_zarr_json:
                         out[key] = kept.raw
@@ -521,6 +506,11 @@ def present_stored_zmetadata(key: str, raw: bytes, docs: Callable[[list[str]], M
     found = docs([join_path(prefix, p).strip("/") for p in refused])
     by_entry = {p: doc for p in refused if (doc := found.get(join_path(prefix, p).strip("/"))) is not None}
     return dump_json(presented_zmetadata(stored, by_entry), key=key)
+
+
+def _is_array(node: Node) -> bool:
+    """True for the node that owns the chunk keys below it (the owner rule: an array, sharded or not)."""
+    return node.is_array
 
 
 def _decided_by_zarr_json(path: str, raw_json: Any | None) -> Node | None:

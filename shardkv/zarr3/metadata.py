@@ -20,7 +20,7 @@ from shardkv.errors import ConfigurationError, MetadataError, UnsupportedError
 from shardkv.keys.encodings import chunk_key_encoding_from_metadata
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.documents import load_json
-from shardkv.metadata.hierarchy import ZARR_JSON, has_consolidated
+from shardkv.metadata.hierarchy import ZARR_JSON, consolidated_nodes
 from shardkv.metadata.v3_view import SHARDING_CODEC, sharding_codec, sharding_spec_from_v3
 
 __all__ = [
@@ -151,25 +151,19 @@ def transparent_array(path: str, stored: Mapping[str, Any]) -> ShardedArray | No
     return spec.array_at(path, spec.shard_key_encoding)
 
 
-def _consolidated(doc: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The ``consolidated_metadata.metadata`` member of a group document (child path -> document), or ``None``."""
-    if not has_consolidated(doc):
-        return None
-    children: dict[str, Any] = doc["consolidated_metadata"]["metadata"]
-    return children
-
-
-def consolidated_children(doc: Mapping[str, Any]) -> list[str]:
-    """Relative paths of the array documents a group document consolidates (``[]``: none)."""
-    children = _consolidated(doc) or {}
-    return [p for p, child in children.items() if isinstance(child, Mapping) and child.get("node_type") == "array"]
+def consolidated_children(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The array documents a group document consolidates, by relative path (``{}``: none)."""
+    children = consolidated_nodes(doc) or {}
+    return {
+        p: child for p, child in children.items() if isinstance(child, Mapping) and child.get("node_type") == "array"
+    }
 
 
 def map_consolidated(doc: Mapping[str, Any], replace: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """A group document with the consolidated documents of ``replace`` (relative path -> document) swapped in."""
     out = copy.deepcopy(dict(doc))
-    children = _consolidated(out)
-    if children is not None:
+    children = consolidated_nodes(out)
+    if isinstance(children, dict):  # the block of the copy: swapped in place
         for rel, child in replace.items():
             children[rel] = copy.deepcopy(dict(child))
     return out

@@ -1,7 +1,8 @@
 """What each path and key is, for :class:`shardkv.zarr3.ShardedStore`: the ``zarr.json`` documents it reads and writes.
 
 A :class:`NodeTable` reads each node's stored ``zarr.json`` once (from the zarr 3
-store underneath) and remembers whether it is a transparently sharded array
+store underneath) and keeps in a :class:`~shardkv.metadata.nodes.NodeCache`
+whether it is a transparently sharded array
 (:class:`~shardkv.keys.space.ShardedArray`: routes its chunk keys to shards),
 another node (a group, an array stored as written) or nothing. It also turns
 documents between their presented form (what zarr above the store reads and
@@ -21,9 +22,10 @@ from zarr.core.buffer import BufferPrototype, default_buffer_prototype
 
 from shardkv.engine.options import Options
 from shardkv.errors import ChunkOutOfGridError, InvalidKeyError
-from shardkv.keys.paths import chunk_owner_paths, prefix_owner_paths
+from shardkv.keys.paths import chunk_owner_paths, join_path, prefix_owner_paths, split_key
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.hierarchy import ZARR_JSON
+from shardkv.metadata.nodes import NodeCache
 from shardkv.zarr3.metadata import (
     consolidated_children,
     map_consolidated,
@@ -35,7 +37,6 @@ from shardkv.zarr3.metadata import (
 )
 
 __all__ = ["NodeTable", "meta_path", "prototype"]
-
 
 
 @dataclass(frozen=True)
@@ -54,15 +55,8 @@ def prototype() -> BufferPrototype:
 
 def meta_path(key: str) -> str | None:
     """The node path of a ``zarr.json`` key, or ``None`` for any other key."""
-    if key == ZARR_JSON:
-        return ""
-    if key.endswith("/" + ZARR_JSON):
-        return key[: -len(ZARR_JSON) - 1]
-    return None
-
-
-def _under(key: str, path: str) -> bool:
-    return not path or key == path or key.startswith(path + "/")
+    path, name = split_key(key)
+    return path if name == ZARR_JSON else None
 
 
 def _dump(doc: Mapping[str, Any]) -> bytes:
@@ -70,28 +64,37 @@ def _dump(doc: Mapping[str, Any]) -> bytes:
     return json.dumps(doc, indent=2).encode()
 
 
-def _meta_key(path: str) -> str:
-    return f"{path}/{ZARR_JSON}" if path else ZARR_JSON
+def _is_node(node: Node) -> bool:
+    """True for a node that decides what the keys below it are (an array; a group or nothing is passed over)."""
+    return node is not None
 
 
-def _route_in(node: Node, key: str) -> tuple[bool, ChunkRef | None]:
-    """``(True, what key is)`` when the node at one of ``key``'s array paths decides it, ``(False, None)`` if absent.
+def _build(path: str, raw: bytes | None) -> Node:
+    """The node at ``path`` from its stored ``zarr.json`` (``None``: none); raises as :func:`transparent_array`."""
+    if raw is None:
+        return None
+    doc = parse_document(raw)
+    if doc is not None and doc.get("node_type") == "group":  # a group is passed over when keys look for an owner
+        return None
+    return (transparent_array(path, doc) if doc is not None else None) or _OTHER
+
+
+def _route_in(node: Node, key: str) -> ChunkRef | None:
+    """What ``key`` is in the node that decides it: a chunk of a sharded array, or ``None`` (passed through).
 
     Raises
     ------
     ChunkOutOfGridError
         For a chunk key of a sharded array outside its chunk grid.
     """
-    if node is None:
-        return False, None
-    if isinstance(node, _Other):
-        return True, None
+    if not isinstance(node, ShardedArray):
+        return None
     try:
-        return True, node.locate(key)
+        return node.locate(key)
     except ChunkOutOfGridError:
         raise
     except InvalidKeyError:  # under the array but no chunk key of it: passed through
-        return True, None
+        return None
 
 
 class NodeTable:
@@ -108,16 +111,26 @@ class NodeTable:
     def __init__(self, base: Store, options: Options) -> None:
         self.base = base
         self.options = options
-        self._nodes: dict[str, Node] = {}
+        self._cache: NodeCache[Node] = NodeCache()
 
     # -- node kinds ---------------------------------------------------------------
 
     async def node(self, path: str) -> Node:
         """The sharded array at ``path``, another array, or ``None`` (a group or nothing; read once, then cached)."""
-        if path in self._nodes:
-            return self._nodes[path]
-        raw = await self.base.get(_meta_key(path), prototype=prototype())
-        return self.remember(path, None if raw is None else raw.to_bytes())
+        kept = self._cache.kept([path])
+        if kept:
+            return kept[path]
+        raw = await self.base.get(join_path(path, ZARR_JSON), prototype=prototype())
+        return self._load(path, None if raw is None else raw.to_bytes())
+
+    async def _first(self, paths: list[str]) -> Node:
+        """The first node among ``paths`` that is not a group or nothing (the cache's walk, reading as it goes)."""
+        for _ in range(len(paths) + 1):  # each round reads one more path
+            walked = self._cache.walk(paths, _is_node)
+            if walked.unread is None:
+                return walked.node
+            await self.node(walked.unread)
+        return None
 
     async def sharded(self, path: str) -> ShardedArray | None:
         """The transparently sharded array at ``path``, or ``None``."""
@@ -125,23 +138,24 @@ class NodeTable:
         return node if isinstance(node, ShardedArray) else None
 
     def remember(self, path: str, raw: bytes | None) -> Node:
-        """Record the node at ``path`` from its stored ``zarr.json`` (``None``: there is none)."""
-        node: Node = None
-        if raw is not None:
-            doc = parse_document(raw)
-            if doc is None or doc.get("node_type") != "group":  # a group is passed over when keys look for an owner
-                node = (transparent_array(path, doc) if doc is not None else None) or _OTHER
-        self._nodes[path] = node
+        """Record the node at ``path`` from the ``zarr.json`` just stored there (``None``: there is none)."""
+        node = _build(path, raw)
+        self._cache.set(path, node)
+        return node
+
+    def _load(self, path: str, raw: bytes | None) -> Node:
+        """Keep the node at ``path`` from the ``zarr.json`` just read there (``None``: there is none)."""
+        node = _build(path, raw)
+        self._cache.load({path: node})
         return node
 
     def forget_below(self, path: str) -> None:
         """Forget the nodes at and below ``path`` (deleted)."""
-        for cached in [p for p in self._nodes if _under(p, path)]:
-            del self._nodes[cached]
+        self._cache.forget_under(path)
 
     def clear(self) -> None:
         """Forget every node."""
-        self._nodes.clear()
+        self._cache.clear()
 
     async def route(self, key: str) -> ChunkRef | None:
         """The chunk of a transparently sharded array that ``key`` names, or ``None`` (passed through).
@@ -151,11 +165,7 @@ class NodeTable:
         ChunkOutOfGridError
             For a chunk key of such an array outside its chunk grid.
         """
-        for path in chunk_owner_paths(key):
-            decided, ref = _route_in(await self.node(path), key)
-            if decided:
-                return ref
-        return None
+        return _route_in(await self._first(chunk_owner_paths(key)), key)
 
     def route_now(self, key: str, read: Callable[[str], bytes | None]) -> ChunkRef | None:
         """:meth:`route`, blocking: documents not cached yet are read with ``read`` (stored key -> bytes or None).
@@ -168,23 +178,13 @@ class NodeTable:
         ChunkOutOfGridError
             For a chunk key of such an array outside its chunk grid.
         """
-        for path in chunk_owner_paths(key):
-            node = self._nodes[path] if path in self._nodes else self.remember(path, read(_meta_key(path)))
-            decided, ref = _route_in(node, key)
-            if decided:
-                return ref
-        return None
+        walked = self._cache.first(chunk_owner_paths(key), _is_node, lambda p: _build(p, read(join_path(p, ZARR_JSON))))
+        return _route_in(walked.node, key)
 
     async def array_of_shard(self, key: str) -> ShardedArray | None:
         """The sharded array whose shard the stored key ``key`` is, or ``None``."""
-        for path in chunk_owner_paths(key):
-            node = await self.node(path)
-            if node is None:
-                continue
-            if isinstance(node, ShardedArray) and node.shard_coords_of(key) is not None:
-                return node
-            return None
-        return None
+        node = await self._first(chunk_owner_paths(key))
+        return node if isinstance(node, ShardedArray) and node.shard_coords_of(key) is not None else None
 
     async def owner_of_prefix(self, prefix: str) -> ShardedArray | None:
         """The sharded array whose chunk keys ``prefix`` reaches into (past ``path/``), or ``None``.
@@ -193,11 +193,8 @@ class NodeTable:
         (:func:`~shardkv.keys.paths.prefix_owner_paths`): the first array met
         (another array owns the keys itself: ``None``), groups passed over.
         """
-        for path in prefix_owner_paths(prefix):
-            node = await self.node(path)
-            if node is not None:
-                return node if isinstance(node, ShardedArray) else None
-        return None
+        node = await self._first(prefix_owner_paths(prefix))
+        return node if isinstance(node, ShardedArray) else None
 
     # -- documents ----------------------------------------------------------------
 
@@ -205,10 +202,10 @@ class NodeTable:
         """The ``zarr.json`` at ``key`` as presented above the store, or ``None`` when not stored."""
         raw = await self.base.get(key, prototype=prototype())
         if raw is None:
-            self._nodes[path] = None
+            self._load(path, None)
             return None
         data = raw.to_bytes()
-        self.remember(path, data)
+        self._load(path, data)
         doc = parse_document(data)
         if doc is None:
             return data
@@ -216,7 +213,7 @@ class NodeTable:
         if presented is not None:
             return _dump(presented)
         # a group's consolidated documents of sharded arrays: presented unsharded as well
-        children = {rel: doc["consolidated_metadata"]["metadata"][rel] for rel in consolidated_children(doc)}
+        children = consolidated_children(doc)
         views = {rel: view for rel, child in children.items() if (view := presented_document(child)) is not None}
         return _dump(map_consolidated(doc, views)) if views else data
 
@@ -239,14 +236,13 @@ class NodeTable:
         trusts the consolidated metadata would read shards as chunks.
         """
         out: dict[str, dict[str, Any]] = {}
-        rels = consolidated_children(doc)
-        for rel in rels:
-            full = f"{path}/{rel}" if path else rel
+        for rel, child in consolidated_children(doc).items():
+            full = join_path(path, rel)
             if await self.sharded(full) is None:
                 continue
-            raw = await self.base.get(_meta_key(full), prototype=prototype())
+            raw = await self.base.get(join_path(full, ZARR_JSON), prototype=prototype())
             stored = None if raw is None else parse_document(raw.to_bytes())
-            sharded = None if stored is None else resharded(doc["consolidated_metadata"]["metadata"][rel], stored)
+            sharded = None if stored is None else resharded(child, stored)
             if sharded is not None:
                 out[rel] = sharded
         return out
