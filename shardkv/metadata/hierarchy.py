@@ -20,22 +20,10 @@ sharded array and ``.zgroup``/``.zattrs`` of each v3 group, derived from
 as arrays written by zarr-python 3 and tensorstore), and the full ``.zmetadata``.
 
 A :class:`MetadataPlan` lists the keys to write and to delete; applying it in
-one ``set_many`` + ``delete_many`` is the proxy's job:
-
-=====================================  ==============================================
-zarr 2 writes through the proxy        plan
-=====================================  ==============================================
-``.zarray`` of a new sharded array     :func:`plan_sharded_array`
-``.zarray`` of a sharded array         :func:`plan_zarray_update` (resize, append)
-``.zattrs`` of a v3 node               :func:`plan_attributes`
-``.zgroup`` under a v3 root            :func:`plan_group`
-``.zmetadata``                         :func:`stored_zmetadata` + root
-                                       :func:`with_consolidated_metadata`
-reads of ``.zarray``/``.zattrs``/      :func:`present`, :func:`presented_zmetadata`
-``.zgroup``/``.zmetadata``
-a hierarchy in the old layout          :func:`plan_migration` (``convert``, a migrate command)
-an array no v3 reader decodes          :func:`plan_opaque_blocks` (a block at each group above it)
-=====================================  ==============================================
+one ``set_many`` + ``delete_many`` is the proxy's job
+(:mod:`shardkv.proxy.metadata_writes` tables which write takes which plan).
+Reads are presented by :func:`present` and :func:`presented_zmetadata`;
+``convert`` migrates a hierarchy in the old layout with :func:`plan_migration`.
 """
 
 from __future__ import annotations

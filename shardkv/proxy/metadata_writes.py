@@ -490,15 +490,10 @@ class MetadataWriter:
     def _opaque_blocks(self, written: Iterable[str] = (), removed: str | None = None) -> None:
         """Keep a consolidated block at each group on the path of an opaque array, and only there.
 
-        :func:`~shardkv.metadata.hierarchy.plan_opaque_blocks`: v3 readers
-        list such a group from its block, which leaves the opaque arrays out,
-        so one array they cannot decode never hides its siblings. ``written``:
-        paths of opaque arrays just written (each group above them without a
-        block gets one); ``removed``: a path just deleted (each group above it
-        whose block is shardkv's own, no ``.zmetadata`` beside it, loses the
-        block when no opaque array is left below it). Costs nothing when every
-        block is already there; otherwise one listing under the groups concerned
-        and one batched read of their ``zarr.json`` documents.
+        (why: :func:`~shardkv.metadata.hierarchy.plan_opaque_blocks`). ``written``:
+        paths of opaque arrays just written; ``removed``: a path just deleted.
+        Costs nothing when every block is already there; otherwise one listing
+        under the groups concerned and one batched read of their ``zarr.json``.
         """
         above = sorted({g for p in written for g in group_paths(p)})
         lacking = [g for g, n in self._nodes.nodes(above).items() if n.doc is not None and not has_consolidated(n.doc)]
