@@ -59,10 +59,9 @@ class DraftShardedStore(ProxyBase):
     store : MutableMapping, fsspec.FSMap, str or os.PathLike
         The base store (as :class:`shardkv.ShardedStore` takes it).
     chunks_per_shard : int, tuple of int, mapping or None
-        Sharding for arrays created through the proxy: an int (every
-        dimension), a tuple (arrays with that many dimensions), or
-        ``{array path: int or tuple}``; ``None`` shards nothing new. Arrays
-        already stored keep their own ``storage_transformers``.
+        Sharding for arrays created through the proxy (as for
+        :class:`shardkv.ShardedStore`). Arrays already stored keep their own
+        ``storage_transformers``.
     index_location, index_checksum : optional
         Accepted for symmetry with :class:`shardkv.ShardedStore`; the draft's
         ``indexed`` format has its index at the ``"end"`` and no checksum.
