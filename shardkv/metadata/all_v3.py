@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardkv.errors import ConfigurationError, UnsupportedError
+from shardkv.keys.paths import join_path
 from shardkv.metadata.hierarchy import (
     ZARR_JSON,
     MetadataPlan,
@@ -105,10 +106,6 @@ class AllV3Plan:
     refused: dict[str, str] = field(default_factory=dict)
 
 
-def _join(path: str, name: str) -> str:
-    return f"{path}/{name}" if path else name
-
-
 def _v2_nodes(
     documents: Mapping[str, Mapping[str, Any]],
 ) -> tuple[dict[str, Mapping[str, Any] | None], dict[str, dict[str, Any]], dict[str, str]]:
@@ -123,9 +120,9 @@ def _v2_nodes(
     refused: dict[str, str] = {}
     for key in sorted(documents):
         path, _, name = key.rpartition("/")
-        if name not in (".zarray", ".zgroup") or _join(path, ZARR_JSON) in documents:
+        if name not in (".zarray", ".zgroup") or join_path(path, ZARR_JSON) in documents:
             continue
-        zattrs = documents.get(_join(path, ".zattrs"))
+        zattrs = documents.get(join_path(path, ".zattrs"))
         if name == ".zgroup":
             groups[path] = zattrs
             continue
@@ -185,15 +182,15 @@ def plan_v3_down(
     """
     known = {p.strip("/") for p in v3_paths}
     docs = {k: v for k, v in documents.items() if k.rpartition("/")[0] not in known}
-    docs.update({_join(p, ZARR_JSON): {} for p in known})
+    docs.update({join_path(p, ZARR_JSON): {} for p in known})
     groups, arrays, refused = _v2_nodes(docs)
     have_v3 = {k.rpartition("/")[0] for k in docs if k.rpartition("/")[2] == ZARR_JSON}
     for path in arrays:
         for group in group_paths(path):
             if group not in have_v3 and group not in groups:
-                groups[group] = docs.get(_join(group, ".zattrs"))
+                groups[group] = docs.get(join_path(group, ".zattrs"))
     plan = plan_v3_groups(groups)
-    return plan.merged(MetadataPlan({_join(p, ZARR_JSON): d for p, d in arrays.items()})), refused
+    return plan.merged(MetadataPlan({join_path(p, ZARR_JSON): d for p, d in arrays.items()})), refused
 
 
 def plan_all_v3(documents: Mapping[str, Mapping[str, Any]]) -> AllV3Plan:
@@ -212,8 +209,8 @@ def plan_all_v3(documents: Mapping[str, Mapping[str, Any]]) -> AllV3Plan:
     groups, arrays, refused = _v2_nodes(documents)
     plan = AllV3Plan(refused=refused)
     for path, attrs in groups.items():
-        plan.writes[_join(path, ZARR_JSON)] = group_document(attrs)
-    plan.writes.update((_join(path, ZARR_JSON), doc) for path, doc in arrays.items())
+        plan.writes[join_path(path, ZARR_JSON)] = group_document(attrs)
+    plan.writes.update((join_path(path, ZARR_JSON), doc) for path, doc in arrays.items())
     plan.writes.update(plan_root_block({**documents, **plan.writes}).writes)
     return plan
 
@@ -313,12 +310,12 @@ def zarr3_unreachable(
     v3_root = ZARR_JSON in documents
     for path, node_type in sorted(wanted.items()):
         if not v3_root:
-            if _join(path, ".zarray" if node_type == "array" else ".zgroup") not in documents:
+            if join_path(path, ".zarray" if node_type == "array" else ".zgroup") not in documents:
                 out[path] = Unreached(f"no {'.zarray' if node_type == 'array' else '.zgroup'} (the root is Zarr v2)")
             continue
-        doc = documents.get(_join(path, ZARR_JSON))
+        doc = documents.get(join_path(path, ZARR_JSON))
         if doc is None:
-            out[path] = _why_no_v3_document(documents.get(_join(path, ".zarray")))
+            out[path] = _why_no_v3_document(documents.get(join_path(path, ".zarray")))
             continue
         if doc.get("node_type") != node_type:
             out[path] = Unreached(f"its zarr.json is a {doc.get('node_type')!r} node, not a {node_type}")
@@ -328,7 +325,7 @@ def zarr3_unreachable(
             out[path] = Unreached(f"dtype {dtype!r}: no Zarr v3 reader decodes it", opaque=True)
             continue
         for group in group_paths(path):
-            above = documents.get(_join(group, ZARR_JSON))
+            above = documents.get(join_path(group, ZARR_JSON))
             if above is None or above.get("node_type") != "group":
                 out[path] = Unreached(f"the group {group or '/'} above it is not a Zarr v3 group")
                 break

@@ -34,6 +34,7 @@ from typing import Any
 
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
+from shardkv.keys.paths import join_path
 from shardkv.metadata.v2_codecs import OPAQUE_DATA_TYPE
 from shardkv.metadata.v2_view import v2_view_of_v3
 from shardkv.metadata.v3_view import dimension_names_of, sharding_spec_from_v3, v3_view_of_v2
@@ -95,10 +96,6 @@ class MetadataPlan:
         """Both plans, ``other``'s writes winning; a key written is never deleted."""
         writes = {**self.writes, **other.writes}
         return MetadataPlan(writes, frozenset((self.deletes | other.deletes) - writes.keys()))
-
-
-def _join(path: str, name: str) -> str:
-    return f"{path}/{name}" if path else name
 
 
 def group_paths(path: str) -> list[str]:
@@ -173,8 +170,8 @@ def plan_sharded_array(
     """
     if not path.strip("/"):
         raise ConfigurationError("the root of a hierarchy is a group; a sharded array needs a path", path)
-    own = MetadataPlan({_join(path, ZARR_JSON): array_document(zarray, zattrs, layout)},
-                       frozenset({_join(path, ".zarray"), _join(path, ".zattrs")}))
+    own = MetadataPlan({join_path(path, ZARR_JSON): array_document(zarray, zattrs, layout)},
+                       frozenset({join_path(path, ".zarray"), join_path(path, ".zattrs")}))
     return plan_v3_groups({g: groups.get(g) for g in group_paths(path)}).merged(own)
 
 
@@ -196,8 +193,8 @@ def plan_v3_groups(groups: Mapping[str, Mapping[str, Any] | None]) -> MetadataPl
     deletes: set[str] = set()
     for group, attrs in groups.items():
         group = group.strip("/")
-        writes[_join(group, ZARR_JSON)] = group_document(attrs)
-        deletes.update({_join(group, ".zgroup"), _join(group, ".zattrs")})
+        writes[join_path(group, ZARR_JSON)] = group_document(attrs)
+        deletes.update({join_path(group, ".zgroup"), join_path(group, ".zattrs")})
     return MetadataPlan(writes, frozenset(deletes))
 
 
@@ -232,7 +229,7 @@ def plan_attributes(path: str, stored: Mapping[str, Any], zattrs: Mapping[str, A
         else:
             raise ConfigurationError(f"{_DIMENSIONS} must be one string per dimension, got {names!r}", path)
     doc["attributes"] = attrs
-    return MetadataPlan({_join(path, ZARR_JSON): doc}, frozenset({_join(path, ".zattrs")}))
+    return MetadataPlan({join_path(path, ZARR_JSON): doc}, frozenset({join_path(path, ".zattrs")}))
 
 
 def plan_group(
@@ -274,7 +271,7 @@ def plan_zarray_update(path: str, stored: Mapping[str, Any], zarray: Mapping[str
     if stored.get("dimension_names") is not None:
         attrs[_DIMENSIONS] = list(stored["dimension_names"])
     doc = array_document(zarray, attrs, spec.layout)
-    return MetadataPlan({_join(path, ZARR_JSON): doc}, frozenset({_join(path, ".zarray")}))
+    return MetadataPlan({join_path(path, ZARR_JSON): doc}, frozenset({join_path(path, ".zarray")}))
 
 
 def present(stored: Mapping[str, Any], path: str = "") -> dict[str, dict[str, Any]]:
@@ -328,7 +325,7 @@ def stored_zmetadata(presented: Mapping[str, Any], sharded: Iterable[str]) -> di
         path, _, name = key.rpartition("/")
         metadata[key] = dict(REFUSED_ZARRAY) if path in hidden and name == ".zarray" else doc
     for path in hidden:
-        metadata[_join(path, ".zarray")] = dict(REFUSED_ZARRAY)
+        metadata[join_path(path, ".zarray")] = dict(REFUSED_ZARRAY)
     return {**presented, "metadata": metadata}
 
 
@@ -350,8 +347,8 @@ def presented_zmetadata(stored: Mapping[str, Any], nodes: Mapping[str, Mapping[s
     }
     for path, doc in nodes.items():
         for name, v2doc in present(doc, path).items():
-            if name != ".zattrs" or _join(path, name) not in kept:  # a stored .zattrs is the snapshot consolidated
-                metadata[_join(path, name)] = v2doc
+            if name != ".zattrs" or join_path(path, name) not in kept:  # a stored .zattrs is the snapshot consolidated
+                metadata[join_path(path, name)] = v2doc
     return {**stored, "metadata": metadata}
 
 
@@ -530,12 +527,12 @@ def plan_opaque_blocks(documents: Mapping[str, Mapping[str, Any]], released: Ite
             prefix = f"{group}/" if group else ""
             below = {p[len(prefix) :]: d for p, d in nodes.items() if p != group and p.startswith(prefix)}
             new = with_consolidated_metadata(doc, below)
-        elif group in freed and has_consolidated(doc) and _join(group, ".zmetadata") not in documents:
+        elif group in freed and has_consolidated(doc) and join_path(group, ".zmetadata") not in documents:
             new = {k: v for k, v in doc.items() if k != "consolidated_metadata"}
         else:
             continue
         if new != doc:
-            writes[_join(group, ZARR_JSON)] = new
+            writes[join_path(group, ZARR_JSON)] = new
     return MetadataPlan(writes)
 
 
@@ -544,10 +541,10 @@ def plan_opaque_blocks(documents: Mapping[str, Mapping[str, Any]], released: Ite
 
 def _group_attributes(documents: Mapping[str, Mapping[str, Any]], group: str) -> Mapping[str, Any] | None:
     """A group's attributes: its v3 ``zarr.json``'s, else its ``.zattrs`` (a hierarchy already in the new layout)."""
-    zjson = documents.get(_join(group, ZARR_JSON))
+    zjson = documents.get(join_path(group, ZARR_JSON))
     if zjson is not None and zjson.get("zarr_format") == 3 and zjson.get("node_type") == "group":
         return zjson.get("attributes") or {}
-    return documents.get(_join(group, ".zattrs"))
+    return documents.get(join_path(group, ".zattrs"))
 
 
 def plan_migration(documents: Mapping[str, Mapping[str, Any]]) -> MetadataPlan:
@@ -575,14 +572,14 @@ def plan_migration(documents: Mapping[str, Mapping[str, Any]]) -> MetadataPlan:
     sharded: list[str] = []
     for key in sorted(documents):
         path, _, name = key.rpartition("/")
-        zjson = documents.get(_join(path, ZARR_JSON))
+        zjson = documents.get(join_path(path, ZARR_JSON))
         if name != ".zarray" or zjson is None:
             continue
         spec = sharding_spec_from_v3(zjson, path)
         if spec is None:
             continue
         sharded.append(path)
-        zattrs = documents.get(_join(path, ".zattrs"))
+        zattrs = documents.get(join_path(path, ".zattrs"))
         if not path:
             plan = plan.merged(plan_root_array(documents[key], zattrs, spec.layout))
             continue

@@ -34,7 +34,7 @@ from shardkv.errors import ConfigurationError
 from shardkv.format.layout import IndexLocation
 from shardkv.format.ranges import ByteRange
 from shardkv.keys.encodings import validate_key
-from shardkv.keys.paths import validate_path
+from shardkv.keys.paths import path_prefix, validate_path
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
 from shardkv.metadata.draft import DRAFT_ZARR_FORMAT, META_ROOT
@@ -320,7 +320,7 @@ class DraftShardedStore(ProxyBase):
     def listdir(self, path: str = "") -> builtins.list[str]:
         """Names of the immediate children of ``path``."""
         path = validate_path(path)
-        prefix = f"{path}/" if path else ""
+        prefix = path_prefix(path)
         keys, prefixes = self.list_dir(prefix)
         return sorted({k[len(prefix) :] for k in keys} | {p[len(prefix) :].rstrip("/") for p in prefixes})
 

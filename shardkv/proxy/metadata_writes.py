@@ -718,7 +718,7 @@ class MetadataWriter:
     def _remove_leftovers(self, path: str) -> None:
         """Delete shards an earlier array at ``path`` left (its metadata deleted by hand): never reinterpret them."""
         self._writer.discard_under(path)
-        stale = [k for k in self._kv.list_prefix(f"{path}/" if path else "") if chunkish_under(path, k)]
+        stale = [k for k in self._kv.list_prefix(path_prefix(path)) if chunkish_under(path, k)]
         if stale:
             self._put(dict.fromkeys(stale))
             self._writer.engine.forget()

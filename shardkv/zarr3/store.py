@@ -23,6 +23,7 @@ from shardkv._types import BytesLike
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.options import OptionKeywords, Options
 from shardkv.errors import ChunkOutOfGridError, ConfigurationError, UnflushedWritesError
+from shardkv.keys.paths import path_prefix
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
 from shardkv.storage.kv import check_not_reserved, hidden
@@ -519,7 +520,7 @@ class ShardedStore(Store):
         """The names directly below ``prefix`` (keys and sub-prefixes, without the prefix)."""
         await self._ensure_open()
         path = prefix.rstrip("/")
-        start = f"{path}/" if path else ""
+        start = path_prefix(path)
         if await self._nodes.owner_of_prefix(start) is None and await self._nodes.sharded(path) is None:
             async for name in self._base.list_dir(prefix):
                 if not hidden(name):
