@@ -17,6 +17,7 @@ from typing import Any
 from shardkv.errors import MetadataError
 
 __all__ = [
+    "ZARR_JSON",
     "ZMETADATA",
     "META_NAMES",
     "NODE_DOCUMENTS",
@@ -27,12 +28,14 @@ __all__ = [
     "unreadable_documents",
 ]
 
+ZARR_JSON = "zarr.json"
+"""The metadata document of a Zarr v3 node (and the entry point of a 2022 draft hierarchy)."""
 ZMETADATA = ".zmetadata"
 """The consolidated metadata document of a zarr 2 hierarchy (at its root)."""
-META_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ZMETADATA, "zarr.json"})
+META_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ZMETADATA, ZARR_JSON})
 """Names of the metadata documents of a Zarr v2 hierarchy, and of a v3 node's ``zarr.json``."""
 
-NODE_DOCUMENTS = frozenset({".zarray", ".zgroup", "zarr.json"})
+NODE_DOCUMENTS = frozenset({".zarray", ".zgroup", ZARR_JSON})
 """The documents that make a path an array or a group: when one is unreadable, so is the node."""
 
 

@@ -35,6 +35,7 @@ from typing import Any
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
 from shardkv.keys.paths import join_path
+from shardkv.metadata.documents import ZARR_JSON
 from shardkv.metadata.v2_codecs import OPAQUE_DATA_TYPE
 from shardkv.metadata.v2_view import v2_view_of_v3
 from shardkv.metadata.v3_view import dimension_names_of, sharding_spec_from_v3, v3_view_of_v2
@@ -65,7 +66,6 @@ __all__ = [
     "plan_migration",
 ]
 
-ZARR_JSON = "zarr.json"
 _DIMENSIONS = "_ARRAY_DIMENSIONS"  # xarray's v2 attribute; v3 has dimension_names
 
 REFUSED_ZARRAY: dict[str, Any] = {

@@ -37,6 +37,7 @@ from shardkv.keys.encodings import validate_key
 from shardkv.keys.paths import path_prefix, validate_path
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
+from shardkv.metadata.documents import ZARR_JSON
 from shardkv.metadata.draft import DRAFT_ZARR_FORMAT, META_ROOT
 from shardkv.proxy.base import ProxyBase
 from shardkv.proxy.draft_nodes import DraftArray, DraftNodes
@@ -221,7 +222,7 @@ class DraftShardedStore(ProxyBase):
             if kind == "meta":
                 self._nodes.store_metadata(what, key, data)
                 continue
-            if key == "zarr.json":
+            if key == ZARR_JSON:
                 self._nodes.forget(key)
             store = what.top() if kind == "array" else self._api
             groups.setdefault(id(store), (store, {}))[1][key] = data
@@ -248,7 +249,7 @@ class DraftShardedStore(ProxyBase):
         groups: dict[int, tuple[AbstractStore, list[str]]] = {}
         for key in keys:
             kind, what = self._classify(key)
-            if kind == "meta" or key == "zarr.json":
+            if kind == "meta" or key == ZARR_JSON:
                 self._nodes.forget(key)
             store = what.top() if kind == "array" else self._api
             groups.setdefault(id(store), (store, []))[1].append(key)

@@ -23,7 +23,7 @@ from shardkv.codecs.bounded import decode_bounded, stopped_at_declared_size
 from shardkv.errors import ConfigurationError, CorruptShardError
 from shardkv.keys.paths import is_chunk_segment, join_path, owning_array, split_key
 from shardkv.keys.space import ShardedArray
-from shardkv.metadata.documents import NODE_DOCUMENTS, load_json, unreadable_documents
+from shardkv.metadata.documents import NODE_DOCUMENTS, ZARR_JSON, load_json, unreadable_documents
 from shardkv.metadata.v2_view import unusable_sharding
 from shardkv.proxy.base import ProxyBase
 from shardkv.proxy.nodes import Node, build_node
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 
-_META = (".zarray", "zarr.json")
+_META = (".zarray", ZARR_JSON)
 _UNKNOWN_CHUNK_LIMIT = 2**30  # bytes a chunk of no fixed size (object dtype) may decode to in verify --decode
 
 
@@ -328,7 +328,7 @@ def verify_store(
     kept_nodes: set[str] = set()  # v3 arrays shardkv does not check (not sharded): their keys are no orphans
     for key, raw in docs.items():
         path, name = split_key(key)
-        if name != "zarr.json" or key in report.unreadable_metadata:
+        if name != ZARR_JSON or key in report.unreadable_metadata:
             continue
         zarray_key = join_path(path, ".zarray")
         node = _node(path, raw, docs.get(zarray_key) if zarray_key not in report.unreadable_metadata else None)
