@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardkv.errors import ConfigurationError, UnsupportedError
-from shardkv.keys.paths import join_path
+from shardkv.keys.paths import join_path, split_key
 from shardkv.metadata.hierarchy import (
     ZARR_JSON,
     MetadataPlan,
@@ -119,7 +119,7 @@ def _v2_nodes(
     arrays: dict[str, dict[str, Any]] = {}
     refused: dict[str, str] = {}
     for key in sorted(documents):
-        path, _, name = key.rpartition("/")
+        path, name = split_key(key)
         if name not in (".zarray", ".zgroup") or join_path(path, ZARR_JSON) in documents:
             continue
         zattrs = documents.get(join_path(path, ".zattrs"))
@@ -181,10 +181,10 @@ def plan_v3_down(
         and their siblings stay readable).
     """
     known = {p.strip("/") for p in v3_paths}
-    docs = {k: v for k, v in documents.items() if k.rpartition("/")[0] not in known}
+    docs = {k: v for k, v in documents.items() if split_key(k)[0] not in known}
     docs.update({join_path(p, ZARR_JSON): {} for p in known})
     groups, arrays, refused = _v2_nodes(docs)
-    have_v3 = {k.rpartition("/")[0] for k in docs if k.rpartition("/")[2] == ZARR_JSON}
+    have_v3 = {split_key(k)[0] for k in docs if split_key(k)[1] == ZARR_JSON}
     for path in arrays:
         for group in group_paths(path):
             if group not in have_v3 and group not in groups:
@@ -237,9 +237,9 @@ def plan_root_block(documents: Mapping[str, Mapping[str, Any]]) -> MetadataPlan:
         return MetadataPlan()
     current = dict(root or {})
     nodes = {
-        k.rpartition("/")[0]: v
+        split_key(k)[0]: v
         for k, v in documents.items()
-        if k.rpartition("/")[2] == ZARR_JSON and k != ZARR_JSON and v.get("zarr_format") == 3
+        if split_key(k)[1] == ZARR_JSON and k != ZARR_JSON and v.get("zarr_format") == 3
     }
     new = with_consolidated_metadata(current, nodes)
     return MetadataPlan({ZARR_JSON: new}) if new != current else MetadataPlan()

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardkv.errors import MetadataError
+from shardkv.keys.paths import split_key
 
 __all__ = [
     "ZARR_JSON",
@@ -167,7 +168,7 @@ def unreadable_documents(docs: Mapping[str, bytes | bytearray | memoryview | Non
     """
     found: dict[str, str] = {}
     for key in sorted(docs):
-        if key.rpartition("/")[2] not in NODE_DOCUMENTS:
+        if split_key(key)[1] not in NODE_DOCUMENTS:
             continue
         raw = docs[key]
         if raw is None:

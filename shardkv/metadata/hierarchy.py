@@ -34,7 +34,7 @@ from typing import Any
 
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
-from shardkv.keys.paths import join_path
+from shardkv.keys.paths import join_path, split_key
 from shardkv.metadata.documents import ZARR_JSON
 from shardkv.metadata.v2_codecs import OPAQUE_DATA_TYPE
 from shardkv.metadata.v2_view import v2_view_of_v3
@@ -322,7 +322,7 @@ def stored_zmetadata(presented: Mapping[str, Any], sharded: Iterable[str]) -> di
     hidden = set(sharded)
     metadata: dict[str, Any] = {}
     for key, doc in presented["metadata"].items():
-        path, _, name = key.rpartition("/")
+        path, name = split_key(key)
         metadata[key] = dict(REFUSED_ZARRAY) if path in hidden and name == ".zarray" else doc
     for path in hidden:
         metadata[join_path(path, ".zarray")] = dict(REFUSED_ZARRAY)
@@ -343,7 +343,7 @@ def presented_zmetadata(stored: Mapping[str, Any], nodes: Mapping[str, Mapping[s
     metadata = {
         k: v
         for k, v in kept.items()
-        if v != REFUSED_ZARRAY and (k.rpartition("/")[0] not in nodes or k.rpartition("/")[2] == ".zattrs")
+        if v != REFUSED_ZARRAY and (split_key(k)[0] not in nodes or split_key(k)[1] == ".zattrs")
     }
     for path, doc in nodes.items():
         for name, v2doc in present(doc, path).items():
@@ -474,7 +474,7 @@ def opaque_paths(documents: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """
     out = []
     for key, doc in documents.items():
-        path, _, name = key.rpartition("/")
+        path, name = split_key(key)
         if name == ZARR_JSON and path and doc.get("node_type") == "array" and is_opaque(doc):
             out.append(path)
     return sorted(out)
@@ -514,7 +514,7 @@ def plan_opaque_blocks(documents: Mapping[str, Mapping[str, Any]], released: Ite
     """
     nodes: dict[str, Mapping[str, Any]] = {}
     for key, doc in documents.items():
-        path, _, name = key.rpartition("/")
+        path, name = split_key(key)
         if name == ZARR_JSON and doc.get("zarr_format") == 3:
             nodes[path] = doc
     needed = {group for path in opaque_paths(documents) for group in group_paths(path)}
@@ -571,7 +571,7 @@ def plan_migration(documents: Mapping[str, Mapping[str, Any]]) -> MetadataPlan:
     plan = MetadataPlan()
     sharded: list[str] = []
     for key in sorted(documents):
-        path, _, name = key.rpartition("/")
+        path, name = split_key(key)
         zjson = documents.get(join_path(path, ZARR_JSON))
         if name != ".zarray" or zjson is None:
             continue
@@ -587,7 +587,7 @@ def plan_migration(documents: Mapping[str, Mapping[str, Any]]) -> MetadataPlan:
         plan = plan.merged(plan_sharded_array(path, documents[key], zattrs, spec.layout, groups))
     zmetadata = documents.get(".zmetadata")
     if zmetadata is not None and sharded and plan.writes.get(ZARR_JSON, {}).get("node_type") == "group":
-        nodes = {k.rpartition("/")[0]: v for k, v in plan.writes.items() if k != ZARR_JSON}
+        nodes = {split_key(k)[0]: v for k, v in plan.writes.items() if k != ZARR_JSON}
         root = with_consolidated_metadata(plan.writes[ZARR_JSON], nodes)
         plan = plan.merged(MetadataPlan({".zmetadata": stored_zmetadata(zmetadata, sharded), ZARR_JSON: root}))
     return plan

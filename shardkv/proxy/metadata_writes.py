@@ -613,7 +613,7 @@ class MetadataWriter:
         entries = doc.get("metadata")
         if not isinstance(entries, dict):
             raise MetadataError(key, "field 'metadata' must be a JSON object")
-        paths = {k.rpartition("/")[0] for k in entries if k.rpartition("/")[2] in (".zarray", ".zgroup")}
+        paths = {split_key(k)[0] for k in entries if split_key(k)[1] in (".zarray", ".zgroup")}
         found = self._nodes.v3_nodes(join_path(path, p) for p in paths)
         if self._hierarchy_is_v3() and len(found) < len(paths):  # v2 nodes it lists: described from it
             listed = {join_path(path, k): v for k, v in entries.items() if isinstance(v, dict)}
