@@ -366,11 +366,10 @@ def with_consolidated_metadata(root: Mapping[str, Any], nodes: Mapping[str, Mapp
     """The root group's ``zarr.json`` with zarr-python 3's inline ``consolidated_metadata``.
 
     The same shape zarr-python 3's ``consolidate_metadata`` writes: one flat
-    object of every v3 node below the root by path, each group in it with an
-    empty inline block of its own. Arrays no v3 reader can decode
-    (:func:`is_opaque`) are left out: zarr-python 3 parses the whole block when
-    it opens the root, so one of them would make every node unopenable;
-    opening such an array by its path still fails, alone.
+    object of every v3 node below the root by path, each entry as
+    :func:`consolidated_entry` makes it (opaque arrays left out, so that one
+    of them never makes every node unopenable; opening it by its path still
+    fails, alone).
 
     Parameters
     ----------
