@@ -218,9 +218,9 @@ def plan_all_v3(documents: Mapping[str, Mapping[str, Any]]) -> AllV3Plan:
 def plan_root_block(documents: Mapping[str, Mapping[str, Any]]) -> MetadataPlan:
     """The root ``zarr.json`` with its consolidated block listing every v3 node below it, when it holds a block.
 
-    zarr-python 3 opens every node below a root with a consolidated block from
-    the block alone: a v3 node missing from it is not found (``KeyError ... not
-    found in consolidated metadata``) even though its ``zarr.json`` is stored.
+    A v3 node missing from the block is not found by zarr-python 3 (``KeyError
+    ... not found in consolidated metadata``; see
+    :func:`~shardkv.metadata.hierarchy.consolidated_in_step`).
 
     Parameters
     ----------
@@ -275,8 +275,7 @@ def _why_no_v3_document(zarray: Mapping[str, Any] | None) -> Unreached:
 
 
 def _consolidated_paths(doc: Mapping[str, Any]) -> set[str]:
-    block = doc.get("consolidated_metadata")
-    return set(block["metadata"]) if has_consolidated(doc) else set()  # type: ignore[index]
+    return set(doc["consolidated_metadata"]["metadata"]) if has_consolidated(doc) else set()
 
 
 def zarr3_unreachable(
