@@ -72,14 +72,9 @@ def split_shards(
 
 def logical_keys(nodes: NodeTable, engine: ShardEngine, listed: Listed) -> Iterator[str]:
     """The keys code above the proxy sees, for the base store listing ``listed`` (enumerated once, lazily)."""
-    return itertools.chain.from_iterable(_key_groups(nodes, engine, listed))
-
-
-def _key_groups(nodes: NodeTable, engine: ShardEngine, listed: Listed) -> Iterator[Iterable[str]]:
-    """The keys of :func:`logical_keys` in groups: plain keys, then the chunk keys (a list per shard)."""
     plain, shards, generations = split_shards(nodes, listed)
-    yield nodes.listed(plain)
-    yield engine.chunk_keys(shards, generations=generations)  # in-grid chunks; indexes read in batches
+    yield from nodes.listed(plain)
+    yield from engine.chunk_keys(shards, generations=generations)  # in-grid chunks; indexes read in batches
 
 
 def count_logical_keys(nodes: NodeTable, engine: ShardEngine, listed: Listed) -> int:
