@@ -12,10 +12,8 @@ counting (``len``) never builds a chunk key, and the names of an array
 directory come out sorted without a string sort where the keys allow
 (:func:`child_names`).
 
-``list(store)`` asks ``len(store)`` right after ``iter(store)`` (the length
-hint): that ``len`` lists the base store again and counts without building a
-chunk key, so ``list(store)`` enumerates the base listing twice;
-``list(store.keys())`` enumerates it once (:class:`ListedKeys`).
+``list(store)`` enumerates the base listing twice (its length hint is a
+``len``), ``list(store.keys())`` once (:class:`ListedKeys`).
 """
 
 from __future__ import annotations
