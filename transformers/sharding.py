@@ -90,22 +90,18 @@ class ShardingStorageTransformer(AbstractStore):
         The binary shard format.
     index_cache_bytes : int
         Limit (bytes) of the cache of decoded shard indexes (default 64 MiB;
-        0 disables it). Chunk reads are conditioned on the generation each
-        index was read with, so other writers' changes are seen (over an
-        :class:`~shardkv.transformers.adapter.AdapterStore`; over other
-        stores, those made through this process's transformers).
+        0 disables it), as :class:`~shardkv.engine.options.Options` says; other
+        writers' changes are seen over an
+        :class:`~shardkv.transformers.adapter.AdapterStore`, over other stores
+        only those made through this process's transformers.
     read_policy : ReadPolicy, optional
-        How nearby chunk ranges of one shard merge into one request, and when
-        the whole shard is read instead (default ``ReadPolicy()``).
+        As :class:`~shardkv.engine.options.Options` (default ``ReadPolicy()``).
     concurrency : {"auto", "files", "conditional", "process", "none"} or None
-        How writers of one shard are serialised (as :class:`shardkv.ShardedStore`).
-        ``None`` (default): ``"auto"`` over an
-        :class:`~shardkv.transformers.adapter.AdapterStore` (its data's
-        location is known: lock files for a directory, conditional writes on
-        S3, in-process locks for ``memory://`` and mappings), ``"process"``
-        over any other store (another transformer of a stack, a custom
-        ``AbstractStore``): then only the users of this transformer object
-        are serialised.
+        As :class:`~shardkv.engine.options.Options`. ``None`` (default):
+        ``"auto"`` over an :class:`~shardkv.transformers.adapter.AdapterStore`
+        (its data's location is known), ``"process"`` over any other store
+        (another transformer of a stack, a custom ``AbstractStore``): then only
+        the users of this transformer object are serialised.
     lock_timeout : float or None
         Longest wait (seconds) for a shard lock; ``None`` waits as long as it takes.
     itemsize : int, optional

@@ -36,7 +36,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from math import prod
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Self
 
 import numcodecs
 import numpy as np
@@ -391,8 +391,15 @@ def numcodecs_codec(config: Mapping[str, Any], what: str) -> Any:
         raise ConfigurationError(f"codec {what!r}: {exc}") from exc
 
 
-class NumcodecsCodec(_NumcodecsBacked):
-    """``numcodecs.<id>``: a numcodecs codec under zarr-python 3's name (zlib, bz2, lz4, ...).
+class _NumcodecsById(Codec):
+    """A codec named ``numcodecs.<id>`` (zarr-python 3's names), configured as numcodecs configures ``<id>``.
+
+    Parameters
+    ----------
+    codec_id : str
+        The numcodecs id (``zlib``, ``delta``, ...).
+    configuration : mapping, optional
+        The numcodecs configuration (an ``id`` member is dropped).
 
     Raises
     ------
@@ -400,9 +407,11 @@ class NumcodecsCodec(_NumcodecsBacked):
         If numcodecs does not know ``codec_id`` or rejects the configuration.
     """
 
+    _impl: Any
+
     def __init__(self, codec_id: str, configuration: Mapping[str, Any] | None = None) -> None:
         self.codec_id = codec_id
-        self.configuration = dict(configuration or {})
+        self.configuration = {k: v for k, v in (configuration or {}).items() if k != "id"}
         self._impl = numcodecs_codec({"id": codec_id, **self.configuration}, f"numcodecs.{codec_id}")
 
     @property
@@ -413,10 +422,13 @@ class NumcodecsCodec(_NumcodecsBacked):
         return {"name": self.name, "configuration": dict(self.configuration)}
 
     @classmethod
-    def from_config(cls, obj: Mapping[str, Any]) -> NumcodecsCodec:
-        name = obj.get("name", "")
-        config = obj.get("configuration") or {}
-        return cls(name[len("numcodecs.") :], {k: v for k, v in config.items() if k != "id"})
+    def from_config(cls, obj: Mapping[str, Any]) -> Self:
+        name = str(obj.get("name", ""))
+        return cls(name[len("numcodecs.") :], obj.get("configuration") or {})
+
+
+class NumcodecsCodec(_NumcodecsById, _NumcodecsBacked):
+    """``numcodecs.<id>``: a bytes -> bytes numcodecs codec under zarr-python 3's name (zlib, bz2, lz4, ...)."""
 
 
 # -- registry and pipeline -----------------------------------------------------

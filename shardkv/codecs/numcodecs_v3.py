@@ -18,7 +18,7 @@ import numcodecs
 import numpy as np
 from numcodecs.compat import ensure_ndarray_like
 
-from shardkv.codecs.inner import Codec, _config_of, numcodecs_codec, register_codec
+from shardkv.codecs.inner import Codec, _config_of, _NumcodecsById, numcodecs_codec, register_codec
 from shardkv.errors import ConfigurationError, CorruptShardError
 
 __all__ = [
@@ -59,41 +59,10 @@ VLEN_IDS = {"vlen-utf8": "string", "vlen-bytes": "variable_length_bytes"}
 V2_CHUNK_CODEC = "shardkv.v2_chunk"
 
 
-class NumcodecsArrayCodec(Codec):
-    """``numcodecs.<id>`` for the array -> array ids of :data:`ARRAY_TO_ARRAY_IDS`.
-
-    Parameters
-    ----------
-    codec_id : str
-        The numcodecs id (``delta``, ``fixedscaleoffset``, ...).
-    configuration : mapping
-        The numcodecs configuration without ``id``.
-
-    Raises
-    ------
-    ConfigurationError
-        If numcodecs rejects the configuration.
-    """
+class NumcodecsArrayCodec(_NumcodecsById):
+    """``numcodecs.<id>`` for the array -> array ids of :data:`ARRAY_TO_ARRAY_IDS` (``delta``, ``astype``, ...)."""
 
     kind = "array_to_array"
-
-    def __init__(self, codec_id: str, configuration: Mapping[str, Any] | None = None) -> None:
-        self.codec_id = codec_id
-        self.configuration = {k: v for k, v in (configuration or {}).items() if k != "id"}
-        self._impl = numcodecs_codec({"id": codec_id, **self.configuration}, f"numcodecs.{codec_id}")
-
-    @property
-    def name(self) -> str:  # type: ignore[override]  # a class constant elsewhere; here it comes from codec_id
-        return f"numcodecs.{self.codec_id}"
-
-    def get_config(self) -> dict[str, Any]:
-        return {"name": self.name, "configuration": dict(self.configuration)}
-
-    @classmethod
-    def from_config(cls, obj: Mapping[str, Any]) -> NumcodecsArrayCodec:
-        name = str(obj.get("name", ""))
-        config = obj.get("configuration") or {}
-        return cls(name[len("numcodecs.") :], config)
 
     def resolve_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The shape handed on: ``packbits`` makes one header byte plus a bit per element, 1-d."""

@@ -315,14 +315,8 @@ class ShardingCodec:
         selection : sequence of slice or int
             One entry per leading dimension of the shard (missing ones select
             everything); slices with a step >= 1, ints drop their dimension.
-        shape : sequence of int
-            The shard shape (elements).
-        dtype : numpy dtype
-            Dtype of the result.
-        fill_value : scalar, optional
-            Value of empty inner chunks (``None``: zeros).
-        shard_key : str
-            Named in errors.
+        shape, dtype, fill_value, shard_key
+            As for :meth:`decode`.
 
         Returns
         -------

@@ -1,16 +1,12 @@
 """Hierarchy paths: splitting and joining keys, and which array owns a key. Pure.
 
-The one owner rule of shardkv. Arrays have no children (Zarr v2 and v3
-alike), so the array that owns a chunk or shard key is the *first* array met
-walking down from the root among the paths that could own it: the paths
-followed, up to the key's last segment, by chunk-like segments only
-(:func:`chunk_owner_paths`; ``/``-separated chunk keys have several such
-segments). A node on the way that is not an array (a group, nothing) is
-passed over; a path followed by a segment that is not chunk-like owns
-nothing of the key and is not read. What is chunk-like is decided here
-only (:func:`is_chunk_segment`). Facades that learn what a path is lazily
-(with a store read per path) walk :func:`chunk_owner_paths` themselves;
-:func:`owning_array` answers from a known set of array paths.
+The one owner rule of shardkv (docs/architecture.md, "Which array owns a
+key"): arrays have no children, so the array that owns a chunk or shard key
+is the *first* array met walking down from the root among the paths followed,
+up to the key's last segment, by chunk-like segments only
+(:func:`chunk_owner_paths`). What is chunk-like is decided here only
+(:func:`is_chunk_segment`); :func:`owning_array` answers from a known set of
+array paths, facades that learn paths lazily walk :func:`chunk_owner_paths`.
 """
 
 from __future__ import annotations

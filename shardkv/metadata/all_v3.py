@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardkv.errors import ConfigurationError, UnsupportedError
+from shardkv.keys.paths import join_path, split_key
 from shardkv.metadata.hierarchy import (
     ZARR_JSON,
     MetadataPlan,
@@ -106,10 +107,6 @@ class AllV3Plan:
     refused: dict[str, str] = field(default_factory=dict)
 
 
-def _join(path: str, name: str) -> str:
-    return f"{path}/{name}" if path else name
-
-
 def _v2_nodes(
     documents: Mapping[str, Mapping[str, Any]],
 ) -> tuple[dict[str, Mapping[str, Any] | None], dict[str, dict[str, Any]], dict[str, str]]:
@@ -123,10 +120,10 @@ def _v2_nodes(
     arrays: dict[str, dict[str, Any]] = {}
     refused: dict[str, str] = {}
     for key in sorted(documents):
-        path, _, name = key.rpartition("/")
-        if name not in (".zarray", ".zgroup") or _join(path, ZARR_JSON) in documents:
+        path, name = split_key(key)
+        if name not in (".zarray", ".zgroup") or join_path(path, ZARR_JSON) in documents:
             continue
-        zattrs = documents.get(_join(path, ".zattrs"))
+        zattrs = documents.get(join_path(path, ".zattrs"))
         if name == ".zgroup":
             groups[path] = zattrs
             continue
@@ -185,16 +182,16 @@ def plan_v3_down(
         and their siblings stay readable).
     """
     known = {p.strip("/") for p in v3_paths}
-    docs = {k: v for k, v in documents.items() if k.rpartition("/")[0] not in known}
-    docs.update({_join(p, ZARR_JSON): {} for p in known})
+    docs = {k: v for k, v in documents.items() if split_key(k)[0] not in known}
+    docs.update({join_path(p, ZARR_JSON): {} for p in known})
     groups, arrays, refused = _v2_nodes(docs)
-    have_v3 = {k.rpartition("/")[0] for k in docs if k.rpartition("/")[2] == ZARR_JSON}
+    have_v3 = {split_key(k)[0] for k in docs if split_key(k)[1] == ZARR_JSON}
     for path in arrays:
         for group in group_paths(path):
             if group not in have_v3 and group not in groups:
-                groups[group] = docs.get(_join(group, ".zattrs"))
+                groups[group] = docs.get(join_path(group, ".zattrs"))
     plan = plan_v3_groups(groups)
-    return plan.merged(MetadataPlan({_join(p, ZARR_JSON): d for p, d in arrays.items()})), refused
+    return plan.merged(MetadataPlan({join_path(p, ZARR_JSON): d for p, d in arrays.items()})), refused
 
 
 def plan_all_v3(documents: Mapping[str, Mapping[str, Any]]) -> AllV3Plan:
@@ -213,8 +210,8 @@ def plan_all_v3(documents: Mapping[str, Mapping[str, Any]]) -> AllV3Plan:
     groups, arrays, refused = _v2_nodes(documents)
     plan = AllV3Plan(refused=refused)
     for path, attrs in groups.items():
-        plan.writes[_join(path, ZARR_JSON)] = group_document(attrs)
-    plan.writes.update((_join(path, ZARR_JSON), doc) for path, doc in arrays.items())
+        plan.writes[join_path(path, ZARR_JSON)] = group_document(attrs)
+    plan.writes.update((join_path(path, ZARR_JSON), doc) for path, doc in arrays.items())
     plan.writes.update(plan_root_block({**documents, **plan.writes}).writes)
     return plan
 
@@ -222,9 +219,9 @@ def plan_all_v3(documents: Mapping[str, Mapping[str, Any]]) -> AllV3Plan:
 def plan_root_block(documents: Mapping[str, Mapping[str, Any]]) -> MetadataPlan:
     """The root ``zarr.json`` with its consolidated block listing every v3 node below it, when it holds a block.
 
-    zarr-python 3 opens every node below a root with a consolidated block from
-    the block alone: a v3 node missing from it is not found (``KeyError ... not
-    found in consolidated metadata``) even though its ``zarr.json`` is stored.
+    A v3 node missing from the block is not found by zarr-python 3 (``KeyError
+    ... not found in consolidated metadata``; see
+    :func:`~shardkv.metadata.hierarchy.consolidated_in_step`).
 
     Parameters
     ----------
@@ -241,9 +238,9 @@ def plan_root_block(documents: Mapping[str, Mapping[str, Any]]) -> MetadataPlan:
         return MetadataPlan()
     current = dict(root or {})
     nodes = {
-        k.rpartition("/")[0]: v
+        split_key(k)[0]: v
         for k, v in documents.items()
-        if k.rpartition("/")[2] == ZARR_JSON and k != ZARR_JSON and v.get("zarr_format") == 3
+        if split_key(k)[1] == ZARR_JSON and k != ZARR_JSON and v.get("zarr_format") == 3
     }
     new = with_consolidated_metadata(current, nodes)
     return MetadataPlan({ZARR_JSON: new}) if new != current else MetadataPlan()
@@ -313,12 +310,12 @@ def zarr3_unreachable(
     v3_root = ZARR_JSON in documents
     for path, node_type in sorted(wanted.items()):
         if not v3_root:
-            if _join(path, ".zarray" if node_type == "array" else ".zgroup") not in documents:
+            if join_path(path, ".zarray" if node_type == "array" else ".zgroup") not in documents:
                 out[path] = Unreached(f"no {'.zarray' if node_type == 'array' else '.zgroup'} (the root is Zarr v2)")
             continue
-        doc = documents.get(_join(path, ZARR_JSON))
+        doc = documents.get(join_path(path, ZARR_JSON))
         if doc is None:
-            out[path] = _why_no_v3_document(documents.get(_join(path, ".zarray")))
+            out[path] = _why_no_v3_document(documents.get(join_path(path, ".zarray")))
             continue
         if doc.get("node_type") != node_type:
             out[path] = Unreached(f"its zarr.json is a {doc.get('node_type')!r} node, not a {node_type}")
@@ -328,7 +325,7 @@ def zarr3_unreachable(
             out[path] = Unreached(f"dtype {dtype!r}: no Zarr v3 reader decodes it", opaque=True)
             continue
         for group in group_paths(path):
-            above = documents.get(_join(group, ZARR_JSON))
+            above = documents.get(join_path(group, ZARR_JSON))
             if above is None or above.get("node_type") != "group":
                 out[path] = Unreached(f"the group {group or '/'} above it is not a Zarr v3 group")
                 break

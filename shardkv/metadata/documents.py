@@ -15,8 +15,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardkv.errors import MetadataError
+from shardkv.keys.paths import split_key
 
 __all__ = [
+    "ZARR_JSON",
     "ZMETADATA",
     "META_NAMES",
     "NODE_DOCUMENTS",
@@ -27,12 +29,14 @@ __all__ = [
     "unreadable_documents",
 ]
 
+ZARR_JSON = "zarr.json"
+"""The metadata document of a Zarr v3 node (and the entry point of a 2022 draft hierarchy)."""
 ZMETADATA = ".zmetadata"
 """The consolidated metadata document of a zarr 2 hierarchy (at its root)."""
-META_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ZMETADATA, "zarr.json"})
+META_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ZMETADATA, ZARR_JSON})
 """Names of the metadata documents of a Zarr v2 hierarchy, and of a v3 node's ``zarr.json``."""
 
-NODE_DOCUMENTS = frozenset({".zarray", ".zgroup", "zarr.json"})
+NODE_DOCUMENTS = frozenset({".zarray", ".zgroup", ZARR_JSON})
 """The documents that make a path an array or a group: when one is unreadable, so is the node."""
 
 
@@ -164,7 +168,7 @@ def unreadable_documents(docs: Mapping[str, bytes | bytearray | memoryview | Non
     """
     found: dict[str, str] = {}
     for key in sorted(docs):
-        if key.rpartition("/")[2] not in NODE_DOCUMENTS:
+        if split_key(key)[1] not in NODE_DOCUMENTS:
             continue
         raw = docs[key]
         if raw is None:

@@ -20,22 +20,10 @@ sharded array and ``.zgroup``/``.zattrs`` of each v3 group, derived from
 as arrays written by zarr-python 3 and tensorstore), and the full ``.zmetadata``.
 
 A :class:`MetadataPlan` lists the keys to write and to delete; applying it in
-one ``set_many`` + ``delete_many`` is the proxy's job:
-
-=====================================  ==============================================
-zarr 2 writes through the proxy        plan
-=====================================  ==============================================
-``.zarray`` of a new sharded array     :func:`plan_sharded_array`
-``.zarray`` of a sharded array         :func:`plan_zarray_update` (resize, append)
-``.zattrs`` of a v3 node               :func:`plan_attributes`
-``.zgroup`` under a v3 root            :func:`plan_group`
-``.zmetadata``                         :func:`stored_zmetadata` + root
-                                       :func:`with_consolidated_metadata`
-reads of ``.zarray``/``.zattrs``/      :func:`present`, :func:`presented_zmetadata`
-``.zgroup``/``.zmetadata``
-a hierarchy in the old layout          :func:`plan_migration` (``convert``, a migrate command)
-an array no v3 reader decodes          :func:`plan_opaque_blocks` (a block at each group above it)
-=====================================  ==============================================
+one ``set_many`` + ``delete_many`` is the proxy's job
+(:mod:`shardkv.proxy.metadata_writes` tables which write takes which plan).
+Reads are presented by :func:`present` and :func:`presented_zmetadata`;
+``convert`` migrates a hierarchy in the old layout with :func:`plan_migration`.
 """
 
 from __future__ import annotations
@@ -46,6 +34,8 @@ from typing import Any
 
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
+from shardkv.keys.paths import join_path, split_key
+from shardkv.metadata.documents import ZARR_JSON
 from shardkv.metadata.v2_codecs import OPAQUE_DATA_TYPE
 from shardkv.metadata.v2_view import v2_view_of_v3
 from shardkv.metadata.v3_view import dimension_names_of, sharding_spec_from_v3, v3_view_of_v2
@@ -77,7 +67,6 @@ __all__ = [
     "plan_migration",
 ]
 
-ZARR_JSON = "zarr.json"
 _DIMENSIONS = "_ARRAY_DIMENSIONS"  # xarray's v2 attribute; v3 has dimension_names
 
 REFUSED_ZARRAY: dict[str, Any] = {
@@ -108,10 +97,6 @@ class MetadataPlan:
         """Both plans, ``other``'s writes winning; a key written is never deleted."""
         writes = {**self.writes, **other.writes}
         return MetadataPlan(writes, frozenset((self.deletes | other.deletes) - writes.keys()))
-
-
-def _join(path: str, name: str) -> str:
-    return f"{path}/{name}" if path else name
 
 
 def group_paths(path: str) -> list[str]:
@@ -186,8 +171,8 @@ def plan_sharded_array(
     """
     if not path.strip("/"):
         raise ConfigurationError("the root of a hierarchy is a group; a sharded array needs a path", path)
-    own = MetadataPlan({_join(path, ZARR_JSON): array_document(zarray, zattrs, layout)},
-                       frozenset({_join(path, ".zarray"), _join(path, ".zattrs")}))
+    own = MetadataPlan({join_path(path, ZARR_JSON): array_document(zarray, zattrs, layout)},
+                       frozenset({join_path(path, ".zarray"), join_path(path, ".zattrs")}))
     return plan_v3_groups({g: groups.get(g) for g in group_paths(path)}).merged(own)
 
 
@@ -209,8 +194,8 @@ def plan_v3_groups(groups: Mapping[str, Mapping[str, Any] | None]) -> MetadataPl
     deletes: set[str] = set()
     for group, attrs in groups.items():
         group = group.strip("/")
-        writes[_join(group, ZARR_JSON)] = group_document(attrs)
-        deletes.update({_join(group, ".zgroup"), _join(group, ".zattrs")})
+        writes[join_path(group, ZARR_JSON)] = group_document(attrs)
+        deletes.update({join_path(group, ".zgroup"), join_path(group, ".zattrs")})
     return MetadataPlan(writes, frozenset(deletes))
 
 
@@ -245,7 +230,7 @@ def plan_attributes(path: str, stored: Mapping[str, Any], zattrs: Mapping[str, A
         else:
             raise ConfigurationError(f"{_DIMENSIONS} must be one string per dimension, got {names!r}", path)
     doc["attributes"] = attrs
-    return MetadataPlan({_join(path, ZARR_JSON): doc}, frozenset({_join(path, ".zattrs")}))
+    return MetadataPlan({join_path(path, ZARR_JSON): doc}, frozenset({join_path(path, ".zattrs")}))
 
 
 def plan_group(
@@ -287,7 +272,7 @@ def plan_zarray_update(path: str, stored: Mapping[str, Any], zarray: Mapping[str
     if stored.get("dimension_names") is not None:
         attrs[_DIMENSIONS] = list(stored["dimension_names"])
     doc = array_document(zarray, attrs, spec.layout)
-    return MetadataPlan({_join(path, ZARR_JSON): doc}, frozenset({_join(path, ".zarray")}))
+    return MetadataPlan({join_path(path, ZARR_JSON): doc}, frozenset({join_path(path, ".zarray")}))
 
 
 def present(stored: Mapping[str, Any], path: str = "") -> dict[str, dict[str, Any]]:
@@ -338,10 +323,10 @@ def stored_zmetadata(presented: Mapping[str, Any], sharded: Iterable[str]) -> di
     hidden = set(sharded)
     metadata: dict[str, Any] = {}
     for key, doc in presented["metadata"].items():
-        path, _, name = key.rpartition("/")
+        path, name = split_key(key)
         metadata[key] = dict(REFUSED_ZARRAY) if path in hidden and name == ".zarray" else doc
     for path in hidden:
-        metadata[_join(path, ".zarray")] = dict(REFUSED_ZARRAY)
+        metadata[join_path(path, ".zarray")] = dict(REFUSED_ZARRAY)
     return {**presented, "metadata": metadata}
 
 
@@ -359,12 +344,12 @@ def presented_zmetadata(stored: Mapping[str, Any], nodes: Mapping[str, Mapping[s
     metadata = {
         k: v
         for k, v in kept.items()
-        if v != REFUSED_ZARRAY and (k.rpartition("/")[0] not in nodes or k.rpartition("/")[2] == ".zattrs")
+        if v != REFUSED_ZARRAY and (split_key(k)[0] not in nodes or split_key(k)[1] == ".zattrs")
     }
     for path, doc in nodes.items():
         for name, v2doc in present(doc, path).items():
-            if name != ".zattrs" or _join(path, name) not in kept:  # a stored .zattrs is the snapshot consolidated
-                metadata[_join(path, name)] = v2doc
+            if name != ".zattrs" or join_path(path, name) not in kept:  # a stored .zattrs is the snapshot consolidated
+                metadata[join_path(path, name)] = v2doc
     return {**stored, "metadata": metadata}
 
 
@@ -382,11 +367,10 @@ def with_consolidated_metadata(root: Mapping[str, Any], nodes: Mapping[str, Mapp
     """The root group's ``zarr.json`` with zarr-python 3's inline ``consolidated_metadata``.
 
     The same shape zarr-python 3's ``consolidate_metadata`` writes: one flat
-    object of every v3 node below the root by path, each group in it with an
-    empty inline block of its own. Arrays no v3 reader can decode
-    (:func:`is_opaque`) are left out: zarr-python 3 parses the whole block when
-    it opens the root, so one of them would make every node unopenable;
-    opening such an array by its path still fails, alone.
+    object of every v3 node below the root by path, each entry as
+    :func:`consolidated_entry` makes it (opaque arrays left out, so that one
+    of them never makes every node unopenable; opening it by its path still
+    fails, alone).
 
     Parameters
     ----------
@@ -500,7 +484,7 @@ def opaque_paths(documents: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """
     out = []
     for key, doc in documents.items():
-        path, _, name = key.rpartition("/")
+        path, name = split_key(key)
         if name == ZARR_JSON and path and doc.get("node_type") == "array" and is_opaque(doc):
             out.append(path)
     return sorted(out)
@@ -540,7 +524,7 @@ def plan_opaque_blocks(documents: Mapping[str, Mapping[str, Any]], released: Ite
     """
     nodes: dict[str, Mapping[str, Any]] = {}
     for key, doc in documents.items():
-        path, _, name = key.rpartition("/")
+        path, name = split_key(key)
         if name == ZARR_JSON and doc.get("zarr_format") == 3:
             nodes[path] = doc
     needed = {group for path in opaque_paths(documents) for group in group_paths(path)}
@@ -553,12 +537,12 @@ def plan_opaque_blocks(documents: Mapping[str, Mapping[str, Any]], released: Ite
             prefix = f"{group}/" if group else ""
             below = {p[len(prefix) :]: d for p, d in nodes.items() if p != group and p.startswith(prefix)}
             new = with_consolidated_metadata(doc, below)
-        elif group in freed and has_consolidated(doc) and _join(group, ".zmetadata") not in documents:
+        elif group in freed and has_consolidated(doc) and join_path(group, ".zmetadata") not in documents:
             new = {k: v for k, v in doc.items() if k != "consolidated_metadata"}
         else:
             continue
         if new != doc:
-            writes[_join(group, ZARR_JSON)] = new
+            writes[join_path(group, ZARR_JSON)] = new
     return MetadataPlan(writes)
 
 
@@ -567,10 +551,10 @@ def plan_opaque_blocks(documents: Mapping[str, Mapping[str, Any]], released: Ite
 
 def _group_attributes(documents: Mapping[str, Mapping[str, Any]], group: str) -> Mapping[str, Any] | None:
     """A group's attributes: its v3 ``zarr.json``'s, else its ``.zattrs`` (a hierarchy already in the new layout)."""
-    zjson = documents.get(_join(group, ZARR_JSON))
+    zjson = documents.get(join_path(group, ZARR_JSON))
     if zjson is not None and zjson.get("zarr_format") == 3 and zjson.get("node_type") == "group":
         return zjson.get("attributes") or {}
-    return documents.get(_join(group, ".zattrs"))
+    return documents.get(join_path(group, ".zattrs"))
 
 
 def plan_migration(documents: Mapping[str, Mapping[str, Any]]) -> MetadataPlan:
@@ -597,15 +581,15 @@ def plan_migration(documents: Mapping[str, Mapping[str, Any]]) -> MetadataPlan:
     plan = MetadataPlan()
     sharded: list[str] = []
     for key in sorted(documents):
-        path, _, name = key.rpartition("/")
-        zjson = documents.get(_join(path, ZARR_JSON))
+        path, name = split_key(key)
+        zjson = documents.get(join_path(path, ZARR_JSON))
         if name != ".zarray" or zjson is None:
             continue
         spec = sharding_spec_from_v3(zjson, path)
         if spec is None:
             continue
         sharded.append(path)
-        zattrs = documents.get(_join(path, ".zattrs"))
+        zattrs = documents.get(join_path(path, ".zattrs"))
         if not path:
             plan = plan.merged(plan_root_array(documents[key], zattrs, spec.layout))
             continue
@@ -613,7 +597,7 @@ def plan_migration(documents: Mapping[str, Mapping[str, Any]]) -> MetadataPlan:
         plan = plan.merged(plan_sharded_array(path, documents[key], zattrs, spec.layout, groups))
     zmetadata = documents.get(".zmetadata")
     if zmetadata is not None and sharded and plan.writes.get(ZARR_JSON, {}).get("node_type") == "group":
-        nodes = {k.rpartition("/")[0]: v for k, v in plan.writes.items() if k != ZARR_JSON}
+        nodes = {split_key(k)[0]: v for k, v in plan.writes.items() if k != ZARR_JSON}
         root = with_consolidated_metadata(plan.writes[ZARR_JSON], nodes)
         plan = plan.merged(MetadataPlan({".zmetadata": stored_zmetadata(zmetadata, sharded), ZARR_JSON: root}))
     return plan

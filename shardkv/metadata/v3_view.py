@@ -21,6 +21,7 @@ from typing import Any
 from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.format.layout import ShardLayout, chunk_nbytes_bound
 from shardkv.keys.encodings import ChunkKeyEncoding, Separator, V2ChunkKeyEncoding, chunk_key_encoding_from_metadata
+from shardkv.keys.paths import path_prefix
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.v2_codecs import CORE_DATA_TYPES, SIZED_DATA_TYPES, TIME_DATA_TYPES, V3Encoding, v3_encoding_of_v2
 
@@ -225,7 +226,7 @@ class ShardingSpec:
         """
         return ShardedArray(
             path=path,
-            key_prefix=f"{path}/" if path else "",
+            key_prefix=path_prefix(path),
             shape=self.shape if shape is None else shape,
             chunks=self.chunks,
             layout=self.layout,

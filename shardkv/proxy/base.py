@@ -7,13 +7,10 @@ registered per class (``BaseStore`` and ``StoreV3``), and one class cannot be
 both. Each holds its base store and one frozen
 :class:`~shardkv.engine.options.Options`; this class gives them the same
 
-* pickling: a store travels as ``(reopen, (its class, its base store, its
-  options))``; the copy finds the same data (and so the same lock files)
-  through the base store's location. Nothing of one process travels: not the
-  index cache, not the journal, and not write-back data. A store holding
-  unflushed writes refuses to pickle (:class:`~shardkv.errors.UnflushedWritesError`),
-  and a copy never buffers: it writes through, so no
-  worker process holds acknowledged writes that no one will flush;
+* pickling (:meth:`ProxyBase.__reduce__`): the copy finds the same data and
+  lock files through the base store's location; nothing of one process
+  travels (index cache, journal, write-back data), and a copy writes through,
+  so no worker process holds acknowledged writes that no one will flush;
 * lifecycle: ``with`` closes the store on exit;
 * the zarr-python 2 ``BaseStore`` capability checks, identity equality, and
   a ``repr`` naming the base store and ``chunks_per_shard``.

@@ -34,9 +34,10 @@ from shardkv.errors import ConfigurationError
 from shardkv.format.layout import IndexLocation
 from shardkv.format.ranges import ByteRange
 from shardkv.keys.encodings import validate_key
-from shardkv.keys.paths import validate_path
+from shardkv.keys.paths import path_prefix, validate_path
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
+from shardkv.metadata.documents import ZARR_JSON
 from shardkv.metadata.draft import DRAFT_ZARR_FORMAT, META_ROOT
 from shardkv.proxy.base import ProxyBase
 from shardkv.proxy.draft_nodes import DraftArray, DraftNodes
@@ -59,10 +60,9 @@ class DraftShardedStore(ProxyBase):
     store : MutableMapping, fsspec.FSMap, str or os.PathLike
         The base store (as :class:`shardkv.ShardedStore` takes it).
     chunks_per_shard : int, tuple of int, mapping or None
-        Sharding for arrays created through the proxy: an int (every
-        dimension), a tuple (arrays with that many dimensions), or
-        ``{array path: int or tuple}``; ``None`` shards nothing new. Arrays
-        already stored keep their own ``storage_transformers``.
+        Sharding for arrays created through the proxy (as for
+        :class:`shardkv.ShardedStore`). Arrays already stored keep their own
+        ``storage_transformers``.
     index_location, index_checksum : optional
         Accepted for symmetry with :class:`shardkv.ShardedStore`; the draft's
         ``indexed`` format has its index at the ``"end"`` and no checksum.
@@ -126,15 +126,12 @@ class DraftShardedStore(ProxyBase):
 
     # -- classification -------------------------------------------------------------------
 
-    def _classify(self, key: str) -> tuple[str, Any]:
-        """``("meta", path)``, ``("array", state)`` or ``("plain", None)``."""
+    def _target(self, key: str) -> tuple[str | None, AbstractStore]:
+        """``(path, store)``: the array path whose metadata ``key`` is (else ``None``), and the store holding
+        ``key``: the top of its array's transformer stack for a chunk of a sharded array, else the base."""
         path = self._nodes.meta_path(key)
-        if path is not None:
-            return "meta", path
-        owner = self._nodes.data_owner(key)
-        if owner is not None:
-            return "array", owner
-        return "plain", None
+        owner = None if path is not None else self._nodes.data_owner(key)
+        return path, self._api if owner is None else owner.top()
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -160,16 +157,15 @@ class DraftShardedStore(ProxyBase):
         out: list[bytes | None] = [None] * len(key_ranges)
         groups: dict[int, tuple[AbstractStore, list[int]]] = {}
         for i, (key, _) in enumerate(key_ranges):
-            kind, what = self._classify(key)
-            if kind == "meta":
+            path, store = self._target(key)
+            if path is not None:
                 try:
-                    value = self._nodes.visible_metadata(what, self._api.get(key))
+                    value = self._nodes.visible_metadata(path, store.get(key))
                 except KeyError:
                     continue
                 start, stop = ranges[i].resolve(len(value))
                 out[i] = value[start:stop]
                 continue
-            store = what.top() if kind == "array" else self._api
             groups.setdefault(id(store), (store, []))[1].append(i)
         for store, positions in groups.values():
             values = store.get_partial_values([(key_ranges[i][0], ranges[i]) for i in positions])
@@ -195,8 +191,7 @@ class DraftShardedStore(ProxyBase):
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, str):
             return False
-        kind, what = self._classify(key)
-        return what.top().contains(key) if kind == "array" else self._api.contains(key)
+        return self._target(key)[1].contains(key)
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -215,16 +210,15 @@ class DraftShardedStore(ProxyBase):
         for key, value in values.items():
             validate_key(key)
             data = to_bytes(key, value)
-            kind, what = self._classify(key)
+            path, store = self._target(key)
             node = _node_path(key)
             if node is not None:
                 check_not_reserved(node)  # an array or group named like shardkv's own files
-            if kind == "meta":
-                self._nodes.store_metadata(what, key, data)
+            if path is not None:
+                self._nodes.store_metadata(path, key, data)
                 continue
-            if key == "zarr.json":
+            if key == ZARR_JSON:
                 self._nodes.forget(key)
-            store = what.top() if kind == "array" else self._api
             groups.setdefault(id(store), (store, {}))[1][key] = data
         for store, batch in groups.values():
             store.set_values(batch)
@@ -235,34 +229,28 @@ class DraftShardedStore(ProxyBase):
     def set_partial_values(self, key_start_values: Sequence[tuple[str, int, Any]]) -> None:
         """Write byte ranges inside values (array metadata is rewritten whole)."""
         for key, start, value in key_start_values:
-            kind, what = self._classify(key)
-            if kind == "meta":
+            path, store = self._target(key)
+            if path is not None:
                 self[key] = apply_partial_writes(
                     key, self.get_partial_values([(key, ByteRange(0))])[0], [(start, value)]
                 )
             else:
-                store = what.top() if kind == "array" else self._api
                 store.set_partial_values([(key, start, to_bytes(key, value))])
 
     def delitems(self, keys: Iterable[str]) -> None:
         """Delete the stored keys among ``keys`` (missing ones are ignored)."""
         groups: dict[int, tuple[AbstractStore, list[str]]] = {}
         for key in keys:
-            kind, what = self._classify(key)
-            if kind == "meta" or key == "zarr.json":
+            path, store = self._target(key)
+            if path is not None or key == ZARR_JSON:
                 self._nodes.forget(key)
-            store = what.top() if kind == "array" else self._api
             groups.setdefault(id(store), (store, []))[1].append(key)
         for store, batch in groups.values():
             store.erase_values(batch)
 
     def __delitem__(self, key: str) -> None:
-        kind, what = self._classify(key)
-        if kind == "array":
-            what.top().erase(key)
-            return
-        self._api.erase(key)
-        self._nodes.forget(key)
+        self._target(key)[1].erase(key)
+        self._nodes.forget(key)  # what a metadata key described (a chunk key describes nothing)
 
     def erase(self, key: str) -> None:
         """Erase ``key`` (``KeyError`` if it is not stored)."""
@@ -321,7 +309,7 @@ class DraftShardedStore(ProxyBase):
     def listdir(self, path: str = "") -> builtins.list[str]:
         """Names of the immediate children of ``path``."""
         path = validate_path(path)
-        prefix = f"{path}/" if path else ""
+        prefix = path_prefix(path)
         keys, prefixes = self.list_dir(prefix)
         return sorted({k[len(prefix) :] for k in keys} | {p[len(prefix) :].rstrip("/") for p in prefixes})
 

@@ -12,10 +12,8 @@ counting (``len``) never builds a chunk key, and the names of an array
 directory come out sorted without a string sort where the keys allow
 (:func:`child_names`).
 
-``list(store)`` asks ``len(store)`` right after ``iter(store)`` (the length
-hint): that ``len`` lists the base store again and counts without building a
-chunk key, so ``list(store)`` enumerates the base listing twice;
-``list(store.keys())`` enumerates it once (:class:`ListedKeys`).
+``list(store)`` enumerates the base listing twice (its length hint is a
+``len``), ``list(store.keys())`` once (:class:`ListedKeys`).
 """
 
 from __future__ import annotations
@@ -72,14 +70,9 @@ def split_shards(
 
 def logical_keys(nodes: NodeTable, engine: ShardEngine, listed: Listed) -> Iterator[str]:
     """The keys code above the proxy sees, for the base store listing ``listed`` (enumerated once, lazily)."""
-    return itertools.chain.from_iterable(_key_groups(nodes, engine, listed))
-
-
-def _key_groups(nodes: NodeTable, engine: ShardEngine, listed: Listed) -> Iterator[Iterable[str]]:
-    """The keys of :func:`logical_keys` in groups: plain keys, then the chunk keys (a list per shard)."""
     plain, shards, generations = split_shards(nodes, listed)
-    yield nodes.listed(plain)
-    yield engine.reads.chunk_keys(shards, generations=generations)  # in-grid chunks; indexes read in batches
+    yield from nodes.listed(plain)
+    yield from engine.reads.chunk_keys(shards, generations=generations)  # in-grid chunks; indexes read in batches
 
 
 def count_logical_keys(nodes: NodeTable, engine: ShardEngine, listed: Listed) -> int:

@@ -28,24 +28,22 @@ attributes, chunks or ``.zmetadata`` entry is recorded as deleted in its
 ``zarr.json`` (:mod:`shardkv.metadata.v2_deletes`), which goes with the last
 of them.
 
-A hierarchy is v3 all the way down once one of its arrays is sharded (issue
-19, item 5): when the root becomes a v3 group, every v2 group is stored as a
-v3 group and every unsharded array gains a ``zarr.json`` that reads its chunk
-objects where they are (:func:`~shardkv.metadata.all_v3.plan_v3_down`; one
-listing, once); from then on each ``.zarray``/``.zattrs`` write or delete of an
-unsharded array brings its mirror in step, and a ``.zmetadata`` write describes
-any v2 node it lists that is still missing. An unsharded array no v3 reader
-decodes gets no mirror (v3 readers do not list it; its siblings stay readable);
-a sharded one (``shardkv.v2_dtype``) has a ``zarr.json``, so each group on its
-path holds a consolidated block that leaves it out, whether or not the user
-consolidated (:func:`~shardkv.metadata.hierarchy.plan_opaque_blocks`). Every v3
-document written or deleted below a group whose ``zarr.json`` holds a
-consolidated block is brought into that block right after it
+A hierarchy is v3 all the way down once one of its arrays is sharded: when the
+root becomes a v3 group, every v2 group is stored as a v3 group and every
+unsharded array gains a ``zarr.json`` that reads its chunk objects where they
+are (:func:`~shardkv.metadata.all_v3.plan_v3_down`; one listing, once); from
+then on each ``.zarray``/``.zattrs`` write or delete of an unsharded array
+brings its mirror in step, and a ``.zmetadata`` write describes any v2 node it
+lists that is still missing. An unsharded array no v3 reader decodes gets no
+mirror (v3 readers do not list it; its siblings stay readable); a sharded one
+(``shardkv.v2_dtype``) has a ``zarr.json``, so each group on its path holds a
+consolidated block that leaves it out, whether or not the user consolidated
+(:func:`~shardkv.metadata.hierarchy.plan_opaque_blocks`). Every v3 document
+written or deleted below a group whose ``zarr.json`` holds a consolidated block
+is brought into that block right after it
 (:func:`~shardkv.metadata.hierarchy.consolidated_in_step`): zarr-python 3
-trusts the block for the whole hierarchy. Each such group document is
-read-modify-written, conditioned on the generation read and holding the
-engine's locks (:meth:`MetadataWriter._write_blocks`), so concurrent writers
-never drop each other's entries.
+trusts the block for the whole hierarchy (how concurrent writers keep each
+other's entries: :class:`MetadataWriter`, Notes).
 
 A ``.zattrs`` written before its node's ``.zarray`` is stored as it is and
 taken into the ``zarr.json`` when the ``.zarray`` arrives. Arrays written by
@@ -176,20 +174,19 @@ class MetadataWriter:
     writer : WriteBack
         The proxy's write-back layer: flushes, discards and trims shards
         around metadata changes. Through its engine it is the one handle to
-        the base store: the documents are read and written through the
-        engine's :class:`~shardkv.storage.kv.KVStore` (consolidated blocks
-        read with generations, put conditioned on them, under the engine's
-        locks; mode ``"none"`` holds nothing), and the engine's
-        :class:`~shardkv.engine.options.Options` say which new arrays are
-        sharded and how.
+        the base store (its :class:`~shardkv.storage.kv.KVStore`, locks and
+        :class:`~shardkv.engine.options.Options`, which say which new arrays
+        are sharded and how).
 
     Notes
     -----
     A group ``zarr.json`` whose consolidated block a write changes is read
-    fresh, the write's change merged into the block as stored, and put
-    conditioned on the generation read; a lost race reads again and merges
-    again (:func:`~shardkv.engine.retry.attempts`, the engine's bounds), so
-    another writer's entry is never dropped. Against other processes this
+    fresh under the engine's locks of that key (lock files in the group's
+    ``.shardkv-locks/`` in mode ``"files"``), the write's change merged into
+    the block as stored (:meth:`_BlockChange.applied`), and put conditioned
+    on the generation read; a lost race reads again and merges again (at most
+    :data:`~shardkv.engine.retry.WRITE_ATTEMPTS` rounds), so another writer's
+    entry is never dropped. Against other processes this
     holds where the engine's guarantee does: lock files (local directories,
     mode ``"files"``), atomic conditional puts (S3, obstore); elsewhere
     (modes ``"process"``/``"conditional"`` over data in this process) among
@@ -447,16 +444,10 @@ class MetadataWriter:
         return (kept.merged(MetadataPlan(extra)) if extra else kept), blocks
 
     def _write_blocks(self, blocks: Mapping[str, _BlockChange]) -> dict[str, Node]:
-        """Read-modify-write the group documents of ``blocks``, each conditioned on the generation read.
+        """Read-modify-write the group documents of ``blocks`` under the engine's locks (class Notes).
 
-        Holding the engine's locks of those keys (lock files in each group's
-        ``.shardkv-locks/`` in mode ``"files"``), each round reads the groups
-        still to write, applies this write's change to each as stored
-        (:meth:`_BlockChange.applied`) and puts it conditioned on the
-        generation read; the groups whose put lost go round again (at most
-        :data:`~shardkv.engine.retry.WRITE_ATTEMPTS` rounds). Returns the nodes
-        written, recorded in the node table; a group left with nothing to write
-        is forgotten there.
+        Returns the nodes written, recorded in the node table; a group left
+        with nothing to write is forgotten there.
 
         Raises
         ------
@@ -499,15 +490,10 @@ class MetadataWriter:
     def _opaque_blocks(self, written: Iterable[str] = (), removed: str | None = None) -> None:
         """Keep a consolidated block at each group on the path of an opaque array, and only there.
 
-        :func:`~shardkv.metadata.hierarchy.plan_opaque_blocks`: v3 readers
-        list such a group from its block, which leaves the opaque arrays out,
-        so one array they cannot decode never hides its siblings. ``written``:
-        paths of opaque arrays just written (each group above them without a
-        block gets one); ``removed``: a path just deleted (each group above it
-        whose block is shardkv's own, no ``.zmetadata`` beside it, loses the
-        block when no opaque array is left below it). Costs nothing when every
-        block is already there; otherwise one listing under the groups concerned
-        and one batched read of their ``zarr.json`` documents.
+        (why: :func:`~shardkv.metadata.hierarchy.plan_opaque_blocks`). ``written``:
+        paths of opaque arrays just written; ``removed``: a path just deleted.
+        Costs nothing when every block is already there; otherwise one listing
+        under the groups concerned and one batched read of their ``zarr.json``.
         """
         above = sorted({g for p in written for g in group_paths(p)})
         lacking = [g for g, n in self._nodes.nodes(above).items() if n.doc is not None and not has_consolidated(n.doc)]
@@ -627,7 +613,7 @@ class MetadataWriter:
         entries = doc.get("metadata")
         if not isinstance(entries, dict):
             raise MetadataError(key, "field 'metadata' must be a JSON object")
-        paths = {k.rpartition("/")[0] for k in entries if k.rpartition("/")[2] in (".zarray", ".zgroup")}
+        paths = {split_key(k)[0] for k in entries if split_key(k)[1] in (".zarray", ".zgroup")}
         found = self._nodes.v3_nodes(join_path(path, p) for p in paths)
         if self._hierarchy_is_v3() and len(found) < len(paths):  # v2 nodes it lists: described from it
             listed = {join_path(path, k): v for k, v in entries.items() if isinstance(v, dict)}
@@ -732,7 +718,7 @@ class MetadataWriter:
     def _remove_leftovers(self, path: str) -> None:
         """Delete shards an earlier array at ``path`` left (its metadata deleted by hand): never reinterpret them."""
         self._writer.discard_under(path)
-        stale = [k for k in self._kv.list_prefix(f"{path}/" if path else "") if chunkish_under(path, k)]
+        stale = [k for k in self._kv.list_prefix(path_prefix(path)) if chunkish_under(path, k)]
         if stale:
             self._put(dict.fromkeys(stale))
             self._writer.engine.forget()

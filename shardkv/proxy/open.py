@@ -25,7 +25,7 @@ from typing import Any, Literal, get_args
 
 from shardkv.errors import ConfigurationError
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
-from shardkv.metadata.documents import load_json
+from shardkv.metadata.documents import ZARR_JSON, load_json
 from shardkv.metadata.draft import is_draft_entry_point
 from shardkv.proxy.draft import DRAFT_OPTIONS, DraftShardedStore
 from shardkv.proxy.store import ShardedStore
@@ -42,10 +42,10 @@ def _root_entry_point(store: Any, storage_options: Mapping[str, Any] | None) -> 
     """The stored root ``zarr.json`` of ``store`` (one read), or ``None``."""
     if isinstance(store, AbstractStore):
         try:
-            return bytes(store.get("zarr.json"))
+            return bytes(store.get(ZARR_JSON))
         except KeyError:
             return None
-    result = open_kv(store, storage_options).get("zarr.json")
+    result = open_kv(store, storage_options).get(ZARR_JSON)
     return bytes(result.whole()) if result.found else None
 
 
@@ -53,7 +53,7 @@ def _is_draft(raw: bytes | None) -> bool:
     if raw is None:
         return False
     try:
-        return is_draft_entry_point(load_json("zarr.json", raw))
+        return is_draft_entry_point(load_json(ZARR_JSON, raw))
     except ValueError:  # not JSON: not a draft entry point (the v2 proxy reports it when it reads it)
         return False
 

@@ -91,24 +91,17 @@ class ShardedStore(ProxyBase):
         fsspec options when ``store`` is a URL.
     journal : str or os.PathLike, optional
         With ``buffer_bytes``: a local file where every buffered chunk write
-        is appended and fsync'd before the call returns, so a crash loses no
-        acknowledged write. Opening a store with the same ``journal`` replays
-        what a killed run left (through the normal write path), writes it,
-        and resets the journal; it is also reset after every flush that
-        empties the buffer. See :mod:`shardkv.engine.journal` and the user
-        guide ("Write-back") for the fsync policy.
+        is fsync'd before the call returns. Opening a store with the same
+        ``journal`` replays and writes what a killed run left; a flush that
+        empties the buffer resets it (user guide, "Write-back").
     options : Options, optional
         Every option at once (``chunks_per_shard`` and the keywords below
         then stay unset); what :attr:`options` of another store holds.
     **keywords
-        The runtime options, each described in
-        :class:`~shardkv.engine.options.Options`: ``index_location``
-        ({"end", "start"}), ``index_checksum`` (bool), ``index_cache_bytes``
-        (int, bytes; default 64 MiB, 0 disables the cache), ``read_policy``
-        (ReadPolicy), ``buffer_bytes`` (int or None: write-back mode; a
-        pickled copy writes through), ``concurrency`` ({"auto", "files",
-        "conditional", "process", "none"}; user guide, "Concurrency") and
-        ``lock_timeout`` (float or None, seconds; then ``LockTimeoutError``).
+        The runtime options (``index_location``, ``index_checksum``,
+        ``index_cache_bytes``, ``read_policy``, ``buffer_bytes``,
+        ``concurrency``, ``lock_timeout``), each described in
+        :class:`~shardkv.engine.options.Options`.
 
     Raises
     ------
@@ -232,12 +225,9 @@ class ShardedStore(ProxyBase):
     def _route(self, key: str, validated: bool = False) -> ChunkRef | None:
         """The chunk of a sharded array that ``key`` names, or ``None`` for a key stored as it is.
 
-        Keys routed before are answered from a memo (no validation, owner
-        look-up or parse again) while the node table's ``generation`` stays
-        (``validated``: the caller has validated ``key``; only valid keys are kept):
-        any node recorded, forgotten or cleared (a metadata write, ``rmdir``,
-        :meth:`refresh`) starts a new memo. Keys that raise are not kept; the
-        memo starts over past :data:`ROUTE_MEMO_LIMIT` keys.
+        Answered from a memo of valid keys (``validated``: the caller checked ``key``)
+        while the node table's ``generation`` stays; the memo starts over past
+        :data:`ROUTE_MEMO_LIMIT` keys.
 
         Raises
         ------

@@ -12,7 +12,7 @@ only proven garbage (user guide, "The command line").
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from math import prod
 from typing import Any
@@ -23,7 +23,8 @@ from shardkv.codecs.bounded import decode_bounded, stopped_at_declared_size
 from shardkv.errors import ConfigurationError, CorruptShardError
 from shardkv.keys.paths import is_chunk_segment, join_path, owning_array, split_key
 from shardkv.keys.space import ShardedArray
-from shardkv.metadata.documents import NODE_DOCUMENTS, load_json, unreadable_documents
+from shardkv.metadata.documents import NODE_DOCUMENTS, ZARR_JSON, load_json, unreadable_documents
+from shardkv.metadata.hierarchy import group_paths
 from shardkv.metadata.v2_view import unusable_sharding
 from shardkv.proxy.base import ProxyBase
 from shardkv.proxy.nodes import Node, build_node
@@ -42,7 +43,7 @@ __all__ = [
 ]
 
 
-_META = (".zarray", "zarr.json")
+_META = (".zarray", ZARR_JSON)
 _UNKNOWN_CHUNK_LIMIT = 2**30  # bytes a chunk of no fixed size (object dtype) may decode to in verify --decode
 
 
@@ -213,13 +214,6 @@ def shard_directories(kv: KVStore, arr: ShardedArray) -> list[str]:
 # -- shards -----------------------------------------------------------------------------
 
 
-def _ancestors(key: str) -> Iterable[str]:
-    path = key
-    while path:
-        path = path.rpartition("/")[0]
-        yield path
-
-
 def _v2_decoder(zarray: Mapping[str, Any], key: str) -> tuple[Any, int | None]:
     """A function decoding one chunk with the array's compressor and filters, and the chunk's nbytes."""
     import numcodecs
@@ -322,13 +316,13 @@ def verify_store(
     docs = kv.values(meta_keys)  # the stored documents
     report.unreadable_metadata = unreadable_documents(docs)
     array_paths = {split_key(k)[0] for k in docs if split_key(k)[1] == ".zarray"}
-    group_paths = {split_key(k)[0] for k in docs if split_key(k)[1] == ".zgroup"}
+    groups = {split_key(k)[0] for k in docs if split_key(k)[1] == ".zgroup"}
     arrays: dict[str, ShardedArray | None] = {p: None for p in array_paths}  # unsharded unless a zarr.json says
     zarrays: dict[str, dict[str, Any]] = {}  # the v2 document of each sharded array (stored or presented)
     kept_nodes: set[str] = set()  # v3 arrays shardkv does not check (not sharded): their keys are no orphans
     for key, raw in docs.items():
         path, name = split_key(key)
-        if name != "zarr.json" or key in report.unreadable_metadata:
+        if name != ZARR_JSON or key in report.unreadable_metadata:
             continue
         zarray_key = join_path(path, ".zarray")
         node = _node(path, raw, docs.get(zarray_key) if zarray_key not in report.unreadable_metadata else None)
@@ -337,7 +331,7 @@ def verify_store(
             continue
         # presented, deleted from zarr 2's view or not (shardkv.v2_deleted): its shards are checked all the same
         if ".zgroup" in node.presented:
-            group_paths.add(path)
+            groups.add(path)
         if node.is_array and (".zarray" in node.presented or path in array_paths):
             array_paths.add(path)
             arrays[path] = node.array
@@ -365,13 +359,13 @@ def verify_store(
         path, name = split_key(key)
         if name in _META or name in (".zattrs", ".zgroup", ".zmetadata"):
             continue
-        if kept_nodes and any(a in kept_nodes for a in _ancestors(key)):
+        if kept_nodes and any(g in kept_nodes for g in group_paths(key)):
             report.kept_keys.append(key)  # its node cannot be read (or is not shardkv's): not provably garbage
             continue
         owner = owning_array(key, array_paths)
         if owner is None:
             # a chunk-like key directly under neither an array nor a group: left by a deleted array
-            if path and is_chunk_segment(name, well_formed=True) and path not in group_paths:
+            if path and is_chunk_segment(name, well_formed=True) and path not in groups:
                 report.orphan_keys.append(key)
             continue
         arr = arrays.get(owner)

@@ -44,24 +44,16 @@ class PartialShardWriteWarning(UserWarning):
 
 
 class WriteAdvisor:
-    """Counts partial-shard rewrites per array and warns once per store (one advisor per store).
+    """Counts partial-shard rewrites per array and warns once per store, at :data:`DEFAULT_THRESHOLD` of one array."""
 
-    Parameters
-    ----------
-    threshold : int
-        Rewrites of partly covered shards of one array after which the
-        warning is given; 0 turns the advice off.
-    """
-
-    def __init__(self, threshold: int = DEFAULT_THRESHOLD) -> None:
-        self.threshold = threshold
+    def __init__(self) -> None:
         self._counts: dict[str, int] = {}
         self._warned = False
         self._lock = threading.Lock()
 
     def observe(self, changes: Mapping[str, ShardChange]) -> None:
         """Count the shards of one write-through call that it covers only partly; warn at the threshold."""
-        if not self.threshold or self._warned:
+        if self._warned:
             return
         for change in changes.values():
             if change.covers_shard():
@@ -72,7 +64,7 @@ class WriteAdvisor:
                     return
                 count = self._counts.get(path, 0) + 1
                 self._counts[path] = count
-                if count < self.threshold:
+                if count < DEFAULT_THRESHOLD:
                     continue
                 self._warned = True
             _warn_outside_libraries(PartialShardWriteWarning(_message(change.array, count), path, count))

@@ -294,12 +294,9 @@ class KVStore(ABC):
     ) -> Iterator[tuple[str, Generation | None]]:
         """Every stored key that starts with ``prefix``, with its generation where the listing gives it cheaply.
 
-        Object stores return the generations of their listing (S3
-        ``ListObjectsV2`` ETags, obstore's ``e_tag``/``version``); local files
-        one ``stat`` per file wanted; stores whose listing carries no
-        generation (mappings, fsspec filesystems other than ``memory://``)
-        give ``None`` at the cost of :meth:`list_prefix`. No implementation
-        makes a request per key.
+        Object stores return their listing's generations (S3 ETags, obstore's
+        ``e_tag``/``version``), local files one ``stat`` per file wanted, other
+        stores ``None`` at the cost of :meth:`list_prefix`; never a request per key.
 
         Parameters
         ----------
@@ -313,8 +310,7 @@ class KVStore(ABC):
         Yields
         ------
         tuple of (str, Generation or None)
-            ``(key, generation)``; ``None`` where the listing does not carry a
-            generation (then only a read tells). Hidden files are never listed.
+            ``(key, generation)``; ``None``: only a read tells. Hidden files are never listed.
         """
         for key in self.list_prefix(prefix):
             yield key, None

@@ -214,12 +214,8 @@ class Zarr3KV(MappingStore):
     store : zarr.abc.store.Store
         The zarr 3 store.
     in_process : bool
-        Whether its data lives in this process (a ``MemoryStore``): then
-        process stamps and in-process locks are a complete guarantee
-        (``concurrency="auto"`` resolves to ``"conditional"``). Otherwise where
-        it keeps its data is unknown (a zip file, a database, a service): no
-        lock files, no conditional writes, so ``concurrency="auto"`` asks for
-        ``"process"`` or ``"none"``, as for zarr 2's persistent stores.
+        Whether its data lives in this process (a ``MemoryStore``; see the
+        module docstring for what each case guarantees).
 
     Attributes
     ----------

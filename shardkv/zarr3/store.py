@@ -23,6 +23,7 @@ from shardkv._types import BytesLike
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.options import OptionKeywords, Options
 from shardkv.errors import ChunkOutOfGridError, ConfigurationError, UnflushedWritesError
+from shardkv.keys.paths import path_prefix
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
 from shardkv.storage.kv import check_not_reserved, hidden
@@ -66,34 +67,23 @@ class ShardedStore(Store):
         fsspec URL.
     chunks_per_shard : int, tuple of int, mapping or None
         Sharding of arrays created through the store (when their ``zarr.json``
-        is written): an int (that many inner chunks per shard along every
-        dimension), a tuple (for arrays with that many dimensions; others stay
-        unsharded), or ``{array path: int or tuple}``. ``None`` shards nothing
-        new. Shard shape = ``chunks_per_shard`` x chunk shape (elements).
+        is written), as for :class:`shardkv.ShardedStore`: an int, a tuple (for
+        arrays with that many dimensions), ``{array path: int or tuple}`` or
+        ``None``. Shard shape = ``chunks_per_shard`` x chunk shape (elements).
     storage_options : mapping, optional
         fsspec options when ``store`` is a URL.
     read_only : bool
         Refuse writes (``ValueError``); the store underneath is opened read-only too.
     journal : str or os.PathLike, optional
-        With ``buffer_bytes``: a local file where every buffered chunk write
-        is fsync'd before the call returns, as for :class:`shardkv.ShardedStore`
-        (opening with it replays what a killed run left; it belongs to this
-        store: identity layout ``"zarr3"``). Locked while the store is open:
-        :meth:`close` releases it, the next write of a closed store takes it back.
+        With ``buffer_bytes``: as for :class:`shardkv.ShardedStore` (identity
+        layout ``"zarr3"``). Locked while the store is open: :meth:`close`
+        releases it, the next write of a closed store takes it back.
     options : Options, optional
         Every option at once (``chunks_per_shard`` and the keywords below
         then stay unset).
     **keywords
         The runtime options, as for :class:`shardkv.ShardedStore`, each
-        described in :class:`~shardkv.engine.options.Options`:
-        ``index_location``, ``index_checksum``, ``index_cache_bytes`` (with
-        the index cached, reading a chunk costs one ranged read),
-        ``read_policy``, ``buffer_bytes`` (write-back: hold chunk writes per
-        shard and write each shard once; over a store that cannot replace a
-        value every shard is held even without it; a pickled copy writes
-        through; see Notes), ``concurrency`` (lock files on local directories,
-        compare-and-swap on S3 and obstore stores, in-process locks for
-        memory stores) and ``lock_timeout``.
+        described in :class:`~shardkv.engine.options.Options`.
 
     Raises
     ------
@@ -103,11 +93,8 @@ class ShardedStore(Store):
         ``options`` given with other options.
     TypeError
         If ``store`` is not a zarr 3 store, a path or a URL, or a keyword names no option.
-    JournalCorruptError
-        If an acknowledged record of ``journal`` is damaged or missing.
-    JournalMismatchError
-        If ``journal`` holds records of another store (or of an array since
-        recreated with other chunks), naming both: nothing of it is replayed.
+    JournalCorruptError, JournalMismatchError
+        As for :class:`shardkv.ShardedStore`.
     LockTimeoutError
         If another process (or another store object) has ``journal`` open.
 
@@ -127,28 +114,23 @@ class ShardedStore(Store):
     another process created or replaced arrays.
 
     The store pickles as its store underneath and its options, as the zarr 2
-    proxy does: with unflushed write-back data it raises
-    ``UnflushedWritesError``, and the copy writes through (no buffer, no
-    journal), as do :meth:`with_read_only` copies of a
-    store with a journal. Two stores are equal when their base stores are the
-    same store (the base store's ``==``; for a ``MemoryStore``, whose ``==``
-    compares contents, the same dict, as zarr itself decides whether two
-    stores share data) and their options are the same, ``buffer_bytes``
-    aside; equal stores hash alike.
+    proxy does (``UnflushedWritesError`` with unflushed write-back data); the
+    copy, like a :meth:`with_read_only` copy of a store with a journal, writes
+    through. Two stores are equal when their base stores are the same store
+    (the base store's ``==``; for a ``MemoryStore``, the same dict, as zarr
+    itself decides whether two stores share data) and their options are the
+    same, ``buffer_bytes`` aside; equal stores hash alike.
 
     Over a store that cannot delete, and so cannot replace a stored value
-    (``supports_deletes`` false: zarr's ``ZipStore``, whose every write adds
-    an entry), each shard is written once: chunk writes are held per shard
-    (with no limit unless ``buffer_bytes`` sets one) until the shard is
-    complete or the store is flushed or closed, which such a store requires
-    anyway; a later change to a shard already stored raises
+    (``supports_deletes`` false: zarr's ``ZipStore``), each shard is written
+    once: chunk writes are held per shard (with no limit unless
+    ``buffer_bytes`` sets one) until the shard is complete or the store is
+    flushed or closed; a later change to a shard already stored raises
     :class:`~shardkv.errors.UnsupportedError` and is not applied.
 
-    The capability flags of zarr's ``Store`` (``supports_writes``,
-    ``supports_deletes``, ``supports_listing``,
-    ``supports_consolidated_metadata``; ``supports_partial_writes`` is
-    always false) are the base store's, so zarr asks of this store only
-    what it would ask of the base store.
+    zarr's capability flags (``supports_writes``, ``supports_deletes``,
+    ``supports_listing``, ``supports_consolidated_metadata``) are the base
+    store's; ``supports_partial_writes`` is always false.
     """
 
     # -- capabilities: the base store's (zarr decides from them what it may ask) ------
@@ -538,7 +520,7 @@ class ShardedStore(Store):
         """The names directly below ``prefix`` (keys and sub-prefixes, without the prefix)."""
         await self._ensure_open()
         path = prefix.rstrip("/")
-        start = f"{path}/" if path else ""
+        start = path_prefix(path)
         if await self._nodes.owner_of_prefix(start) is None and await self._nodes.sharded(path) is None:
             async for name in self._base.list_dir(prefix):
                 if not hidden(name):
