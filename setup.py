@@ -1,4 +1,5 @@
 """Build shim: all configuration lives in setup.cfg."""
+
 from setuptools import setup
 
 setup()

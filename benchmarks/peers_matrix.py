@@ -21,24 +21,51 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 IMPLS = ("shardkv", "shardkv-obstore", "zarr2-unsharded", "zarr2-dict", "zarr3", "zarr3-zarrs", "tensorstore")
-ENV_OF = {"shardkv": "zarr2", "shardkv-obstore": "zarr2", "zarr2-unsharded": "zarr2", "zarr2-dict": "zarr2",
-          "zarr3": "bench", "zarr3-zarrs": "bench", "tensorstore": "bench"}
-LABEL = {"shardkv": "zarr 2 + shardkv", "shardkv-obstore": "zarr 2 + shardkv (obstore)",
-         "zarr2-unsharded": "zarr 2.18 unsharded", "zarr2-dict": "zarr 2.18 on dict", "zarr3": "zarr 3",
-         "zarr3-zarrs": "zarr 3 + zarrs", "tensorstore": "tensorstore"}
+ENV_OF = {
+    "shardkv": "zarr2",
+    "shardkv-obstore": "zarr2",
+    "zarr2-unsharded": "zarr2",
+    "zarr2-dict": "zarr2",
+    "zarr3": "bench",
+    "zarr3-zarrs": "bench",
+    "tensorstore": "bench",
+}
+LABEL = {
+    "shardkv": "zarr 2 + shardkv",
+    "shardkv-obstore": "zarr 2 + shardkv (obstore)",
+    "zarr2-unsharded": "zarr 2.18 unsharded",
+    "zarr2-dict": "zarr 2.18 on dict",
+    "zarr3": "zarr 3",
+    "zarr3-zarrs": "zarr 3 + zarrs",
+    "tensorstore": "tensorstore",
+}
 # (backend, layout, codec) cases per size, and samples (processes) per case
 CASES = {
     "smoke": [("local", 256, "none"), ("s3", 256, "none")],
     "tiny": [("local", 256, "none"), ("s3", 256, "none")],
-    "small": [("local", 256, "none"), ("local", 256, "zstd"), ("local", 64, "none"), ("local", 64, "zstd"),
-              ("s3", 256, "none")],
-    "full": [("local", 256, "none"), ("local", 256, "zstd"), ("local", 64, "none"), ("local", 64, "zstd"),
-             ("s3", 256, "none")],
+    "small": [
+        ("local", 256, "none"),
+        ("local", 256, "zstd"),
+        ("local", 64, "none"),
+        ("local", 64, "zstd"),
+        ("s3", 256, "none"),
+    ],
+    "full": [
+        ("local", 256, "none"),
+        ("local", 256, "zstd"),
+        ("local", 64, "none"),
+        ("local", 64, "zstd"),
+        ("s3", 256, "none"),
+    ],
 }
 CHUNKS_PER_SHARD = 4  # per side, as workloads/peers.py writes them
 SAMPLES = {"smoke": 1, "tiny": 1, "small": 1, "full": 3}
-OPS = (("write", "full write"), ("read", "full read (new store object)"),
-       ("cold", "random single-chunk reads, first pass"), ("warm", "the same reads again (warm)"))
+OPS = (
+    ("write", "full write"),
+    ("read", "full read (new store object)"),
+    ("cold", "random single-chunk reads, first pass"),
+    ("warm", "the same reads again (warm)"),
+)
 
 Runner = Callable[[str | None, str, str, list[str]], Any]
 
@@ -82,8 +109,14 @@ class S3Server:
             self.proc = None
 
 
-def collect(size: str, pythons: dict[str, str | None], server: S3Server, run: Runner, samples: int | None,
-            missing: Callable[[str], Any]) -> dict[tuple[str, int, str, str], Any]:
+def collect(
+    size: str,
+    pythons: dict[str, str | None],
+    server: S3Server,
+    run: Runner,
+    samples: int | None,
+    missing: Callable[[str], Any],
+) -> dict[tuple[str, int, str, str], Any]:
     """Every case x implementation: the samples of ``samples`` fresh processes merged, or a ``Missing``."""
     out: dict[tuple[str, int, str, str], Any] = {}
     n = samples or SAMPLES[size]
@@ -130,10 +163,22 @@ def matrix_table(res: dict[tuple[str, int, str, str], Any], size: str) -> str:
     header = ["case", "operation", *(LABEL[i] for i in IMPLS)]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for backend, layout, codec in CASES[size]:
-        shape = next((r["shape"] for (b, lay, c, _), r in res.items()
-                      if (b, lay, c) == (backend, layout, codec) and isinstance(r, dict)), None)
-        reads = next((r["reads"] for (b, lay, c, _), r in res.items()
-                      if (b, lay, c) == (backend, layout, codec) and isinstance(r, dict)), "?")
+        shape = next(
+            (
+                r["shape"]
+                for (b, lay, c, _), r in res.items()
+                if (b, lay, c) == (backend, layout, codec) and isinstance(r, dict)
+            ),
+            None,
+        )
+        reads = next(
+            (
+                r["reads"]
+                for (b, lay, c, _), r in res.items()
+                if (b, lay, c) == (backend, layout, codec) and isinstance(r, dict)
+            ),
+            "?",
+        )
         where = "local disk" if backend == "local" else "S3 on loopback"
         case = f"{where}, {layout}² chunks, {codec}" + (f", {shape[0]}² f32" if shape else "")
         for op, what in OPS:
@@ -151,9 +196,13 @@ def _med(res: dict[tuple[str, int, str, str], Any], key: tuple[str, int, str, st
     return statistics.median(vals) if vals else None
 
 
-def goal_rows(res: dict[tuple[str, int, str, str], Any], ratio_row: Callable[..., list[str]],
-              value_row: Callable[..., list[str]], fmt_s: Callable[[Any], str], is_missing: Callable[[Any], bool]
-              ) -> list[list[str]]:
+def goal_rows(
+    res: dict[tuple[str, int, str, str], Any],
+    ratio_row: Callable[..., list[str]],
+    value_row: Callable[..., list[str]],
+    fmt_s: Callable[[Any], str],
+    is_missing: Callable[[Any], bool],
+) -> list[list[str]]:
     """The issue's goals as rows of the main table (ids G1-G3); the shared ``ratio_row``/``value_row`` format."""
     rows: list[list[str]] = []
     for codec in ("none", "zstd"):

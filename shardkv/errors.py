@@ -195,13 +195,17 @@ class ConcurrentUpdateError(ShardKVError, RuntimeError):
         self.precondition_failures = int(precondition_failures)
         self.operation = operation
         if operation == "read":
-            what = (f"conditional read of {key!r} failed: in {self.precondition_failures} of {self.attempts} rounds "
-                    "the value changed between the read of its index and of its bytes (another writer rewrites it "
-                    "without pause)")
+            what = (
+                f"conditional read of {key!r} failed: in {self.precondition_failures} of {self.attempts} rounds "
+                "the value changed between the read of its index and of its bytes (another writer rewrites it "
+                "without pause)"
+            )
         else:
-            what = (f"conditional update of {key!r} failed: {self.precondition_failures} of {self.attempts} attempts "
-                    "found the value changed by another writer (write shard-aligned blocks, or give each writer its "
-                    "own shards)")
+            what = (
+                f"conditional update of {key!r} failed: {self.precondition_failures} of {self.attempts} attempts "
+                "found the value changed by another writer (write shard-aligned blocks, or give each writer its "
+                "own shards)"
+            )
         super().__init__(what)
 
 

@@ -196,13 +196,19 @@ def run_sharded_writers(
     options = {"chunks_per_shard": chunks_per_shard, "concurrency": concurrency}
     if storage_options is not None:
         options["storage_options"] = dict(storage_options)
+
     def base(root: str) -> Any:
         return root if make_base is None else make_base(root)
 
     setup = ShardedStore(base(views[0][0]), **options)
     zarr.open_array(
-        store=setup, path=views[0][1] or None, mode="w", shape=(n_chunks * chunk_len,), chunks=(chunk_len,),
-        dtype="i4", fill_value=0,
+        store=setup,
+        path=views[0][1] or None,
+        mode="w",
+        shape=(n_chunks * chunk_len,),
+        chunks=(chunk_len,),
+        dtype="i4",
+        fill_value=0,
     )
     setup.close()
     barrier = SPAWN.Barrier(n_procs)

@@ -32,8 +32,9 @@ _ids = itertools.count()
 
 class CountingKV(KVStore):
     def __init__(self, caps: Capabilities | None = None) -> None:
-        self.caps = caps or Capabilities(ranged=True, stamps="native", conditional_put=True, conditional_delete=True,
-                                         in_process=True)
+        self.caps = caps or Capabilities(
+            ranged=True, stamps="native", conditional_put=True, conditional_delete=True, in_process=True
+        )
         self.data: dict[str, tuple[bytes, Generation]] = {}
         self.log: list[tuple[str, str, object, int]] = []
         self._counter = itertools.count(1)

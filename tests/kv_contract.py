@@ -199,7 +199,10 @@ class KVContract:
         assert set(out) == {"a", "b", "c", "d"}
         assert out["a"] is not None and out["b"] is None and out["c"] is not None and out["d"] == NO_VALUE
         assert {k: as_bytes(v) for k, v in kv.values(["a", "b", "c", "d"]).items()} == {
-            "a": b"a1", "b": b"b0", "c": b"c1"}
+            "a": b"a1",
+            "b": b"b0",
+            "c": b"c1",
+        }
         assert kv.put_many({}) == {}
 
     def test_no_lost_update_between_threads(self, kv: KVStore) -> None:

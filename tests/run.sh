@@ -53,8 +53,7 @@ echo "== environment 2: newest zarr-python 3 + tensorstore + xarray (v1.0 codec 
 .venv-zarr3/bin/python -m pytest tests/v3 -n 2 -q "$@" || status=$?
 echo "== mypy (settings in pyproject.toml): 0 errors"
 .venv-zarr2/bin/python -m mypy || status=$?
-echo "== ruff check (rules in pyproject.toml; the pinned ruff of the test-zarr2 extra): 0 findings"
+echo "== ruff check and ruff format --check (rules in pyproject.toml; the pinned ruff of the test-zarr2 extra)"
 .venv-zarr2/bin/python -m ruff check . || status=$?
-# not yet enabled: the tree is formatted once with `ruff format .` first, then this line joins the run
-# .venv-zarr2/bin/python -m ruff format --check . || status=$?
+.venv-zarr2/bin/python -m ruff format --check . || status=$?
 exit "$status"

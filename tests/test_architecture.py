@@ -38,13 +38,68 @@ LAYERS: list[set[str]] = [
 ]
 PURE = {"format", "keys", "codecs", "metadata"}
 # What a pure module may not import or call: file systems, object stores, processes, the network.
-IO_MODULES = {"fsspec", "s3fs", "obstore", "boto3", "botocore", "aiobotocore", "socket", "shutil", "tempfile",
-              "subprocess", "urllib", "http", "requests", "sqlite3", "mmap", "fcntl", "glob", "pathlib"}
-OS_CALLS = {"open", "read", "write", "pread", "pwrite", "writev", "listdir", "scandir", "stat", "lstat", "fstat",
-            "remove", "unlink", "rename", "replace", "makedirs", "mkdir", "rmdir", "walk", "fsync", "system",
-            "popen", "fork", "kill"}  # as os.<name>
-IO_METHODS = {"read_text", "read_bytes", "write_text", "write_bytes", "iterdir", "scandir", "listdir", "fsync",
-              "pread", "pwrite", "makedirs", "unlink", "mkdir", "rmdir"}  # on any object
+IO_MODULES = {
+    "fsspec",
+    "s3fs",
+    "obstore",
+    "boto3",
+    "botocore",
+    "aiobotocore",
+    "socket",
+    "shutil",
+    "tempfile",
+    "subprocess",
+    "urllib",
+    "http",
+    "requests",
+    "sqlite3",
+    "mmap",
+    "fcntl",
+    "glob",
+    "pathlib",
+}
+OS_CALLS = {
+    "open",
+    "read",
+    "write",
+    "pread",
+    "pwrite",
+    "writev",
+    "listdir",
+    "scandir",
+    "stat",
+    "lstat",
+    "fstat",
+    "remove",
+    "unlink",
+    "rename",
+    "replace",
+    "makedirs",
+    "mkdir",
+    "rmdir",
+    "walk",
+    "fsync",
+    "system",
+    "popen",
+    "fork",
+    "kill",
+}  # as os.<name>
+IO_METHODS = {
+    "read_text",
+    "read_bytes",
+    "write_text",
+    "write_bytes",
+    "iterdir",
+    "scandir",
+    "listdir",
+    "fsync",
+    "pread",
+    "pwrite",
+    "makedirs",
+    "unlink",
+    "mkdir",
+    "rmdir",
+}  # on any object
 
 
 def _layer_of(module: str) -> str:
@@ -279,8 +334,10 @@ def test_no_frame_introspection() -> None:
 
 
 def test_the_frame_check_sees_frame_introspection() -> None:
-    source = ("import sys, inspect\nf = sys._getframe(2)\ng = inspect.currentframe()\nf.f_lasti\nf.f_back\n"
-              "inspect.stack()\nfrom sys import _getframe\n")
+    source = (
+        "import sys, inspect\nf = sys._getframe(2)\ng = inspect.currentframe()\nf.f_lasti\nf.f_back\n"
+        "inspect.stack()\nfrom sys import _getframe\n"
+    )
     assert len(_frame_introspection_in(ast.parse(source))) == 6
     assert _frame_introspection_in(ast.parse("import inspect\ninspect.signature(f)\nself.stack.pop()")) == []
 
@@ -289,7 +346,8 @@ def _sleeps_in(tree: ast.AST) -> list[int]:
     return [
         node.lineno
         for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, (ast.Attribute, ast.Name))
         and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) == "sleep"
     ]
 
@@ -299,7 +357,8 @@ def test_only_the_retry_loop_waits() -> None:
     found = {
         module: lines
         for module, path in MODULES.items()
-        if _layer_of(module) != "cli" and module != "shardkv.engine.retry"
+        if _layer_of(module) != "cli"
+        and module != "shardkv.engine.retry"
         and (lines := _sleeps_in(ast.parse(path.read_text())))
     }
     assert found == {}

@@ -18,10 +18,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKLOADS = sorted(p.stem for p in (ROOT / "benchmarks" / "workloads").glob("*.py")
-                   if not p.stem.startswith("_") and p.stem != "s3_server")  # the S3 server is not a workload
-ENV_EXISTS = {"zarr3": (ROOT / ".venv-zarr3" / "bin" / "python").exists(),
-              "bench": (ROOT / ".venv-bench" / "bin" / "python").exists()}
+WORKLOADS = sorted(
+    p.stem
+    for p in (ROOT / "benchmarks" / "workloads").glob("*.py")
+    if not p.stem.startswith("_") and p.stem != "s3_server"
+)  # the S3 server is not a workload
+ENV_EXISTS = {
+    "zarr3": (ROOT / ".venv-zarr3" / "bin" / "python").exists(),
+    "bench": (ROOT / ".venv-bench" / "bin" / "python").exists(),
+}
 ROW_IDS = (
     "P1",
     "P2",
@@ -50,8 +55,10 @@ ROW_IDS = (
     *(f"G3-{what}-{impl}" for impl in ("shardkv", "shardkv-obstore") for what in ("requests", "warm", "warm-time")),
 )
 # n/a that a workload itself reports for a case it cannot run (raw-sample keys: workload/impl, peers/case/impl)
-IMPOSSIBLE = {"peers/local/256/none/shardkv-obstore": "n/a (S3 only)",
-              "peers/s3/256/none/zarr2-dict": "n/a (a dict is not on S3)"}
+IMPOSSIBLE = {
+    "peers/local/256/none/shardkv-obstore": "n/a (S3 only)",
+    "peers/s3/256/none/zarr2-dict": "n/a (a dict is not on S3)",
+}
 
 
 def run_benchmarks(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], Path]:

@@ -123,8 +123,16 @@ def _one_line(capsys: pytest.CaptureFixture[str], status: int, command: str, key
     assert lines[0].startswith(f"shardkv {command}: error: ") and key in lines[0], lines[0]
 
 
-@pytest.mark.parametrize(("command", "key"), [("info", "a/zarr.json"), ("verify", "a/zarr.json"),
-                                            ("unshard", "a/zarr.json"), ("info", "a/1"), ("unshard", "a/1")])
+@pytest.mark.parametrize(
+    ("command", "key"),
+    [
+        ("info", "a/zarr.json"),
+        ("verify", "a/zarr.json"),
+        ("unshard", "a/zarr.json"),
+        ("info", "a/1"),
+        ("unshard", "a/1"),
+    ],
+)
 def test_an_unreadable_key_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: str, key: str
 ) -> None:
@@ -154,7 +162,6 @@ def test_convert_names_an_unreadable_chunk_in_one_line(
     _one_line(
         capsys, main(["convert", str(src), str(tmp_path / "out.zarr"), "--chunks-per-shard", "4"]), "convert", "3"
     )
-
 
 
 def test_compact_names_an_unreadable_shard_in_one_line(

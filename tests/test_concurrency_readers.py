@@ -379,8 +379,10 @@ class _AlwaysChanged(KVStore):
     def get_many(self, reads: Any) -> Any:
         self.whole_reads += sum(ranges is None for _, ranges, _ in reads)
         out = self.inner.get_many(reads)
-        return [ReadResult("stale", None, ANY) if not cond.is_any and ranges is not None else r
-                for (_, ranges, cond), r in zip(reads, out, strict=True)]
+        return [
+            ReadResult("stale", None, ANY) if not cond.is_any and ranges is not None else r
+            for (_, ranges, cond), r in zip(reads, out, strict=True)
+        ]
 
     def put_many(self, writes: Any) -> Any:
         return self.inner.put_many(writes)

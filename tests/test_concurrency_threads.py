@@ -86,9 +86,7 @@ def test_a_held_shard_lock_excludes_another_stores_writer(tmp_path, kind) -> Non
 def test_readers_racing_a_writer_see_only_complete_values(tmp_path, shared_proxy) -> None:
     path = str(tmp_path / "race.zarr")
     writer_store = ShardedStore(path, chunks_per_shard=8)
-    arr = zarr.open_array(
-        store=writer_store, mode="w", shape=(16 * 64,), chunks=(64,), dtype="i8", fill_value=-1
-    )
+    arr = zarr.open_array(store=writer_store, mode="w", shape=(16 * 64,), chunks=(64,), dtype="i8", fill_value=-1)
     arr[:] = 0  # every chunk acknowledged before the readers start
     n_rounds, stop = 12, threading.Event()
     problems: list[str] = []
@@ -210,8 +208,7 @@ class _HeldDict(dict):
 def test_threads_writing_one_shard_at_once_are_merged_into_one_rewrite() -> None:
     base = _HeldDict()
     store = ShardedStore(base, chunks_per_shard=16)
-    arr = zarr.open_array(store=store, mode="w", shape=(16 * CHUNK_LEN,), chunks=(CHUNK_LEN,), dtype="i4",
-                          fill_value=0)
+    arr = zarr.open_array(store=store, mode="w", shape=(16 * CHUNK_LEN,), chunks=(CHUNK_LEN,), dtype="i4", fill_value=0)
     base.armed = True
 
     def write(c: int) -> None:

@@ -101,10 +101,6 @@ def writer(root: Path, acks: Path, first_seq: int, killer: KillingWrites | None)
     write_and_ack(z, acks, first_seq, 5.0, chunk_of, value_of, None if killer is None else killer.install)
 
 
-
-
-
-
 def crash_rounds(root: Path, rounds: int, seed: int) -> int:
     """Kill a writer at least ``rounds`` times, checking the store after each kill; returns kills.
 

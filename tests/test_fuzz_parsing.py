@@ -78,8 +78,11 @@ def kind(request: pytest.FixtureRequest) -> Iterator[Kind]:
         patch = pytest.MonkeyPatch()
         if request.param == "memory-no-size":  # the store's reads tell no sizes
             original = FsspecStore.get_many
-            patch.setattr(FsspecStore, "get_many",
-                          lambda self, reads: [dataclasses.replace(r, size=None) for r in original(self, reads)])
+            patch.setattr(
+                FsspecStore,
+                "get_many",
+                lambda self, reads: [dataclasses.replace(r, size=None) for r in original(self, reads)],
+            )
         try:
             made = Kind(request.param.replace("-no-size", ""), tmp)
             # a DirFileSystem over local files is read as local files: sizes from fstat
@@ -104,9 +107,7 @@ uint64 = st.one_of(st.sampled_from(INTERESTING), st.integers(0, 2**64 - 1), st.i
 shards = st.one_of(
     st.binary(max_size=3 * INDEX_NBYTES).map(lambda b: ("bytes", b)),
     st.lists(st.tuples(uint64, uint64), min_size=CPS, max_size=CPS).map(lambda e: ("entries", e)),
-    st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), min_size=1, max_size=4).map(
-        lambda f: ("flips", f)
-    ),
+    st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), min_size=1, max_size=4).map(lambda f: ("flips", f)),
     st.integers(0, 200).map(lambda n: ("truncate", n)),
 )
 

@@ -173,8 +173,6 @@ def journal_writer(journal: Path, acks: Path, limit: float) -> None:
         os.fsync(fd)
 
 
-
-
 def test_sigkill_never_loses_an_acknowledged_record_nor_yields_a_torn_one(tmp_path: Path) -> None:
     journal, acks = tmp_path / "journal", tmp_path / "acks"
     rng = random.Random(7)

@@ -149,8 +149,9 @@ def test_directory_at_a_key_is_damage_not_missing(tmp_path: Path) -> None:
     assert kv.get("c/0/0/deeper").state == "missing"  # below a file: nothing stored there
 
 
-@pytest.mark.parametrize("key", ["..", "../x", "a/../../x", "/etc/passwd", "a//b", "a/", "", ".", "a/./b",
-                                 "..\\x", "a\x00b", "a/.."])
+@pytest.mark.parametrize(
+    "key", ["..", "../x", "a/../../x", "/etc/passwd", "a//b", "a/", "", ".", "a/./b", "..\\x", "a\x00b", "a/.."]
+)
 def test_keys_never_leave_the_root(tmp_path: Path, key: str) -> None:
     (tmp_path / "store").mkdir()
     (tmp_path / "x").write_bytes(b"precious")
@@ -256,7 +257,8 @@ def test_reads_of_many_keys_side_by_side(tmp_path: Path) -> None:
     )
     assert results[3].state == "stale"
     assert [bytes(r.values[0]) for i, r in enumerate(results) if i != 3 and r.values] == [
-        bytes([i]) for i in range(20) if i != 3]
+        bytes([i]) for i in range(20) if i != 3
+    ]
 
 
 @pytest.mark.parametrize("nbytes", [1024, 256 * 1024])
@@ -280,7 +282,8 @@ def test_small_reads_are_read_in_turn_large_ones_side_by_side(
     ranged = kv.get_many([(f"c/{i}", [ByteRange(1, nbytes)], kv.get(f"c/{i}").generation) for i in range(20)])
     assert whole[7].state == "stale" and all(r.state == "value" for i, r in enumerate(whole) if i != 7)
     assert [bytes(r.values[0]) for i, r in enumerate(whole) if i != 7 and r.values] == [
-        bytes([i]) * nbytes for i in range(20) if i != 7]
+        bytes([i]) * nbytes for i in range(20) if i != 7
+    ]
     assert [bytes(r.values[0]) for r in ranged if r.values] == [bytes([i]) * (nbytes - 1) for i in range(20)]
     assert len(pooled) == (0 if nbytes < local._POOLED_READ_NBYTES else 2)
 

@@ -46,14 +46,23 @@ def endpoint() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def bucket(endpoint: str) -> str:
     name = f"shardkv-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=KEY, aws_secret_access_key=SECRET,
-                 region_name=REGION).create_bucket(Bucket=name)
+    boto3.client(
+        "s3", endpoint_url=endpoint, aws_access_key_id=KEY, aws_secret_access_key=SECRET, region_name=REGION
+    ).create_bucket(Bucket=name)
     return name
 
 
 def s3_store(endpoint: str, bucket: str, prefix: str, **options: Any) -> Any:
-    return S3Store(bucket, prefix=prefix, endpoint=endpoint, region=REGION, access_key_id=KEY,
-                   secret_access_key=SECRET, client_options={"allow_http": True}, **options)
+    return S3Store(
+        bucket,
+        prefix=prefix,
+        endpoint=endpoint,
+        region=REGION,
+        access_key_id=KEY,
+        secret_access_key=SECRET,
+        client_options={"allow_http": True},
+        **options,
+    )
 
 
 class TestMemoryContract(KVContract):
@@ -155,7 +164,11 @@ def test_zarr2_through_sharded_store(endpoint: str, bucket: str) -> None:
     z[...] = data
     keys = sorted(open_kv(s3_store(endpoint, bucket, prefix)).list_prefix("arr/"))
     assert [k for k in keys if not k.rsplit("/", 1)[-1].startswith((".z", "zarr"))] == [
-        "arr/0.0", "arr/0.1", "arr/1.0", "arr/1.1"]  # 4 x 3 chunks in 2 x 2 shards
+        "arr/0.0",
+        "arr/0.1",
+        "arr/1.0",
+        "arr/1.1",
+    ]  # 4 x 3 chunks in 2 x 2 shards
     reread = zarr.open_array(
         store=ShardedStore(s3_store(endpoint, bucket, prefix), concurrency="process"), path="arr", mode="r"
     )

@@ -137,8 +137,12 @@ def test_permission_errors_propagate(kind: str) -> None:
         kv = FsspecStore(fs, root)
     else:
         kv = open_kv(_DenyingMapping())
-    calls = [lambda: kv.get("k"), lambda: kv.get("k", [ByteRange(0, 1)]), lambda: kv.values(["k"]),
-             lambda: kv.get_many([("k", None, ANY)])]
+    calls = [
+        lambda: kv.get("k"),
+        lambda: kv.get("k", [ByteRange(0, 1)]),
+        lambda: kv.values(["k"]),
+        lambda: kv.get_many([("k", None, ANY)]),
+    ]
     for call in calls:
         with pytest.raises(PermissionError, match="access denied"):
             call()

@@ -42,10 +42,19 @@ def s3fs_fs() -> Iterator[Any]:
     serialised = serialised_moto_writes()  # moto's conditional writes atomic, as real S3's are
     serialised.__enter__()
     endpoint = f"http://127.0.0.1:{port}"
-    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
-                 region_name="us-east-1").create_bucket(Bucket=BUCKET)
-    fs = s3fs.S3FileSystem(skip_instance_cache=True, key="testing", secret="testing",
-                           client_kwargs={"endpoint_url": endpoint, "region_name": "us-east-1"})
+    boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    ).create_bucket(Bucket=BUCKET)
+    fs = s3fs.S3FileSystem(
+        skip_instance_cache=True,
+        key="testing",
+        secret="testing",
+        client_kwargs={"endpoint_url": endpoint, "region_name": "us-east-1"},
+    )
     try:
         yield fs
     finally:

@@ -67,9 +67,14 @@ class TestUnderlyingKVContract(KVContract):
         kv.close()
 
 
-@pytest.mark.parametrize(("kind", "in_process", "lock_dir"), [
-    ("adapter-dict", True, False), ("adapter-directory", False, True), ("abstract-store", False, False),
-])
+@pytest.mark.parametrize(
+    ("kind", "in_process", "lock_dir"),
+    [
+        ("adapter-dict", True, False),
+        ("adapter-directory", False, True),
+        ("abstract-store", False, False),
+    ],
+)
 def test_caps_follow_the_data(kind: str, in_process: bool, lock_dir: bool, tmp_path: Path) -> None:
     kv = _underlying(kind, tmp_path)
     assert (kv.caps.in_process, kv.caps.lock_dir) == (in_process, lock_dir)

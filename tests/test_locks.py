@@ -168,9 +168,11 @@ def test_a_group_reached_through_a_symbolic_link_takes_the_same_locks(tmp_path) 
     via_root = ShardLocks(_local(str(tmp_path / "data.zarr")).location)
     via_link = ShardLocks(_local(str(real)).location)
     key_root, key_link = "sub/arr/c/0", "arr/c/0"
-    assert via_root.file_stripes_by_dir([key_root], {key_root: "sub/arr/"}) == via_link.file_stripes_by_dir(
-        [key_link], {key_link: "arr/"}
-    ) == {str(real / "arr" / LOCK_DIR): [stripe_of("c/0", 64)]}
+    assert (
+        via_root.file_stripes_by_dir([key_root], {key_root: "sub/arr/"})
+        == via_link.file_stripes_by_dir([key_link], {key_link: "arr/"})
+        == {str(real / "arr" / LOCK_DIR): [stripe_of("c/0", 64)]}
+    )
     assert via_root.thread_stripes_of([key_root], {key_root: "sub/arr/"}) == via_link.thread_stripes_of(
         [key_link], {key_link: "arr/"}
     )

@@ -111,8 +111,15 @@ def test_options_are_given_as_keywords_or_as_one_options_object(tmp_path) -> Non
     from shardkv.engine.options import Options
     from shardkv.format.ranges import ReadPolicy
 
-    keywords = dict(index_location="start", index_checksum=False, index_cache_bytes=1 << 20,
-                    read_policy=ReadPolicy(max_gap=7), buffer_bytes=1 << 16, concurrency="files", lock_timeout=2.0)
+    keywords = dict(
+        index_location="start",
+        index_checksum=False,
+        index_cache_bytes=1 << 20,
+        read_policy=ReadPolicy(max_gap=7),
+        buffer_bytes=1 << 16,
+        concurrency="files",
+        lock_timeout=2.0,
+    )
     by_keywords = ShardedStore(str(tmp_path), 4, **keywords)  # type: ignore[arg-type]
     by_object = ShardedStore(str(tmp_path), options=by_keywords.options)
     assert by_object.options == by_keywords.options == Options.from_keywords(4, **keywords)  # type: ignore[arg-type]

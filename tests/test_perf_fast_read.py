@@ -25,8 +25,17 @@ N, CHUNK, CPS = 64, 4, 8  # 16 chunks of 16 bytes (int32, no compressor), 2 shar
 
 def write(path: Path, data: np.ndarray) -> None:
     store = ShardedStore(str(path), chunks_per_shard=CPS)
-    z = zarr.open_array(store, mode="a", path="a", shape=(N,), chunks=(CHUNK,), dtype="i4", compressor=None,
-                        fill_value=0, write_empty_chunks=False)
+    z = zarr.open_array(
+        store,
+        mode="a",
+        path="a",
+        shape=(N,),
+        chunks=(CHUNK,),
+        dtype="i4",
+        compressor=None,
+        fill_value=0,
+        write_empty_chunks=False,
+    )
     z[:] = data
     store.close()
 

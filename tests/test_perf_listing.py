@@ -117,7 +117,7 @@ def test_sorted_chunk_names_are_the_sorted_suffixes(shape: tuple[int, ...], cps:
     assert grid is not None
     shards = [(s, make_mask(kind, cps, rng)) for s in itertools.product(*(range(n) for n in grid))]
     stored = shards[::2] if kind == "half" else shards  # some shards not stored at all
-    expected = sorted(k[len(arr.key_prefix):] for s, m in stored for k in reference_keys(arr, s, m, True))
+    expected = sorted(k[len(arr.key_prefix) :] for s, m in stored for k in reference_keys(arr, s, m, True))
     assert sorted_chunk_names(arr, reversed(stored), len(stored)) == expected
 
 
@@ -170,8 +170,17 @@ SHAPE, CHUNKS, CPS = (36, 28), (2, 2), 4  # chunk grid 18 x 14, shard grid 5 x 4
 def written(base: MutableMapping[str, Any], path: str = "arr") -> tuple[ShardedStore, np.ndarray]:
     """An array with a few chunks left unwritten (fill value, ``write_empty_chunks=False``)."""
     store = ShardedStore(base, chunks_per_shard=CPS)
-    z = zarr.open_array(store, mode="w", path=path, shape=SHAPE, chunks=CHUNKS, dtype="i2", fill_value=0,
-                        write_empty_chunks=False, compressor=None)
+    z = zarr.open_array(
+        store,
+        mode="w",
+        path=path,
+        shape=SHAPE,
+        chunks=CHUNKS,
+        dtype="i2",
+        fill_value=0,
+        write_empty_chunks=False,
+        compressor=None,
+    )
     data = np.arange(np.prod(SHAPE), dtype="i2").reshape(SHAPE) % 97 + 1
     data[:6, :6] = 0  # 9 chunks of fill value: not stored
     data[30:, 20:] = 0  # 12 more at an edge
@@ -237,8 +246,17 @@ def test_len_and_nchunks_initialized_read_each_index_once_and_build_no_key_one_b
 def test_listing_matches_zarr2_directory_store(tmp_path: Path, path: str) -> None:
     store, data = written(str(tmp_path / "sharded"), path)  # type: ignore[arg-type]
     plain = zarr.DirectoryStore(str(tmp_path / "plain"))
-    z = zarr.open_array(plain, mode="w", path=path, shape=SHAPE, chunks=CHUNKS, dtype="i2", fill_value=0,
-                        write_empty_chunks=False, compressor=None)
+    z = zarr.open_array(
+        plain,
+        mode="w",
+        path=path,
+        shape=SHAPE,
+        chunks=CHUNKS,
+        dtype="i2",
+        fill_value=0,
+        write_empty_chunks=False,
+        compressor=None,
+    )
     z[...] = data
     fresh = ShardedStore(str(tmp_path / "sharded"))
     names = fresh.listdir(path)
@@ -271,8 +289,17 @@ def test_keys_is_a_set_like_view_with_current_membership() -> None:
 def unsharded_keys(data: np.ndarray, path: str = "arr") -> set[str]:
     """The keys zarr-python 2 stores for ``data`` written as :func:`written` writes it, unsharded (the oracle)."""
     plain: dict[str, Any] = {}
-    z = zarr.open_array(plain, mode="w", path=path, shape=SHAPE, chunks=CHUNKS, dtype="i2", fill_value=0,
-                        write_empty_chunks=False, compressor=None)
+    z = zarr.open_array(
+        plain,
+        mode="w",
+        path=path,
+        shape=SHAPE,
+        chunks=CHUNKS,
+        dtype="i2",
+        fill_value=0,
+        write_empty_chunks=False,
+        compressor=None,
+    )
     z[...] = data
     return set(plain)
 

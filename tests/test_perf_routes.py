@@ -35,8 +35,9 @@ def locates(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def make(store: ShardedStore, chunks: int, data: np.ndarray) -> Any:
-    z = zarr.open_array(store, mode="w", path="a", shape=data.shape, chunks=(chunks,), dtype="i4",
-                        compressor=None, fill_value=0)
+    z = zarr.open_array(
+        store, mode="w", path="a", shape=data.shape, chunks=(chunks,), dtype="i4", compressor=None, fill_value=0
+    )
     z[:] = data
     return z
 

@@ -142,5 +142,3 @@ def test_write_back_with_a_small_buffer_still_writes_less_than_without(probe: Pr
     ratio = sum(w.nbytes for w in probe.writes()) / ARRAY_NBYTES
     assert ratio < 3.5
     np.testing.assert_array_equal(zarr.open_array(ShardedStore(probe.mapper), mode="r", path="a")[:], DATA)
-
-

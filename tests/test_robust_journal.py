@@ -68,7 +68,6 @@ def test_a_journal_is_never_replayed_into_another_store(tmp_path: Path, other: s
     assert list(zarr.open_array(ShardedStore(str(x)), mode="r")[:8]) == [7] * 8
 
 
-
 def clear_write_then_die(root: Path, journal: Path) -> None:
     """The child: through a journalled store, clear the whole store (``rmdir("")``), recreate the array,
     write chunks 0..1 (= 9), then an abrupt exit."""
@@ -89,6 +88,7 @@ def test_a_store_cleared_through_its_journalled_proxy_still_owns_its_journal(tmp
     st = ShardedStore(str(x), buffer_bytes=10**6, journal=str(journal))  # replays into the same store
     st.close()
     assert list(zarr.open_array(ShardedStore(str(x)), mode="r")[:8]) == [9] * 8
+
 
 def test_records_of_an_array_recreated_with_another_layout_are_refused(tmp_path: Path) -> None:
     x, journal = tmp_path / "x", tmp_path / "wb.journal"

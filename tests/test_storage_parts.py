@@ -160,8 +160,12 @@ def s3() -> Iterator[tuple[Any, list[str]]]:
     logging.getLogger("werkzeug").setLevel(logging.INFO)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    fs = s3fs.S3FileSystem(key="k", secret="s", skip_instance_cache=True,
-                           client_kwargs={"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"})
+    fs = s3fs.S3FileSystem(
+        key="k",
+        secret="s",
+        skip_instance_cache=True,
+        client_kwargs={"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"},
+    )
     yield fs, seen
     server.stop()
     logging.getLogger("werkzeug").removeHandler(handler)
@@ -172,8 +176,13 @@ def test_object_store_reads_are_one_get_each(s3: tuple[Any, list[str]]) -> None:
     bucket = f"shardkv-{uuid.uuid4().hex[:10]}"
     import boto3
 
-    boto3.client("s3", endpoint_url=fs.client_kwargs["endpoint_url"], aws_access_key_id="k",
-                 aws_secret_access_key="s", region_name="us-east-1").create_bucket(Bucket=bucket)
+    boto3.client(
+        "s3",
+        endpoint_url=fs.client_kwargs["endpoint_url"],
+        aws_access_key_id="k",
+        aws_secret_access_key="s",
+        region_name="us-east-1",
+    ).create_bucket(Bucket=bucket)
     kv = kv_of_fs(fs, bucket)
     kv.put_many({"a/0": ([b"01", b"23"], ANY), "a/empty": (b"", ANY)})
     fs.invalidate_cache()

@@ -89,9 +89,7 @@ def under() -> CountingAbstractStore:
 
 
 def make(under: AbstractStore, separator: str = "/", cps=(2, 3), shape=(10, 11), chunks=(2, 2), path="foo/bar"):
-    return ShardingStorageTransformer(
-        under, cps, array_path=path, separator=separator, shape=shape, chunk_shape=chunks
-    )
+    return ShardingStorageTransformer(under, cps, array_path=path, separator=separator, shape=shape, chunk_shape=chunks)
 
 
 def key(t: ShardingStorageTransformer, coords) -> str:

@@ -310,7 +310,12 @@ def test_over_a_dict_the_same_documents(tmp_path: Path) -> None:
     group.create_group("g").attrs["a"] = 1
     group.create_dataset("g/grid", data=np.ones((4, 4)), chunks=(2, 2))
     assert sorted(k for k in base if not k[0].isdigit() and "/0" not in k and "/1" not in k) == [
-        "g/grid/zarr.json", "g/zarr.json", "line/.zarray", "line/.zattrs", "line/zarr.json", "zarr.json",
+        "g/grid/zarr.json",
+        "g/zarr.json",
+        "line/.zarray",
+        "line/.zattrs",
+        "line/zarr.json",
+        "zarr.json",
     ]
     mirror = json.loads(base["line/zarr.json"])
     assert mirror["dimension_names"] == ["k"] and mirror["shape"] == [6] and mirror["attributes"] == {}
@@ -459,7 +464,9 @@ def test_over_a_dict_deleting_the_opaque_array_takes_the_blocks_along() -> None:
     store = ShardedStore(base, chunks_per_shard={"grid": (2, 2), "a/b/packed": (2,)})
     _opaque_hierarchy(store)
     assert [k for k in sorted(base) if k.endswith("zarr.json") and "consolidated_metadata" in json.loads(base[k])] == [
-        "a/b/zarr.json", "a/zarr.json", "zarr.json",
+        "a/b/zarr.json",
+        "a/zarr.json",
+        "zarr.json",
     ]
     assert sorted(json.loads(base["a/b/zarr.json"])["consolidated_metadata"]["metadata"]) == ["v"]
     chunks = sorted(k for k in store if k.startswith("a/b/packed/") and k[-1].isdigit())

@@ -240,4 +240,3 @@ def test_multiple_bytes_codecs_become_filters_then_compressor() -> None:
     gz = {"name": "gzip", "configuration": {"level": 2}}
     zarray = v2_view_of_v3(_doc([LE, gz, {"name": "crc32c"}])).documents[".zarray"]
     assert zarray["filters"] == [{"id": "gzip", "level": 2}] and zarray["compressor"] == {"id": "crc32c"}
-

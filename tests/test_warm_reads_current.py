@@ -35,9 +35,8 @@ from shardkv.storage.local import LocalStore
 pytestmark = pytest.mark.zarr2
 
 
-
 def chunk(data: np.ndarray, i: int) -> bytes:
-    return data[i * CHUNK:(i + 1) * CHUNK].tobytes()
+    return data[i * CHUNK : (i + 1) * CHUNK].tobytes()
 
 
 def warm(path: Path, data: np.ndarray) -> ShardedStore:
@@ -150,7 +149,7 @@ def test_warm_reads_of_many_shards_keep_no_descriptor_open(tmp_path: Path) -> No
     before = _open_fds()
     for _ in range(2):  # cold, then warm
         for i in range(shape[0] // CHUNK):
-            assert bytes(reader[f"b/{i}"]) == values[i * CHUNK:(i + 1) * CHUNK].tobytes()
+            assert bytes(reader[f"b/{i}"]) == values[i * CHUNK : (i + 1) * CHUNK].tobytes()
     assert _open_fds() == before
     reader.close()
     assert _open_fds() == before
@@ -186,8 +185,13 @@ def test_one_range_read_is_clipped_to_the_file(tmp_path: Path) -> None:
     kv = LocalStore(tmp_path)
     g = kv.put("k", bytes(range(100)))
     assert g is not None
-    for byte_range, want in [(ByteRange(90, 120), bytes(range(90, 100))), (ByteRange(100, 120), b""),
-                             (ByteRange(150, 160), b""), (ByteRange(5, 5), b""), (ByteRange(0, 3), b"\x00\x01\x02")]:
+    for byte_range, want in [
+        (ByteRange(90, 120), bytes(range(90, 100))),
+        (ByteRange(100, 120), b""),
+        (ByteRange(150, 160), b""),
+        (ByteRange(5, 5), b""),
+        (ByteRange(0, 3), b"\x00\x01\x02"),
+    ]:
         for cond in (ANY, g):
             result = kv.get("k", [byte_range], if_generation=cond)
             assert result.found and result.values == [want] and result.generation == g and result.size == 100

@@ -172,12 +172,6 @@ def writer(root: Path, journal: Path | None, acks: Path, first_seq: int, seconds
     write_and_ack(z, acks, first_seq, seconds, chunk_of, value_of)
 
 
-
-
-
-
-
-
 def test_sigkill_with_a_journal_loses_no_acknowledged_chunk(tmp_path: Path) -> None:
     root, journal, acks = tmp_path / "store", tmp_path / "wb.journal", tmp_path / "acks"
     create(root)

@@ -120,6 +120,7 @@ def _array_class(name: str, base: type, factory: Callable[[], ShardedStore], whe
 
 
 if os.environ.get("SHARDKV_ZARR2_BASELINE") == "1":  # the same classes on zarr's own stores, for the pass counts
+
     class TestOwnMemoryStore(zstorage.TestMemoryStore):
         pass
 

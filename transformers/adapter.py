@@ -176,8 +176,14 @@ class UnderlyingKV(KVStore):
         if isinstance(store, AdapterStore):  # the data's own location: its lock files, its stamps
             kv = store.kv
             self._location = kv.location
-            self.caps = Capabilities(ranged=True, round_trips=kv.caps.round_trips, stamps="process",
-                                     conditional_put=False, lock_dir=kv.caps.lock_dir, in_process=kv.caps.in_process)
+            self.caps = Capabilities(
+                ranged=True,
+                round_trips=kv.caps.round_trips,
+                stamps="process",
+                conditional_put=False,
+                lock_dir=kv.caps.lock_dir,
+                in_process=kv.caps.in_process,
+            )
             self._in_process = kv if kv.caps.in_process else None
 
     def __repr__(self) -> str:
@@ -200,7 +206,7 @@ class UnderlyingKV(KVStore):
             if ranges == [] and not cond.is_any and not cond.is_missing:
                 fetched[i] = ([], None)  # the stamp of a value read holds: still that value, no request needed
                 continue
-            for r in ([ByteRange(0)] if ranges is None else (ranges or [ByteRange(0, 0)])):
+            for r in [ByteRange(0)] if ranges is None else (ranges or [ByteRange(0, 0)]):
                 requests.append((key, r))
                 owners.append(i)
         per_read: dict[int, list[bytes | None]] = {}

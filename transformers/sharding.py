@@ -167,10 +167,15 @@ class ShardingStorageTransformer(AbstractStore):
         self._kv = UnderlyingKV(underlying)
         if concurrency is None:
             concurrency = "auto" if isinstance(underlying, AdapterStore) else "process"
-        self.engine = ShardEngine(self._kv, Options.from_keywords(
-            index_cache_bytes=index_cache_bytes, read_policy=read_policy, concurrency=concurrency,
-            lock_timeout=lock_timeout,
-        ))
+        self.engine = ShardEngine(
+            self._kv,
+            Options.from_keywords(
+                index_cache_bytes=index_cache_bytes,
+                read_policy=read_policy,
+                concurrency=concurrency,
+                lock_timeout=lock_timeout,
+            ),
+        )
 
     # -- configuration ------------------------------------------------------------
 
@@ -213,9 +218,8 @@ class ShardingStorageTransformer(AbstractStore):
         config = entry.get("configuration") or {}
         cps = config.get("chunks_per_shard")
         shape = list(array_metadata.get("shape", []))
-        if (
-            not isinstance(cps, (list, tuple))
-            or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in cps)
+        if not isinstance(cps, (list, tuple)) or any(
+            isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in cps
         ):
             raise ConfigurationError(
                 f"sharding transformer configuration needs chunks_per_shard, a list of ints >= 1; got {cps!r}",
@@ -432,8 +436,9 @@ class ShardingStorageTransformer(AbstractStore):
         positional write cannot be conditioned.
         """
         if self.engine.concurrency_mode == "conditional":
-            self.engine.writes.write({k: ShardChange(c.array, c.shard_coords, dict.fromkeys(c.chunks))
-                               for k, c in by_shard.items()})
+            self.engine.writes.write(
+                {k: ShardChange(c.array, c.shard_coords, dict.fromkeys(c.chunks)) for k, c in by_shard.items()}
+            )
             return
         layout = self.layout
         with self.engine.writes.hold({k: c.array for k, c in by_shard.items()}):

@@ -79,8 +79,13 @@ def _grid_coords(grid: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
     return itertools.product(*(range(n) for n in grid))
 
 
-def write_plain(root: str, grid: tuple[int, ...], chunk: tuple[int, ...], seed: int,
-                content: Callable[[tuple[int, ...]], bytes] | None = None) -> None:
+def write_plain(
+    root: str,
+    grid: tuple[int, ...],
+    chunk: tuple[int, ...],
+    seed: int,
+    content: Callable[[tuple[int, ...]], bytes] | None = None,
+) -> None:
     """A Zarr v2 uint8 array at ``root`` of ``grid`` chunks of shape ``chunk``, one file per chunk.
 
     ``content(coords)`` gives a chunk's bytes (default :func:`chunk_bytes`);
@@ -88,9 +93,17 @@ def write_plain(root: str, grid: tuple[int, ...], chunk: tuple[int, ...], seed: 
     """
     os.makedirs(root)
     nbytes = int(np.prod(chunk))
-    zarray = {"zarr_format": 2, "shape": [g * c for g, c in zip(grid, chunk, strict=True)], "chunks": list(chunk),
-              "dtype": "|u1", "compressor": None, "fill_value": 0, "filters": None, "order": "C",
-              "dimension_separator": "."}
+    zarray = {
+        "zarr_format": 2,
+        "shape": [g * c for g, c in zip(grid, chunk, strict=True)],
+        "chunks": list(chunk),
+        "dtype": "|u1",
+        "compressor": None,
+        "fill_value": 0,
+        "filters": None,
+        "order": "C",
+        "dimension_separator": ".",
+    }
     _write_file(os.path.join(root, ".zarray"), json.dumps(zarray).encode())
     content = content or (lambda coords: chunk_bytes(coords, nbytes, seed))
     for coords in _grid_coords(grid):
@@ -125,8 +138,14 @@ def sharded_metadata(grid: tuple[int, ...], chunk: tuple[int, ...], per_shard: t
     }
 
 
-def write_sharded(root: str, grid: tuple[int, ...], chunk: tuple[int, ...], per_shard: tuple[int, ...], seed: int,
-                  content: Callable[[tuple[int, ...]], bytes] | None = None) -> int:
+def write_sharded(
+    root: str,
+    grid: tuple[int, ...],
+    chunk: tuple[int, ...],
+    per_shard: tuple[int, ...],
+    seed: int,
+    content: Callable[[tuple[int, ...]], bytes] | None = None,
+) -> int:
     """The same array as :func:`write_plain`, sharded ``per_shard`` chunks a shard; the number of shards."""
     os.makedirs(root)
     nbytes = int(np.prod(chunk))

@@ -56,8 +56,17 @@ def write_source(root: str, grid: tuple[int, int], seed: int) -> None:
     """A Zarr v2 array at ``root`` of uint8 1 KiB chunks, one file each (seeded bytes)."""
     os.makedirs(root)
     shape = [grid[0] * CHUNK[0], grid[1] * CHUNK[1]]
-    zarray = {"zarr_format": 2, "shape": shape, "chunks": list(CHUNK), "dtype": "|u1", "compressor": None,
-              "fill_value": 0, "filters": None, "order": "C", "dimension_separator": "."}
+    zarray = {
+        "zarr_format": 2,
+        "shape": shape,
+        "chunks": list(CHUNK),
+        "dtype": "|u1",
+        "compressor": None,
+        "fill_value": 0,
+        "filters": None,
+        "order": "C",
+        "dimension_separator": ".",
+    }
     with open(os.path.join(root, ".zarray"), "w") as f:
         json.dump(zarray, f)
     rng = np.random.default_rng(seed)

@@ -63,7 +63,7 @@ def check(sharded: Any, plain: Any, n_chunks: int) -> None:
         raise RuntimeError(f"listings differ: {len(keys_s)} sharded keys, {len(keys_p)} plain, {n_chunks} chunks")
     zs, zp = zarr.open_array(store=sharded, mode="r"), zarr.open_array(store=plain, mode="r")
     for i, j in ((0, 0), (zs.shape[0] - 4, zs.shape[1] - 4), (zs.shape[0] // 2, 4)):
-        if not np.array_equal(zs[i:i + 4, j:j + 4], zp[i:i + 4, j:j + 4]):
+        if not np.array_equal(zs[i : i + 4, j : j + 4], zp[i : i + 4, j : j + 4]):
             raise RuntimeError(f"chunk at ({i}, {j}) differs between the sharded and the plain array")
 
 
@@ -101,9 +101,19 @@ def main() -> None:
                     samples[f"{side}_{op}_s"].append(time.perf_counter() - t0)
                 if counts["sharded"] != counts["plain"]:
                     raise RuntimeError(f"{op}: {counts['sharded']} through ShardedStore, {counts['plain']} plain")
-    emit(args, "list_scale", {"chunks": n_chunks, "shards": shards, "chunk_shape": CHUNK,
-                              "chunks_per_shard": PER_SHARD[0] * PER_SHARD[1], "fixture_s": fixture_s,
-                              "load_avg_1m": os.getloadavg()[0], "samples": samples})
+    emit(
+        args,
+        "list_scale",
+        {
+            "chunks": n_chunks,
+            "shards": shards,
+            "chunk_shape": CHUNK,
+            "chunks_per_shard": PER_SHARD[0] * PER_SHARD[1],
+            "fixture_s": fixture_s,
+            "load_avg_1m": os.getloadavg()[0],
+            "samples": samples,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -83,8 +83,11 @@ class Impl:
         self.s3 = args.backend == "s3"
 
     def s3_options(self) -> dict[str, Any]:
-        return {"key": ACCESS_KEY, "secret": SECRET_KEY,
-                "client_kwargs": {"endpoint_url": self.args.s3_endpoint, "region_name": REGION}}
+        return {
+            "key": ACCESS_KEY,
+            "secret": SECRET_KEY,
+            "client_kwargs": {"endpoint_url": self.args.s3_endpoint, "region_name": REGION},
+        }
 
     def read_chunk(self, i: int, j: int) -> Any:
         c = self.c
@@ -114,9 +117,15 @@ class Zarr2(Impl):
             from obstore.store import S3Store
 
             bucket, prefix = self.location[len("s3://") :].split("/", 1)
-            base = S3Store(bucket, prefix=prefix, endpoint=self.args.s3_endpoint, region=REGION,
-                           access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY,
-                           client_options={"allow_http": True})
+            base = S3Store(
+                bucket,
+                prefix=prefix,
+                endpoint=self.args.s3_endpoint,
+                region=REGION,
+                access_key_id=ACCESS_KEY,
+                secret_access_key=SECRET_KEY,
+                client_options={"allow_http": True},
+            )
             # one writer per benchmark; obstore stores offer no shardkv locks or CAS yet
             return ShardedStore(base, concurrency="process", **kwargs)
         if self.s3:
@@ -128,8 +137,15 @@ class Zarr2(Impl):
         from numcodecs import Zstd
 
         compressor = Zstd(level=1) if self.args.codec == "zstd" else None
-        self.arr = zarr.create(shape=self.shape, chunks=(self.c, self.c), dtype="float32", fill_value=0,
-                               compressor=compressor, store=self.store(True), path="arr")
+        self.arr = zarr.create(
+            shape=self.shape,
+            chunks=(self.c, self.c),
+            dtype="float32",
+            fill_value=0,
+            compressor=compressor,
+            store=self.store(True),
+            path="arr",
+        )
 
     def write(self, data: np.ndarray) -> None:
         self.arr[...] = data
@@ -163,8 +179,16 @@ class Zarr3(Impl):
             zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"})
         compressors = ZstdCodec(level=1) if self.args.codec == "zstd" else None
         side = self.c * CHUNKS_PER_SHARD
-        self.arr = zarr.create_array(store=self.store(False), name="arr", shape=self.shape, chunks=(self.c, self.c),
-                                     shards=(side, side), dtype="float32", compressors=compressors, fill_value=0)
+        self.arr = zarr.create_array(
+            store=self.store(False),
+            name="arr",
+            shape=self.shape,
+            chunks=(self.c, self.c),
+            shards=(side, side),
+            dtype="float32",
+            compressors=compressors,
+            fill_value=0,
+        )
 
     def write(self, data: np.ndarray) -> None:
         self.arr[...] = data
@@ -184,9 +208,14 @@ class TensorStore(Impl):
     def spec(self, create: bool) -> dict[str, Any]:
         if self.s3:
             bucket, prefix = self.location[len("s3://") :].split("/", 1)
-            kvstore: dict[str, Any] = {"driver": "s3", "bucket": bucket, "path": f"{prefix}/arr/",
-                                       "endpoint": self.args.s3_endpoint, "aws_region": REGION,
-                                       "aws_credentials": {"type": "environment"}}
+            kvstore: dict[str, Any] = {
+                "driver": "s3",
+                "bucket": bucket,
+                "path": f"{prefix}/arr/",
+                "endpoint": self.args.s3_endpoint,
+                "aws_region": REGION,
+                "aws_credentials": {"type": "environment"},
+            }
         else:
             kvstore = {"driver": "file", "path": os.path.join(self.location, "arr") + "/"}
         spec: dict[str, Any] = {"driver": "zarr3", "kvstore": kvstore}
@@ -196,11 +225,24 @@ class TensorStore(Impl):
                 inner.append({"name": "zstd", "configuration": {"level": 1, "checksum": False}})
             side = self.c * CHUNKS_PER_SHARD
             spec["metadata"] = {
-                "shape": list(self.shape), "data_type": "float32", "fill_value": 0,
+                "shape": list(self.shape),
+                "data_type": "float32",
+                "fill_value": 0,
                 "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [side, side]}},
-                "codecs": [{"name": "sharding_indexed", "configuration": {
-                    "chunk_shape": [self.c, self.c], "codecs": inner, "index_location": "end",
-                    "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]}}],
+                "codecs": [
+                    {
+                        "name": "sharding_indexed",
+                        "configuration": {
+                            "chunk_shape": [self.c, self.c],
+                            "codecs": inner,
+                            "index_location": "end",
+                            "index_codecs": [
+                                {"name": "bytes", "configuration": {"endian": "little"}},
+                                {"name": "crc32c"},
+                            ],
+                        },
+                    }
+                ],
             }
         return spec
 
@@ -253,8 +295,9 @@ def new_bucket(endpoint: str) -> str:
     import boto3
 
     name = f"bench-{uuid.uuid4().hex[:16]}"
-    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=ACCESS_KEY,
-                          aws_secret_access_key=SECRET_KEY, region_name=REGION)
+    client = boto3.client(
+        "s3", endpoint_url=endpoint, aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY, region_name=REGION
+    )
     client.create_bucket(Bucket=name)
     return name
 
@@ -335,9 +378,16 @@ def main() -> None:
         run_sample(warm_args, os.path.join(tmp, "warm.zarr"), (warm_side, warm_side), 2)
     with TempDir() as tmp:
         sample = run_sample(args, location_in(tmp), shape, reads)
-    result = {"shape": shape, "array_bytes": int(np.prod(shape)) * 4, "reads": reads,
-              "layout": args.layout, "codec": args.codec, "backend": args.backend,
-              "samples": {k: [v] for k, v in sample.items()}, "peer_versions": peer_versions()}
+    result = {
+        "shape": shape,
+        "array_bytes": int(np.prod(shape)) * 4,
+        "reads": reads,
+        "layout": args.layout,
+        "codec": args.codec,
+        "backend": args.backend,
+        "samples": {k: [v] for k, v in sample.items()},
+        "peer_versions": peer_versions(),
+    }
     emit(args, "peers", result)
 
 

@@ -61,7 +61,7 @@ def main() -> None:
         for what in ("write_s", "read_s", "write_cpu_s", "read_cpu_s")
     }
     for rep in range(args.repeat):
-        for sharded in ((False, True) if rep % 2 == 0 else (True, False)):
+        for sharded in (False, True) if rep % 2 == 0 else (True, False):
             name = "sharded" if sharded else "plain"
             for what, value in _round(data, sharded).items():
                 samples[f"{name}_{what}"].append(value)

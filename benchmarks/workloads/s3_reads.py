@@ -53,10 +53,16 @@ from _fixtures import chunk_bytes, write_sharded
 from s3_server import ACCESS_KEY, REGION, SECRET_KEY
 
 LAYOUTS: dict[str, dict[str, Any]] = {
-    "1024": {"chunk": (16, 16), "per_shard": (32, 32),
-             "grid": {"smoke": (4, 40), "tiny": (32, 32), "small": (64, 64), "full": (64, 64)}},
-    "32768": {"chunk": (4, 8, 8), "per_shard": (32, 32, 32),
-              "grid": {"smoke": (1, 2, 40), "tiny": (2, 8, 32), "small": (32, 32, 32), "full": (32, 32, 32)}},
+    "1024": {
+        "chunk": (16, 16),
+        "per_shard": (32, 32),
+        "grid": {"smoke": (4, 40), "tiny": (32, 32), "small": (64, 64), "full": (64, 64)},
+    },
+    "32768": {
+        "chunk": (4, 8, 8),
+        "per_shard": (32, 32, 32),
+        "grid": {"smoke": (1, 2, 40), "tiny": (2, 8, 32), "small": (32, 32, 32), "full": (32, 32, 32)},
+    },
 }
 # smoke: the test suite's check that the workload runs (two shards per layout, the second partial)
 READS = {"smoke": 3, "tiny": 10, "small": 100, "full": 200}
@@ -78,8 +84,14 @@ class CountingApp:
         query = environ.get("QUERY_STRING", "")
         if method == "GET" and ("list-type" in query or "prefix=" in query or "delimiter=" in query):
             method = "LIST"
-        record = {"method": method, "path": environ.get("PATH_INFO", ""), "range": environ.get("HTTP_RANGE"),
-                  "if_match": environ.get("HTTP_IF_MATCH"), "status": 0, "bytes": 0}
+        record = {
+            "method": method,
+            "path": environ.get("PATH_INFO", ""),
+            "range": environ.get("HTTP_RANGE"),
+            "if_match": environ.get("HTTP_IF_MATCH"),
+            "status": 0,
+            "bytes": 0,
+        }
         with self.lock:
             self.active += 1
 
@@ -131,23 +143,29 @@ def start_server() -> tuple[Any, CountingApp, str]:
 def summary(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     records = list(records)
     by_method = Counter(r["method"] for r in records)
-    return {"requests": len(records), "bytes": sum(r["bytes"] for r in records),
-            "conditional": sum(1 for r in records if r["if_match"]),
-            "ranged": sum(1 for r in records if r["range"]),
-            "status_412": sum(1 for r in records if r["status"] == 412),
-            "by_method": dict(sorted(by_method.items())),
-            # the first requests one by one (all of a cold read): method, object, Range, If-Match?, status, bytes
-            "first_requests": [f"{r['method']} {r['path'].rsplit('/', 1)[-1]} {r['range'] or '-'}"
-                               f"{' if-match' if r['if_match'] else ''} {r['status']} {r['bytes']}B"
-                               for r in records[:8]]}
+    return {
+        "requests": len(records),
+        "bytes": sum(r["bytes"] for r in records),
+        "conditional": sum(1 for r in records if r["if_match"]),
+        "ranged": sum(1 for r in records if r["range"]),
+        "status_412": sum(1 for r in records if r["status"] == 412),
+        "by_method": dict(sorted(by_method.items())),
+        # the first requests one by one (all of a cold read): method, object, Range, If-Match?, status, bytes
+        "first_requests": [
+            f"{r['method']} {r['path'].rsplit('/', 1)[-1]} {r['range'] or '-'}"
+            f"{' if-match' if r['if_match'] else ''} {r['status']} {r['bytes']}B"
+            for r in records[:8]
+        ],
+    }
 
 
 def upload(endpoint: str, root: str) -> str:
     """Every file under ``root`` as one object of a new bucket, keys ``data/<relative path>``; the bucket."""
     import boto3
 
-    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=ACCESS_KEY,
-                          aws_secret_access_key=SECRET_KEY, region_name=REGION)
+    client = boto3.client(
+        "s3", endpoint_url=endpoint, aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY, region_name=REGION
+    )
     bucket = f"bench-{uuid.uuid4().hex[:12]}"
     client.create_bucket(Bucket=bucket)
     for name in sorted(os.listdir(root)):
@@ -175,8 +193,15 @@ def shardkv_store(impl: str, endpoint: str, bucket: str) -> Any:
     if impl == "shardkv-obstore":
         from obstore.store import S3Store
 
-        base = S3Store(bucket, prefix="data", endpoint=endpoint, region=REGION, access_key_id=ACCESS_KEY,
-                       secret_access_key=SECRET_KEY, client_options={"allow_http": True})
+        base = S3Store(
+            bucket,
+            prefix="data",
+            endpoint=endpoint,
+            region=REGION,
+            access_key_id=ACCESS_KEY,
+            secret_access_key=SECRET_KEY,
+            client_options={"allow_http": True},
+        )
         return ShardedStore(base, **kwargs)
     options = {
         "key": ACCESS_KEY,
@@ -186,8 +211,15 @@ def shardkv_store(impl: str, endpoint: str, bucket: str) -> Any:
     return ShardedStore(f"s3://{bucket}/data", storage_options=options, **kwargs)
 
 
-def measure_shardkv(impl: str, app: CountingApp, endpoint: str, bucket: str, layout: dict[str, Any],
-                    coords: list[tuple[int, ...]], seed: int) -> dict[str, Any]:
+def measure_shardkv(
+    impl: str,
+    app: CountingApp,
+    endpoint: str,
+    bucket: str,
+    layout: dict[str, Any],
+    coords: list[tuple[int, ...]],
+    seed: int,
+) -> dict[str, Any]:
     import zarr
 
     chunk = layout["chunk"]
@@ -234,13 +266,33 @@ _TENSORSTORE = textwrap.dedent(
 )
 
 
-def measure_tensorstore(python: str, app: CountingApp, endpoint: str, bucket: str, layout: dict[str, Any],
-                        coords: list[tuple[int, ...]], seed: int, timeout: float = 300.0) -> dict[str, Any]:
-    cfg = {"key": ACCESS_KEY, "secret": SECRET_KEY, "bucket": bucket, "endpoint": endpoint, "region": REGION,
-           "chunk": list(layout["chunk"]), "coords": [list(c) for c in coords]}
+def measure_tensorstore(
+    python: str,
+    app: CountingApp,
+    endpoint: str,
+    bucket: str,
+    layout: dict[str, Any],
+    coords: list[tuple[int, ...]],
+    seed: int,
+    timeout: float = 300.0,
+) -> dict[str, Any]:
+    cfg = {
+        "key": ACCESS_KEY,
+        "secret": SECRET_KEY,
+        "bucket": bucket,
+        "endpoint": endpoint,
+        "region": REGION,
+        "chunk": list(layout["chunk"]),
+        "coords": [list(c) for c in coords],
+    }
     app.take()
-    proc = subprocess.Popen([python, "-c", _TENSORSTORE, json.dumps(cfg)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [python, "-c", _TENSORSTORE, json.dumps(cfg)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     out: dict[str, Any] = {}
     if proc.stdout is None or proc.stdin is None:
         raise RuntimeError("tensorstore child: no pipes")
@@ -297,8 +349,9 @@ def main() -> None:
                         if not args.tensorstore_python or not os.path.exists(args.tensorstore_python):
                             results[key] = {"unavailable": "no interpreter with tensorstore"}
                             continue
-                        results[key] = measure_tensorstore(args.tensorstore_python, app, endpoint, bucket, layout,
-                                                           coords, args.seed)
+                        results[key] = measure_tensorstore(
+                            args.tensorstore_python, app, endpoint, bucket, layout, coords, args.seed
+                        )
                     else:
                         results[key] = measure_shardkv(impl, app, endpoint, bucket, layout, coords, args.seed)
                     results[key]["reads"] = len(coords) - 1
@@ -314,8 +367,17 @@ def main() -> None:
         samples[f"{key}/warm_requests_per_read"] = [r["warm"]["requests"] / r["reads"]]
         samples[f"{key}/cold_requests"] = [r["cold"]["requests"]]
         samples[f"{key}/cold_get"] = [r["cold"]["by_method"].get("GET", 0)]
-    emit(args, "s3_reads", {"chunk_bytes": CHUNK_BYTES, "reads": READS[args.size], "results": results,
-                            "samples": samples, "features": shardkv_features()["params"]})
+    emit(
+        args,
+        "s3_reads",
+        {
+            "chunk_bytes": CHUNK_BYTES,
+            "reads": READS[args.size],
+            "results": results,
+            "samples": samples,
+            "features": shardkv_features()["params"],
+        },
+    )
 
 
 if __name__ == "__main__":

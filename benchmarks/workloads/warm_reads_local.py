@@ -29,10 +29,10 @@ def _cpu_s() -> float:
 
 def _timed_reads(z: Any, corners: list[tuple[int, int]]) -> tuple[float, float]:
     for i, j in corners:  # warm: index cache, page cache
-        z[i:i + CHUNKS[0], j:j + CHUNKS[1]]
+        z[i : i + CHUNKS[0], j : j + CHUNKS[1]]
     t0, c0 = time.perf_counter(), _cpu_s()
     for i, j in corners:
-        z[i:i + CHUNKS[0], j:j + CHUNKS[1]]
+        z[i : i + CHUNKS[0], j : j + CHUNKS[1]]
     return (time.perf_counter() - t0) / len(corners), (_cpu_s() - c0) / len(corners)
 
 
@@ -46,8 +46,9 @@ def main() -> None:
     nreads = SIZES[args.size]["p3_reads"]
     data = make_data(shape, args.seed)
     grid = (shape[0] // CHUNKS[0], shape[1] // CHUNKS[1])
-    samples: dict[str, list[float]] = {k: [] for k in ("sharded_s", "plain_s", "sharded_cpu_s", "plain_cpu_s",
-                                                        "ratio_wall", "ratio_cpu")}
+    samples: dict[str, list[float]] = {
+        k: [] for k in ("sharded_s", "plain_s", "sharded_cpu_s", "plain_cpu_s", "ratio_wall", "ratio_cpu")
+    }
     with TempDir() as tmp:
         sharded_root, plain_root = os.path.join(tmp, "sharded"), os.path.join(tmp, "plain")
         store = ShardedStore(sharded_root, chunks_per_shard=CHUNKS_PER_SHARD)

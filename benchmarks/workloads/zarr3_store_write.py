@@ -52,8 +52,15 @@ def _run(root: str, data: np.ndarray) -> dict[str, Any]:
     from shardkv.zarr3 import ShardedStore
 
     store = ShardedStore(root, chunks_per_shard=CHUNKS_PER_SHARD)
-    z = zarr.create_array(store, name="arr", shape=data.shape, chunks=CHUNKS, dtype=data.dtype,
-                          compressors=ZstdCodec(level=0), fill_value=0)
+    z = zarr.create_array(
+        store,
+        name="arr",
+        shape=data.shape,
+        chunks=CHUNKS,
+        dtype=data.dtype,
+        compressors=ZstdCodec(level=0),
+        fill_value=0,
+    )
     engine = store._engine.engine  # the store keeps its engine private; its counters and store are what we count
     stats, kv, puts = engine.stats, engine.kv, []
     put_many = kv.put_many

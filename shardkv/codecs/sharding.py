@@ -379,7 +379,6 @@ class ShardingCodec:
         return _drop_axes(out, drop)
 
 
-
 def _all_equal_bytes(chunk: np.ndarray, fill_row: np.ndarray) -> bool:
     """True when every element of ``chunk`` has exactly the bytes in ``fill_row``."""
     items = np.ascontiguousarray(chunk).view(np.uint8).reshape(-1, fill_row.size)

@@ -123,11 +123,11 @@ class _Scan:
     torn_tail_nbytes: int
 
 
-
 def _journal_locked(
     path: str, reason: str = "it is open in another process (one writer per journal)"
 ) -> LockTimeoutError:
     return LockTimeoutError(f"journal {path!r}", 0.0, reason, path=path)
+
 
 class Journal:
     """An append-only, fsync'd log of chunk writes in one local file (see the module docstring).

@@ -73,8 +73,17 @@ from shardkv.storage.kv import LOCK_DIR, KVStore
 from shardkv.storage.location import StoreLocation
 
 __all__ = [
-    "ShardLocks", "LOCK_DIR", "stripe_of", "DEFAULT_THREAD_STRIPES", "DEFAULT_FILE_STRIPES",
-    "Concurrency", "Mode", "CONCURRENCY_MODES", "resolve_mode", "lock_prefix", "holds_shard_locks",
+    "ShardLocks",
+    "LOCK_DIR",
+    "stripe_of",
+    "DEFAULT_THREAD_STRIPES",
+    "DEFAULT_FILE_STRIPES",
+    "Concurrency",
+    "Mode",
+    "CONCURRENCY_MODES",
+    "resolve_mode",
+    "lock_prefix",
+    "holds_shard_locks",
 ]
 
 Concurrency = Literal["auto", "files", "conditional", "process", "none"]
@@ -449,8 +458,12 @@ class ShardLocks:
 
     def __reduce__(self) -> tuple[Any, ...]:
         # locks are never pickled: the new process finds them by location (and resolves directories again)
-        options = {"mode": self.mode, "thread_stripes": self.thread_stripes,
-                   "file_stripes": self.file_stripes, "timeout": self.timeout}
+        options = {
+            "mode": self.mode,
+            "thread_stripes": self.thread_stripes,
+            "file_stripes": self.file_stripes,
+            "timeout": self.timeout,
+        }
         return (_rebuild, (self.location, options))
 
     @classmethod

@@ -37,7 +37,6 @@ __all__ = [
 ]
 
 
-
 def apply_partial_writes(key: str, old: BytesLike | None, writes: Sequence[tuple[int, BytesLike]]) -> bytes:
     """Apply ``(start, value)`` writes, in order, to the old value of ``key``.
 

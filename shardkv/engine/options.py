@@ -153,9 +153,7 @@ class Options:
         return cls(ChunksPerShardRule.parse(chunks_per_shard), **given)
 
     @classmethod
-    def of(
-        cls, options: Options | None, chunks_per_shard: ChunksPerShardOption, keywords: OptionKeywords
-    ) -> Options:
+    def of(cls, options: Options | None, chunks_per_shard: ChunksPerShardOption, keywords: OptionKeywords) -> Options:
         """A facade's options: ``options=`` as given, or else built from its keywords (not both).
 
         Raises

@@ -97,7 +97,10 @@ def _slicer(value: BytesLike) -> Callable[[int, int], BytesLike]:
 
 
 def _serve_from_whole(
-    requests: Sequence[tuple[ChunkRef, ByteRange]], positions: list[int], blob: BytesLike, index: ShardIndex,
+    requests: Sequence[tuple[ChunkRef, ByteRange]],
+    positions: list[int],
+    blob: BytesLike,
+    index: ShardIndex,
     out: list[BytesLike | None],
 ) -> None:
     """Fill ``out`` at ``positions`` from a whole shard read together with its index."""
@@ -137,8 +140,13 @@ def _decode(arr: ShardedArray, shard_key: str, result: ReadResult, whole: bool) 
 
 
 def _serve_ranges(
-    shard_key: str, arr: ShardedArray, wanted: list[tuple[int, int, int]], coalesced: list[CoalescedRead],
-    guard: int, result: ReadResult, out: list[BytesLike | None],
+    shard_key: str,
+    arr: ShardedArray,
+    wanted: list[tuple[int, int, int]],
+    coalesced: list[CoalescedRead],
+    guard: int,
+    result: ReadResult,
+    out: list[BytesLike | None],
 ) -> None:
     """Slice the chunk bytes of one shard's ranged read into ``out``, refusing bytes the shard does not hold."""
     layout = arr.layout
@@ -284,7 +292,7 @@ class ShardReader:
                 ]
                 answers = kv.get_many(reads + extra)
                 if extra:
-                    out += _relayed_values(answers[len(need):])
+                    out += _relayed_values(answers[len(need) :])
                     extra = []
                 for k, result in zip(need, answers, strict=False):  # answers: need's, then extra's
                     if result.state == "stale":  # changed while it was read: read again next round
@@ -324,8 +332,10 @@ class ShardReader:
                     continue
                 guard = layout.index_nbytes if layout.index_location == "end" and size is None else 0
                 coalesced = plan_reads([ByteRange(a, b) for _, a, b in wanted], index.used_nbytes(), policy)
-                ranges = [c.range if c.range.stop is None else ByteRange(c.range.start, c.range.stop + guard)
-                          for c in coalesced]
+                ranges = [
+                    c.range if c.range.stop is None else ByteRange(c.range.start, c.range.stop + guard)
+                    for c in coalesced
+                ]
                 chunk_reads.append((k, ranges, generation))
                 plans.append((k, wanted, coalesced, guard))
             stale = changed
@@ -389,9 +399,7 @@ class ShardReader:
             For a damaged index; any error of the store.
         """
         indexes = self.read_indexes({ref.shard_key: ref.array for ref in refs})
-        return [
-            ref.shard_key in indexes and indexes[ref.shard_key].get(ref.local_coords) is not None for ref in refs
-        ]
+        return [ref.shard_key in indexes and indexes[ref.shard_key].get(ref.local_coords) is not None for ref in refs]
 
     def read_indexes(
         self, shards: Mapping[str, ShardedArray], generations: Mapping[str, Generation] | None = None

@@ -21,6 +21,7 @@ READ_ATTEMPTS = 8
 WRITE_ATTEMPTS = 16
 """Rounds of one conditional shard write that keeps losing its race, at most."""
 
+
 @dataclass(frozen=True)
 class Backoff:
     """Waits between attempts: a uniformly random part of ``initial * factor**n`` seconds, at most ``maximum``.

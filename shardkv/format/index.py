@@ -157,9 +157,7 @@ class ShardIndex:
         half = off_empty ^ nb_empty
         if half.any():
             where = tuple(int(c) for c in np.argwhere(half)[0])
-            raise CorruptShardError(
-                shard_key, f"index entry {where} has only one of offset/nbytes set to 2**64-1"
-            )
+            raise CorruptShardError(shard_key, f"index entry {where} has only one of offset/nbytes set to 2**64-1")
         present = ~off_empty
         if not present.any():
             return

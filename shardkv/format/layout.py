@@ -225,9 +225,7 @@ class ShardLayout:
             raw += crc32c_of(raw).to_bytes(4, "little")
         return raw
 
-    def decode_index(
-        self, data: BytesLike, shard_key: str, shard_nbytes: int | None = None
-    ) -> ShardIndex:
+    def decode_index(self, data: BytesLike, shard_key: str, shard_nbytes: int | None = None) -> ShardIndex:
         """Decode and validate an encoded index.
 
         Parameters
@@ -286,9 +284,7 @@ class ShardLayout:
         shard = memoryview(shard).cast("B")
         n = self.index_nbytes
         if len(shard) < n:
-            raise CorruptShardError(
-                shard_key, f"shard of {len(shard)} bytes is shorter than its {n}-byte index"
-            )
+            raise CorruptShardError(shard_key, f"shard of {len(shard)} bytes is shorter than its {n}-byte index")
         raw = shard[:n] if self.index_location == "start" else shard[len(shard) - n :]
         return self.decode_index(raw, shard_key, len(shard))
 

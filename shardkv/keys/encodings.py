@@ -253,4 +253,3 @@ def validate_key(key: object) -> str:
         if set(segment) == {"."}:
             raise InvalidKeyError(key, f"path segment {segment!r} (only periods) is not allowed")
     return key
-

@@ -179,4 +179,3 @@ def unreadable_documents(docs: Mapping[str, bytes | bytearray | memoryview | Non
         except MetadataError as exc:
             found[key] = str(exc).removeprefix(f"metadata document {key!r}: ")
     return found
-

@@ -171,8 +171,10 @@ def plan_sharded_array(
     """
     if not path.strip("/"):
         raise ConfigurationError("the root of a hierarchy is a group; a sharded array needs a path", path)
-    own = MetadataPlan({join_path(path, ZARR_JSON): array_document(zarray, zattrs, layout)},
-                       frozenset({join_path(path, ".zarray"), join_path(path, ".zattrs")}))
+    own = MetadataPlan(
+        {join_path(path, ZARR_JSON): array_document(zarray, zattrs, layout)},
+        frozenset({join_path(path, ".zarray"), join_path(path, ".zattrs")}),
+    )
     return plan_v3_groups({g: groups.get(g) for g in group_paths(path)}).merged(own)
 
 

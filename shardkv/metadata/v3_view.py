@@ -80,7 +80,10 @@ bytes -> bytes codec was a v2 filter, or a Blosc configuration with ``shuffle: -
 
 
 def sharding_codec(
-    chunk_shape: Sequence[int], codecs: list[dict[str, Any]], index_location: str, index_checksum: bool,
+    chunk_shape: Sequence[int],
+    codecs: list[dict[str, Any]],
+    index_location: str,
+    index_checksum: bool,
     index_endian: str = "little",
 ) -> dict[str, Any]:
     """The v1.0 ``sharding_indexed`` codec object: index codecs ``bytes`` (then ``crc32c`` with ``index_checksum``)."""
@@ -317,7 +320,5 @@ def sharding_spec_from_v3(metadata: Mapping[str, Any], path: str | None = None) 
         shape=tuple(int(s) for s in metadata["shape"]),
         chunks=inner,
         layout=layout,
-        shard_key_encoding=chunk_key_encoding_from_metadata(
-            metadata.get("chunk_key_encoding") or {"name": "default"}
-        ),
+        shard_key_encoding=chunk_key_encoding_from_metadata(metadata.get("chunk_key_encoding") or {"name": "default"}),
     )

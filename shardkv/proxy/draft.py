@@ -345,7 +345,7 @@ class DraftShardedStore(ProxyBase):
         moves = {}
         for root in (META_ROOT, DATA_ROOT):
             for key in self._api.list_prefix(f"{root}{src}/"):
-                moves[key] = f"{root}{dst}/{key[len(root) + len(src) + 1:]}"
+                moves[key] = f"{root}{dst}/{key[len(root) + len(src) + 1 :]}"
         for kind in (".array", ".group"):
             key = f"{META_ROOT}{src}{kind}{sfx}"
             if self._api.contains(key):
@@ -387,7 +387,6 @@ class DraftShardedStore(ProxyBase):
         """Close the base store if it has a ``close``."""
         if isinstance(self._api, AdapterStore):
             self._api.close()
-
 
     # -- introspection ---------------------------------------------------------------------------------
 

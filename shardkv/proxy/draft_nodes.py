@@ -214,10 +214,9 @@ class DraftNodes:
         if old is not None and old.sharded:
             old.top()
             old_grid = old.stored.get("chunk_grid") or {}
-            if (
-                list(grid.get("chunk_shape", [])) != list(old_grid.get("chunk_shape", []))
-                or grid.get("separator") != old_grid.get("separator")
-            ):
+            if list(grid.get("chunk_shape", [])) != list(old_grid.get("chunk_shape", [])) or grid.get(
+                "separator"
+            ) != old_grid.get("separator"):
                 raise ConfigurationError(
                     f"cannot change the chunk grid of a sharded array from {old_grid} to {grid}; "
                     "delete the array first",

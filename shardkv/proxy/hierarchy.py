@@ -35,7 +35,6 @@ from shardkv.storage.mapping import MappingStore
 __all__ = ["Hierarchy"]
 
 
-
 class Hierarchy:
     """Applies the rules above to the base store ``kv`` (a no-op where they do not hold).
 

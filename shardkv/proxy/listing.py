@@ -30,7 +30,12 @@ from shardkv.proxy.nodes import NodeTable
 from shardkv.storage.kv import Generation, KVStore
 
 __all__ = [
-    "base_listing", "split_shards", "logical_keys", "count_logical_keys", "child_names", "ListedKeys",
+    "base_listing",
+    "split_shards",
+    "logical_keys",
+    "count_logical_keys",
+    "child_names",
+    "ListedKeys",
 ]
 
 
@@ -50,9 +55,7 @@ def base_listing(kv: KVStore, engine: ShardEngine, prefix: str) -> Listed:
     return kv.list_generations(prefix, engine.cache.__contains__)
 
 
-def split_shards(
-    nodes: NodeTable, listed: Listed
-) -> tuple[list[str], dict[str, ShardedArray], dict[str, Generation]]:
+def split_shards(nodes: NodeTable, listed: Listed) -> tuple[list[str], dict[str, ShardedArray], dict[str, Generation]]:
     """A base store listing as ``(plain keys, {shard key: its array}, {shard key: its listed generation})``."""
     plain: list[str] = []
     shards: dict[str, ShardedArray] = {}

@@ -748,8 +748,10 @@ class MetadataWriter:
         self._writer.flush(path)
         new = old.with_shape(zarray["shape"])
         self._apply(plan_zarray_update(path, node.doc or {}, zarray), {path: new})
-        if new.shape is not None and old.shape is not None and any(
-            n < o for n, o in zip(new.shape, old.shape, strict=False)
+        if (
+            new.shape is not None
+            and old.shape is not None
+            and any(n < o for n, o in zip(new.shape, old.shape, strict=False))
         ):
             self._trim(old, new)
 

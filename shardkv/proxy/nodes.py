@@ -40,8 +40,15 @@ from shardkv.metadata.v2_deletes import deleted_documents
 from shardkv.metadata.v3_view import sharding_spec_from_v3, v2_dimension_separator
 
 __all__ = [
-    "Node", "NodeTable", "ReadValues", "META_NAMES", "PRESENTED", "build_node",
-    "present_stored_zmetadata", "sharded_array_of", "with_deletes_applied",
+    "Node",
+    "NodeTable",
+    "ReadValues",
+    "META_NAMES",
+    "PRESENTED",
+    "build_node",
+    "present_stored_zmetadata",
+    "sharded_array_of",
+    "with_deletes_applied",
 ]
 
 ReadValues = Callable[[Sequence[str]], Mapping[str, Any]]
@@ -115,8 +122,10 @@ class Node:
 
         Only an array's ``.zattrs`` may be stored beside its ``zarr.json`` (the older layout).
         """
-        return bool(self.documents) and name not in self.documents and not (
-            name == ".zattrs" and ".zarray" in self.documents
+        return (
+            bool(self.documents)
+            and name not in self.documents
+            and not (name == ".zattrs" and ".zarray" in self.documents)
         )
 
 

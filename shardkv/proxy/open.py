@@ -124,4 +124,3 @@ def open_store(
     if root is not None:
         proxy._nodes.prime("", root)  # the root zarr.json just read is not read again
     return proxy
-

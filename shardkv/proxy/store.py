@@ -61,7 +61,6 @@ ROUTE_MEMO_LIMIT = 16_384
 """Keys whose route one store remembers (a few MiB) before its memo starts over (see ``ShardedStore._route``)."""
 
 
-
 class _Unrouted(enum.Enum):
     """The memo's answer for a key it does not hold (an enum member, so that the type checker can narrow it)."""
 

@@ -40,8 +40,15 @@ from shardkv.storage.stamps import STAMPS, Fetched, read_stamped, write_stamped
 
 __all__ = ["FsspecStore", "MEMORY_CAPS", "BUCKET_PROTOCOLS"]
 
-MEMORY_CAPS = Capabilities(ranged=True, round_trips=False, stamps="native", conditional_put=False,
-                           conditional_delete=False, lock_dir=False, in_process=True)
+MEMORY_CAPS = Capabilities(
+    ranged=True,
+    round_trips=False,
+    stamps="native",
+    conditional_put=False,
+    conditional_delete=False,
+    lock_dir=False,
+    in_process=True,
+)
 """``memory://``: ranged, generations from the stored objects, data only in this process."""
 
 _SERIALS = itertools.count(1)
@@ -104,8 +111,13 @@ class FsspecStore(KVStore):
             self.caps = MEMORY_CAPS
         else:
             in_memory = self._location.namespace == ("memory",)  # a DirFileSystem over memory://, say
-            self.caps = Capabilities(ranged=True, round_trips=not (self._local or in_memory), stamps="process",
-                                     lock_dir=self._location.local_dir is not None, in_process=in_memory)
+            self.caps = Capabilities(
+                ranged=True,
+                round_trips=not (self._local or in_memory),
+                stamps="process",
+                lock_dir=self._location.local_dir is not None,
+                in_process=in_memory,
+            )
 
     @property
     def location(self) -> StoreLocation:
@@ -156,7 +168,7 @@ class FsspecStore(KVStore):
             elif ranges == [] or (not cond.is_any and not cond.is_missing):
                 results[i] = MISSING_RESULT
                 continue
-            for r in ([None] if ranges is None else ranges):
+            for r in [None] if ranges is None else ranges:
                 requests.append((i, key, None if r is None else r.start, None if r is None else r.stop))
         per_read = self._cat(requests)
         for i, (key, _, _) in enumerate(reads):
@@ -165,8 +177,11 @@ class FsspecStore(KVStore):
             stored = looked[i]
             got = per_read.get(i, [])
             if stored is None or _not_found(got):
-                results[i] = MISSING_RESULT if self.fs.store.get(self._path(key)) is None else ReadResult(
-                    "stale", None, self._memory_generation(key))
+                results[i] = (
+                    MISSING_RESULT
+                    if self.fs.store.get(self._path(key)) is None
+                    else ReadResult("stale", None, self._memory_generation(key))
+                )
                 continue
             if self.fs.store.get(self._path(key)) is not stored:  # replaced meanwhile
                 results[i] = ReadResult("stale", None, self._memory_generation(key))
@@ -179,7 +194,7 @@ class FsspecStore(KVStore):
         for i in indices:
             key, ranges, _ = reads[i]
             # a whole read is the range "from byte 0"; a zero-range read fetches one byte to see the key
-            for r in (ranges if ranges else [None]):
+            for r in ranges if ranges else [None]:
                 stop = (1 if ranges == [] else None) if r is None else r.stop
                 requests.append((i, key, None if r is None else r.start, stop))
         fetched: dict[int, Fetched] = {}
@@ -210,8 +225,10 @@ class FsspecStore(KVStore):
     def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
         out = write_stamped(self._location, writes, self._holds, self._write_local if self._local else self._write_fs)
         if self._memory:  # memory:// values carry generations of their own
-            return {k: self._memory_generation(k) if g is not None and writes[k][0] is not None else g
-                    for k, g in out.items()}
+            return {
+                k: self._memory_generation(k) if g is not None and writes[k][0] is not None else g
+                for k, g in out.items()
+            }
         return out
 
     def _write_fs(self, values: Mapping[str, Value | None]) -> None:
@@ -250,7 +267,7 @@ class FsspecStore(KVStore):
 
     def _key(self, path: str) -> str:
         path = self.fs._strip_protocol(path)
-        return path[len(self.root):].lstrip("/") if self.root else path.lstrip("/")
+        return path[len(self.root) :].lstrip("/") if self.root else path.lstrip("/")
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
         head = prefix.rpartition("/")[0]

@@ -28,8 +28,19 @@ from shardkv.storage.buffers import Value
 from shardkv.storage.location import StoreLocation
 
 __all__ = [
-    "Generation", "ANY", "NO_VALUE", "ReadResult", "ReadState", "Capabilities", "KVStore",
-    "ReadRequest", "MISSING_RESULT", "TEMP_MARKER", "LOCK_DIR", "hidden", "check_not_reserved",
+    "Generation",
+    "ANY",
+    "NO_VALUE",
+    "ReadResult",
+    "ReadState",
+    "Capabilities",
+    "KVStore",
+    "ReadRequest",
+    "MISSING_RESULT",
+    "TEMP_MARKER",
+    "LOCK_DIR",
+    "hidden",
+    "check_not_reserved",
 ]
 
 TEMP_MARKER = ".shardkv-tmp-"
@@ -165,8 +176,10 @@ class ReadResult:
             If the result holds no value (missing or stale) or several ranges.
         """
         if self.values is None or len(self.values) != 1:
-            raise ValueError(f"a read result in state {self.state!r} with "
-                             f"{0 if self.values is None else len(self.values)} buffers has no whole value")
+            raise ValueError(
+                f"a read result in state {self.state!r} with "
+                f"{0 if self.values is None else len(self.values)} buffers has no whole value"
+            )
         return self.values[0]
 
 
@@ -326,13 +339,14 @@ class KVStore(ABC):
         keys: set[str] = set()
         dirs: set[str] = set()
         for key in self.list_prefix(prefix):
-            rest = key[len(prefix):]
+            rest = key[len(prefix) :]
             head, sep, _ = rest.partition("/")
             (dirs if sep else keys).add(head)
         return sorted(keys), sorted(dirs)
 
-    def get(self, key: str, byte_ranges: Sequence[ByteRange] | None = None, *,
-            if_generation: Generation = ANY) -> ReadResult:
+    def get(
+        self, key: str, byte_ranges: Sequence[ByteRange] | None = None, *, if_generation: Generation = ANY
+    ) -> ReadResult:
         """Read one key (see :meth:`get_many`)."""
         return self.get_many([(key, byte_ranges, if_generation)])[0]
 

@@ -282,11 +282,19 @@ class LocalStore(KVStore):
     (except a create-only put), so ``conditional_put`` is False.
     """
 
-    caps = Capabilities(ranged=True, round_trips=False, stamps="native", conditional_put=False,
-                        conditional_delete=False, lock_dir=True, in_process=False)
+    caps = Capabilities(
+        ranged=True,
+        round_trips=False,
+        stamps="native",
+        conditional_put=False,
+        conditional_delete=False,
+        lock_dir=True,
+        in_process=False,
+    )
 
-    def __init__(self, root: str | os.PathLike[str], *, fsync: bool | None = None,
-                 temp_age: float = DEFAULT_TEMP_AGE) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], *, fsync: bool | None = None, temp_age: float = DEFAULT_TEMP_AGE
+    ) -> None:
         root = os.fspath(root)
         self.root = root.rstrip("/") or "/"
         self._prefix = self.root if self.root.endswith("/") else self.root + "/"
@@ -582,8 +590,11 @@ class LocalStore(KVStore):
             except (FileNotFoundError, NotADirectoryError):
                 continue  # nothing written there yet
             except OSError as exc:  # housekeeping only: the user's write goes on
-                warnings.warn(f"shardkv: could not remove stale temporary files in {directory!r}: {exc}",
-                              RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"shardkv: could not remove stale temporary files in {directory!r}: {exc}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
         return removed
 
 
@@ -594,4 +605,3 @@ def _rebuild(root: str, fsync: bool, temp_age: float) -> LocalStore:
 def forget_sweeps() -> None:
     """Forget every directory swept in this process (as a new process would)."""
     _SWEPT.forget()
-

@@ -112,8 +112,13 @@ class MappingStore(KVStore):
             self._location = StoreLocation(("file",), local_dir, local_dir)
         else:
             self._location = StoreLocation(("mapping", id(mapping)), "")
-        self.caps = Capabilities(ranged=False, round_trips=False, stamps="process",
-                                 lock_dir=local_dir is not None, in_process=self.kind == "memory")
+        self.caps = Capabilities(
+            ranged=False,
+            round_trips=False,
+            stamps="process",
+            lock_dir=local_dir is not None,
+            in_process=self.kind == "memory",
+        )
 
     @property
     def location(self) -> StoreLocation:

@@ -57,7 +57,8 @@ def _obstore() -> Any:
         import obstore
     except ImportError as exc:
         raise ConfigurationError(
-            "the obstore client was asked for but the package is not installed (pip install obstore)") from exc
+            "the obstore client was asked for but the package is not installed (pip install obstore)"
+        ) from exc
     return obstore
 
 
@@ -154,9 +155,14 @@ class ObstoreStore(KVStore):
         self._updates = kind in ("S3Store", "GCSStore", "AzureStore", "MemoryStore") and not conditional_put_disabled(
             store
         )
-        self.caps = Capabilities(ranged=True, round_trips=kind in _REMOTE, stamps="native",
-                                 conditional_put=self._updates, conditional_delete=False,
-                                 in_process=kind == "MemoryStore")
+        self.caps = Capabilities(
+            ranged=True,
+            round_trips=kind in _REMOTE,
+            stamps="native",
+            conditional_put=self._updates,
+            conditional_delete=False,
+            in_process=kind == "MemoryStore",
+        )
 
     @property
     def location(self) -> StoreLocation:

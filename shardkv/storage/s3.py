@@ -102,8 +102,10 @@ def _codes(exc: BaseException) -> list[tuple[str, int | None]]:
 
 def is_precondition_failure(exc: BaseException) -> bool:
     """True when an S3 error says a condition did not hold (412, or 409 ConditionalRequestConflict)."""
-    return any(code in _LOST_RACE_CODES or (status in (409, 412) and code in ("", "409", "412"))
-               for code, status in _codes(exc))
+    return any(
+        code in _LOST_RACE_CODES or (status in (409, 412) and code in ("", "409", "412"))
+        for code, status in _codes(exc)
+    )
 
 
 def _is_missing(exc: BaseException) -> bool:
@@ -141,8 +143,15 @@ class S3Store(KVStore):
         self.root = fs._strip_protocol(root).rstrip("/")
         self._sync = sync
         self._location = fs_location(fs, self.root)
-        self.caps = Capabilities(ranged=True, round_trips=True, stamps="native", conditional_put=True,
-                                 conditional_delete=True, lock_dir=False, in_process=False)
+        self.caps = Capabilities(
+            ranged=True,
+            round_trips=True,
+            stamps="native",
+            conditional_put=True,
+            conditional_delete=True,
+            lock_dir=False,
+            in_process=False,
+        )
 
     @property
     def location(self) -> StoreLocation:
@@ -280,8 +289,7 @@ class S3Store(KVStore):
 
     def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
         items = list(writes.items())
-        calls = [(lambda k=k, v=v, c=c: self._delete(k, c) if v is None else self._put(k, v, c))
-                 for k, (v, c) in items]
+        calls = [(lambda k=k, v=v, c=c: self._delete(k, c) if v is None else self._put(k, v, c)) for k, (v, c) in items]
         return dict(zip((k for k, _ in items), self._run(calls), strict=True))
 
     # -- listings -------------------------------------------------------------
@@ -320,5 +328,4 @@ class S3Store(KVStore):
 
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
         objects, prefixes = self._sync(self.fs.loop, self._list, prefix, True)
-        return child_names(k[len(prefix):] for k, _ in objects), child_names(p[len(prefix):] for p in prefixes)
-
+        return child_names(k[len(prefix) :] for k, _ in objects), child_names(p[len(prefix) :] for p in prefixes)

@@ -124,8 +124,9 @@ class ProcessStamps:
             self._writers[s].acquire()
         try:
             with self._guard:
-                write = StampedWrite(self, stripes, {k: Generation(("stamp", self._counters[s]))
-                                                     for k, s in stripes.items()})
+                write = StampedWrite(
+                    self, stripes, {k: Generation(("stamp", self._counters[s])) for k, s in stripes.items()}
+                )
             try:
                 yield write
             finally:
@@ -168,7 +169,6 @@ STAMPS = ProcessStamps()
 """The process's stamps, shared by every process-stamped store."""
 
 os.register_at_fork(after_in_child=STAMPS.after_fork_in_child)
-
 
 
 Fetched = tuple[list[BytesLike], "int | None"]

@@ -9,6 +9,7 @@ and tensorstore read without shardkv. Everything else (groups, arrays that ask
 for shards, 0-d arrays, any other key) passes through to the zarr 3 store
 underneath unchanged.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -34,7 +35,6 @@ from shardkv.zarr3.nodes import NodeTable, meta_path
 from shardkv.zarr3.nodes import prototype as _prototype
 
 __all__ = ["ShardedStore"]
-
 
 
 def _slice(data: BytesLike, byte_range: ByteRequest | None) -> BytesLike:

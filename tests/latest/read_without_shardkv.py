@@ -85,14 +85,20 @@ def _zarr3_members(root: str, groups: list[str]) -> dict:
         try:
             group = zarr.open_group(str(Path(root) / path), mode="r")  # use_consolidated=None: zarr 3's default
             members = {
-                name: {"node_type": "array" if isinstance(node, zarr.Array) else "group",
-                       "shape": list(node.shape) if isinstance(node, zarr.Array) else None,
-                       "attributes": dict(node.attrs)}
+                name: {
+                    "node_type": "array" if isinstance(node, zarr.Array) else "group",
+                    "shape": list(node.shape) if isinstance(node, zarr.Array) else None,
+                    "attributes": dict(node.attrs),
+                }
                 for name, node in group.members(max_depth=None)
             }
-            result[path] = {"ok": True, "members": members, "arrays": sorted(name for name, _ in group.arrays()),
-                            "consolidated": group.metadata.consolidated_metadata is not None,
-                            "attributes": dict(group.attrs)}
+            result[path] = {
+                "ok": True,
+                "members": members,
+                "arrays": sorted(name for name, _ in group.arrays()),
+                "consolidated": group.metadata.consolidated_metadata is not None,
+                "attributes": dict(group.attrs),
+            }
         except Exception as exc:  # noqa: BLE001 - the reader's refusal is the result
             result[path] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
     return result

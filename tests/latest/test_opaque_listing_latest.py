@@ -68,8 +68,16 @@ def _members(reader: Reader, root: Path, *groups: str) -> dict[str, Any]:
 
 def _assert_v3_readers_list(reader: Reader, root: Path, opaque: list[str], extra: dict[str, str] | None = None) -> None:
     """zarr 3 lists every decodable node under each group, xarray reads the root, opaque arrays raise alone."""
-    decodable = {"x": "array", "y": "array", "grid": "array", "sub": "group", "sub/line": "array",
-                 "sub/deep": "group", "sub/deep/vals": "array", **(extra or {})}
+    decodable = {
+        "x": "array",
+        "y": "array",
+        "grid": "array",
+        "sub": "group",
+        "sub/line": "array",
+        "sub/deep": "group",
+        "sub/deep/vals": "array",
+        **(extra or {}),
+    }
     listed = _members(reader, root, "", "sub", "sub/deep")
     for group in {g for p in opaque for g in ("", "sub", "sub/deep")[: p.count("/") + 1]}:
         assert listed[group]["consolidated"], group  # listed from the block that leaves the opaque arrays out

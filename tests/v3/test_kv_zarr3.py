@@ -49,9 +49,15 @@ class TestZarr3KVContract(KVContract):
         kv.close()
 
 
-@pytest.mark.parametrize(("kind", "base"), [
-    ("MemoryStore", Zarr3KV), ("ManagedMemoryStore", Zarr3KV), ("LoggingStore", Zarr3KV), ("LocalStore", str),
-])
+@pytest.mark.parametrize(
+    ("kind", "base"),
+    [
+        ("MemoryStore", Zarr3KV),
+        ("ManagedMemoryStore", Zarr3KV),
+        ("LoggingStore", Zarr3KV),
+        ("LocalStore", str),
+    ],
+)
 def test_engine_base_by_store_class(kind: str, base: type, tmp_path: Path) -> None:
     store = _zarr3_store(kind, tmp_path)
     opened = engine_base(store)

@@ -84,7 +84,7 @@ def write_rounds(store: ShardedStore, compressor: str | None, seed: int) -> np.n
             present.add(coords)
         store.setitems(values)
         if round_ % 3 == 2:
-            gone = sorted(present)[:: 4]
+            gone = sorted(present)[::4]
             store.delitems([f"a/{c[0]}.{c[1]}" for c in gone])
             for coords in gone:
                 expected[region(coords)] = FILL
