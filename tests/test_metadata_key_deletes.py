@@ -316,3 +316,42 @@ TestDeletesMachine = DeletesMachine.TestCase
 TestDeletesMachine.settings = settings(
     max_examples=40, stateful_step_count=15, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
+
+
+@pytest.mark.parametrize(
+    "deletes",
+    [["g/.zgroup"], ["g/s/.zarray"], ["g/s/.zattrs", "g/s/.zarray"], ["top/.zarray"], ["g/empty/.zarray"]],
+    ids="+".join,
+)
+def test_unshard_copies_what_zarr2_sees_without_the_deleted_documents(tmp_path, deletes: list[str]) -> None:
+    from shardkv.cli.unshard import unshard
+    from shardkv.storage.open import open_kv
+
+    src, dst = tmp_path / "sharded", tmp_path / "plain"
+    with ShardedStore(str(src), chunks_per_shard=CPS) as store:
+        _build(store)
+        for key in deletes:
+            del store[key]
+        seen = {k: _value(k, store[k]) for k in store}
+    unshard(str(src), str(dst))
+    plain = open_kv(str(dst))
+    # (the zarr.json mirror of the unsharded g/u is copied as it is stored)
+    copied = {k: _value(k, plain.get(k).whole()) for k in plain.list_prefix("") if k != "g/u/zarr.json"}
+    assert sorted(copied) == sorted(seen)  # no deleted .zarray/.zgroup written again, every chunk as a chunk
+    assert copied == seen
+
+
+@pytest.mark.parametrize("buffer_bytes", [None, 1 << 20], ids=["write-through", "write-back"])
+def test_deleting_a_deleted_zarray_again_raises_and_changes_nothing(buffer_bytes: int | None) -> None:
+    store = ShardedStore({}, chunks_per_shard=CPS, buffer_bytes=buffer_bytes)
+    plain: dict[str, Any] = {}
+    for target in (store, plain):
+        root = zarr.group(store=target)
+        s = root.create_group("g").create_dataset("s", shape=(8,), chunks=(2,), dtype="i4")
+        s.attrs["u"] = "K"
+        s[:3] = DATA[:3]  # chunks 0 and 1: shard 0 complete, shard 1 held by write-back
+        del target["g/s/.zarray"]
+        target["g/s/3"] = DATA[6:8].tobytes()  # a chunk written after (held by write-back)
+        with pytest.raises(KeyError, match="g/s/.zarray"):
+            del target["g/s/.zarray"]
+    _same(store, plain)

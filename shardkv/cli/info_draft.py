@@ -17,7 +17,7 @@ from shardkv.cli.errors import NotAHierarchyError
 from shardkv.cli.info_model import ArrayInfo, shard_stats
 from shardkv.cli.view import sizes
 from shardkv.keys.encodings import grid_shape
-from shardkv.proxy.draft import DraftShardedStore
+from shardkv.proxy.draft import DraftShardedStore, draft_options
 from shardkv.proxy.open import is_draft_hierarchy
 from shardkv.storage.kv import KVStore
 from shardkv.transformers import DATA_ROOT, ShardingStorageTransformer
@@ -67,7 +67,7 @@ def inspect_draft(kv: KVStore, name: str) -> list[ArrayInfo]:
     UnsupportedError
         If an array names a storage transformer shardkv does not know.
     """
-    proxy = DraftShardedStore(kv)
+    proxy = DraftShardedStore._reopen(kv, draft_options())  # no zarr-python needed: any zarr installed
     keys = sorted(kv.list_prefix(""))
     arrays = {p: k for k in keys if (p := proxy.array_path_of(k)) is not None}
     if not arrays and not any(k.startswith("meta/") for k in keys):

@@ -29,12 +29,13 @@ from typing import Any
 from shardkv.cli.convert.job import _check_distinct, _name
 from shardkv.cli.convert.tasks import shard_index
 from shardkv.cli.errors import DestinationNotEmptyError
-from shardkv.cli.info import META_NAMES, read_hierarchy
+from shardkv.cli.info import META_NAMES, Hierarchy, read_hierarchy
 from shardkv.cli.info_draft import is_draft
 from shardkv.cli.manifest import UNSHARD_MANIFEST_KEY, Manifest, open_destination
 from shardkv.cli.stores import open_store, put_all, refuse_regular_file
 from shardkv.cli.view import HierarchyView, sizes
 from shardkv.errors import UnsupportedError
+from shardkv.keys.paths import split_key
 from shardkv.keys.space import ShardedArray
 from shardkv.proxy.nodes import NodeTable
 from shardkv.proxy.verify import remove_stale_temporaries, shard_directories
@@ -202,7 +203,9 @@ def unshard(
     ]
     out = _Out(target)
     meta: list[str] = [
-        k for k in hierarchy.group_keys if k.rpartition("/")[2] in META_NAMES and not _v3_node(source, k)
+        k
+        for k in hierarchy.group_keys
+        if k.rpartition("/")[2] in META_NAMES and not _v3_node(source, k) and not _deleted(nodes, hierarchy, k)
     ]
     plain: list[str] = [k for k in hierarchy.group_keys if k.rpartition("/")[2] not in META_NAMES]
     with tqdm(
@@ -211,7 +214,11 @@ def unshard(
         for path, keys in hierarchy.arrays.items():
             report.arrays += 1
             arr = nodes.node(path).array
-            array_meta = [k for k in keys.meta_keys if not (arr is not None and k.rpartition("/")[2] == "zarr.json")]
+            array_meta = [
+                k
+                for k in keys.meta_keys
+                if not (arr is not None and k.rpartition("/")[2] == "zarr.json") and not _deleted(nodes, hierarchy, k)
+            ]
             meta += array_meta
             data = [k for k in keys.all_keys() if k not in keys.meta_keys]
             if arr is None:
@@ -246,6 +253,19 @@ def unshard(
     report.objects_after = out.objects + earlier_chunks
     report.bytes_after = out.nbytes + earlier_nbytes
     return report
+
+
+def _deleted(nodes: NodeTable, hierarchy: Hierarchy, key: str) -> bool:
+    """True for a ``.zarray``/``.zgroup`` presented from a ``zarr.json`` that records it as deleted.
+
+    zarr-python 2 through :class:`shardkv.ShardedStore` does not see it
+    (:mod:`shardkv.metadata.v2_deletes`), so the plain copy does not hold it;
+    the node's ``.zattrs`` and chunks are copied as the proxy presents them.
+    """
+    if key not in hierarchy.presented:
+        return False
+    path, name = split_key(key)
+    return name in nodes.node(path).deleted
 
 
 def _v3_node(source: HierarchyView, key: str) -> bool:

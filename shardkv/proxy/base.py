@@ -12,6 +12,9 @@ both. Each holds its base store and one frozen
   travels (index cache, journal, write-back data), and a copy writes through,
   so no worker process holds acknowledged writes that no one will flush;
 * lifecycle: ``with`` closes the store on exit;
+* the refusal to be made where zarr-python 3 is installed
+  (:func:`refuse_zarr3`): zarr 3 takes neither proxy, and would say only
+  ``Unsupported type for store_like``;
 * the zarr-python 2 ``BaseStore`` capability checks, identity equality, and
   a ``repr`` naming the base store and ``chunks_per_shard``.
 
@@ -27,12 +30,15 @@ import importlib
 import importlib.util
 from abc import abstractmethod
 from collections.abc import MutableMapping
+from functools import cache
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any, ClassVar, Literal, Self
 
 from shardkv.engine.options import Options
+from shardkv.errors import ConfigurationError
 from shardkv.keys.space import ShardedArray
 
-__all__ = ["ProxyBase", "reopen", "register"]
+__all__ = ["ProxyBase", "refuse_zarr3", "reopen", "register"]
 
 ZarrProtocol = Literal["BaseStore", "StoreV3"]
 """The zarr-python 2 store ABC a proxy registers with (v2 keys, or the 2022 draft's v3 keys)."""
@@ -55,6 +61,41 @@ def register(cls: type, protocol: ZarrProtocol) -> None:
     if not str(getattr(zarr, "__version__", "")).startswith("2."):
         return
     getattr(importlib.import_module("zarr._storage.store"), protocol).register(cls)
+
+
+@cache
+def _installed_zarr() -> str | None:
+    """The installed zarr-python's version, ``None`` without one (read once per process)."""
+    try:
+        return version("zarr")
+    except PackageNotFoundError:
+        return None
+
+
+def refuse_zarr3(store: str, instead: str) -> None:
+    """Refuse to make the zarr-python 2 store named ``store`` where zarr-python 3 or later is installed.
+
+    Only the public constructors ask: an unpickled copy and the command line
+    (which reads stores without zarr-python) do not.
+
+    Parameters
+    ----------
+    store : str
+        The public name of the proxy class, as the message names it.
+    instead : str
+        What to do instead, with the extras that install it.
+
+    Raises
+    ------
+    ConfigurationError
+        If the installed zarr-python is 3 or later (the message names the
+        store, that version and ``instead``).
+    """
+    installed = _installed_zarr()
+    if installed is not None and not installed.startswith(("0.", "1.", "2.")):
+        raise ConfigurationError(
+            f"{store} is a zarr-python 2 store, but zarr-python {installed} is installed: {instead}"
+        )
 
 
 def reopen(cls: type[ProxyBase], store: Any, options: Options) -> ProxyBase:

@@ -39,17 +39,23 @@ from shardkv.keys.space import ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
 from shardkv.metadata.documents import ZARR_JSON
 from shardkv.metadata.draft import DRAFT_ZARR_FORMAT, META_ROOT
-from shardkv.proxy.base import ProxyBase
+from shardkv.proxy.base import ProxyBase, refuse_zarr3
 from shardkv.proxy.draft_nodes import DraftArray, DraftNodes
 from shardkv.proxy.values import to_bytes
 from shardkv.storage.kv import check_not_reserved
 from shardkv.transformers import DATA_ROOT, AbstractStore, AdapterStore, ShardingStorageTransformer
 from shardkv.transformers.api import apply_partial_writes, normalize_prefix
 
-__all__ = ["DraftShardedStore", "DRAFT_ZARR_FORMAT", "DRAFT_OPTIONS"]
+__all__ = ["DraftShardedStore", "DRAFT_ZARR_FORMAT", "DRAFT_OPTIONS", "draft_options"]
 
 DRAFT_OPTIONS = frozenset({"chunks_per_shard", "index_location", "index_checksum", "storage_options"})
 """The options the draft proxy takes (the others of :class:`shardkv.ShardedStore` do not apply)."""
+
+
+def draft_options(chunks_per_shard: ChunksPerShardOption = None) -> Options:
+    """The :class:`~shardkv.engine.options.Options` of a draft proxy: the draft's ``indexed`` format
+    (index at the end, no checksum) and ``chunks_per_shard`` for new arrays."""
+    return Options(ChunksPerShardRule.parse(chunks_per_shard), index_location="end", index_checksum=False)
 
 
 class DraftShardedStore(ProxyBase):
@@ -73,7 +79,9 @@ class DraftShardedStore(ProxyBase):
     ------
     ConfigurationError
         If ``chunks_per_shard`` is invalid or an index option differs from the
-        draft format.
+        draft format; or if the installed zarr-python is 3 or later, which
+        cannot use this store and does not read the 2022 draft (the message
+        names ``shardkv[zarr2]``).
     TypeError
         If ``store`` cannot be used as a store.
     """
@@ -90,18 +98,26 @@ class DraftShardedStore(ProxyBase):
         index_checksum: bool = False,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
+        refuse_zarr3(
+            "shardkv.proxy.draft.DraftShardedStore",
+            "zarr-python 3 does not read 2022 draft hierarchies: use this store with zarr-python 2.18 "
+            '(pip install "shardkv[zarr2]")',
+        )
         if index_location != "end" or index_checksum:
             raise ConfigurationError(
                 "the 2022 draft 'indexed' format keeps its index at the end without a checksum; "
                 f"got index_location={index_location!r}, index_checksum={index_checksum!r}"
             )
-        options = Options(ChunksPerShardRule.parse(chunks_per_shard), index_location="end", index_checksum=False)
+        options = draft_options(chunks_per_shard)
         self._setup(store, store if isinstance(store, AbstractStore) else AdapterStore(store, storage_options), options)
 
     @classmethod
     def _reopen(cls, store: Any, options: Options) -> Self:
+        """The proxy over ``store`` without the zarr version check: an unpickled copy (``store`` its
+        abstract store), or the command line's view of a draft hierarchy (``store`` a KVStore; it
+        needs no zarr-python, so also runs where zarr 3 is installed)."""
         proxy = cls.__new__(cls)
-        proxy._setup(store, store, options)
+        proxy._setup(store, store if isinstance(store, AbstractStore) else AdapterStore(store), options)
         return proxy
 
     def _setup(self, raw_store: Any, api: AbstractStore, options: Options) -> None:

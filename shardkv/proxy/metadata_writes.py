@@ -250,13 +250,13 @@ class MetadataWriter:
             raise ReservedKeyError(key, _HIDDEN_REASON)
         node = self._nodes.presented(path) if name in (".zarray", ".zattrs", ".zgroup") else None
         mirrored = name in (".zarray", ".zattrs") and self._nodes.node(path).mirrored
-        if name == ".zarray" and (node is None or name not in node.documents):
-            self._writer.discard_under(path)
         if name in (".zarray", ".zgroup"):
             self._nodes.forget(path)
         if node is None or name not in node.documents:
             if key not in self._kv.values([key]):
-                raise KeyError(key)
+                raise KeyError(key)  # nothing deleted: buffered chunk writes stay too
+            if name == ".zarray":  # the array goes: what write-back holds of it must not be written after
+                self._writer.discard_under(path)
             self._store({key: None})
             if mirrored and name == ".zarray":  # the array is gone for v3 readers too
                 self._apply(MetadataPlan(deletes=frozenset({join_path(path, ZARR_JSON)})))

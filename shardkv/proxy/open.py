@@ -94,7 +94,8 @@ def open_store(
     ------
     ConfigurationError
         If ``layout`` is unknown, ``chunks_per_shard`` is invalid, or an
-        option does not apply to the layout.
+        option does not apply to the layout; or if zarr-python 3 or later is
+        installed, which uses neither proxy (the message says what to use).
     TypeError
         If ``store`` cannot be used as a store.
 

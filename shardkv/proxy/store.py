@@ -20,8 +20,6 @@ import enum
 import itertools
 from collections.abc import Iterable, Iterator, KeysView, Mapping, Sequence
 from contextlib import suppress
-from functools import cache
-from importlib.metadata import PackageNotFoundError, version
 from os import PathLike
 from typing import Any, Self, Unpack
 
@@ -31,12 +29,12 @@ from shardkv.engine.locks import Mode
 from shardkv.engine.merge import group_by_shard
 from shardkv.engine.options import OptionKeywords, Options
 from shardkv.engine.writeback import WriteBack
-from shardkv.errors import ChunkOutOfGridError, ConfigurationError, InvalidKeyError, UnflushedWritesError
+from shardkv.errors import ChunkOutOfGridError, InvalidKeyError, UnflushedWritesError
 from shardkv.keys.encodings import validate_key
 from shardkv.keys.paths import join_path, path_prefix, split_key, validate_path
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
-from shardkv.proxy.base import ProxyBase
+from shardkv.proxy.base import ProxyBase, refuse_zarr3
 from shardkv.proxy.hierarchy import Hierarchy
 from shardkv.proxy.listing import (
     ListedKeys,
@@ -151,13 +149,11 @@ class ShardedStore(ProxyBase):
         options: Options | None = None,
         **keywords: Unpack[OptionKeywords],
     ) -> None:
-        installed = _installed_zarr()
-        if installed is not None and not installed.startswith(("0.", "1.", "2.")):
-            raise ConfigurationError(
-                f"shardkv.ShardedStore is the zarr-python 2 store, but zarr-python {installed} is installed: "
-                'use shardkv.zarr3.ShardedStore (pip install "shardkv[zarr3]"), or this store with '
-                'zarr-python 2.18 (pip install "shardkv[zarr2]")'
-            )
+        refuse_zarr3(
+            "shardkv.ShardedStore",
+            'use shardkv.zarr3.ShardedStore (pip install "shardkv[zarr3]"), or this store with zarr-python 2.18 '
+            '(pip install "shardkv[zarr2]")',
+        )
         options = Options.of(options, chunks_per_shard, keywords)
         self._setup(store, open_kv(store, storage_options), options)
         self._writer.attach_journal(  # replays what a killed run left, if the journal is this store's
@@ -645,12 +641,3 @@ class ShardedStore(ProxyBase):
         if src and keys:
             stored.prune_empty_dirs(path_prefix(src))  # the emptied directories too (local files), as zarr 2's rename
         self.refresh()
-
-
-@cache
-def _installed_zarr() -> str | None:
-    """The installed zarr-python's version, ``None`` without one (read once per process)."""
-    try:
-        return version("zarr")
-    except PackageNotFoundError:
-        return None

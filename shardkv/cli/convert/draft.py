@@ -30,7 +30,7 @@ from shardkv.errors import ConfigurationError, InvalidKeyError
 from shardkv.keys.paths import is_draft_chunk_segment, owning_array
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
 from shardkv.metadata.documents import dump_json, load_json
-from shardkv.proxy.draft import DraftShardedStore
+from shardkv.proxy.draft import DraftShardedStore, draft_options
 from shardkv.storage.kv import KVStore
 from shardkv.transformers import DATA_ROOT, AdapterStore, ShardingStorageTransformer
 
@@ -141,7 +141,7 @@ def convert_draft(
             raise DestinationNotEmptyError(dst_name)
         remove_everything(target)
     rule = ChunksPerShardRule.parse(chunks_per_shard)
-    reader = DraftShardedStore(source)
+    reader = DraftShardedStore._reopen(source, draft_options())  # no zarr-python needed: any zarr installed
     report = DraftConvertReport(src_name, dst_name)
     keys = reader.list()
     arrays, owner_of = _owners(reader, keys)
