@@ -129,25 +129,54 @@ def test_a_commit_error_reaches_every_writer_of_that_commit_and_no_other() -> No
     assert sorted(found) == ["a/0.1", "a/0.2", "a/0.3"]
 
 
-def test_an_error_of_a_merged_commit_reaches_every_writer_that_joined_it() -> None:
+def test_a_bad_change_in_a_merged_commit_fails_its_own_call_and_no_other() -> None:
     kv, arr = HeldKV(), _array()
     engine = ShardEngine(kv)
     with ThreadPoolExecutor(4) as pool:
         futures = []
 
         def submit(i: int) -> None:
-            # writer 3 patches a chunk nobody stored at byte 5: a gap, refused; it fails the commit it joined
+            # writer 3 patches a chunk nobody stored at byte 5: a gap, refused; the writers beside it are stored
             value = ChunkPatch("a/1.3", [(5, b"x")]) if i == 3 else bytes([i + 1])
             futures.append(pool.submit(engine.writes.write, _change(arr, (1, i), value)))
 
         _hold_first_round(kv, engine.stats, submit, 3)
-        futures[0].result(WAIT_S)  # its own commit, before the others joined theirs: stored
-        for future in futures[1:]:
-            with pytest.raises(ValueError, match="gap"):
-                future.result(WAIT_S)
-    assert kv.shard_puts() == ["a/0.0"]  # the failed commit put nothing
+        for future in futures[:3]:
+            future.result(WAIT_S)
+        with pytest.raises(ValueError, match="gap"):
+            futures[3].result(WAIT_S)
     found = ShardEngine(kv).reads.read_chunks([arr.locate(arr.chunk_key((1, i))) for i in range(4)])
-    assert sorted(found) == ["a/1.0"]
+    assert {k: bytes(v) for k, v in found.items()} == {"a/1.0": b"\x01", "a/1.1": b"\x02", "a/1.2": b"\x03"}
+
+
+def test_a_bad_change_of_one_shard_fails_no_other_callers_change_of_another_shard() -> None:
+    kv, arr = HeldKV(), _array()
+    engine = ShardEngine(kv)
+    a, b = (arr.locate(arr.chunk_key(c)) for c in ((0, 0), (4, 4)))  # shards a/0.0 and a/1.1
+    bad = {
+        a.shard_key: ShardChange(arr, a.shard_coords, {a.local_coords: ChunkPatch(a.chunk_key, [(5, b"x")])}),
+        b.shard_key: ShardChange(arr, b.shard_coords, {b.local_coords: b"mine"}),
+    }
+    good = {b.shard_key: ShardChange(arr, b.shard_coords, {(0, 1): b"theirs"}), **_change(arr, (0, 2), b"theirs")}
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(engine.writes.write, _change(arr, (0, 1), b"first"))]  # held in the store
+        assert kv.entered.wait(WAIT_S)
+        futures.append(pool.submit(engine.writes.write, bad))  # starts both shards' next commits
+        _wait_for(lambda: engine.stats.writes_queued >= 1, "the bad call to queue for a/0.0")
+        futures.append(pool.submit(engine.writes.write, good))  # joins both
+        _wait_for(lambda: engine.stats.writes_queued >= 2, "the good call to queue for a/0.0")
+        kv.release.set()
+        futures[0].result(WAIT_S)
+        with pytest.raises(ValueError, match="gap"):
+            futures[1].result(WAIT_S)
+        futures[2].result(WAIT_S)
+    found = ShardEngine(kv).reads.read_chunks([arr.locate(k) for k in ("a/0.1", "a/0.2", "a/4.4", "a/4.5")])
+    assert {k: bytes(v) for k, v in found.items()} == {
+        "a/0.1": b"first",
+        "a/0.2": b"theirs",
+        "a/4.4": b"mine",  # the bad call's change of the other shard is stored too: only its bad shard is refused
+        "a/4.5": b"theirs",
+    }
 
 
 def test_joined_writes_of_one_chunk_apply_in_arrival_order() -> None:
