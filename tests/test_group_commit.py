@@ -9,6 +9,7 @@ until every other writer has queued its change for the next commit
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -251,3 +252,58 @@ def test_writes_of_several_shards_merge_per_shard_in_one_batched_put() -> None:
     assert bytes(found["a/0.1"]) == b"first"
     assert {bytes(found[a.chunk_key]), bytes(found[b.chunk_key])} <= {b"x", b"y"}
     assert bytes(found[a.chunk_key]) == bytes(found[b.chunk_key])  # the later call won on both shards
+
+
+class _Interrupted(BaseException):
+    """What the signal handler below raises in the main thread (as ``KeyboardInterrupt`` would)."""
+
+
+def test_a_call_interrupted_before_its_commit_ran_leaves_no_writer_of_that_shard_waiting() -> None:
+    """An interrupted leader: the writer that joined its commit is told, and later writes of the shard go on."""
+    kv, arr = HeldKV(), _array()
+    engine = ShardEngine(kv)
+    main = threading.get_ident()
+
+    def interrupt(signum, frame) -> None:
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    joiner_done, later_done = threading.Event(), threading.Event()
+    outcome: dict[str, BaseException | None] = {}
+
+    def run(name: str, change: dict[str, ShardChange], done: threading.Event) -> None:
+        try:
+            engine.writes.write(change)
+            outcome[name] = None
+        except BaseException as exc:  # the test reads it
+            outcome[name] = exc
+        done.set()
+
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(engine.writes.write, _change(arr, (0, 0), b"first"))  # held in the store
+            assert kv.entered.wait(WAIT_S)
+
+            def send_when_queued() -> None:  # the main thread leads the next commit of a/0.0, then is interrupted
+                _wait_for(lambda: engine.stats.writes_queued >= 1, "the main thread to queue")
+                joiner = _change(arr, (0, 2), b"j")
+                threading.Thread(target=run, args=("joiner", joiner, joiner_done), daemon=True).start()
+                _wait_for(lambda: engine.stats.writes_queued >= 2, "the joiner to queue")
+                signal.pthread_kill(main, signal.SIGUSR1)
+
+            sender = threading.Thread(target=send_when_queued)
+            sender.start()
+            with pytest.raises(_Interrupted):
+                engine.writes.write(_change(arr, (0, 1), b"interrupted"))  # waits for the held commit until interrupted
+            sender.join(WAIT_S)
+            kv.release.set()
+            first.result(WAIT_S)
+        assert joiner_done.wait(WAIT_S), "the writer that joined the interrupted call's commit never returned"
+        assert isinstance(outcome["joiner"], _Interrupted)  # told: its change was not stored
+        threading.Thread(target=run, args=("later", _change(arr, (0, 3), b"later"), later_done), daemon=True).start()
+        assert later_done.wait(WAIT_S), "a later write of the shard waits for a commit that will never run"
+        assert outcome["later"] is None
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    found = ShardEngine(kv).reads.read_chunks([arr.locate(arr.chunk_key((0, i))) for i in range(4)])
+    assert {k: bytes(v) for k, v in found.items()} == {"a/0.0": b"first", "a/0.3": b"later"}

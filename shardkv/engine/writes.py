@@ -34,7 +34,9 @@ joined). A change the merge refuses (a patch that would leave a gap) fails
 its shard alone, never the other shards of the round; if other calls' changes
 joined that shard's commit, they are then written one by one, in arrival
 order, so only the call that made the bad change is told, and nothing of the
-others is lost. The locks and the conditional puts
+others is lost. A call interrupted before the commits it started ran (a
+``KeyboardInterrupt``) tells their other writers so, rather than leaving them
+waiting. The locks and the conditional puts
 exclude writers of other processes (and of other engines) exactly as
 without merging: a commit holds them as one write does. A write made by a
 thread that holds shard locks (inside :meth:`ShardWriter.hold`, or a nested
@@ -160,23 +162,36 @@ class ShardWriter:
             return
         led: dict[str, _Commit] = {}
         joined: list[tuple[_Commit, int]] = []
-        with self._guard:
-            for shard_key, change in changes.items():
-                commit = self._next.get(shard_key)
-                if commit is None:
-                    commit = self._next[shard_key] = led[shard_key] = _Commit()
-                if shard_key in self._running:
-                    self.stats.writes_queued += 1
-                joined.append((commit, len(commit.changes)))
-                commit.changes.append(change)
-        if led:
-            self._run(led)
+        try:
+            with self._guard:
+                for shard_key, change in changes.items():
+                    commit = self._next.get(shard_key)
+                    if commit is None:
+                        commit = self._next[shard_key] = led[shard_key] = _Commit()
+                    if shard_key in self._running:
+                        self.stats.writes_queued += 1
+                    joined.append((commit, len(commit.changes)))
+                    commit.changes.append(change)
+            if led:
+                self._run(led)
+        except BaseException as exc:  # interrupted: the commits this call started and never ran would wait forever
+            self._abandon(led, exc)
+            raise
         for commit, _ in joined:
             commit.done.wait()  # bounded: its writer runs one bounded write (lock timeout, write attempts)
         for commit, position in joined:
             error = commit.error_of(position)
             if error is not None:
                 raise error
+
+    def _abandon(self, led: dict[str, _Commit], exc: BaseException) -> None:
+        """End the commits of ``led`` that never started, telling their writers ``exc`` (started ones end anyway)."""
+        with self._guard:
+            for shard_key, commit in led.items():
+                if self._next.get(shard_key) is commit:
+                    del self._next[shard_key]
+                    commit.error = exc
+                    commit.done.set()
 
     def _run(self, led: dict[str, _Commit]) -> None:
         """Run the commits this call started: after the running commits of their shards, as one write.
