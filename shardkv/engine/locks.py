@@ -619,7 +619,9 @@ class ShardLocks:
                 if skip_held and _held_by_this_thread(token):
                     continue  # a nested hold: this thread holds it already
                 lock = pool[stripe]
-                if not lock.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
+                # a wait longer than the platform allows (a timeout of inf) is as long as it takes
+                wait = -1 if deadline is None else min(threading.TIMEOUT_MAX, max(0.0, deadline - time.monotonic()))
+                if not lock.acquire(timeout=wait):
                     raise LockTimeoutError(f"thread stripe {stripe} of {self.location!r}", self.timeout or 0.0)
                 stack.callback(lock.release)
                 _note_held(stack, token)
