@@ -194,6 +194,28 @@ def test_a_bad_change_in_a_merged_commit_fails_its_own_call_and_no_other() -> No
     assert {k: bytes(v) for k, v in found.items()} == {"a/1.0": b"\x01", "a/1.1": b"\x02", "a/1.2": b"\x03"}
 
 
+def test_a_patch_refused_by_joining_it_to_an_earlier_writers_value_fails_its_own_call_alone() -> None:
+    kv, arr = HeldKV(), _array()
+    engine, stats = _engine(kv)
+    values: list[object] = [b"first", b"ab", ChunkPatch("a/0.1", [(5, b"x")]), b"other"]
+    with ThreadPoolExecutor(4) as pool:
+        futures = []
+
+        def submit(i: int) -> None:
+            coords = [(0, 0), (0, 1), (0, 1), (0, 2)][i]
+            futures.append(pool.submit(engine.writes.write, _change(arr, coords, values[i])))
+            if i:  # one at a time, so the order they join in is known
+                stats.wait_queued(i, f"write {i} to queue")
+
+        _hold_first_round(kv, stats, submit, 3)
+        for i in (0, 1, 3):
+            futures[i].result(WAIT_S)
+        with pytest.raises(ValueError, match="gap"):
+            futures[2].result(WAIT_S)
+    found = ShardEngine(kv).reads.read_chunks([arr.locate(k) for k in ("a/0.0", "a/0.1", "a/0.2")])
+    assert {k: bytes(v) for k, v in found.items()} == {"a/0.0": b"first", "a/0.1": b"ab", "a/0.2": b"other"}
+
+
 def test_a_bad_change_of_one_shard_fails_no_other_callers_change_of_another_shard() -> None:
     kv, arr = HeldKV(), _array()
     engine, stats = _engine(kv)
