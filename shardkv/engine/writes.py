@@ -185,13 +185,21 @@ class ShardWriter:
                 raise error
 
     def _abandon(self, led: dict[str, _Commit], exc: BaseException) -> None:
-        """End the commits of ``led`` that never started, telling their writers ``exc`` (started ones end anyway)."""
+        """End the commits of ``led`` that did not finish, telling their writers ``exc``.
+
+        Called once this call's :meth:`_run` is over: a commit of ``led`` not
+        done by then never ran (still next, or moved to running just before
+        the interruption), and nothing else would end it.
+        """
         with self._guard:
             for shard_key, commit in led.items():
-                if self._next.get(shard_key) is commit:
-                    del self._next[shard_key]
-                    commit.error = exc
-                    commit.done.set()
+                if commit.done.is_set():
+                    continue
+                for table in (self._next, self._running):
+                    if table.get(shard_key) is commit:
+                        del table[shard_key]
+                commit.error = exc
+                commit.done.set()
 
     def _run(self, led: dict[str, _Commit]) -> None:
         """Run the commits this call started: after the running commits of their shards, as one write.
