@@ -283,6 +283,27 @@ def test_modes_resolve_from_capabilities() -> None:
     assert files.caps.lock_dir
 
 
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("index_location", "middle"),
+        ("index_checksum", "no"),  # a truthy string would have turned checksums on
+        ("index_checksum", 0),
+        ("index_cache_bytes", -1),
+        ("index_cache_bytes", 1.5),
+        ("read_policy", 3),
+        ("buffer_bytes", True),
+        ("concurrency", "threads"),
+        ("lock_timeout", -1.0),
+        ("lock_timeout", float("nan")),
+        ("lock_timeout", "5"),
+    ],
+)
+def test_each_option_refuses_a_value_of_the_wrong_kind_naming_itself(option: str, value: object) -> None:
+    with pytest.raises(ConfigurationError, match=option):
+        Options.from_keywords(None, **{option: value})  # type: ignore[arg-type]
+
+
 def test_write_back_writes_each_shard_once_and_replays_its_journal(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from shardkv.engine.writeback import WriteBack
 

@@ -4,11 +4,14 @@ The first write of a shard starts its commit; writes of that shard arriving
 while it runs join the next commit, which stores all of them with one shard
 put. The overlap is made deterministic: the store holds the first shard put
 until every other writer has queued its change for the next commit
-(``engine.stats.writes_queued`` counts them), so no count below depends on timing. Every wait is bounded.
+(``engine.stats.writes_queued`` counts them; the engines below get counters
+that wake the test when it moves), so no count below depends on timing. Every
+wait is bounded.
 """
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -41,13 +44,55 @@ def _change(arr: ShardedArray, coords: tuple[int, ...], value: object) -> dict[s
 
 
 def _wait_for(condition, what: str) -> None:
-    """Wait until ``condition()`` holds: re-checked every millisecond, failing after ``WAIT_S`` seconds."""
+    """Wait until ``condition()`` holds: re-checked every millisecond, failing after ``WAIT_S`` seconds.
+
+    Only for a state the engine shows through nothing but its own attributes (a
+    commit waiting for a lock); counts of queued writes are waited for on
+    :class:`QueuedStats` instead.
+    """
     pause = threading.Event()
     for _ in range(int(WAIT_S * 1000)):
         if condition():
             return
         pause.wait(0.001)
     pytest.fail(f"gave up after {WAIT_S:g} s waiting for {what}")
+
+
+class QueuedStats(EngineStats):
+    """The engine's counters, waking waiters of :meth:`wait_queued` when ``writes_queued`` moves.
+
+    The writer counts a queued change under its own guard, before it waits for
+    the running commit: once the count is reached, those changes are in the
+    next commit.
+    """
+
+    def __setattr__(self, name: str, value: object) -> None:
+        changed = self.__dict__.get("_changed")
+        if name != "writes_queued" or changed is None:
+            object.__setattr__(self, name, value)
+            return
+        with changed:
+            object.__setattr__(self, name, value)
+            changed.notify_all()
+
+    def __init__(self) -> None:
+        super().__init__()
+        object.__setattr__(self, "_changed", threading.Condition())
+
+    def wait_queued(self, n: int, what: str) -> None:
+        """Wait until ``writes_queued`` is at least ``n`` (failing after ``WAIT_S`` seconds)."""
+        changed: threading.Condition = self.__dict__["_changed"]
+        with changed:
+            if not changed.wait_for(lambda: self.writes_queued >= n, WAIT_S):
+                pytest.fail(f"gave up after {WAIT_S:g} s waiting for {what}")
+
+
+def _engine(kv: CountingKV, options: Options | None = None) -> tuple[ShardEngine, QueuedStats]:
+    """An engine over ``kv`` whose writes count into :class:`QueuedStats` (its public ``stats`` attributes)."""
+    engine = ShardEngine(kv, options)
+    stats = QueuedStats()
+    engine.stats = engine.writes.stats = engine.reads.stats = stats
+    return engine, stats
 
 
 class HeldKV(CountingKV):
@@ -77,25 +122,25 @@ class HeldKV(CountingKV):
         return [key for op, key, _, _ in self.log if op == "put"]
 
 
-def _hold_first_round(kv: HeldKV, stats: EngineStats, submit, n_joining: int) -> None:
+def _hold_first_round(kv: HeldKV, stats: QueuedStats, submit, n_joining: int) -> None:
     """Run ``submit(0)`` until its put is held in the store, then ``submit(1..n_joining)``; release once all joined."""
     submit(0)
     assert kv.entered.wait(WAIT_S), "the first write never reached the store"
     for i in range(1, n_joining + 1):
         submit(i)
-    _wait_for(lambda: stats.writes_queued >= n_joining, f"{n_joining} writes to queue for the next commit")
+    stats.wait_queued(n_joining, f"{n_joining} writes to queue for the next commit")
     kv.release.set()
 
 
 def test_concurrent_writers_of_one_shard_are_merged_into_two_shard_puts() -> None:
     kv, arr = HeldKV(), _array()
-    engine = ShardEngine(kv)
+    engine, stats = _engine(kv)
     coords = [(i // 4, i % 4) for i in range(N_WRITERS)]  # distinct chunks of shard a/0.0
     with ThreadPoolExecutor(N_WRITERS) as pool:
         futures = []
         _hold_first_round(
             kv,
-            engine.stats,
+            stats,
             lambda i: futures.append(pool.submit(engine.writes.write, _change(arr, coords[i], bytes([i + 1]) * 3))),
             N_WRITERS - 1,
         )
@@ -111,13 +156,13 @@ def test_concurrent_writers_of_one_shard_are_merged_into_two_shard_puts() -> Non
 
 def test_a_commit_error_reaches_every_writer_of_that_commit_and_no_other() -> None:
     kv, arr = HeldKV(fail_first=True), _array()
-    engine = ShardEngine(kv)
+    engine, stats = _engine(kv)
     with ThreadPoolExecutor(4) as pool:
         futures = []
         # the first write's commit fails; the three that joined the next one are stored
         _hold_first_round(
             kv,
-            engine.stats,
+            stats,
             lambda i: futures.append(pool.submit(engine.writes.write, _change(arr, (0, i), bytes([i + 1])))),
             3,
         )
@@ -129,30 +174,81 @@ def test_a_commit_error_reaches_every_writer_of_that_commit_and_no_other() -> No
     assert sorted(found) == ["a/0.1", "a/0.2", "a/0.3"]
 
 
-def test_an_error_of_a_merged_commit_reaches_every_writer_that_joined_it() -> None:
+def test_a_bad_change_in_a_merged_commit_fails_its_own_call_and_no_other() -> None:
     kv, arr = HeldKV(), _array()
-    engine = ShardEngine(kv)
+    engine, stats = _engine(kv)
     with ThreadPoolExecutor(4) as pool:
         futures = []
 
         def submit(i: int) -> None:
-            # writer 3 patches a chunk nobody stored at byte 5: a gap, refused; it fails the commit it joined
+            # writer 3 patches a chunk nobody stored at byte 5: a gap, refused; the writers beside it are stored
             value = ChunkPatch("a/1.3", [(5, b"x")]) if i == 3 else bytes([i + 1])
             futures.append(pool.submit(engine.writes.write, _change(arr, (1, i), value)))
 
-        _hold_first_round(kv, engine.stats, submit, 3)
-        futures[0].result(WAIT_S)  # its own commit, before the others joined theirs: stored
-        for future in futures[1:]:
-            with pytest.raises(ValueError, match="gap"):
-                future.result(WAIT_S)
-    assert kv.shard_puts() == ["a/0.0"]  # the failed commit put nothing
+        _hold_first_round(kv, stats, submit, 3)
+        for future in futures[:3]:
+            future.result(WAIT_S)
+        with pytest.raises(ValueError, match="gap"):
+            futures[3].result(WAIT_S)
     found = ShardEngine(kv).reads.read_chunks([arr.locate(arr.chunk_key((1, i))) for i in range(4)])
-    assert sorted(found) == ["a/1.0"]
+    assert {k: bytes(v) for k, v in found.items()} == {"a/1.0": b"\x01", "a/1.1": b"\x02", "a/1.2": b"\x03"}
+
+
+def test_a_patch_refused_by_joining_it_to_an_earlier_writers_value_fails_its_own_call_alone() -> None:
+    kv, arr = HeldKV(), _array()
+    engine, stats = _engine(kv)
+    values: list[object] = [b"first", b"ab", ChunkPatch("a/0.1", [(5, b"x")]), b"other"]
+    with ThreadPoolExecutor(4) as pool:
+        futures = []
+
+        def submit(i: int) -> None:
+            coords = [(0, 0), (0, 1), (0, 1), (0, 2)][i]
+            futures.append(pool.submit(engine.writes.write, _change(arr, coords, values[i])))
+            if i:  # one at a time, so the order they join in is known
+                stats.wait_queued(i, f"write {i} to queue")
+
+        _hold_first_round(kv, stats, submit, 3)
+        for i in (0, 1, 3):
+            futures[i].result(WAIT_S)
+        with pytest.raises(ValueError, match="gap"):
+            futures[2].result(WAIT_S)
+    found = ShardEngine(kv).reads.read_chunks([arr.locate(k) for k in ("a/0.0", "a/0.1", "a/0.2")])
+    assert {k: bytes(v) for k, v in found.items()} == {"a/0.0": b"first", "a/0.1": b"ab", "a/0.2": b"other"}
+
+
+def test_a_bad_change_of_one_shard_fails_no_other_callers_change_of_another_shard() -> None:
+    kv, arr = HeldKV(), _array()
+    engine, stats = _engine(kv)
+    a, b = (arr.locate(arr.chunk_key(c)) for c in ((0, 0), (4, 4)))  # shards a/0.0 and a/1.1
+    bad = {
+        a.shard_key: ShardChange(arr, a.shard_coords, {a.local_coords: ChunkPatch(a.chunk_key, [(5, b"x")])}),
+        b.shard_key: ShardChange(arr, b.shard_coords, {b.local_coords: b"mine"}),
+    }
+    good = {b.shard_key: ShardChange(arr, b.shard_coords, {(0, 1): b"theirs"}), **_change(arr, (0, 2), b"theirs")}
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(engine.writes.write, _change(arr, (0, 1), b"first"))]  # held in the store
+        assert kv.entered.wait(WAIT_S)
+        futures.append(pool.submit(engine.writes.write, bad))  # starts both shards' next commits
+        stats.wait_queued(1, "the bad call to queue for a/0.0")
+        futures.append(pool.submit(engine.writes.write, good))  # joins both
+        stats.wait_queued(2, "the good call to queue for a/0.0")
+        kv.release.set()
+        futures[0].result(WAIT_S)
+        with pytest.raises(ValueError, match="gap"):
+            futures[1].result(WAIT_S)
+        futures[2].result(WAIT_S)
+    found = ShardEngine(kv).reads.read_chunks([arr.locate(k) for k in ("a/0.1", "a/0.2", "a/4.4", "a/4.5")])
+    assert {k: bytes(v) for k, v in found.items()} == {
+        "a/0.1": b"first",
+        "a/0.2": b"theirs",
+        "a/4.4": b"mine",  # the bad call's change of the other shard is stored too: only its bad shard is refused
+        "a/4.5": b"theirs",
+    }
 
 
 def test_joined_writes_of_one_chunk_apply_in_arrival_order() -> None:
     kv, arr = HeldKV(), _array()
-    engine = ShardEngine(kv)
+    engine, stats = _engine(kv)
     engine_write = engine.writes.write
     values: list[object] = [b"first", b"abcdef", ChunkPatch("a/0.1", [(1, b"XY")]), ChunkPatch("a/0.1", [(-1, b"!")])]
     with ThreadPoolExecutor(4) as pool:
@@ -162,9 +258,9 @@ def test_joined_writes_of_one_chunk_apply_in_arrival_order() -> None:
             coords = (0, 0) if i == 0 else (0, 1)
             futures.append(pool.submit(engine_write, _change(arr, coords, values[i])))
             if i:  # one at a time, so the order they join in is known
-                _wait_for(lambda: engine.stats.writes_queued >= i, f"write {i} to queue")
+                stats.wait_queued(i, f"write {i} to queue")
 
-        _hold_first_round(kv, engine.stats, submit, 3)
+        _hold_first_round(kv, stats, submit, 3)
         for future in futures:
             future.result(WAIT_S)
     found = ShardEngine(kv).reads.read_chunks([arr.locate("a/0.1")])
@@ -175,7 +271,7 @@ def test_joined_writes_of_one_chunk_apply_in_arrival_order() -> None:
 def test_a_write_of_a_thread_holding_shard_locks_is_not_queued_behind_a_commit_waiting_for_them() -> None:
     """Stacked stores write while holding locks: queued behind a commit that waits for those locks, it would hang."""
     kv, arr = CountingKV(), _array()
-    engine = ShardEngine(kv, Options(lock_timeout=WAIT_S))  # a regression fails instead of hanging
+    engine, stats = _engine(kv, Options(lock_timeout=WAIT_S))  # a regression fails instead of hanging
     refs = [arr.locate(arr.chunk_key(c)) for c in ((0, 0), (4, 4))]  # two shards: a/0.0 and a/1.1
     held, other = sorted(refs, key=lambda r: engine.locks.thread_stripes_of([r.shard_key])[0])
 
@@ -196,7 +292,7 @@ def test_a_write_of_a_thread_holding_shard_locks_is_not_queued_behind_a_commit_w
 
 def test_writes_of_several_shards_merge_per_shard_in_one_batched_put() -> None:
     kv, arr = HeldKV(), _array()
-    engine = ShardEngine(kv)
+    engine, stats = _engine(kv)
     a, b = (arr.locate(arr.chunk_key(c)) for c in ((0, 0), (4, 4)))  # shards a/0.0 and a/1.1
 
     def both(first, second, value: bytes) -> dict[str, ShardChange]:
@@ -211,7 +307,7 @@ def test_writes_of_several_shards_merge_per_shard_in_one_batched_put() -> None:
         # the two shards named in opposite orders: each call's shards start or join their next commits together
         futures.append(pool.submit(engine.writes.write, both(a, b, b"x")))
         futures.append(pool.submit(engine.writes.write, both(b, a, b"y")))
-        _wait_for(lambda: engine.stats.writes_queued >= 2, "both calls to queue for a/0.0")
+        stats.wait_queued(2, "both calls to queue for a/0.0")
         kv.release.set()
         for future in futures:
             future.result(WAIT_S)
@@ -222,3 +318,58 @@ def test_writes_of_several_shards_merge_per_shard_in_one_batched_put() -> None:
     assert bytes(found["a/0.1"]) == b"first"
     assert {bytes(found[a.chunk_key]), bytes(found[b.chunk_key])} <= {b"x", b"y"}
     assert bytes(found[a.chunk_key]) == bytes(found[b.chunk_key])  # the later call won on both shards
+
+
+class _Interrupted(BaseException):
+    """What the signal handler below raises in the main thread (as ``KeyboardInterrupt`` would)."""
+
+
+def test_a_call_interrupted_before_its_commit_ran_leaves_no_writer_of_that_shard_waiting() -> None:
+    """An interrupted leader: the writer that joined its commit is told, and later writes of the shard go on."""
+    kv, arr = HeldKV(), _array()
+    engine, stats = _engine(kv)
+    main = threading.get_ident()
+
+    def interrupt(signum, frame) -> None:
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    joiner_done, later_done = threading.Event(), threading.Event()
+    outcome: dict[str, BaseException | None] = {}
+
+    def run(name: str, change: dict[str, ShardChange], done: threading.Event) -> None:
+        try:
+            engine.writes.write(change)
+            outcome[name] = None
+        except BaseException as exc:  # the test reads it
+            outcome[name] = exc
+        done.set()
+
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(engine.writes.write, _change(arr, (0, 0), b"first"))  # held in the store
+            assert kv.entered.wait(WAIT_S)
+
+            def send_when_queued() -> None:  # the main thread leads the next commit of a/0.0, then is interrupted
+                stats.wait_queued(1, "the main thread to queue")
+                joiner = _change(arr, (0, 2), b"j")
+                threading.Thread(target=run, args=("joiner", joiner, joiner_done), daemon=True).start()
+                stats.wait_queued(2, "the joiner to queue")
+                signal.pthread_kill(main, signal.SIGUSR1)
+
+            sender = threading.Thread(target=send_when_queued)
+            sender.start()
+            with pytest.raises(_Interrupted):
+                engine.writes.write(_change(arr, (0, 1), b"interrupted"))  # waits for the held commit until interrupted
+            sender.join(WAIT_S)
+            kv.release.set()
+            first.result(WAIT_S)
+        assert joiner_done.wait(WAIT_S), "the writer that joined the interrupted call's commit never returned"
+        assert isinstance(outcome["joiner"], _Interrupted)  # told: its change was not stored
+        threading.Thread(target=run, args=("later", _change(arr, (0, 3), b"later"), later_done), daemon=True).start()
+        assert later_done.wait(WAIT_S), "a later write of the shard waits for a commit that will never run"
+        assert outcome["later"] is None
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    found = ShardEngine(kv).reads.read_chunks([arr.locate(arr.chunk_key((0, i))) for i in range(4)])
+    assert {k: bytes(v) for k, v in found.items()} == {"a/0.0": b"first", "a/0.3": b"later"}

@@ -8,6 +8,7 @@ location, never a lock.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import pickle
@@ -19,7 +20,7 @@ import fsspec
 import pytest
 from concurrency_harness import run_counter_processes
 
-from shardkv.engine.locks import LOCK_DIR, ShardLocks, stripe_of
+from shardkv.engine.locks import LOCK_DIR, Mode, ShardLocks, stripe_of
 from shardkv.errors import ConfigurationError, LockTimeoutError, ShardKVError
 from shardkv.storage.fsspec import FsspecStore
 from shardkv.storage.kv import ANY, KVStore
@@ -117,6 +118,32 @@ def test_lock_timeout_raises_and_releases_nothing_it_did_not_take(tmp_path) -> N
     assert isinstance(info.value, TimeoutError) and isinstance(info.value, ShardKVError)
     with waiter.hold(["x/0"]):  # free again once the holder let go
         pass
+
+
+@pytest.mark.parametrize("mode", ["files", "process"])
+@pytest.mark.parametrize("timeout", [math.inf, 1e12])
+def test_a_lock_timeout_longer_than_any_wait_the_platform_allows_waits_as_long_as_it_takes(
+    tmp_path, mode: Mode, timeout: float
+) -> None:
+    """``threading.Lock.acquire`` refuses timeouts above ``threading.TIMEOUT_MAX``: such a timeout is no limit."""
+    locks = ShardLocks(_local(str(tmp_path)).location, mode=mode, timeout=timeout)
+    with locks.hold(["x/0", "y/0"]):
+        pass
+    holder = ShardLocks(_local(str(tmp_path)).location, mode=mode)
+    taken, go = threading.Event(), threading.Event()
+
+    def hold_until_told() -> None:
+        with holder.hold(["x/0"]):
+            taken.set()
+            go.wait(60)
+
+    thread = threading.Thread(target=hold_until_told)
+    thread.start()
+    assert taken.wait(60)
+    threading.Timer(0, go.set).start()  # the waiter below waits for this holder, as long as it takes
+    with locks.hold(["x/0"]):
+        assert go.is_set()
+    thread.join(60)
 
 
 def test_four_spawned_processes_lose_no_increment(tmp_path) -> None:

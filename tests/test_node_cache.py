@@ -111,3 +111,32 @@ def test_the_walk_answers_as_the_owner_rule_over_a_known_hierarchy(hierarchy: di
     walked = cache.first(chunk_owner_paths(key), _is_array, CountingReads({p: n for p, n in hierarchy.items() if n}))
     assert walked.path == expected
     assert walked.unread is None
+
+
+def test_a_node_read_while_a_write_set_it_does_not_replace_what_the_write_set() -> None:
+    cache: NodeCache[str | None] = NodeCache()
+
+    def read(path: str) -> str | None:
+        if path == "a":  # the document is written (and the facade sets the node) while this read is under way
+            cache.set("a", ARRAY)
+            return None  # what the read found: the state before the write
+        return GROUP
+
+    assert cache.first(["", "a"], _is_array, read) == Walked(path="a", node=ARRAY)
+    assert cache.kept(["a"]) == {"a": ARRAY}
+
+
+def test_a_node_read_while_a_delete_forgot_it_is_read_again_not_kept_stale() -> None:
+    cache: NodeCache[str | None] = NodeCache()
+    reads = CountingReads({"": GROUP})
+
+    def read(path: str) -> str | None:
+        if path == "a" and "a" not in reads.paths:  # the array is deleted (and forgotten) while it is read
+            reads.paths.append(path)
+            cache.forget_under("a")
+            return ARRAY  # what the read found: the state before the delete
+        return reads(path)
+
+    assert cache.first(["", "a"], _is_array, read) == Walked()
+    assert reads.paths == ["", "a", "a"]
+    assert cache.kept(["a"]) == {"a": None}

@@ -43,7 +43,11 @@ a lock file goes through the engine's one retry loop
 (:func:`~shardkv.engine.retry.attempts`): a blocking ``flock`` without a
 timeout, tries spaced by :data:`~shardkv.engine.retry.LOCK_BACKOFF` until the
 deadline with one. A hold nested in another of the same thread (stacked
-transformers) skips the stripes its thread holds. Locks are never pickled, and
+transformers) skips the stripes its thread holds; it is the one exception to
+the order: it waits for its stripes and lock files while its thread holds the
+outer hold's, so two stacked writes whose shards cross (each one's inner shard
+on the other's outer stripe) wait for each other until the lock timeout
+(``LockTimeoutError``; with no timeout, for ever). Locks are never pickled, and
 a forked child starts with an empty pool (it never releases the parent's lock
 files: ``flock`` locks belong to the open file, which the child shares).
 
@@ -619,7 +623,9 @@ class ShardLocks:
                 if skip_held and _held_by_this_thread(token):
                     continue  # a nested hold: this thread holds it already
                 lock = pool[stripe]
-                if not lock.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
+                # a wait longer than the platform allows (a timeout of inf) is as long as it takes
+                wait = -1 if deadline is None else min(threading.TIMEOUT_MAX, max(0.0, deadline - time.monotonic()))
+                if not lock.acquire(timeout=wait):
                     raise LockTimeoutError(f"thread stripe {stripe} of {self.location!r}", self.timeout or 0.0)
                 stack.callback(lock.release)
                 _note_held(stack, token)

@@ -116,7 +116,8 @@ class Options:
             )
         if self.index_location not in get_args(IndexLocation):
             raise ConfigurationError(f"index_location must be 'start' or 'end', got {self.index_location!r}")
-        object.__setattr__(self, "index_checksum", bool(self.index_checksum))
+        if not isinstance(self.index_checksum, bool):  # bool() would take any string for True
+            raise ConfigurationError(f"index_checksum must be True or False, got {self.index_checksum!r}")
         _nonnegative_int("index_cache_bytes", self.index_cache_bytes)
         if not isinstance(self.read_policy, ReadPolicy):
             raise ConfigurationError(f"read_policy must be a ReadPolicy, got {self.read_policy!r}")

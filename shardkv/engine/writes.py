@@ -28,8 +28,15 @@ join the shard's *next* commit, which starts when the running one has
 finished (its writer waits for it on an event) and stores all of them with
 one read-modify-write. So N writers of a shard cost at most two shard
 rewrites while one runs, not N. Each call returns only when every change it
-made is stored; an error of a commit is raised to every call that joined it
-(a write's own commit and any it joined). The locks and the conditional puts
+made is stored; an error of a commit (of the store, the locks, a lost race)
+is raised to every call that joined it (a write's own commit and any it
+joined). A change the merge refuses (a patch that would leave a gap) fails
+its shard alone, never the other shards of the round; if other calls' changes
+joined that shard's commit, they are then written one by one, in arrival
+order, so only the call that made the bad change is told, and nothing of the
+others is lost. A call interrupted before the commits it started ran (a
+``KeyboardInterrupt``) tells their other writers so, rather than leaving them
+waiting. The locks and the conditional puts
 exclude writers of other processes (and of other engines) exactly as
 without merging: a commit holds them as one write does. A write made by a
 thread that holds shard locks (inside :meth:`ShardWriter.hold`, or a nested
@@ -69,12 +76,18 @@ class _Commit:
     """One read-modify-write of one shard, for every change that joined it before it started.
 
     ``done`` is set once the commit has finished, with ``error`` the
-    exception that stopped it (``None``: every change of it is stored).
+    exception that stopped it (``None``: every change of it is stored, but
+    those of ``refused``: position in ``changes`` -> why it was not stored).
     """
 
     changes: list[ShardChange] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
+    refused: dict[int, Exception] = field(default_factory=dict)
+
+    def error_of(self, position: int) -> BaseException | None:
+        """Why the change at ``position`` of ``changes`` was not stored (``None``: it is)."""
+        return self.error if self.error is not None else self.refused.get(position)
 
 
 class ShardWriter:
@@ -128,7 +141,9 @@ class ShardWriter:
         Raises
         ------
         ValueError
-            If a :class:`~shardkv.engine.merge.ChunkPatch` would leave a gap in its chunk.
+            If a :class:`~shardkv.engine.merge.ChunkPatch` would leave a gap in
+            its chunk (that shard is left as it was; the call's other shards
+            are stored).
         LockTimeoutError
             If a shard lock was not obtained within the lock timeout.
         ConcurrentUpdateError
@@ -139,31 +154,59 @@ class ShardWriter:
         if not changes:
             return
         if holds_shard_locks():  # a commit this would wait for may be waiting for this thread's locks
-            lost = self._write_held(changes)
+            lost, refused = self._write_held(changes)
+            if refused:
+                raise refused[min(refused)]
             if lost:
-                raise ConcurrentUpdateError(sorted(lost)[0], WRITE_ATTEMPTS, WRITE_ATTEMPTS)
+                raise ConcurrentUpdateError(min(lost), WRITE_ATTEMPTS, WRITE_ATTEMPTS)
             return
         led: dict[str, _Commit] = {}
-        joined: list[_Commit] = []
-        with self._guard:
-            for shard_key, change in changes.items():
-                commit = self._next.get(shard_key)
-                if commit is None:
-                    commit = self._next[shard_key] = led[shard_key] = _Commit()
-                if shard_key in self._running:
-                    self.stats.writes_queued += 1
-                commit.changes.append(change)
-                joined.append(commit)
-        if led:
-            self._run(led)
-        for commit in joined:
+        joined: list[tuple[_Commit, int]] = []
+        try:
+            with self._guard:
+                for shard_key, change in changes.items():
+                    commit = self._next.get(shard_key)
+                    if commit is None:
+                        commit = self._next[shard_key] = led[shard_key] = _Commit()
+                    if shard_key in self._running:
+                        self.stats.writes_queued += 1
+                    joined.append((commit, len(commit.changes)))
+                    commit.changes.append(change)
+            if led:
+                self._run(led)
+        except BaseException as exc:  # interrupted: the commits this call started and never ran would wait forever
+            self._abandon(led, exc)
+            raise
+        for commit, _ in joined:
             commit.done.wait()  # bounded: its writer runs one bounded write (lock timeout, write attempts)
-        for commit in joined:
-            if commit.error is not None:
-                raise commit.error
+        for commit, position in joined:
+            error = commit.error_of(position)
+            if error is not None:
+                raise error
+
+    def _abandon(self, led: dict[str, _Commit], exc: BaseException) -> None:
+        """End the commits of ``led`` that did not finish, telling their writers ``exc``.
+
+        Called once this call's :meth:`_run` is over: a commit of ``led`` not
+        done by then never ran (still next, or moved to running just before
+        the interruption), and nothing else would end it.
+        """
+        with self._guard:
+            for shard_key, commit in led.items():
+                if commit.done.is_set():
+                    continue
+                for table in (self._next, self._running):
+                    if table.get(shard_key) is commit:
+                        del table[shard_key]
+                commit.error = exc
+                commit.done.set()
 
     def _run(self, led: dict[str, _Commit]) -> None:
-        """Run the commits this call started: after the running commits of their shards, as one write."""
+        """Run the commits this call started: after the running commits of their shards, as one write.
+
+        Raises only when interrupted (not an ``Exception``): every other error
+        is kept on the commits, for their writers.
+        """
         for shard_key in led:  # only this call starts these shards' next commits: none can start meanwhile
             with self._guard:
                 before = self._running.get(shard_key)
@@ -175,8 +218,21 @@ class ShardWriter:
                 self._running[shard_key] = commit
         errors: dict[str, BaseException] = {}
         try:
-            lost = self._write_held({k: join_changes(c.changes) for k, c in led.items()})
+            joined: dict[str, ShardChange] = {}
+            refused: dict[str, Exception] = {}
+            for shard_key, commit in led.items():
+                try:
+                    joined[shard_key] = join_changes(commit.changes)
+                except ValueError as refusal:
+                    refused[shard_key] = refusal
+            lost, refused_now = self._write_held(joined)
+            refused.update(refused_now)
             errors = {k: ConcurrentUpdateError(k, WRITE_ATTEMPTS, WRITE_ATTEMPTS) for k in lost}
+            for shard_key, why in refused.items():
+                if len(led[shard_key].changes) == 1:
+                    errors[shard_key] = why
+                else:  # which change was refused is known only one at a time: the others are stored
+                    self._write_one_by_one(shard_key, led[shard_key])
         except BaseException as exc:  # which of the shards were stored is unknown: every writer of them is told
             errors = dict.fromkeys(led, exc)
             if not isinstance(exc, Exception):
@@ -188,20 +244,45 @@ class ShardWriter:
                     commit.error = errors.get(shard_key)
                     commit.done.set()
 
-    def _write_held(self, changes: Mapping[str, ShardChange]) -> dict[str, ShardChange]:
-        """The bounded rounds of one write, holding its shards' locks; the changes still lost after the last."""
+    def _write_one_by_one(self, shard_key: str, commit: _Commit) -> None:
+        """Write the changes of ``commit`` (one shard) one after another, keeping each one's error in ``refused``.
+
+        Raises
+        ------
+        LockTimeoutError, OSError
+            As :meth:`write` (then the commit fails as a whole).
+        """
+        for position, change in enumerate(commit.changes):
+            lost, refused = self._write_held({shard_key: change})
+            if shard_key in refused:
+                commit.refused[position] = refused[shard_key]
+            elif lost:
+                commit.refused[position] = ConcurrentUpdateError(shard_key, WRITE_ATTEMPTS, WRITE_ATTEMPTS)
+
+    def _write_held(self, changes: Mapping[str, ShardChange]) -> tuple[dict[str, ShardChange], dict[str, Exception]]:
+        """The bounded rounds of one write, holding its shards' locks.
+
+        Returns the changes still lost after the last round, and the shards
+        whose changes the merge refused (shard key -> its ``ValueError``;
+        nothing of those shards is written).
+        """
         todo = dict(changes)
+        refused: dict[str, Exception] = {}
         with self.locks.hold_arrays({k: c.array for k, c in todo.items()}):
             for _ in attempts(WRITE_ATTEMPTS, WRITE_BACKOFF):
                 self.stats.write_attempts += 1
-                todo = self._write_round(todo)
+                todo = self._write_round(todo, refused)
                 if not todo:
-                    return {}
+                    return {}, refused
                 self.stats.write_lost += len(todo)
-        return todo
+        return todo, refused
 
-    def _write_round(self, changes: Mapping[str, ShardChange]) -> dict[str, ShardChange]:
-        """One read-merge-put round; the changes of the shards whose conditional put lost."""
+    def _write_round(self, changes: Mapping[str, ShardChange], refused: dict[str, Exception]) -> dict[str, ShardChange]:
+        """One read-merge-put round; the changes of the shards whose conditional put lost.
+
+        A shard whose changes the merge refuses (``ValueError``: a patch that
+        would leave a gap) is put into ``refused`` and not written; the others are.
+        """
         kv, cache, optimistic = self.kv, self.cache, self.locks.optimistic
         partial = [k for k, c in changes.items() if not c.covers_shard()]
         old = dict(zip(partial, kv.get_many([(k, None, ANY) for k in partial]), strict=True)) if partial else {}
@@ -212,7 +293,11 @@ class ShardWriter:
             before = old.get(shard_key)
             stored = before is not None and before.found
             chunks = arr.layout.chunks_of_shard(before.whole(), shard_key) if before is not None and stored else {}
-            merged = merge_chunks(arr, change.shard_coords, chunks, change.chunks)
+            try:
+                merged = merge_chunks(arr, change.shard_coords, chunks, change.chunks)
+            except ValueError as exc:  # this shard's change is refused; the round's other shards are written
+                refused[shard_key] = exc
+                continue
             if before is None:
                 condition = ANY  # written whole: blind
             elif optimistic:

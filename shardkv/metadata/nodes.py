@@ -60,10 +60,24 @@ class NodeCache(Generic[N]):
         with self.lock:
             return [p for p in dict.fromkeys(paths) if p not in self._nodes]
 
-    def load(self, nodes: Mapping[str, N]) -> None:
-        """Keep nodes just read (what the paths already were: owners do not change)."""
+    def load(self, nodes: Mapping[str, N], since: int | None = None) -> dict[str, N]:
+        """Keep nodes just read (what the paths already were: owners do not change); the nodes to answer with.
+
+        Parameters
+        ----------
+        nodes : mapping of str to node
+            Path -> the node read there.
+        since : int, optional
+            :attr:`generation` when the reads began. If it has moved since, a
+            write or a delete ran meanwhile and the reads may predate it:
+            nothing is kept (the next use reads again), and a node kept
+            meanwhile (set by that write) answers instead of the one read.
+        """
         with self.lock:
-            self._nodes.update(nodes)
+            if since is None or since == self.generation:
+                self._nodes.update(nodes)
+                return dict(nodes)
+            return {p: self._nodes.get(p, node) for p, node in nodes.items()}
 
     def set(self, path: str, node: N) -> None:
         """Record what ``path`` now is (written through the facade: owners may change)."""
@@ -116,12 +130,14 @@ class NodeCache(Generic[N]):
 
         Nodes are read one at a time, only up to the first that decides: a
         chunk of ``g/arr`` costs the read of ``g/arr`` alone. Each round reads
-        one more path; only nodes forgotten by other threads as fast as they
-        are read outlast the rounds, and then none decides.
+        one more path (or reads one again that a write changed while it was
+        read); only nodes changed by other threads as fast as they are read
+        outlast the rounds, and then none decides.
         """
-        for _ in range(len(paths) + 1):
+        for _ in range(2 * len(paths) + 1):
             walked = self.walk(paths, decides)
             if walked.unread is None:
                 return walked
-            self.load({walked.unread: read(walked.unread)})
+            since = self.generation
+            self.load({walked.unread: read(walked.unread)}, since)
         return Walked()

@@ -122,14 +122,14 @@ class DraftNodes:
         if kept:
             return kept[path]
         key = self.array_key(path)
+        since = self._arrays.generation  # a write meanwhile: what is read here is not kept
         try:
             raw = self._api.get(key)
         except KeyError:
             state = None
         else:
             state = self._make_state(path, load_json(key, raw))
-        self._arrays.load({path: state})
-        return state
+        return self._arrays.load({path: state}, since)[path]
 
     def _make_state(self, path: str, stored: dict[str, Any]) -> DraftArray:
         entries = storage_transformer_entries(stored, path)

@@ -272,6 +272,7 @@ class NodeTable:
         paths = list(dict.fromkeys(p.strip("/") for p in paths))
         missing = self._cache.unread(paths)
         if missing:
+            since = self._cache.generation  # a write meanwhile: what is read here is not kept
             found = self._read([join_path(p, ZARR_JSON) for p in missing])
             raw_json = {p: found.get(join_path(p, ZARR_JSON)) for p in missing}
             built: dict[str, Node] = {}
@@ -286,7 +287,7 @@ class NodeTable:
                 zarrays = self._read([join_path(p, ".zarray") for p in undecided])
                 for p in undecided:
                     built[p] = build_node(p, raw_json[p], zarrays.get(join_path(p, ".zarray")))
-            self._cache.load(built)
+            return {**self._cache.kept(paths), **self._cache.load(built, since)}
         return self._cache.kept(paths)
 
     def v3_nodes(self, paths: Iterable[str]) -> dict[str, Node]:

@@ -120,12 +120,13 @@ class NodeTable:
         kept = self._cache.kept([path])
         if kept:
             return kept[path]
+        since = self._cache.generation  # a write meanwhile: what is read here is not kept
         raw = await self.base.get(join_path(path, ZARR_JSON), prototype=prototype())
-        return self._load(path, None if raw is None else raw.to_bytes())
+        return self._load(path, None if raw is None else raw.to_bytes(), since)
 
     async def _first(self, paths: list[str]) -> Node:
         """The first node among ``paths`` that is not a group or nothing (the cache's walk, reading as it goes)."""
-        for _ in range(len(paths) + 1):  # each round reads one more path
+        for _ in range(2 * len(paths) + 1):  # each round reads one more path (or one again a write changed meanwhile)
             walked = self._cache.walk(paths, _is_node)
             if walked.unread is None:
                 return walked.node
@@ -143,11 +144,12 @@ class NodeTable:
         self._cache.set(path, node)
         return node
 
-    def _load(self, path: str, raw: bytes | None) -> Node:
-        """Keep the node at ``path`` from the ``zarr.json`` just read there (``None``: there is none)."""
-        node = _build(path, raw)
-        self._cache.load({path: node})
-        return node
+    def _load(self, path: str, raw: bytes | None, since: int) -> Node:
+        """Keep the node at ``path`` from the ``zarr.json`` read there since generation ``since`` (``None``: none).
+
+        The node to answer with (:meth:`NodeCache.load`: one a write set meanwhile wins).
+        """
+        return self._cache.load({path: _build(path, raw)}, since)[path]
 
     def forget_below(self, path: str) -> None:
         """Forget the nodes at and below ``path`` (deleted)."""
@@ -200,12 +202,13 @@ class NodeTable:
 
     async def read_document(self, path: str, key: str) -> bytes | None:
         """The ``zarr.json`` at ``key`` as presented above the store, or ``None`` when not stored."""
+        since = self._cache.generation  # a write meanwhile: what is read here is not kept
         raw = await self.base.get(key, prototype=prototype())
         if raw is None:
-            self._load(path, None)
+            self._load(path, None, since)
             return None
         data = raw.to_bytes()
-        self._load(path, data)
+        self._load(path, data, since)
         doc = parse_document(data)
         if doc is None:
             return data

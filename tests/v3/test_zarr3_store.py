@@ -9,6 +9,7 @@ to a plain zarr 3 MemoryStore.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import pickle
 import threading
@@ -441,3 +442,44 @@ def test_listing_an_arrays_chunk_keys_reads_its_own_zarr_json_alone() -> None:
     assert keys == ["g/a/c/0/0", "g/a/c/0/1", "g/a/c/1/0", "g/a/c/1/1", "g/a/zarr.json"]
     # the owner rule: neither the root nor the group g can own g/a/'s keys, so neither is read
     assert [k for k in base.gets if k.endswith("zarr.json")] == ["g/a/zarr.json"]
+
+
+class _HeldRead(MemoryStore):
+    """A memory store whose next read of ``held`` finds the value stored then, and returns it once the test lets go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: str | None = None
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
+        value = await super().get(key, prototype, byte_range)
+        if key == self.held:
+            self.held = None
+            self.entered.set()
+            await asyncio.wait_for(self.release.wait(), 30)
+        return value
+
+
+def test_a_document_read_while_it_is_rewritten_does_not_replace_the_node_of_the_rewrite() -> None:
+    """zarr 3 reads and writes ``zarr.json`` in tasks of one loop: a read begun before a write ends after it."""
+    base = _HeldRead()
+    store = ShardedStore(base, chunks_per_shard=4)
+    _write(store)
+    grown = json.loads(_raw(store, "a/zarr.json") or b"")
+    grown["shape"] = [800, 300]
+    prototype = default_buffer_prototype()
+
+    async def read_across_a_resize() -> None:
+        base.held = "a/zarr.json"
+        reader = asyncio.ensure_future(store.get("a/zarr.json", prototype=prototype))
+        await base.entered.wait()  # the read has found the old document
+        await store.set("a/zarr.json", cpu.Buffer.from_bytes(json.dumps(grown).encode()))
+        base.release.set()
+        await reader
+
+    sync(read_across_a_resize())
+    chunk = bytes(range(200))
+    sync(store.set("a/c/12/0", cpu.Buffer.from_bytes(chunk)))  # a chunk only the grown array has
+    assert _raw(store, "a/c/12/0") == chunk
