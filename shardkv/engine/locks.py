@@ -128,7 +128,7 @@ def resolve_mode(kv: KVStore, concurrency: str) -> Mode:
     if concurrency == "files" or (concurrency == "auto" and caps.lock_dir):
         if not caps.lock_dir:
             raise ConfigurationError(
-                f"concurrency='files' needs a store in a directory; {kv.location!r} is not one "
+                f"concurrency='files' needs a store in a directory; {_store_name(kv)} is not one "
                 "(object stores: concurrency='conditional')"
             )
         return "files"
@@ -144,23 +144,29 @@ def resolve_mode(kv: KVStore, concurrency: str) -> Mode:
     )
     if concurrency == "conditional":
         raise ConfigurationError(
-            f"concurrency='conditional' needs a store with conditional writes; {_store_name(kv)} at "
-            f"{kv.location!r} has none{hint}: pass concurrency='process' or 'none'"
+            f"concurrency='conditional' needs a store with conditional writes; {_store_name(kv)} "
+            f"has none{hint}: pass concurrency='process' or 'none'"
         )
     raise ConfigurationError(
-        f"the store {_store_name(kv)} at {kv.location!r} offers neither lock files nor conditional "
+        f"the store {_store_name(kv)} offers neither lock files nor conditional "
         f"writes{hint}, so concurrent writers of one shard could lose updates: pass concurrency='process' "
         "(safe within this process only) or concurrency='none' (one writer per shard)"
     )
 
 
 def _store_name(kv: KVStore) -> str:
-    """The class of the user's store behind ``kv`` (a mapping, an obstore store, a filesystem), for messages."""
-    for attribute in ("mapping", "store", "fs"):
-        user = getattr(kv, attribute, None)
-        if user is not None:
-            return type(user).__name__
-    return type(kv).__name__
+    """The class of the user's store behind ``kv`` and where it is, for messages.
+
+    The store is found through shardkv's own wrappers (a mapping, a zarr 3 store seen as a mapping, an obstore
+    store, a filesystem), so the message names what the user passed (``ZipStore``), not an adapter.
+    """
+    user: object = kv
+    while type(user).__module__.startswith("shardkv."):  # unwrap shardkv's adapters down to the user's store
+        inner = next((getattr(user, a) for a in ("mapping", "store", "fs") if getattr(user, a, None) is not None), None)
+        if inner is None:
+            break
+        user = inner
+    return f"{type(user).__name__} at {kv.location.root or '(the root)'!r}"
 
 
 def lock_prefix(arr: ShardedArray) -> str:

@@ -267,3 +267,15 @@ def test_zip_store_delete_dir_refused_keeps_the_chunks_held(tmp_path: Path) -> N
     np.testing.assert_array_equal(
         zarr.open_array(ZipStore(tmp_path / "data.zip"), path="a")[:], [1, 2, 3, 4, 5, 6, 0, 0]
     )
+
+
+def test_a_zip_store_without_a_concurrency_mode_is_refused_naming_it_and_what_to_do(tmp_path: Path) -> None:
+    """A store with neither lock files nor conditional writes: the error names the user's store, not an adapter."""
+    from shardkv.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError) as refused:
+        ShardedStore(_zip(tmp_path), chunks_per_shard=2)
+    message = str(refused.value)
+    assert f"ZipStore at 'zip://{tmp_path / 'data.zip'}'" in message
+    assert "concurrency='process'" in message and "concurrency='none'" in message
+    assert "StoreMapping" not in message and "StoreLocation" not in message
