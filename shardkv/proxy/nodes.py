@@ -287,7 +287,8 @@ class NodeTable:
                 zarrays = self._read([join_path(p, ".zarray") for p in undecided])
                 for p in undecided:
                     built[p] = build_node(p, raw_json[p], zarrays.get(join_path(p, ".zarray")))
-            return {**self._cache.kept(paths), **self._cache.load(built, since)}
+            found_nodes = {**self._cache.kept(paths), **self._cache.load(built, since)}
+            return {p: found_nodes[p] for p in paths if p in found_nodes}  # in the order asked, read or cached
         return self._cache.kept(paths)
 
     def v3_nodes(self, paths: Iterable[str]) -> dict[str, Node]:
