@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import replace
 from typing import Any, Unpack
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
@@ -177,9 +178,14 @@ class ShardedStore(Store):
         super().__init__(read_only=read_only)
         self._base = base
         self._options = options
+        # a read-only store writes nothing, so it has no writer of its own to exclude: "auto" needs no locks
+        # (a read-only ZipStore offers neither lock files nor conditional writes)
+        engine_options = (
+            replace(options, concurrency="none") if read_only and options.concurrency == "auto" else options
+        )
         # a store that cannot delete cannot replace a value either: each shard is written once
         self._engine = ChunkEngine(
-            engine_base(base), options, replaces=bool(base.supports_deletes), store_name=repr(base)
+            engine_base(base), engine_options, replaces=bool(base.supports_deletes), store_name=repr(base)
         )
         self._nodes = NodeTable(base, options)
         self._has_journal = journal is not None

@@ -208,6 +208,11 @@ def test_zip_store_written_chunk_by_chunk_holds_each_shard_once(tmp_path: Path, 
     # and through shardkv, as written
     again = ShardedStore(ZipStore(tmp_path / "data.zip", mode="r"), chunks_per_shard=2, concurrency="none")
     np.testing.assert_array_equal(zarr.open_array(again, path="g/a", mode="r")[:], data)
+    # a read-only store writes nothing: its default concurrency needs no locks the zip store cannot give
+    default = ShardedStore(ZipStore(tmp_path / "data.zip", mode="r"), chunks_per_shard=2)
+    assert default.concurrency_mode == "none"
+    np.testing.assert_array_equal(zarr.open_array(default, path="g/a", mode="r")[:], data)
+    assert default._options.concurrency == "auto"  # kept as given: a writable copy resolves "auto" again
 
 
 def test_zip_store_same_entries_as_zarr_alone_writes_once_per_chunk(tmp_path: Path) -> None:
