@@ -64,6 +64,7 @@ def register(cls: type, protocol: ZarrProtocol) -> None:
 
 
 @cache
+@cache
 def _installed_zarr() -> str | None:
     """The installed zarr-python's version, ``None`` without one (read once per process)."""
     try:
