@@ -65,18 +65,71 @@ def p6_buffer_bytes(shape: tuple[int, ...]) -> int:
     return min(64 * MiB, array_bytes // 4)
 
 
-def parse_args(description: str, impls: tuple[str, ...]) -> argparse.Namespace:
-    """The command line shared by the workloads."""
+def parse_args(description: str, impls: tuple[str, ...], shardkv_options: bool = False) -> argparse.Namespace:
+    """The command line shared by the workloads.
+
+    With ``shardkv_options``, also ``--shardkv-option NAME=VALUE`` (repeatable; ``args.shardkv_options``, a
+    dict, each value parsed as JSON when it parses, else kept as text) and ``--dir PATH`` (``args.dir``: the
+    directory the workload makes its temporary directories in; default the system's).
+    """
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--json", action="store_true", help="print one JSON line (for benchmarks/run.py)")
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
     parser.add_argument("--repeat", type=int, default=1, help="repetitions inside this process")
     parser.add_argument("--impl", choices=impls, default=impls[0])
     parser.add_argument("--seed", type=int, default=0)
+    if shardkv_options:
+        parser.add_argument(
+            "--shardkv-option",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="an option of every shardkv store the workload makes (repeatable); VALUE is read as JSON "
+            'when it parses (0.5, true, null, "auto"), else as text',
+        )
+        parser.add_argument("--dir", default=None, help="make the temporary directories in this directory")
     args = parser.parse_args()
+    if shardkv_options:
+        try:
+            args.shardkv_options = parse_shardkv_options(args.shardkv_option)
+        except ValueError as exc:
+            parser.error(str(exc))
     if args.repeat < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
     return args
+
+
+def parse_shardkv_options(items: list[str]) -> dict[str, Any]:
+    """The ``--shardkv-option`` texts as keywords: ``["a=append", "b=0.5"]`` -> ``{"a": "append", "b": 0.5}``.
+
+    A value is parsed as JSON when it parses (numbers, ``true``/``false``, ``null``, quoted text), else kept
+    as the text it is. ``ValueError`` for an item without ``=`` or a name given twice.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--shardkv-option takes NAME=VALUE, got {item!r}")
+        if name in out:
+            raise ValueError(f"--shardkv-option {name} given twice")
+        try:
+            out[name] = json.loads(text)
+        except json.JSONDecodeError:
+            out[name] = text
+    return out
+
+
+def unknown_shardkv_options(names: Any) -> list[str]:
+    """The names among ``names`` that the installed shardkv's stores take no keyword for (sorted).
+
+    The stores take the keywords of ``shardkv.engine.options.OptionKeywords`` (what ``Options.from_keywords``
+    accepts), so an option another branch adds is known here once it is installed.
+    """
+    import typing
+
+    from shardkv.engine.options import OptionKeywords
+
+    return sorted(set(names) - set(typing.get_type_hints(OptionKeywords)))
 
 
 def make_data(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
@@ -130,14 +183,33 @@ def chunk_blocks(shape: tuple[int, int]) -> Iterator[tuple[slice, slice]]:
 
 
 class TempDir:
-    """A fresh temporary directory per use (``with TempDir() as path``), removed afterwards."""
+    """A fresh temporary directory per use (``with TempDir() as path``), removed afterwards.
+
+    ``parent``: the directory to make it in (made if missing; default the system's temporary directory).
+    """
+
+    def __init__(self, parent: str | None = None) -> None:
+        self.parent = parent
 
     def __enter__(self) -> str:
-        self.path = tempfile.mkdtemp(prefix="shardkv-bench-")
+        if self.parent is not None:
+            os.makedirs(self.parent, exist_ok=True)
+        self.path = tempfile.mkdtemp(prefix="shardkv-bench-", dir=self.parent)
         return self.path
 
     def __exit__(self, *exc: object) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def io_bytes() -> tuple[int, int]:
+    """(``rchar``, ``wchar``) of ``/proc/self/io``: bytes this process (every thread) passed to read and write calls.
+
+    They count every read and write system call (files, pipes, this file), cached or not; the caller takes the
+    difference around what it measures.
+    """
+    with open("/proc/self/io") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return int(fields["rchar"]), int(fields["wchar"])
 
 
 def dir_bytes(path: str) -> int:
