@@ -6,8 +6,9 @@ Each workload (``benchmarks/workloads/<name>.py``) runs as a subprocess in the
 environment it needs: ``.venv-zarr2`` (zarr-python 2.18 + shardkv) or
 ``.venv-zarr3`` (zarr-python 3), the two environments ``bash tests/run.sh``
 builds, or ``.venv-bench`` (Python 3.12: newest zarr 3, zarrs, tensorstore,
-obstore, s3fs, moto) for the peer matrix (:mod:`peers_matrix`); ``--make-envs``
-builds missing ones the same way. A workload prints
+obstore, s3fs, moto) for the peer matrix (:mod:`peers_matrix`) and the peers
+of issue 29's rows (:mod:`w29`, which take ``--shardkv-option`` and ``--dir``);
+``--make-envs`` builds missing ones the same way. A workload prints
 one JSON line with every repetition; this runner takes the medians, prints a
 Markdown table with the machine's facts and writes the same text to
 ``benchmarks/results/latest.md``. A missing environment or a proxy feature
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import peers_matrix
+import w29
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ROOT / "benchmarks" / "workloads"
@@ -177,9 +179,10 @@ def run_here(workload: str, argv: list[str]) -> tuple[int, str, str]:
     return status, out.getvalue(), err.getvalue()
 
 
-def collect(args: argparse.Namespace, py2: str | None, py3: str | None) -> dict[str, Any]:
+def collect(args: argparse.Namespace, pythons: dict[str, str | None]) -> dict[str, Any]:
     """Every workload result, keyed ``workload/impl``."""
     rep = args.repeat
+    py2, py3 = pythons["zarr2"], pythons["zarr3"]
     res: dict[str, Any] = {}
     if getattr(args, "peers_only", False):
         names = [
@@ -197,7 +200,7 @@ def collect(args: argparse.Namespace, py2: str | None, py3: str | None) -> dict[
             "convert_scale/tensorstore",
             "list_scale/shardkv",
             "s3_reads/all",
-            "zarr3_store_write/shardkv-zarr3",
+            *w29.keys(),
             *(f"dask_writes/{i}" for i in DASK_IMPLS),
         ]
         return {name: Missing("skipped: --peers-only") for name in names}
@@ -205,7 +208,15 @@ def collect(args: argparse.Namespace, py2: str | None, py3: str | None) -> dict[
     res["write_read/zarr3"] = run_workload(py3, "write_read", "zarr3", args, rep)
     for impl in ("shardkv-writeback", "shardkv", "zarr2-transformer"):
         res[f"chunkwise_write/{impl}"] = run_workload(py2, "chunkwise_write", impl, args, rep)
-    res["zarr3_store_write/shardkv-zarr3"] = run_workload(py3, "zarr3_store_write", "shardkv-zarr3", args, rep)
+    # issue 29's rows: each implementation in its own process and environment (shardkv: zarr3, peers: bench)
+    res.update(
+        w29.collect(
+            pythons,
+            lambda py, workload, impl, extra: run_workload(py, workload, impl, args, rep, extra),
+            args.shardkv_option,
+            args.dir,
+        )
+    )
     res["random_reads/shardkv"] = run_workload(py2, "random_reads", "shardkv", args, rep)
     res["random_reads/zarr3"] = run_workload(py3, "random_reads", "zarr3", args, rep)
     res["proxy_overhead/shardkv"] = run_workload(py2, "proxy_overhead", "shardkv", args, rep)
@@ -294,7 +305,8 @@ def met(value: float, goal: float | None) -> str:
     return "yes" if value <= goal + 1e-12 else "no"
 
 
-def build_rows(res: dict[str, Any]) -> list[list[str]]:
+def build_rows(res: dict[str, Any], shardkv_options: list[str]) -> list[list[str]]:
+    """The main table's rows (``shardkv_options``: the ``--shardkv-option`` texts, named in the W29 rows)."""
     rows: list[list[str]] = []
     wr_sk, wr_z3 = res["write_read/shardkv"], res["write_read/zarr3"]
     p1 = _shape_text(wr_sk, wr_z3)
@@ -328,7 +340,7 @@ def build_rows(res: dict[str, Any]) -> list[list[str]]:
         bw = median(r, "bytes_written")
         rows.append(value_row(rid, what, f"{fmt_bytes(bw)} written", tr_cell, bw / r["array_bytes"], goal))
 
-    rows.extend(zarr3_write_rows(res))
+    rows.extend(w29.goal_rows(res, shardkv_options, ratio_row, value_row))
 
     rr_sk, rr_z3 = res["random_reads/shardkv"], res["random_reads/zarr3"]
     n = next((r["reads_per_pass"] for r in (rr_sk, rr_z3) if not isinstance(r, Missing)), "?")
@@ -396,30 +408,6 @@ def build_rows(res: dict[str, Any]) -> list[list[str]]:
     rows.extend(s3_rows(res))
     rows.extend(dask_rows(res))
     return rows
-
-
-def zarr3_write_rows(res: dict[str, Any]) -> list[list[str]]:
-    """W29-1: zarr 3 ``z[...] = data`` through ``shardkv.zarr3.ShardedStore(dir)``, default options."""
-    r = res["zarr3_store_write/shardkv-zarr3"]
-    what = "zarr 3 whole write through shardkv.zarr3.ShardedStore(dir), default options"
-    if isinstance(r, Missing):
-        return [value_row("W29-1", f"{what}: bytes written / stored", "", "—", r, 1.1)]
-    shape = "x".join(map(str, r["shape"]))
-    written, stored = median(r, "written_bytes"), median(r, "stored_bytes")
-    cell = (
-        f"{fmt_bytes(written)} written, {fmt_s(median(r, 'write_s'))}, {median(r, 'shard_puts'):.0f} shard puts, "
-        f"{median(r, 'writes_queued'):.0f} chunk writes queued"
-    )
-    return [
-        value_row(
-            "W29-1",
-            f"{what}, {shape} u2, 64³ chunks, 4³ per shard, zstd 0: bytes written / stored",
-            cell,
-            f"{fmt_bytes(stored)} stored",
-            written / stored,
-            1.1,
-        )
-    ]
 
 
 def convert_rows(res: dict[str, Any]) -> list[list[str]]:
@@ -656,7 +644,7 @@ def machine_facts(res: dict[str, Any], py2: str | None, py3: str | None) -> list
 
 
 def _env_of(key: str) -> str:
-    return "zarr3" if key.endswith("/zarr3") else "zarr2"
+    return w29.env_of(key) or ("zarr3" if key.endswith("/zarr3") else "zarr2")
 
 
 def git_describe() -> str:
@@ -791,6 +779,15 @@ def main(argv: list[str] | None = None) -> int:
         help="run only these workloads (file names in workloads/, 'peers' for the peer matrix); "
         "the other rows show n/a",
     )
+    parser.add_argument(
+        "--shardkv-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an option of every shardkv store of the W29 rows (repeatable; VALUE read as JSON when it parses, "
+        "else as text); an option the installed shardkv does not know shows as n/a (option unknown)",
+    )
+    parser.add_argument("--dir", help="run the W29 workloads in this directory (default: the system's temp dir)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "latest.md")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per workload process")
     args = parser.parse_args(argv)
@@ -814,7 +811,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     load_start = os.getloadavg()
     log(f"shardkv benchmarks, size {args.size}, {args.repeat} repetition(s)")
-    res = collect(args, py2, py3)
+    res = collect(args, pythons)
     log("peer matrix (one process per sample) ...")
     skip_peers = args.only is not None and "peers" not in args.only
     server = peers_matrix.S3Server(None if skip_peers else pythons["bench"] or py2, args.out.parent)
@@ -838,12 +835,19 @@ def main(argv: list[str] | None = None) -> int:
             f"# shardkv benchmarks (size {args.size}, {args.repeat} repetition(s), {stamp}, {elapsed:.0f} s)",
             "",
             f"Command: `python benchmarks/run.py --size {args.size} --repeat {args.repeat}"
-            f"{' --peers-only' if args.peers_only else ''}`",
+            f"{' --peers-only' if args.peers_only else ''}"
+            f"{' --only ' + ','.join(sorted(args.only)) if args.only else ''}"
+            f"{''.join(f' --shardkv-option {o}' for o in args.shardkv_option)}"
+            f"{f' --dir {args.dir}' if args.dir else ''}`",
             "",
             markdown_table(
-                build_rows(res)
+                build_rows(res, args.shardkv_option)
                 + peers_matrix.goal_rows(peers, ratio_row, value_row, fmt_s, lambda r: isinstance(r, Missing))
             ),
+            "",
+            "## Issue 29 rows: every implementation (medians; W29-2 seconds: total (write, append, region))",
+            "",
+            w29.detail_table({k: v for k, v in res.items() if w29.env_of(k)}, args.shardkv_option),
             "",
             f"## Peer matrix: seconds, median [min-max] of {args.peer_samples or peers_matrix.SAMPLES[args.size]} "
             "fresh process(es) per cell; S3 cells add the requests the server saw (median)",
@@ -857,6 +861,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
             "Notes:",
             *notes(res, args.size),
+            *w29.notes({k: v for k, v in res.items() if w29.env_of(k)}, args.shardkv_option, args.dir),
             "",
             "Raw samples (every repetition):",
             *raw_samples(res),

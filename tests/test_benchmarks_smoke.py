@@ -53,7 +53,12 @@ ROW_IDS = (
     "P7-xarray-buffer",
     *(f"G1{d}-{op}-none" for d in ("", "-dict") for op in ("write", "read")),
     *(f"G3-{what}-{impl}" for impl in ("shardkv", "shardkv-obstore") for what in ("requests", "warm", "warm-time")),
+    "W29-1",
+    "W29-1-time",
+    "W29-2",
+    "W29-3",
 )
+W29_PEERS = ("zarr3", "zarr3-zarrs", "tensorstore")  # the W29 workloads' peers, run in .venv-bench
 # n/a that a workload itself reports for a case it cannot run (raw-sample keys: workload/impl, peers/case/impl)
 IMPOSSIBLE = {
     "peers/local/256/none/shardkv-obstore": "n/a (S3 only)",
@@ -82,7 +87,7 @@ def table_rows(text: str) -> dict[str, list[str]]:
     """Rows of the main Markdown table, by row id: what, shardkv, peer, ratio, goal, met?."""
     rows = {}
     for line in text.splitlines():
-        m = re.match(r"\| ([PG]\d[\w-]*) \|(.*)\|$", line)
+        m = re.match(r"\| ([PGW]\d[\w-]*) \|(.*)\|$", line)
         if m:
             rows[m.group(1)] = [c.strip() for c in m.group(2).split("|")]
     return rows
@@ -95,8 +100,10 @@ def raw_samples(text: str) -> dict[str, str]:
 
 
 def env_of(key: str) -> str:
-    """The environment a result key runs in (the runner's ENVS and peers_matrix.ENV_OF)."""
+    """The environment a result key runs in (the runner's ENVS, peers_matrix.ENV_OF and w29.IMPLS)."""
     impl = key.rsplit("/", 1)[1]
+    if key.startswith("w29_"):
+        return "bench" if impl in W29_PEERS else "zarr3"
     if key.startswith("peers/"):
         return "bench" if impl in ("zarr3", "zarr3-zarrs", "tensorstore") else "zarr2"
     return "zarr3" if impl in ("zarr3", "tensorstore") else "zarr2"
@@ -106,9 +113,16 @@ def peer_env(rid: str) -> str | None:
     """The environment of a row's peer, when not this one: zarr 3 (and its tensorstore) or .venv-bench."""
     if rid in ("P1", "P3", "P3-cold", "P4") or rid.startswith(("P21-convert", "P21-s3-")):
         return "zarr3"
-    if rid.startswith("G3-warm"):
+    if rid.startswith("G3-warm") or rid == "W29-3":
         return "bench"
+    if rid in ("W29-1-time", "W29-2"):
+        return "zarr3"
     return None
+
+
+def shardkv_env(rid: str) -> str:
+    """The environment of a row's shardkv side: the W29 rows measure shardkv.zarr3 in .venv-zarr3."""
+    return "zarr3" if rid.startswith("W29") else "zarr2"
 
 
 @pytest.mark.zarr2
@@ -127,6 +141,9 @@ def test_smoke_run_measures_every_workload(tmp_path: Path) -> None:
     rows = table_rows(proc.stdout)
     assert set(ROW_IDS) <= set(rows), f"rows printed: {sorted(rows)}\n{proc.stdout}"
     for rid, (_, shardkv, peer, ratio, _, _) in rows.items():
+        if not ENV_EXISTS.get(shardkv_env(rid), True):  # W29 rows without .venv-zarr3
+            assert shardkv == "n/a (env missing)", (rid, shardkv)
+            continue
         assert shardkv and not shardkv.startswith("n/a"), (rid, shardkv)  # shardkv's side of every row measured
         if peer.startswith("n/a") or ratio == "n/a":  # only a peer from a missing environment may be absent
             env = peer_env(rid)
@@ -154,3 +171,32 @@ def test_missing_zarr3_env_shows_na(tmp_path: Path) -> None:
         assert rows[rid][3] == "n/a", rows[rid]
     assert rows["P3"][2] == "n/a (env missing)", rows["P3"]
     assert rows["P7-dask"][1] == "n/a (skipped: --skip-dask)" and rows["P7-dask"][3] == "n/a", rows["P7-dask"]
+
+
+@pytest.mark.zarr2
+def test_unknown_shardkv_option_shows_na(tmp_path: Path) -> None:
+    """A shardkv option the installed shardkv lacks: its figures say so, the peers still run, the run succeeds."""
+    proc, _ = run_benchmarks(
+        tmp_path,
+        "--only",
+        "w29_write",
+        "--skip-dask",
+        "--shardkv-option",
+        "no_such_option=0.5",
+        "--shardkv-option",
+        "concurrency=files",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "--shardkv-option no_such_option=0.5 --shardkv-option concurrency=files" in proc.stdout
+    samples = raw_samples(proc.stdout)
+    shardkv_na = "n/a (option unknown)" if ENV_EXISTS["zarr3"] else "n/a (env missing)"
+    for impl in ("shardkv", "shardkv-buffer"):
+        assert samples[f"w29_write/{impl}"] == shardkv_na, samples
+    for impl in W29_PEERS:  # options are shardkv's: the peers are measured all the same
+        text = samples[f"w29_write/{impl}"]
+        if ENV_EXISTS["bench"]:
+            assert re.search(r"write_s=\[[\d.e+-]+", text), (impl, text)
+        else:
+            assert text == "n/a (env missing)", (impl, text)
+    rows = table_rows(proc.stdout)
+    assert rows["W29-1"][1] == shardkv_na and rows["W29-1"][3] == "n/a", rows["W29-1"]
