@@ -11,7 +11,9 @@ Data: smooth plus noise, ``(i + j + k) * 5 + 1000 * version`` modulo 4096 plus
 seeded noise 0..15 per inner chunk (numpy's generator seeded with the seed,
 the version and the chunk's coordinates), so any box of whole chunks is the
 same whichever process computes it, and data of another ``version`` differs in
-every element; zstd stores about a quarter of it.
+every element. zstd level 0 stores 55 % of it (140.5 MiB of 256 MiB at full
+size, as the former ``zarr3_store_write.py``'s data; the issue quotes 63.5 MiB
+stored): the rows compare bytes moved per byte stored, and times.
 
 Implementations (``--impl``) and the environment they run in:
 
