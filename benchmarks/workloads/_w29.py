@@ -32,6 +32,8 @@ Implementations (``--impl``) and the environment they run in:
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
 from typing import Any
 
@@ -274,18 +276,21 @@ class Writer:
         return spec
 
 
-def option_problem(impl: str, options: dict[str, Any]) -> str | None:
-    """``"option unknown"`` when a shardkv implementation is given an option the installed shardkv lacks."""
-    if not impl.startswith("shardkv") or not options:
-        return None
-    from _common import unknown_shardkv_options
+def unavailable(impl: str, options: dict[str, Any]) -> str | None:
+    """Why ``impl`` cannot run here, or ``None``: a shardkv option the installed shardkv lacks
+    (``"option unknown"``), or zarrs missing from the environment (one made before it was required)."""
+    if impl.startswith("shardkv") and options:
+        from _common import unknown_shardkv_options
 
-    return "option unknown" if unknown_shardkv_options(options) else None
+        if unknown_shardkv_options(options):
+            return "option unknown"
+    if impl == "zarr3-zarrs" and importlib.util.find_spec("zarrs") is None:
+        return "zarrs not installed here (pip install zarrs)"
+    return None
 
 
 def peer_versions() -> dict[str, str]:
     """Installed versions of the peers and shardkv this process imported (tensorstore has no ``__version__``)."""
-    import importlib.metadata
     import sys
 
     names = ("zarr", "zarrs", "tensorstore", "xarray", "dask", "distributed", "shardkv")

@@ -53,10 +53,10 @@ from _w29 import (
     Box,
     box_elements,
     chunks_differing,
-    option_problem,
     peer_versions,
     selection,
     shardkv_store,
+    unavailable,
     values,
 )
 
@@ -164,7 +164,7 @@ def _available() -> str | None:
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0], IMPLS, shardkv_options=True)
     shape = SHAPES[args.size]
-    problem = option_problem(args.impl, args.shardkv_options) or _available()
+    problem = unavailable(args.impl, args.shardkv_options) or _available()
     if problem is not None:
         emit(args, "w29_dask", {"shape": shape, "unavailable": problem, "options": args.shardkv_options})
         return

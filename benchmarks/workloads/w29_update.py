@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 from _common import TempDir, dir_bytes, emit, io_bytes, parse_args
-from _w29 import SHAPES, Writer, box_elements, option_problem, peer_versions, selection, update_boxes, values
+from _w29 import SHAPES, Writer, box_elements, peer_versions, selection, unavailable, update_boxes, values
 
 IMPLS = ("shardkv", "zarr3", "zarr3-zarrs", "tensorstore")
 
@@ -69,7 +69,7 @@ def _run(impl: str, root: str, data: np.ndarray, seed: int, options: dict[str, A
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0], IMPLS, shardkv_options=True)
     shape = SHAPES[args.size]
-    problem = option_problem(args.impl, args.shardkv_options)
+    problem = unavailable(args.impl, args.shardkv_options)
     if problem is not None:
         emit(args, "w29_update", {"shape": shape, "unavailable": problem, "options": args.shardkv_options})
         return

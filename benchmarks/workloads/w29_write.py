@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 from _common import TempDir, dir_bytes, emit, io_bytes, parse_args
-from _w29 import SHAPES, Writer, option_problem, peer_versions, values
+from _w29 import SHAPES, Writer, peer_versions, unavailable, values
 
 IMPLS = ("shardkv", "shardkv-buffer", "zarr3", "zarr3-zarrs", "tensorstore")
 
@@ -59,7 +59,7 @@ def _run(impl: str, root: str, data: np.ndarray, options: dict[str, Any]) -> dic
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0], IMPLS, shardkv_options=True)
     shape = SHAPES[args.size]
-    problem = option_problem(args.impl, args.shardkv_options)
+    problem = unavailable(args.impl, args.shardkv_options)
     if problem is not None:
         emit(args, "w29_write", {"shape": shape, "unavailable": problem, "options": args.shardkv_options})
         return
