@@ -142,7 +142,6 @@ def goal_rows(
     )
 
     sk, native = res["w29_dask/shardkv"], res["w29_dask/native-align"]
-    lost = "" if not isinstance(sk, dict) else f", {_median(sk, 'lost_chunks'):.0f} chunks lost"
     row = ratio_row(
         "W29-2",
         f"xarray to_zarr {layout} from a LocalCluster of 2 processes, dask chunks 64³ (write, append_dim, region=), "
@@ -154,7 +153,10 @@ def goal_rows(
         1.0,
     )
     if isinstance(sk, dict):
-        row[2] += lost
+        lost = max(sk["samples"]["lost_chunks"])
+        row[2] += f", {lost} chunks lost"
+        if lost:  # the goal is the time of a write that loses nothing
+            row[-1] = "no (chunks lost)"
     rows.append(row)
 
     sk, native = res["w29_update/shardkv"], res["w29_update/zarr3"]

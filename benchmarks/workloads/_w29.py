@@ -51,7 +51,6 @@ SHARD_SHAPE = tuple(c * CHUNKS_PER_SHARD for c in CHUNKS)
 DTYPE = np.dtype("uint16")
 ZSTD_LEVEL = 0
 ARRAY = "arr"  # the array's path in its store
-PEERS = ("zarr3", "zarr3-zarrs", "tensorstore")
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (start, stop) per dimension, elements, stop exclusive
 
 

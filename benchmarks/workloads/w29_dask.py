@@ -47,6 +47,7 @@ import numpy as np
 from _common import TempDir, emit, parse_args
 from _w29 import (
     CHUNKS,
+    DTYPE,
     SHAPES,
     SHARD_SHAPE,
     ZSTD_LEVEL,
@@ -119,9 +120,9 @@ def _write_steps(impl: str, root: str, shape: tuple[int, ...], seed: int, option
             seed,
             version,
             box[0],
-            dtype=np.uint16,
+            dtype=DTYPE,
             chunks=_dask_chunks(impl, box),
-            meta=np.empty((0, 0, 0), np.uint16),
+            meta=np.empty((0, 0, 0), DTYPE),
         )
         ds = xr.Dataset({NAME: (("t", "y", "x"), darr)})
         where: dict[str, Any] = {
@@ -189,7 +190,7 @@ def main() -> None:
         "w29_dask",
         {
             "shape": shape,
-            "array_bytes": int(np.prod(shape)) * 2,
+            "array_bytes": int(np.prod(shape)) * DTYPE.itemsize,
             "options": args.shardkv_options,
             "samples": samples,
             "peer_versions": peer_versions(),
