@@ -1,0 +1,78 @@
+"""kill -9 at every step of an O(chunk) shard update, on both paths (tests/tail_kill.py holds the child).
+
+For each step (and, for a write step, with half its bytes written): readers without shardkv (the
+shard's bytes decoded by the layout, as zarr 3 and tensorstore do: tests/v3/test_tail_kill_v3.py
+runs them) read old or new chunks, or for the in-place append only, meet a damaged index; never
+other values. The clone path needs no recovery at all. shardkv reads old or new (repairing an
+interrupted append under its lock), an acknowledged update is never lost, and the next write
+through shardkv clears every intent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from tail_kill import CHUNK, MAX_STEPS, PER_SHARD, UPDATED, check_old_or_new, create_zarr2, new_data, old_data, run_held
+
+from shardkv import ShardedStore
+from shardkv.errors import CorruptShardError
+from shardkv.format.layout import ShardLayout
+from shardkv.format.tail import AppendIntent
+
+LAYOUT = ShardLayout.v3((PER_SHARD,))
+
+
+def raw_shard(root: Path) -> np.ndarray:
+    """Shard 0 as a reader without shardkv decodes it (raises CorruptShardError on a damaged index)."""
+    chunks = LAYOUT.chunks_of_shard((root / "0").read_bytes(), "0")
+    fill = np.zeros(CHUNK * PER_SHARD, dtype="u2")
+    for (c,), value in chunks.items():
+        fill[c * CHUNK : (c + 1) * CHUNK] = np.frombuffer(value, dtype="u2")
+    return fill
+
+
+def intents(root: Path) -> list[AppendIntent]:
+    found = [AppendIntent.decode(p.read_bytes()) for p in (root / ".shardkv-locks").glob("*.lock")]
+    return [i for i in found if i is not None]
+
+
+@pytest.mark.parametrize("torn", [False, True], ids=["between-steps", "torn-write"])
+@pytest.mark.parametrize("place", ["auto on reflinks", "append on ext4"])
+def test_kill_at_every_step(place: str, torn: bool, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    clone = place.startswith("auto")
+    base = request.getfixturevalue("reflink_dir") if clone else tmp_path
+    mode = place.split()[0]
+    outcomes = []
+    for hold_at in range(1, MAX_STEPS):
+        root = base / f"a{hold_at}"
+        create_zarr2(root)
+        outcome = run_held(root, mode, hold_at, torn)
+        outcomes.append(outcome)
+        acknowledged = outcome == "done"
+        whole = np.concatenate([old_data()[CHUNK * PER_SHARD :]])
+        try:  # no recovery yet: what zarr 3 or tensorstore would read
+            check_old_or_new(np.concatenate([raw_shard(root), whole]), acknowledged)
+        except CorruptShardError:
+            assert not clone, f"the clone path left a damaged shard at step {hold_at}"
+        if clone:
+            assert not intents(root)
+        got = zarr.open(ShardedStore(str(root)), mode="r")[:]  # repairs an interrupted append
+        check_old_or_new(got, acknowledged)
+        raw_shard(root)  # shardkv's read left a shard every reader decodes
+        z = zarr.open(ShardedStore(str(root), shard_updates=mode), mode="r+")
+        z[3 * CHUNK : 4 * CHUNK] = 55  # a write of the same stripe recovers any intent left first
+        assert not intents(root)
+        after = z[:]
+        assert (after[3 * CHUNK : 4 * CHUNK] == 55).all()
+        after[3 * CHUNK : 4 * CHUNK] = old_data()[3 * CHUNK : 4 * CHUNK]
+        check_old_or_new(after, acknowledged)
+        if acknowledged:
+            assert np.array_equal(got, new_data())
+            break
+    else:
+        pytest.fail(f"the update did not finish within {MAX_STEPS} steps")
+    assert outcomes.count("killed") >= 5, outcomes  # the steps: clone probe, ioctl or intent, writes, syncs, rename
+    assert len(UPDATED) == 3
