@@ -1,11 +1,11 @@
 """Kill an O(chunk) shard update at each of its steps (shared by tests/test_tail_kill.py and tests/v3).
 
 The parent creates a small sharded array (:func:`create_zarr2` / the v3 test's own), then runs
-this file as a child process (``python tail_kill.py ROOT SHARD_UPDATES HOLD_AT TORN FD``). The child
+this file as a child process (``python tail_kill.py ROOT SHARD_UPDATES HOLD_AT TORN FD RELEASE``). The child
 opens the array through shardkv (the zarr 2 proxy or ``shardkv.zarr3.ShardedStore``, whichever
 zarr is installed), counts every low-level step of the local store from the update on (the two
 writes, ``fsync``/``fdatasync``, ``ftruncate``, ``os.replace``, the clone ``ioctl``) and, at step
-``HOLD_AT``, writes ``H`` to the pipe ``FD`` and waits on a pipe nobody writes to; with ``TORN``,
+``HOLD_AT``, writes ``H`` to the pipe ``FD`` and waits on the pipe ``RELEASE``; with ``TORN``,
 a write step first writes half of its bytes, as a kill inside ``write`` would leave. The parent
 reads that byte and SIGKILLs the child: no timer decides where the kill lands. A child that ran
 every step writes ``D`` instead, after its update returned (acknowledged).
@@ -63,29 +63,44 @@ def create_zarr2(root: Path, **options: object) -> None:
     z[:] = old_data()
 
 
-def run_held(root: Path, shard_updates: str, hold_at: int, torn: bool) -> str:
-    """Run the child until it holds at step ``hold_at`` (then SIGKILL it: ``"killed"``) or ends (``"done"``)."""
+def start_held(root: Path, shard_updates: str, hold_at: int, torn: bool) -> tuple[subprocess.Popen, int, str]:
+    """Start the child; ``(child, release fd, "held" or "done")`` once it holds at step ``hold_at`` or has ended.
+
+    Writing a byte to the release descriptor lets a held child go on; closing it too.
+    """
     read_fd, write_fd = os.pipe()
-    cmd = [sys.executable, __file__, str(root), shard_updates, str(hold_at), str(int(torn)), str(write_fd)]
-    child = subprocess.Popen(cmd, pass_fds=(write_fd,), stderr=subprocess.PIPE)
+    release_r, release_w = os.pipe()
+    cmd = [sys.executable, __file__, root, shard_updates, str(hold_at), str(int(torn)), str(write_fd), str(release_r)]
+    child = subprocess.Popen([str(c) for c in cmd], pass_fds=(write_fd, release_r), stderr=subprocess.PIPE)
     os.close(write_fd)
+    os.close(release_r)
     try:
         ready, _, _ = select.select([read_fd], [], [], 120)  # a bound for a hung child, not a timing
         said = os.read(read_fd, 1) if ready else b""
     finally:
         os.close(read_fd)
     if said == b"H":
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-        return "killed"
+        return child, release_w, "held"
+    os.close(release_w)
     _, err = child.communicate(timeout=120)
     if said == b"D" and child.returncode == 0:
-        return "done"
+        return child, -1, "done"
     child.kill()
     raise AssertionError(f"the child neither held nor finished (exit {child.returncode}):\n{err.decode()}")
 
 
-def _child(root: str, shard_updates: str, hold_at: int, torn: bool, notify: int) -> None:
+def run_held(root: Path, shard_updates: str, hold_at: int, torn: bool) -> str:
+    """Run the child until it holds at step ``hold_at`` (then SIGKILL it: ``"killed"``) or ends (``"done"``)."""
+    child, release, state = start_held(root, shard_updates, hold_at, torn)
+    if state == "done":
+        return "done"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    os.close(release)
+    return "killed"
+
+
+def _child(root: str, shard_updates: str, hold_at: int, torn: bool, notify: int, release: int) -> None:
     import fcntl
 
     import zarr
@@ -100,12 +115,11 @@ def _child(root: str, shard_updates: str, hold_at: int, torn: bool, notify: int)
         import shardkv.zarr3
 
         z = zarr.open_array(shardkv.zarr3.ShardedStore(root, shard_updates=shard_updates), mode="r+")
-    block_r, _block_w = os.pipe()  # nobody writes: reading it waits until the kill
     steps = [0]
 
-    def hold() -> None:
+    def hold() -> None:  # until the parent kills this process or lets it go on
         os.write(notify, b"H")
-        os.read(block_r, 1)
+        os.read(release, 1)
 
     def step(real, is_write: bool = False):
         def hooked(*args):
@@ -113,9 +127,10 @@ def _child(root: str, shard_updates: str, hold_at: int, torn: bool, notify: int)
             if steps[0] == hold_at:
                 if torn and is_write:
                     fd, data = args[0], args[1]
-                    if isinstance(data, list):  # write_parts(fd, parts)
+                    if isinstance(data, list):  # write_parts(fd, parts), at the descriptor's position
                         joined = b"".join(bytes(p) for p in data)
                         real(fd, [memoryview(joined[: len(joined) // 2])])
+                        os.lseek(fd, -(len(joined) // 2), os.SEEK_CUR)  # released: the whole write from there
                     else:  # _pwrite_all(fd, data, offset)
                         real(fd, data[: len(data) // 2], args[2])
                 hold()
@@ -129,8 +144,11 @@ def _child(root: str, shard_updates: str, hold_at: int, torn: bool, notify: int)
         setattr(os, name, step(getattr(os, name)))
     fcntl.ioctl = step(fcntl.ioctl)
     z[0 : CHUNK * len(UPDATED)] = new_data()[0 : CHUNK * len(UPDATED)]
-    os.write(notify, b"D")
+    try:
+        os.write(notify, b"D")
+    except BrokenPipeError:  # a parent that released this child stopped listening
+        pass
 
 
 if __name__ == "__main__":
-    _child(sys.argv[1], sys.argv[2], int(sys.argv[3]), bool(int(sys.argv[4])), int(sys.argv[5]))
+    _child(sys.argv[1], sys.argv[2], int(sys.argv[3]), bool(int(sys.argv[4])), int(sys.argv[5]), int(sys.argv[6]))

@@ -76,3 +76,42 @@ def test_kill_at_every_step(place: str, torn: bool, tmp_path: Path, request: pyt
         pytest.fail(f"the update did not finish within {MAX_STEPS} steps")
     assert outcomes.count("killed") >= 5, outcomes  # the steps: clone probe, ioctl or intent, writes, syncs, rename
     assert len(UPDATED) == 3
+
+
+def test_a_reader_meeting_an_append_in_flight_waits_for_it(tmp_path: Path) -> None:
+    """A shardkv read that meets the torn tail of a live writer's append takes the lock and reads the result."""
+    import os
+    import threading
+
+    from tail_kill import start_held
+
+    root = tmp_path / "a"
+    create_zarr2(root)
+    # steps of the child: 1 clone probe, 2 intent write, 3 its fdatasync, 4 the append (held half written)
+    child, release, state = start_held(root, "append", 4, True)
+    assert state == "held"
+    try:
+        with pytest.raises(CorruptShardError):
+            raw_shard(root)  # the torn tail, as a reader without shardkv meets it
+        store = ShardedStore(str(root))
+        reads = store._engine.reads
+        real_repair, met = reads.repair, threading.Event()
+
+        def repair(shard_key, arr):
+            met.set()
+            return real_repair(shard_key, arr)
+
+        reads.repair = repair
+        got: dict[str, np.ndarray] = {}
+        reader = threading.Thread(target=lambda: got.update(v=zarr.open(store, mode="r")[:]))
+        reader.start()
+        assert met.wait(60)  # the reader met the damage and waits for the writer's lock
+        os.write(release, b"g")  # the writer finishes its append
+        reader.join(60)
+        assert not reader.is_alive()
+    finally:
+        os.close(release)
+        child.wait(60)
+    assert child.returncode == 0
+    assert np.array_equal(got["v"], new_data())  # the writer's update, read once it was complete
+    assert not intents(root)
