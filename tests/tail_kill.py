@@ -63,6 +63,17 @@ def create_zarr2(root: Path, **options: object) -> None:
     z[:] = old_data()
 
 
+def create_zarr3(root: Path, **options: object) -> None:
+    """The same array through ``shardkv.zarr3.ShardedStore`` (zarr 3): shards at ``c/<i>``."""
+    import zarr
+
+    import shardkv.zarr3
+
+    store = shardkv.zarr3.ShardedStore(str(root), chunks_per_shard=PER_SHARD, **options)
+    z = zarr.create_array(store, shape=(CHUNK * N_CHUNKS,), chunks=(CHUNK,), dtype="uint16", compressors=None)
+    z[:] = old_data()
+
+
 def start_held(root: Path, shard_updates: str, hold_at: int, torn: bool) -> tuple[subprocess.Popen, int, str]:
     """Start the child; ``(child, release fd, "held" or "done")`` once it holds at step ``hold_at`` or has ended.
 

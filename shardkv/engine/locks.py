@@ -703,6 +703,10 @@ class ShardLocks:
             stack.callback(_HELD.fds.pop, file, None)
         return True
 
+    def has_lock_dir(self, arr: ShardedArray) -> bool:
+        """Whether the lock directory of ``arr``'s shards exists (a writer with lock files made it; no I/O else)."""
+        return self.cross_process and os.path.isdir(self.lock_dir_for(lock_prefix(arr)))
+
     def lock_file_fds(self, shards: Mapping[str, ShardedArray]) -> dict[str, int]:
         """Shard key -> descriptor of its lock file, for the shards of ``shards`` whose lock files this thread holds.
 

@@ -202,16 +202,17 @@ class TailUpdater:
         """``updates`` with each patch applied to its chunk's old bytes (``ValueError``: a patch leaves a gap)."""
         return {k: v.apply(old.get(k)) if isinstance(v, ChunkPatch) else v for k, v in updates.items()}
 
-    def recover(self, shards: Mapping[str, ShardedArray]) -> bool:
+    def recover(self, shards: Mapping[str, ShardedArray], locks: ShardLocks | None = None) -> bool:
         """Finish or undo the interrupted appends recorded in the held lock files of ``shards``; whether any was.
 
-        Call holding the shards' locks. Without lock files (or on a store
-        without tail updates) there is nothing to recover.
+        Call holding the shards' locks (``locks``, default the engine's).
+        Without lock files (or on a store without tail updates) there is
+        nothing to recover.
         """
         if not self.kv.caps.tail_updates:
             return False
         found = False
-        for fd in sorted(set(self.locks.lock_file_fds(shards).values())):
+        for fd in sorted(set((locks or self.locks).lock_file_fds(shards).values())):
             if self.kv.recover_tail(fd) is not None:
                 found = True
         if found:

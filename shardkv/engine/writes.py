@@ -422,23 +422,31 @@ class ShardWriter:
         """Let an in-place append in the stripe of ``shard_key`` finish, or recover it; whether to read again.
 
         What a read that met a damaged index asks before it reads once more: it
-        takes the shard's lock, so it waits for a live writer's append to end
-        (a killed writer's lock is gone), and recovers the append its lock
-        file records, if any. False (the damage is reported as it is) without
-        lock files, on stores without tail updates, when this account cannot
-        open the lock file, or when this thread holds shard locks already (it
-        would wait for itself).
+        takes the shard's lock file, so it waits for a live writer's append to
+        end (a killed writer's lock is gone), and recovers the append the lock
+        file records, if any. An engine without lock files of its own (a
+        read-only zarr 3 store resolves to mode ``"none"``) takes the shard's
+        lock file for this, where the array has a lock directory already (a
+        writer in mode ``"files"`` made it; none is made here). False (the
+        damage is reported as it is) on stores without tail updates, where no
+        lock directory exists, when this account cannot open the lock file, or
+        when this thread holds shard locks already (it would wait for itself).
 
         Raises
         ------
         LockTimeoutError, OSError
             As :meth:`write` (but a lock file this account may not open).
         """
-        if not self.kv.caps.tail_updates or not self.locks.cross_process or holds_shard_locks():
+        if not self.kv.caps.tail_updates or not self.kv.caps.lock_dir or holds_shard_locks():
+            return False
+        locks = self.locks
+        if not locks.cross_process:
+            locks = ShardLocks(self.kv.location, mode="files", timeout=self.locks.timeout)
+        if not locks.has_lock_dir(arr):
             return False
         try:
-            with self.locks.hold_arrays({shard_key: arr}):
-                self.tail.recover({shard_key: arr})
+            with locks.hold_arrays({shard_key: arr}):
+                self.tail.recover({shard_key: arr}, locks)
         except PermissionError:  # a reader that may not write the array: the damage is reported
             return False
         return True
