@@ -130,14 +130,14 @@ def test_clone_detection(tmp_path: Path, reflink_dir: Path) -> None:
     assert not [p for p in reflink_dir.iterdir()]  # the probe's temporary files are gone
 
 
-# -- the issue's workload: one 64**3 chunk in each of 8 shards of a 512**3 uint16 array ---------------
+# -- the benchmark workload: one 64**3 chunk in each of 8 shards of a 512**3 uint16 array ---------------
 
 _SHAPE, _CHUNKS = (512, 512, 512), (64, 64, 64)
 
 
 @pytest.fixture(scope="module")
 def big_array(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
-    """The issue's array written once (8 shards of 4x4x4 chunks, zstd level 0), and its data."""
+    """The benchmark array written once (8 shards of 4x4x4 chunks, zstd level 0), and its data."""
     root = tmp_path_factory.mktemp("big") / "a"
     data = np.random.default_rng(0).integers(0, 16, size=_SHAPE, dtype=np.uint16)
     z = zarr.create(

@@ -69,7 +69,7 @@ class Writes:
 def test_whole_array_write_puts_each_shard_whole_once(
     place: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 29's row 1 (512**3 uint16, 64**3 chunks, 4x4x4 per shard, zstd level 0): about the bytes stored."""
+    """The benchmark workload (512**3 uint16, 64**3 chunks, 4x4x4 per shard, zstd level 0): about the bytes stored."""
     on_reflinks = place.startswith("default")
     root = (request.getfixturevalue("reflink_dir") if on_reflinks else tmp_path) / "data.zarr"
     options = {} if on_reflinks else {"shard_updates": "append"}
