@@ -306,3 +306,26 @@ def test_update_tail_refuses_a_stale_generation(tmp_path: Path, reflink_dir: Pat
 
 def test_index_sizes_of_the_issue_layout() -> None:
     assert ShardIndex.empty((4, 4, 4)).entries.nbytes == 16 * 64
+
+
+@pytest.mark.parametrize("place", ["auto on reflinks", "auto on ext4", "append on ext4"])
+def test_one_read_per_shard_and_round(place: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch) -> None:
+    """A rewritten shard is read once, whole; an O(chunk) update reads its index; a new shard is read once."""
+    base = request.getfixturevalue("reflink_dir") if "reflinks" in place else tmp_path
+    z = _small(base / "a", shard_updates=place.split()[0])
+    z[0:16, 0:16] = 1  # shard 0.0 stored whole; 0.1 not stored
+    calls: list[list[tuple[str, object]]] = []
+    real = LocalStore.get_many
+
+    def get_many(self, reads):
+        calls.append([(k, r) for k, r, _ in reads])
+        return real(self, reads)
+
+    monkeypatch.setattr(LocalStore, "get_many", get_many)
+    z[0:4, 0:4] = 2  # a stored shard covered in part
+    z[0:4, 16:20] = 3  # a shard not stored yet
+    o_chunk = place != "auto on ext4"
+    assert [[k for k, _ in c] for c in calls] == [["0.0"], ["0.1"]]  # one request per shard
+    # O(chunk): the cached index checked by a zero-range read, the new shard's index range; else whole reads
+    assert calls[0][0][1] == ([] if o_chunk else None)
+    assert (calls[1][0][1] is None) is not o_chunk

@@ -81,30 +81,37 @@ class TailUpdater:
         self.in_place = shard_updates == "append" and locks.cross_process
         self.max_dead_fraction = max_dead_fraction
 
-    def update(self, changes: Mapping[str, ShardChange], refused: dict[str, Exception]) -> tuple[set[str], set[str]]:
+    def update(
+        self, changes: Mapping[str, ShardChange], refused: dict[str, Exception]
+    ) -> tuple[set[str], set[str], set[str]]:
         """Update the stored shards of ``changes`` (each covered only in part) where it pays; what was done.
 
         Returns
         -------
-        tuple of (set of str, set of str)
-            The shards written (their new indexes cached), and those whose
-            shard changed since its index was read (lost: the round goes again).
-            A shard refused by its change (a patch leaving a gap) is put into
+        tuple of (set of str, set of str, set of str)
+            The shards written (their new indexes cached); those whose shard
+            changed since its index was read (lost: the round goes again); and
+            those found not stored (written whole, with no read). A shard
+            refused by its change (a patch leaving a gap) is put into
             ``refused``; every other shard is left for a whole rewrite.
         """
         if not self.enabled or not changes:
-            return set(), set()
-        states = self._indexes(changes)
+            return set(), set(), set()
+        hows: dict[str, TailHow] = {}
+        for shard_key, change in changes.items():  # first where it can pay: no index read for a whole rewrite
+            layout = change.array.layout
+            how = self.kv.tail_method(shard_key, self.in_place)
+            if how == "clone" or (how == "append" and layout.index_location == "end" and layout.index_checksum):
+                hows[shard_key] = how
+        if not hows:
+            return set(), set(), set()
+        states, missing = self._indexes({k: changes[k] for k in hows})
         written: set[str] = set()
         lost: set[str] = set()
         plans: dict[str, tuple[TailHow, dict[LocalCoords, ChunkUpdate], ShardIndex, Generation, int]] = {}
         patched: dict[str, list[LocalCoords]] = {}
         for shard_key, (index, generation, size) in states.items():
-            change = changes[shard_key]
-            layout = change.array.layout
-            how = self.kv.tail_method(shard_key, self.in_place)
-            if how is None or (how == "append" and (layout.index_location != "end" or not layout.index_checksum)):
-                continue
+            change, how = changes[shard_key], hows[shard_key]
             updates: dict[LocalCoords, ChunkUpdate] = {}
             for local in out_of_grid(change.array, change.shard_coords, list(index.present())):
                 updates[local] = None  # what a merge drops: chunks a shrinking resize left outside the grid
@@ -143,10 +150,13 @@ class TailUpdater:
             self.cache.put(shard_key, plan.index, new_generation, plan.nbytes)
             self.stats.tail_updates += 1
             written.add(shard_key)
-        return written, lost
+        return written, lost, missing
 
-    def _indexes(self, changes: Mapping[str, ShardChange]) -> dict[str, tuple[ShardIndex, Generation, int]]:
-        """``(index, generation, size)`` of the stored shards of ``changes``: cached where still current, else read."""
+    def _indexes(
+        self, changes: Mapping[str, ShardChange]
+    ) -> tuple[dict[str, tuple[ShardIndex, Generation, int]], set[str]]:
+        """``(index, generation, size)`` of the stored shards of ``changes`` (cached where still current, else
+        read), and the shards found not stored."""
         checked: list[tuple[str, ShardIndex]] = []
         reads: list[ReadRequest] = []
         for shard_key in changes:
@@ -155,21 +165,27 @@ class TailUpdater:
                 checked.append((shard_key, entry.index))
                 reads.append((shard_key, [], entry.generation))
         out: dict[str, tuple[ShardIndex, Generation, int]] = {}
-        need = [k for k in changes if self.cache.peek(k) is None]
+        missing: set[str] = set()
+        cached = {k for k, _ in checked}
+        need = [k for k in changes if k not in cached]
         for (shard_key, index), result in zip(checked, self.kv.get_many(reads) if reads else [], strict=True):
             if result.found and result.size is not None:
                 out[shard_key] = (index, result.generation, result.size)
             elif result.state == "stale":
                 need.append(shard_key)
+            elif result.state == "missing":
+                missing.add(shard_key)
         if need:
             ranges = [(k, [changes[k].array.layout.index_range()], ANY) for k in need]
             for shard_key, result in zip(need, self.kv.get_many(ranges), strict=True):
+                if result.state == "missing":
+                    missing.add(shard_key)  # not stored: written whole, with no read
                 if not result.found or result.size is None:
-                    continue  # not stored: written whole
+                    continue
                 layout = changes[shard_key].array.layout
                 index = layout.decode_index((result.values or [b""])[0], shard_key, result.size)
                 out[shard_key] = (index, result.generation, result.size)
-        return out
+        return out, missing
 
     def _read_patched(
         self,

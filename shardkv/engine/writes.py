@@ -63,7 +63,7 @@ from shardkv.errors import ConcurrentUpdateError
 from shardkv.format.index import ShardIndex
 from shardkv.keys.space import ShardedArray
 from shardkv.storage.buffers import Value
-from shardkv.storage.kv import ANY, NO_VALUE, Generation, KVStore
+from shardkv.storage.kv import ANY, MISSING_RESULT, NO_VALUE, Generation, KVStore, ReadResult
 
 __all__ = ["ShardWriter"]
 
@@ -303,14 +303,18 @@ class ShardWriter:
         kv, cache, optimistic = self.kv, self.cache, self.locks.optimistic
         partial = [k for k, c in changes.items() if not c.covers_shard()]
         lost: dict[str, ShardChange] = {}
+        old: dict[str, ReadResult] = {}
         if partial and self.tail.enabled:  # stored shards covered in part: their changed chunks only, where it pays
-            done, tail_lost = self.tail.update({k: changes[k] for k in partial}, refused)
+            done, tail_lost, missing = self.tail.update({k: changes[k] for k in partial}, refused)
             lost = {k: changes[k] for k in tail_lost}
+            old = dict.fromkeys(missing, MISSING_RESULT)  # read just now: not stored
             if done or tail_lost or refused:
                 gone = done | tail_lost | refused.keys()
                 changes = {k: c for k, c in changes.items() if k not in gone}
                 partial = [k for k in partial if k in changes]
-        old = dict(zip(partial, kv.get_many([(k, None, ANY) for k in partial]), strict=True)) if partial else {}
+        unread = [k for k in partial if k not in old]
+        if unread:
+            old.update(zip(unread, kv.get_many([(k, None, ANY) for k in unread]), strict=True))
         puts: dict[str, tuple[Value | None, Generation]] = {}
         indexes: dict[str, tuple[ShardIndex | None, int]] = {}
         for shard_key, change in changes.items():
