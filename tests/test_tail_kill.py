@@ -52,9 +52,8 @@ def test_kill_at_every_step(place: str, torn: bool, tmp_path: Path, request: pyt
         outcome = run_held(root, mode, hold_at, torn)
         outcomes.append(outcome)
         acknowledged = outcome == "done"
-        whole = np.concatenate([old_data()[CHUNK * PER_SHARD :]])
         try:  # no recovery yet: what zarr 3 or tensorstore would read
-            check_old_or_new(np.concatenate([raw_shard(root), whole]), acknowledged)
+            check_old_or_new(np.concatenate([raw_shard(root), old_data()[CHUNK * PER_SHARD :]]), acknowledged)
         except CorruptShardError:
             assert not clone, f"the clone path left a damaged shard at step {hold_at}"
         if clone:
@@ -115,3 +114,16 @@ def test_a_reader_meeting_an_append_in_flight_waits_for_it(tmp_path: Path) -> No
     assert child.returncode == 0
     assert np.array_equal(got["v"], new_data())  # the writer's update, read once it was complete
     assert not intents(root)
+
+
+def test_a_listing_that_meets_a_killed_append_repairs_it(tmp_path: Path) -> None:
+    root = tmp_path / "a"
+    create_zarr2(root)
+    assert run_held(root, "append", 4, True) == "killed"  # half of the append written, then kill -9
+    with pytest.raises(CorruptShardError):
+        raw_shard(root)
+    assert intents(root)
+    store = ShardedStore(str(root))
+    assert sorted(k for k in store if k[0].isdigit()) == [str(c) for c in range(8)]  # the index read repairs
+    assert not intents(root)
+    assert np.array_equal(raw_shard(root), old_data()[: CHUNK * PER_SHARD])  # cut back to the old shard

@@ -452,8 +452,21 @@ class ShardReader:
         Raises
         ------
         CorruptShardError, ChecksumError
-            For a damaged index.
+            For a damaged index (after one repair of an in-place append, as :meth:`read_ranges`).
         """
+        try:
+            return self._read_indexes(shards, generations)
+        except CorruptShardError as exc:  # an in-place append in flight or killed: repaired under its lock, read again
+            arr = shards.get(exc.shard_key)
+            if self.repair is None or arr is None or not self.repair(exc.shard_key, arr):
+                raise
+            self.cache.discard(exc.shard_key)
+        return self._read_indexes(shards, generations)
+
+    def _read_indexes(
+        self, shards: Mapping[str, ShardedArray], generations: Mapping[str, Generation] | None
+    ) -> dict[str, ShardIndex]:
+        """:meth:`read_indexes`, once."""
         kv, cache = self.kv, self.cache
         keys = list(shards)
         if not kv.caps.ranged:
