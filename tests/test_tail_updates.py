@@ -327,3 +327,33 @@ def test_one_read_per_shard_and_round(place: str, tmp_path: Path, request: pytes
     # O(chunk): the cached index checked by a zero-range read, the new shard's index range; else whole reads
     assert calls[0][0][1] == ([] if o_chunk else None)
     assert (calls[1][0][1] is None) is not o_chunk
+
+
+@pytest.mark.parametrize(
+    ("place", "layout", "o_chunk"),
+    [
+        ("auto on reflinks", {"index_location": "start"}, True),  # the clone's start index rewritten in place
+        ("auto on reflinks", {"index_checksum": False}, True),
+        ("append on ext4", {"index_location": "start"}, False),  # in place it would overwrite the live index
+        ("append on ext4", {"index_checksum": False}, False),  # a torn tail could read as numbers
+        ("append on ext4", {}, True),
+    ],
+    ids=["clone-start", "clone-no-crc", "append-start", "append-no-crc", "append-end-crc"],
+)
+def test_layouts_each_path_takes(
+    place: str, layout: dict, o_chunk: bool, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    base = request.getfixturevalue("reflink_dir") if "reflinks" in place else tmp_path
+    z = _small(base / "a", shard_updates=place.split()[0], max_dead_fraction=1.0, **layout)
+    data = np.arange(32 * 32, dtype="u2").reshape(32, 32)
+    z[:] = data
+    for i in range(3):
+        z[4:8, 8:12] = 500 + i
+        data[4:8, 8:12] = 500 + i
+    assert z.store._engine.stats.tail_updates == (3 if o_chunk else 0)
+    assert np.array_equal(zarr.open(ShardedStore(base / "a"), mode="r")[:], data)
+    shard = ShardLayout.v3(
+        (4, 4), layout.get("index_location", "end"), index_checksum=layout.get("index_checksum", True)
+    )
+    chunks = shard.chunks_of_shard((base / "a" / "0.0").read_bytes(), "0.0")  # as readers without shardkv decode it
+    assert np.frombuffer(chunks[(1, 2)], dtype="u2").tolist() == [502] * 16
