@@ -127,3 +127,18 @@ def test_a_listing_that_meets_a_killed_append_repairs_it(tmp_path: Path) -> None
     assert sorted(k for k in store if k[0].isdigit()) == [str(c) for c in range(8)]  # the index read repairs
     assert not intents(root)
     assert np.array_equal(raw_shard(root), old_data()[: CHUNK * PER_SHARD])  # cut back to the old shard
+
+
+@pytest.mark.parametrize("step", [2, 4, 5], ids=["intent-torn", "append-torn", "append-written"])
+def test_the_compact_command_repairs_killed_appends(step: int, tmp_path: Path, capsys) -> None:
+    from shardkv.cli.main import main
+
+    root = tmp_path / "a"
+    create_zarr2(root)
+    assert run_held(root, "append", step, True) == "killed"
+    assert main(["compact", str(root)]) == 0
+    assert "bytes reclaimed" in capsys.readouterr().out
+    assert not intents(root)
+    shard = raw_shard(root)  # decodes: kept whole or cut back, then compacted
+    check_old_or_new(np.concatenate([shard, old_data()[CHUNK * PER_SHARD :]]), False)
+    assert (root / "0").stat().st_size == LAYOUT.index_nbytes + CHUNK * PER_SHARD * 2  # no unused byte left
