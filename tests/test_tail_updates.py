@@ -19,12 +19,13 @@ import numcodecs
 import numpy as np
 import pytest
 import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import shardkv.storage.local as local_mod
 from shardkv import ShardedStore
 from shardkv.engine.options import Options
 from shardkv.errors import ConfigurationError
-from shardkv.format.index import ShardIndex
 from shardkv.format.layout import ShardLayout
 from shardkv.format.tail import AppendIntent, dead_fraction, plan_tail_update
 from shardkv.storage.local import LocalStore
@@ -108,6 +109,40 @@ def test_plan_keeps_old_offsets_and_reads_back(how: str, location: str) -> None:
     assert layout.chunks_of_shard(bytes(new), "s") == {(0, 0): b"aaaa", (0, 1): b"BBB", (1, 0): b"dd"}
     assert plan.used_nbytes == 4 + 3 + 2 + layout.index_nbytes
     assert dead_fraction(plan) == (plan.nbytes - plan.used_nbytes) / plan.nbytes
+
+
+_LOCALS = [(i, j) for i in range(2) for j in range(3)]
+_VALUES = st.one_of(st.none(), st.binary(max_size=12))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    old=st.dictionaries(st.sampled_from(_LOCALS), st.binary(max_size=12)),
+    updates=st.dictionaries(st.sampled_from(_LOCALS), _VALUES, min_size=1),
+    how=st.sampled_from(["clone", "append"]),
+    location=st.sampled_from(["end", "start"]),
+    checksum=st.booleans(),
+)
+def test_plan_applied_reads_as_the_merge_and_never_touches_old_chunks(old, updates, how, location, checksum) -> None:
+    """Property: applying a plan gives the merged chunks, and no write lands on bytes an old index entry points at."""
+    if how == "append" and location == "start":
+        return
+    layout = ShardLayout.v3((2, 3), location, index_checksum=checksum)
+    parts, index = layout.encode_shard_with_index(old)
+    shard = b"".join(parts)
+    plan = plan_tail_update(layout, index, len(shard), updates, how)
+    new = bytearray(shard)
+    old_spans = [(o, o + n) for _, o, n in index.stored_entries() if n]
+    for offset, writes in plan.writes:
+        blob = b"".join(writes)
+        assert not any(offset < stop and start < offset + len(blob) for start, stop in old_spans)
+        if how == "append":
+            assert offset >= len(shard)
+        new[offset : offset + len(blob)] = blob
+    del new[plan.nbytes :]
+    merged = {k: v for k, v in {**old, **updates}.items() if v is not None}
+    assert {k: bytes(v) for k, v in layout.chunks_of_shard(bytes(new), "s").items()} == merged
+    assert plan.used_nbytes == sum(map(len, merged.values())) + layout.index_nbytes <= plan.nbytes
 
 
 def test_intent_round_trip_and_torn_records() -> None:
@@ -300,10 +335,6 @@ def test_update_tail_refuses_a_stale_generation(tmp_path: Path, reflink_dir: Pat
             assert kv.update_tail("k", [(10, b"XY")], 12, old, how, intent.fileno()) is None
         assert kv.get("k").whole() == b"abcdefghij"
         assert not [p for p in os.listdir(root) if ".shardkv-tmp-" in p]
-
-
-def test_index_sizes_of_the_issue_layout() -> None:
-    assert ShardIndex.empty((4, 4, 4)).entries.nbytes == 16 * 64
 
 
 @pytest.mark.parametrize("place", ["auto on reflinks", "auto on ext4", "append on ext4"])
