@@ -388,3 +388,31 @@ def test_layouts_each_path_takes(
     )
     chunks = shard.chunks_of_shard((base / "a" / "0.0").read_bytes(), "0.0")  # as readers without shardkv decode it
     assert np.frombuffer(chunks[(1, 2)], dtype="u2").tolist() == [502] * 16
+
+
+def test_a_file_that_will_not_clone_is_rewritten_whole(reflink_dir: Path, monkeypatch) -> None:
+    """The probe said yes, this shard's clone says EINVAL: the round goes again without clones, and nothing is lost."""
+    import errno
+    import fcntl
+
+    import shardkv.storage.local_tail as tail_mod
+
+    z = _small(reflink_dir / "a")
+    z[:] = 1
+    assert clones_files(str(reflink_dir / "a"))
+    real_ioctl = fcntl.ioctl
+
+    def ioctl(fd, request, arg=0, *rest):
+        if request == tail_mod._FICLONE:
+            raise OSError(errno.EINVAL, "cannot clone this file")
+        return real_ioctl(fd, request, arg, *rest)
+
+    monkeypatch.setattr(tail_mod.fcntl, "ioctl", ioctl)
+    monkeypatch.setattr(tail_mod, "_CLONES", {})  # this process forgets its probes (restored after the test)
+    monkeypatch.setitem(tail_mod._CLONES, os.stat(reflink_dir).st_dev, True)
+    z[0:4, 0:4] = 2
+    engine = z.store._engine
+    assert engine.stats.tail_updates == 0 and engine.stats.write_lost == 1  # one round lost, then a whole rewrite
+    assert not clones_files(str(reflink_dir / "a"))
+    assert (z[0:4, 0:4] == 2).all() and (z[4:, :] == 1).all()
+    assert not [p for p in (reflink_dir / "a").iterdir() if ".shardkv-tmp-" in p.name]

@@ -457,8 +457,9 @@ class KVStore(ABC):
         Returns
         -------
         Generation or None
-            The new generation, or ``None`` when ``if_generation`` did not hold
-            (nothing written).
+            The new generation, or ``None`` when nothing was written: the
+            condition did not hold, or a clone could not be made after all (the
+            next :meth:`tail_method` of that device says so); plan again.
 
         Raises
         ------

@@ -171,14 +171,15 @@ def clone_update(
     """Clone the shard at ``path``, write ``writes`` into the clone, rename it over the shard; the new file's stat.
 
     ``None`` (nothing changed) when the shard is missing or ``holds`` refuses
-    its stat. The directory is not fsync'd here (the caller does, as after
-    every local write).
+    its stat, and when this file cannot be cloned after all (``EINVAL``,
+    ``EOPNOTSUPP``...: its device is then taken for one without clones, so
+    the caller's next round plans without them). The directory is not
+    fsync'd here (the caller does, as after every local write).
 
     Raises
     ------
     OSError
-        If the file system cannot clone (``EOPNOTSUPP``...) or any write fails
-        (the temporary clone is removed).
+        If a write fails (the temporary clone is removed).
     """
     opened = _open_checked(path, os.O_RDONLY, holds)
     if opened is None:
@@ -189,7 +190,14 @@ def clone_update(
     try:
         fd = os.open(tmp, _OPEN_TEMP, 0o666)
         try:
-            fcntl.ioctl(fd, _FICLONE, src)
+            try:
+                fcntl.ioctl(fd, _FICLONE, src)
+            except OSError as exc:
+                if exc.errno not in _NO_CLONES:
+                    raise
+                with _CLONES_GUARD:  # the probe said yes, this file says no: no clones here from now on
+                    _CLONES[os.fstat(src).st_dev] = False
+                return None
             for offset, value in writes:
                 write_at(fd, offset, byte_parts(value))
             if os.fstat(fd).st_size != nbytes:
