@@ -416,3 +416,24 @@ def test_a_file_that_will_not_clone_is_rewritten_whole(reflink_dir: Path, monkey
     assert not clones_files(str(reflink_dir / "a"))
     assert (z[0:4, 0:4] == 2).all() and (z[4:, :] == 1).all()
     assert not [p for p in (reflink_dir / "a").iterdir() if ".shardkv-tmp-" in p.name]
+
+
+@pytest.mark.parametrize("place", ["auto on reflinks", "append on ext4"])
+def test_an_update_sweeps_stale_temporaries(place: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Clones of killed writers are temporaries like any other: the next write into their directory removes them."""
+    import time
+
+    from shardkv.storage.kv import TEMP_MARKER
+    from shardkv.storage.local import forget_sweeps
+
+    base = request.getfixturevalue("reflink_dir") if "reflinks" in place else tmp_path
+    z = _small(base / "a", shard_updates=place.split()[0])
+    z[:] = 1
+    old = base / "a" / f"{TEMP_MARKER}killed-clone"
+    old.write_bytes(b"a clone left by a killed writer")
+    hour_ago = time.time() - 3700
+    os.utime(old, (hour_ago, hour_ago))
+    forget_sweeps()  # as in a new process
+    z[0:4, 0:4] = 2
+    assert z.store._engine.stats.tail_updates == 1
+    assert not old.exists()

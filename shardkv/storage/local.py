@@ -516,6 +516,7 @@ class LocalStore(KVStore):
             append cut back to the old size by the next recovery).
         """
         path = self.path(key)
+        self.sweep_before_writing([key])  # as every write: temporaries (clones too) of killed writers go
 
         def holds(st: os.stat_result) -> bool:
             return if_generation.is_any or file_generation(st) == if_generation
