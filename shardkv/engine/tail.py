@@ -155,8 +155,12 @@ class TailUpdater:
     def _indexes(
         self, changes: Mapping[str, ShardChange]
     ) -> tuple[dict[str, tuple[ShardIndex, Generation, int]], set[str]]:
-        """``(index, generation, size)`` of the stored shards of ``changes`` (cached where still current, else
-        read), and the shards found not stored."""
+        """``(index, generation, size)`` of each stored shard of ``changes``, and the shards found not stored.
+
+        A cached index is used when a zero-range ``get`` conditioned on its
+        generation still holds (it tells the size too); the others' index
+        bytes are read (one ranged ``get`` each, in one batch).
+        """
         checked: list[tuple[str, ShardIndex]] = []
         reads: list[ReadRequest] = []
         for shard_key in changes:
