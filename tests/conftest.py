@@ -74,3 +74,63 @@ def shared_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dst = tmp_path_factory.mktemp("shared") / "data"
     shutil.copytree(SHARED_DATA, dst)
     return dst
+
+
+def _mount_reflink_image(base: Path) -> tuple[Path | None, str]:
+    """Mount a fresh XFS image with reflinks under ``base``; ``(mount point, "")`` or ``(None, why not)``."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        return None, "mounting an XFS image needs root (or set SHARDKV_TEST_REFLINK_DIR to a reflink directory)"
+    if shutil.which("mkfs.xfs") is None:
+        return None, "mkfs.xfs is not installed (apt-get install xfsprogs), and SHARDKV_TEST_REFLINK_DIR is not set"
+    image, mount_point = base / "reflink.img", base / "mnt"
+    mount_point.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(512 * 2**20)
+    for cmd in (
+        ["mkfs.xfs", "-q", "-m", "reflink=1", str(image)],
+        ["mount", "-o", "loop", str(image), str(mount_point)],
+    ):
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode:
+            return None, f"{' '.join(cmd[:1])} failed: {done.stderr.strip() or done.returncode}"
+    return mount_point, ""
+
+
+@pytest.fixture(scope="session")
+def reflink_root(tmp_path_factory: pytest.TempPathFactory):
+    """A directory on a file system that clones files (reflinks), for the whole session.
+
+    ``$SHARDKV_TEST_REFLINK_DIR`` if set (an XFS-with-reflink or btrfs
+    directory); else an XFS image made and loop-mounted under the session's
+    temporary directory (root only), unmounted at the end; else the tests
+    that need it skip, saying why.
+    """
+    import subprocess
+
+    given = os.environ.get("SHARDKV_TEST_REFLINK_DIR")
+    if given:
+        root = Path(given) / f"shardkv-tests-{os.getpid()}"
+        root.mkdir(parents=True, exist_ok=True)
+        yield root
+        shutil.rmtree(root, ignore_errors=True)
+        return
+    mount_point, why = _mount_reflink_image(tmp_path_factory.mktemp("reflink"))
+    if mount_point is None:
+        pytest.skip(why)
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], capture_output=True, check=False)
+
+
+@pytest.fixture
+def reflink_dir(reflink_root: Path, request: pytest.FixtureRequest) -> Path:
+    """A fresh directory of the test's own on the reflink file system (:func:`reflink_root`)."""
+    import re
+
+    path = reflink_root / re.sub(r"[^\w.-]", "_", request.node.name)[:100]
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir()
+    return path

@@ -45,7 +45,8 @@ class ShardEngine:
         The base store.
     options : Options, optional
         The facade's options; the engine reads ``index_cache_bytes``,
-        ``read_policy``, ``concurrency`` and ``lock_timeout`` (checked by
+        ``read_policy``, ``concurrency``, ``lock_timeout``, ``shard_updates``
+        and ``max_dead_fraction`` (checked by
         :class:`~shardkv.engine.options.Options`, not again here).
 
     Attributes
@@ -78,8 +79,10 @@ class ShardEngine:
         self.cache = IndexCache(self.options.index_cache_bytes)
         self.locks = ShardLocks.of_store(kv, self.options.concurrency, self.options.lock_timeout)
         self.stats = EngineStats()
-        self.reads = ShardReader(kv, self.cache, self.options.read_policy, self.stats)
-        self.writes = ShardWriter(kv, self.cache, self.locks, self.stats)
+        self.writes = ShardWriter(
+            kv, self.cache, self.locks, self.stats, self.options.shard_updates, self.options.max_dead_fraction
+        )
+        self.reads = ShardReader(kv, self.cache, self.options.read_policy, self.stats, self.writes.repair)
 
     def __repr__(self) -> str:
         return f"ShardEngine({self.kv!r}, concurrency={self.concurrency_mode!r})"

@@ -368,10 +368,18 @@ class _Held(threading.local):
 
     def __init__(self) -> None:
         self.depth: dict[tuple[Any, ...], int] = {}
+        self.fds: dict[tuple[str, int], int] = {}  # (lock directory, stripe) -> the held lock file's descriptor
 
 
 _HELD = _Held()
-os.register_at_fork(after_in_child=lambda: _HELD.depth.clear())  # the child holds none of them
+
+
+def _forget_held_in_child() -> None:
+    _HELD.depth.clear()  # the child holds none of them
+    _HELD.fds.clear()
+
+
+os.register_at_fork(after_in_child=_forget_held_in_child)
 
 
 def holds_shard_locks() -> bool:
@@ -690,7 +698,31 @@ class ShardLocks:
             return False
         stack.callback(lock_file.release)
         _note_held(stack, ("file", lock_dir, stripe))
+        if lock_file.fd is not None:  # always, once acquired: the descriptor an append's intent is recorded in
+            _HELD.fds[file] = lock_file.fd
+            stack.callback(_HELD.fds.pop, file, None)
         return True
+
+    def has_lock_dir(self, arr: ShardedArray) -> bool:
+        """Whether the lock directory of ``arr``'s shards exists (a writer with lock files made it; no I/O else)."""
+        return self.cross_process and os.path.isdir(self.lock_dir_for(lock_prefix(arr)))
+
+    def lock_file_fds(self, shards: Mapping[str, ShardedArray]) -> dict[str, int]:
+        """Shard key -> descriptor of its lock file, for the shards of ``shards`` whose lock files this thread holds.
+
+        The lock file of a shard is where an in-place append records its
+        intent (:meth:`~shardkv.storage.kv.KVStore.update_tail`); empty
+        without lock files (modes other than ``"files"``).
+        """
+        if not self.cross_process:
+            return {}
+        out: dict[str, int] = {}
+        for key, arr in shards.items():
+            prefix, rel = self._split(key, {key: lock_prefix(arr)})
+            fd = _HELD.fds.get((self.lock_dir_for(prefix), stripe_of(rel, self.file_stripes)))
+            if fd is not None:
+                out[key] = fd
+        return out
 
 
 def _rebuild(location: StoreLocation, options: dict[str, Any]) -> ShardLocks:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, TypedDict, Unpack, get_args
+from typing import Any, Literal, TypedDict, Unpack, get_args
 
 from shardkv.engine.locks import Concurrency
 from shardkv.errors import ConfigurationError
@@ -21,9 +21,23 @@ from shardkv.format.layout import IndexLocation
 from shardkv.format.ranges import ReadPolicy
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
 
-__all__ = ["Options", "OptionKeywords", "Concurrency", "IndexLocation", "DEFAULT_INDEX_CACHE_BYTES"]
+__all__ = [
+    "Options",
+    "OptionKeywords",
+    "Concurrency",
+    "IndexLocation",
+    "ShardUpdates",
+    "DEFAULT_INDEX_CACHE_BYTES",
+    "DEFAULT_MAX_DEAD_FRACTION",
+]
 
 DEFAULT_INDEX_CACHE_BYTES = 64 * 2**20
+
+ShardUpdates = Literal["auto", "append", "rewrite"]
+"""How an update of a few chunks of a stored shard is written (see :class:`Options`)."""
+
+DEFAULT_MAX_DEAD_FRACTION = 0.5
+"""Default of :attr:`Options.max_dead_fraction`."""
 
 
 class OptionKeywords(TypedDict, total=False):
@@ -36,6 +50,8 @@ class OptionKeywords(TypedDict, total=False):
     buffer_bytes: int | None
     concurrency: Concurrency
     lock_timeout: float | None
+    shard_updates: ShardUpdates
+    max_dead_fraction: float
 
 
 def _nonnegative_int(name: str, value: Any) -> int:
@@ -93,6 +109,31 @@ class Options:
         (this process only) or ``"none"`` (shard-aligned writers).
     lock_timeout : float or None
         Longest wait (seconds) for a shard lock (then ``LockTimeoutError``).
+    shard_updates : {"auto", "append", "rewrite"}
+        How an update of some chunks of a stored shard is written.
+        ``"auto"`` (default): where the shard's file system clones files
+        (reflinks: XFS with ``reflink=1``, btrfs, bcachefs, OCFS2), a clone of
+        the shard plus the new chunks and a new index, renamed over the shard:
+        about the bytes of the new chunks are written, and readers (with or
+        without shardkv) see the old shard or the new one. Elsewhere (ext4,
+        and every store that is not a local or network directory: S3,
+        obstore, mappings, memory) the shard is rewritten whole (on object
+        stores a whole-shard conditional put). ``"append"``: as ``"auto"``
+        where files clone; elsewhere, on local and network directories in
+        concurrency mode ``"files"``, the new chunks and a new index are
+        appended to the live shard file (shards with the index at the end and
+        a CRC32C on it; others are rewritten whole). While such an append is
+        in flight, a reader without shardkv (zarr 3, tensorstore) may meet a
+        checksum error on that shard's index (never wrong values); shardkv's
+        own readers repair and read again. ``"rewrite"``: every update
+        rewrites its shard whole.
+    max_dead_fraction : float
+        Largest fraction of a shard file's bytes that replaced chunks and old
+        indexes may take (``0 < x <= 1``, default 0.5): an update that would
+        leave more rewrites the shard whole (compacted). At 0.5 a shard file
+        stays within twice the bytes it uses, and the bytes written per
+        update stay within twice the new bytes when amortised over the
+        updates between two rewrites.
 
     Raises
     ------
@@ -108,6 +149,8 @@ class Options:
     buffer_bytes: int | None = None
     concurrency: Concurrency = "auto"
     lock_timeout: float | None = None
+    shard_updates: ShardUpdates = "auto"
+    max_dead_fraction: float = DEFAULT_MAX_DEAD_FRACTION
 
     def __post_init__(self) -> None:
         if not isinstance(self.chunks_per_shard, ChunksPerShardRule):
@@ -131,6 +174,13 @@ class Options:
             timeout = self.lock_timeout
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout) or timeout < 0:
                 raise ConfigurationError(f"lock_timeout must be None or a number of seconds >= 0, got {timeout!r}")
+        if self.shard_updates not in get_args(ShardUpdates):
+            raise ConfigurationError(
+                f"shard_updates must be one of {list(get_args(ShardUpdates))}, got {self.shard_updates!r}"
+            )
+        dead = self.max_dead_fraction
+        if isinstance(dead, bool) or not isinstance(dead, (int, float)) or not 0 < dead <= 1:
+            raise ConfigurationError(f"max_dead_fraction must be a number with 0 < x <= 1, got {dead!r}")
 
     @classmethod
     def from_keywords(

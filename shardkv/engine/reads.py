@@ -192,13 +192,25 @@ class ShardReader:
         Merging of chunk ranges, and the whole-shard threshold.
     stats : EngineStats
         Counters the reads update (shared with the engine's writes).
+    repair : callable of (str, ShardedArray) to bool, optional
+        Asked once when a read meets a damaged shard: finishes or undoes an
+        in-place append its writer did not finish (the engine's
+        :meth:`~shardkv.engine.writes.ShardWriter.repair`); True: read again.
     """
 
-    def __init__(self, kv: KVStore, cache: IndexCache, policy: ReadPolicy, stats: EngineStats) -> None:
+    def __init__(
+        self,
+        kv: KVStore,
+        cache: IndexCache,
+        policy: ReadPolicy,
+        stats: EngineStats,
+        repair: Callable[[str, ShardedArray], bool] | None = None,
+    ) -> None:
         self.kv = kv
         self.cache = cache
         self.policy = policy
         self.stats = stats
+        self.repair = repair
 
     def read_chunks(self, refs: Sequence[ChunkRef]) -> dict[str, BytesLike]:
         """Encoded bytes of the stored chunks among ``refs``, by chunk key (missing ones left out).
@@ -260,6 +272,19 @@ class ShardReader:
         OSError
             Any error of the store.
         """
+        try:
+            return self._read_ranges(requests, relayed)
+        except CorruptShardError as exc:  # an in-place append in flight or killed: repaired under its lock, read again
+            arr = next((ref.array for ref, _ in requests if ref.shard_key == exc.shard_key), None)
+            if self.repair is None or arr is None or not self.repair(exc.shard_key, arr):
+                raise
+            self.cache.discard(exc.shard_key)
+        return self._read_ranges(requests, relayed)
+
+    def _read_ranges(
+        self, requests: Sequence[tuple[ChunkRef, ByteRange]], relayed: Sequence[tuple[str, ByteRange]]
+    ) -> list[BytesLike | None]:
+        """:meth:`read_ranges`, once."""
         kv, cache, policy, stats = self.kv, self.cache, self.policy, self.stats
         by_shard: dict[str, list[int]] = {}
         for pos, (ref, _) in enumerate(requests):
@@ -427,8 +452,21 @@ class ShardReader:
         Raises
         ------
         CorruptShardError, ChecksumError
-            For a damaged index.
+            For a damaged index (after one repair of an in-place append, as :meth:`read_ranges`).
         """
+        try:
+            return self._read_indexes(shards, generations)
+        except CorruptShardError as exc:  # an in-place append in flight or killed: repaired under its lock, read again
+            arr = shards.get(exc.shard_key)
+            if self.repair is None or arr is None or not self.repair(exc.shard_key, arr):
+                raise
+            self.cache.discard(exc.shard_key)
+        return self._read_indexes(shards, generations)
+
+    def _read_indexes(
+        self, shards: Mapping[str, ShardedArray], generations: Mapping[str, Generation] | None
+    ) -> dict[str, ShardIndex]:
+        """:meth:`read_indexes`, once."""
         kv, cache = self.kv, self.cache
         keys = list(shards)
         if not kv.caps.ranged:

@@ -104,6 +104,10 @@ class EngineStats:
         Shard changes that arrived while a commit of their shard was running
         and went into its next commit (stored together with every change that
         arrived meanwhile, by one read-modify-write).
+    tail_updates : int
+        Stored shards updated by writing only their changed chunks and a new
+        index (a clone renamed over the shard, or an in-place append), not
+        rewritten whole.
     """
 
     read_attempts: int = 0
@@ -112,3 +116,4 @@ class EngineStats:
     write_attempts: int = 0
     write_lost: int = 0
     writes_queued: int = 0
+    tail_updates: int = 0

@@ -58,11 +58,12 @@ from shardkv.engine.cache import IndexCache
 from shardkv.engine.locks import ShardLocks, holds_shard_locks
 from shardkv.engine.merge import ShardChange, join_changes, merge_chunks
 from shardkv.engine.retry import WRITE_ATTEMPTS, WRITE_BACKOFF, EngineStats, attempts
+from shardkv.engine.tail import TailUpdater
 from shardkv.errors import ConcurrentUpdateError
 from shardkv.format.index import ShardIndex
 from shardkv.keys.space import ShardedArray
 from shardkv.storage.buffers import Value
-from shardkv.storage.kv import ANY, NO_VALUE, Generation, KVStore
+from shardkv.storage.kv import ANY, MISSING_RESULT, NO_VALUE, Generation, KVStore, ReadResult
 
 __all__ = ["ShardWriter"]
 
@@ -104,13 +105,27 @@ class ShardWriter:
         The shard locks, in the engine's concurrency mode.
     stats : EngineStats
         Counters the writes update (shared with the engine's reads).
+    shard_updates : {"auto", "append", "rewrite"}
+        How updates of some chunks of stored shards are written
+        (:class:`~shardkv.engine.options.Options`; :mod:`shardkv.engine.tail`).
+    max_dead_fraction : float
+        Largest fraction of unused bytes an updated shard may keep before it is rewritten whole.
     """
 
-    def __init__(self, kv: KVStore, cache: IndexCache, locks: ShardLocks, stats: EngineStats) -> None:
+    def __init__(
+        self,
+        kv: KVStore,
+        cache: IndexCache,
+        locks: ShardLocks,
+        stats: EngineStats,
+        shard_updates: str = "auto",
+        max_dead_fraction: float = 0.5,
+    ) -> None:
         self.kv = kv
         self.cache = cache
         self.locks = locks
         self.stats = stats
+        self.tail = TailUpdater(kv, cache, locks, stats, shard_updates, max_dead_fraction)
         self._guard = threading.Lock()
         self._next: dict[str, _Commit] = {}  # shard key -> the commit writes join (not started yet)
         self._running: dict[str, _Commit] = {}  # shard key -> the commit under way
@@ -268,7 +283,9 @@ class ShardWriter:
         """
         todo = dict(changes)
         refused: dict[str, Exception] = {}
-        with self.locks.hold_arrays({k: c.array for k, c in todo.items()}):
+        shards = {k: c.array for k, c in todo.items()}
+        with self.locks.hold_arrays(shards):
+            self.tail.recover(shards)  # an in-place append its writer did not finish: kept or undone first
             for _ in attempts(WRITE_ATTEMPTS, WRITE_BACKOFF):
                 self.stats.write_attempts += 1
                 todo = self._write_round(todo, refused)
@@ -285,7 +302,19 @@ class ShardWriter:
         """
         kv, cache, optimistic = self.kv, self.cache, self.locks.optimistic
         partial = [k for k, c in changes.items() if not c.covers_shard()]
-        old = dict(zip(partial, kv.get_many([(k, None, ANY) for k in partial]), strict=True)) if partial else {}
+        lost: dict[str, ShardChange] = {}
+        old: dict[str, ReadResult] = {}
+        if partial and self.tail.enabled:  # stored shards covered in part: their changed chunks only, where it pays
+            done, tail_lost, missing = self.tail.update({k: changes[k] for k in partial}, refused)
+            lost = {k: changes[k] for k in tail_lost}
+            old = dict.fromkeys(missing, MISSING_RESULT)  # read just now: not stored
+            if done or tail_lost or refused:
+                gone = done | tail_lost | refused.keys()
+                changes = {k: c for k, c in changes.items() if k not in gone}
+                partial = [k for k in partial if k in changes]
+        unread = [k for k in partial if k not in old]
+        if unread:
+            old.update(zip(unread, kv.get_many([(k, None, ANY) for k in unread]), strict=True))
         puts: dict[str, tuple[Value | None, Generation]] = {}
         indexes: dict[str, tuple[ShardIndex | None, int]] = {}
         for shard_key, change in changes.items():
@@ -320,7 +349,6 @@ class ShardWriter:
         won = kv.put_many(puts) if puts else {}
         # the size written stays true while the generation holds, unless other processes write unseen
         sizes_hold = kv.caps.stamps == "native" or kv.caps.in_process
-        lost: dict[str, ShardChange] = {}
         for shard_key, generation in won.items():
             if generation is None:
                 lost[shard_key] = changes[shard_key]
@@ -348,7 +376,10 @@ class ShardWriter:
     def compact(self, arr: ShardedArray, shard_keys: Iterable[str] | None = None) -> int:
         """Rewrite the array's stored shards that hold unused bytes; the bytes reclaimed.
 
-        Each shard is compacted holding its lock; in mode ``"conditional"`` the
+        Unused bytes are those of chunks replaced by O(chunk) updates and their
+        old indexes (:mod:`shardkv.engine.tail`), or left by other writers. An
+        in-place append interrupted by a killed writer is finished or undone
+        first (:meth:`repair`). Each shard is compacted holding its lock; in mode ``"conditional"`` the
         new shard is written only if the shard is still the one read (a shard
         another writer changed meanwhile is left for the next compaction).
 
@@ -369,6 +400,7 @@ class ShardWriter:
         reclaimed = 0
         for shard_key in keys:
             with self.locks.hold_arrays({shard_key: arr}):
+                self.tail.recover({shard_key: arr})  # an interrupted in-place append is repaired first
                 result = kv.get(shard_key)
                 if not result.found:
                     continue
@@ -389,6 +421,39 @@ class ShardWriter:
                 cache.put(shard_key, new_index, generation, new_size)
                 reclaimed += size - new_size
         return reclaimed
+
+    def repair(self, shard_key: str, arr: ShardedArray) -> bool:
+        """Let an in-place append in the stripe of ``shard_key`` finish, or recover it; whether to read again.
+
+        What a read that met a damaged index asks before it reads once more: it
+        takes the shard's lock file, so it waits for a live writer's append to
+        end (a killed writer's lock is gone), and recovers the append the lock
+        file records, if any. An engine without lock files of its own (a
+        read-only zarr 3 store resolves to mode ``"none"``) takes the shard's
+        lock file for this, where the array has a lock directory already (a
+        writer in mode ``"files"`` made it; none is made here). False (the
+        damage is reported as it is) on stores without tail updates, where no
+        lock directory exists, when this account cannot open the lock file, or
+        when this thread holds shard locks already (it would wait for itself).
+
+        Raises
+        ------
+        LockTimeoutError, OSError
+            As :meth:`write` (but a lock file this account may not open).
+        """
+        if not self.kv.caps.tail_updates or not self.kv.caps.lock_dir or holds_shard_locks():
+            return False
+        locks = self.locks
+        if not locks.cross_process:
+            locks = ShardLocks(self.kv.location, mode="files", timeout=self.locks.timeout)
+        if not locks.has_lock_dir(arr):
+            return False
+        try:
+            with locks.hold_arrays({shard_key: arr}):
+                self.tail.recover({shard_key: arr}, locks)
+        except PermissionError:  # a reader that may not write the array: the damage is reported
+            return False
+        return True
 
     def hold(self, shards: Mapping[str, ShardedArray]) -> AbstractContextManager[None]:
         """The locks of ``shards`` for a ``with`` block (for a caller's own read-modify-write; not re-entrant).

@@ -488,9 +488,12 @@ class ShardedStore(ProxyBase):
     # -- paths (each checked by validate_path first: nothing outside the store is reached) --------
 
     def compact(self, path: str | None = None) -> int:
-        """Rewrite the shards that hold unused bytes (left by other writers) of the array at ``path`` (all if ``None``).
+        """Rewrite the shards that hold unused bytes of the array at ``path`` (all if ``None``).
 
-        Returns the bytes reclaimed in the base store; :class:`InvalidKeyError`
+        Unused bytes are chunks replaced and indexes left by O(chunk) updates
+        (``shard_updates``), or gaps other writers left; an in-place append
+        whose writer was killed is finished or undone first. Returns the bytes
+        reclaimed in the base store; :class:`InvalidKeyError`
         if ``path`` leaves the store (:func:`~shardkv.keys.paths.validate_path`).
         """
         if path is not None:

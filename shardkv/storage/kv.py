@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from shardkv._types import BytesLike
-from shardkv.errors import ReservedKeyError
+from shardkv.errors import ReservedKeyError, UnsupportedError
 from shardkv.format.ranges import ByteRange
+from shardkv.format.tail import TailHow
 from shardkv.storage.buffers import Value
 from shardkv.storage.location import StoreLocation
 
@@ -213,6 +214,10 @@ class Capabilities:
     in_process : bool
         The data lives only in this process (dict, ``memory://``): in-process
         locks are a complete concurrency guarantee.
+    tail_updates : bool
+        :meth:`KVStore.update_tail` can write an update of a few chunks of a
+        stored shard after its bytes (local and network directories), instead
+        of the whole shard.
     """
 
     ranged: bool = False
@@ -222,6 +227,7 @@ class Capabilities:
     conditional_delete: bool = False
     lock_dir: bool = False
     in_process: bool = False
+    tail_updates: bool = False
 
 
 ReadRequest = tuple[str, "Sequence[ByteRange] | None", Generation]
@@ -399,6 +405,74 @@ class KVStore(ABC):
         """The whole values of the stored keys among ``keys`` (metadata, the CLI); missing ones are left out."""
         results = self.get_many([(key, None, ANY) for key in keys])
         return {key: r.whole() for key, r in zip(keys, results, strict=True) if r.found}
+
+    def tail_method(self, key: str, in_place: bool) -> TailHow | None:
+        """How :meth:`update_tail` can write an update of the stored value at ``key``, or ``None`` (a whole put).
+
+        Parameters
+        ----------
+        key : str
+            A stored value (a shard).
+        in_place : bool
+            Whether the caller accepts an in-place append where no clone can be
+            made (its readers may meet a torn tail while it is written).
+
+        Returns
+        -------
+        {"clone", "append"} or None
+            ``"clone"`` where the file system clones files, ``"append"`` where
+            it does not and ``in_place`` is true; ``None`` on stores without
+            :attr:`Capabilities.tail_updates` (the default here).
+        """
+        return None
+
+    def update_tail(
+        self,
+        key: str,
+        writes: Sequence[tuple[int, Value]],
+        nbytes: int,
+        if_generation: Generation,
+        how: TailHow,
+        intent_fd: int | None = None,
+    ) -> Generation | None:
+        """Write ``writes`` into the stored value at ``key`` at their offsets (an O(chunk) shard update).
+
+        Parameters
+        ----------
+        key : str
+            The stored value.
+        writes : sequence of (int, value)
+            ``(offset, value)``, bytes; no offset lies before the value's
+            bytes that stay (see :func:`shardkv.format.tail.plan_tail_update`).
+        nbytes : int
+            The value's size after the writes (bytes).
+        if_generation : Generation
+            The generation the writes were planned on (:data:`ANY`: none).
+        how : {"clone", "append"}
+            As :meth:`tail_method` answered.
+        intent_fd : int, optional
+            For ``"append"``: the open lock file that records the append's
+            intent while it is made (required then).
+
+        Returns
+        -------
+        Generation or None
+            The new generation, or ``None`` when nothing was written: the
+            condition did not hold, or a clone could not be made after all (the
+            next :meth:`tail_method` of that device says so); plan again.
+
+        Raises
+        ------
+        UnsupportedError
+            On a store without :attr:`Capabilities.tail_updates`.
+        OSError
+            Any error of the store.
+        """
+        raise UnsupportedError(f"{type(self).__name__} cannot update a value after its bytes ({key!r})")
+
+    def recover_tail(self, intent_fd: int) -> str | None:
+        """Finish or undo the interrupted append an intent in ``intent_fd`` records; the path repaired, if any."""
+        return None
 
     def close(self) -> None:
         """Release resources of the base store, if it has any."""

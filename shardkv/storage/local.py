@@ -29,6 +29,11 @@ Writes
     are the only low-level writes; the crash and fault-injection tests replace
     them on this module.
 
+O(chunk) updates (:meth:`LocalStore.update_tail`)
+    A clone of the shard with the new bytes renamed over it, or an append to
+    the live file under a write-ahead intent: :mod:`shardkv.storage.local_tail`,
+    writing through :func:`_pwrite_all` and :func:`write_parts` as well.
+
 Temporary files of killed writers are swept: :meth:`LocalStore.remove_stale_temporaries`
 walks the store, and every write first sweeps the directories it writes into,
 once per hour and process.
@@ -56,6 +61,7 @@ from typing import Any
 
 from shardkv._types import BytesLike
 from shardkv.errors import InvalidKeyError
+from shardkv.format.tail import TailHow
 from shardkv.storage.buffers import Value, byte_parts, pread_exact, read_pool, write_parts
 from shardkv.storage.kv import (
     LOCK_DIR,
@@ -69,6 +75,7 @@ from shardkv.storage.kv import (
     ReadResult,
     hidden,
 )
+from shardkv.storage.local_tail import append_update, clone_update, clones_files, recover_append
 from shardkv.storage.location import StoreLocation
 from shardkv.storage.stamps import STAMPS
 
@@ -78,7 +85,15 @@ _READ_GROUPS = 8
 _POOLED_READ_NBYTES = 64 * 1024
 """Bytes the first read of a batch must return for the rest to be read by the pool (smaller: in this thread)."""
 
-__all__ = ["LocalStore", "FSYNC", "DEFAULT_TEMP_AGE", "file_generation", "atomic_write", "fsync_dirs", "write_parts"]
+__all__ = [
+    "LocalStore",
+    "FSYNC",
+    "DEFAULT_TEMP_AGE",
+    "file_generation",
+    "atomic_write",
+    "fsync_dirs",
+    "write_parts",
+]
 
 FSYNC = True
 """Default of :attr:`LocalStore.fsync`: fsync each written file before its rename and the
@@ -121,6 +136,15 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     while len(data):
         n = os.pwrite(fd, data, offset)
         data, offset = data[n:], offset + n
+
+
+def _write_at(fd: int, offset: int, parts: list[memoryview]) -> None:
+    """Write ``parts`` back to back from byte ``offset`` of ``fd`` (through the two low-level writes)."""
+    if len(parts) == 1:
+        _pwrite_all(fd, parts[0], offset)
+    elif parts:
+        os.lseek(fd, offset, os.SEEK_SET)
+        write_parts(fd, parts)
 
 
 def _not_a_file(key: str, path: str, mode: int) -> OSError:
@@ -290,6 +314,7 @@ class LocalStore(KVStore):
         conditional_delete=False,
         lock_dir=True,
         in_process=False,
+        tail_updates=True,
     )
 
     def __init__(
@@ -447,6 +472,69 @@ class LocalStore(KVStore):
         if self.fsync and written:
             fsync_dirs(written)
         return out
+
+    # -- O(chunk) updates -----------------------------------------------------
+
+    def tail_method(self, key: str, in_place: bool) -> TailHow | None:
+        """``"clone"`` where the shard's file system clones files, else ``"append"`` if ``in_place``, else ``None``.
+
+        Raises
+        ------
+        OSError
+            If the shard's directory cannot be examined or written (permissions).
+        """
+        directory = os.path.dirname(self.path(key))
+        try:
+            if clones_files(directory):
+                return "clone"
+        except FileNotFoundError:  # no shard there yet: a whole write
+            return None
+        return "append" if in_place else None
+
+    def update_tail(
+        self,
+        key: str,
+        writes: Sequence[tuple[int, Value]],
+        nbytes: int,
+        if_generation: Generation,
+        how: TailHow,
+        intent_fd: int | None = None,
+    ) -> Generation | None:
+        """Write ``writes`` into the shard at ``key``: into a clone renamed over it, or appended in place.
+
+        See :meth:`KVStore.update_tail` and the module docstring. ``"append"``
+        takes one write, at the shard's size, and the open lock file
+        ``intent_fd`` the caller holds.
+
+        Raises
+        ------
+        ValueError
+            For ``"append"`` without ``intent_fd``, or with a write that does not
+            start at the shard's size or end at ``nbytes``.
+        OSError
+            Any error of the file system (a full disk: a clone is removed, an
+            append cut back to the old size by the next recovery).
+        """
+        path = self.path(key)
+        self.sweep_before_writing([key])  # as every write: temporaries (clones too) of killed writers go
+
+        def holds(st: os.stat_result) -> bool:
+            return if_generation.is_any or file_generation(st) == if_generation
+
+        with STAMPS.writing(self._location, [key]):
+            if how == "clone":
+                st = clone_update(path, writes, nbytes, holds, self.fsync, _write_at)
+            else:
+                if intent_fd is None:
+                    raise ValueError(f"an in-place append to {key!r} needs the lock file that records its intent")
+                st = append_update(path, writes, nbytes, holds, intent_fd, self.fsync, _write_at)
+        if st is not None and how == "clone" and self.fsync:
+            fsync_dirs([path])
+        return None if st is None else file_generation(st)
+
+    def recover_tail(self, intent_fd: int) -> str | None:
+        """:func:`~shardkv.storage.local_tail.recover_append` of the lock file ``intent_fd`` (the caller holds it)."""
+        return recover_append(intent_fd)
 
     # -- listings -------------------------------------------------------------
 

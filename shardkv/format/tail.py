@@ -1,0 +1,230 @@
+"""Updates written after a stored shard's bytes (O(chunk) updates), and the intent record of an in-place append. Pure.
+
+An update of a few inner chunks of a stored shard need not rewrite the shard:
+the changed chunks go after the shard's chunk data, a new index points at
+them, and every chunk not changed keeps its offset (:func:`plan_tail_update`).
+Bytes before the update's first byte are never written, so a reader that read
+the old index and then reads a chunk at an old offset gets the old chunk.
+Two ways to place the new bytes (``how``)::
+
+    "clone" (a reflink copy of the shard, then renamed over it):
+      index at the end:   | old chunk data | new chunks | new index |
+                                           ^ the old index is overwritten (the copy is private)
+      index at the start: | new index | old chunk data | new chunks |
+                            ^ overwritten in the copy
+    "append" (in place, on the live file; index at the end only):
+                          | old chunk data | old index | new chunks | new index |
+                                                       ^ the old size
+
+Replaced chunks and old indexes become *dead bytes*: :func:`dead_fraction`
+tells the engine when to rewrite the shard whole instead.
+
+An in-place append is made after an :class:`AppendIntent` is recorded (in the
+shard's lock file): which file, its inode, its size before and after, and the
+CRC32C of the appended bytes; recovery keeps the append if all of it is there
+and checks, else cuts the file back to its old size.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import crc32c as _crc32c
+
+from shardkv._types import BytesLike, LocalCoords
+from shardkv.format.index import ShardIndex
+from shardkv.format.layout import ShardLayout
+
+__all__ = [
+    "TailHow",
+    "TailPlan",
+    "plan_tail_update",
+    "dead_fraction",
+    "AppendIntent",
+    "INTENT_MAGIC",
+    "INTENT_MAX_NBYTES",
+    "parts_crc32c",
+]
+
+TailHow = Literal["clone", "append"]
+"""Where an O(chunk) update's bytes go: a reflink clone renamed over the shard, or the live file itself."""
+
+INTENT_MAGIC = b"SKVAPND1"
+"""The first 8 bytes of an encoded :class:`AppendIntent`."""
+
+_HEAD = struct.Struct("<8sQQQII")  # magic, inode, old size, new size, crc32c of the appended bytes, path length
+_CRC = struct.Struct("<I")
+_MAX_PATH_NBYTES = 16384
+
+INTENT_MAX_NBYTES = _HEAD.size + _MAX_PATH_NBYTES + _CRC.size
+"""Largest encoded :class:`AppendIntent` (bytes): what a reader of an intent reads."""
+
+
+def parts_crc32c(parts: Iterable[BytesLike]) -> int:
+    """CRC32C (Castagnoli, unsigned 32-bit) of the concatenation of ``parts``, without joining them."""
+    value = 0
+    for part in parts:
+        value = _crc32c.crc32c(part, value)
+    return value
+
+
+@dataclass(frozen=True)
+class TailPlan:
+    """The writes of one O(chunk) update of a stored shard, and the shard they make.
+
+    Attributes
+    ----------
+    writes : list of (int, list of bytes-like)
+        ``(offset, parts)``: the parts' concatenation is written at byte
+        ``offset`` of the shard (in order; every offset is at or after the end
+        of the old chunk data, or 0 for a start index rewritten in a clone).
+    index : ShardIndex
+        The new index.
+    nbytes : int
+        The shard's size after the update (bytes).
+    used_nbytes : int
+        Bytes of the new shard that its index and chunks use; the rest are dead.
+    """
+
+    writes: list[tuple[int, list[BytesLike]]]
+    index: ShardIndex
+    nbytes: int
+    used_nbytes: int
+
+    @property
+    def new_nbytes(self) -> int:
+        """Bytes written (new chunks and the new index)."""
+        return sum(memoryview(p).nbytes for _, parts in self.writes for p in parts)
+
+
+def plan_tail_update(
+    layout: ShardLayout,
+    index: ShardIndex,
+    shard_nbytes: int,
+    updates: Mapping[LocalCoords, BytesLike | None],
+    how: TailHow,
+) -> TailPlan:
+    """The writes that apply whole-chunk ``updates`` to a stored shard without moving its other chunks.
+
+    Parameters
+    ----------
+    layout : ShardLayout
+        The shard's layout (index location, index size).
+    index : ShardIndex
+        The stored shard's index (not modified).
+    shard_nbytes : int
+        The stored shard's size in bytes (at least ``layout.index_nbytes``).
+    updates : mapping of local coords to bytes-like or None
+        Each changed inner chunk's new encoded bytes, or ``None`` to delete it.
+    how : {"clone", "append"}
+        ``"clone"``: the writes go to a private copy of the shard (an end index
+        is overwritten by the new chunks, a start index in place);
+        ``"append"``: to the live file, after every old byte (index at the end only).
+
+    Returns
+    -------
+    TailPlan
+        The writes, the new index, the new size and the bytes the new shard uses.
+
+    Raises
+    ------
+    ValueError
+        For ``how="append"`` with the index at the start, or a shard shorter than its index.
+    """
+    n_index = layout.index_nbytes
+    if shard_nbytes < n_index:
+        raise ValueError(f"a shard of {shard_nbytes} bytes is shorter than its {n_index}-byte index")
+    if how == "append" and layout.index_location == "start":
+        raise ValueError("an in-place append needs the index at the end (a start index would be overwritten)")
+    start = shard_nbytes - n_index if how == "clone" and layout.index_location == "end" else shard_nbytes
+    new_index = index.copy()
+    chunks: list[BytesLike] = []
+    at = start
+    for local in sorted(updates):
+        value = updates[local]
+        if value is None:
+            new_index.clear(local)
+            continue
+        nbytes = memoryview(value).nbytes
+        new_index.set(local, at, nbytes)
+        chunks.append(value)
+        at += nbytes
+    encoded = layout.encode_index(new_index)
+    used = new_index.used_nbytes() + n_index
+    if layout.index_location == "end":
+        return TailPlan([(start, [*chunks, encoded])], new_index, at + n_index, used)
+    writes: list[tuple[int, list[BytesLike]]] = [(0, [encoded])]
+    if chunks:
+        writes.append((start, chunks))
+    return TailPlan(writes, new_index, at, used)
+
+
+def dead_fraction(plan: TailPlan) -> float:
+    """The fraction of the updated shard's bytes that nothing uses (replaced chunks, old indexes)."""
+    return (plan.nbytes - plan.used_nbytes) / plan.nbytes if plan.nbytes else 0.0
+
+
+@dataclass(frozen=True)
+class AppendIntent:
+    """The write-ahead record of one in-place append to a shard file.
+
+    Attributes
+    ----------
+    path : str
+        The shard file's real path.
+    inode : int
+        Its inode (a shard replaced since is not the one appended to).
+    old_nbytes : int
+        Its size before the append (bytes); nothing before it is written.
+    new_nbytes : int
+        Its size after the append (bytes).
+    crc32c : int
+        CRC32C of the appended bytes ``[old_nbytes, new_nbytes)`` (unsigned 32-bit).
+
+    Notes
+    -----
+    Encoded, little endian::
+
+        | magic "SKVAPND1" | inode u64 | old u64 | new u64 | crc32c u32 | path length u32 | path UTF-8 | crc32c u32 |
+
+    the last field is the CRC32C of everything before it, so a torn record
+    (its writer killed while writing it, before the shard was touched) reads
+    as no record.
+    """
+
+    path: str
+    inode: int
+    old_nbytes: int
+    new_nbytes: int
+    crc32c: int
+
+    def encode(self) -> bytes:
+        """The record's bytes (see Notes).
+
+        Raises
+        ------
+        ValueError
+            If the path is longer than 16384 bytes in UTF-8.
+        """
+        path = self.path.encode("utf-8", "surrogateescape")
+        if len(path) > _MAX_PATH_NBYTES:
+            raise ValueError(f"shard path of {len(path)} bytes is too long for an append intent: {self.path!r}")
+        body = _HEAD.pack(INTENT_MAGIC, self.inode, self.old_nbytes, self.new_nbytes, self.crc32c, len(path)) + path
+        return body + _CRC.pack(_crc32c.crc32c(body))
+
+    @classmethod
+    def decode(cls, data: BytesLike) -> AppendIntent | None:
+        """The record stored in ``data`` (the start of a lock file), or ``None`` when there is none or it is torn."""
+        view = memoryview(data).cast("B")
+        if len(view) < _HEAD.size + _CRC.size or bytes(view[:8]) != INTENT_MAGIC:
+            return None
+        magic, inode, old, new, crc, n_path = _HEAD.unpack_from(view)
+        end = _HEAD.size + n_path
+        if n_path > _MAX_PATH_NBYTES or len(view) < end + _CRC.size:
+            return None
+        if _CRC.unpack_from(view, end)[0] != _crc32c.crc32c(view[:end]) or new < old:
+            return None
+        return cls(bytes(view[_HEAD.size : end]).decode("utf-8", "surrogateescape"), inode, old, new, crc)

@@ -1,0 +1,262 @@
+"""O(chunk) updates of local shard files: a reflink clone renamed over the shard, or an in-place append.
+
+The file I/O of :meth:`LocalStore.update_tail <shardkv.storage.local.LocalStore.update_tail>`
+(what is written where is planned by :mod:`shardkv.format.tail`):
+
+``"clone"`` (:func:`clone_update`), where the file system clones files
+    (``ioctl(FICLONE)``: XFS with reflinks, btrfs, bcachefs, OCFS2; found once
+    per device by cloning an empty temporary file, :func:`clones_files`). A
+    temporary file beside the shard is made a clone of it (no data copied),
+    the new bytes are written into it at their offsets, then it is fsync'd
+    and renamed over the shard like every local write. Readers with or
+    without shardkv see the old file or the new one; a reader holding the old
+    file keeps reading its old bytes.
+``"append"`` (:func:`append_update`), in place, where no clone can be made and the caller asks
+    An :class:`~shardkv.format.tail.AppendIntent` (file, inode, old and new
+    size, CRC32C of the appended bytes) is written at the start of the lock
+    file the caller holds and fdatasync'd; then the new bytes are written at
+    the file's end with one write and fdatasync'd; then the intent is cleared
+    (not synced: recovery is idempotent). :func:`recover_append` keeps an
+    append whose bytes are all there and check, and cuts any other back to
+    the old size (the bytes before it were never written).
+
+Every byte goes through the ``write_at`` the caller passes (the local
+store's, over its two low-level writes, which the crash tests replace).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import stat
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+
+from shardkv.format.tail import INTENT_MAX_NBYTES, AppendIntent, parts_crc32c
+from shardkv.storage.buffers import Value, byte_parts, pread_exact
+from shardkv.storage.kv import TEMP_MARKER
+
+__all__ = ["clones_files", "clone_update", "append_update", "read_intent", "clear_intent", "recover_append"]
+
+WriteAt = Callable[[int, int, list[memoryview]], None]
+"""``write_at(fd, offset, parts)``: write ``parts`` back to back from byte ``offset`` of ``fd``."""
+
+_FICLONE = getattr(fcntl, "FICLONE", 0x40049409)  # Linux's ioctl number (Python < 3.12 does not name it)
+_NO_CLONES = {errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.ENOSYS, errno.EPERM}
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_OPEN_PROBE = os.O_RDWR | os.O_CREAT | os.O_EXCL | _CLOEXEC  # a clone's source must be readable
+_OPEN_TEMP = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC
+
+
+_CLONES: dict[int, bool] = {}  # device (st_dev) -> whether its file system clones files (found once per process)
+_CLONES_GUARD = threading.Lock()
+
+
+def clones_files(directory: str) -> bool:
+    """Whether the file system of ``directory`` clones files (``ioctl(FICLONE)``), found once per device.
+
+    The test clones an empty temporary file into another beside it (no data
+    written); ``EOPNOTSUPP``, ``EXDEV``, ``EINVAL``, ``ENOTTY``... mean no.
+
+    Raises
+    ------
+    OSError
+        If ``directory`` cannot be examined or written (permissions).
+    """
+    device = os.stat(directory).st_dev
+    with _CLONES_GUARD:
+        known = _CLONES.get(device)
+    if known is not None:
+        return known
+    names = [os.path.join(directory, f"{TEMP_MARKER}{uuid.uuid4().hex}") for _ in range(2)]
+    fds: list[int] = []
+    try:
+        for name in names:
+            fds.append(os.open(name, _OPEN_PROBE, 0o600))
+        try:
+            fcntl.ioctl(fds[1], _FICLONE, fds[0])
+            found = True
+        except OSError as exc:
+            if exc.errno not in _NO_CLONES:
+                raise
+            found = False
+    finally:
+        for fd in fds:
+            os.close(fd)
+        for name in names[: len(fds)]:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(name)
+    with _CLONES_GUARD:
+        _CLONES[device] = found
+    return found
+
+
+def read_intent(intent_fd: int) -> AppendIntent | None:
+    """The append intent recorded at the start of the lock file ``intent_fd``, or ``None``."""
+    return AppendIntent.decode(os.pread(intent_fd, INTENT_MAX_NBYTES, 0))
+
+
+def clear_intent(intent_fd: int) -> None:
+    """Forget the intent recorded in ``intent_fd`` (not synced: recovering an append twice changes nothing)."""
+    os.ftruncate(intent_fd, 0)
+
+
+def recover_append(intent_fd: int) -> str | None:
+    """Finish or undo the in-place append recorded in the lock file ``intent_fd``; the shard path, if one was named.
+
+    The caller holds the lock. If the file named is still the one appended to
+    (same inode), is at least the new size and its appended bytes match the
+    recorded CRC32C, it is cut to the new size (the append stays); otherwise
+    to the old size (the bytes before it were never written). The intent is
+    then cleared. Running it again changes nothing.
+
+    Raises
+    ------
+    OSError
+        If the shard cannot be opened, read or truncated (permissions).
+    """
+    raw = os.pread(intent_fd, INTENT_MAX_NBYTES, 0)
+    if not raw:
+        return None
+    intent = AppendIntent.decode(raw)
+    if intent is None:  # a record torn while it was written: the shard was not touched yet
+        clear_intent(intent_fd)
+        return None
+    try:
+        fd = os.open(intent.path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:  # the shard was deleted since: nothing to repair
+        clear_intent(intent_fd)
+        return intent.path
+    try:
+        st = os.fstat(fd)
+        if st.st_ino == intent.inode and stat.S_ISREG(st.st_mode):
+            keep = intent.old_nbytes
+            if st.st_size >= intent.new_nbytes:
+                appended = pread_exact(fd, intent.old_nbytes, intent.new_nbytes)
+                if len(appended) == intent.new_nbytes - intent.old_nbytes and parts_crc32c([appended]) == intent.crc32c:
+                    keep = intent.new_nbytes
+            if st.st_size != keep:
+                os.ftruncate(fd, keep)
+                os.fsync(fd)
+    finally:
+        os.close(fd)
+    clear_intent(intent_fd)
+    return intent.path
+
+
+def _open_checked(path: str, flags: int, holds: Callable[[os.stat_result], bool]) -> tuple[int, os.stat_result] | None:
+    """A descriptor of the shard and its ``fstat`` if ``holds`` accepts it (its generation); else ``None``."""
+    try:
+        fd = os.open(path, flags | _CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or not holds(st):
+        os.close(fd)
+        return None
+    return fd, st
+
+
+def clone_update(
+    path: str,
+    writes: Sequence[tuple[int, Value]],
+    nbytes: int,
+    holds: Callable[[os.stat_result], bool],
+    fsync: bool,
+    write_at: WriteAt,
+) -> os.stat_result | None:
+    """Clone the shard at ``path``, write ``writes`` into the clone, rename it over the shard; the new file's stat.
+
+    ``None`` (nothing changed) when the shard is missing or ``holds`` refuses
+    its stat, and when this file cannot be cloned after all (``EINVAL``,
+    ``EOPNOTSUPP``...: its device is then taken for one without clones, so
+    the caller's next round plans without them). The directory is not
+    fsync'd here (the caller does, as after every local write).
+
+    Raises
+    ------
+    OSError
+        If a write fails (the temporary clone is removed).
+    """
+    opened = _open_checked(path, os.O_RDONLY, holds)
+    if opened is None:
+        return None
+    src, _ = opened
+    tmp = os.path.join(os.path.dirname(path), f"{TEMP_MARKER}{uuid.uuid4().hex}")
+    placed = False
+    try:
+        fd = os.open(tmp, _OPEN_TEMP, 0o666)
+        try:
+            try:
+                fcntl.ioctl(fd, _FICLONE, src)
+            except OSError as exc:
+                if exc.errno not in _NO_CLONES:
+                    raise
+                with _CLONES_GUARD:  # the probe said yes, this file says no: no clones here from now on
+                    _CLONES[os.fstat(src).st_dev] = False
+                return None
+            for offset, value in writes:
+                write_at(fd, offset, byte_parts(value))
+            if os.fstat(fd).st_size != nbytes:
+                os.ftruncate(fd, nbytes)
+            if fsync:
+                os.fsync(fd)
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        placed = True
+        return st
+    finally:
+        os.close(src)
+        if not placed:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+
+
+def append_update(
+    path: str,
+    writes: Sequence[tuple[int, Value]],
+    nbytes: int,
+    holds: Callable[[os.stat_result], bool],
+    intent_fd: int,
+    fsync: bool,
+    write_at: WriteAt,
+) -> os.stat_result | None:
+    """Append the one write of ``writes`` to the shard at ``path`` in place, under an intent in ``intent_fd``.
+
+    ``None`` (nothing written) when the shard is missing or ``holds`` refuses its stat.
+
+    Raises
+    ------
+    ValueError
+        If ``writes`` is not one write at the shard's size ending at ``nbytes``.
+    OSError
+        Any error of the file system (the intent then stays, and the next
+        holder of the lock cuts the shard back to its old size).
+    """
+    opened = _open_checked(path, os.O_WRONLY, holds)
+    if opened is None:
+        return None
+    fd, st = opened
+    try:
+        if len(writes) != 1 or writes[0][0] != st.st_size:
+            raise ValueError(f"an in-place append to {path!r} is one write at its size {st.st_size}")
+        parts = byte_parts(writes[0][1])
+        if st.st_size + sum(p.nbytes for p in parts) != nbytes:
+            raise ValueError(f"an in-place append to {path!r} must end at byte {nbytes}")
+        intent = AppendIntent(os.path.realpath(path), st.st_ino, st.st_size, nbytes, parts_crc32c(parts))
+        write_at(intent_fd, 0, [memoryview(intent.encode())])
+        if fsync:
+            os.fdatasync(intent_fd)
+        write_at(fd, st.st_size, parts)
+        if fsync:
+            os.fdatasync(fd)
+        new_st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    clear_intent(intent_fd)
+    return new_st

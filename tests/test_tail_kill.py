@@ -1,0 +1,144 @@
+"""kill -9 at every step of an O(chunk) shard update, on both paths (tests/tail_kill.py holds the child).
+
+For each step (and, for a write step, with half its bytes written): readers without shardkv (the
+shard's bytes decoded by the layout, as zarr 3 and tensorstore do: tests/v3/test_tail_kill_v3.py
+runs them) read old or new chunks, or for the in-place append only, meet a damaged index; never
+other values. The clone path needs no recovery at all. shardkv reads old or new (repairing an
+interrupted append under its lock), an acknowledged update is never lost, and the next write
+through shardkv clears every intent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from tail_kill import CHUNK, MAX_STEPS, PER_SHARD, UPDATED, check_old_or_new, create_zarr2, new_data, old_data, run_held
+
+from shardkv import ShardedStore
+from shardkv.errors import CorruptShardError
+from shardkv.format.layout import ShardLayout
+from shardkv.format.tail import AppendIntent
+
+LAYOUT = ShardLayout.v3((PER_SHARD,))
+
+
+def raw_shard(root: Path) -> np.ndarray:
+    """Shard 0 as a reader without shardkv decodes it (raises CorruptShardError on a damaged index)."""
+    chunks = LAYOUT.chunks_of_shard((root / "0").read_bytes(), "0")
+    fill = np.zeros(CHUNK * PER_SHARD, dtype="u2")
+    for (c,), value in chunks.items():
+        fill[c * CHUNK : (c + 1) * CHUNK] = np.frombuffer(value, dtype="u2")
+    return fill
+
+
+def intents(root: Path) -> list[AppendIntent]:
+    found = [AppendIntent.decode(p.read_bytes()) for p in (root / ".shardkv-locks").glob("*.lock")]
+    return [i for i in found if i is not None]
+
+
+@pytest.mark.parametrize("torn", [False, True], ids=["between-steps", "torn-write"])
+@pytest.mark.parametrize("place", ["auto on reflinks", "append on ext4"])
+def test_kill_at_every_step(place: str, torn: bool, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    clone = place.startswith("auto")
+    base = request.getfixturevalue("reflink_dir") if clone else tmp_path
+    mode = place.split()[0]
+    outcomes = []
+    for hold_at in range(1, MAX_STEPS):
+        root = base / f"a{hold_at}"
+        create_zarr2(root)
+        outcome = run_held(root, mode, hold_at, torn)
+        outcomes.append(outcome)
+        acknowledged = outcome == "done"
+        try:  # no recovery yet: what zarr 3 or tensorstore would read
+            check_old_or_new(np.concatenate([raw_shard(root), old_data()[CHUNK * PER_SHARD :]]), acknowledged)
+        except CorruptShardError:
+            assert not clone, f"the clone path left a damaged shard at step {hold_at}"
+        if clone:
+            assert not intents(root)
+        got = zarr.open(ShardedStore(str(root)), mode="r")[:]  # repairs an interrupted append
+        check_old_or_new(got, acknowledged)
+        raw_shard(root)  # shardkv's read left a shard every reader decodes
+        z = zarr.open(ShardedStore(str(root), shard_updates=mode), mode="r+")
+        z[3 * CHUNK : 4 * CHUNK] = 55  # a write of the same stripe recovers any intent left first
+        assert not intents(root)
+        after = z[:]
+        assert (after[3 * CHUNK : 4 * CHUNK] == 55).all()
+        after[3 * CHUNK : 4 * CHUNK] = old_data()[3 * CHUNK : 4 * CHUNK]
+        check_old_or_new(after, acknowledged)
+        if acknowledged:
+            assert np.array_equal(got, new_data())
+            break
+    else:
+        pytest.fail(f"the update did not finish within {MAX_STEPS} steps")
+    assert outcomes.count("killed") >= 5, outcomes  # the steps: clone probe, ioctl or intent, writes, syncs, rename
+    assert len(UPDATED) == 3
+
+
+def test_a_reader_meeting_an_append_in_flight_waits_for_it(tmp_path: Path) -> None:
+    """A shardkv read that meets the torn tail of a live writer's append takes the lock and reads the result."""
+    import os
+    import threading
+
+    from tail_kill import start_held
+
+    root = tmp_path / "a"
+    create_zarr2(root)
+    # steps of the child: 1 clone probe, 2 intent write, 3 its fdatasync, 4 the append (held half written)
+    child, release, state = start_held(root, "append", 4, True)
+    assert state == "held"
+    try:
+        with pytest.raises(CorruptShardError):
+            raw_shard(root)  # the torn tail, as a reader without shardkv meets it
+        store = ShardedStore(str(root))
+        reads = store._engine.reads
+        real_repair, met = reads.repair, threading.Event()
+
+        def repair(shard_key, arr):
+            met.set()
+            return real_repair(shard_key, arr)
+
+        reads.repair = repair
+        got: dict[str, np.ndarray] = {}
+        reader = threading.Thread(target=lambda: got.update(v=zarr.open(store, mode="r")[:]))
+        reader.start()
+        assert met.wait(60)  # the reader met the damage and waits for the writer's lock
+        os.write(release, b"g")  # the writer finishes its append
+        reader.join(60)
+        assert not reader.is_alive()
+    finally:
+        os.close(release)
+        child.wait(60)
+    assert child.returncode == 0
+    assert np.array_equal(got["v"], new_data())  # the writer's update, read once it was complete
+    assert not intents(root)
+
+
+def test_a_listing_that_meets_a_killed_append_repairs_it(tmp_path: Path) -> None:
+    root = tmp_path / "a"
+    create_zarr2(root)
+    assert run_held(root, "append", 4, True) == "killed"  # half of the append written, then kill -9
+    with pytest.raises(CorruptShardError):
+        raw_shard(root)
+    assert intents(root)
+    store = ShardedStore(str(root))
+    assert sorted(k for k in store if k[0].isdigit()) == [str(c) for c in range(8)]  # the index read repairs
+    assert not intents(root)
+    assert np.array_equal(raw_shard(root), old_data()[: CHUNK * PER_SHARD])  # cut back to the old shard
+
+
+@pytest.mark.parametrize("step", [2, 4, 5], ids=["intent-torn", "append-torn", "append-written"])
+def test_the_compact_command_repairs_killed_appends(step: int, tmp_path: Path, capsys) -> None:
+    from shardkv.cli.main import main
+
+    root = tmp_path / "a"
+    create_zarr2(root)
+    assert run_held(root, "append", step, True) == "killed"
+    assert main(["compact", str(root)]) == 0
+    assert "bytes reclaimed" in capsys.readouterr().out
+    assert not intents(root)
+    shard = raw_shard(root)  # decodes: kept whole or cut back, then compacted
+    check_old_or_new(np.concatenate([shard, old_data()[CHUNK * PER_SHARD :]]), False)
+    assert (root / "0").stat().st_size == LAYOUT.index_nbytes + CHUNK * PER_SHARD * 2  # no unused byte left

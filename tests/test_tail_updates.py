@@ -1,0 +1,439 @@
+"""O(chunk) shard updates (``shard_updates=``): a clone plus the new chunks on reflink file systems,
+an in-place append with a write-ahead intent elsewhere (opt-in), whole rewrites past the dead-bytes
+threshold, and ``compact``.
+
+Bytes are counted where they are handed to the kernel: the local store's two low-level writes
+(``_pwrite_all``, ``write_parts``) and its reads (``pread_exact``). The clone path runs on a real
+reflink file system (the ``reflink_dir`` fixture: an XFS image mounted with reflinks), the append
+and rewrite paths on this machine's temporary directory (ext4: no clones).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+from pathlib import Path
+
+import numcodecs
+import numpy as np
+import pytest
+import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import shardkv.storage.local as local_mod
+from shardkv import ShardedStore
+from shardkv.engine.options import Options
+from shardkv.errors import ConfigurationError
+from shardkv.format.layout import ShardLayout
+from shardkv.format.tail import AppendIntent, dead_fraction, plan_tail_update
+from shardkv.storage.local import LocalStore
+from shardkv.storage.local_tail import clones_files
+
+# -- the counting hooks ----------------------------------------------------------------------------
+
+
+class IOCount:
+    """Bytes handed to the local store's low-level writes and reads (monkeypatched on its module)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.written = 0
+        self.read = 0
+        real_pwrite, real_parts, real_pread = local_mod._pwrite_all, local_mod.write_parts, local_mod.pread_exact
+
+        def pwrite_all(fd, data, offset):
+            self.written += memoryview(data).nbytes
+            real_pwrite(fd, data, offset)
+
+        def write_parts(fd, parts):
+            self.written += sum(memoryview(p).nbytes for p in parts)
+            real_parts(fd, parts)
+
+        def pread_exact(fd, start, stop):
+            out = real_pread(fd, start, stop)
+            self.read += len(out)
+            return out
+
+        monkeypatch.setattr(local_mod, "_pwrite_all", pwrite_all)
+        monkeypatch.setattr(local_mod, "write_parts", write_parts)
+        monkeypatch.setattr(local_mod, "pread_exact", pread_exact)
+
+    def reset(self) -> None:
+        self.written = self.read = 0
+
+
+def _shard_files(root: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_size for p in root.iterdir() if p.name[0].isdigit()}
+
+
+# -- the option --------------------------------------------------------------------------------------
+
+
+def test_options_defaults_and_checks() -> None:
+    assert Options().shard_updates == "auto"
+    assert Options().max_dead_fraction == 0.5
+    assert Options.from_keywords(shard_updates="append", max_dead_fraction=1).shard_updates == "append"
+    for bad in ({"shard_updates": "inplace"}, {"shard_updates": None}):
+        with pytest.raises(ConfigurationError, match="shard_updates must be one of"):
+            Options.from_keywords(**bad)
+    for dead in (0, 0.0, -0.1, 1.5, float("nan"), True, "0.5"):
+        with pytest.raises(ConfigurationError, match="max_dead_fraction"):
+            Options(max_dead_fraction=dead)
+
+
+# -- the pure plan and the intent record -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["clone", "append"])
+@pytest.mark.parametrize("location", ["end", "start"])
+def test_plan_keeps_old_offsets_and_reads_back(how: str, location: str) -> None:
+    layout = ShardLayout.v3((2, 2), location)
+    old = {(0, 0): b"aaaa", (0, 1): b"bb", (1, 1): b"cccccc"}
+    parts, index = layout.encode_shard_with_index(old)
+    shard = b"".join(parts)
+    if how == "append" and location == "start":
+        with pytest.raises(ValueError, match="index at the end"):
+            plan_tail_update(layout, index, len(shard), {(0, 1): b"B"}, how)
+        return
+    plan = plan_tail_update(layout, index, len(shard), {(0, 1): b"BBB", (1, 1): None, (1, 0): b"dd"}, how)
+    new = bytearray(shard)
+    for offset, writes in plan.writes:
+        blob = b"".join(writes)
+        if how == "append":
+            assert offset >= len(shard)  # nothing before the old size is written in place
+        new[offset : offset + len(blob)] = blob
+    del new[plan.nbytes :]
+    assert len(new) == plan.nbytes
+    assert plan.index.get((0, 0)) == index.get((0, 0))  # an unchanged chunk keeps its offset
+    assert layout.chunks_of_shard(bytes(new), "s") == {(0, 0): b"aaaa", (0, 1): b"BBB", (1, 0): b"dd"}
+    assert plan.used_nbytes == 4 + 3 + 2 + layout.index_nbytes
+    assert dead_fraction(plan) == (plan.nbytes - plan.used_nbytes) / plan.nbytes
+
+
+_LOCALS = [(i, j) for i in range(2) for j in range(3)]
+_VALUES = st.one_of(st.none(), st.binary(max_size=12))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    old=st.dictionaries(st.sampled_from(_LOCALS), st.binary(max_size=12)),
+    updates=st.dictionaries(st.sampled_from(_LOCALS), _VALUES, min_size=1),
+    how=st.sampled_from(["clone", "append"]),
+    location=st.sampled_from(["end", "start"]),
+    checksum=st.booleans(),
+)
+def test_plan_applied_reads_as_the_merge_and_never_touches_old_chunks(old, updates, how, location, checksum) -> None:
+    """Property: applying a plan gives the merged chunks, and no write lands on bytes an old index entry points at."""
+    if how == "append" and location == "start":
+        return
+    layout = ShardLayout.v3((2, 3), location, index_checksum=checksum)
+    parts, index = layout.encode_shard_with_index(old)
+    shard = b"".join(parts)
+    plan = plan_tail_update(layout, index, len(shard), updates, how)
+    new = bytearray(shard)
+    old_spans = [(o, o + n) for _, o, n in index.stored_entries() if n]
+    for offset, writes in plan.writes:
+        blob = b"".join(writes)
+        assert not any(offset < stop and start < offset + len(blob) for start, stop in old_spans)
+        if how == "append":
+            assert offset >= len(shard)
+        new[offset : offset + len(blob)] = blob
+    del new[plan.nbytes :]
+    merged = {k: v for k, v in {**old, **updates}.items() if v is not None}
+    assert {k: bytes(v) for k, v in layout.chunks_of_shard(bytes(new), "s").items()} == merged
+    assert plan.used_nbytes == sum(map(len, merged.values())) + layout.index_nbytes <= plan.nbytes
+
+
+def test_intent_round_trip_and_torn_records() -> None:
+    intent = AppendIntent("/data/a b/é/0.0", 123456789, 1000, 2024, 0xDEADBEEF)
+    raw = intent.encode()
+    assert AppendIntent.decode(raw) == intent
+    assert AppendIntent.decode(raw + b"\0" * 10) == intent
+    assert AppendIntent.decode(b"") is None
+    for cut in range(len(raw)):  # a record torn while written reads as none
+        assert AppendIntent.decode(raw[:cut]) is None
+    for flip in range(len(raw)):  # so does any damaged byte
+        damaged = bytearray(raw)
+        damaged[flip] ^= 0x40
+        assert AppendIntent.decode(bytes(damaged)) is None
+
+
+def test_clone_detection(tmp_path: Path, reflink_dir: Path) -> None:
+    assert clones_files(str(reflink_dir)) is True
+    assert clones_files(str(tmp_path)) is False  # this machine's /tmp: ext4
+    assert not [p for p in reflink_dir.iterdir()]  # the probe's temporary files are gone
+
+
+# -- the benchmark workload: one 64**3 chunk in each of 8 shards of a 512**3 uint16 array ---------------
+
+_SHAPE, _CHUNKS = (512, 512, 512), (64, 64, 64)
+
+
+@pytest.fixture(scope="module")
+def big_array(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
+    """The benchmark array written once (8 shards of 4x4x4 chunks, zstd level 0), and its data."""
+    root = tmp_path_factory.mktemp("big") / "a"
+    data = np.random.default_rng(0).integers(0, 16, size=_SHAPE, dtype=np.uint16)
+    z = zarr.create(
+        shape=_SHAPE,
+        chunks=_CHUNKS,
+        dtype="u2",
+        compressor=numcodecs.Zstd(level=0),
+        store=ShardedStore(root, chunks_per_shard=4),
+    )
+    z[:] = data
+    return root, data
+
+
+def _update_one_chunk_per_shard(root: Path, shard_updates: str, io: IOCount) -> tuple[ShardedStore, np.ndarray]:
+    store = ShardedStore(root, shard_updates=shard_updates)
+    z = zarr.open(store, mode="r+")
+    new = np.random.default_rng(1).integers(0, 16, size=_CHUNKS, dtype=np.uint16)  # as incompressible as the rest
+    io.reset()
+    for corner in np.ndindex(2, 2, 2):  # chunk (1,1,1) of each shard: one 64**3 chunk per shard
+        sl = tuple(slice(c * 256 + 64, c * 256 + 128) for c in corner)
+        z[sl] = new
+    return store, new
+
+
+@pytest.mark.parametrize("place", ["auto on reflinks", "append on ext4"])
+def test_one_chunk_per_shard_costs_the_chunks(
+    place: str, big_array: tuple[Path, np.ndarray], tmp_path: Path, request: pytest.FixtureRequest, monkeypatch
+) -> None:
+    src, data = big_array
+    base = request.getfixturevalue("reflink_dir") if place.startswith("auto") else tmp_path
+    root = base / "a"
+    shutil.copytree(src, root)
+    io = IOCount(monkeypatch)
+    store, new = _update_one_chunk_per_shard(root, place.split()[0], io)
+    whole = sum(_shard_files(root).values())  # what rewriting the 8 shards whole writes (and reads)
+    assert store._engine.stats.tail_updates == 8
+    assert io.written <= whole / 8, (io.written, whole)
+    assert io.read == 8 * (16 * 64 + 4), io.read  # the 8 indexes, nothing of the chunks
+    expected = data.copy()
+    for corner in np.ndindex(2, 2, 2):
+        expected[tuple(slice(c * 256 + 64, c * 256 + 128) for c in corner)] = new
+    assert np.array_equal(zarr.open(ShardedStore(root), mode="r")[:], expected)
+
+
+def test_rewrite_writes_whole_shards(big_array: tuple[Path, np.ndarray], tmp_path: Path, monkeypatch) -> None:
+    src, _ = big_array
+    root = tmp_path / "a"
+    shutil.copytree(src, root)
+    io = IOCount(monkeypatch)
+    store, _ = _update_one_chunk_per_shard(root, "rewrite", io)
+    assert store._engine.stats.tail_updates == 0
+    assert io.written == sum(_shard_files(root).values())
+
+
+def test_auto_on_ext4_rewrites_whole(tmp_path: Path) -> None:
+    """No clones and no opt-in: readers without shardkv never meet a torn tail."""
+    st = ShardedStore(tmp_path / "a", chunks_per_shard=2)
+    z = zarr.create(shape=(8,), chunks=(2,), dtype="u1", store=st, compressor=None)
+    z[:] = 1
+    inode = (tmp_path / "a" / "0").stat().st_ino
+    z[0:2] = 2
+    assert st._engine.stats.tail_updates == 0
+    assert (tmp_path / "a" / "0").stat().st_ino != inode  # a new file renamed over the shard
+
+
+# -- dead bytes: the automatic threshold and compact -------------------------------------------------
+
+
+def _small(root: Path, **options) -> zarr.Array:
+    st = ShardedStore(root, chunks_per_shard=4, **options)
+    return zarr.create(shape=(32, 32), chunks=(4, 4), dtype="u2", store=st, compressor=None)
+
+
+@pytest.mark.parametrize("place", ["auto on reflinks", "append on ext4"])
+@pytest.mark.parametrize("max_dead", [0.5, 0.25])
+def test_dead_bytes_bounded_then_compacted(
+    place: str, max_dead: float, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    base = request.getfixturevalue("reflink_dir") if place.startswith("auto") else tmp_path
+    root = base / "a"
+    z = _small(root, shard_updates=place.split()[0], max_dead_fraction=max_dead)
+    data = np.arange(32 * 32, dtype="u2").reshape(32, 32)
+    z[:] = data
+    layout = ShardLayout.v3((4, 4))
+    engine = z.store._engine
+    rewrites_seen = 0
+    previous = (root / "0.0").stat().st_size
+    for i in range(60):  # one chunk of shard 0.0 at a time, round the shard's chunks
+        r, c = divmod(i % 16, 4)
+        data[r * 4 : r * 4 + 4, c * 4 : c * 4 + 4] = i
+        z[r * 4 : r * 4 + 4, c * 4 : c * 4 + 4] = i
+        blob = (root / "0.0").read_bytes()
+        index = layout.index_of_shard(blob, "0.0")
+        used = index.used_nbytes() + layout.index_nbytes
+        assert len(blob) - used <= max_dead * len(blob), (i, len(blob), used)
+        assert len(blob) <= used / (1 - max_dead) + layout.index_nbytes
+        rewrites_seen += len(blob) < previous
+        previous = len(blob)
+    if max_dead == 0.5:  # mostly O(chunk), compacted now and then
+        assert engine.stats.tail_updates >= 30 and rewrites_seen >= 2
+    assert np.array_equal(z[:], data)
+    loose = zarr.open(ShardedStore(root, shard_updates=place.split()[0], max_dead_fraction=1.0), mode="r+")
+    loose[0:4, 0:4] = 99  # dead bytes left for compact
+    data[0:4, 0:4] = 99
+    assert loose.store._engine.stats.tail_updates == 1
+    assert z.store.compact() > 0
+    fresh = _small(tmp_path / "fresh")
+    fresh[:] = data
+    for name in ("0.0", "0.1", "1.0", "1.1"):  # compacted: exactly what a fresh write stores
+        assert (root / name).read_bytes() == (tmp_path / "fresh" / name).read_bytes()
+    assert z.store.compact() == 0
+
+
+# -- warm reads after another process's O(chunk) update ------------------------------------------------
+
+
+def _update_in_child(root: str, shard_updates: str, value: int) -> None:
+    z = zarr.open(ShardedStore(root, shard_updates=shard_updates), mode="r+")
+    z[0:4, 0:4] = value
+
+
+@pytest.mark.parametrize("place", ["auto on reflinks", "append on ext4"])
+def test_warm_reads_see_another_process_update(place: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    base = request.getfixturevalue("reflink_dir") if place.startswith("auto") else tmp_path
+    root = base / "a"
+    z = _small(root)
+    z[:] = 1
+    assert (z[0:4, 0:4] == 1).all()  # warm: the index of 0.0 is cached with its generation
+    reader = z.store._engine
+    entry = reader.cache.peek("0.0")
+    assert entry is not None and entry.size is not None
+    ctx = multiprocessing.get_context("fork")
+    for value in (2, 3):
+        child = ctx.Process(target=_update_in_child, args=(str(root), place.split()[0], value))
+        child.start()
+        child.join(60)
+        assert child.exitcode == 0
+        stale = reader.stats.read_stale
+        assert (z[0:4, 0:4] == value).all()
+        assert reader.stats.read_stale == stale + 1  # the cached entry was refused, not served
+        assert (z[4:8, 0:4] == 1).all()
+
+
+def test_local_store_reached_from_every_face(tmp_path: Path) -> None:
+    from shardkv.engine.engine import ShardEngine  # noqa: F401  (the engine over the opened store)
+
+    for base in (str(tmp_path / "p"), zarr.storage.DirectoryStore(str(tmp_path / "d"))):
+        st = ShardedStore(base, chunks_per_shard=2)
+        assert isinstance(st._engine.kv, LocalStore)
+        assert st._engine.kv.caps.tail_updates
+
+
+def test_update_tail_refuses_a_stale_generation(tmp_path: Path, reflink_dir: Path) -> None:
+    for root, how in ((reflink_dir, "clone"), (tmp_path, "append")):
+        kv = LocalStore(root)
+        kv.put("k", b"0123456789")
+        old = kv.get("k").generation
+        kv.put("k", b"abcdefghij")
+        with open(root / "intent", "w+b") as intent:
+            assert kv.update_tail("k", [(10, b"XY")], 12, old, how, intent.fileno()) is None
+        assert kv.get("k").whole() == b"abcdefghij"
+        assert not [p for p in os.listdir(root) if ".shardkv-tmp-" in p]
+
+
+@pytest.mark.parametrize("place", ["auto on reflinks", "auto on ext4", "append on ext4"])
+def test_one_read_per_shard_and_round(place: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch) -> None:
+    """A rewritten shard is read once, whole; an O(chunk) update reads its index; a new shard is read once."""
+    base = request.getfixturevalue("reflink_dir") if "reflinks" in place else tmp_path
+    z = _small(base / "a", shard_updates=place.split()[0])
+    z[0:16, 0:16] = 1  # shard 0.0 stored whole; 0.1 not stored
+    calls: list[list[tuple[str, object]]] = []
+    real = LocalStore.get_many
+
+    def get_many(self, reads):
+        calls.append([(k, r) for k, r, _ in reads])
+        return real(self, reads)
+
+    monkeypatch.setattr(LocalStore, "get_many", get_many)
+    z[0:4, 0:4] = 2  # a stored shard covered in part
+    z[0:4, 16:20] = 3  # a shard not stored yet
+    o_chunk = place != "auto on ext4"
+    assert [[k for k, _ in c] for c in calls] == [["0.0"], ["0.1"]]  # one request per shard
+    # O(chunk): the cached index checked by a zero-range read, the new shard's index range; else whole reads
+    assert calls[0][0][1] == ([] if o_chunk else None)
+    assert (calls[1][0][1] is None) is not o_chunk
+
+
+@pytest.mark.parametrize(
+    ("place", "layout", "o_chunk"),
+    [
+        ("auto on reflinks", {"index_location": "start"}, True),  # the clone's start index rewritten in place
+        ("auto on reflinks", {"index_checksum": False}, True),
+        ("append on ext4", {"index_location": "start"}, False),  # in place it would overwrite the live index
+        ("append on ext4", {"index_checksum": False}, False),  # a torn tail could read as numbers
+        ("append on ext4", {}, True),
+    ],
+    ids=["clone-start", "clone-no-crc", "append-start", "append-no-crc", "append-end-crc"],
+)
+def test_layouts_each_path_takes(
+    place: str, layout: dict, o_chunk: bool, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    base = request.getfixturevalue("reflink_dir") if "reflinks" in place else tmp_path
+    z = _small(base / "a", shard_updates=place.split()[0], max_dead_fraction=1.0, **layout)
+    data = np.arange(32 * 32, dtype="u2").reshape(32, 32)
+    z[:] = data
+    for i in range(3):
+        z[4:8, 8:12] = 500 + i
+        data[4:8, 8:12] = 500 + i
+    assert z.store._engine.stats.tail_updates == (3 if o_chunk else 0)
+    assert np.array_equal(zarr.open(ShardedStore(base / "a"), mode="r")[:], data)
+    shard = ShardLayout.v3(
+        (4, 4), layout.get("index_location", "end"), index_checksum=layout.get("index_checksum", True)
+    )
+    chunks = shard.chunks_of_shard((base / "a" / "0.0").read_bytes(), "0.0")  # as readers without shardkv decode it
+    assert np.frombuffer(chunks[(1, 2)], dtype="u2").tolist() == [502] * 16
+
+
+def test_a_file_that_will_not_clone_is_rewritten_whole(reflink_dir: Path, monkeypatch) -> None:
+    """The probe said yes, this shard's clone says EINVAL: the round goes again without clones, and nothing is lost."""
+    import errno
+    import fcntl
+
+    import shardkv.storage.local_tail as tail_mod
+
+    z = _small(reflink_dir / "a")
+    z[:] = 1
+    assert clones_files(str(reflink_dir / "a"))
+    real_ioctl = fcntl.ioctl
+
+    def ioctl(fd, request, arg=0, *rest):
+        if request == tail_mod._FICLONE:
+            raise OSError(errno.EINVAL, "cannot clone this file")
+        return real_ioctl(fd, request, arg, *rest)
+
+    monkeypatch.setattr(tail_mod.fcntl, "ioctl", ioctl)
+    monkeypatch.setattr(tail_mod, "_CLONES", {})  # this process forgets its probes (restored after the test)
+    monkeypatch.setitem(tail_mod._CLONES, os.stat(reflink_dir).st_dev, True)
+    z[0:4, 0:4] = 2
+    engine = z.store._engine
+    assert engine.stats.tail_updates == 0 and engine.stats.write_lost == 1  # one round lost, then a whole rewrite
+    assert not clones_files(str(reflink_dir / "a"))
+    assert (z[0:4, 0:4] == 2).all() and (z[4:, :] == 1).all()
+    assert not [p for p in (reflink_dir / "a").iterdir() if ".shardkv-tmp-" in p.name]
+
+
+@pytest.mark.parametrize("place", ["auto on reflinks", "append on ext4"])
+def test_an_update_sweeps_stale_temporaries(place: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Clones of killed writers are temporaries like any other: the next write into their directory removes them."""
+    import time
+
+    from shardkv.storage.kv import TEMP_MARKER
+    from shardkv.storage.local import forget_sweeps
+
+    base = request.getfixturevalue("reflink_dir") if "reflinks" in place else tmp_path
+    z = _small(base / "a", shard_updates=place.split()[0])
+    z[:] = 1
+    old = base / "a" / f"{TEMP_MARKER}killed-clone"
+    old.write_bytes(b"a clone left by a killed writer")
+    hour_ago = time.time() - 3700
+    os.utime(old, (hour_ago, hour_ago))
+    forget_sweeps()  # as in a new process
+    z[0:4, 0:4] = 2
+    assert z.store._engine.stats.tail_updates == 1
+    assert not old.exists()
