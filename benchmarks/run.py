@@ -7,7 +7,7 @@ environment it needs: ``.venv-zarr2`` (zarr-python 2.18 + shardkv) or
 ``.venv-zarr3`` (zarr-python 3), the two environments ``bash tests/run.sh``
 builds, or ``.venv-bench`` (Python 3.12: newest zarr 3, zarrs, tensorstore,
 obstore, s3fs, moto) for the peer matrix (:mod:`peers_matrix`) and the peers
-of issue 29's rows (:mod:`w29`, which take ``--shardkv-option`` and ``--dir``);
+of the write-cost rows W29 (:mod:`w29`, which take ``--shardkv-option`` and ``--dir``);
 ``--make-envs`` builds missing ones the same way. A workload prints
 one JSON line with every repetition; this runner takes the medians, prints a
 Markdown table with the machine's facts and writes the same text to
@@ -208,7 +208,7 @@ def collect(args: argparse.Namespace, pythons: dict[str, str | None]) -> dict[st
     res["write_read/zarr3"] = run_workload(py3, "write_read", "zarr3", args, rep)
     for impl in ("shardkv-writeback", "shardkv", "zarr2-transformer"):
         res[f"chunkwise_write/{impl}"] = run_workload(py2, "chunkwise_write", impl, args, rep)
-    # issue 29's rows: each implementation in its own process and environment (shardkv: zarr3, peers: bench)
+    # the write-cost rows W29: each implementation in its own process and environment (shardkv: zarr3, peers: bench)
     res.update(
         w29.collect(
             pythons,
@@ -845,7 +845,7 @@ def main(argv: list[str] | None = None) -> int:
                 + peers_matrix.goal_rows(peers, ratio_row, value_row, fmt_s, lambda r: isinstance(r, Missing))
             ),
             "",
-            "## Issue 29 rows: every implementation (medians; W29-2 seconds: total (write, append, region))",
+            "## Write-cost rows (W29): every implementation (medians; W29-2 seconds: total (write, append, region))",
             "",
             w29.detail_table({k: v for k, v in res.items() if w29.env_of(k)}, args.shardkv_option),
             "",

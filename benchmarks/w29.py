@@ -1,4 +1,4 @@
-"""The rows of issue 29 in ``benchmarks/run.py``: writes at whole-shard cost, against tensorstore, zarr 3 and zarrs.
+"""The write-cost rows (W29) in ``benchmarks/run.py``: write cost against tensorstore, zarr 3 and zarrs.
 
 Three workloads on the array of ``workloads/_w29.py`` (3-D uint16, 64³
 chunks, 256³ shards, zstd 0; 512³ in 8 shards at full size), each
@@ -183,7 +183,7 @@ def _fmt_s(x: Any) -> str:
 
 def detail_table(res: dict[str, Any], options: list[str]) -> str:
     """Every implementation's figures, one line each (medians over the repetitions)."""
-    header = ["issue 29", "implementation", "env", "seconds", "written", "read", "stored", "shard puts", "chunks lost"]
+    header = ["row", "implementation", "env", "seconds", "written", "read", "stored", "shard puts", "chunks lost"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     time_key = {"w29_write": "write_s", "w29_dask": "total_s", "w29_update": "update_s"}
     for key, r in res.items():

@@ -1,4 +1,4 @@
-"""The workload of issue 29, in one place: the array, its data, and each implementation's way to write it.
+"""The write-cost workload (rows W29), in one place: the array, its data, and each implementation's way to write it.
 
 The zarrs/zarr_benchmarks workload scaled as in the issue: a 3-D uint16 array
 of 64³ inner chunks in shards of 4 x 4 x 4 chunks (256³ elements), inner codec

@@ -1,4 +1,4 @@
-"""Issue 29 row 2: xarray ``to_zarr`` from a LocalCluster of worker processes, dask chunks 1/64 of a shard.
+"""Row W29-2: xarray ``to_zarr`` from a LocalCluster of worker processes, dask chunks 1/64 of a shard.
 
 The zarr 3 environment (newest xarray, dask, distributed) for every
 implementation, so that only the store differs. The workload of ``_w29.py``

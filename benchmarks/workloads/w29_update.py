@@ -1,4 +1,4 @@
-"""Issue 29 row 3: update one 64³ inner chunk in each shard of a stored array; bytes written and read.
+"""Row W29-3: update one 64³ inner chunk in each shard of a stored array; bytes written and read.
 
 The workload of ``_w29.py`` (3-D uint16, 64³ chunks, 256³ shards, zstd 0).
 ``--impl``: ``shardkv`` (``shardkv.zarr3.ShardedStore(dir)``, default options

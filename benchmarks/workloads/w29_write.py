@@ -1,4 +1,4 @@
-"""Issue 29 row 1: a whole write, zarr 3 ``z[...] = data`` (tensorstore: ``ts[...].write(data)``), per implementation.
+"""Row W29-1: a whole write, zarr 3 ``z[...] = data`` (tensorstore: ``ts[...].write(data)``), per implementation.
 
 The workload of ``_w29.py`` (3-D uint16, 64³ chunks, 256³ shards, zstd 0).
 ``--impl``: ``shardkv`` (``shardkv.zarr3.ShardedStore(dir)``, default options
