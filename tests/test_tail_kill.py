@@ -142,3 +142,30 @@ def test_the_compact_command_repairs_killed_appends(step: int, tmp_path: Path, c
     shard = raw_shard(root)  # decodes: kept whole or cut back, then compacted
     check_old_or_new(np.concatenate([shard, old_data()[CHUNK * PER_SHARD :]]), False)
     assert (root / "0").stat().st_size == LAYOUT.index_nbytes + CHUNK * PER_SHARD * 2  # no unused byte left
+
+
+def test_a_stale_intent_never_cuts_a_shard_rewritten_since(tmp_path: Path) -> None:
+    """An intent left by a completed append names an inode; the shard rewritten since (by a writer that recovers
+    nothing) may get that inode number back. The next recovery must leave that shard alone."""
+    root = tmp_path / "a"
+    create_zarr2(root)
+    assert run_held(root, "append", 6, False) == "killed"  # the append written and synced; its intent not cleared
+    (stale,) = intents(root)
+    # a writer without lock files rewrites shard 0 whole (chunk 3 written as fill: not stored, a shorter shard);
+    # ext4 hands a freed inode number to the next file made, so a rewrite or two gives the intent's inode back
+    other = zarr.open(ShardedStore(str(root), concurrency="process"), mode="r+", write_empty_chunks=False)
+    expected = new_data()
+    expected[3 * CHUNK : 4 * CHUNK] = 0
+    for _ in range(8):
+        other[: CHUNK * PER_SHARD] = expected[: CHUNK * PER_SHARD]
+        if (root / "0").stat().st_ino == stale.inode:
+            break
+    else:
+        pytest.skip("this file system did not reuse the shard's inode number")
+    assert (root / "0").stat().st_size < stale.old_nbytes
+    z = zarr.open(ShardedStore(str(root), shard_updates="append"), mode="r+")
+    z[CHUNK : 2 * CHUNK] = 77  # holds the stripe's lock file: recovers the stale intent first
+    expected[CHUNK : 2 * CHUNK] = 77
+    assert not intents(root)
+    assert np.array_equal(zarr.open(ShardedStore(str(root)), mode="r")[:], expected)
+    raw_shard(root)  # decodes without shardkv too

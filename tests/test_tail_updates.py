@@ -27,9 +27,9 @@ from shardkv import ShardedStore
 from shardkv.engine.options import Options
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
-from shardkv.format.tail import AppendIntent, dead_fraction, plan_tail_update
+from shardkv.format.tail import AppendIntent, dead_fraction, old_tail_range, parts_crc32c, plan_tail_update
 from shardkv.storage.local import LocalStore
-from shardkv.storage.local_tail import clones_files
+from shardkv.storage.local_tail import clones_files, recover_append
 
 # -- the counting hooks ----------------------------------------------------------------------------
 
@@ -146,7 +146,7 @@ def test_plan_applied_reads_as_the_merge_and_never_touches_old_chunks(old, updat
 
 
 def test_intent_round_trip_and_torn_records() -> None:
-    intent = AppendIntent("/data/a b/é/0.0", 123456789, 1000, 2024, 0xDEADBEEF)
+    intent = AppendIntent("/data/a b/é/0.0", 123456789, 1000, 2024, 0x0BADF00D, 0xDEADBEEF)
     raw = intent.encode()
     assert AppendIntent.decode(raw) == intent
     assert AppendIntent.decode(raw + b"\0" * 10) == intent
@@ -437,3 +437,47 @@ def test_an_update_sweeps_stale_temporaries(place: str, tmp_path: Path, request:
     z[0:4, 0:4] = 2
     assert z.store._engine.stats.tail_updates == 1
     assert not old.exists()
+
+
+def _intent_for(path: Path, appended: bytes) -> AppendIntent:
+    """The intent an append of ``appended`` to the file at ``path`` records (its state now is the old one)."""
+    data = path.read_bytes()
+    old_tail = data[slice(*old_tail_range(len(data)))]
+    return AppendIntent(
+        str(path), path.stat().st_ino, len(data), len(data) + len(appended), parts_crc32c([old_tail]), parts_crc32c([appended])
+    )
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["torn", "zeros at the new size", "complete", "later append", "rewritten shorter", "rewritten longer", "untouched"],
+)
+def test_recovery_cuts_only_a_torn_append(case: str, tmp_path: Path) -> None:
+    """recover_append cuts a torn append back to the old size and leaves every other file as it is."""
+    shard, lock = tmp_path / "0", tmp_path / "0.lock"
+    old, appended = bytes(range(200)) * 30, b"N" * 500  # 6000 bytes: more than the old tail checked
+    shard.write_bytes(old)
+    intent = _intent_for(shard, appended)
+    lock.write_bytes(intent.encode())
+    now = {
+        "torn": old + appended[:123],
+        "zeros at the new size": old + bytes(len(appended)),
+        "complete": old + appended,
+        "later append": old + appended + b"L" * 40,  # a later writer's bytes after the append stay
+        "rewritten shorter": b"R" * 100,  # the same inode number given to a shard rewritten since
+        "rewritten longer": b"R" * (len(old) + 100),
+        "untouched": old,
+    }[case]
+    with open(shard, "r+b") as f:  # in place: the inode stays
+        f.write(now)
+        f.truncate(len(now))
+    expected = old if case in ("torn", "zeros at the new size") else now
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        assert recover_append(fd) == str(shard)
+        assert shard.read_bytes() == expected
+        assert os.fstat(fd).st_size == 0  # the intent is cleared
+        assert recover_append(fd) is None  # and a second recovery changes nothing
+    finally:
+        os.close(fd)
+    assert shard.read_bytes() == expected
