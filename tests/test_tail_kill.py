@@ -10,6 +10,11 @@ through shardkv clears every intent.
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -169,3 +174,41 @@ def test_a_stale_intent_never_cuts_a_shard_rewritten_since(tmp_path: Path) -> No
     assert not intents(root)
     assert np.array_equal(zarr.open(ShardedStore(str(root)), mode="r")[:], expected)
     raw_shard(root)  # decodes without shardkv too
+
+
+_NOBODY_READER = """
+import os, sys
+import zarr
+from shardkv import ShardedStore
+import shardkv.errors, shardkv.engine.writes  # imported as root: the interpreter's files may be root's only
+os.setgroups([])
+os.setresgid(65534, 65534, 65534)
+os.setresuid(65534, 65534, 65534)  # an account that may read the array, not write it
+try:
+    zarr.open(ShardedStore(sys.argv[1]), mode="r")[:]
+except Exception as exc:
+    print(type(exc).__name__, exc)
+else:
+    print("read")
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to become another account")
+def test_a_reader_that_may_not_write_is_told_how_to_repair(tmp_path: Path) -> None:
+    """A reader without write permission meets a killed append: a clear error naming the repair, never KeyError."""
+    parent = Path(tempfile.mkdtemp(dir="/tmp"))  # outside pytest's 0700 directory, so another account can read it
+    try:
+        os.chmod(parent, 0o755)
+        root = parent / "a"
+        create_zarr2(root)
+        assert run_held(root, "append", 4, True) == "killed"  # half of the append written
+        said = subprocess.run(
+            [sys.executable, "-c", _NOBODY_READER, str(root)], capture_output=True, text=True, timeout=120
+        )
+        assert said.returncode == 0, said.stderr
+        assert said.stdout.startswith("CorruptShardError"), said.stdout
+        assert f"shardkv compact {root}" in said.stdout and "'0'" in said.stdout, said.stdout
+        assert intents(root)  # nothing was repaired by that reader
+        assert np.array_equal(zarr.open(ShardedStore(str(root)), mode="r")[:], old_data())  # a writer repairs it
+    finally:
+        shutil.rmtree(parent)
