@@ -470,6 +470,16 @@ class ShardWriter:
             ) from exc
         return True
 
+    def rewrites_whole(self, shard_key: str, arr: ShardedArray) -> bool:
+        """Whether an update of some chunks of ``shard_key`` rewrites it whole (not O(chunk): :mod:`~shardkv.engine.tail`).
+
+        An error examining the shard's directory answers True (what is then done).
+        """
+        try:
+            return self.tail.method(shard_key, arr) is None
+        except OSError:
+            return True
+
     def hold(self, shards: Mapping[str, ShardedArray]) -> AbstractContextManager[None]:
         """The locks of ``shards`` for a ``with`` block (for a caller's own read-modify-write; not re-entrant).
 
