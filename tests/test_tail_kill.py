@@ -212,3 +212,19 @@ def test_a_reader_that_may_not_write_is_told_how_to_repair(tmp_path: Path) -> No
         assert np.array_equal(zarr.open(ShardedStore(str(root)), mode="r")[:], old_data())  # a writer repairs it
     finally:
         shutil.rmtree(parent)
+
+
+def test_verify_names_an_interrupted_append_and_its_repair(tmp_path: Path, capsys) -> None:
+    from shardkv.cli.main import main
+
+    root = tmp_path / "a"
+    create_zarr2(root)
+    assert run_held(root, "append", 4, True) == "killed"  # half of the append written
+    assert main(["verify", str(root)]) == 1  # damaged until repaired
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if "DAMAGED" in x]
+    assert line.startswith("  DAMAGED 0:") and "interrupted in-place append" in line and "shardkv compact" in line, out
+    assert intents(root)  # verify only reads
+    assert main(["compact", str(root)]) == 0
+    assert main(["verify", str(root)]) == 0
+    assert np.array_equal(raw_shard(root), old_data()[: CHUNK * PER_SHARD])

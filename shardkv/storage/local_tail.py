@@ -42,7 +42,15 @@ from shardkv.format.tail import INTENT_MAX_NBYTES, AppendIntent, old_tail_range,
 from shardkv.storage.buffers import Value, byte_parts, pread_exact
 from shardkv.storage.kv import TEMP_MARKER
 
-__all__ = ["clones_files", "clone_update", "append_update", "read_intent", "clear_intent", "recover_append"]
+__all__ = [
+    "clones_files",
+    "clone_update",
+    "append_update",
+    "read_intent",
+    "clear_intent",
+    "recover_append",
+    "recorded_append",
+]
 
 WriteAt = Callable[[int, int, list[memoryview]], None]
 """``write_at(fd, offset, parts)``: write ``parts`` back to back from byte ``offset`` of ``fd``."""
@@ -105,6 +113,37 @@ def read_intent(intent_fd: int) -> AppendIntent | None:
 def clear_intent(intent_fd: int) -> None:
     """Forget the intent recorded in ``intent_fd`` (not synced: recovering an append twice changes nothing)."""
     os.ftruncate(intent_fd, 0)
+
+
+def recorded_append(lock_dir: str, shard_path: str) -> str | None:
+    """The lock file in ``lock_dir`` that records an append intent for the shard file ``shard_path``, or ``None``.
+
+    Reads the lock files without taking them (what ``shardkv verify`` reports);
+    ``shard_path`` is compared by its real path, as intents record it.
+
+    Raises
+    ------
+    OSError
+        If a lock file cannot be read (``PermissionError``: an account that may not write the array).
+    """
+    try:
+        names = sorted(n for n in os.listdir(lock_dir) if n.endswith(".lock"))
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # no writer with lock files was there: no append either
+    real = os.path.realpath(shard_path)
+    for name in names:
+        lock_file = os.path.join(lock_dir, name)
+        try:
+            fd = os.open(lock_file, os.O_RDONLY | _CLOEXEC)
+        except FileNotFoundError:
+            continue  # removed meanwhile (the array deleted)
+        try:
+            intent = read_intent(fd)
+        finally:
+            os.close(fd)
+        if intent is not None and intent.path == real:
+            return lock_file
+    return None
 
 
 def recover_append(intent_fd: int) -> str | None:
