@@ -481,3 +481,21 @@ def test_recovery_cuts_only_a_torn_append(case: str, tmp_path: Path) -> None:
     finally:
         os.close(fd)
     assert shard.read_bytes() == expected
+
+
+def test_a_shard_linked_to_another_file_system_is_rewritten_whole(reflink_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    """A shard that is a symbolic link to a file on ext4, in an array directory on XFS with reflinks: its clone
+    beside the link fails (EXDEV); the update is written whole instead of losing every round."""
+    import shardkv.storage.local_tail as tail_mod
+
+    monkeypatch.setattr(tail_mod, "_CLONES", {})  # this process forgets its probes (restored after the test)
+    z = _small(reflink_dir / "a")
+    z[:] = 1
+    shard = reflink_dir / "a" / "0.0"
+    (tmp_path / "0.0").write_bytes(shard.read_bytes())
+    shard.unlink()
+    shard.symlink_to(tmp_path / "0.0")
+    z = zarr.open(ShardedStore(str(reflink_dir / "a")), mode="r+")
+    z[0:4, 0:4] = 2
+    assert (z[0:4, 0:4] == 2).all() and (z[4:, :] == 1).all()
+    assert not [p for p in (reflink_dir / "a").iterdir() if ".shardkv-tmp-" in p.name]

@@ -220,8 +220,9 @@ def clone_update(
 
     ``None`` (nothing changed) when the shard is missing or ``holds`` refuses
     its stat, and when this file cannot be cloned after all (``EINVAL``,
-    ``EOPNOTSUPP``...: its device is then taken for one without clones, so
-    the caller's next round plans without them). The directory is not
+    ``EOPNOTSUPP``, ``EXDEV`` for a shard linked to another file system...:
+    its device and the directory's are then taken for ones without clones,
+    so the caller's next round plans without them). The directory is not
     fsync'd here (the caller does, as after every local write).
 
     Raises
@@ -245,6 +246,9 @@ def clone_update(
                     raise
                 with _CLONES_GUARD:  # the probe said yes, this file says no: no clones here from now on
                     _CLONES[os.fstat(src).st_dev] = False
+                    # nor in the directory the clone is made in, which the next plan asks about: they differ for a
+                    # shard that is a symbolic link to another file system (EXDEV), which would fail every round
+                    _CLONES[os.fstat(fd).st_dev] = False
                 return None
             for offset, value in writes:
                 write_at(fd, offset, byte_parts(value))
