@@ -499,3 +499,40 @@ def test_a_shard_linked_to_another_file_system_is_rewritten_whole(reflink_dir: P
     z[0:4, 0:4] = 2
     assert (z[0:4, 0:4] == 2).all() and (z[4:, :] == 1).all()
     assert not [p for p in (reflink_dir / "a").iterdir() if ".shardkv-tmp-" in p.name]
+
+
+@pytest.mark.parametrize("place", ["auto on reflinks", "append on ext4"])
+def test_a_full_file_system_fails_the_update_and_leaves_the_shard(
+    place: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch
+) -> None:
+    """ENOSPC in the middle of an update's writes: the error is raised (no KeyError, no retry), the clone is
+    removed, the shard keeps its bytes, and the next write (the disk freed) stores the update."""
+    import errno
+
+    base = request.getfixturevalue("reflink_dir") if place.startswith("auto") else tmp_path
+    mode = place.split()[0]
+    z = _small(base / "a", shard_updates=mode)
+    z[:] = 1
+    before = (base / "a" / "0.0").read_bytes()
+    real_pwrite, real_parts = local_mod._pwrite_all, local_mod.write_parts
+    calls, fail_at = [0], 1 if mode == "auto" else 2  # the clone's one write; the append after its intent
+
+    def full(*args):
+        calls[0] += 1
+        if calls[0] == fail_at:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return (real_pwrite if len(args) == 3 else real_parts)(*args)
+
+    monkeypatch.setattr(local_mod, "_pwrite_all", full)
+    monkeypatch.setattr(local_mod, "write_parts", full)
+    with pytest.raises(OSError) as raised:
+        z[0:4, 0:4] = 2
+    assert raised.value.errno == errno.ENOSPC and calls[0] == fail_at
+    assert (base / "a" / "0.0").read_bytes()[: len(before)] == before
+    assert not [p for p in (base / "a").iterdir() if ".shardkv-tmp-" in p.name]
+    monkeypatch.setattr(local_mod, "_pwrite_all", real_pwrite)
+    monkeypatch.setattr(local_mod, "write_parts", real_parts)
+    assert (zarr.open(ShardedStore(str(base / "a")), mode="r")[:] == 1).all()  # repairs a torn append first
+    z[0:4, 0:4] = 2
+    assert (z[0:4, 0:4] == 2).all() and (z[4:, :] == 1).all()
+    assert z.store._engine.stats.tail_updates == 1  # the update took the O(chunk) path
