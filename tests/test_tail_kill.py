@@ -228,3 +228,19 @@ def test_verify_names_an_interrupted_append_and_its_repair(tmp_path: Path, capsy
     assert main(["compact", str(root)]) == 0
     assert main(["verify", str(root)]) == 0
     assert np.array_equal(raw_shard(root), old_data()[: CHUNK * PER_SHARD])
+
+
+@pytest.mark.parametrize("command", ["info", "unshard"])
+def test_commands_that_read_raw_shards_point_at_the_repair(command: str, tmp_path: Path, capsys) -> None:
+    """info and unshard read shards without taking locks: on a killed append they fail, saying what tells and repairs."""
+    from shardkv.cli.main import main
+
+    root = tmp_path / "a"
+    create_zarr2(root)
+    assert run_held(root, "append", 4, True) == "killed"
+    args = [command, str(root)] + ([str(tmp_path / "out")] if command == "unshard" else [])
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "corrupt shard '0'" in err and f"shardkv verify {root}" in err and f"shardkv compact {root}" in err, err
+    assert main(["compact", str(root)]) == 0
+    assert main(args) == 0
