@@ -444,7 +444,12 @@ def _intent_for(path: Path, appended: bytes) -> AppendIntent:
     data = path.read_bytes()
     old_tail = data[slice(*old_tail_range(len(data)))]
     return AppendIntent(
-        str(path), path.stat().st_ino, len(data), len(data) + len(appended), parts_crc32c([old_tail]), parts_crc32c([appended])
+        str(path),
+        path.stat().st_ino,
+        len(data),
+        len(data) + len(appended),
+        parts_crc32c([old_tail]),
+        parts_crc32c([appended]),
     )
 
 
@@ -483,7 +488,9 @@ def test_recovery_cuts_only_a_torn_append(case: str, tmp_path: Path) -> None:
     assert shard.read_bytes() == expected
 
 
-def test_a_shard_linked_to_another_file_system_is_rewritten_whole(reflink_dir: Path, tmp_path: Path, monkeypatch) -> None:
+def test_a_shard_linked_to_another_file_system_is_rewritten_whole(
+    reflink_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
     """A shard that is a symbolic link to a file on ext4, in an array directory on XFS with reflinks: its clone
     beside the link fails (EXDEV); the update is written whole instead of losing every round."""
     import shardkv.storage.local_tail as tail_mod

@@ -471,7 +471,7 @@ class ShardWriter:
         return True
 
     def rewrites_whole(self, shard_key: str, arr: ShardedArray) -> bool:
-        """Whether an update of some chunks of ``shard_key`` rewrites it whole (not O(chunk): :mod:`~shardkv.engine.tail`).
+        """Whether an update of some chunks of ``shard_key`` rewrites it whole (no O(chunk) path: :mod:`.tail`).
 
         An error examining the shard's directory answers True (what is then done).
         """

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from shardkv.codecs.bounded import decode_bounded, stopped_at_declared_size
+from shardkv.engine.locks import lock_prefix
 from shardkv.errors import ConfigurationError, CorruptShardError
 from shardkv.keys.paths import is_chunk_segment, join_path, owning_array, split_key
 from shardkv.keys.space import ShardedArray
@@ -31,7 +32,6 @@ from shardkv.metadata.hierarchy import group_paths
 from shardkv.metadata.v2_view import unusable_sharding
 from shardkv.proxy.base import ProxyBase
 from shardkv.proxy.nodes import Node, build_node
-from shardkv.engine.locks import lock_prefix
 from shardkv.storage.kv import ANY, LOCK_DIR, KVStore
 from shardkv.storage.local import DEFAULT_TEMP_AGE
 from shardkv.storage.local_tail import recorded_append
