@@ -10,6 +10,11 @@ through shardkv clears every intent.
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -142,3 +147,103 @@ def test_the_compact_command_repairs_killed_appends(step: int, tmp_path: Path, c
     shard = raw_shard(root)  # decodes: kept whole or cut back, then compacted
     check_old_or_new(np.concatenate([shard, old_data()[CHUNK * PER_SHARD :]]), False)
     assert (root / "0").stat().st_size == LAYOUT.index_nbytes + CHUNK * PER_SHARD * 2  # no unused byte left
+
+
+def test_a_stale_intent_never_cuts_a_shard_rewritten_since(tmp_path: Path) -> None:
+    """An intent left by a completed append names an inode; the shard rewritten since (by a writer that recovers
+    nothing) may get that inode number back (ext4 hands a freed number to the next file made: two rewrites give
+    it back, unless another process takes it first). The next recovery must leave that shard alone."""
+    root = tmp_path / "a"
+    create_zarr2(root)
+    assert run_held(root, "append", 6, False) == "killed"  # the append written and synced; its intent not cleared
+    (stale,) = intents(root)
+    keep = tmp_path / "inode"
+    os.link(root / "0", keep)  # the intent's inode number, given back below whatever other processes do meanwhile
+    # a writer without lock files rewrites shard 0 whole (chunk 3 written as fill: not stored, a shorter shard)
+    other = zarr.open(ShardedStore(str(root), concurrency="process"), mode="r+", write_empty_chunks=False)
+    expected = new_data()
+    expected[3 * CHUNK : 4 * CHUNK] = 0
+    other[: CHUNK * PER_SHARD] = expected[: CHUNK * PER_SHARD]
+    rewritten = (root / "0").read_bytes()
+    with open(keep, "r+b") as f:  # the rewritten shard in a file with the intent's inode number
+        f.write(rewritten)
+        f.truncate(len(rewritten))
+    os.replace(keep, root / "0")
+    assert (root / "0").stat().st_ino == stale.inode
+    assert (root / "0").stat().st_size < stale.old_nbytes
+    z = zarr.open(ShardedStore(str(root), shard_updates="append"), mode="r+")
+    z[CHUNK : 2 * CHUNK] = 77  # holds the stripe's lock file: recovers the stale intent first
+    expected[CHUNK : 2 * CHUNK] = 77
+    assert not intents(root)
+    assert np.array_equal(zarr.open(ShardedStore(str(root)), mode="r")[:], expected)
+    raw_shard(root)  # decodes without shardkv too
+
+
+_NOBODY_READER = """
+import os, sys
+import zarr
+from shardkv import ShardedStore
+import shardkv.errors, shardkv.engine.writes  # imported as root: the interpreter's files may be root's only
+os.setgroups([])
+os.setresgid(65534, 65534, 65534)
+os.setresuid(65534, 65534, 65534)  # an account that may read the array, not write it
+try:
+    zarr.open(ShardedStore(sys.argv[1]), mode="r")[:]
+except Exception as exc:
+    print(type(exc).__name__, exc)
+else:
+    print("read")
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to become another account")
+def test_a_reader_that_may_not_write_is_told_how_to_repair(tmp_path: Path) -> None:
+    """A reader without write permission meets a killed append: a clear error naming the repair, never KeyError."""
+    parent = Path(tempfile.mkdtemp(dir="/tmp"))  # outside pytest's 0700 directory, so another account can read it
+    try:
+        os.chmod(parent, 0o755)
+        root = parent / "a"
+        create_zarr2(root)
+        assert run_held(root, "append", 4, True) == "killed"  # half of the append written
+        said = subprocess.run(
+            [sys.executable, "-c", _NOBODY_READER, str(root)], capture_output=True, text=True, timeout=120
+        )
+        assert said.returncode == 0, said.stderr
+        assert said.stdout.startswith("CorruptShardError"), said.stdout
+        assert f"shardkv compact {root}" in said.stdout and "'0'" in said.stdout, said.stdout
+        assert intents(root)  # nothing was repaired by that reader
+        assert np.array_equal(zarr.open(ShardedStore(str(root)), mode="r")[:], old_data())  # a writer repairs it
+    finally:
+        shutil.rmtree(parent)
+
+
+def test_verify_names_an_interrupted_append_and_its_repair(tmp_path: Path, capsys) -> None:
+    from shardkv.cli.main import main
+
+    root = tmp_path / "a"
+    create_zarr2(root)
+    assert run_held(root, "append", 4, True) == "killed"  # half of the append written
+    assert main(["verify", str(root)]) == 1  # damaged until repaired
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if "DAMAGED" in x]
+    assert line.startswith("  DAMAGED 0:") and "interrupted in-place append" in line and "shardkv compact" in line, out
+    assert intents(root)  # verify only reads
+    assert main(["compact", str(root)]) == 0
+    assert main(["verify", str(root)]) == 0
+    assert np.array_equal(raw_shard(root), old_data()[: CHUNK * PER_SHARD])
+
+
+@pytest.mark.parametrize("command", ["info", "unshard"])
+def test_commands_that_read_raw_shards_point_at_the_repair(command: str, tmp_path: Path, capsys) -> None:
+    """info and unshard read shards without locks: on a killed append they fail, saying what tells and repairs."""
+    from shardkv.cli.main import main
+
+    root = tmp_path / "a"
+    create_zarr2(root)
+    assert run_held(root, "append", 4, True) == "killed"
+    args = [command, str(root)] + ([str(tmp_path / "out")] if command == "unshard" else [])
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "corrupt shard '0'" in err and f"shardkv verify {root}" in err and f"shardkv compact {root}" in err, err
+    assert main(["compact", str(root)]) == 0
+    assert main(args) == 0

@@ -27,9 +27,9 @@ from shardkv import ShardedStore
 from shardkv.engine.options import Options
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
-from shardkv.format.tail import AppendIntent, dead_fraction, plan_tail_update
+from shardkv.format.tail import AppendIntent, dead_fraction, old_tail_range, parts_crc32c, plan_tail_update
 from shardkv.storage.local import LocalStore
-from shardkv.storage.local_tail import clones_files
+from shardkv.storage.local_tail import clones_files, recover_append
 
 # -- the counting hooks ----------------------------------------------------------------------------
 
@@ -146,7 +146,7 @@ def test_plan_applied_reads_as_the_merge_and_never_touches_old_chunks(old, updat
 
 
 def test_intent_round_trip_and_torn_records() -> None:
-    intent = AppendIntent("/data/a b/é/0.0", 123456789, 1000, 2024, 0xDEADBEEF)
+    intent = AppendIntent("/data/a b/é/0.0", 123456789, 1000, 2024, 0x0BADF00D, 0xDEADBEEF)
     raw = intent.encode()
     assert AppendIntent.decode(raw) == intent
     assert AppendIntent.decode(raw + b"\0" * 10) == intent
@@ -437,3 +437,109 @@ def test_an_update_sweeps_stale_temporaries(place: str, tmp_path: Path, request:
     z[0:4, 0:4] = 2
     assert z.store._engine.stats.tail_updates == 1
     assert not old.exists()
+
+
+def _intent_for(path: Path, appended: bytes) -> AppendIntent:
+    """The intent an append of ``appended`` to the file at ``path`` records (its state now is the old one)."""
+    data = path.read_bytes()
+    old_tail = data[slice(*old_tail_range(len(data)))]
+    return AppendIntent(
+        str(path),
+        path.stat().st_ino,
+        len(data),
+        len(data) + len(appended),
+        parts_crc32c([old_tail]),
+        parts_crc32c([appended]),
+    )
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["torn", "zeros at the new size", "complete", "later append", "rewritten shorter", "rewritten longer", "untouched"],
+)
+def test_recovery_cuts_only_a_torn_append(case: str, tmp_path: Path) -> None:
+    """recover_append cuts a torn append back to the old size and leaves every other file as it is."""
+    shard, lock = tmp_path / "0", tmp_path / "0.lock"
+    old, appended = bytes(range(200)) * 30, b"N" * 500  # 6000 bytes: more than the old tail checked
+    shard.write_bytes(old)
+    intent = _intent_for(shard, appended)
+    lock.write_bytes(intent.encode())
+    now = {
+        "torn": old + appended[:123],
+        "zeros at the new size": old + bytes(len(appended)),
+        "complete": old + appended,
+        "later append": old + appended + b"L" * 40,  # a later writer's bytes after the append stay
+        "rewritten shorter": b"R" * 100,  # the same inode number given to a shard rewritten since
+        "rewritten longer": b"R" * (len(old) + 100),
+        "untouched": old,
+    }[case]
+    with open(shard, "r+b") as f:  # in place: the inode stays
+        f.write(now)
+        f.truncate(len(now))
+    expected = old if case in ("torn", "zeros at the new size") else now
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        assert recover_append(fd) == str(shard)
+        assert shard.read_bytes() == expected
+        assert os.fstat(fd).st_size == 0  # the intent is cleared
+        assert recover_append(fd) is None  # and a second recovery changes nothing
+    finally:
+        os.close(fd)
+    assert shard.read_bytes() == expected
+
+
+def test_a_shard_linked_to_another_file_system_is_rewritten_whole(
+    reflink_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """A shard that is a symbolic link to a file on ext4, in an array directory on XFS with reflinks: its clone
+    beside the link fails (EXDEV); the update is written whole instead of losing every round."""
+    import shardkv.storage.local_tail as tail_mod
+
+    monkeypatch.setattr(tail_mod, "_CLONES", {})  # this process forgets its probes (restored after the test)
+    z = _small(reflink_dir / "a")
+    z[:] = 1
+    shard = reflink_dir / "a" / "0.0"
+    (tmp_path / "0.0").write_bytes(shard.read_bytes())
+    shard.unlink()
+    shard.symlink_to(tmp_path / "0.0")
+    z = zarr.open(ShardedStore(str(reflink_dir / "a")), mode="r+")
+    z[0:4, 0:4] = 2
+    assert (z[0:4, 0:4] == 2).all() and (z[4:, :] == 1).all()
+    assert not [p for p in (reflink_dir / "a").iterdir() if ".shardkv-tmp-" in p.name]
+
+
+@pytest.mark.parametrize("place", ["auto on reflinks", "append on ext4"])
+def test_a_full_file_system_fails_the_update_and_leaves_the_shard(
+    place: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch
+) -> None:
+    """ENOSPC in the middle of an update's writes: the error is raised (no KeyError, no retry), the clone is
+    removed, the shard keeps its bytes, and the next write (the disk freed) stores the update."""
+    import errno
+
+    base = request.getfixturevalue("reflink_dir") if place.startswith("auto") else tmp_path
+    mode = place.split()[0]
+    z = _small(base / "a", shard_updates=mode)
+    z[:] = 1
+    before = (base / "a" / "0.0").read_bytes()
+    real_pwrite, real_parts = local_mod._pwrite_all, local_mod.write_parts
+    calls, fail_at = [0], 1 if mode == "auto" else 2  # the clone's one write; the append after its intent
+
+    def full(*args):
+        calls[0] += 1
+        if calls[0] == fail_at:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return (real_pwrite if len(args) == 3 else real_parts)(*args)
+
+    monkeypatch.setattr(local_mod, "_pwrite_all", full)
+    monkeypatch.setattr(local_mod, "write_parts", full)
+    with pytest.raises(OSError) as raised:
+        z[0:4, 0:4] = 2
+    assert raised.value.errno == errno.ENOSPC and calls[0] == fail_at
+    assert (base / "a" / "0.0").read_bytes()[: len(before)] == before
+    assert not [p for p in (base / "a").iterdir() if ".shardkv-tmp-" in p.name]
+    monkeypatch.setattr(local_mod, "_pwrite_all", real_pwrite)
+    monkeypatch.setattr(local_mod, "write_parts", real_parts)
+    assert (zarr.open(ShardedStore(str(base / "a")), mode="r")[:] == 1).all()  # repairs a torn append first
+    z[0:4, 0:4] = 2
+    assert (z[0:4, 0:4] == 2).all() and (z[4:, :] == 1).all()
+    assert z.store._engine.stats.tail_updates == 1  # the update took the O(chunk) path

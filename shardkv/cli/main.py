@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 from shardkv._version import __version__
 from shardkv.cli import help_texts as texts
 from shardkv.cli.errors import ArrayNotFoundError, StoreAccessError
-from shardkv.errors import ShardKVError
+from shardkv.errors import CorruptShardError, ShardKVError
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
@@ -422,6 +422,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return COMMANDS[args.command][1](args)
     except (ShardKVError, ValueError, ImportError) as exc:
         message = describe(exc) if not isinstance(exc, ShardKVError) else " ".join(str(exc).split())
+        store = next((v for a in ("store", "src") if isinstance(v := getattr(args, a, None), str)), None)
+        if isinstance(exc, CorruptShardError) and store is not None and args.command != "compact":
+            # commands that read shards without their locks cannot repair an interrupted in-place append
+            # (compact repairs it first: a shard still damaged there is damaged)
+            message += (
+                f" (`shardkv verify {store}` tells whether a killed writer's in-place append left it; "
+                f"`shardkv compact {store}` repairs one)"
+            )
         print(f"shardkv {args.command}: error: {message}", file=sys.stderr)
         return 1
     except store_errors() as exc:

@@ -81,6 +81,27 @@ class TailUpdater:
         self.in_place = shard_updates == "append" and locks.cross_process
         self.max_dead_fraction = max_dead_fraction
 
+    def method(self, shard_key: str, arr: ShardedArray) -> TailHow | None:
+        """How an update of some chunks of the stored shard ``shard_key`` is written in O(chunk); ``None``: whole.
+
+        ``"clone"`` where the store clones the shard's file; ``"append"`` where
+        it does not, in place updates are allowed (``shard_updates="append"``,
+        mode ``"files"``) and the layout has its index at the end with a
+        CRC32C; else ``None`` (the shard is rewritten whole).
+
+        Raises
+        ------
+        OSError
+            If the shard's directory cannot be examined (permissions).
+        """
+        if not self.enabled:
+            return None
+        how = self.kv.tail_method(shard_key, self.in_place)
+        layout = arr.layout
+        if how == "clone" or (how == "append" and layout.index_location == "end" and layout.index_checksum):
+            return how
+        return None
+
     def update(
         self, changes: Mapping[str, ShardChange], refused: dict[str, Exception]
     ) -> tuple[set[str], set[str], set[str]]:
@@ -99,9 +120,8 @@ class TailUpdater:
             return set(), set(), set()
         hows: dict[str, TailHow] = {}
         for shard_key, change in changes.items():  # first where it can pay: no index read for a whole rewrite
-            layout = change.array.layout
-            how = self.kv.tail_method(shard_key, self.in_place)
-            if how == "clone" or (how == "append" and layout.index_location == "end" and layout.index_checksum):
+            how = self.method(shard_key, change.array)
+            if how is not None:
                 hows[shard_key] = how
         if not hows:
             return set(), set(), set()

@@ -46,6 +46,7 @@ for may be waiting for the locks it holds.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import weakref
@@ -59,7 +60,7 @@ from shardkv.engine.locks import ShardLocks, holds_shard_locks
 from shardkv.engine.merge import ShardChange, join_changes, merge_chunks
 from shardkv.engine.retry import WRITE_ATTEMPTS, WRITE_BACKOFF, EngineStats, attempts
 from shardkv.engine.tail import TailUpdater
-from shardkv.errors import ConcurrentUpdateError
+from shardkv.errors import ConcurrentUpdateError, CorruptShardError
 from shardkv.format.index import ShardIndex
 from shardkv.keys.space import ShardedArray
 from shardkv.storage.buffers import Value
@@ -433,13 +434,18 @@ class ShardWriter:
         lock file for this, where the array has a lock directory already (a
         writer in mode ``"files"`` made it; none is made here). False (the
         damage is reported as it is) on stores without tail updates, where no
-        lock directory exists, when this account cannot open the lock file, or
-        when this thread holds shard locks already (it would wait for itself).
+        lock directory exists (no writer with lock files, so no append, was
+        there), or when this thread holds shard locks already (it would wait
+        for itself).
 
         Raises
         ------
+        CorruptShardError
+            When this account may not open the lock file, or the file system
+            is mounted read-only: the message says how an account that may
+            write the array repairs an interrupted append.
         LockTimeoutError, OSError
-            As :meth:`write` (but a lock file this account may not open).
+            As :meth:`write`.
         """
         if not self.kv.caps.tail_updates or not self.kv.caps.lock_dir or holds_shard_locks():
             return False
@@ -451,9 +457,28 @@ class ShardWriter:
         try:
             with locks.hold_arrays({shard_key: arr}):
                 self.tail.recover({shard_key: arr}, locks)
-        except PermissionError:  # a reader that may not write the array: the damage is reported
-            return False
+        except OSError as exc:
+            if not isinstance(exc, PermissionError) and exc.errno != errno.EROFS:
+                raise
+            where = self.kv.location.local_dir or self.kv.location.root
+            array = f" --array {arr.path}" if arr.path else ""
+            raise CorruptShardError(
+                shard_key,
+                "its index does not decode, and this reader cannot take the shard's lock file to repair an "
+                f"in-place append (shard_updates='append') a killed writer may have left ({exc.strerror}): "
+                f"as an account that may write the array, run `shardkv compact {where}{array}` or write to it",
+            ) from exc
         return True
+
+    def rewrites_whole(self, shard_key: str, arr: ShardedArray) -> bool:
+        """Whether an update of some chunks of ``shard_key`` rewrites it whole (no O(chunk) path: :mod:`.tail`).
+
+        An error examining the shard's directory answers True (what is then done).
+        """
+        try:
+            return self.tail.method(shard_key, arr) is None
+        except OSError:
+            return True
 
     def hold(self, shards: Mapping[str, ShardedArray]) -> AbstractContextManager[None]:
         """The locks of ``shards`` for a ``with`` block (for a caller's own read-modify-write; not re-entrant).

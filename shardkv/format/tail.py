@@ -20,9 +20,12 @@ Replaced chunks and old indexes become *dead bytes*: :func:`dead_fraction`
 tells the engine when to rewrite the shard whole instead.
 
 An in-place append is made after an :class:`AppendIntent` is recorded (in the
-shard's lock file): which file, its inode, its size before and after, and the
-CRC32C of the appended bytes; recovery keeps the append if all of it is there
-and checks, else cuts the file back to its old size.
+shard's lock file): which file, its inode, its size before and after, the
+CRC32C of its last bytes before the append and of the appended bytes; recovery
+keeps the append if all of it is there and checks, cuts the file back to its
+old size if the append is torn, and leaves alone a file that is no longer the
+one appended to (a shard rewritten since, whose new file may have been given
+the same inode number).
 """
 
 from __future__ import annotations
@@ -46,16 +49,23 @@ __all__ = [
     "AppendIntent",
     "INTENT_MAGIC",
     "INTENT_MAX_NBYTES",
+    "OLD_TAIL_NBYTES",
     "parts_crc32c",
+    "old_tail_range",
+    "recovered_nbytes",
 ]
 
 TailHow = Literal["clone", "append"]
 """Where an O(chunk) update's bytes go: a reflink clone renamed over the shard, or the live file itself."""
 
-INTENT_MAGIC = b"SKVAPND1"
+INTENT_MAGIC = b"SKVAPND2"
 """The first 8 bytes of an encoded :class:`AppendIntent`."""
 
-_HEAD = struct.Struct("<8sQQQII")  # magic, inode, old size, new size, crc32c of the appended bytes, path length
+OLD_TAIL_NBYTES = 4096
+"""Bytes before the old size whose CRC32C an :class:`AppendIntent` records (fewer in a smaller file)."""
+
+# magic, inode, old size, new size, crc32c of the old tail, crc32c of the appended bytes, path length
+_HEAD = struct.Struct("<8sQQQIII")
 _CRC = struct.Struct("<I")
 _MAX_PATH_NBYTES = 16384
 
@@ -181,6 +191,11 @@ class AppendIntent:
         Its size before the append (bytes); nothing before it is written.
     new_nbytes : int
         Its size after the append (bytes).
+    old_tail_crc32c : int
+        CRC32C of the file's last bytes before the append,
+        ``[old_nbytes - min(old_nbytes, OLD_TAIL_NBYTES), old_nbytes)`` (the
+        old index and what precedes it): with the inode, what tells the file
+        appended to from a file made since that was given the same inode number.
     crc32c : int
         CRC32C of the appended bytes ``[old_nbytes, new_nbytes)`` (unsigned 32-bit).
 
@@ -188,7 +203,8 @@ class AppendIntent:
     -----
     Encoded, little endian::
 
-        | magic "SKVAPND1" | inode u64 | old u64 | new u64 | crc32c u32 | path length u32 | path UTF-8 | crc32c u32 |
+        | magic "SKVAPND2" | inode u64 | old u64 | new u64 | old tail crc32c u32 | crc32c u32 |
+        | path length u32 | path UTF-8 | crc32c u32 |
 
     the last field is the CRC32C of everything before it, so a torn record
     (its writer killed while writing it, before the shard was touched) reads
@@ -199,6 +215,7 @@ class AppendIntent:
     inode: int
     old_nbytes: int
     new_nbytes: int
+    old_tail_crc32c: int
     crc32c: int
 
     def encode(self) -> bytes:
@@ -212,7 +229,8 @@ class AppendIntent:
         path = self.path.encode("utf-8", "surrogateescape")
         if len(path) > _MAX_PATH_NBYTES:
             raise ValueError(f"shard path of {len(path)} bytes is too long for an append intent: {self.path!r}")
-        body = _HEAD.pack(INTENT_MAGIC, self.inode, self.old_nbytes, self.new_nbytes, self.crc32c, len(path)) + path
+        head = (self.inode, self.old_nbytes, self.new_nbytes, self.old_tail_crc32c, self.crc32c, len(path))
+        body = _HEAD.pack(INTENT_MAGIC, *head) + path
         return body + _CRC.pack(_crc32c.crc32c(body))
 
     @classmethod
@@ -221,10 +239,49 @@ class AppendIntent:
         view = memoryview(data).cast("B")
         if len(view) < _HEAD.size + _CRC.size or bytes(view[:8]) != INTENT_MAGIC:
             return None
-        magic, inode, old, new, crc, n_path = _HEAD.unpack_from(view)
+        magic, inode, old, new, old_tail_crc, crc, n_path = _HEAD.unpack_from(view)
         end = _HEAD.size + n_path
         if n_path > _MAX_PATH_NBYTES or len(view) < end + _CRC.size:
             return None
         if _CRC.unpack_from(view, end)[0] != _crc32c.crc32c(view[:end]) or new < old:
             return None
-        return cls(bytes(view[_HEAD.size : end]).decode("utf-8", "surrogateescape"), inode, old, new, crc)
+        path = bytes(view[_HEAD.size : end]).decode("utf-8", "surrogateescape")
+        return cls(path, inode, old, new, old_tail_crc, crc)
+
+
+def old_tail_range(old_nbytes: int) -> tuple[int, int]:
+    """``(start, stop)``: the bytes before ``old_nbytes`` whose CRC32C an :class:`AppendIntent` records."""
+    return max(0, old_nbytes - OLD_TAIL_NBYTES), old_nbytes
+
+
+def recovered_nbytes(intent: AppendIntent, nbytes: int, old_tail_holds: bool, appended_holds: bool) -> int | None:
+    """The size to cut a file that ``intent`` names back to, or ``None`` to leave the file as it is.
+
+    Parameters
+    ----------
+    intent : AppendIntent
+        The record of the append (its inode already found to be the file's).
+    nbytes : int
+        The file's size now (bytes).
+    old_tail_holds : bool
+        Whether the file's bytes :func:`old_tail_range` match ``intent.old_tail_crc32c``.
+    appended_holds : bool
+        Whether the file's bytes ``[old_nbytes, new_nbytes)`` are all there and match ``intent.crc32c``.
+
+    Returns
+    -------
+    int or None
+        ``intent.old_nbytes`` for a torn append (its size between the old and
+        the new size, or the new size with bytes that do not check: a power
+        loss); ``None`` for a complete append, and for a file that is not the
+        one appended to as it was: shorter than the old size or with other
+        bytes before it (a shard rewritten since, given the same inode
+        number), or longer than the new size (bytes a later writer added:
+        cutting them would lose its update).
+    """
+    old, new = intent.old_nbytes, intent.new_nbytes
+    if nbytes <= old or nbytes > new or not old_tail_holds:
+        return None
+    if nbytes == new and appended_holds:
+        return None
+    return old

@@ -177,7 +177,8 @@ class ShardedStore(ProxyBase):
         self._routes: tuple[int, dict[str, ChunkRef | None]] = (self._nodes.generation, {})  # see _route
         self._hierarchy = Hierarchy(kv, self._nodes)  # MemoryStore/DirectoryStore rules
         self._engine = ShardEngine(self._kv, options)
-        self._advisor = WriteAdvisor()  # warns once per store about chunk-by-chunk rewrites (write-through)
+        # warns once per store about chunk-by-chunk rewrites (write-through), not where updates cost the chunks
+        self._advisor = WriteAdvisor(self._engine.writes.rewrites_whole)
         self._writer = WriteBack(self._engine, options.buffer_bytes, self._advisor.observe)
         self._metadata = MetadataWriter(self._nodes, self._writer)
 

@@ -6,12 +6,15 @@ each shard's index (:meth:`~shardkv.format.layout.ShardLayout.index_of_shard`:
 length, CRC32C, entries inside the chunk data, no overflow), that no two
 entries share bytes and, with ``decode=True``, that every inner chunk decodes
 to one chunk's bytes. It also reports stray and orphan chunk-like keys, stale
-temporaries of killed writers and unreadable node documents. Repair removes
+temporaries of killed writers and unreadable node documents. A damaged shard
+whose append intent a lock file records is reported as an interrupted in-place
+append, with its repair (``shardkv compact``). Repair removes
 only proven garbage (user guide, "The command line").
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from math import prod
@@ -20,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from shardkv.codecs.bounded import decode_bounded, stopped_at_declared_size
+from shardkv.engine.locks import lock_prefix
 from shardkv.errors import ConfigurationError, CorruptShardError
 from shardkv.keys.paths import is_chunk_segment, join_path, owning_array, split_key
 from shardkv.keys.space import ShardedArray
@@ -28,8 +32,9 @@ from shardkv.metadata.hierarchy import group_paths
 from shardkv.metadata.v2_view import unusable_sharding
 from shardkv.proxy.base import ProxyBase
 from shardkv.proxy.nodes import Node, build_node
-from shardkv.storage.kv import ANY, KVStore
+from shardkv.storage.kv import ANY, LOCK_DIR, KVStore
 from shardkv.storage.local import DEFAULT_TEMP_AGE
+from shardkv.storage.local_tail import recorded_append
 from shardkv.storage.open import open_kv
 
 __all__ = [
@@ -262,6 +267,29 @@ def _check_shard(report: ShardReport, blob: bytes, arr: ShardedArray, decoder: A
             report.problems.append(f"inner chunk {local} decodes to {len(out)} bytes, expected {nbytes}")
 
 
+def _interrupted_append(kv: KVStore, key: str, arr: ShardedArray) -> str | None:
+    """What to say of a damaged shard that an in-place append (``shard_updates="append"``) left torn, if one did.
+
+    ``None`` where no lock file of the array records an append to it (or the
+    store keeps no lock files): the damage is reported as it is.
+    """
+    root = kv.location.local_dir
+    if root is None or not kv.caps.tail_updates:
+        return None
+    array_dir = os.path.realpath(os.path.join(root, *lock_prefix(arr).split("/")))
+    repair = "`shardkv compact` (or any shardkv write of the shard) keeps it if complete, else cuts it back"
+    try:
+        lock_file = recorded_append(os.path.join(array_dir, LOCK_DIR), os.path.join(root, *key.split("/")))
+    except PermissionError:
+        return (
+            "if a writer with shard_updates='append' was killed during an append, "
+            f"{repair} (run by an account that may write the array; this one cannot read its lock files)"
+        )
+    if lock_file is None:
+        return None
+    return f"interrupted in-place append (its intent is in {lock_file}): {repair}"
+
+
 def _node(path: str, raw_json: Any, raw_zarray: Any) -> Node | str:
     """The node a stored ``zarr.json`` (and ``.zarray``) makes, or why its sharding cannot be used."""
     try:
@@ -397,6 +425,10 @@ def verify_store(
                 decoders[owner] = _v2_decoder(zarrays[owner], join_path(owner, ".zarray"))
             decoder = decoders[owner]
         _check_shard(shard, blob, arr, decoder)
+        if shard.problems:
+            note = _interrupted_append(kv, key, arr)
+            if note is not None:
+                shard.problems = [f"{p}: {note}" for p in shard.problems]
         report.shards.append(shard)
     report.stale_temporaries = find_stale_temporaries(kv, min_temp_age)
     if remove_orphans and report.orphan_keys:

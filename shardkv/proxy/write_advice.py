@@ -2,7 +2,11 @@
 
 Without ``buffer_bytes`` a write call that covers part of a shard reads,
 merges and rewrites it whole, so a dask or xarray write of one chunk per task
-rewrites every shard once per chunk. :class:`WriteAdvisor` counts those
+rewrites every shard once per chunk. That does not hold where the update of a
+stored shard writes only its changed chunks and an index (``shard_updates``: a
+clone on file systems with reflinks, an opt-in append elsewhere): the
+advisor is told which shards are rewritten whole (``rewrites_whole``) and
+counts only those. :class:`WriteAdvisor` counts those
 calls per array and warns when one array reaches ``threshold``, naming the two
 one-line fixes (user guide, "Chunk-by-chunk writes: ``buffer_bytes`` or
 ``rechunk_to_shards``"). The advice is the same for every array of the store,
@@ -15,7 +19,7 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from shardkv.engine.merge import ShardChange
@@ -44,9 +48,17 @@ class PartialShardWriteWarning(UserWarning):
 
 
 class WriteAdvisor:
-    """Counts partial-shard rewrites per array and warns once per store, at :data:`DEFAULT_THRESHOLD` of one array."""
+    """Counts partial-shard rewrites per array and warns once per store, at :data:`DEFAULT_THRESHOLD` of one array.
 
-    def __init__(self) -> None:
+    Parameters
+    ----------
+    rewrites_whole : callable of (str, ShardedArray) to bool, optional
+        Whether a write covering part of the shard (shard key, its array) rewrites it whole
+        (default: always); shards updated in O(chunk) are not counted.
+    """
+
+    def __init__(self, rewrites_whole: Callable[[str, Any], bool] | None = None) -> None:
+        self._rewrites_whole = rewrites_whole
         self._counts: dict[str, int] = {}
         self._warned = False
         self._lock = threading.Lock()
@@ -55,8 +67,10 @@ class WriteAdvisor:
         """Count the shards of one write-through call that it covers only partly; warn at the threshold."""
         if self._warned:
             return
-        for change in changes.values():
-            if change.covers_shard():
+        for shard_key, change in changes.items():
+            if change.covers_shard() or (
+                self._rewrites_whole is not None and not self._rewrites_whole(shard_key, change.array)
+            ):
                 continue
             path = change.array.path
             with self._lock:

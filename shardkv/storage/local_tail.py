@@ -13,12 +13,15 @@ The file I/O of :meth:`LocalStore.update_tail <shardkv.storage.local.LocalStore.
     file keeps reading its old bytes.
 ``"append"`` (:func:`append_update`), in place, where no clone can be made and the caller asks
     An :class:`~shardkv.format.tail.AppendIntent` (file, inode, old and new
-    size, CRC32C of the appended bytes) is written at the start of the lock
+    size, CRC32C of the last bytes before the append and of the appended
+    bytes) is written at the start of the lock
     file the caller holds and fdatasync'd; then the new bytes are written at
     the file's end with one write and fdatasync'd; then the intent is cleared
     (not synced: recovery is idempotent). :func:`recover_append` keeps an
-    append whose bytes are all there and check, and cuts any other back to
-    the old size (the bytes before it were never written).
+    append whose bytes are all there and check, cuts a torn one back to the
+    old size (the bytes before it were never written), and leaves alone a
+    file that is no longer the one appended to
+    (:func:`~shardkv.format.tail.recovered_nbytes`).
 
 Every byte goes through the ``write_at`` the caller passes (the local
 store's, over its two low-level writes, which the crash tests replace).
@@ -35,11 +38,19 @@ import threading
 import uuid
 from collections.abc import Callable, Sequence
 
-from shardkv.format.tail import INTENT_MAX_NBYTES, AppendIntent, parts_crc32c
+from shardkv.format.tail import INTENT_MAX_NBYTES, AppendIntent, old_tail_range, parts_crc32c, recovered_nbytes
 from shardkv.storage.buffers import Value, byte_parts, pread_exact
 from shardkv.storage.kv import TEMP_MARKER
 
-__all__ = ["clones_files", "clone_update", "append_update", "read_intent", "clear_intent", "recover_append"]
+__all__ = [
+    "clones_files",
+    "clone_update",
+    "append_update",
+    "read_intent",
+    "clear_intent",
+    "recover_append",
+    "recorded_append",
+]
 
 WriteAt = Callable[[int, int, list[memoryview]], None]
 """``write_at(fd, offset, parts)``: write ``parts`` back to back from byte ``offset`` of ``fd``."""
@@ -104,14 +115,48 @@ def clear_intent(intent_fd: int) -> None:
     os.ftruncate(intent_fd, 0)
 
 
+def recorded_append(lock_dir: str, shard_path: str) -> str | None:
+    """The lock file in ``lock_dir`` that records an append intent for the shard file ``shard_path``, or ``None``.
+
+    Reads the lock files without taking them (what ``shardkv verify`` reports);
+    ``shard_path`` is compared by its real path, as intents record it.
+
+    Raises
+    ------
+    OSError
+        If a lock file cannot be read (``PermissionError``: an account that may not write the array).
+    """
+    try:
+        names = sorted(n for n in os.listdir(lock_dir) if n.endswith(".lock"))
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # no writer with lock files was there: no append either
+    real = os.path.realpath(shard_path)
+    for name in names:
+        lock_file = os.path.join(lock_dir, name)
+        try:
+            fd = os.open(lock_file, os.O_RDONLY | _CLOEXEC)
+        except FileNotFoundError:
+            continue  # removed meanwhile (the array deleted)
+        try:
+            intent = read_intent(fd)
+        finally:
+            os.close(fd)
+        if intent is not None and intent.path == real:
+            return lock_file
+    return None
+
+
 def recover_append(intent_fd: int) -> str | None:
     """Finish or undo the in-place append recorded in the lock file ``intent_fd``; the shard path, if one was named.
 
-    The caller holds the lock. If the file named is still the one appended to
-    (same inode), is at least the new size and its appended bytes match the
-    recorded CRC32C, it is cut to the new size (the append stays); otherwise
-    to the old size (the bytes before it were never written). The intent is
-    then cleared. Running it again changes nothing.
+    The caller holds the lock. A torn append (the file named, with the same
+    inode and the same bytes before the append, is between the old and the
+    new size, or at the new size with appended bytes that do not check) is
+    cut back to the old size; a complete one stays; a file that is not the
+    one appended to as it was (another inode; the same inode number given to
+    a shard rewritten since; bytes added after the append) is left alone
+    (:func:`~shardkv.format.tail.recovered_nbytes`). The intent is then
+    cleared. Running it again changes nothing.
 
     Raises
     ------
@@ -126,19 +171,22 @@ def recover_append(intent_fd: int) -> str | None:
         clear_intent(intent_fd)
         return None
     try:
-        fd = os.open(intent.path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(intent.path, os.O_RDWR | _CLOEXEC)
     except FileNotFoundError:  # the shard was deleted since: nothing to repair
         clear_intent(intent_fd)
         return intent.path
     try:
         st = os.fstat(fd)
         if st.st_ino == intent.inode and stat.S_ISREG(st.st_mode):
-            keep = intent.old_nbytes
-            if st.st_size >= intent.new_nbytes:
-                appended = pread_exact(fd, intent.old_nbytes, intent.new_nbytes)
-                if len(appended) == intent.new_nbytes - intent.old_nbytes and parts_crc32c([appended]) == intent.crc32c:
-                    keep = intent.new_nbytes
-            if st.st_size != keep:
+            old, new = intent.old_nbytes, intent.new_nbytes
+            keep = None
+            if old < st.st_size <= new:  # only then can it be a torn append: read what tells
+                start, stop = old_tail_range(old)
+                old_tail_holds = parts_crc32c([pread_exact(fd, start, stop)]) == intent.old_tail_crc32c
+                appended = pread_exact(fd, old, new) if st.st_size == new else b""
+                appended_holds = len(appended) == new - old and parts_crc32c([appended]) == intent.crc32c
+                keep = recovered_nbytes(intent, st.st_size, old_tail_holds, appended_holds)
+            if keep is not None:
                 os.ftruncate(fd, keep)
                 os.fsync(fd)
     finally:
@@ -172,8 +220,9 @@ def clone_update(
 
     ``None`` (nothing changed) when the shard is missing or ``holds`` refuses
     its stat, and when this file cannot be cloned after all (``EINVAL``,
-    ``EOPNOTSUPP``...: its device is then taken for one without clones, so
-    the caller's next round plans without them). The directory is not
+    ``EOPNOTSUPP``, ``EXDEV`` for a shard linked to another file system...:
+    its device and the directory's are then taken for ones without clones,
+    so the caller's next round plans without them). The directory is not
     fsync'd here (the caller does, as after every local write).
 
     Raises
@@ -197,6 +246,9 @@ def clone_update(
                     raise
                 with _CLONES_GUARD:  # the probe said yes, this file says no: no clones here from now on
                     _CLONES[os.fstat(src).st_dev] = False
+                    # nor in the directory the clone is made in, which the next plan asks about: they differ for a
+                    # shard that is a symbolic link to another file system (EXDEV), which would fail every round
+                    _CLONES[os.fstat(fd).st_dev] = False
                 return None
             for offset, value in writes:
                 write_at(fd, offset, byte_parts(value))
@@ -238,7 +290,7 @@ def append_update(
         Any error of the file system (the intent then stays, and the next
         holder of the lock cuts the shard back to its old size).
     """
-    opened = _open_checked(path, os.O_WRONLY, holds)
+    opened = _open_checked(path, os.O_RDWR, holds)  # read: the CRC32C of its last bytes goes into the intent
     if opened is None:
         return None
     fd, st = opened
@@ -248,7 +300,10 @@ def append_update(
         parts = byte_parts(writes[0][1])
         if st.st_size + sum(p.nbytes for p in parts) != nbytes:
             raise ValueError(f"an in-place append to {path!r} must end at byte {nbytes}")
-        intent = AppendIntent(os.path.realpath(path), st.st_ino, st.st_size, nbytes, parts_crc32c(parts))
+        old_tail = pread_exact(fd, *old_tail_range(st.st_size))
+        intent = AppendIntent(
+            os.path.realpath(path), st.st_ino, st.st_size, nbytes, parts_crc32c([old_tail]), parts_crc32c(parts)
+        )
         write_at(intent_fd, 0, [memoryview(intent.encode())])
         if fsync:
             os.fdatasync(intent_fd)
