@@ -479,10 +479,10 @@ def test_recovery_cuts_only_a_torn_append(case: str, tmp_path: Path) -> None:
     expected = old if case in ("torn", "zeros at the new size") else now
     fd = os.open(lock, os.O_RDWR)
     try:
-        assert recover_append(fd) == str(shard)
+        assert recover_append(fd, local_mod._write_at) == str(shard)
         assert shard.read_bytes() == expected
-        assert os.fstat(fd).st_size == 0  # the intent is cleared
-        assert recover_append(fd) is None  # and a second recovery changes nothing
+        assert AppendIntent.decode(lock.read_bytes()) is None  # the intent is cleared (its slot stays)
+        assert recover_append(fd, local_mod._write_at) is None  # and a second recovery changes nothing
     finally:
         os.close(fd)
     assert shard.read_bytes() == expected
@@ -543,3 +543,31 @@ def test_a_full_file_system_fails_the_update_and_leaves_the_shard(
     z[0:4, 0:4] = 2
     assert (z[0:4, 0:4] == 2).all() and (z[4:, :] == 1).all()
     assert z.store._engine.stats.tail_updates == 1  # the update took the O(chunk) path
+
+
+# -- the append intent's slot in the lock file ------------------------------------------------------
+
+
+def test_append_intents_overwrite_their_slot_and_never_resize_the_lock_file(tmp_path: Path, monkeypatch) -> None:
+    """After the first intent, an append's intent write and its clearing are overwrites of the lock file's start.
+
+    So the intent's fdatasync flushes its block alone: a lock file whose size
+    changed (cut to 0 to clear, grown by the next record) also needs a
+    journal commit, which waits for every other file's ordered data.
+    """
+    root = tmp_path / "a"
+    z = _small(root, shard_updates="append", max_dead_fraction=1.0)  # every update an append
+    z[:] = np.arange(32 * 32, dtype="u2").reshape(32, 32)
+    z[0:4, 0:4] = 1  # the first append writes the lock file's first record
+    (lock_file,) = [p for p in (root / ".shardkv-locks").glob("*.lock") if p.stat().st_size]
+    size = lock_file.stat().st_size
+    assert size > 0 and AppendIntent.decode(lock_file.read_bytes()) is None  # cleared, kept in place
+    resized: list[int] = []
+    real_ftruncate = os.ftruncate
+    monkeypatch.setattr(os, "ftruncate", lambda fd, n: (resized.append(n), real_ftruncate(fd, n)))
+    for i in range(2, 6):
+        z[0:4, 0:4] = i
+        assert lock_file.stat().st_size == size
+        assert AppendIntent.decode(lock_file.read_bytes()) is None
+    assert resized == [] and z.store._engine.stats.tail_updates == 5
+    assert np.array_equal(z[0:4, 0:4], np.full((4, 4), 5, dtype="u2"))

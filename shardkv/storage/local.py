@@ -534,7 +534,7 @@ class LocalStore(KVStore):
 
     def recover_tail(self, intent_fd: int) -> str | None:
         """:func:`~shardkv.storage.local_tail.recover_append` of the lock file ``intent_fd`` (the caller holds it)."""
-        return recover_append(intent_fd)
+        return recover_append(intent_fd, _write_at)
 
     # -- listings -------------------------------------------------------------
 
