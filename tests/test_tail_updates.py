@@ -29,7 +29,7 @@ from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
 from shardkv.format.tail import AppendIntent, dead_fraction, old_tail_range, parts_crc32c, plan_tail_update
 from shardkv.storage.local import LocalStore
-from shardkv.storage.local_tail import clones_files, recover_append
+from shardkv.storage.local_tail import clones_files
 
 # -- the counting hooks ----------------------------------------------------------------------------
 
@@ -444,7 +444,7 @@ def _intent_for(path: Path, appended: bytes) -> AppendIntent:
     data = path.read_bytes()
     old_tail = data[slice(*old_tail_range(len(data)))]
     return AppendIntent(
-        str(path),
+        os.path.realpath(path),
         path.stat().st_ino,
         len(data),
         len(data) + len(appended),
@@ -479,10 +479,10 @@ def test_recovery_cuts_only_a_torn_append(case: str, tmp_path: Path) -> None:
     expected = old if case in ("torn", "zeros at the new size") else now
     fd = os.open(lock, os.O_RDWR)
     try:
-        assert recover_append(fd, local_mod._write_at) == str(shard)
+        assert LocalStore(str(tmp_path)).recover_tail(fd) == os.path.realpath(shard)
         assert shard.read_bytes() == expected
         assert AppendIntent.decode(lock.read_bytes()) is None  # the intent is cleared (its slot stays)
-        assert recover_append(fd, local_mod._write_at) is None  # and a second recovery changes nothing
+        assert LocalStore(str(tmp_path)).recover_tail(fd) is None  # and a second recovery changes nothing
     finally:
         os.close(fd)
     assert shard.read_bytes() == expected
@@ -571,3 +571,28 @@ def test_append_intents_overwrite_their_slot_and_never_resize_the_lock_file(tmp_
         assert AppendIntent.decode(lock_file.read_bytes()) is None
     assert resized == [] and z.store._engine.stats.tail_updates == 5
     assert np.array_equal(z[0:4, 0:4], np.full((4, 4), 5, dtype="u2"))
+
+
+@pytest.mark.parametrize("inside", [True, False])
+def test_recovery_touches_only_files_under_the_store_root(inside: bool, tmp_path: Path) -> None:
+    """A record naming a file outside the store's root (a crafted or moved record) is never acted on.
+
+    Lock files may be writable by the array's group; a record in one must not
+    let recovery cut a file elsewhere. The same record naming a shard under
+    the root is recovered (the control).
+    """
+    root = tmp_path / "root"
+    (root / "a").mkdir(parents=True)
+    target = (root / "a" / "0") if inside else (tmp_path / "elsewhere")
+    old, appended = bytes(range(200)) * 30, b"N" * 500
+    target.write_bytes(old)
+    intent = _intent_for(target, appended)
+    target.write_bytes(old + appended[:123])  # a torn append, as far as the record can tell
+    lock = root / "a" / "stripe.lock"
+    lock.write_bytes(intent.encode())
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        LocalStore(str(root)).recover_tail(fd)
+    finally:
+        os.close(fd)
+    assert target.read_bytes() == (old if inside else old + appended[:123])

@@ -324,6 +324,7 @@ class LocalStore(KVStore):
         self.root = root.rstrip("/") or "/"
         self._prefix = self.root if self.root.endswith("/") else self.root + "/"
         real = os.path.realpath(self.root)
+        self._real_root = real  # what in-place append records may name: files under it only
         self._location = StoreLocation(("file",), real, real)
         self.fsync = FSYNC if fsync is None else bool(fsync)
         self.temp_age = float(temp_age)
@@ -534,7 +535,7 @@ class LocalStore(KVStore):
 
     def recover_tail(self, intent_fd: int) -> str | None:
         """:func:`~shardkv.storage.local_tail.recover_append` of the lock file ``intent_fd`` (the caller holds it)."""
-        return recover_append(intent_fd, _write_at)
+        return recover_append(intent_fd, _write_at, self._real_root)
 
     # -- listings -------------------------------------------------------------
 

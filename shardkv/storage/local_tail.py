@@ -172,7 +172,7 @@ def clear_intent(intent_fd: int, write_at: WriteAt) -> None:
     write_at(intent_fd, 0, [memoryview(_NO_RECORD)])
 
 
-def recover_append(intent_fd: int, write_at: WriteAt) -> str | None:
+def recover_append(intent_fd: int, write_at: WriteAt, within: str) -> str | None:
     """Finish or undo the in-place append recorded in the lock file ``intent_fd``; the shard path, if one was named.
 
     The caller holds the lock. A torn append (the file named, with the same
@@ -185,6 +185,11 @@ def recover_append(intent_fd: int, write_at: WriteAt) -> str | None:
     cleared (through ``write_at``). Running it again changes nothing; a
     lock file with no record (empty, or cleared) is only read.
 
+    A record naming a file outside the directory ``within`` (the store's real
+    root) is not acted on and stays: lock files may be writable by the
+    array's group, and a record written there (or one left by an array
+    since moved) must not cut a file elsewhere.
+
     Raises
     ------
     OSError
@@ -196,6 +201,8 @@ def recover_append(intent_fd: int, write_at: WriteAt) -> str | None:
     intent = AppendIntent.decode(raw)
     if intent is None:  # a record torn while it was written: the shard was not touched yet
         clear_intent(intent_fd, write_at)
+        return None
+    if os.path.commonpath([within, intent.path]) != within:
         return None
     try:
         fd = os.open(intent.path, os.O_RDWR | _CLOEXEC)
