@@ -25,7 +25,7 @@ if not zarr.__version__.startswith("2."):
 da = pytest.importorskip("dask.array")
 distributed = pytest.importorskip("distributed")
 
-from worker_writes import count_writes, worker_writes  # noqa: E402
+from worker_writes import counting_client, worker_writes  # noqa: E402
 
 from shardkv import ShardedStore  # noqa: E402
 from shardkv.format.tail import INTENT_MAGIC, AppendIntent  # noqa: E402
@@ -42,19 +42,7 @@ ROWS = slice(32, 64)  # one row of chunks: 8 tasks, 4 chunks of each shard
 
 @pytest.fixture(scope="module")
 def client() -> Any:
-    with (
-        distributed.LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address=None,
-            worker_dashboard_address=None,
-            death_timeout=60,
-        ) as cluster,
-        distributed.Client(cluster, timeout=60) as client,
-    ):
-        count_writes(client)
+    with counting_client() as client:
         yield client
 
 

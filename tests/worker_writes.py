@@ -8,14 +8,17 @@ intent goes) and counts the bytes handed to them, and the whole-file writes
 (``atomic_write``) by path. :func:`worker_writes` sums them over the workers
 and resets the counts; :func:`count_writes` registers the plugin on a
 client's workers (it stays for the workers' life: use a cluster of the test's
-own).
+own, such as :func:`counting_client`'s).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
+import distributed
 from distributed import WorkerPlugin
 
 NAME = "shardkv-count-writes"
@@ -71,3 +74,22 @@ def count_writes(client: Any) -> None:
     """Count the writes of the client's workers from now on (:func:`worker_writes` reads the counts)."""
     client.register_plugin(CountWrites())
     worker_writes(client)
+
+
+@contextlib.contextmanager
+def counting_client() -> Iterator[Any]:
+    """A client of a new ``LocalCluster`` (2 worker processes of 1 thread, loopback, no dashboards) counting writes."""
+    with (
+        distributed.LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=None,
+            worker_dashboard_address=None,
+            death_timeout=60,
+        ) as cluster,
+        distributed.Client(cluster, timeout=60) as client,
+    ):
+        count_writes(client)
+        yield client

@@ -30,7 +30,7 @@ from shardkv.format.tail import INTENT_MAGIC, AppendIntent  # noqa: E402
 from shardkv.zarr3 import ShardedStore  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the worker plugin (workers import it too)
-from worker_writes import count_writes, worker_writes  # noqa: E402
+from worker_writes import counting_client, worker_writes  # noqa: E402
 
 pytestmark = [pytest.mark.zarr3, pytest.mark.filterwarnings("ignore::UserWarning")]
 
@@ -44,19 +44,7 @@ ROWS = slice(32, 64)  # one row of chunks: 8 tasks, 4 chunks of each shard
 
 @pytest.fixture(scope="module")
 def client() -> Any:
-    with (
-        distributed.LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address=None,
-            worker_dashboard_address=None,
-            death_timeout=60,
-        ) as cluster,
-        distributed.Client(cluster, timeout=60) as client,
-    ):
-        count_writes(client)
+    with counting_client() as client:
         yield client
 
 
