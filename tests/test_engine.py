@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 from engine_kv import CountingKV
 
 from shardkv.engine.engine import ShardEngine
-from shardkv.engine.merge import ChunkPatch, ShardChange, covers_shard, merge_chunks
+from shardkv.engine.merge import ChunkPatch, ShardChange, covers_shard, merge_chunks, out_of_grid
 from shardkv.engine.options import Options
 from shardkv.engine.retry import Backoff
 from shardkv.errors import ConcurrentUpdateError, ConfigurationError, CorruptShardError
@@ -216,6 +218,27 @@ def test_listing_leaves_out_chunks_outside_the_grid() -> None:
     assert list(engine.reads.chunk_keys({"a/1.1": small})) == ["a/2.2"]
     assert sorted(engine.reads.chunk_keys({"a/1.1": small}, in_grid_only=False)) == ["a/2.2", "a/3.3"]
     assert engine.reads.count_chunks({"a/1.1": small}) == 1
+
+
+@pytest.mark.parametrize("shape", [(8, 8), (5, 5), (8, 5), (7, 8)], ids=lambda s: "x".join(map(str, s)))
+def test_out_of_grid_matches_each_chunk_checked_and_reads_no_chunk_of_an_inner_shard(shape: tuple[int, ...]) -> None:
+    # every task of an unaligned dask write asks this of its shard: a shard wholly inside the grid is answered
+    # from its corner, without going through the chunks its index holds (64 in a 4x4x4 shard)
+    arr = array(shape=shape)
+    every = [(i, j) for i in range(2) for j in range(2)]
+    for shard_coords in [(i, j) for i in range(2) for j in range(2)]:
+        seen: list[tuple[int, ...]] = []
+
+        def present(seen: list[tuple[int, ...]] = seen) -> Iterator[tuple[int, ...]]:
+            for local in every:
+                seen.append(local)
+                yield local
+
+        expected = [loc for loc in every if not arr.in_grid(arr.chunk_coords(shard_coords, loc))]
+        assert out_of_grid(arr, shard_coords, present()) == expected
+        inner = not expected
+        assert seen == ([] if inner else every)
+        assert arr.shard_in_grid(shard_coords) == inner
 
 
 def test_v3_chunk_keys_are_built_from_the_encoding() -> None:

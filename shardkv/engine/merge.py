@@ -163,9 +163,14 @@ def covers_shard(arr: ShardedArray, shard_coords: Sequence[int], updates: Mappin
     return n > 0 and len(updates) == n and _all_whole(updates.values())
 
 
-def out_of_grid(arr: ShardedArray, shard_coords: Sequence[int], present: Sequence[LocalCoords]) -> list[LocalCoords]:
-    """The local coords among ``present`` whose chunks lie outside the chunk grid (none if it is unknown)."""
-    if arr.chunk_grid_shape is None:
+def out_of_grid(arr: ShardedArray, shard_coords: Sequence[int], present: Iterable[LocalCoords]) -> list[LocalCoords]:
+    """The local coords among ``present`` whose chunks lie outside the chunk grid (none if it is unknown).
+
+    ``present`` is not iterated for a shard wholly inside the grid (every
+    shard but the last ones along a dimension a resize shrank), so a caller
+    may pass a lazy iterator of a stored index's chunks.
+    """
+    if arr.shard_in_grid(shard_coords):
         return []
     return [local for local in present if not arr.in_grid(arr.chunk_coords(shard_coords, local))]
 

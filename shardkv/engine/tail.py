@@ -133,7 +133,7 @@ class TailUpdater:
         for shard_key, (index, generation, size) in states.items():
             change, how = changes[shard_key], hows[shard_key]
             updates: dict[LocalCoords, ChunkUpdate] = {}
-            for local in out_of_grid(change.array, change.shard_coords, list(index.present())):
+            for local in out_of_grid(change.array, change.shard_coords, index.present()):
                 updates[local] = None  # what a merge drops: chunks a shrinking resize left outside the grid
             updates.update(change.chunks)  # patches are applied below, to the old chunks read
             patches = [k for k, v in updates.items() if isinstance(v, ChunkPatch) and index.get(k) is not None]

@@ -328,6 +328,17 @@ class ShardedArray:
         grid = self.chunk_grid_shape
         return grid is None or all(c < g for c, g in zip(chunk_coords, grid, strict=True))
 
+    def shard_in_grid(self, shard_coords: Sequence[int]) -> bool:
+        """True when every inner chunk of the shard lies inside the chunk grid (always, when the grid is unknown).
+
+        One comparison per dimension (the shard's last chunk), where asking
+        :meth:`in_grid` of each chunk costs one per chunk.
+        """
+        grid = self.chunk_grid_shape
+        return grid is None or all(
+            (s + 1) * cps <= g for s, cps, g in zip(shard_coords, self.chunks_per_shard, grid, strict=True)
+        )
+
     def chunks_in_shard(self, shard_coords: Sequence[int]) -> Iterator[tuple[tuple[int, ...], tuple[int, ...]]]:
         """``(chunk_coords, local_coords)`` of the shard's available chunks (inside the grid when known)."""
         return shard_to_chunks(shard_coords, self.chunks_per_shard, self.chunk_grid_shape)

@@ -12,6 +12,7 @@ array documents a group's consolidated metadata holds.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import Any
 from zarr.abc.store import Store
 from zarr.core.buffer import BufferPrototype, default_buffer_prototype
 
+from shardkv._types import BytesLike
 from shardkv.engine.options import Options
 from shardkv.errors import ChunkOutOfGridError, InvalidKeyError
 from shardkv.keys.paths import chunk_owner_paths, join_path, prefix_owner_paths, split_key
@@ -69,10 +71,25 @@ def _is_node(node: Node) -> bool:
     return node is not None
 
 
-def _build(path: str, raw: bytes | None) -> Node:
-    """The node at ``path`` from its stored ``zarr.json`` (``None``: none); raises as :func:`transparent_array`."""
-    if raw is None:
-        return None
+_BUILT_NODES = 64
+"""How many nodes built from (path, stored ``zarr.json`` bytes) the process keeps (:func:`_build`)."""
+
+
+def _build(path: str, raw: BytesLike | None) -> Node:
+    """The node at ``path`` from its stored ``zarr.json`` (``None``: none); raises as :func:`transparent_array`.
+
+    The same bytes at the same path always make the same node (frozen), so
+    the last ones built are kept for the process: each task of a dask write
+    unpickles a new store and reads the array's ``zarr.json`` again, which is
+    then parsed once per worker, not once per task. A rewritten document is
+    other bytes, built anew.
+    """
+    return None if raw is None else _build_stored(path, bytes(raw))
+
+
+@functools.lru_cache(maxsize=_BUILT_NODES)
+def _build_stored(path: str, raw: bytes) -> Node:
+    """:func:`_build` of stored bytes (kept)."""
     doc = parse_document(raw)
     if doc is not None and doc.get("node_type") == "group":  # a group is passed over when keys look for an owner
         return None

@@ -483,3 +483,36 @@ def test_a_document_read_while_it_is_rewritten_does_not_replace_the_node_of_the_
     chunk = bytes(range(200))
     sync(store.set("a/c/12/0", cpu.Buffer.from_bytes(chunk)))  # a chunk only the grown array has
     assert _raw(store, "a/c/12/0") == chunk
+
+
+def test_copies_unpickled_per_task_parse_the_arrays_zarr_json_once_and_see_a_resize(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a dask worker unpickles a new store for each task: each copy reads the array's zarr.json (it may have
+    # changed), but the same bytes are parsed once in the process; a resized document is parsed again
+    import shardkv.zarr3.nodes as nodes_mod
+
+    store = ShardedStore(str(tmp_path / "data.zarr"), chunks_per_shard=2)
+    # a document of this test alone (no other test's bytes are built already)
+    z = zarr.create_array(
+        store, name="a", shape=(8, 8), chunks=(2, 2), dtype="u1", fill_value=0, attributes={"at": str(tmp_path)}
+    )
+    blob = pickle.dumps(z)
+    parsed: list[bytes] = []
+    real_parse = nodes_mod.parse_document
+
+    def parse_document(raw: bytes) -> Any:
+        parsed.append(raw)
+        return real_parse(raw)
+
+    monkeypatch.setattr(nodes_mod, "parse_document", parse_document)
+    for i in range(10):
+        pickle.loads(blob)[i % 8, 0] = i + 1  # a task: the array (with its store) unpickled, one chunk written
+    stored_json = [raw for raw in parsed if b'"node_type": "array"' in raw and b"sharding_indexed" in raw]
+    assert len(stored_json) <= 1, len(stored_json)  # built when it was written, or by the first task
+    zarr.open_array(pickle.loads(blob).store, path="a", mode="r+").resize((12, 8))
+    zarr.open_array(pickle.loads(blob).store, path="a", mode="r+")[10, 0] = 99  # a chunk only the new shape has
+    expected = np.zeros((12, 8), dtype="u1")
+    expected[:8, 0] = [9, 10, 3, 4, 5, 6, 7, 8]
+    expected[10, 0] = 99
+    np.testing.assert_array_equal(zarr.open_array(ShardedStore(str(tmp_path / "data.zarr")), path="a")[:], expected)
