@@ -446,29 +446,3 @@ def test_a_nested_hold_of_a_stripe_this_thread_holds_does_not_deadlock(tmp_path,
     assert done.is_set(), "a nested hold waited for a lock its own thread holds"
     with locks.hold([outer, inner]):  # every stripe was released again
         pass
-
-
-def test_a_new_lock_file_and_lock_directory_are_made_durable(tmp_path, monkeypatch) -> None:
-    """Creating a lock file fsyncs its directory (and a new lock directory, the array's): an append intent
-    written into a lock file made in the same hold survives a power loss; a lock file already there costs no sync.
-    """
-    synced: list[str] = []
-    real_fsync = os.fsync
-
-    def fsync(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real_fsync(fd)
-
-    kv = LocalStore(str(tmp_path))
-    locks = ShardLocks.of_store(kv, "files")
-    monkeypatch.setattr(os, "fsync", fsync)
-    with locks.hold(["a/c/0/0"]):
-        pass
-    (lock_file,) = tmp_path.rglob("*.lock")
-    lock_dir = lock_file.parent
-    assert lock_dir.name == LOCK_DIR
-    assert os.path.realpath(lock_dir) in synced and os.path.realpath(lock_dir.parent) in synced
-    synced.clear()
-    with locks.hold(["a/c/0/0"]):
-        pass
-    assert synced == []

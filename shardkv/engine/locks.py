@@ -74,7 +74,6 @@ from shardkv.engine.retry import LOCK_BACKOFF, Backoff, attempts
 from shardkv.errors import ConfigurationError, LockTimeoutError
 from shardkv.keys.space import ShardedArray
 from shardkv.storage.kv import LOCK_DIR, KVStore
-from shardkv.storage.local import fsync_dirs
 from shardkv.storage.location import StoreLocation
 
 __all__ = [
@@ -232,7 +231,6 @@ def _make_lock_dir(lock_dir: str) -> None:
     except FileExistsError:
         return  # another writer made it first
     os.chmod(lock_dir, dir_mode)  # exactly: the umask only narrowed it
-    fsync_dirs([lock_dir])  # its entry in the array directory survives a power loss, as the intents in it must
 
 
 class _LockFile:
@@ -272,7 +270,6 @@ class _LockFile:
         try:
             if created:
                 os.fchmod(fd, mode)  # exactly: the umask may have left a read bit without its write bit
-                fsync_dirs([self.path])  # an append intent synced into it must not vanish with its directory entry
             else:
                 st = os.fstat(fd)
                 if _too_open(st.st_mode, mode) and st.st_uid == os.geteuid():
