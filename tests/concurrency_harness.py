@@ -354,7 +354,7 @@ def local_cluster() -> Iterator[Any]:
         processes=True,
         threads_per_worker=1,
         host="127.0.0.1",
-        dashboard_address=None,
+        dashboard_address=":0",  # a free port: None still serves the scheduler's HTTP routes on 8787
         worker_dashboard_address=None,
     )
     client = distributed.Client(cluster, timeout=30)

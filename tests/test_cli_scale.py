@@ -211,7 +211,7 @@ def test_scheduler_runs_the_tasks_on_a_dask_cluster(shared_data, tmp_path):
         protocol="tcp",
         host="127.0.0.1",
         scheduler_port=0,
-        dashboard_address=None,
+        dashboard_address=":0",  # a free port: None still serves the scheduler's HTTP routes on 8787
         worker_dashboard_address=None,  # a worker's dashboard warns when 8787 is taken
     ) as cluster:  # listens on 127.0.0.1 only, on a free port
         report = convert(str(src), str(on_cluster), (2, 2, 1), scheduler=cluster.scheduler_address, task_chunks=16)

@@ -87,7 +87,7 @@ def cluster(threads: int, workers: int) -> distributed.Client:
             threads_per_worker=threads,
             processes=True,
             host="127.0.0.1",
-            dashboard_address=None,
+            dashboard_address=":0",  # a free port: None still serves the scheduler's HTTP routes on 8787
             worker_dashboard_address=None,
         ),
         timeout=30,

@@ -85,7 +85,7 @@ def counting_client() -> Iterator[Any]:
             threads_per_worker=1,
             processes=True,
             host="127.0.0.1",
-            dashboard_address=None,
+            dashboard_address=":0",  # a free port: None still serves the scheduler's HTTP routes on 8787
             worker_dashboard_address=None,
             death_timeout=60,
         ) as cluster,

@@ -103,7 +103,7 @@ def test_dask_local_cluster_of_processes(tmp_path: Path) -> None:
             n_workers=2,
             threads_per_worker=2,
             host="127.0.0.1",
-            dashboard_address=None,
+            dashboard_address=":0",  # a free port: None still serves the scheduler's HTTP routes on 8787
             processes=True,
             worker_dashboard_address=None,  # a dashboard per worker would warn that port 8787 is taken
             death_timeout=60,
