@@ -9,19 +9,35 @@ intent goes) and counts the bytes handed to them, and the whole-file writes
 and resets the counts; :func:`count_writes` registers the plugin on a
 client's workers (it stays for the workers' life: use a cluster of the test's
 own, such as :func:`counting_client`'s).
+
+The case both the zarr 2 and the zarr 3 dask tests write is here too: a
+``SHAPE`` array of ``CHUNK`` chunks, ``CPS`` x ``CPS`` per shard, whose row
+of chunks ``ROWS`` is written by one task per chunk (:func:`data`,
+:func:`bytes_bounds`).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import distributed
+import numpy as np
 from distributed import WorkerPlugin
 
+from shardkv.format.tail import INTENT_MAGIC, AppendIntent
+
 NAME = "shardkv-count-writes"
+
+CHUNK = (32, 32)  # uint32, no compressor: 4096 bytes per chunk
+CHUNK_NBYTES = 32 * 32 * 4
+CPS = 4  # 4 x 4 chunks per shard
+INDEX_NBYTES = 16 * CPS * CPS + 4  # offset/nbytes pairs and the CRC32C
+SHAPE = (128, 256)  # two shards of 128 x 128
+ROWS = slice(32, 64)  # one row of chunks: 8 tasks, 4 chunks of each shard
 
 _COUNTS: dict[str, Any] = {"nbytes": 0, "whole": collections.Counter()}
 
@@ -93,3 +109,19 @@ def counting_client() -> Iterator[Any]:
     ):
         count_writes(client)
         yield client
+
+
+def data(version: int) -> np.ndarray:
+    """The array's values at ``version`` (``SHAPE``, uint32)."""
+    return (np.arange(SHAPE[0] * SHAPE[1], dtype="uint32").reshape(SHAPE) * 7 + version * 100_003).astype("uint32")
+
+
+def bytes_bounds(shard_path: str, in_place: bool) -> tuple[int, int]:
+    """Least and most bytes the workers may write for ``ROWS``: each task its chunk, at most with an index.
+
+    An in-place append also records its intent in the lock file and clears it
+    (zeros over the record's magic).
+    """
+    tasks = (ROWS.stop - ROWS.start) // CHUNK[0] * SHAPE[1] // CHUNK[1]
+    intent = len(AppendIntent(os.path.realpath(shard_path), 0, 0, 0, 0, 0).encode() + INTENT_MAGIC) if in_place else 0
+    return tasks * CHUNK_NBYTES, tasks * (CHUNK_NBYTES + INDEX_NBYTES + intent)
