@@ -91,8 +91,9 @@ def test_a_reader_meeting_an_append_in_flight_waits_for_it(tmp_path: Path) -> No
 
     root = tmp_path / "a"
     create_zarr2(root)
-    # steps of the child: 1 clone probe, 2 intent write, 3 its fdatasync, 4 the append (held half written)
-    child, release, state = start_held(root, "append", 4, True)
+    # steps of the child: 1 clone probe, 2-3 the lock file's entry synced, 4 intent write, 5 its fdatasync,
+    # 6 the append (held half written)
+    child, release, state = start_held(root, "append", 6, True)
     assert state == "held"
     try:
         with pytest.raises(CorruptShardError):
@@ -124,7 +125,7 @@ def test_a_reader_meeting_an_append_in_flight_waits_for_it(tmp_path: Path) -> No
 def test_a_listing_that_meets_a_killed_append_repairs_it(tmp_path: Path) -> None:
     root = tmp_path / "a"
     create_zarr2(root)
-    assert run_held(root, "append", 4, True) == "killed"  # half of the append written, then kill -9
+    assert run_held(root, "append", 6, True) == "killed"  # half of the append written, then kill -9
     with pytest.raises(CorruptShardError):
         raw_shard(root)
     assert intents(root)
@@ -134,7 +135,7 @@ def test_a_listing_that_meets_a_killed_append_repairs_it(tmp_path: Path) -> None
     assert np.array_equal(raw_shard(root), old_data()[: CHUNK * PER_SHARD])  # cut back to the old shard
 
 
-@pytest.mark.parametrize("step", [2, 4, 5], ids=["intent-torn", "append-torn", "append-written"])
+@pytest.mark.parametrize("step", [4, 6, 7], ids=["intent-torn", "append-torn", "append-written"])
 def test_the_compact_command_repairs_killed_appends(step: int, tmp_path: Path, capsys) -> None:
     from shardkv.cli.main import main
 
@@ -155,7 +156,7 @@ def test_a_stale_intent_never_cuts_a_shard_rewritten_since(tmp_path: Path) -> No
     it back, unless another process takes it first). The next recovery must leave that shard alone."""
     root = tmp_path / "a"
     create_zarr2(root)
-    assert run_held(root, "append", 6, False) == "killed"  # the append written and synced; its intent not cleared
+    assert run_held(root, "append", 8, False) == "killed"  # the append written and synced; its intent not cleared
     (stale,) = intents(root)
     keep = tmp_path / "inode"
     os.link(root / "0", keep)  # the intent's inode number, given back below whatever other processes do meanwhile
@@ -204,7 +205,7 @@ def test_a_reader_that_may_not_write_is_told_how_to_repair(tmp_path: Path) -> No
         os.chmod(parent, 0o755)
         root = parent / "a"
         create_zarr2(root)
-        assert run_held(root, "append", 4, True) == "killed"  # half of the append written
+        assert run_held(root, "append", 6, True) == "killed"  # half of the append written
         said = subprocess.run(
             [sys.executable, "-c", _NOBODY_READER, str(root)], capture_output=True, text=True, timeout=120
         )
@@ -222,7 +223,7 @@ def test_verify_names_an_interrupted_append_and_its_repair(tmp_path: Path, capsy
 
     root = tmp_path / "a"
     create_zarr2(root)
-    assert run_held(root, "append", 4, True) == "killed"  # half of the append written
+    assert run_held(root, "append", 6, True) == "killed"  # half of the append written
     assert main(["verify", str(root)]) == 1  # damaged until repaired
     out = capsys.readouterr().out
     (line,) = [x for x in out.splitlines() if "DAMAGED" in x]
@@ -240,7 +241,7 @@ def test_commands_that_read_raw_shards_point_at_the_repair(command: str, tmp_pat
 
     root = tmp_path / "a"
     create_zarr2(root)
-    assert run_held(root, "append", 4, True) == "killed"
+    assert run_held(root, "append", 6, True) == "killed"
     args = [command, str(root)] + ([str(tmp_path / "out")] if command == "unshard" else [])
     assert main(args) == 1
     err = capsys.readouterr().err

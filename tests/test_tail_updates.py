@@ -28,6 +28,7 @@ from shardkv.engine.options import Options
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
 from shardkv.format.tail import AppendIntent, dead_fraction, old_tail_range, parts_crc32c, plan_tail_update
+from shardkv.storage.kv import LOCK_DIR
 from shardkv.storage.local import LocalStore
 from shardkv.storage.local_tail import clones_files
 
@@ -596,3 +597,34 @@ def test_recovery_touches_only_files_under_the_store_root(inside: bool, tmp_path
     finally:
         os.close(fd)
     assert target.read_bytes() == (old if inside else old + appended[:123])
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_the_first_append_into_a_lock_file_makes_its_entry_durable(durable: bool, tmp_path: Path, monkeypatch) -> None:
+    """Before the first intent it records in a lock file, a durable store syncs the lock file's directory and that
+    directory's own (the lock file or directory may have been made by this very hold); once per lock file; a store
+    whose fsync is off syncs nothing.
+    """
+    import stat
+
+    root = tmp_path / "a"
+    z = _small(root, shard_updates="append", max_dead_fraction=1.0)
+    z[:] = np.arange(32 * 32, dtype="u2").reshape(32, 32)
+    z.store.engine.kv.fsync = durable
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    z[0:4, 0:4] = 1  # the first append through this lock file
+    (lock_file,) = [p for p in (root / LOCK_DIR).glob("*.lock") if p.stat().st_size]
+    lock_dir = os.path.realpath(lock_file.parent)
+    expected = [lock_dir, os.path.dirname(lock_dir)] if durable else []
+    assert sorted(synced) == sorted(expected)
+    synced.clear()
+    z[0:4, 0:4] = 2  # the same lock file again
+    assert synced == [] and z.store.engine.stats.tail_updates == 2

@@ -714,14 +714,19 @@ class ShardLocks:
         intent (:meth:`~shardkv.storage.kv.KVStore.update_tail`); empty
         without lock files (modes other than ``"files"``).
         """
+        return {key: fd for key, (fd, _) in self.held_lock_files(shards).items()}
+
+    def held_lock_files(self, shards: Mapping[str, ShardedArray]) -> dict[str, tuple[int, str]]:
+        """As :meth:`lock_file_fds`, with each lock file's path: shard key -> (descriptor, path)."""
         if not self.cross_process:
             return {}
-        out: dict[str, int] = {}
+        out: dict[str, tuple[int, str]] = {}
         for key, arr in shards.items():
             prefix, rel = self._split(key, {key: lock_prefix(arr)})
-            fd = _HELD.fds.get((self.lock_dir_for(prefix), stripe_of(rel, self.file_stripes)))
+            lock_dir, stripe = self.lock_dir_for(prefix), stripe_of(rel, self.file_stripes)
+            fd = _HELD.fds.get((lock_dir, stripe))
             if fd is not None:
-                out[key] = fd
+                out[key] = (fd, os.path.join(lock_dir, f"{stripe}.lock"))
         return out
 
 

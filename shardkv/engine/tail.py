@@ -157,13 +157,15 @@ class TailUpdater:
             plan = plan_tail_update(change.array.layout, index, size, whole, how)
             if plan.index.is_empty() or dead_fraction(plan) > self.max_dead_fraction:
                 continue  # no chunk left (a delete), or too many dead bytes: rewritten whole
-            intent_fd = None
+            intent: tuple[int, str] | None = None
             if how == "append":
-                intent_fd = self.locks.lock_file_fds({shard_key: change.array}).get(shard_key)
-                if intent_fd is None:
+                intent = self.locks.held_lock_files({shard_key: change.array}).get(shard_key)
+                if intent is None:
                     continue  # no lock file held to record the intent in: rewritten whole
             self.cache.discard(shard_key)
-            new_generation = self.kv.update_tail(shard_key, plan.writes, plan.nbytes, generation, how, intent_fd)
+            new_generation = self.kv.update_tail(
+                shard_key, plan.writes, plan.nbytes, generation, how, *(intent or (None, None))
+            )
             if new_generation is None:
                 lost.add(shard_key)
                 continue

@@ -434,6 +434,7 @@ class KVStore(ABC):
         if_generation: Generation,
         how: TailHow,
         intent_fd: int | None = None,
+        intent_path: str | None = None,
     ) -> Generation | None:
         """Write ``writes`` into the stored value at ``key`` at their offsets (an O(chunk) shard update).
 
@@ -453,6 +454,9 @@ class KVStore(ABC):
         intent_fd : int, optional
             For ``"append"``: the open lock file that records the append's
             intent while it is made (required then).
+        intent_path : str, optional
+            That lock file's path: a durable store makes its directory entry
+            durable before the first intent it records there.
 
         Returns
         -------

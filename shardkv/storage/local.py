@@ -224,6 +224,36 @@ def fsync_dirs(paths: Iterable[str]) -> None:
             os.close(dir_fd)
 
 
+class _DurableEntries:
+    """The lock files whose directory entries this process has made durable (bounded, thread-safe).
+
+    A lock file is made when a hold first needs it, and nothing syncs its
+    directory then; an in-place append records its intent in it, so a
+    durable store syncs the lock file's directory and that directory's
+    parent (the lock directory may be as new) once before the first intent.
+    """
+
+    _MAX = 65536
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._paths: set[str] = set()
+
+    def ensure(self, lock_file: str) -> None:
+        """Make the entries of ``lock_file`` and of its directory durable, unless done before in this process."""
+        with self._lock:
+            if lock_file in self._paths:
+                return
+        fsync_dirs([lock_file, os.path.dirname(lock_file)])
+        with self._lock:
+            if len(self._paths) >= self._MAX:
+                self._paths.clear()
+            self._paths.add(lock_file)
+
+
+DURABLE_LOCK_FILES = _DurableEntries()
+
+
 class _Swept:
     """The process-wide table of directories already swept of stale temporaries (bounded, thread-safe)."""
 
@@ -500,12 +530,16 @@ class LocalStore(KVStore):
         if_generation: Generation,
         how: TailHow,
         intent_fd: int | None = None,
+        intent_path: str | None = None,
     ) -> Generation | None:
         """Write ``writes`` into the shard at ``key``: into a clone renamed over it, or appended in place.
 
         See :meth:`KVStore.update_tail` and the module docstring. ``"append"``
         takes one write, at the shard's size, and the open lock file
-        ``intent_fd`` the caller holds.
+        ``intent_fd`` the caller holds; with :attr:`fsync`, the lock file at
+        ``intent_path`` and its directory are first made durable in their
+        directories (once per lock file and process), so that a power loss
+        cannot take away an intent the append relies on.
 
         Raises
         ------
@@ -528,6 +562,8 @@ class LocalStore(KVStore):
             else:
                 if intent_fd is None:
                     raise ValueError(f"an in-place append to {key!r} needs the lock file that records its intent")
+                if self.fsync and intent_path is not None:
+                    DURABLE_LOCK_FILES.ensure(intent_path)
                 st = append_update(path, writes, nbytes, holds, intent_fd, self.fsync, _write_at)
         if st is not None and how == "clone" and self.fsync:
             fsync_dirs([path])
