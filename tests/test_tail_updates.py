@@ -21,6 +21,7 @@ import pytest
 import zarr
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from local_io import LocalIO
 
 import shardkv.storage.local as local_mod
 from shardkv import ShardedStore
@@ -35,33 +36,12 @@ from shardkv.storage.local_tail import clones_files
 # -- the counting hooks ----------------------------------------------------------------------------
 
 
-class IOCount:
-    """Bytes handed to the local store's low-level writes and reads (monkeypatched on its module)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.written = 0
-        self.read = 0
-        real_pwrite, real_parts, real_pread = local_mod._pwrite_all, local_mod.write_parts, local_mod.pread_exact
-
-        def pwrite_all(fd, data, offset):
-            self.written += memoryview(data).nbytes
-            real_pwrite(fd, data, offset)
-
-        def write_parts(fd, parts):
-            self.written += sum(memoryview(p).nbytes for p in parts)
-            real_parts(fd, parts)
-
-        def pread_exact(fd, start, stop):
-            out = real_pread(fd, start, stop)
-            self.read += len(out)
-            return out
-
-        monkeypatch.setattr(local_mod, "_pwrite_all", pwrite_all)
-        monkeypatch.setattr(local_mod, "write_parts", write_parts)
-        monkeypatch.setattr(local_mod, "pread_exact", pread_exact)
-
-    def reset(self) -> None:
-        self.written = self.read = 0
+def _count_io(monkeypatch: pytest.MonkeyPatch) -> LocalIO:
+    """Count the local store's low-level I/O (monkeypatched on its module) for this test."""
+    io = LocalIO()
+    for name, wrapper in io.wrappers(local_mod).items():
+        monkeypatch.setattr(local_mod, name, wrapper)
+    return io
 
 
 def _shard_files(root: Path) -> dict[str, int]:
@@ -187,7 +167,7 @@ def big_array(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarra
     return root, data
 
 
-def _update_one_chunk_per_shard(root: Path, shard_updates: str, io: IOCount) -> tuple[ShardedStore, np.ndarray]:
+def _update_one_chunk_per_shard(root: Path, shard_updates: str, io: LocalIO) -> tuple[ShardedStore, np.ndarray]:
     store = ShardedStore(root, shard_updates=shard_updates)
     z = zarr.open(store, mode="r+")
     new = np.random.default_rng(1).integers(0, 16, size=_CHUNKS, dtype=np.uint16)  # as incompressible as the rest
@@ -206,7 +186,7 @@ def test_one_chunk_per_shard_costs_the_chunks(
     base = request.getfixturevalue("reflink_dir") if place.startswith("auto") else tmp_path
     root = base / "a"
     shutil.copytree(src, root)
-    io = IOCount(monkeypatch)
+    io = _count_io(monkeypatch)
     store, new = _update_one_chunk_per_shard(root, place.split()[0], io)
     whole = sum(_shard_files(root).values())  # what rewriting the 8 shards whole writes (and reads)
     assert store._engine.stats.tail_updates == 8
@@ -222,7 +202,7 @@ def test_rewrite_writes_whole_shards(big_array: tuple[Path, np.ndarray], tmp_pat
     src, _ = big_array
     root = tmp_path / "a"
     shutil.copytree(src, root)
-    io = IOCount(monkeypatch)
+    io = _count_io(monkeypatch)
     store, _ = _update_one_chunk_per_shard(root, "rewrite", io)
     assert store._engine.stats.tail_updates == 0
     assert io.written == sum(_shard_files(root).values())

@@ -5,8 +5,8 @@ process it wraps the local store's two low-level writes
 (``shardkv.storage.local._pwrite_all`` and ``write_parts``, through which
 every byte of a shard, a clone, an append, a temporary file or an append
 intent goes) and counts the bytes handed to them, and the whole-file writes
-(``atomic_write``) by path. :func:`worker_writes` sums them over the workers
-and resets the counts; :func:`count_writes` registers the plugin on a
+(``atomic_write``) by path, with the wrappers of :class:`local_io.LocalIO`.
+:func:`worker_writes` sums them over the workers and resets the counts; :func:`count_writes` registers the plugin on a
 client's workers (it stays for the workers' life: use a cluster of the test's
 own, such as :func:`counting_client`'s).
 
@@ -27,6 +27,7 @@ from typing import Any
 import distributed
 import numpy as np
 from distributed import WorkerPlugin
+from local_io import LocalIO
 
 from shardkv.format.tail import INTENT_MAGIC, AppendIntent
 
@@ -39,7 +40,7 @@ INDEX_NBYTES = 16 * CPS * CPS + 4  # offset/nbytes pairs and the CRC32C
 SHAPE = (128, 256)  # two shards of 128 x 128
 ROWS = slice(32, 64)  # one row of chunks: 8 tasks, 4 chunks of each shard
 
-_COUNTS: dict[str, Any] = {"nbytes": 0, "whole": collections.Counter()}
+_COUNTS = LocalIO()  # this worker process's counts (the plugin installs its wrappers once)
 
 
 class CountWrites(WorkerPlugin):
@@ -52,28 +53,14 @@ class CountWrites(WorkerPlugin):
 
         if getattr(local_mod, "_counted", False):
             return
-        real_pwrite, real_parts, real_atomic = local_mod._pwrite_all, local_mod.write_parts, local_mod.atomic_write
-
-        def pwrite_all(fd: int, data: Any, offset: int) -> None:
-            _COUNTS["nbytes"] += memoryview(data).nbytes
-            real_pwrite(fd, data, offset)
-
-        def write_parts(fd: int, parts: Any) -> None:
-            _COUNTS["nbytes"] += sum(memoryview(p).nbytes for p in parts)
-            real_parts(fd, parts)
-
-        def atomic_write(path: str, *args: Any, **kwargs: Any) -> Any:
-            _COUNTS["whole"][path] += 1
-            return real_atomic(path, *args, **kwargs)
-
-        local_mod._pwrite_all, local_mod.write_parts, local_mod.atomic_write = pwrite_all, write_parts, atomic_write
+        for name, wrapper in _COUNTS.wrappers(local_mod).items():
+            setattr(local_mod, name, wrapper)
         local_mod._counted = True
 
 
 def _take_counts() -> tuple[int, dict[str, int]]:
-    out = (_COUNTS["nbytes"], dict(_COUNTS["whole"]))
-    _COUNTS["nbytes"] = 0
-    _COUNTS["whole"].clear()
+    out = (_COUNTS.written, dict(_COUNTS.whole))
+    _COUNTS.reset()
     return out
 
 

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import collections
 import os
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ from shardkv.cli.main import main as cli_main  # noqa: E402
 from shardkv.zarr3 import ShardedStore  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the kill harness
+from local_io import LocalIO  # noqa: E402
 from tail_kill import MAX_STEPS, check_old_or_new, create_zarr3, new_data, run_held  # noqa: E402
 
 
@@ -38,31 +38,6 @@ def read_zarr3(root: Path, path: str = "") -> np.ndarray:
 def read_tensorstore(root: Path) -> np.ndarray:
     arr = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(root)}}, open=True).result()
     return arr.read().result()
-
-
-class Writes:
-    """Bytes handed to the local store's low-level writes, and whole-file writes per shard path."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.nbytes = 0
-        self.whole: collections.Counter[str] = collections.Counter()
-        real_pwrite, real_parts, real_atomic = local_mod._pwrite_all, local_mod.write_parts, local_mod.atomic_write
-
-        def pwrite_all(fd, data, offset):
-            self.nbytes += memoryview(data).nbytes
-            real_pwrite(fd, data, offset)
-
-        def write_parts(fd, parts):
-            self.nbytes += sum(memoryview(p).nbytes for p in parts)
-            real_parts(fd, parts)
-
-        def atomic_write(path, *args, **kwargs):
-            self.whole[path] += 1
-            return real_atomic(path, *args, **kwargs)
-
-        monkeypatch.setattr(local_mod, "_pwrite_all", pwrite_all)
-        monkeypatch.setattr(local_mod, "write_parts", write_parts)
-        monkeypatch.setattr(local_mod, "atomic_write", atomic_write)
 
 
 @pytest.mark.parametrize("place", ["default on reflinks", "append on ext4"])
@@ -79,14 +54,16 @@ def test_whole_array_write_puts_each_shard_whole_once(
         store, name="a", shape=data.shape, chunks=(64, 64, 64), dtype="uint16",
         compressors=[{"name": "zstd", "configuration": {"level": 0}}],
     )  # fmt: skip
-    writes = Writes(monkeypatch)
+    writes = LocalIO()
+    for name, wrapper in writes.wrappers(local_mod).items():
+        monkeypatch.setattr(local_mod, name, wrapper)
     z[...] = data
     shards = [str(p) for p in (root / "a" / "c").rglob("*") if p.is_file()]
     stored = sum(os.path.getsize(p) for p in shards)
     assert len(shards) == 8
     assert set(writes.whole) <= set(shards)
     assert max(writes.whole.values()) <= 2, writes.whole  # created whole, then O(chunk) updates
-    assert writes.nbytes <= 1.1 * stored, (writes.nbytes, stored)
+    assert writes.written <= 1.1 * stored, (writes.written, stored)
     np.testing.assert_array_equal(read_zarr3(root, "a"), data)
     del data
 
