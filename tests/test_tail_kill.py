@@ -92,7 +92,7 @@ def test_a_reader_meeting_an_append_in_flight_waits_for_it(tmp_path: Path) -> No
     root = tmp_path / "a"
     create_zarr2(root)
     # steps of the child: 1 clone probe, 2-3 the lock file's entry synced, 4 intent write, 5 its fdatasync,
-    # 6 the append (held half written)
+    # 6 the new chunks (held half written), 7 their fdatasync, 8 the new index, 9 its fdatasync, 10 intent cleared
     child, release, state = start_held(root, "append", 6, True)
     assert state == "held"
     try:
@@ -135,7 +135,7 @@ def test_a_listing_that_meets_a_killed_append_repairs_it(tmp_path: Path) -> None
     assert np.array_equal(raw_shard(root), old_data()[: CHUNK * PER_SHARD])  # cut back to the old shard
 
 
-@pytest.mark.parametrize("step", [4, 6, 7], ids=["intent-torn", "append-torn", "append-written"])
+@pytest.mark.parametrize("step", [4, 6, 8, 9], ids=["intent-torn", "chunks-torn", "index-torn", "append-written"])
 def test_the_compact_command_repairs_killed_appends(step: int, tmp_path: Path, capsys) -> None:
     from shardkv.cli.main import main
 
@@ -156,7 +156,7 @@ def test_a_stale_intent_never_cuts_a_shard_rewritten_since(tmp_path: Path) -> No
     it back, unless another process takes it first). The next recovery must leave that shard alone."""
     root = tmp_path / "a"
     create_zarr2(root)
-    assert run_held(root, "append", 8, False) == "killed"  # the append written and synced; its intent not cleared
+    assert run_held(root, "append", 10, False) == "killed"  # the append written and synced; its intent not cleared
     (stale,) = intents(root)
     keep = tmp_path / "inode"
     os.link(root / "0", keep)  # the intent's inode number, given back below whatever other processes do meanwhile

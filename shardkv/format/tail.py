@@ -15,6 +15,8 @@ Two ways to place the new bytes (``how``)::
     "append" (in place, on the live file; index at the end only):
                           | old chunk data | old index | new chunks | new index |
                                                        ^ the old size
+      two writes: the new chunks, then the new index (the writer makes the
+      chunks durable before it writes the index that points at them)
 
 Replaced chunks and old indexes become *dead bytes*: :func:`dead_fraction`
 tells the engine when to rewrite the shard whole instead.
@@ -91,6 +93,9 @@ class TailPlan:
         ``(offset, parts)``: the parts' concatenation is written at byte
         ``offset`` of the shard (in order; every offset is at or after the end
         of the old chunk data, or 0 for a start index rewritten in a clone).
+        For ``"append"``, the new chunks and then the new index, each its own
+        write (back to back from the old size), so that a writer can make the
+        chunks durable before the index that points at them.
     index : ShardIndex
         The new index.
     nbytes : int
@@ -165,6 +170,8 @@ def plan_tail_update(
     encoded = layout.encode_index(new_index)
     used = new_index.used_nbytes() + n_index
     if layout.index_location == "end":
+        if how == "append" and chunks:
+            return TailPlan([(start, chunks), (at, [encoded])], new_index, at + n_index, used)
         return TailPlan([(start, [*chunks, encoded])], new_index, at + n_index, used)
     writes: list[tuple[int, list[BytesLike]]] = [(0, [encoded])]
     if chunks:

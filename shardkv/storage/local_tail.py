@@ -16,7 +16,9 @@ The file I/O of :meth:`LocalStore.update_tail <shardkv.storage.local.LocalStore.
     size, CRC32C of the last bytes before the append and of the appended
     bytes) is written at the start of the lock
     file the caller holds and fdatasync'd; then the new bytes are written at
-    the file's end with one write and fdatasync'd; then the intent is cleared
+    the file's end, the chunks first and the index last, each write
+    fdatasync'd before the next (so no crash leaves an index that checks
+    over chunk blocks the file system never wrote); then the intent is cleared
     (zeros over its magic, not synced: recovery is idempotent).
     :func:`recover_append` keeps an append whose bytes are all there and
     check, cuts a torn one back to the old size (the bytes before it were
@@ -312,14 +314,21 @@ def append_update(
     fsync: bool,
     write_at: WriteAt,
 ) -> os.stat_result | None:
-    """Append the one write of ``writes`` to the shard at ``path`` in place, under an intent in ``intent_fd``.
+    """Append ``writes`` (back to back from its size) to the shard at ``path``, under an intent in ``intent_fd``.
+
+    With ``fsync``, each write is made durable (``fdatasync``) before the
+    next is written: the plan's last write is the index, and until a sync
+    completes a file system may keep any of the blocks written since and
+    lose the others (ext4 writes delayed allocations back in any order, XFS
+    reads unwritten extents as zeros), so an index made durable before the
+    chunks it points at could check and name zeros.
 
     ``None`` (nothing written) when the shard is missing or ``holds`` refuses its stat.
 
     Raises
     ------
     ValueError
-        If ``writes`` is not one write at the shard's size ending at ``nbytes``.
+        If ``writes`` do not follow each other from the shard's size to ``nbytes``.
     OSError
         Any error of the file system (the intent then stays, and the next
         holder of the lock cuts the shard back to its old size).
@@ -329,21 +338,27 @@ def append_update(
         return None
     fd, st = opened
     try:
-        if len(writes) != 1 or writes[0][0] != st.st_size:
-            raise ValueError(f"an in-place append to {path!r} is one write at its size {st.st_size}")
-        parts = byte_parts(writes[0][1])
-        if st.st_size + sum(p.nbytes for p in parts) != nbytes:
+        at, ordered = st.st_size, []
+        for offset, value in writes:
+            if offset != at:
+                raise ValueError(f"an in-place append to {path!r} writes from its size {st.st_size}, back to back")
+            parts = byte_parts(value)
+            ordered.append(parts)
+            at += sum(p.nbytes for p in parts)
+        if not ordered or at != nbytes:
             raise ValueError(f"an in-place append to {path!r} must end at byte {nbytes}")
         old_tail = pread_exact(fd, *old_tail_range(st.st_size))
-        intent = AppendIntent(
-            os.path.realpath(path), st.st_ino, st.st_size, nbytes, parts_crc32c([old_tail]), parts_crc32c(parts)
-        )
+        appended = parts_crc32c(p for parts in ordered for p in parts)
+        intent = AppendIntent(os.path.realpath(path), st.st_ino, st.st_size, nbytes, parts_crc32c([old_tail]), appended)
         write_at(intent_fd, 0, [memoryview(intent.encode())])
         if fsync:
             os.fdatasync(intent_fd)
-        write_at(fd, st.st_size, parts)
-        if fsync:
-            os.fdatasync(fd)
+        at = st.st_size
+        for parts in ordered:  # the chunks, then the index that points at them (a sync between)
+            write_at(fd, at, parts)
+            at += sum(p.nbytes for p in parts)
+            if fsync:
+                os.fdatasync(fd)
         new_st = os.fstat(fd)
     finally:
         os.close(fd)
