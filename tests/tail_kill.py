@@ -1,14 +1,15 @@
 """Kill an O(chunk) shard update at each of its steps (shared by tests/test_tail_kill.py and tests/v3).
 
-The parent creates a small sharded array (:func:`create_zarr2` / the v3 test's own), then runs
-this file as a child process (``python tail_kill.py ROOT SHARD_UPDATES HOLD_AT TORN FD RELEASE``). The child
-opens the array through shardkv (the zarr 2 proxy or ``shardkv.zarr3.ShardedStore``, whichever
-zarr is installed), counts every low-level step of the local store from the update on (the two
-writes, ``fsync``/``fdatasync``, ``ftruncate``, ``os.replace``, the clone ``ioctl``) and, at step
-``HOLD_AT``, writes ``H`` to the pipe ``FD`` and waits on the pipe ``RELEASE``; with ``TORN``,
-a write step first writes half of its bytes, as a kill inside ``write`` would leave. The parent
-reads that byte and SIGKILLs the child: no timer decides where the kill lands. A child that ran
-every step writes ``D`` instead, after its update returned (acknowledged).
+The parent creates a small sharded array (:func:`create_zarr2` / the v3 test's own), then runs this
+file as a child process (``python tail_kill.py ROOT SHARD_UPDATES HOLD_AT TORN FD RELEASE PATH``).
+The child opens the array (at ``PATH`` in the hierarchy, empty: the root) through shardkv (the zarr
+2 proxy or ``shardkv.zarr3.ShardedStore``, whichever zarr is installed), counts every low-level step
+of the local store from the update on (the two writes, ``fsync``/``fdatasync``, ``ftruncate``,
+``os.replace``, the clone ``ioctl``) and, at step ``HOLD_AT``, writes ``H`` to the pipe ``FD`` and
+waits on the pipe ``RELEASE``; with ``TORN``, a write step first writes half of its bytes, as a kill
+inside ``write`` would leave. The parent reads that byte and SIGKILLs the child: no timer decides
+where the kill lands. A child that ran every step writes ``D`` instead, after its update returned
+(acknowledged).
 
 The update: chunks 0, 1 and 2 of shard ``0`` (chunks of 8 ``uint16``, 4 per shard, no
 compressor) go from ``OLD`` (``chunk index + 1``) to ``NEW`` (``100 + chunk index``).
@@ -74,14 +75,16 @@ def create_zarr3(root: Path, **options: object) -> None:
     z[:] = old_data()
 
 
-def start_held(root: Path, shard_updates: str, hold_at: int, torn: bool) -> tuple[subprocess.Popen, int, str]:
+def start_held(
+    root: Path, shard_updates: str, hold_at: int, torn: bool, path: str = ""
+) -> tuple[subprocess.Popen, int, str]:
     """Start the child; ``(child, release fd, "held" or "done")`` once it holds at step ``hold_at`` or has ended.
 
     Writing a byte to the release descriptor lets a held child go on; closing it too.
     """
     read_fd, write_fd = os.pipe()
     release_r, release_w = os.pipe()
-    cmd = [sys.executable, __file__, root, shard_updates, str(hold_at), str(int(torn)), str(write_fd), str(release_r)]
+    cmd = [sys.executable, __file__, root, shard_updates, hold_at, int(torn), write_fd, release_r, path]
     child = subprocess.Popen([str(c) for c in cmd], pass_fds=(write_fd, release_r), stderr=subprocess.PIPE)
     os.close(write_fd)
     os.close(release_r)
@@ -100,9 +103,9 @@ def start_held(root: Path, shard_updates: str, hold_at: int, torn: bool) -> tupl
     raise AssertionError(f"the child neither held nor finished (exit {child.returncode}):\n{err.decode()}")
 
 
-def run_held(root: Path, shard_updates: str, hold_at: int, torn: bool) -> str:
+def run_held(root: Path, shard_updates: str, hold_at: int, torn: bool, path: str = "") -> str:
     """Run the child until it holds at step ``hold_at`` (then SIGKILL it: ``"killed"``) or ends (``"done"``)."""
-    child, release, state = start_held(root, shard_updates, hold_at, torn)
+    child, release, state = start_held(root, shard_updates, hold_at, torn, path)
     if state == "done":
         return "done"
     child.send_signal(signal.SIGKILL)
@@ -111,7 +114,7 @@ def run_held(root: Path, shard_updates: str, hold_at: int, torn: bool) -> str:
     return "killed"
 
 
-def _child(root: str, shard_updates: str, hold_at: int, torn: bool, notify: int, release: int) -> None:
+def _child(root: str, shard_updates: str, hold_at: int, torn: bool, notify: int, release: int, path: str) -> None:
     import fcntl
 
     import zarr
@@ -121,11 +124,11 @@ def _child(root: str, shard_updates: str, hold_at: int, torn: bool, notify: int,
     if zarr.__version__.startswith("2."):
         from shardkv import ShardedStore
 
-        z = zarr.open(ShardedStore(root, shard_updates=shard_updates), mode="r+")
+        z = zarr.open(ShardedStore(root, shard_updates=shard_updates), mode="r+", path=path or None)
     else:
         import shardkv.zarr3
 
-        z = zarr.open_array(shardkv.zarr3.ShardedStore(root, shard_updates=shard_updates), mode="r+")
+        z = zarr.open_array(shardkv.zarr3.ShardedStore(root, shard_updates=shard_updates), mode="r+", path=path)
     steps = [0]
 
     def hold() -> None:  # until the parent kills this process or lets it go on
@@ -162,4 +165,5 @@ def _child(root: str, shard_updates: str, hold_at: int, torn: bool, notify: int,
 
 
 if __name__ == "__main__":
-    _child(sys.argv[1], sys.argv[2], int(sys.argv[3]), bool(int(sys.argv[4])), int(sys.argv[5]), int(sys.argv[6]))
+    root, shard_updates, hold_at, torn, notify, release, path = sys.argv[1:8]
+    _child(root, shard_updates, int(hold_at), bool(int(torn)), int(notify), int(release), path)

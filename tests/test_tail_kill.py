@@ -248,3 +248,74 @@ def test_commands_that_read_raw_shards_point_at_the_repair(command: str, tmp_pat
     assert "corrupt shard '0'" in err and f"shardkv verify {root}" in err and f"shardkv compact {root}" in err, err
     assert main(["compact", str(root)]) == 0
     assert main(args) == 0
+
+
+def _symlinked_array(tmp_path: Path) -> tuple[Path, Path]:
+    """A hierarchy at ``root`` whose array ``arr`` is a symbolic link to a directory elsewhere; (root, real array)."""
+    root, real = tmp_path / "root", tmp_path / "elsewhere" / "arr"
+    create_zarr2(real)
+    zarr.group(store=ShardedStore(str(root)))
+    (root / "arr").symlink_to(real, target_is_directory=True)
+    return root, real
+
+
+@pytest.mark.parametrize("repair", ["read", "write", "compact"])
+def test_a_killed_append_in_a_symlinked_array_is_repaired(repair: str, tmp_path: Path, capsys) -> None:
+    """The intent names the shard in the array's real directory, outside the store's root: it is repaired there."""
+    from shardkv.cli.main import main
+
+    root, real = _symlinked_array(tmp_path)
+    assert run_held(root, "append", 6, True, "arr") == "killed"  # half of the new chunks written
+    with pytest.raises(CorruptShardError):
+        raw_shard(real)
+    assert [i.path for i in intents(real)] == [str(real / "0")]
+    if repair == "read":
+        got = zarr.open(ShardedStore(str(root)), mode="r", path="arr")[:]
+        assert np.array_equal(got, old_data())
+    elif repair == "write":
+        z = zarr.open(ShardedStore(str(root), shard_updates="append"), mode="r+", path="arr")
+        z[3 * CHUNK : 4 * CHUNK] = 55
+        expected = old_data()
+        expected[3 * CHUNK : 4 * CHUNK] = 55
+        assert np.array_equal(z[:], expected)
+    else:
+        assert main(["compact", str(root)]) == 0, capsys.readouterr()
+        assert main(["verify", str(root)]) == 0, capsys.readouterr()
+    assert not intents(real)
+    raw_shard(real)  # decodes without shardkv
+
+
+def test_appends_in_a_symlinked_array_finish_and_a_shard_linked_out_of_it_is_rewritten_whole(tmp_path: Path) -> None:
+    """Appends go to shards in the array's real directory; a shard file linked elsewhere is written whole (which
+    puts it in the array's directory), since recovery acts only on files there."""
+    root, real = _symlinked_array(tmp_path)
+    z = zarr.open(ShardedStore(str(root), shard_updates="append", max_dead_fraction=1.0), mode="r+", path="arr")
+    z[0:CHUNK] = 7
+    assert z.store.engine.stats.tail_updates == 1  # an append in the linked array
+    outside = tmp_path / "outside-1"
+    os.replace(real / "1", outside)
+    (real / "1").symlink_to(outside)
+    z[PER_SHARD * CHUNK : (PER_SHARD + 1) * CHUNK] = 9  # shard 1, through its link
+    assert z.store.engine.stats.tail_updates == 1  # not appended through the link: written whole
+    assert not (real / "1").is_symlink()
+    expected = old_data()
+    expected[0:CHUNK], expected[PER_SHARD * CHUNK : (PER_SHARD + 1) * CHUNK] = 7, 9
+    assert np.array_equal(zarr.open(ShardedStore(str(root)), mode="r", path="arr")[:], expected)
+    assert not intents(real)
+
+
+@pytest.mark.parametrize("command", ["info", "verify"])
+def test_info_and_verify_change_no_byte_of_a_killed_append(command: str, tmp_path: Path, capsys) -> None:
+    from shardkv.cli.main import main
+
+    root = tmp_path / "a"
+    create_zarr2(root)
+    assert run_held(root, "append", 6, True) == "killed"
+    files = [p for p in root.rglob("*") if p.is_file()]
+    before = [(p.read_bytes(), p.stat().st_mtime_ns) for p in files]
+    assert main([command, str(root)]) == 1
+    said = capsys.readouterr()
+    assert "corrupt shard '0'" in said.err or "DAMAGED 0:" in said.out, said
+    assert "shardkv compact" in said.out + said.err, said
+    assert [(p.read_bytes(), p.stat().st_mtime_ns) for p in files] == before
+    assert sorted(root.rglob("*")) == sorted({*files, *(p for p in root.rglob("*") if p.is_dir())})

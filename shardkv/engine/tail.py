@@ -244,18 +244,19 @@ class TailUpdater:
         """``updates`` with each patch applied to its chunk's old bytes (``ValueError``: a patch leaves a gap)."""
         return {k: v.apply(old.get(k)) if isinstance(v, ChunkPatch) else v for k, v in updates.items()}
 
-    def recover(self, shards: Mapping[str, ShardedArray], locks: ShardLocks | None = None) -> bool:
+    def recover(self, shards: Mapping[str, ShardedArray], locks: ShardLocks | None = None, repair: bool = True) -> bool:
         """Finish or undo the interrupted appends recorded in the held lock files of ``shards``; whether any was.
 
         Call holding the shards' locks (``locks``, default the engine's).
         Without lock files (or on a store without tail updates) there is
-        nothing to recover.
+        nothing to recover. With ``repair`` false nothing is changed: whether
+        any held lock file records an append not recovered.
         """
         if not self.kv.caps.tail_updates:
             return False
         found = False
-        for fd in sorted(set((locks or self.locks).lock_file_fds(shards).values())):
-            if self.kv.recover_tail(fd) is not None:
+        for fd, path in sorted(set((locks or self.locks).held_lock_files(shards).values())):
+            if self.kv.recover_tail(fd, path, repair) is not None:
                 found = True
         if found:
             for shard_key in shards:

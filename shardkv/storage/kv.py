@@ -474,8 +474,13 @@ class KVStore(ABC):
         """
         raise UnsupportedError(f"{type(self).__name__} cannot update a value after its bytes ({key!r})")
 
-    def recover_tail(self, intent_fd: int) -> str | None:
-        """Finish or undo the interrupted append an intent in ``intent_fd`` records; the path repaired, if any."""
+    def recover_tail(self, intent_fd: int, intent_path: str | None = None, repair: bool = True) -> str | None:
+        """Finish or undo the interrupted append an intent in ``intent_fd`` records; the path repaired, if any.
+
+        ``intent_path`` is that lock file's path (in the lock directory of the
+        array whose files its records may name). With ``repair`` false,
+        nothing is changed: the path a record names, if any.
+        """
         return None
 
     def close(self) -> None:

@@ -75,7 +75,7 @@ from shardkv.storage.kv import (
     ReadResult,
     hidden,
 )
-from shardkv.storage.local_tail import append_update, clone_update, clones_files, recover_append
+from shardkv.storage.local_tail import append_update, clone_update, clones_files, inside, recover_append
 from shardkv.storage.location import StoreLocation
 from shardkv.storage.stamps import STAMPS
 
@@ -145,6 +145,14 @@ def _write_at(fd: int, offset: int, parts: list[memoryview]) -> None:
     elif parts:
         os.lseek(fd, offset, os.SEEK_SET)
         write_parts(fd, parts)
+
+
+def _array_dir(lock_file: str) -> str:
+    """The array directory of a lock file ``<array>/.shardkv-locks/<stripe>.lock`` (as named, not resolved)."""
+    return os.path.dirname(os.path.dirname(lock_file))
+
+
+_MAX_NO_APPEND = 4096  # keys of linked shards remembered per store
 
 
 def _not_a_file(key: str, path: str, mode: int) -> OSError:
@@ -359,6 +367,7 @@ class LocalStore(KVStore):
         self.fsync = FSYNC if fsync is None else bool(fsync)
         self.temp_age = float(temp_age)
         self._checked: dict[str, str] = {}  # key -> its local path, checked by _check_key (reads look it up)
+        self._no_append: set[str] = set()  # keys of shards outside their array's real directory (linked)
 
     @property
     def location(self) -> StoreLocation:
@@ -520,7 +529,7 @@ class LocalStore(KVStore):
                 return "clone"
         except FileNotFoundError:  # no shard there yet: a whole write
             return None
-        return "append" if in_place else None
+        return "append" if in_place and key not in self._no_append else None
 
     def update_tail(
         self,
@@ -535,11 +544,18 @@ class LocalStore(KVStore):
         """Write ``writes`` into the shard at ``key``: into a clone renamed over it, or appended in place.
 
         See :meth:`KVStore.update_tail` and the module docstring. ``"append"``
-        takes one write, at the shard's size, and the open lock file
-        ``intent_fd`` the caller holds; with :attr:`fsync`, the lock file at
-        ``intent_path`` and its directory are first made durable in their
-        directories (once per lock file and process), so that a power loss
-        cannot take away an intent the append relies on.
+        takes writes back to back from the shard's size (each made durable
+        before the next: the chunks before their index), and the open lock
+        file ``intent_fd`` the caller holds, at ``intent_path`` in the lock
+        directory of the shard's array; with :attr:`fsync`, that lock file and
+        its directory are first made durable in their directories (once per
+        lock file and process), so that a power loss cannot take away an
+        intent the append relies on. A shard whose real path is not in that
+        array's real directory (a symbolic link to a file, or through a linked
+        directory, elsewhere) is not appended to: ``None``, and the next
+        :meth:`tail_method` of it says ``None`` (it is written whole, which
+        puts a file in the array's directory), as the recovery of an append
+        acts only on files there.
 
         Raises
         ------
@@ -560,18 +576,30 @@ class LocalStore(KVStore):
             if how == "clone":
                 st = clone_update(path, writes, nbytes, holds, self.fsync, _write_at)
             else:
-                if intent_fd is None:
+                if intent_fd is None or intent_path is None:
                     raise ValueError(f"an in-place append to {key!r} needs the lock file that records its intent")
-                if self.fsync and intent_path is not None:
+                if not inside(os.path.realpath(path), _array_dir(intent_path)):
+                    if len(self._no_append) >= _MAX_NO_APPEND:
+                        self._no_append.clear()
+                    self._no_append.add(key)
+                    return None
+                if self.fsync:
                     DURABLE_LOCK_FILES.ensure(intent_path)
                 st = append_update(path, writes, nbytes, holds, intent_fd, self.fsync, _write_at)
         if st is not None and how == "clone" and self.fsync:
             fsync_dirs([path])
         return None if st is None else file_generation(st)
 
-    def recover_tail(self, intent_fd: int) -> str | None:
-        """:func:`~shardkv.storage.local_tail.recover_append` of the lock file ``intent_fd`` (the caller holds it)."""
-        return recover_append(intent_fd, _write_at, self._real_root)
+    def recover_tail(self, intent_fd: int, intent_path: str | None = None, repair: bool = True) -> str | None:
+        """:func:`~shardkv.storage.local_tail.recover_append` of the lock file ``intent_fd`` (the caller holds it).
+
+        A record may name files under the real directory of the array whose
+        lock directory holds ``intent_path`` (the shard's lock file as the
+        engine names it: ``<real array directory>/.shardkv-locks/<stripe>.lock``),
+        or, without ``intent_path``, under the store's real root.
+        """
+        within = self._real_root if intent_path is None else _array_dir(intent_path)
+        return recover_append(intent_fd, _write_at, within, repair)
 
     # -- listings -------------------------------------------------------------
 

@@ -71,6 +71,7 @@ __all__ = [
     "clear_intent",
     "recover_append",
     "recorded_append",
+    "inside",
 ]
 
 WriteAt = Callable[[int, int, list[memoryview]], None]
@@ -174,7 +175,17 @@ def clear_intent(intent_fd: int, write_at: WriteAt) -> None:
     write_at(intent_fd, 0, [memoryview(_NO_RECORD)])
 
 
-def recover_append(intent_fd: int, write_at: WriteAt, within: str) -> str | None:
+def inside(path: str, directory: str) -> bool:
+    """Whether the real path ``path`` names a file under the real directory ``directory`` (no ``..``, no link)."""
+    return (
+        os.path.isabs(path)
+        and os.path.normpath(path) == path
+        and os.path.commonpath([directory, path]) == directory
+        and os.path.realpath(path) == path
+    )
+
+
+def recover_append(intent_fd: int, write_at: WriteAt, within: str, repair: bool = True) -> str | None:
     """Finish or undo the in-place append recorded in the lock file ``intent_fd``; the shard path, if one was named.
 
     The caller holds the lock. A torn append (the file named, with the same
@@ -185,12 +196,17 @@ def recover_append(intent_fd: int, write_at: WriteAt, within: str) -> str | None
     a shard rewritten since; bytes added after the append) is left alone
     (:func:`~shardkv.format.tail.recovered_nbytes`). The intent is then
     cleared (through ``write_at``). Running it again changes nothing; a
-    lock file with no record (empty, or cleared) is only read.
+    lock file with no record (empty, or cleared) is only read. With
+    ``repair`` false nothing is written: the path a record names is returned
+    (a read-only store reports what it would repair).
 
-    A record naming a file outside the directory ``within`` (the store's real
-    root) is not acted on and stays: lock files may be writable by the
-    array's group, and a record written there (or one left by an array
-    since moved) must not cut a file elsewhere.
+    A record naming a file outside the directory ``within`` (the real
+    directory of the array whose lock directory holds the lock file), or
+    naming it through a symbolic link, is not acted on and stays
+    (:func:`inside`): lock files may be writable by the array's group, and a
+    record written there (or one left by an array since moved) must not cut
+    a file elsewhere. Appends are made only to shards under that directory
+    (:meth:`LocalStore.update_tail <shardkv.storage.local.LocalStore.update_tail>`).
 
     Raises
     ------
@@ -202,12 +218,15 @@ def recover_append(intent_fd: int, write_at: WriteAt, within: str) -> str | None
         return None
     intent = AppendIntent.decode(raw)
     if intent is None:  # a record torn while it was written: the shard was not touched yet
-        clear_intent(intent_fd, write_at)
+        if repair:
+            clear_intent(intent_fd, write_at)
         return None
-    if os.path.commonpath([within, intent.path]) != within:
+    if not inside(intent.path, within):
         return None
+    if not repair:
+        return intent.path
     try:
-        fd = os.open(intent.path, os.O_RDWR | _CLOEXEC)
+        fd = os.open(intent.path, os.O_RDWR | _CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:  # the shard was deleted since: nothing to repair
         clear_intent(intent_fd, write_at)
         return intent.path
