@@ -48,6 +48,10 @@ class ShardEngine:
         ``read_policy``, ``concurrency``, ``lock_timeout``, ``shard_updates``
         and ``max_dead_fraction`` (checked by
         :class:`~shardkv.engine.options.Options`, not again here).
+    read_only : bool
+        For a read-only store: nothing is ever written, not even the repair
+        of an interrupted in-place append a read meets (it raises instead,
+        :meth:`~shardkv.engine.writes.ShardWriter.repair`).
 
     Attributes
     ----------
@@ -73,14 +77,20 @@ class ShardEngine:
         offers neither lock files nor conditional writes).
     """
 
-    def __init__(self, kv: KVStore, options: Options | None = None) -> None:
+    def __init__(self, kv: KVStore, options: Options | None = None, *, read_only: bool = False) -> None:
         self.kv = kv
         self.options = options if options is not None else Options()
         self.cache = IndexCache(self.options.index_cache_bytes)
         self.locks = ShardLocks.of_store(kv, self.options.concurrency, self.options.lock_timeout)
         self.stats = EngineStats()
         self.writes = ShardWriter(
-            kv, self.cache, self.locks, self.stats, self.options.shard_updates, self.options.max_dead_fraction
+            kv,
+            self.cache,
+            self.locks,
+            self.stats,
+            self.options.shard_updates,
+            self.options.max_dead_fraction,
+            read_only,
         )
         self.reads = ShardReader(kv, self.cache, self.options.read_policy, self.stats, self.writes.repair)
 

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 
 from shardkv._types import BytesLike
 from shardkv.engine.cache import IndexCache
-from shardkv.engine.locks import ShardLocks, holds_shard_locks
+from shardkv.engine.locks import ShardLocks, holds_shard_locks, lock_prefix
 from shardkv.engine.merge import ShardChange, join_changes, merge_chunks
 from shardkv.engine.retry import WRITE_ATTEMPTS, WRITE_BACKOFF, EngineStats, attempts
 from shardkv.engine.tail import TailUpdater
@@ -111,6 +111,8 @@ class ShardWriter:
         (:class:`~shardkv.engine.options.Options`; :mod:`shardkv.engine.tail`).
     max_dead_fraction : float
         Largest fraction of unused bytes an updated shard may keep before it is rewritten whole.
+    read_only : bool
+        The engine of a read-only store: :meth:`repair` never changes a byte.
     """
 
     def __init__(
@@ -121,8 +123,10 @@ class ShardWriter:
         stats: EngineStats,
         shard_updates: str = "auto",
         max_dead_fraction: float = 0.5,
+        read_only: bool = False,
     ) -> None:
         self.kv = kv
+        self.read_only = read_only
         self.cache = cache
         self.locks = locks
         self.stats = stats
@@ -438,11 +442,17 @@ class ShardWriter:
         there), or when this thread holds shard locks already (it would wait
         for itself).
 
+        A read-only engine (:attr:`read_only`) changes nothing: it takes the
+        lock file only if it exists (none is made), so it still waits for a
+        live writer's append, and then reads again if no append is recorded
+        there, else raises.
+
         Raises
         ------
         CorruptShardError
             When this account may not open the lock file, or the file system
-            is mounted read-only: the message says how an account that may
+            is mounted read-only, or (read-only engine) the lock file records
+            an append: the message names the shard and how an account that may
             write the array repairs an interrupted append.
         LockTimeoutError, OSError
             As :meth:`write`.
@@ -454,20 +464,31 @@ class ShardWriter:
             locks = ShardLocks(self.kv.location, mode="files", timeout=self.locks.timeout)
         if not locks.has_lock_dir(arr):
             return False
+        where = self.kv.location.local_dir or self.kv.location.root
+        array = f" --array {arr.path}" if arr.path else ""
+        if self.read_only:
+            ((lock_dir, (stripe,)),) = locks.file_stripes_by_dir([shard_key], {shard_key: lock_prefix(arr)}).items()
+            if not os.path.exists(os.path.join(lock_dir, f"{stripe}.lock")):
+                return False  # no append was recorded for this shard: the damage is reported as it is
         try:
             with locks.hold_arrays({shard_key: arr}):
-                self.tail.recover({shard_key: arr}, locks)
+                recorded = self.tail.recover({shard_key: arr}, locks, repair=not self.read_only)
         except OSError as exc:
             if not isinstance(exc, PermissionError) and exc.errno != errno.EROFS:
                 raise
-            where = self.kv.location.local_dir or self.kv.location.root
-            array = f" --array {arr.path}" if arr.path else ""
             raise CorruptShardError(
                 shard_key,
                 "its index does not decode, and this reader cannot take the shard's lock file to repair an "
                 f"in-place append (shard_updates='append') a killed writer may have left ({exc.strerror}): "
                 f"as an account that may write the array, run `shardkv compact {where}{array}` or write to it",
             ) from exc
+        if recorded and self.read_only:
+            raise CorruptShardError(
+                shard_key,
+                "its index does not decode, and the shard's lock file records an in-place append "
+                "(shard_updates='append') a killed writer left; a read-only store does not repair it: "
+                f"run `shardkv compact {where}{array}` (or write to the array) to finish or undo it",
+            )
         return True
 
     def rewrites_whole(self, shard_key: str, arr: ShardedArray) -> bool:

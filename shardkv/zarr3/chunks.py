@@ -49,12 +49,15 @@ class ChunkEngine:
     Over a store that cannot replace a stored value (``replaces`` false; named
     ``store_name`` in errors) every shard is written once: write-back holds
     each shard (without limit unless ``options.buffer_bytes`` sets one) and a
-    change to a shard already stored is refused.
+    change to a shard already stored is refused. A ``read_only`` engine
+    never writes, not even to repair an interrupted append a read meets.
     """
 
-    def __init__(self, base: Any, options: Options, *, replaces: bool = True, store_name: str = "") -> None:
+    def __init__(
+        self, base: Any, options: Options, *, replaces: bool = True, store_name: str = "", read_only: bool = False
+    ) -> None:
         self.kv = open_kv(base)
-        self.engine = ShardEngine(self.kv, options)
+        self.engine = ShardEngine(self.kv, options, read_only=read_only)
         self.replaces = replaces
         self.store_name = store_name or str(base)
         buffer_bytes = options.buffer_bytes

@@ -185,7 +185,11 @@ class ShardedStore(Store):
         )
         # a store that cannot delete cannot replace a value either: each shard is written once
         self._engine = ChunkEngine(
-            engine_base(base), engine_options, replaces=bool(base.supports_deletes), store_name=repr(base)
+            engine_base(base),
+            engine_options,
+            replaces=bool(base.supports_deletes),
+            store_name=repr(base),
+            read_only=read_only,  # never a byte changed: an interrupted append it meets is reported, not repaired
         )
         self._nodes = NodeTable(base, options)
         self._has_journal = journal is not None

@@ -5,7 +5,8 @@
   options on a reflink file system (clones), with ``shard_updates="append"`` on ext4;
 * kill -9 at every step of an update (tests/tail_kill.py): zarr 3 and tensorstore read old or
   new chunks with no recovery on the clone path, old or new or an error on the in-place path,
-  and old or new once shardkv has read (and so repaired) the shard;
+  and old or new once a writable shardkv store has read (and so repaired) the shard; a read-only
+  one (zarr's ``mode="r"`` makes one), ``shardkv info`` and ``verify`` change no byte;
 * shards with dead bytes, and compacted ones, read the same in zarr 3 and tensorstore.
 """
 
@@ -90,7 +91,7 @@ def test_kill_at_every_step_read_by_zarr3_and_tensorstore(
                 raise
             except Exception as exc:  # a damaged index met: allowed on the in-place path only, never wrong values
                 assert not clone, f"{read.__name__} after a kill at step {hold_at} of a clone update: {exc!r}"
-        check_old_or_new(zarr.open_array(ShardedStore(str(root)), mode="r")[...], acknowledged)  # repairs
+        check_old_or_new(zarr.open_array(ShardedStore(str(root)), mode="r+")[...], acknowledged)  # repairs
         for read in (read_zarr3, read_tensorstore):
             check_old_or_new(read(root), acknowledged)
         if acknowledged:
@@ -144,3 +145,44 @@ def test_zarr3_local_stores_reach_the_local_kv(tmp_path: Path) -> None:
         kv = store._engine.engine.kv
         assert isinstance(kv, LocalStore), kv
         assert kv.caps.tail_updates and kv.tail_method("c/0", False) is None  # /tmp: ext4, no clones
+
+
+def _files_and_times(root: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under ``root`` (lock files too): its bytes and mtime (ns)."""
+    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("concurrency", ["auto", "files"])
+def test_a_read_only_store_never_repairs_a_killed_append(concurrency: str, tmp_path: Path) -> None:
+    """A read-only store that meets a torn append changes no byte: it fails naming the shard and `shardkv compact`."""
+    from shardkv.errors import CorruptShardError
+
+    root = tmp_path / "a"
+    create_zarr3(root)
+    assert run_held(root, "append", 6, True) == "killed"  # half of the new chunks written, then kill -9
+    before = _files_and_times(root)
+    store = ShardedStore(str(root), read_only=True, concurrency=concurrency)
+    with pytest.raises(CorruptShardError) as raised:
+        zarr.open_array(store, mode="r")[...]
+    said = str(raised.value)
+    assert "'c/0'" in said and f"shardkv compact {root}" in said, said
+    assert _files_and_times(root) == before  # not a byte, not an mtime
+    with pytest.raises(CorruptShardError):  # zarr's mode="r" reads through a read-only copy of the store
+        zarr.open_array(ShardedStore(str(root)), mode="r")[...]
+    assert _files_and_times(root) == before
+    check_old_or_new(zarr.open_array(ShardedStore(str(root)), mode="r+")[...], False)  # a writable store repairs it
+    check_old_or_new(read_zarr3(root), False)
+
+
+@pytest.mark.parametrize("command", ["info", "verify"])
+def test_info_and_verify_never_repair_a_killed_append(command: str, tmp_path: Path, capsys) -> None:
+    root = tmp_path / "a"
+    create_zarr3(root)
+    assert run_held(root, "append", 6, True) == "killed"
+    before = _files_and_times(root)
+    assert cli_main([command, str(root)]) == 1
+    said = capsys.readouterr()
+    assert "c/0" in said.out + said.err and "shardkv compact" in said.out + said.err, said
+    assert _files_and_times(root) == before
+    assert cli_main(["compact", str(root)]) == 0
+    assert cli_main([command, str(root)]) == 0
