@@ -10,6 +10,7 @@ and rewrite paths on this machine's temporary directory (ext4: no clones).
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import shutil
@@ -608,3 +609,43 @@ def test_the_first_append_into_a_lock_file_makes_its_entry_durable(durable: bool
     synced.clear()
     z[0:4, 0:4] = 2  # the same lock file again
     assert synced == [] and z.store.engine.stats.tail_updates == 2
+
+
+@pytest.mark.parametrize("target", ["in the array", "in another array", "through a link", "through '..'"])
+def test_recovery_in_a_linked_array_touches_only_its_real_directory(target: str, tmp_path: Path) -> None:
+    """With the lock file's path, recovery acts on files in that array's real directory only, by their real path.
+
+    The array is a symbolic link out of the store's root; a record in its lock
+    file naming a file of another array, a path through a link in the array
+    (to a file elsewhere), or one with ``..`` is left alone; the array's own
+    shard is recovered (the control).
+    """
+    root, real = tmp_path / "root", tmp_path / "elsewhere" / "arr"
+    (real / LOCK_DIR).mkdir(parents=True)
+    (tmp_path / "other").mkdir()
+    root.mkdir()
+    (root / "arr").symlink_to(real, target_is_directory=True)
+    (real / "link").symlink_to(tmp_path / "other", target_is_directory=True)
+    files = {
+        "in the array": real / "0",
+        "in another array": tmp_path / "other" / "0",
+        "through a link": tmp_path / "other" / "0",
+        "through '..'": tmp_path / "other" / "0",
+    }
+    shard = files[target]
+    old, appended = bytes(range(200)) * 30, b"N" * 500
+    shard.write_bytes(old)
+    intent = _intent_for(shard, appended)
+    recorded = {"through a link": str(real / "link" / "0"), "through '..'": f"{real}/../../other/0"}.get(target)
+    if recorded is not None:
+        intent = AppendIntent(recorded, *dataclasses.astuple(intent)[1:])
+    shard.write_bytes(old + appended[:123])  # a torn append, as far as the record can tell
+    lock = real / LOCK_DIR / "7.lock"
+    lock.write_bytes(intent.encode())
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        LocalStore(str(root)).recover_tail(fd, os.path.join(os.path.realpath(root / "arr"), LOCK_DIR, "7.lock"))
+    finally:
+        os.close(fd)
+    assert shard.read_bytes() == (old if target == "in the array" else old + appended[:123])
+    assert (AppendIntent.decode(lock.read_bytes()) is None) == (target == "in the array")  # others' stay
