@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import stat
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 BLOCK = 4096
@@ -128,3 +130,36 @@ def crash_states(
     paths = sorted(per_file)
     for contents in itertools.product(*(per_file[p] for p in paths)):
         yield dict(zip(paths, contents, strict=True))
+
+
+def files_of(root: Path) -> dict[str, bytes]:
+    """Every file under ``root``: relative path -> bytes."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def placed_states(root: Path, pristine: Path, before: dict[str, bytes], ops: list[Op]) -> Iterator[tuple[int, str]]:
+    """Put every crash state of ``ops`` on disk at ``root`` in turn; ``(crash point, description)`` for each.
+
+    Call right after the recorded writes: the files they wrote keep their
+    inodes (hard links beside ``pristine``, the copy of ``root`` made before
+    them), as an append intent names its shard's; every other file is
+    ``pristine``'s again for each state.
+    """
+    inodes = pristine.with_name(pristine.name + "-inodes")
+    inodes.mkdir()
+    for path in {op[1] for op in ops}:
+        os.link(root / path, inodes / path.replace("/", "_"))
+    n = 0
+    for crash_at in range(len(ops) + 1):
+        for state in crash_states(before, ops, crash_at):
+            n += 1
+            shutil.rmtree(root)
+            shutil.copytree(pristine, root)
+            for path, content in state.items():  # written into the file's own inode, linked back in place
+                inode = inodes / path.replace("/", "_")
+                with open(inode, "r+b") as f:
+                    f.write(content)
+                    f.truncate(len(content))
+                os.link(inode, root / f"{path}.tmp")
+                os.replace(root / f"{path}.tmp", root / path)
+            yield crash_at, f"state {n}: crash after {crash_at} of {[op[:3] for op in ops]}"

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from crash_states import IORecorder, crash_states
+from crash_states import IORecorder, files_of, placed_states
 
 import shardkv.storage.local as local_mod
 from shardkv import ShardedStore
@@ -65,59 +65,40 @@ def _raw_shard(root: Path) -> np.ndarray | None:
     return got
 
 
-def _files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
-
-
 def test_every_state_a_power_loss_may_leave_reads_old_or_new_values(tmp_path: Path, monkeypatch) -> None:
     root = tmp_path / "a"
     store = ShardedStore(str(root), chunks_per_shard=PER_SHARD, shard_updates="append", max_dead_fraction=1.0)
     z = zarr.create(shape=(CHUNK * N_CHUNKS,), chunks=(CHUNK,), dtype="u2", compressor=None, store=store)
     z[:] = _old()
-    pristine, keep = tmp_path / "pristine", tmp_path / "inodes"
+    pristine = tmp_path / "pristine"
     shutil.copytree(root, pristine)
-    before = _files(root)
+    before = files_of(root)
     recorder = IORecorder(str(root))
     with monkeypatch.context() as patched:
         recorder.install(patched, local_mod)
         z[: CHUNK * len(UPDATED)] = _new()[: CHUNK * len(UPDATED)]
     assert store.engine.stats.tail_updates == 1  # an in-place append, not a whole rewrite
     ops = recorder.ops
-    keep.mkdir()
-    for path in {op[1] for op in ops}:  # the files written keep their inodes (an intent names the shard's)
-        os.link(root / path, keep / path.replace("/", "_"))
     shard_syncs = [i for i, op in enumerate(ops) if op[:2] == ("sync", "0")]
     assert shard_syncs and any(op[:2] == ("write", "0") for op in ops), ops
     durable_from = shard_syncs[-1] + 1  # a crash after the append's last sync keeps it
     states = 0
-    for crash_at in range(len(ops) + 1):
-        for state in crash_states(before, ops, crash_at):
-            states += 1
-            where = f"crash after {crash_at} of {[op[:3] for op in ops]}, state {states}"
-            disk = root  # where the intent says the shard is
-            shutil.rmtree(disk)
-            shutil.copytree(pristine, disk)
-            for path, content in state.items():  # written into the file's own inode, linked back in place
-                inode = keep / path.replace("/", "_")
-                with open(inode, "r+b") as f:
-                    f.write(content)
-                    f.truncate(len(content))
-                os.link(inode, disk / f"{path}.tmp")
-                os.replace(disk / f"{path}.tmp", disk / path)
-            raw = _raw_shard(disk)
-            if raw is not None:
-                _check(raw, False, f"{where}, read without recovery")
-            try:
-                read = zarr.open(ShardedStore(str(disk)), mode="r")[:]
-            except ShardKVError:
-                pass
-            else:
-                _check(read, False, f"{where}, read by shardkv")
-            ShardedStore(str(disk)).compact()  # the recovery of every write hold, then a rewrite
-            recovered = zarr.open(ShardedStore(str(disk)), mode="r")[:]
-            _check(recovered, crash_at >= durable_from, f"{where}, read after recovery")
-            raw = _raw_shard(disk)
-            assert raw is not None and np.array_equal(raw, recovered), where
+    for crash_at, where in placed_states(root, pristine, before, ops):  # at root: the intent names its shard
+        states += 1
+        raw = _raw_shard(root)
+        if raw is not None:
+            _check(raw, False, f"{where}, read without recovery")
+        try:
+            read = zarr.open(ShardedStore(str(root)), mode="r")[:]
+        except ShardKVError:
+            pass
+        else:
+            _check(read, False, f"{where}, read by shardkv")
+        ShardedStore(str(root)).compact()  # the recovery of every write hold, then a rewrite
+        recovered = zarr.open(ShardedStore(str(root)), mode="r")[:]
+        _check(recovered, crash_at >= durable_from, f"{where}, read after recovery")
+        raw = _raw_shard(root)
+        assert raw is not None and np.array_equal(raw, recovered), where
     assert 20 <= states <= 600, states  # the enumeration is bounded (and not empty)
 
 

@@ -186,3 +186,51 @@ def test_info_and_verify_never_repair_a_killed_append(command: str, tmp_path: Pa
     assert _files_and_times(root) == before
     assert cli_main(["compact", str(root)]) == 0
     assert cli_main([command, str(root)]) == 0
+
+
+def test_every_state_a_power_loss_may_leave_reads_old_or_new_in_zarr3_and_tensorstore(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """tests/test_tail_power_loss.py with zarr 3 and tensorstore as the readers without recovery."""
+    import shutil
+
+    from crash_states import IORecorder, files_of, placed_states
+
+    chunk, n_chunks, updated = 2048, 8, 3  # uint16: one 4 KiB block per chunk, no compressor (no checksum)
+    old = np.repeat(np.arange(1, n_chunks + 1, dtype="u2"), chunk)
+    new = old.copy()
+    new[: chunk * updated] = np.repeat(np.arange(100, 100 + updated, dtype="u2"), chunk)
+    root = tmp_path / "a"
+    store = ShardedStore(str(root), chunks_per_shard=4, shard_updates="append", max_dead_fraction=1.0)
+    z = zarr.create_array(store, shape=old.shape, chunks=(chunk,), dtype="uint16", compressors=None)
+    z[:] = old
+    pristine = tmp_path / "pristine"
+    shutil.copytree(root, pristine)
+    before = files_of(root)
+    recorder = IORecorder(str(root))
+    with monkeypatch.context() as patched:
+        recorder.install(patched, local_mod)
+        z[: chunk * updated] = new[: chunk * updated]
+    ops = recorder.ops
+    durable_from = max(i for i, op in enumerate(ops) if op[:2] == ("sync", "c/0")) + 1
+
+    def check(got: np.ndarray, new_only: bool, where: str) -> None:
+        for c in range(n_chunks):
+            span = slice(c * chunk, (c + 1) * chunk)
+            allowed = [new[span]] if new_only else [old[span], new[span]]
+            assert any(np.array_equal(got[span], a) for a in allowed), f"{where}: chunk {c} holds {set(got[span])}"
+
+    states = 0
+    for crash_at, where in placed_states(root, pristine, before, ops):
+        states += 1
+        for read in (read_zarr3, read_tensorstore):  # no recovery
+            try:
+                got = read(root)
+            except Exception:  # a damaged index: an error, never values
+                continue
+            check(got, False, f"{where}, {read.__name__}")
+        assert cli_main(["compact", str(root)]) == 0, capsys.readouterr()
+        for read in (read_zarr3, read_tensorstore):
+            check(read(root), crash_at >= durable_from, f"{where}, {read.__name__} after compact")
+    capsys.readouterr()
+    assert 20 <= states <= 600, states
