@@ -555,13 +555,13 @@ class LocalStore(KVStore):
         directory, elsewhere) is not appended to: ``None``, and the next
         :meth:`tail_method` of it says ``None`` (it is written whole, which
         puts a file in the array's directory), as the recovery of an append
-        acts only on files there.
+        acts only on files there (without ``intent_path``: the store's real root).
 
         Raises
         ------
         ValueError
-            For ``"append"`` without ``intent_fd``, or with a write that does not
-            start at the shard's size or end at ``nbytes``.
+            For ``"append"`` without ``intent_fd``, or with writes that do not
+            follow each other from the shard's size to ``nbytes``.
         OSError
             Any error of the file system (a full disk: a clone is removed, an
             append cut back to the old size by the next recovery).
@@ -576,14 +576,14 @@ class LocalStore(KVStore):
             if how == "clone":
                 st = clone_update(path, writes, nbytes, holds, self.fsync, _write_at)
             else:
-                if intent_fd is None or intent_path is None:
+                if intent_fd is None:
                     raise ValueError(f"an in-place append to {key!r} needs the lock file that records its intent")
-                if not inside(os.path.realpath(path), _array_dir(intent_path)):
+                if not inside(os.path.realpath(path), self._repairable(intent_path)):
                     if len(self._no_append) >= _MAX_NO_APPEND:
                         self._no_append.clear()
                     self._no_append.add(key)
                     return None
-                if self.fsync:
+                if self.fsync and intent_path is not None:
                     DURABLE_LOCK_FILES.ensure(intent_path)
                 st = append_update(path, writes, nbytes, holds, intent_fd, self.fsync, _write_at)
         if st is not None and how == "clone" and self.fsync:
@@ -598,8 +598,11 @@ class LocalStore(KVStore):
         engine names it: ``<real array directory>/.shardkv-locks/<stripe>.lock``),
         or, without ``intent_path``, under the store's real root.
         """
-        within = self._real_root if intent_path is None else _array_dir(intent_path)
-        return recover_append(intent_fd, _write_at, within, repair)
+        return recover_append(intent_fd, _write_at, self._repairable(intent_path), repair)
+
+    def _repairable(self, intent_path: str | None) -> str:
+        """The directory whose files the records of the lock file at ``intent_path`` may name (see recover_tail)."""
+        return self._real_root if intent_path is None else _array_dir(intent_path)
 
     # -- listings -------------------------------------------------------------
 
