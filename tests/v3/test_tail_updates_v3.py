@@ -234,3 +234,37 @@ def test_every_state_a_power_loss_may_leave_reads_old_or_new_in_zarr3_and_tensor
             check(read(root), crash_at >= durable_from, f"{where}, {read.__name__} after compact")
     capsys.readouterr()
     assert 20 <= states <= 600, states
+
+
+def test_a_read_only_store_waits_for_a_live_append_and_reads_it(tmp_path: Path) -> None:
+    """A read-only store that meets the torn tail of a live writer's append waits on its lock file, then reads."""
+    import threading
+
+    from tail_kill import start_held
+
+    root = tmp_path / "a"
+    create_zarr3(root)
+    child, release, state = start_held(root, "append", 6, True)  # held with half of the new chunks written
+    assert state == "held"
+    try:
+        store = ShardedStore(str(root), read_only=True)
+        reads = store._engine.engine.reads
+        real_repair, met = reads.repair, threading.Event()
+
+        def repair(shard_key, arr):
+            met.set()
+            return real_repair(shard_key, arr)
+
+        reads.repair = repair
+        got: dict[str, np.ndarray] = {}
+        reader = threading.Thread(target=lambda: got.update(v=zarr.open_array(store, mode="r")[...]))
+        reader.start()
+        assert met.wait(60)  # the reader met the damage and waits for the writer's lock
+        os.write(release, b"g")  # the writer finishes its append
+        reader.join(60)
+        assert not reader.is_alive()
+    finally:
+        os.close(release)
+        child.wait(60)
+    assert child.returncode == 0
+    np.testing.assert_array_equal(got["v"], new_data())
