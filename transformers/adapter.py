@@ -1,4 +1,4 @@
-"""The abstract store interface over a shardkv :class:`~shardkv.storage.kv.KVStore` (the bottom of a stack).
+"""The abstract store interface over a shardkv :class:`~shardkv.storage.kv.KVStore` (the store under a transformer).
 
 :class:`AdapterStore` gives any store :func:`shardkv.storage.open.open_kv`
 takes (a dict, a zarr-python 2 store, an fsspec mapper, a URL, an obstore
@@ -43,7 +43,7 @@ class AdapterStore(AbstractStore):
     Parameters
     ----------
     store : KVStore or anything :func:`shardkv.storage.open.open_kv` takes
-        The storage at the bottom of the stack.
+        The storage the shards live in.
     storage_options : mapping, optional
         fsspec options when ``store`` is a URL.
 
