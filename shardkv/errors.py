@@ -155,19 +155,28 @@ class LockTimeoutError(ShardKVError, TimeoutError):
     timeout : float
         How long (seconds) shardkv waited (0 for a journal).
     path : str or None
-        The journal file, for a journal.
+        The journal file, for a journal; the lock file, for a shard lock held by another process.
+    shard_key : str or None
+        The shard whose lock it is (one of them, when a lock serves several), for a shard lock.
     """
 
     def __init__(
-        self, what: str, timeout: float, reason: str = "another writer holds it", path: str | None = None
+        self,
+        what: str,
+        timeout: float,
+        reason: str = "another writer holds it",
+        path: str | None = None,
+        shard_key: str | None = None,
     ) -> None:
         self.what = what
         self.timeout = float(timeout)
         self.path = path
+        self.shard_key = shard_key
+        lock = what if shard_key is None else f"shard {shard_key!r} ({what})"
         if self.timeout:
-            super().__init__(f"could not lock {what} within {self.timeout:g} s ({reason})")
+            super().__init__(f"could not lock {lock} within {self.timeout:g} s: {reason}")
         else:
-            super().__init__(f"could not lock {what}: {reason}")
+            super().__init__(f"could not lock {lock}: {reason}")
 
 
 class ConcurrentUpdateError(ShardKVError, RuntimeError):

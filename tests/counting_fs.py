@@ -188,8 +188,7 @@ def record_local_writes(monkeypatch: pytest.MonkeyPatch, root: str | None = None
     """
     log: list[Request] = []
 
-    # the engine's shard writes: storage.local.atomic_write (LocalStore, and FsspecStore on local files)
-    from shardkv.storage import fsspec as fsspec_store
+    # the engine's shard writes: storage.local.atomic_write (LocalStore, and FsspecStore on local files through one)
     from shardkv.storage import local as local_store
 
     real_atomic = local_store.atomic_write
@@ -201,7 +200,6 @@ def record_local_writes(monkeypatch: pytest.MonkeyPatch, root: str | None = None
         return generation
 
     monkeypatch.setattr(local_store, "atomic_write", recording_atomic_write)
-    monkeypatch.setattr(fsspec_store, "atomic_write", recording_atomic_write)
     return log
 
 

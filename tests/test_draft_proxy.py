@@ -10,11 +10,11 @@ import struct
 from collections import Counter
 
 import pytest
+from transformer_mapping import CountingAbstractStore
 
 from shardkv import ShardedStore, open_store
 from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.proxy.draft import DRAFT_ZARR_FORMAT, DraftShardedStore
-from shardkv.transformers import AdapterStore
 
 SHARDING = "https://purl.org/zarr/spec/storage_transformers/sharding/1.0"
 ENTRY_POINT = json.dumps(
@@ -40,23 +40,6 @@ def array_meta(shape, chunks, separator="/", **extra) -> bytes:
         **extra,
     }
     return json.dumps(doc).encode()
-
-
-class Counting(AdapterStore):
-    """AdapterStore over a dict counting abstract-store calls."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-        super().__init__(self.data)
-        self.calls: Counter[str] = Counter()
-
-    def get_partial_values(self, key_ranges):
-        self.calls["get_partial_values"] += 1
-        return super().get_partial_values(key_ranges)
-
-    def set_values(self, values):
-        self.calls["set_values"] += 1
-        return super().set_values(values)
 
 
 @pytest.fixture
@@ -164,6 +147,29 @@ def test_unknown_transformer_is_refused_never_ignored(base):
     assert proxy["data/root/ok/c0"] == b"plain"  # other arrays are unaffected
 
 
+def test_an_array_with_stacked_sharding_transformers_is_refused_when_opened(base):
+    """Two sharding transformers of one array take their shard locks in opposite orders (a deadlock of two
+    writers): the array is refused on every access, naming the stack and why; other arrays are unaffected."""
+    stack = [
+        {"extension": SHARDING, "type": "indexed", "configuration": {"chunks_per_shard": [1, 2]}},
+        {"extension": SHARDING, "type": "indexed", "configuration": {"chunks_per_shard": [2, 1]}},
+    ]
+    base["meta/root/s.array.json"] = array_meta((8, 8), (2, 2), storage_transformers=stack)
+    base["meta/root/ok.array.json"] = array_meta((4,), (2,))
+    base["data/root/ok/c0"] = b"plain"
+    proxy = open_store(base)
+    for access in (
+        lambda: proxy["meta/root/s.array.json"],
+        lambda: proxy["data/root/s/c0/0"],
+        lambda: proxy.__setitem__("data/root/s/c0/1", b"x"),
+        lambda: proxy.list_prefix("data/root/s/"),
+    ):
+        with pytest.raises(UnsupportedError, match=r"array 's': 2 sharding storage transformers are stacked"):
+            access()
+    assert proxy["data/root/ok/c0"] == b"plain"
+    assert "data/root/s/c0/1" not in base
+
+
 # -- chunks, shards, listings ------------------------------------------------------------------------------
 
 
@@ -193,7 +199,7 @@ def test_chunks_are_packed_in_the_draft_indexed_layout(base, separator):
 
 
 def test_getitems_two_requests_per_sharded_array():
-    under = Counting()
+    under = CountingAbstractStore()
     under.data["zarr.json"] = ENTRY_POINT
     proxy = DraftShardedStore(under, chunks_per_shard=(2, 3))
     make_array(proxy)
@@ -201,12 +207,14 @@ def test_getitems_two_requests_per_sharded_array():
     proxy.setitems({k: k.encode() for k in keys})
     reader = DraftShardedStore(under)  # nothing cached
     reader.getitems(["zarr.json"])  # reads the hierarchy's metadata
-    under.calls.clear()
+    under.reset()
     got = reader.getitems(keys + ["zarr.json"])
     assert got == {**{k: k.encode() for k in keys}, "zarr.json": ENTRY_POINT}
-    # 30 chunks in 6 shards: one index round and one chunk round; the plain key its own request
-    assert under.calls == Counter({"get_partial_values": 3})
-    under.calls.clear()
+    # the array's document (read once), then 30 chunks in 6 shards: one index round and one chunk round;
+    # the plain key its own request
+    assert under.calls == Counter({"get_partial_values": 4})
+    assert [len(arg) for _, arg in under.requests] == [1, 6, 6, 1]  # type: ignore[arg-type]
+    under.reset()
     assert reader.getitems(keys) == {k: k.encode() for k in keys}
     assert under.calls == Counter({"get_partial_values": 1})  # indexes cached: the chunk round only
 

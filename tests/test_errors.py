@@ -92,7 +92,12 @@ def test_a_journal_held_elsewhere_is_a_lock_timeout_naming_the_journal() -> None
     assert str(exc) == "could not lock journal '/x/wb.journal': it is open in another process"
     assert exc.path == "/x/wb.journal" and isinstance(exc, OSError)
     waited = errors.LockTimeoutError("/d/.shardkv-locks/3.lock", 2.5)
-    assert str(waited) == "could not lock /d/.shardkv-locks/3.lock within 2.5 s (another writer holds it)"
+    assert str(waited) == "could not lock /d/.shardkv-locks/3.lock within 2.5 s: another writer holds it"
+    shard = errors.LockTimeoutError(
+        "lock file '/d/.shardkv-locks/3.lock'", 2.5, "held", "/d/.shardkv-locks/3.lock", "c0"
+    )
+    assert str(shard) == "could not lock shard 'c0' (lock file '/d/.shardkv-locks/3.lock') within 2.5 s: held"
+    assert (shard.shard_key, shard.path) == ("c0", "/d/.shardkv-locks/3.lock")
 
 
 def test_concurrent_update_message_names_no_option_that_does_not_exist() -> None:

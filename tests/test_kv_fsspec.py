@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import uuid
 from collections.abc import Iterator
@@ -78,7 +79,7 @@ def test_stamped_caps(memory_root: str, tmp_path: Path) -> None:
     assert dirfs.caps.stamps == "process" and dirfs.caps.in_process and not dirfs.caps.lock_dir
     assert not dirfs.caps.round_trips and dirfs.location.namespace == ("memory",)
     local = FsspecStore(CountingLocal(skip_instance_cache=True), str(tmp_path))
-    assert local.caps.lock_dir and not local.caps.round_trips and local.caps.stamps == "process"
+    assert local.caps.lock_dir and not local.caps.round_trips and local.caps.stamps == "native"
     before = CountingLocal.cat_calls
     local.put("k", b"abc")
     assert [bytes(b) for b in local.get("k", [ByteRange(1, 2), ByteRange(0, 1)]).values or []] == [b"b", b"a"]
@@ -90,3 +91,25 @@ def test_pickled_memory_store_reaches_the_same_objects(memory_root: str) -> None
     g = kv.put("k", b"v")
     copy = pickle.loads(pickle.dumps(kv))
     assert copy.location == kv.location and copy.get("k", if_generation=g).found
+
+
+@pytest.mark.parametrize("kind", ["subclass", "dirfs-over-subclass"])
+def test_local_files_through_another_filesystem_see_writes_made_elsewhere(tmp_path: Path, kind: str) -> None:
+    """Local files reached through a LocalFileSystem subclass (or a DirFileSystem over one) keep the files'
+    generations: a value replaced by anyone (here by hand, as another process would) is seen, never read
+    at a cached generation."""
+    fs = CountingLocal(skip_instance_cache=True)
+    kv = FsspecStore(fs, str(tmp_path)) if kind == "subclass" else FsspecStore(DirFileSystem(str(tmp_path), fs), "")
+    assert kv.caps.stamps == "native" and kv.caps.lock_dir
+    g = put_ok(kv, "a/k", b"0123456789")
+    assert kv.get("a/k", [ByteRange(2, 4)], if_generation=g).values == [b"23"]
+    replaced = tmp_path / "a" / "new"
+    replaced.write_bytes(b"abcdefghij")  # the same size
+    os.replace(replaced, tmp_path / "a" / "k")
+    stale = kv.get("a/k", [ByteRange(2, 4)], if_generation=g)
+    assert stale.state == "stale" and stale.generation != g
+    now = kv.get("a/k")
+    assert now.whole() == b"abcdefghij" and now.generation == stale.generation and now.size == 10
+    assert kv.put("a/k", b"x", if_generation=g) is None  # a condition on the old file fails
+    (tmp_path / "a" / "k").unlink()
+    assert kv.get("a/k", [], if_generation=now.generation).state == "missing"

@@ -197,23 +197,3 @@ def test_every_path_stores_the_same_chunk_bytes() -> None:
     assert all(r == results["transformer"] for r in results.values())
     draft, transformed = via_draft_proxy({})[0], via_transformer({})[0]
     assert draft == transformed  # same layout, same merge: the same bytes
-
-
-# -- the store interface under the transformer -------------------------------------------------------
-
-
-@pytest.mark.parametrize("kind", ["dict", "memory"])
-def test_the_underlying_store_of_the_transformer_keeps_the_store_interface(kind: str, counted) -> None:
-    from shardkv.storage.kv import ANY, KVStore
-    from shardkv.transformers.adapter import UnderlyingKV
-
-    base = {} if kind == "dict" else counted[0]
-    kv = UnderlyingKV(AdapterStore(base))
-    assert isinstance(kv, KVStore)
-    kv.put_many({"k": (b"0123456789", ANY)})
-    kv.patch([("k", 2, b"ab"), ("k", -3, b"XYZ")])  # a negative offset counts from the end
-    assert bytes(kv.get("k").whole()) == b"01ab456XYZ" and kv.size("k") == 10
-    ranged = kv.get_many([("k", [ByteRange(1, 3), ByteRange.suffix(2)], ANY), ("nope", [ByteRange(0)], ANY)])
-    assert [bytes(v) for v in ranged[0].values or []] == [b"1a", b"YZ"] and ranged[1].state == "missing"
-    kv.put_many({"k": (None, ANY), "nope": (None, ANY)})
-    assert kv.values(["k"]) == {}

@@ -61,19 +61,18 @@ def test_chunks_per_shard_must_have_one_positive_int_per_dimension(cps):
         build_stack([entry(cps)], META, "a", AdapterStore({}))
 
 
-def test_build_stack_order_outermost_first_and_chunk_shapes_propagate():
+def test_a_stack_of_sharding_transformers_is_refused_naming_them_and_why():
+    """Two stacked sharding transformers take their shard locks in opposite orders: refused, never built."""
     base = AdapterStore({})
-    top = build_stack([entry([1, 2]), entry([2, 1])], META, "a", base)
-    assert isinstance(top, ShardingStorageTransformer) and top.chunks_per_shard == (1, 2)
-    lower = top.underlying
-    assert isinstance(lower, ShardingStorageTransformer) and lower.chunks_per_shard == (2, 1)
-    assert lower.underlying is base
-    # the lower transformer sees the upper one's shards (2 x 4 elements) as its chunks: grid 4 x 2
-    assert top.chunk_grid_shape == (4, 4) and lower.chunk_grid_shape == (4, 2)
-    values = {top.chunk_key((i, j)): bytes([i, j]) for i in range(4) for j in range(4)}
-    top.set_values(values)
-    assert sorted(base.list()) == [f"data/root/a/c{i}/{j}" for i in range(2) for j in range(2)]
-    assert {k: top.get(k) for k in values} == values
+    with pytest.raises(UnsupportedError) as info:
+        build_stack([entry([1, 2]), entry([2, 1])], META, "a", base)
+    message = str(info.value)
+    assert message.startswith("array 'a': 2 sharding storage transformers are stacked")
+    assert "[1, 2]" in message and "[2, 1]" in message and "opposite orders" in message
+    one = build_stack([entry([2, 1])], META, "a", base)
+    with pytest.raises(UnsupportedError, match="stacked"):  # nor by hand
+        ShardingStorageTransformer(one, (1, 2), array_path="a")
+    assert base.list() == []
 
 
 def test_no_entries_is_the_store_itself():

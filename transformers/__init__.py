@@ -1,8 +1,9 @@
 """Storage transformers (installed as ``shardkv.transformers``).
 
 The 2022 draft sharding storage transformer, the draft's abstract store
-interface, the adapter at the bottom of a stack and the registry that builds
-a stack from an array's ``storage_transformers`` metadata.
+interface, the adapter over the store the shards live in and the registry
+that builds an array's transformers from its ``storage_transformers``
+metadata (one sharding transformer, directly over the store).
 """
 
 from .adapter import AdapterStore

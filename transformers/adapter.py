@@ -1,4 +1,4 @@
-"""The abstract store interface over a shardkv :class:`~shardkv.storage.kv.KVStore` (the bottom of a stack).
+"""The abstract store interface over a shardkv :class:`~shardkv.storage.kv.KVStore` (the store under a transformer).
 
 :class:`AdapterStore` gives any store :func:`shardkv.storage.open.open_kv`
 takes (a dict, a zarr-python 2 store, an fsspec mapper, a URL, an obstore
@@ -18,35 +18,23 @@ operation                store call(s)
 ``list_dir``             1 listing
 =======================  ==============================================
 
-The sharding transformer reaches the same store through :class:`UnderlyingKV`
-(its location, hence its locks).
+The sharding transformer's engine works on the same ``KVStore`` (:attr:`AdapterStore.kv`):
+its generations, its location, hence its locks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from functools import partial
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from shardkv._types import BytesLike
 from shardkv.format.ranges import ByteRange
-from shardkv.storage.buffers import Value, join_parts
-from shardkv.storage.kv import (
-    ANY,
-    Capabilities,
-    Generation,
-    KVStore,
-    ReadRequest,
-    ReadResult,
-    hidden,
-)
-from shardkv.storage.location import StoreLocation
+from shardkv.storage.kv import ANY, KVStore
 from shardkv.storage.open import open_kv
-from shardkv.storage.stamps import STAMPS, Fetched, read_stamped, write_stamped
 
 from .api import AbstractStore, KeyRange, KeyStartValue, apply_partial_writes, normalize_prefix
 
-__all__ = ["AdapterStore", "UnderlyingKV"]
+__all__ = ["AdapterStore"]
 
 
 class AdapterStore(AbstractStore):
@@ -55,7 +43,7 @@ class AdapterStore(AbstractStore):
     Parameters
     ----------
     store : KVStore or anything :func:`shardkv.storage.open.open_kv` takes
-        The storage at the bottom of the stack.
+        The storage the shards live in.
     storage_options : mapping, optional
         fsspec options when ``store`` is a URL.
 
@@ -142,117 +130,3 @@ class AdapterStore(AbstractStore):
             else:
                 keys.add(k)
         return sorted(keys), sorted(prefixes)
-
-
-class UnderlyingKV(KVStore):
-    """Any :class:`~shardkv.transformers.api.AbstractStore` (a transformer of a stack, a custom store) as a KVStore.
-
-    The engine of a :class:`~shardkv.transformers.sharding.ShardingStorageTransformer`
-    over a store that is not an :class:`AdapterStore` reaches it through this
-    adapter. Generations are process stamps (:mod:`shardkv.storage.stamps`,
-    per adapter object): they see the writes made through this adapter and
-    nothing else, so the transformer's default ``concurrency`` there is
-    ``"process"``.
-
-    ====================  ==============================================
-    operation             call on the underlying store
-    ====================  ==============================================
-    ``get_many``          1 ``get_partial_values`` (whole values as ``ByteRange(0)``)
-    ``put_many``          1 ``set_values`` and 1 ``erase_values`` at most
-    ``list_prefix``       1 ``list_prefix``
-    ====================  ==============================================
-
-    Parameters
-    ----------
-    store : AbstractStore
-        The underlying store.
-    """
-
-    def __init__(self, store: AbstractStore) -> None:
-        self.store = store
-        self._location = StoreLocation(("abstract-store", id(store)), "")
-        self.caps = Capabilities(ranged=True, round_trips=False, stamps="process")
-        self._in_process: KVStore | None = None  # the store whose sizes cost no request
-        if isinstance(store, AdapterStore):  # the data's own location: its lock files, its stamps
-            kv = store.kv
-            self._location = kv.location
-            self.caps = Capabilities(
-                ranged=True,
-                round_trips=kv.caps.round_trips,
-                stamps="process",
-                conditional_put=False,
-                lock_dir=kv.caps.lock_dir,
-                in_process=kv.caps.in_process,
-            )
-            self._in_process = kv if kv.caps.in_process else None
-
-    def __repr__(self) -> str:
-        return f"UnderlyingKV({self.store!r})"
-
-    @property
-    def location(self) -> StoreLocation:
-        """A location private to the underlying store object."""
-        return self._location
-
-    def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
-        return read_stamped(self._location, reads, partial(self._fetch_reads, reads))
-
-    def _fetch_reads(self, reads: Sequence[ReadRequest], indices: list[int]) -> dict[int, Fetched]:
-        requests: list[KeyRange] = []
-        owners: list[int] = []
-        fetched: dict[int, Fetched] = {}
-        for i in indices:
-            key, ranges, cond = reads[i]
-            if ranges == [] and not cond.is_any and not cond.is_missing:
-                fetched[i] = ([], None)  # the stamp of a value read holds: still that value, no request needed
-                continue
-            for r in [ByteRange(0)] if ranges is None else (ranges or [ByteRange(0, 0)]):
-                requests.append((key, r))
-                owners.append(i)
-        per_read: dict[int, list[bytes | None]] = {}
-        for owner, data in zip(owners, self.store.get_partial_values(requests) if requests else [], strict=True):
-            per_read.setdefault(owner, []).append(data)
-        for i, got in per_read.items():
-            key, ranges, _ = reads[i]
-            if any(v is None for v in got):
-                continue
-            values: list[BytesLike] = [] if ranges == [] else [v for v in got if v is not None]
-            if ranges is None:
-                fetched[i] = (values, len(values[0]))
-            else:  # the size is free only where the data lives in this process
-                fetched[i] = (values, None if self._in_process is None else self._in_process.size(key))
-        return fetched
-
-    def contains(self, key: str) -> bool:
-        """The underlying store's ``contains`` (a path holding keys, such as a directory, is no value)."""
-        return self.store.contains(key)
-
-    def size(self, key: str) -> int | None:
-        """The size in bytes of the value at ``key``; ``None`` where the underlying store holds none."""
-        return super().size(key) if self.store.contains(key) else None
-
-    def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
-        return write_stamped(self._location, writes, self._holds, self._write)
-
-    def _holds(self, key: str, cond: Generation, before: Generation) -> bool:
-        if cond.is_missing:
-            return not self.store.contains(key)
-        return cond.is_any or before == cond
-
-    def _write(self, values: Mapping[str, Value | None]) -> None:
-        stores = {k: join_parts(v) for k, v in values.items() if v is not None}
-        deletes = [k for k, v in values.items() if v is None]
-        if stores:
-            self.store.set_values(stores)
-        if deletes:
-            self.store.erase_values(deletes)
-
-    def patch(self, writes: Sequence[KeyStartValue]) -> None:
-        """``set_partial_values`` on the underlying store, stamped as a write of each key it touches."""
-        keys = list(dict.fromkeys(key for key, _, _ in writes))
-        with STAMPS.writing(self._location, keys) as stamped:
-            stamped.begin(keys)
-            self.store.set_partial_values(list(writes))
-
-    def list_prefix(self, prefix: str) -> Iterator[str]:
-        return iter([k for k in self.store.list_prefix(prefix) if not hidden(k)])

@@ -6,8 +6,9 @@ registered is refused with :class:`~shardkv.errors.UnsupportedError` (naming the
 skipped (skipping a transformer would read its stored bytes as if they were
 the array's chunks). :func:`build_stack` builds the whole stack over a store:
 the first entry is the outermost transformer (closest to the array), as in
-zarr-python 2.18, and each transformer below a sharding transformer sees the
-shards above it as its chunks.
+zarr-python 2.18. A sharding transformer sits directly on the store (its
+engine uses the store's generations and locks), and one array has at most
+one: a stack of two is refused (:func:`build_stack` says why).
 
 A transformer class registers with :func:`register` and provides
 ``from_metadata(entry, array_metadata, array_path, underlying, chunk_shape, **options)``
@@ -22,7 +23,7 @@ from typing import Any, Protocol
 from shardkv.errors import ConfigurationError, UnsupportedError
 
 from .api import AbstractStore
-from .sharding import ShardingStorageTransformer
+from .sharding import ShardingStorageTransformer, stacked_refusal
 
 __all__ = [
     "TransformerClass",
@@ -143,11 +144,18 @@ def build_stack(
     Raises
     ------
     UnsupportedError
-        If an entry is not registered (every entry is resolved before any is built).
+        If an entry is not registered (every entry is resolved before any is built); for
+        more than one sharding transformer: each would hold its shards' locks while the
+        one below takes its own, so two writers of crossing shards could take the same
+        locks in opposite orders and wait for each other (a deadlock until the lock timeout).
     ConfigurationError
         If an entry's configuration does not fit the array.
     """
     classes = [resolve(e, array_path) for e in entries]
+    sharding = [e for cls, e in zip(classes, entries, strict=True) if _is_sharding(cls)]
+    if len(sharding) > 1:
+        listed = ", ".join(str((e.get("configuration") or {}).get("chunks_per_shard")) for e in sharding)
+        raise UnsupportedError(stacked_refusal(array_path, len(sharding), f"chunks_per_shard {listed}"))
     chunk_shape = list((array_metadata.get("chunk_grid") or {}).get("chunk_shape", []))
     seen = []
     for cls, entry in zip(classes, entries, strict=True):
@@ -157,6 +165,10 @@ def build_stack(
     for cls, entry, shape in reversed(list(zip(classes, entries, seen, strict=True))):
         top = cls.from_metadata(entry, array_metadata, array_path, top, shape, **options)
     return top
+
+
+def _is_sharding(cls: Any) -> bool:
+    return isinstance(cls, type) and issubclass(cls, ShardingStorageTransformer)
 
 
 register(ShardingStorageTransformer)

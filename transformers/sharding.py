@@ -18,8 +18,11 @@ relayed unchanged. The shard bytes are the draft's ``indexed`` format
 Empty chunks have offset = nbytes = ``2**64 - 1``. Keys are a
 :class:`~shardkv.keys.space.ShardedArray` (draft chunk key encoding); shard
 reads and writes go through the shard engine
-(:class:`~shardkv.engine.engine.ShardEngine`) over
-:class:`~shardkv.transformers.adapter.UnderlyingKV`. Each method's docstring
+(:class:`~shardkv.engine.engine.ShardEngine`) over the base store's own
+:class:`~shardkv.storage.kv.KVStore` (the ``kv`` of the
+:class:`~shardkv.transformers.adapter.AdapterStore` below), so a cached index
+is checked against the stored shard's generation, whoever wrote it, and the
+shard locks are the data's. Each method's docstring
 gives its request plan on the underlying store (draft "API implementation").
 A shard's "available" chunks are those inside the chunk grid when the array
 shape is known, else all ``chunks_per_shard`` of them.
@@ -35,16 +38,16 @@ import numpy as np
 from shardkv._types import BytesLike, LocalCoords
 from shardkv.engine.engine import ShardEngine
 from shardkv.engine.locks import Concurrency
-from shardkv.engine.merge import ChunkPatch, ShardChange, out_of_grid
-from shardkv.engine.options import DEFAULT_INDEX_CACHE_BYTES, Options
-from shardkv.errors import ConfigurationError
+from shardkv.engine.merge import ChunkPatch, ShardChange
+from shardkv.engine.options import DEFAULT_INDEX_CACHE_BYTES, DEFAULT_LOCK_TIMEOUT, Options
+from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.format.layout import ShardLayout, chunk_nbytes_bound
 from shardkv.format.ranges import ReadPolicy
 from shardkv.keys.encodings import Draft2022ChunkKeyEncoding, Separator
 from shardkv.keys.prefixes import expand_shard_prefix, shard_prefix, split_prefix
 from shardkv.keys.space import ChunkRef, ShardedArray
 
-from .adapter import AdapterStore, UnderlyingKV
+from .adapter import AdapterStore
 from .api import AbstractStore, KeyRange, KeyStartValue, normalize_prefix
 
 __all__ = ["ShardingStorageTransformer", "SHARDING_EXTENSION", "DATA_ROOT"]
@@ -67,13 +70,49 @@ def _draft_itemsize(data_type: Any) -> int | None:
         return None
 
 
+def _base_store(underlying: Any, array_path: str) -> AdapterStore:
+    """The store below a sharding transformer: an ``AdapterStore`` (what it takes is wrapped in one).
+
+    Raises
+    ------
+    UnsupportedError
+        For another transformer (a stack) or an ``AbstractStore`` that is no ``AdapterStore``.
+    """
+    if isinstance(underlying, AdapterStore):
+        return underlying
+    if isinstance(underlying, ShardingStorageTransformer):
+        raise UnsupportedError(stacked_refusal(array_path, 2))
+    if isinstance(underlying, AbstractStore):
+        raise UnsupportedError(
+            f"array {array_path!r}: a sharding transformer over {type(underlying).__name__} is not supported: "
+            "it caches shard indexes and checks them against the stored shards' generations, and locks shards "
+            "by where their data lives, which only the store itself tells; pass the store itself (an AdapterStore, "
+            "or a path, URL, fsspec mapper, MutableMapping or KVStore)"
+        )
+    return AdapterStore(underlying)
+
+
+def stacked_refusal(array_path: str, n: int, entries: str = "") -> str:
+    """Why a stack of ``n`` sharding transformers in one array is refused (the message of its error)."""
+    listed = f" ({entries})" if entries else ""
+    return (
+        f"array {array_path!r}: {n} sharding storage transformers are stacked{listed}; shardkv refuses a stack: "
+        "each transformer holds the locks of its own shards while the one below takes the locks of its shards, "
+        "so two writers whose shards cross take the same locks in opposite orders and could wait for each "
+        "other until the lock timeout; store the array with one sharding transformer"
+    )
+
+
 class ShardingStorageTransformer(AbstractStore):
     """Sharding of one array's chunk keys over an underlying store (2022 draft).
 
     Parameters
     ----------
-    underlying : AbstractStore
-        The next transformer of the stack, or the store adapter at its bottom.
+    underlying : AdapterStore or anything it takes
+        The store the shards live in: an
+        :class:`~shardkv.transformers.adapter.AdapterStore`, or what it takes
+        (a path, URL, fsspec mapper, ``MutableMapping`` or ``KVStore``, wrapped
+        in one).
     chunks_per_shard : sequence of int
         Chunks per shard along each dimension (each >= 1); its length is the
         array's number of dimensions.
@@ -90,20 +129,16 @@ class ShardingStorageTransformer(AbstractStore):
         The binary shard format.
     index_cache_bytes : int
         Limit (bytes) of the cache of decoded shard indexes (default 64 MiB;
-        0 disables it), as :class:`~shardkv.engine.options.Options` says; other
-        writers' changes are seen over an
-        :class:`~shardkv.transformers.adapter.AdapterStore`, over other stores
-        only those made through this process's transformers.
+        0 disables it), as :class:`~shardkv.engine.options.Options` says;
+        entries are checked against the stored shards' generations.
     read_policy : ReadPolicy, optional
         As :class:`~shardkv.engine.options.Options` (default ``ReadPolicy()``).
-    concurrency : {"auto", "files", "conditional", "process", "none"} or None
-        As :class:`~shardkv.engine.options.Options`. ``None`` (default):
-        ``"auto"`` over an :class:`~shardkv.transformers.adapter.AdapterStore`
-        (its data's location is known), ``"process"`` over any other store
-        (another transformer of a stack, a custom ``AbstractStore``): then only
-        the users of this transformer object are serialised.
+    concurrency : {"auto", "files", "conditional", "process", "none"}
+        As :class:`~shardkv.engine.options.Options` (default ``"auto"``).
     lock_timeout : float or None
-        Longest wait (seconds) for a shard lock; ``None`` waits as long as it takes.
+        Longest wait (seconds) for a shard lock (default
+        :data:`~shardkv.engine.options.DEFAULT_LOCK_TIMEOUT`, 300 s, as
+        :class:`~shardkv.engine.options.Options` says why); ``None`` waits as long as it takes.
     itemsize : int, optional
         Bytes per element of the array's data type. With ``chunk_shape`` it
         bounds each index entry's ``nbytes`` (see
@@ -116,6 +151,13 @@ class ShardingStorageTransformer(AbstractStore):
         If ``type`` is not ``"indexed"``, a ``chunks_per_shard`` value is < 1,
         ``shape`` / ``chunk_shape`` do not match its length, or a write
         option is invalid.
+    UnsupportedError
+        If ``underlying`` is another transformer (a stack: see
+        :func:`~shardkv.transformers.registry.build_stack`) or an
+        ``AbstractStore`` other than an ``AdapterStore``, which has no
+        generations to check cached indexes against.
+    TypeError
+        If ``underlying`` cannot be used as a store.
     """
 
     extension = SHARDING_EXTENSION
@@ -123,7 +165,7 @@ class ShardingStorageTransformer(AbstractStore):
 
     def __init__(
         self,
-        underlying: AbstractStore,
+        underlying: Any,
         chunks_per_shard: Sequence[int],
         *,
         array_path: str = "",
@@ -133,8 +175,8 @@ class ShardingStorageTransformer(AbstractStore):
         type: str = "indexed",
         index_cache_bytes: int = DEFAULT_INDEX_CACHE_BYTES,
         read_policy: ReadPolicy | None = None,
-        concurrency: Concurrency | None = None,
-        lock_timeout: float | None = None,
+        concurrency: Concurrency = "auto",
+        lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
         itemsize: int | None = None,
     ) -> None:
         if type not in self.types:
@@ -142,7 +184,7 @@ class ShardingStorageTransformer(AbstractStore):
                 f"sharding transformer type {type!r} is not supported; the 2022 draft defines only 'indexed'",
                 array_path,
             )
-        self.underlying = underlying
+        self.underlying = _base_store(underlying, array_path)
         self.type = type
         bound = chunk_nbytes_bound(chunk_shape, itemsize) if chunk_shape is not None else None
         self.layout = ShardLayout.draft_2022(tuple(int(c) for c in chunks_per_shard), bound)
@@ -164,11 +206,8 @@ class ShardingStorageTransformer(AbstractStore):
         self.array = ShardedArray(
             self.array_path, self.key_prefix, shape, chunk_shape, self.layout, self.encoding, self.encoding
         )
-        self._kv = UnderlyingKV(underlying)
-        if concurrency is None:
-            concurrency = "auto" if isinstance(underlying, AdapterStore) else "process"
         self.engine = ShardEngine(
-            self._kv,
+            self.underlying.kv,
             Options.from_keywords(
                 index_cache_bytes=index_cache_bytes,
                 read_policy=read_policy,
@@ -410,7 +449,7 @@ class ShardingStorageTransformer(AbstractStore):
             self.engine.writes.write(by_shard)
 
     def erase_values(self, keys: Iterable[str]) -> None:
-        """Erase chunks; whole shards go with one ``erase_values``, others get an in-place index.
+        """Erase chunks; whole shards go with one ``erase_values``, others are rewritten without them.
 
         Raises
         ------
@@ -424,47 +463,27 @@ class ShardingStorageTransformer(AbstractStore):
             self.erase_chunks(by_shard)
 
     def erase_chunks(self, by_shard: Mapping[str, ShardChange]) -> None:
-        """Erase chunks, updating each shard's index in place (the draft's ``erase_values`` plan).
+        """Erase chunks through the engine's one write path (the draft's ``erase_values`` plan, A9 and A10).
 
-        A shard that loses every available chunk is erased without a read.
-        The others get their index read (unless cached and current), the
-        erased entries (and those of chunks outside the chunk grid) set empty,
-        and the new index written in place with one ``set_partial_values``
-        (the chunk bytes stay, unused, until :meth:`compact`); a shard left
-        without chunks is erased. Where the engine writes conditionally
-        (mode ``"conditional"``), shards are rewritten through it instead: a
-        positional write cannot be conditioned.
+        A shard that loses every available chunk is deleted without a read,
+        holding its lock (unconditioned in every mode: what another writer
+        stored there meanwhile is erased after it, as if it came first). The others are
+        written as any other change of theirs: read (the index only, where
+        the file system clones files), the erased entries and those of chunks
+        outside the grid cleared, and the new shard put (or a clone with the
+        new index renamed over it), so every reader, of this process or
+        another, tells the new shard from the old by its generation. The
+        draft's in-place index overwrite is not used: a torn one has no
+        checksum to tell it.
         """
-        if self.engine.concurrency_mode == "conditional":
-            self.engine.writes.write(
-                {k: ShardChange(c.array, c.shard_coords, dict.fromkeys(c.chunks)) for k, c in by_shard.items()}
-            )
-            return
-        layout = self.layout
-        with self.engine.writes.hold({k: c.array for k, c in by_shard.items()}):
-            whole: dict[str, ShardedArray] = {}
-            partial: dict[str, ShardedArray] = {}
-            for shard_key, change in by_shard.items():
-                available = {local for _, local in change.array.chunks_in_shard(change.shard_coords)}
-                (whole if available and available <= set(change.chunks) else partial)[shard_key] = change.array
-            writes: list[KeyStartValue] = []
-            for shard_key, index in self.engine.reads.read_indexes(partial).items():
-                change = by_shard[shard_key]
-                new = index.copy()
-                for local in set(change.chunks) | set(
-                    out_of_grid(change.array, change.shard_coords, list(index.present()))
-                ):
-                    new.clear(local)
-                if new.is_empty():
-                    whole[shard_key] = change.array
-                elif new != index:
-                    start = 0 if layout.index_location == "start" else -layout.index_nbytes
-                    writes.append((shard_key, start, layout.encode_index(new)))
-            self.engine.forget([*whole, *(w[0] for w in writes)])
-            if writes:  # through the stamping adapter, so cached indexes of this process see the change
-                self._kv.patch(writes)
-            if whole:
-                self.underlying.erase_values(list(whole))
+        changes = {k: ShardChange(c.array, c.shard_coords, dict.fromkeys(c.chunks)) for k, c in by_shard.items()}
+        whole: dict[str, ShardedArray] = {}
+        for shard_key, change in changes.items():
+            available = {local for _, local in change.array.chunks_in_shard(change.shard_coords)}
+            if available and available <= set(change.chunks):
+                whole[shard_key] = change.array
+        self.engine.writes.erase(whole)  # whatever another writer stored there, it is erased after it
+        self.engine.writes.write({k: c for k, c in changes.items() if k not in whole})
 
     # -- prefixes (draft "API implementation": a prefix naming chunk coords is translated to shards) ----
 

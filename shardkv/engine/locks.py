@@ -42,12 +42,12 @@ next round waits for that one: :meth:`ShardLocks._take_files`). Every wait for
 a lock file goes through the engine's one retry loop
 (:func:`~shardkv.engine.retry.attempts`): a blocking ``flock`` without a
 timeout, tries spaced by :data:`~shardkv.engine.retry.LOCK_BACKOFF` until the
-deadline with one. A hold nested in another of the same thread (stacked
-transformers) skips the stripes its thread holds; it is the one exception to
-the order: it waits for its stripes and lock files while its thread holds the
-outer hold's, so two stacked writes whose shards cross (each one's inner shard
-on the other's outer stripe) wait for each other until the lock timeout
-(``LockTimeoutError``; with no timeout, for ever). Locks are never pickled, and
+deadline with one (:data:`DEFAULT_LOCK_TIMEOUT`, five minutes, unless
+``lock_timeout`` says otherwise; the ``LockTimeoutError`` names the shard,
+the lock file and what to do). No hold is nested in another: the engine
+never takes shard locks while its thread holds some (a 2022 draft array
+with stacked sharding transformers, which would, is refused when opened).
+Locks are never pickled, and
 a forked child starts with an empty pool (it never releases the parent's lock
 files: ``flock`` locks belong to the open file, which the child shares).
 
@@ -82,6 +82,7 @@ __all__ = [
     "stripe_of",
     "DEFAULT_THREAD_STRIPES",
     "DEFAULT_FILE_STRIPES",
+    "DEFAULT_LOCK_TIMEOUT",
     "Concurrency",
     "Mode",
     "CONCURRENCY_MODES",
@@ -100,6 +101,9 @@ DEFAULT_THREAD_STRIPES = 1024
 
 DEFAULT_FILE_STRIPES = 64
 """Lock files per array (empty files in ``<array>/.shardkv-locks/``)."""
+
+DEFAULT_LOCK_TIMEOUT = 300.0
+"""Default longest wait (seconds) for the locks of one hold (``Options.lock_timeout`` says why five minutes)."""
 
 _REOPEN_ATTEMPTS = 100
 """Opens of a lock file that keeps being removed (its array deleted meanwhile) before giving up."""
@@ -364,10 +368,10 @@ os.register_at_fork(after_in_child=_REGISTRY.reset_after_fork)
 
 
 class _Held(threading.local):
-    """The locks the current thread holds through :meth:`ShardLocks.hold` (token -> nesting depth)."""
+    """The shard locks the current thread holds through :meth:`ShardLocks.hold`."""
 
     def __init__(self) -> None:
-        self.depth: dict[tuple[Any, ...], int] = {}
+        self.holds = 0  # holds entered and not left
         self.fds: dict[tuple[str, int], int] = {}  # (lock directory, stripe) -> the held lock file's descriptor
 
 
@@ -375,7 +379,7 @@ _HELD = _Held()
 
 
 def _forget_held_in_child() -> None:
-    _HELD.depth.clear()  # the child holds none of them
+    _HELD.holds = 0  # the child holds none of them
     _HELD.fds.clear()
 
 
@@ -384,26 +388,35 @@ os.register_at_fork(after_in_child=_forget_held_in_child)
 
 def holds_shard_locks() -> bool:
     """Whether the current thread holds shard locks (it is inside a :meth:`ShardLocks.hold` of any location)."""
-    return bool(_HELD.depth)
+    return _HELD.holds > 0
 
 
-def _held_by_this_thread(token: tuple[Any, ...]) -> bool:
-    return _HELD.depth.get(token, 0) > 0
-
-
-def _note_held(stack: ExitStack, token: tuple[Any, ...]) -> None:
-    """Record ``token`` as held by this thread until ``stack`` closes (before its lock is released)."""
-    depth = _HELD.depth
-    depth[token] = depth.get(token, 0) + 1
+def _note_held(stack: ExitStack) -> None:
+    """Count a hold of this thread until ``stack`` closes (before its locks are released)."""
+    _HELD.holds += 1
 
     def unnote() -> None:
-        left = depth[token] - 1
-        if left:
-            depth[token] = left
-        else:
-            del depth[token]
+        _HELD.holds -= 1
 
     stack.callback(unnote)
+
+
+_STRIPE_HELD = (
+    "another thread of this process holds it (a write of a shard of the same lock stripe still running, or a "
+    "thread stopped while holding it); pass a longer lock_timeout= if writes of shards this large take that long"
+)
+
+
+def _file_held(lock_file: str) -> str:
+    """What a lock file held past the timeout means, and what to do (the reason of its ``LockTimeoutError``)."""
+    return (
+        "another process holds that lock file. A writer holds it for one shard write only, so a lock held this "
+        "long belongs to a process that hangs or is stopped, a client of this network file system that died (its "
+        "server frees the lock when the client's lease lapses) or a child forked while a thread held it: find the "
+        f"holder with `fuser -v {lock_file}` (or `lsof {lock_file}`) on each machine that mounts the data and end "
+        "it, or pass a longer lock_timeout=; do not delete the lock file (its holder would keep its lock, and a "
+        "second writer could start beside it)"
+    )
 
 
 class ShardLocks:
@@ -424,7 +437,8 @@ class ShardLocks:
     file_stripes : int
         Number of lock files (stripes) in an array's lock directory.
     timeout : float or None
-        Longest wait (seconds) for the locks of one :meth:`hold`; ``None`` waits as long as it takes.
+        Longest wait (seconds) for the locks of one :meth:`hold` (default
+        :data:`DEFAULT_LOCK_TIMEOUT`); ``None`` waits as long as it takes.
 
     Attributes
     ----------
@@ -447,7 +461,7 @@ class ShardLocks:
         mode: Mode | None = None,
         thread_stripes: int = DEFAULT_THREAD_STRIPES,
         file_stripes: int = DEFAULT_FILE_STRIPES,
-        timeout: float | None = None,
+        timeout: float | None = DEFAULT_LOCK_TIMEOUT,
     ) -> None:
         if thread_stripes < 1 or file_stripes < 1:
             raise ConfigurationError(
@@ -485,7 +499,9 @@ class ShardLocks:
         return (_rebuild, (self.location, options))
 
     @classmethod
-    def of_store(cls, kv: KVStore, concurrency: str = "auto", timeout: float | None = None) -> ShardLocks:
+    def of_store(
+        cls, kv: KVStore, concurrency: str = "auto", timeout: float | None = DEFAULT_LOCK_TIMEOUT
+    ) -> ShardLocks:
         """The locks of ``kv`` in the mode ``concurrency`` resolves to there (:func:`resolve_mode`).
 
         Raises
@@ -561,13 +577,6 @@ class ShardLocks:
             return f"{self._prefix}{self._real_dir(prefix)}\0{stripe_of(rel, self.file_stripes)}"
         return self._prefix + self.location.full_path(key)
 
-    def _shard_name(self, key: str, prefixes: Mapping[str, str] | None) -> str:
-        """What names the shard itself: its real array directory and key there, or its full path."""
-        if self._dir_root is not None:
-            prefix, rel = self._split(key, prefixes)
-            return f"{self._prefix}{self._real_dir(prefix)}\0{rel}"
-        return self._prefix + self.location.full_path(key)
-
     def file_stripes_by_dir(
         self, shard_keys: Iterable[str], prefixes: Mapping[str, str] | None = None
     ) -> dict[str, list[int]]:
@@ -625,52 +634,52 @@ class ShardLocks:
             return
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         keys = list(shard_keys)
-        identities = [self._identity(k, prefixes) for k in keys]
-        shards = [("shard", self._shard_name(k, prefixes)) for k in keys]
-        # nested in a hold of other shards (stacked transformers): the stripes this thread holds are skipped;
-        # a shard this thread holds already is waited for as any writer would (contention, never skipped)
-        skip_held = not any(_held_by_this_thread(token) for token in shards)
+        by_stripe: dict[int, list[str]] = {}  # in-process stripe -> its shards
+        for key in keys:
+            by_stripe.setdefault(stripe_of(self._identity(key, prefixes), self.thread_stripes), []).append(key)
+        by_file: dict[tuple[str, int], list[str]] = {}  # (lock directory, stripe) -> its shards
+        if self.cross_process:
+            for key in keys:
+                prefix, rel = self._split(key, prefixes)
+                by_file.setdefault((self.lock_dir_for(prefix), stripe_of(rel, self.file_stripes)), []).append(key)
         with ExitStack() as stack:
+            _note_held(stack)
             pool = _REGISTRY.thread_pool(self.thread_stripes)
-            for stripe in sorted({stripe_of(i, self.thread_stripes) for i in identities}):
-                token = ("thread", id(pool), stripe)
-                if skip_held and _held_by_this_thread(token):
-                    continue  # a nested hold: this thread holds it already
+            for stripe in sorted(by_stripe):
                 lock = pool[stripe]
                 # a wait longer than the platform allows (a timeout of inf) is as long as it takes
                 wait = -1 if deadline is None else min(threading.TIMEOUT_MAX, max(0.0, deadline - time.monotonic()))
                 if not lock.acquire(timeout=wait):
-                    raise LockTimeoutError(f"thread stripe {stripe} of {self.location!r}", self.timeout or 0.0)
+                    where = f"in-process lock stripe {stripe} of {self.location!r}"
+                    raise LockTimeoutError(where, self.timeout or 0.0, _STRIPE_HELD, shard_key=by_stripe[stripe][0])
                 stack.callback(lock.release)
-                _note_held(stack, token)
-            files = [(d, s) for d, ss in self.file_stripes_by_dir(keys, prefixes).items() for s in ss]
-            if skip_held:
-                files = [(d, s) for d, s in files if not _held_by_this_thread(("file", d, s))]
-            if files:
-                self._take_files(stack, files, deadline)
-            for shard in shards:
-                _note_held(stack, shard)
+            if by_file:
+                self._take_files(stack, by_file, deadline)
             yield
 
     def hold_arrays(self, shards: Mapping[str, ShardedArray]) -> AbstractContextManager[None]:
         """:meth:`hold` of ``shards`` (shard key -> its array): each lock file is in its array's directory."""
         return self.hold(list(shards), {k: lock_prefix(arr) for k, arr in shards.items()})
 
-    def _take_files(self, stack: ExitStack, files: list[tuple[str, int]], deadline: float | None) -> None:
-        """Take the lock files ``files`` (``(lock directory, stripe)``, in the global order) onto ``stack``.
+    def _take_files(
+        self, stack: ExitStack, by_file: Mapping[tuple[str, int], list[str]], deadline: float | None
+    ) -> None:
+        """Take the lock files of ``by_file`` (``(lock directory, stripe)`` -> its shards) onto ``stack``.
 
-        Each round waits for one lock file holding none (the first; after a
-        round that found one taken, that one), then tries the others in order
-        without waiting; a taken one lets go of everything for the next round
-        (:func:`~shardkv.engine.retry.attempts`, until ``deadline``). Nothing
-        waits while holding a lock file, so writers of overlapping sets never
-        deadlock, whatever their order.
+        Each round waits for one lock file holding none (the first in the
+        global order; after a round that found one taken, that one), then
+        tries the others in order without waiting; a taken one lets go of
+        everything for the next round (:func:`~shardkv.engine.retry.attempts`,
+        until ``deadline``). Nothing waits while holding a lock file, so
+        writers of overlapping sets never deadlock, whatever their order.
 
         Raises
         ------
         LockTimeoutError
-            If ``deadline`` passed first (nothing of ``files`` is held then).
+            If ``deadline`` passed first, naming a shard of the lock file
+            waited for, the file and what to do (nothing of ``by_file`` is held then).
         """
+        files = sorted(by_file)
         for lock_dir in dict.fromkeys(d for d, _ in files):
             _make_lock_dir(lock_dir)
         waited = files[0]
@@ -687,7 +696,10 @@ class ShardLocks:
                     stack.enter_context(round_stack.pop_all())
                     return
             waited = busy  # all let go: the next round waits for the one another writer holds
-        raise LockTimeoutError(os.path.join(waited[0], f"{waited[1]}.lock"), self.timeout or 0.0)
+        lock_file = os.path.join(waited[0], f"{waited[1]}.lock")
+        raise LockTimeoutError(
+            f"lock file {lock_file!r}", self.timeout or 0.0, _file_held(lock_file), lock_file, by_file[waited][0]
+        )
 
     @staticmethod
     def _take_file(stack: ExitStack, file: tuple[str, int], deadline: float | None) -> bool:
@@ -697,7 +709,6 @@ class ShardLocks:
         if not lock_file.acquire(deadline):
             return False
         stack.callback(lock_file.release)
-        _note_held(stack, ("file", lock_dir, stripe))
         if lock_file.fd is not None:  # always, once acquired: the descriptor an append's intent is recorded in
             _HELD.fds[file] = lock_file.fd
             stack.callback(_HELD.fds.pop, file, None)

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, TypedDict, Unpack, get_args
 
-from shardkv.engine.locks import Concurrency
+from shardkv.engine.locks import DEFAULT_LOCK_TIMEOUT, Concurrency
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import IndexLocation
 from shardkv.format.ranges import ReadPolicy
@@ -29,6 +29,7 @@ __all__ = [
     "ShardUpdates",
     "DEFAULT_INDEX_CACHE_BYTES",
     "DEFAULT_MAX_DEAD_FRACTION",
+    "DEFAULT_LOCK_TIMEOUT",
 ]
 
 DEFAULT_INDEX_CACHE_BYTES = 64 * 2**20
@@ -108,7 +109,16 @@ class Options:
         ``ConfigurationError`` for other stores, which need ``"process"``
         (this process only) or ``"none"`` (shard-aligned writers).
     lock_timeout : float or None
-        Longest wait (seconds) for a shard lock (then ``LockTimeoutError``).
+        Longest wait (seconds) for a shard lock (then ``LockTimeoutError``,
+        naming the shard, the lock file and what to do). Default 300 (five
+        minutes): a live writer holds a shard's lock for one read-modify-write
+        of that shard, seconds even for a shard of a GiB on a slow network
+        file system, and an NFSv4 server frees the locks of a client that
+        died once its lease lapses (90 s by default); a lock held past five
+        minutes is held by a process that hangs, is stopped, or was forked
+        while a thread held it, and waiting longer would only hide that.
+        Readers that meet a torn index wait for the same lock, as long.
+        ``None`` waits as long as it takes.
     shard_updates : {"auto", "append", "rewrite"}
         How an update of some chunks of a stored shard is written.
         ``"auto"`` (default): where the shard's file system clones files
@@ -148,7 +158,7 @@ class Options:
     read_policy: ReadPolicy = field(default_factory=ReadPolicy)
     buffer_bytes: int | None = None
     concurrency: Concurrency = "auto"
-    lock_timeout: float | None = None
+    lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT
     shard_updates: ShardUpdates = "auto"
     max_dead_fraction: float = DEFAULT_MAX_DEAD_FRACTION
 

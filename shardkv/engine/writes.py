@@ -38,10 +38,10 @@ others is lost. A call interrupted before the commits it started ran (a
 ``KeyboardInterrupt``) tells their other writers so, rather than leaving them
 waiting. The locks and the conditional puts
 exclude writers of other processes (and of other engines) exactly as
-without merging: a commit holds them as one write does. A write made by a
-thread that holds shard locks (inside :meth:`ShardWriter.hold`, or a nested
-store's write) is not merged: it runs at once, since a commit it would wait
-for may be waiting for the locks it holds.
+without merging: a commit holds them as one write does. No write is made
+by a thread that holds shard locks: the engine never writes inside its own
+holds, and a caller's :meth:`ShardWriter.hold` is for its own reads and puts
+(a write in it waits for the locks its thread holds, until the lock timeout).
 """
 
 from __future__ import annotations
@@ -172,13 +172,6 @@ class ShardWriter:
             Any error of the store.
         """
         if not changes:
-            return
-        if holds_shard_locks():  # a commit this would wait for may be waiting for this thread's locks
-            lost, refused = self._write_held(changes)
-            if refused:
-                raise refused[min(refused)]
-            if lost:
-                raise ConcurrentUpdateError(min(lost), WRITE_ATTEMPTS, WRITE_ATTEMPTS)
             return
         led: dict[str, _Commit] = {}
         joined: list[tuple[_Commit, int]] = []
@@ -502,7 +495,8 @@ class ShardWriter:
             return True
 
     def hold(self, shards: Mapping[str, ShardedArray]) -> AbstractContextManager[None]:
-        """The locks of ``shards`` for a ``with`` block (for a caller's own read-modify-write; not re-entrant).
+        """The locks of ``shards`` for a ``with`` block (for a caller's own reads and puts; not re-entrant:
+        a :meth:`write` in it waits for the locks its own thread holds, until the lock timeout).
 
         Raises
         ------

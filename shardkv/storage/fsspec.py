@@ -3,16 +3,22 @@
 * ``memory://``: every write stores a new file object, so the generation of a
   value is the identity of the stored object (a serial number it keeps for
   life); it sees every write in the process, shardkv's or not.
-* any other filesystem (gcsfs, http, a ``LocalFileSystem`` subclass, ...):
-  process stamps (:mod:`shardkv.storage.stamps`); reads are one ``cat_ranges``
-  per call, writes ``pipe``, except local files, written atomically as
-  :class:`~shardkv.storage.local.LocalStore` writes them.
+* local files reached through a filesystem other than fsspec's own
+  ``LocalFileSystem`` (a subclass, a ``DirFileSystem`` over one): the
+  generations of :class:`~shardkv.storage.local.LocalStore`,
+  ``(st_ino, st_mtime_ns, st_size)``, from a ``stat`` before and after each
+  read, so other processes' writes are seen; reads are one ``cat_ranges`` per
+  call through the filesystem, writes those of a ``LocalStore`` (atomic, durable);
+* any other filesystem (gcsfs, http, ...): process stamps
+  (:mod:`shardkv.storage.stamps`); reads are one ``cat_ranges`` per call,
+  writes ``pipe``.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import stat
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
@@ -22,7 +28,8 @@ import fsspec
 from fsspec.implementations.memory import MemoryFileSystem
 
 from shardkv._types import BytesLike
-from shardkv.storage.buffers import Value, byte_parts, join_parts
+from shardkv.errors import ConcurrentUpdateError
+from shardkv.storage.buffers import Value, join_parts
 from shardkv.storage.kv import (
     LOCK_DIR,
     MISSING_RESULT,
@@ -34,7 +41,7 @@ from shardkv.storage.kv import (
     ReadResult,
     hidden,
 )
-from shardkv.storage.local import FSYNC, atomic_write, fsync_dirs
+from shardkv.storage.local import LocalStore, file_generation
 from shardkv.storage.location import StoreLocation, fs_location
 from shardkv.storage.stamps import STAMPS, Fetched, read_stamped, write_stamped
 
@@ -54,7 +61,8 @@ MEMORY_CAPS = Capabilities(
 _SERIALS = itertools.count(1)
 _SERIAL_LOCK = threading.Lock()
 _SERIAL_ATTR = "_shardkv_serial"
-_LOCAL_PROTOCOLS = frozenset({"file", "local"})
+_LOCAL_READ_ROUNDS = 8
+"""Reads of a local file that keeps being replaced while it is read, before :class:`ConcurrentUpdateError`."""
 BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss"})
 """Protocols whose first path segment is a bucket (or container) that must already exist."""
 
@@ -88,6 +96,17 @@ def _protocols(fs: Any) -> tuple[str, ...]:
     return fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
 
 
+def _stat_generation(path: str) -> tuple[Generation, int | None]:
+    """``(generation, size)`` of the local file at ``path``; ``(NO_VALUE, None)`` when missing or not a file."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return NO_VALUE, None
+    if not stat.S_ISREG(st.st_mode):
+        return NO_VALUE, None
+    return file_generation(st), st.st_size
+
+
 class FsspecStore(KVStore):
     """An fsspec filesystem under a root path as a :class:`KVStore`.
 
@@ -97,27 +116,28 @@ class FsspecStore(KVStore):
         The filesystem (``memory://`` or any other but s3fs and fsspec's own local one).
     root : str
         The root path inside ``fs`` (a trailing ``/`` is dropped).
+
+    Attributes
+    ----------
+    files : LocalStore or None
+        For local files, the store of their directory: it writes them, and its
+        generations are this store's.
     """
 
     def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
         self.fs = fs
         self.root = fs._strip_protocol(root).rstrip("/") if root else ""
         self._memory = isinstance(fs, MemoryFileSystem)
-        self._local = bool(set(_protocols(fs)) & _LOCAL_PROTOCOLS)
-        self.fsync = FSYNC
-        """Local files: fsync written files and their directories (as :attr:`LocalStore.fsync`)."""
         self._location = fs_location(fs, self.root)
+        local_dir = self._location.local_dir
+        self.files = None if local_dir is None else LocalStore(local_dir)
         if self._memory:
             self.caps = MEMORY_CAPS
+        elif self.files is not None:
+            self.caps = Capabilities(ranged=True, stamps="native", lock_dir=True)
         else:
             in_memory = self._location.namespace == ("memory",)  # a DirFileSystem over memory://, say
-            self.caps = Capabilities(
-                ranged=True,
-                round_trips=not (self._local or in_memory),
-                stamps="process",
-                lock_dir=self._location.local_dir is not None,
-                in_process=in_memory,
-            )
+            self.caps = Capabilities(ranged=True, round_trips=not in_memory, stamps="process", in_process=in_memory)
 
     @property
     def location(self) -> StoreLocation:
@@ -149,7 +169,54 @@ class FsspecStore(KVStore):
     def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
         if self._memory:
             return self._memory_reads(reads)
+        if self.files is not None:
+            return self._local_reads(self.files, reads)
         return read_stamped(self._location, reads, partial(self._fetch_stamped, reads))
+
+    def _local_reads(self, files: LocalStore, reads: Sequence[ReadRequest]) -> list[ReadResult]:
+        """Local files: a ``stat`` of each before and after one ``cat_ranges`` of every read.
+
+        The generation is the file's before the read; a file replaced while it
+        was read makes a conditional read stale and an unconditional one read
+        again (at most :data:`_LOCAL_READ_ROUNDS` rounds), so all ranges of a
+        result come from the file of its generation.
+        """
+        results: list[ReadResult | None] = [None] * len(reads)
+        paths = [files.path(key) for key, _, _ in reads]
+        pending = list(range(len(reads)))
+        for _ in range(_LOCAL_READ_ROUNDS):
+            seen: dict[int, tuple[Generation, int | None]] = {}
+            requests: list[_Request] = []
+            for i in pending:
+                key, ranges, cond = reads[i]
+                generation, size = _stat_generation(paths[i])
+                if generation.is_missing:
+                    results[i] = MISSING_RESULT
+                elif cond.is_missing or (not cond.is_any and generation != cond):
+                    results[i] = ReadResult("stale", None, generation, size)
+                elif ranges == []:
+                    results[i] = ReadResult("value", [], generation, size)
+                else:
+                    seen[i] = (generation, size)
+                    requests.extend(
+                        (i, key, None if r is None else r.start, None if r is None else r.stop)
+                        for r in ([None] if ranges is None else ranges)
+                    )
+            per_read = self._cat(requests)
+            pending = []
+            for i, (generation, size) in seen.items():
+                got = per_read.get(i, [])
+                after, _ = _stat_generation(paths[i])
+                if _not_found(got) or after != generation:  # replaced (or removed) while it was read
+                    if reads[i][2].is_any:
+                        pending.append(i)
+                    else:
+                        results[i] = MISSING_RESULT if after.is_missing else ReadResult("stale", None, after)
+                    continue
+                results[i] = ReadResult("value", [bytes(d) for d in got], generation, size)
+            if not pending:
+                return [r for r in results if r is not None]
+        raise ConcurrentUpdateError(reads[pending[0]][0], _LOCAL_READ_ROUNDS, _LOCAL_READ_ROUNDS, "read")
 
     def _memory_reads(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
         """``memory://``: one ``cat_ranges`` of every range (what request-counting filesystems see), each
@@ -203,8 +270,7 @@ class FsspecStore(KVStore):
             if _not_found(got):
                 continue
             values: list[BytesLike] = [] if ranges == [] else [bytes(d) for d in got]
-            size = len(values[0]) if ranges is None else (self.fs.size(self._path(key)) if self._local else None)
-            fetched[i] = (values, size)
+            fetched[i] = (values, len(values[0]) if ranges is None else None)
         return fetched
 
     # -- writes ---------------------------------------------------------------
@@ -223,7 +289,9 @@ class FsspecStore(KVStore):
         return before == cond
 
     def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
-        out = write_stamped(self._location, writes, self._holds, self._write_local if self._local else self._write_fs)
+        if self.files is not None:  # local files: written as a LocalStore writes them, with its generations
+            return self.files.put_many(writes)
+        out = write_stamped(self._location, writes, self._holds, self._write_fs)
         if self._memory:  # memory:// values carry generations of their own
             return {
                 k: self._memory_generation(k) if g is not None and writes[k][0] is not None else g
@@ -246,22 +314,6 @@ class FsspecStore(KVStore):
                     self.fs.rm_file(self._path(key))
                 except FileNotFoundError:
                     continue
-
-    def _write_local(self, values: Mapping[str, Value | None]) -> None:
-        """Local files written as :class:`~shardkv.storage.local.LocalStore` writes them (atomic, durable)."""
-        written = []
-        for key, value in values.items():
-            path = self.fs._strip_protocol(self._path(key))
-            if value is None:
-                try:
-                    os.remove(path)
-                except (FileNotFoundError, NotADirectoryError):
-                    continue
-            else:
-                atomic_write(path, byte_parts(value), self.fsync)
-                written.append(path)
-        if self.fsync and written:
-            fsync_dirs(written)
 
     # -- listings -------------------------------------------------------------
 
