@@ -36,6 +36,7 @@ from shardkv.cli.convert.tasks import shard_index
 from shardkv.cli.errors import DestinationNotEmptyError
 from shardkv.cli.info import META_NAMES, Hierarchy, read_hierarchy
 from shardkv.cli.info_draft import is_draft
+from shardkv.cli.info_format import counted
 from shardkv.cli.manifest import UNSHARD_MANIFEST_KEY, Manifest, open_destination
 from shardkv.cli.stores import open_store, put_all, refuse_regular_file
 from shardkv.cli.view import HierarchyView, sizes
@@ -100,9 +101,9 @@ class UnshardReport:
     def summary(self) -> str:
         """Human-readable lines."""
         lines = [
-            f"unsharded {self.src} into {self.dst}: {self.arrays} arrays, {self.unsharded_arrays} of them "
+            f"unsharded {self.src} into {self.dst}: {counted(self.arrays, 'array')}, {self.unsharded_arrays} of them "
             f"were sharded and are now plain Zarr v2",
-            f"  chunks: {self.chunks} taken out of {self.shards} shards",
+            f"  chunks: {self.chunks} taken out of {counted(self.shards, 'shard')}",
         ]
         if self.shards_skipped:
             lines.append(
