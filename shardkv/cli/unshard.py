@@ -28,6 +28,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import closing
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -231,9 +232,12 @@ def unshard(
         if k.rpartition("/")[2] in META_NAMES and not _v3_node(source, k) and not _deleted(nodes, hierarchy, k)
     ]
     plain: list[str] = [k for k in hierarchy.group_keys if k.rpartition("/")[2] not in META_NAMES]
-    with tqdm(
-        total=len(hierarchy.keys), disable=not progress, file=sys.stderr, unit="obj", desc="shardkv unshard"
-    ) as bar:
+    with (
+        closing(out),  # its writer threads end with the run, whatever stops it
+        tqdm(
+            total=len(hierarchy.keys), disable=not progress, file=sys.stderr, unit="obj", desc="shardkv unshard"
+        ) as bar,
+    ):
         for path, keys in hierarchy.arrays.items():
             report.arrays += 1
             arr = nodes.node(path).array
