@@ -132,7 +132,10 @@ bytes no index entry references, leaving chunks back to back and the index in
 place. shardkv writes every shard whole, chunks back to back; such bytes come
 from other writers (tools that append a chunk to a shard instead of rewriting it).
 The data is unchanged; each shard is replaced whole (atomically on local disks).
-A missing store, or an --array that is not a sharded array, is an error.
+STORE is any layout info reads: Zarr v2 or v3 sharded arrays (also below a root
+without a group document, as tensorstore writes them) or a 2022 draft hierarchy
+with the sharding storage transformer. A missing store, or an --array that is
+not a sharded array, is an error.
 --progress shows a bar (one step per array) on stderr even when it is not a
 terminal (a log file); --no-progress never; default: only on a terminal.
 """

@@ -301,31 +301,43 @@ def _add_compact(sub: Any) -> None:
 
 
 def _run_compact(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
     from shardkv.cli.info import read_hierarchy
+    from shardkv.cli.info_draft import is_draft
     from shardkv.cli.stores import open_store
     from shardkv.cli.view import HierarchyView, refuse_shard_directories
     from shardkv.engine.options import Options
+    from shardkv.proxy.draft import DraftShardedStore, draft_options
     from shardkv.proxy.store import ShardedStore
+    from shardkv.proxy.verify import remove_stale_temporaries
+    from shardkv.transformers import ShardingStorageTransformer
 
     kv = open_store(args.store, args.storage_options)
-    # a missing or empty store, or no hierarchy, is an error
-    hierarchy = read_hierarchy(HierarchyView(kv), args.store)
-    with ShardedStore._reopen(kv, Options.from_keywords()) as store:  # no zarr-python needed: any zarr installed
+    store: ShardedStore | DraftShardedStore
+    if is_draft(kv):  # a 2022 draft hierarchy: its arrays are those of meta/root/<path>.array.json
+        store = DraftShardedStore._reopen(kv, draft_options())
+        paths = sorted(p for k in kv.list_prefix("meta/") if (p := store.array_path_of(k)) is not None)
+    else:  # a missing or empty store, or no hierarchy, is an error
+        store = ShardedStore._reopen(kv, Options.from_keywords())  # no zarr-python needed: any zarr installed
+        paths = list(read_hierarchy(HierarchyView(kv), args.store).arrays)
+    with store:
         if args.array is not None and store.sharded_array(args.array) is None:
             raise ArrayNotFoundError(args.store, args.array.strip("/"), "sharded array")
-        wanted = [args.array.strip("/")] if args.array is not None else list(hierarchy.arrays)
+        wanted = [args.array.strip("/")] if args.array is not None else [p for p in paths if store.sharded_array(p)]
         refuse_shard_directories(kv, [a for p in wanted if (a := store.sharded_array(p)) is not None])
-        if not _progress(args):
-            reclaimed = store.compact(args.array)
-        else:  # one array at a time, so that the bar moves (the same shards are rewritten)
-            from tqdm import tqdm
-
-            paths = [args.array] if args.array is not None else [p for p in hierarchy.arrays if store.sharded_array(p)]
-            reclaimed = 0
-            with tqdm(total=len(paths), file=sys.stderr, unit="array", desc="shardkv compact", mininterval=1.0) as bar:
-                for path in paths:
+        if isinstance(store, DraftShardedStore):
+            remove_stale_temporaries(kv)  # as ShardedStore.compact does: files killed writers left
+        reclaimed = 0
+        with tqdm(
+            total=len(wanted), file=sys.stderr, unit="array", desc="shardkv compact", disable=not _progress(args)
+        ) as bar:
+            for path in wanted:
+                if isinstance(store, ShardedStore):
                     reclaimed += store.compact(path)
-                    bar.update(1)
+                elif isinstance(top := store.transformer(path), ShardingStorageTransformer):
+                    reclaimed += top.compact()
+                bar.update(1)
     print(f"compacted {args.store}: {reclaimed} bytes reclaimed")
     return 0
 

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from shardkv.cli.info import read_hierarchy
+from shardkv.cli.info_draft import is_draft
 from shardkv.cli.stores import open_store
 from shardkv.cli.view import HierarchyView
 from shardkv.proxy.verify import verify_store
@@ -19,7 +20,9 @@ from shardkv.proxy.verify import verify_store
 __all__ = ["add_parser", "run"]
 
 _HELP = """\
-Read every shard of every sharded array in STORE and check its index (length,
+Read every shard of every sharded array in STORE (a Zarr v2 hierarchy sharded by
+shardkv, Zarr v3 arrays with sharding_indexed, or a 2022 draft hierarchy with the
+sharding storage transformer) and check its index (length,
 CRC32C, every entry inside the shard, not overlapping the index or another
 entry, no overflow); with --decode also decode every inner chunk with the
 array's compressor and filters. Also lists keys that look like chunk keys but
@@ -101,8 +104,10 @@ def run(args: argparse.Namespace) -> int:
         If the store cannot be reached or used.
     """
     kv = open_store(args.store, args.storage_options)
-    # a missing or empty store, or no hierarchy, is an error; unreadable nodes are reported below, not raised
-    read_hierarchy(HierarchyView(kv), args.store, strict=False)
+    # a missing or empty store, or no hierarchy, is an error; unreadable nodes are reported below, not raised.
+    # A 2022 draft hierarchy (what info and convert take too) is checked as such by verify_store
+    if not is_draft(kv):
+        read_hierarchy(HierarchyView(kv), args.store, strict=False)
     bar = None
     if args.progress if args.progress is not None else sys.stderr.isatty():
         from tqdm import tqdm

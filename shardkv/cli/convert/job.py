@@ -72,6 +72,7 @@ from shardkv.cli.convert.report import ArrayReport, ConvertReport
 from shardkv.cli.convert.tasks import ShardTask, TaskResult, array_tasks, execute, shard_members_at
 from shardkv.cli.errors import ConversionIncompleteError, DestinationNotEmptyError, SameLocationError
 from shardkv.cli.info_draft import is_draft
+from shardkv.cli.info_model import shard_stats
 from shardkv.cli.manifest import MANIFEST_KEY as _MANIFEST_KEY
 from shardkv.cli.manifest import Manifest, open_destination, verify_last
 from shardkv.cli.stores import open_store, put_all, refuse_regular_file
@@ -79,11 +80,12 @@ from shardkv.cli.view import HierarchyView, sizes
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import IndexLocation, ShardLayout
 from shardkv.keys.encodings import grid_shape
-from shardkv.keys.paths import join_path
+from shardkv.keys.paths import join_path, split_key
 from shardkv.metadata.all_v3 import zarr3_unreachable
 from shardkv.metadata.chunks_per_shard import check_chunks_per_shard
 from shardkv.metadata.documents import META_NAMES, load_json
 from shardkv.metadata.hierarchy import ZARR_JSON, group_paths
+from shardkv.proxy.nodes import NodeTable
 from shardkv.proxy.verify import remove_stale_temporaries
 from shardkv.storage.kv import KVStore
 
@@ -432,6 +434,7 @@ class _Job:
             self.writer.flush()
             amend_consolidated(meta_out, amended)
             store_as_v3(meta_out, all_v3=self.all_v3)
+            self.report.metadata_bytes_after = sum(len(v) for v in meta_out.values())
             for key in sorted(meta_out, key=metadata_order):
                 self.writer.put(key, meta_out[key])
             self.writer.flush()
@@ -461,8 +464,7 @@ class _Job:
         """The shard tasks of every array, made lazily; each array is listed when its turn comes."""
         for path, zarray in walk.arrays.items():
             array_meta = {k: meta[k] for k in (join_path(path, n) for n in sorted(META_NAMES)) if k in meta}
-            self.bytes_before += sum(len(v) for v in array_meta.values())
-            self.objects_before += len(array_meta)
+            self._count_metadata(array_meta)
             listing = list_array(self.source, path, zarray, list(array_meta))
             n_keys = listing.n_chunks + len(listing.stale_keys) + len(listing.other_keys)
             self.objects_before += n_keys
@@ -535,23 +537,37 @@ class _Job:
     ) -> None:
         meta_out.update({k: bytes(v) for k, v in array_meta.items()})
         prefix_len = len(listing.path) + 1 if listing.path else 0
-        data = (k for k in iter_array_keys(self.source, listing.path) if k[prefix_len:] not in META_NAMES)
+        data = [k for k in iter_array_keys(self.source, listing.path) if k[prefix_len:] not in META_NAMES]
         _, nbytes = _copy(self.source, data, self.writer)
         self.bytes_before += nbytes
-        self.report.arrays.append(
-            ArrayReport(listing.path, listing.ndim, None, reason, listing.n_chunks, 0, 0, listing.separator, False)
-        )
+        report = ArrayReport(listing.path, listing.ndim, None, reason, listing.n_chunks, 0, 0, listing.separator, False)
+        arr = NodeTable(self.source.kv.values).node(listing.path).array if reason == "already sharded" else None
+        if arr is not None:  # its chunks are those its shards hold
+            shards = [k for k in data if arr.shard_coords_of(k) is not None]
+            grid = arr.chunk_grid_shape or ()
+            report.chunks = shard_stats(self.source.kv, shards, arr.shard_coords_of, arr.layout, grid)[0]
+            report.shards_copied = len(shards)
+        self.report.arrays.append(report)
 
     def _copy_groups(self, walk: HierarchyWalk, meta_out: dict[str, bytes]) -> None:
         group_meta = [k for k in walk.group_keys if k.rpartition("/")[2] in META_NAMES]
         group_meta_set = set(group_meta)
         other = [k for k in walk.group_keys if k not in group_meta_set and k != _MANIFEST_KEY]
-        self.objects_before += len(walk.group_keys)
+        self.objects_before += len(other)
         _, nbytes = _copy(self.source, other, self.writer)
         self.bytes_before += nbytes
         values = self.source.values(group_meta)
-        self.bytes_before += sum(len(v) for v in values.values())
+        self._count_metadata(values)
         meta_out.update({k: bytes(v) for k, v in values.items()})
+
+    def _count_metadata(self, documents: Mapping[str, bytes]) -> None:
+        """Count the stored ones among ``documents`` (not those presented from a ``zarr.json``) as source objects."""
+        v3 = [k for k in documents if self.source.node(split_key(k)[0]) is not None]
+        stored = {k: len(v) for k, v in documents.items() if k not in set(v3)}
+        stored.update(sizes(self.source.kv, v3) if v3 else {})
+        self.objects_before += len(stored)
+        self.bytes_before += sum(stored.values())
+        self.report.metadata_bytes_before += sum(stored.values())
 
     def _check_output(self, walk: HierarchyWalk) -> None:
         """Every array and group of the source is in the output for zarr 2 through shardkv and for zarr 3.
