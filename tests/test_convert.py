@@ -14,7 +14,7 @@ import zarr
 
 from shardkv import ConfigurationError, ShardedStore
 from shardkv.cli.convert import check_chunks_per_shard, convert, parse_chunks_per_shard
-from shardkv.cli.convert import job as convert_module
+from shardkv.cli.convert import run as convert_module
 from shardkv.cli.errors import DestinationNotEmptyError, NotAHierarchyError, SameLocationError
 from shardkv.storage.mapping import MappingStore
 
