@@ -8,10 +8,11 @@ numpy, not with shardkv), holds the bytes of the source chunk's object.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +20,13 @@ import numpy as np
 import pytest
 import tensorstore as ts
 import zarr
+from concurrency_harness import MotoS3, moto_s3  # noqa: F401  (the module-scoped server fixture)
+from held_cli import start_held
 from zarr.codecs import BytesCodec, GzipCodec, ShardingCodec, TransposeCodec, ZstdCodec
 
 from shardkv.cli.convert import convert
 from shardkv.cli.manifest import MANIFEST_KEY
 from shardkv.cli.unshard import unshard
-
-TESTS = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("held_cli", TESTS / "held_cli.py")
-assert _spec is not None and _spec.loader is not None
-held_cli = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(held_cli)
 
 EMPTY = 2**64 - 1
 
@@ -352,7 +349,7 @@ def test_interrupted_convert_of_a_v3_source_resumes(tmp_path: Path) -> None:
     args = ("convert", str(src), "--chunks-per-shard", "2,1")
     convert(str(src), str(one_shot), (2, 1))
 
-    proc = held_cli.start_held(20, args[0], args[1], str(resumed), *args[2:], start_new_session=True)
+    proc = start_held(20, args[0], args[1], str(resumed), *args[2:], start_new_session=True)
     os.killpg(proc.pid, signal.SIGKILL)  # held after its 20th shard: it cannot have finished
     proc.communicate(timeout=60)
     assert (resumed / MANIFEST_KEY).is_file()
@@ -361,3 +358,48 @@ def test_interrupted_convert_of_a_v3_source_resumes(tmp_path: Path) -> None:
     assert report.shards_skipped >= 16  # 20 recorded, the last few read back and maybe written again
     assert report.shards == 100
     assert _files(resumed) == _files(one_shot)
+
+
+def _mixed_source(root: Path) -> np.ndarray:
+    """One plain array (zstd, '/' keys, a few chunks never written) and one sharded array, in nested groups."""
+    g = zarr.open_group(str(root), mode="w", attributes={"a": 1})
+    data = _data((96, 40), "f4", 6)
+    plain = g.create_array("x/plain", shape=data.shape, chunks=(8, 8), dtype="f4", compressors=ZstdCodec(level=1))
+    plain[:80] = data[:80]
+    sharded = g.create_array("x/y/sharded", shape=data.shape, chunks=(8, 8), shards=(16, 16), dtype="f4")
+    sharded[:] = data
+    return data
+
+
+def test_workers_write_the_same_output_and_verify_passes(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    _mixed_source(src)
+    convert(str(src), str(tmp_path / "one"), 4)
+    report = convert(str(src), str(tmp_path / "two"), 4, workers=2)
+
+    assert report.workers == 2
+    assert _files(tmp_path / "two") == _files(tmp_path / "one")
+    proc = subprocess.run(
+        [sys.executable, "-m", "shardkv", "verify", str(tmp_path / "two")], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "0 damaged" in proc.stdout
+
+
+def test_s3_source_and_destination(tmp_path: Path, moto_s3: MotoS3) -> None:  # noqa: F811
+    src = tmp_path / "src"
+    data = _mixed_source(src)
+    convert(str(src), str(tmp_path / "local"), 2)
+    fs = moto_s3.filesystem()
+    fs.put(str(src), f"{moto_s3.bucket}/v3src", recursive=True)
+    options = {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": moto_s3.endpoint_url, "region_name": "us-east-1"},
+    }
+
+    convert(f"s3://{moto_s3.bucket}/v3src", f"s3://{moto_s3.bucket}/v3dst", 2, storage_options=options)
+
+    fs.get(f"{moto_s3.bucket}/v3dst", str(tmp_path / "fetched"), recursive=True)
+    assert _files(tmp_path / "fetched") == _files(tmp_path / "local")
+    np.testing.assert_array_equal(_read_zarr3(tmp_path / "fetched", "x/y/sharded")[...], data)

@@ -31,6 +31,7 @@ from shardkv.cli.convert.tasks import ShardTask, array_tasks
 from shardkv.cli.convert.v3_listing import V3Walk, list_v3_array, walk_v3
 from shardkv.cli.errors import ConversionIncompleteError
 from shardkv.cli.manifest import Manifest
+from shardkv.cli.view import sizes
 from shardkv.errors import UnsupportedError
 from shardkv.format.layout import ShardLayout
 from shardkv.keys.encodings import grid_shape
@@ -103,9 +104,10 @@ class V3Job(_Job):
                 self.report.arrays.append(ArrayReport(path, ndim, None, reason, n, 0, 0, "/", False))
                 bar.update(self.bar_plan.array(path))
                 continue
-            listing = list_v3_array(self.source, source)
-            self.objects_before += len(listing.other_keys) + len(listing.stale_keys)
+            listing, n_objects = list_v3_array(self.source, source)
+            self.objects_before += n_objects + len(listing.other_keys) + len(listing.stale_keys)
             layout = ShardLayout.v3(array_cps, self.index_location, "little", self.index_checksum)  # type: ignore[arg-type]
+            self.bytes_before += sum(sizes(self.source.kv, listing.stale_keys).values())
             n_stale = len(listing.stale_keys)
             report = ArrayReport(
                 path, len(source.shape), array_cps, None, listing.n_chunks, n_stale, 0, listing.separator, False

@@ -127,11 +127,12 @@ def walk_v3(view: HierarchyView, name: str) -> V3Walk:
     return walk
 
 
-def list_v3_array(view: HierarchyView, source: ArraySource) -> ArrayListing:
+def list_v3_array(view: HierarchyView, source: ArraySource) -> tuple[ArrayListing, int]:
     """The stored chunks of one v3 array (inner chunks located through the shard indexes of a sharded one).
 
     Keys that decode as no chunk (or shard) are kept in ``other_keys`` (copied);
     chunk (or shard) keys outside the grid in ``stale_keys`` (skipped).
+    Returns the listing and the number of in-grid chunk (or shard) objects stored.
 
     Raises
     ------
@@ -153,6 +154,7 @@ def list_v3_array(view: HierarchyView, source: ArraySource) -> ArrayListing:
     )
     prefix = path_prefix(path)
     batch: list[str] = []
+    n_objects = 0
     for key in iter_array_keys(view, path):
         suffix = key[len(prefix) :]
         if suffix == ZARR_JSON:
@@ -166,14 +168,16 @@ def list_v3_array(view: HierarchyView, source: ArraySource) -> ArrayListing:
             listing.stale_keys.append(key)
         elif shards is None:
             listing.chunks.add(coords)
+            n_objects += 1
         else:
             batch.append(key)
+            n_objects += 1
             if len(batch) >= INDEX_BATCH:
                 _add_inner(listing.chunks, view, shards, batch)
                 batch = []
     if batch and shards is not None:
         _add_inner(listing.chunks, view, shards, batch)
-    return listing
+    return listing, n_objects
 
 
 def _add_inner(chunks: ChunkBitmap, view: HierarchyView, shards: ShardedArray, keys: list[str]) -> None:
