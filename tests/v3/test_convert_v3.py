@@ -216,14 +216,18 @@ def test_consolidated_metadata_describes_the_shards(tmp_path: Path) -> None:
     assert opened["x/a"].metadata.codecs[0].__class__.__name__ == "ShardingCodec"
 
 
-@pytest.mark.parametrize("location", ["end", "start"])
-def test_reshard_2x2_to_4x4_and_back(tmp_path: Path, location: str) -> None:
+@pytest.mark.parametrize(
+    ("location", "keys"),
+    [("end", {"name": "default", "separator": "/"}), ("start", {"name": "v2", "separator": "."})],
+    ids=["end-default", "start-v2"],
+)
+def test_reshard_2x2_to_4x4_and_back(tmp_path: Path, location: str, keys: dict[str, str]) -> None:
     src = tmp_path / "src"
     data = _data((100, 90), "f8", 3)
     g = zarr.open_group(str(src), mode="w")
     a = g.create_array(
         "a", shape=data.shape, chunks=(10, 10), shards=(20, 20), dtype="f8", fill_value=-2.0,
-        compressors=ZstdCodec(level=1), dimension_names=["p", "q"],
+        compressors=ZstdCodec(level=1), dimension_names=["p", "q"], chunk_key_encoding=keys,
     )  # fmt: skip
     a[:60] = data[:60]
     expected = np.where(np.arange(100)[:, None] < 60, data, -2.0)
@@ -232,6 +236,7 @@ def test_reshard_2x2_to_4x4_and_back(tmp_path: Path, location: str) -> None:
     convert(str(src), str(tmp_path / "4x4"), 4, index_location=location)
     meta = json.loads((tmp_path / "4x4" / "a" / "zarr.json").read_text())
     assert meta["chunk_grid"]["configuration"]["chunk_shape"] == [40, 40]
+    assert meta["chunk_key_encoding"]["name"] == keys["name"]
     assert meta["codecs"][0]["configuration"]["index_location"] == location
     assert _inner_chunks(tmp_path / "4x4", "a") == inner_before
     np.testing.assert_array_equal(_read_zarr3(tmp_path / "4x4", "a")[...], expected)

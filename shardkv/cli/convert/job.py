@@ -19,8 +19,10 @@ Rules
   the others are copied unsharded (the report says which and why). A tuple
   that fits no array at all is an error
   (:class:`~shardkv.cli.errors.ChunksPerShardMismatchError`) unless
-  ``skip_mismatched``. 0-d arrays and arrays that are already sharded are
-  copied unsharded too.
+  ``skip_mismatched``. 0-d arrays are copied unsharded too, and so are the
+  arrays already sharded of a hierarchy that also stores v2 arrays; in a
+  hierarchy of v3 documents only they are resharded
+  (:class:`~shardkv.cli.convert.v3_job.V3Job`).
 * Chunk keys outside an array's chunk grid (stale chunks) are skipped and
   counted; every other key of an array (its metadata, unknown files) and every
   key outside the arrays is copied as it is. Unsharded arrays are copied verbatim.
@@ -138,15 +140,20 @@ def _check_distinct(src: KVStore, dst: KVStore, src_name: str, dst_name: str) ->
 
 
 def _stores_v2_arrays(source: KVStore) -> bool:
-    """A Zarr v2 root, or a hierarchy shardkv stored as v3 (arrays with the ``v2`` chunk key encoding)."""
+    """A Zarr v2 root, or a hierarchy shardkv stored as v3 with v2 arrays in it (a ``.zarray`` stored beside a
+    ``zarr.json`` of the ``v2`` chunk key encoding); a hierarchy of v3 documents only is converted as Zarr v3."""
     if source.values([".zgroup", ".zarray"]):
         return True
-    view = HierarchyView(source)
-    paths = [k.rpartition("/")[0] for k in source.list_prefix("") if k.rpartition("/")[2] == "zarr.json"]
-    nodes = view.nodes(paths).values()
-    return any(
-        ((n.doc or {}).get("chunk_key_encoding") or {}).get("name") == "v2" and ".zarray" in n.documents for n in nodes
-    )
+    zarr_jsons: list[str] = []
+    zarrays: set[str] = set()
+    for key in source.list_prefix(""):
+        path, _, name = key.rpartition("/")
+        if name == "zarr.json":
+            zarr_jsons.append(path)
+        elif name == ".zarray":
+            zarrays.add(path)
+    nodes = HierarchyView(source).nodes(p for p in zarr_jsons if p in zarrays).values()
+    return any(((n.doc or {}).get("chunk_key_encoding") or {}).get("name") == "v2" for n in nodes)
 
 
 # -- the conversion ----------------------------------------------------------------
