@@ -338,12 +338,25 @@ def test_unshard_to_v3_gives_back_the_same_objects(tmp_path: Path) -> None:
     np.testing.assert_array_equal(_read_zarr3(plain, "grp/a")[...], a[...])
 
 
-def test_unshard_cli_names_the_zarr_format_option(tmp_path: Path) -> None:
-    from shardkv.cli.main import build_parser
+def test_unshard_cli_writes_v3_with_zarr_format_3(tmp_path: Path) -> None:
+    src, sharded, plain = tmp_path / "src", tmp_path / "sharded", tmp_path / "plain"
+    a = zarr.create_array(str(src), shape=(20, 20), chunks=(5, 5), dtype="u2", fill_value=1)
+    a[:12] = 9
 
-    parser = build_parser()
-    help_text = parser._subparsers._group_actions[0].choices["unshard"].format_help()  # type: ignore[union-attr]
-    assert "--zarr-format {2,3}" in help_text
+    def shardkv(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "shardkv", *args], capture_output=True, text=True, timeout=300)
+
+    assert "--zarr-format {2,3}" in shardkv("unshard", "--help").stdout
+    assert shardkv("convert", str(src), str(sharded), "--chunks-per-shard", "2").returncode == 0
+    proc = shardkv("unshard", str(sharded), str(plain), "--zarr-format", "3")
+
+    assert proc.returncode == 0, proc.stderr
+    assert _files(plain) == {k: v for k, v in _files(src).items() if k != "zarr.json"} | {
+        "zarr.json": (plain / "zarr.json").read_bytes()
+    }
+    assert json.loads((plain / "zarr.json").read_text()) == json.loads((src / "zarr.json").read_text())
+    bad = shardkv("unshard", str(sharded), str(tmp_path / "other"), "--zarr-format", "4")
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
 
 
 def test_interrupted_convert_of_a_v3_source_resumes(tmp_path: Path) -> None:
