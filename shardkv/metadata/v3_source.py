@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shardkv.errors import ConfigurationError, UnsupportedError
+from shardkv.errors import ConfigurationError, ShardKVError, UnsupportedError
 from shardkv.format.layout import ShardLayout
 from shardkv.keys.encodings import ChunkKeyEncoding, DefaultChunkKeyEncoding, chunk_key_encoding_from_metadata
 from shardkv.keys.paths import join_path
@@ -85,8 +85,20 @@ def source_of(doc: Mapping[str, Any], path: str) -> ArraySource:
     UnsupportedError
         If its chunks cannot be moved as stored (the message says why and that another shape re-encodes).
     ConfigurationError
-        If the document is invalid (chunk key encoding, sharding configuration).
+        If the document is invalid (chunk key encoding, sharding configuration, a member missing).
     """
+    try:
+        return _source_of(doc, path)
+    except ShardKVError as exc:
+        if isinstance(exc, ConfigurationError) and exc.path is None:
+            raise ConfigurationError(f"zarr.json: {exc.reason}", path) from exc
+        raise
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigurationError(f"zarr.json: invalid or missing member ({type(exc).__name__}: {exc})", path) from exc
+
+
+def _source_of(doc: Mapping[str, Any], path: str) -> ArraySource:
+    """:func:`source_of`, its errors not yet naming the array."""
     where = path or "/"
     grid = doc.get("chunk_grid") or {}
     if grid.get("name") != "regular":

@@ -24,6 +24,7 @@ from concurrency_harness import MotoS3, moto_s3  # noqa: F401  (the module-scope
 from held_cli import start_held
 from zarr.codecs import BytesCodec, GzipCodec, ShardingCodec, TransposeCodec, ZstdCodec
 
+from shardkv import ConfigurationError, CorruptShardError
 from shardkv.cli.convert import convert
 from shardkv.cli.manifest import MANIFEST_KEY
 from shardkv.cli.unshard import unshard
@@ -421,3 +422,19 @@ def test_s3_source_and_destination(tmp_path: Path, moto_s3: MotoS3) -> None:  # 
     fs.get(f"{moto_s3.bucket}/v3dst", str(tmp_path / "fetched"), recursive=True)
     assert _files(tmp_path / "fetched") == _files(tmp_path / "local")
     np.testing.assert_array_equal(_read_zarr3(tmp_path / "fetched", "x/y/sharded")[...], data)
+
+
+def test_a_bad_array_document_or_shard_is_named(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    g = zarr.open_group(str(src), mode="w")
+    g.create_array("ok", shape=(4,), chunks=(2,), dtype="u1")[:] = 1
+    s = g.create_array("s", shape=(16,), chunks=(2,), shards=(4,), dtype="u1")
+    s[:] = 2
+    (src / "s" / "c" / "0").write_bytes((src / "s" / "c" / "0").read_bytes()[:-3])  # a torn index
+    with pytest.raises(CorruptShardError, match="'s/c/0'"):
+        convert(str(src), str(tmp_path / "a"), 2)
+    doc = json.loads((src / "ok" / "zarr.json").read_text())
+    doc["chunk_key_encoding"] = {"name": "weird"}
+    (src / "ok" / "zarr.json").write_text(json.dumps(doc))
+    with pytest.raises(ConfigurationError, match="array 'ok': zarr.json: unknown chunk_key_encoding"):
+        convert(str(src), str(tmp_path / "b"), 2)
