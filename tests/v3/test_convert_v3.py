@@ -26,7 +26,7 @@ from zarr.codecs import BytesCodec, GzipCodec, ShardingCodec, TransposeCodec, Zs
 
 from shardkv import ConfigurationError, CorruptShardError
 from shardkv.cli.convert import convert
-from shardkv.cli.manifest import MANIFEST_KEY
+from shardkv.cli.manifest import MANIFEST_KEY, UNSHARD_MANIFEST_KEY
 from shardkv.cli.unshard import unshard
 
 EMPTY = 2**64 - 1
@@ -218,11 +218,11 @@ def test_consolidated_metadata_describes_the_shards(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("location", "keys"),
-    [("end", {"name": "default", "separator": "/"}), ("start", {"name": "v2", "separator": "."})],
-    ids=["end-default", "start-v2"],
+    ("location", "checksum", "keys"),
+    [("end", True, {"name": "default", "separator": "/"}), ("start", False, {"name": "v2", "separator": "."})],
+    ids=["end-crc32c-default", "start-nocrc-v2"],
 )
-def test_reshard_2x2_to_4x4_and_back(tmp_path: Path, location: str, keys: dict[str, str]) -> None:
+def test_reshard_2x2_to_4x4_and_back(tmp_path: Path, location: str, checksum: bool, keys: dict[str, str]) -> None:
     src = tmp_path / "src"
     data = _data((100, 90), "f8", 3)
     g = zarr.open_group(str(src), mode="w")
@@ -438,3 +438,21 @@ def test_a_bad_array_document_or_shard_is_named(tmp_path: Path) -> None:
     (src / "ok" / "zarr.json").write_text(json.dumps(doc))
     with pytest.raises(ConfigurationError, match="array 'ok': zarr.json: unknown chunk_key_encoding"):
         convert(str(src), str(tmp_path / "b"), 2)
+
+
+def test_interrupted_unshard_to_v3_resumes(tmp_path: Path) -> None:
+    src, one_shot, resumed = tmp_path / "src", tmp_path / "one-shot", tmp_path / "resumed"
+    a = zarr.create_array(str(src), shape=(400, 4), chunks=(2, 4), shards=(4, 4), dtype="i2", fill_value=0)
+    a[:] = np.arange(1600, dtype="i2").reshape(400, 4)  # 100 shards of 2 chunks
+    unshard(str(src), str(one_shot), zarr_format=3)
+
+    proc = start_held(20, "unshard", str(src), str(resumed), "--zarr-format", "3", start_new_session=True)
+    os.killpg(proc.pid, signal.SIGKILL)  # held after its 20th shard: it cannot have finished
+    proc.communicate(timeout=60)
+    assert (resumed / UNSHARD_MANIFEST_KEY).is_file()
+    report = unshard(str(src), str(resumed), zarr_format=3)
+
+    assert report.shards_skipped >= 16
+    assert report.shards == 100 and report.chunks == 200
+    assert _files(resumed) == _files(one_shot)
+    np.testing.assert_array_equal(zarr.open_array(str(resumed), mode="r")[...], a[...])
