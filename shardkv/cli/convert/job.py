@@ -194,7 +194,8 @@ def convert(
     chunks_per_shard : int or sequence of int
         Inner chunks per shard: an int for every dimension of every array, or
         one value per dimension for the arrays with that many dimensions
-        (others are copied unsharded; fitting none is an error).
+        (others are copied unsharded; fitting none is an error). For an
+        array already sharded (a v3 source), inner chunks of its shards per new shard.
     index_location : {"end", "start"}
         Where each shard keeps its index (v1.0 codec ``index_location``).
     index_checksum : bool
