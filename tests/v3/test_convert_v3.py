@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import tensorstore as ts
 import zarr
-from concurrency_harness import MotoS3, moto_s3  # noqa: F401  (the module-scoped server fixture)
+from concurrency_harness import MotoS3, local_cluster, moto_s3  # noqa: F401  (module-scoped fixtures)
 from held_cli import start_held
 from zarr.codecs import BytesCodec, GzipCodec, ShardingCodec, TransposeCodec, ZstdCodec
 
@@ -403,6 +403,17 @@ def test_workers_write_the_same_output_and_verify_passes(tmp_path: Path) -> None
     )
     assert proc.returncode == 0, proc.stderr
     assert "0 damaged" in proc.stdout
+
+
+def test_a_dask_cluster_writes_the_same_output(tmp_path: Path, local_cluster: Any) -> None:  # noqa: F811
+    src = tmp_path / "src"
+    _mixed_source(src)
+    convert(str(src), str(tmp_path / "here"), 4)
+
+    report = convert(str(src), str(tmp_path / "dask"), 4, scheduler=local_cluster.scheduler.address)
+
+    assert report.workers == 0  # the cluster's
+    assert _files(tmp_path / "dask") == _files(tmp_path / "here")
 
 
 def test_s3_source_and_destination(tmp_path: Path, moto_s3: MotoS3) -> None:  # noqa: F811
