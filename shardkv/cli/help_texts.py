@@ -60,6 +60,16 @@ With no array sharded, the output stays the Zarr v2 hierarchy it was (zarr-pytho
 zarr.json, their .zarray/.zattrs/.zgroup kept beside them, so zarr-python 2
 and 3 both read every node without shardkv.
 
+A Zarr v3 hierarchy (a root zarr.json: zarr-python 3's, tensorstore's) is
+sharded the same way: each stored chunk becomes an inner chunk byte for byte,
+the array's whole codec chain (transpose included) its inner codecs, under the
+chunk key encoding it had (default '/' or '.', v2); fill value, attributes and
+dimension_names are kept, groups and consolidated metadata follow. An array
+already sharded is resharded: its inner chunks move to shards of
+--chunks-per-shard inner chunks, located through its shard indexes (another
+inner chunk shape would re-encode: not done). 0-d arrays and arrays with codecs
+on whole shards are copied as they are, with the reason.
+
 Shards are written by shard-aligned tasks (whole shards each, so no two tasks
 touch one shard): in this process, in N local processes (--workers N), or on a
 dask.distributed cluster (--scheduler ADDRESS). A progress manifest in DST
@@ -99,11 +109,17 @@ as stored (never decoded) to its own chunk key; the zarr.json views are
 dropped; every other key is copied as it is. Like convert, it records finished
 shards in a progress manifest in DST: after an interruption, run the same
 command again to resume. --progress / --no-progress as for convert.
+
+--zarr-format 3 writes plain Zarr v3 from a Zarr v3 hierarchy instead, as
+zarr-python 3 writes an array by default: one object per inner chunk at
+'default' keys (c/0/0), the inner chunk shape as the chunk grid and the inner
+codecs as the array's codecs (the zarr.json rewritten so).
 """
 
 UNSHARD_EXAMPLES = """\
 examples:
   shardkv unshard sharded.zarr plain.zarr
+  shardkv unshard sharded.zarr plain-v3.zarr --zarr-format 3
   shardkv unshard s3://bucket/sharded.zarr plain.zarr --source-storage-options '{"anon": true}'
 """
 

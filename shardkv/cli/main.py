@@ -131,7 +131,7 @@ def _add_convert(sub: Any) -> None:
         texts.CONVERT_HELP,
         texts.CONVERT_EXAMPLES,
     )
-    p.add_argument("src", metavar="SRC", help="source Zarr v2 hierarchy: a local path or an fsspec URL")
+    p.add_argument("src", metavar="SRC", help="source Zarr v2 or v3 hierarchy: a local path or an fsspec URL")
     p.add_argument("dst", metavar="DST", help="destination (must be empty unless --overwrite): a path or an fsspec URL")
     p.add_argument(
         "--chunks-per-shard",
@@ -224,13 +224,21 @@ def _add_unshard(sub: Any) -> None:
     p = _sub(
         sub,
         "unshard",
-        "turn a sharded hierarchy back into plain Zarr v2 chunks (no chunk is decoded)",
+        "turn a sharded hierarchy back into plain Zarr v2 (or v3) chunks (no chunk is decoded)",
         texts.UNSHARD_HELP,
         texts.UNSHARD_EXAMPLES,
     )
     p.add_argument("src", metavar="SRC", help="a hierarchy written by shardkv convert or ShardedStore: a path or URL")
     p.add_argument("dst", metavar="DST", help="destination (must be empty unless --overwrite): a path or an fsspec URL")
     p.add_argument("--overwrite", action="store_true", help="delete everything in DST first (never a regular file)")
+    p.add_argument(
+        "--zarr-format",
+        type=int,
+        choices=(2, 3),
+        default=2,
+        help="2: plain Zarr v2 (.zarray, keys 0.0); 3: plain Zarr v3 as zarr-python 3 writes it by default "
+        "(zarr.json, keys c/0/0) from a Zarr v3 hierarchy (default: 2)",
+    )
     _add_storage_options(p, two_stores=True)
     _add_progress(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a summary")
@@ -239,7 +247,14 @@ def _add_unshard(sub: Any) -> None:
 def _run_unshard(args: argparse.Namespace) -> int:
     from shardkv.cli.unshard import unshard
 
-    report = unshard(args.src, args.dst, overwrite=args.overwrite, progress=_progress(args), **_side_options(args))
+    report = unshard(
+        args.src,
+        args.dst,
+        overwrite=args.overwrite,
+        progress=_progress(args),
+        zarr_format=args.zarr_format,
+        **_side_options(args),
+    )
     _print_report(report, args.json)
     return 0
 

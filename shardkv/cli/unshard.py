@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import closing
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 from shardkv.cli.convert.job import _check_distinct, _name
 from shardkv.cli.convert.tasks import shard_index
@@ -41,7 +41,7 @@ from shardkv.cli.info_format import counted
 from shardkv.cli.manifest import UNSHARD_MANIFEST_KEY, Manifest, open_destination
 from shardkv.cli.stores import open_store, put_all, refuse_regular_file
 from shardkv.cli.view import HierarchyView, sizes
-from shardkv.errors import UnsupportedError
+from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.keys.paths import split_key
 from shardkv.keys.space import ShardedArray
 from shardkv.proxy.nodes import NodeTable
@@ -166,6 +166,7 @@ def unshard(
     storage_options: Mapping[str, Any] | None = None,
     src_storage_options: Mapping[str, Any] | None = None,
     dst_storage_options: Mapping[str, Any] | None = None,
+    zarr_format: Literal[2, 3] = 2,
 ) -> UnshardReport:
     """Copy a sharded Zarr v2 hierarchy into a plain one, chunks as stored.
 
@@ -179,6 +180,9 @@ def unshard(
         Show a tqdm progress bar (objects) on stderr.
     storage_options, src_storage_options, dst_storage_options : mapping, optional
         fsspec options for both URLs, or for one side.
+    zarr_format : {2, 3}
+        2: plain Zarr v2; 3: plain Zarr v3 from a Zarr v3 hierarchy, as zarr-python 3 writes it by
+        default (``default`` chunk keys ``c/0/0``; :mod:`shardkv.cli.unshard_v3`).
 
     Returns
     -------
@@ -190,6 +194,8 @@ def unshard(
         If ``src`` is missing, empty or not a Zarr v2 hierarchy.
     UnsupportedError
         If ``src`` is a 2022 draft hierarchy.
+    ConfigurationError
+        If ``zarr_format`` is neither 2 nor 3.
     DestinationNotEmptyError, DestinationIsFileError, SameLocationError, StoreAccessError
         As :func:`shardkv.cli.convert.convert`.
     CorruptShardError, ChecksumError
@@ -209,6 +215,12 @@ def unshard(
     _check_distinct(source_kv, target, src_name, dst_name)
     if is_draft(source_kv):
         raise UnsupportedError(f"{src_name} is a 2022 draft hierarchy; unshard reads Zarr v2 hierarchies only")
+    if zarr_format not in (2, 3):
+        raise ConfigurationError(f"zarr_format must be 2 or 3, got {zarr_format!r}")
+    if zarr_format == 3:
+        from shardkv.cli.unshard_v3 import unshard_v3
+
+        return unshard_v3(source_kv, target, UnshardReport(src_name, dst_name), _Out(target), overwrite, progress)
     nodes = NodeTable(source_kv.values)
     source = HierarchyView(source_kv)  # sharded arrays and v3 groups (zarr.json only) appear in v2
     hierarchy = read_hierarchy(source, src_name)
