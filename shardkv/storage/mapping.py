@@ -17,8 +17,9 @@ process has imported it (never imported here):
   lives in this process (``in_process``), so in-process locks and stamps are a
   complete guarantee;
 * ``"directory"``: zarr 2's ``DirectoryStore`` and its subclasses
-  (``NestedDirectoryStore``, ``N5Store``), and an ``LMDBStore`` whose ``path``
-  is a local directory: lock files can be taken there (``lock_dir``);
+  (``NestedDirectoryStore``, ``N5Store``; their directory is made on the first
+  write), and an ``LMDBStore`` whose ``path`` is a local directory: lock files
+  can be taken there (``lock_dir``);
 * ``"persistent"``: every other mapping: zarr 2's ``SQLiteStore``,
   ``ZipStore``, ``DBMStore``, ``RedisStore``, ``MongoDBStore``, ``ABSStore``,
   ``LRUStoreCache`` and ``KVStore`` (which wrap a store shardkv cannot see),
@@ -70,7 +71,9 @@ def _where(mapping: Any) -> tuple[str, str | None]:
     if isinstance(mapping, zs.MemoryStore):
         return "memory", None
     path = getattr(mapping, "path", None) if isinstance(mapping, (zs.DirectoryStore, zs.LMDBStore)) else None
-    if isinstance(path, str) and path and os.path.isdir(path):  # an LMDBStore made with subdir=False is a file
+    if not isinstance(path, str) or not path:
+        return "persistent", None
+    if isinstance(mapping, zs.DirectoryStore) or os.path.isdir(path):  # an LMDBStore made with subdir=False: a file
         return "directory", path
     return "persistent", None
 
@@ -78,7 +81,7 @@ def _where(mapping: Any) -> tuple[str, str | None]:
 def zarr2_kind(mapping: Any) -> str:
     """Where a mapping keeps its data: ``"memory"``, ``"directory"`` or ``"persistent"`` (module docstring).
 
-    Pure but for one ``os.path.isdir`` of a directory store's ``path``.
+    Pure but for one ``os.path.isdir`` of an ``LMDBStore``'s ``path``.
     """
     return _where(mapping)[0]
 
