@@ -278,6 +278,27 @@ def test_a_killed_writers_temporary_is_removed_at_once_a_live_writers_kept(tmp_p
     assert not kv.find_stale_temporaries(min_age_seconds=0) and not (tmp_path / "a" / "0").exists()
 
 
+def test_a_writer_whose_new_temporary_a_sweeper_took_starts_again_under_a_new_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shardkv.storage import temps
+
+    taken: list[str] = []
+    real_flock = temps.fcntl.flock
+
+    def sweeper_first(fd: int, operation: int) -> None:
+        if not taken:  # a sweeper of another process locked and removed the first file between open and flock
+            taken.append(os.readlink(f"/proc/self/fd/{fd}"))
+            os.remove(taken[0])
+        real_flock(fd, operation)
+
+    monkeypatch.setattr(temps.fcntl, "flock", sweeper_first)
+    kv = LocalStore(tmp_path)
+    kv.put("k", b"v")
+    assert (tmp_path / "k").read_bytes() == b"v" and len(taken) == 1
+    assert sorted(os.listdir(tmp_path)) == ["k"]  # the write went on under another name, nothing left
+
+
 def test_prune_empty_dirs(tmp_path: Path) -> None:
     kv = LocalStore(tmp_path)
     kv.put("a/b/c/k", b"v")
