@@ -145,9 +145,13 @@ examples:
 COMPACT_HELP = """\
 Rewrite every shard of the sharded arrays in STORE (or of one array) that holds
 bytes no index entry references, leaving chunks back to back and the index in
-place. shardkv writes every shard whole, chunks back to back; such bytes come
-from other writers (tools that append a chunk to a shard instead of rewriting it).
-The data is unchanged; each shard is replaced whole (atomically on local disks).
+place. Such bytes are chunks replaced and indexes left by updates of a few
+chunks (shard_updates: a clone where files clone, or "append"), or gaps other
+writers left. First, an append to a shard that its writer left unfinished
+(killed, power lost) is finished if all its bytes are there, else undone (the
+shard cut back to its size before the append); on a local directory, the
+temporary files of writers that no longer run are removed. The data is
+unchanged; each shard is replaced whole (atomically on local disks).
 STORE is any layout info reads: Zarr v2 or v3 sharded arrays (also below a root
 without a group document, as tensorstore writes them) or a 2022 draft hierarchy
 with the sharding storage transformer. A missing store, or an --array that is

@@ -305,7 +305,7 @@ def _add_compact(sub: Any) -> None:
     p = _sub(
         sub,
         "compact",
-        "rewrite shards that hold bytes no index entry references (left by other writers)",
+        "finish or undo interrupted appends, then rewrite shards that hold unused bytes",
         texts.COMPACT_HELP,
         texts.COMPACT_EXAMPLES,
     )

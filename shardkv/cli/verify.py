@@ -28,7 +28,8 @@ entry, no overflow); with --decode also decode every inner chunk with the
 array's compressor and filters. Also lists keys that look like chunk keys but
 lie outside an array's shard grid (reported only), chunk-like keys left by
 deleted arrays (orphans), metadata documents that cannot be read, and
-temporary files of killed writers older than --temp-age seconds. --repair
+temporary files of killed writers (no live process holds their lock; those
+whose lock cannot be tried: older than --temp-age seconds). --repair
 removes only what is proven garbage: the stale temporaries. Orphans are
 removed only with --remove-orphans (run verify first: they are listed);
 nothing under an array or group whose metadata cannot be read is ever
@@ -60,7 +61,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="SECONDS",
         type=float,
         default=3600.0,
-        help="age (seconds) from which a temporary file counts as stale (default 3600)",
+        help="age (seconds) from which a temporary file whose lock cannot be tried counts as stale (default 3600)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument(

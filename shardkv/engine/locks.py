@@ -11,8 +11,10 @@ docs/user-guide.md, "Concurrency"):
   generation read (a writer that lost its race re-reads, re-merges, retries).
 * ``"process"``: in-process stripes only; ``"none"``: no locks.
 * ``"auto"``: ``"files"`` where the store has lock directories,
-  ``"conditional"`` where it has a conditional put or lives in this process,
-  otherwise a ``ConfigurationError`` that asks for an explicit choice.
+  ``"conditional"`` where it has a conditional put or is known to live in
+  this process only (``Capabilities.in_process``), otherwise a
+  ``ConfigurationError`` that names the store and asks for an explicit
+  choice, never a silent weaker guarantee.
 
 :class:`ShardLocks` gives the locks for a
 :class:`~shardkv.storage.location.StoreLocation`; every ``ShardLocks`` of one
@@ -152,9 +154,12 @@ def resolve_mode(kv: KVStore, concurrency: str) -> Mode:
             f"has none{hint}: pass concurrency='process' or 'none'"
         )
     raise ConfigurationError(
-        f"the store {_store_name(kv)} offers neither lock files nor conditional "
-        f"writes{hint}, so concurrent writers of one shard could lose updates: pass concurrency='process' "
-        "(safe within this process only) or concurrency='none' (one writer per shard)"
+        f"concurrency='auto' cannot tell who else writes the store {_store_name(kv)}: it is not known to "
+        f"live in this process only, and it offers neither lock files nor conditional writes{hint}. Choose: "
+        "concurrency='process' (locks shared by this process's threads and stores: safe only if no other "
+        "process writes this data), concurrency='none' (no locks: you promise one writer per shard), "
+        "concurrency='files' (lock files: needs the data in a local or network directory) or "
+        "concurrency='conditional' (compare-and-swap writes: needs a store with conditional puts)"
     )
 
 

@@ -162,15 +162,16 @@ def _kv_of(store: Any) -> KVStore:
 
 
 def find_stale_temporaries(store: Any, min_age_seconds: float = DEFAULT_TEMP_AGE) -> list[str]:
-    """Temporary files of atomic local writes not modified for ``min_age_seconds`` seconds.
+    """Temporary files of local writers that no longer run (:func:`shardkv.storage.temps.stale_in`).
 
     Parameters
     ----------
     store : ShardedStore, KVStore or anything :func:`shardkv.storage.open.open_kv` takes
         The store (a proxy's base store is used).
     min_age_seconds : float
-        Age guard (seconds since the last modification): a live writer's
-        temporary file is younger and is left alone.
+        Age guard (seconds since the last modification) for temporaries
+        whose writer's lock cannot be tried; one whose lock can be taken has
+        no live writer and is stale whatever its age.
 
     Returns
     -------
