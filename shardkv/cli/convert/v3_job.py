@@ -91,6 +91,7 @@ class V3Job(_Job):
             meta_key = join_path(path, ZARR_JSON)
             self.objects_before += 1
             self.bytes_before += len(walk.stored[meta_key])
+            self.report.metadata_bytes_before += len(walk.stored[meta_key])
             array_cps, reason = plans[path]
             source = self._sources.get(path)
             if array_cps is None or source is None:
@@ -106,6 +107,8 @@ class V3Job(_Job):
                 continue
             listing, n_objects = list_v3_array(self.source, source)
             self.objects_before += n_objects + len(listing.other_keys) + len(listing.stale_keys)
+            if (source_shards := source.shards()) is not None:  # chunks count as read; their shards' indexes here
+                self.bytes_before += n_objects * source_shards.layout.index_nbytes
             layout = ShardLayout.v3(array_cps, self.index_location, "little", self.index_checksum)  # type: ignore[arg-type]
             self.bytes_before += sum(sizes(self.source.kv, listing.stale_keys).values())
             n_stale = len(listing.stale_keys)
@@ -144,11 +147,13 @@ class V3Job(_Job):
         for path, doc in walk.groups.items():
             key = join_path(path, ZARR_JSON)
             self.bytes_before += len(walk.stored[key])
+            self.report.metadata_bytes_before += len(walk.stored[key])
             new_doc = refresh_consolidated(doc, path, self._changed)
             meta_out[key] = walk.stored[key] if new_doc == doc else dump_json(new_doc, key=key)
 
     def _store_metadata(self, meta_out: dict[str, bytes]) -> None:
-        return None  # the documents are written as made: v3 all the way down already
+        # the documents are written as made: v3 all the way down already
+        self.report.metadata_bytes_after = sum(len(v) for v in meta_out.values())
 
     def _check_output(self, walk: V3Walk) -> None:  # type: ignore[override]
         """zarr-python 3 opening the output's root reaches every node it reaches in the source's.
