@@ -50,7 +50,8 @@ def _shardkv(data: np.ndarray, buffer_bytes: int | None) -> tuple[CountingMappin
 
     base = CountingMapping()
     extra = {} if buffer_bytes is None else {"buffer_bytes": buffer_bytes}
-    store = ShardedStore(base, chunks_per_shard=CHUNKS_PER_SHARD, **extra)
+    # the counting mapping lives in this process: say so (under "auto" only dicts are taken as such)
+    store = ShardedStore(base, chunks_per_shard=CHUNKS_PER_SHARD, concurrency="process", **extra)
     z = zarr2_array(store, data.shape)
     t0 = time.perf_counter()
     for sel in chunk_blocks(data.shape):
