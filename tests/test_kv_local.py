@@ -299,6 +299,52 @@ def test_a_writer_whose_new_temporary_a_sweeper_took_starts_again_under_a_new_na
     assert sorted(os.listdir(tmp_path)) == ["k"]  # the write went on under another name, nothing left
 
 
+def test_a_sweeper_keeps_a_live_temporary_of_its_own_process_named_by_another_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On NFS, flock is a POSIX record lock of the process: a sweeper there must know its own writers by file.
+
+    The same directory reached through a symbolic link: the sweeper's path of the
+    writer's temporary differs from the writer's, and the lock (emulated as NFS
+    does, with ``lockf``) is this process's own.
+    """
+    import fcntl
+    import threading
+
+    from shardkv.storage import temps
+
+    monkeypatch.setattr(temps.fcntl, "flock", fcntl.lockf)
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    writing, go = threading.Event(), threading.Event()
+    real_pwrite = local._pwrite_all
+
+    def paused(fd: int, data: Any, offset: int) -> None:
+        writing.set()
+        assert go.wait(60)
+        real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(local, "_pwrite_all", paused)
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            LocalStore(tmp_path / "real").put("k", b"v")
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        assert writing.wait(60)
+        assert LocalStore(tmp_path / "link").remove_stale_temporaries(min_age_seconds=3600) == []
+    finally:
+        go.set()
+        writer.join(60)
+    assert not errors, errors
+    assert (tmp_path / "real" / "k").read_bytes() == b"v"
+
+
 def test_prune_empty_dirs(tmp_path: Path) -> None:
     kv = LocalStore(tmp_path)
     kv.put("a/b/c/k", b"v")
