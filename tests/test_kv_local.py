@@ -345,6 +345,32 @@ def test_a_sweeper_keeps_a_live_temporary_of_its_own_process_named_by_another_pa
     assert (tmp_path / "real" / "k").read_bytes() == b"v"
 
 
+def test_a_child_forked_while_a_sweeper_probes_writes(tmp_path: Path) -> None:
+    """A child forked while a thread of its parent held the temporaries' registry (a sweeper probing) can write."""
+    from shardkv.storage import temps
+
+    with temps._WRITING_LOCK:  # what a sweeper thread holds while it probes a locked temporary
+        pid = os.fork()
+        if pid == 0:  # the child never returns into pytest
+            code = 1
+            try:
+                LocalStore(tmp_path).put("k", b"v")
+                code = 0
+            finally:
+                os._exit(code)
+    deadline = time.monotonic() + 60
+    status = None
+    while status is None and time.monotonic() < deadline:
+        done, st = os.waitpid(pid, os.WNOHANG)
+        status = st if done else None
+        time.sleep(0.01)
+    if status is None:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "the child's write hung"
+    assert (tmp_path / "k").read_bytes() == b"v"
+
+
 def test_prune_empty_dirs(tmp_path: Path) -> None:
     kv = LocalStore(tmp_path)
     kv.put("a/b/c/k", b"v")

@@ -49,6 +49,18 @@ _WRITING_FILES: set[tuple[int, int]] = set()  # their files, (st_dev, st_ino): t
 _WRITING_LOCK = threading.Lock()  # also held by a sweeper of this process while it probes a locked temporary
 
 
+def _forget_after_fork() -> None:
+    """A forked child writes none of its parent's temporaries, and its copy of the lock may be held by a thread
+    that does not exist there (a sweeper probing): a new lock, empty registries."""
+    global _WRITING_LOCK
+    _WRITING_LOCK = threading.Lock()
+    _WRITING.clear()
+    _WRITING_FILES.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def _register(path: str, writing: bool, file: tuple[int, int] | None = None) -> None:
     with _WRITING_LOCK:
         if writing:
