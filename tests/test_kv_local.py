@@ -299,6 +299,78 @@ def test_a_writer_whose_new_temporary_a_sweeper_took_starts_again_under_a_new_na
     assert sorted(os.listdir(tmp_path)) == ["k"]  # the write went on under another name, nothing left
 
 
+def test_a_sweeper_keeps_a_live_temporary_of_its_own_process_named_by_another_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On NFS, flock is a POSIX record lock of the process: a sweeper there must know its own writers by file.
+
+    The same directory reached through a symbolic link: the sweeper's path of the
+    writer's temporary differs from the writer's, and the lock (emulated as NFS
+    does, with ``lockf``) is this process's own.
+    """
+    import fcntl
+    import threading
+
+    from shardkv.storage import temps
+
+    monkeypatch.setattr(temps.fcntl, "flock", fcntl.lockf)
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    writing, go = threading.Event(), threading.Event()
+    real_pwrite = local._pwrite_all
+
+    def paused(fd: int, data: Any, offset: int) -> None:
+        writing.set()
+        assert go.wait(60)
+        real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(local, "_pwrite_all", paused)
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            LocalStore(tmp_path / "real").put("k", b"v")
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        assert writing.wait(60)
+        assert LocalStore(tmp_path / "link").remove_stale_temporaries(min_age_seconds=3600) == []
+    finally:
+        go.set()
+        writer.join(60)
+    assert not errors, errors
+    assert (tmp_path / "real" / "k").read_bytes() == b"v"
+
+
+def test_a_child_forked_while_a_sweeper_probes_writes(tmp_path: Path) -> None:
+    """A child forked while a thread of its parent held the temporaries' registry (a sweeper probing) can write."""
+    from shardkv.storage import temps
+
+    with temps._WRITING_LOCK:  # what a sweeper thread holds while it probes a locked temporary
+        pid = os.fork()
+        if pid == 0:  # the child never returns into pytest
+            code = 1
+            try:
+                LocalStore(tmp_path).put("k", b"v")
+                code = 0
+            finally:
+                os._exit(code)
+    deadline = time.monotonic() + 60
+    status = None
+    while status is None and time.monotonic() < deadline:
+        done, st = os.waitpid(pid, os.WNOHANG)
+        status = st if done else None
+        time.sleep(0.01)
+    if status is None:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "the child's write hung"
+    assert (tmp_path / "k").read_bytes() == b"v"
+
+
 def test_prune_empty_dirs(tmp_path: Path) -> None:
     kv = LocalStore(tmp_path)
     kv.put("a/b/c/k", b"v")

@@ -254,13 +254,19 @@ class _LockFile:
     also keeps ``flock`` emulated by ``fcntl`` locks (NFS) exclusive.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, make: bool = True) -> None:
         self.path = path
+        self.make = make  # False: an existing file only, its mode left as it is (a read-only store's wait)
         self.fd: int | None = None  # the open descriptor while held
 
     def _open(self) -> int | None:
         """A descriptor of the lock file, created if missing; ``None`` if it vanished between two opens."""
         flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        if not self.make:
+            try:
+                return os.open(self.path, flags)
+            except FileNotFoundError:
+                return None
         mode, _ = lock_modes(os.path.dirname(os.path.dirname(self.path)))
         try:
             try:
@@ -612,7 +618,9 @@ class ShardLocks:
     # -- holding --------------------------------------------------------------
 
     @contextmanager
-    def hold(self, shard_keys: Iterable[str], prefixes: Mapping[str, str] | None = None) -> Iterator[None]:
+    def hold(
+        self, shard_keys: Iterable[str], prefixes: Mapping[str, str] | None = None, make: bool = True
+    ) -> Iterator[None]:
         """Hold the locks of every shard in ``shard_keys`` for the ``with`` block (none in mode ``"none"``).
 
         The in-process stripes are taken in ascending order, then the lock
@@ -627,12 +635,17 @@ class ShardLocks:
             Shard key -> key prefix of its array (:meth:`file_stripes_by_dir`):
             its lock file is in that array's directory, the same file for
             every store root.
+        make : bool
+            False: take only lock files that exist, never make a lock directory
+            or file nor change a mode (a read-only store's wait for a writer).
 
         Raises
         ------
         LockTimeoutError
             If the locks were not all obtained within ``timeout`` seconds
             (nothing is held when it is raised).
+        FileNotFoundError
+            Without ``make``, if a lock file is missing.
         """
         if self.mode == "none":
             yield
@@ -659,15 +672,15 @@ class ShardLocks:
                     raise LockTimeoutError(where, self.timeout or 0.0, _STRIPE_HELD, shard_key=by_stripe[stripe][0])
                 stack.callback(lock.release)
             if by_file:
-                self._take_files(stack, by_file, deadline)
+                self._take_files(stack, by_file, deadline, make)
             yield
 
-    def hold_arrays(self, shards: Mapping[str, ShardedArray]) -> AbstractContextManager[None]:
+    def hold_arrays(self, shards: Mapping[str, ShardedArray], make: bool = True) -> AbstractContextManager[None]:
         """:meth:`hold` of ``shards`` (shard key -> its array): each lock file is in its array's directory."""
-        return self.hold(list(shards), {k: lock_prefix(arr) for k, arr in shards.items()})
+        return self.hold(list(shards), {k: lock_prefix(arr) for k, arr in shards.items()}, make)
 
     def _take_files(
-        self, stack: ExitStack, by_file: Mapping[tuple[str, int], list[str]], deadline: float | None
+        self, stack: ExitStack, by_file: Mapping[tuple[str, int], list[str]], deadline: float | None, make: bool
     ) -> None:
         """Take the lock files of ``by_file`` (``(lock directory, stripe)`` -> its shards) onto ``stack``.
 
@@ -685,16 +698,16 @@ class ShardLocks:
             waited for, the file and what to do (nothing of ``by_file`` is held then).
         """
         files = sorted(by_file)
-        for lock_dir in dict.fromkeys(d for d, _ in files):
+        for lock_dir in dict.fromkeys(d for d, _ in files) if make else ():
             _make_lock_dir(lock_dir)
         waited = files[0]
         for _ in attempts(None, LOCK_BACKOFF, deadline):
             with ExitStack() as round_stack:
-                if not self._take_file(round_stack, waited, deadline):
+                if not self._take_file(round_stack, waited, deadline, make):
                     break
                 busy = None
                 for file in files:
-                    if file != waited and not self._take_file(round_stack, file, 0.0):
+                    if file != waited and not self._take_file(round_stack, file, 0.0, make):
                         busy = file
                         break
                 if busy is None:
@@ -707,10 +720,10 @@ class ShardLocks:
         )
 
     @staticmethod
-    def _take_file(stack: ExitStack, file: tuple[str, int], deadline: float | None) -> bool:
+    def _take_file(stack: ExitStack, file: tuple[str, int], deadline: float | None, make: bool) -> bool:
         """Take one lock file onto ``stack``, waiting until ``deadline`` (``0.0``: one try); False if it is taken."""
         lock_dir, stripe = file
-        lock_file = _LockFile(os.path.join(lock_dir, f"{stripe}.lock"))
+        lock_file = _LockFile(os.path.join(lock_dir, f"{stripe}.lock"), make)
         if not lock_file.acquire(deadline):
             return False
         stack.callback(lock_file.release)

@@ -464,8 +464,12 @@ class ShardWriter:
             if not os.path.exists(os.path.join(lock_dir, f"{stripe}.lock")):
                 return False  # no append was recorded for this shard: the damage is reported as it is
         try:
-            with locks.hold_arrays({shard_key: arr}):
+            with locks.hold_arrays({shard_key: arr}, make=not self.read_only):  # read-only: no file made, no mode
                 recorded = self.tail.recover({shard_key: arr}, locks, repair=not self.read_only)
+        except FileNotFoundError:
+            if not self.read_only:
+                raise
+            return False  # its lock file was removed meanwhile (the array deleted): no append recorded there
         except OSError as exc:
             if not isinstance(exc, PermissionError) and exc.errno != errno.EROFS:
                 raise

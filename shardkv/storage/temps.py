@@ -11,14 +11,15 @@ after checking that the name still leads to the file it locked
 ``flock`` sees its name gone or locked and starts again under a new name.
 
 Within one process a sweeper never opens a temporary that process is writing
-(a registry): on NFS ``flock`` is emulated by POSIX record locks, which belong
-to the process (a second lock from it succeeds, and closing any descriptor of
-the file drops them). Temporaries without the marker (clone probes, older
-versions) and those whose lock cannot be tried (another account's file on NFS,
-which wants a descriptor open for writing; a file system without locks) are
-stale once ``min_age`` seconds old; a lock that outlives its writer (a dead
-NFSv3 client whose locks the server keeps) keeps its temporary until the lock
-goes.
+(a registry of its paths and of its files, ``(st_dev, st_ino)``, so that a path
+through a symbolic link or spelled otherwise is known too): on NFS ``flock`` is
+emulated by POSIX record locks, which belong to the process (a second lock
+from it succeeds, and closing any descriptor of the file drops them).
+Temporaries without the marker (clone probes, older versions) and those
+whose lock cannot be tried (another account's file on NFS, which wants a
+descriptor open for writing; a file system without locks) are stale once
+``min_age`` seconds old; a lock that outlives its writer (a dead NFSv3
+client whose locks the server keeps) keeps its temporary until the lock goes.
 """
 
 from __future__ import annotations
@@ -44,19 +45,36 @@ _NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.
 _CREATE_ATTEMPTS = 16  # names tried when sweepers keep taking the new file between open and flock (never seen)
 
 _WRITING: set[str] = set()  # temporaries this process is writing (sweepers here leave them unopened)
-_WRITING_LOCK = threading.Lock()
+_WRITING_FILES: set[tuple[int, int]] = set()  # their files, (st_dev, st_ino): the same under any path
+_WRITING_LOCK = threading.Lock()  # also held by a sweeper of this process while it probes a locked temporary
 
 
-def _register(path: str, writing: bool) -> None:
+def _forget_after_fork() -> None:
+    """A forked child writes none of its parent's temporaries, and its copy of the lock may be held by a thread
+    that does not exist there (a sweeper probing): a new lock, empty registries."""
+    global _WRITING_LOCK
+    _WRITING_LOCK = threading.Lock()
+    _WRITING.clear()
+    _WRITING_FILES.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _register(path: str, writing: bool, file: tuple[int, int] | None = None) -> None:
     with _WRITING_LOCK:
         if writing:
             _WRITING.add(path)
+            if file is not None:
+                _WRITING_FILES.add(file)
         else:
             _WRITING.discard(path)
+            if file is not None:
+                _WRITING_FILES.discard(file)
 
 
-def _create(directory: str) -> tuple[int, str] | None:
-    """A new locked temporary in ``directory`` (registered), or ``None`` if a sweeper took it first."""
+def _create(directory: str) -> tuple[int, str, tuple[int, int] | None] | None:
+    """A new locked temporary in ``directory``: ``(fd, path, (st_dev, st_ino))``, registered; or ``None``."""
     path = os.path.join(directory, f"{HELD_MARKER}{uuid.uuid4().hex}")
     _register(path, True)
     try:
@@ -68,22 +86,26 @@ def _create(directory: str) -> tuple[int, str] | None:
     except BaseException:
         _register(path, False)
         raise
+    file = None
     try:
+        st = os.fstat(fd)
+        file = (st.st_dev, st.st_ino)
+        _register(path, True, file)  # before the lock: a sweeper here that probed first removed it (stat below)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if os.stat(path).st_ino == os.fstat(fd).st_ino:
-            return fd, path
+        if os.stat(path).st_ino == st.st_ino:
+            return fd, path, file
     except BlockingIOError:
         pass  # a sweeper holds it: it removes it
     except FileNotFoundError:
         pass  # a sweeper locked and removed it before this flock
     except OSError as exc:
         if exc.errno in _NO_LOCKS:
-            return fd, path  # no locks here: sweepers cannot take it either, and go by age
+            return fd, path, file  # no locks here: sweepers cannot take it either, and go by age
         os.close(fd)
-        _register(path, False)
+        _register(path, False, file)
         raise
     os.close(fd)
-    _register(path, False)
+    _register(path, False, file)
     return None
 
 
@@ -104,18 +126,27 @@ def held_temporary(directory: str) -> Iterator[tuple[int, str]]:
         made = _create(directory)
         if made is None:
             continue
-        fd, path = made
+        fd, path, file = made
         try:
             yield fd, path
         finally:
             os.close(fd)
-            _register(path, False)
+            _register(path, False, file)
         return
     raise OSError(errno.EAGAIN, f"shardkv: every new temporary file in {directory!r} was taken by a sweeper")
 
 
 def _unheld(path: str, remove: bool) -> bool | None:
-    """Whether no live writer holds the temporary ``path`` (removed then, if ``remove``); ``None``: cannot tell."""
+    """Whether no live writer holds the temporary ``path`` (removed then, if ``remove``); ``None``: cannot tell.
+
+    The caller holds ``_WRITING_LOCK``.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if (st.st_dev, st.st_ino) in _WRITING_FILES:
+        return False  # this process writes it (under another path): never opened, as a close drops an NFS lock
     try:
         try:
             fd = os.open(path, _OPEN_PROBE)
@@ -161,11 +192,13 @@ def stale_in(directory: str, names: Iterable[str], now: float, min_age: float, r
         if TEMP_MARKER not in name:
             continue
         path = os.path.join(directory, name)
-        with _WRITING_LOCK:
+        unheld = None
+        with _WRITING_LOCK:  # held while probing, so that a writer of this process registers before its flock
             if path in _WRITING:
                 continue
+            if name.startswith(HELD_MARKER):
+                unheld = _unheld(path, remove)
         if name.startswith(HELD_MARKER):
-            unheld = _unheld(path, remove)
             if unheld is not None:
                 if unheld:
                     out.append(path)

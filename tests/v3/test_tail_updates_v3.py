@@ -174,6 +174,22 @@ def test_a_read_only_store_never_repairs_a_killed_append(concurrency: str, tmp_p
     check_old_or_new(read_zarr3(root), False)
 
 
+def test_a_read_only_store_never_changes_a_lock_files_mode(tmp_path: Path) -> None:
+    """A read-only store waits on a lock file an older shardkv left 0644 without narrowing it (no fchmod)."""
+    from shardkv.errors import CorruptShardError
+
+    root = tmp_path / "a"
+    create_zarr3(root)
+    assert run_held(root, "append", 6, True) == "killed"
+    lock_files = sorted((root / ".shardkv-locks").glob("*.lock"))
+    assert lock_files
+    for lock_file in lock_files:
+        lock_file.chmod(0o644)
+    with pytest.raises(CorruptShardError):
+        zarr.open_array(ShardedStore(str(root), read_only=True), mode="r")[...]
+    assert {p.name: p.stat().st_mode & 0o777 for p in lock_files} == {p.name: 0o644 for p in lock_files}
+
+
 @pytest.mark.parametrize("command", ["info", "verify"])
 def test_info_and_verify_never_repair_a_killed_append(command: str, tmp_path: Path, capsys) -> None:
     root = tmp_path / "a"
