@@ -10,9 +10,11 @@ CRC32C; smooth data plus seeded noise 0..15 as W29's): shards well over S3's
 uncompressed, below it: the whole rewrite stays). Both run in the zarr3
 environment, each in a bucket of its own, phases:
 
-* ``write``: ``z[...] = data`` in one call (zarr 3 hands the store about ten
+* ``write``: ``z[...] = data`` in one call (zarr 3 hands the store a few
   chunks at a time; shardkv: the first round creates a shard, later rounds
-  are O(chunk) updates where a shard keeps 5 MiB);
+  are O(chunk) updates where a shard keeps 5 MiB); ``--impl shardkv-dask``:
+  ``da.store`` of one-chunk blocks from a ``LocalCluster`` of 2 worker
+  processes (1 thread each) instead, with the chunks lost counted;
 * ``update``: the inner chunk at local coordinates (1, 1, 1) of each shard,
   from a fresh store (indexes not cached).
 
@@ -88,7 +90,7 @@ def run(size: str, impl: str) -> dict[str, Any]:
 
     def array(mode: str) -> Any:
         base = FsspecStore(fs(), path=f"{bucket}/a")
-        if impl == "zarr3":
+        if impl == "zarr3":  # shardkv and shardkv-dask: shardkv.zarr3
             store: Any = base
             extra: dict[str, Any] = {"shards": tuple(c * per_shard for c in chunks)}
         else:
@@ -110,7 +112,10 @@ def run(size: str, impl: str) -> dict[str, Any]:
         z = array("w")
         wire.take()
         t0 = time.perf_counter()
-        z[...] = data
+        if impl == "shardkv-dask":
+            _dask_store(data, chunks, z)
+        else:
+            z[...] = data
         out["write"] = _summary(wire.take(), time.perf_counter() - t0)
         check(data)
         stored = sum(
@@ -145,10 +150,22 @@ def run(size: str, impl: str) -> dict[str, Any]:
     return out
 
 
+def _dask_store(data: np.ndarray, chunks: tuple[int, ...], z: Any) -> None:
+    """``da.store`` of ``data`` in one-chunk blocks onto ``z`` from a LocalCluster of 2 worker processes."""
+    import dask.array as da
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0") as c,
+        Client(c),
+    ):
+        da.store(da.from_array(data, chunks=chunks), z, lock=False)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
-    parser.add_argument("--impl", choices=("shardkv", "zarr3"), default="shardkv")
+    parser.add_argument("--impl", choices=("shardkv", "shardkv-dask", "zarr3"), default="shardkv")
     parser.add_argument("--out", default=None, help="file that gets the JSON result (default: stdout)")
     args = parser.parse_args()
     result = json.dumps(run(args.size, args.impl), indent=1)
