@@ -13,6 +13,7 @@ and sends only its chunk again. Every exchange is recorded at the moto server
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -179,3 +180,16 @@ def test_compact_aborts_the_incomplete_uploads_killed_writers_left(moto) -> None
     ShardedStore(S3Store(_fs(endpoint), f"{BUCKET}/{root}", upload_age=0)).compact()
     assert orphan not in uploads() and elsewhere in uploads()
     client.abort_multipart_upload(Bucket=BUCKET, Key=f"other-{root}/0", UploadId=elsewhere)
+
+
+def test_the_kept_bytes_are_copied_in_parts_s3_accepts() -> None:
+    from shardkv.storage.s3_updates import MAX_PART_NBYTES, MIN_PART_NBYTES, copy_ranges
+
+    assert copy_ranges(MIN_PART_NBYTES) == [(0, MIN_PART_NBYTES)]
+    for keep in (MAX_PART_NBYTES, MAX_PART_NBYTES + 1, 3 * MAX_PART_NBYTES - 7, 10**13):
+        ranges = copy_ranges(keep)
+        assert ranges[0][0] == 0 and ranges[-1][1] == keep
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))  # back to back
+        assert all(MIN_PART_NBYTES <= stop - start <= MAX_PART_NBYTES for start, stop in ranges)
+    with pytest.raises(ValueError, match="cannot be copied as a part"):
+        copy_ranges(MIN_PART_NBYTES - 1)
