@@ -1,8 +1,8 @@
 """W37: writes on S3 counted on the wire (moto on 127.0.0.1), shardkv default options vs zarr 3 native sharding.
 
-    python benchmarks/s3_writes.py --size field|small [--impl shardkv|zarr3] [--out FILE]
+    python benchmarks/s3_writes.py --size field|small [--impl shardkv|shardkv-dask|zarr3] [--out FILE]
 
-``field``: issue 37's field workload, W29's array (512³ uint16, 64³ inner
+``field``: the field workload, W29's array (512³ uint16, 64³ inner
 chunks, shards of 4³ chunks = 256³, zstd level 0, index at the end with
 CRC32C; smooth data plus seeded noise 0..15 as W29's): shards well over S3's
 5 MiB part minimum.
