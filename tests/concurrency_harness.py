@@ -7,7 +7,7 @@
   ``ShardedStore``, write disjoint chunks of one zarr-python 2 array whose
   shards they share; returns how many chunk updates were lost.
 * fixtures ``moto_s3`` (a moto S3 server on 127.0.0.1, a bucket, an s3fs
-  factory; its conditional writes made atomic by :func:`serialised_moto_writes`) and
+  factory; its conditional writes decided as S3 decides them, :mod:`moto_strict`) and
   ``local_cluster`` (a ``dask.distributed`` cluster of worker processes); import them into a test module to use them.
 
 Every loop is bounded in count, every wait in time; child processes are
@@ -16,19 +16,17 @@ joined with a timeout and terminated if they overrun.
 
 from __future__ import annotations
 
-import functools
 import multiprocessing
 import os
-import socket
 import threading
 import time
 import traceback
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import moto_strict
 import numpy as np
 import pytest
 
@@ -253,13 +251,6 @@ def run_sharded_writers(
 # -- fixtures -------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class MotoS3:
     """A running moto S3 server: its endpoint, a bucket, and a factory of s3fs filesystems."""
@@ -279,68 +270,24 @@ class MotoS3:
         )
 
 
-# the S3Response handlers that store or delete objects (_key_response_post completes multipart uploads)
-_MOTO_WRITE_METHODS = ("put_object", "delete_object", "_key_response_post")
-
-
-@contextmanager
-def serialised_moto_writes() -> Iterator[None]:
-    """Make moto's conditional ``PutObject`` / ``DeleteObject`` atomic, as real S3's are, while the block runs.
-
-    moto 5.2.5 checks ``If-Match`` / ``If-None-Match`` in
-    ``S3Response.put_object`` (``moto/s3/responses.py``) and stores the object
-    afterwards with ``backend.put_object``, with no lock between the two, and
-    ``ThreadedMotoServer`` serves each request in its own thread. Two
-    conditional PUTs with the same ETag can therefore both succeed (a lost
-    update; ``If-None-Match: *`` likewise). Real S3 decides conditional
-    writes atomically: one wins, the other gets ``412 Precondition Failed``
-    or ``409 ConditionalRequestConflict``. The server runs in this process,
-    so one lock around the two request handlers makes moto do the same.
-    """
-    from moto.s3.responses import S3Response
-
-    lock = threading.Lock()
-    originals = {name: S3Response.__dict__[name] for name in _MOTO_WRITE_METHODS}
-
-    def serialised(method: Any) -> Any:
-        @functools.wraps(method)
-        def handler(self: Any, *args: Any, **kwargs: Any) -> Any:
-            with lock:
-                return method(self, *args, **kwargs)
-
-        return handler
-
-    for name, method in originals.items():
-        setattr(S3Response, name, serialised(method))
-    try:
-        yield
-    finally:
-        for name, method in originals.items():
-            setattr(S3Response, name, method)
-
-
 @pytest.fixture(scope="module")
 def moto_s3() -> Iterator[MotoS3]:
-    """A moto S3 server on 127.0.0.1 (a free port), one bucket, conditional writes atomic; stopped after the module."""
+    """A moto S3 server on 127.0.0.1 (a free port, :mod:`moto_strict`), one bucket; stopped after the module."""
     pytest.importorskip("s3fs")
     boto3 = pytest.importorskip("boto3")
-    server_mod = pytest.importorskip("moto.server")
-    port = free_port()
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    pytest.importorskip("moto.server")
+    server, endpoint = moto_strict.start_server()
     try:
-        with serialised_moto_writes():
-            endpoint = f"http://127.0.0.1:{port}"
-            bucket = f"shardkv-{uuid.uuid4().hex[:8]}"
-            client = boto3.client(
-                "s3",
-                endpoint_url=endpoint,
-                region_name="us-east-1",
-                aws_access_key_id="testing",
-                aws_secret_access_key="testing",
-            )
-            client.create_bucket(Bucket=bucket)
-            yield MotoS3(endpoint, bucket)
+        bucket = f"shardkv-{uuid.uuid4().hex[:8]}"
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+        client.create_bucket(Bucket=bucket)
+        yield MotoS3(endpoint, bucket)
     finally:
         server.stop()
 

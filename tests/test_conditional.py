@@ -204,7 +204,7 @@ def test_two_sharded_stores_on_s3_with_cas_lose_no_chunk(moto_s3) -> None:  # no
 
 
 def test_racing_conditional_puts_have_one_winner(moto_s3) -> None:  # noqa: F811
-    """What real S3 promises and the ``moto_s3`` fixture adds to moto (``serialised_moto_writes``).
+    """What real S3 promises and the ``moto_s3`` fixture adds to moto (``moto_strict.install``).
 
     Eight writers put one key from the same generation at once: exactly one
     may win each round (``If-Match``, and ``If-None-Match: *`` for a new key).

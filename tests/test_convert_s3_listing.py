@@ -39,10 +39,10 @@ PAGE = 10  # MaxKeys forced on every list request of these tests
 
 _SERVER = """
 import logging, sys
-from moto.server import ThreadedMotoServer
-server = ThreadedMotoServer(ip_address="127.0.0.1", port=int(sys.argv[1]), verbose=False)
+sys.path.insert(0, sys.argv[2])  # tests/, for moto_strict
+import moto_strict
 logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one log line per request otherwise
-server.start()
+server, _ = moto_strict.start_server(int(sys.argv[1]))
 print("ready", flush=True)
 sys.stdin.read()  # until the test closes stdin
 server.stop()
@@ -62,7 +62,10 @@ def s3() -> Iterator[dict[str, Any]]:
 
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-c", _SERVER, str(port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", _SERVER, str(port), str(Path(__file__).parent)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"

@@ -9,9 +9,9 @@ environment as the guide tells a reader to set them. A reader copies one block, 
 from __future__ import annotations
 
 import re
-import socket
 from pathlib import Path
 
+import moto_strict
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,14 +32,9 @@ def test_python_blocks_are_found():
 @pytest.fixture
 def s3_endpoint(monkeypatch):
     """A moto S3 server on 127.0.0.1 with the guide's bucket, credentials in the environment."""
-    moto_server = pytest.importorskip("moto.server")
+    pytest.importorskip("moto.server")
     boto3 = pytest.importorskip("boto3")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
+    server, endpoint = moto_strict.start_server()  # conditional writes decided as S3 decides them
     for name, value in {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",

@@ -5,19 +5,17 @@ MemoryStore, and S3Store on moto; an obstore LocalStore opens as shardkv's own l
 
 from __future__ import annotations
 
-import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import moto_strict
 import pytest
-from concurrency_harness import serialised_moto_writes
 from kv_contract import KVContract, put_ok
 
 obstore = pytest.importorskip("obstore")
 boto3 = pytest.importorskip("boto3")
-from moto.server import ThreadedMotoServer  # noqa: E402
 from obstore.store import LocalStore as ObLocalStore  # noqa: E402
 from obstore.store import MemoryStore, S3Store  # noqa: E402
 
@@ -33,14 +31,11 @@ KEY, SECRET, REGION = "shardkv-test", "shardkv-test-secret", "us-east-1"
 
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    with serialised_moto_writes():  # moto's conditional writes atomic, as real S3's are
-        yield f"http://127.0.0.1:{port}"
-    server.stop()
+    server, endpoint = moto_strict.start_server()  # conditional writes decided as S3 decides them
+    try:
+        yield endpoint
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="module")

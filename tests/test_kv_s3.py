@@ -6,13 +6,12 @@ is one conditional ranged ``GetObject`` that moves exactly the chunk's bytes.
 
 from __future__ import annotations
 
-import socket
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import moto_strict
 import pytest
-from concurrency_harness import serialised_moto_writes
 from kv_contract import KVContract, put_ok
 
 pytest.importorskip("s3fs")
@@ -34,14 +33,7 @@ def s3fs_fs() -> Iterator[Any]:
     import s3fs
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    serialised = serialised_moto_writes()  # moto's conditional writes atomic, as real S3's are
-    serialised.__enter__()
-    endpoint = f"http://127.0.0.1:{port}"
+    server, endpoint = moto_strict.start_server()  # conditional writes decided as S3 decides them
     boto3.client(
         "s3",
         endpoint_url=endpoint,
@@ -58,7 +50,6 @@ def s3fs_fs() -> Iterator[Any]:
     try:
         yield fs
     finally:
-        serialised.__exit__(None, None, None)
         server.stop()
 
 

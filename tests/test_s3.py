@@ -16,6 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
+import moto_strict
 import numpy as np
 import pytest
 import zarr
@@ -47,10 +48,7 @@ def s3():
     import s3fs
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one log line per request otherwise
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
+    server, endpoint = moto_strict.start_server()  # conditional writes decided as S3 decides them
     options = _options(endpoint)
     boto3 = pytest.importorskip("boto3")
     client = boto3.client(

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import re
-import socket
 import threading
 import uuid
 from collections import Counter
@@ -25,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import moto_strict
 import numpy as np
 import pytest
 import zarr
@@ -134,23 +134,18 @@ def s3(moto: _Moto) -> tuple[dict[str, Any], _Requests]:
 def moto() -> Iterator[_Moto]:
     """A moto S3 server with one bucket, its requests logged (werkzeug) and its exchanges recorded (WSGI)."""
     boto3 = pytest.importorskip("boto3")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     log = _Requests()
     werkzeug = logging.getLogger("werkzeug")
     werkzeug.addHandler(log)
     level, werkzeug.level = werkzeug.level, logging.INFO
     propagate, werkzeug.propagate = werkzeug.propagate, False
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    server, endpoint = moto_strict.start_server()  # conditional writes decided as S3 decides them
     wsgi_server = getattr(server, "_server", None)  # moto 5's werkzeug server; its handler reads .app per request
     if wsgi_server is None or not hasattr(wsgi_server, "app"):
         server.stop()
         pytest.fail("moto's ThreadedMotoServer no longer exposes its werkzeug server (_server.app): update _Exchanges")
     exchanges = _Exchanges(wsgi_server.app)
     wsgi_server.app = exchanges
-    endpoint = f"http://127.0.0.1:{port}"
     client = boto3.client(
         "s3",
         endpoint_url=endpoint,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -142,12 +141,9 @@ def s3() -> Iterator[tuple[Any, list[str]]]:
     """An s3fs filesystem on moto (127.0.0.1) and the list of requests the server saw."""
     import logging
 
+    import moto_strict
     import s3fs
-    from moto.server import ThreadedMotoServer
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     seen: list[str] = []
 
     class Record(logging.Handler):
@@ -158,13 +154,12 @@ def s3() -> Iterator[tuple[Any, list[str]]]:
     handler = Record()
     logging.getLogger("werkzeug").addHandler(handler)
     logging.getLogger("werkzeug").setLevel(logging.INFO)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    server, endpoint = moto_strict.start_server()  # conditional writes decided as S3 decides them
     fs = s3fs.S3FileSystem(
         key="k",
         secret="s",
         skip_instance_cache=True,
-        client_kwargs={"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"},
+        client_kwargs={"endpoint_url": endpoint, "region_name": "us-east-1"},
     )
     yield fs, seen
     server.stop()

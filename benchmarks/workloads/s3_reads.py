@@ -40,11 +40,13 @@ import json
 import os
 import select
 import subprocess
+import sys
 import textwrap
 import threading
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -132,6 +134,10 @@ def start_server() -> tuple[Any, CountingApp, str]:
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
     from werkzeug.serving import make_server
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+    import moto_strict
+
+    moto_strict.install()  # conditional writes decided as S3 decides them, as in every server of the suite
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no access log on stderr: the counting layer counts
     app = CountingApp(DomainDispatcherApplication(create_backend_app))
     server = make_server("127.0.0.1", 0, app, threaded=True)

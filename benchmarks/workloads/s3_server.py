@@ -7,7 +7,11 @@ port, prints ``READY <port>`` on stdout once it answers, then serves until
 its standard input closes (or it is killed). Every request is one line in
 ``FILE`` (``METHOD /path?query STATUS``), written before the response is sent,
 so a workload counts the requests of a phase as the lines added during it
-(:func:`count_requests`). Requests come only from this machine.
+(:func:`count_requests`). Requests come only from this machine. The server
+decides conditional writes as S3 does (one winner per ETag; ``If-Match`` on
+``CompleteMultipartUpload``, ``x-amz-copy-source-if-match``), through the
+tests' one helper, ``tests/moto_strict.py``: moto alone lets two conditional
+writers win.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import re
 import socket
 import sys
 from collections import Counter
+from pathlib import Path
 
 ACCESS_KEY = "shardkv-bench"
 SECRET_KEY = "shardkv-bench-secret"
@@ -72,7 +77,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--log", required=True, help="file that gets one line per request")
     args = parser.parse_args()
-    from moto.server import ThreadedMotoServer
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # moto_strict
+    import moto_strict
 
     handler = _RequestLog(args.log)
     werkzeug = logging.getLogger("werkzeug")
@@ -80,8 +86,7 @@ def main() -> None:
     werkzeug.setLevel(logging.INFO)
     werkzeug.propagate = False  # the log file only; nothing on the terminal
     port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    moto_strict.start_server(port)
     sys.stdout.write(f"READY {port}\n")
     sys.stdout.flush()
     sys.stdin.read()  # until the runner closes our stdin

@@ -126,10 +126,11 @@ class Options:
         the shard plus the new chunks and a new index, renamed over the shard:
         about the bytes of the new chunks are written, and every old chunk
         keeps its offset, so readers (with or without shardkv) read old or new
-        values. Elsewhere (ext4,
-        and every store that is not a local or network directory: S3,
-        obstore, mappings, memory) the shard is rewritten whole (on object
-        stores a whole-shard conditional put). ``"append"``: as ``"auto"``
+        values. On S3 through s3fs, a multipart upload copying the kept bytes
+        on the server, with the new chunks and index as its last part,
+        completed with ``If-Match`` (shards keeping at least 5 MiB, index at
+        the end). Elsewhere (ext4, obstore, mappings, memory) the shard is
+        rewritten whole (on object stores a whole-shard conditional put). ``"append"``: as ``"auto"``
         where files clone; elsewhere, on local and network directories in
         concurrency mode ``"files"``, the new chunks and a new index are
         appended to the live shard file (shards with the index at the end and

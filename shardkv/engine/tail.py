@@ -19,7 +19,9 @@ and the ``shard_updates`` option allows:
    :meth:`~shardkv.storage.kv.KVStore.update_tail` conditioned on the
    generation read, and their new indexes cached.
 
-``"auto"`` takes the store's clone path only; ``"append"`` takes an
+``"auto"`` takes the store's clone path only (S3: a multipart upload that
+copies the kept bytes on the server, where at least
+:attr:`~shardkv.storage.kv.Capabilities.tail_min_kept` bytes stay); ``"append"`` takes an
 in-place append where no clone can be made, in mode ``"files"`` only and for
 layouts whose index is at the end and checksummed (a torn tail then fails
 the CRC32C, never gives wrong offsets), recording its intent in the shard's
@@ -98,6 +100,8 @@ class TailUpdater:
             return None
         how = self.kv.tail_method(shard_key, self.in_place)
         layout = arr.layout
+        if self.kv.caps.tail_min_kept and (layout.index_location == "start" or self._small(shard_key)):
+            return None  # the update would keep fewer bytes than the store copies: written whole, no index read
         if how == "clone" or (how == "append" and layout.index_location == "end" and layout.index_checksum):
             return how
         return None
@@ -157,6 +161,8 @@ class TailUpdater:
             plan = plan_tail_update(change.array.layout, index, size, whole, how)
             if plan.index.is_empty() or dead_fraction(plan) > self.max_dead_fraction:
                 continue  # no chunk left (a delete), or too many dead bytes: rewritten whole
+            if plan.kept_nbytes < self.kv.caps.tail_min_kept:
+                continue  # fewer bytes kept than the store copies (S3: 5 MiB): rewritten whole
             intent: tuple[int, str] | None = None
             if how == "append":
                 intent = self.locks.held_lock_files({shard_key: change.array}).get(shard_key)
@@ -173,6 +179,11 @@ class TailUpdater:
             self.stats.tail_updates += 1
             written.add(shard_key)
         return written, lost, missing
+
+    def _small(self, shard_key: str) -> bool:
+        """Whether the cached size of the shard is known to be below what the store copies."""
+        entry = self.cache.peek(shard_key)
+        return entry is not None and entry.size is not None and entry.size < self.kv.caps.tail_min_kept
 
     def _indexes(
         self, changes: Mapping[str, ShardChange]

@@ -377,7 +377,10 @@ class ShardWriter:
         Unused bytes are those of chunks replaced by O(chunk) updates and their
         old indexes (:mod:`shardkv.engine.tail`), or left by other writers. An
         in-place append interrupted by a killed writer is finished or undone
-        first (:meth:`repair`). Each shard is compacted holding its lock; in mode ``"conditional"`` the
+        first (:meth:`repair`); the incomplete multipart uploads killed
+        writers left under the array's prefix on S3 are aborted
+        (:meth:`~shardkv.storage.kv.KVStore.abort_incomplete_writes`).
+        Each shard is compacted holding its lock; in mode ``"conditional"`` the
         new shard is written only if the shard is still the one read (a shard
         another writer changed meanwhile is left for the next compaction).
 
@@ -394,6 +397,7 @@ class ShardWriter:
             As :meth:`write`; for a damaged shard.
         """
         kv, cache = self.kv, self.cache
+        kv.abort_incomplete_writes(arr.key_prefix)
         keys = (k for k, _ in arr.shard_keys()) if shard_keys is None else shard_keys
         reclaimed = 0
         for shard_key in keys:

@@ -7,7 +7,7 @@ Bytes before the update's first byte are never written, so a reader that read
 the old index and then reads a chunk at an old offset gets the old chunk.
 Two ways to place the new bytes (``how``)::
 
-    "clone" (a reflink copy of the shard, then renamed over it):
+    "clone" (a reflink copy of the shard renamed over it, or S3's server-side copy of the kept bytes):
       index at the end:   | old chunk data | new chunks | new index |
                                            ^ the old index is overwritten (the copy is private)
       index at the start: | new index | old chunk data | new chunks |
@@ -108,6 +108,11 @@ class TailPlan:
     index: ShardIndex
     nbytes: int
     used_nbytes: int
+
+    @property
+    def kept_nbytes(self) -> int:
+        """Leading bytes of the stored shard the update keeps as they are (before its first write)."""
+        return min(offset for offset, _ in self.writes)
 
     @property
     def new_nbytes(self) -> int:

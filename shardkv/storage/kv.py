@@ -216,8 +216,12 @@ class Capabilities:
         locks are a complete concurrency guarantee.
     tail_updates : bool
         :meth:`KVStore.update_tail` can write an update of a few chunks of a
-        stored shard after its bytes (local and network directories), instead
-        of the whole shard.
+        stored shard after its bytes (local and network directories, S3
+        through s3fs), instead of the whole shard.
+    tail_min_kept : int
+        Fewest leading bytes of a stored shard an update must keep
+        (bytes; S3: 5 MiB, its smallest copied part); a shard that would keep
+        fewer (a small shard, an index at the start) is written whole.
     """
 
     ranged: bool = False
@@ -228,6 +232,7 @@ class Capabilities:
     lock_dir: bool = False
     in_process: bool = False
     tail_updates: bool = False
+    tail_min_kept: int = 0
 
 
 ReadRequest = tuple[str, "Sequence[ByteRange] | None", Generation]
@@ -473,6 +478,11 @@ class KVStore(ABC):
             Any error of the store.
         """
         raise UnsupportedError(f"{type(self).__name__} cannot update a value after its bytes ({key!r})")
+
+    def abort_incomplete_writes(self, prefix: str) -> list[str]:
+        """Reclaim what killed writers left under ``prefix`` that no reader sees (S3: incomplete multipart
+        uploads, once old enough); a name for each. Nothing on other stores (the default)."""
+        return []
 
     def recover_tail(self, intent_fd: int, intent_path: str | None = None, repair: bool = True) -> str | None:
         """Finish or undo the interrupted append an intent in ``intent_fd`` records; the path repaired, if any.

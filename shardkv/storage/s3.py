@@ -8,7 +8,9 @@ or ``If-None-Match: *`` (a ``412``/``409`` is a lost race); deletes carry
 ``If-Match`` (S3 since 2024, moto). The requests of one call run
 concurrently on s3fs's event loop, :data:`IN_FLIGHT` at most. Listings are
 ``ListObjectsV2`` (with their ETags). "Not found" is "missing"; permission and
-network errors propagate unchanged.
+network errors propagate unchanged. An update of some chunks of a stored shard
+whose kept bytes hold at least 5 MiB is a multipart upload that copies them on
+the server (:mod:`shardkv.storage.s3_updates`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
+from shardkv.errors import UnsupportedError
 from shardkv.format.ranges import ByteRange
+from shardkv.format.tail import TailHow
 from shardkv.storage.buffers import Value, join_parts
 from shardkv.storage.kv import (
     ANY,
@@ -32,8 +36,10 @@ from shardkv.storage.kv import (
     ReadResult,
     hidden,
 )
+from shardkv.storage.local import DEFAULT_TEMP_AGE
 from shardkv.storage.location import StoreLocation, fs_location
 from shardkv.storage.objects import Outcome, assemble, child_names, metadata_only, plan_requests, sliced
+from shardkv.storage.s3_updates import LOST_CODES, MIN_PART_NBYTES, copy_update, incomplete_uploads
 
 __all__ = ["S3Store", "IN_FLIGHT", "http_range", "gather_all", "is_precondition_failure"]
 
@@ -134,13 +140,17 @@ class S3Store(KVStore):
         The filesystem (its client, credentials, endpoint and event loop are used).
     root : str
         ``bucket/prefix`` of the store (a protocol and a trailing ``/`` are dropped).
+    upload_age : float
+        Age (seconds) from which :meth:`abort_incomplete_writes` takes an
+        incomplete multipart upload for a killed writer's (a live one's is younger).
     """
 
-    def __init__(self, fs: Any, root: str) -> None:
+    def __init__(self, fs: Any, root: str, upload_age: float = DEFAULT_TEMP_AGE) -> None:
         from fsspec.asyn import sync  # s3fs runs on fsspec's event loop
 
         self.fs = fs
         self.root = fs._strip_protocol(root).rstrip("/")
+        self.upload_age = upload_age
         self._sync = sync
         self._location = fs_location(fs, self.root)
         self.caps = Capabilities(
@@ -151,6 +161,8 @@ class S3Store(KVStore):
             conditional_delete=True,
             lock_dir=False,
             in_process=False,
+            tail_updates=True,
+            tail_min_kept=MIN_PART_NBYTES,
         )
 
     @property
@@ -159,7 +171,7 @@ class S3Store(KVStore):
         return self._location
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.fs, self.root))
+        return (type(self), (self.fs, self.root, self.upload_age))
 
     def __repr__(self) -> str:
         return f"S3Store({self.root!r})"
@@ -180,6 +192,15 @@ class S3Store(KVStore):
             return await self.fs._call_s3(method, Bucket=bucket, Key=object_key, **kwargs)
         async with slots:
             return await self.fs._call_s3(method, Bucket=bucket, Key=object_key, **kwargs)
+
+    async def _api(self, method: str, **kwargs: Any) -> Any:
+        """One request through the client s3fs's ``set_session()`` returns, in one of the running call's slots."""
+        client = await self.fs.set_session()
+        slots = _SLOTS.get()
+        if slots is None:
+            return await getattr(client, method)(**kwargs)
+        async with slots:
+            return await getattr(client, method)(**kwargs)
 
     # -- reads ----------------------------------------------------------------
 
@@ -291,6 +312,83 @@ class S3Store(KVStore):
         items = list(writes.items())
         calls = [(lambda k=k, v=v, c=c: self._delete(k, c) if v is None else self._put(k, v, c)) for k, (v, c) in items]
         return dict(zip((k for k, _ in items), self._run(calls), strict=True))
+
+    # -- O(chunk) updates -----------------------------------------------------
+
+    def tail_method(self, key: str, in_place: bool) -> TailHow | None:
+        """``"clone"``: an update is a multipart upload that copies the kept bytes on the server."""
+        return "clone"
+
+    def update_tail(
+        self,
+        key: str,
+        writes: Sequence[tuple[int, Value]],
+        nbytes: int,
+        if_generation: Generation,
+        how: TailHow,
+        intent_fd: int | None = None,
+        intent_path: str | None = None,
+    ) -> Generation | None:
+        """The object's first bytes copied on the server, then ``writes``' one value, as one conditional upload.
+
+        ``writes`` is one ``(keep, value)``: the object becomes its bytes
+        ``[0, keep)`` followed by ``value`` (``keep >= 5 MiB``, ``nbytes ==
+        keep + len(value)``), conditioned on ``if_generation`` (an ETag), as
+        :mod:`shardkv.storage.s3_updates` describes; ``None`` when the object
+        changed (or vanished) since. See :meth:`KVStore.update_tail`.
+
+        Raises
+        ------
+        UnsupportedError
+            For another ``how``, several writes, no ETag to condition on, or
+            fewer than 5 MiB kept.
+        """
+        (keep, value), *more = writes
+        body = join_parts(value)
+        if how != "clone" or more or if_generation.is_any or if_generation.is_missing or keep < MIN_PART_NBYTES:
+            raise UnsupportedError(
+                f"S3 updates {key!r} after a kept prefix of >= {MIN_PART_NBYTES} bytes, with one write and an ETag "
+                f"(got how={how!r}, {1 + len(more)} writes, keep={keep}, if_generation={if_generation!r})"
+            )
+        if keep + len(body) != nbytes:
+            raise ValueError(f"{key!r}: {keep} kept + {len(body)} written bytes are not the planned {nbytes}")
+        bucket, object_key = self._bucket_key(key)
+
+        async def update() -> Generation | None:
+            try:
+                return Generation(
+                    await copy_update(self._api, bucket, object_key, str(if_generation.token), keep, body)
+                )
+            except Exception as exc:
+                if is_precondition_failure(exc) or any(code in LOST_CODES for code, _ in _codes(exc)):
+                    return None
+                raise
+            finally:
+                self.fs.invalidate_cache(self._path(key))
+
+        return self._run([update])[0]
+
+    def abort_incomplete_writes(self, prefix: str) -> list[str]:
+        """Abort the incomplete multipart uploads under ``prefix`` begun ``upload_age`` seconds ago or more.
+
+        Killed writers leave them (the objects they were to replace stay as
+        they were); S3 keeps their parts, and bills them, until they are
+        aborted. Returns ``key?uploadId=...`` of each upload aborted.
+        """
+        bucket, object_prefix = self._bucket_key(prefix)
+        skip = len(object_prefix) - len(prefix)
+
+        async def abort_all() -> list[str]:
+            found = await incomplete_uploads(self._api, bucket, object_prefix, self.upload_age)
+            for object_key, upload_id in found:
+                try:
+                    await self._api("abort_multipart_upload", Bucket=bucket, Key=object_key, UploadId=upload_id)
+                except Exception as exc:
+                    if not any(code == "NoSuchUpload" for code, _ in _codes(exc)):  # completed or aborted meanwhile
+                        raise
+            return [f"{k[skip:]}?uploadId={u}" for k, u in found]
+
+        return self._run([abort_all])[0]
 
     # -- listings -------------------------------------------------------------
 
