@@ -216,13 +216,6 @@ def lock_modes(array_dir: str) -> tuple[int, int]:
     return file_mode, lock_dir_mode | (dir_mode & stat.S_ISGID)
 
 
-def _too_open(found: int, wanted: int) -> bool:
-    """Whether permission bits ``found`` grant what ``wanted`` does not, or a read without its write."""
-    found &= 0o777
-    readers_not_writers = (found & 0o444) & ~((found & 0o222) << 1)
-    return bool(found & ~wanted or readers_not_writers)
-
-
 def _make_lock_dir(lock_dir: str) -> None:
     """Create ``lock_dir`` (a ``.shardkv-locks``) with the modes of :func:`lock_modes`, if it is missing."""
     if os.path.isdir(lock_dir):
@@ -256,14 +249,18 @@ class _LockFile:
     def _open(self) -> int | None:
         """A descriptor of the lock file, created if missing; ``None`` if it vanished between two opens."""
         flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-        mode, _ = lock_modes(os.path.dirname(os.path.dirname(self.path)))
         try:
             try:
-                fd, created = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, mode), True
+                return os.open(self.path, flags)  # made by an earlier hold: the usual case
+            except FileNotFoundError:
+                pass
+            mode, _ = lock_modes(os.path.dirname(os.path.dirname(self.path)))
+            try:
+                fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, mode)
             except FileExistsError:
-                fd, created = os.open(self.path, flags), False
+                return os.open(self.path, flags)  # another writer made it meanwhile
         except FileNotFoundError:
-            return None  # removed between the two opens (the array deleted): made again next round
+            return None  # removed between two opens (the array deleted): made again next round
         except PermissionError as exc:
             raise PermissionError(
                 exc.errno,
@@ -272,12 +269,7 @@ class _LockFile:
                 self.path,
             ) from exc
         try:
-            if created:
-                os.fchmod(fd, mode)  # exactly: the umask may have left a read bit without its write bit
-            else:
-                st = os.fstat(fd)
-                if _too_open(st.st_mode, mode) and st.st_uid == os.geteuid():
-                    os.fchmod(fd, mode)  # left 0644 by an older shardkv
+            os.fchmod(fd, mode)  # exactly: the umask may have left a read bit without its write bit
         except BaseException:
             os.close(fd)
             raise
@@ -298,23 +290,25 @@ class _LockFile:
         FileNotFoundError
             If the lock file kept being removed while it was being taken.
         """
-        for _ in attempts(_REOPEN_ATTEMPTS, _REOPEN_BACKOFF):  # another round only if the file was removed
+        reopens: Iterator[int] | None = None  # the retry loop, only once the file was removed
+        while True:
             fd = self._open()
-            if fd is None:
-                continue
-            try:
-                locked = _flock(fd, deadline)
-                if locked and os.fstat(fd).st_nlink > 0:
-                    self.fd = fd
-                    return True
-            except BaseException:
+            if fd is not None:
+                try:
+                    locked = _flock(fd, deadline)
+                    if locked and os.fstat(fd).st_nlink > 0:
+                        self.fd = fd
+                        return True
+                except BaseException:
+                    os.close(fd)
+                    raise
                 os.close(fd)
-                raise
-            os.close(fd)
-            if not locked:
-                return False
+                if not locked:
+                    return False
             # the file was removed (the array deleted) between our open and flock: lock the new one
-        raise FileNotFoundError(errno.ENOENT, "lock file keeps being removed while it is taken", self.path)
+            reopens = reopens or attempts(_REOPEN_ATTEMPTS, _REOPEN_BACKOFF, made=1)
+            if next(reopens, None) is None:
+                raise FileNotFoundError(errno.ENOENT, "lock file keeps being removed while it is taken", self.path)
 
     def release(self) -> None:
         """Let go of the lock and close its descriptor."""
@@ -331,14 +325,17 @@ def _flock(fd: int, deadline: float | None) -> bool:
     if deadline is None:
         fcntl.flock(fd, fcntl.LOCK_EX)
         return True
-    for _ in attempts(None, LOCK_BACKOFF, deadline):
+    waits: Iterator[int] | None = None  # the retry loop, only while another holds it
+    while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
         except OSError as exc:
             if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
                 raise
-    return False
+        waits = waits or attempts(None, LOCK_BACKOFF, deadline, made=1)
+        if next(waits, None) is None:
+            return False
 
 
 class _Registry:
@@ -391,14 +388,8 @@ def holds_shard_locks() -> bool:
     return _HELD.holds > 0
 
 
-def _note_held(stack: ExitStack) -> None:
-    """Count a hold of this thread until ``stack`` closes (before its locks are released)."""
-    _HELD.holds += 1
-
-    def unnote() -> None:
-        _HELD.holds -= 1
-
-    stack.callback(unnote)
+def _left_hold() -> None:
+    _HELD.holds -= 1
 
 
 _STRIPE_HELD = (
@@ -568,14 +559,19 @@ class ShardLocks:
         came through, and no two threads take one lock file at once; else the
         stripe of the shard's namespace and full path.
         """
-        return sorted({stripe_of(self._identity(k, prefixes), self.thread_stripes) for k in shard_keys})
+        return sorted({stripe_of(self._where(k, prefixes)[0], self.thread_stripes) for k in shard_keys})
 
-    def _identity(self, key: str, prefixes: Mapping[str, str] | None = None) -> str:
-        """What names a shard's lock in this process: its lock file (real array directory, file stripe) or full path."""
-        if self._dir_root is not None:
-            prefix, rel = self._split(key, prefixes)
-            return f"{self._prefix}{self._real_dir(prefix)}\0{stripe_of(rel, self.file_stripes)}"
-        return self._prefix + self.location.full_path(key)
+    def _where(self, key: str, prefixes: Mapping[str, str] | None = None) -> tuple[str, tuple[str, int] | None]:
+        """What names a shard's lock in this process, and its lock file (lock directory, stripe) if it has one.
+
+        The name is the lock file's (real array directory, file stripe) where the data is in a directory, else
+        the shard's full path; the lock file is ``None`` without lock files.
+        """
+        if self._dir_root is None:
+            return self._prefix + self.location.full_path(key), None
+        prefix, rel = self._split(key, prefixes)
+        real, stripe = self._real_dir(prefix), stripe_of(rel, self.file_stripes)
+        return f"{self._prefix}{real}\0{stripe}", (os.path.join(real, LOCK_DIR), stripe) if self.cross_process else None
 
     def file_stripes_by_dir(
         self, shard_keys: Iterable[str], prefixes: Mapping[str, str] | None = None
@@ -635,15 +631,15 @@ class ShardLocks:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         keys = list(shard_keys)
         by_stripe: dict[int, list[str]] = {}  # in-process stripe -> its shards
-        for key in keys:
-            by_stripe.setdefault(stripe_of(self._identity(key, prefixes), self.thread_stripes), []).append(key)
         by_file: dict[tuple[str, int], list[str]] = {}  # (lock directory, stripe) -> its shards
-        if self.cross_process:
-            for key in keys:
-                prefix, rel = self._split(key, prefixes)
-                by_file.setdefault((self.lock_dir_for(prefix), stripe_of(rel, self.file_stripes)), []).append(key)
+        for key in keys:
+            identity, file = self._where(key, prefixes)
+            by_stripe.setdefault(stripe_of(identity, self.thread_stripes), []).append(key)
+            if file is not None:
+                by_file.setdefault(file, []).append(key)
         with ExitStack() as stack:
-            _note_held(stack)
+            _HELD.holds += 1  # counted until the stack closes, before its locks are released
+            stack.callback(_left_hold)
             pool = _REGISTRY.thread_pool(self.thread_stripes)
             for stripe in sorted(by_stripe):
                 lock = pool[stripe]
@@ -680,10 +676,11 @@ class ShardLocks:
             waited for, the file and what to do (nothing of ``by_file`` is held then).
         """
         files = sorted(by_file)
-        for lock_dir in dict.fromkeys(d for d, _ in files):
+        for lock_dir in sorted({d for d, _ in files}):
             _make_lock_dir(lock_dir)
         waited = files[0]
-        for _ in attempts(None, LOCK_BACKOFF, deadline):
+        rounds: Iterator[int] | None = None  # the retry loop, only once a round found a lock file taken
+        while True:
             with ExitStack() as round_stack:
                 if not self._take_file(round_stack, waited, deadline):
                     break
@@ -696,6 +693,9 @@ class ShardLocks:
                     stack.enter_context(round_stack.pop_all())
                     return
             waited = busy  # all let go: the next round waits for the one another writer holds
+            rounds = rounds or attempts(None, LOCK_BACKOFF, deadline, made=1)
+            if next(rounds, None) is None:
+                break
         lock_file = os.path.join(waited[0], f"{waited[1]}.lock")
         raise LockTimeoutError(
             f"lock file {lock_file!r}", self.timeout or 0.0, _file_held(lock_file), lock_file, by_file[waited][0]
@@ -733,11 +733,10 @@ class ShardLocks:
             return {}
         out: dict[str, tuple[int, str]] = {}
         for key, arr in shards.items():
-            prefix, rel = self._split(key, {key: lock_prefix(arr)})
-            lock_dir, stripe = self.lock_dir_for(prefix), stripe_of(rel, self.file_stripes)
-            fd = _HELD.fds.get((lock_dir, stripe))
-            if fd is not None:
-                out[key] = (fd, os.path.join(lock_dir, f"{stripe}.lock"))
+            file = self._where(key, {key: lock_prefix(arr)})[1]
+            fd = None if file is None else _HELD.fds.get(file)
+            if file is not None and fd is not None:
+                out[key] = (fd, os.path.join(file[0], f"{file[1]}.lock"))
         return out
 
 

@@ -50,7 +50,7 @@ import errno
 import os
 import threading
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
@@ -86,10 +86,6 @@ class _Commit:
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     refused: dict[int, Exception] = field(default_factory=dict)
-
-    def error_of(self, position: int) -> BaseException | None:
-        """Why the change at ``position`` of ``changes`` was not stored (``None``: it is)."""
-        return self.error if self.error is not None else self.refused.get(position)
 
 
 class ShardWriter:
@@ -193,7 +189,7 @@ class ShardWriter:
         for commit, _ in joined:
             commit.done.wait()  # bounded: its writer runs one bounded write (lock timeout, write attempts)
         for commit, position in joined:
-            error = commit.error_of(position)
+            error = commit.error if commit.error is not None else commit.refused.get(position)
             if error is not None:
                 raise error
 
@@ -284,13 +280,16 @@ class ShardWriter:
         shards = {k: c.array for k, c in todo.items()}
         with self.locks.hold_arrays(shards):
             self.tail.recover(shards)  # an in-place append its writer did not finish: kept or undone first
-            for _ in attempts(WRITE_ATTEMPTS, WRITE_BACKOFF):
+            rounds: Iterator[int] | None = None  # the retry loop, only once a round lost a race
+            while True:
                 self.stats.write_attempts += 1
                 todo = self._write_round(todo, refused)
                 if not todo:
                     return {}, refused
                 self.stats.write_lost += len(todo)
-        return todo, refused
+                rounds = rounds or attempts(WRITE_ATTEMPTS, WRITE_BACKOFF, made=1)
+                if next(rounds, None) is None:
+                    return todo, refused
 
     def _write_round(self, changes: Mapping[str, ShardChange], refused: dict[str, Exception]) -> dict[str, ShardChange]:
         """One read-merge-put round; the changes of the shards whose conditional put lost.
@@ -518,4 +517,4 @@ def _nbytes(parts: Sequence[BytesLike]) -> int:
     """Total bytes of a shard's parts (``len`` at C speed when they are all ``bytes``)."""
     if set(map(type, parts)) == {bytes}:
         return sum(map(len, parts))
-    return sum(memoryview(p).nbytes for p in parts)
+    return sum([memoryview(p).nbytes for p in parts])

@@ -336,7 +336,7 @@ class ShardedArray:
         """
         grid = self.chunk_grid_shape
         return grid is None or all(
-            (s + 1) * cps <= g for s, cps, g in zip(shard_coords, self.chunks_per_shard, grid, strict=True)
+            [(s + 1) * cps <= g for s, cps, g in zip(shard_coords, self.chunks_per_shard, grid, strict=True)]
         )
 
     def chunks_in_shard(self, shard_coords: Sequence[int]) -> Iterator[tuple[tuple[int, ...], tuple[int, ...]]]:

@@ -368,6 +368,7 @@ class LocalStore(KVStore):
         self.temp_age = float(temp_age)
         self._checked: dict[str, str] = {}  # key -> its local path, checked by _check_key (reads look it up)
         self._no_append: set[str] = set()  # keys of shards outside their array's real directory (linked)
+        self._clones: dict[str, bool] = {}  # directory -> whether its file system clones files (asked once)
 
     @property
     def location(self) -> StoreLocation:
@@ -501,7 +502,7 @@ class LocalStore(KVStore):
     def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
         for key in writes:  # refuse a bad key before any I/O
             _check_key(key)
-        self.sweep_before_writing(k for k, (v, _) in writes.items() if v is not None)
+        self.sweep_before_writing([k for k, (v, _) in writes.items() if v is not None])
         out: dict[str, Generation | None] = {}
         # conditions are checked and writes made under the writer locks of the keys' stripes:
         # no other write of this process to these keys comes between check and rename
@@ -524,11 +525,17 @@ class LocalStore(KVStore):
             If the shard's directory cannot be examined or written (permissions).
         """
         directory = os.path.dirname(self.path(key))
-        try:
-            if clones_files(directory):
-                return "clone"
-        except FileNotFoundError:  # no shard there yet: a whole write
-            return None
+        clones = self._clones.get(directory)
+        if clones is None:
+            try:
+                clones = clones_files(directory)
+            except FileNotFoundError:  # no shard there yet: a whole write
+                return None
+            if len(self._clones) >= _CHECKED_MAX:
+                self._clones.clear()
+            self._clones[directory] = clones
+        if clones:
+            return "clone"
         return "append" if in_place and key not in self._no_append else None
 
     def update_tail(
@@ -575,6 +582,8 @@ class LocalStore(KVStore):
         with STAMPS.writing(self._location, [key]):
             if how == "clone":
                 st = clone_update(path, writes, nbytes, holds, self.fsync, _write_at)
+                if st is None:  # a race lost, or a file that would not clone after all: asked again
+                    self._clones.pop(os.path.dirname(path), None)
             else:
                 if intent_fd is None:
                     raise ValueError(f"an in-place append to {key!r} needs the lock file that records its intent")
@@ -598,6 +607,8 @@ class LocalStore(KVStore):
         engine names it: ``<real array directory>/.shardkv-locks/<stripe>.lock``),
         or, without ``intent_path``, under the store's real root.
         """
+        if not os.fstat(intent_fd).st_size:  # no append was ever recorded in this lock file
+            return None
         return recover_append(intent_fd, _write_at, self._repairable(intent_path), repair)
 
     def _repairable(self, intent_path: str | None) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -66,9 +67,8 @@ def _dump(doc: Mapping[str, Any]) -> bytes:
     return json.dumps(doc, indent=2).encode()
 
 
-def _is_node(node: Node) -> bool:
-    """True for a node that decides what the keys below it are (an array; a group or nothing is passed over)."""
-    return node is not None
+_is_node: Callable[[Node], bool] = functools.partial(operator.is_not, None)
+"""True for a node that decides what the keys below it are (an array; a group or nothing is passed over)."""
 
 
 _BUILT_NODES = 64
