@@ -87,8 +87,6 @@ from shardkv.format.journal_frames import (
 )
 from shardkv.format.layout import crc32c_of
 
-__all__ = ["Journal", "JournalRecord"]
-
 _OPEN_ATTEMPTS = 100  # lock-then-verify retries when the file is replaced under us (bounded)
 
 

@@ -76,21 +76,6 @@ from shardkv.keys.space import ShardedArray
 from shardkv.storage.kv import LOCK_DIR, KVStore
 from shardkv.storage.location import StoreLocation
 
-__all__ = [
-    "ShardLocks",
-    "LOCK_DIR",
-    "stripe_of",
-    "DEFAULT_THREAD_STRIPES",
-    "DEFAULT_FILE_STRIPES",
-    "DEFAULT_LOCK_TIMEOUT",
-    "Concurrency",
-    "Mode",
-    "CONCURRENCY_MODES",
-    "resolve_mode",
-    "lock_prefix",
-    "holds_shard_locks",
-]
-
 Concurrency = Literal["auto", "files", "conditional", "process", "none"]
 """How writers of one shard keep each other's chunks (see :class:`~shardkv.ShardedStore`)."""
 Mode = Literal["files", "conditional", "process", "none"]

@@ -24,17 +24,6 @@ from typing import Any, Generic, TypeVar
 from shardkv._types import BytesLike, LocalCoords
 from shardkv.keys.space import ChunkRef, ShardedArray
 
-__all__ = [
-    "ChunkPatch",
-    "ChunkUpdate",
-    "ShardChange",
-    "apply_partial_writes",
-    "group_by_shard",
-    "join_changes",
-    "merge_chunks",
-    "out_of_grid",
-]
-
 
 def apply_partial_writes(key: str, old: BytesLike | None, writes: Sequence[tuple[int, BytesLike]]) -> bytes:
     """Apply ``(start, value)`` writes, in order, to the old value of ``key``.

@@ -14,8 +14,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["Backoff", "EngineStats", "attempts", "READ_ATTEMPTS", "WRITE_ATTEMPTS", "LOCK_BACKOFF"]
-
 READ_ATTEMPTS = 8
 """Rounds of one chunk read whose shards keep changing under it, at most."""
 WRITE_ATTEMPTS = 16

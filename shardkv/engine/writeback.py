@@ -55,8 +55,6 @@ from shardkv.keys.space import ChunkRef, ShardedArray
 if TYPE_CHECKING:
     from shardkv.engine.engine import ShardEngine
 
-__all__ = ["WriteBuffer", "WriteBack", "layout_of"]
-
 _JOURNAL_SLACK = 4 * 2**20  # bytes a journal may hold beyond twice the buffer before it is compacted
 
 Buffered = ShardChange[bytes | None]

@@ -66,9 +66,6 @@ from shardkv.keys.space import ShardedArray
 from shardkv.storage.buffers import Value
 from shardkv.storage.kv import ANY, MISSING_RESULT, NO_VALUE, Generation, KVStore, ReadResult
 
-__all__ = ["ShardWriter"]
-
-
 _WRITERS: weakref.WeakSet[ShardWriter] = weakref.WeakSet()
 """Every writer of this process (a forked child forgets their commits)."""
 

@@ -17,8 +17,6 @@ import numpy as np
 
 from shardkv.errors import CorruptShardError
 
-__all__ = ["EMPTY", "ShardIndex", "MAX_SHARD_NBYTES", "DEFAULT_MAX_CHUNK_NBYTES"]
-
 EMPTY = np.uint64(2**64 - 1)
 """The value of both ``offset`` and ``nbytes`` for an empty inner chunk."""
 

@@ -49,8 +49,6 @@ from shardkv.keys.encodings import (
     shard_to_chunks,
 )
 
-__all__ = ["ShardedArray", "ChunkRef"]
-
 # a canonical coordinate below 10**18 (parsed as int64 without overflow); longer ones take the slow path
 _COORD = r"(?:0|[1-9][0-9]{0,17})"
 

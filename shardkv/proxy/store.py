@@ -34,6 +34,7 @@ from shardkv.keys.encodings import validate_key
 from shardkv.keys.paths import join_path, path_prefix, split_key, validate_path
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
+from shardkv.metadata.documents import META_NAMES
 from shardkv.proxy.base import ProxyBase, refuse_zarr3
 from shardkv.proxy.hierarchy import Hierarchy
 from shardkv.proxy.listing import (
@@ -44,7 +45,7 @@ from shardkv.proxy.listing import (
     logical_keys,
 )
 from shardkv.proxy.metadata_writes import MetadataWriter
-from shardkv.proxy.nodes import META_NAMES, NodeTable
+from shardkv.proxy.nodes import NodeTable
 from shardkv.proxy.routing import BATCH_MIN_KEYS, route_batch
 from shardkv.proxy.values import as_buffer
 from shardkv.proxy.write_advice import WriteAdvisor
@@ -52,8 +53,6 @@ from shardkv.storage.identity import store_identity
 from shardkv.storage.kv import ANY, KVStore
 from shardkv.storage.local import LocalStore
 from shardkv.storage.open import open_kv
-
-__all__ = ["ShardedStore", "ROUTE_MEMO_LIMIT"]
 
 ROUTE_MEMO_LIMIT = 16_384
 """Keys whose route one store remembers (a few MiB) before its memo starts over (see ``ShardedStore._route``)."""

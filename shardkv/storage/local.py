@@ -85,16 +85,6 @@ _READ_GROUPS = 8
 _POOLED_READ_NBYTES = 64 * 1024
 """Bytes the first read of a batch must return for the rest to be read by the pool (smaller: in this thread)."""
 
-__all__ = [
-    "LocalStore",
-    "FSYNC",
-    "DEFAULT_TEMP_AGE",
-    "file_generation",
-    "atomic_write",
-    "fsync_dirs",
-    "write_parts",
-]
-
 FSYNC = True
 """Default of :attr:`LocalStore.fsync`: fsync each written file before its rename and the
 directories after (durable against power loss once a write returns)."""

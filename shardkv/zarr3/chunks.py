@@ -23,8 +23,6 @@ from shardkv.keys.space import ChunkRef
 from shardkv.storage.identity import STORE_ID_KEY, store_identity
 from shardkv.storage.open import open_kv
 
-__all__ = ["ChunkEngine", "JOURNAL_LAYOUT", "WRITE_ONCE_BUFFER_BYTES"]
-
 WRITE_ONCE_BUFFER_BYTES = 2**62
 """The write-back limit over a store that cannot replace a value when none is given: no limit in practice.
 

@@ -39,8 +39,6 @@ from shardkv.zarr3.metadata import (
     transparent_array,
 )
 
-__all__ = ["NodeTable", "meta_path", "prototype"]
-
 
 @dataclass(frozen=True)
 class _Other:

@@ -35,8 +35,6 @@ from shardkv.zarr3.chunks import ChunkEngine
 from shardkv.zarr3.nodes import NodeTable, meta_path
 from shardkv.zarr3.nodes import prototype as _prototype
 
-__all__ = ["ShardedStore"]
-
 
 def _slice(data: BytesLike, byte_range: ByteRequest | None) -> BytesLike:
     """The bytes of ``data`` a zarr 3 ``ByteRequest`` asks for.
