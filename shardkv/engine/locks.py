@@ -413,8 +413,9 @@ class ShardLocks:
     file_stripes : int
         Number of lock files (stripes) in an array's lock directory.
     timeout : float or None
-        Longest wait (seconds) for the locks of one :meth:`hold` (default
-        :data:`DEFAULT_LOCK_TIMEOUT`); ``None`` waits as long as it takes.
+        Longest wait (seconds, ``Options.lock_timeout``: checked there) for the
+        locks of one :meth:`hold` (default :data:`DEFAULT_LOCK_TIMEOUT`); ``None``
+        waits as long as it takes.
 
     Attributes
     ----------
@@ -426,7 +427,7 @@ class ShardLocks:
     Raises
     ------
     ConfigurationError
-        For a stripe count below 1, a negative timeout, or mode ``"files"``
+        For a stripe count below 1, or mode ``"files"``
         where there is no directory to keep lock files in.
     """
 
@@ -443,8 +444,6 @@ class ShardLocks:
             raise ConfigurationError(
                 f"lock stripe counts must be >= 1, got thread_stripes={thread_stripes}, file_stripes={file_stripes}"
             )
-        if timeout is not None and timeout < 0:
-            raise ConfigurationError(f"lock timeout must be >= 0 seconds or None, got {timeout}")
         root_dir = location.local_dir
         if mode is None:
             mode = "files" if root_dir is not None else "process"

@@ -75,18 +75,11 @@ class WriteBuffer:
     Parameters
     ----------
     max_bytes : int
-        Limit (bytes) on buffered chunk bytes; beyond it the oldest shards are
-        handed back for writing.
-
-    Raises
-    ------
-    ValueError
-        If ``max_bytes`` < 0.
+        Limit (bytes, ``Options.buffer_bytes``: checked there) on buffered chunk
+        bytes; beyond it the oldest shards are handed back for writing.
     """
 
     def __init__(self, max_bytes: int) -> None:
-        if max_bytes < 0:
-            raise ValueError(f"buffer_bytes must be >= 0, got {max_bytes}")
         self.max_bytes = int(max_bytes)
         self._pending: OrderedDict[str, Buffered] = OrderedDict()
         self._nbytes = 0
@@ -214,11 +207,6 @@ class WriteBack:
         The buffered changes (``None`` without write-back).
     journal : Journal or None
         The write-ahead journal, once attached.
-
-    Raises
-    ------
-    ValueError
-        If ``buffer_bytes`` < 0.
     """
 
     def __init__(

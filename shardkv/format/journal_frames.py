@@ -16,7 +16,6 @@ import msgpack
 from shardkv.format.layout import crc32c_of
 
 MAGIC = b"SHARDKV-JOURNAL2"
-OLD_MAGIC = b"SHARDKV-JOURNAL1"
 _SLOT = struct.Struct("<4sQQQ")  # marker, gen, end, next_seq (+ crc32c uint32, + 4 bytes padding)
 _SLOT_MARKER = b"SKJW"
 _SLOT_NBYTES = 32
