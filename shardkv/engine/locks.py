@@ -1,60 +1,11 @@
-"""Per-shard locks that belong to the data, not to the object, and the ``concurrency=`` option.
+"""Per-shard locks that belong to the data, not to the object (:class:`ShardLocks`), and the ``concurrency=`` modes.
 
-A shard write is a read-modify-write: every writer of a shard holds that
-shard's lock from the read of the old shard to the write of the new one, or
-detects that it raced. The mode is resolved once per engine from the store's
-:class:`~shardkv.storage.kv.Capabilities` (the modes and what each guarantees:
-docs/user-guide.md, "Concurrency"):
-
-* ``"files"``: in-process stripes plus lock files; puts are unconditional.
-* ``"conditional"``: in-process stripes plus puts conditioned on the
-  generation read (a writer that lost its race re-reads, re-merges, retries).
-* ``"process"``: in-process stripes only; ``"none"``: no locks.
-* ``"auto"``: ``"files"`` where the store has lock directories,
-  ``"conditional"`` where it has a conditional put or lives in this process,
-  otherwise a ``ConfigurationError`` that asks for an explicit choice.
-
-:class:`ShardLocks` gives the locks for a
-:class:`~shardkv.storage.location.StoreLocation`; every ``ShardLocks`` of one
-location shares them. One stripe scheme, two layers, taken in this order:
-
-1. **Across processes** (where the location has a ``local_dir``): an ``flock``
-   of ``<array>/.shardkv-locks/<stripe>.lock`` in the real directory of the
-   array that owns the shard (the store root for the 2022 draft layout), so
-   every store takes the same file for a shard whatever root or symbolic link
-   it came through. Lock files are opened ``O_RDWR`` and get the array
-   directory's write permissions (docs/user-guide.md, "Concurrency"): an
-   account that cannot write the array cannot block its writers.
-2. **In the process**: one process-wide pool of ``threading.Lock`` stripes,
-   taken first. For data in a directory a shard takes the thread stripe of its
-   lock file (real array directory and file stripe), with or without lock
-   files: so no two threads of a process hold one lock file at once (each
-   hold opens its own descriptor; ``flock`` emulated by per-process ``fcntl``
-   locks on NFS stays exclusive) and every mode agrees. Elsewhere a shard
-   takes the stripe of a CRC-32 of its namespace and full path.
-
-Stripes are safe: every writer of a shard takes that shard's stripe; shards
-that share a stripe only wait for each other. Deadlock freedom:
-:meth:`ShardLocks.hold` takes its thread stripes in ascending order, then its
-lock files in one global order (lock directory, stripe), waiting for a lock
-file only while it holds none (a taken one lets go of every lock file, and the
-next round waits for that one: :meth:`ShardLocks._take_files`). Every wait for
-a lock file goes through the engine's one retry loop
-(:func:`~shardkv.engine.retry.attempts`): a blocking ``flock`` without a
-timeout, tries spaced by :data:`~shardkv.engine.retry.LOCK_BACKOFF` until the
-deadline with one (:data:`DEFAULT_LOCK_TIMEOUT`, five minutes, unless
-``lock_timeout`` says otherwise; the ``LockTimeoutError`` names the shard,
-the lock file and what to do). No hold is nested in another: the engine
-never takes shard locks while its thread holds some (a 2022 draft array
-with stacked sharding transformers, which would, is refused when opened).
-Locks are never pickled, and
-a forked child starts with an empty pool (it never releases the parent's lock
-files: ``flock`` locks belong to the open file, which the child shares).
-
-A local store's conditional puts take a second, separate table of stripes:
-the writer locks of the process stamps (:data:`~shardkv.storage.stamps.STAMPS`),
-in ``storage/``, for the check and the rename of one ``put_many``
-(docs/architecture.md says why it stays there).
+Two layers, one stripe scheme: a process-wide pool of in-process stripes,
+then (mode ``"files"``) an ``flock`` of ``<array>/.shardkv-locks/<stripe>.lock``
+in the array's real directory, opened ``O_RDWR`` with the array directory's
+write permissions. The modes: docs/user-guide.md, "Concurrency"; the stripe
+order, the waits and why a hold is never nested: docs/architecture.md, "The
+write path". Locks are never pickled; a forked child starts with none.
 """
 
 from __future__ import annotations

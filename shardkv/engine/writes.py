@@ -1,47 +1,12 @@
 """The one write path of the engine (:class:`ShardWriter`): shard read-modify-write conditioned on the generation read.
 
-:meth:`ShardWriter.write` holds the shards' locks (:class:`~shardkv.engine.locks.ShardLocks`:
-in-process stripes always, lock files in mode ``"files"``) and runs one
-bounded loop (:func:`~shardkv.engine.retry.attempts`):
-
-1. one batched whole-shard ``get`` of the shards the changes cover only in
-   part (a shard whose every available chunk is set whole needs no read);
-2. the new shards merged by :func:`~shardkv.engine.merge.merge_chunks`;
-3. one batched ``put`` (a delete for a shard left with no chunk; an empty
-   shard where deletes cannot be conditioned), each conditioned on the
-   generation read in mode ``"conditional"`` (``NO_VALUE`` for a shard that
-   was not stored); shards written whole go out blind;
-4. the winners' indexes cached with the generations the puts returned; only
-   the shards that lost their race go round again.
-
-Under lock files (or for mode ``"process"``/``"none"``) puts are
-unconditional: the locks, or the caller's promise, exclude other writers.
-
-Group commit
-------------
-Writes of one shard made at once by threads of one engine (threads using
-one zarr 2 proxy, dask's threaded scheduler; zarr 3's ``set`` calls reach
-the engine as batches, one at a time, :mod:`shardkv.zarr3.batching`) are
-merged: the first write of a shard starts that shard's commit
-(the read-modify-write above); writes of the shard arriving while it runs
-join the shard's *next* commit, which starts when the running one has
-finished (its writer waits for it on an event) and stores all of them with
-one read-modify-write. So N writers of a shard cost at most two shard
-rewrites while one runs, not N. Each call returns only when every change it
-made is stored; an error of a commit (of the store, the locks, a lost race)
-is raised to every call that joined it (a write's own commit and any it
-joined). A change the merge refuses (a patch that would leave a gap) fails
-its shard alone, never the other shards of the round; if other calls' changes
-joined that shard's commit, they are then written one by one, in arrival
-order, so only the call that made the bad change is told, and nothing of the
-others is lost. A call interrupted before the commits it started ran (a
-``KeyboardInterrupt``) tells their other writers so, rather than leaving them
-waiting. The locks and the conditional puts
-exclude writers of other processes (and of other engines) exactly as
-without merging: a commit holds them as one write does. No write is made
-by a thread that holds shard locks: the engine never writes inside its own
-holds, and a caller's :meth:`ShardWriter.hold` is for its own reads and puts
-(a write in it waits for the locks its thread holds, until the lock timeout).
+:meth:`ShardWriter.write` holds the shards' locks and runs one bounded loop:
+one batched whole-shard ``get`` of the shards covered only in part, the merge
+(:func:`~shardkv.engine.merge.merge_chunks`), one batched ``put`` (conditioned
+in mode ``"conditional"``; blind for shards written whole), the winners'
+indexes cached; only shards that lost their race go round again. Writes of one
+shard made at once by threads of one engine are merged (group commit). Both
+are described in docs/architecture.md, "The write path".
 """
 
 from __future__ import annotations
