@@ -136,11 +136,6 @@ def lock_modes(array_dir: str) -> tuple[int, int]:
     group only if ``array_dir`` is group-writable; for others only if it is
     world-writable; the directory keeps ``array_dir``'s set-group-ID bit. No class gets a read
     bit without its write bit, so no account that cannot write the array can open (and ``flock``) a lock file.
-
-    Raises
-    ------
-    OSError
-        If ``array_dir`` cannot be examined (``FileNotFoundError``, ``PermissionError``).
     """
     dir_mode = os.stat(array_dir).st_mode
     file_mode, lock_dir_mode = 0o600, 0o700
@@ -597,18 +592,9 @@ class ShardLocks:
     ) -> None:
         """Take the lock files of ``by_file`` (``(lock directory, stripe)`` -> its shards) onto ``stack``.
 
-        Each round waits for one lock file holding none (the first in the
-        global order; after a round that found one taken, that one), then
-        tries the others in order without waiting; a taken one lets go of
-        everything for the next round (:func:`~shardkv.engine.retry.attempts`,
-        until ``deadline``). Nothing waits while holding a lock file, so
-        writers of overlapping sets never deadlock, whatever their order.
-
-        Raises
-        ------
-        LockTimeoutError
-            If ``deadline`` passed first, naming a shard of the lock file
-            waited for, the file and what to do (nothing of ``by_file`` is held then).
+        Each round waits for one lock file holding none, then tries the others
+        without waiting; a taken one lets go of all for the next round, which
+        waits for it (``LockTimeoutError`` past ``deadline``, nothing held).
         """
         files = sorted(by_file)
         for lock_dir in sorted({d for d, _ in files}):

@@ -236,11 +236,6 @@ class WriteBack:
         Missing and buffered-deleted chunks are left out; the chunks not
         buffered are read in one :meth:`ShardEngine.read_chunks
         <shardkv.engine.engine.ShardEngine.read_chunks>` call.
-
-        Raises
-        ------
-        CorruptShardError, ChecksumError, OSError
-            As :meth:`ShardEngine.read_chunks <shardkv.engine.engine.ShardEngine.read_chunks>`.
         """
         if self.buffer is None:
             return self.engine.reads.read_chunks(refs)

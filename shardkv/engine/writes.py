@@ -126,8 +126,6 @@ class ShardWriter:
             If a shard lock was not obtained within the lock timeout.
         ConcurrentUpdateError
             If a shard's conditional write lost its race in every round (mode ``"conditional"``).
-        OSError
-            Any error of the store.
         """
         if not changes:
             return
@@ -216,13 +214,7 @@ class ShardWriter:
                     commit.done.set()
 
     def _write_one_by_one(self, shard_key: str, commit: _Commit) -> None:
-        """Write the changes of ``commit`` (one shard) one after another, keeping each one's error in ``refused``.
-
-        Raises
-        ------
-        LockTimeoutError, OSError
-            As :meth:`write` (then the commit fails as a whole).
-        """
+        """Write the changes of ``commit`` (one shard) one after another, keeping each one's error in ``refused``."""
         for position, change in enumerate(commit.changes):
             lost, refused = self._write_held({shard_key: change})
             if shard_key in refused:
@@ -318,13 +310,7 @@ class ShardWriter:
         return lost
 
     def erase(self, shards: Mapping[str, ShardedArray]) -> None:
-        """Delete whole shards (unconditionally, holding their locks) and forget their indexes.
-
-        Raises
-        ------
-        LockTimeoutError, OSError
-            As :meth:`write`.
-        """
+        """Delete whole shards (unconditionally, holding their locks) and forget their indexes."""
         if not shards:
             return
         with self.locks.hold_arrays(shards):
@@ -458,11 +444,6 @@ class ShardWriter:
     def hold(self, shards: Mapping[str, ShardedArray]) -> AbstractContextManager[None]:
         """The locks of ``shards`` for a ``with`` block (for a caller's own reads and puts; not re-entrant:
         a :meth:`write` in it waits for the locks its own thread holds, until the lock timeout).
-
-        Raises
-        ------
-        LockTimeoutError
-            If a lock was not obtained within the lock timeout.
         """
         return self.locks.hold_arrays(shards)
 
