@@ -1,5 +1,7 @@
-"""Build shim: all configuration lives in setup.cfg."""
+"""Build shim: the configuration lives in setup.cfg, except the package list found here."""
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
-setup()
+# every package under shardkv/ (a new subpackage needs no edit here), and transformers/, which
+# setup.cfg's package_dir installs as shardkv.transformers: no search finds it under that name
+setup(packages=[*find_packages(include=["shardkv", "shardkv.*"]), "shardkv.transformers"])

@@ -198,6 +198,7 @@ def collect(args: argparse.Namespace, pythons: dict[str, str | None]) -> dict[st
             "peak_memory/shardkv",
             "convert_scale/shardkv",
             "convert_scale/tensorstore",
+            *(f"convert_v3/{impl}" for impl in CONVERT_V3_IMPLS),
             "list_scale/shardkv",
             "s3_reads/all",
             *w29.keys(),
@@ -231,6 +232,9 @@ def collect(args: argparse.Namespace, pythons: dict[str, str | None]) -> dict[st
     # a convert of many 1 KiB chunks against tensorstore doing the same copy (the zarr 3 env has it)
     res["convert_scale/shardkv"] = run_workload(py2, "convert_scale", "shardkv", args, rep)
     res["convert_scale/tensorstore"] = run_workload(py3, "convert_scale", "tensorstore", args, rep)
+    # sharding a zarr-python 3 array: shardkv moves its chunks, tensorstore and zarr 3 re-encode them (zarr 3 env)
+    for impl in CONVERT_V3_IMPLS:
+        res[f"convert_v3/{impl}"] = run_workload(py3, "convert_v3", impl, args, rep)
     # listing a many-chunk array from its shard indexes; S3 bytes and requests counted at the server
     res["list_scale/shardkv"] = run_workload(py2, "list_scale", "shardkv", args, rep)
     res["s3_reads/all"] = run_workload(py2, "s3_reads", "all", args, 1, ["--tensorstore-python", py3 or ""])
@@ -404,6 +408,7 @@ def build_rows(res: dict[str, Any], shardkv_options: list[str]) -> list[list[str
         note = f"{fmt_bytes(pm['limit_bytes'])}"
         rows.append(value_row("P6", what, fmt_bytes(peak), "—", peak / pm["limit_bytes"], 1.0, note))
     rows.extend(convert_rows(res))
+    rows.extend(convert_v3_rows(res))
     rows.extend(listing_rows(res))
     rows.extend(s3_rows(res))
     rows.extend(dask_rows(res))
@@ -437,6 +442,55 @@ def convert_rows(res: dict[str, Any]) -> list[list[str]]:
             )
         )
     return rows
+
+
+CONVERT_V3_IMPLS = ("shardkv", "tensorstore", "zarr3")
+
+
+def convert_v3_rows(res: dict[str, Any]) -> list[list[str]]:
+    """P9: sharding a zarr-python 3 array (zstd, 32^3 chunks) vs tensorstore's and zarr 3's re-encoding copies."""
+    sk, ts, z3 = (res[f"convert_v3/{impl}"] for impl in CONVERT_V3_IMPLS)
+    shape = next((r["shape"] for r in (sk, ts, z3) if not isinstance(r, Missing)), None)
+    n = next((r["chunks"] for r in (sk, ts, z3) if not isinstance(r, Missing)), "?")
+    what = f"shard a zarr 3 array {'x'.join(map(str, shape or ['?']))} ({n} chunks) 4^3 per shard"
+    return [
+        ratio_row(
+            "P9-v3-convert",
+            f"{what}: the copy (after imports) vs tensorstore's",
+            median(sk, "work_s"),
+            median(ts, "work_s"),
+            "tensorstore",
+            fmt_s,
+            0.75,
+        ),
+        ratio_row(
+            "P9-v3-convert-wall",
+            f"{what}: the process (interpreter, imports, copy) vs tensorstore's",
+            median(sk, "copy_s"),
+            median(ts, "copy_s"),
+            "tensorstore",
+            fmt_s,
+            0.75,
+        ),
+        ratio_row(
+            "P9-v3-convert-zarr3",
+            f"{what}: the copy vs zarr 3 from_array",
+            median(sk, "work_s"),
+            median(z3, "work_s"),
+            "zarr3",
+            fmt_s,
+            None,
+        ),
+        ratio_row(
+            "P9-v3-convert-rss",
+            f"{what}: peak RSS vs tensorstore's",
+            median(sk, "peak_rss_bytes"),
+            median(ts, "peak_rss_bytes"),
+            "tensorstore",
+            fmt_bytes,
+            None,
+        ),
+    ]
 
 
 LIST_OPS = (

@@ -62,6 +62,13 @@ def rechunk_to_shards(array: Any, target: Any, path: str = "") -> Any:
         If ``target`` is not a sharded array, or its number of dimensions
         differs from ``array``'s.
 
+    Notes
+    -----
+    An xarray Dataset is cut the same way with ``ds.chunk``: to the shard shape of
+    its variables' array, ``ds.chunk(dict(zip(ds[name].dims, shard_shape)))`` before
+    ``ds.to_zarr(store)`` (``shard_shape`` is ``store.sharded_array(name).shard_shape``,
+    or chunks x ``chunks_per_shard``; the partly-covered-shard warning names it).
+
     Examples
     --------
     >>> store = ShardedStore("data.zarr", chunks_per_shard=4)  # doctest: +SKIP

@@ -5,7 +5,10 @@
 # zarr 3, tensorstore, xarray and dask, and shardkv installed (shardkv.zarr3); the
 # third, .venv-latest, holds the newest zarr 3, tensorstore and xarray on Python 3.12
 # WITHOUT shardkv, as readers that tests/latest drives in subprocesses) and runs
-# pytest in the first two. Exit status is non-zero when any test fails.
+# pytest in the first two. The test environments are editable installs of this tree;
+# what users get is checked last: tests/installed.sh builds the wheel, installs it (not
+# editable) in a fresh environment of each zarr and runs the README's commands there.
+# Exit status is non-zero when any test fails.
 #   LATEST_PYTHON=/path/to/python3.12 overrides where Python 3.12 is looked for.
 #   bash tests/run.sh            # everything
 #   bash tests/run.sh -k layout  # extra arguments go to both pytest runs
@@ -56,4 +59,6 @@ echo "== mypy (settings in pyproject.toml): 0 errors"
 echo "== ruff check and ruff format --check (rules in pyproject.toml; the pinned ruff of the test-zarr2 extra)"
 .venv-zarr2/bin/python -m ruff check . || status=$?
 .venv-zarr2/bin/python -m ruff format --check . || status=$?
+echo "== the built wheel, installed in fresh environments of each zarr (tests/installed.sh): the README's commands"
+LATEST_PYTHON="$latest_py" PYTHON="$py" bash tests/installed.sh || status=$?
 exit "$status"

@@ -39,6 +39,10 @@ ROW_IDS = (
     "P8",
     "P21-convert",
     "P21-convert-rss",
+    "P9-v3-convert",
+    "P9-v3-convert-wall",
+    "P9-v3-convert-zarr3",
+    "P9-v3-convert-rss",
     "P21-list",
     "P21-len",
     "P21-keys",
@@ -104,6 +108,8 @@ def env_of(key: str) -> str:
     impl = key.rsplit("/", 1)[1]
     if key.startswith("w29_"):
         return "bench" if impl in W29_PEERS else "zarr3"
+    if key.startswith("convert_v3/"):
+        return "zarr3"
     if key.startswith("peers/"):
         return "bench" if impl in ("zarr3", "zarr3-zarrs", "tensorstore") else "zarr2"
     return "zarr3" if impl in ("zarr3", "tensorstore") else "zarr2"
@@ -111,7 +117,7 @@ def env_of(key: str) -> str:
 
 def peer_env(rid: str) -> str | None:
     """The environment of a row's peer, when not this one: zarr 3 (and its tensorstore) or .venv-bench."""
-    if rid in ("P1", "P3", "P3-cold", "P4") or rid.startswith(("P21-convert", "P21-s3-")):
+    if rid in ("P1", "P3", "P3-cold", "P4") or rid.startswith(("P21-convert", "P21-s3-", "P9-v3-convert")):
         return "zarr3"
     if rid.startswith("G3-warm") or rid == "W29-3":
         return "bench"
@@ -121,8 +127,8 @@ def peer_env(rid: str) -> str | None:
 
 
 def shardkv_env(rid: str) -> str:
-    """The environment of a row's shardkv side: the W29 rows measure shardkv.zarr3 in .venv-zarr3."""
-    return "zarr3" if rid.startswith("W29") else "zarr2"
+    """The environment of a row's shardkv side: the W29 and P9 rows measure shardkv in .venv-zarr3."""
+    return "zarr3" if rid.startswith(("W29", "P9-v3-convert")) else "zarr2"
 
 
 @pytest.mark.zarr2

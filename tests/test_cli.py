@@ -124,8 +124,9 @@ def test_source_that_is_not_a_zarr_v2_hierarchy(tmp_path):
     (tmp_path / "plain" / "data.csv").write_text("a,b\n")
     proc = run("convert", str(tmp_path / "plain"), str(tmp_path / "out"), "--chunks-per-shard", "2")
     assert_one_line_error(proc, 1, "not a Zarr v2 hierarchy")
+    assert not (tmp_path / "out").exists()
     (tmp_path / "v3").mkdir()
-    (tmp_path / "v3" / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group", "attributes": {}}')
+    (tmp_path / "v3" / "zarr.json").write_text('{"zarr_format": 2, "node_type": "group"}')  # not v3 either
     proc = run("convert", str(tmp_path / "v3"), str(tmp_path / "out"), "--chunks-per-shard", "2")
     assert_one_line_error(proc, 1, "not a Zarr v2 hierarchy", "zarr.json")
     assert not (tmp_path / "out").exists()

@@ -46,3 +46,15 @@ def test_convert_of_a_draft_hierarchy_refuses_layout_options(shared_data: Path, 
     assert result.returncode == 1
     assert len(result.stderr.strip().splitlines()) == 1
     assert "draft" in result.stderr and "index" in result.stderr
+
+
+def test_compact_help_says_what_it_repairs_and_why_shards_have_unused_bytes() -> None:
+    result = _run("compact", "--help")
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "writes every shard whole" not in text  # updates of a few chunks leave unused bytes too
+    assert "shard_updates" in text
+    assert "an append to a shard that its writer left unfinished (killed, power lost) is finished" in text
+    assert "else undone (the shard cut back to its size before the append)" in text
+    assert "the temporary files of writers that no longer run are removed" in text
+    assert "finish or undo interrupted appends" in " ".join(_run("--help").stdout.split())

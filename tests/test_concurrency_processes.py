@@ -82,7 +82,7 @@ def test_zarr2_stores_outside_a_directory_ask_for_an_explicit_mode(tmp_path) -> 
         view = zarr.open_array(store=ShardedStore(sqlite, concurrency=mode), path=mode, mode="r")
         np.testing.assert_array_equal(view[:], np.arange(16))
     sqlite.close()
-    # in-memory stores and third-party mappings keep the in-process emulation
+    # data in this process keeps the in-process emulation; a local FSStore is its files
     local_fsstore = zarr.storage.FSStore(str(tmp_path / "fsstore"))  # its files, read directly: lock files
     assert ShardedStore(local_fsstore).concurrency_mode == "files"
     with pytest.raises(ConfigurationError, match="zarr/json"):  # it would rewrite the keys shardkv writes
@@ -90,10 +90,17 @@ def test_zarr2_stores_outside_a_directory_ask_for_an_explicit_mode(tmp_path) -> 
     for kind in (zarr.DirectoryStore, zarr.NestedDirectoryStore):  # lowercased keys: locks would miss their arrays
         with pytest.raises(ConfigurationError, match="normalize_keys"):
             ShardedStore(kind(str(tmp_path / "low"), normalize_keys=True))
-    for memory in ({}, zarr.MemoryStore(), zarr.KVStore({}), zarr.storage.FSStore("memory://kinds")):
+    for memory in ({}, zarr.MemoryStore(), zarr.storage.FSStore("memory://kinds")):
         assert ShardedStore(memory).concurrency_mode == "conditional", type(memory).__name__
+    # a KVStore keeps its mapping private; an LRUStoreCache would answer a shard read under the lock from its
+    # cache, missing what other processes wrote: both must be told
     wrapped = zarr.LRUStoreCache(zarr.DirectoryStore(str(tmp_path / "wrapped")), max_size=1 << 20)
-    assert ShardedStore(wrapped).concurrency_mode == "files"  # the wrapped directory's lock files
+    for wrapper in (zarr.KVStore({}), wrapped):
+        with pytest.raises(ConfigurationError, match=type(wrapper).__name__):
+            ShardedStore(wrapper)
+        assert ShardedStore(wrapper, concurrency="process").concurrency_mode == "process"
+    with pytest.raises(ConfigurationError, match="needs a store in a directory"):
+        ShardedStore(wrapped, concurrency="files")
 
 
 def test_stores_pickle_to_the_same_location(tmp_path) -> None:

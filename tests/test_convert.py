@@ -14,7 +14,7 @@ import zarr
 
 from shardkv import ConfigurationError, ShardedStore
 from shardkv.cli.convert import check_chunks_per_shard, convert, parse_chunks_per_shard
-from shardkv.cli.convert import job as convert_module
+from shardkv.cli.convert import run as convert_module
 from shardkv.cli.errors import DestinationNotEmptyError, NotAHierarchyError, SameLocationError
 from shardkv.storage.mapping import MappingStore
 
@@ -239,15 +239,20 @@ def test_report_counts_objects_and_bytes():
     assert json.loads(json.dumps(report.to_json()))["objects_after"] == len(dst)
 
 
-def test_already_sharded_arrays_are_copied_verbatim():
+def test_already_sharded_arrays_are_resharded_chunks_as_stored():
     src: dict = {}
-    _fill(src)
+    values = _fill(src)
     once: dict = {}
     convert(src, once, 2)
     twice: dict = {}
     report = convert(once, twice, 3)
-    assert {a.reason for a in report.arrays} == {"already sharded"}
-    assert {k: bytes(v) for k, v in twice.items()} == {k: bytes(v) for k, v in once.items()}
+    assert {a.chunks_per_shard for a in report.arrays} == {(3,), (3, 3), (3, 3, 3)}
+    for name, want in values.items():
+        before, after = ShardedStore(once), ShardedStore(twice)
+        np.testing.assert_array_equal(_read(after, name), want)
+        chunk_keys = sorted(k for k in before if k.startswith(f"{name}/") and k[len(name) + 1].isdigit())
+        assert chunk_keys == sorted(k for k in after if k.startswith(f"{name}/") and k[len(name) + 1].isdigit())
+        assert {k: bytes(after[k]) for k in chunk_keys} == {k: bytes(before[k]) for k in chunk_keys}
 
 
 def test_non_empty_destination_needs_overwrite(tmp_path):

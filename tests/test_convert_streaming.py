@@ -123,7 +123,7 @@ def test_temporaries_and_lock_files_in_the_source_are_not_nodes(tmp_path):
 
 
 def test_an_output_missing_a_node_fails_naming_it(tmp_path, monkeypatch):
-    import shardkv.cli.convert.job as module
+    import shardkv.cli.convert.run as module
 
     src, dst = tmp_path / "src", tmp_path / "dst"
     _hierarchy(src)

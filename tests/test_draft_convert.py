@@ -166,3 +166,22 @@ def test_indexes_are_full_size_for_edge_shards(examples, tmp_path):
     edge = (dst / "data/root/raw/c1/1/1").read_bytes()  # holds chunks (4..5, 4..5, 2) only
     entries = [struct.unpack_from("<QQ", edge, len(edge) - 16 * n + 16 * i) for i in range(n)]
     assert sum(e != (2**64 - 1, 2**64 - 1) for e in entries) == 2 * 2 * 1
+
+
+def test_verify_and_compact_take_zarrita_and_its_converted_copy(examples, tmp_path, capsys):
+    """The zarrita draft hierarchy (unsharded draft arrays) and convert's sharded copy of it: checked, compacted."""
+    import shutil
+
+    from shardkv.cli.main import main
+
+    src = tmp_path / "zarrita.zr3"
+    shutil.copytree(examples / "zarrita.zr3", src)
+    convert_draft(str(src), str(tmp_path / "sharded.zr3"), (2, 2, 3))
+    for store, shards in ((src, 0), (tmp_path / "sharded.zr3", 4 * 3 * 3 * 1)):
+        capsys.readouterr()
+        assert main(["verify", str(store), "--decode"]) == 0
+        out = capsys.readouterr().out
+        assert f"verified {store}: {shards} shards, 0 damaged" in out and out.rstrip().endswith("ok"), out
+        assert main(["compact", str(store)]) == 0
+        assert capsys.readouterr().out.strip() == f"compacted {store}: 0 bytes reclaimed"  # convert packs tightly
+    check_converted(examples, tmp_path / "sharded.zr3", tmp_path, [2, 2, 3])

@@ -320,3 +320,70 @@ def test_rewritten_shards_are_compact_and_row_major(interop, name):
             # a shard whose chunk was erased keeps its bytes and gets an index rewritten in place
             assert any(e == (EMPTY, EMPTY) for e in parse_indexed_shard(blob, n))
     assert checked > 0
+
+
+# -- the command line on draft hierarchies: info, convert, verify and compact take each -------------
+
+
+def _cli(capsys, *args) -> tuple[int, str]:
+    from shardkv.cli.main import main
+
+    capsys.readouterr()
+    status = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return status, out.out + out.err
+
+
+def _unused_bytes(capsys, store: Path) -> int:
+    status, out = _cli(capsys, "info", store, "--json")
+    assert status == 0, out
+    return sum(a["bytes_unused"] for a in json.loads(out)["arrays"])
+
+
+def _chunks(store: Path) -> dict[str, bytes]:
+    """Every chunk of the hierarchy as shardkv's draft proxy serves it (the stored, encoded bytes)."""
+    from shardkv import open_store
+    from shardkv.proxy.draft import DraftShardedStore
+
+    proxy = open_store(str(store))
+    assert isinstance(proxy, DraftShardedStore)
+    return {k: bytes(proxy[k]) for k in proxy if k.startswith("data/")}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_verify_and_compact_take_draft_hierarchies_and_what_convert_makes_of_them(interop, name, tmp_path, capsys):
+    import shutil
+
+    root, _ = interop
+    stores = []
+    for variant in ("zarr", "shardkv-base", "shardkv-extra"):  # zarr 2.18's own transformer wrote the first
+        stores.append(tmp_path / variant)
+        shutil.copytree(root / variant / name, stores[-1])
+    status, out = _cli(capsys, "convert", stores[0], tmp_path / "converted", "--chunks-per-shard", "2")
+    assert status == 0, out
+    stores.append(tmp_path / "converted")
+    for store in stores:
+        chunks, unused = _chunks(store), _unused_bytes(capsys, store)
+        status, out = _cli(capsys, "verify", store, "--decode")
+        assert status == 0 and out.rstrip().endswith("ok"), (store, out)
+        assert "0 damaged" in out and " 0 shards" not in out, out
+        status, out = _cli(capsys, "compact", store)
+        assert status == 0, (store, out)
+        assert out.strip().endswith(f": {unused} bytes reclaimed"), (store, unused, out)
+        assert _unused_bytes(capsys, store) == 0
+        assert _chunks(store) == chunks  # the same chunks, byte for byte
+        status, out = _cli(capsys, "verify", store, "--decode")
+        assert status == 0 and out.rstrip().endswith("ok"), (store, out)
+
+
+def test_verify_finds_a_damaged_draft_shard(interop, tmp_path, capsys):
+    import shutil
+
+    root, _ = interop
+    shutil.copytree(root / "zarr" / "2d-dot-zstd-u1", tmp_path / "z")
+    shard = next(p for p in sorted((tmp_path / "z" / "data/root/g/arr").rglob("*")) if p.is_file())
+    blob = bytearray(shard.read_bytes())
+    blob[0] ^= 0xFF  # the first inner chunk's zstd frame, its magic number
+    shard.write_bytes(bytes(blob))
+    status, out = _cli(capsys, "verify", tmp_path / "z", "--decode")
+    assert status == 1 and f"DAMAGED data/root/g/arr/{shard.name}" in out and "does not decode" in out, out

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
+import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -224,6 +228,75 @@ def test_stale_temporaries_swept_once_per_directory(tmp_path: Path) -> None:
     assert not old.exists() and young.exists() and far.exists()  # only the directory written into
     assert kv.remove_stale_temporaries() == [str(far)]
     assert kv.remove_stale_temporaries(min_age_seconds=0) == [str(young)]
+
+
+_PAUSED_WRITER = """
+import os, sys
+from shardkv.storage import local
+real = local._pwrite_all
+def paused(fd, data, offset):  # the temporary file is written: tell its inode, wait for the test
+    real(fd, data, offset)
+    print(os.fstat(fd).st_ino, flush=True)
+    sys.stdin.readline()
+local._pwrite_all = paused
+local.LocalStore(sys.argv[1]).put(sys.argv[2], b"x" * 100)
+"""
+
+
+def _paused_writer(root: Path, key: str) -> tuple[subprocess.Popen, int]:
+    """A writer process stopped inside the write of ``key``'s temporary file, and that file's inode."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _PAUSED_WRITER, str(root), key], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], 120)
+    assert ready, "the writer never reached its write"
+    return proc, int(proc.stdout.readline())
+
+
+def test_a_killed_writers_temporary_is_removed_at_once_a_live_writers_kept(tmp_path: Path) -> None:
+    killed, killed_ino = _paused_writer(tmp_path, "a/0")
+    live, live_ino = _paused_writer(tmp_path, "a/1")
+    try:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=60)
+        temporaries = {os.stat(p).st_ino: str(p) for p in (tmp_path / "a").iterdir() if TEMP_MARKER in p.name}
+        assert set(temporaries) == {killed_ino, live_ino}  # both just written: no age tells them apart
+        kv = LocalStore(tmp_path)
+        assert kv.find_stale_temporaries(min_age_seconds=0) == [temporaries[killed_ino]]  # not the live one
+        assert kv.remove_stale_temporaries() == [temporaries[killed_ino]]  # at once, with the hour's age guard
+        assert os.path.exists(temporaries[live_ino])
+        local.forget_sweeps()
+        kv.put("a/2", b"v")  # a write sweeping its directory keeps the live writer's file too
+        assert os.path.exists(temporaries[live_ino])
+    finally:
+        assert live.stdin is not None
+        live.stdin.write("go\n")
+        live.stdin.close()
+        assert live.wait(timeout=60) == 0
+    assert (tmp_path / "a" / "1").read_bytes() == b"x" * 100  # the live writer's rename found its file
+    assert not kv.find_stale_temporaries(min_age_seconds=0) and not (tmp_path / "a" / "0").exists()
+
+
+def test_a_writer_whose_new_temporary_a_sweeper_took_starts_again_under_a_new_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shardkv.storage import temps
+
+    taken: list[str] = []
+    real_flock = temps.fcntl.flock
+
+    def sweeper_first(fd: int, operation: int) -> None:
+        if not taken:  # a sweeper of another process locked and removed the first file between open and flock
+            taken.append(os.readlink(f"/proc/self/fd/{fd}"))
+            os.remove(taken[0])
+        real_flock(fd, operation)
+
+    monkeypatch.setattr(temps.fcntl, "flock", sweeper_first)
+    kv = LocalStore(tmp_path)
+    kv.put("k", b"v")
+    assert (tmp_path / "k").read_bytes() == b"v" and len(taken) == 1
+    assert sorted(os.listdir(tmp_path)) == ["k"]  # the write went on under another name, nothing left
 
 
 def test_prune_empty_dirs(tmp_path: Path) -> None:

@@ -62,7 +62,9 @@ def test_mappings_and_memory(tmp_path: Path) -> None:
     mappings: list[Any] = [{}, zarr.storage.MemoryStore(), zarr.storage.KVStore({})]
     for mapping in mappings:
         kv = open_kv(mapping)
-        assert type(kv) is MappingStore and kv.caps.in_process and not kv.caps.ranged
+        assert type(kv) is MappingStore and not kv.caps.ranged
+        # a KVStore keeps its mapping private: not known to be in this process
+        assert kv.caps.in_process == (not isinstance(mapping, zarr.storage.KVStore))
     nested = open_kv(zarr.storage.NestedDirectoryStore(str(tmp_path)))  # rewrites keys: through its own methods
     assert type(nested) is MappingStore and nested.caps.lock_dir
     memory = open_kv("memory://open-kv-test")

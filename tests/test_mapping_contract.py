@@ -595,17 +595,17 @@ class DenyingStore(MutableMapping):
 @pytest.mark.parametrize("denied", ["shards", "everything"])
 def test_permission_error_propagates_and_is_not_key_error(placement: str, denied: str) -> None:
     base = DenyingStore()
-    store, _ = sharded_store(base, placement)
+    store, _ = sharded_store(base, placement, concurrency="process")
     path, sep, _ = PLACEMENTS[placement]
     stored, empty = chunk_key(path, sep, (0, 0)), chunk_key(path, sep, (0, 1))
     store[stored] = b"secret"
-    fresh = ShardedStore(base)  # nothing cached: discovers the array under the denial
+    fresh = ShardedStore(base, concurrency="process")  # nothing cached: discovers the array under the denial
     if denied == "shards":
         base.deny = lambda key: key.rsplit("/", 1)[-1] not in (".zarray", ".zgroup", "zarr.json")
     else:
         base.deny = lambda key: True
         with pytest.raises(PermissionError):
-            ShardedStore(base)[stored]
+            ShardedStore(base, concurrency="process")[stored]
     for proxy in (store, fresh):
         for key in (stored, empty):
             with pytest.raises(PermissionError) as info:

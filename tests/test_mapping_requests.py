@@ -37,7 +37,7 @@ def _create(store: Any, **kwargs: Any) -> Any:
 
 
 def test_full_write_is_one_write_per_shard_and_no_read(counting_store) -> None:
-    proxy = ShardedStore(counting_store, chunks_per_shard=CPS)
+    proxy = ShardedStore(counting_store, chunks_per_shard=CPS, concurrency="process")
     z = _create(proxy)
     data = np.arange(256, dtype="<i4").reshape(SHAPE)
     counting_store.reset()
@@ -50,7 +50,7 @@ def test_full_write_is_one_write_per_shard_and_no_read(counting_store) -> None:
 
 
 def test_partial_update_of_one_shard_is_one_read_and_one_write(counting_store) -> None:
-    proxy = ShardedStore(counting_store, chunks_per_shard=CPS)
+    proxy = ShardedStore(counting_store, chunks_per_shard=CPS, concurrency="process")
     z = _create(proxy)
     z[:] = 1
     counting_store.reset()
@@ -64,7 +64,7 @@ def test_partial_update_of_one_shard_is_one_read_and_one_write(counting_store) -
 
 
 def test_update_spanning_two_shards_is_two_reads_and_two_writes(counting_store) -> None:
-    proxy = ShardedStore(counting_store, chunks_per_shard=CPS)
+    proxy = ShardedStore(counting_store, chunks_per_shard=CPS, concurrency="process")
     z = _create(proxy)
     z[:] = 1
     counting_store.reset()
@@ -74,7 +74,7 @@ def test_update_spanning_two_shards_is_two_reads_and_two_writes(counting_store) 
 
 
 def test_whole_shard_write_needs_no_read(counting_store) -> None:
-    proxy = ShardedStore(counting_store, chunks_per_shard=CPS)
+    proxy = ShardedStore(counting_store, chunks_per_shard=CPS, concurrency="process")
     z = _create(proxy)
     z[:] = 1
     counting_store.reset()
@@ -83,7 +83,7 @@ def test_whole_shard_write_needs_no_read(counting_store) -> None:
 
 
 def test_reads_on_a_mapping_fetch_each_shard_once(counting_store) -> None:
-    proxy = ShardedStore(counting_store, chunks_per_shard=CPS)
+    proxy = ShardedStore(counting_store, chunks_per_shard=CPS, concurrency="process")
     z = _create(proxy)
     z[:] = 2
     counting_store.reset()
@@ -96,7 +96,7 @@ def test_reads_on_a_mapping_fetch_each_shard_once(counting_store) -> None:
 
 
 def test_deleting_by_fill_value_rewrites_one_shard(counting_store) -> None:
-    proxy = ShardedStore(counting_store, chunks_per_shard=CPS)
+    proxy = ShardedStore(counting_store, chunks_per_shard=CPS, concurrency="process")
     z = _create(proxy, write_empty_chunks=False)
     z[:] = 1
     counting_store.reset()

@@ -169,7 +169,7 @@ SHAPE, CHUNKS, CPS = (36, 28), (2, 2), 4  # chunk grid 18 x 14, shard grid 5 x 4
 
 def written(base: MutableMapping[str, Any], path: str = "arr") -> tuple[ShardedStore, np.ndarray]:
     """An array with a few chunks left unwritten (fill value, ``write_empty_chunks=False``)."""
-    store = ShardedStore(base, chunks_per_shard=CPS)
+    store = ShardedStore(base, chunks_per_shard=CPS, concurrency="process")
     z = zarr.open_array(
         store,
         mode="w",
@@ -212,7 +212,7 @@ def no_encoder(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
 
 def test_keys_enumerates_the_base_listing_once(counted: tuple[CountingMapping, int], no_encoder: Counter[str]) -> None:
     base, n_shards = counted
-    store = ShardedStore(base)
+    store = ShardedStore(base, concurrency="process")
     base.reset()
     keys = list(store.keys())
     assert base.listings == 1
@@ -228,7 +228,7 @@ def test_len_and_nchunks_initialized_read_each_index_once_and_build_no_key_one_b
     counted: tuple[CountingMapping, int], no_encoder: Counter[str]
 ) -> None:
     base, n_shards = counted
-    store = ShardedStore(base)
+    store = ShardedStore(base, concurrency="process")
     z = zarr.open_array(store, mode="r", path="arr")
     base.reset()
     assert z.nchunks_initialized == 18 * 14 - 21
@@ -236,7 +236,7 @@ def test_len_and_nchunks_initialized_read_each_index_once_and_build_no_key_one_b
     assert len(shard_reads) == n_shards and set(shard_reads.values()) == {1}
     assert base.listings == 1
     base.reset()
-    store = ShardedStore(base)
+    store = ShardedStore(base, concurrency="process")
     assert len(store) == 18 * 14 - 21 + 2  # the chunks, .zarray and .zgroup (.zattrs: none written)
     assert base.listings == 1
     assert no_encoder["chunk_key"] == 0
@@ -306,7 +306,7 @@ def unsharded_keys(data: np.ndarray, path: str = "arr") -> set[str]:
 
 def test_list_of_the_store_enumerates_the_base_listing_at_most_twice(counted: tuple[CountingMapping, int]) -> None:
     base, _ = counted
-    store = ShardedStore(base)
+    store = ShardedStore(base, concurrency="process")
     data = zarr.open_array(store, mode="r", path="arr")[...]
     base.reset()
     keys = list(store)  # iter(store) lists, then len(store) as a length hint counts (a listing of its own)
@@ -326,7 +326,7 @@ def _fill_a_stored_chunk_and_a_new_one(store: ShardedStore) -> None:
 
 def test_len_after_list_is_current_after_a_write_through_the_store(counted: tuple[CountingMapping, int]) -> None:
     base, _ = counted
-    store = ShardedStore(base)
+    store = ShardedStore(base, concurrency="process")
     before = list(store)
     _fill_a_stored_chunk_and_a_new_one(store)
     base.reset()
@@ -350,10 +350,10 @@ def test_len_after_list_is_current_after_a_write_by_another_store(tmp_path: Path
 @pytest.mark.parametrize("writer", ["this store", "another store"])
 def test_len_after_an_unconsumed_iter_is_current(counted: tuple[CountingMapping, int], writer: str) -> None:
     base, _ = counted
-    store = ShardedStore(base)
+    store = ShardedStore(base, concurrency="process")
     n = len(list(store))
     it = iter(store)
-    _fill_a_stored_chunk_and_a_new_one(store if writer == "this store" else ShardedStore(base))
+    _fill_a_stored_chunk_and_a_new_one(store if writer == "this store" else ShardedStore(base, concurrency="process"))
     base.reset()
     assert len(store) == n + 1  # len() is not iter()'s length hint here: it lists
     assert base.listings == 1
@@ -362,11 +362,11 @@ def test_len_after_an_unconsumed_iter_is_current(counted: tuple[CountingMapping,
 
 def test_len_after_a_for_loop_lists_afresh(counted: tuple[CountingMapping, int]) -> None:
     base, _ = counted
-    store = ShardedStore(base)
+    store = ShardedStore(base, concurrency="process")
     n = 0
     for _ in store:
         n += 1
-    _fill_a_stored_chunk_and_a_new_one(ShardedStore(base))
+    _fill_a_stored_chunk_and_a_new_one(ShardedStore(base, concurrency="process"))
     base.reset()
     assert len(store) == n + 1
     assert base.listings == 1

@@ -32,8 +32,8 @@ def chunk_bytes(i: int) -> bytes:
     return DATA[i * CHUNK : (i + 1) * CHUNK].tobytes()
 
 
-def write_array(mapper: Any, index_location: str = "end") -> None:
-    store = ShardedStore(mapper, chunks_per_shard=CPS, index_location=index_location)
+def write_array(mapper: Any, index_location: str = "end", **options: Any) -> None:
+    store = ShardedStore(mapper, chunks_per_shard=CPS, index_location=index_location, **options)
     z = zarr.open_array(store, mode="w", path="a", shape=(N,), chunks=(CHUNK,), dtype="f8", compressor=None)
     z[:] = DATA
 
@@ -233,8 +233,8 @@ def test_local_batch_is_one_get_many_call(tmp_path: Path) -> None:
 
 
 def test_dict_base_reads_each_shard_once_per_call(counting_store: Any) -> None:
-    write_array(counting_store)
-    store = ShardedStore(counting_store)
+    write_array(counting_store, concurrency="process")
+    store = ShardedStore(counting_store, concurrency="process")
     assert store.sharded_array("") is None and store.sharded_array("a") is not None
     counting_store.reset()
 

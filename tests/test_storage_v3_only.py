@@ -51,7 +51,7 @@ class CountingDict(MutableMapping):
 
 
 def _write(base: MutableMapping, cps: int = 2) -> np.ndarray:
-    store = ShardedStore(base, chunks_per_shard=cps)
+    store = ShardedStore(base, chunks_per_shard=cps, concurrency="process")
     root = zarr.open_group(store, mode="w")
     root.attrs["title"] = "t"
     arr = root.create_dataset("g/a", shape=(8, 6), chunks=(2, 3), dtype="<i4", fill_value=-1)
@@ -65,7 +65,7 @@ def test_opening_an_array_reads_each_zarr_json_once_and_probes_nothing_else() ->
     base = CountingDict()
     data = _write(base)
     base.requests.clear()
-    arr = zarr.open_array(ShardedStore(base), path="g/a", mode="r")
+    arr = zarr.open_array(ShardedStore(base, concurrency="process"), path="g/a", mode="r")
     assert arr.attrs["units"] == "m"
     opened = list(base.requests)
     # the array's zarr.json: no .zarray/.zattrs probe (they cannot exist), no listing, and no

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import zarr
@@ -51,8 +53,18 @@ def test_an_xarray_dataset_written_chunk_by_chunk_warns_once(tmp_path):
     with dask.config.set(scheduler="synchronous"), pytest.warns(PartialShardWriteWarning) as record:
         ds.to_zarr(store, consolidated=False)
     assert len(record) == 1, [str(w.message) for w in record]
-    assert len(str(record[0].message)) <= 300
+    text = str(record[0].message)
+    assert len(text) <= 300
     xr.testing.assert_identical(xr.open_zarr(store, consolidated=False).load(), ds.load())
+    # the advice for a Dataset, applied as written: every task writes whole shards, and nothing warns
+    advice = re.search(r"xarray: (ds\.chunk\(.*?\)\)\))\.", text)
+    assert advice is not None, text
+    aligned = eval(advice.group(1), {"ds": ds})  # noqa: S307 - the expression the warning gives
+    assert dict(aligned.chunks) == {"y": (32, 32), "x": (32, 32)}  # 4 x 4 chunks of 8 x 8: one shard per block
+    fixed = ShardedStore(str(tmp_path / "fixed.zarr"), chunks_per_shard=4)
+    with dask.config.set(scheduler="synchronous"):
+        aligned.to_zarr(fixed, consolidated=False)  # any PartialShardWriteWarning is an error here
+    xr.testing.assert_identical(xr.open_zarr(fixed, consolidated=False).load(), ds.load())
 
 
 def test_whole_shard_and_buffered_writes_do_not_warn(tmp_path):

@@ -60,6 +60,16 @@ With no array sharded, the output stays the Zarr v2 hierarchy it was (zarr-pytho
 zarr.json, their .zarray/.zattrs/.zgroup kept beside them, so zarr-python 2
 and 3 both read every node without shardkv.
 
+A Zarr v3 hierarchy (a root zarr.json: zarr-python 3's, tensorstore's) is
+sharded the same way: each stored chunk becomes an inner chunk byte for byte,
+the array's whole codec chain (transpose included) its inner codecs, under the
+chunk key encoding it had (default '/' or '.', v2); fill value, attributes and
+dimension_names are kept, groups and consolidated metadata follow. An array
+already sharded is resharded: its inner chunks move to shards of
+--chunks-per-shard inner chunks, located through its shard indexes (another
+inner chunk shape would re-encode: not done). 0-d arrays and arrays with codecs
+on whole shards are copied as they are, with the reason.
+
 Shards are written by shard-aligned tasks (whole shards each, so no two tasks
 touch one shard): in this process, in N local processes (--workers N), or on a
 dask.distributed cluster (--scheduler ADDRESS). A progress manifest in DST
@@ -99,11 +109,17 @@ as stored (never decoded) to its own chunk key; the zarr.json views are
 dropped; every other key is copied as it is. Like convert, it records finished
 shards in a progress manifest in DST: after an interruption, run the same
 command again to resume. --progress / --no-progress as for convert.
+
+--zarr-format 3 writes plain Zarr v3 from a Zarr v3 hierarchy instead, as
+zarr-python 3 writes an array by default: one object per inner chunk at
+'default' keys (c/0/0), the inner chunk shape as the chunk grid and the inner
+codecs as the array's codecs (the zarr.json rewritten so).
 """
 
 UNSHARD_EXAMPLES = """\
 examples:
   shardkv unshard sharded.zarr plain.zarr
+  shardkv unshard sharded.zarr plain-v3.zarr --zarr-format 3
   shardkv unshard s3://bucket/sharded.zarr plain.zarr --source-storage-options '{"anon": true}'
 """
 
@@ -129,10 +145,17 @@ examples:
 COMPACT_HELP = """\
 Rewrite every shard of the sharded arrays in STORE (or of one array) that holds
 bytes no index entry references, leaving chunks back to back and the index in
-place. shardkv writes every shard whole, chunks back to back; such bytes come
-from other writers (tools that append a chunk to a shard instead of rewriting it).
-The data is unchanged; each shard is replaced whole (atomically on local disks).
-A missing store, or an --array that is not a sharded array, is an error.
+place. Such bytes are chunks replaced and indexes left by updates of a few
+chunks (shard_updates: a clone where files clone, or "append"), or gaps other
+writers left. First, an append to a shard that its writer left unfinished
+(killed, power lost) is finished if all its bytes are there, else undone (the
+shard cut back to its size before the append); on a local directory, the
+temporary files of writers that no longer run are removed. The data is
+unchanged; each shard is replaced whole (atomically on local disks).
+STORE is any layout info reads: Zarr v2 or v3 sharded arrays (also below a root
+without a group document, as tensorstore writes them) or a 2022 draft hierarchy
+with the sharding storage transformer. A missing store, or an --array that is
+not a sharded array, is an error.
 --progress shows a bar (one step per array) on stderr even when it is not a
 terminal (a log file); --no-progress never; default: only on a terminal.
 """

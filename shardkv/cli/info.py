@@ -262,7 +262,8 @@ def read_hierarchy(store: HierarchyView, name: str = "store", strict: bool = Tru
     Raises
     ------
     NotAHierarchyError
-        If the store holds no key, or has neither ``.zgroup`` nor ``.zarray`` at its root.
+        If the store holds no key, or no ``.zgroup`` or ``.zarray`` (stored, or presented from a
+        ``zarr.json``) at its root or below it (a root without a group document: tensorstore writes none).
     UnfinishedRunError
         If the store holds the manifest of an interrupted ``convert`` or ``unshard``
         (its message says the command that resumes it).
@@ -281,9 +282,10 @@ def read_hierarchy(store: HierarchyView, name: str = "store", strict: bool = Tru
             raise UnfinishedRunError(
                 name, unfinished.command, unfinished.resume_command(name), unfinished.describe(name)
             )
-    if ".zgroup" not in key_set and ".zarray" not in key_set:
+    # a root without a group document holds a hierarchy when nodes lie below it (tensorstore writes no root group)
+    if not any(k.rpartition("/")[2] in (".zgroup", ".zarray") for k in keys):
         hint = " (it has a zarr.json: Zarr v3?)" if "zarr.json" in key_set else ""
-        raise NotAHierarchyError(f"{name} is not a Zarr v2 hierarchy: no .zgroup or .zarray at its root{hint}")
+        raise NotAHierarchyError(f"{name} is not a Zarr v2 hierarchy: no .zgroup or .zarray at its root or below{hint}")
     zarray_keys = [k for k in keys if k.rpartition("/")[2] == ".zarray"]
     if strict:
         node_keys = [k for k in keys if k.rpartition("/")[2] in ("zarr.json", ".zgroup")]

@@ -8,7 +8,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from shardkv.cli.info_model import ArrayInfo
 
-__all__ = ["format_info"]
+__all__ = ["format_info", "counted"]
+
+
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1 (``"1 array"``, ``"2 arrays"``; the plural adds an s)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _dims(values: Sequence[int] | None) -> str:
@@ -69,9 +74,10 @@ def format_info(infos: Sequence[ArrayInfo]) -> str:
         cells = [r[c].rjust(widths[c]) if 4 <= c <= 7 else r[c].ljust(widths[c]) for c in range(len(widths))]
         lines.append("  ".join([*cells, r[-1]]).rstrip())
     n_sharded = sum(1 for i in infos if i.shard_shape is not None)
+    n_chunks, n_objects = sum(i.chunks_present for i in infos), sum(i.objects for i in infos)
     lines.append(
-        f"{len(infos)} arrays ({n_sharded} sharded, {len(infos) - n_sharded} unsharded), "
-        f"{sum(i.chunks_present for i in infos)} chunks in {sum(i.objects for i in infos)} objects, "
+        f"{counted(len(infos), 'array')} ({n_sharded} sharded, {len(infos) - n_sharded} unsharded), "
+        f"{counted(n_chunks, 'chunk')} in {counted(n_objects, 'object')}, "
         f"{sum(i.bytes_stored for i in infos)} bytes stored, "
         f"{sum(i.bytes_unused for i in infos)} bytes unused inside shards"
     )

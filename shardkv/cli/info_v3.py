@@ -142,16 +142,20 @@ def zarr3_view(
     list of ArrayInfo
         ``v3_readable``: True when zarr-python 3 reads the array as Zarr v3 (``v3_problems``
         then lists what other v3 readers refuse), False when it does not reach or decode it
-        (``v3_problems`` says why), None when the root is Zarr v2 (zarr-python 3 reads the
-        whole hierarchy as Zarr v2).
+        (``v3_problems`` says why; a root without any group document, as tensorstore leaves it,
+        is not opened), None when the root is Zarr v2 (zarr-python 3 reads the whole hierarchy
+        as Zarr v2).
     """
     paths = [i.path for i in infos]
     nodes = sorted({g for p in [*paths, *groups] for g in group_paths(p)} | set(paths) | set(groups))
     wanted = [join_path(p, n) for p in nodes for n in (ZARR_JSON, ".zarray", ".zgroup")]
     documents = {k: load_json(k, v) for k, v in view.kv.values(wanted).items()}
     documents = {k: d for k, d in documents.items() if isinstance(d, dict)}
-    if ZARR_JSON not in documents:
+    if ZARR_JSON not in documents and (".zgroup" in documents or ".zarray" in documents):
         return [replace(i, v3_readable=None, v3_problems=[]) for i in infos]
+    if ZARR_JSON not in documents:  # no node at the root (tensorstore writes no root group): nothing opens it
+        no_root = "no group at the root (none written): zarr-python 3 opens the array at its path, not from the root"
+        return [replace(i, v3_readable=False, v3_problems=[no_root]) for i in infos]
     unreached = zarr3_unreachable(documents, paths, groups)
     out = []
     for info in infos:

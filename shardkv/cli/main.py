@@ -131,7 +131,7 @@ def _add_convert(sub: Any) -> None:
         texts.CONVERT_HELP,
         texts.CONVERT_EXAMPLES,
     )
-    p.add_argument("src", metavar="SRC", help="source Zarr v2 hierarchy: a local path or an fsspec URL")
+    p.add_argument("src", metavar="SRC", help="source Zarr v2 or v3 hierarchy: a local path or an fsspec URL")
     p.add_argument("dst", metavar="DST", help="destination (must be empty unless --overwrite): a path or an fsspec URL")
     p.add_argument(
         "--chunks-per-shard",
@@ -224,13 +224,21 @@ def _add_unshard(sub: Any) -> None:
     p = _sub(
         sub,
         "unshard",
-        "turn a sharded hierarchy back into plain Zarr v2 chunks (no chunk is decoded)",
+        "turn a sharded hierarchy back into plain Zarr v2 (or v3) chunks (no chunk is decoded)",
         texts.UNSHARD_HELP,
         texts.UNSHARD_EXAMPLES,
     )
     p.add_argument("src", metavar="SRC", help="a hierarchy written by shardkv convert or ShardedStore: a path or URL")
     p.add_argument("dst", metavar="DST", help="destination (must be empty unless --overwrite): a path or an fsspec URL")
     p.add_argument("--overwrite", action="store_true", help="delete everything in DST first (never a regular file)")
+    p.add_argument(
+        "--zarr-format",
+        type=int,
+        choices=(2, 3),
+        default=2,
+        help="2: plain Zarr v2 (.zarray, keys 0.0); 3: plain Zarr v3 as zarr-python 3 writes it by default "
+        "(zarr.json, keys c/0/0) from a Zarr v3 hierarchy (default: 2)",
+    )
     _add_storage_options(p, two_stores=True)
     _add_progress(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a summary")
@@ -239,7 +247,14 @@ def _add_unshard(sub: Any) -> None:
 def _run_unshard(args: argparse.Namespace) -> int:
     from shardkv.cli.unshard import unshard
 
-    report = unshard(args.src, args.dst, overwrite=args.overwrite, progress=_progress(args), **_side_options(args))
+    report = unshard(
+        args.src,
+        args.dst,
+        overwrite=args.overwrite,
+        progress=_progress(args),
+        zarr_format=args.zarr_format,
+        **_side_options(args),
+    )
     _print_report(report, args.json)
     return 0
 
@@ -290,7 +305,7 @@ def _add_compact(sub: Any) -> None:
     p = _sub(
         sub,
         "compact",
-        "rewrite shards that hold bytes no index entry references (left by other writers)",
+        "finish or undo interrupted appends, then rewrite shards that hold unused bytes",
         texts.COMPACT_HELP,
         texts.COMPACT_EXAMPLES,
     )
@@ -301,31 +316,43 @@ def _add_compact(sub: Any) -> None:
 
 
 def _run_compact(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
     from shardkv.cli.info import read_hierarchy
+    from shardkv.cli.info_draft import is_draft
     from shardkv.cli.stores import open_store
     from shardkv.cli.view import HierarchyView, refuse_shard_directories
     from shardkv.engine.options import Options
+    from shardkv.proxy.draft import DraftShardedStore, draft_options
     from shardkv.proxy.store import ShardedStore
+    from shardkv.proxy.verify import remove_stale_temporaries
+    from shardkv.transformers import ShardingStorageTransformer
 
     kv = open_store(args.store, args.storage_options)
-    # a missing or empty store, or no hierarchy, is an error
-    hierarchy = read_hierarchy(HierarchyView(kv), args.store)
-    with ShardedStore._reopen(kv, Options.from_keywords()) as store:  # no zarr-python needed: any zarr installed
+    store: ShardedStore | DraftShardedStore
+    if is_draft(kv):  # a 2022 draft hierarchy: its arrays are those of meta/root/<path>.array.json
+        store = DraftShardedStore._reopen(kv, draft_options())
+        paths = sorted(p for k in kv.list_prefix("meta/") if (p := store.array_path_of(k)) is not None)
+    else:  # a missing or empty store, or no hierarchy, is an error
+        store = ShardedStore._reopen(kv, Options.from_keywords())  # no zarr-python needed: any zarr installed
+        paths = list(read_hierarchy(HierarchyView(kv), args.store).arrays)
+    with store:
         if args.array is not None and store.sharded_array(args.array) is None:
             raise ArrayNotFoundError(args.store, args.array.strip("/"), "sharded array")
-        wanted = [args.array.strip("/")] if args.array is not None else list(hierarchy.arrays)
+        wanted = [args.array.strip("/")] if args.array is not None else [p for p in paths if store.sharded_array(p)]
         refuse_shard_directories(kv, [a for p in wanted if (a := store.sharded_array(p)) is not None])
-        if not _progress(args):
-            reclaimed = store.compact(args.array)
-        else:  # one array at a time, so that the bar moves (the same shards are rewritten)
-            from tqdm import tqdm
-
-            paths = [args.array] if args.array is not None else [p for p in hierarchy.arrays if store.sharded_array(p)]
-            reclaimed = 0
-            with tqdm(total=len(paths), file=sys.stderr, unit="array", desc="shardkv compact", mininterval=1.0) as bar:
-                for path in paths:
+        if isinstance(store, DraftShardedStore):
+            remove_stale_temporaries(kv)  # as ShardedStore.compact does: files killed writers left
+        reclaimed = 0
+        with tqdm(
+            total=len(wanted), file=sys.stderr, unit="array", desc="shardkv compact", disable=not _progress(args)
+        ) as bar:
+            for path in wanted:
+                if isinstance(store, ShardedStore):
                     reclaimed += store.compact(path)
-                    bar.update(1)
+                elif isinstance(top := store.transformer(path), ShardingStorageTransformer):
+                    reclaimed += top.compact()
+                bar.update(1)
     print(f"compacted {args.store}: {reclaimed} bytes reclaimed")
     return 0
 

@@ -8,7 +8,11 @@ written as stored (never decoded) to the chunk key zarr-python 2 expects (``path
 separator). Inner chunks outside the array's chunk grid are skipped and
 counted. The ``zarr.json`` documents of sharded arrays and v3 groups are dropped (their
 ``.zarray``/``.zattrs``/``.zgroup`` are written instead); every other key (metadata,
-unsharded arrays, other files) is copied as it is; metadata is written last.
+unsharded arrays, other files) is copied as it is; metadata is written last,
+deepest first. Chunks are written in batches by several threads at once, each
+object as durably as every write to the destination (a local file: written,
+fsync'd, renamed, its directory fsync'd once per batch), so that their fsyncs
+overlap (one chunk is small: its write is mostly the wait for its fsync).
 The result is read by zarr-python 2 without shardkv and equals the sharded
 hierarchy read through :class:`shardkv.ShardedStore`.
 
@@ -23,18 +27,21 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import closing
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 from shardkv.cli.convert.job import _check_distinct, _name
 from shardkv.cli.convert.tasks import shard_index
 from shardkv.cli.errors import DestinationNotEmptyError
 from shardkv.cli.info import META_NAMES, Hierarchy, read_hierarchy
 from shardkv.cli.info_draft import is_draft
+from shardkv.cli.info_format import counted
 from shardkv.cli.manifest import UNSHARD_MANIFEST_KEY, Manifest, open_destination
 from shardkv.cli.stores import open_store, put_all, refuse_regular_file
 from shardkv.cli.view import HierarchyView, sizes
-from shardkv.errors import UnsupportedError
+from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.keys.paths import split_key
 from shardkv.keys.space import ShardedArray
 from shardkv.proxy.nodes import NodeTable
@@ -45,6 +52,7 @@ __all__ = ["UnshardReport", "unshard"]
 
 _SHARD_BATCH = 16  # shards read per batched request
 _WRITE_BATCH = 256  # chunks written per batched request
+_WRITERS = 16  # threads writing one batch (a chunk's write is mostly the wait for its fsync)
 
 
 @dataclass
@@ -94,9 +102,9 @@ class UnshardReport:
     def summary(self) -> str:
         """Human-readable lines."""
         lines = [
-            f"unsharded {self.src} into {self.dst}: {self.arrays} arrays, {self.unsharded_arrays} of them "
+            f"unsharded {self.src} into {self.dst}: {counted(self.arrays, 'array')}, {self.unsharded_arrays} of them "
             f"were sharded and are now plain Zarr v2",
-            f"  chunks: {self.chunks} taken out of {self.shards} shards",
+            f"  chunks: {self.chunks} taken out of {counted(self.shards, 'shard')}",
         ]
         if self.shards_skipped:
             lines.append(
@@ -112,12 +120,19 @@ class UnshardReport:
 
 
 class _Out:
-    """Batched writes to the destination, counted."""
+    """Batched writes to the destination, counted; a batch is written by :data:`_WRITERS` threads at once.
 
-    def __init__(self, store: KVStore) -> None:
+    Each object is stored as every write is (a local file: written, fsync'd, renamed, its directory
+    fsync'd): a chunk is a small object, so the time of one is the wait for its fsync, and the
+    waits of the writers overlap (the file system commits their fsyncs together).
+    """
+
+    def __init__(self, store: KVStore, writers: int | None = None) -> None:
         self.store = store
         self.pending: dict[str, bytes] = {}
         self.objects = self.nbytes = 0
+        self.writers = writers or _WRITERS
+        self._pool = ThreadPoolExecutor(self.writers, thread_name_prefix="shardkv-unshard")
 
     def put(self, key: str, value: bytes) -> None:
         self.pending[key] = value
@@ -125,12 +140,21 @@ class _Out:
             self.flush()
 
     def flush(self) -> None:
+        """Store every pending object; returns once all are stored (raises the first error of a writer)."""
         if not self.pending:
             return
-        put_all(self.store, self.pending)
-        self.objects += len(self.pending)
-        self.nbytes += sum(len(v) for v in self.pending.values())
+        items = list(self.pending.items())
+        parts = [dict(items[i :: self.writers]) for i in range(min(self.writers, len(items)))]
+        writes = [self._pool.submit(put_all, self.store, part) for part in parts]
+        wait(writes)  # every writer has stopped before an error is raised: nothing written after the return
+        for write in writes:
+            write.result()
+        self.objects += len(items)
+        self.nbytes += sum(len(v) for _, v in items)
         self.pending = {}
+
+    def close(self) -> None:
+        self._pool.shutdown()
 
 
 def unshard(
@@ -142,6 +166,7 @@ def unshard(
     storage_options: Mapping[str, Any] | None = None,
     src_storage_options: Mapping[str, Any] | None = None,
     dst_storage_options: Mapping[str, Any] | None = None,
+    zarr_format: Literal[2, 3] = 2,
 ) -> UnshardReport:
     """Copy a sharded Zarr v2 hierarchy into a plain one, chunks as stored.
 
@@ -155,6 +180,9 @@ def unshard(
         Show a tqdm progress bar (objects) on stderr.
     storage_options, src_storage_options, dst_storage_options : mapping, optional
         fsspec options for both URLs, or for one side.
+    zarr_format : {2, 3}
+        2: plain Zarr v2; 3: plain Zarr v3 from a Zarr v3 hierarchy, as zarr-python 3 writes it by
+        default (``default`` chunk keys ``c/0/0``; :mod:`shardkv.cli.unshard_v3`).
 
     Returns
     -------
@@ -166,6 +194,8 @@ def unshard(
         If ``src`` is missing, empty or not a Zarr v2 hierarchy.
     UnsupportedError
         If ``src`` is a 2022 draft hierarchy.
+    ConfigurationError
+        If ``zarr_format`` is neither 2 nor 3.
     DestinationNotEmptyError, DestinationIsFileError, SameLocationError, StoreAccessError
         As :func:`shardkv.cli.convert.convert`.
     CorruptShardError, ChecksumError
@@ -185,6 +215,12 @@ def unshard(
     _check_distinct(source_kv, target, src_name, dst_name)
     if is_draft(source_kv):
         raise UnsupportedError(f"{src_name} is a 2022 draft hierarchy; unshard reads Zarr v2 hierarchies only")
+    if zarr_format not in (2, 3):
+        raise ConfigurationError(f"zarr_format must be 2 or 3, got {zarr_format!r}")
+    if zarr_format == 3:
+        from shardkv.cli.unshard_v3 import unshard_v3
+
+        return unshard_v3(source_kv, target, UnshardReport(src_name, dst_name), _Out(target), overwrite, progress)
     nodes = NodeTable(source_kv.values)
     source = HierarchyView(source_kv)  # sharded arrays and v3 groups (zarr.json only) appear in v2
     hierarchy = read_hierarchy(source, src_name)
@@ -208,9 +244,12 @@ def unshard(
         if k.rpartition("/")[2] in META_NAMES and not _v3_node(source, k) and not _deleted(nodes, hierarchy, k)
     ]
     plain: list[str] = [k for k in hierarchy.group_keys if k.rpartition("/")[2] not in META_NAMES]
-    with tqdm(
-        total=len(hierarchy.keys), disable=not progress, file=sys.stderr, unit="obj", desc="shardkv unshard"
-    ) as bar:
+    with (
+        closing(out),  # its writer threads end with the run, whatever stops it
+        tqdm(
+            total=len(hierarchy.keys), disable=not progress, file=sys.stderr, unit="obj", desc="shardkv unshard"
+        ) as bar,
+    ):
         for path, keys in hierarchy.arrays.items():
             report.arrays += 1
             arr = nodes.node(path).array
@@ -233,7 +272,9 @@ def unshard(
         report.bytes_before += _copy(source, plain, out, bar)
         out.flush()
         manifest.flush()
-        _copy(source, sorted(meta, key=lambda k: (-k.count("/"), k)), out, bar)  # presented documents among them
+        out.close()
+        out_meta = _Out(target, writers=1)  # in order, deepest first: a node's document before its parent's
+        _copy(source, sorted(meta, key=lambda k: (-k.count("/"), k)), out_meta, bar)  # presented documents among them
         # the source's stored metadata: zarr.json (dropped) and v2 documents, not the presented ones
         stored_meta = [
             k
@@ -241,8 +282,9 @@ def unshard(
             if k.rpartition("/")[2] in (*META_NAMES, "zarr.json") and k not in hierarchy.presented
         ]
         report.bytes_before += sum(sizes(source_kv, stored_meta).values())
-        out.flush()
-        bar.update(bar.total - bar.n)  # the zarr.json views, dropped, are done too
+        out_meta.flush()
+        out_meta.close()
+        _advance(bar, bar.total - bar.n)  # the zarr.json views, dropped, are done too
     manifest.remove()
     earlier_chunks, earlier_nbytes, earlier_nbytes_read = earlier
     report.chunks_skipped = earlier_chunks
@@ -250,8 +292,8 @@ def unshard(
     report.chunks += earlier_chunks
     report.bytes_before += earlier_nbytes_read
     # the chunk objects of the skipped shards stay; every other object was written again by this run
-    report.objects_after = out.objects + earlier_chunks
-    report.bytes_after = out.nbytes + earlier_nbytes
+    report.objects_after = out.objects + out_meta.objects + earlier_chunks
+    report.bytes_after = out.nbytes + out_meta.nbytes + earlier_nbytes
     return report
 
 
@@ -299,7 +341,7 @@ def _unpack(
 
     todo = [k for k in shard_keys if not manifest.is_done(path, index_of(k))]
     report.shards_skipped += len(shard_keys) - len(todo)
-    bar.update(len(shard_keys) - len(todo))
+    _advance(bar, len(shard_keys) - len(todo))
     for start in range(0, len(todo), _SHARD_BATCH):
         batch = todo[start : start + _SHARD_BATCH]
         blobs = source.kv.values(batch)
@@ -328,7 +370,7 @@ def _unpack(
         out.flush()  # the shards' chunks are stored: only now are the shards finished
         for key, nbytes_read, n_chunks, n_bytes in finished:
             manifest.record(path, index_of(key), key, n_bytes, nbytes_read, chunks=n_chunks)
-        bar.update(len(batch))
+        _advance(bar, len(batch))
 
 
 def _copy(source: HierarchyView, keys: Sequence[str], out: _Out, bar: Any) -> int:
@@ -342,5 +384,13 @@ def _copy(source: HierarchyView, keys: Sequence[str], out: _Out, bar: Any) -> in
                 value = bytes(values[k])
                 nbytes += len(value)
                 out.put(k, value)
-        bar.update(len(batch))
+        _advance(bar, len(batch))
     return nbytes
+
+
+def _advance(bar: Any, n: int) -> None:
+    """Move the bar ``n`` steps; the step that completes it is left to its close, which shows 100 % (once)."""
+    if bar.total is not None and bar.n + n >= bar.total:
+        bar.n = bar.total
+    else:
+        bar.update(n)

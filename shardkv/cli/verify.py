@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from shardkv.cli.info import read_hierarchy
+from shardkv.cli.info_draft import is_draft
 from shardkv.cli.stores import open_store
 from shardkv.cli.view import HierarchyView
 from shardkv.proxy.verify import verify_store
@@ -19,13 +20,16 @@ from shardkv.proxy.verify import verify_store
 __all__ = ["add_parser", "run"]
 
 _HELP = """\
-Read every shard of every sharded array in STORE and check its index (length,
+Read every shard of every sharded array in STORE (a Zarr v2 hierarchy sharded by
+shardkv, Zarr v3 arrays with sharding_indexed, or a 2022 draft hierarchy with the
+sharding storage transformer) and check its index (length,
 CRC32C, every entry inside the shard, not overlapping the index or another
 entry, no overflow); with --decode also decode every inner chunk with the
 array's compressor and filters. Also lists keys that look like chunk keys but
 lie outside an array's shard grid (reported only), chunk-like keys left by
 deleted arrays (orphans), metadata documents that cannot be read, and
-temporary files of killed writers older than --temp-age seconds. --repair
+temporary files of killed writers (no live process holds their lock; those
+whose lock cannot be tried: older than --temp-age seconds). --repair
 removes only what is proven garbage: the stale temporaries. Orphans are
 removed only with --remove-orphans (run verify first: they are listed);
 nothing under an array or group whose metadata cannot be read is ever
@@ -57,7 +61,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="SECONDS",
         type=float,
         default=3600.0,
-        help="age (seconds) from which a temporary file counts as stale (default 3600)",
+        help="age (seconds) from which a temporary file whose lock cannot be tried counts as stale (default 3600)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument(
@@ -101,8 +105,10 @@ def run(args: argparse.Namespace) -> int:
         If the store cannot be reached or used.
     """
     kv = open_store(args.store, args.storage_options)
-    # a missing or empty store, or no hierarchy, is an error; unreadable nodes are reported below, not raised
-    read_hierarchy(HierarchyView(kv), args.store, strict=False)
+    # a missing or empty store, or no hierarchy, is an error; unreadable nodes are reported below, not raised.
+    # A 2022 draft hierarchy (what info and convert take too) is checked as such by verify_store
+    if not is_draft(kv):
+        read_hierarchy(HierarchyView(kv), args.store, strict=False)
     bar = None
     if args.progress if args.progress is not None else sys.stderr.isatty():
         from tqdm import tqdm

@@ -88,9 +88,12 @@ def resolve_mode(kv: KVStore, concurrency: str) -> Mode:
             f"has none{hint}: pass concurrency='process' or 'none'"
         )
     raise ConfigurationError(
-        f"the store {_store_name(kv)} offers neither lock files nor conditional "
-        f"writes{hint}, so concurrent writers of one shard could lose updates: pass concurrency='process' "
-        "(safe within this process only) or concurrency='none' (one writer per shard)"
+        f"concurrency='auto' cannot tell who else writes the store {_store_name(kv)}: it is not known to "
+        f"live in this process only, and it offers neither lock files nor conditional writes{hint}. Choose: "
+        "concurrency='process' (locks shared by this process's threads and stores: safe only if no other "
+        "process writes this data), concurrency='none' (no locks: you promise one writer per shard), "
+        "concurrency='files' (lock files: needs the data in a local or network directory) or "
+        "concurrency='conditional' (compare-and-swap writes: needs a store with conditional puts)"
     )
 
 

@@ -113,8 +113,9 @@ class Options:
         ``"auto"`` (default): where the shard's file system clones files
         (reflinks: XFS with ``reflink=1``, btrfs, bcachefs, OCFS2), a clone of
         the shard plus the new chunks and a new index, renamed over the shard:
-        about the bytes of the new chunks are written, and readers (with or
-        without shardkv) see the old shard or the new one. Elsewhere (ext4,
+        about the bytes of the new chunks are written, and every old chunk
+        keeps its offset, so readers (with or without shardkv) read old or new
+        values. Elsewhere (ext4,
         and every store that is not a local or network directory: S3,
         obstore, mappings, memory) the shard is rewritten whole (on object
         stores a whole-shard conditional put). ``"append"``: as ``"auto"``

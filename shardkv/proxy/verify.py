@@ -6,7 +6,10 @@ each shard's index (:meth:`~shardkv.format.layout.ShardLayout.index_of_shard`:
 length, CRC32C, entries inside the chunk data, no overflow), that no two
 entries share bytes and, with ``decode=True``, that every inner chunk decodes
 to one chunk's bytes. It also reports stray and orphan chunk-like keys, stale
-temporaries of killed writers and unreadable node documents. A damaged shard
+temporaries of killed writers and unreadable node documents. In a 2022 draft
+hierarchy (root ``zarr.json`` of the draft protocol) the arrays are those of
+``meta/root/<path>.array.json`` with the sharding storage transformer, their
+shards under ``data/root/<path>/``. A damaged shard
 whose append intent a lock file records is reported as an interrupted in-place
 append, with its repair (``shardkv compact``). Repair removes
 only proven garbage (user guide, "The command line").
@@ -28,14 +31,17 @@ from shardkv.errors import ConfigurationError, CorruptShardError
 from shardkv.keys.paths import is_chunk_segment, join_path, owning_array, split_key
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.documents import NODE_DOCUMENTS, ZARR_JSON, load_json, unreadable_documents
+from shardkv.metadata.draft import is_draft_entry_point
 from shardkv.metadata.hierarchy import group_paths
 from shardkv.metadata.v2_view import unusable_sharding
 from shardkv.proxy.base import ProxyBase
+from shardkv.proxy.draft import DraftShardedStore, draft_options
 from shardkv.proxy.nodes import Node, build_node
 from shardkv.storage.kv import ANY, LOCK_DIR, KVStore
 from shardkv.storage.local import DEFAULT_TEMP_AGE
 from shardkv.storage.local_tail import recorded_append
 from shardkv.storage.open import open_kv
+from shardkv.transformers import DATA_ROOT
 
 _META = (".zarray", ZARR_JSON)
 _UNKNOWN_CHUNK_LIMIT = 2**30  # bytes a chunk of no fixed size (object dtype) may decode to in verify --decode
@@ -145,15 +151,16 @@ def _kv_of(store: Any) -> KVStore:
 
 
 def find_stale_temporaries(store: Any, min_age_seconds: float = DEFAULT_TEMP_AGE) -> list[str]:
-    """Temporary files of atomic local writes not modified for ``min_age_seconds`` seconds.
+    """Temporary files of local writers that no longer run (:func:`shardkv.storage.temps.stale_in`).
 
     Parameters
     ----------
     store : ShardedStore, KVStore or anything :func:`shardkv.storage.open.open_kv` takes
         The store (a proxy's base store is used).
     min_age_seconds : float
-        Age guard (seconds since the last modification): a live writer's
-        temporary file is younger and is left alone.
+        Age guard (seconds since the last modification) for temporaries
+        whose writer's lock cannot be tried; one whose lock can be taken has
+        no live writer and is stale whatever its age.
 
     Returns
     -------
@@ -279,12 +286,110 @@ def _interrupted_append(kv: KVStore, key: str, arr: ShardedArray) -> str | None:
     return f"interrupted in-place append (its intent is in {lock_file}): {repair}"
 
 
+def _draft_arrays(
+    kv: KVStore, keys: list[str], report: VerifyReport
+) -> tuple[dict[str, ShardedArray | None], dict[str, dict[str, Any]], set[str]]:
+    """The arrays of a 2022 draft hierarchy by their data directory (``data/root/<path>``), their codecs, kept ones.
+
+    The codecs come as a ``.zarray``-like document (dtype, chunks, compressor and
+    filters as numcodecs configurations) for ``decode``; an array whose document
+    cannot be used is reported in ``report.unreadable_metadata`` and its data kept.
+    """
+    proxy = DraftShardedStore._reopen(kv, draft_options())  # no zarr-python needed: any zarr installed
+    paths = {key: path for key in keys if (path := proxy.array_path_of(key)) is not None}
+    docs = kv.values(list(paths))
+    report.unreadable_metadata.update(unreadable_documents(docs))
+    arrays: dict[str, ShardedArray | None] = {}
+    zarrays: dict[str, dict[str, Any]] = {}
+    kept: set[str] = set()
+    for key, path in paths.items():
+        data = join_path(DATA_ROOT.rstrip("/"), path)
+        if key in report.unreadable_metadata or key not in docs:
+            kept.add(data)
+            continue
+        try:
+            arrays[data] = proxy.sharded_array(path)
+            doc = load_json(key, docs[key])
+            zarrays[data] = {
+                "dtype": doc["data_type"],
+                "chunks": doc["chunk_grid"]["chunk_shape"],
+                "compressor": _numcodecs_config(doc.get("compressor")),
+                "filters": [_numcodecs_config(f) for f in doc.get("filters") or []],
+            }
+        except (ConfigurationError, NotImplementedError, KeyError, TypeError) as exc:
+            report.unreadable_metadata[key] = " ".join(str(exc).split())
+            kept.add(data)
+    return arrays, zarrays, kept
+
+
+def _numcodecs_config(codec: Any) -> dict[str, Any] | None:
+    """A draft codec entry (``{"codec": ".../codec/<id>/1.0", "configuration": {...}}``) as numcodecs configures it."""
+    if codec is None:
+        return None
+    return {"id": str(codec["codec"]).rstrip("/").split("/")[-2], **(codec.get("configuration") or {})}
+
+
 def _node(path: str, raw_json: Any, raw_zarray: Any) -> Node | str:
     """The node a stored ``zarr.json`` (and ``.zarray``) makes, or why its sharding cannot be used."""
     try:
         return build_node(path, raw_json, raw_zarray)
     except (ConfigurationError, NotImplementedError) as exc:  # MetadataError is a ConfigurationError
         return " ".join(str(exc).split())
+
+
+def _v2_nodes(
+    kv: KVStore, keys: list[str], report: VerifyReport
+) -> tuple[set[str], dict[str, ShardedArray | None], dict[str, dict[str, Any]], set[str], set[str]]:
+    """The nodes of a Zarr v2 (or v3) hierarchy: array paths, their sharding, their ``.zarray``, groups, kept nodes.
+
+    Kept nodes are those whose keys are never garbage (v3 arrays shardkv does not
+    check, nodes whose documents cannot be read: reported in ``report``).
+    """
+    meta_keys = [k for k in keys if split_key(k)[1] in NODE_DOCUMENTS]
+    docs = kv.values(meta_keys)  # the stored documents
+    report.unreadable_metadata = unreadable_documents(docs)
+    array_paths = {split_key(k)[0] for k in docs if split_key(k)[1] == ".zarray"}
+    groups = {split_key(k)[0] for k in docs if split_key(k)[1] == ".zgroup"}
+    arrays: dict[str, ShardedArray | None] = {p: None for p in array_paths}  # unsharded unless a zarr.json says
+    zarrays: dict[str, dict[str, Any]] = {}  # the v2 document of each sharded array (stored or presented)
+    kept_nodes: set[str] = set()  # v3 arrays shardkv does not check (not sharded): their keys are no orphans
+    for key, raw in docs.items():
+        path, name = split_key(key)
+        if name != ZARR_JSON or key in report.unreadable_metadata:
+            continue
+        zarray_key = join_path(path, ".zarray")
+        node = _node(path, raw, docs.get(zarray_key) if zarray_key not in report.unreadable_metadata else None)
+        if isinstance(node, str):
+            report.unreadable_metadata[key] = node
+            continue
+        # presented, deleted from zarr 2's view or not (shardkv.v2_deleted): its shards are checked all the same
+        if ".zgroup" in node.presented:
+            groups.add(path)
+        if node.is_array and (".zarray" in node.presented or path in array_paths):
+            array_paths.add(path)
+            arrays[path] = node.array
+            if node.array is not None:
+                zarrays[path] = node.presented.get(".zarray") or load_json(zarray_key, docs[zarray_key])
+            continue
+        doc = node.doc
+        reason = unusable_sharding(doc, path) if doc is not None else None
+        if reason is not None:
+            report.unreadable_metadata[key] = reason
+        elif doc is not None and doc.get("node_type") == "array":
+            kept_nodes.add(path)
+    damaged_nodes = {split_key(k)[0] for k in report.unreadable_metadata}
+    array_paths -= damaged_nodes
+    kept_nodes |= damaged_nodes
+    return array_paths, arrays, zarrays, groups, kept_nodes
+
+
+def _root_document(kv: KVStore) -> Any:
+    """The root ``zarr.json``, parsed (``None`` when missing or not JSON: then no draft entry point)."""
+    raw = kv.values([ZARR_JSON]).get(ZARR_JSON)
+    try:
+        return None if raw is None else load_json(ZARR_JSON, raw)
+    except ConfigurationError:
+        return None
 
 
 def verify_store(
@@ -329,41 +434,11 @@ def verify_store(
     kv = _kv_of(store)
     keys = sorted(kv.list_prefix(""))
     report = VerifyReport()
-    meta_keys = [k for k in keys if split_key(k)[1] in NODE_DOCUMENTS]
-    docs = kv.values(meta_keys)  # the stored documents
-    report.unreadable_metadata = unreadable_documents(docs)
-    array_paths = {split_key(k)[0] for k in docs if split_key(k)[1] == ".zarray"}
-    groups = {split_key(k)[0] for k in docs if split_key(k)[1] == ".zgroup"}
-    arrays: dict[str, ShardedArray | None] = {p: None for p in array_paths}  # unsharded unless a zarr.json says
-    zarrays: dict[str, dict[str, Any]] = {}  # the v2 document of each sharded array (stored or presented)
-    kept_nodes: set[str] = set()  # v3 arrays shardkv does not check (not sharded): their keys are no orphans
-    for key, raw in docs.items():
-        path, name = split_key(key)
-        if name != ZARR_JSON or key in report.unreadable_metadata:
-            continue
-        zarray_key = join_path(path, ".zarray")
-        node = _node(path, raw, docs.get(zarray_key) if zarray_key not in report.unreadable_metadata else None)
-        if isinstance(node, str):
-            report.unreadable_metadata[key] = node
-            continue
-        # presented, deleted from zarr 2's view or not (shardkv.v2_deleted): its shards are checked all the same
-        if ".zgroup" in node.presented:
-            groups.add(path)
-        if node.is_array and (".zarray" in node.presented or path in array_paths):
-            array_paths.add(path)
-            arrays[path] = node.array
-            if node.array is not None:
-                zarrays[path] = node.presented.get(".zarray") or load_json(zarray_key, docs[zarray_key])
-            continue
-        doc = node.doc
-        reason = unusable_sharding(doc, path) if doc is not None else None
-        if reason is not None:
-            report.unreadable_metadata[key] = reason
-        elif doc is not None and doc.get("node_type") == "array":
-            kept_nodes.add(path)
-    damaged_nodes = {split_key(k)[0] for k in report.unreadable_metadata}
-    array_paths -= damaged_nodes
-    kept_nodes |= damaged_nodes
+    if ZARR_JSON in keys and is_draft_entry_point(_root_document(kv)):
+        arrays, zarrays, kept_nodes = _draft_arrays(kv, keys, report)
+        array_paths, groups = set(arrays) - kept_nodes, set[str]()
+    else:
+        array_paths, arrays, zarrays, groups, kept_nodes = _v2_nodes(kv, keys, report)
     for path in sorted(array_paths):  # directories where shards should be: not listed, yet damage
         arr = arrays.get(path)
         if arr is not None:

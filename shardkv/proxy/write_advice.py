@@ -7,9 +7,11 @@ stored shard writes only its changed chunks and an index (``shard_updates``: a
 clone on file systems with reflinks, an opt-in append elsewhere): the
 advisor is told which shards are rewritten whole (``rewrites_whole``) and
 counts only those. :class:`WriteAdvisor` counts those
-calls per array and warns when one array reaches ``threshold``, naming the two
+calls per array and warns when one array reaches ``threshold``, naming the
 one-line fixes (user guide, "Chunk-by-chunk writes: ``buffer_bytes`` or
-``rechunk_to_shards``"). The advice is the same for every array of the store,
+``rechunk_to_shards``"): a buffer, or blocks of whole shards, for a dask array
+with ``rechunk_to_shards`` and for an xarray Dataset with ``ds.chunk`` to the
+array's shard shape. The advice is the same for every array of the store,
 so it is given once per store: an xarray write of several variables warns once.
 """
 
@@ -107,8 +109,10 @@ def _warn_outside_libraries(warning: PartialShardWriteWarning) -> None:
 def _message(arr: Any, count: int) -> str:
     name = repr(arr.path) if arr.path else "the root array"
     cps = "x".join(map(str, arr.chunks_per_shard))
+    variable = repr(arr.path.rpartition("/")[2]) if arr.path else "name"
+    shape = tuple(arr.shard_shape) if arr.shard_shape is not None else "shard_shape"
     return (
-        f"shardkv: {count} writes to {name} each rewrote a partly covered shard ({cps} chunks per shard). "
-        "Write whole shards: ShardedStore(..., buffer_bytes=N) then close(), or "
-        "shardkv.rechunk_to_shards(array, target). Shown once per store."
+        f"shardkv: {count} writes to {name} each rewrote a partly covered {cps}-chunk shard. Write whole shards: "
+        "ShardedStore(..., buffer_bytes=N) then close(); dask: shardkv.rechunk_to_shards(x, target); "
+        f"xarray: ds.chunk(dict(zip(ds[{variable}].dims, {shape}))). Shown once per store."
     )

@@ -34,9 +34,12 @@ O(chunk) updates (:meth:`LocalStore.update_tail`)
     the live file under a write-ahead intent: :mod:`shardkv.storage.local_tail`,
     writing through :func:`_pwrite_all` and :func:`write_parts` as well.
 
-Temporary files of killed writers are swept: :meth:`LocalStore.remove_stale_temporaries`
+Temporary files of writers that no longer run are swept: each writer holds an
+``flock`` on its temporary file until it is renamed, so one whose lock can be
+taken is removed at once (:mod:`shardkv.storage.temps`; other temporaries once
+:attr:`LocalStore.temp_age` old). :meth:`LocalStore.remove_stale_temporaries`
 walks the store, and every write first sweeps the directories it writes into,
-once per hour and process.
+once per :attr:`LocalStore.temp_age` and process.
 
 Keys never leave the root: a key that is empty, absolute, holds an empty
 segment, a segment of periods only (``.``, ``..``), a backslash or a NUL is
@@ -53,7 +56,6 @@ import shutil
 import stat
 import threading
 import time
-import uuid
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -67,7 +69,6 @@ from shardkv.storage.kv import (
     LOCK_DIR,
     MISSING_RESULT,
     NO_VALUE,
-    TEMP_MARKER,
     Capabilities,
     Generation,
     KVStore,
@@ -78,6 +79,7 @@ from shardkv.storage.kv import (
 from shardkv.storage.local_tail import append_update, clone_update, clones_files, inside, recover_append
 from shardkv.storage.location import StoreLocation
 from shardkv.storage.stamps import STAMPS
+from shardkv.storage.temps import held_temporary, stale_in
 
 _READ_GROUPS = 8
 """Tasks one batched local read is split into (the size of :func:`~shardkv.storage.buffers.read_pool`)."""
@@ -90,13 +92,13 @@ FSYNC = True
 directories after (durable against power loss once a write returns)."""
 
 DEFAULT_TEMP_AGE = 3600.0
-"""Seconds a temporary file must have been left untouched before it counts as stale.
-A live writer finishes a shard in far less; a killed one never comes back."""
+"""Seconds a temporary file whose writer's lock cannot be tried (no lock on it: clone probes, older
+versions; another account's file on NFS) must have been left untouched before it counts as stale; also how
+often a writer sweeps a directory it writes into. A live writer finishes a shard in far less."""
 
 _CHECKED_MAX = 4096  # keys whose checked local paths one store remembers (all forgotten past that)
 _SWEPT_MAX = 65536  # directories remembered as swept, per process (least recently swept forgotten first)
 _OPEN_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
-_OPEN_TEMP = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 _NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK, errno.ENOSYS}
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -173,15 +175,8 @@ def atomic_write(path: str, parts: list[memoryview], fsync: bool, create_only: b
     anything is there: ``None`` is returned and nothing changes), else renamed
     over it. The directory is not fsync'd here (once per batch, by the caller).
     """
-    directory = os.path.dirname(path)
-    tmp = os.path.join(directory, f"{TEMP_MARKER}{uuid.uuid4().hex}")
-    try:
-        fd = os.open(tmp, _OPEN_TEMP, 0o666)
-    except FileNotFoundError:  # the directory is made only when it is missing (no stat per write)
-        os.makedirs(directory, exist_ok=True)
-        fd = os.open(tmp, _OPEN_TEMP, 0o666)
     placed = False  # the temporary file was renamed away (nothing left to remove)
-    try:
+    with held_temporary(os.path.dirname(path)) as (fd, tmp):  # locked until renamed: no sweeper removes it
         try:
             if len(parts) == 1:
                 _pwrite_all(fd, parts[0], 0)
@@ -190,26 +185,24 @@ def atomic_write(path: str, parts: list[memoryview], fsync: bool, create_only: b
             if fsync:
                 os.fsync(fd)
             generation = file_generation(os.fstat(fd))
-        finally:
-            os.close(fd)
-        if create_only:
-            try:
-                os.link(tmp, path)  # fails if anything is at path: atomic against every process
-                return generation
-            except FileExistsError:
-                return None
-            except OSError as exc:
-                if exc.errno not in _NO_LINKS:
-                    raise
-                if os.path.lexists(path):  # no hard links here: checked, atomic within this process only
+            if create_only:
+                try:
+                    os.link(tmp, path)  # fails if anything is at path: atomic against every process
+                    return generation
+                except FileExistsError:
                     return None
-        os.replace(tmp, path)
-        placed = True
-        return generation
-    finally:
-        if not placed:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(tmp)
+                except OSError as exc:
+                    if exc.errno not in _NO_LINKS:
+                        raise
+                    if os.path.lexists(path):  # no hard links here: checked, atomic within this process only
+                        return None
+            os.replace(tmp, path)
+            placed = True
+            return generation
+        finally:
+            if not placed:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(tmp)
 
 
 def fsync_dirs(paths: Iterable[str]) -> None:
@@ -281,32 +274,6 @@ class _Swept:
 _SWEPT = _Swept()
 
 
-def _stale_in(directory: str, names: Iterable[str], now: float, min_age: float) -> list[str]:
-    out = []
-    for name in names:
-        if TEMP_MARKER not in name:
-            continue
-        path = os.path.join(directory, name)
-        try:
-            age = now - os.stat(path).st_mtime
-        except FileNotFoundError:  # its writer just renamed or removed it
-            continue
-        if age >= min_age:
-            out.append(path)
-    return out
-
-
-def _remove_all(paths: Iterable[str]) -> list[str]:
-    removed = []
-    for path in paths:
-        try:
-            os.remove(path)
-        except FileNotFoundError:
-            continue
-        removed.append(path)
-    return removed
-
-
 def _every_key(key: str) -> bool:
     """``list_generations`` without ``wanted``: every file's generation."""
     return True
@@ -325,7 +292,9 @@ class LocalStore(KVStore):
         processes but not durable against power loss; for bulk writes redone
         after a crash).
     temp_age : float
-        Age (seconds) from which a temporary file counts as stale and is swept.
+        Age (seconds) from which a temporary file without its writer's lock
+        counts as stale (:data:`DEFAULT_TEMP_AGE`); one whose writer's lock
+        can be taken is stale at once.
 
     Notes
     -----
@@ -712,23 +681,33 @@ class LocalStore(KVStore):
     # -- stale temporaries ----------------------------------------------------
 
     def find_stale_temporaries(self, min_age_seconds: float | None = None) -> list[str]:
-        """Temporary files of killed writers not modified for ``min_age_seconds`` (default :attr:`temp_age`).
+        """Temporary files of writers that no longer run (:func:`~shardkv.storage.temps.stale_in`).
+
+        Parameters
+        ----------
+        min_age_seconds : float, optional
+            Seconds a temporary without its writer's lock must have been left
+            untouched (default :attr:`temp_age`); locked temporaries go by
+            their lock alone.
 
         Returns
         -------
         list of str
             Local paths, sorted.
         """
+        return self._sweep(min_age_seconds, remove=False)
+
+    def remove_stale_temporaries(self, min_age_seconds: float | None = None) -> list[str]:
+        """Remove what :meth:`find_stale_temporaries` finds; the paths removed (vanished ones skipped)."""
+        return self._sweep(min_age_seconds, remove=True)
+
+    def _sweep(self, min_age_seconds: float | None, remove: bool) -> list[str]:
         min_age = self.temp_age if min_age_seconds is None else float(min_age_seconds)
         now = time.time()
         out: list[str] = []
         for dirpath, _, files in os.walk(self.root):
-            out.extend(_stale_in(dirpath, files, now, min_age))
+            out.extend(stale_in(dirpath, files, now, min_age, remove))
         return sorted(out)
-
-    def remove_stale_temporaries(self, min_age_seconds: float | None = None) -> list[str]:
-        """Remove what :meth:`find_stale_temporaries` finds; the paths removed (vanished ones skipped)."""
-        return _remove_all(self.find_stale_temporaries(min_age_seconds))
 
     def sweep_before_writing(self, keys: Iterable[str]) -> list[str]:
         """Remove stale temporaries from the directories of ``keys``, each once per :attr:`temp_age` and process.
@@ -743,7 +722,7 @@ class LocalStore(KVStore):
             if not _SWEPT.claim(directory, self.temp_age):
                 continue
             try:
-                removed.extend(_remove_all(_stale_in(directory, os.listdir(directory), now, self.temp_age)))
+                removed.extend(stale_in(directory, os.listdir(directory), now, self.temp_age, remove=True))
             except (FileNotFoundError, NotADirectoryError):
                 continue  # nothing written there yet
             except OSError as exc:  # housekeeping only: the user's write goes on

@@ -9,8 +9,8 @@ The file I/O of :meth:`LocalStore.update_tail <shardkv.storage.local.LocalStore.
     temporary file beside the shard is made a clone of it (no data copied),
     the new bytes are written into it at their offsets, then it is fsync'd
     and renamed over the shard like every local write. Readers with or
-    without shardkv see the old file or the new one; a reader holding the old
-    file keeps reading its old bytes.
+    without shardkv read old or new values (old chunks keep their offsets in
+    the clone); a reader holding the old file keeps reading its old bytes.
 ``"append"`` (:func:`append_update`), in place, where no clone can be made and the caller asks
     An :class:`~shardkv.format.tail.AppendIntent` (file, inode, old and new
     size, CRC32C of the last bytes before the append and of the appended
@@ -62,6 +62,7 @@ from shardkv.format.tail import (
 )
 from shardkv.storage.buffers import Value, byte_parts, pread_exact
 from shardkv.storage.kv import TEMP_MARKER
+from shardkv.storage.temps import held_temporary
 
 __all__ = [
     "clones_files",
@@ -81,7 +82,6 @@ _FICLONE = getattr(fcntl, "FICLONE", 0x40049409)  # Linux's ioctl number (Python
 _NO_CLONES = {errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.ENOSYS, errno.EPERM}
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _OPEN_PROBE = os.O_RDWR | os.O_CREAT | os.O_EXCL | _CLOEXEC  # a clone's source must be readable
-_OPEN_TEMP = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC
 
 
 _CLONES: dict[int, bool] = {}  # device (st_dev) -> whether its file system clones files (found once per process)
@@ -289,39 +289,38 @@ def clone_update(
     if opened is None:
         return None
     src, _ = opened
-    tmp = os.path.join(os.path.dirname(path), f"{TEMP_MARKER}{uuid.uuid4().hex}")
+    temp = contextlib.ExitStack()  # the temporary file stays locked until it is renamed (storage/temps.py)
+    tmp = ""
     placed = False
     try:
-        fd = os.open(tmp, _OPEN_TEMP, 0o666)
+        fd, tmp = temp.enter_context(held_temporary(os.path.dirname(path)))
         try:
-            try:
-                fcntl.ioctl(fd, _FICLONE, src)
-            except OSError as exc:
-                if exc.errno not in _NO_CLONES:
-                    raise
-                with _CLONES_GUARD:  # the probe said yes, this file says no: no clones here from now on
-                    _CLONES[os.fstat(src).st_dev] = False
-                    # nor in the directory the clone is made in, which the next plan asks about: they differ for a
-                    # shard that is a symbolic link to another file system (EXDEV), which would fail every round
-                    _CLONES[os.fstat(fd).st_dev] = False
-                return None
-            for offset, value in writes:
-                write_at(fd, offset, byte_parts(value))
-            if os.fstat(fd).st_size != nbytes:
-                os.ftruncate(fd, nbytes)
-            if fsync:
-                os.fsync(fd)
-            st = os.fstat(fd)
-        finally:
-            os.close(fd)
+            fcntl.ioctl(fd, _FICLONE, src)
+        except OSError as exc:
+            if exc.errno not in _NO_CLONES:
+                raise
+            with _CLONES_GUARD:  # the probe said yes, this file says no: no clones here from now on
+                _CLONES[os.fstat(src).st_dev] = False
+                # nor in the directory the clone is made in, which the next plan asks about: they differ for a
+                # shard that is a symbolic link to another file system (EXDEV), which would fail every round
+                _CLONES[os.fstat(fd).st_dev] = False
+            return None
+        for offset, value in writes:
+            write_at(fd, offset, byte_parts(value))
+        if os.fstat(fd).st_size != nbytes:
+            os.ftruncate(fd, nbytes)
+        if fsync:
+            os.fsync(fd)
+        st = os.fstat(fd)
         os.replace(tmp, path)
         placed = True
         return st
     finally:
         os.close(src)
-        if not placed:
+        if tmp and not placed:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(tmp)
+        temp.close()
 
 
 def append_update(

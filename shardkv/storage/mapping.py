@@ -7,26 +7,33 @@ A mapping stores whole values and keeps no generations, so:
 * generations are process stamps (:mod:`shardkv.storage.stamps`): they see the
   writes made through shardkv in this process, and nothing else.
 
-zarr-python 2 stores are told apart by where they keep their data
-(:func:`zarr2_kind`), which decides the capabilities the engine plans with:
+Where a mapping keeps its data (:func:`zarr2_kind`) decides the capabilities
+the engine plans with, hence what ``concurrency="auto"`` resolves to
+(:func:`~shardkv.engine.locks.resolve_mode`). zarr-python 2's stores are
+recognised by ``isinstance`` against the classes of ``zarr.storage`` when the
+process has imported it (never imported here):
 
-* ``"memory"``: a dict, ``zarr.MemoryStore``, a ``KVStore`` over a dict, an
-  ``FSStore`` over ``memory://`` and every mapping that is not a zarr store:
-  the data lives in this process (``in_process``), so in-process locks and
-  stamps are a complete guarantee;
-* ``"directory"``: a ``DirectoryStore`` subclass, or a mapping whose ``path`` is
-  an existing local directory (``LMDBStore``, a local ``FSStore`` with a
-  ``key_separator``): lock files can be taken there (``lock_dir``);
-* ``"persistent"``: any other zarr-python 2 store (``SQLiteStore``, ``ZipStore``,
-  ``DBMStore``, ``RedisStore``, a remote ``FSStore`` with a ``key_separator``):
-  neither.
+* ``"memory"``: a ``dict`` (or a subclass), zarr 2's ``MemoryStore``: the data
+  lives in this process (``in_process``), so in-process locks and stamps are a
+  complete guarantee;
+* ``"directory"``: zarr 2's ``DirectoryStore`` and its subclasses
+  (``NestedDirectoryStore``, ``N5Store``; their directory is made on the first
+  write), and an ``LMDBStore`` whose ``path`` is a local directory: lock files
+  can be taken there (``lock_dir``);
+* ``"persistent"``: every other mapping: zarr 2's ``SQLiteStore``,
+  ``ZipStore``, ``DBMStore``, ``RedisStore``, ``MongoDBStore``, ``ABSStore``,
+  ``LRUStoreCache`` and ``KVStore`` (which wrap a store shardkv cannot see),
+  and any mapping of a user's (over ``shelve``, SQLite, Redis, ...): other
+  processes may share its data, so ``"auto"`` asks which guarantee is meant.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from functools import partial
+from types import ModuleType
 from typing import Any
 
 from shardkv._types import BytesLike
@@ -42,44 +49,39 @@ from shardkv.storage.kv import (
 from shardkv.storage.location import StoreLocation
 from shardkv.storage.stamps import STAMPS, Fetched, read_stamped, write_stamped
 
-__all__ = ["MappingStore", "zarr2_kind"]
+__all__ = ["MappingStore", "zarr2_kind", "zarr2_storage"]
 
 
-def _from_zarr(cls: type) -> bool:
-    return (cls.__module__ or "").split(".", 1)[0] == "zarr"
+def zarr2_storage() -> ModuleType | None:
+    """zarr-python 2's ``zarr.storage`` if this process has imported it, else ``None`` (never imports zarr).
+
+    zarr-python 3's ``zarr.storage`` has no ``DirectoryStore``: ``None`` there.
+    """
+    module = sys.modules.get("zarr.storage")
+    return module if module is not None and isinstance(getattr(module, "DirectoryStore", None), type) else None
 
 
 def _where(mapping: Any) -> tuple[str, str | None]:
     """``(kind, local directory or None)`` of a mapping (see :func:`zarr2_kind`)."""
-    for _ in range(16):  # zarr wrappers (KVStore, LRUStoreCache) nest a few levels at most
-        cls = type(mapping)
-        path = getattr(mapping, "path", None)
-        if any(c.__name__ == "DirectoryStore" and _from_zarr(c) for c in cls.__mro__):
-            return "directory", path if isinstance(path, str) else None
-        if getattr(mapping, "key_separator", None) is not None:
-            return "persistent", None  # an FSStore that rewrites keys: not a plain directory of shardkv's
-        protocol = getattr(getattr(mapping, "fs", None), "protocol", "file")
-        protocols = set(protocol if isinstance(protocol, tuple) else (protocol,))
-        if protocols & {"file", "local"} and isinstance(path, str) and path and os.path.isdir(path):
-            return "directory", path
-        if not _from_zarr(cls) or cls.__name__ == "MemoryStore" or "memory" in protocols:
-            return "memory", None
-        if cls.__name__ == "KVStore":
-            inner = getattr(mapping, "_mutable_mapping", None)
-        elif cls.__name__ == "LRUStoreCache":
-            inner = getattr(mapping, "_store", None)
-        else:
-            inner = None
-        if inner is None:
-            return "persistent", None
-        mapping = inner
+    if isinstance(mapping, dict):
+        return "memory", None
+    zs = zarr2_storage()
+    if zs is None:
+        return "persistent", None
+    if isinstance(mapping, zs.MemoryStore):
+        return "memory", None
+    path = getattr(mapping, "path", None) if isinstance(mapping, (zs.DirectoryStore, zs.LMDBStore)) else None
+    if not isinstance(path, str) or not path:
+        return "persistent", None
+    if isinstance(mapping, zs.DirectoryStore) or os.path.isdir(path):  # an LMDBStore made with subdir=False: a file
+        return "directory", path
     return "persistent", None
 
 
 def zarr2_kind(mapping: Any) -> str:
     """Where a mapping keeps its data: ``"memory"``, ``"directory"`` or ``"persistent"`` (module docstring).
 
-    Pure but for one ``os.path.isdir`` of a mapping's ``path``.
+    Pure but for one ``os.path.isdir`` of an ``LMDBStore``'s ``path``.
     """
     return _where(mapping)[0]
 
@@ -138,9 +140,9 @@ class MappingStore(KVStore):
         """The stored values among ``keys`` (one ``getitems`` where the store has it)."""
         if not keys:
             return {}
-        getitems = getattr(self.mapping, "getitems", None)
-        if getitems is not None and _from_zarr(type(self.mapping)):
-            return dict(getitems(keys, contexts={}))
+        zs = zarr2_storage()
+        if zs is not None and isinstance(self.mapping, zs.BaseStore):
+            return dict(self.mapping.getitems(keys, contexts={}))
         out = {}
         for key in keys:
             try:

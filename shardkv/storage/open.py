@@ -20,17 +20,11 @@ from shardkv.errors import ConfigurationError
 from shardkv.storage.fsspec import FsspecStore
 from shardkv.storage.kv import KVStore
 from shardkv.storage.local import LocalStore
-from shardkv.storage.mapping import MappingStore
+from shardkv.storage.mapping import MappingStore, zarr2_storage
 from shardkv.storage.obstore import ObstoreStore, is_obstore_store, open_obstore_url
 from shardkv.storage.s3 import S3Store
 
 __all__ = ["open_kv", "kv_of_fs"]
-
-_PLAIN_DIRECTORY_STORES = frozenset({"DirectoryStore", "TempStore"})  # zarr 2 classes that keep keys as files
-
-
-def _is_zarr(store: Any) -> bool:
-    return (type(store).__module__ or "").split(".", 1)[0] == "zarr"
 
 
 def kv_of_fs(fs: fsspec.AbstractFileSystem, root: str) -> KVStore:
@@ -106,9 +100,10 @@ def open_kv(store: Any, storage_options: Mapping[str, Any] | None = None) -> KVS
             f"a {cls} with normalize_keys=True lowercases the keys shardkv writes (shards, zarr.json and the "
             "lock directories would no longer match their arrays): open the store without it, or by path"
         )
-    if cls in _PLAIN_DIRECTORY_STORES and _is_zarr(store) and isinstance(getattr(store, "path", None), str):
+    zs = zarr2_storage()  # zarr 2's stores by class, where the user's process has imported zarr 2
+    if zs is not None and type(store) in (zs.DirectoryStore, zs.TempStore):  # keys as files (subclasses nest them)
         return LocalStore(store.path)
-    if cls == "FSStore" and hasattr(store, "map"):
+    if zs is not None and isinstance(store, zs.FSStore):
         if getattr(store, "key_separator", None) not in (None, "."):
             raise ConfigurationError(
                 f"an FSStore with key_separator={store.key_separator!r} rewrites the keys shardkv "

@@ -20,7 +20,8 @@ try:
     import zarr.abc.store  # noqa: F401  (zarr-python 3 only)
 except ImportError as exc:  # zarr 2.18 has no zarr.abc.store
     raise ImportError(
-        'shardkv.zarr3 needs zarr-python >= 3 (pip install "shardkv[zarr3]", Python >= 3.12); with '
+        'shardkv.zarr3 needs zarr-python >= 3 (pip install "shardkv[zarr3]": zarr 3.1 on Python 3.11, the newest '
+        "zarr 3 on Python >= 3.12); with "
         'zarr-python 2.18 use shardkv.ShardedStore (pip install "shardkv[zarr2]")'
     ) from exc
 

@@ -36,7 +36,7 @@ from fsspec import AbstractFileSystem
 from shardkv.cli.errors import NotAHierarchyError, ReservedNameError
 from shardkv.cli.view import HierarchyView
 from shardkv.errors import ConfigurationError
-from shardkv.keys.encodings import V2ChunkKeyEncoding, grid_shape
+from shardkv.keys.encodings import ChunkKeyEncoding, V2ChunkKeyEncoding, grid_shape
 from shardkv.keys.paths import join_path, path_prefix
 from shardkv.metadata.documents import META_NAMES
 from shardkv.metadata.v3_view import v2_dimension_separator
@@ -146,6 +146,8 @@ class ArrayListing:
         Chunk keys outside the chunk grid.
     other_keys : list of str
         Keys in the array's directory that are neither metadata nor chunks.
+    encoding : ChunkKeyEncoding or None
+        The keys of chunks and shards (a v3 array's ``chunk_key_encoding``); ``None``: v2 keys with ``separator``.
     """
 
     path: str
@@ -156,6 +158,12 @@ class ArrayListing:
     meta_keys: list[str] = field(default_factory=list)
     stale_keys: list[str] = field(default_factory=list)
     other_keys: list[str] = field(default_factory=list)
+    encoding: ChunkKeyEncoding | None = None
+
+    @property
+    def key_encoding(self) -> ChunkKeyEncoding:
+        """The encoding of the array's chunk keys, and of its shard keys once sharded."""
+        return self.encoding or V2ChunkKeyEncoding(self.separator)  # type: ignore[arg-type]
 
     @property
     def ndim(self) -> int:
@@ -168,7 +176,7 @@ class ArrayListing:
 
     def chunk_key(self, coords: tuple[int, ...]) -> str:
         """The stored key of the chunk at ``coords``."""
-        return path_prefix(self.path) + V2ChunkKeyEncoding(self.separator).encode(coords)  # type: ignore[arg-type]
+        return path_prefix(self.path) + self.key_encoding.encode(coords)
 
 
 @dataclass

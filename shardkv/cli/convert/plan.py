@@ -23,13 +23,16 @@ from shardkv.keys.paths import join_path
 from shardkv.metadata.hierarchy import present
 from shardkv.metadata.v3_view import sharding_spec_from_v3, v3_view_of_v2
 
-__all__ = ["Plan", "plan_array", "check_fit", "warn_nothing_gained"]
+__all__ = ["Plan", "UNMOVABLE", "plan_array", "check_fit", "warn_nothing_gained"]
 
 ChunksPerShard = int | tuple[int, ...]
 Plan = tuple[tuple[int, ...] | None, str | None]
 """``(chunks_per_shard, None)`` for an array to shard, ``(None, reason)`` for one copied unsharded."""
 
-_UNSHARDABLE = ("already sharded", "0-d", "dtype ")  # reasons that are not a chunks_per_shard mismatch
+UNMOVABLE = "copied as stored: "
+"""How the reason of a v3 array whose chunks cannot move into shards as stored begins (it says why)."""
+
+_UNSHARDABLE = ("already sharded", "0-d", "dtype ", UNMOVABLE)  # reasons that are not a chunks_per_shard mismatch
 
 
 def plan_array(

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from shardkv.cli.info_format import counted
+
 __all__ = ["ArrayReport", "ConvertReport"]
 
 
@@ -27,7 +29,8 @@ class ArrayReport:
     reason : str or None
         Why the array was copied unsharded.
     chunks : int
-        In-grid chunks stored in the source (packed into shards, or copied).
+        In-grid chunks stored in the source (packed into shards, or copied); of an array
+        that was sharded already, the chunks its shards hold.
     stale_chunks : int
         Chunks outside the chunk grid that were skipped (sharded arrays only).
     shards : int
@@ -36,6 +39,8 @@ class ArrayReport:
         Chunk (and shard) key separator.
     separator_detected : bool
         True when ``"/"`` was detected from the stored keys and written to the destination ``.zarray``.
+    shards_copied : int
+        Shards of an array that was sharded already, copied as they are.
     """
 
     path: str
@@ -47,6 +52,7 @@ class ArrayReport:
     shards: int
     separator: str
     separator_detected: bool
+    shards_copied: int = 0
 
     @property
     def sharded(self) -> bool:
@@ -67,6 +73,9 @@ class ConvertReport:
         Stored objects (keys) in the source, and written to the destination.
     bytes_before, bytes_after : int
         Their total size in bytes.
+    metadata_bytes_before, metadata_bytes_after : int
+        Of those, the bytes of the metadata documents (``zarr.json``, ``.zarray``, ``.zattrs``,
+        ``.zgroup``, ``.zmetadata``): the destination's are written as JSON indented by 4 spaces.
     shards_skipped : int
         Shards a resumed conversion found finished (in the progress manifest) and did not write again.
     shards_verified : int
@@ -90,6 +99,8 @@ class ConvertReport:
     objects_after: int = 0
     bytes_before: int = 0
     bytes_after: int = 0
+    metadata_bytes_before: int = 0
+    metadata_bytes_after: int = 0
     shards_skipped: int = 0
     shards_verified: int = 0
     workers: int = 1
@@ -133,7 +144,7 @@ class ConvertReport:
     def summary(self, max_listed: int = 10) -> str:
         """A few human-readable lines: arrays, chunks, objects and bytes before and after."""
         lines = [
-            f"converted {len(self.arrays)} arrays from {self.src} to {self.dst}: "
+            f"converted {counted(len(self.arrays), 'array')} from {self.src} to {self.dst}: "
             f"{len(self.sharded)} sharded, {len(self.unsharded)} copied unsharded"
         ]
         if self.unsharded:
@@ -141,9 +152,13 @@ class ConvertReport:
             more = f", ... and {len(names) - max_listed} more" if len(names) > max_listed else ""
             lines.append("  unsharded: " + ", ".join(names[:max_listed]) + more)
         packed = sum(a.chunks for a in self.sharded)
+        already = [a for a in self.unsharded if a.shards_copied]
+        in_shards = sum(a.chunks for a in already)
+        n_copied = sum(a.shards_copied for a in already)
+        copied = f", {in_shards} in {counted(n_copied, 'shard')} copied as they are" if already else ""
         lines.append(
-            f"  chunks: {self.chunks} ({packed} packed into {self.shards} shards, "
-            f"{self.chunks - packed} copied unsharded)"
+            f"  chunks: {self.chunks} ({packed} packed into {counted(self.shards, 'shard')}, "
+            f"{self.chunks - packed - in_shards} copied unsharded{copied})"
         )
         if self.stale_chunks:
             lines.append(f"  stale chunks outside the array grid, skipped: {self.stale_chunks}")
@@ -164,7 +179,7 @@ class ConvertReport:
         reached = len(self.arrays) - len(self.zarr2_only)
         lines.append(
             f"  checked: the output holds every array ({len(self.arrays)}) and group ({self.groups}) "
-            f"of the source; zarr 3 opens it at the root {zarr3} and reaches {reached} arrays "
+            f"of the source; zarr 3 opens it at the root {zarr3} and reaches {counted(reached, 'array')} "
             f"and every group"
         )
         if self.zarr2_only:
@@ -175,5 +190,8 @@ class ConvertReport:
         ratio = (
             f" ({100 * (self.bytes_after - self.bytes_before) / self.bytes_before:+.2f}%)" if self.bytes_before else ""
         )
-        lines.append(f"  bytes: {self.bytes_before} -> {self.bytes_after}{ratio}")
+        lines.append(
+            f"  bytes: {self.bytes_before} -> {self.bytes_after}{ratio}; of which metadata documents "
+            f"{self.metadata_bytes_before} -> {self.metadata_bytes_after} (written as JSON indented by 4 spaces)"
+        )
         return "\n".join(lines)

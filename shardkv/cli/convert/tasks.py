@@ -32,11 +32,12 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass
 from typing import Any
 
+from shardkv._types import BytesLike
 from shardkv.cli.convert.listing import ArrayListing, ChunkBitmap, block_coords
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
-from shardkv.keys.encodings import V2ChunkKeyEncoding
 from shardkv.keys.paths import path_prefix
+from shardkv.keys.space import ShardedArray
 from shardkv.storage.kv import KVStore
 
 __all__ = [
@@ -78,6 +79,9 @@ class ShardTask:
         The array's path (for the caller's bookkeeping).
     write_batch_nbytes, write_batch_objects : int
         Finished shards held (bytes, objects) before one batched write.
+    source_shards : ShardedArray or None
+        For a source already sharded: its shards, the chunk keys of ``shards`` being its
+        chunk keys, each read as the inner chunk its shard's index locates; ``None``: one object per chunk.
     """
 
     src: str
@@ -91,6 +95,7 @@ class ShardTask:
     path: str = ""
     write_batch_nbytes: int = 64 * 2**20
     write_batch_objects: int = 64
+    source_shards: ShardedArray | None = None
 
     @property
     def n_chunks(self) -> int:
@@ -170,7 +175,7 @@ def array_tasks(
     on_empty : callable
         Called with ``shard_index`` for each shard-grid position that holds no stored chunk (no task).
     """
-    encoding = V2ChunkKeyEncoding(listing.separator)  # type: ignore[arg-type]
+    encoding = listing.key_encoding
     prefix = path_prefix(listing.path)
     shard_grid = tuple(-(-g // n) for g, n in zip(listing.chunks.grid, cps, strict=True))
     batch: list[tuple[int, str, tuple[tuple[tuple[int, ...], str], ...]]] = []
@@ -216,11 +221,12 @@ def run_task(task: ShardTask, source: KVStore | None = None, target: KVStore | N
     source = source or open_store(task.src, task.src_options, role="source")
     target = target or open_store(task.dst, task.dst_options, role="destination")
     layout = ShardLayout.v3(task.chunks_per_shard, task.index_location, "little", task.index_checksum)  # type: ignore[arg-type]
+    read = _chunk_reader(source, task.source_shards)
     written: list[tuple[int, str, int, int]] = []
     pending: dict[str, bytes] = {}
     pending_nbytes = nbytes_read = 0
     for index, shard_key, members in task.shards:
-        values = source.values([k for _, k in members])
+        values = read([k for _, k in members])
         chunks = {local: values[k] for local, k in members if k in values}
         if not chunks:
             continue
@@ -235,6 +241,17 @@ def run_task(task: ShardTask, source: KVStore | None = None, target: KVStore | N
             pending, pending_nbytes = {}, 0
     put_all(target, pending)
     return TaskResult(tuple(written), nbytes_read, task.n_chunks)
+
+
+def _chunk_reader(source: KVStore, shards: ShardedArray | None) -> Callable[[list[str]], Mapping[str, BytesLike]]:
+    """Stored chunk bytes by chunk key: objects of their own, or inner chunks located through their shard's index."""
+    if shards is None:
+        return source.values
+    from shardkv.engine.engine import ShardEngine
+    from shardkv.engine.options import Options
+
+    reads = ShardEngine(source, Options(concurrency="none")).reads
+    return lambda keys: reads.read_chunks([shards.locate(k) for k in keys])
 
 
 def execute(

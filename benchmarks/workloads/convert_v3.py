@@ -1,0 +1,154 @@
+"""P9: sharding a Zarr v3 array that zarr-python 3 wrote: ``shardkv convert`` vs tensorstore and ``from_array``.
+
+The source is what zarr-python 3 writes by default (written by this script, not measured): a
+float32 array with chunks of 32 x 32 x 32 (128 KiB), ``zstd`` level 3, one object per chunk at
+``c/i/j/k``; 256 x 256 x 256 (512 chunks, 64 MiB) at sizes small and full, 128^3 (64 chunks) at
+tiny, 64^3 (8 chunks) at smoke. Data: smooth values plus noise (zstd keeps about 85 % of it).
+Each implementation writes the same sharded layout: shards of 4 x 4 x 4 chunks, inner codecs
+``bytes`` + ``zstd`` level 3, index at the end with a CRC32C:
+
+* ``shardkv``: ``convert(SRC, DST, 4)``, what ``shardkv convert SRC DST --chunks-per-shard 4``
+  runs (chunks moved as stored);
+* ``tensorstore``: opens the source with its ``zarr3`` driver and writes a ``zarr3`` array with
+  the ``sharding_indexed`` codec (decodes and re-encodes every chunk);
+* ``zarr3``: ``zarr.from_array(DST, data=SOURCE, shards=..., compressors=zstd)`` (decodes and
+  re-encodes every chunk).
+
+Each copy runs in a fresh child process: ``copy_s`` is its wall time (interpreter start and
+imports included: about 1 s of shardkv's, 0.3 s of tensorstore's on the project's machine),
+``work_s`` the copy alone as the child times it (after its imports), ``peak_rss_bytes`` its peak
+resident set size (``ru_maxrss``). The output is checked to hold one object per shard.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+from _common import TempDir, emit, parse_args
+from convert_scale import run_child
+
+CHUNK = 32
+CHUNKS_PER_SHARD = 4
+SIDES = {"smoke": 64, "tiny": 128, "small": 256, "full": 256}
+
+_WRITE_SOURCE = textwrap.dedent(
+    """
+    import sys, numpy as np, zarr
+    from zarr.codecs import ZstdCodec
+    path, side, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    rng = np.random.default_rng(seed)
+    grid = np.linspace(0, 8, side, dtype="f4")
+    data = np.sin(grid)[:, None, None] * np.cos(grid)[None, :, None] + grid[None, None, :]
+    data = (data + rng.standard_normal((side, side, side)).astype("f4") * 0.01).astype("f4")
+    a = zarr.create_array(path, shape=data.shape, chunks=(32, 32, 32), dtype="f4", compressors=ZstdCodec(level=3))
+    a[:] = data
+    """
+)
+
+_SHARDKV = textwrap.dedent(
+    """
+    import sys, time
+    from shardkv.cli.convert import convert
+    t0 = time.perf_counter()
+    convert(sys.argv[1], sys.argv[2], 4)
+    print(time.perf_counter() - t0)
+    """
+)
+
+_TENSORSTORE = textwrap.dedent(
+    """
+    import sys, time, tensorstore as ts
+    src, dst, side = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    t0 = time.perf_counter()
+    source = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": src}}, open=True).result()
+    sharding = {"name": "sharding_indexed", "configuration": {
+        "chunk_shape": [32, 32, 32], "index_location": "end",
+        "codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+                   {"name": "zstd", "configuration": {"level": 3, "checksum": False}}],
+        "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]}}
+    metadata = {"shape": [side] * 3, "data_type": "float32", "fill_value": 0.0, "codecs": [sharding],
+                "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [128, 128, 128]}}}
+    target = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": dst}, "metadata": metadata,
+                      "create": True}).result()
+    target.write(source).result()
+    print(time.perf_counter() - t0)
+    """
+)
+
+_ZARR3 = textwrap.dedent(
+    """
+    import sys, time, zarr
+    from zarr.codecs import ZstdCodec
+    src, dst = sys.argv[1], sys.argv[2]
+    t0 = time.perf_counter()
+    zarr.from_array(dst, data=zarr.open_array(src, mode="r"), chunks=(32, 32, 32), shards=(128, 128, 128),
+                    compressors=ZstdCodec(level=3))
+    print(time.perf_counter() - t0)
+    """
+)
+
+
+def _run(cmd: list[str]) -> tuple[float, float, int]:
+    """Run ``cmd``: its wall time (s), the work time it prints last (s), its peak RSS (bytes)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # a line of output at most
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    out, err = (p.read().decode() if p else "" for p in (proc.stdout, proc.stderr))
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[:3]} failed ({proc.returncode}): {err.strip()[-500:]}")
+    return elapsed, float(out.split()[-1]), usage.ru_maxrss * 1024
+
+
+def _shards(root: str) -> int:
+    return sum(len(files) for _, _, files in os.walk(os.path.join(root, "c")))
+
+
+def main() -> None:
+    args = parse_args(__doc__.splitlines()[0], ("shardkv", "tensorstore", "zarr3"))
+    side = SIDES[args.size]
+    per_side = -(-side // (CHUNK * CHUNKS_PER_SHARD))
+    result = {
+        "shape": [side] * 3,
+        "chunks": (side // CHUNK) ** 3,
+        "shards": per_side**3,
+        "cpu_count": os.cpu_count(),
+        "load_before": os.getloadavg(),
+    }
+    try:
+        __import__({"shardkv": "shardkv", "tensorstore": "tensorstore", "zarr3": "zarr"}[args.impl])
+        __import__("zarr.codecs")  # the source is written by zarr-python 3
+    except ImportError as exc:
+        result["unavailable"] = f"{exc.name} is not installed here"
+        emit(args, "convert_v3", result)
+        return
+    samples: dict[str, list[float]] = {"copy_s": [], "work_s": [], "peak_rss_bytes": []}
+    with TempDir() as tmp:
+        src = os.path.join(tmp, "src.zarr")
+        run_child([sys.executable, "-c", _WRITE_SOURCE, src, str(side), str(args.seed)])
+        result["source_bytes"] = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(src) for f in files)
+        for rep in range(args.repeat):
+            dst = os.path.join(tmp, f"dst-{rep}.zarr")
+            if args.impl == "shardkv":
+                cmd = [sys.executable, "-c", _SHARDKV, src, dst]
+            elif args.impl == "tensorstore":
+                cmd = [sys.executable, "-c", _TENSORSTORE, src, dst, str(side)]
+            else:
+                cmd = [sys.executable, "-c", _ZARR3, src, dst]
+            elapsed, work, peak = _run(cmd)
+            if _shards(dst) != per_side**3:
+                raise RuntimeError(f"{args.impl}: {_shards(dst)} shards in {dst}, expected {per_side**3}")
+            samples["copy_s"].append(elapsed)
+            samples["work_s"].append(work)
+            samples["peak_rss_bytes"].append(peak)
+    result["samples"] = samples
+    emit(args, "convert_v3", result)
+
+
+if __name__ == "__main__":
+    main()

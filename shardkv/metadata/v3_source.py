@@ -1,0 +1,182 @@
+"""Zarr v3 arrays as ``shardkv convert`` takes them: where each stored chunk is, and the documents written. Pure.
+
+A v3 array stores each chunk encoded by its whole codec chain: array -> array
+codecs (``transpose``), one array -> bytes codec, bytes -> bytes codecs
+(``zstd``, ``crc32c``). The ``sharding_indexed`` codec applies its own
+``codecs`` to each inner chunk (sharding-indexed-codec v1.0, "Configuration
+parameters"), so the bytes of a stored chunk are exactly the bytes of an
+inner chunk whose inner codecs are that whole chain: :func:`sharded_document`
+makes the chain, byte for byte, the inner ``codecs`` and ``[sharding_indexed]``
+the array's only codec (an array -> array codec left outside would apply to
+whole shards, another chunking). An array already sharded keeps its inner
+chunks and inner codecs; only the shard shape and the index change
+(resharding). :func:`plain_document` is the way back: the inner chunks as
+one object per chunk, under zarr-python 3's default keys (``c/0/0``).
+
+What cannot be moved without decoding is refused by :func:`source_of`, with
+the reason: codecs before or after ``sharding_indexed`` (they encode whole
+shards), storage transformers, a grid other than ``regular``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shardkv.errors import ConfigurationError, ShardKVError, UnsupportedError
+from shardkv.format.layout import ShardLayout
+from shardkv.keys.encodings import ChunkKeyEncoding, DefaultChunkKeyEncoding, chunk_key_encoding_from_metadata
+from shardkv.keys.paths import join_path
+from shardkv.keys.space import ShardedArray
+from shardkv.metadata.hierarchy import consolidated_entry, consolidated_nodes
+from shardkv.metadata.v3_view import SHARDING_CODEC, ShardingSpec, sharding_codec, sharding_spec_from_v3
+
+__all__ = ["ArraySource", "source_of", "sharded_document", "plain_document", "PLAIN_KEYS", "refresh_consolidated"]
+
+PLAIN_KEYS = DefaultChunkKeyEncoding("/")
+"""The chunk keys of a plain v3 array as zarr-python 3 writes them by default (``c/0/0``)."""
+
+
+@dataclass(frozen=True)
+class ArraySource:
+    """Where the stored chunks of one v3 array are, and how each is encoded.
+
+    Attributes
+    ----------
+    path : str
+        The array's path.
+    shape : tuple of int
+        Array shape (elements).
+    chunks : tuple of int
+        Shape of one stored chunk (elements): the chunk grid's, or the inner chunks' of a sharded array.
+    encoding : ChunkKeyEncoding
+        The keys of the stored objects (chunks, or shards of a sharded array).
+    codecs : list of dict
+        The codec chain of each stored chunk (a sharded array's inner ``codecs``).
+    sharding : ShardingSpec or None
+        The source's shards (inner chunk shape and index layout); ``None`` for one object per chunk.
+    """
+
+    path: str
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    encoding: ChunkKeyEncoding
+    codecs: list[dict[str, Any]]
+    sharding: ShardingSpec | None
+
+    def shards(self) -> ShardedArray | None:
+        """The key mapping of the source's shards (chunk keys in :attr:`encoding`), ``None`` if not sharded."""
+        return None if self.sharding is None else self.sharding.array_at(self.path, self.encoding)
+
+
+def source_of(doc: Mapping[str, Any], path: str) -> ArraySource:
+    """How the v3 array document ``doc`` stores its chunks.
+
+    Parameters
+    ----------
+    doc : mapping
+        The array's ``zarr.json``.
+    path : str
+        The array's path (named in errors).
+
+    Raises
+    ------
+    UnsupportedError
+        If its chunks cannot be moved as stored (the message says why and that another shape re-encodes).
+    ConfigurationError
+        If the document is invalid (chunk key encoding, sharding configuration, a member missing).
+    """
+    try:
+        return _source_of(doc, path)
+    except ShardKVError as exc:
+        if isinstance(exc, ConfigurationError) and exc.path is None:
+            raise ConfigurationError(f"zarr.json: {exc.reason}", path) from exc
+        raise
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigurationError(f"zarr.json: invalid or missing member ({type(exc).__name__}: {exc})", path) from exc
+
+
+def _source_of(doc: Mapping[str, Any], path: str) -> ArraySource:
+    """:func:`source_of`, its errors not yet naming the array."""
+    where = path or "/"
+    grid = doc.get("chunk_grid") or {}
+    if grid.get("name") != "regular":
+        raise UnsupportedError(f"{where}: chunk grid {grid.get('name')!r} (only a regular grid is sharded)")
+    if doc.get("storage_transformers"):
+        raise UnsupportedError(f"{where}: storage transformers have no place inside a shard")
+    codecs = [dict(c) for c in doc.get("codecs") or []]
+    names = [c.get("name") for c in codecs]
+    encoding = chunk_key_encoding_from_metadata(dict(doc.get("chunk_key_encoding") or {"name": "default"}))
+    shape = tuple(int(s) for s in doc["shape"])
+    if SHARDING_CODEC in names[1:] or (names and names[0] == SHARDING_CODEC and len(names) > 1):
+        raise UnsupportedError(
+            f"{where}: codecs {names} encode whole shards (codecs before or after {SHARDING_CODEC}): "
+            "its inner chunks cannot be moved without re-encoding"
+        )
+    spec = sharding_spec_from_v3(doc, path)
+    if spec is None:
+        chunks = tuple(int(c) for c in (grid.get("configuration") or {})["chunk_shape"])
+        if len(chunks) != len(shape):
+            raise ConfigurationError(f"chunk_shape {list(chunks)} does not match shape {list(shape)}", path)
+        return ArraySource(path, shape, chunks, encoding, codecs, None)
+    inner = [dict(c) for c in codecs[0]["configuration"]["codecs"]]
+    return ArraySource(path, shape, spec.chunks, encoding, inner, spec)
+
+
+def sharded_document(doc: Mapping[str, Any], source: ArraySource, layout: ShardLayout) -> dict[str, Any]:
+    """The ``zarr.json`` of the array sharded with ``layout``: the stored chunks become the inner chunks.
+
+    Everything but the chunk grid (``chunks * chunks_per_shard``) and the
+    codecs (``[sharding_indexed]`` with the source's chain as inner codecs)
+    is kept: data type, fill value, chunk key encoding (the shard keys),
+    attributes, ``dimension_names``.
+
+    Raises
+    ------
+    ConfigurationError
+        If ``layout.chunks_per_shard`` has not one value per dimension.
+    """
+    cps = layout.chunks_per_shard
+    if len(cps) != len(source.chunks):
+        raise ConfigurationError(
+            f"chunks_per_shard {cps} does not match the {len(source.chunks)}-d chunks", source.path
+        )
+    out = dict(doc)
+    shard_shape = [c * n for c, n in zip(source.chunks, cps, strict=True)]
+    out["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": shard_shape}}
+    codec = sharding_codec(
+        source.chunks, source.codecs, layout.index_location, layout.index_checksum, layout.index_endian
+    )
+    out["codecs"] = [codec]
+    return out
+
+
+def plain_document(doc: Mapping[str, Any], source: ArraySource) -> dict[str, Any]:
+    """The ``zarr.json`` of the array stored one object per (inner) chunk, at :data:`PLAIN_KEYS`."""
+    out = dict(doc)
+    out["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": list(source.chunks)}}
+    out["codecs"] = [dict(c) for c in source.codecs]
+    out["chunk_key_encoding"] = PLAIN_KEYS.to_metadata()
+    return out
+
+
+def refresh_consolidated(doc: Mapping[str, Any], path: str, changed: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The group document ``doc`` at ``path`` with the entries of its consolidated blocks for ``changed`` replaced.
+
+    ``changed`` maps node paths (from the root) to their new documents; nested
+    blocks (a group entry's own block) are refreshed the same way.
+    """
+    nodes = consolidated_nodes(doc)
+    if nodes is None:
+        return dict(doc)
+    entries: dict[str, Any] = {}
+    for rel, entry in nodes.items():
+        full = join_path(path, rel)
+        if full in changed:
+            entries[rel] = consolidated_entry(changed[full]) or entry
+        elif isinstance(entry, Mapping) and consolidated_nodes(entry) is not None:
+            entries[rel] = refresh_consolidated(entry, full, changed)
+        else:
+            entries[rel] = entry
+    return {**doc, "consolidated_metadata": {**doc["consolidated_metadata"], "metadata": entries}}

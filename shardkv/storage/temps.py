@@ -1,0 +1,179 @@
+"""Temporary files that tell whether their writer still runs: an ``flock`` held from creation to rename.
+
+A writer creates ``<directory>/.shardkv-tmp-held-<hex>`` (:data:`HELD_MARKER`),
+takes an exclusive ``flock`` on it before writing a byte, and keeps it until
+the file is renamed into place or removed (:func:`held_temporary`). The kernel
+drops the lock of a killed process (an NFS server, once the dead client's lease
+expires), so a temporary whose lock a sweeper can take has no live writer and
+is removed at once, whatever its age; the sweeper removes it holding the lock,
+after checking that the name still leads to the file it locked
+(:func:`stale_in`). A writer that lost the race between its ``open`` and its
+``flock`` sees its name gone or locked and starts again under a new name.
+
+Within one process a sweeper never opens a temporary that process is writing
+(a registry): on NFS ``flock`` is emulated by POSIX record locks, which belong
+to the process (a second lock from it succeeds, and closing any descriptor of
+the file drops them). Temporaries without the marker (clone probes, older
+versions) and those whose lock cannot be tried (another account's file on NFS,
+which wants a descriptor open for writing; a file system without locks) are
+stale once ``min_age`` seconds old; a lock that outlives its writer (a dead
+NFSv3 client whose locks the server keeps) keeps its temporary until the lock
+goes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import threading
+import uuid
+from collections.abc import Iterable, Iterator
+
+from shardkv.storage.kv import TEMP_MARKER
+
+HELD_MARKER = f"{TEMP_MARKER}held-"
+"""The name prefix of a temporary file locked by its writer for as long as it writes."""
+
+_OPEN_TEMP = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+_OPEN_PROBE = os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+_NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EINVAL}
+_CREATE_ATTEMPTS = 16  # names tried when sweepers keep taking the new file between open and flock (never seen)
+
+_WRITING: set[str] = set()  # temporaries this process is writing (sweepers here leave them unopened)
+_WRITING_LOCK = threading.Lock()
+
+
+def _register(path: str, writing: bool) -> None:
+    with _WRITING_LOCK:
+        if writing:
+            _WRITING.add(path)
+        else:
+            _WRITING.discard(path)
+
+
+def _create(directory: str) -> tuple[int, str] | None:
+    """A new locked temporary in ``directory`` (registered), or ``None`` if a sweeper took it first."""
+    path = os.path.join(directory, f"{HELD_MARKER}{uuid.uuid4().hex}")
+    _register(path, True)
+    try:
+        try:
+            fd = os.open(path, _OPEN_TEMP, 0o666)
+        except FileNotFoundError:  # the directory is made only when it is missing (no stat per write)
+            os.makedirs(directory, exist_ok=True)
+            fd = os.open(path, _OPEN_TEMP, 0o666)
+    except BaseException:
+        _register(path, False)
+        raise
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.stat(path).st_ino == os.fstat(fd).st_ino:
+            return fd, path
+    except BlockingIOError:
+        pass  # a sweeper holds it: it removes it
+    except FileNotFoundError:
+        pass  # a sweeper locked and removed it before this flock
+    except OSError as exc:
+        if exc.errno in _NO_LOCKS:
+            return fd, path  # no locks here: sweepers cannot take it either, and go by age
+        os.close(fd)
+        _register(path, False)
+        raise
+    os.close(fd)
+    _register(path, False)
+    return None
+
+
+@contextlib.contextmanager
+def held_temporary(directory: str) -> Iterator[tuple[int, str]]:
+    """``(descriptor, path)`` of a new temporary file in ``directory``, locked until the block ends.
+
+    The caller writes through the descriptor and renames (or removes) the
+    path inside the block; the descriptor is closed, and the lock dropped, at
+    its end. A missing ``directory`` is made.
+
+    Raises
+    ------
+    OSError
+        If the file cannot be created or locked.
+    """
+    for _ in range(_CREATE_ATTEMPTS):
+        made = _create(directory)
+        if made is None:
+            continue
+        fd, path = made
+        try:
+            yield fd, path
+        finally:
+            os.close(fd)
+            _register(path, False)
+        return
+    raise OSError(errno.EAGAIN, f"shardkv: every new temporary file in {directory!r} was taken by a sweeper")
+
+
+def _unheld(path: str, remove: bool) -> bool | None:
+    """Whether no live writer holds the temporary ``path`` (removed then, if ``remove``); ``None``: cannot tell."""
+    try:
+        try:
+            fd = os.open(path, _OPEN_PROBE)
+        except PermissionError:  # another account's file: read-only is enough for flock on local disks
+            fd = os.open(path, _OPEN_PROBE & ~os.O_WRONLY)
+    except FileNotFoundError:
+        return False  # renamed into place or removed meanwhile
+    except OSError:
+        return None  # not readable either, a symbolic link: by age
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return None  # no locks here (NFS wants a descriptor open for writing): by age
+        try:
+            if os.lstat(path).st_ino != os.fstat(fd).st_ino:
+                return False
+            if remove:
+                os.remove(path)
+        except FileNotFoundError:
+            return False
+        return True
+    finally:
+        os.close(fd)
+
+
+def stale_in(directory: str, names: Iterable[str], now: float, min_age: float, remove: bool) -> list[str]:
+    """The temporaries among ``names`` (in ``directory``) that no live writer holds; removed if ``remove``.
+
+    Locked temporaries (:data:`HELD_MARKER`) by their lock, the others by age:
+    not modified for ``min_age`` seconds before ``now`` (``time.time()``).
+    Vanished files are skipped.
+
+    Raises
+    ------
+    OSError
+        If a stale temporary cannot be removed (permissions).
+    """
+    out = []
+    for name in names:
+        if TEMP_MARKER not in name:
+            continue
+        path = os.path.join(directory, name)
+        with _WRITING_LOCK:
+            if path in _WRITING:
+                continue
+        if name.startswith(HELD_MARKER):
+            unheld = _unheld(path, remove)
+            if unheld is not None:
+                if unheld:
+                    out.append(path)
+                continue
+        try:
+            if now - os.stat(path).st_mtime < min_age:
+                continue
+            if remove:
+                os.remove(path)
+        except FileNotFoundError:  # its writer just renamed or removed it
+            continue
+        out.append(path)
+    return out
