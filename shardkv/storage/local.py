@@ -454,9 +454,10 @@ class LocalStore(KVStore):
             with contextlib.suppress(FileNotFoundError, NotADirectoryError):
                 os.remove(path)
             return NO_VALUE
-        if not cond.is_any and not cond.is_missing and self._current(path) != cond:
+        create_only = not cond.is_any and cond.is_missing
+        if not cond.is_any and not create_only and self._current(path) != cond:
             return None
-        return atomic_write(path, byte_parts(value), self.fsync, create_only=cond.is_missing)
+        return atomic_write(path, byte_parts(value), self.fsync, create_only=create_only)
 
     def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
         for key in writes:  # refuse a bad key before any I/O

@@ -69,6 +69,9 @@ _is_node: Callable[[Node], bool] = functools.partial(operator.is_not, None)
 """True for a node that decides what the keys below it are (an array; a group or nothing is passed over)."""
 
 
+_ROUTE_MEMO_LIMIT = 16_384
+"""Keys whose routes a node table remembers while its nodes stay as they are (all forgotten past that)."""
+
 _BUILT_NODES = 64
 """How many nodes built from (path, stored ``zarr.json`` bytes) the process keeps (:func:`_build`)."""
 
@@ -127,6 +130,7 @@ class NodeTable:
         self.base = base
         self.options = options
         self._cache: NodeCache[Node] = NodeCache()
+        self._routes: tuple[int, dict[str, ChunkRef | None]] = (self._cache.generation, {})  # see route
 
     # -- node kinds ---------------------------------------------------------------
 
@@ -182,7 +186,16 @@ class NodeTable:
         ChunkOutOfGridError
             For a chunk key of such an array outside its chunk grid.
         """
-        return _route_in(await self._first(chunk_owner_paths(key)), key)
+        generation = self._cache.generation  # read before routing: a later change makes this memo stale
+        kept, routes = self._routes
+        if kept == generation and key in routes:
+            return routes[key]
+        ref = _route_in(await self._first(chunk_owner_paths(key)), key)
+        if kept != generation or len(routes) >= _ROUTE_MEMO_LIMIT:
+            routes = {}
+            self._routes = (generation, routes)
+        routes[key] = ref
+        return ref
 
     def route_now(self, key: str, read: Callable[[str], bytes | None]) -> ChunkRef | None:
         """:meth:`route`, blocking: documents not cached yet are read with ``read`` (stored key -> bytes or None).
