@@ -7,8 +7,6 @@ only the ones with no better home.
 
 from __future__ import annotations
 
-__all__ = ["BytesLike", "LocalCoords"]
-
 BytesLike = bytes | bytearray | memoryview
 """Bytes as the stores hand them over: a value read, a part of a value to write (never a ``str``)."""
 LocalCoords = tuple[int, ...]

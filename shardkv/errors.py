@@ -10,24 +10,6 @@ from __future__ import annotations
 
 import pickle
 
-__all__ = [
-    "ShardKVError",
-    "InvalidKeyError",
-    "ChunkOutOfGridError",
-    "ReservedKeyError",
-    "ConfigurationError",
-    "CorruptShardError",
-    "ChecksumError",
-    "UnsupportedError",
-    "MetadataError",
-    "LockTimeoutError",
-    "ConcurrentUpdateError",
-    "UnflushedWritesError",
-    "JournalCorruptError",
-    "JournalMismatchError",
-    "KeyBelowKeyError",
-]
-
 
 class ShardKVError(Exception):
     """Root of every error raised by shardkv itself."""

@@ -13,8 +13,6 @@ from shardkv.errors import ConfigurationError
 from shardkv.proxy.base import ProxyBase
 from shardkv.proxy.open import open_store
 
-__all__ = ["rechunk_to_shards"]
-
 
 def _shard_shape(target: Any, path: str) -> tuple[int, ...]:
     """The shard shape of ``target`` (as :func:`rechunk_to_shards` takes it)."""

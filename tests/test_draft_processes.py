@@ -25,7 +25,8 @@ from fsspec.implementations.dirfs import DirFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 from shardkv import open_store
-from shardkv.proxy.draft import DRAFT_ZARR_FORMAT, DraftShardedStore
+from shardkv.metadata.draft import DRAFT_ZARR_FORMAT
+from shardkv.proxy.draft import DraftShardedStore
 
 pytestmark = pytest.mark.zarr2
 

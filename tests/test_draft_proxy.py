@@ -14,7 +14,8 @@ from transformer_mapping import CountingAbstractStore
 
 from shardkv import ShardedStore, open_store
 from shardkv.errors import ConfigurationError, UnsupportedError
-from shardkv.proxy.draft import DRAFT_ZARR_FORMAT, DraftShardedStore
+from shardkv.metadata.draft import DRAFT_ZARR_FORMAT
+from shardkv.proxy.draft import DraftShardedStore
 
 SHARDING = "https://purl.org/zarr/spec/storage_transformers/sharding/1.0"
 ENTRY_POINT = json.dumps(

@@ -9,7 +9,7 @@ import pytest
 from engine_kv import CountingKV
 
 from shardkv.engine.engine import ShardEngine
-from shardkv.engine.merge import ChunkPatch, ShardChange, covers_shard, merge_chunks, out_of_grid
+from shardkv.engine.merge import ChunkPatch, ShardChange, merge_chunks, out_of_grid
 from shardkv.engine.options import Options
 from shardkv.engine.retry import Backoff
 from shardkv.errors import ConcurrentUpdateError, ConfigurationError, CorruptShardError
@@ -382,9 +382,9 @@ def test_merge_rules_for_a_shard_written_whole_and_for_other_bytes_like_values()
     """covers_shard and merge_chunks check value types in one pass; other bytes-like values still count."""
     arr = array(cps=(2, 1))
     whole = {(0, 0): b"a", (1, 0): np.frombuffer(b"bb", dtype=np.uint8)}
-    assert covers_shard(arr, (0, 0), whole)
-    assert not covers_shard(arr, (0, 0), {(0, 0): b"a", (1, 0): None})
-    assert not covers_shard(arr, (0, 0), {(0, 0): b"a", (1, 0): ChunkPatch("a/1.0", [(0, b"b")])})
+    assert ShardChange(arr, (0, 0), whole).covers_shard()
+    assert not ShardChange(arr, (0, 0), {(0, 0): b"a", (1, 0): None}).covers_shard()
+    assert not ShardChange(arr, (0, 0), {(0, 0): b"a", (1, 0): ChunkPatch("a/1.0", [(0, b"b")])}).covers_shard()
     merged = merge_chunks(arr, (0, 0), {}, whole)
     assert merged == whole and merged is not whole
     old = {(0, 0): b"old0", (1, 0): b"old1"}

@@ -85,18 +85,6 @@ def test_lock_files_are_made_for_the_array_writers_and_held_read_write(
     assert _open_flags_of(lock_file) == []  # closed on release
 
 
-def test_an_older_world_readable_lock_file_is_narrowed_by_its_owner(tmp_path) -> None:
-    os.chmod(tmp_path, 0o755)
-    lock_dir = tmp_path / LOCK_DIR
-    lock_dir.mkdir()
-    lock_file = lock_dir / "0.lock"
-    lock_file.touch()
-    os.chmod(lock_file, 0o644)  # as older shardkv releases made them
-    with _locks(tmp_path, file_stripes=1).hold(["c/0"]):
-        pass
-    assert _mode(lock_file) == 0o600
-
-
 _READ_ONLY_LOCKER = textwrap.dedent(
     """
     import fcntl, os, sys

@@ -10,7 +10,8 @@ import pytest
 from counting_fs import CountingDict
 
 from shardkv import ReservedKeyError, ShardedStore, open_store, rechunk_to_shards
-from shardkv.proxy.draft import DRAFT_ZARR_FORMAT, DraftShardedStore
+from shardkv.metadata.draft import DRAFT_ZARR_FORMAT
+from shardkv.proxy.draft import DraftShardedStore
 
 zarr = pytest.importorskip("zarr")
 if not zarr.__version__.startswith("2."):

@@ -99,9 +99,9 @@ def test_buffer_take_all_of_one_array() -> None:
     assert list(buf.take_all()) == ["a/0"]
 
 
-def test_negative_buffer_is_rejected() -> None:
+def test_negative_buffer_is_rejected(tmp_path) -> None:
     with pytest.raises(ValueError, match="buffer_bytes"):
-        WriteBuffer(-1)
+        ShardedStore(str(tmp_path), chunks_per_shard=(2,), buffer_bytes=-1)
 
 
 # -- the proxy in write-back mode ------------------------------------------------------------

@@ -28,13 +28,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from shardkv._types import BytesLike
+from shardkv.engine.merge import apply_partial_writes
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.kv import ANY, KVStore
 from shardkv.storage.open import open_kv
 
-from .api import AbstractStore, KeyRange, KeyStartValue, apply_partial_writes, normalize_prefix
-
-__all__ = ["AdapterStore"]
+from .api import AbstractStore, KeyRange, KeyStartValue, normalize_prefix
 
 
 class AdapterStore(AbstractStore):

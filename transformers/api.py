@@ -17,16 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 
 from shardkv._types import BytesLike
-from shardkv.engine.merge import apply_partial_writes
 from shardkv.format.ranges import ByteRange
-
-__all__ = [
-    "AbstractStore",
-    "KeyRange",
-    "KeyStartValue",
-    "normalize_prefix",
-    "apply_partial_writes",
-]
 
 KeyRange = tuple[str, ByteRange]
 """``(key, byte range)``: one request of ``get_partial_values``."""

@@ -25,15 +25,6 @@ from shardkv.errors import ConfigurationError, UnsupportedError
 from .api import AbstractStore
 from .sharding import ShardingStorageTransformer, stacked_refusal
 
-__all__ = [
-    "TransformerClass",
-    "register",
-    "resolve",
-    "registered",
-    "build_stack",
-    "storage_transformer_entries",
-]
-
 
 class TransformerClass(Protocol):
     """What :func:`register` takes: a transformer class, with these class attributes and class methods."""

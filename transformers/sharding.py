@@ -50,8 +50,6 @@ from shardkv.keys.space import ChunkRef, ShardedArray
 from .adapter import AdapterStore
 from .api import AbstractStore, KeyRange, KeyStartValue, normalize_prefix
 
-__all__ = ["ShardingStorageTransformer", "SHARDING_EXTENSION", "DATA_ROOT"]
-
 SHARDING_EXTENSION = "https://purl.org/zarr/spec/storage_transformers/sharding/1.0"
 """The ``extension`` of the sharding transformer's metadata entry."""
 DATA_ROOT = "data/root/"

@@ -17,8 +17,6 @@ from typing import Any
 
 from shardkv.errors import CorruptShardError
 
-__all__ = ["decode_bounded", "zstd_content_size", "stopped_at_declared_size"]
-
 _ZSTD_MAGIC = 0xFD2FB528
 
 

@@ -45,21 +45,6 @@ from shardkv.codecs.bounded import decode_bounded
 from shardkv.errors import ChecksumError, ConfigurationError, CorruptShardError
 from shardkv.format.layout import Endian, crc32c_of
 
-__all__ = [
-    "Codec",
-    "BytesCodec",
-    "TransposeCodec",
-    "GzipCodec",
-    "ZstdCodec",
-    "BloscCodec",
-    "Crc32cCodec",
-    "NumcodecsCodec",
-    "CodecPipeline",
-    "codec_from_config",
-    "register_codec",
-    "BLOSC_SHUFFLE_IDS",
-]
-
 CodecKind = Literal["array_to_array", "array_to_bytes", "bytes_to_bytes"]
 
 

@@ -21,16 +21,6 @@ from numcodecs.compat import ensure_ndarray_like
 from shardkv.codecs.inner import Codec, _config_of, _NumcodecsById, numcodecs_codec, register_codec
 from shardkv.errors import ConfigurationError, CorruptShardError
 
-__all__ = [
-    "ARRAY_TO_ARRAY_IDS",
-    "BYTES_TO_BYTES_IDS",
-    "VLEN_IDS",
-    "NumcodecsArrayCodec",
-    "VlenCodec",
-    "V2ChunkCodec",
-    "V2_CHUNK_CODEC",
-]
-
 ARRAY_TO_ARRAY_IDS = frozenset({"astype", "bitround", "delta", "fixedscaleoffset", "packbits", "quantize"})
 """numcodecs ids zarr-python 3 registers as ``numcodecs.<id>`` array -> array codecs."""
 

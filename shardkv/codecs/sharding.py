@@ -28,8 +28,6 @@ from shardkv.format.index import ShardIndex
 from shardkv.format.layout import IndexLocation, ShardLayout
 from shardkv.format.ranges import ByteRange
 
-__all__ = ["ShardingCodec", "ReadRange"]
-
 ReadRange = Callable[[ByteRange], "bytes | memoryview | None"]
 """Reads one byte range of the shard; ``None`` when the shard is not stored."""
 

@@ -21,8 +21,6 @@ from typing import Any
 
 from shardkv.format.index import ShardIndex
 
-__all__ = ["IndexCache", "CacheEntry"]
-
 
 @dataclass(frozen=True, slots=True)
 class CacheEntry:

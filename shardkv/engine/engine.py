@@ -26,14 +26,11 @@ from collections.abc import Iterable
 
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.locks import Mode, ShardLocks
-from shardkv.engine.merge import ShardChange
 from shardkv.engine.options import Options
 from shardkv.engine.reads import ShardReader
 from shardkv.engine.retry import EngineStats
 from shardkv.engine.writes import ShardWriter
 from shardkv.storage.kv import KVStore
-
-__all__ = ["ShardEngine", "EngineStats", "ShardChange"]
 
 
 class ShardEngine:

@@ -72,7 +72,6 @@ from shardkv.format.journal_frames import (
     IDENT_OFFSET,
     MAGIC,
     MAX_IDENT_NBYTES,
-    OLD_MAGIC,
     SLOT_OFFSETS,
     Identity,
     JournalRecord,
@@ -86,8 +85,6 @@ from shardkv.format.journal_frames import (
     make_records,
 )
 from shardkv.format.layout import crc32c_of
-
-__all__ = ["Journal", "JournalRecord"]
 
 _OPEN_ATTEMPTS = 100  # lock-then-verify retries when the file is replaced under us (bounded)
 
@@ -252,10 +249,6 @@ class Journal:
         """Parse the whole file: records up to the acknowledged end, and the torn tail after it."""
         size = os.fstat(self._fd).st_size
         data = memoryview(os.pread(self._fd, size, 0))
-        if bytes(data[:16]) == OLD_MAGIC:
-            raise JournalCorruptError(
-                self.path, 0, "a journal of an older shardkv (format 1): replay it with that version, then delete it"
-            )
         if bytes(data[:16]) != MAGIC:
             raise JournalCorruptError(self.path, 0, "not a shardkv journal header")
         if len(data) < IDENT_OFFSET + IDENT.size + 4:

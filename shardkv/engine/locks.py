@@ -1,62 +1,11 @@
-"""Per-shard locks that belong to the data, not to the object, and the ``concurrency=`` option.
+"""Per-shard locks that belong to the data, not to the object (:class:`ShardLocks`), and the ``concurrency=`` modes.
 
-A shard write is a read-modify-write: every writer of a shard holds that
-shard's lock from the read of the old shard to the write of the new one, or
-detects that it raced. The mode is resolved once per engine from the store's
-:class:`~shardkv.storage.kv.Capabilities` (the modes and what each guarantees:
-docs/user-guide.md, "Concurrency"):
-
-* ``"files"``: in-process stripes plus lock files; puts are unconditional.
-* ``"conditional"``: in-process stripes plus puts conditioned on the
-  generation read (a writer that lost its race re-reads, re-merges, retries).
-* ``"process"``: in-process stripes only; ``"none"``: no locks.
-* ``"auto"``: ``"files"`` where the store has lock directories,
-  ``"conditional"`` where it has a conditional put or is known to live in
-  this process only (``Capabilities.in_process``), otherwise a
-  ``ConfigurationError`` that names the store and asks for an explicit
-  choice, never a silent weaker guarantee.
-
-:class:`ShardLocks` gives the locks for a
-:class:`~shardkv.storage.location.StoreLocation`; every ``ShardLocks`` of one
-location shares them. One stripe scheme, two layers, taken in this order:
-
-1. **Across processes** (where the location has a ``local_dir``): an ``flock``
-   of ``<array>/.shardkv-locks/<stripe>.lock`` in the real directory of the
-   array that owns the shard (the store root for the 2022 draft layout), so
-   every store takes the same file for a shard whatever root or symbolic link
-   it came through. Lock files are opened ``O_RDWR`` and get the array
-   directory's write permissions (docs/user-guide.md, "Concurrency"): an
-   account that cannot write the array cannot block its writers.
-2. **In the process**: one process-wide pool of ``threading.Lock`` stripes,
-   taken first. For data in a directory a shard takes the thread stripe of its
-   lock file (real array directory and file stripe), with or without lock
-   files: so no two threads of a process hold one lock file at once (each
-   hold opens its own descriptor; ``flock`` emulated by per-process ``fcntl``
-   locks on NFS stays exclusive) and every mode agrees. Elsewhere a shard
-   takes the stripe of a CRC-32 of its namespace and full path.
-
-Stripes are safe: every writer of a shard takes that shard's stripe; shards
-that share a stripe only wait for each other. Deadlock freedom:
-:meth:`ShardLocks.hold` takes its thread stripes in ascending order, then its
-lock files in one global order (lock directory, stripe), waiting for a lock
-file only while it holds none (a taken one lets go of every lock file, and the
-next round waits for that one: :meth:`ShardLocks._take_files`). Every wait for
-a lock file goes through the engine's one retry loop
-(:func:`~shardkv.engine.retry.attempts`): a blocking ``flock`` without a
-timeout, tries spaced by :data:`~shardkv.engine.retry.LOCK_BACKOFF` until the
-deadline with one (:data:`DEFAULT_LOCK_TIMEOUT`, five minutes, unless
-``lock_timeout`` says otherwise; the ``LockTimeoutError`` names the shard,
-the lock file and what to do). No hold is nested in another: the engine
-never takes shard locks while its thread holds some (a 2022 draft array
-with stacked sharding transformers, which would, is refused when opened).
-Locks are never pickled, and
-a forked child starts with an empty pool (it never releases the parent's lock
-files: ``flock`` locks belong to the open file, which the child shares).
-
-A local store's conditional puts take a second, separate table of stripes:
-the writer locks of the process stamps (:data:`~shardkv.storage.stamps.STAMPS`),
-in ``storage/``, for the check and the rename of one ``put_many``
-(docs/architecture.md says why it stays there).
+Two layers, one stripe scheme: a process-wide pool of in-process stripes,
+then (mode ``"files"``) an ``flock`` of ``<array>/.shardkv-locks/<stripe>.lock``
+in the array's real directory, opened ``O_RDWR`` with the array directory's
+write permissions. The modes: docs/user-guide.md, "Concurrency"; the stripe
+order, the waits and why a hold is never nested: docs/architecture.md, "The
+write path". Locks are never pickled; a forked child starts with none.
 """
 
 from __future__ import annotations
@@ -77,21 +26,6 @@ from shardkv.errors import ConfigurationError, LockTimeoutError
 from shardkv.keys.space import ShardedArray
 from shardkv.storage.kv import LOCK_DIR, KVStore
 from shardkv.storage.location import StoreLocation
-
-__all__ = [
-    "ShardLocks",
-    "LOCK_DIR",
-    "stripe_of",
-    "DEFAULT_THREAD_STRIPES",
-    "DEFAULT_FILE_STRIPES",
-    "DEFAULT_LOCK_TIMEOUT",
-    "Concurrency",
-    "Mode",
-    "CONCURRENCY_MODES",
-    "resolve_mode",
-    "lock_prefix",
-    "holds_shard_locks",
-]
 
 Concurrency = Literal["auto", "files", "conditional", "process", "none"]
 """How writers of one shard keep each other's chunks (see :class:`~shardkv.ShardedStore`)."""
@@ -205,11 +139,6 @@ def lock_modes(array_dir: str) -> tuple[int, int]:
     group only if ``array_dir`` is group-writable; for others only if it is
     world-writable; the directory keeps ``array_dir``'s set-group-ID bit. No class gets a read
     bit without its write bit, so no account that cannot write the array can open (and ``flock``) a lock file.
-
-    Raises
-    ------
-    OSError
-        If ``array_dir`` cannot be examined (``FileNotFoundError``, ``PermissionError``).
     """
     dir_mode = os.stat(array_dir).st_mode
     file_mode, lock_dir_mode = 0o600, 0o700
@@ -219,13 +148,6 @@ def lock_modes(array_dir: str) -> tuple[int, int]:
         file_mode, lock_dir_mode = file_mode | 0o006, lock_dir_mode | 0o007
     # a set-group-ID array directory (a shared project directory) passes its group on to the lock files
     return file_mode, lock_dir_mode | (dir_mode & stat.S_ISGID)
-
-
-def _too_open(found: int, wanted: int) -> bool:
-    """Whether permission bits ``found`` grant what ``wanted`` does not, or a read without its write."""
-    found &= 0o777
-    readers_not_writers = (found & 0o444) & ~((found & 0o222) << 1)
-    return bool(found & ~wanted or readers_not_writers)
 
 
 def _make_lock_dir(lock_dir: str) -> None:
@@ -262,19 +184,19 @@ class _LockFile:
     def _open(self) -> int | None:
         """A descriptor of the lock file, created if missing; ``None`` if it vanished between two opens."""
         flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-        if not self.make:
-            try:
-                return os.open(self.path, flags)
-            except FileNotFoundError:
-                return None
-        mode, _ = lock_modes(os.path.dirname(os.path.dirname(self.path)))
         try:
             try:
-                fd, created = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, mode), True
+                return os.open(self.path, flags)  # made by an earlier hold: the usual case
+            except FileNotFoundError:
+                if not self.make:
+                    return None
+            mode, _ = lock_modes(os.path.dirname(os.path.dirname(self.path)))
+            try:
+                fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, mode)
             except FileExistsError:
-                fd, created = os.open(self.path, flags), False
+                return os.open(self.path, flags)  # another writer made it meanwhile
         except FileNotFoundError:
-            return None  # removed between the two opens (the array deleted): made again next round
+            return None  # removed between two opens (the array deleted): made again next round
         except PermissionError as exc:
             raise PermissionError(
                 exc.errno,
@@ -283,12 +205,7 @@ class _LockFile:
                 self.path,
             ) from exc
         try:
-            if created:
-                os.fchmod(fd, mode)  # exactly: the umask may have left a read bit without its write bit
-            else:
-                st = os.fstat(fd)
-                if _too_open(st.st_mode, mode) and st.st_uid == os.geteuid():
-                    os.fchmod(fd, mode)  # left 0644 by an older shardkv
+            os.fchmod(fd, mode)  # exactly: the umask may have left a read bit without its write bit
         except BaseException:
             os.close(fd)
             raise
@@ -309,23 +226,25 @@ class _LockFile:
         FileNotFoundError
             If the lock file kept being removed while it was being taken.
         """
-        for _ in attempts(_REOPEN_ATTEMPTS, _REOPEN_BACKOFF):  # another round only if the file was removed
+        reopens: Iterator[int] | None = None  # the retry loop, only once the file was removed
+        while True:
             fd = self._open()
-            if fd is None:
-                continue
-            try:
-                locked = _flock(fd, deadline)
-                if locked and os.fstat(fd).st_nlink > 0:
-                    self.fd = fd
-                    return True
-            except BaseException:
+            if fd is not None:
+                try:
+                    locked = _flock(fd, deadline)
+                    if locked and os.fstat(fd).st_nlink > 0:
+                        self.fd = fd
+                        return True
+                except BaseException:
+                    os.close(fd)
+                    raise
                 os.close(fd)
-                raise
-            os.close(fd)
-            if not locked:
-                return False
+                if not locked:
+                    return False
             # the file was removed (the array deleted) between our open and flock: lock the new one
-        raise FileNotFoundError(errno.ENOENT, "lock file keeps being removed while it is taken", self.path)
+            reopens = reopens or attempts(_REOPEN_ATTEMPTS, _REOPEN_BACKOFF, made=1)
+            if next(reopens, None) is None:
+                raise FileNotFoundError(errno.ENOENT, "lock file keeps being removed while it is taken", self.path)
 
     def release(self) -> None:
         """Let go of the lock and close its descriptor."""
@@ -342,14 +261,17 @@ def _flock(fd: int, deadline: float | None) -> bool:
     if deadline is None:
         fcntl.flock(fd, fcntl.LOCK_EX)
         return True
-    for _ in attempts(None, LOCK_BACKOFF, deadline):
+    waits: Iterator[int] | None = None  # the retry loop, only while another holds it
+    while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
         except OSError as exc:
             if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
                 raise
-    return False
+        waits = waits or attempts(None, LOCK_BACKOFF, deadline, made=1)
+        if next(waits, None) is None:
+            return False
 
 
 class _Registry:
@@ -402,14 +324,8 @@ def holds_shard_locks() -> bool:
     return _HELD.holds > 0
 
 
-def _note_held(stack: ExitStack) -> None:
-    """Count a hold of this thread until ``stack`` closes (before its locks are released)."""
-    _HELD.holds += 1
-
-    def unnote() -> None:
-        _HELD.holds -= 1
-
-    stack.callback(unnote)
+def _left_hold() -> None:
+    _HELD.holds -= 1
 
 
 _STRIPE_HELD = (
@@ -448,8 +364,9 @@ class ShardLocks:
     file_stripes : int
         Number of lock files (stripes) in an array's lock directory.
     timeout : float or None
-        Longest wait (seconds) for the locks of one :meth:`hold` (default
-        :data:`DEFAULT_LOCK_TIMEOUT`); ``None`` waits as long as it takes.
+        Longest wait (seconds, ``Options.lock_timeout``: checked there) for the
+        locks of one :meth:`hold` (default :data:`DEFAULT_LOCK_TIMEOUT`); ``None``
+        waits as long as it takes.
 
     Attributes
     ----------
@@ -461,7 +378,7 @@ class ShardLocks:
     Raises
     ------
     ConfigurationError
-        For a stripe count below 1, a negative timeout, or mode ``"files"``
+        For a stripe count below 1, or mode ``"files"``
         where there is no directory to keep lock files in.
     """
 
@@ -478,8 +395,6 @@ class ShardLocks:
             raise ConfigurationError(
                 f"lock stripe counts must be >= 1, got thread_stripes={thread_stripes}, file_stripes={file_stripes}"
             )
-        if timeout is not None and timeout < 0:
-            raise ConfigurationError(f"lock timeout must be >= 0 seconds or None, got {timeout}")
         root_dir = location.local_dir
         if mode is None:
             mode = "files" if root_dir is not None else "process"
@@ -579,14 +494,19 @@ class ShardLocks:
         came through, and no two threads take one lock file at once; else the
         stripe of the shard's namespace and full path.
         """
-        return sorted({stripe_of(self._identity(k, prefixes), self.thread_stripes) for k in shard_keys})
+        return sorted({stripe_of(self._where(k, prefixes)[0], self.thread_stripes) for k in shard_keys})
 
-    def _identity(self, key: str, prefixes: Mapping[str, str] | None = None) -> str:
-        """What names a shard's lock in this process: its lock file (real array directory, file stripe) or full path."""
-        if self._dir_root is not None:
-            prefix, rel = self._split(key, prefixes)
-            return f"{self._prefix}{self._real_dir(prefix)}\0{stripe_of(rel, self.file_stripes)}"
-        return self._prefix + self.location.full_path(key)
+    def _where(self, key: str, prefixes: Mapping[str, str] | None = None) -> tuple[str, tuple[str, int] | None]:
+        """What names a shard's lock in this process, and its lock file (lock directory, stripe) if it has one.
+
+        The name is the lock file's (real array directory, file stripe) where the data is in a directory, else
+        the shard's full path; the lock file is ``None`` without lock files.
+        """
+        if self._dir_root is None:
+            return self._prefix + self.location.full_path(key), None
+        prefix, rel = self._split(key, prefixes)
+        real, stripe = self._real_dir(prefix), stripe_of(rel, self.file_stripes)
+        return f"{self._prefix}{real}\0{stripe}", (os.path.join(real, LOCK_DIR), stripe) if self.cross_process else None
 
     def file_stripes_by_dir(
         self, shard_keys: Iterable[str], prefixes: Mapping[str, str] | None = None
@@ -653,15 +573,15 @@ class ShardLocks:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         keys = list(shard_keys)
         by_stripe: dict[int, list[str]] = {}  # in-process stripe -> its shards
-        for key in keys:
-            by_stripe.setdefault(stripe_of(self._identity(key, prefixes), self.thread_stripes), []).append(key)
         by_file: dict[tuple[str, int], list[str]] = {}  # (lock directory, stripe) -> its shards
-        if self.cross_process:
-            for key in keys:
-                prefix, rel = self._split(key, prefixes)
-                by_file.setdefault((self.lock_dir_for(prefix), stripe_of(rel, self.file_stripes)), []).append(key)
+        for key in keys:
+            identity, file = self._where(key, prefixes)
+            by_stripe.setdefault(stripe_of(identity, self.thread_stripes), []).append(key)
+            if file is not None:
+                by_file.setdefault(file, []).append(key)
         with ExitStack() as stack:
-            _note_held(stack)
+            _HELD.holds += 1  # counted until the stack closes, before its locks are released
+            stack.callback(_left_hold)
             pool = _REGISTRY.thread_pool(self.thread_stripes)
             for stripe in sorted(by_stripe):
                 lock = pool[stripe]
@@ -684,24 +604,16 @@ class ShardLocks:
     ) -> None:
         """Take the lock files of ``by_file`` (``(lock directory, stripe)`` -> its shards) onto ``stack``.
 
-        Each round waits for one lock file holding none (the first in the
-        global order; after a round that found one taken, that one), then
-        tries the others in order without waiting; a taken one lets go of
-        everything for the next round (:func:`~shardkv.engine.retry.attempts`,
-        until ``deadline``). Nothing waits while holding a lock file, so
-        writers of overlapping sets never deadlock, whatever their order.
-
-        Raises
-        ------
-        LockTimeoutError
-            If ``deadline`` passed first, naming a shard of the lock file
-            waited for, the file and what to do (nothing of ``by_file`` is held then).
+        Each round waits for one lock file holding none, then tries the others
+        without waiting; a taken one lets go of all for the next round, which
+        waits for it (``LockTimeoutError`` past ``deadline``, nothing held).
         """
         files = sorted(by_file)
         for lock_dir in dict.fromkeys(d for d, _ in files) if make else ():
             _make_lock_dir(lock_dir)
         waited = files[0]
-        for _ in attempts(None, LOCK_BACKOFF, deadline):
+        rounds: Iterator[int] | None = None  # the retry loop, only once a round found a lock file taken
+        while True:
             with ExitStack() as round_stack:
                 if not self._take_file(round_stack, waited, deadline, make):
                     break
@@ -714,6 +626,9 @@ class ShardLocks:
                     stack.enter_context(round_stack.pop_all())
                     return
             waited = busy  # all let go: the next round waits for the one another writer holds
+            rounds = rounds or attempts(None, LOCK_BACKOFF, deadline, made=1)
+            if next(rounds, None) is None:
+                break
         lock_file = os.path.join(waited[0], f"{waited[1]}.lock")
         raise LockTimeoutError(
             f"lock file {lock_file!r}", self.timeout or 0.0, _file_held(lock_file), lock_file, by_file[waited][0]
@@ -751,11 +666,10 @@ class ShardLocks:
             return {}
         out: dict[str, tuple[int, str]] = {}
         for key, arr in shards.items():
-            prefix, rel = self._split(key, {key: lock_prefix(arr)})
-            lock_dir, stripe = self.lock_dir_for(prefix), stripe_of(rel, self.file_stripes)
-            fd = _HELD.fds.get((lock_dir, stripe))
-            if fd is not None:
-                out[key] = (fd, os.path.join(lock_dir, f"{stripe}.lock"))
+            file = self._where(key, {key: lock_prefix(arr)})[1]
+            fd = None if file is None else _HELD.fds.get(file)
+            if file is not None and fd is not None:
+                out[key] = (fd, os.path.join(file[0], f"{file[1]}.lock"))
         return out
 
 

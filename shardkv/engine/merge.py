@@ -24,18 +24,6 @@ from typing import Any, Generic, TypeVar
 from shardkv._types import BytesLike, LocalCoords
 from shardkv.keys.space import ChunkRef, ShardedArray
 
-__all__ = [
-    "ChunkPatch",
-    "ChunkUpdate",
-    "ShardChange",
-    "apply_partial_writes",
-    "covers_shard",
-    "group_by_shard",
-    "join_changes",
-    "merge_chunks",
-    "out_of_grid",
-]
-
 
 def apply_partial_writes(key: str, old: BytesLike | None, writes: Sequence[tuple[int, BytesLike]]) -> bytes:
     """Apply ``(start, value)`` writes, in order, to the old value of ``key``.
@@ -132,7 +120,8 @@ class ShardChange(Generic[UpdateT]):
 
     def covers_shard(self) -> bool:
         """True when every available chunk of the shard is set whole (the write needs no old bytes)."""
-        return covers_shard(self.array, self.shard_coords, self.chunks)
+        n = self.array.n_chunks_in_shard(self.shard_coords)
+        return n > 0 and len(self.chunks) == n and _all_whole(self.chunks.values())
 
     def copy(self) -> ShardChange[UpdateT]:
         """A copy whose ``chunks`` dict is its own (the values are shared)."""
@@ -155,12 +144,6 @@ def _all_whole(values: Collection[Any]) -> bool:
     if set(map(type, values)) <= _WHOLE_TYPES:
         return True
     return all(v is not None and not isinstance(v, ChunkPatch) for v in values)
-
-
-def covers_shard(arr: ShardedArray, shard_coords: Sequence[int], updates: Mapping[LocalCoords, Any]) -> bool:
-    """True when ``updates`` sets every available chunk of the shard whole (no old bytes needed)."""
-    n = arr.n_chunks_in_shard(shard_coords)
-    return n > 0 and len(updates) == n and _all_whole(updates.values())
 
 
 def out_of_grid(arr: ShardedArray, shard_coords: Sequence[int], present: Iterable[LocalCoords]) -> list[LocalCoords]:

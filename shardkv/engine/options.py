@@ -21,17 +21,6 @@ from shardkv.format.layout import IndexLocation
 from shardkv.format.ranges import ReadPolicy
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
 
-__all__ = [
-    "Options",
-    "OptionKeywords",
-    "Concurrency",
-    "IndexLocation",
-    "ShardUpdates",
-    "DEFAULT_INDEX_CACHE_BYTES",
-    "DEFAULT_MAX_DEAD_FRACTION",
-    "DEFAULT_LOCK_TIMEOUT",
-]
-
 DEFAULT_INDEX_CACHE_BYTES = 64 * 2**20
 
 ShardUpdates = Literal["auto", "append", "rewrite"]

@@ -48,8 +48,6 @@ from shardkv.keys.listing import shard_chunk_count, shard_chunk_keys
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.storage.kv import ANY, Generation, KVStore, ReadRequest, ReadResult
 
-__all__ = ["ShardReader", "LIST_BATCH", "WHOLE_CHUNK"]
-
 LIST_BATCH = 4096
 """Shards whose indexes one listing request reads at most."""
 

@@ -14,8 +14,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["Backoff", "EngineStats", "attempts", "READ_ATTEMPTS", "WRITE_ATTEMPTS", "LOCK_BACKOFF"]
-
 READ_ATTEMPTS = 8
 """Rounds of one chunk read whose shards keep changing under it, at most."""
 WRITE_ATTEMPTS = 16
@@ -46,13 +44,14 @@ LOCK_BACKOFF = Backoff(0.001, 2.0, 0.05)
 """Waits between tries of a lock file taken by another writer (seconds), while a lock timeout runs."""
 
 
-def attempts(limit: int | None, backoff: Backoff, deadline: float | None = None) -> Iterator[int]:
-    """The one retry loop: attempt numbers from 1, waiting ``backoff.delay(n)`` before attempt ``n + 1``.
+def attempts(limit: int | None, backoff: Backoff, deadline: float | None = None, made: int = 0) -> Iterator[int]:
+    """The one retry loop: attempt numbers from ``made + 1``, waiting ``backoff.delay(n)`` before attempt ``n + 1``.
 
     Parameters
     ----------
     limit : int or None
-        Attempts at most (≥ 1); ``None``: as many as ``deadline`` allows.
+        Attempts at most (≥ 1), those already made included; ``None``: as
+        many as ``deadline`` allows.
     backoff : Backoff
         Waits between attempts.
     deadline : float or None
@@ -60,26 +59,31 @@ def attempts(limit: int | None, backoff: Backoff, deadline: float | None = None)
         does; no wait runs past it). ``None`` with ``limit=None`` runs as long
         as it takes: only for a wait the caller asked to last as long as it
         takes (a lock timeout of ``None``), each attempt of which blocks.
+    made : int
+        Attempts the caller already made, and that failed, before entering the
+        loop (so that an attempt that succeeds at once never runs it): the
+        loop then waits before its first.
 
     Yields
     ------
     int
-        The attempt number, from 1. The caller breaks out (or returns) on
-        success; when the generator ends, every attempt failed.
+        The attempt number. The caller breaks out (or returns) on success;
+        when the generator ends, every attempt failed.
     """
-    attempt = 1
+    attempt = made
     while True:
-        yield attempt
-        if limit is not None and attempt >= limit:
-            return
-        delay = backoff.delay(attempt)
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
+        if attempt:
+            if limit is not None and attempt >= limit:
                 return
-            delay = min(delay, left)
-        time.sleep(delay)
+            delay = backoff.delay(attempt)
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                delay = min(delay, left)
+            time.sleep(delay)
         attempt += 1
+        yield attempt
 
 
 @dataclass

@@ -55,8 +55,6 @@ from shardkv.keys.space import ChunkRef, ShardedArray
 if TYPE_CHECKING:
     from shardkv.engine.engine import ShardEngine
 
-__all__ = ["WriteBuffer", "WriteBack", "layout_of"]
-
 _JOURNAL_SLACK = 4 * 2**20  # bytes a journal may hold beyond twice the buffer before it is compacted
 
 Buffered = ShardChange[bytes | None]
@@ -77,18 +75,11 @@ class WriteBuffer:
     Parameters
     ----------
     max_bytes : int
-        Limit (bytes) on buffered chunk bytes; beyond it the oldest shards are
-        handed back for writing.
-
-    Raises
-    ------
-    ValueError
-        If ``max_bytes`` < 0.
+        Limit (bytes, ``Options.buffer_bytes``: checked there) on buffered chunk
+        bytes; beyond it the oldest shards are handed back for writing.
     """
 
     def __init__(self, max_bytes: int) -> None:
-        if max_bytes < 0:
-            raise ValueError(f"buffer_bytes must be >= 0, got {max_bytes}")
         self.max_bytes = int(max_bytes)
         self._pending: OrderedDict[str, Buffered] = OrderedDict()
         self._nbytes = 0
@@ -216,11 +207,6 @@ class WriteBack:
         The buffered changes (``None`` without write-back).
     journal : Journal or None
         The write-ahead journal, once attached.
-
-    Raises
-    ------
-    ValueError
-        If ``buffer_bytes`` < 0.
     """
 
     def __init__(
@@ -250,11 +236,6 @@ class WriteBack:
         Missing and buffered-deleted chunks are left out; the chunks not
         buffered are read in one :meth:`ShardEngine.read_chunks
         <shardkv.engine.engine.ShardEngine.read_chunks>` call.
-
-        Raises
-        ------
-        CorruptShardError, ChecksumError, OSError
-            As :meth:`ShardEngine.read_chunks <shardkv.engine.engine.ShardEngine.read_chunks>`.
         """
         if self.buffer is None:
             return self.engine.reads.read_chunks(refs)

@@ -1,47 +1,12 @@
 """The one write path of the engine (:class:`ShardWriter`): shard read-modify-write conditioned on the generation read.
 
-:meth:`ShardWriter.write` holds the shards' locks (:class:`~shardkv.engine.locks.ShardLocks`:
-in-process stripes always, lock files in mode ``"files"``) and runs one
-bounded loop (:func:`~shardkv.engine.retry.attempts`):
-
-1. one batched whole-shard ``get`` of the shards the changes cover only in
-   part (a shard whose every available chunk is set whole needs no read);
-2. the new shards merged by :func:`~shardkv.engine.merge.merge_chunks`;
-3. one batched ``put`` (a delete for a shard left with no chunk; an empty
-   shard where deletes cannot be conditioned), each conditioned on the
-   generation read in mode ``"conditional"`` (``NO_VALUE`` for a shard that
-   was not stored); shards written whole go out blind;
-4. the winners' indexes cached with the generations the puts returned; only
-   the shards that lost their race go round again.
-
-Under lock files (or for mode ``"process"``/``"none"``) puts are
-unconditional: the locks, or the caller's promise, exclude other writers.
-
-Group commit
-------------
-Writes of one shard made at once by threads of one engine (threads using
-one zarr 2 proxy, dask's threaded scheduler; zarr 3's ``set`` calls reach
-the engine as batches, one at a time, :mod:`shardkv.zarr3.batching`) are
-merged: the first write of a shard starts that shard's commit
-(the read-modify-write above); writes of the shard arriving while it runs
-join the shard's *next* commit, which starts when the running one has
-finished (its writer waits for it on an event) and stores all of them with
-one read-modify-write. So N writers of a shard cost at most two shard
-rewrites while one runs, not N. Each call returns only when every change it
-made is stored; an error of a commit (of the store, the locks, a lost race)
-is raised to every call that joined it (a write's own commit and any it
-joined). A change the merge refuses (a patch that would leave a gap) fails
-its shard alone, never the other shards of the round; if other calls' changes
-joined that shard's commit, they are then written one by one, in arrival
-order, so only the call that made the bad change is told, and nothing of the
-others is lost. A call interrupted before the commits it started ran (a
-``KeyboardInterrupt``) tells their other writers so, rather than leaving them
-waiting. The locks and the conditional puts
-exclude writers of other processes (and of other engines) exactly as
-without merging: a commit holds them as one write does. No write is made
-by a thread that holds shard locks: the engine never writes inside its own
-holds, and a caller's :meth:`ShardWriter.hold` is for its own reads and puts
-(a write in it waits for the locks its thread holds, until the lock timeout).
+:meth:`ShardWriter.write` holds the shards' locks and runs one bounded loop:
+one batched whole-shard ``get`` of the shards covered only in part, the merge
+(:func:`~shardkv.engine.merge.merge_chunks`), one batched ``put`` (conditioned
+in mode ``"conditional"``; blind for shards written whole), the winners'
+indexes cached; only shards that lost their race go round again. Writes of one
+shard made at once by threads of one engine are merged (group commit). Both
+are described in docs/architecture.md, "The write path".
 """
 
 from __future__ import annotations
@@ -50,7 +15,7 @@ import errno
 import os
 import threading
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
@@ -65,9 +30,6 @@ from shardkv.format.index import ShardIndex
 from shardkv.keys.space import ShardedArray
 from shardkv.storage.buffers import Value
 from shardkv.storage.kv import ANY, MISSING_RESULT, NO_VALUE, Generation, KVStore, ReadResult
-
-__all__ = ["ShardWriter"]
-
 
 _WRITERS: weakref.WeakSet[ShardWriter] = weakref.WeakSet()
 """Every writer of this process (a forked child forgets their commits)."""
@@ -86,10 +48,6 @@ class _Commit:
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     refused: dict[int, Exception] = field(default_factory=dict)
-
-    def error_of(self, position: int) -> BaseException | None:
-        """Why the change at ``position`` of ``changes`` was not stored (``None``: it is)."""
-        return self.error if self.error is not None else self.refused.get(position)
 
 
 class ShardWriter:
@@ -168,8 +126,6 @@ class ShardWriter:
             If a shard lock was not obtained within the lock timeout.
         ConcurrentUpdateError
             If a shard's conditional write lost its race in every round (mode ``"conditional"``).
-        OSError
-            Any error of the store.
         """
         if not changes:
             return
@@ -193,7 +149,7 @@ class ShardWriter:
         for commit, _ in joined:
             commit.done.wait()  # bounded: its writer runs one bounded write (lock timeout, write attempts)
         for commit, position in joined:
-            error = commit.error_of(position)
+            error = commit.error if commit.error is not None else commit.refused.get(position)
             if error is not None:
                 raise error
 
@@ -258,13 +214,7 @@ class ShardWriter:
                     commit.done.set()
 
     def _write_one_by_one(self, shard_key: str, commit: _Commit) -> None:
-        """Write the changes of ``commit`` (one shard) one after another, keeping each one's error in ``refused``.
-
-        Raises
-        ------
-        LockTimeoutError, OSError
-            As :meth:`write` (then the commit fails as a whole).
-        """
+        """Write the changes of ``commit`` (one shard) one after another, keeping each one's error in ``refused``."""
         for position, change in enumerate(commit.changes):
             lost, refused = self._write_held({shard_key: change})
             if shard_key in refused:
@@ -284,13 +234,16 @@ class ShardWriter:
         shards = {k: c.array for k, c in todo.items()}
         with self.locks.hold_arrays(shards):
             self.tail.recover(shards)  # an in-place append its writer did not finish: kept or undone first
-            for _ in attempts(WRITE_ATTEMPTS, WRITE_BACKOFF):
+            rounds: Iterator[int] | None = None  # the retry loop, only once a round lost a race
+            while True:
                 self.stats.write_attempts += 1
                 todo = self._write_round(todo, refused)
                 if not todo:
                     return {}, refused
                 self.stats.write_lost += len(todo)
-        return todo, refused
+                rounds = rounds or attempts(WRITE_ATTEMPTS, WRITE_BACKOFF, made=1)
+                if next(rounds, None) is None:
+                    return todo, refused
 
     def _write_round(self, changes: Mapping[str, ShardChange], refused: dict[str, Exception]) -> dict[str, ShardChange]:
         """One read-merge-put round; the changes of the shards whose conditional put lost.
@@ -357,13 +310,7 @@ class ShardWriter:
         return lost
 
     def erase(self, shards: Mapping[str, ShardedArray]) -> None:
-        """Delete whole shards (unconditionally, holding their locks) and forget their indexes.
-
-        Raises
-        ------
-        LockTimeoutError, OSError
-            As :meth:`write`.
-        """
+        """Delete whole shards (unconditionally, holding their locks) and forget their indexes."""
         if not shards:
             return
         with self.locks.hold_arrays(shards):
@@ -505,11 +452,6 @@ class ShardWriter:
     def hold(self, shards: Mapping[str, ShardedArray]) -> AbstractContextManager[None]:
         """The locks of ``shards`` for a ``with`` block (for a caller's own reads and puts; not re-entrant:
         a :meth:`write` in it waits for the locks its own thread holds, until the lock timeout).
-
-        Raises
-        ------
-        LockTimeoutError
-            If a lock was not obtained within the lock timeout.
         """
         return self.locks.hold_arrays(shards)
 
@@ -526,4 +468,4 @@ def _nbytes(parts: Sequence[BytesLike]) -> int:
     """Total bytes of a shard's parts (``len`` at C speed when they are all ``bytes``)."""
     if set(map(type, parts)) == {bytes}:
         return sum(map(len, parts))
-    return sum(memoryview(p).nbytes for p in parts)
+    return sum([memoryview(p).nbytes for p in parts])

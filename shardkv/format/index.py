@@ -11,13 +11,11 @@ no byte order (that is the layout's job, see :mod:`shardkv.format.layout`).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from shardkv.errors import CorruptShardError
-
-__all__ = ["EMPTY", "ShardIndex", "MAX_SHARD_NBYTES", "DEFAULT_MAX_CHUNK_NBYTES"]
 
 EMPTY = np.uint64(2**64 - 1)
 """The value of both ``offset`` and ``nbytes`` for an empty inner chunk."""
@@ -97,16 +95,15 @@ class ShardIndex:
         """Boolean array of shape ``chunks_per_shard``: True where a chunk is stored."""
         return ~((self.entries[..., 0] == EMPTY) & (self.entries[..., 1] == EMPTY))
 
-    def present(self) -> Iterator[tuple[int, ...]]:
+    def present(self) -> list[tuple[int, ...]]:
         """Local coords of the stored inner chunks, in row-major order."""
-        for coords in np.argwhere(self.present_mask()):
-            yield tuple(int(c) for c in coords)
+        return [tuple(c) for c in np.argwhere(self.present_mask()).tolist()]
 
-    def stored_entries(self) -> Iterator[tuple[tuple[int, ...], int, int]]:
+    def stored_entries(self) -> list[tuple[tuple[int, ...], int, int]]:
         """``(local_coords, offset, nbytes)`` of the stored inner chunks, in row-major order (bytes)."""
-        entries = self.entries
-        for local in self.present():
-            yield local, entries.item(*local, 0), entries.item(*local, 1)
+        mask = self.present_mask()
+        spans = self.entries[mask].tolist()
+        return [(tuple(c), o, n) for c, (o, n) in zip(np.argwhere(mask).tolist(), spans, strict=True)]
 
     def count_present(self) -> int:
         """Number of stored inner chunks."""

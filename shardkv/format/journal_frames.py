@@ -15,28 +15,7 @@ import msgpack
 
 from shardkv.format.layout import crc32c_of
 
-__all__ = [
-    "MAGIC",
-    "OLD_MAGIC",
-    "SLOT_OFFSETS",
-    "IDENT",
-    "IDENT_OFFSET",
-    "MAX_IDENT_NBYTES",
-    "FRAME_MAGIC",
-    "Identity",
-    "JournalRecord",
-    "encode_slot",
-    "decode_slot",
-    "encode_header",
-    "encode_frame",
-    "decode_frame",
-    "describe_identity",
-    "make_records",
-    "RecordItem",
-]
-
 MAGIC = b"SHARDKV-JOURNAL2"
-OLD_MAGIC = b"SHARDKV-JOURNAL1"
 _SLOT = struct.Struct("<4sQQQ")  # marker, gen, end, next_seq (+ crc32c uint32, + 4 bytes padding)
 _SLOT_MARKER = b"SKJW"
 _SLOT_NBYTES = 32

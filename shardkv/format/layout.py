@@ -42,8 +42,6 @@ from shardkv.format import limits
 from shardkv.format.index import ShardIndex
 from shardkv.format.ranges import ByteRange
 
-__all__ = ["ShardLayout", "IndexLocation", "Endian", "crc32c_of", "chunk_nbytes_bound"]
-
 IndexLocation = Literal["start", "end"]
 Endian = Literal["little", "big"]
 _CHECKSUM_NBYTES = 4

@@ -14,8 +14,6 @@ from math import prod
 
 from shardkv.errors import ConfigurationError
 
-__all__ = ["MAX_CHUNKS_PER_SHARD", "check_chunks_per_shard"]
-
 
 def _from_environment(default: int) -> int:
     text = os.environ.get("SHARDKV_MAX_CHUNKS_PER_SHARD", "")

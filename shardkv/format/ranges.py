@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["ByteRange", "CoalescedRead", "ReadPolicy", "coalesce", "plan_reads", "total_nbytes"]
-
 
 @dataclass(frozen=True, slots=True)
 class ByteRange:

@@ -43,20 +43,6 @@ from shardkv._types import BytesLike, LocalCoords
 from shardkv.format.index import ShardIndex
 from shardkv.format.layout import ShardLayout
 
-__all__ = [
-    "TailHow",
-    "TailPlan",
-    "plan_tail_update",
-    "dead_fraction",
-    "AppendIntent",
-    "INTENT_MAGIC",
-    "INTENT_MAX_NBYTES",
-    "OLD_TAIL_NBYTES",
-    "parts_crc32c",
-    "old_tail_range",
-    "recovered_nbytes",
-]
-
 TailHow = Literal["clone", "append"]
 """Where an O(chunk) update's bytes go: a reflink clone renamed over the shard, or the live file itself."""
 

@@ -26,19 +26,6 @@ from typing import Any, Literal
 
 from shardkv.errors import ConfigurationError, InvalidKeyError
 
-__all__ = [
-    "ChunkKeyEncoding",
-    "V2ChunkKeyEncoding",
-    "DefaultChunkKeyEncoding",
-    "Draft2022ChunkKeyEncoding",
-    "chunk_key_encoding_from_metadata",
-    "grid_shape",
-    "chunk_to_shard",
-    "shard_to_chunks",
-    "shard_to_chunk",
-    "validate_key",
-]
-
 Separator = Literal[".", "/"]
 
 

@@ -19,8 +19,6 @@ import numpy as np
 
 from shardkv.keys.space import ShardedArray
 
-__all__ = ["shard_chunk_keys", "shard_chunk_count", "sorted_chunk_names", "DENSE_GRID_FACTOR"]
-
 DENSE_GRID_FACTOR = 4
 """:func:`sorted_chunk_names` holds a mask of the whole chunk grid when the grid has at most this
 many times the chunks the listed shards can hold; sparser grids sort the names instead."""

@@ -16,20 +16,6 @@ from collections.abc import Callable, Container, Iterator
 
 from shardkv.errors import InvalidKeyError
 
-__all__ = [
-    "split_key",
-    "join_path",
-    "path_prefix",
-    "owner_candidates",
-    "owning_array",
-    "validate_path",
-    "is_chunk_segment",
-    "is_draft_chunk_segment",
-    "chunk_owner_paths",
-    "prefix_owner_paths",
-    "chunkish_under",
-]
-
 # a segment that may be part of a chunk or shard key: "c" (v3 default keys c/1/2), "c1.2", "1.2", "3";
 # signs and empty dot-parts included, so that "-1.0" is refused as a malformed chunk key, not stored as a value
 _CHUNK_SEGMENT = re.compile(r"c|c?[0-9.+-]+")

@@ -14,8 +14,6 @@ from collections.abc import Sequence
 
 from shardkv.keys.space import ShardedArray
 
-__all__ = ["split_prefix", "shard_prefix", "expand_shard_prefix"]
-
 
 def _head(arr: ShardedArray) -> str:
     """The fixed text before the first coordinate of a chunk key suffix (``"c"`` for ``c1/2``)."""

@@ -49,8 +49,6 @@ from shardkv.keys.encodings import (
     shard_to_chunks,
 )
 
-__all__ = ["ShardedArray", "ChunkRef"]
-
 # a canonical coordinate below 10**18 (parsed as int64 without overflow); longer ones take the slow path
 _COORD = r"(?:0|[1-9][0-9]{0,17})"
 
@@ -336,7 +334,7 @@ class ShardedArray:
         """
         grid = self.chunk_grid_shape
         return grid is None or all(
-            (s + 1) * cps <= g for s, cps, g in zip(shard_coords, self.chunks_per_shard, grid, strict=True)
+            [(s + 1) * cps <= g for s, cps, g in zip(shard_coords, self.chunks_per_shard, grid, strict=True)]
         )
 
     def chunks_in_shard(self, shard_coords: Sequence[int]) -> Iterator[tuple[tuple[int, ...], tuple[int, ...]]]:

@@ -38,8 +38,6 @@ from shardkv.engine.options import Options
 from shardkv.errors import ConfigurationError
 from shardkv.keys.space import ShardedArray
 
-__all__ = ["ProxyBase", "refuse_zarr3", "reopen", "register"]
-
 ZarrProtocol = Literal["BaseStore", "StoreV3"]
 """The zarr-python 2 store ABC a proxy registers with (v2 keys, or the 2022 draft's v3 keys)."""
 

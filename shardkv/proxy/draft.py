@@ -29,6 +29,7 @@ import builtins
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Self
 
+from shardkv.engine.merge import apply_partial_writes
 from shardkv.engine.options import Options
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import IndexLocation
@@ -38,15 +39,13 @@ from shardkv.keys.paths import path_prefix, validate_path
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
 from shardkv.metadata.documents import ZARR_JSON
-from shardkv.metadata.draft import DRAFT_ZARR_FORMAT, META_ROOT
+from shardkv.metadata.draft import META_ROOT
 from shardkv.proxy.base import ProxyBase, refuse_zarr3
 from shardkv.proxy.draft_nodes import DraftArray, DraftNodes
 from shardkv.proxy.values import to_bytes
 from shardkv.storage.kv import check_not_reserved
 from shardkv.transformers import DATA_ROOT, AbstractStore, AdapterStore, ShardingStorageTransformer
-from shardkv.transformers.api import apply_partial_writes, normalize_prefix
-
-__all__ = ["DraftShardedStore", "DRAFT_ZARR_FORMAT", "DRAFT_OPTIONS", "draft_options"]
+from shardkv.transformers.api import normalize_prefix
 
 DRAFT_OPTIONS = frozenset({"chunks_per_shard", "index_location", "index_checksum", "storage_options"})
 """The options the draft proxy takes (the others of :class:`shardkv.ShardedStore` do not apply)."""

@@ -22,8 +22,6 @@ from shardkv.metadata.draft import META_ROOT
 from shardkv.metadata.nodes import NodeCache
 from shardkv.transformers import DATA_ROOT, SHARDING_EXTENSION, AbstractStore, build_stack, storage_transformer_entries
 
-__all__ = ["DraftNodes", "DraftArray"]
-
 
 @dataclass
 class DraftArray:

@@ -27,12 +27,11 @@ from collections.abc import Iterable
 
 from shardkv.errors import KeyBelowKeyError
 from shardkv.keys.paths import chunkish_under, path_prefix, split_key
-from shardkv.proxy.nodes import META_NAMES, NodeTable
+from shardkv.metadata.documents import META_NAMES
+from shardkv.proxy.nodes import NodeTable
 from shardkv.storage.kv import KVStore
 from shardkv.storage.local import LocalStore
 from shardkv.storage.mapping import MappingStore
-
-__all__ = ["Hierarchy"]
 
 
 class Hierarchy:

@@ -29,16 +29,6 @@ from shardkv.keys.space import ShardedArray
 from shardkv.proxy.nodes import NodeTable
 from shardkv.storage.kv import Generation, KVStore
 
-__all__ = [
-    "base_listing",
-    "split_shards",
-    "logical_keys",
-    "count_logical_keys",
-    "child_names",
-    "ListedKeys",
-]
-
-
 Listed = Iterable[tuple[str, "Generation | None"]]
 """A base store listing: ``(key, generation or None)`` pairs, as :meth:`KVStore.list_generations
 <shardkv.storage.kv.KVStore.list_generations>` yields them."""

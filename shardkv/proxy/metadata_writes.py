@@ -92,8 +92,6 @@ from shardkv.metadata.v3_view import v2_dimension_separator
 from shardkv.proxy.nodes import Node, NodeTable, build_node, sharded_array_of
 from shardkv.storage.kv import ANY, NO_VALUE, Generation, KVStore, ReadResult, check_not_reserved
 
-__all__ = ["MetadataWriter"]
-
 _HIDDEN_REASON = "the zarr.json of a sharded array is managed by shardkv"
 _READ_ONLY = "the metadata of a Zarr v3 array written by another library is read-only; change it with a v3 library"
 _V2_NAMES = (".zarray", ".zattrs", ".zgroup", ZARR_JSON)

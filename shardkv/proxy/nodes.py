@@ -33,23 +33,11 @@ from shardkv.keys.encodings import V2ChunkKeyEncoding
 from shardkv.keys.paths import chunk_owner_paths, is_chunk_segment, join_path, owner_candidates, split_key
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.all_v3 import may_mirror
-from shardkv.metadata.documents import META_NAMES, ZMETADATA, dump_json, load_json
+from shardkv.metadata.documents import ZMETADATA, dump_json, load_json
 from shardkv.metadata.hierarchy import REFUSED_ZARRAY, ZARR_JSON, present, presented_zmetadata
 from shardkv.metadata.nodes import NodeCache
 from shardkv.metadata.v2_deletes import deleted_documents
 from shardkv.metadata.v3_view import sharding_spec_from_v3, v2_dimension_separator
-
-__all__ = [
-    "Node",
-    "NodeTable",
-    "ReadValues",
-    "META_NAMES",
-    "PRESENTED",
-    "build_node",
-    "present_stored_zmetadata",
-    "sharded_array_of",
-    "with_deletes_applied",
-]
 
 ReadValues = Callable[[Sequence[str]], Mapping[str, Any]]
 """Reads whole values of keys from the base store; missing keys are left out of the result."""

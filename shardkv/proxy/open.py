@@ -32,8 +32,6 @@ from shardkv.proxy.store import ShardedStore
 from shardkv.storage.open import open_kv
 from shardkv.transformers import AbstractStore
 
-__all__ = ["open_store", "Layout", "LAYOUTS", "is_draft_hierarchy"]
-
 Layout = Literal["v2", "draft2022"]
 LAYOUTS: tuple[str, ...] = get_args(Layout)
 

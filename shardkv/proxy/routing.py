@@ -17,8 +17,6 @@ from shardkv.errors import InvalidKeyError
 from shardkv.keys.encodings import validate_key
 from shardkv.keys.space import ChunkRef, ShardedArray
 
-__all__ = ["BATCH_MIN_KEYS", "route_batch"]
-
 BATCH_MIN_KEYS = 8
 """Fewer keys are routed one by one (the batch path's fixed cost is a few microseconds)."""
 

@@ -34,6 +34,7 @@ from shardkv.keys.encodings import validate_key
 from shardkv.keys.paths import join_path, path_prefix, split_key, validate_path
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
+from shardkv.metadata.documents import META_NAMES
 from shardkv.proxy.base import ProxyBase, refuse_zarr3
 from shardkv.proxy.hierarchy import Hierarchy
 from shardkv.proxy.listing import (
@@ -44,16 +45,14 @@ from shardkv.proxy.listing import (
     logical_keys,
 )
 from shardkv.proxy.metadata_writes import MetadataWriter
-from shardkv.proxy.nodes import META_NAMES, NodeTable
-from shardkv.proxy.routing import route_batch
+from shardkv.proxy.nodes import NodeTable
+from shardkv.proxy.routing import BATCH_MIN_KEYS, route_batch
 from shardkv.proxy.values import as_buffer
 from shardkv.proxy.write_advice import WriteAdvisor
 from shardkv.storage.identity import store_identity
 from shardkv.storage.kv import ANY, KVStore
 from shardkv.storage.local import LocalStore
 from shardkv.storage.open import open_kv
-
-__all__ = ["ShardedStore", "ROUTE_MEMO_LIMIT"]
 
 ROUTE_MEMO_LIMIT = 16_384
 """Keys whose route one store remembers (a few MiB) before its memo starts over (see ``ShardedStore._route``)."""
@@ -240,7 +239,8 @@ class ShardedStore(ProxyBase):
                 return memo
         if not validated:
             validate_key(key)
-        ref = self._locate(key)
+        arr = self._nodes.owner(key)
+        ref = None if arr is None else arr.locate(key)
         if kept != generation or len(routes) >= ROUTE_MEMO_LIMIT:
             routes = {}
             self._routes = (generation, routes)
@@ -365,7 +365,7 @@ class ShardedStore(ProxyBase):
         InvalidKeyError, ChunkOutOfGridError, ReservedKeyError
             If a key is malformed, out of the grid or managed by shardkv.
         """
-        refs = route_batch(self._nodes.owner, list(values))
+        refs = route_batch(self._nodes.owner, list(values)) if len(values) >= BATCH_MIN_KEYS else None
         if refs is not None:  # chunks of one array: values in the keys' order
             self._writer.write(
                 group_by_shard(refs, [v if type(v) is bytes else as_buffer(k, v) for k, v in values.items()])
@@ -421,12 +421,13 @@ class ShardedStore(ProxyBase):
         plain_del: list[str] = []
         located: list[ChunkRef] = []
         located_values: list[bytes | memoryview | None] = []
-        routed = {key: self._route(key, validated=True) for key in changes if split_key(key)[1] not in META_NAMES}
+        meta = {key for key in changes if split_key(key)[1] in META_NAMES}
+        routed = {key: self._route(key, validated=True) for key in changes if key not in meta}
         stored = [key for key, value in changes.items() if value is not None and routed.get(key) is None]
-        for path in self._hierarchy.check_set(stored):  # raises before anything is written
+        for path in self._hierarchy.check_set(stored) if stored else ():  # raises before anything is written
             self.rmdir(path)  # keys in the way of a value are replaced, as in zarr 2's own stores
         for key, value in changes.items():
-            if split_key(key)[1] in META_NAMES:
+            if key in meta:
                 if value is None:
                     with suppress(KeyError):  # deleting what is not stored is no error in a batch
                         self._metadata.delete(key)
@@ -446,7 +447,8 @@ class ShardedStore(ProxyBase):
         if plain:
             self._kv.put_many({key: (value, ANY) for key, value in plain.items()})
         self._writer.write(group_by_shard(located, located_values))
-        self._after_chunk_deletes([ref for ref, value in zip(located, located_values, strict=True) if value is None])
+        if None in located_values:
+            self._after_chunk_deletes([ref for ref, v in zip(located, located_values, strict=True) if v is None])
 
     def _after_chunk_deletes(self, refs: Iterable[ChunkRef]) -> None:
         """Let the arrays of chunks just deleted that present nothing else go with their last chunk.

@@ -6,8 +6,6 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["as_buffer", "to_bytes"]
-
 
 def as_buffer(key: str, value: Any) -> memoryview:
     """A contiguous byte view of a value (numpy arrays in memory order, as zarr's own stores take them).

@@ -43,17 +43,6 @@ from shardkv.storage.local_tail import recorded_append
 from shardkv.storage.open import open_kv
 from shardkv.transformers import DATA_ROOT
 
-__all__ = [
-    "ShardReport",
-    "VerifyReport",
-    "verify_store",
-    "find_stale_temporaries",
-    "remove_stale_temporaries",
-    "shard_directories",
-    "DEFAULT_TEMP_AGE",
-]
-
-
 _META = (".zarray", ZARR_JSON)
 _UNKNOWN_CHUNK_LIMIT = 2**30  # bytes a chunk of no fixed size (object dtype) may decode to in verify --decode
 

@@ -26,8 +26,6 @@ from typing import Any
 
 from shardkv.engine.merge import ShardChange
 
-__all__ = ["PartialShardWriteWarning", "WriteAdvisor", "DEFAULT_THRESHOLD"]
-
 DEFAULT_THRESHOLD = 16
 """Partial-shard rewrites of one array before the warning (one 4 x 4 shard written chunk by chunk)."""
 

@@ -19,8 +19,6 @@ from typing import Any, cast
 from shardkv._types import BytesLike
 from shardkv.format.ranges import ByteRange
 
-__all__ = ["Value", "IOV_MAX", "read_pool", "byte_parts", "join_parts", "slice_value", "write_parts", "pread_exact"]
-
 Value = BytesLike | Sequence[BytesLike]
 """A value to store: one bytes-like object, or a ``list``/``tuple`` of its parts in order."""
 

@@ -45,8 +45,6 @@ from shardkv.storage.local import LocalStore, file_generation
 from shardkv.storage.location import StoreLocation, fs_location
 from shardkv.storage.stamps import STAMPS, Fetched, read_stamped, write_stamped
 
-__all__ = ["FsspecStore", "MEMORY_CAPS", "BUCKET_PROTOCOLS"]
-
 MEMORY_CAPS = Capabilities(
     ranged=True,
     round_trips=False,

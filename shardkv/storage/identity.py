@@ -12,8 +12,6 @@ import uuid
 
 from shardkv.storage.kv import LOCK_DIR, NO_VALUE, KVStore
 
-__all__ = ["STORE_ID_KEY", "store_identity"]
-
 STORE_ID_KEY = f"{LOCK_DIR}/store-id"
 """Key (in the store root, never listed) of the random id that ties a write-back journal to its store."""
 

@@ -87,16 +87,6 @@ _READ_GROUPS = 8
 _POOLED_READ_NBYTES = 64 * 1024
 """Bytes the first read of a batch must return for the rest to be read by the pool (smaller: in this thread)."""
 
-__all__ = [
-    "LocalStore",
-    "FSYNC",
-    "DEFAULT_TEMP_AGE",
-    "file_generation",
-    "atomic_write",
-    "fsync_dirs",
-    "write_parts",
-]
-
 FSYNC = True
 """Default of :attr:`LocalStore.fsync`: fsync each written file before its rename and the
 directories after (durable against power loss once a write returns)."""
@@ -337,6 +327,7 @@ class LocalStore(KVStore):
         self.temp_age = float(temp_age)
         self._checked: dict[str, str] = {}  # key -> its local path, checked by _check_key (reads look it up)
         self._no_append: set[str] = set()  # keys of shards outside their array's real directory (linked)
+        self._clones: dict[str, bool] = {}  # directory -> whether its file system clones files (asked once)
 
     @property
     def location(self) -> StoreLocation:
@@ -463,14 +454,15 @@ class LocalStore(KVStore):
             with contextlib.suppress(FileNotFoundError, NotADirectoryError):
                 os.remove(path)
             return NO_VALUE
-        if not cond.is_any and not cond.is_missing and self._current(path) != cond:
+        create_only = not cond.is_any and cond.is_missing
+        if not cond.is_any and not create_only and self._current(path) != cond:
             return None
-        return atomic_write(path, byte_parts(value), self.fsync, create_only=cond.is_missing)
+        return atomic_write(path, byte_parts(value), self.fsync, create_only=create_only)
 
     def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
         for key in writes:  # refuse a bad key before any I/O
             _check_key(key)
-        self.sweep_before_writing(k for k, (v, _) in writes.items() if v is not None)
+        self.sweep_before_writing([k for k, (v, _) in writes.items() if v is not None])
         out: dict[str, Generation | None] = {}
         # conditions are checked and writes made under the writer locks of the keys' stripes:
         # no other write of this process to these keys comes between check and rename
@@ -493,11 +485,17 @@ class LocalStore(KVStore):
             If the shard's directory cannot be examined or written (permissions).
         """
         directory = os.path.dirname(self.path(key))
-        try:
-            if clones_files(directory):
-                return "clone"
-        except FileNotFoundError:  # no shard there yet: a whole write
-            return None
+        clones = self._clones.get(directory)
+        if clones is None:
+            try:
+                clones = clones_files(directory)
+            except FileNotFoundError:  # no shard there yet: a whole write
+                return None
+            if len(self._clones) >= _CHECKED_MAX:
+                self._clones.clear()
+            self._clones[directory] = clones
+        if clones:
+            return "clone"
         return "append" if in_place and key not in self._no_append else None
 
     def update_tail(
@@ -544,6 +542,8 @@ class LocalStore(KVStore):
         with STAMPS.writing(self._location, [key]):
             if how == "clone":
                 st = clone_update(path, writes, nbytes, holds, self.fsync, _write_at)
+                if st is None:  # a race lost, or a file that would not clone after all: asked again
+                    self._clones.pop(os.path.dirname(path), None)
             else:
                 if intent_fd is None:
                     raise ValueError(f"an in-place append to {key!r} needs the lock file that records its intent")
@@ -567,6 +567,8 @@ class LocalStore(KVStore):
         engine names it: ``<real array directory>/.shardkv-locks/<stripe>.lock``),
         or, without ``intent_path``, under the store's real root.
         """
+        if not os.fstat(intent_fd).st_size:  # no append was ever recorded in this lock file
+            return None
         return recover_append(intent_fd, _write_at, self._repairable(intent_path), repair)
 
     def _repairable(self, intent_path: str | None) -> str:

@@ -17,8 +17,6 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["StoreLocation", "fs_location"]
-
 
 @dataclass(frozen=True)
 class StoreLocation:

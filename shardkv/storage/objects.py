@@ -11,8 +11,6 @@ from shardkv._types import BytesLike
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.kv import ANY, MISSING_RESULT, Generation, ReadRequest, ReadResult, hidden
 
-__all__ = ["Fetched", "Outcome", "plan_requests", "metadata_only", "assemble", "sliced", "child_names"]
-
 Fetched = tuple[BytesLike, Generation, "int | None"]  # what one request read: bytes, generation, the value's size
 Outcome = Fetched | Literal["missing", "stale"] | BaseException  # "stale": its condition failed
 

@@ -26,8 +26,6 @@ from shardkv.storage.buffers import Value
 from shardkv.storage.kv import ANY, MISSING_RESULT, NO_VALUE, Generation, ReadRequest, ReadResult
 from shardkv.storage.location import StoreLocation
 
-__all__ = ["ProcessStamps", "StampedWrite", "STAMPS", "Ticket", "Fetched", "read_stamped", "write_stamped"]
-
 N_STRIPES = 4096
 """Stripes of the process table (two ints and one lock each), whatever the number of keys."""
 

@@ -34,8 +34,6 @@ from collections.abc import Iterable, Iterator
 
 from shardkv.storage.kv import TEMP_MARKER
 
-__all__ = ["HELD_MARKER", "held_temporary", "stale_in"]
-
 HELD_MARKER = f"{TEMP_MARKER}held-"
 """The name prefix of a temporary file locked by its writer for as long as it writes."""
 

@@ -37,8 +37,6 @@ from shardkv.storage.kv import Capabilities
 from shardkv.storage.location import StoreLocation
 from shardkv.storage.mapping import MappingStore
 
-__all__ = ["zarr3_store", "engine_base", "same_store", "StoreMapping", "Zarr3KV"]
-
 
 def zarr3_store(store: Any, storage_options: Mapping[str, Any] | None = None, read_only: bool = False) -> Any:
     """The zarr 3 store for what the user passed: a zarr 3 ``Store`` as it is, or a path / URL.

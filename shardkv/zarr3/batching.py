@@ -15,8 +15,6 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
-__all__ = ["Batcher"]
-
 T = TypeVar("T")
 R = TypeVar("R")
 

@@ -10,7 +10,7 @@ runs them in worker threads.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from shardkv._types import BytesLike
@@ -22,8 +22,6 @@ from shardkv.errors import UnsupportedError
 from shardkv.keys.space import ChunkRef
 from shardkv.storage.identity import STORE_ID_KEY, store_identity
 from shardkv.storage.open import open_kv
-
-__all__ = ["ChunkEngine", "JOURNAL_LAYOUT", "WRITE_ONCE_BUFFER_BYTES"]
 
 WRITE_ONCE_BUFFER_BYTES = 2**62
 """The write-back limit over a store that cannot replace a value when none is given: no limit in practice.
@@ -112,8 +110,10 @@ class ChunkEngine:
         found = self.kv.get(key)
         return bytes(memoryview(found.whole()).cast("B")) if found.found else None
 
-    def write(self, refs: Sequence[ChunkRef], values: Iterable[BytesLike | None]) -> None:
+    def write(self, items: Sequence[tuple[ChunkRef, BytesLike | None]]) -> list[None]:
         """Store (or, for ``None``, delete) chunks; one shard write per shard touched (journalled, if attached).
+
+        One ``None`` per item (the answers of a batch of zarr's ``set`` calls).
 
         Raises
         ------
@@ -121,14 +121,16 @@ class ChunkEngine:
             Over a store that cannot replace a value (``replaces`` false), for
             a change to a shard already stored (nothing of the call is applied).
         """
-        self._journal_back()
-        changes = group_by_shard(refs, values)
+        if self._journal_closed:
+            self._journal_back()
+        changes = group_by_shard([ref for ref, _ in items], [value for _, value in items])
         if self.replaces:
             self.writer.write(changes)
-            return
-        with self._write_once_lock:
-            self._refuse_stored(changes)
-            self.writer.write(changes)
+        else:
+            with self._write_once_lock:
+                self._refuse_stored(changes)
+                self.writer.write(changes)
+        return [None] * len(items)
 
     def _refuse_stored(self, changes: Mapping[str, Any]) -> None:
         """Refuse (``UnsupportedError``) the first shard of ``changes`` that is stored and not buffered."""

@@ -23,17 +23,6 @@ from shardkv.metadata.documents import load_json
 from shardkv.metadata.hierarchy import ZARR_JSON, consolidated_nodes
 from shardkv.metadata.v3_view import SHARDING_CODEC, sharding_codec, sharding_spec_from_v3
 
-__all__ = [
-    "MARKER",
-    "stored_document",
-    "presented_document",
-    "transparent_array",
-    "parse_document",
-    "consolidated_children",
-    "map_consolidated",
-    "resharded",
-]
-
 MARKER = "shardkv"
 """The extension member of a stored ``zarr.json`` that marks the array as transparently sharded."""
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,8 +38,6 @@ from shardkv.zarr3.metadata import (
     stored_document,
     transparent_array,
 )
-
-__all__ = ["NodeTable", "meta_path", "prototype"]
 
 
 @dataclass(frozen=True)
@@ -66,10 +65,12 @@ def _dump(doc: Mapping[str, Any]) -> bytes:
     return json.dumps(doc, indent=2).encode()
 
 
-def _is_node(node: Node) -> bool:
-    """True for a node that decides what the keys below it are (an array; a group or nothing is passed over)."""
-    return node is not None
+_is_node: Callable[[Node], bool] = functools.partial(operator.is_not, None)
+"""True for a node that decides what the keys below it are (an array; a group or nothing is passed over)."""
 
+
+_ROUTE_MEMO_LIMIT = 16_384
+"""Keys whose routes a node table remembers while its nodes stay as they are (all forgotten past that)."""
 
 _BUILT_NODES = 64
 """How many nodes built from (path, stored ``zarr.json`` bytes) the process keeps (:func:`_build`)."""
@@ -129,6 +130,7 @@ class NodeTable:
         self.base = base
         self.options = options
         self._cache: NodeCache[Node] = NodeCache()
+        self._routes: tuple[int, dict[str, ChunkRef | None]] = (self._cache.generation, {})  # see route
 
     # -- node kinds ---------------------------------------------------------------
 
@@ -184,7 +186,16 @@ class NodeTable:
         ChunkOutOfGridError
             For a chunk key of such an array outside its chunk grid.
         """
-        return _route_in(await self._first(chunk_owner_paths(key)), key)
+        generation = self._cache.generation  # read before routing: a later change makes this memo stale
+        kept, routes = self._routes
+        if kept == generation and key in routes:
+            return routes[key]
+        ref = _route_in(await self._first(chunk_owner_paths(key)), key)
+        if kept != generation or len(routes) >= _ROUTE_MEMO_LIMIT:
+            routes = {}
+            self._routes = (generation, routes)
+        routes[key] = ref
+        return ref
 
     def route_now(self, key: str, read: Callable[[str], bytes | None]) -> ChunkRef | None:
         """:meth:`route`, blocking: documents not cached yet are read with ``read`` (stored key -> bytes or None).

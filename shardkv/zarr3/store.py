@@ -35,8 +35,6 @@ from shardkv.zarr3.chunks import ChunkEngine
 from shardkv.zarr3.nodes import NodeTable, meta_path
 from shardkv.zarr3.nodes import prototype as _prototype
 
-__all__ = ["ShardedStore"]
-
 
 def _slice(data: BytesLike, byte_range: ByteRequest | None) -> BytesLike:
     """The bytes of ``data`` a zarr 3 ``ByteRequest`` asks for.
@@ -202,15 +200,11 @@ class ShardedStore(Store):
             self._engine.attach_journal(os.fspath(journal), self._replay_route)
         # concurrent chunk gets / sets of zarr (one per chunk) reach the engine as batches
         self._reads: Batcher[ChunkRef, BytesLike | None] = Batcher(self._read_batch)
-        self._writes: Batcher[tuple[ChunkRef, bytes], None] = Batcher(self._write_batch)
+        self._writes: Batcher[tuple[ChunkRef, bytes], None] = Batcher(self._engine.write)
 
     def _read_batch(self, refs: list[ChunkRef]) -> list[BytesLike | None]:
         found = self._engine.writer.read_chunks(refs)
         return [found.get(ref.chunk_key) for ref in refs]
-
-    def _write_batch(self, items: list[tuple[ChunkRef, bytes]]) -> list[None]:
-        self._engine.write([ref for ref, _ in items], [value for _, value in items])
-        return [None] * len(items)
 
     def _replay_route(self, key: str) -> ChunkRef | None:
         """What a journal record's key is (its array's document read through the engine, blocking)."""
@@ -437,7 +431,7 @@ class ShardedStore(Store):
                 refs.append(ref)
                 data.append(value.to_bytes())
         if refs:
-            await asyncio.to_thread(self._engine.write, refs, data)
+            await asyncio.to_thread(self._engine.write, list(zip(refs, data, strict=True)))
 
     async def delete(self, key: str) -> None:
         """Delete ``key`` (nothing happens when it is not stored).
@@ -464,7 +458,7 @@ class ShardedStore(Store):
         if ref is None:
             await self._base.delete(key)
         elif await asyncio.to_thread(self._engine.writer.has_chunk, ref):
-            await asyncio.to_thread(self._engine.write, [ref], [None])
+            await asyncio.to_thread(self._engine.write, [(ref, None)])
 
     async def delete_dir(self, prefix: str) -> None:
         """Delete every key under ``prefix`` (shards included), and what this store cached about them.

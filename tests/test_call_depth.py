@@ -1,0 +1,39 @@
+"""One chunk write goes straight down: the shardkv functions and files an update of a stored shard runs.
+
+zarr-python 2.18 over :class:`shardkv.ShardedStore` on a local directory with the
+default options: one ``z[block] = ...`` of one inner chunk of a shard already
+stored, after a first such update (set-up done once per process or store is
+not counted). The zarr 3 store's count is in tests/v3/test_zarr3_call_depth.py.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import zarr
+from call_depth import describe, functions_called
+
+from shardkv import ShardedStore
+
+MAX_FUNCTIONS = 100
+MAX_FILES = 20  # the goal is 15: what each remaining file does is in the report of this change
+
+
+def test_one_chunk_update_calls_few_functions_in_few_files(tmp_path: Path) -> None:
+    store = ShardedStore(str(tmp_path), chunks_per_shard=(4, 4))
+    z = zarr.open_array(store, mode="w", shape=(64, 64), chunks=(8, 8), dtype="u2")
+    z[...] = np.arange(64 * 64, dtype="u2").reshape(64, 64)
+    z[8:16, 0:8] = 5  # the first update of a stored shard: one-time probes of its directory
+
+    def update() -> None:
+        z[0:8, 0:8] = 7
+
+    seen = functions_called(update)
+    files = {f for f, _, _ in seen}
+    assert len(seen) <= MAX_FUNCTIONS, describe(seen)
+    assert len(files) <= MAX_FILES, sorted(os.path.relpath(f) for f in files)
+    expected = np.arange(64 * 64, dtype="u2").reshape(64, 64)
+    expected[8:16, 0:8], expected[0:8, 0:8] = 5, 7
+    assert (zarr.open_array(ShardedStore(str(tmp_path)), mode="r")[...] == expected).all()
