@@ -609,7 +609,7 @@ class ShardLocks:
         waits for it (``LockTimeoutError`` past ``deadline``, nothing held).
         """
         files = sorted(by_file)
-        for lock_dir in dict.fromkeys(d for d, _ in files) if make else ():
+        for lock_dir in sorted({d for d, _ in files}) if make else ():
             _make_lock_dir(lock_dir)
         waited = files[0]
         rounds: Iterator[int] | None = None  # the retry loop, only once a round found a lock file taken
