@@ -345,16 +345,45 @@ def test_a_sweeper_keeps_a_live_temporary_of_its_own_process_named_by_another_pa
     assert (tmp_path / "real" / "k").read_bytes() == b"v"
 
 
-def test_a_child_forked_while_a_sweeper_probes_writes(tmp_path: Path) -> None:
-    """A child forked while a thread of its parent held the temporaries' registry (a sweeper probing) can write."""
-    from shardkv.storage import temps
+def _held_process_locks() -> dict[str, tuple[Callable[[], Any], Callable[[Path], None]]]:
+    """Each process-wide lock of the local store: how to get it, and a child's use of it after a fork."""
+    from shardkv.storage import local_tail, temps
 
-    with temps._WRITING_LOCK:  # what a sweeper thread holds while it probes a locked temporary
+    return {
+        # what a sweeper thread holds while it probes a locked temporary; a write registers its temporary
+        "temporaries": (lambda: temps._WRITING_LOCK, lambda d: LocalStore(d).put("k", b"v")),
+        # the table of directories swept; every write into a directory asks it
+        "sweeps": (lambda: local._SWEPT._lock, lambda d: LocalStore(d).put("k", b"v")),
+        # lock files made durable; the first intent of an append asks it
+        "durable lock files": (lambda: local.DURABLE_LOCK_FILES._lock, lambda d: _durable_then_put(d)),
+        # the clone probe's answers per device; an update of a few chunks asks it
+        "clone probes": (lambda: local_tail._CLONES_GUARD, lambda d: _probe_then_put(d)),
+    }
+
+
+def _durable_then_put(directory: Path) -> None:
+    (directory / "lock").write_bytes(b"")
+    local.DURABLE_LOCK_FILES.ensure(str(directory / "lock"))
+    LocalStore(directory).put("k", b"v")
+
+
+def _probe_then_put(directory: Path) -> None:
+    from shardkv.storage import local_tail
+
+    local_tail.clones_files(str(directory))
+    LocalStore(directory).put("k", b"v")
+
+
+@pytest.mark.parametrize("held", ["temporaries", "sweeps", "durable lock files", "clone probes"])
+def test_a_child_forked_while_a_thread_holds_a_process_lock_writes(tmp_path: Path, held: str) -> None:
+    """A child forked while a thread of its parent held one of the local store's process-wide locks can write."""
+    lock_of, child_does = _held_process_locks()[held]
+    with lock_of():  # what another thread of the parent may hold at the moment of the fork
         pid = os.fork()
         if pid == 0:  # the child never returns into pytest
             code = 1
             try:
-                LocalStore(tmp_path).put("k", b"v")
+                child_does(tmp_path)
                 code = 0
             finally:
                 os._exit(code)

@@ -274,6 +274,15 @@ class _Swept:
 _SWEPT = _Swept()
 
 
+def _new_locks_in_child() -> None:
+    """A forked child gets new locks: another thread of its parent may have held them at the fork."""
+    DURABLE_LOCK_FILES._lock = threading.Lock()
+    _SWEPT._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_locks_in_child)
+
+
 def _every_key(key: str) -> bool:
     """``list_generations`` without ``wanted``: every file's generation."""
     return True

@@ -88,6 +88,15 @@ _CLONES: dict[int, bool] = {}  # device (st_dev) -> whether its file system clon
 _CLONES_GUARD = threading.Lock()
 
 
+def _new_guard_in_child() -> None:
+    """A forked child gets a new guard: another thread of its parent may have held it at the fork."""
+    global _CLONES_GUARD
+    _CLONES_GUARD = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_guard_in_child)
+
+
 def clones_files(directory: str) -> bool:
     """Whether the file system of ``directory`` clones files (``ioctl(FICLONE)``), found once per device.
 
