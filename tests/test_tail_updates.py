@@ -649,3 +649,33 @@ def test_recovery_in_a_linked_array_touches_only_its_real_directory(target: str,
         os.close(fd)
     assert shard.read_bytes() == (old if target == "in the array" else old + appended[:123])
     assert (AppendIntent.decode(lock.read_bytes()) is None) == (target == "in the array")  # others' stay
+
+
+def test_recovery_checks_the_file_it_opened_not_only_the_path(tmp_path: Path, monkeypatch) -> None:
+    """A directory of the recorded path swapped for a link after the path was checked: the file opened is elsewhere.
+
+    ``O_NOFOLLOW`` guards only the last component; recovery therefore checks
+    where the descriptor it opened really is, and leaves a file outside the
+    array's directory alone. Here the swap is made to have happened by letting
+    the path check pass for a path through a link (the race's outcome).
+    """
+    from shardkv.storage import local_tail
+
+    root, real = tmp_path / "root", tmp_path / "root" / "arr"
+    (real / LOCK_DIR).mkdir(parents=True)
+    (tmp_path / "other").mkdir()
+    (real / "sub").symlink_to(tmp_path / "other", target_is_directory=True)
+    victim = tmp_path / "other" / "0"
+    old, appended = bytes(range(200)) * 30, b"N" * 500
+    victim.write_bytes(old)
+    intent = AppendIntent(str(real / "sub" / "0"), *dataclasses.astuple(_intent_for(victim, appended))[1:])
+    victim.write_bytes(old + appended[:123])  # a torn append, as far as the record can tell
+    lock = real / LOCK_DIR / "7.lock"
+    lock.write_bytes(intent.encode())
+    monkeypatch.setattr(local_tail, "inside", lambda path, directory: True)  # the check ran before the swap
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        LocalStore(str(root)).recover_tail(fd, str(real / LOCK_DIR / "7.lock"))
+    finally:
+        os.close(fd)
+    assert victim.read_bytes() == old + appended[:123]

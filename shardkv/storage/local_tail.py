@@ -240,6 +240,9 @@ def recover_append(intent_fd: int, write_at: WriteAt, within: str, repair: bool 
         clear_intent(intent_fd, write_at)
         return intent.path
     try:
+        opened = _opened_at(fd)
+        if opened is not None and opened != intent.path:  # a directory of the path became a link since the check
+            return None
         st = os.fstat(fd)
         if st.st_ino == intent.inode and stat.S_ISREG(st.st_mode):
             old, new = intent.old_nbytes, intent.new_nbytes
@@ -257,6 +260,14 @@ def recover_append(intent_fd: int, write_at: WriteAt, within: str, repair: bool 
         os.close(fd)
     clear_intent(intent_fd, write_at)
     return intent.path
+
+
+def _opened_at(fd: int) -> str | None:
+    """The real path of the file ``fd`` is open on (Linux ``/proc``); ``None`` where it cannot be told."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
 
 
 def _open_checked(path: str, flags: int, holds: Callable[[os.stat_result], bool]) -> tuple[int, os.stat_result] | None:
