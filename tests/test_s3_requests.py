@@ -5,7 +5,7 @@ cached reads the shard once (index from its tail), and opening the array
 through zarr 2 costs a few metadata requests.
 
 The request budget, proved on the wire for the s3fs and obstore clients: every
-HTTP exchange the server answers is recorded (:class:`_Exchanges`, a WSGI
+HTTP exchange the server answers is recorded (:class:`moto_strict.Wire`, a WSGI
 wrapper around moto's application: method, path, ``Range``, ``If-Match``,
 status and the bytes of the response body), so the tests assert what was sent
 and how many bytes came back. Expected ranges come from the shard's own index,
@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,43 +73,12 @@ class _Exchange:
     nbytes: int
 
 
-class _Exchanges:
-    """A WSGI wrapper around moto's application that records every exchange it answers, in order."""
-
-    def __init__(self, app: Callable[..., Any]) -> None:
-        self.app = app
-        self.seen: list[_Exchange] = []
-        self._lock = threading.Lock()
-
-    def reset(self) -> None:
-        with self._lock:
-            self.seen.clear()
-
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        status: list[int] = []
-
-        def recording_start_response(line: str, headers: Any, exc_info: Any = None) -> Any:
-            status.append(int(line.split(" ", 1)[0]))
-            return start_response(line, headers, exc_info)
-
-        answer = self.app(environ, recording_start_response)
-        try:
-            body = b"".join(answer)
-        finally:
-            if hasattr(answer, "close"):
-                answer.close()
-        method = environ["REQUEST_METHOD"]
-        exchange = _Exchange(
-            method,
-            environ["PATH_INFO"],
-            environ.get("HTTP_RANGE"),
-            environ.get("HTTP_IF_MATCH"),
-            status[-1],
-            0 if method == "HEAD" else len(body),
-        )
-        with self._lock:
-            self.seen.append(exchange)
-        return [body]
+def _seen(wire: moto_strict.Wire) -> list[_Exchange]:
+    """The exchanges the server answered since the last call, as the tests below compare them."""
+    return [
+        _Exchange(e.method, e.path, e.headers.get("range"), e.headers.get("if-match"), e.status, e.down)
+        for e in wire.take()
+    ]
 
 
 @dataclass(frozen=True)
@@ -120,7 +88,7 @@ class _Moto:
     options: dict[str, Any]
     endpoint: str
     log: _Requests
-    exchanges: _Exchanges
+    exchanges: moto_strict.Wire
     client: Any  # a boto3 S3 client, to look at what is stored outside the recorded windows
 
 
@@ -140,12 +108,11 @@ def moto() -> Iterator[_Moto]:
     level, werkzeug.level = werkzeug.level, logging.INFO
     propagate, werkzeug.propagate = werkzeug.propagate, False
     server, endpoint = moto_strict.start_server()  # conditional writes decided as S3 decides them
-    wsgi_server = getattr(server, "_server", None)  # moto 5's werkzeug server; its handler reads .app per request
-    if wsgi_server is None or not hasattr(wsgi_server, "app"):
+    try:
+        exchanges = moto_strict.Wire(server)  # every exchange the server answers, in order
+    except RuntimeError as exc:
         server.stop()
-        pytest.fail("moto's ThreadedMotoServer no longer exposes its werkzeug server (_server.app): update _Exchanges")
-    exchanges = _Exchanges(wsgi_server.app)
-    wsgi_server.app = exchanges
+        pytest.fail(str(exc))
     client = boto3.client(
         "s3",
         endpoint_url=endpoint,
@@ -318,12 +285,11 @@ def test_a_warm_chunk_read_is_one_get_of_exactly_the_chunks_bytes_if_match_the_s
     offset, nbytes = _chunk_entry(shard, (0, 1))  # chunk 0.1 of the array: local (0, 1) of shard 0.0
     assert reader.getsize("arr/0.1") == nbytes  # the proxy's cached index says the same
     assert 0 < nbytes < len(shard) // 8
-    moto.exchanges.reset()
+    moto.exchanges.take()
     np.testing.assert_array_equal(z[0:8, 8:16], data[0:8, 8:16])
     # one request, conditional on the cached ETag; the bytes moved are the chunk's, not one more
-    assert moto.exchanges.seen == [
-        _Exchange("GET", f"/{BUCKET}/{root}/arr/0.0", _range(offset, nbytes), etag, 206, nbytes)
-    ], moto.exchanges.seen
+    seen = _seen(moto.exchanges)
+    assert seen == [_Exchange("GET", f"/{BUCKET}/{root}/arr/0.0", _range(offset, nbytes), etag, 206, nbytes)], seen
 
 
 @pytest.mark.parametrize("client", CLIENTS)
@@ -344,10 +310,10 @@ def test_a_shard_replaced_elsewhere_costs_one_refused_get_one_index_get_and_one_
     assert etag != old_etag and (offset, nbytes) != (old_offset, old_nbytes)
     stale = reader.engine.stats.read_stale
 
-    moto.exchanges.reset()
+    moto.exchanges.take()
     np.testing.assert_array_equal(z[0:8, 8:16], new[:, 8:16])  # the new bytes, never the old offsets' bytes
     path = f"/{BUCKET}/{root}/arr/0.0"
-    seen = moto.exchanges.seen
+    seen = _seen(moto.exchanges)
     assert [(e.method, e.path, e.range, e.if_match, e.status) for e in seen] == [
         ("GET", path, _range(old_offset, old_nbytes), old_etag, 412),  # refused: the shard is not the one cached
         ("GET", path, f"bytes=-{INDEX_NBYTES}", None, 206),  # the index, read again once
@@ -368,11 +334,11 @@ def test_a_cold_chunk_read_is_the_arrays_zarr_json_then_the_index_then_the_chunk
     document, _ = _stored(moto, root, join_path(path, "zarr.json"))
     offset, nbytes = _chunk_entry(shard, (0, 0))
 
-    moto.exchanges.reset()
+    moto.exchanges.take()
     reader = _reader(moto, root, client)  # opened cold: nothing read, nothing cached
     z = zarr.open_array(reader, path=path, mode="r")
     np.testing.assert_array_equal(z[0:8, 0:8], data[0:8, 0:8])
-    seen = moto.exchanges.seen
+    seen = _seen(moto.exchanges)
     documents = Counter(e.path for e in seen if e.path.endswith("/zarr.json"))
     assert all(e.method == "GET" for e in seen) and set(documents.values()) == {1}, seen  # each zarr.json once
     prefix = f"/{BUCKET}/{root}/"
