@@ -22,8 +22,7 @@ from shardkv.errors import (
     UnflushedWritesError,
     UnsupportedError,
 )
-from shardkv.format.index import EMPTY, ShardIndex
-from shardkv.format.layout import ShardLayout
+from shardkv.format.layout import EMPTY, ShardIndex, ShardLayout
 from shardkv.proxy.open import open_store
 from shardkv.proxy.store import ShardedStore
 from shardkv.proxy.write_advice import PartialShardWriteWarning

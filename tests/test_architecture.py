@@ -237,7 +237,7 @@ def test_imports_point_down_the_layers() -> None:
 
 
 def test_the_layer_check_sees_an_upward_import() -> None:
-    assert _rank(_layer_of("shardkv.format.index")) < _rank(_layer_of("shardkv.proxy.store"))
+    assert _rank(_layer_of("shardkv.format.layout")) < _rank(_layer_of("shardkv.proxy.store"))
     assert _rank(_layer_of("shardkv.storage.local")) < _rank(_layer_of("shardkv.engine.reads"))
     assert _rank(_layer_of("shardkv.transformers.sharding")) < _rank(_layer_of("shardkv.proxy.draft"))
 

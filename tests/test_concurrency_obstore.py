@@ -27,7 +27,7 @@ from concurrency_harness import MotoS3, moto_s3, run_sharded_writers, run_thread
 from shardkv import ShardedStore
 from shardkv.engine.locks import ShardLocks
 from shardkv.errors import ConfigurationError
-from shardkv.format.index import EMPTY
+from shardkv.format.layout import EMPTY
 from shardkv.format.ranges import ByteRange
 from shardkv.storage.kv import ANY, NO_VALUE
 from shardkv.storage.obstore import ObstoreStore

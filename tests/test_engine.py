@@ -15,8 +15,7 @@ from shardkv.engine.retry import Backoff
 from shardkv.errors import ConcurrentUpdateError, ConfigurationError, CorruptShardError
 from shardkv.format.layout import ShardLayout
 from shardkv.format.ranges import ByteRange
-from shardkv.keys.encodings import DefaultChunkKeyEncoding, V2ChunkKeyEncoding
-from shardkv.keys.space import ShardedArray
+from shardkv.keys.space import DefaultChunkKeyEncoding, ShardedArray, V2ChunkKeyEncoding
 from shardkv.storage.kv import ANY, Capabilities, Generation, ReadResult
 
 

@@ -25,8 +25,7 @@ from shardkv.engine.options import Options
 from shardkv.engine.retry import EngineStats
 from shardkv.errors import LockTimeoutError
 from shardkv.format.layout import ShardLayout
-from shardkv.keys.encodings import V2ChunkKeyEncoding
-from shardkv.keys.space import ShardedArray
+from shardkv.keys.space import ShardedArray, V2ChunkKeyEncoding
 from shardkv.storage.buffers import Value
 from shardkv.storage.kv import Generation
 

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardkv import ConfigurationError, InvalidKeyError
-from shardkv.keys.encodings import (
+from shardkv.keys.paths import join_path, validate_key
+from shardkv.keys.space import (
     DefaultChunkKeyEncoding,
     Draft2022ChunkKeyEncoding,
     V2ChunkKeyEncoding,
@@ -17,9 +18,7 @@ from shardkv.keys.encodings import (
     chunk_to_shard,
     grid_shape,
     shard_to_chunks,
-    validate_key,
 )
-from shardkv.keys.paths import join_path
 
 ENCODINGS = [
     pytest.param(V2ChunkKeyEncoding("."), id="v2-dot"),

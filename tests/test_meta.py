@@ -16,7 +16,7 @@ import pytest
 import zarr
 
 from shardkv import ConfigurationError, ShardLayout, UnsupportedError
-from shardkv.keys.encodings import V2ChunkKeyEncoding
+from shardkv.keys.space import V2ChunkKeyEncoding
 from shardkv.metadata.chunks_per_shard import normalize_chunks_per_shard
 from shardkv.metadata.v2_view import fill_value_from_v3, v2_view_of_v3
 from shardkv.metadata.v3_view import (
@@ -363,7 +363,7 @@ def _sharded_doc(**config: Any) -> dict[str, Any]:
 
 
 def test_v3_document_default_encoding() -> None:
-    from shardkv.keys.encodings import DefaultChunkKeyEncoding
+    from shardkv.keys.space import DefaultChunkKeyEncoding
 
     spec = sharding_spec_from_v3(_sharded_doc())
     assert spec is not None

@@ -18,8 +18,7 @@ from hypothesis import strategies as st
 from shardkv import ShardedStore
 from shardkv.errors import ChunkOutOfGridError, ConfigurationError, InvalidKeyError
 from shardkv.format.layout import ShardLayout
-from shardkv.keys.encodings import DefaultChunkKeyEncoding, Draft2022ChunkKeyEncoding, V2ChunkKeyEncoding
-from shardkv.keys.space import ShardedArray
+from shardkv.keys.space import DefaultChunkKeyEncoding, Draft2022ChunkKeyEncoding, ShardedArray, V2ChunkKeyEncoding
 
 pytestmark = pytest.mark.zarr2
 

@@ -23,14 +23,14 @@ import zarr
 
 from shardkv import ShardedStore
 from shardkv.format.layout import ShardLayout
-from shardkv.keys.encodings import (
+from shardkv.keys.listing import shard_chunk_count, shard_chunk_keys, sorted_chunk_names
+from shardkv.keys.space import (
     ChunkKeyEncoding,
     DefaultChunkKeyEncoding,
     Draft2022ChunkKeyEncoding,
+    ShardedArray,
     V2ChunkKeyEncoding,
 )
-from shardkv.keys.listing import shard_chunk_count, shard_chunk_keys, sorted_chunk_names
-from shardkv.keys.space import ShardedArray
 from shardkv.storage.kv import Generation, ReadRequest, ReadResult
 from shardkv.storage.local import LocalStore
 

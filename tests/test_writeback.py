@@ -22,8 +22,7 @@ import zarr
 from shardkv import ShardedStore
 from shardkv.engine.writeback import WriteBuffer
 from shardkv.format.layout import ShardLayout
-from shardkv.keys.encodings import V2ChunkKeyEncoding
-from shardkv.keys.space import ShardedArray
+from shardkv.keys.space import ShardedArray, V2ChunkKeyEncoding
 
 # -- the buffer's books ------------------------------------------------------------------
 

@@ -35,9 +35,8 @@ from shardkv.cli.manifest import MANIFEST_KEY, UNSHARD_MANIFEST_KEY, find_unfini
 from shardkv.cli.stores import open_store
 from shardkv.cli.view import HierarchyView, sizes
 from shardkv.errors import ConfigurationError, MetadataError
-from shardkv.keys.encodings import V2ChunkKeyEncoding, grid_shape
 from shardkv.keys.paths import owning_array, path_prefix
-from shardkv.keys.space import ShardedArray
+from shardkv.keys.space import ShardedArray, V2ChunkKeyEncoding, grid_shape
 from shardkv.metadata.documents import META_NAMES, load_json, unreadable_documents
 from shardkv.metadata.v2_view import unusable_sharding
 from shardkv.metadata.v3_view import v2_dimension_separator, v3_view_of_v2

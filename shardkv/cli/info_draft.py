@@ -16,7 +16,7 @@ from typing import Any
 from shardkv.cli.errors import NotAHierarchyError
 from shardkv.cli.info_model import ArrayInfo, shard_stats
 from shardkv.cli.view import sizes
-from shardkv.keys.encodings import grid_shape
+from shardkv.keys.space import grid_shape
 from shardkv.proxy.draft import DraftShardedStore, draft_options
 from shardkv.proxy.open import is_draft_hierarchy
 from shardkv.storage.kv import KVStore

@@ -20,8 +20,8 @@ from typing import Any
 from shardkv.cli.info_model import ArrayInfo
 from shardkv.cli.view import HierarchyView, sizes
 from shardkv.errors import ConfigurationError, MetadataError, UnsupportedError
-from shardkv.keys.encodings import chunk_key_encoding_from_metadata, grid_shape
 from shardkv.keys.paths import join_path, owning_array, path_prefix, split_key
+from shardkv.keys.space import chunk_key_encoding_from_metadata, grid_shape
 from shardkv.metadata.all_v3 import v3_view_of_unsharded_v2, zarr3_unreachable
 from shardkv.metadata.documents import load_json
 from shardkv.metadata.hierarchy import ZARR_JSON, group_paths

@@ -24,8 +24,7 @@ import numpy as np
 
 from shardkv.codecs.inner import BytesCodec, CodecPipeline, Crc32cCodec
 from shardkv.errors import ConfigurationError, CorruptShardError, UnsupportedError
-from shardkv.format.index import ShardIndex
-from shardkv.format.layout import IndexLocation, ShardLayout
+from shardkv.format.layout import IndexLocation, ShardIndex, ShardLayout
 from shardkv.format.ranges import ByteRange
 
 ReadRange = Callable[[ByteRange], "bytes | memoryview | None"]

@@ -2,7 +2,7 @@
 
 Reading one chunk costs two requests (index, then chunk); with the index
 cached it costs one. Each entry is a decoded
-:class:`~shardkv.format.index.ShardIndex` with the
+:class:`~shardkv.format.layout.ShardIndex` with the
 :class:`~shardkv.storage.kv.Generation` of the shard it was read from (the one
 way to know an entry is current): a chunk read is conditioned on that
 generation, and a shard that changed since answers "stale", which costs one
@@ -19,7 +19,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from shardkv.format.index import ShardIndex
+from shardkv.format.layout import ShardIndex
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,7 @@ from shardkv._types import BytesLike
 from shardkv.engine.cache import CacheEntry, IndexCache
 from shardkv.engine.retry import READ_ATTEMPTS, READ_BACKOFF, EngineStats, attempts
 from shardkv.errors import ConcurrentUpdateError, CorruptShardError
-from shardkv.format.index import ShardIndex
+from shardkv.format.layout import ShardIndex
 from shardkv.format.ranges import ByteRange, CoalescedRead, ReadPolicy, plan_reads
 from shardkv.keys.listing import shard_chunk_count, shard_chunk_keys
 from shardkv.keys.space import ChunkRef, ShardedArray

@@ -38,7 +38,7 @@ from shardkv.engine.cache import IndexCache
 from shardkv.engine.locks import ShardLocks
 from shardkv.engine.merge import ChunkPatch, ChunkUpdate, ShardChange, out_of_grid
 from shardkv.engine.retry import EngineStats
-from shardkv.format.index import ShardIndex
+from shardkv.format.layout import ShardIndex
 from shardkv.format.ranges import ByteRange
 from shardkv.format.tail import TailHow, dead_fraction, plan_tail_update
 from shardkv.keys.space import ShardedArray

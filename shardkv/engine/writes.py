@@ -26,7 +26,7 @@ from shardkv.engine.merge import ShardChange, join_changes, merge_chunks
 from shardkv.engine.retry import WRITE_ATTEMPTS, WRITE_BACKOFF, EngineStats, attempts
 from shardkv.engine.tail import TailUpdater
 from shardkv.errors import ConcurrentUpdateError, CorruptShardError
-from shardkv.format.index import ShardIndex
+from shardkv.format.layout import ShardIndex
 from shardkv.keys.space import ShardedArray
 from shardkv.storage.buffers import Value
 from shardkv.storage.kv import ANY, MISSING_RESULT, NO_VALUE, Generation, KVStore, ReadResult

@@ -40,8 +40,7 @@ from typing import Literal
 import crc32c as _crc32c
 
 from shardkv._types import BytesLike, LocalCoords
-from shardkv.format.index import ShardIndex
-from shardkv.format.layout import ShardLayout
+from shardkv.format.layout import ShardIndex, ShardLayout
 
 TailHow = Literal["clone", "append"]
 """Where an O(chunk) update's bytes go: a reflink clone renamed over the shard, or the live file itself."""

@@ -57,7 +57,7 @@ def shard_chunk_keys(
         The shard's coords in the shard grid.
     present : numpy.ndarray
         Boolean, shape ``chunks_per_shard``: True where the index holds a chunk
-        (:meth:`~shardkv.format.index.ShardIndex.present_mask`).
+        (:meth:`~shardkv.format.layout.ShardIndex.present_mask`).
     in_grid_only : bool
         Leave out chunks outside the chunk grid (when it is known).
 

@@ -25,6 +25,32 @@ _WELL_FORMED_CHUNK_SEGMENT = re.compile(r"c|c?[0-9]+([.][0-9]+)*")
 _FORBIDDEN_CHARS = {"\\": "a backslash", "\x00": "a NUL character"}
 
 
+def validate_key(key: object) -> str:
+    """Check the rules every key obeys and return it.
+
+    A key is a ``str`` of ``/``-separated segments, none empty, none made of
+    periods only (``.``, ``..``), with no leading or trailing ``/`` (v3 core
+    "Node names").
+
+    Raises
+    ------
+    TypeError
+        If ``key`` is not a ``str``.
+    InvalidKeyError
+        If a rule is broken (the error names the key and the rule).
+    """
+    if not isinstance(key, str):
+        raise TypeError(f"store keys are str, got {type(key).__name__}: {key!r}")
+    if key == "":
+        raise InvalidKeyError(key, "the empty key names no entry")
+    for segment in key.split("/"):
+        if segment == "":
+            raise InvalidKeyError(key, "empty path segment (leading, trailing or doubled '/')")
+        if set(segment) == {"."}:
+            raise InvalidKeyError(key, f"path segment {segment!r} (only periods) is not allowed")
+    return key
+
+
 def validate_path(path: object, *, what: str = "path") -> str:
     """Check a hierarchy path given to a path-taking method and return it normalised.
 
@@ -33,7 +59,7 @@ def validate_path(path: object, *, what: str = "path") -> str:
     whatever it returns names something inside the store. ``None``, ``""``
     and ``"/"`` name the root (returned as ``""``); one trailing ``/`` is
     dropped (``"g/a/"`` -> ``"g/a"``, as zarr's prefixes end). Everything else
-    must be a valid key (see :func:`shardkv.keys.encodings.validate_key`).
+    must be a valid key (see :func:`validate_key`).
 
     Parameters
     ----------

@@ -26,9 +26,8 @@ from typing import Any
 
 from shardkv.errors import ConfigurationError, ShardKVError, UnsupportedError
 from shardkv.format.layout import ShardLayout
-from shardkv.keys.encodings import ChunkKeyEncoding, DefaultChunkKeyEncoding, chunk_key_encoding_from_metadata
 from shardkv.keys.paths import join_path
-from shardkv.keys.space import ShardedArray
+from shardkv.keys.space import ChunkKeyEncoding, DefaultChunkKeyEncoding, ShardedArray, chunk_key_encoding_from_metadata
 from shardkv.metadata.hierarchy import consolidated_entry, consolidated_nodes
 from shardkv.metadata.v3_view import SHARDING_CODEC, ShardingSpec, sharding_codec, sharding_spec_from_v3
 

@@ -20,9 +20,14 @@ from typing import Any
 
 from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.format.layout import ShardLayout, chunk_nbytes_bound
-from shardkv.keys.encodings import ChunkKeyEncoding, Separator, V2ChunkKeyEncoding, chunk_key_encoding_from_metadata
 from shardkv.keys.paths import path_prefix
-from shardkv.keys.space import ShardedArray
+from shardkv.keys.space import (
+    ChunkKeyEncoding,
+    Separator,
+    ShardedArray,
+    V2ChunkKeyEncoding,
+    chunk_key_encoding_from_metadata,
+)
 from shardkv.metadata.v2_codecs import CORE_DATA_TYPES, SIZED_DATA_TYPES, TIME_DATA_TYPES, V3Encoding, v3_encoding_of_v2
 
 __all__ = [

@@ -34,8 +34,7 @@ from shardkv.engine.options import Options
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import IndexLocation
 from shardkv.format.ranges import ByteRange
-from shardkv.keys.encodings import validate_key
-from shardkv.keys.paths import path_prefix, validate_path
+from shardkv.keys.paths import path_prefix, validate_key, validate_path
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
 from shardkv.metadata.documents import ZARR_JSON

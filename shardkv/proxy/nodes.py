@@ -29,9 +29,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shardkv.errors import ConfigurationError, MetadataError
-from shardkv.keys.encodings import V2ChunkKeyEncoding
 from shardkv.keys.paths import chunk_owner_paths, is_chunk_segment, join_path, owner_candidates, split_key
-from shardkv.keys.space import ShardedArray
+from shardkv.keys.space import ShardedArray, V2ChunkKeyEncoding
 from shardkv.metadata.all_v3 import may_mirror
 from shardkv.metadata.documents import ZMETADATA, dump_json, load_json
 from shardkv.metadata.hierarchy import REFUSED_ZARRAY, ZARR_JSON, present, presented_zmetadata

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from shardkv.errors import InvalidKeyError
-from shardkv.keys.encodings import validate_key
+from shardkv.keys.paths import validate_key
 from shardkv.keys.space import ChunkRef, ShardedArray
 
 BATCH_MIN_KEYS = 8

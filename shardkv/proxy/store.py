@@ -30,8 +30,7 @@ from shardkv.engine.merge import group_by_shard
 from shardkv.engine.options import OptionKeywords, Options
 from shardkv.engine.writeback import WriteBack
 from shardkv.errors import ChunkOutOfGridError, InvalidKeyError, UnflushedWritesError
-from shardkv.keys.encodings import validate_key
-from shardkv.keys.paths import join_path, path_prefix, split_key, validate_path
+from shardkv.keys.paths import join_path, path_prefix, split_key, validate_key, validate_path
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
 from shardkv.metadata.documents import META_NAMES

@@ -17,8 +17,7 @@ from typing import Any
 
 from shardkv.engine.options import Options
 from shardkv.errors import ConfigurationError, MetadataError, UnsupportedError
-from shardkv.keys.encodings import chunk_key_encoding_from_metadata
-from shardkv.keys.space import ShardedArray
+from shardkv.keys.space import ShardedArray, chunk_key_encoding_from_metadata
 from shardkv.metadata.documents import load_json
 from shardkv.metadata.hierarchy import ZARR_JSON, consolidated_nodes
 from shardkv.metadata.v3_view import SHARDING_CODEC, sharding_codec, sharding_spec_from_v3

@@ -36,8 +36,8 @@ from fsspec import AbstractFileSystem
 from shardkv.cli.errors import NotAHierarchyError, ReservedNameError
 from shardkv.cli.view import HierarchyView
 from shardkv.errors import ConfigurationError
-from shardkv.keys.encodings import ChunkKeyEncoding, V2ChunkKeyEncoding, grid_shape
 from shardkv.keys.paths import join_path, path_prefix
+from shardkv.keys.space import ChunkKeyEncoding, V2ChunkKeyEncoding, grid_shape
 from shardkv.metadata.documents import META_NAMES
 from shardkv.metadata.v3_view import v2_dimension_separator
 from shardkv.storage.kv import LOCK_DIR, TEMP_MARKER, hidden

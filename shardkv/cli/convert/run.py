@@ -28,8 +28,8 @@ from shardkv.cli.stores import put_all
 from shardkv.cli.view import HierarchyView, sizes
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
-from shardkv.keys.encodings import grid_shape
 from shardkv.keys.paths import join_path, split_key
+from shardkv.keys.space import grid_shape
 from shardkv.metadata.all_v3 import zarr3_unreachable
 from shardkv.metadata.documents import META_NAMES, load_json
 from shardkv.metadata.hierarchy import ZARR_JSON, group_paths

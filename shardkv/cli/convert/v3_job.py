@@ -34,8 +34,8 @@ from shardkv.cli.manifest import Manifest
 from shardkv.cli.view import sizes
 from shardkv.errors import UnsupportedError
 from shardkv.format.layout import ShardLayout
-from shardkv.keys.encodings import grid_shape
 from shardkv.keys.paths import join_path
+from shardkv.keys.space import grid_shape
 from shardkv.metadata.all_v3 import zarr3_unreachable
 from shardkv.metadata.documents import dump_json, load_json
 from shardkv.metadata.hierarchy import ZARR_JSON, group_paths

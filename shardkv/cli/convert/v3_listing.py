@@ -28,9 +28,8 @@ from shardkv.engine.engine import ShardEngine
 from shardkv.engine.options import Options
 from shardkv.engine.reads import ShardReader
 from shardkv.errors import MetadataError
-from shardkv.keys.encodings import grid_shape
 from shardkv.keys.paths import join_path, path_prefix
-from shardkv.keys.space import ShardedArray
+from shardkv.keys.space import ShardedArray, grid_shape
 from shardkv.metadata.documents import load_object
 from shardkv.metadata.hierarchy import ZARR_JSON
 from shardkv.metadata.v3_source import ArraySource
