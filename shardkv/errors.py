@@ -16,15 +16,7 @@ class ShardKVError(Exception):
 
 
 class InvalidKeyError(ShardKVError, ValueError):
-    """A key breaks a rule of the key space (malformed chunk key, ``..``, empty segment).
-
-    Attributes
-    ----------
-    key : str
-        The offending key, as received.
-    reason : str
-        The rule it breaks.
-    """
+    """A key breaks a rule of the key space (malformed chunk key, ``..``, empty segment): ``.key``, ``.reason``."""
 
     def __init__(self, key: str, reason: str) -> None:
         self.key = key
@@ -33,7 +25,7 @@ class InvalidKeyError(ShardKVError, ValueError):
 
 
 class ChunkOutOfGridError(InvalidKeyError):
-    """A chunk key whose chunk coords lie outside the array's chunk grid."""
+    """A chunk key whose ``.chunk_coords`` lie outside the array's chunk grid (``.grid_shape``)."""
 
     def __init__(self, key: str, chunk_coords: tuple[int, ...], grid_shape: tuple[int, ...]) -> None:
         self.chunk_coords = tuple(chunk_coords)
@@ -49,15 +41,7 @@ class ReservedKeyError(InvalidKeyError):
 
 
 class ConfigurationError(ShardKVError, ValueError):
-    """A sharding configuration or array metadata document that cannot be used.
-
-    Attributes
-    ----------
-    reason : str
-        What is wrong, with the received value.
-    path : str or None
-        The array path the configuration belongs to, where known.
-    """
+    """A sharding configuration or array metadata that cannot be used: ``.reason``, ``.path`` (the array, or None)."""
 
     def __init__(self, reason: str, path: str | None = None) -> None:
         self.reason = reason
@@ -67,15 +51,7 @@ class ConfigurationError(ShardKVError, ValueError):
 
 
 class CorruptShardError(ShardKVError, ValueError):
-    """A stored shard whose bytes cannot be trusted (truncated, index out of range).
-
-    Attributes
-    ----------
-    shard_key : str
-        The key of the shard in the underlying store.
-    reason : str
-        What was found, and what was expected.
-    """
+    """A stored shard whose bytes cannot be trusted (truncated, index out of range): ``.shard_key``, ``.reason``."""
 
     def __init__(self, shard_key: str, reason: str) -> None:
         self.shard_key = shard_key
@@ -84,15 +60,7 @@ class CorruptShardError(ShardKVError, ValueError):
 
 
 class ChecksumError(CorruptShardError):
-    """A CRC32C checksum that does not match the bytes it protects.
-
-    Attributes
-    ----------
-    stored : int
-        The checksum read from the shard (unsigned 32-bit).
-    computed : int
-        The checksum computed over the bytes read (unsigned 32-bit).
-    """
+    """A CRC32C that does not match the bytes it protects: ``.stored`` (read) and ``.computed`` (uint32)."""
 
     def __init__(self, shard_key: str, stored: int, computed: int, what: str = "index") -> None:
         self.stored = int(stored)
@@ -104,22 +72,11 @@ class ChecksumError(CorruptShardError):
 
 
 class UnsupportedError(ShardKVError, NotImplementedError):
-    """A valid feature that this version of shardkv does not implement (named in the message).
-
-    Also what a store that cannot replace a stored value (zarr 3's
-    ``ZipStore``) cannot do through shardkv: write a shard already stored
-    (the message names the shard and the store, and what to do instead).
-    """
+    """A valid feature this version does not implement, or a shard write a store cannot replace (``ZipStore``)."""
 
 
 class MetadataError(ConfigurationError):
-    """A stored metadata document that cannot be read (not JSON, or not a JSON object).
-
-    Attributes
-    ----------
-    key : str
-        The key of the document in the store.
-    """
+    """A stored metadata document (at ``.key``) that cannot be read (not JSON, or not a JSON object)."""
 
     def __init__(self, key: str, reason: str, path: str | None = None) -> None:
         self.key = key
@@ -127,19 +84,10 @@ class MetadataError(ConfigurationError):
 
 
 class LockTimeoutError(ShardKVError, TimeoutError):
-    """A lock that was not obtained in time: a shard lock another writer holds, or a write-back journal
-    open in another process (one writer per journal; not waited for).
+    """A shard lock another writer held past ``lock_timeout``, or a write-back journal open in another process.
 
-    Attributes
-    ----------
-    what : str
-        The lock: a lock file path, the stripe and location of an in-process lock, or ``journal '<path>'``.
-    timeout : float
-        How long (seconds) shardkv waited (0 for a journal).
-    path : str or None
-        The journal file, for a journal; the lock file, for a shard lock held by another process.
-    shard_key : str or None
-        The shard whose lock it is (one of them, when a lock serves several), for a shard lock.
+    Carries ``.what`` (the lock), ``.timeout`` (seconds waited; 0 for a
+    journal), ``.path`` (the journal or lock file) and ``.shard_key`` (for a shard lock).
     """
 
     def __init__(
@@ -162,22 +110,9 @@ class LockTimeoutError(ShardKVError, TimeoutError):
 
 
 class ConcurrentUpdateError(ShardKVError, RuntimeError):
-    """A conditional operation on one value that kept losing to other writers.
+    """A conditional update (nothing written) or read (nothing returned) of one value that kept losing to writers.
 
-    A conditional update (compare-and-swap) wrote nothing: the stored value is
-    some other writer's complete one. A conditional read returned nothing: the
-    value changed between every read of its index and of its bytes.
-
-    Attributes
-    ----------
-    key : str
-        The key of the value (a shard key) in the base store.
-    attempts : int
-        How many rounds were tried (read-merge-write rounds, or read rounds).
-    precondition_failures : int
-        How many of them the store refused because the value had changed.
-    operation : {"update", "read"}
-        What kept losing.
+    Carries ``.key``, ``.attempts`` (rounds), ``.precondition_failures`` and ``.operation`` ("update" or "read").
     """
 
     def __init__(self, key: str, attempts: int, precondition_failures: int, operation: str = "update") -> None:
@@ -201,18 +136,7 @@ class ConcurrentUpdateError(ShardKVError, RuntimeError):
 
 
 class UnflushedWritesError(ShardKVError, pickle.PicklingError):
-    """A store asked to pickle itself while it holds buffered (write-back) writes.
-
-    Pickling never flushes as a side effect and never drops data: call
-    ``flush()`` first.
-
-    Attributes
-    ----------
-    n_shards : int
-        Shards with buffered writes.
-    nbytes : int
-        Bytes of buffered chunk data.
-    """
+    """A store pickled while it holds buffered writes (``.n_shards``, ``.nbytes``): pickling never flushes."""
 
     def __init__(self, n_shards: int, nbytes: int) -> None:
         self.n_shards = int(n_shards)
@@ -224,17 +148,7 @@ class UnflushedWritesError(ShardKVError, pickle.PicklingError):
 
 
 class JournalCorruptError(ShardKVError, ValueError):
-    """A write-back journal damaged before its last record (not a torn tail), or not a journal at all.
-
-    Attributes
-    ----------
-    path : str
-        The journal file.
-    offset : int
-        Byte offset of the first frame that does not check (bytes from the file start).
-    reason : str
-        What was found there.
-    """
+    """A write-back journal damaged before its last record, or not a journal: ``.path``, ``.offset``, ``.reason``."""
 
     def __init__(self, path: str, offset: int, reason: str) -> None:
         self.path = path
@@ -244,19 +158,7 @@ class JournalCorruptError(ShardKVError, ValueError):
 
 
 class JournalMismatchError(ConfigurationError):
-    """A write-back journal holding records of another store: replaying it here would overwrite this store.
-
-    Attributes
-    ----------
-    path : str
-        The journal file.
-    recorded : str
-        What the journal belongs to (a store: location, store id, layout; or an array layout).
-    given : str
-        What it was opened for.
-    records : int
-        Acknowledged records the journal holds (not replayed).
-    """
+    """A write-back journal (``.path``) holding ``.records`` records of ``.recorded``, opened for ``.given``."""
 
     def __init__(self, path: str, recorded: str, given: str, records: int) -> None:
         self.path = path
@@ -270,18 +172,7 @@ class JournalMismatchError(ConfigurationError):
 
 
 class KeyBelowKeyError(ShardKVError, KeyError):
-    """A key that would be stored below another stored key (``a/b/c`` when ``a/b`` holds a value).
-
-    zarr-python 2's ``MemoryStore`` and ``DirectoryStore`` refuse such a key
-    with ``KeyError``, and so does the proxy over a mapping or a local directory.
-
-    Attributes
-    ----------
-    key : str
-        The key that was to be stored.
-    leaf : str
-        The stored key above it.
-    """
+    """A ``.key`` below a stored ``.leaf`` key (``a/b/c`` when ``a/b`` holds a value), as zarr 2's stores refuse it."""
 
     def __init__(self, key: str, leaf: str) -> None:
         self.key = key

@@ -1,9 +1,4 @@
-"""Dask arrays cut into whole shards of a target array: :func:`rechunk_to_shards`.
-
-Tasks that write chunks of one shard serialise on that shard's lock (or its
-compare-and-swap); rechunked to whole shards, every task writes complete
-shards, reads none and waits for none (docs/user-guide.md, "Chunk-by-chunk writes").
-"""
+"""Dask arrays cut into whole shards of a target array, so no two tasks write one shard (user guide)."""
 
 from __future__ import annotations
 
@@ -15,7 +10,6 @@ from shardkv.proxy.open import open_store
 
 
 def _shard_shape(target: Any, path: str) -> tuple[int, ...]:
-    """The shard shape of ``target`` (as :func:`rechunk_to_shards` takes it)."""
     if isinstance(target, (tuple, list)):
         return tuple(int(n) for n in target)
     store = getattr(target, "store", None)
@@ -44,10 +38,8 @@ def rechunk_to_shards(array: Any, target: Any, path: str = "") -> Any:
         The data to write, to be stored from the target's origin
         (``da.to_zarr(array, ...)`` without a ``region``).
     target : zarr.Array, ShardedStore, DraftShardedStore, str or sequence of int
-        The sharded array to write into: a zarr-python 2 array opened on a
-        sharding proxy; a proxy (with ``path``); a URL or local path of one
-        (with ``path``, opened with :func:`~shardkv.open_store`); or the shard
-        shape itself (elements per dimension).
+        The sharded array to write into: a zarr 2 array on a sharding proxy,
+        a proxy or a URL (with ``path``), or the shard shape (elements).
     path : str
         The array's path when ``target`` is a store or a URL.
 
@@ -61,13 +53,6 @@ def rechunk_to_shards(array: Any, target: Any, path: str = "") -> Any:
     ConfigurationError
         If ``target`` is not a sharded array, or its number of dimensions
         differs from ``array``'s.
-
-    Notes
-    -----
-    An xarray Dataset is cut the same way with ``ds.chunk``: to the shard shape of
-    its variables' array, ``ds.chunk(dict(zip(ds[name].dims, shard_shape)))`` before
-    ``ds.to_zarr(store)`` (``shard_shape`` is ``store.sharded_array(name).shard_shape``,
-    or chunks x ``chunks_per_shard``; the partly-covered-shard warning names it).
 
     Examples
     --------

@@ -1,10 +1,8 @@
 """Decompression bounded by the size a chunk declares. Pure.
 
-:func:`decode_bounded` stops as soon as the output would exceed ``limit``
-bytes and raises :class:`~shardkv.errors.CorruptShardError` naming the chunk:
-zlib, gzip, bz2 and lzma are streamed with ``max_length``; blosc, lz4 and
-zstd have the size their header states checked first (a zstd frame without
-one is refused); other codecs are checked after decoding.
+zlib, gzip, bz2 and lzma are streamed with ``max_length``; blosc, lz4 and zstd
+have the size their header states checked first (a zstd frame without one is
+refused); other codecs are checked after decoding.
 """
 
 from __future__ import annotations
@@ -35,13 +33,7 @@ def _expands(key: str, stated: int | None, limit: int) -> CorruptShardError:
 
 
 def zstd_content_size(data: bytes | memoryview) -> int | None:
-    """The decompressed size a zstd frame header states (RFC 8878 section 3.1.1.1), or None if it does not.
-
-    Raises
-    ------
-    ValueError
-        If ``data`` does not start with a zstd frame header.
-    """
+    """The decompressed size a zstd frame header states (RFC 8878 3.1.1.1), or None; ValueError if not a frame."""
     view = memoryview(data).cast("B")
     if len(view) < 5 or struct.unpack_from("<I", view, 0)[0] != _ZSTD_MAGIC:
         raise ValueError("not a zstd frame")
@@ -64,29 +56,13 @@ def _stream(decompressor: Any, data: bytes, limit: int) -> tuple[bytes, bool]:
 
 
 def decode_bounded(codec: Any, data: bytes | memoryview, limit: int, key: str) -> bytes:
-    """Decode ``data`` with the numcodecs ``codec``, refusing output beyond ``limit`` bytes.
-
-    Parameters
-    ----------
-    codec : numcodecs.abc.Codec
-        The compressor (its ``codec_id`` chooses the bounded path).
-    data : bytes-like
-        The stored (compressed) chunk.
-    limit : int
-        Most bytes the chunk may decode to (its declared size).
-    key : str
-        The chunk or shard key, named in errors.
-
-    Returns
-    -------
-    bytes
-        The decoded bytes (at most ``limit``).
+    """Decode ``data`` with the numcodecs ``codec`` into at most ``limit`` bytes (its declared size).
 
     Raises
     ------
     CorruptShardError
-        If the chunk decodes (or states it decodes) to more than ``limit``
-        bytes, or a bounded decoder finds the stream damaged.
+        Naming ``key``, if the chunk decodes (or states it decodes) to more
+        than ``limit`` bytes, or a bounded decoder finds the stream damaged.
     """
     raw = bytes(data)
     codec_id = getattr(codec, "codec_id", type(codec).__name__)

@@ -1,34 +1,13 @@
 """The Zarr v3 codecs an inner chunk (or a shard index) passes through, and their pipeline. Pure.
 
-Contract (v3 core "Codecs"): a codec list is zero or more array -> array
-codecs, exactly one array -> bytes codec, then zero or more bytes -> bytes
-codecs. Encoding runs the list forwards, decoding backwards. Each codec is a
-small class with a ``name``, a ``kind``, ``get_config()`` / ``from_config()``
-that round-trip its JSON object (``{"name": ..., "configuration": {...}}``),
-and whether its encoded size is fixed (``fixed_size``, what ``index_codecs``
-require).
-
-============================  ===============  ==============================
-v3 name                       kind             implementation
-============================  ===============  ==============================
-``transpose``                 array -> array   numpy axes permutation
-``bytes``                     array -> bytes   numpy, ``endian`` little / big
-``sharding_indexed``          array -> bytes   :class:`shardkv.codecs.sharding.ShardingCodec`
-``gzip``                      bytes -> bytes   numcodecs ``GZip``
-``zstd``                      bytes -> bytes   numcodecs ``Zstd``
-``blosc``                     bytes -> bytes   numcodecs ``Blosc`` (typesize honoured)
-``crc32c``                    bytes -> bytes   4-byte little-endian CRC32C appended
-``numcodecs.<id>``            bytes -> bytes   any numcodecs codec (zarr-python 3's names)
-``numcodecs.delta`` ...       array -> array   :mod:`shardkv.codecs.numcodecs_v3` (zarr-python 3's
-                                               array -> array numcodecs: astype, bitround, delta,
-                                               fixedscaleoffset, packbits, quantize)
-``vlen-utf8``/``vlen-bytes``  array -> bytes   :mod:`shardkv.codecs.numcodecs_v3`
-``shardkv.v2_chunk``          array -> bytes   a whole Zarr v2 chunk encoding no v3 reader has
-============================  ===============  ==============================
-
-Unknown names and unknown configuration members raise
-:class:`~shardkv.errors.ConfigurationError`; a CRC32C mismatch raises
-:class:`~shardkv.errors.ChecksumError`.
+A codec list (v3 core "Codecs") is array -> array codecs, one array -> bytes
+codec, then bytes -> bytes codecs; each codec's ``get_config()`` /
+``from_config()`` round-trip its JSON object. Here: ``transpose``, ``bytes``,
+``gzip``, ``zstd``, ``blosc``, ``crc32c``, ``numcodecs.<id>``; in
+:mod:`shardkv.codecs.numcodecs_v3` the array -> array ``numcodecs.<id>``,
+``vlen-utf8``/``vlen-bytes`` and ``shardkv.v2_chunk``; ``sharding_indexed``
+in :mod:`shardkv.codecs.sharding`. Unknown names or members raise
+:class:`~shardkv.errors.ConfigurationError`.
 """
 
 from __future__ import annotations
@@ -79,13 +58,7 @@ class Codec:
 
     @classmethod
     def from_config(cls, obj: Mapping[str, Any]) -> Codec:
-        """A codec from its JSON object.
-
-        Raises
-        ------
-        ConfigurationError
-            If a member is unknown or a value invalid.
-        """
+        """A codec from its JSON object; ConfigurationError for an unknown member or an invalid value."""
         raise NotImplementedError
 
     def __eq__(self, other: object) -> bool:
@@ -98,22 +71,8 @@ class Codec:
         return f"{type(self).__name__}({self.get_config()!r})"
 
 
-# -- array -> array ----------------------------------------------------------
-
-
 class TransposeCodec(Codec):
-    """``transpose``: permute the axes; ``order[i]`` is the input axis that becomes output axis ``i``.
-
-    Parameters
-    ----------
-    order : sequence of int
-        A permutation of ``range(ndim)``.
-
-    Raises
-    ------
-    ConfigurationError
-        If ``order`` is not a permutation.
-    """
+    """``transpose``: ``order[i]`` (a permutation of ``range(ndim)``) is the input axis that becomes axis ``i``."""
 
     name = "transpose"
     kind = "array_to_array"
@@ -152,18 +111,8 @@ class TransposeCodec(Codec):
         return np.transpose(array, np.argsort(self.order))
 
 
-# -- array -> bytes ----------------------------------------------------------
-
-
 class BytesCodec(Codec):
-    """``bytes``: the elements in C order, each in ``endian`` byte order.
-
-    Parameters
-    ----------
-    endian : {"little", "big"} or None
-        Byte order; ``None`` (configuration omitted) is allowed only for
-        1-byte data types.
-    """
+    """``bytes``: the elements in C order, in ``endian`` byte order (``None``: 1-byte types only)."""
 
     name = "bytes"
     kind = "array_to_bytes"
@@ -184,13 +133,7 @@ class BytesCodec(Codec):
         return cls(_config_of(obj, ["endian"]).get("endian"))
 
     def stored_dtype(self, dtype: np.dtype) -> np.dtype:
-        """The dtype of the stored elements (``dtype`` with this codec's byte order).
-
-        Raises
-        ------
-        ConfigurationError
-            If ``dtype`` is an object dtype, or multi-byte without an endian.
-        """
+        """``dtype`` in this codec's byte order; ConfigurationError for object, or multi-byte without endian."""
         dtype = np.dtype(dtype)
         if dtype.hasobject:
             raise ConfigurationError(f"the bytes codec cannot store object dtype {dtype}")
@@ -217,9 +160,6 @@ class BytesCodec(Codec):
     def encoded_size(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
         """Bytes produced for a chunk of ``shape`` and ``dtype``."""
         return prod(shape) * np.dtype(dtype).itemsize
-
-
-# -- bytes -> bytes ----------------------------------------------------------
 
 
 class _NumcodecsBacked(Codec):
@@ -363,13 +303,7 @@ class Crc32cCodec(Codec):
 
 
 def numcodecs_codec(config: Mapping[str, Any], what: str) -> Any:
-    """The numcodecs codec for a ``{"id": ..., ...}`` configuration.
-
-    Raises
-    ------
-    ConfigurationError
-        If numcodecs does not know the id or rejects the configuration (``what`` names the codec).
-    """
+    """The numcodecs codec of a ``{"id": ...}`` configuration; ConfigurationError (naming ``what``) if refused."""
     try:
         return numcodecs.get_codec(dict(config))
     except (ValueError, TypeError, KeyError) as exc:
@@ -377,20 +311,7 @@ def numcodecs_codec(config: Mapping[str, Any], what: str) -> Any:
 
 
 class _NumcodecsById(Codec):
-    """A codec named ``numcodecs.<id>`` (zarr-python 3's names), configured as numcodecs configures ``<id>``.
-
-    Parameters
-    ----------
-    codec_id : str
-        The numcodecs id (``zlib``, ``delta``, ...).
-    configuration : mapping, optional
-        The numcodecs configuration (an ``id`` member is dropped).
-
-    Raises
-    ------
-    ConfigurationError
-        If numcodecs does not know ``codec_id`` or rejects the configuration.
-    """
+    """A codec named ``numcodecs.<id>`` (zarr-python 3's names), configured as numcodecs configures ``<id>``."""
 
     _impl: Any
 
@@ -416,8 +337,6 @@ class NumcodecsCodec(_NumcodecsById, _NumcodecsBacked):
     """``numcodecs.<id>``: a bytes -> bytes numcodecs codec under zarr-python 3's name (zlib, bz2, lz4, ...)."""
 
 
-# -- registry and pipeline -----------------------------------------------------
-
 _REGISTRY: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     c.name: c.from_config for c in (TransposeCodec, BytesCodec, GzipCodec, ZstdCodec, BloscCodec, Crc32cCodec)
 }
@@ -429,14 +348,8 @@ def register_codec(name: str, from_config: Callable[[Mapping[str, Any]], Any]) -
 
 
 def codec_from_config(obj: Any) -> Any:
-    """A codec object from its JSON object (codec objects pass through).
-
-    Raises
-    ------
-    ConfigurationError
-        If the name is unknown or the configuration invalid.
-    """
-    if isinstance(obj, Codec) or hasattr(obj, "kind") and hasattr(obj, "get_config"):
+    """A codec object from its JSON object (codec objects pass through); ConfigurationError for an unknown one."""
+    if isinstance(obj, Codec):
         return obj
     if not isinstance(obj, Mapping) or not isinstance(obj.get("name"), str):
         raise ConfigurationError(f"a codec is an object with a string 'name', got {obj!r}")
@@ -449,12 +362,7 @@ def codec_from_config(obj: Any) -> Any:
 
 
 class CodecPipeline:
-    """A validated codec list: array -> array codecs, one array -> bytes codec, bytes -> bytes codecs.
-
-    Parameters
-    ----------
-    codecs : sequence of codec objects or JSON objects
-        In encoding order.
+    """A validated codec list (codec or JSON objects, in encoding order); ``what`` names it in errors.
 
     Raises
     ------
@@ -500,13 +408,7 @@ class CodecPipeline:
     def decode(
         self, data: bytes | memoryview, shape: tuple[int, ...], dtype: np.dtype, fill_value: Any = None, key: str = ""
     ) -> np.ndarray:
-        """Decode one chunk to an array of ``shape`` and ``dtype``.
-
-        Raises
-        ------
-        CorruptShardError, ChecksumError
-            If the bytes cannot be decoded (``key`` is named in the error).
-        """
+        """Decode one chunk to an array of ``shape`` and ``dtype``; CorruptShardError (naming ``key``) if it cannot."""
         shapes, dtypes = [tuple(shape)], [np.dtype(dtype)]
         for c in self.array_to_array:  # what each array -> array codec hands on (numcodecs ones may cast)
             shapes.append(c.resolve_shape(shapes[-1]))

@@ -1,11 +1,9 @@
 """The inner codecs that carry Zarr v2 filters and object codecs into Zarr v3. Pure.
 
-The array -> array ``numcodecs.<id>`` codecs zarr-python 3 registers, the
-``vlen-utf8`` / ``vlen-bytes`` codecs of object arrays, and
-``shardkv.v2_chunk``, the whole v2 chunk encoding that
-:mod:`shardkv.metadata.v2_codecs` falls back to (no v3 reader knows it, so
-each refuses the array instead of misreading it); see the table of
-:mod:`shardkv.codecs.inner`.
+The array -> array ``numcodecs.<id>`` codecs zarr-python 3 registers,
+``vlen-utf8`` / ``vlen-bytes``, and ``shardkv.v2_chunk``, the whole v2 chunk
+encoding :mod:`shardkv.metadata.v2_codecs` falls back to (v3 readers refuse
+it instead of misreading it).
 """
 
 from __future__ import annotations
@@ -115,8 +113,7 @@ class VlenCodec(Codec):
 class V2ChunkCodec(Codec):
     """``shardkv.v2_chunk``: one Zarr v2 chunk encoding (v2 spec "Chunks"), for what v3 has no name for.
 
-    Encoding lays the chunk out in ``order``, applies ``filters`` in turn, then
-    ``compressor``, exactly as zarr-python 2 does; decoding reverses it.
+    The chunk in ``order``, then ``filters``, then ``compressor``, as zarr-python 2 does.
 
     Parameters
     ----------

@@ -1,17 +1,8 @@
 """``ShardingCodec``: the v1.0 ``sharding_indexed`` array -> bytes codec. Pure.
 
-One shard (an array of the shard shape) becomes one byte string: each inner
-chunk of ``chunk_shape`` is encoded by the inner ``codecs`` pipeline, the
-chunks are written back to back in row-major order of their local coords, and
-the shard index (``offset``/``nbytes`` per inner chunk, encoded by
-``index_codecs``) goes at ``index_location``. The binary format itself is
-:class:`shardkv.format.layout.ShardLayout`'s; this module adds the array side.
-
-Inner chunks whose every element has the bytes of ``fill_value`` are stored as
-empty index entries (both fields ``2**64 - 1``) and decode to the fill value.
-The codec always works on whole shards of the shard shape: for an edge shard
-that overhangs the array, the caller pads with the fill value (zarr-python 3
-and tensorstore do the same).
+The array side of :class:`shardkv.format.layout.ShardLayout`: inner chunks
+encoded by the ``codecs`` pipeline, those all of ``fill_value`` left empty.
+It works on whole shards of the shard shape (the caller pads edge shards).
 """
 
 from __future__ import annotations
@@ -22,18 +13,17 @@ from typing import Any
 
 import numpy as np
 
-from shardkv.codecs.inner import BytesCodec, CodecPipeline, Crc32cCodec
+from shardkv.codecs.inner import BytesCodec, Codec, CodecPipeline, Crc32cCodec, _config_of
 from shardkv.errors import ConfigurationError, CorruptShardError, UnsupportedError
 from shardkv.format.layout import IndexLocation, ShardIndex, ShardLayout
 from shardkv.format.ranges import ByteRange
 
-ReadRange = Callable[[ByteRange], "bytes | memoryview | None"]
-"""Reads one byte range of the shard; ``None`` when the shard is not stored."""
+ReadRange = Callable[[ByteRange], "bytes | memoryview | None"]  # None: the shard is not stored
 
 Selection = Sequence["slice | int"]
 
 
-class ShardingCodec:
+class ShardingCodec(Codec):
     """The ``sharding_indexed`` codec (v1.0), usable as an array's codec or as an inner codec.
 
     Parameters
@@ -41,19 +31,17 @@ class ShardingCodec:
     chunk_shape : sequence of int
         The inner chunk shape (elements); it must divide the shard shape.
     codecs : sequence of codec objects or JSON objects, optional
-        Inner codecs; exactly one array -> bytes codec. Default ``[bytes little]``.
+        Inner codecs; default ``[bytes little]``.
     index_codecs : sequence, optional
-        ``bytes`` (little or big endian) optionally followed by ``crc32c``.
-        Default ``[bytes little, crc32c]`` (the spec's recommendation).
+        ``bytes`` optionally followed by ``crc32c``; default ``[bytes little, crc32c]``.
     index_location : {"end", "start"}
         Where the index is stored in the shard.
 
     Raises
     ------
     ConfigurationError
-        If ``codecs`` or ``index_codecs`` do not contain exactly one
-        array -> bytes codec, an index codec has a variable-size output (a
-        compressor), or an option is invalid.
+        If a codec list has not exactly one array -> bytes codec, an index
+        codec has a variable-size output, or an option is invalid.
     UnsupportedError
         For fixed-size index codecs other than ``bytes`` + optional ``crc32c``.
     """
@@ -92,8 +80,6 @@ class ShardingCodec:
             raise ConfigurationError(f"index_location must be 'start' or 'end', got {index_location!r}")
         self.index_location: IndexLocation = index_location
 
-    # -- configuration -----------------------------------------------------------
-
     def get_config(self) -> dict[str, Any]:
         """The codec's JSON object, as in an array's ``codecs`` list (spec "Configuration parameters")."""
         return {
@@ -108,48 +94,17 @@ class ShardingCodec:
 
     @classmethod
     def from_config(cls, obj: Mapping[str, Any]) -> ShardingCodec:
-        """A codec from its JSON object (``{"name": "sharding_indexed", "configuration": {...}}``).
-
-        Raises
-        ------
-        ConfigurationError
-            If the name is not ``sharding_indexed``, ``codecs`` / ``index_codecs``
-            / ``chunk_shape`` are missing, or a member is unknown.
-        """
+        """A codec from its JSON object; ConfigurationError for another name, a missing or an unknown member."""
         if obj.get("name") != cls.name:
             raise ConfigurationError(f"expected a codec named 'sharding_indexed', got {obj.get('name')!r}")
-        extra = set(obj) - {"name", "configuration"}
-        config = obj.get("configuration")
-        if extra or not isinstance(config, Mapping):
-            raise ConfigurationError(
-                f"sharding_indexed needs a configuration object and no other member, got {dict(obj)!r}"
-            )
-        unknown = set(config) - {"chunk_shape", "codecs", "index_codecs", "index_location"}
-        if unknown:
-            raise ConfigurationError(f"sharding_indexed: unknown configuration member(s) {sorted(unknown)}")
+        config = _config_of(obj, ["chunk_shape", "codecs", "index_codecs", "index_location"])
         for required in ("chunk_shape", "codecs", "index_codecs"):
             if required not in config:
                 raise ConfigurationError(f"sharding_indexed: configuration.{required} is required")
         return cls(config["chunk_shape"], config["codecs"], config["index_codecs"], config.get("index_location", "end"))
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, ShardingCodec) and other.get_config() == self.get_config()
-
-    def __hash__(self) -> int:
-        return hash(repr(self.get_config()))
-
-    def __repr__(self) -> str:
-        return f"ShardingCodec({self.get_config()['configuration']!r})"
-
     def layout(self, shard_shape: Sequence[int]) -> ShardLayout:
-        """The binary layout of shards of ``shard_shape`` (elements).
-
-        Raises
-        ------
-        ConfigurationError
-            If ``chunk_shape`` has another length than ``shard_shape`` or does
-            not evenly divide it.
-        """
+        """The layout of shards of ``shard_shape`` (elements); ConfigurationError unless ``chunk_shape`` divides it."""
         shard_shape = tuple(int(s) for s in shard_shape)
         if len(shard_shape) != len(self.chunk_shape) or any(
             s % c for s, c in zip(shard_shape, self.chunk_shape, strict=True)
@@ -165,8 +120,6 @@ class ShardingCodec:
         """Size (bytes) of the encoded index of a shard of ``shard_shape``, checksum included."""
         return self.layout(shard_shape).index_nbytes
 
-    # -- helpers ---------------------------------------------------------------
-
     def _chunk_slices(self, local: tuple[int, ...]) -> tuple[slice, ...]:
         return tuple(slice(i * c, (i + 1) * c) for i, c in zip(local, self.chunk_shape, strict=True))
 
@@ -176,26 +129,20 @@ class ShardingCodec:
             return np.zeros(shape, dtype=dtype)
         return np.full(shape, fill_value, dtype=dtype)
 
-    # -- encode ----------------------------------------------------------------
-
     def encode(self, array: np.ndarray, fill_value: Any = None) -> bytes:
         """Encode one whole shard.
 
         Parameters
         ----------
         array : numpy.ndarray
-            The shard, of the shard shape (a multiple of ``chunk_shape`` along
-            each dimension), any numeric or bool dtype.
+            The shard, of the shard shape, any numeric or bool dtype.
         fill_value : scalar, optional
-            Inner chunks whose every element has exactly the bytes of
-            ``fill_value`` (in ``array.dtype``) are stored as empty entries;
-            ``None`` stores every inner chunk.
+            Inner chunks all of exactly its bytes are left empty; ``None`` stores every chunk.
 
         Returns
         -------
         bytes
-            The shard: encoded inner chunks in row-major order, and the index
-            at ``index_location``. A shard with no stored chunk is the index alone.
+            Encoded inner chunks in row-major order and the index at ``index_location``.
 
         Raises
         ------
@@ -215,8 +162,6 @@ class ShardingCodec:
             chunks[local] = self.codecs.encode(chunk, fill_value)
         return layout.encode_shard(chunks)
 
-    # -- decode ----------------------------------------------------------------
-
     def decode(
         self,
         data: bytes | bytearray | memoryview,
@@ -234,7 +179,7 @@ class ShardingCodec:
         shape : sequence of int
             The shard shape (elements).
         dtype : numpy dtype
-            The dtype of the returned array (any byte order).
+            The dtype of the returned array.
         fill_value : scalar, optional
             Value of empty inner chunks (``None``: zeros).
         shard_key : str
@@ -248,8 +193,7 @@ class ShardingCodec:
         Raises
         ------
         CorruptShardError
-            If the shard is shorter than its index, an index entry points
-            outside the shard, or an inner chunk cannot be decoded.
+            If the index is truncated or out of range, or a chunk cannot be decoded.
         ChecksumError
             If a CRC32C (index or inner chunk) does not match.
         """
@@ -271,18 +215,7 @@ class ShardingCodec:
     def read_index(
         self, read_range: ReadRange, shape: Sequence[int], *, shard_key: str = "<shard>"
     ) -> ShardIndex | None:
-        """Read and decode the index of a stored shard with one range request.
-
-        Returns
-        -------
-        ShardIndex or None
-            ``None`` when ``read_range`` reports the shard is not stored.
-
-        Raises
-        ------
-        CorruptShardError, ChecksumError
-            If the index is truncated, damaged or points before the chunk data.
-        """
+        """The index of a stored shard read with one range request (``None``: not stored); errors as :meth:`decode`."""
         layout = self.layout(shape)
         raw = read_range(layout.index_range())
         if raw is None:
@@ -304,14 +237,11 @@ class ShardingCodec:
         Parameters
         ----------
         read_range : callable
-            ``read_range(ByteRange) -> bytes | None``; ``None`` means the shard
-            is not stored (the result is then all fill value). One call reads
-            the index (a prefix or suffix range), then one call per touched,
-            stored inner chunk. Nested sharding codecs read inside their chunk
-            the same way.
+            ``read_range(ByteRange) -> bytes | None`` (``None``: not stored, all
+            fill value); called for the index, then once per touched stored chunk
+            (nested sharding codecs read inside their chunk the same way).
         selection : sequence of slice or int
-            One entry per leading dimension of the shard (missing ones select
-            everything); slices with a step >= 1, ints drop their dimension.
+            Per leading dimension (missing ones: all); slices of step >= 1, ints drop their dimension.
         shape, dtype, fill_value, shard_key
             As for :meth:`decode`.
 

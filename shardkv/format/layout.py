@@ -39,9 +39,7 @@ EMPTY = np.uint64(2**64 - 1)
 """The value of both ``offset`` and ``nbytes`` for an empty inner chunk."""
 
 MAX_SHARD_NBYTES = 2**43
-"""Largest ``offset + nbytes`` (bytes) an index entry may reach (8 TiB): above the largest
-object of the common object stores (S3: 5 TiB), below the largest file ext4 allows
-(16 TiB), so a bogus offset is a :class:`CorruptShardError`, never ``EINVAL`` from a seek."""
+"""Largest ``offset + nbytes`` (bytes) of an entry: 8 TiB, above S3's 5 TiB objects, below ext4's 16 TiB files."""
 
 DEFAULT_MAX_CHUNK_NBYTES = 2**31
 """Default bound (bytes) on an entry's ``nbytes`` when the shard's size is unknown."""
@@ -51,13 +49,13 @@ _EMPTY_INT = int(EMPTY)  # EMPTY as the Python int ``ndarray.item`` gives
 
 
 class ShardIndex:
-    """Offsets and sizes of the inner chunks of one shard.
+    """Offsets and sizes of the inner chunks of one shard (spec "Binary shard format").
 
     Parameters
     ----------
     entries : numpy.ndarray
-        ``uint64`` array of shape ``(*chunks_per_shard, 2)``; ``[..., 0]`` is the
-        offset (bytes from the start of the shard), ``[..., 1]`` the nbytes.
+        ``uint64``, shape ``(*chunks_per_shard, 2)``: ``[..., 0]`` the offset
+        (bytes from the shard's start), ``[..., 1]`` the nbytes.
 
     Raises
     ------
@@ -150,20 +148,19 @@ class ShardIndex:
         shard_key : str
             Named in the error.
         data_start, data_stop : int, int or None
-            The half-open byte range (bytes from the shard start) where chunk
-            data may lie; ``data_stop=None`` when the shard size is not known.
+            Half-open byte range where chunk data may lie; ``data_stop=None``
+            when the shard's size is not known.
         max_chunk_nbytes : int, optional
             Largest plausible encoded inner chunk (bytes), checked when
-            ``data_stop`` is None (default :data:`DEFAULT_MAX_CHUNK_NBYTES`),
-            so a bogus entry never turns into a huge read or allocation.
+            ``data_stop`` is None (default :data:`DEFAULT_MAX_CHUNK_NBYTES`).
 
         Raises
         ------
         CorruptShardError
-            If an entry has exactly one field set to ``2**64 - 1``; if
-            ``offset + nbytes`` overflows or passes :data:`MAX_SHARD_NBYTES`;
-            if it points outside ``[data_start, data_stop)``; or, with the size
-            unknown, if ``nbytes`` exceeds ``max_chunk_nbytes``.
+            If an entry has one field only at ``2**64 - 1``, ``offset + nbytes``
+            overflows or passes :data:`MAX_SHARD_NBYTES`, it points outside
+            ``[data_start, data_stop)``, or (size unknown) ``nbytes`` exceeds
+            ``max_chunk_nbytes``.
         """
         off = self.entries[..., 0]
         nb = self.entries[..., 1]
@@ -200,11 +197,7 @@ class ShardIndex:
             )
 
     def overlaps(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-        """Local coords of two stored chunks whose byte ranges overlap, or ``None``.
-
-        Zero-length chunks overlap nothing. Valid shards written by shardkv
-        never have overlapping entries; :mod:`shardkv.proxy.verify` reports them.
-        """
+        """Local coords of two stored chunks whose byte ranges overlap (zero-length ones never do), or ``None``."""
         spans = sorted((offset, nbytes, local) for local, offset, nbytes in self.stored_entries() if nbytes > 0)
         for (o1, n1, c1), (o2, _, c2) in itertools.pairwise(spans):
             if o2 < o1 + n1:
@@ -222,9 +215,6 @@ def crc32c_of(data: bytes | memoryview) -> int:
     return _crc32c.crc32c(data)
 
 
-_COMPRESSOR_SLACK_NBYTES = 65536
-
-
 def chunk_nbytes_bound(chunk_shape: Sequence[int], itemsize: int | None) -> int | None:
     """Largest plausible encoded size (bytes) of one inner chunk, or ``None`` if unknown.
 
@@ -233,32 +223,21 @@ def chunk_nbytes_bound(chunk_shape: Sequence[int], itemsize: int | None) -> int 
     chunk_shape : sequence of int
         Inner chunk shape (elements).
     itemsize : int or None
-        Bytes per element of the array's data type; ``None`` (or < 1) for a
-        type whose size is not known here (extension or opaque types).
+        Bytes per element; ``None`` (or < 1) when unknown (opaque types).
 
     Returns
     -------
     int or None
-        ``prod(chunk_shape) * itemsize * 2 + 65536``; ``None`` when
-        ``itemsize`` is unknown, so the caller keeps the default bound
-        (:data:`DEFAULT_MAX_CHUNK_NBYTES`).
-
-    Notes
-    -----
-    A decoded inner chunk holds ``prod(chunk_shape) * itemsize`` bytes. The
-    inner codecs usually shrink it, but a compressor given incompressible data
-    may grow it a little (blosc, zstd, gzip add headers and, at worst, a few
-    bytes per block). Twice the decoded size plus 64 KiB covers those
-    expansions with a wide margin, while still turning a corrupt index entry
-    that claims gigabytes for a kilobyte chunk into an error before any read.
+        ``prod(chunk_shape) * itemsize * 2 + 65536``: twice the decoded chunk
+        (a compressor may grow incompressible data a little) plus 64 KiB of
+        codec headers; ``None`` keeps :data:`DEFAULT_MAX_CHUNK_NBYTES`.
     """
     if itemsize is None or itemsize < 1:
         return None
-    return prod(int(c) for c in chunk_shape) * int(itemsize) * 2 + _COMPRESSOR_SLACK_NBYTES
+    return prod(int(c) for c in chunk_shape) * int(itemsize) * 2 + 65536
 
 
-_POSITIONS_MAX_CHUNKS = 4096
-"""Shards of at most this many inner chunks have their index positions memoised (:func:`_positions`)."""
+_POSITIONS_MAX_CHUNKS = 4096  # shards of at most this many chunks have their index positions memoised
 
 
 @functools.lru_cache(maxsize=16)
@@ -289,21 +268,14 @@ class ShardLayout:
     index_location : {"start", "end"}
         Where the index is stored (v1.0 codec ``index_location``).
     index_endian : {"little", "big"}
-        Byte order of the ``uint64`` index entries (the ``bytes`` index codec).
+        Byte order of the ``uint64`` entries (the ``bytes`` index codec).
     index_checksum : bool
-        Whether a little-endian ``uint32`` CRC32C of the encoded index follows
-        it (the ``crc32c`` index codec).
+        Whether a little-endian ``uint32`` CRC32C follows the index (the ``crc32c`` index codec).
     max_chunk_nbytes : int, optional
-        Largest plausible encoded inner chunk (bytes). Index entries are
-        checked against it when the shard's size is unknown (an index read on
-        its own from a store that does not tell sizes for free); default
-        :data:`DEFAULT_MAX_CHUNK_NBYTES` (2 GiB). Layouts
-        built from array metadata pass :func:`chunk_nbytes_bound`:
-        ``prod(inner chunk shape) * itemsize * 2 + 65536``, twice the decoded
-        chunk (a compressor may expand incompressible data slightly) plus
-        64 KiB for codec headers; types of unknown item size (opaque or
-        unregistered types) and nested shards keep the 2 GiB default. Not
-        part of equality: two layouts that describe the same bytes are equal.
+        Largest plausible encoded inner chunk (bytes), checked when the shard's
+        size is unknown; default :data:`DEFAULT_MAX_CHUNK_NBYTES` (2 GiB),
+        :func:`chunk_nbytes_bound` for layouts built from array metadata. Not
+        part of equality.
 
     Raises
     ------
@@ -347,8 +319,6 @@ class ShardLayout:
         """A v1.0 ``sharding_indexed`` layout (default: end, little endian, crc32c)."""
         return cls(tuple(chunks_per_shard), index_location, index_endian, index_checksum)
 
-    # -- sizes and ranges -------------------------------------------------
-
     @property
     def n_chunks(self) -> int:
         """Inner chunks per shard (product of ``chunks_per_shard``)."""
@@ -371,19 +341,11 @@ class ShardLayout:
             return self.index_nbytes, shard_nbytes
         return 0, None if shard_nbytes is None else shard_nbytes - self.index_nbytes
 
-    # -- index ------------------------------------------------------------
-
     def _dtype(self) -> np.dtype:
         return np.dtype("<u8" if self.index_endian == "little" else ">u8")
 
     def encode_index(self, index: ShardIndex) -> bytes:
-        """Encode an index (and its checksum) to ``index_nbytes`` bytes.
-
-        Raises
-        ------
-        ConfigurationError
-            If the index shape does not match ``chunks_per_shard``.
-        """
+        """Encode an index (and its checksum) to ``index_nbytes`` bytes; ConfigurationError if its shape differs."""
         if index.chunks_per_shard != self.chunks_per_shard:
             raise ConfigurationError(
                 f"index of shape {index.chunks_per_shard} does not match chunks_per_shard {self.chunks_per_shard}"
@@ -403,8 +365,7 @@ class ShardLayout:
         shard_key : str
             Named in errors.
         shard_nbytes : int, optional
-            Size of the whole shard in bytes, when known: entries are then
-            checked to lie inside its chunk data region.
+            Size of the whole shard (bytes), when known.
 
         Returns
         -------
@@ -415,9 +376,7 @@ class ShardLayout:
         ------
         CorruptShardError
             If ``data`` has the wrong length (a truncated shard) or an entry
-            points outside the shard (see :meth:`ShardIndex.validate`: with
-            ``shard_nbytes`` unknown, entries are bounded by
-            ``max_chunk_nbytes``).
+            fails :meth:`ShardIndex.validate`.
         ChecksumError
             If the stored CRC32C differs from the one computed.
         """
@@ -439,16 +398,8 @@ class ShardLayout:
         index.validate(shard_key, *self.data_region(shard_nbytes), self.max_chunk_nbytes)
         return index
 
-    # -- whole shards -----------------------------------------------------
-
     def index_of_shard(self, shard: BytesLike, shard_key: str) -> ShardIndex:
-        """Decode and validate the index of a whole stored shard.
-
-        Raises
-        ------
-        CorruptShardError, ChecksumError
-            As :meth:`decode_index`; also when the shard is shorter than its index.
-        """
+        """Decode and validate the index of a whole stored shard (errors as :meth:`decode_index`)."""
         shard = memoryview(shard).cast("B")
         n = self.index_nbytes
         if len(shard) < n:
@@ -457,12 +408,7 @@ class ShardLayout:
         return self.decode_index(raw, shard_key, len(shard))
 
     def encode_shard(self, chunks: Mapping[tuple[int, ...], BytesLike]) -> bytes:
-        """Build a shard as one ``bytes`` object, in linear time (see :meth:`encode_shard_with_index`).
-
-        For callers that need one object; writers that can take the parts
-        (:meth:`KVStore.put_many <shardkv.storage.kv.KVStore.put_many>`)
-        should use :meth:`encode_shard_with_index` and skip this copy.
-        """
+        """A shard as one ``bytes`` object (:meth:`encode_shard_with_index`, joined)."""
         return b"".join(self.encode_shard_with_index(chunks)[0])
 
     def encode_shard_with_index(
@@ -473,17 +419,14 @@ class ShardLayout:
         Parameters
         ----------
         chunks : mapping of local coords to bytes-like
-            The encoded inner chunks to store; coords absent from the mapping
-            are empty. Chunks are written in row-major order of local coords,
-            back to back.
+            The encoded inner chunks, written back to back in row-major order;
+            absent coords are empty.
 
         Returns
         -------
         list of bytes-like
-            The shard as parts whose concatenation is its bytes: the chunk
-            values themselves (not copied) and the encoded index at
-            ``index_location``. Hand them to a store that takes parts, or
-            ``b"".join`` them (:meth:`encode_shard`).
+            The parts whose concatenation is the shard: the chunk values (not
+            copied) and the encoded index at ``index_location``.
         ShardIndex
             Its index.
 
@@ -517,13 +460,7 @@ class ShardLayout:
         return parts, index
 
     def _flat_positions(self, order: Sequence[tuple[int, ...]]) -> np.ndarray:
-        """Row-major positions in the index of local coords, as an ``intp`` array.
-
-        Raises
-        ------
-        ConfigurationError
-            If a local coord lies outside ``chunks_per_shard`` (the first one, in order).
-        """
+        """Row-major positions in the index of local coords (``intp``); ConfigurationError for one outside."""
         cps = self.chunks_per_shard
         positions = _positions(cps)
         if positions is not None:
@@ -552,13 +489,7 @@ class ShardLayout:
     def chunks_of_shard(
         self, shard: BytesLike, shard_key: str, index: ShardIndex | None = None
     ) -> dict[tuple[int, ...], memoryview]:
-        """All stored inner chunks of a whole shard, as zero-copy views.
-
-        Raises
-        ------
-        CorruptShardError, ChecksumError
-            As :meth:`index_of_shard`.
-        """
+        """All stored inner chunks of a whole shard, as zero-copy views (errors as :meth:`decode_index`)."""
         view = memoryview(shard).cast("B")
         if index is None:
             index = self.index_of_shard(view, shard_key)

@@ -1,9 +1,9 @@
 """Limits on what metadata may make shardkv allocate, checked before any allocation. Pure.
 
-A shard's index holds 16 bytes per inner chunk and is allocated whole, so a
-layout beyond :data:`MAX_CHUNKS_PER_SHARD` (default ``2**24``: a 256 MiB
-index) is refused. It is read when a layout is built (assignable at run
-time), and set per process by ``SHARDKV_MAX_CHUNKS_PER_SHARD`` (read on import).
+A shard's index is allocated whole (16 bytes per inner chunk), so a layout
+beyond :data:`MAX_CHUNKS_PER_SHARD` (default ``2**24``: a 256 MiB index) is
+refused. Read when a layout is built; set per process by
+``SHARDKV_MAX_CHUNKS_PER_SHARD`` (read on import).
 """
 
 from __future__ import annotations
@@ -24,30 +24,14 @@ def _from_environment(default: int) -> int:
 
 
 MAX_CHUNKS_PER_SHARD: int = _from_environment(2**24)
-"""Most inner chunks one shard may hold (its index is 16 bytes per chunk)."""
 
 
-def check_chunks_per_shard(chunks_per_shard: Sequence[int], where: str = "") -> int:
-    """The number of inner chunks per shard, or ConfigurationError when it exceeds :data:`MAX_CHUNKS_PER_SHARD`.
-
-    Parameters
-    ----------
-    chunks_per_shard : sequence of int
-        Inner chunks per shard along each dimension.
-    where : str
-        What the layout belongs to (an array path, a metadata key), named in the error.
-
-    Raises
-    ------
-    ConfigurationError
-        If the product exceeds the limit (nothing has been allocated).
-    """
+def check_chunks_per_shard(chunks_per_shard: Sequence[int]) -> None:
+    """Raise ConfigurationError when ``prod(chunks_per_shard)`` exceeds :data:`MAX_CHUNKS_PER_SHARD`."""
     n = prod(int(c) for c in chunks_per_shard)
     if n > MAX_CHUNKS_PER_SHARD:
-        at = f" of {where}" if where else ""
         raise ConfigurationError(
-            f"chunks_per_shard {tuple(chunks_per_shard)}{at} means {n} chunks per shard (an index of {16 * n} bytes), "
+            f"chunks_per_shard {tuple(chunks_per_shard)} means {n} chunks per shard (an index of {16 * n} bytes), "
             f"beyond the limit of {MAX_CHUNKS_PER_SHARD} (shardkv.format.limits.MAX_CHUNKS_PER_SHARD, "
             "environment SHARDKV_MAX_CHUNKS_PER_SHARD)"
         )
-    return n

@@ -1,10 +1,4 @@
-"""Byte ranges: a small frozen value type and the pure logic that merges them.
-
-One rule for every byte range in shardkv, the one Python slices follow:
-``start`` is the first byte, ``stop`` is one past the last (half-open), and a
-negative ``start`` with ``stop=None`` counts from the end of the object (a
-suffix read, used for an index at the end of a shard).
-"""
+"""Byte ranges (half-open, as slices; a negative ``start`` counts from the end) and read planning. Pure."""
 
 from __future__ import annotations
 
@@ -19,8 +13,7 @@ class ByteRange:
     Parameters
     ----------
     start : int
-        First byte (bytes from the start of the object), or, when negative with
-        ``stop=None``, the number of bytes to read from the end (``-start``).
+        First byte, or, negative with ``stop=None``, ``-start`` bytes from the end.
     stop : int or None
         One past the last byte; ``None`` reads to the end of the object.
 
@@ -52,23 +45,7 @@ class ByteRange:
         return self.start < 0
 
     def resolve(self, size: int, *, clamp: bool = True) -> tuple[int, int]:
-        """The absolute half-open ``(start, stop)`` of this range in an object of ``size`` bytes.
-
-        Parameters
-        ----------
-        size : int
-            Length of the object (bytes).
-        clamp : bool
-            Clip both ends to ``[0, size]``, as slicing does (default). With
-            ``False`` the ends are returned as the range states them, so a
-            caller can refuse a range that does not fit (``start < 0`` or
-            ``stop > size``).
-
-        Returns
-        -------
-        tuple of int
-            ``(start, stop)``, with ``start <= stop`` when clamped.
-        """
+        """The absolute ``(start, stop)`` in an object of ``size`` bytes, clipped to ``[0, size]`` if ``clamp``."""
         if self.is_suffix:
             start, stop = size + self.start, size
         else:
@@ -90,11 +67,7 @@ class ByteRange:
 
 @dataclass(frozen=True, slots=True)
 class CoalescedRead:
-    """One request that serves several wanted ranges of the same object.
-
-    ``members`` holds, for each wanted range served, its position in the input
-    sequence and its start relative to ``range.start``.
-    """
+    """One request that serves several wanted ranges of one object."""
 
     range: ByteRange
     members: tuple[tuple[int, int, int], ...]  # (input position, relative start, nbytes)
@@ -108,25 +81,19 @@ def coalesce(
 ) -> list[CoalescedRead]:
     """Merge nearby explicit byte ranges of one object into fewer requests.
 
-    Ranges are sorted by start; a range joins the current request when the gap
-    to it is at most ``max_gap`` bytes and the merged request stays within
-    ``max_size`` bytes (a single range larger than ``max_size`` is still read
-    whole). Overlapping and duplicate ranges are served from one request.
-
     Parameters
     ----------
     ranges : sequence of ByteRange
         Explicit ranges (``start >= 0``, ``stop`` not None) of one object.
     max_gap : int
-        Largest number of unwanted bytes (bytes) read to join two ranges.
+        Most unwanted bytes read to join two ranges.
     max_size : int
-        Largest merged request (bytes).
+        Largest merged request (bytes); a larger single range is still read whole.
 
     Returns
     -------
     list of CoalescedRead
-        Requests in ascending order of start; every input position appears in
-        exactly one request's ``members``.
+        In ascending order of start; each input position in exactly one request's ``members``.
 
     Raises
     ------
@@ -171,13 +138,17 @@ class ReadPolicy:
     Parameters
     ----------
     max_gap : int
-        Unwanted bytes (bytes) read at most to merge two neighbouring ranges.
+        Most unwanted bytes read to merge two neighbouring ranges.
     max_request : int
         Largest merged request (bytes).
     whole_shard_fraction : float
-        Read the whole shard in one request when the wanted bytes are at least
-        this fraction of the bytes its present chunks occupy (0 < f <= 1;
-        values above 1 never read whole shards).
+        Read the whole shard when the wanted bytes reach this fraction of its
+        present chunks' bytes (> 0; above 1: never).
+
+    Raises
+    ------
+    ValueError
+        If a value is out of range.
     """
 
     max_gap: int = 64 * 1024
@@ -193,23 +164,10 @@ class ReadPolicy:
 
 
 def plan_reads(wanted: Sequence[ByteRange], stored_nbytes: int, policy: ReadPolicy) -> list[CoalescedRead]:
-    """Requests that serve ``wanted`` ranges of one shard.
+    """Requests serving explicit ``wanted`` ranges of one shard whose present chunks hold ``stored_nbytes`` bytes.
 
-    Parameters
-    ----------
-    wanted : sequence of ByteRange
-        Explicit ranges of inner chunks to read.
-    stored_nbytes : int
-        Bytes referenced by all present chunks of the shard (from its index).
-    policy : ReadPolicy
-        Merge limits and the whole-shard threshold.
-
-    Returns
-    -------
-    list of CoalescedRead
-        One request ``ByteRange(0, None)`` for the whole shard when the wanted
-        bytes reach ``policy.whole_shard_fraction * stored_nbytes``; otherwise
-        the result of :func:`coalesce`.
+    One ``ByteRange(0, None)`` for the whole shard when the wanted bytes reach
+    ``policy.whole_shard_fraction * stored_nbytes``, else :func:`coalesce`'s.
     """
     if not wanted:
         return []

@@ -1,11 +1,8 @@
 """Updates written after a stored shard's bytes (O(chunk) updates), and the intent record of an in-place append. Pure.
 
-An update of a few inner chunks of a stored shard need not rewrite the shard:
-the changed chunks go after the shard's chunk data, a new index points at
-them, and every chunk not changed keeps its offset (:func:`plan_tail_update`).
-Bytes before the update's first byte are never written, so a reader that read
-the old index and then reads a chunk at an old offset gets the old chunk.
-Two ways to place the new bytes (``how``)::
+Changed chunks go after the shard's chunk data, a new index points at them,
+unchanged chunks keep their offsets, and no byte before the first write
+changes (docs/architecture.md, "The write path")::
 
     "clone" (a reflink copy of the shard renamed over it, or S3's server-side copy of the kept bytes):
       index at the end:   | old chunk data | new chunks | new index |
@@ -15,19 +12,11 @@ Two ways to place the new bytes (``how``)::
     "append" (in place, on the live file; index at the end only):
                           | old chunk data | old index | new chunks | new index |
                                                        ^ the old size
-      two writes: the new chunks, then the new index (the writer makes the
-      chunks durable before it writes the index that points at them)
+      two writes: the new chunks, then the new index (made durable in that order)
 
-Replaced chunks and old indexes become *dead bytes*: :func:`dead_fraction`
-tells the engine when to rewrite the shard whole instead.
-
-An in-place append is made after an :class:`AppendIntent` is recorded (in the
-shard's lock file): which file, its inode, its size before and after, the
-CRC32C of its last bytes before the append and of the appended bytes; recovery
-keeps the append if all of it is there and checks, cuts the file back to its
-old size if the append is torn, and leaves alone a file that is no longer the
-one appended to (a shard rewritten since, whose new file may have been given
-the same inode number).
+Replaced chunks and old indexes are dead bytes (:func:`dead_fraction`). An
+append is recorded first as an :class:`AppendIntent`; :func:`recovered_nbytes`
+decides what recovery does with it.
 """
 
 from __future__ import annotations
@@ -43,13 +32,8 @@ from shardkv._types import BytesLike, LocalCoords
 from shardkv.format.layout import ShardIndex, ShardLayout
 
 TailHow = Literal["clone", "append"]
-"""Where an O(chunk) update's bytes go: a reflink clone renamed over the shard, or the live file itself."""
-
 INTENT_MAGIC = b"SKVAPND2"
-"""The first 8 bytes of an encoded :class:`AppendIntent`."""
-
-OLD_TAIL_NBYTES = 4096
-"""Bytes before the old size whose CRC32C an :class:`AppendIntent` records (fewer in a smaller file)."""
+OLD_TAIL_NBYTES = 4096  # bytes before the old size whose CRC32C an intent records (fewer in a smaller file)
 
 # magic, inode, old size, new size, crc32c of the old tail, crc32c of the appended bytes, path length
 _HEAD = struct.Struct("<8sQQQIII")
@@ -75,18 +59,14 @@ class TailPlan:
     Attributes
     ----------
     writes : list of (int, list of bytes-like)
-        ``(offset, parts)``: the parts' concatenation is written at byte
-        ``offset`` of the shard (in order; every offset is at or after the end
-        of the old chunk data, or 0 for a start index rewritten in a clone).
-        For ``"append"``, the new chunks and then the new index, each its own
-        write (back to back from the old size), so that a writer can make the
-        chunks durable before the index that points at them.
+        ``(offset, parts)``, in order: the parts' concatenation goes at byte
+        ``offset``. For ``"append"``, the new chunks and the new index are two writes.
     index : ShardIndex
         The new index.
     nbytes : int
         The shard's size after the update (bytes).
     used_nbytes : int
-        Bytes of the new shard that its index and chunks use; the rest are dead.
+        Bytes of the new shard its index and chunks use; the rest are dead.
     """
 
     writes: list[tuple[int, list[BytesLike]]]
@@ -117,22 +97,20 @@ def plan_tail_update(
     Parameters
     ----------
     layout : ShardLayout
-        The shard's layout (index location, index size).
+        The shard's layout.
     index : ShardIndex
         The stored shard's index (not modified).
     shard_nbytes : int
-        The stored shard's size in bytes (at least ``layout.index_nbytes``).
+        The stored shard's size (bytes).
     updates : mapping of local coords to bytes-like or None
         Each changed inner chunk's new encoded bytes, or ``None`` to delete it.
     how : {"clone", "append"}
-        ``"clone"``: the writes go to a private copy of the shard (an end index
-        is overwritten by the new chunks, a start index in place);
-        ``"append"``: to the live file, after every old byte (index at the end only).
+        ``"clone"``: into a private copy (an end index is overwritten);
+        ``"append"``: to the live file after every old byte (end index only).
 
     Returns
     -------
     TailPlan
-        The writes, the new index, the new size and the bytes the new shard uses.
 
     Raises
     ------
@@ -183,29 +161,21 @@ class AppendIntent:
     path : str
         The shard file's real path.
     inode : int
-        Its inode (a shard replaced since is not the one appended to).
-    old_nbytes : int
-        Its size before the append (bytes); nothing before it is written.
-    new_nbytes : int
-        Its size after the append (bytes).
+        Its inode.
+    old_nbytes, new_nbytes : int
+        Its size before and after the append (bytes).
     old_tail_crc32c : int
-        CRC32C of the file's last bytes before the append,
-        ``[old_nbytes - min(old_nbytes, OLD_TAIL_NBYTES), old_nbytes)`` (the
-        old index and what precedes it): with the inode, what tells the file
-        appended to from a file made since that was given the same inode number.
+        CRC32C of :func:`old_tail_range` before the append: with the inode, what
+        tells the file appended to from a later one given the same inode number.
     crc32c : int
-        CRC32C of the appended bytes ``[old_nbytes, new_nbytes)`` (unsigned 32-bit).
+        CRC32C of the appended bytes ``[old_nbytes, new_nbytes)``.
 
     Notes
     -----
-    Encoded, little endian::
+    Encoded, little endian (the last field covers all before it: a torn record reads as none)::
 
         | magic "SKVAPND2" | inode u64 | old u64 | new u64 | old tail crc32c u32 | crc32c u32 |
         | path length u32 | path UTF-8 | crc32c u32 |
-
-    the last field is the CRC32C of everything before it, so a torn record
-    (its writer killed while writing it, before the shard was touched) reads
-    as no record.
     """
 
     path: str
@@ -216,13 +186,7 @@ class AppendIntent:
     crc32c: int
 
     def encode(self) -> bytes:
-        """The record's bytes (see Notes).
-
-        Raises
-        ------
-        ValueError
-            If the path is longer than 16384 bytes in UTF-8.
-        """
+        """The record's bytes (see Notes); ValueError for a path over 16384 bytes in UTF-8."""
         path = self.path.encode("utf-8", "surrogateescape")
         if len(path) > _MAX_PATH_NBYTES:
             raise ValueError(f"shard path of {len(path)} bytes is too long for an append intent: {self.path!r}")
@@ -260,21 +224,18 @@ def recovered_nbytes(intent: AppendIntent, nbytes: int, old_tail_holds: bool, ap
         The record of the append (its inode already found to be the file's).
     nbytes : int
         The file's size now (bytes).
-    old_tail_holds : bool
-        Whether the file's bytes :func:`old_tail_range` match ``intent.old_tail_crc32c``.
-    appended_holds : bool
-        Whether the file's bytes ``[old_nbytes, new_nbytes)`` are all there and match ``intent.crc32c``.
+    old_tail_holds, appended_holds : bool
+        Whether :func:`old_tail_range` matches ``intent.old_tail_crc32c``, and
+        the bytes ``[old_nbytes, new_nbytes)`` are all there and match ``intent.crc32c``.
 
     Returns
     -------
     int or None
-        ``intent.old_nbytes`` for a torn append (its size between the old and
-        the new size, or the new size with bytes that do not check: a power
-        loss); ``None`` for a complete append, and for a file that is not the
-        one appended to as it was: shorter than the old size or with other
-        bytes before it (a shard rewritten since, given the same inode
-        number), or longer than the new size (bytes a later writer added:
-        cutting them would lose its update).
+        ``intent.old_nbytes`` for a torn append (a size between old and new,
+        or the new size with bytes that do not check); ``None`` for a complete
+        append and for a file that is no longer the one appended to (shorter
+        than the old size, other bytes before it, or longer than the new size:
+        a later writer's bytes).
     """
     old, new = intent.old_nbytes, intent.new_nbytes
     if nbytes <= old or nbytes > new or not old_tail_holds:

@@ -1,13 +1,4 @@
-"""Chunk keys of listings, built from shard indexes with one string join per key. Pure.
-
-:func:`shard_chunk_keys` turns a shard's present mask into the keys of its
-stored chunks: for ``<head><c0><sep><c1>...`` encodings each coordinate is
-turned into text once per shard and each key is one concatenation.
-:func:`sorted_chunk_names` gives the names zarr-python 2's ``listdir``
-returns for ``"."``-separated keys already in string order (``"."`` sorts
-before every digit, so key order is coordinate-string order dimension by
-dimension), without a string sort.
-"""
+"""Chunk keys of listings, built from shard indexes with one string join per key. Pure."""
 
 from __future__ import annotations
 
@@ -19,9 +10,7 @@ import numpy as np
 
 from shardkv.keys.space import ShardedArray
 
-DENSE_GRID_FACTOR = 4
-""":func:`sorted_chunk_names` holds a mask of the whole chunk grid when the grid has at most this
-many times the chunks the listed shards can hold; sparser grids sort the names instead."""
+DENSE_GRID_FACTOR = 4  # sorted_chunk_names masks the whole grid up to this many times the listed shards' chunks
 
 
 def _local_extent(arr: ShardedArray, shard_coords: Sequence[int], in_grid_only: bool) -> list[range]:
@@ -47,24 +36,10 @@ def _product_keys(head: str, sep: str, strings: Sequence[Sequence[str]]) -> list
 def shard_chunk_keys(
     arr: ShardedArray, shard_coords: Sequence[int], present: np.ndarray, in_grid_only: bool = True
 ) -> list[str]:
-    """Keys of the chunks a shard stores, in row-major order.
+    """Keys of the chunks a shard stores, row-major (outside the grid left out when ``in_grid_only``).
 
-    Parameters
-    ----------
-    arr : ShardedArray
-        The shard's array.
-    shard_coords : sequence of int
-        The shard's coords in the shard grid.
-    present : numpy.ndarray
-        Boolean, shape ``chunks_per_shard``: True where the index holds a chunk
-        (:meth:`~shardkv.format.layout.ShardIndex.present_mask`).
-    in_grid_only : bool
-        Leave out chunks outside the chunk grid (when it is known).
-
-    Returns
-    -------
-    list of str
-        Chunk keys (of ``arr.chunk_key_encoding``), each string built once.
+    ``present`` is the shard's :meth:`~shardkv.format.layout.ShardIndex.present_mask`
+    (bool, shape ``chunks_per_shard``).
     """
     extent = _local_extent(arr, shard_coords, in_grid_only)
     mask = present[tuple(slice(0, len(r)) for r in extent)]
@@ -94,22 +69,11 @@ def shard_chunk_count(
 def sorted_chunk_names(
     arr: ShardedArray, shards: Iterable[tuple[Sequence[int], np.ndarray]], max_shards: int
 ) -> list[str] | None:
-    """The chunk keys of the shards, relative to the array's key prefix, in sorted (string) order.
+    """zarr 2's sorted ``listdir`` names of the chunks of ``shards`` ((coords, present mask), at most ``max_shards``).
 
-    For arrays whose chunk keys are ``<key_prefix><c0>.<c1>...`` (the ``v2``
-    encoding with separator ``"."``: zarr-python 2's ``listdir`` of the array
-    returns exactly these names) and whose chunk grid is known and dense enough
-    (at most :data:`DENSE_GRID_FACTOR` times the chunks ``max_shards`` shards
-    hold); ``None`` otherwise (the caller sorts).
-
-    Parameters
-    ----------
-    arr : ShardedArray
-        The array.
-    shards : iterable of (shard coords, present mask)
-        The stored shards (in any order) and their present masks.
-    max_shards : int
-        How many shards ``shards`` yields at most (bounds the grid mask).
+    Built in string order without a sort, for ``v2`` keys with separator
+    ``"."`` and a known grid at most :data:`DENSE_GRID_FACTOR` times what the
+    shards hold; ``None`` otherwise (the caller sorts).
     """
     grid = arr.chunk_grid_shape
     if arr.chunk_key_form != (arr.key_prefix, "."):

@@ -1,12 +1,7 @@
-"""Hierarchy paths: splitting and joining keys, and which array owns a key. Pure.
+"""Keys and hierarchy paths: their rules, splitting and joining, and which array owns a key. Pure.
 
-The one owner rule of shardkv (docs/architecture.md, "Which array owns a
-key"): arrays have no children, so the array that owns a chunk or shard key
-is the *first* array met walking down from the root among the paths followed,
-up to the key's last segment, by chunk-like segments only
-(:func:`chunk_owner_paths`). What is chunk-like is decided here only
-(:func:`is_chunk_segment`); :func:`owning_array` answers from a known set of
-array paths, facades that learn paths lazily walk :func:`chunk_owner_paths`.
+The owner rule is docs/architecture.md's "Which array owns a key"; what is
+chunk-like is decided here only (:func:`is_chunk_segment`).
 """
 
 from __future__ import annotations
@@ -28,9 +23,8 @@ _FORBIDDEN_CHARS = {"\\": "a backslash", "\x00": "a NUL character"}
 def validate_key(key: object) -> str:
     """Check the rules every key obeys and return it.
 
-    A key is a ``str`` of ``/``-separated segments, none empty, none made of
-    periods only (``.``, ``..``), with no leading or trailing ``/`` (v3 core
-    "Node names").
+    A key is a ``str`` of ``/``-separated segments, none empty or of periods
+    only (``.``, ``..``) (v3 core "Node names").
 
     Raises
     ------
@@ -52,14 +46,10 @@ def validate_key(key: object) -> str:
 
 
 def validate_path(path: object, *, what: str = "path") -> str:
-    """Check a hierarchy path given to a path-taking method and return it normalised.
+    """Check a path given to a path-taking method (``rmdir``, ``listdir``, ...) and return it normalised.
 
-    The one gate for every method that takes a path rather than a key
-    (``rmdir``, ``rename``, ``getsize``, ``listdir``, ``keys_under``, ...):
-    whatever it returns names something inside the store. ``None``, ``""``
-    and ``"/"`` name the root (returned as ``""``); one trailing ``/`` is
-    dropped (``"g/a/"`` -> ``"g/a"``, as zarr's prefixes end). Everything else
-    must be a valid key (see :func:`validate_key`).
+    ``None``, ``""`` and ``"/"`` name the root (``""``); one trailing ``/`` is
+    dropped; the rest must be a valid key (:func:`validate_key`).
 
     Parameters
     ----------
@@ -78,9 +68,8 @@ def validate_path(path: object, *, what: str = "path") -> str:
     TypeError
         If ``path`` is neither a ``str`` nor ``None``.
     InvalidKeyError
-        If ``path`` is absolute (leading ``/``), holds an empty segment
-        (``a//b``), a segment of periods only (``.``, ``..``), a backslash
-        or a NUL character. The error names the path as received.
+        If ``path`` is absolute, holds an empty segment, a segment of periods
+        only, a backslash or a NUL character (named as received).
     """
     if path is None or path in ("", "/"):
         return ""
@@ -121,21 +110,7 @@ def _any_segment(segment: str) -> bool:
 
 
 def owner_candidates(key: str, next_segment: Callable[[str], bool] = _any_segment) -> Iterator[str]:
-    """Paths of the arrays that could own ``key``, from the root down.
-
-    Parameters
-    ----------
-    key : str
-        A ``/``-separated key, relative to the hierarchy root.
-    next_segment : callable, optional
-        Keeps only the prefixes whose following segment passes (for example
-        "starts with ``c``" for the 2022 draft's chunk keys).
-
-    Yields
-    ------
-    str
-        ``""`` (the root) first, then every proper prefix of ``key``.
-    """
+    """``""`` then every proper prefix of ``key``, keeping those whose following segment passes ``next_segment``."""
     segments = key.split("/")
     for i in range(len(segments)):
         if next_segment(segments[i]):
@@ -145,32 +120,16 @@ def owner_candidates(key: str, next_segment: Callable[[str], bool] = _any_segmen
 def owning_array(
     key: str, array_paths: Container[str], next_segment: Callable[[str], bool] = _any_segment
 ) -> str | None:
-    """The path of the array that holds ``key`` (the first array above it), or ``None``.
-
-    Parameters
-    ----------
-    key : str
-        A ``/``-separated key, relative to the hierarchy root.
-    array_paths : container of str
-        The paths of the hierarchy's arrays (``""`` for a root array).
-    next_segment : callable, optional
-        As for :func:`owner_candidates`.
-    """
+    """The first of ``array_paths`` among :func:`owner_candidates` of ``key`` (the array holding it), or ``None``."""
     return next((p for p in owner_candidates(key, next_segment) if p in array_paths), None)
 
 
 def is_chunk_segment(segment: str, *, well_formed: bool = False) -> bool:
     """True for a key segment that can be part of a chunk or shard key.
 
-    Parameters
-    ----------
-    segment : str
-        One ``/``-separated segment of a key.
-    well_formed : bool
-        Only the segments chunk and shard keys are written with (``c``, digits
-        joined by ``.``, with an optional leading ``c``). By default malformed
-        ones (signs, empty dot-parts: ``-1.0``) count too, so that a facade
-        refuses them as malformed chunk keys instead of storing them as values.
+    With ``well_formed``, only the segments keys are written with (``c``,
+    digits joined by ``.``, an optional leading ``c``); by default malformed
+    ones (``-1.0``) count too, so that facades refuse them as chunk keys.
     """
     return (_WELL_FORMED_CHUNK_SEGMENT if well_formed else _CHUNK_SEGMENT).fullmatch(segment) is not None
 
@@ -183,11 +142,8 @@ def is_draft_chunk_segment(segment: str) -> bool:
 def chunk_owner_paths(key: str) -> list[str]:
     """The paths of the arrays that could own ``key`` as a chunk or shard key, from the highest down.
 
-    Empty when the last segment is not chunk-like (it always is for a chunk
-    or shard key). Otherwise the key's parent and each of its prefixes that is
-    followed by chunk-like segments only: ``"g/arr/0.0"`` -> ``["g/arr"]``,
-    ``"g/arr/1/2/3"`` -> ``["g/arr", "g/arr/1", "g/arr/1/2"]``, ``"3/0"`` ->
-    ``["", "3"]``. The owner is the first of them that is an array.
+    The prefixes followed by chunk-like segments only: ``"g/arr/1/2/3"`` ->
+    ``["g/arr", "g/arr/1", "g/arr/1/2"]``; empty when the last segment is not chunk-like.
     """
     segments = key.split("/")
     if not _CHUNK_SEGMENT.fullmatch(segments[-1]):
@@ -199,14 +155,7 @@ def chunk_owner_paths(key: str) -> list[str]:
 
 
 def prefix_owner_paths(prefix: str) -> list[str]:
-    """The paths of the arrays that could own keys starting with ``prefix``, from the highest down.
-
-    ``prefix`` is a listing prefix: it may end with ``/`` or inside a segment
-    (``"g/a/c/1"`` for the keys ``g/a/c/1/...`` and ``g/a/c/12/...``). Every
-    beginning of a chunk-like segment followed by a digit is chunk-like, so
-    these are the owner paths of ``prefix + "0"``: ``"g/a/"`` -> ``["g/a"]``,
-    ``""`` -> ``[""]``, ``"g/x"`` -> ``[]``.
-    """
+    """:func:`chunk_owner_paths` of keys starting with the listing ``prefix`` (those of ``prefix + "0"``)."""
     return chunk_owner_paths(prefix + "0")
 
 

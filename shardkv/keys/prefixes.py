@@ -1,10 +1,7 @@
-"""Key *prefixes* of a sharded array: chunk-key prefixes <-> shard-key prefixes. Pure.
+"""Chunk-key prefixes <-> shard-key prefixes, for the draft transformer's listings and erases. Pure.
 
-For the 2022 draft transformer's ``list_prefix``, ``list_dir`` and
-``erase_prefix`` (draft "API implementation": a prefix naming part of the
-chunk grid is translated to the shards holding those chunks). A chunk key
-suffix is a fixed *head* (``c`` for the draft, ``c/`` for v3 ``default``,
-nothing for v2) followed by coordinates joined by the separator.
+Draft "API implementation": a prefix naming part of the chunk grid is
+translated to the shards holding those chunks.
 """
 
 from __future__ import annotations
@@ -27,23 +24,10 @@ def _canonical_int(text: str) -> int | None:
 
 
 def split_prefix(arr: ShardedArray, prefix: str) -> tuple[list[int], bool] | None:
-    """The complete chunk coords a prefix names inside the chunk-grid part of the keys.
+    """``(coords, ok)``: the chunk coords complete in ``prefix`` and whether a chunk key can start with it.
 
-    Parameters
-    ----------
-    arr : ShardedArray
-        The array.
-    prefix : str
-        A key prefix.
-
-    Returns
-    -------
-    None or (list of int, bool)
-        ``None`` when ``prefix`` does not reach past the array's key prefix;
-        else ``(coords, ok)``: the leading chunk coords complete in the prefix
-        (a trailing partial coordinate is left out: ``c1`` may continue as
-        ``c10``), and ``ok`` False when no chunk key of the array can start
-        with ``prefix``.
+    ``None`` when ``prefix`` does not reach past the array's key prefix. A
+    trailing partial coordinate is left out (``c1`` may continue as ``c10``).
     """
     if not prefix.startswith(arr.key_prefix) or len(prefix) == len(arr.key_prefix):
         return None
@@ -74,22 +58,11 @@ def shard_prefix(arr: ShardedArray, coords: Sequence[int]) -> str:
 
 
 def expand_shard_prefix(arr: ShardedArray, listed: str, fixed: Sequence[int]) -> list[str] | None:
-    """Chunk-key prefixes covering a listed partial shard key (``None`` if ``listed`` is not one).
+    """Chunk-key prefixes of the depth of ``listed`` (a partial shard key ``.../c1/`` a listing returned).
 
-    Parameters
-    ----------
-    arr : ShardedArray
-        The array; only ``/``-separated keys have partial keys ending in ``/``.
-    listed : str
-        A prefix (``.../c1/``) a directory listing of the shards returned.
-    fixed : sequence of int
-        Chunk coords the listing already named (they stay fixed).
-
-    Returns
-    -------
-    list of str or None
-        Every chunk-key prefix of the same depth the shards below ``listed``
-        can hold (clipped to the grid when known; not checked to be stored).
+    Coords in ``fixed`` (named by the listing) stay; the rest span the shards
+    below ``listed`` (clipped to the grid when known). ``None`` if ``listed``
+    is not a partial shard key.
     """
     part = listed[len(arr.key_prefix) :].rstrip("/")
     head = _head(arr).rstrip("/")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from math import ceil, prod
 from operator import floordiv, ge, mod
@@ -33,11 +33,6 @@ from shardkv.errors import ChunkOutOfGridError, ConfigurationError, InvalidKeyEr
 from shardkv.format.layout import ShardLayout
 
 Separator = Literal[".", "/"]
-
-
-def _check_separator(separator: str) -> None:
-    if separator not in (".", "/"):
-        raise ConfigurationError(f"chunk key separator must be '.' or '/', got {separator!r}")
 
 
 def _decode_ints(text: str, separator: str, ndim: int) -> tuple[int, ...]:
@@ -52,34 +47,22 @@ def _decode_ints(text: str, separator: str, ndim: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True, slots=True)
 class ChunkKeyEncoding:
-    """Base of the chunk key encodings: maps chunk coords to a key suffix and back.
-
-    Parameters
-    ----------
-    separator : {".", "/"}
-        The character between coordinates.
-    """
+    """Base of the chunk key encodings: chunk coords <-> key suffix, coordinates joined by ``separator``."""
 
     separator: Separator = "/"
 
     name = "abstract"
 
     def __post_init__(self) -> None:
-        _check_separator(self.separator)
+        if self.separator not in (".", "/"):
+            raise ConfigurationError(f"chunk key separator must be '.' or '/', got {self.separator!r}")
 
     def encode(self, chunk_coords: Sequence[int]) -> str:
         """The key suffix (relative to the array path) of a chunk."""
         raise NotImplementedError
 
     def decode(self, suffix: str, ndim: int) -> tuple[int, ...]:
-        """Chunk coords from a key suffix.
-
-        Raises
-        ------
-        ValueError
-            If ``suffix`` is not the canonical key of an ``ndim``-dimensional chunk
-            in this encoding (the message says which rule it breaks).
-        """
+        """Chunk coords from a key suffix; ValueError (saying which rule) unless it is a canonical ``ndim``-d key."""
         raise NotImplementedError
 
     def to_metadata(self) -> dict[str, Any]:
@@ -154,13 +137,7 @@ class Draft2022ChunkKeyEncoding(ChunkKeyEncoding):
 
 
 def chunk_key_encoding_from_metadata(meta: dict[str, Any]) -> ChunkKeyEncoding:
-    """The encoding described by a v3 ``chunk_key_encoding`` object.
-
-    Raises
-    ------
-    ConfigurationError
-        If the name is unknown or the separator invalid.
-    """
+    """The encoding a v3 ``chunk_key_encoding`` object describes; ConfigurationError for an unknown one."""
     name = meta.get("name")
     separator = (meta.get("configuration") or {}).get("separator")
     if name == "default":
@@ -168,9 +145,6 @@ def chunk_key_encoding_from_metadata(meta: dict[str, Any]) -> ChunkKeyEncoding:
     if name == "v2":
         return V2ChunkKeyEncoding(separator or ".")
     raise ConfigurationError(f"unknown chunk_key_encoding {meta!r}; expected name 'default' or 'v2'")
-
-
-# -- grids ---------------------------------------------------------------
 
 
 def grid_shape(shape: Sequence[int], chunks: Sequence[int]) -> tuple[int, ...]:
@@ -181,12 +155,7 @@ def grid_shape(shape: Sequence[int], chunks: Sequence[int]) -> tuple[int, ...]:
 def chunk_to_shard(
     chunk_coords: Sequence[int], chunks_per_shard: Sequence[int]
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Split chunk coords into ``(shard_coords, local_coords)``.
-
-    ``shard_coords = chunk_coords // chunks_per_shard`` and
-    ``local_coords = chunk_coords % chunks_per_shard``, per dimension (draft
-    2022 "Key & value transformation").
-    """
+    """``(chunk_coords // chunks_per_shard, chunk_coords % chunks_per_shard)`` (draft "Key & value transformation")."""
     shard = tuple(map(floordiv, chunk_coords, chunks_per_shard))  # map of operators: no Python frame per dimension
     local = tuple(map(mod, chunk_coords, chunks_per_shard))
     return shard, local
@@ -197,11 +166,7 @@ def shard_to_chunks(
     chunks_per_shard: Sequence[int],
     chunk_grid_shape: Sequence[int] | None = None,
 ) -> Iterator[tuple[tuple[int, ...], tuple[int, ...]]]:
-    """``(chunk_coords, local_coords)`` of the chunks of a shard, in row-major order.
-
-    With ``chunk_grid_shape``, only chunks inside the array's chunk grid are
-    yielded (edge shards hold fewer).
-    """
+    """``(chunk_coords, local_coords)`` of a shard's chunks (inside ``chunk_grid_shape`` if given), row-major."""
     ranges = []
     for d, (s, n) in enumerate(zip(shard_coords, chunks_per_shard, strict=True)):
         stop = n if chunk_grid_shape is None else max(0, min(n, chunk_grid_shape[d] - s * n))
@@ -245,12 +210,9 @@ class ShardedArray:
     path : str
         The array's path in the hierarchy (``""`` for a root array).
     key_prefix : str
-        What precedes the chunk key suffix in chunk and shard keys: ``"path/"``
-        for v2, ``"data/root/path/"`` for the 2022 draft, ``""`` for a root v2 array.
-    shape : tuple of int or None
-        Array shape (elements); ``None`` when unknown (no grid checks).
-    chunks : tuple of int or None
-        Inner chunk shape (elements); ``None`` when unknown.
+        What precedes the key suffix: ``"path/"`` (v2), ``"data/root/path/"`` (draft).
+    shape, chunks : tuple of int or None
+        Array shape and inner chunk shape (elements); ``None`` when unknown (no grid checks).
     layout : ShardLayout
         ``chunks_per_shard`` and index layout.
     chunk_key_encoding, shard_key_encoding : ChunkKeyEncoding
@@ -297,17 +259,7 @@ class ShardedArray:
 
     def with_shape(self, shape: Sequence[int]) -> ShardedArray:
         """The same array after a resize."""
-        return ShardedArray(
-            self.path,
-            self.key_prefix,
-            tuple(int(s) for s in shape),
-            self.chunks,
-            self.layout,
-            self.chunk_key_encoding,
-            self.shard_key_encoding,
-        )
-
-    # -- keys -------------------------------------------------------------
+        return replace(self, shape=tuple(int(s) for s in shape))
 
     def chunk_key(self, chunk_coords: Sequence[int]) -> str:
         return self.key_prefix + self.chunk_key_encoding.encode(chunk_coords)
@@ -325,13 +277,7 @@ class ShardedArray:
         return key[len(self.key_prefix) :]
 
     def chunk_coords_of(self, chunk_key: str) -> tuple[int, ...]:
-        """Chunk coords of a chunk key of this array (no grid check).
-
-        Raises
-        ------
-        InvalidKeyError
-            If the key is not a well-formed chunk key of this array.
-        """
+        """Chunk coords of a chunk key of this array (no grid check); InvalidKeyError for another key."""
         try:
             return self.chunk_key_encoding.decode(self._suffix(chunk_key), self.ndim)
         except InvalidKeyError:
@@ -377,23 +323,10 @@ class ShardedArray:
     def locate_batch(self, chunk_keys: Sequence[str], *, check_grid: bool = True) -> list[ChunkRef] | None:
         """:meth:`locate` of every key at once, or ``None`` when one key needs :meth:`locate` to say why not.
 
-        One pass over all keys: the keys are joined into one text that one
-        regular expression checks (this array's prefix, then canonical
-        coordinates), numpy parses the coordinates in one call and computes
-        shard and local coords as arrays, and each distinct shard or local
-        coords becomes one tuple shared by its keys (shard keys come from the
-        per-array memo). Returns ``None`` (nothing is raised) when any key is
-        not a canonical chunk key of this array, lies outside the grid (with
-        ``check_grid``) or has a coordinate of 19 digits or more, and for a 0-d
-        array or an unknown encoding: callers then locate key by key, which
-        raises the error of the first bad key.
-
-        Parameters
-        ----------
-        chunk_keys : sequence of str
-            Chunk keys of this array (usually all keys of one zarr call).
-        check_grid : bool
-            As for :meth:`locate`.
+        One regular expression checks the joined keys and numpy parses their
+        coordinates in one call; ``None`` (nothing raised) for a key that is
+        not canonical, outside the grid (with ``check_grid``) or of a 19-digit
+        coordinate, and for a 0-d array or another encoding.
         """
         coords = self._parse_batch(chunk_keys)
         if coords is None:
@@ -423,12 +356,7 @@ class ShardedArray:
 
     @cached_property
     def chunk_key_form(self) -> tuple[str, str] | None:
-        """``(head, separator)`` when every chunk key is ``head + separator.join(coords)``, else ``None``.
-
-        ``head`` includes the key prefix (``"path/"`` for v2 keys,
-        ``"path/c/"`` for ``default`` keys); ``None`` for a 0-d array or an
-        encoding of another form.
-        """
+        """``(head, separator)`` when every chunk key is ``head + separator.join(coords)`` (head: prefix included)."""
         head = _key_head(self.chunk_key_encoding)
         if head is None or self.ndim == 0:
             return None
@@ -483,8 +411,6 @@ class ShardedArray:
         except ValueError:
             return None
 
-    # -- chunks of a shard --------------------------------------------------
-
     def chunk_coords(self, shard_coords: Sequence[int], local_coords: Sequence[int]) -> tuple[int, ...]:
         """Chunk coords of the inner chunk at ``local_coords`` of a shard."""
         return shard_to_chunk(shard_coords, self.chunks_per_shard, local_coords)
@@ -495,11 +421,7 @@ class ShardedArray:
         return grid is None or all(c < g for c, g in zip(chunk_coords, grid, strict=True))
 
     def shard_in_grid(self, shard_coords: Sequence[int]) -> bool:
-        """True when every inner chunk of the shard lies inside the chunk grid (always, when the grid is unknown).
-
-        One comparison per dimension (the shard's last chunk), where asking
-        :meth:`in_grid` of each chunk costs one per chunk.
-        """
+        """True when every inner chunk of the shard lies inside the chunk grid (always, when the grid is unknown)."""
         grid = self.chunk_grid_shape
         return grid is None or all(
             [(s + 1) * cps <= g for s, cps, g in zip(shard_coords, self.chunks_per_shard, grid, strict=True)]
@@ -520,13 +442,7 @@ class ShardedArray:
         return n
 
     def shard_keys(self) -> Iterator[tuple[str, tuple[int, ...]]]:
-        """Every possible shard key of the array with its shard coords, row-major.
-
-        Raises
-        ------
-        ValueError
-            If the grid is unknown (list the stored shards instead).
-        """
+        """Every possible shard key of the array with its shard coords, row-major; ValueError if the grid is unknown."""
         grid = self.shard_grid_shape
         if grid is None:
             raise ValueError(f"the shard grid of array {self.path!r} is unknown (no shape or chunk shape)")
