@@ -207,12 +207,9 @@ class ShardIndex:
 
 IndexLocation = Literal["start", "end"]
 Endian = Literal["little", "big"]
-_CHECKSUM_NBYTES = 4
 
 
-def crc32c_of(data: bytes | memoryview) -> int:
-    """CRC32C (Castagnoli) of ``data`` as an unsigned 32-bit int."""
-    return _crc32c.crc32c(data)
+crc32c_of = _crc32c.crc32c  # CRC32C (Castagnoli) of bytes as an unsigned 32-bit int
 
 
 def chunk_nbytes_bound(chunk_shape: Sequence[int], itemsize: int | None) -> int | None:
@@ -289,13 +286,19 @@ class ShardLayout:
     index_endian: Endian = "little"
     index_checksum: bool = True
     max_chunk_nbytes: int | None = field(default=None, compare=False)  # a reader's limit, not the format
+    n_chunks: int = field(init=False, repr=False, compare=False)  # inner chunks per shard
+    index_nbytes: int = field(init=False, repr=False, compare=False)  # the encoded index, CRC32C included
+    _index_dtype: np.dtype = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         cps = tuple(int(c) for c in self.chunks_per_shard)
         if any(c < 1 for c in cps):
             raise ConfigurationError(f"chunks_per_shard values must be >= 1, got {cps}")
-        limits.check_chunks_per_shard(cps)  # before any index is allocated
+        n = limits.check_chunks_per_shard(cps)  # before any index is allocated
         object.__setattr__(self, "chunks_per_shard", cps)
+        object.__setattr__(self, "n_chunks", n)
+        object.__setattr__(self, "index_nbytes", 16 * n + (4 if self.index_checksum else 0))
+        object.__setattr__(self, "_index_dtype", np.dtype("<u8" if self.index_endian == "little" else ">u8"))
         if self.index_location not in ("start", "end"):
             raise ConfigurationError(f"index_location must be 'start' or 'end', got {self.index_location!r}")
         if self.index_endian not in ("little", "big"):
@@ -319,16 +322,6 @@ class ShardLayout:
         """A v1.0 ``sharding_indexed`` layout (default: end, little endian, crc32c)."""
         return cls(tuple(chunks_per_shard), index_location, index_endian, index_checksum)
 
-    @property
-    def n_chunks(self) -> int:
-        """Inner chunks per shard (product of ``chunks_per_shard``)."""
-        return prod(self.chunks_per_shard)
-
-    @property
-    def index_nbytes(self) -> int:
-        """Size in bytes of the encoded index, including the 4-byte CRC32C if any."""
-        return 16 * self.n_chunks + (_CHECKSUM_NBYTES if self.index_checksum else 0)
-
     def index_range(self) -> ByteRange:
         """The byte range of the encoded index: a prefix, or a suffix read."""
         if self.index_location == "start":
@@ -341,16 +334,13 @@ class ShardLayout:
             return self.index_nbytes, shard_nbytes
         return 0, None if shard_nbytes is None else shard_nbytes - self.index_nbytes
 
-    def _dtype(self) -> np.dtype:
-        return np.dtype("<u8" if self.index_endian == "little" else ">u8")
-
     def encode_index(self, index: ShardIndex) -> bytes:
         """Encode an index (and its checksum) to ``index_nbytes`` bytes; ConfigurationError if its shape differs."""
         if index.chunks_per_shard != self.chunks_per_shard:
             raise ConfigurationError(
                 f"index of shape {index.chunks_per_shard} does not match chunks_per_shard {self.chunks_per_shard}"
             )
-        raw = np.ascontiguousarray(index.entries, dtype=self._dtype()).tobytes()
+        raw = np.ascontiguousarray(index.entries, dtype=self._index_dtype).tobytes()
         if self.index_checksum:
             raw += crc32c_of(raw).to_bytes(4, "little")
         return raw
@@ -393,7 +383,7 @@ class ShardLayout:
             computed = crc32c_of(body)
             if stored != computed:
                 raise ChecksumError(shard_key, stored, computed)
-        entries = np.frombuffer(body, dtype=self._dtype()).astype(np.uint64)
+        entries = np.frombuffer(body, dtype=self._index_dtype).astype(np.uint64)
         index = ShardIndex(entries.reshape(*self.chunks_per_shard, 2))
         index.validate(shard_key, *self.data_region(shard_nbytes), self.max_chunk_nbytes)
         return index

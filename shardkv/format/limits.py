@@ -26,8 +26,8 @@ def _from_environment(default: int) -> int:
 MAX_CHUNKS_PER_SHARD: int = _from_environment(2**24)
 
 
-def check_chunks_per_shard(chunks_per_shard: Sequence[int]) -> None:
-    """Raise ConfigurationError when ``prod(chunks_per_shard)`` exceeds :data:`MAX_CHUNKS_PER_SHARD`."""
+def check_chunks_per_shard(chunks_per_shard: Sequence[int]) -> int:
+    """``prod(chunks_per_shard)``; ConfigurationError when it exceeds :data:`MAX_CHUNKS_PER_SHARD`."""
     n = prod(int(c) for c in chunks_per_shard)
     if n > MAX_CHUNKS_PER_SHARD:
         raise ConfigurationError(
@@ -35,3 +35,4 @@ def check_chunks_per_shard(chunks_per_shard: Sequence[int]) -> None:
             f"beyond the limit of {MAX_CHUNKS_PER_SHARD} (shardkv.format.limits.MAX_CHUNKS_PER_SHARD, "
             "environment SHARDKV_MAX_CHUNKS_PER_SHARD)"
         )
+    return n

@@ -227,11 +227,11 @@ class ShardedArray:
     chunk_key_encoding: ChunkKeyEncoding
     shard_key_encoding: ChunkKeyEncoding
 
-    @property
+    @cached_property
     def ndim(self) -> int:
         return len(self.layout.chunks_per_shard)
 
-    @property
+    @cached_property
     def chunks_per_shard(self) -> tuple[int, ...]:
         return self.layout.chunks_per_shard
 
@@ -271,17 +271,12 @@ class ShardedArray:
         """True when ``key`` lies under the array's key prefix."""
         return key.startswith(self.key_prefix)
 
-    def _suffix(self, key: str) -> str:
-        if not key.startswith(self.key_prefix):
-            raise InvalidKeyError(key, f"not under the array prefix {self.key_prefix!r}")
-        return key[len(self.key_prefix) :]
-
     def chunk_coords_of(self, chunk_key: str) -> tuple[int, ...]:
         """Chunk coords of a chunk key of this array (no grid check); InvalidKeyError for another key."""
+        if not chunk_key.startswith(self.key_prefix):
+            raise InvalidKeyError(chunk_key, f"not under the array prefix {self.key_prefix!r}")
         try:
-            return self.chunk_key_encoding.decode(self._suffix(chunk_key), self.ndim)
-        except InvalidKeyError:
-            raise
+            return self.chunk_key_encoding.decode(chunk_key[len(self.key_prefix) :], self.ndim)
         except ValueError as exc:
             enc = self.chunk_key_encoding
             raise InvalidKeyError(
