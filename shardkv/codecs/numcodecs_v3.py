@@ -23,21 +23,7 @@ ARRAY_TO_ARRAY_IDS = frozenset({"astype", "bitround", "delta", "fixedscaleoffset
 """numcodecs ids zarr-python 3 registers as ``numcodecs.<id>`` array -> array codecs."""
 
 BYTES_TO_BYTES_IDS = frozenset(
-    {
-        "adler32",
-        "blosc",
-        "bz2",
-        "crc32",
-        "crc32c",
-        "fletcher32",
-        "gzip",
-        "jenkins_lookup3",
-        "lz4",
-        "lzma",
-        "shuffle",
-        "zlib",
-        "zstd",
-    }
+    "adler32 blosc bz2 crc32 crc32c fletcher32 gzip jenkins_lookup3 lz4 lzma shuffle zlib zstd".split()
 )
 """numcodecs ids zarr-python 3 registers as ``numcodecs.<id>`` bytes -> bytes codecs."""
 

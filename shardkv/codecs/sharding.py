@@ -204,13 +204,10 @@ class ShardingCodec(Codec):
         index = layout.index_of_shard(view, shard_key)
         out = self._fill_array(shape, dtype, fill_value)
         for local, offset, nbytes in index.stored_entries():
-            out[self._chunk_slices(local)] = self._decode_chunk(
-                view[offset : offset + nbytes], dtype, fill_value, f"{shard_key} inner chunk {local}"
+            out[self._chunk_slices(local)] = self.codecs.decode(
+                view[offset : offset + nbytes], self.chunk_shape, dtype, fill_value, f"{shard_key} inner chunk {local}"
             )
         return out
-
-    def _decode_chunk(self, data: Any, dtype: np.dtype, fill_value: Any, key: str) -> np.ndarray:
-        return self.codecs.decode(data, self.chunk_shape, dtype, fill_value, key)
 
     def read_index(
         self, read_range: ReadRange, shape: Sequence[int], *, shard_key: str = "<shard>"
@@ -301,7 +298,7 @@ class ShardingCodec(Codec):
                     f"index entry {local} points at bytes [{offset}, {offset + nbytes}) but the read returned {got} "
                     "(truncated shard or offset past the end)",
                 )
-            chunk = self._decode_chunk(raw, dtype, fill_value, key)
+            chunk = self.codecs.decode(raw, self.chunk_shape, dtype, fill_value, key)
             out[out_ix] = chunk[np.ix_(*in_sel)]
         return _drop_axes(out, drop)
 
