@@ -336,7 +336,7 @@ class ShardLayout:
 
     def encode_index(self, index: ShardIndex) -> bytes:
         """Encode an index (and its checksum) to ``index_nbytes`` bytes; ConfigurationError if its shape differs."""
-        if index.chunks_per_shard != self.chunks_per_shard:
+        if index.entries.shape[:-1] != self.chunks_per_shard:
             raise ConfigurationError(
                 f"index of shape {index.chunks_per_shard} does not match chunks_per_shard {self.chunks_per_shard}"
             )

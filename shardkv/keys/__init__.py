@@ -1,4 +1,1 @@
-"""Key spaces, pure logic (no I/O).
-
-Chunk key encodings and the mapping of an array's chunk keys to (shard key, local coords).
-"""
+"""Key spaces, pure logic (no I/O): key rules, chunk key encodings, chunk key -> (shard key, local coords)."""
