@@ -274,6 +274,13 @@ class ShardLayout:
         :func:`chunk_nbytes_bound` for layouts built from array metadata. Not
         part of equality.
 
+    Attributes
+    ----------
+    n_chunks : int
+        Inner chunks per shard.
+    index_nbytes : int
+        Bytes of the encoded index, including the 4-byte CRC32C if any.
+
     Raises
     ------
     ConfigurationError
@@ -286,8 +293,8 @@ class ShardLayout:
     index_endian: Endian = "little"
     index_checksum: bool = True
     max_chunk_nbytes: int | None = field(default=None, compare=False)  # a reader's limit, not the format
-    n_chunks: int = field(init=False, repr=False, compare=False)  # inner chunks per shard
-    index_nbytes: int = field(init=False, repr=False, compare=False)  # the encoded index, CRC32C included
+    n_chunks: int = field(init=False, repr=False, compare=False)
+    index_nbytes: int = field(init=False, repr=False, compare=False)
     _index_dtype: np.dtype = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
