@@ -62,8 +62,8 @@ def copy_ranges(keep: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
-async def copy_update(call: Call, bucket: str, key: str, etag: str, keep: int, body: bytes) -> str:
-    """Replace ``bucket/key`` (ETag ``etag``) by its first ``keep`` bytes (copied on the server) and ``body``.
+async def copy_update(call: Call, bucket: str, key: str, etag: str, keep: int, body: bytes, drop: int = 0) -> str:
+    """Replace ``bucket/key`` (ETag ``etag``) by its bytes ``[drop, drop + keep)`` (copied on the server) and ``body``.
 
     Returns
     -------
@@ -88,7 +88,7 @@ async def copy_update(call: Call, bucket: str, key: str, etag: str, keep: int, b
                 UploadId=upload_id,
                 PartNumber=number,
                 CopySource={"Bucket": bucket, "Key": key},
-                CopySourceRange=f"bytes={start}-{stop - 1}",
+                CopySourceRange=f"bytes={drop + start}-{drop + stop - 1}",
                 CopySourceIfMatch=etag,
             )
             parts.append({"PartNumber": number, "ETag": copied["CopyPartResult"]["ETag"]})
