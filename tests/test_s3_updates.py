@@ -193,6 +193,33 @@ def test_a_shard_begun_in_part_is_led_by_a_reserve_so_each_later_chunk_costs_the
     np.testing.assert_array_equal(_array(endpoint, root, n, chunks_per_shard=n)[:], data)
 
 
+def test_a_writer_that_loses_the_race_to_begin_a_shard_sends_only_its_chunk_again(moto) -> None:
+    endpoint, wire = moto
+    root = f"begin-{uuid.uuid4().hex[:8]}"
+    n = 2 * N_CHUNKS
+    a = _array(endpoint, root, n, chunks_per_shard=n)
+    b = _array(endpoint, root, n, chunks_per_shard=n, concurrency="none")  # b: not this process's stripes
+    kv = a.store._kv
+    real_s3 = kv._s3
+    raced: list[str] = []
+
+    async def s3(method: str, key: str, **kwargs: Any) -> Any:
+        if method == "put_object" and key.rsplit("/", 1)[-1] == "0" and not raced:  # a found no shard; b begins it first
+            raced.append(key)
+            await asyncio.to_thread(b.__setitem__, slice(7 * CHUNK, 8 * CHUNK), _chunk(7, 2))
+        return await real_s3(method, key, **kwargs)
+
+    kv._s3 = s3  # type: ignore[method-assign]
+    wire.take()
+    a[3 * CHUNK : 4 * CHUNK] = _chunk(3, 1)
+    ops = _by_operation(wire.take())
+    assert raced and [e.status for e in ops["PutObject"]] == [200, 412]  # b's shard with its reserve, a's refused
+    assert [e.up for e in ops["UploadPart"]] == [CHUNK_NBYTES + n * 16 + 4]  # a again: its chunk and the index
+    data = np.zeros(n * CHUNK, dtype="u2")
+    data[3 * CHUNK : 4 * CHUNK], data[7 * CHUNK : 8 * CHUNK] = _chunk(3, 1), _chunk(7, 2)
+    np.testing.assert_array_equal(_array(endpoint, root, n, chunks_per_shard=n)[:], data)  # both landed
+
+
 def test_compact_aborts_the_incomplete_uploads_killed_writers_left(moto) -> None:
     endpoint, _ = moto
     root = f"orphans-{uuid.uuid4().hex[:8]}"
