@@ -204,7 +204,7 @@ def test_a_writer_that_loses_the_race_to_begin_a_shard_sends_only_its_chunk_agai
     raced: list[str] = []
 
     async def s3(method: str, key: str, **kwargs: Any) -> Any:
-        if method == "put_object" and key.rsplit("/", 1)[-1] == "0" and not raced:  # a found no shard; b begins it first
+        if method == "put_object" and key.rsplit("/", 1)[-1] == "0" and not raced:  # a found no shard: b begins it
             raced.append(key)
             await asyncio.to_thread(b.__setitem__, slice(7 * CHUNK, 8 * CHUNK), _chunk(7, 2))
         return await real_s3(method, key, **kwargs)
