@@ -16,7 +16,8 @@ one (S3 makes a completed upload visible at once). A condition that fails
 since, ``NoSuchUpload`` for an upload reclaimed meanwhile) is a lost race:
 the upload is aborted and the caller plans again. Every part but the last
 must hold at least :data:`MIN_PART_NBYTES` (S3's rule), so the kept bytes
-must too. A writer killed between the parts leaves the old object as it was
+must too. Leading dead bytes (a shard's reserve) are left out by copying
+from after them (``drop``). A writer killed between the parts leaves the old object as it was
 and an incomplete upload, which :func:`incomplete_uploads` lists and
 ``shardkv compact`` aborts (:meth:`S3Store.abort_incomplete_writes
 <shardkv.storage.s3.S3Store.abort_incomplete_writes>`).
