@@ -104,3 +104,23 @@ def test_readers_without_shardkv_read_a_shard_led_by_its_reserve(moto: Any, tmp_
     local = _download(endpoint, root, tmp_path / "a")
     np.testing.assert_array_equal(read_zarr3(local), want)
     np.testing.assert_array_equal(read_tensorstore(local), want)
+
+
+def test_writes_of_chunk_runs_over_a_reserve_read_as_a_model_says(moto: Any) -> None:
+    endpoint, _ = moto
+    root = f"model-{uuid.uuid4().hex[:8]}"
+    rng = np.random.default_rng(7)
+    model = np.zeros(N * CHUNK, dtype="u2")
+    z = _create(endpoint, root)
+    sizes = []
+    for step in range(20):  # runs of 1 to 5 chunks, zeros (chunks deleted) or values, from fresh stores or not
+        start = int(rng.integers(0, N * CHUNK))
+        stop = min(N * CHUNK, start + int(rng.integers(1, 5 * CHUNK)))
+        values = np.zeros(stop - start, "u2") if rng.integers(0, 4) == 0 else rng.integers(0, 2**16, stop - start)
+        if rng.integers(0, 2):
+            z = zarr.open_array(ShardedStore(_base(endpoint, root), chunks_per_shard=N), mode="r+")
+        z[start:stop] = model[start:stop] = values
+        got = zarr.open_array(_base(endpoint, root, read_only=True), mode="r")[...]
+        np.testing.assert_array_equal(got, model, err_msg=f"step {step}")
+        sizes.append(_client(endpoint).head_object(Bucket=BUCKET, Key=f"{root}/c/0")["ContentLength"])
+    assert sizes[0] >= MIN_PART_NBYTES and min(sizes[1:]) < max(sizes)  # begun with a reserve, dropped later
