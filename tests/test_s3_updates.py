@@ -29,6 +29,7 @@ pytest.importorskip("moto.server")
 
 from shardkv import ShardedStore  # noqa: E402
 from shardkv.storage.s3 import S3Store  # noqa: E402
+from shardkv.storage.s3_updates import MIN_PART_NBYTES  # noqa: E402
 
 pytestmark = pytest.mark.zarr2
 BUCKET = "shardkv-updates"
@@ -62,7 +63,8 @@ def _fs(endpoint: str) -> Any:
 
 
 def _array(endpoint: str, root: str, n_chunks: int = N_CHUNKS, **options: Any) -> Any:
-    store = ShardedStore(_fs(endpoint).get_mapper(f"{BUCKET}/{root}"), chunks_per_shard=N_CHUNKS, **options)
+    options.setdefault("chunks_per_shard", N_CHUNKS)
+    store = ShardedStore(_fs(endpoint).get_mapper(f"{BUCKET}/{root}"), **options)
     return zarr.open_array(
         store, mode="a", shape=(n_chunks * CHUNK,), chunks=(CHUNK,), dtype="u2", compressor=None, fill_value=0
     )
@@ -162,6 +164,60 @@ def test_a_shard_below_five_mib_is_written_whole(moto) -> None:
     small[0:CHUNK] = _chunk(0, 5)
     ops = _by_operation(wire.take())
     assert "CreateMultipartUpload" not in ops and len(ops["PutObject"]) == 1
+
+
+def test_a_shard_begun_in_part_is_led_by_a_reserve_so_each_later_chunk_costs_the_chunk(moto) -> None:
+    endpoint, wire = moto
+    root = f"reserve-{uuid.uuid4().hex[:8]}"
+    n = 2 * N_CHUNKS  # a 12 MiB shard: expected to outgrow S3's 5 MiB part minimum twice over
+    client = _client(endpoint)
+
+    def size() -> int:
+        return int(client.head_object(Bucket=BUCKET, Key=f"{root}/0")["ContentLength"])
+
+    data = np.zeros(n * CHUNK, dtype="u2")
+    wire.take()
+    _array(endpoint, root, n, chunks_per_shard=n)[0:CHUNK] = data[0:CHUNK] = _chunk(0, 0)
+    first = wire.take()
+    assert size() == MIN_PART_NBYTES + n * 16 + 4  # the chunk led by the zero bytes that make 5 MiB
+    assert sum(e.up for e in first) <= MIN_PART_NBYTES + n * 16 + 4 + XML_NBYTES
+    for c in range(1, 41):  # each chunk from a fresh store, as a dask task writes it
+        arr = _array(endpoint, root, n, chunks_per_shard=n)
+        wire.take()
+        arr[c * CHUNK : (c + 1) * CHUNK] = data[c * CHUNK : (c + 1) * CHUNK] = _chunk(c, 0)
+        seen = wire.take()
+        assert "PutObject" not in _by_operation(seen)
+        assert sum(e.up for e in seen) <= CHUNK_NBYTES + n * 16 + 4 + XML_NBYTES, c  # the chunk and the index
+        assert sum(e.down for e in seen) <= n * 16 + 4 + XML_NBYTES, c  # the index
+    assert size() == 41 * CHUNK_NBYTES + n * 16 + 4  # the reserve went once 5 MiB of chunks followed it
+    np.testing.assert_array_equal(_array(endpoint, root, n, chunks_per_shard=n)[:], data)
+
+
+def test_a_writer_that_loses_the_race_to_begin_a_shard_sends_only_its_chunk_again(moto) -> None:
+    endpoint, wire = moto
+    root = f"begin-{uuid.uuid4().hex[:8]}"
+    n = 2 * N_CHUNKS
+    a = _array(endpoint, root, n, chunks_per_shard=n)
+    b = _array(endpoint, root, n, chunks_per_shard=n, concurrency="none")  # b: not this process's stripes
+    kv = a.store._kv
+    real_s3 = kv._s3
+    raced: list[str] = []
+
+    async def s3(method: str, key: str, **kwargs: Any) -> Any:
+        if method == "put_object" and key.rsplit("/", 1)[-1] == "0" and not raced:  # a found no shard: b begins it
+            raced.append(key)
+            await asyncio.to_thread(b.__setitem__, slice(7 * CHUNK, 8 * CHUNK), _chunk(7, 2))
+        return await real_s3(method, key, **kwargs)
+
+    kv._s3 = s3  # type: ignore[method-assign]
+    wire.take()
+    a[3 * CHUNK : 4 * CHUNK] = _chunk(3, 1)
+    ops = _by_operation(wire.take())
+    assert raced and [e.status for e in ops["PutObject"]] == [200, 412]  # b's shard with its reserve, a's refused
+    assert [e.up for e in ops["UploadPart"]] == [CHUNK_NBYTES + n * 16 + 4]  # a again: its chunk and the index
+    data = np.zeros(n * CHUNK, dtype="u2")
+    data[3 * CHUNK : 4 * CHUNK], data[7 * CHUNK : 8 * CHUNK] = _chunk(3, 1), _chunk(7, 2)
+    np.testing.assert_array_equal(_array(endpoint, root, n, chunks_per_shard=n)[:], data)  # both landed
 
 
 def test_compact_aborts_the_incomplete_uploads_killed_writers_left(moto) -> None:

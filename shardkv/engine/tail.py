@@ -21,7 +21,11 @@ and the ``shard_updates`` option allows:
 
 ``"auto"`` takes the store's clone path only (S3: a multipart upload that
 copies the kept bytes on the server, where at least
-:attr:`~shardkv.storage.kv.Capabilities.tail_min_kept` bytes stay); ``"append"`` takes an
+:attr:`~shardkv.storage.kv.Capabilities.tail_min_kept` bytes stay: a shard
+written whole by a change that covers it in part, and expected to grow past
+twice that, is led by a *reserve* of zero bytes so that it does from its
+first update on (:meth:`TailUpdater.reserve`); the first update that keeps as
+many bytes after the reserve drops it); ``"append"`` takes an
 in-place append where no clone can be made, in mode ``"files"`` only and for
 layouts whose index is at the end and checksummed (a torn tail then fails
 the CRC32C, never gives wrong offsets), recording its intent in the shard's
@@ -33,6 +37,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
+
 from shardkv._types import BytesLike, LocalCoords
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.locks import ShardLocks
@@ -40,11 +46,14 @@ from shardkv.engine.merge import ChunkPatch, ChunkUpdate, ShardChange, out_of_gr
 from shardkv.engine.retry import EngineStats
 from shardkv.format.layout import ShardIndex
 from shardkv.format.ranges import ByteRange
-from shardkv.format.tail import TailHow, dead_fraction, plan_tail_update
+from shardkv.format.tail import TailHow, TailPlan, dead_fraction, plan_tail_update
 from shardkv.keys.space import ShardedArray
 from shardkv.storage.kv import ANY, Generation, KVStore, ReadRequest
 
-__all__ = ["TailUpdater"]
+__all__ = ["TailUpdater", "RESERVE_GROWTH"]
+
+RESERVE_GROWTH = 2
+"""A shard gets a reserve when its expected size is at least this many times ``tail_min_kept``."""
 
 
 class TailUpdater:
@@ -158,27 +167,63 @@ class TailUpdater:
             if not whole:  # only deletes of chunks not stored: nothing to write
                 written.add(shard_key)
                 continue
-            plan = plan_tail_update(change.array.layout, index, size, whole, how)
-            if plan.index.is_empty() or dead_fraction(plan) > self.max_dead_fraction:
+            layout = change.array.layout
+            plan = plan_tail_update(layout, index, size, whole, how)
+            minimum = self.kv.caps.tail_min_kept
+            lead = _lead(plan.index) if minimum and layout.index_location == "end" else 0
+            reserve = min(lead, minimum)  # a reserve's dead bytes are not held against the shard
+            if plan.index.is_empty() or _dead(plan, reserve) > self.max_dead_fraction:
                 continue  # no chunk left (a delete), or too many dead bytes: rewritten whole
-            if plan.kept_nbytes < self.kv.caps.tail_min_kept:
+            if plan.kept_nbytes < minimum:
                 continue  # fewer bytes kept than the store copies (S3: 5 MiB): rewritten whole
+            drop = lead if lead and plan.kept_nbytes - lead >= minimum else 0  # the leading dead bytes can go
+            writes, new_index, nbytes = plan.writes, plan.index, plan.nbytes
+            if drop:
+                new_index = _shifted(plan.index, -drop)
+                parts = plan.writes[0][1]
+                writes = [(plan.kept_nbytes - drop, [*parts[:-1], layout.encode_index(new_index)])]
+                nbytes -= drop
             intent: tuple[int, str] | None = None
             if how == "append":
                 intent = self.locks.held_lock_files({shard_key: change.array}).get(shard_key)
                 if intent is None:
                     continue  # no lock file held to record the intent in: rewritten whole
             self.cache.discard(shard_key)
-            new_generation = self.kv.update_tail(
-                shard_key, plan.writes, plan.nbytes, generation, how, *(intent or (None, None))
-            )
+            fd, path = intent or (None, None)
+            new_generation = self.kv.update_tail(shard_key, writes, nbytes, generation, how, fd, path, drop=drop)
             if new_generation is None:
                 lost.add(shard_key)
                 continue
-            self.cache.put(shard_key, plan.index, new_generation, plan.nbytes)
+            self.cache.put(shard_key, new_index, new_generation, nbytes)
             self.stats.tail_updates += 1
             written.add(shard_key)
         return written, lost, missing
+
+    def reserve(
+        self, change: ShardChange, parts: list[BytesLike], index: ShardIndex
+    ) -> tuple[list[BytesLike], ShardIndex]:
+        """The shard ``change`` writes whole (``parts``, ``index``), led by a reserve of zero bytes where it pays.
+
+        Where updates must keep ``tail_min_kept`` bytes (S3), a shard written
+        whole by a change that covers it in part, holding fewer bytes than
+        that but expected to hold :data:`RESERVE_GROWTH` times as many (its
+        chunks' mean size times its chunks in the grid), is led by the zero
+        bytes that make its chunks and reserve ``tail_min_kept``: its next
+        updates are O(chunk), where they would rewrite it whole until it has
+        grown that much. The reserve is dead bytes (at most ``tail_min_kept``
+        a shard), dropped by the first update that keeps as many bytes after
+        it, or by ``compact``. Other shards are returned as they are.
+        """
+        minimum, layout = self.kv.caps.tail_min_kept, change.array.layout
+        if not (self.enabled and minimum and layout.index_location == "end" and index.count_present()):
+            return parts, index
+        data = sum(memoryview(p).nbytes for p in parts[:-1])
+        n = change.array.n_chunks_in_shard(change.shard_coords)
+        grows = data * n >= RESERVE_GROWTH * minimum * index.count_present()
+        if data >= minimum or not grows or change.covers_shard() or index.count_present() >= n:
+            return parts, index
+        reserved = _shifted(index, minimum - data)
+        return [bytes(minimum - data), *parts[:-1], layout.encode_index(reserved)], reserved
 
     def _small(self, shard_key: str) -> bool:
         """Whether the cached size of the shard is known to be below what the store copies."""
@@ -273,3 +318,23 @@ class TailUpdater:
             for shard_key in shards:
                 self.cache.discard(shard_key)
         return found
+
+
+def _lead(index: ShardIndex) -> int:
+    """Bytes before the first chunk of a shard whose index is at the end (a reserve, or chunks replaced)."""
+    mask = index.present_mask()
+    return int(index.entries[..., 0][mask].min()) if mask.any() else 0
+
+
+def _shifted(index: ShardIndex, by: int) -> ShardIndex:
+    """``index`` with every stored chunk's offset moved by ``by`` bytes."""
+    out = index.copy()
+    offsets = out.entries[..., 0]
+    mask = out.present_mask()
+    offsets[mask] = (offsets[mask].astype(np.int64) + by).astype(np.uint64)
+    return out
+
+
+def _dead(plan: TailPlan, reserve: int) -> float:
+    """The fraction of the updated shard's bytes unused, not counting ``reserve`` leading dead bytes."""
+    return dead_fraction(plan) if not reserve else (plan.nbytes - plan.used_nbytes - reserve) / (plan.nbytes - reserve)

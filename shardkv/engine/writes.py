@@ -286,7 +286,7 @@ class ShardWriter:
                 condition = ANY
             cache.discard(shard_key)
             if merged:
-                parts, index = arr.layout.encode_shard_with_index(merged)
+                parts, index = self.tail.reserve(change, *arr.layout.encode_shard_with_index(merged))
                 puts[shard_key] = (parts, condition)
                 indexes[shard_key] = (index, _nbytes(parts))
             elif stored and optimistic and kv.caps.conditional_put and not kv.caps.conditional_delete:

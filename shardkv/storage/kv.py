@@ -440,6 +440,7 @@ class KVStore(ABC):
         how: TailHow,
         intent_fd: int | None = None,
         intent_path: str | None = None,
+        drop: int = 0,
     ) -> Generation | None:
         """Write ``writes`` into the stored value at ``key`` at their offsets (an O(chunk) shard update).
 
@@ -462,6 +463,10 @@ class KVStore(ABC):
         intent_path : str, optional
             That lock file's path: a durable store makes its directory entry
             durable before the first intent it records there.
+        drop : int, optional
+            Leading bytes of the stored value the new value leaves out (bytes;
+            stores with :attr:`Capabilities.tail_min_kept` only): the new value
+            is the stored bytes ``[drop, drop + offset)``, then the write.
 
         Returns
         -------

@@ -62,7 +62,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from shardkv._types import BytesLike
-from shardkv.errors import InvalidKeyError
+from shardkv.errors import InvalidKeyError, UnsupportedError
 from shardkv.format.tail import TailHow
 from shardkv.storage.buffers import Value, byte_parts, pread_exact, read_pool, write_parts
 from shardkv.storage.kv import (
@@ -516,6 +516,7 @@ class LocalStore(KVStore):
         how: TailHow,
         intent_fd: int | None = None,
         intent_path: str | None = None,
+        drop: int = 0,
     ) -> Generation | None:
         """Write ``writes`` into the shard at ``key``: into a clone renamed over it, or appended in place.
 
@@ -541,7 +542,11 @@ class LocalStore(KVStore):
         OSError
             Any error of the file system (a full disk: a clone is removed, an
             append cut back to the old size by the next recovery).
+        UnsupportedError
+            For a ``drop`` (files keep their leading bytes).
         """
+        if drop:
+            raise UnsupportedError(f"{key!r}: a local shard keeps its leading bytes (drop={drop})")
         path = self.path(key)
         self.sweep_before_writing([key])  # as every write: temporaries (clones too) of killed writers go
 

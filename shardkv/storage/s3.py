@@ -328,11 +328,12 @@ class S3Store(KVStore):
         how: TailHow,
         intent_fd: int | None = None,
         intent_path: str | None = None,
+        drop: int = 0,
     ) -> Generation | None:
         """The object's first bytes copied on the server, then ``writes``' one value, as one conditional upload.
 
         ``writes`` is one ``(keep, value)``: the object becomes its bytes
-        ``[0, keep)`` followed by ``value`` (``keep >= 5 MiB``, ``nbytes ==
+        ``[drop, drop + keep)`` followed by ``value`` (``keep >= 5 MiB``, ``nbytes ==
         keep + len(value)``), conditioned on ``if_generation`` (an ETag), as
         :mod:`shardkv.storage.s3_updates` describes; ``None`` when the object
         changed (or vanished) since. See :meth:`KVStore.update_tail`.
@@ -357,7 +358,7 @@ class S3Store(KVStore):
         async def update() -> Generation | None:
             try:
                 return Generation(
-                    await copy_update(self._api, bucket, object_key, str(if_generation.token), keep, body)
+                    await copy_update(self._api, bucket, object_key, str(if_generation.token), keep, body, drop)
                 )
             except Exception as exc:
                 if is_precondition_failure(exc) or any(code in LOST_CODES for code, _ in _codes(exc)):

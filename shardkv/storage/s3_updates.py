@@ -16,7 +16,8 @@ one (S3 makes a completed upload visible at once). A condition that fails
 since, ``NoSuchUpload`` for an upload reclaimed meanwhile) is a lost race:
 the upload is aborted and the caller plans again. Every part but the last
 must hold at least :data:`MIN_PART_NBYTES` (S3's rule), so the kept bytes
-must too. A writer killed between the parts leaves the old object as it was
+must too. Leading dead bytes (a shard's reserve) are left out by copying
+from after them (``drop``). A writer killed between the parts leaves the old object as it was
 and an incomplete upload, which :func:`incomplete_uploads` lists and
 ``shardkv compact`` aborts (:meth:`S3Store.abort_incomplete_writes
 <shardkv.storage.s3.S3Store.abort_incomplete_writes>`).
@@ -62,8 +63,8 @@ def copy_ranges(keep: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
-async def copy_update(call: Call, bucket: str, key: str, etag: str, keep: int, body: bytes) -> str:
-    """Replace ``bucket/key`` (ETag ``etag``) by its first ``keep`` bytes (copied on the server) and ``body``.
+async def copy_update(call: Call, bucket: str, key: str, etag: str, keep: int, body: bytes, drop: int = 0) -> str:
+    """Replace ``bucket/key`` (ETag ``etag``) by its bytes ``[drop, drop + keep)`` (copied on the server) and ``body``.
 
     Returns
     -------
@@ -88,7 +89,7 @@ async def copy_update(call: Call, bucket: str, key: str, etag: str, keep: int, b
                 UploadId=upload_id,
                 PartNumber=number,
                 CopySource={"Bucket": bucket, "Key": key},
-                CopySourceRange=f"bytes={start}-{stop - 1}",
+                CopySourceRange=f"bytes={drop + start}-{drop + stop - 1}",
                 CopySourceIfMatch=etag,
             )
             parts.append({"PartNumber": number, "ETag": copied["CopyPartResult"]["ETag"]})
