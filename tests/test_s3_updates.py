@@ -249,3 +249,27 @@ def test_the_kept_bytes_are_copied_in_parts_s3_accepts() -> None:
         assert all(MIN_PART_NBYTES <= stop - start <= MAX_PART_NBYTES for start, stop in ranges)
     with pytest.raises(ValueError, match="cannot be copied as a part"):
         copy_ranges(MIN_PART_NBYTES - 1)
+
+
+def test_an_update_carries_the_file_systems_extra_arguments(moto) -> None:
+    endpoint, wire = moto
+    root = f"sse-{uuid.uuid4().hex[:8]}"
+    options = {"endpoint_url": endpoint, "region_name": "us-east-1"}
+    fs = s3fs.S3FileSystem(
+        key="t",
+        secret="t",
+        client_kwargs=options,
+        skip_instance_cache=True,
+        s3_additional_kwargs={"ServerSideEncryption": "AES256"},  # a bucket policy may demand it of every write
+    )
+    store = ShardedStore(fs.get_mapper(f"{BUCKET}/{root}"), chunks_per_shard=N_CHUNKS)
+    arr = zarr.open_array(
+        store, mode="a", shape=(N_CHUNKS * CHUNK,), chunks=(CHUNK,), dtype="u2", compressor=None, fill_value=0
+    )
+    arr[:] = data = np.concatenate([_chunk(c, 0) for c in range(N_CHUNKS)])
+    wire.take()
+    arr[2 * CHUNK : 3 * CHUNK] = data[2 * CHUNK : 3 * CHUNK] = _chunk(2, 6)
+    assert "CreateMultipartUpload" in _by_operation(wire.take())  # an O(chunk) update, not a whole PUT
+    head = _client(endpoint).head_object(Bucket=BUCKET, Key=f"{root}/0")
+    assert head.get("ServerSideEncryption") == "AES256"
+    np.testing.assert_array_equal(_array(endpoint, root)[:], data)

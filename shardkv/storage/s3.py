@@ -185,22 +185,18 @@ class S3Store(KVStore):
         return self._sync(self.fs.loop, _limited, calls) if calls else []
 
     async def _s3(self, method: str, key: str, **kwargs: Any) -> Any:
-        """One request, in one of the running call's slots."""
+        """One request about ``key``, in one of the running call's slots."""
         bucket, object_key = self._bucket_key(key)
-        slots = _SLOTS.get()
-        if slots is None:
-            return await self.fs._call_s3(method, Bucket=bucket, Key=object_key, **kwargs)
-        async with slots:
-            return await self.fs._call_s3(method, Bucket=bucket, Key=object_key, **kwargs)
+        return await self._api(method, Bucket=bucket, Key=object_key, **kwargs)
 
     async def _api(self, method: str, **kwargs: Any) -> Any:
-        """One request through the client s3fs's ``set_session()`` returns, in one of the running call's slots."""
-        client = await self.fs.set_session()
+        """One request through s3fs, which adds its ``s3_additional_kwargs`` (e.g. server-side encryption),
+        picks the bucket's region and retries, in one of the running call's slots."""
         slots = _SLOTS.get()
         if slots is None:
-            return await getattr(client, method)(**kwargs)
+            return await self.fs._call_s3(method, **kwargs)
         async with slots:
-            return await getattr(client, method)(**kwargs)
+            return await self.fs._call_s3(method, **kwargs)
 
     # -- reads ----------------------------------------------------------------
 

@@ -22,8 +22,8 @@ and an incomplete upload, which :func:`incomplete_uploads` lists and
 ``shardkv compact`` aborts (:meth:`S3Store.abort_incomplete_writes
 <shardkv.storage.s3.S3Store.abort_incomplete_writes>`).
 
-The requests go through the aiobotocore client s3fs's public
-``set_session()`` returns: its methods are S3's API.
+The requests go the way every request of the store goes (``S3Store._api``:
+through s3fs, with its extra arguments such as server-side encryption).
 """
 
 from __future__ import annotations
