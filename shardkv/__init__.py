@@ -1,10 +1,17 @@
 """shardkv: transparent sharding for chunked-array stores.
 
-Public names only; see the README for an overview.
+Public names only; see the README for an overview. The error classes are
+imported here; the other names when first used (:data:`_LAZY`), so that
+``import shardkv`` and the command line do not import numpy, numcodecs or
+fsspec before a job needs them.
 """
 
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from shardkv._version import __version__
-from shardkv.codecs.sharding import ShardingCodec
 from shardkv.errors import (
     ChecksumError,
     ChunkOutOfGridError,
@@ -22,11 +29,26 @@ from shardkv.errors import (
     UnflushedWritesError,
     UnsupportedError,
 )
-from shardkv.format.layout import EMPTY, ShardIndex, ShardLayout
-from shardkv.proxy.open import open_store
-from shardkv.proxy.store import ShardedStore
-from shardkv.proxy.write_advice import PartialShardWriteWarning
-from shardkv.rechunk import rechunk_to_shards
+
+if TYPE_CHECKING:
+    from shardkv.codecs.sharding import ShardingCodec
+    from shardkv.format.layout import EMPTY, ShardIndex, ShardLayout
+    from shardkv.proxy.open import open_store
+    from shardkv.proxy.store import ShardedStore
+    from shardkv.proxy.write_advice import PartialShardWriteWarning
+    from shardkv.rechunk import rechunk_to_shards
+
+_LAZY = {
+    "ShardedStore": "shardkv.proxy.store",
+    "open_store": "shardkv.proxy.open",
+    "rechunk_to_shards": "shardkv.rechunk",
+    "PartialShardWriteWarning": "shardkv.proxy.write_advice",
+    "ShardingCodec": "shardkv.codecs.sharding",
+    "ShardIndex": "shardkv.format.layout",
+    "ShardLayout": "shardkv.format.layout",
+    "EMPTY": "shardkv.format.layout",
+}
+"""Public name -> the module that defines it, imported on first use (PEP 562)."""
 
 __all__ = [
     "__version__",
@@ -55,3 +77,15 @@ __all__ = [
     "JournalCorruptError",
     "JournalMismatchError",
 ]
+
+
+def __getattr__(name: str) -> Any:  # lazy public names only: any other name is an AttributeError
+    if name not in _LAZY:
+        raise AttributeError(f"module 'shardkv' has no attribute {name!r}")
+    value = getattr(import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -11,16 +11,18 @@ have no Zarr v3 (final) view, so ``v3_readable`` is ``False`` with the reason.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardkv.cli.errors import NotAHierarchyError
 from shardkv.cli.info_model import ArrayInfo, shard_stats
 from shardkv.cli.view import sizes
 from shardkv.keys.space import grid_shape
-from shardkv.proxy.draft import DraftShardedStore, draft_options
-from shardkv.proxy.open import is_draft_hierarchy
+from shardkv.metadata.documents import ZARR_JSON, load_json
+from shardkv.metadata.draft import is_draft_entry_point
 from shardkv.storage.kv import KVStore
-from shardkv.transformers import DATA_ROOT, ShardingStorageTransformer
+
+if TYPE_CHECKING:
+    from shardkv.proxy.draft import DraftShardedStore
 
 __all__ = ["inspect_draft", "is_draft"]
 
@@ -39,10 +41,17 @@ def _owner(key: str, prefixes: dict[str, str]) -> str | None:
 def is_draft(kv: KVStore) -> bool:
     """True when ``kv`` holds the root ``zarr.json`` of a 2022 draft hierarchy (one read).
 
-    The proxies' one layout check (:func:`shardkv.proxy.open.is_draft_hierarchy`); a root
-    ``zarr.json`` that is not JSON is no draft entry point (the command reading it reports it).
+    The proxies' layout check (:func:`shardkv.proxy.open.is_draft_hierarchy`) on a store
+    already open, without importing the proxies; a root ``zarr.json`` that is not JSON is no
+    draft entry point (the command reading it reports it).
     """
-    return is_draft_hierarchy(kv)
+    result = kv.get(ZARR_JSON)
+    if not result.found:
+        return False
+    try:
+        return is_draft_entry_point(load_json(ZARR_JSON, result.whole()))
+    except ValueError:
+        return False
 
 
 def inspect_draft(kv: KVStore, name: str) -> list[ArrayInfo]:
@@ -67,6 +76,9 @@ def inspect_draft(kv: KVStore, name: str) -> list[ArrayInfo]:
     UnsupportedError
         If an array names a storage transformer shardkv does not know.
     """
+    from shardkv.proxy.draft import DraftShardedStore, draft_options
+    from shardkv.transformers import DATA_ROOT
+
     proxy = DraftShardedStore._reopen(kv, draft_options())  # no zarr-python needed: any zarr installed
     keys = sorted(kv.list_prefix(""))
     arrays = {p: k for k in keys if (p := proxy.array_path_of(k)) is not None}
@@ -88,6 +100,8 @@ def _array_info(store: KVStore, proxy: DraftShardedStore, path: str, meta_key: s
     doc: dict[str, Any] = json.loads(bytes(raw))
     shape = tuple(int(s) for s in doc.get("shape", []))
     chunks = tuple(int(c) for c in (doc.get("chunk_grid") or {}).get("chunk_shape", shape))
+    from shardkv.transformers import ShardingStorageTransformer
+
     top = proxy.transformer(path)
     common: dict[str, Any] = dict(path=path, shape=shape, chunks=chunks, dtype=str(doc.get("data_type")))
     if not isinstance(top, ShardingStorageTransformer):

@@ -25,15 +25,15 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any
-
-import fsspec
+from typing import TYPE_CHECKING, Any
 
 from shardkv.cli.errors import DestinationIsFileError, StoreAccessError
 from shardkv.errors import ConfigurationError
-from shardkv.storage.fsspec import BUCKET_PROTOCOLS
-from shardkv.storage.kv import ANY, KVStore
-from shardkv.storage.open import kv_of_fs, open_kv
+
+if TYPE_CHECKING:
+    import fsspec
+
+    from shardkv.storage.kv import KVStore
 
 __all__ = [
     "parse_storage_options",
@@ -151,9 +151,21 @@ def open_store(name: Any, storage_options: Mapping[str, Any] | None = None, *, r
         stores) the endpoint, bucket, credentials or permission fail when the
         bucket is listed. The bucket is never created.
     """
+    # the stores' modules (and fsspec) are imported here, not by every command's parser; a local
+    # directory needs neither fsspec nor the other stores
+    from shardkv.storage.local import LocalStore
+
+    options = dict(storage_options or {})
+    if isinstance(name, str) and not options and not is_url(name) and not name.startswith("file:") and "::" not in name:
+        return LocalStore(_local_root(name))  # what fsspec's local file system gives (kv_of_fs)
+    import fsspec
+
+    from shardkv.storage.fsspec import BUCKET_PROTOCOLS
+    from shardkv.storage.open import kv_of_fs, open_kv
+
     if not isinstance(name, str):
         return open_kv(name, storage_options)
-    options = dict(storage_options or {})
+
     try:
         fs, root = fsspec.core.url_to_fs(name, **options)
     except ImportError as exc:
@@ -164,6 +176,13 @@ def open_store(name: Any, storage_options: Mapping[str, Any] | None = None, *, r
     if BUCKET_PROTOCOLS.intersection(protocols):
         _check_bucket(_probe_fs(fs, options), root, name, role)
     return kv_of_fs(fs, root)
+
+
+def _local_root(name: str) -> str:
+    """The directory a local path names, made absolute as fsspec's local file system makes it (not normalised)."""
+    if name.startswith("~"):
+        return os.path.expanduser(name)
+    return name if os.path.isabs(name) else os.path.join(os.getcwd(), name)
 
 
 def _probe_fs(fs: fsspec.AbstractFileSystem, options: Mapping[str, Any]) -> fsspec.AbstractFileSystem:
@@ -233,12 +252,16 @@ _DELETE_BATCH = 256  # keys deleted per batched request when a destination is em
 
 def put_all(kv: KVStore, values: Mapping[str, Any]) -> None:
     """Store ``values`` (bytes-like, or lists of parts) unconditionally, in one batch."""
+    from shardkv.storage.kv import ANY
+
     if values:
         kv.put_many({key: (value, ANY) for key, value in values.items()})
 
 
 def delete_all(kv: KVStore, keys: Iterable[str]) -> None:
     """Delete ``keys`` unconditionally (missing ones are no error), in batches."""
+    from shardkv.storage.kv import ANY
+
     batch: list[str] = []
     for key in keys:
         batch.append(key)

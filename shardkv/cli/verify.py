@@ -11,12 +11,6 @@ import json
 import sys
 from typing import Any
 
-from shardkv.cli.info import read_hierarchy
-from shardkv.cli.info_draft import is_draft
-from shardkv.cli.stores import open_store
-from shardkv.cli.view import HierarchyView
-from shardkv.proxy.verify import verify_store
-
 __all__ = ["add_parser", "run"]
 
 _HELP = """\
@@ -104,6 +98,13 @@ def run(args: argparse.Namespace) -> int:
     StoreAccessError
         If the store cannot be reached or used.
     """
+    # imported here: the parser (``add_parser``) is built for every command
+    from shardkv.cli.info import read_hierarchy
+    from shardkv.cli.info_draft import is_draft
+    from shardkv.cli.stores import open_store
+    from shardkv.cli.view import HierarchyView
+    from shardkv.proxy.verify import verify_store
+
     kv = open_store(args.store, args.storage_options)
     # a missing or empty store, or no hierarchy, is an error; unreadable nodes are reported below, not raised.
     # A 2022 draft hierarchy (what info and convert take too) is checked as such by verify_store

@@ -26,7 +26,6 @@ from shardkv.keys.space import ShardedArray
 from shardkv.metadata.documents import ZMETADATA, dump_json, load_json
 from shardkv.metadata.hierarchy import ZARR_JSON, present
 from shardkv.proxy.nodes import PRESENTED, Node, present_stored_zmetadata
-from shardkv.proxy.verify import shard_directories
 from shardkv.storage.kv import ANY, KVStore
 
 __all__ = ["HierarchyView", "sizes", "refuse_shard_directories"]
@@ -209,6 +208,8 @@ def refuse_shard_directories(kv: KVStore, arrays: Iterable[ShardedArray]) -> Non
     IsADirectoryError
         Naming the shard key.
     """
+    from shardkv.proxy.verify import shard_directories
+
     for arr in arrays:
         for key in shard_directories(kv, arr):
             kv.get(key)  # a directory at a key is damage: the store raises, naming the key

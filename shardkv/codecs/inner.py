@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping, Sequence
 from math import prod
 from typing import Any, ClassVar, Literal, Self
 
-import numcodecs
 import numpy as np
 
 from shardkv.codecs.bounded import decode_bounded
@@ -192,6 +191,8 @@ class GzipCodec(_NumcodecsBacked):
         if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= 9:
             raise ConfigurationError(f"gzip level must be an int in 0..9, got {level!r}")
         self.level = level
+        import numcodecs  # imported where a codec is made: the command line's jobs that move bytes need none
+
         self._impl = numcodecs.GZip(level)
 
     def get_config(self) -> dict[str, Any]:
@@ -214,6 +215,8 @@ class ZstdCodec(_NumcodecsBacked):
         if isinstance(level, bool) or not isinstance(level, int):
             raise ConfigurationError(f"zstd level must be an int, got {level!r}")
         self.level, self.checksum = level, bool(checksum)
+        import numcodecs
+
         self._impl = numcodecs.Zstd(level=level, checksum=self.checksum)
 
     def get_config(self) -> dict[str, Any]:
@@ -250,6 +253,8 @@ class BloscCodec(_NumcodecsBacked):
             raise ConfigurationError(f"blosc with shuffle {shuffle!r} needs a typesize >= 1, got {typesize!r}")
         self.cname, self.clevel, self.shuffle, self.blocksize = cname, int(clevel), shuffle, int(blocksize)
         self.typesize = typesize
+        import numcodecs
+
         self._impl = numcodecs.Blosc(
             cname=cname, clevel=self.clevel, shuffle=BLOSC_SHUFFLE_IDS[shuffle], blocksize=self.blocksize
         )
@@ -304,6 +309,8 @@ class Crc32cCodec(Codec):
 
 def numcodecs_codec(config: Mapping[str, Any], what: str) -> Any:
     """The numcodecs codec of a ``{"id": ...}`` configuration; ConfigurationError (naming ``what``) if refused."""
+    import numcodecs
+
     try:
         return numcodecs.get_codec(dict(config))
     except (ValueError, TypeError, KeyError) as exc:

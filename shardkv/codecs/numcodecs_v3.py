@@ -12,9 +12,7 @@ from collections.abc import Mapping
 from math import prod
 from typing import Any, Literal
 
-import numcodecs
 import numpy as np
-from numcodecs.compat import ensure_ndarray_like
 
 from shardkv.codecs.inner import Codec, _config_of, _NumcodecsById, numcodecs_codec, register_codec
 from shardkv.errors import ConfigurationError, CorruptShardError
@@ -65,6 +63,8 @@ class VlenCodec(Codec):
         if codec_id not in VLEN_IDS:
             raise ConfigurationError(f"vlen codec must be one of {sorted(VLEN_IDS)}, got {codec_id!r}")
         self.codec_id = codec_id
+        import numcodecs  # imported where a codec is made (see shardkv.codecs.inner)
+
         self._impl = numcodecs.get_codec({"id": codec_id})
 
     @property
@@ -144,6 +144,8 @@ class V2ChunkCodec(Codec):
         return cls(config["dtype"], config.get("order", "C"), config.get("compressor"), config.get("filters"))
 
     def encode(self, array: np.ndarray, fill_value: Any = None) -> bytes:
+        from numcodecs.compat import ensure_ndarray_like
+
         chunk: Any = np.asarray(array).copy(order=self.order)  # the v2 layout in memory
         for f in self._filters:
             chunk = f.encode(chunk)
@@ -154,6 +156,8 @@ class V2ChunkCodec(Codec):
     def decode(
         self, data: bytes | memoryview, shape: tuple[int, ...], dtype: np.dtype, fill_value: Any = None, key: str = ""
     ) -> np.ndarray:
+        from numcodecs.compat import ensure_ndarray_like
+
         try:
             chunk: Any = self._compressor.decode(bytes(data)) if self._compressor is not None else bytes(data)
             for f in reversed(self._filters):

@@ -65,6 +65,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from shardkv._types import BytesLike
 from shardkv.cli.convert.plan import ChunksPerShard
 from shardkv.cli.convert.report import ArrayReport, ConvertReport
 from shardkv.cli.convert.run import _Job
@@ -74,9 +75,10 @@ from shardkv.cli.errors import DestinationNotEmptyError, SameLocationError
 from shardkv.cli.info_draft import is_draft
 from shardkv.cli.stores import open_store, refuse_regular_file
 from shardkv.cli.view import HierarchyView
-from shardkv.errors import ConfigurationError
+from shardkv.errors import ConfigurationError, MetadataError
 from shardkv.format.layout import IndexLocation, ShardLayout
 from shardkv.metadata.chunks_per_shard import check_chunks_per_shard
+from shardkv.metadata.documents import ZARR_JSON, load_object
 from shardkv.storage.kv import KVStore
 
 __all__ = [
@@ -139,11 +141,22 @@ def _check_distinct(src: KVStore, dst: KVStore, src_name: str, dst_name: str) ->
         raise SameLocationError(f"source {src_name} and destination {dst_name} overlap (one lies inside the other)")
 
 
+def _is_array_document(raw: BytesLike) -> bool:
+    try:
+        return load_object(ZARR_JSON, raw).get("node_type") == "array"
+    except MetadataError:
+        return False  # reported by the job that reads it
+
+
 def _stores_v2_arrays(source: KVStore) -> bool:
     """A Zarr v2 root, or a hierarchy shardkv stored as v3 with v2 arrays in it (a ``.zarray`` stored beside a
-    ``zarr.json`` of the ``v2`` chunk key encoding); a hierarchy of v3 documents only is converted as Zarr v3."""
-    if source.values([".zgroup", ".zarray"]):
+    ``zarr.json`` of the ``v2`` chunk key encoding); a hierarchy of v3 documents only is converted as Zarr v3.
+    A root array (a ``zarr.json`` of an array, no ``.zarray``) has no nodes below it: nothing is listed."""
+    root = source.values([".zgroup", ".zarray", ZARR_JSON])
+    if ".zgroup" in root or ".zarray" in root:
         return True
+    if ZARR_JSON in root and _is_array_document(root[ZARR_JSON]):
+        return False
     zarr_jsons: list[str] = []
     zarrays: set[str] = set()
     for key in source.list_prefix(""):

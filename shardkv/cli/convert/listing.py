@@ -28,10 +28,7 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-import fsspec.asyn
-from fsspec import AbstractFileSystem
+from typing import TYPE_CHECKING, Any
 
 from shardkv.cli.errors import NotAHierarchyError, ReservedNameError
 from shardkv.cli.view import HierarchyView
@@ -42,6 +39,9 @@ from shardkv.metadata.documents import META_NAMES
 from shardkv.metadata.v3_view import v2_dimension_separator
 from shardkv.storage.kv import LOCK_DIR, TEMP_MARKER, hidden
 from shardkv.storage.local import LocalStore
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
 
 __all__ = [
     "ChunkBitmap",
@@ -388,6 +388,7 @@ def _s3_files_under(fs: Any, directory: str) -> Iterator[str]:
     PermissionError, OSError
         As s3fs translates the S3 error (a missing bucket lists nothing).
     """
+    import fsspec.asyn
     from botocore.exceptions import ClientError
     from s3fs.errors import translate_boto_error
 

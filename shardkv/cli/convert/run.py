@@ -10,6 +10,7 @@ the output.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -33,14 +34,29 @@ from shardkv.keys.space import grid_shape
 from shardkv.metadata.all_v3 import zarr3_unreachable
 from shardkv.metadata.documents import META_NAMES, load_json
 from shardkv.metadata.hierarchy import ZARR_JSON, group_paths
-from shardkv.proxy.nodes import NodeTable
-from shardkv.proxy.verify import remove_stale_temporaries
 from shardkv.storage.kv import KVStore
+from shardkv.storage.local import LocalStore
 
 _WRITE_BATCH_NBYTES = 64 * 2**20  # bytes of finished shards / copied objects held before one batched write
 _WRITE_BATCH_OBJECTS = 64  # objects held before one batched write
 _COPY_BATCH_KEYS = 32  # keys copied as they are per batched read + write
 _VERIFY_LAST = 4  # finished shards read back before a resumed run skips them (x workers)
+
+
+class _NoBar:
+    """The progress bar when none is shown (tqdm is not imported for it)."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+
+def _bar(show: bool, total: int, initial: int) -> Any:
+    """A tqdm bar on stderr for the conversion's chunk-grid positions, or :class:`_NoBar` when ``show`` is false."""
+    if not show:
+        return contextlib.nullcontext(_NoBar())
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, file=sys.stderr, unit="chunk", desc="shardkv convert", mininterval=1.0)
 
 
 class _Writer:
@@ -127,8 +143,6 @@ class _Job:
     def run(
         self, overwrite: bool, skip_mismatched: bool, workers: int, scheduler: str | None, task_chunks: int
     ) -> ConvertReport:
-        from tqdm import tqdm
-
         walk, plans, grids = self._survey()
         check_fit(plans, self.cps, skip_mismatched)
         warn_nothing_gained(plans)
@@ -140,18 +154,11 @@ class _Job:
         meta_out: dict[str, bytes] = {}
         # the writers of an interrupted run are gone (the manifest is this conversion's): their
         # temporary files are stale whatever their age
-        remove_stale_temporaries(self.target, min_age_seconds=0)
+        if isinstance(self.target, LocalStore):  # the one store with temporary files
+            self.target.remove_stale_temporaries(0)
         n_last = _VERIFY_LAST * max(workers, 1)
         self.bar_plan = BarPlan(grids, manifest.arrays, [(e[0], e[1]) for e in list(manifest.last)[-n_last:]])
-        with tqdm(
-            total=self.bar_plan.total,
-            initial=self.bar_plan.initial,
-            disable=not self.progress,
-            file=sys.stderr,
-            unit="chunk",
-            desc="shardkv convert",
-            mininterval=1.0,
-        ) as bar:
+        with _bar(self.progress, self.bar_plan.total, self.bar_plan.initial) as bar:
             tasks = self._tasks(walk, plans, manifest, meta_out, bar, task_chunks, n_last)
 
             def on_done(task: ShardTask, result: TaskResult) -> None:
@@ -289,6 +296,8 @@ class _Job:
         _, nbytes = _copy(self.source, data, self.writer)
         self.bytes_before += nbytes
         report = ArrayReport(listing.path, listing.ndim, None, reason, listing.n_chunks, 0, 0, listing.separator, False)
+        from shardkv.proxy.nodes import NodeTable
+
         arr = NodeTable(self.source.kv.values).node(listing.path).array if reason == "already sharded" else None
         if arr is not None:  # its chunks are those its shards hold
             shards = [k for k in data if arr.shard_coords_of(k) is not None]

@@ -28,7 +28,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,6 +205,9 @@ def array_tasks(
 def run_task(task: ShardTask, source: KVStore | None = None, target: KVStore | None = None) -> TaskResult:
     """Read, pack and write the shards of one task (in this process or a worker).
 
+    A shard is written while the next ones are read (:class:`_Writes`); the
+    task returns once every shard of it is stored.
+
     Parameters
     ----------
     task : ShardTask
@@ -216,31 +219,82 @@ def run_task(task: ShardTask, source: KVStore | None = None, target: KVStore | N
     TaskResult
         Shards written (a shard none of whose chunks is still stored is not written).
     """
-    from shardkv.cli.stores import open_store, put_all
+    from shardkv.cli.stores import open_store
 
     source = source or open_store(task.src, task.src_options, role="source")
     target = target or open_store(task.dst, task.dst_options, role="destination")
     layout = ShardLayout.v3(task.chunks_per_shard, task.index_location, "little", task.index_checksum)  # type: ignore[arg-type]
     read = _chunk_reader(source, task.source_shards)
     written: list[tuple[int, str, int, int]] = []
-    pending: dict[str, bytes] = {}
-    pending_nbytes = nbytes_read = 0
-    for index, shard_key, members in task.shards:
-        values = read([k for _, k in members])
-        chunks = {local: values[k] for local, k in members if k in values}
-        if not chunks:
-            continue
-        shard_read = sum(memoryview(v).nbytes for v in chunks.values())
-        nbytes_read += shard_read
-        blob = layout.encode_shard(chunks)
-        pending[shard_key] = blob
-        pending_nbytes += len(blob)
-        written.append((index, shard_key, len(blob), shard_read))
-        if pending_nbytes >= task.write_batch_nbytes or len(pending) >= task.write_batch_objects:
-            put_all(target, pending)
-            pending, pending_nbytes = {}, 0
-    put_all(target, pending)
+    nbytes_read = 0
+    with _Writes(target, task.write_batch_nbytes, task.write_batch_objects) as writes:
+        for index, shard_key, members in task.shards:
+            values = read([k for _, k in members])
+            chunks = {local: values[k] for local, k in members if k in values}
+            if not chunks:
+                continue
+            shard_read = sum(memoryview(v).nbytes for v in chunks.values())
+            nbytes_read += shard_read
+            parts = layout.encode_shard_with_index(chunks)[0]  # the chunks as read and the index: no copy
+            nbytes = sum(memoryview(p).nbytes for p in parts)
+            writes.put(shard_key, parts, nbytes)
+            written.append((index, shard_key, nbytes, shard_read))
     return TaskResult(tuple(written), nbytes_read, task.n_chunks)
+
+
+class _Writes:
+    """A task's shard writes, made on one thread of their own while the task reads on.
+
+    Shards finished while a write is under way are written together by the
+    next one (one batched ``put_many``). Shards held, written or waiting, stay
+    under ``max_nbytes`` and ``max_objects`` (plus the shard just finished).
+    Leaving the ``with`` block waits for every write; the first error of a
+    write is raised there or at the next ``put``.
+    """
+
+    def __init__(self, kv: KVStore, max_nbytes: int, max_objects: int) -> None:
+        self.kv, self.max_nbytes, self.max_objects = kv, max_nbytes, max_objects
+        self.pending: dict[str, list[BytesLike]] = {}
+        self.pending_nbytes = self.held_nbytes = self.held_objects = 0
+        self.in_flight: Future[None] | None = None
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardkv-convert-write")
+
+    def put(self, key: str, parts: list[BytesLike], nbytes: int) -> None:
+        self.pending[key] = parts
+        self.pending_nbytes += nbytes
+        if self.in_flight is not None and (
+            self.in_flight.done()
+            or self.held_nbytes + self.pending_nbytes >= self.max_nbytes
+            or self.held_objects + len(self.pending) >= self.max_objects
+        ):
+            self._wait()
+        if self.in_flight is None:
+            self._submit()
+
+    def _submit(self) -> None:
+        from shardkv.cli.stores import put_all
+
+        batch, self.pending = self.pending, {}
+        self.held_nbytes, self.held_objects, self.pending_nbytes = self.pending_nbytes, len(batch), 0
+        self.in_flight = self.pool.submit(put_all, self.kv, batch)
+
+    def _wait(self) -> None:
+        future, self.in_flight = self.in_flight, None
+        self.held_nbytes = self.held_objects = 0
+        if future is not None:
+            future.result()
+
+    def __enter__(self) -> _Writes:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        try:
+            self._wait()
+            if exc_type is None and self.pending:
+                self._submit()
+                self._wait()
+        finally:
+            self.pool.shutdown(wait=True)
 
 
 def _chunk_reader(source: KVStore, shards: ShardedArray | None) -> Callable[[list[str]], Mapping[str, BytesLike]]:
@@ -314,6 +368,7 @@ def _execute_processes(
     tasks: Iterable[ShardTask], on_done: Callable[[ShardTask, TaskResult], None], workers: int
 ) -> None:
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor  # imports multiprocessing: only for a pool
 
     pending = iter(tasks)
     in_flight: dict[Future[TaskResult], ShardTask] = {}

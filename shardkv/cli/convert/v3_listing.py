@@ -24,9 +24,6 @@ import numpy as np
 from shardkv.cli.convert.listing import ArrayListing, ChunkBitmap, _Lister, _reserved, iter_array_keys
 from shardkv.cli.errors import NotAHierarchyError, ReservedNameError
 from shardkv.cli.view import HierarchyView
-from shardkv.engine.engine import ShardEngine
-from shardkv.engine.options import Options
-from shardkv.engine.reads import ShardReader
 from shardkv.errors import MetadataError
 from shardkv.keys.paths import join_path, path_prefix
 from shardkv.keys.space import ShardedArray, grid_shape
@@ -181,7 +178,10 @@ def list_v3_array(view: HierarchyView, source: ArraySource) -> tuple[ArrayListin
 
 def _add_inner(chunks: ChunkBitmap, view: HierarchyView, shards: ShardedArray, keys: list[str]) -> None:
     """Set the bits of the in-grid inner chunks the indexes of the shards ``keys`` hold."""
-    reads: ShardReader = ShardEngine(view.kv, Options(concurrency="none")).reads
+    from shardkv.engine.engine import ShardEngine  # a sharded source's indexes only
+    from shardkv.engine.options import Options
+
+    reads = ShardEngine(view.kv, Options(concurrency="none")).reads
     for shard_coords, mask in reads.present_masks(dict.fromkeys(keys, shards)):
         for local in _true(mask):
             coords = tuple(s * n + c for s, n, c in zip(shard_coords, shards.chunks_per_shard, local, strict=True))

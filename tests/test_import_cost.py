@@ -1,0 +1,63 @@
+"""What ``import shardkv`` and the command line import before a job needs it.
+
+A fresh interpreter (a subprocess) reports the modules it has imported: the
+package's public names are imported on first use, and ``shardkv --help``
+builds every command's parser without importing numpy, a codec library,
+fsspec, zarr, dask or the proxies.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+
+import pytest
+
+import shardkv
+
+HEAVY = ("numpy", "numcodecs", "fsspec", "zarr", "dask", "tqdm", "multiprocessing", "shardkv.proxy")
+
+
+def _imported_after(code: str) -> set[str]:
+    """The modules a fresh interpreter holds after running ``code`` (which may end with SystemExit)."""
+    script = (
+        "import json, sys\n"
+        f"try:\n    exec({code!r})\nexcept SystemExit:\n    pass\n"
+        "sys.stdout.flush()\n"
+        "print('\\n' + json.dumps(sorted(sys.modules)))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    return set(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _heavy(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY))
+
+
+def test_import_shardkv_imports_no_dependency() -> None:
+    modules = _imported_after("import shardkv")
+    assert "shardkv.errors" in modules
+    assert _heavy(modules) == []
+
+
+def test_help_imports_no_dependency() -> None:
+    code = "import sys, runpy; sys.argv = ['shardkv', '--help']; runpy.run_module('shardkv', run_name='__main__')"
+    modules = _imported_after(code)
+    assert "shardkv.cli.main" in modules and "argparse" in modules  # the parser was built
+    assert _heavy(modules) == []
+
+
+@pytest.mark.parametrize("name", sorted(set(shardkv.__all__) - {"__version__"}))
+def test_every_public_name_is_its_module_s_object(name: str) -> None:
+    value = getattr(shardkv, name)
+    module = importlib.import_module(shardkv._LAZY.get(name, "shardkv.errors"))
+    assert value is getattr(module, name)
+    assert name in dir(shardkv)
+
+
+def test_an_unknown_name_is_no_attribute() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'open_kv'"):
+        shardkv.open_kv  # noqa: B018 - a name of a module below, not a public one
+    assert set(shardkv._LAZY) <= set(shardkv.__all__)
