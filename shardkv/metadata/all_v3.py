@@ -200,8 +200,7 @@ def plan_all_v3(documents: Mapping[str, Mapping[str, Any]]) -> AllV3Plan:
     Parameters
     ----------
     documents : mapping of str to mapping
-        Every metadata document by store key, parsed, after the sharded arrays
-        were stored as v3 (:func:`shardkv.metadata.hierarchy.plan_migration`).
+        Every metadata document by store key, parsed.
 
     Returns
     -------

@@ -22,8 +22,7 @@ as arrays written by zarr-python 3 and tensorstore), and the full ``.zmetadata``
 A :class:`MetadataPlan` lists the keys to write and to delete; applying it in
 one ``set_many`` + ``delete_many`` is the proxy's job
 (:mod:`shardkv.proxy.metadata_writes` tables which write takes which plan).
-Reads are presented by :func:`present` and :func:`presented_zmetadata`;
-``convert`` migrates a hierarchy in the old layout with :func:`plan_migration`.
+Reads are presented by :func:`present` and :func:`presented_zmetadata`.
 """
 
 from __future__ import annotations
@@ -64,7 +63,6 @@ __all__ = [
     "is_opaque",
     "opaque_paths",
     "plan_opaque_blocks",
-    "plan_migration",
 ]
 
 _DIMENSIONS = "_ARRAY_DIMENSIONS"  # xarray's v2 attribute; v3 has dimension_names
@@ -546,60 +544,3 @@ def plan_opaque_blocks(documents: Mapping[str, Mapping[str, Any]], released: Ite
         if new != doc:
             writes[join_path(group, ZARR_JSON)] = new
     return MetadataPlan(writes)
-
-
-# -- the older layout (a .zarray beside zarr.json) -> the v3-only layout ---------------------------------
-
-
-def _group_attributes(documents: Mapping[str, Mapping[str, Any]], group: str) -> Mapping[str, Any] | None:
-    """A group's attributes: its v3 ``zarr.json``'s, else its ``.zattrs`` (a hierarchy already in the new layout)."""
-    zjson = documents.get(join_path(group, ZARR_JSON))
-    if zjson is not None and zjson.get("zarr_format") == 3 and zjson.get("node_type") == "group":
-        return zjson.get("attributes") or {}
-    return documents.get(join_path(group, ".zattrs"))
-
-
-def plan_migration(documents: Mapping[str, Mapping[str, Any]]) -> MetadataPlan:
-    """The plan that moves a hierarchy stored the old way (``.zarray`` beside ``zarr.json``) to v3.
-
-    Parameters
-    ----------
-    documents : mapping of str to mapping
-        Every metadata document of the hierarchy by store key (``.zarray``,
-        ``.zattrs``, ``.zgroup``, ``zarr.json``, ``.zmetadata``), parsed.
-
-    Returns
-    -------
-    MetadataPlan
-        The sharded arrays and their groups stored as v3 (:func:`plan_sharded_array`);
-        a ``.zmetadata`` made safe (:func:`stored_zmetadata`) and, with it, the
-        root ``zarr.json`` with consolidated metadata. Unsharded arrays are untouched.
-
-    Raises
-    ------
-    ConfigurationError, UnsupportedError
-        If a sharded array's ``zarr.json`` is invalid.
-    """
-    plan = MetadataPlan()
-    sharded: list[str] = []
-    for key in sorted(documents):
-        path, name = split_key(key)
-        zjson = documents.get(join_path(path, ZARR_JSON))
-        if name != ".zarray" or zjson is None:
-            continue
-        spec = sharding_spec_from_v3(zjson, path)
-        if spec is None:
-            continue
-        sharded.append(path)
-        zattrs = documents.get(join_path(path, ".zattrs"))
-        if not path:
-            plan = plan.merged(plan_root_array(documents[key], zattrs, spec.layout))
-            continue
-        groups = {g: _group_attributes(documents, g) for g in group_paths(path)}
-        plan = plan.merged(plan_sharded_array(path, documents[key], zattrs, spec.layout, groups))
-    zmetadata = documents.get(".zmetadata")
-    if zmetadata is not None and sharded and plan.writes.get(ZARR_JSON, {}).get("node_type") == "group":
-        nodes = {split_key(k)[0]: v for k, v in plan.writes.items() if k != ZARR_JSON}
-        root = with_consolidated_metadata(plan.writes[ZARR_JSON], nodes)
-        plan = plan.merged(MetadataPlan({".zmetadata": stored_zmetadata(zmetadata, sharded), ZARR_JSON: root}))
-    return plan
