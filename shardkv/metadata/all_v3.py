@@ -45,17 +45,6 @@ from shardkv.metadata.v3_view import (
     v3_document_of_v2,
 )
 
-__all__ = [
-    "AllV3Plan",
-    "v3_view_of_unsharded_v2",
-    "plan_all_v3",
-    "may_mirror",
-    "plan_v3_down",
-    "plan_root_block",
-    "Unreached",
-    "zarr3_unreachable",
-]
-
 
 def v3_view_of_unsharded_v2(zarray: Mapping[str, Any], zattrs: Mapping[str, Any] | None) -> V3View:
     """The ``zarr.json`` that reads an unsharded v2 array's chunk objects as a v3 array.

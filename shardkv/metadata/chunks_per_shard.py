@@ -17,8 +17,6 @@ import numpy as np
 
 from shardkv.errors import ConfigurationError
 
-__all__ = ["ChunksPerShardOption", "ChunksPerShardRule", "normalize_chunks_per_shard", "check_chunks_per_shard"]
-
 ChunksPerShardOption = int | Sequence[int] | Mapping[str, int | Sequence[int]] | None
 
 

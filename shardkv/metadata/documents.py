@@ -17,18 +17,6 @@ from typing import Any
 from shardkv.errors import MetadataError
 from shardkv.keys.paths import split_key
 
-__all__ = [
-    "ZARR_JSON",
-    "ZMETADATA",
-    "META_NAMES",
-    "NODE_DOCUMENTS",
-    "dump_json",
-    "load_json",
-    "load_object",
-    "load_zarray",
-    "unreadable_documents",
-]
-
 ZARR_JSON = "zarr.json"
 """The metadata document of a Zarr v3 node (and the entry point of a 2022 draft hierarchy)."""
 ZMETADATA = ".zmetadata"

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DRAFT_ZARR_FORMAT", "META_ROOT", "is_draft_entry_point"]
-
 DRAFT_ZARR_FORMAT = "https://purl.org/zarr/spec/protocol/core/3.0"
 """The ``zarr_format`` of a 2022 draft hierarchy's root ``zarr.json``."""
 META_ROOT = "meta/root/"

@@ -39,32 +39,6 @@ from shardkv.metadata.v2_codecs import OPAQUE_DATA_TYPE
 from shardkv.metadata.v2_view import v2_view_of_v3
 from shardkv.metadata.v3_view import dimension_names_of, sharding_spec_from_v3, v3_view_of_v2
 
-__all__ = [
-    "ZARR_JSON",
-    "REFUSED_ZARRAY",
-    "MetadataPlan",
-    "group_paths",
-    "group_document",
-    "array_document",
-    "plan_sharded_array",
-    "plan_root_array",
-    "plan_attributes",
-    "plan_group",
-    "plan_zarray_update",
-    "plan_v3_groups",
-    "present",
-    "stored_zmetadata",
-    "presented_zmetadata",
-    "with_consolidated_metadata",
-    "consolidated_entry",
-    "has_consolidated",
-    "consolidated_nodes",
-    "consolidated_in_step",
-    "is_opaque",
-    "opaque_paths",
-    "plan_opaque_blocks",
-]
-
 _DIMENSIONS = "_ARRAY_DIMENSIONS"  # xarray's v2 attribute; v3 has dimension_names
 
 REFUSED_ZARRAY: dict[str, Any] = {

@@ -15,8 +15,6 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Generic, NamedTuple, TypeVar
 
-__all__ = ["NodeCache", "Walked"]
-
 N = TypeVar("N")
 
 

@@ -27,22 +27,6 @@ from shardkv.codecs.inner import BLOSC_SHUFFLE_IDS
 from shardkv.codecs.numcodecs_v3 import ARRAY_TO_ARRAY_IDS, BYTES_TO_BYTES_IDS, V2_CHUNK_CODEC, VLEN_IDS
 from shardkv.errors import ConfigurationError
 
-__all__ = [
-    "V3Encoding",
-    "OPAQUE_DATA_TYPE",
-    "v3_encoding_of_v2",
-    "structured_data_type",
-    "numpy_dtype_of_structured",
-    "v2_dtype_json",
-    "numpy_dtype_of",
-    "leaf_data_type",
-    "v3_fill_value",
-    "core_compressor_codec",
-    "CORE_DATA_TYPES",
-    "SIZED_DATA_TYPES",
-    "TIME_DATA_TYPES",
-]
-
 OPAQUE_DATA_TYPE = "shardkv.v2_dtype"
 """The ``data_type`` name of an array no v3 reader can decode (see the module docstring)."""
 

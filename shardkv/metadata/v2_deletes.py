@@ -25,8 +25,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["V2_DELETED_FIELD", "RECORDED", "deleted_documents", "with_deleted"]
-
 V2_DELETED_FIELD = "shardkv.v2_deleted"
 """The ``zarr.json`` member that lists the v2 documents deleted from zarr-python 2's view."""
 

@@ -68,8 +68,6 @@ from shardkv.metadata.v2_codecs import (
 )
 from shardkv.metadata.v3_view import SHARDING_CODEC, V2_COMPRESSOR_FIELD, V2_FILL_FIELD, sharding_spec_from_v3
 
-__all__ = ["V2View", "v2_view_of_v3", "numpy_dtype_of_v3", "fill_value_from_v3", "unusable_sharding"]
-
 _V3_TO_NUMPY = {name: code for code, name in CORE_DATA_TYPES.items()}  # "int16" -> "i2"
 
 

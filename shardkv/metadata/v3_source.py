@@ -32,8 +32,6 @@ from shardkv.keys.space import ShardedArray
 from shardkv.metadata.hierarchy import consolidated_entry, consolidated_nodes
 from shardkv.metadata.v3_view import SHARDING_CODEC, ShardingSpec, sharding_codec, sharding_spec_from_v3
 
-__all__ = ["ArraySource", "source_of", "sharded_document", "plain_document", "PLAIN_KEYS", "refresh_consolidated"]
-
 PLAIN_KEYS = DefaultChunkKeyEncoding("/")
 """The chunk keys of a plain v3 array as zarr-python 3 writes them by default (``c/0/0``)."""
 

@@ -25,20 +25,6 @@ from shardkv.keys.paths import path_prefix
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.v2_codecs import CORE_DATA_TYPES, SIZED_DATA_TYPES, TIME_DATA_TYPES, V3Encoding, v3_encoding_of_v2
 
-__all__ = [
-    "V3View",
-    "SHARDING_CODEC",
-    "V2_FILL_FIELD",
-    "V2_COMPRESSOR_FIELD",
-    "mark_v2_encoding",
-    "v3_view_of_v2",
-    "v3_document_of_v2",
-    "sharding_codec",
-    "ShardingSpec",
-    "sharding_spec_from_v3",
-    "v2_dimension_separator",
-]
-
 SHARDING_CODEC = "sharding_indexed"
 
 
