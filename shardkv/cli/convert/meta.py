@@ -100,7 +100,7 @@ def store_as_v3(meta_out: dict[str, bytes], all_v3: bool = False) -> None:
     if docs.get(ZARR_JSON, {}).get("node_type") == "group":
         _apply(meta_out, plan_v3_down(docs)[0])
     elif all_v3 and ZARR_JSON not in docs:
-        _apply(meta_out, MetadataPlan(plan_all_v3(docs).writes))
+        _apply(meta_out, plan_all_v3(docs))
     _apply(meta_out, plan_root_block(_documents(meta_out)))
     _apply(meta_out, plan_opaque_blocks(_documents(meta_out)))
 
