@@ -25,36 +25,12 @@ from shardkv.metadata.hierarchy import (
     with_consolidated_metadata,
 )
 from shardkv.metadata.v2_codecs import v3_encoding_of_v2
-from shardkv.metadata.v3_view import (
-    V3View,
-    dimension_names_of,
-    mark_v2_encoding,
-    sharding_spec_from_v3,
-    v3_document_of_v2,
-)
+from shardkv.metadata.v3_view import V3View, sharding_spec_from_v3, v3_view_of_v2
 
 
 def v3_view_of_unsharded_v2(zarray: Mapping[str, Any], zattrs: Mapping[str, Any] | None) -> V3View:
-    """The ``zarr.json`` that reads an unsharded v2 array's chunk objects as a v3 array.
-
-    ``metadata`` is empty when no v3 reader has the data type; ``problems``
-    say which v3 readers other than zarr-python 3 may not read it.
-
-    Raises
-    ------
-    ConfigurationError
-        If the separator or fill value is invalid for the dtype.
-    """
-    encoding = v3_encoding_of_v2(zarray)
-    if encoding.opaque:
-        return V3View({}, encoding.problems)
-    metadata = v3_document_of_v2(zarray, zattrs, encoding, [int(c) for c in zarray["chunks"]], encoding.codecs)
-    names = dimension_names_of(metadata["attributes"].get("_ARRAY_DIMENSIONS"), len(metadata["shape"]))
-    if names is not None:  # a malformed one stays an attribute
-        metadata["attributes"].pop("_ARRAY_DIMENSIONS")
-        metadata["dimension_names"] = names
-    mark_v2_encoding(metadata, zarray, encoding)
-    return V3View(metadata, encoding.problems)
+    """The ``zarr.json`` that reads an unsharded v2 array's chunk objects, empty when opaque (:func:`v3_view_of_v2`)."""
+    return v3_view_of_v2(zarray, zattrs)
 
 
 def _v2_nodes(

@@ -17,7 +17,7 @@ from shardkv.format.layout import ShardLayout, chunk_nbytes_bound
 from shardkv.keys.encodings import ChunkKeyEncoding, Separator, V2ChunkKeyEncoding, chunk_key_encoding_from_metadata
 from shardkv.keys.paths import path_prefix
 from shardkv.keys.space import ShardedArray
-from shardkv.metadata.v2_codecs import CORE_DATA_TYPES, SIZED_DATA_TYPES, TIME_DATA_TYPES, V3Encoding, v3_encoding_of_v2
+from shardkv.metadata.v2_codecs import CORE_DATA_TYPES, SIZED_DATA_TYPES, TIME_DATA_TYPES, v3_encoding_of_v2
 
 SHARDING_CODEC = "sharding_indexed"
 
@@ -68,67 +68,61 @@ def sharding_codec(
 
 
 def v3_view_of_v2(
-    zarray: Mapping[str, Any],
-    zattrs: Mapping[str, Any] | None,
-    layout: ShardLayout,
+    zarray: Mapping[str, Any], zattrs: Mapping[str, Any] | None, layout: ShardLayout | None = None
 ) -> V3View:
-    """The ``zarr.json`` that reads a sharded v2 array as a v3 array, and why v3 readers may not use it.
+    """The ``zarr.json`` that reads a v2 array's chunks as a v3 array, and why v3 readers may not use it.
 
-    The shard shape is the v2 ``chunks`` x ``layout.chunks_per_shard``, the inner chunks the v2 chunks.
+    Sharded with ``layout`` (shard shape: the v2 ``chunks`` x
+    ``layout.chunks_per_shard``; inner chunks: the v2 chunks), or else the
+    chunk objects as they are: then empty when opaque, and a well-formed
+    ``_ARRAY_DIMENSIONS`` becomes ``dimension_names``. What v3 cannot spell
+    of the v2 documents is recorded (:data:`V2_FILL_FIELD`, :data:`V2_COMPRESSOR_FIELD`).
 
     Raises
     ------
     ConfigurationError
-        If ``layout.chunks_per_shard`` does not have one value per dimension.
+        If ``layout.chunks_per_shard`` does not have one value per dimension,
+        or the separator or fill value is invalid.
     """
     shape = [int(s) for s in zarray["shape"]]
     chunks = [int(c) for c in zarray["chunks"]]
-    if len(layout.chunks_per_shard) != len(shape):
+    if layout is not None and len(layout.chunks_per_shard) != len(shape):
         raise ConfigurationError(
             f"chunks_per_shard {layout.chunks_per_shard} has {len(layout.chunks_per_shard)} value(s), "
             f"the array has {len(shape)} dimension(s)"
         )
     encoding = v3_encoding_of_v2(zarray)
-    codec = sharding_codec(chunks, encoding.codecs, layout.index_location, layout.index_checksum, layout.index_endian)
-    shard_shape = [c * n for c, n in zip(chunks, layout.chunks_per_shard, strict=True)]
-    metadata = v3_document_of_v2(zarray, zattrs, encoding, shard_shape, [codec])
-    mark_v2_encoding(metadata, zarray, encoding)
-    return V3View(metadata, encoding.problems)
-
-
-def v3_document_of_v2(
-    zarray: Mapping[str, Any],
-    zattrs: Mapping[str, Any] | None,
-    encoding: V3Encoding,
-    chunk_shape: list[int],
-    codecs: list[dict[str, Any]],
-) -> dict[str, Any]:
-    """The v3 array document of a v2 array (v2 chunk keys) with a regular grid of ``chunk_shape`` and ``codecs``."""
-    keys = V2ChunkKeyEncoding(v2_dimension_separator(zarray))
-    return {
+    if layout is None and encoding.opaque:
+        return V3View({}, encoding.problems)
+    grid, codecs = chunks, encoding.codecs
+    if layout is not None:
+        grid = [c * n for c, n in zip(chunks, layout.chunks_per_shard, strict=True)]
+        codecs = [sharding_codec(chunks, codecs, layout.index_location, layout.index_checksum, layout.index_endian)]
+    metadata = {
         "zarr_format": 3,
         "node_type": "array",
-        "shape": [int(s) for s in zarray["shape"]],
+        "shape": shape,
         "data_type": encoding.data_type,
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunk_shape}},
-        "chunk_key_encoding": keys.to_metadata(),
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": grid}},
+        "chunk_key_encoding": V2ChunkKeyEncoding(v2_dimension_separator(zarray)).to_metadata(),
         "fill_value": encoding.fill_value,
         "codecs": codecs,
         "attributes": dict(zattrs or {}),
     }
-
-
-def mark_v2_encoding(metadata: dict[str, Any], zarray: Mapping[str, Any], encoding: V3Encoding) -> None:
-    """Record what ``metadata`` cannot spell of its v2 origin (:data:`V2_FILL_FIELD`, :data:`V2_COMPRESSOR_FIELD`)."""
+    names = dimension_names_of(metadata["attributes"].get("_ARRAY_DIMENSIONS"), len(shape))
+    if layout is None and names is not None:  # a malformed one stays an attribute
+        del metadata["attributes"]["_ARRAY_DIMENSIONS"]
+        metadata["dimension_names"] = names
     if encoding.keep_v2_fill:
         metadata[V2_FILL_FIELD] = {"must_understand": False, "fill_value": zarray.get("fill_value")}
     compressor = zarray.get("compressor")
-    if encoding.opaque:
-        return
+    if encoding.opaque:  # its v2 encoding is kept whole
+        return V3View(metadata, encoding.problems)
     if compressor is None and encoding.codecs[-1]["name"].startswith("numcodecs."):
         metadata[V2_COMPRESSOR_FIELD] = {"must_understand": False, "compressor": None}
     elif compressor is not None and compressor.get("id") == "blosc" and compressor.get("shuffle") == -1:
         metadata[V2_COMPRESSOR_FIELD] = {"must_understand": False, "compressor": dict(compressor)}  # AUTOSHUFFLE
+    return V3View(metadata, encoding.problems)
 
 
 def dimension_names_of(names: Any, ndim: int) -> list[str] | None:
