@@ -50,10 +50,6 @@ class V2View:
     documents: dict[str, dict[str, Any]] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
 
-    @property
-    def presented(self) -> bool:
-        return bool(self.documents)
-
 
 _EXTENSION_KINDS = {name: kind for kind, name in SIZED_DATA_TYPES.items()}  # "raw_bytes" -> "V"
 _TIME_KINDS = {name: kind + "8" for kind, name in TIME_DATA_TYPES.items()}  # "numpy.datetime64" -> "M8"

@@ -144,15 +144,6 @@ class ShardingSpec:
     layout: ShardLayout
     shard_key_encoding: ChunkKeyEncoding
 
-    @property
-    def chunks_per_shard(self) -> tuple[int, ...]:
-        return self.layout.chunks_per_shard
-
-    @property
-    def shard_shape(self) -> tuple[int, ...]:
-        """Shard shape (elements): ``chunks * chunks_per_shard``."""
-        return tuple(c * n for c, n in zip(self.chunks, self.layout.chunks_per_shard, strict=True))
-
     def array_at(
         self, path: str, chunk_key_encoding: ChunkKeyEncoding, shape: tuple[int, ...] | None = None
     ) -> ShardedArray:
