@@ -24,7 +24,6 @@ from shardkv.metadata.hierarchy import (
     group_paths,
     plan_attributes,
     plan_group,
-    plan_migration,
     plan_sharded_array,
     plan_zarray_update,
     present,
@@ -162,10 +161,11 @@ def test_stored_zmetadata_rejects_other_formats() -> None:
 def test_consolidated_block_has_zarr3s_shape() -> None:
     """The shape zarr-python 3.4's consolidate_metadata writes (read by it: tests/latest)."""
     store = _v2_hierarchy()
-    docs = {k: _doc(store, k) for k in store}
-    docs["g/a/zarr.json"] = array_document(docs["g/a/.zarray"], docs["g/a/.zattrs"], LAYOUT)  # the old layout
-    plan = plan_migration(docs)
-    root = plan.writes["zarr.json"]
+    plan = plan_sharded_array(
+        "g/a", _doc(store, "g/a/.zarray"), _doc(store, "g/a/.zattrs"), LAYOUT, {"": _doc(store, ".zattrs")}
+    )
+    nodes = {k.rpartition("/")[0]: v for k, v in plan.writes.items() if k != "zarr.json"}
+    root = with_consolidated_metadata(plan.writes["zarr.json"], nodes)
     block = root["consolidated_metadata"]
     assert block["kind"] == "inline" and block["must_understand"] is False
     assert sorted(block["metadata"]) == ["g", "g/a"]
@@ -182,16 +182,6 @@ def test_consolidated_block_has_zarr3s_shape() -> None:
     }
     with pytest.raises(ConfigurationError):
         with_consolidated_metadata(plan.writes["g/a/zarr.json"], {})
-
-
-def test_migration_leaves_unsharded_arrays_alone() -> None:
-    store = _v2_hierarchy()
-    docs = {k: _doc(store, k) for k in store}
-    assert plan_migration(docs) == MetadataPlan()  # nothing sharded: nothing to do
-    docs["g/a/zarr.json"] = array_document(docs["g/a/.zarray"], docs["g/a/.zattrs"], LAYOUT)
-    plan = plan_migration(docs)
-    assert not any(k.startswith("plain/") for k in [*plan.writes, *plan.deletes])
-    assert plan.writes[".zmetadata"]["metadata"]["g/a/.zarray"] == REFUSED_ZARRAY
 
 
 def test_resize_keeps_layout_attributes_and_dimension_names() -> None:

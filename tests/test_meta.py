@@ -337,8 +337,7 @@ def test_sharding_spec_round_trip(layout: ShardLayout, separator: str) -> None:
     assert spec.shape == (9, 7)
     assert spec.chunks == (2, 3)
     assert spec.layout == layout
-    assert spec.chunks_per_shard == layout.chunks_per_shard
-    assert spec.shard_shape == tuple(c * n for c, n in zip((2, 3), layout.chunks_per_shard, strict=True))
+    assert spec.layout.chunks_per_shard == layout.chunks_per_shard
     assert spec.shard_key_encoding == V2ChunkKeyEncoding(separator)
 
 
@@ -367,7 +366,7 @@ def test_v3_document_default_encoding() -> None:
 
     spec = sharding_spec_from_v3(_sharded_doc())
     assert spec is not None
-    assert spec.chunks_per_shard == (2, 2)
+    assert spec.layout.chunks_per_shard == (2, 2)
     assert spec.shard_key_encoding == DefaultChunkKeyEncoding("/")
 
 

@@ -199,7 +199,7 @@ LE = {"name": "bytes", "configuration": {"endian": "little"}}
 )
 def test_untranslatable_documents_name_the_reason(doc: dict, reason: str) -> None:
     view = v2_view_of_v3(doc, "a")
-    assert not view.presented
+    assert not view.documents
     assert any(reason in p for p in view.problems), view.problems
 
 

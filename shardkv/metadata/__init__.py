@@ -1,4 +1,1 @@
-"""Metadata views, pure logic.
-
-The v3 zarr.json of a sharded v2 array, the v2 documents presented for v3 arrays, the 2022 draft metadata.
-"""
+"""Metadata documents, pure logic: v3, v2 and 2022 draft documents, the plans of a sharded hierarchy, the node table."""

@@ -1,10 +1,8 @@
 """``chunks_per_shard`` as users give it, and what it means for one array. Pure.
 
-The proxies and the converters take the same option: an int (that many inner
-chunks per shard along every dimension of every new array), a sequence of
-ints (for arrays with that many dimensions; others stay unsharded), a mapping
-``{array path: int or sequence}``, or ``None`` (shard nothing new). 0-d
-arrays are never sharded.
+An int (along every dimension of every new array), a sequence of ints (for
+arrays with that many dimensions), a mapping ``{array path: int or
+sequence}``, or ``None`` (shard nothing new); 0-d arrays are never sharded.
 """
 
 from __future__ import annotations
@@ -17,8 +15,6 @@ import numpy as np
 
 from shardkv.errors import ConfigurationError
 
-__all__ = ["ChunksPerShardOption", "ChunksPerShardRule", "normalize_chunks_per_shard", "check_chunks_per_shard"]
-
 ChunksPerShardOption = int | Sequence[int] | Mapping[str, int | Sequence[int]] | None
 
 
@@ -27,16 +23,7 @@ def _is_int(value: object) -> TypeGuard[int | np.integer]:
 
 
 def normalize_chunks_per_shard(value: int | Sequence[int], ndim: int, path: str | None = None) -> tuple[int, ...]:
-    """Expand an int to every dimension and check a tuple's length and values.
-
-    Parameters
-    ----------
-    value : int or sequence of int
-        Inner chunks per shard (>= 1).
-    ndim : int
-        Dimensions of the array.
-    path : str, optional
-        The array's path (named in errors).
+    """Inner chunks per shard (an int, or one int >= 1 per dimension) along each of ``ndim`` dimensions.
 
     Raises
     ------
@@ -93,23 +80,13 @@ def _as_tuple(value: Any, path: str | None = None) -> tuple[Any, ...]:
 
 @dataclass(frozen=True)
 class ChunksPerShardRule:
-    """A validated ``chunks_per_shard`` option.
-
-    Attributes
-    ----------
-    value : None, int, tuple, or dict of str to (int or tuple)
-        The option (sequences as tuples; mapping keys are array paths without
-        leading or trailing ``/``).
-    """
+    """A validated ``chunks_per_shard`` option (sequences as tuples, mapping keys as paths without ``/`` around)."""
 
     value: Any
 
     @classmethod
     def parse(cls, option: ChunksPerShardOption) -> ChunksPerShardRule:
-        """Take an option as users give it; values are checked per array, by :meth:`for_array`.
-
-        (So a mapping entry that does not fit its array fails when that array
-        is created, naming it, and nothing of the array is written.)
+        """Take an option as users give it; values are checked per array, by :meth:`for_array` (naming it).
 
         Raises
         ------

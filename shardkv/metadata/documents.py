@@ -1,11 +1,8 @@
 """The one JSON reader and writer of metadata documents. Pure.
 
-Every metadata document shardkv writes (``.zarray``, ``.zattrs``,
-``.zmetadata``, the ``zarr.json`` view of a sharded array, 2022 draft array
-documents) is serialised by :func:`dump_json` the way zarr-python 2 writes
-its own: keys sorted, 4-space indent, ASCII only. So a document written
-through the proxy is byte for byte what zarr would have stored, and two
-conversions of one hierarchy are identical.
+Documents are written as zarr-python 2 writes its own (keys sorted, 4-space
+indent, ASCII), so a document written through the proxy is byte for byte
+what zarr would have stored, and two conversions of one hierarchy are identical.
 """
 
 from __future__ import annotations
@@ -17,55 +14,23 @@ from typing import Any
 from shardkv.errors import MetadataError
 from shardkv.keys.paths import split_key
 
-__all__ = [
-    "ZARR_JSON",
-    "ZMETADATA",
-    "META_NAMES",
-    "NODE_DOCUMENTS",
-    "dump_json",
-    "load_json",
-    "load_object",
-    "load_zarray",
-    "unreadable_documents",
-]
-
 ZARR_JSON = "zarr.json"
-"""The metadata document of a Zarr v3 node (and the entry point of a 2022 draft hierarchy)."""
 ZMETADATA = ".zmetadata"
-"""The consolidated metadata document of a zarr 2 hierarchy (at its root)."""
 META_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ZMETADATA, ZARR_JSON})
-"""Names of the metadata documents of a Zarr v2 hierarchy, and of a v3 node's ``zarr.json``."""
-
-NODE_DOCUMENTS = frozenset({".zarray", ".zgroup", ZARR_JSON})
-"""The documents that make a path an array or a group: when one is unreadable, so is the node."""
+NODE_DOCUMENTS = frozenset({".zarray", ".zgroup", ZARR_JSON})  # when one is unreadable, so is the node
 
 
 def dump_json(doc: Any, *, key: str | None = None, strict: bool = False) -> bytes:
-    """Serialise a metadata document (sorted keys, 4-space indent, ASCII).
+    """Serialise a metadata document to ASCII bytes; ``key`` (where it will be stored) is named in errors.
 
-    Parameters
-    ----------
-    doc : JSON-ready object
-        The document.
-    key : str, optional
-        Where it will be stored (named in errors).
-    strict : bool
-        Refuse ``NaN`` and infinite floats, which JSON does not have. By
-        default they are written bare (``NaN``, ``Infinity``), as zarr-python 2
-        writes ``.zattrs`` and zarr-python 3 writes the attributes of a
-        ``zarr.json`` (a fill value is spelled as a string by the v3 view, so
-        only attributes can hold one).
-
-    Returns
-    -------
-    bytes
-        UTF-8 (ASCII) text.
+    Non-finite floats are written bare (``NaN``, ``Infinity``), as zarr-python 2
+    writes ``.zattrs`` and zarr-python 3 attributes, unless ``strict``.
 
     Raises
     ------
     MetadataError
-        If ``strict`` and the document holds a non-finite float, or the
-        document holds a value JSON cannot represent.
+        If ``strict`` and the document holds a non-finite float, or it holds a
+        value JSON cannot represent.
     """
     try:
         text = json.dumps(
@@ -77,19 +42,7 @@ def dump_json(doc: Any, *, key: str | None = None, strict: bool = False) -> byte
 
 
 def load_json(key: str, raw: bytes | bytearray | memoryview | str) -> Any:
-    """Parse a stored metadata document.
-
-    Parameters
-    ----------
-    key : str
-        The document's key (named in errors).
-    raw : bytes-like or str
-        The stored bytes.
-
-    Returns
-    -------
-    object
-        The parsed document.
+    """Parse the stored metadata document at ``key``.
 
     Raises
     ------
@@ -128,11 +81,7 @@ def _int_list(key: str, doc: dict[str, Any], name: str, minimum: int) -> list[in
 
 
 def load_zarray(key: str, raw: bytes | bytearray | memoryview | str) -> dict[str, Any]:
-    """Parse a ``.zarray`` and check the types of the fields shardkv relies on.
-
-    ``shape`` (ints >= 0) and ``chunks`` (ints >= 1, as many) must be lists
-    of integers, ``dtype`` a string or a list (structured), and
-    ``dimension_separator`` (when present) ``"."`` or ``"/"``.
+    """Parse a ``.zarray``: ``shape`` (ints >= 0), ``chunks`` (as many ints >= 1), ``dtype`` str or list, separator.
 
     Raises
     ------
@@ -152,20 +101,7 @@ def load_zarray(key: str, raw: bytes | bytearray | memoryview | str) -> dict[str
 
 
 def unreadable_documents(docs: Mapping[str, bytes | bytearray | memoryview | None]) -> dict[str, str]:
-    """The node documents (``.zarray``, ``.zgroup``, ``zarr.json``) among ``docs`` that cannot be read, and why.
-
-    Parameters
-    ----------
-    docs : mapping of str to bytes-like or None
-        Stored documents by key (``None``: listed, but gone or unreadable when fetched).
-
-    Returns
-    -------
-    dict of str to str
-        ``{key: reason}``, in key order: not JSON, nested too deeply, not a
-        JSON object. Tools that would otherwise take the node's data for
-        garbage (or leave it out) report these instead.
-    """
+    """The node documents among ``docs`` (key -> bytes, ``None`` if unreadable) that cannot be read: ``{key: why}``."""
     found: dict[str, str] = {}
     for key in sorted(docs):
         if split_key(key)[1] not in NODE_DOCUMENTS:

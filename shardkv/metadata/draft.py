@@ -1,18 +1,10 @@
-"""The 2022 Zarr v3 draft hierarchy: names of its entry point and metadata area, and the entry point test. Pure.
-
-Which proxy a store needs is decided by :func:`shardkv.open_store`
-(:mod:`shardkv.proxy.open`), which reads the root ``zarr.json`` and asks
-:func:`is_draft_entry_point`.
-"""
+"""The 2022 Zarr v3 draft hierarchy: its entry point and metadata area (:func:`shardkv.open_store` asks). Pure."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DRAFT_ZARR_FORMAT", "META_ROOT", "is_draft_entry_point"]
-
-DRAFT_ZARR_FORMAT = "https://purl.org/zarr/spec/protocol/core/3.0"
-"""The ``zarr_format`` of a 2022 draft hierarchy's root ``zarr.json``."""
+DRAFT_ZARR_FORMAT = "https://purl.org/zarr/spec/protocol/core/3.0"  # its root zarr.json's zarr_format
 META_ROOT = "meta/root/"
 
 

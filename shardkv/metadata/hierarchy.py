@@ -1,29 +1,8 @@
 """Which metadata documents a sharded hierarchy stores, and which v2 documents it presents. Pure.
 
-Storage never lies: on storage every sharded array is a Zarr v3
-array and nothing else, so no reader that bypasses shardkv can take a shard
-for a v2 chunk. This module plans the documents; the proxy does the I/O.
-
-Stored (what any reader sees)::
-
-    zarr.json             v3 group, attributes inside, consolidated_metadata (optional)
-    .zmetadata            optional; sharded arrays' ".zarray" replaced by REFUSED_ZARRAY
-    grp/zarr.json         v3 group on the path of a sharded array (no .zgroup/.zattrs)
-    grp/temp/zarr.json    v3 array: sharding_indexed, v2 chunk key encoding,
-                          attributes inside, dimension_names from _ARRAY_DIMENSIONS
-    grp/temp/0.0          a shard
-    plain/.zarray         an unsharded v2 array: untouched
-
-Presented to zarr-python 2 through the proxy: ``.zarray``/``.zattrs`` of each
-sharded array and ``.zgroup``/``.zattrs`` of each v3 group, derived from
-``zarr.json`` by :func:`shardkv.metadata.v2_view.v2_view_of_v3` (the same path
-as arrays written by zarr-python 3 and tensorstore), and the full ``.zmetadata``.
-
-A :class:`MetadataPlan` lists the keys to write and to delete; applying it in
-one ``set_many`` + ``delete_many`` is the proxy's job
-(:mod:`shardkv.proxy.metadata_writes` tables which write takes which plan).
-Reads are presented by :func:`present` and :func:`presented_zmetadata`;
-``convert`` migrates a hierarchy in the old layout with :func:`plan_migration`.
+Every sharded array is stored as a Zarr v3 array only (docs/architecture.md,
+"Metadata documents"); a :class:`MetadataPlan` lists the keys to write and to
+delete, and the proxy applies it.
 """
 
 from __future__ import annotations
@@ -40,33 +19,6 @@ from shardkv.metadata.v2_codecs import OPAQUE_DATA_TYPE
 from shardkv.metadata.v2_view import v2_view_of_v3
 from shardkv.metadata.v3_view import dimension_names_of, sharding_spec_from_v3, v3_view_of_v2
 
-__all__ = [
-    "ZARR_JSON",
-    "REFUSED_ZARRAY",
-    "MetadataPlan",
-    "group_paths",
-    "group_document",
-    "array_document",
-    "plan_sharded_array",
-    "plan_root_array",
-    "plan_attributes",
-    "plan_group",
-    "plan_zarray_update",
-    "plan_v3_groups",
-    "present",
-    "stored_zmetadata",
-    "presented_zmetadata",
-    "with_consolidated_metadata",
-    "consolidated_entry",
-    "has_consolidated",
-    "consolidated_nodes",
-    "consolidated_in_step",
-    "is_opaque",
-    "opaque_paths",
-    "plan_opaque_blocks",
-    "plan_migration",
-]
-
 _DIMENSIONS = "_ARRAY_DIMENSIONS"  # xarray's v2 attribute; v3 has dimension_names
 
 REFUSED_ZARRAY: dict[str, Any] = {
@@ -80,15 +32,7 @@ refuses it (``zarr_format`` is not 2), so consolidated reads raise, never misrea
 
 @dataclass(frozen=True)
 class MetadataPlan:
-    """Keys to write and keys to delete in the base store, applied together.
-
-    Attributes
-    ----------
-    writes : dict of str to dict
-        Store key (``path/zarr.json``) -> JSON document.
-    deletes : frozenset of str
-        Store keys to remove (``.zarray``/``.zattrs``/``.zgroup`` a v3 document replaces).
-    """
+    """Keys to write (store key -> JSON document) and keys to delete in the base store, applied together."""
 
     writes: dict[str, dict[str, Any]] = field(default_factory=dict)
     deletes: frozenset[str] = frozenset()
@@ -113,9 +57,7 @@ def group_document(attributes: Mapping[str, Any] | None = None) -> dict[str, Any
 def array_document(zarray: Mapping[str, Any], zattrs: Mapping[str, Any] | None, layout: ShardLayout) -> dict[str, Any]:
     """The stored v3 ``zarr.json`` of a sharded array written as ``.zarray`` + ``.zattrs``.
 
-    :func:`~shardkv.metadata.v3_view.v3_view_of_v2`, with xarray's
-    ``_ARRAY_DIMENSIONS`` attribute moved to ``dimension_names`` (where v3
-    readers and xarray look); :func:`present` moves it back.
+    ``_ARRAY_DIMENSIONS`` goes to ``dimension_names``; :func:`present` moves it back.
 
     Raises
     ------
@@ -143,26 +85,12 @@ def plan_sharded_array(
     layout: ShardLayout,
     groups: Mapping[str, Mapping[str, Any] | None],
 ) -> MetadataPlan:
-    """The documents to store when a sharded array is created or its ``.zarray`` rewritten.
+    """The documents to store when a sharded array is created at ``path`` (not the root).
 
-    Parameters
-    ----------
-    path : str
-        The array's path ("" is not allowed: the root is a group).
-    zarray, zattrs : mapping
-        The v2 documents the client wrote (``zattrs`` None when it has none).
-    layout : ShardLayout
-        The sharding decision (chunks_per_shard, index options).
-    groups : mapping of str to mapping or None
-        For each group on the path (:func:`group_paths`), its current
-        attributes (from its stored ``zarr.json`` or ``.zattrs``); a group
-        missing here is stored with no attributes.
-
-    Returns
-    -------
-    MetadataPlan
-        Writes the array's and every group's ``zarr.json``; deletes their
-        ``.zarray``, ``.zattrs`` and ``.zgroup``.
+    The array's and every group's ``zarr.json`` are written, their
+    ``.zarray``, ``.zattrs`` and ``.zgroup`` deleted. ``groups`` gives the
+    attributes of each group on the path (:func:`group_paths`); one missing
+    there is stored with none.
 
     Raises
     ------
@@ -179,19 +107,7 @@ def plan_sharded_array(
 
 
 def plan_v3_groups(groups: Mapping[str, Mapping[str, Any] | None]) -> MetadataPlan:
-    """The documents that store each of ``groups`` as a v3 group only.
-
-    Parameters
-    ----------
-    groups : mapping of str to mapping or None
-        Group path -> its attributes (``None``: none).
-
-    Returns
-    -------
-    MetadataPlan
-        Writes each group's ``zarr.json`` (:func:`group_document`); deletes
-        its ``.zgroup`` and ``.zattrs`` (presented from the ``zarr.json``).
-    """
+    """Each of ``groups`` (path -> attributes or ``None``) stored as a v3 group only (no ``.zgroup``/``.zattrs``)."""
     writes: dict[str, dict[str, Any]] = {}
     deletes: set[str] = set()
     for group, attrs in groups.items():
@@ -202,17 +118,12 @@ def plan_v3_groups(groups: Mapping[str, Mapping[str, Any] | None]) -> MetadataPl
 
 
 def plan_root_array(zarray: Mapping[str, Any], zattrs: Mapping[str, Any] | None, layout: ShardLayout) -> MetadataPlan:
-    """The documents to store for a sharded array at the root of a store (a store holding one array).
-
-    Its ``zarr.json`` (:func:`array_document`); its ``.zarray`` and ``.zattrs`` deleted.
-    """
+    """The documents of a sharded array at the root of a store: its ``zarr.json``, no ``.zarray``/``.zattrs``."""
     return MetadataPlan({ZARR_JSON: array_document(zarray, zattrs, layout)}, frozenset({".zarray", ".zattrs"}))
 
 
 def plan_attributes(path: str, stored: Mapping[str, Any], zattrs: Mapping[str, Any]) -> MetadataPlan:
     """The documents to store when ``.zattrs`` is written for a node stored as v3.
-
-    ``_ARRAY_DIMENSIONS`` of an array goes to ``dimension_names``.
 
     Raises
     ------
@@ -238,11 +149,9 @@ def plan_attributes(path: str, stored: Mapping[str, Any], zattrs: Mapping[str, A
 def plan_group(
     path: str, zattrs: Mapping[str, Any] | None, groups: Mapping[str, Mapping[str, Any] | None]
 ) -> MetadataPlan:
-    """The documents to store when ``.zgroup`` is written inside a hierarchy whose root is v3.
+    """The group and every group above it stored as v3 (``.zgroup`` written under a v3 root).
 
-    The group and every group above it are stored as v3 groups (zarr-python 3
-    lists only v3 children of a v3 group); ``groups`` gives the attributes of
-    the groups above, as in :func:`plan_sharded_array`.
+    zarr-python 3 lists only v3 children of a v3 group; ``groups`` as in :func:`plan_sharded_array`.
     """
     path = path.strip("/")
     above = plan_v3_groups({g: groups.get(g) for g in group_paths(path)})
@@ -252,8 +161,7 @@ def plan_group(
 def plan_zarray_update(path: str, stored: Mapping[str, Any], zarray: Mapping[str, Any]) -> MetadataPlan:
     """The documents to store when ``.zarray`` is rewritten for a sharded array (resize, append).
 
-    The new ``.zarray`` is translated with the stored layout, attributes and
-    ``dimension_names``; only what ``.zarray`` says changes.
+    Layout, attributes and ``dimension_names`` are kept; only what ``.zarray`` says changes.
 
     Raises
     ------
@@ -278,12 +186,10 @@ def plan_zarray_update(path: str, stored: Mapping[str, Any], zarray: Mapping[str
 
 
 def present(stored: Mapping[str, Any], path: str = "") -> dict[str, dict[str, Any]]:
-    """The v2 documents (``.zarray``/``.zgroup`` and ``.zattrs``) that present a stored v3 node.
+    """The v2 documents (``.zarray``/``.zgroup``, ``.zattrs``) presenting a stored v3 node; empty when it cannot be.
 
-    :func:`~shardkv.metadata.v2_view.v2_view_of_v3`; an array stored with the
-    ``v2`` chunk key encoding keeps its separator as ``dimension_separator``,
-    so the chunk keys zarr-python 2 uses are the keys it wrote. Empty when the
-    node cannot be presented (``v2_view_of_v3(...).problems`` says why).
+    A ``v2`` chunk key encoding keeps its separator as ``dimension_separator``
+    (zarr-python 2 then uses the keys it wrote).
     """
     docs = {k: dict(v) for k, v in v2_view_of_v3(stored, path).documents.items()}
     encoding = stored.get("chunk_key_encoding") or {}
@@ -300,20 +206,11 @@ def present(stored: Mapping[str, Any], path: str = "") -> dict[str, dict[str, An
 
 
 def stored_zmetadata(presented: Mapping[str, Any], sharded: Iterable[str]) -> dict[str, Any]:
-    """The ``.zmetadata`` to store, from the one zarr-python 2 wrote through the proxy.
+    """The ``.zmetadata`` to store from the one zarr-python 2 wrote: each ``sharded`` path's ``.zarray`` refused.
 
-    Each sharded array's ``.zarray`` becomes :data:`REFUSED_ZARRAY`:
-    zarr-python 2 without shardkv lists the array and raises on opening it.
-    Its ``.zattrs``, groups and unsharded arrays stay as written (a
-    consolidated snapshot, as zarr 2 keeps it: deleting or changing the
-    array's ``.zattrs`` afterwards leaves this copy alone).
-
-    Parameters
-    ----------
-    presented : mapping
-        ``{"zarr_consolidated_format": 1, "metadata": {key: document}}``.
-    sharded : iterable of str
-        Paths of the sharded arrays.
+    zarr-python 2 without shardkv then lists the array and raises on opening
+    it (:data:`REFUSED_ZARRAY`); the rest stays as written (a snapshot, as
+    zarr 2 keeps it).
 
     Raises
     ------
@@ -333,15 +230,7 @@ def stored_zmetadata(presented: Mapping[str, Any], sharded: Iterable[str]) -> di
 
 
 def presented_zmetadata(stored: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """The ``.zmetadata`` the proxy presents: the stored one with v3 nodes presented in v2.
-
-    Parameters
-    ----------
-    stored : mapping
-        The stored ``.zmetadata`` (see :func:`stored_zmetadata`).
-    nodes : mapping of str to mapping
-        Path -> stored v3 ``zarr.json`` of each sharded array and v3 group.
-    """
+    """The ``.zmetadata`` the proxy presents: the stored one with ``nodes`` (path -> v3 ``zarr.json``) in v2."""
     kept = stored.get("metadata", {})
     metadata = {
         k: v
@@ -366,21 +255,10 @@ def _inline(metadata: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def with_consolidated_metadata(root: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """The root group's ``zarr.json`` with zarr-python 3's inline ``consolidated_metadata``.
+    """The root group's ``zarr.json`` with an inline ``consolidated_metadata`` block of ``nodes``.
 
-    The same shape zarr-python 3's ``consolidate_metadata`` writes: one flat
-    object of every v3 node below the root by path, each entry as
-    :func:`consolidated_entry` makes it (opaque arrays left out, so that one
-    of them never makes every node unopenable; opening it by its path still
-    fails, alone).
-
-    Parameters
-    ----------
-    root : mapping
-        The root's v3 group document.
-    nodes : mapping of str to mapping
-        Path -> stored v3 ``zarr.json`` of every v3 node below the root (v2 nodes
-        are not part of a v3 hierarchy and are left out by the caller).
+    The shape zarr-python 3's ``consolidate_metadata`` writes: every v3 node
+    below the root (path -> ``zarr.json``) as :func:`consolidated_entry` makes it.
 
     Raises
     ------
@@ -400,11 +278,9 @@ def with_consolidated_metadata(root: Mapping[str, Any], nodes: Mapping[str, Mapp
 
 
 def consolidated_entry(doc: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A node's entry in the root's consolidated block (zarr-python 3's shape), or ``None`` to leave it out.
+    """A node's entry in a consolidated block, or ``None`` for an opaque array (zarr-python 3 parses the whole block).
 
-    Arrays no v3 reader decodes (:func:`is_opaque`) are left out: zarr-python 3
-    parses the whole block when it opens the root. A group's entry has an
-    empty inline block of its own.
+    A group's entry has an empty inline block of its own.
     """
     if is_opaque(doc):
         return None
@@ -420,11 +296,7 @@ def has_consolidated(root: Mapping[str, Any] | None) -> bool:
 
 
 def consolidated_nodes(root: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    """The documents a v3 group document's inline ``consolidated_metadata`` block holds (relative path -> document).
-
-    ``None`` when ``root`` is no v3 group document or holds no such block.
-    The block's own ``metadata`` member is returned, not a copy.
-    """
+    """The documents (relative path -> document, not a copy) of a v3 group's inline block, or ``None``."""
     if root is None or root.get("zarr_format") != 3 or root.get("node_type") != "group":
         return None
     block = root.get("consolidated_metadata")
@@ -435,23 +307,12 @@ def consolidated_nodes(root: Mapping[str, Any] | None) -> Mapping[str, Any] | No
 def consolidated_in_step(
     root: Mapping[str, Any], block_of: Mapping[str, Any], changed: Mapping[str, Mapping[str, Any] | None]
 ) -> dict[str, Any]:
-    """The root's v3 group document with its consolidated block brought in step with ``changed`` nodes.
+    """``root`` with the consolidated block of ``block_of`` (often ``root``) brought in step with ``changed``.
 
-    zarr-python 3 takes a root's consolidated block for the whole hierarchy
-    (a node missing from it is not found, a stale shape is read as it says),
-    so the proxy keeps it in step with every v3 document it writes or deletes
-    below the root, not only when zarr 2 consolidates again.
-
-    Parameters
-    ----------
-    root : mapping
-        The root's v3 group document to store (its own block, if any, is replaced).
-    block_of : mapping
-        The root document whose consolidated block is brought up to date
-        (:func:`has_consolidated`); often ``root`` itself.
-    changed : mapping of str to mapping or None
-        Node path (below the root) -> its new v3 document, or ``None`` for a
-        node deleted (its entry and every entry below it go).
+    ``changed``: node path below the root -> its new v3 document, or ``None``
+    for a node deleted (its entry and every entry below it go). zarr-python 3
+    takes the block for the whole hierarchy, so the proxy keeps it in step
+    with every v3 document it writes or deletes.
 
     Raises
     ------
@@ -480,10 +341,7 @@ def consolidated_in_step(
 
 
 def opaque_paths(documents: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """The paths (below the root) of the arrays no v3 reader decodes (:func:`is_opaque`) among ``documents``.
-
-    ``documents``: metadata documents by store key; only ``zarr.json`` ones count.
-    """
+    """The paths of the opaque arrays (:func:`is_opaque`) among ``documents`` (parsed, by store key)."""
     out = []
     for key, doc in documents.items():
         path, name = split_key(key)
@@ -495,34 +353,20 @@ def opaque_paths(documents: Mapping[str, Mapping[str, Any]]) -> list[str]:
 def plan_opaque_blocks(documents: Mapping[str, Mapping[str, Any]], released: Iterable[str] = ()) -> MetadataPlan:
     """The consolidated blocks that keep a hierarchy listable by v3 readers around its opaque arrays.
 
-    zarr-python 3 lists a group without consolidated metadata by opening the
-    ``zarr.json`` of every child, and one array whose data type it does not
-    know (:func:`is_opaque`) makes the whole listing raise: ``members()``,
-    ``tree()`` and ``xarray.open_zarr`` fail for every sibling. A group that
-    holds a consolidated block is listed from the block alone, which leaves
-    opaque arrays out (:func:`consolidated_entry`). So every group on the path
-    of an opaque array (the root and each group down to the array's parent,
-    so a sub-group opened by its own path lists too) gets a block of every v3
-    node below it. Such a block is shardkv's own when no ``.zmetadata``
-    (what zarr-python 2's ``consolidate_metadata`` writes) is stored beside
-    the group: zarr-python 2 never sees it (groups are presented as
-    ``.zgroup``/``.zattrs``). Once no opaque array is left below a group in
-    ``released``, its own block is dropped and readers list the store again.
+    One opaque array makes zarr-python 3's listing of its group raise for
+    every sibling; a group with a block is listed from it, opaque arrays left
+    out (user guide, "Opaque"). So every group on the path of an opaque array
+    gets a block of every v3 node below it; a block is shardkv's own when no
+    ``.zmetadata`` stands beside its group, and is dropped from a group in
+    ``released`` once no opaque array is left below it.
 
     Parameters
     ----------
     documents : mapping of str to mapping
-        Metadata documents by store key, parsed: the ``zarr.json`` of every v3
-        node under the groups to plan, and the ``.zmetadata`` keys stored there
-        (their content is not used). Groups not among them are left as they are.
+        Parsed documents by store key: the ``zarr.json`` of every v3 node under
+        the groups to plan, and the ``.zmetadata`` keys stored there.
     released : iterable of str
-        Paths of groups whose block was needed before a deletion below them;
-        each loses a block shardkv wrote when no opaque array is left below it.
-
-    Returns
-    -------
-    MetadataPlan
-        The group ``zarr.json`` documents that change (none when all are in step).
+        Paths of groups whose block was needed before a deletion below them.
     """
     nodes: dict[str, Mapping[str, Any]] = {}
     for key, doc in documents.items():
@@ -546,60 +390,3 @@ def plan_opaque_blocks(documents: Mapping[str, Mapping[str, Any]], released: Ite
         if new != doc:
             writes[join_path(group, ZARR_JSON)] = new
     return MetadataPlan(writes)
-
-
-# -- the older layout (a .zarray beside zarr.json) -> the v3-only layout ---------------------------------
-
-
-def _group_attributes(documents: Mapping[str, Mapping[str, Any]], group: str) -> Mapping[str, Any] | None:
-    """A group's attributes: its v3 ``zarr.json``'s, else its ``.zattrs`` (a hierarchy already in the new layout)."""
-    zjson = documents.get(join_path(group, ZARR_JSON))
-    if zjson is not None and zjson.get("zarr_format") == 3 and zjson.get("node_type") == "group":
-        return zjson.get("attributes") or {}
-    return documents.get(join_path(group, ".zattrs"))
-
-
-def plan_migration(documents: Mapping[str, Mapping[str, Any]]) -> MetadataPlan:
-    """The plan that moves a hierarchy stored the old way (``.zarray`` beside ``zarr.json``) to v3.
-
-    Parameters
-    ----------
-    documents : mapping of str to mapping
-        Every metadata document of the hierarchy by store key (``.zarray``,
-        ``.zattrs``, ``.zgroup``, ``zarr.json``, ``.zmetadata``), parsed.
-
-    Returns
-    -------
-    MetadataPlan
-        The sharded arrays and their groups stored as v3 (:func:`plan_sharded_array`);
-        a ``.zmetadata`` made safe (:func:`stored_zmetadata`) and, with it, the
-        root ``zarr.json`` with consolidated metadata. Unsharded arrays are untouched.
-
-    Raises
-    ------
-    ConfigurationError, UnsupportedError
-        If a sharded array's ``zarr.json`` is invalid.
-    """
-    plan = MetadataPlan()
-    sharded: list[str] = []
-    for key in sorted(documents):
-        path, name = split_key(key)
-        zjson = documents.get(join_path(path, ZARR_JSON))
-        if name != ".zarray" or zjson is None:
-            continue
-        spec = sharding_spec_from_v3(zjson, path)
-        if spec is None:
-            continue
-        sharded.append(path)
-        zattrs = documents.get(join_path(path, ".zattrs"))
-        if not path:
-            plan = plan.merged(plan_root_array(documents[key], zattrs, spec.layout))
-            continue
-        groups = {g: _group_attributes(documents, g) for g in group_paths(path)}
-        plan = plan.merged(plan_sharded_array(path, documents[key], zattrs, spec.layout, groups))
-    zmetadata = documents.get(".zmetadata")
-    if zmetadata is not None and sharded and plan.writes.get(ZARR_JSON, {}).get("node_type") == "group":
-        nodes = {split_key(k)[0]: v for k, v in plan.writes.items() if k != ZARR_JSON}
-        root = with_consolidated_metadata(plan.writes[ZARR_JSON], nodes)
-        plan = plan.merged(MetadataPlan({".zmetadata": stored_zmetadata(zmetadata, sharded), ZARR_JSON: root}))
-    return plan

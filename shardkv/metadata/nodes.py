@@ -1,12 +1,7 @@
 """The node table every facade keeps its nodes in: nodes by path, their generation, the owner walk. Pure.
 
-Each facade builds its own kind of node from the document it reads at a path
-(``proxy/nodes.py``, ``proxy/draft_nodes.py``, ``zarr3/nodes.py``); what they
-share is here once. The table does no I/O: :meth:`NodeCache.walk` stops at the
-first path not read yet and names it, the facade reads it its own way
-(blocking, or awaited on zarr's event loop), keeps it with
-:meth:`NodeCache.load` and walks again; :meth:`NodeCache.first` is that loop
-for a blocking read.
+docs/architecture.md, "The node table": no I/O here; :meth:`NodeCache.walk`
+names the first path not read yet and the facade reads it its own way.
 """
 
 from __future__ import annotations
@@ -15,17 +10,11 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Generic, NamedTuple, TypeVar
 
-__all__ = ["NodeCache", "Walked"]
-
 N = TypeVar("N")
 
 
 class Walked(NamedTuple, Generic[N]):
-    """Where an owner walk stopped: at ``unread``, the first path not read yet, or at the deciding ``node``.
-
-    ``unread`` is ``None`` when the walk is done; ``path`` and ``node`` are
-    ``None`` when no node on it decides.
-    """
+    """Where an owner walk stopped: at ``unread`` (the first path not read, ``None`` once done) or the deciding node."""
 
     unread: str | None = None
     path: str | None = None
@@ -33,16 +22,11 @@ class Walked(NamedTuple, Generic[N]):
 
 
 class NodeCache(Generic[N]):
-    """Nodes of one kind by path (``""`` is the root), with the generation of their owners.
+    """Nodes of one kind by path (``""`` is the root), thread-safe.
 
-    Attributes
-    ----------
-    generation : int
-        Counts the changes that may change a key's owner (a node :meth:`set`,
-        forgotten or cleared; not one :meth:`load` keeps after its first read).
-        A memo of owners is valid while it stays the same.
-    lock : threading.RLock
-        Guards the nodes (thread-safe; racing threads may read a node twice).
+    ``generation`` counts the changes that may change a key's owner (a node
+    :meth:`set`, forgotten or cleared; not a first :meth:`load`): a memo of
+    owners is valid while it stays the same.
     """
 
     def __init__(self) -> None:
@@ -61,17 +45,10 @@ class NodeCache(Generic[N]):
             return [p for p in dict.fromkeys(paths) if p not in self._nodes]
 
     def load(self, nodes: Mapping[str, N], since: int | None = None) -> dict[str, N]:
-        """Keep nodes just read (what the paths already were: owners do not change); the nodes to answer with.
+        """Keep ``nodes`` just read (path -> node); the nodes to answer with.
 
-        Parameters
-        ----------
-        nodes : mapping of str to node
-            Path -> the node read there.
-        since : int, optional
-            :attr:`generation` when the reads began. If it has moved since, a
-            write or a delete ran meanwhile and the reads may predate it:
-            nothing is kept (the next use reads again), and a node kept
-            meanwhile (set by that write) answers instead of the one read.
+        If :attr:`generation` has moved ``since`` the reads began, they may
+        predate a write: nothing is kept, and a node set meanwhile answers instead.
         """
         with self.lock:
             if since is None or since == self.generation:
@@ -105,17 +82,7 @@ class NodeCache(Generic[N]):
             self.generation += 1
 
     def walk(self, paths: Iterable[str], decides: Callable[[N], bool]) -> Walked[N]:
-        """The first node among ``paths`` (from the highest down) that ``decides``, or the first path not read.
-
-        Parameters
-        ----------
-        paths : iterable of str
-            The paths that could own a key, from the highest down
-            (:func:`shardkv.keys.paths.chunk_owner_paths` and its kin).
-        decides : callable
-            True for a node that settles the walk (an array, in the owner
-            rule); the others are passed over.
-        """
+        """The first node among ``paths`` (owner paths, highest first) that ``decides``, or the first path not read."""
         with self.lock:
             for path in paths:
                 if path not in self._nodes:
@@ -128,11 +95,8 @@ class NodeCache(Generic[N]):
     def first(self, paths: Sequence[str], decides: Callable[[N], bool], read: Callable[[str], N]) -> Walked[N]:
         """:meth:`walk` to the end, reading each node not kept yet with ``read`` (path -> node, blocking).
 
-        Nodes are read one at a time, only up to the first that decides: a
-        chunk of ``g/arr`` costs the read of ``g/arr`` alone. Each round reads
-        one more path (or reads one again that a write changed while it was
-        read); only nodes changed by other threads as fast as they are read
-        outlast the rounds, and then none decides.
+        One node per round, up to the first that decides; only nodes other
+        threads change as fast as they are read outlast the rounds (none decides).
         """
         for _ in range(2 * len(paths) + 1):
             walked = self.walk(paths, decides)

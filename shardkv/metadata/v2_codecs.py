@@ -1,16 +1,8 @@
 """How a Zarr v2 array's dtype, order, filters, compressor and fill value read as Zarr v3. Pure.
 
-One mapping, used for sharded arrays (inside ``sharding_indexed``) and for
-``--all-v3`` documents of unsharded arrays, inverted by
-:mod:`shardkv.metadata.v2_view`. The table of what maps to what, and who
-reads it, is in the user guide ("Every zarr 2 array, and who reads it without
-shardkv"); every name is one zarr-python 3 registers (checked against
-``zarr.registry`` of zarr 3.1 and 3.4 by the tests). What zarr-python 3 has
-no name for is *opaque*: ``data_type`` :data:`OPAQUE_DATA_TYPE` and one inner
-codec ``shardkv.v2_chunk`` carrying the v2 encoding, so every v3 reader
-refuses the array instead of misreading it. A v2 fill value v3 cannot spell
-(``null``, an object array's) is kept in ``shardkv.v2_fill_value``
-(``must_understand: false``).
+One mapping (docs/architecture.md, "Metadata documents"; the user guide's
+table), inverted by :mod:`shardkv.metadata.v2_view`; every name is one
+zarr-python 3 registers, and what it has no name for is *opaque*.
 """
 
 from __future__ import annotations
@@ -27,24 +19,7 @@ from shardkv.codecs.inner import BLOSC_SHUFFLE_IDS
 from shardkv.codecs.numcodecs_v3 import ARRAY_TO_ARRAY_IDS, BYTES_TO_BYTES_IDS, V2_CHUNK_CODEC, VLEN_IDS
 from shardkv.errors import ConfigurationError
 
-__all__ = [
-    "V3Encoding",
-    "OPAQUE_DATA_TYPE",
-    "v3_encoding_of_v2",
-    "structured_data_type",
-    "numpy_dtype_of_structured",
-    "v2_dtype_json",
-    "numpy_dtype_of",
-    "leaf_data_type",
-    "v3_fill_value",
-    "core_compressor_codec",
-    "CORE_DATA_TYPES",
-    "SIZED_DATA_TYPES",
-    "TIME_DATA_TYPES",
-]
-
-OPAQUE_DATA_TYPE = "shardkv.v2_dtype"
-"""The ``data_type`` name of an array no v3 reader can decode (see the module docstring)."""
+OPAQUE_DATA_TYPE = "shardkv.v2_dtype"  # the data type of an array no v3 reader can decode
 
 CORE_DATA_TYPES = {
     "b1": "bool",
@@ -52,34 +27,20 @@ CORE_DATA_TYPES = {
     "u1": "uint8", "u2": "uint16", "u4": "uint32", "u8": "uint64",
     "f2": "float16", "f4": "float32", "f8": "float64",
     "c8": "complex64", "c16": "complex128",
-}  # a table: its rows read better aligned # fmt: skip
-"""numpy ``kind + itemsize`` -> the v3 core data type name."""
-SIZED_DATA_TYPES = {"U": "fixed_length_utf32", "S": "null_terminated_bytes", "V": "raw_bytes"}
-"""numpy kind -> the zarr-python 3 data type of fixed-size strings, bytes and void (``length_bytes``)."""
-TIME_DATA_TYPES = {"M": "numpy.datetime64", "m": "numpy.timedelta64"}
-"""numpy kind -> the zarr-python 3 data type of datetime64 / timedelta64 (``unit``, ``scale_factor``)."""
+}  # numpy kind + itemsize -> v3 core name; a table: its rows read better aligned # fmt: skip
+SIZED_DATA_TYPES = {"U": "fixed_length_utf32", "S": "null_terminated_bytes", "V": "raw_bytes"}  # length_bytes
+TIME_DATA_TYPES = {"M": "numpy.datetime64", "m": "numpy.timedelta64"}  # unit, scale_factor
 _CORE_COMPRESSORS = ("gzip", "zstd", "blosc")
 _BLOSC_SHUFFLE = {i: name for name, i in BLOSC_SHUFFLE_IDS.items()}  # numcodecs id -> v3 name
 
 
 @dataclass(frozen=True)
 class V3Encoding:
-    """The v3 ``data_type``, inner ``codecs`` and ``fill_value`` of one v2 array.
+    """The v3 ``data_type``, ``codecs`` (of one v2 chunk, in encoding order) and ``fill_value`` of one v2 array.
 
-    Attributes
-    ----------
-    data_type : str or dict
-        The v3 data type (:data:`OPAQUE_DATA_TYPE` when ``opaque``).
-    codecs : list of dict
-        The codecs of one v2 chunk, in encoding order.
-    fill_value : object
-        The v3 fill value (the v2 one, unchanged, when ``opaque``).
-    keep_v2_fill : bool
-        True when the v2 ``fill_value`` must be recorded beside (null, object arrays, opaque).
-    opaque : bool
-        True when no v3 reader can decode the array.
-    problems : tuple of str
-        Why v3 readers other than zarr-python 3 (or, when ``opaque``, every v3 reader) cannot read it.
+    ``keep_v2_fill``: the v2 fill value must be recorded beside; ``opaque``: no
+    v3 reader decodes it; ``problems``: why v3 readers other than zarr-python 3
+    (every one, when opaque) cannot read it.
     """
 
     data_type: Any
@@ -91,7 +52,7 @@ class V3Encoding:
 
 
 def numpy_dtype_of(v2_dtype: Any) -> np.dtype:
-    """The numpy dtype of a v2 ``dtype``: a string, or a structured dtype's (nested) list of fields.
+    """The numpy dtype of a v2 ``dtype`` (a string, or a structured dtype's nested list of fields).
 
     Raises
     ------
@@ -142,11 +103,7 @@ def leaf_data_type(dtype: np.dtype) -> Any:
 
 
 def structured_data_type(dtype: np.dtype) -> dict[str, Any] | None:
-    """zarr-python 3's ``structured`` data type of a packed, little-endian structured dtype, or None.
-
-    Subarray fields, titles, padding, big-endian or object fields have no
-    ``structured`` spelling every zarr-python 3 reads: None.
-    """
+    """zarr-python 3's ``structured`` data type of a packed, little-endian dtype without subarrays, or None."""
     if dtype.fields is None or dtype.names is None:
         return None
     fields: list[list[Any]] = []
@@ -168,9 +125,7 @@ def structured_data_type(dtype: np.dtype) -> dict[str, Any] | None:
 
 
 def numpy_dtype_of_structured(data_type: Mapping[str, Any], leaf: Any) -> np.dtype:
-    """The numpy dtype of a v3 ``structured`` data type (little-endian fields).
-
-    ``leaf(data_type)`` gives the dtype of each non-structured field.
+    """The numpy dtype of a v3 ``structured`` data type; ``leaf(data_type)`` gives each non-structured field's.
 
     Raises
     ------
@@ -314,15 +269,7 @@ def _big_endian(dtype: np.dtype, config: Mapping[str, Any]) -> bool:
 def v3_encoding_of_v2(zarray: Mapping[str, Any]) -> V3Encoding:
     """The v3 data type, codecs and fill value that decode a v2 array's chunks to the same values.
 
-    Parameters
-    ----------
-    zarray : mapping
-        The v2 ``.zarray`` document.
-
-    Returns
-    -------
-    V3Encoding
-        Opaque (see the module docstring) when zarr-python 3 has no name for a part.
+    Opaque when zarr-python 3 has no name for a part.
 
     Raises
     ------

@@ -1,36 +1,8 @@
-"""Zarr v3 sharded arrays presented as Zarr v2 arrays (for zarr-python 2.18 through ShardedStore).
+"""Zarr v3 sharded arrays and groups presented as Zarr v2 documents (zarr-python 2.18 through ShardedStore). Pure.
 
-A Zarr v3 array written by zarr-python 3 or tensorstore has a ``zarr.json``
-and no ``.zarray``. When its only codec is ``sharding_indexed`` and the inner
-codecs have a Zarr v2 equivalent, :func:`v2_view_of_v3` derives the
-``.zarray`` that reads the *inner chunks* as v2 chunks, byte for byte:
-
-==========================================  =====================================
-v3 (inside ``sharding_indexed``)            v2 ``.zarray``
-==========================================  =====================================
-``chunk_shape`` (inner)                     ``chunks``
-``data_type`` + ``bytes`` ``endian``        ``dtype`` (``<i2``, ``>f8``, ``|u1``; ``structured`` as fields)
-``string``/``variable_length_bytes``        ``dtype`` ``|O``, ``filters`` [vlen-utf8 / vlen-bytes, ...]
-no ``transpose``, or the reversed order     ``order`` ``C``, or ``F`` (``[0]`` is F for 1-d)
-``numcodecs.<id>`` array -> array codecs    ``filters`` (before the bytes -> bytes ones)
-bytes -> bytes codecs b1 ... bn             ``filters`` [b1 ... bn-1], ``compressor`` bn
-                                            (``filters`` [b1 ... bn] with ``shardkv.v2_compressor`` null)
-``shardkv.v2_chunk``                        ``dtype``/``order``/``filters``/``compressor`` as configured
-``gzip``/``zstd``/``blosc``/``crc32c``      numcodecs ``gzip``/``zstd``/``blosc``/``crc32c``
-``numcodecs.<id>``                          numcodecs ``<id>``
-``fill_value``                              ``fill_value`` (v2 JSON spelling; ``shardkv.v2_fill_value`` if kept)
-``attributes`` (+ ``dimension_names``)      ``.zattrs`` (+ ``_ARRAY_DIMENSIONS``)
-==========================================  =====================================
-
-Logical v2 chunk keys use ``"."`` (``dimension_separator: "."``); shard keys
-stay as the array's ``chunk_key_encoding`` says (``c/1/2`` for ``default``).
-A v3 group's ``zarr.json`` is presented as ``.zgroup`` (+ ``.zattrs``).
-Anything else (nested sharding, other transposes, codecs after
-``sharding_indexed``, extension data types, 0-d arrays, storage transformers)
-is not presented; :attr:`V2View.problems` says why (``shardkv info`` reports it).
-
-The node table (:class:`shardkv.proxy.nodes.NodeTable`) serves these documents to
-:class:`~shardkv.ShardedStore`.
+:func:`v2_view_of_v3` derives the ``.zarray`` that reads the *inner chunks*
+as v2 chunks, byte for byte (the mapping: docs/architecture.md, "Metadata
+documents"), or says why there is none (:attr:`V2View.problems`).
 """
 
 from __future__ import annotations
@@ -68,30 +40,15 @@ from shardkv.metadata.v2_codecs import (
 )
 from shardkv.metadata.v3_view import SHARDING_CODEC, V2_COMPRESSOR_FIELD, V2_FILL_FIELD, sharding_spec_from_v3
 
-__all__ = ["V2View", "v2_view_of_v3", "numpy_dtype_of_v3", "fill_value_from_v3", "unusable_sharding"]
-
 _V3_TO_NUMPY = {name: code for code, name in CORE_DATA_TYPES.items()}  # "int16" -> "i2"
 
 
 @dataclass(frozen=True)
 class V2View:
-    """The v2 documents presenting one v3 node, or why it is not presented.
-
-    Attributes
-    ----------
-    documents : dict of str to dict
-        ``{".zarray": ..., ".zattrs": ...}`` for an array, ``{".zgroup": ...}``
-        (and ``.zattrs``) for a group; empty when not presented.
-    problems : tuple of str
-        Why the node is not presented (empty when it is).
-    """
+    """The v2 documents presenting one v3 node (by name), or why it is not presented."""
 
     documents: dict[str, dict[str, Any]] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
-
-    @property
-    def presented(self) -> bool:
-        return bool(self.documents)
 
 
 _EXTENSION_KINDS = {name: kind for kind, name in SIZED_DATA_TYPES.items()}  # "raw_bytes" -> "V"
@@ -100,11 +57,7 @@ _VLEN_DATA_TYPES = {data_type: codec_id for codec_id, data_type in VLEN_IDS.item
 
 
 def numpy_dtype_of_v3(data_type: Any, endian: str | None = "little") -> np.dtype:
-    """The numpy dtype of a v3 ``data_type`` stored with the ``bytes`` codec's ``endian``.
-
-    Core numeric and bool types, and the zarr-python 3 extension types that
-    :func:`shardkv.metadata.v2_codecs.leaf_data_type` writes (fixed-size strings,
-    bytes, void, datetime64, timedelta64).
+    """The numpy dtype of a v3 core or zarr-python 3 extension ``data_type`` stored with ``bytes``' ``endian``.
 
     Raises
     ------
@@ -143,10 +96,7 @@ def numpy_dtype_of_v3(data_type: Any, endian: str | None = "little") -> np.dtype
 
 
 def fill_value_from_v3(fill: Any, dtype: np.dtype) -> Any:
-    """A v3 JSON ``fill_value`` as a numpy scalar of ``dtype`` (v3 core "fill_value").
-
-    Strings are kept as they are, bytes and void are base64, datetime64 and
-    timedelta64 are integers (zarr-python 3's spellings).
+    """A v3 JSON ``fill_value`` (v3 core "fill_value", zarr-python 3's spellings) as a numpy scalar of ``dtype``.
 
     Raises
     ------
@@ -324,11 +274,7 @@ def _v2_dtype_and_fill(metadata: Mapping[str, Any], inner: CodecPipeline, proble
 
 
 def _marks(v2_fill: Any, metadata: Mapping[str, Any], dtype: np.dtype) -> bool:
-    """True when a recorded v2 fill value still stands for the document's v3 ``fill_value``.
-
-    A v3 writer that changed ``fill_value`` but kept the field leaves a stale
-    record: the v3 value wins then.
-    """
+    """True when a recorded v2 fill value still stands for the v3 ``fill_value`` (a v3 writer may have changed it)."""
     if v2_fill is None or dtype.hasobject:
         return True
     try:
@@ -387,20 +333,7 @@ def _v2_codecs(
 
 
 def v2_view_of_v3(metadata: Mapping[str, Any], path: str = "") -> V2View:
-    """The v2 documents that present a v3 ``zarr.json`` to zarr-python 2, or why there are none.
-
-    Parameters
-    ----------
-    metadata : mapping
-        A v3 array or group metadata document.
-    path : str
-        The node's path (named in problems).
-
-    Returns
-    -------
-    V2View
-        Documents and problems; exactly one of the two is empty.
-    """
+    """The v2 documents that present a v3 array or group ``zarr.json`` at ``path``, or why there are none."""
     where = f"{path!r}: " if path else ""
     if metadata.get("zarr_format") != 3:
         return V2View(problems=(f"{where}zarr_format is {metadata.get('zarr_format')!r}, not 3",))
@@ -455,11 +388,7 @@ def v2_view_of_v3(metadata: Mapping[str, Any], path: str = "") -> V2View:
 
 
 def unusable_sharding(metadata: Mapping[str, Any], path: str = "") -> str | None:
-    """Why a v3 array that says it is sharded cannot be used (damaged or beyond a limit), or None.
-
-    Arrays shardkv does not present for other reasons (not sharded, storage
-    transformers, 0-d) are not shardkv's to judge: None for them too.
-    """
+    """Why a v3 array that says it is sharded cannot be used (damaged or beyond a limit), or None."""
     if metadata.get("node_type") != "array":
         return None
     bad = [p for p in v2_view_of_v3(metadata, path).problems if "invalid sharding configuration" in p]

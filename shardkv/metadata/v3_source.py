@@ -1,21 +1,10 @@
 """Zarr v3 arrays as ``shardkv convert`` takes them: where each stored chunk is, and the documents written. Pure.
 
-A v3 array stores each chunk encoded by its whole codec chain: array -> array
-codecs (``transpose``), one array -> bytes codec, bytes -> bytes codecs
-(``zstd``, ``crc32c``). The ``sharding_indexed`` codec applies its own
-``codecs`` to each inner chunk (sharding-indexed-codec v1.0, "Configuration
-parameters"), so the bytes of a stored chunk are exactly the bytes of an
-inner chunk whose inner codecs are that whole chain: :func:`sharded_document`
-makes the chain, byte for byte, the inner ``codecs`` and ``[sharding_indexed]``
-the array's only codec (an array -> array codec left outside would apply to
-whole shards, another chunking). An array already sharded keeps its inner
-chunks and inner codecs; only the shard shape and the index change
-(resharding). :func:`plain_document` is the way back: the inner chunks as
-one object per chunk, under zarr-python 3's default keys (``c/0/0``).
-
-What cannot be moved without decoding is refused by :func:`source_of`, with
-the reason: codecs before or after ``sharding_indexed`` (they encode whole
-shards), storage transformers, a grid other than ``regular``.
+A stored chunk is encoded by the array's whole codec chain, so it is exactly
+an inner chunk whose inner codecs are that chain (sharding-indexed-codec
+v1.0, "Configuration parameters"): :func:`sharded_document` makes the chain
+the inner ``codecs``; an already sharded array keeps its inner chunks and
+codecs (resharding). :func:`plain_document` is the way back.
 """
 
 from __future__ import annotations
@@ -31,30 +20,16 @@ from shardkv.keys.space import ChunkKeyEncoding, DefaultChunkKeyEncoding, Sharde
 from shardkv.metadata.hierarchy import consolidated_entry, consolidated_nodes
 from shardkv.metadata.v3_view import SHARDING_CODEC, ShardingSpec, sharding_codec, sharding_spec_from_v3
 
-__all__ = ["ArraySource", "source_of", "sharded_document", "plain_document", "PLAIN_KEYS", "refresh_consolidated"]
-
-PLAIN_KEYS = DefaultChunkKeyEncoding("/")
-"""The chunk keys of a plain v3 array as zarr-python 3 writes them by default (``c/0/0``)."""
+PLAIN_KEYS = DefaultChunkKeyEncoding("/")  # zarr-python 3's default chunk keys (c/0/0)
 
 
 @dataclass(frozen=True)
 class ArraySource:
     """Where the stored chunks of one v3 array are, and how each is encoded.
 
-    Attributes
-    ----------
-    path : str
-        The array's path.
-    shape : tuple of int
-        Array shape (elements).
-    chunks : tuple of int
-        Shape of one stored chunk (elements): the chunk grid's, or the inner chunks' of a sharded array.
-    encoding : ChunkKeyEncoding
-        The keys of the stored objects (chunks, or shards of a sharded array).
-    codecs : list of dict
-        The codec chain of each stored chunk (a sharded array's inner ``codecs``).
-    sharding : ShardingSpec or None
-        The source's shards (inner chunk shape and index layout); ``None`` for one object per chunk.
+    ``chunks`` (elements) and ``codecs`` are those of one stored chunk (a
+    sharded array's inner ones); ``encoding`` names the stored objects;
+    ``sharding`` is ``None`` for one object per chunk.
     """
 
     path: str
@@ -70,19 +45,13 @@ class ArraySource:
 
 
 def source_of(doc: Mapping[str, Any], path: str) -> ArraySource:
-    """How the v3 array document ``doc`` stores its chunks.
-
-    Parameters
-    ----------
-    doc : mapping
-        The array's ``zarr.json``.
-    path : str
-        The array's path (named in errors).
+    """How the v3 array document ``doc`` at ``path`` stores its chunks.
 
     Raises
     ------
     UnsupportedError
-        If its chunks cannot be moved as stored (the message says why and that another shape re-encodes).
+        If its chunks cannot be moved as stored: codecs before or after
+        ``sharding_indexed``, storage transformers, a grid other than ``regular``.
     ConfigurationError
         If the document is invalid (chunk key encoding, sharding configuration, a member missing).
     """
@@ -124,12 +93,7 @@ def _source_of(doc: Mapping[str, Any], path: str) -> ArraySource:
 
 
 def sharded_document(doc: Mapping[str, Any], source: ArraySource, layout: ShardLayout) -> dict[str, Any]:
-    """The ``zarr.json`` of the array sharded with ``layout``: the stored chunks become the inner chunks.
-
-    Everything but the chunk grid (``chunks * chunks_per_shard``) and the
-    codecs (``[sharding_indexed]`` with the source's chain as inner codecs)
-    is kept: data type, fill value, chunk key encoding (the shard keys),
-    attributes, ``dimension_names``.
+    """The ``zarr.json`` of the array sharded with ``layout``: only the chunk grid and ``codecs`` change.
 
     Raises
     ------
@@ -161,11 +125,7 @@ def plain_document(doc: Mapping[str, Any], source: ArraySource) -> dict[str, Any
 
 
 def refresh_consolidated(doc: Mapping[str, Any], path: str, changed: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """The group document ``doc`` at ``path`` with the entries of its consolidated blocks for ``changed`` replaced.
-
-    ``changed`` maps node paths (from the root) to their new documents; nested
-    blocks (a group entry's own block) are refreshed the same way.
-    """
+    """The group document ``doc`` at ``path`` with its (nested) consolidated entries of ``changed`` paths replaced."""
     nodes = consolidated_nodes(doc)
     if nodes is None:
         return dict(doc)

@@ -1,15 +1,9 @@
 """The Zarr v3 ``zarr.json`` of a sharded Zarr v2 array, and the sharding a v3 document describes. Pure.
 
-:func:`v3_view_of_v2` describes the *same bytes* as a v3 array whose only
-codec is ``sharding_indexed`` (user guide, "The on-disk format"): chunk grid
-= shard shape = v2 ``chunks`` x ``chunks_per_shard``; chunk key encoding
-``v2`` with the array's separator (shard ``(i, j)`` at key ``i.j``); inner
-chunk shape = v2 ``chunks``; data type, inner codecs and fill value by
-:mod:`shardkv.metadata.v2_codecs`; attributes = ``.zattrs``. What v3 cannot
-spell of the v2 documents goes to fields v3 readers skip
-(:data:`V2_FILL_FIELD`, :data:`V2_COMPRESSOR_FIELD`), which
+The v3 array reads the *same bytes*, ``sharding_indexed`` its only codec
+(user guide, "The on-disk format"); what v3 cannot spell of the v2
+documents goes to fields v3 readers skip, which
 :func:`shardkv.metadata.v2_view.v2_view_of_v3` turns back.
-:func:`sharding_spec_from_v3` reads the sharding of any v3 array document.
 """
 
 from __future__ import annotations
@@ -28,21 +22,7 @@ from shardkv.keys.space import (
     V2ChunkKeyEncoding,
     chunk_key_encoding_from_metadata,
 )
-from shardkv.metadata.v2_codecs import CORE_DATA_TYPES, SIZED_DATA_TYPES, TIME_DATA_TYPES, V3Encoding, v3_encoding_of_v2
-
-__all__ = [
-    "V3View",
-    "SHARDING_CODEC",
-    "V2_FILL_FIELD",
-    "V2_COMPRESSOR_FIELD",
-    "mark_v2_encoding",
-    "v3_view_of_v2",
-    "v3_document_of_v2",
-    "sharding_codec",
-    "ShardingSpec",
-    "sharding_spec_from_v3",
-    "v2_dimension_separator",
-]
+from shardkv.metadata.v2_codecs import CORE_DATA_TYPES, SIZED_DATA_TYPES, TIME_DATA_TYPES, v3_encoding_of_v2
 
 SHARDING_CODEC = "sharding_indexed"
 
@@ -73,15 +53,8 @@ def v2_dimension_separator(zarray: Mapping[str, Any]) -> Separator:
 # -- v2 -> v3 ------------------------------------------------------------
 
 
-V2_FILL_FIELD = "shardkv.v2_fill_value"
-"""The ``zarr.json`` field for a v2 ``fill_value`` v3 cannot spell (null, an object array's).
-
-It is written with ``must_understand: false``.
-"""
-
-V2_COMPRESSOR_FIELD = "shardkv.v2_compressor"
-"""The ``zarr.json`` field with the v2 ``compressor`` where v3 cannot spell it: ``null`` when the last
-bytes -> bytes codec was a v2 filter, or a Blosc configuration with ``shuffle: -1`` (AUTOSHUFFLE)."""
+V2_FILL_FIELD = "shardkv.v2_fill_value"  # a v2 fill value v3 cannot spell (null, an object array's)
+V2_COMPRESSOR_FIELD = "shardkv.v2_compressor"  # null after v2 filters, or Blosc AUTOSHUFFLE (shuffle -1)
 
 
 def sharding_codec(
@@ -100,88 +73,61 @@ def sharding_codec(
 
 
 def v3_view_of_v2(
-    zarray: Mapping[str, Any],
-    zattrs: Mapping[str, Any] | None,
-    layout: ShardLayout,
+    zarray: Mapping[str, Any], zattrs: Mapping[str, Any] | None, layout: ShardLayout | None = None
 ) -> V3View:
-    """The ``zarr.json`` that reads a sharded v2 array as a v3 array.
+    """The ``zarr.json`` that reads a v2 array's chunks as a v3 array, and why v3 readers may not use it.
 
-    Parameters
-    ----------
-    zarray : mapping
-        The v2 ``.zarray`` document.
-    zattrs : mapping or None
-        The v2 ``.zattrs`` document (becomes ``attributes``).
-    layout : ShardLayout
-        ``chunks_per_shard`` (one per dimension) and index options of the shards.
-
-    Returns
-    -------
-    V3View
-        The document, and the reasons v3 readers cannot use it (empty when they can).
+    Sharded with ``layout`` (shard shape: the v2 ``chunks`` x
+    ``layout.chunks_per_shard``; inner chunks: the v2 chunks), or else the
+    chunk objects as they are: then empty when opaque, and a well-formed
+    ``_ARRAY_DIMENSIONS`` becomes ``dimension_names``. What v3 cannot spell
+    of the v2 documents is recorded (:data:`V2_FILL_FIELD`, :data:`V2_COMPRESSOR_FIELD`).
 
     Raises
     ------
     ConfigurationError
-        If ``layout.chunks_per_shard`` does not have one value per dimension.
+        If ``layout.chunks_per_shard`` does not have one value per dimension,
+        or the separator or fill value is invalid.
     """
     shape = [int(s) for s in zarray["shape"]]
     chunks = [int(c) for c in zarray["chunks"]]
-    if len(layout.chunks_per_shard) != len(shape):
+    if layout is not None and len(layout.chunks_per_shard) != len(shape):
         raise ConfigurationError(
             f"chunks_per_shard {layout.chunks_per_shard} has {len(layout.chunks_per_shard)} value(s), "
             f"the array has {len(shape)} dimension(s)"
         )
     encoding = v3_encoding_of_v2(zarray)
-    codec = sharding_codec(chunks, encoding.codecs, layout.index_location, layout.index_checksum, layout.index_endian)
-    shard_shape = [c * n for c, n in zip(chunks, layout.chunks_per_shard, strict=True)]
-    metadata = v3_document_of_v2(zarray, zattrs, encoding, shard_shape, [codec])
-    mark_v2_encoding(metadata, zarray, encoding)
-    return V3View(metadata, encoding.problems)
-
-
-def v3_document_of_v2(
-    zarray: Mapping[str, Any],
-    zattrs: Mapping[str, Any] | None,
-    encoding: V3Encoding,
-    chunk_shape: list[int],
-    codecs: list[dict[str, Any]],
-) -> dict[str, Any]:
-    """The v3 array document of a v2 array with a regular grid of ``chunk_shape`` and ``codecs``.
-
-    Its shape, data type and fill value (``encoding``), v2 chunk keys and
-    ``zattrs`` as attributes come from the v2 documents.
-    """
-    keys = V2ChunkKeyEncoding(v2_dimension_separator(zarray))
-    return {
+    if layout is None and encoding.opaque:
+        return V3View({}, encoding.problems)
+    grid, codecs = chunks, encoding.codecs
+    if layout is not None:
+        grid = [c * n for c, n in zip(chunks, layout.chunks_per_shard, strict=True)]
+        codecs = [sharding_codec(chunks, codecs, layout.index_location, layout.index_checksum, layout.index_endian)]
+    metadata = {
         "zarr_format": 3,
         "node_type": "array",
-        "shape": [int(s) for s in zarray["shape"]],
+        "shape": shape,
         "data_type": encoding.data_type,
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunk_shape}},
-        "chunk_key_encoding": keys.to_metadata(),
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": grid}},
+        "chunk_key_encoding": V2ChunkKeyEncoding(v2_dimension_separator(zarray)).to_metadata(),
         "fill_value": encoding.fill_value,
         "codecs": codecs,
         "attributes": dict(zattrs or {}),
     }
-
-
-def mark_v2_encoding(metadata: dict[str, Any], zarray: Mapping[str, Any], encoding: V3Encoding) -> None:
-    """Record what a v3 array document cannot spell of its v2 origin (fields v3 readers skip).
-
-    The v2 ``fill_value`` when it is null or not spelt alike (:data:`V2_FILL_FIELD`), and
-    a missing v2 compressor when bytes -> bytes filters end the codecs, or a Blosc
-    ``AUTOSHUFFLE`` that v3 spells as the shuffle it resolves to (:data:`V2_COMPRESSOR_FIELD`).
-    """
+    names = dimension_names_of(metadata["attributes"].get("_ARRAY_DIMENSIONS"), len(shape))
+    if layout is None and names is not None:  # a malformed one stays an attribute
+        del metadata["attributes"]["_ARRAY_DIMENSIONS"]
+        metadata["dimension_names"] = names
     if encoding.keep_v2_fill:
         metadata[V2_FILL_FIELD] = {"must_understand": False, "fill_value": zarray.get("fill_value")}
     compressor = zarray.get("compressor")
-    if encoding.opaque:
-        return
+    if encoding.opaque:  # its v2 encoding is kept whole
+        return V3View(metadata, encoding.problems)
     if compressor is None and encoding.codecs[-1]["name"].startswith("numcodecs."):
         metadata[V2_COMPRESSOR_FIELD] = {"must_understand": False, "compressor": None}
     elif compressor is not None and compressor.get("id") == "blosc" and compressor.get("shuffle") == -1:
         metadata[V2_COMPRESSOR_FIELD] = {"must_understand": False, "compressor": dict(compressor)}  # AUTOSHUFFLE
+    return V3View(metadata, encoding.problems)
 
 
 def dimension_names_of(names: Any, ndim: int) -> list[str] | None:
@@ -196,42 +142,17 @@ def dimension_names_of(names: Any, ndim: int) -> list[str] | None:
 
 @dataclass(frozen=True)
 class ShardingSpec:
-    """What the proxy needs to move bytes between chunk keys and shards of one array.
-
-    Attributes
-    ----------
-    shape : tuple of int
-        Array shape (elements).
-    chunks : tuple of int
-        Inner chunk shape (elements).
-    layout : ShardLayout
-        chunks_per_shard and the index layout.
-    shard_key_encoding : ChunkKeyEncoding
-        How shard coords become keys in the underlying store.
-    """
+    """The sharding of one array: shape and inner chunk shape (elements), layout, and its shards' key encoding."""
 
     shape: tuple[int, ...]
     chunks: tuple[int, ...]
     layout: ShardLayout
     shard_key_encoding: ChunkKeyEncoding
 
-    @property
-    def chunks_per_shard(self) -> tuple[int, ...]:
-        return self.layout.chunks_per_shard
-
-    @property
-    def shard_shape(self) -> tuple[int, ...]:
-        """Shard shape (elements): ``chunks * chunks_per_shard``."""
-        return tuple(c * n for c, n in zip(self.chunks, self.layout.chunks_per_shard, strict=True))
-
     def array_at(
         self, path: str, chunk_key_encoding: ChunkKeyEncoding, shape: tuple[int, ...] | None = None
     ) -> ShardedArray:
-        """The key mapping of the array at ``path``, whose chunk keys (above the store) use ``chunk_key_encoding``.
-
-        Its shards live under ``path/`` with this spec's shard key encoding;
-        ``shape`` (default: this spec's) is the array shape in elements.
-        """
+        """The key mapping of the array at ``path`` whose chunk keys use ``chunk_key_encoding``."""
         return ShardedArray(
             path=path,
             key_prefix=path_prefix(path),
@@ -247,12 +168,7 @@ _V3_ITEMSIZES = {name: int(code[1:]) for code, name in CORE_DATA_TYPES.items()}
 
 
 def v3_itemsize(data_type: Any) -> int | None:
-    """Bytes per element of a v3 ``data_type``, or ``None`` when not known here.
-
-    Core numeric and bool types, the fixed-size extension types (by their
-    ``length_bytes``) and datetime64/timedelta64 (8 bytes); ``None`` for any
-    other (opaque or unknown) type.
-    """
+    """Bytes per element of a v3 core, fixed-size extension or datetime type; ``None`` for any other."""
     if isinstance(data_type, str):
         return _V3_ITEMSIZES.get(data_type)
     if not isinstance(data_type, Mapping):
@@ -272,9 +188,8 @@ def layout_from_codec_config(
     """Inner chunk shape and layout from a ``sharding_indexed`` configuration.
 
     ``itemsize`` (bytes per element, ``None`` if unknown) bounds each index
-    entry's ``nbytes`` through :func:`shardkv.format.layout.chunk_nbytes_bound`;
-    inner codecs that nest another ``sharding_indexed`` keep the default bound
-    (a nested shard adds 16 bytes of index per sub-chunk).
+    entry's ``nbytes`` (:func:`shardkv.format.layout.chunk_nbytes_bound`),
+    except under nested sharding (16 bytes of index per sub-chunk).
 
     Raises
     ------
@@ -303,10 +218,7 @@ def layout_from_codec_config(
 
 
 def sharding_spec_from_v3(metadata: Mapping[str, Any], path: str | None = None) -> ShardingSpec | None:
-    """The sharding of a v3 array document, or ``None`` if it is not sharded.
-
-    An array is sharded when its first array -> bytes codec is
-    ``sharding_indexed`` and no array -> array codec precedes it.
+    """The sharding of a v3 array document, or ``None`` unless its first codec is ``sharding_indexed``.
 
     Raises
     ------

@@ -1,9 +1,7 @@
 """Helpers of tests/latest. The readers without shardkv: .venv-latest's python, driven in subprocesses.
 
 Its python is $SHARDKV_LATEST_PYTHON or the repository's .venv-latest (built by
-tests/run.sh; required under CI). ``migrate`` stores a hierarchy written the
-old way (``.zarray`` beside ``zarr.json``) the v3-only way, with the
-pure plans of shardkv.metadata.hierarchy: what the proxy and ``convert`` will do.
+tests/run.sh; required under CI).
 """
 
 from __future__ import annotations
@@ -16,8 +14,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-from shardkv.metadata.hierarchy import MetadataPlan, plan_migration
 
 ROOT = Path(__file__).resolve().parents[2]
 READER = Path(__file__).resolve().parent / "read_without_shardkv.py"
@@ -66,19 +62,3 @@ def stored_documents(root: Path) -> dict[str, Any]:
         for p in sorted(root.rglob("*"))
         if p.is_file() and p.name in _METADATA_NAMES
     }
-
-
-def apply_plan(root: Path, plan: MetadataPlan) -> None:
-    """Write and delete what ``plan`` says in the directory store at ``root``."""
-    for key, doc in plan.writes.items():
-        (root / key).parent.mkdir(parents=True, exist_ok=True)
-        (root / key).write_text(json.dumps(doc, indent=2))
-    for key in plan.deletes:
-        (root / key).unlink(missing_ok=True)
-
-
-def migrate(root: Path) -> MetadataPlan:
-    """Store the hierarchy at ``root`` the v3-only way; returns the plan applied."""
-    plan = plan_migration(stored_documents(root))
-    apply_plan(root, plan)
-    return plan

@@ -3,9 +3,6 @@
 Writers run here (zarr-python 2.18, xarray <= 2026.2.0, shardkv); the readers are
 the newest zarr-python 3, tensorstore and xarray in .venv-latest, and zarr-python
 2.18 over a plain DirectoryStore, none of which goes through shardkv.
-
-The proxy and ``convert`` store the new layout themselves; ``migrate``
-(shardkv.metadata.hierarchy.plan_migration) moves hierarchies written the old way.
 """
 
 from __future__ import annotations
@@ -18,10 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
-from latest_helpers import Reader, migrate, stored_documents
+from latest_helpers import Reader, stored_documents
 
 from shardkv import ShardedStore
-from shardkv.metadata.hierarchy import REFUSED_ZARRAY, MetadataPlan
+from shardkv.metadata.hierarchy import REFUSED_ZARRAY
 from shardkv.metadata.v3_view import V2_FILL_FIELD, sharding_spec_from_v3
 
 # what zarr-python 2.18 raises for a node it cannot read (MetadataError for zarr_format 3)
@@ -60,7 +57,7 @@ def _assert_zarr2_refuses(root: Path, paths: list[str]) -> None:
                 group[path]
 
 
-# -- converted shared data, moved to the new layout ----------------------------------------------
+# -- converted shared data ---------------------------------------------------------------------
 
 
 @pytest.mark.shared_data
@@ -75,7 +72,6 @@ def test_converted_shared_data(shared_data: Path, tmp_path: Path, reader: Reader
     zarr.consolidate_metadata(ShardedStore(str(dst)))  # today's .zmetadata: the back door
     through_proxy = zarr.open_group(ShardedStore(str(dst)), mode="r")
     expected = {p: through_proxy[p][...] for p in _v2_arrays(dst)}  # equal to the source: test_convert_shared_data
-    assert migrate(dst) == MetadataPlan()  # convert and the proxy already store the new layout
     sharded = _sharded_paths(dst)
     assert sharded and set(sharded) <= set(expected)
     assert not any((dst / p / ".zarray").exists() or (dst / p / ".zattrs").exists() for p in sharded)
@@ -142,8 +138,7 @@ def _dtype_data(dtype: str, data: Any) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def dtype_store(tmp_path_factory: pytest.TempPathFactory, latest_python: str) -> dict[str, Any]:
-    """One array per case, written by zarr 2 through the proxy, moved to the new layout and read
-    by the newest zarr 3 in one subprocess."""
+    """One array per case, written by zarr 2 through the proxy and read by the newest zarr 3 in one subprocess."""
     root = tmp_path_factory.mktemp("dtypes") / "s"
     store = ShardedStore(str(root), chunks_per_shard=2)
     expected, written = {}, {}
@@ -156,7 +151,6 @@ def dtype_store(tmp_path_factory: pytest.TempPathFactory, latest_python: str) ->
         expected[case] = arr[...]
     store.close()
     written = {case: json.loads(ShardedStore(str(root))[f"g/{case}/.zarray"]) for case in DTYPE_CASES}  # presented
-    migrate(root)
     read = Reader(latest_python, root.parent / "out").run("zarr3", root, *(f"g/{c}" for c in DTYPE_CASES))
     return {"root": root, "expected": expected, "written": written, "read": read}
 
@@ -218,10 +212,9 @@ def _assert_dataset_equal(result: dict, ds: Any) -> None:
         assert entry["attrs"] == var.attrs, name
 
 
-def test_migrated_dataset_opens_in_newest_xarray_and_zarr3_consolidated(tmp_path: Path, reader: Reader) -> None:
+def test_proxy_dataset_opens_in_newest_xarray_and_zarr3_consolidated(tmp_path: Path, reader: Reader) -> None:
     root = tmp_path / "ds.zarr"
     ds = _write_dataset(root)
-    migrate(root)
     _assert_dataset_equal(reader.run("xarray", root), ds)
     cons = reader.run("zarr3-consolidated", root)
     assert cons["consolidated"] and cons["attributes"] == ds.attrs
