@@ -25,8 +25,7 @@ from shardkv.errors import (
 from shardkv.format.index import EMPTY, ShardIndex
 from shardkv.format.layout import ShardLayout
 from shardkv.proxy.open import open_store
-from shardkv.proxy.store import ShardedStore
-from shardkv.proxy.write_advice import PartialShardWriteWarning
+from shardkv.proxy.store import PartialShardWriteWarning, ShardedStore
 from shardkv.rechunk import rechunk_to_shards
 
 __all__ = [

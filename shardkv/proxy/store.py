@@ -18,7 +18,11 @@ from __future__ import annotations
 
 import enum
 import itertools
-from collections.abc import Iterable, Iterator, KeysView, Mapping, Sequence
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Iterator, KeysView, Mapping, Sequence
 from contextlib import suppress
 from os import PathLike
 from typing import Any, Self, Unpack
@@ -26,7 +30,7 @@ from typing import Any, Self, Unpack
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.engine import ShardEngine
 from shardkv.engine.locks import Mode
-from shardkv.engine.merge import group_by_shard
+from shardkv.engine.merge import ShardChange, group_by_shard
 from shardkv.engine.options import OptionKeywords, Options
 from shardkv.engine.writeback import WriteBack
 from shardkv.errors import ChunkOutOfGridError, InvalidKeyError, UnflushedWritesError
@@ -48,7 +52,6 @@ from shardkv.proxy.metadata_writes import MetadataWriter
 from shardkv.proxy.nodes import NodeTable
 from shardkv.proxy.routing import BATCH_MIN_KEYS, route_batch
 from shardkv.proxy.values import as_buffer
-from shardkv.proxy.write_advice import WriteAdvisor
 from shardkv.storage.identity import store_identity
 from shardkv.storage.kv import ANY, KVStore
 from shardkv.storage.local import LocalStore
@@ -65,6 +68,95 @@ class _Unrouted(enum.Enum):
 
 
 _UNROUTED = _Unrouted.UNROUTED
+
+DEFAULT_THRESHOLD = 16
+"""Partial-shard rewrites of one array before :class:`PartialShardWriteWarning` (a 4 x 4 shard chunk by chunk)."""
+
+
+class PartialShardWriteWarning(UserWarning):
+    """Many write calls each rewrote a partly covered shard of one array (write-through mode).
+
+    Given once per store, naming the fixes (user guide, "Chunk-by-chunk
+    writes"): ``buffer_bytes``, ``shardkv.rechunk_to_shards`` for dask, or
+    ``ds.chunk`` to the shard shape for xarray.
+
+    Attributes
+    ----------
+    path : str
+        The array's path in the store ('' for a root array).
+    rewrites : int
+        Partial-shard rewrites counted when the warning was given.
+    """
+
+    def __init__(self, message: str, path: str, rewrites: int) -> None:
+        super().__init__(message)
+        self.path = path
+        self.rewrites = rewrites
+
+
+class WriteAdvisor:
+    """Counts the write-through calls that rewrote a partly covered shard whole, per array; warns once per store.
+
+    Shards that ``rewrites_whole(shard_key, array)`` says are updated in
+    O(chunk) (``shard_updates``) are not counted.
+    """
+
+    def __init__(self, rewrites_whole: Callable[[str, ShardedArray], bool]) -> None:
+        self._rewrites_whole = rewrites_whole
+        self._counts: dict[str, int] = {}
+        self._warned = False
+        self._lock = threading.Lock()
+
+    def observe(self, changes: Mapping[str, ShardChange]) -> None:
+        """Count the shards of one write-through call that it covers only partly; warn at :data:`DEFAULT_THRESHOLD`."""
+        if self._warned:
+            return
+        for shard_key, change in changes.items():
+            if change.covers_shard() or not self._rewrites_whole(shard_key, change.array):
+                continue
+            path = change.array.path
+            with self._lock:
+                if self._warned:
+                    return
+                count = self._counts[path] = self._counts.get(path, 0) + 1
+                if count < DEFAULT_THRESHOLD:
+                    continue
+                self._warned = True
+            _warn_outside_libraries(PartialShardWriteWarning(_advice(change.array, count), path, count))
+            return
+
+    def rewrites(self, path: str) -> int:
+        """Partial-shard rewrites counted so far for the array at ``path`` (counting stops after the warning)."""
+        return self._counts.get(path, 0)
+
+
+def _warn_outside_libraries(warning: PartialShardWriteWarning) -> None:
+    """Warn at the first caller outside shardkv and zarr (Python >= 3.12), else at the store's write call.
+
+    Python 3.11 has no ``skip_file_prefixes``: the warning then names the shardkv line that
+    called the advisor, rather than walking the interpreter's frames.
+    """
+    if sys.version_info >= (3, 12):
+        dirs = tuple(
+            os.path.dirname(os.path.abspath(path)) + os.sep
+            for m in (sys.modules.get("shardkv"), sys.modules.get("zarr"))
+            if m is not None and (path := getattr(m, "__file__", None))
+        )
+        warnings.warn(warning, skip_file_prefixes=dirs)
+    else:
+        warnings.warn(warning, stacklevel=3)
+
+
+def _advice(arr: ShardedArray, count: int) -> str:
+    name = repr(arr.path) if arr.path else "the root array"
+    cps = "x".join(map(str, arr.chunks_per_shard))
+    variable = repr(arr.path.rpartition("/")[2]) if arr.path else "name"
+    shape = tuple(arr.shard_shape) if arr.shard_shape is not None else "shard_shape"
+    return (
+        f"shardkv: {count} writes to {name} each rewrote a partly covered {cps}-chunk shard. Write whole shards: "
+        "ShardedStore(..., buffer_bytes=N) then close(); dask: shardkv.rechunk_to_shards(x, target); "
+        f"xarray: ds.chunk(dict(zip(ds[{variable}].dims, {shape}))). Shown once per store."
+    )
 
 
 class ShardedStore(ProxyBase):
