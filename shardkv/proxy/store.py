@@ -309,12 +309,11 @@ class ShardedStore(ProxyBase):
         """The shard engine (``stats``: read rounds, refused reads, write rounds, lost races)."""
         return self._engine
 
-    def _route(self, key: str, validated: bool = False) -> ChunkRef | None:
+    def _route(self, key: str) -> ChunkRef | None:
         """The chunk of a sharded array that ``key`` names, or ``None`` for a key stored as it is.
 
-        Answered from a memo of valid keys (``validated``: the caller checked ``key``)
-        while the node table's ``generation`` stays; the memo starts over past
-        :data:`ROUTE_MEMO_LIMIT` keys.
+        Answered from a memo of valid keys while the node table's ``generation``
+        stays; the memo starts over past :data:`ROUTE_MEMO_LIMIT` keys.
 
         Raises
         ------
@@ -329,8 +328,7 @@ class ShardedStore(ProxyBase):
             memo = routes.get(key, _UNROUTED)
             if memo is not _UNROUTED:
                 return memo
-        if not validated:
-            validate_key(key)
+        validate_key(key)
         arr = self._nodes.owner(key)
         ref = None if arr is None else arr.locate(key)
         if kept != generation or len(routes) >= ROUTE_MEMO_LIMIT:
@@ -463,11 +461,12 @@ class ShardedStore(ProxyBase):
                 group_by_shard(refs, [v if type(v) is bytes else as_buffer(k, v) for k, v in values.items()])
             )
             return
+        routed: dict[str, ChunkRef | None] = {}
         changes: dict[str, bytes | memoryview | None] = {}
         for key, value in values.items():
-            validate_key(key)
+            routed[key] = self._route(key)
             changes[key] = value if type(value) is bytes else as_buffer(key, value)
-        self._apply(changes)
+        self._apply(changes, routed)
 
     def __delitem__(self, key: str) -> None:
         try:
@@ -498,44 +497,32 @@ class ShardedStore(ProxyBase):
             self._writer.write(group_by_shard(refs, itertools.repeat(None)))
             self._after_chunk_deletes(refs)
             return
-        changes: dict[str, None] = {}
+        routed: dict[str, ChunkRef | None] = {}
         for key in keys:
-            try:
-                self._route(key)
-            except ChunkOutOfGridError:
-                continue
-            changes[key] = None
-        self._apply(changes)
+            with suppress(ChunkOutOfGridError):
+                routed[key] = self._route(key)
+        self._apply(dict.fromkeys(routed), routed)
 
-    def _apply(self, changes: Mapping[str, bytes | memoryview | None]) -> None:
-        """Write ``changes`` (``None``: delete), routing key by key."""
-        plain_set: dict[str, bytes | memoryview] = {}
-        plain_del: list[str] = []
-        located: list[ChunkRef] = []
-        located_values: list[bytes | memoryview | None] = []
-        meta = {key for key in changes if split_key(key)[1] in META_NAMES}
-        routed = {key: self._route(key, validated=True) for key in changes if key not in meta}
-        stored = [key for key, value in changes.items() if value is not None and routed.get(key) is None]
+    def _apply(self, changes: Mapping[str, bytes | memoryview | None], routed: Mapping[str, ChunkRef | None]) -> None:
+        """Write ``changes`` (``None``: delete) of keys routed one by one (``routed``: each key's chunk or ``None``)."""
+        stored = [key for key, value in changes.items() if value is not None and routed[key] is None]
         for path in self._hierarchy.check_set(stored) if stored else ():  # raises before anything is written
             self.rmdir(path)  # keys in the way of a value are replaced, as in zarr 2's own stores
+        plain: dict[str, bytes | memoryview | None] = {}
+        located: list[ChunkRef] = []
+        located_values: list[bytes | memoryview | None] = []
         for key, value in changes.items():
-            if key in meta:
-                if value is None:
-                    with suppress(KeyError):  # deleting what is not stored is no error in a batch
-                        self._metadata.delete(key)
-                else:
-                    self._metadata.set(key, bytes(value))
-                continue
             ref = routed[key]
             if ref is not None:
                 located.append(ref)
                 located_values.append(value)
+            elif split_key(key)[1] not in META_NAMES:
+                plain[key] = value
             elif value is None:
-                plain_del.append(key)
+                with suppress(KeyError):  # deleting what is not stored is no error in a batch
+                    self._metadata.delete(key)
             else:
-                plain_set[key] = value
-        plain: dict[str, bytes | memoryview | None] = {**plain_set}
-        plain.update(dict.fromkeys(plain_del))
+                self._metadata.set(key, bytes(value))
         if plain:
             self._kv.put_many({key: (value, ANY) for key, value in plain.items()})
         self._writer.write(group_by_shard(located, located_values))
