@@ -1,12 +1,9 @@
-"""The two ``zarr.json`` documents of a transparently sharded array (pure: no I/O).
+"""The two ``zarr.json`` documents of a transparently sharded array (pure).
 
-Code above :class:`shardkv.zarr3.ShardedStore` reads and writes the
-*presented* document (an ordinary v3 array of inner chunks); storage holds
-the *stored* one: the same array with one ``sharding_indexed`` codec wrapping
-the presented codecs, a chunk grid of shards, and the :data:`MARKER`
-extension member (``must_understand: false``) that makes the sharding this
-store's. Arrays sharded without the marker (by zarr 3 or tensorstore) are
-passed through as stored.
+Above the zarr 3 store: the *presented* document (inner chunks); stored: the
+same array with one ``sharding_indexed`` codec wrapping its codecs, a grid of
+shards and the :data:`MARKER` extension member (``must_understand: false``).
+Arrays sharded without the marker pass through as stored.
 """
 
 from __future__ import annotations
