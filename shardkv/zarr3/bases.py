@@ -1,10 +1,8 @@
 """What lies under :class:`shardkv.zarr3.ShardedStore`: a zarr 3 store, and the same data for the shard engine.
 
-The store keeps the zarr-python 3 store it wraps for everything that is not a
-chunk of a transparently sharded array (``zarr.json`` documents, chunks of
-other arrays, any other key), and gives the shard engine the same data through
-shardkv's own adapters, so that generations, lock files and conditional writes
-are those of the zarr 2 proxy on the same store:
+Everything but the chunks of sharded arrays goes to the zarr 3 store; the
+engine reaches the same data through shardkv's own adapters (so generations,
+locks and conditional writes are the zarr 2 proxy's), picked by class:
 
 ================================  ================================================
 zarr 3 store                      the engine's base store
@@ -19,9 +17,6 @@ any other zarr 3 ``Store``        :class:`Zarr3KV` (its own async API, run synch
                                   stamps; ``concurrency="auto"`` asks for a choice, as for
                                   zarr 2's persistent stores)
 ================================  ================================================
-
-The store is recognised by its class (:func:`engine_base`: one table, ``isinstance``
-against zarr's own store classes) and reached through public API only.
 """
 
 from __future__ import annotations
@@ -136,13 +131,9 @@ def engine_base(store: Any) -> Any:
 
 
 def same_store(a: Any, b: Any) -> bool:
-    """Whether the zarr 3 stores ``a`` and ``b`` are the same store.
+    """Whether the zarr 3 stores ``a`` and ``b`` are one store (``==``; a ``MemoryStore``: the same dict).
 
-    The stores' own ``==``, except that a ``MemoryStore`` compares its dict by
-    value, so two stores of equal contents would be one: those are the same
-    store only when they hold the same dict, which a ``MemoryStore`` names in
-    its ``str()`` (``memory://<id of its dict>``, with the path of a managed
-    store).
+    A ``MemoryStore`` compares its dict by value; its ``str()`` names the dict.
     """
     from zarr.storage import MemoryStore
 
@@ -159,11 +150,7 @@ def _protocols(fs: Any) -> tuple[str, ...]:
 
 
 class StoreMapping(MutableMapping[str, bytes]):
-    """Any zarr 3 store as a blocking mapping of bytes (its async methods run on zarr's event loop).
-
-    Called from worker threads only (never from zarr's event loop thread).
-    Generations are shardkv's process stamps: writers in other processes are not seen.
-    """
+    """Any zarr 3 store as a blocking mapping of bytes, for worker threads (its async methods on zarr's loop)."""
 
     def __init__(self, store: Any) -> None:
         self.store = store
@@ -212,19 +199,11 @@ class Zarr3KV(MappingStore):
     store : zarr.abc.store.Store
         The zarr 3 store.
     in_process : bool
-        Whether its data lives in this process (a ``MemoryStore``; see the
-        module docstring for what each case guarantees).
-
-    Attributes
-    ----------
-    zarr3_store : zarr.abc.store.Store
-        The zarr 3 store.
+        Whether its data lives in this process (a ``MemoryStore``).
 
     Notes
     -----
-    Stores of the same data (equal class and ``str(store)``, which for a
-    ``MemoryStore`` names its dict) share a location, hence process stamps
-    and locks.
+    Stores of equal class and ``str(store)`` share a location (process stamps, locks).
     """
 
     def __init__(self, store: Any, *, in_process: bool = False) -> None:

@@ -79,12 +79,10 @@ def stored_document(path: str, doc: Mapping[str, Any], options: Options) -> dict
     Returns
     -------
     dict or None
-        ``doc`` with ``chunk_grid.chunk_shape`` = shard shape (inner chunk shape x
-        chunks_per_shard, elements), ``codecs`` = one ``sharding_indexed`` codec
-        (``chunk_shape`` = inner chunk shape, ``codecs`` = ``doc["codecs"]``) and the
-        :data:`MARKER` member; ``None`` for anything not sharded: groups, 0-d
-        arrays, arrays that ask for shards themselves, irregular grids, storage
-        transformers, arrays that ``chunks_per_shard`` leaves unsharded.
+        ``doc`` with a grid of shards (inner chunk shape x chunks_per_shard,
+        elements), one ``sharding_indexed`` codec around ``doc["codecs"]`` and
+        :data:`MARKER`; ``None`` for groups, 0-d arrays, arrays that ask for
+        shards, irregular grids, storage transformers, or no ``chunks_per_shard``.
     """
     if not _shardable(doc):
         return None
@@ -164,11 +162,8 @@ def map_consolidated(doc: Mapping[str, Any], replace: Mapping[str, Mapping[str, 
 def resharded(presented: Mapping[str, Any], stored: Mapping[str, Any]) -> dict[str, Any] | None:
     """``presented`` with the sharding of ``stored`` (a stored document of the same array), or ``None``.
 
-    Used for the array documents a group consolidates: zarr consolidates what
-    it reads through the store (presented documents); storage must hold the
-    stored ones, or readers without shardkv would read shards as chunks.
-    ``None`` when ``stored`` is not transparently sharded or its unsharded
-    form has another chunk grid or codecs than ``presented``.
+    For a group's consolidated documents (readers without shardkv must see
+    shards); ``None`` when ``stored`` is not transparently sharded or differs.
     """
     view = presented_document(stored)
     if (

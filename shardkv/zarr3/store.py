@@ -44,13 +44,7 @@ JOURNAL_LAYOUT = "zarr3"
 
 
 def _slice(data: BytesLike, byte_range: ByteRequest | None) -> BytesLike:
-    """The bytes of ``data`` a zarr 3 ``ByteRequest`` asks for.
-
-    Raises
-    ------
-    TypeError
-        For anything that is not a ``ByteRequest`` (zarr's own message).
-    """
+    """The bytes of ``data`` a zarr 3 ``ByteRequest`` asks for (``TypeError`` with zarr's message for another type)."""
     if byte_range is None:
         return data
     if isinstance(byte_range, RangeByteRequest):
@@ -106,37 +100,27 @@ class ShardedStore(Store):
 
     Notes
     -----
-    What is stored is a Zarr v3 array with the ``sharding_indexed`` codec
-    (v1.0 sharding specification), chunk grid = shard shape, inner
-    ``chunk_shape`` = the chunk shape written, and the codecs written as the
-    inner codecs, plus an extension member ``"shardkv"`` with
-    ``"must_understand": false`` that marks the sharding as this store's.
-    Arrays whose ``zarr.json`` asks for shards itself are stored as written.
+    Stored: a Zarr v3 array with the ``sharding_indexed`` codec (v1.0
+    sharding specification), chunk grid = shard shape, the codecs written as
+    inner codecs, and an extension member ``"shardkv"`` (``"must_understand":
+    false``) marking the sharding as this store's. Arrays whose ``zarr.json``
+    asks for shards itself are stored as written.
 
-    Chunk keys outside an array's chunk grid are refused on writes
+    Out-of-grid chunk keys are refused on writes
     (:class:`~shardkv.errors.ChunkOutOfGridError`) and read as missing.
-    ``set_if_not_exists`` of a chunk is atomic against writers of this process only.
-    Array documents are cached per store object: call :meth:`refresh` after
-    another process created or replaced arrays.
+    ``set_if_not_exists`` of a chunk is atomic within this process only. Array
+    documents are cached: call :meth:`refresh` after another process changed
+    arrays. The store pickles as its store underneath and its options (the
+    copy writes through; ``UnflushedWritesError`` with unflushed data). Stores
+    are equal when their base stores are the same store and their options are
+    the same, ``buffer_bytes`` aside.
 
-    The store pickles as its store underneath and its options, as the zarr 2
-    proxy does (``UnflushedWritesError`` with unflushed write-back data); the
-    copy, like a :meth:`with_read_only` copy of a store with a journal, writes
-    through. Two stores are equal when their base stores are the same store
-    (the base store's ``==``; for a ``MemoryStore``, the same dict, as zarr
-    itself decides whether two stores share data) and their options are the
-    same, ``buffer_bytes`` aside; equal stores hash alike.
-
-    Over a store that cannot delete, and so cannot replace a stored value
-    (``supports_deletes`` false: zarr's ``ZipStore``), each shard is written
-    once: chunk writes are held per shard (with no limit unless
-    ``buffer_bytes`` sets one) until the shard is complete or the store is
-    flushed or closed; a later change to a shard already stored raises
-    :class:`~shardkv.errors.UnsupportedError` and is not applied.
-
-    zarr's capability flags (``supports_writes``, ``supports_deletes``,
-    ``supports_listing``, ``supports_consolidated_metadata``) are the base
-    store's; ``supports_partial_writes`` is always false.
+    Over a store that cannot delete (``supports_deletes`` false: ``ZipStore``)
+    each shard is written once: chunk writes are held per shard (no limit
+    unless ``buffer_bytes`` sets one) until the shard is complete or the store
+    is flushed or closed; a later change to a stored shard raises
+    :class:`~shardkv.errors.UnsupportedError`. zarr's capability flags are the
+    base store's; ``supports_partial_writes`` is always false.
     """
 
     # -- capabilities: the base store's (zarr decides from them what it may ask) ------
@@ -323,11 +307,7 @@ class ShardedStore(Store):
         self._setup(state["base"], state["options"], state["read_only"], None)
 
     def with_read_only(self, read_only: bool = False) -> ShardedStore:
-        """The same data and options with another ``read_only`` (not opened; this store stays open).
-
-        The copy has no journal (the journal stays with this store); the copy
-        of a store with a journal writes through instead of buffering.
-        """
+        """The same data and options with another ``read_only`` (no journal: the copy writes through)."""
         other = ShardedStore.__new__(ShardedStore)
         options = self._options.for_copy() if self._journal is not None else self._options
         other._setup(self._base.with_read_only(read_only), options, read_only, None)
@@ -362,11 +342,7 @@ class ShardedStore(Store):
     async def get(
         self, key: str, prototype: BufferPrototype | None = None, byte_range: ByteRequest | None = None
     ) -> Buffer | None:
-        """The value of ``key`` (the bytes ``byte_range`` asks for), or ``None`` when it is not stored.
-
-        A chunk of a sharded array is read by the shard engine (one ranged read
-        with its shard's index cached); a ``zarr.json`` of a sharded array is
-        presented unsharded; anything else comes from the store underneath.
+        """The value of ``key`` (the bytes ``byte_range`` asks for), or ``None``; sharded ``zarr.json`` unsharded.
 
         Raises
         ------
@@ -433,11 +409,7 @@ class ShardedStore(Store):
     # -- writes -------------------------------------------------------------------
 
     async def set(self, key: str, value: Buffer) -> None:
-        """Store ``value`` at ``key``.
-
-        An array ``zarr.json`` is stored sharded (see the class notes); a chunk
-        of a sharded array is written into its shard (read-modify-write unless
-        the write covers the shard).
+        """Store ``value`` at ``key`` (an array ``zarr.json`` sharded; a chunk into its shard).
 
         Raises
         ------
