@@ -7,7 +7,6 @@ anything else to the base store; warns about chunk-by-chunk write-through.
 
 from __future__ import annotations
 
-import enum
 import itertools
 import os
 import sys
@@ -51,14 +50,6 @@ from shardkv.storage.open import open_kv
 ROUTE_MEMO_LIMIT = 16_384
 """Keys whose route one store remembers (a few MiB) before its memo starts over (see ``ShardedStore._route``)."""
 
-
-class _Unrouted(enum.Enum):
-    """The memo's answer for a key it does not hold (an enum member, so that the type checker can narrow it)."""
-
-    UNROUTED = enum.auto()
-
-
-_UNROUTED = _Unrouted.UNROUTED
 
 DEFAULT_THRESHOLD = 16
 """Partial-shard rewrites of one array before :class:`PartialShardWriteWarning` (a 4 x 4 shard chunk by chunk)."""
@@ -293,10 +284,8 @@ class ShardedStore(ProxyBase):
         """
         generation = self._nodes.generation  # read before routing: a later change makes this memo stale
         kept, routes = self._routes
-        if kept == generation:
-            memo = routes.get(key, _UNROUTED)
-            if memo is not _UNROUTED:
-                return memo
+        if kept == generation and key in routes:
+            return routes[key]
         validate_key(key)
         arr = self._nodes.owner(key)
         ref = None if arr is None else arr.locate(key)

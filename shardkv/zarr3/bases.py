@@ -22,7 +22,7 @@ any other zarr 3 ``Store``        :class:`Zarr3KV` (its own async API, run synch
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, MutableMapping
+from collections.abc import AsyncIterator, Iterator, Mapping, MutableMapping
 from typing import Any
 
 from fsspec.mapping import FSMap
@@ -87,47 +87,20 @@ def _sync_filesystem(fs: Any) -> Any:
     return type(fs)(**options)
 
 
-def _local_base(store: Any) -> Any:
-    """A ``LocalStore``: its root directory."""
-    return os.fspath(store.root)
-
-
-def _fsspec_base(store: Any) -> Any:
-    """An ``FsspecStore``: its directory when local, else an ``FSMap`` over the synchronous filesystem."""
-    fs = _sync_filesystem(store.fs)
-    if "file" in _protocols(fs):
-        return os.path.abspath(store.path)
-    return FSMap(store.path, fs, check=False, create=False)
-
-
-def _object_store_base(store: Any) -> Any:
-    """An ``ObjectStore``: the obstore store it wraps (its public ``store`` attribute)."""
-    return store.store
-
-
-def _memory_base(store: Any) -> Any:
-    """A ``MemoryStore``: the store itself through its public API, data in this process."""
-    return Zarr3KV(store, in_process=True)
-
-
-def _engine_bases() -> list[tuple[type, Callable[[Any], Any]]]:
-    """The zarr 3 store classes shardkv opens by its own means (the module table), tested in this order."""
+def engine_base(store: Any) -> Any:
+    """What the shard engine opens for the data of the zarr 3 store ``store`` (the module table, in its order)."""
     from zarr.storage import FsspecStore, LocalStore, MemoryStore, ObjectStore
 
-    return [
-        (LocalStore, _local_base),
-        (FsspecStore, _fsspec_base),
-        (ObjectStore, _object_store_base),
-        (MemoryStore, _memory_base),  # and its subclasses (ManagedMemoryStore, GpuMemoryStore)
-    ]
-
-
-def engine_base(store: Any) -> Any:
-    """What the shard engine opens for the data of the zarr 3 store ``store`` (see the module table)."""
-    for cls, base in _engine_bases():
-        if isinstance(store, cls):
-            return base(store)
-    return Zarr3KV(store)
+    if isinstance(store, LocalStore):
+        return os.fspath(store.root)
+    if isinstance(store, FsspecStore):  # its directory when local, else a mapper over the synchronous filesystem
+        fs = _sync_filesystem(store.fs)
+        protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+        return os.path.abspath(store.path) if "file" in protocols else FSMap(store.path, fs, check=False, create=False)
+    if isinstance(store, ObjectStore):
+        return store.store  # the obstore store it wraps (public attribute)
+    # a MemoryStore (and subclasses) keeps its data in this process
+    return Zarr3KV(store, in_process=isinstance(store, MemoryStore))
 
 
 def same_store(a: Any, b: Any) -> bool:
@@ -142,11 +115,6 @@ def same_store(a: Any, b: Any) -> bool:
     if isinstance(a, MemoryStore) and isinstance(b, MemoryStore):
         return str(a) == str(b)
     return True
-
-
-def _protocols(fs: Any) -> tuple[str, ...]:
-    protocol = fs.protocol
-    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
 
 
 class StoreMapping(MutableMapping[str, bytes]):
