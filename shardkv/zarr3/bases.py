@@ -34,24 +34,9 @@ from shardkv.storage.mapping import MappingStore
 
 
 def zarr3_store(store: Any, storage_options: Mapping[str, Any] | None = None, read_only: bool = False) -> Any:
-    """The zarr 3 store for what the user passed: a zarr 3 ``Store`` as it is, or a path / URL.
+    """The zarr 3 store for what the user passed: a zarr 3 ``Store`` as it is, or a path / URL (``read_only``).
 
-    Parameters
-    ----------
-    store : zarr.abc.store.Store, str or os.PathLike
-        A zarr-python 3 store, a local path, or an fsspec URL (``s3://...``, ``memory://...``).
-    storage_options : mapping, optional
-        fsspec options for a URL (endpoint, credentials).
-    read_only : bool
-        Open a path or URL read-only.
-
-    Raises
-    ------
-    TypeError
-        If ``store`` is none of these (a zarr-python 2 store or an fsspec mapper: use
-        :class:`shardkv.ShardedStore`, the zarr 2 proxy).
-    ConfigurationError
-        If ``storage_options`` is given with a store object or a local path.
+    Raises as :class:`shardkv.zarr3.ShardedStore` documents (``TypeError``, ``ConfigurationError``).
     """
     from zarr.abc.store import Store
     from zarr.storage import FsspecStore, LocalStore

@@ -89,8 +89,8 @@ class ShardedStore(Store):
     ------
     ConfigurationError
         For an invalid ``chunks_per_shard``, index option or ``concurrency``,
-        a ``journal`` without ``buffer_bytes`` or on a read-only store, or
-        ``options`` given with other options.
+        a ``journal`` without ``buffer_bytes`` or on a read-only store,
+        ``options`` given with other options, or ``storage_options`` without a URL.
     TypeError
         If ``store`` is not a zarr 3 store, a path or a URL, or a keyword names no option.
     JournalCorruptError, JournalMismatchError
