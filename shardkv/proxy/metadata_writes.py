@@ -42,7 +42,7 @@ from shardkv.metadata.hierarchy import (
 from shardkv.metadata.v2_deletes import with_deleted
 from shardkv.metadata.v3_view import v2_dimension_separator
 from shardkv.proxy.nodes import Node, NodeTable, build_node, sharded_array_of
-from shardkv.storage.kv import ANY, NO_VALUE, Generation, KVStore, ReadResult, check_not_reserved
+from shardkv.storage.kv import ANY, NO_VALUE, Generation, KVStore, check_not_reserved
 
 _HIDDEN_REASON = "the zarr.json of a sharded array is managed by shardkv"
 _READ_ONLY = "the metadata of a Zarr v3 array written by another library is read-only; change it with a v3 library"
@@ -107,11 +107,6 @@ def _json_object(key: str, raw: Any) -> dict[str, Any] | None:
 def _json_objects(values: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """The values among ``values`` (by key) that are JSON objects, parsed (:func:`_json_object`)."""
     return {key: doc for key, raw in values.items() if (doc := _json_object(key, raw)) is not None}
-
-
-def _stored_document(key: str, result: ReadResult) -> dict[str, Any] | None:
-    """The JSON object a read found at ``key`` (``None``: missing, not JSON, not an object)."""
-    return _json_object(key, result.whole()) if result.found else None
 
 
 class MetadataWriter:
@@ -371,7 +366,7 @@ class MetadataWriter:
                 puts: dict[str, tuple[bytes, Generation]] = {}
                 docs: dict[str, dict[str, Any]] = {}
                 for key, result in zip(keys, self._kv.get_many([(k, None, ANY) for k in keys]), strict=True):
-                    doc = todo[key].applied(_stored_document(key, result))
+                    doc = todo[key].applied(_json_object(key, result.whole()) if result.found else None)
                     if doc is None:  # nothing to bring in step any more
                         self._nodes.forget(split_key(key)[0])
                         continue

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zarr.abc.store import Store
-from zarr.core.buffer import BufferPrototype, default_buffer_prototype
+from zarr.core.buffer import default_buffer_prototype
 
 from shardkv._types import BytesLike
 from shardkv.engine.options import Options
@@ -41,11 +41,6 @@ class _Other:
 
 _OTHER = _Other()
 Node = ShardedArray | _Other | None  # None: a group, or no zarr.json at the path (owns no chunk key)
-
-
-def prototype() -> BufferPrototype:
-    """zarr's default (CPU) buffer prototype."""
-    return default_buffer_prototype()
 
 
 def meta_path(key: str) -> str | None:
@@ -122,7 +117,7 @@ class NodeTable:
         if kept:
             return kept[path]
         since = self._cache.generation  # a write meanwhile: what is read here is not kept
-        raw = await self.base.get(join_path(path, ZARR_JSON), prototype=prototype())
+        raw = await self.base.get(join_path(path, ZARR_JSON), prototype=default_buffer_prototype())
         return self._load(path, None if raw is None else raw.to_bytes(), since)
 
     async def _first(self, paths: list[str]) -> Node:
@@ -196,7 +191,7 @@ class NodeTable:
     async def read_document(self, path: str, key: str) -> bytes | None:
         """The ``zarr.json`` at ``key`` as presented above the store, or ``None`` when not stored."""
         since = self._cache.generation  # a write meanwhile: what is read here is not kept
-        raw = await self.base.get(key, prototype=prototype())
+        raw = await self.base.get(key, prototype=default_buffer_prototype())
         if raw is None:
             self._load(path, None, since)
             return None
@@ -231,7 +226,7 @@ class NodeTable:
             full = join_path(path, rel)
             if await self.sharded(full) is None:
                 continue
-            raw = await self.base.get(join_path(full, ZARR_JSON), prototype=prototype())
+            raw = await self.base.get(join_path(full, ZARR_JSON), prototype=default_buffer_prototype())
             stored = None if raw is None else parse_document(raw.to_bytes())
             sharded = None if stored is None else resharded(child, stored)
             if sharded is not None:

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any, Unpack
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
-from zarr.core.buffer import Buffer, BufferPrototype
+from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
 from shardkv._types import BytesLike
 from shardkv.engine.cache import IndexCache
@@ -34,7 +34,6 @@ from shardkv.storage.open import open_kv
 from shardkv.zarr3.bases import engine_base, same_store, zarr3_store
 from shardkv.zarr3.batching import Batcher
 from shardkv.zarr3.nodes import NodeTable, meta_path
-from shardkv.zarr3.nodes import prototype as _prototype
 
 WRITE_ONCE_BUFFER_BYTES = 2**62
 """Write-back limit over a store that cannot replace a value, when none is given: every shard held until complete."""
@@ -352,7 +351,7 @@ class ShardedStore(Store):
             For a damaged shard.
         """
         await self._ensure_open()
-        prototype = prototype or _prototype()
+        prototype = prototype or default_buffer_prototype()
         path = meta_path(key)
         if path is not None:
             value = await self._nodes.read_document(path, key)
@@ -445,7 +444,7 @@ class ShardedStore(Store):
         if await self._nodes.sharded(path) is not None:
             await asyncio.to_thread(self.flush)  # buffered chunks are keyed to the old document
         data = await self._nodes.stored_form(path, raw)
-        await self._base.set(key, _prototype().buffer.from_bytes(data))
+        await self._base.set(key, default_buffer_prototype().buffer.from_bytes(data))
         self._nodes.remember(path, data)
 
     async def set_if_not_exists(self, key: str, value: Buffer) -> None:
