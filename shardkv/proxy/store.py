@@ -406,7 +406,11 @@ class ShardedStore(ProxyBase):
         for key, value in values.items():
             routed[key] = self._route(key)
             changes[key] = value if type(value) is bytes else as_buffer(key, value)
-        self._apply(changes, routed)
+        refs = [ref for ref in routed.values() if ref is not None]
+        if len(refs) == len(routed):  # chunks only (zarr writing a few chunks): straight to write-back
+            self._writer.write(group_by_shard(refs, changes.values()))
+        else:
+            self._apply(changes, routed)
 
     def __delitem__(self, key: str) -> None:
         try:
