@@ -34,15 +34,14 @@ if TYPE_CHECKING:
     from shardkv.codecs.sharding import ShardingCodec
     from shardkv.format.layout import EMPTY, ShardIndex, ShardLayout
     from shardkv.proxy.open import open_store
-    from shardkv.proxy.store import ShardedStore
-    from shardkv.proxy.write_advice import PartialShardWriteWarning
+    from shardkv.proxy.store import PartialShardWriteWarning, ShardedStore
     from shardkv.rechunk import rechunk_to_shards
 
 _LAZY = {
     "ShardedStore": "shardkv.proxy.store",
     "open_store": "shardkv.proxy.open",
     "rechunk_to_shards": "shardkv.rechunk",
-    "PartialShardWriteWarning": "shardkv.proxy.write_advice",
+    "PartialShardWriteWarning": "shardkv.proxy.store",
     "ShardingCodec": "shardkv.codecs.sharding",
     "ShardIndex": "shardkv.format.layout",
     "ShardLayout": "shardkv.format.layout",

@@ -27,7 +27,7 @@ from shardkv import ShardedStore
 from shardkv.engine.retry import Backoff
 from shardkv.errors import ConcurrentUpdateError
 
-pytestmark = pytest.mark.filterwarnings("ignore::shardkv.proxy.write_advice.PartialShardWriteWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::shardkv.PartialShardWriteWarning")
 
 CPS = (2, 2)  # 2-d arrays sharded, 1-d ones not
 N_PROCESSES = 4

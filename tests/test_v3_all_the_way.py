@@ -23,7 +23,7 @@ import zarr
 from shardkv import ShardedStore
 from shardkv.errors import ReservedKeyError
 
-pytestmark = pytest.mark.filterwarnings("ignore::shardkv.proxy.write_advice.PartialShardWriteWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::shardkv.PartialShardWriteWarning")
 
 xr = pytest.importorskip("xarray")
 

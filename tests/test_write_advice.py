@@ -9,7 +9,7 @@ import pytest
 import zarr
 
 from shardkv import PartialShardWriteWarning, ShardedStore, rechunk_to_shards
-from shardkv.proxy.write_advice import DEFAULT_THRESHOLD
+from shardkv.proxy.store import DEFAULT_THRESHOLD
 
 pytestmark = pytest.mark.filterwarnings("error::shardkv.PartialShardWriteWarning")  # any unexpected one fails
 

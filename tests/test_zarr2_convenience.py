@@ -20,7 +20,7 @@ from zarr.errors import CopyError
 from shardkv import ShardedStore
 from shardkv.errors import KeyBelowKeyError
 
-pytestmark = pytest.mark.filterwarnings("ignore::shardkv.proxy.write_advice.PartialShardWriteWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::shardkv.PartialShardWriteWarning")
 
 Factory = Callable[[], Any]
 

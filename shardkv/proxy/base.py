@@ -1,27 +1,10 @@
-"""``ProxyBase``: what both sharding proxies share as zarr-python 2 stores (options, pickling, lifecycle).
+"""``ProxyBase``: what both zarr-python 2 proxies share (options, pickling, lifecycle, zarr 2 protocol).
 
-:class:`~shardkv.ShardedStore` (v2 keys) and
-:class:`~shardkv.proxy.draft.DraftShardedStore` (2022 draft keys) are two
-facades, because zarr-python 2.18 takes them through two protocols
-registered per class (``BaseStore`` and ``StoreV3``), and one class cannot be
-both. Each holds its base store and one frozen
-:class:`~shardkv.engine.options.Options`; this class gives them the same
-
-* pickling (:meth:`ProxyBase.__reduce__`): the copy finds the same data and
-  lock files through the base store's location; nothing of one process
-  travels (index cache, journal, write-back data), and a copy writes through,
-  so no worker process holds acknowledged writes that no one will flush;
-* lifecycle: ``with`` closes the store on exit;
-* the refusal to be made where zarr-python 3 is installed
-  (:func:`refuse_zarr3`): zarr 3 takes neither proxy, and would say only
-  ``Unsupported type for store_like``;
-* the zarr-python 2 ``BaseStore`` capability checks, identity equality, and
-  a ``repr`` naming the base store and ``chunks_per_shard``.
-
-Registering a proxy class as a virtual subclass of zarr-python 2's ABCs lets
-zarr call its batch methods directly (without it, zarr 2.11+ wraps any
-other ``MutableMapping`` in a ``KVStore`` that has no ``setitems``), without
-shardkv depending on zarr. Done on first use, not at import.
+Two classes because zarr-python 2.18 takes them through two protocols registered
+per class (``BaseStore``, ``StoreV3``). A pickled proxy reopens over the same
+data and writes through (nothing of one process travels). A proxy class is
+registered as a virtual subclass of zarr 2's ABC on first use, so that zarr
+calls its batch methods instead of wrapping it in a ``KVStore``.
 """
 
 from __future__ import annotations
@@ -61,7 +44,6 @@ def register(cls: type, protocol: ZarrProtocol) -> None:
     getattr(importlib.import_module("zarr._storage.store"), protocol).register(cls)
 
 
-@cache
 @cache
 def _installed_zarr() -> str | None:
     """The installed zarr-python's version, ``None`` without one (read once per process)."""

@@ -1,25 +1,12 @@
-"""``DraftShardedStore``: the proxy in 2022 draft mode (sharding storage transformer).
+"""``DraftShardedStore``: the proxy over a 2022 draft hierarchy (sharding storage transformer).
 
-The base store holds a 2022-era Zarr v3 draft hierarchy: a root ``zarr.json``
-entry point whose ``zarr_format`` is ``https://purl.org/zarr/spec/protocol/core/3.0``,
-array metadata at ``meta/root/<path>.array.json`` and chunks under
-``data/root/<path>/c...``. An array whose metadata lists storage transformers
-is read and written through the stack :func:`shardkv.transformers.build_stack`
-builds from them (the draft's sharding transformer, ``indexed`` format).
-
-Code above the proxy (zarr-python 2.18's experimental v3 API) sees:
-
-* each array's metadata *without* the transformers shardkv applies, so it
-  reads and writes ordinary chunk keys and never needs ``ZARR_V3_SHARDING``;
-* ordinary chunk keys in listings; everything else unchanged.
-
-When code above writes an array's metadata, the proxy stores it *with* the
-array's transformers: the ones already stored (a resize or append keeps them)
-or, for a new array, a sharding transformer entry when ``chunks_per_shard``
-applies to it. Metadata written from above with its own
-``storage_transformers`` is refused (it would be applied twice). An array
-whose stored metadata names a transformer shardkv does not know is refused
-when its metadata or data is accessed
+Arrays live at ``meta/root/<path>.array.json`` and ``data/root/<path>/``.
+Code above (zarr-python 2.18's experimental v3 API) sees each array's metadata
+without the transformers shardkv applies, and plain chunk keys; metadata it
+writes is stored with the array's transformers (the stored ones, or a sharding
+transformer for a new array when ``chunks_per_shard`` applies). Metadata
+written with its own ``storage_transformers`` is refused, and so is an array
+whose stored metadata names a transformer shardkv does not know
 (:class:`~shardkv.errors.UnsupportedError`).
 """
 

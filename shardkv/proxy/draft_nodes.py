@@ -1,13 +1,4 @@
-"""What the 2022 draft proxy knows about the hierarchy: metadata keys, arrays, owners of keys.
-
-:class:`DraftNodes` reads each array's metadata document once
-(``meta/root/<path>.array<suffix>``), builds the transformer stack its
-``storage_transformers`` list, keeps it in a
-:class:`~shardkv.metadata.nodes.NodeCache` (``None`` where no array is), and
-answers with the cache's owner walk which sharded array's data area a key
-lies in. Array metadata written from above goes through
-:meth:`DraftNodes.store_metadata`, which adds the array's transformers.
-"""
+"""What the 2022 draft proxy knows: each array's metadata (read once), its transformer stack, the owners of keys."""
 
 from __future__ import annotations
 

@@ -1,24 +1,10 @@
 """The hierarchy rules of zarr-python 2's ``MemoryStore`` and ``DirectoryStore``, kept by the proxy.
 
-A key is either a value or a path holding keys, never both:
-
-* storing ``a/b/c`` while ``a/b`` holds a value raises ``KeyError``
-  (:class:`~shardkv.errors.KeyBelowKeyError`), where a local directory would
-  otherwise fail with ``NotADirectoryError`` on a temporary file;
-* storing ``x/y`` while keys are stored under ``x/y/`` replaces them
-  (``DirectoryStore`` removes the directory in the way, ``MemoryStore`` the
-  nested mapping);
-* deleting ``r/s`` when keys are stored under ``r/s/`` deletes them.
-
-These rules hold where zarr 2's own stores keep them: over a local directory
-and over a base store given as a mapping (a ``dict``, zarr's ``MemoryStore``,
-any ``MutableMapping``; a check there costs a lookup per level, and a scan of
-the keys for a value that could have keys under it). Over an object store or
-another fsspec filesystem (zarr's ``FSStore``) nothing is checked: a check
-would cost requests on every write.
-
-Keys that are chunk-like under a known array (chunks and shards) are never
-checked: nothing can be stored above them but the array's own path.
+A key is a value or a path holding keys, never both: storing below a stored
+value raises :class:`~shardkv.errors.KeyBelowKeyError`; storing or deleting a
+key with keys under it replaces or deletes them. Enforced over local
+directories and mappings only (elsewhere a check would cost requests); chunk
+keys of a known array are never checked.
 """
 
 from __future__ import annotations

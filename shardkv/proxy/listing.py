@@ -1,19 +1,8 @@
-"""Listing through the proxy: base store keys in, logical keys out.
+"""Listing through the proxy: base store keys in, logical keys out (docs/architecture.md, "The read path").
 
-Keys outside sharded arrays are listed as zarr-python 2 sees them
-(:meth:`NodeTable.listed <shardkv.proxy.nodes.NodeTable.listed>`: the
-``zarr.json`` of presented nodes replaced by their v2 documents); each shard is replaced by the chunk keys its index
-holds, for chunks inside the array's grid (the listing's generations confirm
-the cached indexes: :func:`base_listing`; :meth:`ShardReader.chunk_keys
-<shardkv.engine.reads.ShardReader.chunk_keys>` reads the indexes in batches,
-one request each, and builds each key once from the index:
-:mod:`shardkv.keys.listing`). The base listing is enumerated once per call;
-counting (``len``) never builds a chunk key, and the names of an array
-directory come out sorted without a string sort where the keys allow
-(:func:`child_names`).
-
-``list(store)`` enumerates the base listing twice (its length hint is a
-``len``), ``list(store.keys())`` once (:class:`ListedKeys`).
+Keys outside sharded arrays are listed as zarr-python 2 sees them; each shard
+is replaced by the chunk keys its index holds inside the grid. ``len`` never
+builds a chunk key; ``list(store.keys())`` lists once (:class:`ListedKeys`).
 """
 
 from __future__ import annotations

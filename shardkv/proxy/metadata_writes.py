@@ -1,55 +1,7 @@
-"""Metadata writes through the v2 proxy: sharded arrays and their groups stored as Zarr v3 only.
+"""Metadata writes through the v2 proxy: zarr-python 2 documents stored as Zarr v3 where arrays are sharded.
 
-Code above the proxy writes zarr-python 2 documents; :class:`MetadataWriter`
-turns them into the stored v3 documents with the pure plans of
-:mod:`shardkv.metadata.hierarchy`, writes them through the ``write`` callable
-it is given, and records the written nodes in the
-:class:`~shardkv.proxy.nodes.NodeTable` (no read back):
-
-=====================================  ==============================================
-written through the proxy              stored
-=====================================  ==============================================
-``.zarray`` of a new sharded array     its ``zarr.json`` and one for every group above
-                                       (:func:`plan_sharded_array`); no ``.zarray``
-``.zarray`` of a sharded array         its ``zarr.json`` (:func:`plan_zarray_update`);
-                                       a shrink drops the chunks left outside the grid
-``.zattrs`` of a v3 node               inside its ``zarr.json`` (:func:`plan_attributes`)
-``.zgroup`` under a v3 root            a v3 group ``zarr.json`` (:func:`plan_group`)
-``.zmetadata``                         :func:`stored_zmetadata`, and the root
-                                       ``zarr.json`` with consolidated metadata
-``.zarray``/``.zattrs`` of an          as it is, and a ``zarr.json`` mirror beside it
-unsharded array under a v3 root        (:func:`~shardkv.metadata.all_v3.v3_view_of_unsharded_v2`)
-anything else                          as it is (v2 hierarchies)
-=====================================  ==============================================
-
-A delete removes the document deleted alone: ``.zattrs`` empties the
-attributes, and a ``.zarray``/``.zgroup`` of a node that still presents its
-attributes, chunks or ``.zmetadata`` entry is recorded as deleted in its
-``zarr.json`` (:mod:`shardkv.metadata.v2_deletes`), which goes with the last
-of them.
-
-A hierarchy is v3 all the way down once one of its arrays is sharded: when the
-root becomes a v3 group, every v2 group is stored as a v3 group and every
-unsharded array gains a ``zarr.json`` that reads its chunk objects where they
-are (:func:`~shardkv.metadata.all_v3.plan_v3_down`; one listing, once); from
-then on each ``.zarray``/``.zattrs`` write or delete of an unsharded array
-brings its mirror in step, and a ``.zmetadata`` write describes any v2 node it
-lists that is still missing. An unsharded array no v3 reader decodes gets no
-mirror (v3 readers do not list it; its siblings stay readable); a sharded one
-(``shardkv.v2_dtype``) has a ``zarr.json``, so each group on its path holds a
-consolidated block that leaves it out, whether or not the user consolidated
-(:func:`~shardkv.metadata.hierarchy.plan_opaque_blocks`). Every v3 document
-written or deleted below a group whose ``zarr.json`` holds a consolidated block
-is brought into that block right after it
-(:func:`~shardkv.metadata.hierarchy.consolidated_in_step`): zarr-python 3
-trusts the block for the whole hierarchy (how concurrent writers keep each
-other's entries: :class:`MetadataWriter`, Notes).
-
-A ``.zattrs`` written before its node's ``.zarray`` is stored as it is and
-taken into the ``zarr.json`` when the ``.zarray`` arrives. Arrays written by
-zarr-python 3 or tensorstore (another chunk key encoding than ``v2``) keep
-read-only metadata. A node whose name is one of shardkv's internal names
-(``*.shardkv-tmp-*``, ``.shardkv-locks``) is refused.
+What each written document becomes, deletes, and the "v3 all the way down"
+rule: docs/architecture.md, "Metadata writes of the zarr 2 proxy".
 """
 
 from __future__ import annotations
@@ -90,7 +42,7 @@ from shardkv.metadata.hierarchy import (
 from shardkv.metadata.v2_deletes import with_deleted
 from shardkv.metadata.v3_view import v2_dimension_separator
 from shardkv.proxy.nodes import Node, NodeTable, build_node, sharded_array_of
-from shardkv.storage.kv import ANY, NO_VALUE, Generation, KVStore, ReadResult, check_not_reserved
+from shardkv.storage.kv import ANY, NO_VALUE, Generation, KVStore, check_not_reserved
 
 _HIDDEN_REASON = "the zarr.json of a sharded array is managed by shardkv"
 _READ_ONLY = "the metadata of a Zarr v3 array written by another library is read-only; change it with a v3 library"
@@ -157,39 +109,26 @@ def _json_objects(values: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return {key: doc for key, raw in values.items() if (doc := _json_object(key, raw)) is not None}
 
 
-def _stored_document(key: str, result: ReadResult) -> dict[str, Any] | None:
-    """The JSON object a read found at ``key`` (``None``: missing, not JSON, not an object)."""
-    return _json_object(key, result.whole()) if result.found else None
-
-
 class MetadataWriter:
-    """Stores metadata documents written through the proxy (see the module docstring).
+    """Stores metadata documents written through the proxy (docs/architecture.md, "Metadata writes").
 
     Parameters
     ----------
     nodes : NodeTable
         Node states, updated as documents are written.
     writer : WriteBack
-        The proxy's write-back layer: flushes, discards and trims shards
-        around metadata changes. Through its engine it is the one handle to
-        the base store (its :class:`~shardkv.storage.kv.KVStore`, locks and
-        :class:`~shardkv.engine.options.Options`, which say which new arrays
-        are sharded and how).
+        The proxy's write-back layer (flushes, discards and trims shards around
+        metadata changes); its engine gives the base store, locks and options.
 
     Notes
     -----
-    A group ``zarr.json`` whose consolidated block a write changes is read
-    fresh under the engine's locks of that key (lock files in the group's
-    ``.shardkv-locks/`` in mode ``"files"``), the write's change merged into
-    the block as stored (:meth:`_BlockChange.applied`), and put conditioned
-    on the generation read; a lost race reads again and merges again (at most
-    :data:`~shardkv.engine.retry.WRITE_ATTEMPTS` rounds), so another writer's
-    entry is never dropped. Against other processes this
-    holds where the engine's guarantee does: lock files (local directories,
-    mode ``"files"``), atomic conditional puts (S3, obstore); elsewhere
-    (modes ``"process"``/``"conditional"`` over data in this process) among
-    the threads and stores of this process; in mode ``"none"`` the conditional
-    put alone, which catches most races but is atomic only where the store's is.
+    A consolidated block changed by a write is merged into the group
+    ``zarr.json`` read fresh under the engine's lock of that key and put
+    conditioned on its generation (at most
+    :data:`~shardkv.engine.retry.WRITE_ATTEMPTS` rounds). Across processes
+    this holds where the engine's guarantee does (mode ``"files"``,
+    conditional puts); in modes ``"process"``/``"conditional"`` over data in
+    this process, within the process; in mode ``"none"`` the conditional put alone.
     """
 
     def __init__(self, nodes: NodeTable, writer: WriteBack) -> None:
@@ -266,15 +205,9 @@ class MetadataWriter:
         self._delete_presented(path, name, node)
 
     def _delete_presented(self, path: str, name: str, node: Node) -> None:
-        """Delete the presented document ``name`` of the v3 node ``node``; what else it presents stays.
+        """Delete the presented document ``name`` of ``node``; its ``zarr.json`` goes with the last thing it presents.
 
-        The ``zarr.json`` goes only with the last thing it presents: a group's
-        ``.zgroup`` with no attributes left, an array's ``.zarray`` with no
-        attributes, no chunk and no stored ``.zmetadata`` entry left (the
-        root group's stays: it keeps the hierarchy v3). Otherwise ``.zattrs``
-        empties the attributes, and ``.zgroup``/``.zarray`` is recorded as
-        deleted in the ``zarr.json`` (:mod:`shardkv.metadata.v2_deletes`),
-        which keeps presenting the attributes, and the chunks from the shards.
+        The root group's stays (it keeps the hierarchy v3).
         """
         key = join_path(path, ZARR_JSON)
         if name == ".zattrs" and not node.deleted:
@@ -291,12 +224,7 @@ class MetadataWriter:
             self._apply(MetadataPlan({key: with_deleted(node.doc or {}, name)}), {path: node.array})
 
     def emptied(self, path: str) -> None:
-        """Delete the ``zarr.json`` of the sharded array at ``path`` if it presents nothing any more.
-
-        Called after chunks of an array whose ``.zarray`` and ``.zattrs`` were
-        deleted are deleted: with its last chunk (and no stored ``.zmetadata``
-        entry) it goes, as the last key of any node does.
-        """
+        """Delete the ``zarr.json`` of the sharded array at ``path`` once it presents nothing (last chunk gone)."""
         node = self._nodes.node(path)
         if node.array is None or node.documents or not node.deleted or self._still_seen(path, node):
             return
@@ -305,12 +233,7 @@ class MetadataWriter:
         self._opaque_blocks(removed=path)
 
     def _still_seen(self, path: str, node: Node) -> bool:
-        """Whether zarr-python 2 may still read something of the sharded array ``node`` from its ``zarr.json``.
-
-        Its chunks (buffered writes are stored first), or its entry in a
-        stored ``.zmetadata`` above it: zarr 2 opens such an entry (a
-        consolidated snapshot) from the ``zarr.json``. ``False`` for a group.
-        """
+        """Whether the sharded array ``node`` still has chunks, or an entry in a stored ``.zmetadata`` above it."""
         if node.array is None:
             return False
         listed = group_paths(path)
@@ -325,12 +248,7 @@ class MetadataWriter:
         return any(chunkish_under(path, k) for k in self._kv.list_prefix(path_prefix(path)))
 
     def removed(self, path: str) -> None:
-        """Bring the consolidated blocks above ``path`` in step after everything under it was deleted (``rmdir``).
-
-        zarr-python 2 deletes an array or group with ``rmdir``, which never
-        passes through :meth:`delete`; a block that still listed the node
-        would have v3 readers open it and read fill values.
-        """
+        """Bring the consolidated blocks above ``path`` in step after ``rmdir`` deleted everything under it."""
         path = path.strip("/")
         if not path:
             return
@@ -355,17 +273,11 @@ class MetadataWriter:
         mirrors: Iterable[str] = (),
         unblocked: Iterable[str] = (),
     ) -> dict[str, Node]:
-        """Write and delete what ``plan`` says (v3 documents first); the written nodes recorded, not read back.
+        """Write and delete what ``plan`` says, then the consolidated blocks above; record the written nodes.
 
-        ``arrays``: the key mappings of the arrays written, by path, as built
-        from the ``.zarray`` given; ``mirrors``: the paths whose ``zarr.json``
-        written mirrors an unsharded array's ``.zarray``; ``unblocked``: the
-        groups whose ``zarr.json`` written drops its consolidated block on
-        purpose. Consolidated blocks above the nodes written are brought in
-        step right after them, each read-modify-written (:meth:`_write_blocks`);
-        a root that becomes a v3 group here makes the whole hierarchy v3
-        (:meth:`_describe_v2_nodes`). A group on the path of an opaque array
-        written gets a block (:meth:`_opaque_blocks`).
+        ``arrays``: key mappings of the arrays written, by path; ``mirrors``:
+        paths whose ``zarr.json`` mirrors an unsharded array; ``unblocked``:
+        groups whose document drops its consolidated block on purpose.
         """
         root = plan.writes.get(ZARR_JSON)
         becomes_v3 = root is not None and root.get("node_type") == "group" and not self._hierarchy_is_v3()
@@ -402,16 +314,10 @@ class MetadataWriter:
     def _in_step(
         self, plan: MetadataPlan, unblocked: frozenset[str] = frozenset()
     ) -> tuple[MetadataPlan, dict[str, _BlockChange]]:
-        """``plan`` and the changes to the consolidated blocks of the groups above its v3 documents.
+        """``(plan, blocks)``: the group ``zarr.json`` keys whose stored block ``plan`` changes, taken out of it.
 
-        Returns ``(plan, blocks)``: ``blocks`` maps the ``zarr.json`` key of
-        each group (chosen from the node table) whose stored block the plan
-        changes to that change, and ``plan`` no longer writes those keys
-        (:meth:`_write_blocks` does); a group document the plan writes with a
-        block of its own has that block brought in step in ``plan``. A group
-        document the plan rewrites without a block keeps the block stored
-        (brought in step), unless it is one of ``unblocked``; a group the plan
-        deletes takes its block along.
+        A group document written with a block of its own is brought in step in
+        ``plan``; one written without keeps its stored block unless ``unblocked``.
         """
         changed: dict[str, dict[str, Any] | None] = {
             split_key(k)[0]: doc for k, doc in plan.writes.items() if split_key(k)[1] == ZARR_JSON
@@ -442,17 +348,9 @@ class MetadataWriter:
         return (kept.merged(MetadataPlan(extra)) if extra else kept), blocks
 
     def _write_blocks(self, blocks: Mapping[str, _BlockChange]) -> dict[str, Node]:
-        """Read-modify-write the group documents of ``blocks`` under the engine's locks (class Notes).
+        """Read-modify-write the group documents of ``blocks`` under the engine's locks; the nodes written.
 
-        Returns the nodes written, recorded in the node table; a group left
-        with nothing to write is forgotten there.
-
-        Raises
-        ------
-        ConcurrentUpdateError
-            If a group's put lost in every round (naming its ``zarr.json`` key).
-        LockTimeoutError
-            If the locks were not obtained within the store's ``lock_timeout``.
+        ``ConcurrentUpdateError`` (naming the key) if a group's put lost in every round.
         """
         if not blocks:
             return {}
@@ -468,7 +366,7 @@ class MetadataWriter:
                 puts: dict[str, tuple[bytes, Generation]] = {}
                 docs: dict[str, dict[str, Any]] = {}
                 for key, result in zip(keys, self._kv.get_many([(k, None, ANY) for k in keys]), strict=True):
-                    doc = todo[key].applied(_stored_document(key, result))
+                    doc = todo[key].applied(_json_object(key, result.whole()) if result.found else None)
                     if doc is None:  # nothing to bring in step any more
                         self._nodes.forget(split_key(key)[0])
                         continue
@@ -488,10 +386,8 @@ class MetadataWriter:
     def _opaque_blocks(self, written: Iterable[str] = (), removed: str | None = None) -> None:
         """Keep a consolidated block at each group on the path of an opaque array, and only there.
 
-        (why: :func:`~shardkv.metadata.hierarchy.plan_opaque_blocks`). ``written``:
-        paths of opaque arrays just written; ``removed``: a path just deleted.
-        Costs nothing when every block is already there; otherwise one listing
-        under the groups concerned and one batched read of their ``zarr.json``.
+        ``written``: opaque arrays just written; ``removed``: a path just deleted
+        (why: :func:`~shardkv.metadata.hierarchy.plan_opaque_blocks`).
         """
         above = sorted({g for p in written for g in group_paths(p)})
         lacking = [g for g, n in self._nodes.nodes(above).items() if n.doc is not None and not has_consolidated(n.doc)]
@@ -515,11 +411,7 @@ class MetadataWriter:
             self._apply(plan, unblocked=dropped)
 
     def _describe_v2_nodes(self) -> None:
-        """Describe every v2 group and unsharded array of the store in v3 (one listing, one batched read).
-
-        Run once, when the root becomes a v3 group. A document that is not
-        JSON is left as it is (its node stays v2 until it is written again).
-        """
+        """Describe every v2 group and unsharded array in v3, once, as the root becomes a v3 group."""
         keys = [k for k in self._kv.list_prefix("") if split_key(k)[1] in _V2_NAMES]
         plan, _refused = plan_v3_down(_json_objects(self._kv.values(keys)))
         self._apply_v3_down(plan)
@@ -536,10 +428,8 @@ class MetadataWriter:
     ) -> None:
         """Bring the ``zarr.json`` mirror of the unsharded array at ``path`` in step with its v2 documents.
 
-        ``zarray`` and ``zattrs`` are the documents just written (``zattrs=None``:
-        deleted); the ones not given are read. An array with no v3 data type
-        loses its mirror rather than keep a stale one: the zarr-python 2 write
-        it follows never fails because of it.
+        ``zarray``/``zattrs``: the documents just written (``zattrs=None``: deleted),
+        the others read. An array with no v3 data type loses its mirror.
         """
         wanted = [join_path(path, ".zarray")] if zarray is None else []
         if isinstance(zattrs, _Stored):
@@ -669,23 +559,11 @@ class MetadataWriter:
         self._apply(plan, {path: sharded_array_of(path, zarray, plan.writes[join_path(path, ZARR_JSON)])})
 
     def _written_again(self, path: str, key: str, node: Node, zarray: Mapping[str, Any] | None) -> Node:
-        """The node that a ``.zarray`` (``zarray``) or ``.zgroup`` (``None``) written at ``path`` meets.
+        """The node a ``.zarray`` (``zarray``) or ``.zgroup`` (``None``) written over a deleted one meets.
 
-        ``node``'s ``zarr.json`` records its own ``.zarray``/``.zgroup`` as
-        deleted. A ``.zgroup`` over a group, or a ``.zarray`` of the chunks and
-        separator of the sharded array there, writes that document again: the
-        array's stored chunks are its chunks, as in a plain mapping. Anything
-        else replaces the node: refused while chunks of the sharded array are
-        stored (the new node would read its shards); otherwise its
-        ``zarr.json`` is deleted and its attributes kept as a stored
-        ``.zattrs``, which the new document takes in as any ``.zattrs``
-        written before its node.
-
-        Raises
-        ------
-        ConfigurationError
-            If chunks of the sharded array at ``path`` are stored and the new
-            document is a group or an array of other chunks or separator.
+        The same kind of node (same chunks and separator) is written again;
+        anything else replaces it, its attributes kept as a stored ``.zattrs``,
+        and is refused (``ConfigurationError``) while the old array's chunks are stored.
         """
         old = node.array
         if old is None and zarray is None and (node.doc or {}).get("node_type") == "group":

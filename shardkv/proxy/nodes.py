@@ -1,25 +1,9 @@
-"""The node table of the v2 proxy: what each path of the hierarchy is, and the v2 documents it presents.
+"""The node table of the v2 proxy: what each path is, and the v2 documents it presents (docs/architecture.md).
 
-One :class:`Node` per path, built from its stored ``zarr.json`` (and
-``.zarray`` where that does not decide), read once and kept until forgotten:
-
-* a v3 node (a ``zarr.json`` with ``zarr_format`` 3) is presented to
-  zarr-python 2 as the ``.zarray``/``.zgroup`` and ``.zattrs`` documents that
-  :func:`shardkv.metadata.hierarchy.present` derives from it, kept as dicts
-  and served as JSON bytes dumped once; the sharded array's key mapping is
-  built from the same dicts (no v3 -> v2 bytes -> parsed-again round trip);
-* an array with a stored ``.zarray`` and no presentable ``zarr.json`` is
-  *unsharded*: its chunk keys pass through;
-* an unsharded array whose ``zarr.json`` *mirrors* its ``.zarray`` (a v3
-  array, not sharded, ``v2`` chunk key encoding, with a ``.zarray`` beside
-  it, so that v3 readers list the whole hierarchy: :func:`shardkv.metadata.all_v3.plan_v3_down`) is
-  unsharded too: zarr-python 2 sees the ``.zarray``/``.zattrs`` as stored and
-  not the ``zarr.json``, which is for v3 readers;
-* anything else (a v2 group, nothing) is no array.
-
-The table reads only through the ``read`` callable it is given
-(``KVStore.values``). Nothing wraps the base store: the proxy asks the table
-about metadata keys, and sends every other key straight to the store.
+A v3 node is presented to zarr-python 2 as the ``.zarray``/``.zgroup`` and
+``.zattrs`` derived from its ``zarr.json``; an array with a stored ``.zarray``
+and no presentable ``zarr.json``, or whose ``zarr.json`` only mirrors its
+``.zarray`` for v3 readers, is unsharded (its keys pass through).
 """
 
 from __future__ import annotations
@@ -49,32 +33,14 @@ _MEMO_LIMIT = 100_000  # parents whose owner is remembered before the memo start
 
 @dataclass(frozen=True, eq=False)
 class Node:
-    """One path of the hierarchy as the proxy knows it (replace it, never mutate it).
+    """One path of the hierarchy as the proxy knows it (frozen).
 
-    Attributes
-    ----------
-    path : str
-        The node's path (``""`` for the root).
-    doc : dict or None
-        Its stored v3 ``zarr.json`` document (``zarr_format`` 3), or ``None``.
-    raw : bytes or None
-        The stored ``zarr.json`` bytes (any format), or ``None`` when none is stored.
-    presented : dict of str to dict
-        The v2 documents presenting ``doc`` (``.zarray``/``.zgroup`` and
-        ``.zattrs``); empty when there is no v3 node or it cannot be presented.
-    documents : dict of str to bytes
-        ``presented`` as served (JSON bytes, dumped once).
-    array : ShardedArray or None
-        The key mapping of a sharded array.
-    unsharded : bool
-        An array whose chunks are stored one per key (passed through).
-    mirrored : bool
-        An unsharded array whose ``zarr.json`` (``doc``) mirrors its stored
-        ``.zarray`` for v3 readers (hidden from zarr-python 2).
-    deleted : frozenset of str
-        The presented documents deleted from zarr-python 2's view (``.zarray``,
-        ``.zgroup``: :mod:`shardkv.metadata.v2_deletes`); left out of
-        ``documents``, while ``presented`` and ``array`` still describe the node.
+    ``doc``: the stored v3 ``zarr.json`` (``raw``: its bytes, any format);
+    ``presented``: the v2 documents presenting it, ``documents`` their JSON
+    bytes; ``array``: a sharded array's key mapping; ``unsharded``: chunks
+    stored one per key; ``mirrored``: ``doc`` mirrors a stored ``.zarray`` for
+    v3 readers; ``deleted``: presented documents deleted from zarr 2's view
+    (left out of ``documents``; :mod:`shardkv.metadata.v2_deletes`).
     """
 
     path: str
@@ -105,10 +71,7 @@ class Node:
         return (self.doc.get("chunk_key_encoding") or {}).get("name") == "v2"
 
     def cannot_be_stored(self, name: str) -> bool:
-        """True for a v2 document no store holds beside this presented node (answered without a request).
-
-        Only an array's ``.zattrs`` may be stored beside its ``zarr.json`` (the older layout).
-        """
+        """True for a v2 document no store holds beside this presented node (only an array's ``.zattrs`` may be)."""
         return (
             bool(self.documents)
             and name not in self.documents
@@ -122,8 +85,7 @@ def sharded_array_of(path: str, zarray: Mapping[str, Any], doc: Any) -> ShardedA
     Raises
     ------
     ConfigurationError
-        If the document's inner ``chunk_shape`` differs from the ``.zarray``
-        chunks, or the sharding configuration is invalid.
+        If the inner ``chunk_shape`` differs from the ``.zarray`` chunks, or the sharding is invalid.
     UnsupportedError
         If the sharding configuration is valid but not supported.
     """
@@ -141,12 +103,7 @@ def sharded_array_of(path: str, zarray: Mapping[str, Any], doc: Any) -> ShardedA
 def build_node(path: str, raw_json: Any | None, raw_zarray: Any | None = None) -> Node:
     """The node at ``path`` from its stored ``zarr.json`` and ``.zarray`` bytes (``None``: not stored).
 
-    Raises
-    ------
-    MetadataError
-        If the ``zarr.json`` (or a ``.zarray`` a sharded array needs) is not JSON.
-    ConfigurationError, UnsupportedError
-        If the node's sharding cannot be used.
+    ``MetadataError`` for a document that is not JSON; as :func:`sharded_array_of` for its sharding.
     """
     return with_deletes_applied(_build_node(path, raw_json, raw_zarray))
 
@@ -181,11 +138,7 @@ def _build_node(path: str, raw_json: Any | None, raw_zarray: Any | None = None) 
 
 
 def _presented(path: str, doc: dict[str, Any] | None) -> tuple[dict[str, dict[str, Any]], dict[str, bytes]]:
-    """The v2 documents presenting a v3 node, and their JSON bytes (both empty: none, or it cannot be shown).
-
-    A v3 node that zarr-python 2 cannot be shown passes its keys through
-    (a stored one), or stays sharded for this session as written (one shardkv wrote).
-    """
+    """The v2 documents presenting a v3 node, and their JSON bytes (both empty: none, or it cannot be shown)."""
     if doc is None:
         return {}, {}
     try:
@@ -206,16 +159,8 @@ def _array_node(node: Node, zarray: Mapping[str, Any] | None, doc: Any) -> Node:
 
 
 class NodeTable:
-    """Nodes by path (a :class:`~shardkv.metadata.nodes.NodeCache`), read lazily in batches, and key owners.
+    """Nodes by path (a :class:`~shardkv.metadata.nodes.NodeCache`), read lazily in batches with ``read``; key owners.
 
-    Parameters
-    ----------
-    read : callable
-        Whole values of keys from the base store, missing keys left out
-        (:data:`ReadValues`).
-
-    Notes
-    -----
     Thread-safe: the cache's lock guards the nodes and the owners.
     """
 
@@ -228,34 +173,18 @@ class NodeTable:
 
     @property
     def generation(self) -> int:
-        """Counts the changes that may change a key's owner (a node recorded, forgotten or cleared).
-
-        Memos of routed keys (the proxy's) are valid while it stays the same.
-        """
+        """Counts the changes that may change a key's owner; memos of routed keys are valid while it stays."""
         return self._cache.generation
 
     # -- nodes ------------------------------------------------------------------------
 
     def node(self, path: str) -> Node:
-        """The node at ``path`` (read on first use, then kept).
-
-        Raises
-        ------
-        MetadataError
-            If its ``zarr.json`` or ``.zarray`` is not JSON.
-        ConfigurationError, UnsupportedError
-            If its sharding cannot be used.
-        """
+        """The node at ``path`` (read on first use, then kept; raises as :func:`build_node`)."""
         found = self._cache.kept([path])
         return found[path] if found else self.nodes([path])[path]
 
     def nodes(self, paths: Iterable[str]) -> dict[str, Node]:
-        """The nodes at ``paths``; the ones not kept yet are read in one batch of ``zarr.json`` reads.
-
-        A ``.zarray`` is read (one more batch) only where the ``zarr.json``
-        does not decide the node: missing, or not a v3 node zarr-python 2 can
-        be shown (a v3 node never needs one, so opening it is one request).
-        """
+        """The nodes at ``paths``; those not kept are read in one batch (a ``.zarray`` batch only where needed)."""
         paths = list(dict.fromkeys(p.strip("/") for p in paths))
         missing = self._cache.unread(paths)
         if missing:
@@ -297,13 +226,7 @@ class NodeTable:
     def keep_written(self, path: str, raw: bytes, doc: dict[str, Any], array: ShardedArray | None = None) -> Node:
         """Record the ``zarr.json`` just written at ``path`` (no read back): the node it makes.
 
-        ``array``: the key mapping the writer built from the ``.zarray`` it was
-        given (kept even where zarr-python 2 cannot be shown the v3 document).
-
-        Raises
-        ------
-        ConfigurationError, UnsupportedError
-            If its sharding cannot be used.
+        ``array``: the key mapping the writer built from its ``.zarray``.
         """
         node = build_node(path, raw) if doc.get("node_type") != "array" else _from_written(path, raw, doc, array)
         node = with_deletes_applied(node)
@@ -317,11 +240,7 @@ class NodeTable:
         return node
 
     def prime(self, path: str, raw_json: Any) -> None:
-        """Keep the node at ``path`` from ``zarr.json`` bytes already read, when they alone decide it.
-
-        :func:`shardkv.open_store` hands over the root ``zarr.json`` it read to
-        detect the layout, so it is not read twice.
-        """
+        """Keep the node at ``path`` from ``zarr.json`` bytes ``open_store`` read, if they alone decide it."""
         try:
             node = build_node(path, raw_json)
         except (ConfigurationError, NotImplementedError):  # MetadataError is a ConfigurationError
@@ -349,15 +268,7 @@ class NodeTable:
         return name == ZARR_JSON and self.node(path).hides_zarr_json
 
     def owner(self, key: str) -> ShardedArray | None:
-        """The sharded array whose chunk (or shard) ``key`` names, if any.
-
-        The owner rule of :mod:`shardkv.keys.paths`: only the paths that could
-        own ``key`` (:func:`~shardkv.keys.paths.chunk_owner_paths`) are read,
-        from the highest down, and the first array met owns it; so a chunk of
-        ``g/arr`` costs the read of ``g/arr/zarr.json`` alone, as in
-        tensorstore and zarr-python 3, which also open an array from its own
-        document. Owners are memoised per parent path.
-        """
+        """The sharded array whose chunk (or shard) ``key`` names, if any (the owner rule; memoised per parent path)."""
         parent, name = split_key(key)
         if not is_chunk_segment(name):
             return None  # the last segment of a chunk or shard key is always chunk-like
@@ -379,26 +290,13 @@ class NodeTable:
         return owner
 
     def array_above(self, key: str) -> str | None:
-        """The path of the first array (sharded or not) met from the root down among the paths above ``key``.
-
-        Every path above ``key`` is a candidate here, whatever follows it
-        (:func:`~shardkv.keys.paths.owner_candidates`): the zarr 2 stores'
-        rule that no key is stored below another asks where ``key`` would
-        lie inside an array. Nodes are read from the highest down, up to the
-        first array.
-        """
+        """The path of the first array (sharded or not) from the root down among all paths above ``key``."""
         return self._cache.first(list(owner_candidates(key)), _is_array, self.node).path
 
     # -- metadata documents as code above the proxy sees them ------------------------------
 
     def read_documents(self, keys: Sequence[str]) -> dict[str, Any]:
-        """The values of ``keys`` (keys that are not chunks of a sharded array) as zarr-python 2 sees them.
-
-        Presented documents come from the table; a hidden ``zarr.json`` is
-        missing; the kept ``zarr.json`` bytes are served without a request; a
-        stored ``.zmetadata`` is presented with each sharded array's
-        documents; every other key is read from the base store in one batch.
-        """
+        """The values of ``keys`` (no chunks of a sharded array) as zarr-python 2 sees them (one batch for the rest)."""
         self.nodes(split_key(k)[0] for k in keys if split_key(k)[1] in PRESENTED)  # one batch of node reads
         out: dict[str, Any] = {}
         rest: list[str] = []
@@ -450,11 +348,7 @@ class NodeTable:
         return present_stored_zmetadata(key, raw, docs)
 
     def listed(self, keys: Iterable[str]) -> Iterator[str]:
-        """Base store ``keys`` (no chunks of sharded arrays) as zarr-python 2 lists them.
-
-        Hidden ``zarr.json`` keys are left out; the presented documents of
-        each v3 node are added (once, whether or not a v2 copy is stored).
-        """
+        """Base store ``keys`` (no chunks) as zarr 2 lists them: hidden ``zarr.json`` out, presented in."""
         zarr_jsons: list[str] = []
         v2_meta: set[str] = set()
         for key in keys:
@@ -484,12 +378,7 @@ class NodeTable:
 
 
 def present_stored_zmetadata(key: str, raw: bytes, docs: Callable[[list[str]], Mapping[str, Any]]) -> bytes:
-    """A stored ``.zmetadata`` as zarr-python 2 reads it: each sharded array's documents presented.
-
-    ``docs`` gives the v3 documents of node paths (relative to the store). A
-    document that is not a consolidated ``.zmetadata``, or lists no sharded
-    array, is served as stored.
-    """
+    """A stored ``.zmetadata`` with each sharded array's documents presented (``docs``: v3 documents by path)."""
     try:
         stored = load_json(key, raw)
     except MetadataError:
@@ -512,10 +401,7 @@ def _is_array(node: Node) -> bool:
 
 
 def _decided_by_zarr_json(path: str, raw_json: Any | None) -> Node | None:
-    """The node at ``path`` when its ``zarr.json`` alone decides it (a presented v3 node), else ``None``.
-
-    Raises what :func:`build_node` raises.
-    """
+    """The node at ``path`` when its ``zarr.json`` alone decides it (a presented v3 node), else ``None``."""
     if raw_json is None:
         return None
     node = build_node(path, raw_json)

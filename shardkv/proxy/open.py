@@ -1,21 +1,10 @@
 """``open_store``: the proxy for a base store of any layout, and the one place a layout is detected.
 
-Two layouts, two proxies:
-
-``"v2"``
-    Zarr v2 hierarchies whose arrays are sharded with the v1.0
-    ``sharding_indexed`` layout (each sharded array stored as a v3
-    ``zarr.json``), and Zarr v3 arrays sharded by other libraries
-    (zarr-python 3, tensorstore), all presented as v2 arrays:
-    :class:`shardkv.ShardedStore`.
-``"draft2022"``
-    2022 Zarr v3 draft hierarchies (a root ``zarr.json`` whose ``zarr_format``
-    is the draft's URI) with the draft's sharding storage transformer:
-    :class:`shardkv.proxy.draft.DraftShardedStore`.
-
-Detection reads one key, the root ``zarr.json``, and asks the pure
-:func:`shardkv.metadata.draft.is_draft_entry_point`. A class constructor never
-returns another class: ``ShardedStore(...)`` is always a ``ShardedStore``.
+``"v2"``: Zarr v2 hierarchies (sharded arrays stored as v3 ``zarr.json``) and
+v3 arrays sharded by other libraries, :class:`shardkv.ShardedStore`;
+``"draft2022"``: 2022 draft hierarchies with the sharding storage transformer,
+:class:`~shardkv.proxy.draft.DraftShardedStore`. Detection reads the root
+``zarr.json`` alone.
 """
 
 from __future__ import annotations

@@ -1,13 +1,4 @@
-"""Routing many keys at once: the batch path of the proxies' chunk reads and writes. Pure.
-
-zarr-python hands the proxy all the chunk keys of one selection in one call
-(``getitems``, ``setitems``, ``delitems``); they nearly always belong to one
-array. :func:`route_batch` locates them together (one owner lookup, one
-vectorised parse, see :meth:`ShardedArray.locate_batch`) and says ``None``
-whenever key-by-key routing is needed, which keeps every error exactly as
-routing one key raises it (:func:`~shardkv.engine.merge.group_by_shard` then
-turns located changes into the per-shard changes the engine writes).
-"""
+"""Routing many keys at once: the batch path of the proxies' chunk reads and writes (pure)."""
 
 from __future__ import annotations
 

@@ -1,24 +1,18 @@
-"""``ShardedStore``: the MutableMapping proxy that stores chunks in shards.
+"""``ShardedStore``: the zarr-python 2 MutableMapping proxy that stores chunks in shards.
 
-Code above the proxy (zarr-python 2, xarray, dask, scripts) reads and writes
-ordinary chunk keys (``temp/3.7``); the store below holds shards (``temp/0.1``)
-in the v1.0 ``sharding_indexed`` layout, each array's sharding described by a
-``zarr.json``, a Zarr v3 array and nothing else (zarr-python 2 sees
-the ``.zarray`` presented from it, see :mod:`shardkv.proxy.nodes`).
-
-This module routes each key: a chunk of a sharded array to its shard, a
-metadata document to the node table (:mod:`shardkv.proxy.nodes`) or the
-metadata writer (:mod:`shardkv.proxy.metadata_writes`), anything else straight
-to the base store. Options, pickling and lifecycle: :mod:`shardkv.engine.options`,
-:mod:`shardkv.proxy.base`; write-back: :class:`shardkv.engine.writeback.WriteBack`; requests:
-:class:`shardkv.engine.engine.ShardEngine` over the store's :class:`~shardkv.storage.kv.KVStore`.
+Routes each key: a chunk of a sharded array to its shard (write-back and the
+shard engine), a metadata document to the node table or the metadata writer,
+anything else to the base store; warns about chunk-by-chunk write-through.
 """
 
 from __future__ import annotations
 
-import enum
 import itertools
-from collections.abc import Iterable, Iterator, KeysView, Mapping, Sequence
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Iterator, KeysView, Mapping, Sequence
 from contextlib import suppress
 from os import PathLike
 from typing import Any, Self, Unpack
@@ -26,7 +20,7 @@ from typing import Any, Self, Unpack
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.engine import ShardEngine
 from shardkv.engine.locks import Mode
-from shardkv.engine.merge import group_by_shard
+from shardkv.engine.merge import ShardChange, group_by_shard
 from shardkv.engine.options import OptionKeywords, Options
 from shardkv.engine.writeback import WriteBack
 from shardkv.errors import ChunkOutOfGridError, InvalidKeyError, UnflushedWritesError
@@ -47,7 +41,6 @@ from shardkv.proxy.metadata_writes import MetadataWriter
 from shardkv.proxy.nodes import NodeTable
 from shardkv.proxy.routing import BATCH_MIN_KEYS, route_batch
 from shardkv.proxy.values import as_buffer
-from shardkv.proxy.write_advice import WriteAdvisor
 from shardkv.storage.identity import store_identity
 from shardkv.storage.kv import ANY, KVStore
 from shardkv.storage.local import LocalStore
@@ -57,13 +50,86 @@ ROUTE_MEMO_LIMIT = 16_384
 """Keys whose route one store remembers (a few MiB) before its memo starts over (see ``ShardedStore._route``)."""
 
 
-class _Unrouted(enum.Enum):
-    """The memo's answer for a key it does not hold (an enum member, so that the type checker can narrow it)."""
-
-    UNROUTED = enum.auto()
+DEFAULT_THRESHOLD = 16
+"""Partial-shard rewrites of one array before :class:`PartialShardWriteWarning` (a 4 x 4 shard chunk by chunk)."""
 
 
-_UNROUTED = _Unrouted.UNROUTED
+class PartialShardWriteWarning(UserWarning):
+    """Many write calls each rewrote a partly covered shard of one array (write-through; user guide, "Chunk-by-chunk").
+
+    Attributes
+    ----------
+    path : str
+        The array's path in the store ('' for a root array).
+    rewrites : int
+        Partial-shard rewrites counted when the warning was given.
+    """
+
+    def __init__(self, message: str, path: str, rewrites: int) -> None:
+        super().__init__(message)
+        self.path = path
+        self.rewrites = rewrites
+
+
+class WriteAdvisor:
+    """Counts the write-through calls that rewrote a partly covered shard whole, per array; warns once per store.
+
+    Shards that ``rewrites_whole(shard_key, array)`` says are updated in
+    O(chunk) (``shard_updates``) are not counted.
+    """
+
+    def __init__(self, rewrites_whole: Callable[[str, ShardedArray], bool]) -> None:
+        self._rewrites_whole = rewrites_whole
+        self._counts: dict[str, int] = {}
+        self._warned = False
+        self._lock = threading.Lock()
+
+    def observe(self, changes: Mapping[str, ShardChange]) -> None:
+        """Count the shards of one write-through call that it covers only partly; warn at :data:`DEFAULT_THRESHOLD`."""
+        if self._warned:
+            return
+        for shard_key, change in changes.items():
+            if change.covers_shard() or not self._rewrites_whole(shard_key, change.array):
+                continue
+            path = change.array.path
+            with self._lock:
+                if self._warned:
+                    return
+                count = self._counts[path] = self._counts.get(path, 0) + 1
+                if count < DEFAULT_THRESHOLD:
+                    continue
+                self._warned = True
+            _warn_outside_libraries(PartialShardWriteWarning(_advice(change.array, count), path, count))
+            return
+
+    def rewrites(self, path: str) -> int:
+        """Partial-shard rewrites counted so far for the array at ``path`` (counting stops after the warning)."""
+        return self._counts.get(path, 0)
+
+
+def _warn_outside_libraries(warning: PartialShardWriteWarning) -> None:
+    """Warn at the first caller outside shardkv and zarr (Python >= 3.12), else at a shardkv line."""
+    if sys.version_info >= (3, 12):
+        dirs = tuple(
+            os.path.dirname(os.path.abspath(path)) + os.sep
+            for m in (sys.modules.get("shardkv"), sys.modules.get("zarr"))
+            if m is not None and (path := getattr(m, "__file__", None))
+        )
+        warnings.warn(warning, skip_file_prefixes=dirs)
+    else:
+        warnings.warn(warning, stacklevel=3)
+
+
+def _advice(arr: ShardedArray, count: int) -> str:
+    name = repr(arr.path) if arr.path else "the root array"
+    cps = "x".join(map(str, arr.chunks_per_shard))
+    variable = repr(arr.path.rpartition("/")[2]) if arr.path else "name"
+    shape = tuple(arr.shard_shape) if arr.shard_shape is not None else "shard_shape"
+    return (
+        f"shardkv: {count} writes to {name} each rewrote a partly covered {cps}-chunk shard. Write whole shards: "
+        "ShardedStore(..., buffer_bytes=N) then close(); dask: shardkv.rechunk_to_shards(x, target); "
+        f"xarray: ds.chunk(dict(zip(ds[{variable}].dims, {shape}))). Shown once per store."
+    )
 
 
 class ShardedStore(ProxyBase):
@@ -119,19 +185,13 @@ class ShardedStore(ProxyBase):
 
     Notes
     -----
-    Errors per operation: a value that is not bytes-like raises ``TypeError``;
-    a malformed or out-of-grid chunk key raises :class:`InvalidKeyError` (a
-    ``ValueError``), except that deleting an out-of-grid chunk raises
-    ``KeyError`` (zarr relies on it when shrinking an array). A damaged shard
-    raises :class:`CorruptShardError` or :class:`ChecksumError`. Errors of the
-    base store other than "not found" propagate.
-
-    A store pickles (``multiprocessing``, ``dask.distributed``) as its base
-    store's location and its :class:`~shardkv.engine.options.Options`; the copy
-    finds the same locks, and writes through (no write-back buffer, no
-    journal). With unflushed write-back data it raises
-    ``UnflushedWritesError`` instead. To open a store of any layout (2022
-    draft hierarchies included), use :func:`shardkv.open_store`.
+    A value that is not bytes-like raises ``TypeError``; a malformed or
+    out-of-grid chunk key :class:`InvalidKeyError` (deleting an out-of-grid
+    chunk: ``KeyError``, which zarr relies on when shrinking); a damaged shard
+    :class:`CorruptShardError` or :class:`ChecksumError`. Base store errors
+    other than "not found" propagate. The store pickles as its base store's
+    location and options (the copy writes through; ``UnflushedWritesError``
+    with unflushed write-back data). Any layout: :func:`shardkv.open_store`.
     """
 
     _store_version = 2  # the zarr-python 2 store protocol this proxy speaks
@@ -160,9 +220,7 @@ class ShardedStore(ProxyBase):
 
     @classmethod
     def _reopen(cls, store: Any, options: Options) -> Self:
-        """The proxy over ``store`` without the zarr version check or a journal: an unpickled copy,
-        or the command line's view of a v2 hierarchy (which needs no zarr-python, so also runs
-        where zarr 3 is installed)."""
+        """The proxy over ``store`` without the zarr version check or a journal (unpickled copies, the CLI)."""
         proxy = cls.__new__(cls)
         proxy._setup(store, open_kv(store), options)
         return proxy
@@ -194,10 +252,7 @@ class ShardedStore(ProxyBase):
         return self._kv
 
     def refresh(self) -> None:
-        """Forget cached array metadata and shard indexes (call after other writers changed the store).
-
-        Buffered writes (write-back mode) are kept.
-        """
+        """Forget cached array metadata and shard indexes (after other writers changed the store)."""
         self._nodes.clear()
         self._engine.forget()
 
@@ -216,12 +271,8 @@ class ShardedStore(ProxyBase):
         """The shard engine (``stats``: read rounds, refused reads, write rounds, lost races)."""
         return self._engine
 
-    def _route(self, key: str, validated: bool = False) -> ChunkRef | None:
-        """The chunk of a sharded array that ``key`` names, or ``None`` for a key stored as it is.
-
-        Answered from a memo of valid keys (``validated``: the caller checked ``key``)
-        while the node table's ``generation`` stays; the memo starts over past
-        :data:`ROUTE_MEMO_LIMIT` keys.
+    def _route(self, key: str) -> ChunkRef | None:
+        """The chunk of a sharded array that ``key`` names, or ``None`` (memoised per node table generation).
 
         Raises
         ------
@@ -232,12 +283,9 @@ class ShardedStore(ProxyBase):
         """
         generation = self._nodes.generation  # read before routing: a later change makes this memo stale
         kept, routes = self._routes
-        if kept == generation:
-            memo = routes.get(key, _UNROUTED)
-            if memo is not _UNROUTED:
-                return memo
-        if not validated:
-            validate_key(key)
+        if kept == generation and key in routes:
+            return routes[key]
+        validate_key(key)
         arr = self._nodes.owner(key)
         ref = None if arr is None else arr.locate(key)
         if kept != generation or len(routes) >= ROUTE_MEMO_LIMIT:
@@ -254,11 +302,7 @@ class ShardedStore(ProxyBase):
     # -- reads ----------------------------------------------------------------
 
     def getitems(self, keys: Sequence[str], *, contexts: Any = None) -> dict[str, bytes | memoryview]:
-        """Values of the stored keys among ``keys`` (missing keys are left out).
-
-        Chunks are read with one batched index read and one batched chunk read
-        per call (ranged reads), or one batched shard read. Chunk values are
-        read-only views into the bytes read (no copy).
+        """Values of the stored keys among ``keys`` (missing keys left out; chunks as read-only views, batched reads).
 
         Raises
         ------
@@ -290,11 +334,7 @@ class ShardedStore(ProxyBase):
         return out
 
     def _read_plain(self, keys: list[str]) -> dict[str, Any]:
-        """Values of the stored keys among ``keys`` that are not chunks of sharded arrays.
-
-        A key that names a directory of a local store is a path, not a value:
-        left out (zarr 2's ``DirectoryStore`` raises ``KeyError`` for it).
-        """
+        """Values of the stored keys among ``keys`` that are no chunks (a local directory is a path: left out)."""
         try:
             return self._nodes.read_documents(keys)
         except IsADirectoryError:
@@ -306,12 +346,7 @@ class ShardedStore(ProxyBase):
             return out
 
     def __getitem__(self, key: str) -> bytes | memoryview:
-        """The value stored at ``key``: a chunk's bytes (a copy, as zarr 2's stores return), or a plain value.
-
-        A chunk value handed out alone may outlive the read (``values()``,
-        ``copy_store``): as ``bytes`` it holds only the chunk, where a view would
-        keep its whole shard alive. zarr's own chunk reads use :meth:`getitems`,
-        whose views copy nothing.
+        """The value stored at ``key``: a chunk's bytes (a copy: a view keeps its shard alive), or a value.
 
         Raises
         ------
@@ -350,12 +385,7 @@ class ShardedStore(ProxyBase):
         self.setitems({key: value})
 
     def setitems(self, values: Mapping[str, Any]) -> None:
-        """Store several values; chunks of one shard are written with one shard write.
-
-        A shard whose every in-grid chunk is in ``values`` is built without
-        reading the old one; a partly covered shard is merged with what is
-        stored (read-modify-write). Values are not copied (``bytes`` are
-        kept as they are, other bytes-like values as views).
+        """Store several values; chunks of one shard with one shard write (a partly covered shard is merged).
 
         Raises
         ------
@@ -370,11 +400,16 @@ class ShardedStore(ProxyBase):
                 group_by_shard(refs, [v if type(v) is bytes else as_buffer(k, v) for k, v in values.items()])
             )
             return
+        routed: dict[str, ChunkRef | None] = {}
         changes: dict[str, bytes | memoryview | None] = {}
         for key, value in values.items():
-            validate_key(key)
+            routed[key] = self._route(key)
             changes[key] = value if type(value) is bytes else as_buffer(key, value)
-        self._apply(changes)
+        refs = [ref for ref in routed.values() if ref is not None]
+        if len(refs) == len(routed):  # chunks only (zarr writing a few chunks): straight to write-back
+            self._writer.write(group_by_shard(refs, changes.values()))
+        else:
+            self._apply(changes, routed)
 
     def __delitem__(self, key: str) -> None:
         try:
@@ -405,44 +440,32 @@ class ShardedStore(ProxyBase):
             self._writer.write(group_by_shard(refs, itertools.repeat(None)))
             self._after_chunk_deletes(refs)
             return
-        changes: dict[str, None] = {}
+        routed: dict[str, ChunkRef | None] = {}
         for key in keys:
-            try:
-                self._route(key)
-            except ChunkOutOfGridError:
-                continue
-            changes[key] = None
-        self._apply(changes)
+            with suppress(ChunkOutOfGridError):
+                routed[key] = self._route(key)
+        self._apply(dict.fromkeys(routed), routed)
 
-    def _apply(self, changes: Mapping[str, bytes | memoryview | None]) -> None:
-        """Write ``changes`` (``None``: delete), routing key by key."""
-        plain_set: dict[str, bytes | memoryview] = {}
-        plain_del: list[str] = []
-        located: list[ChunkRef] = []
-        located_values: list[bytes | memoryview | None] = []
-        meta = {key for key in changes if split_key(key)[1] in META_NAMES}
-        routed = {key: self._route(key, validated=True) for key in changes if key not in meta}
-        stored = [key for key, value in changes.items() if value is not None and routed.get(key) is None]
+    def _apply(self, changes: Mapping[str, bytes | memoryview | None], routed: Mapping[str, ChunkRef | None]) -> None:
+        """Write ``changes`` (``None``: delete) of keys routed one by one (``routed``: each key's chunk or ``None``)."""
+        stored = [key for key, value in changes.items() if value is not None and routed[key] is None]
         for path in self._hierarchy.check_set(stored) if stored else ():  # raises before anything is written
             self.rmdir(path)  # keys in the way of a value are replaced, as in zarr 2's own stores
+        plain: dict[str, bytes | memoryview | None] = {}
+        located: list[ChunkRef] = []
+        located_values: list[bytes | memoryview | None] = []
         for key, value in changes.items():
-            if key in meta:
-                if value is None:
-                    with suppress(KeyError):  # deleting what is not stored is no error in a batch
-                        self._metadata.delete(key)
-                else:
-                    self._metadata.set(key, bytes(value))
-                continue
             ref = routed[key]
             if ref is not None:
                 located.append(ref)
                 located_values.append(value)
+            elif split_key(key)[1] not in META_NAMES:
+                plain[key] = value
             elif value is None:
-                plain_del.append(key)
+                with suppress(KeyError):  # deleting what is not stored is no error in a batch
+                    self._metadata.delete(key)
             else:
-                plain_set[key] = value
-        plain: dict[str, bytes | memoryview | None] = {**plain_set}
-        plain.update(dict.fromkeys(plain_del))
+                self._metadata.set(key, bytes(value))
         if plain:
             self._kv.put_many({key: (value, ANY) for key, value in plain.items()})
         self._writer.write(group_by_shard(located, located_values))
@@ -450,12 +473,7 @@ class ShardedStore(ProxyBase):
             self._after_chunk_deletes([ref for ref, v in zip(located, located_values, strict=True) if v is None])
 
     def _after_chunk_deletes(self, refs: Iterable[ChunkRef]) -> None:
-        """Let the arrays of chunks just deleted that present nothing else go with their last chunk.
-
-        An array whose ``.zarray`` and ``.zattrs`` were deleted keeps its
-        ``zarr.json`` while it has chunks (:mod:`shardkv.metadata.v2_deletes`);
-        a look-up in the node table for the others.
-        """
+        """Let arrays whose ``.zarray`` and ``.zattrs`` were deleted go with their last chunk."""
         for path in {ref.array.path for ref in refs}:
             node = self._nodes.node(path)
             if node.deleted and not node.documents:
@@ -490,13 +508,11 @@ class ShardedStore(ProxyBase):
     # -- paths (each checked by validate_path first: nothing outside the store is reached) --------
 
     def compact(self, path: str | None = None) -> int:
-        """Rewrite the shards that hold unused bytes of the array at ``path`` (all if ``None``).
+        """Rewrite the shards of the array at ``path`` (all if ``None``) that hold unused bytes; the bytes reclaimed.
 
-        Unused bytes are chunks replaced and indexes left by O(chunk) updates
-        (``shard_updates``), or gaps other writers left; an in-place append
-        whose writer was killed is finished or undone first. Returns the bytes
-        reclaimed in the base store; :class:`InvalidKeyError`
-        if ``path`` leaves the store (:func:`~shardkv.keys.paths.validate_path`).
+        Unused bytes: chunks replaced and indexes left by O(chunk) updates, or
+        gaps; an interrupted append is finished or undone first.
+        :class:`InvalidKeyError` if ``path`` leaves the store.
         """
         if path is not None:
             path = validate_path(path)
@@ -520,11 +536,7 @@ class ShardedStore(ProxyBase):
         return reclaimed
 
     def __iter__(self) -> Iterator[str]:
-        """Every key, listed when ``iter`` is called (one enumeration of the base store).
-
-        The iterator holds the keys of that listing: writes made while it is
-        consumed do not change what it yields.
-        """
+        """Every key, listed when ``iter`` is called (one enumeration; later writes do not change it)."""
         self.flush()
         return iter(list(logical_keys(self._nodes, self._engine, base_listing(self._kv, self._engine, ""))))
 
@@ -557,21 +569,11 @@ class ShardedStore(ProxyBase):
         return child_names(self._nodes, self._engine, prefix, base_listing(self._kv, self._engine, listed))
 
     def clear(self) -> None:
-        """Delete every key: everything stored, as :meth:`rmdir` of the root (one delete per stored key).
-
-        ``MutableMapping.clear`` would delete the presented keys one by one,
-        each alone, and leave the root group's ``zarr.json`` behind (kept so
-        that the hierarchy stays v3).
-        """
+        """Delete every key stored, as :meth:`rmdir` of the root (one delete per stored key)."""
         self.rmdir("")
 
     def rmdir(self, path: str = "") -> None:
-        """Delete everything under ``path`` (the whole store for ``""``).
-
-        ``path`` itself is never deleted: for a stored key (a value, not a
-        path) this deletes nothing, as zarr 2's ``MemoryStore`` and
-        ``DirectoryStore`` do.
-        """
+        """Delete everything under ``path`` (all for ``""``); a value at ``path`` stays, as in zarr 2."""
         path = validate_path(path)
         arr = self._nodes.owner(join_path(path, "0")) if path else None
         if arr is not None and arr.path != path:
@@ -589,16 +591,11 @@ class ShardedStore(ProxyBase):
         self._metadata.removed(path)  # consolidated blocks above it no longer list it
 
     def getsize(self, path: str = "") -> int:
-        """Size in bytes of the key ``path``, or of the keys directly under the path ``path``.
+        """Size in bytes of the key ``path``, or of the keys directly under it, as zarr 2's ``DirectoryStore`` says.
 
-        As zarr-python 2's ``MemoryStore`` and ``DirectoryStore`` define it, so
-        ``Array.nbytes_stored``, ``Array.info`` and ``zarr.storage.getsize``
-        report what they would on those stores: a chunk key's size is that
-        chunk's stored bytes (``nbytes`` of its shard index entry, no shard
-        read), a metadata document's the bytes served, a path's the sum of the
-        keys directly in it (not of sub-paths); 0 for what is not stored.
-        Buffered writes are flushed first. The bytes of whole shards are
-        :meth:`base`'s business (``store.base.size(shard_key)``).
+        A chunk's size is its stored bytes (from its index entry), a metadata
+        document's the bytes served; 0 for what is not stored. Shard sizes:
+        ``store.base.size(shard_key)``.
         """
         path = validate_path(path)
         self.flush()
@@ -631,11 +628,7 @@ class ShardedStore(ProxyBase):
         return out
 
     def rename(self, src_path: str, dst_path: str) -> None:
-        """Move everything under ``src_path`` to ``dst_path`` (shards move whole).
-
-        Copies, then deletes the copied keys: not for a path other writers are
-        writing at the same time (as with zarr 2's own stores).
-        """
+        """Move everything under ``src_path`` to ``dst_path`` (copies, then deletes: not atomic)."""
         src, dst = validate_path(src_path, what="src_path"), validate_path(dst_path, what="dst_path")
         self.flush()
         stored = self._kv  # what is stored: v3 documents move as they are, presented ones are not written

@@ -1,18 +1,8 @@
-"""Checking a sharded store end to end, and removing what crashed writers left behind.
+"""Checking a sharded store end to end (``shardkv verify``), and removing what crashed writers left behind.
 
-:func:`verify_store` walks what is stored (the listing, read through the
-store's :class:`~shardkv.storage.kv.KVStore`, never the shard grid) and checks
-each shard's index (:meth:`~shardkv.format.layout.ShardLayout.index_of_shard`:
-length, CRC32C, entries inside the chunk data, no overflow), that no two
-entries share bytes and, with ``decode=True``, that every inner chunk decodes
-to one chunk's bytes. It also reports stray and orphan chunk-like keys, stale
-temporaries of killed writers and unreadable node documents. In a 2022 draft
-hierarchy (root ``zarr.json`` of the draft protocol) the arrays are those of
-``meta/root/<path>.array.json`` with the sharding storage transformer, their
-shards under ``data/root/<path>/``. A damaged shard
-whose append intent a lock file records is reported as an interrupted in-place
-append, with its repair (``shardkv compact``). Repair removes
-only proven garbage (user guide, "The command line").
+Walks the listing (never the shard grid) through the store's ``KVStore``; what
+is checked, and what repair removes (proven garbage only): user guide, "The
+command line".
 """
 
 from __future__ import annotations
@@ -141,10 +131,7 @@ class VerifyReport:
 
 
 def _kv_of(store: Any) -> KVStore:
-    """The :class:`KVStore` of a proxy's base store, or of a store itself (anything ``open_kv`` takes).
-
-    A proxy is never read as a mapping of its own (that would check chunk keys, not shards).
-    """
+    """The :class:`KVStore` of a proxy's base store (never the proxy as a mapping), or of a store itself."""
     if isinstance(store, ProxyBase):
         return open_kv(store.base)
     return open_kv(store)
@@ -173,27 +160,16 @@ def find_stale_temporaries(store: Any, min_age_seconds: float = DEFAULT_TEMP_AGE
 
 
 def remove_stale_temporaries(store: Any, min_age_seconds: float = DEFAULT_TEMP_AGE) -> list[str]:
-    """Remove the files :func:`find_stale_temporaries` finds; returns the paths removed.
-
-    Called by ``shardkv verify --repair`` and by a resumed ``convert`` or
-    ``unshard``. Files that vanish meanwhile are skipped.
-    """
+    """Remove the files :func:`find_stale_temporaries` finds (vanished ones skipped); returns the paths removed."""
     remove = getattr(_kv_of(store), "remove_stale_temporaries", None)
     return [] if remove is None else list(remove(min_age_seconds))
 
 
 def shard_directories(kv: KVStore, arr: ShardedArray) -> list[str]:
-    """The keys of ``arr``'s shards at which a directory is stored (listings leave directories out).
+    """Sorted keys of ``arr``'s shards where a directory (or a link to one) stands (listings leave them out).
 
-    Only stores with directories (``kv.caps.lock_dir``: local or mounted
-    directories) can hold one; for the others nothing is looked at. The
-    array's directory is walked through chunk-like directory names only, at
-    most as deep as a shard key goes.
-
-    Returns
-    -------
-    list of str
-        Sorted shard keys where a directory (or a link to one) stands instead of a shard's file.
+    Only stores with directories (``kv.caps.lock_dir``) are looked at, through
+    chunk-like directory names, as deep as a shard key goes.
     """
     if not kv.caps.lock_dir:
         return []
@@ -402,6 +378,11 @@ def verify_store(
     progress: Callable[[int, int], None] | None = None,
 ) -> VerifyReport:
     """Check every shard of every sharded array of ``store``.
+
+    Each index is checked (length, CRC32C, entries inside the chunk data, no
+    two sharing bytes), stray and orphan chunk-like keys, stale temporaries
+    and unreadable node documents are reported, and an interrupted append is
+    named with its repair (``shardkv compact``). 2022 draft hierarchies too.
 
     Parameters
     ----------

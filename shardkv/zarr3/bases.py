@@ -1,10 +1,8 @@
 """What lies under :class:`shardkv.zarr3.ShardedStore`: a zarr 3 store, and the same data for the shard engine.
 
-The store keeps the zarr-python 3 store it wraps for everything that is not a
-chunk of a transparently sharded array (``zarr.json`` documents, chunks of
-other arrays, any other key), and gives the shard engine the same data through
-shardkv's own adapters, so that generations, lock files and conditional writes
-are those of the zarr 2 proxy on the same store:
+Everything but the chunks of sharded arrays goes to the zarr 3 store; the
+engine reaches the same data through shardkv's own adapters (so generations,
+locks and conditional writes are the zarr 2 proxy's), picked by class:
 
 ================================  ================================================
 zarr 3 store                      the engine's base store
@@ -19,15 +17,12 @@ any other zarr 3 ``Store``        :class:`Zarr3KV` (its own async API, run synch
                                   stamps; ``concurrency="auto"`` asks for a choice, as for
                                   zarr 2's persistent stores)
 ================================  ================================================
-
-The store is recognised by its class (:func:`engine_base`: one table, ``isinstance``
-against zarr's own store classes) and reached through public API only.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, MutableMapping
+from collections.abc import AsyncIterator, Iterator, Mapping, MutableMapping
 from typing import Any
 
 from fsspec.mapping import FSMap
@@ -39,24 +34,9 @@ from shardkv.storage.mapping import MappingStore
 
 
 def zarr3_store(store: Any, storage_options: Mapping[str, Any] | None = None, read_only: bool = False) -> Any:
-    """The zarr 3 store for what the user passed: a zarr 3 ``Store`` as it is, or a path / URL.
+    """The zarr 3 store for what the user passed: a zarr 3 ``Store`` as it is, or a path / URL (``read_only``).
 
-    Parameters
-    ----------
-    store : zarr.abc.store.Store, str or os.PathLike
-        A zarr-python 3 store, a local path, or an fsspec URL (``s3://...``, ``memory://...``).
-    storage_options : mapping, optional
-        fsspec options for a URL (endpoint, credentials).
-    read_only : bool
-        Open a path or URL read-only.
-
-    Raises
-    ------
-    TypeError
-        If ``store`` is none of these (a zarr-python 2 store or an fsspec mapper: use
-        :class:`shardkv.ShardedStore`, the zarr 2 proxy).
-    ConfigurationError
-        If ``storage_options`` is given with a store object or a local path.
+    Raises as :class:`shardkv.zarr3.ShardedStore` documents (``TypeError``, ``ConfigurationError``).
     """
     from zarr.abc.store import Store
     from zarr.storage import FsspecStore, LocalStore
@@ -92,57 +72,26 @@ def _sync_filesystem(fs: Any) -> Any:
     return type(fs)(**options)
 
 
-def _local_base(store: Any) -> Any:
-    """A ``LocalStore``: its root directory."""
-    return os.fspath(store.root)
-
-
-def _fsspec_base(store: Any) -> Any:
-    """An ``FsspecStore``: its directory when local, else an ``FSMap`` over the synchronous filesystem."""
-    fs = _sync_filesystem(store.fs)
-    if "file" in _protocols(fs):
-        return os.path.abspath(store.path)
-    return FSMap(store.path, fs, check=False, create=False)
-
-
-def _object_store_base(store: Any) -> Any:
-    """An ``ObjectStore``: the obstore store it wraps (its public ``store`` attribute)."""
-    return store.store
-
-
-def _memory_base(store: Any) -> Any:
-    """A ``MemoryStore``: the store itself through its public API, data in this process."""
-    return Zarr3KV(store, in_process=True)
-
-
-def _engine_bases() -> list[tuple[type, Callable[[Any], Any]]]:
-    """The zarr 3 store classes shardkv opens by its own means (the module table), tested in this order."""
+def engine_base(store: Any) -> Any:
+    """What the shard engine opens for the data of the zarr 3 store ``store`` (the module table, in its order)."""
     from zarr.storage import FsspecStore, LocalStore, MemoryStore, ObjectStore
 
-    return [
-        (LocalStore, _local_base),
-        (FsspecStore, _fsspec_base),
-        (ObjectStore, _object_store_base),
-        (MemoryStore, _memory_base),  # and its subclasses (ManagedMemoryStore, GpuMemoryStore)
-    ]
-
-
-def engine_base(store: Any) -> Any:
-    """What the shard engine opens for the data of the zarr 3 store ``store`` (see the module table)."""
-    for cls, base in _engine_bases():
-        if isinstance(store, cls):
-            return base(store)
-    return Zarr3KV(store)
+    if isinstance(store, LocalStore):
+        return os.fspath(store.root)
+    if isinstance(store, FsspecStore):  # its directory when local, else a mapper over the synchronous filesystem
+        fs = _sync_filesystem(store.fs)
+        protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+        return os.path.abspath(store.path) if "file" in protocols else FSMap(store.path, fs, check=False, create=False)
+    if isinstance(store, ObjectStore):
+        return store.store  # the obstore store it wraps (public attribute)
+    # a MemoryStore (and subclasses) keeps its data in this process
+    return Zarr3KV(store, in_process=isinstance(store, MemoryStore))
 
 
 def same_store(a: Any, b: Any) -> bool:
-    """Whether the zarr 3 stores ``a`` and ``b`` are the same store.
+    """Whether the zarr 3 stores ``a`` and ``b`` are one store (``==``; a ``MemoryStore``: the same dict).
 
-    The stores' own ``==``, except that a ``MemoryStore`` compares its dict by
-    value, so two stores of equal contents would be one: those are the same
-    store only when they hold the same dict, which a ``MemoryStore`` names in
-    its ``str()`` (``memory://<id of its dict>``, with the path of a managed
-    store).
+    A ``MemoryStore`` compares its dict by value; its ``str()`` names the dict.
     """
     from zarr.storage import MemoryStore
 
@@ -153,17 +102,8 @@ def same_store(a: Any, b: Any) -> bool:
     return True
 
 
-def _protocols(fs: Any) -> tuple[str, ...]:
-    protocol = fs.protocol
-    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
-
-
 class StoreMapping(MutableMapping[str, bytes]):
-    """Any zarr 3 store as a blocking mapping of bytes (its async methods run on zarr's event loop).
-
-    Called from worker threads only (never from zarr's event loop thread).
-    Generations are shardkv's process stamps: writers in other processes are not seen.
-    """
+    """Any zarr 3 store as a blocking mapping of bytes, for worker threads (its async methods on zarr's loop)."""
 
     def __init__(self, store: Any) -> None:
         self.store = store
@@ -212,19 +152,11 @@ class Zarr3KV(MappingStore):
     store : zarr.abc.store.Store
         The zarr 3 store.
     in_process : bool
-        Whether its data lives in this process (a ``MemoryStore``; see the
-        module docstring for what each case guarantees).
-
-    Attributes
-    ----------
-    zarr3_store : zarr.abc.store.Store
-        The zarr 3 store.
+        Whether its data lives in this process (a ``MemoryStore``).
 
     Notes
     -----
-    Stores of the same data (equal class and ``str(store)``, which for a
-    ``MemoryStore`` names its dict) share a location, hence process stamps
-    and locks.
+    Stores of equal class and ``str(store)`` share a location (process stamps, locks).
     """
 
     def __init__(self, store: Any, *, in_process: bool = False) -> None:

@@ -1,9 +1,5 @@
-"""Concurrent chunk calls of zarr 3 gathered into one engine call.
+"""Concurrent chunk calls of zarr 3 (one per chunk) gathered into one engine call per batch.
 
-zarr-python 3 reads and writes an array selection as many concurrent
-``get``/``set`` calls, one per chunk (``asyncio.gather``, up to its
-``async.concurrency`` at a time). The shard engine works best on batches: one
-coalesced read per shard, one shard write for all the chunks of that shard.
 A :class:`Batcher` collects the calls made while the previous batch runs and
 hands them to the engine together, in one worker thread call.
 """

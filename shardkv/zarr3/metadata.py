@@ -1,12 +1,9 @@
-"""The two ``zarr.json`` documents of a transparently sharded array (pure: no I/O).
+"""The two ``zarr.json`` documents of a transparently sharded array (pure).
 
-Code above :class:`shardkv.zarr3.ShardedStore` reads and writes the
-*presented* document (an ordinary v3 array of inner chunks); storage holds
-the *stored* one: the same array with one ``sharding_indexed`` codec wrapping
-the presented codecs, a chunk grid of shards, and the :data:`MARKER`
-extension member (``must_understand: false``) that makes the sharding this
-store's. Arrays sharded without the marker (by zarr 3 or tensorstore) are
-passed through as stored.
+Above the zarr 3 store: the *presented* document (inner chunks); stored: the
+same array with one ``sharding_indexed`` codec wrapping its codecs, a grid of
+shards and the :data:`MARKER` extension member (``must_understand: false``).
+Arrays sharded without the marker pass through as stored.
 """
 
 from __future__ import annotations
@@ -81,12 +78,10 @@ def stored_document(path: str, doc: Mapping[str, Any], options: Options) -> dict
     Returns
     -------
     dict or None
-        ``doc`` with ``chunk_grid.chunk_shape`` = shard shape (inner chunk shape x
-        chunks_per_shard, elements), ``codecs`` = one ``sharding_indexed`` codec
-        (``chunk_shape`` = inner chunk shape, ``codecs`` = ``doc["codecs"]``) and the
-        :data:`MARKER` member; ``None`` for anything not sharded: groups, 0-d
-        arrays, arrays that ask for shards themselves, irregular grids, storage
-        transformers, arrays that ``chunks_per_shard`` leaves unsharded.
+        ``doc`` with a grid of shards (inner chunk shape x chunks_per_shard,
+        elements), one ``sharding_indexed`` codec around ``doc["codecs"]`` and
+        :data:`MARKER`; ``None`` for groups, 0-d arrays, arrays that ask for
+        shards, irregular grids, storage transformers, or no ``chunks_per_shard``.
     """
     if not _shardable(doc):
         return None
@@ -166,11 +161,8 @@ def map_consolidated(doc: Mapping[str, Any], replace: Mapping[str, Mapping[str, 
 def resharded(presented: Mapping[str, Any], stored: Mapping[str, Any]) -> dict[str, Any] | None:
     """``presented`` with the sharding of ``stored`` (a stored document of the same array), or ``None``.
 
-    Used for the array documents a group consolidates: zarr consolidates what
-    it reads through the store (presented documents); storage must hold the
-    stored ones, or readers without shardkv would read shards as chunks.
-    ``None`` when ``stored`` is not transparently sharded or its unsharded
-    form has another chunk grid or codecs than ``presented``.
+    For a group's consolidated documents (readers without shardkv must see
+    shards); ``None`` when ``stored`` is not transparently sharded or differs.
     """
     view = presented_document(stored)
     if (

@@ -1,13 +1,7 @@
-"""What each path and key is, for :class:`shardkv.zarr3.ShardedStore`: the ``zarr.json`` documents it reads and writes.
+"""What each path and key is for :class:`shardkv.zarr3.ShardedStore`: nodes read from ``zarr.json`` once and kept.
 
-A :class:`NodeTable` reads each node's stored ``zarr.json`` once (from the zarr 3
-store underneath) and keeps in a :class:`~shardkv.metadata.nodes.NodeCache`
-whether it is a transparently sharded array
-(:class:`~shardkv.keys.space.ShardedArray`: routes its chunk keys to shards),
-another node (a group, an array stored as written) or nothing. It also turns
-documents between their presented form (what zarr above the store reads and
-writes) and their stored form (:mod:`shardkv.zarr3.metadata`), including the
-array documents a group's consolidated metadata holds.
+A node is a transparently sharded array, another array, or ``None`` (a group
+or nothing); documents are turned between their presented and stored forms.
 """
 
 from __future__ import annotations
@@ -20,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zarr.abc.store import Store
-from zarr.core.buffer import BufferPrototype, default_buffer_prototype
+from zarr.core.buffer import default_buffer_prototype
 
 from shardkv._types import BytesLike
 from shardkv.engine.options import Options
@@ -49,11 +43,6 @@ _OTHER = _Other()
 Node = ShardedArray | _Other | None  # None: a group, or no zarr.json at the path (owns no chunk key)
 
 
-def prototype() -> BufferPrototype:
-    """zarr's default (CPU) buffer prototype."""
-    return default_buffer_prototype()
-
-
 def meta_path(key: str) -> str | None:
     """The node path of a ``zarr.json`` key, or ``None`` for any other key."""
     path, name = split_key(key)
@@ -79,11 +68,7 @@ _BUILT_NODES = 64
 def _build(path: str, raw: BytesLike | None) -> Node:
     """The node at ``path`` from its stored ``zarr.json`` (``None``: none); raises as :func:`transparent_array`.
 
-    The same bytes at the same path always make the same node (frozen), so
-    the last ones built are kept for the process: each task of a dask write
-    unpickles a new store and reads the array's ``zarr.json`` again, which is
-    then parsed once per worker, not once per task. A rewritten document is
-    other bytes, built anew.
+    Kept per (path, bytes) for the process: a dask task unpickles a new store, which then parses nothing again.
     """
     return None if raw is None else _build_stored(path, bytes(raw))
 
@@ -116,15 +101,7 @@ def _route_in(node: Node, key: str) -> ChunkRef | None:
 
 
 class NodeTable:
-    """Node kinds by path, read lazily from the stored ``zarr.json`` documents, and the documents' two forms.
-
-    Parameters
-    ----------
-    base : zarr.abc.store.Store
-        The zarr 3 store underneath.
-    options : Options
-        The store's options (how new arrays are sharded).
-    """
+    """Node kinds by path, read lazily from the ``zarr.json`` documents of ``base``, and the documents' two forms."""
 
     def __init__(self, base: Store, options: Options) -> None:
         self.base = base
@@ -140,7 +117,7 @@ class NodeTable:
         if kept:
             return kept[path]
         since = self._cache.generation  # a write meanwhile: what is read here is not kept
-        raw = await self.base.get(join_path(path, ZARR_JSON), prototype=prototype())
+        raw = await self.base.get(join_path(path, ZARR_JSON), prototype=default_buffer_prototype())
         return self._load(path, None if raw is None else raw.to_bytes(), since)
 
     async def _first(self, paths: list[str]) -> Node:
@@ -164,10 +141,7 @@ class NodeTable:
         return node
 
     def _load(self, path: str, raw: bytes | None, since: int) -> Node:
-        """Keep the node at ``path`` from the ``zarr.json`` read there since generation ``since`` (``None``: none).
-
-        The node to answer with (:meth:`NodeCache.load`: one a write set meanwhile wins).
-        """
+        """Keep the node read at ``path`` since generation ``since``; the node to answer with (a write's wins)."""
         return self._cache.load({path: _build(path, raw)}, since)[path]
 
     def forget_below(self, path: str) -> None:
@@ -198,16 +172,7 @@ class NodeTable:
         return ref
 
     def route_now(self, key: str, read: Callable[[str], bytes | None]) -> ChunkRef | None:
-        """:meth:`route`, blocking: documents not cached yet are read with ``read`` (stored key -> bytes or None).
-
-        For the replay of a write-back journal, which runs in the caller's
-        thread (outside zarr's event loop) and reads through the shard engine.
-
-        Raises
-        ------
-        ChunkOutOfGridError
-            For a chunk key of such an array outside its chunk grid.
-        """
+        """:meth:`route`, blocking, reading documents with ``read`` (a journal's replay, outside zarr's event loop)."""
         walked = self._cache.first(chunk_owner_paths(key), _is_node, lambda p: _build(p, read(join_path(p, ZARR_JSON))))
         return _route_in(walked.node, key)
 
@@ -217,12 +182,7 @@ class NodeTable:
         return node if isinstance(node, ShardedArray) and node.shard_coords_of(key) is not None else None
 
     async def owner_of_prefix(self, prefix: str) -> ShardedArray | None:
-        """The sharded array whose chunk keys ``prefix`` reaches into (past ``path/``), or ``None``.
-
-        The owner rule of :mod:`shardkv.keys.paths` for a listing prefix
-        (:func:`~shardkv.keys.paths.prefix_owner_paths`): the first array met
-        (another array owns the keys itself: ``None``), groups passed over.
-        """
+        """The sharded array whose chunk keys ``prefix`` reaches into (past ``path/``), or ``None`` (the owner rule)."""
         node = await self._first(prefix_owner_paths(prefix))
         return node if isinstance(node, ShardedArray) else None
 
@@ -231,7 +191,7 @@ class NodeTable:
     async def read_document(self, path: str, key: str) -> bytes | None:
         """The ``zarr.json`` at ``key`` as presented above the store, or ``None`` when not stored."""
         since = self._cache.generation  # a write meanwhile: what is read here is not kept
-        raw = await self.base.get(key, prototype=prototype())
+        raw = await self.base.get(key, prototype=default_buffer_prototype())
         if raw is None:
             self._load(path, None, since)
             return None
@@ -260,18 +220,13 @@ class NodeTable:
         return raw if stored is None else _dump(stored)
 
     async def _stored_consolidated(self, path: str, doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
-        """The stored documents of the sharded arrays a group document consolidates (relative path -> document).
-
-        zarr consolidates the documents it read through this store (unsharded);
-        storage must hold the sharded ones, or a reader without shardkv that
-        trusts the consolidated metadata would read shards as chunks.
-        """
+        """The stored (sharded) documents of the sharded arrays a group document consolidates, by relative path."""
         out: dict[str, dict[str, Any]] = {}
         for rel, child in consolidated_children(doc).items():
             full = join_path(path, rel)
             if await self.sharded(full) is None:
                 continue
-            raw = await self.base.get(join_path(full, ZARR_JSON), prototype=prototype())
+            raw = await self.base.get(join_path(full, ZARR_JSON), prototype=default_buffer_prototype())
             stored = None if raw is None else parse_document(raw.to_bytes())
             sharded = None if stored is None else resharded(child, stored)
             if sharded is not None:

@@ -1,49 +1,49 @@
 """``shardkv.zarr3.ShardedStore``: transparent sharding for zarr-python 3.
 
-Code above the store (zarr 3, xarray, dask) writes ordinary v3 arrays: their
-``zarr.json`` as written, one key per chunk under the array's chunk key
-encoding. Storage holds them sharded (:mod:`shardkv.zarr3.metadata`), one
-object per shard written and read by the shard engine
-(:mod:`shardkv.zarr3.chunks`): standard Zarr v3 sharded arrays, which zarr 3
-and tensorstore read without shardkv. Everything else (groups, arrays that ask
-for shards, 0-d arrays, any other key) passes through to the zarr 3 store
-underneath unchanged.
+Code above the store writes ordinary v3 arrays, one key per chunk; storage holds
+them sharded (:mod:`shardkv.zarr3.metadata`), one object per shard written and
+read by the shard engine the zarr 2 proxy uses. Every other key passes through
+to the zarr 3 store underneath.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Iterable, Mapping
+import threading
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Unpack
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
-from zarr.core.buffer import Buffer, BufferPrototype
+from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
 from shardkv._types import BytesLike
 from shardkv.engine.cache import IndexCache
+from shardkv.engine.engine import ShardEngine
+from shardkv.engine.merge import group_by_shard
 from shardkv.engine.options import OptionKeywords, Options
-from shardkv.errors import ChunkOutOfGridError, ConfigurationError, UnflushedWritesError
+from shardkv.engine.writeback import WriteBack
+from shardkv.errors import ChunkOutOfGridError, ConfigurationError, UnflushedWritesError, UnsupportedError
 from shardkv.keys.paths import path_prefix
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
+from shardkv.storage.identity import STORE_ID_KEY, store_identity
 from shardkv.storage.kv import check_not_reserved, hidden
+from shardkv.storage.open import open_kv
 from shardkv.zarr3.bases import engine_base, same_store, zarr3_store
 from shardkv.zarr3.batching import Batcher
-from shardkv.zarr3.chunks import ChunkEngine
 from shardkv.zarr3.nodes import NodeTable, meta_path
-from shardkv.zarr3.nodes import prototype as _prototype
+
+WRITE_ONCE_BUFFER_BYTES = 2**62
+"""Write-back limit over a store that cannot replace a value, when none is given: every shard held until complete."""
+
+JOURNAL_LAYOUT = "zarr3"
+"""The layout in a journal's store identity: records hold zarr 3 chunk keys, so the zarr 2 proxy's (``"v2"``) differ."""
 
 
 def _slice(data: BytesLike, byte_range: ByteRequest | None) -> BytesLike:
-    """The bytes of ``data`` a zarr 3 ``ByteRequest`` asks for.
-
-    Raises
-    ------
-    TypeError
-        For anything that is not a ``ByteRequest`` (zarr's own message).
-    """
+    """The bytes of ``data`` a zarr 3 ``ByteRequest`` asks for (``TypeError`` with zarr's message for another type)."""
     if byte_range is None:
         return data
     if isinstance(byte_range, RangeByteRequest):
@@ -88,8 +88,8 @@ class ShardedStore(Store):
     ------
     ConfigurationError
         For an invalid ``chunks_per_shard``, index option or ``concurrency``,
-        a ``journal`` without ``buffer_bytes`` or on a read-only store, or
-        ``options`` given with other options.
+        a ``journal`` without ``buffer_bytes`` or on a read-only store,
+        ``options`` given with other options, or ``storage_options`` without a URL.
     TypeError
         If ``store`` is not a zarr 3 store, a path or a URL, or a keyword names no option.
     JournalCorruptError, JournalMismatchError
@@ -99,37 +99,27 @@ class ShardedStore(Store):
 
     Notes
     -----
-    What is stored is a Zarr v3 array with the ``sharding_indexed`` codec
-    (v1.0 sharding specification), chunk grid = shard shape, inner
-    ``chunk_shape`` = the chunk shape written, and the codecs written as the
-    inner codecs, plus an extension member ``"shardkv"`` with
-    ``"must_understand": false`` that marks the sharding as this store's.
-    Arrays whose ``zarr.json`` asks for shards itself are stored as written.
+    Stored: a Zarr v3 array with the ``sharding_indexed`` codec (v1.0
+    sharding specification), chunk grid = shard shape, the codecs written as
+    inner codecs, and an extension member ``"shardkv"`` (``"must_understand":
+    false``) marking the sharding as this store's. Arrays whose ``zarr.json``
+    asks for shards itself are stored as written.
 
-    Chunk keys outside an array's chunk grid are refused on writes
+    Out-of-grid chunk keys are refused on writes
     (:class:`~shardkv.errors.ChunkOutOfGridError`) and read as missing.
-    ``set_if_not_exists`` of a chunk is atomic against writers of this process only.
-    Array documents are cached per store object: call :meth:`refresh` after
-    another process created or replaced arrays.
+    ``set_if_not_exists`` of a chunk is atomic within this process only. Array
+    documents are cached: call :meth:`refresh` after another process changed
+    arrays. The store pickles as its store underneath and its options (the
+    copy writes through; ``UnflushedWritesError`` with unflushed data). Stores
+    are equal when their base stores are the same store and their options are
+    the same, ``buffer_bytes`` aside.
 
-    The store pickles as its store underneath and its options, as the zarr 2
-    proxy does (``UnflushedWritesError`` with unflushed write-back data); the
-    copy, like a :meth:`with_read_only` copy of a store with a journal, writes
-    through. Two stores are equal when their base stores are the same store
-    (the base store's ``==``; for a ``MemoryStore``, the same dict, as zarr
-    itself decides whether two stores share data) and their options are the
-    same, ``buffer_bytes`` aside; equal stores hash alike.
-
-    Over a store that cannot delete, and so cannot replace a stored value
-    (``supports_deletes`` false: zarr's ``ZipStore``), each shard is written
-    once: chunk writes are held per shard (with no limit unless
-    ``buffer_bytes`` sets one) until the shard is complete or the store is
-    flushed or closed; a later change to a shard already stored raises
-    :class:`~shardkv.errors.UnsupportedError` and is not applied.
-
-    zarr's capability flags (``supports_writes``, ``supports_deletes``,
-    ``supports_listing``, ``supports_consolidated_metadata``) are the base
-    store's; ``supports_partial_writes`` is always false.
+    Over a store that cannot delete (``supports_deletes`` false: ``ZipStore``)
+    each shard is written once: chunk writes are held per shard (no limit
+    unless ``buffer_bytes`` sets one) until the shard is complete or the store
+    is flushed or closed; a later change to a stored shard raises
+    :class:`~shardkv.errors.UnsupportedError`. zarr's capability flags are the
+    base store's; ``supports_partial_writes`` is always false.
     """
 
     # -- capabilities: the base store's (zarr decides from them what it may ask) ------
@@ -181,34 +171,93 @@ class ShardedStore(Store):
         engine_options = (
             replace(options, concurrency="none") if read_only and options.concurrency == "auto" else options
         )
-        # a store that cannot delete cannot replace a value either: each shard is written once
-        self._engine = ChunkEngine(
-            engine_base(base),
-            engine_options,
-            replaces=bool(base.supports_deletes),
-            store_name=repr(base),
-            read_only=read_only,  # never a byte changed: an interrupted append it meets is reported, not repaired
-        )
+        self._kv = open_kv(engine_base(base))
+        # never a byte changed by a read-only store: an interrupted append it meets is reported, not repaired
+        self._engine = ShardEngine(self._kv, engine_options, read_only=read_only)
+        # a store that cannot delete cannot replace a value either: each shard is written once, held until complete
+        self._write_once = not base.supports_deletes
+        buffer_bytes = options.buffer_bytes
+        if self._write_once and buffer_bytes is None:
+            buffer_bytes = WRITE_ONCE_BUFFER_BYTES
+        self._writer = WriteBack(self._engine, buffer_bytes)
+        self._write_once_lock = threading.Lock()  # the stored-shard check and the write it allows, together
         self._nodes = NodeTable(base, options)
-        self._has_journal = journal is not None
+        self._journal: str | None = None
+        self._journal_closed = False  # by close(): taken back on the next write, flush or delete
+        self._journal_lock = threading.Lock()
         if journal is not None:
             if read_only:
                 raise ConfigurationError(
                     f"journal={os.fspath(journal)!r} needs a writable store: replaying it writes to {base}"
                 )
             # replays what a killed run left, if the journal is this store's (before zarr reads anything)
-            self._engine.attach_journal(os.fspath(journal), self._replay_route)
+            self._open_journal(os.fspath(journal))
         # concurrent chunk gets / sets of zarr (one per chunk) reach the engine as batches
         self._reads: Batcher[ChunkRef, BytesLike | None] = Batcher(self._read_batch)
-        self._writes: Batcher[tuple[ChunkRef, bytes], None] = Batcher(self._engine.write)
+        self._writes: Batcher[tuple[ChunkRef, bytes], None] = Batcher(self._write)
 
     def _read_batch(self, refs: list[ChunkRef]) -> list[BytesLike | None]:
-        found = self._engine.writer.read_chunks(refs)
+        found = self._writer.read_chunks(refs)
         return [found.get(ref.chunk_key) for ref in refs]
+
+    def _write(self, items: Sequence[tuple[ChunkRef, BytesLike | None]]) -> list[None]:
+        """Store (``None``: delete) chunks, one shard write per shard; one ``None`` per item. Blocks.
+
+        Over a store that cannot replace a value, a change to a shard already
+        stored raises :class:`~shardkv.errors.UnsupportedError` (nothing of the call applied).
+        """
+        if self._journal_closed:
+            self._journal_back()
+        changes = group_by_shard([ref for ref, _ in items], [value for _, value in items])
+        if not self._write_once:
+            self._writer.write(changes)
+            return [None] * len(items)
+        with self._write_once_lock:
+            buf = self._writer.buffer
+            for shard_key in changes:
+                if (buf is None or shard_key not in buf) and self._kv.contains(shard_key):
+                    raise UnsupportedError(
+                        f"cannot write shard {shard_key!r} again: {self._base!r} cannot replace a stored value (it "
+                        "cannot delete), so each shard is written once, when all its chunks are written or on "
+                        "flush() or close(); write every chunk of a shard before then, or write to a store that "
+                        "can replace values (a LocalStore) and copy the result into this one"
+                    )
+            self._writer.write(changes)
+        return [None] * len(items)
+
+    # -- the write-back journal (closed by close(), taken back by the next write, flush or delete) -------
+
+    def _open_journal(self, path: str) -> None:
+        """Open (replaying what a killed run left) the journal at ``path``; the journal lock held or not yet shared."""
+        self._writer.attach_journal(path, self._replay_route, lambda: store_identity(self._kv, JOURNAL_LAYOUT))
+        self._journal, self._journal_closed = path, False
+
+    def _journal_back(self) -> None:
+        """Reopen the journal :meth:`close` closed (reads never need it: a close leaves nothing buffered)."""
+        if self._journal_closed and self._journal is not None:
+            with self._journal_lock:
+                if self._journal_closed:
+                    self._open_journal(self._journal)
+
+    def _keep_identity(self) -> None:
+        """Write the store id back after the store was cleared, so the open journal still belongs to it."""
+        journal = self._writer.journal
+        if journal is not None and not self._journal_closed and "store_id" in journal.identity:
+            self._kv.put(STORE_ID_KEY, journal.identity["store_id"].encode())
+
+    def _discard_buffered(self, path: str) -> None:
+        """Drop buffered writes of the arrays at and below ``path`` (being deleted)."""
+        self._journal_back()
+        self._writer.discard_under(path)
+
+    def _value(self, key: str) -> bytes | None:
+        """The whole stored value at ``key`` (a ``zarr.json`` for the replay), or ``None``; blocks."""
+        found = self._kv.get(key)
+        return bytes(memoryview(found.whole()).cast("B")) if found.found else None
 
     def _replay_route(self, key: str) -> ChunkRef | None:
         """What a journal record's key is (its array's document read through the engine, blocking)."""
-        return self._nodes.route_now(key, self._engine.value)
+        return self._nodes.route_now(key, self._value)
 
     # -- identity, pickling, lifecycle ---------------------------------------------
 
@@ -220,12 +269,12 @@ class ShardedStore(Store):
     @property
     def concurrency_mode(self) -> str:
         """The resolved concurrency mode: ``"files"``, ``"conditional"``, ``"process"`` or ``"none"``."""
-        return self._engine.engine.concurrency_mode
+        return self._engine.concurrency_mode
 
     @property
     def index_cache(self) -> IndexCache:
         """The shard index cache (``hits``, ``misses``, ``nbytes``, ``clear()``)."""
-        return self._engine.engine.cache
+        return self._engine.cache
 
     def __eq__(self, value: object) -> bool:
         return (
@@ -248,22 +297,18 @@ class ShardedStore(Store):
 
     def __getstate__(self) -> dict[str, Any]:
         """The store underneath and the options of a copy that writes through (``UnflushedWritesError`` if buffered)."""
-        n_shards, nbytes = self._engine.buffered()
-        if n_shards:
-            raise UnflushedWritesError(n_shards, nbytes)
+        buf = self._writer.buffer
+        if buf is not None and len(buf):
+            raise UnflushedWritesError(len(buf), buf.nbytes)
         return {"base": self._base, "options": self._options.for_copy(), "read_only": self.read_only}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._setup(state["base"], state["options"], state["read_only"], None)
 
     def with_read_only(self, read_only: bool = False) -> ShardedStore:
-        """The same data and options with another ``read_only`` (not opened; this store stays open).
-
-        The copy has no journal (the journal stays with this store); the copy
-        of a store with a journal writes through instead of buffering.
-        """
+        """The same data and options with another ``read_only`` (no journal: the copy writes through)."""
         other = ShardedStore.__new__(ShardedStore)
-        options = self._options.for_copy() if self._has_journal else self._options
+        options = self._options.for_copy() if self._journal is not None else self._options
         other._setup(self._base.with_read_only(read_only), options, read_only, None)
         return other
 
@@ -275,15 +320,19 @@ class ShardedStore(Store):
     def refresh(self) -> None:
         """Forget cached array documents and shard indexes (after other processes changed the store)."""
         self._nodes.clear()
-        self._engine.engine.forget()
+        self._engine.forget()
 
     def flush(self) -> None:
         """Write every buffered shard (write-back mode; a no-op otherwise). Blocks."""
-        self._engine.flush()
+        self._journal_back()
+        self._writer.flush()
 
     def close(self) -> None:
         """Write buffered shards, then close the store underneath."""
-        self._engine.close()
+        self._writer.flush()
+        with self._journal_lock:  # released only after a successful flush; the next write takes it back
+            self._writer.close()
+            self._journal_closed = self._journal is not None
         self._base.close()
         super().close()
 
@@ -292,11 +341,7 @@ class ShardedStore(Store):
     async def get(
         self, key: str, prototype: BufferPrototype | None = None, byte_range: ByteRequest | None = None
     ) -> Buffer | None:
-        """The value of ``key`` (the bytes ``byte_range`` asks for), or ``None`` when it is not stored.
-
-        A chunk of a sharded array is read by the shard engine (one ranged read
-        with its shard's index cached); a ``zarr.json`` of a sharded array is
-        presented unsharded; anything else comes from the store underneath.
+        """The value of ``key`` (the bytes ``byte_range`` asks for), or ``None``; sharded ``zarr.json`` unsharded.
 
         Raises
         ------
@@ -306,7 +351,7 @@ class ShardedStore(Store):
             For a damaged shard.
         """
         await self._ensure_open()
-        prototype = prototype or _prototype()
+        prototype = prototype or default_buffer_prototype()
         path = meta_path(key)
         if path is not None:
             value = await self._nodes.read_document(path, key)
@@ -335,7 +380,7 @@ class ShardedStore(Store):
         except ChunkOutOfGridError:
             return False
         if ref is not None:
-            return await asyncio.to_thread(self._engine.writer.has_chunk, ref)
+            return await asyncio.to_thread(self._writer.has_chunk, ref)
         return await self._base.exists(key)
 
     async def getsize(self, key: str) -> int:
@@ -355,7 +400,7 @@ class ShardedStore(Store):
             raise FileNotFoundError(key) from None
         if ref is None:
             return await self._base.getsize(key)
-        (size,) = await asyncio.to_thread(self._engine.writer.chunk_sizes, [ref])
+        (size,) = await asyncio.to_thread(self._writer.chunk_sizes, [ref])
         if size is None:
             raise FileNotFoundError(key)
         return size
@@ -363,11 +408,7 @@ class ShardedStore(Store):
     # -- writes -------------------------------------------------------------------
 
     async def set(self, key: str, value: Buffer) -> None:
-        """Store ``value`` at ``key``.
-
-        An array ``zarr.json`` is stored sharded (see the class notes); a chunk
-        of a sharded array is written into its shard (read-modify-write unless
-        the write covers the shard).
+        """Store ``value`` at ``key`` (an array ``zarr.json`` sharded; a chunk into its shard).
 
         Raises
         ------
@@ -401,9 +442,9 @@ class ShardedStore(Store):
 
     async def _set_meta(self, path: str, key: str, raw: bytes) -> None:
         if await self._nodes.sharded(path) is not None:
-            await asyncio.to_thread(self._engine.flush)  # buffered chunks are keyed to the old document
+            await asyncio.to_thread(self.flush)  # buffered chunks are keyed to the old document
         data = await self._nodes.stored_form(path, raw)
-        await self._base.set(key, _prototype().buffer.from_bytes(data))
+        await self._base.set(key, default_buffer_prototype().buffer.from_bytes(data))
         self._nodes.remember(path, data)
 
     async def set_if_not_exists(self, key: str, value: Buffer) -> None:
@@ -431,7 +472,7 @@ class ShardedStore(Store):
                 refs.append(ref)
                 data.append(value.to_bytes())
         if refs:
-            await asyncio.to_thread(self._engine.write, list(zip(refs, data, strict=True)))
+            await asyncio.to_thread(self._write, list(zip(refs, data, strict=True)))
 
     async def delete(self, key: str) -> None:
         """Delete ``key`` (nothing happens when it is not stored).
@@ -457,8 +498,8 @@ class ShardedStore(Store):
             return
         if ref is None:
             await self._base.delete(key)
-        elif await asyncio.to_thread(self._engine.writer.has_chunk, ref):
-            await asyncio.to_thread(self._engine.write, [(ref, None)])
+        elif await asyncio.to_thread(self._writer.has_chunk, ref):
+            await asyncio.to_thread(self._write, [(ref, None)])
 
     async def delete_dir(self, prefix: str) -> None:
         """Delete every key under ``prefix`` (shards included), and what this store cached about them.
@@ -476,20 +517,20 @@ class ShardedStore(Store):
         path = prefix.rstrip("/")
         if not self.supports_deletes:  # such a store refuses to delete what it holds: ask it before dropping
             await self._base.delete_dir(prefix)  # the chunk writes held for it
-        await asyncio.to_thread(self._engine.discard_buffered, path)
+        await asyncio.to_thread(self._discard_buffered, path)
         await self._base.delete_dir(prefix)
         if not path:
-            await asyncio.to_thread(self._engine.keep_identity)  # the open journal still belongs to this store
+            await asyncio.to_thread(self._keep_identity)  # the open journal still belongs to this store
         self._nodes.forget_below(path)
-        self._engine.engine.forget()
+        self._engine.forget()
 
     async def clear(self) -> None:
         """Delete every key of the store underneath."""
         self._check_writable()
         await self._ensure_open()
-        await asyncio.to_thread(self._engine.discard_buffered, "")
+        await asyncio.to_thread(self._discard_buffered, "")
         await self._base.clear()
-        await asyncio.to_thread(self._engine.keep_identity)  # the open journal still belongs to this store
+        await asyncio.to_thread(self._keep_identity)  # the open journal still belongs to this store
         self.refresh()
 
     # -- listing -----------------------------------------------------------------
@@ -515,7 +556,7 @@ class ShardedStore(Store):
                 shards[key] = arr
         if shards:
             keys = await asyncio.to_thread(
-                lambda: [k for k in self._engine.engine.reads.chunk_keys(shards) if k.startswith(prefix)]
+                lambda: [k for k in self._engine.reads.chunk_keys(shards) if k.startswith(prefix)]
             )
             for key in keys:
                 yield key

@@ -142,7 +142,7 @@ def test_zarr3_local_stores_reach_the_local_kv(tmp_path: Path) -> None:
     for base in (str(tmp_path / "p"), zarr.storage.LocalStore(str(tmp_path / "z"))):
         store = ShardedStore(base, chunks_per_shard=2)
         zarr.create_array(store, shape=(4,), chunks=(1,), dtype="uint8")[...] = 1
-        kv = store._engine.engine.kv
+        kv = store._engine.kv
         assert isinstance(kv, LocalStore), kv
         assert kv.caps.tail_updates and kv.tail_method("c/0", False) is None  # /tmp: ext4, no clones
 
@@ -264,7 +264,7 @@ def test_a_read_only_store_waits_for_a_live_append_and_reads_it(tmp_path: Path) 
     assert state == "held"
     try:
         store = ShardedStore(str(root), read_only=True)
-        reads = store._engine.engine.reads
+        reads = store._engine.reads
         real_repair, met = reads.repair, threading.Event()
 
         def repair(shard_key, arr):

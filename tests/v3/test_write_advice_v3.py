@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from shardkv.proxy.write_advice import PartialShardWriteWarning, _warn_outside_libraries
+from shardkv.proxy.store import PartialShardWriteWarning, _warn_outside_libraries
 
 
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="skip_file_prefixes is new in Python 3.12")

@@ -382,7 +382,7 @@ def test_a_shard_whose_chunks_zarr3_writes_at_once_is_put_at_most_twice(tmp_path
     root = tmp_path / "data.zarr"
     store = CountingSets(str(root), chunks_per_shard=2)
     z = zarr.create_array(store, name="a", shape=(32, 32, 32), chunks=(16, 16, 16), dtype="u2", fill_value=0)
-    kv = store._engine.engine.kv  # the engine's store: every shard put goes through its put_many
+    kv = store._engine.kv  # the engine's store: every shard put goes through its put_many
     put_many, shard_puts = kv.put_many, []
 
     def held_put_many(writes: Any) -> Any:
