@@ -27,8 +27,7 @@ from shardkv.errors import LockTimeoutError
 from shardkv.format.layout import ShardLayout
 from shardkv.keys.encodings import V2ChunkKeyEncoding
 from shardkv.keys.space import ShardedArray
-from shardkv.storage.buffers import Value
-from shardkv.storage.kv import Generation
+from shardkv.storage.kv import Generation, Value
 
 WAIT_S = 30.0  # the longest any wait below may take (a broken mechanism fails instead of hanging)
 N_WRITERS = 8

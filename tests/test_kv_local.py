@@ -281,10 +281,10 @@ def test_a_killed_writers_temporary_is_removed_at_once_a_live_writers_kept(tmp_p
 def test_a_writer_whose_new_temporary_a_sweeper_took_starts_again_under_a_new_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from shardkv.storage import temps
+    from shardkv.storage import files
 
     taken: list[str] = []
-    real_flock = temps.fcntl.flock
+    real_flock = files.fcntl.flock
 
     def sweeper_first(fd: int, operation: int) -> None:
         if not taken:  # a sweeper of another process locked and removed the first file between open and flock
@@ -292,7 +292,7 @@ def test_a_writer_whose_new_temporary_a_sweeper_took_starts_again_under_a_new_na
             os.remove(taken[0])
         real_flock(fd, operation)
 
-    monkeypatch.setattr(temps.fcntl, "flock", sweeper_first)
+    monkeypatch.setattr(files.fcntl, "flock", sweeper_first)
     kv = LocalStore(tmp_path)
     kv.put("k", b"v")
     assert (tmp_path / "k").read_bytes() == b"v" and len(taken) == 1
@@ -311,9 +311,9 @@ def test_a_sweeper_keeps_a_live_temporary_of_its_own_process_named_by_another_pa
     import fcntl
     import threading
 
-    from shardkv.storage import temps
+    from shardkv.storage import files
 
-    monkeypatch.setattr(temps.fcntl, "flock", fcntl.lockf)
+    monkeypatch.setattr(files.fcntl, "flock", fcntl.lockf)
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "real")
     writing, go = threading.Event(), threading.Event()
@@ -347,11 +347,11 @@ def test_a_sweeper_keeps_a_live_temporary_of_its_own_process_named_by_another_pa
 
 def _held_process_locks() -> dict[str, tuple[Callable[[], Any], Callable[[Path], None]]]:
     """Each process-wide lock of the local store: how to get it, and a child's use of it after a fork."""
-    from shardkv.storage import local_tail, temps
+    from shardkv.storage import files, local_tail
 
     return {
         # what a sweeper thread holds while it probes a locked temporary; a write registers its temporary
-        "temporaries": (lambda: temps._WRITING_LOCK, lambda d: LocalStore(d).put("k", b"v")),
+        "temporaries": (lambda: files._WRITING_LOCK, lambda d: LocalStore(d).put("k", b"v")),
         # the table of directories swept; every write into a directory asks it
         "sweeps": (lambda: local._SWEPT._lock, lambda d: LocalStore(d).put("k", b"v")),
         # lock files made durable; the first intent of an append asks it

@@ -13,10 +13,8 @@ import zarr
 from kv_contract import KVContract, put_ok
 
 from shardkv.format.ranges import ByteRange
-from shardkv.storage.kv import KVStore
-from shardkv.storage.location import StoreLocation
+from shardkv.storage.kv import STAMPS, KVStore, ProcessStamps, StoreLocation
 from shardkv.storage.mapping import MappingStore, zarr2_kind
-from shardkv.storage.stamps import STAMPS, ProcessStamps
 
 pytestmark = pytest.mark.zarr2
 

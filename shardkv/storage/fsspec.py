@@ -10,7 +10,7 @@
   read, so other processes' writes are seen; reads are one ``cat_ranges`` per
   call through the filesystem, writes those of a ``LocalStore`` (atomic, durable);
 * any other filesystem (gcsfs, http, ...): process stamps
-  (:mod:`shardkv.storage.stamps`); reads are one ``cat_ranges`` per call,
+  (:mod:`shardkv.storage.kv`); reads are one ``cat_ranges`` per call,
   writes ``pipe``.
 """
 
@@ -29,21 +29,26 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from shardkv._types import BytesLike
 from shardkv.errors import ConcurrentUpdateError
-from shardkv.storage.buffers import Value, join_parts
+from shardkv.storage.files import join_parts
 from shardkv.storage.kv import (
     LOCK_DIR,
     MISSING_RESULT,
     NO_VALUE,
+    STAMPS,
     Capabilities,
+    Fetched,
     Generation,
     KVStore,
     ReadRequest,
     ReadResult,
+    StoreLocation,
+    Value,
+    fs_location,
     hidden,
+    read_stamped,
+    write_stamped,
 )
 from shardkv.storage.local import LocalStore, file_generation
-from shardkv.storage.location import StoreLocation, fs_location
-from shardkv.storage.stamps import STAMPS, Fetched, read_stamped, write_stamped
 
 MEMORY_CAPS = Capabilities(
     ranged=True,

@@ -36,7 +36,7 @@ O(chunk) updates (:meth:`LocalStore.update_tail`)
 
 Temporary files of writers that no longer run are swept: each writer holds an
 ``flock`` on its temporary file until it is renamed, so one whose lock can be
-taken is removed at once (:mod:`shardkv.storage.temps`; other temporaries once
+taken is removed at once (:mod:`shardkv.storage.files`; other temporaries once
 :attr:`LocalStore.temp_age` old). :meth:`LocalStore.remove_stale_temporaries`
 walks the store, and every write first sweeps the directories it writes into,
 once per :attr:`LocalStore.temp_age` and process.
@@ -64,25 +64,25 @@ from typing import Any
 from shardkv._types import BytesLike
 from shardkv.errors import InvalidKeyError
 from shardkv.format.tail import TailHow
-from shardkv.storage.buffers import Value, byte_parts, pread_exact, read_pool, write_parts
+from shardkv.storage.files import byte_parts, held_temporary, pread_exact, read_pool, stale_in, write_parts
 from shardkv.storage.kv import (
     LOCK_DIR,
     MISSING_RESULT,
     NO_VALUE,
+    STAMPS,
     Capabilities,
     Generation,
     KVStore,
     ReadRequest,
     ReadResult,
+    StoreLocation,
+    Value,
     hidden,
 )
 from shardkv.storage.local_tail import append_update, clone_update, clones_files, inside, recover_append
-from shardkv.storage.location import StoreLocation
-from shardkv.storage.stamps import STAMPS
-from shardkv.storage.temps import held_temporary, stale_in
 
 _READ_GROUPS = 8
-"""Tasks one batched local read is split into (the size of :func:`~shardkv.storage.buffers.read_pool`)."""
+"""Tasks one batched local read is split into (the size of :func:`~shardkv.storage.files.read_pool`)."""
 
 _POOLED_READ_NBYTES = 64 * 1024
 """Bytes the first read of a batch must return for the rest to be read by the pool (smaller: in this thread)."""
@@ -691,7 +691,7 @@ class LocalStore(KVStore):
     # -- stale temporaries ----------------------------------------------------
 
     def find_stale_temporaries(self, min_age_seconds: float | None = None) -> list[str]:
-        """Temporary files of writers that no longer run (:func:`~shardkv.storage.temps.stale_in`).
+        """Temporary files of writers that no longer run (:func:`~shardkv.storage.files.stale_in`).
 
         Parameters
         ----------

@@ -60,9 +60,8 @@ from shardkv.format.tail import (
     parts_crc32c,
     recovered_nbytes,
 )
-from shardkv.storage.buffers import Value, byte_parts, pread_exact
-from shardkv.storage.kv import TEMP_MARKER
-from shardkv.storage.temps import held_temporary
+from shardkv.storage.files import byte_parts, held_temporary, pread_exact
+from shardkv.storage.kv import TEMP_MARKER, Value
 
 __all__ = [
     "clones_files",
@@ -309,7 +308,7 @@ def clone_update(
     if opened is None:
         return None
     src, _ = opened
-    temp = contextlib.ExitStack()  # the temporary file stays locked until it is renamed (storage/temps.py)
+    temp = contextlib.ExitStack()  # the temporary file stays locked until it is renamed (storage/files.py)
     tmp = ""
     placed = False
     try:

@@ -4,7 +4,7 @@ A mapping stores whole values and keeps no generations, so:
 
 * a ranged read fetches the whole value once and slices it
   (:attr:`Capabilities.ranged` is False);
-* generations are process stamps (:mod:`shardkv.storage.stamps`): they see the
+* generations are process stamps (:mod:`shardkv.storage.kv`): they see the
   writes made through shardkv in this process, and nothing else.
 
 Where a mapping keeps its data (:func:`zarr2_kind`) decides the capabilities
@@ -37,17 +37,21 @@ from types import ModuleType
 from typing import Any
 
 from shardkv._types import BytesLike
-from shardkv.storage.buffers import Value, join_parts, slice_value
+from shardkv.storage.files import join_parts, slice_value
 from shardkv.storage.kv import (
+    STAMPS,
     Capabilities,
+    Fetched,
     Generation,
     KVStore,
     ReadRequest,
     ReadResult,
+    StoreLocation,
+    Value,
     hidden,
+    read_stamped,
+    write_stamped,
 )
-from shardkv.storage.location import StoreLocation
-from shardkv.storage.stamps import STAMPS, Fetched, read_stamped, write_stamped
 
 __all__ = ["MappingStore", "zarr2_kind", "zarr2_storage"]
 

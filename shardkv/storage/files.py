@@ -1,25 +1,22 @@
-"""Temporary files that tell whether their writer still runs: an ``flock`` held from creation to rename.
+"""Buffers and local-file primitives of the stores: value parts, ``writev``/``pread``, held temporary files.
 
-A writer creates ``<directory>/.shardkv-tmp-held-<hex>`` (:data:`HELD_MARKER`),
-takes an exclusive ``flock`` on it before writing a byte, and keeps it until
-the file is renamed into place or removed (:func:`held_temporary`). The kernel
-drops the lock of a killed process (an NFS server, once the dead client's lease
-expires), so a temporary whose lock a sweeper can take has no live writer and
-is removed at once, whatever its age; the sweeper removes it holding the lock,
-after checking that the name still leads to the file it locked
-(:func:`stale_in`). A writer that lost the race between its ``open`` and its
-``flock`` sees its name gone or locked and starts again under a new name.
-
-Within one process a sweeper never opens a temporary that process is writing
-(a registry of its paths and of its files, ``(st_dev, st_ino)``, so that a path
-through a symbolic link or spelled otherwise is known too): on NFS ``flock`` is
-emulated by POSIX record locks, which belong to the process (a second lock
-from it succeeds, and closing any descriptor of the file drops them).
-Temporaries without the marker (clone probes, older versions) and those
-whose lock cannot be tried (another account's file on NFS, which wants a
-descriptor open for writing; a file system without locks) are stale once
-``min_age`` seconds old; a lock that outlives its writer (a dead NFSv3
-client whose locks the server keeps) keeps its temporary until the lock goes.
+* A value's parts (:data:`~shardkv.storage.kv.Value`) as flat byte views
+  (:func:`byte_parts`, no copy) or joined once (:func:`join_parts`);
+  :func:`write_parts` writes them with ``os.writev``, :func:`pread_exact` reads
+  a byte range with one ``pread``.
+* Temporary files that tell whether their writer still runs
+  (:func:`held_temporary`, :func:`stale_in`): a writer creates
+  ``.shardkv-tmp-held-<hex>`` (:data:`HELD_MARKER`) and holds an exclusive
+  ``flock`` on it from creation to rename. The kernel drops the lock of a
+  killed process (NFS: once its lease expires), so a temporary whose lock a
+  sweeper can take has no live writer and is removed at once, the sweeper
+  holding the lock and checking the name still leads to the file it locked. A
+  writer that lost the race between ``open`` and ``flock`` starts again under
+  a new name. Within one process a sweeper never opens a temporary that process
+  writes (a registry of paths and ``(st_dev, st_ino)``): on NFS ``flock`` is
+  POSIX record locks, which belong to the process, and closing any descriptor
+  drops them. Temporaries without the marker and those whose lock cannot be
+  tried go by age (``min_age``).
 """
 
 from __future__ import annotations
@@ -31,8 +28,103 @@ import os
 import threading
 import uuid
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
 
-from shardkv.storage.kv import TEMP_MARKER
+from shardkv._types import BytesLike
+from shardkv.format.ranges import ByteRange
+from shardkv.storage.kv import TEMP_MARKER, Value
+
+IOV_MAX = 1024  # buffers per writev call (Linux's IOV_MAX; os.sysconf may not know it)
+_POOL: ThreadPoolExecutor | None = None
+
+
+def read_pool() -> ThreadPoolExecutor:
+    """One thread pool for concurrent local reads, made on first use (threads are not free)."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="shardkv-read")
+    return _POOL
+
+
+def _forget_pool_in_child() -> None:
+    """A forked child has none of the parent's threads: it makes its own pool on first use."""
+    global _POOL
+    _POOL = None
+
+
+os.register_at_fork(after_in_child=_forget_pool_in_child)
+
+
+def byte_parts(value: Value) -> list[memoryview]:
+    """The parts of ``value`` as flat byte views (no copy); one part for a plain bytes-like value."""
+    parts = value if isinstance(value, (list, tuple)) else (value,)
+    out = []
+    for part in parts:
+        view = memoryview(part)
+        if view.ndim != 1 or view.format != "B":
+            view = view.cast("B")  # a contiguous array of another item type
+        if view.nbytes:
+            out.append(view)
+    return out
+
+
+def join_parts(value: Value) -> bytes:
+    """``value`` as one ``bytes`` object: joined when it is parts, unchanged when it already is ``bytes``."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (list, tuple)):
+        if len(value) == 1 and isinstance(value[0], bytes):
+            return value[0]
+        return b"".join(value)
+    return memoryview(cast(BytesLike, value)).tobytes()  # a bytearray or memoryview (parts were joined above)
+
+
+def slice_value(value: Any, byte_range: ByteRange) -> bytes | memoryview:
+    """``value[byte_range]``: a view when ``value`` is immutable ``bytes`` (no copy), else a copy."""
+    view = memoryview(value)
+    if view.ndim != 1 or view.format != "B":
+        view = view.cast("B")
+    if byte_range.is_suffix:
+        part = view[max(0, len(view) + byte_range.start) :]
+    else:
+        part = view[byte_range.start : byte_range.stop]
+    return part if isinstance(value, bytes) else bytes(part)
+
+
+def write_parts(fd: int, parts: list[memoryview]) -> None:
+    """Write every part to ``fd`` with as few ``writev`` calls as the kernel allows."""
+    while parts:
+        batch = parts[:IOV_MAX]
+        written = os.writev(fd, batch)
+        # drop the parts written in full, keep the rest of a part written in part
+        i = 0
+        while i < len(batch) and written >= batch[i].nbytes:
+            written -= batch[i].nbytes
+            i += 1
+        rest = parts[i:]
+        if written:
+            rest[0] = rest[0][written:]
+        parts = rest
+
+
+def pread_exact(fd: int, start: int, stop: int) -> bytes:
+    """Bytes ``[start, stop)`` of ``fd`` (absolute offsets): one ``pread``, more only after a short read."""
+    want = stop - start
+    if want <= 0:
+        return b""
+    data = os.pread(fd, want, start)
+    if len(data) == want or not data:
+        return data
+    pieces, got = [data], len(data)
+    while got < want:  # a short read (a file growing, a slow device, a signal): read the rest
+        more = os.pread(fd, want - got, start + got)
+        if not more:
+            break
+        pieces.append(more)
+        got += len(more)
+    return b"".join(pieces)
+
 
 HELD_MARKER = f"{TEMP_MARKER}held-"
 """The name prefix of a temporary file locked by its writer for as long as it writes."""
