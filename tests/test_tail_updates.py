@@ -391,6 +391,7 @@ def test_a_file_that_will_not_clone_is_rewritten_whole(reflink_dir: Path, monkey
 
     monkeypatch.setattr(tail_mod.fcntl, "ioctl", ioctl)
     monkeypatch.setattr(tail_mod, "_CLONES", {})  # this process forgets its probes (restored after the test)
+    monkeypatch.setattr(tail_mod, "_CLONE_DIRS", {})
     monkeypatch.setitem(tail_mod._CLONES, os.stat(reflink_dir).st_dev, True)
     z[0:4, 0:4] = 2
     engine = z.store._engine
@@ -405,8 +406,8 @@ def test_an_update_sweeps_stale_temporaries(place: str, tmp_path: Path, request:
     """Clones of killed writers are temporaries like any other: the next write into their directory removes them."""
     import time
 
+    from shardkv.storage import local
     from shardkv.storage.kv import TEMP_MARKER
-    from shardkv.storage.local import forget_sweeps
 
     base = request.getfixturevalue("reflink_dir") if "reflinks" in place else tmp_path
     z = _small(base / "a", shard_updates=place.split()[0])
@@ -415,7 +416,7 @@ def test_an_update_sweeps_stale_temporaries(place: str, tmp_path: Path, request:
     old.write_bytes(b"a clone left by a killed writer")
     hour_ago = time.time() - 3700
     os.utime(old, (hour_ago, hour_ago))
-    forget_sweeps()  # as in a new process
+    local._SWEPT.clear()  # as in a new process
     z[0:4, 0:4] = 2
     assert z.store._engine.stats.tail_updates == 1
     assert not old.exists()
@@ -478,6 +479,7 @@ def test_a_shard_linked_to_another_file_system_is_rewritten_whole(
     import shardkv.storage.local_tail as tail_mod
 
     monkeypatch.setattr(tail_mod, "_CLONES", {})  # this process forgets its probes (restored after the test)
+    monkeypatch.setattr(tail_mod, "_CLONE_DIRS", {})
     z = _small(reflink_dir / "a")
     z[:] = 1
     shard = reflink_dir / "a" / "0.0"

@@ -1,44 +1,22 @@
 """O(chunk) updates of local shard files: a reflink clone renamed over the shard, or an in-place append.
 
 The file I/O of :meth:`LocalStore.update_tail <shardkv.storage.local.LocalStore.update_tail>`
-(what is written where is planned by :mod:`shardkv.format.tail`):
+(the plan is :mod:`shardkv.format.tail`'s; docs/architecture.md has the why):
 
-``"clone"`` (:func:`clone_update`), where the file system clones files
-    (``ioctl(FICLONE)``: XFS with reflinks, btrfs, bcachefs, OCFS2; found once
-    per device by cloning an empty temporary file, :func:`clones_files`). A
-    temporary file beside the shard is made a clone of it (no data copied),
-    the new bytes are written into it at their offsets, then it is fsync'd
-    and renamed over the shard like every local write. Readers with or
-    without shardkv read old or new values (old chunks keep their offsets in
-    the clone); a reader holding the old file keeps reading its old bytes.
-``"append"`` (:func:`append_update`), in place, where no clone can be made and the caller asks
-    An :class:`~shardkv.format.tail.AppendIntent` (file, inode, old and new
-    size, CRC32C of the last bytes before the append and of the appended
-    bytes) is written at the start of the lock
-    file the caller holds and fdatasync'd; then the new bytes are written at
-    the file's end, the chunks first and the index last, each write
-    fdatasync'd before the next (so no crash leaves an index that checks
-    over chunk blocks the file system never wrote); then the intent is cleared
-    (zeros over its magic, not synced: recovery is idempotent).
-    :func:`recover_append` keeps an append whose bytes are all there and
-    check, cuts a torn one back to the old size (the bytes before it were
-    never written), and leaves alone a file that is no longer the one
-    appended to (:func:`~shardkv.format.tail.recovered_nbytes`).
+``"clone"`` (:func:`clone_update`), where the file system clones files (``ioctl(FICLONE)``,
+    :func:`clones_files`): a held temporary file beside the shard is made a
+    clone of it, the new bytes written into it, then it is fsync'd and renamed
+    over the shard. Readers see the old or the new value, never a mix.
+``"append"`` (:func:`append_update`), in place, where no clone can be made and the caller asks:
+    an :class:`~shardkv.format.tail.AppendIntent` is written at the start of
+    the lock file the caller holds and fdatasync'd, the new bytes appended
+    (chunks first, the index last, each fdatasync'd before the next), then
+    the intent cleared (zeros over its magic, in place: the lock file keeps
+    its size, so a record is one small data write). :func:`recover_append`
+    keeps a complete append, cuts a torn one back to the old size and leaves
+    a file that is no longer the one appended to alone.
 
-    The record's slot is overwritten in place, never cut: once a lock file
-    has held a record it keeps its size, so clearing a record is one small
-    write and the fdatasync of the next record flushes that record's block
-    without a change of size to commit. Cutting the file to clear it (and
-    growing it again with the next record) changed its size twice per
-    append: in the benchmarks' dask row (W29-2) on ext4 the ``ftruncate``
-    alone took 9 % of the workers' write time (py-spy), and on an idle ext4
-    file a record's write and fdatasync took 0.26 ms after a cut, 0.11 ms
-    in place. fdatasync is the durability the record needs: its bytes are
-    data, and a size change (the first record, or a longer path than any
-    before) is metadata that fdatasync makes durable too.
-
-Every byte goes through the ``write_at`` the caller passes (the local
-store's, over its two low-level writes, which the crash tests replace).
+Every byte goes through the ``write_at`` the caller passes (the crash tests replace it).
 """
 
 from __future__ import annotations
@@ -48,7 +26,6 @@ import errno
 import fcntl
 import os
 import stat
-import threading
 import uuid
 from collections.abc import Callable, Sequence
 
@@ -63,17 +40,6 @@ from shardkv.format.tail import (
 from shardkv.storage.files import byte_parts, held_temporary, pread_exact
 from shardkv.storage.kv import TEMP_MARKER, Value
 
-__all__ = [
-    "clones_files",
-    "clone_update",
-    "append_update",
-    "read_intent",
-    "clear_intent",
-    "recover_append",
-    "recorded_append",
-    "inside",
-]
-
 WriteAt = Callable[[int, int, list[memoryview]], None]
 """``write_at(fd, offset, parts)``: write ``parts`` back to back from byte ``offset`` of ``fd``."""
 
@@ -81,37 +47,36 @@ _FICLONE = getattr(fcntl, "FICLONE", 0x40049409)  # Linux's ioctl number (Python
 _NO_CLONES = {errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.ENOSYS, errno.EPERM}
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _OPEN_PROBE = os.O_RDWR | os.O_CREAT | os.O_EXCL | _CLOEXEC  # a clone's source must be readable
-
-
-_CLONES: dict[int, bool] = {}  # device (st_dev) -> whether its file system clones files (found once per process)
-_CLONES_GUARD = threading.Lock()
-
-
-def _new_guard_in_child() -> None:
-    """A forked child gets a new guard: another thread of its parent may have held it at the fork."""
-    global _CLONES_GUARD
-    _CLONES_GUARD = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_new_guard_in_child)
+_CLONES: dict[int, bool] = {}  # device (st_dev) -> whether its file system clones files (probed once per process)
+_CLONE_DIRS: dict[str, bool] = {}  # directory -> its device's answer (no stat per update)
+_CLONE_DIRS_MAX = 65536
 
 
 def clones_files(directory: str) -> bool:
-    """Whether the file system of ``directory`` clones files (``ioctl(FICLONE)``), found once per device.
+    """Whether the file system of ``directory`` clones files (``ioctl(FICLONE)``), known once per directory.
 
-    The test clones an empty temporary file into another beside it (no data
-    written); ``EOPNOTSUPP``, ``EXDEV``, ``EINVAL``, ``ENOTTY``... mean no.
+    Probed once per device by cloning an empty temporary file into another
+    beside it; ``EOPNOTSUPP``, ``EXDEV``, ``EINVAL``, ``ENOTTY``... mean no.
 
     Raises
     ------
     OSError
         If ``directory`` cannot be examined or written (permissions).
     """
-    device = os.stat(directory).st_dev
-    with _CLONES_GUARD:
+    known = _CLONE_DIRS.get(directory)
+    if known is None:
+        device = os.stat(directory).st_dev
         known = _CLONES.get(device)
-    if known is not None:
-        return known
+        if known is None:
+            known = _CLONES[device] = _probe_clone(directory)
+        if len(_CLONE_DIRS) >= _CLONE_DIRS_MAX:
+            _CLONE_DIRS.clear()
+        _CLONE_DIRS[directory] = known
+    return known
+
+
+def _probe_clone(directory: str) -> bool:
+    """Clone an empty temporary file into another in ``directory``: whether that worked."""
     names = [os.path.join(directory, f"{TEMP_MARKER}{uuid.uuid4().hex}") for _ in range(2)]
     fds: list[int] = []
     try:
@@ -130,8 +95,6 @@ def clones_files(directory: str) -> bool:
         for name in names[: len(fds)]:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(name)
-    with _CLONES_GUARD:
-        _CLONES[device] = found
     return found
 
 
@@ -318,11 +281,10 @@ def clone_update(
         except OSError as exc:
             if exc.errno not in _NO_CLONES:
                 raise
-            with _CLONES_GUARD:  # the probe said yes, this file says no: no clones here from now on
-                _CLONES[os.fstat(src).st_dev] = False
-                # nor in the directory the clone is made in, which the next plan asks about: they differ for a
-                # shard that is a symbolic link to another file system (EXDEV), which would fail every round
-                _CLONES[os.fstat(fd).st_dev] = False
+            # the probe said yes, this file says no: no clones on its device, nor in the directory the next
+            # plan asks about (another device for a shard linked to another file system: EXDEV every round)
+            _CLONES[os.fstat(src).st_dev] = _CLONES[os.fstat(fd).st_dev] = False
+            _CLONE_DIRS[os.path.dirname(path)] = False
             return None
         for offset, value in writes:
             write_at(fd, offset, byte_parts(value))
