@@ -47,15 +47,7 @@ def hidden(key: str) -> bool:
 
 
 def check_not_reserved(key: str) -> None:
-    """Refuse a key whose path names one of shardkv's internal files.
-
-    Raises
-    ------
-    ReservedKeyError
-        If a segment of ``key`` is ``.shardkv-locks`` or contains ``.shardkv-tmp-``:
-        such an array or group would be hidden from every listing, and its
-        files taken for shardkv's temporaries or lock files.
-    """
+    """Refuse a key with a segment ``.shardkv-locks`` or containing ``.shardkv-tmp-`` (:class:`ReservedKeyError`)."""
     for segment in key.split("/"):
         if segment == LOCK_DIR or TEMP_MARKER in segment:
             raise ReservedKeyError(
@@ -67,17 +59,17 @@ def check_not_reserved(key: str) -> None:
 
 @dataclass(frozen=True)
 class StoreLocation:
-    """The identity of a base store's data.
+    """The identity of a base store's data: two stores over the same data share locks and process stamps.
 
     Parameters
     ----------
     namespace : tuple of hashable
-        The backend in which paths are unique (see the module docstring).
+        The backend in which paths are unique: ``("file",)``, ``("memory",)``,
+        ``("s3", endpoint_url)``, ``("mapping", id(mapping))``.
     root : str
         The store root inside the namespace, without a trailing ``/``.
     local_dir : str or None
-        The absolute directory of the root when the data lives on a file system
-        that the operating system mounts (cross-process file locks can live there).
+        The absolute directory of the root on a mounted file system (lock files can live there).
     """
 
     namespace: tuple[Hashable, ...]
@@ -90,12 +82,7 @@ class StoreLocation:
 
 
 def fs_location(fs: Any, root: str) -> StoreLocation:
-    """The location of ``root`` inside an fsspec filesystem ``fs``.
-
-    Local paths are resolved (``realpath``) so that symlinked and relative
-    spellings of one directory are one location. Object stores add their
-    endpoint to the namespace, so one bucket name on two servers is two locations.
-    """
+    """The location of ``root`` inside an fsspec filesystem ``fs`` (local paths resolved, endpoints named)."""
     protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
     protocol = protocols[0]
     inner, prefix = getattr(fs, "fs", None), getattr(fs, "path", None)
@@ -116,7 +103,7 @@ def fs_location(fs: Any, root: str) -> StoreLocation:
 
 
 class _AnyToken:
-    """The token of :data:`ANY` (a singleton that survives pickling)."""
+    """The token of :data:`ANY`: a singleton that survives pickling."""
 
     def __repr__(self) -> str:
         return "ANY"
@@ -135,28 +122,25 @@ class Generation:
     Parameters
     ----------
     token : hashable
-        What the store uses: ``(st_ino, st_mtime_ns, st_size)`` of a local file,
-        an S3 ETag, an obstore ``(e_tag, version)``, a process stamp; ``None`` for
-        :data:`NO_VALUE`; a private singleton for :data:`ANY`.
+        The store's stamp: a local file's ``(st_ino, st_mtime_ns, st_size)``, an
+        S3 ETag, a process stamp; ``None`` for :data:`NO_VALUE`.
 
     Notes
     -----
-    As a *condition* (``if_generation=``), :data:`ANY` means "whatever is stored,
-    or nothing" (no condition) and :data:`NO_VALUE` means "only if nothing is
-    stored" (create). Any other generation means "only if the stored value still
-    has this stamp".
+    As a condition (``if_generation=``): :data:`ANY` is none, :data:`NO_VALUE`
+    "only if nothing is stored", any other "only if the stored value still has this stamp".
     """
 
     token: Hashable
 
     @property
     def is_any(self) -> bool:
-        """True for :data:`ANY` (no condition)."""
+        """True for :data:`ANY`."""
         return self.token is _ANY_TOKEN
 
     @property
     def is_missing(self) -> bool:
-        """True for :data:`NO_VALUE` (the stamp of a missing key)."""
+        """True for :data:`NO_VALUE`."""
         return self.token is None
 
     def __repr__(self) -> str:
@@ -183,19 +167,16 @@ class ReadResult:
     Parameters
     ----------
     state : {"value", "missing", "stale"}
-        ``"value"``: read; ``"missing"``: the key is not stored (``values`` is
-        ``None``); ``"stale"``: the read was conditioned on a generation that no
-        longer holds, and nothing was read (``values`` is ``None``).
+        ``"missing"``: not stored; ``"stale"``: the read's condition no longer
+        holds and nothing was read (``values`` is ``None`` for both).
     values : list of bytes-like or None
-        One read-only buffer (``bytes`` or a read-only ``memoryview``) per byte
-        range asked for, in order; ``[whole value]`` when no ranges were given.
-        A range past the end of the value returns fewer bytes (callers check).
+        One read-only buffer per byte range asked for, in order (``[whole
+        value]`` without ranges); a range past the end returns fewer bytes.
     generation : Generation
         Of the value read; :data:`NO_VALUE` when missing; for ``"stale"``, of
         what is stored now, or :data:`ANY` when the store cannot tell for free.
     size : int or None
-        The stored value's total size (bytes) when the read learnt it for free
-        (a local ``fstat``, an HTTP ``Content-Range``), else ``None``.
+        The stored value's size (bytes) when the read learnt it for free, else ``None``.
     """
 
     state: ReadState
@@ -209,13 +190,7 @@ class ReadResult:
         return self.state == "value"
 
     def whole(self) -> BytesLike:
-        """The value of a read made without byte ranges.
-
-        Raises
-        ------
-        ValueError
-            If the result holds no value (missing or stale) or several ranges.
-        """
+        """The value of a read made without byte ranges (``ValueError`` if it holds none or several)."""
         if self.values is None or len(self.values) != 1:
             raise ValueError(
                 f"a read result in state {self.state!r} with "
@@ -235,33 +210,21 @@ class Capabilities:
     Parameters
     ----------
     ranged : bool
-        Byte-range reads read only the bytes asked for (else the whole value is
-        read and sliced; the engine then reads shards whole and caches nothing).
+        Byte-range reads read only the bytes asked for (else shards are read whole).
     round_trips : bool
-        Every request is a network round trip (object stores): read a shard whole
-        when most of it is wanted, batch requests.
+        Every request is a network round trip (object stores).
     stamps : {"native", "process"}
-        Where generations come from: the store itself (ETag, fstat), seen by every
-        process; or process stamps, which see only this process's shardkv writes.
-    conditional_put : bool
-        ``put(..., if_generation=g)`` is atomic against other processes (S3
-        ``If-Match``, obstore ``PutMode``).
-    conditional_delete : bool
-        ``delete(..., if_generation=g)`` is atomic against other processes.
+        Generations from the store itself (seen by every process) or process stamps.
+    conditional_put, conditional_delete : bool
+        ``put``/``delete`` with ``if_generation`` is atomic against other processes.
     lock_dir : bool
-        The data lives in local (or mounted) directories where cross-process lock
-        files can be taken.
+        The data lives in mounted directories where lock files can be taken.
     in_process : bool
-        The data lives only in this process (dict, ``memory://``): in-process
-        locks are a complete concurrency guarantee.
+        The data lives only in this process: in-process locks are a complete guarantee.
     tail_updates : bool
-        :meth:`KVStore.update_tail` can write an update of a few chunks of a
-        stored shard after its bytes (local and network directories, S3
-        through s3fs), instead of the whole shard.
+        :meth:`KVStore.update_tail` can write a few chunks of a stored shard after its bytes.
     tail_min_kept : int
-        Fewest leading bytes of a stored shard an update must keep
-        (bytes; S3: 5 MiB, its smallest copied part); a shard that would keep
-        fewer (a small shard, an index at the start) is written whole.
+        Fewest leading bytes of a stored shard an update must keep (S3: 5 MiB).
     """
 
     ranged: bool = False
@@ -283,15 +246,8 @@ class KVStore(ABC):
     """A base key/value store with generations. Keys are ``/``-separated ``str``.
 
     Implementations give :meth:`get_many`, :meth:`put_many`, :meth:`list_prefix`,
-    :attr:`caps` and :attr:`location`; the single-key methods are built on them.
-    Nothing here raises ``KeyError``: a missing key is a result.
-
-    Attributes
-    ----------
-    caps : Capabilities
-        What the store can do.
-    location : shardkv.storage.kv.StoreLocation
-        The identity of the data (locks, process stamps and pickling key on it).
+    :attr:`caps` (:class:`Capabilities`) and :attr:`location`; the single-key
+    methods are built on them. Nothing here raises ``KeyError``: a missing key is a result.
     """
 
     caps: Capabilities
@@ -358,18 +314,16 @@ class KVStore(ABC):
     ) -> Iterator[tuple[str, Generation | None]]:
         """Every stored key that starts with ``prefix``, with its generation where the listing gives it cheaply.
 
-        Object stores return their listing's generations (S3 ETags, obstore's
-        ``e_tag``/``version``), local files one ``stat`` per file wanted, other
-        stores ``None`` at the cost of :meth:`list_prefix`; never a request per key.
+        Never a request per key: object stores give their listing's
+        generations, local files one ``stat`` per wanted file, others ``None``.
 
         Parameters
         ----------
         prefix : str
             Keys starting with it are listed (``""``: all).
         wanted : callable of str to bool, optional
-            The keys whose generation the caller will use (the shards whose
-            index it has cached); a store that pays for each generation (a
-            local ``stat``) gives ``None`` for the others. ``None``: every key.
+            The keys whose generation the caller will use; a store that pays
+            for each generation gives ``None`` for the others. ``None``: every key.
 
         Yields
         ------
@@ -410,19 +364,11 @@ class KVStore(ABC):
         return self.put_many({key: (None, if_generation)})[key] is not None
 
     def contains(self, key: str) -> bool:
-        """True when a value is stored at ``key`` (a path holding keys is not a value).
-
-        The default is a zero-range read (a ``HEAD``, an ``fstat``);
-        implementations answer with a cheaper lookup where they have one.
-        """
+        """True when a value is stored at ``key`` (a path holding keys is not a value); a zero-range read here."""
         return self.get(key, []).found
 
     def size(self, key: str) -> int | None:
-        """The size in bytes of the value stored at ``key``, or ``None`` when nothing is stored there.
-
-        The default is a zero-range read, and a whole read only when that
-        did not tell the size (mappings tell it anyway).
-        """
+        """The size in bytes of the value stored at ``key``, or ``None`` when nothing is stored there."""
         result = self.get(key, [])
         if not result.found:
             return None
@@ -434,8 +380,7 @@ class KVStore(ABC):
     def delete_prefix(self, prefix: str) -> None:
         """Delete every stored key that starts with ``prefix`` (``""``: every key; hidden files stay).
 
-        Stores with directories remove the directories left empty too.
-        Not atomic: keys written meanwhile may stay.
+        Directories left empty go too. Not atomic: keys written meanwhile may stay.
         """
         keys = list(self.list_prefix(prefix))
         if keys:
@@ -540,15 +485,21 @@ class KVStore(ABC):
 
 # -- process stamps ------------------------------------------------------------
 
-N_STRIPES = 4096
-"""Stripes of the process table (two ints and one lock each), whatever the number of keys."""
+N_STRIPES = 4096  # stripes of the process table (two ints and one lock each)
 
-Ticket = tuple[int, int, bool]
-"""``(stripe, counter, in flight)`` as a read saw them before it began."""
+Ticket = tuple[int, int, bool]  # (stripe, counter, in flight) as a read saw them before it began
 
 
 class ProcessStamps:
-    """The striped write counters of this process (one instance, :data:`STAMPS`, serves every store).
+    """The striped write counters of this process: generations for stores that keep none.
+
+    They see the writes made through shardkv in this process, and only those.
+    A counter belongs to a stripe of (location namespace, full path): a write
+    also changes the stamps of its stripe's other keys (a needless re-read,
+    never a wrong answer). Seqlock-style: a read that overlapped a write of its
+    stripe gets a generation equal to no other. Writers hold their stripes'
+    locks from the condition check to the stamp of what they stored, so a
+    conditional put is atomic against every other shardkv write of this process.
 
     Parameters
     ----------
@@ -576,11 +527,7 @@ class ProcessStamps:
         self._writers = [threading.RLock() for _ in range(self._n)]
 
     def after_fork_in_child(self) -> None:
-        """A forked child has none of its parent's writer threads: no write is in flight, every lock is free.
-
-        Counters move on (one more than any the parent handed out), so a
-        generation read in the parent never holds in the child.
-        """
+        """New locks, no write in flight; counters moved past the parent's (its generations never hold here)."""
         counters = [c + 2 for c in self._counters]
         self._reset()
         self._counters = counters
@@ -607,11 +554,7 @@ class ProcessStamps:
         return Generation(("stamp", counter))
 
     def end_read(self, ticket: Ticket) -> Generation:
-        """The generation of a value read between :meth:`begin_read` and now.
-
-        A read that overlapped a write of its stripe gets a generation equal to
-        no other (it may have seen either value).
-        """
+        """The generation of a value read since :meth:`begin_read`; one equal to no other if a write overlapped."""
         generation = self.current(ticket)
         return Generation(object()) if generation is None else generation  # a token equal only to itself
 
@@ -619,15 +562,11 @@ class ProcessStamps:
 
     @contextmanager
     def writing(self, location: StoreLocation, keys: Iterable[str]) -> Iterator[StampedWrite]:
-        """Hold the writer locks of the keys' stripes around a write.
+        """Hold the writer locks of the keys' stripes around a write; yields its :class:`StampedWrite`.
 
-        Yields a :class:`StampedWrite`: its ``before`` are the keys' stamps as
-        they stood before the write (to check ``if_generation`` conditions:
-        nothing else of this process writes those stripes meanwhile). The
-        caller then calls :meth:`StampedWrite.begin` with the keys it is about
-        to write, which marks their stripes in flight; once the block is left,
-        ``after`` holds the stamps of what is stored (unchanged for keys not
-        begun).
+        ``before`` holds the keys' stamps before the write (for conditions);
+        the caller calls :meth:`StampedWrite.begin` with the keys it writes;
+        after the block, ``after`` holds the stamps of what is stored.
         """
         keys = list(keys)
         stripes = {k: self.stripe(location, k) for k in keys}
@@ -651,12 +590,6 @@ class ProcessStamps:
             for s in reversed(order):
                 self._writers[s].release()
 
-    def _begin(self, stripes: Iterable[int]) -> None:
-        with self._guard:
-            for s in stripes:
-                self._counters[s] += 1
-                self._in_flight[s] += 1
-
 
 class StampedWrite:
     """One write under :meth:`ProcessStamps.writing`: the stamps ``before`` it and ``after`` it."""
@@ -673,30 +606,29 @@ class StampedWrite:
     def begin(self, keys: Iterable[str]) -> None:
         """The keys are about to be written (or deleted): reads of their stripes are unstable until the end."""
         new = {self._stripes[k] for k in keys} - self.begun
-        self._stamps._begin(new)
+        with self._stamps._guard:
+            for s in new:
+                self._stamps._counters[s] += 1
+                self._stamps._in_flight[s] += 1
         self.begun |= new
 
 
 STAMPS = ProcessStamps()
-"""The process's stamps, shared by every process-stamped store."""
+"""The process's stamps, shared by every store."""
 
 os.register_at_fork(after_in_child=STAMPS.after_fork_in_child)
 
 
-Fetched = tuple[list[BytesLike], "int | None"]
-"""What a read fetched: its values (as a :class:`~shardkv.storage.kv.ReadResult` holds them) and the stored size."""
+Fetched = tuple[list[BytesLike], "int | None"]  # what a read fetched: its values and the stored size
 
 
 def read_stamped(
     location: StoreLocation, reads: Sequence[ReadRequest], fetch: Callable[[list[int]], Mapping[int, Fetched]]
 ) -> list[ReadResult]:
-    """``get_many`` of a store whose generations are the process stamps of ``location``.
+    """``get_many`` of a process-stamped store: ``fetch(indices)`` gives index -> :data:`Fetched` of the keys found.
 
-    A conditional read whose stamp no longer holds is stale before any I/O.
-    ``fetch`` gets the indices (into ``reads``) of the others and returns
-    index -> :data:`Fetched` for the keys it found (a conditional read that
-    ``fetch`` gets holds its stamp so far). A read that overlapped a write of
-    its stripe, or that asked for a missing key, is stale after the fetch.
+    A conditional read whose stamp no longer holds is stale before any I/O;
+    one that overlapped a write of its stripe is stale after the fetch (its size dropped).
     """
     tickets = [STAMPS.begin_read(location, key) for key, _, _ in reads]
     results: list[ReadResult | None] = [None] * len(reads)
@@ -710,11 +642,13 @@ def read_stamped(
         if i not in found:
             results[i] = MISSING_RESULT
             continue
-        generation = STAMPS.end_read(ticket)
+        values, size = found[i]
+        generation = STAMPS.current(ticket)
+        if generation is None:  # a write overlapped: a generation equal to no other, and no size to trust
+            generation, size = Generation(object()), None
         if cond.is_missing or (not cond.is_any and generation != cond):
             results[i] = ReadResult("stale", None, generation)
         else:
-            values, size = found[i]
             results[i] = ReadResult("value", values, generation, size)
     return [result for result in results if result is not None]
 
@@ -725,13 +659,8 @@ def write_stamped(
     holds: Callable[[str, Generation, Generation], bool],
     write: Callable[[dict[str, Value | None]], None],
 ) -> dict[str, Generation | None]:
-    """``put_many`` of a store whose generations are the process stamps of ``location``.
-
-    Under the writer locks of the keys' stripes, ``holds(key, condition,
-    stamp before)`` tells which conditions hold, and ``write`` gets those
-    keys' values (``None``: delete). Returns the new stamps (:data:`NO_VALUE`
-    for a delete, ``None`` where the condition did not hold).
-    """
+    """``put_many`` of a process-stamped store: under the stripes' writer locks, ``holds(key, condition, stamp
+    before)`` tells which conditions hold, and ``write`` gets those keys' values (``None``: delete)."""
     out: dict[str, Generation | None] = {key: None for key in writes}
     if not writes:
         return out
