@@ -471,7 +471,7 @@ def test_create_only_is_atomic_between_processes(tmp_path: Path) -> None:
 def test_the_clone_probe_of_a_directory_is_asked_once_per_process(tmp_path: Path, monkeypatch) -> None:
     """Whether a shard's directory clones files is fixed for the process: a partial write of another store over
     the same directory (a store opened again) neither probes nor ``stat``s it again."""
-    from shardkv.storage import local_tail
+    from shardkv.storage import files
 
     LocalStore(tmp_path).put("a/0", b"shard")
     first = LocalStore(tmp_path).tail_method("a/0", in_place=True)
@@ -482,7 +482,7 @@ def test_the_clone_probe_of_a_directory_is_asked_once_per_process(tmp_path: Path
         stats.append(os.fspath(path))
         return real_stat(path, *args, **kwargs)
 
-    monkeypatch.setattr(local_tail.os, "stat", counting_stat)
+    monkeypatch.setattr(files.os, "stat", counting_stat)
     for _ in range(3):
         assert LocalStore(tmp_path).tail_method("a/0", in_place=True) == first
     assert stats == []

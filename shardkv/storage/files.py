@@ -4,6 +4,7 @@
   (:func:`byte_parts`, no copy) or joined once (:func:`join_parts`);
   :func:`write_parts` writes them with ``os.writev``, :func:`pread_exact` reads
   a byte range with one ``pread``.
+* Whether a directory's file system clones files (:func:`clones_files`, once per device and directory).
 * Temporary files that tell whether their writer still runs
   (:func:`held_temporary`, :func:`stale_in`): a writer creates
   ``.shardkv-tmp-held-<hex>`` (:data:`HELD_MARKER`) and holds an exclusive
@@ -48,7 +49,7 @@ def read_pool() -> ThreadPoolExecutor:
 
 
 def _forget_pool_in_child() -> None:
-    """A forked child has none of the parent's threads: it makes its own pool on first use."""
+    """A forked child has none of the parent's threads: a pool of its own on first use."""
     global _POOL
     _POOL = None
 
@@ -82,13 +83,8 @@ def join_parts(value: Value) -> bytes:
 
 def slice_value(value: Any, byte_range: ByteRange) -> bytes | memoryview:
     """``value[byte_range]``: a view when ``value`` is immutable ``bytes`` (no copy), else a copy."""
-    view = memoryview(value)
-    if view.ndim != 1 or view.format != "B":
-        view = view.cast("B")
-    if byte_range.is_suffix:
-        part = view[max(0, len(view) + byte_range.start) :]
-    else:
-        part = view[byte_range.start : byte_range.stop]
+    view = memoryview(value).cast("B")
+    part = view[slice(*byte_range.resolve(view.nbytes))]
     return part if isinstance(value, bytes) else bytes(part)
 
 
@@ -125,6 +121,73 @@ def pread_exact(fd: int, start: int, stop: int) -> bytes:
         got += len(more)
     return b"".join(pieces)
 
+
+# -- clones ----------------------------------------------------------------------
+
+FICLONE = getattr(fcntl, "FICLONE", 0x40049409)  # Linux's ioctl number (Python < 3.12 does not name it)
+NO_CLONES = {errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.ENOSYS, errno.EPERM}
+_OPEN_CLONE_PROBE = (
+    os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+)  # a clone's source must be readable
+_CLONES: dict[int, bool] = {}  # device (st_dev) -> whether its file system clones files (probed once per process)
+_CLONE_DIRS: dict[str, bool] = {}  # directory -> its device's answer (no stat per update)
+_CLONE_DIRS_MAX = 65536
+
+
+def clones_files(directory: str) -> bool:
+    """Whether the file system of ``directory`` clones files (``ioctl(FICLONE)``), known once per directory.
+
+    Probed once per device by cloning an empty temporary file into another
+    beside it; ``EOPNOTSUPP``, ``EXDEV``, ``EINVAL``, ``ENOTTY``... mean no.
+
+    Raises
+    ------
+    OSError
+        If ``directory`` cannot be examined or written (permissions).
+    """
+    known = _CLONE_DIRS.get(directory)
+    if known is None:
+        device = os.stat(directory).st_dev
+        known = _CLONES.get(device)
+        if known is None:
+            known = _CLONES[device] = _probe_clone(directory)
+        if len(_CLONE_DIRS) >= _CLONE_DIRS_MAX:
+            _CLONE_DIRS.clear()
+        _CLONE_DIRS[directory] = known
+    return known
+
+
+def _probe_clone(directory: str) -> bool:
+    """Clone an empty temporary file into another in ``directory``: whether that worked."""
+    names = [os.path.join(directory, f"{TEMP_MARKER}{uuid.uuid4().hex}") for _ in range(2)]
+    fds: list[int] = []
+    try:
+        for name in names:
+            fds.append(os.open(name, _OPEN_CLONE_PROBE, 0o600))
+        try:
+            fcntl.ioctl(fds[1], FICLONE, fds[0])
+            found = True
+        except OSError as exc:
+            if exc.errno not in NO_CLONES:
+                raise
+            found = False
+    finally:
+        for fd in fds:
+            os.close(fd)
+        for name in names[: len(fds)]:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(name)
+    return found
+
+
+def no_clones(directory: str, *devices: int) -> None:
+    """Take ``directory`` and ``devices`` for ones without clones from now on (a clone failed there after all)."""
+    _CLONE_DIRS[directory] = False
+    for device in devices:
+        _CLONES[device] = False
+
+
+# -- held temporary files --------------------------------------------------------
 
 HELD_MARKER = f"{TEMP_MARKER}held-"
 """The name prefix of a temporary file locked by its writer for as long as it writes."""

@@ -27,7 +27,15 @@ from typing import Any
 from shardkv._types import BytesLike
 from shardkv.errors import InvalidKeyError
 from shardkv.format.tail import TailHow
-from shardkv.storage.files import byte_parts, held_temporary, pread_exact, read_pool, stale_in, write_parts
+from shardkv.storage.files import (
+    byte_parts,
+    clones_files,
+    held_temporary,
+    pread_exact,
+    read_pool,
+    stale_in,
+    write_parts,
+)
 from shardkv.storage.kv import (
     LOCK_DIR,
     MISSING_RESULT,
@@ -42,7 +50,7 @@ from shardkv.storage.kv import (
     Value,
     hidden,
 )
-from shardkv.storage.local_tail import append_update, clone_update, clones_files, inside, recover_append
+from shardkv.storage.local_tail import append_update, clone_update, inside, recover_append
 
 _READ_GROUPS = 8  # tasks one batched local read is split into (the size of read_pool)
 _POOLED_READ_NBYTES = 64 * 1024  # bytes the first read of a batch must return for the rest to go to the pool

@@ -22,11 +22,9 @@ Every byte goes through the ``write_at`` the caller passes (the crash tests repl
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import stat
-import uuid
 from collections.abc import Callable, Sequence
 
 from shardkv.format.tail import (
@@ -37,81 +35,22 @@ from shardkv.format.tail import (
     parts_crc32c,
     recovered_nbytes,
 )
-from shardkv.storage.files import byte_parts, held_temporary, pread_exact
-from shardkv.storage.kv import TEMP_MARKER, Value
+from shardkv.storage.files import FICLONE, NO_CLONES, byte_parts, held_temporary, no_clones, pread_exact
+from shardkv.storage.kv import Value
 
 WriteAt = Callable[[int, int, list[memoryview]], None]
 """``write_at(fd, offset, parts)``: write ``parts`` back to back from byte ``offset`` of ``fd``."""
 
-_FICLONE = getattr(fcntl, "FICLONE", 0x40049409)  # Linux's ioctl number (Python < 3.12 does not name it)
-_NO_CLONES = {errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.ENOSYS, errno.EPERM}
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_OPEN_PROBE = os.O_RDWR | os.O_CREAT | os.O_EXCL | _CLOEXEC  # a clone's source must be readable
-_CLONES: dict[int, bool] = {}  # device (st_dev) -> whether its file system clones files (probed once per process)
-_CLONE_DIRS: dict[str, bool] = {}  # directory -> its device's answer (no stat per update)
-_CLONE_DIRS_MAX = 65536
 
 
-def clones_files(directory: str) -> bool:
-    """Whether the file system of ``directory`` clones files (``ioctl(FICLONE)``), known once per directory.
-
-    Probed once per device by cloning an empty temporary file into another
-    beside it; ``EOPNOTSUPP``, ``EXDEV``, ``EINVAL``, ``ENOTTY``... mean no.
-
-    Raises
-    ------
-    OSError
-        If ``directory`` cannot be examined or written (permissions).
-    """
-    known = _CLONE_DIRS.get(directory)
-    if known is None:
-        device = os.stat(directory).st_dev
-        known = _CLONES.get(device)
-        if known is None:
-            known = _CLONES[device] = _probe_clone(directory)
-        if len(_CLONE_DIRS) >= _CLONE_DIRS_MAX:
-            _CLONE_DIRS.clear()
-        _CLONE_DIRS[directory] = known
-    return known
-
-
-def _probe_clone(directory: str) -> bool:
-    """Clone an empty temporary file into another in ``directory``: whether that worked."""
-    names = [os.path.join(directory, f"{TEMP_MARKER}{uuid.uuid4().hex}") for _ in range(2)]
-    fds: list[int] = []
-    try:
-        for name in names:
-            fds.append(os.open(name, _OPEN_PROBE, 0o600))
-        try:
-            fcntl.ioctl(fds[1], _FICLONE, fds[0])
-            found = True
-        except OSError as exc:
-            if exc.errno not in _NO_CLONES:
-                raise
-            found = False
-    finally:
-        for fd in fds:
-            os.close(fd)
-        for name in names[: len(fds)]:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(name)
-    return found
-
-
-def read_intent(intent_fd: int) -> AppendIntent | None:
-    """The append intent recorded at the start of the lock file ``intent_fd``, or ``None``."""
-    return AppendIntent.decode(os.pread(intent_fd, INTENT_MAX_NBYTES, 0))
-
-
-_NO_RECORD = bytes(len(INTENT_MAGIC))
-"""What clears a record: zeros over its magic (the rest of the slot stays, unread)."""
+_NO_RECORD = bytes(len(INTENT_MAGIC))  # what clears a record: zeros over its magic (the rest stays, unread)
 
 
 def recorded_append(lock_dir: str, shard_path: str) -> str | None:
     """The lock file in ``lock_dir`` that records an append intent for the shard file ``shard_path``, or ``None``.
 
-    Reads the lock files without taking them (what ``shardkv verify`` reports);
-    ``shard_path`` is compared by its real path, as intents record it.
+    Reads the lock files without taking them (``shardkv verify``); paths compared as real paths.
 
     Raises
     ------
@@ -130,7 +69,7 @@ def recorded_append(lock_dir: str, shard_path: str) -> str | None:
         except FileNotFoundError:
             continue  # removed meanwhile (the array deleted)
         try:
-            intent = read_intent(fd)
+            intent = AppendIntent.decode(os.pread(fd, INTENT_MAX_NBYTES, 0))
         finally:
             os.close(fd)
         if intent is not None and intent.path == real:
@@ -139,10 +78,7 @@ def recorded_append(lock_dir: str, shard_path: str) -> str | None:
 
 
 def clear_intent(intent_fd: int, write_at: WriteAt) -> None:
-    """Forget the intent recorded in ``intent_fd``: zeros over its magic, in place (the file keeps its size).
-
-    Not synced: recovering an append twice changes nothing.
-    """
+    """Forget the intent in ``intent_fd``: zeros over its magic, in place (not synced: recovery is idempotent)."""
     write_at(intent_fd, 0, [memoryview(_NO_RECORD)])
 
 
@@ -159,25 +95,13 @@ def inside(path: str, directory: str) -> bool:
 def recover_append(intent_fd: int, write_at: WriteAt, within: str, repair: bool = True) -> str | None:
     """Finish or undo the in-place append recorded in the lock file ``intent_fd``; the shard path, if one was named.
 
-    The caller holds the lock. A torn append (the file named, with the same
-    inode and the same bytes before the append, is between the old and the
-    new size, or at the new size with appended bytes that do not check) is
-    cut back to the old size; a complete one stays; a file that is not the
-    one appended to as it was (another inode; the same inode number given to
-    a shard rewritten since; bytes added after the append) is left alone
-    (:func:`~shardkv.format.tail.recovered_nbytes`). The intent is then
-    cleared (through ``write_at``). Running it again changes nothing; a
-    lock file with no record (empty, or cleared) is only read. With
-    ``repair`` false nothing is written: the path a record names is returned
-    (a read-only store reports what it would repair).
-
-    A record naming a file outside the directory ``within`` (the real
-    directory of the array whose lock directory holds the lock file), or
-    naming it through a symbolic link, is not acted on and stays
-    (:func:`inside`): lock files may be writable by the array's group, and a
-    record written there (or one left by an array since moved) must not cut
-    a file elsewhere. Appends are made only to shards under that directory
-    (:meth:`LocalStore.update_tail <shardkv.storage.local.LocalStore.update_tail>`).
+    The caller holds the lock. A torn append is cut back to the old size, a
+    complete one stays, a file that is no longer the one appended to is left
+    alone (:func:`~shardkv.format.tail.recovered_nbytes`); then the intent is
+    cleared. Idempotent. With ``repair`` false nothing is written (what a
+    read-only store reports). A record naming a file outside the real
+    directory ``within`` (the array's), or through a symbolic link, is not
+    acted on (:func:`inside`): a group-writable lock file must not cut a file elsewhere.
 
     Raises
     ------
@@ -255,12 +179,9 @@ def clone_update(
 ) -> os.stat_result | None:
     """Clone the shard at ``path``, write ``writes`` into the clone, rename it over the shard; the new file's stat.
 
-    ``None`` (nothing changed) when the shard is missing or ``holds`` refuses
-    its stat, and when this file cannot be cloned after all (``EINVAL``,
-    ``EOPNOTSUPP``, ``EXDEV`` for a shard linked to another file system...:
-    its device and the directory's are then taken for ones without clones,
-    so the caller's next round plans without them). The directory is not
-    fsync'd here (the caller does, as after every local write).
+    ``None`` (nothing changed) when the shard is missing, ``holds`` refuses
+    its stat, or this file cannot be cloned after all (then :func:`clones_files`
+    says no for its directory). The caller fsyncs the directory.
 
     Raises
     ------
@@ -277,14 +198,13 @@ def clone_update(
     try:
         fd, tmp = temp.enter_context(held_temporary(os.path.dirname(path)))
         try:
-            fcntl.ioctl(fd, _FICLONE, src)
+            fcntl.ioctl(fd, FICLONE, src)
         except OSError as exc:
-            if exc.errno not in _NO_CLONES:
+            if exc.errno not in NO_CLONES:
                 raise
             # the probe said yes, this file says no: no clones on its device, nor in the directory the next
             # plan asks about (another device for a shard linked to another file system: EXDEV every round)
-            _CLONES[os.fstat(src).st_dev] = _CLONES[os.fstat(fd).st_dev] = False
-            _CLONE_DIRS[os.path.dirname(path)] = False
+            no_clones(os.path.dirname(path), os.fstat(src).st_dev, os.fstat(fd).st_dev)
             return None
         for offset, value in writes:
             write_at(fd, offset, byte_parts(value))
@@ -315,14 +235,9 @@ def append_update(
 ) -> os.stat_result | None:
     """Append ``writes`` (back to back from its size) to the shard at ``path``, under an intent in ``intent_fd``.
 
-    With ``fsync``, each write is made durable (``fdatasync``) before the
-    next is written: the plan's last write is the index, and until a sync
-    completes a file system may keep any of the blocks written since and
-    lose the others (ext4 writes delayed allocations back in any order, XFS
-    reads unwritten extents as zeros), so an index made durable before the
-    chunks it points at could check and name zeros.
-
-    ``None`` (nothing written) when the shard is missing or ``holds`` refuses its stat.
+    With ``fsync``, each write is fdatasync'd before the next (the index
+    last): a file system may persist blocks in any order. ``None`` (nothing
+    written) when the shard is missing or ``holds`` refuses its stat.
 
     Raises
     ------
