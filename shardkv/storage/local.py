@@ -227,8 +227,7 @@ class LocalStore(KVStore):
         root = os.fspath(root)
         self.root = root.rstrip("/") or "/"
         self._prefix = self.root if self.root.endswith("/") else self.root + "/"
-        real = os.path.realpath(self.root)
-        self._real_root = real  # what in-place append records may name: files under it only
+        real = os.path.realpath(self.root)  # in-place append records may name files under it only
         self._location = StoreLocation(("file",), real, real)
         self.fsync = FSYNC if fsync is None else bool(fsync)
         self.temp_age = float(temp_age)
@@ -462,7 +461,7 @@ class LocalStore(KVStore):
 
     def _repairable(self, intent_path: str | None) -> str:
         """The directory whose files the records of the lock file at ``intent_path`` may name."""
-        return self._real_root if intent_path is None else os.path.dirname(os.path.dirname(intent_path))
+        return self._location.root if intent_path is None else os.path.dirname(os.path.dirname(intent_path))
 
     # -- listings -------------------------------------------------------------
 
