@@ -63,11 +63,6 @@ def _where(mapping: Any) -> tuple[str, str | None]:
     return "persistent", None
 
 
-def _readonly(value: Any) -> BytesLike:
-    """A stored value as an immutable buffer (``bytes`` as is; anything else copied once)."""
-    return value if isinstance(value, bytes) else join_parts(value)
-
-
 class MappingStore(KVStore):
     """A ``MutableMapping`` as a process-stamped :class:`KVStore` (whole values, sliced for ranges).
 
@@ -133,7 +128,7 @@ class MappingStore(KVStore):
             if key not in found:
                 continue
             value = found[key]
-            values: list[BytesLike] = [_readonly(value)] if ranges is None else [slice_value(value, r) for r in ranges]
+            values: list[BytesLike] = [join_parts(value)] if ranges is None else [slice_value(value, r) for r in ranges]
             fetched[i] = (values, memoryview(value).nbytes)
         return fetched
 
