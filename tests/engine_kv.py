@@ -14,7 +14,6 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 
 from shardkv._types import BytesLike
-from shardkv.storage.buffers import Value
 from shardkv.storage.kv import (
     MISSING_RESULT,
     NO_VALUE,
@@ -23,9 +22,10 @@ from shardkv.storage.kv import (
     KVStore,
     ReadRequest,
     ReadResult,
+    StoreLocation,
+    Value,
     hidden,
 )
-from shardkv.storage.location import StoreLocation
 
 _ids = itertools.count()
 

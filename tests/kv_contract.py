@@ -20,8 +20,7 @@ import pytest
 from range_cases import GET_RANGE_CASES, STORED
 
 from shardkv.format.ranges import ByteRange
-from shardkv.storage.buffers import Value
-from shardkv.storage.kv import ANY, LOCK_DIR, NO_VALUE, TEMP_MARKER, Generation, KVStore
+from shardkv.storage.kv import ANY, LOCK_DIR, NO_VALUE, TEMP_MARKER, Generation, KVStore, Value
 
 __all__ = ["KVContract", "put_ok"]
 

@@ -16,8 +16,7 @@ import pytest
 
 from shardkv.cli.convert.tasks import ShardTask, run_task
 from shardkv.format.layout import ShardLayout
-from shardkv.storage.buffers import Value
-from shardkv.storage.kv import Generation, ReadRequest, ReadResult
+from shardkv.storage.kv import Generation, ReadRequest, ReadResult, Value
 from shardkv.storage.mapping import MappingStore
 
 WAIT_SECONDS = 10.0  # each event's bound; a task that does not overlap waits out two of them

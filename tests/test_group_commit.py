@@ -26,8 +26,7 @@ from shardkv.engine.retry import EngineStats
 from shardkv.errors import LockTimeoutError
 from shardkv.format.layout import ShardLayout
 from shardkv.keys.space import ShardedArray, V2ChunkKeyEncoding
-from shardkv.storage.buffers import Value
-from shardkv.storage.kv import Generation
+from shardkv.storage.kv import Generation, Value
 
 WAIT_S = 30.0  # the longest any wait below may take (a broken mechanism fails instead of hanging)
 N_WRITERS = 8

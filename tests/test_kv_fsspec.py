@@ -1,4 +1,4 @@
-"""The store contract on fsspec filesystems: ``memory://`` (object identities) and others (process stamps)."""
+"""The store contract on fsspec filesystems: local files (their generations) and others (process stamps)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from fsspec.implementations.local import LocalFileSystem
 from kv_contract import KVContract, put_ok
 
 from shardkv.format.ranges import ByteRange
-from shardkv.storage.fsspec import MEMORY_CAPS, FsspecStore
+from shardkv.storage.fsspec import FsspecStore
 from shardkv.storage.kv import KVStore
 
 pytestmark = pytest.mark.zarr2
@@ -62,16 +62,20 @@ class TestLocalSubclassContract(KVContract):
         return FsspecStore(CountingLocal(skip_instance_cache=True), str(tmp_path / "s"))
 
 
-def test_memory_caps_and_generations(memory_root: str) -> None:
+def test_memory_and_a_dirfs_over_it_are_one_stamped_in_process_store(memory_root: str) -> None:
+    """``memory://`` has the process stamps of every in-process fsspec filesystem: a store over it and one over a
+    ``DirFileSystem`` of the same directory agree on every generation, and see each other's writes."""
     fs = fsspec.filesystem("memory")
+    fs.mkdir(memory_root)
     kv = FsspecStore(fs, memory_root)
-    assert kv.caps == MEMORY_CAPS and kv.location.namespace == ("memory",)
+    dirfs = FsspecStore(DirFileSystem(memory_root, fs), "")
+    assert kv.caps == dirfs.caps and kv.caps.stamps == "process" and kv.caps.in_process
+    assert kv.location == dirfs.location and kv.location.namespace == ("memory",)
     g = put_ok(kv, "k", b"0123456789")
-    fs.pipe_file(f"{memory_root}/k", b"0123456789")  # a write outside shardkv: a new object, seen
+    assert dirfs.get("k", [ByteRange(0, 2)], if_generation=g).values == [b"01"]
+    g2 = put_ok(dirfs, "k", b"abcdefghij", if_generation=g)
     r = kv.get("k", [ByteRange(0, 2)], if_generation=g)
-    assert r.state == "stale" and r.generation != g
-    assert pickle.loads(pickle.dumps(r.generation)) == r.generation
-    assert dict(kv.list_generations("")) == {"k": r.generation}
+    assert r.state == "stale" and kv.get("k", [ByteRange(0, 2)], if_generation=g2).values == [b"ab"]
 
 
 def test_stamped_caps(memory_root: str, tmp_path: Path) -> None:

@@ -222,7 +222,7 @@ def test_stale_temporaries_swept_once_per_directory(tmp_path: Path) -> None:
     hour_ago = time.time() - 3700
     for p in (old, far):
         os.utime(p, (hour_ago, hour_ago))
-    local.forget_sweeps()
+    local._SWEPT.clear()  # as in a new process
     assert kv.find_stale_temporaries() == sorted([str(old), str(far)])
     kv.put("a/k2", b"v")
     assert not old.exists() and young.exists() and far.exists()  # only the directory written into
@@ -266,7 +266,7 @@ def test_a_killed_writers_temporary_is_removed_at_once_a_live_writers_kept(tmp_p
         assert kv.find_stale_temporaries(min_age_seconds=0) == [temporaries[killed_ino]]  # not the live one
         assert kv.remove_stale_temporaries() == [temporaries[killed_ino]]  # at once, with the hour's age guard
         assert os.path.exists(temporaries[live_ino])
-        local.forget_sweeps()
+        local._SWEPT.clear()  # as in a new process
         kv.put("a/2", b"v")  # a write sweeping its directory keeps the live writer's file too
         assert os.path.exists(temporaries[live_ino])
     finally:
@@ -281,10 +281,10 @@ def test_a_killed_writers_temporary_is_removed_at_once_a_live_writers_kept(tmp_p
 def test_a_writer_whose_new_temporary_a_sweeper_took_starts_again_under_a_new_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from shardkv.storage import temps
+    from shardkv.storage import files
 
     taken: list[str] = []
-    real_flock = temps.fcntl.flock
+    real_flock = files.fcntl.flock
 
     def sweeper_first(fd: int, operation: int) -> None:
         if not taken:  # a sweeper of another process locked and removed the first file between open and flock
@@ -292,7 +292,7 @@ def test_a_writer_whose_new_temporary_a_sweeper_took_starts_again_under_a_new_na
             os.remove(taken[0])
         real_flock(fd, operation)
 
-    monkeypatch.setattr(temps.fcntl, "flock", sweeper_first)
+    monkeypatch.setattr(files.fcntl, "flock", sweeper_first)
     kv = LocalStore(tmp_path)
     kv.put("k", b"v")
     assert (tmp_path / "k").read_bytes() == b"v" and len(taken) == 1
@@ -311,9 +311,9 @@ def test_a_sweeper_keeps_a_live_temporary_of_its_own_process_named_by_another_pa
     import fcntl
     import threading
 
-    from shardkv.storage import temps
+    from shardkv.storage import files
 
-    monkeypatch.setattr(temps.fcntl, "flock", fcntl.lockf)
+    monkeypatch.setattr(files.fcntl, "flock", fcntl.lockf)
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "real")
     writing, go = threading.Event(), threading.Event()
@@ -345,45 +345,16 @@ def test_a_sweeper_keeps_a_live_temporary_of_its_own_process_named_by_another_pa
     assert (tmp_path / "real" / "k").read_bytes() == b"v"
 
 
-def _held_process_locks() -> dict[str, tuple[Callable[[], Any], Callable[[Path], None]]]:
-    """Each process-wide lock of the local store: how to get it, and a child's use of it after a fork."""
-    from shardkv.storage import local_tail, temps
+def test_a_child_forked_while_a_thread_holds_the_temporaries_lock_writes(tmp_path: Path) -> None:
+    """A child forked while a thread of its parent held the process-wide lock of held temporaries can write."""
+    from shardkv.storage import files
 
-    return {
-        # what a sweeper thread holds while it probes a locked temporary; a write registers its temporary
-        "temporaries": (lambda: temps._WRITING_LOCK, lambda d: LocalStore(d).put("k", b"v")),
-        # the table of directories swept; every write into a directory asks it
-        "sweeps": (lambda: local._SWEPT._lock, lambda d: LocalStore(d).put("k", b"v")),
-        # lock files made durable; the first intent of an append asks it
-        "durable lock files": (lambda: local.DURABLE_LOCK_FILES._lock, lambda d: _durable_then_put(d)),
-        # the clone probe's answers per device; an update of a few chunks asks it
-        "clone probes": (lambda: local_tail._CLONES_GUARD, lambda d: _probe_then_put(d)),
-    }
-
-
-def _durable_then_put(directory: Path) -> None:
-    (directory / "lock").write_bytes(b"")
-    local.DURABLE_LOCK_FILES.ensure(str(directory / "lock"))
-    LocalStore(directory).put("k", b"v")
-
-
-def _probe_then_put(directory: Path) -> None:
-    from shardkv.storage import local_tail
-
-    local_tail.clones_files(str(directory))
-    LocalStore(directory).put("k", b"v")
-
-
-@pytest.mark.parametrize("held", ["temporaries", "sweeps", "durable lock files", "clone probes"])
-def test_a_child_forked_while_a_thread_holds_a_process_lock_writes(tmp_path: Path, held: str) -> None:
-    """A child forked while a thread of its parent held one of the local store's process-wide locks can write."""
-    lock_of, child_does = _held_process_locks()[held]
-    with lock_of():  # what another thread of the parent may hold at the moment of the fork
+    with files._WRITING_LOCK:  # what a sweeper thread of the parent may hold at the moment of the fork
         pid = os.fork()
         if pid == 0:  # the child never returns into pytest
             code = 1
             try:
-                child_does(tmp_path)
+                LocalStore(tmp_path).put("k", b"v")
                 code = 0
             finally:
                 os._exit(code)
@@ -495,3 +466,23 @@ def test_create_only_is_atomic_between_processes(tmp_path: Path) -> None:
     assert len(winners) == 1
     assert (tmp_path / "k").read_bytes() == winners[0].encode()
     assert sorted(os.listdir(tmp_path)) == ["k"]
+
+
+def test_the_clone_probe_of_a_directory_is_asked_once_per_process(tmp_path: Path, monkeypatch) -> None:
+    """Whether a shard's directory clones files is fixed for the process: a partial write of another store over
+    the same directory (a store opened again) neither probes nor ``stat``s it again."""
+    from shardkv.storage import files
+
+    LocalStore(tmp_path).put("a/0", b"shard")
+    first = LocalStore(tmp_path).tail_method("a/0", in_place=True)
+    stats: list[str] = []
+    real_stat = os.stat
+
+    def counting_stat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        stats.append(os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(files.os, "stat", counting_stat)
+    for _ in range(3):
+        assert LocalStore(tmp_path).tail_method("a/0", in_place=True) == first
+    assert stats == []

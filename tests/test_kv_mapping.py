@@ -13,10 +13,8 @@ import zarr
 from kv_contract import KVContract, put_ok
 
 from shardkv.format.ranges import ByteRange
-from shardkv.storage.kv import KVStore
-from shardkv.storage.location import StoreLocation
-from shardkv.storage.mapping import MappingStore, zarr2_kind
-from shardkv.storage.stamps import STAMPS, ProcessStamps
+from shardkv.storage.kv import STAMPS, KVStore, ProcessStamps, StoreLocation
+from shardkv.storage.mapping import MappingStore
 
 pytestmark = pytest.mark.zarr2
 
@@ -104,7 +102,7 @@ def test_caps_per_kind(kind: str, in_process: bool, lock_dir: bool, tmp_path: Pa
 
 def test_nested_directory_store_is_a_directory(tmp_path: Path) -> None:
     store = MappingStore(zarr.storage.NestedDirectoryStore(str(tmp_path)))
-    assert store.kind == zarr2_kind(store.mapping) == "directory"
+    assert store.kind == "directory"
     assert store.caps.lock_dir and not store.caps.in_process
     assert store.location == StoreLocation(("file",), str(tmp_path.resolve()), str(tmp_path.resolve()))
 

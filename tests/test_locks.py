@@ -23,9 +23,8 @@ from concurrency_harness import run_counter_processes
 from shardkv.engine.locks import LOCK_DIR, Mode, ShardLocks, stripe_of
 from shardkv.errors import ConfigurationError, LockTimeoutError, ShardKVError
 from shardkv.storage.fsspec import FsspecStore
-from shardkv.storage.kv import ANY, KVStore
+from shardkv.storage.kv import ANY, KVStore, StoreLocation
 from shardkv.storage.local import LocalStore
-from shardkv.storage.location import StoreLocation
 from shardkv.storage.mapping import MappingStore
 from shardkv.storage.open import open_kv
 

@@ -21,7 +21,7 @@ import zarr
 from shardkv import ShardedStore
 from shardkv.errors import ConfigurationError
 from shardkv.storage.local import LocalStore
-from shardkv.storage.mapping import MappingStore, zarr2_kind
+from shardkv.storage.mapping import MappingStore
 
 pytestmark = pytest.mark.zarr2
 
@@ -123,17 +123,17 @@ def _impostor(name: str, **attributes: object) -> MutableMapping:
 
 def test_zarr2_stores_are_recognised_by_class_not_by_name(tmp_path: Path) -> None:
     memory = _impostor("MemoryStore")
-    assert zarr2_kind(memory) == "persistent" and not MappingStore(memory).caps.in_process
+    assert MappingStore(memory).kind == "persistent" and not MappingStore(memory).caps.in_process
     with pytest.raises(ConfigurationError, match="MemoryStore"):
         ShardedStore(memory)
     directory = _impostor("DirectoryStore", path=str(tmp_path))
-    assert zarr2_kind(directory) == "persistent"
+    assert MappingStore(directory).kind == "persistent"
     assert not isinstance(ShardedStore(directory, concurrency="process").base, LocalStore)
     assert not (tmp_path / "0").exists()
     # the real classes are
-    assert zarr2_kind(zarr.storage.MemoryStore()) == "memory"
+    assert MappingStore(zarr.storage.MemoryStore()).kind == "memory"
     assert isinstance(ShardedStore(zarr.storage.DirectoryStore(str(tmp_path))).base, LocalStore)
-    assert zarr2_kind(zarr.storage.NestedDirectoryStore(str(tmp_path))) == "directory"
+    assert MappingStore(zarr.storage.NestedDirectoryStore(str(tmp_path))).kind == "directory"
 
 
 @pytest.mark.parametrize("kind", ["SQLiteStore", "ZipStore", "DBMStore", "LRUStoreCache", "KVStore"])

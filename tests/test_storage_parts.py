@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from shardkv.format.ranges import ByteRange
-from shardkv.storage import buffers
-from shardkv.storage.buffers import byte_parts, join_parts
+from shardkv.storage import files
+from shardkv.storage.files import byte_parts, join_parts
 from shardkv.storage.kv import ANY, TEMP_MARKER, KVStore
 from shardkv.storage.open import kv_of_fs, open_kv
 
@@ -69,14 +69,14 @@ def test_local_write_survives_short_writev(tmp_path: Path, monkeypatch: pytest.M
         calls.append(len(buffers))
         return real(fd, [bytes(memoryview(buffers[0])[:3])])
 
-    monkeypatch.setattr(buffers.os, "writev", short_writev)
+    monkeypatch.setattr(files.os, "writev", short_writev)
     open_kv(str(tmp_path)).put("k", PARTS)
     assert (tmp_path / "k").read_bytes() == JOINED
     assert len(calls) >= len(JOINED) // 3  # every short write was resumed where it stopped
 
 
 def test_local_write_batches_more_parts_than_iov_max(tmp_path: Path) -> None:
-    parts = [bytes([i % 251]) for i in range(buffers.IOV_MAX * 2 + 5)]
+    parts = [bytes([i % 251]) for i in range(files.IOV_MAX * 2 + 5)]
     open_kv(str(tmp_path)).put("many", parts)
     assert (tmp_path / "many").read_bytes() == b"".join(parts)
 
@@ -88,7 +88,7 @@ def test_failed_local_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.M
     def broken(fd: int, buffers: Any) -> int:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(buffers.os, "writev", broken)
+    monkeypatch.setattr(files.os, "writev", broken)
     with pytest.raises(OSError):
         kv.put("d/k", [b"new", b"er"])
     assert (tmp_path / "d" / "k").read_bytes() == b"old"

@@ -30,9 +30,9 @@ from shardkv.engine.options import Options
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import ShardLayout
 from shardkv.format.tail import AppendIntent, dead_fraction, old_tail_range, parts_crc32c, plan_tail_update
+from shardkv.storage.files import clones_files
 from shardkv.storage.kv import LOCK_DIR
 from shardkv.storage.local import LocalStore
-from shardkv.storage.local_tail import clones_files
 
 # -- the counting hooks ----------------------------------------------------------------------------
 
@@ -377,7 +377,7 @@ def test_a_file_that_will_not_clone_is_rewritten_whole(reflink_dir: Path, monkey
     import errno
     import fcntl
 
-    import shardkv.storage.local_tail as tail_mod
+    import shardkv.storage.files as files_mod
 
     z = _small(reflink_dir / "a")
     z[:] = 1
@@ -385,13 +385,14 @@ def test_a_file_that_will_not_clone_is_rewritten_whole(reflink_dir: Path, monkey
     real_ioctl = fcntl.ioctl
 
     def ioctl(fd, request, arg=0, *rest):
-        if request == tail_mod._FICLONE:
+        if request == files_mod.FICLONE:
             raise OSError(errno.EINVAL, "cannot clone this file")
         return real_ioctl(fd, request, arg, *rest)
 
-    monkeypatch.setattr(tail_mod.fcntl, "ioctl", ioctl)
-    monkeypatch.setattr(tail_mod, "_CLONES", {})  # this process forgets its probes (restored after the test)
-    monkeypatch.setitem(tail_mod._CLONES, os.stat(reflink_dir).st_dev, True)
+    monkeypatch.setattr(files_mod.fcntl, "ioctl", ioctl)
+    monkeypatch.setattr(files_mod, "_CLONES", {})  # this process forgets its probes (restored after the test)
+    monkeypatch.setattr(files_mod, "_CLONE_DIRS", {})
+    monkeypatch.setitem(files_mod._CLONES, os.stat(reflink_dir).st_dev, True)
     z[0:4, 0:4] = 2
     engine = z.store._engine
     assert engine.stats.tail_updates == 0 and engine.stats.write_lost == 1  # one round lost, then a whole rewrite
@@ -405,8 +406,8 @@ def test_an_update_sweeps_stale_temporaries(place: str, tmp_path: Path, request:
     """Clones of killed writers are temporaries like any other: the next write into their directory removes them."""
     import time
 
+    from shardkv.storage import local
     from shardkv.storage.kv import TEMP_MARKER
-    from shardkv.storage.local import forget_sweeps
 
     base = request.getfixturevalue("reflink_dir") if "reflinks" in place else tmp_path
     z = _small(base / "a", shard_updates=place.split()[0])
@@ -415,7 +416,7 @@ def test_an_update_sweeps_stale_temporaries(place: str, tmp_path: Path, request:
     old.write_bytes(b"a clone left by a killed writer")
     hour_ago = time.time() - 3700
     os.utime(old, (hour_ago, hour_ago))
-    forget_sweeps()  # as in a new process
+    local._SWEPT.clear()  # as in a new process
     z[0:4, 0:4] = 2
     assert z.store._engine.stats.tail_updates == 1
     assert not old.exists()
@@ -475,9 +476,10 @@ def test_a_shard_linked_to_another_file_system_is_rewritten_whole(
 ) -> None:
     """A shard that is a symbolic link to a file on ext4, in an array directory on XFS with reflinks: its clone
     beside the link fails (EXDEV); the update is written whole instead of losing every round."""
-    import shardkv.storage.local_tail as tail_mod
+    import shardkv.storage.files as files_mod
 
-    monkeypatch.setattr(tail_mod, "_CLONES", {})  # this process forgets its probes (restored after the test)
+    monkeypatch.setattr(files_mod, "_CLONES", {})  # this process forgets its probes (restored after the test)
+    monkeypatch.setattr(files_mod, "_CLONE_DIRS", {})
     z = _small(reflink_dir / "a")
     z[:] = 1
     shard = reflink_dir / "a" / "0.0"

@@ -238,7 +238,7 @@ def test_journal_needs_buffer_bytes(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("when", ["first_write", "compact"])
 def test_stale_temporaries_are_removed_young_ones_kept(tmp_path: Path, when: str) -> None:
-    from shardkv.storage.local import forget_sweeps
+    from shardkv.storage import local
 
     root = tmp_path / "store"
     create(root)
@@ -253,7 +253,7 @@ def test_stale_temporaries_are_removed_young_ones_kept(tmp_path: Path, when: str
     hour_ago = time.time() - 3700
     for path in (old, far):
         os.utime(path, (hour_ago, hour_ago))
-    forget_sweeps()  # as in a new process (this one swept the shard's directory a moment ago)
+    local._SWEPT.clear()  # as in a new process (this one swept the shard's directory a moment ago)
     st = ShardedStore(str(root), chunks_per_shard=4)
     assert old.exists()  # opening alone touches nothing
     if when == "first_write":
@@ -272,7 +272,6 @@ def test_stale_temporaries_are_removed_young_ones_kept(tmp_path: Path, when: str
 
 def test_a_stale_temporary_that_cannot_be_removed_warns_and_the_write_goes_on(tmp_path: Path, monkeypatch) -> None:
     from shardkv.storage import local
-    from shardkv.storage.local import forget_sweeps
 
     root = tmp_path / "store"
     create(root)
@@ -280,7 +279,7 @@ def test_a_stale_temporary_that_cannot_be_removed_warns_and_the_write_goes_on(tm
     stale.write_bytes(b"x")
     hour_ago = time.time() - 3700
     os.utime(stale, (hour_ago, hour_ago))
-    forget_sweeps()
+    local._SWEPT.clear()
 
     def refuse(path: str) -> None:
         raise PermissionError(errno.EACCES, "Permission denied", path)

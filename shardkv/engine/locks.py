@@ -24,8 +24,7 @@ from typing import Any, Literal
 from shardkv.engine.retry import LOCK_BACKOFF, Backoff, attempts
 from shardkv.errors import ConfigurationError, LockTimeoutError
 from shardkv.keys.space import ShardedArray
-from shardkv.storage.kv import LOCK_DIR, KVStore
-from shardkv.storage.location import StoreLocation
+from shardkv.storage.kv import LOCK_DIR, KVStore, StoreLocation
 
 Concurrency = Literal["auto", "files", "conditional", "process", "none"]
 """How writers of one shard keep each other's chunks (see :class:`~shardkv.ShardedStore`)."""

@@ -28,8 +28,7 @@ from shardkv.engine.tail import TailUpdater
 from shardkv.errors import ConcurrentUpdateError, CorruptShardError
 from shardkv.format.layout import ShardIndex
 from shardkv.keys.space import ShardedArray
-from shardkv.storage.buffers import Value
-from shardkv.storage.kv import ANY, MISSING_RESULT, NO_VALUE, Generation, KVStore, ReadResult
+from shardkv.storage.kv import ANY, MISSING_RESULT, NO_VALUE, Generation, KVStore, ReadResult, Value
 
 _WRITERS: weakref.WeakSet[ShardWriter] = weakref.WeakSet()
 """Every writer of this process (a forked child forgets their commits)."""

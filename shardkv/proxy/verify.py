@@ -138,7 +138,7 @@ def _kv_of(store: Any) -> KVStore:
 
 
 def find_stale_temporaries(store: Any, min_age_seconds: float = DEFAULT_TEMP_AGE) -> list[str]:
-    """Temporary files of local writers that no longer run (:func:`shardkv.storage.temps.stale_in`).
+    """Temporary files of local writers that no longer run (:func:`shardkv.storage.files.stale_in`).
 
     Parameters
     ----------

@@ -1,80 +1,49 @@
 """A :class:`~shardkv.storage.kv.KVStore` over an fsspec filesystem (other than local directories and S3).
 
-* ``memory://``: every write stores a new file object, so the generation of a
-  value is the identity of the stored object (a serial number it keeps for
-  life); it sees every write in the process, shardkv's or not.
-* local files reached through a filesystem other than fsspec's own
-  ``LocalFileSystem`` (a subclass, a ``DirFileSystem`` over one): the
-  generations of :class:`~shardkv.storage.local.LocalStore`,
-  ``(st_ino, st_mtime_ns, st_size)``, from a ``stat`` before and after each
-  read, so other processes' writes are seen; reads are one ``cat_ranges`` per
-  call through the filesystem, writes those of a ``LocalStore`` (atomic, durable);
-* any other filesystem (gcsfs, http, ...): process stamps
-  (:mod:`shardkv.storage.stamps`); reads are one ``cat_ranges`` per call,
-  writes ``pipe``.
+Local files reached through a filesystem other than fsspec's own
+``LocalFileSystem`` (a subclass, a ``DirFileSystem`` over one) keep the files'
+generations (a ``stat`` before and after each read; writes are a
+:class:`~shardkv.storage.local.LocalStore`'s); any other filesystem
+(``memory://``, gcsfs, http, ...) has process stamps. Reads are one
+``cat_ranges`` per call, writes one ``pipe``.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import stat
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any
 
 import fsspec
-from fsspec.implementations.memory import MemoryFileSystem
 
 from shardkv._types import BytesLike
 from shardkv.errors import ConcurrentUpdateError
-from shardkv.storage.buffers import Value, join_parts
+from shardkv.storage.files import join_parts
 from shardkv.storage.kv import (
     LOCK_DIR,
     MISSING_RESULT,
     NO_VALUE,
+    STAMPS,
     Capabilities,
+    Fetched,
     Generation,
     KVStore,
     ReadRequest,
     ReadResult,
+    StoreLocation,
+    Value,
+    fs_location,
     hidden,
+    read_stamped,
+    write_stamped,
 )
 from shardkv.storage.local import LocalStore, file_generation
-from shardkv.storage.location import StoreLocation, fs_location
-from shardkv.storage.stamps import STAMPS, Fetched, read_stamped, write_stamped
 
-MEMORY_CAPS = Capabilities(
-    ranged=True,
-    round_trips=False,
-    stamps="native",
-    conditional_put=False,
-    conditional_delete=False,
-    lock_dir=False,
-    in_process=True,
-)
-"""``memory://``: ranged, generations from the stored objects, data only in this process."""
-
-_SERIALS = itertools.count(1)
-_SERIAL_LOCK = threading.Lock()
-_SERIAL_ATTR = "_shardkv_serial"
-_LOCAL_READ_ROUNDS = 8
-"""Reads of a local file that keeps being replaced while it is read, before :class:`ConcurrentUpdateError`."""
+_LOCAL_READ_ROUNDS = 8  # reads of a local file replaced while it is read, before ConcurrentUpdateError
 BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss"})
 """Protocols whose first path segment is a bucket (or container) that must already exist."""
-
-
-def _identity(stored: Any) -> Generation:
-    """The generation of a stored ``memory://`` file object: a serial number it keeps for life."""
-    serial = getattr(stored, _SERIAL_ATTR, None)
-    if serial is None:
-        with _SERIAL_LOCK:
-            serial = getattr(stored, _SERIAL_ATTR, None)
-            if serial is None:
-                serial = next(_SERIALS)
-                setattr(stored, _SERIAL_ATTR, serial)
-    return Generation(("memory", serial))
 
 
 _Request = tuple[int, str, "int | None", "int | None"]  # (index of the read, key, start, stop) of one range
@@ -111,7 +80,7 @@ class FsspecStore(KVStore):
     Parameters
     ----------
     fs : fsspec.AbstractFileSystem
-        The filesystem (``memory://`` or any other but s3fs and fsspec's own local one).
+        The filesystem (any but s3fs and fsspec's own local one).
     root : str
         The root path inside ``fs`` (a trailing ``/`` is dropped).
 
@@ -125,16 +94,13 @@ class FsspecStore(KVStore):
     def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
         self.fs = fs
         self.root = fs._strip_protocol(root).rstrip("/") if root else ""
-        self._memory = isinstance(fs, MemoryFileSystem)
         self._location = fs_location(fs, self.root)
         local_dir = self._location.local_dir
         self.files = None if local_dir is None else LocalStore(local_dir)
-        if self._memory:
-            self.caps = MEMORY_CAPS
-        elif self.files is not None:
+        if self.files is not None:
             self.caps = Capabilities(ranged=True, stamps="native", lock_dir=True)
         else:
-            in_memory = self._location.namespace == ("memory",)  # a DirFileSystem over memory://, say
+            in_memory = self._location.namespace == ("memory",)  # memory://, a DirFileSystem over it
             self.caps = Capabilities(ranged=True, round_trips=not in_memory, stamps="process", in_process=in_memory)
 
     @property
@@ -165,8 +131,6 @@ class FsspecStore(KVStore):
         return per_read
 
     def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
-        if self._memory:
-            return self._memory_reads(reads)
         if self.files is not None:
             return self._local_reads(self.files, reads)
         return read_stamped(self._location, reads, partial(self._fetch_stamped, reads))
@@ -216,44 +180,6 @@ class FsspecStore(KVStore):
                 return [r for r in results if r is not None]
         raise ConcurrentUpdateError(reads[pending[0]][0], _LOCAL_READ_ROUNDS, _LOCAL_READ_ROUNDS, "read")
 
-    def _memory_reads(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
-        """``memory://``: one ``cat_ranges`` of every range (what request-counting filesystems see), each
-        result checked to come from the object looked up before it: one generation for all ranges of a read."""
-        looked = [self.fs.store.get(self._path(key)) for key, _, _ in reads]
-        results: list[ReadResult | None] = [None] * len(reads)
-        requests: list[_Request] = []
-        sizes: list[int] = [0] * len(reads)
-        for i, ((key, ranges, cond), stored) in enumerate(zip(reads, looked, strict=True)):
-            if stored is not None:
-                with stored.getbuffer() as view:
-                    sizes[i] = view.nbytes
-                if cond.is_missing or (not cond.is_any and cond != _identity(stored)):
-                    results[i] = ReadResult("stale", None, _identity(stored), sizes[i])
-                    continue
-            elif ranges == [] or (not cond.is_any and not cond.is_missing):
-                results[i] = MISSING_RESULT
-                continue
-            for r in [None] if ranges is None else ranges:
-                requests.append((i, key, None if r is None else r.start, None if r is None else r.stop))
-        per_read = self._cat(requests)
-        for i, (key, _, _) in enumerate(reads):
-            if results[i] is not None:
-                continue
-            stored = looked[i]
-            got = per_read.get(i, [])
-            if stored is None or _not_found(got):
-                results[i] = (
-                    MISSING_RESULT
-                    if self.fs.store.get(self._path(key)) is None
-                    else ReadResult("stale", None, self._memory_generation(key))
-                )
-                continue
-            if self.fs.store.get(self._path(key)) is not stored:  # replaced meanwhile
-                results[i] = ReadResult("stale", None, self._memory_generation(key))
-                continue
-            results[i] = ReadResult("value", [bytes(d) for d in got], _identity(stored), sizes[i])
-        return [r for r in results if r is not None]
-
     def _fetch_stamped(self, reads: Sequence[ReadRequest], indices: list[int]) -> dict[int, Fetched]:
         requests: list[_Request] = []
         for i in indices:
@@ -268,20 +194,20 @@ class FsspecStore(KVStore):
             if _not_found(got):
                 continue
             values: list[BytesLike] = [] if ranges == [] else [bytes(d) for d in got]
-            fetched[i] = (values, len(values[0]) if ranges is None else None)
+            size = len(values[0]) if ranges is None else None
+            if size is None and self.caps.in_process:  # free for in-process data: the engine reads exactly a chunk
+                try:
+                    size = self.fs.size(self._path(key))
+                except FileNotFoundError:  # deleted since it was read
+                    continue
+            fetched[i] = (values, size)
         return fetched
 
     # -- writes ---------------------------------------------------------------
 
-    def _memory_generation(self, key: str) -> Generation:
-        stored = self.fs.store.get(self._path(key))
-        return NO_VALUE if stored is None else _identity(stored)
-
     def _holds(self, key: str, cond: Generation, before: Generation) -> bool:
         if cond.is_any:
             return True
-        if self._memory:
-            return self._memory_generation(key) == cond
         if cond.is_missing:
             return not self.fs.isfile(self._path(key))
         return before == cond
@@ -289,20 +215,14 @@ class FsspecStore(KVStore):
     def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
         if self.files is not None:  # local files: written as a LocalStore writes them, with its generations
             return self.files.put_many(writes)
-        out = write_stamped(self._location, writes, self._holds, self._write_fs)
-        if self._memory:  # memory:// values carry generations of their own
-            return {
-                k: self._memory_generation(k) if g is not None and writes[k][0] is not None else g
-                for k, g in out.items()
-            }
-        return out
+        return write_stamped(self._location, writes, self._holds, self._write_fs)
 
     def _write_fs(self, values: Mapping[str, Value | None]) -> None:
         """One ``pipe`` of the values to store, then the deletes (missing keys are no error)."""
         stores = {self._path(k): join_parts(v) for k, v in values.items() if v is not None}
         if stores:
-            if not self._memory and not set(_protocols(self.fs)) & BUCKET_PROTOCOLS:
-                # object stores need no directories (makedirs would create a bucket)
+            if not self.caps.in_process and not set(_protocols(self.fs)) & BUCKET_PROTOCOLS:
+                # in-memory and object stores need no directories (makedirs would create a bucket)
                 for parent in {self.fs._parent(p) for p in stores}:
                     self.fs.makedirs(parent, exist_ok=True)
             self.fs.pipe(stores)
@@ -331,17 +251,8 @@ class FsspecStore(KVStore):
             if key.startswith(prefix) and not hidden(key):
                 yield key
 
-    def list_generations(
-        self, prefix: str, wanted: Callable[[str], bool] | None = None
-    ) -> Iterator[tuple[str, Generation | None]]:
-        """Every key under ``prefix``; ``memory://`` values with their identity (a look-up), others with ``None``."""
-        for key in self.list_prefix(prefix):
-            yield key, (self._memory_generation(key) if self._memory else None)
-
     def contains(self, key: str) -> bool:
-        """A lookup of the stored object (``memory://``), else the file's info (a directory is no value)."""
-        if self._memory:
-            return self.fs.store.get(self._path(key)) is not None
+        """The file's info (a directory is no value)."""
         return self.size(key) is not None
 
     def size(self, key: str) -> int | None:

@@ -1,48 +1,38 @@
 """The one store interface of shardkv: values with generations, in the kvstore style.
 
 Every base store is reached through one :class:`KVStore` (docs/architecture.md,
-"The store interface", has the implementations and where their generations
-come from). Three rules hold for every implementation (``tests/kv_contract.py``
-checks them):
+"The store interface"). Three rules hold for every implementation
+(``tests/kv_contract.py`` checks them):
 
 1. all ranges of one read come from one stored value, whose generation is returned;
 2. a read conditioned on a generation that no longer holds reads nothing and
-   is ``"stale"`` (with the generation stored now, or :data:`ANY` when the store
-   cannot tell for free); "missing" is a state of a :class:`ReadResult`, never
-   an exception, and every other error propagates unchanged;
+   is ``"stale"``; "missing" is a state of a :class:`ReadResult`, never an
+   exception, and every other error propagates unchanged;
 3. a conditional put or delete whose condition fails writes nothing and
    returns ``None`` (put) / ``False`` (delete): a lost race is a result.
+
+A :class:`StoreLocation` names a store's data (locks and process stamps key on
+it); process stamps (:data:`STAMPS`) are the generations of stores that keep none.
 """
 
 from __future__ import annotations
 
+import os
+import threading
+import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from shardkv._types import BytesLike
 from shardkv.errors import ReservedKeyError, UnsupportedError
 from shardkv.format.ranges import ByteRange
 from shardkv.format.tail import TailHow
-from shardkv.storage.buffers import Value
-from shardkv.storage.location import StoreLocation
 
-__all__ = [
-    "Generation",
-    "ANY",
-    "NO_VALUE",
-    "ReadResult",
-    "ReadState",
-    "Capabilities",
-    "KVStore",
-    "ReadRequest",
-    "MISSING_RESULT",
-    "TEMP_MARKER",
-    "LOCK_DIR",
-    "hidden",
-    "check_not_reserved",
-]
+Value = BytesLike | Sequence[BytesLike]
+"""A value to store: one bytes-like object, or a ``list``/``tuple`` of its parts in order."""
 
 TEMP_MARKER = ".shardkv-tmp-"
 """Part of the name of the temporary files of atomic local writes; never listed."""
@@ -57,15 +47,7 @@ def hidden(key: str) -> bool:
 
 
 def check_not_reserved(key: str) -> None:
-    """Refuse a key whose path names one of shardkv's internal files.
-
-    Raises
-    ------
-    ReservedKeyError
-        If a segment of ``key`` is ``.shardkv-locks`` or contains ``.shardkv-tmp-``:
-        such an array or group would be hidden from every listing, and its
-        files taken for shardkv's temporaries or lock files.
-    """
+    """Refuse a key with a segment ``.shardkv-locks`` or containing ``.shardkv-tmp-`` (:class:`ReservedKeyError`)."""
     for segment in key.split("/"):
         if segment == LOCK_DIR or TEMP_MARKER in segment:
             raise ReservedKeyError(
@@ -75,8 +57,53 @@ def check_not_reserved(key: str) -> None:
             )
 
 
+@dataclass(frozen=True)
+class StoreLocation:
+    """The identity of a base store's data: two stores over the same data share locks and process stamps.
+
+    Parameters
+    ----------
+    namespace : tuple of hashable
+        The backend in which paths are unique: ``("file",)``, ``("memory",)``,
+        ``("s3", endpoint_url)``, ``("mapping", id(mapping))``.
+    root : str
+        The store root inside the namespace, without a trailing ``/``.
+    local_dir : str or None
+        The absolute directory of the root on a mounted file system (lock files can live there).
+    """
+
+    namespace: tuple[Hashable, ...]
+    root: str
+    local_dir: str | None = None
+
+    def full_path(self, key: str) -> str:
+        """The path of ``key`` inside the namespace (``root/key``)."""
+        return f"{self.root}/{key}" if self.root else key
+
+
+def fs_location(fs: Any, root: str) -> StoreLocation:
+    """The location of ``root`` inside an fsspec filesystem ``fs`` (local paths resolved, endpoints named)."""
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    protocol = protocols[0]
+    inner, prefix = getattr(fs, "fs", None), getattr(fs, "path", None)
+    if protocol == "dir" and inner is not None and isinstance(prefix, str):  # DirFileSystem: its target
+        return fs_location(inner, fs._join(root))
+    stripped = fs._strip_protocol(root).rstrip("/")
+    if "file" in protocols or "local" in protocols:
+        real = os.path.realpath(stripped or "/")
+        return StoreLocation(("file",), real, real)
+    if protocol == "memory":
+        return StoreLocation(("memory",), stripped)
+    extra: Hashable = None
+    client_kwargs = getattr(fs, "client_kwargs", None) or {}
+    endpoint = getattr(fs, "endpoint_url", None) or client_kwargs.get("endpoint_url")
+    if endpoint is not None:
+        extra = str(endpoint)
+    return StoreLocation((str(protocol), extra), stripped)
+
+
 class _AnyToken:
-    """The token of :data:`ANY` (a singleton that survives pickling)."""
+    """The token of :data:`ANY`: a singleton that survives pickling."""
 
     def __repr__(self) -> str:
         return "ANY"
@@ -95,28 +122,25 @@ class Generation:
     Parameters
     ----------
     token : hashable
-        What the store uses: ``(st_ino, st_mtime_ns, st_size)`` of a local file,
-        an S3 ETag, an obstore ``(e_tag, version)``, a process stamp; ``None`` for
-        :data:`NO_VALUE`; a private singleton for :data:`ANY`.
+        The store's stamp: a local file's ``(st_ino, st_mtime_ns, st_size)``, an
+        S3 ETag, a process stamp; ``None`` for :data:`NO_VALUE`.
 
     Notes
     -----
-    As a *condition* (``if_generation=``), :data:`ANY` means "whatever is stored,
-    or nothing" (no condition) and :data:`NO_VALUE` means "only if nothing is
-    stored" (create). Any other generation means "only if the stored value still
-    has this stamp".
+    As a condition (``if_generation=``): :data:`ANY` is none, :data:`NO_VALUE`
+    "only if nothing is stored", any other "only if the stored value still has this stamp".
     """
 
     token: Hashable
 
     @property
     def is_any(self) -> bool:
-        """True for :data:`ANY` (no condition)."""
+        """True for :data:`ANY`."""
         return self.token is _ANY_TOKEN
 
     @property
     def is_missing(self) -> bool:
-        """True for :data:`NO_VALUE` (the stamp of a missing key)."""
+        """True for :data:`NO_VALUE`."""
         return self.token is None
 
     def __repr__(self) -> str:
@@ -143,19 +167,16 @@ class ReadResult:
     Parameters
     ----------
     state : {"value", "missing", "stale"}
-        ``"value"``: read; ``"missing"``: the key is not stored (``values`` is
-        ``None``); ``"stale"``: the read was conditioned on a generation that no
-        longer holds, and nothing was read (``values`` is ``None``).
+        ``"missing"``: not stored; ``"stale"``: the read's condition no longer
+        holds and nothing was read (``values`` is ``None`` for both).
     values : list of bytes-like or None
-        One read-only buffer (``bytes`` or a read-only ``memoryview``) per byte
-        range asked for, in order; ``[whole value]`` when no ranges were given.
-        A range past the end of the value returns fewer bytes (callers check).
+        One read-only buffer per byte range asked for, in order (``[whole
+        value]`` without ranges); a range past the end returns fewer bytes.
     generation : Generation
         Of the value read; :data:`NO_VALUE` when missing; for ``"stale"``, of
         what is stored now, or :data:`ANY` when the store cannot tell for free.
     size : int or None
-        The stored value's total size (bytes) when the read learnt it for free
-        (a local ``fstat``, an HTTP ``Content-Range``), else ``None``.
+        The stored value's size (bytes) when the read learnt it for free, else ``None``.
     """
 
     state: ReadState
@@ -169,13 +190,7 @@ class ReadResult:
         return self.state == "value"
 
     def whole(self) -> BytesLike:
-        """The value of a read made without byte ranges.
-
-        Raises
-        ------
-        ValueError
-            If the result holds no value (missing or stale) or several ranges.
-        """
+        """The value of a read made without byte ranges (``ValueError`` if it holds none or several)."""
         if self.values is None or len(self.values) != 1:
             raise ValueError(
                 f"a read result in state {self.state!r} with "
@@ -195,33 +210,21 @@ class Capabilities:
     Parameters
     ----------
     ranged : bool
-        Byte-range reads read only the bytes asked for (else the whole value is
-        read and sliced; the engine then reads shards whole and caches nothing).
+        Byte-range reads read only the bytes asked for (else shards are read whole).
     round_trips : bool
-        Every request is a network round trip (object stores): read a shard whole
-        when most of it is wanted, batch requests.
+        Every request is a network round trip (object stores).
     stamps : {"native", "process"}
-        Where generations come from: the store itself (ETag, fstat), seen by every
-        process; or process stamps, which see only this process's shardkv writes.
-    conditional_put : bool
-        ``put(..., if_generation=g)`` is atomic against other processes (S3
-        ``If-Match``, obstore ``PutMode``).
-    conditional_delete : bool
-        ``delete(..., if_generation=g)`` is atomic against other processes.
+        Generations from the store itself (seen by every process) or process stamps.
+    conditional_put, conditional_delete : bool
+        ``put``/``delete`` with ``if_generation`` is atomic against other processes.
     lock_dir : bool
-        The data lives in local (or mounted) directories where cross-process lock
-        files can be taken.
+        The data lives in mounted directories where lock files can be taken.
     in_process : bool
-        The data lives only in this process (dict, ``memory://``): in-process
-        locks are a complete concurrency guarantee.
+        The data lives only in this process: in-process locks are a complete guarantee.
     tail_updates : bool
-        :meth:`KVStore.update_tail` can write an update of a few chunks of a
-        stored shard after its bytes (local and network directories, S3
-        through s3fs), instead of the whole shard.
+        :meth:`KVStore.update_tail` can write a few chunks of a stored shard after its bytes.
     tail_min_kept : int
-        Fewest leading bytes of a stored shard an update must keep
-        (bytes; S3: 5 MiB, its smallest copied part); a shard that would keep
-        fewer (a small shard, an index at the start) is written whole.
+        Fewest leading bytes of a stored shard an update must keep (S3: 5 MiB).
     """
 
     ranged: bool = False
@@ -243,15 +246,8 @@ class KVStore(ABC):
     """A base key/value store with generations. Keys are ``/``-separated ``str``.
 
     Implementations give :meth:`get_many`, :meth:`put_many`, :meth:`list_prefix`,
-    :attr:`caps` and :attr:`location`; the single-key methods are built on them.
-    Nothing here raises ``KeyError``: a missing key is a result.
-
-    Attributes
-    ----------
-    caps : Capabilities
-        What the store can do.
-    location : shardkv.storage.location.StoreLocation
-        The identity of the data (locks, process stamps and pickling key on it).
+    :attr:`caps` (:class:`Capabilities`) and :attr:`location`; the single-key
+    methods are built on them. Nothing here raises ``KeyError``: a missing key is a result.
     """
 
     caps: Capabilities
@@ -318,18 +314,16 @@ class KVStore(ABC):
     ) -> Iterator[tuple[str, Generation | None]]:
         """Every stored key that starts with ``prefix``, with its generation where the listing gives it cheaply.
 
-        Object stores return their listing's generations (S3 ETags, obstore's
-        ``e_tag``/``version``), local files one ``stat`` per file wanted, other
-        stores ``None`` at the cost of :meth:`list_prefix`; never a request per key.
+        Never a request per key: object stores give their listing's
+        generations, local files one ``stat`` per wanted file, others ``None``.
 
         Parameters
         ----------
         prefix : str
             Keys starting with it are listed (``""``: all).
         wanted : callable of str to bool, optional
-            The keys whose generation the caller will use (the shards whose
-            index it has cached); a store that pays for each generation (a
-            local ``stat``) gives ``None`` for the others. ``None``: every key.
+            The keys whose generation the caller will use; a store that pays
+            for each generation gives ``None`` for the others. ``None``: every key.
 
         Yields
         ------
@@ -370,19 +364,11 @@ class KVStore(ABC):
         return self.put_many({key: (None, if_generation)})[key] is not None
 
     def contains(self, key: str) -> bool:
-        """True when a value is stored at ``key`` (a path holding keys is not a value).
-
-        The default is a zero-range read (a ``HEAD``, an ``fstat``);
-        implementations answer with a cheaper lookup where they have one.
-        """
+        """True when a value is stored at ``key`` (a path holding keys is not a value); a zero-range read here."""
         return self.get(key, []).found
 
     def size(self, key: str) -> int | None:
-        """The size in bytes of the value stored at ``key``, or ``None`` when nothing is stored there.
-
-        The default is a zero-range read, and a whole read only when that
-        did not tell the size (mappings tell it anyway).
-        """
+        """The size in bytes of the value stored at ``key``, or ``None`` when nothing is stored there."""
         result = self.get(key, [])
         if not result.found:
             return None
@@ -394,8 +380,7 @@ class KVStore(ABC):
     def delete_prefix(self, prefix: str) -> None:
         """Delete every stored key that starts with ``prefix`` (``""``: every key; hidden files stay).
 
-        Stores with directories remove the directories left empty too.
-        Not atomic: keys written meanwhile may stay.
+        Directories left empty go too. Not atomic: keys written meanwhile may stay.
         """
         keys = list(self.list_prefix(prefix))
         if keys:
@@ -501,3 +486,193 @@ class KVStore(ABC):
     def close(self) -> None:
         """Release resources of the base store, if it has any."""
         return None  # a default for stores that hold none, not an abstract method
+
+
+# -- process stamps ------------------------------------------------------------
+
+N_STRIPES = 4096  # stripes of the process table (two ints and one lock each)
+
+Ticket = tuple[int, int, bool]  # (stripe, counter, in flight) as a read saw them before it began
+
+
+class ProcessStamps:
+    """The striped write counters of this process: generations for stores that keep none.
+
+    They see the writes made through shardkv in this process, and only those.
+    A counter belongs to a stripe of (location namespace, full path): a write
+    also changes the stamps of its stripe's other keys (a needless re-read,
+    never a wrong answer). Seqlock-style: a read that overlapped a write of its
+    stripe gets a generation equal to no other. Writers hold their stripes'
+    locks from the condition check to the stamp of what they stored, so a
+    conditional put is atomic against every other shardkv write of this process.
+
+    Parameters
+    ----------
+    n_stripes : int
+        Number of stripes (counters, in-flight counts and locks kept).
+
+    Raises
+    ------
+    ValueError
+        If ``n_stripes`` is below 1.
+    """
+
+    def __init__(self, n_stripes: int = N_STRIPES) -> None:
+        if n_stripes < 1:
+            raise ValueError(f"n_stripes must be >= 1, got {n_stripes}")
+        self._n = n_stripes
+        self._reset()
+
+    def _reset(self) -> None:
+        self._counters = [0] * self._n
+        self._in_flight = [0] * self._n
+        self._guard = threading.Lock()  # guards counters and in-flight counts (held for a few ops)
+        # serialise the writers of a stripe; re-entrant, so a store nested in another (a mapping over a
+        # shardkv proxy) cannot deadlock on a shared stripe
+        self._writers = [threading.RLock() for _ in range(self._n)]
+
+    def after_fork_in_child(self) -> None:
+        """New locks, no write in flight; counters moved past the parent's (its generations never hold here)."""
+        counters = [c + 2 for c in self._counters]
+        self._reset()
+        self._counters = counters
+
+    def stripe(self, location: StoreLocation, key: str) -> int:
+        """The stripe of ``key`` in the store at ``location`` (by the key's full path in its namespace)."""
+        name = f"{location.namespace!r}\x00{location.full_path(key)}"
+        return zlib.crc32(name.encode("utf-8", "surrogatepass")) % self._n
+
+    # -- reads ----------------------------------------------------------------
+
+    def begin_read(self, location: StoreLocation, key: str) -> Ticket:
+        """The ticket of a read of ``key`` about to start."""
+        s = self.stripe(location, key)
+        with self._guard:
+            return s, self._counters[s], self._in_flight[s] > 0
+
+    def current(self, ticket: Ticket) -> Generation | None:
+        """The generation the ticket's value has, if the stripe is still as the ticket saw it, else ``None``."""
+        s, counter, busy = ticket
+        with self._guard:
+            if busy or self._in_flight[s] or self._counters[s] != counter:
+                return None
+        return Generation(("stamp", counter))
+
+    def end_read(self, ticket: Ticket) -> Generation:
+        """The generation of a value read since :meth:`begin_read`; one equal to no other if a write overlapped."""
+        generation = self.current(ticket)
+        return Generation(object()) if generation is None else generation  # a token equal only to itself
+
+    # -- writes ---------------------------------------------------------------
+
+    @contextmanager
+    def writing(self, location: StoreLocation, keys: Iterable[str]) -> Iterator[StampedWrite]:
+        """Hold the writer locks of the keys' stripes around a write; yields its :class:`StampedWrite`.
+
+        ``before`` holds the keys' stamps before the write (for conditions);
+        the caller calls :meth:`StampedWrite.begin` with the keys it writes;
+        after the block, ``after`` holds the stamps of what is stored.
+        """
+        keys = list(keys)
+        stripes = {k: self.stripe(location, k) for k in keys}
+        order = sorted(set(stripes.values()))  # one global order: no deadlock between batches
+        for s in order:
+            self._writers[s].acquire()
+        try:
+            with self._guard:
+                write = StampedWrite(
+                    self, stripes, {k: Generation(("stamp", self._counters[s])) for k, s in stripes.items()}
+                )
+            try:
+                yield write
+            finally:
+                with self._guard:
+                    for s in write.begun:
+                        self._counters[s] += 1
+                        self._in_flight[s] = max(0, self._in_flight[s] - 1)
+                    write.after = {k: Generation(("stamp", self._counters[s])) for k, s in stripes.items()}
+        finally:
+            for s in reversed(order):
+                self._writers[s].release()
+
+
+class StampedWrite:
+    """One write under :meth:`ProcessStamps.writing`: the stamps ``before`` it and ``after`` it."""
+
+    __slots__ = ("_stamps", "_stripes", "before", "after", "begun")
+
+    def __init__(self, stamps: ProcessStamps, stripes: dict[str, int], before: dict[str, Generation]) -> None:
+        self._stamps = stamps
+        self._stripes = stripes
+        self.before = before
+        self.after: dict[str, Generation] = {}
+        self.begun: set[int] = set()
+
+    def begin(self, keys: Iterable[str]) -> None:
+        """The keys are about to be written (or deleted): reads of their stripes are unstable until the end."""
+        new = {self._stripes[k] for k in keys} - self.begun
+        with self._stamps._guard:
+            for s in new:
+                self._stamps._counters[s] += 1
+                self._stamps._in_flight[s] += 1
+        self.begun |= new
+
+
+STAMPS = ProcessStamps()
+"""The process's stamps, shared by every store."""
+
+os.register_at_fork(after_in_child=STAMPS.after_fork_in_child)
+
+
+Fetched = tuple[list[BytesLike], "int | None"]  # what a read fetched: its values and the stored size
+
+
+def read_stamped(
+    location: StoreLocation, reads: Sequence[ReadRequest], fetch: Callable[[list[int]], Mapping[int, Fetched]]
+) -> list[ReadResult]:
+    """``get_many`` of a process-stamped store: ``fetch(indices)`` gives index -> :data:`Fetched` of the keys found.
+
+    A conditional read whose stamp no longer holds is stale before any I/O;
+    one that overlapped a write of its stripe is stale after the fetch (its size dropped).
+    """
+    tickets = [STAMPS.begin_read(location, key) for key, _, _ in reads]
+    results: list[ReadResult | None] = [None] * len(reads)
+    for i, ((_, _, cond), ticket) in enumerate(zip(reads, tickets, strict=True)):
+        if not cond.is_any and not cond.is_missing and STAMPS.current(ticket) != cond:
+            results[i] = ReadResult("stale", None, ANY)  # changed (or changing) since: read nothing
+    found = fetch([i for i, result in enumerate(results) if result is None])
+    for i, ((_, _, cond), ticket) in enumerate(zip(reads, tickets, strict=True)):
+        if results[i] is not None:
+            continue
+        if i not in found:
+            results[i] = MISSING_RESULT
+            continue
+        values, size = found[i]
+        generation = STAMPS.current(ticket)
+        if generation is None:  # a write overlapped: a generation equal to no other, and no size to trust
+            generation, size = Generation(object()), None
+        if cond.is_missing or (not cond.is_any and generation != cond):
+            results[i] = ReadResult("stale", None, generation)
+        else:
+            results[i] = ReadResult("value", values, generation, size)
+    return [result for result in results if result is not None]
+
+
+def write_stamped(
+    location: StoreLocation,
+    writes: Mapping[str, tuple[Value | None, Generation]],
+    holds: Callable[[str, Generation, Generation], bool],
+    write: Callable[[dict[str, Value | None]], None],
+) -> dict[str, Generation | None]:
+    """``put_many`` of a process-stamped store: under the stripes' writer locks, ``holds(key, condition, stamp
+    before)`` tells which conditions hold, and ``write`` gets those keys' values (``None``: delete)."""
+    out: dict[str, Generation | None] = {key: None for key in writes}
+    if not writes:
+        return out
+    with STAMPS.writing(location, writes) as stamped:
+        ok = [key for key, (_, cond) in writes.items() if holds(key, cond, stamped.before[key])]
+        stamped.begin(ok)
+        write({key: writes[key][0] for key in ok})
+    for key in ok:
+        out[key] = NO_VALUE if writes[key][0] is None else stamped.after[key]
+    return out

@@ -1,49 +1,14 @@
 """A :class:`~shardkv.storage.kv.KVStore` over a local directory: one file per key, generations from ``fstat``.
 
-Reads
-    A read of one key is ``open`` + ``fstat`` + one ``pread`` per byte range +
-    ``close``, and no ``stat``: the generation, ``(st_ino, st_mtime_ns,
-    st_size)``, comes from the ``fstat`` of the very descriptor that reads, so
-    every range of one read (a shard's index and its chunks) comes from one
-    file, the one the generation names. A read conditioned on a generation that
-    the ``fstat`` does not match reads nothing (``"stale"``).
-
-    Only regular files are values. A directory, FIFO, socket or device at a key
-    is damage and raises an ``OSError`` naming the key (``IsADirectoryError``
-    for a directory), never "missing": files are opened with ``O_NONBLOCK``, so
-    a FIFO never blocks the reader, and checked with ``S_ISREG`` on the fstat.
-
-Writes
-    Atomic: a temporary file beside the target (its name holds
-    :data:`~shardkv.storage.kv.TEMP_MARKER`, so it is never listed) is written
-    from the value's parts (``os.writev``), fsync'd, renamed over the target,
-    and the directory fsync'd once per batch. The generation returned is the
-    ``fstat`` of the temporary file's descriptor (a rename keeps inode, mtime
-    and size). A create-only put (``if_generation=NO_VALUE``) links the
-    temporary file to the target, which fails if anything is there, so it is
-    atomic against other processes too; an update conditioned on a generation
-    is checked and renamed under an in-process lock, atomic only within this
-    process (the engine takes lock files for the rest: ``caps.lock_dir``).
-
-    :func:`_pwrite_all` (one buffer) and :func:`write_parts` (several parts)
-    are the only low-level writes; the crash and fault-injection tests replace
-    them on this module.
-
-O(chunk) updates (:meth:`LocalStore.update_tail`)
-    A clone of the shard with the new bytes renamed over it, or an append to
-    the live file under a write-ahead intent: :mod:`shardkv.storage.local_tail`,
-    writing through :func:`_pwrite_all` and :func:`write_parts` as well.
-
-Temporary files of writers that no longer run are swept: each writer holds an
-``flock`` on its temporary file until it is renamed, so one whose lock can be
-taken is removed at once (:mod:`shardkv.storage.temps`; other temporaries once
-:attr:`LocalStore.temp_age` old). :meth:`LocalStore.remove_stale_temporaries`
-walks the store, and every write first sweeps the directories it writes into,
-once per :attr:`LocalStore.temp_age` and process.
-
-Keys never leave the root: a key that is empty, absolute, holds an empty
-segment, a segment of periods only (``.``, ``..``), a backslash or a NUL is
-refused with :class:`~shardkv.errors.InvalidKeyError` before any I/O.
+A read is ``open`` + ``fstat`` + one ``pread`` per range: the generation,
+``(st_ino, st_mtime_ns, st_size)``, is the reading descriptor's, so every range
+of one read comes from the file it names. Only regular files are values
+(anything else at a key raises ``OSError`` naming it). A write goes to a held
+temporary file beside the target (:mod:`shardkv.storage.files`), fsync'd and
+renamed over it; a create-only put links it instead (atomic against every
+process). :func:`_pwrite_all` and :func:`write_parts` are the only low-level
+writes (the crash tests replace them here). O(chunk) updates:
+:mod:`shardkv.storage.local_tail`. Keys never leave the root.
 """
 
 from __future__ import annotations
@@ -54,50 +19,51 @@ import itertools
 import os
 import shutil
 import stat
-import threading
 import time
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from shardkv._types import BytesLike
 from shardkv.errors import InvalidKeyError, UnsupportedError
 from shardkv.format.tail import TailHow
-from shardkv.storage.buffers import Value, byte_parts, pread_exact, read_pool, write_parts
+from shardkv.storage.files import (
+    byte_parts,
+    clones_files,
+    held_temporary,
+    pread_exact,
+    read_pool,
+    stale_in,
+    write_parts,
+)
 from shardkv.storage.kv import (
     LOCK_DIR,
     MISSING_RESULT,
     NO_VALUE,
+    STAMPS,
     Capabilities,
     Generation,
     KVStore,
     ReadRequest,
     ReadResult,
+    StoreLocation,
+    Value,
     hidden,
 )
-from shardkv.storage.local_tail import append_update, clone_update, clones_files, inside, recover_append
-from shardkv.storage.location import StoreLocation
-from shardkv.storage.stamps import STAMPS
-from shardkv.storage.temps import held_temporary, stale_in
+from shardkv.storage.local_tail import append_update, clone_update, inside, recover_append
 
-_READ_GROUPS = 8
-"""Tasks one batched local read is split into (the size of :func:`~shardkv.storage.buffers.read_pool`)."""
-
-_POOLED_READ_NBYTES = 64 * 1024
-"""Bytes the first read of a batch must return for the rest to be read by the pool (smaller: in this thread)."""
+_READ_GROUPS = 8  # tasks one batched local read is split into (the size of read_pool)
+_POOLED_READ_NBYTES = 64 * 1024  # bytes the first read of a batch must return for the rest to go to the pool
 
 FSYNC = True
-"""Default of :attr:`LocalStore.fsync`: fsync each written file before its rename and the
-directories after (durable against power loss once a write returns)."""
+"""Default of :attr:`LocalStore.fsync`: fsync each written file before its rename, and the directories after."""
 
 DEFAULT_TEMP_AGE = 3600.0
-"""Seconds a temporary file whose writer's lock cannot be tried (no lock on it: clone probes, older
-versions; another account's file on NFS) must have been left untouched before it counts as stale; also how
-often a writer sweeps a directory it writes into. A live writer finishes a shard in far less."""
+"""Seconds a temporary file whose writer's lock cannot be tried must be left untouched to count as stale;
+also how often a writer sweeps a directory it writes into."""
 
-_CHECKED_MAX = 4096  # keys whose checked local paths one store remembers (all forgotten past that)
-_SWEPT_MAX = 65536  # directories remembered as swept, per process (least recently swept forgotten first)
+_MAX_REMEMBERED = 4096  # keys (checked paths, linked shards) one store remembers (all forgotten past that)
+_SWEPT_MAX = 65536  # directories remembered as swept, per process
 _OPEN_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 _NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK, errno.ENOSYS}
 _KINDS = (
@@ -110,17 +76,8 @@ _KINDS = (
 
 
 def file_generation(st: os.stat_result) -> Generation:
-    """The generation of a local file: ``(st_ino, st_mtime_ns, st_size)``.
-
-    The inode makes an atomic rewrite (a new file renamed over the old) a new
-    generation even within the file system's timestamp granularity.
-    """
-    return Generation(_file_token(st))
-
-
-def _file_token(st: os.stat_result) -> tuple[int, int, int]:
-    """The token of :func:`file_generation` (compared without making a :class:`Generation`)."""
-    return (st.st_ino, st.st_mtime_ns, st.st_size)
+    """The generation of a local file: ``(st_ino, st_mtime_ns, st_size)`` (the inode tells a rename apart)."""
+    return Generation((st.st_ino, st.st_mtime_ns, st.st_size))
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
@@ -131,20 +88,12 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
 
 
 def _write_at(fd: int, offset: int, parts: list[memoryview]) -> None:
-    """Write ``parts`` back to back from byte ``offset`` of ``fd`` (through the two low-level writes)."""
+    """Write ``parts`` back to back from byte ``offset`` of ``fd``."""
     if len(parts) == 1:
         _pwrite_all(fd, parts[0], offset)
     elif parts:
         os.lseek(fd, offset, os.SEEK_SET)
         write_parts(fd, parts)
-
-
-def _array_dir(lock_file: str) -> str:
-    """The array directory of a lock file ``<array>/.shardkv-locks/<stripe>.lock`` (as named, not resolved)."""
-    return os.path.dirname(os.path.dirname(lock_file))
-
-
-_MAX_NO_APPEND = 4096  # keys of linked shards remembered per store
 
 
 def _not_a_file(key: str, path: str, mode: int) -> OSError:
@@ -169,11 +118,10 @@ def _check_key(key: str) -> str:
 
 
 def atomic_write(path: str, parts: list[memoryview], fsync: bool, create_only: bool = False) -> Generation | None:
-    """Write ``parts`` to a temporary file beside ``path`` and move it there; its generation.
+    """Write ``parts`` to a temporary file beside ``path`` and rename it there; its generation.
 
-    ``create_only``: the temporary file is hard-linked to ``path`` (fails if
-    anything is there: ``None`` is returned and nothing changes), else renamed
-    over it. The directory is not fsync'd here (once per batch, by the caller).
+    ``create_only``: hard-linked instead (``None`` if anything is there). The
+    directory is fsync'd by the caller, once per batch.
     """
     placed = False  # the temporary file was renamed away (nothing left to remove)
     with held_temporary(os.path.dirname(path)) as (fd, tmp):  # locked until renamed: no sweeper removes it
@@ -215,76 +163,36 @@ def fsync_dirs(paths: Iterable[str]) -> None:
             os.close(dir_fd)
 
 
-class _DurableEntries:
-    """The lock files whose directory entries this process has made durable (bounded, thread-safe).
+_DURABLE: set[str] = set()  # lock files whose directory entries this process made durable
+_SWEPT: dict[str, float] = {}  # directory -> time.monotonic() of its last sweep in this process
 
-    A lock file is made when a hold first needs it, and nothing syncs its
-    directory then; an in-place append records its intent in it, so a
-    durable store syncs the lock file's directory and that directory's
-    parent (the lock directory may be as new) once before the first intent.
+
+def _make_durable(lock_file: str) -> None:
+    """fsync the directories of ``lock_file`` and of its lock directory, once per process.
+
+    A lock file is made when a hold first needs it, unsynced; an append's
+    intent recorded in it must survive a power loss.
     """
-
-    _MAX = 65536
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._paths: set[str] = set()
-
-    def ensure(self, lock_file: str) -> None:
-        """Make the entries of ``lock_file`` and of its directory durable, unless done before in this process."""
-        with self._lock:
-            if lock_file in self._paths:
-                return
+    if lock_file not in _DURABLE:
         fsync_dirs([lock_file, os.path.dirname(lock_file)])
-        with self._lock:
-            if len(self._paths) >= self._MAX:
-                self._paths.clear()
-            self._paths.add(lock_file)
+        if len(_DURABLE) >= _SWEPT_MAX:
+            _DURABLE.clear()
+        _DURABLE.add(lock_file)
 
 
-DURABLE_LOCK_FILES = _DurableEntries()
-
-
-class _Swept:
-    """The process-wide table of directories already swept of stale temporaries (bounded, thread-safe)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._dirs: OrderedDict[str, float] = OrderedDict()  # directory -> time.monotonic() of its sweep
-
-    def claim(self, directory: str, every: float) -> bool:
-        """True when ``directory`` was not swept in this process in the last ``every`` seconds (sweep it now)."""
-        now = time.monotonic()
-        with self._lock:
-            last = self._dirs.get(directory)
-            if last is not None and now - last < every:
-                return False
-            self._dirs[directory] = now
-            self._dirs.move_to_end(directory)
-            if len(self._dirs) > _SWEPT_MAX:
-                self._dirs.popitem(last=False)
-            return True
-
-    def forget(self) -> None:
-        """Forget every sweep (the next write into any directory sweeps it)."""
-        with self._lock:
-            self._dirs.clear()
-
-
-_SWEPT = _Swept()
-
-
-def _new_locks_in_child() -> None:
-    """A forked child gets new locks: another thread of its parent may have held them at the fork."""
-    DURABLE_LOCK_FILES._lock = threading.Lock()
-    _SWEPT._lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_new_locks_in_child)
+def _claim_sweep(directory: str, every: float) -> bool:
+    """True when ``directory`` was not swept in this process in the last ``every`` seconds (sweep it now)."""
+    now = time.monotonic()
+    last = _SWEPT.get(directory)
+    if last is not None and now - last < every:
+        return False
+    if len(_SWEPT) >= _SWEPT_MAX:
+        _SWEPT.clear()
+    _SWEPT[directory] = now
+    return True
 
 
 def _every_key(key: str) -> bool:
-    """``list_generations`` without ``wanted``: every file's generation."""
     return True
 
 
@@ -301,27 +209,17 @@ class LocalStore(KVStore):
         processes but not durable against power loss; for bulk writes redone
         after a crash).
     temp_age : float
-        Age (seconds) from which a temporary file without its writer's lock
-        counts as stale (:data:`DEFAULT_TEMP_AGE`); one whose writer's lock
-        can be taken is stale at once.
+        Seconds from which a temporary file without its writer's lock counts
+        as stale (:data:`DEFAULT_TEMP_AGE`); one whose lock can be taken is stale at once.
 
     Notes
     -----
-    Capabilities: ranged reads, native generations, lock files in the root;
-    conditional puts and deletes are not atomic against *other processes*
-    (except a create-only put), so ``conditional_put`` is False.
+    Conditional puts are atomic within this process only (a create-only put:
+    against every process), so ``conditional_put`` is False; the engine takes
+    lock files for the rest.
     """
 
-    caps = Capabilities(
-        ranged=True,
-        round_trips=False,
-        stamps="native",
-        conditional_put=False,
-        conditional_delete=False,
-        lock_dir=True,
-        in_process=False,
-        tail_updates=True,
-    )
+    caps = Capabilities(ranged=True, stamps="native", lock_dir=True, tail_updates=True)
 
     def __init__(
         self, root: str | os.PathLike[str], *, fsync: bool | None = None, temp_age: float = DEFAULT_TEMP_AGE
@@ -329,14 +227,12 @@ class LocalStore(KVStore):
         root = os.fspath(root)
         self.root = root.rstrip("/") or "/"
         self._prefix = self.root if self.root.endswith("/") else self.root + "/"
-        real = os.path.realpath(self.root)
-        self._real_root = real  # what in-place append records may name: files under it only
+        real = os.path.realpath(self.root)  # in-place append records may name files under it only
         self._location = StoreLocation(("file",), real, real)
         self.fsync = FSYNC if fsync is None else bool(fsync)
         self.temp_age = float(temp_age)
         self._checked: dict[str, str] = {}  # key -> its local path, checked by _check_key (reads look it up)
         self._no_append: set[str] = set()  # keys of shards outside their array's real directory (linked)
-        self._clones: dict[str, bool] = {}  # directory -> whether its file system clones files (asked once)
 
     @property
     def location(self) -> StoreLocation:
@@ -373,7 +269,7 @@ class LocalStore(KVStore):
             if not stat.S_ISREG(st.st_mode):
                 raise _not_a_file(key, path, st.st_mode)
             size = st.st_size
-            token = _file_token(st)
+            token = (st.st_ino, st.st_mtime_ns, st.st_size)
             if cond.token == token:
                 generation = cond  # the stamp asked for: no new object
             elif cond.is_any:
@@ -392,9 +288,9 @@ class LocalStore(KVStore):
             os.close(fd)
 
     def _remember_path(self, key: str) -> str:
-        """:meth:`path` of ``key``, kept for the next reads (the key is checked once, not per read)."""
+        """:meth:`path` of ``key``, kept for the next reads (checked once, not per read)."""
         path = self.path(key)
-        if len(self._checked) >= _CHECKED_MAX:
+        if len(self._checked) >= _MAX_REMEMBERED:
             self._checked.clear()
         self._checked[key] = path
         return path
@@ -429,7 +325,7 @@ class LocalStore(KVStore):
         Raises
         ------
         OSError
-            For a FIFO, socket or device at ``key`` (not a value), or a failed ``stat`` (permissions).
+            For a FIFO, socket or device at ``key``, or a failed ``stat`` (permissions).
         """
         path = self.path(key)
         try:
@@ -493,16 +389,10 @@ class LocalStore(KVStore):
         OSError
             If the shard's directory cannot be examined or written (permissions).
         """
-        directory = os.path.dirname(self.path(key))
-        clones = self._clones.get(directory)
-        if clones is None:
-            try:
-                clones = clones_files(directory)
-            except FileNotFoundError:  # no shard there yet: a whole write
-                return None
-            if len(self._clones) >= _CHECKED_MAX:
-                self._clones.clear()
-            self._clones[directory] = clones
+        try:
+            clones = clones_files(os.path.dirname(self.path(key)))
+        except FileNotFoundError:  # no shard there yet: a whole write
+            return None
         if clones:
             return "clone"
         return "append" if in_place and key not in self._no_append else None
@@ -520,19 +410,12 @@ class LocalStore(KVStore):
     ) -> Generation | None:
         """Write ``writes`` into the shard at ``key``: into a clone renamed over it, or appended in place.
 
-        See :meth:`KVStore.update_tail` and the module docstring. ``"append"``
-        takes writes back to back from the shard's size (each made durable
-        before the next: the chunks before their index), and the open lock
-        file ``intent_fd`` the caller holds, at ``intent_path`` in the lock
-        directory of the shard's array; with :attr:`fsync`, that lock file and
-        its directory are first made durable in their directories (once per
-        lock file and process), so that a power loss cannot take away an
-        intent the append relies on. A shard whose real path is not in that
-        array's real directory (a symbolic link to a file, or through a linked
-        directory, elsewhere) is not appended to: ``None``, and the next
-        :meth:`tail_method` of it says ``None`` (it is written whole, which
-        puts a file in the array's directory), as the recovery of an append
-        acts only on files there (without ``intent_path``: the store's real root).
+        See :meth:`KVStore.update_tail`. ``"append"`` writes back to back from
+        the shard's size under the intent in the lock file ``intent_fd`` (at
+        ``intent_path``, made durable first with :attr:`fsync`). A shard whose
+        real path is outside its array's real directory (a link elsewhere) is
+        not appended to: ``None``, and :meth:`tail_method` says ``None`` for it
+        from then on, as recovery acts only on files there.
 
         Raises
         ------
@@ -548,7 +431,7 @@ class LocalStore(KVStore):
         if drop:
             raise UnsupportedError(f"{key!r}: a local shard keeps its leading bytes (drop={drop})")
         path = self.path(key)
-        self.sweep_before_writing([key])  # as every write: temporaries (clones too) of killed writers go
+        self.sweep_before_writing([key])
 
         def holds(st: os.stat_result) -> bool:
             return if_generation.is_any or file_generation(st) == if_generation
@@ -556,18 +439,16 @@ class LocalStore(KVStore):
         with STAMPS.writing(self._location, [key]):
             if how == "clone":
                 st = clone_update(path, writes, nbytes, holds, self.fsync, _write_at)
-                if st is None:  # a race lost, or a file that would not clone after all: asked again
-                    self._clones.pop(os.path.dirname(path), None)
             else:
                 if intent_fd is None:
                     raise ValueError(f"an in-place append to {key!r} needs the lock file that records its intent")
                 if not inside(os.path.realpath(path), self._repairable(intent_path)):
-                    if len(self._no_append) >= _MAX_NO_APPEND:
+                    if len(self._no_append) >= _MAX_REMEMBERED:
                         self._no_append.clear()
                     self._no_append.add(key)
                     return None
                 if self.fsync and intent_path is not None:
-                    DURABLE_LOCK_FILES.ensure(intent_path)
+                    _make_durable(intent_path)
                 st = append_update(path, writes, nbytes, holds, intent_fd, self.fsync, _write_at)
         if st is not None and how == "clone" and self.fsync:
             fsync_dirs([path])
@@ -576,28 +457,23 @@ class LocalStore(KVStore):
     def recover_tail(self, intent_fd: int, intent_path: str | None = None, repair: bool = True) -> str | None:
         """:func:`~shardkv.storage.local_tail.recover_append` of the lock file ``intent_fd`` (the caller holds it).
 
-        A record may name files under the real directory of the array whose
-        lock directory holds ``intent_path`` (the shard's lock file as the
-        engine names it: ``<real array directory>/.shardkv-locks/<stripe>.lock``),
-        or, without ``intent_path``, under the store's real root.
+        A record may name files under the real directory of the array of
+        ``intent_path`` (``<array>/.shardkv-locks/<stripe>.lock``), else under the store's real root.
         """
         if not os.fstat(intent_fd).st_size:  # no append was ever recorded in this lock file
             return None
         return recover_append(intent_fd, _write_at, self._repairable(intent_path), repair)
 
     def _repairable(self, intent_path: str | None) -> str:
-        """The directory whose files the records of the lock file at ``intent_path`` may name (see recover_tail)."""
-        return self._real_root if intent_path is None else _array_dir(intent_path)
+        """The directory whose files the records of the lock file at ``intent_path`` may name."""
+        return self._location.root if intent_path is None else os.path.dirname(os.path.dirname(intent_path))
 
     # -- listings -------------------------------------------------------------
 
     def _walk(
         self, prefix: str, stat_entries: Callable[[str], bool] | None
     ) -> Iterator[tuple[str, os.stat_result | None]]:
-        """``(key, stat or None)`` of every file whose key starts with ``prefix``, hidden ones left out.
-
-        ``stat_entries``: the keys whose files are stat'ed (``None``: none).
-        """
+        """``(key, stat or None)`` of every file under ``prefix`` but hidden ones; ``stat_entries``: which to stat."""
         if prefix:
             _check_key(prefix.rstrip("/"))
         head = prefix.rpartition("/")[0]
@@ -625,10 +501,7 @@ class LocalStore(KVStore):
     def list_generations(
         self, prefix: str, wanted: Callable[[str], bool] | None = None
     ) -> Iterator[tuple[str, Generation | None]]:
-        """Every key under ``prefix`` with its generation (one ``stat`` per wanted file, as a read's ``fstat`` sees it).
-
-        Files ``wanted`` does not accept are listed with ``None`` (no ``stat``).
-        """
+        """Every key under ``prefix`` with its generation: one ``stat`` per ``wanted`` file, else ``None``."""
         for key, st in self._walk(prefix, wanted or _every_key):
             yield key, None if st is None else file_generation(st)
 
@@ -649,11 +522,9 @@ class LocalStore(KVStore):
         return sorted(keys), sorted(dirs)
 
     def delete_prefix(self, prefix: str) -> None:
-        """Delete every key under ``prefix``; a path (``prefix`` ending in ``/``) goes as a directory tree.
+        """Delete every key under ``prefix``; a path (ending in ``/``) goes as a directory tree.
 
-        For ``""`` everything goes but the root's lock directory (writers in
-        other processes may hold its locks). A prefix that ends inside a name
-        deletes the matching keys one by one.
+        For ``""`` everything goes but the root's lock directory (other processes may hold its locks).
         """
         if prefix and not prefix.endswith("/"):
             super().delete_prefix(prefix)
@@ -678,8 +549,7 @@ class LocalStore(KVStore):
     def prune_empty_dirs(self, prefix: str) -> None:
         """Remove the directories left empty under ``prefix`` (``""``: below the root), deepest first.
 
-        Never removes a file but lock files (a ``.shardkv-locks`` directory holding
-        only ``*.lock`` files); a directory a racing writer just wrote into stays.
+        No file goes but the lock files of a lock directory holding nothing else.
         """
         top = self._prefix + prefix.strip("/") if prefix.strip("/") else self.root
         if prefix.strip("/"):
@@ -696,19 +566,13 @@ class LocalStore(KVStore):
     # -- stale temporaries ----------------------------------------------------
 
     def find_stale_temporaries(self, min_age_seconds: float | None = None) -> list[str]:
-        """Temporary files of writers that no longer run (:func:`~shardkv.storage.temps.stale_in`).
+        """Temporary files of writers that no longer run (:func:`~shardkv.storage.files.stale_in`), sorted paths.
 
         Parameters
         ----------
         min_age_seconds : float, optional
             Seconds a temporary without its writer's lock must have been left
-            untouched (default :attr:`temp_age`); locked temporaries go by
-            their lock alone.
-
-        Returns
-        -------
-        list of str
-            Local paths, sorted.
+            untouched (default :attr:`temp_age`); locked ones go by their lock.
         """
         return self._sweep(min_age_seconds, remove=False)
 
@@ -727,14 +591,13 @@ class LocalStore(KVStore):
     def sweep_before_writing(self, keys: Iterable[str]) -> list[str]:
         """Remove stale temporaries from the directories of ``keys``, each once per :attr:`temp_age` and process.
 
-        A missing directory is skipped; any other error (permissions) is a
-        ``RuntimeWarning``, never a failed write. Returns the paths removed.
+        An error (permissions) is a ``RuntimeWarning``, never a failed write. Returns the paths removed.
         """
         removed: list[str] = []
         now = time.time()
         for parent in {key.rpartition("/")[0] for key in keys}:
             directory = self._prefix + parent if parent else self.root
-            if not _SWEPT.claim(directory, self.temp_age):
+            if not _claim_sweep(directory, self.temp_age):
                 continue
             try:
                 removed.extend(stale_in(directory, os.listdir(directory), now, self.temp_age, remove=True))
@@ -751,8 +614,3 @@ class LocalStore(KVStore):
 
 def _rebuild(root: str, fsync: bool, temp_age: float) -> LocalStore:
     return LocalStore(root, fsync=fsync, temp_age=temp_age)
-
-
-def forget_sweeps() -> None:
-    """Forget every directory swept in this process (as a new process would)."""
-    _SWEPT.forget()

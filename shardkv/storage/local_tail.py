@@ -1,55 +1,30 @@
 """O(chunk) updates of local shard files: a reflink clone renamed over the shard, or an in-place append.
 
 The file I/O of :meth:`LocalStore.update_tail <shardkv.storage.local.LocalStore.update_tail>`
-(what is written where is planned by :mod:`shardkv.format.tail`):
+(the plan is :mod:`shardkv.format.tail`'s; docs/architecture.md has the why):
 
-``"clone"`` (:func:`clone_update`), where the file system clones files
-    (``ioctl(FICLONE)``: XFS with reflinks, btrfs, bcachefs, OCFS2; found once
-    per device by cloning an empty temporary file, :func:`clones_files`). A
-    temporary file beside the shard is made a clone of it (no data copied),
-    the new bytes are written into it at their offsets, then it is fsync'd
-    and renamed over the shard like every local write. Readers with or
-    without shardkv read old or new values (old chunks keep their offsets in
-    the clone); a reader holding the old file keeps reading its old bytes.
-``"append"`` (:func:`append_update`), in place, where no clone can be made and the caller asks
-    An :class:`~shardkv.format.tail.AppendIntent` (file, inode, old and new
-    size, CRC32C of the last bytes before the append and of the appended
-    bytes) is written at the start of the lock
-    file the caller holds and fdatasync'd; then the new bytes are written at
-    the file's end, the chunks first and the index last, each write
-    fdatasync'd before the next (so no crash leaves an index that checks
-    over chunk blocks the file system never wrote); then the intent is cleared
-    (zeros over its magic, not synced: recovery is idempotent).
-    :func:`recover_append` keeps an append whose bytes are all there and
-    check, cuts a torn one back to the old size (the bytes before it were
-    never written), and leaves alone a file that is no longer the one
-    appended to (:func:`~shardkv.format.tail.recovered_nbytes`).
+``"clone"`` (:func:`clone_update`), where the file system clones files (``ioctl(FICLONE)``,
+    :func:`clones_files`): a held temporary file beside the shard is made a
+    clone of it, the new bytes written into it, then it is fsync'd and renamed
+    over the shard. Readers see the old or the new value, never a mix.
+``"append"`` (:func:`append_update`), in place, where no clone can be made and the caller asks:
+    an :class:`~shardkv.format.tail.AppendIntent` is written at the start of
+    the lock file the caller holds and fdatasync'd, the new bytes appended
+    (chunks first, the index last, each fdatasync'd before the next), then
+    the intent cleared (zeros over its magic, in place: the lock file keeps
+    its size, so a record is one small data write). :func:`recover_append`
+    keeps a complete append, cuts a torn one back to the old size and leaves
+    a file that is no longer the one appended to alone.
 
-    The record's slot is overwritten in place, never cut: once a lock file
-    has held a record it keeps its size, so clearing a record is one small
-    write and the fdatasync of the next record flushes that record's block
-    without a change of size to commit. Cutting the file to clear it (and
-    growing it again with the next record) changed its size twice per
-    append: in the benchmarks' dask row (W29-2) on ext4 the ``ftruncate``
-    alone took 9 % of the workers' write time (py-spy), and on an idle ext4
-    file a record's write and fdatasync took 0.26 ms after a cut, 0.11 ms
-    in place. fdatasync is the durability the record needs: its bytes are
-    data, and a size change (the first record, or a longer path than any
-    before) is metadata that fdatasync makes durable too.
-
-Every byte goes through the ``write_at`` the caller passes (the local
-store's, over its two low-level writes, which the crash tests replace).
+Every byte goes through the ``write_at`` the caller passes (the crash tests replace it).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import stat
-import threading
-import uuid
 from collections.abc import Callable, Sequence
 
 from shardkv.format.tail import (
@@ -60,96 +35,22 @@ from shardkv.format.tail import (
     parts_crc32c,
     recovered_nbytes,
 )
-from shardkv.storage.buffers import Value, byte_parts, pread_exact
-from shardkv.storage.kv import TEMP_MARKER
-from shardkv.storage.temps import held_temporary
-
-__all__ = [
-    "clones_files",
-    "clone_update",
-    "append_update",
-    "read_intent",
-    "clear_intent",
-    "recover_append",
-    "recorded_append",
-    "inside",
-]
+from shardkv.storage.files import FICLONE, NO_CLONES, byte_parts, held_temporary, no_clones, pread_exact
+from shardkv.storage.kv import Value
 
 WriteAt = Callable[[int, int, list[memoryview]], None]
 """``write_at(fd, offset, parts)``: write ``parts`` back to back from byte ``offset`` of ``fd``."""
 
-_FICLONE = getattr(fcntl, "FICLONE", 0x40049409)  # Linux's ioctl number (Python < 3.12 does not name it)
-_NO_CLONES = {errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.ENOSYS, errno.EPERM}
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_OPEN_PROBE = os.O_RDWR | os.O_CREAT | os.O_EXCL | _CLOEXEC  # a clone's source must be readable
 
 
-_CLONES: dict[int, bool] = {}  # device (st_dev) -> whether its file system clones files (found once per process)
-_CLONES_GUARD = threading.Lock()
-
-
-def _new_guard_in_child() -> None:
-    """A forked child gets a new guard: another thread of its parent may have held it at the fork."""
-    global _CLONES_GUARD
-    _CLONES_GUARD = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_new_guard_in_child)
-
-
-def clones_files(directory: str) -> bool:
-    """Whether the file system of ``directory`` clones files (``ioctl(FICLONE)``), found once per device.
-
-    The test clones an empty temporary file into another beside it (no data
-    written); ``EOPNOTSUPP``, ``EXDEV``, ``EINVAL``, ``ENOTTY``... mean no.
-
-    Raises
-    ------
-    OSError
-        If ``directory`` cannot be examined or written (permissions).
-    """
-    device = os.stat(directory).st_dev
-    with _CLONES_GUARD:
-        known = _CLONES.get(device)
-    if known is not None:
-        return known
-    names = [os.path.join(directory, f"{TEMP_MARKER}{uuid.uuid4().hex}") for _ in range(2)]
-    fds: list[int] = []
-    try:
-        for name in names:
-            fds.append(os.open(name, _OPEN_PROBE, 0o600))
-        try:
-            fcntl.ioctl(fds[1], _FICLONE, fds[0])
-            found = True
-        except OSError as exc:
-            if exc.errno not in _NO_CLONES:
-                raise
-            found = False
-    finally:
-        for fd in fds:
-            os.close(fd)
-        for name in names[: len(fds)]:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(name)
-    with _CLONES_GUARD:
-        _CLONES[device] = found
-    return found
-
-
-def read_intent(intent_fd: int) -> AppendIntent | None:
-    """The append intent recorded at the start of the lock file ``intent_fd``, or ``None``."""
-    return AppendIntent.decode(os.pread(intent_fd, INTENT_MAX_NBYTES, 0))
-
-
-_NO_RECORD = bytes(len(INTENT_MAGIC))
-"""What clears a record: zeros over its magic (the rest of the slot stays, unread)."""
+_NO_RECORD = bytes(len(INTENT_MAGIC))  # what clears a record: zeros over its magic (the rest stays, unread)
 
 
 def recorded_append(lock_dir: str, shard_path: str) -> str | None:
     """The lock file in ``lock_dir`` that records an append intent for the shard file ``shard_path``, or ``None``.
 
-    Reads the lock files without taking them (what ``shardkv verify`` reports);
-    ``shard_path`` is compared by its real path, as intents record it.
+    Reads the lock files without taking them (``shardkv verify``); paths compared as real paths.
 
     Raises
     ------
@@ -168,7 +69,7 @@ def recorded_append(lock_dir: str, shard_path: str) -> str | None:
         except FileNotFoundError:
             continue  # removed meanwhile (the array deleted)
         try:
-            intent = read_intent(fd)
+            intent = AppendIntent.decode(os.pread(fd, INTENT_MAX_NBYTES, 0))
         finally:
             os.close(fd)
         if intent is not None and intent.path == real:
@@ -177,10 +78,7 @@ def recorded_append(lock_dir: str, shard_path: str) -> str | None:
 
 
 def clear_intent(intent_fd: int, write_at: WriteAt) -> None:
-    """Forget the intent recorded in ``intent_fd``: zeros over its magic, in place (the file keeps its size).
-
-    Not synced: recovering an append twice changes nothing.
-    """
+    """Forget the intent in ``intent_fd``: zeros over its magic, in place (not synced: recovery is idempotent)."""
     write_at(intent_fd, 0, [memoryview(_NO_RECORD)])
 
 
@@ -197,25 +95,13 @@ def inside(path: str, directory: str) -> bool:
 def recover_append(intent_fd: int, write_at: WriteAt, within: str, repair: bool = True) -> str | None:
     """Finish or undo the in-place append recorded in the lock file ``intent_fd``; the shard path, if one was named.
 
-    The caller holds the lock. A torn append (the file named, with the same
-    inode and the same bytes before the append, is between the old and the
-    new size, or at the new size with appended bytes that do not check) is
-    cut back to the old size; a complete one stays; a file that is not the
-    one appended to as it was (another inode; the same inode number given to
-    a shard rewritten since; bytes added after the append) is left alone
-    (:func:`~shardkv.format.tail.recovered_nbytes`). The intent is then
-    cleared (through ``write_at``). Running it again changes nothing; a
-    lock file with no record (empty, or cleared) is only read. With
-    ``repair`` false nothing is written: the path a record names is returned
-    (a read-only store reports what it would repair).
-
-    A record naming a file outside the directory ``within`` (the real
-    directory of the array whose lock directory holds the lock file), or
-    naming it through a symbolic link, is not acted on and stays
-    (:func:`inside`): lock files may be writable by the array's group, and a
-    record written there (or one left by an array since moved) must not cut
-    a file elsewhere. Appends are made only to shards under that directory
-    (:meth:`LocalStore.update_tail <shardkv.storage.local.LocalStore.update_tail>`).
+    The caller holds the lock. A torn append is cut back to the old size, a
+    complete one stays, a file that is no longer the one appended to is left
+    alone (:func:`~shardkv.format.tail.recovered_nbytes`); then the intent is
+    cleared. Idempotent. With ``repair`` false nothing is written (what a
+    read-only store reports). A record naming a file outside the real
+    directory ``within`` (the array's), or through a symbolic link, is not
+    acted on (:func:`inside`): a group-writable lock file must not cut a file elsewhere.
 
     Raises
     ------
@@ -293,12 +179,9 @@ def clone_update(
 ) -> os.stat_result | None:
     """Clone the shard at ``path``, write ``writes`` into the clone, rename it over the shard; the new file's stat.
 
-    ``None`` (nothing changed) when the shard is missing or ``holds`` refuses
-    its stat, and when this file cannot be cloned after all (``EINVAL``,
-    ``EOPNOTSUPP``, ``EXDEV`` for a shard linked to another file system...:
-    its device and the directory's are then taken for ones without clones,
-    so the caller's next round plans without them). The directory is not
-    fsync'd here (the caller does, as after every local write).
+    ``None`` (nothing changed) when the shard is missing, ``holds`` refuses
+    its stat, or this file cannot be cloned after all (then :func:`clones_files`
+    says no for its directory). The caller fsyncs the directory.
 
     Raises
     ------
@@ -309,21 +192,19 @@ def clone_update(
     if opened is None:
         return None
     src, _ = opened
-    temp = contextlib.ExitStack()  # the temporary file stays locked until it is renamed (storage/temps.py)
+    temp = contextlib.ExitStack()  # the temporary file stays locked until it is renamed (storage/files.py)
     tmp = ""
     placed = False
     try:
         fd, tmp = temp.enter_context(held_temporary(os.path.dirname(path)))
         try:
-            fcntl.ioctl(fd, _FICLONE, src)
+            fcntl.ioctl(fd, FICLONE, src)
         except OSError as exc:
-            if exc.errno not in _NO_CLONES:
+            if exc.errno not in NO_CLONES:
                 raise
-            with _CLONES_GUARD:  # the probe said yes, this file says no: no clones here from now on
-                _CLONES[os.fstat(src).st_dev] = False
-                # nor in the directory the clone is made in, which the next plan asks about: they differ for a
-                # shard that is a symbolic link to another file system (EXDEV), which would fail every round
-                _CLONES[os.fstat(fd).st_dev] = False
+            # the probe said yes, this file says no: no clones on its device, nor in the directory the next
+            # plan asks about (another device for a shard linked to another file system: EXDEV every round)
+            no_clones(os.path.dirname(path), os.fstat(src).st_dev, os.fstat(fd).st_dev)
             return None
         for offset, value in writes:
             write_at(fd, offset, byte_parts(value))
@@ -354,14 +235,9 @@ def append_update(
 ) -> os.stat_result | None:
     """Append ``writes`` (back to back from its size) to the shard at ``path``, under an intent in ``intent_fd``.
 
-    With ``fsync``, each write is made durable (``fdatasync``) before the
-    next is written: the plan's last write is the index, and until a sync
-    completes a file system may keep any of the blocks written since and
-    lose the others (ext4 writes delayed allocations back in any order, XFS
-    reads unwritten extents as zeros), so an index made durable before the
-    chunks it points at could check and name zeros.
-
-    ``None`` (nothing written) when the shard is missing or ``holds`` refuses its stat.
+    With ``fsync``, each write is fdatasync'd before the next (the index
+    last): a file system may persist blocks in any order. ``None`` (nothing
+    written) when the shard is missing or ``holds`` refuses its stat.
 
     Raises
     ------

@@ -1,30 +1,16 @@
 """A :class:`~shardkv.storage.kv.KVStore` over any ``MutableMapping``: a dict, a zarr-python 2 store, a user's mapping.
 
-A mapping stores whole values and keeps no generations, so:
-
-* a ranged read fetches the whole value once and slices it
-  (:attr:`Capabilities.ranged` is False);
-* generations are process stamps (:mod:`shardkv.storage.stamps`): they see the
-  writes made through shardkv in this process, and nothing else.
-
-Where a mapping keeps its data (:func:`zarr2_kind`) decides the capabilities
-the engine plans with, hence what ``concurrency="auto"`` resolves to
-(:func:`~shardkv.engine.locks.resolve_mode`). zarr-python 2's stores are
-recognised by ``isinstance`` against the classes of ``zarr.storage`` when the
-process has imported it (never imported here):
+Whole values (a ranged read fetches the value once and slices it) and process
+stamps. Where a mapping keeps its data (:attr:`MappingStore.kind`, by
+``isinstance`` against zarr 2's ``zarr.storage`` when the process imported it)
+decides what ``concurrency="auto"`` resolves to:
 
 * ``"memory"``: a ``dict`` (or a subclass), zarr 2's ``MemoryStore``: the data
-  lives in this process (``in_process``), so in-process locks and stamps are a
-  complete guarantee;
-* ``"directory"``: zarr 2's ``DirectoryStore`` and its subclasses
-  (``NestedDirectoryStore``, ``N5Store``; their directory is made on the first
-  write), and an ``LMDBStore`` whose ``path`` is a local directory: lock files
-  can be taken there (``lock_dir``);
-* ``"persistent"``: every other mapping: zarr 2's ``SQLiteStore``,
-  ``ZipStore``, ``DBMStore``, ``RedisStore``, ``MongoDBStore``, ``ABSStore``,
-  ``LRUStoreCache`` and ``KVStore`` (which wrap a store shardkv cannot see),
-  and any mapping of a user's (over ``shelve``, SQLite, Redis, ...): other
-  processes may share its data, so ``"auto"`` asks which guarantee is meant.
+  lives in this process (``in_process``);
+* ``"directory"``: zarr 2's ``DirectoryStore`` and its subclasses, an
+  ``LMDBStore`` whose ``path`` is a directory: lock files can be taken there;
+* ``"persistent"``: every other mapping (zarr 2's ``SQLiteStore``, ``ZipStore``,
+  ``LRUStoreCache``..., a user's): other processes may share its data.
 """
 
 from __future__ import annotations
@@ -37,32 +23,31 @@ from types import ModuleType
 from typing import Any
 
 from shardkv._types import BytesLike
-from shardkv.storage.buffers import Value, join_parts, slice_value
+from shardkv.storage.files import join_parts, slice_value
 from shardkv.storage.kv import (
+    STAMPS,
     Capabilities,
+    Fetched,
     Generation,
     KVStore,
     ReadRequest,
     ReadResult,
+    StoreLocation,
+    Value,
     hidden,
+    read_stamped,
+    write_stamped,
 )
-from shardkv.storage.location import StoreLocation
-from shardkv.storage.stamps import STAMPS, Fetched, read_stamped, write_stamped
-
-__all__ = ["MappingStore", "zarr2_kind", "zarr2_storage"]
 
 
 def zarr2_storage() -> ModuleType | None:
-    """zarr-python 2's ``zarr.storage`` if this process has imported it, else ``None`` (never imports zarr).
-
-    zarr-python 3's ``zarr.storage`` has no ``DirectoryStore``: ``None`` there.
-    """
+    """zarr-python 2's ``zarr.storage`` if this process imported it, else ``None`` (zarr 3's: no DirectoryStore)."""
     module = sys.modules.get("zarr.storage")
     return module if module is not None and isinstance(getattr(module, "DirectoryStore", None), type) else None
 
 
 def _where(mapping: Any) -> tuple[str, str | None]:
-    """``(kind, local directory or None)`` of a mapping (see :func:`zarr2_kind`)."""
+    """``(kind, local directory or None)`` of a mapping (see the module docstring)."""
     if isinstance(mapping, dict):
         return "memory", None
     zs = zarr2_storage()
@@ -78,19 +63,6 @@ def _where(mapping: Any) -> tuple[str, str | None]:
     return "persistent", None
 
 
-def zarr2_kind(mapping: Any) -> str:
-    """Where a mapping keeps its data: ``"memory"``, ``"directory"`` or ``"persistent"`` (module docstring).
-
-    Pure but for one ``os.path.isdir`` of an ``LMDBStore``'s ``path``.
-    """
-    return _where(mapping)[0]
-
-
-def _readonly(value: Any) -> BytesLike:
-    """A stored value as an immutable buffer (``bytes`` as is; anything else copied once)."""
-    return value if isinstance(value, bytes) else join_parts(value)
-
-
 class MappingStore(KVStore):
     """A ``MutableMapping`` as a process-stamped :class:`KVStore` (whole values, sliced for ranges).
 
@@ -103,7 +75,7 @@ class MappingStore(KVStore):
     Attributes
     ----------
     kind : {"memory", "directory", "persistent"}
-        Where the mapping keeps its data (:func:`zarr2_kind`).
+        Where the mapping keeps its data (module docstring).
     """
 
     def __init__(self, mapping: MutableMapping) -> None:
@@ -114,17 +86,11 @@ class MappingStore(KVStore):
             self._location = StoreLocation(("file",), local_dir, local_dir)
         else:
             self._location = StoreLocation(("mapping", id(mapping)), "")
-        self.caps = Capabilities(
-            ranged=False,
-            round_trips=False,
-            stamps="process",
-            lock_dir=local_dir is not None,
-            in_process=self.kind == "memory",
-        )
+        self.caps = Capabilities(lock_dir=local_dir is not None, in_process=self.kind == "memory")
 
     @property
     def location(self) -> StoreLocation:
-        """A local directory's resolved path for ``"directory"`` mappings, else the mapping object itself."""
+        """A ``"directory"`` mapping's resolved path, else the mapping object itself."""
         return self._location
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -162,7 +128,7 @@ class MappingStore(KVStore):
             if key not in found:
                 continue
             value = found[key]
-            values: list[BytesLike] = [_readonly(value)] if ranges is None else [slice_value(value, r) for r in ranges]
+            values: list[BytesLike] = [join_parts(value)] if ranges is None else [slice_value(value, r) for r in ranges]
             fetched[i] = (values, memoryview(value).nbytes)
         return fetched
 
@@ -213,12 +179,8 @@ class MappingStore(KVStore):
                 yield key
 
     def delete_prefix(self, prefix: str) -> None:
-        """Delete the keys under ``prefix``; a zarr-python 2 store's own ``rmdir`` where it has one.
-
-        ``rmdir`` is used for a path (``prefix`` ending in ``/``) and for the
-        whole store when the mapping keeps no local directory (where lock files
-        of other processes live in it, those stay).
-        """
+        """Delete the keys under ``prefix``; with a zarr 2 store's ``rmdir`` for a path, or the whole store
+        when it keeps no local directory (whose lock files stay)."""
         rmdir = getattr(self.mapping, "rmdir", None)
         path = prefix[:-1] if prefix.endswith("/") else prefix
         if rmdir is None or (prefix and not prefix.endswith("/")) or (not prefix and self.caps.lock_dir):

@@ -23,21 +23,22 @@ from typing import Any, TypeVar
 
 from shardkv.errors import ConfigurationError
 from shardkv.format.ranges import ByteRange
-from shardkv.storage.buffers import Value, byte_parts
+from shardkv.storage.files import byte_parts
 from shardkv.storage.kv import (
     ANY,
     MISSING_RESULT,
     NO_VALUE,
+    STAMPS,
     Capabilities,
     Generation,
     KVStore,
     ReadRequest,
     ReadResult,
+    StoreLocation,
+    Value,
     hidden,
 )
-from shardkv.storage.location import StoreLocation
 from shardkv.storage.objects import Fetched, Outcome, assemble, child_names, metadata_only, plan_requests, sliced
-from shardkv.storage.stamps import STAMPS
 
 __all__ = ["ObstoreStore", "is_obstore_store", "obstore_location", "conditional_put_disabled", "open_obstore_url"]
 

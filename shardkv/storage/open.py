@@ -1,13 +1,12 @@
 """``open_kv``: the one place that turns what a user passes as a store into a :class:`~shardkv.storage.kv.KVStore`.
 
-Which store each kind of base store gets: docs/architecture.md ("Where
-generations come from"). Zarr stores that rewrite keys (``normalize_keys=True``,
-an ``FSStore`` with ``key_separator="/"``) are refused.
+Which store each kind gets: docs/architecture.md ("Where generations come from").
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
@@ -24,8 +23,6 @@ from shardkv.storage.mapping import MappingStore, zarr2_storage
 from shardkv.storage.obstore import ObstoreStore, is_obstore_store, open_obstore_url
 from shardkv.storage.s3 import S3Store
 
-__all__ = ["open_kv", "kv_of_fs"]
-
 
 def kv_of_fs(fs: fsspec.AbstractFileSystem, root: str) -> KVStore:
     """The store of ``root`` inside an fsspec filesystem.
@@ -34,21 +31,21 @@ def kv_of_fs(fs: fsspec.AbstractFileSystem, root: str) -> KVStore:
     :class:`LocalStore` of the directory; s3fs an :class:`S3Store`; anything
     else an :class:`FsspecStore`.
     """
-    inner: Any = getattr(fs, "fs", None)
-    if isinstance(fs, DirFileSystem) and type(inner) is LocalFileSystem and isinstance(fs.path, str):
-        return LocalStore(inner._strip_protocol(fs._join(root)))
+    if isinstance(fs, DirFileSystem) and type(fs.fs) is LocalFileSystem and isinstance(fs.path, str):
+        return LocalStore(fs.fs._strip_protocol(fs._join(root)))
     if type(fs) is LocalFileSystem:  # a subclass may change what a read does (or count it): FsspecStore
         return LocalStore(fs._strip_protocol(root))
-    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    if {"s3", "s3a"} & set(protocols) and hasattr(fs, "_call_s3"):
+    s3fs = sys.modules.get("s3fs")  # imported by fsspec for s3:// before any s3fs filesystem exists
+    if s3fs is not None and isinstance(fs, s3fs.S3FileSystem):
         return S3Store(fs, root)
     return FsspecStore(fs, root)
 
 
 def _obstore_kv(store: Any) -> KVStore:
-    if type(store).__name__ == "LocalStore":
-        prefix = getattr(store, "prefix", None)
-        return LocalStore(os.fspath(prefix) if prefix else "/")
+    from obstore.store import LocalStore as ObstoreLocalStore  # obstore made ``store``: it is imported
+
+    if isinstance(store, ObstoreLocalStore):
+        return LocalStore(os.fspath(store.prefix) if store.prefix else "/")
     return ObstoreStore(store)
 
 

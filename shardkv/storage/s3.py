@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from shardkv.errors import UnsupportedError
 from shardkv.format.ranges import ByteRange
 from shardkv.format.tail import TailHow
-from shardkv.storage.buffers import Value, join_parts
+from shardkv.storage.files import join_parts
 from shardkv.storage.kv import (
     ANY,
     MISSING_RESULT,
@@ -34,10 +34,12 @@ from shardkv.storage.kv import (
     KVStore,
     ReadRequest,
     ReadResult,
+    StoreLocation,
+    Value,
+    fs_location,
     hidden,
 )
 from shardkv.storage.local import DEFAULT_TEMP_AGE
-from shardkv.storage.location import StoreLocation, fs_location
 from shardkv.storage.objects import Outcome, assemble, child_names, metadata_only, plan_requests, sliced
 from shardkv.storage.s3_updates import LOST_CODES, MIN_PART_NBYTES, copy_update, incomplete_uploads
 

@@ -28,8 +28,7 @@ from typing import Any
 from fsspec.mapping import FSMap
 
 from shardkv.errors import ConfigurationError
-from shardkv.storage.kv import Capabilities
-from shardkv.storage.location import StoreLocation
+from shardkv.storage.kv import Capabilities, StoreLocation
 from shardkv.storage.mapping import MappingStore
 
 
