@@ -36,7 +36,7 @@ from shardkv.cli.stores import open_store
 from shardkv.cli.view import HierarchyView, sizes
 from shardkv.errors import ConfigurationError, MetadataError
 from shardkv.keys.paths import owning_array, path_prefix
-from shardkv.keys.space import ShardedArray, V2ChunkKeyEncoding, grid_shape
+from shardkv.keys.space import Separator, ShardedArray, V2ChunkKeyEncoding, grid_shape
 from shardkv.metadata.documents import META_NAMES, load_json, unreadable_documents
 from shardkv.metadata.v2_view import unusable_sharding
 from shardkv.metadata.v3_view import v2_dimension_separator, v3_view_of_v2
@@ -86,7 +86,7 @@ class ArrayKeys:
 
     path: str
     zarray: dict[str, Any]
-    separator: str
+    separator: Separator
     separator_detected: bool
     chunk_keys: dict[tuple[int, ...], str] = field(default_factory=dict)
     stale_keys: list[str] = field(default_factory=list)
@@ -151,7 +151,7 @@ def _decodes(encoding: V2ChunkKeyEncoding, suffix: str, ndim: int) -> tuple[int,
         return None
 
 
-def detect_separator(path: str, zarray: Mapping[str, Any], suffixes: Iterable[str]) -> tuple[str, bool]:
+def detect_separator(path: str, zarray: Mapping[str, Any], suffixes: Iterable[str]) -> tuple[Separator, bool]:
     """The chunk key separator of a v2 array, and whether it was detected from its keys.
 
     A ``.zarray`` with a ``dimension_separator`` decides. Without one, zarr
@@ -228,7 +228,7 @@ def classify_array(path: str, zarray: Mapping[str, Any], keys: Iterable[str]) ->
     suffixes = [k[len(prefix) :] for k in keys]
     separator, detected = detect_separator(path, zarray, suffixes)
     out = ArrayKeys(path, dict(zarray), separator, detected)
-    encoding = V2ChunkKeyEncoding(separator)  # type: ignore[arg-type]
+    encoding = V2ChunkKeyEncoding(separator)
     grid = out.chunk_grid_shape
     ndim = out.ndim
     for key, suffix in zip(keys, suffixes, strict=True):

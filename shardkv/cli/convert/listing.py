@@ -34,7 +34,7 @@ from shardkv.cli.errors import NotAHierarchyError, ReservedNameError
 from shardkv.cli.view import HierarchyView
 from shardkv.errors import ConfigurationError
 from shardkv.keys.paths import join_path, path_prefix
-from shardkv.keys.space import ChunkKeyEncoding, V2ChunkKeyEncoding, grid_shape
+from shardkv.keys.space import ChunkKeyEncoding, Separator, V2ChunkKeyEncoding, grid_shape
 from shardkv.metadata.documents import META_NAMES
 from shardkv.metadata.v3_view import v2_dimension_separator
 from shardkv.storage.kv import LOCK_DIR, TEMP_MARKER, hidden
@@ -152,7 +152,7 @@ class ArrayListing:
 
     path: str
     zarray: dict[str, Any]
-    separator: str
+    separator: Separator
     separator_detected: bool
     chunks: ChunkBitmap
     meta_keys: list[str] = field(default_factory=list)
@@ -163,7 +163,7 @@ class ArrayListing:
     @property
     def key_encoding(self) -> ChunkKeyEncoding:
         """The encoding of the array's chunk keys, and of its shard keys once sharded."""
-        return self.encoding or V2ChunkKeyEncoding(self.separator)  # type: ignore[arg-type]
+        return self.encoding or V2ChunkKeyEncoding(self.separator)
 
     @property
     def ndim(self) -> int:
@@ -449,10 +449,10 @@ def list_array(source: HierarchyView, path: str, zarray: Mapping[str, Any], meta
     grid = grid_shape(shape, tuple(int(c) for c in zarray["chunks"]))
     ndim = len(shape)
     named = zarray.get("dimension_separator") is not None
-    candidates = [v2_dimension_separator(zarray)] if named else ([".", "/"] if ndim >= 2 else ["."])
+    candidates: list[Separator] = [v2_dimension_separator(zarray)] if named else ([".", "/"] if ndim >= 2 else ["."])
     bitmaps = {sep: ChunkBitmap(grid) for sep in candidates}
     stale: dict[str, list[str]] = {sep: [] for sep in candidates}
-    encodings = {sep: V2ChunkKeyEncoding(sep) for sep in candidates}  # type: ignore[arg-type]
+    encodings = {sep: V2ChunkKeyEncoding(sep) for sep in candidates}
     prefix = path_prefix(path)
     other: list[str] = []
     for key in iter_array_keys(source, path):

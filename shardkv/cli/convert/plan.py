@@ -18,7 +18,7 @@ from typing import Any
 
 from shardkv.cli.errors import ChunksPerShardMismatchError
 from shardkv.errors import ShardKVError
-from shardkv.format.layout import ShardLayout
+from shardkv.format.layout import IndexLocation, ShardLayout
 from shardkv.keys.paths import join_path
 from shardkv.metadata.hierarchy import present
 from shardkv.metadata.v3_view import sharding_spec_from_v3, v3_view_of_v2
@@ -40,7 +40,7 @@ def plan_array(
     zarray: Mapping[str, Any],
     meta: Mapping[str, bytes],
     chunks_per_shard: ChunksPerShard,
-    index_location: str,
+    index_location: IndexLocation,
     index_checksum: bool,
 ) -> Plan:
     """``chunks_per_shard`` for one array, or ``None`` and the reason it stays unsharded.
@@ -65,7 +65,7 @@ def plan_array(
     zattrs_raw = meta.get(join_path(path, ".zattrs"))
     try:
         zattrs = json.loads(bytes(zattrs_raw)) if zattrs_raw is not None else {}
-        layout = ShardLayout.v3(cps, index_location, "little", index_checksum)  # type: ignore[arg-type]
+        layout = ShardLayout.v3(cps, index_location, "little", index_checksum)
         readable = ".zarray" in present(v3_view_of_v2(zarray, zattrs, layout).metadata, path)
     except (ShardKVError, ValueError, TypeError):
         readable = False

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from shardkv.cli.convert.listing import ArrayListing, HierarchyWalk, iter_array_keys, list_array, walk_hierarchy
@@ -28,7 +29,7 @@ from shardkv.cli.manifest import Manifest, open_destination, verify_last
 from shardkv.cli.stores import put_all
 from shardkv.cli.view import HierarchyView, sizes
 from shardkv.errors import ConfigurationError
-from shardkv.format.layout import ShardLayout
+from shardkv.format.layout import IndexLocation, ShardLayout
 from shardkv.keys.paths import join_path, split_key
 from shardkv.keys.space import grid_shape
 from shardkv.metadata.all_v3 import zarr3_unreachable
@@ -48,6 +49,11 @@ class _NoBar:
 
     def update(self, n: int = 1) -> None:
         pass
+
+
+def shard_passed(bar: Any, plan: BarPlan, path: str, index: int, n_chunks: int = 0) -> None:
+    """Move the bar past shard ``index`` of ``path`` (skipped as done, or with no chunk to write)."""
+    bar.update(plan.shard(path, index))
 
 
 def _bar(show: bool, total: int, initial: int) -> Any:
@@ -116,7 +122,7 @@ class _Job:
         src_name: str,
         dst_name: str,
         cps: ChunksPerShard,
-        index_location: str,
+        index_location: IndexLocation,
         index_checksum: bool,
         progress: bool,
     ) -> None:
@@ -228,7 +234,7 @@ class _Job:
                 self._copy_unsharded(listing, array_meta, reason, meta_out)
                 bar.update(self.bar_plan.array(path))
                 continue
-            layout = ShardLayout.v3(array_cps, self.index_location, "little", self.index_checksum)  # type: ignore[arg-type]
+            layout = ShardLayout.v3(array_cps, self.index_location, "little", self.index_checksum)
             report = ArrayReport(
                 path,
                 listing.ndim,
@@ -258,9 +264,9 @@ class _Job:
                 array_cps,
                 base,
                 task_chunks,
-                skip=lambda index, p=path: manifest.is_done(p, index),  # type: ignore[misc]
-                on_skipped=lambda index, n_chunks, p=path: bar.update(self.bar_plan.shard(p, index)),  # type: ignore[misc]
-                on_empty=lambda index, p=path: bar.update(self.bar_plan.shard(p, index)),  # type: ignore[misc]
+                skip=partial(manifest.is_done, path),
+                on_skipped=partial(shard_passed, bar, self.bar_plan, path),
+                on_empty=partial(shard_passed, bar, self.bar_plan, path),
             )
 
     def _resume(

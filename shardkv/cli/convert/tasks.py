@@ -35,7 +35,7 @@ from typing import Any
 from shardkv._types import BytesLike
 from shardkv.cli.convert.listing import ArrayListing, ChunkBitmap, block_coords
 from shardkv.errors import ConfigurationError
-from shardkv.format.layout import ShardLayout
+from shardkv.format.layout import IndexLocation, ShardLayout
 from shardkv.keys.paths import path_prefix
 from shardkv.keys.space import ShardedArray
 from shardkv.storage.kv import KVStore
@@ -89,7 +89,7 @@ class ShardTask:
     src_options: Mapping[str, Any]
     dst_options: Mapping[str, Any]
     chunks_per_shard: tuple[int, ...]
-    index_location: str
+    index_location: IndexLocation
     index_checksum: bool
     shards: tuple[tuple[int, str, tuple[tuple[tuple[int, ...], str], ...]], ...]
     path: str = ""
@@ -223,7 +223,7 @@ def run_task(task: ShardTask, source: KVStore | None = None, target: KVStore | N
 
     source = source or open_store(task.src, task.src_options, role="source")
     target = target or open_store(task.dst, task.dst_options, role="destination")
-    layout = ShardLayout.v3(task.chunks_per_shard, task.index_location, "little", task.index_checksum)  # type: ignore[arg-type]
+    layout = ShardLayout.v3(task.chunks_per_shard, task.index_location, "little", task.index_checksum)
     read = _chunk_reader(source, task.source_shards)
     written: list[tuple[int, str, int, int]] = []
     nbytes_read = 0

@@ -21,12 +21,13 @@ v2 conversion's; what differs is the source model:
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from functools import partial
 from typing import Any
 
 from shardkv.cli.convert.listing import iter_array_keys
 from shardkv.cli.convert.plan import UNMOVABLE, Plan
 from shardkv.cli.convert.report import ArrayReport
-from shardkv.cli.convert.run import _copy, _Job
+from shardkv.cli.convert.run import _copy, _Job, shard_passed
 from shardkv.cli.convert.tasks import ShardTask, array_tasks
 from shardkv.cli.convert.v3_listing import V3Walk, list_v3_array, walk_v3
 from shardkv.cli.errors import ConversionIncompleteError
@@ -109,7 +110,7 @@ class V3Job(_Job):
             self.objects_before += n_objects + len(listing.other_keys) + len(listing.stale_keys)
             if (source_shards := source.shards()) is not None:  # chunks count as read; their shards' indexes here
                 self.bytes_before += n_objects * source_shards.layout.index_nbytes
-            layout = ShardLayout.v3(array_cps, self.index_location, "little", self.index_checksum)  # type: ignore[arg-type]
+            layout = ShardLayout.v3(array_cps, self.index_location, "little", self.index_checksum)
             self.bytes_before += sum(sizes(self.source.kv, listing.stale_keys).values())
             n_stale = len(listing.stale_keys)
             report = ArrayReport(
@@ -135,9 +136,9 @@ class V3Job(_Job):
                 array_cps,
                 base,
                 task_chunks,
-                skip=lambda index, p=path: manifest.is_done(p, index),  # type: ignore[misc]
-                on_skipped=lambda index, n_chunks, p=path: bar.update(self.bar_plan.shard(p, index)),  # type: ignore[misc]
-                on_empty=lambda index, p=path: bar.update(self.bar_plan.shard(p, index)),  # type: ignore[misc]
+                skip=partial(manifest.is_done, path),
+                on_skipped=partial(shard_passed, bar, self.bar_plan, path),
+                on_empty=partial(shard_passed, bar, self.bar_plan, path),
             )
 
     def _copy_groups(self, walk: V3Walk, meta_out: dict[str, bytes]) -> None:  # type: ignore[override]
