@@ -1,12 +1,8 @@
 """The one write path of the engine (:class:`ShardWriter`): shard read-modify-write conditioned on the generation read.
 
-:meth:`ShardWriter.write` holds the shards' locks and runs one bounded loop:
-one batched whole-shard ``get`` of the shards covered only in part, the merge
-(:func:`~shardkv.engine.merge.merge_chunks`), one batched ``put`` (conditioned
-in mode ``"conditional"``; blind for shards written whole), the winners'
-indexes cached; only shards that lost their race go round again. Writes of one
-shard made at once by threads of one engine are merged (group commit). Both
-are described in docs/architecture.md, "The write path".
+One bounded loop under the shards' locks, group commit of one shard's concurrent writes, and the O(chunk)
+updates of stored shards a change covers in part (the changed chunks and a new index, planned by
+:func:`~shardkv.format.tail.plan_tail_update`): docs/architecture.md, "The write path".
 """
 
 from __future__ import annotations
@@ -15,33 +11,35 @@ import errno
 import os
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
-from shardkv._types import BytesLike
+from shardkv._types import BytesLike, LocalCoords
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.locks import ShardLocks, holds_shard_locks, lock_prefix
-from shardkv.engine.merge import ShardChange, join_changes, merge_chunks
+from shardkv.engine.merge import ChunkPatch, ChunkUpdate, ShardChange, join_changes, merge_chunks, out_of_grid
 from shardkv.engine.retry import WRITE_ATTEMPTS, WRITE_BACKOFF, EngineStats, attempts
-from shardkv.engine.tail import TailUpdater
 from shardkv.errors import ConcurrentUpdateError, CorruptShardError
 from shardkv.format.index import ShardIndex
+from shardkv.format.ranges import ByteRange
+from shardkv.format.tail import TailHow, dead_fraction, plan_tail_update
 from shardkv.keys.space import ShardedArray
 from shardkv.storage.buffers import Value
-from shardkv.storage.kv import ANY, MISSING_RESULT, NO_VALUE, Generation, KVStore, ReadResult
+from shardkv.storage.kv import ANY, MISSING_RESULT, NO_VALUE, Generation, KVStore, ReadRequest, ReadResult
 
-_WRITERS: weakref.WeakSet[ShardWriter] = weakref.WeakSet()
-"""Every writer of this process (a forked child forgets their commits)."""
+_WRITERS: weakref.WeakSet[ShardWriter] = weakref.WeakSet()  # every writer of this process (a forked child forgets)
+
+_TailPlan = tuple[TailHow, dict[LocalCoords, ChunkUpdate], ShardIndex, Generation, int]
+"""How, the chunk updates, the index read, its generation and the shard's size, of one O(chunk) update."""
 
 
 @dataclass(eq=False)
 class _Commit:
     """One read-modify-write of one shard, for every change that joined it before it started.
 
-    ``done`` is set once the commit has finished, with ``error`` the
-    exception that stopped it (``None``: every change of it is stored, but
-    those of ``refused``: position in ``changes`` -> why it was not stored).
+    ``done`` is set once it finished, with ``error`` the exception that stopped it (``None``: every change
+    is stored but those of ``refused``: position in ``changes`` -> why it was not).
     """
 
     changes: list[ShardChange] = field(default_factory=list)
@@ -58,19 +56,24 @@ class ShardWriter:
     kv : KVStore
         The base store.
     cache : IndexCache
-        Decoded indexes (a written shard's is replaced by the one written;
-        shared with the engine's reads).
+        Decoded indexes (a written shard's is replaced by the one written; shared with the engine's reads).
     locks : ShardLocks
         The shard locks, in the engine's concurrency mode.
     stats : EngineStats
         Counters the writes update (shared with the engine's reads).
     shard_updates : {"auto", "append", "rewrite"}
-        How updates of some chunks of stored shards are written
-        (:class:`~shardkv.engine.options.Options`; :mod:`shardkv.engine.tail`).
+        How updates of some chunks of stored shards are written (:class:`~shardkv.engine.options.Options`).
     max_dead_fraction : float
         Largest fraction of unused bytes an updated shard may keep before it is rewritten whole.
     read_only : bool
         The engine of a read-only store: :meth:`repair` never changes a byte.
+
+    Attributes
+    ----------
+    observe : callable or None
+        Called with the changes of each :meth:`write` once stored (the zarr 2
+        proxy's advice about chunk-by-chunk rewrites, set by write-back
+        without a buffer).
     """
 
     def __init__(
@@ -88,33 +91,38 @@ class ShardWriter:
         self.cache = cache
         self.locks = locks
         self.stats = stats
-        self.tail = TailUpdater(kv, cache, locks, stats, shard_updates, max_dead_fraction)
+        self.observe: Callable[[Mapping[str, ShardChange]], None] | None = None
+        self._tails = shard_updates != "rewrite" and kv.caps.tail_updates
+        self._in_place = shard_updates == "append" and locks.cross_process
+        self._max_dead_fraction = max_dead_fraction
         self._guard = threading.Lock()
         self._next: dict[str, _Commit] = {}  # shard key -> the commit writes join (not started yet)
         self._running: dict[str, _Commit] = {}  # shard key -> the commit under way
         _WRITERS.add(self)
 
     def _forget_commits(self) -> None:
-        """Start with no commit (in a forked child: the parent's threads, and the commits they ran, are not there)."""
+        """Start with no commit (a forked child: the parent's threads, and their commits, are not there)."""
         self._guard = threading.Lock()
         self._next = {}
         self._running = {}
 
-    def write(self, changes: Mapping[str, ShardChange]) -> None:
+    def write(self, changes: Mapping[str, ShardChange], *, observed: bool = True) -> None:
         """Apply chunk changes grouped by shard: one batched read (partly covered shards), one batched write.
 
         A shard left with no chunk is deleted (where deletes cannot be
         conditioned, in mode ``"conditional"``, it is stored as an empty shard
         instead, which readers read as fill values). Chunks outside the chunk
-        grid are dropped. See the module docstring for the rounds. Writes of
-        the same shards made meanwhile by other threads are merged with these
-        (group commit, module docstring); the call returns once every change
-        it made is stored, and raises the error of any commit they went into.
+        grid are dropped. Writes of the same shards made meanwhile by other
+        threads are merged with these (group commit); the call returns once
+        every change it made is stored, and raises the error of any commit
+        they went into.
 
         Parameters
         ----------
         changes : mapping of str to ShardChange
             Shard key -> the shard's chunk changes.
+        observed : bool
+            False: :attr:`observe` is not told (trims of a resize).
 
         Raises
         ------
@@ -152,14 +160,11 @@ class ShardWriter:
             error = commit.error if commit.error is not None else commit.refused.get(position)
             if error is not None:
                 raise error
+        if observed and self.observe is not None:
+            self.observe(changes)
 
     def _abandon(self, led: dict[str, _Commit], exc: BaseException) -> None:
-        """End the commits of ``led`` that did not finish, telling their writers ``exc``.
-
-        Called once this call's :meth:`_run` is over: a commit of ``led`` not
-        done by then never ran (still next, or moved to running just before
-        the interruption), and nothing else would end it.
-        """
+        """End the commits of ``led`` that did not finish (they never ran: nothing else would), telling ``exc``."""
         with self._guard:
             for shard_key, commit in led.items():
                 if commit.done.is_set():
@@ -171,10 +176,9 @@ class ShardWriter:
                 commit.done.set()
 
     def _run(self, led: dict[str, _Commit]) -> None:
-        """Run the commits this call started: after the running commits of their shards, as one write.
+        """Run the commits this call started, after the running commits of their shards, as one write.
 
-        Raises only when interrupted (not an ``Exception``): every other error
-        is kept on the commits, for their writers.
+        Raises only when interrupted; every other error is kept on the commits, for their writers.
         """
         for shard_key in led:  # only this call starts these shards' next commits: none can start meanwhile
             with self._guard:
@@ -223,17 +227,13 @@ class ShardWriter:
                 commit.refused[position] = ConcurrentUpdateError(shard_key, WRITE_ATTEMPTS, WRITE_ATTEMPTS)
 
     def _write_held(self, changes: Mapping[str, ShardChange]) -> tuple[dict[str, ShardChange], dict[str, Exception]]:
-        """The bounded rounds of one write, holding its shards' locks.
-
-        Returns the changes still lost after the last round, and the shards
-        whose changes the merge refused (shard key -> its ``ValueError``;
-        nothing of those shards is written).
-        """
+        """The bounded rounds of one write under its shards' locks: the changes still lost, and those refused."""
         todo = dict(changes)
         refused: dict[str, Exception] = {}
         shards = {k: c.array for k, c in todo.items()}
-        with self.locks.hold_arrays(shards):
-            self.tail.recover(shards)  # an in-place append its writer did not finish: kept or undone first
+        with self.locks.hold_arrays(shards) as marked:
+            if marked:  # an in-place append its writer did not finish: kept or undone first
+                self._recover(marked, shards)
             rounds: Iterator[int] | None = None  # the retry loop, only once a round lost a race
             while True:
                 self.stats.write_attempts += 1
@@ -248,15 +248,14 @@ class ShardWriter:
     def _write_round(self, changes: Mapping[str, ShardChange], refused: dict[str, Exception]) -> dict[str, ShardChange]:
         """One read-merge-put round; the changes of the shards whose conditional put lost.
 
-        A shard whose changes the merge refuses (``ValueError``: a patch that
-        would leave a gap) is put into ``refused`` and not written; the others are.
+        A shard whose change the merge refuses (a patch leaving a gap) goes into ``refused``, unwritten.
         """
         kv, cache, optimistic = self.kv, self.cache, self.locks.optimistic
         partial = [k for k, c in changes.items() if not c.covers_shard()]
         lost: dict[str, ShardChange] = {}
         old: dict[str, ReadResult] = {}
-        if partial and self.tail.enabled:  # stored shards covered in part: their changed chunks only, where it pays
-            done, tail_lost, missing = self.tail.update({k: changes[k] for k in partial}, refused)
+        if partial and self._tails:  # stored shards covered in part: their changed chunks only, where it pays
+            done, tail_lost, missing = self._update_tails({k: changes[k] for k in partial}, refused)
             lost = {k: changes[k] for k in tail_lost}
             old = dict.fromkeys(missing, MISSING_RESULT)  # read just now: not stored
             if done or tail_lost or refused:
@@ -309,6 +308,173 @@ class ShardWriter:
                 cache.put(shard_key, new_index, generation, size if sizes_hold else None)
         return lost
 
+    # -- O(chunk) updates of stored shards -------------------------------------------------
+
+    def _tail_how(self, shard_key: str, arr: ShardedArray) -> TailHow | None:
+        """How an update of some chunks of the stored shard is written in O(chunk); ``None``: rewritten whole.
+
+        ``"clone"`` where the store clones the shard; ``"append"`` where it does not, ``shard_updates="append"``
+        in mode ``"files"`` and the layout has a CRC32C'd index at the end (a torn tail then fails the CRC32C).
+        """
+        how = self.kv.tail_method(shard_key, self._in_place)
+        layout = arr.layout
+        if self.kv.caps.tail_min_kept and (layout.index_location == "start" or self._small(shard_key)):
+            return None  # the update would keep fewer bytes than the store copies: written whole, no index read
+        if how == "clone" or (how == "append" and layout.index_location == "end" and layout.index_checksum):
+            return how
+        return None
+
+    def _small(self, shard_key: str) -> bool:
+        """Whether the cached size of the shard is known to be below what the store copies."""
+        entry = self.cache.peek(shard_key)
+        return entry is not None and entry.size is not None and entry.size < self.kv.caps.tail_min_kept
+
+    def _update_tails(
+        self, changes: Mapping[str, ShardChange], refused: dict[str, Exception]
+    ) -> tuple[set[str], set[str], set[str]]:
+        """Update the stored shards of ``changes`` (each covered in part) in O(chunk) where it pays.
+
+        Returns the shards written (new indexes cached), those changed since their index was read (lost), and
+        those found not stored. A shard whose patch leaves a gap goes into ``refused``; every other shard is
+        left for a whole rewrite: one the plan would leave with more than ``max_dead_fraction`` unused, or with
+        no chunk, or keeping fewer bytes than the store copies (S3: ``tail_min_kept``).
+        """
+        hows: dict[str, TailHow] = {}
+        for shard_key, change in changes.items():  # first where it can pay: no index read for a whole rewrite
+            how = self._tail_how(shard_key, change.array)
+            if how is not None:
+                hows[shard_key] = how
+        if not hows:
+            return set(), set(), set()
+        states, missing = self._indexes({k: changes[k] for k in hows})
+        written: set[str] = set()
+        lost: set[str] = set()
+        plans: dict[str, _TailPlan] = {}
+        patched: dict[str, list[LocalCoords]] = {}
+        for shard_key, (index, generation, size) in states.items():
+            change = changes[shard_key]
+            updates: dict[LocalCoords, ChunkUpdate] = {}
+            for local in out_of_grid(change.array, change.shard_coords, index.present()):
+                updates[local] = None  # what a merge drops: chunks a shrinking resize left outside the grid
+            updates.update(change.chunks)  # patches are applied below, to the old chunks read
+            patches = [k for k, v in updates.items() if isinstance(v, ChunkPatch) and index.get(k) is not None]
+            if patches:
+                patched[shard_key] = patches
+            plans[shard_key] = (hows[shard_key], updates, index, generation, size)
+        old_chunks = self._read_patched(plans, patched, lost)
+        for shard_key, (how, updates, index, generation, size) in plans.items():
+            if shard_key in lost:
+                continue
+            change = changes[shard_key]
+            old = old_chunks.get(shard_key, {})
+            try:
+                whole = {k: v.apply(old.get(k)) if isinstance(v, ChunkPatch) else v for k, v in updates.items()}
+            except ValueError as exc:
+                refused[shard_key] = exc
+                continue
+            whole = {k: v for k, v in whole.items() if v is not None or index.get(k) is not None}
+            if not whole:  # only deletes of chunks not stored: nothing to write
+                written.add(shard_key)
+                continue
+            plan = plan_tail_update(change.array.layout, index, size, whole, how)
+            if plan.index.is_empty() or dead_fraction(plan) > self._max_dead_fraction:
+                continue
+            if plan.kept_nbytes < self.kv.caps.tail_min_kept:
+                continue
+            intent: tuple[int, str] | None = None
+            if how == "append":
+                intent = self.locks.held_lock_files({shard_key: change.array}).get(shard_key)
+                if intent is None:
+                    continue  # no lock file held to record the intent in: rewritten whole
+            self.cache.discard(shard_key)
+            new_generation = self.kv.update_tail(
+                shard_key, plan.writes, plan.nbytes, generation, how, *(intent or (None, None))
+            )
+            if new_generation is None:
+                lost.add(shard_key)
+                continue
+            self.cache.put(shard_key, plan.index, new_generation, plan.nbytes)
+            self.stats.tail_updates += 1
+            written.add(shard_key)
+        return written, lost, missing
+
+    def _indexes(
+        self, changes: Mapping[str, ShardChange]
+    ) -> tuple[dict[str, tuple[ShardIndex, Generation, int]], set[str]]:
+        """``(index, generation, size)`` of each stored shard of ``changes``, and the shards found not stored.
+
+        A cached index is used when a zero-range ``get`` conditioned on its generation still holds (it tells
+        the size too); the others' index bytes are read (one ranged ``get`` each, in one batch).
+        """
+        checked: list[tuple[str, ShardIndex]] = []
+        reads: list[ReadRequest] = []
+        for shard_key in changes:
+            entry = self.cache.peek(shard_key)
+            if entry is not None:
+                checked.append((shard_key, entry.index))
+                reads.append((shard_key, [], entry.generation))
+        out: dict[str, tuple[ShardIndex, Generation, int]] = {}
+        missing: set[str] = set()
+        cached = {k for k, _ in checked}
+        need = [k for k in changes if k not in cached]
+        for (shard_key, index), result in zip(checked, self.kv.get_many(reads) if reads else [], strict=True):
+            if result.found and result.size is not None:
+                out[shard_key] = (index, result.generation, result.size)
+            elif result.state == "stale":
+                need.append(shard_key)
+            elif result.state == "missing":
+                missing.add(shard_key)
+        if need:
+            ranges = [(k, [changes[k].array.layout.index_range()], ANY) for k in need]
+            for shard_key, result in zip(need, self.kv.get_many(ranges), strict=True):
+                if result.state == "missing":
+                    missing.add(shard_key)  # not stored: written whole, with no read
+                if not result.found or result.size is None:
+                    continue
+                layout = changes[shard_key].array.layout
+                index = layout.decode_index((result.values or [b""])[0], shard_key, result.size)
+                out[shard_key] = (index, result.generation, result.size)
+        return out, missing
+
+    def _read_patched(
+        self, plans: Mapping[str, _TailPlan], patched: Mapping[str, list[LocalCoords]], lost: set[str]
+    ) -> dict[str, dict[LocalCoords, BytesLike]]:
+        """The old bytes of the chunks patches change, read conditioned on the generation planned on."""
+        keys = list(patched)
+        if not keys:
+            return {}
+        reads: list[ReadRequest] = []
+        for shard_key in keys:
+            index, generation = plans[shard_key][2], plans[shard_key][3]
+            spans = [index.get(local) for local in patched[shard_key]]  # all stored: patches of absent chunks need none
+            reads.append((shard_key, [ByteRange(s[0], s[0] + s[1]) for s in spans if s is not None], generation))
+        out: dict[str, dict[LocalCoords, BytesLike]] = {}
+        for shard_key, result in zip(keys, self.kv.get_many(reads), strict=True):
+            if result.state != "value":
+                lost.add(shard_key)  # changed since its index was read
+                self.cache.discard(shard_key)
+                continue
+            out[shard_key] = dict(zip(patched[shard_key], result.values or [], strict=True))
+        return out
+
+    def _recover(self, marked: Sequence[tuple[int, str]], shards: Iterable[str], repair: bool = True) -> bool:
+        """Finish or undo the appends recorded in the held lock files ``marked`` (``(fd, path)``); whether any was.
+
+        With ``repair`` false nothing is changed: whether any of them records an append not recovered.
+        """
+        if not self.kv.caps.tail_updates:
+            return False
+        found = False
+        for fd, path in marked:
+            if self.kv.recover_tail(fd, path, repair) is not None:
+                found = True
+        if found:
+            for shard_key in shards:
+                self.cache.discard(shard_key)
+        return found
+
+    # -- whole shards, compaction, repair -------------------------------------------------
+
     def erase(self, shards: Mapping[str, ShardedArray]) -> None:
         """Delete whole shards (unconditionally, holding their locks) and forget their indexes."""
         if not shards:
@@ -321,15 +487,11 @@ class ShardWriter:
     def compact(self, arr: ShardedArray, shard_keys: Iterable[str] | None = None) -> int:
         """Rewrite the array's stored shards that hold unused bytes; the bytes reclaimed.
 
-        Unused bytes are those of chunks replaced by O(chunk) updates and their
-        old indexes (:mod:`shardkv.engine.tail`), or left by other writers. An
-        in-place append interrupted by a killed writer is finished or undone
-        first (:meth:`repair`); the incomplete multipart uploads killed
-        writers left under the array's prefix on S3 are aborted
-        (:meth:`~shardkv.storage.kv.KVStore.abort_incomplete_writes`).
-        Each shard is compacted holding its lock; in mode ``"conditional"`` the
-        new shard is written only if the shard is still the one read (a shard
-        another writer changed meanwhile is left for the next compaction).
+        Interrupted in-place appends are finished or undone first, and on S3 the
+        incomplete multipart uploads killed writers left are aborted
+        (:meth:`~shardkv.storage.kv.KVStore.abort_incomplete_writes`). Each
+        shard is compacted holding its lock; in mode ``"conditional"`` a shard
+        another writer changed meanwhile is left for the next compaction.
 
         Parameters
         ----------
@@ -348,8 +510,8 @@ class ShardWriter:
         keys = (k for k, _ in arr.shard_keys()) if shard_keys is None else shard_keys
         reclaimed = 0
         for shard_key in keys:
-            with self.locks.hold_arrays({shard_key: arr}):
-                self.tail.recover({shard_key: arr})  # an interrupted in-place append is repaired first
+            with self.locks.hold_arrays({shard_key: arr}) as marked:
+                self._recover(marked, [shard_key])
                 result = kv.get(shard_key)
                 if not result.found:
                     continue
@@ -372,24 +534,16 @@ class ShardWriter:
         return reclaimed
 
     def repair(self, shard_key: str, arr: ShardedArray) -> bool:
-        """Let an in-place append in the stripe of ``shard_key`` finish, or recover it; whether to read again.
+        """Let an in-place append in the lock file of ``shard_key`` finish, or recover it; whether to read again.
 
-        What a read that met a damaged index asks before it reads once more: it
-        takes the shard's lock file, so it waits for a live writer's append to
-        end (a killed writer's lock is gone), and recovers the append the lock
-        file records, if any. An engine without lock files of its own (a
-        read-only zarr 3 store resolves to mode ``"none"``) takes the shard's
-        lock file for this, where the array has a lock directory already (a
-        writer in mode ``"files"`` made it; none is made here). False (the
-        damage is reported as it is) on stores without tail updates, where no
-        lock directory exists (no writer with lock files, so no append, was
-        there), or when this thread holds shard locks already (it would wait
-        for itself).
-
-        A read-only engine (:attr:`read_only`) changes nothing: it takes the
-        lock file only if it exists (none is made), so it still waits for a
-        live writer's append, and then reads again if no append is recorded
-        there, else raises.
+        What a read that met a damaged index asks before it reads once more
+        (docs/architecture.md, "The write path"): it takes the shard's lock
+        file, where the array has a lock directory (an engine without lock
+        files of its own takes it too), so a live writer's append ends first
+        and a killed writer's is recovered. False on stores without tail
+        updates, without a lock directory, or when this thread holds shard
+        locks already. A read-only engine takes only an existing lock file and
+        changes nothing: it reads again if no append is recorded, else raises.
 
         Raises
         ------
@@ -397,7 +551,7 @@ class ShardWriter:
             When this account may not open the lock file, or the file system
             is mounted read-only, or (read-only engine) the lock file records
             an append: the message names the shard and how an account that may
-            write the array repairs an interrupted append.
+            write the array repairs it.
         LockTimeoutError, OSError
             As :meth:`write`.
         """
@@ -406,17 +560,16 @@ class ShardWriter:
         locks = self.locks
         if not locks.cross_process:
             locks = ShardLocks(self.kv.location, mode="files", timeout=self.locks.timeout)
-        if not locks.has_lock_dir(arr):
-            return False
+        lock_file = locks.lock_file(shard_key, lock_prefix(arr))
+        if lock_file is None or not os.path.isdir(os.path.dirname(lock_file)):
+            return False  # no writer with lock files, so no append, was there
         where = self.kv.location.local_dir or self.kv.location.root
         array = f" --array {arr.path}" if arr.path else ""
-        if self.read_only:
-            ((lock_dir, (stripe,)),) = locks.file_stripes_by_dir([shard_key], {shard_key: lock_prefix(arr)}).items()
-            if not os.path.exists(os.path.join(lock_dir, f"{stripe}.lock")):
-                return False  # no append was recorded for this shard: the damage is reported as it is
+        if self.read_only and not os.path.exists(lock_file):
+            return False  # no append was recorded for this shard: the damage is reported as it is
         try:
-            with locks.hold_arrays({shard_key: arr}, make=not self.read_only):  # read-only: no file made, no mode
-                recorded = self.tail.recover({shard_key: arr}, locks, repair=not self.read_only)
+            with locks.hold_arrays({shard_key: arr}, make=not self.read_only) as marked:
+                recorded = self._recover(marked, [shard_key], repair=not self.read_only)
         except FileNotFoundError:
             if not self.read_only:
                 raise
@@ -440,19 +593,15 @@ class ShardWriter:
         return True
 
     def rewrites_whole(self, shard_key: str, arr: ShardedArray) -> bool:
-        """Whether an update of some chunks of ``shard_key`` rewrites it whole (no O(chunk) path: :mod:`.tail`).
-
-        An error examining the shard's directory answers True (what is then done).
-        """
+        """Whether an update of some chunks of ``shard_key`` rewrites it whole (an error examining it: True)."""
         try:
-            return self.tail.method(shard_key, arr) is None
+            return not self._tails or self._tail_how(shard_key, arr) is None
         except OSError:
             return True
 
-    def hold(self, shards: Mapping[str, ShardedArray]) -> AbstractContextManager[None]:
-        """The locks of ``shards`` for a ``with`` block (for a caller's own reads and puts; not re-entrant:
-        a :meth:`write` in it waits for the locks its own thread holds, until the lock timeout).
-        """
+    def hold(self, shards: Mapping[str, ShardedArray]) -> AbstractContextManager[list[tuple[int, str]]]:
+        """The locks of ``shards`` for a caller's own reads and puts (not re-entrant: a :meth:`write` in the
+        block waits for the locks its own thread holds, until the lock timeout)."""
         return self.locks.hold_arrays(shards)
 
 
