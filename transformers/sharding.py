@@ -101,6 +101,72 @@ def stacked_refusal(array_path: str, n: int, entries: str = "") -> str:
     )
 
 
+def storage_transformer_entries(array_metadata: Mapping[str, Any], path: str | None = None) -> list[dict[str, Any]]:
+    """The ``storage_transformers`` list of array metadata (``[]`` when absent).
+
+    Raises
+    ------
+    ConfigurationError
+        If the field is present but not a list.
+    """
+    entries = array_metadata.get("storage_transformers") or []
+    if not isinstance(entries, list):
+        raise ConfigurationError(f"storage_transformers must be a list, got {entries!r}", path)
+    return [dict(e) if isinstance(e, Mapping) else e for e in entries]
+
+
+def build_stack(
+    entries: Sequence[Mapping[str, Any]],
+    array_metadata: Mapping[str, Any],
+    array_path: str,
+    store: AbstractStore,
+    **options: Any,
+) -> AbstractStore:
+    """The array's sharding transformer over ``store`` (``store`` itself for no entries).
+
+    Every entry must be the sharding transformer (``SHARDING_EXTENSION``, type ``"indexed"``): an entry of
+    another transformer is refused, never skipped (its stored bytes would be read as the array's chunks), and
+    so is a stack of two sharding transformers (:func:`stacked_refusal`).
+
+    Parameters
+    ----------
+    entries : sequence of mapping
+        The array's ``storage_transformers`` entries.
+    array_metadata : mapping
+        The array's 2022 draft metadata.
+    array_path : str
+        The array's path in the hierarchy.
+    store : AbstractStore
+        The store the shards live in.
+    **options
+        Runtime options of the transformer (:meth:`ShardingStorageTransformer.from_metadata`).
+
+    Raises
+    ------
+    ConfigurationError
+        If an entry is not an object with an ``extension``, or its configuration does not fit the array.
+    UnsupportedError
+        For an entry of another transformer (naming it), or more than one entry.
+    """
+    for entry in entries:
+        if not isinstance(entry, Mapping) or "extension" not in entry:
+            raise ConfigurationError(
+                f"a storage_transformers entry is an object with an 'extension', got {entry!r}", array_path
+            )
+        if (entry["extension"], entry.get("type")) != (SHARDING_EXTENSION, "indexed"):
+            raise UnsupportedError(
+                f"array {array_path!r}: storage transformer {entry['extension']!r} of type {entry.get('type')!r} "
+                f"is not supported, so the array cannot be read or written safely (supported: "
+                f"{SHARDING_EXTENSION} (indexed))"
+            )
+    if len(entries) > 1:
+        listed = ", ".join(str((e.get("configuration") or {}).get("chunks_per_shard")) for e in entries)
+        raise UnsupportedError(stacked_refusal(array_path, len(entries), f"chunks_per_shard {listed}"))
+    if not entries:
+        return store
+    return ShardingStorageTransformer.from_metadata(entries[0], array_metadata, array_path, store, **options)
+
+
 class ShardingStorageTransformer(AbstractStore):
     """Sharding of one array's chunk keys over an underlying store (2022 draft).
 
@@ -151,7 +217,7 @@ class ShardingStorageTransformer(AbstractStore):
         option is invalid.
     UnsupportedError
         If ``underlying`` is another transformer (a stack: see
-        :func:`~shardkv.transformers.registry.build_stack`) or an
+        :func:`build_stack`) or an
         ``AbstractStore`` other than an ``AdapterStore``, which has no
         generations to check cached indexes against.
     TypeError
@@ -159,7 +225,6 @@ class ShardingStorageTransformer(AbstractStore):
     """
 
     extension = SHARDING_EXTENSION
-    types = ("indexed",)
 
     def __init__(
         self,
@@ -177,7 +242,7 @@ class ShardingStorageTransformer(AbstractStore):
         lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
         itemsize: int | None = None,
     ) -> None:
-        if type not in self.types:
+        if type != "indexed":
             raise ConfigurationError(
                 f"sharding transformer type {type!r} is not supported; the 2022 draft defines only 'indexed'",
                 array_path,
@@ -223,7 +288,6 @@ class ShardingStorageTransformer(AbstractStore):
         array_metadata: Mapping[str, Any],
         array_path: str,
         underlying: AbstractStore,
-        chunk_shape: Sequence[int] | None = None,
         **options: Any,
     ) -> ShardingStorageTransformer:
         """Build the transformer an array's ``storage_transformers`` entry describes.
@@ -233,18 +297,14 @@ class ShardingStorageTransformer(AbstractStore):
         entry : mapping
             ``{"extension": ..., "type": "indexed", "configuration": {"chunks_per_shard": [...]}}``.
         array_metadata : mapping
-            The array's 2022 draft metadata (``shape``, ``chunk_grid``).
+            The array's 2022 draft metadata (``shape``, ``chunk_grid``, ``data_type``).
         array_path : str
             The array's path in the hierarchy.
         underlying : AbstractStore
             The store below this transformer.
-        chunk_shape : sequence of int, optional
-            The chunk shape this transformer sees (elements); by default the
-            array's ``chunk_grid.chunk_shape`` (a transformer lower in a stack
-            of sharding transformers sees the shards of the ones above).
         **options
-            Runtime options of the constructor (``index_cache_bytes``,
-            ``read_policy``, ``concurrency``, ``lock_timeout``); never part of the metadata.
+            Runtime options of the constructor (``index_cache_bytes``, ``read_policy``, ``concurrency``,
+            ``lock_timeout``); never part of the metadata.
 
         Raises
         ------
@@ -252,9 +312,7 @@ class ShardingStorageTransformer(AbstractStore):
             If the entry lacks ``chunks_per_shard``, or it does not have one
             positive int per dimension of the array (draft "Configuration").
         """
-        config = entry.get("configuration") or {}
-        cps = config.get("chunks_per_shard")
-        shape = list(array_metadata.get("shape", []))
+        cps = (entry.get("configuration") or {}).get("chunks_per_shard")
         if not isinstance(cps, (list, tuple)) or any(
             isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in cps
         ):
@@ -263,24 +321,17 @@ class ShardingStorageTransformer(AbstractStore):
                 array_path,
             )
         grid = array_metadata.get("chunk_grid") or {}
-        top = chunk_shape is None or list(chunk_shape) == list(grid.get("chunk_shape", []))
         return cls(
             underlying,
             cps,
             array_path=array_path,
             separator=grid.get("separator", "/"),
-            shape=shape,
-            chunk_shape=list(chunk_shape if chunk_shape is not None else grid.get("chunk_shape", [])),
+            shape=list(array_metadata.get("shape", [])),
+            chunk_shape=list(grid.get("chunk_shape", [])),
             type=entry.get("type", "indexed"),
-            itemsize=_draft_itemsize(array_metadata.get("data_type")) if top else None,
+            itemsize=_draft_itemsize(array_metadata.get("data_type")),
             **options,
         )
-
-    @classmethod
-    def outer_chunk_shape(cls, entry: Mapping[str, Any], chunk_shape: Sequence[int]) -> list[int]:
-        """The chunk shape seen by the store below: the shard shape (elements)."""
-        cps = (entry.get("configuration") or {}).get("chunks_per_shard") or []
-        return [c * n for c, n in zip(chunk_shape, cps, strict=False)]  # a length mismatch: from_metadata refuses it
 
     @property
     def chunks_per_shard(self) -> tuple[int, ...]:
