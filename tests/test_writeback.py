@@ -39,7 +39,6 @@ def test_without_a_buffer_a_write_goes_to_the_engine_itself(tmp_path: Path) -> N
     assert (z[:] == 3).all()
 
 
-
 def sharded_array(
     shape: tuple[int, ...] = (16,), chunks: tuple[int, ...] = (2,), cps: tuple[int, ...] = (4,), path: str = "a"
 ) -> ShardedArray:
