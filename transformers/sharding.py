@@ -1,31 +1,10 @@
 """The 2022 draft sharding storage transformer (``indexed`` binary shard format).
 
-One :class:`ShardingStorageTransformer` serves one array (as the draft
-configures sharding per array). Keys under the array's data prefix
-``data/root/<path>/`` are chunk keys: the transformer stores the chunks of one
-shard in one value of the underlying store, at the shard key (chunk coords
-floor-divided by ``chunks_per_shard``, same separator: chunk ``c96/18`` with
-``chunks_per_shard=[32, 2]`` lives in shard ``c3/9``). Every other key is
-relayed unchanged. The shard bytes are the draft's ``indexed`` format
-(:meth:`shardkv.format.layout.ShardLayout.draft_2022`)::
-
-    +---------+---------+-----+----------------------------------------+
-    | chunk a | chunk b | ... | index: n x (offset, nbytes)             |
-    |         |         |     | little-endian uint64, row-major (C)     |
-    +---------+---------+-----+----------------------------------------+
-                                16 * n bytes, n = prod(chunks_per_shard)
-
-Empty chunks have offset = nbytes = ``2**64 - 1``. Keys are a
-:class:`~shardkv.keys.space.ShardedArray` (draft chunk key encoding); shard
-reads and writes go through the shard engine
-(:class:`~shardkv.engine.engine.ShardEngine`) over the base store's own
-:class:`~shardkv.storage.kv.KVStore` (the ``kv`` of the
-:class:`~shardkv.transformers.adapter.AdapterStore` below), so a cached index
-is checked against the stored shard's generation, whoever wrote it, and the
-shard locks are the data's. Each method's docstring
-gives its request plan on the underlying store (draft "API implementation").
-A shard's "available" chunks are those inside the chunk grid when the array
-shape is known, else all ``chunks_per_shard`` of them.
+One :class:`ShardingStorageTransformer` per array: keys under its data prefix ``data/root/<path>/`` are chunk
+keys, stored by shard (chunk coords floor-divided by ``chunks_per_shard``, same separator: chunk ``c96/18``
+with ``chunks_per_shard=[32, 2]`` lives in shard ``c3/9``); other keys are relayed unchanged. Shards go
+through the shard engine over the base store's own ``KVStore`` (``AdapterStore.kv``). A shard's "available"
+chunks are those inside the chunk grid when the array shape is known, else all of them.
 """
 
 from __future__ import annotations
@@ -69,13 +48,7 @@ def _draft_itemsize(data_type: Any) -> int | None:
 
 
 def _base_store(underlying: Any, array_path: str) -> AdapterStore:
-    """The store below a sharding transformer: an ``AdapterStore`` (what it takes is wrapped in one).
-
-    Raises
-    ------
-    UnsupportedError
-        For another transformer (a stack) or an ``AbstractStore`` that is no ``AdapterStore``.
-    """
+    """The store below a sharding transformer: an ``AdapterStore`` (what it takes is wrapped in one)."""
     if isinstance(underlying, AdapterStore):
         return underlying
     if isinstance(underlying, ShardingStorageTransformer):
@@ -191,23 +164,12 @@ class ShardingStorageTransformer(AbstractStore):
         as available, and merging a shard drops chunks outside the grid.
     type : {"indexed"}
         The binary shard format.
-    index_cache_bytes : int
-        Limit (bytes) of the cache of decoded shard indexes (default 64 MiB;
-        0 disables it), as :class:`~shardkv.engine.options.Options` says;
-        entries are checked against the stored shards' generations.
-    read_policy : ReadPolicy, optional
-        As :class:`~shardkv.engine.options.Options` (default ``ReadPolicy()``).
-    concurrency : {"auto", "files", "conditional", "process", "none"}
-        As :class:`~shardkv.engine.options.Options` (default ``"auto"``).
-    lock_timeout : float or None
-        Longest wait (seconds) for a shard lock (default
-        :data:`~shardkv.engine.options.DEFAULT_LOCK_TIMEOUT`, 300 s, as
-        :class:`~shardkv.engine.options.Options` says why); ``None`` waits as long as it takes.
+    index_cache_bytes, read_policy, concurrency, lock_timeout
+        As :class:`~shardkv.engine.options.Options` (defaults 64 MiB,
+        ``ReadPolicy()``, ``"auto"``, 300 s).
     itemsize : int, optional
-        Bytes per element of the array's data type. With ``chunk_shape`` it
-        bounds each index entry's ``nbytes`` (see
-        :func:`shardkv.format.layout.chunk_nbytes_bound`); without it the
-        bound is the 2 GiB default.
+        Bytes per element; with ``chunk_shape`` it bounds each index entry's
+        ``nbytes`` (:func:`shardkv.format.layout.chunk_nbytes_bound`; else 2 GiB).
 
     Raises
     ------
@@ -216,10 +178,8 @@ class ShardingStorageTransformer(AbstractStore):
         ``shape`` / ``chunk_shape`` do not match its length, or a write
         option is invalid.
     UnsupportedError
-        If ``underlying`` is another transformer (a stack: see
-        :func:`build_stack`) or an
-        ``AbstractStore`` other than an ``AdapterStore``, which has no
-        generations to check cached indexes against.
+        If ``underlying`` is another transformer (a stack) or an ``AbstractStore``
+        other than an ``AdapterStore`` (no generations to check cached indexes against).
     TypeError
         If ``underlying`` cannot be used as a store.
     """
@@ -386,11 +346,7 @@ class ShardingStorageTransformer(AbstractStore):
         return self.array.shard_key(shard_coords)
 
     def _ref(self, key: str) -> ChunkRef | None:
-        """Where a chunk key of this array lives, ``None`` for other (relayed) keys.
-
-        Chunks outside the grid are located too: they may be stored (written
-        with a larger shape) and stay readable until their shard is merged.
-        """
+        """Where a chunk key of this array lives (outside the grid too: it may be stored), ``None``: relayed."""
         if not isinstance(key, str):
             raise TypeError(f"store keys are str, got {type(key).__name__}: {key!r}")
         if not self.array.owns(key):
@@ -411,11 +367,7 @@ class ShardingStorageTransformer(AbstractStore):
     # -- reads ----------------------------------------------------------------------
 
     def get_partial_values(self, key_ranges: Sequence[KeyRange]) -> list[bytes | None]:
-        """Byte ranges of values; chunk ranges are ranges inside the chunk.
-
-        Two ``get_partial_values`` calls on the underlying store at most: the
-        shard indexes not cached together with the relayed keys, then the
-        chunk ranges (see :meth:`shardkv.engine.reads.ShardReader.read_ranges`).
+        """Byte ranges of values; chunk ranges are ranges inside the chunk (two store requests at most).
 
         Raises
         ------
@@ -515,15 +467,10 @@ class ShardingStorageTransformer(AbstractStore):
         """Erase chunks through the engine's one write path (the draft's ``erase_values`` plan, A9 and A10).
 
         A shard that loses every available chunk is deleted without a read,
-        holding its lock (unconditioned in every mode: what another writer
-        stored there meanwhile is erased after it, as if it came first). The others are
-        written as any other change of theirs: read (the index only, where
-        the file system clones files), the erased entries and those of chunks
-        outside the grid cleared, and the new shard put (or a clone with the
-        new index renamed over it), so every reader, of this process or
-        another, tells the new shard from the old by its generation. The
-        draft's in-place index overwrite is not used: a torn one has no
-        checksum to tell it.
+        holding its lock (unconditioned: what another writer stored meanwhile
+        is erased after it); the others are rewritten without them, as any
+        change (never the draft's in-place index overwrite: a torn one has no
+        checksum to tell it).
         """
         changes = {k: ShardChange(c.array, c.shard_coords, dict.fromkeys(c.chunks)) for k, c in by_shard.items()}
         whole: dict[str, ShardedArray] = {}

@@ -24,16 +24,14 @@ from shardkv.keys.space import ShardedArray
 from shardkv.storage.kv import LOCK_DIR, KVStore
 from shardkv.storage.location import StoreLocation
 
-Concurrency = Literal["auto", "files", "conditional", "process", "none"]
-"""How writers of one shard keep each other's chunks (see :class:`~shardkv.ShardedStore`)."""
+Concurrency = Literal["auto", "files", "conditional", "process", "none"]  # Options.concurrency
 Mode = Literal["files", "conditional", "process", "none"]
 CONCURRENCY_MODES: tuple[str, ...] = ("auto", "files", "conditional", "process", "none")
 
 THREAD_STRIPES = 1024  # in-process lock stripes of the process (about 100 bytes each)
 FILE_STRIPES = 64  # lock files per array, in ``<array>/.shardkv-locks/``
 
-DEFAULT_LOCK_TIMEOUT = 300.0
-"""Default longest wait (seconds) for the locks of one hold (``Options.lock_timeout`` says why five minutes)."""
+DEFAULT_LOCK_TIMEOUT = 300.0  # seconds (Options.lock_timeout says why five minutes)
 
 _REOPEN_ATTEMPTS = 100  # opens of a lock file that keeps being removed (its array deleted) before giving up
 _REOPEN_BACKOFF = Backoff(0.0001, 2.0, 0.01)
@@ -41,14 +39,13 @@ _MAX_REAL_DIRS = 4096  # resolved array directories remembered per ShardLocks
 
 
 def resolve_mode(kv: KVStore, concurrency: str) -> Mode:
-    """The mode ``concurrency`` resolves to on ``kv`` (see the module docstring).
+    """The mode ``concurrency`` resolves to on ``kv`` (docs/user-guide.md, "Concurrency").
 
     Raises
     ------
     ConfigurationError
-        For an unknown mode; ``"files"`` where the store has no lock
-        directory; ``"conditional"`` where it has neither a conditional put
-        nor in-process data; ``"auto"`` where it has none of these.
+        For an unknown mode, or one the store cannot give (``"auto"`` where it
+        has neither a lock directory, a conditional put nor in-process data).
     """
     if concurrency not in CONCURRENCY_MODES:
         raise ConfigurationError(f"concurrency must be one of {CONCURRENCY_MODES}, got {concurrency!r}")
@@ -101,12 +98,8 @@ def _store_name(kv: KVStore) -> str:
 
 
 def lock_prefix(arr: ShardedArray) -> str:
-    """The key prefix of the directory whose ``.shardkv-locks`` holds the array's shard locks.
-
-    The array's own directory where its shards live beside its metadata (v2
-    and v3 layouts); the store root for the 2022 draft layout, whose data
-    directories other readers list.
-    """
+    """The key prefix of the directory whose ``.shardkv-locks`` holds the array's shard locks: the array's own
+    (v2, v3), or the store root for the 2022 draft layout (whose data directories other readers list)."""
     own = f"{arr.path}/" if arr.path else ""
     return arr.key_prefix if arr.key_prefix == own else ""
 
@@ -119,10 +112,8 @@ def stripe_of(path: str, n_stripes: int) -> int:
 def lock_modes(array_dir: str) -> tuple[int, int]:
     """``(lock file mode, lock directory mode)`` for the array directory ``array_dir``.
 
-    Read and write (and, for the directory, search) for the owner; for the
-    group only if ``array_dir`` is group-writable; for others only if it is
-    world-writable; the directory keeps ``array_dir``'s set-group-ID bit. No class gets a read
-    bit without its write bit, so no account that cannot write the array can open (and ``flock``) a lock file.
+    Read and write (and search) for each class that may write ``array_dir``, never a read bit without its
+    write bit (no account that cannot write the array can ``flock`` a lock file); its set-group-ID bit kept.
     """
     dir_mode = os.stat(array_dir).st_mode
     file_mode, lock_dir_mode = 0o600, 0o700
@@ -182,17 +173,9 @@ def _open_lock_file(path: str, make: bool) -> int | None:
 def _lock_file(path: str, deadline: float | None, make: bool) -> tuple[int, int] | None:
     """``(descriptor, size)`` of the lock file at ``path``, ``flock``ed until ``deadline``; ``None``: another holds it.
 
-    Opened ``O_RDWR`` for this hold only (no two threads of a process take one lock file at once: they hold its
-    in-process stripe first), so ``flock`` emulated by ``fcntl`` locks (NFS) stays exclusive. A file removed
-    between the open and the ``flock`` (its array deleted) is opened again. The size tells whether the file may
-    record an append intent (an empty one never does).
-
-    Raises
-    ------
-    PermissionError
-        If this account cannot open the lock file for writing.
-    FileNotFoundError
-        Without ``make``, if the lock file is missing; or if it kept being removed while it was being taken.
+    Opened for this hold only (two threads of a process never take one lock file at once: they hold its stripe
+    first), so ``flock`` emulated by ``fcntl`` (NFS) stays exclusive; one removed before its ``flock`` (its array
+    deleted) is opened again. ``FileNotFoundError`` without ``make`` for a missing one.
     """
     reopens: Iterator[int] | None = None  # the retry loop, only once the file was removed
     waits: Iterator[int] | None = None  # the retry loop, only while another holds it
@@ -279,14 +262,12 @@ class ShardLocks:
     location : StoreLocation
         Where the data lives (a store's ``location``).
     mode : {"files", "conditional", "process", "none"} or None
-        ``"files"`` also takes a lock file per stripe, so that writers in other
-        processes (and on other machines sharing a network file system) are
-        excluded; ``"conditional"`` and ``"process"`` take in-process stripes
-        only; ``"none"`` takes no lock. ``None`` (default): ``"files"`` where
-        the location is a directory (``local_dir``), else ``"process"``.
+        ``"files"`` also takes a lock file per stripe (other processes and
+        machines excluded); ``"conditional"`` and ``"process"`` take in-process
+        stripes only; ``"none"`` no lock. ``None``: ``"files"`` where the
+        location is a directory, else ``"process"``.
     timeout : float or None
-        Longest wait (seconds) for the locks of one :meth:`hold`; ``None``
-        waits as long as it takes.
+        Longest wait (seconds) for the locks of one :meth:`hold`; ``None``: as long as it takes.
 
     Raises
     ------
@@ -362,9 +343,8 @@ class ShardLocks:
     def _where(self, key: str, prefix: str) -> tuple[str, tuple[str, int] | None]:
         """What names a shard's lock in this process, and its lock file ``(lock directory, stripe)`` if it has one.
 
-        Where the data is in a directory the name is the lock file's (real array directory, file stripe), so
-        every store of the process agrees whatever root or link it came through and no two threads take one
-        lock file at once; else the shard's full path.
+        In a directory the name is the lock file's (real array directory, stripe): every store of the process
+        agrees whatever root or link it came through. Else the shard's full path.
         """
         if self._dir_root is None:
             return self._prefix + self.location.full_path(key), None
@@ -389,10 +369,6 @@ class ShardLocks:
         self, shard_keys: Iterable[str], prefixes: Mapping[str, str] | None = None, make: bool = True
     ) -> Iterator[list[tuple[int, str]]]:
         """Hold the locks of every shard in ``shard_keys`` for the ``with`` block (none in mode ``"none"``).
-
-        The in-process stripes are taken in ascending order, then the lock
-        files in one global order (lock directory, stripe), never waiting for
-        one while holding another (:meth:`_take_files`).
 
         Parameters
         ----------
@@ -460,9 +436,8 @@ class ShardLocks:
     ) -> list[tuple[int, str]]:
         """Take the lock files of ``by_file`` onto ``stack``; the non-empty ones, as :meth:`hold` yields them.
 
-        Each round waits for one lock file holding none, then tries the others
-        without waiting; a taken one lets go of all for the next round, which
-        waits for it (``LockTimeoutError`` past ``deadline``, nothing held).
+        Each round waits for one lock file holding none, then tries the others; one found taken lets go of all
+        for the next round, which waits for it.
         """
         files = sorted(by_file)
         waited = files[0]

@@ -201,12 +201,8 @@ class WriteBack:
     # -- reads that see buffered writes (both facades ask these) -------------------------
 
     def read_chunks(self, refs: Sequence[ChunkRef]) -> dict[str, BytesLike]:
-        """Encoded bytes of the chunks among ``refs`` by chunk key: buffered ones as buffered, the rest read.
-
-        Missing and buffered-deleted chunks are left out; the chunks not
-        buffered are read in one :meth:`ShardEngine.read_chunks
-        <shardkv.engine.engine.ShardEngine.read_chunks>` call.
-        """
+        """Encoded bytes of the chunks among ``refs`` by chunk key: buffered ones as buffered, the rest read in one
+        call (missing and buffered-deleted chunks left out)."""
         if self.buffer is None:
             return self.engine.reads.read_chunks(refs)
         out: dict[str, BytesLike] = {}
@@ -229,10 +225,7 @@ class WriteBack:
         return self.engine.reads.has_chunks([ref])[0]
 
     def chunk_sizes(self, refs: Sequence[ChunkRef]) -> list[int | None]:
-        """Encoded sizes (bytes) of the chunks, buffered ones included, from the shards' indexes (no chunk read).
-
-        ``None`` for a chunk neither buffered nor stored (or buffered as a delete).
-        """
+        """Encoded sizes (bytes) of the chunks, buffered ones included, from the indexes; ``None``: no chunk."""
         out: list[int | None] = [None] * len(refs)
         unbuffered: list[int] = []
         for i, ref in enumerate(refs):
@@ -362,14 +355,7 @@ class WriteBack:
                 yield change.chunk_key(local), value, layout
 
     def flush(self, path: str | None = None) -> None:
-        """Write the buffered shards (of the array at ``path`` only, if given).
-
-        Raises
-        ------
-        Exception
-            The first error of a failed shard write; the shards not written
-            stay buffered, and a later flush writes them.
-        """
+        """Write the buffered shards (of the array at ``path`` only); those a write failed for stay buffered."""
         buf = self.buffer
         if buf is not None:
             self._drain(lambda: buf.take_all(path))
@@ -392,24 +378,11 @@ class WriteBack:
     ) -> int:
         """Open the journal at ``path``, replay its records through the buffer, write them and reset it.
 
-        Parameters
-        ----------
-        path : str or os.PathLike or None
-            The journal file (created if missing); ``None``: no journal.
-        route : callable
-            Maps a chunk key to its :class:`~shardkv.keys.space.ChunkRef`
-            (``None`` or :class:`InvalidKeyError` when it names no chunk of a
-            sharded array any more: such records are skipped).
-        identity : callable, optional
-            Returns the identity of the store
-            (:func:`shardkv.storage.identity.store_identity`); called only when
-            ``path`` is given. A journal holding records of another identity
-            is refused; ``None`` checks nothing.
-
-        Returns
-        -------
-        int
-            Records replayed.
+        ``path`` ``None``: no journal. ``route`` maps a record's chunk key to its
+        :class:`~shardkv.keys.space.ChunkRef` (``None`` or ``InvalidKeyError``:
+        skipped); ``identity`` gives the store's identity
+        (:func:`shardkv.storage.identity.store_identity`; ``None``: not checked).
+        Returns the records replayed.
 
         Raises
         ------
@@ -422,8 +395,6 @@ class WriteBack:
             since recreated with another layout (nothing is applied).
         LockTimeoutError
             If another process has the journal open.
-        Exception
-            A shard write failed: the journal is kept, so opening again retries.
         """
         if path is None:
             return 0

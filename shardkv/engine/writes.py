@@ -30,8 +30,8 @@ from shardkv.storage.kv import ANY, MISSING_RESULT, NO_VALUE, Generation, KVStor
 
 _WRITERS: weakref.WeakSet[ShardWriter] = weakref.WeakSet()  # every writer of this process (a forked child forgets)
 
+# how, the chunk updates, the index read, its generation and the shard's size, of one O(chunk) update
 _TailPlan = tuple[TailHow, dict[LocalCoords, ChunkUpdate], ShardIndex, Generation, int]
-"""How, the chunk updates, the index read, its generation and the shard's size, of one O(chunk) update."""
 
 
 @dataclass(eq=False)
@@ -51,22 +51,8 @@ class _Commit:
 class ShardWriter:
     """The writes of a :class:`~shardkv.engine.engine.ShardEngine` (its ``writes``), on the engine's state.
 
-    Parameters
-    ----------
-    kv : KVStore
-        The base store.
-    cache : IndexCache
-        Decoded indexes (a written shard's is replaced by the one written; shared with the engine's reads).
-    locks : ShardLocks
-        The shard locks, in the engine's concurrency mode.
-    stats : EngineStats
-        Counters the writes update (shared with the engine's reads).
-    shard_updates : {"auto", "append", "rewrite"}
-        How updates of some chunks of stored shards are written (:class:`~shardkv.engine.options.Options`).
-    max_dead_fraction : float
-        Largest fraction of unused bytes an updated shard may keep before it is rewritten whole.
-    read_only : bool
-        The engine of a read-only store: :meth:`repair` never changes a byte.
+    ``cache`` and ``stats`` are shared with the engine's reads; ``shard_updates`` and ``max_dead_fraction`` are
+    the :class:`~shardkv.engine.options.Options`; a ``read_only`` writer's :meth:`repair` never changes a byte.
 
     Attributes
     ----------
@@ -109,13 +95,11 @@ class ShardWriter:
     def write(self, changes: Mapping[str, ShardChange], *, observed: bool = True) -> None:
         """Apply chunk changes grouped by shard: one batched read (partly covered shards), one batched write.
 
-        A shard left with no chunk is deleted (where deletes cannot be
-        conditioned, in mode ``"conditional"``, it is stored as an empty shard
-        instead, which readers read as fill values). Chunks outside the chunk
-        grid are dropped. Writes of the same shards made meanwhile by other
-        threads are merged with these (group commit); the call returns once
-        every change it made is stored, and raises the error of any commit
-        they went into.
+        A shard left with no chunk is deleted (or stored empty where a delete
+        cannot be conditioned); chunks outside the chunk grid are dropped.
+        Concurrent writes of the same shards are merged (group commit): the
+        call returns once its changes are stored, and raises the error of any
+        commit they went into.
 
         Parameters
         ----------
@@ -334,10 +318,9 @@ class ShardWriter:
     ) -> tuple[set[str], set[str], set[str]]:
         """Update the stored shards of ``changes`` (each covered in part) in O(chunk) where it pays.
 
-        Returns the shards written (new indexes cached), those changed since their index was read (lost), and
-        those found not stored. A shard whose patch leaves a gap goes into ``refused``; every other shard is
-        left for a whole rewrite: one the plan would leave with more than ``max_dead_fraction`` unused, or with
-        no chunk, or keeping fewer bytes than the store copies (S3: ``tail_min_kept``).
+        Returns the shards written, those changed since their index was read (lost) and those not stored. A
+        shard whose patch leaves a gap goes into ``refused``; the others are left for a whole rewrite (too many
+        dead bytes, no chunk left, or fewer bytes kept than the store copies).
         """
         hows: dict[str, TailHow] = {}
         for shard_key, change in changes.items():  # first where it can pay: no index read for a whole rewrite
@@ -401,11 +384,8 @@ class ShardWriter:
     def _indexes(
         self, changes: Mapping[str, ShardChange]
     ) -> tuple[dict[str, tuple[ShardIndex, Generation, int]], set[str]]:
-        """``(index, generation, size)`` of each stored shard of ``changes``, and the shards found not stored.
-
-        A cached index is used when a zero-range ``get`` conditioned on its generation still holds (it tells
-        the size too); the others' index bytes are read (one ranged ``get`` each, in one batch).
-        """
+        """``(index, generation, size)`` of each stored shard (a cached index while a zero-range conditional
+        ``get`` holds, else its bytes read in one batch), and the shards found not stored."""
         checked: list[tuple[str, ShardIndex]] = []
         reads: list[ReadRequest] = []
         for shard_key in changes:
@@ -485,13 +465,10 @@ class ShardWriter:
             self.kv.put_many({k: (None, ANY) for k in shards})
 
     def compact(self, arr: ShardedArray, shard_keys: Iterable[str] | None = None) -> int:
-        """Rewrite the array's stored shards that hold unused bytes; the bytes reclaimed.
+        """Rewrite the array's stored shards that hold unused bytes, each holding its lock; the bytes reclaimed.
 
-        Interrupted in-place appends are finished or undone first, and on S3 the
-        incomplete multipart uploads killed writers left are aborted
-        (:meth:`~shardkv.storage.kv.KVStore.abort_incomplete_writes`). Each
-        shard is compacted holding its lock; in mode ``"conditional"`` a shard
-        another writer changed meanwhile is left for the next compaction.
+        Interrupted appends are finished or undone first and old incomplete
+        uploads aborted; a shard another writer changed meanwhile is left.
 
         Parameters
         ----------
@@ -536,14 +513,10 @@ class ShardWriter:
     def repair(self, shard_key: str, arr: ShardedArray) -> bool:
         """Let an in-place append in the lock file of ``shard_key`` finish, or recover it; whether to read again.
 
-        What a read that met a damaged index asks before it reads once more
-        (docs/architecture.md, "The write path"): it takes the shard's lock
-        file, where the array has a lock directory (an engine without lock
-        files of its own takes it too), so a live writer's append ends first
-        and a killed writer's is recovered. False on stores without tail
-        updates, without a lock directory, or when this thread holds shard
-        locks already. A read-only engine takes only an existing lock file and
-        changes nothing: it reads again if no append is recorded, else raises.
+        What a read that met a damaged index asks (docs/architecture.md, "The
+        write path"): False where no append can be (no tail updates, no lock
+        directory) or this thread holds shard locks. A read-only engine takes
+        only an existing lock file and changes nothing.
 
         Raises
         ------
