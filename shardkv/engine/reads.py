@@ -227,12 +227,15 @@ class ShardReader:
         """
         try:
             return self._read_ranges(requests, relayed)
-        except CorruptShardError as exc:  # an in-place append in flight or killed: repaired under its lock, read again
-            arr = next((ref.array for ref, _ in requests if ref.shard_key == exc.shard_key), None)
-            if self.repair is None or arr is None or not self.repair(exc.shard_key, arr):
-                raise
-            self.cache.discard(exc.shard_key)
+        except CorruptShardError as exc:
+            self._repair(exc, next((ref.array for ref, _ in requests if ref.shard_key == exc.shard_key), None))
         return self._read_ranges(requests, relayed)
+
+    def _repair(self, exc: CorruptShardError, arr: ShardedArray | None) -> None:
+        """Repair the shard of ``exc`` (an in-place append in flight or killed) to read it again, or raise ``exc``."""
+        if self.repair is None or arr is None or not self.repair(exc.shard_key, arr):
+            raise exc
+        self.cache.discard(exc.shard_key)
 
     def _read_ranges(
         self, requests: Sequence[tuple[ChunkRef, ByteRange]], relayed: Sequence[tuple[str, ByteRange]]
@@ -394,11 +397,8 @@ class ShardReader:
         """
         try:
             return self._read_indexes(shards, generations)
-        except CorruptShardError as exc:  # an in-place append in flight or killed: repaired under its lock, read again
-            arr = shards.get(exc.shard_key)
-            if self.repair is None or arr is None or not self.repair(exc.shard_key, arr):
-                raise
-            self.cache.discard(exc.shard_key)
+        except CorruptShardError as exc:
+            self._repair(exc, shards.get(exc.shard_key))
         return self._read_indexes(shards, generations)
 
     def _read_indexes(

@@ -268,13 +268,9 @@ class ShardWriter:
             else:
                 condition = ANY
             cache.discard(shard_key)
-            if merged:
+            # where other processes write and a delete cannot be conditioned (obstore): an empty shard, swapped in
+            if merged or (stored and optimistic and kv.caps.conditional_put and not kv.caps.conditional_delete):
                 parts, index = arr.layout.encode_shard_with_index(merged)
-                puts[shard_key] = (parts, condition)
-                indexes[shard_key] = (index, _nbytes(parts))
-            elif stored and optimistic and kv.caps.conditional_put and not kv.caps.conditional_delete:
-                # other processes write here and a delete cannot be conditioned (obstore): an empty shard, swapped in
-                parts, index = arr.layout.encode_shard_with_index({})
                 puts[shard_key] = (parts, condition)
                 indexes[shard_key] = (index, _nbytes(parts))
             elif stored:
