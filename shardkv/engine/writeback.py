@@ -398,45 +398,40 @@ class WriteBack:
         """
         if path is None:
             return 0
-        if self.buffer is None:
+        buf = self.buffer
+        if buf is None:
             raise ConfigurationError(f"journal={os.fspath(path)!r} needs write-back mode: give buffer_bytes too")
         journal = Journal(path, None if identity is None else dict(identity()))
         try:
-            return self._replay(journal, route)
+            latest = {r.key: r for r in journal.replay()}
+            refs: list[tuple[ChunkRef, bytes | None]] = []
+            for key, record in latest.items():  # every record checked before any is applied
+                try:
+                    ref = route(key)
+                except InvalidKeyError:  # an array deleted or shrunk since: nothing to restore
+                    continue
+                if ref is None:
+                    continue
+                if record.layout and record.layout != layout_of(ref.array):
+                    raise JournalMismatchError(
+                        journal.path,
+                        f"array {ref.array.path!r} with {record.layout}",
+                        f"array {ref.array.path!r} with {layout_of(ref.array)}",
+                        len(latest),
+                    )
+                refs.append((ref, record.value))
+            with buf.lock:
+                for ref, value in refs:
+                    buf.add(ref.shard_key, ref.array, ref.shard_coords, ref.local_coords, value)
+                self.journal = journal
+            self.flush()
+            with buf.lock:
+                self._tidy_journal()
+            return len(latest)
         except BaseException:
             self.journal = None
             journal.close()
             raise
-
-    def _replay(self, journal: Journal, route: Callable[[str], ChunkRef | None]) -> int:
-        buf = self.buffer
-        if buf is None:
-            return 0
-        latest = {r.key: r for r in journal.replay()}
-        refs: list[tuple[ChunkRef, bytes | None]] = []
-        for key, record in latest.items():  # every record checked before any is applied
-            try:
-                ref = route(key)
-            except InvalidKeyError:  # an array deleted or shrunk since: nothing to restore
-                continue
-            if ref is None:
-                continue
-            if record.layout and record.layout != layout_of(ref.array):
-                raise JournalMismatchError(
-                    journal.path,
-                    f"array {ref.array.path!r} with {record.layout}",
-                    f"array {ref.array.path!r} with {layout_of(ref.array)}",
-                    len(latest),
-                )
-            refs.append((ref, record.value))
-        with buf.lock:
-            for ref, value in refs:
-                buf.add(ref.shard_key, ref.array, ref.shard_coords, ref.local_coords, value)
-            self.journal = journal
-        self.flush()
-        with buf.lock:
-            self._tidy_journal()
-        return len(latest)
 
     def close(self) -> None:
         """Close the journal (after a flush; its records, if any, stay for the next open)."""

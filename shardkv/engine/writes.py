@@ -81,6 +81,11 @@ class ShardWriter:
         self._tails = shard_updates != "rewrite" and kv.caps.tail_updates
         self._in_place = shard_updates == "append" and locks.cross_process
         self._max_dead_fraction = max_dead_fraction
+        caps = kv.caps
+        # other processes write here and a delete cannot be conditioned (obstore): an emptied shard is put empty
+        self._put_empty = locks.optimistic and caps.conditional_put and not caps.conditional_delete
+        # the size written stays true while the generation holds, unless other processes write unseen
+        self._sizes_hold = caps.stamps == "native" or caps.in_process
         self._guard = threading.Lock()
         self._next: dict[str, _Commit] = {}  # shard key -> the commit writes join (not started yet)
         self._running: dict[str, _Commit] = {}  # shard key -> the commit under way
@@ -268,8 +273,7 @@ class ShardWriter:
             else:
                 condition = ANY
             cache.discard(shard_key)
-            # where other processes write and a delete cannot be conditioned (obstore): an empty shard, swapped in
-            if merged or (stored and optimistic and kv.caps.conditional_put and not kv.caps.conditional_delete):
+            if merged or (stored and self._put_empty):
                 parts, index = arr.layout.encode_shard_with_index(merged)
                 puts[shard_key] = (parts, condition)
                 indexes[shard_key] = (index, _nbytes(parts))
@@ -277,15 +281,13 @@ class ShardWriter:
                 puts[shard_key] = (None, condition)
                 indexes[shard_key] = (None, 0)
         won = kv.put_many(puts) if puts else {}
-        # the size written stays true while the generation holds, unless other processes write unseen
-        sizes_hold = kv.caps.stamps == "native" or kv.caps.in_process
         for shard_key, generation in won.items():
             if generation is None:
                 lost[shard_key] = changes[shard_key]
                 continue
             new_index, size = indexes[shard_key]
             if new_index is not None:
-                cache.put(shard_key, new_index, generation, size if sizes_hold else None)
+                cache.put(shard_key, new_index, generation, size if self._sizes_hold else None)
         return lost
 
     # -- O(chunk) updates of stored shards -------------------------------------------------
