@@ -25,12 +25,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import shardkv.engine.locks as lock_module
 from shardkv.engine.locks import LOCK_DIR, ShardLocks
 from shardkv.storage.local import LocalStore
 
 
 def _locks(root: Path, **options: object) -> ShardLocks:
     return ShardLocks(LocalStore(str(root)).location, **options)
+
+
+@pytest.fixture(autouse=True)
+def _one_lock_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lock_module, "FILE_STRIPES", 1)  # every shard's lock file is 0.lock
 
 
 @contextmanager
@@ -73,7 +79,7 @@ def test_lock_files_are_made_for_the_array_writers_and_held_read_write(
     if os.geteuid() == 0:
         os.chown(array_dir, -1, 4321)  # a shared project's group
     os.chmod(array_dir, dir_mode)
-    locks = _locks(tmp_path, file_stripes=1)
+    locks = _locks(tmp_path)
     lock_file = array_dir / LOCK_DIR / "0.lock"
     with _umask(0o022):  # the usual umask: it would leave 0644 / 0640 (read without write) by itself
         with locks.hold(["arr/c/0"], {"arr/c/0": "arr/"}):
@@ -109,7 +115,7 @@ def test_an_account_that_can_only_read_cannot_block_a_writer(tmp_path) -> None:
     array_dir = tmp_path / "arr"
     array_dir.mkdir()
     os.chmod(array_dir, 0o755)  # others may read the data
-    locks = _locks(tmp_path, file_stripes=1, timeout=10.0)
+    locks = _locks(tmp_path, timeout=10.0)
     with locks.hold(["arr/c/0"], {"arr/c/0": "arr/"}):  # the lock file exists, as after any write
         pass
     reader = subprocess.Popen(

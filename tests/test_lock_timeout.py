@@ -58,11 +58,9 @@ def test_a_lock_file_held_by_another_process_times_out_naming_shard_lock_file_an
     arr = zarr.open_array(store=store, mode="w", shape=(16,), chunks=(2,), dtype="i4", fill_value=0)
     shard_key, sharded = "0", store.sharded_array("")
     assert sharded is not None
-    ((lock_dir, (stripe,)),) = store.engine.locks.file_stripes_by_dir(
-        [shard_key], {shard_key: lock_prefix(sharded)}
-    ).items()
-    lock_file = os.path.join(lock_dir, f"{stripe}.lock")
-    os.makedirs(lock_dir, exist_ok=True)
+    lock_file = store.engine.locks.lock_file(shard_key, lock_prefix(sharded))
+    assert lock_file is not None
+    os.makedirs(os.path.dirname(lock_file), exist_ok=True)
     holder = subprocess.Popen(
         [sys.executable, "-c", _HOLD, lock_file], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )

@@ -13,13 +13,19 @@ import multiprocessing
 import os
 import pickle
 import random
+import select
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import fsspec
 import pytest
 from concurrency_harness import run_counter_processes
 
+import shardkv.engine.locks as lock_module
 from shardkv.engine.locks import LOCK_DIR, Mode, ShardLocks, stripe_of
 from shardkv.errors import ConfigurationError, LockTimeoutError, ShardKVError
 from shardkv.storage.fsspec import FsspecStore
@@ -35,6 +41,54 @@ def _local(root: str) -> LocalStore:
 
 def _put(kv: KVStore, values: dict[str, bytes]) -> None:
     kv.put_many({k: (v, ANY) for k, v in values.items()})
+
+
+def _excludes(a: ShardLocks, key_a: str, prefix_a: str, b: ShardLocks, key_b: str, prefix_b: str) -> bool:
+    """Whether a hold of ``key_a`` through ``a`` keeps a hold of ``key_b`` through ``b``'s location waiting."""
+    quick = ShardLocks(b.location, mode=b.mode, timeout=0.05)
+    entered, leave = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with a.hold([key_a], {key_a: prefix_a}):
+            entered.set()
+            leave.wait(20)
+
+    side = threading.Thread(target=hold, daemon=True)
+    side.start()
+    assert entered.wait(20)
+    try:
+        with quick.hold([key_b], {key_b: prefix_b}):
+            return False
+    except LockTimeoutError:
+        return True
+    finally:
+        leave.set()
+        side.join(20)
+
+
+_HOLD = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.read()  # until the test closes the pipe
+"""
+
+
+@contextmanager
+def _held_by_another_process(lock_file: str | None) -> Iterator[None]:
+    """``lock_file`` flocked by a child process for the ``with`` block (it waits for the lock up to 30 s)."""
+    assert lock_file is not None
+    os.makedirs(os.path.dirname(lock_file), exist_ok=True)
+    child = subprocess.Popen([sys.executable, "-c", _HOLD, lock_file], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and select.select([child.stdout], [], [], 30)[0], "the child never got the lock"
+        assert child.stdout.readline() == b"held\n"
+        yield
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(30)
 
 
 def _run_threads(targets: list, timeout: float = 20.0) -> None:
@@ -88,15 +142,17 @@ def test_locks_follow_the_data_not_the_spelling(tmp_path) -> None:
     # nested roots in one process lock a shard alike (the real array directory and the key in it)
     outer = ShardLocks(_local(str(tmp_path / "real")).location, mode="process")
     inner = ShardLocks(_local(str(tmp_path / "real" / "arr")).location, mode="process")
-    assert outer.thread_stripes_of(["arr/0.0"], {"arr/0.0": "arr/"}) == inner.thread_stripes_of(["0.0"], {"0.0": ""})
+    assert _excludes(outer, "arr/0.0", "arr/", inner, "0.0", "")
+    assert stripe_of("0.0", 64) != stripe_of("1.0", 64) and not _excludes(outer, "arr/0.0", "arr/", inner, "1.0", "")
 
 
-def test_multi_shard_holds_in_any_order_never_deadlock(tmp_path) -> None:
+def test_multi_shard_holds_in_any_order_never_deadlock(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(lock_module, "FILE_STRIPES", 8)
     keys = [f"a/{i}.{j}" for i in range(6) for j in range(6)]
 
     def work(seed: int) -> None:
         rng = random.Random(seed)
-        locks = ShardLocks(_local(str(tmp_path)).location, file_stripes=8, thread_stripes=16)
+        locks = ShardLocks(_local(str(tmp_path)).location)
         for _ in range(30):
             chosen = rng.sample(keys, 5)  # overlapping sets, listed in random order
             with locks.hold(chosen):
@@ -151,10 +207,11 @@ def test_four_spawned_processes_lose_no_increment(tmp_path) -> None:
     assert run_counter_processes(str(tmp_path), n_procs, n_increments, timeout=60) == n_procs * n_increments
 
 
-def test_lock_files_are_bounded_and_never_listed(tmp_path) -> None:
+def test_lock_files_are_bounded_and_never_listed(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(lock_module, "FILE_STRIPES", 4)
     adapter = _local(str(tmp_path))
     _put(adapter, {"arr/.zarray": b"{}", "arr/0.0": b"x"})
-    locks = ShardLocks(adapter.location, file_stripes=4)
+    locks = ShardLocks(adapter.location)
     for i in range(50):
         with locks.hold([f"arr/{i}.0", f"arr/0.{i}"]):
             pass
@@ -167,14 +224,14 @@ def test_lock_files_are_bounded_and_never_listed(tmp_path) -> None:
 def test_lock_files_live_in_the_array_directory_whatever_the_root(tmp_path) -> None:
     adapter = _local(str(tmp_path))
     _put(adapter, {"g/arr/zarr.json": b"{}", "g/arr/c/0": b"x"})
-    at_root = ShardLocks(adapter.location, file_stripes=8)
-    at_group = ShardLocks(_local(str(tmp_path / "g")).location, file_stripes=8)
-    at_array = ShardLocks(_local(str(tmp_path / "g" / "arr")).location, file_stripes=8)
-    for i in range(20):  # one shard, one lock file (and one thread stripe), from every root
+    at_root = ShardLocks(adapter.location)
+    at_group = ShardLocks(_local(str(tmp_path / "g")).location)
+    at_array = ShardLocks(_local(str(tmp_path / "g" / "arr")).location)
+    for i in range(20):  # one shard, one lock file, from every root
         k = f"c/{i}"
         views = [(at_root, f"g/arr/{k}", "g/arr/"), (at_group, f"arr/{k}", "arr/"), (at_array, k, "")]
-        assert len({repr(lk.file_stripes_by_dir([key], {key: p})) for lk, key, p in views}) == 1
-        assert len({tuple(lk.thread_stripes_of([key], {key: p})) for lk, key, p in views}) == 1
+        assert len({lk.lock_file(key, p) for lk, key, p in views}) == 1
+    assert _excludes(at_root, "g/arr/c/0", "g/arr/", at_array, "c/0", "")  # and one thread stripe
     with at_root.hold(["g/arr/c/0"], {"g/arr/c/0": "g/arr/"}):
         pass
     assert (tmp_path / "g" / "arr" / LOCK_DIR).is_dir() and not (tmp_path / LOCK_DIR).exists()
@@ -183,7 +240,7 @@ def test_lock_files_live_in_the_array_directory_whatever_the_root(tmp_path) -> N
     assert sorted(adapter.list_prefix("")) == ["g/arr/c/0", "g/arr/zarr.json", "zarr.json"]  # locks never listed
     assert adapter.list_dir("g/arr/") == (["zarr.json"], ["c"])
     with pytest.raises(ConfigurationError, match="not under its array prefix"):
-        at_root.file_stripes_by_dir(["other/c/0"], {"other/c/0": "g/arr/"})
+        at_root.lock_file("other/c/0", "g/arr/")
 
 
 def test_a_group_reached_through_a_symbolic_link_takes_the_same_locks(tmp_path) -> None:
@@ -195,13 +252,11 @@ def test_a_group_reached_through_a_symbolic_link_takes_the_same_locks(tmp_path) 
     via_link = ShardLocks(_local(str(real)).location)
     key_root, key_link = "sub/arr/c/0", "arr/c/0"
     assert (
-        via_root.file_stripes_by_dir([key_root], {key_root: "sub/arr/"})
-        == via_link.file_stripes_by_dir([key_link], {key_link: "arr/"})
-        == {str(real / "arr" / LOCK_DIR): [stripe_of("c/0", 64)]}
+        via_root.lock_file(key_root, "sub/arr/")
+        == via_link.lock_file(key_link, "arr/")
+        == str(real / "arr" / LOCK_DIR / f"{stripe_of('c/0', 64)}.lock")
     )
-    assert via_root.thread_stripes_of([key_root], {key_root: "sub/arr/"}) == via_link.thread_stripes_of(
-        [key_link], {key_link: "arr/"}
-    )
+    assert _excludes(via_root, key_root, "sub/arr/", via_link, key_link, "arr/")
 
 
 def test_in_process_stripes_agree_with_or_without_lock_files_and_through_links(tmp_path) -> None:
@@ -209,13 +264,14 @@ def test_in_process_stripes_agree_with_or_without_lock_files_and_through_links(t
     real = tmp_path / "real"
     (real / "arr").mkdir(parents=True)
     (tmp_path / "link").symlink_to(real, target_is_directory=True)
-    key, prefixes = "arr/c/0", {"arr/c/0": "arr/"}
+    key = "arr/c/0"
     views = [
         ShardLocks(_local(str(real)).location),  # "files"
         ShardLocks(_local(str(real)).location, mode="process"),  # "process"
         ShardLocks(_local(str(tmp_path / "link")).location, mode="process"),  # "process", via the link
     ]
-    assert len({tuple(v.thread_stripes_of([key], prefixes)) for v in views}) == 1
+    assert _excludes(views[0], key, "arr/", views[1], key, "arr/")
+    assert _excludes(views[1], key, "arr/", views[2], key, "arr/")
     from shardkv import ShardedStore
 
     stores = [
@@ -223,23 +279,20 @@ def test_in_process_stripes_agree_with_or_without_lock_files_and_through_links(t
         ShardedStore(str(real), concurrency="process"),
         ShardedStore(str(tmp_path / "link"), concurrency="process"),
     ]
-    assert len({tuple(s.engine.locks.thread_stripes_of([key], prefixes)) for s in stores}) == 1
+    assert _excludes(stores[0].engine.locks, key, "arr/", stores[2].engine.locks, key, "arr/")
+    assert _excludes(stores[2].engine.locks, key, "arr/", stores[1].engine.locks, key, "arr/")
 
 
 def test_a_hold_over_several_arrays_waits_holding_nothing(tmp_path, monkeypatch) -> None:
-    # shards of two arrays: the second array's stripe is taken, so the hold backs off, letting
-    # go of the first array's stripe each time (never waiting while holding). A third writer
-    # takes the first array's stripe once the hold has backed off; only then is the second one
-    # let go. A hold that waited while holding the first would keep the third out (its 30 s
-    # timeout fails the test) and never finish.
-    import random
-
+    # shards of two arrays: another process holds the second array's lock file, so the hold backs off,
+    # letting go of the first array's lock file each time (never waiting while holding). A third process
+    # takes the first array's lock file once the hold has backed off; only then is the second one let go.
+    # A hold that waited while holding the first would keep the third out (the test fails after 30 s).
     adapter = _local(str(tmp_path))
     keys, prefixes = ["a/c/0", "b/c/0"], {"a/c/0": "a/", "b/c/0": "b/"}
-    holder = ShardLocks(adapter.location, thread_stripes=1021)  # own thread pools: file locks tested
-    waiter = ShardLocks(adapter.location, timeout=30.0, thread_stripes=1019)
-    third = ShardLocks(adapter.location, timeout=30.0, thread_stripes=1013)
-    backed_off, took_a = threading.Event(), threading.Event()
+    waiter = ShardLocks(adapter.location, timeout=30.0)
+    lock_a, lock_b = waiter.lock_file("a/c/0", "a/"), waiter.lock_file("b/c/0", "b/")
+    backed_off = threading.Event()
     uniform = random.uniform
 
     def backoff(low: float, high: float) -> float:  # the hold's back-off delay: it let go of everything
@@ -253,26 +306,25 @@ def test_a_hold_over_several_arrays_waits_holding_nothing(tmp_path, monkeypatch)
         with waiter.hold(keys, prefixes):
             outcome.append("held both")
 
-    with holder.hold(["b/c/0"], {"b/c/0": "b/"}):
+    with _held_by_another_process(lock_b):
         side = threading.Thread(target=hold_both, daemon=True)
         side.start()
         assert backed_off.wait(30), "the hold never backed off"
-        with third.hold(["a/c/0"], {"a/c/0": "a/"}):
-            took_a.set()
-    assert took_a.is_set()
+        with _held_by_another_process(lock_a):
+            assert outcome == []
     side.join(30)
     assert outcome == ["held both"]
     monkeypatch.undo()
-    quick = ShardLocks(adapter.location, timeout=0.05, thread_stripes=1019)
-    with holder.hold(["b/c/0"], {"b/c/0": "b/"}):
-        with pytest.raises(LockTimeoutError):  # and a hold that cannot get every stripe times out
+    quick = ShardLocks(adapter.location, timeout=0.05)
+    with _held_by_another_process(lock_b):
+        with pytest.raises(LockTimeoutError):  # and a hold that cannot get every lock file times out
             with quick.hold(keys, prefixes):
                 pass  # never reached
 
 
 def test_released_lock_files_leave_no_descriptor_open(tmp_path) -> None:
     # no table of lock file objects: each hold opens its own descriptor and closes it on release
-    locks = ShardLocks(_local(str(tmp_path)).location, file_stripes=4)
+    locks = ShardLocks(_local(str(tmp_path)).location)
     before = len(os.listdir("/proc/self/fd"))
     for i in range(40):  # 40 arrays, a lock directory each
         key = f"arr{i}/c/{i}"
@@ -281,20 +333,19 @@ def test_released_lock_files_leave_no_descriptor_open(tmp_path) -> None:
     assert len(os.listdir("/proc/self/fd")) == before
 
 
-def test_a_shard_takes_the_thread_stripe_of_its_lock_file(tmp_path) -> None:
+@pytest.mark.parametrize("mode", ["files", "process"])
+def test_a_shard_takes_the_thread_stripe_of_its_lock_file(tmp_path, monkeypatch, mode: Mode) -> None:
     # two threads of one process never hold one lock file at once (flock emulated by fcntl on NFS is per process)
-    for mode in ("files", "process"):
-        locks = ShardLocks(_local(str(tmp_path)).location, mode=mode, file_stripes=4)
-        by_file: dict[int, set[tuple[int, ...]]] = {}
-        for i in range(64):
-            key = f"arr/c/{i}"
-            by_file.setdefault(stripe_of(f"c/{i}", 4), set()).add(tuple(locks.thread_stripes_of([key], {key: "arr/"})))
-        assert len(by_file) == 4 and all(len(stripes) == 1 for stripes in by_file.values())
+    monkeypatch.setattr(lock_module, "FILE_STRIPES", 4)
+    locks = ShardLocks(_local(str(tmp_path)).location, mode=mode)
+    first = next(i for i in range(1, 64) if stripe_of(f"c/{i}", 4) == stripe_of("c/0", 4))
+    assert _excludes(locks, "arr/c/0", "arr/", locks, f"arr/c/{first}", "arr/")  # another shard, one lock file
 
 
-def test_holds_of_one_lock_file_in_two_threads_exclude_each_other(tmp_path) -> None:
+def test_holds_of_one_lock_file_in_two_threads_exclude_each_other(tmp_path, monkeypatch) -> None:
     # each hold opens its own descriptor; the thread stripe of the lock file keeps the two apart
-    locks = ShardLocks(_local(str(tmp_path)).location, file_stripes=1, timeout=0.05)
+    monkeypatch.setattr(lock_module, "FILE_STRIPES", 1)
+    locks = ShardLocks(_local(str(tmp_path)).location, timeout=0.05)
     entered, leave = threading.Event(), threading.Event()
 
     def hold_first() -> None:
@@ -331,8 +382,6 @@ def test_cross_process_needs_a_directory() -> None:
     with pytest.raises(ConfigurationError, match="directory for lock files"):
         ShardLocks(StoreLocation(("s3", None), "bucket/data"), mode="files")
     assert not ShardLocks(MappingStore({}).location).cross_process
-    with pytest.raises(ConfigurationError):
-        ShardLocks(MappingStore({}).location, thread_stripes=0)
 
 
 def test_pickled_locks_find_the_same_locks(tmp_path) -> None:

@@ -557,6 +557,31 @@ def test_append_intents_overwrite_their_slot_and_never_resize_the_lock_file(tmp_
     assert np.array_equal(z[0:4, 0:4], np.full((4, 4), 5, dtype="u2"))
 
 
+def test_a_write_reads_no_lock_file_that_never_recorded_an_append(tmp_path: Path, monkeypatch) -> None:
+    """An empty lock file records no append: a write hold asks the store to recover only non-empty ones."""
+    recovered: list[str | None] = []
+    real = LocalStore.recover_tail
+
+    def counting(self: LocalStore, fd: int, path: str | None = None, repair: bool = True) -> str | None:
+        recovered.append(path)
+        return real(self, fd, path, repair)
+
+    monkeypatch.setattr(LocalStore, "recover_tail", counting)
+    plain = _small(tmp_path / "plain")
+    plain[:] = 1
+    for i in range(3):
+        plain[0:4, 0:4] = i  # a whole rewrite under the lock file of shard 0, which stays empty
+    assert recovered == [] and all(p.stat().st_size == 0 for p in (tmp_path / "plain" / LOCK_DIR).iterdir())
+    root = tmp_path / "a"
+    z = _small(root, shard_updates="append", max_dead_fraction=1.0)
+    z[:] = 1
+    z[0:4, 0:4] = 2  # the first append records (and clears) its intent in the lock file of shard 0
+    recovered.clear()
+    z[0:4, 0:4] = 3  # that lock file is no longer empty: the hold recovers it (nothing to do)
+    (lock_file,) = [p for p in (root / LOCK_DIR).glob("*.lock") if p.stat().st_size]
+    assert recovered == [str(lock_file)] and (z[0:4, 0:4] == 3).all()
+
+
 @pytest.mark.parametrize("inside", [True, False])
 def test_recovery_touches_only_files_under_the_store_root(inside: bool, tmp_path: Path) -> None:
     """A record naming a file outside the store's root (a crafted or moved record) is never acted on.

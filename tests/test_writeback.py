@@ -27,6 +27,17 @@ from shardkv.keys.space import ShardedArray, V2ChunkKeyEncoding
 # -- the buffer's books ------------------------------------------------------------------
 
 
+def test_without_a_buffer_a_write_goes_to_the_engine_itself(tmp_path: Path) -> None:
+    """No layer between the facade and the engine's write when nothing is buffered (none that only forwards)."""
+    store = ShardedStore(str(tmp_path / "through"), chunks_per_shard=2)
+    assert store._writer.write == store.engine.writes.write
+    buffered = ShardedStore(str(tmp_path / "back"), chunks_per_shard=2, buffer_bytes=2**20)
+    assert buffered._writer.write != buffered.engine.writes.write
+    z = zarr.open_array(store, mode="w", shape=(8,), chunks=(2,), dtype="u1")
+    z[:] = 3
+    assert (z[:] == 3).all()
+
+
 def sharded_array(
     shape: tuple[int, ...] = (16,), chunks: tuple[int, ...] = (2,), cps: tuple[int, ...] = (4,), path: str = "a"
 ) -> ShardedArray:

@@ -1,25 +1,8 @@
 """The abstract store interface over a shardkv :class:`~shardkv.storage.kv.KVStore` (the store under a transformer).
 
-:class:`AdapterStore` gives any store :func:`shardkv.storage.open.open_kv`
-takes (a dict, a zarr-python 2 store, an fsspec mapper, a URL, an obstore
-store, a ``KVStore``) the operations of
-:class:`~shardkv.transformers.api.AbstractStore`. Each operation is one call
-on the store:
-
-=======================  ==============================================
-operation                store call(s)
-=======================  ==============================================
-``get_partial_values``   1 ``get_many`` (one read per key, all its ranges)
-``set_values``           1 ``put_many``
-``set_partial_values``   1 ``get_many`` of the old values, 1 ``put_many``
-``erase_values``         1 ``put_many`` of deletes
-``erase_prefix``         1 listing, 1 ``put_many`` of deletes
-``list_prefix``          1 listing
-``list_dir``             1 listing
-=======================  ==============================================
-
-The sharding transformer's engine works on the same ``KVStore`` (:attr:`AdapterStore.kv`):
-its generations, its location, hence its locks.
+Each operation of :class:`AdapterStore` is one batched call on the store (``set_partial_values``: one read of
+the old values, one put); the sharding transformer's engine works on the same ``KVStore``
+(:attr:`AdapterStore.kv`): its generations, its location, hence its locks.
 """
 
 from __future__ import annotations
@@ -42,14 +25,9 @@ class AdapterStore(AbstractStore):
     Parameters
     ----------
     store : KVStore or anything :func:`shardkv.storage.open.open_kv` takes
-        The storage the shards live in.
+        The storage the shards live in (every operation goes to its ``kv``).
     storage_options : mapping, optional
         fsspec options when ``store`` is a URL.
-
-    Attributes
-    ----------
-    kv : KVStore
-        The store every operation goes to.
 
     Raises
     ------

@@ -1,31 +1,10 @@
 """The 2022 draft sharding storage transformer (``indexed`` binary shard format).
 
-One :class:`ShardingStorageTransformer` serves one array (as the draft
-configures sharding per array). Keys under the array's data prefix
-``data/root/<path>/`` are chunk keys: the transformer stores the chunks of one
-shard in one value of the underlying store, at the shard key (chunk coords
-floor-divided by ``chunks_per_shard``, same separator: chunk ``c96/18`` with
-``chunks_per_shard=[32, 2]`` lives in shard ``c3/9``). Every other key is
-relayed unchanged. The shard bytes are the draft's ``indexed`` format
-(:meth:`shardkv.format.layout.ShardLayout.draft_2022`)::
-
-    +---------+---------+-----+----------------------------------------+
-    | chunk a | chunk b | ... | index: n x (offset, nbytes)             |
-    |         |         |     | little-endian uint64, row-major (C)     |
-    +---------+---------+-----+----------------------------------------+
-                                16 * n bytes, n = prod(chunks_per_shard)
-
-Empty chunks have offset = nbytes = ``2**64 - 1``. Keys are a
-:class:`~shardkv.keys.space.ShardedArray` (draft chunk key encoding); shard
-reads and writes go through the shard engine
-(:class:`~shardkv.engine.engine.ShardEngine`) over the base store's own
-:class:`~shardkv.storage.kv.KVStore` (the ``kv`` of the
-:class:`~shardkv.transformers.adapter.AdapterStore` below), so a cached index
-is checked against the stored shard's generation, whoever wrote it, and the
-shard locks are the data's. Each method's docstring
-gives its request plan on the underlying store (draft "API implementation").
-A shard's "available" chunks are those inside the chunk grid when the array
-shape is known, else all ``chunks_per_shard`` of them.
+One :class:`ShardingStorageTransformer` per array: keys under its data prefix ``data/root/<path>/`` are chunk
+keys, stored by shard (chunk coords floor-divided by ``chunks_per_shard``, same separator: chunk ``c96/18``
+with ``chunks_per_shard=[32, 2]`` lives in shard ``c3/9``); other keys are relayed unchanged. Shards go
+through the shard engine over the base store's own ``KVStore`` (``AdapterStore.kv``). A shard's "available"
+chunks are those inside the chunk grid when the array shape is known, else all of them.
 """
 
 from __future__ import annotations
@@ -68,13 +47,7 @@ def _draft_itemsize(data_type: Any) -> int | None:
 
 
 def _base_store(underlying: Any, array_path: str) -> AdapterStore:
-    """The store below a sharding transformer: an ``AdapterStore`` (what it takes is wrapped in one).
-
-    Raises
-    ------
-    UnsupportedError
-        For another transformer (a stack) or an ``AbstractStore`` that is no ``AdapterStore``.
-    """
+    """The store below a sharding transformer: an ``AdapterStore`` (what it takes is wrapped in one)."""
     if isinstance(underlying, AdapterStore):
         return underlying
     if isinstance(underlying, ShardingStorageTransformer):
@@ -98,6 +71,72 @@ def stacked_refusal(array_path: str, n: int, entries: str = "") -> str:
         "so two writers whose shards cross take the same locks in opposite orders and could wait for each "
         "other until the lock timeout; store the array with one sharding transformer"
     )
+
+
+def storage_transformer_entries(array_metadata: Mapping[str, Any], path: str | None = None) -> list[dict[str, Any]]:
+    """The ``storage_transformers`` list of array metadata (``[]`` when absent).
+
+    Raises
+    ------
+    ConfigurationError
+        If the field is present but not a list.
+    """
+    entries = array_metadata.get("storage_transformers") or []
+    if not isinstance(entries, list):
+        raise ConfigurationError(f"storage_transformers must be a list, got {entries!r}", path)
+    return [dict(e) if isinstance(e, Mapping) else e for e in entries]
+
+
+def build_stack(
+    entries: Sequence[Mapping[str, Any]],
+    array_metadata: Mapping[str, Any],
+    array_path: str,
+    store: AbstractStore,
+    **options: Any,
+) -> AbstractStore:
+    """The array's sharding transformer over ``store`` (``store`` itself for no entries).
+
+    Every entry must be the sharding transformer (``SHARDING_EXTENSION``, type ``"indexed"``): an entry of
+    another transformer is refused, never skipped (its stored bytes would be read as the array's chunks), and
+    so is a stack of two sharding transformers (:func:`stacked_refusal`).
+
+    Parameters
+    ----------
+    entries : sequence of mapping
+        The array's ``storage_transformers`` entries.
+    array_metadata : mapping
+        The array's 2022 draft metadata.
+    array_path : str
+        The array's path in the hierarchy.
+    store : AbstractStore
+        The store the shards live in.
+    **options
+        Runtime options of the transformer (:meth:`ShardingStorageTransformer.from_metadata`).
+
+    Raises
+    ------
+    ConfigurationError
+        If an entry is not an object with an ``extension``, or its configuration does not fit the array.
+    UnsupportedError
+        For an entry of another transformer (naming it), or more than one entry.
+    """
+    for entry in entries:
+        if not isinstance(entry, Mapping) or "extension" not in entry:
+            raise ConfigurationError(
+                f"a storage_transformers entry is an object with an 'extension', got {entry!r}", array_path
+            )
+        if (entry["extension"], entry.get("type")) != (SHARDING_EXTENSION, "indexed"):
+            raise UnsupportedError(
+                f"array {array_path!r}: storage transformer {entry['extension']!r} of type {entry.get('type')!r} "
+                f"is not supported, so the array cannot be read or written safely (supported: "
+                f"{SHARDING_EXTENSION} (indexed))"
+            )
+    if len(entries) > 1:
+        listed = ", ".join(str((e.get("configuration") or {}).get("chunks_per_shard")) for e in entries)
+        raise UnsupportedError(stacked_refusal(array_path, len(entries), f"chunks_per_shard {listed}"))
+    if not entries:
+        return store
+    return ShardingStorageTransformer.from_metadata(entries[0], array_metadata, array_path, store, **options)
 
 
 class ShardingStorageTransformer(AbstractStore):
@@ -124,23 +163,12 @@ class ShardingStorageTransformer(AbstractStore):
         as available, and merging a shard drops chunks outside the grid.
     type : {"indexed"}
         The binary shard format.
-    index_cache_bytes : int
-        Limit (bytes) of the cache of decoded shard indexes (default 64 MiB;
-        0 disables it), as :class:`~shardkv.engine.options.Options` says;
-        entries are checked against the stored shards' generations.
-    read_policy : ReadPolicy, optional
-        As :class:`~shardkv.engine.options.Options` (default ``ReadPolicy()``).
-    concurrency : {"auto", "files", "conditional", "process", "none"}
-        As :class:`~shardkv.engine.options.Options` (default ``"auto"``).
-    lock_timeout : float or None
-        Longest wait (seconds) for a shard lock (default
-        :data:`~shardkv.engine.options.DEFAULT_LOCK_TIMEOUT`, 300 s, as
-        :class:`~shardkv.engine.options.Options` says why); ``None`` waits as long as it takes.
+    index_cache_bytes, read_policy, concurrency, lock_timeout
+        As :class:`~shardkv.engine.options.Options` (defaults 64 MiB,
+        ``ReadPolicy()``, ``"auto"``, 300 s).
     itemsize : int, optional
-        Bytes per element of the array's data type. With ``chunk_shape`` it
-        bounds each index entry's ``nbytes`` (see
-        :func:`shardkv.format.layout.chunk_nbytes_bound`); without it the
-        bound is the 2 GiB default.
+        Bytes per element; with ``chunk_shape`` it bounds each index entry's
+        ``nbytes`` (:func:`shardkv.format.layout.chunk_nbytes_bound`; else 2 GiB).
 
     Raises
     ------
@@ -149,16 +177,13 @@ class ShardingStorageTransformer(AbstractStore):
         ``shape`` / ``chunk_shape`` do not match its length, or a write
         option is invalid.
     UnsupportedError
-        If ``underlying`` is another transformer (a stack: see
-        :func:`~shardkv.transformers.registry.build_stack`) or an
-        ``AbstractStore`` other than an ``AdapterStore``, which has no
-        generations to check cached indexes against.
+        If ``underlying`` is another transformer (a stack) or an ``AbstractStore``
+        other than an ``AdapterStore`` (no generations to check cached indexes against).
     TypeError
         If ``underlying`` cannot be used as a store.
     """
 
     extension = SHARDING_EXTENSION
-    types = ("indexed",)
 
     def __init__(
         self,
@@ -176,7 +201,7 @@ class ShardingStorageTransformer(AbstractStore):
         lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
         itemsize: int | None = None,
     ) -> None:
-        if type not in self.types:
+        if type != "indexed":
             raise ConfigurationError(
                 f"sharding transformer type {type!r} is not supported; the 2022 draft defines only 'indexed'",
                 array_path,
@@ -222,7 +247,6 @@ class ShardingStorageTransformer(AbstractStore):
         array_metadata: Mapping[str, Any],
         array_path: str,
         underlying: AbstractStore,
-        chunk_shape: Sequence[int] | None = None,
         **options: Any,
     ) -> ShardingStorageTransformer:
         """Build the transformer an array's ``storage_transformers`` entry describes.
@@ -232,18 +256,14 @@ class ShardingStorageTransformer(AbstractStore):
         entry : mapping
             ``{"extension": ..., "type": "indexed", "configuration": {"chunks_per_shard": [...]}}``.
         array_metadata : mapping
-            The array's 2022 draft metadata (``shape``, ``chunk_grid``).
+            The array's 2022 draft metadata (``shape``, ``chunk_grid``, ``data_type``).
         array_path : str
             The array's path in the hierarchy.
         underlying : AbstractStore
             The store below this transformer.
-        chunk_shape : sequence of int, optional
-            The chunk shape this transformer sees (elements); by default the
-            array's ``chunk_grid.chunk_shape`` (a transformer lower in a stack
-            of sharding transformers sees the shards of the ones above).
         **options
-            Runtime options of the constructor (``index_cache_bytes``,
-            ``read_policy``, ``concurrency``, ``lock_timeout``); never part of the metadata.
+            Runtime options of the constructor (``index_cache_bytes``, ``read_policy``, ``concurrency``,
+            ``lock_timeout``); never part of the metadata.
 
         Raises
         ------
@@ -251,9 +271,7 @@ class ShardingStorageTransformer(AbstractStore):
             If the entry lacks ``chunks_per_shard``, or it does not have one
             positive int per dimension of the array (draft "Configuration").
         """
-        config = entry.get("configuration") or {}
-        cps = config.get("chunks_per_shard")
-        shape = list(array_metadata.get("shape", []))
+        cps = (entry.get("configuration") or {}).get("chunks_per_shard")
         if not isinstance(cps, (list, tuple)) or any(
             isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in cps
         ):
@@ -262,24 +280,17 @@ class ShardingStorageTransformer(AbstractStore):
                 array_path,
             )
         grid = array_metadata.get("chunk_grid") or {}
-        top = chunk_shape is None or list(chunk_shape) == list(grid.get("chunk_shape", []))
         return cls(
             underlying,
             cps,
             array_path=array_path,
             separator=grid.get("separator", "/"),
-            shape=shape,
-            chunk_shape=list(chunk_shape if chunk_shape is not None else grid.get("chunk_shape", [])),
+            shape=list(array_metadata.get("shape", [])),
+            chunk_shape=list(grid.get("chunk_shape", [])),
             type=entry.get("type", "indexed"),
-            itemsize=_draft_itemsize(array_metadata.get("data_type")) if top else None,
+            itemsize=_draft_itemsize(array_metadata.get("data_type")),
             **options,
         )
-
-    @classmethod
-    def outer_chunk_shape(cls, entry: Mapping[str, Any], chunk_shape: Sequence[int]) -> list[int]:
-        """The chunk shape seen by the store below: the shard shape (elements)."""
-        cps = (entry.get("configuration") or {}).get("chunks_per_shard") or []
-        return [c * n for c, n in zip(chunk_shape, cps, strict=False)]  # a length mismatch: from_metadata refuses it
 
     @property
     def chunks_per_shard(self) -> tuple[int, ...]:
@@ -334,11 +345,7 @@ class ShardingStorageTransformer(AbstractStore):
         return self.array.shard_key(shard_coords)
 
     def _ref(self, key: str) -> ChunkRef | None:
-        """Where a chunk key of this array lives, ``None`` for other (relayed) keys.
-
-        Chunks outside the grid are located too: they may be stored (written
-        with a larger shape) and stay readable until their shard is merged.
-        """
+        """Where a chunk key of this array lives (outside the grid too: it may be stored), ``None``: relayed."""
         if not isinstance(key, str):
             raise TypeError(f"store keys are str, got {type(key).__name__}: {key!r}")
         if not self.array.owns(key):
@@ -359,11 +366,7 @@ class ShardingStorageTransformer(AbstractStore):
     # -- reads ----------------------------------------------------------------------
 
     def get_partial_values(self, key_ranges: Sequence[KeyRange]) -> list[bytes | None]:
-        """Byte ranges of values; chunk ranges are ranges inside the chunk.
-
-        Two ``get_partial_values`` calls on the underlying store at most: the
-        shard indexes not cached together with the relayed keys, then the
-        chunk ranges (see :meth:`shardkv.engine.reads.ShardReader.read_ranges`).
+        """Byte ranges of values; chunk ranges are ranges inside the chunk (two store requests at most).
 
         Raises
         ------
@@ -463,15 +466,10 @@ class ShardingStorageTransformer(AbstractStore):
         """Erase chunks through the engine's one write path (the draft's ``erase_values`` plan, A9 and A10).
 
         A shard that loses every available chunk is deleted without a read,
-        holding its lock (unconditioned in every mode: what another writer
-        stored there meanwhile is erased after it, as if it came first). The others are
-        written as any other change of theirs: read (the index only, where
-        the file system clones files), the erased entries and those of chunks
-        outside the grid cleared, and the new shard put (or a clone with the
-        new index renamed over it), so every reader, of this process or
-        another, tells the new shard from the old by its generation. The
-        draft's in-place index overwrite is not used: a torn one has no
-        checksum to tell it.
+        holding its lock (unconditioned: what another writer stored meanwhile
+        is erased after it); the others are rewritten without them, as any
+        change (never the draft's in-place index overwrite: a torn one has no
+        checksum to tell it).
         """
         changes = {k: ShardChange(c.array, c.shard_coords, dict.fromkeys(c.chunks)) for k, c in by_shard.items()}
         whole: dict[str, ShardedArray] = {}

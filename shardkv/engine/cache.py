@@ -1,14 +1,7 @@
-"""A bounded cache of decoded shard indexes (least recently used first out).
+"""A bounded LRU cache of decoded shard indexes, each with the generation of the shard it was read from.
 
-Reading one chunk costs two requests (index, then chunk); with the index
-cached it costs one. Each entry is a decoded
-:class:`~shardkv.format.layout.ShardIndex` with the
-:class:`~shardkv.storage.kv.Generation` of the shard it was read from (the one
-way to know an entry is current): a chunk read is conditioned on that
-generation, and a shard that changed since answers "stale", which costs one
-index read again, never a torn read (:mod:`shardkv.engine.reads`). The
-engine replaces or drops the entry of every shard it writes or deletes. The
-size limit counts the bytes of the index arrays.
+Chunk reads are conditioned on that generation (:mod:`shardkv.engine.reads`); the size limit counts the bytes
+of the index arrays.
 """
 
 from __future__ import annotations
@@ -24,18 +17,7 @@ from shardkv.format.layout import ShardIndex
 
 @dataclass(frozen=True, slots=True)
 class CacheEntry:
-    """One cached index: the decoded index, the generation of the shard it was read from, its size if known.
-
-    Attributes
-    ----------
-    index : ShardIndex
-        The decoded index.
-    generation : Generation
-        The :class:`~shardkv.storage.kv.Generation` of the stored shard the
-        index belongs to; chunk reads are conditioned on it.
-    size : int or None
-        The shard's size in bytes, when the read that gave the index knew it.
-    """
+    """One cached index: the decoded index, the generation of the shard it was read from, its size (bytes) if known."""
 
     index: ShardIndex
     generation: Any
@@ -95,13 +77,9 @@ class IndexCache:
             return entry
 
     def chunk_location(self, shard_key: str, local_coords: tuple[int, ...]) -> tuple[CacheEntry, int, int] | None:
-        """``(entry, offset, nbytes)`` of an inner chunk the cached index of a shard of known size holds.
+        """``(entry, offset, nbytes)`` of a chunk in the cached index of a shard of known size, or ``None``.
 
-        Counts a hit (and makes the entry the most recently used) only when it
-        answers; ``None`` (nothing counted, nothing reordered) when the shard is
-        not cached, its size is unknown or the chunk is absent from its index.
-        The warm single-chunk read (:meth:`~shardkv.engine.reads.ShardReader.read_chunks`
-        of one chunk) takes this one look-up instead of a :meth:`peek` and an :meth:`entry`.
+        Counts a hit only when it answers (the one look-up of a warm single-chunk read).
         """
         with self._lock:
             entry = self._entries.get(shard_key)
@@ -120,10 +98,7 @@ class IndexCache:
             return self._entries.get(shard_key)
 
     def put(self, shard_key: str, index: ShardIndex, generation: Hashable = None, size: int | None = None) -> None:
-        """Cache an index with the generation of its shard and the shard's size (bytes) if known.
-
-        Replaces any entry; evicts the least recently used beyond the limit.
-        """
+        """Cache an index with its shard's generation and size (bytes) if known, evicting beyond the limit."""
         nbytes = index.entries.nbytes
         with self._lock:
             self._drop(shard_key)

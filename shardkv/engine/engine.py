@@ -1,24 +1,5 @@
-"""The shard engine: chunk reads and shard writes over one :class:`~shardkv.storage.kv.KVStore`.
-
-:class:`ShardEngine` is the one engine of shardkv: the zarr-python 2 proxies
-(:class:`shardkv.ShardedStore`, :class:`shardkv.DraftShardedStore`) and the
-2022 draft sharding storage transformer each hold one and call it. It knows
-nothing of keys above chunks and shards: it works on
-:class:`~shardkv.keys.space.ChunkRef` (which shard, where in it) and on
-:class:`~shardkv.engine.merge.ShardChange` (one shard's chunk changes).
-
-The engine owns the state its reads and writes share: the base store, the
-index cache (entries ``(decoded index, generation, size)``), the shard locks
-(mode resolved from the store's capabilities) and the counters. Its
-operations belong to two objects it builds once, each in the module of its
-job: ``engine.reads`` (:class:`~shardkv.engine.reads.ShardReader`: chunk
-reads conditioned on the cached index's generation; a stale answer refetches
-the index once per round) and ``engine.writes``
-(:class:`~shardkv.engine.writes.ShardWriter`: read-modify-write conditioned
-on the generation read, one retry loop, locks only where the store has no
-conditional put). Write-back and the journal sit on top
-(:mod:`shardkv.engine.writeback`).
-"""
+"""The shard engine (:class:`ShardEngine`): the state its reads (``engine.reads``) and writes (``engine.writes``)
+share over one :class:`~shardkv.storage.kv.KVStore` (docs/architecture.md, "The engine")."""
 
 from __future__ import annotations
 
@@ -41,31 +22,23 @@ class ShardEngine:
     kv : KVStore
         The base store.
     options : Options, optional
-        The facade's options; the engine reads ``index_cache_bytes``,
-        ``read_policy``, ``concurrency``, ``lock_timeout``, ``shard_updates``
-        and ``max_dead_fraction`` (checked by
-        :class:`~shardkv.engine.options.Options`, not again here).
+        The facade's options.
     read_only : bool
         For a read-only store: nothing is ever written, not even the repair
-        of an interrupted in-place append a read meets (it raises instead,
-        :meth:`~shardkv.engine.writes.ShardWriter.repair`).
+        of an interrupted in-place append a read meets (it raises instead).
 
     Attributes
     ----------
-    kv : KVStore
-        The base store.
-    options : Options
-        The options.
     cache : IndexCache
         Decoded indexes with the generations of the shards they were read from.
     locks : ShardLocks
         The shard locks, in the mode ``options.concurrency`` resolved to.
     stats : EngineStats
-        Read rounds, refused (stale) reads, whole-shard reads, write rounds, lost races.
+        The counters.
     reads : ShardReader
-        The reads: chunks, byte ranges, indexes, listings (with ``options.read_policy``).
+        The reads: chunks, byte ranges, indexes, listings.
     writes : ShardWriter
-        The writes: shard changes, erasures, compaction, the locks for a caller's own writes.
+        The writes: shard changes, erasures, compaction, repair.
 
     Raises
     ------

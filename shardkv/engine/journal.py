@@ -1,56 +1,8 @@
 """A write-ahead journal of chunk writes for write-back mode: framed msgpack records, fsync'd.
 
-A :class:`Journal` is one local file that belongs to one store. Write-back
-code appends the chunk writes it buffers (:meth:`Journal.append` returns
-only once they are on disk), writes the shards later, and calls
-:meth:`Journal.reset` once those shards are durable. After a crash,
-:meth:`Journal.replay` yields every record whose ``append`` returned, in
-order, to be written again.
-
-File layout (all integers little endian)::
-
-    magic (16 bytes):     b"SHARDKV-JOURNAL2"
-    2 watermark slots:    b"SKJW" | gen uint64 | end uint64 | next_seq uint64 | crc32c uint32
-                          (32 bytes each, at bytes 16 and 48: one 512-byte sector)
-    identity block:       nbytes uint32 | start_seq uint64 | crc32c uint32 | identity (msgpack map)
-                          crc32c covers nbytes, start_seq and the identity
-    frame, repeated:      b"SKJR" | nbytes uint32 | crc32c uint32 | payload (nbytes bytes)
-                          payload = msgpack [seq, key, value, layout]  (value: bytes, or nil for a deletion;
-                          layout: str, the array's layout, left out when empty)
-                          crc32c covers the nbytes field and the payload
-
-Sequence numbers start at the identity block's ``start_seq`` and grow by one
-per record, across :meth:`~Journal.reset` too.
-
-The identity block names the store the journal protects (``location``,
-``store_id``, ``layout``: :mod:`shardkv.storage.identity`); a journal holding
-records of another identity is refused (:class:`~shardkv.errors.JournalMismatchError`).
-
-Durability policy
------------------
-* The *acknowledged end* of the journal is the ``end`` of the valid watermark
-  slot with the highest ``gen``. :meth:`Journal.append` writes the frames of
-  the call, ``fdatasync``\\ s them, then writes the other slot (``gen + 1``,
-  the new end) and ``fdatasync``\\ s again: when it returns, every record of
-  the call survives a process kill and a power loss. When it raises, none
-  of the call's records is acknowledged, and none will ever be replayed (the
-  slot is put back, the file cut back to its previous end).
-* Every byte up to the acknowledged end must check: a frame whose checksum
-  fails, a sequence gap, a file shorter than the acknowledged end, or a
-  damaged watermark slot raises :class:`~shardkv.errors.JournalCorruptError`
-  naming the records lost. Nothing acknowledged is ever dropped silently.
-* Bytes after the acknowledged end are a torn tail (a kill or power loss in
-  the middle of an append, or an append that raised): never replayed,
-  reported in :attr:`Journal.torn_tail_nbytes`, cut off by the next append.
-* The journal file is created, and reset, atomically: a temporary file with
-  the header is fsync'd, renamed (reset) or hard-linked (create, never
-  replacing a file another process created) over the journal, and the
-  directory fsync'd.
-
-One process writes a journal at a time: the file itself is the lock (an
-exclusive ``flock`` of a read-write descriptor, taken before anything is read,
-held until :meth:`Journal.close`; another holder raises
-:class:`~shardkv.errors.LockTimeoutError` at once). Journal files are ``0600``.
+One local file that belongs to one store: :meth:`Journal.append` returns once the records are on disk,
+:meth:`Journal.reset` drops them once their shards are durable, :meth:`Journal.replay` yields every record
+whose ``append`` returned. The file layout and the durability policy: docs/architecture.md, "The journal".
 """
 
 from __future__ import annotations
@@ -127,7 +79,7 @@ def _journal_locked(
 
 
 class Journal:
-    """An append-only, fsync'd log of chunk writes in one local file (see the module docstring).
+    """An append-only, fsync'd log of chunk writes in one local file, locked by its one writer process.
 
     Parameters
     ----------
@@ -135,9 +87,9 @@ class Journal:
         The journal file; created (empty, ``start_seq`` 0) if missing.
     identity : mapping of str to str, optional
         The store the journal belongs to (``location``, ``store_id``,
-        ``layout`` by convention). A new journal records it; an existing one
-        holding records must have been created with an equal identity. ``None``
-        (inspection, tests) accepts any journal and records ``{}``.
+        ``layout``). A new journal records it; an existing one holding
+        records must have been created with an equal identity. ``None``
+        accepts any journal and records ``{}``.
 
     Raises
     ------
@@ -342,19 +294,9 @@ class Journal:
         return self._next_seq
 
     def append(self, records: Iterable[RecordItem]) -> list[int]:
-        """Append ``(key, value)`` records and fsync; returns their sequence numbers.
+        """Append ``(key, value[, layout])`` records (``None``: a deletion) and fsync; their sequence numbers.
 
-        Parameters
-        ----------
-        records : iterable of (str, bytes or None) or (str, bytes or None, str)
-            Chunk key and encoded value (bytes); ``None`` records a deletion.
-            An optional third item describes the array's layout
-            (:attr:`JournalRecord.layout`).
-
-        Returns
-        -------
-        list of int
-            Sequence numbers, in order. When this returns, the records are durable.
+        When this returns, the records are durable.
 
         Raises
         ------
@@ -398,28 +340,14 @@ class Journal:
         return [r.seq for r in batch]
 
     def replay(self) -> Iterator[JournalRecord]:
-        """The acknowledged records, in sequence order (a torn tail after them is left out).
-
-        Raises
-        ------
-        JournalCorruptError
-            For any damage before the acknowledged end (raised before any record is yielded).
-        """
+        """The acknowledged records, in order (``JournalCorruptError`` for any damage before their end)."""
         yield from self._scan().records
 
     def reset(self, keep: Iterable[RecordItem] = ()) -> None:
-        """Drop every record (call once their shards are durable); sequence numbers go on.
+        """Drop every record but those of ``keep`` (as :meth:`append` takes them); sequence numbers go on.
 
-        The journal is replaced atomically by one whose header starts at
-        :attr:`next_seq` and that holds only the records ``keep`` (as
-        :meth:`append` takes them, fsync'd before the replacement): a crash
-        leaves either the old journal or the new one, never a mix. The new
-        file is locked before it replaces the old one: the lock is never let go.
-
-        Parameters
-        ----------
-        keep : iterable of (str, bytes or None) or (str, bytes or None, str)
-            Writes still to be kept (not yet durable elsewhere), as :meth:`append` takes them.
+        The journal is replaced atomically (a crash leaves the old one or the new one) by a file locked
+        before it replaces the old one, so the lock is never let go.
         """
         if self._fd < 0:
             raise ValueError(f"journal {self.path!r} is closed")

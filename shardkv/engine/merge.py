@@ -1,18 +1,8 @@
-"""Merging chunk updates into a shard: the one rule every path follows. Pure.
+"""Merging chunk updates into a shard: the one rule every path follows (pure).
 
-An update of one inner chunk is its new encoded bytes, ``None`` (delete), or
-a :class:`ChunkPatch` (byte writes inside the chunk's old bytes: the 2022
-draft's ``set_partial_values`` on a chunk key). A shard is merged as:
-
-1. the stored chunks that lie inside the array's chunk grid (when the grid
-   is known; chunks a shrinking resize, or a writer with a larger shape,
-   left outside it are dropped);
-2. then the updates, in order: set, delete, or patch the old bytes.
-
-A shard whose every available chunk is set whole needs no old bytes
-(:func:`covers_shard`). Changes of one shard made one after another are one
-change (:func:`join_changes`): each chunk's updates in order, a later value
-or delete replacing, a later patch applied to what came before.
+An update of one inner chunk is its new encoded bytes, ``None`` (delete) or a :class:`ChunkPatch` (byte writes
+inside its old bytes). A shard's stored chunks inside the chunk grid are kept, then the updates applied in
+order; changes of one shard made one after another join into one (:func:`join_changes`).
 """
 
 from __future__ import annotations
@@ -26,23 +16,9 @@ from shardkv.keys.space import ChunkRef, ShardedArray
 
 
 def apply_partial_writes(key: str, old: BytesLike | None, writes: Sequence[tuple[int, BytesLike]]) -> bytes:
-    """Apply ``(start, value)`` writes, in order, to the old value of ``key``.
+    """The old value of ``key`` (``None``: not stored) after ``(start, value)`` writes, in order.
 
-    Parameters
-    ----------
-    key : str
-        Named in errors.
-    old : bytes-like or None
-        The stored value, or ``None`` when ``key`` is not stored (then the
-        first write must start at byte 0).
-    writes : sequence of (int, bytes-like)
-        ``start`` in bytes from the beginning, or negative from the current end
-        (the value then ends the result).
-
-    Returns
-    -------
-    bytes
-        The new value.
+    ``start`` is in bytes from the beginning, or negative from the current end (the value then ends the result).
 
     Raises
     ------
@@ -69,15 +45,7 @@ def apply_partial_writes(key: str, old: BytesLike | None, writes: Sequence[tuple
 
 @dataclass
 class ChunkPatch:
-    """Byte writes inside one chunk's old bytes (see :func:`apply_partial_writes`).
-
-    Attributes
-    ----------
-    chunk_key : str
-        Named in errors.
-    writes : list of (int, bytes-like)
-        ``(start, bytes)`` in order; ``start`` in bytes, negative from the end.
-    """
+    """Byte writes ``(start, bytes)`` inside one chunk's old bytes, in order (:func:`apply_partial_writes`)."""
 
     chunk_key: str
     writes: list[tuple[int, BytesLike]] = field(default_factory=list)
@@ -96,21 +64,9 @@ UpdateT = TypeVar("UpdateT", bound=ChunkUpdate)
 class ShardChange(Generic[UpdateT]):
     """The changes of one shard's inner chunks: the unit every write path hands the engine.
 
-    Generic in the kind of change it holds: ``ShardChange[bytes | None]`` (whole chunks and deletions,
-    what the write-back buffer holds) or any :data:`ChunkUpdate` (a bare ``ShardChange``).
-
-    Attributes
-    ----------
-    array : ShardedArray
-        The array the shard belongs to (layout, grid, key encodings).
-    shard_coords : tuple of int
-        The shard's coords in the shard grid.
-    chunks : dict of tuple of int to bytes-like, ChunkPatch or None
-        Inner chunk (local coords inside the shard) -> its new encoded bytes,
-        byte writes inside its old bytes (:class:`ChunkPatch`), or ``None`` to
-        delete it. Chunks not named keep their stored bytes.
-    nbytes : int
-        Bytes of chunk data held in ``chunks`` (kept by the write-back buffer).
+    ``chunks`` maps local coords to a :data:`ChunkUpdate` (chunks not named keep their stored bytes);
+    ``nbytes`` counts the bytes it holds (kept by the write-back buffer, whose changes are
+    ``ShardChange[bytes | None]``).
     """
 
     array: ShardedArray
@@ -136,23 +92,14 @@ _WHOLE_TYPES = frozenset({bytes, bytearray, memoryview})
 
 
 def _all_whole(values: Collection[Any]) -> bool:
-    """True when no value is ``None`` or a :class:`ChunkPatch` (every value sets its chunk whole).
-
-    The types are collected in one pass at C speed; a value of another
-    bytes-like type (a numpy array) is checked one by one.
-    """
+    """True when no value is ``None`` or a :class:`ChunkPatch` (types collected at C speed first)."""
     if set(map(type, values)) <= _WHOLE_TYPES:
         return True
     return all(v is not None and not isinstance(v, ChunkPatch) for v in values)
 
 
 def out_of_grid(arr: ShardedArray, shard_coords: Sequence[int], present: Iterable[LocalCoords]) -> list[LocalCoords]:
-    """The local coords among ``present`` whose chunks lie outside the chunk grid (none if it is unknown).
-
-    ``present`` is not iterated for a shard wholly inside the grid (every
-    shard but the last ones along a dimension a resize shrank), so a caller
-    may pass a lazy iterator of a stored index's chunks.
-    """
+    """The local coords among ``present`` outside the chunk grid (``present`` not iterated for a shard inside it)."""
     if arr.shard_in_grid(shard_coords):
         return []
     return [local for local in present if not arr.in_grid(arr.chunk_coords(shard_coords, local))]
@@ -164,24 +111,7 @@ def merge_chunks(
     old: Mapping[LocalCoords, BytesLike],
     updates: Mapping[LocalCoords, Any],
 ) -> dict[LocalCoords, BytesLike]:
-    """The chunks of a shard after ``updates`` (see the module docstring for the rule).
-
-    Parameters
-    ----------
-    arr : ShardedArray
-        The array (its grid decides which old chunks are kept).
-    shard_coords : sequence of int
-        The shard's coords.
-    old : mapping of local coords to bytes-like
-        The stored chunks (empty for a shard not stored).
-    updates : mapping of local coords to bytes-like, None or ChunkPatch
-        The changes.
-
-    Raises
-    ------
-    ValueError
-        If a patch would leave a gap in its chunk.
-    """
+    """The chunks of a shard after ``updates`` to its stored chunks ``old`` (``ValueError``: a patch leaves a gap)."""
     if not old and _all_whole(updates.values()):
         return dict(updates)  # a new shard, or one written whole: nothing to merge
     dropped = set(out_of_grid(arr, shard_coords, list(old)))
@@ -206,24 +136,7 @@ def _then(earlier: ChunkUpdate, later: ChunkUpdate) -> ChunkUpdate:
 
 
 def join_changes(changes: Sequence[ShardChange]) -> ShardChange:
-    """The changes of one shard, made in the order given, as one change (what merging them in turn would give).
-
-    Parameters
-    ----------
-    changes : sequence of ShardChange
-        At least one, all of the same shard.
-
-    Returns
-    -------
-    ShardChange
-        ``changes[0]`` itself when there is one; else a new change whose
-        chunks hold, for each chunk, its updates joined in order.
-
-    Raises
-    ------
-    ValueError
-        If a patch of a chunk that an earlier change set or deleted would leave a gap in it.
-    """
+    """The changes of one shard (at least one), in order, as one change (``ValueError``: a patch leaves a gap)."""
     first = changes[0]
     if len(changes) == 1:
         return first

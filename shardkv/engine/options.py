@@ -1,12 +1,7 @@
 """``Options``: every runtime option of shardkv's facades, validated once, picklable as it is.
 
-The zarr 2 proxies, the zarr 3 store and the draft sharding transformer each
-keep their options as one :class:`Options` (built from the keywords users
-give them, :meth:`Options.from_keywords`, or passed as ``options=``); the
-shard engine and write-back read theirs from it, unchecked. A pickled store
-travels as its base store and its options. ``storage_options`` travels inside
-the opened base store, and ``journal`` names a file of one process only, so
-neither is here.
+The engine and write-back read their fields unchecked. ``storage_options`` travels inside the opened base
+store and ``journal`` names a file of one process, so neither is here.
 """
 
 from __future__ import annotations
@@ -23,11 +18,8 @@ from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerSha
 
 DEFAULT_INDEX_CACHE_BYTES = 64 * 2**20
 
-ShardUpdates = Literal["auto", "append", "rewrite"]
-"""How an update of a few chunks of a stored shard is written (see :class:`Options`)."""
-
+ShardUpdates = Literal["auto", "append", "rewrite"]  # how an update of a few chunks of a stored shard is written
 DEFAULT_MAX_DEAD_FRACTION = 0.5
-"""Default of :attr:`Options.max_dead_fraction`."""
 
 
 class OptionKeywords(TypedDict, total=False):

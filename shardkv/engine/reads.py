@@ -1,33 +1,8 @@
 """The one read path of the engine (:class:`ShardReader`): chunk bytes conditioned on the cached index's generation.
 
-A cached index is trusted only as far as the store confirms it: every chunk
-read is a ranged ``get`` conditioned on the generation the index was read
-with. A ``"stale"`` answer (the shard changed since) drops the entry, and the
-next round reads the index again, then the chunks: a stale entry costs one
-refused read, never a torn mix of an old index and new bytes. This is
-tensorstore's rule (``zarr3_sharding_indexed``).
-
-Per round (at most :data:`~shardkv.engine.retry.READ_ATTEMPTS`):
-
-1. one batched ``get`` of the indexes not cached (prefix or suffix ranges);
-   on stores where every request is a round trip, shards of which most
-   chunks are wanted are read whole instead (index and chunks of one
-   generation in one request), and from round 3 on every shard still
-   changing is, on every store;
-2. one batched ``get`` of the wanted chunk ranges, merged per shard
-   (:func:`~shardkv.format.ranges.plan_reads`), each conditioned on its
-   index's generation; a shard whose wanted chunks are all absent from a
-   cached index gets a zero-range conditional ``get`` (absence is proved,
-   not assumed).
-
-Stores without ranged reads (mappings) read whole shards once per call and
-cache nothing. Where a shard's size is not known and its index is at the
-end, each range asks for ``index_nbytes`` bytes more: the index follows every
-chunk, so fewer bytes mean a truncated shard or an entry pointing into the
-index, never served as data.
-
-Listings (:meth:`ShardReader.read_indexes`) compare the generations a store
-listing returned, or else make one zero-range conditional ``get`` per cached shard.
+Every chunk read is a ranged ``get`` conditioned on the generation its cached index was read with; a
+``"stale"`` answer drops the entry and the next round reads the index again (tensorstore's rule). Rounds,
+whole-shard reads and listings: docs/architecture.md, "The read path".
 """
 
 from __future__ import annotations
@@ -48,11 +23,8 @@ from shardkv.keys.listing import shard_chunk_count, shard_chunk_keys
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.storage.kv import ANY, Generation, KVStore, ReadRequest, ReadResult
 
-LIST_BATCH = 4096
-"""Shards whose indexes one listing request reads at most."""
-
-WHOLE_CHUNK = ByteRange(0)
-"""The range of a whole chunk (``ByteRange(0)``): the one object the engine's chunk reads pass."""
+LIST_BATCH = 4096  # shards whose indexes one listing request reads at most
+WHOLE_CHUNK = ByteRange(0)  # the range of a whole chunk: the one object the engine's chunk reads pass
 
 
 def _whole_wanted(requests: Sequence[tuple[ChunkRef, ByteRange]], policy: ReadPolicy) -> set[str]:
@@ -179,21 +151,8 @@ def _batches(shards: Mapping[str, ShardedArray]) -> Iterator[dict[str, ShardedAr
 class ShardReader:
     """The reads of a :class:`~shardkv.engine.engine.ShardEngine` (its ``reads``), on the engine's state.
 
-    Parameters
-    ----------
-    kv : KVStore
-        The base store.
-    cache : IndexCache
-        Decoded indexes with the generations of the shards they were read from
-        (read, refreshed and dropped here; shared with the engine's writes).
-    policy : ReadPolicy
-        Merging of chunk ranges, and the whole-shard threshold.
-    stats : EngineStats
-        Counters the reads update (shared with the engine's writes).
-    repair : callable of (str, ShardedArray) to bool, optional
-        Asked once when a read meets a damaged shard: finishes or undoes an
-        in-place append its writer did not finish (the engine's
-        :meth:`~shardkv.engine.writes.ShardWriter.repair`); True: read again.
+    ``cache`` and ``stats`` are shared with the engine's writes; ``repair`` is asked once when a read meets a
+    damaged shard (:meth:`~shardkv.engine.writes.ShardWriter.repair`; True: read again).
     """
 
     def __init__(
@@ -230,8 +189,6 @@ class ShardReader:
             For a damaged shard.
         ConcurrentUpdateError
             If a shard kept changing under every read round.
-        OSError
-            Any error of the store.
         """
         if len(refs) == 1:  # a warm single-chunk read: one exact conditional request, no read plan
             value = self._read_one_cached(refs[0])
@@ -267,17 +224,18 @@ class ShardReader:
             For a damaged shard (an index entry past the shard's data included).
         ConcurrentUpdateError
             If a shard changed under every one of the read rounds.
-        OSError
-            Any error of the store.
         """
         try:
             return self._read_ranges(requests, relayed)
-        except CorruptShardError as exc:  # an in-place append in flight or killed: repaired under its lock, read again
-            arr = next((ref.array for ref, _ in requests if ref.shard_key == exc.shard_key), None)
-            if self.repair is None or arr is None or not self.repair(exc.shard_key, arr):
-                raise
-            self.cache.discard(exc.shard_key)
+        except CorruptShardError as exc:
+            self._repair(exc, next((ref.array for ref, _ in requests if ref.shard_key == exc.shard_key), None))
         return self._read_ranges(requests, relayed)
+
+    def _repair(self, exc: CorruptShardError, arr: ShardedArray | None) -> None:
+        """Repair the shard of ``exc`` (an in-place append in flight or killed) to read it again, or raise ``exc``."""
+        if self.repair is None or arr is None or not self.repair(exc.shard_key, arr):
+            raise exc
+        self.cache.discard(exc.shard_key)
 
     def _read_ranges(
         self, requests: Sequence[tuple[ChunkRef, ByteRange]], relayed: Sequence[tuple[str, ByteRange]]
@@ -378,19 +336,10 @@ class ShardReader:
         raise ConcurrentUpdateError(first, READ_ATTEMPTS, READ_ATTEMPTS, operation="read")
 
     def _read_one_cached(self, ref: ChunkRef) -> BytesLike | None:
-        """One whole chunk read with one request, from a cached index whose shard size is known; ``None`` otherwise.
+        """A warm single-chunk read: one exact ranged ``get`` conditioned on the cached index's generation.
 
-        The fast path of a warm single-chunk read (zarr reading one chunk): one
-        ranged ``get`` of exactly the chunk's bytes conditioned on the cached
-        index's generation, no read plan. ``None`` (nothing served) when the
-        store has no ranged reads, :meth:`read_ranges` would read the shard
-        whole, the index is not cached, its shard's size is unknown (an index
-        cached with the size was validated against it: every entry lies in the
-        data region) or the chunk is absent from it (absence is proved by
-        :meth:`read_ranges`); the caller then takes :meth:`read_ranges`. A stale
-        answer drops the entry and counts as a refused round, exactly as in
-        :meth:`read_ranges`, which then reads the index again: the requests are
-        those of :meth:`read_ranges` alone.
+        ``None`` (the caller takes :meth:`read_ranges`, which makes the same requests) unless the index is
+        cached with its shard's size (then validated: every entry in the data region) and holds the chunk.
         """
         kv, cache, policy, stats = self.kv, self.cache, self.policy, self.stats
         caps = kv.caps
@@ -414,13 +363,7 @@ class ShardReader:
         return _slicer(value)(0, nbytes)  # a read-only view (or a copy of a writable buffer)
 
     def has_chunks(self, refs: Sequence[ChunkRef]) -> list[bool]:
-        """Whether each chunk is stored now (``in``), from indexes confirmed current.
-
-        Raises
-        ------
-        CorruptShardError, ChecksumError, OSError
-            For a damaged index; any error of the store.
-        """
+        """Whether each chunk is stored now (``in``), from indexes confirmed current (as :meth:`read_indexes`)."""
         indexes = self.read_indexes({ref.shard_key: ref.array for ref in refs})
         return [ref.shard_key in indexes and indexes[ref.shard_key].get(ref.local_coords) is not None for ref in refs]
 
@@ -454,11 +397,8 @@ class ShardReader:
         """
         try:
             return self._read_indexes(shards, generations)
-        except CorruptShardError as exc:  # an in-place append in flight or killed: repaired under its lock, read again
-            arr = shards.get(exc.shard_key)
-            if self.repair is None or arr is None or not self.repair(exc.shard_key, arr):
-                raise
-            self.cache.discard(exc.shard_key)
+        except CorruptShardError as exc:
+            self._repair(exc, shards.get(exc.shard_key))
         return self._read_indexes(shards, generations)
 
     def _read_indexes(
@@ -513,11 +453,7 @@ class ShardReader:
         generations: Mapping[str, Generation] | None = None,
         in_grid_only: bool = True,
     ) -> Iterator[str]:
-        """Keys of the chunks stored in ``shards``, from their current indexes.
-
-        Per shard one vectorised pass (present entries -> chunk coords ->
-        keys), each key string built once; indexes read :data:`LIST_BATCH`
-        shards per request.
+        """Keys of the chunks stored in ``shards``, from their current indexes (:data:`LIST_BATCH` per request).
 
         Parameters
         ----------

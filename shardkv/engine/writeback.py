@@ -1,40 +1,10 @@
 """Write-back: chunk writes held per shard until the shard can be written once, optionally journalled.
 
-Writing an array chunk by chunk (legacy code, zarr 2 with a synchronizer)
-through a per-call proxy rewrites a shard once per chunk: O(chunks per
-shard) rewrites. With a buffer, each shard is written when it is complete
-(every in-grid inner chunk buffered: no read needed), on ``flush()``, or
-when the memory limit forces it out (oldest shard first; then merged with
-what is stored). The total bytes written approach the array's encoded size.
-
-:class:`WriteBuffer` keeps the books (pure); :class:`WriteBack` does the
-writes through :meth:`ShardWriter.write <shardkv.engine.writes.ShardWriter.write>`
-and keeps the optional write-ahead :class:`~shardkv.engine.journal.Journal`.
-
-What is acknowledged is kept
-----------------------------
-Nothing leaves the buffer because it is *about* to be written: the
-``take_*`` methods hand out copies, and :meth:`WriteBuffer.settle` removes
-what a successful write stored. When a shard write fails (during a flush or
-an eviction), its updates stay buffered and visible to reads, the error
-propagates, and the next flush writes them again. Shards are written by one
-thread at a time, so an older copy of a shard's updates is never written
-after a newer one. With a journal, every buffered chunk write is appended
-(and fsync'd) before the call returns; the journal is reset whenever the
-buffer is empty after a successful write, and compacted (rewritten
-atomically with the writes still buffered) when it grows well past the buffer.
-
-What is refused is never applied
---------------------------------
-A :meth:`WriteBack.write` whose forced shard write raised tells its caller
-that the write failed, so its updates still buffered are taken back out of
-the buffer (each chunk gets back the value buffered before the call, an
-earlier acknowledged write) and the journal is rewritten to match: no later
-flush or replay applies them. Journal records carry their array's layout
-(:func:`layout_of`), and a journal is opened with its store's identity
-(:func:`shardkv.storage.identity.store_identity`): records of another store,
-or of an array since recreated with other chunks, are refused
-(:class:`~shardkv.errors.JournalMismatchError`) before any is applied.
+:class:`WriteBuffer` keeps the books (pure); :class:`WriteBack` writes through
+:meth:`ShardWriter.write <shardkv.engine.writes.ShardWriter.write>` and keeps the optional write-ahead
+:class:`~shardkv.engine.journal.Journal`. A shard is written when complete, on ``flush()``, or when the
+limit forces the oldest out. Nothing leaves the buffer before a write stored it, and a :meth:`WriteBack.write`
+that raised is taken back out of the buffer and the journal (docs/architecture.md; docs/user-guide.md).
 """
 
 from __future__ import annotations
@@ -57,14 +27,13 @@ if TYPE_CHECKING:
 
 _JOURNAL_SLACK = 4 * 2**20  # bytes a journal may hold beyond twice the buffer before it is compacted
 
-Buffered = ShardChange[bytes | None]
-"""What the buffer holds of one shard: whole chunks and deletions (byte patches are never buffered)."""
+Buffered = ShardChange[bytes | None]  # what the buffer holds of one shard: whole chunks and deletions
+# (shard_key, local_coords, (was buffered, value before), value buffered) of one WriteBack.write
 _Added = list[tuple[str, tuple[int, ...], tuple[bool, "bytes | None"], "bytes | None"]]
-"""``(shard_key, local_coords, (was buffered, value before), value buffered)`` of one :meth:`WriteBack.write`."""
 
 
 def layout_of(arr: ShardedArray) -> str:
-    """The array layout a journal record carries: inner chunk shape and chunks per shard (as text)."""
+    """The array layout a journal record carries (inner chunk shape and chunks per shard, as text)."""
     chunks = "?" if arr.chunks is None else ",".join(map(str, arr.chunks))
     return f"chunks={chunks} chunks_per_shard={','.join(map(str, arr.chunks_per_shard))}"
 
@@ -75,12 +44,11 @@ class WriteBuffer:
     Parameters
     ----------
     max_bytes : int
-        Limit (bytes, ``Options.buffer_bytes``: checked there) on buffered chunk
-        bytes; beyond it the oldest shards are handed back for writing.
+        Limit (bytes) on buffered chunk bytes; beyond it the oldest shards are handed back for writing.
     """
 
     def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = int(max_bytes)
+        self.max_bytes = max_bytes
         self._pending: OrderedDict[str, Buffered] = OrderedDict()
         self._nbytes = 0
         self.lock = threading.RLock()
@@ -151,12 +119,7 @@ class WriteBuffer:
         return {k: self._copy(k) for k, p in self._pending.items() if path is None or p.array.path == path}
 
     def settle(self, shard_key: str, written: Buffered) -> None:
-        """Forget the updates of ``written`` (a copy from ``take_*``) now stored in the shard.
-
-        An update buffered again since the copy was taken (a newer value,
-        compared by identity) stays buffered; a shard with no update left
-        leaves the buffer.
-        """
+        """Forget the updates of ``written`` (a copy from ``take_*``) now stored; newer ones (by identity) stay."""
         pending = self._pending.get(shard_key)
         if pending is None:
             return
@@ -174,10 +137,7 @@ class WriteBuffer:
         return list(self._pending.items())
 
     def discard_under(self, path: str) -> int:
-        """Drop, unwritten, the updates of arrays at or below ``path`` (every array for ``""``).
-
-        Used when those arrays are deleted. Returns the number of shards dropped.
-        """
+        """Drop, unwritten, the updates of arrays at or below ``path`` (deleted arrays); the shards dropped."""
         keys = [
             k
             for k, p in self._pending.items()
@@ -207,6 +167,13 @@ class WriteBack:
         The buffered changes (``None`` without write-back).
     journal : Journal or None
         The write-ahead journal, once attached.
+    write : callable
+        Apply chunk changes (shard key -> :class:`~shardkv.engine.merge.ShardChange`):
+        journalled and buffered in write-back mode, else the engine's
+        :meth:`~shardkv.engine.writes.ShardWriter.write` itself. Raises
+        ``OSError`` if the journal append fails (nothing of the call is
+        buffered) or a shard write the call forced fails (the call's updates
+        not yet stored are taken back out of the buffer and the journal).
     """
 
     def __init__(
@@ -218,8 +185,11 @@ class WriteBack:
         self.engine = engine
         self.buffer = None if buffer_bytes is None else WriteBuffer(buffer_bytes)
         self.journal: Journal | None = None
-        self._on_write_through = on_write_through
         self._io_lock = threading.RLock()  # one thread writes buffered shards at a time
+        self.write: Callable[[Mapping[str, ShardChange[BytesLike | None]]], None] = self._write_back
+        if self.buffer is None:  # no layer between the caller and the engine
+            self.write = engine.writes.write
+            engine.writes.observe = on_write_through
 
     def lookup(self, shard_key: str, local_coords: tuple[int, ...]) -> tuple[bool, bytes | None]:
         """``(True, value)`` for a buffered chunk (``None``: deleted), else ``(False, None)``."""
@@ -231,12 +201,8 @@ class WriteBack:
     # -- reads that see buffered writes (both facades ask these) -------------------------
 
     def read_chunks(self, refs: Sequence[ChunkRef]) -> dict[str, BytesLike]:
-        """Encoded bytes of the chunks among ``refs`` by chunk key: buffered ones as buffered, the rest read.
-
-        Missing and buffered-deleted chunks are left out; the chunks not
-        buffered are read in one :meth:`ShardEngine.read_chunks
-        <shardkv.engine.engine.ShardEngine.read_chunks>` call.
-        """
+        """Encoded bytes of the chunks among ``refs`` by chunk key: buffered ones as buffered, the rest read in one
+        call (missing and buffered-deleted chunks left out)."""
         if self.buffer is None:
             return self.engine.reads.read_chunks(refs)
         out: dict[str, BytesLike] = {}
@@ -259,10 +225,7 @@ class WriteBack:
         return self.engine.reads.has_chunks([ref])[0]
 
     def chunk_sizes(self, refs: Sequence[ChunkRef]) -> list[int | None]:
-        """Encoded sizes (bytes) of the chunks, buffered ones included, from the shards' indexes (no chunk read).
-
-        ``None`` for a chunk neither buffered nor stored (or buffered as a delete).
-        """
+        """Encoded sizes (bytes) of the chunks, buffered ones included, from the indexes; ``None``: no chunk."""
         out: list[int | None] = [None] * len(refs)
         unbuffered: list[int] = []
         for i, ref in enumerate(refs):
@@ -281,23 +244,10 @@ class WriteBack:
 
     # -- writes ---------------------------------------------------------------------------
 
-    def write(self, changes: Mapping[str, ShardChange[BytesLike | None]]) -> None:
-        """Apply chunk changes: journalled and buffered in write-back mode, else written now.
-
-        Raises
-        ------
-        OSError
-            If the journal append fails (nothing of the call is buffered), or
-            a shard write forced by the call fails (the call's updates not yet
-            stored are taken back out of the buffer and the journal).
-        """
-        if not changes:
-            return
+    def _write_back(self, changes: Mapping[str, ShardChange[BytesLike | None]]) -> None:
+        """:attr:`write` in write-back mode."""
         buf = self.buffer
-        if buf is None:
-            self.engine.writes.write(changes)
-            if self._on_write_through is not None:
-                self._on_write_through(changes)
+        if not changes or buf is None:
             return
         added: _Added = []
         with buf.lock:
@@ -325,12 +275,8 @@ class WriteBack:
             raise
 
     def _take_back(self, changes: Mapping[str, ShardChange], added: _Added) -> None:
-        """Undo the buffered updates of a failed :meth:`write` that are still buffered (not yet stored).
-
-        Each chunk gets back the value buffered before the call (an earlier,
-        acknowledged write), or leaves the buffer; the journal is rewritten to
-        match, so a replay cannot apply the failed write either.
-        """
+        """Undo the updates of a failed :attr:`write` still buffered: each chunk gets back its value from
+        before the call (or leaves the buffer), and the journal is rewritten to match."""
         buf = self.buffer
         if buf is None:
             return
@@ -350,14 +296,11 @@ class WriteBack:
                 self.journal.reset(self._buffered_records())
 
     def write_now(self, changes: Mapping[str, ShardChange]) -> None:
-        """Write chunk changes at once, bypassing the buffer (resize trims).
-
-        The journal is compacted afterwards, so that no older record of a
-        trimmed chunk can come back on replay should the array grow again.
-        """
+        """Write chunk changes at once, bypassing the buffer (resize trims); then compact the journal, so no
+        older record of a trimmed chunk comes back on replay should the array grow again."""
         if not changes:
             return
-        self.engine.writes.write(changes)
+        self.engine.writes.write(changes, observed=False)
         if self.journal is not None and self.buffer is not None:
             with self.buffer.lock:
                 self.journal.reset(self._buffered_records())
@@ -412,14 +355,7 @@ class WriteBack:
                 yield change.chunk_key(local), value, layout
 
     def flush(self, path: str | None = None) -> None:
-        """Write the buffered shards (of the array at ``path`` only, if given).
-
-        Raises
-        ------
-        Exception
-            The first error of a failed shard write; the shards not written
-            stay buffered, and a later flush writes them.
-        """
+        """Write the buffered shards (of the array at ``path`` only); those a write failed for stay buffered."""
         buf = self.buffer
         if buf is not None:
             self._drain(lambda: buf.take_all(path))
@@ -442,24 +378,11 @@ class WriteBack:
     ) -> int:
         """Open the journal at ``path``, replay its records through the buffer, write them and reset it.
 
-        Parameters
-        ----------
-        path : str or os.PathLike or None
-            The journal file (created if missing); ``None``: no journal.
-        route : callable
-            Maps a chunk key to its :class:`~shardkv.keys.space.ChunkRef`
-            (``None`` or :class:`InvalidKeyError` when it names no chunk of a
-            sharded array any more: such records are skipped).
-        identity : callable, optional
-            Returns the identity of the store
-            (:func:`shardkv.storage.identity.store_identity`); called only when
-            ``path`` is given. A journal holding records of another identity
-            is refused; ``None`` checks nothing.
-
-        Returns
-        -------
-        int
-            Records replayed.
+        ``path`` ``None``: no journal. ``route`` maps a record's chunk key to its
+        :class:`~shardkv.keys.space.ChunkRef` (``None`` or ``InvalidKeyError``:
+        skipped); ``identity`` gives the store's identity
+        (:func:`shardkv.storage.identity.store_identity`; ``None``: not checked).
+        Returns the records replayed.
 
         Raises
         ------
@@ -472,50 +395,43 @@ class WriteBack:
             since recreated with another layout (nothing is applied).
         LockTimeoutError
             If another process has the journal open.
-        Exception
-            A shard write failed: the journal is kept, so opening again retries.
         """
         if path is None:
             return 0
-        if self.buffer is None:
+        buf = self.buffer
+        if buf is None:
             raise ConfigurationError(f"journal={os.fspath(path)!r} needs write-back mode: give buffer_bytes too")
         journal = Journal(path, None if identity is None else dict(identity()))
         try:
-            return self._replay(journal, route)
+            latest = {r.key: r for r in journal.replay()}
+            refs: list[tuple[ChunkRef, bytes | None]] = []
+            for key, record in latest.items():  # every record checked before any is applied
+                try:
+                    ref = route(key)
+                except InvalidKeyError:  # an array deleted or shrunk since: nothing to restore
+                    continue
+                if ref is None:
+                    continue
+                if record.layout and record.layout != layout_of(ref.array):
+                    raise JournalMismatchError(
+                        journal.path,
+                        f"array {ref.array.path!r} with {record.layout}",
+                        f"array {ref.array.path!r} with {layout_of(ref.array)}",
+                        len(latest),
+                    )
+                refs.append((ref, record.value))
+            with buf.lock:
+                for ref, value in refs:
+                    buf.add(ref.shard_key, ref.array, ref.shard_coords, ref.local_coords, value)
+                self.journal = journal
+            self.flush()
+            with buf.lock:
+                self._tidy_journal()
+            return len(latest)
         except BaseException:
             self.journal = None
             journal.close()
             raise
-
-    def _replay(self, journal: Journal, route: Callable[[str], ChunkRef | None]) -> int:
-        buf = self.buffer
-        if buf is None:
-            return 0
-        latest = {r.key: r for r in journal.replay()}
-        refs: list[tuple[ChunkRef, bytes | None]] = []
-        for key, record in latest.items():  # every record checked before any is applied
-            try:
-                ref = route(key)
-            except InvalidKeyError:  # an array deleted or shrunk since: nothing to restore
-                continue
-            if ref is None:
-                continue
-            if record.layout and record.layout != layout_of(ref.array):
-                raise JournalMismatchError(
-                    journal.path,
-                    f"array {ref.array.path!r} with {record.layout}",
-                    f"array {ref.array.path!r} with {layout_of(ref.array)}",
-                    len(latest),
-                )
-            refs.append((ref, record.value))
-        with buf.lock:
-            for ref, value in refs:
-                buf.add(ref.shard_key, ref.array, ref.shard_coords, ref.local_coords, value)
-            self.journal = journal
-        self.flush()
-        with buf.lock:
-            self._tidy_journal()
-        return len(latest)
 
     def close(self) -> None:
         """Close the journal (after a flush; its records, if any, stay for the next open)."""

@@ -1,12 +1,8 @@
 """The one write path of the engine (:class:`ShardWriter`): shard read-modify-write conditioned on the generation read.
 
-:meth:`ShardWriter.write` holds the shards' locks and runs one bounded loop:
-one batched whole-shard ``get`` of the shards covered only in part, the merge
-(:func:`~shardkv.engine.merge.merge_chunks`), one batched ``put`` (conditioned
-in mode ``"conditional"``; blind for shards written whole), the winners'
-indexes cached; only shards that lost their race go round again. Writes of one
-shard made at once by threads of one engine are merged (group commit). Both
-are described in docs/architecture.md, "The write path".
+One bounded loop under the shards' locks, group commit of one shard's concurrent writes, and the O(chunk)
+updates of stored shards a change covers in part (the changed chunks and a new index, planned by
+:func:`~shardkv.format.tail.plan_tail_update`): docs/architecture.md, "The write path".
 """
 
 from __future__ import annotations
@@ -15,32 +11,38 @@ import errno
 import os
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
-from shardkv._types import BytesLike
+import numpy as np
+
+from shardkv._types import BytesLike, LocalCoords
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.locks import ShardLocks, holds_shard_locks, lock_prefix
-from shardkv.engine.merge import ShardChange, join_changes, merge_chunks
+from shardkv.engine.merge import ChunkPatch, ChunkUpdate, ShardChange, join_changes, merge_chunks, out_of_grid
 from shardkv.engine.retry import WRITE_ATTEMPTS, WRITE_BACKOFF, EngineStats, attempts
-from shardkv.engine.tail import TailUpdater
 from shardkv.errors import ConcurrentUpdateError, CorruptShardError
 from shardkv.format.layout import ShardIndex
+from shardkv.format.ranges import ByteRange
+from shardkv.format.tail import TailHow, TailPlan, dead_fraction, plan_tail_update
 from shardkv.keys.space import ShardedArray
-from shardkv.storage.kv import ANY, MISSING_RESULT, NO_VALUE, Generation, KVStore, ReadResult, Value
+from shardkv.storage.kv import ANY, MISSING_RESULT, NO_VALUE, Generation, KVStore, ReadRequest, ReadResult, Value
 
-_WRITERS: weakref.WeakSet[ShardWriter] = weakref.WeakSet()
-"""Every writer of this process (a forked child forgets their commits)."""
+_WRITERS: weakref.WeakSet[ShardWriter] = weakref.WeakSet()  # every writer of this process (a forked child forgets)
+
+RESERVE_GROWTH = 2  # a shard gets a reserve when its expected size is at least this many times tail_min_kept
+
+# how, the chunk updates, the index read, its generation and the shard's size, of one O(chunk) update
+_TailPlan = tuple[TailHow, dict[LocalCoords, ChunkUpdate], ShardIndex, Generation, int]
 
 
 @dataclass(eq=False)
 class _Commit:
     """One read-modify-write of one shard, for every change that joined it before it started.
 
-    ``done`` is set once the commit has finished, with ``error`` the
-    exception that stopped it (``None``: every change of it is stored, but
-    those of ``refused``: position in ``changes`` -> why it was not stored).
+    ``done`` is set once it finished, with ``error`` the exception that stopped it (``None``: every change
+    is stored but those of ``refused``: position in ``changes`` -> why it was not).
     """
 
     changes: list[ShardChange] = field(default_factory=list)
@@ -52,24 +54,15 @@ class _Commit:
 class ShardWriter:
     """The writes of a :class:`~shardkv.engine.engine.ShardEngine` (its ``writes``), on the engine's state.
 
-    Parameters
+    ``cache`` and ``stats`` are shared with the engine's reads; ``shard_updates`` and ``max_dead_fraction`` are
+    the :class:`~shardkv.engine.options.Options`; a ``read_only`` writer's :meth:`repair` never changes a byte.
+
+    Attributes
     ----------
-    kv : KVStore
-        The base store.
-    cache : IndexCache
-        Decoded indexes (a written shard's is replaced by the one written;
-        shared with the engine's reads).
-    locks : ShardLocks
-        The shard locks, in the engine's concurrency mode.
-    stats : EngineStats
-        Counters the writes update (shared with the engine's reads).
-    shard_updates : {"auto", "append", "rewrite"}
-        How updates of some chunks of stored shards are written
-        (:class:`~shardkv.engine.options.Options`; :mod:`shardkv.engine.tail`).
-    max_dead_fraction : float
-        Largest fraction of unused bytes an updated shard may keep before it is rewritten whole.
-    read_only : bool
-        The engine of a read-only store: :meth:`repair` never changes a byte.
+    observe : callable or None
+        Called with the changes of each :meth:`write` once stored (the zarr 2
+        proxy's advice about chunk-by-chunk rewrites, set by write-back
+        without a buffer).
     """
 
     def __init__(
@@ -87,33 +80,41 @@ class ShardWriter:
         self.cache = cache
         self.locks = locks
         self.stats = stats
-        self.tail = TailUpdater(kv, cache, locks, stats, shard_updates, max_dead_fraction)
+        self.observe: Callable[[Mapping[str, ShardChange]], None] | None = None
+        self._tails = shard_updates != "rewrite" and kv.caps.tail_updates
+        self._in_place = shard_updates == "append" and locks.cross_process
+        self._max_dead_fraction = max_dead_fraction
+        caps = kv.caps
+        # other processes write here and a delete cannot be conditioned (obstore): an emptied shard is put empty
+        self._put_empty = locks.optimistic and caps.conditional_put and not caps.conditional_delete
+        # the size written stays true while the generation holds, unless other processes write unseen
+        self._sizes_hold = caps.stamps == "native" or caps.in_process
         self._guard = threading.Lock()
         self._next: dict[str, _Commit] = {}  # shard key -> the commit writes join (not started yet)
         self._running: dict[str, _Commit] = {}  # shard key -> the commit under way
         _WRITERS.add(self)
 
     def _forget_commits(self) -> None:
-        """Start with no commit (in a forked child: the parent's threads, and the commits they ran, are not there)."""
+        """Start with no commit (a forked child: the parent's threads, and their commits, are not there)."""
         self._guard = threading.Lock()
         self._next = {}
         self._running = {}
 
-    def write(self, changes: Mapping[str, ShardChange]) -> None:
+    def write(self, changes: Mapping[str, ShardChange], *, observed: bool = True) -> None:
         """Apply chunk changes grouped by shard: one batched read (partly covered shards), one batched write.
 
-        A shard left with no chunk is deleted (where deletes cannot be
-        conditioned, in mode ``"conditional"``, it is stored as an empty shard
-        instead, which readers read as fill values). Chunks outside the chunk
-        grid are dropped. See the module docstring for the rounds. Writes of
-        the same shards made meanwhile by other threads are merged with these
-        (group commit, module docstring); the call returns once every change
-        it made is stored, and raises the error of any commit they went into.
+        A shard left with no chunk is deleted (or stored empty where a delete
+        cannot be conditioned); chunks outside the chunk grid are dropped.
+        Concurrent writes of the same shards are merged (group commit): the
+        call returns once its changes are stored, and raises the error of any
+        commit they went into.
 
         Parameters
         ----------
         changes : mapping of str to ShardChange
             Shard key -> the shard's chunk changes.
+        observed : bool
+            False: :attr:`observe` is not told (trims of a resize).
 
         Raises
         ------
@@ -151,14 +152,11 @@ class ShardWriter:
             error = commit.error if commit.error is not None else commit.refused.get(position)
             if error is not None:
                 raise error
+        if observed and self.observe is not None:
+            self.observe(changes)
 
     def _abandon(self, led: dict[str, _Commit], exc: BaseException) -> None:
-        """End the commits of ``led`` that did not finish, telling their writers ``exc``.
-
-        Called once this call's :meth:`_run` is over: a commit of ``led`` not
-        done by then never ran (still next, or moved to running just before
-        the interruption), and nothing else would end it.
-        """
+        """End the commits of ``led`` that did not finish (they never ran: nothing else would), telling ``exc``."""
         with self._guard:
             for shard_key, commit in led.items():
                 if commit.done.is_set():
@@ -170,10 +168,9 @@ class ShardWriter:
                 commit.done.set()
 
     def _run(self, led: dict[str, _Commit]) -> None:
-        """Run the commits this call started: after the running commits of their shards, as one write.
+        """Run the commits this call started, after the running commits of their shards, as one write.
 
-        Raises only when interrupted (not an ``Exception``): every other error
-        is kept on the commits, for their writers.
+        Raises only when interrupted; every other error is kept on the commits, for their writers.
         """
         for shard_key in led:  # only this call starts these shards' next commits: none can start meanwhile
             with self._guard:
@@ -222,17 +219,13 @@ class ShardWriter:
                 commit.refused[position] = ConcurrentUpdateError(shard_key, WRITE_ATTEMPTS, WRITE_ATTEMPTS)
 
     def _write_held(self, changes: Mapping[str, ShardChange]) -> tuple[dict[str, ShardChange], dict[str, Exception]]:
-        """The bounded rounds of one write, holding its shards' locks.
-
-        Returns the changes still lost after the last round, and the shards
-        whose changes the merge refused (shard key -> its ``ValueError``;
-        nothing of those shards is written).
-        """
+        """The bounded rounds of one write under its shards' locks: the changes still lost, and those refused."""
         todo = dict(changes)
         refused: dict[str, Exception] = {}
         shards = {k: c.array for k, c in todo.items()}
-        with self.locks.hold_arrays(shards):
-            self.tail.recover(shards)  # an in-place append its writer did not finish: kept or undone first
+        with self.locks.hold_arrays(shards) as marked:
+            if marked:  # an in-place append its writer did not finish: kept or undone first
+                self._recover(marked, shards)
             rounds: Iterator[int] | None = None  # the retry loop, only once a round lost a race
             while True:
                 self.stats.write_attempts += 1
@@ -247,15 +240,14 @@ class ShardWriter:
     def _write_round(self, changes: Mapping[str, ShardChange], refused: dict[str, Exception]) -> dict[str, ShardChange]:
         """One read-merge-put round; the changes of the shards whose conditional put lost.
 
-        A shard whose changes the merge refuses (``ValueError``: a patch that
-        would leave a gap) is put into ``refused`` and not written; the others are.
+        A shard whose change the merge refuses (a patch leaving a gap) goes into ``refused``, unwritten.
         """
         kv, cache, optimistic = self.kv, self.cache, self.locks.optimistic
         partial = [k for k, c in changes.items() if not c.covers_shard()]
         lost: dict[str, ShardChange] = {}
         old: dict[str, ReadResult] = {}
-        if partial and self.tail.enabled:  # stored shards covered in part: their changed chunks only, where it pays
-            done, tail_lost, missing = self.tail.update({k: changes[k] for k in partial}, refused)
+        if partial and self._tails:  # stored shards covered in part: their changed chunks only, where it pays
+            done, tail_lost, missing = self._update_tails({k: changes[k] for k in partial}, refused)
             lost = {k: changes[k] for k in tail_lost}
             old = dict.fromkeys(missing, MISSING_RESULT)  # read just now: not stored
             if done or tail_lost or refused:
@@ -284,29 +276,218 @@ class ShardWriter:
             else:
                 condition = ANY
             cache.discard(shard_key)
-            if merged:
-                parts, index = self.tail.reserve(change, *arr.layout.encode_shard_with_index(merged))
-                puts[shard_key] = (parts, condition)
-                indexes[shard_key] = (index, _nbytes(parts))
-            elif stored and optimistic and kv.caps.conditional_put and not kv.caps.conditional_delete:
-                # other processes write here and a delete cannot be conditioned (obstore): an empty shard, swapped in
-                parts, index = arr.layout.encode_shard_with_index({})
+            if merged or (stored and self._put_empty):
+                parts, index = self._reserve(change, *arr.layout.encode_shard_with_index(merged))
                 puts[shard_key] = (parts, condition)
                 indexes[shard_key] = (index, _nbytes(parts))
             elif stored:
                 puts[shard_key] = (None, condition)
                 indexes[shard_key] = (None, 0)
         won = kv.put_many(puts) if puts else {}
-        # the size written stays true while the generation holds, unless other processes write unseen
-        sizes_hold = kv.caps.stamps == "native" or kv.caps.in_process
         for shard_key, generation in won.items():
             if generation is None:
                 lost[shard_key] = changes[shard_key]
                 continue
             new_index, size = indexes[shard_key]
             if new_index is not None:
-                cache.put(shard_key, new_index, generation, size if sizes_hold else None)
+                cache.put(shard_key, new_index, generation, size if self._sizes_hold else None)
         return lost
+
+    # -- O(chunk) updates of stored shards -------------------------------------------------
+
+    def _tail_how(self, shard_key: str, arr: ShardedArray) -> TailHow | None:
+        """How an update of some chunks of the stored shard is written in O(chunk); ``None``: rewritten whole.
+
+        ``"clone"`` where the store clones the shard; ``"append"`` where it does not, ``shard_updates="append"``
+        in mode ``"files"`` and the layout has a CRC32C'd index at the end (a torn tail then fails the CRC32C).
+        """
+        how = self.kv.tail_method(shard_key, self._in_place)
+        layout = arr.layout
+        if self.kv.caps.tail_min_kept and (layout.index_location == "start" or self._small(shard_key)):
+            return None  # the update would keep fewer bytes than the store copies: written whole, no index read
+        if how == "clone" or (how == "append" and layout.index_location == "end" and layout.index_checksum):
+            return how
+        return None
+
+    def _small(self, shard_key: str) -> bool:
+        """Whether the cached size of the shard is known to be below what the store copies."""
+        entry = self.cache.peek(shard_key)
+        return entry is not None and entry.size is not None and entry.size < self.kv.caps.tail_min_kept
+
+    def _update_tails(
+        self, changes: Mapping[str, ShardChange], refused: dict[str, Exception]
+    ) -> tuple[set[str], set[str], set[str]]:
+        """Update the stored shards of ``changes`` (each covered in part) in O(chunk) where it pays.
+
+        Returns the shards written, those changed since their index was read (lost) and those not stored. A
+        shard whose patch leaves a gap goes into ``refused``; the others are left for a whole rewrite (too many
+        dead bytes, no chunk left, or fewer bytes kept than the store copies).
+        """
+        hows: dict[str, TailHow] = {}
+        for shard_key, change in changes.items():  # first where it can pay: no index read for a whole rewrite
+            how = self._tail_how(shard_key, change.array)
+            if how is not None:
+                hows[shard_key] = how
+        if not hows:
+            return set(), set(), set()
+        states, missing = self._indexes({k: changes[k] for k in hows})
+        written: set[str] = set()
+        lost: set[str] = set()
+        plans: dict[str, _TailPlan] = {}
+        patched: dict[str, list[LocalCoords]] = {}
+        for shard_key, (index, generation, size) in states.items():
+            change = changes[shard_key]
+            updates: dict[LocalCoords, ChunkUpdate] = {}
+            for local in out_of_grid(change.array, change.shard_coords, index.present()):
+                updates[local] = None  # what a merge drops: chunks a shrinking resize left outside the grid
+            updates.update(change.chunks)  # patches are applied below, to the old chunks read
+            patches = [k for k, v in updates.items() if isinstance(v, ChunkPatch) and index.get(k) is not None]
+            if patches:
+                patched[shard_key] = patches
+            plans[shard_key] = (hows[shard_key], updates, index, generation, size)
+        old_chunks = self._read_patched(plans, patched, lost)
+        for shard_key, (how, updates, index, generation, size) in plans.items():
+            if shard_key in lost:
+                continue
+            change = changes[shard_key]
+            old = old_chunks.get(shard_key, {})
+            try:
+                whole = {k: v.apply(old.get(k)) if isinstance(v, ChunkPatch) else v for k, v in updates.items()}
+            except ValueError as exc:
+                refused[shard_key] = exc
+                continue
+            whole = {k: v for k, v in whole.items() if v is not None or index.get(k) is not None}
+            if not whole:  # only deletes of chunks not stored: nothing to write
+                written.add(shard_key)
+                continue
+            layout = change.array.layout
+            plan = plan_tail_update(layout, index, size, whole, how)
+            minimum = self.kv.caps.tail_min_kept
+            lead = _lead(plan.index) if minimum and layout.index_location == "end" else 0
+            reserve = min(lead, minimum)  # a reserve's dead bytes are not held against the shard
+            if plan.index.is_empty() or _dead(plan, reserve) > self._max_dead_fraction:
+                continue  # no chunk left (a delete), or too many dead bytes: rewritten whole
+            if plan.kept_nbytes < minimum:
+                continue  # fewer bytes kept than the store copies (S3: 5 MiB): rewritten whole
+            drop = lead if lead and plan.kept_nbytes - lead >= minimum else 0  # the leading dead bytes can go
+            writes, new_index, nbytes = plan.writes, plan.index, plan.nbytes
+            if drop:
+                new_index = _shifted(plan.index, -drop)
+                parts = plan.writes[0][1]
+                writes = [(plan.kept_nbytes - drop, [*parts[:-1], layout.encode_index(new_index)])]
+                nbytes -= drop
+            intent: tuple[int, str] | None = None
+            if how == "append":
+                intent = self.locks.held_lock_files({shard_key: change.array}).get(shard_key)
+                if intent is None:
+                    continue  # no lock file held to record the intent in: rewritten whole
+            self.cache.discard(shard_key)
+            fd, path = intent or (None, None)
+            new_generation = self.kv.update_tail(shard_key, writes, nbytes, generation, how, fd, path, drop=drop)
+            if new_generation is None:
+                lost.add(shard_key)
+                continue
+            self.cache.put(shard_key, new_index, new_generation, nbytes)
+            self.stats.tail_updates += 1
+            written.add(shard_key)
+        return written, lost, missing
+
+    def _reserve(
+        self, change: ShardChange, parts: list[BytesLike], index: ShardIndex
+    ) -> tuple[list[BytesLike], ShardIndex]:
+        """The shard ``change`` writes whole (``parts``, ``index``), led by a reserve of zero bytes where it pays.
+
+        Where updates must keep ``tail_min_kept`` bytes (S3), a shard written whole by a change that covers it in
+        part, holding fewer bytes than that but expected to hold :data:`RESERVE_GROWTH` times as many (its chunks'
+        mean size times its chunks in the grid), is led by the zero bytes that make its chunks and reserve
+        ``tail_min_kept``, so its next updates are O(chunk) where they would rewrite it whole until it has grown
+        that much. The reserve is dead bytes (at most ``tail_min_kept`` a shard), dropped by the first update that
+        keeps as many bytes after it, or by ``compact``. Other shards are returned as they are.
+        """
+        minimum, layout = self.kv.caps.tail_min_kept, change.array.layout
+        if not (self._tails and minimum and layout.index_location == "end" and index.count_present()):
+            return parts, index
+        data = sum(memoryview(p).nbytes for p in parts[:-1])
+        n = change.array.n_chunks_in_shard(change.shard_coords)
+        grows = data * n >= RESERVE_GROWTH * minimum * index.count_present()
+        if data >= minimum or not grows or change.covers_shard() or index.count_present() >= n:
+            return parts, index
+        reserved = _shifted(index, minimum - data)
+        return [bytes(minimum - data), *parts[:-1], layout.encode_index(reserved)], reserved
+
+    def _indexes(
+        self, changes: Mapping[str, ShardChange]
+    ) -> tuple[dict[str, tuple[ShardIndex, Generation, int]], set[str]]:
+        """``(index, generation, size)`` of each stored shard (a cached index while a zero-range conditional
+        ``get`` holds, else its bytes read in one batch), and the shards found not stored."""
+        checked: list[tuple[str, ShardIndex]] = []
+        reads: list[ReadRequest] = []
+        for shard_key in changes:
+            entry = self.cache.peek(shard_key)
+            if entry is not None:
+                checked.append((shard_key, entry.index))
+                reads.append((shard_key, [], entry.generation))
+        out: dict[str, tuple[ShardIndex, Generation, int]] = {}
+        missing: set[str] = set()
+        cached = {k for k, _ in checked}
+        need = [k for k in changes if k not in cached]
+        for (shard_key, index), result in zip(checked, self.kv.get_many(reads) if reads else [], strict=True):
+            if result.found and result.size is not None:
+                out[shard_key] = (index, result.generation, result.size)
+            elif result.state == "stale":
+                need.append(shard_key)
+            elif result.state == "missing":
+                missing.add(shard_key)
+        if need:
+            ranges = [(k, [changes[k].array.layout.index_range()], ANY) for k in need]
+            for shard_key, result in zip(need, self.kv.get_many(ranges), strict=True):
+                if result.state == "missing":
+                    missing.add(shard_key)  # not stored: written whole, with no read
+                if not result.found or result.size is None:
+                    continue
+                layout = changes[shard_key].array.layout
+                index = layout.decode_index((result.values or [b""])[0], shard_key, result.size)
+                out[shard_key] = (index, result.generation, result.size)
+        return out, missing
+
+    def _read_patched(
+        self, plans: Mapping[str, _TailPlan], patched: Mapping[str, list[LocalCoords]], lost: set[str]
+    ) -> dict[str, dict[LocalCoords, BytesLike]]:
+        """The old bytes of the chunks patches change, read conditioned on the generation planned on."""
+        keys = list(patched)
+        if not keys:
+            return {}
+        reads: list[ReadRequest] = []
+        for shard_key in keys:
+            index, generation = plans[shard_key][2], plans[shard_key][3]
+            spans = [index.get(local) for local in patched[shard_key]]  # all stored: patches of absent chunks need none
+            reads.append((shard_key, [ByteRange(s[0], s[0] + s[1]) for s in spans if s is not None], generation))
+        out: dict[str, dict[LocalCoords, BytesLike]] = {}
+        for shard_key, result in zip(keys, self.kv.get_many(reads), strict=True):
+            if result.state != "value":
+                lost.add(shard_key)  # changed since its index was read
+                self.cache.discard(shard_key)
+                continue
+            out[shard_key] = dict(zip(patched[shard_key], result.values or [], strict=True))
+        return out
+
+    def _recover(self, marked: Sequence[tuple[int, str]], shards: Iterable[str], repair: bool = True) -> bool:
+        """Finish or undo the appends recorded in the held lock files ``marked`` (``(fd, path)``); whether any was.
+
+        With ``repair`` false nothing is changed: whether any of them records an append not recovered.
+        """
+        if not self.kv.caps.tail_updates:
+            return False
+        found = False
+        for fd, path in marked:
+            if self.kv.recover_tail(fd, path, repair) is not None:
+                found = True
+        if found:
+            for shard_key in shards:
+                self.cache.discard(shard_key)
+        return found
+
+    # -- whole shards, compaction, repair -------------------------------------------------
 
     def erase(self, shards: Mapping[str, ShardedArray]) -> None:
         """Delete whole shards (unconditionally, holding their locks) and forget their indexes."""
@@ -318,17 +499,10 @@ class ShardWriter:
             self.kv.put_many({k: (None, ANY) for k in shards})
 
     def compact(self, arr: ShardedArray, shard_keys: Iterable[str] | None = None) -> int:
-        """Rewrite the array's stored shards that hold unused bytes; the bytes reclaimed.
+        """Rewrite the array's stored shards that hold unused bytes, each holding its lock; the bytes reclaimed.
 
-        Unused bytes are those of chunks replaced by O(chunk) updates and their
-        old indexes (:mod:`shardkv.engine.tail`), or left by other writers. An
-        in-place append interrupted by a killed writer is finished or undone
-        first (:meth:`repair`); the incomplete multipart uploads killed
-        writers left under the array's prefix on S3 are aborted
-        (:meth:`~shardkv.storage.kv.KVStore.abort_incomplete_writes`).
-        Each shard is compacted holding its lock; in mode ``"conditional"`` the
-        new shard is written only if the shard is still the one read (a shard
-        another writer changed meanwhile is left for the next compaction).
+        Interrupted appends are finished or undone first and old incomplete
+        uploads aborted; a shard another writer changed meanwhile is left.
 
         Parameters
         ----------
@@ -347,8 +521,8 @@ class ShardWriter:
         keys = (k for k, _ in arr.shard_keys()) if shard_keys is None else shard_keys
         reclaimed = 0
         for shard_key in keys:
-            with self.locks.hold_arrays({shard_key: arr}):
-                self.tail.recover({shard_key: arr})  # an interrupted in-place append is repaired first
+            with self.locks.hold_arrays({shard_key: arr}) as marked:
+                self._recover(marked, [shard_key])
                 result = kv.get(shard_key)
                 if not result.found:
                     continue
@@ -371,24 +545,12 @@ class ShardWriter:
         return reclaimed
 
     def repair(self, shard_key: str, arr: ShardedArray) -> bool:
-        """Let an in-place append in the stripe of ``shard_key`` finish, or recover it; whether to read again.
+        """Let an in-place append in the lock file of ``shard_key`` finish, or recover it; whether to read again.
 
-        What a read that met a damaged index asks before it reads once more: it
-        takes the shard's lock file, so it waits for a live writer's append to
-        end (a killed writer's lock is gone), and recovers the append the lock
-        file records, if any. An engine without lock files of its own (a
-        read-only zarr 3 store resolves to mode ``"none"``) takes the shard's
-        lock file for this, where the array has a lock directory already (a
-        writer in mode ``"files"`` made it; none is made here). False (the
-        damage is reported as it is) on stores without tail updates, where no
-        lock directory exists (no writer with lock files, so no append, was
-        there), or when this thread holds shard locks already (it would wait
-        for itself).
-
-        A read-only engine (:attr:`read_only`) changes nothing: it takes the
-        lock file only if it exists (none is made), so it still waits for a
-        live writer's append, and then reads again if no append is recorded
-        there, else raises.
+        What a read that met a damaged index asks (docs/architecture.md, "The
+        write path"): False where no append can be (no tail updates, no lock
+        directory) or this thread holds shard locks. A read-only engine takes
+        only an existing lock file and changes nothing.
 
         Raises
         ------
@@ -396,7 +558,7 @@ class ShardWriter:
             When this account may not open the lock file, or the file system
             is mounted read-only, or (read-only engine) the lock file records
             an append: the message names the shard and how an account that may
-            write the array repairs an interrupted append.
+            write the array repairs it.
         LockTimeoutError, OSError
             As :meth:`write`.
         """
@@ -405,17 +567,16 @@ class ShardWriter:
         locks = self.locks
         if not locks.cross_process:
             locks = ShardLocks(self.kv.location, mode="files", timeout=self.locks.timeout)
-        if not locks.has_lock_dir(arr):
-            return False
+        lock_file = locks.lock_file(shard_key, lock_prefix(arr))
+        if lock_file is None or not os.path.isdir(os.path.dirname(lock_file)):
+            return False  # no writer with lock files, so no append, was there
         where = self.kv.location.local_dir or self.kv.location.root
         array = f" --array {arr.path}" if arr.path else ""
-        if self.read_only:
-            ((lock_dir, (stripe,)),) = locks.file_stripes_by_dir([shard_key], {shard_key: lock_prefix(arr)}).items()
-            if not os.path.exists(os.path.join(lock_dir, f"{stripe}.lock")):
-                return False  # no append was recorded for this shard: the damage is reported as it is
+        if self.read_only and not os.path.exists(lock_file):
+            return False  # no append was recorded for this shard: the damage is reported as it is
         try:
-            with locks.hold_arrays({shard_key: arr}, make=not self.read_only):  # read-only: no file made, no mode
-                recorded = self.tail.recover({shard_key: arr}, locks, repair=not self.read_only)
+            with locks.hold_arrays({shard_key: arr}, make=not self.read_only) as marked:
+                recorded = self._recover(marked, [shard_key], repair=not self.read_only)
         except FileNotFoundError:
             if not self.read_only:
                 raise
@@ -439,19 +600,15 @@ class ShardWriter:
         return True
 
     def rewrites_whole(self, shard_key: str, arr: ShardedArray) -> bool:
-        """Whether an update of some chunks of ``shard_key`` rewrites it whole (no O(chunk) path: :mod:`.tail`).
-
-        An error examining the shard's directory answers True (what is then done).
-        """
+        """Whether an update of some chunks of ``shard_key`` rewrites it whole (an error examining it: True)."""
         try:
-            return self.tail.method(shard_key, arr) is None
+            return not self._tails or self._tail_how(shard_key, arr) is None
         except OSError:
             return True
 
-    def hold(self, shards: Mapping[str, ShardedArray]) -> AbstractContextManager[None]:
-        """The locks of ``shards`` for a ``with`` block (for a caller's own reads and puts; not re-entrant:
-        a :meth:`write` in it waits for the locks its own thread holds, until the lock timeout).
-        """
+    def hold(self, shards: Mapping[str, ShardedArray]) -> AbstractContextManager[list[tuple[int, str]]]:
+        """The locks of ``shards`` for a caller's own reads and puts (not re-entrant: a :meth:`write` in the
+        block waits for the locks its own thread holds, until the lock timeout)."""
         return self.locks.hold_arrays(shards)
 
 
@@ -468,3 +625,23 @@ def _nbytes(parts: Sequence[BytesLike]) -> int:
     if set(map(type, parts)) == {bytes}:
         return sum(map(len, parts))
     return sum([memoryview(p).nbytes for p in parts])
+
+
+def _lead(index: ShardIndex) -> int:
+    """Bytes before the first chunk of a shard whose index is at the end (a reserve, or chunks replaced)."""
+    mask = index.present_mask()
+    return int(index.entries[..., 0][mask].min()) if mask.any() else 0
+
+
+def _shifted(index: ShardIndex, by: int) -> ShardIndex:
+    """``index`` with every stored chunk's offset moved by ``by`` bytes."""
+    out = index.copy()
+    offsets = out.entries[..., 0]
+    mask = out.present_mask()
+    offsets[mask] = (offsets[mask].astype(np.int64) + by).astype(np.uint64)
+    return out
+
+
+def _dead(plan: TailPlan, reserve: int) -> float:
+    """The fraction of the updated shard's bytes unused, not counting ``reserve`` leading dead bytes."""
+    return dead_fraction(plan) if not reserve else (plan.nbytes - plan.used_nbytes - reserve) / (plan.nbytes - reserve)

@@ -1,4 +1,4 @@
-"""The registry: storage_transformers metadata entries -> classes -> stacks; unknown ones refused."""
+"""storage_transformers metadata entries -> the array's one sharding transformer; unknown ones refused."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ from shardkv.transformers import (
     AdapterStore,
     ShardingStorageTransformer,
     build_stack,
-    registered,
-    resolve,
     storage_transformer_entries,
 )
 
@@ -22,9 +20,8 @@ def entry(cps, type="indexed", extension=SHARDING_EXTENSION):
     return {"extension": extension, "type": type, "configuration": {"chunks_per_shard": cps}}
 
 
-def test_the_sharding_transformer_is_registered():
-    assert (SHARDING_EXTENSION, "indexed") in registered()
-    assert resolve(entry([2, 2])) is ShardingStorageTransformer
+def test_the_sharding_entry_builds_the_sharding_transformer():
+    assert isinstance(build_stack([entry([2, 2])], META, "a", AdapterStore({})), ShardingStorageTransformer)
 
 
 @pytest.mark.parametrize(
@@ -34,7 +31,7 @@ def test_the_sharding_transformer_is_registered():
 )
 def test_unknown_transformers_are_refused_with_their_name(bad):
     with pytest.raises(UnsupportedError) as info:
-        resolve(bad, "arr")
+        build_stack([bad], META, "arr", AdapterStore({}))
     message = str(info.value)
     assert f"storage transformer {bad['extension']!r} of type {bad['type']!r}" in message  # names the entry
     assert message.startswith("array 'arr': ")
@@ -49,7 +46,7 @@ def test_a_stack_with_one_unknown_entry_is_refused_whole():
 
 def test_malformed_entries():
     with pytest.raises(ConfigurationError, match="extension"):
-        resolve({"type": "indexed"})
+        build_stack([{"type": "indexed"}], META, "a", AdapterStore({}))
     with pytest.raises(ConfigurationError, match="must be a list"):
         storage_transformer_entries({"storage_transformers": {"extension": SHARDING_EXTENSION}})
     assert storage_transformer_entries({}) == []
