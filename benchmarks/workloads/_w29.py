@@ -163,7 +163,7 @@ class Writer:
 
     def _shard_engine(self) -> Any:
         # the store keeps its engine private; its counters and the puts to its own store are what is counted
-        return self.store._engine.engine
+        return self.store._engine
 
     def _count_puts(self) -> None:
         kv = self._shard_engine().kv
