@@ -259,15 +259,28 @@ class _Job:
                 "write_batch_nbytes": _WRITE_BATCH_NBYTES,
                 "write_batch_objects": _WRITE_BATCH_OBJECTS,
             }
-            yield from array_tasks(
-                listing,
-                array_cps,
-                base,
-                task_chunks,
-                skip=partial(manifest.is_done, path),
-                on_skipped=partial(shard_passed, bar, self.bar_plan, path),
-                on_empty=partial(shard_passed, bar, self.bar_plan, path),
-            )
+            yield from self._shard_tasks(listing, array_cps, base, task_chunks, manifest, bar, path)
+
+    def _shard_tasks(
+        self,
+        listing: Any,
+        array_cps: tuple[int, ...],
+        base: dict[str, Any],
+        task_chunks: int,
+        manifest: Manifest,
+        bar: Any,
+        path: str,
+    ) -> Iterator[ShardTask]:
+        """One array's shard tasks; a shard done before, or with no chunk to write, moves the bar past it."""
+        return array_tasks(
+            listing,
+            array_cps,
+            base,
+            task_chunks,
+            skip=partial(manifest.is_done, path),
+            on_skipped=partial(shard_passed, bar, self.bar_plan, path),
+            on_empty=partial(shard_passed, bar, self.bar_plan, path),
+        )
 
     def _resume(
         self, manifest: Manifest, listing: ArrayListing, layout: ShardLayout, report: ArrayReport, n_last: int

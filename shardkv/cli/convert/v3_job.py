@@ -21,14 +21,13 @@ v2 conversion's; what differs is the source model:
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from functools import partial
 from typing import Any
 
 from shardkv.cli.convert.listing import iter_array_keys
 from shardkv.cli.convert.plan import UNMOVABLE, Plan
 from shardkv.cli.convert.report import ArrayReport
-from shardkv.cli.convert.run import _copy, _Job, shard_passed
-from shardkv.cli.convert.tasks import ShardTask, array_tasks
+from shardkv.cli.convert.run import _copy, _Job
+from shardkv.cli.convert.tasks import ShardTask
 from shardkv.cli.convert.v3_listing import V3Walk, list_v3_array, walk_v3
 from shardkv.cli.errors import ConversionIncompleteError
 from shardkv.cli.manifest import Manifest
@@ -131,15 +130,7 @@ class V3Job(_Job):
                 "write_batch_objects": self.writer.max_objects,
                 "source_shards": source.shards(),
             }
-            yield from array_tasks(
-                listing,
-                array_cps,
-                base,
-                task_chunks,
-                skip=partial(manifest.is_done, path),
-                on_skipped=partial(shard_passed, bar, self.bar_plan, path),
-                on_empty=partial(shard_passed, bar, self.bar_plan, path),
-            )
+            yield from self._shard_tasks(listing, array_cps, base, task_chunks, manifest, bar, path)
 
     def _copy_groups(self, walk: V3Walk, meta_out: dict[str, bytes]) -> None:  # type: ignore[override]
         self.objects_before += len(walk.group_keys) + len(walk.groups)
