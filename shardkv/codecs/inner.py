@@ -45,20 +45,31 @@ def _config_of(obj: Mapping[str, Any], allowed: Sequence[str]) -> dict[str, Any]
 
 
 class Codec:
-    """Base of the codecs. Subclasses set ``name``, ``kind`` and ``fixed_size``."""
+    """Base of the codecs. Subclasses set ``name``, ``kind``, ``fixed_size`` and their configuration ``params``.
+
+    ``params`` are the members of ``configuration``, each an ``__init__``
+    keyword and an attribute; ``required`` ones must be given.
+    """
 
     name: ClassVar[str]
     kind: ClassVar[CodecKind]
     fixed_size: ClassVar[bool] = False
+    params: ClassVar[tuple[str, ...]] = ()
+    required: ClassVar[tuple[str, ...]] = ()
 
     def get_config(self) -> dict[str, Any]:
-        """The codec's JSON object (``name`` and, when it has one, ``configuration``)."""
-        raise NotImplementedError
+        """The codec's JSON object: ``name``, and ``configuration`` (``params`` not ``None``) unless it is empty."""
+        config = {p: getattr(self, p) for p in self.params if getattr(self, p) is not None}
+        return {"name": self.name, "configuration": config} if config else {"name": self.name}
 
     @classmethod
-    def from_config(cls, obj: Mapping[str, Any]) -> Codec:
-        """A codec from its JSON object; ConfigurationError for an unknown member or an invalid value."""
-        raise NotImplementedError
+    def from_config(cls, obj: Mapping[str, Any]) -> Self:
+        """A codec from its JSON object; ConfigurationError for an unknown or missing member or an invalid value."""
+        config = _config_of(obj, cls.params)
+        for p in cls.required:
+            if p not in config:
+                raise ConfigurationError(f"codec {cls.name!r} needs configuration.{p}")
+        return cls(**config)
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and other.get_config() == self.get_config()
@@ -76,6 +87,7 @@ class TransposeCodec(Codec):
     name = "transpose"
     kind = "array_to_array"
     fixed_size = True
+    params = required = ("order",)
 
     def __init__(self, order: Sequence[int]) -> None:
         if isinstance(order, str) or sorted(int(o) for o in order) != list(range(len(order))):
@@ -84,13 +96,6 @@ class TransposeCodec(Codec):
 
     def get_config(self) -> dict[str, Any]:
         return {"name": self.name, "configuration": {"order": list(self.order)}}
-
-    @classmethod
-    def from_config(cls, obj: Mapping[str, Any]) -> TransposeCodec:
-        config = _config_of(obj, ["order"])
-        if "order" not in config:
-            raise ConfigurationError("codec 'transpose' needs configuration.order")
-        return cls(config["order"])
 
     def _check(self, ndim: int) -> None:
         if len(self.order) != ndim:
@@ -116,20 +121,12 @@ class BytesCodec(Codec):
     name = "bytes"
     kind = "array_to_bytes"
     fixed_size = True
+    params = ("endian",)
 
-    def __init__(self, endian: Endian | None = "little") -> None:
+    def __init__(self, endian: Endian | None = None) -> None:
         if endian not in ("little", "big", None):
             raise ConfigurationError(f"bytes endian must be 'little' or 'big', got {endian!r}")
         self.endian = endian
-
-    def get_config(self) -> dict[str, Any]:
-        if self.endian is None:
-            return {"name": self.name}
-        return {"name": self.name, "configuration": {"endian": self.endian}}
-
-    @classmethod
-    def from_config(cls, obj: Mapping[str, Any]) -> BytesCodec:
-        return cls(_config_of(obj, ["endian"]).get("endian"))
 
     def stored_dtype(self, dtype: np.dtype) -> np.dtype:
         """``dtype`` in this codec's byte order; ConfigurationError for object, or multi-byte without endian."""
@@ -186,6 +183,7 @@ class GzipCodec(_NumcodecsBacked):
     """``gzip``: RFC 1952 gzip at ``level`` (0-9)."""
 
     name = "gzip"
+    params = required = ("level",)
 
     def __init__(self, level: int = 5) -> None:
         if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= 9:
@@ -195,21 +193,12 @@ class GzipCodec(_NumcodecsBacked):
 
         self._impl = numcodecs.GZip(level)
 
-    def get_config(self) -> dict[str, Any]:
-        return {"name": self.name, "configuration": {"level": self.level}}
-
-    @classmethod
-    def from_config(cls, obj: Mapping[str, Any]) -> GzipCodec:
-        config = _config_of(obj, ["level"])
-        if "level" not in config:
-            raise ConfigurationError("codec 'gzip' needs configuration.level")
-        return cls(config["level"])
-
 
 class ZstdCodec(_NumcodecsBacked):
     """``zstd``: Zstandard at ``level``, with the frame ``checksum`` flag."""
 
     name = "zstd"
+    params = ("level", "checksum")
 
     def __init__(self, level: int = 0, checksum: bool = False) -> None:
         if isinstance(level, bool) or not isinstance(level, int):
@@ -218,14 +207,6 @@ class ZstdCodec(_NumcodecsBacked):
         import numcodecs
 
         self._impl = numcodecs.Zstd(level=level, checksum=self.checksum)
-
-    def get_config(self) -> dict[str, Any]:
-        return {"name": self.name, "configuration": {"level": self.level, "checksum": self.checksum}}
-
-    @classmethod
-    def from_config(cls, obj: Mapping[str, Any]) -> ZstdCodec:
-        config = _config_of(obj, ["level", "checksum"])
-        return cls(config.get("level", 0), config.get("checksum", False))
 
 
 BLOSC_SHUFFLE_IDS = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
@@ -236,6 +217,7 @@ class BloscCodec(_NumcodecsBacked):
     """``blosc``: Blosc 1 with ``cname``, ``clevel``, ``shuffle``, ``typesize`` and ``blocksize`` (bytes; 0 = auto)."""
 
     name = "blosc"
+    params = ("cname", "clevel", "shuffle", "typesize", "blocksize")
 
     def __init__(
         self,
@@ -259,18 +241,6 @@ class BloscCodec(_NumcodecsBacked):
             cname=cname, clevel=self.clevel, shuffle=BLOSC_SHUFFLE_IDS[shuffle], blocksize=self.blocksize
         )
 
-    def get_config(self) -> dict[str, Any]:
-        config: dict[str, Any] = {"cname": self.cname, "clevel": self.clevel, "shuffle": self.shuffle}
-        if self.typesize is not None:
-            config["typesize"] = self.typesize
-        config["blocksize"] = self.blocksize
-        return {"name": self.name, "configuration": config}
-
-    @classmethod
-    def from_config(cls, obj: Mapping[str, Any]) -> BloscCodec:
-        config = _config_of(obj, ["cname", "clevel", "shuffle", "typesize", "blocksize"])
-        return cls(**config)
-
     def encode(self, data: bytes | memoryview) -> bytes:
         n = memoryview(data).nbytes
         ts = self.typesize or 1
@@ -284,14 +254,6 @@ class Crc32cCodec(Codec):
     name = "crc32c"
     kind = "bytes_to_bytes"
     fixed_size = True
-
-    def get_config(self) -> dict[str, Any]:
-        return {"name": self.name}
-
-    @classmethod
-    def from_config(cls, obj: Mapping[str, Any]) -> Crc32cCodec:
-        _config_of(obj, [])
-        return cls()
 
     def encode(self, data: bytes | memoryview) -> bytes:
         return bytes(data) + crc32c_of(data).to_bytes(4, "little")

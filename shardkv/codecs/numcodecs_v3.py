@@ -119,6 +119,8 @@ class V2ChunkCodec(Codec):
 
     name = V2_CHUNK_CODEC
     kind = "array_to_bytes"
+    params = ("dtype", "order", "compressor", "filters")
+    required = ("dtype",)
 
     def __init__(
         self, dtype: Any, order: str = "C", compressor: Mapping[str, Any] | None = None, filters: Any = None
@@ -135,13 +137,6 @@ class V2ChunkCodec(Codec):
     def get_config(self) -> dict[str, Any]:
         config = {"dtype": self.dtype, "order": self.order, "compressor": self.compressor, "filters": self.filters}
         return {"name": self.name, "configuration": config}
-
-    @classmethod
-    def from_config(cls, obj: Mapping[str, Any]) -> V2ChunkCodec:
-        config = _config_of(obj, ["dtype", "order", "compressor", "filters"])
-        if "dtype" not in config:
-            raise ConfigurationError(f"codec {V2_CHUNK_CODEC!r} needs configuration.dtype")
-        return cls(config["dtype"], config.get("order", "C"), config.get("compressor"), config.get("filters"))
 
     def encode(self, array: np.ndarray, fill_value: Any = None) -> bytes:
         from numcodecs.compat import ensure_ndarray_like
