@@ -70,11 +70,16 @@ def array_document(zarray: Mapping[str, Any], zattrs: Mapping[str, Any] | None, 
     doc = v3_view_of_v2(zarray, attrs, layout).metadata
     if zarray.get("dimension_separator") is None:  # the v2 default, unnamed: zarr 2 leaves it out of .zarray
         doc["chunk_key_encoding"] = {"name": "v2"}  # separator "." by default (v3 core, chunk_key_encoding)
+    return _with_dimension_names(doc, names)
+
+
+def _with_dimension_names(doc: dict[str, Any], names: Any, path: str | None = None) -> dict[str, Any]:
+    """The array document ``doc`` with xarray's ``_ARRAY_DIMENSIONS`` ``names`` as ``dimension_names`` (None: none)."""
+    doc.pop("dimension_names", None)
     if names is not None:
-        dimension_names = dimension_names_of(names, len(doc["shape"]))
-        if dimension_names is None:
-            raise ConfigurationError(f"{_DIMENSIONS} must be one string per dimension, got {names!r}")
-        doc["dimension_names"] = dimension_names
+        doc["dimension_names"] = dimension_names_of(names, len(doc["shape"]))
+        if doc["dimension_names"] is None:
+            raise ConfigurationError(f"{_DIMENSIONS} must be one string per dimension, got {names!r}", path)
     return doc
 
 
@@ -135,13 +140,7 @@ def plan_attributes(path: str, stored: Mapping[str, Any], zattrs: Mapping[str, A
     doc = dict(stored)
     attrs = dict(zattrs)
     if doc["node_type"] == "array":
-        names = attrs.pop(_DIMENSIONS, None)
-        if names is None:
-            doc.pop("dimension_names", None)
-        elif (dimension_names := dimension_names_of(names, len(doc["shape"]))) is not None:
-            doc["dimension_names"] = dimension_names
-        else:
-            raise ConfigurationError(f"{_DIMENSIONS} must be one string per dimension, got {names!r}", path)
+        doc = _with_dimension_names(doc, attrs.pop(_DIMENSIONS, None), path)
     doc["attributes"] = attrs
     return MetadataPlan({join_path(path, ZARR_JSON): doc}, frozenset({join_path(path, ".zattrs")}))
 
@@ -265,16 +264,7 @@ def with_consolidated_metadata(root: Mapping[str, Any], nodes: Mapping[str, Mapp
     ConfigurationError
         If ``root`` is not a v3 group document.
     """
-    if root.get("zarr_format") != 3 or root.get("node_type") != "group":
-        raise ConfigurationError(f"the root must be a v3 group document, got {dict(root)!r}")
-    flat: dict[str, Any] = {}
-    for path, doc in nodes.items():
-        entry = consolidated_entry(doc)
-        if entry is not None:
-            flat[path.strip("/")] = entry
-    out = {k: v for k, v in root.items() if k != "consolidated_metadata"}
-    out["consolidated_metadata"] = _inline(dict(sorted(flat.items())))
-    return out
+    return consolidated_in_step(root, {**root, "consolidated_metadata": _inline({})}, nodes)
 
 
 def consolidated_entry(doc: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -324,8 +314,7 @@ def consolidated_in_step(
     if not has_consolidated(block_of):
         raise ConfigurationError("the root document holds no consolidated_metadata block")
     flat = dict(block_of["consolidated_metadata"]["metadata"])
-    for path in sorted((p.strip("/") for p in changed), key=lambda p: (p.count("/"), p)):
-        doc = changed[path]
+    for path, doc in sorted(((p.strip("/"), d) for p, d in changed.items()), key=lambda i: (i[0].count("/"), i[0])):
         if doc is None:
             prefix = f"{path}/"
             flat = {p: d for p, d in flat.items() if p != path and not p.startswith(prefix)}
