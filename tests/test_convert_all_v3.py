@@ -18,8 +18,8 @@ import zarr
 from shardkv import ShardedStore
 from shardkv.cli.convert import convert
 from shardkv.cli.main import main
-from shardkv.metadata.all_v3 import plan_all_v3, v3_view_of_unsharded_v2, zarr3_unreachable
-from shardkv.metadata.v3_view import V2_FILL_FIELD
+from shardkv.metadata.all_v3 import plan_all_v3, zarr3_unreachable
+from shardkv.metadata.v3_view import V2_FILL_FIELD, v3_view_of_v2
 
 
 def _source(root: Path) -> dict[str, np.ndarray]:
@@ -177,7 +177,7 @@ def test_no_v3_data_type_no_document() -> None:
         "filters": [{"id": "msgpack2"}],
         "order": "C",
     }
-    assert v3_view_of_unsharded_v2(zarray, None).metadata == {}
+    assert v3_view_of_v2(zarray, None).metadata == {}
     plan = plan_all_v3({"s/.zarray": zarray, ".zgroup": {"zarr_format": 2}})
     assert "s/zarr.json" not in plan.writes
     assert plan.writes["zarr.json"] == {"zarr_format": 3, "node_type": "group", "attributes": {}}
@@ -195,7 +195,7 @@ def test_extension_types_are_described(dtype: str) -> None:
         "filters": None,
         "order": "C",
     }
-    view = v3_view_of_unsharded_v2(zarray, {"a": 1})
+    view = v3_view_of_v2(zarray, {"a": 1})
     assert view.metadata["attributes"] == {"a": 1} and view.problems
 
 

@@ -21,8 +21,8 @@ import zarr
 
 from shardkv import ShardedStore
 from shardkv.cli.convert import convert
-from shardkv.metadata.all_v3 import v3_view_of_unsharded_v2
 from shardkv.metadata.hierarchy import group_paths
+from shardkv.metadata.v3_view import v3_view_of_v2
 
 CASES = {
     # id: (dataset, chunks_per_shard, index_location, index_checksum)
@@ -154,7 +154,7 @@ def test_object_count_drops_as_the_grids_predict(converted):
     for path, info in _source_arrays(src).items():
         array_cps = _cps_for(cps, len(info["zarray"]["shape"]))
         if array_cps is None:  # unsharded: a zarr.json mirror beside .zarray, unless no v3 reader decodes it
-            described = bool(v3_view_of_unsharded_v2(info["zarray"], None).metadata)
+            described = bool(v3_view_of_v2(info["zarray"], None).metadata)
             expected += described
             groups.update(group_paths(path) if described else [])
             continue

@@ -22,7 +22,7 @@ from shardkv.cli.view import HierarchyView, sizes
 from shardkv.errors import ConfigurationError, MetadataError, UnsupportedError
 from shardkv.keys.paths import join_path, owning_array, path_prefix, split_key
 from shardkv.keys.space import chunk_key_encoding_from_metadata, grid_shape
-from shardkv.metadata.all_v3 import v3_view_of_unsharded_v2, zarr3_unreachable
+from shardkv.metadata.all_v3 import zarr3_unreachable
 from shardkv.metadata.documents import load_json
 from shardkv.metadata.hierarchy import ZARR_JSON, group_paths
 from shardkv.metadata.v3_view import sharding_spec_from_v3, v3_view_of_v2
@@ -114,7 +114,7 @@ def _other_readers(doc: Mapping[str, Any] | None, zarray: Mapping[str, Any] | No
     try:
         spec = sharding_spec_from_v3(doc, path)
         if spec is None:
-            return list(v3_view_of_unsharded_v2(zarray, None).problems)
+            return list(v3_view_of_v2(zarray, None).problems)
         return list(v3_view_of_v2(zarray, None, spec.layout).problems)
     except (ConfigurationError, UnsupportedError):
         return []

@@ -25,12 +25,7 @@ from shardkv.metadata.hierarchy import (
     with_consolidated_metadata,
 )
 from shardkv.metadata.v2_codecs import v3_encoding_of_v2
-from shardkv.metadata.v3_view import V3View, sharding_spec_from_v3, v3_view_of_v2
-
-
-def v3_view_of_unsharded_v2(zarray: Mapping[str, Any], zattrs: Mapping[str, Any] | None) -> V3View:
-    """The ``zarr.json`` that reads an unsharded v2 array's chunk objects, empty when opaque (:func:`v3_view_of_v2`)."""
-    return v3_view_of_v2(zarray, zattrs)
+from shardkv.metadata.v3_view import sharding_spec_from_v3, v3_view_of_v2
 
 
 def _v2_nodes(
@@ -48,7 +43,7 @@ def _v2_nodes(
         if name == ".zgroup":
             groups[path] = zattrs
             continue
-        view = v3_view_of_unsharded_v2(documents[key], zattrs)
+        view = v3_view_of_v2(documents[key], zattrs)
         if view.metadata:
             arrays[path] = view.metadata
         else:
@@ -136,10 +131,6 @@ def _why_no_v3_document(zarray: Mapping[str, Any] | None) -> Unreached:
     return Unreached("no zarr.json under a Zarr v3 root")
 
 
-def _consolidated_paths(doc: Mapping[str, Any]) -> set[str]:
-    return set(consolidated_nodes(doc) or ())
-
-
 def zarr3_unreachable(
     documents: Mapping[str, Mapping[str, Any]], arrays: Iterable[str], groups: Iterable[str]
 ) -> dict[str, Unreached]:
@@ -177,7 +168,7 @@ def zarr3_unreachable(
                 out[path] = Unreached(f"the group {group or '/'} above it is not a Zarr v3 group")
                 break
             relative = path[len(group) + 1 :] if group else path
-            if has_consolidated(above) and relative not in _consolidated_paths(above):
+            if has_consolidated(above) and relative not in (consolidated_nodes(above) or ()):
                 out[path] = Unreached(f"the consolidated metadata of {group or '/'} does not list it")
                 break
     return out

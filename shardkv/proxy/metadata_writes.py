@@ -20,7 +20,7 @@ from shardkv.errors import ConcurrentUpdateError, ConfigurationError, MetadataEr
 from shardkv.format.layout import ShardLayout
 from shardkv.keys.paths import chunkish_under, join_path, path_prefix, split_key
 from shardkv.keys.space import ShardedArray
-from shardkv.metadata.all_v3 import plan_v3_down, v3_view_of_unsharded_v2
+from shardkv.metadata.all_v3 import plan_v3_down
 from shardkv.metadata.documents import dump_json, load_json, load_object, load_zarray
 from shardkv.metadata.hierarchy import (
     ZARR_JSON,
@@ -40,7 +40,7 @@ from shardkv.metadata.hierarchy import (
     with_consolidated_metadata,
 )
 from shardkv.metadata.v2_deletes import with_deleted
-from shardkv.metadata.v3_view import v2_dimension_separator
+from shardkv.metadata.v3_view import v2_dimension_separator, v3_view_of_v2
 from shardkv.proxy.nodes import Node, NodeTable, build_node, sharded_array_of
 from shardkv.storage.kv import ANY, NO_VALUE, Generation, KVStore, check_not_reserved
 
@@ -445,7 +445,7 @@ class MetadataWriter:
             zattrs = None if raw_attrs is None else load_object(join_path(path, ".zattrs"), raw_attrs)
         key = join_path(path, ZARR_JSON)
         try:
-            doc = v3_view_of_unsharded_v2(zarray, zattrs).metadata
+            doc = v3_view_of_v2(zarray, zattrs).metadata
         except (ConfigurationError, UnsupportedError):
             doc = {}
         if not doc:
