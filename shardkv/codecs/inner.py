@@ -165,6 +165,10 @@ class _NumcodecsBacked(Codec):
     def encode(self, data: bytes | memoryview) -> bytes:
         return bytes(self._impl.encode(np.frombuffer(data, dtype=np.uint8)))
 
+    def numcodecs_config(self) -> dict[str, Any]:
+        """The numcodecs (Zarr v2) configuration of this codec."""
+        return dict(self._impl.get_config())
+
     def decode(self, data: bytes | memoryview, key: str = "", limit: int | None = None) -> bytes:
         """Decompress; with ``limit``, stop at (and report) output beyond ``limit`` bytes (:mod:`.bounded`)."""
         try:

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from shardkv.codecs.inner import (
-    BLOSC_SHUFFLE_IDS,
     BloscCodec,
     BytesCodec,
     CodecPipeline,
@@ -188,25 +187,13 @@ def _v2_fill(value: Any, dtype: np.dtype) -> Any:
     return [_v2_fill(value.real, np.dtype("f8")), _v2_fill(value.imag, np.dtype("f8"))]
 
 
-def _v2_codec(codec: Any, dtype: np.dtype) -> dict[str, Any] | None:
+def _v2_codec(codec: Any) -> dict[str, Any] | None:
     """The numcodecs config equal to a v3 bytes -> bytes codec, or None."""
-    if isinstance(codec, GzipCodec):
-        return {"id": "gzip", "level": codec.level}
-    if isinstance(codec, ZstdCodec):
-        return {"id": "zstd", "level": codec.level, "checksum": codec.checksum}
-    if isinstance(codec, BloscCodec):
-        return {
-            "id": "blosc",
-            "cname": codec.cname,
-            "clevel": codec.clevel,
-            "shuffle": BLOSC_SHUFFLE_IDS[codec.shuffle],
-            "blocksize": codec.blocksize,
-        }
-    if isinstance(codec, Crc32cCodec):
-        return {"id": "crc32c"}  # numcodecs CRC32C: little-endian checksum at the end, as v3
     if isinstance(codec, NumcodecsCodec):
         return {"id": codec.codec_id, **codec.configuration}
-    return None
+    if isinstance(codec, (GzipCodec, ZstdCodec, BloscCodec)):
+        return codec.numcodecs_config()
+    return {"id": "crc32c"} if isinstance(codec, Crc32cCodec) else None  # numcodecs CRC32C: little-endian, at the end
 
 
 def _structure_problems(metadata: Mapping[str, Any], codecs: list[Any]) -> list[str]:
@@ -319,7 +306,7 @@ def _v2_codecs(
     )
     after = []
     for c in inner.bytes_to_bytes:
-        conf = _v2_codec(c, dtype)
+        conf = _v2_codec(c)
         if conf is None:
             problems.append(f"inner codec {c.get_config()['name']!r} has no v2 equivalent")
         after.append(conf)
