@@ -28,18 +28,8 @@ from shardkv.codecs.inner import (
 )
 from shardkv.codecs.numcodecs_v3 import V2_CHUNK_CODEC, VLEN_IDS, NumcodecsArrayCodec, V2ChunkCodec, VlenCodec
 from shardkv.errors import ConfigurationError, ShardKVError
-from shardkv.metadata.v2_codecs import (
-    CORE_DATA_TYPES,
-    OPAQUE_DATA_TYPE,
-    SIZED_DATA_TYPES,
-    TIME_DATA_TYPES,
-    core_compressor_codec,
-    numpy_dtype_of_structured,
-    v2_dtype_json,
-)
+from shardkv.metadata.v2_codecs import OPAQUE_DATA_TYPE, core_compressor_codec, numpy_dtype_of_v3, v2_dtype_json
 from shardkv.metadata.v3_view import SHARDING_CODEC, V2_COMPRESSOR_FIELD, V2_FILL_FIELD, sharding_spec_from_v3
-
-_V3_TO_NUMPY = {name: code for code, name in CORE_DATA_TYPES.items()}  # "int16" -> "i2"
 
 
 @dataclass(frozen=True)
@@ -48,50 +38,6 @@ class V2View:
 
     documents: dict[str, dict[str, Any]] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
-
-
-_EXTENSION_KINDS = {name: kind for kind, name in SIZED_DATA_TYPES.items()}  # "raw_bytes" -> "V"
-_TIME_KINDS = {name: kind + "8" for kind, name in TIME_DATA_TYPES.items()}  # "numpy.datetime64" -> "M8"
-_VLEN_DATA_TYPES = {data_type: codec_id for codec_id, data_type in VLEN_IDS.items()}  # "string" -> "vlen-utf8"
-
-
-def numpy_dtype_of_v3(data_type: Any, endian: str | None = "little") -> np.dtype:
-    """The numpy dtype of a v3 core or zarr-python 3 extension ``data_type`` stored with ``bytes``' ``endian``.
-
-    Raises
-    ------
-    ConfigurationError
-        If ``data_type`` is neither (``r<N>`` and other extensions included).
-    """
-    order = "<" if endian != "big" else ">"
-    if isinstance(data_type, str) and data_type in _VLEN_DATA_TYPES:
-        return np.dtype(object)
-    if isinstance(data_type, Mapping) and data_type.get("name") == "structured":
-        return numpy_dtype_of_structured(data_type, lambda leaf: numpy_dtype_of_v3(leaf, "little"))
-    if isinstance(data_type, Mapping):
-        name = data_type.get("name")
-        config = data_type.get("configuration") or {}
-        if name in _EXTENSION_KINDS:
-            n = config.get("length_bytes")
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise ConfigurationError(f"data_type {data_type!r}: length_bytes must be an int >= 1")
-            if name == "fixed_length_utf32":
-                if n % 4:
-                    raise ConfigurationError(f"data_type {data_type!r}: length_bytes must be a multiple of 4")
-                return np.dtype(f"{order}U{n // 4}")
-            return np.dtype(f"|{_EXTENSION_KINDS[name]}{n}")
-        if name in _TIME_KINDS:
-            unit, scale = config.get("unit"), config.get("scale_factor", 1)
-            try:
-                return np.dtype(f"{order}{_TIME_KINDS[name]}[{'' if scale == 1 else int(scale)}{unit}]")
-            except (TypeError, ValueError):
-                raise ConfigurationError(f"data_type {data_type!r}: unknown unit or scale_factor") from None
-    if not isinstance(data_type, str) or data_type not in _V3_TO_NUMPY:
-        raise ConfigurationError(f"data_type {data_type!r} is not a Zarr v3 core numeric or bool type")
-    code = _V3_TO_NUMPY[data_type]
-    if code in ("b1", "i1", "u1"):
-        return np.dtype("|" + code)
-    return np.dtype(order + code)
 
 
 def fill_value_from_v3(fill: Any, dtype: np.dtype) -> Any:

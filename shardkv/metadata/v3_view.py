@@ -22,7 +22,7 @@ from shardkv.keys.space import (
     V2ChunkKeyEncoding,
     chunk_key_encoding_from_metadata,
 )
-from shardkv.metadata.v2_codecs import CORE_DATA_TYPES, SIZED_DATA_TYPES, TIME_DATA_TYPES, v3_encoding_of_v2
+from shardkv.metadata.v2_codecs import numpy_dtype_of_v3, v3_encoding_of_v2
 
 SHARDING_CODEC = "sharding_indexed"
 
@@ -164,22 +164,13 @@ class ShardingSpec:
         )
 
 
-_V3_ITEMSIZES = {name: int(code[1:]) for code, name in CORE_DATA_TYPES.items()}
-
-
 def v3_itemsize(data_type: Any) -> int | None:
     """Bytes per element of a v3 core, fixed-size extension or datetime type; ``None`` for any other."""
-    if isinstance(data_type, str):
-        return _V3_ITEMSIZES.get(data_type)
-    if not isinstance(data_type, Mapping):
+    try:
+        dtype = numpy_dtype_of_v3(data_type)
+    except ConfigurationError:
         return None
-    name = data_type.get("name")
-    if name in TIME_DATA_TYPES.values():
-        return 8
-    n = (data_type.get("configuration") or {}).get("length_bytes")
-    if name in SIZED_DATA_TYPES.values() and isinstance(n, int) and not isinstance(n, bool) and n >= 1:
-        return n
-    return None
+    return None if dtype.hasobject or dtype.fields is not None else dtype.itemsize
 
 
 def layout_from_codec_config(
