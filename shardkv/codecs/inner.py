@@ -51,7 +51,7 @@ class Codec:
     keyword and an attribute; ``required`` ones must be given.
     """
 
-    name: ClassVar[str]
+    name: str  # a class constant, but for the numcodecs codecs named by their id
     kind: ClassVar[CodecKind]
     fixed_size: ClassVar[bool] = False
     params: ClassVar[tuple[str, ...]] = ()
@@ -289,13 +289,9 @@ class _NumcodecsById(Codec):
     _impl: Any
 
     def __init__(self, codec_id: str, configuration: Mapping[str, Any] | None = None) -> None:
-        self.codec_id = codec_id
+        self.codec_id, self.name = codec_id, f"numcodecs.{codec_id}"
         self.configuration = {k: v for k, v in (configuration or {}).items() if k != "id"}
         self._impl = numcodecs_codec({"id": codec_id, **self.configuration}, f"numcodecs.{codec_id}")
-
-    @property
-    def name(self) -> str:  # type: ignore[override]  # a class constant elsewhere; here it comes from codec_id
-        return f"numcodecs.{self.codec_id}"
 
     def get_config(self) -> dict[str, Any]:
         return {"name": self.name, "configuration": dict(self.configuration)}

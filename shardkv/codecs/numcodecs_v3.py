@@ -62,14 +62,10 @@ class VlenCodec(Codec):
     def __init__(self, codec_id: str) -> None:
         if codec_id not in VLEN_IDS:
             raise ConfigurationError(f"vlen codec must be one of {sorted(VLEN_IDS)}, got {codec_id!r}")
-        self.codec_id = codec_id
+        self.codec_id = self.name = codec_id
         import numcodecs  # imported where a codec is made (see shardkv.codecs.inner)
 
         self._impl = numcodecs.get_codec({"id": codec_id})
-
-    @property
-    def name(self) -> str:  # type: ignore[override]  # a class constant elsewhere; here it comes from codec_id
-        return self.codec_id
 
     def get_config(self) -> dict[str, Any]:
         return {"name": self.name, "configuration": {}}
