@@ -117,16 +117,12 @@ def _v2_fill(value: Any, dtype: np.dtype) -> Any:
         return value
     if dtype.fields is not None:
         return base64.standard_b64encode(np.asarray(value, dtype=dtype).tobytes()).decode("ascii")
-    if dtype.kind == "U":
-        return str(value)
     if dtype.kind in "SV":
         return base64.standard_b64encode(bytes(value)).decode("ascii")
     if dtype.kind in "Mm":
         return int(np.asarray(value, dtype=dtype.newbyteorder("=")).view(np.int64))
-    if dtype.kind == "b":
-        return bool(value)
-    if dtype.kind in "iu":
-        return int(value)
+    if dtype.kind in "biuU":
+        return value.item()  # bool, int or str
     if dtype.kind == "f":
         v = float(value)
         return "NaN" if np.isnan(v) else ("Infinity" if v == np.inf else ("-Infinity" if v == -np.inf else v))
@@ -198,7 +194,7 @@ def _v2_dtype_and_fill(metadata: Mapping[str, Any], inner: CodecPipeline, proble
             )
         fill = _v2_fill(fill_value_from_v3(metadata.get("fill_value"), dtype), dtype)
         marker = metadata.get(V2_FILL_FIELD)
-        if isinstance(marker, Mapping) and "fill_value" in marker and _marks(marker["fill_value"], metadata, dtype):
+        if isinstance(marker, Mapping) and "fill_value" in marker and _marks(marker["fill_value"], fill, dtype):
             fill = marker["fill_value"]  # the v2 fill kept by the writer of this document
         return dtype, fill
     except ConfigurationError as exc:
@@ -206,14 +202,12 @@ def _v2_dtype_and_fill(metadata: Mapping[str, Any], inner: CodecPipeline, proble
         return np.dtype("u1"), 0
 
 
-def _marks(v2_fill: Any, metadata: Mapping[str, Any], dtype: np.dtype) -> bool:
-    """True when a recorded v2 fill value still stands for the v3 ``fill_value`` (a v3 writer may have changed it)."""
+def _marks(v2_fill: Any, fill: Any, dtype: np.dtype) -> bool:
+    """True when a recorded v2 fill value still stands for the v3 one, ``fill`` (a v3 writer may have changed it)."""
     if v2_fill is None or dtype.hasobject:
         return True
     try:
-        return _v2_fill(fill_value_from_v3(metadata.get("fill_value"), dtype), dtype) == _v2_fill(
-            fill_value_from_v3(v2_fill, dtype), dtype
-        )
+        return bool(fill == _v2_fill(fill_value_from_v3(v2_fill, dtype), dtype))
     except ConfigurationError:
         return False
 
@@ -223,13 +217,7 @@ def _opaque_documents(metadata: Mapping[str, Any], chunk: V2ChunkCodec, problems
     data_type = metadata.get("data_type")
     if not isinstance(data_type, Mapping) or data_type.get("name") != OPAQUE_DATA_TYPE:
         problems.append(f"codec {V2_CHUNK_CODEC!r} needs data_type {OPAQUE_DATA_TYPE!r}, got {data_type!r}")
-    return {
-        "dtype": chunk.dtype,
-        "compressor": chunk.compressor,
-        "fill_value": metadata.get("fill_value"),
-        "order": chunk.order,
-        "filters": chunk.filters,
-    }
+    return {**chunk.get_config()["configuration"], "fill_value": metadata.get("fill_value")}
 
 
 def _spelt_alike(kept: Mapping[str, Any], codec: Any, dtype: np.dtype) -> bool:
@@ -294,14 +282,8 @@ def v2_view_of_v3(metadata: Mapping[str, Any], path: str = "") -> V2View:
     else:
         order = _v2_order(inner, len(spec.shape), problems)
         dtype, fill = _v2_dtype_and_fill(metadata, inner, problems)
-        v2_codecs = _v2_codecs(metadata, inner, dtype, problems)
-        encoding = {
-            "dtype": v2_dtype_json(dtype),
-            "compressor": v2_codecs["compressor"],
-            "fill_value": fill,
-            "order": order,
-            "filters": v2_codecs["filters"],
-        }
+        encoding = {"dtype": v2_dtype_json(dtype), "fill_value": fill, "order": order}
+        encoding.update(_v2_codecs(metadata, inner, dtype, problems))
     if problems:
         return V2View(problems=tuple(where + p for p in problems))
     zarray = {
