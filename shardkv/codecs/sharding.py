@@ -261,26 +261,20 @@ class ShardingCodec(Codec):
         index = self.read_index(read_range, shape, shard_key=shard_key)
         if index is None:
             return _drop_axes(out, drop)
-        # per dimension: touched chunk -> (positions in out, coords inside the chunk)
-        touched = []
-        for ix, c in zip(per_dim, self.chunk_shape, strict=True):
-            groups: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-            chunk_ids = ix // c
-            for cid in np.unique(chunk_ids):
-                pos = np.nonzero(chunk_ids == cid)[0]
-                groups[int(cid)] = (pos, ix[pos] - cid * c)
-            touched.append(groups)
-        for local in itertools.product(*(sorted(g) for g in touched)):
+        touched = [np.unique(ix // c).tolist() for ix, c in zip(per_dim, self.chunk_shape, strict=True)]
+        for local in itertools.product(*touched):
             entry = index.get(local)
             if entry is None:
                 continue
             offset, nbytes = entry
             key = f"{shard_key} inner chunk {local}"
-            out_ix = np.ix_(*(touched[d][local[d]][0] for d in range(len(shape))))
-            in_sel = tuple(touched[d][local[d]][1] for d in range(len(shape)))
+            # per dimension: the positions in out, and the coords inside the chunk
+            pos = [np.nonzero(ix // c == i)[0] for ix, c, i in zip(per_dim, self.chunk_shape, local, strict=True)]
+            in_sel = [ix[p] - i * c for ix, p, c, i in zip(per_dim, pos, self.chunk_shape, local, strict=True)]
+            out_ix = np.ix_(*pos)
             inner = self.codecs.array_to_bytes
             if isinstance(inner, ShardingCodec) and not self.codecs.array_to_array and not self.codecs.bytes_to_bytes:
-                sub = inner.decode_partial(
+                out[out_ix] = inner.decode_partial(
                     _sub_reader(read_range, offset, nbytes, key),
                     tuple(_as_slice(i) for i in in_sel),
                     self.chunk_shape,
@@ -288,7 +282,6 @@ class ShardingCodec(Codec):
                     fill_value,
                     shard_key=key,
                 )
-                out[out_ix] = sub
                 continue
             raw = read_range(ByteRange(offset, offset + nbytes))
             if raw is None or memoryview(raw).nbytes != nbytes:
@@ -318,17 +311,14 @@ def _normalize_selection(selection: Selection, shape: tuple[int, ...]) -> tuple[
     for d, n in enumerate(shape):
         s = axes[d] if d < len(axes) else slice(None)
         if isinstance(s, (int, np.integer)) and not isinstance(s, bool):
-            i = int(s) + n if s < 0 else int(s)
-            if not 0 <= i < n:
+            if not -n <= s < n:
                 raise IndexError(f"index {s} is out of bounds for shard dimension {d} of size {n}")
-            per_dim.append(np.array([i]))
             drop.append(d)
-        elif isinstance(s, slice):
-            if s.step is not None and s.step < 1:
-                raise IndexError(f"slice steps must be >= 1, got {s.step} in dimension {d}")
-            per_dim.append(np.arange(*s.indices(n)))
-        else:
+        elif not isinstance(s, slice):
             raise IndexError(f"selection entries must be slices or ints, got {s!r} in dimension {d}")
+        elif s.step is not None and s.step < 1:
+            raise IndexError(f"slice steps must be >= 1, got {s.step} in dimension {d}")
+        per_dim.append(np.arange(n)[s].reshape(-1))  # an int keeps its dimension, of length 1, until _drop_axes
     return per_dim, drop
 
 
