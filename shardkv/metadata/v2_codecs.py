@@ -213,7 +213,8 @@ def v3_fill_value(fill: Any, dtype: np.dtype) -> Any:
         if isinstance(fill, str):
             return fill  # v2 and v3 spell these alike: the string, or base64 of the bytes
         if dtype.kind == "V":
-            raise ConfigurationError(f"fill_value {fill!r} of a {dtype.str} array must be a base64 string")
+            of = "structured" if dtype.fields is not None else dtype.str
+            raise ConfigurationError(f"fill_value {fill!r} of a {of} array must be a base64 string")
         # zarr-python 2 fills with numpy's conversion: 0 becomes "0" (U) or b"0" (S)
         try:
             value = np.array(fill, dtype=dtype)[()]
@@ -233,12 +234,8 @@ def v3_fill_value(fill: Any, dtype: np.dtype) -> Any:
             return "Infinity" if fill > 0 else "-Infinity"
         return float(fill)
     if dtype.kind == "c":
-        if isinstance(fill, (list, tuple)):
-            return [v3_fill_value(v, np.dtype("f8")) for v in fill]
-        return [
-            v3_fill_value(float(np.real(fill)), np.dtype("f8")),
-            v3_fill_value(float(np.imag(fill)), np.dtype("f8")),
-        ]
+        parts = fill if isinstance(fill, (list, tuple)) else [float(np.real(fill)), float(np.imag(fill))]
+        return [v3_fill_value(v, np.dtype("f8")) for v in parts]
     if dtype.kind == "b":
         return bool(fill)
     return int(fill)
@@ -270,18 +267,6 @@ def core_compressor_codec(compressor: Mapping[str, Any], dtype: np.dtype) -> dic
             },
         }
     return {"name": f"numcodecs.{cid}", "configuration": config}
-
-
-def _fill_of(zarray: Mapping[str, Any], dtype: np.dtype) -> tuple[Any, bool]:
-    """The v3 fill value of a non-object, non-opaque array, and whether the v2 one must be kept."""
-    fill = zarray.get("fill_value")
-    if dtype.fields is not None:
-        if fill is None:
-            return base64.standard_b64encode(bytes(dtype.itemsize)).decode("ascii"), True
-        if not isinstance(fill, str):
-            raise ConfigurationError(f"fill_value {fill!r} of a structured array must be a base64 string")
-        return fill, False
-    return v3_fill_value(fill, dtype), fill is None
 
 
 def _opaque(zarray: Mapping[str, Any], why: str) -> V3Encoding:
@@ -336,8 +321,7 @@ def v3_encoding_of_v2(zarray: Mapping[str, Any]) -> V3Encoding:
         data_type: Any = VLEN_IDS[object_codec]
         array_to_bytes: dict[str, Any] = {"name": object_codec, "configuration": {}}
         fill = zarray.get("fill_value")
-        wanted = str if object_codec == "vlen-utf8" else bytes
-        keep = not (isinstance(fill, str) and wanted is str)
+        keep = not (isinstance(fill, str) and object_codec == "vlen-utf8")
         fill_value: Any = fill if not keep else ""
     else:
         data_type = structured_data_type(dtype) if dtype.fields is not None else leaf_data_type(dtype)
@@ -352,7 +336,7 @@ def v3_encoding_of_v2(zarray: Mapping[str, Any]) -> V3Encoding:
         multibyte = dtype.itemsize > 1 and (dtype.byteorder != "|" or dtype.fields is not None)
         endian = "big" if dtype.byteorder == ">" else "little"
         array_to_bytes = {"name": "bytes", "configuration": {"endian": endian}} if multibyte else {"name": "bytes"}
-        fill_value, keep = _fill_of(zarray, dtype)
+        fill_value, keep = v3_fill_value(zarray.get("fill_value"), dtype), zarray.get("fill_value") is None
     after: list[dict[str, Any]] = []
     for f in filters:
         fid = f.get("id")

@@ -54,13 +54,6 @@ def fill_value_from_v3(fill: Any, dtype: np.dtype) -> Any:
             if not isinstance(fill, str):
                 raise ValueError("expected a string")
             return fill
-        if dtype.fields is not None:
-            if not isinstance(fill, str):
-                raise ValueError("expected a base64 string")
-            raw = base64.standard_b64decode(fill.encode("ascii"))
-            if len(raw) != dtype.itemsize:
-                raise ValueError(f"base64 of {len(raw)} bytes for a {dtype.itemsize}-byte type")
-            return np.frombuffer(raw, dtype=dtype)[0]
         if dtype.kind == "b":
             if not isinstance(fill, bool):
                 raise ValueError("expected true or false")
@@ -78,13 +71,13 @@ def fill_value_from_v3(fill: Any, dtype: np.dtype) -> Any:
             if not isinstance(fill, str) or len(fill) > dtype.itemsize // 4:
                 raise ValueError(f"expected a string of at most {dtype.itemsize // 4} characters")
             return np.str_(fill)
-        if dtype.kind in "SV":
+        if dtype.kind in "SV":  # structured dtypes too
             if not isinstance(fill, str):
                 raise ValueError("expected a base64 string")
             raw = base64.standard_b64decode(fill.encode("ascii"))
             if len(raw) > dtype.itemsize or (dtype.kind == "V" and len(raw) != dtype.itemsize):
                 raise ValueError(f"base64 of {len(raw)} bytes for a {dtype.itemsize}-byte type")
-            return np.bytes_(raw) if dtype.kind == "S" else np.void(raw.ljust(dtype.itemsize, b"\0"))
+            return np.bytes_(raw) if dtype.kind == "S" else np.frombuffer(raw, dtype=dtype)[0]
         if dtype.kind == "f":
             return dtype.type(_float_from_v3(fill, dtype.itemsize))
         if dtype.kind == "c":
