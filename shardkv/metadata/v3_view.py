@@ -173,12 +173,10 @@ def v3_itemsize(data_type: Any) -> int | None:
     return None if dtype.hasobject or dtype.fields is not None else dtype.itemsize
 
 
-def layout_from_codec_config(
-    config: Mapping[str, Any], shard_shape: Sequence[int], path: str | None = None, itemsize: int | None = None
-) -> tuple[tuple[int, ...], ShardLayout]:
-    """Inner chunk shape and layout from a ``sharding_indexed`` configuration.
+def sharding_spec_from_v3(metadata: Mapping[str, Any], path: str | None = None) -> ShardingSpec | None:
+    """The sharding of a v3 array document, or ``None`` unless its first codec is ``sharding_indexed``.
 
-    ``itemsize`` (bytes per element, ``None`` if unknown) bounds each index
+    The data type's item size (:func:`v3_itemsize`) bounds each index
     entry's ``nbytes`` (:func:`shardkv.format.layout.chunk_nbytes_bound`),
     except under nested sharding (16 bytes of index per sub-chunk).
 
@@ -188,8 +186,16 @@ def layout_from_codec_config(
         If the inner ``chunk_shape`` does not divide the shard shape, or
         ``index_location`` is invalid.
     UnsupportedError
-        If ``index_codecs`` is anything but ``bytes`` optionally followed by ``crc32c``.
+        If the grid is not regular, or ``index_codecs`` is anything but
+        ``bytes`` optionally followed by ``crc32c``.
     """
+    codecs = list(metadata.get("codecs", []))
+    if not codecs or codecs[0].get("name") != SHARDING_CODEC:
+        return None
+    if metadata.get("chunk_grid", {}).get("name") != "regular":
+        raise UnsupportedError(f"chunk grid {metadata.get('chunk_grid')!r} is not supported (regular only)")
+    shard_shape = tuple(int(c) for c in metadata["chunk_grid"]["configuration"]["chunk_shape"])
+    config = codecs[0].get("configuration") or {}
     inner = tuple(int(c) for c in config["chunk_shape"])
     if len(inner) != len(shard_shape) or any(c < 1 or s % c for s, c in zip(shard_shape, inner, strict=True)):
         raise ConfigurationError(
@@ -204,29 +210,10 @@ def layout_from_codec_config(
         raise ConfigurationError(f"index_location must be 'start' or 'end', got {location!r}", path)
     cps = tuple(s // c for s, c in zip(shard_shape, inner, strict=True))
     nested = any(isinstance(c, Mapping) and c.get("name") == SHARDING_CODEC for c in config.get("codecs") or [])
-    bound = None if nested else chunk_nbytes_bound(inner, itemsize)
-    return inner, ShardLayout(cps, location, endian, len(names) == 2, bound)
-
-
-def sharding_spec_from_v3(metadata: Mapping[str, Any], path: str | None = None) -> ShardingSpec | None:
-    """The sharding of a v3 array document, or ``None`` unless its first codec is ``sharding_indexed``.
-
-    Raises
-    ------
-    ConfigurationError, UnsupportedError
-        If the sharding configuration is invalid or not supported.
-    """
-    codecs = list(metadata.get("codecs", []))
-    if not codecs or codecs[0].get("name") != SHARDING_CODEC:
-        return None
-    if metadata.get("chunk_grid", {}).get("name") != "regular":
-        raise UnsupportedError(f"chunk grid {metadata.get('chunk_grid')!r} is not supported (regular only)")
-    shard_shape = tuple(int(c) for c in metadata["chunk_grid"]["configuration"]["chunk_shape"])
-    itemsize = v3_itemsize(metadata.get("data_type"))
-    inner, layout = layout_from_codec_config(codecs[0].get("configuration") or {}, shard_shape, path, itemsize)
+    bound = None if nested else chunk_nbytes_bound(inner, v3_itemsize(metadata.get("data_type")))
     return ShardingSpec(
         shape=tuple(int(s) for s in metadata["shape"]),
         chunks=inner,
-        layout=layout,
+        layout=ShardLayout(cps, location, endian, len(names) == 2, bound),
         shard_key_encoding=chunk_key_encoding_from_metadata(metadata.get("chunk_key_encoding") or {"name": "default"}),
     )
