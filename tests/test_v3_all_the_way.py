@@ -482,7 +482,7 @@ def test_over_a_dict_deleting_the_opaque_array_takes_the_blocks_along() -> None:
 
 
 def test_plan_opaque_blocks_adds_keeps_and_releases() -> None:
-    from shardkv.metadata.hierarchy import opaque_paths, plan_opaque_blocks, with_consolidated_metadata
+    from shardkv.metadata.hierarchy import plan_opaque_blocks, with_consolidated_metadata
 
     group = {"zarr_format": 3, "node_type": "group", "attributes": {}}
     array = {"zarr_format": 3, "node_type": "array", "shape": [2], "attributes": {}}
@@ -495,7 +495,6 @@ def test_plan_opaque_blocks_adds_keeps_and_releases() -> None:
         "h/zarr.json": group,
         "h/y/zarr.json": array,
     }
-    assert opaque_paths(documents) == ["g/o"]
     plan = plan_opaque_blocks(documents)
     assert sorted(plan.writes) == ["g/zarr.json", "zarr.json"] and not plan.deletes
     assert sorted(plan.writes["zarr.json"]["consolidated_metadata"]["metadata"]) == ["g", "g/x", "h", "h/y"]

@@ -329,16 +329,6 @@ def consolidated_in_step(
     return out
 
 
-def opaque_paths(documents: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """The paths of the opaque arrays (:func:`is_opaque`) among ``documents`` (parsed, by store key)."""
-    out = []
-    for key, doc in documents.items():
-        path, name = split_key(key)
-        if name == ZARR_JSON and path and doc.get("node_type") == "array" and is_opaque(doc):
-            out.append(path)
-    return sorted(out)
-
-
 def plan_opaque_blocks(documents: Mapping[str, Mapping[str, Any]], released: Iterable[str] = ()) -> MetadataPlan:
     """The consolidated blocks that keep a hierarchy listable by v3 readers around its opaque arrays.
 
@@ -362,7 +352,7 @@ def plan_opaque_blocks(documents: Mapping[str, Mapping[str, Any]], released: Ite
         path, name = split_key(key)
         if name == ZARR_JSON and doc.get("zarr_format") == 3:
             nodes[path] = doc
-    needed = {group for path in opaque_paths(documents) for group in group_paths(path)}
+    needed = {group for path, doc in nodes.items() if path and is_opaque(doc) for group in group_paths(path)}
     freed = {p.strip("/") for p in released} - needed
     writes: dict[str, dict[str, Any]] = {}
     for group, doc in sorted(nodes.items()):
