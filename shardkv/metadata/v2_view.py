@@ -297,7 +297,4 @@ def v2_view_of_v3(metadata: Mapping[str, Any], path: str = "") -> V2View:
 
 def unusable_sharding(metadata: Mapping[str, Any], path: str = "") -> str | None:
     """Why a v3 array that says it is sharded cannot be used (damaged or beyond a limit), or None."""
-    if metadata.get("node_type") != "array":
-        return None
-    bad = [p for p in v2_view_of_v3(metadata, path).problems if "invalid sharding configuration" in p]
-    return bad[0] if bad else None
+    return next((p for p in v2_view_of_v3(metadata, path).problems if "invalid sharding configuration" in p), None)
