@@ -301,7 +301,7 @@ def _deleted(nodes: NodeTable, hierarchy: Hierarchy, key: str) -> bool:
     """True for a ``.zarray``/``.zgroup`` presented from a ``zarr.json`` that records it as deleted.
 
     zarr-python 2 through :class:`shardkv.ShardedStore` does not see it
-    (:mod:`shardkv.metadata.v2_deletes`), so the plain copy does not hold it;
+    (:func:`shardkv.metadata.hierarchy.with_deleted`), so the plain copy does not hold it;
     the node's ``.zattrs`` and chunks are copied as the proxy presents them.
     """
     if key not in hierarchy.presented:

@@ -38,8 +38,8 @@ from shardkv.metadata.hierarchy import (
     plan_zarray_update,
     stored_zmetadata,
     with_consolidated_metadata,
+    with_deleted,
 )
-from shardkv.metadata.v2_deletes import with_deleted
 from shardkv.metadata.v3_view import v2_dimension_separator, v3_view_of_v2
 from shardkv.proxy.nodes import Node, NodeTable, build_node, sharded_array_of
 from shardkv.storage.kv import ANY, NO_VALUE, Generation, KVStore, check_not_reserved

@@ -17,9 +17,8 @@ from shardkv.keys.paths import chunk_owner_paths, is_chunk_segment, join_path, o
 from shardkv.keys.space import ShardedArray, V2ChunkKeyEncoding
 from shardkv.metadata.all_v3 import may_mirror
 from shardkv.metadata.documents import ZMETADATA, dump_json, load_json
-from shardkv.metadata.hierarchy import REFUSED_ZARRAY, ZARR_JSON, present, presented_zmetadata
+from shardkv.metadata.hierarchy import REFUSED_ZARRAY, ZARR_JSON, deleted_documents, present, presented_zmetadata
 from shardkv.metadata.nodes import NodeCache
-from shardkv.metadata.v2_deletes import deleted_documents
 from shardkv.metadata.v3_view import sharding_spec_from_v3, v2_dimension_separator
 
 ReadValues = Callable[[Sequence[str]], Mapping[str, Any]]
@@ -40,7 +39,7 @@ class Node:
     bytes; ``array``: a sharded array's key mapping; ``unsharded``: chunks
     stored one per key; ``mirrored``: ``doc`` mirrors a stored ``.zarray`` for
     v3 readers; ``deleted``: presented documents deleted from zarr 2's view
-    (left out of ``documents``; :mod:`shardkv.metadata.v2_deletes`).
+    (left out of ``documents``; :func:`shardkv.metadata.hierarchy.with_deleted`).
     """
 
     path: str
