@@ -25,7 +25,7 @@ class NodeCache(Generic[N]):
     """Nodes of one kind by path (``""`` is the root), thread-safe.
 
     ``generation`` counts the changes that may change a key's owner (a node
-    :meth:`set`, forgotten or cleared; not a first :meth:`load`): a memo of
+    :meth:`set` or forgotten; not a first :meth:`load`): a memo of
     owners is valid while it stays the same.
     """
 
@@ -73,12 +73,6 @@ class NodeCache(Generic[N]):
         with self.lock:
             for p in [p for p in self._nodes if not path or p == path or p.startswith(f"{path}/")]:
                 del self._nodes[p]
-            self.generation += 1
-
-    def clear(self) -> None:
-        """Forget every node."""
-        with self.lock:
-            self._nodes.clear()
             self.generation += 1
 
     def walk(self, paths: Iterable[str], decides: Callable[[N], bool]) -> Walked[N]:

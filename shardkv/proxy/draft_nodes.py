@@ -71,7 +71,7 @@ class DraftNodes:
     def refresh(self) -> None:
         """Forget cached metadata."""
         with self._lock:
-            self._arrays.clear()
+            self._arrays.forget_under("")
             self._suffix = None
 
     def metadata_suffix(self) -> str:

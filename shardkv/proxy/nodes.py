@@ -257,7 +257,7 @@ class NodeTable:
 
     def clear(self) -> None:
         """Forget everything."""
-        self._cache.clear()
+        self._cache.forget_under("")
 
     # -- keys -------------------------------------------------------------------------
 

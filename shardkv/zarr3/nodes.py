@@ -150,7 +150,7 @@ class NodeTable:
 
     def clear(self) -> None:
         """Forget every node."""
-        self._cache.clear()
+        self._cache.forget_under("")
 
     async def route(self, key: str) -> ChunkRef | None:
         """The chunk of a transparently sharded array that ``key`` names, or ``None`` (passed through).
