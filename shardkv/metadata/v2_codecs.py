@@ -111,12 +111,9 @@ def structured_data_type(dtype: np.dtype) -> dict[str, Any] | None:
     offset = 0
     for name in dtype.names:
         field_dtype, field_offset, *title = dtype.fields[name]
-        if title or field_offset != offset or field_dtype.subdtype is not None or not name:
-            return None
-        if field_dtype.itemsize > 1 and field_dtype.byteorder == ">":
-            return None
         inner = structured_data_type(field_dtype) if field_dtype.fields is not None else leaf_data_type(field_dtype)
-        if inner is None:
+        big = field_dtype.itemsize > 1 and field_dtype.byteorder == ">"
+        if title or field_offset != offset or field_dtype.subdtype is not None or not name or big or inner is None:
             return None
         fields.append([name, inner])
         offset += field_dtype.itemsize

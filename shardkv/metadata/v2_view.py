@@ -166,18 +166,13 @@ def _v2_order(inner: CodecPipeline, ndim: int, problems: list[str]) -> str:
 def _v2_dtype_and_fill(metadata: Mapping[str, Any], inner: CodecPipeline, problems: list[str]) -> tuple[np.dtype, Any]:
     """The v2 ``dtype`` (with the ``bytes`` codec's endian) and ``fill_value``; ``(u1, 0)`` after a problem."""
     ab = inner.array_to_bytes
-    if isinstance(ab, VlenCodec):
-        if metadata.get("data_type") != VLEN_IDS[ab.codec_id]:
-            problems.append(
-                f"codec {ab.codec_id!r} needs data_type {VLEN_IDS[ab.codec_id]!r}, got {metadata.get('data_type')!r}"
-            )
-        endian = None
-    elif not isinstance(ab, BytesCodec):
-        name = ab.get_config()["name"]
-        problems.append(f"inner array -> bytes codec {name!r} has no v2 equivalent (nested sharding?)")
-        endian = None
-    else:
-        endian = ab.endian
+    endian = ab.endian if isinstance(ab, BytesCodec) else None
+    if isinstance(ab, VlenCodec) and metadata.get("data_type") != VLEN_IDS[ab.codec_id]:
+        problems.append(
+            f"codec {ab.codec_id!r} needs data_type {VLEN_IDS[ab.codec_id]!r}, got {metadata.get('data_type')!r}"
+        )
+    elif not isinstance(ab, (BytesCodec, VlenCodec)):
+        problems.append(f"inner array -> bytes codec {ab.name!r} has no v2 equivalent (nested sharding?)")
     try:
         dtype = numpy_dtype_of_v3(metadata.get("data_type"), endian)
         if dtype.hasobject != isinstance(ab, VlenCodec):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.format.layout import ShardLayout, chunk_nbytes_bound
@@ -43,11 +43,9 @@ class V3View:
 def v2_dimension_separator(zarray: Mapping[str, Any]) -> Separator:
     """The chunk key separator of a v2 array (``"."`` unless ``dimension_separator`` says ``"/"``)."""
     sep = zarray.get("dimension_separator") or "."
-    if sep == ".":
-        return "."
-    if sep == "/":
-        return "/"
-    raise ConfigurationError(f"dimension_separator must be '.' or '/', got {sep!r}")
+    if sep not in (".", "/"):
+        raise ConfigurationError(f"dimension_separator must be '.' or '/', got {sep!r}")
+    return cast(Separator, sep)
 
 
 # -- v2 -> v3 ------------------------------------------------------------
