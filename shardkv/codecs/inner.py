@@ -153,10 +153,6 @@ class BytesCodec(Codec):
             )
         return np.frombuffer(data, dtype=stored).reshape(shape)
 
-    def encoded_size(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
-        """Bytes produced for a chunk of ``shape`` and ``dtype``."""
-        return prod(shape) * np.dtype(dtype).itemsize
-
 
 class _NumcodecsBacked(Codec):
     kind = "bytes_to_bytes"
@@ -382,8 +378,8 @@ class CodecPipeline:
         for c in self.array_to_array:  # what each array -> array codec hands on (numcodecs ones may cast)
             shapes.append(c.resolve_shape(shapes[-1]))
             dtypes.append(c.resolve_dtype(dtypes[-1]) if hasattr(c, "resolve_dtype") else dtypes[-1])
-        size_of = getattr(self.array_to_bytes, "encoded_size", None)
-        limit = None if size_of is None else size_of(shapes[-1], dtypes[-1]) + 64 * len(self.bytes_to_bytes)
+        sized = isinstance(self.array_to_bytes, BytesCodec)  # its output is shape x itemsize bytes
+        limit = prod(shapes[-1]) * dtypes[-1].itemsize + 64 * len(self.bytes_to_bytes) if sized else None
         for c in reversed(self.bytes_to_bytes):  # a decompressor stops at the chunk's declared size (+ checksums)
             data = c.decode(data, key, limit) if isinstance(c, _NumcodecsBacked) else c.decode(data, key)
         array = self.array_to_bytes.decode(data, shapes[-1], dtypes[-1], fill_value, key)
