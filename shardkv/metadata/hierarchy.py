@@ -152,9 +152,7 @@ def plan_group(
 
     zarr-python 3 lists only v3 children of a v3 group; ``groups`` as in :func:`plan_sharded_array`.
     """
-    path = path.strip("/")
-    above = plan_v3_groups({g: groups.get(g) for g in group_paths(path)})
-    return above.merged(plan_v3_groups({path: zattrs}))
+    return plan_v3_groups({**{g: groups.get(g) for g in group_paths(path)}, path: zattrs})
 
 
 def plan_zarray_update(path: str, stored: Mapping[str, Any], zarray: Mapping[str, Any]) -> MetadataPlan:

@@ -267,12 +267,7 @@ def core_compressor_codec(compressor: Mapping[str, Any], dtype: np.dtype) -> dic
 
 
 def _opaque(zarray: Mapping[str, Any], why: str) -> V3Encoding:
-    config = {
-        "dtype": zarray["dtype"],
-        "order": zarray.get("order", "C"),
-        "compressor": zarray.get("compressor"),
-        "filters": zarray.get("filters"),
-    }
+    config = {"order": zarray.get("order", "C"), **{k: zarray.get(k) for k in ("dtype", "compressor", "filters")}}
     return V3Encoding(
         data_type={"name": OPAQUE_DATA_TYPE, "configuration": {"dtype": zarray["dtype"]}},
         codecs=[{"name": V2_CHUNK_CODEC, "configuration": config}],
@@ -325,10 +320,9 @@ def v3_encoding_of_v2(zarray: Mapping[str, Any]) -> V3Encoding:
         if data_type is None:
             return _opaque(zarray, f"dtype {zarray['dtype']!r}")
         if dtype.fields is not None or dtype.kind in "USVMm":
-            name = data_type["name"]
             problems.append(
                 f"dtype {zarray['dtype']!r} has no Zarr v3 core data type; stored as the zarr-python 3 "
-                f"extension {name!r} (zarr-python 3 only)"
+                f"extension {data_type['name']!r} (zarr-python 3 only)"
             )
         multibyte = dtype.itemsize > 1 and (dtype.byteorder != "|" or dtype.fields is not None)
         endian = "big" if dtype.byteorder == ">" else "little"

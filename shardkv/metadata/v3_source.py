@@ -56,40 +56,35 @@ def source_of(doc: Mapping[str, Any], path: str) -> ArraySource:
         If the document is invalid (chunk key encoding, sharding configuration, a member missing).
     """
     try:
-        return _source_of(doc, path)
+        where = path or "/"
+        grid = doc.get("chunk_grid") or {}
+        if grid.get("name") != "regular":
+            raise UnsupportedError(f"{where}: chunk grid {grid.get('name')!r} (only a regular grid is sharded)")
+        if doc.get("storage_transformers"):
+            raise UnsupportedError(f"{where}: storage transformers have no place inside a shard")
+        codecs = [dict(c) for c in doc.get("codecs") or []]
+        names = [c.get("name") for c in codecs]
+        encoding = chunk_key_encoding_from_metadata(dict(doc.get("chunk_key_encoding") or {"name": "default"}))
+        shape = tuple(int(s) for s in doc["shape"])
+        if SHARDING_CODEC in names[1:] or (names and names[0] == SHARDING_CODEC and len(names) > 1):
+            raise UnsupportedError(
+                f"{where}: codecs {names} encode whole shards (codecs before or after {SHARDING_CODEC}): "
+                "its inner chunks cannot be moved without re-encoding"
+            )
+        spec = sharding_spec_from_v3(doc, path)
+        if spec is None:
+            chunks = tuple(int(c) for c in (grid.get("configuration") or {})["chunk_shape"])
+            if len(chunks) != len(shape):
+                raise ConfigurationError(f"chunk_shape {list(chunks)} does not match shape {list(shape)}", path)
+            return ArraySource(path, shape, chunks, encoding, codecs, None)
+        inner = [dict(c) for c in codecs[0]["configuration"]["codecs"]]
+        return ArraySource(path, shape, spec.chunks, encoding, inner, spec)
     except ShardKVError as exc:
         if isinstance(exc, ConfigurationError) and exc.path is None:
             raise ConfigurationError(f"zarr.json: {exc.reason}", path) from exc
         raise
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigurationError(f"zarr.json: invalid or missing member ({type(exc).__name__}: {exc})", path) from exc
-
-
-def _source_of(doc: Mapping[str, Any], path: str) -> ArraySource:
-    """:func:`source_of`, its errors not yet naming the array."""
-    where = path or "/"
-    grid = doc.get("chunk_grid") or {}
-    if grid.get("name") != "regular":
-        raise UnsupportedError(f"{where}: chunk grid {grid.get('name')!r} (only a regular grid is sharded)")
-    if doc.get("storage_transformers"):
-        raise UnsupportedError(f"{where}: storage transformers have no place inside a shard")
-    codecs = [dict(c) for c in doc.get("codecs") or []]
-    names = [c.get("name") for c in codecs]
-    encoding = chunk_key_encoding_from_metadata(dict(doc.get("chunk_key_encoding") or {"name": "default"}))
-    shape = tuple(int(s) for s in doc["shape"])
-    if SHARDING_CODEC in names[1:] or (names and names[0] == SHARDING_CODEC and len(names) > 1):
-        raise UnsupportedError(
-            f"{where}: codecs {names} encode whole shards (codecs before or after {SHARDING_CODEC}): "
-            "its inner chunks cannot be moved without re-encoding"
-        )
-    spec = sharding_spec_from_v3(doc, path)
-    if spec is None:
-        chunks = tuple(int(c) for c in (grid.get("configuration") or {})["chunk_shape"])
-        if len(chunks) != len(shape):
-            raise ConfigurationError(f"chunk_shape {list(chunks)} does not match shape {list(shape)}", path)
-        return ArraySource(path, shape, chunks, encoding, codecs, None)
-    inner = [dict(c) for c in codecs[0]["configuration"]["codecs"]]
-    return ArraySource(path, shape, spec.chunks, encoding, inner, spec)
 
 
 def sharded_document(doc: Mapping[str, Any], source: ArraySource, layout: ShardLayout) -> dict[str, Any]:
@@ -105,14 +100,11 @@ def sharded_document(doc: Mapping[str, Any], source: ArraySource, layout: ShardL
         raise ConfigurationError(
             f"chunks_per_shard {cps} does not match the {len(source.chunks)}-d chunks", source.path
         )
-    out = dict(doc)
     shard_shape = [c * n for c, n in zip(source.chunks, cps, strict=True)]
-    out["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": shard_shape}}
     codec = sharding_codec(
         source.chunks, source.codecs, layout.index_location, layout.index_checksum, layout.index_endian
     )
-    out["codecs"] = [codec]
-    return out
+    return {**doc, "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": shard_shape}}, "codecs": [codec]}
 
 
 def plain_document(doc: Mapping[str, Any], source: ArraySource) -> dict[str, Any]:
