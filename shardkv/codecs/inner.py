@@ -71,6 +71,10 @@ class Codec:
                 raise ConfigurationError(f"codec {cls.name!r} needs configuration.{p}")
         return cls(**config)
 
+    def numcodecs_config(self) -> dict[str, Any] | None:
+        """The numcodecs (Zarr v2) configuration of the same codec, or ``None`` when v2 has none."""
+        return None
+
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and other.get_config() == self.get_config()
 
@@ -255,6 +259,9 @@ class Crc32cCodec(Codec):
     kind = "bytes_to_bytes"
     fixed_size = True
 
+    def numcodecs_config(self) -> dict[str, Any]:
+        return {"id": "crc32c"}  # numcodecs CRC32C: little-endian checksum at the end, as v3
+
     def encode(self, data: bytes | memoryview) -> bytes:
         return bytes(data) + crc32c_of(data).to_bytes(4, "little")
 
@@ -291,6 +298,9 @@ class _NumcodecsById(Codec):
 
     def get_config(self) -> dict[str, Any]:
         return {"name": self.name, "configuration": dict(self.configuration)}
+
+    def numcodecs_config(self) -> dict[str, Any]:
+        return {"id": self.codec_id, **self.configuration}
 
     @classmethod
     def from_config(cls, obj: Mapping[str, Any]) -> Self:
