@@ -16,19 +16,16 @@ from typing import Any
 
 import numpy as np
 
-from shardkv.codecs.inner import (
-    BloscCodec,
-    BytesCodec,
-    CodecPipeline,
-    Crc32cCodec,
-    GzipCodec,
-    NumcodecsCodec,
-    TransposeCodec,
-    ZstdCodec,
-)
+from shardkv.codecs.inner import BytesCodec, CodecPipeline, TransposeCodec
 from shardkv.codecs.numcodecs_v3 import V2_CHUNK_CODEC, VLEN_IDS, NumcodecsArrayCodec, V2ChunkCodec, VlenCodec
 from shardkv.errors import ConfigurationError, ShardKVError
-from shardkv.metadata.v2_codecs import OPAQUE_DATA_TYPE, core_compressor_codec, numpy_dtype_of_v3, v2_dtype_json
+from shardkv.metadata.v2_codecs import (
+    OPAQUE_DATA_TYPE,
+    core_compressor_codec,
+    numpy_dtype_of_v3,
+    v2_dtype_json,
+    v3_fill_value,
+)
 from shardkv.metadata.v3_view import SHARDING_CODEC, V2_COMPRESSOR_FIELD, V2_FILL_FIELD, sharding_spec_from_v3
 
 
@@ -105,30 +102,15 @@ def _float_from_v3(value: Any, itemsize: int) -> float:
 
 
 def _v2_fill(value: Any, dtype: np.dtype) -> Any:
-    """A numpy fill value in zarr-python 2's ``.zarray`` JSON spelling."""
+    """A numpy fill value in zarr-python 2's ``.zarray`` JSON spelling (v3's, but for bytes and times)."""
     if dtype.hasobject:
         return value
-    if dtype.fields is not None:
-        return base64.standard_b64encode(np.asarray(value, dtype=dtype).tobytes()).decode("ascii")
-    if dtype.kind in "SV":
-        return base64.standard_b64encode(bytes(value)).decode("ascii")
+    if dtype.kind in "SV":  # structured dtypes too
+        raw = bytes(value) if dtype.kind == "S" else np.asarray(value, dtype=dtype).tobytes()
+        return base64.standard_b64encode(raw).decode("ascii")
     if dtype.kind in "Mm":
         return int(np.asarray(value, dtype=dtype.newbyteorder("=")).view(np.int64))
-    if dtype.kind in "biuU":
-        return value.item()  # bool, int or str
-    if dtype.kind == "f":
-        v = float(value)
-        return "NaN" if np.isnan(v) else ("Infinity" if v == np.inf else ("-Infinity" if v == -np.inf else v))
-    return [_v2_fill(value.real, np.dtype("f8")), _v2_fill(value.imag, np.dtype("f8"))]
-
-
-def _v2_codec(codec: Any) -> dict[str, Any] | None:
-    """The numcodecs config equal to a v3 bytes -> bytes codec, or None."""
-    if isinstance(codec, NumcodecsCodec):
-        return {"id": codec.codec_id, **codec.configuration}
-    if isinstance(codec, (GzipCodec, ZstdCodec, BloscCodec)):
-        return codec.numcodecs_config()
-    return {"id": "crc32c"} if isinstance(codec, Crc32cCodec) else None  # numcodecs CRC32C: little-endian, at the end
+    return v3_fill_value(value.item(), dtype)  # bool, int, str; floats with NaN and the infinities as strings
 
 
 def _structure_problems(metadata: Mapping[str, Any], codecs: list[Any]) -> list[str]:
@@ -223,12 +205,10 @@ def _v2_codecs(
     filters: list[dict[str, Any]] = []
     if isinstance(inner.array_to_bytes, VlenCodec):
         filters.append({"id": inner.array_to_bytes.codec_id})  # the object codec
-    filters.extend(
-        {"id": c.codec_id, **c.configuration} for c in inner.array_to_array if isinstance(c, NumcodecsArrayCodec)
-    )
+    filters.extend(c.numcodecs_config() for c in inner.array_to_array if isinstance(c, NumcodecsArrayCodec))
     after = []
     for c in inner.bytes_to_bytes:
-        conf = _v2_codec(c)
+        conf = c.numcodecs_config()
         if conf is None:
             problems.append(f"inner codec {c.get_config()['name']!r} has no v2 equivalent")
         after.append(conf)
