@@ -96,14 +96,11 @@ class TransposeCodec(Codec):
     def __init__(self, order: Sequence[int]) -> None:
         if isinstance(order, str) or sorted(int(o) for o in order) != list(range(len(order))):
             raise ConfigurationError(f"transpose order must be a permutation of 0..n-1, got {order!r}")
-        self.order = tuple(int(o) for o in order)
-
-    def get_config(self) -> dict[str, Any]:
-        return {"name": self.name, "configuration": {"order": list(self.order)}}
+        self.order = [int(o) for o in order]
 
     def _check(self, ndim: int) -> None:
         if len(self.order) != ndim:
-            raise ConfigurationError(f"transpose order {list(self.order)} does not fit a {ndim}-d chunk")
+            raise ConfigurationError(f"transpose order {self.order} does not fit a {ndim}-d chunk")
 
     def resolve_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The shape after encoding."""
@@ -365,11 +362,6 @@ class CodecPipeline:
 
     def get_config(self) -> list[dict[str, Any]]:
         return [c.get_config() for c in self.codecs]
-
-    @property
-    def fixed_size(self) -> bool:
-        """True when every codec's output size depends only on the chunk shape and dtype."""
-        return all(c.fixed_size for c in self.codecs)
 
     def encode(self, array: np.ndarray, fill_value: Any = None) -> bytes:
         """Encode one chunk (shape = the inner chunk shape) to bytes."""

@@ -136,9 +136,9 @@ def _v2_order(inner: CodecPipeline, ndim: int, problems: list[str]) -> str:
             filtered = True  # a v2 filter (see _v2_codecs); a transpose after one has no v2 order
         elif filtered:
             problems.append(f"inner codec {c.get_config()} after a numcodecs filter has no v2 equivalent")
-        elif isinstance(c, TransposeCodec) and c.order == tuple(range(ndim))[::-1]:
+        elif isinstance(c, TransposeCodec) and c.order == list(range(ndim))[::-1]:
             order = "F" if order == "C" else "C"
-        elif isinstance(c, TransposeCodec) and c.order == tuple(range(ndim)):
+        elif isinstance(c, TransposeCodec) and c.order == list(range(ndim)):
             continue
         else:
             problems.append(f"inner codec {c.get_config()} has no v2 equivalent (only transpose to F order)")
