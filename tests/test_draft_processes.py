@@ -25,7 +25,7 @@ from fsspec.implementations.dirfs import DirFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 from shardkv import open_store
-from shardkv.metadata.draft import DRAFT_ZARR_FORMAT
+from shardkv.metadata.documents import DRAFT_ZARR_FORMAT
 from shardkv.proxy.draft import DraftShardedStore
 
 pytestmark = pytest.mark.zarr2

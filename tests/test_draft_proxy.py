@@ -14,7 +14,7 @@ from transformer_mapping import CountingAbstractStore
 
 from shardkv import ShardedStore, open_store
 from shardkv.errors import ConfigurationError, UnsupportedError
-from shardkv.metadata.draft import DRAFT_ZARR_FORMAT
+from shardkv.metadata.documents import DRAFT_ZARR_FORMAT
 from shardkv.proxy.draft import DraftShardedStore
 
 SHARDING = "https://purl.org/zarr/spec/storage_transformers/sharding/1.0"

@@ -23,7 +23,7 @@ from counting_fs import memory_mapper
 
 from shardkv import ShardedStore, open_store
 from shardkv.format.ranges import ByteRange, ReadPolicy
-from shardkv.metadata.draft import DRAFT_ZARR_FORMAT
+from shardkv.metadata.documents import DRAFT_ZARR_FORMAT
 from shardkv.proxy.draft import DraftShardedStore
 from shardkv.transformers import AdapterStore, ShardingStorageTransformer
 

@@ -24,7 +24,7 @@ import zarr
 from shardkv import ShardedStore
 from shardkv.errors import InvalidKeyError
 from shardkv.keys.paths import validate_path
-from shardkv.metadata.draft import DRAFT_ZARR_FORMAT
+from shardkv.metadata.documents import DRAFT_ZARR_FORMAT
 from shardkv.proxy.draft import DraftShardedStore
 
 BAD_PATHS = [

@@ -10,7 +10,7 @@ import pytest
 from counting_fs import CountingDict
 
 from shardkv import ReservedKeyError, ShardedStore, open_store, rechunk_to_shards
-from shardkv.metadata.draft import DRAFT_ZARR_FORMAT
+from shardkv.metadata.documents import DRAFT_ZARR_FORMAT
 from shardkv.proxy.draft import DraftShardedStore
 
 zarr = pytest.importorskip("zarr")

@@ -17,8 +17,7 @@ from shardkv.cli.errors import NotAHierarchyError
 from shardkv.cli.info_model import ArrayInfo, shard_stats
 from shardkv.cli.view import sizes
 from shardkv.keys.space import grid_shape
-from shardkv.metadata.documents import ZARR_JSON, load_json
-from shardkv.metadata.draft import is_draft_entry_point
+from shardkv.metadata.documents import ZARR_JSON, is_draft_entry_point, load_json
 from shardkv.storage.kv import KVStore
 
 if TYPE_CHECKING:

@@ -18,6 +18,8 @@ ZARR_JSON = "zarr.json"
 ZMETADATA = ".zmetadata"
 META_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ZMETADATA, ZARR_JSON})
 NODE_DOCUMENTS = frozenset({".zarray", ".zgroup", ZARR_JSON})  # when one is unreadable, so is the node
+DRAFT_ZARR_FORMAT = "https://purl.org/zarr/spec/protocol/core/3.0"  # a 2022 draft root zarr.json's zarr_format
+META_ROOT = "meta/root/"  # the 2022 draft hierarchy's metadata area
 
 
 def dump_json(doc: Any, *, key: str | None = None, strict: bool = False) -> bytes:
@@ -115,3 +117,8 @@ def unreadable_documents(docs: Mapping[str, bytes | bytearray | memoryview | Non
         except MetadataError as exc:
             found[key] = str(exc).removeprefix(f"metadata document {key!r}: ")
     return found
+
+
+def is_draft_entry_point(doc: Any) -> bool:
+    """True when ``doc`` (a parsed root ``zarr.json``) is the entry point of a 2022 draft hierarchy."""
+    return isinstance(doc, dict) and doc.get("zarr_format") == DRAFT_ZARR_FORMAT

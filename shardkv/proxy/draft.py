@@ -24,8 +24,7 @@ from shardkv.format.ranges import ByteRange
 from shardkv.keys.paths import path_prefix, validate_key, validate_path
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
-from shardkv.metadata.documents import ZARR_JSON
-from shardkv.metadata.draft import META_ROOT
+from shardkv.metadata.documents import META_ROOT, ZARR_JSON
 from shardkv.proxy.base import ProxyBase, refuse_zarr3
 from shardkv.proxy.draft_nodes import DraftArray, DraftNodes
 from shardkv.proxy.values import to_bytes

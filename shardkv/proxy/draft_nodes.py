@@ -8,8 +8,7 @@ from typing import Any
 from shardkv.errors import ConfigurationError
 from shardkv.keys.paths import is_draft_chunk_segment, owner_candidates
 from shardkv.metadata.chunks_per_shard import ChunksPerShardRule
-from shardkv.metadata.documents import dump_json, load_json
-from shardkv.metadata.draft import META_ROOT
+from shardkv.metadata.documents import META_ROOT, dump_json, load_json
 from shardkv.metadata.nodes import NodeCache
 from shardkv.transformers import DATA_ROOT, SHARDING_EXTENSION, AbstractStore, build_stack, storage_transformer_entries
 

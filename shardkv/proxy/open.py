@@ -14,8 +14,7 @@ from typing import Any, Literal, get_args
 
 from shardkv.errors import ConfigurationError
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
-from shardkv.metadata.documents import ZARR_JSON, load_json
-from shardkv.metadata.draft import is_draft_entry_point
+from shardkv.metadata.documents import ZARR_JSON, is_draft_entry_point, load_json
 from shardkv.proxy.draft import DRAFT_OPTIONS, DraftShardedStore
 from shardkv.proxy.store import ShardedStore
 from shardkv.storage.open import open_kv

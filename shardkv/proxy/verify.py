@@ -20,8 +20,7 @@ from shardkv.engine.locks import lock_prefix
 from shardkv.errors import ConfigurationError, CorruptShardError
 from shardkv.keys.paths import is_chunk_segment, join_path, owning_array, split_key
 from shardkv.keys.space import ShardedArray
-from shardkv.metadata.documents import NODE_DOCUMENTS, ZARR_JSON, load_json, unreadable_documents
-from shardkv.metadata.draft import is_draft_entry_point
+from shardkv.metadata.documents import NODE_DOCUMENTS, ZARR_JSON, is_draft_entry_point, load_json, unreadable_documents
 from shardkv.metadata.hierarchy import group_paths
 from shardkv.metadata.v2_view import unusable_sharding
 from shardkv.proxy.base import ProxyBase
