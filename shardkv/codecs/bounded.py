@@ -49,12 +49,6 @@ def zstd_content_size(data: bytes | memoryview) -> int | None:
     return value + 256 if size == 2 else value
 
 
-def _stream(decompressor: Any, data: bytes, limit: int) -> tuple[bytes, bool]:
-    """Output of a ``max_length`` decompressor, at most ``limit + 1`` bytes; and whether it stopped early."""
-    out = decompressor.decompress(data, limit + 1)
-    return out, len(out) > limit
-
-
 def decode_bounded(codec: Any, data: bytes | memoryview, limit: int, key: str) -> bytes:
     """Decode ``data`` with the numcodecs ``codec`` into at most ``limit`` bytes (its declared size).
 
@@ -67,22 +61,22 @@ def decode_bounded(codec: Any, data: bytes | memoryview, limit: int, key: str) -
     raw = bytes(data)
     codec_id = getattr(codec, "codec_id", type(codec).__name__)
     try:
+        # a max_length decompressor stops at limit + 1 bytes: beyond the limit, and no further
         if codec_id in ("zlib", "gzip"):
-            out, over = _stream(zlib.decompressobj(31 if codec_id == "gzip" else 15), raw, limit)
+            out = zlib.decompressobj(31 if codec_id == "gzip" else 15).decompress(raw, limit + 1)
         elif codec_id == "bz2":
-            out, over = _stream(bz2.BZ2Decompressor(), raw, limit)
+            out = bz2.BZ2Decompressor().decompress(raw, limit + 1)
         elif codec_id == "lzma":
-            out, over = _stream(lzma.LZMADecompressor(), raw, limit)
+            out = lzma.LZMADecompressor().decompress(raw, limit + 1)
         else:
             stated = _stated_size(codec_id, raw, key)
             if stated is not None and stated > limit:
                 raise _expands(key, stated, limit)
             decoded = codec.decode(raw)
             out = bytes(memoryview(decoded).cast("B")) if not isinstance(decoded, bytes) else decoded
-            over = len(out) > limit
     except (zlib.error, OSError, EOFError, lzma.LZMAError) as exc:
         raise CorruptShardError(key, f"{codec_id} could not decode {len(raw)} bytes: {exc}") from exc
-    if over:
+    if len(out) > limit:
         raise _expands(key, None, limit)
     return out
 
