@@ -250,12 +250,8 @@ def stored_zmetadata(presented: Mapping[str, Any], sharded: Iterable[str]) -> di
     """
     if presented.get("zarr_consolidated_format") != 1 or not isinstance(presented.get("metadata"), Mapping):
         raise ConfigurationError(f"not a zarr_consolidated_format 1 document: keys {sorted(presented)}")
-    hidden = set(sharded)
-    metadata: dict[str, Any] = {}
-    for key, doc in presented["metadata"].items():
-        path, name = split_key(key)
-        metadata[key] = dict(REFUSED_ZARRAY) if path in hidden and name == ".zarray" else doc
-    for path in hidden:
+    metadata = dict(presented["metadata"])
+    for path in set(sharded):
         metadata[join_path(path, ".zarray")] = dict(REFUSED_ZARRAY)
     return {**presented, "metadata": metadata}
 
