@@ -122,8 +122,8 @@ def structured_data_type(dtype: np.dtype) -> dict[str, Any] | None:
     return {"name": "structured", "configuration": {"fields": fields}}
 
 
-def numpy_dtype_of_structured(data_type: Mapping[str, Any], leaf: Any) -> np.dtype:
-    """The numpy dtype of a v3 ``structured`` data type; ``leaf(data_type)`` gives each non-structured field's.
+def numpy_dtype_of_structured(data_type: Mapping[str, Any]) -> np.dtype:
+    """The numpy dtype of a v3 ``structured`` data type (fields little-endian, as zarr-python 3 stores them).
 
     Raises
     ------
@@ -137,11 +137,7 @@ def numpy_dtype_of_structured(data_type: Mapping[str, Any], leaf: Any) -> np.dty
     for f in fields:
         if not isinstance(f, (list, tuple)) or len(f) != 2 or not isinstance(f[0], str):
             raise ConfigurationError(f"data_type structured: field {f!r} is not [name, data_type]")
-        inner = f[1]
-        if isinstance(inner, Mapping) and inner.get("name") == "structured":
-            out.append((f[0], numpy_dtype_of_structured(inner, leaf)))
-        else:
-            out.append((f[0], leaf(inner)))
+        out.append((f[0], numpy_dtype_of_v3(f[1], "little")))
     return np.dtype(out)
 
 
@@ -162,7 +158,7 @@ def numpy_dtype_of_v3(data_type: Any, endian: str | None = "little") -> np.dtype
     if isinstance(data_type, str) and data_type in _VLEN_DATA_TYPES:
         return np.dtype(object)
     if isinstance(data_type, Mapping) and data_type.get("name") == "structured":
-        return numpy_dtype_of_structured(data_type, lambda leaf: numpy_dtype_of_v3(leaf, "little"))
+        return numpy_dtype_of_structured(data_type)
     if isinstance(data_type, Mapping):
         name = data_type.get("name")
         config = data_type.get("configuration") or {}
@@ -183,10 +179,7 @@ def numpy_dtype_of_v3(data_type: Any, endian: str | None = "little") -> np.dtype
                 raise ConfigurationError(f"data_type {data_type!r}: unknown unit or scale_factor") from None
     if not isinstance(data_type, str) or data_type not in _V3_TO_NUMPY:
         raise ConfigurationError(f"data_type {data_type!r} is not a Zarr v3 core numeric or bool type")
-    code = _V3_TO_NUMPY[data_type]
-    if code in ("b1", "i1", "u1"):
-        return np.dtype("|" + code)
-    return np.dtype(order + code)
+    return np.dtype(order + _V3_TO_NUMPY[data_type])  # numpy makes 1-byte types "|"
 
 
 def _null_fill_value(dtype: np.dtype) -> Any:
