@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import os
 import threading
 import uuid
@@ -37,24 +38,15 @@ from shardkv.format.ranges import ByteRange
 from shardkv.storage.kv import TEMP_MARKER, Value
 
 IOV_MAX = 1024  # buffers per writev call (Linux's IOV_MAX; os.sysconf may not know it)
-_POOL: ThreadPoolExecutor | None = None
 
 
+@functools.cache
 def read_pool() -> ThreadPoolExecutor:
     """One thread pool for concurrent local reads, made on first use (threads are not free)."""
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="shardkv-read")
-    return _POOL
+    return ThreadPoolExecutor(max_workers=8, thread_name_prefix="shardkv-read")
 
 
-def _forget_pool_in_child() -> None:
-    """A forked child has none of the parent's threads: a pool of its own on first use."""
-    global _POOL
-    _POOL = None
-
-
-os.register_at_fork(after_in_child=_forget_pool_in_child)
+os.register_at_fork(after_in_child=read_pool.cache_clear)  # a forked child has none of the parent's threads
 
 
 def byte_parts(value: Value) -> list[memoryview]:
@@ -107,19 +99,15 @@ def write_parts(fd: int, parts: list[memoryview]) -> None:
 def pread_exact(fd: int, start: int, stop: int) -> bytes:
     """Bytes ``[start, stop)`` of ``fd`` (absolute offsets): one ``pread``, more only after a short read."""
     want = stop - start
-    if want <= 0:
-        return b""
-    data = os.pread(fd, want, start)
-    if len(data) == want or not data:
-        return data
-    pieces, got = [data], len(data)
-    while got < want:  # a short read (a file growing, a slow device, a signal): read the rest
+    pieces = [os.pread(fd, max(0, want), start)]
+    got = len(pieces[0])
+    while 0 < got < want:  # a short read (a file growing, a slow device, a signal): read the rest
         more = os.pread(fd, want - got, start + got)
         if not more:
             break
         pieces.append(more)
         got += len(more)
-    return b"".join(pieces)
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 # -- clones ----------------------------------------------------------------------
@@ -266,9 +254,9 @@ def _create(directory: str) -> tuple[int, str, tuple[int, int] | None] | None:
 def held_temporary(directory: str) -> Iterator[tuple[int, str]]:
     """``(descriptor, path)`` of a new temporary file in ``directory``, locked until the block ends.
 
-    The caller writes through the descriptor and renames (or removes) the
-    path inside the block; the descriptor is closed, and the lock dropped, at
-    its end. A missing ``directory`` is made.
+    The caller writes through the descriptor and renames the path inside the
+    block; a path not renamed away is removed at its end, then the descriptor
+    is closed (the lock dropped). A missing ``directory`` is made.
 
     Raises
     ------
@@ -283,8 +271,12 @@ def held_temporary(directory: str) -> Iterator[tuple[int, str]]:
         try:
             yield fd, path
         finally:
-            os.close(fd)
-            _register(path, False, file)
+            try:
+                with contextlib.suppress(FileNotFoundError):  # renamed into place: nothing left
+                    os.remove(path)
+            finally:
+                os.close(fd)
+                _register(path, False, file)
         return
     raise OSError(errno.EAGAIN, f"shardkv: every new temporary file in {directory!r} was taken by a sweeper")
 

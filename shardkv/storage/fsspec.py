@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -34,7 +34,6 @@ from shardkv.storage.kv import (
     ReadResult,
     StoreLocation,
     Value,
-    fs_location,
     hidden,
     read_stamped,
     write_stamped,
@@ -44,9 +43,6 @@ from shardkv.storage.local import LocalStore, file_generation
 _LOCAL_READ_ROUNDS = 8  # reads of a local file replaced while it is read, before ConcurrentUpdateError
 BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss"})
 """Protocols whose first path segment is a bucket (or container) that must already exist."""
-
-
-_Request = tuple[int, str, "int | None", "int | None"]  # (index of the read, key, start, stop) of one range
 
 
 def _not_found(got: list[Any]) -> bool:
@@ -60,7 +56,25 @@ def _not_found(got: list[Any]) -> bool:
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:
+    """The protocols of an fsspec filesystem, as a tuple."""
     return fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+
+
+def fs_location(fs: Any, root: str) -> StoreLocation:
+    """The location of ``root`` inside an fsspec filesystem ``fs`` (local paths resolved, endpoints named)."""
+    protocols = _protocols(fs)
+    protocol = protocols[0]
+    inner, prefix = getattr(fs, "fs", None), getattr(fs, "path", None)
+    if protocol == "dir" and inner is not None and isinstance(prefix, str):  # DirFileSystem: its target
+        return fs_location(inner, fs._join(root))
+    stripped = fs._strip_protocol(root).rstrip("/")
+    if "file" in protocols or "local" in protocols:
+        real = os.path.realpath(stripped or "/")
+        return StoreLocation(("file",), real, real)
+    if protocol == "memory":
+        return StoreLocation(("memory",), stripped)
+    endpoint = getattr(fs, "endpoint_url", None) or (getattr(fs, "client_kwargs", None) or {}).get("endpoint_url")
+    return StoreLocation((str(protocol), None if endpoint is None else str(endpoint)), stripped)
 
 
 def _stat_generation(path: str) -> tuple[Generation, int | None]:
@@ -94,19 +108,14 @@ class FsspecStore(KVStore):
     def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
         self.fs = fs
         self.root = fs._strip_protocol(root).rstrip("/") if root else ""
-        self._location = fs_location(fs, self.root)
-        local_dir = self._location.local_dir
+        self.location = fs_location(fs, self.root)
+        local_dir = self.location.local_dir
         self.files = None if local_dir is None else LocalStore(local_dir)
         if self.files is not None:
             self.caps = Capabilities(ranged=True, stamps="native", lock_dir=True)
         else:
-            in_memory = self._location.namespace == ("memory",)  # memory://, a DirFileSystem over it
+            in_memory = self.location.namespace == ("memory",)  # memory://, a DirFileSystem over it
             self.caps = Capabilities(ranged=True, round_trips=not in_memory, stamps="process", in_process=in_memory)
-
-    @property
-    def location(self) -> StoreLocation:
-        """The protocol (and endpoint) and the root path inside it."""
-        return self._location
 
     def __reduce__(self) -> tuple[Any, ...]:
         # fsspec filesystems pickle as (class, storage options)
@@ -120,20 +129,27 @@ class FsspecStore(KVStore):
 
     # -- reads ----------------------------------------------------------------
 
-    def _cat(self, requests: Sequence[_Request]) -> dict[int, list[Any]]:
-        """One ``cat_ranges`` of every request: per read, the bytes (or the errors) of its ranges in order."""
+    def _cat(self, reads: Sequence[ReadRequest], indices: Iterable[int]) -> dict[int, list[Any]]:
+        """One ``cat_ranges`` of the reads at ``indices``: per read found, the bytes of its ranges in order."""
+        requests: list[tuple[int, str, int | None, int | None]] = []
+        for i in indices:
+            key, ranges, _ = reads[i]
+            # a whole read is the range "from byte 0"; a zero-range read fetches one byte to see the key
+            for r in ranges or (None,):
+                stop = (1 if ranges == [] else None) if r is None else r.stop
+                requests.append((i, self._path(key), None if r is None else r.start, stop))
         per_read: dict[int, list[Any]] = {}
         if requests:
-            _, keys, starts, stops = zip(*requests, strict=True)
-            fetched = self.fs.cat_ranges([self._path(k) for k in keys], list(starts), list(stops), on_error="return")
-            for (i, _, _, _), data in zip(requests, fetched, strict=True):
+            read_of, paths, starts, stops = zip(*requests, strict=True)
+            fetched = self.fs.cat_ranges(list(paths), list(starts), list(stops), on_error="return")
+            for i, data in zip(read_of, fetched, strict=True):
                 per_read.setdefault(i, []).append(data)
-        return per_read
+        return {i: got for i, got in per_read.items() if not _not_found(got)}
 
     def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
         if self.files is not None:
             return self._local_reads(self.files, reads)
-        return read_stamped(self._location, reads, partial(self._fetch_stamped, reads))
+        return read_stamped(self.location, reads, partial(self._fetch_stamped, reads))
 
     def _local_reads(self, files: LocalStore, reads: Sequence[ReadRequest]) -> list[ReadResult]:
         """Local files: a ``stat`` of each before and after one ``cat_ranges`` of every read.
@@ -148,9 +164,8 @@ class FsspecStore(KVStore):
         pending = list(range(len(reads)))
         for _ in range(_LOCAL_READ_ROUNDS):
             seen: dict[int, tuple[Generation, int | None]] = {}
-            requests: list[_Request] = []
             for i in pending:
-                key, ranges, cond = reads[i]
+                _, ranges, cond = reads[i]
                 generation, size = _stat_generation(paths[i])
                 if generation.is_missing:
                     results[i] = MISSING_RESULT
@@ -160,16 +175,12 @@ class FsspecStore(KVStore):
                     results[i] = ReadResult("value", [], generation, size)
                 else:
                     seen[i] = (generation, size)
-                    requests.extend(
-                        (i, key, None if r is None else r.start, None if r is None else r.stop)
-                        for r in ([None] if ranges is None else ranges)
-                    )
-            per_read = self._cat(requests)
+            per_read = self._cat(reads, seen)
             pending = []
             for i, (generation, size) in seen.items():
-                got = per_read.get(i, [])
+                got = per_read.get(i)
                 after, _ = _stat_generation(paths[i])
-                if _not_found(got) or after != generation:  # replaced (or removed) while it was read
+                if got is None or after != generation:  # replaced (or removed) while it was read
                     if reads[i][2].is_any:
                         pending.append(i)
                     else:
@@ -181,18 +192,9 @@ class FsspecStore(KVStore):
         raise ConcurrentUpdateError(reads[pending[0]][0], _LOCAL_READ_ROUNDS, _LOCAL_READ_ROUNDS, "read")
 
     def _fetch_stamped(self, reads: Sequence[ReadRequest], indices: list[int]) -> dict[int, Fetched]:
-        requests: list[_Request] = []
-        for i in indices:
-            key, ranges, _ = reads[i]
-            # a whole read is the range "from byte 0"; a zero-range read fetches one byte to see the key
-            for r in ranges if ranges else [None]:
-                stop = (1 if ranges == [] else None) if r is None else r.stop
-                requests.append((i, key, None if r is None else r.start, stop))
         fetched: dict[int, Fetched] = {}
-        for i, got in self._cat(requests).items():
+        for i, got in self._cat(reads, indices).items():
             key, ranges, _ = reads[i]
-            if _not_found(got):
-                continue
             values: list[BytesLike] = [] if ranges == [] else [bytes(d) for d in got]
             size = len(values[0]) if ranges is None else None
             if size is None and self.caps.in_process:  # free for in-process data: the engine reads exactly a chunk
@@ -205,17 +207,10 @@ class FsspecStore(KVStore):
 
     # -- writes ---------------------------------------------------------------
 
-    def _holds(self, key: str, cond: Generation, before: Generation) -> bool:
-        if cond.is_any:
-            return True
-        if cond.is_missing:
-            return not self.fs.isfile(self._path(key))
-        return before == cond
-
     def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
         if self.files is not None:  # local files: written as a LocalStore writes them, with its generations
             return self.files.put_many(writes)
-        return write_stamped(self._location, writes, self._holds, self._write_fs)
+        return write_stamped(self.location, writes, lambda key: self.fs.isfile(self._path(key)), self._write_fs)
 
     def _write_fs(self, values: Mapping[str, Value | None]) -> None:
         """One ``pipe`` of the values to store, then the deletes (missing keys are no error)."""
@@ -291,7 +286,7 @@ class FsspecStore(KVStore):
             return
         keys = list(self.list_prefix(prefix))
         top = self._path(prefix.rstrip("/")) if prefix else (self.root or "/")
-        with STAMPS.writing(self._location, keys) as stamped:
+        with STAMPS.writing(self.location, keys) as stamped:
             stamped.begin(keys)
             try:
                 if prefix:

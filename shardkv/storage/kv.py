@@ -17,6 +17,7 @@ it); process stamps (:data:`STAMPS`) are the generations of stores that keep non
 
 from __future__ import annotations
 
+import enum
 import os
 import threading
 import zlib
@@ -24,7 +25,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from shardkv._types import BytesLike
 from shardkv.errors import ReservedKeyError, UnsupportedError
@@ -81,38 +82,10 @@ class StoreLocation:
         return f"{self.root}/{key}" if self.root else key
 
 
-def fs_location(fs: Any, root: str) -> StoreLocation:
-    """The location of ``root`` inside an fsspec filesystem ``fs`` (local paths resolved, endpoints named)."""
-    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    protocol = protocols[0]
-    inner, prefix = getattr(fs, "fs", None), getattr(fs, "path", None)
-    if protocol == "dir" and inner is not None and isinstance(prefix, str):  # DirFileSystem: its target
-        return fs_location(inner, fs._join(root))
-    stripped = fs._strip_protocol(root).rstrip("/")
-    if "file" in protocols or "local" in protocols:
-        real = os.path.realpath(stripped or "/")
-        return StoreLocation(("file",), real, real)
-    if protocol == "memory":
-        return StoreLocation(("memory",), stripped)
-    extra: Hashable = None
-    client_kwargs = getattr(fs, "client_kwargs", None) or {}
-    endpoint = getattr(fs, "endpoint_url", None) or client_kwargs.get("endpoint_url")
-    if endpoint is not None:
-        extra = str(endpoint)
-    return StoreLocation((str(protocol), extra), stripped)
+class _Token(enum.Enum):
+    """The token of :data:`ANY` (an enum member: the same object after pickling)."""
 
-
-class _AnyToken:
-    """The token of :data:`ANY`: a singleton that survives pickling."""
-
-    def __repr__(self) -> str:
-        return "ANY"
-
-    def __reduce__(self) -> str:
-        return "_ANY_TOKEN"
-
-
-_ANY_TOKEN = _AnyToken()
+    ANY = "ANY"
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +109,7 @@ class Generation:
     @property
     def is_any(self) -> bool:
         """True for :data:`ANY`."""
-        return self.token is _ANY_TOKEN
+        return self.token is _Token.ANY
 
     @property
     def is_missing(self) -> bool:
@@ -144,14 +117,10 @@ class Generation:
         return self.token is None
 
     def __repr__(self) -> str:
-        if self.is_any:
-            return "Generation(ANY)"
-        if self.is_missing:
-            return "Generation(NO_VALUE)"
-        return f"Generation({self.token!r})"
+        return f"Generation({'ANY' if self.is_any else 'NO_VALUE' if self.is_missing else repr(self.token)})"
 
 
-ANY = Generation(_ANY_TOKEN)
+ANY = Generation(_Token.ANY)
 """No condition; also the generation of a stale result when the store cannot say what is stored now."""
 
 NO_VALUE = Generation(None)
@@ -246,16 +215,12 @@ class KVStore(ABC):
     """A base key/value store with generations. Keys are ``/``-separated ``str``.
 
     Implementations give :meth:`get_many`, :meth:`put_many`, :meth:`list_prefix`,
-    :attr:`caps` (:class:`Capabilities`) and :attr:`location`; the single-key
+    :attr:`caps` (:class:`Capabilities`) and :attr:`location` (:class:`StoreLocation`); the single-key
     methods are built on them. Nothing here raises ``KeyError``: a missing key is a result.
     """
 
     caps: Capabilities
-
-    @property
-    @abstractmethod
-    def location(self) -> StoreLocation:
-        """The identity of the data this store reaches."""
+    location: StoreLocation  # the identity of the data this store reaches
 
     @abstractmethod
     def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
@@ -558,11 +523,6 @@ class ProcessStamps:
                 return None
         return Generation(("stamp", counter))
 
-    def end_read(self, ticket: Ticket) -> Generation:
-        """The generation of a value read since :meth:`begin_read`; one equal to no other if a write overlapped."""
-        generation = self.current(ticket)
-        return Generation(object()) if generation is None else generation  # a token equal only to itself
-
     # -- writes ---------------------------------------------------------------
 
     @contextmanager
@@ -661,16 +621,20 @@ def read_stamped(
 def write_stamped(
     location: StoreLocation,
     writes: Mapping[str, tuple[Value | None, Generation]],
-    holds: Callable[[str, Generation, Generation], bool],
+    exists: Callable[[str], bool],
     write: Callable[[dict[str, Value | None]], None],
 ) -> dict[str, Generation | None]:
-    """``put_many`` of a process-stamped store: under the stripes' writer locks, ``holds(key, condition, stamp
-    before)`` tells which conditions hold, and ``write`` gets those keys' values (``None``: delete)."""
+    """``put_many`` of a process-stamped store: under the stripes' writer locks, the keys whose conditions hold
+    (``exists(key)`` asked for :data:`NO_VALUE` only) go to ``write`` with their values (``None``: delete)."""
     out: dict[str, Generation | None] = {key: None for key in writes}
     if not writes:
         return out
     with STAMPS.writing(location, writes) as stamped:
-        ok = [key for key, (_, cond) in writes.items() if holds(key, cond, stamped.before[key])]
+        ok = [
+            key
+            for key, (_, cond) in writes.items()
+            if cond.is_any or (not exists(key) if cond.is_missing else stamped.before[key] == cond)
+        ]
         stamped.begin(ok)
         write({key: writes[key][0] for key in ok})
     for key in ok:

@@ -83,15 +83,10 @@ class MappingStore(KVStore):
         self.kind, directory = _where(mapping)
         local_dir = os.path.realpath(directory) if directory is not None else None
         if local_dir is not None:
-            self._location = StoreLocation(("file",), local_dir, local_dir)
+            self.location = StoreLocation(("file",), local_dir, local_dir)
         else:
-            self._location = StoreLocation(("mapping", id(mapping)), "")
+            self.location = StoreLocation(("mapping", id(mapping)), "")
         self.caps = Capabilities(lock_dir=local_dir is not None, in_process=self.kind == "memory")
-
-    @property
-    def location(self) -> StoreLocation:
-        """A ``"directory"`` mapping's resolved path, else the mapping object itself."""
-        return self._location
 
     def __reduce__(self) -> tuple[Any, ...]:
         # the mapping pickles itself (a dict is copied: the copy is a new location)
@@ -118,7 +113,7 @@ class MappingStore(KVStore):
         return out
 
     def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
-        return read_stamped(self._location, reads, partial(self._fetch_reads, reads))
+        return read_stamped(self.location, reads, partial(self._fetch_reads, reads))
 
     def _fetch_reads(self, reads: Sequence[ReadRequest], indices: list[int]) -> dict[int, Fetched]:
         found = self._fetch(list(dict.fromkeys(reads[i][0] for i in indices)))
@@ -134,15 +129,8 @@ class MappingStore(KVStore):
 
     # -- writes ---------------------------------------------------------------
 
-    def _holds(self, key: str, cond: Generation, before: Generation) -> bool:
-        if cond.is_any:
-            return True
-        if cond.is_missing:
-            return key not in self.mapping
-        return before == cond
-
     def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
-        return write_stamped(self._location, writes, self._holds, self._write)
+        return write_stamped(self.location, writes, self.mapping.__contains__, self._write)
 
     def _write(self, values: Mapping[str, Value | None]) -> None:
         """Store the values (one ``setitems`` where the mapping has it), then delete the keys given ``None``."""
@@ -186,7 +174,7 @@ class MappingStore(KVStore):
         if rmdir is None or (prefix and not prefix.endswith("/")) or (not prefix and self.caps.lock_dir):
             super().delete_prefix(prefix)
             return
-        with STAMPS.writing(self._location, list(self.list_prefix(prefix))) as stamped:
+        with STAMPS.writing(self.location, list(self.list_prefix(prefix))) as stamped:
             stamped.begin(list(stamped.before))
             rmdir(path)
 

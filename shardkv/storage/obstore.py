@@ -26,7 +26,6 @@ from shardkv.format.ranges import ByteRange
 from shardkv.storage.files import byte_parts
 from shardkv.storage.kv import (
     ANY,
-    MISSING_RESULT,
     NO_VALUE,
     STAMPS,
     Capabilities,
@@ -38,9 +37,7 @@ from shardkv.storage.kv import (
     Value,
     hidden,
 )
-from shardkv.storage.objects import Fetched, Outcome, assemble, child_names, metadata_only, plan_requests, sliced
-
-__all__ = ["ObstoreStore", "is_obstore_store", "obstore_location", "conditional_put_disabled", "open_obstore_url"]
+from shardkv.storage.objects import Fetched, Leaf, Outcome, child_names, metadata_only, read_objects
 
 T = TypeVar("T")
 _MAX_CONCURRENCY = 16  # requests in flight per call
@@ -152,7 +149,7 @@ class ObstoreStore(KVStore):
         self._generic = GenericError
         self._max_concurrency = max(1, int(max_concurrency))
         self._pool: ThreadPoolExecutor | None = None
-        self._location = obstore_location(store)
+        self.location = obstore_location(store)
         self._updates = kind in ("S3Store", "GCSStore", "AzureStore", "MemoryStore") and not conditional_put_disabled(
             store
         )
@@ -165,17 +162,12 @@ class ObstoreStore(KVStore):
             in_process=kind == "MemoryStore",
         )
 
-    @property
-    def location(self) -> StoreLocation:
-        """The data the store reaches (see :func:`obstore_location`)."""
-        return self._location
-
     def __reduce__(self) -> tuple[Any, ...]:
         # the store pickles as its configuration (obstore >= 0.5; a MemoryStore does not)
         return (type(self), (self.store, self._max_concurrency))
 
     def __repr__(self) -> str:
-        return f"ObstoreStore({type(self.store).__name__}, {self._location.root!r})"
+        return f"ObstoreStore({type(self.store).__name__}, {self.location.root!r})"
 
     def _map(self, fn: Callable[[Any], T], items: Sequence[Any]) -> list[T]:
         """``[fn(x) for x in items]``, concurrently when there is more than one."""
@@ -217,14 +209,12 @@ class ObstoreStore(KVStore):
             return view[slice(*byte_range.resolve(view.nbytes))], generation, size
         return memoryview(result.bytes()), _generation(result.meta), int(result.meta["size"])
 
-    def _request(self, leaf: tuple[ReadRequest, ByteRange | None]) -> Outcome:
+    def _request(self, leaf: Leaf) -> Outcome:
         """One request of a read; "not found" and "changed" are answers, other errors are returned."""
         request, byte_range = leaf
         key, _, cond = request
         try:
-            if metadata_only(request):
-                return self._head(key, cond)
-            return self._get(key, byte_range, cond)
+            return self._head(key, cond) if metadata_only(request) else self._get(key, byte_range, cond)
         except self._missing:
             return "missing"
         except self._precondition as exc:
@@ -232,19 +222,9 @@ class ObstoreStore(KVStore):
         except Exception as exc:  # raised by get_many once every request of the call is over
             return exc
 
-    def _whole_sliced(self, request: ReadRequest) -> ReadResult:
-        """A read whose ranges were replaced between their requests (unconditioned): one whole read, cut."""
-        key, ranges, _ = request
-        try:
-            return sliced(self._get(key, None, ANY), ranges or [])
-        except self._missing:
-            return MISSING_RESULT
-
     def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
         # every request of every read on the pool at once (one level: no task waits on another)
-        plan = plan_requests(reads)
-        results = assemble(reads, plan, self._map(self._request, [(reads[i], r) for i, r in plan]))
-        return [self._whole_sliced(reads[i]) if result is None else result for i, result in enumerate(results)]
+        return read_objects(reads, lambda leaves: self._map(self._request, leaves))
 
     # -- writes ---------------------------------------------------------------
 
@@ -261,7 +241,7 @@ class ObstoreStore(KVStore):
             result = self._obs.put(self.store, key, body, mode=mode, use_multipart=False)
         except self._missing as exc:  # a put finds nothing to write into
             raise FileNotFoundError(
-                f"cannot write {key!r} to {self._location!r}: not found (does its bucket exist?)"
+                f"cannot write {key!r} to {self.location!r}: not found (does its bucket exist?)"
             ) from exc
         return Generation((result.get("e_tag"), result.get("version")))
 
@@ -298,7 +278,7 @@ class ObstoreStore(KVStore):
         # a store without PutMode updates checks conditions first, and so does every conditional delete:
         # then no other write of this process may come between check and write
         checked = not self._updates or any(v is None and not c.is_any for _, (v, c) in items)
-        with STAMPS.writing(self._location, writes) if checked else nullcontext():
+        with STAMPS.writing(self.location, writes) if checked else nullcontext():
             return dict(zip(writes, self._map(self._write, items), strict=True))
 
     # -- listings -------------------------------------------------------------
