@@ -64,13 +64,9 @@ def byte_parts(value: Value) -> list[memoryview]:
 
 def join_parts(value: Value) -> bytes:
     """``value`` as one ``bytes`` object: joined when it is parts, unchanged when it already is ``bytes``."""
-    if isinstance(value, bytes):
-        return value
     if isinstance(value, (list, tuple)):
-        if len(value) == 1 and isinstance(value[0], bytes):
-            return value[0]
-        return b"".join(value)
-    return memoryview(cast(BytesLike, value)).tobytes()  # a bytearray or memoryview (parts were joined above)
+        return value[0] if len(value) == 1 and isinstance(value[0], bytes) else b"".join(value)
+    return value if isinstance(value, bytes) else memoryview(cast(BytesLike, value)).tobytes()
 
 
 def slice_value(value: Any, byte_range: ByteRange) -> bytes | memoryview:

@@ -117,10 +117,6 @@ class FsspecStore(KVStore):
             in_memory = self.location.namespace == ("memory",)  # memory://, a DirFileSystem over it
             self.caps = Capabilities(ranged=True, round_trips=not in_memory, stamps="process", in_process=in_memory)
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        # fsspec filesystems pickle as (class, storage options)
-        return (type(self), (self.fs, self.root))
-
     def __repr__(self) -> str:
         return f"FsspecStore({type(self.fs).__name__}, {self.root!r})"
 

@@ -284,7 +284,7 @@ class LocalStore(KVStore):
         first = self._read(reads[0])
         rest = reads[1:]
         if first.values is None or sum(memoryview(v).nbytes for v in first.values) < _POOLED_READ_NBYTES:
-            return [first, *self._read_group(rest)]
+            return [first, *map(self._read, rest)]
         n = len(rest)
         groups = min(n, _READ_GROUPS)
         bounds = [n * g // groups for g in range(groups + 1)]

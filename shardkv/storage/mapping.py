@@ -48,17 +48,12 @@ def zarr2_storage() -> ModuleType | None:
 
 def _where(mapping: Any) -> tuple[str, str | None]:
     """``(kind, local directory or None)`` of a mapping (see the module docstring)."""
-    if isinstance(mapping, dict):
-        return "memory", None
     zs = zarr2_storage()
-    if zs is None:
-        return "persistent", None
-    if isinstance(mapping, zs.MemoryStore):
+    if isinstance(mapping, dict) or (zs is not None and isinstance(mapping, zs.MemoryStore)):
         return "memory", None
-    path = getattr(mapping, "path", None) if isinstance(mapping, (zs.DirectoryStore, zs.LMDBStore)) else None
-    if not isinstance(path, str) or not path:
-        return "persistent", None
-    if isinstance(mapping, zs.DirectoryStore) or os.path.isdir(path):  # an LMDBStore made with subdir=False: a file
+    path = getattr(mapping, "path", None) if zs and isinstance(mapping, (zs.DirectoryStore, zs.LMDBStore)) else None
+    # an LMDBStore made with subdir=False keeps a file, not a directory
+    if zs and isinstance(path, str) and path and (isinstance(mapping, zs.DirectoryStore) or os.path.isdir(path)):
         return "directory", path
     return "persistent", None
 

@@ -15,10 +15,10 @@ obstore is imported only when a store is made, so shardkv works without it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
 from typing import Any, TypeVar
 
 from shardkv.errors import ConfigurationError
@@ -250,18 +250,15 @@ class ObstoreStore(KVStore):
         if value is None:
             if not cond.is_any and self._current(key) != cond:  # no conditional delete in obstore: checked first
                 return None
-            try:
+            with contextlib.suppress(*self._missing):  # S3 deletes a missing key quietly; other stores say "not found"
                 self._obs.delete(self.store, key)
-            except self._missing:
-                pass  # S3 deletes a missing key quietly; other stores say "not found"
             return NO_VALUE
         if cond.is_any:
             return self._put(key, value, None)
         if cond.is_missing:
             mode: Any = "create"
         elif self._updates and isinstance(cond.token, tuple):
-            e_tag, version = cond.token
-            mode = {k: v for k, v in (("e_tag", e_tag), ("version", version)) if v is not None}
+            mode = {k: v for k, v in zip(("e_tag", "version"), cond.token, strict=True) if v is not None}
         else:  # no PutMode update here: checked first (the caller holds the in-process writer lock)
             return self._put(key, value, None) if self._current(key) == cond else None
         try:
@@ -278,7 +275,7 @@ class ObstoreStore(KVStore):
         # a store without PutMode updates checks conditions first, and so does every conditional delete:
         # then no other write of this process may come between check and write
         checked = not self._updates or any(v is None and not c.is_any for _, (v, c) in items)
-        with STAMPS.writing(self.location, writes) if checked else nullcontext():
+        with STAMPS.writing(self.location, writes) if checked else contextlib.nullcontext():
             return dict(zip(writes, self._map(self._write, items), strict=True))
 
     # -- listings -------------------------------------------------------------

@@ -82,10 +82,10 @@ def _codes(exc: BaseException) -> list[tuple[str, int | None]]:
     """``(error code, HTTP status)`` of the botocore ``ClientError``-like errors in ``exc``'s chain
     (s3fs re-raises them as ``OSError``)."""
     out = []
-    seen: set[int] = set()
     current: BaseException | None = exc
-    while current is not None and id(current) not in seen and len(seen) < 32:
-        seen.add(id(current))
+    for _ in range(32):  # a bounded walk (a chain may loop)
+        if current is None:
+            break
         response = getattr(current, "response", None)
         if isinstance(response, Mapping):
             code = str((response.get("Error") or {}).get("Code", ""))
