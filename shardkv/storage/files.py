@@ -231,10 +231,8 @@ def _create(directory: str) -> tuple[int, str, tuple[int, int] | None] | None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if os.stat(path).st_ino == st.st_ino:
             return fd, path, file
-    except BlockingIOError:
-        pass  # a sweeper holds it: it removes it
-    except FileNotFoundError:
-        pass  # a sweeper locked and removed it before this flock
+    except (BlockingIOError, FileNotFoundError):
+        pass  # a sweeper holds it (and removes it), or locked and removed it before this flock
     except OSError as exc:
         if exc.errno in _NO_LOCKS:
             return fd, path, file  # no locks here: sweepers cannot take it either, and go by age

@@ -39,6 +39,7 @@ from shardkv.storage.kv import (
     write_stamped,
 )
 from shardkv.storage.local import LocalStore, file_generation
+from shardkv.storage.objects import child_names
 
 _LOCAL_READ_ROUNDS = 8  # reads of a local file replaced while it is read, before ConcurrentUpdateError
 BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss"})
@@ -260,17 +261,10 @@ class FsspecStore(KVStore):
             entries = self.fs.ls(base, detail=True)
         except (FileNotFoundError, NotADirectoryError):
             return [], []
-        keys: list[str] = []
-        dirs: list[str] = []
-        for entry in entries:
-            key = self._key(entry["name"]).rstrip("/")
-            if prefix and key == prefix.rstrip("/"):  # a file lists as itself: it has no children
-                continue
-            name = key.rsplit("/", 1)[-1]
-            if not name or hidden(name):
-                continue
-            (dirs if entry.get("type") == "directory" else keys).append(name)
-        return sorted(set(keys)), sorted(set(dirs))
+        # a file lists as itself: it has no children
+        entries = [e for e in entries if not prefix or self._key(e["name"]).rstrip("/") != prefix.rstrip("/")]
+        dirs = [e["name"] for e in entries if e.get("type") == "directory"]
+        return child_names(e["name"] for e in entries if e.get("type") != "directory"), child_names(dirs)
 
     def delete_prefix(self, prefix: str) -> None:
         """Delete every key under ``prefix``; a path (``prefix`` ending in ``/``, or ``""``) goes recursively.

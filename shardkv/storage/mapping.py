@@ -15,6 +15,7 @@ decides what ``concurrency="auto"`` resolves to:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
@@ -92,26 +93,19 @@ class MappingStore(KVStore):
 
     # -- reads ----------------------------------------------------------------
 
-    def _fetch(self, keys: list[str]) -> dict[str, Any]:
-        """The stored values among ``keys`` (one ``getitems`` where the store has it)."""
-        if not keys:
-            return {}
-        zs = zarr2_storage()
-        if zs is not None and isinstance(self.mapping, zs.BaseStore):
-            return dict(self.mapping.getitems(keys, contexts={}))
-        out = {}
-        for key in keys:
-            try:
-                out[key] = self.mapping[key]
-            except KeyError:
-                continue
-        return out
-
     def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
         return read_stamped(self.location, reads, partial(self._fetch_reads, reads))
 
     def _fetch_reads(self, reads: Sequence[ReadRequest], indices: list[int]) -> dict[int, Fetched]:
-        found = self._fetch(list(dict.fromkeys(reads[i][0] for i in indices)))
+        keys = list(dict.fromkeys(reads[i][0] for i in indices))
+        zs = zarr2_storage()
+        if zs is not None and isinstance(self.mapping, zs.BaseStore):  # one getitems
+            found = dict(self.mapping.getitems(keys, contexts={}))
+        else:
+            found = {}
+            for key in keys:
+                with contextlib.suppress(KeyError):
+                    found[key] = self.mapping[key]
         fetched: dict[int, Fetched] = {}
         for i in indices:
             key, ranges, _ = reads[i]

@@ -60,7 +60,7 @@ def http_range(byte_range: ByteRange) -> str:
     return f"bytes={byte_range.start}-{byte_range.stop - 1}"
 
 
-_SLOTS: ContextVar[asyncio.Semaphore | None] = ContextVar("shardkv_s3_slots", default=None)
+_SLOTS: ContextVar[asyncio.Semaphore] = ContextVar("shardkv_s3_slots")
 """The request slots of the call running (every request of one call takes one: IN_FLIGHT at most)."""
 
 
@@ -171,10 +171,7 @@ class S3Store(KVStore):
     async def _api(self, method: str, **kwargs: Any) -> Any:
         """One request through s3fs, which adds its ``s3_additional_kwargs`` (e.g. server-side encryption),
         picks the bucket's region and retries, in one of the running call's slots."""
-        slots = _SLOTS.get()
-        if slots is None:
-            return await self.fs._call_s3(method, **kwargs)
-        async with slots:
+        async with _SLOTS.get():
             return await self.fs._call_s3(method, **kwargs)
 
     # -- reads ----------------------------------------------------------------
