@@ -337,11 +337,10 @@ def stale_in(directory: str, names: Iterable[str], now: float, min_age: float, r
                 continue
             if name.startswith(HELD_MARKER):
                 unheld = _unheld(path, remove)
-        if name.startswith(HELD_MARKER):
-            if unheld is not None:
-                if unheld:
-                    out.append(path)
-                continue
+        if unheld is not None:  # a locked temporary, told by its lock
+            if unheld:
+                out.append(path)
+            continue
         try:
             if now - os.stat(path).st_mtime < min_age:
                 continue

@@ -10,13 +10,14 @@ generations (a ``stat`` before and after each read; writes are a
 
 from __future__ import annotations
 
+import contextlib
 import os
-import stat
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any
 
 import fsspec
+from fsspec.implementations.dirfs import DirFileSystem
 
 from shardkv._types import BytesLike
 from shardkv.errors import ConcurrentUpdateError
@@ -24,7 +25,6 @@ from shardkv.storage.files import join_parts
 from shardkv.storage.kv import (
     LOCK_DIR,
     MISSING_RESULT,
-    NO_VALUE,
     STAMPS,
     Capabilities,
     Fetched,
@@ -38,7 +38,7 @@ from shardkv.storage.kv import (
     read_stamped,
     write_stamped,
 )
-from shardkv.storage.local import LocalStore, file_generation
+from shardkv.storage.local import LocalStore, stat_generation
 from shardkv.storage.objects import child_names
 
 _LOCAL_READ_ROUNDS = 8  # reads of a local file replaced while it is read, before ConcurrentUpdateError
@@ -65,9 +65,8 @@ def fs_location(fs: Any, root: str) -> StoreLocation:
     """The location of ``root`` inside an fsspec filesystem ``fs`` (local paths resolved, endpoints named)."""
     protocols = _protocols(fs)
     protocol = protocols[0]
-    inner, prefix = getattr(fs, "fs", None), getattr(fs, "path", None)
-    if protocol == "dir" and inner is not None and isinstance(prefix, str):  # DirFileSystem: its target
-        return fs_location(inner, fs._join(root))
+    if isinstance(fs, DirFileSystem):  # its target
+        return fs_location(fs.fs, fs._join(root))
     stripped = fs._strip_protocol(root).rstrip("/")
     if "file" in protocols or "local" in protocols:
         real = os.path.realpath(stripped or "/")
@@ -76,17 +75,6 @@ def fs_location(fs: Any, root: str) -> StoreLocation:
         return StoreLocation(("memory",), stripped)
     endpoint = getattr(fs, "endpoint_url", None) or (getattr(fs, "client_kwargs", None) or {}).get("endpoint_url")
     return StoreLocation((str(protocol), None if endpoint is None else str(endpoint)), stripped)
-
-
-def _stat_generation(path: str) -> tuple[Generation, int | None]:
-    """``(generation, size)`` of the local file at ``path``; ``(NO_VALUE, None)`` when missing or not a file."""
-    try:
-        st = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return NO_VALUE, None
-    if not stat.S_ISREG(st.st_mode):
-        return NO_VALUE, None
-    return file_generation(st), st.st_size
 
 
 class FsspecStore(KVStore):
@@ -163,7 +151,7 @@ class FsspecStore(KVStore):
             seen: dict[int, tuple[Generation, int | None]] = {}
             for i in pending:
                 _, ranges, cond = reads[i]
-                generation, size = _stat_generation(paths[i])
+                generation, size = stat_generation(paths[i])
                 if generation.is_missing:
                     results[i] = MISSING_RESULT
                 elif cond.is_missing or (not cond.is_any and generation != cond):
@@ -176,7 +164,7 @@ class FsspecStore(KVStore):
             pending = []
             for i, (generation, size) in seen.items():
                 got = per_read.get(i)
-                after, _ = _stat_generation(paths[i])
+                after, _ = stat_generation(paths[i])
                 if got is None or after != generation:  # replaced (or removed) while it was read
                     if reads[i][2].is_any:
                         pending.append(i)
@@ -220,10 +208,8 @@ class FsspecStore(KVStore):
             self.fs.pipe(stores)
         for key, value in values.items():
             if value is None:
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     self.fs.rm_file(self._path(key))
-                except FileNotFoundError:
-                    continue
 
     # -- listings -------------------------------------------------------------
 

@@ -75,6 +75,15 @@ def file_generation(st: os.stat_result) -> Generation:
     return Generation((st.st_ino, st.st_mtime_ns, st.st_size))
 
 
+def stat_generation(path: str) -> tuple[Generation, int | None]:
+    """``(generation, size)`` of the local file at ``path``; ``(NO_VALUE, None)`` when missing or not a file."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return NO_VALUE, None
+    return (file_generation(st), st.st_size) if stat.S_ISREG(st.st_mode) else (NO_VALUE, None)
+
+
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     """Write all of ``data`` at ``offset`` of ``fd`` (the one place a single local buffer is written)."""
     while len(data):
@@ -149,21 +158,17 @@ def fsync_dirs(paths: Iterable[str]) -> None:
             os.close(dir_fd)
 
 
-_DURABLE: set[str] = set()  # lock files whose directory entries this process made durable
 _SWEPT: dict[str, float] = {}  # directory -> time.monotonic() of its last sweep in this process
 
 
+@functools.lru_cache(maxsize=_SWEPT_MAX)  # once per lock file and process
 def _make_durable(lock_file: str) -> None:
     """fsync the directories of ``lock_file`` and of its lock directory, once per process.
 
     A lock file is made when a hold first needs it, unsynced; an append's
     intent recorded in it must survive a power loss.
     """
-    if lock_file not in _DURABLE:
-        fsync_dirs([lock_file, os.path.dirname(lock_file)])
-        if len(_DURABLE) >= _SWEPT_MAX:
-            _DURABLE.clear()
-        _DURABLE.add(lock_file)
+    fsync_dirs([lock_file, os.path.dirname(lock_file)])
 
 
 def _claim_sweep(directory: str, every: float) -> bool:
@@ -310,24 +315,15 @@ class LocalStore(KVStore):
 
     # -- writes ---------------------------------------------------------------
 
-    def _current(self, path: str) -> Generation:
-        try:
-            st = os.stat(path)
-        except (FileNotFoundError, NotADirectoryError):
-            return NO_VALUE
-        return file_generation(st)
-
     def _write_one(self, key: str, value: Value | None, cond: Generation) -> Generation | None:
         path = self.path(key)
+        create_only = value is not None and cond.is_missing  # linked into place: atomic against every process
+        if not cond.is_any and not create_only and stat_generation(path)[0] != cond:
+            return None
         if value is None:
-            if not cond.is_any and self._current(path) != cond:
-                return None
             with contextlib.suppress(FileNotFoundError, NotADirectoryError):
                 os.remove(path)
             return NO_VALUE
-        create_only = not cond.is_any and cond.is_missing
-        if not cond.is_any and not create_only and self._current(path) != cond:
-            return None
         return atomic_write(path, byte_parts(value), self.fsync, create_only=create_only)
 
     def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:

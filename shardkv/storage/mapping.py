@@ -129,13 +129,10 @@ class MappingStore(KVStore):
             if setitems is not None:
                 setitems(stores)
             else:
-                for k, v in stores.items():
-                    self.mapping[k] = v
+                self.mapping.update(stores)
         for k in [k for k, v in values.items() if v is None]:
-            try:
+            with contextlib.suppress(KeyError):
                 del self.mapping[k]
-            except KeyError:
-                continue
 
     def contains(self, key: str) -> bool:
         """``key in mapping`` (no value read)."""

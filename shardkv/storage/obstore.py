@@ -158,7 +158,6 @@ class ObstoreStore(KVStore):
             round_trips=kind in _REMOTE,
             stamps="native",
             conditional_put=self._updates,
-            conditional_delete=False,
             in_process=kind == "MemoryStore",
         )
 

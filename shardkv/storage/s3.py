@@ -21,6 +21,8 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
+from fsspec.asyn import sync  # s3fs runs on fsspec's event loop
+
 from shardkv.errors import UnsupportedError
 from shardkv.format.ranges import ByteRange
 from shardkv.format.tail import TailHow
@@ -135,12 +137,9 @@ class S3Store(KVStore):
     """
 
     def __init__(self, fs: Any, root: str, upload_age: float = DEFAULT_TEMP_AGE) -> None:
-        from fsspec.asyn import sync  # s3fs runs on fsspec's event loop
-
         self.fs = fs
         self.root = fs._strip_protocol(root).rstrip("/")
         self.upload_age = upload_age
-        self._sync = sync
         self.location = fs_location(fs, self.root)
         self.caps = Capabilities(
             ranged=True,
@@ -161,7 +160,7 @@ class S3Store(KVStore):
 
     def _run(self, calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
         """Run the calls on s3fs's loop, their requests at most :data:`IN_FLIGHT` at once."""
-        return self._sync(self.fs.loop, _limited, calls) if calls else []
+        return sync(self.fs.loop, _limited, calls) if calls else []
 
     async def _s3(self, method: str, key: str, **kwargs: Any) -> Any:
         """One request about ``key``, in one of the running call's slots."""
@@ -349,7 +348,7 @@ class S3Store(KVStore):
         self, prefix: str, wanted: Callable[[str], bool] | None = None
     ) -> Iterator[tuple[str, Generation | None]]:
         """Every key under ``prefix`` with the ETag ``ListObjectsV2`` returns for it (no request per key)."""
-        objects, _ = self._sync(self.fs.loop, self._list, prefix, False)
+        objects, _ = sync(self.fs.loop, self._list, prefix, False)
         for key, etag in objects:
             if not hidden(key):
                 yield key, Generation(etag) if etag else None
@@ -359,5 +358,5 @@ class S3Store(KVStore):
             yield key
 
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
-        objects, prefixes = self._sync(self.fs.loop, self._list, prefix, True)
+        objects, prefixes = sync(self.fs.loop, self._list, prefix, True)
         return child_names(k[len(prefix) :] for k, _ in objects), child_names(p[len(prefix) :] for p in prefixes)
