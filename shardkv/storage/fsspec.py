@@ -110,7 +110,8 @@ class FsspecStore(KVStore):
         return f"FsspecStore({type(self.fs).__name__}, {self.root!r})"
 
     def _path(self, key: str) -> str:
-        return f"{self.root}/{key}" if self.root else key
+        """The path of ``key`` (``""``: of the root) in the filesystem."""
+        return f"{self.root}/{key}" if self.root and key else key or self.root or "/"
 
     # -- reads ----------------------------------------------------------------
 
@@ -218,10 +219,8 @@ class FsspecStore(KVStore):
         return path[len(self.root) :].lstrip("/") if self.root else path.lstrip("/")
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
-        head = prefix.rpartition("/")[0]
-        base = self._path(head) if head else self.root
         try:
-            paths = self.fs.find(base or "/")
+            paths = self.fs.find(self._path(prefix.rpartition("/")[0]))
         except FileNotFoundError:
             return
         for path in sorted(paths):
@@ -242,9 +241,8 @@ class FsspecStore(KVStore):
         return None if info.get("type") == "directory" else int(info["size"])
 
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
-        base = self._path(prefix.rstrip("/")) if prefix else (self.root or "/")
         try:
-            entries = self.fs.ls(base, detail=True)
+            entries = self.fs.ls(self._path(prefix.rstrip("/")), detail=True)
         except (FileNotFoundError, NotADirectoryError):
             return [], []
         # a file lists as itself: it has no children
@@ -261,7 +259,7 @@ class FsspecStore(KVStore):
             super().delete_prefix(prefix)
             return
         keys = list(self.list_prefix(prefix))
-        top = self._path(prefix.rstrip("/")) if prefix else (self.root or "/")
+        top = self._path(prefix.rstrip("/"))
         with STAMPS.writing(self.location, keys) as stamped:
             stamped.begin(keys)
             try:
@@ -274,6 +272,3 @@ class FsspecStore(KVStore):
                         self.fs.rm(child, recursive=True)
             except FileNotFoundError:
                 return
-
-    def close(self) -> None:
-        """Nothing to release (the filesystem is fsspec's to cache)."""

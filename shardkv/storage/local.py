@@ -457,8 +457,7 @@ class LocalStore(KVStore):
                     yield key, (entry.stat() if stat_entries is not None and stat_entries(key) else None)
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
-        for key, _ in self._walk(prefix, None):
-            yield key
+        return (key for key, _ in self._walk(prefix, None))
 
     def list_generations(
         self, prefix: str, wanted: Callable[[str], bool] | None = None

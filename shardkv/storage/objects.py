@@ -50,25 +50,16 @@ def read_objects(reads: Sequence[ReadRequest], fetch: Callable[[list[Leaf]], lis
             results[i] = results[i] or ReadResult("stale", None, ANY)
         elif not isinstance(outcome, str):
             per_read[i].append(outcome)
-    torn: list[int] = []
-    for i, ((_, ranges, cond), got) in enumerate(zip(reads, per_read, strict=True)):
-        generations = {generation for _, generation, _ in got}
-        if results[i] is not None:
-            continue
-        if len(generations) > 1:
-            torn.append(i)
-            continue
-        generation = generations.pop()
-        size = next((s for _, _, s in got if s is not None), None)
-        if cond.is_missing:
-            results[i] = ReadResult("stale", None, generation, size)
-        else:
-            results[i] = ReadResult("value", [] if ranges == [] else [data for data, _, _ in got], generation, size)
-    wholes = fetch([((reads[i][0], None, ANY), None) for i in torn]) if torn else []
-    for i, whole in zip(torn, wholes, strict=True):
+    torn = [i for i, got in enumerate(per_read) if results[i] is None and len({g for _, g, _ in got}) > 1]
+    for i, whole in zip(torn, fetch([((reads[i][0], None, ANY), None) for i in torn]), strict=True):
         if isinstance(whole, BaseException):
             raise whole
         results[i] = MISSING_RESULT if isinstance(whole, str) else _sliced(whole, reads[i][1] or [])
+    for i, ((_, ranges, cond), got) in enumerate(zip(reads, per_read, strict=True)):
+        if results[i] is None:  # every request of the read answered, all from one stored value
+            generation, size = got[0][1], next((s for _, _, s in got if s is not None), None)
+            values = None if cond.is_missing else [] if ranges == [] else [data for data, _, _ in got]
+            results[i] = ReadResult("stale" if cond.is_missing else "value", values, generation, size)
     return [result for result in results if result is not None]
 
 

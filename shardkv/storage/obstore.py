@@ -291,8 +291,7 @@ class ObstoreStore(KVStore):
                     yield key, _generation(meta)
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
-        for key, _ in self.list_generations(prefix):
-            yield key
+        return (key for key, _ in self.list_generations(prefix))
 
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
         result = self._obs.list_with_delimiter(self.store, prefix.rstrip("/") or None)

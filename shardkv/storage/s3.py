@@ -354,8 +354,7 @@ class S3Store(KVStore):
                 yield key, Generation(etag) if etag else None
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
-        for key, _ in self.list_generations(prefix):
-            yield key
+        return (key for key, _ in self.list_generations(prefix))
 
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
         objects, prefixes = sync(self.fs.loop, self._list, prefix, True)
