@@ -110,9 +110,6 @@ def pread_exact(fd: int, start: int, stop: int) -> bytes:
 
 FICLONE = getattr(fcntl, "FICLONE", 0x40049409)  # Linux's ioctl number (Python < 3.12 does not name it)
 NO_CLONES = {errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.ENOSYS, errno.EPERM}
-_OPEN_CLONE_PROBE = (
-    os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-)  # a clone's source must be readable
 _CLONES: dict[int, bool] = {}  # device (st_dev) -> whether its file system clones files (probed once per process)
 _CLONE_DIRS: dict[str, bool] = {}  # directory -> its device's answer (no stat per update)
 _CLONE_DIRS_MAX = 65536
@@ -143,25 +140,17 @@ def clones_files(directory: str) -> bool:
 
 def _probe_clone(directory: str) -> bool:
     """Clone an empty temporary file into another in ``directory``: whether that worked."""
-    names = [os.path.join(directory, f"{TEMP_MARKER}{uuid.uuid4().hex}") for _ in range(2)]
-    fds: list[int] = []
-    try:
-        for name in names:
-            fds.append(os.open(name, _OPEN_CLONE_PROBE, 0o600))
+    with held_temporary(directory) as (target, _), held_temporary(directory) as (_, source_path):
+        source = os.open(source_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))  # a clone's source is read
         try:
-            fcntl.ioctl(fds[1], FICLONE, fds[0])
-            found = True
+            fcntl.ioctl(target, FICLONE, source)
         except OSError as exc:
             if exc.errno not in NO_CLONES:
                 raise
-            found = False
-    finally:
-        for fd in fds:
-            os.close(fd)
-        for name in names[: len(fds)]:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(name)
-    return found
+            return False
+        finally:
+            os.close(source)
+    return True
 
 
 def no_clones(directory: str, *devices: int) -> None:

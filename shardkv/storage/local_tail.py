@@ -125,7 +125,10 @@ def recover_append(intent_fd: int, write_at: WriteAt, within: str, repair: bool 
         clear_intent(intent_fd, write_at)
         return intent.path
     try:
-        opened = _opened_at(fd)
+        try:  # the real path of the file opened (Linux /proc), where it can be told
+            opened: str | None = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            opened = None
         if opened is not None and opened != intent.path:  # a directory of the path became a link since the check
             return None
         st = os.fstat(fd)
@@ -145,14 +148,6 @@ def recover_append(intent_fd: int, write_at: WriteAt, within: str, repair: bool 
         os.close(fd)
     clear_intent(intent_fd, write_at)
     return intent.path
-
-
-def _opened_at(fd: int) -> str | None:
-    """The real path of the file ``fd`` is open on (Linux ``/proc``); ``None`` where it cannot be told."""
-    try:
-        return os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        return None
 
 
 def _open_checked(path: str, flags: int, holds: Callable[[os.stat_result], bool]) -> tuple[int, os.stat_result] | None:

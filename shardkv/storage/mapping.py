@@ -156,13 +156,12 @@ class MappingStore(KVStore):
         """Delete the keys under ``prefix``; with a zarr 2 store's ``rmdir`` for a path, or the whole store
         when it keeps no local directory (whose lock files stay)."""
         rmdir = getattr(self.mapping, "rmdir", None)
-        path = prefix[:-1] if prefix.endswith("/") else prefix
         if rmdir is None or (prefix and not prefix.endswith("/")) or (not prefix and self.caps.lock_dir):
             super().delete_prefix(prefix)
             return
         with STAMPS.writing(self.location, list(self.list_prefix(prefix))) as stamped:
             stamped.begin(list(stamped.before))
-            rmdir(path)
+            rmdir(prefix.rstrip("/"))
 
     def close(self) -> None:
         close = getattr(self.mapping, "close", None)
