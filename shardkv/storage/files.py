@@ -255,8 +255,9 @@ def held_temporary(directory: str) -> Iterator[tuple[int, str]]:
             yield fd, path
         finally:
             try:
-                with contextlib.suppress(FileNotFoundError):  # renamed into place: nothing left
-                    os.remove(path)
+                if os.path.lexists(path):  # not renamed into place
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(path)
             finally:
                 os.close(fd)
                 _register(path, False, file)
