@@ -238,12 +238,7 @@ class KVStore(ABC):
         -------
         list of ReadResult
             In the order of ``reads``. All ranges of one result come from one
-            stored value.
-
-        Raises
-        ------
-        OSError
-            Any error of the store other than "not found" (permissions, network).
+            stored value. Errors other than "not found" propagate.
         """
 
     @abstractmethod
@@ -263,11 +258,6 @@ class KVStore(ABC):
             Per key: the generation of what is stored now (:data:`NO_VALUE` after
             a delete), or ``None`` when the condition did not hold and nothing was
             written for that key.
-
-        Raises
-        ------
-        OSError
-            Any error of the store (a full disk, a read-only file system, network).
         """
 
     @abstractmethod
@@ -277,10 +267,8 @@ class KVStore(ABC):
     def list_generations(
         self, prefix: str, wanted: Callable[[str], bool] | None = None
     ) -> Iterator[tuple[str, Generation | None]]:
-        """Every stored key that starts with ``prefix``, with its generation where the listing gives it cheaply.
-
-        Never a request per key: object stores give their listing's
-        generations, local files one ``stat`` per wanted file, others ``None``.
+        """Every stored key that starts with ``prefix``, with its generation where the listing gives it cheaply
+        (never a request per key; docs/architecture.md, "The read path").
 
         Parameters
         ----------
@@ -364,20 +352,10 @@ class KVStore(ABC):
     def tail_method(self, key: str, in_place: bool) -> TailHow | None:
         """How :meth:`update_tail` can write an update of the stored value at ``key``, or ``None`` (a whole put).
 
-        Parameters
-        ----------
-        key : str
-            A stored value (a shard).
-        in_place : bool
-            Whether the caller accepts an in-place append where no clone can be
-            made (its readers may meet a torn tail while it is written).
-
-        Returns
-        -------
-        {"clone", "append"} or None
-            ``"clone"`` where the file system clones files, ``"append"`` where
-            it does not and ``in_place`` is true; ``None`` on stores without
-            :attr:`Capabilities.tail_updates` (the default here).
+        ``"clone"`` where the store can copy the kept bytes (a file system that
+        clones files, S3), ``"append"`` where it cannot and the caller accepts
+        an in-place append (``in_place``: its readers may meet a torn tail while
+        it is written); ``None`` on stores without :attr:`Capabilities.tail_updates`.
         """
         return None
 
@@ -399,38 +377,30 @@ class KVStore(ABC):
         key : str
             The stored value.
         writes : sequence of (int, value)
-            ``(offset, value)``, bytes; no offset lies before the value's
-            bytes that stay (see :func:`shardkv.format.tail.plan_tail_update`).
+            ``(offset, value)``, bytes, as :func:`shardkv.format.tail.plan_tail_update` plans them.
         nbytes : int
             The value's size after the writes (bytes).
         if_generation : Generation
             The generation the writes were planned on (:data:`ANY`: none).
         how : {"clone", "append"}
             As :meth:`tail_method` answered.
-        intent_fd : int, optional
-            For ``"append"``: the open lock file that records the append's
-            intent while it is made (required then).
-        intent_path : str, optional
-            That lock file's path: a durable store makes its directory entry
-            durable before the first intent it records there.
+        intent_fd, intent_path : int, str, optional
+            For ``"append"`` (required then): the held lock file that records
+            the append's intent, and its path (made durable before its first intent).
         drop : int, optional
             Leading bytes of the stored value the new value leaves out (bytes;
-            stores with :attr:`Capabilities.tail_min_kept` only): the new value
-            is the stored bytes ``[drop, drop + offset)``, then the write.
+            stores with :attr:`Capabilities.tail_min_kept` only).
 
         Returns
         -------
         Generation or None
-            The new generation, or ``None`` when nothing was written: the
-            condition did not hold, or a clone could not be made after all (the
-            next :meth:`tail_method` of that device says so); plan again.
+            The new generation, or ``None`` when nothing was written (the
+            condition did not hold, or a clone could not be made after all): plan again.
 
         Raises
         ------
         UnsupportedError
             On a store without :attr:`Capabilities.tail_updates`.
-        OSError
-            Any error of the store.
         """
         raise UnsupportedError(f"{type(self).__name__} cannot update a value after its bytes ({key!r})")
 
@@ -461,15 +431,13 @@ Ticket = tuple[int, int, bool]  # (stripe, counter, in flight) as a read saw the
 
 
 class ProcessStamps:
-    """The striped write counters of this process: generations for stores that keep none.
+    """The striped write counters of this process: generations for stores that keep none
+    (docs/architecture.md, "The store interface").
 
-    They see the writes made through shardkv in this process, and only those.
-    A counter belongs to a stripe of (location namespace, full path): a write
-    also changes the stamps of its stripe's other keys (a needless re-read,
-    never a wrong answer). Seqlock-style: a read that overlapped a write of its
+    A write also changes the stamps of its stripe's other keys (a needless
+    re-read, never a wrong answer); a read that overlapped a write of its
     stripe gets a generation equal to no other. Writers hold their stripes'
-    locks from the condition check to the stamp of what they stored, so a
-    conditional put is atomic against every other shardkv write of this process.
+    locks from the condition check to the stamp of what they stored.
 
     Parameters
     ----------
