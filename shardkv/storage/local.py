@@ -63,7 +63,7 @@ DEFAULT_TEMP_AGE = 3600.0
 """Seconds a temporary file whose writer's lock cannot be tried must be left untouched to count as stale;
 also how often a writer sweeps a directory it writes into."""
 
-_MAX_REMEMBERED = 4096  # keys (checked keys, a store's linked shards) remembered (all forgotten past that)
+_MAX_REMEMBERED = 4096  # keys (checked paths, linked shards) one store remembers (all forgotten past that)
 _SWEPT_MAX = 65536  # directories remembered as swept, per process
 _OPEN_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 _NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK, errno.ENOSYS}
@@ -108,7 +108,6 @@ def _not_a_file(key: str, path: str, mode: int) -> OSError:
     return OSError(errno.EINVAL, f"key {key!r} is a {what}, not a regular file: not read as a value", path)
 
 
-@functools.lru_cache(maxsize=_MAX_REMEMBERED)  # checked once, not per read
 def _check_key(key: str) -> str:
     """``key`` if it names a file inside the root; else :class:`InvalidKeyError` (no I/O)."""
     if not isinstance(key, str):
@@ -218,6 +217,7 @@ class LocalStore(KVStore):
         self.location = StoreLocation(("file",), real, real)
         self.fsync = FSYNC if fsync is None else bool(fsync)
         self.temp_age = float(temp_age)
+        self._checked: dict[str, str] = {}  # key -> its local path, checked by _check_key (reads look it up)
         self._no_append: set[str] = set()  # keys of shards outside their array's real directory (linked)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -234,7 +234,12 @@ class LocalStore(KVStore):
 
     def _read(self, request: ReadRequest) -> ReadResult:
         key, ranges, cond = request
-        path = self._prefix + _check_key(key)
+        path = self._checked.get(key) if type(key) is str else None
+        if path is None:  # checked once, not per read
+            path = self.path(key)
+            if len(self._checked) >= _MAX_REMEMBERED:
+                self._checked.clear()
+            self._checked[key] = path
         try:
             fd = os.open(path, _OPEN_READ)
         except (FileNotFoundError, NotADirectoryError):
