@@ -24,7 +24,7 @@ import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from shardkv._types import BytesLike
@@ -297,8 +297,7 @@ class KVStore(ABC):
         keys: set[str] = set()
         dirs: set[str] = set()
         for key in self.list_prefix(prefix):
-            rest = key[len(prefix) :]
-            head, sep, _ = rest.partition("/")
+            head, sep, _ = key[len(prefix) :].partition("/")
             (dirs if sep else keys).add(head)
         return sorted(keys), sorted(dirs)
 
@@ -323,12 +322,10 @@ class KVStore(ABC):
     def size(self, key: str) -> int | None:
         """The size in bytes of the value stored at ``key``, or ``None`` when nothing is stored there."""
         result = self.get(key, [])
-        if not result.found:
-            return None
-        if result.size is not None:
-            return result.size
-        whole = self.get(key)
-        return memoryview(whole.whole()).nbytes if whole.found else None
+        if result.found and result.size is None:  # the zero-range read did not learn it: a whole read
+            result = self.get(key)
+            return memoryview(result.whole()).nbytes if result.found else None
+        return result.size if result.found else None
 
     def delete_prefix(self, prefix: str) -> None:
         """Delete every stored key that starts with ``prefix`` (``""``: every key; hidden files stay).
@@ -524,17 +521,15 @@ class ProcessStamps:
                 self._writers[s].release()
 
 
+@dataclass(slots=True)
 class StampedWrite:
     """One write under :meth:`ProcessStamps.writing`: the stamps ``before`` it and ``after`` it."""
 
-    __slots__ = ("_stamps", "_stripes", "before", "after", "begun")
-
-    def __init__(self, stamps: ProcessStamps, stripes: dict[str, int], before: dict[str, Generation]) -> None:
-        self._stamps = stamps
-        self._stripes = stripes
-        self.before = before
-        self.after: dict[str, Generation] = {}
-        self.begun: set[int] = set()
+    _stamps: ProcessStamps
+    _stripes: dict[str, int]
+    before: dict[str, Generation]
+    after: dict[str, Generation] = field(default_factory=dict)
+    begun: set[int] = field(default_factory=set)
 
     def begin(self, keys: Iterable[str]) -> None:
         """The keys are about to be written (or deleted): reads of their stripes are unstable until the end."""
