@@ -177,7 +177,7 @@ def test_stamps_bounded_and_striped() -> None:
     keys = [f"k{i}" for i in range(20)]
     assert {stamps.stripe(loc, k) for k in keys} <= {0, 1}
     ticket = stamps.begin_read(loc, "k0")
-    g = stamps.end_read(ticket)
+    g = stamps.current(ticket)
     with stamps.writing(loc, keys) as w:  # every stripe, in one order: no deadlock
         assert w.before["k0"] == g
         w.begin(keys)

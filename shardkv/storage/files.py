@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import os
 import threading
 import uuid
@@ -37,24 +38,15 @@ from shardkv.format.ranges import ByteRange
 from shardkv.storage.kv import TEMP_MARKER, Value
 
 IOV_MAX = 1024  # buffers per writev call (Linux's IOV_MAX; os.sysconf may not know it)
-_POOL: ThreadPoolExecutor | None = None
 
 
+@functools.cache
 def read_pool() -> ThreadPoolExecutor:
     """One thread pool for concurrent local reads, made on first use (threads are not free)."""
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="shardkv-read")
-    return _POOL
+    return ThreadPoolExecutor(max_workers=8, thread_name_prefix="shardkv-read")
 
 
-def _forget_pool_in_child() -> None:
-    """A forked child has none of the parent's threads: a pool of its own on first use."""
-    global _POOL
-    _POOL = None
-
-
-os.register_at_fork(after_in_child=_forget_pool_in_child)
+os.register_at_fork(after_in_child=read_pool.cache_clear)  # a forked child has none of the parent's threads
 
 
 def byte_parts(value: Value) -> list[memoryview]:
@@ -72,13 +64,9 @@ def byte_parts(value: Value) -> list[memoryview]:
 
 def join_parts(value: Value) -> bytes:
     """``value`` as one ``bytes`` object: joined when it is parts, unchanged when it already is ``bytes``."""
-    if isinstance(value, bytes):
-        return value
     if isinstance(value, (list, tuple)):
-        if len(value) == 1 and isinstance(value[0], bytes):
-            return value[0]
-        return b"".join(value)
-    return memoryview(cast(BytesLike, value)).tobytes()  # a bytearray or memoryview (parts were joined above)
+        return value[0] if len(value) == 1 and isinstance(value[0], bytes) else b"".join(value)
+    return value if isinstance(value, bytes) else memoryview(cast(BytesLike, value)).tobytes()
 
 
 def slice_value(value: Any, byte_range: ByteRange) -> bytes | memoryview:
@@ -107,28 +95,21 @@ def write_parts(fd: int, parts: list[memoryview]) -> None:
 def pread_exact(fd: int, start: int, stop: int) -> bytes:
     """Bytes ``[start, stop)`` of ``fd`` (absolute offsets): one ``pread``, more only after a short read."""
     want = stop - start
-    if want <= 0:
-        return b""
-    data = os.pread(fd, want, start)
-    if len(data) == want or not data:
-        return data
-    pieces, got = [data], len(data)
-    while got < want:  # a short read (a file growing, a slow device, a signal): read the rest
+    pieces = [os.pread(fd, max(0, want), start)]
+    got = len(pieces[0])
+    while 0 < got < want:  # a short read (a file growing, a slow device, a signal): read the rest
         more = os.pread(fd, want - got, start + got)
         if not more:
             break
         pieces.append(more)
         got += len(more)
-    return b"".join(pieces)
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 # -- clones ----------------------------------------------------------------------
 
 FICLONE = getattr(fcntl, "FICLONE", 0x40049409)  # Linux's ioctl number (Python < 3.12 does not name it)
 NO_CLONES = {errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.ENOSYS, errno.EPERM}
-_OPEN_CLONE_PROBE = (
-    os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-)  # a clone's source must be readable
 _CLONES: dict[int, bool] = {}  # device (st_dev) -> whether its file system clones files (probed once per process)
 _CLONE_DIRS: dict[str, bool] = {}  # directory -> its device's answer (no stat per update)
 _CLONE_DIRS_MAX = 65536
@@ -159,25 +140,17 @@ def clones_files(directory: str) -> bool:
 
 def _probe_clone(directory: str) -> bool:
     """Clone an empty temporary file into another in ``directory``: whether that worked."""
-    names = [os.path.join(directory, f"{TEMP_MARKER}{uuid.uuid4().hex}") for _ in range(2)]
-    fds: list[int] = []
-    try:
-        for name in names:
-            fds.append(os.open(name, _OPEN_CLONE_PROBE, 0o600))
+    with held_temporary(directory) as (target, _), held_temporary(directory) as (_, source_path):
+        source = os.open(source_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))  # a clone's source is read
         try:
-            fcntl.ioctl(fds[1], FICLONE, fds[0])
-            found = True
+            fcntl.ioctl(target, FICLONE, source)
         except OSError as exc:
             if exc.errno not in NO_CLONES:
                 raise
-            found = False
-    finally:
-        for fd in fds:
-            os.close(fd)
-        for name in names[: len(fds)]:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(name)
-    return found
+            return False
+        finally:
+            os.close(source)
+    return True
 
 
 def no_clones(directory: str, *devices: int) -> None:
@@ -247,10 +220,8 @@ def _create(directory: str) -> tuple[int, str, tuple[int, int] | None] | None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if os.stat(path).st_ino == st.st_ino:
             return fd, path, file
-    except BlockingIOError:
-        pass  # a sweeper holds it: it removes it
-    except FileNotFoundError:
-        pass  # a sweeper locked and removed it before this flock
+    except (BlockingIOError, FileNotFoundError):
+        pass  # a sweeper holds it (and removes it), or locked and removed it before this flock
     except OSError as exc:
         if exc.errno in _NO_LOCKS:
             return fd, path, file  # no locks here: sweepers cannot take it either, and go by age
@@ -266,9 +237,9 @@ def _create(directory: str) -> tuple[int, str, tuple[int, int] | None] | None:
 def held_temporary(directory: str) -> Iterator[tuple[int, str]]:
     """``(descriptor, path)`` of a new temporary file in ``directory``, locked until the block ends.
 
-    The caller writes through the descriptor and renames (or removes) the
-    path inside the block; the descriptor is closed, and the lock dropped, at
-    its end. A missing ``directory`` is made.
+    The caller writes through the descriptor and renames the path inside the
+    block; a path not renamed away is removed at its end, then the descriptor
+    is closed (the lock dropped). A missing ``directory`` is made.
 
     Raises
     ------
@@ -283,8 +254,13 @@ def held_temporary(directory: str) -> Iterator[tuple[int, str]]:
         try:
             yield fd, path
         finally:
-            os.close(fd)
-            _register(path, False, file)
+            try:
+                if os.path.lexists(path):  # not renamed into place
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(path)
+            finally:
+                os.close(fd)
+                _register(path, False, file)
         return
     raise OSError(errno.EAGAIN, f"shardkv: every new temporary file in {directory!r} was taken by a sweeper")
 
@@ -351,11 +327,10 @@ def stale_in(directory: str, names: Iterable[str], now: float, min_age: float, r
                 continue
             if name.startswith(HELD_MARKER):
                 unheld = _unheld(path, remove)
-        if name.startswith(HELD_MARKER):
-            if unheld is not None:
-                if unheld:
-                    out.append(path)
-                continue
+        if unheld is not None:  # a locked temporary, told by its lock
+            if unheld:
+                out.append(path)
+            continue
         try:
             if now - os.stat(path).st_mtime < min_age:
                 continue

@@ -10,13 +10,14 @@ generations (a ``stat`` before and after each read; writes are a
 
 from __future__ import annotations
 
+import contextlib
 import os
-import stat
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any
 
 import fsspec
+from fsspec.implementations.dirfs import DirFileSystem
 
 from shardkv._types import BytesLike
 from shardkv.errors import ConcurrentUpdateError
@@ -24,7 +25,6 @@ from shardkv.storage.files import join_parts
 from shardkv.storage.kv import (
     LOCK_DIR,
     MISSING_RESULT,
-    NO_VALUE,
     STAMPS,
     Capabilities,
     Fetched,
@@ -34,19 +34,16 @@ from shardkv.storage.kv import (
     ReadResult,
     StoreLocation,
     Value,
-    fs_location,
     hidden,
     read_stamped,
     write_stamped,
 )
-from shardkv.storage.local import LocalStore, file_generation
+from shardkv.storage.local import LocalStore, stat_generation
+from shardkv.storage.objects import child_names
 
 _LOCAL_READ_ROUNDS = 8  # reads of a local file replaced while it is read, before ConcurrentUpdateError
 BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss"})
 """Protocols whose first path segment is a bucket (or container) that must already exist."""
-
-
-_Request = tuple[int, str, "int | None", "int | None"]  # (index of the read, key, start, stop) of one range
 
 
 def _not_found(got: list[Any]) -> bool:
@@ -60,18 +57,24 @@ def _not_found(got: list[Any]) -> bool:
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:
+    """The protocols of an fsspec filesystem, as a tuple."""
     return fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
 
 
-def _stat_generation(path: str) -> tuple[Generation, int | None]:
-    """``(generation, size)`` of the local file at ``path``; ``(NO_VALUE, None)`` when missing or not a file."""
-    try:
-        st = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return NO_VALUE, None
-    if not stat.S_ISREG(st.st_mode):
-        return NO_VALUE, None
-    return file_generation(st), st.st_size
+def fs_location(fs: Any, root: str) -> StoreLocation:
+    """The location of ``root`` inside an fsspec filesystem ``fs`` (local paths resolved, endpoints named)."""
+    protocols = _protocols(fs)
+    protocol = protocols[0]
+    if isinstance(fs, DirFileSystem):  # its target
+        return fs_location(fs.fs, fs._join(root))
+    stripped = fs._strip_protocol(root).rstrip("/")
+    if "file" in protocols or "local" in protocols:
+        real = os.path.realpath(stripped or "/")
+        return StoreLocation(("file",), real, real)
+    if protocol == "memory":
+        return StoreLocation(("memory",), stripped)
+    endpoint = getattr(fs, "endpoint_url", None) or (getattr(fs, "client_kwargs", None) or {}).get("endpoint_url")
+    return StoreLocation((str(protocol), None if endpoint is None else str(endpoint)), stripped)
 
 
 class FsspecStore(KVStore):
@@ -94,46 +97,45 @@ class FsspecStore(KVStore):
     def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
         self.fs = fs
         self.root = fs._strip_protocol(root).rstrip("/") if root else ""
-        self._location = fs_location(fs, self.root)
-        local_dir = self._location.local_dir
+        self.location = fs_location(fs, self.root)
+        local_dir = self.location.local_dir
         self.files = None if local_dir is None else LocalStore(local_dir)
         if self.files is not None:
             self.caps = Capabilities(ranged=True, stamps="native", lock_dir=True)
         else:
-            in_memory = self._location.namespace == ("memory",)  # memory://, a DirFileSystem over it
+            in_memory = self.location.namespace == ("memory",)  # memory://, a DirFileSystem over it
             self.caps = Capabilities(ranged=True, round_trips=not in_memory, stamps="process", in_process=in_memory)
-
-    @property
-    def location(self) -> StoreLocation:
-        """The protocol (and endpoint) and the root path inside it."""
-        return self._location
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # fsspec filesystems pickle as (class, storage options)
-        return (type(self), (self.fs, self.root))
 
     def __repr__(self) -> str:
         return f"FsspecStore({type(self.fs).__name__}, {self.root!r})"
 
     def _path(self, key: str) -> str:
-        return f"{self.root}/{key}" if self.root else key
+        """The path of ``key`` (``""``: of the root) in the filesystem."""
+        return f"{self.root}/{key}" if self.root and key else key or self.root or "/"
 
     # -- reads ----------------------------------------------------------------
 
-    def _cat(self, requests: Sequence[_Request]) -> dict[int, list[Any]]:
-        """One ``cat_ranges`` of every request: per read, the bytes (or the errors) of its ranges in order."""
+    def _cat(self, reads: Sequence[ReadRequest], indices: Iterable[int]) -> dict[int, list[Any]]:
+        """One ``cat_ranges`` of the reads at ``indices``: per read found, the bytes of its ranges in order."""
+        requests: list[tuple[int, str, int | None, int | None]] = []
+        for i in indices:
+            key, ranges, _ = reads[i]
+            # a whole read is the range "from byte 0"; a zero-range read fetches one byte to see the key
+            for r in ranges or (None,):
+                stop = (1 if ranges == [] else None) if r is None else r.stop
+                requests.append((i, self._path(key), None if r is None else r.start, stop))
         per_read: dict[int, list[Any]] = {}
         if requests:
-            _, keys, starts, stops = zip(*requests, strict=True)
-            fetched = self.fs.cat_ranges([self._path(k) for k in keys], list(starts), list(stops), on_error="return")
-            for (i, _, _, _), data in zip(requests, fetched, strict=True):
+            read_of, paths, starts, stops = zip(*requests, strict=True)
+            fetched = self.fs.cat_ranges(list(paths), list(starts), list(stops), on_error="return")
+            for i, data in zip(read_of, fetched, strict=True):
                 per_read.setdefault(i, []).append(data)
-        return per_read
+        return {i: got for i, got in per_read.items() if not _not_found(got)}
 
     def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
         if self.files is not None:
             return self._local_reads(self.files, reads)
-        return read_stamped(self._location, reads, partial(self._fetch_stamped, reads))
+        return read_stamped(self.location, reads, partial(self._fetch_stamped, reads))
 
     def _local_reads(self, files: LocalStore, reads: Sequence[ReadRequest]) -> list[ReadResult]:
         """Local files: a ``stat`` of each before and after one ``cat_ranges`` of every read.
@@ -148,10 +150,9 @@ class FsspecStore(KVStore):
         pending = list(range(len(reads)))
         for _ in range(_LOCAL_READ_ROUNDS):
             seen: dict[int, tuple[Generation, int | None]] = {}
-            requests: list[_Request] = []
             for i in pending:
-                key, ranges, cond = reads[i]
-                generation, size = _stat_generation(paths[i])
+                _, ranges, cond = reads[i]
+                generation, size = stat_generation(paths[i])
                 if generation.is_missing:
                     results[i] = MISSING_RESULT
                 elif cond.is_missing or (not cond.is_any and generation != cond):
@@ -160,16 +161,12 @@ class FsspecStore(KVStore):
                     results[i] = ReadResult("value", [], generation, size)
                 else:
                     seen[i] = (generation, size)
-                    requests.extend(
-                        (i, key, None if r is None else r.start, None if r is None else r.stop)
-                        for r in ([None] if ranges is None else ranges)
-                    )
-            per_read = self._cat(requests)
+            per_read = self._cat(reads, seen)
             pending = []
             for i, (generation, size) in seen.items():
-                got = per_read.get(i, [])
-                after, _ = _stat_generation(paths[i])
-                if _not_found(got) or after != generation:  # replaced (or removed) while it was read
+                got = per_read.get(i)
+                after, _ = stat_generation(paths[i])
+                if got is None or after != generation:  # replaced (or removed) while it was read
                     if reads[i][2].is_any:
                         pending.append(i)
                     else:
@@ -181,18 +178,9 @@ class FsspecStore(KVStore):
         raise ConcurrentUpdateError(reads[pending[0]][0], _LOCAL_READ_ROUNDS, _LOCAL_READ_ROUNDS, "read")
 
     def _fetch_stamped(self, reads: Sequence[ReadRequest], indices: list[int]) -> dict[int, Fetched]:
-        requests: list[_Request] = []
-        for i in indices:
-            key, ranges, _ = reads[i]
-            # a whole read is the range "from byte 0"; a zero-range read fetches one byte to see the key
-            for r in ranges if ranges else [None]:
-                stop = (1 if ranges == [] else None) if r is None else r.stop
-                requests.append((i, key, None if r is None else r.start, stop))
         fetched: dict[int, Fetched] = {}
-        for i, got in self._cat(requests).items():
+        for i, got in self._cat(reads, indices).items():
             key, ranges, _ = reads[i]
-            if _not_found(got):
-                continue
             values: list[BytesLike] = [] if ranges == [] else [bytes(d) for d in got]
             size = len(values[0]) if ranges is None else None
             if size is None and self.caps.in_process:  # free for in-process data: the engine reads exactly a chunk
@@ -205,17 +193,10 @@ class FsspecStore(KVStore):
 
     # -- writes ---------------------------------------------------------------
 
-    def _holds(self, key: str, cond: Generation, before: Generation) -> bool:
-        if cond.is_any:
-            return True
-        if cond.is_missing:
-            return not self.fs.isfile(self._path(key))
-        return before == cond
-
     def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
         if self.files is not None:  # local files: written as a LocalStore writes them, with its generations
             return self.files.put_many(writes)
-        return write_stamped(self._location, writes, self._holds, self._write_fs)
+        return write_stamped(self.location, writes, lambda key: self.fs.isfile(self._path(key)), self._write_fs)
 
     def _write_fs(self, values: Mapping[str, Value | None]) -> None:
         """One ``pipe`` of the values to store, then the deletes (missing keys are no error)."""
@@ -228,10 +209,8 @@ class FsspecStore(KVStore):
             self.fs.pipe(stores)
         for key, value in values.items():
             if value is None:
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     self.fs.rm_file(self._path(key))
-                except FileNotFoundError:
-                    continue
 
     # -- listings -------------------------------------------------------------
 
@@ -240,10 +219,8 @@ class FsspecStore(KVStore):
         return path[len(self.root) :].lstrip("/") if self.root else path.lstrip("/")
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
-        head = prefix.rpartition("/")[0]
-        base = self._path(head) if head else self.root
         try:
-            paths = self.fs.find(base or "/")
+            paths = self.fs.find(self._path(prefix.rpartition("/")[0]))
         except FileNotFoundError:
             return
         for path in sorted(paths):
@@ -264,22 +241,14 @@ class FsspecStore(KVStore):
         return None if info.get("type") == "directory" else int(info["size"])
 
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
-        base = self._path(prefix.rstrip("/")) if prefix else (self.root or "/")
         try:
-            entries = self.fs.ls(base, detail=True)
+            entries = self.fs.ls(self._path(prefix.rstrip("/")), detail=True)
         except (FileNotFoundError, NotADirectoryError):
             return [], []
-        keys: list[str] = []
-        dirs: list[str] = []
-        for entry in entries:
-            key = self._key(entry["name"]).rstrip("/")
-            if prefix and key == prefix.rstrip("/"):  # a file lists as itself: it has no children
-                continue
-            name = key.rsplit("/", 1)[-1]
-            if not name or hidden(name):
-                continue
-            (dirs if entry.get("type") == "directory" else keys).append(name)
-        return sorted(set(keys)), sorted(set(dirs))
+        # a file lists as itself: it has no children
+        entries = [e for e in entries if not prefix or self._key(e["name"]).rstrip("/") != prefix.rstrip("/")]
+        dirs = [e["name"] for e in entries if e.get("type") == "directory"]
+        return child_names(e["name"] for e in entries if e.get("type") != "directory"), child_names(dirs)
 
     def delete_prefix(self, prefix: str) -> None:
         """Delete every key under ``prefix``; a path (``prefix`` ending in ``/``, or ``""``) goes recursively.
@@ -290,8 +259,8 @@ class FsspecStore(KVStore):
             super().delete_prefix(prefix)
             return
         keys = list(self.list_prefix(prefix))
-        top = self._path(prefix.rstrip("/")) if prefix else (self.root or "/")
-        with STAMPS.writing(self._location, keys) as stamped:
+        top = self._path(prefix.rstrip("/"))
+        with STAMPS.writing(self.location, keys) as stamped:
             stamped.begin(keys)
             try:
                 if prefix:
@@ -303,6 +272,3 @@ class FsspecStore(KVStore):
                         self.fs.rm(child, recursive=True)
             except FileNotFoundError:
                 return
-
-    def close(self) -> None:
-        """Nothing to release (the filesystem is fsspec's to cache)."""

@@ -17,14 +17,15 @@ it); process stamps (:data:`STAMPS`) are the generations of stores that keep non
 
 from __future__ import annotations
 
+import enum
 import os
 import threading
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Literal
 
 from shardkv._types import BytesLike
 from shardkv.errors import ReservedKeyError, UnsupportedError
@@ -81,38 +82,10 @@ class StoreLocation:
         return f"{self.root}/{key}" if self.root else key
 
 
-def fs_location(fs: Any, root: str) -> StoreLocation:
-    """The location of ``root`` inside an fsspec filesystem ``fs`` (local paths resolved, endpoints named)."""
-    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    protocol = protocols[0]
-    inner, prefix = getattr(fs, "fs", None), getattr(fs, "path", None)
-    if protocol == "dir" and inner is not None and isinstance(prefix, str):  # DirFileSystem: its target
-        return fs_location(inner, fs._join(root))
-    stripped = fs._strip_protocol(root).rstrip("/")
-    if "file" in protocols or "local" in protocols:
-        real = os.path.realpath(stripped or "/")
-        return StoreLocation(("file",), real, real)
-    if protocol == "memory":
-        return StoreLocation(("memory",), stripped)
-    extra: Hashable = None
-    client_kwargs = getattr(fs, "client_kwargs", None) or {}
-    endpoint = getattr(fs, "endpoint_url", None) or client_kwargs.get("endpoint_url")
-    if endpoint is not None:
-        extra = str(endpoint)
-    return StoreLocation((str(protocol), extra), stripped)
+class _Token(enum.Enum):
+    """The token of :data:`ANY` (an enum member: the same object after pickling)."""
 
-
-class _AnyToken:
-    """The token of :data:`ANY`: a singleton that survives pickling."""
-
-    def __repr__(self) -> str:
-        return "ANY"
-
-    def __reduce__(self) -> str:
-        return "_ANY_TOKEN"
-
-
-_ANY_TOKEN = _AnyToken()
+    ANY = "ANY"
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +109,7 @@ class Generation:
     @property
     def is_any(self) -> bool:
         """True for :data:`ANY`."""
-        return self.token is _ANY_TOKEN
+        return self.token is _Token.ANY
 
     @property
     def is_missing(self) -> bool:
@@ -144,14 +117,10 @@ class Generation:
         return self.token is None
 
     def __repr__(self) -> str:
-        if self.is_any:
-            return "Generation(ANY)"
-        if self.is_missing:
-            return "Generation(NO_VALUE)"
-        return f"Generation({self.token!r})"
+        return f"Generation({'ANY' if self.is_any else 'NO_VALUE' if self.is_missing else repr(self.token)})"
 
 
-ANY = Generation(_ANY_TOKEN)
+ANY = Generation(_Token.ANY)
 """No condition; also the generation of a stale result when the store cannot say what is stored now."""
 
 NO_VALUE = Generation(None)
@@ -246,16 +215,12 @@ class KVStore(ABC):
     """A base key/value store with generations. Keys are ``/``-separated ``str``.
 
     Implementations give :meth:`get_many`, :meth:`put_many`, :meth:`list_prefix`,
-    :attr:`caps` (:class:`Capabilities`) and :attr:`location`; the single-key
+    :attr:`caps` (:class:`Capabilities`) and :attr:`location` (:class:`StoreLocation`); the single-key
     methods are built on them. Nothing here raises ``KeyError``: a missing key is a result.
     """
 
     caps: Capabilities
-
-    @property
-    @abstractmethod
-    def location(self) -> StoreLocation:
-        """The identity of the data this store reaches."""
+    location: StoreLocation  # the identity of the data this store reaches
 
     @abstractmethod
     def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
@@ -273,12 +238,7 @@ class KVStore(ABC):
         -------
         list of ReadResult
             In the order of ``reads``. All ranges of one result come from one
-            stored value.
-
-        Raises
-        ------
-        OSError
-            Any error of the store other than "not found" (permissions, network).
+            stored value. Errors other than "not found" propagate.
         """
 
     @abstractmethod
@@ -298,11 +258,6 @@ class KVStore(ABC):
             Per key: the generation of what is stored now (:data:`NO_VALUE` after
             a delete), or ``None`` when the condition did not hold and nothing was
             written for that key.
-
-        Raises
-        ------
-        OSError
-            Any error of the store (a full disk, a read-only file system, network).
         """
 
     @abstractmethod
@@ -312,10 +267,8 @@ class KVStore(ABC):
     def list_generations(
         self, prefix: str, wanted: Callable[[str], bool] | None = None
     ) -> Iterator[tuple[str, Generation | None]]:
-        """Every stored key that starts with ``prefix``, with its generation where the listing gives it cheaply.
-
-        Never a request per key: object stores give their listing's
-        generations, local files one ``stat`` per wanted file, others ``None``.
+        """Every stored key that starts with ``prefix``, with its generation where the listing gives it cheaply
+        (never a request per key; docs/architecture.md, "The read path").
 
         Parameters
         ----------
@@ -344,8 +297,7 @@ class KVStore(ABC):
         keys: set[str] = set()
         dirs: set[str] = set()
         for key in self.list_prefix(prefix):
-            rest = key[len(prefix) :]
-            head, sep, _ = rest.partition("/")
+            head, sep, _ = key[len(prefix) :].partition("/")
             (dirs if sep else keys).add(head)
         return sorted(keys), sorted(dirs)
 
@@ -370,12 +322,10 @@ class KVStore(ABC):
     def size(self, key: str) -> int | None:
         """The size in bytes of the value stored at ``key``, or ``None`` when nothing is stored there."""
         result = self.get(key, [])
-        if not result.found:
-            return None
-        if result.size is not None:
-            return result.size
-        whole = self.get(key)
-        return memoryview(whole.whole()).nbytes if whole.found else None
+        if result.found and result.size is None:  # the zero-range read did not learn it: a whole read
+            result = self.get(key)
+            return memoryview(result.whole()).nbytes if result.found else None
+        return result.size if result.found else None
 
     def delete_prefix(self, prefix: str) -> None:
         """Delete every stored key that starts with ``prefix`` (``""``: every key; hidden files stay).
@@ -399,20 +349,10 @@ class KVStore(ABC):
     def tail_method(self, key: str, in_place: bool) -> TailHow | None:
         """How :meth:`update_tail` can write an update of the stored value at ``key``, or ``None`` (a whole put).
 
-        Parameters
-        ----------
-        key : str
-            A stored value (a shard).
-        in_place : bool
-            Whether the caller accepts an in-place append where no clone can be
-            made (its readers may meet a torn tail while it is written).
-
-        Returns
-        -------
-        {"clone", "append"} or None
-            ``"clone"`` where the file system clones files, ``"append"`` where
-            it does not and ``in_place`` is true; ``None`` on stores without
-            :attr:`Capabilities.tail_updates` (the default here).
+        ``"clone"`` where the store can copy the kept bytes (a file system that
+        clones files, S3), ``"append"`` where it cannot and the caller accepts
+        an in-place append (``in_place``: its readers may meet a torn tail while
+        it is written); ``None`` on stores without :attr:`Capabilities.tail_updates`.
         """
         return None
 
@@ -434,38 +374,30 @@ class KVStore(ABC):
         key : str
             The stored value.
         writes : sequence of (int, value)
-            ``(offset, value)``, bytes; no offset lies before the value's
-            bytes that stay (see :func:`shardkv.format.tail.plan_tail_update`).
+            ``(offset, value)``, bytes, as :func:`shardkv.format.tail.plan_tail_update` plans them.
         nbytes : int
             The value's size after the writes (bytes).
         if_generation : Generation
             The generation the writes were planned on (:data:`ANY`: none).
         how : {"clone", "append"}
             As :meth:`tail_method` answered.
-        intent_fd : int, optional
-            For ``"append"``: the open lock file that records the append's
-            intent while it is made (required then).
-        intent_path : str, optional
-            That lock file's path: a durable store makes its directory entry
-            durable before the first intent it records there.
+        intent_fd, intent_path : int, str, optional
+            For ``"append"`` (required then): the held lock file that records
+            the append's intent, and its path (made durable before its first intent).
         drop : int, optional
             Leading bytes of the stored value the new value leaves out (bytes;
-            stores with :attr:`Capabilities.tail_min_kept` only): the new value
-            is the stored bytes ``[drop, drop + offset)``, then the write.
+            stores with :attr:`Capabilities.tail_min_kept` only).
 
         Returns
         -------
         Generation or None
-            The new generation, or ``None`` when nothing was written: the
-            condition did not hold, or a clone could not be made after all (the
-            next :meth:`tail_method` of that device says so); plan again.
+            The new generation, or ``None`` when nothing was written (the
+            condition did not hold, or a clone could not be made after all): plan again.
 
         Raises
         ------
         UnsupportedError
             On a store without :attr:`Capabilities.tail_updates`.
-        OSError
-            Any error of the store.
         """
         raise UnsupportedError(f"{type(self).__name__} cannot update a value after its bytes ({key!r})")
 
@@ -496,15 +428,13 @@ Ticket = tuple[int, int, bool]  # (stripe, counter, in flight) as a read saw the
 
 
 class ProcessStamps:
-    """The striped write counters of this process: generations for stores that keep none.
+    """The striped write counters of this process: generations for stores that keep none
+    (docs/architecture.md, "The store interface").
 
-    They see the writes made through shardkv in this process, and only those.
-    A counter belongs to a stripe of (location namespace, full path): a write
-    also changes the stamps of its stripe's other keys (a needless re-read,
-    never a wrong answer). Seqlock-style: a read that overlapped a write of its
+    A write also changes the stamps of its stripe's other keys (a needless
+    re-read, never a wrong answer); a read that overlapped a write of its
     stripe gets a generation equal to no other. Writers hold their stripes'
-    locks from the condition check to the stamp of what they stored, so a
-    conditional put is atomic against every other shardkv write of this process.
+    locks from the condition check to the stamp of what they stored.
 
     Parameters
     ----------
@@ -558,11 +488,6 @@ class ProcessStamps:
                 return None
         return Generation(("stamp", counter))
 
-    def end_read(self, ticket: Ticket) -> Generation:
-        """The generation of a value read since :meth:`begin_read`; one equal to no other if a write overlapped."""
-        generation = self.current(ticket)
-        return Generation(object()) if generation is None else generation  # a token equal only to itself
-
     # -- writes ---------------------------------------------------------------
 
     @contextmanager
@@ -596,17 +521,15 @@ class ProcessStamps:
                 self._writers[s].release()
 
 
+@dataclass(slots=True)
 class StampedWrite:
     """One write under :meth:`ProcessStamps.writing`: the stamps ``before`` it and ``after`` it."""
 
-    __slots__ = ("_stamps", "_stripes", "before", "after", "begun")
-
-    def __init__(self, stamps: ProcessStamps, stripes: dict[str, int], before: dict[str, Generation]) -> None:
-        self._stamps = stamps
-        self._stripes = stripes
-        self.before = before
-        self.after: dict[str, Generation] = {}
-        self.begun: set[int] = set()
+    _stamps: ProcessStamps
+    _stripes: dict[str, int]
+    before: dict[str, Generation]
+    after: dict[str, Generation] = field(default_factory=dict)
+    begun: set[int] = field(default_factory=set)
 
     def begin(self, keys: Iterable[str]) -> None:
         """The keys are about to be written (or deleted): reads of their stripes are unstable until the end."""
@@ -661,16 +584,20 @@ def read_stamped(
 def write_stamped(
     location: StoreLocation,
     writes: Mapping[str, tuple[Value | None, Generation]],
-    holds: Callable[[str, Generation, Generation], bool],
+    exists: Callable[[str], bool],
     write: Callable[[dict[str, Value | None]], None],
 ) -> dict[str, Generation | None]:
-    """``put_many`` of a process-stamped store: under the stripes' writer locks, ``holds(key, condition, stamp
-    before)`` tells which conditions hold, and ``write`` gets those keys' values (``None``: delete)."""
+    """``put_many`` of a process-stamped store: under the stripes' writer locks, the keys whose conditions hold
+    (``exists(key)`` asked for :data:`NO_VALUE` only) go to ``write`` with their values (``None``: delete)."""
     out: dict[str, Generation | None] = {key: None for key in writes}
     if not writes:
         return out
     with STAMPS.writing(location, writes) as stamped:
-        ok = [key for key, (_, cond) in writes.items() if holds(key, cond, stamped.before[key])]
+        ok = [
+            key
+            for key, (_, cond) in writes.items()
+            if cond.is_any or (not exists(key) if cond.is_missing else stamped.before[key] == cond)
+        ]
         stamped.begin(ok)
         write({key: writes[key][0] for key in ok})
     for key in ok:

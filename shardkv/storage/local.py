@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import itertools
 import os
 import shutil
@@ -66,18 +67,21 @@ _MAX_REMEMBERED = 4096  # keys (checked paths, linked shards) one store remember
 _SWEPT_MAX = 65536  # directories remembered as swept, per process
 _OPEN_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 _NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK, errno.ENOSYS}
-_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-)
+_KINDS = {stat.S_IFIFO: "FIFO", stat.S_IFSOCK: "socket", stat.S_IFCHR: "character device", stat.S_IFBLK: "block device"}
 
 
 def file_generation(st: os.stat_result) -> Generation:
     """The generation of a local file: ``(st_ino, st_mtime_ns, st_size)`` (the inode tells a rename apart)."""
     return Generation((st.st_ino, st.st_mtime_ns, st.st_size))
+
+
+def stat_generation(path: str) -> tuple[Generation, int | None]:
+    """``(generation, size)`` of the local file at ``path``; ``(NO_VALUE, None)`` when missing or not a file."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return NO_VALUE, None
+    return (file_generation(st), st.st_size) if stat.S_ISREG(st.st_mode) else (NO_VALUE, None)
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
@@ -98,10 +102,10 @@ def _write_at(fd: int, offset: int, parts: list[memoryview]) -> None:
 
 def _not_a_file(key: str, path: str, mode: int) -> OSError:
     """The error of a key at which something other than a regular file is stored."""
-    what = next((name for test, name in _KINDS if test(mode)), f"a file of mode {stat.filemode(mode)}")
     if stat.S_ISDIR(mode):
         return IsADirectoryError(errno.EISDIR, f"key {key!r} is a directory, not a stored value", path)
-    return OSError(errno.EINVAL, f"key {key!r} is {what}, not a regular file: not read as a value", path)
+    what = _KINDS.get(stat.S_IFMT(mode), f"file of mode {stat.filemode(mode)}")
+    return OSError(errno.EINVAL, f"key {key!r} is a {what}, not a regular file: not read as a value", path)
 
 
 def _check_key(key: str) -> str:
@@ -123,34 +127,24 @@ def atomic_write(path: str, parts: list[memoryview], fsync: bool, create_only: b
     ``create_only``: hard-linked instead (``None`` if anything is there). The
     directory is fsync'd by the caller, once per batch.
     """
-    placed = False  # the temporary file was renamed away (nothing left to remove)
     with held_temporary(os.path.dirname(path)) as (fd, tmp):  # locked until renamed: no sweeper removes it
-        try:
-            if len(parts) == 1:
-                _pwrite_all(fd, parts[0], 0)
-            elif parts:
-                write_parts(fd, parts)
-            if fsync:
-                os.fsync(fd)
-            generation = file_generation(os.fstat(fd))
-            if create_only:
-                try:
-                    os.link(tmp, path)  # fails if anything is at path: atomic against every process
-                    return generation
-                except FileExistsError:
+        _write_at(fd, 0, parts)
+        if fsync:
+            os.fsync(fd)
+        generation = file_generation(os.fstat(fd))
+        if create_only:
+            try:
+                os.link(tmp, path)  # fails if anything is at path: atomic against every process
+                return generation
+            except FileExistsError:
+                return None
+            except OSError as exc:
+                if exc.errno not in _NO_LINKS:
+                    raise
+                if os.path.lexists(path):  # no hard links here: checked, atomic within this process only
                     return None
-                except OSError as exc:
-                    if exc.errno not in _NO_LINKS:
-                        raise
-                    if os.path.lexists(path):  # no hard links here: checked, atomic within this process only
-                        return None
-            os.replace(tmp, path)
-            placed = True
-            return generation
-        finally:
-            if not placed:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(tmp)
+        os.replace(tmp, path)
+        return generation
 
 
 def fsync_dirs(paths: Iterable[str]) -> None:
@@ -163,21 +157,17 @@ def fsync_dirs(paths: Iterable[str]) -> None:
             os.close(dir_fd)
 
 
-_DURABLE: set[str] = set()  # lock files whose directory entries this process made durable
 _SWEPT: dict[str, float] = {}  # directory -> time.monotonic() of its last sweep in this process
 
 
+@functools.lru_cache(maxsize=_SWEPT_MAX)  # once per lock file and process
 def _make_durable(lock_file: str) -> None:
     """fsync the directories of ``lock_file`` and of its lock directory, once per process.
 
     A lock file is made when a hold first needs it, unsynced; an append's
     intent recorded in it must survive a power loss.
     """
-    if lock_file not in _DURABLE:
-        fsync_dirs([lock_file, os.path.dirname(lock_file)])
-        if len(_DURABLE) >= _SWEPT_MAX:
-            _DURABLE.clear()
-        _DURABLE.add(lock_file)
+    fsync_dirs([lock_file, os.path.dirname(lock_file)])
 
 
 def _claim_sweep(directory: str, every: float) -> bool:
@@ -189,10 +179,6 @@ def _claim_sweep(directory: str, every: float) -> bool:
     if len(_SWEPT) >= _SWEPT_MAX:
         _SWEPT.clear()
     _SWEPT[directory] = now
-    return True
-
-
-def _every_key(key: str) -> bool:
     return True
 
 
@@ -228,19 +214,14 @@ class LocalStore(KVStore):
         self.root = root.rstrip("/") or "/"
         self._prefix = self.root if self.root.endswith("/") else self.root + "/"
         real = os.path.realpath(self.root)  # in-place append records may name files under it only
-        self._location = StoreLocation(("file",), real, real)
+        self.location = StoreLocation(("file",), real, real)
         self.fsync = FSYNC if fsync is None else bool(fsync)
         self.temp_age = float(temp_age)
         self._checked: dict[str, str] = {}  # key -> its local path, checked by _check_key (reads look it up)
         self._no_append: set[str] = set()  # keys of shards outside their array's real directory (linked)
 
-    @property
-    def location(self) -> StoreLocation:
-        """``("file",)`` and the resolved root (lock files live there)."""
-        return self._location
-
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (self.root, self.fsync, self.temp_age))
+        return (functools.partial(LocalStore, fsync=self.fsync, temp_age=self.temp_age), (self.root,))
 
     def __repr__(self) -> str:
         return f"LocalStore({self.root!r})"
@@ -254,8 +235,11 @@ class LocalStore(KVStore):
     def _read(self, request: ReadRequest) -> ReadResult:
         key, ranges, cond = request
         path = self._checked.get(key) if type(key) is str else None
-        if path is None:
-            path = self._remember_path(key)
+        if path is None:  # checked once, not per read
+            path = self.path(key)
+            if len(self._checked) >= _MAX_REMEMBERED:
+                self._checked.clear()
+            self._checked[key] = path
         try:
             fd = os.open(path, _OPEN_READ)
         except (FileNotFoundError, NotADirectoryError):
@@ -287,14 +271,6 @@ class LocalStore(KVStore):
         finally:
             os.close(fd)
 
-    def _remember_path(self, key: str) -> str:
-        """:meth:`path` of ``key``, kept for the next reads (checked once, not per read)."""
-        path = self.path(key)
-        if len(self._checked) >= _MAX_REMEMBERED:
-            self._checked.clear()
-        self._checked[key] = path
-        return path
-
     def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
         if len(reads) <= 1:
             return [self._read(reads[0])] if reads else []
@@ -308,7 +284,7 @@ class LocalStore(KVStore):
         first = self._read(reads[0])
         rest = reads[1:]
         if first.values is None or sum(memoryview(v).nbytes for v in first.values) < _POOLED_READ_NBYTES:
-            return [first, *self._read_group(rest)]
+            return [first, *map(self._read, rest)]
         n = len(rest)
         groups = min(n, _READ_GROUPS)
         bounds = [n * g // groups for g in range(groups + 1)]
@@ -344,24 +320,15 @@ class LocalStore(KVStore):
 
     # -- writes ---------------------------------------------------------------
 
-    def _current(self, path: str) -> Generation:
-        try:
-            st = os.stat(path)
-        except (FileNotFoundError, NotADirectoryError):
-            return NO_VALUE
-        return file_generation(st)
-
     def _write_one(self, key: str, value: Value | None, cond: Generation) -> Generation | None:
         path = self.path(key)
+        create_only = value is not None and cond.is_missing  # linked into place: atomic against every process
+        if not cond.is_any and not create_only and stat_generation(path)[0] != cond:
+            return None
         if value is None:
-            if not cond.is_any and self._current(path) != cond:
-                return None
             with contextlib.suppress(FileNotFoundError, NotADirectoryError):
                 os.remove(path)
             return NO_VALUE
-        create_only = not cond.is_any and cond.is_missing
-        if not cond.is_any and not create_only and self._current(path) != cond:
-            return None
         return atomic_write(path, byte_parts(value), self.fsync, create_only=create_only)
 
     def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
@@ -371,7 +338,7 @@ class LocalStore(KVStore):
         out: dict[str, Generation | None] = {}
         # conditions are checked and writes made under the writer locks of the keys' stripes:
         # no other write of this process to these keys comes between check and rename
-        with STAMPS.writing(self._location, writes):
+        with STAMPS.writing(self.location, writes):
             for key, (value, cond) in writes.items():
                 out[key] = self._write_one(key, value, cond)
         written = [self._prefix + k for k, g in out.items() if g is not None and writes[k][0] is not None]
@@ -436,7 +403,7 @@ class LocalStore(KVStore):
         def holds(st: os.stat_result) -> bool:
             return if_generation.is_any or file_generation(st) == if_generation
 
-        with STAMPS.writing(self._location, [key]):
+        with STAMPS.writing(self.location, [key]):
             if how == "clone":
                 st = clone_update(path, writes, nbytes, holds, self.fsync, _write_at)
             else:
@@ -466,7 +433,7 @@ class LocalStore(KVStore):
 
     def _repairable(self, intent_path: str | None) -> str:
         """The directory whose files the records of the lock file at ``intent_path`` may name."""
-        return self._location.root if intent_path is None else os.path.dirname(os.path.dirname(intent_path))
+        return self.location.root if intent_path is None else os.path.dirname(os.path.dirname(intent_path))
 
     # -- listings -------------------------------------------------------------
 
@@ -495,20 +462,17 @@ class LocalStore(KVStore):
                     yield key, (entry.stat() if stat_entries is not None and stat_entries(key) else None)
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
-        for key, _ in self._walk(prefix, None):
-            yield key
+        return (key for key, _ in self._walk(prefix, None))
 
     def list_generations(
         self, prefix: str, wanted: Callable[[str], bool] | None = None
     ) -> Iterator[tuple[str, Generation | None]]:
         """Every key under ``prefix`` with its generation: one ``stat`` per ``wanted`` file, else ``None``."""
-        for key, st in self._walk(prefix, wanted or _every_key):
+        for key, st in self._walk(prefix, wanted or (lambda key: True)):
             yield key, None if st is None else file_generation(st)
 
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
-        if prefix:
-            _check_key(prefix.rstrip("/"))
-        directory = self._prefix + prefix.rstrip("/") if prefix else self.root
+        directory = self.path(prefix.rstrip("/")) if prefix else self.root
         keys: list[str] = []
         dirs: list[str] = []
         try:
@@ -530,8 +494,7 @@ class LocalStore(KVStore):
             super().delete_prefix(prefix)
             return
         if prefix:
-            top = self.path(prefix.rstrip("/"))
-            targets = [top]
+            targets = [self.path(prefix.rstrip("/"))]
         else:
             try:
                 with os.scandir(self.root) as it:
@@ -551,9 +514,7 @@ class LocalStore(KVStore):
 
         No file goes but the lock files of a lock directory holding nothing else.
         """
-        top = self._prefix + prefix.strip("/") if prefix.strip("/") else self.root
-        if prefix.strip("/"):
-            _check_key(prefix.strip("/"))
+        top = self.path(prefix.strip("/")) if prefix.strip("/") else self.root
         for dirpath, _, names in os.walk(top, topdown=False):
             if os.path.basename(dirpath) == LOCK_DIR and all(n.endswith(".lock") for n in names):
                 for name in names:
@@ -610,7 +571,3 @@ class LocalStore(KVStore):
                     stacklevel=3,
                 )
         return removed
-
-
-def _rebuild(root: str, fsync: bool, temp_age: float) -> LocalStore:
-    return LocalStore(root, fsync=fsync, temp_age=temp_age)

@@ -21,7 +21,6 @@ Every byte goes through the ``write_at`` the caller passes (the crash tests repl
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import stat
@@ -126,7 +125,10 @@ def recover_append(intent_fd: int, write_at: WriteAt, within: str, repair: bool 
         clear_intent(intent_fd, write_at)
         return intent.path
     try:
-        opened = _opened_at(fd)
+        try:  # the real path of the file opened (Linux /proc), where it can be told
+            opened: str | None = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            opened = None
         if opened is not None and opened != intent.path:  # a directory of the path became a link since the check
             return None
         st = os.fstat(fd)
@@ -146,14 +148,6 @@ def recover_append(intent_fd: int, write_at: WriteAt, within: str, repair: bool 
         os.close(fd)
     clear_intent(intent_fd, write_at)
     return intent.path
-
-
-def _opened_at(fd: int) -> str | None:
-    """The real path of the file ``fd`` is open on (Linux ``/proc``); ``None`` where it cannot be told."""
-    try:
-        return os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        return None
 
 
 def _open_checked(path: str, flags: int, holds: Callable[[os.stat_result], bool]) -> tuple[int, os.stat_result] | None:
@@ -192,36 +186,28 @@ def clone_update(
     if opened is None:
         return None
     src, _ = opened
-    temp = contextlib.ExitStack()  # the temporary file stays locked until it is renamed (storage/files.py)
-    tmp = ""
-    placed = False
     try:
-        fd, tmp = temp.enter_context(held_temporary(os.path.dirname(path)))
-        try:
-            fcntl.ioctl(fd, FICLONE, src)
-        except OSError as exc:
-            if exc.errno not in NO_CLONES:
-                raise
-            # the probe said yes, this file says no: no clones on its device, nor in the directory the next
-            # plan asks about (another device for a shard linked to another file system: EXDEV every round)
-            no_clones(os.path.dirname(path), os.fstat(src).st_dev, os.fstat(fd).st_dev)
-            return None
-        for offset, value in writes:
-            write_at(fd, offset, byte_parts(value))
-        if os.fstat(fd).st_size != nbytes:
-            os.ftruncate(fd, nbytes)
-        if fsync:
-            os.fsync(fd)
-        st = os.fstat(fd)
-        os.replace(tmp, path)
-        placed = True
-        return st
+        with held_temporary(os.path.dirname(path)) as (fd, tmp):  # locked until renamed (storage/files.py)
+            try:
+                fcntl.ioctl(fd, FICLONE, src)
+            except OSError as exc:
+                if exc.errno not in NO_CLONES:
+                    raise
+                # the probe said yes, this file says no: no clones on its device, nor in the directory the next
+                # plan asks about (another device for a shard linked to another file system: EXDEV every round)
+                no_clones(os.path.dirname(path), os.fstat(src).st_dev, os.fstat(fd).st_dev)
+                return None
+            for offset, value in writes:
+                write_at(fd, offset, byte_parts(value))
+            if os.fstat(fd).st_size != nbytes:
+                os.ftruncate(fd, nbytes)
+            if fsync:
+                os.fsync(fd)
+            st = os.fstat(fd)
+            os.replace(tmp, path)
+            return st
     finally:
         os.close(src)
-        if tmp and not placed:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(tmp)
-        temp.close()
 
 
 def append_update(

@@ -15,6 +15,7 @@ decides what ``concurrency="auto"`` resolves to:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
@@ -48,17 +49,12 @@ def zarr2_storage() -> ModuleType | None:
 
 def _where(mapping: Any) -> tuple[str, str | None]:
     """``(kind, local directory or None)`` of a mapping (see the module docstring)."""
-    if isinstance(mapping, dict):
-        return "memory", None
     zs = zarr2_storage()
-    if zs is None:
-        return "persistent", None
-    if isinstance(mapping, zs.MemoryStore):
+    if isinstance(mapping, dict) or (zs is not None and isinstance(mapping, zs.MemoryStore)):
         return "memory", None
-    path = getattr(mapping, "path", None) if isinstance(mapping, (zs.DirectoryStore, zs.LMDBStore)) else None
-    if not isinstance(path, str) or not path:
-        return "persistent", None
-    if isinstance(mapping, zs.DirectoryStore) or os.path.isdir(path):  # an LMDBStore made with subdir=False: a file
+    path = getattr(mapping, "path", None) if zs and isinstance(mapping, (zs.DirectoryStore, zs.LMDBStore)) else None
+    # an LMDBStore made with subdir=False keeps a file, not a directory
+    if zs and isinstance(path, str) and path and (isinstance(mapping, zs.DirectoryStore) or os.path.isdir(path)):
         return "directory", path
     return "persistent", None
 
@@ -83,15 +79,10 @@ class MappingStore(KVStore):
         self.kind, directory = _where(mapping)
         local_dir = os.path.realpath(directory) if directory is not None else None
         if local_dir is not None:
-            self._location = StoreLocation(("file",), local_dir, local_dir)
+            self.location = StoreLocation(("file",), local_dir, local_dir)
         else:
-            self._location = StoreLocation(("mapping", id(mapping)), "")
+            self.location = StoreLocation(("mapping", id(mapping)), "")
         self.caps = Capabilities(lock_dir=local_dir is not None, in_process=self.kind == "memory")
-
-    @property
-    def location(self) -> StoreLocation:
-        """A ``"directory"`` mapping's resolved path, else the mapping object itself."""
-        return self._location
 
     def __reduce__(self) -> tuple[Any, ...]:
         # the mapping pickles itself (a dict is copied: the copy is a new location)
@@ -102,26 +93,19 @@ class MappingStore(KVStore):
 
     # -- reads ----------------------------------------------------------------
 
-    def _fetch(self, keys: list[str]) -> dict[str, Any]:
-        """The stored values among ``keys`` (one ``getitems`` where the store has it)."""
-        if not keys:
-            return {}
-        zs = zarr2_storage()
-        if zs is not None and isinstance(self.mapping, zs.BaseStore):
-            return dict(self.mapping.getitems(keys, contexts={}))
-        out = {}
-        for key in keys:
-            try:
-                out[key] = self.mapping[key]
-            except KeyError:
-                continue
-        return out
-
     def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
-        return read_stamped(self._location, reads, partial(self._fetch_reads, reads))
+        return read_stamped(self.location, reads, partial(self._fetch_reads, reads))
 
     def _fetch_reads(self, reads: Sequence[ReadRequest], indices: list[int]) -> dict[int, Fetched]:
-        found = self._fetch(list(dict.fromkeys(reads[i][0] for i in indices)))
+        keys = list(dict.fromkeys(reads[i][0] for i in indices))
+        zs = zarr2_storage()
+        if zs is not None and isinstance(self.mapping, zs.BaseStore):  # one getitems
+            found = dict(self.mapping.getitems(keys, contexts={}))
+        else:
+            found = {}
+            for key in keys:
+                with contextlib.suppress(KeyError):
+                    found[key] = self.mapping[key]
         fetched: dict[int, Fetched] = {}
         for i in indices:
             key, ranges, _ = reads[i]
@@ -134,15 +118,8 @@ class MappingStore(KVStore):
 
     # -- writes ---------------------------------------------------------------
 
-    def _holds(self, key: str, cond: Generation, before: Generation) -> bool:
-        if cond.is_any:
-            return True
-        if cond.is_missing:
-            return key not in self.mapping
-        return before == cond
-
     def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
-        return write_stamped(self._location, writes, self._holds, self._write)
+        return write_stamped(self.location, writes, self.mapping.__contains__, self._write)
 
     def _write(self, values: Mapping[str, Value | None]) -> None:
         """Store the values (one ``setitems`` where the mapping has it), then delete the keys given ``None``."""
@@ -152,13 +129,10 @@ class MappingStore(KVStore):
             if setitems is not None:
                 setitems(stores)
             else:
-                for k, v in stores.items():
-                    self.mapping[k] = v
+                self.mapping.update(stores)
         for k in [k for k, v in values.items() if v is None]:
-            try:
+            with contextlib.suppress(KeyError):
                 del self.mapping[k]
-            except KeyError:
-                continue
 
     def contains(self, key: str) -> bool:
         """``key in mapping`` (no value read)."""
@@ -182,13 +156,12 @@ class MappingStore(KVStore):
         """Delete the keys under ``prefix``; with a zarr 2 store's ``rmdir`` for a path, or the whole store
         when it keeps no local directory (whose lock files stay)."""
         rmdir = getattr(self.mapping, "rmdir", None)
-        path = prefix[:-1] if prefix.endswith("/") else prefix
         if rmdir is None or (prefix and not prefix.endswith("/")) or (not prefix and self.caps.lock_dir):
             super().delete_prefix(prefix)
             return
-        with STAMPS.writing(self._location, list(self.list_prefix(prefix))) as stamped:
+        with STAMPS.writing(self.location, list(self.list_prefix(prefix))) as stamped:
             stamped.begin(list(stamped.before))
-            rmdir(path)
+            rmdir(prefix.rstrip("/"))
 
     def close(self) -> None:
         close = getattr(self.mapping, "close", None)

@@ -1,10 +1,10 @@
-"""The read planning the object-store clients (:mod:`~shardkv.storage.s3`, :mod:`~shardkv.storage.obstore`) share:
-one request per byte range (:func:`plan_requests`), then each read's result from its requests (:func:`assemble`).
+"""The reads the object-store clients (:mod:`~shardkv.storage.s3`, :mod:`~shardkv.storage.obstore`) share:
+one request per byte range, then each read's result from its requests (:func:`read_objects`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
 from shardkv._types import BytesLike
@@ -21,8 +21,17 @@ def metadata_only(request: ReadRequest) -> bool:
     return cond.is_missing or ranges == []
 
 
-def plan_requests(reads: Sequence[ReadRequest]) -> list[tuple[int, ByteRange | None]]:
-    """The requests of a batch of reads: ``(index of the read, byte range)``, ``None`` for no range."""
+Leaf = tuple[ReadRequest, "ByteRange | None"]  # one request: its read and byte range (None: none)
+
+
+def read_objects(reads: Sequence[ReadRequest], fetch: Callable[[list[Leaf]], list[Outcome]]) -> list[ReadResult]:
+    """``get_many`` of an object store: ``fetch`` makes every request at once (one per byte range, one without
+    a range for a whole or metadata-only read), then each read's result comes from its requests' outcomes.
+
+    A read whose unconditioned ranges came from different stored values
+    (replaced between its requests) is read whole once more and cut. The
+    first error a request returned is raised.
+    """
     plan: list[tuple[int, ByteRange | None]] = []
     for i, request in enumerate(reads):
         ranges = request[1]
@@ -30,46 +39,31 @@ def plan_requests(reads: Sequence[ReadRequest]) -> list[tuple[int, ByteRange | N
             plan.append((i, None))
         else:
             plan.extend((i, byte_range) for byte_range in ranges)
-    return plan
-
-
-def assemble(
-    reads: Sequence[ReadRequest], plan: Sequence[tuple[int, ByteRange | None]], outcomes: Sequence[Outcome]
-) -> list[ReadResult | None]:
-    """The result of every read from the outcomes of its requests (in the order of :func:`plan_requests`).
-
-    ``None`` for a read whose unconditioned ranges came from different stored
-    values (replaced between its requests): the caller reads it whole once
-    and cuts it (:func:`sliced`). The first error a request returned is raised.
-    """
     per_read: list[list[Fetched]] = [[] for _ in reads]
-    answers: list[ReadResult | None] = [None] * len(reads)
-    for (i, _), outcome in zip(plan, outcomes, strict=True):
+    results: list[ReadResult | None] = [None] * len(reads)
+    for (i, _), outcome in zip(plan, fetch([(reads[i], r) for i, r in plan]), strict=True):
         if isinstance(outcome, BaseException):
             raise outcome
         if outcome == "missing":
-            answers[i] = MISSING_RESULT
+            results[i] = MISSING_RESULT
         elif outcome == "stale":
-            answers[i] = answers[i] or ReadResult("stale", None, ANY)
+            results[i] = results[i] or ReadResult("stale", None, ANY)
         elif not isinstance(outcome, str):
             per_read[i].append(outcome)
-    results: list[ReadResult | None] = []
-    for request, answer, got in zip(reads, answers, per_read, strict=True):
-        generations = {generation for _, generation, _ in got}
-        if answer is not None or len(generations) > 1:
-            results.append(answer)
-            continue
-        _, ranges, cond = request
-        generation = generations.pop()
-        size = next((s for _, _, s in got if s is not None), None)
-        if cond.is_missing:
-            results.append(ReadResult("stale", None, generation, size))
-        else:
-            results.append(ReadResult("value", [] if ranges == [] else [data for data, _, _ in got], generation, size))
-    return results
+    torn = [i for i, got in enumerate(per_read) if results[i] is None and len({g for _, g, _ in got}) > 1]
+    for i, whole in zip(torn, fetch([((reads[i][0], None, ANY), None) for i in torn]), strict=True):
+        if isinstance(whole, BaseException):
+            raise whole
+        results[i] = MISSING_RESULT if isinstance(whole, str) else _sliced(whole, reads[i][1] or [])
+    for i, ((_, ranges, cond), got) in enumerate(zip(reads, per_read, strict=True)):
+        if results[i] is None:  # every request of the read answered, all from one stored value
+            generation, size = got[0][1], next((s for _, _, s in got if s is not None), None)
+            values = None if cond.is_missing else [] if ranges == [] else [data for data, _, _ in got]
+            results[i] = ReadResult("stale" if cond.is_missing else "value", values, generation, size)
+    return [result for result in results if result is not None]
 
 
-def sliced(whole: Fetched, ranges: Sequence[ByteRange]) -> ReadResult:
+def _sliced(whole: Fetched, ranges: Sequence[ByteRange]) -> ReadResult:
     """The read of ``ranges`` cut from one read of the whole value (read-only views, no copy)."""
     data, generation, size = whole
     view = memoryview(data)

@@ -15,10 +15,10 @@ obstore is imported only when a store is made, so shardkv works without it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
 from typing import Any, TypeVar
 
 from shardkv.errors import ConfigurationError
@@ -26,7 +26,6 @@ from shardkv.format.ranges import ByteRange
 from shardkv.storage.files import byte_parts
 from shardkv.storage.kv import (
     ANY,
-    MISSING_RESULT,
     NO_VALUE,
     STAMPS,
     Capabilities,
@@ -38,9 +37,7 @@ from shardkv.storage.kv import (
     Value,
     hidden,
 )
-from shardkv.storage.objects import Fetched, Outcome, assemble, child_names, metadata_only, plan_requests, sliced
-
-__all__ = ["ObstoreStore", "is_obstore_store", "obstore_location", "conditional_put_disabled", "open_obstore_url"]
+from shardkv.storage.objects import Fetched, Leaf, Outcome, child_names, metadata_only, read_objects
 
 T = TypeVar("T")
 _MAX_CONCURRENCY = 16  # requests in flight per call
@@ -152,7 +149,7 @@ class ObstoreStore(KVStore):
         self._generic = GenericError
         self._max_concurrency = max(1, int(max_concurrency))
         self._pool: ThreadPoolExecutor | None = None
-        self._location = obstore_location(store)
+        self.location = obstore_location(store)
         self._updates = kind in ("S3Store", "GCSStore", "AzureStore", "MemoryStore") and not conditional_put_disabled(
             store
         )
@@ -161,21 +158,15 @@ class ObstoreStore(KVStore):
             round_trips=kind in _REMOTE,
             stamps="native",
             conditional_put=self._updates,
-            conditional_delete=False,
             in_process=kind == "MemoryStore",
         )
-
-    @property
-    def location(self) -> StoreLocation:
-        """The data the store reaches (see :func:`obstore_location`)."""
-        return self._location
 
     def __reduce__(self) -> tuple[Any, ...]:
         # the store pickles as its configuration (obstore >= 0.5; a MemoryStore does not)
         return (type(self), (self.store, self._max_concurrency))
 
     def __repr__(self) -> str:
-        return f"ObstoreStore({type(self.store).__name__}, {self._location.root!r})"
+        return f"ObstoreStore({type(self.store).__name__}, {self.location.root!r})"
 
     def _map(self, fn: Callable[[Any], T], items: Sequence[Any]) -> list[T]:
         """``[fn(x) for x in items]``, concurrently when there is more than one."""
@@ -217,14 +208,12 @@ class ObstoreStore(KVStore):
             return view[slice(*byte_range.resolve(view.nbytes))], generation, size
         return memoryview(result.bytes()), _generation(result.meta), int(result.meta["size"])
 
-    def _request(self, leaf: tuple[ReadRequest, ByteRange | None]) -> Outcome:
+    def _request(self, leaf: Leaf) -> Outcome:
         """One request of a read; "not found" and "changed" are answers, other errors are returned."""
         request, byte_range = leaf
         key, _, cond = request
         try:
-            if metadata_only(request):
-                return self._head(key, cond)
-            return self._get(key, byte_range, cond)
+            return self._head(key, cond) if metadata_only(request) else self._get(key, byte_range, cond)
         except self._missing:
             return "missing"
         except self._precondition as exc:
@@ -232,19 +221,9 @@ class ObstoreStore(KVStore):
         except Exception as exc:  # raised by get_many once every request of the call is over
             return exc
 
-    def _whole_sliced(self, request: ReadRequest) -> ReadResult:
-        """A read whose ranges were replaced between their requests (unconditioned): one whole read, cut."""
-        key, ranges, _ = request
-        try:
-            return sliced(self._get(key, None, ANY), ranges or [])
-        except self._missing:
-            return MISSING_RESULT
-
     def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
         # every request of every read on the pool at once (one level: no task waits on another)
-        plan = plan_requests(reads)
-        results = assemble(reads, plan, self._map(self._request, [(reads[i], r) for i, r in plan]))
-        return [self._whole_sliced(reads[i]) if result is None else result for i, result in enumerate(results)]
+        return read_objects(reads, lambda leaves: self._map(self._request, leaves))
 
     # -- writes ---------------------------------------------------------------
 
@@ -261,7 +240,7 @@ class ObstoreStore(KVStore):
             result = self._obs.put(self.store, key, body, mode=mode, use_multipart=False)
         except self._missing as exc:  # a put finds nothing to write into
             raise FileNotFoundError(
-                f"cannot write {key!r} to {self._location!r}: not found (does its bucket exist?)"
+                f"cannot write {key!r} to {self.location!r}: not found (does its bucket exist?)"
             ) from exc
         return Generation((result.get("e_tag"), result.get("version")))
 
@@ -270,18 +249,15 @@ class ObstoreStore(KVStore):
         if value is None:
             if not cond.is_any and self._current(key) != cond:  # no conditional delete in obstore: checked first
                 return None
-            try:
+            with contextlib.suppress(*self._missing):  # S3 deletes a missing key quietly; other stores say "not found"
                 self._obs.delete(self.store, key)
-            except self._missing:
-                pass  # S3 deletes a missing key quietly; other stores say "not found"
             return NO_VALUE
         if cond.is_any:
             return self._put(key, value, None)
         if cond.is_missing:
             mode: Any = "create"
         elif self._updates and isinstance(cond.token, tuple):
-            e_tag, version = cond.token
-            mode = {k: v for k, v in (("e_tag", e_tag), ("version", version)) if v is not None}
+            mode = {k: v for k, v in zip(("e_tag", "version"), cond.token, strict=True) if v is not None}
         else:  # no PutMode update here: checked first (the caller holds the in-process writer lock)
             return self._put(key, value, None) if self._current(key) == cond else None
         try:
@@ -298,7 +274,7 @@ class ObstoreStore(KVStore):
         # a store without PutMode updates checks conditions first, and so does every conditional delete:
         # then no other write of this process may come between check and write
         checked = not self._updates or any(v is None and not c.is_any for _, (v, c) in items)
-        with STAMPS.writing(self._location, writes) if checked else nullcontext():
+        with STAMPS.writing(self.location, writes) if checked else contextlib.nullcontext():
             return dict(zip(writes, self._map(self._write, items), strict=True))
 
     # -- listings -------------------------------------------------------------
@@ -315,8 +291,7 @@ class ObstoreStore(KVStore):
                     yield key, _generation(meta)
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
-        for key, _ in self.list_generations(prefix):
-            yield key
+        return (key for key, _ in self.list_generations(prefix))
 
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
         result = self._obs.list_with_delimiter(self.store, prefix.rstrip("/") or None)

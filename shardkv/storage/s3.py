@@ -21,29 +21,27 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
+from fsspec.asyn import sync  # s3fs runs on fsspec's event loop
+
 from shardkv.errors import UnsupportedError
 from shardkv.format.ranges import ByteRange
 from shardkv.format.tail import TailHow
 from shardkv.storage.files import join_parts
+from shardkv.storage.fsspec import fs_location
 from shardkv.storage.kv import (
     ANY,
-    MISSING_RESULT,
     NO_VALUE,
     Capabilities,
     Generation,
     KVStore,
     ReadRequest,
     ReadResult,
-    StoreLocation,
     Value,
-    fs_location,
     hidden,
 )
 from shardkv.storage.local import DEFAULT_TEMP_AGE
-from shardkv.storage.objects import Outcome, assemble, child_names, metadata_only, plan_requests, sliced
+from shardkv.storage.objects import Fetched, Outcome, child_names, metadata_only, read_objects
 from shardkv.storage.s3_updates import LOST_CODES, MIN_PART_NBYTES, copy_update, incomplete_uploads
-
-__all__ = ["S3Store", "IN_FLIGHT", "http_range", "gather_all", "is_precondition_failure"]
 
 T = TypeVar("T")
 
@@ -64,41 +62,32 @@ def http_range(byte_range: ByteRange) -> str:
     return f"bytes={byte_range.start}-{byte_range.stop - 1}"
 
 
-async def gather_all(calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
-    """Await every call's coroutine concurrently; the results in order.
-
-    Every call runs to its end before an error is raised (the first, in call
-    order), so no request is left running behind the caller's back.
-    """
-    results = await asyncio.gather(*(call() for call in calls), return_exceptions=True)
-    out: list[T] = []
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-        out.append(result)
-    return out
-
-
-_SLOTS: ContextVar[asyncio.Semaphore | None] = ContextVar("shardkv_s3_slots", default=None)
+_SLOTS: ContextVar[asyncio.Semaphore] = ContextVar("shardkv_s3_slots")
 """The request slots of the call running (every request of one call takes one: IN_FLIGHT at most)."""
 
 
 async def _limited(calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
+    """Await every call's coroutine concurrently, in slots; the results in order. Every call runs to its end
+    before an error is raised (the first, in call order): no request is left running behind the caller's back."""
     token = _SLOTS.set(asyncio.Semaphore(IN_FLIGHT))
     try:
-        return await gather_all(calls)
+        results = await asyncio.gather(*(call() for call in calls), return_exceptions=True)
     finally:
         _SLOTS.reset(token)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return [result for result in results if not isinstance(result, BaseException)]
 
 
 def _codes(exc: BaseException) -> list[tuple[str, int | None]]:
     """``(error code, HTTP status)`` of the botocore ``ClientError``-like errors in ``exc``'s chain
     (s3fs re-raises them as ``OSError``)."""
     out = []
-    seen: set[int] = set()
     current: BaseException | None = exc
-    while current is not None and id(current) not in seen and len(seen) < 32:
-        seen.add(id(current))
+    for _ in range(32):  # a bounded walk (a chain may loop)
+        if current is None:
+            break
         response = getattr(current, "response", None)
         if isinstance(response, Mapping):
             code = str((response.get("Error") or {}).get("Code", ""))
@@ -148,43 +137,30 @@ class S3Store(KVStore):
     """
 
     def __init__(self, fs: Any, root: str, upload_age: float = DEFAULT_TEMP_AGE) -> None:
-        from fsspec.asyn import sync  # s3fs runs on fsspec's event loop
-
         self.fs = fs
         self.root = fs._strip_protocol(root).rstrip("/")
         self.upload_age = upload_age
-        self._sync = sync
-        self._location = fs_location(fs, self.root)
+        self.location = fs_location(fs, self.root)
         self.caps = Capabilities(
             ranged=True,
             round_trips=True,
             stamps="native",
             conditional_put=True,
             conditional_delete=True,
-            lock_dir=False,
-            in_process=False,
             tail_updates=True,
             tail_min_kept=MIN_PART_NBYTES,
         )
-
-    @property
-    def location(self) -> StoreLocation:
-        """``("s3", endpoint)`` and ``bucket/prefix``."""
-        return self._location
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.fs, self.root, self.upload_age))
 
     def __repr__(self) -> str:
         return f"S3Store({self.root!r})"
 
     def _bucket_key(self, key: str) -> tuple[str, str]:
-        bucket, _, object_key = (f"{self.root}/{key}" if self.root else key).partition("/")
+        bucket, _, object_key = self.location.full_path(key).partition("/")
         return bucket, object_key
 
     def _run(self, calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
         """Run the calls on s3fs's loop, their requests at most :data:`IN_FLIGHT` at once."""
-        return self._sync(self.fs.loop, _limited, calls) if calls else []
+        return sync(self.fs.loop, _limited, calls) if calls else []
 
     async def _s3(self, method: str, key: str, **kwargs: Any) -> Any:
         """One request about ``key``, in one of the running call's slots."""
@@ -194,10 +170,7 @@ class S3Store(KVStore):
     async def _api(self, method: str, **kwargs: Any) -> Any:
         """One request through s3fs, which adds its ``s3_additional_kwargs`` (e.g. server-side encryption),
         picks the bucket's region and retries, in one of the running call's slots."""
-        slots = _SLOTS.get()
-        if slots is None:
-            return await self.fs._call_s3(method, **kwargs)
-        async with slots:
+        async with _SLOTS.get():
             return await self.fs._call_s3(method, **kwargs)
 
     # -- reads ----------------------------------------------------------------
@@ -206,18 +179,15 @@ class S3Store(KVStore):
     def _if_match(cond: Generation) -> dict[str, Any]:
         return {} if cond.is_any or cond.is_missing else {"IfMatch": str(cond.token)}
 
-    async def _head(self, key: str, cond: Generation) -> tuple[Generation, int | None]:
-        """``HeadObject`` (with ``If-Match`` for a generation): the ETag and size (errors propagate)."""
+    async def _head(self, key: str, cond: Generation) -> Fetched:
+        """``HeadObject`` (with ``If-Match`` for a generation): no bytes, the ETag and size (errors propagate)."""
         response = await self._s3("head_object", key, **self._if_match(cond))
-        return Generation(response["ETag"]), _size_of(response)
+        return b"", Generation(response["ETag"]), _size_of(response)
 
-    async def _get(
-        self, key: str, byte_range: ByteRange | None, cond: Generation
-    ) -> tuple[bytes, Generation, int | None]:
+    async def _get(self, key: str, byte_range: ByteRange | None, cond: Generation) -> Fetched:
         """One ``GetObject`` (a ``Range`` header for a range, ``If-Match`` for a generation)."""
         if byte_range is not None and byte_range.nbytes == 0:
-            generation, size = await self._head(key, cond)
-            return b"", generation, size
+            return await self._head(key, cond)
         kwargs = self._if_match(cond)
         if byte_range is not None:
             kwargs["Range"] = http_range(byte_range)
@@ -225,8 +195,7 @@ class S3Store(KVStore):
             response = await self._s3("get_object", key, **kwargs)
         except Exception as exc:
             if byte_range is not None and _unsatisfiable(exc):  # a range past the end (or of an empty object)
-                generation, size = await self._head(key, cond)
-                return b"", generation, size
+                return await self._head(key, cond)
             raise
         body = response["Body"]
         async with body:
@@ -237,10 +206,7 @@ class S3Store(KVStore):
         """One request of a read; "not found" and "changed" (412) are answers, other errors are returned."""
         key, _, cond = request
         try:
-            if metadata_only(request):
-                generation, size = await self._head(key, cond)
-                return b"", generation, size
-            return await self._get(key, byte_range, cond)
+            return await (self._head(key, cond) if metadata_only(request) else self._get(key, byte_range, cond))
         except Exception as exc:
             if _is_missing(exc):
                 return "missing"
@@ -248,68 +214,36 @@ class S3Store(KVStore):
                 return "stale"
             return exc
 
-    async def _whole_sliced(self, request: ReadRequest) -> ReadResult:
-        """A read whose ranges were replaced between their requests (unconditioned): one whole read, cut."""
-        key, ranges, _ = request
-        try:
-            return sliced(await self._get(key, None, ANY), ranges or [])
-        except Exception as exc:
-            if _is_missing(exc):
-                return MISSING_RESULT
-            raise
-
-    async def _reads(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
-        plan = plan_requests(reads)
-        outcomes = await gather_all([functools.partial(self._request, reads[i], r) for i, r in plan])
-        results = assemble(reads, plan, outcomes)
-        return [await self._whole_sliced(reads[i]) if result is None else result for i, result in enumerate(results)]
-
     def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
-        return self._run([lambda: self._reads(reads)])[0] if reads else []
+        return read_objects(reads, lambda leaves: self._run([functools.partial(self._request, *x) for x in leaves]))
 
     # -- writes ---------------------------------------------------------------
 
-    async def _put(self, key: str, value: Value, cond: Generation) -> Generation | None:
-        kwargs: dict[str, Any] = {"IfNoneMatch": "*"} if cond.is_missing else self._if_match(cond)
+    async def _write(self, key: str, value: Value | None, cond: Generation) -> Generation | None:
+        """One ``PutObject`` (``If-Match``/``If-None-Match: *``) or ``DeleteObject`` (``If-Match``); ``None`` when
+        its condition failed (a lost race is an answer; any other error propagates)."""
         try:
-            response = await self._s3("put_object", key, Body=join_parts(value), **kwargs)
-        except Exception as exc:  # a lost race is an answer; anything else propagates
-            if is_precondition_failure(exc) and not cond.is_any:
+            if value is None and cond.is_missing:  # "only if nothing is stored": then there is nothing to delete
+                await self._head(key, ANY)
                 return None
-            if _is_missing(exc) and not cond.is_any and not cond.is_missing:
-                return None  # an update of a key deleted since its generation was read (S3 answers 404)
-            raise
-        finally:
-            self.fs.invalidate_cache(self._path(key))
-        return Generation(response["ETag"])
-
-    async def _delete(self, key: str, cond: Generation) -> Generation | None:
-        try:
-            if cond.is_missing:  # "only if nothing is stored": then there is nothing to delete
-                try:
-                    await self._head(key, ANY)
-                except Exception as exc:
-                    if _is_missing(exc):
-                        return NO_VALUE
-                    raise
-                return None
-            try:
+            if value is None:
                 await self._s3("delete_object", key, **self._if_match(cond))
-            except Exception as exc:
-                if cond.is_any or not (is_precondition_failure(exc) or _is_missing(exc)):
-                    raise
-                return None  # changed or deleted since the generation was read: not ours to delete
+                return NO_VALUE
+            kwargs: dict[str, Any] = {"IfNoneMatch": "*"} if cond.is_missing else self._if_match(cond)
+            response = await self._s3("put_object", key, Body=join_parts(value), **kwargs)
+            return Generation(response["ETag"])
+        except Exception as exc:
+            if value is None and cond.is_missing and _is_missing(exc):
+                return NO_VALUE
+            if cond.is_any or not (is_precondition_failure(exc) or (_is_missing(exc) and not cond.is_missing)):
+                raise
+            return None  # changed, or deleted since the generation was read (S3 answers 404)
         finally:
-            self.fs.invalidate_cache(self._path(key))
-        return NO_VALUE
-
-    def _path(self, key: str) -> str:
-        return f"{self.root}/{key}" if self.root else key
+            self.fs.invalidate_cache(self.location.full_path(key))
 
     def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
-        items = list(writes.items())
-        calls = [(lambda k=k, v=v, c=c: self._delete(k, c) if v is None else self._put(k, v, c)) for k, (v, c) in items]
-        return dict(zip((k for k, _ in items), self._run(calls), strict=True))
+        calls = [functools.partial(self._write, key, value, cond) for key, (value, cond) in writes.items()]
+        return dict(zip(writes, self._run(calls), strict=True))
 
     # -- O(chunk) updates -----------------------------------------------------
 
@@ -363,7 +297,7 @@ class S3Store(KVStore):
                     return None
                 raise
             finally:
-                self.fs.invalidate_cache(self._path(key))
+                self.fs.invalidate_cache(self.location.full_path(key))
 
         return self._run([update])[0]
 
@@ -393,7 +327,7 @@ class S3Store(KVStore):
 
     async def _list(self, prefix: str, delimiter: bool) -> tuple[list[tuple[str, str]], list[str]]:
         """``([(key, etag)], [common prefixes])`` of ``prefix`` (all pages)."""
-        bucket, _, object_prefix = (f"{self.root}/{prefix}" if self.root else prefix).partition("/")
+        bucket, object_prefix = self._bucket_key(prefix)
         skip = len(object_prefix) - len(prefix)
         kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": object_prefix}
         if delimiter:
@@ -414,15 +348,14 @@ class S3Store(KVStore):
         self, prefix: str, wanted: Callable[[str], bool] | None = None
     ) -> Iterator[tuple[str, Generation | None]]:
         """Every key under ``prefix`` with the ETag ``ListObjectsV2`` returns for it (no request per key)."""
-        objects, _ = self._sync(self.fs.loop, self._list, prefix, False)
+        objects, _ = sync(self.fs.loop, self._list, prefix, False)
         for key, etag in objects:
             if not hidden(key):
                 yield key, Generation(etag) if etag else None
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
-        for key, _ in self.list_generations(prefix):
-            yield key
+        return (key for key, _ in self.list_generations(prefix))
 
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
-        objects, prefixes = self._sync(self.fs.loop, self._list, prefix, True)
+        objects, prefixes = sync(self.fs.loop, self._list, prefix, True)
         return child_names(k[len(prefix) :] for k, _ in objects), child_names(p[len(prefix) :] for p in prefixes)

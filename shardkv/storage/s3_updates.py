@@ -32,8 +32,6 @@ import datetime
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-__all__ = ["MIN_PART_NBYTES", "MAX_PART_NBYTES", "copy_ranges", "copy_update", "incomplete_uploads", "LOST_CODES"]
-
 MIN_PART_NBYTES = 5 * 1024 * 1024
 """S3's smallest part of a multipart upload but the last (bytes)."""
 

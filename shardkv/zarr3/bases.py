@@ -164,7 +164,7 @@ class Zarr3KV(MappingStore):
         self.kind = "memory" if in_process else "persistent"
         self.caps = Capabilities(ranged=False, round_trips=False, stamps="process", in_process=in_process)
         # the identity of the data, for the process stamps and the locks alike
-        self._location = StoreLocation(("zarr3", type(store).__module__, type(store).__name__), str(store))
+        self.location = StoreLocation(("zarr3", type(store).__module__, type(store).__name__), str(store))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_zarr3_kv, (self.zarr3_store, self.caps.in_process))
