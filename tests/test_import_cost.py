@@ -3,17 +3,22 @@
 A fresh interpreter (a subprocess) reports the modules it has imported: the
 package's public names are imported on first use, and ``shardkv --help``
 builds every command's parser without importing numpy, a codec library,
-fsspec, zarr, dask or the proxies.
+fsspec, zarr, dask or the proxies, and the numpy a command loads starts no
+BLAS thread (each spins for a while on load).
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
+import zarr
 
 import shardkv
 
@@ -47,6 +52,24 @@ def test_help_imports_no_dependency() -> None:
     modules = _imported_after(code)
     assert "shardkv.cli.main" in modules and "argparse" in modules  # the parser was built
     assert _heavy(modules) == []
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2 or not os.path.isdir("/proc/self/task"), reason="one core, or no /proc")
+def test_a_command_loads_numpy_without_blas_threads(tmp_path: Path) -> None:
+    zarr.open_array(str(tmp_path / "src"), mode="w", shape=(8, 8), chunks=(4, 4), dtype="<f4")[:] = np.ones((8, 8))
+    argv = ["convert", str(tmp_path / "src"), str(tmp_path / "dst"), "--chunks-per-shard", "2"]
+    code = (
+        "import os, sys, threading\n"
+        f"from shardkv.cli.main import main\nmain({argv!r})\n"
+        "print('numpy' in sys.modules, len(os.listdir('/proc/self/task')) - threading.active_count())\n"
+    )
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True, env=env
+    )
+    assert proc.stdout.split()[-2:] == ["True", "0"]  # numpy loaded; no thread Python does not know of
 
 
 @pytest.mark.parametrize("name", sorted(set(shardkv.__all__) - {"__version__"}))

@@ -8,7 +8,8 @@ Each implementation writes the same sharded layout: shards of 4 x 4 x 4 chunks, 
 ``bytes`` + ``zstd`` level 3, index at the end with a CRC32C:
 
 * ``shardkv``: the command line, ``shardkv convert SRC DST --chunks-per-shard 4`` (its ``main``
-  called in the child; chunks moved as stored);
+  called in the child, its convert modules imported first with the one BLAS thread ``main``
+  asks for before the console script imports numpy; chunks moved as stored);
 * ``tensorstore``: opens the source with its ``zarr3`` driver and writes a ``zarr3`` array with
   the ``sharding_indexed`` codec (decodes and re-encodes every chunk);
 * ``zarr3``: ``zarr.from_array(DST, data=SOURCE, shards=..., compressors=zstd)`` (decodes and
@@ -55,7 +56,8 @@ _WRITE_SOURCE = textwrap.dedent(
 
 _SHARDKV = textwrap.dedent(
     """
-    import sys, time
+    import os, sys, time
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as main() does before the console script imports numpy
     import shardkv.cli.convert
     from shardkv.cli.main import main
     t0 = time.perf_counter()

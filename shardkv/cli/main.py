@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -438,6 +439,9 @@ def _stores_named(args: argparse.Namespace) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 the job failed, 2 bad usage)."""
+    # no command does linear algebra: numpy's OpenBLAS, loaded after this, then starts no thread per core,
+    # each spinning about 0.1 s of CPU (here and in each --workers process); a user's setting is kept
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from shardkv.cli.stores import describe, store_errors
 
     args = build_parser().parse_args(argv)
