@@ -18,17 +18,6 @@ from shardkv.keys.space import ShardedArray
 DENSE_GRID_FACTOR = 4  # sorted_chunk_names masks the whole grid up to this many times the listed shards' chunks
 
 
-def _local_extent(arr: ShardedArray, shard_coords: Sequence[int], in_grid_only: bool) -> list[range]:
-    """The chunk coords each dimension of a shard spans (clipped to the grid when asked and known)."""
-    grid = arr.chunk_grid_shape if in_grid_only else None
-    out = []
-    for d, (s, n) in enumerate(zip(shard_coords, arr.chunks_per_shard, strict=True)):
-        start = s * n
-        stop = start + n if grid is None else min(start + n, grid[d])
-        out.append(range(start, max(start, stop)))
-    return out
-
-
 def _product_keys(head: str, sep: str, strings: Sequence[Sequence[str]]) -> list[str]:
     """``head + sep.join(row)`` for every row of the product of ``strings``, in row-major order."""
     prefixes = [head]
@@ -46,17 +35,13 @@ def shard_chunk_keys(
     ``present`` is the shard's :meth:`~shardkv.format.layout.ShardIndex.present_mask`
     (bool, shape ``chunks_per_shard``).
     """
-    extent = _local_extent(arr, shard_coords, in_grid_only)
+    extent = arr.extent(shard_coords, in_grid_only)
     mask = present[tuple(slice(0, len(r)) for r in extent)]
     form = arr.chunk_key_form
-    if form is None or not mask.size:
+    n_present = int(np.count_nonzero(mask))
+    if form is None or n_present * 8 < mask.size:  # 0-d, or a sparse shard: build only the stored keys
         offset = np.asarray([r.start for r in extent], dtype=np.int64)
         return [arr.chunk_key(row) for row in (np.argwhere(mask) + offset).tolist()]
-    n_present = int(np.count_nonzero(mask))
-    if n_present * 8 < mask.size:  # sparse shard: build only the stored keys
-        head, sep = form
-        offset = np.asarray([r.start for r in extent], dtype=np.int64)
-        return [head + sep.join(map(str, row)) for row in (np.argwhere(mask) + offset).tolist()]
     keys = _product_keys(*form, [[str(c) for c in r] for r in extent])
     if n_present == mask.size:
         return keys
@@ -67,7 +52,7 @@ def shard_chunk_count(
     arr: ShardedArray, shard_coords: Sequence[int], present: np.ndarray, in_grid_only: bool = True
 ) -> int:
     """How many keys :func:`shard_chunk_keys` gives for the shard (none is built)."""
-    extent = _local_extent(arr, shard_coords, in_grid_only)
+    extent = arr.extent(shard_coords, in_grid_only)
     return int(np.count_nonzero(present[tuple(slice(0, len(r)) for r in extent)]))
 
 
@@ -87,9 +72,7 @@ def sorted_chunk_names(
         return None
     held = np.zeros(grid, dtype=bool)
     for shard_coords, present in shards:
-        extent = _local_extent(arr, shard_coords, True)
-        if any(not len(r) for r in extent):
-            continue
+        extent = arr.extent(shard_coords)
         held[tuple(slice(r.start, r.stop) for r in extent)] = present[tuple(slice(0, len(r)) for r in extent)]
     orders = [sorted(range(n), key=str) for n in grid]  # coords in the order of their strings
     held = held[np.ix_(*orders)]
@@ -97,11 +80,6 @@ def sorted_chunk_names(
     if held.all():
         return names
     return list(itertools.compress(names, held.ravel().tolist()))
-
-
-def _head(arr: ShardedArray) -> str:
-    """The fixed text before the first coordinate of a chunk key suffix (``"c"`` for ``c1/2``)."""
-    return arr.chunk_key_encoding.encode((0,))[:-1]
 
 
 def _canonical_int(text: str) -> int | None:
@@ -119,7 +97,7 @@ def split_prefix(arr: ShardedArray, prefix: str) -> tuple[list[int], bool] | Non
     if not prefix.startswith(arr.key_prefix) or len(prefix) == len(arr.key_prefix):
         return None
     part = prefix[len(arr.key_prefix) :]
-    head = _head(arr)
+    head = arr.chunk_key_encoding.head
     if not part.startswith(head):
         return [], head.startswith(part)
     pieces = part[len(head) :].split(arr.chunk_key_encoding.separator)
@@ -136,7 +114,7 @@ def split_prefix(arr: ShardedArray, prefix: str) -> tuple[list[int], bool] | Non
 
 def shard_prefix(arr: ShardedArray, coords: Sequence[int]) -> str:
     """The prefix of the shard keys holding the chunks whose keys start with ``coords``."""
-    head = _head(arr)
+    head = arr.chunk_key_encoding.head
     if not coords:
         return arr.key_prefix + head
     shard = [c // n for c, n in zip(coords, arr.chunks_per_shard, strict=False)]  # coords may be a leading part
@@ -152,22 +130,14 @@ def expand_shard_prefix(arr: ShardedArray, listed: str, fixed: Sequence[int]) ->
     is not a partial shard key.
     """
     part = listed[len(arr.key_prefix) :].rstrip("/")
-    head = _head(arr).rstrip("/")
-    if arr.shard_key_encoding.separator != "/" or not part.startswith(head):
+    head = arr.chunk_key_encoding.head
+    if arr.shard_key_encoding.separator != "/" or not part.startswith(head.rstrip("/")):
         return None
-    rest = part[len(head) :].lstrip("/")
-    parsed = [_canonical_int(p) for p in rest.split("/")]
+    parsed = [_canonical_int(p) for p in part[len(head.rstrip("/")) :].lstrip("/").split("/")]
     coords = [c for c in parsed if c is not None]
     if len(coords) != len(parsed) or not 0 < len(coords) < arr.ndim:
         return None
-    grid = arr.chunk_grid_shape
-    choices: list[Sequence[int]] = []
-    for d, s in enumerate(coords):
-        n = arr.chunks_per_shard[d]
-        stop = (s + 1) * n if grid is None else min((s + 1) * n, grid[d])
-        if d < len(fixed):
-            choices.append([fixed[d]] if s * n <= fixed[d] < (s + 1) * n else [])
-        else:
-            choices.append(range(s * n, stop))
-    head = _head(arr)
+    choices: list[Sequence[int]] = [*arr.extent(coords)]  # leading shard coords: the leading dimensions
+    for d, f in enumerate(fixed[: len(coords)]):
+        choices[d] = [f] if f // arr.chunks_per_shard[d] == coords[d] else []
     return [arr.key_prefix + head + "/".join(map(str, c)) + "/" for c in itertools.product(*choices)]
