@@ -84,9 +84,6 @@ class ShardIndex:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ShardIndex) and np.array_equal(self.entries, other.entries)
 
-    def __repr__(self) -> str:
-        return f"ShardIndex(chunks_per_shard={self.chunks_per_shard}, present={self.count_present()})"
-
     def copy(self) -> ShardIndex:
         """An independent copy."""
         return ShardIndex(self.entries.copy())
@@ -243,15 +240,6 @@ def _positions(chunks_per_shard: tuple[int, ...]) -> dict[tuple[int, ...], int] 
     if prod(chunks_per_shard) > _POSITIONS_MAX_CHUNKS:
         return None
     return {coords: i for i, coords in enumerate(itertools.product(*map(range, chunks_per_shard)))}
-
-
-@functools.lru_cache(maxsize=64)
-def _grid_arrays(chunks_per_shard: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Row-major strides and bounds (``intp``, read-only) of the index positions of ``chunks_per_shard``."""
-    strides = np.array([prod(chunks_per_shard[d + 1 :]) for d in range(len(chunks_per_shard))], dtype=np.intp)
-    bounds = np.array(chunks_per_shard, dtype=np.intp)
-    strides.flags.writeable = bounds.flags.writeable = False
-    return strides, bounds
 
 
 @dataclass(frozen=True, slots=True)
@@ -460,28 +448,16 @@ class ShardLayout:
         """Row-major positions in the index of local coords (``intp``); ConfigurationError for one outside."""
         cps = self.chunks_per_shard
         positions = _positions(cps)
-        if positions is not None:
-            try:
+        try:
+            if positions is not None:
                 return np.fromiter(map(positions.__getitem__, order), dtype=np.intp, count=len(order))
-            except (KeyError, TypeError):  # a coord outside the shard (or not a tuple of ints): checked below
-                pass
-        strides, bounds = _grid_arrays(cps)
-        coords = None
-        if set(map(len, order)) == {len(cps)}:  # every coord of the right length: parsed in one pass
-            try:
-                coords = np.fromiter(itertools.chain.from_iterable(order), dtype=np.intp, count=len(order) * len(cps))
-            except (ValueError, TypeError, OverflowError):  # not integers: checked one by one below
-                coords = None
-        if coords is not None:
-            coords = coords.reshape(len(order), len(cps))
-            if ((coords >= 0) & (coords < bounds)).all():
-                return coords @ strides
-        flat = []
+            return np.asarray(np.ravel_multi_index(np.array(order, dtype=np.intp).T, cps))
+        except (KeyError, TypeError, ValueError, OverflowError):  # a coord outside the shard: named below
+            pass
         for local in order:
             if len(local) != len(cps) or any(not 0 <= c < n for c, n in zip(local, cps, strict=True)):
                 raise ConfigurationError(f"local coords {local} lie outside chunks_per_shard {cps}")
-            flat.append(sum(int(c) * int(s) for c, s in zip(local, strides, strict=True)))
-        return np.array(flat, dtype=np.intp)
+        raise ConfigurationError(f"local coords {list(order)} are not integers")
 
     def chunks_of_shard(
         self, shard: BytesLike, shard_key: str, index: ShardIndex | None = None
