@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardkv.engine.options import Options
-from shardkv.errors import ConfigurationError, MetadataError, UnsupportedError
+from shardkv.errors import ConfigurationError, MetadataError
 from shardkv.keys.space import ShardedArray, chunk_key_encoding_from_metadata
 from shardkv.metadata.documents import load_json
 from shardkv.metadata.hierarchy import ZARR_JSON, consolidated_nodes
@@ -132,12 +132,8 @@ def transparent_array(path: str, stored: Mapping[str, Any]) -> ShardedArray | No
     ConfigurationError, UnsupportedError
         If the stored sharding configuration is invalid or not supported.
     """
-    if presented_document(stored) is None:
-        return None
-    spec = sharding_spec_from_v3(stored, path)
-    if spec is None:  # pragma: no cover - presented_document checked the codec
-        raise UnsupportedError(f"the array at {path!r} carries the {MARKER!r} marker but no sharding codec")
-    return spec.array_at(path, spec.shard_key_encoding)
+    spec = sharding_spec_from_v3(stored, path) if presented_document(stored) is not None else None
+    return None if spec is None else spec.array_at(path, spec.shard_key_encoding)
 
 
 def consolidated_children(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:

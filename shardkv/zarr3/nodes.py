@@ -106,24 +106,24 @@ class NodeTable:
     def __init__(self, base: Store, options: Options) -> None:
         self.base = base
         self.options = options
-        self._cache: NodeCache[Node] = NodeCache()
-        self._routes: tuple[int, dict[str, ChunkRef | None]] = (self._cache.generation, {})  # see route
+        self.cache: NodeCache[Node] = NodeCache()  # forget_under(path) and clear() after deletes
+        self._routes: tuple[int, dict[str, ChunkRef | None]] = (self.cache.generation, {})  # see route
 
     # -- node kinds ---------------------------------------------------------------
 
     async def node(self, path: str) -> Node:
         """The sharded array at ``path``, another array, or ``None`` (a group or nothing; read once, then cached)."""
-        kept = self._cache.kept([path])
+        kept = self.cache.kept([path])
         if kept:
             return kept[path]
-        since = self._cache.generation  # a write meanwhile: what is read here is not kept
+        since = self.cache.generation  # a write meanwhile: what is read here is not kept
         raw = await self.base.get(join_path(path, ZARR_JSON), prototype=default_buffer_prototype())
         return self._load(path, None if raw is None else raw.to_bytes(), since)
 
     async def _first(self, paths: list[str]) -> Node:
         """The first node among ``paths`` that is not a group or nothing (the cache's walk, reading as it goes)."""
         for _ in range(2 * len(paths) + 1):  # each round reads one more path (or one again a write changed meanwhile)
-            walked = self._cache.walk(paths, _is_node)
+            walked = self.cache.walk(paths, _is_node)
             if walked.unread is None:
                 return walked.node
             await self.node(walked.unread)
@@ -137,20 +137,12 @@ class NodeTable:
     def remember(self, path: str, raw: bytes | None) -> Node:
         """Record the node at ``path`` from the ``zarr.json`` just stored there (``None``: there is none)."""
         node = _build(path, raw)
-        self._cache.set(path, node)
+        self.cache.set(path, node)
         return node
 
     def _load(self, path: str, raw: bytes | None, since: int) -> Node:
         """Keep the node read at ``path`` since generation ``since``; the node to answer with (a write's wins)."""
-        return self._cache.load({path: _build(path, raw)}, since)[path]
-
-    def forget_below(self, path: str) -> None:
-        """Forget the nodes at and below ``path`` (deleted)."""
-        self._cache.forget_under(path)
-
-    def clear(self) -> None:
-        """Forget every node."""
-        self._cache.clear()
+        return self.cache.load({path: _build(path, raw)}, since)[path]
 
     async def route(self, key: str) -> ChunkRef | None:
         """The chunk of a transparently sharded array that ``key`` names, or ``None`` (passed through).
@@ -160,7 +152,7 @@ class NodeTable:
         ChunkOutOfGridError
             For a chunk key of such an array outside its chunk grid.
         """
-        generation = self._cache.generation  # read before routing: a later change makes this memo stale
+        generation = self.cache.generation  # read before routing: a later change makes this memo stale
         kept, routes = self._routes
         if kept == generation and key in routes:
             return routes[key]
@@ -173,7 +165,7 @@ class NodeTable:
 
     def route_now(self, key: str, read: Callable[[str], bytes | None]) -> ChunkRef | None:
         """:meth:`route`, blocking, reading documents with ``read`` (a journal's replay, outside zarr's event loop)."""
-        walked = self._cache.first(chunk_owner_paths(key), _is_node, lambda p: _build(p, read(join_path(p, ZARR_JSON))))
+        walked = self.cache.first(chunk_owner_paths(key), _is_node, lambda p: _build(p, read(join_path(p, ZARR_JSON))))
         return _route_in(walked.node, key)
 
     async def array_of_shard(self, key: str) -> ShardedArray | None:
@@ -190,7 +182,7 @@ class NodeTable:
 
     async def read_document(self, path: str, key: str) -> bytes | None:
         """The ``zarr.json`` at ``key`` as presented above the store, or ``None`` when not stored."""
-        since = self._cache.generation  # a write meanwhile: what is read here is not kept
+        since = self.cache.generation  # a write meanwhile: what is read here is not kept
         raw = await self.base.get(key, prototype=default_buffer_prototype())
         if raw is None:
             self._load(path, None, since)

@@ -250,14 +250,14 @@ class ShardedStore(Store):
         self._journal_back()
         self._writer.discard_under(path)
 
+    def _replay_route(self, key: str) -> ChunkRef | None:
+        """What a journal record's key is (its array's document read through the engine, blocking)."""
+        return self._nodes.route_now(key, self._value)
+
     def _value(self, key: str) -> bytes | None:
         """The whole stored value at ``key`` (a ``zarr.json`` for the replay), or ``None``; blocks."""
         found = self._kv.get(key)
         return bytes(memoryview(found.whole()).cast("B")) if found.found else None
-
-    def _replay_route(self, key: str) -> ChunkRef | None:
-        """What a journal record's key is (its array's document read through the engine, blocking)."""
-        return self._nodes.route_now(key, self._value)
 
     # -- identity, pickling, lifecycle ---------------------------------------------
 
@@ -319,7 +319,7 @@ class ShardedStore(Store):
 
     def refresh(self) -> None:
         """Forget cached array documents and shard indexes (after other processes changed the store)."""
-        self._nodes.clear()
+        self._nodes.cache.clear()
         self._engine.forget()
 
     def flush(self) -> None:
@@ -432,20 +432,17 @@ class ShardedStore(Store):
             raise TypeError(f"ShardedStore.set(): expected a zarr Buffer for {key!r}, got {type(value).__name__}")
         path = meta_path(key)
         if path is not None:
-            await self._set_meta(path, key, value.to_bytes())
+            if await self._nodes.sharded(path) is not None:
+                await asyncio.to_thread(self.flush)  # buffered chunks are keyed to the old document
+            data = await self._nodes.stored_form(path, value.to_bytes())
+            await self._base.set(key, default_buffer_prototype().buffer.from_bytes(data))
+            self._nodes.remember(path, data)
             return
         ref = await self._nodes.route(key)
         if ref is None:
             await self._base.set(key, value)
         else:
             await self._writes.submit((ref, value.to_bytes()))
-
-    async def _set_meta(self, path: str, key: str, raw: bytes) -> None:
-        if await self._nodes.sharded(path) is not None:
-            await asyncio.to_thread(self.flush)  # buffered chunks are keyed to the old document
-        data = await self._nodes.stored_form(path, raw)
-        await self._base.set(key, default_buffer_prototype().buffer.from_bytes(data))
-        self._nodes.remember(path, data)
 
     async def set_if_not_exists(self, key: str, value: Buffer) -> None:
         """Store ``value`` unless ``key`` is stored (chunks: checked and written by this process)."""
@@ -490,7 +487,7 @@ class ShardedStore(Store):
         path = meta_path(key)
         if path is not None:
             await self._base.delete(key)
-            self._nodes.forget_below(path)
+            self._nodes.cache.forget_under(path)
             return
         try:
             ref = await self._nodes.route(key)
@@ -521,7 +518,7 @@ class ShardedStore(Store):
         await self._base.delete_dir(prefix)
         if not path:
             await asyncio.to_thread(self._keep_identity)  # the open journal still belongs to this store
-        self._nodes.forget_below(path)
+        self._nodes.cache.forget_under(path)
         self._engine.forget()
 
     async def clear(self) -> None:
