@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from math import prod
@@ -32,7 +33,6 @@ import numpy as np
 
 from shardkv._types import BytesLike
 from shardkv.errors import ChecksumError, ConfigurationError, CorruptShardError
-from shardkv.format import limits
 from shardkv.format.ranges import ByteRange
 
 EMPTY = np.uint64(2**64 - 1)
@@ -43,6 +43,22 @@ MAX_SHARD_NBYTES = 2**43
 
 DEFAULT_MAX_CHUNK_NBYTES = 2**31
 """Default bound (bytes) on an entry's ``nbytes`` when the shard's size is unknown."""
+
+
+def _max_chunks_from_environment(default: int) -> int:
+    text = os.environ.get("SHARDKV_MAX_CHUNKS_PER_SHARD", "")
+    try:
+        return int(text) if text.strip() else default
+    except ValueError:
+        raise ConfigurationError(f"SHARDKV_MAX_CHUNKS_PER_SHARD must be an integer, got {text!r}") from None
+
+
+MAX_CHUNKS_PER_SHARD: int = _max_chunks_from_environment(2**24)
+"""Most inner chunks a shard layout may have (its index is allocated whole, 16 bytes per chunk).
+
+Default ``2**24`` (a 256 MiB index); set per process by the environment
+variable ``SHARDKV_MAX_CHUNKS_PER_SHARD`` (read on import).
+"""
 
 _MAX = np.uint64(MAX_SHARD_NBYTES)
 _EMPTY_INT = int(EMPTY)  # EMPTY as the Python int ``ndarray.item`` gives
@@ -273,7 +289,7 @@ class ShardLayout:
     ------
     ConfigurationError
         If a ``chunks_per_shard`` value is < 1, their product exceeds
-        :data:`shardkv.format.limits.MAX_CHUNKS_PER_SHARD`, or an option is unknown.
+        :data:`MAX_CHUNKS_PER_SHARD`, or an option is unknown.
     """
 
     chunks_per_shard: tuple[int, ...]
@@ -289,7 +305,13 @@ class ShardLayout:
         cps = tuple(int(c) for c in self.chunks_per_shard)
         if any(c < 1 for c in cps):
             raise ConfigurationError(f"chunks_per_shard values must be >= 1, got {cps}")
-        n = limits.check_chunks_per_shard(cps)  # before any index is allocated
+        n = prod(cps)
+        if n > MAX_CHUNKS_PER_SHARD:  # refused before any index is allocated
+            raise ConfigurationError(
+                f"chunks_per_shard {cps} means {n} chunks per shard (an index of {16 * n} bytes), beyond the limit "
+                f"of {MAX_CHUNKS_PER_SHARD} (shardkv.format.layout.MAX_CHUNKS_PER_SHARD, environment "
+                "SHARDKV_MAX_CHUNKS_PER_SHARD)"
+            )
         object.__setattr__(self, "chunks_per_shard", cps)
         object.__setattr__(self, "n_chunks", n)
         object.__setattr__(self, "index_nbytes", 16 * n + (4 if self.index_checksum else 0))
