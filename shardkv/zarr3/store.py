@@ -122,27 +122,8 @@ class ShardedStore(Store):
     base store's; ``supports_partial_writes`` is always false.
     """
 
-    # -- capabilities: the base store's (zarr decides from them what it may ask) ------
-
-    @property
-    def supports_writes(self) -> bool:
-        """The base store's ``supports_writes``."""
-        return bool(self._base.supports_writes)
-
-    @property
-    def supports_deletes(self) -> bool:
-        """The base store's ``supports_deletes`` (without it, shards are written once: see the class notes)."""
-        return bool(self._base.supports_deletes)
-
-    @property
-    def supports_listing(self) -> bool:
-        """The base store's ``supports_listing`` (chunk keys are listed from the shards it lists)."""
-        return bool(self._base.supports_listing)
-
-    @property
-    def supports_consolidated_metadata(self) -> bool:
-        """The base store's ``supports_consolidated_metadata``."""
-        return bool(self._base.supports_consolidated_metadata)
+    # zarr's capability flags, the base store's (set by _setup): zarr decides from them what it may ask
+    supports_writes = supports_deletes = supports_listing = supports_consolidated_metadata = True
 
     def __init__(
         self,
@@ -165,6 +146,9 @@ class ShardedStore(Store):
             base = base.with_read_only(True)
         super().__init__(read_only=read_only)
         self._base = base
+        self.supports_writes, self.supports_deletes = bool(base.supports_writes), bool(base.supports_deletes)
+        self.supports_listing = bool(base.supports_listing)  # chunk keys are listed from the shards it lists
+        self.supports_consolidated_metadata = bool(base.supports_consolidated_metadata)
         self._options = options
         # a read-only store writes nothing, so it has no writer of its own to exclude: "auto" needs no locks
         # (a read-only ZipStore offers neither lock files nor conditional writes)
@@ -568,9 +552,6 @@ class ShardedStore(Store):
                 if not hidden(name):
                     yield name
             return
-        seen: set[str] = set()
-        async for key in self.list_prefix(start):
-            name = key[len(start) :].split("/", 1)[0]
-            if name not in seen:
-                seen.add(name)
-                yield name
+        names = {key[len(start) :].split("/", 1)[0]: None async for key in self.list_prefix(start)}  # in order, once
+        for name in names:
+            yield name
