@@ -16,10 +16,9 @@ from typing import Any
 from zarr.abc.store import Store
 from zarr.core.buffer import default_buffer_prototype
 
-from shardkv._types import BytesLike
 from shardkv.engine.options import Options
 from shardkv.errors import ChunkOutOfGridError, InvalidKeyError
-from shardkv.keys.paths import chunk_owner_paths, join_path, prefix_owner_paths, split_key
+from shardkv.keys.paths import chunk_owner_paths, join_path, split_key
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.hierarchy import ZARR_JSON
 from shardkv.metadata.nodes import NodeCache
@@ -65,17 +64,14 @@ _BUILT_NODES = 64
 """How many nodes built from (path, stored ``zarr.json`` bytes) the process keeps (:func:`_build`)."""
 
 
-def _build(path: str, raw: BytesLike | None) -> Node:
+@functools.lru_cache(maxsize=_BUILT_NODES)
+def _build(path: str, raw: bytes | None) -> Node:
     """The node at ``path`` from its stored ``zarr.json`` (``None``: none); raises as :func:`transparent_array`.
 
     Kept per (path, bytes) for the process: a dask task unpickles a new store, which then parses nothing again.
     """
-    return None if raw is None else _build_stored(path, bytes(raw))
-
-
-@functools.lru_cache(maxsize=_BUILT_NODES)
-def _build_stored(path: str, raw: bytes) -> Node:
-    """:func:`_build` of stored bytes (kept)."""
+    if raw is None:
+        return None
     doc = parse_document(raw)
     if doc is not None and doc.get("node_type") == "group":  # a group is passed over when keys look for an owner
         return None
@@ -114,11 +110,14 @@ class NodeTable:
     async def node(self, path: str) -> Node:
         """The sharded array at ``path``, another array, or ``None`` (a group or nothing; read once, then cached)."""
         kept = self.cache.kept([path])
-        if kept:
-            return kept[path]
+        return kept[path] if kept else (await self._read(path))[1]
+
+    async def _read(self, path: str) -> tuple[bytes | None, Node]:
+        """The ``zarr.json`` stored at ``path`` (``None``: none), and the node to answer with (a write's wins)."""
         since = self.cache.generation  # a write meanwhile: what is read here is not kept
         raw = await self.base.get(join_path(path, ZARR_JSON), prototype=default_buffer_prototype())
-        return self._load(path, None if raw is None else raw.to_bytes(), since)
+        data = None if raw is None else raw.to_bytes()
+        return data, self.cache.load({path: _build(path, data)}, since)[path]
 
     async def _first(self, paths: list[str]) -> Node:
         """The first node among ``paths`` that is not a group or nothing (the cache's walk, reading as it goes)."""
@@ -134,15 +133,9 @@ class NodeTable:
         node = await self.node(path)
         return node if isinstance(node, ShardedArray) else None
 
-    def remember(self, path: str, raw: bytes | None) -> Node:
+    def remember(self, path: str, raw: bytes | None) -> None:
         """Record the node at ``path`` from the ``zarr.json`` just stored there (``None``: there is none)."""
-        node = _build(path, raw)
-        self.cache.set(path, node)
-        return node
-
-    def _load(self, path: str, raw: bytes | None, since: int) -> Node:
-        """Keep the node read at ``path`` since generation ``since``; the node to answer with (a write's wins)."""
-        return self.cache.load({path: _build(path, raw)}, since)[path]
+        self.cache.set(path, _build(path, raw))
 
     async def route(self, key: str) -> ChunkRef | None:
         """The chunk of a transparently sharded array that ``key`` names, or ``None`` (passed through).
@@ -175,20 +168,16 @@ class NodeTable:
 
     async def owner_of_prefix(self, prefix: str) -> ShardedArray | None:
         """The sharded array whose chunk keys ``prefix`` reaches into (past ``path/``), or ``None`` (the owner rule)."""
-        node = await self._first(prefix_owner_paths(prefix))
+        node = await self._first(chunk_owner_paths(prefix + "0"))  # the owners of the keys starting with prefix
         return node if isinstance(node, ShardedArray) else None
 
     # -- documents ----------------------------------------------------------------
 
-    async def read_document(self, path: str, key: str) -> bytes | None:
-        """The ``zarr.json`` at ``key`` as presented above the store, or ``None`` when not stored."""
-        since = self.cache.generation  # a write meanwhile: what is read here is not kept
-        raw = await self.base.get(key, prototype=default_buffer_prototype())
-        if raw is None:
-            self._load(path, None, since)
+    async def read_document(self, path: str) -> bytes | None:
+        """The ``zarr.json`` at ``path`` as presented above the store, or ``None`` when not stored."""
+        data, _ = await self._read(path)
+        if data is None:
             return None
-        data = raw.to_bytes()
-        self._load(path, data, since)
         doc = parse_document(data)
         if doc is None:
             return data
@@ -218,8 +207,8 @@ class NodeTable:
             full = join_path(path, rel)
             if await self.sharded(full) is None:
                 continue
-            raw = await self.base.get(join_path(full, ZARR_JSON), prototype=default_buffer_prototype())
-            stored = None if raw is None else parse_document(raw.to_bytes())
+            raw, _ = await self._read(full)
+            stored = None if raw is None else parse_document(raw)
             sharded = None if stored is None else resharded(child, stored)
             if sharded is not None:
                 out[rel] = sharded

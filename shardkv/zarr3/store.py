@@ -338,7 +338,7 @@ class ShardedStore(Store):
         prototype = prototype or default_buffer_prototype()
         path = meta_path(key)
         if path is not None:
-            value = await self._nodes.read_document(path, key)
+            value = await self._nodes.read_document(path)
             return None if value is None else prototype.buffer.from_bytes(_slice(value, byte_range))
         try:
             ref = await self._nodes.route(key)
