@@ -44,22 +44,22 @@ def _regular_chunk_shape(doc: Mapping[str, Any]) -> list[int] | None:
     return shape
 
 
-def _shardable(doc: Mapping[str, Any]) -> bool:
-    """True for a v3 array document this store can shard (regular grid, not sharded, no storage transformers)."""
+def _shardable_chunks(doc: Mapping[str, Any]) -> list[int] | None:
+    """The chunk shape of a v3 array document this store can shard (regular grid, no shards, no transformers)."""
     if doc.get("zarr_format") != 3 or doc.get("node_type") != "array" or MARKER in doc:
-        return False
+        return None
     shape, chunks, codecs = doc.get("shape"), _regular_chunk_shape(doc), doc.get("codecs")
     if not isinstance(shape, list) or chunks is None or len(chunks) != len(shape) or not shape:
-        return False
+        return None
     if not isinstance(codecs, list) or not codecs or doc.get("storage_transformers"):
-        return False
+        return None
     if any(isinstance(c, Mapping) and c.get("name") == SHARDING_CODEC for c in codecs):
-        return False  # the array asks for shards itself: passed through
+        return None  # the array asks for shards itself: passed through
     try:
         chunk_key_encoding_from_metadata(doc.get("chunk_key_encoding") or {"name": "default"})
     except ConfigurationError:
-        return False
-    return True
+        return None
+    return chunks
 
 
 def stored_document(path: str, doc: Mapping[str, Any], options: Options) -> dict[str, Any] | None:
@@ -83,19 +83,16 @@ def stored_document(path: str, doc: Mapping[str, Any], options: Options) -> dict
         :data:`MARKER`; ``None`` for groups, 0-d arrays, arrays that ask for
         shards, irregular grids, storage transformers, or no ``chunks_per_shard``.
     """
-    if not _shardable(doc):
-        return None
-    chunks = _regular_chunk_shape(doc)
-    cps = options.chunks_per_shard.for_array(path, len(doc["shape"]))
-    if cps is None or chunks is None:
+    chunks = _shardable_chunks(doc)
+    cps = None if chunks is None else options.chunks_per_shard.for_array(path, len(chunks))
+    if chunks is None or cps is None:
         return None
     stored = copy.deepcopy(dict(doc))
     stored["chunk_grid"] = {
         "name": "regular",
         "configuration": {"chunk_shape": [c * n for c, n in zip(chunks, cps, strict=True)]},
     }
-    codecs = copy.deepcopy(doc["codecs"])
-    stored["codecs"] = [sharding_codec(chunks, codecs, options.index_location, options.index_checksum)]
+    stored["codecs"] = [sharding_codec(chunks, stored["codecs"], options.index_location, options.index_checksum)]
     stored[MARKER] = dict(_MARKER_VALUE)
     return stored
 
@@ -161,14 +158,6 @@ def resharded(presented: Mapping[str, Any], stored: Mapping[str, Any]) -> dict[s
     shards); ``None`` when ``stored`` is not transparently sharded or differs.
     """
     view = presented_document(stored)
-    if (
-        view is None
-        or view.get("chunk_grid") != presented.get("chunk_grid")
-        or view.get("codecs") != presented.get("codecs")
-    ):
+    if view is None or any(view.get(k) != presented.get(k) for k in ("chunk_grid", "codecs")):
         return None
-    out = copy.deepcopy(dict(presented))
-    out["chunk_grid"] = copy.deepcopy(stored["chunk_grid"])
-    out["codecs"] = copy.deepcopy(stored["codecs"])
-    out[MARKER] = copy.deepcopy(stored[MARKER])
-    return out
+    return {**copy.deepcopy(dict(presented)), **copy.deepcopy({k: stored[k] for k in ("chunk_grid", "codecs", MARKER)})}
