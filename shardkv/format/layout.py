@@ -488,7 +488,4 @@ class ShardLayout:
         view = memoryview(shard).cast("B")
         if index is None:
             index = self.index_of_shard(view, shard_key)
-        out: dict[tuple[int, ...], memoryview] = {}
-        for local, offset, nbytes in index.stored_entries():
-            out[local] = view[offset : offset + nbytes]
-        return out
+        return {local: view[offset : offset + nbytes] for local, offset, nbytes in index.stored_entries()}
