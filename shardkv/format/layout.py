@@ -175,19 +175,13 @@ class ShardIndex:
             ``[data_start, data_stop)``, or (size unknown) ``nbytes`` exceeds
             ``max_chunk_nbytes``.
         """
-        off = self.entries[..., 0]
-        nb = self.entries[..., 1]
-        off_empty = off == EMPTY
-        nb_empty = nb == EMPTY
-        half = off_empty ^ nb_empty
+        off, nb = self.entries[..., 0], self.entries[..., 1]
+        half = (off == EMPTY) ^ (nb == EMPTY)
         if half.any():
             where = tuple(int(c) for c in np.argwhere(half)[0])
             raise CorruptShardError(shard_key, f"index entry {where} has only one of offset/nbytes set to 2**64-1")
-        present = ~off_empty
-        if not present.any():
-            return
-        offs = off[present]
-        nbs = nb[present]
+        present = off != EMPTY
+        offs, nbs = off[present], nb[present]
         # compared before adding, so nothing wraps: offset + nbytes <= MAX_SHARD_NBYTES
         bad = (offs < data_start) | (offs > _MAX) | (nbs > _MAX - np.minimum(offs, _MAX))
         if data_stop is not None:
