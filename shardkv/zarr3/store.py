@@ -442,18 +442,16 @@ class ShardedStore(Store):
         """Store several values; the chunks of one shard are written with one shard write."""
         self._check_writable()
         await self._ensure_open()
-        refs: list[ChunkRef] = []
-        data: list[bytes] = []
+        chunks: list[tuple[ChunkRef, bytes]] = []
         for key, value in values:
             check_not_reserved(key)
             ref = await self._nodes.route(key)
             if ref is None:
                 await self.set(key, value)
             else:
-                refs.append(ref)
-                data.append(value.to_bytes())
-        if refs:
-            await asyncio.to_thread(self._write, list(zip(refs, data, strict=True)))
+                chunks.append((ref, value.to_bytes()))
+        if chunks:
+            await asyncio.to_thread(self._write, chunks)
 
     async def delete(self, key: str) -> None:
         """Delete ``key`` (nothing happens when it is not stored).
