@@ -185,8 +185,7 @@ class NodeTable:
         if presented is not None:
             return _dump(presented)
         # a group's consolidated documents of sharded arrays: presented unsharded as well
-        children = consolidated_children(doc)
-        views = {rel: view for rel, child in children.items() if (view := presented_document(child)) is not None}
+        views = {r: view for r, child in consolidated_children(doc).items() if (view := presented_document(child))}
         return _dump(map_consolidated(doc, views)) if views else data
 
     async def stored_form(self, path: str, raw: bytes) -> bytes:
@@ -204,10 +203,7 @@ class NodeTable:
         """The stored (sharded) documents of the sharded arrays a group document consolidates, by relative path."""
         out: dict[str, dict[str, Any]] = {}
         for rel, child in consolidated_children(doc).items():
-            full = join_path(path, rel)
-            if await self.sharded(full) is None:
-                continue
-            raw, _ = await self._read(full)
+            raw, _ = await self._read(join_path(path, rel))
             stored = None if raw is None else parse_document(raw)
             sharded = None if stored is None else resharded(child, stored)
             if sharded is not None:
