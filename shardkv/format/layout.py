@@ -437,28 +437,19 @@ class ShardLayout:
             If a local coord lies outside ``chunks_per_shard``.
         """
         order = sorted(chunks)
-        cps = self.chunks_per_shard
-        index = ShardIndex.empty(cps)
-        parts: list[BytesLike] = []
-        start = self.index_nbytes if self.index_location == "start" else 0
-        if order:
-            flat = self._flat_positions(order)
-            values = list(map(chunks.__getitem__, order))
-            if set(map(type, values)) == {bytes}:
-                sizes = np.fromiter(map(len, values), dtype=np.uint64, count=len(values))
-            else:
-                sizes = np.array([memoryview(v).nbytes for v in values], dtype=np.uint64)
-            offsets = np.cumsum(sizes, dtype=np.uint64) - sizes
-            entries = index.entries.reshape(-1, 2)
-            entries[flat, 0] = offsets + np.uint64(start) if start else offsets
-            entries[flat, 1] = sizes
-            parts = values
-        encoded_index = self.encode_index(index)
-        if self.index_location == "start":
-            parts.insert(0, encoded_index)
+        index = ShardIndex.empty(self.chunks_per_shard)
+        values: list[BytesLike] = list(map(chunks.__getitem__, order))
+        if set(map(type, values)) == {bytes}:
+            sizes = np.fromiter(map(len, values), dtype=np.uint64, count=len(values))
         else:
-            parts.append(encoded_index)
-        return parts, index
+            sizes = np.array([memoryview(v).nbytes for v in values], dtype=np.uint64)
+        entries = index.entries.reshape(-1, 2)
+        flat = self._flat_positions(order)
+        start = self.index_nbytes if self.index_location == "start" else 0
+        entries[flat, 0] = np.cumsum(sizes, dtype=np.uint64) - sizes + np.uint64(start)
+        entries[flat, 1] = sizes
+        encoded_index = self.encode_index(index)
+        return ([encoded_index, *values] if self.index_location == "start" else [*values, encoded_index]), index
 
     def _flat_positions(self, order: Sequence[tuple[int, ...]]) -> np.ndarray:
         """Row-major positions in the index of local coords (``intp``); ConfigurationError for one outside."""
