@@ -163,8 +163,6 @@ def plan_reads(wanted: Sequence[ByteRange], stored_nbytes: int, policy: ReadPoli
     One ``ByteRange(0, None)`` for the whole shard when the wanted bytes reach
     ``policy.whole_shard_fraction * stored_nbytes``, else :func:`coalesce`'s.
     """
-    if not wanted:
-        return []
     want = total_nbytes(wanted)
     if stored_nbytes > 0 and want >= policy.whole_shard_fraction * stored_nbytes and len(wanted) > 1:
         members = tuple((i, r.start, r.nbytes or 0) for i, r in enumerate(wanted))

@@ -236,8 +236,6 @@ def recovered_nbytes(intent: AppendIntent, nbytes: int, old_tail_holds: bool, ap
         a later writer's bytes).
     """
     old, new = intent.old_nbytes, intent.new_nbytes
-    if nbytes <= old or nbytes > new or not old_tail_holds:
-        return None
-    if nbytes == new and appended_holds:
+    if nbytes <= old or nbytes > new or not old_tail_holds or (nbytes == new and appended_holds):
         return None
     return old
