@@ -122,11 +122,9 @@ def chunk_key_encoding_from_metadata(meta: dict[str, Any]) -> ChunkKeyEncoding:
     """The encoding a v3 ``chunk_key_encoding`` object describes; ConfigurationError for an unknown one."""
     name = meta.get("name")
     separator = (meta.get("configuration") or {}).get("separator")
-    if name == "default":
-        return DefaultChunkKeyEncoding(separator or "/")
-    if name == "v2":
-        return V2ChunkKeyEncoding(separator or ".")
-    raise ConfigurationError(f"unknown chunk_key_encoding {meta!r}; expected name 'default' or 'v2'")
+    if name not in ("default", "v2"):
+        raise ConfigurationError(f"unknown chunk_key_encoding {meta!r}; expected name 'default' or 'v2'")
+    return DefaultChunkKeyEncoding(separator or "/") if name == "default" else V2ChunkKeyEncoding(separator or ".")
 
 
 def grid_shape(shape: Sequence[int], chunks: Sequence[int]) -> tuple[int, ...]:
@@ -232,17 +230,13 @@ class ShardedArray:
     @cached_property
     def chunk_grid_shape(self) -> tuple[int, ...] | None:
         """Number of inner chunks along each dimension, ``None`` when the grid is unknown."""
-        if self.shape is None or self.chunks is None:
-            return None
-        return grid_shape(self.shape, self.chunks)
+        return None if self.shape is None or self.chunks is None else grid_shape(self.shape, self.chunks)
 
     @property
     def shard_grid_shape(self) -> tuple[int, ...] | None:
         """Number of shards along each dimension, ``None`` when the grid is unknown."""
         grid = self.chunk_grid_shape
-        if grid is None:
-            return None
-        return grid_shape(grid, self.chunks_per_shard)
+        return None if grid is None else grid_shape(grid, self.chunks_per_shard)
 
     def with_shape(self, shape: Sequence[int]) -> ShardedArray:
         """The same array after a resize."""
