@@ -146,8 +146,7 @@ def map_consolidated(doc: Mapping[str, Any], replace: Mapping[str, Mapping[str, 
     out = copy.deepcopy(dict(doc))
     children = consolidated_nodes(out)
     if isinstance(children, dict):  # the block of the copy: swapped in place
-        for rel, child in replace.items():
-            children[rel] = copy.deepcopy(dict(child))
+        children.update(copy.deepcopy(dict(replace)))
     return out
 
 
