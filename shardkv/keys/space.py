@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from math import ceil, prod
 from operator import floordiv, ge, mod, sub
@@ -50,18 +50,16 @@ class ChunkKeyEncoding:
     """Base of the chunk key encodings: chunk coords <-> key suffix ``head + separator.join(coords)``."""
 
     separator: Separator = "/"
+    head: str = field(init=False, repr=False, compare=False)  # what precedes the coordinates in a key suffix
 
     name = "abstract"
+    head_template = "c{}"  # the head, ``{}`` standing for the separator
     zero_key = "c"  # the key suffix of the one chunk of a 0-d array
 
     def __post_init__(self) -> None:
         if self.separator not in (".", "/"):
             raise ConfigurationError(f"chunk key separator must be '.' or '/', got {self.separator!r}")
-
-    @property
-    def head(self) -> str:
-        """What precedes the coordinates in a key suffix."""
-        return "c" + self.separator
+        object.__setattr__(self, "head", self.head_template.format(self.separator))
 
     def encode(self, chunk_coords: Sequence[int]) -> str:
         """The key suffix (relative to the array path) of a chunk."""
@@ -90,11 +88,8 @@ class V2ChunkKeyEncoding(ChunkKeyEncoding):
 
     separator: Separator = "."
     name = "v2"
+    head_template = ""
     zero_key = "0"
-
-    @property
-    def head(self) -> str:
-        return ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +104,7 @@ class Draft2022ChunkKeyEncoding(ChunkKeyEncoding):
     """2022 draft keys under ``data/root/<path>/``: ``c1/2`` (or ``c1.2``), ``c`` for 0-d."""
 
     name = "draft2022"
-
-    @property
-    def head(self) -> str:
-        return "c"
+    head_template = "c"
 
     def to_metadata(self) -> dict[str, Any]:
         return {"type": "regular", "separator": self.separator}
@@ -391,9 +383,10 @@ class ShardedArray:
 
     def n_chunks_in_shard(self, shard_coords: Sequence[int]) -> int:
         """How many of the shard's inner chunks are available (inside the grid when known)."""
-        if self.chunk_grid_shape is None:
+        grid = self.chunk_grid_shape
+        if grid is None:
             return self.layout.n_chunks
-        return prod(map(len, self.extent(shard_coords)))
+        return prod(map(len, shard_extent(shard_coords, self.chunks_per_shard, grid)))
 
     def shard_keys(self) -> Iterator[tuple[str, tuple[int, ...]]]:
         """Every possible shard key of the array with its shard coords, row-major; ValueError if the grid is unknown."""
