@@ -119,12 +119,12 @@ class NodeTable:
         data = None if raw is None else raw.to_bytes()
         return data, self.cache.load({path: _build(path, data)}, since)[path]
 
-    async def _first(self, paths: list[str]) -> Node:
-        """The first node among ``paths`` that is not a group or nothing (the cache's walk, reading as it goes)."""
+    async def _first(self, paths: list[str]) -> ShardedArray | None:
+        """The first node among ``paths`` that is not a group or nothing, if a sharded array (the cache's walk)."""
         for _ in range(2 * len(paths) + 1):  # each round reads one more path (or one again a write changed meanwhile)
             walked = self.cache.walk(paths, _is_node)
             if walked.unread is None:
-                return walked.node
+                return walked.node if isinstance(walked.node, ShardedArray) else None
             await self.node(walked.unread)
         return None
 
@@ -164,12 +164,11 @@ class NodeTable:
     async def array_of_shard(self, key: str) -> ShardedArray | None:
         """The sharded array whose shard the stored key ``key`` is, or ``None``."""
         node = await self._first(chunk_owner_paths(key))
-        return node if isinstance(node, ShardedArray) and node.shard_coords_of(key) is not None else None
+        return node if node is not None and node.shard_coords_of(key) is not None else None
 
     async def owner_of_prefix(self, prefix: str) -> ShardedArray | None:
         """The sharded array whose chunk keys ``prefix`` reaches into (past ``path/``), or ``None`` (the owner rule)."""
-        node = await self._first(chunk_owner_paths(prefix + "0"))  # the owners of the keys starting with prefix
-        return node if isinstance(node, ShardedArray) else None
+        return await self._first(chunk_owner_paths(prefix + "0"))  # the owners of the keys starting with prefix
 
     # -- documents ----------------------------------------------------------------
 
