@@ -32,7 +32,7 @@ import zarr
 from shardkv import ShardedStore
 from shardkv.codecs.inner import CodecPipeline
 from shardkv.errors import ConfigurationError, CorruptShardError
-from shardkv.format import limits
+from shardkv.format import layout
 from shardkv.format.layout import ShardLayout
 
 MEMORY_LIMIT = 2 * 2**30  # bytes of address space for a CLI run: far below what a grid walk or a bomb would take
@@ -155,7 +155,7 @@ def test_reads_through_the_inner_codecs_stop_at_the_declared_size() -> None:
 def test_a_layout_beyond_the_chunk_limit_is_refused_before_any_allocation(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigurationError, match=r"1000000000 chunks per shard .* beyond the limit of 16777216"):
         ShardLayout((10**9,))
-    monkeypatch.setattr(limits, "MAX_CHUNKS_PER_SHARD", 10)
+    monkeypatch.setattr(layout, "MAX_CHUNKS_PER_SHARD", 10)
     with pytest.raises(ConfigurationError, match="beyond the limit of 10"):
         ShardLayout((4, 4))
     assert ShardLayout((2, 5)).chunks_per_shard == (2, 5)

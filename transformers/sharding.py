@@ -22,7 +22,7 @@ from shardkv.engine.options import DEFAULT_INDEX_CACHE_BYTES, DEFAULT_LOCK_TIMEO
 from shardkv.errors import ConfigurationError, UnsupportedError
 from shardkv.format.layout import ShardLayout, chunk_nbytes_bound
 from shardkv.format.ranges import ReadPolicy
-from shardkv.keys.prefixes import expand_shard_prefix, shard_prefix, split_prefix
+from shardkv.keys.listing import expand_shard_prefix, shard_prefix, split_prefix
 from shardkv.keys.space import ChunkRef, Draft2022ChunkKeyEncoding, Separator, ShardedArray
 
 from .adapter import AdapterStore

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from math import prod
@@ -32,7 +33,6 @@ import numpy as np
 
 from shardkv._types import BytesLike
 from shardkv.errors import ChecksumError, ConfigurationError, CorruptShardError
-from shardkv.format import limits
 from shardkv.format.ranges import ByteRange
 
 EMPTY = np.uint64(2**64 - 1)
@@ -43,6 +43,22 @@ MAX_SHARD_NBYTES = 2**43
 
 DEFAULT_MAX_CHUNK_NBYTES = 2**31
 """Default bound (bytes) on an entry's ``nbytes`` when the shard's size is unknown."""
+
+
+def _max_chunks_from_environment(default: int) -> int:
+    text = os.environ.get("SHARDKV_MAX_CHUNKS_PER_SHARD", "")
+    try:
+        return int(text) if text.strip() else default
+    except ValueError:
+        raise ConfigurationError(f"SHARDKV_MAX_CHUNKS_PER_SHARD must be an integer, got {text!r}") from None
+
+
+MAX_CHUNKS_PER_SHARD: int = _max_chunks_from_environment(2**24)
+"""Most inner chunks a shard layout may have (its index is allocated whole, 16 bytes per chunk).
+
+Default ``2**24`` (a 256 MiB index); set per process by the environment
+variable ``SHARDKV_MAX_CHUNKS_PER_SHARD`` (read on import).
+"""
 
 _MAX = np.uint64(MAX_SHARD_NBYTES)
 _EMPTY_INT = int(EMPTY)  # EMPTY as the Python int ``ndarray.item`` gives
@@ -83,9 +99,6 @@ class ShardIndex:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ShardIndex) and np.array_equal(self.entries, other.entries)
-
-    def __repr__(self) -> str:
-        return f"ShardIndex(chunks_per_shard={self.chunks_per_shard}, present={self.count_present()})"
 
     def copy(self) -> ShardIndex:
         """An independent copy."""
@@ -162,19 +175,13 @@ class ShardIndex:
             ``[data_start, data_stop)``, or (size unknown) ``nbytes`` exceeds
             ``max_chunk_nbytes``.
         """
-        off = self.entries[..., 0]
-        nb = self.entries[..., 1]
-        off_empty = off == EMPTY
-        nb_empty = nb == EMPTY
-        half = off_empty ^ nb_empty
+        off, nb = self.entries[..., 0], self.entries[..., 1]
+        half = (off == EMPTY) ^ (nb == EMPTY)
         if half.any():
             where = tuple(int(c) for c in np.argwhere(half)[0])
             raise CorruptShardError(shard_key, f"index entry {where} has only one of offset/nbytes set to 2**64-1")
-        present = ~off_empty
-        if not present.any():
-            return
-        offs = off[present]
-        nbs = nb[present]
+        present = off != EMPTY
+        offs, nbs = off[present], nb[present]
         # compared before adding, so nothing wraps: offset + nbytes <= MAX_SHARD_NBYTES
         bad = (offs < data_start) | (offs > _MAX) | (nbs > _MAX - np.minimum(offs, _MAX))
         if data_stop is not None:
@@ -245,15 +252,6 @@ def _positions(chunks_per_shard: tuple[int, ...]) -> dict[tuple[int, ...], int] 
     return {coords: i for i, coords in enumerate(itertools.product(*map(range, chunks_per_shard)))}
 
 
-@functools.lru_cache(maxsize=64)
-def _grid_arrays(chunks_per_shard: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Row-major strides and bounds (``intp``, read-only) of the index positions of ``chunks_per_shard``."""
-    strides = np.array([prod(chunks_per_shard[d + 1 :]) for d in range(len(chunks_per_shard))], dtype=np.intp)
-    bounds = np.array(chunks_per_shard, dtype=np.intp)
-    strides.flags.writeable = bounds.flags.writeable = False
-    return strides, bounds
-
-
 @dataclass(frozen=True, slots=True)
 class ShardLayout:
     """Where the index goes and how it is encoded, for shards of one array.
@@ -285,7 +283,7 @@ class ShardLayout:
     ------
     ConfigurationError
         If a ``chunks_per_shard`` value is < 1, their product exceeds
-        :data:`shardkv.format.limits.MAX_CHUNKS_PER_SHARD`, or an option is unknown.
+        :data:`MAX_CHUNKS_PER_SHARD`, or an option is unknown.
     """
 
     chunks_per_shard: tuple[int, ...]
@@ -301,7 +299,13 @@ class ShardLayout:
         cps = tuple(int(c) for c in self.chunks_per_shard)
         if any(c < 1 for c in cps):
             raise ConfigurationError(f"chunks_per_shard values must be >= 1, got {cps}")
-        n = limits.check_chunks_per_shard(cps)  # before any index is allocated
+        n = prod(cps)
+        if n > MAX_CHUNKS_PER_SHARD:  # refused before any index is allocated
+            raise ConfigurationError(
+                f"chunks_per_shard {cps} means {n} chunks per shard (an index of {16 * n} bytes), beyond the limit "
+                f"of {MAX_CHUNKS_PER_SHARD} (shardkv.format.layout.MAX_CHUNKS_PER_SHARD, environment "
+                "SHARDKV_MAX_CHUNKS_PER_SHARD)"
+            )
         object.__setattr__(self, "chunks_per_shard", cps)
         object.__setattr__(self, "n_chunks", n)
         object.__setattr__(self, "index_nbytes", 16 * n + (4 if self.index_checksum else 0))
@@ -433,55 +437,34 @@ class ShardLayout:
             If a local coord lies outside ``chunks_per_shard``.
         """
         order = sorted(chunks)
-        cps = self.chunks_per_shard
-        index = ShardIndex.empty(cps)
-        parts: list[BytesLike] = []
-        start = self.index_nbytes if self.index_location == "start" else 0
-        if order:
-            flat = self._flat_positions(order)
-            values = list(map(chunks.__getitem__, order))
-            if set(map(type, values)) == {bytes}:
-                sizes = np.fromiter(map(len, values), dtype=np.uint64, count=len(values))
-            else:
-                sizes = np.array([memoryview(v).nbytes for v in values], dtype=np.uint64)
-            offsets = np.cumsum(sizes, dtype=np.uint64) - sizes
-            entries = index.entries.reshape(-1, 2)
-            entries[flat, 0] = offsets + np.uint64(start) if start else offsets
-            entries[flat, 1] = sizes
-            parts = values
-        encoded_index = self.encode_index(index)
-        if self.index_location == "start":
-            parts.insert(0, encoded_index)
+        index = ShardIndex.empty(self.chunks_per_shard)
+        values: list[BytesLike] = list(map(chunks.__getitem__, order))
+        if set(map(type, values)) == {bytes}:
+            sizes = np.fromiter(map(len, values), dtype=np.uint64, count=len(values))
         else:
-            parts.append(encoded_index)
-        return parts, index
+            sizes = np.array([memoryview(v).nbytes for v in values], dtype=np.uint64)
+        entries = index.entries.reshape(-1, 2)
+        flat = self._flat_positions(order)
+        start = self.index_nbytes if self.index_location == "start" else 0
+        entries[flat, 0] = np.cumsum(sizes, dtype=np.uint64) - sizes + np.uint64(start)
+        entries[flat, 1] = sizes
+        encoded_index = self.encode_index(index)
+        return ([encoded_index, *values] if self.index_location == "start" else [*values, encoded_index]), index
 
     def _flat_positions(self, order: Sequence[tuple[int, ...]]) -> np.ndarray:
         """Row-major positions in the index of local coords (``intp``); ConfigurationError for one outside."""
         cps = self.chunks_per_shard
         positions = _positions(cps)
-        if positions is not None:
-            try:
+        try:
+            if positions is not None:
                 return np.fromiter(map(positions.__getitem__, order), dtype=np.intp, count=len(order))
-            except (KeyError, TypeError):  # a coord outside the shard (or not a tuple of ints): checked below
-                pass
-        strides, bounds = _grid_arrays(cps)
-        coords = None
-        if set(map(len, order)) == {len(cps)}:  # every coord of the right length: parsed in one pass
-            try:
-                coords = np.fromiter(itertools.chain.from_iterable(order), dtype=np.intp, count=len(order) * len(cps))
-            except (ValueError, TypeError, OverflowError):  # not integers: checked one by one below
-                coords = None
-        if coords is not None:
-            coords = coords.reshape(len(order), len(cps))
-            if ((coords >= 0) & (coords < bounds)).all():
-                return coords @ strides
-        flat = []
+            return np.asarray(np.ravel_multi_index(np.array(order, dtype=np.intp).T, cps))
+        except (KeyError, TypeError, ValueError, OverflowError):  # a coord outside the shard: named below
+            pass
         for local in order:
             if len(local) != len(cps) or any(not 0 <= c < n for c, n in zip(local, cps, strict=True)):
                 raise ConfigurationError(f"local coords {local} lie outside chunks_per_shard {cps}")
-            flat.append(sum(int(c) * int(s) for c, s in zip(local, strides, strict=True)))
-        return np.array(flat, dtype=np.intp)
+        raise ConfigurationError(f"local coords {list(order)} are not integers")
 
     def chunks_of_shard(
         self, shard: BytesLike, shard_key: str, index: ShardIndex | None = None
@@ -490,7 +473,4 @@ class ShardLayout:
         view = memoryview(shard).cast("B")
         if index is None:
             index = self.index_of_shard(view, shard_key)
-        out: dict[tuple[int, ...], memoryview] = {}
-        for local, offset, nbytes in index.stored_entries():
-            out[local] = view[offset : offset + nbytes]
-        return out
+        return {local: view[offset : offset + nbytes] for local, offset, nbytes in index.stored_entries()}

@@ -102,28 +102,22 @@ def coalesce(
     """
     if max_gap < 0 or max_size < 0:
         raise ValueError(f"max_gap and max_size must be >= 0, got {max_gap} and {max_size}")
-    order = sorted(range(len(ranges)), key=lambda i: (ranges[i].start, ranges[i].stop))
-    out: list[CoalescedRead] = []
-    cur_start = cur_stop = 0
-    cur_members: list[tuple[int, int, int]] = []  # (position, start, stop) of the ranges in the current request
-
-    def flush() -> None:
-        if cur_members:
-            members = tuple((i, start - cur_start, stop - start) for i, start, stop in cur_members)
-            out.append(CoalescedRead(ByteRange(cur_start, cur_stop), members))
-
-    for i in order:
+    requests: list[tuple[int, int, list[tuple[int, int, int]]]] = []  # start, stop, (position, start, stop)
+    for i in sorted(range(len(ranges)), key=lambda j: (ranges[j].start, ranges[j].stop)):
         r = ranges[i]
         if r.is_suffix or r.stop is None:
             raise ValueError(f"coalesce takes explicit ranges only, got {r}")
-        if cur_members and r.start - cur_stop <= max_gap and max(cur_stop, r.stop) - cur_start <= max_size:
-            cur_stop = max(cur_stop, r.stop)
-            cur_members.append((i, r.start, r.stop))
-            continue
-        flush()
-        cur_start, cur_stop, cur_members = r.start, r.stop, [(i, r.start, r.stop)]
-    flush()
-    return out
+        start, stop, members = requests[-1] if requests else (0, 0, [])
+        if members and r.start - stop <= max_gap and max(stop, r.stop) - start <= max_size:
+            requests[-1] = (start, max(stop, r.stop), members)
+        else:
+            members = []
+            requests.append((r.start, r.stop, members))
+        members.append((i, r.start, r.stop))
+    return [
+        CoalescedRead(ByteRange(start, stop), tuple((i, a - start, b - a) for i, a, b in members))
+        for start, stop, members in requests
+    ]
 
 
 def total_nbytes(ranges: Iterable[ByteRange]) -> int:
@@ -169,8 +163,6 @@ def plan_reads(wanted: Sequence[ByteRange], stored_nbytes: int, policy: ReadPoli
     One ``ByteRange(0, None)`` for the whole shard when the wanted bytes reach
     ``policy.whole_shard_fraction * stored_nbytes``, else :func:`coalesce`'s.
     """
-    if not wanted:
-        return []
     want = total_nbytes(wanted)
     if stored_nbytes > 0 and want >= policy.whole_shard_fraction * stored_nbytes and len(wanted) > 1:
         members = tuple((i, r.start, r.nbytes or 0) for i, r in enumerate(wanted))

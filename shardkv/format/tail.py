@@ -26,10 +26,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-import crc32c as _crc32c
-
 from shardkv._types import BytesLike, LocalCoords
-from shardkv.format.layout import ShardIndex, ShardLayout
+from shardkv.format.layout import ShardIndex, ShardLayout, crc32c_of
 
 TailHow = Literal["clone", "append"]
 INTENT_MAGIC = b"SKVAPND2"
@@ -48,7 +46,7 @@ def parts_crc32c(parts: Iterable[BytesLike]) -> int:
     """CRC32C (Castagnoli, unsigned 32-bit) of the concatenation of ``parts``, without joining them."""
     value = 0
     for part in parts:
-        value = _crc32c.crc32c(part, value)
+        value = crc32c_of(part, value)
     return value
 
 
@@ -192,7 +190,7 @@ class AppendIntent:
             raise ValueError(f"shard path of {len(path)} bytes is too long for an append intent: {self.path!r}")
         head = (self.inode, self.old_nbytes, self.new_nbytes, self.old_tail_crc32c, self.crc32c, len(path))
         body = _HEAD.pack(INTENT_MAGIC, *head) + path
-        return body + _CRC.pack(_crc32c.crc32c(body))
+        return body + _CRC.pack(crc32c_of(body))
 
     @classmethod
     def decode(cls, data: BytesLike) -> AppendIntent | None:
@@ -204,7 +202,7 @@ class AppendIntent:
         end = _HEAD.size + n_path
         if n_path > _MAX_PATH_NBYTES or len(view) < end + _CRC.size:
             return None
-        if _CRC.unpack_from(view, end)[0] != _crc32c.crc32c(view[:end]) or new < old:
+        if _CRC.unpack_from(view, end)[0] != crc32c_of(view[:end]) or new < old:
             return None
         path = bytes(view[_HEAD.size : end]).decode("utf-8", "surrogateescape")
         return cls(path, inode, old, new, old_tail_crc, crc)
@@ -238,8 +236,6 @@ def recovered_nbytes(intent: AppendIntent, nbytes: int, old_tail_holds: bool, ap
         a later writer's bytes).
     """
     old, new = intent.old_nbytes, intent.new_nbytes
-    if nbytes <= old or nbytes > new or not old_tail_holds:
-        return None
-    if nbytes == new and appended_holds:
+    if nbytes <= old or nbytes > new or not old_tail_holds or (nbytes == new and appended_holds):
         return None
     return old

@@ -1,4 +1,9 @@
-"""Chunk keys of listings, built from shard indexes with one string join per key. Pure."""
+"""Chunk keys of listings, built from shard indexes with one string join per key, and listing prefixes. Pure.
+
+Draft "API implementation": a chunk-key prefix naming part of the chunk grid
+is translated to the prefix of the shards holding those chunks
+(:func:`split_prefix`, :func:`shard_prefix`, :func:`expand_shard_prefix`).
+"""
 
 from __future__ import annotations
 
@@ -11,17 +16,6 @@ import numpy as np
 from shardkv.keys.space import ShardedArray
 
 DENSE_GRID_FACTOR = 4  # sorted_chunk_names masks the whole grid up to this many times the listed shards' chunks
-
-
-def _local_extent(arr: ShardedArray, shard_coords: Sequence[int], in_grid_only: bool) -> list[range]:
-    """The chunk coords each dimension of a shard spans (clipped to the grid when asked and known)."""
-    grid = arr.chunk_grid_shape if in_grid_only else None
-    out = []
-    for d, (s, n) in enumerate(zip(shard_coords, arr.chunks_per_shard, strict=True)):
-        start = s * n
-        stop = start + n if grid is None else min(start + n, grid[d])
-        out.append(range(start, max(start, stop)))
-    return out
 
 
 def _product_keys(head: str, sep: str, strings: Sequence[Sequence[str]]) -> list[str]:
@@ -41,17 +35,13 @@ def shard_chunk_keys(
     ``present`` is the shard's :meth:`~shardkv.format.layout.ShardIndex.present_mask`
     (bool, shape ``chunks_per_shard``).
     """
-    extent = _local_extent(arr, shard_coords, in_grid_only)
+    extent = arr.extent(shard_coords, in_grid_only)
     mask = present[tuple(slice(0, len(r)) for r in extent)]
     form = arr.chunk_key_form
-    if form is None or not mask.size:
+    n_present = int(np.count_nonzero(mask))
+    if form is None or n_present * 8 < mask.size:  # 0-d, or a sparse shard: build only the stored keys
         offset = np.asarray([r.start for r in extent], dtype=np.int64)
         return [arr.chunk_key(row) for row in (np.argwhere(mask) + offset).tolist()]
-    n_present = int(np.count_nonzero(mask))
-    if n_present * 8 < mask.size:  # sparse shard: build only the stored keys
-        head, sep = form
-        offset = np.asarray([r.start for r in extent], dtype=np.int64)
-        return [head + sep.join(map(str, row)) for row in (np.argwhere(mask) + offset).tolist()]
     keys = _product_keys(*form, [[str(c) for c in r] for r in extent])
     if n_present == mask.size:
         return keys
@@ -62,7 +52,7 @@ def shard_chunk_count(
     arr: ShardedArray, shard_coords: Sequence[int], present: np.ndarray, in_grid_only: bool = True
 ) -> int:
     """How many keys :func:`shard_chunk_keys` gives for the shard (none is built)."""
-    extent = _local_extent(arr, shard_coords, in_grid_only)
+    extent = arr.extent(shard_coords, in_grid_only)
     return int(np.count_nonzero(present[tuple(slice(0, len(r)) for r in extent)]))
 
 
@@ -82,9 +72,7 @@ def sorted_chunk_names(
         return None
     held = np.zeros(grid, dtype=bool)
     for shard_coords, present in shards:
-        extent = _local_extent(arr, shard_coords, True)
-        if any(not len(r) for r in extent):
-            continue
+        extent = arr.extent(shard_coords)
         held[tuple(slice(r.start, r.stop) for r in extent)] = present[tuple(slice(0, len(r)) for r in extent)]
     orders = [sorted(range(n), key=str) for n in grid]  # coords in the order of their strings
     held = held[np.ix_(*orders)]
@@ -92,3 +80,64 @@ def sorted_chunk_names(
     if held.all():
         return names
     return list(itertools.compress(names, held.ravel().tolist()))
+
+
+def _canonical_int(text: str) -> int | None:
+    if text.isdigit() and text.isascii() and (len(text) == 1 or text[0] != "0"):
+        return int(text)
+    return None
+
+
+def split_prefix(arr: ShardedArray, prefix: str) -> tuple[list[int], bool] | None:
+    """``(coords, ok)``: the chunk coords complete in ``prefix`` and whether a chunk key can start with it.
+
+    ``None`` when ``prefix`` does not reach past the array's key prefix. A
+    trailing partial coordinate is left out (``c1`` may continue as ``c10``).
+    """
+    if not prefix.startswith(arr.key_prefix) or len(prefix) == len(arr.key_prefix):
+        return None
+    part = prefix[len(arr.key_prefix) :]
+    head = arr.chunk_key_encoding.head
+    if not part.startswith(head):
+        return [], head.startswith(part)
+    pieces = part[len(head) :].split(arr.chunk_key_encoding.separator)
+    coords = []
+    for piece in pieces[:-1]:
+        value = _canonical_int(piece)
+        if value is None:
+            return [], False
+        coords.append(value)
+    if len(coords) >= max(arr.ndim, 1):
+        return [], False
+    return coords, True
+
+
+def shard_prefix(arr: ShardedArray, coords: Sequence[int]) -> str:
+    """The prefix of the shard keys holding the chunks whose keys start with ``coords``."""
+    head = arr.chunk_key_encoding.head
+    if not coords:
+        return arr.key_prefix + head
+    shard = [c // n for c, n in zip(coords, arr.chunks_per_shard, strict=False)]  # coords may be a leading part
+    sep = arr.shard_key_encoding.separator
+    return arr.key_prefix + head + sep.join(str(s) for s in shard) + sep
+
+
+def expand_shard_prefix(arr: ShardedArray, listed: str, fixed: Sequence[int]) -> list[str] | None:
+    """Chunk-key prefixes of the depth of ``listed`` (a partial shard key ``.../c1/`` a listing returned).
+
+    Coords in ``fixed`` (named by the listing) stay; the rest span the shards
+    below ``listed`` (clipped to the grid when known). ``None`` if ``listed``
+    is not a partial shard key.
+    """
+    part = listed[len(arr.key_prefix) :].rstrip("/")
+    head = arr.chunk_key_encoding.head
+    if arr.shard_key_encoding.separator != "/" or not part.startswith(head.rstrip("/")):
+        return None
+    parsed = [_canonical_int(p) for p in part[len(head.rstrip("/")) :].lstrip("/").split("/")]
+    coords = [c for c in parsed if c is not None]
+    if len(coords) != len(parsed) or not 0 < len(coords) < arr.ndim:
+        return None
+    choices: list[Sequence[int]] = [*arr.extent(coords)]  # leading shard coords: the leading dimensions
+    for d, f in enumerate(fixed[: len(coords)]):
+        choices[d] = [f] if f // arr.chunks_per_shard[d] == coords[d] else []
+    return [arr.key_prefix + head + "/".join(map(str, c)) + "/" for c in itertools.product(*choices)]

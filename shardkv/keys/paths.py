@@ -154,11 +154,6 @@ def chunk_owner_paths(key: str) -> list[str]:
     return ["/".join(segments[:i]) for i in range(top, len(segments))]
 
 
-def prefix_owner_paths(prefix: str) -> list[str]:
-    """:func:`chunk_owner_paths` of keys starting with the listing ``prefix`` (those of ``prefix + "0"``)."""
-    return chunk_owner_paths(prefix + "0")
-
-
 def chunkish_under(path: str, key: str) -> bool:
     """True if ``key`` lies under ``path`` and every segment after it is chunk-like (a chunk or shard key of it)."""
     prefix = path_prefix(path)

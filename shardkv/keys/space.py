@@ -21,10 +21,10 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from math import ceil, prod
-from operator import floordiv, ge, mod
+from operator import floordiv, ge, mod, sub
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
@@ -47,23 +47,35 @@ def _decode_ints(text: str, separator: str, ndim: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True, slots=True)
 class ChunkKeyEncoding:
-    """Base of the chunk key encodings: chunk coords <-> key suffix, coordinates joined by ``separator``."""
+    """Base of the chunk key encodings: chunk coords <-> key suffix ``head + separator.join(coords)``."""
 
     separator: Separator = "/"
+    head: str = field(init=False, repr=False, compare=False)  # what precedes the coordinates in a key suffix
 
     name = "abstract"
+    head_template = "c{}"  # the head, ``{}`` standing for the separator
+    zero_key = "c"  # the key suffix of the one chunk of a 0-d array
 
     def __post_init__(self) -> None:
         if self.separator not in (".", "/"):
             raise ConfigurationError(f"chunk key separator must be '.' or '/', got {self.separator!r}")
+        object.__setattr__(self, "head", self.head_template.format(self.separator))
 
     def encode(self, chunk_coords: Sequence[int]) -> str:
         """The key suffix (relative to the array path) of a chunk."""
-        raise NotImplementedError
+        if len(chunk_coords) == 0:
+            return self.zero_key
+        return self.head + self.separator.join(str(int(c)) for c in chunk_coords)
 
     def decode(self, suffix: str, ndim: int) -> tuple[int, ...]:
         """Chunk coords from a key suffix; ValueError (saying which rule) unless it is a canonical ``ndim``-d key."""
-        raise NotImplementedError
+        if ndim == 0:
+            if suffix != self.zero_key:
+                raise ValueError(f"the only chunk of a 0-d array has the key {self.zero_key!r}")
+            return ()
+        if not suffix.startswith(self.head):
+            raise ValueError(f"a {self.name!r} chunk key starts with {self.head!r}")
+        return _decode_ints(suffix[len(self.head) :], self.separator, ndim)
 
     def to_metadata(self) -> dict[str, Any]:
         """The v3 ``chunk_key_encoding`` metadata object."""
@@ -72,65 +84,27 @@ class ChunkKeyEncoding:
 
 @dataclass(frozen=True, slots=True)
 class V2ChunkKeyEncoding(ChunkKeyEncoding):
-    """Zarr v2 keys (``1.2`` or ``1/2``); also the v3 core ``v2`` encoding."""
+    """Zarr v2 keys (``1.2`` or ``1/2``, ``0`` for 0-d); also the v3 core ``v2`` encoding."""
 
     separator: Separator = "."
     name = "v2"
-
-    def encode(self, chunk_coords: Sequence[int]) -> str:
-        if len(chunk_coords) == 0:
-            return "0"
-        return self.separator.join(str(int(c)) for c in chunk_coords)
-
-    def decode(self, suffix: str, ndim: int) -> tuple[int, ...]:
-        if ndim == 0:
-            if suffix != "0":
-                raise ValueError("the only chunk of a 0-d array has the key '0'")
-            return ()
-        return _decode_ints(suffix, self.separator, ndim)
+    head_template = ""
+    zero_key = "0"
 
 
 @dataclass(frozen=True, slots=True)
 class DefaultChunkKeyEncoding(ChunkKeyEncoding):
     """v3 core ``default`` keys: ``c/1/2`` (or ``c.1.2``), ``c`` for 0-d."""
 
-    separator: Separator = "/"
     name = "default"
-
-    def encode(self, chunk_coords: Sequence[int]) -> str:
-        if len(chunk_coords) == 0:
-            return "c"
-        return "c" + self.separator + self.separator.join(str(int(c)) for c in chunk_coords)
-
-    def decode(self, suffix: str, ndim: int) -> tuple[int, ...]:
-        if ndim == 0:
-            if suffix != "c":
-                raise ValueError("the only chunk of a 0-d array has the key 'c'")
-            return ()
-        head = "c" + self.separator
-        if not suffix.startswith(head):
-            raise ValueError(f"a 'default' chunk key starts with {head!r}")
-        return _decode_ints(suffix[len(head) :], self.separator, ndim)
 
 
 @dataclass(frozen=True, slots=True)
 class Draft2022ChunkKeyEncoding(ChunkKeyEncoding):
-    """2022 draft keys under ``data/root/<path>/``: ``c1/2`` (or ``c1.2``)."""
+    """2022 draft keys under ``data/root/<path>/``: ``c1/2`` (or ``c1.2``), ``c`` for 0-d."""
 
-    separator: Separator = "/"
     name = "draft2022"
-
-    def encode(self, chunk_coords: Sequence[int]) -> str:
-        return "c" + self.separator.join(str(int(c)) for c in chunk_coords)
-
-    def decode(self, suffix: str, ndim: int) -> tuple[int, ...]:
-        if not suffix.startswith("c"):
-            raise ValueError("a draft chunk key starts with 'c'")
-        if ndim == 0:
-            if suffix != "c":
-                raise ValueError("the only chunk of a 0-d array has the key 'c'")
-            return ()
-        return _decode_ints(suffix[1:], self.separator, ndim)
+    head_template = "c"
 
     def to_metadata(self) -> dict[str, Any]:
         return {"type": "regular", "separator": self.separator}
@@ -140,11 +114,9 @@ def chunk_key_encoding_from_metadata(meta: dict[str, Any]) -> ChunkKeyEncoding:
     """The encoding a v3 ``chunk_key_encoding`` object describes; ConfigurationError for an unknown one."""
     name = meta.get("name")
     separator = (meta.get("configuration") or {}).get("separator")
-    if name == "default":
-        return DefaultChunkKeyEncoding(separator or "/")
-    if name == "v2":
-        return V2ChunkKeyEncoding(separator or ".")
-    raise ConfigurationError(f"unknown chunk_key_encoding {meta!r}; expected name 'default' or 'v2'")
+    if name not in ("default", "v2"):
+        raise ConfigurationError(f"unknown chunk_key_encoding {meta!r}; expected name 'default' or 'v2'")
+    return DefaultChunkKeyEncoding(separator or "/") if name == "default" else V2ChunkKeyEncoding(separator or ".")
 
 
 def grid_shape(shape: Sequence[int], chunks: Sequence[int]) -> tuple[int, ...]:
@@ -161,25 +133,30 @@ def chunk_to_shard(
     return shard, local
 
 
+def shard_extent(
+    shard_coords: Sequence[int], chunks_per_shard: Sequence[int], chunk_grid_shape: Sequence[int] | None = None
+) -> list[range]:
+    """The chunk coords a shard spans along each dimension, clipped to ``chunk_grid_shape`` if given.
+
+    Leading shard coords (fewer than the dimensions) give the leading dimensions' ranges.
+    """
+    out = []
+    for d, (s, n) in enumerate(zip(shard_coords, chunks_per_shard, strict=False)):
+        stop = (s + 1) * n if chunk_grid_shape is None else min((s + 1) * n, chunk_grid_shape[d])
+        out.append(range(s * n, max(s * n, stop)))
+    return out
+
+
 def shard_to_chunks(
     shard_coords: Sequence[int],
     chunks_per_shard: Sequence[int],
     chunk_grid_shape: Sequence[int] | None = None,
 ) -> Iterator[tuple[tuple[int, ...], tuple[int, ...]]]:
     """``(chunk_coords, local_coords)`` of a shard's chunks (inside ``chunk_grid_shape`` if given), row-major."""
-    ranges = []
-    for d, (s, n) in enumerate(zip(shard_coords, chunks_per_shard, strict=True)):
-        stop = n if chunk_grid_shape is None else max(0, min(n, chunk_grid_shape[d] - s * n))
-        ranges.append(range(stop))
-    for local in itertools.product(*ranges):
-        yield shard_to_chunk(shard_coords, chunks_per_shard, local), local
-
-
-def shard_to_chunk(
-    shard_coords: Sequence[int], chunks_per_shard: Sequence[int], local_coords: Sequence[int]
-) -> tuple[int, ...]:
-    """Chunk coords of the inner chunk at ``local_coords`` of a shard (the inverse of :func:`chunk_to_shard`)."""
-    return tuple(s * n + i for s, n, i in zip(shard_coords, chunks_per_shard, local_coords, strict=True))
+    extent = shard_extent(shard_coords, chunks_per_shard, chunk_grid_shape)
+    starts = [r.start for r in extent]
+    for chunk_coords in itertools.product(*extent):
+        yield chunk_coords, tuple(map(sub, chunk_coords, starts))
 
 
 # a canonical coordinate below 10**18 (parsed as int64 without overflow); longer ones take the slow path
@@ -198,7 +175,7 @@ class ChunkRef(NamedTuple):
     @property
     def chunk_coords(self) -> tuple[int, ...]:
         """The chunk's coords in the array's chunk grid."""
-        return shard_to_chunk(self.shard_coords, self.array.chunks_per_shard, self.local_coords)
+        return self.array.chunk_coords(self.shard_coords, self.local_coords)
 
 
 @dataclass(frozen=True)
@@ -245,17 +222,13 @@ class ShardedArray:
     @cached_property
     def chunk_grid_shape(self) -> tuple[int, ...] | None:
         """Number of inner chunks along each dimension, ``None`` when the grid is unknown."""
-        if self.shape is None or self.chunks is None:
-            return None
-        return grid_shape(self.shape, self.chunks)
+        return None if self.shape is None or self.chunks is None else grid_shape(self.shape, self.chunks)
 
     @property
     def shard_grid_shape(self) -> tuple[int, ...] | None:
         """Number of shards along each dimension, ``None`` when the grid is unknown."""
         grid = self.chunk_grid_shape
-        if grid is None:
-            return None
-        return grid_shape(grid, self.chunks_per_shard)
+        return None if grid is None else grid_shape(grid, self.chunks_per_shard)
 
     def with_shape(self, shape: Sequence[int]) -> ShardedArray:
         """The same array after a resize."""
@@ -315,27 +288,40 @@ class ShardedArray:
         """Memo of shard keys by shard coords (one entry per shard touched)."""
         return {}
 
+    def _remember_shard_key(self, shard_coords: tuple[int, ...]) -> str:
+        shard_key = self._shard_keys[shard_coords] = self.shard_key(shard_coords)
+        return shard_key
+
     def locate_batch(self, chunk_keys: Sequence[str], *, check_grid: bool = True) -> list[ChunkRef] | None:
         """:meth:`locate` of every key at once, or ``None`` when one key needs :meth:`locate` to say why not.
 
         One regular expression checks the joined keys and numpy parses their
         coordinates in one call; ``None`` (nothing raised) for a key that is
         not canonical, outside the grid (with ``check_grid``) or of a 19-digit
-        coordinate, and for a 0-d array or another encoding.
+        coordinate, and for a 0-d array. Chunks of one shard share its coords tuple.
         """
-        coords = self._parse_batch(chunk_keys)
-        if coords is None:
+        pattern, form = self._batch_pattern, self.chunk_key_form
+        if pattern is None or form is None or not chunk_keys:
             return None
+        try:
+            text = "\n".join(chunk_keys)
+        except TypeError:  # a key that is not a str
+            return None
+        if pattern.fullmatch(text) is None:
+            return None
+        head, sep = form
+        flat = np.fromstring(text.replace("\n" + head, " ")[len(head) :].replace(sep, " "), dtype=np.int64, sep=" ")
+        if flat.size != len(chunk_keys) * self.ndim:  # a key holding a line break that mimics several keys
+            return None
+        coords = flat.reshape(len(chunk_keys), self.ndim)
         grid = self.chunk_grid_shape
         if check_grid and grid is not None and (coords >= np.array(grid, dtype=np.int64)).any():
             return None
-        shards, local = np.divmod(coords, self._cps_array)
-        low = shards.min(axis=0)
-        span = [int(n) for n in shards.max(axis=0) - low + 1]
-        if prod(span) >= 2**62:  # shard coords too far apart to number in int64
+        shards, local = np.divmod(coords, np.array(self.chunks_per_shard, dtype=np.int64))
+        by_shard, by_local = _distinct_rows(shards), _distinct_rows(local)
+        if by_shard is None or by_local is None:
             return None
-        shard_ids, shard_of_id = _distinct_rows(shards, (shards - low) @ _strides(span))
-        local_ids, local_of_id = _distinct_rows(local, local @ self._local_strides)
+        (shard_ids, shard_of_id), (local_ids, local_of_id) = by_shard, by_local
         memo = self._shard_keys
         key_of_id = {i: memo.get(sc) or self._remember_shard_key(sc) for i, sc in shard_of_id.items()}
         return list(
@@ -352,49 +338,17 @@ class ShardedArray:
     @cached_property
     def chunk_key_form(self) -> tuple[str, str] | None:
         """``(head, separator)`` when every chunk key is ``head + separator.join(coords)`` (head: prefix included)."""
-        head = _key_head(self.chunk_key_encoding)
-        if head is None or self.ndim == 0:
+        if self.ndim == 0:
             return None
-        return self.key_prefix + head, self.chunk_key_encoding.separator
-
-    @cached_property
-    def _cps_array(self) -> np.ndarray:
-        return np.array(self.chunks_per_shard, dtype=np.int64)
-
-    @cached_property
-    def _local_strides(self) -> np.ndarray:
-        return _strides(self.chunks_per_shard)
-
-    def _parse_batch(self, chunk_keys: Sequence[str]) -> np.ndarray | None:
-        """Chunk coords of canonical chunk keys of this array, ``int64`` of shape ``(len(keys), ndim)``, or ``None``."""
-        pattern, key_head = self._batch_pattern, _key_head(self.chunk_key_encoding)
-        if pattern is None or key_head is None or not chunk_keys:
-            return None
-        try:
-            text = "\n".join(chunk_keys)
-        except TypeError:  # a key that is not a str
-            return None
-        if pattern.fullmatch(text) is None:
-            return None
-        head = self.key_prefix + key_head
-        digits = text.replace("\n" + head, " ")[len(head) :].replace(self.chunk_key_encoding.separator, " ")
-        flat = np.fromstring(digits, dtype=np.int64, sep=" ")
-        if flat.size != len(chunk_keys) * self.ndim:  # a key holding a line break that mimics several keys
-            return None
-        return flat.reshape(len(chunk_keys), self.ndim)
-
-    def _remember_shard_key(self, shard_coords: tuple[int, ...]) -> str:
-        shard_key = self._shard_keys[shard_coords] = self.shard_key(shard_coords)
-        return shard_key
+        return self.key_prefix + self.chunk_key_encoding.head, self.chunk_key_encoding.separator
 
     @cached_property
     def _batch_pattern(self) -> re.Pattern[str] | None:
         """The expression every key of a :meth:`locate_batch` text matches, or ``None`` (no batch path)."""
-        head = _key_head(self.chunk_key_encoding)
-        if head is None or self.ndim == 0:
+        if self.chunk_key_form is None:
             return None
-        sep = re.escape(self.chunk_key_encoding.separator)
-        row = re.escape(self.key_prefix + head) + _COORD + (sep + _COORD) * (self.ndim - 1)
+        head, sep = map(re.escape, self.chunk_key_form)
+        row = head + _COORD + (sep + _COORD) * (self.ndim - 1)
         return re.compile(f"{row}(?:\n{row})*")
 
     def shard_coords_of(self, shard_key: str) -> tuple[int, ...] | None:
@@ -407,8 +361,8 @@ class ShardedArray:
             return None
 
     def chunk_coords(self, shard_coords: Sequence[int], local_coords: Sequence[int]) -> tuple[int, ...]:
-        """Chunk coords of the inner chunk at ``local_coords`` of a shard."""
-        return shard_to_chunk(shard_coords, self.chunks_per_shard, local_coords)
+        """Chunk coords of the inner chunk at ``local_coords`` of a shard (the inverse of :func:`chunk_to_shard`)."""
+        return tuple(s * n + i for s, n, i in zip(shard_coords, self.chunks_per_shard, local_coords, strict=True))
 
     def in_grid(self, chunk_coords: Sequence[int]) -> bool:
         """True when the chunk lies inside the chunk grid (always, when the grid is unknown)."""
@@ -417,24 +371,22 @@ class ShardedArray:
 
     def shard_in_grid(self, shard_coords: Sequence[int]) -> bool:
         """True when every inner chunk of the shard lies inside the chunk grid (always, when the grid is unknown)."""
-        grid = self.chunk_grid_shape
-        return grid is None or all(
-            [(s + 1) * cps <= g for s, cps, g in zip(shard_coords, self.chunks_per_shard, grid, strict=True)]
-        )
+        return self.n_chunks_in_shard(shard_coords) == self.layout.n_chunks
 
     def chunks_in_shard(self, shard_coords: Sequence[int]) -> Iterator[tuple[tuple[int, ...], tuple[int, ...]]]:
         """``(chunk_coords, local_coords)`` of the shard's available chunks (inside the grid when known)."""
         return shard_to_chunks(shard_coords, self.chunks_per_shard, self.chunk_grid_shape)
 
+    def extent(self, shard_coords: Sequence[int], in_grid_only: bool = True) -> list[range]:
+        """The chunk coords a shard spans along each dimension (clipped to the grid when known and ``in_grid_only``)."""
+        return shard_extent(shard_coords, self.chunks_per_shard, self.chunk_grid_shape if in_grid_only else None)
+
     def n_chunks_in_shard(self, shard_coords: Sequence[int]) -> int:
         """How many of the shard's inner chunks are available (inside the grid when known)."""
         grid = self.chunk_grid_shape
         if grid is None:
-            return prod(self.chunks_per_shard)
-        n = 1
-        for s, cps, g in zip(shard_coords, self.chunks_per_shard, grid, strict=True):
-            n *= max(0, min(cps, g - s * cps))
-        return n
+            return self.layout.n_chunks
+        return prod(map(len, shard_extent(shard_coords, self.chunks_per_shard, grid)))
 
     def shard_keys(self) -> Iterator[tuple[str, tuple[int, ...]]]:
         """Every possible shard key of the array with its shard coords, row-major; ValueError if the grid is unknown."""
@@ -445,24 +397,12 @@ class ShardedArray:
             yield self.shard_key(coords), coords
 
 
-def _key_head(encoding: ChunkKeyEncoding) -> str | None:
-    """What precedes the coordinates in a chunk key suffix, or ``None`` for an encoding without a batch path."""
-    if type(encoding) is V2ChunkKeyEncoding:
-        return ""
-    if type(encoding) is DefaultChunkKeyEncoding:
-        return "c" + encoding.separator
-    if type(encoding) is Draft2022ChunkKeyEncoding:
-        return "c"
-    return None
-
-
-def _strides(shape: Sequence[int]) -> np.ndarray:
-    """Row-major strides (in elements) of an array of ``shape``, as ``int64``."""
-    return np.array([prod(shape[d + 1 :]) for d in range(len(shape))], dtype=np.int64)
-
-
-def _distinct_rows(rows: np.ndarray, ids: np.ndarray) -> tuple[list[int], dict[int, tuple[int, ...]]]:
-    """Each row's id as an int, and one tuple per distinct id (rows of equal ids are equal)."""
-    id_list = ids.tolist()
-    first = dict(zip(reversed(id_list), range(len(id_list) - 1, -1, -1), strict=True))  # id -> its first row
-    return id_list, dict(zip(first, map(tuple, rows[list(first.values())].tolist()), strict=True))
+def _distinct_rows(rows: np.ndarray) -> tuple[list[int], dict[int, tuple[int, ...]]] | None:
+    """Each row's id and one tuple per distinct id, of a 2-d ``int64`` array (``None``: rows too far apart)."""
+    low = rows.min(axis=0)
+    try:
+        ids = np.ravel_multi_index((rows - low).T, tuple((rows.max(axis=0) - low + 1).tolist())).tolist()
+    except ValueError:  # more row positions between the extremes than intp numbers
+        return None
+    first = dict(zip(reversed(ids), range(len(ids) - 1, -1, -1), strict=True))  # id -> its first row
+    return ids, dict(zip(first, map(tuple, rows[list(first.values())].tolist()), strict=True))

@@ -26,6 +26,10 @@ from collections.abc import AsyncIterator, Iterator, Mapping, MutableMapping
 from typing import Any
 
 from fsspec.mapping import FSMap
+from zarr.abc.store import Store
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
+from zarr.storage import FsspecStore, LocalStore, MemoryStore, ObjectStore
 
 from shardkv.errors import ConfigurationError
 from shardkv.storage.kv import Capabilities, StoreLocation
@@ -37,9 +41,6 @@ def zarr3_store(store: Any, storage_options: Mapping[str, Any] | None = None, re
 
     Raises as :class:`shardkv.zarr3.ShardedStore` documents (``TypeError``, ``ConfigurationError``).
     """
-    from zarr.abc.store import Store
-    from zarr.storage import FsspecStore, LocalStore
-
     if isinstance(store, Store):
         if storage_options:
             raise ConfigurationError(f"storage_options apply to a URL, not to a {type(store).__name__}")
@@ -73,8 +74,6 @@ def _sync_filesystem(fs: Any) -> Any:
 
 def engine_base(store: Any) -> Any:
     """What the shard engine opens for the data of the zarr 3 store ``store`` (the module table, in its order)."""
-    from zarr.storage import FsspecStore, LocalStore, MemoryStore, ObjectStore
-
     if isinstance(store, LocalStore):
         return os.fspath(store.root)
     if isinstance(store, FsspecStore):  # its directory when local, else a mapper over the synchronous filesystem
@@ -83,8 +82,7 @@ def engine_base(store: Any) -> Any:
         return os.path.abspath(store.path) if "file" in protocols else FSMap(store.path, fs, check=False, create=False)
     if isinstance(store, ObjectStore):
         return store.store  # the obstore store it wraps (public attribute)
-    # a MemoryStore (and subclasses) keeps its data in this process
-    return Zarr3KV(store, in_process=isinstance(store, MemoryStore))
+    return Zarr3KV(store)
 
 
 def same_store(a: Any, b: Any) -> bool:
@@ -92,8 +90,6 @@ def same_store(a: Any, b: Any) -> bool:
 
     A ``MemoryStore`` compares its dict by value; its ``str()`` names the dict.
     """
-    from zarr.storage import MemoryStore
-
     if not a == b:
         return False
     if isinstance(a, MemoryStore) and isinstance(b, MemoryStore):
@@ -108,30 +104,20 @@ class StoreMapping(MutableMapping[str, bytes]):
         self.store = store
 
     def __getitem__(self, key: str) -> bytes:
-        from zarr.core.buffer import default_buffer_prototype
-        from zarr.core.sync import sync
-
         value = sync(self.store.get(key, prototype=default_buffer_prototype()))
         if value is None:
             raise KeyError(key)
         return value.to_bytes()
 
     def __setitem__(self, key: str, value: Any) -> None:
-        from zarr.core.buffer import default_buffer_prototype
-        from zarr.core.sync import sync
-
         sync(self.store.set(key, default_buffer_prototype().buffer.from_bytes(bytes(value))))
 
     def __delitem__(self, key: str) -> None:
-        from zarr.core.sync import sync
-
         if not sync(self.store.exists(key)):
             raise KeyError(key)
         sync(self.store.delete(key))
 
     def __iter__(self) -> Iterator[str]:
-        from zarr.core.sync import sync
-
         return iter(sync(_collected(self.store.list())))
 
     def __len__(self) -> int:
@@ -149,29 +135,24 @@ class Zarr3KV(MappingStore):
     Parameters
     ----------
     store : zarr.abc.store.Store
-        The zarr 3 store.
-    in_process : bool
-        Whether its data lives in this process (a ``MemoryStore``).
+        The zarr 3 store; a ``MemoryStore`` (or subclass) keeps its data in this process.
 
     Notes
     -----
     Stores of equal class and ``str(store)`` share a location (process stamps, locks).
     """
 
-    def __init__(self, store: Any, *, in_process: bool = False) -> None:
+    def __init__(self, store: Any) -> None:
         super().__init__(StoreMapping(store))
         self.zarr3_store = store
+        in_process = isinstance(store, MemoryStore)
         self.kind = "memory" if in_process else "persistent"
         self.caps = Capabilities(ranged=False, round_trips=False, stamps="process", in_process=in_process)
         # the identity of the data, for the process stamps and the locks alike
         self.location = StoreLocation(("zarr3", type(store).__module__, type(store).__name__), str(store))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_zarr3_kv, (self.zarr3_store, self.caps.in_process))
+        return (Zarr3KV, (self.zarr3_store,))
 
     def __repr__(self) -> str:
         return f"Zarr3KV({self.zarr3_store!r}, kind={self.kind!r})"
-
-
-def _rebuild_zarr3_kv(store: Any, in_process: bool) -> Zarr3KV:
-    return Zarr3KV(store, in_process=in_process)

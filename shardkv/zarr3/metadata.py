@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardkv.engine.options import Options
-from shardkv.errors import ConfigurationError, MetadataError, UnsupportedError
+from shardkv.errors import ConfigurationError, MetadataError
 from shardkv.keys.space import ShardedArray, chunk_key_encoding_from_metadata
 from shardkv.metadata.documents import load_json
 from shardkv.metadata.hierarchy import ZARR_JSON, consolidated_nodes
@@ -44,22 +44,22 @@ def _regular_chunk_shape(doc: Mapping[str, Any]) -> list[int] | None:
     return shape
 
 
-def _shardable(doc: Mapping[str, Any]) -> bool:
-    """True for a v3 array document this store can shard (regular grid, not sharded, no storage transformers)."""
+def _shardable_chunks(doc: Mapping[str, Any]) -> list[int] | None:
+    """The chunk shape of a v3 array document this store can shard (regular grid, no shards, no transformers)."""
     if doc.get("zarr_format") != 3 or doc.get("node_type") != "array" or MARKER in doc:
-        return False
+        return None
     shape, chunks, codecs = doc.get("shape"), _regular_chunk_shape(doc), doc.get("codecs")
     if not isinstance(shape, list) or chunks is None or len(chunks) != len(shape) or not shape:
-        return False
+        return None
     if not isinstance(codecs, list) or not codecs or doc.get("storage_transformers"):
-        return False
+        return None
     if any(isinstance(c, Mapping) and c.get("name") == SHARDING_CODEC for c in codecs):
-        return False  # the array asks for shards itself: passed through
+        return None  # the array asks for shards itself: passed through
     try:
         chunk_key_encoding_from_metadata(doc.get("chunk_key_encoding") or {"name": "default"})
     except ConfigurationError:
-        return False
-    return True
+        return None
+    return chunks
 
 
 def stored_document(path: str, doc: Mapping[str, Any], options: Options) -> dict[str, Any] | None:
@@ -83,19 +83,16 @@ def stored_document(path: str, doc: Mapping[str, Any], options: Options) -> dict
         :data:`MARKER`; ``None`` for groups, 0-d arrays, arrays that ask for
         shards, irregular grids, storage transformers, or no ``chunks_per_shard``.
     """
-    if not _shardable(doc):
-        return None
-    chunks = _regular_chunk_shape(doc)
-    cps = options.chunks_per_shard.for_array(path, len(doc["shape"]))
-    if cps is None or chunks is None:
+    chunks = _shardable_chunks(doc)
+    cps = None if chunks is None else options.chunks_per_shard.for_array(path, len(chunks))
+    if chunks is None or cps is None:
         return None
     stored = copy.deepcopy(dict(doc))
     stored["chunk_grid"] = {
         "name": "regular",
         "configuration": {"chunk_shape": [c * n for c, n in zip(chunks, cps, strict=True)]},
     }
-    codecs = copy.deepcopy(doc["codecs"])
-    stored["codecs"] = [sharding_codec(chunks, codecs, options.index_location, options.index_checksum)]
+    stored["codecs"] = [sharding_codec(chunks, stored["codecs"], options.index_location, options.index_checksum)]
     stored[MARKER] = dict(_MARKER_VALUE)
     return stored
 
@@ -132,12 +129,8 @@ def transparent_array(path: str, stored: Mapping[str, Any]) -> ShardedArray | No
     ConfigurationError, UnsupportedError
         If the stored sharding configuration is invalid or not supported.
     """
-    if presented_document(stored) is None:
-        return None
-    spec = sharding_spec_from_v3(stored, path)
-    if spec is None:  # pragma: no cover - presented_document checked the codec
-        raise UnsupportedError(f"the array at {path!r} carries the {MARKER!r} marker but no sharding codec")
-    return spec.array_at(path, spec.shard_key_encoding)
+    spec = sharding_spec_from_v3(stored, path) if presented_document(stored) is not None else None
+    return None if spec is None else spec.array_at(path, spec.shard_key_encoding)
 
 
 def consolidated_children(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
@@ -153,8 +146,7 @@ def map_consolidated(doc: Mapping[str, Any], replace: Mapping[str, Mapping[str, 
     out = copy.deepcopy(dict(doc))
     children = consolidated_nodes(out)
     if isinstance(children, dict):  # the block of the copy: swapped in place
-        for rel, child in replace.items():
-            children[rel] = copy.deepcopy(dict(child))
+        children.update(copy.deepcopy(dict(replace)))
     return out
 
 
@@ -165,14 +157,6 @@ def resharded(presented: Mapping[str, Any], stored: Mapping[str, Any]) -> dict[s
     shards); ``None`` when ``stored`` is not transparently sharded or differs.
     """
     view = presented_document(stored)
-    if (
-        view is None
-        or view.get("chunk_grid") != presented.get("chunk_grid")
-        or view.get("codecs") != presented.get("codecs")
-    ):
+    if view is None or any(view.get(k) != presented.get(k) for k in ("chunk_grid", "codecs")):
         return None
-    out = copy.deepcopy(dict(presented))
-    out["chunk_grid"] = copy.deepcopy(stored["chunk_grid"])
-    out["codecs"] = copy.deepcopy(stored["codecs"])
-    out[MARKER] = copy.deepcopy(stored[MARKER])
-    return out
+    return {**copy.deepcopy(dict(presented)), **copy.deepcopy({k: stored[k] for k in ("chunk_grid", "codecs", MARKER)})}

@@ -16,10 +16,9 @@ from typing import Any
 from zarr.abc.store import Store
 from zarr.core.buffer import default_buffer_prototype
 
-from shardkv._types import BytesLike
 from shardkv.engine.options import Options
 from shardkv.errors import ChunkOutOfGridError, InvalidKeyError
-from shardkv.keys.paths import chunk_owner_paths, join_path, prefix_owner_paths, split_key
+from shardkv.keys.paths import chunk_owner_paths, join_path, split_key
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.hierarchy import ZARR_JSON
 from shardkv.metadata.nodes import NodeCache
@@ -65,17 +64,14 @@ _BUILT_NODES = 64
 """How many nodes built from (path, stored ``zarr.json`` bytes) the process keeps (:func:`_build`)."""
 
 
-def _build(path: str, raw: BytesLike | None) -> Node:
+@functools.lru_cache(maxsize=_BUILT_NODES)
+def _build(path: str, raw: bytes | None) -> Node:
     """The node at ``path`` from its stored ``zarr.json`` (``None``: none); raises as :func:`transparent_array`.
 
     Kept per (path, bytes) for the process: a dask task unpickles a new store, which then parses nothing again.
     """
-    return None if raw is None else _build_stored(path, bytes(raw))
-
-
-@functools.lru_cache(maxsize=_BUILT_NODES)
-def _build_stored(path: str, raw: bytes) -> Node:
-    """:func:`_build` of stored bytes (kept)."""
+    if raw is None:
+        return None
     doc = parse_document(raw)
     if doc is not None and doc.get("node_type") == "group":  # a group is passed over when keys look for an owner
         return None
@@ -106,26 +102,29 @@ class NodeTable:
     def __init__(self, base: Store, options: Options) -> None:
         self.base = base
         self.options = options
-        self._cache: NodeCache[Node] = NodeCache()
-        self._routes: tuple[int, dict[str, ChunkRef | None]] = (self._cache.generation, {})  # see route
+        self.cache: NodeCache[Node] = NodeCache()  # forget_under(path) and clear() after deletes
+        self._routes: tuple[int, dict[str, ChunkRef | None]] = (self.cache.generation, {})  # see route
 
     # -- node kinds ---------------------------------------------------------------
 
     async def node(self, path: str) -> Node:
         """The sharded array at ``path``, another array, or ``None`` (a group or nothing; read once, then cached)."""
-        kept = self._cache.kept([path])
-        if kept:
-            return kept[path]
-        since = self._cache.generation  # a write meanwhile: what is read here is not kept
-        raw = await self.base.get(join_path(path, ZARR_JSON), prototype=default_buffer_prototype())
-        return self._load(path, None if raw is None else raw.to_bytes(), since)
+        kept = self.cache.kept([path])
+        return kept[path] if kept else (await self._read(path))[1]
 
-    async def _first(self, paths: list[str]) -> Node:
-        """The first node among ``paths`` that is not a group or nothing (the cache's walk, reading as it goes)."""
+    async def _read(self, path: str) -> tuple[bytes | None, Node]:
+        """The ``zarr.json`` stored at ``path`` (``None``: none), and the node to answer with (a write's wins)."""
+        since = self.cache.generation  # a write meanwhile: what is read here is not kept
+        raw = await self.base.get(join_path(path, ZARR_JSON), prototype=default_buffer_prototype())
+        data = None if raw is None else raw.to_bytes()
+        return data, self.cache.load({path: _build(path, data)}, since)[path]
+
+    async def _first(self, paths: list[str]) -> ShardedArray | None:
+        """The first node among ``paths`` that is not a group or nothing, if a sharded array (the cache's walk)."""
         for _ in range(2 * len(paths) + 1):  # each round reads one more path (or one again a write changed meanwhile)
-            walked = self._cache.walk(paths, _is_node)
+            walked = self.cache.walk(paths, _is_node)
             if walked.unread is None:
-                return walked.node
+                return walked.node if isinstance(walked.node, ShardedArray) else None
             await self.node(walked.unread)
         return None
 
@@ -134,23 +133,9 @@ class NodeTable:
         node = await self.node(path)
         return node if isinstance(node, ShardedArray) else None
 
-    def remember(self, path: str, raw: bytes | None) -> Node:
+    def remember(self, path: str, raw: bytes | None) -> None:
         """Record the node at ``path`` from the ``zarr.json`` just stored there (``None``: there is none)."""
-        node = _build(path, raw)
-        self._cache.set(path, node)
-        return node
-
-    def _load(self, path: str, raw: bytes | None, since: int) -> Node:
-        """Keep the node read at ``path`` since generation ``since``; the node to answer with (a write's wins)."""
-        return self._cache.load({path: _build(path, raw)}, since)[path]
-
-    def forget_below(self, path: str) -> None:
-        """Forget the nodes at and below ``path`` (deleted)."""
-        self._cache.forget_under(path)
-
-    def clear(self) -> None:
-        """Forget every node."""
-        self._cache.forget_under("")
+        self.cache.set(path, _build(path, raw))
 
     async def route(self, key: str) -> ChunkRef | None:
         """The chunk of a transparently sharded array that ``key`` names, or ``None`` (passed through).
@@ -160,7 +145,7 @@ class NodeTable:
         ChunkOutOfGridError
             For a chunk key of such an array outside its chunk grid.
         """
-        generation = self._cache.generation  # read before routing: a later change makes this memo stale
+        generation = self.cache.generation  # read before routing: a later change makes this memo stale
         kept, routes = self._routes
         if kept == generation and key in routes:
             return routes[key]
@@ -173,30 +158,25 @@ class NodeTable:
 
     def route_now(self, key: str, read: Callable[[str], bytes | None]) -> ChunkRef | None:
         """:meth:`route`, blocking, reading documents with ``read`` (a journal's replay, outside zarr's event loop)."""
-        walked = self._cache.first(chunk_owner_paths(key), _is_node, lambda p: _build(p, read(join_path(p, ZARR_JSON))))
+        walked = self.cache.first(chunk_owner_paths(key), _is_node, lambda p: _build(p, read(join_path(p, ZARR_JSON))))
         return _route_in(walked.node, key)
 
     async def array_of_shard(self, key: str) -> ShardedArray | None:
         """The sharded array whose shard the stored key ``key`` is, or ``None``."""
         node = await self._first(chunk_owner_paths(key))
-        return node if isinstance(node, ShardedArray) and node.shard_coords_of(key) is not None else None
+        return node if node is not None and node.shard_coords_of(key) is not None else None
 
     async def owner_of_prefix(self, prefix: str) -> ShardedArray | None:
         """The sharded array whose chunk keys ``prefix`` reaches into (past ``path/``), or ``None`` (the owner rule)."""
-        node = await self._first(prefix_owner_paths(prefix))
-        return node if isinstance(node, ShardedArray) else None
+        return await self._first(chunk_owner_paths(prefix + "0"))  # the owners of the keys starting with prefix
 
     # -- documents ----------------------------------------------------------------
 
-    async def read_document(self, path: str, key: str) -> bytes | None:
-        """The ``zarr.json`` at ``key`` as presented above the store, or ``None`` when not stored."""
-        since = self._cache.generation  # a write meanwhile: what is read here is not kept
-        raw = await self.base.get(key, prototype=default_buffer_prototype())
-        if raw is None:
-            self._load(path, None, since)
+    async def read_document(self, path: str) -> bytes | None:
+        """The ``zarr.json`` at ``path`` as presented above the store, or ``None`` when not stored."""
+        data, _ = await self._read(path)
+        if data is None:
             return None
-        data = raw.to_bytes()
-        self._load(path, data, since)
         doc = parse_document(data)
         if doc is None:
             return data
@@ -204,8 +184,7 @@ class NodeTable:
         if presented is not None:
             return _dump(presented)
         # a group's consolidated documents of sharded arrays: presented unsharded as well
-        children = consolidated_children(doc)
-        views = {rel: view for rel, child in children.items() if (view := presented_document(child)) is not None}
+        views = {r: view for r, child in consolidated_children(doc).items() if (view := presented_document(child))}
         return _dump(map_consolidated(doc, views)) if views else data
 
     async def stored_form(self, path: str, raw: bytes) -> bytes:
@@ -223,11 +202,8 @@ class NodeTable:
         """The stored (sharded) documents of the sharded arrays a group document consolidates, by relative path."""
         out: dict[str, dict[str, Any]] = {}
         for rel, child in consolidated_children(doc).items():
-            full = join_path(path, rel)
-            if await self.sharded(full) is None:
-                continue
-            raw = await self.base.get(join_path(full, ZARR_JSON), prototype=default_buffer_prototype())
-            stored = None if raw is None else parse_document(raw.to_bytes())
+            raw, _ = await self._read(join_path(path, rel))
+            stored = None if raw is None else parse_document(raw)
             sharded = None if stored is None else resharded(child, stored)
             if sharded is not None:
                 out[rel] = sharded

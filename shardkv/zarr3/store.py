@@ -122,27 +122,8 @@ class ShardedStore(Store):
     base store's; ``supports_partial_writes`` is always false.
     """
 
-    # -- capabilities: the base store's (zarr decides from them what it may ask) ------
-
-    @property
-    def supports_writes(self) -> bool:
-        """The base store's ``supports_writes``."""
-        return bool(self._base.supports_writes)
-
-    @property
-    def supports_deletes(self) -> bool:
-        """The base store's ``supports_deletes`` (without it, shards are written once: see the class notes)."""
-        return bool(self._base.supports_deletes)
-
-    @property
-    def supports_listing(self) -> bool:
-        """The base store's ``supports_listing`` (chunk keys are listed from the shards it lists)."""
-        return bool(self._base.supports_listing)
-
-    @property
-    def supports_consolidated_metadata(self) -> bool:
-        """The base store's ``supports_consolidated_metadata``."""
-        return bool(self._base.supports_consolidated_metadata)
+    # zarr's capability flags, the base store's (set by _setup): zarr decides from them what it may ask
+    supports_writes = supports_deletes = supports_listing = supports_consolidated_metadata = True
 
     def __init__(
         self,
@@ -165,6 +146,9 @@ class ShardedStore(Store):
             base = base.with_read_only(True)
         super().__init__(read_only=read_only)
         self._base = base
+        self.supports_writes, self.supports_deletes = bool(base.supports_writes), bool(base.supports_deletes)
+        self.supports_listing = bool(base.supports_listing)  # chunk keys are listed from the shards it lists
+        self.supports_consolidated_metadata = bool(base.supports_consolidated_metadata)
         self._options = options
         # a read-only store writes nothing, so it has no writer of its own to exclude: "auto" needs no locks
         # (a read-only ZipStore offers neither lock files nor conditional writes)
@@ -250,14 +234,14 @@ class ShardedStore(Store):
         self._journal_back()
         self._writer.discard_under(path)
 
+    def _replay_route(self, key: str) -> ChunkRef | None:
+        """What a journal record's key is (its array's document read through the engine, blocking)."""
+        return self._nodes.route_now(key, self._value)
+
     def _value(self, key: str) -> bytes | None:
         """The whole stored value at ``key`` (a ``zarr.json`` for the replay), or ``None``; blocks."""
         found = self._kv.get(key)
         return bytes(memoryview(found.whole()).cast("B")) if found.found else None
-
-    def _replay_route(self, key: str) -> ChunkRef | None:
-        """What a journal record's key is (its array's document read through the engine, blocking)."""
-        return self._nodes.route_now(key, self._value)
 
     # -- identity, pickling, lifecycle ---------------------------------------------
 
@@ -319,7 +303,7 @@ class ShardedStore(Store):
 
     def refresh(self) -> None:
         """Forget cached array documents and shard indexes (after other processes changed the store)."""
-        self._nodes.clear()
+        self._nodes.cache.forget_under("")
         self._engine.forget()
 
     def flush(self) -> None:
@@ -354,7 +338,7 @@ class ShardedStore(Store):
         prototype = prototype or default_buffer_prototype()
         path = meta_path(key)
         if path is not None:
-            value = await self._nodes.read_document(path, key)
+            value = await self._nodes.read_document(path)
             return None if value is None else prototype.buffer.from_bytes(_slice(value, byte_range))
         try:
             ref = await self._nodes.route(key)
@@ -432,20 +416,17 @@ class ShardedStore(Store):
             raise TypeError(f"ShardedStore.set(): expected a zarr Buffer for {key!r}, got {type(value).__name__}")
         path = meta_path(key)
         if path is not None:
-            await self._set_meta(path, key, value.to_bytes())
+            if await self._nodes.sharded(path) is not None:
+                await asyncio.to_thread(self.flush)  # buffered chunks are keyed to the old document
+            data = await self._nodes.stored_form(path, value.to_bytes())
+            await self._base.set(key, default_buffer_prototype().buffer.from_bytes(data))
+            self._nodes.remember(path, data)
             return
         ref = await self._nodes.route(key)
         if ref is None:
             await self._base.set(key, value)
         else:
             await self._writes.submit((ref, value.to_bytes()))
-
-    async def _set_meta(self, path: str, key: str, raw: bytes) -> None:
-        if await self._nodes.sharded(path) is not None:
-            await asyncio.to_thread(self.flush)  # buffered chunks are keyed to the old document
-        data = await self._nodes.stored_form(path, raw)
-        await self._base.set(key, default_buffer_prototype().buffer.from_bytes(data))
-        self._nodes.remember(path, data)
 
     async def set_if_not_exists(self, key: str, value: Buffer) -> None:
         """Store ``value`` unless ``key`` is stored (chunks: checked and written by this process)."""
@@ -461,18 +442,16 @@ class ShardedStore(Store):
         """Store several values; the chunks of one shard are written with one shard write."""
         self._check_writable()
         await self._ensure_open()
-        refs: list[ChunkRef] = []
-        data: list[bytes] = []
+        chunks: list[tuple[ChunkRef, bytes]] = []
         for key, value in values:
             check_not_reserved(key)
             ref = await self._nodes.route(key)
             if ref is None:
                 await self.set(key, value)
             else:
-                refs.append(ref)
-                data.append(value.to_bytes())
-        if refs:
-            await asyncio.to_thread(self._write, list(zip(refs, data, strict=True)))
+                chunks.append((ref, value.to_bytes()))
+        if chunks:
+            await asyncio.to_thread(self._write, chunks)
 
     async def delete(self, key: str) -> None:
         """Delete ``key`` (nothing happens when it is not stored).
@@ -490,7 +469,7 @@ class ShardedStore(Store):
         path = meta_path(key)
         if path is not None:
             await self._base.delete(key)
-            self._nodes.forget_below(path)
+            self._nodes.cache.forget_under(path)
             return
         try:
             ref = await self._nodes.route(key)
@@ -521,7 +500,7 @@ class ShardedStore(Store):
         await self._base.delete_dir(prefix)
         if not path:
             await asyncio.to_thread(self._keep_identity)  # the open journal still belongs to this store
-        self._nodes.forget_below(path)
+        self._nodes.cache.forget_under(path)
         self._engine.forget()
 
     async def clear(self) -> None:
@@ -571,9 +550,6 @@ class ShardedStore(Store):
                 if not hidden(name):
                     yield name
             return
-        seen: set[str] = set()
-        async for key in self.list_prefix(start):
-            name = key[len(start) :].split("/", 1)[0]
-            if name not in seen:
-                seen.add(name)
-                yield name
+        names = {key[len(start) :].split("/", 1)[0]: None async for key in self.list_prefix(start)}  # in order, once
+        for name in names:
+            yield name

@@ -44,7 +44,7 @@ class TestZarr3KVContract(KVContract):
     @pytest.fixture(params=["MemoryStore", "ManagedMemoryStore", "LoggingStore", "LocalStore"])
     def kv(self, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KVStore]:
         store = _zarr3_store(request.param, tmp_path)
-        kv = Zarr3KV(store, in_process=request.param.endswith("MemoryStore"))
+        kv = Zarr3KV(store)
         yield kv
         kv.close()
 
