@@ -103,10 +103,8 @@ class LockTimeoutError(ShardKVError, TimeoutError):
         self.path = path
         self.shard_key = shard_key
         lock = what if shard_key is None else f"shard {shard_key!r} ({what})"
-        if self.timeout:
-            super().__init__(f"could not lock {lock} within {self.timeout:g} s: {reason}")
-        else:
-            super().__init__(f"could not lock {lock}: {reason}")
+        within = f" within {self.timeout:g} s" if self.timeout else ""
+        super().__init__(f"could not lock {lock}{within}: {reason}")
 
 
 class ConcurrentUpdateError(ShardKVError, RuntimeError):

@@ -53,15 +53,7 @@ class ShardEngine:
         self.cache = IndexCache(self.options.index_cache_bytes)
         self.locks = ShardLocks.of_store(kv, self.options.concurrency, self.options.lock_timeout)
         self.stats = EngineStats()
-        self.writes = ShardWriter(
-            kv,
-            self.cache,
-            self.locks,
-            self.stats,
-            self.options.shard_updates,
-            self.options.max_dead_fraction,
-            read_only,
-        )
+        self.writes = ShardWriter(kv, self.cache, self.locks, self.stats, self.options, read_only)
         self.reads = ShardReader(kv, self.cache, self.options.read_policy, self.stats, self.writes.repair)
 
     def __repr__(self) -> str:

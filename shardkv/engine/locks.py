@@ -25,7 +25,6 @@ from shardkv.storage.kv import LOCK_DIR, KVStore, StoreLocation
 
 Concurrency = Literal["auto", "files", "conditional", "process", "none"]  # Options.concurrency
 Mode = Literal["files", "conditional", "process", "none"]
-CONCURRENCY_MODES: tuple[str, ...] = ("auto", "files", "conditional", "process", "none")
 
 THREAD_STRIPES = 1024  # in-process lock stripes of the process (about 100 bytes each)
 FILE_STRIPES = 64  # lock files per array, in ``<array>/.shardkv-locks/``
@@ -37,22 +36,18 @@ _REOPEN_BACKOFF = Backoff(0.0001, 2.0, 0.01)
 _MAX_REAL_DIRS = 4096  # resolved array directories remembered per ShardLocks
 
 
-def resolve_mode(kv: KVStore, concurrency: str) -> Mode:
+def resolve_mode(kv: KVStore, concurrency: Concurrency) -> Mode:
     """The mode ``concurrency`` resolves to on ``kv`` (docs/user-guide.md, "Concurrency").
 
     Raises
     ------
     ConfigurationError
-        For an unknown mode, or one the store cannot give (``"auto"`` where it
-        has neither a lock directory, a conditional put nor in-process data).
+        For a mode the store cannot give (``"auto"`` where it has neither a
+        lock directory, a conditional put nor in-process data).
     """
-    if concurrency not in CONCURRENCY_MODES:
-        raise ConfigurationError(f"concurrency must be one of {CONCURRENCY_MODES}, got {concurrency!r}")
     caps = kv.caps
-    if concurrency == "none":
-        return "none"
-    if concurrency == "process":
-        return "process"
+    if concurrency == "none" or concurrency == "process":
+        return concurrency
     if concurrency == "files" or (concurrency == "auto" and caps.lock_dir):
         if not caps.lock_dir:
             raise ConfigurationError(
@@ -124,18 +119,18 @@ def lock_modes(array_dir: str) -> tuple[int, int]:
     return file_mode, lock_dir_mode | (dir_mode & stat.S_ISGID)
 
 
-def _make_lock_dir(lock_dir: str) -> None:
-    """Create ``lock_dir`` (a ``.shardkv-locks``) with the modes of :func:`lock_modes`, if it is missing."""
-    if os.path.isdir(lock_dir):
-        return
+def _make_lock_dir(lock_dir: str) -> int:
+    """Create ``lock_dir`` (a ``.shardkv-locks``) with the modes of :func:`lock_modes` if it is missing; the mode
+    of its lock files."""
     array_dir = os.path.dirname(lock_dir)
     os.makedirs(array_dir, exist_ok=True)  # as the array's first write would make it
-    _, dir_mode = lock_modes(array_dir)
+    file_mode, dir_mode = lock_modes(array_dir)
     try:
         os.mkdir(lock_dir, dir_mode)
+        os.chmod(lock_dir, dir_mode)  # exactly: the umask only narrowed it
     except FileExistsError:
-        return  # another writer made it first
-    os.chmod(lock_dir, dir_mode)  # exactly: the umask only narrowed it
+        pass  # made by an earlier hold, or by another writer first
+    return file_mode
 
 
 def _open_lock_file(path: str, make: bool) -> int | None:
@@ -147,8 +142,7 @@ def _open_lock_file(path: str, make: bool) -> int | None:
         except FileNotFoundError:
             if not make:
                 return None
-        _make_lock_dir(os.path.dirname(path))
-        mode, _ = lock_modes(os.path.dirname(os.path.dirname(path)))
+        mode = _make_lock_dir(os.path.dirname(path))
         try:
             fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, mode)
         except FileExistsError:
@@ -207,8 +201,7 @@ def _lock_file(path: str, deadline: float | None, make: bool) -> tuple[int, int]
             raise FileNotFoundError(errno.ENOENT, "lock file keeps being removed while it is taken", path)
 
 
-_POOL = [threading.Lock() for _ in range(THREAD_STRIPES)]
-"""The process-wide in-process lock stripes."""
+_POOL = [threading.Lock() for _ in range(THREAD_STRIPES)]  # the process-wide in-process lock stripes
 
 
 def _new_pool_in_child() -> None:
@@ -275,7 +268,7 @@ class ShardLocks:
     """
 
     def __init__(
-        self, location: StoreLocation, *, mode: Mode | None = None, timeout: float | None = DEFAULT_LOCK_TIMEOUT
+        self, location: StoreLocation, mode: Mode | None = None, timeout: float | None = DEFAULT_LOCK_TIMEOUT
     ) -> None:
         root_dir = location.local_dir
         if mode is None:
@@ -297,11 +290,11 @@ class ShardLocks:
 
     def __reduce__(self) -> tuple[Any, ...]:
         # locks are never pickled: the new process finds them by location (and resolves directories again)
-        return (_rebuild, (self.location, self.mode, self.timeout))
+        return (ShardLocks, (self.location, self.mode, self.timeout))
 
     @classmethod
     def of_store(
-        cls, kv: KVStore, concurrency: str = "auto", timeout: float | None = DEFAULT_LOCK_TIMEOUT
+        cls, kv: KVStore, concurrency: Concurrency = "auto", timeout: float | None = DEFAULT_LOCK_TIMEOUT
     ) -> ShardLocks:
         """The locks of ``kv`` in the mode ``concurrency`` resolves to there (:func:`resolve_mode`, which raises)."""
         return cls(kv.location, mode=resolve_mode(kv, concurrency), timeout=timeout)
@@ -309,23 +302,7 @@ class ShardLocks:
     @property
     def lock_dir(self) -> str | None:
         """The lock directory of root-level keys (a root array's), or ``None`` without lock files."""
-        return self.lock_dir_for("") if self.cross_process else None
-
-    def lock_dir_for(self, prefix: str = "") -> str:
-        """The lock directory of the shards of the array at key prefix ``prefix`` (``""``: the root's).
-
-        Raises
-        ------
-        ConfigurationError
-            For locks without lock files (``cross_process`` false).
-        """
-        if not self.cross_process:
-            raise ConfigurationError(f"{self!r} keeps no lock files")
-        return os.path.join(self._real_dir(prefix), LOCK_DIR)
-
-    def __repr__(self) -> str:
-        layer = f"files in {self.lock_dir!r}" if self.cross_process else "this process only"
-        return f"ShardLocks({self.location!r}, {self.mode}: {layer})"
+        return os.path.join(self._real_dir(""), LOCK_DIR) if self.cross_process else None
 
     def _real_dir(self, prefix: str) -> str:
         """The real directory (symbolic links resolved) of the array at key prefix ``prefix``."""
@@ -472,19 +449,11 @@ class ShardLocks:
             f"lock file {lock_file!r}", self.timeout or 0.0, _file_held(lock_file), lock_file, by_file[waited]
         )
 
-    def held_lock_files(self, shards: Mapping[str, ShardedArray]) -> dict[str, tuple[int, str]]:
-        """Shard key -> (descriptor, path) of its lock file, for the shards of ``shards`` whose lock files this
-        thread holds (where an in-place append records its intent; empty without lock files)."""
+    def held_lock_file(self, shard_key: str, arr: ShardedArray) -> tuple[int, str] | None:
+        """``(descriptor, path)`` of the lock file of ``shard_key`` if this thread holds it (where an in-place
+        append records its intent)."""
         if not self.cross_process:
-            return {}
-        out: dict[str, tuple[int, str]] = {}
-        for key, arr in shards.items():
-            file = self._where(key, lock_prefix(arr))[1]
-            fd = None if file is None else _HELD.fds.get(file)
-            if file is not None and fd is not None:
-                out[key] = (fd, os.path.join(file[0], f"{file[1]}.lock"))
-        return out
-
-
-def _rebuild(location: StoreLocation, mode: Mode, timeout: float | None) -> ShardLocks:
-    return ShardLocks(location, mode=mode, timeout=timeout)
+            return None
+        file = self._where(shard_key, lock_prefix(arr))[1]
+        fd = None if file is None else _HELD.fds.get(file)
+        return None if file is None or fd is None else (fd, os.path.join(file[0], f"{file[1]}.lock"))

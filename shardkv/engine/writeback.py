@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from os import PathLike
 from typing import TYPE_CHECKING
 
@@ -30,6 +30,14 @@ _JOURNAL_SLACK = 4 * 2**20  # bytes a journal may hold beyond twice the buffer b
 Buffered = ShardChange[bytes | None]  # what the buffer holds of one shard: whole chunks and deletions
 # (shard_key, local_coords, (was buffered, value before), value buffered) of one WriteBack.write
 _Added = list[tuple[str, tuple[int, ...], tuple[bool, "bytes | None"], "bytes | None"]]
+
+
+def _records(changes: Iterable[ShardChange]) -> Iterator[tuple[str, bytes | None, str]]:
+    """``(chunk key, value, array layout)`` of each chunk update of ``changes``, as the journal records them."""
+    for change in changes:
+        layout = layout_of(change.array)
+        for local, value in change.chunks.items():
+            yield change.chunk_key(local), None if value is None else bytes(value), layout
 
 
 def layout_of(arr: ShardedArray) -> str:
@@ -132,9 +140,9 @@ class WriteBuffer:
         if not pending.chunks:
             self.pop(shard_key)
 
-    def items(self) -> list[tuple[str, Buffered]]:
-        """``(shard_key, record)`` of every buffered shard, oldest first (the live records)."""
-        return list(self._pending.items())
+    def changes(self) -> list[Buffered]:
+        """The record of every buffered shard, oldest first (the live records)."""
+        return list(self._pending.values())
 
     def discard_under(self, path: str) -> int:
         """Drop, unwritten, the updates of arrays at or below ``path`` (deleted arrays); the shards dropped."""
@@ -252,15 +260,7 @@ class WriteBack:
         added: _Added = []
         with buf.lock:
             if self.journal is not None:
-                self.journal.append(
-                    (
-                        change.chunk_key(local),
-                        None if value is None else bytes(value),
-                        layout_of(change.array),
-                    )
-                    for change in changes.values()
-                    for local, value in change.chunks.items()
-                )
+                self.journal.append(_records(changes.values()))
             for shard_key, change in changes.items():
                 for local, value in change.chunks.items():
                     before = buf.lookup(shard_key, local)
@@ -269,17 +269,14 @@ class WriteBack:
                     added.append((shard_key, local, before, data))
         keys = list(changes)
         try:
-            self._drain(lambda: {**buf.take_complete(keys), **buf.take_over_limit()})
+            self._drain(buf, lambda: {**buf.take_complete(keys), **buf.take_over_limit()})
         except BaseException:
-            self._take_back(changes, added)  # the caller is told this write failed: never apply it later
+            self._take_back(buf, changes, added)  # the caller is told this write failed: never apply it later
             raise
 
-    def _take_back(self, changes: Mapping[str, ShardChange], added: _Added) -> None:
+    def _take_back(self, buf: WriteBuffer, changes: Mapping[str, ShardChange], added: _Added) -> None:
         """Undo the updates of a failed :attr:`write` still buffered: each chunk gets back its value from
         before the call (or leaves the buffer), and the journal is rewritten to match."""
-        buf = self.buffer
-        if buf is None:
-            return
         with self._io_lock, buf.lock:
             undone = False
             for shard_key, local, (had, old), data in reversed(added):
@@ -293,7 +290,7 @@ class WriteBack:
                     buf.settle(shard_key, written)
                 undone = True
             if undone and self.journal is not None:
-                self.journal.reset(self._buffered_records())
+                self.journal.reset(_records(buf.changes()))
 
     def write_now(self, changes: Mapping[str, ShardChange]) -> None:
         """Write chunk changes at once, bypassing the buffer (resize trims); then compact the journal, so no
@@ -301,15 +298,13 @@ class WriteBack:
         if not changes:
             return
         self.engine.writes.write(changes, observed=False)
-        if self.journal is not None and self.buffer is not None:
-            with self.buffer.lock:
-                self.journal.reset(self._buffered_records())
-
-    def _drain(self, select: Callable[[], dict[str, ShardChange]]) -> None:
-        """Write the shards ``select`` picks (under the buffer lock) and settle those written."""
         buf = self.buffer
-        if buf is None:
-            return
+        if self.journal is not None and buf is not None:
+            with buf.lock:
+                self.journal.reset(_records(buf.changes()))
+
+    def _drain(self, buf: WriteBuffer, select: Callable[[], dict[str, ShardChange]]) -> None:
+        """Write the shards ``select`` picks (under the buffer lock) and settle those written."""
         with self._io_lock:
             with buf.lock:
                 pending = select()
@@ -330,43 +325,35 @@ class WriteBack:
             with buf.lock:
                 for key in written:
                     buf.settle(key, pending[key])
-                self._tidy_journal()
+                self._tidy_journal(buf)
             if failure is not None and len(written) < len(pending):
                 raise failure
 
-    def _tidy_journal(self) -> None:
+    def _tidy_journal(self, buf: WriteBuffer) -> None:
         """Reset the journal when the buffer is empty; compact it when it outgrew the buffer (buffer lock held)."""
-        journal, buf = self.journal, self.buffer
-        if journal is None or buf is None:
+        journal = self.journal
+        if journal is None:
             return
         if not len(buf):
             if not journal.empty:
                 journal.reset()
         elif journal.nbytes > 2 * buf.max_bytes + _JOURNAL_SLACK:
-            journal.reset(self._buffered_records())
-
-    def _buffered_records(self) -> Iterator[tuple[str, bytes | None, str]]:
-        """``(chunk key, value, array layout)`` of every buffered update (buffer lock held)."""
-        if self.buffer is None:
-            return
-        for _, change in self.buffer.items():
-            layout = layout_of(change.array)
-            for local, value in change.chunks.items():
-                yield change.chunk_key(local), value, layout
+            journal.reset(_records(buf.changes()))
 
     def flush(self, path: str | None = None) -> None:
         """Write the buffered shards (of the array at ``path`` only); those a write failed for stay buffered."""
         buf = self.buffer
         if buf is not None:
-            self._drain(lambda: buf.take_all(path))
+            self._drain(buf, lambda: buf.take_all(path))
 
     def discard_under(self, path: str) -> None:
         """Drop buffered writes of arrays being deleted, so a later flush (or replay) cannot resurrect them."""
-        if self.buffer is None:
+        buf = self.buffer
+        if buf is None:
             return
-        with self._io_lock, self.buffer.lock:  # a flush under way finishes first: it cannot write them after
-            if self.buffer.discard_under(path) and self.journal is not None:
-                self.journal.reset(self._buffered_records())
+        with self._io_lock, buf.lock:  # a flush under way finishes first: it cannot write them after
+            if buf.discard_under(path) and self.journal is not None:
+                self.journal.reset(_records(buf.changes()))
 
     # -- journal ---------------------------------------------------------------------------
 
@@ -426,7 +413,7 @@ class WriteBack:
                 self.journal = journal
             self.flush()
             with buf.lock:
-                self._tidy_journal()
+                self._tidy_journal(buf)
             return len(latest)
         except BaseException:
             self.journal = None
