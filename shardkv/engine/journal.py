@@ -120,13 +120,9 @@ class Journal:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     raise _journal_locked(self.path) from None
-                try:
-                    current = os.stat(self.path)
-                except FileNotFoundError:
-                    current = None
-                mine = os.fstat(fd)
-                if current is not None and (current.st_ino, current.st_dev) == (mine.st_ino, mine.st_dev):
-                    return fd
+                with contextlib.suppress(FileNotFoundError):  # removed: a reset of the previous holder replaces it
+                    if os.path.samestat(os.stat(self.path), os.fstat(fd)):
+                        return fd
             except BaseException:
                 os.close(fd)
                 raise

@@ -187,23 +187,16 @@ def current_indexes(
 class ShardReader:
     """The reads of a :class:`~shardkv.engine.engine.ShardEngine` (its ``reads``), on the engine's state.
 
-    ``cache`` and ``stats`` are shared with the engine's writes; ``repair`` is asked once when a read meets a
-    damaged shard (:meth:`~shardkv.engine.writes.ShardWriter.repair`; True: read again).
+    ``cache`` and ``stats`` are shared with the engine's writes; ``repair``, set by the engine, is asked once when
+    a read meets a damaged shard (:meth:`~shardkv.engine.writes.ShardWriter.repair`; True: read again).
     """
 
-    def __init__(
-        self,
-        kv: KVStore,
-        cache: IndexCache,
-        policy: ReadPolicy,
-        stats: EngineStats,
-        repair: Callable[[str, ShardedArray], bool] | None = None,
-    ) -> None:
+    def __init__(self, kv: KVStore, cache: IndexCache, policy: ReadPolicy, stats: EngineStats) -> None:
         self.kv = kv
         self.cache = cache
         self.policy = policy
         self.stats = stats
-        self.repair = repair
+        self.repair: Callable[[str, ShardedArray], bool] | None = None
 
     def read_chunks(self, refs: Sequence[ChunkRef]) -> dict[str, BytesLike]:
         """Encoded bytes of the stored chunks among ``refs``, by chunk key (missing ones left out).

@@ -64,13 +64,7 @@ class ShardWriter:
     """
 
     def __init__(
-        self,
-        kv: KVStore,
-        cache: IndexCache,
-        locks: ShardLocks,
-        stats: EngineStats,
-        options: Options,
-        read_only: bool = False,
+        self, kv: KVStore, cache: IndexCache, locks: ShardLocks, stats: EngineStats, options: Options, read_only: bool
     ) -> None:
         self.kv = kv
         self.read_only = read_only
@@ -328,10 +322,10 @@ class ShardWriter:
             if size is None:
                 continue  # rewritten whole
             change = changes[shard_key]
-            updates: dict[LocalCoords, ChunkUpdate] = {}
-            for local in out_of_grid(change.array, change.shard_coords, index.present()):
-                updates[local] = None  # what a merge drops: chunks a shrinking resize left outside the grid
-            updates.update(change.chunks)  # patches are applied below, to the old chunks read
+            # what a merge drops (chunks a shrinking resize left outside the grid), then the changes; patches are
+            # applied below, to the old chunks read
+            dropped = out_of_grid(change.array, change.shard_coords, index.present())
+            updates: dict[LocalCoords, ChunkUpdate] = {**dict.fromkeys(dropped), **change.chunks}
             spans = {k: index.get(k) for k, v in updates.items() if isinstance(v, ChunkPatch)}
             stored = {k: span for k, span in spans.items() if span is not None}
             if stored:
@@ -364,10 +358,10 @@ class ShardWriter:
             minimum = self.kv.caps.tail_min_kept
             lead = _lead(plan.index) if minimum and layout.index_location == "end" else 0
             reserve = min(lead, minimum)  # a reserve's dead bytes are not held against the shard
-            if plan.index.is_empty() or _dead(plan, reserve) > self._max_dead_fraction:
-                continue  # no chunk left (a delete), or too many dead bytes: rewritten whole
-            if plan.kept_nbytes < minimum:
-                continue  # fewer bytes kept than the store copies (S3: 5 MiB): rewritten whole
+            # rewritten whole: no chunk left (a delete), too many dead bytes, or fewer bytes kept than the store
+            # copies (S3: 5 MiB)
+            if plan.index.is_empty() or _dead(plan, reserve) > self._max_dead_fraction or plan.kept_nbytes < minimum:
+                continue
             drop = lead if lead and plan.kept_nbytes - lead >= minimum else 0  # the leading dead bytes can go
             writes, new_index, nbytes = plan.writes, plan.index, plan.nbytes
             if drop:
@@ -375,11 +369,9 @@ class ShardWriter:
                 parts = plan.writes[0][1]
                 writes = [(plan.kept_nbytes - drop, [*parts[:-1], layout.encode_index(new_index)])]
                 nbytes -= drop
-            intent: tuple[int, str] | None = None
-            if how == "append":
-                intent = self.locks.held_lock_file(shard_key, change.array)
-                if intent is None:
-                    continue  # no lock file held to record the intent in: rewritten whole
+            intent = self.locks.held_lock_file(shard_key, change.array) if how == "append" else None
+            if how == "append" and intent is None:
+                continue  # no lock file held to record the intent in: rewritten whole
             self.cache.discard(shard_key)
             fd, path = intent or (None, None)
             new_generation = self.kv.update_tail(shard_key, writes, nbytes, generation, how, fd, path, drop=drop)
