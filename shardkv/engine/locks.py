@@ -57,14 +57,12 @@ def resolve_mode(kv: KVStore, concurrency: Concurrency) -> Mode:
         return "files"
     if caps.conditional_put or caps.in_process:
         return "conditional"
-    hint = (
-        (
+    hint = ""
+    if caps.round_trips and caps.stamps == "native":
+        hint = (
             " (an object store needs conditional puts: an obstore S3Store with conditional_put='etag', the "
             "default, and without AWS_CONDITIONAL_PUT=disabled)"
         )
-        if caps.round_trips and caps.stamps == "native"
-        else ""
-    )
     if concurrency == "conditional":
         raise ConfigurationError(
             f"concurrency='conditional' needs a store with conditional writes; {_store_name(kv)} "
@@ -216,7 +214,7 @@ class _Held(threading.local):
 
     def __init__(self) -> None:
         self.holds = 0  # holds entered and not left
-        self.fds: dict[tuple[str, int], int] = {}  # (lock directory, stripe) -> the held lock file's descriptor
+        self.fds: dict[str, int] = {}  # lock file -> the held lock file's descriptor
 
 
 _HELD = _Held()
@@ -316,18 +314,18 @@ class ShardLocks:
             self._real_dirs[prefix] = found
         return found
 
-    def _where(self, key: str, prefix: str) -> tuple[str, tuple[str, int] | None]:
-        """What names a shard's lock in this process, and its lock file ``(lock directory, stripe)`` if it has one.
+    def _where(self, key: str, prefix: str) -> tuple[str, str | None]:
+        """What names a shard's lock in this process, and the path of its lock file if it has one.
 
-        In a directory the name is the lock file's (real array directory, stripe): every store of the process
+        In a directory the name is the lock file's path in the real array directory: every store of the process
         agrees whatever root or link it came through. Else the shard's full path.
         """
         if self._dir_root is None:
             return self._prefix + self.location.full_path(key), None
         if not key.startswith(prefix):
             raise ConfigurationError(f"shard key {key!r} is not under its array prefix {prefix!r}")
-        real, stripe = self._real_dir(prefix), stripe_of(key[len(prefix) :], FILE_STRIPES)
-        return f"{self._prefix}{real}\0{stripe}", (os.path.join(real, LOCK_DIR), stripe) if self.cross_process else None
+        path = os.path.join(self._real_dir(prefix), LOCK_DIR, f"{stripe_of(key[len(prefix) :], FILE_STRIPES)}.lock")
+        return self._prefix + path, path if self.cross_process else None
 
     def lock_file(self, shard_key: str, prefix: str = "") -> str | None:
         """The path of the lock file of ``shard_key`` (its array at key prefix ``prefix``); ``None`` without one.
@@ -337,8 +335,7 @@ class ShardLocks:
         ConfigurationError
             If the shard key is not under its prefix.
         """
-        file = self._where(shard_key, prefix)[1]
-        return None if file is None else os.path.join(file[0], f"{file[1]}.lock")
+        return self._where(shard_key, prefix)[1]
 
     @contextmanager
     def hold(
@@ -379,7 +376,7 @@ class ShardLocks:
             return
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         by_stripe: dict[int, str] = {}  # in-process stripe -> a shard of it
-        by_file: dict[tuple[str, int], str] = {}  # (lock directory, stripe) -> a shard of it
+        by_file: dict[str, str] = {}  # lock file -> a shard of it
         for key in shard_keys:
             name, file = self._where(key, "" if prefixes is None else prefixes.get(key, ""))
             by_stripe.setdefault(stripe_of(name, THREAD_STRIPES), key)
@@ -388,9 +385,8 @@ class ShardLocks:
         _HELD.holds += 1
         try:
             with ExitStack() as stack:
-                pool = _POOL
                 for stripe in sorted(by_stripe):
-                    lock = pool[stripe]
+                    lock = _POOL[stripe]
                     # a wait longer than the platform allows (a timeout of inf) is as long as it takes
                     wait = -1 if deadline is None else min(threading.TIMEOUT_MAX, max(0.0, deadline - time.monotonic()))
                     if not lock.acquire(timeout=wait):
@@ -408,7 +404,7 @@ class ShardLocks:
         return self.hold(shards, {k: lock_prefix(arr) for k, arr in shards.items()}, make)
 
     def _take_files(
-        self, stack: ExitStack, by_file: Mapping[tuple[str, int], str], deadline: float | None, make: bool
+        self, stack: ExitStack, by_file: Mapping[str, str], deadline: float | None, make: bool
     ) -> list[tuple[int, str]]:
         """Take the lock files of ``by_file`` onto ``stack``; the non-empty ones, as :meth:`hold` yields them.
 
@@ -423,8 +419,7 @@ class ShardLocks:
             with ExitStack() as round_stack:
                 busy = None
                 for file in [waited] + [f for f in files if f != waited]:
-                    path = os.path.join(file[0], f"{file[1]}.lock")
-                    taken = _lock_file(path, deadline if file == waited else 0.0, make)
+                    taken = _lock_file(file, deadline if file == waited else 0.0, make)
                     if taken is None:
                         busy = file
                         break
@@ -434,7 +429,7 @@ class ShardLocks:
                     _HELD.fds[file] = fd  # the descriptor an append's intent is recorded in
                     round_stack.callback(_HELD.fds.pop, file, None)
                     if size:
-                        marked.append((fd, path))
+                        marked.append((fd, file))
                 if busy is None:
                     stack.enter_context(round_stack.pop_all())
                     return sorted(marked)
@@ -444,16 +439,13 @@ class ShardLocks:
             rounds = rounds or attempts(None, LOCK_BACKOFF, deadline, made=1)
             if next(rounds, None) is None:
                 break
-        lock_file = os.path.join(waited[0], f"{waited[1]}.lock")
         raise LockTimeoutError(
-            f"lock file {lock_file!r}", self.timeout or 0.0, _file_held(lock_file), lock_file, by_file[waited]
+            f"lock file {waited!r}", self.timeout or 0.0, _file_held(waited), waited, by_file[waited]
         )
 
     def held_lock_file(self, shard_key: str, arr: ShardedArray) -> tuple[int, str] | None:
         """``(descriptor, path)`` of the lock file of ``shard_key`` if this thread holds it (where an in-place
         append records its intent)."""
-        if not self.cross_process:
-            return None
         file = self._where(shard_key, lock_prefix(arr))[1]
         fd = None if file is None else _HELD.fds.get(file)
-        return None if file is None or fd is None else (fd, os.path.join(file[0], f"{file[1]}.lock"))
+        return None if file is None or fd is None else (fd, file)

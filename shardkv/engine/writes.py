@@ -495,9 +495,7 @@ class ShardWriter:
         """
         if not self.kv.caps.tail_updates or not self.kv.caps.lock_dir or holds_shard_locks():
             return False
-        locks = self.locks
-        if not locks.cross_process:
-            locks = ShardLocks(self.kv.location, mode="files", timeout=self.locks.timeout)
+        locks = self.locks if self.locks.cross_process else ShardLocks(self.kv.location, "files", self.locks.timeout)
         lock_file = locks.lock_file(shard_key, lock_prefix(arr))
         if lock_file is None or not os.path.isdir(os.path.dirname(lock_file)):
             return False  # no writer with lock files, so no append, was there
