@@ -42,6 +42,11 @@ def _nonnegative_int(name: str, value: Any) -> int:
     return value
 
 
+def _one_of(name: str, value: Any, choices: Any) -> None:
+    if value not in get_args(choices):
+        raise ConfigurationError(f"{name} must be one of {list(get_args(choices))}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class Options:
     """The runtime options of a sharding facade (the one place they are checked).
@@ -159,18 +164,12 @@ class Options:
             raise ConfigurationError(f"read_policy must be a ReadPolicy, got {self.read_policy!r}")
         if self.buffer_bytes is not None:
             _nonnegative_int("buffer_bytes", self.buffer_bytes)
-        if self.concurrency not in get_args(Concurrency):
-            raise ConfigurationError(
-                f"concurrency must be one of {list(get_args(Concurrency))}, got {self.concurrency!r}"
-            )
+        _one_of("concurrency", self.concurrency, Concurrency)
         if self.lock_timeout is not None:
             timeout = self.lock_timeout
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout) or timeout < 0:
                 raise ConfigurationError(f"lock_timeout must be None or a number of seconds >= 0, got {timeout!r}")
-        if self.shard_updates not in get_args(ShardUpdates):
-            raise ConfigurationError(
-                f"shard_updates must be one of {list(get_args(ShardUpdates))}, got {self.shard_updates!r}"
-            )
+        _one_of("shard_updates", self.shard_updates, ShardUpdates)
         dead = self.max_dead_fraction
         if isinstance(dead, bool) or not isinstance(dead, (int, float)) or not 0 < dead <= 1:
             raise ConfigurationError(f"max_dead_fraction must be a number with 0 < x <= 1, got {dead!r}")

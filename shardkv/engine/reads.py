@@ -118,11 +118,9 @@ def _serve_ranges(
     layout = arr.layout
     data_end = None if result.size is None else layout.data_region(result.size)[1]
     for read, value in zip(coalesced, result.values or [], strict=True):
-        limit = read.range.start + len(value)  # the end of the chunk data the read proves
-        if read.range.stop is None and layout.index_location == "end":
-            limit -= layout.index_nbytes
-        else:
-            limit -= guard
+        # the end of the chunk data the read proves (a suffix read of a shard ends with its index)
+        suffix = read.range.stop is None and layout.index_location == "end"
+        limit = read.range.start + len(value) - (layout.index_nbytes if suffix else guard)
         if data_end is not None:  # the size the read itself found
             limit = min(limit, data_end)
         part = _slicer(value)
@@ -449,15 +447,11 @@ class ShardReader:
         )
 
     def count_chunks(
-        self,
-        shards: Mapping[str, ShardedArray],
-        *,
-        generations: Mapping[str, Generation] | None = None,
-        in_grid_only: bool = True,
+        self, shards: Mapping[str, ShardedArray], *, generations: Mapping[str, Generation] | None = None
     ) -> int:
-        """How many chunks ``shards`` store (as :meth:`chunk_keys`, without building keys)."""
+        """How many chunks in the grid ``shards`` store (as :meth:`chunk_keys`, without building keys)."""
         return sum(
-            shard_chunk_count(arr, coords, index.present_mask(), in_grid_only)
+            shard_chunk_count(arr, coords, index.present_mask())
             for arr, coords, index in self._stored_indexes(shards, generations)
         )
 

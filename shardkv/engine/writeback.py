@@ -104,12 +104,10 @@ class WriteBuffer:
         self._nbytes -= pending.nbytes
         return pending
 
-    def _copy(self, shard_key: str) -> Buffered:
-        return self._pending[shard_key].copy()
-
     def take_complete(self, shard_keys: list[str]) -> dict[str, Buffered]:
         """Copies of those of ``shard_keys`` that are complete (they stay buffered until settled)."""
-        return {k: self._copy(k) for k in shard_keys if k in self._pending and self._pending[k].covers_shard()}
+        pending = self._pending
+        return {k: pending[k].copy() for k in shard_keys if k in pending and pending[k].covers_shard()}
 
     def take_over_limit(self) -> dict[str, Buffered]:
         """Copies of the oldest shards whose writing brings the buffer within its limit (they stay buffered)."""
@@ -118,13 +116,13 @@ class WriteBuffer:
         for key, pending in self._pending.items():
             if left <= self.max_bytes:
                 break
-            out[key] = self._copy(key)
+            out[key] = pending.copy()
             left -= pending.nbytes
         return out
 
     def take_all(self, path: str | None = None) -> dict[str, Buffered]:
         """Copies of every buffered shard (of the array at ``path`` only, if given); they stay buffered."""
-        return {k: self._copy(k) for k, p in self._pending.items() if path is None or p.array.path == path}
+        return {k: p.copy() for k, p in self._pending.items() if path is None or p.array.path == path}
 
     def settle(self, shard_key: str, written: Buffered) -> None:
         """Forget the updates of ``written`` (a copy from ``take_*``) now stored; newer ones (by identity) stay."""

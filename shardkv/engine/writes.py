@@ -243,7 +243,7 @@ class ShardWriter:
         if unread:
             old.update(zip(unread, kv.get_many([(k, None, ANY) for k in unread]), strict=True))
         puts: dict[str, tuple[Value | None, Generation]] = {}
-        indexes: dict[str, tuple[ShardIndex | None, int]] = {}
+        indexes: dict[str, tuple[ShardIndex, int]] = {}  # of the shards put with chunks
         for shard_key, change in changes.items():
             arr = change.array
             before = old.get(shard_key)
@@ -264,14 +264,13 @@ class ShardWriter:
                 indexes[shard_key] = (index, _nbytes(parts))
             elif stored:
                 puts[shard_key] = (None, condition)
-                indexes[shard_key] = (None, 0)
         won = kv.put_many(puts) if puts else {}
         for shard_key, generation in won.items():
             if generation is None:
                 lost[shard_key] = changes[shard_key]
                 continue
-            new_index, size = indexes[shard_key]
-            if new_index is not None:
+            if shard_key in indexes:
+                new_index, size = indexes[shard_key]
                 cache.put(shard_key, new_index, generation, size if self._sizes_hold else None)
         return lost
 
