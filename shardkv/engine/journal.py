@@ -227,25 +227,17 @@ class Journal:
         lost = f"acknowledged records seq {expected}..{acked_next - 1} (bytes {pos}..{acked_end})"
         if len(data) < acked_end:
             why = f"{why}; the file ends at byte {len(data)}, before the acknowledged end {acked_end} (truncated)"
-        keys = self._keys_after(data[:acked_end], pos + 1)
+        keys: list[str] = []  # of valid frames after the damage (as ``seq:key``), five at most
+        acked = data[:acked_end]
+        raw = bytes(acked)
+        at = raw.find(FRAME_MAGIC, pos + 1)
+        while at != -1 and len(keys) < 5:
+            result = decode_frame(acked, at)
+            if not isinstance(result, str):
+                keys.append(f"{result[0].seq}:{result[0].key!r}")
+            at = raw.find(FRAME_MAGIC, at + 1 if isinstance(result, str) else result[1])
         tail = f", and valid records follow it ({', '.join(keys)})" if keys else ""
         return JournalCorruptError(self.path, pos, f"{why}{tail}; lost: {lost}")
-
-    @staticmethod
-    def _keys_after(data: memoryview, start: int, limit: int = 5) -> list[str]:
-        """Keys (as ``seq:key``) of valid frames found after ``start``, at most ``limit``."""
-        raw = bytes(data)
-        found: list[str] = []
-        pos = raw.find(FRAME_MAGIC, start)
-        while pos != -1 and len(found) < limit:
-            result = decode_frame(data, pos)
-            if not isinstance(result, str):
-                found.append(f"{result[0].seq}:{result[0].key!r}")
-                pos = result[1]
-            else:
-                pos += 1
-            pos = raw.find(FRAME_MAGIC, pos)
-        return found
 
     def _write_slot(self, gen: int, end: int, next_seq: int) -> None:
         _write_all(self._fd, encode_slot(gen, end, next_seq), SLOT_OFFSETS[gen % 2])

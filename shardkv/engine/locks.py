@@ -101,28 +101,21 @@ def stripe_of(path: str, n_stripes: int) -> int:
     return zlib.crc32(path.encode("utf-8")) % n_stripes
 
 
-def lock_modes(array_dir: str) -> tuple[int, int]:
-    """``(lock file mode, lock directory mode)`` for the array directory ``array_dir``.
-
-    Read and write (and search) for each class that may write ``array_dir``, never a read bit without its
-    write bit (no account that cannot write the array can ``flock`` a lock file); its set-group-ID bit kept.
-    """
-    dir_mode = os.stat(array_dir).st_mode
-    file_mode, lock_dir_mode = 0o600, 0o700
-    if dir_mode & stat.S_IWGRP:
-        file_mode, lock_dir_mode = file_mode | 0o060, lock_dir_mode | 0o070
-    if dir_mode & stat.S_IWOTH:
-        file_mode, lock_dir_mode = file_mode | 0o006, lock_dir_mode | 0o007
-    # a set-group-ID array directory (a shared project directory) passes its group on to the lock files
-    return file_mode, lock_dir_mode | (dir_mode & stat.S_ISGID)
-
-
 def _make_lock_dir(lock_dir: str) -> int:
-    """Create ``lock_dir`` (a ``.shardkv-locks``) with the modes of :func:`lock_modes` if it is missing; the mode
-    of its lock files."""
+    """Create ``lock_dir`` (a ``.shardkv-locks``) if it is missing; the mode of its lock files.
+
+    Read and write (and search) for each class that may write the array directory, never a read bit without
+    its write bit (no account that cannot write the array can ``flock`` a lock file); its set-group-ID bit kept.
+    """
     array_dir = os.path.dirname(lock_dir)
     os.makedirs(array_dir, exist_ok=True)  # as the array's first write would make it
-    file_mode, dir_mode = lock_modes(array_dir)
+    array_mode = os.stat(array_dir).st_mode
+    file_mode, dir_mode = 0o600, 0o700
+    if array_mode & stat.S_IWGRP:
+        file_mode, dir_mode = file_mode | 0o060, dir_mode | 0o070
+    if array_mode & stat.S_IWOTH:
+        file_mode, dir_mode = file_mode | 0o006, dir_mode | 0o007
+    dir_mode |= array_mode & stat.S_ISGID  # a shared project directory passes its group on to the lock files
     try:
         os.mkdir(lock_dir, dir_mode)
         os.chmod(lock_dir, dir_mode)  # exactly: the umask only narrowed it
