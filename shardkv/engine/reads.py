@@ -23,6 +23,7 @@ from shardkv.keys.listing import shard_chunk_count, shard_chunk_keys
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.storage.kv import ANY, Generation, KVStore, ReadRequest, ReadResult
 
+Listed = Mapping[str, Generation]  # shard key -> the generation a listing of the store returned
 LIST_BATCH = 4096  # shards whose indexes one listing request reads at most
 WHOLE_CHUNK = ByteRange(0)  # the range of a whole chunk: the one object the engine's chunk reads pass
 
@@ -137,7 +138,7 @@ def _serve_ranges(
 
 
 def current_indexes(
-    kv: KVStore, cache: IndexCache, shards: Mapping[str, ShardedArray], generations: Mapping[str, Generation] | None
+    kv: KVStore, cache: IndexCache, shards: Mapping[str, ShardedArray], generations: Listed | None
 ) -> dict[str, CacheEntry]:
     """The current ``(index, generation, size)`` of the stored shards among ``shards``, in their order (as
     :meth:`ShardReader.read_indexes`, without its repair)."""
@@ -360,9 +361,8 @@ class ShardReader:
         ``None`` (the caller takes :meth:`read_ranges`, which makes the same requests) unless the index is
         cached with its shard's size (then validated: every entry in the data region) and holds the chunk.
         """
-        kv, cache, policy, stats = self.kv, self.cache, self.policy, self.stats
-        caps = kv.caps
-        if not caps.ranged or (caps.round_trips and _whole_wanted([(ref, WHOLE_CHUNK)], policy)):
+        kv, cache, stats = self.kv, self.cache, self.stats
+        if not kv.caps.ranged or (kv.caps.round_trips and _whole_wanted([(ref, WHOLE_CHUNK)], self.policy)):
             return None  # no ranged reads, or a shard read_ranges reads whole
         found = cache.chunk_location(ref.shard_key, ref.local_coords)  # a hit only when it serves
         if found is None:
@@ -387,7 +387,7 @@ class ShardReader:
         return [ref.shard_key in indexes and indexes[ref.shard_key].get(ref.local_coords) is not None for ref in refs]
 
     def read_indexes(
-        self, shards: Mapping[str, ShardedArray], generations: Mapping[str, Generation] | None = None
+        self, shards: Mapping[str, ShardedArray], generations: Listed | None = None
     ) -> dict[str, ShardIndex]:
         """The current indexes of the stored shards among ``shards`` (listings, ``in``, counts).
 
@@ -422,11 +422,7 @@ class ShardReader:
         return {k: e.index for k, e in entries.items()}
 
     def chunk_keys(
-        self,
-        shards: Mapping[str, ShardedArray],
-        *,
-        generations: Mapping[str, Generation] | None = None,
-        in_grid_only: bool = True,
+        self, shards: Mapping[str, ShardedArray], *, generations: Listed | None = None, in_grid_only: bool = True
     ) -> Iterator[str]:
         """Keys of the chunks stored in ``shards``, from their current indexes (:data:`LIST_BATCH` per request).
 
@@ -446,9 +442,7 @@ class ShardReader:
             for arr, coords, index in self._stored_indexes(shards, generations)
         )
 
-    def count_chunks(
-        self, shards: Mapping[str, ShardedArray], *, generations: Mapping[str, Generation] | None = None
-    ) -> int:
+    def count_chunks(self, shards: Mapping[str, ShardedArray], *, generations: Listed | None = None) -> int:
         """How many chunks in the grid ``shards`` store (as :meth:`chunk_keys`, without building keys)."""
         return sum(
             shard_chunk_count(arr, coords, index.present_mask())
@@ -456,7 +450,7 @@ class ShardReader:
         )
 
     def present_masks(
-        self, shards: Mapping[str, ShardedArray], *, generations: Mapping[str, Generation] | None = None
+        self, shards: Mapping[str, ShardedArray], *, generations: Listed | None = None
     ) -> Iterator[tuple[tuple[int, ...], np.ndarray]]:
         """``(shard coords, present mask)`` of each stored shard among ``shards``, from its current index.
 
@@ -467,7 +461,7 @@ class ShardReader:
             yield coords, index.present_mask()
 
     def _stored_indexes(
-        self, shards: Mapping[str, ShardedArray], generations: Mapping[str, Generation] | None
+        self, shards: Mapping[str, ShardedArray], generations: Listed | None
     ) -> Iterator[tuple[ShardedArray, tuple[int, ...], ShardIndex]]:
         """``(array, shard coords, current index)`` of the stored shards among ``shards`` (keys of no shard skipped)."""
         keys = list(shards)

@@ -144,11 +144,7 @@ class WriteBuffer:
 
     def discard_under(self, path: str) -> int:
         """Drop, unwritten, the updates of arrays at or below ``path`` (deleted arrays); the shards dropped."""
-        keys = [
-            k
-            for k, p in self._pending.items()
-            if not path or p.array.path == path or p.array.path.startswith(f"{path}/")
-        ]
+        keys = [k for k, p in self._pending.items() if not path or f"{p.array.path}/".startswith(f"{path}/")]
         for k in keys:
             self.pop(k)
         return len(keys)
@@ -206,21 +202,20 @@ class WriteBack:
 
     # -- reads that see buffered writes (both facades ask these) -------------------------
 
+    def _split(self, refs: Sequence[ChunkRef]) -> tuple[dict[int, bytes | None], list[int]]:
+        """The buffered values among ``refs`` by position (``None``: deleted), and the positions of the others."""
+        found = [self.lookup(ref.shard_key, ref.local_coords) for ref in refs]
+        return {i: v for i, (b, v) in enumerate(found) if b}, [i for i, (b, _) in enumerate(found) if not b]
+
     def read_chunks(self, refs: Sequence[ChunkRef]) -> dict[str, BytesLike]:
         """Encoded bytes of the chunks among ``refs`` by chunk key: buffered ones as buffered, the rest read in one
         call (missing and buffered-deleted chunks left out)."""
         if self.buffer is None:
             return self.engine.reads.read_chunks(refs)
-        out: dict[str, BytesLike] = {}
-        unbuffered = []
-        for ref in refs:
-            buffered, value = self.lookup(ref.shard_key, ref.local_coords)
-            if not buffered:
-                unbuffered.append(ref)
-            elif value is not None:
-                out[ref.chunk_key] = value
-        if unbuffered:
-            out.update(self.engine.reads.read_chunks(unbuffered))
+        buffered, others = self._split(refs)
+        out: dict[str, BytesLike] = {refs[i].chunk_key: v for i, v in buffered.items() if v is not None}
+        if others:
+            out.update(self.engine.reads.read_chunks([refs[i] for i in others]))
         return out
 
     def has_chunk(self, ref: ChunkRef) -> bool:
@@ -232,20 +227,15 @@ class WriteBack:
 
     def chunk_sizes(self, refs: Sequence[ChunkRef]) -> list[int | None]:
         """Encoded sizes (bytes) of the chunks, buffered ones included, from the indexes; ``None``: no chunk."""
+        buffered, others = self._split(refs)
         out: list[int | None] = [None] * len(refs)
-        unbuffered: list[int] = []
-        for i, ref in enumerate(refs):
-            buffered, value = self.lookup(ref.shard_key, ref.local_coords)
-            if buffered:
-                out[i] = None if value is None else len(value)
-            else:
-                unbuffered.append(i)
-        if unbuffered:
-            indexes = self.engine.reads.read_indexes({refs[i].shard_key: refs[i].array for i in unbuffered})
-            for i in unbuffered:
-                index = indexes.get(refs[i].shard_key)
-                entry = None if index is None else index.get(refs[i].local_coords)
-                out[i] = None if entry is None else entry[1]
+        for i, value in buffered.items():
+            out[i] = None if value is None else len(value)
+        indexes = self.engine.reads.read_indexes({refs[i].shard_key: refs[i].array for i in others}) if others else {}
+        for i in others:
+            index = indexes.get(refs[i].shard_key)
+            entry = None if index is None else index.get(refs[i].local_coords)
+            out[i] = None if entry is None else entry[1]
         return out
 
     # -- writes ---------------------------------------------------------------------------
