@@ -36,10 +36,9 @@ class OptionKeywords(TypedDict, total=False):
     max_dead_fraction: float
 
 
-def _nonnegative_int(name: str, value: Any) -> int:
+def _nonnegative_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigurationError(f"{name} must be an int >= 0 (bytes), got {value!r}")
-    return value
 
 
 def _one_of(name: str, value: Any, choices: Any) -> None:

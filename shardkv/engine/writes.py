@@ -175,8 +175,7 @@ class ShardWriter:
                     joined[shard_key] = join_changes(commit.changes)
                 except ValueError as refusal:
                     refused[shard_key] = refusal
-            lost, refused_now = self._write_held(joined)
-            refused.update(refused_now)
+            lost = self._write_held(joined, refused)
             errors = {k: ConcurrentUpdateError(k, WRITE_ATTEMPTS, WRITE_ATTEMPTS) for k in lost}
             for shard_key, why in refused.items():
                 if len(led[shard_key].changes) == 1:
@@ -197,16 +196,16 @@ class ShardWriter:
     def _write_one_by_one(self, shard_key: str, commit: _Commit) -> None:
         """Write the changes of ``commit`` (one shard) one after another, keeping each one's error in ``refused``."""
         for position, change in enumerate(commit.changes):
-            lost, refused = self._write_held({shard_key: change})
+            refused: dict[str, Exception] = {}
+            if self._write_held({shard_key: change}, refused):  # lost in every round
+                refused[shard_key] = ConcurrentUpdateError(shard_key, WRITE_ATTEMPTS, WRITE_ATTEMPTS)
             if shard_key in refused:
                 commit.refused[position] = refused[shard_key]
-            elif lost:
-                commit.refused[position] = ConcurrentUpdateError(shard_key, WRITE_ATTEMPTS, WRITE_ATTEMPTS)
 
-    def _write_held(self, changes: Mapping[str, ShardChange]) -> tuple[dict[str, ShardChange], dict[str, Exception]]:
-        """The bounded rounds of one write under its shards' locks: the changes still lost, and those refused."""
+    def _write_held(self, changes: Mapping[str, ShardChange], refused: dict[str, Exception]) -> dict[str, ShardChange]:
+        """The bounded rounds of one write under its shards' locks: the changes still lost (those the merge
+        refuses go into ``refused``)."""
         todo = dict(changes)
-        refused: dict[str, Exception] = {}
         shards = {k: c.array for k, c in todo.items()}
         with self.locks.hold_arrays(shards) as marked:
             if marked:  # an in-place append its writer did not finish: kept or undone first
@@ -216,11 +215,11 @@ class ShardWriter:
                 self.stats.write_attempts += 1
                 todo = self._write_round(todo, refused)
                 if not todo:
-                    return {}, refused
+                    return {}
                 self.stats.write_lost += len(todo)
                 rounds = rounds or attempts(WRITE_ATTEMPTS, WRITE_BACKOFF, made=1)
                 if next(rounds, None) is None:
-                    return todo, refused
+                    return todo
 
     def _write_round(self, changes: Mapping[str, ShardChange], refused: dict[str, Exception]) -> dict[str, ShardChange]:
         """One read-merge-put round; the changes of the shards whose conditional put lost.
@@ -456,18 +455,15 @@ class ShardWriter:
                 result = kv.get(shard_key)
                 if not result.found:
                     continue
-                blob = result.whole()
-                index = arr.layout.index_of_shard(blob, shard_key)
+                blob, layout = result.whole(), arr.layout
+                index = layout.index_of_shard(blob, shard_key)
                 size = len(memoryview(blob).cast("B"))
-                if size - arr.layout.index_nbytes - index.used_nbytes() <= 0:
+                if size - layout.index_nbytes - index.used_nbytes() <= 0:
                     continue
-                parts, new_index = arr.layout.encode_shard_with_index(
-                    arr.layout.chunks_of_shard(blob, shard_key, index)
-                )
+                parts, new_index = layout.encode_shard_with_index(layout.chunks_of_shard(blob, shard_key, index))
                 new_size = _nbytes(parts)
                 cache.discard(shard_key)
-                condition = result.generation if self.locks.optimistic else ANY
-                generation = kv.put(shard_key, parts, if_generation=condition)
+                generation = kv.put(shard_key, parts, if_generation=result.generation if self.locks.optimistic else ANY)
                 if generation is None:
                     continue  # changed by another writer: its shard stays, compacted next time
                 cache.put(shard_key, new_index, generation, new_size)
