@@ -286,12 +286,12 @@ class ShardReader:
             stats.read_attempts += 1
             if attempt >= 3:
                 whole |= stale  # a shard rewritten without pause: one self-consistent request
+            stale = set()  # this round's: changed while their index or chunks were read
             order = [k for k in by_shard if k in pending]
             cached = {k: None if k in whole else cache.entry(k) for k in order}
             entries = {k: e for k, e in cached.items() if e is not None}
             need = [k for k in order if k not in entries]
             fresh: set[str] = set()
-            changed: set[str] = set()
             if need or extra:
                 reads: list[ReadRequest] = [
                     (k, None if k in whole else [arrays[k].layout.index_range()], ANY) for k in need
@@ -303,7 +303,7 @@ class ShardReader:
                 for k, result in zip(need, answers, strict=False):  # answers: need's, then extra's
                     if result.state == "stale":  # changed while it was read: read again next round
                         cache.discard(k)
-                        changed.add(k)
+                        stale.add(k)
                         continue
                     if not result.found:  # no shard: none of its chunks is stored
                         cache.discard(k)
@@ -339,7 +339,6 @@ class ShardReader:
                 ]
                 chunk_reads.append((k, ranges, generation))
                 plans.append((k, wanted, coalesced, guard))
-            stale = changed
             for (k, wanted, coalesced, guard), result in zip(
                 plans, kv.get_many(chunk_reads) if chunk_reads else [], strict=True
             ):

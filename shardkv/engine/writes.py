@@ -129,7 +129,7 @@ class ShardWriter:
             if led:
                 self._run(led)
         except BaseException as exc:  # interrupted: the commits this call started and never ran would wait forever
-            self._abandon(led, exc)
+            self._end(led, dict.fromkeys(led, exc))
             raise
         for commit, _ in joined:
             commit.done.wait()  # bounded: its writer runs one bounded write (lock timeout, write attempts)
@@ -140,8 +140,8 @@ class ShardWriter:
         if observed and self.observe is not None:
             self.observe(changes)
 
-    def _abandon(self, led: dict[str, _Commit], exc: BaseException) -> None:
-        """End the commits of ``led`` that did not finish (they never ran: nothing else would), telling ``exc``."""
+    def _end(self, led: dict[str, _Commit], errors: Mapping[str, BaseException]) -> None:
+        """End the commits of ``led`` not ended yet (nothing else would), each with its error (none: stored)."""
         with self._guard:
             for shard_key, commit in led.items():
                 if commit.done.is_set():
@@ -149,7 +149,7 @@ class ShardWriter:
                 for table in (self._next, self._running):
                     if table.get(shard_key) is commit:
                         del table[shard_key]
-                commit.error = exc
+                commit.error = errors.get(shard_key)
                 commit.done.set()
 
     def _run(self, led: dict[str, _Commit]) -> None:
@@ -187,11 +187,7 @@ class ShardWriter:
             if not isinstance(exc, Exception):
                 raise  # interrupted: the writers waiting are still told, below
         finally:
-            with self._guard:
-                for shard_key, commit in led.items():
-                    del self._running[shard_key]
-                    commit.error = errors.get(shard_key)
-                    commit.done.set()
+            self._end(led, errors)
 
     def _write_one_by_one(self, shard_key: str, commit: _Commit) -> None:
         """Write the changes of ``commit`` (one shard) one after another, keeping each one's error in ``refused``."""
@@ -407,10 +403,9 @@ class ShardWriter:
     def _recover(self, marked: Sequence[tuple[int, str]], shards: Iterable[str], repair: bool = True) -> bool:
         """Finish or undo the appends recorded in the held lock files ``marked`` (``(fd, path)``); whether any was.
 
-        With ``repair`` false nothing is changed: whether any of them records an append not recovered.
+        With ``repair`` false nothing is changed: whether any of them records an append not recovered. (Only
+        stores with O(chunk) updates append: the others find none.)
         """
-        if not self.kv.caps.tail_updates:
-            return False
         found = [fd for fd, path in marked if self.kv.recover_tail(fd, path, repair) is not None]
         for shard_key in shards if found else ():
             self.cache.discard(shard_key)
