@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from shardkv.proxy.store import PartialShardWriteWarning, ShardedStore
     from shardkv.rechunk import rechunk_to_shards
 
-_LAZY = {
+_LAZY = {  # public name -> the module that defines it, imported on first use (PEP 562)
     "ShardedStore": "shardkv.proxy.store",
     "open_store": "shardkv.proxy.open",
     "rechunk_to_shards": "shardkv.rechunk",
@@ -47,7 +47,6 @@ _LAZY = {
     "ShardLayout": "shardkv.format.layout",
     "EMPTY": "shardkv.format.layout",
 }
-"""Public name -> the module that defines it, imported on first use (PEP 562)."""
 
 __all__ = [
     "__version__",

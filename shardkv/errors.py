@@ -30,10 +30,7 @@ class ChunkOutOfGridError(InvalidKeyError):
     def __init__(self, key: str, chunk_coords: tuple[int, ...], grid_shape: tuple[int, ...]) -> None:
         self.chunk_coords = tuple(chunk_coords)
         self.grid_shape = tuple(grid_shape)
-        super().__init__(
-            key,
-            f"chunk coords {self.chunk_coords} lie outside the chunk grid of shape {self.grid_shape}",
-        )
+        super().__init__(key, f"chunk coords {self.chunk_coords} lie outside the chunk grid of shape {self.grid_shape}")
 
 
 class ReservedKeyError(InvalidKeyError):
@@ -66,8 +63,7 @@ class ChecksumError(CorruptShardError):
         self.stored = int(stored)
         self.computed = int(computed)
         super().__init__(
-            shard_key,
-            f"crc32c mismatch in {what}: stored 0x{self.stored:08x}, computed 0x{self.computed:08x}",
+            shard_key, f"crc32c mismatch in {what}: stored 0x{self.stored:08x}, computed 0x{self.computed:08x}"
         )
 
 
@@ -103,10 +99,8 @@ class LockTimeoutError(ShardKVError, TimeoutError):
         self.path = path
         self.shard_key = shard_key
         lock = what if shard_key is None else f"shard {shard_key!r} ({what})"
-        if self.timeout:
-            super().__init__(f"could not lock {lock} within {self.timeout:g} s: {reason}")
-        else:
-            super().__init__(f"could not lock {lock}: {reason}")
+        within = f" within {self.timeout:g} s" if self.timeout else ""
+        super().__init__(f"could not lock {lock}{within}: {reason}")
 
 
 class ConcurrentUpdateError(ShardKVError, RuntimeError):

@@ -72,7 +72,7 @@ def test_a_held_shard_lock_excludes_another_stores_writer(tmp_path, kind) -> Non
     zarr.open_array(store=holder, mode="w", shape=(16,), chunks=(2,), dtype="i4", fill_value=0)
     other = ShardedStore(base, chunks_per_shard=4, lock_timeout=0.2)
     arr = zarr.open_array(store=other, mode="r+")
-    with holder.engine.writes.hold({"0": holder.sharded_array("")}):  # shard 0 holds chunks 0-3 (elements 0-7)
+    with holder.engine.locks.hold_arrays({"0": holder.sharded_array("")}):  # shard 0 holds chunks 0-3 (elements 0-7)
         started = time.monotonic()
         with pytest.raises(LockTimeoutError):
             arr[0:2] = 5

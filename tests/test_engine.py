@@ -289,15 +289,15 @@ def test_erase_deletes_shards() -> None:
 
 
 def test_modes_resolve_from_capabilities() -> None:
-    assert ShardEngine(CountingKV()).concurrency_mode == "conditional"
+    assert ShardEngine(CountingKV()).locks.mode == "conditional"
     files = CountingKV(Capabilities(ranged=True, stamps="native", lock_dir=True))
     with pytest.raises(ConfigurationError, match="directory"):
         ShardEngine(CountingKV(), Options(concurrency="files"))
     persistent = CountingKV(Capabilities(ranged=False))
     with pytest.raises(ConfigurationError, match="neither lock files nor conditional"):
         ShardEngine(persistent)
-    assert ShardEngine(persistent, Options(concurrency="process")).concurrency_mode == "process"
-    assert ShardEngine(persistent, Options(concurrency="none")).concurrency_mode == "none"
+    assert ShardEngine(persistent, Options(concurrency="process")).locks.mode == "process"
+    assert ShardEngine(persistent, Options(concurrency="none")).locks.mode == "none"
     with pytest.raises(ConfigurationError):
         ShardEngine(persistent, Options(concurrency="conditional"))
     with pytest.raises(ConfigurationError):

@@ -273,7 +273,7 @@ def test_a_write_inside_its_own_threads_hold_of_the_shard_ends_with_a_lock_timeo
     kv, arr = CountingKV(), _array()
     engine, _ = _engine(kv, Options(lock_timeout=0.05))
     ref = arr.locate(arr.chunk_key((0, 0)))
-    with engine.writes.hold({ref.shard_key: arr}):
+    with engine.locks.hold_arrays({ref.shard_key: arr}):
         with pytest.raises(LockTimeoutError) as info:
             engine.writes.write({ref.shard_key: ShardChange(arr, ref.shard_coords, {ref.local_coords: b"x"})})
     assert info.value.shard_key == ref.shard_key

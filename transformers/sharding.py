@@ -328,7 +328,7 @@ class ShardingStorageTransformer(AbstractStore):
     @property
     def concurrency_mode(self) -> str:
         """The resolved ``concurrency`` mode: ``"files"``, ``"conditional"``, ``"process"`` or ``"none"``."""
-        return self.engine.concurrency_mode
+        return self.engine.locks.mode
 
     def refresh(self) -> None:
         """Forget cached shard indexes."""

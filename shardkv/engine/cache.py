@@ -108,8 +108,7 @@ class IndexCache:
             self._nbytes += nbytes
             while self._nbytes > self.max_bytes:
                 _, evicted = self._entries.popitem(last=False)
-                old = evicted.index
-                self._nbytes -= old.entries.nbytes
+                self._nbytes -= evicted.index.entries.nbytes
 
     def discard(self, shard_key: str) -> None:
         """Forget one shard's index."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from shardkv.engine.cache import IndexCache
-from shardkv.engine.locks import Mode, ShardLocks
+from shardkv.engine.locks import ShardLocks
 from shardkv.engine.options import Options
 from shardkv.engine.reads import ShardReader
 from shardkv.engine.retry import EngineStats
@@ -53,24 +53,9 @@ class ShardEngine:
         self.cache = IndexCache(self.options.index_cache_bytes)
         self.locks = ShardLocks.of_store(kv, self.options.concurrency, self.options.lock_timeout)
         self.stats = EngineStats()
-        self.writes = ShardWriter(
-            kv,
-            self.cache,
-            self.locks,
-            self.stats,
-            self.options.shard_updates,
-            self.options.max_dead_fraction,
-            read_only,
-        )
-        self.reads = ShardReader(kv, self.cache, self.options.read_policy, self.stats, self.writes.repair)
-
-    def __repr__(self) -> str:
-        return f"ShardEngine({self.kv!r}, concurrency={self.concurrency_mode!r})"
-
-    @property
-    def concurrency_mode(self) -> Mode:
-        """The resolved concurrency mode: ``"files"``, ``"conditional"``, ``"process"`` or ``"none"``."""
-        return self.locks.mode
+        self.writes = ShardWriter(kv, self.cache, self.locks, self.stats, self.options, read_only)
+        self.reads = ShardReader(kv, self.cache, self.options.read_policy, self.stats)
+        self.reads.repair = self.writes.repair
 
     def forget(self, shard_keys: Iterable[str] | None = None) -> None:
         """Drop cached indexes (of ``shard_keys``, or all)."""

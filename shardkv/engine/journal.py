@@ -13,7 +13,6 @@ import os
 import struct
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 
 import msgpack
 
@@ -37,16 +36,9 @@ from shardkv.format.journal_frames import (
     make_records,
 )
 from shardkv.format.layout import crc32c_of
+from shardkv.storage.local import fsync_dirs
 
 _OPEN_ATTEMPTS = 100  # lock-then-verify retries when the file is replaced under us (bounded)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _datasync(fd: int) -> None:
@@ -59,17 +51,6 @@ def _write_all(fd: int, data: bytes | memoryview, pos: int) -> int:
         n = os.pwrite(fd, view, pos)
         view, pos = view[n:], pos + n
     return pos
-
-
-@dataclass(frozen=True, slots=True)
-class _Scan:
-    records: list[JournalRecord]
-    start_seq: int
-    identity: dict[str, str]
-    data_start: int
-    acked_end: int  # end of the last acknowledged record
-    gen: int  # generation of the current watermark slot
-    torn_tail_nbytes: int
 
 
 def _journal_locked(
@@ -107,31 +88,20 @@ class Journal:
         self.path = os.fspath(path)
         self._fd = self._open_locked()
         try:
-            scan = self._scan()
-            if identity is not None and dict(identity) != scan.identity:
-                if scan.records:
+            records, self._identity = self._scan()
+            if identity is not None and dict(identity) != self._identity:
+                if records:
                     raise JournalMismatchError(
                         self.path,
-                        f"store {describe_identity(scan.identity)}",
+                        f"store {describe_identity(self._identity)}",
                         f"store {describe_identity(identity)}",
-                        len(scan.records),
+                        len(records),
                     )
                 self._identity = dict(identity)
-                self._adopt(scan)
                 self.reset()  # an empty journal: stamped with this store's identity
-                return
         except BaseException:
             self.close()
             raise
-        self._identity = scan.identity
-        self._adopt(scan)
-
-    def _adopt(self, scan: _Scan) -> None:
-        self._data_start = scan.data_start
-        self._end = scan.acked_end
-        self._gen = scan.gen
-        self.torn_tail_nbytes = scan.torn_tail_nbytes
-        self._next_seq = scan.records[-1].seq + 1 if scan.records else scan.start_seq
 
     # -- file ---------------------------------------------------------------------------
 
@@ -150,13 +120,9 @@ class Journal:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     raise _journal_locked(self.path) from None
-                try:
-                    current = os.stat(self.path)
-                except FileNotFoundError:
-                    current = None
-                mine = os.fstat(fd)
-                if current is not None and (current.st_ino, current.st_dev) == (mine.st_ino, mine.st_dev):
-                    return fd
+                with contextlib.suppress(FileNotFoundError):  # removed: a reset of the previous holder replaces it
+                    if os.path.samestat(os.stat(self.path), os.fstat(fd)):
+                        return fd
             except BaseException:
                 os.close(fd)
                 raise
@@ -190,15 +156,16 @@ class Journal:
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(tmp)
-            _fsync_dir(self.path)
+            fsync_dirs([os.path.abspath(self.path)])
         except BaseException:
             with contextlib.suppress(OSError):
                 os.close(fd)
             raise
         return fd
 
-    def _scan(self) -> _Scan:
-        """Parse the whole file: records up to the acknowledged end, and the torn tail after it."""
+    def _scan(self) -> tuple[list[JournalRecord], dict[str, str]]:
+        """Parse the whole file (records up to the acknowledged end, the torn tail after it), taking up its state;
+        the records and the identity."""
         size = os.fstat(self._fd).st_size
         data = memoryview(os.pread(self._fd, size, 0))
         if bytes(data[:16]) != MAGIC:
@@ -249,7 +216,9 @@ class Journal:
                 f"the watermark acknowledges records up to seq {acked_next - 1}, "
                 f"the file holds them up to seq {expected - 1}",
             )
-        return _Scan(records, start_seq, identity, data_start, pos, gen, max(len(data) - acked_end, 0))
+        self._data_start, self._end, self._gen, self._next_seq = data_start, pos, gen, expected
+        self.torn_tail_nbytes = max(len(data) - acked_end, 0)
+        return records, identity
 
     def _loss(
         self, data: memoryview, pos: int, acked_end: int, expected: int, acked_next: int, why: str
@@ -258,25 +227,17 @@ class Journal:
         lost = f"acknowledged records seq {expected}..{acked_next - 1} (bytes {pos}..{acked_end})"
         if len(data) < acked_end:
             why = f"{why}; the file ends at byte {len(data)}, before the acknowledged end {acked_end} (truncated)"
-        keys = self._keys_after(data[:acked_end], pos + 1)
+        keys: list[str] = []  # of valid frames after the damage (as ``seq:key``), five at most
+        acked = data[:acked_end]
+        raw = bytes(acked)
+        at = raw.find(FRAME_MAGIC, pos + 1)
+        while at != -1 and len(keys) < 5:
+            result = decode_frame(acked, at)
+            if not isinstance(result, str):
+                keys.append(f"{result[0].seq}:{result[0].key!r}")
+            at = raw.find(FRAME_MAGIC, at + 1 if isinstance(result, str) else result[1])
         tail = f", and valid records follow it ({', '.join(keys)})" if keys else ""
         return JournalCorruptError(self.path, pos, f"{why}{tail}; lost: {lost}")
-
-    @staticmethod
-    def _keys_after(data: memoryview, start: int, limit: int = 5) -> list[str]:
-        """Keys (as ``seq:key``) of valid frames found after ``start``, at most ``limit``."""
-        raw = bytes(data)
-        found: list[str] = []
-        pos = raw.find(FRAME_MAGIC, start)
-        while pos != -1 and len(found) < limit:
-            result = decode_frame(data, pos)
-            if not isinstance(result, str):
-                found.append(f"{result[0].seq}:{result[0].key!r}")
-                pos = result[1]
-            else:
-                pos += 1
-            pos = raw.find(FRAME_MAGIC, pos)
-        return found
 
     def _write_slot(self, gen: int, end: int, next_seq: int) -> None:
         _write_all(self._fd, encode_slot(gen, end, next_seq), SLOT_OFFSETS[gen % 2])
@@ -341,7 +302,7 @@ class Journal:
 
     def replay(self) -> Iterator[JournalRecord]:
         """The acknowledged records, in order (``JournalCorruptError`` for any damage before their end)."""
-        yield from self._scan().records
+        yield from self._scan()[0]
 
     def reset(self, keep: Iterable[RecordItem] = ()) -> None:
         """Drop every record but those of ``keep`` (as :meth:`append` takes them); sequence numbers go on.
@@ -365,7 +326,7 @@ class Journal:
             raise
         os.close(self._fd)
         self._fd = fd
-        _fsync_dir(self.path)
+        fsync_dirs([os.path.abspath(self.path)])
         self._next_seq = start + len(batch)
         self._data_start = len(header)
         self._end = len(header) + len(frames)

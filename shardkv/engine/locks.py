@@ -25,7 +25,6 @@ from shardkv.storage.kv import LOCK_DIR, KVStore, StoreLocation
 
 Concurrency = Literal["auto", "files", "conditional", "process", "none"]  # Options.concurrency
 Mode = Literal["files", "conditional", "process", "none"]
-CONCURRENCY_MODES: tuple[str, ...] = ("auto", "files", "conditional", "process", "none")
 
 THREAD_STRIPES = 1024  # in-process lock stripes of the process (about 100 bytes each)
 FILE_STRIPES = 64  # lock files per array, in ``<array>/.shardkv-locks/``
@@ -37,22 +36,18 @@ _REOPEN_BACKOFF = Backoff(0.0001, 2.0, 0.01)
 _MAX_REAL_DIRS = 4096  # resolved array directories remembered per ShardLocks
 
 
-def resolve_mode(kv: KVStore, concurrency: str) -> Mode:
+def resolve_mode(kv: KVStore, concurrency: Concurrency) -> Mode:
     """The mode ``concurrency`` resolves to on ``kv`` (docs/user-guide.md, "Concurrency").
 
     Raises
     ------
     ConfigurationError
-        For an unknown mode, or one the store cannot give (``"auto"`` where it
-        has neither a lock directory, a conditional put nor in-process data).
+        For a mode the store cannot give (``"auto"`` where it has neither a
+        lock directory, a conditional put nor in-process data).
     """
-    if concurrency not in CONCURRENCY_MODES:
-        raise ConfigurationError(f"concurrency must be one of {CONCURRENCY_MODES}, got {concurrency!r}")
     caps = kv.caps
-    if concurrency == "none":
-        return "none"
-    if concurrency == "process":
-        return "process"
+    if concurrency == "none" or concurrency == "process":
+        return concurrency
     if concurrency == "files" or (concurrency == "auto" and caps.lock_dir):
         if not caps.lock_dir:
             raise ConfigurationError(
@@ -62,14 +57,12 @@ def resolve_mode(kv: KVStore, concurrency: str) -> Mode:
         return "files"
     if caps.conditional_put or caps.in_process:
         return "conditional"
-    hint = (
-        (
+    hint = ""
+    if caps.round_trips and caps.stamps == "native":
+        hint = (
             " (an object store needs conditional puts: an obstore S3Store with conditional_put='etag', the "
             "default, and without AWS_CONDITIONAL_PUT=disabled)"
         )
-        if caps.round_trips and caps.stamps == "native"
-        else ""
-    )
     if concurrency == "conditional":
         raise ConfigurationError(
             f"concurrency='conditional' needs a store with conditional writes; {_store_name(kv)} "
@@ -108,34 +101,27 @@ def stripe_of(path: str, n_stripes: int) -> int:
     return zlib.crc32(path.encode("utf-8")) % n_stripes
 
 
-def lock_modes(array_dir: str) -> tuple[int, int]:
-    """``(lock file mode, lock directory mode)`` for the array directory ``array_dir``.
+def _make_lock_dir(lock_dir: str) -> int:
+    """Create ``lock_dir`` (a ``.shardkv-locks``) if it is missing; the mode of its lock files.
 
-    Read and write (and search) for each class that may write ``array_dir``, never a read bit without its
-    write bit (no account that cannot write the array can ``flock`` a lock file); its set-group-ID bit kept.
+    Read and write (and search) for each class that may write the array directory, never a read bit without
+    its write bit (no account that cannot write the array can ``flock`` a lock file); its set-group-ID bit kept.
     """
-    dir_mode = os.stat(array_dir).st_mode
-    file_mode, lock_dir_mode = 0o600, 0o700
-    if dir_mode & stat.S_IWGRP:
-        file_mode, lock_dir_mode = file_mode | 0o060, lock_dir_mode | 0o070
-    if dir_mode & stat.S_IWOTH:
-        file_mode, lock_dir_mode = file_mode | 0o006, lock_dir_mode | 0o007
-    # a set-group-ID array directory (a shared project directory) passes its group on to the lock files
-    return file_mode, lock_dir_mode | (dir_mode & stat.S_ISGID)
-
-
-def _make_lock_dir(lock_dir: str) -> None:
-    """Create ``lock_dir`` (a ``.shardkv-locks``) with the modes of :func:`lock_modes`, if it is missing."""
-    if os.path.isdir(lock_dir):
-        return
     array_dir = os.path.dirname(lock_dir)
     os.makedirs(array_dir, exist_ok=True)  # as the array's first write would make it
-    _, dir_mode = lock_modes(array_dir)
+    array_mode = os.stat(array_dir).st_mode
+    file_mode, dir_mode = 0o600, 0o700
+    if array_mode & stat.S_IWGRP:
+        file_mode, dir_mode = file_mode | 0o060, dir_mode | 0o070
+    if array_mode & stat.S_IWOTH:
+        file_mode, dir_mode = file_mode | 0o006, dir_mode | 0o007
+    dir_mode |= array_mode & stat.S_ISGID  # a shared project directory passes its group on to the lock files
     try:
         os.mkdir(lock_dir, dir_mode)
+        os.chmod(lock_dir, dir_mode)  # exactly: the umask only narrowed it
     except FileExistsError:
-        return  # another writer made it first
-    os.chmod(lock_dir, dir_mode)  # exactly: the umask only narrowed it
+        pass  # made by an earlier hold, or by another writer first
+    return file_mode
 
 
 def _open_lock_file(path: str, make: bool) -> int | None:
@@ -147,8 +133,7 @@ def _open_lock_file(path: str, make: bool) -> int | None:
         except FileNotFoundError:
             if not make:
                 return None
-        _make_lock_dir(os.path.dirname(path))
-        mode, _ = lock_modes(os.path.dirname(os.path.dirname(path)))
+        mode = _make_lock_dir(os.path.dirname(path))
         try:
             fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, mode)
         except FileExistsError:
@@ -207,8 +192,7 @@ def _lock_file(path: str, deadline: float | None, make: bool) -> tuple[int, int]
             raise FileNotFoundError(errno.ENOENT, "lock file keeps being removed while it is taken", path)
 
 
-_POOL = [threading.Lock() for _ in range(THREAD_STRIPES)]
-"""The process-wide in-process lock stripes."""
+_POOL = [threading.Lock() for _ in range(THREAD_STRIPES)]  # the process-wide in-process lock stripes
 
 
 def _new_pool_in_child() -> None:
@@ -223,7 +207,7 @@ class _Held(threading.local):
 
     def __init__(self) -> None:
         self.holds = 0  # holds entered and not left
-        self.fds: dict[tuple[str, int], int] = {}  # (lock directory, stripe) -> the held lock file's descriptor
+        self.fds: dict[str, int] = {}  # lock file -> the held lock file's descriptor
 
 
 _HELD = _Held()
@@ -275,7 +259,7 @@ class ShardLocks:
     """
 
     def __init__(
-        self, location: StoreLocation, *, mode: Mode | None = None, timeout: float | None = DEFAULT_LOCK_TIMEOUT
+        self, location: StoreLocation, mode: Mode | None = None, timeout: float | None = DEFAULT_LOCK_TIMEOUT
     ) -> None:
         root_dir = location.local_dir
         if mode is None:
@@ -297,11 +281,11 @@ class ShardLocks:
 
     def __reduce__(self) -> tuple[Any, ...]:
         # locks are never pickled: the new process finds them by location (and resolves directories again)
-        return (_rebuild, (self.location, self.mode, self.timeout))
+        return (ShardLocks, (self.location, self.mode, self.timeout))
 
     @classmethod
     def of_store(
-        cls, kv: KVStore, concurrency: str = "auto", timeout: float | None = DEFAULT_LOCK_TIMEOUT
+        cls, kv: KVStore, concurrency: Concurrency = "auto", timeout: float | None = DEFAULT_LOCK_TIMEOUT
     ) -> ShardLocks:
         """The locks of ``kv`` in the mode ``concurrency`` resolves to there (:func:`resolve_mode`, which raises)."""
         return cls(kv.location, mode=resolve_mode(kv, concurrency), timeout=timeout)
@@ -309,23 +293,7 @@ class ShardLocks:
     @property
     def lock_dir(self) -> str | None:
         """The lock directory of root-level keys (a root array's), or ``None`` without lock files."""
-        return self.lock_dir_for("") if self.cross_process else None
-
-    def lock_dir_for(self, prefix: str = "") -> str:
-        """The lock directory of the shards of the array at key prefix ``prefix`` (``""``: the root's).
-
-        Raises
-        ------
-        ConfigurationError
-            For locks without lock files (``cross_process`` false).
-        """
-        if not self.cross_process:
-            raise ConfigurationError(f"{self!r} keeps no lock files")
-        return os.path.join(self._real_dir(prefix), LOCK_DIR)
-
-    def __repr__(self) -> str:
-        layer = f"files in {self.lock_dir!r}" if self.cross_process else "this process only"
-        return f"ShardLocks({self.location!r}, {self.mode}: {layer})"
+        return os.path.join(self._real_dir(""), LOCK_DIR) if self.cross_process else None
 
     def _real_dir(self, prefix: str) -> str:
         """The real directory (symbolic links resolved) of the array at key prefix ``prefix``."""
@@ -339,18 +307,18 @@ class ShardLocks:
             self._real_dirs[prefix] = found
         return found
 
-    def _where(self, key: str, prefix: str) -> tuple[str, tuple[str, int] | None]:
-        """What names a shard's lock in this process, and its lock file ``(lock directory, stripe)`` if it has one.
+    def _where(self, key: str, prefix: str) -> tuple[str, str | None]:
+        """What names a shard's lock in this process, and the path of its lock file if it has one.
 
-        In a directory the name is the lock file's (real array directory, stripe): every store of the process
+        In a directory the name is the lock file's path in the real array directory: every store of the process
         agrees whatever root or link it came through. Else the shard's full path.
         """
         if self._dir_root is None:
             return self._prefix + self.location.full_path(key), None
         if not key.startswith(prefix):
             raise ConfigurationError(f"shard key {key!r} is not under its array prefix {prefix!r}")
-        real, stripe = self._real_dir(prefix), stripe_of(key[len(prefix) :], FILE_STRIPES)
-        return f"{self._prefix}{real}\0{stripe}", (os.path.join(real, LOCK_DIR), stripe) if self.cross_process else None
+        path = os.path.join(self._real_dir(prefix), LOCK_DIR, f"{stripe_of(key[len(prefix) :], FILE_STRIPES)}.lock")
+        return self._prefix + path, path if self.cross_process else None
 
     def lock_file(self, shard_key: str, prefix: str = "") -> str | None:
         """The path of the lock file of ``shard_key`` (its array at key prefix ``prefix``); ``None`` without one.
@@ -360,8 +328,7 @@ class ShardLocks:
         ConfigurationError
             If the shard key is not under its prefix.
         """
-        file = self._where(shard_key, prefix)[1]
-        return None if file is None else os.path.join(file[0], f"{file[1]}.lock")
+        return self._where(shard_key, prefix)[1]
 
     @contextmanager
     def hold(
@@ -402,7 +369,7 @@ class ShardLocks:
             return
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         by_stripe: dict[int, str] = {}  # in-process stripe -> a shard of it
-        by_file: dict[tuple[str, int], str] = {}  # (lock directory, stripe) -> a shard of it
+        by_file: dict[str, str] = {}  # lock file -> a shard of it
         for key in shard_keys:
             name, file = self._where(key, "" if prefixes is None else prefixes.get(key, ""))
             by_stripe.setdefault(stripe_of(name, THREAD_STRIPES), key)
@@ -411,9 +378,8 @@ class ShardLocks:
         _HELD.holds += 1
         try:
             with ExitStack() as stack:
-                pool = _POOL
                 for stripe in sorted(by_stripe):
-                    lock = pool[stripe]
+                    lock = _POOL[stripe]
                     # a wait longer than the platform allows (a timeout of inf) is as long as it takes
                     wait = -1 if deadline is None else min(threading.TIMEOUT_MAX, max(0.0, deadline - time.monotonic()))
                     if not lock.acquire(timeout=wait):
@@ -431,7 +397,7 @@ class ShardLocks:
         return self.hold(shards, {k: lock_prefix(arr) for k, arr in shards.items()}, make)
 
     def _take_files(
-        self, stack: ExitStack, by_file: Mapping[tuple[str, int], str], deadline: float | None, make: bool
+        self, stack: ExitStack, by_file: Mapping[str, str], deadline: float | None, make: bool
     ) -> list[tuple[int, str]]:
         """Take the lock files of ``by_file`` onto ``stack``; the non-empty ones, as :meth:`hold` yields them.
 
@@ -446,8 +412,7 @@ class ShardLocks:
             with ExitStack() as round_stack:
                 busy = None
                 for file in [waited] + [f for f in files if f != waited]:
-                    path = os.path.join(file[0], f"{file[1]}.lock")
-                    taken = _lock_file(path, deadline if file == waited else 0.0, make)
+                    taken = _lock_file(file, deadline if file == waited else 0.0, make)
                     if taken is None:
                         busy = file
                         break
@@ -457,7 +422,7 @@ class ShardLocks:
                     _HELD.fds[file] = fd  # the descriptor an append's intent is recorded in
                     round_stack.callback(_HELD.fds.pop, file, None)
                     if size:
-                        marked.append((fd, path))
+                        marked.append((fd, file))
                 if busy is None:
                     stack.enter_context(round_stack.pop_all())
                     return sorted(marked)
@@ -467,24 +432,13 @@ class ShardLocks:
             rounds = rounds or attempts(None, LOCK_BACKOFF, deadline, made=1)
             if next(rounds, None) is None:
                 break
-        lock_file = os.path.join(waited[0], f"{waited[1]}.lock")
         raise LockTimeoutError(
-            f"lock file {lock_file!r}", self.timeout or 0.0, _file_held(lock_file), lock_file, by_file[waited]
+            f"lock file {waited!r}", self.timeout or 0.0, _file_held(waited), waited, by_file[waited]
         )
 
-    def held_lock_files(self, shards: Mapping[str, ShardedArray]) -> dict[str, tuple[int, str]]:
-        """Shard key -> (descriptor, path) of its lock file, for the shards of ``shards`` whose lock files this
-        thread holds (where an in-place append records its intent; empty without lock files)."""
-        if not self.cross_process:
-            return {}
-        out: dict[str, tuple[int, str]] = {}
-        for key, arr in shards.items():
-            file = self._where(key, lock_prefix(arr))[1]
-            fd = None if file is None else _HELD.fds.get(file)
-            if file is not None and fd is not None:
-                out[key] = (fd, os.path.join(file[0], f"{file[1]}.lock"))
-        return out
-
-
-def _rebuild(location: StoreLocation, mode: Mode, timeout: float | None) -> ShardLocks:
-    return ShardLocks(location, mode=mode, timeout=timeout)
+    def held_lock_file(self, shard_key: str, arr: ShardedArray) -> tuple[int, str] | None:
+        """``(descriptor, path)`` of the lock file of ``shard_key`` if this thread holds it (where an in-place
+        append records its intent)."""
+        file = self._where(shard_key, lock_prefix(arr))[1]
+        fd = None if file is None else _HELD.fds.get(file)
+        return None if file is None or fd is None else (fd, file)

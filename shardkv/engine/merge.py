@@ -54,8 +54,7 @@ class ChunkPatch:
         return apply_partial_writes(self.chunk_key, old, self.writes)
 
 
-ChunkUpdate = BytesLike | ChunkPatch | None
-"""One inner chunk's change: its new encoded bytes, a :class:`ChunkPatch`, or ``None`` (delete)."""
+ChunkUpdate = BytesLike | ChunkPatch | None  # one inner chunk's change: new encoded bytes, a patch, None (delete)
 
 UpdateT = TypeVar("UpdateT", bound=ChunkUpdate)
 

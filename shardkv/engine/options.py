@@ -36,10 +36,14 @@ class OptionKeywords(TypedDict, total=False):
     max_dead_fraction: float
 
 
-def _nonnegative_int(name: str, value: Any) -> int:
+def _nonnegative_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigurationError(f"{name} must be an int >= 0 (bytes), got {value!r}")
-    return value
+
+
+def _one_of(name: str, value: Any, choices: Any) -> None:
+    if value not in get_args(choices):
+        raise ConfigurationError(f"{name} must be one of {list(get_args(choices))}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -159,18 +163,12 @@ class Options:
             raise ConfigurationError(f"read_policy must be a ReadPolicy, got {self.read_policy!r}")
         if self.buffer_bytes is not None:
             _nonnegative_int("buffer_bytes", self.buffer_bytes)
-        if self.concurrency not in get_args(Concurrency):
-            raise ConfigurationError(
-                f"concurrency must be one of {list(get_args(Concurrency))}, got {self.concurrency!r}"
-            )
+        _one_of("concurrency", self.concurrency, Concurrency)
         if self.lock_timeout is not None:
             timeout = self.lock_timeout
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout) or timeout < 0:
                 raise ConfigurationError(f"lock_timeout must be None or a number of seconds >= 0, got {timeout!r}")
-        if self.shard_updates not in get_args(ShardUpdates):
-            raise ConfigurationError(
-                f"shard_updates must be one of {list(get_args(ShardUpdates))}, got {self.shard_updates!r}"
-            )
+        _one_of("shard_updates", self.shard_updates, ShardUpdates)
         dead = self.max_dead_fraction
         if isinstance(dead, bool) or not isinstance(dead, (int, float)) or not 0 < dead <= 1:
             raise ConfigurationError(f"max_dead_fraction must be a number with 0 < x <= 1, got {dead!r}")

@@ -13,7 +13,7 @@ from math import prod
 
 import numpy as np
 
-from shardkv._types import BytesLike
+from shardkv._types import BytesLike, LocalCoords
 from shardkv.engine.cache import CacheEntry, IndexCache
 from shardkv.engine.retry import READ_ATTEMPTS, READ_BACKOFF, EngineStats, attempts
 from shardkv.errors import ConcurrentUpdateError, CorruptShardError
@@ -23,25 +23,22 @@ from shardkv.keys.listing import shard_chunk_count, shard_chunk_keys
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.storage.kv import ANY, Generation, KVStore, ReadRequest, ReadResult
 
+Listed = Mapping[str, Generation]  # shard key -> the generation a listing of the store returned
 LIST_BATCH = 4096  # shards whose indexes one listing request reads at most
 WHOLE_CHUNK = ByteRange(0)  # the range of a whole chunk: the one object the engine's chunk reads pass
 
 
 def _whole_wanted(requests: Sequence[tuple[ChunkRef, ByteRange]], policy: ReadPolicy) -> set[str]:
     """Shards of which ``requests`` want enough whole chunks to read the shard whole (object stores)."""
-    wanted: dict[str, set[tuple[int, ...]]] = {}
-    refs: dict[str, ChunkRef] = {}
+    wanted: dict[str, tuple[ChunkRef, set[LocalCoords]]] = {}
     for ref, byte_range in requests:
         if byte_range == WHOLE_CHUNK:
-            wanted.setdefault(ref.shard_key, set()).add(ref.local_coords)
-            refs.setdefault(ref.shard_key, ref)
+            wanted.setdefault(ref.shard_key, (ref, set()))[1].add(ref.local_coords)
     whole: set[str] = set()
-    for shard_key, locals_ in wanted.items():
-        ref = refs[shard_key]
-        n = len(locals_)
-        if n >= policy.whole_shard_fraction * prod(ref.array.chunks_per_shard) or n >= ref.array.n_chunks_in_shard(
-            ref.shard_coords
-        ):
+    for shard_key, (ref, chunks) in wanted.items():
+        arr = ref.array
+        enough = min(policy.whole_shard_fraction * prod(arr.chunks_per_shard), arr.n_chunks_in_shard(ref.shard_coords))
+        if len(chunks) >= enough:
             whole.add(shard_key)
     return whole
 
@@ -122,11 +119,9 @@ def _serve_ranges(
     layout = arr.layout
     data_end = None if result.size is None else layout.data_region(result.size)[1]
     for read, value in zip(coalesced, result.values or [], strict=True):
-        limit = read.range.start + len(value)  # the end of the chunk data the read proves
-        if read.range.stop is None and layout.index_location == "end":
-            limit -= layout.index_nbytes
-        else:
-            limit -= guard
+        # the end of the chunk data the read proves (a suffix read of a shard ends with its index)
+        suffix = read.range.stop is None and layout.index_location == "end"
+        limit = read.range.start + len(value) - (layout.index_nbytes if suffix else guard)
         if data_end is not None:  # the size the read itself found
             limit = min(limit, data_end)
         part = _slicer(value)
@@ -142,32 +137,65 @@ def _serve_ranges(
             out[pos] = part(rel, rel + nbytes)
 
 
-def _batches(shards: Mapping[str, ShardedArray]) -> Iterator[dict[str, ShardedArray]]:
+def current_indexes(
+    kv: KVStore, cache: IndexCache, shards: Mapping[str, ShardedArray], generations: Listed | None
+) -> dict[str, CacheEntry]:
+    """The current ``(index, generation, size)`` of the stored shards among ``shards``, in their order (as
+    :meth:`ShardReader.read_indexes`, without its repair)."""
     keys = list(shards)
-    for start in range(0, len(keys), LIST_BATCH):
-        yield {k: shards[k] for k in keys[start : start + LIST_BATCH]}
+    if not kv.caps.ranged:
+        out = {}
+        for k, result in zip(keys, kv.get_many([(k, None, ANY) for k in keys]), strict=True):
+            if result.found:
+                blob = result.whole()
+                out[k] = CacheEntry(shards[k].layout.index_of_shard(blob, k), result.generation, len(blob))
+        return out
+    entries: dict[str, CacheEntry] = {}
+    checks: list[tuple[str, CacheEntry]] = []
+    need: list[str] = []
+    for k in keys:
+        cached = cache.peek(k)
+        listed = None if generations is None else generations.get(k)
+        if cached is None or (listed is not None and not listed.is_any and listed != cached.generation):
+            need.append(k)
+        elif listed is not None and listed == cached.generation:
+            entries[k] = cached
+        else:
+            checks.append((k, cached))
+    if checks:
+        for (k, cached), result in zip(checks, kv.get_many([(k, [], e.generation) for k, e in checks]), strict=True):
+            if result.state == "value":
+                entries[k] = CacheEntry(cached.index, result.generation, result.size)
+            elif result.state == "stale":
+                need.append(k)
+            else:
+                cache.discard(k)
+    if need:
+        for k, result in zip(
+            need, kv.get_many([(k, [shards[k].layout.index_range()], ANY) for k in need]), strict=True
+        ):
+            if not result.found:
+                cache.discard(k)
+                continue
+            index, size = _decode(shards[k], k, result, False)
+            cache.put(k, index, result.generation, size)
+            entries[k] = CacheEntry(index, result.generation, size)
+    return {k: entries[k] for k in keys if k in entries}
 
 
 class ShardReader:
     """The reads of a :class:`~shardkv.engine.engine.ShardEngine` (its ``reads``), on the engine's state.
 
-    ``cache`` and ``stats`` are shared with the engine's writes; ``repair`` is asked once when a read meets a
-    damaged shard (:meth:`~shardkv.engine.writes.ShardWriter.repair`; True: read again).
+    ``cache`` and ``stats`` are shared with the engine's writes; ``repair``, set by the engine, is asked once when
+    a read meets a damaged shard (:meth:`~shardkv.engine.writes.ShardWriter.repair`; True: read again).
     """
 
-    def __init__(
-        self,
-        kv: KVStore,
-        cache: IndexCache,
-        policy: ReadPolicy,
-        stats: EngineStats,
-        repair: Callable[[str, ShardedArray], bool] | None = None,
-    ) -> None:
+    def __init__(self, kv: KVStore, cache: IndexCache, policy: ReadPolicy, stats: EngineStats) -> None:
         self.kv = kv
         self.cache = cache
         self.policy = policy
         self.stats = stats
-        self.repair = repair
+        self.repair: Callable[[str, ShardedArray], bool] | None = None
 
     def read_chunks(self, refs: Sequence[ChunkRef]) -> dict[str, BytesLike]:
         """Encoded bytes of the stored chunks among ``refs``, by chunk key (missing ones left out).
@@ -258,15 +286,12 @@ class ShardReader:
             stats.read_attempts += 1
             if attempt >= 3:
                 whole |= stale  # a shard rewritten without pause: one self-consistent request
+            stale = set()  # this round's: changed while their index or chunks were read
             order = [k for k in by_shard if k in pending]
-            entries: dict[str, CacheEntry] = {}
-            for k in order:
-                cached = None if k in whole else cache.entry(k)
-                if cached is not None:
-                    entries[k] = cached
+            cached = {k: None if k in whole else cache.entry(k) for k in order}
+            entries = {k: e for k, e in cached.items() if e is not None}
             need = [k for k in order if k not in entries]
             fresh: set[str] = set()
-            changed: set[str] = set()
             if need or extra:
                 reads: list[ReadRequest] = [
                     (k, None if k in whole else [arrays[k].layout.index_range()], ANY) for k in need
@@ -278,7 +303,7 @@ class ShardReader:
                 for k, result in zip(need, answers, strict=False):  # answers: need's, then extra's
                     if result.state == "stale":  # changed while it was read: read again next round
                         cache.discard(k)
-                        changed.add(k)
+                        stale.add(k)
                         continue
                     if not result.found:  # no shard: none of its chunks is stored
                         cache.discard(k)
@@ -300,14 +325,9 @@ class ShardReader:
                     continue
                 index, generation, size = entries[k].index, entries[k].generation, entries[k].size
                 layout = arrays[k].layout
-                wanted: list[tuple[int, int, int]] = []  # (position, start, stop) in the shard
-                absent = False
-                for pos in by_shard[k]:
-                    span = _span(index, *requests[pos])
-                    if span is None:
-                        absent = True
-                        continue
-                    wanted.append((pos, *span))
+                spans = [(pos, _span(index, *requests[pos])) for pos in by_shard[k]]
+                wanted = [(pos, *span) for pos, span in spans if span is not None]  # (position, start, stop)
+                absent = len(wanted) < len(spans)
                 if not wanted and (not absent or k in fresh):
                     pending.discard(k)  # nothing to read; absence proved by an index read of this round
                     continue
@@ -319,7 +339,6 @@ class ShardReader:
                 ]
                 chunk_reads.append((k, ranges, generation))
                 plans.append((k, wanted, coalesced, guard))
-            stale = changed
             for (k, wanted, coalesced, guard), result in zip(
                 plans, kv.get_many(chunk_reads) if chunk_reads else [], strict=True
             ):
@@ -341,9 +360,8 @@ class ShardReader:
         ``None`` (the caller takes :meth:`read_ranges`, which makes the same requests) unless the index is
         cached with its shard's size (then validated: every entry in the data region) and holds the chunk.
         """
-        kv, cache, policy, stats = self.kv, self.cache, self.policy, self.stats
-        caps = kv.caps
-        if not caps.ranged or (caps.round_trips and _whole_wanted([(ref, WHOLE_CHUNK)], policy)):
+        kv, cache, stats = self.kv, self.cache, self.stats
+        if not kv.caps.ranged or (kv.caps.round_trips and _whole_wanted([(ref, WHOLE_CHUNK)], self.policy)):
             return None  # no ranged reads, or a shard read_ranges reads whole
         found = cache.chunk_location(ref.shard_key, ref.local_coords)  # a hit only when it serves
         if found is None:
@@ -368,7 +386,7 @@ class ShardReader:
         return [ref.shard_key in indexes and indexes[ref.shard_key].get(ref.local_coords) is not None for ref in refs]
 
     def read_indexes(
-        self, shards: Mapping[str, ShardedArray], generations: Mapping[str, Generation] | None = None
+        self, shards: Mapping[str, ShardedArray], generations: Listed | None = None
     ) -> dict[str, ShardIndex]:
         """The current indexes of the stored shards among ``shards`` (listings, ``in``, counts).
 
@@ -396,62 +414,14 @@ class ShardReader:
             For a damaged index (after one repair of an in-place append, as :meth:`read_ranges`).
         """
         try:
-            return self._read_indexes(shards, generations)
+            entries = current_indexes(self.kv, self.cache, shards, generations)
         except CorruptShardError as exc:
             self._repair(exc, shards.get(exc.shard_key))
-        return self._read_indexes(shards, generations)
-
-    def _read_indexes(
-        self, shards: Mapping[str, ShardedArray], generations: Mapping[str, Generation] | None
-    ) -> dict[str, ShardIndex]:
-        """:meth:`read_indexes`, once."""
-        kv, cache = self.kv, self.cache
-        keys = list(shards)
-        if not kv.caps.ranged:
-            out = {}
-            for k, result in zip(keys, kv.get_many([(k, None, ANY) for k in keys]), strict=True):
-                if result.found:
-                    out[k] = shards[k].layout.index_of_shard(result.whole(), k)
-            return out
-        indexes: dict[str, ShardIndex] = {}
-        checks: list[tuple[str, CacheEntry]] = []
-        need: list[str] = []
-        for k in keys:
-            cached = cache.peek(k)
-            listed = None if generations is None else generations.get(k)
-            if cached is None or (listed is not None and not listed.is_any and listed != cached.generation):
-                need.append(k)
-            elif listed is not None and listed == cached.generation:
-                indexes[k] = cached.index
-            else:
-                checks.append((k, cached))
-        if checks:
-            for (k, cached), result in zip(
-                checks, kv.get_many([(k, [], e.generation) for k, e in checks]), strict=True
-            ):
-                if result.state == "value":
-                    indexes[k] = cached.index
-                elif result.state == "stale":
-                    need.append(k)
-                else:
-                    cache.discard(k)
-        if need:
-            results = kv.get_many([(k, [shards[k].layout.index_range()], ANY) for k in need])
-            for k, result in zip(need, results, strict=True):
-                if not result.found:
-                    cache.discard(k)
-                    continue
-                index, size = _decode(shards[k], k, result, False)
-                cache.put(k, index, result.generation, size)
-                indexes[k] = index
-        return {k: indexes[k] for k in keys if k in indexes}
+            entries = current_indexes(self.kv, self.cache, shards, generations)
+        return {k: e.index for k, e in entries.items()}
 
     def chunk_keys(
-        self,
-        shards: Mapping[str, ShardedArray],
-        *,
-        generations: Mapping[str, Generation] | None = None,
-        in_grid_only: bool = True,
+        self, shards: Mapping[str, ShardedArray], *, generations: Listed | None = None, in_grid_only: bool = True
     ) -> Iterator[str]:
         """Keys of the chunks stored in ``shards``, from their current indexes (:data:`LIST_BATCH` per request).
 
@@ -471,21 +441,15 @@ class ShardReader:
             for arr, coords, index in self._stored_indexes(shards, generations)
         )
 
-    def count_chunks(
-        self,
-        shards: Mapping[str, ShardedArray],
-        *,
-        generations: Mapping[str, Generation] | None = None,
-        in_grid_only: bool = True,
-    ) -> int:
-        """How many chunks ``shards`` store (as :meth:`chunk_keys`, without building keys)."""
+    def count_chunks(self, shards: Mapping[str, ShardedArray], *, generations: Listed | None = None) -> int:
+        """How many chunks in the grid ``shards`` store (as :meth:`chunk_keys`, without building keys)."""
         return sum(
-            shard_chunk_count(arr, coords, index.present_mask(), in_grid_only)
+            shard_chunk_count(arr, coords, index.present_mask())
             for arr, coords, index in self._stored_indexes(shards, generations)
         )
 
     def present_masks(
-        self, shards: Mapping[str, ShardedArray], *, generations: Mapping[str, Generation] | None = None
+        self, shards: Mapping[str, ShardedArray], *, generations: Listed | None = None
     ) -> Iterator[tuple[tuple[int, ...], np.ndarray]]:
         """``(shard coords, present mask)`` of each stored shard among ``shards``, from its current index.
 
@@ -496,10 +460,11 @@ class ShardReader:
             yield coords, index.present_mask()
 
     def _stored_indexes(
-        self, shards: Mapping[str, ShardedArray], generations: Mapping[str, Generation] | None
+        self, shards: Mapping[str, ShardedArray], generations: Listed | None
     ) -> Iterator[tuple[ShardedArray, tuple[int, ...], ShardIndex]]:
         """``(array, shard coords, current index)`` of the stored shards among ``shards`` (keys of no shard skipped)."""
-        for batch in _batches(shards):
+        keys = list(shards)
+        for batch in ({k: shards[k] for k in keys[i : i + LIST_BATCH]} for i in range(0, len(keys), LIST_BATCH)):
             for shard_key, index in self.read_indexes(batch, generations).items():
                 arr = batch[shard_key]
                 coords = arr.shard_coords_of(shard_key)

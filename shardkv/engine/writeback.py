@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from os import PathLike
 from typing import TYPE_CHECKING
 
@@ -30,6 +30,14 @@ _JOURNAL_SLACK = 4 * 2**20  # bytes a journal may hold beyond twice the buffer b
 Buffered = ShardChange[bytes | None]  # what the buffer holds of one shard: whole chunks and deletions
 # (shard_key, local_coords, (was buffered, value before), value buffered) of one WriteBack.write
 _Added = list[tuple[str, tuple[int, ...], tuple[bool, "bytes | None"], "bytes | None"]]
+
+
+def _records(changes: Iterable[ShardChange]) -> Iterator[tuple[str, bytes | None, str]]:
+    """``(chunk key, value, array layout)`` of each chunk update of ``changes``, as the journal records them."""
+    for change in changes:
+        layout = layout_of(change.array)
+        for local, value in change.chunks.items():
+            yield change.chunk_key(local), None if value is None else bytes(value), layout
 
 
 def layout_of(arr: ShardedArray) -> str:
@@ -96,12 +104,10 @@ class WriteBuffer:
         self._nbytes -= pending.nbytes
         return pending
 
-    def _copy(self, shard_key: str) -> Buffered:
-        return self._pending[shard_key].copy()
-
     def take_complete(self, shard_keys: list[str]) -> dict[str, Buffered]:
         """Copies of those of ``shard_keys`` that are complete (they stay buffered until settled)."""
-        return {k: self._copy(k) for k in shard_keys if k in self._pending and self._pending[k].covers_shard()}
+        pending = self._pending
+        return {k: pending[k].copy() for k in shard_keys if k in pending and pending[k].covers_shard()}
 
     def take_over_limit(self) -> dict[str, Buffered]:
         """Copies of the oldest shards whose writing brings the buffer within its limit (they stay buffered)."""
@@ -110,13 +116,13 @@ class WriteBuffer:
         for key, pending in self._pending.items():
             if left <= self.max_bytes:
                 break
-            out[key] = self._copy(key)
+            out[key] = pending.copy()
             left -= pending.nbytes
         return out
 
     def take_all(self, path: str | None = None) -> dict[str, Buffered]:
         """Copies of every buffered shard (of the array at ``path`` only, if given); they stay buffered."""
-        return {k: self._copy(k) for k, p in self._pending.items() if path is None or p.array.path == path}
+        return {k: p.copy() for k, p in self._pending.items() if path is None or p.array.path == path}
 
     def settle(self, shard_key: str, written: Buffered) -> None:
         """Forget the updates of ``written`` (a copy from ``take_*``) now stored; newer ones (by identity) stay."""
@@ -132,17 +138,13 @@ class WriteBuffer:
         if not pending.chunks:
             self.pop(shard_key)
 
-    def items(self) -> list[tuple[str, Buffered]]:
-        """``(shard_key, record)`` of every buffered shard, oldest first (the live records)."""
-        return list(self._pending.items())
+    def changes(self) -> list[Buffered]:
+        """The record of every buffered shard, oldest first (the live records)."""
+        return list(self._pending.values())
 
     def discard_under(self, path: str) -> int:
         """Drop, unwritten, the updates of arrays at or below ``path`` (deleted arrays); the shards dropped."""
-        keys = [
-            k
-            for k, p in self._pending.items()
-            if not path or p.array.path == path or p.array.path.startswith(f"{path}/")
-        ]
+        keys = [k for k, p in self._pending.items() if not path or f"{p.array.path}/".startswith(f"{path}/")]
         for k in keys:
             self.pop(k)
         return len(keys)
@@ -200,21 +202,20 @@ class WriteBack:
 
     # -- reads that see buffered writes (both facades ask these) -------------------------
 
+    def _split(self, refs: Sequence[ChunkRef]) -> tuple[dict[int, bytes | None], list[int]]:
+        """The buffered values among ``refs`` by position (``None``: deleted), and the positions of the others."""
+        found = [self.lookup(ref.shard_key, ref.local_coords) for ref in refs]
+        return {i: v for i, (b, v) in enumerate(found) if b}, [i for i, (b, _) in enumerate(found) if not b]
+
     def read_chunks(self, refs: Sequence[ChunkRef]) -> dict[str, BytesLike]:
         """Encoded bytes of the chunks among ``refs`` by chunk key: buffered ones as buffered, the rest read in one
         call (missing and buffered-deleted chunks left out)."""
         if self.buffer is None:
             return self.engine.reads.read_chunks(refs)
-        out: dict[str, BytesLike] = {}
-        unbuffered = []
-        for ref in refs:
-            buffered, value = self.lookup(ref.shard_key, ref.local_coords)
-            if not buffered:
-                unbuffered.append(ref)
-            elif value is not None:
-                out[ref.chunk_key] = value
-        if unbuffered:
-            out.update(self.engine.reads.read_chunks(unbuffered))
+        buffered, others = self._split(refs)
+        out: dict[str, BytesLike] = {refs[i].chunk_key: v for i, v in buffered.items() if v is not None}
+        if others:
+            out.update(self.engine.reads.read_chunks([refs[i] for i in others]))
         return out
 
     def has_chunk(self, ref: ChunkRef) -> bool:
@@ -226,20 +227,15 @@ class WriteBack:
 
     def chunk_sizes(self, refs: Sequence[ChunkRef]) -> list[int | None]:
         """Encoded sizes (bytes) of the chunks, buffered ones included, from the indexes; ``None``: no chunk."""
+        buffered, others = self._split(refs)
         out: list[int | None] = [None] * len(refs)
-        unbuffered: list[int] = []
-        for i, ref in enumerate(refs):
-            buffered, value = self.lookup(ref.shard_key, ref.local_coords)
-            if buffered:
-                out[i] = None if value is None else len(value)
-            else:
-                unbuffered.append(i)
-        if unbuffered:
-            indexes = self.engine.reads.read_indexes({refs[i].shard_key: refs[i].array for i in unbuffered})
-            for i in unbuffered:
-                index = indexes.get(refs[i].shard_key)
-                entry = None if index is None else index.get(refs[i].local_coords)
-                out[i] = None if entry is None else entry[1]
+        for i, value in buffered.items():
+            out[i] = None if value is None else len(value)
+        indexes = self.engine.reads.read_indexes({refs[i].shard_key: refs[i].array for i in others}) if others else {}
+        for i in others:
+            index = indexes.get(refs[i].shard_key)
+            entry = None if index is None else index.get(refs[i].local_coords)
+            out[i] = None if entry is None else entry[1]
         return out
 
     # -- writes ---------------------------------------------------------------------------
@@ -252,15 +248,7 @@ class WriteBack:
         added: _Added = []
         with buf.lock:
             if self.journal is not None:
-                self.journal.append(
-                    (
-                        change.chunk_key(local),
-                        None if value is None else bytes(value),
-                        layout_of(change.array),
-                    )
-                    for change in changes.values()
-                    for local, value in change.chunks.items()
-                )
+                self.journal.append(_records(changes.values()))
             for shard_key, change in changes.items():
                 for local, value in change.chunks.items():
                     before = buf.lookup(shard_key, local)
@@ -269,17 +257,14 @@ class WriteBack:
                     added.append((shard_key, local, before, data))
         keys = list(changes)
         try:
-            self._drain(lambda: {**buf.take_complete(keys), **buf.take_over_limit()})
+            self._drain(buf, lambda: {**buf.take_complete(keys), **buf.take_over_limit()})
         except BaseException:
-            self._take_back(changes, added)  # the caller is told this write failed: never apply it later
+            self._take_back(buf, changes, added)  # the caller is told this write failed: never apply it later
             raise
 
-    def _take_back(self, changes: Mapping[str, ShardChange], added: _Added) -> None:
+    def _take_back(self, buf: WriteBuffer, changes: Mapping[str, ShardChange], added: _Added) -> None:
         """Undo the updates of a failed :attr:`write` still buffered: each chunk gets back its value from
         before the call (or leaves the buffer), and the journal is rewritten to match."""
-        buf = self.buffer
-        if buf is None:
-            return
         with self._io_lock, buf.lock:
             undone = False
             for shard_key, local, (had, old), data in reversed(added):
@@ -293,7 +278,7 @@ class WriteBack:
                     buf.settle(shard_key, written)
                 undone = True
             if undone and self.journal is not None:
-                self.journal.reset(self._buffered_records())
+                self.journal.reset(_records(buf.changes()))
 
     def write_now(self, changes: Mapping[str, ShardChange]) -> None:
         """Write chunk changes at once, bypassing the buffer (resize trims); then compact the journal, so no
@@ -301,15 +286,13 @@ class WriteBack:
         if not changes:
             return
         self.engine.writes.write(changes, observed=False)
-        if self.journal is not None and self.buffer is not None:
-            with self.buffer.lock:
-                self.journal.reset(self._buffered_records())
-
-    def _drain(self, select: Callable[[], dict[str, ShardChange]]) -> None:
-        """Write the shards ``select`` picks (under the buffer lock) and settle those written."""
         buf = self.buffer
-        if buf is None:
-            return
+        if self.journal is not None and buf is not None:
+            with buf.lock:
+                self.journal.reset(_records(buf.changes()))
+
+    def _drain(self, buf: WriteBuffer, select: Callable[[], dict[str, ShardChange]]) -> None:
+        """Write the shards ``select`` picks (under the buffer lock) and settle those written."""
         with self._io_lock:
             with buf.lock:
                 pending = select()
@@ -330,43 +313,35 @@ class WriteBack:
             with buf.lock:
                 for key in written:
                     buf.settle(key, pending[key])
-                self._tidy_journal()
+                self._tidy_journal(buf)
             if failure is not None and len(written) < len(pending):
                 raise failure
 
-    def _tidy_journal(self) -> None:
+    def _tidy_journal(self, buf: WriteBuffer) -> None:
         """Reset the journal when the buffer is empty; compact it when it outgrew the buffer (buffer lock held)."""
-        journal, buf = self.journal, self.buffer
-        if journal is None or buf is None:
+        journal = self.journal
+        if journal is None:
             return
         if not len(buf):
             if not journal.empty:
                 journal.reset()
         elif journal.nbytes > 2 * buf.max_bytes + _JOURNAL_SLACK:
-            journal.reset(self._buffered_records())
-
-    def _buffered_records(self) -> Iterator[tuple[str, bytes | None, str]]:
-        """``(chunk key, value, array layout)`` of every buffered update (buffer lock held)."""
-        if self.buffer is None:
-            return
-        for _, change in self.buffer.items():
-            layout = layout_of(change.array)
-            for local, value in change.chunks.items():
-                yield change.chunk_key(local), value, layout
+            journal.reset(_records(buf.changes()))
 
     def flush(self, path: str | None = None) -> None:
         """Write the buffered shards (of the array at ``path`` only); those a write failed for stay buffered."""
         buf = self.buffer
         if buf is not None:
-            self._drain(lambda: buf.take_all(path))
+            self._drain(buf, lambda: buf.take_all(path))
 
     def discard_under(self, path: str) -> None:
         """Drop buffered writes of arrays being deleted, so a later flush (or replay) cannot resurrect them."""
-        if self.buffer is None:
+        buf = self.buffer
+        if buf is None:
             return
-        with self._io_lock, self.buffer.lock:  # a flush under way finishes first: it cannot write them after
-            if self.buffer.discard_under(path) and self.journal is not None:
-                self.journal.reset(self._buffered_records())
+        with self._io_lock, buf.lock:  # a flush under way finishes first: it cannot write them after
+            if buf.discard_under(path) and self.journal is not None:
+                self.journal.reset(_records(buf.changes()))
 
     # -- journal ---------------------------------------------------------------------------
 
@@ -426,7 +401,7 @@ class WriteBack:
                 self.journal = journal
             self.flush()
             with buf.lock:
-                self._tidy_journal()
+                self._tidy_journal(buf)
             return len(latest)
         except BaseException:
             self.journal = None

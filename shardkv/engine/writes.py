@@ -12,7 +12,6 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,6 +20,8 @@ from shardkv._types import BytesLike, LocalCoords
 from shardkv.engine.cache import IndexCache
 from shardkv.engine.locks import ShardLocks, holds_shard_locks, lock_prefix
 from shardkv.engine.merge import ChunkPatch, ChunkUpdate, ShardChange, join_changes, merge_chunks, out_of_grid
+from shardkv.engine.options import Options
+from shardkv.engine.reads import current_indexes
 from shardkv.engine.retry import WRITE_ATTEMPTS, WRITE_BACKOFF, EngineStats, attempts
 from shardkv.errors import ConcurrentUpdateError, CorruptShardError
 from shardkv.format.layout import ShardIndex
@@ -32,9 +33,6 @@ from shardkv.storage.kv import ANY, MISSING_RESULT, NO_VALUE, Generation, KVStor
 _WRITERS: weakref.WeakSet[ShardWriter] = weakref.WeakSet()  # every writer of this process (a forked child forgets)
 
 RESERVE_GROWTH = 2  # a shard gets a reserve when its expected size is at least this many times tail_min_kept
-
-# how, the chunk updates, the index read, its generation and the shard's size, of one O(chunk) update
-_TailPlan = tuple[TailHow, dict[LocalCoords, ChunkUpdate], ShardIndex, Generation, int]
 
 
 @dataclass(eq=False)
@@ -54,8 +52,8 @@ class _Commit:
 class ShardWriter:
     """The writes of a :class:`~shardkv.engine.engine.ShardEngine` (its ``writes``), on the engine's state.
 
-    ``cache`` and ``stats`` are shared with the engine's reads; ``shard_updates`` and ``max_dead_fraction`` are
-    the :class:`~shardkv.engine.options.Options`; a ``read_only`` writer's :meth:`repair` never changes a byte.
+    ``cache`` and ``stats`` are shared with the engine's reads; ``shard_updates`` and ``max_dead_fraction`` come
+    from ``options``; a ``read_only`` writer's :meth:`repair` never changes a byte.
 
     Attributes
     ----------
@@ -66,14 +64,7 @@ class ShardWriter:
     """
 
     def __init__(
-        self,
-        kv: KVStore,
-        cache: IndexCache,
-        locks: ShardLocks,
-        stats: EngineStats,
-        shard_updates: str = "auto",
-        max_dead_fraction: float = 0.5,
-        read_only: bool = False,
+        self, kv: KVStore, cache: IndexCache, locks: ShardLocks, stats: EngineStats, options: Options, read_only: bool
     ) -> None:
         self.kv = kv
         self.read_only = read_only
@@ -81,9 +72,9 @@ class ShardWriter:
         self.locks = locks
         self.stats = stats
         self.observe: Callable[[Mapping[str, ShardChange]], None] | None = None
-        self._tails = shard_updates != "rewrite" and kv.caps.tail_updates
-        self._in_place = shard_updates == "append" and locks.cross_process
-        self._max_dead_fraction = max_dead_fraction
+        self._tails = options.shard_updates != "rewrite" and kv.caps.tail_updates
+        self._in_place = options.shard_updates == "append" and locks.cross_process
+        self._max_dead_fraction = options.max_dead_fraction
         caps = kv.caps
         # other processes write here and a delete cannot be conditioned (obstore): an emptied shard is put empty
         self._put_empty = locks.optimistic and caps.conditional_put and not caps.conditional_delete
@@ -93,12 +84,6 @@ class ShardWriter:
         self._next: dict[str, _Commit] = {}  # shard key -> the commit writes join (not started yet)
         self._running: dict[str, _Commit] = {}  # shard key -> the commit under way
         _WRITERS.add(self)
-
-    def _forget_commits(self) -> None:
-        """Start with no commit (a forked child: the parent's threads, and their commits, are not there)."""
-        self._guard = threading.Lock()
-        self._next = {}
-        self._running = {}
 
     def write(self, changes: Mapping[str, ShardChange], *, observed: bool = True) -> None:
         """Apply chunk changes grouped by shard: one batched read (partly covered shards), one batched write.
@@ -144,7 +129,7 @@ class ShardWriter:
             if led:
                 self._run(led)
         except BaseException as exc:  # interrupted: the commits this call started and never ran would wait forever
-            self._abandon(led, exc)
+            self._end(led, dict.fromkeys(led, exc))
             raise
         for commit, _ in joined:
             commit.done.wait()  # bounded: its writer runs one bounded write (lock timeout, write attempts)
@@ -155,8 +140,8 @@ class ShardWriter:
         if observed and self.observe is not None:
             self.observe(changes)
 
-    def _abandon(self, led: dict[str, _Commit], exc: BaseException) -> None:
-        """End the commits of ``led`` that did not finish (they never ran: nothing else would), telling ``exc``."""
+    def _end(self, led: dict[str, _Commit], errors: Mapping[str, BaseException]) -> None:
+        """End the commits of ``led`` not ended yet (nothing else would), each with its error (none: stored)."""
         with self._guard:
             for shard_key, commit in led.items():
                 if commit.done.is_set():
@@ -164,7 +149,7 @@ class ShardWriter:
                 for table in (self._next, self._running):
                     if table.get(shard_key) is commit:
                         del table[shard_key]
-                commit.error = exc
+                commit.error = errors.get(shard_key)
                 commit.done.set()
 
     def _run(self, led: dict[str, _Commit]) -> None:
@@ -190,8 +175,7 @@ class ShardWriter:
                     joined[shard_key] = join_changes(commit.changes)
                 except ValueError as refusal:
                     refused[shard_key] = refusal
-            lost, refused_now = self._write_held(joined)
-            refused.update(refused_now)
+            lost = self._write_held(joined, refused)
             errors = {k: ConcurrentUpdateError(k, WRITE_ATTEMPTS, WRITE_ATTEMPTS) for k in lost}
             for shard_key, why in refused.items():
                 if len(led[shard_key].changes) == 1:
@@ -203,25 +187,21 @@ class ShardWriter:
             if not isinstance(exc, Exception):
                 raise  # interrupted: the writers waiting are still told, below
         finally:
-            with self._guard:
-                for shard_key, commit in led.items():
-                    del self._running[shard_key]
-                    commit.error = errors.get(shard_key)
-                    commit.done.set()
+            self._end(led, errors)
 
     def _write_one_by_one(self, shard_key: str, commit: _Commit) -> None:
         """Write the changes of ``commit`` (one shard) one after another, keeping each one's error in ``refused``."""
         for position, change in enumerate(commit.changes):
-            lost, refused = self._write_held({shard_key: change})
+            refused: dict[str, Exception] = {}
+            if self._write_held({shard_key: change}, refused):  # lost in every round
+                refused[shard_key] = ConcurrentUpdateError(shard_key, WRITE_ATTEMPTS, WRITE_ATTEMPTS)
             if shard_key in refused:
                 commit.refused[position] = refused[shard_key]
-            elif lost:
-                commit.refused[position] = ConcurrentUpdateError(shard_key, WRITE_ATTEMPTS, WRITE_ATTEMPTS)
 
-    def _write_held(self, changes: Mapping[str, ShardChange]) -> tuple[dict[str, ShardChange], dict[str, Exception]]:
-        """The bounded rounds of one write under its shards' locks: the changes still lost, and those refused."""
+    def _write_held(self, changes: Mapping[str, ShardChange], refused: dict[str, Exception]) -> dict[str, ShardChange]:
+        """The bounded rounds of one write under its shards' locks: the changes still lost (those the merge
+        refuses go into ``refused``)."""
         todo = dict(changes)
-        refused: dict[str, Exception] = {}
         shards = {k: c.array for k, c in todo.items()}
         with self.locks.hold_arrays(shards) as marked:
             if marked:  # an in-place append its writer did not finish: kept or undone first
@@ -231,11 +211,11 @@ class ShardWriter:
                 self.stats.write_attempts += 1
                 todo = self._write_round(todo, refused)
                 if not todo:
-                    return {}, refused
+                    return {}
                 self.stats.write_lost += len(todo)
                 rounds = rounds or attempts(WRITE_ATTEMPTS, WRITE_BACKOFF, made=1)
                 if next(rounds, None) is None:
-                    return todo, refused
+                    return todo
 
     def _write_round(self, changes: Mapping[str, ShardChange], refused: dict[str, Exception]) -> dict[str, ShardChange]:
         """One read-merge-put round; the changes of the shards whose conditional put lost.
@@ -258,7 +238,7 @@ class ShardWriter:
         if unread:
             old.update(zip(unread, kv.get_many([(k, None, ANY) for k in unread]), strict=True))
         puts: dict[str, tuple[Value | None, Generation]] = {}
-        indexes: dict[str, tuple[ShardIndex | None, int]] = {}
+        indexes: dict[str, tuple[ShardIndex, int]] = {}  # of the shards put with chunks
         for shard_key, change in changes.items():
             arr = change.array
             before = old.get(shard_key)
@@ -269,12 +249,9 @@ class ShardWriter:
             except ValueError as exc:  # this shard's change is refused; the round's other shards are written
                 refused[shard_key] = exc
                 continue
-            if before is None:
-                condition = ANY  # written whole: blind
-            elif optimistic:
+            condition = ANY  # written whole (blind), or under a lock
+            if before is not None and optimistic:
                 condition = before.generation if stored else NO_VALUE
-            else:
-                condition = ANY
             cache.discard(shard_key)
             if merged or (stored and self._put_empty):
                 parts, index = self._reserve(change, *arr.layout.encode_shard_with_index(merged))
@@ -282,14 +259,13 @@ class ShardWriter:
                 indexes[shard_key] = (index, _nbytes(parts))
             elif stored:
                 puts[shard_key] = (None, condition)
-                indexes[shard_key] = (None, 0)
         won = kv.put_many(puts) if puts else {}
         for shard_key, generation in won.items():
             if generation is None:
                 lost[shard_key] = changes[shard_key]
                 continue
-            new_index, size = indexes[shard_key]
-            if new_index is not None:
+            if shard_key in indexes:
+                new_index, size = indexes[shard_key]
                 cache.put(shard_key, new_index, generation, size if self._sizes_hold else None)
         return lost
 
@@ -302,17 +278,15 @@ class ShardWriter:
         in mode ``"files"`` and the layout has a CRC32C'd index at the end (a torn tail then fails the CRC32C).
         """
         how = self.kv.tail_method(shard_key, self._in_place)
-        layout = arr.layout
-        if self.kv.caps.tail_min_kept and (layout.index_location == "start" or self._small(shard_key)):
-            return None  # the update would keep fewer bytes than the store copies: written whole, no index read
+        layout, minimum = arr.layout, self.kv.caps.tail_min_kept
+        if minimum:  # the update would keep fewer bytes than the store copies: written whole, no index read
+            entry = self.cache.peek(shard_key)
+            size = None if entry is None else entry.size
+            if layout.index_location == "start" or (size is not None and size < minimum):
+                return None
         if how == "clone" or (how == "append" and layout.index_location == "end" and layout.index_checksum):
             return how
         return None
-
-    def _small(self, shard_key: str) -> bool:
-        """Whether the cached size of the shard is known to be below what the store copies."""
-        entry = self.cache.peek(shard_key)
-        return entry is not None and entry.size is not None and entry.size < self.kv.caps.tail_min_kept
 
     def _update_tails(
         self, changes: Mapping[str, ShardChange], refused: dict[str, Exception]
@@ -330,22 +304,35 @@ class ShardWriter:
                 hows[shard_key] = how
         if not hows:
             return set(), set(), set()
-        states, missing = self._indexes({k: changes[k] for k in hows})
+        states = current_indexes(self.kv, self.cache, {k: changes[k].array for k in hows}, None)
+        missing = hows.keys() - states.keys()  # not stored: written whole, with no read
         written: set[str] = set()
         lost: set[str] = set()
-        plans: dict[str, _TailPlan] = {}
+        plans: dict[str, tuple[TailHow, dict[LocalCoords, ChunkUpdate], ShardIndex, Generation, int]] = {}
         patched: dict[str, list[LocalCoords]] = {}
-        for shard_key, (index, generation, size) in states.items():
+        reads: list[ReadRequest] = []  # the old bytes of the stored chunks patches change
+        for shard_key, entry in states.items():
+            index, generation, size = entry.index, entry.generation, entry.size
+            if size is None:
+                continue  # rewritten whole
             change = changes[shard_key]
-            updates: dict[LocalCoords, ChunkUpdate] = {}
-            for local in out_of_grid(change.array, change.shard_coords, index.present()):
-                updates[local] = None  # what a merge drops: chunks a shrinking resize left outside the grid
-            updates.update(change.chunks)  # patches are applied below, to the old chunks read
-            patches = [k for k, v in updates.items() if isinstance(v, ChunkPatch) and index.get(k) is not None]
-            if patches:
-                patched[shard_key] = patches
+            # what a merge drops (chunks a shrinking resize left outside the grid), then the changes; patches are
+            # applied below, to the old chunks read
+            dropped = out_of_grid(change.array, change.shard_coords, index.present())
+            updates: dict[LocalCoords, ChunkUpdate] = {**dict.fromkeys(dropped), **change.chunks}
+            spans = {k: index.get(k) for k, v in updates.items() if isinstance(v, ChunkPatch)}
+            stored = {k: span for k, span in spans.items() if span is not None}
+            if stored:
+                patched[shard_key] = list(stored)
+                reads.append((shard_key, [ByteRange(o, o + n) for o, n in stored.values()], generation))
             plans[shard_key] = (hows[shard_key], updates, index, generation, size)
-        old_chunks = self._read_patched(plans, patched, lost)
+        old_chunks: dict[str, dict[LocalCoords, BytesLike]] = {}
+        for (shard_key, _, _), result in zip(reads, self.kv.get_many(reads) if reads else [], strict=True):
+            if result.state != "value":  # changed since its index was read
+                lost.add(shard_key)
+                self.cache.discard(shard_key)
+            else:
+                old_chunks[shard_key] = dict(zip(patched[shard_key], result.values or [], strict=True))
         for shard_key, (how, updates, index, generation, size) in plans.items():
             if shard_key in lost:
                 continue
@@ -365,10 +352,10 @@ class ShardWriter:
             minimum = self.kv.caps.tail_min_kept
             lead = _lead(plan.index) if minimum and layout.index_location == "end" else 0
             reserve = min(lead, minimum)  # a reserve's dead bytes are not held against the shard
-            if plan.index.is_empty() or _dead(plan, reserve) > self._max_dead_fraction:
-                continue  # no chunk left (a delete), or too many dead bytes: rewritten whole
-            if plan.kept_nbytes < minimum:
-                continue  # fewer bytes kept than the store copies (S3: 5 MiB): rewritten whole
+            # rewritten whole: no chunk left (a delete), too many dead bytes, or fewer bytes kept than the store
+            # copies (S3: 5 MiB)
+            if plan.index.is_empty() or _dead(plan, reserve) > self._max_dead_fraction or plan.kept_nbytes < minimum:
+                continue
             drop = lead if lead and plan.kept_nbytes - lead >= minimum else 0  # the leading dead bytes can go
             writes, new_index, nbytes = plan.writes, plan.index, plan.nbytes
             if drop:
@@ -376,11 +363,9 @@ class ShardWriter:
                 parts = plan.writes[0][1]
                 writes = [(plan.kept_nbytes - drop, [*parts[:-1], layout.encode_index(new_index)])]
                 nbytes -= drop
-            intent: tuple[int, str] | None = None
-            if how == "append":
-                intent = self.locks.held_lock_files({shard_key: change.array}).get(shard_key)
-                if intent is None:
-                    continue  # no lock file held to record the intent in: rewritten whole
+            intent = self.locks.held_lock_file(shard_key, change.array) if how == "append" else None
+            if how == "append" and intent is None:
+                continue  # no lock file held to record the intent in: rewritten whole
             self.cache.discard(shard_key)
             fd, path = intent or (None, None)
             new_generation = self.kv.update_tail(shard_key, writes, nbytes, generation, how, fd, path, drop=drop)
@@ -415,77 +400,16 @@ class ShardWriter:
         reserved = _shifted(index, minimum - data)
         return [bytes(minimum - data), *parts[:-1], layout.encode_index(reserved)], reserved
 
-    def _indexes(
-        self, changes: Mapping[str, ShardChange]
-    ) -> tuple[dict[str, tuple[ShardIndex, Generation, int]], set[str]]:
-        """``(index, generation, size)`` of each stored shard (a cached index while a zero-range conditional
-        ``get`` holds, else its bytes read in one batch), and the shards found not stored."""
-        checked: list[tuple[str, ShardIndex]] = []
-        reads: list[ReadRequest] = []
-        for shard_key in changes:
-            entry = self.cache.peek(shard_key)
-            if entry is not None:
-                checked.append((shard_key, entry.index))
-                reads.append((shard_key, [], entry.generation))
-        out: dict[str, tuple[ShardIndex, Generation, int]] = {}
-        missing: set[str] = set()
-        cached = {k for k, _ in checked}
-        need = [k for k in changes if k not in cached]
-        for (shard_key, index), result in zip(checked, self.kv.get_many(reads) if reads else [], strict=True):
-            if result.found and result.size is not None:
-                out[shard_key] = (index, result.generation, result.size)
-            elif result.state == "stale":
-                need.append(shard_key)
-            elif result.state == "missing":
-                missing.add(shard_key)
-        if need:
-            ranges = [(k, [changes[k].array.layout.index_range()], ANY) for k in need]
-            for shard_key, result in zip(need, self.kv.get_many(ranges), strict=True):
-                if result.state == "missing":
-                    missing.add(shard_key)  # not stored: written whole, with no read
-                if not result.found or result.size is None:
-                    continue
-                layout = changes[shard_key].array.layout
-                index = layout.decode_index((result.values or [b""])[0], shard_key, result.size)
-                out[shard_key] = (index, result.generation, result.size)
-        return out, missing
-
-    def _read_patched(
-        self, plans: Mapping[str, _TailPlan], patched: Mapping[str, list[LocalCoords]], lost: set[str]
-    ) -> dict[str, dict[LocalCoords, BytesLike]]:
-        """The old bytes of the chunks patches change, read conditioned on the generation planned on."""
-        keys = list(patched)
-        if not keys:
-            return {}
-        reads: list[ReadRequest] = []
-        for shard_key in keys:
-            index, generation = plans[shard_key][2], plans[shard_key][3]
-            spans = [index.get(local) for local in patched[shard_key]]  # all stored: patches of absent chunks need none
-            reads.append((shard_key, [ByteRange(s[0], s[0] + s[1]) for s in spans if s is not None], generation))
-        out: dict[str, dict[LocalCoords, BytesLike]] = {}
-        for shard_key, result in zip(keys, self.kv.get_many(reads), strict=True):
-            if result.state != "value":
-                lost.add(shard_key)  # changed since its index was read
-                self.cache.discard(shard_key)
-                continue
-            out[shard_key] = dict(zip(patched[shard_key], result.values or [], strict=True))
-        return out
-
     def _recover(self, marked: Sequence[tuple[int, str]], shards: Iterable[str], repair: bool = True) -> bool:
         """Finish or undo the appends recorded in the held lock files ``marked`` (``(fd, path)``); whether any was.
 
-        With ``repair`` false nothing is changed: whether any of them records an append not recovered.
+        With ``repair`` false nothing is changed: whether any of them records an append not recovered. (Only
+        stores with O(chunk) updates append: the others find none.)
         """
-        if not self.kv.caps.tail_updates:
-            return False
-        found = False
-        for fd, path in marked:
-            if self.kv.recover_tail(fd, path, repair) is not None:
-                found = True
-        if found:
-            for shard_key in shards:
-                self.cache.discard(shard_key)
-        return found
+        found = [fd for fd, path in marked if self.kv.recover_tail(fd, path, repair) is not None]
+        for shard_key in shards if found else ():
+            self.cache.discard(shard_key)
+        return bool(found)
 
     # -- whole shards, compaction, repair -------------------------------------------------
 
@@ -526,18 +450,15 @@ class ShardWriter:
                 result = kv.get(shard_key)
                 if not result.found:
                     continue
-                blob = result.whole()
-                index = arr.layout.index_of_shard(blob, shard_key)
+                blob, layout = result.whole(), arr.layout
+                index = layout.index_of_shard(blob, shard_key)
                 size = len(memoryview(blob).cast("B"))
-                if size - arr.layout.index_nbytes - index.used_nbytes() <= 0:
+                if size - layout.index_nbytes - index.used_nbytes() <= 0:
                     continue
-                parts, new_index = arr.layout.encode_shard_with_index(
-                    arr.layout.chunks_of_shard(blob, shard_key, index)
-                )
+                parts, new_index = layout.encode_shard_with_index(layout.chunks_of_shard(blob, shard_key, index))
                 new_size = _nbytes(parts)
                 cache.discard(shard_key)
-                condition = result.generation if self.locks.optimistic else ANY
-                generation = kv.put(shard_key, parts, if_generation=condition)
+                generation = kv.put(shard_key, parts, if_generation=result.generation if self.locks.optimistic else ANY)
                 if generation is None:
                     continue  # changed by another writer: its shard stays, compacted next time
                 cache.put(shard_key, new_index, generation, new_size)
@@ -564,9 +485,7 @@ class ShardWriter:
         """
         if not self.kv.caps.tail_updates or not self.kv.caps.lock_dir or holds_shard_locks():
             return False
-        locks = self.locks
-        if not locks.cross_process:
-            locks = ShardLocks(self.kv.location, mode="files", timeout=self.locks.timeout)
+        locks = self.locks if self.locks.cross_process else ShardLocks(self.kv.location, "files", self.locks.timeout)
         lock_file = locks.lock_file(shard_key, lock_prefix(arr))
         if lock_file is None or not os.path.isdir(os.path.dirname(lock_file)):
             return False  # no writer with lock files, so no append, was there
@@ -606,15 +525,10 @@ class ShardWriter:
         except OSError:
             return True
 
-    def hold(self, shards: Mapping[str, ShardedArray]) -> AbstractContextManager[list[tuple[int, str]]]:
-        """The locks of ``shards`` for a caller's own reads and puts (not re-entrant: a :meth:`write` in the
-        block waits for the locks its own thread holds, until the lock timeout)."""
-        return self.locks.hold_arrays(shards)
 
-
-def _forget_commits_after_fork() -> None:
+def _forget_commits_after_fork() -> None:  # the parent's threads, and their commits, are not in the child
     for writer in list(_WRITERS):
-        writer._forget_commits()
+        writer._guard, writer._next, writer._running = threading.Lock(), {}, {}
 
 
 os.register_at_fork(after_in_child=_forget_commits_after_fork)

@@ -264,7 +264,7 @@ class ShardedStore(ProxyBase):
     @property
     def concurrency_mode(self) -> Mode:
         """The resolved ``concurrency`` mode: ``"files"``, ``"conditional"``, ``"process"`` or ``"none"``."""
-        return self._engine.concurrency_mode
+        return self._engine.locks.mode
 
     @property
     def engine(self) -> ShardEngine:

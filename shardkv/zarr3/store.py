@@ -253,7 +253,7 @@ class ShardedStore(Store):
     @property
     def concurrency_mode(self) -> str:
         """The resolved concurrency mode: ``"files"``, ``"conditional"``, ``"process"`` or ``"none"``."""
-        return self._engine.concurrency_mode
+        return self._engine.locks.mode
 
     @property
     def index_cache(self) -> IndexCache:
