@@ -50,6 +50,7 @@ SCRATCH = [c for c in range(N_CHUNKS) if c % CPS == 0]  # come and go: every oth
 DATA_CHUNKS = [c for c in range(N_CHUNKS) if c % CPS]
 FILL = -1
 MAX_READS = 20_000  # per reader
+MIN_READS = 20  # per reader, however loaded the machine
 MAX_PROBLEMS = 20
 JOIN_S = 90.0
 
@@ -88,7 +89,7 @@ def _write_rounds(store: Any, rounds: int, budget_s: float) -> int:
     done = 0
     for version in range(1, rounds + 1):
         for c in DATA_CHUNKS:
-            if time.monotonic() > deadline:
+            if done and time.monotonic() > deadline:  # one whole round at least, however loaded the machine
                 return done
             arr[c * L : (c + 1) * L] = _value(c, version)
             s = c - c % CPS  # the shard's scratch chunk: deleted (fill) or stored again
@@ -120,8 +121,8 @@ def _read_loop(store: Any, r: int, stop: Any, budget_s: float) -> tuple[int, lis
     seen: dict[int, int] = {}
     n = 0
     for i in range(MAX_READS):
-        if i and (stop.is_set() or time.monotonic() > deadline or len(problems) >= MAX_PROBLEMS):
-            break  # (one read at least: a fast writer may be done before a loaded reader starts)
+        if i >= MIN_READS and (stop.is_set() or time.monotonic() > deadline or len(problems) >= MAX_PROBLEMS):
+            break  # (MIN_READS at least: a fast writer may be done before a loaded reader starts)
         c = DATA_CHUNKS[(r * 7 + i) % len(DATA_CHUNKS)]
         try:
             problem = _check(c, view[c * L : (c + 1) * L], seen)
@@ -200,7 +201,6 @@ def test_readers_in_other_processes_never_see_a_torn_chunk(tmp_path, moto_s3, ki
     assert [p for _, _, problems in reports.values() for p in problems] == []
     last_round = reports["writer"][0]
     assert last_round >= 1, reports
-    assert all(reports[f"reader {r}"][0] >= 20 for r in (1, 2)), reports
     if kind == "s3":  # the race was run: cached indexes went stale and chunk reads were refused (412), then redone
         assert sum(reports[f"reader {r}"][1] for r in (1, 2)) > 0, reports
     _final_check(_open(where), last_round)

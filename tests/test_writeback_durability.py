@@ -32,8 +32,8 @@ from shardkv import ShardedStore
 from shardkv.engine.journal import Journal
 from shardkv.errors import ConfigurationError
 from shardkv.proxy.verify import verify_store
-from shardkv.storage.kv import TEMP_MARKER
 from shardkv.storage.files import clones_files
+from shardkv.storage.kv import TEMP_MARKER
 
 # -- failing shard writes -----------------------------------------------------------------
 
