@@ -49,13 +49,6 @@ _READ_ONLY = "the metadata of a Zarr v3 array written by another library is read
 _V2_NAMES = (".zarray", ".zattrs", ".zgroup", ZARR_JSON)
 
 
-class _Stored:
-    """The type of :data:`_STORED`: a document to read from the base store, not given."""
-
-
-_STORED = _Stored()
-
-
 def _common_group(paths: Iterable[str]) -> str:
     """The deepest path every one of ``paths`` lies under (``""``: the root)."""
     common: list[str] = []
@@ -93,6 +86,16 @@ class _BlockChange:
         if stored is None or not has_consolidated(stored):
             return self.doc
         return consolidated_in_step(stored if self.doc is None else self.doc, stored, self.below)
+
+
+def _grid_change(old: ShardedArray, zarray: Mapping[str, Any]) -> str | None:
+    """What ``zarray`` changes of the sharded array ``old``'s chunks or separator (a message), ``None``: nothing."""
+    separator, old_separator = v2_dimension_separator(zarray), getattr(old.chunk_key_encoding, "separator", None)
+    if separator != old_separator:
+        return f"the dimension_separator of a sharded array from {old_separator!r} to {separator!r}"
+    if [int(c) for c in zarray["chunks"]] != list(old.chunks or ()):
+        return f"the chunks of a sharded array from {list(old.chunks or ())} to {zarray['chunks']}"
+    return None
 
 
 def _json_object(key: str, raw: Any) -> dict[str, Any] | None:
@@ -198,7 +201,7 @@ class MetadataWriter:
             if mirrored and name == ".zarray":  # the array is gone for v3 readers too
                 self._apply(MetadataPlan(deletes=frozenset({join_path(path, ZARR_JSON)})))
             elif mirrored:
-                self._mirror(path, zattrs=None)
+                self._mirror(path, {".zattrs": None})
             return
         if not node.writable:
             raise ReservedKeyError(key, _READ_ONLY)
@@ -209,25 +212,27 @@ class MetadataWriter:
 
         The root group's stays (it keeps the hierarchy v3).
         """
-        key = join_path(path, ZARR_JSON)
-        if name == ".zattrs" and not node.deleted:
-            self._apply(plan_attributes(path, node.doc or {}, {}), {path: node.array})
-        elif name != ".zattrs" and ".zattrs" in node.documents:
-            self._apply(MetadataPlan({key: with_deleted(node.doc or {}, name)}), {path: node.array})
-        elif path and not self._still_seen(path, node):  # nothing of the node is left
-            self._apply(MetadataPlan(deletes=frozenset({key})))
-            self._nodes.forget(path)
-            self._opaque_blocks(removed=path)
-        elif name == ".zattrs":
+        attrs = name == ".zattrs"
+        # the node stays while it presents its .zarray/.zgroup, or attributes beside the one deleted
+        stays = (attrs and not node.deleted) or (not attrs and ".zattrs" in node.documents)
+        if path and not stays and not self._still_seen(path, node):  # nothing of the node is left
+            self._drop(path)
+            return
+        if attrs:
             self._apply(plan_attributes(path, node.doc or {}, {}), {path: node.array})
         else:
-            self._apply(MetadataPlan({key: with_deleted(node.doc or {}, name)}), {path: node.array})
+            self._apply(
+                MetadataPlan({join_path(path, ZARR_JSON): with_deleted(node.doc or {}, name)}), {path: node.array}
+            )
 
     def emptied(self, path: str) -> None:
         """Delete the ``zarr.json`` of the sharded array at ``path`` once it presents nothing (last chunk gone)."""
         node = self._nodes.node(path)
-        if node.array is None or node.documents or not node.deleted or self._still_seen(path, node):
-            return
+        if node.array is not None and not node.documents and node.deleted and not self._still_seen(path, node):
+            self._drop(path)
+
+    def _drop(self, path: str) -> None:
+        """Delete the ``zarr.json`` of a node that presents nothing any more."""
         self._apply(MetadataPlan(deletes=frozenset({join_path(path, ZARR_JSON)})))
         self._nodes.forget(path)
         self._opaque_blocks(removed=path)
@@ -418,34 +423,24 @@ class MetadataWriter:
 
     def _apply_v3_down(self, plan: MetadataPlan) -> None:
         """Apply a :func:`~shardkv.metadata.all_v3.plan_v3_down` plan (its arrays are mirrors)."""
-        mirrors = [split_key(k)[0] for k, d in plan.writes.items() if d.get("node_type") == "array"]
-        for key in plan.deletes:
-            self._nodes.forget(split_key(key)[0])
-        self._apply(plan, mirrors=mirrors)
+        self._apply(plan, mirrors=[split_key(k)[0] for k, d in plan.writes.items() if d.get("node_type") == "array"])
 
-    def _mirror(
-        self, path: str, zarray: Mapping[str, Any] | None = None, zattrs: Mapping[str, Any] | None | _Stored = _STORED
-    ) -> None:
+    def _mirror(self, path: str, written: Mapping[str, Mapping[str, Any] | None]) -> None:
         """Bring the ``zarr.json`` mirror of the unsharded array at ``path`` in step with its v2 documents.
 
-        ``zarray``/``zattrs``: the documents just written (``zattrs=None``: deleted),
-        the others read. An array with no v3 data type loses its mirror.
+        ``written``: the ``.zarray`` or ``.zattrs`` just written (``None``: deleted) by name; the other is read.
+        An array with no v3 data type loses its mirror.
         """
-        wanted = [join_path(path, ".zarray")] if zarray is None else []
-        if isinstance(zattrs, _Stored):
-            wanted.append(join_path(path, ".zattrs"))
-        found = self._kv.values(wanted) if wanted else {}
+        docs = dict(written)
+        for key, raw in self._kv.values([join_path(path, n) for n in (".zarray", ".zattrs") if n not in docs]).items():
+            name = split_key(key)[1]
+            docs[name] = load_zarray(key, raw) if name == ".zarray" else load_object(key, raw)
+        zarray = docs.get(".zarray")
         if zarray is None:
-            raw_zarray = found.get(join_path(path, ".zarray"))
-            if raw_zarray is None:
-                return
-            zarray = load_zarray(join_path(path, ".zarray"), raw_zarray)
-        if isinstance(zattrs, _Stored):
-            raw_attrs = found.get(join_path(path, ".zattrs"))
-            zattrs = None if raw_attrs is None else load_object(join_path(path, ".zattrs"), raw_attrs)
+            return
         key = join_path(path, ZARR_JSON)
         try:
-            doc = v3_view_of_unsharded_v2(zarray, zattrs).metadata
+            doc = v3_view_of_unsharded_v2(zarray, docs.get(".zattrs")).metadata
         except (ConfigurationError, UnsupportedError):
             doc = {}
         if not doc:
@@ -477,7 +472,7 @@ class MetadataWriter:
             self._store({key: raw})  # a v2 node, or held until its .zarray / .zgroup arrives
             plain = self._nodes.node(path)
             if plain.unsharded and (plain.mirrored or self._hierarchy_is_v3()):
-                self._mirror(path, zattrs=attrs)
+                self._mirror(path, {".zattrs": attrs})
             return
         if not node.writable:
             raise ReservedKeyError(key, _READ_ONLY)
@@ -533,19 +528,19 @@ class MetadataWriter:
         if node.deleted:
             node = self._written_again(path, key, node, zarray)
         if node.array is not None:
-            self._update(path, key, node, zarray)
+            self._update(path, key, node, node.array, zarray)
             return
         if node.unsharded:
             self._put({key: raw})  # still an unsharded array
             if node.mirrored or self._hierarchy_is_v3():
-                self._mirror(path, zarray)
+                self._mirror(path, {".zarray": zarray})
             return
         cps = self._options.chunks_per_shard.for_array(path, len(zarray["shape"]))
         if cps is None:
             self._put({key: raw})
             self._nodes.set(build_node(path, None, raw))
             if path and self._hierarchy_is_v3():
-                self._mirror(path, zarray)
+                self._mirror(path, {".zarray": zarray})
             return
         layout = ShardLayout.v3(cps, self._options.index_location, "little", self._options.index_checksum)
         self._remove_leftovers(path)
@@ -568,11 +563,8 @@ class MetadataWriter:
         old = node.array
         if old is None and zarray is None and (node.doc or {}).get("node_type") == "group":
             return node
-        if old is not None and zarray is not None:
-            separator = getattr(old.chunk_key_encoding, "separator", None)
-            same_chunks = list(old.chunks or ()) == [int(c) for c in zarray["chunks"]]
-            if same_chunks and v2_dimension_separator(zarray) == separator:
-                return node
+        if old is not None and zarray is not None and _grid_change(old, zarray) is None:
+            return node
         if old is not None:
             self._writer.flush(path)
             if any(chunkish_under(path, k) for k in self._kv.list_prefix(path_prefix(path))):
@@ -599,26 +591,11 @@ class MetadataWriter:
             self._put(dict.fromkeys(stale))
             self._writer.engine.forget()
 
-    def _update(self, path: str, key: str, node: Node, zarray: dict[str, Any]) -> None:
-        """A new ``.zarray`` for a sharded array: same chunks and separator, maybe another shape."""
-        old = node.array
-        if old is None:  # pragma: no cover - the caller checked
-            raise ConfigurationError(f"{key}: {path!r} is not a sharded array", path)
-        separator = v2_dimension_separator(zarray)
-        old_separator = getattr(old.chunk_key_encoding, "separator", None)
-        if separator != old_separator:
-            raise ConfigurationError(
-                f"{key}: cannot change the dimension_separator of a sharded array from "
-                f"{old_separator!r} to {separator!r}; delete the array first",
-                path,
-            )
-        old_chunks = list(old.chunks or ())
-        if [int(c) for c in zarray["chunks"]] != old_chunks:
-            raise ConfigurationError(
-                f"{key}: cannot change the chunks of a sharded array from {old_chunks} to {zarray['chunks']}; "
-                "delete the array first",
-                path,
-            )
+    def _update(self, path: str, key: str, node: Node, old: ShardedArray, zarray: dict[str, Any]) -> None:
+        """A new ``.zarray`` for the sharded array ``old``: same chunks and separator, maybe another shape."""
+        change = _grid_change(old, zarray)
+        if change is not None:
+            raise ConfigurationError(f"{key}: cannot change {change}; delete the array first", path)
         if not node.writable:
             raise ReservedKeyError(key, _READ_ONLY)
         self._writer.flush(path)

@@ -21,12 +21,12 @@ from shardkv.errors import ConfigurationError, CorruptShardError
 from shardkv.keys.paths import is_chunk_segment, join_path, owning_array, split_key
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.documents import NODE_DOCUMENTS, ZARR_JSON, load_json, unreadable_documents
-from shardkv.metadata.draft import is_draft_entry_point
 from shardkv.metadata.hierarchy import group_paths
 from shardkv.metadata.v2_view import unusable_sharding
 from shardkv.proxy.base import ProxyBase
 from shardkv.proxy.draft import DraftShardedStore, draft_options
 from shardkv.proxy.nodes import Node, build_node
+from shardkv.proxy.open import is_draft_hierarchy
 from shardkv.storage.kv import ANY, LOCK_DIR, KVStore
 from shardkv.storage.local import DEFAULT_TEMP_AGE
 from shardkv.storage.local_tail import recorded_append
@@ -132,9 +132,7 @@ class VerifyReport:
 
 def _kv_of(store: Any) -> KVStore:
     """The :class:`KVStore` of a proxy's base store (never the proxy as a mapping), or of a store itself."""
-    if isinstance(store, ProxyBase):
-        return open_kv(store.base)
-    return open_kv(store)
+    return open_kv(store.base if isinstance(store, ProxyBase) else store)
 
 
 def find_stale_temporaries(store: Any, min_age_seconds: float = DEFAULT_TEMP_AGE) -> list[str]:
@@ -345,7 +343,7 @@ def _v2_nodes(
             array_paths.add(path)
             arrays[path] = node.array
             if node.array is not None:
-                zarrays[path] = node.presented.get(".zarray") or load_json(zarray_key, docs[zarray_key])
+                zarrays[path] = node.presented[".zarray"]
             continue
         doc = node.doc
         reason = unusable_sharding(doc, path) if doc is not None else None
@@ -357,15 +355,6 @@ def _v2_nodes(
     array_paths -= damaged_nodes
     kept_nodes |= damaged_nodes
     return array_paths, arrays, zarrays, groups, kept_nodes
-
-
-def _root_document(kv: KVStore) -> Any:
-    """The root ``zarr.json``, parsed (``None`` when missing or not JSON: then no draft entry point)."""
-    raw = kv.values([ZARR_JSON]).get(ZARR_JSON)
-    try:
-        return None if raw is None else load_json(ZARR_JSON, raw)
-    except ConfigurationError:
-        return None
 
 
 def verify_store(
@@ -415,7 +404,7 @@ def verify_store(
     kv = _kv_of(store)
     keys = sorted(kv.list_prefix(""))
     report = VerifyReport()
-    if ZARR_JSON in keys and is_draft_entry_point(_root_document(kv)):
+    if ZARR_JSON in keys and is_draft_hierarchy(kv):
         arrays, zarrays, kept_nodes = _draft_arrays(kv, keys, report)
         array_paths, groups = set(arrays) - kept_nodes, set[str]()
     else:
