@@ -6,7 +6,6 @@ rule: docs/architecture.md, "Metadata writes of the zarr 2 proxy".
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -218,12 +217,12 @@ class MetadataWriter:
         if path and not stays and not self._still_seen(path, node):  # nothing of the node is left
             self._drop(path)
             return
+        doc = node.doc or {}
         if attrs:
-            self._apply(plan_attributes(path, node.doc or {}, {}), {path: node.array})
+            plan = plan_attributes(path, doc, {})
         else:
-            self._apply(
-                MetadataPlan({join_path(path, ZARR_JSON): with_deleted(node.doc or {}, name)}), {path: node.array}
-            )
+            plan = MetadataPlan({join_path(path, ZARR_JSON): with_deleted(doc, name)})
+        self._apply(plan, {path: node.array})
 
     def emptied(self, path: str) -> None:
         """Delete the ``zarr.json`` of the sharded array at ``path`` once it presents nothing (last chunk gone)."""
@@ -241,14 +240,17 @@ class MetadataWriter:
         """Whether the sharded array ``node`` still has chunks, or an entry in a stored ``.zmetadata`` above it."""
         if node.array is None:
             return False
-        listed = group_paths(path)
-        found = self._kv.values([join_path(g, ".zmetadata") for g in listed])
-        for group in listed:
-            raw = found.get(join_path(group, ".zmetadata"))
-            entries = _json_object(join_path(group, ".zmetadata"), raw) if raw is not None else None
-            metadata = (entries or {}).get("metadata")
-            if isinstance(metadata, dict) and join_path(path[len(path_prefix(group)) :], ".zarray") in metadata:
+        for key, raw in self._kv.values([join_path(g, ".zmetadata") for g in group_paths(path)]).items():
+            metadata = (_json_object(key, raw) or {}).get("metadata")
+            if (
+                isinstance(metadata, dict)
+                and join_path(path[len(path_prefix(split_key(key)[0])) :], ".zarray") in metadata
+            ):
                 return True
+        return self._has_chunks(path)
+
+    def _has_chunks(self, path: str) -> bool:
+        """Whether chunk-like keys are stored under ``path`` (what write-back holds of it written first)."""
         self._writer.flush(path)
         return any(chunkish_under(path, k) for k in self._kv.list_prefix(path_prefix(path)))
 
@@ -565,16 +567,14 @@ class MetadataWriter:
             return node
         if old is not None and zarray is not None and _grid_change(old, zarray) is None:
             return node
-        if old is not None:
-            self._writer.flush(path)
-            if any(chunkish_under(path, k) for k in self._kv.list_prefix(path_prefix(path))):
-                what = "a group" if zarray is None else f"an array with chunks {list(zarray['chunks'])}"
-                raise ConfigurationError(
-                    f"{key}: the chunks of the array whose .zarray was deleted (chunks {list(old.chunks or ())}) "
-                    f"are still stored under {path!r}, and {what} would read its shards; delete those chunks "
-                    "(or the whole path: rmdir, overwrite=True) first",
-                    path,
-                )
+        if old is not None and self._has_chunks(path):
+            what = "a group" if zarray is None else f"an array with chunks {list(zarray['chunks'])}"
+            raise ConfigurationError(
+                f"{key}: the chunks of the array whose .zarray was deleted (chunks {list(old.chunks or ())}) "
+                f"are still stored under {path!r}, and {what} would read its shards; delete those chunks "
+                "(or the whole path: rmdir, overwrite=True) first",
+                path,
+            )
         attrs = (node.doc or {}).get("attributes") or {}
         if attrs:
             attrs_key = join_path(path, ".zattrs")
@@ -601,21 +601,5 @@ class MetadataWriter:
         self._writer.flush(path)
         new = old.with_shape(zarray["shape"])
         self._apply(plan_zarray_update(path, node.doc or {}, zarray), {path: new})
-        if (
-            new.shape is not None
-            and old.shape is not None
-            and any(n < o for n, o in zip(new.shape, old.shape, strict=False))
-        ):
-            self._trim(old, new)
-
-    def _trim(self, old: ShardedArray, new: ShardedArray) -> None:
-        """Drop the chunks a shrinking resize left outside the chunk grid."""
-        grid = new.chunk_grid_shape
-        cps = new.chunks_per_shard
-        if grid is None or cps is None or old.shard_grid_shape is None:
-            return
-        affected: dict[str, ShardChange] = {}
-        for coords in itertools.product(*(range(n) for n in old.shard_grid_shape)):
-            if any((s + 1) * c > g for s, c, g in zip(coords, cps, grid, strict=True)):
-                affected[new.shard_key(coords)] = ShardChange(new, coords)
-        self._writer.write_now(affected)
+        if any(n < o for n, o in zip(new.shape or (), old.shape or (), strict=False)):  # the chunks left outside go
+            self._writer.write_now({k: ShardChange(new, c) for k, c in old.shard_keys() if not new.shard_in_grid(c)})

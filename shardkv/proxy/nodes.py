@@ -282,16 +282,9 @@ class NodeTable:
                     rest.append(key)
                 continue
             if name == ZARR_JSON:
-                kept = self._cache.kept([path]).get(path)
-                if kept is not None:
-                    if kept.raw is not None and not kept.hides_zarr_json:
-                        out[key] = kept.raw
-                    continue
-                if self.is_hidden(key):
-                    continue
-                kept = self.node(path)
-                if kept.raw is not None:
-                    out[key] = kept.raw
+                node = self.node(path)
+                if node.raw is not None and not node.hides_zarr_json:
+                    out[key] = node.raw
                 continue
             rest.append(key)
         if rest:
