@@ -82,11 +82,6 @@ class DraftArray:
         return self.stack
 
 
-def _is_array(state: DraftArray | None) -> bool:
-    """True where an array is (the owner rule: the first array met owns the keys below it)."""
-    return state is not None
-
-
 class DraftNodes:
     """Array states of a draft hierarchy, read lazily from the abstract store under the proxy.
 
@@ -180,7 +175,7 @@ class DraftNodes:
 
     def _sharded_owner(self, paths: list[str]) -> DraftArray | None:
         """The first array among ``paths`` (from the root down) if it is sharded (an unsharded one owns its keys)."""
-        state = self._arrays.first(paths, _is_array, self.array).node
+        state = self._arrays.first(paths, lambda found: found is not None, self.array).node  # the first array met
         return state if state is not None and state.sharded else None
 
     def forget(self, key: str) -> None:
@@ -360,13 +355,10 @@ class DraftShardedStore(ProxyBase):
                 ranges.append(r)
                 trims.append(None)
                 continue
-            start, length = r
-            if start < 0:
-                ranges.append(ByteRange.suffix(-start))
-                trims.append(length)
-            else:
-                ranges.append(ByteRange(start, None if length is None else start + length))
-                trims.append(None)
+            start, length = r  # a negative start counts from the end (a suffix, cut to the length once read)
+            stop = None if length is None or start < 0 else start + length
+            ranges.append(ByteRange.suffix(-start) if start < 0 else ByteRange(start, stop))
+            trims.append(length)
         out: list[bytes | None] = [None] * len(key_ranges)
         groups: dict[int, tuple[AbstractStore, list[int]]] = {}
         for i, (key, _) in enumerate(key_ranges):
@@ -572,11 +564,8 @@ class DraftShardedStore(ProxyBase):
     def getsize(self, path: str = "") -> int:
         """Bytes stored under ``path`` (shards, not logical chunks), as zarr 2.18 sums them."""
         path = validate_path(path)
-        total = 0
-        for key in self._api.list_prefix(DATA_ROOT + path) + self._api.list_prefix(META_ROOT + path):
-            value = self._api.get_partial_values([(key, ByteRange(0))])[0]
-            total += 0 if value is None else len(value)
-        return total
+        keys = self._api.list_prefix(DATA_ROOT + path) + self._api.list_prefix(META_ROOT + path)
+        return sum(len(v) for v in self._api.get_partial_values([(k, ByteRange(0)) for k in keys]) if v is not None)
 
     # -- zarr-python 2.18 StoreV3 protocol ----------------------------------------------------------
 

@@ -506,15 +506,9 @@ class MetadataWriter:
             plan, _refused = plan_v3_down(listed, known)
             self._apply_v3_down(plan)
             found = self._nodes.v3_nodes(join_path(path, p) for p in paths)
-        v3: dict[str, dict[str, Any]] = {}
-        mirrors: set[str] = set()
-        for p in paths:
-            node = found.get(join_path(path, p).strip("/"))
-            if node is not None and node.doc is not None:
-                v3[p] = node.doc
-                if node.mirrored:
-                    mirrors.add(p)
-        sharded = [p for p, d in v3.items() if d.get("node_type") == "array" and p not in mirrors]
+        nodes = {p: node for p in paths if (node := found.get(join_path(path, p).strip("/"))) is not None}
+        v3 = {p: node.doc for p, node in nodes.items() if node.doc is not None}
+        sharded = [p for p, d in v3.items() if d.get("node_type") == "array" and not nodes[p].mirrored]
         stored = stored_zmetadata(doc, sharded) if sharded else doc
         self._put({key: dump_json(stored, key=key)})
         root = v3.get("")
