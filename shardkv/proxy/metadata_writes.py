@@ -279,7 +279,7 @@ class MetadataWriter:
         arrays: Mapping[str, ShardedArray | None] | None = None,
         mirrors: Iterable[str] = (),
         unblocked: Iterable[str] = (),
-    ) -> dict[str, Node]:
+    ) -> None:
         """Write and delete what ``plan`` says, then the consolidated blocks above; record the written nodes.
 
         ``arrays``: key mappings of the arrays written, by path; ``mirrors``:
@@ -292,11 +292,9 @@ class MetadataWriter:
         values = {k: dump_json(doc, key=k) for k, doc in plan.writes.items()}
         for key in plan.deletes:
             self._nodes.forget(split_key(key)[0])
-        if values:
-            self._put(values)
+        self._put(values)
         written = self._write_blocks(blocks)
-        if plan.deletes:
-            self._put(dict.fromkeys(sorted(plan.deletes)))
+        self._put(dict.fromkeys(sorted(plan.deletes)))
         mirrored = set(mirrors)
         for key, raw in values.items():
             path, name = split_key(key)
@@ -306,10 +304,7 @@ class MetadataWriter:
                 written[path] = self._nodes.keep_written(path, raw, plan.writes[key], (arrays or {}).get(path))
         if becomes_v3:
             self._describe_v2_nodes()
-        opaque = [p for p, n in written.items() if p and n.doc is not None and is_opaque(n.doc)]
-        if opaque:
-            self._opaque_blocks(written=opaque)
-        return written
+        self._opaque_blocks(written=[p for p, n in written.items() if p and n.doc is not None and is_opaque(n.doc)])
 
     # -- v3 all the way down ------------------------------------------
 
@@ -413,9 +408,7 @@ class MetadataWriter:
         documents: dict[str, Mapping[str, Any]] = {k: {} for k in keys if split_key(k)[1] != ZARR_JSON}
         documents.update(_json_objects(self._kv.values([k for k in keys if split_key(k)[1] == ZARR_JSON])))
         plan = plan_opaque_blocks(documents, released)
-        if plan.writes:
-            dropped = [split_key(k)[0] for k, doc in plan.writes.items() if not has_consolidated(doc)]
-            self._apply(plan, unblocked=dropped)
+        self._apply(plan, unblocked=[split_key(k)[0] for k, doc in plan.writes.items() if not has_consolidated(doc)])
 
     def _describe_v2_nodes(self) -> None:
         """Describe every v2 group and unsharded array in v3, once, as the root becomes a v3 group."""
@@ -467,13 +460,10 @@ class MetadataWriter:
 
     def _on_zattrs(self, path: str, key: str, raw: bytes) -> None:
         attrs = load_object(key, raw)
-        node = self._nodes.presented(path)
-        if node is None and self._nodes.node(path).deleted:  # its zarr.json still stands: the attributes go in it
-            node = self._nodes.node(path)
-        if node is None:
+        node = self._nodes.node(path)  # presented, or deleted from zarr 2's view: the attributes go in its zarr.json
+        if not node.documents and not node.deleted:
             self._store({key: raw})  # a v2 node, or held until its .zarray / .zgroup arrives
-            plain = self._nodes.node(path)
-            if plain.unsharded and (plain.mirrored or self._hierarchy_is_v3()):
+            if node.unsharded and (node.mirrored or self._hierarchy_is_v3()):
                 self._mirror(path, {".zattrs": attrs})
             return
         if not node.writable:
@@ -484,13 +474,12 @@ class MetadataWriter:
         load_object(key, raw)
         if (node := self._nodes.node(path)).deleted:
             self._written_again(path, key, node, None)
-        root = self._nodes.node("")
-        if root.doc is None or root.doc.get("node_type") != "group":
+        if not self._hierarchy_is_v3():
             self._store({key: raw})
             self._nodes.set(Node(path))
         else:
-            own = self._group_attributes([path])
-            self._apply(plan_group(path, own.get(path), self._group_attributes(group_paths(path))))
+            attrs = self._group_attributes([*group_paths(path), path])  # the group's own and those above it
+            self._apply(plan_group(path, attrs.get(path), attrs))
 
     def _on_zmetadata(self, path: str, key: str, raw: bytes) -> None:
         """Store a ``.zmetadata`` that opens no back door, and the v3 consolidated block beside it."""
