@@ -353,14 +353,9 @@ class ShardedStore(ProxyBase):
         refs = route_batch(self._nodes.owner, keys)
         out: dict[str, Any] = {}
         if refs is None:
-            plain: list[str] = []
-            refs = []
-            for key in keys:
-                ref = self._route(key)
-                if ref is not None:
-                    refs.append(ref)
-                else:
-                    plain.append(key)
+            routed = {key: self._route(key) for key in keys}
+            refs = [ref for ref in routed.values() if ref is not None]
+            plain = [key for key, ref in routed.items() if ref is None]
             if plain:
                 out.update(self._read_plain(plain))
         out.update(self._writer.read_chunks(refs))
@@ -389,16 +384,11 @@ class ShardedStore(ProxyBase):
             As :meth:`getitems`.
         """
         ref = self._route(key)
-        if ref is None:
-            value = self._read_plain([key]).get(key)
-            if value is None:
-                raise KeyError(key)
-            return value
-        found = self._writer.read_chunks([ref])
+        found: Mapping[str, Any] = self._read_plain([key]) if ref is None else self._writer.read_chunks([ref])
         if key not in found:
             raise KeyError(key)
         value = found[key]
-        return value if type(value) is bytes else bytes(as_buffer(key, value))
+        return value if ref is None or type(value) is bytes else bytes(as_buffer(key, value))
 
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, str):
