@@ -6,6 +6,7 @@ rule: docs/architecture.md, "Metadata writes of the zarr 2 proxy".
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,16 +47,6 @@ from shardkv.storage.kv import ANY, NO_VALUE, Generation, KVStore, check_not_res
 _HIDDEN_REASON = "the zarr.json of a sharded array is managed by shardkv"
 _READ_ONLY = "the metadata of a Zarr v3 array written by another library is read-only; change it with a v3 library"
 _V2_NAMES = (".zarray", ".zattrs", ".zgroup", ZARR_JSON)
-
-
-def _common_group(paths: Iterable[str]) -> str:
-    """The deepest path every one of ``paths`` lies under (``""``: the root)."""
-    common: list[str] = []
-    for parts in zip(*([p for p in path.split("/") if p] for path in paths), strict=False):
-        if len(set(parts)) != 1:
-            break
-        common.append(parts[0])
-    return "/".join(common)
 
 
 @dataclass(frozen=True)
@@ -187,7 +178,7 @@ class MetadataWriter:
         path, name = split_key(key)
         if name == ZARR_JSON and self._nodes.is_hidden(key):
             raise ReservedKeyError(key, _HIDDEN_REASON)
-        node = self._nodes.presented(path) if name in (".zarray", ".zattrs", ".zgroup") else None
+        node = self._nodes.node(path) if name in (".zarray", ".zattrs", ".zgroup") else None
         mirrored = name in (".zarray", ".zattrs") and self._nodes.node(path).mirrored
         if name in (".zarray", ".zgroup"):
             self._nodes.forget(path)
@@ -298,10 +289,9 @@ class MetadataWriter:
         mirrored = set(mirrors)
         for key, raw in values.items():
             path, name = split_key(key)
-            if name == ZARR_JSON and path in mirrored:
-                written[path] = self._nodes.keep_mirror(path, raw, plan.writes[key])
-            elif name == ZARR_JSON:
-                written[path] = self._nodes.keep_written(path, raw, plan.writes[key], (arrays or {}).get(path))
+            if name == ZARR_JSON:
+                array = (arrays or {}).get(path)
+                written[path] = self._nodes.keep_written(path, raw, plan.writes[key], array, path in mirrored)
         if becomes_v3:
             self._describe_v2_nodes()
         self._opaque_blocks(written=[p for p, n in written.items() if p and n.doc is not None and is_opaque(n.doc)])
@@ -360,9 +350,7 @@ class MetadataWriter:
         written: dict[str, Node] = {}
         lost = 0
         # each group's lock file in its own directory: the same file whatever root the store was opened at
-        prefixes = {key: path_prefix(split_key(key)[0]) for key in todo}
-        hold = self._locks.hold(sorted(todo), prefixes)
-        with hold:
+        with self._locks.hold(sorted(todo), {key: path_prefix(split_key(key)[0]) for key in todo}):
             for _ in attempts(WRITE_ATTEMPTS, WRITE_BACKOFF):
                 keys = sorted(todo)
                 puts: dict[str, tuple[bytes, Generation]] = {}
@@ -402,7 +390,7 @@ class MetadataWriter:
         concerned = lacking + released
         if not concerned:
             return
-        prefix = path_prefix(_common_group(concerned))
+        prefix = path_prefix(posixpath.commonpath(concerned))  # the deepest group above them all
         keys = [k for k in self._kv.list_prefix(prefix) if split_key(k)[1] in (ZARR_JSON, ".zmetadata")]
         # a .zmetadata counts by its key alone (it marks a block the user asked for): not read
         documents: dict[str, Mapping[str, Any]] = {k: {} for k in keys if split_key(k)[1] != ZARR_JSON}

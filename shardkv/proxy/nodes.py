@@ -184,10 +184,6 @@ class NodeTable:
         """The nodes among ``paths`` that have a v3 ``zarr.json`` (one batch for those not kept)."""
         return {p: n for p, n in self.nodes(paths).items() if n.doc is not None}
 
-    def presented(self, path: str) -> Node | None:
-        """The node at ``path`` if zarr-python 2 sees it through presented documents, else ``None``."""
-        return node if (node := self.node(path)).documents else None
-
     def sharded(self, path: str) -> Node | None:
         """The sharded array node at ``path``, or ``None``."""
         return node if (node := self.node(path)).array is not None else None
@@ -196,18 +192,15 @@ class NodeTable:
         """Record what ``node.path`` now is (the owners of keys may change)."""
         self._cache.set(node.path, node)
 
-    def keep_written(self, path: str, raw: bytes, doc: dict[str, Any], array: ShardedArray | None = None) -> Node:
+    def keep_written(
+        self, path: str, raw: bytes, doc: dict[str, Any], array: ShardedArray | None = None, mirror: bool = False
+    ) -> Node:
         """Record the ``zarr.json`` just written at ``path`` (no read back): the node it makes.
 
-        ``array``: the key mapping the writer built from its ``.zarray``.
+        ``array``: the key mapping the writer built from its ``.zarray``; ``mirror``: the
+        document mirrors the ``.zarray`` of an unsharded array for v3 readers.
         """
-        node = _presented_node(path, doc, raw, array)
-        self.set(node)
-        return node
-
-    def keep_mirror(self, path: str, raw: bytes, doc: dict[str, Any]) -> Node:
-        """Record the ``zarr.json`` mirror just written for the unsharded array at ``path`` (no read back)."""
-        node = Node(path, doc, raw, unsharded=True, mirrored=True)
+        node = Node(path, doc, raw, unsharded=True, mirrored=True) if mirror else _presented_node(path, doc, raw, array)
         self.set(node)
         return node
 
