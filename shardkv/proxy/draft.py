@@ -300,8 +300,7 @@ class DraftShardedStore(ProxyBase):
                 "the 2022 draft 'indexed' format keeps its index at the end without a checksum; "
                 f"got index_location={index_location!r}, index_checksum={index_checksum!r}"
             )
-        options = draft_options(chunks_per_shard)
-        self._setup(store, store if isinstance(store, AbstractStore) else AdapterStore(store, storage_options), options)
+        self._setup(store, draft_options(chunks_per_shard), storage_options)
 
     @classmethod
     def _reopen(cls, store: Any, options: Options) -> Self:
@@ -309,13 +308,13 @@ class DraftShardedStore(ProxyBase):
         abstract store), or the command line's view of a draft hierarchy (``store`` a KVStore; it
         needs no zarr-python, so also runs where zarr 3 is installed)."""
         proxy = cls.__new__(cls)
-        proxy._setup(store, store if isinstance(store, AbstractStore) else AdapterStore(store), options)
+        proxy._setup(store, options)
         return proxy
 
-    def _setup(self, raw_store: Any, api: AbstractStore, options: Options) -> None:
-        """Build the proxy's parts over the abstract store ``api`` (the one place they are made)."""
-        self._init_proxy(raw_store, options)
-        self._api = api
+    def _setup(self, store: Any, options: Options, storage_options: Mapping[str, Any] | None = None) -> None:
+        """Build the proxy's parts over ``store`` (an abstract store, or what an adapter takes; the one place)."""
+        self._init_proxy(store, options)
+        self._api = store if isinstance(store, AbstractStore) else AdapterStore(store, storage_options)
         self._nodes = DraftNodes(self._api, options.chunks_per_shard)
 
     def _pickled_store(self) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from shardkv.errors import ConfigurationError, MetadataError
@@ -29,6 +30,7 @@ PRESENTED = (".zarray", ".zattrs", ".zgroup")
 """The v2 documents a v3 node is presented as."""
 
 _MEMO_LIMIT = 100_000  # parents whose owner is remembered before the memo starts over
+_IS_ARRAY = attrgetter("is_array")  # the owner rule: the first array met, sharded or not, owns the keys below it
 
 
 @dataclass(frozen=True, eq=False)
@@ -244,7 +246,7 @@ class NodeTable:
                 self._owners_generation = generation
             if parent in self._owners:
                 return self._owners[parent]
-        walked = self._cache.first(chunk_owner_paths(key), _is_array, self.node)
+        walked = self._cache.first(chunk_owner_paths(key), _IS_ARRAY, self.node)
         owner = None if walked.node is None else walked.node.array  # None for an unsharded array: passed through
         with self.lock:
             if self.generation != generation:  # nodes changed meanwhile: the answer may be stale, keep none
@@ -256,7 +258,7 @@ class NodeTable:
 
     def array_above(self, key: str) -> str | None:
         """The path of the first array (sharded or not) from the root down among all paths above ``key``."""
-        return self._cache.first(list(owner_candidates(key)), _is_array, self.node).path
+        return self._cache.first(list(owner_candidates(key)), _IS_ARRAY, self.node).path
 
     # -- metadata documents as code above the proxy sees them ------------------------------
 
@@ -351,8 +353,3 @@ def present_stored_zmetadata(key: str, raw: bytes, docs: Callable[[list[str]], M
     found = docs([join_path(prefix, p).strip("/") for p in refused])
     by_entry = {p: doc for p in refused if (doc := found.get(join_path(prefix, p).strip("/"))) is not None}
     return dump_json(presented_zmetadata(stored, by_entry), key=key)
-
-
-def _is_array(node: Node) -> bool:
-    """True for the node that owns the chunk keys below it (the owner rule: an array, sharded or not)."""
-    return node.is_array

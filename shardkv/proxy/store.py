@@ -590,12 +590,9 @@ class ShardedStore(ProxyBase):
             grid = arr.shard_grid_shape
             if coords is not None and (grid is None or all(c < n for c, n in zip(coords, grid, strict=True))):
                 stored.setdefault(arr.path, []).append(key)
-        reclaimed = 0
-        for array_path in sorted(stored) if path is None else [path]:
-            arr = self.sharded_array(array_path)
-            if arr is not None:
-                reclaimed += self._engine.writes.compact(arr, sorted(stored.get(array_path, [])))
-        return reclaimed
+        wanted = sorted(stored) if path is None else [path]
+        arrays = {p: arr for p in wanted if (arr := self.sharded_array(p)) is not None}
+        return sum(self._engine.writes.compact(arr, sorted(stored.get(p, []))) for p, arr in arrays.items())
 
     def __iter__(self) -> Iterator[str]:
         """Every key, listed when ``iter`` is called (one enumeration; later writes do not change it)."""
