@@ -347,36 +347,33 @@ class DraftShardedStore(ProxyBase):
 
         A sharded array's chunks are read with two requests per array.
         """
-        ranges: list[ByteRange] = []
-        trims: list[int | None] = []
-        for _, r in key_ranges:
-            if isinstance(r, ByteRange):
-                ranges.append(r)
-                trims.append(None)
-                continue
-            start, length = r  # a negative start counts from the end (a suffix, cut to the length once read)
-            stop = None if length is None or start < 0 else start + length
-            ranges.append(ByteRange.suffix(-start) if start < 0 else ByteRange(start, stop))
-            trims.append(length)
         out: list[bytes | None] = [None] * len(key_ranges)
-        groups: dict[int, tuple[AbstractStore, list[int]]] = {}
-        for i, (key, _) in enumerate(key_ranges):
+        trims: dict[int, int] = {}  # (start, length) ranges with a negative start: a suffix, cut once read
+        groups: dict[int, tuple[AbstractStore, dict[int, tuple[str, ByteRange]]]] = {}  # by store: position -> request
+        for i, (key, r) in enumerate(key_ranges):
+            if not isinstance(r, ByteRange):
+                start, length = r
+                if start >= 0:
+                    r = ByteRange(start, None if length is None else start + length)
+                else:
+                    r = ByteRange.suffix(-start)
+                    if length is not None:
+                        trims[i] = length
             path, store = self._target(key)
-            if path is not None:
-                try:
-                    value = self._nodes.visible_metadata(path, store.get(key))
-                except KeyError:
-                    continue
-                start, stop = ranges[i].resolve(len(value))
-                out[i] = value[start:stop]
+            if path is None:
+                groups.setdefault(id(store), (store, {}))[1][i] = (key, r)
                 continue
-            groups.setdefault(id(store), (store, []))[1].append(i)
-        for store, positions in groups.values():
-            values = store.get_partial_values([(key_ranges[i][0], ranges[i]) for i in positions])
-            for i, v in zip(positions, values, strict=True):
+            try:
+                value = self._nodes.visible_metadata(path, store.get(key))
+            except KeyError:
+                continue
+            start, stop = r.resolve(len(value))
+            out[i] = value[start:stop]
+        for store, requests in groups.values():
+            for i, v in zip(requests, store.get_partial_values(list(requests.values())), strict=True):
                 out[i] = v
-        for i, length in enumerate(trims):
-            if length is not None and (got := out[i]) is not None:
+        for i, length in trims.items():
+            if (got := out[i]) is not None:
                 out[i] = got[:length]
         return out
 

@@ -302,8 +302,7 @@ def _v2_nodes(
     Kept nodes are those whose keys are never garbage (v3 arrays shardkv does not
     check, nodes whose documents cannot be read: reported in ``report``).
     """
-    meta_keys = [k for k in keys if split_key(k)[1] in NODE_DOCUMENTS]
-    docs = kv.values(meta_keys)  # the stored documents
+    docs = kv.values([k for k in keys if split_key(k)[1] in NODE_DOCUMENTS])  # the stored documents
     report.unreadable_metadata = unreadable_documents(docs)
     array_paths = {split_key(k)[0] for k in docs if split_key(k)[1] == ".zarray"}
     groups = {split_key(k)[0] for k in docs if split_key(k)[1] == ".zgroup"}
@@ -329,11 +328,10 @@ def _v2_nodes(
             if node.array is not None:
                 zarrays[path] = node.presented[".zarray"]
             continue
-        doc = node.doc
-        reason = unusable_sharding(doc, path) if doc is not None else None
+        reason = None if node.doc is None else unusable_sharding(node.doc, path)
         if reason is not None:
             report.unreadable_metadata[key] = reason
-        elif doc is not None and doc.get("node_type") == "array":
+        elif (node.doc or {}).get("node_type") == "array":
             kept_nodes.add(path)
     damaged_nodes = {split_key(k)[0] for k in report.unreadable_metadata}
     array_paths -= damaged_nodes
