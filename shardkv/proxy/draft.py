@@ -218,14 +218,10 @@ class DraftNodes:
                 path,
             )
         entries = self._entries_for(path, doc)
-        if entries:
-            stored = {**doc, "storage_transformers": entries}
-            state = self._make_state(path, stored)
-            state.top()
-            self._api.set(key, dump_json(stored, key=key))
-        else:
-            state = DraftArray(path, doc, [], self._api)
-            self._api.set(key, raw)
+        stored = {**doc, "storage_transformers": entries}
+        state = self._make_state(path, stored) if entries else DraftArray(path, doc, [], self._api)
+        state.top()  # refuses what cannot be built, before anything is stored
+        self._api.set(key, dump_json(stored, key=key) if entries else raw)
         self._arrays.set(path, state)
 
     def _entries_for(self, path: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
