@@ -10,6 +10,7 @@ calls its batch methods instead of wrapping it in a ``KVStore``.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from abc import abstractmethod
 from collections.abc import MutableMapping
 from functools import cache
@@ -79,8 +80,12 @@ def register(cls: type, protocol: ZarrProtocol) -> None:
     if (cls, protocol) in _registered:
         return
     _registered.add((cls, protocol))
-    if (_installed_zarr() or "").startswith("2."):
-        getattr(importlib.import_module("zarr._storage.store"), protocol).register(cls)
+    if importlib.util.find_spec("zarr") is None:
+        return
+    zarr = importlib.import_module("zarr")
+    if not str(getattr(zarr, "__version__", "")).startswith("2."):
+        return
+    getattr(importlib.import_module("zarr._storage.store"), protocol).register(cls)
 
 
 @cache
