@@ -327,11 +327,6 @@ class ShardedStore(ProxyBase):
         routes[key] = ref
         return ref
 
-    def _locate(self, key: str) -> ChunkRef | None:
-        """:meth:`_route` of a key taken as it is: not validated, not memoised (listed names, see :meth:`_sizes`)."""
-        arr = self._nodes.owner(key)
-        return None if arr is None else arr.locate(key)
-
     # -- reads ----------------------------------------------------------------
 
     def getitems(self, keys: Sequence[str], *, contexts: Any = None) -> dict[str, bytes | memoryview]:
@@ -669,8 +664,9 @@ class ShardedStore(ProxyBase):
         refs: list[ChunkRef] = []
         out: dict[str, int] = {}
         for key in keys:
+            arr = self._nodes.owner(key)  # a listed name taken as it is: not validated, not memoised
             try:
-                ref = self._locate(key)
+                ref = None if arr is None else arr.locate(key)
             except InvalidKeyError:  # not a chunk of its array (out of grid, a sub-path): nothing stored
                 continue
             if ref is not None:
