@@ -43,16 +43,14 @@ class AdapterStore(AbstractStore):
 
     def get_partial_values(self, key_ranges: Sequence[KeyRange]) -> list[bytes | None]:
         by_key: dict[str, list[int]] = {}
-        ranges: list[ByteRange] = []
         for i, (key, byte_range) in enumerate(key_ranges):
             if not isinstance(byte_range, ByteRange):
                 raise TypeError(f"range for {key!r} must be a ByteRange, got {type(byte_range).__name__}")
             by_key.setdefault(key, []).append(i)
-            ranges.append(byte_range)
         if not by_key:
             return []
-        results = self.kv.get_many([(key, [ranges[i] for i in at], ANY) for key, at in by_key.items()])
-        out: list[bytes | None] = [None] * len(ranges)
+        results = self.kv.get_many([(key, [key_ranges[i][1] for i in at], ANY) for key, at in by_key.items()])
+        out: list[bytes | None] = [None] * len(key_ranges)
         for at, result in zip(by_key.values(), results, strict=True):
             if result.values is not None:
                 for i, value in zip(at, result.values, strict=True):

@@ -572,11 +572,7 @@ class ShardingStorageTransformer(AbstractStore):
                 erasures[shard_key] = ShardChange(self.array, coords, dict.fromkeys(local for _, local in available))
             else:
                 partial.append(shard_key)
-        for key in self._unshard(partial, prefix):
-            ref = self.array.locate(key, check_grid=False)
-            erasures.setdefault(ref.shard_key, ShardChange(self.array, ref.shard_coords)).chunks[ref.local_coords] = (
-                None
-            )
+        erasures.update(self._group(self._unshard(partial, prefix), lambda key: None)[1])  # their matching chunks
         if plain:
             self.underlying.erase_values(plain)
         if erasures:

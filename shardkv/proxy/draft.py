@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Self
 
 from shardkv.engine.merge import apply_partial_writes
@@ -21,15 +22,22 @@ from shardkv.engine.options import Options
 from shardkv.errors import ConfigurationError
 from shardkv.format.layout import IndexLocation
 from shardkv.format.ranges import ByteRange
-from shardkv.keys.paths import path_prefix, validate_key, validate_path
+from shardkv.keys.paths import is_draft_chunk_segment, owner_candidates, path_prefix, validate_key, validate_path
 from shardkv.keys.space import ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption, ChunksPerShardRule
-from shardkv.metadata.documents import META_ROOT, ZARR_JSON
-from shardkv.proxy.base import ProxyBase, refuse_zarr3
-from shardkv.proxy.draft_nodes import DraftArray, DraftNodes
-from shardkv.proxy.values import to_bytes
+from shardkv.metadata.documents import META_ROOT, ZARR_JSON, dump_json, load_json
+from shardkv.metadata.nodes import NodeCache
+from shardkv.proxy.base import ProxyBase, refuse_zarr3, to_bytes
 from shardkv.storage.kv import check_not_reserved
-from shardkv.transformers import DATA_ROOT, AbstractStore, AdapterStore, ShardingStorageTransformer
+from shardkv.transformers import (
+    DATA_ROOT,
+    SHARDING_EXTENSION,
+    AbstractStore,
+    AdapterStore,
+    ShardingStorageTransformer,
+    build_stack,
+    storage_transformer_entries,
+)
 from shardkv.transformers.api import normalize_prefix
 
 DRAFT_OPTIONS = frozenset({"chunks_per_shard", "index_location", "index_checksum", "storage_options"})
@@ -40,6 +48,201 @@ def draft_options(chunks_per_shard: ChunksPerShardOption = None) -> Options:
     """The :class:`~shardkv.engine.options.Options` of a draft proxy: the draft's ``indexed`` format
     (index at the end, no checksum) and ``chunks_per_shard`` for new arrays."""
     return Options(ChunksPerShardRule.parse(chunks_per_shard), index_location="end", index_checksum=False)
+
+
+@dataclass
+class DraftArray:
+    """One array of the hierarchy as the proxy knows it: its stored metadata and its transformer stack."""
+
+    path: str
+    stored: dict[str, Any]
+    entries: list[dict[str, Any]]
+    stack: AbstractStore | Exception  # the error when the entries could not be built into a stack
+    key_prefix: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.key_prefix = f"{DATA_ROOT}{self.path}/" if self.path else DATA_ROOT
+
+    @property
+    def sharded(self) -> bool:
+        """True when the array lists storage transformers."""
+        return bool(self.entries)
+
+    def top(self) -> AbstractStore:
+        """The top of the array's transformer stack.
+
+        Raises
+        ------
+        ConfigurationError, UnsupportedError
+            If the array's transformers could not be built.
+        """
+        if isinstance(self.stack, Exception):
+            raise self.stack
+        return self.stack
+
+
+class DraftNodes:
+    """Array states of a draft hierarchy, read lazily from the abstract store under the proxy.
+
+    Parameters
+    ----------
+    api : AbstractStore
+        The store under the proxy.
+    rule : ChunksPerShardRule
+        Which new arrays get a sharding transformer.
+    """
+
+    def __init__(self, api: AbstractStore, rule: ChunksPerShardRule) -> None:
+        self._api = api
+        self.rule = rule
+        self._arrays: NodeCache[DraftArray | None] = NodeCache()
+        self._suffix: str | None = None
+        self._lock = self._arrays.lock
+
+    def refresh(self) -> None:
+        """Forget cached metadata."""
+        with self._lock:
+            self._arrays.forget_under("")
+            self._suffix = None
+
+    def metadata_suffix(self) -> str:
+        """The root ``zarr.json``'s ``metadata_key_suffix`` (``".json"`` by default)."""
+        if self._suffix is None:
+            try:
+                suffix = load_json("zarr.json", self._api.get("zarr.json")).get("metadata_key_suffix", ".json")
+            except KeyError:
+                suffix = ".json"
+            with self._lock:
+                self._suffix = suffix
+        return self._suffix
+
+    def array_key(self, path: str) -> str:
+        """The key of the metadata document of the array at ``path``."""
+        sfx = self.metadata_suffix()
+        return f"{META_ROOT}{path}.array{sfx}" if path else f"meta/root.array{sfx}"
+
+    def meta_path(self, key: str) -> str | None:
+        """The array path of an array metadata key, ``None`` for other keys."""
+        tail = ".array" + self.metadata_suffix()
+        if key == "meta/root" + tail:
+            return ""
+        if key.startswith(META_ROOT) and key.endswith(tail) and len(key) > len(META_ROOT) + len(tail):
+            return key[len(META_ROOT) : -len(tail)]
+        return None
+
+    def array(self, path: str) -> DraftArray | None:
+        """The array at ``path`` (``None``: no array there). Read once, then cached.
+
+        Raises
+        ------
+        MetadataError
+            If its metadata document is not JSON.
+        """
+        kept = self._arrays.kept([path])
+        if kept:
+            return kept[path]
+        key = self.array_key(path)
+        since = self._arrays.generation  # a write meanwhile: what is read here is not kept
+        try:
+            raw = self._api.get(key)
+        except KeyError:
+            state = None
+        else:
+            state = self._make_state(path, load_json(key, raw))
+        return self._arrays.load({path: state}, since)[path]
+
+    def _make_state(self, path: str, stored: dict[str, Any]) -> DraftArray:
+        entries = storage_transformer_entries(stored, path)
+        try:
+            stack = build_stack(entries, stored, path, self._api) if entries else self._api
+        except (ConfigurationError, NotImplementedError) as exc:  # unknown transformers included
+            return DraftArray(path, stored, entries, exc)
+        return DraftArray(path, stored, entries, stack)
+
+    def data_owner(self, key: str) -> DraftArray | None:
+        """The sharded array whose data area holds ``key`` (first array met from the root)."""
+        if not key.startswith(DATA_ROOT):
+            return None
+        return self._sharded_owner(list(owner_candidates(key[len(DATA_ROOT) :], is_draft_chunk_segment)))
+
+    def prefix_owner(self, prefix: str) -> DraftArray | None:
+        """The sharded array whose data area contains every key starting with ``prefix``."""
+        if not prefix.startswith(DATA_ROOT):
+            return None
+        complete = prefix[len(DATA_ROOT) :].rpartition("/")[0]  # the segments before the last "/"
+        return self._sharded_owner(list(owner_candidates(f"{complete}/-" if complete else "-")))
+
+    def _sharded_owner(self, paths: list[str]) -> DraftArray | None:
+        """The first array among ``paths`` (from the root down) if it is sharded (an unsharded one owns its keys)."""
+        state = self._arrays.first(paths, lambda found: found is not None, self.array).node  # the first array met
+        return state if state is not None and state.sharded else None
+
+    def forget(self, key: str) -> None:
+        """Forget what a metadata key described (after it was written or erased)."""
+        path = self.meta_path(key)
+        with self._lock:
+            if path is not None:
+                self._arrays.forget(path)
+            if key == "zarr.json":
+                self._suffix = None
+
+    def visible_metadata(self, path: str, raw: bytes) -> bytes:
+        """An array's metadata as code above the proxy sees it: without the transformers shardkv applies.
+
+        Raises
+        ------
+        UnsupportedError
+            If the array names a transformer shardkv does not know.
+        """
+        state = self.array(path)
+        if state is None or not state.sharded:
+            return raw
+        state.top()  # refuses unknown transformers
+        return dump_json({k: v for k, v in state.stored.items() if k != "storage_transformers"})
+
+    def store_metadata(self, path: str, key: str, raw: bytes) -> None:
+        """Store an array's metadata written from above, with the array's transformers.
+
+        Raises
+        ------
+        ConfigurationError
+            If the document lists ``storage_transformers`` itself, or changes
+            the chunk grid of a sharded array.
+        """
+        doc = load_json(key, raw)
+        if doc.get("storage_transformers"):
+            raise ConfigurationError(
+                f"metadata written to {key!r} lists storage_transformers {doc['storage_transformers']!r}; "
+                "shardkv applies the array's transformers itself (pass chunks_per_shard to the proxy)",
+                path,
+            )
+        entries = self._entries_for(path, doc)
+        stored = {**doc, "storage_transformers": entries}
+        state = self._make_state(path, stored) if entries else DraftArray(path, doc, [], self._api)
+        state.top()  # refuses what cannot be built, before anything is stored
+        self._api.set(key, dump_json(stored, key=key) if entries else raw)
+        self._arrays.set(path, state)
+
+    def _entries_for(self, path: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
+        """The stored transformers of an existing sharded array, else the sharding entry the rule gives."""
+        old = self.array(path)
+        grid = doc.get("chunk_grid") or {}
+        if old is not None and old.sharded:
+            old.top()
+            old_grid = old.stored.get("chunk_grid") or {}
+            if list(grid.get("chunk_shape", [])) != list(old_grid.get("chunk_shape", [])) or grid.get(
+                "separator"
+            ) != old_grid.get("separator"):
+                raise ConfigurationError(
+                    f"cannot change the chunk grid of a sharded array from {old_grid} to {grid}; "
+                    "delete the array first",
+                    path,
+                )
+            return old.entries
+        cps = self.rule.for_array(path, len(doc.get("shape", [])))
+        if cps is None:
+            return []
+        return [{"extension": SHARDING_EXTENSION, "type": "indexed", "configuration": {"chunks_per_shard": list(cps)}}]
 
 
 class DraftShardedStore(ProxyBase):
@@ -92,8 +295,7 @@ class DraftShardedStore(ProxyBase):
                 "the 2022 draft 'indexed' format keeps its index at the end without a checksum; "
                 f"got index_location={index_location!r}, index_checksum={index_checksum!r}"
             )
-        options = draft_options(chunks_per_shard)
-        self._setup(store, store if isinstance(store, AbstractStore) else AdapterStore(store, storage_options), options)
+        self._setup(store, draft_options(chunks_per_shard), storage_options)
 
     @classmethod
     def _reopen(cls, store: Any, options: Options) -> Self:
@@ -101,13 +303,13 @@ class DraftShardedStore(ProxyBase):
         abstract store), or the command line's view of a draft hierarchy (``store`` a KVStore; it
         needs no zarr-python, so also runs where zarr 3 is installed)."""
         proxy = cls.__new__(cls)
-        proxy._setup(store, store if isinstance(store, AbstractStore) else AdapterStore(store), options)
+        proxy._setup(store, options)
         return proxy
 
-    def _setup(self, raw_store: Any, api: AbstractStore, options: Options) -> None:
-        """Build the proxy's parts over the abstract store ``api`` (the one place they are made)."""
-        self._init_proxy(raw_store, options)
-        self._api = api
+    def _setup(self, store: Any, options: Options, storage_options: Mapping[str, Any] | None = None) -> None:
+        """Build the proxy's parts over ``store`` (an abstract store, or what an adapter takes; the one place)."""
+        self._init_proxy(store, options)
+        self._api = store if isinstance(store, AbstractStore) else AdapterStore(store, storage_options)
         self._nodes = DraftNodes(self._api, options.chunks_per_shard)
 
     def _pickled_store(self) -> Any:
@@ -140,39 +342,33 @@ class DraftShardedStore(ProxyBase):
 
         A sharded array's chunks are read with two requests per array.
         """
-        ranges: list[ByteRange] = []
-        trims: list[int | None] = []
-        for _, r in key_ranges:
-            if isinstance(r, ByteRange):
-                ranges.append(r)
-                trims.append(None)
-                continue
-            start, length = r
-            if start < 0:
-                ranges.append(ByteRange.suffix(-start))
-                trims.append(length)
-            else:
-                ranges.append(ByteRange(start, None if length is None else start + length))
-                trims.append(None)
         out: list[bytes | None] = [None] * len(key_ranges)
-        groups: dict[int, tuple[AbstractStore, list[int]]] = {}
-        for i, (key, _) in enumerate(key_ranges):
+        trims: dict[int, int] = {}  # (start, length) ranges with a negative start: a suffix, cut once read
+        groups: dict[int, tuple[AbstractStore, dict[int, tuple[str, ByteRange]]]] = {}  # by store: position -> request
+        for i, (key, r) in enumerate(key_ranges):
+            if not isinstance(r, ByteRange):
+                start, length = r
+                if start >= 0:
+                    r = ByteRange(start, None if length is None else start + length)
+                else:
+                    r = ByteRange.suffix(-start)
+                    if length is not None:
+                        trims[i] = length
             path, store = self._target(key)
-            if path is not None:
-                try:
-                    value = self._nodes.visible_metadata(path, store.get(key))
-                except KeyError:
-                    continue
-                start, stop = ranges[i].resolve(len(value))
-                out[i] = value[start:stop]
+            if path is None:
+                groups.setdefault(id(store), (store, {}))[1][i] = (key, r)
                 continue
-            groups.setdefault(id(store), (store, []))[1].append(i)
-        for store, positions in groups.values():
-            values = store.get_partial_values([(key_ranges[i][0], ranges[i]) for i in positions])
-            for i, v in zip(positions, values, strict=True):
+            try:
+                value = self._nodes.visible_metadata(path, store.get(key))
+            except KeyError:
+                continue
+            start, stop = r.resolve(len(value))
+            out[i] = value[start:stop]
+        for store, requests in groups.values():
+            for i, v in zip(requests, store.get_partial_values(list(requests.values())), strict=True):
                 out[i] = v
-        for i, length in enumerate(trims):
-            if length is not None and (got := out[i]) is not None:
+        for i, length in trims.items():
+            if (got := out[i]) is not None:
                 out[i] = got[:length]
         return out
 
@@ -359,11 +555,8 @@ class DraftShardedStore(ProxyBase):
     def getsize(self, path: str = "") -> int:
         """Bytes stored under ``path`` (shards, not logical chunks), as zarr 2.18 sums them."""
         path = validate_path(path)
-        total = 0
-        for key in self._api.list_prefix(DATA_ROOT + path) + self._api.list_prefix(META_ROOT + path):
-            value = self._api.get_partial_values([(key, ByteRange(0))])[0]
-            total += 0 if value is None else len(value)
-        return total
+        keys = self._api.list_prefix(DATA_ROOT + path) + self._api.list_prefix(META_ROOT + path)
+        return sum(len(v) for v in self._api.get_partial_values([(k, ByteRange(0)) for k in keys]) if v is not None)
 
     # -- zarr-python 2.18 StoreV3 protocol ----------------------------------------------------------
 

@@ -6,7 +6,7 @@ rule: docs/architecture.md, "Metadata writes of the zarr 2 proxy".
 
 from __future__ import annotations
 
-import itertools
+import posixpath
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,23 +49,6 @@ _READ_ONLY = "the metadata of a Zarr v3 array written by another library is read
 _V2_NAMES = (".zarray", ".zattrs", ".zgroup", ZARR_JSON)
 
 
-class _Stored:
-    """The type of :data:`_STORED`: a document to read from the base store, not given."""
-
-
-_STORED = _Stored()
-
-
-def _common_group(paths: Iterable[str]) -> str:
-    """The deepest path every one of ``paths`` lies under (``""``: the root)."""
-    common: list[str] = []
-    for parts in zip(*([p for p in path.split("/") if p] for path in paths), strict=False):
-        if len(set(parts)) != 1:
-            break
-        common.append(parts[0])
-    return "/".join(common)
-
-
 @dataclass(frozen=True)
 class _BlockChange:
     """This write's change to the consolidated block of one group, re-applied to what is stored there.
@@ -93,6 +76,16 @@ class _BlockChange:
         if stored is None or not has_consolidated(stored):
             return self.doc
         return consolidated_in_step(stored if self.doc is None else self.doc, stored, self.below)
+
+
+def _grid_change(old: ShardedArray, zarray: Mapping[str, Any]) -> str | None:
+    """What ``zarray`` changes of the sharded array ``old``'s chunks or separator (a message), ``None``: nothing."""
+    separator, old_separator = v2_dimension_separator(zarray), getattr(old.chunk_key_encoding, "separator", None)
+    if separator != old_separator:
+        return f"the dimension_separator of a sharded array from {old_separator!r} to {separator!r}"
+    if [int(c) for c in zarray["chunks"]] != list(old.chunks or ()):
+        return f"the chunks of a sharded array from {list(old.chunks or ())} to {zarray['chunks']}"
+    return None
 
 
 def _json_object(key: str, raw: Any) -> dict[str, Any] | None:
@@ -185,7 +178,7 @@ class MetadataWriter:
         path, name = split_key(key)
         if name == ZARR_JSON and self._nodes.is_hidden(key):
             raise ReservedKeyError(key, _HIDDEN_REASON)
-        node = self._nodes.presented(path) if name in (".zarray", ".zattrs", ".zgroup") else None
+        node = self._nodes.node(path) if name in (".zarray", ".zattrs", ".zgroup") else None
         mirrored = name in (".zarray", ".zattrs") and self._nodes.node(path).mirrored
         if name in (".zarray", ".zgroup"):
             self._nodes.forget(path)
@@ -198,7 +191,7 @@ class MetadataWriter:
             if mirrored and name == ".zarray":  # the array is gone for v3 readers too
                 self._apply(MetadataPlan(deletes=frozenset({join_path(path, ZARR_JSON)})))
             elif mirrored:
-                self._mirror(path, zattrs=None)
+                self._mirror(path, {".zattrs": None})
             return
         if not node.writable:
             raise ReservedKeyError(key, _READ_ONLY)
@@ -209,25 +202,27 @@ class MetadataWriter:
 
         The root group's stays (it keeps the hierarchy v3).
         """
-        key = join_path(path, ZARR_JSON)
-        if name == ".zattrs" and not node.deleted:
-            self._apply(plan_attributes(path, node.doc or {}, {}), {path: node.array})
-        elif name != ".zattrs" and ".zattrs" in node.documents:
-            self._apply(MetadataPlan({key: with_deleted(node.doc or {}, name)}), {path: node.array})
-        elif path and not self._still_seen(path, node):  # nothing of the node is left
-            self._apply(MetadataPlan(deletes=frozenset({key})))
-            self._nodes.forget(path)
-            self._opaque_blocks(removed=path)
-        elif name == ".zattrs":
-            self._apply(plan_attributes(path, node.doc or {}, {}), {path: node.array})
+        attrs = name == ".zattrs"
+        # the node stays while it presents its .zarray/.zgroup, or attributes beside the one deleted
+        stays = (attrs and not node.deleted) or (not attrs and ".zattrs" in node.documents)
+        if path and not stays and not self._still_seen(path, node):  # nothing of the node is left
+            self._drop(path)
+            return
+        doc = node.doc or {}
+        if attrs:
+            plan = plan_attributes(path, doc, {})
         else:
-            self._apply(MetadataPlan({key: with_deleted(node.doc or {}, name)}), {path: node.array})
+            plan = MetadataPlan({join_path(path, ZARR_JSON): with_deleted(doc, name)})
+        self._apply(plan, {path: node.array})
 
     def emptied(self, path: str) -> None:
         """Delete the ``zarr.json`` of the sharded array at ``path`` once it presents nothing (last chunk gone)."""
         node = self._nodes.node(path)
-        if node.array is None or node.documents or not node.deleted or self._still_seen(path, node):
-            return
+        if node.array is not None and not node.documents and node.deleted and not self._still_seen(path, node):
+            self._drop(path)
+
+    def _drop(self, path: str) -> None:
+        """Delete the ``zarr.json`` of a node that presents nothing any more."""
         self._apply(MetadataPlan(deletes=frozenset({join_path(path, ZARR_JSON)})))
         self._nodes.forget(path)
         self._opaque_blocks(removed=path)
@@ -236,14 +231,17 @@ class MetadataWriter:
         """Whether the sharded array ``node`` still has chunks, or an entry in a stored ``.zmetadata`` above it."""
         if node.array is None:
             return False
-        listed = group_paths(path)
-        found = self._kv.values([join_path(g, ".zmetadata") for g in listed])
-        for group in listed:
-            raw = found.get(join_path(group, ".zmetadata"))
-            entries = _json_object(join_path(group, ".zmetadata"), raw) if raw is not None else None
-            metadata = (entries or {}).get("metadata")
-            if isinstance(metadata, dict) and join_path(path[len(path_prefix(group)) :], ".zarray") in metadata:
+        for key, raw in self._kv.values([join_path(g, ".zmetadata") for g in group_paths(path)]).items():
+            metadata = (_json_object(key, raw) or {}).get("metadata")
+            if (
+                isinstance(metadata, dict)
+                and join_path(path[len(path_prefix(split_key(key)[0])) :], ".zarray") in metadata
+            ):
                 return True
+        return self._has_chunks(path)
+
+    def _has_chunks(self, path: str) -> bool:
+        """Whether chunk-like keys are stored under ``path`` (what write-back holds of it written first)."""
         self._writer.flush(path)
         return any(chunkish_under(path, k) for k in self._kv.list_prefix(path_prefix(path)))
 
@@ -272,7 +270,7 @@ class MetadataWriter:
         arrays: Mapping[str, ShardedArray | None] | None = None,
         mirrors: Iterable[str] = (),
         unblocked: Iterable[str] = (),
-    ) -> dict[str, Node]:
+    ) -> None:
         """Write and delete what ``plan`` says, then the consolidated blocks above; record the written nodes.
 
         ``arrays``: key mappings of the arrays written, by path; ``mirrors``:
@@ -285,24 +283,18 @@ class MetadataWriter:
         values = {k: dump_json(doc, key=k) for k, doc in plan.writes.items()}
         for key in plan.deletes:
             self._nodes.forget(split_key(key)[0])
-        if values:
-            self._put(values)
+        self._put(values)
         written = self._write_blocks(blocks)
-        if plan.deletes:
-            self._put(dict.fromkeys(sorted(plan.deletes)))
+        self._put(dict.fromkeys(sorted(plan.deletes)))
         mirrored = set(mirrors)
         for key, raw in values.items():
             path, name = split_key(key)
-            if name == ZARR_JSON and path in mirrored:
-                written[path] = self._nodes.keep_mirror(path, raw, plan.writes[key])
-            elif name == ZARR_JSON:
-                written[path] = self._nodes.keep_written(path, raw, plan.writes[key], (arrays or {}).get(path))
+            if name == ZARR_JSON:
+                array = (arrays or {}).get(path)
+                written[path] = self._nodes.keep_written(path, raw, plan.writes[key], array, path in mirrored)
         if becomes_v3:
             self._describe_v2_nodes()
-        opaque = [p for p, n in written.items() if p and n.doc is not None and is_opaque(n.doc)]
-        if opaque:
-            self._opaque_blocks(written=opaque)
-        return written
+        self._opaque_blocks(written=[p for p, n in written.items() if p and n.doc is not None and is_opaque(n.doc)])
 
     # -- v3 all the way down ------------------------------------------
 
@@ -358,9 +350,7 @@ class MetadataWriter:
         written: dict[str, Node] = {}
         lost = 0
         # each group's lock file in its own directory: the same file whatever root the store was opened at
-        prefixes = {key: path_prefix(split_key(key)[0]) for key in todo}
-        hold = self._locks.hold(sorted(todo), prefixes)
-        with hold:
+        with self._locks.hold(sorted(todo), {key: path_prefix(split_key(key)[0]) for key in todo}):
             for _ in attempts(WRITE_ATTEMPTS, WRITE_BACKOFF):
                 keys = sorted(todo)
                 puts: dict[str, tuple[bytes, Generation]] = {}
@@ -400,15 +390,13 @@ class MetadataWriter:
         concerned = lacking + released
         if not concerned:
             return
-        prefix = path_prefix(_common_group(concerned))
+        prefix = path_prefix(posixpath.commonpath(concerned))  # the deepest group above them all
         keys = [k for k in self._kv.list_prefix(prefix) if split_key(k)[1] in (ZARR_JSON, ".zmetadata")]
         # a .zmetadata counts by its key alone (it marks a block the user asked for): not read
         documents: dict[str, Mapping[str, Any]] = {k: {} for k in keys if split_key(k)[1] != ZARR_JSON}
         documents.update(_json_objects(self._kv.values([k for k in keys if split_key(k)[1] == ZARR_JSON])))
         plan = plan_opaque_blocks(documents, released)
-        if plan.writes:
-            dropped = [split_key(k)[0] for k, doc in plan.writes.items() if not has_consolidated(doc)]
-            self._apply(plan, unblocked=dropped)
+        self._apply(plan, unblocked=[split_key(k)[0] for k, doc in plan.writes.items() if not has_consolidated(doc)])
 
     def _describe_v2_nodes(self) -> None:
         """Describe every v2 group and unsharded array in v3, once, as the root becomes a v3 group."""
@@ -418,34 +406,24 @@ class MetadataWriter:
 
     def _apply_v3_down(self, plan: MetadataPlan) -> None:
         """Apply a :func:`~shardkv.metadata.all_v3.plan_v3_down` plan (its arrays are mirrors)."""
-        mirrors = [split_key(k)[0] for k, d in plan.writes.items() if d.get("node_type") == "array"]
-        for key in plan.deletes:
-            self._nodes.forget(split_key(key)[0])
-        self._apply(plan, mirrors=mirrors)
+        self._apply(plan, mirrors=[split_key(k)[0] for k, d in plan.writes.items() if d.get("node_type") == "array"])
 
-    def _mirror(
-        self, path: str, zarray: Mapping[str, Any] | None = None, zattrs: Mapping[str, Any] | None | _Stored = _STORED
-    ) -> None:
+    def _mirror(self, path: str, written: Mapping[str, Mapping[str, Any] | None]) -> None:
         """Bring the ``zarr.json`` mirror of the unsharded array at ``path`` in step with its v2 documents.
 
-        ``zarray``/``zattrs``: the documents just written (``zattrs=None``: deleted),
-        the others read. An array with no v3 data type loses its mirror.
+        ``written``: the ``.zarray`` or ``.zattrs`` just written (``None``: deleted) by name; the other is read.
+        An array with no v3 data type loses its mirror.
         """
-        wanted = [join_path(path, ".zarray")] if zarray is None else []
-        if isinstance(zattrs, _Stored):
-            wanted.append(join_path(path, ".zattrs"))
-        found = self._kv.values(wanted) if wanted else {}
+        docs = dict(written)
+        for key, raw in self._kv.values([join_path(path, n) for n in (".zarray", ".zattrs") if n not in docs]).items():
+            name = split_key(key)[1]
+            docs[name] = load_zarray(key, raw) if name == ".zarray" else load_object(key, raw)
+        zarray = docs.get(".zarray")
         if zarray is None:
-            raw_zarray = found.get(join_path(path, ".zarray"))
-            if raw_zarray is None:
-                return
-            zarray = load_zarray(join_path(path, ".zarray"), raw_zarray)
-        if isinstance(zattrs, _Stored):
-            raw_attrs = found.get(join_path(path, ".zattrs"))
-            zattrs = None if raw_attrs is None else load_object(join_path(path, ".zattrs"), raw_attrs)
+            return
         key = join_path(path, ZARR_JSON)
         try:
-            doc = v3_view_of_v2(zarray, zattrs).metadata
+            doc = v3_view_of_v2(zarray, docs.get(".zattrs")).metadata
         except (ConfigurationError, UnsupportedError):
             doc = {}
         if not doc:
@@ -470,14 +448,11 @@ class MetadataWriter:
 
     def _on_zattrs(self, path: str, key: str, raw: bytes) -> None:
         attrs = load_object(key, raw)
-        node = self._nodes.presented(path)
-        if node is None and self._nodes.node(path).deleted:  # its zarr.json still stands: the attributes go in it
-            node = self._nodes.node(path)
-        if node is None:
+        node = self._nodes.node(path)  # presented, or deleted from zarr 2's view: the attributes go in its zarr.json
+        if not node.documents and not node.deleted:
             self._store({key: raw})  # a v2 node, or held until its .zarray / .zgroup arrives
-            plain = self._nodes.node(path)
-            if plain.unsharded and (plain.mirrored or self._hierarchy_is_v3()):
-                self._mirror(path, zattrs=attrs)
+            if node.unsharded and (node.mirrored or self._hierarchy_is_v3()):
+                self._mirror(path, {".zattrs": attrs})
             return
         if not node.writable:
             raise ReservedKeyError(key, _READ_ONLY)
@@ -487,13 +462,12 @@ class MetadataWriter:
         load_object(key, raw)
         if (node := self._nodes.node(path)).deleted:
             self._written_again(path, key, node, None)
-        root = self._nodes.node("")
-        if root.doc is None or root.doc.get("node_type") != "group":
+        if not self._hierarchy_is_v3():
             self._store({key: raw})
             self._nodes.set(Node(path))
         else:
-            own = self._group_attributes([path])
-            self._apply(plan_group(path, own.get(path), self._group_attributes(group_paths(path))))
+            attrs = self._group_attributes([*group_paths(path), path])  # the group's own and those above it
+            self._apply(plan_group(path, attrs.get(path), attrs))
 
     def _on_zmetadata(self, path: str, key: str, raw: bytes) -> None:
         """Store a ``.zmetadata`` that opens no back door, and the v3 consolidated block beside it."""
@@ -509,15 +483,9 @@ class MetadataWriter:
             plan, _refused = plan_v3_down(listed, known)
             self._apply_v3_down(plan)
             found = self._nodes.v3_nodes(join_path(path, p) for p in paths)
-        v3: dict[str, dict[str, Any]] = {}
-        mirrors: set[str] = set()
-        for p in paths:
-            node = found.get(join_path(path, p).strip("/"))
-            if node is not None and node.doc is not None:
-                v3[p] = node.doc
-                if node.mirrored:
-                    mirrors.add(p)
-        sharded = [p for p, d in v3.items() if d.get("node_type") == "array" and p not in mirrors]
+        nodes = {p: node for p in paths if (node := found.get(join_path(path, p).strip("/"))) is not None}
+        v3 = {p: node.doc for p, node in nodes.items() if node.doc is not None}
+        sharded = [p for p, d in v3.items() if d.get("node_type") == "array" and not nodes[p].mirrored]
         stored = stored_zmetadata(doc, sharded) if sharded else doc
         self._put({key: dump_json(stored, key=key)})
         root = v3.get("")
@@ -533,19 +501,19 @@ class MetadataWriter:
         if node.deleted:
             node = self._written_again(path, key, node, zarray)
         if node.array is not None:
-            self._update(path, key, node, zarray)
+            self._update(path, key, node, node.array, zarray)
             return
         if node.unsharded:
             self._put({key: raw})  # still an unsharded array
             if node.mirrored or self._hierarchy_is_v3():
-                self._mirror(path, zarray)
+                self._mirror(path, {".zarray": zarray})
             return
         cps = self._options.chunks_per_shard.for_array(path, len(zarray["shape"]))
         if cps is None:
             self._put({key: raw})
             self._nodes.set(build_node(path, None, raw))
             if path and self._hierarchy_is_v3():
-                self._mirror(path, zarray)
+                self._mirror(path, {".zarray": zarray})
             return
         layout = ShardLayout.v3(cps, self._options.index_location, "little", self._options.index_checksum)
         self._remove_leftovers(path)
@@ -568,21 +536,16 @@ class MetadataWriter:
         old = node.array
         if old is None and zarray is None and (node.doc or {}).get("node_type") == "group":
             return node
-        if old is not None and zarray is not None:
-            separator = getattr(old.chunk_key_encoding, "separator", None)
-            same_chunks = list(old.chunks or ()) == [int(c) for c in zarray["chunks"]]
-            if same_chunks and v2_dimension_separator(zarray) == separator:
-                return node
-        if old is not None:
-            self._writer.flush(path)
-            if any(chunkish_under(path, k) for k in self._kv.list_prefix(path_prefix(path))):
-                what = "a group" if zarray is None else f"an array with chunks {list(zarray['chunks'])}"
-                raise ConfigurationError(
-                    f"{key}: the chunks of the array whose .zarray was deleted (chunks {list(old.chunks or ())}) "
-                    f"are still stored under {path!r}, and {what} would read its shards; delete those chunks "
-                    "(or the whole path: rmdir, overwrite=True) first",
-                    path,
-                )
+        if old is not None and zarray is not None and _grid_change(old, zarray) is None:
+            return node
+        if old is not None and self._has_chunks(path):
+            what = "a group" if zarray is None else f"an array with chunks {list(zarray['chunks'])}"
+            raise ConfigurationError(
+                f"{key}: the chunks of the array whose .zarray was deleted (chunks {list(old.chunks or ())}) "
+                f"are still stored under {path!r}, and {what} would read its shards; delete those chunks "
+                "(or the whole path: rmdir, overwrite=True) first",
+                path,
+            )
         attrs = (node.doc or {}).get("attributes") or {}
         if attrs:
             attrs_key = join_path(path, ".zattrs")
@@ -599,46 +562,15 @@ class MetadataWriter:
             self._put(dict.fromkeys(stale))
             self._writer.engine.forget()
 
-    def _update(self, path: str, key: str, node: Node, zarray: dict[str, Any]) -> None:
-        """A new ``.zarray`` for a sharded array: same chunks and separator, maybe another shape."""
-        old = node.array
-        if old is None:  # pragma: no cover - the caller checked
-            raise ConfigurationError(f"{key}: {path!r} is not a sharded array", path)
-        separator = v2_dimension_separator(zarray)
-        old_separator = getattr(old.chunk_key_encoding, "separator", None)
-        if separator != old_separator:
-            raise ConfigurationError(
-                f"{key}: cannot change the dimension_separator of a sharded array from "
-                f"{old_separator!r} to {separator!r}; delete the array first",
-                path,
-            )
-        old_chunks = list(old.chunks or ())
-        if [int(c) for c in zarray["chunks"]] != old_chunks:
-            raise ConfigurationError(
-                f"{key}: cannot change the chunks of a sharded array from {old_chunks} to {zarray['chunks']}; "
-                "delete the array first",
-                path,
-            )
+    def _update(self, path: str, key: str, node: Node, old: ShardedArray, zarray: dict[str, Any]) -> None:
+        """A new ``.zarray`` for the sharded array ``old``: same chunks and separator, maybe another shape."""
+        change = _grid_change(old, zarray)
+        if change is not None:
+            raise ConfigurationError(f"{key}: cannot change {change}; delete the array first", path)
         if not node.writable:
             raise ReservedKeyError(key, _READ_ONLY)
         self._writer.flush(path)
         new = old.with_shape(zarray["shape"])
         self._apply(plan_zarray_update(path, node.doc or {}, zarray), {path: new})
-        if (
-            new.shape is not None
-            and old.shape is not None
-            and any(n < o for n, o in zip(new.shape, old.shape, strict=False))
-        ):
-            self._trim(old, new)
-
-    def _trim(self, old: ShardedArray, new: ShardedArray) -> None:
-        """Drop the chunks a shrinking resize left outside the chunk grid."""
-        grid = new.chunk_grid_shape
-        cps = new.chunks_per_shard
-        if grid is None or cps is None or old.shard_grid_shape is None:
-            return
-        affected: dict[str, ShardChange] = {}
-        for coords in itertools.product(*(range(n) for n in old.shard_grid_shape)):
-            if any((s + 1) * c > g for s, c, g in zip(coords, cps, grid, strict=True)):
-                affected[new.shard_key(coords)] = ShardChange(new, coords)
-        self._writer.write_now(affected)
+        if any(n < o for n, o in zip(new.shape or (), old.shape or (), strict=False)):  # the chunks left outside go
+            self._writer.write_now({k: ShardChange(new, c) for k, c in old.shard_keys() if not new.shard_in_grid(c)})

@@ -9,7 +9,8 @@ and no presentable ``zarr.json``, or whose ``zarr.json`` only mirrors its
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from shardkv.errors import ConfigurationError, MetadataError
@@ -28,6 +29,7 @@ PRESENTED = (".zarray", ".zattrs", ".zgroup")
 """The v2 documents a v3 node is presented as."""
 
 _MEMO_LIMIT = 100_000  # parents whose owner is remembered before the memo starts over
+_IS_ARRAY = attrgetter("is_array")  # the owner rule: the first array met, sharded or not, owns the keys below it
 
 
 @dataclass(frozen=True, eq=False)
@@ -104,20 +106,6 @@ def build_node(path: str, raw_json: Any | None, raw_zarray: Any | None = None) -
 
     ``MetadataError`` for a document that is not JSON; as :func:`sharded_array_of` for its sharding.
     """
-    return with_deletes_applied(_build_node(path, raw_json, raw_zarray))
-
-
-def with_deletes_applied(node: Node) -> Node:
-    """``node`` without the presented documents its ``zarr.json`` records as deleted (the rest as it was)."""
-    names = deleted_documents(node.doc) if node.documents or node.array is not None else frozenset()
-    if not names:
-        return node
-    documents = {n: d for n, d in node.documents.items() if n not in names}
-    return replace(node, documents=documents, deleted=frozenset(names))
-
-
-def _build_node(path: str, raw_json: Any | None, raw_zarray: Any | None = None) -> Node:
-    """:func:`build_node` before the record of deleted documents is applied."""
     if raw_json is None:
         return Node(path, unsharded=raw_zarray is not None)
     raw = bytes(raw_json)
@@ -126,35 +114,27 @@ def _build_node(path: str, raw_json: Any | None, raw_zarray: Any | None = None) 
     if raw_zarray is not None and may_mirror(doc):
         load_json(join_path(path, ".zarray"), raw_zarray)
         return Node(path, doc, raw, unsharded=True, mirrored=True)
-    presented, documents = _presented(path, doc)
-    if presented:
-        zarray = presented.get(".zarray")
-    elif raw_zarray is not None:  # a zarr.json stored beside a .zarray (the older layout)
-        zarray = load_json(join_path(path, ".zarray"), raw_zarray)
-    else:
-        zarray = None
-    return _array_node(Node(path, doc, raw, presented, documents), zarray, parsed)
+    return _presented_node(path, doc, raw)
 
 
-def _presented(path: str, doc: dict[str, Any] | None) -> tuple[dict[str, dict[str, Any]], dict[str, bytes]]:
-    """The v2 documents presenting a v3 node, and their JSON bytes (both empty: none, or it cannot be shown)."""
-    if doc is None:
-        return {}, {}
-    try:
-        presented = present(doc, path)
-        return presented, {
-            name: dump_json(d, key=join_path(path, name), strict=name != ".zattrs") for name, d in presented.items()
-        }
-    except MetadataError:
-        return {}, {}
-
-
-def _array_node(node: Node, zarray: Mapping[str, Any] | None, doc: Any) -> Node:
-    """``node`` as the array ``zarray`` describes, sharded as ``doc`` says (unchanged when ``zarray`` is ``None``)."""
-    if zarray is None:
-        return node
-    array = sharded_array_of(node.path, zarray, doc)
-    return replace(node, array=array, unsharded=array is None)
+def _presented_node(path: str, doc: dict[str, Any] | None, raw: bytes, array: ShardedArray | None = None) -> Node:
+    """The node a v3 ``zarr.json`` makes, presented in v2 (``array``: its key mapping, when the writer built it)."""
+    presented: dict[str, dict[str, Any]] = {}
+    documents: dict[str, bytes] = {}
+    if doc is not None:
+        try:
+            presented = present(doc, path)
+            documents = {n: dump_json(d, key=join_path(path, n), strict=n != ".zattrs") for n, d in presented.items()}
+        except MetadataError:  # it cannot be shown in v2
+            presented, documents = {}, {}
+    zarray = presented.get(".zarray")
+    if array is None and zarray is not None:
+        array = sharded_array_of(path, zarray, doc)
+    # presented documents its zarr.json records as deleted are left out
+    deleted = deleted_documents(doc) if documents or array is not None else frozenset()
+    documents = {n: d for n, d in documents.items() if n not in deleted}
+    unsharded = zarray is not None and array is None
+    return Node(path, doc, raw, presented, documents, array, unsharded=unsharded, deleted=deleted)
 
 
 class NodeTable:
@@ -190,14 +170,9 @@ class NodeTable:
             since = self._cache.generation  # a write meanwhile: what is read here is not kept
             found = self._read([join_path(p, ZARR_JSON) for p in missing])
             raw_json = {p: found.get(join_path(p, ZARR_JSON)) for p in missing}
-            built: dict[str, Node] = {}
-            undecided: list[str] = []
-            for p in missing:
-                node = _decided_by_zarr_json(p, raw_json[p])
-                if node is None:
-                    undecided.append(p)
-                else:
-                    built[p] = node
+            built = {p: build_node(p, raw) for p, raw in raw_json.items() if raw is not None}
+            # no zarr.json, or one a .zarray beside it makes a mirror: the .zarray decides
+            undecided = [p for p in missing if p not in built or may_mirror(built[p].doc)]
             if undecided:
                 zarrays = self._read([join_path(p, ".zarray") for p in undecided])
                 for p in undecided:
@@ -210,10 +185,6 @@ class NodeTable:
         """The nodes among ``paths`` that have a v3 ``zarr.json`` (one batch for those not kept)."""
         return {p: n for p, n in self.nodes(paths).items() if n.doc is not None}
 
-    def presented(self, path: str) -> Node | None:
-        """The node at ``path`` if zarr-python 2 sees it through presented documents, else ``None``."""
-        return node if (node := self.node(path)).documents else None
-
     def sharded(self, path: str) -> Node | None:
         """The sharded array node at ``path``, or ``None``."""
         return node if (node := self.node(path)).array is not None else None
@@ -222,19 +193,15 @@ class NodeTable:
         """Record what ``node.path`` now is (the owners of keys may change)."""
         self._cache.set(node.path, node)
 
-    def keep_written(self, path: str, raw: bytes, doc: dict[str, Any], array: ShardedArray | None = None) -> Node:
+    def keep_written(
+        self, path: str, raw: bytes, doc: dict[str, Any], array: ShardedArray | None = None, mirror: bool = False
+    ) -> Node:
         """Record the ``zarr.json`` just written at ``path`` (no read back): the node it makes.
 
-        ``array``: the key mapping the writer built from its ``.zarray``.
+        ``array``: the key mapping the writer built from its ``.zarray``; ``mirror``: the
+        document mirrors the ``.zarray`` of an unsharded array for v3 readers.
         """
-        node = build_node(path, raw) if doc.get("node_type") != "array" else _from_written(path, raw, doc, array)
-        node = with_deletes_applied(node)
-        self.set(node)
-        return node
-
-    def keep_mirror(self, path: str, raw: bytes, doc: dict[str, Any]) -> Node:
-        """Record the ``zarr.json`` mirror just written for the unsharded array at ``path`` (no read back)."""
-        node = Node(path, doc, raw, unsharded=True, mirrored=True)
+        node = Node(path, doc, raw, unsharded=True, mirrored=True) if mirror else _presented_node(path, doc, raw, array)
         self.set(node)
         return node
 
@@ -278,7 +245,7 @@ class NodeTable:
                 self._owners_generation = generation
             if parent in self._owners:
                 return self._owners[parent]
-        walked = self._cache.first(chunk_owner_paths(key), _is_array, self.node)
+        walked = self._cache.first(chunk_owner_paths(key), _IS_ARRAY, self.node)
         owner = None if walked.node is None else walked.node.array  # None for an unsharded array: passed through
         with self.lock:
             if self.generation != generation:  # nodes changed meanwhile: the answer may be stale, keep none
@@ -290,7 +257,7 @@ class NodeTable:
 
     def array_above(self, key: str) -> str | None:
         """The path of the first array (sharded or not) from the root down among all paths above ``key``."""
-        return self._cache.first(list(owner_candidates(key)), _is_array, self.node).path
+        return self._cache.first(list(owner_candidates(key)), _IS_ARRAY, self.node).path
 
     # -- metadata documents as code above the proxy sees them ------------------------------
 
@@ -309,16 +276,9 @@ class NodeTable:
                     rest.append(key)
                 continue
             if name == ZARR_JSON:
-                kept = self._cache.kept([path]).get(path)
-                if kept is not None:
-                    if kept.raw is not None and not kept.hides_zarr_json:
-                        out[key] = kept.raw
-                    continue
-                if self.is_hidden(key):
-                    continue
-                kept = self.node(path)
-                if kept.raw is not None:
-                    out[key] = kept.raw
+                node = self.node(path)
+                if node.raw is not None and not node.hides_zarr_json:
+                    out[key] = node.raw
                 continue
             rest.append(key)
         if rest:
@@ -392,26 +352,3 @@ def present_stored_zmetadata(key: str, raw: bytes, docs: Callable[[list[str]], M
     found = docs([join_path(prefix, p).strip("/") for p in refused])
     by_entry = {p: doc for p in refused if (doc := found.get(join_path(prefix, p).strip("/"))) is not None}
     return dump_json(presented_zmetadata(stored, by_entry), key=key)
-
-
-def _is_array(node: Node) -> bool:
-    """True for the node that owns the chunk keys below it (the owner rule: an array, sharded or not)."""
-    return node.is_array
-
-
-def _decided_by_zarr_json(path: str, raw_json: Any | None) -> Node | None:
-    """The node at ``path`` when its ``zarr.json`` alone decides it (a presented v3 node), else ``None``."""
-    if raw_json is None:
-        return None
-    node = build_node(path, raw_json)
-    if node.doc is not None and may_mirror(node.doc):
-        return None  # a .zarray beside it makes it a mirror: read it too
-    return node if node.documents or node.deleted else None
-
-
-def _from_written(path: str, raw: bytes, doc: dict[str, Any], array: ShardedArray | None) -> Node:
-    """The node of an array ``zarr.json`` shardkv just wrote (its document in hand: no parse)."""
-    presented, documents = _presented(path, doc)
-    if array is not None:
-        return Node(path, doc, raw, presented, documents, array)
-    return _array_node(Node(path, doc, raw, presented, documents), presented.get(".zarray"), doc)

@@ -23,13 +23,12 @@ from shardkv.engine.locks import Mode
 from shardkv.engine.merge import ShardChange, group_by_shard
 from shardkv.engine.options import OptionKeywords, Options
 from shardkv.engine.writeback import WriteBack
-from shardkv.errors import ChunkOutOfGridError, InvalidKeyError, UnflushedWritesError
-from shardkv.keys.paths import join_path, path_prefix, split_key, validate_key, validate_path
+from shardkv.errors import ChunkOutOfGridError, InvalidKeyError, KeyBelowKeyError, UnflushedWritesError
+from shardkv.keys.paths import chunkish_under, join_path, path_prefix, split_key, validate_key, validate_path
 from shardkv.keys.space import ChunkRef, ShardedArray
 from shardkv.metadata.chunks_per_shard import ChunksPerShardOption
 from shardkv.metadata.documents import META_NAMES
-from shardkv.proxy.base import ProxyBase, refuse_zarr3
-from shardkv.proxy.hierarchy import Hierarchy
+from shardkv.proxy.base import ProxyBase, as_buffer, refuse_zarr3
 from shardkv.proxy.listing import (
     ListedKeys,
     base_listing,
@@ -39,19 +38,52 @@ from shardkv.proxy.listing import (
 )
 from shardkv.proxy.metadata_writes import MetadataWriter
 from shardkv.proxy.nodes import NodeTable
-from shardkv.proxy.routing import BATCH_MIN_KEYS, route_batch
-from shardkv.proxy.values import as_buffer
 from shardkv.storage.identity import store_identity
 from shardkv.storage.kv import ANY, KVStore
 from shardkv.storage.local import LocalStore
+from shardkv.storage.mapping import MappingStore
 from shardkv.storage.open import open_kv
 
 ROUTE_MEMO_LIMIT = 16_384
 """Keys whose route one store remembers (a few MiB) before its memo starts over (see ``ShardedStore._route``)."""
 
 
+BATCH_MIN_KEYS = 8
+"""Fewer keys are routed one by one (the batch path's fixed cost is a few microseconds)."""
+
 DEFAULT_THRESHOLD = 16
 """Partial-shard rewrites of one array before :class:`PartialShardWriteWarning` (a 4 x 4 shard chunk by chunk)."""
+
+
+def route_batch(owner: Callable[[str], ShardedArray | None], keys: Sequence[str]) -> list[ChunkRef] | None:
+    """The chunks ``keys`` name when all are in-grid chunk keys of one sharded array, else ``None``.
+
+    Parameters
+    ----------
+    owner : callable
+        The sharded array that owns a (valid) key, or ``None``
+        (:meth:`NodeTable.owner <shardkv.proxy.nodes.NodeTable.owner>`).
+    keys : sequence of str
+        The keys of one call.
+
+    Notes
+    -----
+    The first key is validated and its owner looked up as for one key; the
+    others are checked and located together by
+    :meth:`~shardkv.keys.space.ShardedArray.locate_batch`: a key made of the
+    owner's prefix and canonical chunk coords is a valid key with the same
+    owner. ``None`` (nothing raised) sends the caller to key-by-key routing,
+    which raises the error of the first bad key.
+    """
+    if len(keys) < BATCH_MIN_KEYS:
+        return None
+    first = keys[0]
+    try:
+        validate_key(first)
+    except (TypeError, InvalidKeyError):
+        return None
+    arr = owner(first)
+    return None if arr is None else arr.locate_batch(keys)
 
 
 class PartialShardWriteWarning(UserWarning):
@@ -231,7 +263,8 @@ class ShardedStore(ProxyBase):
         self._kv = kv  # every request to the base store; pickles as the store's location
         self._nodes = NodeTable(self._kv.values)
         self._routes: tuple[int, dict[str, ChunkRef | None]] = (self._nodes.generation, {})  # see _route
-        self._hierarchy = Hierarchy(kv, self._nodes)  # MemoryStore/DirectoryStore rules
+        # zarr 2's MemoryStore/DirectoryStore rules (see _check_set), kept where zarr 2's own stores keep them
+        self._rules_kept = isinstance(kv, (LocalStore, MappingStore))
         self._engine = ShardEngine(self._kv, options)
         # warns once per store about chunk-by-chunk rewrites (write-through), not where updates cost the chunks
         self._advisor = WriteAdvisor(self._engine.writes.rewrites_whole)
@@ -294,11 +327,6 @@ class ShardedStore(ProxyBase):
         routes[key] = ref
         return ref
 
-    def _locate(self, key: str) -> ChunkRef | None:
-        """:meth:`_route` of a key taken as it is: not validated, not memoised (listed names, see :meth:`_sizes`)."""
-        arr = self._nodes.owner(key)
-        return None if arr is None else arr.locate(key)
-
     # -- reads ----------------------------------------------------------------
 
     def getitems(self, keys: Sequence[str], *, contexts: Any = None) -> dict[str, bytes | memoryview]:
@@ -320,14 +348,9 @@ class ShardedStore(ProxyBase):
         refs = route_batch(self._nodes.owner, keys)
         out: dict[str, Any] = {}
         if refs is None:
-            plain: list[str] = []
-            refs = []
-            for key in keys:
-                ref = self._route(key)
-                if ref is not None:
-                    refs.append(ref)
-                else:
-                    plain.append(key)
+            routed = {key: self._route(key) for key in keys}
+            refs = [ref for ref in routed.values() if ref is not None]
+            plain = [key for key, ref in routed.items() if ref is None]
             if plain:
                 out.update(self._read_plain(plain))
         out.update(self._writer.read_chunks(refs))
@@ -356,16 +379,11 @@ class ShardedStore(ProxyBase):
             As :meth:`getitems`.
         """
         ref = self._route(key)
-        if ref is None:
-            value = self._read_plain([key]).get(key)
-            if value is None:
-                raise KeyError(key)
-            return value
-        found = self._writer.read_chunks([ref])
+        found: Mapping[str, Any] = self._read_plain([key]) if ref is None else self._writer.read_chunks([ref])
         if key not in found:
             raise KeyError(key)
         value = found[key]
-        return value if type(value) is bytes else bytes(as_buffer(key, value))
+        return value if ref is None or type(value) is bytes else bytes(as_buffer(key, value))
 
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, str):
@@ -421,7 +439,7 @@ class ShardedStore(ProxyBase):
                 self._metadata.delete(key)  # a sharded array's .zarray takes its zarr.json along
             elif self._kv.contains(key):
                 self._kv.delete(key)
-            elif self._hierarchy.deletes_subtree(key):  # a path: MemoryStore/DirectoryStore delete what it holds
+            elif self._deletes_subtree(key):  # a path: MemoryStore/DirectoryStore delete what it holds
                 self.rmdir(key)
             else:
                 raise KeyError(key)
@@ -449,7 +467,7 @@ class ShardedStore(ProxyBase):
     def _apply(self, changes: Mapping[str, bytes | memoryview | None], routed: Mapping[str, ChunkRef | None]) -> None:
         """Write ``changes`` (``None``: delete) of keys routed one by one (``routed``: each key's chunk or ``None``)."""
         stored = [key for key, value in changes.items() if value is not None and routed[key] is None]
-        for path in self._hierarchy.check_set(stored) if stored else ():  # raises before anything is written
+        for path in self._check_set(stored) if stored else ():  # raises before anything is written
             self.rmdir(path)  # keys in the way of a value are replaced, as in zarr 2's own stores
         plain: dict[str, bytes | memoryview | None] = {}
         located: list[ChunkRef] = []
@@ -471,6 +489,45 @@ class ShardedStore(ProxyBase):
         self._writer.write(group_by_shard(located, located_values))
         if None in located_values:
             self._after_chunk_deletes([ref for ref, v in zip(located, located_values, strict=True) if v is None])
+
+    # -- zarr 2's MemoryStore/DirectoryStore rules: a key is a value or a path holding keys, never both --------
+
+    def _chunk_of_array(self, key: str) -> bool:
+        """True when ``key`` is chunk-like under an array the node table knows (never checked: it costs requests)."""
+        if split_key(key)[1] in META_NAMES:
+            return False
+        path = self._nodes.array_above(key)
+        return path is not None and chunkish_under(path, key)
+
+    def _has_keys_under(self, key: str) -> bool:
+        """True when keys are stored under ``key/`` in the base store."""
+        if isinstance(self._kv, LocalStore):  # one directory listing, not a walk (a file lists nothing)
+            keys, dirs = self._kv.list_dir(path_prefix(key))
+            return bool(keys or dirs)
+        return next(iter(self._kv.list_prefix(path_prefix(key))), None) is not None
+
+    def _check_set(self, keys: Iterable[str]) -> list[str]:
+        """Check that ``keys`` may be stored; return those whose ``key/`` subtree they replace.
+
+        ``KeyBelowKeyError`` if a key lies below a stored key (nothing has been written).
+        """
+        if not self._rules_kept:
+            return []
+        replaced: list[str] = []
+        for key in keys:
+            if self._chunk_of_array(key):
+                continue
+            parts = key.split("/")[:-1]
+            for above in ("/".join(parts[:i]) for i in range(1, len(parts) + 1)):
+                if self._kv.contains(above):
+                    raise KeyBelowKeyError(key, above)
+            if split_key(key)[1] not in META_NAMES and self._has_keys_under(key):
+                replaced.append(key)
+        return replaced
+
+    def _deletes_subtree(self, key: str) -> bool:
+        """True when deleting the missing key ``key`` means deleting the keys under it (a path)."""
+        return self._rules_kept and not self._chunk_of_array(key) and self._has_keys_under(key)
 
     def _after_chunk_deletes(self, refs: Iterable[ChunkRef]) -> None:
         """Let arrays whose ``.zarray`` and ``.zattrs`` were deleted go with their last chunk."""
@@ -528,12 +585,9 @@ class ShardedStore(ProxyBase):
             grid = arr.shard_grid_shape
             if coords is not None and (grid is None or all(c < n for c, n in zip(coords, grid, strict=True))):
                 stored.setdefault(arr.path, []).append(key)
-        reclaimed = 0
-        for array_path in sorted(stored) if path is None else [path]:
-            arr = self.sharded_array(array_path)
-            if arr is not None:
-                reclaimed += self._engine.writes.compact(arr, sorted(stored.get(array_path, [])))
-        return reclaimed
+        wanted = sorted(stored) if path is None else [path]
+        arrays = {p: arr for p in wanted if (arr := self.sharded_array(p)) is not None}
+        return sum(self._engine.writes.compact(arr, sorted(stored.get(p, []))) for p, arr in arrays.items())
 
     def __iter__(self) -> Iterator[str]:
         """Every key, listed when ``iter`` is called (one enumeration; later writes do not change it)."""
@@ -610,8 +664,9 @@ class ShardedStore(ProxyBase):
         refs: list[ChunkRef] = []
         out: dict[str, int] = {}
         for key in keys:
+            arr = self._nodes.owner(key)  # a listed name taken as it is: not validated, not memoised
             try:
-                ref = self._locate(key)
+                ref = None if arr is None else arr.locate(key)
             except InvalidKeyError:  # not a chunk of its array (out of grid, a sub-path): nothing stored
                 continue
             if ref is not None:

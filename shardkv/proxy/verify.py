@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from math import prod
 from typing import Any
 
@@ -20,19 +20,19 @@ from shardkv.engine.locks import lock_prefix
 from shardkv.errors import ConfigurationError, CorruptShardError
 from shardkv.keys.paths import is_chunk_segment, join_path, owning_array, split_key
 from shardkv.keys.space import ShardedArray
-from shardkv.metadata.documents import NODE_DOCUMENTS, ZARR_JSON, is_draft_entry_point, load_json, unreadable_documents
+from shardkv.metadata.documents import META_NAMES, NODE_DOCUMENTS, ZARR_JSON, load_json, unreadable_documents
 from shardkv.metadata.hierarchy import group_paths
 from shardkv.metadata.v2_view import unusable_sharding
 from shardkv.proxy.base import ProxyBase
 from shardkv.proxy.draft import DraftShardedStore, draft_options
-from shardkv.proxy.nodes import Node, build_node
+from shardkv.proxy.nodes import build_node
+from shardkv.proxy.open import is_draft_hierarchy
 from shardkv.storage.kv import ANY, LOCK_DIR, KVStore
 from shardkv.storage.local import DEFAULT_TEMP_AGE
 from shardkv.storage.local_tail import recorded_append
 from shardkv.storage.open import open_kv
 from shardkv.transformers import DATA_ROOT
 
-_META = (".zarray", ZARR_JSON)
 _UNKNOWN_CHUNK_LIMIT = 2**30  # bytes a chunk of no fixed size (object dtype) may decode to in verify --decode
 
 
@@ -110,20 +110,12 @@ class VerifyReport:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable summary (the CLI's ``--json`` output)."""
-        return {
-            "ok": self.ok,
-            "shards": len(self.shards),
-            "damaged": [
-                {"shard_key": s.shard_key, "array": s.array_path, "nbytes": s.nbytes, "problems": s.problems}
-                for s in self.damaged
-            ],
-            "stray_keys": self.stray_keys,
-            "orphan_keys": self.orphan_keys,
-            "stale_temporaries": self.stale_temporaries,
-            "unreadable_metadata": self.unreadable_metadata,
-            "kept_keys": self.kept_keys,
-            "removed": self.removed,
-        }
+        damaged = [
+            {"shard_key": s.shard_key, "array": s.array_path, "nbytes": s.nbytes, "problems": s.problems}
+            for s in self.damaged
+        ]
+        found = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "shards"}
+        return {"ok": self.ok, "shards": len(self.shards), "damaged": damaged, **found}
 
 
 # -- the store --------------------------------------------------------------------------
@@ -131,9 +123,7 @@ class VerifyReport:
 
 def _kv_of(store: Any) -> KVStore:
     """The :class:`KVStore` of a proxy's base store (never the proxy as a mapping), or of a store itself."""
-    if isinstance(store, ProxyBase):
-        return open_kv(store.base)
-    return open_kv(store)
+    return open_kv(store.base if isinstance(store, ProxyBase) else store)
 
 
 def find_stale_temporaries(store: Any, min_age_seconds: float = DEFAULT_TEMP_AGE) -> list[str]:
@@ -304,14 +294,6 @@ def _numcodecs_config(codec: Any) -> dict[str, Any] | None:
     return {"id": str(codec["codec"]).rstrip("/").split("/")[-2], **(codec.get("configuration") or {})}
 
 
-def _node(path: str, raw_json: Any, raw_zarray: Any) -> Node | str:
-    """The node a stored ``zarr.json`` (and ``.zarray``) makes, or why its sharding cannot be used."""
-    try:
-        return build_node(path, raw_json, raw_zarray)
-    except (ConfigurationError, NotImplementedError) as exc:  # MetadataError is a ConfigurationError
-        return " ".join(str(exc).split())
-
-
 def _v2_nodes(
     kv: KVStore, keys: list[str], report: VerifyReport
 ) -> tuple[set[str], dict[str, ShardedArray | None], dict[str, dict[str, Any]], set[str], set[str]]:
@@ -320,8 +302,7 @@ def _v2_nodes(
     Kept nodes are those whose keys are never garbage (v3 arrays shardkv does not
     check, nodes whose documents cannot be read: reported in ``report``).
     """
-    meta_keys = [k for k in keys if split_key(k)[1] in NODE_DOCUMENTS]
-    docs = kv.values(meta_keys)  # the stored documents
+    docs = kv.values([k for k in keys if split_key(k)[1] in NODE_DOCUMENTS])  # the stored documents
     report.unreadable_metadata = unreadable_documents(docs)
     array_paths = {split_key(k)[0] for k in docs if split_key(k)[1] == ".zarray"}
     groups = {split_key(k)[0] for k in docs if split_key(k)[1] == ".zgroup"}
@@ -333,9 +314,10 @@ def _v2_nodes(
         if name != ZARR_JSON or key in report.unreadable_metadata:
             continue
         zarray_key = join_path(path, ".zarray")
-        node = _node(path, raw, docs.get(zarray_key) if zarray_key not in report.unreadable_metadata else None)
-        if isinstance(node, str):
-            report.unreadable_metadata[key] = node
+        try:
+            node = build_node(path, raw, docs.get(zarray_key) if zarray_key not in report.unreadable_metadata else None)
+        except (ConfigurationError, NotImplementedError) as exc:  # why its sharding cannot be used
+            report.unreadable_metadata[key] = " ".join(str(exc).split())
             continue
         # presented, deleted from zarr 2's view or not (shardkv.v2_deleted): its shards are checked all the same
         if ".zgroup" in node.presented:
@@ -344,27 +326,17 @@ def _v2_nodes(
             array_paths.add(path)
             arrays[path] = node.array
             if node.array is not None:
-                zarrays[path] = node.presented.get(".zarray") or load_json(zarray_key, docs[zarray_key])
+                zarrays[path] = node.presented[".zarray"]
             continue
-        doc = node.doc
-        reason = unusable_sharding(doc, path) if doc is not None else None
+        reason = None if node.doc is None else unusable_sharding(node.doc, path)
         if reason is not None:
             report.unreadable_metadata[key] = reason
-        elif doc is not None and doc.get("node_type") == "array":
+        elif (node.doc or {}).get("node_type") == "array":
             kept_nodes.add(path)
     damaged_nodes = {split_key(k)[0] for k in report.unreadable_metadata}
     array_paths -= damaged_nodes
     kept_nodes |= damaged_nodes
     return array_paths, arrays, zarrays, groups, kept_nodes
-
-
-def _root_document(kv: KVStore) -> Any:
-    """The root ``zarr.json``, parsed (``None`` when missing or not JSON: then no draft entry point)."""
-    raw = kv.values([ZARR_JSON]).get(ZARR_JSON)
-    try:
-        return None if raw is None else load_json(ZARR_JSON, raw)
-    except ConfigurationError:
-        return None
 
 
 def verify_store(
@@ -414,7 +386,7 @@ def verify_store(
     kv = _kv_of(store)
     keys = sorted(kv.list_prefix(""))
     report = VerifyReport()
-    if ZARR_JSON in keys and is_draft_entry_point(_root_document(kv)):
+    if ZARR_JSON in keys and is_draft_hierarchy(kv):
         arrays, zarrays, kept_nodes = _draft_arrays(kv, keys, report)
         array_paths, groups = set(arrays) - kept_nodes, set[str]()
     else:
@@ -429,7 +401,7 @@ def verify_store(
         if progress is not None:
             progress(done, len(keys))
         path, name = split_key(key)
-        if name in _META or name in (".zattrs", ".zgroup", ".zmetadata"):
+        if name in META_NAMES:
             continue
         if kept_nodes and any(g in kept_nodes for g in group_paths(key)):
             report.kept_keys.append(key)  # its node cannot be read (or is not shardkv's): not provably garbage
@@ -463,12 +435,9 @@ def verify_store(
             continue
         blob = bytes(result.whole())
         shard = ShardReport(key, owner, nbytes=len(blob))
-        decoder = None
-        if decode:
-            if owner not in decoders:
-                decoders[owner] = _v2_decoder(zarrays[owner], join_path(owner, ".zarray"))
-            decoder = decoders[owner]
-        _check_shard(shard, blob, arr, decoder)
+        if decode and owner not in decoders:
+            decoders[owner] = _v2_decoder(zarrays[owner], join_path(owner, ".zarray"))
+        _check_shard(shard, blob, arr, decoders.get(owner))
         if shard.problems:
             note = _interrupted_append(kv, key, arr)
             if note is not None:
