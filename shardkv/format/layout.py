@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from math import prod
 from typing import Literal
 
-import crc32c as _crc32c
+import google_crc32c
 import numpy as np
 
 from shardkv._types import BytesLike
@@ -216,7 +216,9 @@ IndexLocation = Literal["start", "end"]
 Endian = Literal["little", "big"]
 
 
-crc32c_of = _crc32c.crc32c  # CRC32C (Castagnoli) of bytes as an unsigned 32-bit int
+def crc32c_of(data: BytesLike, value: int = 0) -> int:
+    """CRC32C (Castagnoli) of ``data`` continuing ``value``, an unsigned 32-bit int (google-crc32c reads bytes only)."""
+    return google_crc32c.extend(value, data if type(data) is bytes else bytes(data))
 
 
 def chunk_nbytes_bound(chunk_shape: Sequence[int], itemsize: int | None) -> int | None:
