@@ -3,8 +3,10 @@
 A fresh interpreter (a subprocess) reports the modules it has imported: the
 package's public names are imported on first use, and ``shardkv --help``
 builds every command's parser without importing numpy, a codec library,
-fsspec, zarr, dask or the proxies, and the numpy a command loads starts no
-BLAS thread (each spins for a while on load).
+fsspec, zarr, dask or the proxies; ``shardkv convert`` checksums its shard
+indexes without ``importlib.metadata`` (the crc32c package reads its own version
+with it at import: about 0.1 s), and the numpy a command loads starts no BLAS
+thread (each spins for a while on load).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import crc32c
 import numpy as np
 import pytest
 import zarr
@@ -70,6 +73,20 @@ def test_a_command_loads_numpy_without_blas_threads(tmp_path: Path) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True, env=env
     )
     assert proc.stdout.split()[-2:] == ["True", "0"]  # numpy loaded; no thread Python does not know of
+
+
+def test_convert_and_an_index_checksum_import_no_importlib_metadata() -> None:
+    code = (
+        "import sys, shardkv.cli.convert\n"
+        "from shardkv.format.layout import ShardIndex, ShardLayout\n"
+        "print(ShardLayout.v3((2, 2)).encode_index(ShardIndex.empty((2, 2))).hex())\n"
+        "print(sorted(sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    index, modules = proc.stdout.splitlines()
+    raw = bytes.fromhex(index)
+    assert int.from_bytes(raw[-4:], "little") == crc32c.crc32c(raw[:-4])  # a checksum was computed
+    assert "'importlib.metadata'" not in modules
 
 
 @pytest.mark.parametrize("name", sorted(set(shardkv.__all__) - {"__version__"}))

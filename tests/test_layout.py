@@ -337,3 +337,13 @@ def test_encode_shard_places_chunks_the_same_with_or_without_the_positions_memo(
     assert reference_read(shard, *_params(layout)) == {(int(i), int(j)): v for (i, j), v in chunks.items()}
     with pytest.raises(ConfigurationError, match="outside chunks_per_shard"):
         layout.encode_shard({**chunks, (cps[0], 0): b"x"})
+
+
+@settings(max_examples=50, deadline=None)
+@given(data=st.binary(max_size=4096), start=st.integers(0, 2**32 - 1), kind=st.sampled_from(["bytes", "view", "array"]))
+def test_crc32c_of_agrees_with_the_crc32c_package_on_every_buffer(data: bytes, start: int, kind: str) -> None:
+    from shardkv.format.layout import crc32c_of
+
+    buffer = {"bytes": data, "view": memoryview(bytearray(data)), "array": np.frombuffer(data, dtype="u1")}[kind]
+    assert crc32c_of(buffer) == crc32c.crc32c(data)
+    assert crc32c_of(buffer, start) == crc32c.crc32c(data, start)  # continuing a checksum, as parts are checksummed

@@ -52,7 +52,7 @@ def _crc32c_fallback() -> Callable[[bytes], int]:
 
 def _crc32c_function() -> Callable[[bytes], int]:
     try:
-        from crc32c import crc32c
+        from google_crc32c import value as crc32c
     except ImportError:  # the package is optional: indexes repeat, so the slow path runs a few times only
         return _crc32c_fallback()
     return lambda data: int(crc32c(data))
