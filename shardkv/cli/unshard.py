@@ -2,7 +2,7 @@
 
 The source is a hierarchy whose arrays are sharded the way shardkv shards
 them (a v3 ``zarr.json`` with the ``sharding_indexed`` codec, read with the
-``.zarray`` presented from it; the older layout kept a ``.zarray`` beside it).
+``.zarray`` presented from it).
 Each shard is read whole, its index decoded, and every present inner chunk is
 written as stored (never decoded) to the chunk key zarr-python 2 expects (``path/1.7``, or ``path/1/7`` with the ``/``
 separator). Inner chunks outside the array's chunk grid are skipped and
