@@ -129,7 +129,8 @@ class MappingStore(KVStore):
             if setitems is not None:
                 setitems(stores)
             else:
-                self.mapping.update(stores)
+                for k, v in stores.items():  # not dict.update, which skips a dict subclass's __setitem__
+                    self.mapping[k] = v
         for k in [k for k, v in values.items() if v is None]:
             with contextlib.suppress(KeyError):
                 del self.mapping[k]
