@@ -159,12 +159,13 @@ def test_encode_shard_byte_exact(make) -> None:
     assert reference_read(shard, *_params(layout)) == chunks
 
 
+@pytest.mark.parametrize("cps", [(3,), (65, 65)], ids=["small", "over-memoised-positions"])
 @pytest.mark.parametrize("make", LAYOUTS)
-def test_empty_shard_is_just_the_index(make) -> None:
-    layout = make((3,))
+def test_empty_shard_is_just_the_index(make, cps: tuple[int, ...]) -> None:
+    layout = make(cps)
     shard = layout.encode_shard({})
     assert len(shard) == layout.index_nbytes
-    assert reference_entries(shard, layout) == [(EMPTY, EMPTY)] * 3
+    assert reference_entries(shard, layout) == [(EMPTY, EMPTY)] * prod(cps)
     assert layout.index_of_shard(shard, "k").is_empty()
 
 

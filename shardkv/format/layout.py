@@ -460,7 +460,8 @@ class ShardLayout:
         try:
             if positions is not None:
                 return np.fromiter(map(positions.__getitem__, order), dtype=np.intp, count=len(order))
-            return np.asarray(np.ravel_multi_index(np.array(order, dtype=np.intp).T, cps))
+            coords = np.array(order, dtype=np.intp).reshape(len(order), len(cps))  # (0, ndim) for no chunk
+            return np.asarray(np.ravel_multi_index(coords.T, cps))
         except (KeyError, TypeError, ValueError, OverflowError):  # a coord outside the shard: named below
             pass
         for local in order:
