@@ -99,6 +99,17 @@ def test_a_stale_zarray_beside_a_v3_array_is_not_what_zarr_2_sees(base: dict) ->
     assert json.loads(ShardedStore(base)["g/sharded/.zarray"])["chunks"] == [2, 2]
 
 
+def test_a_zarray_beside_a_zarr_json_zarr_2_is_not_shown_is_that_array_and_its_chunks_stay() -> None:
+    # a v3 array with default chunk keys cannot be shown in v2; the plain v2 array beside it is what zarr 2 sees
+    v3 = {"zarr_format": 3, "node_type": "array", "shape": [4], "data_type": "uint8", "fill_value": 0}
+    v3 |= {"chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [4]}}, "attributes": {}}
+    v3 |= {"chunk_key_encoding": {"name": "default"}, "codecs": [{"name": "bytes"}]}
+    base = {"a/.zarray": zarray(shape=(4,), chunks=(4,)), "a/0": b"\1" * 4, "a/zarr.json": json.dumps(v3).encode()}
+    assert table(base).node("a").unsharded
+    ShardedStore(base, chunks_per_shard=2)["a/.zarray"] = zarray(shape=(8,), chunks=(4,))  # a resize
+    assert base["a/0"] == b"\1" * 4 and json.loads(base["a/.zarray"])["shape"] == [8]
+
+
 def test_a_zarr_json_that_is_not_json_is_refused(base: dict) -> None:
     base["g/sharded/zarr.json"] = b"{not json"
     with pytest.raises(ConfigurationError, match="g/sharded"):

@@ -9,7 +9,7 @@ and no presentable ``zarr.json``, or whose ``zarr.json`` only mirrors its
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Any
 
@@ -114,7 +114,11 @@ def build_node(path: str, raw_json: Any | None, raw_zarray: Any | None = None) -
     if raw_zarray is not None and may_mirror(doc):
         load_json(join_path(path, ".zarray"), raw_zarray)
         return Node(path, doc, raw, unsharded=True, mirrored=True)
-    return _presented_node(path, doc, raw)
+    node = _presented_node(path, doc, raw)
+    if raw_zarray is not None and not node.documents and not node.deleted:  # a zarr.json zarr 2 is not shown
+        load_json(join_path(path, ".zarray"), raw_zarray)  # beside a .zarray: that array, kept as stored
+        return replace(node, unsharded=True)
+    return node
 
 
 def _presented_node(path: str, doc: dict[str, Any] | None, raw: bytes, array: ShardedArray | None = None) -> Node:
@@ -135,6 +139,11 @@ def _presented_node(path: str, doc: dict[str, Any] | None, raw: bytes, array: Sh
     documents = {n: d for n, d in documents.items() if n not in deleted}
     unsharded = zarray is not None and array is None
     return Node(path, doc, raw, presented, documents, array, unsharded=unsharded, deleted=deleted)
+
+
+def _decides(node: Node) -> bool:
+    """Whether a node built from its ``zarr.json`` alone is what zarr 2 sees (it presents or deletes documents)."""
+    return bool(node.documents or node.deleted)
 
 
 class NodeTable:
@@ -171,8 +180,8 @@ class NodeTable:
             found = self._read([join_path(p, ZARR_JSON) for p in missing])
             raw_json = {p: found.get(join_path(p, ZARR_JSON)) for p in missing}
             built = {p: build_node(p, raw) for p, raw in raw_json.items() if raw is not None}
-            # no zarr.json, or one a .zarray beside it makes a mirror: the .zarray decides
-            undecided = [p for p in missing if p not in built or may_mirror(built[p].doc)]
+            # no zarr.json, one a .zarray beside it makes a mirror, or one that presents nothing: the .zarray decides
+            undecided = [p for p in missing if p not in built or may_mirror(built[p].doc) or not _decides(built[p])]
             if undecided:
                 zarrays = self._read([join_path(p, ".zarray") for p in undecided])
                 for p in undecided:
