@@ -40,8 +40,11 @@ def shard_chunk_keys(
     form = arr.chunk_key_form
     n_present = int(np.count_nonzero(mask))
     if form is None or n_present * 8 < mask.size:  # 0-d, or a sparse shard: build only the stored keys
-        offset = np.asarray([r.start for r in extent], dtype=np.int64)
-        return [arr.chunk_key(row) for row in (np.argwhere(mask) + offset).tolist()]
+        rows = (np.argwhere(mask) + np.asarray([r.start for r in extent], dtype=np.int64)).tolist()
+        if form is None:
+            return [arr.chunk_key(row) for row in rows]
+        head, sep = form
+        return [head + sep.join(map(str, row)) for row in rows]
     keys = _product_keys(*form, [[str(c) for c in r] for r in extent])
     if n_present == mask.size:
         return keys
