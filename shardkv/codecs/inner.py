@@ -260,17 +260,19 @@ class Crc32cCodec(Codec):
         return {"id": "crc32c"}  # numcodecs CRC32C: little-endian checksum at the end, as v3
 
     def encode(self, data: bytes | memoryview) -> bytes:
-        return bytes(data) + crc32c_of(data).to_bytes(4, "little")
+        body = bytes(data)  # one copy, which the checksum reads too
+        return body + crc32c_of(body).to_bytes(4, "little")
 
     def decode(self, data: bytes | memoryview, key: str = "") -> bytes:
         view = memoryview(data).cast("B")
         if len(view) < 4:
             raise CorruptShardError(key, f"crc32c needs at least 4 bytes, got {len(view)}")
         stored = int.from_bytes(view[-4:], "little")
-        computed = crc32c_of(view[:-4])
+        body = bytes(view[:-4])  # one copy, which the checksum reads too
+        computed = crc32c_of(body)
         if stored != computed:
             raise ChecksumError(key, stored, computed, what="inner chunk")
-        return bytes(view[:-4])
+        return body
 
 
 def numcodecs_codec(config: Mapping[str, Any], what: str) -> Any:
