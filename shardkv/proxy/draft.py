@@ -556,7 +556,8 @@ class DraftShardedStore(ProxyBase):
         """Bytes stored under ``path`` (shards, not logical chunks), as zarr 2.18 sums them."""
         path = validate_path(path)
         keys = self._api.list_prefix(DATA_ROOT + path) + self._api.list_prefix(META_ROOT + path)
-        return sum(len(v) for v in self._api.get_partial_values([(k, ByteRange(0)) for k in keys]) if v is not None)
+        sizes = (self._api.get_partial_values([(k, ByteRange(0))])[0] for k in keys)  # one value held at a time
+        return sum(len(v) for v in sizes if v is not None)
 
     # -- zarr-python 2.18 StoreV3 protocol ----------------------------------------------------------
 
