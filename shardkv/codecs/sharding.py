@@ -261,15 +261,18 @@ class ShardingCodec(Codec):
         index = self.read_index(read_range, shape, shard_key=shard_key)
         if index is None:
             return _drop_axes(out, drop)
-        touched = [np.unique(ix // c).tolist() for ix, c in zip(per_dim, self.chunk_shape, strict=True)]
+        # per dimension: each touched chunk's positions in out (found once, not once per chunk of the product)
+        touched = [
+            {i: np.nonzero(ix // c == i)[0] for i in np.unique(ix // c).tolist()}
+            for ix, c in zip(per_dim, self.chunk_shape, strict=True)
+        ]
         for local in itertools.product(*touched):
             entry = index.get(local)
             if entry is None:
                 continue
             offset, nbytes = entry
             key = f"{shard_key} inner chunk {local}"
-            # per dimension: the positions in out, and the coords inside the chunk
-            pos = [np.nonzero(ix // c == i)[0] for ix, c, i in zip(per_dim, self.chunk_shape, local, strict=True)]
+            pos = [positions[i] for positions, i in zip(touched, local, strict=True)]
             in_sel = [ix[p] - i * c for ix, p, c, i in zip(per_dim, pos, self.chunk_shape, local, strict=True)]
             out_ix = np.ix_(*pos)
             inner = self.codecs.array_to_bytes
