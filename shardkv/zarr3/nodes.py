@@ -102,7 +102,7 @@ class NodeTable:
     def __init__(self, base: Store, options: Options) -> None:
         self.base = base
         self.options = options
-        self.cache: NodeCache[Node] = NodeCache()  # forget_under(path) and clear() after deletes
+        self.cache: NodeCache[Node] = NodeCache()  # forget_under(path) after deletes, ("") on refresh
         self._routes: tuple[int, dict[str, ChunkRef | None]] = (self.cache.generation, {})  # see route
 
     # -- node kinds ---------------------------------------------------------------
