@@ -115,7 +115,7 @@ def build_node(path: str, raw_json: Any | None, raw_zarray: Any | None = None) -
         load_json(join_path(path, ".zarray"), raw_zarray)
         return Node(path, doc, raw, unsharded=True, mirrored=True)
     node = _presented_node(path, doc, raw)
-    if raw_zarray is not None and not node.documents and not node.deleted:  # a zarr.json zarr 2 is not shown
+    if raw_zarray is not None and not _decides(node):  # a zarr.json zarr 2 is not shown
         load_json(join_path(path, ".zarray"), raw_zarray)  # beside a .zarray: that array, kept as stored
         return replace(node, unsharded=True)
     return node
