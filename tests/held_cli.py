@@ -78,7 +78,12 @@ def _hold_after(n_shards: int) -> None:
 
 
 if __name__ == "__main__":  # not when the worker processes of --workers import this module
+    import signal
+
     from shardkv.cli.main import main
 
+    # Ctrl-C as at a terminal, even when the test run was started in the background, where the shell
+    # ignores SIGINT and this process would inherit that (Python then installs no KeyboardInterrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     _hold_after(int(sys.argv[1]))
     sys.exit(main(sys.argv[2:]))
