@@ -1,4 +1,8 @@
-"""ShardIndex: the (offset, nbytes) table of one shard, its empty marker and its validation."""
+"""ShardIndex: the (offset, nbytes) table of one shard, its empty marker and its validation.
+
+The entries are a flat ``array('Q')``; ``entries`` is a numpy view of the same
+memory: a write through either is seen through the other.
+"""
 
 from __future__ import annotations
 
@@ -72,6 +76,36 @@ def test_single_pair_is_a_0d_index() -> None:
 
 def test_empty_marker_value() -> None:
     assert EMPTY == np.uint64(FULL)
+
+
+def test_entries_is_a_writable_view_of_the_same_memory() -> None:
+    index = ShardIndex.empty((2, 3))
+    index.entries[1, 2] = (100, 7)  # numpy writes, get reads
+    assert index.get((1, 2)) == (100, 7)
+    index.set((0, 1), 2**63, 1)  # set writes, numpy reads
+    assert index.entries[0, 1].tolist() == [2**63, 1]
+    assert index.nbytes == index.entries.nbytes == 2 * 3 * 16
+
+
+def test_an_index_from_entries_is_a_copy() -> None:
+    entries = np.full((2, 2), FULL, dtype=np.uint64)
+    index = ShardIndex(entries)
+    entries[0] = (0, 4)
+    assert index.get((0,)) is None
+
+
+@pytest.mark.parametrize(
+    "cps", [pytest.param((2, 3), id="positions-memoised"), pytest.param((128, 64), id="positions-computed")]
+)
+@pytest.mark.parametrize("local", [(-1, 0), (0, -1), (0,), (0, 0, 0), (0.5, 0), "past-the-end"])
+def test_get_and_set_refuse_coords_outside_the_shard(cps: tuple[int, int], local: object) -> None:
+    coords = (cps[0], 0) if local == "past-the-end" else local
+    index = ShardIndex.empty(cps)
+    with pytest.raises(IndexError, match="outside chunks_per_shard"):
+        index.get(coords)  # type: ignore[arg-type]
+    with pytest.raises(IndexError, match="outside chunks_per_shard"):
+        index.set(coords, 0, 1)  # type: ignore[arg-type]
+    assert index.is_empty()
 
 
 # -- validate -------------------------------------------------------------------

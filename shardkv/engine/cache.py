@@ -99,7 +99,7 @@ class IndexCache:
 
     def put(self, shard_key: str, index: ShardIndex, generation: Hashable = None, size: int | None = None) -> None:
         """Cache an index with its shard's generation and size (bytes) if known, evicting beyond the limit."""
-        nbytes = index.entries.nbytes
+        nbytes = index.nbytes
         with self._lock:
             self._drop(shard_key)
             if nbytes > self.max_bytes:
@@ -108,7 +108,7 @@ class IndexCache:
             self._nbytes += nbytes
             while self._nbytes > self.max_bytes:
                 _, evicted = self._entries.popitem(last=False)
-                self._nbytes -= evicted.index.entries.nbytes
+                self._nbytes -= evicted.index.nbytes
 
     def discard(self, shard_key: str) -> None:
         """Forget one shard's index."""
@@ -124,4 +124,4 @@ class IndexCache:
     def _drop(self, shard_key: str) -> None:
         entry = self._entries.pop(shard_key, None)
         if entry is not None:
-            self._nbytes -= entry.index.entries.nbytes
+            self._nbytes -= entry.index.nbytes

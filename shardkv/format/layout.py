@@ -22,20 +22,25 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 import os
+import sys
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from math import prod
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import google_crc32c
-import numpy as np
 
 from shardkv._types import BytesLike
 from shardkv.errors import ChecksumError, ConfigurationError, CorruptShardError
 from shardkv.format.ranges import ByteRange
 
-EMPTY = np.uint64(2**64 - 1)
+if TYPE_CHECKING:
+    import numpy as np
+
+EMPTY = 2**64 - 1
 """The value of both ``offset`` and ``nbytes`` for an empty inner chunk."""
 
 MAX_SHARD_NBYTES = 2**43
@@ -60,18 +65,46 @@ Default ``2**24`` (a 256 MiB index); set per process by the environment
 variable ``SHARDKV_MAX_CHUNKS_PER_SHARD`` (read on import).
 """
 
-_MAX = np.uint64(MAX_SHARD_NBYTES)
-_EMPTY_INT = int(EMPTY)  # EMPTY as the Python int ``ndarray.item`` gives
+_ENTRY = "Q"  # the array type code of an index entry field: unsigned 64 bits on every platform CPython runs on
+if array(_ENTRY).itemsize != 8:
+    raise ImportError(f"array type code {_ENTRY!r} is not 64 bits on this platform: shard indexes cannot be held")
+
+_POSITIONS_MAX_CHUNKS = 4096  # shards of at most this many chunks have their index positions memoised
+
+
+@functools.lru_cache(maxsize=16)
+def _positions(chunks_per_shard: tuple[int, ...]) -> dict[tuple[int, ...], int] | None:
+    """Local coords -> row-major position in the index, for shards of few chunks (else ``None``)."""
+    if prod(chunks_per_shard) > _POSITIONS_MAX_CHUNKS:
+        return None
+    return {coords: i for i, coords in enumerate(itertools.product(*map(range, chunks_per_shard)))}
+
+
+def _ravel(local_coords: Sequence[int], chunks_per_shard: tuple[int, ...]) -> int:
+    """Row-major position of local coords in an index; ValueError outside the shard, TypeError for a non-integer."""
+    if len(local_coords) != len(chunks_per_shard):
+        raise ValueError(f"{len(local_coords)} local coords for a {len(chunks_per_shard)}-d shard")
+    position = 0
+    for c, n in zip(map(operator.index, local_coords), chunks_per_shard, strict=True):
+        if not 0 <= c < n:
+            raise ValueError(f"local coord {c} outside [0, {n})")
+        position = position * n + c
+    return position
 
 
 class ShardIndex:
     """Offsets and sizes of the inner chunks of one shard (spec "Binary shard format").
 
+    The entries are held as one flat ``array('Q')`` (native byte order, C
+    order: offset then nbytes per inner chunk), so that building and encoding
+    an index needs no numpy; :attr:`entries` is a numpy view of them for the
+    operations on whole indexes (numpy imported on their first use).
+
     Parameters
     ----------
-    entries : numpy.ndarray
+    entries : array_like
         ``uint64``, shape ``(*chunks_per_shard, 2)``: ``[..., 0]`` the offset
-        (bytes from the shard's start), ``[..., 1]`` the nbytes.
+        (bytes from the shard's start), ``[..., 1]`` the nbytes. Copied.
 
     Raises
     ------
@@ -79,57 +112,106 @@ class ShardIndex:
         If ``entries`` is not of shape ``(..., 2)``.
     """
 
-    __slots__ = ("entries",)
+    __slots__ = ("chunks_per_shard", "_flat", "_positions")
+
+    chunks_per_shard: tuple[int, ...]
+    """Number of inner chunks along each dimension."""
 
     def __init__(self, entries: np.ndarray) -> None:
+        import numpy as np  # whoever holds entries as an array has numpy loaded
+
         entries = np.asarray(entries, dtype=np.uint64)
         if entries.ndim < 1 or entries.shape[-1] != 2:
             raise ValueError(f"a shard index has shape (*chunks_per_shard, 2), got {entries.shape}")
-        self.entries = entries
+        flat = array(_ENTRY)
+        flat.frombytes(np.ascontiguousarray(entries, dtype="=u8").tobytes())
+        self._hold(flat, tuple(entries.shape[:-1]))
+
+    def _hold(self, flat: array[int], chunks_per_shard: tuple[int, ...]) -> None:
+        self._flat, self.chunks_per_shard = flat, chunks_per_shard
+        self._positions = _positions(chunks_per_shard)
+
+    @classmethod
+    def _of(cls, flat: array[int], chunks_per_shard: tuple[int, ...]) -> ShardIndex:
+        """An index holding ``flat`` (``2 * prod(chunks_per_shard)`` fields, not copied)."""
+        index = cls.__new__(cls)
+        index._hold(flat, chunks_per_shard)
+        return index
 
     @classmethod
     def empty(cls, chunks_per_shard: Sequence[int]) -> ShardIndex:
         """An index with every inner chunk empty."""
-        return cls(np.full((*tuple(chunks_per_shard), 2), EMPTY, dtype=np.uint64))
+        cps = tuple(chunks_per_shard)
+        return cls._of(array(_ENTRY, (EMPTY,)) * (2 * prod(cps)), cps)
 
     @property
-    def chunks_per_shard(self) -> tuple[int, ...]:
-        """Number of inner chunks along each dimension."""
-        return tuple(self.entries.shape[:-1])
+    def entries(self) -> np.ndarray:
+        """A writable numpy view of the entries: ``uint64``, shape ``(*chunks_per_shard, 2)``."""
+        import numpy as np  # loaded by the operations on whole indexes only
+
+        return np.frombuffer(self._flat, dtype=np.uint64).reshape(*self.chunks_per_shard, 2)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the entries take in memory (16 per inner chunk)."""
+        return len(self._flat) * self._flat.itemsize
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ShardIndex) and np.array_equal(self.entries, other.entries)
+        return (
+            isinstance(other, ShardIndex)
+            and self.chunks_per_shard == other.chunks_per_shard
+            and self._flat == other._flat
+        )
 
     def copy(self) -> ShardIndex:
         """An independent copy."""
-        return ShardIndex(self.entries.copy())
+        return ShardIndex._of(self._flat[:], self.chunks_per_shard)
+
+    def _field(self, local_coords: Sequence[int]) -> int:
+        """Position of an inner chunk's offset in the flat entries; IndexError for coords outside the shard."""
+        try:
+            if self._positions is not None:
+                return 2 * self._positions[tuple(local_coords)]
+            return 2 * _ravel(local_coords, self.chunks_per_shard)
+        except (KeyError, TypeError, ValueError):
+            raise IndexError(
+                f"local coords {tuple(local_coords)} lie outside chunks_per_shard {self.chunks_per_shard}"
+            ) from None
 
     def get(self, local_coords: Sequence[int]) -> tuple[int, int] | None:
-        """``(offset, nbytes)`` of an inner chunk, or ``None`` when it is empty."""
-        entries = self.entries  # ``item`` gives Python ints: no numpy scalars on the per-chunk path
-        offset, nbytes = entries.item(*local_coords, 0), entries.item(*local_coords, 1)
-        if offset == _EMPTY_INT and nbytes == _EMPTY_INT:
+        """``(offset, nbytes)`` of an inner chunk, or ``None`` when it is empty (IndexError outside the shard)."""
+        i = self._field(local_coords)
+        offset, nbytes = self._flat[i], self._flat[i + 1]
+        if offset == EMPTY and nbytes == EMPTY:
             return None
         return offset, nbytes
 
     def set(self, local_coords: Sequence[int], offset: int, nbytes: int) -> None:
         """Point an inner chunk at ``nbytes`` bytes starting at byte ``offset``."""
-        self.entries[tuple(local_coords)] = (offset, nbytes)
+        i = self._field(local_coords)
+        self._flat[i], self._flat[i + 1] = offset, nbytes
 
     def clear(self, local_coords: Sequence[int]) -> None:
         """Mark an inner chunk empty."""
-        self.entries[tuple(local_coords)] = (EMPTY, EMPTY)
+        self.set(local_coords, EMPTY, EMPTY)
 
     def present_mask(self) -> np.ndarray:
         """Boolean array of shape ``chunks_per_shard``: True where a chunk is stored."""
-        return ~((self.entries[..., 0] == EMPTY) & (self.entries[..., 1] == EMPTY))
+        import numpy as np
+
+        entries, empty = self.entries, np.uint64(EMPTY)
+        return ~((entries[..., 0] == empty) & (entries[..., 1] == empty))
 
     def present(self) -> list[tuple[int, ...]]:
         """Local coords of the stored inner chunks, in row-major order."""
+        import numpy as np
+
         return [tuple(c) for c in np.argwhere(self.present_mask()).tolist()]
 
     def stored_entries(self) -> list[tuple[tuple[int, ...], int, int]]:
         """``(local_coords, offset, nbytes)`` of the stored inner chunks, in row-major order (bytes)."""
+        import numpy as np
+
         mask = self.present_mask()
         spans = self.entries[mask].tolist()
         return [(tuple(c), o, n) for c, (o, n) in zip(np.argwhere(mask).tolist(), spans, strict=True)]
@@ -175,15 +257,18 @@ class ShardIndex:
             ``[data_start, data_stop)``, or (size unknown) ``nbytes`` exceeds
             ``max_chunk_nbytes``.
         """
+        import numpy as np
+
         off, nb = self.entries[..., 0], self.entries[..., 1]
-        half = (off == EMPTY) ^ (nb == EMPTY)
+        empty, most = np.uint64(EMPTY), np.uint64(MAX_SHARD_NBYTES)
+        half = (off == empty) ^ (nb == empty)
         if half.any():
             where = tuple(int(c) for c in np.argwhere(half)[0])
             raise CorruptShardError(shard_key, f"index entry {where} has only one of offset/nbytes set to 2**64-1")
-        present = off != EMPTY
+        present = off != empty
         offs, nbs = off[present], nb[present]
         # compared before adding, so nothing wraps: offset + nbytes <= MAX_SHARD_NBYTES
-        bad = (offs < data_start) | (offs > _MAX) | (nbs > _MAX - np.minimum(offs, _MAX))
+        bad = (offs < np.uint64(data_start)) | (offs > most) | (nbs > most - np.minimum(offs, most))
         if data_stop is not None:
             stop = np.uint64(max(data_stop, 0))
             bad |= (offs > stop) | (nbs > stop - np.minimum(offs, stop))
@@ -210,6 +295,15 @@ class ShardIndex:
             if o2 < o1 + n1:
                 return c1, c2
         return None
+
+
+def _as_endian(flat: array[int], endian: str) -> array[int]:
+    """``flat`` (native byte order) in byte order ``endian``: itself, or a byte-swapped copy."""
+    if endian == sys.byteorder:
+        return flat
+    swapped = flat[:]
+    swapped.byteswap()
+    return swapped
 
 
 IndexLocation = Literal["start", "end"]
@@ -241,17 +335,6 @@ def chunk_nbytes_bound(chunk_shape: Sequence[int], itemsize: int | None) -> int 
     if itemsize is None or itemsize < 1:
         return None
     return prod(int(c) for c in chunk_shape) * int(itemsize) * 2 + 65536
-
-
-_POSITIONS_MAX_CHUNKS = 4096  # shards of at most this many chunks have their index positions memoised
-
-
-@functools.lru_cache(maxsize=16)
-def _positions(chunks_per_shard: tuple[int, ...]) -> dict[tuple[int, ...], int] | None:
-    """Local coords -> row-major position in the index, for shards of few chunks (else ``None``)."""
-    if prod(chunks_per_shard) > _POSITIONS_MAX_CHUNKS:
-        return None
-    return {coords: i for i, coords in enumerate(itertools.product(*map(range, chunks_per_shard)))}
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,7 +378,6 @@ class ShardLayout:
     max_chunk_nbytes: int | None = field(default=None, compare=False)  # a reader's limit, not the format
     n_chunks: int = field(init=False, repr=False, compare=False)
     index_nbytes: int = field(init=False, repr=False, compare=False)
-    _index_dtype: np.dtype = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         cps = tuple(int(c) for c in self.chunks_per_shard)
@@ -311,7 +393,6 @@ class ShardLayout:
         object.__setattr__(self, "chunks_per_shard", cps)
         object.__setattr__(self, "n_chunks", n)
         object.__setattr__(self, "index_nbytes", 16 * n + (4 if self.index_checksum else 0))
-        object.__setattr__(self, "_index_dtype", np.dtype("<u8" if self.index_endian == "little" else ">u8"))
         if self.index_location not in ("start", "end"):
             raise ConfigurationError(f"index_location must be 'start' or 'end', got {self.index_location!r}")
         if self.index_endian not in ("little", "big"):
@@ -349,11 +430,11 @@ class ShardLayout:
 
     def encode_index(self, index: ShardIndex) -> bytes:
         """Encode an index (and its checksum) to ``index_nbytes`` bytes; ConfigurationError if its shape differs."""
-        if index.entries.shape[:-1] != self.chunks_per_shard:
+        if index.chunks_per_shard != self.chunks_per_shard:
             raise ConfigurationError(
                 f"index of shape {index.chunks_per_shard} does not match chunks_per_shard {self.chunks_per_shard}"
             )
-        raw = np.ascontiguousarray(index.entries, dtype=self._index_dtype).tobytes()
+        raw = _as_endian(index._flat, self.index_endian).tobytes()
         if self.index_checksum:
             raw += crc32c_of(raw).to_bytes(4, "little")
         return raw
@@ -396,8 +477,9 @@ class ShardLayout:
             computed = crc32c_of(body)
             if stored != computed:
                 raise ChecksumError(shard_key, stored, computed)
-        entries = np.frombuffer(body, dtype=self._index_dtype).astype(np.uint64)
-        index = ShardIndex(entries.reshape(*self.chunks_per_shard, 2))
+        flat = array(_ENTRY)
+        flat.frombytes(body)
+        index = ShardIndex._of(_as_endian(flat, self.index_endian), self.chunks_per_shard)
         index.validate(shard_key, *self.data_region(shard_nbytes), self.max_chunk_nbytes)
         return index
 
@@ -441,28 +523,23 @@ class ShardLayout:
         order = sorted(chunks)
         index = ShardIndex.empty(self.chunks_per_shard)
         values: list[BytesLike] = list(map(chunks.__getitem__, order))
-        if set(map(type, values)) == {bytes}:
-            sizes = np.fromiter(map(len, values), dtype=np.uint64, count=len(values))
-        else:
-            sizes = np.array([memoryview(v).nbytes for v in values], dtype=np.uint64)
-        entries = index.entries.reshape(-1, 2)
-        flat = self._flat_positions(order)
-        start = self.index_nbytes if self.index_location == "start" else 0
-        entries[flat, 0] = np.cumsum(sizes, dtype=np.uint64) - sizes + np.uint64(start)
-        entries[flat, 1] = sizes
+        flat, offset = index._flat, self.index_nbytes if self.index_location == "start" else 0
+        for position, value in zip(self._flat_positions(order), values, strict=True):
+            nbytes = len(value) if type(value) is bytes else memoryview(value).nbytes
+            flat[2 * position], flat[2 * position + 1] = offset, nbytes
+            offset += nbytes
         encoded_index = self.encode_index(index)
         return ([encoded_index, *values] if self.index_location == "start" else [*values, encoded_index]), index
 
-    def _flat_positions(self, order: Sequence[tuple[int, ...]]) -> np.ndarray:
-        """Row-major positions in the index of local coords (``intp``); ConfigurationError for one outside."""
+    def _flat_positions(self, order: Sequence[tuple[int, ...]]) -> list[int]:
+        """Row-major positions in the index of local coords; ConfigurationError for one outside."""
         cps = self.chunks_per_shard
         positions = _positions(cps)
         try:
             if positions is not None:
-                return np.fromiter(map(positions.__getitem__, order), dtype=np.intp, count=len(order))
-            coords = np.array(order, dtype=np.intp).reshape(len(order), len(cps))  # (0, ndim) for no chunk
-            return np.asarray(np.ravel_multi_index(coords.T, cps))
-        except (KeyError, TypeError, ValueError, OverflowError):  # a coord outside the shard: named below
+                return list(map(positions.__getitem__, order))
+            return [_ravel(local, cps) for local in order]
+        except (KeyError, TypeError, ValueError):  # a coord outside the shard: named below
             pass
         for local in order:
             if len(local) != len(cps) or any(not 0 <= c < n for c, n in zip(local, cps, strict=True)):
