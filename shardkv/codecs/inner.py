@@ -15,13 +15,14 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from math import prod
-from typing import Any, ClassVar, Literal, Self
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 
 from shardkv.codecs.bounded import decode_bounded
 from shardkv.errors import ChecksumError, ConfigurationError, CorruptShardError
 from shardkv.format.layout import Endian, crc32c_of
+
+if TYPE_CHECKING:
+    import numpy as np
 
 CodecKind = Literal["array_to_array", "array_to_bytes", "bytes_to_bytes"]
 
@@ -108,10 +109,14 @@ class TransposeCodec(Codec):
         return tuple(shape[o] for o in self.order)
 
     def encode(self, array: np.ndarray) -> np.ndarray:
+        import numpy as np
+
         self._check(array.ndim)
         return np.transpose(array, self.order)
 
     def decode(self, array: np.ndarray) -> np.ndarray:
+        import numpy as np
+
         self._check(array.ndim)
         return np.transpose(array, np.argsort(self.order))
 
@@ -131,6 +136,8 @@ class BytesCodec(Codec):
 
     def stored_dtype(self, dtype: np.dtype) -> np.dtype:
         """``dtype`` in this codec's byte order; ConfigurationError for object, or multi-byte without endian."""
+        import numpy as np
+
         dtype = np.dtype(dtype)
         if dtype.hasobject:
             raise ConfigurationError(f"the bytes codec cannot store object dtype {dtype}")
@@ -141,11 +148,15 @@ class BytesCodec(Codec):
         return dtype.newbyteorder("<" if self.endian == "little" else ">")
 
     def encode(self, array: np.ndarray, fill_value: Any = None) -> bytes:
+        import numpy as np
+
         return np.asarray(array).astype(self.stored_dtype(array.dtype), copy=False).tobytes(order="C")
 
     def decode(
         self, data: bytes | memoryview, shape: tuple[int, ...], dtype: np.dtype, fill_value: Any = None, key: str = ""
     ) -> np.ndarray:
+        import numpy as np
+
         stored = self.stored_dtype(dtype)
         expected = prod(shape) * stored.itemsize
         if memoryview(data).nbytes != expected:
@@ -160,6 +171,8 @@ class _NumcodecsBacked(Codec):
     _impl: Any
 
     def encode(self, data: bytes | memoryview) -> bytes:
+        import numpy as np
+
         return bytes(self._impl.encode(np.frombuffer(data, dtype=np.uint8)))
 
     def numcodecs_config(self) -> dict[str, Any]:
@@ -243,6 +256,8 @@ class BloscCodec(_NumcodecsBacked):
         )
 
     def encode(self, data: bytes | memoryview) -> bytes:
+        import numpy as np
+
         n = memoryview(data).nbytes
         ts = self.typesize or 1
         view = np.frombuffer(data, dtype=f"V{ts}" if n % ts == 0 and ts > 1 else np.uint8)
@@ -378,6 +393,8 @@ class CodecPipeline:
         self, data: bytes | memoryview, shape: tuple[int, ...], dtype: np.dtype, fill_value: Any = None, key: str = ""
     ) -> np.ndarray:
         """Decode one chunk to an array of ``shape`` and ``dtype``; CorruptShardError (naming ``key``) if it cannot."""
+        import numpy as np
+
         shapes, dtypes = [tuple(shape)], [np.dtype(dtype)]
         for c in self.array_to_array:  # what each array -> array codec hands on (numcodecs ones may cast)
             shapes.append(c.resolve_shape(shapes[-1]))

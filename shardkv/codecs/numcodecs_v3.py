@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from math import prod
-from typing import Any, Literal
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Literal
 
 from shardkv.codecs.inner import Codec, _config_of, _NumcodecsById, numcodecs_codec, register_codec
 from shardkv.errors import ConfigurationError, CorruptShardError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 ARRAY_TO_ARRAY_IDS = frozenset({"astype", "bitround", "delta", "fixedscaleoffset", "packbits", "quantize"})
 """numcodecs ids zarr-python 3 registers as ``numcodecs.<id>`` array -> array codecs."""
@@ -44,13 +45,19 @@ class NumcodecsArrayCodec(_NumcodecsById):
 
     def resolve_dtype(self, dtype: np.dtype) -> np.dtype:
         """The dtype handed on (``astype``, ``delta``, ``fixedscaleoffset`` may cast)."""
+        import numpy as np
+
         return np.asarray(self._impl.encode(np.zeros(8, dtype=dtype))).dtype
 
     def encode(self, array: np.ndarray) -> np.ndarray:
+        import numpy as np
+
         out = np.asarray(self._impl.encode(np.ascontiguousarray(array)))
         return out.reshape(self.resolve_shape(array.shape))
 
     def decode(self, array: np.ndarray) -> np.ndarray:
+        import numpy as np
+
         return np.asarray(self._impl.decode(np.ascontiguousarray(array)))
 
 
@@ -76,11 +83,15 @@ class VlenCodec(Codec):
         return cls(str(obj["name"]))
 
     def encode(self, array: np.ndarray, fill_value: Any = None) -> bytes:
+        import numpy as np
+
         return bytes(self._impl.encode(np.ascontiguousarray(array, dtype=object).reshape(-1)))
 
     def decode(
         self, data: bytes | memoryview, shape: tuple[int, ...], dtype: np.dtype, fill_value: Any = None, key: str = ""
     ) -> np.ndarray:
+        import numpy as np
+
         try:
             out = np.asarray(self._impl.decode(bytes(data)), dtype=object)
         except (ValueError, RuntimeError, UnicodeDecodeError) as exc:
@@ -135,6 +146,7 @@ class V2ChunkCodec(Codec):
         return {"name": self.name, "configuration": config}
 
     def encode(self, array: np.ndarray, fill_value: Any = None) -> bytes:
+        import numpy as np
         from numcodecs.compat import ensure_ndarray_like
 
         chunk: Any = np.asarray(array).copy(order=self.order)  # the v2 layout in memory
@@ -147,6 +159,7 @@ class V2ChunkCodec(Codec):
     def decode(
         self, data: bytes | memoryview, shape: tuple[int, ...], dtype: np.dtype, fill_value: Any = None, key: str = ""
     ) -> np.ndarray:
+        import numpy as np
         from numcodecs.compat import ensure_ndarray_like
 
         try:

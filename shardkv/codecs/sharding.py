@@ -8,15 +8,17 @@ It works on whole shards of the shard shape (the caller pads edge shards).
 from __future__ import annotations
 
 import itertools
+import numbers
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from shardkv.codecs.inner import BytesCodec, Codec, CodecPipeline, Crc32cCodec, _config_of
 from shardkv.errors import ConfigurationError, CorruptShardError, UnsupportedError
 from shardkv.format.layout import IndexLocation, ShardIndex, ShardLayout
 from shardkv.format.ranges import ByteRange
+
+if TYPE_CHECKING:
+    import numpy as np
 
 ReadRange = Callable[[ByteRange], "bytes | memoryview | None"]  # None: the shard is not stored
 
@@ -58,7 +60,7 @@ class ShardingCodec(Codec):
         index_location: IndexLocation = "end",
     ) -> None:
         shape = tuple(chunk_shape)
-        if not shape or any(isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1 for c in shape):
+        if not shape or any(isinstance(c, bool) or not isinstance(c, numbers.Integral) or c < 1 for c in shape):
             raise ConfigurationError(f"chunk_shape must be a non-empty list of ints >= 1, got {list(chunk_shape)!r}")
         self.chunk_shape = tuple(int(c) for c in shape)
         self.codecs = CodecPipeline([BytesCodec("little")] if codecs is None else codecs, "codecs")
@@ -125,6 +127,8 @@ class ShardingCodec(Codec):
 
     @staticmethod
     def _fill_array(shape: tuple[int, ...], dtype: np.dtype, fill_value: Any) -> np.ndarray:
+        import numpy as np
+
         if fill_value is None:
             return np.zeros(shape, dtype=dtype)
         return np.full(shape, fill_value, dtype=dtype)
@@ -149,6 +153,8 @@ class ShardingCodec(Codec):
         ConfigurationError
             If ``chunk_shape`` does not divide ``array.shape``.
         """
+        import numpy as np
+
         array = np.asarray(array)
         layout = self.layout(array.shape)
         fill_row = None
@@ -197,6 +203,8 @@ class ShardingCodec(Codec):
         ChecksumError
             If a CRC32C (index or inner chunk) does not match.
         """
+        import numpy as np
+
         shape = tuple(int(s) for s in shape)
         dtype = np.dtype(dtype)
         layout = self.layout(shape)
@@ -254,6 +262,8 @@ class ShardingCodec(Codec):
         CorruptShardError, ChecksumError
             If the index or a chunk is damaged, or a chunk read comes back short.
         """
+        import numpy as np
+
         shape = tuple(int(s) for s in shape)
         dtype = np.dtype(dtype)
         per_dim, drop = _normalize_selection(selection, shape)
@@ -301,11 +311,15 @@ class ShardingCodec(Codec):
 
 def _all_equal_bytes(chunk: np.ndarray, fill_row: np.ndarray) -> bool:
     """True when every element of ``chunk`` has exactly the bytes in ``fill_row``."""
+    import numpy as np
+
     items = np.ascontiguousarray(chunk).view(np.uint8).reshape(-1, fill_row.size)
     return bool((items == fill_row).all())
 
 
 def _normalize_selection(selection: Selection, shape: tuple[int, ...]) -> tuple[list[np.ndarray], list[int]]:
+    import numpy as np
+
     axes: Sequence[Any] = selection if isinstance(selection, (tuple, list)) else (selection,)  # one axis' alone
     if len(axes) > len(shape):
         raise IndexError(f"selection {axes!r} has more entries than the shard's {len(shape)} dimension(s)")

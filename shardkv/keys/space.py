@@ -25,12 +25,13 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from math import ceil, prod
 from operator import floordiv, ge, mod, sub
-from typing import Any, Literal, NamedTuple
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from shardkv.errors import ChunkOutOfGridError, ConfigurationError, InvalidKeyError
 from shardkv.format.layout import ShardLayout
+
+if TYPE_CHECKING:
+    import numpy as np
 
 Separator = Literal[".", "/"]
 
@@ -300,6 +301,8 @@ class ShardedArray:
         not canonical, outside the grid (with ``check_grid``) or of a 19-digit
         coordinate, and for a 0-d array. Chunks of one shard share its coords tuple.
         """
+        import numpy as np
+
         pattern, form = self._batch_pattern, self.chunk_key_form
         if pattern is None or form is None or not chunk_keys:
             return None
@@ -399,6 +402,8 @@ class ShardedArray:
 
 def _distinct_rows(rows: np.ndarray) -> tuple[list[int], dict[int, tuple[int, ...]]] | None:
     """Each row's id and one tuple per distinct id, of a 2-d ``int64`` array (``None``: rows too far apart)."""
+    import numpy as np
+
     low = rows.min(axis=0)
     try:
         ids = np.ravel_multi_index((rows - low).T, tuple((rows.max(axis=0) - low + 1).tolist())).tolist()

@@ -7,19 +7,21 @@ sequence}``, or ``None`` (shard nothing new); 0-d arrays are never sharded.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeGuard
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from shardkv.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 ChunksPerShardOption = int | Sequence[int] | Mapping[str, int | Sequence[int]] | None
 
 
 def _is_int(value: object) -> TypeGuard[int | np.integer]:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)  # numpy's integers are Integral
 
 
 def normalize_chunks_per_shard(value: int | Sequence[int], ndim: int, path: str | None = None) -> tuple[int, ...]:

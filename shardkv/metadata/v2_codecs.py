@@ -11,13 +11,14 @@ import base64
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from shardkv.codecs.inner import BLOSC_SHUFFLE_IDS
 from shardkv.codecs.numcodecs_v3 import ARRAY_TO_ARRAY_IDS, BYTES_TO_BYTES_IDS, V2_CHUNK_CODEC, VLEN_IDS
 from shardkv.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 OPAQUE_DATA_TYPE = "shardkv.v2_dtype"  # the data type of an array no v3 reader can decode
 
@@ -60,6 +61,8 @@ def numpy_dtype_of(v2_dtype: Any) -> np.dtype:
     ConfigurationError
         If numpy does not accept it.
     """
+    import numpy as np
+
     try:
         return np.dtype(_fields_of(v2_dtype))
     except (TypeError, ValueError) as exc:
@@ -87,6 +90,8 @@ def _as_lists(value: Any) -> Any:
 
 def leaf_data_type(dtype: np.dtype) -> Any:
     """The v3 data type of a non-structured dtype (core name or zarr-python 3 extension object), or None."""
+    import numpy as np
+
     core = CORE_DATA_TYPES.get(f"{dtype.kind}{dtype.itemsize}")
     if core is not None:
         return core
@@ -130,6 +135,8 @@ def numpy_dtype_of_structured(data_type: Mapping[str, Any]) -> np.dtype:
     ConfigurationError
         If ``fields`` is not a list of ``[name, data_type]``.
     """
+    import numpy as np
+
     fields = (data_type.get("configuration") or {}).get("fields")
     if not isinstance(fields, list) or not fields:
         raise ConfigurationError(f"data_type {dict(data_type)!r}: fields must be a non-empty list")
@@ -154,6 +161,8 @@ def numpy_dtype_of_v3(data_type: Any, endian: str | None = "little") -> np.dtype
     ConfigurationError
         If ``data_type`` is neither (``r<N>`` and other extensions included).
     """
+    import numpy as np
+
     order = "<" if endian != "big" else ">"
     if isinstance(data_type, str) and data_type in _VLEN_DATA_TYPES:
         return np.dtype(object)
@@ -197,6 +206,8 @@ def _null_fill_value(dtype: np.dtype) -> Any:
 
 def v3_fill_value(fill: Any, dtype: np.dtype) -> Any:
     """The v3 ``fill_value`` of a v2 fill value ``fill`` of dtype ``dtype`` (``None``: see clause M7)."""
+    import numpy as np
+
     if fill is None:
         return _null_fill_value(dtype)
     if dtype.kind in "USV":
@@ -277,6 +288,8 @@ def _numcodecs_entry(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def _big_endian(dtype: np.dtype, config: Mapping[str, Any]) -> bool:
     """True when the array or a dtype a filter names is big-endian (multi-byte)."""
+    import numpy as np
+
     named = [np.dtype(v) for k, v in config.items() if k in ("dtype", "astype", "encode_dtype", "decode_dtype") and v]
     return any(d.byteorder == ">" and d.itemsize > 1 for d in [dtype, *named])
 

@@ -12,9 +12,7 @@ import binascii
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from shardkv.codecs.inner import BytesCodec, CodecPipeline, TransposeCodec
 from shardkv.codecs.numcodecs_v3 import V2_CHUNK_CODEC, VLEN_IDS, NumcodecsArrayCodec, V2ChunkCodec, VlenCodec
@@ -27,6 +25,9 @@ from shardkv.metadata.v2_codecs import (
     v3_fill_value,
 )
 from shardkv.metadata.v3_view import SHARDING_CODEC, V2_COMPRESSOR_FIELD, V2_FILL_FIELD, sharding_spec_from_v3
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ def fill_value_from_v3(fill: Any, dtype: np.dtype) -> Any:
     ConfigurationError
         If the value does not fit the data type.
     """
+    import numpy as np
+
     dtype = np.dtype(dtype)
     try:
         if dtype.hasobject:
@@ -103,6 +106,8 @@ def _float_from_v3(value: Any, itemsize: int) -> float:
 
 def _v2_fill(value: Any, dtype: np.dtype) -> Any:
     """A numpy fill value in zarr-python 2's ``.zarray`` JSON spelling (v3's, but for bytes and times)."""
+    import numpy as np
+
     if dtype.hasobject:
         return value
     if dtype.kind in "SV":  # structured dtypes too
@@ -147,6 +152,8 @@ def _v2_order(inner: CodecPipeline, ndim: int, problems: list[str]) -> str:
 
 def _v2_dtype_and_fill(metadata: Mapping[str, Any], inner: CodecPipeline, problems: list[str]) -> tuple[np.dtype, Any]:
     """The v2 ``dtype`` (with the ``bytes`` codec's endian) and ``fill_value``; ``(u1, 0)`` after a problem."""
+    import numpy as np
+
     ab = inner.array_to_bytes
     endian = ab.endian if isinstance(ab, BytesCodec) else None
     if isinstance(ab, VlenCodec) and metadata.get("data_type") != VLEN_IDS[ab.codec_id]:

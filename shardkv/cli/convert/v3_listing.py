@@ -17,9 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from shardkv.cli.convert.listing import ArrayListing, ChunkBitmap, _Lister, _reserved, iter_array_keys
 from shardkv.cli.errors import NotAHierarchyError, ReservedNameError
@@ -30,6 +28,9 @@ from shardkv.keys.space import ShardedArray, grid_shape
 from shardkv.metadata.documents import load_object
 from shardkv.metadata.hierarchy import ZARR_JSON
 from shardkv.metadata.v3_source import ArraySource
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["V3Walk", "walk_v3", "is_v3_root", "list_v3_array", "INDEX_BATCH"]
 
@@ -190,5 +191,4 @@ def _add_inner(chunks: ChunkBitmap, view: HierarchyView, shards: ShardedArray, k
 
 
 def _true(mask: np.ndarray) -> Iterator[tuple[int, ...]]:
-    for local in np.argwhere(mask):
-        yield tuple(int(c) for c in local)
+    return zip(*(axis.tolist() for axis in mask.nonzero()), strict=True)
