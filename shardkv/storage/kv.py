@@ -458,8 +458,8 @@ class ProcessStamps:
         self._in_flight = [0] * self._n
         self._guard = threading.Lock()  # guards counters and in-flight counts (held for a few ops)
         # serialise the writers of a stripe; re-entrant, so a store nested in another (a mapping over a
-        # shardkv proxy) cannot deadlock on a shared stripe
-        self._writers = [threading.RLock() for _ in range(self._n)]
+        # shardkv proxy) cannot deadlock on a shared stripe; made on a stripe's first write, not at import
+        self._writers: dict[int, threading.RLock] = {}
 
     def after_fork_in_child(self) -> None:
         """New locks, no write in flight; counters moved past the parent's (its generations never hold here)."""
@@ -502,7 +502,7 @@ class ProcessStamps:
         stripes = {k: self.stripe(location, k) for k in keys}
         order = sorted(set(stripes.values()))  # one global order: no deadlock between batches
         for s in order:
-            self._writers[s].acquire()
+            self._writers.setdefault(s, threading.RLock()).acquire()  # setdefault: one lock per stripe
         try:
             with self._guard:
                 write = StampedWrite(
