@@ -444,12 +444,12 @@ def convert_rows(res: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-CONVERT_V3_IMPLS = ("shardkv", "tensorstore", "zarr3")
+CONVERT_V3_IMPLS = ("shardkv", "tensorstore", "zarr3", "paired")
 
 
 def convert_v3_rows(res: dict[str, Any]) -> list[list[str]]:
     """P9: sharding a zarr-python 3 array (zstd, 32^3 chunks) vs tensorstore's and zarr 3's re-encoding copies."""
-    sk, ts, z3 = (res[f"convert_v3/{impl}"] for impl in CONVERT_V3_IMPLS)
+    sk, ts, z3, pair = (res[f"convert_v3/{impl}"] for impl in CONVERT_V3_IMPLS)
     shape = next((r["shape"] for r in (sk, ts, z3) if not isinstance(r, Missing)), None)
     n = next((r["chunks"] for r in (sk, ts, z3) if not isinstance(r, Missing)), "?")
     what = f"shard a zarr 3 array {'x'.join(map(str, shape or ['?']))} ({n} chunks) 4^3 per shard"
@@ -470,6 +470,14 @@ def convert_v3_rows(res: dict[str, Any]) -> list[list[str]]:
             median(ts, "copy_s"),
             "tensorstore",
             fmt_s,
+            0.75,
+        ),
+        value_row(
+            "P9-v3-convert-paired",
+            f"{what}: the process vs tensorstore's, in alternating pairs (median of the pairs' ratios)",
+            fmt_s(median(pair, "copy_s")),
+            str(pair) if isinstance(pair, Missing) else f"{fmt_s(median(pair, 'peer_copy_s'))} (tensorstore)",
+            median(pair, "process_ratio"),
             0.75,
         ),
         ratio_row(

@@ -41,6 +41,7 @@ ROW_IDS = (
     "P21-convert-rss",
     "P9-v3-convert",
     "P9-v3-convert-wall",
+    "P9-v3-convert-paired",
     "P9-v3-convert-zarr3",
     "P9-v3-convert-rss",
     "P21-list",

@@ -15,6 +15,11 @@ Each implementation writes the same sharded layout: shards of 4 x 4 x 4 chunks, 
 * ``zarr3``: ``zarr.from_array(DST, data=SOURCE, shards=..., compressors=zstd)`` (decodes and
   re-encodes every chunk).
 
+With ``--impl paired``, shardkv and tensorstore run in turn, one fresh process each per
+repetition (the order alternating), so that both meet the same moment of a machine whose speed
+drifts: ``process_ratio`` and ``copy_ratio`` are each pair's shardkv / tensorstore ratios of
+``copy_s`` and ``work_s`` (tensorstore's own samples as ``peer_copy_s``, ``peer_work_s``).
+
 Each copy runs in a fresh child process: ``copy_s`` is its wall time (interpreter start and
 imports included), ``work_s`` the copy alone as the child times it (after the imports of
 ``import tensorstore`` / ``zarr`` / shardkv's command line and convert modules),
@@ -39,6 +44,12 @@ from convert_scale import run_child
 CHUNK = 32
 CHUNKS_PER_SHARD = 4
 SIDES = {"smoke": 64, "tiny": 128, "small": 256, "full": 256}
+NEEDS = {  # the modules each --impl runs
+    "shardkv": ("shardkv",),
+    "tensorstore": ("tensorstore",),
+    "zarr3": ("zarr",),
+    "paired": ("shardkv", "tensorstore"),
+}
 
 _WRITE_SOURCE = textwrap.dedent(
     """
@@ -130,8 +141,22 @@ def _shards(root: str) -> int:
     return sum(len(files) for _, _, files in os.walk(os.path.join(root, "c")))
 
 
+def _copy(impl: str, src: str, dst: str, side: int, expected_shards: int) -> tuple[float, float, int]:
+    """One copy by ``impl`` in a fresh process: wall time (s), the copy alone (s), peak RSS (bytes)."""
+    if impl == "shardkv":
+        cmd = [sys.executable, "-c", _SHARDKV, src, dst]
+    elif impl == "tensorstore":
+        cmd = [sys.executable, "-c", _TENSORSTORE, src, dst, str(side)]
+    else:
+        cmd = [sys.executable, "-c", _ZARR3, src, dst]
+    measured = _run(cmd)
+    if _shards(dst) != expected_shards:
+        raise RuntimeError(f"{impl}: {_shards(dst)} shards in {dst}, expected {expected_shards}")
+    return measured
+
+
 def main() -> None:
-    args = parse_args(__doc__.splitlines()[0], ("shardkv", "tensorstore", "zarr3"))
+    args = parse_args(__doc__.splitlines()[0], ("shardkv", "tensorstore", "zarr3", "paired"))
     side = SIDES[args.size]
     per_side = -(-side // (CHUNK * CHUNKS_PER_SHARD))
     result = {
@@ -142,8 +167,8 @@ def main() -> None:
         "load_before": os.getloadavg(),
     }
     try:
-        __import__({"shardkv": "shardkv", "tensorstore": "tensorstore", "zarr3": "zarr"}[args.impl])
-        __import__("zarr.codecs")  # the source is written by zarr-python 3
+        for module in (*NEEDS[args.impl], "zarr.codecs"):  # the source is written by zarr-python 3
+            __import__(module)
     except ImportError as exc:
         result["unavailable"] = f"{exc.name} is not installed here"
         emit(args, "convert_v3", result)
@@ -153,19 +178,23 @@ def main() -> None:
         src = os.path.join(tmp, "src.zarr")
         run_child([sys.executable, "-c", _WRITE_SOURCE, src, str(side), str(args.seed)])
         result["source_bytes"] = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(src) for f in files)
-        if args.impl == "shardkv":
+        if args.impl in ("shardkv", "paired"):
             _compile_shardkv()
+        if args.impl == "paired":
+            samples.update(peer_copy_s=[], peer_work_s=[], process_ratio=[], copy_ratio=[])
         for rep in range(args.repeat):
-            dst = os.path.join(tmp, f"dst-{rep}.zarr")
-            if args.impl == "shardkv":
-                cmd = [sys.executable, "-c", _SHARDKV, src, dst]
-            elif args.impl == "tensorstore":
-                cmd = [sys.executable, "-c", _TENSORSTORE, src, dst, str(side)]
+            if args.impl != "paired":
+                elapsed, work, peak = _copy(args.impl, src, os.path.join(tmp, f"dst-{rep}.zarr"), side, per_side**3)
             else:
-                cmd = [sys.executable, "-c", _ZARR3, src, dst]
-            elapsed, work, peak = _run(cmd)
-            if _shards(dst) != per_side**3:
-                raise RuntimeError(f"{args.impl}: {_shards(dst)} shards in {dst}, expected {per_side**3}")
+                pair = {}
+                for impl in ("shardkv", "tensorstore") if rep % 2 == 0 else ("tensorstore", "shardkv"):
+                    pair[impl] = _copy(impl, src, os.path.join(tmp, f"dst-{rep}-{impl}.zarr"), side, per_side**3)
+                elapsed, work, peak = pair["shardkv"]
+                peer_elapsed, peer_work, _ = pair["tensorstore"]
+                samples["peer_copy_s"].append(peer_elapsed)
+                samples["peer_work_s"].append(peer_work)
+                samples["process_ratio"].append(elapsed / peer_elapsed)
+                samples["copy_ratio"].append(work / peer_work)
             samples["copy_s"].append(elapsed)
             samples["work_s"].append(work)
             samples["peak_rss_bytes"].append(peak)
