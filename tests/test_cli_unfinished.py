@@ -9,7 +9,6 @@ The runs are interrupted in this process at a chosen shard (the manifest's ``rec
 
 from __future__ import annotations
 
-import re
 import shlex
 from pathlib import Path
 
@@ -72,8 +71,7 @@ def test_info_and_verify_on_an_interrupted_convert_say_how_to_resume(tmp_path, m
         status, line = _one_line(capsys, [cmd, str(dst)])
         assert status == 1
         assert f"{dst} holds a conversion from {src} in progress" in line, line
-        # two tasks run at once: the five shards recorded first may be of one array or of both
-        assert re.search(r"5 shards of [12] arrays finished", line), line
+        assert "5 shards of 1 arrays finished" in line, line
         assert "not a Zarr v2 hierarchy" not in line
     resume = _resume(line)
     assert resume[:5] == ["convert", str(src), str(dst), "--chunks-per-shard", "2"]

@@ -3,10 +3,7 @@
 The stores here hand each other events: the read of the second shard waits
 until the first shard's write has begun, and that write waits until the
 second shard has been read. A task that read every shard before writing any
-would wait out both bounds and be seen doing so. In this process
-(``workers=1``) two tasks run at once: the first task's first write waits
-until the second task reads, which tasks run one after another would never
-let happen within the bound.
+would wait out both bounds and be seen doing so.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from shardkv.cli.convert.tasks import ShardTask, TaskResult, execute, run_task
+from shardkv.cli.convert.tasks import ShardTask, run_task
 from shardkv.format.layout import ShardLayout
 from shardkv.storage.kv import Generation, ReadRequest, ReadResult, Value
 from shardkv.storage.mapping import MappingStore
@@ -78,35 +75,6 @@ def test_shards_are_written_while_the_next_are_read() -> None:
         assert len(blob) == nbytes and nbytes_read == len(CHUNKS[f"c/{2 * s}"]) + len(CHUNKS[f"c/{2 * s + 1}"])
         chunks = {local: bytes(v) for local, v in layout.chunks_of_shard(blob, key).items()}
         assert chunks == {(0,): CHUNKS[f"c/{2 * s}"], (1,): CHUNKS[f"c/{2 * s + 1}"]}  # the bytes as stored
-
-
-def test_in_this_process_a_task_reads_while_the_last_ones_shards_are_written() -> None:
-    second_reads = threading.Event()
-    waited: list[bool] = []
-    done: list[tuple[str, tuple[str, ...]]] = []
-
-    class Source(MappingStore):
-        def get_many(self, reads: Sequence[ReadRequest]) -> list[ReadResult]:
-            if any(key == "c/4" for key, _, _ in reads):  # the second task's first shard
-                second_reads.set()
-            return super().get_many(reads)
-
-    class Target(MappingStore):
-        def put_many(self, writes: Mapping[str, tuple[Value | None, Generation]]) -> dict[str, Generation | None]:
-            if "s/0" in writes:
-                waited.append(second_reads.wait(WAIT_SECONDS))
-            return super().put_many(writes)
-
-    def on_done(task: ShardTask, result: TaskResult) -> None:
-        done.append((threading.current_thread().name, tuple(key for _, key, _, _ in result.written)))
-
-    tasks = [ShardTask("src", "dst", {}, {}, (2,), "end", True, shards) for shards in (SHARDS[:2], SHARDS[2:])]
-    target = Target({})
-    execute(tasks, on_done, source=Source(dict(CHUNKS)), target=target)
-    assert waited == [True]
-    assert sorted(done) == [(threading.current_thread().name, keys) for keys in (("s/0", "s/1"), ("s/2", "s/3"))]
-    assert sorted(target.list_prefix("")) == [f"s/{s}" for s in range(4)]
-    assert not [t for t in threading.enumerate() if t.name.startswith("shardkv-convert-task")]
 
 
 class _Failing(MappingStore):

@@ -10,8 +10,7 @@ can run in any order and in parallel without touching each other's objects.
 from the bitmap of its stored chunks (:class:`shardkv.cli.convert.listing.ChunkBitmap`):
 chunk keys exist as strings only for the shards of tasks in flight.
 
-:func:`execute` runs an iterable of tasks in this process (``workers=1``: on two
-threads, so that one task reads while the last one's shards are written), in a
+:func:`execute` runs an iterable of tasks in this process (``workers=1``), in a
 pool of local processes (``workers=N``), or on an existing dask.distributed
 cluster (``scheduler="tcp://host:port"``), keeping a bounded number of tasks in
 flight (:data:`IN_FLIGHT_PER_WORKER` per worker), and calls ``on_done`` in this
@@ -29,7 +28,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -327,8 +326,7 @@ def execute(
     on_done : callable
         Called in this process, in completion order.
     workers : int
-        1: run here, with ``source``/``target``, :data:`IN_FLIGHT_PER_WORKER` tasks at
-        a time on threads (one reads while the last one's shards are still written);
+        1: run here, one task after another, with ``source``/``target``;
         N > 1: a pool of N local processes (spawned), which end themselves if this process dies.
     scheduler : str, optional
         Address of a running dask.distributed scheduler: tasks run on its workers.
@@ -343,8 +341,8 @@ def execute(
     if scheduler is not None:
         _execute_distributed(tasks, on_done, scheduler)
     elif workers == 1:
-        with ThreadPoolExecutor(IN_FLIGHT_PER_WORKER, thread_name_prefix="shardkv-convert-task") as threads:
-            _execute_in(threads, lambda task: threads.submit(run_task, task, source, target), tasks, on_done, 1)
+        for task in tasks:
+            on_done(task, run_task(task, source, target))
     else:
         _execute_processes(tasks, on_done, workers)
 
@@ -372,40 +370,29 @@ def _execute_processes(
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor  # imports multiprocessing: only for a pool
 
+    pending = iter(tasks)
+    in_flight: dict[Future[TaskResult], ShardTask] = {}
     with ProcessPoolExecutor(
         max_workers=workers,
         mp_context=multiprocessing.get_context("spawn"),
         initializer=_watch_parent,
         initargs=(os.getpid(),),
     ) as pool:
-        _execute_in(pool, lambda task: pool.submit(run_task, task), tasks, on_done, workers)
-
-
-def _execute_in(
-    pool: Executor,
-    submit: Callable[[ShardTask], Future[TaskResult]],
-    tasks: Iterable[ShardTask],
-    on_done: Callable[[ShardTask, TaskResult], None],
-    workers: int,
-) -> None:
-    """Keep :data:`IN_FLIGHT_PER_WORKER` tasks per worker submitted to ``pool``; ``on_done`` here as each ends."""
-    pending = iter(tasks)
-    in_flight: dict[Future[TaskResult], ShardTask] = {}
-    try:
-        while True:
-            while len(in_flight) < IN_FLIGHT_PER_WORKER * workers:
-                task = next(pending, None)
-                if task is None:
-                    break
-                in_flight[submit(task)] = task
-            if not in_flight:
-                return
-            done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
-            for future in done:
-                on_done(in_flight.pop(future), future.result())
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
+        try:
+            while True:
+                while len(in_flight) < IN_FLIGHT_PER_WORKER * workers:
+                    task = next(pending, None)
+                    if task is None:
+                        break
+                    in_flight[pool.submit(run_task, task)] = task
+                if not in_flight:
+                    return
+                done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                for future in done:
+                    on_done(in_flight.pop(future), future.result())
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
 
 
 def _execute_distributed(
