@@ -129,7 +129,7 @@ class ShardIndex:
 
     def _hold(self, flat: array[int], chunks_per_shard: tuple[int, ...]) -> None:
         self._flat, self.chunks_per_shard = flat, chunks_per_shard
-        self._positions = _positions(chunks_per_shard)
+        self._positions: dict[tuple[int, ...], int] | None | Literal[False] = False  # looked up on the first get
 
     @classmethod
     def _of(cls, flat: array[int], chunks_per_shard: tuple[int, ...]) -> ShardIndex:
@@ -169,9 +169,12 @@ class ShardIndex:
 
     def _field(self, local_coords: Sequence[int]) -> int:
         """Position of an inner chunk's offset in the flat entries; IndexError for coords outside the shard."""
+        positions = self._positions
+        if positions is False:  # decoded indexes that are never read pay nothing (the memo is 16 layouts)
+            positions = self._positions = _positions(self.chunks_per_shard)
         try:
-            if self._positions is not None:
-                return 2 * self._positions[tuple(local_coords)]
+            if positions is not None:
+                return 2 * positions[tuple(local_coords)]
             return 2 * _ravel(local_coords, self.chunks_per_shard)
         except (KeyError, TypeError, ValueError):
             raise IndexError(
