@@ -526,28 +526,20 @@ class ShardLayout:
         order = sorted(chunks)
         index = ShardIndex.empty(self.chunks_per_shard)
         values: list[BytesLike] = list(map(chunks.__getitem__, order))
-        flat, offset = index._flat, self.index_nbytes if self.index_location == "start" else 0
-        for position, value in zip(self._flat_positions(order), values, strict=True):
-            nbytes = len(value) if type(value) is bytes else memoryview(value).nbytes
-            flat[2 * position], flat[2 * position + 1] = offset, nbytes
-            offset += nbytes
+        offset = self.index_nbytes if self.index_location == "start" else 0
+        try:
+            for local, value in zip(order, values, strict=True):
+                nbytes = len(value) if type(value) is bytes else memoryview(value).nbytes
+                index.set(local, offset, nbytes)
+                offset += nbytes
+        except IndexError:  # a coord outside the shard, or not an integer: named here
+            cps = self.chunks_per_shard
+            for local in order:
+                if len(local) != len(cps) or any(not 0 <= c < n for c, n in zip(local, cps, strict=True)):
+                    raise ConfigurationError(f"local coords {local} lie outside chunks_per_shard {cps}") from None
+            raise ConfigurationError(f"local coords {list(order)} are not integers") from None
         encoded_index = self.encode_index(index)
         return ([encoded_index, *values] if self.index_location == "start" else [*values, encoded_index]), index
-
-    def _flat_positions(self, order: Sequence[tuple[int, ...]]) -> list[int]:
-        """Row-major positions in the index of local coords; ConfigurationError for one outside."""
-        cps = self.chunks_per_shard
-        positions = _positions(cps)
-        try:
-            if positions is not None:
-                return list(map(positions.__getitem__, order))
-            return [_ravel(local, cps) for local in order]
-        except (KeyError, TypeError, ValueError):  # a coord outside the shard: named below
-            pass
-        for local in order:
-            if len(local) != len(cps) or any(not 0 <= c < n for c, n in zip(local, cps, strict=True)):
-                raise ConfigurationError(f"local coords {local} lie outside chunks_per_shard {cps}")
-        raise ConfigurationError(f"local coords {list(order)} are not integers")
 
     def chunks_of_shard(
         self, shard: BytesLike, shard_key: str, index: ShardIndex | None = None
